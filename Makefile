@@ -1,0 +1,35 @@
+# Every target creates .venv on first use and installs the project into it.
+# torch: an already installed torch>=2.6 is kept; otherwise the CPU wheel torch==2.13.0 is installed
+# (an unpinned `torch` would pull a multi-GB CUDA build).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: install pilot test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch, sys; from importlib.metadata import version; v = tuple(int(p) for p in version('torch').split('+')[0].split('.')[:2]); sys.exit(0 if v >= (2, 6) else 1)" 2>/dev/null \
+		|| $(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+pilot: $(STAMP)
+	$(VENV)/bin/pilotrun pilot --workdir pilot-work
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check pilotrun tests benchmarks
+
+test: $(STAMP) lint
+	$(VENV)/bin/python -m pytest -q
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run_all
+
+clean:
+	rm -rf $(VENV) pilot-work .pytest_cache

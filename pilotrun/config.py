@@ -1,0 +1,351 @@
+"""Typed recipe: the model, optimizer and training sections of a YAML config, validated in one place.
+
+A recipe is a `RunConfig` of three dataclasses. YAML files and `--set key=value` overrides are merged
+into the defaults below; unknown keys, wrong types and impossible geometry each raise one `ConfigError`
+that names the key. `config_to_dict` gives the canonical, JSON-ready form that run.json and checkpoints
+record, and `config_from_dict` reads it back, so a restored recipe is exactly the one that ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pilotrun.errors import ConfigError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+DATA_MODES = ("successive", "repeat_batch")
+BALANCE_MODES = ("aux_free+seq", "aux_free", "seq", "batch", "none")
+SCORE_FUNCS = ("sigmoid", "softmax")
+ATTN_IMPLS = ("auto", "eager", "sdpa")
+MOE_IMPLS = ("sorted", "loop", "dense_ref")
+SCHEDULE_KINDS = ("cosine", "wsd", "constant")
+MUON_SCALE_MODES = ("moonlight", "keller")
+ROUTER_OPTIMIZERS = ("adamw", "muon")
+PARALLELISMS = ("ddp", "fsdp")
+
+
+@dataclass
+class ModelConfig:
+    """DeepSeek-V3-style decoder (spec/model.md section 1). Names follow DESIGN.md's config keys."""
+
+    vocab_size: int = 0  # 0: taken from the data folder's tokenizer at train time
+    d_model: int = 64
+    n_layers: int = 2
+    n_dense_layers: int = 1
+    n_heads: int = 4
+    q_lora_rank: int = 0  # 0: no query compression (wq), else wq_a -> q_norm -> wq_b
+    kv_lora_rank: int = 32
+    qk_nope_head_dim: int = 16
+    qk_rope_head_dim: int = 8
+    v_head_dim: int = 16
+    n_routed_experts: int = 4
+    n_shared_experts: int = 1
+    top_k: int = 2
+    moe_hidden: int = 64
+    dense_hidden: int = 192
+    balance: str = "aux_free+seq"
+    score_func: str = "sigmoid"
+    route_norm: bool = True
+    route_scale: float = 0.0  # 0: Moonlight's formula for sigmoid routers, 1.0 for softmax (spec D2)
+    n_expert_groups: int = 1
+    n_limited_groups: int = 1
+    bias_update_speed: float = 1e-3
+    seq_aux_alpha: float = 1e-4
+    z_loss_beta: float = 0.0
+    rope_theta: float = 10000.0
+    max_seq_len: int = 4096
+    init_std: float = 0.006
+    norm_eps: float = 1e-6
+    attn_impl: str = "auto"  # auto: eager on CPU (exact max logit for free), sdpa + chunked max logit on CUDA
+    moe_impl: str = "sorted"
+
+
+@dataclass
+class MuonConfig:
+    lr: float = 3e-3
+    weight_decay: float = 0.1
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    scale_mode: str = "moonlight"
+
+
+@dataclass
+class AdamWConfig:
+    lr: float = 3e-3
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+
+
+@dataclass
+class QKClipConfig:
+    enabled: bool = True
+    tau: float = 100.0
+
+
+@dataclass
+class ScheduleConfig:
+    """LR multiplier as a pure function of the applied-update count and this horizon (spec D11)."""
+
+    kind: str = "cosine"
+    warmup_steps: int = 10
+    horizon: int = 1000  # the schedule's own length in applied updates; independent of train.max_steps
+    min_lr_ratio: float = 0.1
+    decay_fraction: float = 0.2  # wsd: the final fraction of the horizon spent decaying
+
+
+@dataclass
+class OptimConfig:
+    muon: MuonConfig = field(default_factory=MuonConfig)
+    adamw: AdamWConfig = field(default_factory=AdamWConfig)
+    grad_clip: float = 1.0  # 0 disables clipping (the norm is still measured)
+    qk_clip: QKClipConfig = field(default_factory=QKClipConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    router_optimizer: str = "adamw"  # spec D3
+    wd_norms: bool = True  # spec D10: weight decay on RMSNorm gains
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 4
+    seq_len: int = 32
+    gradient_accumulation_steps: int = 1
+    max_steps: int = 100
+    precision: str = "fp32"
+    loss_scale_init: float = 65536.0
+    loss_scale_growth_interval: int = 2000
+    max_consecutive_skips: int = 50  # stop the run with a clear reason after this many skipped updates in a row
+    seed: int = 0
+    data_mode: str = "successive"
+    log_every: int = 10
+    eval_every: int = 50  # 0: no evaluation
+    eval_batches: int = 4
+    checkpoint_every: int = 50  # 0: only at the end and on interruption
+    keep_checkpoints: int = 3
+    device: str = "auto"  # auto: cuda when available, else cpu
+    num_threads: int = 0  # 0: leave torch's default; tests pin it for bit-exact runs
+    parallelism: str = "ddp"
+    memory_budget_gb: float = 0.0  # 0: no budget check in the verdict
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+# Keys that may change on resume without ceremony (the checkpoint compatibility check consults this).
+RESUME_FREE_KEYS = (
+    "train.max_steps",
+    "train.log_every",
+    "train.eval_every",
+    "train.eval_batches",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.max_consecutive_skips",
+    "train.memory_budget_gb",
+)
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """Canonical nested dict (JSON-ready) of a config dataclass."""
+    return dataclasses.asdict(config)
+
+
+def config_from_dict(data: dict[str, Any], cls: type = RunConfig, where: str = "") -> Any:
+    """Build a config dataclass from a nested dict; unknown keys and wrong types raise ConfigError."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        key = f"{where}.{unknown[0]}" if where else unknown[0]
+        raise ConfigError(f"unknown config key '{key}' (known here: {', '.join(sorted(known))})")
+    values = {}
+    for name, value in data.items():
+        key = f"{where}.{name}" if where else name
+        values[name] = _coerce(value, hints[name], key)
+    return cls(**values)
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return config_from_dict(value, hint, key)
+    origin = typing.get_origin(hint)
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"config key '{key}' must be a list, got {value!r}")
+        (item_hint,) = typing.get_args(hint)[:1]
+        return [_coerce(v, item_hint, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin in (typing.Union, types.UnionType):
+        raise ConfigError(f"internal: unsupported union type for '{key}'")
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint in (int, float):
+        if isinstance(value, str):  # YAML 1.1 reads `1e6` (no dot) as a string: accept it as a number
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if hint is float:
+                return float(value)
+            if float(value).is_integer():
+                return int(value)
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise ConfigError(f"internal: unsupported type {hint!r} for '{key}'")
+    raise ConfigError(f"config key '{key}' must be {hint.__name__}, got {value!r}")
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`train.max_steps=200` -> (['train', 'max_steps'], 200); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"--set expects key=value, got '{text}'")
+    key, raw = text.split("=", 1)
+    path = key.strip().split(".")
+    if not all(path):
+        raise ConfigError(f"--set has an empty key part in '{text}'")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {key}: cannot parse value '{raw}': {exc}") from None
+    return path, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply dotted `key=value` overrides to a nested dict (a copy); section names must exist."""
+    import copy
+
+    merged = copy.deepcopy(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = merged
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {'.'.join(path)}: '{part}' is not a section")
+        node[path[-1]] = value
+    return merged
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def load_run_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """Defaults <- YAML file <- `--set` overrides, then validated."""
+    data = load_yaml(path) if path is not None else {}
+    data = apply_overrides(data, overrides or [])
+    config = config_from_dict(data)
+    validate_run_config(config)
+    return config
+
+
+def validate_run_config(config: RunConfig) -> None:
+    """Impossible geometry and out-of-range values, one clear error each."""
+    m, o, t = config.model, config.optim, config.train
+
+    def need(condition: bool, message: str) -> None:
+        if not condition:
+            raise ConfigError(message)
+
+    for name in ("d_model", "n_layers", "n_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                 "v_head_dim", "moe_hidden", "dense_hidden", "max_seq_len"):
+        need(getattr(m, name) > 0, f"model.{name} must be positive, got {getattr(m, name)}")
+    need(m.vocab_size >= 0, f"model.vocab_size must be >= 0 (0 = from the data), got {m.vocab_size}")
+    need(m.q_lora_rank >= 0, f"model.q_lora_rank must be >= 0, got {m.q_lora_rank}")
+    need(0 <= m.n_dense_layers <= m.n_layers,
+         f"model.n_dense_layers ({m.n_dense_layers}) must be between 0 and model.n_layers ({m.n_layers})")
+    need(m.qk_rope_head_dim % 2 == 0, f"model.qk_rope_head_dim must be even, got {m.qk_rope_head_dim}")
+    need(m.balance in BALANCE_MODES, f"model.balance must be one of {BALANCE_MODES}, got '{m.balance}'")
+    need(m.score_func in SCORE_FUNCS, f"model.score_func must be one of {SCORE_FUNCS}, got '{m.score_func}'")
+    need(m.attn_impl in ATTN_IMPLS, f"model.attn_impl must be one of {ATTN_IMPLS}, got '{m.attn_impl}'")
+    need(m.moe_impl in MOE_IMPLS, f"model.moe_impl must be one of {MOE_IMPLS}, got '{m.moe_impl}'")
+    if m.n_layers > m.n_dense_layers:  # at least one MoE layer
+        need(m.n_routed_experts >= 1, "model.n_routed_experts must be >= 1 when MoE layers exist")
+        need(1 <= m.top_k <= m.n_routed_experts,
+             f"model.top_k ({m.top_k}) must be between 1 and model.n_routed_experts ({m.n_routed_experts})")
+        need(m.n_shared_experts >= 0, "model.n_shared_experts must be >= 0")
+        need(not (m.score_func == "sigmoid" and m.route_norm and m.top_k < 2),
+             "model.top_k must be >= 2 with a sigmoid router and route_norm (with K=1 the router gets no gradient)")
+        need(m.n_expert_groups >= 1 and m.n_routed_experts % m.n_expert_groups == 0,
+             f"model.n_routed_experts ({m.n_routed_experts}) must be divisible by model.n_expert_groups "
+             f"({m.n_expert_groups})")
+        need(1 <= m.n_limited_groups <= m.n_expert_groups,
+             "model.n_limited_groups must be between 1 and model.n_expert_groups")
+        need(m.top_k <= m.n_limited_groups * (m.n_routed_experts // m.n_expert_groups),
+             "model.top_k exceeds the experts reachable in model.n_limited_groups groups")
+    need(m.route_scale >= 0, "model.route_scale must be >= 0 (0 = default)")
+    need(m.bias_update_speed >= 0, "model.bias_update_speed must be >= 0")
+    need(m.init_std > 0, "model.init_std must be positive")
+
+    need(o.muon.scale_mode in MUON_SCALE_MODES,
+         f"optim.muon.scale_mode must be one of {MUON_SCALE_MODES}, got '{o.muon.scale_mode}'")
+    need(o.muon.ns_steps >= 1, "optim.muon.ns_steps must be >= 1")
+    need(0 <= o.muon.momentum < 1, "optim.muon.momentum must be in [0, 1)")
+    need(len(o.adamw.betas) == 2 and all(0 <= b < 1 for b in o.adamw.betas),
+         f"optim.adamw.betas must be two numbers in [0, 1), got {o.adamw.betas}")
+    for name, value in (("optim.muon.lr", o.muon.lr), ("optim.adamw.lr", o.adamw.lr),
+                        ("optim.muon.weight_decay", o.muon.weight_decay),
+                        ("optim.adamw.weight_decay", o.adamw.weight_decay), ("optim.grad_clip", o.grad_clip)):
+        need(value >= 0, f"{name} must be >= 0, got {value}")
+    need(o.qk_clip.tau > 0, f"optim.qk_clip.tau must be positive, got {o.qk_clip.tau}")
+    need(o.router_optimizer in ROUTER_OPTIMIZERS,
+         f"optim.router_optimizer must be one of {ROUTER_OPTIMIZERS}, got '{o.router_optimizer}'")
+    s = o.schedule
+    need(s.kind in SCHEDULE_KINDS, f"optim.schedule.kind must be one of {SCHEDULE_KINDS}, got '{s.kind}'")
+    need(s.warmup_steps >= 0, "optim.schedule.warmup_steps must be >= 0")
+    need(s.horizon >= 1 and s.horizon >= s.warmup_steps,
+         f"optim.schedule.horizon ({s.horizon}) must be >= 1 and >= warmup_steps ({s.warmup_steps})")
+    need(0 <= s.min_lr_ratio <= 1, "optim.schedule.min_lr_ratio must be in [0, 1]")
+    need(0 < s.decay_fraction <= 1, "optim.schedule.decay_fraction must be in (0, 1]")
+
+    for name in ("batch_size", "seq_len", "gradient_accumulation_steps", "max_steps", "eval_batches",
+                 "keep_checkpoints", "max_consecutive_skips", "log_every"):
+        need(getattr(t, name) >= 1, f"train.{name} must be >= 1, got {getattr(t, name)}")
+    for name in ("eval_every", "checkpoint_every", "num_threads"):
+        need(getattr(t, name) >= 0, f"train.{name} must be >= 0, got {getattr(t, name)}")
+    need(t.precision in PRECISIONS, f"train.precision must be one of {PRECISIONS}, got '{t.precision}'")
+    need(t.data_mode in DATA_MODES, f"train.data_mode must be one of {DATA_MODES}, got '{t.data_mode}'")
+    need(t.parallelism in PARALLELISMS, f"train.parallelism must be one of {PARALLELISMS}, got '{t.parallelism}'")
+    need(t.loss_scale_init > 0, "train.loss_scale_init must be positive")
+    need(t.loss_scale_growth_interval >= 1, "train.loss_scale_growth_interval must be >= 1")
+    need(t.seq_len <= m.max_seq_len,
+         f"train.seq_len ({t.seq_len}) exceeds model.max_seq_len ({m.max_seq_len}), the RoPE table's length")
+    need(t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"),
+         f"train.device must be auto, cpu or cuda[:N], got '{t.device}'")
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'train': {'seq_len': 32}} -> {'train.seq_len': 32}: the form compatibility checks compare."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict):
+            out.update(flatten(value, name))
+        else:
+            out[name] = value
+    return out

@@ -1,0 +1,1 @@
+"""pilotrun.train"""

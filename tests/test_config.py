@@ -1,0 +1,75 @@
+"""The typed recipe: defaults, YAML + --set merging, and one clear error per bad input."""
+
+import pytest
+
+from pilotrun.config import (
+    RunConfig,
+    config_from_dict,
+    config_to_dict,
+    flatten,
+    load_run_config,
+    validate_run_config,
+)
+from pilotrun.errors import ConfigError
+
+
+def test_defaults_validate_and_round_trip():
+    config = RunConfig()
+    validate_run_config(config)
+    assert config_from_dict(config_to_dict(config)) == config
+
+
+def test_yaml_and_overrides_merge(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("train:\n  max_steps: 7\n  seq_len: 16\noptim:\n  muon:\n    lr: 0.01\n")
+    config = load_run_config(path, ["train.max_steps=9", "optim.adamw.betas=[0.8, 0.9]", "train.precision=bf16"])
+    assert config.train.max_steps == 9
+    assert config.train.seq_len == 16
+    assert config.optim.muon.lr == 0.01
+    assert config.optim.adamw.betas == [0.8, 0.9]
+    assert config.train.precision == "bf16"
+
+
+def test_integer_written_as_float_is_accepted(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("train:\n  max_steps: 1e3\n")
+    assert load_run_config(path).train.max_steps == 1000
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("train.bogus=1", "unknown config key 'train.bogus'"),
+        ("nosection.x=1", "unknown config key 'nosection'"),
+        ("train.max_steps=abc", "train.max_steps' must be int"),
+        ("train.precision=fp8", "train.precision must be one of"),
+        ("model.top_k=9", "model.top_k (9) must be between 1"),
+        ("model.top_k=1", "top_k must be >= 2 with a sigmoid router"),
+        ("model.qk_rope_head_dim=7", "qk_rope_head_dim must be even"),
+        ("train.seq_len=99999", "exceeds model.max_seq_len"),
+        ("model.n_dense_layers=5", "n_dense_layers (5) must be between"),
+        ("train.batch_size=0", "train.batch_size must be >= 1"),
+        ("model.route_norm=yes please", "model.route_norm' must be bool"),
+        ("optim.schedule.kind=linear", "optim.schedule.kind must be one of"),
+    ],
+)
+def test_bad_input_is_one_clear_error(override, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_run_config(None, [override])
+    assert fragment in str(info.value)
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_run_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_run_config(bad)
+
+
+def test_flatten_gives_dotted_keys():
+    flat = flatten(config_to_dict(RunConfig()))
+    assert flat["train.seq_len"] == 32
+    assert flat["optim.muon.lr"] == 3e-3
+    assert "optim.schedule.horizon" in flat
