@@ -1,0 +1,104 @@
+"""Time accounting: every second of a session belongs to exactly one of train, eval, checkpoint, other.
+
+A single stopwatch always runs and charges elapsed time to the current phase; `phase("eval")` switches
+to another phase for a block and back afterwards. Because the phases partition the session, their sums
+equal the wall clock exactly (`other` = setup, logging, reporting, progress display).
+
+Why a switching stopwatch and not a timer around each update: the training phase is left only at window
+boundaries (logging, eval, checkpoint), so the hot loop does no timing work at all; and on CUDA the
+device is synchronized only when leaving the training phase, so queued kernels are charged to training
+instead of to whatever comes next, without a per-step host sync.
+
+Throughput is then reported twice, side by side: training-only (tokens / train seconds) and wall-clock
+(tokens / all seconds of the window).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+PHASES = ("train", "eval", "checkpoint", "other")
+
+
+class TimeAccount:
+    def __init__(self, synchronize: Callable[[], None] | None = None, clock: Callable[[], float] = time.perf_counter):
+        self._clock = clock
+        self._synchronize = synchronize  # e.g. torch.cuda.synchronize; None on CPU
+        self._started = clock()
+        self._segment_start = self._started
+        self._phase = "other"
+        self.totals = dict.fromkeys(PHASES, 0.0)
+
+    @property
+    def current_phase(self) -> str:
+        return self._phase
+
+    def switch(self, phase: str) -> str:
+        """Charge the running segment to the current phase and start a segment of `phase`; returns the old one."""
+        if phase not in PHASES:
+            raise ValueError(f"unknown time phase '{phase}'")
+        if self._phase == "train" and phase != "train" and self._synchronize is not None:
+            self._synchronize()  # queued training kernels belong to training
+        now = self._clock()
+        self.totals[self._phase] += now - self._segment_start
+        self._segment_start = now
+        previous, self._phase = self._phase, phase
+        return previous
+
+    @contextmanager
+    def phase(self, phase: str) -> Iterator[None]:
+        previous = self.switch(phase)
+        try:
+            yield
+        finally:
+            self.switch(previous)
+
+    def snapshot(self) -> dict[str, float]:
+        """Totals so far including the running segment, and the wall clock since construction."""
+        now = self._clock()
+        totals = dict(self.totals)
+        totals[self._phase] += now - self._segment_start
+        totals["wall"] = now - self._started
+        return totals
+
+    def time_split(self) -> dict[str, float]:
+        """The session_end record: seconds per phase and the wall clock (their sum, up to float rounding)."""
+        s = self.snapshot()
+        return {"train_seconds": s["train"], "eval_seconds": s["eval"], "checkpoint_seconds": s["checkpoint"],
+                "other_seconds": s["other"], "wall_seconds": s["wall"]}
+
+
+class WindowClock:
+    """Train-only and wall seconds of the current logging window, read from a TimeAccount."""
+
+    def __init__(self, account: TimeAccount):
+        self.account = account
+        self._last = account.snapshot()
+
+    def close_window(self) -> tuple[float, float]:
+        """(train_seconds, wall_seconds) since the previous call (or construction); starts the next window."""
+        now = self.account.snapshot()
+        train = now["train"] - self._last["train"]
+        wall = now["wall"] - self._last["wall"]
+        self._last = now
+        return train, wall
+
+
+def throughput(tokens: int, train_seconds: float, wall_seconds: float, flops_per_token: float | None,
+               peak_flops_per_s: float | None) -> dict[str, float | str | None]:
+    """Training-only and wall-clock tokens/s, achieved FLOP/s (training-only), MFU against a known peak.
+
+    `peak_flops_per_s` is the total over all devices of the run; without a known peak MFU is "unknown"
+    (DESIGN invariant 5: no figure without a basis).
+    """
+    train_tps = tokens / train_seconds if train_seconds > 0 else None
+    wall_tps = tokens / wall_seconds if wall_seconds > 0 else None
+    achieved = train_tps * flops_per_token if (train_tps is not None and flops_per_token) else None
+    if achieved is not None and peak_flops_per_s:
+        mfu: float | str = achieved / peak_flops_per_s
+    else:
+        mfu = "unknown"
+    return {"train_tokens_per_s": train_tps, "wall_tokens_per_s": wall_tps, "achieved_flops_per_s": achieved,
+            "mfu": mfu}

@@ -1,0 +1,101 @@
+"""run.json is replaced atomically; metrics.jsonl lines are strict JSON, flushed, and a torn tail is cut."""
+
+import json
+import math
+
+import pytest
+
+from pilotrun.train.runlog import (
+    MetricsLog,
+    RunRecord,
+    json_safe,
+    read_metrics,
+    read_run_json,
+    repair_torn_tail,
+    write_json_atomic,
+)
+
+
+def test_metrics_line_is_flushed_and_carries_required_fields(tmp_path):
+    log = MetricsLog(tmp_path, "s1")
+    loss = 1.2345678901234567
+    log.log("train", step=3, tokens_seen=384, updates_attempted=4, updates_skipped=1, loss=loss)
+    # Read back before close: the line must already be on disk (flushed per line).
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 1
+    record = json.loads(lines[0])
+    assert record["event"] == "train" and record["session_id"] == "s1"
+    assert (record["step"], record["tokens_seen"], record["updates_attempted"], record["updates_skipped"]) == (
+        3, 384, 4, 1)
+    assert record["loss"] == loss  # full precision: exact float round trip
+    assert isinstance(record["time"], float)
+    log.close()
+
+
+def test_non_finite_floats_are_strict_json_strings(tmp_path):
+    log = MetricsLog(tmp_path, "s1")
+    log.log("train", step=0, tokens_seen=0, updates_attempted=1, updates_skipped=1,
+            loss=float("nan"), grad_norm=float("inf"), other=[float("-inf"), 1.0])
+    log.close()
+    text = (tmp_path / "metrics.jsonl").read_text()
+    record = json.loads(text, parse_constant=lambda name: pytest.fail(f"non-strict JSON constant {name}"))
+    assert record["loss"] == "NaN" and math.isnan(float(record["loss"]))
+    assert record["grad_norm"] == "Infinity" and float(record["grad_norm"]) == math.inf
+    assert record["other"] == ["-Infinity", 1.0]
+
+
+def test_unknown_event_is_refused(tmp_path):
+    log = MetricsLog(tmp_path, "s1")
+    with pytest.raises(ValueError):
+        log.log("tarin", step=0, tokens_seen=0, updates_attempted=0, updates_skipped=0)
+
+
+def test_disabled_log_writes_nothing(tmp_path):
+    log = MetricsLog(tmp_path, "s1", enabled=False)
+    assert log.log("train", step=0, tokens_seen=0, updates_attempted=0, updates_skipped=0) is None
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_torn_tail_is_cut_and_appends_start_on_a_fresh_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"event":"train","step":1}\n{"event":"tra')
+    assert read_metrics(tmp_path) == [{"event": "train", "step": 1}]  # the partial line is not parsed
+    assert repair_torn_tail(path) == len('{"event":"tra')
+    assert path.read_text() == '{"event":"train","step":1}\n'
+    assert repair_torn_tail(path) == 0
+    log = MetricsLog(tmp_path, "s2")
+    log.log("session_start", step=1, tokens_seen=0, updates_attempted=1, updates_skipped=0)
+    log.close()
+    assert [r["event"] for r in read_metrics(tmp_path)] == ["train", "session_start"]
+
+
+def test_torn_single_line_file_is_emptied(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"event":"tr')
+    assert repair_torn_tail(path) == 12
+    assert path.read_text() == ""
+
+
+def test_write_json_atomic_replaces_and_leaves_no_temp(tmp_path):
+    path = tmp_path / "run.json"
+    write_json_atomic(path, {"a": 1})
+    write_json_atomic(path, {"a": 2, "x": float("nan")})
+    assert json.loads(path.read_text()) == {"a": 2, "x": "NaN"}
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+def test_run_record_round_trip(tmp_path):
+    record = RunRecord.create(tmp_path, run_id="r1", tokens_per_update=128, model={"parameters": 10},
+                              optimizer={"groups": []}, recipe={"train": {}}, data={"dir": "d"})
+    record.add_session({"session_id": "s1", "start_step": 0})
+    record.record_allowed_changes("s1", [{"key": "train.seed", "old": 0, "new": 1}])
+    record.save()
+    loaded = RunRecord.load(tmp_path)
+    assert loaded.data == read_run_json(tmp_path) == record.data
+    assert loaded.data["allowed_changes"] == [{"session_id": "s1", "key": "train.seed", "old": 0, "new": 1}]
+    assert loaded.data["tokens_per_update"] == 128
+
+
+def test_json_safe_keeps_finite_values_exactly():
+    value = {"a": (0.1, 2), "b": {"c": 1e-300}}
+    assert json_safe(value) == {"a": [0.1, 2], "b": {"c": 1e-300}}
