@@ -1,0 +1,180 @@
+"""One optimizer for the whole model: Muon for hidden matrices, AdamW for everything else.
+
+Spec/model.md section 2. Muon and AdamW live in ONE `torch.optim.Optimizer` (param groups flagged
+`use_muon`), for three reasons the spec gives in 2.4: one `scaler.step()` makes one global skip decision
+for fp16 overflows (two optimizers would skip independently and desynchronise), one LR schedule sets every
+group, and one state dict is checkpointed.
+
+Muon, per matrix W [A, B] (or per expert slice of a stacked [E, A, B] tensor), gradient G:
+
+    M <- mu*M + G                      momentum buffer, fp32
+    U <- G + mu*M  (nesterov)  or  M
+    O <- NS5(U)                        quintic Newton-Schulz, approximately U_svd V_svd^T
+    W <- W*(1 - lr*wd) - lr*s*O        s = 0.2*sqrt(max(A, B)) ("moonlight") or sqrt(max(1, A/B)) ("keller")
+
+The AdamW groups follow torch.optim.AdamW's single-tensor arithmetic operation for operation, so they
+agree with it bit for bit (tests/optim/test_muon_adamw.py checks this on the same parameters).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from pilotrun.config import OptimConfig
+
+# Keller Jordan's quintic coefficients (KJ-muon zeropower_via_newtonschulz5; Moonlight eq. 2): they maximise the
+# slope at zero, so small singular values grow fast; the result has singular values in roughly [0.5, 1.3],
+# not exactly 1, which is fine for an update direction.
+NEWTON_SCHULZ_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+NEWTON_SCHULZ_EPS = 1e-7
+NS_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def newton_schulz_orthogonalize(update: torch.Tensor, steps: int = 5,
+                                compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Approximate orthogonalisation of a matrix [A, B] or a batch of matrices [E, A, B].
+
+    Returns a tensor of the input's shape in fp32. Iterates on the short side (a tall matrix is
+    transposed first) so the Gram matrix is min(A, B)^2. A zero input gives a zero output: the epsilon
+    in the Frobenius normalisation keeps 0/0 away.
+    """
+    if update.ndim not in (2, 3):
+        raise ValueError(f"Newton-Schulz expects a 2-D matrix or a 3-D batch of matrices, got shape "
+                         f"{tuple(update.shape)}")
+    x = update.to(compute_dtype)
+    tall = x.size(-2) > x.size(-1)
+    if tall:
+        # contiguous() so that NS(G) and NS(G^T)^T run the very same matmuls on the very same memory layout
+        x = x.mT.contiguous()
+    x = x / (torch.linalg.matrix_norm(x, ord="fro", keepdim=True) + NEWTON_SCHULZ_EPS)
+    a, b, c = NEWTON_SCHULZ_COEFFICIENTS
+    for _ in range(steps):
+        gram = x @ x.mT
+        polynomial = b * gram + c * (gram @ gram)
+        x = a * x + polynomial @ x
+    if tall:
+        x = x.mT.contiguous()
+    return x.to(torch.float32)
+
+
+def muon_update_scale(rows: int, cols: int, scale_mode: str) -> float:
+    """The shape-based factor s that multiplies the orthogonalised update (spec 2.2.1).
+
+    "moonlight": 0.2*sqrt(max(A, B)) makes the update RMS about 0.2, like AdamW's, so Muon can reuse
+    AdamW's learning rate and weight decay (Moonlight eq. 4, Lemma 1). "keller": sqrt(max(1, A/B)), with the
+    learning rate in spectral-norm units (KJ-muon muon_update).
+    """
+    if scale_mode == "moonlight":
+        return 0.2 * math.sqrt(max(rows, cols))
+    if scale_mode == "keller":
+        return math.sqrt(max(1.0, rows / cols))
+    raise ValueError(f"unknown Muon scale_mode '{scale_mode}' (expected 'moonlight' or 'keller')")
+
+
+def resolve_ns_dtype(ns_dtype: str, device: torch.device) -> torch.dtype:
+    """Spec D8: Newton-Schulz in bf16 on CUDA (fast, stable per KJ-muon), fp32 on CPU (bf16 is slow there)."""
+    if ns_dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if ns_dtype == "float32":
+        return torch.float32
+    if ns_dtype == "bfloat16":
+        return torch.bfloat16
+    raise ValueError(f"unknown ns_dtype '{ns_dtype}' (expected one of {NS_DTYPES}); fp16 is never used for NS")
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Muon for groups with `use_muon=True`, AdamW for the others; one step(), one state dict.
+
+    Every group carries `lr` and `weight_decay`. Muon groups also carry `momentum`, `nesterov`, `ns_steps`,
+    `scale_mode` and `ns_dtype`; AdamW groups carry `betas` and `eps`. Extra keys (`name`, `base_lr`,
+    `param_names`) are kept as they are, so a schedule and the run record can read them.
+    """
+
+    def __init__(self, param_groups: Iterable[dict[str, Any]]):
+        defaults = {"lr": 1e-3, "weight_decay": 0.0, "use_muon": False}
+        super().__init__(list(param_groups), defaults)
+        for group in self.param_groups:
+            if group["use_muon"]:
+                for key, default in (("momentum", 0.95), ("nesterov", True), ("ns_steps", 5),
+                                     ("scale_mode", "moonlight"), ("ns_dtype", "auto")):
+                    group.setdefault(key, default)
+                for p in group["params"]:
+                    if p.ndim not in (2, 3):
+                        raise ValueError(f"Muon group '{group.get('name', '?')}' holds a tensor of shape "
+                                         f"{tuple(p.shape)}; Muon takes only 2-D matrices or 3-D expert stacks")
+            else:
+                group.setdefault("betas", (0.9, 0.95))
+                group.setdefault("eps", 1e-8)
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group["use_muon"]:
+                self._muon_group_step(group)
+            else:
+                self._adamw_group_step(group)
+        return loss
+
+    def _muon_group_step(self, group: dict[str, Any]) -> None:
+        lr, weight_decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
+        for p in group["params"]:
+            # Spec 2.2.6: a missing gradient counts as zeros (momentum and decay still act), so Muon never
+            # silently freezes a matrix the way stock AdamW does for grad=None.
+            grad = p.grad if p.grad is not None else torch.zeros_like(p)
+            state = self.state[p]
+            if len(state) == 0:
+                state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
+            buffer = state["momentum_buffer"]
+            grad = grad.to(torch.float32)
+            buffer.mul_(momentum).add_(grad)
+            # Never modify p.grad in place (spec 2.2.1: unlike KJ-muon's lerp_ on the gradient).
+            direction = grad.add(buffer, alpha=momentum) if group["nesterov"] else buffer
+            orthogonal = newton_schulz_orthogonalize(direction, group["ns_steps"],
+                                                     resolve_ns_dtype(group["ns_dtype"], p.device))
+            scale = muon_update_scale(p.size(-2), p.size(-1), group["scale_mode"])
+            if weight_decay != 0:
+                p.mul_(1 - lr * weight_decay)  # decoupled decay with the unadjusted lr (ML-code)
+            p.add_(orthogonal.to(p.dtype), alpha=-lr * scale)
+
+    def _adamw_group_step(self, group: dict[str, Any]) -> None:
+        # Operation for operation the single-tensor path of torch.optim.AdamW (torch/optim/adam.py,
+        # decoupled_weight_decay=True, amsgrad=False), so that the two agree bit for bit.
+        lr, weight_decay, eps = group["lr"], group["weight_decay"], group["eps"]
+        beta1, beta2 = group["betas"]
+        for p in group["params"]:
+            if p.grad is None:  # as torch.optim.AdamW: no gradient, no update, no decay
+                continue
+            grad = p.grad
+            state = self.state[p]
+            if len(state) == 0:
+                # `step` as a CPU float tensor, exactly torch's layout, so state dicts look the same
+                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            exp_avg, exp_avg_sq, step_tensor = state["exp_avg"], state["exp_avg_sq"], state["step"]
+            step_tensor += 1
+            if weight_decay != 0:
+                p.mul_(1 - lr * weight_decay)
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            step = step_tensor.item()
+            bias_correction1 = 1 - beta1**step
+            bias_correction2 = 1 - beta2**step
+            step_size = lr / bias_correction1
+            denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(eps)
+            p.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+def build_optimizer(model: torch.nn.Module, optim_cfg: OptimConfig) -> MuonAdamW:
+    """The combined optimizer over `partition.partition_parameters(model, optim_cfg)`."""
+    from pilotrun.optim.partition import partition_parameters
+
+    return MuonAdamW(partition_parameters(model, optim_cfg))

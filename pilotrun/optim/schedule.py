@@ -1,0 +1,64 @@
+"""The learning-rate schedule: a pure function of the applied-update count and the schedule's own horizon.
+
+Spec D11 (settled by the project): the multiplier depends on `step` (updates actually applied so far) and on
+`optim.schedule`, never on `train.max_steps` and never on attempts. A skipped fp16 update therefore does not
+move the schedule, and raising `max_steps` on resume continues exactly the curve a longer run would follow.
+
+Shapes (multiplier of each group's base lr; `step` is the number of updates already applied, so the update
+about to be applied is number step + 1):
+  warmup    step < warmup_steps: (step + 1) / warmup_steps (linear; the first update is not wasted at lr 0)
+  cosine    then min + (1 - min) * (1 + cos(pi * p)) / 2, p = (step - warmup) / (horizon - warmup), in [0, 1]
+  wsd       then 1 until the last `decay_fraction` of the horizon, then linear down to min (K2 2.5 uses WSD)
+  constant  then 1
+Past the horizon every shape holds its final value (min_lr_ratio for cosine and wsd).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pilotrun.config import ScheduleConfig
+
+
+def lr_multiplier(step: int, schedule_cfg: ScheduleConfig) -> float:
+    """Multiplier of the base learning rate for the update that follows `step` applied updates."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    warmup = schedule_cfg.warmup_steps
+    horizon = schedule_cfg.horizon
+    floor = schedule_cfg.min_lr_ratio
+    if step < warmup:
+        return (step + 1) / warmup
+    kind = schedule_cfg.kind
+    if kind == "constant":
+        return 1.0
+    if kind == "cosine":
+        span = horizon - warmup
+        progress = 1.0 if span <= 0 else min(1.0, (step - warmup) / span)
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if kind == "wsd":
+        decay_steps = max(1, round(schedule_cfg.decay_fraction * horizon))
+        decay_start = max(warmup, horizon - decay_steps)
+        if step < decay_start:
+            return 1.0
+        span = horizon - decay_start
+        progress = 1.0 if span <= 0 else min(1.0, (step - decay_start) / span)
+        return 1.0 - (1.0 - floor) * progress
+    raise ValueError(f"unknown schedule kind '{kind}' (expected cosine, wsd or constant)")
+
+
+def set_learning_rates(optimizer: torch.optim.Optimizer, step: int, schedule_cfg: ScheduleConfig) -> float:
+    """Set every group's `lr = base_lr * lr_multiplier(step)`; returns the multiplier.
+
+    Idempotent: calling it twice for the same step sets the same values, which is what makes a resumed run
+    agree with one that never stopped.
+    """
+    multiplier = lr_multiplier(step, schedule_cfg)
+    for group in optimizer.param_groups:
+        if "base_lr" not in group:
+            raise ValueError(f"param group '{group.get('name', '?')}' has no base_lr; build it with "
+                             "pilotrun.optim.partition.partition_parameters")
+        group["lr"] = group["base_lr"] * multiplier
+    return multiplier

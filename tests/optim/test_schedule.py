@@ -1,0 +1,62 @@
+"""The LR schedule is a pure function of applied updates and its own horizon (spec D11)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pilotrun.config import ScheduleConfig
+from pilotrun.optim.muon_adamw import MuonAdamW
+from pilotrun.optim.schedule import lr_multiplier, set_learning_rates
+
+
+def test_linear_warmup_then_cosine_to_floor():
+    cfg = ScheduleConfig(kind="cosine", warmup_steps=4, horizon=14, min_lr_ratio=0.1)
+    values = [lr_multiplier(s, cfg) for s in range(20)]
+    assert values[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert values[4] == 1.0  # cosine starts at its peak
+    assert values[9] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert values[14] == pytest.approx(0.1) and values[19] == pytest.approx(0.1)  # held past the horizon
+    assert all(a >= b for a, b in zip(values[4:], values[5:]))  # monotone decay
+
+
+def test_wsd_is_flat_then_decays_linearly_in_the_last_fraction():
+    cfg = ScheduleConfig(kind="wsd", warmup_steps=2, horizon=20, min_lr_ratio=0.0, decay_fraction=0.25)
+    values = [lr_multiplier(s, cfg) for s in range(25)]
+    assert values[:2] == [0.5, 1.0]
+    assert all(v == 1.0 for v in values[2:15])
+    assert values[15:21] == pytest.approx([1.0, 0.8, 0.6, 0.4, 0.2, 0.0])
+    assert values[24] == 0.0
+
+
+def test_constant_and_zero_warmup():
+    cfg = ScheduleConfig(kind="constant", warmup_steps=0, horizon=5)
+    assert [lr_multiplier(s, cfg) for s in range(8)] == [1.0] * 8
+
+
+def test_schedule_does_not_depend_on_max_steps_or_attempts():
+    # It takes no max_steps at all: the same step gives the same multiplier whatever the run length.
+    cfg = ScheduleConfig(kind="cosine", warmup_steps=3, horizon=50)
+    assert lr_multiplier(17, cfg) == lr_multiplier(17, ScheduleConfig(kind="cosine", warmup_steps=3, horizon=50))
+    with pytest.raises(ValueError):
+        lr_multiplier(-1, cfg)
+
+
+def test_set_learning_rates_scales_each_group_from_its_base_lr():
+    a, b = torch.nn.Parameter(torch.zeros(4, 4)), torch.nn.Parameter(torch.zeros(4))
+    opt = MuonAdamW([{"params": [a], "use_muon": True, "lr": 0.02, "base_lr": 0.02},
+                     {"params": [b], "use_muon": False, "lr": 0.001, "base_lr": 0.001}])
+    cfg = ScheduleConfig(kind="cosine", warmup_steps=10, horizon=100)
+    multiplier = set_learning_rates(opt, 4, cfg)
+    assert multiplier == 0.5
+    assert opt.param_groups[0]["lr"] == 0.02 * 0.5 and opt.param_groups[1]["lr"] == 0.001 * 0.5
+    set_learning_rates(opt, 4, cfg)  # idempotent
+    assert opt.param_groups[0]["lr"] == 0.02 * 0.5
+
+
+def test_set_learning_rates_requires_base_lr():
+    opt = MuonAdamW([{"params": [torch.nn.Parameter(torch.zeros(3))], "use_muon": False}])
+    with pytest.raises(ValueError, match="base_lr"):
+        set_learning_rates(opt, 0, ScheduleConfig())
