@@ -1,0 +1,118 @@
+"""Per-step model statistics for the trainer: expert loads, router health, aux-free bias, max attention logits.
+
+spec/model.md section 5. The forward passes accumulate (training mode only) into buffers of each MoE and MLA
+module; `collect_step_statistics` packs them into two tensors that the trainer all-reduces (SUM for the counts,
+MAX for the logits) before the QK-Clip and the bias update, and `reset_step_statistics` clears them after each
+optimizer step. `moe_diagnostics` turns the (global) counts into the JSON-ready dict that metrics.jsonl records.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def collect_step_statistics(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens_per_expert [L_moe, E], qk_max_logit [L_attn, H]) as fp32 copies, on the model's device."""
+    moe_layers = model.moe_layers()
+    attention_layers = model.attention_layers()
+    if moe_layers:
+        tokens_per_expert = torch.stack([moe.tokens_per_expert.detach().float() for moe in moe_layers]).clone()
+    else:
+        device = attention_layers[0].qk_max_logit.device
+        tokens_per_expert = torch.zeros(0, max(model.cfg.n_routed_experts, 0), device=device)
+    qk_max_logit = torch.stack([attn.qk_max_logit.detach().float() for attn in attention_layers]).clone()
+    return tokens_per_expert, qk_max_logit
+
+
+@torch.no_grad()
+def reset_step_statistics(model: torch.nn.Module) -> None:
+    """Zero the expert counters and router sums, and set every max-logit tracker back to -inf."""
+    for moe in model.moe_layers():
+        moe.tokens_per_expert.zero_()
+        moe.router_entropy_sum.zero_()
+        moe.routed_token_count.zero_()
+        moe.balance_term_sum.zero_()
+        moe.balance_term_count.zero_()
+    for attn in model.attention_layers():
+        attn.qk_max_logit.fill_(float("-inf"))
+
+
+def expert_load_figures(counts: torch.Tensor) -> dict[str, float | int]:
+    """Figures for one layer's counts c [E]: imbalance max/mean (= 1 + MaxVio), MaxVio, MinVio, CV, dead experts,
+    normalized load entropy (1 = perfectly balanced). With no tokens counted every figure is 0 except dead."""
+    counts = counts.double()
+    total = float(counts.sum())
+    n_experts = counts.numel()
+    dead = int((counts == 0).sum())
+    if total <= 0:
+        return {"imbalance": 0.0, "maxvio": 0.0, "minvio": 0.0, "cv": 0.0, "dead": dead, "load_entropy": 0.0}
+    mean = total / n_experts
+    share = counts / total
+    entropy = float(-(share[share > 0] * share[share > 0].log()).sum())
+    return {
+        "imbalance": float(counts.max()) / mean,
+        "maxvio": float(counts.max()) / mean - 1.0,
+        "minvio": 1.0 - float(counts.min()) / mean,
+        "cv": float(counts.std(unbiased=False)) / mean,
+        "dead": dead,
+        "load_entropy": entropy / math.log(n_experts) if n_experts > 1 else 1.0,
+    }
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def moe_diagnostics(model: torch.nn.Module, tokens_per_expert: torch.Tensor) -> dict:
+    """JSON-ready router/balance figures for one step (tokens_per_expert: the step's global [L_moe, E] counts).
+
+    Router entropy and the balance term come from this rank's own forwards (they are means, not reduced);
+    everything else from the given counts and the current bias. Keys: tokens_per_expert, imbalance,
+    max_imbalance, maxvio, dead_experts (total), dead_experts_per_layer, load_entropy, router_entropy,
+    balance_term, bias_abs_max, bias_min, bias_max, bias_std.
+    """
+    moe_layers = model.moe_layers()
+    counts = tokens_per_expert.detach().double().cpu()
+    per_layer = [expert_load_figures(counts[index]) for index in range(len(moe_layers))]
+    router_entropy, balance_term = [], []
+    bias_min, bias_max, bias_std, bias_abs_max = [], [], [], 0.0
+    for moe in moe_layers:
+        tokens = float(moe.routed_token_count)
+        entropy = float(moe.router_entropy_sum) / tokens / math.log(moe.n_routed_experts) if tokens > 0 else None
+        router_entropy.append(entropy if moe.n_routed_experts > 1 else None)
+        batches = float(moe.balance_term_count)
+        balance_term.append(float(moe.balance_term_sum) / batches if batches > 0 else None)
+        bias = moe.gate.expert_bias.detach().double().cpu()
+        bias_min.append(float(bias.min()))
+        bias_max.append(float(bias.max()))
+        bias_std.append(float(bias.std(unbiased=False)))
+        bias_abs_max = max(bias_abs_max, float(bias.abs().max()))
+    imbalance = [figures["imbalance"] for figures in per_layer]
+    return {
+        "tokens_per_expert": [[float(c) for c in row] for row in counts.tolist()],
+        "imbalance": imbalance,
+        "max_imbalance": max(imbalance) if imbalance else None,
+        "maxvio": [figures["maxvio"] for figures in per_layer],
+        "dead_experts": sum(figures["dead"] for figures in per_layer),
+        "dead_experts_per_layer": [figures["dead"] for figures in per_layer],
+        "load_entropy": [figures["load_entropy"] for figures in per_layer],
+        "router_entropy": router_entropy,
+        "balance_term": balance_term,
+        "bias_abs_max": bias_abs_max,
+        "bias_min": bias_min,
+        "bias_max": bias_max,
+        "bias_std": bias_std,
+    }
+
+
+def attention_diagnostics(qk_max_logit: torch.Tensor) -> dict:
+    """JSON-ready max attention logits: per layer (max over heads) and per layer and head; None where no
+    training forward ran since the last reset (the tracker still holds -inf)."""
+    values = qk_max_logit.detach().double().cpu()
+    return {
+        "max_logit": [_finite_or_none(float(row.max())) for row in values],
+        "max_logit_per_head": [[_finite_or_none(float(v)) for v in row] for row in values.tolist()],
+        "global_max_logit": _finite_or_none(float(values.max())) if values.numel() else None,
+    }

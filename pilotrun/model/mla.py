@@ -1,0 +1,152 @@
+"""Multi-head Latent Attention with decoupled RoPE, and the per-head max-logit tracker for QK-Clip.
+
+spec/model.md section 1.3 (training path: keys and values are materialized from the latent) and section 3.2
+(what QK-Clip needs measured). Weight layout is head-major so that QK-Clip can address one head's rows with
+`weight.view(H, rows_per_head, in)`:
+  wq / wq_b rows per head: [0, d_n) content query W^UQ_h, [d_n, d_n + d_r) rotary query W^QR_h
+  wkv_a rows:              [0, r_kv) latent W^DKV, [r_kv, r_kv + d_r) the one shared rotary key W^KR
+  wkv_b rows per head:     [0, d_n) content key W^UK_h, [d_n, d_n + d_v) value W^UV_h
+
+Attention implementations (`attn_impl`):
+  eager -- materializes the fp32 logits; the exact per-head max logit comes for free (CPU default, tests).
+  sdpa  -- `scaled_dot_product_attention` with the explicit scale; in training mode a chunked, no-grad
+           pass over Q K^T measures the max logit. Its cost is one extra Q K^T product (forward only, no
+           activations kept): attention forward + backward is ~4 such products (QK^T, PV, and their two
+           gradients each) plus a recompute in flash backward, so the tracker adds roughly 15-25% to the
+           attention matmuls, far from doubling them. Eval forwards skip it entirely.
+  auto  -- eager on CPU, sdpa on CUDA.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pilotrun.model.rope import apply_rope
+
+MAX_LOGIT_QUERY_CHUNK = 256  # query rows per chunk of the sdpa max-logit pass: bounds its memory to B*H*256*T
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * weight, statistics in fp32 (spec 1.1), output in x's dtype."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normalized = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (normalized * self.weight.float()).to(x.dtype)
+
+
+class MLA(nn.Module):
+    """Multi-head Latent Attention (DeepSeek-V2/V3), causal, with a training-only max-logit tracker."""
+
+    def __init__(self, d_model: int, n_heads: int, q_lora_rank: int, kv_lora_rank: int, qk_nope_head_dim: int,
+                 qk_rope_head_dim: int, v_head_dim: int, attn_impl: str = "auto", norm_eps: float = 1e-6):
+        super().__init__()
+        self.n_heads = n_heads
+        self.q_lora_rank = q_lora_rank
+        self.kv_lora_rank = kv_lora_rank
+        self.qk_nope_head_dim = qk_nope_head_dim
+        self.qk_rope_head_dim = qk_rope_head_dim
+        self.qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
+        self.v_head_dim = v_head_dim
+        self.attn_impl = attn_impl
+        # The paper's softmax denominator sqrt(d_n + d_r) (V3 eq. 10); no YaRN mscale in these configs.
+        self.softmax_scale = self.qk_head_dim**-0.5
+        # Pad v up to d_qk for sdpa on CUDA so the flash backend (equal head dims) can be chosen; slice after.
+        self.pad_value_for_flash = True
+        if q_lora_rank == 0:
+            self.wq = nn.Linear(d_model, n_heads * self.qk_head_dim, bias=False)
+        else:
+            self.wq_a = nn.Linear(d_model, q_lora_rank, bias=False)
+            self.q_norm = RMSNorm(q_lora_rank, norm_eps)
+            self.wq_b = nn.Linear(q_lora_rank, n_heads * self.qk_head_dim, bias=False)
+        self.wkv_a = nn.Linear(d_model, kv_lora_rank + qk_rope_head_dim, bias=False)
+        self.kv_norm = RMSNorm(kv_lora_rank, norm_eps)
+        self.wkv_b = nn.Linear(kv_lora_rank, n_heads * (qk_nope_head_dim + v_head_dim), bias=False)
+        self.wo = nn.Linear(n_heads * v_head_dim, d_model, bias=False)
+        # Running max of the softmax input per head over this optimizer step's training forwards (QK-Clip).
+        self.register_buffer("qk_max_logit", torch.full((n_heads,), float("-inf")), persistent=False)
+
+    def project_queries_keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k [B, H, T, d_qk] and v [B, H, T, d_v], with RoPE applied to the rotary slices only."""
+        batch, seq, _ = x.shape
+        heads, d_n, d_r = self.n_heads, self.qk_nope_head_dim, self.qk_rope_head_dim
+        if self.q_lora_rank == 0:
+            q = self.wq(x)
+        else:
+            q = self.wq_b(self.q_norm(self.wq_a(x)))
+        q = q.view(batch, seq, heads, self.qk_head_dim)
+        q_content, q_rotary = q.split([d_n, d_r], dim=-1)
+        q_rotary = apply_rope(q_rotary, cos, sin)
+        latent, k_rotary = self.wkv_a(x).split([self.kv_lora_rank, d_r], dim=-1)
+        k_rotary = apply_rope(k_rotary.unsqueeze(2), cos, sin)  # [B, T, 1, d_r]: ONE rotary key for all heads
+        kv = self.wkv_b(self.kv_norm(latent)).view(batch, seq, heads, d_n + self.v_head_dim)
+        k_content, v = kv.split([d_n, self.v_head_dim], dim=-1)
+        q = torch.cat([q_content, q_rotary], dim=-1)
+        k = torch.cat([k_content, k_rotary.expand(-1, -1, heads, -1)], dim=-1)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def resolved_impl(self, device: torch.device) -> str:
+        if self.attn_impl != "auto":
+            return self.attn_impl
+        return "sdpa" if device.type == "cuda" else "eager"
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q, k, v = self.project_queries_keys_values(x, cos, sin)
+        if self.resolved_impl(x.device) == "eager":
+            output = self.eager_attention(q, k, v)
+        else:
+            output = self.sdpa_attention(q, k, v)
+        output = output.transpose(1, 2).reshape(batch, seq, self.n_heads * self.v_head_dim)
+        return self.wo(output)
+
+    def eager_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        seq = q.shape[2]
+        logits = torch.matmul(q, k.transpose(-1, -2)).float() * self.softmax_scale  # [B, H, T, T] fp32
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
+        logits = logits.masked_fill(causal, float("-inf"))
+        if self.training:
+            with torch.no_grad():  # masked entries are -inf and never win the max
+                self.record_max_logit(logits.detach().amax(dim=(0, 2, 3)))
+        probabilities = torch.softmax(logits, dim=-1).to(v.dtype)
+        return torch.matmul(probabilities, v)
+
+    def sdpa_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.record_max_logit(self.chunked_max_logit(q, k))
+        d_v = self.v_head_dim
+        if self.pad_value_for_flash and q.is_cuda and d_v < self.qk_head_dim:
+            v = F.pad(v, (0, self.qk_head_dim - d_v))
+        output = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+        return output[..., :d_v]
+
+    @torch.no_grad()
+    def chunked_max_logit(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Exact max over batch, query i and unmasked key j <= i of scale * q_i . k_j, per head, fp32.
+
+        Query rows are processed in chunks, and each chunk only multiplies against the keys it can see, so
+        memory stays at B*H*chunk*T and the work is about half of a full Q K^T (the causal triangle).
+        """
+        q, k = q.detach(), k.detach()
+        seq = q.shape[2]
+        per_head_max = torch.full((q.shape[1],), float("-inf"), device=q.device, dtype=torch.float32)
+        for start in range(0, seq, MAX_LOGIT_QUERY_CHUNK):
+            stop = min(start + MAX_LOGIT_QUERY_CHUNK, seq)
+            logits = torch.matmul(q[:, :, start:stop], k[:, :, :stop].transpose(-1, -2)).float() * self.softmax_scale
+            query_positions = torch.arange(start, stop, device=q.device)[:, None]
+            key_positions = torch.arange(stop, device=q.device)[None, :]
+            logits = logits.masked_fill(key_positions > query_positions, float("-inf"))
+            per_head_max = torch.maximum(per_head_max, logits.amax(dim=(0, 2, 3)))
+        return per_head_max
+
+    @torch.no_grad()
+    def record_max_logit(self, per_head_max: torch.Tensor) -> None:
+        self.qk_max_logit.copy_(torch.maximum(self.qk_max_logit, per_head_max.float()))

@@ -1,0 +1,223 @@
+"""DeepSeekMoE feed-forward: shared experts + routed experts behind a sigmoid (or softmax) router.
+
+spec/model.md sections 1.4-1.7. The router runs in fp32 with autocast off; the aux-free bias chooses experts
+but never weights them; routed experts are stored stacked [E, out, in] so that Muon can orthogonalize each
+slice in one batch and unrouted experts still get a (zero) gradient instead of None.
+
+Dispatch implementations (`moe_impl`), which all compute y_t = sum_k w_{t,k} FFN_{S_t[k]}(u_t):
+  sorted    -- stable argsort of the chosen expert ids, one gather, one matmul chain per contiguous expert
+               segment (one host sync per layer for the segment sizes), fp32 weighting, one index_add_.
+  loop      -- DeepSeek's inference loop: per expert, find its tokens with `where` and add its output.
+  dense_ref -- every expert on every token, weighted by a [N, E] matrix that is zero off the selection.
+               E times the compute; kept as the obviously-correct oracle for tests.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pilotrun.model.balancing import balance_loss_terms, default_route_scale, router_z_loss, uses_expert_bias
+
+
+class SwiGLU(nn.Module):
+    """FFN(x) = W2 (silu(W1 x) * W3 x): the dense FFN of the first layers, and the shared experts."""
+
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d_model, bias=False)
+        self.w3 = nn.Linear(d_model, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Router(nn.Module):
+    """Token-choice top-k router with the aux-free bias (V3 eq. 12-16; spec 1.5 steps 1-9)."""
+
+    def __init__(self, d_model: int, n_experts: int, top_k: int, score_func: str, route_norm: bool,
+                 route_scale: float, n_groups: int, n_limited_groups: int, use_bias: bool):
+        super().__init__()
+        self.n_experts = n_experts
+        self.top_k = top_k
+        self.score_func = score_func
+        self.route_norm = route_norm
+        self.route_scale = route_scale
+        self.n_groups = n_groups
+        self.n_limited_groups = n_limited_groups
+        self.use_bias = use_bias
+        self.weight = nn.Parameter(torch.empty(n_experts, d_model))
+        # A buffer, never a Parameter: it must not be trained, decayed or clipped (spec pitfall 9). Persistent,
+        # so checkpoints carry it; fp32 whatever the model dtype. Always present (zeros when unused) so the
+        # state dict has one shape for every balance mode.
+        self.register_buffer("expert_bias", torch.zeros(n_experts, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [N, d] -> (indices [N, K] int64, weights [N, K] fp32, scores [N, E] fp32, logits [N, E] fp32)."""
+        compute_dtype = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 in oracle tests
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            logits = F.linear(x.to(compute_dtype), self.weight.to(compute_dtype))
+            if self.score_func == "sigmoid":
+                scores = torch.sigmoid(logits)
+            else:
+                scores = torch.softmax(logits, dim=-1)  # over all experts, before top-k (DeepSeek, not Mixtral)
+            with torch.no_grad():
+                choice = scores.detach()
+                if self.use_bias:
+                    choice = choice + self.expert_bias.to(compute_dtype)
+                if self.n_groups > 1:
+                    choice = self.limit_to_best_groups(choice)
+                indices = choice.topk(self.top_k, dim=-1, sorted=True).indices
+            weights = scores.gather(1, indices)  # gate weights from the UNBIASED scores
+            if self.route_norm:
+                weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+            weights = weights * self.route_scale
+        return indices, weights, scores, logits
+
+    def limit_to_best_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        """Keep the n_limited_groups groups with the best group score; the rest become -inf (V3 node-limited)."""
+        tokens = choice.shape[0]
+        grouped = choice.view(tokens, self.n_groups, self.n_experts // self.n_groups)
+        if self.use_bias:
+            group_score = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)
+        else:
+            group_score = grouped.amax(dim=-1)
+        kept_groups = group_score.topk(self.n_limited_groups, dim=-1, sorted=True).indices
+        keep = torch.zeros(tokens, self.n_groups, dtype=torch.bool, device=choice.device)
+        keep.scatter_(1, kept_groups, True)
+        return grouped.masked_fill(~keep[..., None], float("-inf")).view(tokens, self.n_experts)
+
+
+class GroupedExperts(nn.Module):
+    """E routed SwiGLU experts stored stacked: w1, w3 [E, F, d] and w2 [E, d, F] (torchtitan layout)."""
+
+    def __init__(self, d_model: int, hidden: int, n_experts: int):
+        super().__init__()
+        self.n_experts = n_experts
+        self.w1 = nn.Parameter(torch.empty(n_experts, hidden, d_model))
+        self.w2 = nn.Parameter(torch.empty(n_experts, d_model, hidden))
+        self.w3 = nn.Parameter(torch.empty(n_experts, hidden, d_model))
+
+    def expert_forward(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(F.silu(torch.matmul(x, self.w1[expert].t())) * torch.matmul(x, self.w3[expert].t()),
+                            self.w2[expert].t())
+
+    def forward_sorted(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        tokens, top_k = indices.shape
+        flat_experts = indices.reshape(-1)
+        order = torch.argsort(flat_experts, stable=True)  # fixed accumulation order -> deterministic
+        token_of_slot = order // top_k
+        counts = torch.bincount(flat_experts, minlength=self.n_experts).tolist()  # the one host sync
+        gathered = x[token_of_slot]
+        outputs = [self.expert_forward(expert, segment)
+                   for expert, segment in enumerate(gathered.split(counts)) if counts[expert] > 0]
+        routed = torch.cat(outputs, dim=0) if outputs else gathered.new_zeros(0, x.shape[-1])
+        # Weighting and combining in fp32 (or wider), whatever the autocast dtype of the expert matmuls (spec 4.1).
+        weighted = routed.to(weights.dtype) * weights.reshape(-1)[order].unsqueeze(-1)
+        return torch.zeros(tokens, x.shape[-1], device=x.device, dtype=weights.dtype).index_add(
+            0, token_of_slot, weighted)
+
+    def forward_loop(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        output = torch.zeros(x.shape[0], x.shape[-1], device=x.device, dtype=weights.dtype)
+        counts = torch.bincount(indices.reshape(-1), minlength=self.n_experts).tolist()
+        for expert in range(self.n_experts):
+            if counts[expert] == 0:
+                continue
+            token, slot = torch.where(indices == expert)  # each token picks an expert at most once: unique rows
+            contribution = self.expert_forward(expert, x[token]).to(weights.dtype) * weights[token, slot].unsqueeze(-1)
+            output = output.index_add(0, token, contribution)
+        return output
+
+    def forward_dense_reference(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        hidden = F.silu(torch.einsum("nd,efd->enf", x, self.w1)) * torch.einsum("nd,efd->enf", x, self.w3)
+        every_output = torch.einsum("enf,edf->end", hidden, self.w2)  # [E, N, d]
+        gate = torch.zeros(x.shape[0], self.n_experts, device=x.device, dtype=weights.dtype)
+        gate = gate.scatter(1, indices, weights)  # zero outside the selection
+        return torch.einsum("ne,end->nd", gate, every_output.to(gate.dtype))
+
+
+class MoE(nn.Module):
+    """Shared experts + routed experts; returns the FFN output and this layer's auxiliary loss."""
+
+    def __init__(self, d_model: int, moe_hidden: int, n_routed_experts: int, n_shared_experts: int, top_k: int,
+                 score_func: str = "sigmoid", route_norm: bool = True, route_scale: float = 0.0,
+                 n_expert_groups: int = 1, n_limited_groups: int = 1, balance: str = "aux_free+seq",
+                 seq_aux_alpha: float = 1e-4, z_loss_beta: float = 0.0, moe_impl: str = "sorted"):
+        super().__init__()
+        if route_scale == 0.0:  # spec D2: Moonlight's formula for sigmoid routers, 1.0 for softmax
+            route_scale = default_route_scale(n_routed_experts, top_k) if score_func == "sigmoid" else 1.0
+        self.n_routed_experts = n_routed_experts
+        self.top_k = top_k
+        self.balance = balance
+        self.seq_aux_alpha = seq_aux_alpha
+        self.z_loss_beta = z_loss_beta
+        self.moe_impl = moe_impl
+        self.score_func = score_func
+        self.gate = Router(d_model, n_routed_experts, top_k, score_func, route_norm, route_scale,
+                           n_expert_groups, n_limited_groups, use_bias=uses_expert_bias(balance))
+        self.experts = GroupedExperts(d_model, moe_hidden, n_routed_experts)
+        self.shared_experts = SwiGLU(d_model, n_shared_experts * moe_hidden) if n_shared_experts > 0 else None
+        # Per-step statistics (training forwards only; reset by the trainer after each optimizer step).
+        self.register_buffer("tokens_per_expert", torch.zeros(n_routed_experts), persistent=False)
+        self.register_buffer("router_entropy_sum", torch.zeros(()), persistent=False)
+        self.register_buffer("routed_token_count", torch.zeros(()), persistent=False)
+        self.register_buffer("balance_term_sum", torch.zeros(()), persistent=False)
+        self.register_buffer("balance_term_count", torch.zeros(()), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, seq, d_model = x.shape
+        flat = x.reshape(batch * seq, d_model)
+        indices, weights, scores, logits = self.gate(flat)
+        routed = self.dispatch(flat, indices, weights)
+        output = routed.to(x.dtype)
+        if self.shared_experts is not None:
+            output = output + self.shared_experts(flat)
+        aux_loss = self.auxiliary_loss(scores, indices, logits, batch, seq)
+        if self.training:
+            self.record_statistics(scores, indices)
+        return output.reshape(batch, seq, d_model), aux_loss
+
+    def dispatch(self, flat: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if self.moe_impl == "sorted":
+            return self.experts.forward_sorted(flat, indices, weights)
+        if self.moe_impl == "loop":
+            return self.experts.forward_loop(flat, indices, weights)
+        if self.moe_impl == "dense_ref":
+            return self.experts.forward_dense_reference(flat, indices, weights)
+        raise ValueError(f"unknown moe_impl '{self.moe_impl}'")
+
+    def auxiliary_loss(self, scores: torch.Tensor, indices: torch.Tensor, logits: torch.Tensor, batch: int,
+                       seq: int) -> torch.Tensor:
+        """alpha * balance term (sequence-wise: one packed row = one sequence; batch-wise: the microbatch),
+        plus beta * z-loss. The balance term is computed in every mode (for the diagnostics) but only
+        enters the loss for seq/batch modes."""
+        experts, top_k = self.n_routed_experts, self.top_k
+        if self.balance == "batch":
+            term = balance_loss_terms(scores.view(1, batch * seq, experts), indices.view(1, batch * seq, top_k),
+                                      experts, top_k, self.score_func)
+        else:
+            term = balance_loss_terms(scores.view(batch, seq, experts), indices.view(batch, seq, top_k),
+                                      experts, top_k, self.score_func)
+        balance_value = term.mean()
+        if self.training:
+            with torch.no_grad():
+                self.balance_term_sum.add_(balance_value.detach())
+                self.balance_term_count.add_(1.0)
+        loss = scores.new_zeros(())
+        if self.balance in ("aux_free+seq", "seq", "batch"):
+            loss = loss + self.seq_aux_alpha * balance_value
+        if self.z_loss_beta > 0:
+            loss = loss + self.z_loss_beta * router_z_loss(logits)
+        return loss
+
+    @torch.no_grad()
+    def record_statistics(self, scores: torch.Tensor, indices: torch.Tensor) -> None:
+        """Counts from the actual (biased) selection and the router entropy sum, training forwards only."""
+        self.tokens_per_expert.add_(torch.bincount(indices.reshape(-1), minlength=self.n_routed_experts).float())
+        scores = scores.detach()
+        probabilities = scores / scores.sum(dim=-1, keepdim=True) if self.score_func == "sigmoid" else scores
+        entropy = -(probabilities * torch.log(probabilities.clamp_min(1e-30))).sum(dim=-1)
+        self.router_entropy_sum.add_(entropy.sum())
+        self.routed_token_count.add_(float(scores.shape[0]))

@@ -1,0 +1,111 @@
+"""The decoder: embedding, L pre-norm blocks (MLA + dense FFN or MoE), final RMSNorm, untied head.
+
+spec/model.md section 1.1; parameter names follow section 1.2 (DeepSeek's inference/model.py names) so that the
+optimizer partition and QK-Clip address parameters by name. `build_model(cfg)` is deterministic given the torch
+seed at call time: parameters are created, then initialized in one fixed order (section 1.8, decision D7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pilotrun.config import ModelConfig
+from pilotrun.model.mla import MLA, RMSNorm
+from pilotrun.model.moe import MoE, SwiGLU
+from pilotrun.model.rope import build_rope_table
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor  # [B, T, V] in the autocast dtype (fp32 without autocast)
+    loss: torch.Tensor | None  # what backward uses: ce_loss + aux_loss; None without targets
+    ce_loss: torch.Tensor | None  # mean token cross-entropy (fp32); None without targets
+    aux_loss: torch.Tensor  # sum over MoE layers of the balance losses and z-losses (0 when disabled)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_index: int):
+        super().__init__()
+        self.layer_index = layer_index
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = MLA(cfg.d_model, cfg.n_heads, cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim,
+                        cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.attn_impl, cfg.norm_eps)
+        self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.is_moe = layer_index >= cfg.n_dense_layers
+        if self.is_moe:
+            self.ffn: nn.Module = MoE(cfg.d_model, cfg.moe_hidden, cfg.n_routed_experts, cfg.n_shared_experts,
+                                      cfg.top_k, cfg.score_func, cfg.route_norm, cfg.route_scale,
+                                      cfg.n_expert_groups, cfg.n_limited_groups, cfg.balance, cfg.seq_aux_alpha,
+                                      cfg.z_loss_beta, cfg.moe_impl)
+        else:
+            self.ffn = SwiGLU(cfg.d_model, cfg.dense_hidden)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        if self.is_moe:
+            ffn_output, aux_loss = self.ffn(self.ffn_norm(x))
+            return x + ffn_output, aux_loss
+        return x + self.ffn(self.ffn_norm(x)), None
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.vocab_size <= 0:
+            raise ValueError("ModelConfig.vocab_size must be set (> 0) before building the model")
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg, index) for index in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        cos, sin = build_rope_table(cfg.qk_rope_head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def moe_layers(self) -> list[MoE]:
+        return [block.ffn for block in self.layers if block.is_moe]
+
+    def attention_layers(self) -> list[MLA]:
+        return [block.attn for block in self.layers]
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> ModelOutput:
+        seq = tokens.shape[1]
+        if seq > self.rope_cos.shape[0]:
+            raise ValueError(f"sequence length {seq} exceeds max_seq_len {self.rope_cos.shape[0]}")
+        cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
+        x = self.embed(tokens)
+        aux_loss = torch.zeros((), device=x.device, dtype=torch.float32)
+        for block in self.layers:
+            x, layer_aux = block(x, cos, sin)
+            if layer_aux is not None:
+                aux_loss = aux_loss + layer_aux  # summed over MoE layers (decision D5)
+        logits = self.head(self.norm(x))
+        if targets is None:
+            return ModelOutput(logits=logits, loss=None, ce_loss=None, aux_loss=aux_loss)
+        ce_loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return ModelOutput(logits=logits, loss=ce_loss + aux_loss, ce_loss=ce_loss, aux_loss=aux_loss)
+
+
+@torch.no_grad()
+def initialize_parameters(model: Transformer) -> None:
+    """Decision D7 ("deepseek"): every matrix, the embedding and the router ~ N(0, init_std^2); RMSNorm gains 1;
+    the expert bias 0. Never zero the router: equal scores make top-k pick experts 0..K-1 for every token."""
+    std = model.cfg.init_std
+    for name, parameter in model.named_parameters():
+        if name.endswith("norm.weight"):
+            parameter.fill_(1.0)
+        else:
+            parameter.normal_(mean=0.0, std=std)
+    for moe in model.moe_layers():
+        moe.gate.expert_bias.zero_()
+
+
+def build_model(cfg: ModelConfig) -> Transformer:
+    """A freshly initialized model on the CPU in fp32 (move it with `.to(device)`; keep parameters fp32)."""
+    model = Transformer(cfg)
+    initialize_parameters(model)
+    return model

@@ -1,0 +1,95 @@
+"""Per-step statistics: counted only in training forwards, summed over microbatches, reset on demand."""
+
+import json
+import math
+
+import torch
+
+from pilotrun.config import ModelConfig
+from pilotrun.model.diagnostics import (
+    attention_diagnostics,
+    collect_step_statistics,
+    expert_load_figures,
+    moe_diagnostics,
+    reset_step_statistics,
+)
+from pilotrun.model.transformer import build_model
+
+CFG = ModelConfig(vocab_size=256, n_layers=3, n_dense_layers=1)
+
+
+def tokens(seed: int, b: int = 4, t: int = 32) -> torch.Tensor:
+    return torch.randint(0, 256, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+def test_counters_only_in_training_mode_and_sum_over_microbatches():
+    torch.manual_seed(0)
+    model = build_model(CFG)
+    counts, logits = collect_step_statistics(model)
+    assert counts.shape == (2, 4) and torch.equal(counts, torch.zeros(2, 4))
+    assert logits.shape == (3, 4) and torch.isinf(logits).all() and (logits < 0).all()
+
+    model.eval()
+    with torch.no_grad():
+        model(tokens(1))
+    counts, logits = collect_step_statistics(model)
+    assert torch.equal(counts, torch.zeros(2, 4)) and torch.isinf(logits).all()
+
+    model.train()
+    per_batch = []
+    for seed in (1, 2, 3):
+        reset_step_statistics(model)
+        model(tokens(seed))
+        per_batch.append(collect_step_statistics(model))
+    reset_step_statistics(model)
+    for seed in (1, 2, 3):
+        model(tokens(seed))
+    counts, logits = collect_step_statistics(model)
+    assert torch.equal(counts, per_batch[0][0] + per_batch[1][0] + per_batch[2][0])
+    assert torch.equal(logits, torch.maximum(torch.maximum(per_batch[0][1], per_batch[1][1]), per_batch[2][1]))
+    assert torch.equal(counts.sum(dim=1), torch.full((2,), 3 * 4 * 32 * 2.0))  # N tokens x K per layer
+
+    # The counts equal an independent recomputation of the (biased) top-k selection of layer 1's router.
+    moe = model.moe_layers()[0]
+    captured = {}
+    handle = moe.register_forward_pre_hook(lambda module, args: captured.setdefault("x", args[0].detach()))
+    reset_step_statistics(model)
+    model(tokens(5))
+    handle.remove()
+    x = captured["x"].reshape(-1, CFG.d_model)
+    chosen = (torch.sigmoid(x @ moe.gate.weight.t()) + moe.gate.expert_bias).topk(2, dim=-1).indices
+    assert torch.equal(collect_step_statistics(model)[0][0], torch.bincount(chosen.reshape(-1), minlength=4).float())
+
+    # collect returns copies: later forwards do not change what was collected.
+    snapshot = collect_step_statistics(model)[0]
+    frozen = snapshot.clone()
+    model(tokens(6))
+    assert torch.equal(snapshot, frozen)
+
+
+def test_load_figures_match_their_definitions():
+    figures = expert_load_figures(torch.tensor([6.0, 2.0, 0.0, 0.0]))
+    assert figures["imbalance"] == 3.0 and figures["maxvio"] == 2.0 and figures["minvio"] == 1.0
+    assert figures["dead"] == 2
+    assert math.isclose(figures["load_entropy"], -(0.75 * math.log(0.75) + 0.25 * math.log(0.25)) / math.log(4))
+    balanced = expert_load_figures(torch.full((4,), 5.0))
+    assert balanced["imbalance"] == 1.0 and balanced["cv"] == 0.0 and math.isclose(balanced["load_entropy"], 1.0)
+
+
+def test_diagnostics_are_json_ready_and_reflect_the_bias():
+    torch.manual_seed(0)
+    model = build_model(CFG)
+    model(tokens(1))
+    counts, logits = collect_step_statistics(model)
+    model.moe_layers()[1].gate.expert_bias.copy_(torch.tensor([0.5, -0.25, -0.25, 0.0]))
+    moe = moe_diagnostics(model, counts)
+    attention = attention_diagnostics(logits)
+    json.dumps(moe, allow_nan=False)
+    json.dumps(attention, allow_nan=False)
+    assert moe["tokens_per_expert"] == counts.tolist()
+    assert moe["bias_abs_max"] == 0.5 and moe["bias_min"] == [0.0, -0.25]
+    assert moe["max_imbalance"] == max(moe["imbalance"]) >= 1.0
+    assert all(0.9 < value <= 1.0 for value in moe["router_entropy"])  # near-uniform router at init
+    assert attention["max_logit"] == [max(row) for row in logits.tolist()]
+    reset_step_statistics(model)
+    assert attention_diagnostics(collect_step_statistics(model)[1])["max_logit"] == [None, None, None]
