@@ -79,7 +79,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         description="Train a model from a YAML recipe on a prepared data folder, writing run.json, metrics.jsonl "
         "and checkpoints into the run folder. An existing run folder is refused without --resume. "
         "Under torchrun it runs data-parallel. Exit 0 when max_steps is reached, 2 for bad input or an "
-        "incompatible resume, 130/143 after SIGINT/SIGTERM (a checkpoint is saved first).",
+        "incompatible resume, 1 when it stopped itself (train.max_consecutive_skips skipped updates in a row), "
+        "130 after SIGINT and 143 after SIGTERM: the current update is finished, a checkpoint is saved and "
+        "session_end records reason 'interrupted' before exiting. It prints tokens_per_update and the planned "
+        "tokens before it starts, and a progress line (step, loss, training-only tokens/s, ETA) on stderr.",
     )
     p.add_argument("--config", required=True, help="YAML recipe (see configs/)")
     p.add_argument("--data", required=True, help="data folder written by `pilotrun prepare`")
@@ -95,9 +98,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 def _run_train(args: argparse.Namespace) -> int:
     from pilotrun.config import load_run_config
+    from pilotrun.train.trainer import train_from_cli
 
-    load_run_config(args.config, args.overrides)
-    return _not_yet("train")
+    config = load_run_config(args.config, args.overrides)
+    return train_from_cli(config, args.data, args.run_dir, resume=args.resume, from_step=args.from_step,
+                          allow_changes=args.allow_change, command=list(sys.argv))
 
 
 # ---------------------------------------------------------------------------------------------- inspect-batch
@@ -112,7 +117,10 @@ def _add_inspect_batch(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_inspect_batch(args: argparse.Namespace) -> int:
-    return _not_yet("inspect-batch")
+    from pilotrun.train.inspect import inspect_batch
+
+    print(inspect_batch(args.run_dir, args.step, max_chars=args.max_chars))
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------- summarize
