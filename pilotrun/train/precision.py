@@ -1,0 +1,128 @@
+"""Precision: fp32, bf16 autocast, fp16 autocast with a dynamic loss scale, and one honest update.
+
+Spec/model.md section 4. Parameters and optimizer state stay fp32 in every mode; autocast only changes the
+compute dtype of matmuls. fp16 needs loss scaling (its range tops out at 65504), done by
+`torch.amp.GradScaler`, on CPU and CUDA alike; bf16 has fp32's exponent range and needs none.
+
+`apply_update` is the one place that turns accumulated gradients into a weight update:
+unscale (fp16) -> global gradient norm -> clip -> optimizer step -> scaler update. An update is skipped,
+leaving parameters and optimizer state exactly as they were, when the gradients are not finite: in fp16 the
+scaler's overflow check finds them and backs the scale off ("overflow"); in fp32/bf16 (or an fp16 norm that
+overflows by itself) it is reported as "nonfinite_grad". The caller then advances `step`, the schedule,
+QK-Clip and the expert-bias update only when `applied` is True, and counts consecutive skips against
+`train.max_consecutive_skips` itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.nn.utils import clip_grads_with_norm_, get_total_norm
+
+from pilotrun.config import PRECISIONS
+from pilotrun.errors import ConfigError
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ConfigError(f"train.precision must be one of {PRECISIONS}, got '{precision}'")
+
+
+def autocast_context(precision: str, device_type: str) -> contextlib.AbstractContextManager:
+    """The forward-pass context: nothing for fp32, `torch.autocast` in bf16 or fp16 otherwise."""
+    _check_precision(precision)
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, dtype=AUTOCAST_DTYPES[precision])
+
+
+def build_grad_scaler(precision: str, device_type: str, init_scale: float = 65536.0,
+                      growth_interval: int = 2000) -> torch.amp.GradScaler:
+    """A GradScaler that is enabled only for fp16 (a disabled one is a no-op with scale 1.0).
+
+    Growth and backoff factors are torch's defaults (2.0, 0.5). Its `state_dict()` (scale, growth tracker)
+    must travel in the checkpoint for resume to be exact.
+    """
+    _check_precision(precision)
+    if init_scale <= 0:
+        raise ConfigError(f"train.loss_scale_init must be positive, got {init_scale}")
+    if growth_interval < 1:
+        raise ConfigError(f"train.loss_scale_growth_interval must be >= 1, got {growth_interval}")
+    return torch.amp.GradScaler(device_type, init_scale=init_scale, growth_interval=growth_interval,
+                                enabled=precision == "fp16")
+
+
+@dataclass
+class UpdateOutcome:
+    """What happened to one attempted update.
+
+    applied: the optimizer stepped. reason: "ok", "overflow" (fp16 scaler found inf/NaN and backed off) or
+    "nonfinite_grad" (non-finite gradient norm without a backoff). grad_norm: global L2 norm of the
+    (unscaled) gradients before clipping; it is inf or NaN on a skipped update, which is not a real value
+    and must not be logged as one. clipped: clipping scaled the gradients down (only when applied).
+    loss_scale_before / loss_scale_after: the scaler's scale around this update (1.0 when disabled).
+    """
+
+    applied: bool
+    reason: str
+    grad_norm: float
+    clipped: bool
+    loss_scale_before: float
+    loss_scale_after: float
+
+
+def _current_scale(scaler: torch.amp.GradScaler) -> float:
+    return float(scaler.get_scale()) if scaler.is_enabled() else 1.0
+
+
+def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                 grad_clip: float) -> UpdateOutcome:
+    """Unscale, measure the global norm, clip to `grad_clip` (0: measure only), step, update the scale.
+
+    Gradients must have been accumulated with `scaler.scale(loss).backward()` (a plain backward when the
+    scaler is disabled). Does not zero the gradients.
+    """
+    scale_before = _current_scale(scaler)
+    if scaler.is_enabled():
+        scaler.unscale_(optimizer)
+    params_with_grad = [p for p in model.parameters() if p.grad is not None]
+    grads = [p.grad for p in params_with_grad]
+    if grads:
+        total_norm = get_total_norm(grads, norm_type=2.0, error_if_nonfinite=False)
+        grad_norm = float(total_norm)
+    else:
+        total_norm, grad_norm = None, 0.0
+
+    applied = math.isfinite(grad_norm)
+    clipped = False
+    if applied:
+        # Clip only when the norm really exceeds the limit, so `clipped` says exactly whether the gradients
+        # were scaled (torch's clip_grad_norm_ would also shave norms within 1e-6 below the limit).
+        if grad_clip > 0 and grad_norm > grad_clip:
+            clip_grads_with_norm_(params_with_grad, grad_clip, total_norm)  # takes parameters, not grads
+            clipped = True
+        if scaler.is_enabled():
+            # The scaler found no inf/NaN (the norm is finite), so this steps; its own check stays in charge.
+            scaler.step(optimizer)
+        else:
+            optimizer.step()
+    # On a non-finite norm nothing touches the optimizer: parameters and its state stay bit-identical.
+    if scaler.is_enabled():
+        scaler.update()  # backs the scale off when unscale_ found inf/NaN, else counts toward growth
+    scale_after = _current_scale(scaler)
+
+    if applied and scale_after < scale_before:  # defensive: the scaler skipped the step after all
+        applied = False
+    if applied:
+        reason = "ok"
+    elif scale_after < scale_before:
+        reason = "overflow"
+    else:
+        reason = "nonfinite_grad"
+    return UpdateOutcome(applied=applied, reason=reason, grad_norm=grad_norm, clipped=clipped and applied,
+                         loss_scale_before=scale_before, loss_scale_after=scale_after)
