@@ -10,10 +10,11 @@ spec/model.md section 1.3 (training path: keys and values are materialized from 
 Attention implementations (`attn_impl`):
   eager -- materializes the fp32 logits; the exact per-head max logit comes for free (CPU default, tests).
   sdpa  -- `scaled_dot_product_attention` with the explicit scale; in training mode a chunked, no-grad
-           pass over Q K^T measures the max logit. Its cost is one extra Q K^T product (forward only, no
-           activations kept): attention forward + backward is ~4 such products (QK^T, PV, and their two
-           gradients each) plus a recompute in flash backward, so the tracker adds roughly 15-25% to the
-           attention matmuls, far from doubling them. Eval forwards skip it entirely.
+           pass over Q K^T measures the max logit. Its cost: per query chunk only the visible keys are
+           multiplied, so about half of one Q K^T product (plus chunk-diagonal waste), forward only, nothing
+           kept for backward. Attention forward + backward costs ~6 products of that size (QK^T and PV, then
+           dQ, dK, dV, dP; flash backward adds a QK^T recompute), so the tracker adds roughly 8-15% to the
+           attention matmuls -- far from doubling them. Eval forwards skip it entirely.
   auto  -- eager on CPU, sdpa on CUDA.
 """
 
@@ -58,8 +59,9 @@ class MLA(nn.Module):
         self.attn_impl = attn_impl
         # The paper's softmax denominator sqrt(d_n + d_r) (V3 eq. 10); no YaRN mscale in these configs.
         self.softmax_scale = self.qk_head_dim**-0.5
-        # Pad v up to d_qk for sdpa on CUDA so the flash backend (equal head dims) can be chosen; slice after.
-        self.pad_value_for_flash = True
+        # Pad v up to d_qk for sdpa so the flash backend (equal head dims) can be chosen, then slice the output.
+        # None: on CUDA only (where flash exists); True/False force it (tests exercise the padded path on CPU).
+        self.pad_value_for_flash: bool | None = None
         if q_lora_rank == 0:
             self.wq = nn.Linear(d_model, n_heads * self.qk_head_dim, bias=False)
         else:
@@ -123,7 +125,8 @@ class MLA(nn.Module):
         if self.training:
             self.record_max_logit(self.chunked_max_logit(q, k))
         d_v = self.v_head_dim
-        if self.pad_value_for_flash and q.is_cuda and d_v < self.qk_head_dim:
+        pad = q.is_cuda if self.pad_value_for_flash is None else self.pad_value_for_flash
+        if pad and d_v < self.qk_head_dim:
             v = F.pad(v, (0, self.qk_head_dim - d_v))
         output = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
         return output[..., :d_v]
