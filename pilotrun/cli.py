@@ -52,7 +52,28 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
-    return _not_yet("prepare")
+    from pilotrun.data.prepare import prepare_corpus
+    from pilotrun.data.shards import metadata_sha256
+
+    def whole(value: float | None, flag: str) -> int | None:
+        if value is None:
+            return None
+        if value != int(value) or value < 1:
+            raise PilotrunError(f"{flag} must be a positive whole number, got {value}")
+        return int(value)
+
+    manifest = prepare_corpus(
+        args.out, source=args.source, tokenizer=args.tokenizer, eos=args.eos, text_field=args.text_field,
+        train_tokens=whole(args.train_tokens, "--train-tokens"), val_fraction=args.val_fraction,
+        shard_tokens=whole(args.shard_tokens, "--shard-tokens"), seed=args.seed, shuffle_buffer=args.shuffle_buffer,
+        workers=args.workers, force=args.force, progress=True,
+    )
+    splits = manifest["splits"]
+    print(f"prepared {args.out}: train {splits['train']['tokens']} tokens in {splits['train']['documents']} documents, "
+          f"val {splits['val']['tokens']} tokens in {splits['val']['documents']} documents, "
+          f"vocab {manifest['tokenizer']['vocab_size']} ({manifest['dtype']}), "
+          f"metadata_sha256 {metadata_sha256(manifest)}")
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------- data verify
@@ -68,7 +89,19 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_data_verify(args: argparse.Namespace) -> int:
-    return _not_yet("data verify")
+    from pilotrun.data.shards import load_manifest, metadata_sha256
+    from pilotrun.data.verify import verify_data
+
+    problems = verify_data(args.dir)
+    for problem in problems:
+        print(f"damaged: {problem}")
+    if problems:
+        print(f"{args.dir}: {len(problems)} problem(s)")
+        return 1
+    manifest = load_manifest(args.dir)
+    shards = sum(len(manifest["splits"][s]["shards"]) for s in manifest["splits"])
+    print(f"intact: {args.dir} ({shards} shards rehashed, metadata_sha256 {metadata_sha256(manifest)})")
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------- train

@@ -1,0 +1,278 @@
+"""`pilotrun prepare`: a source becomes token shards and a manifest, identically on every rerun.
+
+Pipeline (one pass, streaming; a trained BPE adds one earlier pass over the same stream):
+
+    source documents -> seeded bounded shuffle -> split by text hash -> chunks -> tokenize on `workers`
+    processes (results consumed in submission order) -> per-split shard writers -> metadata.json
+
+Determinism: the chunking, the order of results and every decision (split, the `--train-tokens` stop) depend
+only on the stream, never on the number of workers or on timing, so output is byte-identical for any
+`--workers`. Memory is bounded by the shuffle buffer, at most `2 * workers` chunks in flight and one shard
+buffer per split. The folder is built under a hidden temporary name beside `out` and renamed into place only
+when complete, so an interrupted prepare never leaves a folder that looks finished.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import platform
+import shutil
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from pilotrun.data.hub import HubClient
+from pilotrun.data.shards import FORMAT, METADATA_FILE, TOKENIZER_FILE, ShardWriter, manifest_text
+from pilotrun.data.sources import open_source
+from pilotrun.data.stream import SPLITS, TRAIN, VAL, shuffled, with_splits
+from pilotrun.data.tokenizer import (
+    ResolvedTokenizer,
+    encode_documents,
+    encode_in_worker,
+    init_worker,
+    plain_encoder,
+    resolve_tokenizer,
+)
+from pilotrun.errors import DataError
+
+# Documents are sent to workers in chunks of about this many characters: large enough that pickling and task
+# overhead stay small next to encoding, small enough that a small corpus still spreads over the workers.
+CHUNK_CHARACTERS = 1 << 18
+CHUNK_MAX_DOCUMENTS = 4096
+SPLIT_RULE = "val when int(sha256(utf-8 text)[:8], big-endian) / 2**64 < val_fraction, else train"
+LAYOUT = "each split is its documents in stream order, each followed by eos_id, cut into shards of shard_tokens"
+
+
+def default_workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _check_options(train_tokens: Any, val_fraction: float, shard_tokens: Any, shuffle_buffer: int,
+                   workers: int) -> None:
+    if not 0.0 <= float(val_fraction) < 1.0:
+        raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    if int(shard_tokens) != shard_tokens or int(shard_tokens) < 1:
+        raise DataError(f"--shard-tokens must be a positive integer, got {shard_tokens}")
+    if train_tokens is not None and (int(train_tokens) != train_tokens or int(train_tokens) < 1):
+        raise DataError(f"--train-tokens must be a positive integer, got {train_tokens}")
+    if int(shuffle_buffer) < 0:
+        raise DataError(f"--shuffle-buffer must be >= 0, got {shuffle_buffer}")
+    if int(workers) < 0:
+        raise DataError(f"--workers must be >= 0 (0: all cores), got {workers}")
+
+
+def prepare_corpus(
+    out: str | os.PathLike,
+    source: str = "builtin",
+    tokenizer: str = "bpe:4096",
+    eos: str | None = None,
+    text_field: str = "text",
+    train_tokens: int | None = None,
+    val_fraction: float = 0.01,
+    shard_tokens: int = 2**24,
+    seed: int = 0,
+    shuffle_buffer: int = 10000,
+    workers: int = 0,
+    force: bool = False,
+    progress: bool = True,
+    hub: HubClient | None = None,
+) -> dict[str, Any]:
+    """Prepare `source` into the data folder `out`; returns the manifest (what metadata.json holds).
+
+    `hub` replaces the network seam (tests pass a client serving local rows); None uses the real hub.
+    """
+    _check_options(train_tokens, val_fraction, shard_tokens, shuffle_buffer, workers)
+    out = os.path.normpath(os.fspath(out))
+    if os.path.exists(out) and not force:
+        raise DataError(f"{out} already exists: choose another --out or pass --force to replace it")
+    train_tokens = None if train_tokens is None else int(train_tokens)
+    shard_tokens, shuffle_buffer = int(shard_tokens), int(shuffle_buffer)
+    val_fraction = float(val_fraction)
+    workers = int(workers) or default_workers()
+
+    opened = open_source(source, text_field, hub)
+
+    def stream() -> Iterator[tuple[str, str]]:
+        return with_splits(shuffled(opened.documents(), shuffle_buffer, seed), val_fraction)
+
+    resolved = resolve_tokenizer(tokenizer, eos, lambda: (t for t, s in stream() if s == TRAIN), hub, progress)
+
+    parent = os.path.dirname(os.path.abspath(out))
+    os.makedirs(parent, exist_ok=True)
+    temporary = os.path.join(parent, f".{os.path.basename(out)}.partial-{os.getpid()}")
+    shutil.rmtree(temporary, ignore_errors=True)
+    os.makedirs(temporary)
+    try:
+        splits, stopped = _tokenize_and_write(stream(), resolved, temporary, shard_tokens, train_tokens, workers,
+                                              progress)
+        if splits[TRAIN]["tokens"] == 0:
+            raise DataError(f"source '{source}' gave no training documents (val_fraction={val_fraction})")
+        import tokenizers
+
+        manifest = {
+            "format": FORMAT,
+            "source": opened.identity,
+            "tokenizer": resolved.identity,
+            "dtype": resolved.dtype,
+            "options": {
+                "train_tokens": train_tokens,
+                "val_fraction": val_fraction,
+                "shard_tokens": shard_tokens,
+                "seed": int(seed),
+                "shuffle_buffer": shuffle_buffer,
+                "text_field": text_field,
+                "eos": eos,
+            },
+            "split_rule": SPLIT_RULE,
+            "layout": LAYOUT,
+            "stream": {
+                "stopped_at_train_tokens": stopped,
+                # Only a complete pass has a count that does not depend on how far ahead the reader got.
+                "empty_documents_skipped": None if stopped else opened.skipped_empty,
+            },
+            "software": {"python": platform.python_version(), "tokenizers": tokenizers.__version__},
+            "splits": splits,
+        }
+        _write_text(os.path.join(temporary, TOKENIZER_FILE), resolved.json_text)
+        _write_text(os.path.join(temporary, METADATA_FILE), manifest_text(manifest))
+        _commit(temporary, out, force)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8", newline="\n") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _commit(temporary: str, out: str, force: bool) -> None:
+    """Rename the finished folder into place; an old folder (with --force) is removed only afterwards."""
+    replaced = None
+    if os.path.lexists(out):
+        if not force:
+            raise DataError(f"{out} appeared while preparing: not replacing it without --force")
+        replaced = f"{temporary}.replaced"
+        os.rename(out, replaced)
+    os.rename(temporary, out)
+    directory = os.open(os.path.dirname(os.path.abspath(out)), os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    if replaced is not None:
+        if os.path.isdir(replaced) and not os.path.islink(replaced):
+            shutil.rmtree(replaced)
+        else:
+            os.remove(replaced)
+
+
+def _chunks(stream: Iterable[tuple[str, str]]) -> Iterator[tuple[list[str], list[str]]]:
+    texts: list[str] = []
+    splits: list[str] = []
+    characters = 0
+    for text, split in stream:
+        texts.append(text)
+        splits.append(split)
+        characters += len(text)
+        if characters >= CHUNK_CHARACTERS or len(texts) >= CHUNK_MAX_DOCUMENTS:
+            yield texts, splits
+            texts, splits, characters = [], [], 0
+    if texts:
+        yield texts, splits
+
+
+def _encoded_in_order(chunks: Iterator[tuple[list[str], list[str]]], resolved: ResolvedTokenizer,
+                      workers: int) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
+    """(splits, tokens, lengths) per chunk, in the order the chunks were read, whatever the worker count."""
+    if workers == 1:
+        encoder = plain_encoder(resolved.json_text)
+        previous = os.environ.get("TOKENIZERS_PARALLELISM")
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one worker means one core
+        try:
+            for texts, splits in chunks:
+                yield (splits, *encode_documents(encoder, texts, resolved.eos_id, resolved.dtype))
+        finally:
+            if previous is None:
+                os.environ.pop("TOKENIZERS_PARALLELISM", None)
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = previous
+        return
+    import multiprocessing
+
+    # spawn: a clean interpreter per worker; forking a process that already runs tokenizers' (or torch's)
+    # thread pools can deadlock.
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(workers, initializer=init_worker,
+                      initargs=(resolved.json_text, resolved.eos_id, resolved.dtype)) as pool:
+        pending: collections.deque = collections.deque()
+        for texts, splits in chunks:
+            pending.append((splits, pool.apply_async(encode_in_worker, (texts,))))
+            if len(pending) >= 2 * workers:  # bounded read-ahead: memory stays flat on any corpus size
+                splits_done, result = pending.popleft()
+                yield (splits_done, *result.get())
+        while pending:
+            splits_done, result = pending.popleft()
+            yield (splits_done, *result.get())
+
+
+def _tokenize_and_write(stream: Iterator[tuple[str, str]], resolved: ResolvedTokenizer, folder: str,
+                        shard_tokens: int, train_tokens: int | None, workers: int,
+                        progress: bool) -> tuple[dict[str, Any], bool]:
+    from tqdm import tqdm
+
+    writers = {split: ShardWriter(folder, split, shard_tokens, resolved.dtype) for split in SPLITS}
+    documents = dict.fromkeys(SPLITS, 0)
+    tokens = dict.fromkeys(SPLITS, 0)
+    stopped = False
+    started = time.perf_counter()
+    bar = tqdm(total=train_tokens, unit="tok", unit_scale=True, desc="prepare (train tokens)", file=sys.stderr,
+               disable=not progress, dynamic_ncols=True)
+    encoded = _encoded_in_order(_chunks(stream), resolved, workers)
+    try:
+        for splits, chunk_tokens, lengths in encoded:
+            is_val = np.fromiter((s == VAL for s in splits), dtype=bool, count=len(splits))
+            if train_tokens is not None:
+                # The first training document that brings the total to train_tokens is the last one taken.
+                train_cumulative = tokens[TRAIN] + np.cumsum(np.where(is_val, 0, lengths))
+                reached = np.flatnonzero(~is_val & (train_cumulative >= train_tokens))
+                if len(reached):
+                    keep = int(reached[0]) + 1
+                    chunk_tokens = chunk_tokens[: int(lengths[:keep].sum())]
+                    is_val, lengths = is_val[:keep], lengths[:keep]
+                    stopped = True
+            token_is_val = np.repeat(is_val, lengths)
+            before = tokens[TRAIN]
+            for split, mask in ((TRAIN, ~token_is_val), (VAL, token_is_val)):
+                part = chunk_tokens[mask]
+                writers[split].add(part)
+                tokens[split] += len(part)
+            documents[VAL] += int(is_val.sum())
+            documents[TRAIN] += int((~is_val).sum())
+            bar.update(tokens[TRAIN] - before)
+            elapsed = max(time.perf_counter() - started, 1e-9)
+            bar.set_postfix(docs=documents[TRAIN] + documents[VAL],
+                            docs_per_s=f"{(documents[TRAIN] + documents[VAL]) / elapsed:.0f}",
+                            val_tok=tokens[VAL], refresh=False)
+            if stopped:
+                break
+    finally:
+        encoded.close()  # stops the worker pool when we stop early
+        bar.close()
+    splits_record = {}
+    for split in SPLITS:
+        shards = writers[split].close()
+        if sum(s["tokens"] for s in shards) != tokens[split]:
+            raise AssertionError(f"internal: {split} shards hold a different token count than was written")
+        splits_record[split] = {"documents": documents[split], "tokens": tokens[split], "shards": shards}
+    return splits_record, stopped

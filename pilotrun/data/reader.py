@@ -1,0 +1,239 @@
+"""Reading a prepared folder back: a checked dataset, token splits over memory-mapped shards, batch cursors.
+
+`open_dataset` checks, before any training starts, that every shard named by the manifest exists with the
+manifest's dtype, shape and file size, and that the shard totals add up to each split's total; the first
+problem stops it with a `DataError` naming the file. (`pilotrun data verify` goes further and rehashes.)
+
+Window layout (fixed; `describe_batch` and inspect-batch rely on it): window `w` of a split is the
+`seq_len + 1` tokens starting at token `w * seq_len`. Consecutive windows overlap by one token, so every token
+after the first is a target exactly once per epoch; windows run across document and shard boundaries. The
+split holds `(num_tokens - 1) // seq_len` windows; `G = batch_size * world_size` windows make one global
+batch; the incomplete tail (fewer than G windows) is dropped at each epoch's end.
+
+Global batch `b` (counted from 0 over the whole run) is batch `k = b mod batches_per_epoch` of epoch
+`b div batches_per_epoch` and consists of windows `k*G .. k*G + G - 1`; rank `r` takes windows
+`k*G + r*batch_size + j` for `j < batch_size`. So a rank's rows are a pure function of (b, r, world_size), and
+the cursor state is just `b` (plus the geometry it is valid for). In `repeat_batch` mode every call serves
+global batch 0 again, while `b` still counts calls.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from pilotrun.data.shards import TOKENIZER_FILE, check_shard, file_sha256, load_manifest, metadata_sha256
+from pilotrun.data.stream import SPLITS
+from pilotrun.errors import DataError
+
+MODES = ("successive", "repeat_batch")
+
+
+class TokenSplit:
+    """One split's tokens as one logical 1-D array over its memory-mapped shards."""
+
+    def __init__(self, name: str, data_dir: str, record: dict[str, Any], dtype: str) -> None:
+        self.name = name
+        self.dtype = np.dtype(dtype)
+        self.files: list[str] = []
+        self._arrays: list[np.ndarray] = []
+        starts = [0]
+        for shard in record.get("shards", []):
+            file = shard.get("file")
+            if not isinstance(file, str) or os.path.basename(file) != file or not file.endswith(".npy"):
+                raise DataError(f"{data_dir}: the manifest names an invalid shard file {file!r}")
+            path = os.path.join(data_dir, file)
+            header = check_shard(path, dtype, int(shard["tokens"]))
+            self.files.append(file)
+            if header.shape[0] > 0:
+                self._arrays.append(np.memmap(path, dtype=dtype, mode="r", offset=header.data_offset,
+                                              shape=header.shape))
+            else:
+                self._arrays.append(np.empty(0, dtype=dtype))
+            starts.append(starts[-1] + header.shape[0])
+        self._starts = np.asarray(starts, dtype=np.int64)
+        self.num_tokens = int(starts[-1])
+        if self.num_tokens != int(record.get("tokens", -1)):
+            raise DataError(f"{data_dir}: the {name} shards hold {self.num_tokens} tokens, the manifest says "
+                            f"{record.get('tokens')}")
+        self.documents = int(record.get("documents", 0))
+
+    def _pieces(self, start: int, length: int) -> list[tuple[int, int, int]]:
+        """(shard index, offset, length) pieces holding tokens [start, start + length)."""
+        if start < 0 or length < 0 or start + length > self.num_tokens:
+            raise IndexError(f"{self.name}: tokens [{start}, {start + length}) outside 0..{self.num_tokens}")
+        pieces = []
+        index = int(np.searchsorted(self._starts, start, side="right")) - 1
+        position, remaining = start, length
+        while remaining > 0:
+            offset = position - int(self._starts[index])
+            take = min(remaining, int(self._starts[index + 1]) - position)
+            if take > 0:
+                pieces.append((index, offset, take))
+            position += take
+            remaining -= take
+            index += 1
+        return pieces
+
+    def locate(self, start: int, length: int) -> list[tuple[str, int, int]]:
+        """The (shard_file, offset, length) pieces that hold tokens [start, start + length)."""
+        return [(self.files[index], offset, take) for index, offset, take in self._pieces(start, length)]
+
+    def read(self, start: int, length: int) -> np.ndarray:
+        """A copy of tokens [start, start + length), in the shards' dtype, across shard boundaries."""
+        pieces = self._pieces(start, length)
+        if len(pieces) == 1:  # the common case: one window inside one shard
+            index, offset, take = pieces[0]
+            return np.array(self._arrays[index][offset:offset + take])
+        out = np.empty(length, dtype=self.dtype)
+        filled = 0
+        for index, offset, take in pieces:
+            out[filled:filled + take] = self._arrays[index][offset:offset + take]
+            filled += take
+        return out
+
+
+class TokenDataset:
+    def __init__(self, data_dir: str, manifest: dict[str, Any]) -> None:
+        self.data_dir = data_dir
+        self.metadata = manifest
+        self.metadata_sha256 = metadata_sha256(manifest)
+        tokenizer = manifest["tokenizer"]
+        self.vocab_size = int(tokenizer["vocab_size"])
+        self.eos_id = int(tokenizer["eos_id"])
+        self.dtype = str(manifest["dtype"])
+        if self.dtype not in ("uint16", "uint32"):
+            raise DataError(f"{data_dir}: unsupported token dtype '{self.dtype}' in the manifest")
+        self._splits = {}
+        for name in SPLITS:
+            if name not in manifest["splits"]:
+                raise DataError(f"{data_dir}: the manifest has no '{name}' split")
+            self._splits[name] = TokenSplit(name, data_dir, manifest["splits"][name], self.dtype)
+        self.tokenizer_path = os.path.join(data_dir, TOKENIZER_FILE)
+        if not os.path.isfile(self.tokenizer_path):
+            raise DataError(f"{self.tokenizer_path} is missing")
+        if file_sha256(self.tokenizer_path) != tokenizer.get("sha256"):
+            raise DataError(f"{self.tokenizer_path} does not match the manifest's tokenizer sha256")
+
+    def split(self, name: str) -> TokenSplit:
+        if name not in self._splits:
+            raise DataError(f"no split '{name}' (splits: {', '.join(SPLITS)})")
+        return self._splits[name]
+
+    def load_tokenizer(self):
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(self.tokenizer_path)
+
+
+def open_dataset(data_dir: str | os.PathLike) -> TokenDataset:
+    data_dir = os.fspath(data_dir)
+    return TokenDataset(data_dir, load_manifest(data_dir))
+
+
+class BatchLoader:
+    """Sequential global cursor over one split; see the module docstring for the exact layout."""
+
+    def __init__(self, split: TokenSplit, batch_size: int, seq_len: int, mode: str = "successive", rank: int = 0,
+                 world_size: int = 1) -> None:
+        if mode not in MODES:
+            raise DataError(f"data mode must be one of {MODES}, got '{mode}'")
+        if batch_size < 1 or seq_len < 1:
+            raise DataError(f"batch_size and seq_len must be >= 1, got {batch_size} and {seq_len}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise DataError(f"rank {rank} is not within world size {world_size}")
+        self.split, self.batch_size, self.seq_len, self.mode = split, batch_size, seq_len, mode
+        self.rank, self.world_size = rank, world_size
+        self.global_batch_windows = batch_size * world_size
+        windows = (split.num_tokens - 1) // seq_len if split.num_tokens > seq_len else 0
+        self.batches_per_epoch = windows // self.global_batch_windows
+        if self.batches_per_epoch == 0:
+            raise DataError(
+                f"the {split.name} split has {split.num_tokens} tokens: fewer than one global batch of "
+                f"{self.global_batch_windows} windows of {seq_len + 1} tokens (batch_size * world_size "
+                f"sequences); prepare more data or use smaller batches")
+        self.batch_index = 0  # the next global batch to serve
+        self.last_batch_restarted = False
+
+    # ------------------------------------------------------------------ position
+    def _effective_batch(self, batch_index: int) -> tuple[int, int]:
+        """(epoch, batch within epoch) that global batch `batch_index` reads."""
+        if self.mode == "repeat_batch":
+            return 0, 0
+        return divmod(batch_index, self.batches_per_epoch)
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the most recently served batch (0 before any)."""
+        return self._effective_batch(self.batch_index - 1)[0] if self.batch_index > 0 else 0
+
+    @property
+    def restarts(self) -> int:
+        """Times the split was exhausted and the cursor went back to its beginning."""
+        return self.epoch
+
+    def _window_starts(self, batch_index: int, rank: int) -> list[int]:
+        _, k = self._effective_batch(batch_index)
+        first = k * self.global_batch_windows + rank * self.batch_size
+        return [(first + j) * self.seq_len for j in range(self.batch_size)]
+
+    # ------------------------------------------------------------------ reading
+    def next_batch(self):
+        """(inputs, targets): int64 CPU tensors [batch_size, seq_len] of this rank's rows of the next global batch."""
+        import torch
+
+        batch_index = self.batch_index
+        epoch, k = self._effective_batch(batch_index)
+        window = self.seq_len + 1
+        rows = np.empty((self.batch_size, window), dtype=np.int64)
+        for row, start in enumerate(self._window_starts(batch_index, self.rank)):
+            rows[row] = self.split.read(start, window)
+        self.batch_index = batch_index + 1
+        self.last_batch_restarted = epoch > 0 and k == 0
+        inputs = torch.from_numpy(np.ascontiguousarray(rows[:, :-1]))
+        targets = torch.from_numpy(np.ascontiguousarray(rows[:, 1:]))
+        return inputs, targets
+
+    def describe_batch(self, batch_index: int) -> list[dict[str, Any]]:
+        """Every row of global batch `batch_index`, all ranks: which tokens it read and from where (pure)."""
+        if batch_index < 0:
+            raise ValueError(f"batch_index must be >= 0, got {batch_index}")
+        epoch, k = self._effective_batch(batch_index)
+        rows = []
+        for rank in range(self.world_size):
+            for row, start in enumerate(self._window_starts(batch_index, rank)):
+                rows.append({
+                    "rank": rank, "row": row, "epoch": epoch, "window": start // self.seq_len, "start": start,
+                    "length": self.seq_len + 1, "pieces": self.split.locate(start, self.seq_len + 1),
+                })
+        return rows
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, int]:
+        return {
+            "batch_index": int(self.batch_index),
+            "epoch": int(self.epoch),
+            "restarts": int(self.restarts),
+            "last_batch_restarted": int(self.last_batch_restarted),
+            "seq_len": int(self.seq_len),
+            "global_batch_windows": int(self.global_batch_windows),
+            "split_tokens": int(self.split.num_tokens),
+            "repeat_batch": int(self.mode == "repeat_batch"),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        expected = self.state_dict()
+        for key in ("seq_len", "global_batch_windows", "split_tokens", "repeat_batch"):
+            if int(state.get(key, -1)) != expected[key]:
+                raise DataError(f"{self.split.name} cursor was saved with {key}={state.get(key)}, this loader has "
+                                f"{expected[key]}: not the same data or batch geometry")
+        batch_index = int(state["batch_index"])
+        if batch_index < 0:
+            raise DataError(f"{self.split.name} cursor has a negative batch_index {batch_index}")
+        self.batch_index = batch_index
+        self.last_batch_restarted = bool(int(state.get("last_batch_restarted", 0)))
+        if int(state.get("epoch", self.epoch)) != self.epoch:
+            raise DataError(f"{self.split.name} cursor state is inconsistent: epoch {state.get('epoch')} at batch "
+                            f"{batch_index}, expected {self.epoch}")

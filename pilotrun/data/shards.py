@@ -1,0 +1,167 @@
+"""Shard files and the manifest's canonical form: what both the writer (prepare) and the readers rely on.
+
+A shard is a 1-D `.npy` array (format version 1.0, C order) of `uint16` or `uint32` token ids. The writer fills
+one in-memory shard of at most `shard_tokens` ids (bounded memory), writes it in one go and hashes the exact
+bytes it wrote, so the manifest's sha256 is of the file as it lies on disk.
+
+`metadata_sha256` is the sha256 of the canonical JSON (sorted keys, no whitespace, UTF-8): it identifies the
+data regardless of the folder it sits in or how metadata.json happens to be formatted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pilotrun.errors import DataError
+
+METADATA_FILE = "metadata.json"
+TOKENIZER_FILE = "tokenizer.json"
+FORMAT = "pilotrun-data/1"
+
+
+def shard_name(split: str, index: int) -> str:
+    return f"{split}_{index:05d}.npy"
+
+
+def canonical_json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def metadata_sha256(manifest: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(manifest)).hexdigest()
+
+
+def manifest_text(manifest: dict[str, Any]) -> str:
+    """The human-readable form written to metadata.json (deterministic, so the file is byte-identical too)."""
+    return json.dumps(manifest, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+
+
+class _HashingFile:
+    """A write-only file wrapper that hashes every byte on its way to disk."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.digest = hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        self.digest.update(data)
+        return self.handle.write(data)
+
+
+class ShardWriter:
+    """Appends token arrays for one split and cuts them into shards of exactly `shard_tokens` (last: fewer)."""
+
+    def __init__(self, folder: str, split: str, shard_tokens: int, dtype: str) -> None:
+        self.folder, self.split, self.shard_tokens, self.dtype = folder, split, int(shard_tokens), dtype
+        self.buffer = np.empty(self.shard_tokens, dtype=dtype)
+        self.filled = 0
+        self.shards: list[dict[str, Any]] = []
+        self.total_tokens = 0
+
+    def add(self, tokens: np.ndarray) -> None:
+        position = 0
+        while position < len(tokens):
+            take = min(len(tokens) - position, self.shard_tokens - self.filled)
+            self.buffer[self.filled:self.filled + take] = tokens[position:position + take]
+            self.filled += take
+            position += take
+            if self.filled == self.shard_tokens:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self.filled == 0:
+            return
+        name = shard_name(self.split, len(self.shards))
+        with open(os.path.join(self.folder, name), "wb") as handle:
+            hashing = _HashingFile(handle)
+            np.lib.format.write_array(hashing, self.buffer[:self.filled], version=(1, 0), allow_pickle=False)
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.shards.append({"file": name, "tokens": int(self.filled), "sha256": hashing.digest.hexdigest()})
+        self.total_tokens += self.filled
+        self.filled = 0
+
+    def close(self) -> list[dict[str, Any]]:
+        self._flush()
+        self.buffer = np.empty(0, dtype=self.dtype)
+        return self.shards
+
+
+@dataclass(frozen=True)
+class ShardHeader:
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    fortran_order: bool
+    data_offset: int
+    file_bytes: int
+
+    @property
+    def expected_bytes(self) -> int:
+        count = int(np.prod(self.shape)) if self.shape else 1
+        return self.data_offset + count * self.dtype.itemsize
+
+
+def read_shard_header(path: str) -> ShardHeader:
+    """Parse a .npy header without loading the data; DataError names the file on anything unexpected."""
+    try:
+        file_bytes = os.path.getsize(path)
+        with open(path, "rb") as handle:
+            version = np.lib.format.read_magic(handle)
+            if version == (1, 0):
+                shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(handle)
+            elif version == (2, 0):
+                shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(handle)
+            else:
+                raise ValueError(f"unsupported .npy version {version}")
+            data_offset = handle.tell()
+    except FileNotFoundError:
+        raise DataError(f"shard {path} is missing") from None
+    except (ValueError, OSError, SyntaxError) as exc:
+        raise DataError(f"shard {path} is not a readable .npy file ({exc})") from None
+    return ShardHeader(np.dtype(dtype), tuple(shape), bool(fortran_order), data_offset, file_bytes)
+
+
+def check_shard(path: str, expected_dtype: str, expected_tokens: int) -> ShardHeader:
+    """The startup check of one shard: header dtype and shape against the manifest, and the file's size."""
+    header = read_shard_header(path)
+    if header.dtype != np.dtype(expected_dtype):
+        raise DataError(f"shard {path} has dtype {header.dtype}, the manifest says {expected_dtype}")
+    if header.shape != (expected_tokens,):
+        raise DataError(f"shard {path} has shape {header.shape}, the manifest says ({expected_tokens},)")
+    if header.file_bytes != header.expected_bytes:
+        state = "truncated" if header.file_bytes < header.expected_bytes else "longer than its header says"
+        raise DataError(f"shard {path} is {state}: {header.file_bytes} bytes, expected {header.expected_bytes}")
+    return header
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_manifest(data_dir: str) -> dict[str, Any]:
+    if not os.path.isdir(data_dir):
+        raise DataError(f"data folder {data_dir} does not exist (make one with `pilotrun prepare`)")
+    path = os.path.join(data_dir, METADATA_FILE)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            manifest = json.load(handle)
+    except FileNotFoundError:
+        raise DataError(f"{path} is missing: {data_dir} is not a finished `pilotrun prepare` folder") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise DataError(f"{path}: not a pilotrun data manifest (expected format '{FORMAT}')")
+    for key in ("splits", "tokenizer", "dtype"):
+        if key not in manifest:
+            raise DataError(f"{path}: the manifest lacks '{key}'")
+    return manifest

@@ -1,0 +1,201 @@
+"""Sources: where documents come from, and the identity of that origin for the manifest.
+
+`open_source(spec, text_field, hub)` accepts
+- `builtin`: the offline corpus of builtin_corpus.py;
+- `fineweb-edu[:CONFIG][@REVISION]`: HuggingFaceFW/fineweb-edu streamed through the hub seam, the revision
+  resolved to a commit SHA (default config `sample-10BT`, default revision `main`);
+- local files: a path or a glob of `.parquet` (column `text_field`), `.jsonl` (field `text_field`) and `.txt`
+  (one file = one document); globs are expanded and sorted, and every file is hashed into the manifest.
+
+An `OpenedSource` can be iterated more than once (`documents()` starts a fresh pass), because training a BPE
+tokenizer needs one pass before the tokenizing pass. Documents are yielded as they are read (never the whole
+corpus in memory). Empty or whitespace-only texts are skipped and counted, since they would only add an EOS.
+No absolute path enters the identity: local files are named relative to their common folder.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pilotrun.data.builtin_corpus import builtin_corpus_info, iter_builtin_documents
+from pilotrun.data.hub import HubClient, HuggingFaceHub, resolve_commit
+from pilotrun.data.shards import file_sha256
+from pilotrun.errors import DataError
+
+FINEWEB_EDU_REPO = "HuggingFaceFW/fineweb-edu"
+FINEWEB_EDU_DEFAULT_CONFIG = "sample-10BT"
+LOCAL_SUFFIXES = (".parquet", ".jsonl", ".txt")
+GLOB_CHARACTERS = set("*?[")
+
+
+@dataclass
+class OpenedSource:
+    identity: dict[str, Any]
+    _iterate: Callable[[], Iterator[str | None]]
+    skipped_empty: int = field(default=0)  # of the latest complete or partial pass
+
+    def documents(self) -> Iterator[str]:
+        """A fresh pass over the non-empty documents, in the source's own order."""
+        self.skipped_empty = 0
+        for text in self._iterate():
+            if text is None or not text.strip():
+                self.skipped_empty += 1
+                continue
+            yield text
+
+
+def open_source(spec: str, text_field: str = "text", hub: HubClient | None = None) -> OpenedSource:
+    spec = str(spec).strip()
+    if not spec:
+        raise DataError("--source is empty")
+    if spec == "builtin":
+        info = builtin_corpus_info()
+        return OpenedSource(identity=info.to_manifest(), _iterate=iter_builtin_documents)
+    if spec == "fineweb-edu" or spec.startswith(("fineweb-edu:", "fineweb-edu@")):
+        return _open_fineweb_edu(spec, text_field, hub or HuggingFaceHub())
+    return _open_local(spec, text_field)
+
+
+# ---------------------------------------------------------------------------------------------- hub
+def parse_fineweb_spec(spec: str) -> tuple[str, str]:
+    """`fineweb-edu[:CONFIG][@REVISION]` -> (config, revision)."""
+    rest = spec[len("fineweb-edu"):]
+    revision = "main"
+    if "@" in rest:
+        rest, revision = rest.split("@", 1)
+        if not revision:
+            raise DataError(f"--source '{spec}': empty revision after '@'")
+    config = FINEWEB_EDU_DEFAULT_CONFIG
+    if rest:
+        if not rest.startswith(":") or len(rest) == 1:
+            raise DataError(f"--source '{spec}': expected fineweb-edu[:CONFIG][@REVISION]")
+        config = rest[1:]
+    return config, revision
+
+
+def _open_fineweb_edu(spec: str, text_field: str, hub: HubClient) -> OpenedSource:
+    config, revision = parse_fineweb_spec(spec)
+    sha = resolve_commit(hub, FINEWEB_EDU_REPO, revision, "dataset")
+
+    def iterate() -> Iterator[str | None]:
+        for index, row in enumerate(hub.stream_rows(FINEWEB_EDU_REPO, config, sha)):
+            yield _text_of_row(row, text_field, f"{FINEWEB_EDU_REPO}:{config}@{sha} row {index}")
+
+    identity = {
+        "kind": "hub",
+        "dataset": FINEWEB_EDU_REPO,
+        "config": config,
+        "split": "train",
+        "revision_requested": revision,
+        "revision": sha,
+        "text_field": text_field,
+    }
+    return OpenedSource(identity=identity, _iterate=iterate)
+
+
+def _text_of_row(row: Any, text_field: str, where: str) -> str | None:
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected an object with a '{text_field}' field, got {type(row).__name__}")
+    if text_field not in row:
+        raise DataError(f"{where}: no field '{text_field}' (fields: {', '.join(sorted(map(str, row)))}); "
+                        "choose one with --text-field")
+    text = row[text_field]
+    if text is not None and not isinstance(text, str):
+        raise DataError(f"{where}: field '{text_field}' is {type(text).__name__}, not text")
+    return text
+
+
+# ---------------------------------------------------------------------------------------------- local files
+def expand_local_files(spec: str) -> list[str]:
+    if GLOB_CHARACTERS & set(spec):
+        files = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
+        if not files:
+            raise DataError(f"--source '{spec}': the pattern matches no files")
+    else:
+        if not os.path.exists(spec):
+            raise DataError(f"--source '{spec}': no such file (sources: builtin, fineweb-edu[:CONFIG][@REV], "
+                            "or .parquet/.jsonl/.txt files or a glob)")
+        if not os.path.isfile(spec):
+            raise DataError(f"--source '{spec}' is a folder: give a file or a glob such as '{spec}/*.parquet'")
+        files = [spec]
+    for path in files:
+        if not path.endswith(LOCAL_SUFFIXES):
+            raise DataError(f"--source: '{path}' is not a .parquet, .jsonl or .txt file")
+    return files
+
+
+def _open_local(spec: str, text_field: str) -> OpenedSource:
+    files = expand_local_files(spec)
+    common = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in files])
+    records = [
+        {
+            "name": os.path.relpath(os.path.abspath(p), common),
+            "bytes": os.path.getsize(p),
+            "sha256": file_sha256(p),
+        }
+        for p in files
+    ]
+
+    def iterate() -> Iterator[str | None]:
+        for path in files:
+            yield from _read_local_file(path, text_field)
+
+    identity = {"kind": "local", "files": records, "text_field": text_field}
+    return OpenedSource(identity=identity, _iterate=iterate)
+
+
+def _read_local_file(path: str, text_field: str) -> Iterator[str | None]:
+    if path.endswith(".txt"):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                yield handle.read()
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    elif path.endswith(".jsonl"):
+        yield from _read_jsonl(path, text_field)
+    else:
+        yield from _read_parquet(path, text_field)
+
+
+def _read_jsonl(path: str, text_field: str) -> Iterator[str | None]:
+    with open(path, encoding="utf-8") as handle:
+        line_number = 0
+        while True:
+            try:
+                line = handle.readline()
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}: not UTF-8 near line {line_number + 1} ({exc.reason})") from None
+            if not line:
+                return
+            line_number += 1
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{line_number}: not valid JSON ({exc.msg})") from None
+            yield _text_of_row(row, text_field, f"{path}:{line_number}")
+
+
+def _read_parquet(path: str, text_field: str) -> Iterator[str | None]:
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for damaged files
+        raise DataError(f"{path}: not a readable parquet file ({exc})") from None
+    names = parquet.schema_arrow.names
+    if text_field not in names:
+        raise DataError(f"{path}: no column '{text_field}' (columns: {', '.join(names)}); "
+                        "choose one with --text-field")
+    column_type = parquet.schema_arrow.field(text_field).type
+    if str(column_type) not in ("string", "large_string", "string_view"):
+        raise DataError(f"{path}: column '{text_field}' has type {column_type}, not string")
+    # Row-group batches keep memory bounded by one batch, however large the file.
+    for batch in parquet.iter_batches(batch_size=1024, columns=[text_field]):
+        yield from batch.column(0).to_pylist()
