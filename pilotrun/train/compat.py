@@ -1,0 +1,171 @@
+"""May this checkpoint be resumed by this run? Every difference found, classified, before anything is restored.
+
+The checkpoint's meta and the resuming run's meta are compared section by section:
+
+- `recipe` (the effective {model, optim, train} config): every flattened key. Keys in RESUME_FREE_KEYS
+  (a longer max_steps, log/eval/checkpoint cadence) change freely; any other difference (model config,
+  optimizer hyperparameters, batch/sequence/accumulation, precision, seed, ...) is refused unless named
+  in `allowed` (the CLI's --allow-change KEY), and then returned so that run.json records it.
+- `world_size` (training geometry), `data.metadata_sha256` (the dataset's identity) and
+  `optimizer.partition` (which parameters each optimizer owns; their hyperparameters are recipe keys):
+  refused unless allowed, like recipe keys.
+- `software` versions that change numerics (torch, CUDA, cuDNN, NumPy, Python) and the `hardware` device:
+  a warning, because the run can continue but exact continuation can no longer be promised.
+
+All refused differences are reported together in one CheckpointError, so a user fixes them in one go.
+Model keys that change tensor shapes cannot be allowed: the saved weights would not fit the new model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pilotrun.config import RESUME_FREE_KEYS, flatten
+from pilotrun.errors import CheckpointError
+
+ABSENT = "<absent>"
+# Software whose version changes floating-point results or random streams (a warning on change).
+NUMERICS_SOFTWARE_KEYS = ("torch", "cuda", "cudnn", "numpy", "python")
+HARDWARE_KEYS = ("device", "device_name")
+# Model keys that change the shape (or number) of saved tensors: allowing them could never load.
+SHAPE_MODEL_KEYS = frozenset(
+    f"recipe.model.{name}" for name in (
+        "vocab_size", "d_model", "n_layers", "n_dense_layers", "n_heads", "q_lora_rank", "kv_lora_rank",
+        "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "n_shared_experts",
+        "moe_hidden", "dense_hidden",
+    )
+)
+PARTITION_KEY = "optimizer.partition"
+# Which parameters each optimizer owns. Hyperparameters (lr, weight_decay) are compared as recipe keys
+# (optim.*), so that allowing `optim.adamw.lr` does not also require allowing the partition.
+PARTITION_COLUMNS = ("optimizer", "count", "parameters")
+DATA_KEY = "data.metadata_sha256"
+WORLD_SIZE_KEY = "world_size"
+
+
+@dataclass
+class ResumeCompatibility:
+    """What a permitted resume changed: `free_changes` and `allowed_changes` are [{key, old, new}],
+    `warnings` are one-line messages (exactness not promised, an --allow-change that matched nothing)."""
+
+    free_changes: list[dict[str, Any]] = field(default_factory=list)
+    allowed_changes: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if not isinstance(value, str) else value
+    return text if len(text) <= 40 else text[:16] + "..." + text[-8:]
+
+
+def _normalise_key(key: str) -> str:
+    """`--allow-change train.batch_size` and `--allow-change recipe.train.batch_size` mean the same."""
+    if key.split(".", 1)[0] in ("model", "optim", "train"):
+        return f"recipe.{key}"
+    return key
+
+
+def _display_key(key: str) -> str:
+    return key[len("recipe."):] if key.startswith("recipe.") else key
+
+
+def _partition_rows(meta: dict[str, Any]) -> dict[str, Any]:
+    rows = meta.get("optimizer", {}).get("partition") if isinstance(meta.get("optimizer"), dict) else None
+    if rows is None:
+        rows = meta.get("partition")
+    if rows is None:
+        return {}
+    # Keyed by group name so that a reordering is not reported as every group changing.
+    return {str(row.get("group", index)): row for index, row in enumerate(rows)}
+
+
+def _compared_values(meta: dict[str, Any]) -> dict[str, Any]:
+    """The refusable facts of one meta, flattened to `key: value`."""
+    values: dict[str, Any] = {}
+    recipe = meta.get("recipe")
+    if isinstance(recipe, dict):
+        values.update(flatten(recipe, "recipe"))
+    data = meta.get("data") if isinstance(meta.get("data"), dict) else {}
+    values[DATA_KEY] = data.get("metadata_sha256", data.get("train", {}).get("metadata_sha256")
+                                if isinstance(data.get("train"), dict) else None)
+    values[WORLD_SIZE_KEY] = meta.get("world_size")
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _partition_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    old_rows, new_rows = _partition_rows(saved), _partition_rows(current)
+    if not old_rows and not new_rows:
+        return []
+    details = []
+    for group in sorted(set(old_rows) | set(new_rows)):
+        old, new = old_rows.get(group), new_rows.get(group)
+        if old is None or new is None:
+            details.append(f"group {group} {'added' if old is None else 'removed'}")
+            continue
+        for column in PARTITION_COLUMNS:
+            if old.get(column) != new.get(column):
+                what = ("parameters" if column == "parameters" else
+                        f"{column} {_short(old.get(column, ABSENT))} -> {_short(new.get(column, ABSENT))}")
+                details.append(f"group {group} {what}")
+    return details
+
+
+def check_resume_compatibility(saved_meta: dict[str, Any], current_meta: dict[str, Any],
+                               allowed: list[str] | tuple[str, ...] = ()) -> ResumeCompatibility:
+    """Compare a checkpoint's meta with the resuming run's; raise CheckpointError listing every refused
+    difference, else return the free and allowed changes and the warnings."""
+    allowed_keys = {_normalise_key(k) for k in allowed}
+    free_keys = {f"recipe.{k}" for k in RESUME_FREE_KEYS}
+    report = ResumeCompatibility()
+    refused: list[str] = []
+    matched_allowed: set[str] = set()
+
+    old_values, new_values = _compared_values(saved_meta), _compared_values(current_meta)
+    for key in sorted(set(old_values) | set(new_values)):
+        old, new = old_values.get(key, ABSENT), new_values.get(key, ABSENT)
+        if old == new:
+            continue
+        change = {"key": _display_key(key), "old": old, "new": new}
+        line = f"{_display_key(key)}: {_short(old)} -> {_short(new)}"
+        if key in free_keys:
+            report.free_changes.append(change)
+        elif key in allowed_keys and key in SHAPE_MODEL_KEYS:
+            refused.append(f"{line} (cannot be allowed: the saved weights have other shapes)")
+            matched_allowed.add(key)
+        elif key in allowed_keys:
+            report.allowed_changes.append(change)
+            matched_allowed.add(key)
+        else:
+            refused.append(line)
+
+    partition_details = _partition_differences(saved_meta, current_meta)
+    if partition_details:
+        change = {"key": PARTITION_KEY, "old": list(_partition_rows(saved_meta).values()),
+                  "new": list(_partition_rows(current_meta).values())}
+        if PARTITION_KEY in allowed_keys:
+            report.allowed_changes.append(change)
+            matched_allowed.add(PARTITION_KEY)
+        else:
+            refused.append(f"{PARTITION_KEY}: {'; '.join(partition_details)}")
+
+    for section, keys, why in (("software", NUMERICS_SOFTWARE_KEYS, "software version"),
+                               ("hardware", HARDWARE_KEYS, "hardware")):
+        old_section = saved_meta.get(section) if isinstance(saved_meta.get(section), dict) else {}
+        new_section = current_meta.get(section) if isinstance(current_meta.get(section), dict) else {}
+        for name in keys:
+            old, new = old_section.get(name), new_section.get(name)
+            if old != new and not (old is None and new is None):
+                report.warnings.append(f"{why} {section}.{name} changed ({_short(old)} -> {_short(new)}): the "
+                                       "run continues, but bit-exact continuation cannot be promised")
+
+    if refused:
+        allow_hint = next((_display_key(k) for k in [_normalise_key(r.split(':', 1)[0]) for r in refused]
+                           if k not in SHAPE_MODEL_KEYS), None)
+        hint = f"; accept a named difference with --allow-change KEY (e.g. --allow-change {allow_hint})" \
+            if allow_hint else ""
+        raise CheckpointError(f"cannot resume: {len(refused)} incompatible difference(s) from the checkpoint: "
+                              + "; ".join(refused) + hint)
+    for key in sorted(allowed_keys - matched_allowed):
+        report.warnings.append(f"--allow-change {_display_key(key)}: no such difference, nothing to allow")
+    return report
