@@ -1,0 +1,463 @@
+"""`pilotrun summarize`: validate metrics.jsonl against run.json and reconcile every session.
+
+Validation (each failure is one reason naming the line, event and numbers):
+- within a session: counters never go backwards; `updates_skipped` grows by exactly one per `overflow`
+  event and at no other event; each `train` window's applied/attempted/skipped equal the growth of
+  step/updates_attempted/updates_skipped since the previous `train` event (or the session start), applied +
+  skipped = attempted, `window.tokens` = microbatches x tokens_per_microbatch, and the growth of
+  `tokens_seen` equals `window.tokens`; at `session_end` every counter is covered by the windows;
+- no non-finite number anywhere in the record (the runlog writes them as "NaN"/"Infinity" strings);
+- sessions are not interleaved and no session is started twice; run.json and metrics.jsonl agree on each
+  session's start;
+- a resumed session starts exactly at the counters of a committed checkpoint an earlier session recorded;
+  starting anywhere else would count the rolled-back work twice (or lose work);
+- `--require-step N`: a `session_end` at step N in the kept history.
+
+Reconciliation: the kept history (lineage) is found by walking back from the last session through the
+checkpoints each session resumed from. A session's work after the checkpoint its successor resumed from is
+rolled back, and a session nobody resumed from is rolled back entirely; rolled-back work is reported but
+never counted in the run's totals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pilotrun.report.records import (
+    COUNTER_KEYS,
+    is_finite_number,
+    nonfinite_fields,
+    read_metrics,
+    read_run_json,
+)
+
+WINDOW_KEYS = ("updates_applied", "updates_attempted", "updates_skipped", "microbatches", "tokens")
+END_REASONS = ("completed", "interrupted", "error", "stopped")
+
+
+@dataclass(frozen=True)
+class Counters:
+    step: int = 0
+    tokens_seen: int = 0
+    updates_attempted: int = 0
+    updates_skipped: int = 0
+
+    @classmethod
+    def of(cls, event: dict[str, Any]) -> Counters:
+        return cls(*(int(event[k]) for k in COUNTER_KEYS))
+
+    def covers(self, other: Counters) -> bool:
+        """True when `other` happened no later than these counters (used to cut a session at a checkpoint)."""
+        return other.updates_attempted <= self.updates_attempted and other.tokens_seen <= self.tokens_seen
+
+
+@dataclass
+class SessionSummary:
+    session_id: str
+    index: int
+    resumed_from: int | None
+    parent_session: str | None  # the session that recorded the checkpoint this one resumed from
+    end_reason: str | None  # None: no session_end (killed)
+    status: str  # "kept", "partly rolled back" or "rolled back"
+    start: dict[str, int]
+    last: dict[str, int]
+    updates_applied: int
+    updates_attempted: int
+    updates_skipped: int
+    tokens_processed: int
+    updates_rolled_back: int
+    tokens_rolled_back: int
+    train_seconds: float
+    eval_seconds: float
+    checkpoint_seconds: float
+    other_seconds: float
+    wall_seconds: float
+    time_source: str  # "session_end" (the trainer's own split) or "events" (derived: the session was killed)
+    train_tokens_per_s: float | None
+    wall_tokens_per_s: float | None
+    events: int
+
+
+@dataclass
+class Summary:
+    run_dir: str
+    run_id: str | None
+    valid: bool
+    reasons: list[str]
+    notes: list[str]
+    sessions: list[SessionSummary]
+    lineage: list[str]
+    overall: dict[str, Any]
+    # Not serialized: the events, split into what counts and what was rolled back (for verdict and plots).
+    kept_events: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    rolled_back_events: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    run: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_dir": self.run_dir,
+            "run_id": self.run_id,
+            "valid": self.valid,
+            "reasons": list(self.reasons),
+            "notes": list(self.notes),
+            "lineage": list(self.lineage),
+            "overall": dict(self.overall),
+            "sessions": [dataclasses.asdict(s) for s in self.sessions],
+        }
+
+
+def _where(event: dict[str, Any]) -> str:
+    return f"line {event.get('_line', '?')} ({event.get('event')}, session {event.get('session_id')}, step {event.get('step')})"
+
+
+def _group_sessions(events: list[dict[str, Any]], reasons: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Events per session in file order; interleaved sessions and sessions started twice are reasons."""
+    sessions: dict[str, list[dict[str, Any]]] = {}
+    previous_id = None
+    for event in events:
+        sid = str(event["session_id"])
+        if sid != previous_id and sid in sessions:
+            reasons.append(f"{_where(event)}: session {sid} continues after another session started "
+                           "(two writers on one run, or a session counted twice)")
+        if event["event"] == "session_start" and any(e["event"] == "session_start" for e in sessions.get(sid, [])):
+            reasons.append(f"{_where(event)}: session {sid} started twice; its work would be double-counted")
+        sessions.setdefault(sid, []).append(event)
+        previous_id = sid
+    return sessions
+
+
+def _check_window(event: dict[str, Any], since: Counters, now: Counters, tokens_per_microbatch: int | None,
+                  reasons: list[str]) -> dict[str, Any] | None:
+    window = event.get("window")
+    where = _where(event)
+    if not isinstance(window, dict) or any(not isinstance(window.get(k), int) for k in WINDOW_KEYS):
+        reasons.append(f"{where}: train event lacks integer window counters {', '.join(WINDOW_KEYS)}")
+        return None
+    applied, attempted, skipped = window["updates_applied"], window["updates_attempted"], window["updates_skipped"]
+    checks = (
+        (applied == now.step - since.step, f"window.updates_applied={applied} but step grew by {now.step - since.step}"),
+        (attempted == now.updates_attempted - since.updates_attempted,
+         f"window.updates_attempted={attempted} but updates_attempted grew by "
+         f"{now.updates_attempted - since.updates_attempted}"),
+        (skipped == now.updates_skipped - since.updates_skipped,
+         f"window.updates_skipped={skipped} but updates_skipped grew by {now.updates_skipped - since.updates_skipped}"),
+        (applied <= attempted, f"window applied ({applied}) exceeds attempted ({attempted})"),
+        (applied + skipped == attempted, f"window applied ({applied}) + skipped ({skipped}) != attempted ({attempted})"),
+        (window["tokens"] == now.tokens_seen - since.tokens_seen,
+         f"window.tokens={window['tokens']} but tokens_seen grew by {now.tokens_seen - since.tokens_seen}"),
+    )
+    for ok, message in checks:
+        if not ok:
+            reasons.append(f"{where}: {message}")
+    if tokens_per_microbatch is not None and window["tokens"] != window["microbatches"] * tokens_per_microbatch:
+        reasons.append(f"{where}: window.tokens={window['tokens']} != microbatches ({window['microbatches']}) x "
+                       f"tokens_per_microbatch ({tokens_per_microbatch})")
+    return window
+
+
+def _check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
+                   reasons: list[str], notes_out: list[str]) -> dict[str, Any]:
+    """Validate one session's events; return its start/last counters and sums for reconciliation."""
+    first = events[0]
+    if first["event"] != "session_start":
+        reasons.append(f"{_where(first)}: session {sid} does not begin with session_start")
+    start = Counters.of(first)
+    tokens_per_microbatch = first.get("tokens_per_microbatch") if first["event"] == "session_start" else None
+    if not isinstance(tokens_per_microbatch, int):
+        train = (run.get("recipe") or {}).get("train") or {}
+        world = first.get("world_size", 1) if isinstance(first.get("world_size"), int) else 1
+        if isinstance(train.get("batch_size"), int) and isinstance(train.get("seq_len"), int):
+            tokens_per_microbatch = train["batch_size"] * train["seq_len"] * world
+        else:
+            tokens_per_microbatch = None
+    tpu = first.get("tokens_per_update")
+    if first["event"] == "session_start" and tpu != run.get("tokens_per_update"):
+        reasons.append(f"{_where(first)}: tokens_per_update {tpu} differs from run.json's {run.get('tokens_per_update')}")
+
+    previous = start
+    since_train = start
+    window_sums = dict.fromkeys(("tokens", "train_seconds", "wall_seconds"), 0.0)
+    eval_seconds = checkpoint_seconds = 0.0
+    end_event = None
+    for event in events[1:]:
+        now = Counters.of(event)
+        for key in COUNTER_KEYS:
+            if getattr(now, key) < getattr(previous, key):
+                reasons.append(f"{_where(event)}: {key} went backwards ({getattr(previous, key)} -> {getattr(now, key)})")
+        grew = now.updates_skipped - previous.updates_skipped
+        expected = 1 if event["event"] == "overflow" else 0
+        if grew != expected and grew >= 0:
+            reasons.append(f"{_where(event)}: updates_skipped grew by {grew}; it grows by exactly one per overflow "
+                           "event and at no other event")
+        kind = event["event"]
+        if kind == "session_start":
+            pass  # reported by _group_sessions
+        elif kind == "train":
+            window = _check_window(event, since_train, now, tokens_per_microbatch, reasons)
+            if window is not None:
+                for key in window_sums:
+                    if is_finite_number(window.get(key)):
+                        window_sums[key] += float(window[key])
+            since_train = now
+        elif kind == "val" and is_finite_number(event.get("seconds")):
+            eval_seconds += float(event["seconds"])
+        elif kind == "checkpoint" and is_finite_number(event.get("seconds")):
+            checkpoint_seconds += float(event["seconds"])
+        elif kind == "session_end":
+            end_event = event
+            if event.get("reason") not in END_REASONS:
+                reasons.append(f"{_where(event)}: session_end reason {event.get('reason')!r} is not one of {END_REASONS}")
+            if now != since_train and event.get("reason") in ("interrupted", "error"):
+                notes_out.append(f"{_where(event)}: ended ({event.get('reason')}) with work after its last train "
+                                 f"window (step {since_train.step} -> {now.step}); a resume rolls it back")
+            elif now != since_train:
+                reasons.append(f"{_where(event)}: the session ends at step {now.step}, tokens_seen {now.tokens_seen}, "
+                               f"attempted {now.updates_attempted} but its train windows account only for step "
+                               f"{since_train.step}, tokens_seen {since_train.tokens_seen}, attempted "
+                               f"{since_train.updates_attempted}")
+        previous = now
+    for event in events:
+        bad = nonfinite_fields({k: v for k, v in event.items() if not k.startswith("_")})
+        if bad:
+            reasons.append(f"{_where(event)}: non-finite value in {', '.join(bad)}")
+    times = [float(e["time"]) for e in events if is_finite_number(e.get("time"))]
+    return {"start": start, "last": previous, "end": end_event, "window_sums": window_sums, "count": len(events),
+            "start_time": times[0] if times else 0.0, "last_time": times[-1] if times else 0.0,
+            "eval_seconds": eval_seconds, "checkpoint_seconds": checkpoint_seconds,
+            "resumed_from": first.get("resumed_from") if first["event"] == "session_start" else None}
+
+
+def _find_resume_point(index: int, resumed_from: int, order: list[str],
+                       groups: dict[str, list[dict[str, Any]]]) -> tuple[str, Counters] | None:
+    """The latest earlier session that recorded committing checkpoint `resumed_from`, and its counters."""
+    for earlier in reversed(order[:index]):
+        for event in groups[earlier]:
+            if event["event"] == "checkpoint" and event["step"] == resumed_from:
+                return earlier, Counters.of(event)
+    return None
+
+
+def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summary:
+    run_dir = Path(run_dir)
+    run = read_run_json(run_dir)
+    log = read_metrics(run_dir)
+    reasons = list(log.damage)
+    notes = list(log.notes)
+    if not isinstance(run.get("tokens_per_update"), int) or run["tokens_per_update"] <= 0:
+        reasons.append(f"run.json: tokens_per_update is {run.get('tokens_per_update')!r}, not a positive integer")
+    declared = [str(s.get("session_id")) for s in run.get("sessions") or [] if isinstance(s, dict)]
+    groups = _group_sessions(log.events, reasons)
+    order = list(groups)
+    for sid in order:
+        if sid not in declared:
+            reasons.append(f"metrics.jsonl: session {sid} is not listed in run.json's sessions")
+    for sid in declared:
+        if sid not in groups:
+            notes.append(f"run.json: session {sid} has no events in metrics.jsonl (killed before its first line?)")
+    if [s for s in declared if s in groups] != order:
+        reasons.append("metrics.jsonl: sessions appear in a different order than in run.json")
+    if not order:
+        reasons.append("metrics.jsonl: no events")
+
+    checked = {sid: _check_session(sid, groups[sid], run, reasons, notes) for sid in order}
+    declared_by_id = {str(s.get("session_id")): s for s in run.get("sessions") or [] if isinstance(s, dict)}
+    for sid in order:
+        entry, start = declared_by_id.get(sid), checked[sid]["start"]
+        if entry is None:
+            continue
+        for key, value in (("start_step", start.step), ("start_tokens_seen", start.tokens_seen),
+                           ("resumed_from", checked[sid]["resumed_from"])):
+            if key in entry and entry[key] != value:
+                reasons.append(f"run.json session {sid}: {key}={entry[key]!r} but its session_start says {value!r}")
+
+    # Resume chain: each resumed session starts exactly at a committed checkpoint's counters.
+    parent: dict[str, tuple[str, Counters] | None] = {}
+    for index, sid in enumerate(order):
+        start, resumed_from = checked[sid]["start"], checked[sid]["resumed_from"]
+        if resumed_from is None:
+            parent[sid] = None
+            if start != Counters():
+                reasons.append(f"session {sid}: starts at {dataclasses.asdict(start)} without resuming from a "
+                               "checkpoint (a fresh start must begin at zero)")
+            continue
+        found = _find_resume_point(index, resumed_from, order, groups)
+        parent[sid] = found
+        if found is None:
+            reasons.append(f"session {sid}: resumed from checkpoint step {resumed_from}, but no earlier session "
+                           "recorded committing that checkpoint")
+        elif found[1] != start:
+            ckpt = found[1]
+            what = ("the rolled-back work would be counted twice" if start.tokens_seen > ckpt.tokens_seen
+                    or start.updates_attempted > ckpt.updates_attempted else "work would go missing")
+            reasons.append(f"session {sid}: starts at step {start.step}, tokens_seen {start.tokens_seen}, attempted "
+                           f"{start.updates_attempted}, skipped {start.updates_skipped}, but the checkpoint at step "
+                           f"{resumed_from} (session {found[0]}) recorded step {ckpt.step}, tokens_seen "
+                           f"{ckpt.tokens_seen}, attempted {ckpt.updates_attempted}, skipped {ckpt.updates_skipped}: "
+                           f"{what}")
+
+    # Lineage: walk back from the last session; each session is cut where its successor resumed.
+    lineage: list[str] = []
+    cut_at: dict[str, Counters | None] = {}
+    sid = order[-1] if order else None
+    while sid is not None and sid not in lineage:
+        lineage.insert(0, sid)
+        cut_at.setdefault(sid, None)
+        link = parent.get(sid)
+        if link is None:
+            break
+        cut_at[link[0]] = link[1]
+        sid = link[0]
+    kept_events: list[dict[str, Any]] = []
+    rolled_back_events: list[dict[str, Any]] = []
+    sessions: list[SessionSummary] = []
+    for index, sid in enumerate(order):
+        info = checked[sid]
+        start, last = info["start"], info["last"]
+        if sid in lineage:
+            cut = cut_at.get(sid)
+            kept_end = cut if cut is not None else last
+            for event in groups[sid]:
+                (kept_events if cut is None or cut.covers(Counters.of(event)) else rolled_back_events).append(event)
+            status = "kept" if kept_end == last else "partly rolled back"
+        else:
+            kept_end = start
+            rolled_back_events.extend(groups[sid])
+            status = "rolled back"
+        sessions.append(_session_summary(sid, index, info, parent.get(sid), status, kept_end))
+
+    final = Counters.of(kept_events[-1]) if kept_events else Counters()
+    if require_step is not None:
+        ends = [e for e in kept_events if e["event"] == "session_end" and e["step"] == require_step]
+        if not ends:
+            reasons.append(f"--require-step {require_step}: no session_end at step {require_step} in the kept history "
+                           f"(it ends at step {final.step}"
+                           f"{', killed without session_end' if kept_events and kept_events[-1]['event'] != 'session_end' else ''})")
+    overall = _overall(run, groups, order, sessions, final, kept_events)
+    return Summary(run_dir=str(run_dir), run_id=run.get("run_id"), valid=not reasons, reasons=reasons, notes=notes,
+                   sessions=sessions, lineage=lineage, overall=overall, kept_events=kept_events,
+                   rolled_back_events=rolled_back_events, run=run)
+
+
+def _session_summary(sid: str, index: int, info: dict[str, Any], link: tuple[str, Counters] | None, status: str,
+                     kept_end: Counters) -> SessionSummary:
+    start, last, end = info["start"], info["last"], info["end"]
+    sums = info["window_sums"]
+    split = end.get("time_split") if end is not None else None
+    if isinstance(split, dict) and all(is_finite_number(split.get(k)) for k in
+                                       ("train_seconds", "eval_seconds", "checkpoint_seconds", "other_seconds",
+                                        "wall_seconds")):
+        times = {k: float(split[k]) for k in ("train_seconds", "eval_seconds", "checkpoint_seconds",
+                                              "other_seconds", "wall_seconds")}
+        source = "session_end"
+    else:  # killed: derive the split from the events it did write (the wall clock ends at its last line)
+        wall = max(0.0, info["last_time"] - info["start_time"])
+        times = {"train_seconds": sums["train_seconds"], "eval_seconds": info["eval_seconds"],
+                 "checkpoint_seconds": info["checkpoint_seconds"], "wall_seconds": wall}
+        times["other_seconds"] = max(0.0, wall - times["train_seconds"] - times["eval_seconds"]
+                                     - times["checkpoint_seconds"])
+        source = "events"
+    tokens = last.tokens_seen - start.tokens_seen
+    return SessionSummary(
+        session_id=sid, index=index, resumed_from=info["resumed_from"], parent_session=link[0] if link else None,
+        end_reason=end.get("reason") if end is not None else None, status=status,
+        start=dataclasses.asdict(start), last=dataclasses.asdict(last),
+        updates_applied=last.step - start.step, updates_attempted=last.updates_attempted - start.updates_attempted,
+        updates_skipped=last.updates_skipped - start.updates_skipped, tokens_processed=tokens,
+        updates_rolled_back=last.step - kept_end.step, tokens_rolled_back=last.tokens_seen - kept_end.tokens_seen,
+        time_source=source,
+        train_tokens_per_s=sums["tokens"] / sums["train_seconds"] if sums["train_seconds"] > 0 else None,
+        wall_tokens_per_s=tokens / times["wall_seconds"] if times["wall_seconds"] > 0 else None,
+        events=info["count"], **times)
+
+
+def _overall(run: dict[str, Any], groups: dict[str, list[dict[str, Any]]], order: list[str],
+             sessions: list[SessionSummary], final: Counters, kept_events: list[dict[str, Any]]) -> dict[str, Any]:
+    tpu = run.get("tokens_per_update") if isinstance(run.get("tokens_per_update"), int) else None
+    max_steps = None
+    for sid in reversed(order):
+        first = groups[sid][0]
+        if first["event"] == "session_start" and isinstance(first.get("max_steps"), int):
+            max_steps = first["max_steps"]
+            break
+    if max_steps is None:
+        max_steps = ((run.get("recipe") or {}).get("train") or {}).get("max_steps")
+    train_split_tokens = ((run.get("data") or {}).get("train") or {}).get("tokens")
+    train_tokens = sum(float(e["window"]["tokens"]) for sid in order for e in groups[sid]
+                       if e["event"] == "train" and isinstance(e.get("window"), dict)
+                       and is_finite_number(e["window"].get("tokens")))
+    time_split = {k: sum(getattr(s, k) for s in sessions) for k in
+                  ("train_seconds", "eval_seconds", "checkpoint_seconds", "other_seconds", "wall_seconds")}
+    planned = max_steps * tpu if isinstance(max_steps, int) and tpu else None
+    last_kept = kept_events[-1] if kept_events else {}
+    return {
+        "updates_applied": final.step,
+        "updates_attempted": final.updates_attempted,
+        "updates_skipped": final.updates_skipped,
+        "tokens_seen": final.tokens_seen,
+        "max_steps": max_steps,
+        "tokens_planned": planned,
+        "tokens_fraction_of_plan": final.tokens_seen / planned if planned else None,
+        "passes_over_train_split": final.tokens_seen / train_split_tokens if is_finite_number(train_split_tokens)
+        and train_split_tokens > 0 else None,
+        "updates_rolled_back": sum(s.updates_rolled_back for s in sessions),
+        "tokens_rolled_back": sum(s.tokens_rolled_back for s in sessions),
+        "sessions": len(order),
+        "resumes": sum(1 for s in sessions if s.resumed_from is not None),
+        "ended": last_kept.get("reason") if last_kept.get("event") == "session_end" else "no session_end (killed)",
+        "time_split": time_split,
+        # Training-only: every token the hardware processed (rolled-back work included) per training second.
+        "train_tokens_per_s": train_tokens / time_split["train_seconds"] if time_split["train_seconds"] > 0 else None,
+        # Effective wall-clock: tokens that count per second of every session's wall clock (losses included).
+        "wall_tokens_per_s": final.tokens_seen / time_split["wall_seconds"] if time_split["wall_seconds"] > 0 else None,
+    }
+
+
+def format_summary(summary: Summary) -> str:
+    """The human-readable summary printed by `pilotrun summarize`."""
+    o = summary.overall
+    lines = [f"run {summary.run_id} ({summary.run_dir}): {'VALID' if summary.valid else 'INVALID'}"]
+    header = (f"{'session':<20} {'from':>6} {'status':<18} {'end':<12} {'applied':>8} {'skipped':>7} "
+              f"{'rolled back':>11} {'tokens':>11} {'train tok/s':>11} {'wall tok/s':>10} {'train/eval/ckpt/other s':>24}")
+    lines += ["", header, "-" * len(header)]
+    for s in summary.sessions:
+        split = f"{s.train_seconds:.1f}/{s.eval_seconds:.1f}/{s.checkpoint_seconds:.1f}/{s.other_seconds:.1f}"
+        lines.append(f"{s.session_id[:20]:<20} {str(s.resumed_from if s.resumed_from is not None else '-'):>6} "
+                     f"{s.status:<18} {(s.end_reason or 'killed'):<12} {s.updates_applied:>8} {s.updates_skipped:>7} "
+                     f"{s.updates_rolled_back:>11} {s.tokens_processed:>11} {_fmt(s.train_tokens_per_s):>11} "
+                     f"{_fmt(s.wall_tokens_per_s):>10} {split:>24}"
+                     f"{'' if s.time_source == 'session_end' else ' (from events)'}")
+    t = o["time_split"]
+    lines += [
+        "",
+        f"kept history: {' -> '.join(summary.lineage) or '(none)'}",
+        f"updates applied {o['updates_applied']} of max_steps {o['max_steps']}; attempted {o['updates_attempted']}, "
+        f"skipped {o['updates_skipped']}; rolled back and redone {o['updates_rolled_back']}",
+        f"tokens seen {o['tokens_seen']} of planned {o['tokens_planned']} "
+        f"({_pct(o['tokens_fraction_of_plan'])}); passes over the training split {_fmt(o['passes_over_train_split'], 3)}; "
+        f"rolled-back tokens {o['tokens_rolled_back']}",
+        f"throughput: training-only {_fmt(o['train_tokens_per_s'])} tok/s (all processed tokens / train seconds), "
+        f"effective wall-clock {_fmt(o['wall_tokens_per_s'])} tok/s (kept tokens / all sessions' wall seconds)",
+        f"time: train {t['train_seconds']:.1f} s, eval {t['eval_seconds']:.1f} s, checkpoint "
+        f"{t['checkpoint_seconds']:.1f} s, other {t['other_seconds']:.1f} s, wall {t['wall_seconds']:.1f} s",
+    ]
+    for note in summary.notes:
+        lines.append(f"note: {note}")
+    for reason in summary.reasons:
+        lines.append(f"INVALID: {reason}")
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def summary_json(summary: Summary) -> str:
+    return json.dumps(summary.to_dict(), indent=2)

@@ -1,0 +1,248 @@
+"""summarize: a valid multi-session run is accepted and reconciled; each kind of inconsistency is rejected."""
+
+import json
+
+import pytest
+
+from pilotrun.cli import main
+from pilotrun.report.records import RecordError
+from pilotrun.report.summarize import summarize_run
+from tests.report.synthetic import SyntheticRun, crashed_and_resumed
+
+
+def test_valid_crashed_and_resumed_run_is_reconciled(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.write()
+    summary = summarize_run(tmp_path / "r", require_step=60)
+    assert summary.valid, summary.reasons
+    assert summary.lineage == ["s1", "s2"]
+    s1, s2 = summary.sessions
+    # s1 reached step 30 (logged) before the kill; s2 resumed from the checkpoint at step 20.
+    assert (s1.status, s1.end_reason, s1.updates_applied, s1.updates_rolled_back) == ("partly rolled back", None, 30, 10)
+    assert (s2.status, s2.end_reason, s2.resumed_from, s2.updates_applied) == ("kept", "completed", 20, 40)
+    assert s1.time_source == "events" and s2.time_source == "session_end"
+    o = summary.overall
+    assert o["updates_applied"] == 60  # not 70: the 10 redone updates are counted once
+    assert o["tokens_seen"] == 60 * run.tokens_per_update
+    assert o["tokens_rolled_back"] == 10 * run.tokens_per_update
+    assert o["tokens_planned"] == 60 * run.tokens_per_update
+    assert o["passes_over_train_split"] == 60 * run.tokens_per_update / 5000
+    assert o["resumes"] == 1 and o["ended"] == "completed"
+    # Rolled-back windows (steps 25 and 30 of s1) are not in the kept history.
+    kept_s1_steps = [e["step"] for e in summary.kept_events if e["session_id"] == "s1" and e["event"] == "train"]
+    assert kept_s1_steps == [5, 10, 15, 20]
+    assert sorted(e["step"] for e in summary.rolled_back_events if e["event"] == "train") == [25, 30]
+    # Time split sums every session; throughput is labelled and computed from the windows.
+    assert o["time_split"]["train_seconds"] == pytest.approx((30 + 40) * 0.5)
+    assert o["train_tokens_per_s"] == pytest.approx(run.tokens_per_update / 0.5)
+
+
+def test_overflow_skips_are_accounted(tmp_path):
+    run = SyntheticRun(tmp_path / "r")
+    run.overflow_at = {7, 8, 26}
+    run.start_session()
+    run.train_until(60)
+    run.end_session()
+    run.write()
+    summary = summarize_run(tmp_path / "r")
+    assert summary.valid, summary.reasons
+    assert summary.overall["updates_skipped"] == 3 and summary.overall["updates_attempted"] == 63
+    assert summary.overall["tokens_seen"] == 63 * run.tokens_per_update
+
+
+def test_fresh_restart_after_crash_before_any_checkpoint(tmp_path):
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(12)
+    run.kill()
+    run.counters = {"step": 0, "tokens_seen": 0, "updates_attempted": 0, "updates_skipped": 0}
+    run.start_session(resumed_from=None)
+    run.train_until(60)
+    run.end_session()
+    run.write()
+    summary = summarize_run(tmp_path / "r")
+    assert summary.valid, summary.reasons
+    assert summary.lineage == ["s2"]
+    # Only logged work is known: the window of updates 11-12 died with the process.
+    assert summary.sessions[0].status == "rolled back" and summary.sessions[0].updates_rolled_back == 10
+    assert summary.overall["updates_applied"] == 60
+
+
+def test_torn_last_line_is_reported_not_fatal(tmp_path):
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(33)
+    run.write(torn_tail='{"event":"train","time":17000')
+    summary = summarize_run(tmp_path / "r")
+    assert summary.valid, summary.reasons
+    assert any("torn last line" in note for note in summary.notes)
+
+
+def test_torn_fragment_before_a_resumed_session_is_recovered(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.write()
+    path = tmp_path / "r" / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if '"session_start"' in line and '"s2"' in line)
+    lines[start] = '{"event":"train","ti' + lines[start]
+    path.write_text("\n".join(lines) + "\n")
+    summary = summarize_run(tmp_path / "r", require_step=60)
+    assert summary.valid, summary.reasons
+    assert any("torn fragment" in note for note in summary.notes)
+
+
+def test_damaged_middle_line_is_invalid(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.write()
+    path = tmp_path / "r" / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    lines[5] = lines[5][:20]
+    path.write_text("\n".join(lines) + "\n")
+    summary = summarize_run(tmp_path / "r")
+    assert not summary.valid
+    assert any("line 6" in r and "not a JSON object" in r for r in summary.reasons)
+
+
+@pytest.mark.parametrize("field,delta,expected", [
+    ("tokens", 16, "window.tokens=176 but tokens_seen grew by 160"),
+    ("updates_applied", 1, "window.updates_applied=6 but step grew by 5"),
+    ("microbatches", -1, "!= microbatches (9) x tokens_per_microbatch (16)"),
+])
+def test_counter_that_does_not_add_up_is_rejected(tmp_path, field, delta, expected):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.find("train", session="s2", step=45)["window"][field] += delta
+    run.write()
+    summary = summarize_run(tmp_path / "r")
+    assert not summary.valid
+    assert any(expected in r and "step 45" in r for r in summary.reasons), summary.reasons
+
+
+def test_counter_going_backwards_is_rejected(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.find("val", session="s2", step=40)["tokens_seen"] -= 32
+    run.write()
+    summary = summarize_run(tmp_path / "r")
+    assert any("tokens_seen went backwards" in r for r in summary.reasons), summary.reasons
+
+
+def test_skip_without_overflow_event_is_rejected(tmp_path):
+    run = SyntheticRun(tmp_path / "r")
+    run.overflow_at = {7}
+    run.start_session()
+    run.train_until(20)
+    run.end_session()
+    run.events = [e for e in run.events if e["event"] != "overflow"]
+    run.write()
+    summary = summarize_run(tmp_path / "r")
+    assert any("updates_skipped grew by 1" in r and "(train" in r for r in summary.reasons), summary.reasons
+
+
+def test_missing_session_end_at_required_step(tmp_path):
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(33)  # killed: no session_end
+    run.write()
+    assert summarize_run(tmp_path / "r").valid
+    summary = summarize_run(tmp_path / "r", require_step=60)
+    assert not summary.valid
+    assert any("no session_end at step 60" in r and "killed without session_end" in r for r in summary.reasons)
+    complete = crashed_and_resumed(tmp_path / "c")
+    complete.write()
+    assert not summarize_run(tmp_path / "c", require_step=50).valid
+    assert summarize_run(tmp_path / "c", require_step=60).valid
+
+
+def test_nonfinite_value_is_rejected(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.find("train", session="s2", step=50)["loss"] = "NaN"  # how the runlog writes a NaN
+    run.find("train", session="s2", step=55)["memory"]["rss_mb"] = float("inf")
+    run.write()
+    summary = summarize_run(tmp_path / "r")
+    assert any("non-finite value in loss" in r and "step 50" in r for r in summary.reasons), summary.reasons
+    assert any("memory.rss_mb" in r and "step 55" in r for r in summary.reasons), summary.reasons
+
+
+def test_session_double_counting_rolled_back_work_is_rejected(tmp_path):
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(33)
+    run.kill()
+    # The resumed session claims the checkpoint at step 20 but keeps the crashed session's counters.
+    run.counters["step"] = 30
+    run.counters["tokens_seen"] = 30 * run.tokens_per_update
+    run.counters["updates_attempted"] = 30
+    run.start_session(resumed_from=20)
+    run.train_until(60)
+    run.end_session()
+    run.write()
+    summary = summarize_run(tmp_path / "r")
+    assert not summary.valid
+    assert any("session s2" in r and "counted twice" in r for r in summary.reasons), summary.reasons
+
+
+def test_session_started_twice_is_rejected(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    duplicate = dict(run.find("session_start", session="s2"))
+    run.events.append(duplicate)
+    run.write()
+    summary = summarize_run(tmp_path / "r")
+    assert any("started twice" in r for r in summary.reasons), summary.reasons
+
+
+def test_interleaved_sessions_are_rejected(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    late = dict(run.find("val", session="s1", step=30))
+    run.events.append(late)
+    run.write()
+    summary = summarize_run(tmp_path / "r")
+    assert any("continues after another session started" in r for r in summary.reasons), summary.reasons
+
+
+def test_resume_from_a_checkpoint_nobody_committed_is_rejected(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.events = [e for e in run.events if not (e["event"] == "checkpoint" and e["step"] == 20)]
+    run.write()
+    summary = summarize_run(tmp_path / "r")
+    assert any("no earlier session recorded committing" in r for r in summary.reasons), summary.reasons
+
+
+def test_run_json_disagreeing_with_session_start_is_rejected(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.run["sessions"][1]["start_tokens_seen"] += 1
+    run.write()
+    summary = summarize_run(tmp_path / "r")
+    assert any("run.json session s2: start_tokens_seen" in r for r in summary.reasons), summary.reasons
+
+
+def test_completed_session_with_unlogged_work_is_rejected(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    end = run.find("session_end")
+    end["step"] += 1
+    end["updates_attempted"] += 1
+    end["tokens_seen"] += run.tokens_per_update
+    run.write()
+    summary = summarize_run(tmp_path / "r")
+    assert any("train windows account only for step 60" in r for r in summary.reasons), summary.reasons
+
+
+def test_missing_run_folder_is_bad_input(tmp_path):
+    with pytest.raises(RecordError, match="run folder not found"):
+        summarize_run(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RecordError, match="run.json: not found"):
+        summarize_run(tmp_path / "empty")
+
+
+def test_cli_exit_codes_and_json(tmp_path, capsys):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.write()
+    assert main(["summarize", str(tmp_path / "r"), "--require-step", "60"]) == 0
+    text = capsys.readouterr().out
+    assert "VALID" in text and "rolled back and redone 10" in text
+    assert main(["summarize", str(tmp_path / "r"), "--require-step", "70", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["valid"] is False and any("step 70" in r for r in data["reasons"])
+    assert [s["session_id"] for s in data["sessions"]] == ["s1", "s2"]
+    assert main(["summarize", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pilotrun: error: run folder not found") and "Traceback" not in err
