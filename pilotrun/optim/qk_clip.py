@@ -1,0 +1,132 @@
+"""QK-Clip for Multi-head Latent Attention (the "Clip" of MuonClip; spec/model.md section 3, Kimi K2 2.1).
+
+After an APPLIED update only, every head h whose max attention logit S_h (the softmax input, scale
+included, measured over the step's training forwards) exceeds tau gets gamma_h = tau / max(S_h, tau), and its
+head-specific query/key weights are rescaled so that every logit of that head is multiplied by exactly gamma_h:
+
+    wq (or wq_b) rows of head h, content part  [0, d_n)        *= sqrt(gamma_h)   (W^UQ_h)
+    wq (or wq_b) rows of head h, rotary part   [d_n, d_n+d_r)  *= gamma_h         (W^QR_h)
+    wkv_b rows of head h, key part             [0, d_n)        *= sqrt(gamma_h)   (W^UK_h)
+
+since S = sigma*(q^C.k^C + q^R.k^R). Untouched: the value rows of wkv_b, wkv_a (W^DKV and the rotary key W^KR
+shared by all heads, K2: "to avoid effect across heads"), wq_a, q_norm, kv_norm (scaling the down-projections
+would be undone by the RMSNorms) and wo. Optimizer state is not modified (K2 modifies weights only).
+
+gamma = tau / max(S, tau) is 1 for small or negative S, so a negative max logit can never produce a negative
+factor and a NaN square root (the Megatron-LM PR #7517 bug). A layer whose measurement contains NaN or +inf is
+skipped and reported, never clipped with gamma 0 or NaN; a -inf entry means "no logit measured" and is left
+alone. Rows are head-major in both projections (the model views q as [.., H, d_qk] and wkv_b's output as
+[.., H, d_n + d_v]), so `weight.view(H, rows_per_head, in)[h]` is exactly head h.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from pilotrun.errors import CheckpointError
+
+
+@dataclass
+class QKClipResult:
+    """One QK-Clip pass: which heads were clipped (bool [L, H]), their gamma (fp32 [L, H], 1 where not
+    clipped), how many, the smallest gamma (1.0 when nothing was clipped) and the attention layers skipped
+    because their max logits were NaN or +inf."""
+
+    clipped: torch.Tensor
+    gamma: torch.Tensor
+    n_heads_clipped: int
+    min_gamma: float
+    skipped_nonfinite_layers: list[int] = field(default_factory=list)
+
+
+def _query_projection(attn: torch.nn.Module) -> torch.nn.Linear:
+    return attn.wq_b if attn.q_lora_rank > 0 else attn.wq
+
+
+@torch.no_grad()
+def apply_qk_clip(model: torch.nn.Module, qk_max_logit: torch.Tensor, tau: float) -> QKClipResult:
+    """Rescale the query/key weights of every head with max logit above `tau`, in place.
+
+    `qk_max_logit` is [L_attn, H] (global: all-reduced MAX across ranks), in `model.attention_layers()` order.
+    Call it only after an applied update.
+    """
+    if not tau > 0:
+        raise ValueError(f"QK-Clip tau must be positive, got {tau}")
+    layers = model.attention_layers()
+    # One host copy of the small [L, H] table; the decisions are then plain Python.
+    logits = qk_max_logit.detach().to(device="cpu", dtype=torch.float32)
+    if logits.ndim != 2 or logits.size(0) != len(layers):
+        raise ValueError(f"qk_max_logit has shape {tuple(logits.shape)}, expected [{len(layers)}, n_heads]")
+    clipped = torch.zeros(logits.shape, dtype=torch.bool)
+    gamma = torch.ones(logits.shape, dtype=torch.float32)
+    skipped: list[int] = []
+    for layer_index, attn in enumerate(layers):
+        row = logits[layer_index]
+        if row.size(0) != attn.n_heads:
+            raise ValueError(f"qk_max_logit row {layer_index} has {row.size(0)} heads, the layer has {attn.n_heads}")
+        if torch.isnan(row).any() or torch.isposinf(row).any():
+            skipped.append(layer_index)
+            continue
+        layer_gamma = tau / torch.clamp(row, min=tau)  # exactly 1.0 where S <= tau (and for -inf)
+        heads = (row > tau).nonzero().flatten().tolist()
+        if not heads:
+            continue
+        n_heads, d_n, d_r = attn.n_heads, attn.qk_nope_head_dim, attn.qk_rope_head_dim
+        query_weight = _query_projection(attn).weight
+        key_value_weight = attn.wkv_b.weight
+        query_heads = query_weight.view(n_heads, d_n + d_r, query_weight.size(-1))
+        key_value_heads = key_value_weight.view(n_heads, d_n + attn.v_head_dim, key_value_weight.size(-1))
+        for head in heads:
+            g = float(layer_gamma[head])
+            root = math.sqrt(g)
+            query_heads[head, :d_n].mul_(root)   # q^C: sqrt(gamma)
+            query_heads[head, d_n:].mul_(g)      # q^R: gamma (the shared k^R is not touched)
+            key_value_heads[head, :d_n].mul_(root)  # k^C: sqrt(gamma); value rows untouched
+            clipped[layer_index, head] = True
+            gamma[layer_index, head] = g
+    n_clipped = int(clipped.sum())
+    return QKClipResult(clipped=clipped, gamma=gamma, n_heads_clipped=n_clipped,
+                        min_gamma=float(gamma.min()) if n_clipped else 1.0, skipped_nonfinite_layers=skipped)
+
+
+class QKClipCounters:
+    """Cumulative interventions per (attention layer, head), the number of updates that clipped anything, and
+    the number of layer skips for non-finite logits. Part of the trainer state, so they survive a checkpoint.
+    """
+
+    def __init__(self, n_layers: int, n_heads: int):
+        self.cumulative = torch.zeros((n_layers, n_heads), dtype=torch.int64)
+        self.updates_with_clip = 0
+        self.nonfinite_layer_skips = 0
+
+    def update(self, result: QKClipResult) -> list[tuple[int, int]]:
+        """Count one QK-Clip pass; returns the (layer, head) pairs clipped for the first time (spec 3.4 asks
+        for an event line when that happens)."""
+        clipped = result.clipped.to(torch.int64)
+        if clipped.shape != self.cumulative.shape:
+            raise ValueError(f"QK-Clip result shape {tuple(clipped.shape)} != counters {tuple(self.cumulative.shape)}")
+        first_time = ((self.cumulative == 0) & result.clipped).nonzero().tolist()
+        self.cumulative += clipped
+        self.updates_with_clip += int(result.n_heads_clipped > 0)
+        self.nonfinite_layer_skips += len(result.skipped_nonfinite_layers)
+        return [(int(layer), int(head)) for layer, head in first_time]
+
+    def total_interventions(self) -> int:
+        return int(self.cumulative.sum())
+
+    def state_dict(self) -> dict:
+        # Plain ints (JSON-able, exact), not tensors.
+        return {"cumulative": self.cumulative.tolist(), "updates_with_clip": self.updates_with_clip,
+                "nonfinite_layer_skips": self.nonfinite_layer_skips}
+
+    def load_state_dict(self, state: dict) -> None:
+        cumulative = torch.tensor(state["cumulative"], dtype=torch.int64)
+        if cumulative.shape != self.cumulative.shape:
+            raise CheckpointError(f"QK-Clip counters in the checkpoint have shape {tuple(cumulative.shape)}, the "
+                                  f"model needs {tuple(self.cumulative.shape)} (attention layers, heads)")
+        self.cumulative = cumulative
+        self.updates_with_clip = int(state["updates_with_clip"])
+        self.nonfinite_layer_skips = int(state.get("nonfinite_layer_skips", 0))
