@@ -247,3 +247,69 @@ def test_grad_scaler_state_round_trips_and_continues_identically():
     for pa, pb in zip(model_a.parameters(), model_b.parameters()):
         assert torch.equal(pa, pb)
     assert scaler_a.state_dict() == scaler_b.state_dict()
+
+
+# ---- on the real model, with the real partition and optimizer ------------------------------------------------
+
+def _real_model_and_optimizer():
+    from pilotrun.config import ModelConfig, OptimConfig
+    from pilotrun.model.transformer import build_model
+    from pilotrun.optim.muon_adamw import build_optimizer
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=256, init_std=0.02))
+    return model, build_optimizer(model, OptimConfig())
+
+
+def _real_batch(seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 256, (4, 33), generator=generator)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def _real_backward(model, scaler, precision, seed):
+    inputs, targets = _real_batch(seed)
+    with autocast_context(precision, "cpu"):
+        output = model(inputs, targets)
+    scaler.scale(output.loss).backward()
+    return output
+
+
+def test_bf16_autocast_forward_backward_on_the_model_is_close_to_fp32():
+    model, _ = _real_model_and_optimizer()
+    model.train()
+    inputs, targets = _real_batch(0)
+    fp32 = model(inputs, targets)
+    with autocast_context("bf16", "cpu"):
+        bf16 = model(inputs, targets)
+    assert abs(float(bf16.ce_loss.detach()) - float(fp32.ce_loss.detach())) < 2e-2
+    bf16.loss.backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all()
+               for p in model.parameters() if p.requires_grad)
+
+
+def test_real_model_fp16_overflow_and_injected_inf_skip_every_group():
+    model, optimizer = _real_model_and_optimizer()
+    model.train()
+    # A huge initial scale overflows the fp16 backward: skipped, scale halves, nothing moves.
+    scaler = build_grad_scaler("fp16", "cpu", init_scale=2.0**120, growth_interval=2000)
+    _real_backward(model, scaler, "fp16", seed=0)
+    before = _snapshot(model, optimizer)
+    outcome = apply_update(model, optimizer, scaler, grad_clip=1.0)
+    assert (outcome.applied, outcome.reason) == (False, "overflow")
+    assert outcome.loss_scale_after == outcome.loss_scale_before / 2
+    _assert_snapshot_equal(before, model, optimizer)
+    assert len(optimizer.state) == 0
+
+    # A workable scale: one clean update, then an inf injected into one Muon matrix skips BOTH groups.
+    scaler = build_grad_scaler("fp16", "cpu", init_scale=2.0**10, growth_interval=2000)
+    optimizer.zero_grad()
+    _real_backward(model, scaler, "fp16", seed=1)
+    assert apply_update(model, optimizer, scaler, grad_clip=1.0).applied
+    optimizer.zero_grad()
+    _real_backward(model, scaler, "fp16", seed=2)
+    model.layers[1].ffn.experts.w2.grad[0, 0, 0] = float("inf")
+    before = _snapshot(model, optimizer)
+    outcome = apply_update(model, optimizer, scaler, grad_clip=1.0)
+    assert (outcome.applied, outcome.reason, outcome.loss_scale_after) == (False, "overflow", 2.0**9)
+    _assert_snapshot_equal(before, model, optimizer)
