@@ -1,0 +1,206 @@
+"""The reader: startup checks that name the bad file, reads across shards, and exact global cursors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from pilotrun.data.prepare import prepare_corpus
+from pilotrun.data.reader import BatchLoader, open_dataset
+from pilotrun.errors import DataError
+
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory):
+    """The built-in corpus cut to ~30k training tokens over several 4,000-token shards (prepared once)."""
+    out = tmp_path_factory.mktemp("reader") / "small"
+    prepare_corpus(out, source="builtin", tokenizer="bpe:512", train_tokens=30_000, shard_tokens=4_000,
+                   val_fraction=0.05, workers=1, progress=False)
+    return out
+
+
+@pytest.fixture
+def damaged_copy(small_data, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(small_data, copy)
+    return copy
+
+
+def concatenated(data_dir, split):
+    manifest = json.loads((data_dir / "metadata.json").read_text())
+    return np.concatenate([np.load(data_dir / s["file"]) for s in manifest["splits"][split]["shards"]])
+
+
+def test_read_and_locate_cross_shard_boundaries(small_data):
+    split = open_dataset(small_data).split("train")
+    everything = concatenated(small_data, "train")
+    assert split.num_tokens == len(everything) and len(split.files) >= 7
+    assert np.array_equal(split.read(0, split.num_tokens), everything)
+    assert np.array_equal(split.read(3_990, 25), everything[3_990:4_015])
+    assert split.locate(3_990, 25) == [("train_00000.npy", 3_990, 10), ("train_00001.npy", 0, 15)]
+    assert split.locate(4_000, 8_001) == [("train_00001.npy", 0, 4_000), ("train_00002.npy", 0, 4_000),
+                                          ("train_00003.npy", 0, 1)]
+    with pytest.raises(IndexError):
+        split.read(split.num_tokens - 2, 3)
+
+
+def test_batches_follow_the_documented_window_layout(small_data):
+    split = open_dataset(small_data).split("train")
+    everything = concatenated(small_data, "train").astype(np.int64)
+    loader = BatchLoader(split, batch_size=3, seq_len=16)
+    for b in range(4):
+        inputs, targets = loader.next_batch()
+        assert inputs.dtype == torch.int64 and inputs.shape == (3, 16) and targets.shape == (3, 16)
+        for j in range(3):
+            window = everything[(b * 3 + j) * 16:(b * 3 + j) * 16 + 17]
+            assert torch.equal(inputs[j], torch.from_numpy(window[:-1]))
+            assert torch.equal(targets[j], torch.from_numpy(window[1:]))
+
+
+def test_a_ranks_rows_are_a_pure_function_of_batch_rank_and_world_size(small_data):
+    split = open_dataset(small_data).split("train")
+    single = BatchLoader(split, batch_size=4, seq_len=8, world_size=1)
+    ranks = [BatchLoader(split, batch_size=2, seq_len=8, rank=r, world_size=2) for r in range(2)]
+    for _ in range(5):
+        whole, whole_targets = single.next_batch()
+        parts = [loader.next_batch() for loader in ranks]
+        assert torch.equal(torch.cat([p[0] for p in parts]), whole)
+        assert torch.equal(torch.cat([p[1] for p in parts]), whole_targets)
+    # Jumping straight to batch 4 (a fresh loader given only the cursor) gives the same rows as walking there.
+    jumped = BatchLoader(split, batch_size=2, seq_len=8, rank=1, world_size=2)
+    walked = BatchLoader(split, batch_size=2, seq_len=8, rank=1, world_size=2)
+    for _ in range(4):
+        walked.next_batch()
+    jumped.load_state_dict(walked.state_dict())
+    assert torch.equal(jumped.next_batch()[0], walked.next_batch()[0])
+
+
+def test_cursor_state_round_trips_exactly_through_json(small_data):
+    split = open_dataset(small_data).split("train")
+    original = BatchLoader(split, batch_size=4, seq_len=32)
+    for _ in range(7):
+        original.next_batch()
+    state = json.loads(json.dumps(original.state_dict()))
+    assert all(type(v) is int for v in state.values())
+    restored = BatchLoader(split, batch_size=4, seq_len=32)
+    restored.load_state_dict(state)
+    assert restored.state_dict() == original.state_dict()
+    for _ in range(40):  # past an exhaustion restart too
+        a, b = original.next_batch(), restored.next_batch()
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        assert (original.epoch, original.restarts, original.last_batch_restarted) == \
+               (restored.epoch, restored.restarts, restored.last_batch_restarted)
+
+
+def test_exhaustion_restarts_at_the_beginning_drops_the_tail_and_is_counted(small_data):
+    split = open_dataset(small_data).split("train")
+    loader = BatchLoader(split, batch_size=4, seq_len=64)
+    per_epoch = loader.batches_per_epoch
+    assert per_epoch == ((split.num_tokens - 1) // 64) // 4
+    first = loader.next_batch()
+    assert not loader.last_batch_restarted and loader.epoch == 0
+    for _ in range(per_epoch - 1):
+        loader.next_batch()
+        assert not loader.last_batch_restarted
+    # The last batch of the epoch ends before the incomplete tail; the next batch is batch 0 again.
+    last_window_end = (per_epoch * 4 - 1) * 64 + 65
+    assert last_window_end <= split.num_tokens
+    again = loader.next_batch()
+    assert loader.last_batch_restarted and loader.epoch == 1 and loader.restarts == 1
+    assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
+    loader.next_batch()
+    assert not loader.last_batch_restarted and loader.restarts == 1
+
+
+def test_repeat_batch_serves_one_fixed_batch(small_data):
+    split = open_dataset(small_data).split("train")
+    loader = BatchLoader(split, batch_size=2, seq_len=16, mode="repeat_batch")
+    first = loader.next_batch()
+    for _ in range(3):
+        inputs, targets = loader.next_batch()
+        assert torch.equal(inputs, first[0]) and torch.equal(targets, first[1])
+    assert loader.state_dict()["batch_index"] == 4 and loader.restarts == 0
+    successive = BatchLoader(split, batch_size=2, seq_len=16)
+    with pytest.raises(DataError, match="repeat_batch"):
+        successive.load_state_dict(loader.state_dict())
+
+
+def test_describe_batch_names_the_tokens_each_row_read(small_data):
+    split = open_dataset(small_data).split("train")
+    loader = BatchLoader(split, batch_size=2, seq_len=40, rank=1, world_size=3)
+    for _ in range(3):
+        loader.next_batch()
+    inputs, targets = loader.next_batch()  # global batch 3
+    rows = loader.describe_batch(3)
+    assert [(r["rank"], r["row"]) for r in rows] == [(r, j) for r in range(3) for j in range(2)]
+    for j, row in enumerate(r for r in rows if r["rank"] == 1):
+        pieces = np.concatenate([np.load(small_data / f)[o:o + n] for f, o, n in row["pieces"]])
+        assert torch.equal(torch.from_numpy(pieces.astype(np.int64)), torch.cat([inputs[j], targets[j][-1:]]))
+    assert loader.describe_batch(3) == rows  # pure
+
+
+def test_wrong_geometry_and_too_small_splits_are_refused(small_data):
+    dataset = open_dataset(small_data)
+    loader = BatchLoader(dataset.split("train"), batch_size=4, seq_len=32)
+    other = BatchLoader(dataset.split("train"), batch_size=4, seq_len=16)
+    with pytest.raises(DataError, match="seq_len"):
+        other.load_state_dict(loader.state_dict())
+    val_tokens = dataset.split("val").num_tokens
+    with pytest.raises(DataError, match="fewer than one global batch"):
+        BatchLoader(dataset.split("val"), batch_size=val_tokens, seq_len=8)
+
+
+def test_missing_shard_is_named(damaged_copy):
+    (damaged_copy / "train_00002.npy").unlink()
+    with pytest.raises(DataError, match="train_00002.npy is missing"):
+        open_dataset(damaged_copy)
+
+
+def test_truncated_shard_is_named(damaged_copy):
+    path = damaged_copy / "train_00003.npy"
+    path.write_bytes(path.read_bytes()[:-7])
+    with pytest.raises(DataError, match=r"train_00003\.npy is truncated"):
+        open_dataset(damaged_copy)
+
+
+def test_wrong_dtype_and_shape_are_named(damaged_copy):
+    path = damaged_copy / "train_00001.npy"
+    np.save(path, np.load(path).astype(np.uint32))
+    with pytest.raises(DataError, match=r"train_00001\.npy has dtype uint32"):
+        open_dataset(damaged_copy)
+    np.save(path, np.zeros(10, dtype=np.uint16))
+    with pytest.raises(DataError, match=r"train_00001\.npy has shape \(10,\)"):
+        open_dataset(damaged_copy)
+
+
+def test_manifest_totals_and_tokenizer_are_checked(damaged_copy):
+    path = damaged_copy / "metadata.json"
+    manifest = json.loads(path.read_text())
+    manifest["splits"]["train"]["tokens"] += 1
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match="the train shards hold"):
+        open_dataset(damaged_copy)
+    manifest["splits"]["train"]["tokens"] -= 1
+    path.write_text(json.dumps(manifest))
+    (damaged_copy / "tokenizer.json").write_text("{}")
+    with pytest.raises(DataError, match="tokenizer.json does not match"):
+        open_dataset(damaged_copy)
+    path.unlink()
+    with pytest.raises(DataError, match="metadata.json is missing"):
+        open_dataset(damaged_copy)
+
+
+def test_load_tokenizer_decodes_the_data(small_data):
+    from pilotrun.data.builtin_corpus import builtin_documents
+
+    dataset = open_dataset(small_data)
+    tokenizer = dataset.load_tokenizer()
+    assert tokenizer.get_vocab_size() == dataset.vocab_size
+    assert tokenizer.id_to_token(dataset.eos_id) == "<|endoftext|>"
+    tokens = dataset.split("train").read(0, 5000)
+    first_document = tokens[: int(np.flatnonzero(tokens == dataset.eos_id)[0])]
+    assert tokenizer.decode(first_document.tolist()) in builtin_documents()
