@@ -1,0 +1,178 @@
+"""Router and MoE (spec section 7, items 6-9): gate weights, bias-only-selects, group-limited routing, dispatch
+implementations against the dense reference and a per-token oracle."""
+
+import math
+
+import pytest
+import torch
+
+from pilotrun.model.balancing import default_route_scale
+from pilotrun.model.moe import MoE, Router
+
+
+def make_router(n_experts=4, top_k=2, score_func="sigmoid", route_norm=True, route_scale=1.5, groups=1,
+                limited=1, use_bias=True, d=16, std=0.5, seed=0) -> Router:
+    torch.manual_seed(seed)
+    router = Router(d, n_experts, top_k, score_func, route_norm, route_scale, groups, limited, use_bias)
+    with torch.no_grad():
+        router.weight.normal_(0, std)
+    return router
+
+
+def make_moe(dtype=torch.float64, impl="sorted", seed=0, **changes) -> MoE:
+    torch.manual_seed(seed)
+    settings = dict(d_model=16, moe_hidden=24, n_routed_experts=6, n_shared_experts=1, top_k=2, moe_impl=impl)
+    settings.update(changes)
+    moe = MoE(**settings)
+    with torch.no_grad():
+        for parameter in moe.parameters():
+            parameter.normal_(0, 0.3)
+    return moe.to(dtype)
+
+
+def test_sigmoid_normalized_weights_sum_to_route_scale_and_come_from_unbiased_scores():
+    router = make_router(route_scale=1.398)
+    x = torch.randn(100, 16)
+    indices, weights, scores, _ = router(x)
+    assert torch.allclose(weights.sum(-1), torch.full((100,), 1.398), rtol=0, atol=1e-6)
+    selected = scores.gather(1, indices)
+    assert torch.allclose(weights, selected / selected.sum(-1, keepdim=True) * 1.398, rtol=0, atol=1e-7)
+    assert weights.dtype == torch.float32 and scores.dtype == torch.float32
+
+
+def test_softmax_router_without_normalization_uses_the_softmax_probabilities():
+    router = make_router(score_func="softmax", route_norm=False, route_scale=1.0)
+    x = torch.randn(50, 16)
+    indices, weights, _, _ = router(x)
+    probabilities = torch.softmax(x @ router.weight.t(), dim=-1)  # over all experts, before top-k
+    assert torch.allclose(weights, probabilities.gather(1, indices), rtol=0, atol=1e-7)
+    assert torch.equal(indices, probabilities.topk(2, dim=-1).indices)
+
+
+def test_router_runs_in_fp32_under_bf16_autocast():
+    router = make_router()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, weights, scores, logits = router(torch.randn(10, 16))
+    assert weights.dtype == scores.dtype == logits.dtype == torch.float32
+
+
+@pytest.mark.parametrize("expert", [0, 3])
+def test_bias_changes_selection_only(expert):
+    router = make_router(route_scale=1.398)
+    x = torch.randn(200, 16)
+    router.expert_bias[expert] = 10.0
+    indices, weights, scores, _ = router(x)
+    assert (indices == expert).any(dim=1).all()  # chosen by every token
+    chosen_slot = (indices == expert).float().argmax(dim=1, keepdim=True)
+    selected = scores.gather(1, indices)
+    expected = scores[:, expert] / selected.sum(-1) * 1.398  # weight from the unbiased score
+    assert torch.allclose(weights.gather(1, chosen_slot).squeeze(1), expected, rtol=0, atol=1e-6)
+    router.expert_bias[expert] = -10.0
+    indices, _, _, _ = router(x)
+    assert not (indices == expert).any()
+    # The bias is a buffer: no gradient ever reaches it.
+    assert "expert_bias" not in dict(router.named_parameters())
+
+
+def test_group_limited_routing_keeps_the_best_groups_by_top2_sum():
+    router = make_router(n_experts=8, top_k=2, groups=4, limited=2, use_bias=True)
+    router.expert_bias.copy_(torch.linspace(-0.3, 0.3, 8))
+    x = torch.randn(300, 16)
+    indices, _, scores, _ = router(x)
+    choice = (scores + router.expert_bias).view(300, 4, 2)
+    group_score = choice.sum(-1)  # top-2 sum of a 2-expert group = its sum
+    best_groups = group_score.topk(2, dim=-1).indices
+    allowed = torch.zeros(300, 8, dtype=torch.bool)
+    for slot in range(2):
+        for member in range(2):
+            allowed.scatter_(1, (best_groups[:, slot] * 2 + member)[:, None], True)
+    assert allowed.gather(1, indices).all()
+    # And it matters: without the limit some tokens would pick an expert outside those groups.
+    unlimited = make_router(n_experts=8, top_k=2, use_bias=True)
+    unlimited.expert_bias.copy_(router.expert_bias)
+    unlimited_indices, _, _, _ = unlimited(x)
+    assert not allowed.gather(1, unlimited_indices).all()
+
+
+def test_default_route_scale_reproduces_the_spec_and_moonlight_values():
+    assert abs(default_route_scale(4, 2) - 1.398) < 0.005
+    assert abs(default_route_scale(8, 2) - 1.409) < 0.005
+    assert abs(default_route_scale(16, 4) - 1.991) < 0.005
+    assert abs(default_route_scale(64, 6) - 2.446) < 0.005  # Moonlight App. C
+    assert make_moe(route_scale=0.0).gate.route_scale == default_route_scale(6, 2)
+    assert make_moe(route_scale=0.0, score_func="softmax", route_norm=False).gate.route_scale == 1.0
+
+
+def per_token_oracle(moe: MoE, x: torch.Tensor) -> torch.Tensor:
+    """y_t = shared(x_t) + sum_k w_{t,k} FFN_{S_t[k]}(x_t), one token and one expert at a time."""
+    indices, weights, _, _ = moe.gate(x)
+    rows = []
+    for t in range(x.shape[0]):
+        y = moe.shared_experts(x[t : t + 1])[0]
+        for k in range(indices.shape[1]):
+            e = int(indices[t, k])
+            hidden = torch.nn.functional.silu(moe.experts.w1[e] @ x[t]) * (moe.experts.w3[e] @ x[t])
+            y = y + weights[t, k] * (moe.experts.w2[e] @ hidden)
+        rows.append(y)
+    return torch.stack(rows)
+
+
+def outputs_and_grads(moe: MoE, x: torch.Tensor):
+    x = x.clone().requires_grad_(True)
+    moe.zero_grad()
+    output, _ = moe(x)
+    output.pow(2).sum().backward()
+    grads = {name: p.grad.clone() for name, p in moe.named_parameters()}
+    return output.detach(), x.grad.clone(), grads
+
+
+def test_dense_reference_equals_the_per_token_oracle_in_fp64():
+    moe = make_moe(impl="dense_ref")
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    output, _ = moe(x)
+    assert torch.allclose(output.reshape(18, 16), per_token_oracle(moe, x.reshape(18, 16)), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", ["sorted", "loop"])
+def test_dispatch_equals_dense_reference_in_fp64(impl):
+    x = torch.randn(3, 17, 16, dtype=torch.float64)
+    reference = outputs_and_grads(make_moe(impl="dense_ref"), x)
+    candidate = outputs_and_grads(make_moe(impl=impl), x)
+    assert torch.allclose(candidate[0], reference[0], rtol=0, atol=1e-10)
+    assert torch.allclose(candidate[1], reference[1], rtol=0, atol=1e-9)
+    for name in reference[2]:  # expert weights (stacked), shared experts, router
+        assert torch.allclose(candidate[2][name], reference[2][name], rtol=0, atol=1e-9), name
+    assert reference[2]["gate.weight"].abs().max() > 0
+
+
+@pytest.mark.parametrize("impl", ["sorted", "loop"])
+def test_dispatch_equals_dense_reference_in_fp32_within_1e_6_relative(impl):
+    x = torch.randn(4, 32, 16)
+    reference = outputs_and_grads(make_moe(torch.float32, impl="dense_ref"), x)
+    candidate = outputs_and_grads(make_moe(torch.float32, impl=impl), x)
+    for ours, theirs in [(candidate[0], reference[0]), (candidate[1], reference[1])] + [
+            (candidate[2][name], reference[2][name]) for name in reference[2]]:
+        assert (ours - theirs).abs().max() <= 1e-6 * theirs.abs().max()
+
+
+def test_unrouted_experts_get_zero_gradients_not_none():
+    moe = make_moe(impl="sorted")
+    moe.gate.expert_bias[5] = -10.0  # expert 5 is never chosen
+    output, _ = moe(torch.randn(2, 8, 16, dtype=torch.float64))
+    output.sum().backward()
+    for name in ("w1", "w2", "w3"):
+        grad = getattr(moe.experts, name).grad
+        assert grad is not None and torch.equal(grad[5], torch.zeros_like(grad[5]))
+        assert grad[:5].abs().sum() > 0
+
+
+def test_z_loss_enters_the_auxiliary_loss_when_enabled():
+    x = torch.randn(2, 8, 16, dtype=torch.float64)
+    without = make_moe(balance="none", z_loss_beta=0.0)
+    with_z = make_moe(balance="none", z_loss_beta=1e-3)
+    _, aux_without = without(x)
+    _, aux_with = with_z(x)
+    logits = x.reshape(16, 16) @ with_z.gate.weight.t()
+    expected = 1e-3 * torch.logsumexp(logits, dim=-1).pow(2).mean()
+    assert aux_without.item() == 0.0
+    assert math.isclose(aux_with.item(), expected.item(), rel_tol=1e-12)
