@@ -1,0 +1,120 @@
+"""R/report/: summary.json, the PNG plots and a self-contained report.html.
+
+report.html carries everything inside it (the PNGs as base64 data URIs, inline CSS, no script, no
+external link), so it can be mailed or archived alone and still show the rule table, the figures and the
+plots. Every figure in it comes from the verdict and summary objects; nothing is typed in by hand.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+from pathlib import Path
+
+from pilotrun.report.plots import PLOT_TITLES, write_plots
+from pilotrun.report.verdict import Verdict
+
+REPORT_DIR = "report"
+STATUS_COLOURS = {"PASS": "#1a7f37", "WARN": "#9a6700", "FAIL": "#cf222e"}
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _fmt(value, digits: int = 1) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
+    summary = verdict.summary
+    o = summary.overall
+    e = html.escape
+    colour = STATUS_COLOURS["PASS" if verdict.decision == "GO" else "FAIL"]
+    rule_rows = "\n".join(
+        f"<tr><td>{e(r.name)}</td><td style='color:{STATUS_COLOURS[r.status]};font-weight:bold'>{r.status}</td>"
+        f"<td>{e(r.figure)}</td><td>{e(r.threshold)}</td><td>{e(r.evidence)}</td></tr>" for r in verdict.rules)
+    session_rows = "\n".join(
+        f"<tr><td>{e(s.session_id)}</td><td>{'-' if s.resumed_from is None else s.resumed_from}</td>"
+        f"<td>{e(s.status)}</td><td>{e(s.end_reason or 'killed (no session_end)')}</td>"
+        f"<td>{s.updates_applied:,}</td><td>{s.updates_skipped:,}</td><td>{s.updates_rolled_back:,}</td>"
+        f"<td>{s.tokens_processed:,}</td><td>{_fmt(s.train_tokens_per_s)}</td><td>{_fmt(s.wall_tokens_per_s)}</td>"
+        f"<td>{s.train_seconds:.1f} / {s.eval_seconds:.1f} / {s.checkpoint_seconds:.1f} / {s.other_seconds:.1f} "
+        f"of {s.wall_seconds:.1f}{'' if s.time_source == 'session_end' else ' (from events)'}</td></tr>"
+        for s in summary.sessions)
+    images = []
+    for name, path in plots.items():
+        data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+        images.append(f"<figure><img alt='{e(name)}' data-file='{e(Path(path).name)}' "
+                      f"src='data:image/png;base64,{data}'><figcaption>{e(PLOT_TITLES.get(name, name))} "
+                      f"({e(Path(path).name)})</figcaption></figure>")
+    problems = "".join(f"<li>{e(r)}</li>" for r in summary.reasons) or "<li>none</li>"
+    notes = "".join(f"<li>{e(n)}</li>" for n in summary.notes) or "<li>none</li>"
+    t = o.get("time_split") or {}
+    facts = [
+        ("updates applied / max_steps", f"{_fmt(o.get('updates_applied'))} / {_fmt(o.get('max_steps'))}"),
+        ("updates attempted / skipped", f"{_fmt(o.get('updates_attempted'))} / {_fmt(o.get('updates_skipped'))}"),
+        ("updates rolled back and redone", _fmt(o.get("updates_rolled_back"))),
+        ("tokens seen / planned", f"{_fmt(o.get('tokens_seen'))} / {_fmt(o.get('tokens_planned'))}"),
+        ("passes over the training split", _fmt(o.get("passes_over_train_split"), 3)),
+        ("training-only throughput (all processed tokens / train seconds)", f"{_fmt(o.get('train_tokens_per_s'))} tok/s"),
+        ("effective wall-clock throughput (kept tokens / wall seconds of all sessions)",
+         f"{_fmt(o.get('wall_tokens_per_s'))} tok/s"),
+        ("time: train / eval / checkpoint / other / wall (s)",
+         " / ".join(_fmt(t.get(k)) for k in ("train_seconds", "eval_seconds", "checkpoint_seconds", "other_seconds",
+                                              "wall_seconds"))),
+        ("sessions (kept history)", f"{o.get('sessions')} ({' -> '.join(summary.lineage)})"),
+    ]
+    fact_rows = "\n".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in facts)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>pilotrun verdict: {e(str(summary.run_id))}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #1f2328; }}
+table {{ border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }}
+th, td {{ border: 1px solid #d0d7de; padding: 4px 8px; text-align: left; vertical-align: top; }}
+th {{ background: #f6f8fa; }}
+.decision {{ font-size: 2em; font-weight: bold; color: {colour}; }}
+figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; border: 1px solid #d0d7de; }}
+</style></head><body>
+<h1>Pilot verdict for run <code>{e(str(summary.run_id))}</code></h1>
+<p class="decision">{e(verdict.decision)}</p>
+<p>{e(verdict.statement)}</p>
+<h2>Rules</h2>
+<table><tr><th>rule</th><th>status</th><th>figure</th><th>threshold</th><th>evidence</th></tr>
+{rule_rows}
+</table>
+<h2>The run's account</h2>
+<table>{fact_rows}</table>
+<h3>Sessions</h3>
+<table><tr><th>session</th><th>resumed from</th><th>status</th><th>ended</th><th>applied</th><th>skipped</th>
+<th>rolled back</th><th>tokens</th><th>train tok/s</th><th>wall tok/s</th><th>train / eval / checkpoint / other (s)</th></tr>
+{session_rows}
+</table>
+<h3>Record problems</h3><ul>{problems}</ul>
+<h3>Notes</h3><ul>{notes}</ul>
+<h2>Plots</h2>
+{''.join(images)}
+<p><small>Written by <code>pilotrun verdict</code> from {e(summary.run_dir)}/run.json and metrics.jsonl.
+The verdict judges the pilot's own record; it does not predict the final model's quality.</small></p>
+</body></html>
+"""
+
+
+def write_report(verdict: Verdict, run_dir: str | Path | None = None) -> Path:
+    """Write R/report/ (summary.json, NAME.png for every plot, report.html); returns the folder."""
+    out = Path(run_dir if run_dir is not None else verdict.summary.run_dir) / REPORT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    plots = write_plots(verdict.summary, out)
+    _write_atomic(out / "summary.json", json.dumps(verdict.to_dict(), indent=2) + "\n")
+    _write_atomic(out / "report.html", render_html(verdict, plots))
+    return out

@@ -1,0 +1,219 @@
+"""The report's PNG plots, drawn with matplotlib's Agg renderer (no display, no pyplot global state).
+
+Every plot is drawn from the kept history; where a crashed session's rolled-back windows exist they are
+shown faintly on the loss plot, and each resume is a dotted vertical line, so a reader sees exactly where
+the run was interrupted and what was redone. A plot whose data the record lacks is still written, saying
+so, so that the report always has the same set of files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from pilotrun.report.records import is_finite_number
+from pilotrun.report.summarize import Summary
+
+PLOT_NAMES = ("loss", "lr", "grad_norm", "throughput", "loss_scale", "expert_load", "qk_max_logit")
+PLOT_TITLES = {
+    "loss": "Training and validation loss",
+    "lr": "Learning rate",
+    "grad_norm": "Gradient norm (before clipping) with clipped windows",
+    "throughput": "Throughput: training-only and wall-clock",
+    "loss_scale": "Loss scale and skipped updates",
+    "expert_load": "Expert load per MoE layer over time",
+    "qk_max_logit": "QK max logit per attention layer",
+}
+
+
+def _series(events: list[dict[str, Any]], getter) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for e in events:
+        try:
+            value = getter(e)
+        except (KeyError, TypeError, IndexError):
+            value = None
+        if is_finite_number(value):
+            xs.append(e["step"])
+            ys.append(float(value))
+    return xs, ys
+
+
+def _new_axes(title: str, ylabel: str, height: float = 3.6):
+    fig = Figure(figsize=(8, height), dpi=100)
+    ax = fig.subplots()
+    ax.set_title(title)
+    ax.set_xlabel("step (applied updates)")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def _mark_resumes(ax, summary: Summary) -> None:
+    steps = [s.start["step"] for s in summary.sessions if s.session_id in summary.lineage and s.resumed_from is not None]
+    for index, step in enumerate(steps):
+        ax.axvline(step, color="grey", linestyle=":", linewidth=1.2, label="resume" if index == 0 else None)
+
+
+def _no_data(ax, what: str) -> None:
+    ax.text(0.5, 0.5, f"{what} not recorded", ha="center", va="center", transform=ax.transAxes)
+
+
+def _save(fig: Figure, ax, path: Path) -> Path:
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return path
+
+
+def _train(summary: Summary) -> list[dict[str, Any]]:
+    return [e for e in summary.kept_events if e["event"] == "train"]
+
+
+def plot_loss(summary: Summary, path: Path) -> Path:
+    fig, ax = _new_axes(PLOT_TITLES["loss"], "cross-entropy (nats)")
+    xs, ys = _series(_train(summary), lambda e: e["loss"])
+    ax.plot(xs, ys, label="train (window mean)", color="C0")
+    vx, vy = _series([e for e in summary.kept_events if e["event"] == "val"], lambda e: e["loss"])
+    if vx:
+        ax.plot(vx, vy, "o-", label="val", color="C1")
+    rx, ry = _series([e for e in summary.rolled_back_events if e["event"] == "train"], lambda e: e["loss"])
+    if rx:
+        ax.plot(rx, ry, "x", color="grey", alpha=0.6, label="rolled back (before the kill)")
+    if not xs:
+        _no_data(ax, "loss")
+    _mark_resumes(ax, summary)
+    return _save(fig, ax, path)
+
+
+def plot_lr(summary: Summary, path: Path) -> Path:
+    fig, ax = _new_axes(PLOT_TITLES["lr"], "learning rate (first group)")
+    xs, ys = _series(_train(summary), lambda e: e["lr"])
+    ax.plot(xs, ys, color="C2")
+    if not xs:
+        _no_data(ax, "learning rate")
+    _mark_resumes(ax, summary)
+    return _save(fig, ax, path)
+
+
+def plot_grad_norm(summary: Summary, path: Path) -> Path:
+    fig, ax = _new_axes(PLOT_TITLES["grad_norm"], "global gradient norm")
+    events = _train(summary)
+    xs, ys = _series(events, lambda e: e["grad_norm"])
+    ax.plot(xs, ys, label="last update of the window", color="C0")
+    mx, my = _series(events, lambda e: e["grad_norm_max"])
+    if mx:
+        ax.plot(mx, my, color="C3", alpha=0.5, linewidth=0.8, label="max in the window")
+    cx, cy = _series([e for e in events if (e.get("window") or {}).get("clipped")],
+                     lambda e: e.get("grad_norm_max", e.get("grad_norm")))
+    if cx:
+        ax.plot(cx, cy, "v", color="C3", markersize=5, label="window with clipped updates")
+    grad_clip = ((summary.run.get("recipe") or {}).get("optim") or {}).get("grad_clip")
+    if is_finite_number(grad_clip) and grad_clip > 0:
+        ax.axhline(grad_clip, color="C3", linestyle="--", linewidth=0.8, label=f"clip threshold {grad_clip:g}")
+    if ys and min(ys) > 0:
+        ax.set_yscale("log")
+    if not xs:
+        _no_data(ax, "gradient norm")
+    _mark_resumes(ax, summary)
+    return _save(fig, ax, path)
+
+
+def plot_throughput(summary: Summary, path: Path) -> Path:
+    fig, ax = _new_axes(PLOT_TITLES["throughput"], "tokens / second")
+    events = _train(summary)
+    xs, ys = _series(events, lambda e: e["window"]["tokens"] / e["window"]["train_seconds"])
+    ax.plot(xs, ys, label="training-only (train seconds)", color="C0")
+    wx, wy = _series(events, lambda e: e["window"]["tokens"] / e["window"]["wall_seconds"])
+    ax.plot(wx, wy, label="wall-clock (window wall seconds)", color="C1")
+    if not xs:
+        _no_data(ax, "throughput")
+    _mark_resumes(ax, summary)
+    return _save(fig, ax, path)
+
+
+def plot_loss_scale(summary: Summary, path: Path) -> Path:
+    fig, ax = _new_axes(PLOT_TITLES["loss_scale"], "loss scale")
+    xs, ys = _series(_train(summary), lambda e: e["loss_scale"])
+    ax.plot(xs, ys, color="C4", label="loss scale (end of window)")
+    skips = [e for e in summary.kept_events if e["event"] == "overflow"]
+    if skips:
+        sx, sy = _series(skips, lambda e: e["loss_scale_before"])
+        ax.plot(sx, sy, "x", color="C3", label=f"skipped update ({len(skips)})")
+    if ys and min(ys) > 0:
+        ax.set_yscale("log")
+    if not xs:
+        _no_data(ax, "loss scale")
+    ax.text(0.01, 0.02, f"{len(skips)} skipped update(s) in the kept history", transform=ax.transAxes, fontsize=8)
+    _mark_resumes(ax, summary)
+    return _save(fig, ax, path)
+
+
+def plot_expert_load(summary: Summary, path: Path) -> Path:
+    events = [e for e in _train(summary) if isinstance(e.get("moe"), dict)
+              and isinstance(e["moe"].get("tokens_per_expert"), list) and e["moe"]["tokens_per_expert"]]
+    layers = max((len(e["moe"]["tokens_per_expert"]) for e in events), default=0)
+    if layers == 0:
+        fig, ax = _new_axes(PLOT_TITLES["expert_load"], "expert")
+        _no_data(ax, "expert load")
+        return _save(fig, ax, path)
+    fig = Figure(figsize=(8, 1.2 + 1.8 * layers), dpi=100)
+    axes = fig.subplots(layers, 1, squeeze=False)[:, 0]
+    steps = [e["step"] for e in events]
+    for layer, ax in enumerate(axes):
+        rows = []
+        for e in events:
+            counts = e["moe"]["tokens_per_expert"][layer] if len(e["moe"]["tokens_per_expert"]) > layer else []
+            numbers = [float(c) if is_finite_number(c) else 0.0 for c in counts]
+            mean = sum(numbers) / len(numbers) if numbers else 0.0
+            rows.append([c / mean if mean > 0 else 0.0 for c in numbers])
+        width = max(len(r) for r in rows)
+        matrix = [[r[i] if i < len(r) else 0.0 for r in rows] for i in range(width)]  # experts x windows
+        image = ax.imshow(matrix, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0.0,
+                          extent=(steps[0] - 0.5, steps[-1] + 0.5, width - 0.5, -0.5))
+        ax.set_ylabel(f"MoE layer {layer}\nexpert")
+        fig.colorbar(image, ax=ax, label="load / mean")
+    axes[0].set_title(PLOT_TITLES["expert_load"] + " (tokens routed / mean; 0 = dead)")
+    axes[-1].set_xlabel("step (applied updates)")
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return path
+
+
+def plot_qk_max_logit(summary: Summary, path: Path) -> Path:
+    fig, ax = _new_axes(PLOT_TITLES["qk_max_logit"], "max pre-softmax logit (over heads)")
+    events = [e for e in _train(summary) if isinstance(e.get("qk_clip"), dict)
+              and isinstance(e["qk_clip"].get("max_logit"), list)]
+    layers = max((len(e["qk_clip"]["max_logit"]) for e in events), default=0)
+    for layer in range(layers):
+        xs, ys = _series(events, lambda e, layer=layer: e["qk_clip"]["max_logit"][layer])
+        ax.plot(xs, ys, label=f"layer {layer}")
+    qk = ((summary.run.get("recipe") or {}).get("optim") or {}).get("qk_clip") or {}
+    if qk.get("enabled", True) and is_finite_number(qk.get("tau")):
+        ax.axhline(qk["tau"], color="C3", linestyle="--", linewidth=0.8, label=f"QK-Clip tau {qk['tau']:g}")
+    if layers == 0:
+        _no_data(ax, "QK max logit")
+    _mark_resumes(ax, summary)
+    return _save(fig, ax, path)
+
+
+PLOTTERS = {
+    "loss": plot_loss,
+    "lr": plot_lr,
+    "grad_norm": plot_grad_norm,
+    "throughput": plot_throughput,
+    "loss_scale": plot_loss_scale,
+    "expert_load": plot_expert_load,
+    "qk_max_logit": plot_qk_max_logit,
+}
+
+
+def write_plots(summary: Summary, out_dir: str | Path) -> dict[str, Path]:
+    """Draw every plot into out_dir as NAME.png; returns name -> path in PLOT_NAMES order."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return {name: PLOTTERS[name](summary, out_dir / f"{name}.png") for name in PLOT_NAMES}

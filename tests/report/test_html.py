@@ -1,0 +1,40 @@
+"""report folder: summary.json, the PNGs and a self-contained report.html that embeds each one."""
+
+import base64
+import json
+
+from pilotrun.report.html import write_report
+from pilotrun.report.plots import PLOT_NAMES
+from pilotrun.report.summarize import summarize_run
+from pilotrun.report.verdict import judge_summary
+from tests.report.synthetic import crashed_and_resumed
+
+
+def test_report_folder_is_complete_and_self_contained(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.write()
+    verdict = judge_summary(summarize_run(tmp_path / "r"))
+    report = write_report(verdict)
+    assert report == tmp_path / "r" / "report"
+    page = (report / "report.html").read_text()
+    for name in PLOT_NAMES:
+        png = (report / f"{name}.png").read_bytes()
+        assert len(png) > 0
+        assert f"data-file='{name}.png'" in page
+        assert base64.b64encode(png).decode("ascii") in page  # embedded, not linked
+    for rule in verdict.rules:
+        assert f"<td>{rule.name}</td>" in page
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+    assert verdict.decision in page and "does not predict the final model" in page
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["decision"] == verdict.decision
+    assert [r["name"] for r in summary["rules"]] == [r.name for r in verdict.rules]
+    assert summary["summary"]["overall"]["updates_applied"] == 60
+
+
+def test_html_escapes_record_text(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.run["run_id"] = "<b>run</b>"
+    run.write()
+    page = (write_report(judge_summary(summarize_run(tmp_path / "r"))) / "report.html").read_text()
+    assert "<b>run</b>" not in page and "&lt;b&gt;run&lt;/b&gt;" in page

@@ -1,0 +1,214 @@
+"""verdict: every rule has a PASS case (the healthy synthetic pilot) and a FAIL case built from a small change."""
+
+import json
+import math
+
+import pytest
+
+from pilotrun.cli import main
+from pilotrun.report.summarize import summarize_run
+from pilotrun.report.verdict import (
+    FAIL,
+    PASS,
+    WARN,
+    ThresholdError,
+    Thresholds,
+    judge_summary,
+    parse_thresholds,
+)
+from tests.report.synthetic import SyntheticRun, crashed_and_resumed
+
+
+def _verdict(tmp_path, change=None, thresholds=None, build=crashed_and_resumed, **kwargs):
+    """Build a pilot-shaped synthetic run after `change(run)` set its figures; judge it."""
+    holder = {}
+
+    def builder(run_dir, **kw):
+        run = SyntheticRun(run_dir, **kw)
+        if change is not None:
+            change(run)
+        holder["run"] = run
+        return run
+
+    if build is crashed_and_resumed:
+        run = builder(tmp_path / "r", **kwargs)
+        run.start_session()
+        run.train_until(33)
+        run.kill()
+        run.resume()
+        run.train_until(run.max_steps)
+        run.end_session()
+    else:
+        run = build(builder, tmp_path / "r", **kwargs)
+    run.write()
+    verdict = judge_summary(summarize_run(tmp_path / "r"), thresholds or Thresholds())
+    return verdict, {r.name: r for r in verdict.rules}
+
+
+def test_healthy_pilot_passes_every_rule(tmp_path):
+    verdict, rules = _verdict(tmp_path)
+    assert {name: r.status for name, r in rules.items()} == dict.fromkeys(rules, PASS)
+    assert verdict.decision == "GO"
+    assert "does not say the final model will be good" in verdict.statement
+    assert "60 applied updates" in verdict.statement
+    assert "3 replayed window(s) compared, 0 differ" in rules["resumed"].figure
+
+
+def test_record_valid_fails_on_inconsistent_record(tmp_path):
+    def change(run):
+        run.tokens_per_microbatch += 1  # session_start then disagrees with every window's tokens
+    verdict, rules = _verdict(tmp_path, change)
+    assert rules["record_valid"].status == FAIL and verdict.decision == "NO-GO"
+    assert "NO-GO: record_valid" in verdict.statement
+
+
+def test_losses_finite_fails_on_nan_val_loss(tmp_path):
+    def change(run):
+        run.val_loss = lambda step: math.nan if step == 50 else 2.5
+    _, rules = _verdict(tmp_path, change)
+    assert rules["losses_finite"].status == FAIL
+    assert "val loss nan at step 50" in rules["losses_finite"].figure
+
+
+def test_loss_decreased_fails_when_flat_and_warns_when_small(tmp_path):
+    def flat(run):
+        run.loss = lambda step: 3.0
+    _, rules = _verdict(tmp_path / "flat", flat)
+    assert rules["loss_decreased"].status == FAIL
+    assert "+0.0% drop" in rules["loss_decreased"].figure
+
+    def small(run):
+        run.loss = lambda step: 3.0 - 0.001 * step
+    _, rules = _verdict(tmp_path / "small", small)
+    assert rules["loss_decreased"].status == WARN
+
+
+def test_val_tracks_train_fails_when_val_diverges(tmp_path):
+    def change(run):
+        run.val_loss = lambda step: 2.0 + step / 20.0  # rises while training loss falls
+    _, rules = _verdict(tmp_path, change)
+    assert rules["val_tracks_train"].status == FAIL
+    _, rules = _verdict(tmp_path / "none", eval_every=0)
+    assert rules["val_tracks_train"].status == WARN
+
+
+def test_grad_spikes_repeated_fail_single_warns(tmp_path):
+    def repeated(run):
+        run.grad_norm = lambda step: 20.0 if step in (40, 50) else 1.0
+    _, rules = _verdict(tmp_path / "two", repeated)
+    assert rules["grad_spikes"].status == FAIL
+    assert "2 spike(s): step 40: 20" in rules["grad_spikes"].figure
+
+    def single(run):
+        run.grad_norm = lambda step: 20.0 if step == 40 else 1.0
+    _, rules = _verdict(tmp_path / "one", single)
+    assert rules["grad_spikes"].status == WARN
+
+
+def test_clip_rate_fails_when_most_late_updates_clip(tmp_path):
+    def change(run):
+        run.clipped = lambda step: step % 4 != 0
+    _, rules = _verdict(tmp_path, change)
+    assert rules["clip_rate"].status == FAIL
+    assert "22 of 30 applied updates clipped" in rules["clip_rate"].figure
+    # The threshold is configurable.
+    _, rules = _verdict(tmp_path / "loose", change, parse_thresholds(["max_clip_rate=0.9"]))
+    assert rules["clip_rate"].status == PASS
+
+
+def test_skip_rate_fails_with_many_overflows(tmp_path):
+    def change(run):
+        run.overflow_at = set(range(40, 48))
+    verdict, rules = _verdict(tmp_path, change)
+    assert verdict.summary.valid, verdict.summary.reasons
+    assert rules["skip_rate"].status == FAIL
+    assert "8 of 68 updates skipped" in rules["skip_rate"].figure
+
+
+def test_throughput_steady_fails_when_it_decays(tmp_path):
+    def change(run):
+        run.train_seconds_per_update = lambda step: 0.5 * (1 + step / 10.0)
+    _, rules = _verdict(tmp_path, change)
+    assert rules["throughput_steady"].status == FAIL
+
+
+def test_memory_fails_on_growth_and_on_budget(tmp_path):
+    def leak(run):
+        run.rss_mb = lambda step: 500.0 + 40.0 * step
+    _, rules = _verdict(tmp_path / "leak", leak)
+    assert rules["memory"].status == FAIL and "growth" in rules["memory"].figure
+    _, rules = _verdict(tmp_path / "budget", memory_budget_gb=0.25)  # 256 MB < 500 MB peak
+    assert rules["memory"].status == FAIL and "peak <= 0.25 GB" in rules["memory"].threshold
+    _, rules = _verdict(tmp_path / "fits", memory_budget_gb=1.0)
+    assert rules["memory"].status == PASS
+
+
+def test_experts_fail_on_dead_expert_and_on_imbalance(tmp_path):
+    def dead(run):
+        run.tokens_per_expert = lambda step, layer: [100.0, 100.0, 100.0, 0.0 if layer == 1 else 100.0]
+    _, rules = _verdict(tmp_path / "dead", dead)
+    assert rules["experts"].status == FAIL and rules["experts"].figure.startswith("1 dead expert")
+
+    def skewed(run):
+        run.tokens_per_expert = lambda step, layer: [300.0, 50.0, 25.0, 25.0]
+    _, rules = _verdict(tmp_path / "skew", skewed)
+    assert rules["experts"].status == FAIL and "3.00" in rules["experts"].figure
+
+
+def test_qk_clip_fails_when_it_intervenes_on_most_updates(tmp_path):
+    def change(run):
+        run.qk_clip_updates = lambda step: 1 if step % 5 else 0
+    _, rules = _verdict(tmp_path, change)
+    assert rules["qk_clip"].status == FAIL
+    assert "48 of 60 applied updates" in rules["qk_clip"].figure  # cumulative, restored at the resume
+
+
+def test_resumed_fails_without_resume_unless_waived(tmp_path):
+    def straight(builder, run_dir, **kw):
+        run = builder(run_dir, **kw)
+        run.start_session()
+        run.train_until(run.max_steps)
+        run.end_session()
+        return run
+    verdict, rules = _verdict(tmp_path / "a", build=straight)
+    assert rules["resumed"].status == FAIL and verdict.decision == "NO-GO"
+    verdict, rules = _verdict(tmp_path / "b", build=straight, thresholds=Thresholds(resume_required=False))
+    assert rules["resumed"].status == WARN and verdict.decision == "GO"
+
+
+def test_resumed_fails_when_a_replayed_window_differs(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.find("train", session="s1", step=25)["loss"] += 1e-12  # the rolled-back window before the kill
+    run.write()
+    verdict = judge_summary(summarize_run(tmp_path / "r"))
+    rule = {r.name: r for r in verdict.rules}["resumed"]
+    assert rule.status == FAIL and "train step 25 loss" in rule.figure
+
+
+def test_threshold_overrides_are_typed_and_checked():
+    t = parse_thresholds(["max_grad_spikes=3", "spike_factor=2.5", "resume_required=false"])
+    assert (t.max_grad_spikes, t.spike_factor, t.resume_required) == (3, 2.5, False)
+    with pytest.raises(ThresholdError, match="unknown name 'nope'"):
+        parse_thresholds(["nope=1"])
+    with pytest.raises(ThresholdError, match="max_grad_spikes: 'x' is not a valid int"):
+        parse_thresholds(["max_grad_spikes=x"])
+    with pytest.raises(ThresholdError, match="expects NAME=VALUE"):
+        parse_thresholds(["max_grad_spikes"])
+
+
+def test_cli_verdict_go_nogo_json_and_bad_threshold(tmp_path, capsys):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.write()
+    assert main(["verdict", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "VERDICT: GO" in out and f"report: {tmp_path / 'r' / 'report' / 'report.html'}" in out
+    # A WARN does not block: a demanded 90% loss drop only warns; a throughput bound of 2x fails.
+    assert main(["verdict", str(tmp_path / "r"), "--json", "--threshold", "min_loss_drop=0.9"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["decision"] == "GO" and {r["name"]: r["status"] for r in data["rules"]}["loss_decreased"] == WARN
+    assert main(["verdict", str(tmp_path / "r"), "--json", "--threshold", "min_throughput_ratio=2"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["decision"] == "NO-GO" and data["thresholds"]["min_throughput_ratio"] == 2.0
+    assert {r["name"]: r["status"] for r in data["rules"]}["throughput_steady"] == FAIL
+    assert main(["verdict", str(tmp_path / "r"), "--threshold", "bogus=1"]) == 2
+    assert "unknown name 'bogus'" in capsys.readouterr().err
