@@ -1,0 +1,80 @@
+"""Sources: local files and globs (hashed, sorted), the fineweb-edu spec, and clear errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pilotrun.data.sources import open_source, parse_fineweb_spec
+from pilotrun.errors import DataError
+
+from .conftest import FAKE_SHA, LocalHub
+
+
+def test_parquet_and_jsonl_fixtures_give_the_same_documents(fineweb_jsonl, fineweb_parquet, fineweb_texts):
+    from_jsonl = list(open_source(str(fineweb_jsonl)).documents())
+    from_parquet = open_source(str(fineweb_parquet))
+    assert from_jsonl == list(from_parquet.documents()) == fineweb_texts
+    record = from_parquet.identity["files"][0]
+    assert record["name"] == fineweb_parquet.name
+    assert record["sha256"] == hashlib.sha256(fineweb_parquet.read_bytes()).hexdigest()
+
+
+def test_glob_is_sorted_and_files_are_named_relative(tmp_path):
+    for name in ("b.txt", "a.txt", "sub/c.jsonl"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+    (tmp_path / "b.txt").write_text("second")
+    (tmp_path / "a.txt").write_text("first")
+    (tmp_path / "sub" / "c.jsonl").write_text('{"body": "third"}\n\n{"body": "  "}\n{"body": null}\n')
+    source = open_source(str(tmp_path / "**" / "*.*"), text_field="body")
+    assert list(source.documents()) == ["first", "second", "third"]
+    assert source.skipped_empty == 2
+    assert [f["name"] for f in source.identity["files"]] == ["a.txt", "b.txt", "sub/c.jsonl"]
+    assert str(tmp_path) not in json.dumps(source.identity)
+
+
+def test_text_field_errors_name_file_and_line(tmp_path):
+    (tmp_path / "x.jsonl").write_text('{"text": "ok"}\n{"content": "no text"}\n')
+    with pytest.raises(DataError, match=r"x\.jsonl:2: no field 'text'"):
+        list(open_source(str(tmp_path / "x.jsonl")).documents())
+    pq.write_table(pa.table({"content": ["a"]}), tmp_path / "y.parquet")
+    with pytest.raises(DataError, match=r"y\.parquet: no column 'text'.*--text-field"):
+        list(open_source(str(tmp_path / "y.parquet")).documents())
+    (tmp_path / "z.jsonl").write_text("{not json\n")
+    with pytest.raises(DataError, match=r"z\.jsonl:1: not valid JSON"):
+        list(open_source(str(tmp_path / "z.jsonl")).documents())
+
+
+def test_missing_or_unsupported_inputs(tmp_path):
+    with pytest.raises(DataError, match="no such file"):
+        open_source(str(tmp_path / "nope.parquet"))
+    with pytest.raises(DataError, match="matches no files"):
+        open_source(str(tmp_path / "*.jsonl"))
+    (tmp_path / "table.csv").write_text("text\n")
+    with pytest.raises(DataError, match="not a .parquet, .jsonl or .txt"):
+        open_source(str(tmp_path / "table.csv"))
+    with pytest.raises(DataError, match="is a folder"):
+        open_source(str(tmp_path))
+
+
+def test_fineweb_spec_parsing():
+    assert parse_fineweb_spec("fineweb-edu") == ("sample-10BT", "main")
+    assert parse_fineweb_spec("fineweb-edu:sample-100BT") == ("sample-100BT", "main")
+    assert parse_fineweb_spec("fineweb-edu:default@v1.2.0") == ("default", "v1.2.0")
+    assert parse_fineweb_spec("fineweb-edu@abc") == ("sample-10BT", "abc")
+    for bad in ("fineweb-edu:", "fineweb-edu@", "fineweb-edux"):
+        with pytest.raises(DataError):
+            parse_fineweb_spec(bad)
+
+
+def test_fineweb_rows_come_through_the_seam_at_the_resolved_commit(fineweb_texts):
+    hub = LocalHub(fineweb_texts[:5])
+    source = open_source("fineweb-edu:sample-10BT@v1", hub=hub)
+    assert source.identity["revision"] == FAKE_SHA and source.identity["revision_requested"] == "v1"
+    assert list(source.documents()) == fineweb_texts[:5]
+    assert hub.calls == [("resolve", "HuggingFaceFW/fineweb-edu", "v1", "dataset"),
+                         ("stream", "HuggingFaceFW/fineweb-edu", "sample-10BT", FAKE_SHA)]

@@ -1,0 +1,48 @@
+"""Shuffle buffer and split rule."""
+
+from __future__ import annotations
+
+from pilotrun.data.stream import shuffled, split_of, text_position
+
+
+def test_shuffle_is_a_seeded_permutation():
+    items = [f"doc {i}" for i in range(1000)]
+    a = list(shuffled(iter(items), 100, seed=1))
+    assert sorted(a) == sorted(items) and a != items
+    assert list(shuffled(iter(items), 100, seed=1)) == a
+    assert list(shuffled(iter(items), 100, seed=2)) != a
+    assert list(shuffled(iter(items), 0, seed=1)) == items and list(shuffled(iter(items), 1, seed=1)) == items
+
+
+def test_shuffle_buffer_is_bounded():
+    # Count how far the shuffle reads ahead of what it has emitted: never more than the buffer.
+    state = {"read": 0}
+
+    def source():
+        for i in range(5000):
+            state["read"] += 1
+            yield str(i)
+
+    worst = 0
+    for emitted, _ in enumerate(shuffled(source(), 64, seed=0), start=1):
+        worst = max(worst, state["read"] - emitted)
+    assert worst == 64
+
+
+def test_shuffle_moves_documents_far_but_only_within_reach():
+    items = [str(i) for i in range(2000)]
+    out = list(shuffled(iter(items), 50, seed=0))
+    # A document can come out no earlier than (its index - buffer) positions.
+    assert all(position >= int(text) - 50 for position, text in enumerate(out))
+    assert max(abs(position - int(text)) for position, text in enumerate(out)) > 50
+
+
+def test_split_depends_on_text_only_and_matches_the_fraction():
+    texts = [f"document number {i}" for i in range(20_000)]
+    val = [t for t in texts if split_of(t, 0.1) == "val"]
+    assert 1800 < len(val) < 2200
+    assert all(split_of(t, 0.1) == "val" for t in val)  # stable
+    assert all(0.0 <= text_position(t) < 1.0 for t in texts[:100])
+    assert all(split_of(t, 0.0) == "train" for t in texts[:1000])
+    # A larger fraction only adds documents to val: none moves from val to train.
+    assert set(val) <= {t for t in texts if split_of(t, 0.2) == "val"}
