@@ -18,7 +18,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from pilotrun.errors import ConfigError
+from pilotrun.errors import CheckpointError, ConfigError
 from pilotrun.train import distributed as D
 
 
@@ -207,3 +207,39 @@ def test_wrapped_two_rank_training_matches_one_process(tmp_path: Path, paralleli
 def test_wrap_model_rejects_unknown_parallelism() -> None:
     with pytest.raises(ConfigError, match="ddp or fsdp"):
         D.wrap_model(nn.Linear(1, 1), D.SINGLE_PROCESS, "tp")
+
+
+def test_fsdp_with_fp16_is_refused_with_the_reason() -> None:
+    two_ranks = D.DistributedContext(rank=0, world_size=2, backend="gloo")
+    with pytest.raises(ConfigError, match="gradient shard"):
+        D.wrap_model(nn.Linear(1, 1), two_ranks, "fsdp", precision="fp16")
+
+
+# ---------------------------------------------------------------------------------------------- world-size change
+def _meta(world_size: int, batch_size: int) -> dict:
+    return {"world_size": world_size, "recipe": {"train": {"batch_size": batch_size, "seq_len": 32},
+                                                 "model": {"d_model": 64}}}
+
+
+def test_same_world_size_needs_no_reconciliation() -> None:
+    saved = _meta(2, 4)
+    assert D.reconcile_world_size(saved, _meta(2, 4), []) == (saved, [])
+
+
+def test_world_size_change_is_refused_with_the_way_to_continue() -> None:
+    with pytest.raises(CheckpointError, match=r"written by 2 rank\(s\), this run has 1.*train.batch_size=8.*"
+                                              r"--allow-change world_size"):
+        D.reconcile_world_size(_meta(2, 4), _meta(1, 4), [])
+    with pytest.raises(CheckpointError, match="cannot be split evenly over 3 ranks"):
+        D.reconcile_world_size(_meta(2, 4), _meta(3, 4), [])
+
+
+def test_allowed_world_size_change_must_keep_the_global_batch() -> None:
+    with pytest.raises(CheckpointError, match=r"global batch is 4 x 2 = 8 sequences.*batch_size=8"):
+        D.reconcile_world_size(_meta(2, 4), _meta(1, 4), ["world_size"])
+    saved = _meta(2, 4)
+    adjusted, notes = D.reconcile_world_size(saved, _meta(1, 8), ["world_size"])
+    assert adjusted["recipe"]["train"] == {"batch_size": 8, "seq_len": 32}
+    assert saved["recipe"]["train"]["batch_size"] == 4  # the caller's meta is not modified
+    assert adjusted["world_size"] == 2  # the world-size difference itself stays for the compatibility check
+    assert len(notes) == 1 and "2 -> 1" in notes[0] and "not bit-identical" in notes[0]
