@@ -265,3 +265,21 @@ def test_sigkill_during_a_write_leaves_nothing_loadable_half_written(tmp_path, p
     assert meta == {"step": 1} and torch.equal(state["model"]["w"], torch.full((1000,), 1.0))
     checkpointer.save(3, {"model": {"w": torch.zeros(1)}}, {})
     assert checkpointer.uncommitted_folders() == [] and checkpointer.committed_steps() == [3]
+
+
+def test_large_parts_are_sharded_and_read_back_exactly(tmp_path):
+    state = realistic_state(5)
+    storage = TorchSaveStorage(shard_bytes=256)  # tiny shards: every multi-tensor part is split
+    path = Checkpointer(tmp_path, keep=1, storage=storage).save(5, state, {})
+    names = sorted(p.name for p in path.iterdir())
+    assert "model.pt" in names and "model.000.pt" in names and "optimizer.001.pt" in names
+    loaded, _ = Checkpointer(tmp_path, keep=1, storage=storage).load()
+    assert_states_equal(state, loaded)
+    # The default storage reads it too (the layout is in the files, not in the storage's settings).
+    assert_states_equal(state, Checkpointer(tmp_path, keep=1).load()[0])
+    shard = path / "optimizer.001.pt"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"optimizer\.001\.pt does not match its recorded sha256"):
+        Checkpointer(tmp_path, keep=1).load()

@@ -1,0 +1,138 @@
+"""Checkpoint write throughput against a raw write of the same bytes, and the time to resume.
+
+The state is what the trainer saves for the GPU pilot model (spec/model.md 1.9, `gpu-100m` at vocab 32,768):
+model, the combined Muon+AdamW optimizer after one real step (so its momentum and Adam moments exist), a
+GradScaler, trainer counters and every RNG. Side by side, alternating, in one run:
+
+- raw: the same number of bytes written to ONE file on the same disk, then fsync (the disk's own speed);
+- checkpoint: `Checkpointer.save` (temp folder, torch.save per part, sha256 of every byte, fsync of every
+  file and folder, rename, marker, prune);
+- resume: `Checkpointer.load` (sha256 of every file, torch.load) then load_state_dict into a fresh model,
+  optimizer and scaler, and the RNG restore: what `--resume` does before the first update.
+
+Target: checkpoint throughput >= 0.7x raw. `python -m benchmarks.run_all bench_checkpoint`
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPEATS = 3
+TARGET_RATIO = 0.7
+
+
+def _build_state(seed: int = 0):
+    from pilotrun.config import OptimConfig
+    from pilotrun.model.presets import model_preset
+    from pilotrun.model.transformer import build_model
+    from pilotrun.optim.muon_adamw import build_optimizer
+    from pilotrun.train.precision import build_grad_scaler
+    from pilotrun.train.rng import capture_rng_state
+
+    torch.manual_seed(seed)
+    model_cfg = model_preset("gpu-100m", vocab_size=32768)
+    model = build_model(model_cfg)
+    optimizer = build_optimizer(model, OptimConfig())
+    tokens = torch.randint(0, model_cfg.vocab_size, (1, 16))
+    model(tokens, tokens).loss.backward()  # one real update, so that every optimizer state buffer exists
+    optimizer.step()
+    scaler = build_grad_scaler("fp16", "cpu", 65536.0, 2000)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+             "trainer": {"step": 1, "tokens_seen": 16, "updates_attempted": 1, "updates_skipped": 0},
+             "rng": capture_rng_state()}
+    return model_cfg, state
+
+
+def _raw_write(path: Path, payload: memoryview) -> float:
+    started = time.perf_counter()
+    with open(path, "wb") as handle:
+        handle.write(payload)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return time.perf_counter() - started
+
+
+def _resume(model_cfg, root: Path) -> tuple[float, float]:
+    from pilotrun.config import OptimConfig
+    from pilotrun.model.transformer import build_model
+    from pilotrun.optim.muon_adamw import build_optimizer
+    from pilotrun.train.checkpoint import Checkpointer
+    from pilotrun.train.precision import build_grad_scaler
+    from pilotrun.train.rng import restore_rng_state
+
+    # Building the fresh model happens on resume too, but it is not checkpoint work: timed apart.
+    model = build_model(model_cfg)
+    optimizer = build_optimizer(model, OptimConfig())
+    scaler = build_grad_scaler("fp16", "cpu", 65536.0, 2000)
+    started = time.perf_counter()
+    checkpointer = Checkpointer(root, keep=1)
+    state, _meta = checkpointer.load()
+    loaded = time.perf_counter()
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    restore_rng_state(state["rng"])
+    finished = time.perf_counter()
+    return loaded - started, finished - started
+
+
+def run() -> str:
+    from pilotrun.train.checkpoint import Checkpointer
+
+    model_cfg, state = _build_state()
+    work = Path(tempfile.mkdtemp(prefix="bench_checkpoint_", dir=os.environ.get("PILOTRUN_BENCH_DIR")))
+    try:
+        checkpointer = Checkpointer(work / "run", keep=1)
+        folder = checkpointer.save(0, state, {"bench": True})  # warm-up, and the byte count to match
+        checkpoint_bytes = sum(f.stat().st_size for f in folder.iterdir() if f.name.endswith(".pt"))
+        payload = memoryview(os.urandom(1024) * (checkpoint_bytes // 1024 + 1))[:checkpoint_bytes]
+        raw_seconds, save_seconds = [], []
+        for repeat in range(REPEATS):
+            raw_seconds.append(_raw_write(work / "raw.bin", payload))
+            (work / "raw.bin").unlink()
+            started = time.perf_counter()
+            checkpointer.save(repeat + 1, state, {"bench": True})
+            save_seconds.append(time.perf_counter() - started)
+        del payload
+        resumes = [_resume(model_cfg, work / "run") for _ in range(REPEATS)]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    raw_s, save_s = statistics.median(raw_seconds), statistics.median(save_seconds)
+    load_s = statistics.median(r[0] for r in resumes)
+    resume_s = statistics.median(r[1] for r in resumes)
+    mb = checkpoint_bytes / 1e6
+    ratio = raw_s / save_s
+    met = "met" if ratio >= TARGET_RATIO else "NOT met"
+    return "\n".join([
+        "## Checkpoint write throughput and time to resume",
+        "",
+        f"State: `gpu-100m` model at vocab 32,768 with Muon+AdamW state after one step, scaler, counters and RNG: "
+        f"{mb:,.1f} MB in {len([k for k in state])} files. Median of {REPEATS} alternating repeats; raw = the same "
+        f"byte count written to one file and fsynced, on the same disk ({os.environ.get('PILOTRUN_BENCH_DIR') or tempfile.gettempdir()}).",
+        "",
+        "| measure | seconds | MB/s | vs raw |",
+        "|---|---:|---:|---:|",
+        f"| raw write + fsync (one file) | {raw_s:.3f} | {mb / raw_s:,.0f} | 1.00x |",
+        f"| `Checkpointer.save` (sha256 + fsync + rename + marker) | {save_s:.3f} | {mb / save_s:,.0f} | "
+        f"{ratio:.2f}x |",
+        f"| `Checkpointer.load` (sha256 verify + torch.load) | {load_s:.3f} | {mb / load_s:,.0f} | |",
+        f"| resume: load + restore model, optimizer, scaler, RNG | {resume_s:.3f} | {mb / resume_s:,.0f} | |",
+        "",
+        f"Target: checkpoint write throughput >= {TARGET_RATIO}x raw: **{met}** ({ratio:.2f}x). "
+        f"All raw runs (s): {', '.join(f'{s:.3f}' for s in raw_seconds)}; all saves (s): "
+        f"{', '.join(f'{s:.3f}' for s in save_seconds)}.",
+        "",
+        "Command: `python -m benchmarks.run_all bench_checkpoint`",
+    ])
+
+
+if __name__ == "__main__":
+    print(run())
