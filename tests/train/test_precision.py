@@ -313,3 +313,34 @@ def test_real_model_fp16_overflow_and_injected_inf_skip_every_group():
     outcome = apply_update(model, optimizer, scaler, grad_clip=1.0)
     assert (outcome.applied, outcome.reason, outcome.loss_scale_after) == (False, "overflow", 2.0**9)
     _assert_snapshot_equal(before, model, optimizer)
+
+
+def test_skipped_attempts_change_nothing_about_the_applied_updates():
+    """Two runs over the same five clean batches, one of them with failed attempts (NaN gradients) interleaved:
+    the LR of every applied update and the final weights and optimizer state are identical, bit for bit."""
+    schedule = ScheduleConfig(kind="cosine", warmup_steps=2, horizon=6)
+
+    def run(skip_before: set[int]):
+        model, optimizer = _build()
+        scaler = build_grad_scaler("fp32", "cpu")
+        step, lrs, attempts = 0, [], 0
+        while step < 5:
+            set_learning_rates(optimizer, step, schedule)
+            optimizer.zero_grad()
+            _backward(model, scaler, "fp32", seed=step)
+            failing = attempts in skip_before
+            if failing:
+                model.w1.weight.grad.fill_(float("nan"))
+            outcome = apply_update(model, optimizer, scaler, grad_clip=1.0)
+            assert outcome.applied == (not failing)
+            attempts += 1
+            if outcome.applied:
+                lrs.append([g["lr"] for g in optimizer.param_groups])
+                step += 1
+        return model, optimizer, lrs, attempts
+
+    model_a, optimizer_a, lrs_a, attempts_a = run(set())
+    model_b, optimizer_b, lrs_b, attempts_b = run({0, 3, 4, 7})
+    assert (attempts_a, attempts_b) == (5, 9)
+    assert lrs_a == lrs_b
+    _assert_snapshot_equal(_snapshot(model_a, optimizer_a), model_b, optimizer_b)
