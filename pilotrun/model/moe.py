@@ -100,9 +100,16 @@ class GroupedExperts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(n_experts, d_model, hidden))
         self.w3 = nn.Parameter(torch.empty(n_experts, hidden, d_model))
 
-    def expert_forward(self, expert: int, x: torch.Tensor) -> torch.Tensor:
-        return torch.matmul(F.silu(torch.matmul(x, self.w1[expert].t())) * torch.matmul(x, self.w3[expert].t()),
-                            self.w2[expert].t())
+    def expert_weights(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per-expert (w1, w2, w3) views from one `unbind` per stacked tensor. Indexing `w1[e]` per expert
+        instead would make autograd build a full [E, F, d] zero gradient for every slice (measured: 58% of
+        an MoE layer's CPU time at 512 tokens); unbind's backward stacks the slice gradients once."""
+        return list(zip(self.w1.unbind(0), self.w2.unbind(0), self.w3.unbind(0)))
+
+    @staticmethod
+    def expert_forward(weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        w1, w2, w3 = weights
+        return torch.matmul(F.silu(torch.matmul(x, w1.t())) * torch.matmul(x, w3.t()), w2.t())
 
     def forward_sorted(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         tokens, top_k = indices.shape
@@ -110,8 +117,9 @@ class GroupedExperts(nn.Module):
         order = torch.argsort(flat_experts, stable=True)  # fixed accumulation order -> deterministic
         token_of_slot = order // top_k
         counts = torch.bincount(flat_experts, minlength=self.n_experts).tolist()  # the one host sync
-        gathered = x[token_of_slot]
-        outputs = [self.expert_forward(expert, segment)
+        gathered = x.index_select(0, token_of_slot)  # backward: one index_add (cheaper than indexing's)
+        weights_per_expert = self.expert_weights()
+        outputs = [self.expert_forward(weights_per_expert[expert], segment)
                    for expert, segment in enumerate(gathered.split(counts)) if counts[expert] > 0]
         routed = torch.cat(outputs, dim=0) if outputs else gathered.new_zeros(0, x.shape[-1])
         # Weighting and combining in fp32 (or wider), whatever the autocast dtype of the expert matmuls (spec 4.1).
@@ -122,11 +130,13 @@ class GroupedExperts(nn.Module):
     def forward_loop(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         output = torch.zeros(x.shape[0], x.shape[-1], device=x.device, dtype=weights.dtype)
         counts = torch.bincount(indices.reshape(-1), minlength=self.n_experts).tolist()
+        weights_per_expert = self.expert_weights()
         for expert in range(self.n_experts):
             if counts[expert] == 0:
                 continue
             token, slot = torch.where(indices == expert)  # each token picks an expert at most once: unique rows
-            contribution = self.expert_forward(expert, x[token]).to(weights.dtype) * weights[token, slot].unsqueeze(-1)
+            contribution = (self.expert_forward(weights_per_expert[expert], x[token]).to(weights.dtype)
+                            * weights[token, slot].unsqueeze(-1))
             output = output.index_add(0, token, contribution)
         return output
 
