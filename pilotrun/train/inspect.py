@@ -16,8 +16,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from pilotrun.errors import ConfigError, DataError
 from pilotrun.train.runlog import read_metrics, read_run_json
 
@@ -68,7 +66,8 @@ def inspect_batch(run_dir: str | Path, step: int, max_chars: int = 400) -> str:
                         f"{run['data']['metadata_sha256'][:12]}: not the data this run read")
     t = run["recipe"]["train"]
     world_size = int(run["sessions"][-1]["hardware"]["world_size"])
-    loader = BatchLoader(dataset.split("train"), int(t["batch_size"]), int(t["seq_len"]), mode=t["data_mode"],
+    split = dataset.split("train")
+    loader = BatchLoader(split, int(t["batch_size"]), int(t["seq_len"]), mode=t["data_mode"],
                          rank=0, world_size=world_size)
     tokenizer = dataset.load_tokenizer()
     lines = [f"run {run.get('run_id')}: update {step} read {len(indices)} microbatch(es) {indices} "
@@ -77,7 +76,7 @@ def inspect_batch(run_dir: str | Path, step: int, max_chars: int = 400) -> str:
     for batch_index in indices:
         for row in loader.describe_batch(batch_index):
             pieces = row["pieces"]
-            tokens = np.concatenate([_read_piece(data_dir, p) for p in pieces]) if pieces else np.zeros(0, np.int64)
+            tokens = split.read(int(row["start"]), int(row["length"]))
             where = ", ".join(f"{_piece(p)[0]}[{_piece(p)[1]}:{_piece(p)[1] + _piece(p)[2]}]" for p in pieces)
             text = tokenizer.decode([int(x) for x in tokens])
             shown = text if len(text) <= max_chars else text[:max_chars] + " [...]"
@@ -92,9 +91,3 @@ def _piece(piece: Any) -> tuple[str, int, int]:
         return str(piece["shard_file"]), int(piece["offset"]), int(piece["length"])
     shard_file, offset, length = piece
     return str(shard_file), int(offset), int(length)
-
-
-def _read_piece(data_dir: Path, piece: Any) -> np.ndarray:
-    shard_file, offset, length = _piece(piece)
-    shard = np.load(data_dir / Path(shard_file).name, mmap_mode="r")
-    return np.asarray(shard[offset:offset + length], dtype=np.int64)

@@ -23,6 +23,7 @@ SIGINT / SIGTERM: the current update is finished, the window is logged, a checkp
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import signal
@@ -105,7 +106,8 @@ class Trainer:
         from pilotrun.optim.muon_adamw import build_optimizer
         from pilotrun.optim.partition import partition_table
         from pilotrun.optim.qk_clip import QKClipCounters
-        from pilotrun.train.checkpoint import Checkpointer, check_resume_compatibility
+        from pilotrun.train.checkpoint import check_resume_compatibility
+        from pilotrun.train.dcp_storage import DistributedCheckpointer, load_training_state
         from pilotrun.train.precision import build_grad_scaler
         from pilotrun.train.rng import restore_rng_state
 
@@ -137,7 +139,9 @@ class Trainer:
         config = self._resolve_vocab(config, self.dataset.vocab_size)
 
         # 3. On resume the checkpoint's recipe is authoritative: a difference is either free, allowed, or refused.
-        self.checkpointer = Checkpointer(self.run_dir, config.train.keep_checkpoints)
+        # torch.save for one process, torch.distributed.checkpoint (collective, per-rank RNG) for several; its
+        # constructor is a barrier, so no rank is still checking the run folder when rank 0 starts writing.
+        self.checkpointer = DistributedCheckpointer(self.run_dir, config.train.keep_checkpoints, self.context)
         self.resumed_from: int | None = None
         allowed_changes: list[dict[str, Any]] = []
         self.notes: list[str] = []
@@ -163,6 +167,8 @@ class Trainer:
         self.hardware["distributed"] = self.context.describe()
         if saved_meta is not None:
             current_meta = self._checkpoint_meta(config, groups_preview, counters=None)
+            saved_meta, world_notes = dist_utils.reconcile_world_size(saved_meta, current_meta, list(allow_changes))
+            self.notes.extend(world_notes)
             report = check_resume_compatibility(saved_meta, current_meta, list(allow_changes))
             allowed_changes = report.allowed_changes
             self.notes.extend(report.warnings)
@@ -180,7 +186,8 @@ class Trainer:
         self.raw_model = model.to(self.device)
         self.optimizer = build_optimizer(self.raw_model, config.optim)
         self.partition = partition_table(self.optimizer.param_groups)
-        self.model = dist_utils.wrap_model(self.raw_model, self.context, config.train.parallelism)
+        self.model = dist_utils.wrap_model(self.raw_model, self.context, config.train.parallelism,
+                                           config.train.precision)
         t = config.train
         self.scaler = build_grad_scaler(t.precision, self.device.type, t.loss_scale_init, t.loss_scale_growth_interval)
         self.train_split = self.dataset.split("train")
@@ -203,9 +210,11 @@ class Trainer:
         self.last_val_loss: float | None = None
 
         if self.resumed_from is not None:
-            state, _meta = self.checkpointer.load(self.resumed_from)
-            self.raw_model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            from pilotrun.train.rng import capture_rng_state
+
+            state, _meta = load_training_state(
+                self.checkpointer, self.resumed_from, self.model, self.raw_model, self.optimizer,
+                {"scaler": self.scaler.state_dict(), "trainer": self.state_dict(), "rng": capture_rng_state()})
             self.scaler.load_state_dict(state["scaler"])
             self.load_state_dict(state["trainer"])
             self.notes.extend(restore_rng_state(state["rng"]))
@@ -284,12 +293,11 @@ class Trainer:
 
     def _data_section(self) -> dict[str, Any]:
         meta = self.dataset.metadata
-        splits = meta.get("splits", {}) if isinstance(meta.get("splits"), dict) else {}
         section: dict[str, Any] = {"dir": str(self.data_dir.resolve()), "metadata_sha256": self.dataset.metadata_sha256}
         for name, split in (("train", self.train_split), ("val", self.val_split)):
-            info = splits.get(name, {}) if isinstance(splits.get(name), dict) else {}
+            # One manifest identifies both splits: its sha256 is each split's identity too.
             section[name] = {"metadata_sha256": self.dataset.metadata_sha256, "tokens": int(split.num_tokens),
-                             "documents": info.get("documents")}
+                             "documents": int(split.documents)}
         section["tokenizer"] = meta.get("tokenizer")
         section["source"] = meta.get("source")
         section["vocab_size"] = self.dataset.vocab_size
@@ -362,16 +370,19 @@ class Trainer:
                 "seconds": time.perf_counter() - started}
 
     def save_checkpoint(self) -> None:
+        from pilotrun.train.dcp_storage import training_state
         from pilotrun.train.rng import capture_rng_state
 
         started = time.perf_counter()
         path = None
         size = 0
+        # Every rank takes part: with several ranks the checkpoint is written collectively (DCP: shards and
+        # each rank's RNG) and committed by rank 0; with one process this is the plain torch.save.
+        state = training_state(self.model, self.raw_model, self.optimizer, self.context)
+        state.update({"scaler": self.scaler.state_dict(), "trainer": self.state_dict(), "rng": capture_rng_state()})
+        meta = self._checkpoint_meta(self.config, self.partition, self.counters())
+        path = self.checkpointer.save(self.step, state, meta)
         if self.is_main:
-            state = {"model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                     "scaler": self.scaler.state_dict(), "trainer": self.state_dict(), "rng": capture_rng_state()}
-            meta = self._checkpoint_meta(self.config, self.partition, self.counters())
-            path = self.checkpointer.save(self.step, state, meta)
             size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
         dist_utils.barrier(self.context)
         self.last_checkpoint_step = self.step
@@ -460,8 +471,10 @@ class Trainer:
                 if outcome.applied:
                     if qk_enabled:
                         clip = apply_qk_clip(raw, qk_max_logit, tau)
-                        self.qk_counters.update(clip)
-                        window.heads_clipped += int(clip.n_heads_clipped)
+                        if clip.n_heads_clipped or clip.skipped_nonfinite_layers:  # rare: only then any work
+                            window.first_clipped += self.qk_counters.update(clip)
+                            window.heads_clipped += int(clip.n_heads_clipped)
+                            window.min_gamma = min(window.min_gamma, float(clip.min_gamma))
                     update_expert_bias(raw, tokens_per_expert, bias_speed)
                     self.step += 1
                     self.consecutive_skips = 0
@@ -495,8 +508,11 @@ class Trainer:
                 at_eval = outcome.applied and t.eval_every > 0 and self.step % t.eval_every == 0
                 close = (outcome.applied and self.step % t.log_every == 0) or stop or too_many_skips or done \
                     or at_checkpoint
+                final = stop or too_many_skips or done
                 if close:
-                    with account.phase("other"):
+                    # The last window leaves the training phase for good, so that the session's training
+                    # seconds equal the sum of its windows' exactly.
+                    with account.phase("other") if not final else _switch_for_good(account, "other"):
                         self._close_window(window, window_clock, raw, moe_diagnostics, attention_diagnostics,
                                            optimizer, bar)
                         window = _Window(device)
@@ -506,7 +522,7 @@ class Trainer:
                         result = self.evaluate()
                     with account.phase("other"):
                         self._log("val", **result)
-                if at_checkpoint or ((stop or too_many_skips or done) and self.last_checkpoint_step != self.step):
+                if at_checkpoint or (final and self.last_checkpoint_step != self.step):
                     with account.phase("checkpoint"):
                         self.save_checkpoint()
                 if stop:
@@ -571,8 +587,10 @@ class Trainer:
             loss_scale=window.loss_scale, epoch=int(self.train_loader.epoch), data_restarts=self.data_restarts,
             throughput=figures, moe=moe,
             qk_clip={"max_logit": attention.get("max_logit"), "max_logit_per_head": attention.get("max_logit_per_head"),
-                     "heads_clipped": window.heads_clipped, "updates_with_clip": self.qk_counters.updates_with_clip,
-                     "cumulative_interventions": self.qk_counters.total_interventions()},
+                     "heads_clipped": window.heads_clipped, "min_gamma": window.min_gamma,
+                     "first_clipped": window.first_clipped, "updates_with_clip": self.qk_counters.updates_with_clip,
+                     "cumulative_interventions": self.qk_counters.total_interventions(),
+                     "nonfinite_layer_skips": self.qk_counters.nonfinite_layer_skips},
             memory=memory_snapshot(self.device),
         )
         if bar is not None:
@@ -580,6 +598,12 @@ class Trainer:
             tps = figures["train_tokens_per_s"]
             bar.set_postfix_str(f"loss={means['loss']:.4f} train_tok/s={tps:,.0f}" if tps else
                                 f"loss={means['loss']:.4f}", refresh=True)
+
+
+@contextlib.contextmanager
+def _switch_for_good(account: TimeAccount, phase: str):
+    account.switch(phase)
+    yield
 
 
 class _Window:
@@ -594,6 +618,8 @@ class _Window:
         self.skipped = 0
         self.clipped = 0
         self.heads_clipped = 0
+        self.min_gamma = 1.0
+        self.first_clipped: list[tuple[int, int]] = []  # (layer, head) pairs clipped for the first time in the run
         self.grad_norm: float | None = None
         self.grad_norm_max = -math.inf
         self.loss_scale = 1.0

@@ -1,0 +1,248 @@
+"""The trainer's honest account: counters, run.json, metrics.jsonl, time split, eval, resume, refusals.
+
+Every run here is the tiny-unit model on the built-in corpus (prepared once per session), pinned to one
+intra-op thread so that repeated runs are bit-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from pilotrun.cli import main
+from pilotrun.config import config_to_dict, load_run_config
+from pilotrun.data.reader import open_dataset
+from pilotrun.errors import CheckpointError, ConfigError
+from pilotrun.optim.schedule import lr_multiplier
+from pilotrun.train.runlog import read_metrics, read_run_json
+from pilotrun.train.trainer import Trainer, describe_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = ROOT / "configs" / "smoke.yaml"
+REQUIRED = ("event", "time", "session_id", "step", "tokens_seen", "updates_attempted", "updates_skipped")
+
+
+def smoke_config(*overrides: str):
+    return load_run_config(SMOKE, ["train.num_threads=1", *overrides])
+
+
+def train(config, data_dir, run_dir, **kwargs):
+    trainer = Trainer(config, data_dir, run_dir, progress=False, **kwargs)
+    return trainer, trainer.run()
+
+
+def strict_lines(run_dir: Path) -> list[dict]:
+    """Every line of metrics.jsonl as strict JSON (a bare NaN/Infinity constant fails the test)."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}")) for line in lines]
+
+
+def test_smoke_run_record_is_complete_and_true(builtin_data_dir, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    config = smoke_config()
+    trainer, result = train(config, builtin_data_dir, run_dir, command=["pilotrun", "train", "test"])
+    out = capsys.readouterr().out
+    assert "tokens_per_update = batch_size * seq_len * gradient_accumulation_steps * world_size = 4 * 32 * 1 * 1 = 128" in out
+    assert "planned tokens = max_steps * tokens_per_update = 6 * 128 = 768" in out
+    assert (result.reason, result.exit_code, result.step, result.tokens_seen) == ("completed", 0, 6, 768)
+
+    run = read_run_json(run_dir)
+    dataset = open_dataset(builtin_data_dir)
+    assert run["tokens_per_update"] == 128
+    assert run["recipe"] == config_to_dict(trainer.config)
+    assert run["recipe"]["model"]["vocab_size"] == dataset.vocab_size  # 0 in the recipe: resolved from the data
+    assert run["data"]["train"]["metadata_sha256"] == run["data"]["val"]["metadata_sha256"] == dataset.metadata_sha256
+    assert run["data"]["train"]["tokens"] == dataset.split("train").num_tokens
+    assert run["data"]["val"]["documents"] == dataset.split("val").documents
+    model_params = sum(p.numel() for p in trainer.raw_model.parameters())
+    assert run["model"]["parameters"] == model_params
+    assert 0 < run["model"]["active_parameters"] < model_params and run["model"]["flops_per_token"] > 0
+    groups = run["optimizer"]["groups"]
+    assert sum(g["count"] for g in groups) == model_params
+    assert {g["optimizer"] for g in groups} == {"muon", "adamw"}
+    (session,) = run["sessions"]
+    assert session["start_step"] == 0 and session["start_tokens_seen"] == 0 and session["resumed_from"] is None
+    assert session["command"] == ["pilotrun", "train", "test"]
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:  # the recorded commit is this checkout's HEAD or (others commit meanwhile) an ancestor
+        ancestor = subprocess.run(["git", "-C", str(ROOT), "merge-base", "--is-ancestor", session["git"]["commit"],
+                                   "HEAD"], capture_output=True)
+        assert ancestor.returncode == 0
+        assert isinstance(session["git"]["dirty"], bool) and len(session["git"]["diff_sha256"]) == 64
+    assert session["hardware"]["world_size"] == 1 and session["hardware"]["device"] == "cpu"
+    assert session["software"]["torch"] == torch.__version__
+
+    events = strict_lines(run_dir)
+    for event in events:
+        assert all(key in event for key in REQUIRED), event
+        assert event["session_id"] == session["session_id"]
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "session_start" and kinds[-1] == "session_end"
+    assert kinds.count("train") == 6  # log_every 1: one per update
+    assert kinds.count("val") == 2 and kinds.count("checkpoint") == 2  # steps 3 and 6
+    trains = [e for e in events if e["event"] == "train"]
+    for number, event in enumerate(trains, start=1):
+        window = event["window"]
+        assert event["step"] == number and event["tokens_seen"] == 128 * number
+        assert window["updates_applied"] == window["updates_attempted"] == 1 and window["tokens"] == 128
+        assert window["microbatches"] == 1 and 0 < window["train_seconds"] <= window["wall_seconds"]
+        assert isinstance(event["loss"], float) and math.isfinite(event["loss"])
+        assert event["lr"] == pytest.approx(3e-3 * lr_multiplier(number - 1, trainer.config.optim.schedule))
+        assert event["throughput"]["mfu"] == "unknown" and event["throughput"]["achieved_flops_per_s"] > 0
+        assert len(event["moe"]["tokens_per_expert"]) == 1  # one MoE layer
+        assert sum(event["moe"]["tokens_per_expert"][0]) == 128 * 2  # every token routed to top_k = 2 experts
+        assert len(event["qk_clip"]["max_logit"]) == 2 and event["memory"]["peak_rss_mb"] > 0
+    end = events[-1]
+    assert end["reason"] == "completed" and end["step"] == 6
+    split = end["time_split"]
+    parts = split["train_seconds"] + split["eval_seconds"] + split["checkpoint_seconds"] + split["other_seconds"]
+    assert parts == pytest.approx(split["wall_seconds"], rel=1e-9)
+    assert split["train_seconds"] == pytest.approx(sum(e["window"]["train_seconds"] for e in trains), rel=1e-9)
+    checkpoint = [e for e in events if e["event"] == "checkpoint"][-1]
+    assert checkpoint["step"] == 6 and Path(checkpoint["path"]).is_dir() and checkpoint["bytes"] > 0
+
+
+def test_fp16_overflow_skips_count_apart_from_applied_updates(builtin_data_dir, tmp_path):
+    # A loss scale of 2**24 overflows fp16 gradients until the scaler has backed off far enough: real skips.
+    config = smoke_config("train.precision=fp16", "train.loss_scale_init=16777216", "train.max_steps=4",
+                          "train.gradient_accumulation_steps=2", "train.log_every=2", "train.eval_every=0")
+    trainer, result = train(config, builtin_data_dir, tmp_path / "run")
+    events = strict_lines(tmp_path / "run")
+    overflows = [e for e in events if e["event"] == "overflow"]
+    assert result.step == 4 and result.updates_skipped == len(overflows) >= 1
+    assert result.updates_attempted == result.step + result.updates_skipped
+    assert result.tokens_seen == result.updates_attempted * 2 * 4 * 32  # every microbatch counts, applied or not
+    for index, event in enumerate(overflows, start=1):
+        assert event["reason"] == "overflow" and event["updates_skipped"] == index
+        assert event["loss_scale_after"] == event["loss_scale_before"] / 2
+    assert all(e["step"] == 0 for e in overflows)  # the skips came first, and none of them moved `step`
+    trains = [e for e in events if e["event"] == "train"]
+    assert sum(e["window"]["updates_skipped"] for e in trains) == len(overflows)
+    assert sum(e["window"]["updates_applied"] for e in trains) == 4
+    assert sum(e["window"]["tokens"] for e in trains) == result.tokens_seen
+    # The schedule followed applied updates only: the first window's LR is that of step 1, not of attempt k.
+    assert trains[0]["lr"] == pytest.approx(3e-3 * lr_multiplier(1, config.optim.schedule))
+    assert trains[0]["loss_scale"] < 16777216
+
+
+def test_exhausted_training_split_restarts_and_is_logged(tmp_path):
+    from pilotrun.data.prepare import prepare_corpus
+
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text("\n\n".join(f"Document number {i} says something short about item {i * 7}." for i in range(60)))
+    data_dir = tmp_path / "data"
+    prepare_corpus(data_dir, source=str(corpus), tokenizer="bpe:300", val_fraction=0.3, progress=False)
+    train_tokens = open_dataset(data_dir).split("train").num_tokens
+    batches_per_epoch = ((train_tokens - 1) // 32) // 4
+    steps = batches_per_epoch + 2
+    config = smoke_config(f"train.max_steps={steps}", "train.eval_every=0", "train.checkpoint_every=0")
+    _, result = train(config, data_dir, tmp_path / "run")
+    events = strict_lines(tmp_path / "run")
+    restarts = [e for e in events if e["event"] == "data_restart"]
+    assert len(restarts) == 1 and restarts[0]["epoch"] == 1 and restarts[0]["data_restarts"] == 1
+    assert restarts[0]["updates_attempted"] == batches_per_epoch + 1  # the first batch of the second pass
+    trains = [e for e in events if e["event"] == "train"]
+    assert trains[-1]["data_restarts"] == 1 and trains[-1]["epoch"] == 1
+    assert trains[batches_per_epoch - 1]["data_restarts"] == 0 and result.step == steps
+
+
+def test_interrupted_and_resumed_run_repeats_the_same_losses(builtin_data_dir, tmp_path):
+    config = smoke_config("train.max_steps=8", "train.eval_every=4")
+    train(config, builtin_data_dir, tmp_path / "straight")
+    train(smoke_config("train.max_steps=5", "train.eval_every=4"), builtin_data_dir, tmp_path / "split")
+    with pytest.raises(ConfigError, match="already exists; pass --resume"):
+        Trainer(config, builtin_data_dir, tmp_path / "split", progress=False)
+    trainer, result = train(config, builtin_data_dir, tmp_path / "split", resume=True, from_step=3)
+    assert trainer.resumed_from == 3 and result.step == 8
+
+    def losses(run_dir, event):
+        return {e["step"]: e["loss"] for e in read_metrics(run_dir) if e["event"] == event}
+
+    straight, split = losses(tmp_path / "straight", "train"), losses(tmp_path / "split", "train")
+    assert straight == split and len(straight) == 8  # exact float equality, step by step
+    assert losses(tmp_path / "straight", "val") == losses(tmp_path / "split", "val")
+    run = read_run_json(tmp_path / "split")
+    assert [s["resumed_from"] for s in run["sessions"]] == [None, 3]
+    assert run["sessions"][1]["start_step"] == 3 and run["sessions"][1]["start_tokens_seen"] == 384
+    start = [e for e in read_metrics(tmp_path / "split") if e["event"] == "session_start"][1]
+    assert (start["step"], start["tokens_seen"], start["resumed_from"]) == (3, 384, 3)
+    a = torch.load(tmp_path / "straight" / "checkpoints" / "step-00000008" / "model.pt", weights_only=True)
+    b = torch.load(tmp_path / "split" / "checkpoints" / "step-00000008" / "model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_records_the_restored_recipe_and_allowed_changes(builtin_data_dir, tmp_path):
+    train(smoke_config("train.max_steps=3"), builtin_data_dir, tmp_path / "run")
+    with pytest.raises(CheckpointError, match="optim.muon.lr"):
+        Trainer(smoke_config("train.max_steps=5", "optim.muon.lr=0.01"), builtin_data_dir, tmp_path / "run",
+                resume=True, progress=False)
+    trainer, result = train(smoke_config("train.max_steps=5", "optim.muon.lr=0.01"), builtin_data_dir,
+                            tmp_path / "run", resume=True, allow_changes=["optim.muon.lr"])
+    run = read_run_json(tmp_path / "run")
+    assert run["recipe"]["optim"]["muon"]["lr"] == 0.01 and run["recipe"]["train"]["max_steps"] == 5
+    (change,) = run["allowed_changes"]
+    assert change["key"] == "optim.muon.lr" and change["old"] == 3e-3 and change["new"] == 0.01
+    assert change["session_id"] == run["sessions"][1]["session_id"] and result.step == 5
+
+
+def test_resume_needs_a_record_and_a_checkpoint(builtin_data_dir, tmp_path):
+    with pytest.raises(CheckpointError, match="nothing to resume"):
+        Trainer(smoke_config(), builtin_data_dir, tmp_path / "missing", resume=True, progress=False)
+    with pytest.raises(ConfigError, match="--from-step needs --resume"):
+        Trainer(smoke_config(), builtin_data_dir, tmp_path / "new", from_step=3, progress=False)
+    assert not (tmp_path / "new").exists()  # refused before anything was written
+
+
+def test_evaluation_moves_no_counter_or_tracker(builtin_data_dir, tmp_path):
+    from pilotrun.model.diagnostics import collect_step_statistics
+
+    trainer = Trainer(smoke_config(), builtin_data_dir, tmp_path / "run", progress=False)
+    before = [t.clone() for t in collect_step_statistics(trainer.raw_model)]
+    state = trainer.state_dict()
+    first = trainer.evaluate()
+    second = trainer.evaluate()
+    after = collect_step_statistics(trainer.raw_model)
+    assert all(torch.equal(x, y) for x, y in zip(before, after))
+    assert trainer.state_dict() == state and trainer.raw_model.training
+    assert first["loss"] == second["loss"]  # the same batches from the start of val, every time
+    assert first["batches"] == 2 and first["tokens"] == 2 * 128
+    trainer.metrics.close()
+
+
+def test_plan_lines_count_world_size():
+    config = smoke_config("train.gradient_accumulation_steps=3", "train.max_steps=10")
+    lines = describe_plan(config, world_size=8, start_step=4)
+    assert lines[0].endswith("4 * 32 * 3 * 8 = 3,072")
+    assert lines[1].endswith("10 * 3,072 = 30,720")
+    assert "6 updates (18,432 tokens) remain" in lines[2]
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("train.nonsense=1", "train.nonsense"),
+    ("train.seq_len=9000", "exceeds model.max_seq_len"),
+    ("train.precision=fp8", "train.precision"),
+    ("model.top_k=9", "model.top_k"),
+])
+def test_bad_config_is_one_line_and_exit_2(builtin_data_dir, tmp_path, capsys, override, fragment):
+    code = main(["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--run-dir", str(tmp_path / "r"),
+                 "--set", override])
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err
+    assert err.startswith("pilotrun: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_existing_run_dir_and_missing_data_are_exit_2(builtin_data_dir, tmp_path, capsys):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "something").write_text("keep me")
+    code = main(["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--run-dir", str(run_dir)])
+    assert code == 2 and "--resume" in capsys.readouterr().err
+    assert (run_dir / "something").read_text() == "keep me"
+    code = main(["train", "--config", str(SMOKE), "--data", str(tmp_path / "nodata"), "--run-dir", str(tmp_path / "s")])
+    assert code == 2 and "nodata" in capsys.readouterr().err
