@@ -34,7 +34,13 @@ from torch import nn
 from pilotrun.errors import CheckpointError
 from pilotrun.train import checkpoint as checkpoint_policy
 from pilotrun.train.checkpoint import Checkpointer, TorchSaveStorage, fsync_directory, sha256_of_file
-from pilotrun.train.distributed import SINGLE_PROCESS, DistributedContext, barrier, broadcast_object
+from pilotrun.train.distributed import (
+    SINGLE_PROCESS,
+    DistributedContext,
+    barrier,
+    broadcast_object,
+    is_fully_sharded,
+)
 
 PER_RANK_SEPARATOR = "__rank"
 METADATA_FILE = ".metadata"
@@ -227,6 +233,13 @@ class DistributedCheckpointer(Checkpointer):
             raise CheckpointError(outcome[1])
         return next(c for c in self.committed() if c.step == step)
 
+    def storage_name(self, step: int) -> str:
+        """Which storage wrote the committed checkpoint at `step` (its marker says)."""
+        for checkpoint in self.committed():
+            if checkpoint.step == step:
+                return str(checkpoint.marker.get("storage", TorchSaveStorage.name))
+        raise CheckpointError(f"no committed checkpoint at step {step} in {self.root}")
+
     def load(self, step: int | None = None, template: dict[str, Any] | None = None
              ) -> tuple[dict[str, Any], dict[str, Any]]:
         # Rank 0 chooses the step, so that ranks never load different checkpoints from a folder that
@@ -259,3 +272,34 @@ def load_model_and_optimizer_state(model: nn.Module, optimizer: torch.optim.Opti
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
+
+
+def training_state(model: nn.Module, raw_model: nn.Module, optimizer: torch.optim.Optimizer,
+                   context: DistributedContext) -> dict[str, Any]:
+    """The model and optimizer entries of a checkpoint: plain state dicts for one process (the torch.save
+    format), name-keyed DCP state dicts (DTensor shards under FSDP2) for several."""
+    if context.is_distributed:
+        model_state, optimizer_state = model_and_optimizer_state(model, optimizer)
+        return {"model": model_state, "optimizer": optimizer_state}
+    return {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict()}
+
+
+def load_training_state(checkpointer: DistributedCheckpointer, step: int, model: nn.Module, raw_model: nn.Module,
+                        optimizer: torch.optim.Optimizer, other_templates: dict[str, Any]
+                        ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Read the checkpoint at `step` in the format its storage wrote, put the model and optimizer state in
+    place, and return (state, meta) for the rest (trainer counters, scaler, RNG). `other_templates` gives
+    the structure of those other entries (DCP loads into a template)."""
+    if checkpointer.storage_name(step) == DCPStorage.name:
+        model_template, optimizer_template = model_and_optimizer_state(model, optimizer)
+        template = {"model": model_template, "optimizer": optimizer_template, **other_templates}
+        state, meta = checkpointer.load(step, template)
+        load_model_and_optimizer_state(model, optimizer, state["model"], state["optimizer"])
+        return state, meta
+    if is_fully_sharded(model):
+        raise CheckpointError(f"checkpoint step {step} was written by one process (torch.save); it cannot be "
+                              "loaded into an FSDP2-sharded model: resume it with train.parallelism=ddp")
+    state, meta = checkpointer.load(step)
+    raw_model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state, meta
