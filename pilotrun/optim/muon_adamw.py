@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from pilotrun.config import OptimConfig
 
@@ -137,8 +138,15 @@ class MuonAdamW(torch.optim.Optimizer):
             buffer.mul_(momentum).add_(grad)
             # Never modify p.grad in place (spec 2.2.1: unlike KJ-muon's lerp_ on the gradient).
             direction = grad.add(buffer, alpha=momentum) if group["nesterov"] else buffer
-            orthogonal = newton_schulz_orthogonalize(direction, group["ns_steps"],
-                                                     resolve_ns_dtype(group["ns_dtype"], p.device))
+            ns_dtype = resolve_ns_dtype(group["ns_dtype"], p.device)
+            if isinstance(direction, DTensor):
+                # FSDP2 shards each matrix by rows; NS needs the whole matrix. Every rank gathers it, runs the
+                # same NS on the same values, and keeps its own rows (src_data_rank=None: no scatter needed).
+                orthogonal = distribute_tensor(
+                    newton_schulz_orthogonalize(direction.full_tensor(), group["ns_steps"], ns_dtype),
+                    direction.device_mesh, direction.placements, src_data_rank=None)
+            else:
+                orthogonal = newton_schulz_orthogonalize(direction, group["ns_steps"], ns_dtype)
             scale = muon_update_scale(p.size(-2), p.size(-1), group["scale_mode"])
             if weight_decay != 0:
                 p.mul_(1 - lr * weight_decay)  # decoupled decay with the unadjusted lr (ML-code)

@@ -38,6 +38,21 @@ GROUP_ORDER = ("attention", "dense_ffn", "shared_experts", "routed_experts", "ro
                "embedding", "head", "norms", "router", "other_vectors")
 
 
+# Prefixes that wrappers put in front of the model's own names: DDP ("module.") and torch.compile
+# ("_orig_mod."). The partition and its table use the model's own names either way.
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def canonical_name(name: str) -> str:
+    stripped = True
+    while stripped:
+        stripped = False
+        for prefix in WRAPPER_PREFIXES:
+            if name.startswith(prefix):
+                name, stripped = name[len(prefix):], True
+    return name
+
+
 def classify_parameter(name: str, param: torch.Tensor, router_optimizer: str) -> str:
     """The group name for one parameter; raises ValueError for a matrix no rule covers."""
     if EMBEDDING_RULE.search(name):
@@ -68,6 +83,7 @@ def partition_parameters(model: torch.nn.Module, optim_cfg: OptimConfig) -> list
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
+        name = canonical_name(name)
         group = classify_parameter(name, param, optim_cfg.router_optimizer)
         members.setdefault(group, []).append((name, param))
 

@@ -16,7 +16,8 @@ gamma = tau / max(S, tau) is 1 for small or negative S, so a negative max logit 
 factor and a NaN square root (the Megatron-LM PR #7517 bug). A layer whose measurement contains NaN or +inf is
 skipped and reported, never clipped with gamma 0 or NaN; a -inf entry means "no logit measured" and is left
 alone. Rows are head-major in both projections (the model views q as [.., H, d_qk] and wkv_b's output as
-[.., H, d_n + d_v]), so `weight.view(H, rows_per_head, in)[h]` is exactly head h.
+[.., H, d_n + d_v]), so row h * rows_per_head + i belongs to head h; the clip multiplies each weight by one
+per-row factor column (1.0 for rows left alone).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from pilotrun.errors import CheckpointError
 
@@ -44,6 +46,16 @@ class QKClipResult:
 
 def _query_projection(attn: torch.nn.Module) -> torch.nn.Linear:
     return attn.wq_b if attn.q_lora_rank > 0 else attn.wq
+
+
+def _scale_rows(weight: torch.Tensor, row_scale: torch.Tensor) -> None:
+    """weight[r, :] *= row_scale[r] in place. Rows with factor 1.0 keep their exact bits (x * 1 == x). Under
+    FSDP2 the weight is a DTensor sharded by rows: the factor column is sharded the same way, from the
+    identical full column every rank holds (src_data_rank=None), so each rank scales its own rows."""
+    factor = row_scale.to(device=weight.device, dtype=weight.dtype)[:, None]
+    if isinstance(weight, DTensor):
+        factor = distribute_tensor(factor, weight.device_mesh, weight.placements, src_data_rank=None)
+    weight.mul_(factor)
 
 
 @torch.no_grad()
@@ -75,18 +87,18 @@ def apply_qk_clip(model: torch.nn.Module, qk_max_logit: torch.Tensor, tau: float
         if not heads:
             continue
         n_heads, d_n, d_r = attn.n_heads, attn.qk_nope_head_dim, attn.qk_rope_head_dim
-        query_weight = _query_projection(attn).weight
-        key_value_weight = attn.wkv_b.weight
-        query_heads = query_weight.view(n_heads, d_n + d_r, query_weight.size(-1))
-        key_value_heads = key_value_weight.view(n_heads, d_n + attn.v_head_dim, key_value_weight.size(-1))
+        query_scale = torch.ones(n_heads, d_n + d_r)
+        key_value_scale = torch.ones(n_heads, d_n + attn.v_head_dim)
         for head in heads:
             g = float(layer_gamma[head])
             root = math.sqrt(g)
-            query_heads[head, :d_n].mul_(root)   # q^C: sqrt(gamma)
-            query_heads[head, d_n:].mul_(g)      # q^R: gamma (the shared k^R is not touched)
-            key_value_heads[head, :d_n].mul_(root)  # k^C: sqrt(gamma); value rows untouched
+            query_scale[head, :d_n] = root     # q^C: sqrt(gamma)
+            query_scale[head, d_n:] = g        # q^R: gamma (the shared k^R in wkv_a is not touched)
+            key_value_scale[head, :d_n] = root  # k^C: sqrt(gamma); value rows keep 1
             clipped[layer_index, head] = True
             gamma[layer_index, head] = g
+        _scale_rows(_query_projection(attn).weight, query_scale.flatten())
+        _scale_rows(attn.wkv_b.weight, key_value_scale.flatten())
     n_clipped = int(clipped.sum())
     return QKClipResult(clipped=clipped, gamma=gamma, n_heads_clipped=n_clipped,
                         min_gamma=float(gamma.min()) if n_clipped else 1.0, skipped_nonfinite_layers=skipped)

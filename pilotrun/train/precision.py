@@ -20,7 +20,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch.nn.utils import clip_grads_with_norm_, get_total_norm
+from torch.distributed.tensor import DTensor
+from torch.nn.utils import get_total_norm
 
 from pilotrun.config import PRECISIONS
 from pilotrun.errors import ConfigError
@@ -90,13 +91,14 @@ def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scale
     scale_before = _current_scale(scaler)
     if scaler.is_enabled():
         scaler.unscale_(optimizer)
-    params_with_grad = [p for p in model.parameters() if p.grad is not None]
-    grads = [p.grad for p in params_with_grad]
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
     if grads:
         total_norm = get_total_norm(grads, norm_type=2.0, error_if_nonfinite=False)
+        if isinstance(total_norm, DTensor):  # FSDP2: per-shard partial norms, reduced across ranks here
+            total_norm = total_norm.full_tensor()
         grad_norm = float(total_norm)
     else:
-        total_norm, grad_norm = None, 0.0
+        grad_norm = 0.0
 
     applied = math.isfinite(grad_norm)
     clipped = False
@@ -104,7 +106,11 @@ def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scale
         # Clip only when the norm really exceeds the limit, so `clipped` says exactly whether the gradients
         # were scaled (torch's clip_grad_norm_ would also shave norms within 1e-6 below the limit).
         if grad_clip > 0 and grad_norm > grad_clip:
-            clip_grads_with_norm_(params_with_grad, grad_clip, total_norm)  # takes parameters, not grads
+            # torch's clip_grad_norm_ coefficient (1e-6 guards a zero norm); one Python float, so the same
+            # code scales plain tensors and FSDP2's DTensor shards alike.
+            coefficient = grad_clip / (grad_norm + 1e-6)
+            for grad in grads:
+                grad.mul_(coefficient)
             clipped = True
         if scaler.is_enabled():
             # The scaler found no inf/NaN (the norm is finite), so this steps; its own check stays in charge.

@@ -101,3 +101,11 @@ def test_an_unknown_matrix_is_an_error_and_vectors_fall_to_adamw():
     assert classify_parameter("layers.0.attn.wo.bias", torch.zeros(4), "adamw") == "other_vectors"
     with pytest.raises(ValueError, match="is not 3-D"):
         classify_parameter("layers.1.ffn.experts.w1", torch.zeros(4, 4), "adamw")
+
+
+def test_wrapper_prefixes_are_stripped():
+    model = _model()
+    wrapped = torch.nn.Module()
+    wrapped.module = model  # what DDP's named_parameters look like: "module.embed.weight", ...
+    plain = partition_table(partition_parameters(model, OptimConfig()))
+    assert partition_table(partition_parameters(wrapped, OptimConfig())) == plain
