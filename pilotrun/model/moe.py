@@ -21,6 +21,13 @@ from torch import nn
 from pilotrun.model.balancing import balance_loss_terms, default_route_scale, router_z_loss, uses_expert_bias
 
 
+def count_per_expert(indices: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """How many (token, slot) pairs chose each expert, int64 [E]. A scatter_add into a fixed-size vector rather
+    than `bincount`, whose output length depends on the data and breaks torch.compile graphs."""
+    flat = indices.reshape(-1)
+    return torch.zeros(n_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+
+
 class SwiGLU(nn.Module):
     """FFN(x) = W2 (silu(W1 x) * W3 x): the dense FFN of the first layers, and the shared experts."""
 
@@ -116,7 +123,7 @@ class GroupedExperts(nn.Module):
         flat_experts = indices.reshape(-1)
         order = torch.argsort(flat_experts, stable=True)  # fixed accumulation order -> deterministic
         token_of_slot = order // top_k
-        counts = torch.bincount(flat_experts, minlength=self.n_experts).tolist()  # the one host sync
+        counts = count_per_expert(flat_experts, self.n_experts).tolist()  # the one host sync per layer
         gathered = x.index_select(0, token_of_slot)  # backward: one index_add (cheaper than indexing's)
         weights_per_expert = self.expert_weights()
         outputs = [self.expert_forward(weights_per_expert[expert], segment)
@@ -129,7 +136,7 @@ class GroupedExperts(nn.Module):
 
     def forward_loop(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         output = torch.zeros(x.shape[0], x.shape[-1], device=x.device, dtype=weights.dtype)
-        counts = torch.bincount(indices.reshape(-1), minlength=self.n_experts).tolist()
+        counts = count_per_expert(indices, self.n_experts).tolist()
         weights_per_expert = self.expert_weights()
         for expert in range(self.n_experts):
             if counts[expert] == 0:
@@ -225,7 +232,7 @@ class MoE(nn.Module):
     @torch.no_grad()
     def record_statistics(self, scores: torch.Tensor, indices: torch.Tensor) -> None:
         """Counts from the actual (biased) selection and the router entropy sum, training forwards only."""
-        self.tokens_per_expert.add_(torch.bincount(indices.reshape(-1), minlength=self.n_routed_experts).float())
+        self.tokens_per_expert.add_(count_per_expert(indices, self.n_routed_experts).float())
         scores = scores.detach()
         probabilities = scores / scores.sum(dim=-1, keepdim=True) if self.score_func == "sigmoid" else scores
         entropy = -(probabilities * torch.log(probabilities.clamp_min(1e-30))).sum(dim=-1)

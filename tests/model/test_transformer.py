@@ -151,19 +151,54 @@ def test_loss_is_cross_entropy_plus_aux_and_aux_follows_the_mode():
     assert no_targets.loss is None and no_targets.ce_loss is None
 
 
-def test_bf16_autocast_runs_and_stays_close_to_fp32_at_init():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_runs_and_stays_close_to_fp32_at_init(dtype):
     torch.manual_seed(0)
     model = build_model(TINY)
     inputs, targets = batch()
     fp32_loss = model(inputs, targets).ce_loss.item()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    captured = {}
+    router = model.layers[1].ffn.gate
+    handle = router.register_forward_hook(lambda module, args, output: captured.setdefault("router", output))
+    with torch.autocast("cpu", dtype=dtype):
         output = model(inputs, targets)
+    handle.remove()
     output.loss.backward()
+    assert output.logits.dtype == dtype  # the matmuls ran in the autocast dtype
+    assert output.ce_loss.dtype == torch.float32 and output.aux_loss.dtype == torch.float32
+    assert all(t.dtype == torch.float32 for t in captured["router"][1:])  # gate weights, scores, logits
     assert abs(output.ce_loss.item() - fp32_loss) < 2e-2
-    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all()
+               for p in model.parameters())
+    assert model.layers[0].attn.qk_max_logit.dtype == torch.float32
 
 
 def test_sequence_longer_than_the_rope_table_is_refused():
     model = build_model(tiny(max_seq_len=16))
     with pytest.raises(ValueError, match="max_seq_len"):
         model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_torch_compile_traces_the_model_and_matches_eager_bit_for_bit():
+    # backend="eager" runs Dynamo's tracing (graph capture, guards, graph breaks) without code generation, so
+    # the test checks that the model is compilable and that compiled training forwards still count, in seconds
+    # rather than the minutes inductor's C++ build takes on 2 cores.
+    import torch._dynamo
+
+    inputs, targets = batch(b=2, t=16)
+    torch.manual_seed(0)
+    eager_model = build_model(TINY)
+    torch.manual_seed(0)
+    compiled_model = build_model(TINY)
+    torch._dynamo.reset()
+    compiled = torch.compile(compiled_model, backend="eager")
+    eager_output = eager_model(inputs, targets)
+    compiled_output = compiled(inputs, targets)
+    eager_output.loss.backward()
+    compiled_output.loss.backward()
+    assert torch.equal(eager_output.logits, compiled_output.logits)
+    for (name, p), (_, q) in zip(eager_model.named_parameters(), compiled_model.named_parameters()):
+        assert torch.equal(p.grad, q.grad), name
+    assert torch.equal(eager_model.layers[1].ffn.tokens_per_expert, compiled_model.layers[1].ffn.tokens_per_expert)
+    assert torch.equal(eager_model.layers[0].attn.qk_max_logit, compiled_model.layers[0].attn.qk_max_logit)
+    torch._dynamo.reset()
