@@ -121,17 +121,19 @@ def test_muon_step_reproduces_the_formula(nesterov):
     assert torch.equal(param.grad, grads[-1])
 
 
-def test_muon_first_step_exact_bits():
+@pytest.mark.parametrize("scale_mode, scale", [("moonlight", 0.2 * math.sqrt(32)), ("keller", math.sqrt(32 / 16))])
+def test_muon_first_step_exact_bits(scale_mode, scale):
     # One step from zero momentum: U = G(1 + mu) (nesterov) and the update is computed with exactly these ops.
     generator = torch.Generator().manual_seed(5)
     w0, g = torch.randn(32, 16, generator=generator), torch.randn(32, 16, generator=generator)
     param = torch.nn.Parameter(w0.clone())
-    opt = MuonAdamW([{"params": [param], "use_muon": True, "lr": 0.01, "weight_decay": 0.1}])
+    opt = MuonAdamW([{"params": [param], "use_muon": True, "lr": 0.01, "weight_decay": 0.1,
+                      "scale_mode": scale_mode}])
     param.grad = g.clone()
     opt.step()
     buffer = torch.zeros_like(g).mul_(0.95).add_(g)
     o = newton_schulz_orthogonalize(g.add(buffer, alpha=0.95))
-    expected = w0.clone().mul_(1 - 0.01 * 0.1).add_(o, alpha=-0.01 * 0.2 * math.sqrt(32))
+    expected = w0.clone().mul_(1 - 0.01 * 0.1).add_(o, alpha=-0.01 * scale)
     assert torch.equal(param.detach(), expected)
     assert torch.equal(opt.state[param]["momentum_buffer"], g)
 
