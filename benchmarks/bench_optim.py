@@ -28,6 +28,7 @@ from pilotrun.optim.muon_adamw import MuonAdamW, build_optimizer
 
 VOCAB = 4096
 BATCH, SEQ = 8, 64
+LONG_SEQ = 512
 REPEATS = 10
 WARMUP = 2
 # Target: Newton-Schulz is nothing but matmuls, so an implementation without waste should run it at a FLOP rate
@@ -99,6 +100,17 @@ def _measure() -> str:
 
     fwd_bwd_seconds = _median_seconds(forward_backward, repeats=5)
 
+    # The same model on 8x longer rows: the step's cost is fixed, forward+backward grows with the tokens.
+    long_tokens = torch.randint(0, VOCAB, (BATCH, LONG_SEQ + 1), generator=torch.Generator().manual_seed(1))
+
+    def forward_backward_long():
+        model.zero_grad(set_to_none=False)
+        model(long_tokens[:, :-1], long_tokens[:, 1:]).loss.backward()
+
+    fwd_bwd_long_seconds = _median_seconds(forward_backward_long, repeats=3)
+    model.zero_grad(set_to_none=False)
+    forward_backward()  # the optimizers below step with the 8x64 batch's gradients
+
     muon_adamw = build_optimizer(model, OptimConfig())
     muon_seconds = _median_seconds(muon_adamw.step)
 
@@ -162,8 +174,14 @@ def _measure() -> str:
         f" {torch_adamw_foreach_seconds / torch_adamw_seconds:.2f}x |",
         f"| AdamW-only, pilotrun MuonAdamW with one AdamW group | {ours_adamw_only_seconds * ms:.1f} |"
         f" {ours_adamw_only_seconds / torch_adamw_seconds:.2f}x |",
-        f"| forward + backward of the same batch (for scale) | {fwd_bwd_seconds * ms:.1f} |"
+        f"| forward + backward of the same {BATCH}x{SEQ} batch (for scale) | {fwd_bwd_seconds * ms:.1f} |"
         f" {fwd_bwd_seconds / torch_adamw_seconds:.2f}x |",
+        f"| forward + backward of a {BATCH}x{LONG_SEQ} batch | {fwd_bwd_long_seconds * ms:.1f} |"
+        f" {fwd_bwd_long_seconds / torch_adamw_seconds:.2f}x |",
+        "",
+        f"Muon + AdamW step / forward+backward: {muon_seconds / fwd_bwd_seconds:.2f} at {BATCH * SEQ} tokens per"
+        f" update, {muon_seconds / fwd_bwd_long_seconds:.2f} at {BATCH * LONG_SEQ} tokens (the step does not depend"
+        " on the tokens; this is a single-microbatch update, without gradient accumulation).",
         "",
         f"FLOP model: Newton-Schulz does {ns_flops / 1e9:.2f} GFLOP per step, forward+backward of the Muon"
         f" matrices about {muon_fwd_bwd_flops / 1e9:.2f} GFLOP at {BATCH * SEQ} tokens (ratio"
