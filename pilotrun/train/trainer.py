@@ -184,10 +184,12 @@ class Trainer:
             config = effective
         self.config = config
         self.raw_model = model.to(self.device)
-        self.optimizer = build_optimizer(self.raw_model, config.optim)
-        self.partition = partition_table(self.optimizer.param_groups)
+        # Wrap before building the optimizer: FSDP2's fully_shard replaces every parameter with a sharded
+        # DTensor parameter, and an optimizer built earlier would hold the old, gradient-less tensors.
         self.model = dist_utils.wrap_model(self.raw_model, self.context, config.train.parallelism,
                                            config.train.precision)
+        self.optimizer = build_optimizer(self.raw_model, config.optim)
+        self.partition = partition_table(self.optimizer.param_groups)
         t = config.train
         self.scaler = build_grad_scaler(t.precision, self.device.type, t.loss_scale_init, t.loss_scale_growth_interval)
         self.train_split = self.dataset.split("train")
