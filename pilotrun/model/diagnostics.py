@@ -12,6 +12,9 @@ import math
 
 import torch
 
+from pilotrun.model.balancing import uses_expert_bias
+from pilotrun.model.moe import ROUTER_STATISTICS
+
 
 def collect_step_statistics(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens_per_expert [L_moe, E], qk_max_logit [L_attn, H]) as fp32 copies, on the model's device."""
@@ -31,10 +34,8 @@ def reset_step_statistics(model: torch.nn.Module) -> None:
     """Zero the expert counters and router sums, and set every max-logit tracker back to -inf."""
     for moe in model.moe_layers():
         moe.tokens_per_expert.zero_()
-        moe.router_entropy_sum.zero_()
-        moe.routed_token_count.zero_()
-        moe.balance_term_sum.zero_()
-        moe.balance_term_count.zero_()
+        moe.router_statistics.zero_()
+        moe.router_logit_absmax.zero_()
     for attn in model.attention_layers():
         attn.qk_max_logit.fill_(float("-inf"))
 
@@ -68,22 +69,35 @@ def _finite_or_none(value: float) -> float | None:
 def moe_diagnostics(model: torch.nn.Module, tokens_per_expert: torch.Tensor) -> dict:
     """JSON-ready router/balance figures for one step (tokens_per_expert: the step's global [L_moe, E] counts).
 
-    Router entropy and the balance term come from this rank's own forwards (they are means, not reduced);
-    everything else from the given counts and the current bias. Keys: tokens_per_expert, imbalance,
-    max_imbalance, maxvio, dead_experts (total), dead_experts_per_layer, load_entropy, router_entropy,
-    balance_term, bias_abs_max, bias_min, bias_max, bias_std.
+    Load figures come from the given counts and the bias from the model; the router figures are means over
+    this rank's own training forwards since the last reset (not all-reduced). Per-layer lists:
+    tokens_per_expert, imbalance (max/mean), maxvio, dead_experts_per_layer, load_entropy (1 = balanced),
+    router_entropy (mean normalized entropy of s', 1 = uniform), balance_term (sum f P, = L_seq / alpha),
+    score_spread (mean over tokens of std over experts of s), speed_to_spread (bias_update_speed /
+    score_spread, ~<= 0.1 is safe), topk_mass (mean selected score mass before normalization),
+    router_logit_absmax, bias_min, bias_max, bias_std. Scalars: max_imbalance, dead_experts (total),
+    bias_abs_max.
     """
     moe_layers = model.moe_layers()
     counts = tokens_per_expert.detach().double().cpu()
     per_layer = [expert_load_figures(counts[index]) for index in range(len(moe_layers))]
-    router_entropy, balance_term = [], []
+    router: dict[str, list] = {key: [] for key in ("router_entropy", "balance_term", "score_spread",
+                                                   "speed_to_spread", "topk_mass", "router_logit_absmax")}
     bias_min, bias_max, bias_std, bias_abs_max = [], [], [], 0.0
     for moe in moe_layers:
-        tokens = float(moe.routed_token_count)
-        entropy = float(moe.router_entropy_sum) / tokens / math.log(moe.n_routed_experts) if tokens > 0 else None
-        router_entropy.append(entropy if moe.n_routed_experts > 1 else None)
-        batches = float(moe.balance_term_count)
-        balance_term.append(float(moe.balance_term_sum) / batches if batches > 0 else None)
+        sums = dict(zip(ROUTER_STATISTICS, moe.router_statistics.detach().double().cpu().tolist(), strict=True))
+        tokens, batches = sums["tokens"], sums["microbatches"]
+        uniform_entropy = math.log(moe.n_routed_experts) if moe.n_routed_experts > 1 else None
+        spread = sums["score_spread"] / tokens if tokens > 0 else None
+        router["router_entropy"].append(sums["entropy"] / tokens / uniform_entropy
+                                        if tokens > 0 and uniform_entropy else None)
+        router["balance_term"].append(sums["balance_term"] / batches if batches > 0 else None)
+        router["score_spread"].append(spread)
+        # The bias moves by +-gamma a step; gamma much above ~0.1 x the score spread oscillates (spec 1.6.1).
+        speed = model.cfg.bias_update_speed if uses_expert_bias(moe.balance) else 0.0
+        router["speed_to_spread"].append(speed / spread if spread else None)
+        router["topk_mass"].append(sums["topk_mass"] / tokens if tokens > 0 else None)
+        router["router_logit_absmax"].append(float(moe.router_logit_absmax) if tokens > 0 else None)
         bias = moe.gate.expert_bias.detach().double().cpu()
         bias_min.append(float(bias.min()))
         bias_max.append(float(bias.max()))
@@ -98,8 +112,7 @@ def moe_diagnostics(model: torch.nn.Module, tokens_per_expert: torch.Tensor) -> 
         "dead_experts": sum(figures["dead"] for figures in per_layer),
         "dead_experts_per_layer": [figures["dead"] for figures in per_layer],
         "load_entropy": [figures["load_entropy"] for figures in per_layer],
-        "router_entropy": router_entropy,
-        "balance_term": balance_term,
+        **router,
         "bias_abs_max": bias_abs_max,
         "bias_min": bias_min,
         "bias_max": bias_max,

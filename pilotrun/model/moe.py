@@ -178,10 +178,9 @@ class MoE(nn.Module):
         self.shared_experts = SwiGLU(d_model, n_shared_experts * moe_hidden) if n_shared_experts > 0 else None
         # Per-step statistics (training forwards only; reset by the trainer after each optimizer step).
         self.register_buffer("tokens_per_expert", torch.zeros(n_routed_experts), persistent=False)
-        self.register_buffer("router_entropy_sum", torch.zeros(()), persistent=False)
-        self.register_buffer("routed_token_count", torch.zeros(()), persistent=False)
-        self.register_buffer("balance_term_sum", torch.zeros(()), persistent=False)
-        self.register_buffer("balance_term_count", torch.zeros(()), persistent=False)
+        # Router sums, one vector so that a forward adds them with one op: see ROUTER_STATISTICS.
+        self.register_buffer("router_statistics", torch.zeros(len(ROUTER_STATISTICS)), persistent=False)
+        self.register_buffer("router_logit_absmax", torch.zeros(()), persistent=False)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         batch, seq, d_model = x.shape
@@ -191,9 +190,9 @@ class MoE(nn.Module):
         output = routed.to(x.dtype)
         if self.shared_experts is not None:
             output = output + self.shared_experts(flat)
-        aux_loss = self.auxiliary_loss(scores, indices, logits, batch, seq)
+        aux_loss, balance_value = self.auxiliary_loss(scores, indices, logits, batch, seq)
         if self.training:
-            self.record_statistics(scores, indices)
+            self.record_statistics(scores, indices, logits, balance_value)
         return output.reshape(batch, seq, d_model), aux_loss
 
     def dispatch(self, flat: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -206,10 +205,10 @@ class MoE(nn.Module):
         raise ValueError(f"unknown moe_impl '{self.moe_impl}'")
 
     def auxiliary_loss(self, scores: torch.Tensor, indices: torch.Tensor, logits: torch.Tensor, batch: int,
-                       seq: int) -> torch.Tensor:
-        """alpha * balance term (sequence-wise: one packed row = one sequence; batch-wise: the microbatch),
-        plus beta * z-loss. The balance term is computed in every mode (for the diagnostics) but only
-        enters the loss for seq/batch modes."""
+                       seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss, balance term): alpha * balance term (sequence-wise: one packed row = one sequence; batch-wise:
+        the microbatch) plus beta * z-loss. The balance term is computed in every mode (for the diagnostics,
+        spec 1.6.2) but only enters the loss in the aux_free+seq, seq and batch modes."""
         experts, top_k = self.n_routed_experts, self.top_k
         if self.balance == "batch":
             term = balance_loss_terms(scores.view(1, batch * seq, experts), indices.view(1, batch * seq, top_k),
@@ -218,23 +217,32 @@ class MoE(nn.Module):
             term = balance_loss_terms(scores.view(batch, seq, experts), indices.view(batch, seq, top_k),
                                       experts, top_k, self.score_func)
         balance_value = term.mean()
-        if self.training:
-            with torch.no_grad():
-                self.balance_term_sum.add_(balance_value.detach())
-                self.balance_term_count.add_(1.0)
         loss = scores.new_zeros(())
         if self.balance in ("aux_free+seq", "seq", "batch"):
             loss = loss + self.seq_aux_alpha * balance_value
         if self.z_loss_beta > 0:
             loss = loss + self.z_loss_beta * router_z_loss(logits)
-        return loss
+        return loss, balance_value
 
     @torch.no_grad()
-    def record_statistics(self, scores: torch.Tensor, indices: torch.Tensor) -> None:
-        """Counts from the actual (biased) selection and the router entropy sum, training forwards only."""
+    def record_statistics(self, scores: torch.Tensor, indices: torch.Tensor, logits: torch.Tensor,
+                          balance_value: torch.Tensor) -> None:
+        """Counts from the actual (biased) selection, and the router sums of ROUTER_STATISTICS."""
         self.tokens_per_expert.add_(count_per_expert(indices, self.n_routed_experts).float())
         scores = scores.detach()
         probabilities = scores / scores.sum(dim=-1, keepdim=True) if self.score_func == "sigmoid" else scores
         entropy = -(probabilities * torch.log(probabilities.clamp_min(1e-30))).sum(dim=-1)
-        self.router_entropy_sum.add_(entropy.sum())
-        self.routed_token_count.add_(float(scores.shape[0]))
+        sums = torch.stack([
+            torch.tensor(float(scores.shape[0]), device=scores.device, dtype=scores.dtype),
+            entropy.sum(),
+            scores.std(dim=-1, unbiased=False).sum(),  # spread across experts, per token
+            scores.gather(1, indices).sum(),  # top-k mass before normalization
+            balance_value.detach(),
+            torch.ones((), device=scores.device, dtype=scores.dtype),
+        ])
+        self.router_statistics.add_(sums.to(self.router_statistics.dtype))
+        self.router_logit_absmax.copy_(torch.maximum(self.router_logit_absmax, logits.detach().abs().max().float()))
+
+
+# What MoE.router_statistics sums over a step's training forwards (diagnostics turns them into means).
+ROUTER_STATISTICS = ("tokens", "entropy", "score_spread", "topk_mass", "balance_term", "microbatches")

@@ -93,3 +93,28 @@ def test_diagnostics_are_json_ready_and_reflect_the_bias():
     assert attention["max_logit"] == [max(row) for row in logits.tolist()]
     reset_step_statistics(model)
     assert attention_diagnostics(collect_step_statistics(model)[1])["max_logit"] == [None, None, None]
+
+
+def test_router_figures_equal_their_definitions_over_two_microbatches():
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=256, bias_update_speed=1e-3))
+    moe = model.moe_layers()[0]
+    captured = []
+    handle = moe.gate.register_forward_hook(lambda module, args, output: captured.append(output))
+    for seed in (1, 2):
+        model(tokens(seed))
+    handle.remove()
+    counts, _ = collect_step_statistics(model)
+    figures = moe_diagnostics(model, counts)
+    indices = torch.cat([c[0] for c in captured])
+    scores = torch.cat([c[2] for c in captured]).double()
+    logits = torch.cat([c[3] for c in captured]).double()
+    normalized = scores / scores.sum(-1, keepdim=True)
+    entropy = -(normalized * normalized.log()).sum(-1).mean() / math.log(4)
+    spread = scores.std(-1, unbiased=False).mean()
+    assert math.isclose(figures["router_entropy"][0], entropy.item(), rel_tol=1e-5)
+    assert math.isclose(figures["score_spread"][0], spread.item(), rel_tol=1e-5)
+    assert math.isclose(figures["speed_to_spread"][0], 1e-3 / spread.item(), rel_tol=1e-5)
+    assert math.isclose(figures["topk_mass"][0], scores.gather(1, indices).sum(-1).mean().item(), rel_tol=1e-5)
+    assert math.isclose(figures["router_logit_absmax"][0], logits.abs().max().item(), rel_tol=1e-6)
+    assert 0.9 < figures["balance_term"][0] < 1.2
