@@ -168,7 +168,11 @@ def _add_summarize(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_summarize(args: argparse.Namespace) -> int:
-    return _not_yet("summarize")
+    from pilotrun.report.summarize import format_summary, summarize_run, summary_json
+
+    summary = summarize_run(args.run_dir, require_step=args.require_step)
+    print(summary_json(summary) if args.json else format_summary(summary))
+    return 0 if summary.valid else 1
 
 
 # ---------------------------------------------------------------------------------------------- verdict
@@ -186,7 +190,18 @@ def _add_verdict(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_verdict(args: argparse.Namespace) -> int:
-    return _not_yet("verdict")
+    from pilotrun.report.html import write_report
+    from pilotrun.report.verdict import Thresholds, format_verdict, judge, parse_thresholds, verdict_json
+
+    thresholds = parse_thresholds(args.threshold, Thresholds(resume_required=not args.no_resume_required))
+    verdict = judge(args.run_dir, thresholds)
+    report = write_report(verdict)
+    if args.json:
+        print(verdict_json(verdict))
+    else:
+        print(format_verdict(verdict))
+        print(f"report: {report / 'report.html'}")
+    return 0 if verdict.decision == "GO" else 1
 
 
 # ---------------------------------------------------------------------------------------------- pilot
@@ -202,7 +217,9 @@ def _add_pilot(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_pilot(args: argparse.Namespace) -> int:
-    return _not_yet("pilot")
+    from pilotrun.report.pilot import run_pilot
+
+    return run_pilot(args.workdir, config=args.config, overrides=args.overrides).exit_code
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,8 +13,8 @@ rolled-back one, which is direct evidence of exact continuation.
 Thresholds (defaults below, each overridable with `--threshold NAME=VALUE`):
 - min_loss_drop 0.05: mean training loss over the last `loss_window_fraction` (0.2) of windows must be at
   least 5% below the mean over the first 0.2 (FAIL when it did not fall at all, WARN when it fell less).
-- max_val_gap_growth 0.5 nats: val minus train loss may grow at most this much from the first to the last
-  evaluation; max_val_rise 0.05: the last val loss may be at most 5% above the best one.
+- max_val_gap_growth 0.5 nats: val minus train loss may grow at most this much between the evaluations of
+  the second half of the run; max_val_rise 0.05: the last val loss may be at most 5% above the best one.
 - spike_factor 5.0: a window whose max gradient norm exceeds 5x the median of the previous
   `spike_median_window` (20) windows (after `spike_min_history` (5)) is a spike; one spike WARNs, more than
   max_grad_spikes (1) FAIL.
@@ -180,14 +180,21 @@ def rule_val_tracks_train(summary: Summary, t: Thresholds) -> RuleResult:
     if len(pairs) < 2:
         return RuleResult("val_tracks_train", WARN, f"only {len(pairs)} evaluation(s) with a train loss before them",
                           threshold, "val events")
-    (s0, v0, tr0), (s1, v1, tr1) = pairs[0], pairs[-1]
+    # The gap is compared over the second half of the run: early on the loss falls so fast that the window
+    # mean of the training loss lags the (end-of-window) val loss, which would look like a widening gap.
+    half = pairs[-1][0] / 2
+    late = [p for p in pairs if p[0] >= half]
+    if len(late) < 2:
+        late = pairs[-2:]
+    (s0, v0, tr0), (s1, v1, tr1) = late[0], late[-1]
     growth = (v1 - tr1) - (v0 - tr0)
     best = min(v for _, v, _ in pairs)
     rise = (v1 - best) / abs(best) if best != 0 else 0.0
     status = FAIL if growth > t.max_val_gap_growth or rise > t.max_val_rise else PASS
     figure = (f"val {v0:.4f} -> {v1:.4f} (steps {s0} -> {s1}), val-train gap {v0 - tr0:+.4f} -> {v1 - tr1:+.4f} "
               f"(growth {growth:+.4f}), last val {rise:+.1%} vs best")
-    return RuleResult("val_tracks_train", status, figure, threshold, f"{len(pairs)} val events vs latest train window")
+    return RuleResult("val_tracks_train", status, figure, threshold,
+                      f"{len(pairs)} val events vs the latest train window; gap over the {len(late)} from step {s0}")
 
 
 def rule_grad_spikes(summary: Summary, t: Thresholds) -> RuleResult:

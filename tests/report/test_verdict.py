@@ -88,6 +88,10 @@ def test_val_tracks_train_fails_when_val_diverges(tmp_path):
         run.val_loss = lambda step: 2.0 + step / 20.0  # rises while training loss falls
     _, rules = _verdict(tmp_path, change)
     assert rules["val_tracks_train"].status == FAIL
+    def widening(run):
+        run.val_loss = lambda step: 3.0  # flat while training loss keeps falling: the gap widens
+    _, rules = _verdict(tmp_path / "gap", widening)
+    assert rules["val_tracks_train"].status == FAIL and "last val +0.0% vs best" in rules["val_tracks_train"].figure
     _, rules = _verdict(tmp_path / "none", eval_every=0)
     assert rules["val_tracks_train"].status == WARN
 

@@ -1,0 +1,191 @@
+"""`pilotrun pilot` / `make pilot`: the whole rehearsal on the built-in corpus, on a CPU, in minutes.
+
+1. prepare the built-in offline corpus into WORKDIR/data (skipped when a prepared corpus is already there);
+2. run `python -m pilotrun train` with the CPU stability recipe as a separate process;
+3. once metrics.jsonl shows a step past the midpoint and a checkpoint is committed on disk, kill that
+   process with SIGKILL: a real, unannounced interruption (no handler runs, no final checkpoint);
+4. resume it with `--resume` as a second process, which must reach max_steps;
+5. summarize with `--require-step max_steps`, then the verdict and its report; exit 0 GO, 1 NO-GO.
+
+The training runs in child processes on purpose: only a separate process can be killed for real, and
+the resumed process then has nothing in memory from the first, exactly like a crashed job on a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import pilotrun
+from pilotrun.errors import PilotrunError
+
+DEFAULT_RECIPE = "stability.yaml"
+DEFAULT_TOKENIZER = "bpe:2048"
+
+
+class PilotError(PilotrunError):
+    """The rehearsal could not be carried out (missing recipe, a training process that failed)."""
+
+
+@dataclass
+class PilotResult:
+    exit_code: int  # 0 GO, 1 NO-GO
+    decision: str
+    run_dir: Path
+    report_dir: Path
+    killed_at_step: int
+    committed_checkpoint: int
+    seconds: float
+
+
+def configs_dir() -> Path:
+    """The repository's configs/ folder next to the package."""
+    folder = Path(pilotrun.__file__).resolve().parents[1] / "configs"
+    if not folder.is_dir():
+        raise PilotError(f"configs folder not found at {folder} (pilot needs the repository's configs/; "
+                         "pass --config PATH to use a recipe elsewhere)")
+    return folder
+
+
+def _say(out: TextIO, text: str) -> None:
+    print(f"[pilot] {text}", file=out, flush=True)
+
+
+def _read_complete_events(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    events = []
+    for line in path.read_text(encoding="utf-8", errors="replace").split("\n")[:-1]:  # last piece may be partial
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return events
+
+
+def _committed_checkpoints(run_dir: Path) -> list[int]:
+    from pilotrun.train.checkpoint import Checkpointer
+
+    if not (run_dir / "checkpoints").is_dir():
+        return []
+    return Checkpointer(run_dir, keep=1).committed_steps()
+
+
+def _train_command(config: Path, data_dir: Path, run_dir: Path, overrides: list[str], resume: bool) -> list[str]:
+    command = [sys.executable, "-m", "pilotrun", "train", "--config", str(config), "--data", str(data_dir),
+               "--run-dir", str(run_dir)]
+    for override in overrides:
+        command += ["--set", override]
+    return command + (["--resume"] if resume else [])
+
+
+def _kill_past_midpoint(process: subprocess.Popen, run_dir: Path, midpoint: int, poll_seconds: float,
+                        timeout_seconds: float) -> tuple[int, int]:
+    """Wait until metrics.jsonl shows a step past the midpoint and a checkpoint event, then SIGKILL at once.
+
+    The decision reads only metrics.jsonl (a `checkpoint` event is written after its checkpoint is
+    committed), so nothing slow sits between seeing the step and killing; which checkpoints are committed on
+    disk is read after the kill, and that is what the resume will find.
+    """
+    metrics = run_dir / "metrics.jsonl"
+    started = time.monotonic()
+    while True:
+        if process.poll() is not None:
+            raise PilotError(f"the first training process exited (code {process.returncode}) before it could be "
+                             f"interrupted past step {midpoint}; see {run_dir.parent / 'train-1.log'}")
+        events = _read_complete_events(metrics)
+        steps = [e.get("step", 0) for e in events if e.get("event") == "train"]
+        checkpointed = any(e.get("event") == "checkpoint" for e in events)
+        if steps and max(steps) > midpoint and checkpointed:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+            committed = _committed_checkpoints(run_dir)
+            if not committed:
+                raise PilotError(f"no committed checkpoint in {run_dir / 'checkpoints'} after the kill")
+            return max(steps), max(committed)
+        if time.monotonic() - started > timeout_seconds:
+            process.kill()
+            process.wait()
+            raise PilotError(f"training did not pass step {midpoint} within {timeout_seconds:.0f} s")
+        time.sleep(poll_seconds)
+
+
+def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = None, overrides: list[str] | None = None,
+              tokenizer: str = DEFAULT_TOKENIZER, out: TextIO | None = None, poll_seconds: float = 0.1,
+              timeout_seconds: float = 1800.0) -> PilotResult:
+    from pilotrun.config import load_run_config
+    from pilotrun.report.html import write_report
+    from pilotrun.report.summarize import format_summary, summarize_run
+    from pilotrun.report.verdict import format_verdict, judge_summary
+
+    out = out or sys.stdout
+    started = time.monotonic()
+    workdir = Path(workdir)
+    config_path = Path(config) if config is not None else configs_dir() / DEFAULT_RECIPE
+    if not config_path.is_file():
+        raise PilotError(f"recipe not found: {config_path}")
+    overrides = list(overrides or [])
+    recipe = load_run_config(config_path, overrides)  # bad keys fail here, before anything is written
+    max_steps = recipe.train.max_steps
+    midpoint = max_steps // 2
+    if recipe.train.checkpoint_every == 0 or recipe.train.checkpoint_every > midpoint:
+        raise PilotError(f"train.checkpoint_every ({recipe.train.checkpoint_every}) must be between 1 and half of "
+                         f"max_steps ({midpoint}) so that a checkpoint exists before the kill")
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    data_dir = workdir / "data"
+    if (data_dir / "metadata.json").is_file():
+        _say(out, f"using the corpus already prepared in {data_dir}")
+    else:
+        from pilotrun.data.prepare import prepare_corpus
+
+        _say(out, f"preparing the built-in corpus into {data_dir} (tokenizer {tokenizer})")
+        manifest = prepare_corpus(data_dir, source="builtin", tokenizer=tokenizer, force=data_dir.exists())
+        _say(out, f"prepared: {manifest['splits']['train']['tokens']:,} training tokens, "
+                  f"{manifest['splits']['val']['tokens']:,} validation tokens")
+
+    run_dir = workdir / "run"
+    if run_dir.exists():
+        _say(out, f"replacing the previous pilot run in {run_dir}")
+        shutil.rmtree(run_dir)
+
+    _say(out, f"training {config_path.name} to step {max_steps}; it will be killed (SIGKILL) past step {midpoint}")
+    with open(workdir / "train-1.log", "w") as log:
+        first = subprocess.Popen(_train_command(config_path, data_dir, run_dir, overrides, resume=False),
+                                 stdout=log, stderr=subprocess.STDOUT)
+        try:
+            killed_at, checkpoint = _kill_past_midpoint(first, run_dir, midpoint, poll_seconds, timeout_seconds)
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.wait()
+    _say(out, f"killed the training process at logged step {killed_at}; newest committed checkpoint: step {checkpoint}")
+
+    _say(out, "resuming with --resume")
+    with open(workdir / "train-2.log", "w") as log:
+        second = subprocess.run(_train_command(config_path, data_dir, run_dir, overrides, resume=True),
+                                stdout=log, stderr=subprocess.STDOUT, timeout=timeout_seconds)
+    if second.returncode != 0:
+        tail = (workdir / "train-2.log").read_text(errors="replace").strip().splitlines()[-3:]
+        raise PilotError(f"the resumed training process failed (exit {second.returncode}): {' | '.join(tail)}")
+
+    summary = summarize_run(run_dir, require_step=max_steps)
+    print(format_summary(summary), file=out, flush=True)
+    print(file=out)
+    verdict = judge_summary(summary)
+    report_dir = write_report(verdict)
+    print(format_verdict(verdict), file=out, flush=True)
+    seconds = time.monotonic() - started
+    print(f"report: {report_dir / 'report.html'}", file=out)
+    _say(out, f"done in {seconds:.0f} s")
+    return PilotResult(exit_code=0 if verdict.decision == "GO" else 1, decision=verdict.decision, run_dir=run_dir,
+                       report_dir=report_dir, killed_at_step=killed_at, committed_checkpoint=checkpoint,
+                       seconds=seconds)

@@ -1,0 +1,50 @@
+"""pilot: the whole rehearsal, reduced (the tiny smoke model, 60 updates), with a real SIGKILL and a resume."""
+
+import io
+import json
+
+import pytest
+
+from pilotrun.report.pilot import PilotError, configs_dir, run_pilot
+from pilotrun.report.summarize import summarize_run
+
+
+def test_configs_dir_is_the_repository_folder():
+    folder = configs_dir()
+    assert (folder / "stability.yaml").is_file()
+
+
+def test_bad_recipe_for_a_pilot_is_refused_before_writing(tmp_path):
+    with pytest.raises(PilotError, match="recipe not found"):
+        run_pilot(tmp_path / "w", config=tmp_path / "missing.yaml")
+    with pytest.raises(PilotError, match="checkpoint_every"):
+        run_pilot(tmp_path / "w", config=configs_dir() / "smoke.yaml", overrides=["train.checkpoint_every=0"])
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.slow
+def test_reduced_pilot_end_to_end(tmp_path):
+    out = io.StringIO()
+    overrides = ["train.max_steps=60", "train.checkpoint_every=5", "train.eval_every=10", "train.log_every=2",
+                 "optim.schedule.horizon=60", "train.num_threads=1"]
+    result = run_pilot(tmp_path / "work", config=configs_dir() / "smoke.yaml", overrides=overrides, out=out,
+                       poll_seconds=0.05)
+    text = out.getvalue()
+    # Fresh machine: the built-in corpus was prepared inside the workdir.
+    assert (tmp_path / "work" / "data" / "metadata.json").is_file()
+    # A real kill past the midpoint, after a committed checkpoint, then a resume that finished.
+    assert result.killed_at_step > 30 and 5 <= result.committed_checkpoint <= result.killed_at_step
+    summary = summarize_run(result.run_dir, require_step=60)
+    assert summary.valid, summary.reasons
+    first, second = summary.sessions
+    assert first.end_reason is None and second.end_reason == "completed"
+    assert second.resumed_from == result.committed_checkpoint
+    assert summary.overall["updates_applied"] == 60
+    # The verdict was printed and written; its exit code follows the decision.
+    report = json.loads((result.report_dir / "summary.json").read_text())
+    rules = {r["name"]: r["status"] for r in report["rules"]}
+    assert rules["record_valid"] == "PASS" and rules["resumed"] == "PASS"
+    assert result.exit_code == (0 if report["decision"] == "GO" else 1)
+    assert f"VERDICT: {report['decision']}" in text
+    assert f"report: {result.report_dir / 'report.html'}" in text
+    assert (result.report_dir / "report.html").stat().st_size > 0
