@@ -78,6 +78,15 @@ def test_torn_last_line_is_reported_not_fatal(tmp_path):
     assert any("torn last line" in note for note in summary.notes)
 
 
+def test_torn_tail_cut_by_the_runlog_is_noted(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.find("session_start", session="s2")["metrics_repaired_bytes"] = 37
+    run.write()
+    summary = summarize_run(tmp_path / "r")
+    assert summary.valid
+    assert any("cut a torn last line of 37 bytes" in note for note in summary.notes)
+
+
 def test_torn_fragment_before_a_resumed_session_is_recovered(tmp_path):
     run = crashed_and_resumed(tmp_path / "r")
     run.write()
@@ -134,7 +143,24 @@ def test_skip_without_overflow_event_is_rejected(tmp_path):
     run.events = [e for e in run.events if e["event"] != "overflow"]
     run.write()
     summary = summarize_run(tmp_path / "r")
-    assert any("updates_skipped grew by 1" in r and "(train" in r for r in summary.reasons), summary.reasons
+    assert any("updates_skipped grew by 1 since the previous train window but 0 overflow event(s)" in r
+               and "(train" in r for r in summary.reasons), summary.reasons
+
+
+def test_skip_counted_at_a_data_restart_of_the_same_update_is_accepted(tmp_path):
+    run = SyntheticRun(tmp_path / "r")
+    run.overflow_at = {7}
+    run.start_session()
+    run.train_until(20)
+    run.end_session()
+    overflow = run.find("overflow")
+    restart = dict(overflow, event="data_restart", epoch=1)  # same update: counters already include the skip
+    for key in ("reason", "loss_scale_before", "loss_scale_after", "consecutive_skips"):
+        restart.pop(key)
+    run.events.insert(run.events.index(overflow), restart)
+    run.write()
+    summary = summarize_run(tmp_path / "r")
+    assert summary.valid, summary.reasons
 
 
 def test_missing_session_end_at_required_step(tmp_path):
