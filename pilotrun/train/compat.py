@@ -160,10 +160,13 @@ def check_resume_compatibility(saved_meta: dict[str, Any], current_meta: dict[st
                                        "run continues, but bit-exact continuation cannot be promised")
 
     if refused:
-        allow_hint = next((_display_key(k) for k in [_normalise_key(r.split(':', 1)[0]) for r in refused]
-                           if k not in SHAPE_MODEL_KEYS), None)
-        hint = f"; accept a named difference with --allow-change KEY (e.g. --allow-change {allow_hint})" \
-            if allow_hint else ""
+        refused_keys = [_normalise_key(line.split(":", 1)[0]) for line in refused]
+        shape_changed = any(k in SHAPE_MODEL_KEYS for k in refused_keys)
+        # Suggest --allow-change only for a key that can be allowed (a partition difference that follows
+        # from a shape change cannot be fixed by allowing it).
+        allowable = [k for k in refused_keys if k not in SHAPE_MODEL_KEYS and not (shape_changed and k == PARTITION_KEY)]
+        hint = (f"; accept a named difference with --allow-change KEY (e.g. --allow-change "
+                f"{_display_key(allowable[0])})") if allowable else ""
         raise CheckpointError(f"cannot resume: {len(refused)} incompatible difference(s) from the checkpoint: "
                               + "; ".join(refused) + hint)
     for key in sorted(allowed_keys - matched_allowed):
