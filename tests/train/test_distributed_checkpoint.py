@@ -39,8 +39,11 @@ def _template() -> dict:
             "rng": capture_rng_state()}
 
 
-def _save_load_worker(rank: int, run_dir: str) -> None:
+def _save_load_worker(rank: int, root: str) -> None:
+    """One spawn for several checks (process start-up dominates these tests): save and load a sharded
+    checkpoint, read a single-process one, and refuse a damaged copy of the sharded one."""
     context = D.init_distributed("cpu")
+    run_dir = Path(root) / "sharded"
     try:
         checkpointer = DistributedCheckpointer(run_dir, keep=2, context=context)
         for step in (1, 2, 3):
@@ -50,22 +53,43 @@ def _save_load_worker(rank: int, run_dir: str) -> None:
         state, meta = checkpointer.load(template=_template())
         state_no_template, _ = checkpointer.load(step=2)
         torch.save({"state": state, "expected": expected, "meta": meta, "steps": checkpointer.committed_steps(),
-                    "no_template": state_no_template}, Path(run_dir) / f"result{rank}.pt")
+                    "no_template": state_no_template}, run_dir / f"result{rank}.pt")
+
+        single, _ = DistributedCheckpointer(Path(root) / "single", keep=2, context=context).load(template=_template())
+        torch.save(single, Path(root) / f"single_read{rank}.pt")
+
+        damaged = Path(root) / "damaged"
+        if rank == 0:
+            shutil.copytree(run_dir, damaged)
+            shard = damaged / "checkpoints" / "step-00000003" / "__1_0.distcp"
+            data = bytearray(shard.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            shard.write_bytes(bytes(data))
+        D.barrier(context)
+        try:
+            DistributedCheckpointer(damaged, keep=2, context=context).load(step=3, template=_template())
+            message = ""
+        except CheckpointError as exc:
+            message = str(exc)
+        (Path(root) / f"damaged_error{rank}.txt").write_text(message)
     finally:
         D.shutdown_distributed(context)
 
 
 @pytest.fixture(scope="module")
-def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One 2-rank run that saved steps 1, 2, 3 (keep=2) and loaded them back; tests work on copies."""
-    run_dir = tmp_path_factory.mktemp("two_rank_run")
-    run_ranks(_save_load_worker, str(run_dir))
-    return run_dir
+def two_rank_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("two_rank_run")
+    single = DistributedCheckpointer(root / "single", keep=2)  # written by one process, read by two ranks
+    assert isinstance(single.storage, type(single.torch_save_storage))
+    single.save(4, _state_for_rank(0, 4), {"world_size": 1})
+    run_ranks(_save_load_worker, str(root))
+    return root
 
 
 @pytest.fixture
-def two_rank_copy(two_rank_run: Path, tmp_path: Path) -> Path:
-    shutil.copytree(two_rank_run, tmp_path / "run")
+def two_rank_copy(two_rank_root: Path, tmp_path: Path) -> Path:
+    """The 2-rank run that saved steps 1, 2, 3 (keep=2) and loaded them back; a copy per test."""
+    shutil.copytree(two_rank_root / "sharded", tmp_path / "run")
     return tmp_path / "run"
 
 
@@ -92,56 +116,23 @@ def test_two_ranks_save_sharded_commit_once_and_load_their_own_rng(two_rank_copy
 
 
 def test_one_process_reads_a_two_rank_checkpoint_with_rank0_rng(two_rank_copy: Path) -> None:
-    tmp_path = two_rank_copy
-    checkpointer = DistributedCheckpointer(tmp_path, keep=2)
+    checkpointer = DistributedCheckpointer(two_rank_copy, keep=2)
     state, meta = checkpointer.load(template=_template())
     assert meta["step"] == 3 and state["trainer"]["step"] == 3
     assert torch.equal(state["model"]["w"], torch.arange(12.0).reshape(3, 4) * 3)
     assert torch.equal(state["rng"]["torch_cpu"], _state_for_rank(0, 3)["rng"]["torch_cpu"])
 
 
-def _read_single_process_checkpoint_worker(rank: int, run_dir: str) -> None:
-    context = D.init_distributed("cpu")
-    try:
-        state, _ = DistributedCheckpointer(run_dir, keep=2, context=context).load(template=_template())
-        torch.save(state, Path(run_dir) / f"read{rank}.pt")
-    finally:
-        D.shutdown_distributed(context)
-
-
-def test_two_ranks_read_a_single_process_checkpoint(tmp_path: Path) -> None:
-    single = DistributedCheckpointer(tmp_path, keep=2)
-    assert isinstance(single.storage, type(single.torch_save_storage))
-    single.save(4, _state_for_rank(0, 4), {"world_size": 1})
-    run_ranks(_read_single_process_checkpoint_worker, str(tmp_path))
+def test_two_ranks_read_a_single_process_checkpoint(two_rank_root: Path) -> None:
     for rank in (0, 1):
-        state = torch.load(tmp_path / f"read{rank}.pt", weights_only=False)
+        state = torch.load(two_rank_root / f"single_read{rank}.pt", weights_only=False)
         assert torch.equal(state["model"]["w"], torch.arange(12.0).reshape(3, 4) * 4)
         assert state["trainer"]["step"] == 4
 
 
-def _damaged_worker(rank: int, run_dir: str) -> None:
-    context = D.init_distributed("cpu")
-    try:
-        try:
-            DistributedCheckpointer(run_dir, keep=2, context=context).load(step=3, template=_template())
-            message = ""
-        except CheckpointError as exc:
-            message = str(exc)
-        (Path(run_dir) / f"error{rank}.txt").write_text(message)
-    finally:
-        D.shutdown_distributed(context)
-
-
-def test_a_damaged_shard_is_refused_on_every_rank(two_rank_copy: Path) -> None:
-    tmp_path = two_rank_copy
-    shard = tmp_path / "checkpoints" / "step-00000003" / "__1_0.distcp"
-    data = bytearray(shard.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    shard.write_bytes(bytes(data))
-    run_ranks(_damaged_worker, str(tmp_path))
+def test_a_damaged_shard_is_refused_on_every_rank(two_rank_root: Path) -> None:
     for rank in (0, 1):
-        message = (tmp_path / f"error{rank}.txt").read_text()
+        message = (two_rank_root / f"damaged_error{rank}.txt").read_text()
         assert "__1_0.distcp" in message and "sha256" in message and "--from-step 2" in message
 
 
