@@ -128,7 +128,7 @@ def run() -> str:
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(THREADS)
     try:
-        comparisons = [moe_versus_dense(tokens) for tokens in (512, 4096)]
+        comparisons = [moe_versus_dense(tokens) for tokens in (512, 2048, 4096)]
         steps = [("tiny", 256, 4, 32, 30), ("cpu", 4096, 8, 64, 15), ("cpu", 4096, 8, 256, 8)]
         step_figures = [(preset, vocab, batch, seq, model_step(preset, vocab, batch, seq, count))
                         for preset, vocab, batch, seq, count in steps]
@@ -146,16 +146,23 @@ def run() -> str:
              "machine, unlike wall time); ratio = median of the per-pair ratios.", "",
              "| tokens | dense FFN ms | MoE sorted ms | ratio sorted/dense | MoE loop ms | ratio | MoE dense_ref ms | ratio |",
              "|---|---|---|---|---|---|---|---|"]
-    met = True
+    met_at = []
     for c in comparisons:
         t, r = c["median_s"], c["ratio"]
-        met = met and r["sorted"] <= 1.5
+        if r["sorted"] <= 1.5:
+            met_at.append(c["tokens"])
         lines.append(f"| {c['tokens']} | {t['dense'] * 1e3:.2f} | {t['sorted'] * 1e3:.2f} | {r['sorted']:.2f}x | "
                      f"{t['loop'] * 1e3:.2f} | {r['loop']:.2f}x | {t['dense_ref'] * 1e3:.2f} | {r['dense_ref']:.2f}x |")
     c = comparisons[0]
     lines += ["", f"Active parameters: dense FFN {c['active_dense']:,}; MoE {c['active_moe']:,} (the same expert "
               f"weights plus the router's {c['active_moe'] - c['active_dense']:,}).",
-              f"Target: sorted MoE <= 1.5x the dense FFN. **{'Met' if met else 'Not met'}** at every token count above.",
+              "Target: sorted MoE <= 1.5x the dense FFN. "
+              + ("**Met at every token count above.**" if len(met_at) == len(comparisons) else
+                 (f"**Met at {', '.join(map(str, met_at))} tokens; not met at " if met_at else "**Not met at ")
+                 + f"{', '.join(str(c['tokens']) for c in comparisons if c['tokens'] not in met_at)} tokens.** "
+                 "With few tokens per expert the routing work (router, top-k, balance terms, gather, combine: "
+                 "about 40 small ops forward and as many backward) is a fixed cost that the expert matmuls do "
+                 "not amortize; a padded batched-matmul dispatch was measured slower here and not kept."),
               "", "### Model step (forward + backward, no optimizer)", "",
               "Median over the steps; CPU time is this process's (one thread), wall time includes waiting for the "
               "core. Memory: bytes autograd saved for backward (each storage once), and the subprocess's peak "
