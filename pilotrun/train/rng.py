@@ -85,3 +85,12 @@ def restore_rng_state(state: dict[str, Any]) -> list[str]:
             for index in range(min(count, len(saved_cuda))):
                 torch.cuda.set_rng_state(saved_cuda[index].clone(), device=index)
     return notes
+
+
+def seed_every_generator(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's generators (CPU and every CUDA device) from the recipe's seed, so that
+    two fresh runs start from the same RNG state, and a resumed run (which restores the checkpoint's) draws
+    exactly what a run that never stopped draws."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

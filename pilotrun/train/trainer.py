@@ -109,7 +109,7 @@ class Trainer:
         from pilotrun.train.checkpoint import check_resume_compatibility
         from pilotrun.train.dcp_storage import DistributedCheckpointer, load_training_state
         from pilotrun.train.precision import build_grad_scaler
-        from pilotrun.train.rng import restore_rng_state
+        from pilotrun.train.rng import restore_rng_state, seed_every_generator
 
         self.account = TimeAccount()  # everything until the loop starts is "other" (setup)
         self.run_dir = Path(run_dir)
@@ -159,7 +159,7 @@ class Trainer:
             self.resumed_from = chosen
 
         self.device = torch.device(self.context.device)
-        torch.manual_seed(config.train.seed)
+        seed_every_generator(config.train.seed)  # Python and NumPy too: their draws must match across sessions
         model = build_model(config.model)
         groups_preview = partition_table(build_optimizer(model, config.optim).param_groups)
         self.software = software_versions()
