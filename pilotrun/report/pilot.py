@@ -44,6 +44,7 @@ class PilotResult:
     killed_at_step: int
     committed_checkpoint: int
     seconds: float
+    phase_seconds: dict[str, float]  # prepare, train_until_kill, resume, report: where the pilot's time went
 
 
 def configs_dir() -> Path:
@@ -141,6 +142,8 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
                          f"max_steps ({midpoint}) so that a checkpoint exists before the kill")
     workdir.mkdir(parents=True, exist_ok=True)
 
+    phases: dict[str, float] = {}
+    phase_start = time.monotonic()
     data_dir = workdir / "data"
     if (data_dir / "metadata.json").is_file():
         _say(out, f"using the corpus already prepared in {data_dir}")
@@ -152,11 +155,13 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
         _say(out, f"prepared: {manifest['splits']['train']['tokens']:,} training tokens, "
                   f"{manifest['splits']['val']['tokens']:,} validation tokens")
 
+    phases["prepare"] = time.monotonic() - phase_start
     run_dir = workdir / "run"
     if run_dir.exists():
         _say(out, f"replacing the previous pilot run in {run_dir}")
         shutil.rmtree(run_dir)
 
+    phase_start = time.monotonic()
     _say(out, f"training {config_path.name} to step {max_steps}; it will be killed (SIGKILL) past step {midpoint}")
     with open(workdir / "train-1.log", "w") as log:
         first = subprocess.Popen(_train_command(config_path, data_dir, run_dir, overrides, resume=False),
@@ -169,6 +174,8 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
                 first.wait()
     _say(out, f"killed the training process at logged step {killed_at}; newest committed checkpoint: step {checkpoint}")
 
+    phases["train_until_kill"] = time.monotonic() - phase_start
+    phase_start = time.monotonic()
     _say(out, "resuming with --resume")
     with open(workdir / "train-2.log", "w") as log:
         second = subprocess.run(_train_command(config_path, data_dir, run_dir, overrides, resume=True),
@@ -177,15 +184,18 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
         tail = (workdir / "train-2.log").read_text(errors="replace").strip().splitlines()[-3:]
         raise PilotError(f"the resumed training process failed (exit {second.returncode}): {' | '.join(tail)}")
 
+    phases["resume"] = time.monotonic() - phase_start
+    phase_start = time.monotonic()
     summary = summarize_run(run_dir, require_step=max_steps)
     print(format_summary(summary), file=out, flush=True)
     print(file=out)
     verdict = judge_summary(summary)
     report_dir = write_report(verdict)
     print(format_verdict(verdict), file=out, flush=True)
+    phases["report"] = time.monotonic() - phase_start
     seconds = time.monotonic() - started
     print(f"report: {report_dir / 'report.html'}", file=out)
-    _say(out, f"done in {seconds:.0f} s")
+    _say(out, f"done in {seconds:.0f} s wall: " + ", ".join(f"{k.replace('_', ' ')} {v:.0f} s" for k, v in phases.items()))
     return PilotResult(exit_code=0 if verdict.decision == "GO" else 1, decision=verdict.decision, run_dir=run_dir,
                        report_dir=report_dir, killed_at_step=killed_at, committed_checkpoint=checkpoint,
-                       seconds=seconds)
+                       seconds=seconds, phase_seconds=phases)

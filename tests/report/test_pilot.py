@@ -48,3 +48,5 @@ def test_reduced_pilot_end_to_end(tmp_path):
     assert f"VERDICT: {report['decision']}" in text
     assert f"report: {result.report_dir / 'report.html'}" in text
     assert (result.report_dir / "report.html").stat().st_size > 0
+    assert list(result.phase_seconds) == ["prepare", "train_until_kill", "resume", "report"]
+    assert sum(result.phase_seconds.values()) <= result.seconds
