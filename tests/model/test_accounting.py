@@ -72,3 +72,13 @@ def test_causal_count_is_the_average_number_of_attended_keys():
     assert attention_difference == per_key * (seq - (seq + 1) / 2)
     _, active = count_parameters(cfg)
     assert flops_per_token(cfg, seq) > 6 * (active - 32768 * 512) - 6 * 10 * 1024  # matmul part dominates
+
+
+@pytest.mark.parametrize("changes", [dict(n_shared_experts=0), dict(n_dense_layers=2), dict(n_dense_layers=0),
+                                     dict(n_shared_experts=2, top_k=3, n_routed_experts=6)])
+def test_counts_equal_the_model_for_edge_geometries(changes):
+    cfg = model_preset("tiny", vocab_size=50, **changes)
+    model = build_model(cfg)
+    total, active = count_parameters(cfg)
+    assert total == sum(p.numel() for p in model.parameters())
+    assert active == active_parameters_from_the_model(model)

@@ -118,3 +118,16 @@ def test_router_figures_equal_their_definitions_over_two_microbatches():
     assert math.isclose(figures["topk_mass"][0], scores.gather(1, indices).sum(-1).mean().item(), rel_tol=1e-5)
     assert math.isclose(figures["router_logit_absmax"][0], logits.abs().max().item(), rel_tol=1e-6)
     assert 0.9 < figures["balance_term"][0] < 1.2
+
+
+def test_a_model_without_moe_layers_reports_empty_statistics():
+    from pilotrun.model.balancing import update_expert_bias
+
+    model = build_model(ModelConfig(vocab_size=256, n_layers=2, n_dense_layers=2))
+    model(tokens(1))
+    counts, logits = collect_step_statistics(model)
+    assert counts.shape == (0, 4) and logits.shape == (2, 4) and torch.isfinite(logits).all()
+    figures = moe_diagnostics(model, counts)
+    assert figures["imbalance"] == [] and figures["max_imbalance"] is None and figures["dead_experts"] == 0
+    json.dumps(figures, allow_nan=False)
+    update_expert_bias(model, counts, 1e-3)  # nothing to update, and no error
