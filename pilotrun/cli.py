@@ -185,8 +185,16 @@ def _add_verdict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-resume-required", action="store_true",
                    help="waive the rule that the pilot must have come through a resume")
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a rule threshold (repeatable; see the report for names)")
+                   help="override a rule threshold (repeatable); names and defaults: " + _threshold_defaults())
     p.set_defaults(handler=_run_verdict)
+
+
+def _threshold_defaults() -> str:
+    import dataclasses
+
+    from pilotrun.report.verdict import Thresholds
+
+    return ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(Thresholds) if f.name != "resume_required")
 
 
 def _run_verdict(args: argparse.Namespace) -> int:

@@ -422,7 +422,8 @@ def _overall(run: dict[str, Any], groups: dict[str, list[dict[str, Any]]], order
         "tokens_rolled_back": sum(s.tokens_rolled_back for s in sessions),
         "sessions": len(order),
         "resumes": sum(1 for s in sessions if s.resumed_from is not None),
-        "ended": last_kept.get("reason") if last_kept.get("event") == "session_end" else "no session_end (killed)",
+        "ended": (last_kept.get("reason") if last_kept.get("event") == "session_end"
+                  else "no session_end (killed, or still running)"),
         "time_split": time_split,
         # Training-only: every token the hardware processed (rolled-back work included) per training second.
         "train_tokens_per_s": train_tokens / time_split["train_seconds"] if time_split["train_seconds"] > 0 else None,

@@ -22,6 +22,14 @@ def test_bad_recipe_for_a_pilot_is_refused_before_writing(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+def test_cli_pilot_bad_input_is_one_line_exit_2(tmp_path, capsys):
+    from pilotrun.cli import main
+
+    code = main(["pilot", "--workdir", str(tmp_path / "w"), "--config", str(tmp_path / "nope.yaml")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("pilotrun: error: recipe not found") and "Traceback" not in err
+
+
 @pytest.mark.slow
 def test_reduced_pilot_end_to_end(tmp_path):
     out = io.StringIO()
