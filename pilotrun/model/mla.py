@@ -11,10 +11,11 @@ Attention implementations (`attn_impl`):
   eager -- materializes the fp32 logits; the exact per-head max logit comes for free (CPU default, tests).
   sdpa  -- `scaled_dot_product_attention` with the explicit scale; in training mode a chunked, no-grad
            pass over Q K^T measures the max logit. Its cost: per query chunk only the visible keys are
-           multiplied, so about half of one Q K^T product (plus chunk-diagonal waste), forward only, nothing
-           kept for backward. Attention forward + backward costs ~6 products of that size (QK^T and PV, then
-           dQ, dK, dV, dP; flash backward adds a QK^T recompute), so the tracker adds roughly 8-15% to the
-           attention matmuls -- far from doubling them. Eval forwards skip it entirely.
+           multiplied, so about half of one Q K^T product (plus chunk-diagonal waste) and a mask + amax over
+           those logits, forward only, nothing kept for backward; attention forward + backward does ~6
+           products of that size (QK^T, PV, dQ, dK, dV, dP). Measured on the CPU (bench_model, gpu-100m
+           attention shapes): +17-19% of one MLA layer's forward + backward -- not a doubling. Eval forwards
+           skip it entirely.
   auto  -- eager on CPU, sdpa on CUDA.
 """
 
