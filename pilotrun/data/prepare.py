@@ -3,7 +3,7 @@
 Pipeline (one pass, streaming; a trained BPE adds one earlier pass over the same stream):
 
     source documents -> seeded bounded shuffle -> split by text hash -> chunks -> tokenize on `workers`
-    processes (results consumed in submission order) -> per-split shard writers -> metadata.json
+    threads (results consumed in submission order) -> per-split shard writers -> metadata.json
 
 Determinism: the chunking, the order of results and every decision (split, the `--train-tokens` stop) depend
 only on the stream, never on the number of workers or on timing, so output is byte-identical for any
@@ -15,8 +15,10 @@ when complete, so an interrupted prepare never leaves a folder that looks finish
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import platform
+import queue
 import shutil
 import sys
 import time
@@ -32,15 +34,13 @@ from pilotrun.data.stream import SPLITS, TRAIN, VAL, shuffled, with_splits
 from pilotrun.data.tokenizer import (
     ResolvedTokenizer,
     encode_documents,
-    encode_in_worker,
-    init_worker,
     plain_encoder,
     resolve_tokenizer,
 )
 from pilotrun.errors import DataError
 
-# Documents are sent to workers in chunks of about this many characters: large enough that pickling and task
-# overhead stay small next to encoding, small enough that a small corpus still spreads over the workers.
+# Documents are handed to worker threads in chunks of about this many characters: large enough that the
+# per-call overhead stays small next to encoding, small enough that a small corpus still spreads over workers.
 CHUNK_CHARACTERS = 1 << 18
 CHUNK_MAX_DOCUMENTS = 4096
 SPLIT_RULE = "val when int(sha256(utf-8 text)[:8], big-endian) / 2**64 < val_fraction, else train"
@@ -192,38 +192,61 @@ def _chunks(stream: Iterable[tuple[str, str]]) -> Iterator[tuple[list[str], list
         yield texts, splits
 
 
+@contextlib.contextmanager
+def _tokenizers_single_threaded() -> Iterator[None]:
+    """Each worker thread encodes on one core: switch off tokenizers' own thread pool while we encode.
+
+    `tokenizers` reads TOKENIZERS_PARALLELISM at every batch call; the previous value is restored after."""
+    previous = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = previous
+
+
 def _encoded_in_order(chunks: Iterator[tuple[list[str], list[str]]], resolved: ResolvedTokenizer,
                       workers: int) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
-    """(splits, tokens, lengths) per chunk, in the order the chunks were read, whatever the worker count."""
-    if workers == 1:
-        encoder = plain_encoder(resolved.json_text)
-        previous = os.environ.get("TOKENIZERS_PARALLELISM")
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one worker means one core
-        try:
-            for texts, splits in chunks:
-                yield (splits, *encode_documents(encoder, texts, resolved.eos_id, resolved.dtype))
-        finally:
-            if previous is None:
-                os.environ.pop("TOKENIZERS_PARALLELISM", None)
-            else:
-                os.environ["TOKENIZERS_PARALLELISM"] = previous
-        return
-    import multiprocessing
+    """(splits, tokens, lengths) per chunk, in the order the chunks were read, whatever the worker count.
 
-    # spawn: a clean interpreter per worker; forking a process that already runs tokenizers' (or torch's)
-    # thread pools can deadlock.
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, initializer=init_worker,
-                      initargs=(resolved.json_text, resolved.eos_id, resolved.dtype)) as pool:
-        pending: collections.deque = collections.deque()
-        for texts, splits in chunks:
-            pending.append((splits, pool.apply_async(encode_in_worker, (texts,))))
-            if len(pending) >= 2 * workers:  # bounded read-ahead: memory stays flat on any corpus size
-                splits_done, result = pending.popleft()
-                yield (splits_done, *result.get())
-        while pending:
-            splits_done, result = pending.popleft()
-            yield (splits_done, *result.get())
+    Workers are threads, not processes: `tokenizers` releases the GIL for the whole batch encode (the Rust
+    side does all the work), so `workers` threads keep that many cores busy, with no process start-up, no
+    re-import of the caller's main module (spawn) and no pickling of text. Only the cheap id-list to array
+    conversion holds the GIL. Each thread has its own tokenizer instance."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    encoders = queue.SimpleQueue()
+    for _ in range(workers):
+        encoders.put(plain_encoder(resolved.json_text))
+
+    def encode(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        encoder = encoders.get()
+        try:
+            return encode_documents(encoder, texts, resolved.eos_id, resolved.dtype)
+        finally:
+            encoders.put(encoder)
+
+    with _tokenizers_single_threaded():
+        if workers == 1:  # no thread at all: the simplest path, and the reference the others must match
+            for texts, splits in chunks:
+                yield (splits, *encode(texts))
+            return
+        executor = ThreadPoolExecutor(workers, thread_name_prefix="pilotrun-tokenize")
+        try:
+            pending: collections.deque = collections.deque()
+            for texts, splits in chunks:
+                pending.append((splits, executor.submit(encode, texts)))
+                if len(pending) >= 2 * workers:  # bounded read-ahead: memory stays flat on any corpus size
+                    splits_done, future = pending.popleft()
+                    yield (splits_done, *future.result())
+            while pending:
+                splits_done, future = pending.popleft()
+                yield (splits_done, *future.result())
+        finally:
+            executor.shutdown(wait=True, cancel_futures=True)
 
 
 def _tokenize_and_write(stream: Iterator[tuple[str, str]], resolved: ResolvedTokenizer, folder: str,

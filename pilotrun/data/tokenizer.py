@@ -201,18 +201,3 @@ def encode_documents(tokenizer: Tokenizer, texts: list[str], eos_id: int, dtype:
         ids.append(eos_id)
         lengths[index] = len(document_ids) + 1
     return np.asarray(ids, dtype=dtype), lengths
-
-
-# ---------------------------------------------------------------------------------------------- worker side
-# One tokenizer per worker process, built once by the pool initializer (not pickled with every task).
-_worker_state: dict[str, Any] = {}
-
-
-def init_worker(json_text: str, eos_id: int, dtype: str) -> None:
-    # Each worker is one of `--workers` processes: it must not also fan out over every core itself.
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _worker_state.update(tokenizer=plain_encoder(json_text), eos_id=eos_id, dtype=dtype)
-
-
-def encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    return encode_documents(_worker_state["tokenizer"], texts, _worker_state["eos_id"], _worker_state["dtype"])
