@@ -14,7 +14,7 @@ Attention implementations (`attn_impl`):
            multiplied, so about half of one Q K^T product (plus chunk-diagonal waste) and a mask + amax over
            those logits, forward only, nothing kept for backward; attention forward + backward does ~6
            products of that size (QK^T, PV, dQ, dK, dV, dP). Measured on the CPU (bench_model, gpu-100m
-           attention shapes): +17-19% of one MLA layer's forward + backward -- not a doubling. Eval forwards
+           attention shapes): about +11% of one MLA layer's forward + backward -- not a doubling. Eval forwards
            skip it entirely.
   auto  -- eager on CPU, sdpa on CUDA.
 """
@@ -136,20 +136,25 @@ class MLA(nn.Module):
     def chunked_max_logit(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """Exact max over batch, query i and unmasked key j <= i of scale * q_i . k_j, per head, fp32.
 
-        Query rows are processed in chunks, and each chunk only multiplies against the keys it can see, so
-        memory stays at B*H*chunk*T and the work is about half of a full Q K^T (the causal triangle).
+        Query rows go in chunks; a chunk multiplies only the keys it can see: the keys before it (all visible,
+        no mask needed) and its own diagonal block (masked). Memory stays at B*H*chunk*T and the work is about
+        half of a full Q K^T. The scale is applied to the [H] maxima, not to every logit: rounding is monotone,
+        so max(fl(scale * s)) == fl(scale * max(s)) exactly, the value eager attention records.
         """
         q, k = q.detach(), k.detach()
         seq = q.shape[2]
         per_head_max = torch.full((q.shape[1],), float("-inf"), device=q.device, dtype=torch.float32)
         for start in range(0, seq, MAX_LOGIT_QUERY_CHUNK):
             stop = min(start + MAX_LOGIT_QUERY_CHUNK, seq)
-            logits = torch.matmul(q[:, :, start:stop], k[:, :, :stop].transpose(-1, -2)).float() * self.softmax_scale
-            query_positions = torch.arange(start, stop, device=q.device)[:, None]
-            key_positions = torch.arange(stop, device=q.device)[None, :]
-            logits = logits.masked_fill(key_positions > query_positions, float("-inf"))
-            per_head_max = torch.maximum(per_head_max, logits.amax(dim=(0, 2, 3)))
-        return per_head_max
+            queries = q[:, :, start:stop]
+            if start > 0:
+                visible = torch.matmul(queries, k[:, :, :start].transpose(-1, -2))
+                per_head_max = torch.maximum(per_head_max, visible.amax(dim=(0, 2, 3)).float())
+            diagonal = torch.matmul(queries, k[:, :, start:stop].transpose(-1, -2))
+            above_diagonal = torch.ones(stop - start, stop - start, dtype=torch.bool, device=q.device).triu(1)
+            diagonal = diagonal.masked_fill(above_diagonal, float("-inf"))
+            per_head_max = torch.maximum(per_head_max, diagonal.amax(dim=(0, 2, 3)).float())
+        return per_head_max * self.softmax_scale
 
     @torch.no_grad()
     def record_max_logit(self, per_head_max: torch.Tensor) -> None:
