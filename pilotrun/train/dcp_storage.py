@@ -39,6 +39,7 @@ from pilotrun.train.distributed import (
     DistributedContext,
     barrier,
     broadcast_object,
+    check_replicas_identical,
     is_fully_sharded,
 )
 
@@ -279,6 +280,7 @@ def training_state(model: nn.Module, raw_model: nn.Module, optimizer: torch.opti
     """The model and optimizer entries of a checkpoint: plain state dicts for one process (the torch.save
     format), name-keyed DCP state dicts (DTensor shards under FSDP2) for several."""
     if context.is_distributed:
+        check_replicas_identical(context, model)  # DDP stores replicated tensors once: verify they agree first
         model_state, optimizer_state = model_and_optimizer_state(model, optimizer)
         return {"model": model_state, "optimizer": optimizer_state}
     return {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict()}

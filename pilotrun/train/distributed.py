@@ -234,6 +234,34 @@ def check_same_on_all_ranks(context: DistributedContext, name: str, value: Any) 
         raise ConfigError(f"ranks disagree on {name}: " + ", ".join(f"rank {i}: {v!r}" for i, v in enumerate(gathered)))
 
 
+class ReplicasDivergedError(RuntimeError):
+    """DDP replicas that should be identical are not: a bug (some decision was taken differently), not bad
+    input, so an ordinary exception with a traceback rather than a PilotrunError."""
+
+
+def check_replicas_identical(context: DistributedContext, model: nn.Module) -> int:
+    """Under DDP every rank holds the whole model and must hold the same one; nothing in DDP checks that, and a
+    checkpoint stores replicated tensors once, so a rank that had drifted would be lost without a trace.
+    Compares a fingerprint of every tensor in the state dict (parameters and persistent buffers such as the
+    expert biases): its float64 sum and sum of squares, all-gathered. Returns the number of tensors checked;
+    raises ReplicasDivergedError naming the first tensor that differs. A no-op for one process and for FSDP2
+    (whose ranks hold different shards by design)."""
+    if not context.is_distributed or is_fully_sharded(model):
+        return 0
+    state = unwrap_model(model).state_dict()
+    names = sorted(state)
+    fingerprint = torch.stack([torch.stack([state[n].detach().double().sum(), state[n].detach().double().square().sum()])
+                               for n in names]).to(_collective_device(context))
+    gathered = [torch.empty_like(fingerprint) for _ in range(context.world_size)]
+    dist.all_gather(gathered, fingerprint)
+    for rank, other in enumerate(gathered):
+        if not torch.equal(other.nan_to_num(nan=0.5), gathered[0].nan_to_num(nan=0.5)):
+            row = int((other.nan_to_num(nan=0.5) != gathered[0].nan_to_num(nan=0.5)).any(dim=1).nonzero()[0])
+            raise ReplicasDivergedError(f"DDP replicas differ: '{names[row]}' on rank {rank} is not rank 0's "
+                                        f"(sum {other[row, 0].item()!r} vs {gathered[0][row, 0].item()!r})")
+    return len(names)
+
+
 # ---------------------------------------------------------------------------------------------- wrapping
 def wrap_model(model: nn.Module, context: DistributedContext, parallelism: str = "ddp",
                precision: str = "fp32") -> nn.Module:

@@ -106,10 +106,23 @@ def _collectives_worker(rank: int, out_dir: str) -> None:
         except ConfigError as exc:
             disagreement = str(exc)
         written = D.run_on_main_process(context, lambda: "wrote")
+        torch.manual_seed(0)
+        replica = D.wrap_model(nn.Linear(3, 2), context, "ddp")
+        checked = D.check_replicas_identical(context, replica)
+        if rank == 1:  # one ulp on one element of one rank: the smallest possible drift
+            with torch.no_grad():
+                weight = D.unwrap_model(replica).weight
+                weight[0, 0] = torch.nextafter(weight[0, 0], torch.tensor(1.0))
+        try:
+            D.check_replicas_identical(context, replica)
+            drift = ""
+        except D.ReplicasDivergedError as exc:
+            drift = str(exc)
         torch.save({"tokens": t, "qk": q, "inputs_unchanged": torch.equal(tokens[0], torch.tensor([1.0, 5.0, 0.0])
                                                                           * (rank + 1)),
                     "packed": packed, "mean": mean, "any": anyflag, "none": noneflag, "chosen": chosen,
-                    "disagreement": disagreement, "written": written}, Path(out_dir) / f"rank{rank}.pt")
+                    "disagreement": disagreement, "written": written,
+                    "checked": checked, "drift": drift}, Path(out_dir) / f"rank{rank}.pt")
     finally:
         D.shutdown_distributed(context)
 
@@ -132,6 +145,8 @@ def test_two_ranks_agree_on_step_statistics(tmp_path: Path) -> None:
     assert "data identity" in r0["disagreement"] and "rank 1: 'sha-1'" in r1["disagreement"]
     assert r0["inputs_unchanged"] and r1["inputs_unchanged"]
     assert r0["written"] == "wrote" and r1["written"] is None
+    assert r0["checked"] == r1["checked"] == 2  # weight and bias
+    assert r0["drift"] == r1["drift"] != "" and "'weight' on rank 1" in r0["drift"]
 
 
 class _CountingModel(nn.Module):

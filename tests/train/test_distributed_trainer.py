@@ -170,25 +170,41 @@ def test_only_rank0_writes_the_record_and_its_counters_are_global(runs: dict[str
     assert files == {".metadata", "COMMITTED.json", "__0_0.distcp", "__1_0.distcp"}
 
 
-def test_world_size_change_is_refused_with_the_reason(runs: dict[str, Path], tmp_path: Path) -> None:
+def _in_process(command: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str]:
+    """Run a one-process `pilotrun train` command inside this process (no interpreter start-up to pay):
+    (exit code, stderr). torch's thread count is put back afterwards."""
+    from pilotrun.cli import main
+
+    threads = torch.get_num_threads()
+    try:
+        code = main(command[command.index("train"):] + ["--set", "train.log_every=1"])
+    finally:
+        torch.set_num_threads(threads)
+    return code, capsys.readouterr().err
+
+
+def test_world_size_change_is_refused_with_the_reason(runs: dict[str, Path], tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
     run_dir = tmp_path / "copy"
     shutil.copytree(runs["two"], run_dir)
-    refused = _run(_train_command(runs["data"], run_dir, 1, 2, "--resume", "--set", "train.max_steps=10"))
-    assert refused.returncode == 2
-    assert "written by 2 rank(s), this run has 1" in refused.stderr and "train.batch_size=4" in refused.stderr
-    assert "Traceback" not in refused.stderr
-    wrong_batch = _run(_train_command(runs["data"], run_dir, 1, 2, "--resume", "--allow-change", "world_size"))
-    assert wrong_batch.returncode == 2 and "global batch is 2 x 2 = 4" in wrong_batch.stderr
+    code, err = _in_process(_train_command(runs["data"], run_dir, 1, 2, "--resume", "--set", "train.max_steps=10"),
+                            capsys)
+    assert code == 2
+    assert "written by 2 rank(s), this run has 1" in err and "train.batch_size=4" in err
+    code, err = _in_process(_train_command(runs["data"], run_dir, 1, 2, "--resume", "--allow-change", "world_size"),
+                            capsys)
+    assert code == 2 and "global batch is 2 x 2 = 4" in err
     assert len(_events(run_dir)) == len(_events(runs["two"]))  # refusals wrote nothing
 
 
-def test_allowed_world_size_change_continues_the_same_data(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_allowed_world_size_change_continues_the_same_data(runs: dict[str, Path], tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
     """2 ranks -> 1 process at step 3 with the global batch kept: the same tokens, losses within rounding."""
     run_dir = tmp_path / "copy"
     shutil.copytree(runs["killed"], run_dir)
-    done = _run(_train_command(runs["data"], run_dir, 1, 4, "--resume", "--from-step", "3", "--allow-change",
-                               "world_size"))
-    assert done.returncode == 0, done.stderr[-3000:]
+    code, err = _in_process(_train_command(runs["data"], run_dir, 1, 4, "--resume", "--from-step", "3",
+                                           "--allow-change", "world_size"), capsys)
+    assert code == 0, err[-3000:]
     changed = _losses_by_step(run_dir)
     reference = _losses_by_step(runs["two"])
     assert sorted(changed) == list(range(4, 10))
@@ -217,3 +233,23 @@ def test_fsdp2_run_matches_one_process_and_resumes_bit_for_bit(runs: dict[str, P
     replayed = _losses_by_step(run_dir, session=-1)
     assert sorted(replayed) == list(range(4, 10))
     assert all(replayed[step] == fsdp[step] for step in replayed)
+
+
+def test_fp16_skip_decisions_are_agreed_by_both_ranks(runs: dict[str, Path], tmp_path: Path) -> None:
+    """fp16 with an absurd initial loss scale: the first updates overflow and are skipped until the scale has
+    backed off below fp16's range. DDP reduces the gradients before the check, so both ranks see the same inf
+    and skip together: the replica fingerprint check at each checkpoint (dcp_storage.training_state) finds
+    them identical, or the run would fail; the record counts each skip once."""
+    run_dir = tmp_path / "fp16"
+    done = _run(_train_command(runs["data"], run_dir, 2, 2, "--set", "train.precision=fp16", "--set",
+                               "train.loss_scale_init=1e12", "--set", "train.max_steps=4"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = _events(run_dir)
+    skipped = [e["updates_attempted"] for e in events if e["event"] == "overflow"]
+    assert skipped[:10] == list(range(1, 11))  # 1e12 halves about 23 times before the first applied update
+    scales = [e["loss_scale_after"] for e in events if e["event"] == "overflow"]
+    assert all(later < earlier for earlier, later in zip(scales, scales[1:]))
+    assert [e["step"] for e in events if e["event"] == "checkpoint"] == [3, 4]
+    last = events[-1]
+    assert last["event"] == "session_end" and last["step"] == 4 and last["updates_skipped"] == len(skipped)
+    assert last["updates_attempted"] == 4 + len(skipped)
