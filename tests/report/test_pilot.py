@@ -34,7 +34,7 @@ def test_cli_pilot_bad_input_is_one_line_exit_2(tmp_path, capsys):
 def test_reduced_pilot_end_to_end(tmp_path):
     out = io.StringIO()
     overrides = ["train.max_steps=60", "train.checkpoint_every=5", "train.eval_every=10", "train.log_every=2",
-                 "optim.schedule.horizon=60", "train.num_threads=1"]
+                 "optim.schedule.horizon=60"]
     result = run_pilot(tmp_path / "work", config=configs_dir() / "smoke.yaml", overrides=overrides, out=out,
                        poll_seconds=0.05)
     text = out.getvalue()
@@ -54,6 +54,8 @@ def test_reduced_pilot_end_to_end(tmp_path):
     assert rules["record_valid"] == "PASS" and rules["resumed"] == "PASS"
     assert result.exit_code == (0 if report["decision"] == "GO" else 1)
     assert f"VERDICT: {report['decision']}" in text
+    assert "the pilot pins 1" in text and json.loads((result.run_dir / "run.json").read_text())[
+        "recipe"]["train"]["num_threads"] == 1
     assert f"report: {result.report_dir / 'report.html'}" in text
     assert (result.report_dir / "report.html").stat().st_size > 0
     assert list(result.phase_seconds) == ["prepare", "train_until_kill", "resume", "report"]
