@@ -7,7 +7,7 @@ Pipeline (one pass, streaming; a trained BPE adds one earlier pass over the same
 
 Determinism: the chunking, the order of results and every decision (split, the `--train-tokens` stop) depend
 only on the stream, never on the number of workers or on timing, so output is byte-identical for any
-`--workers`. Memory is bounded by the shuffle buffer, at most `2 * workers` chunks in flight and one shard
+`--workers`. Memory is bounded by the shuffle buffer, at most `8 * workers` chunks in flight and one shard
 buffer per split. The folder is built under a hidden temporary name beside `out` and renamed into place only
 when complete, so an interrupted prepare never leaves a folder that looks finished.
 """
@@ -18,7 +18,6 @@ import collections
 import contextlib
 import os
 import platform
-import queue
 import shutil
 import sys
 import time
@@ -41,8 +40,9 @@ from pilotrun.errors import DataError
 
 # Documents are handed to worker threads in chunks of about this many characters: large enough that the
 # per-call overhead stays small next to encoding, small enough that a small corpus still spreads over workers.
-CHUNK_CHARACTERS = 1 << 18
+CHUNK_CHARACTERS = 1 << 16
 CHUNK_MAX_DOCUMENTS = 4096
+READ_AHEAD_CHUNKS_PER_WORKER = 8
 SPLIT_RULE = "val when int(sha256(utf-8 text)[:8], big-endian) / 2**64 < val_fraction, else train"
 LAYOUT = "each split is its documents in stream order, each followed by eos_id, cut into shards of shard_tokens"
 
@@ -215,19 +215,15 @@ def _encoded_in_order(chunks: Iterator[tuple[list[str], list[str]]], resolved: R
     Workers are threads, not processes: `tokenizers` releases the GIL for the whole batch encode (the Rust
     side does all the work), so `workers` threads keep that many cores busy, with no process start-up, no
     re-import of the caller's main module (spawn) and no pickling of text. Only the cheap id-list to array
-    conversion holds the GIL. Each thread has its own tokenizer instance."""
+    conversion holds the GIL."""
     from concurrent.futures import ThreadPoolExecutor
 
-    encoders = queue.SimpleQueue()
-    for _ in range(workers):
-        encoders.put(plain_encoder(resolved.json_text))
+    # One encoder shared by the threads: its encode borrows it read-only (and without the GIL), so sharing is
+    # safe, and it saves loading a large tokenizer once per thread.
+    encoder = plain_encoder(resolved.json_text)
 
     def encode(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        encoder = encoders.get()
-        try:
-            return encode_documents(encoder, texts, resolved.eos_id, resolved.dtype)
-        finally:
-            encoders.put(encoder)
+        return encode_documents(encoder, texts, resolved.eos_id, resolved.dtype)
 
     with _tokenizers_single_threaded():
         if workers == 1:  # no thread at all: the simplest path, and the reference the others must match
@@ -239,7 +235,9 @@ def _encoded_in_order(chunks: Iterator[tuple[list[str], list[str]]], resolved: R
             pending: collections.deque = collections.deque()
             for texts, splits in chunks:
                 pending.append((splits, executor.submit(encode, texts)))
-                if len(pending) >= 2 * workers:  # bounded read-ahead: memory stays flat on any corpus size
+                # Bounded read-ahead (memory stays flat on any corpus size), deep enough that a thread the OS
+                # delays does not leave the others idle behind the in-order consumer.
+                if len(pending) >= READ_AHEAD_CHUNKS_PER_WORKER * workers:
                     splits_done, future = pending.popleft()
                     yield (splits_done, *future.result())
             while pending:
