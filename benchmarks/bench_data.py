@@ -180,7 +180,7 @@ def run() -> str:
         "## Data: prepare throughput and batch read cost",
         "",
         f"Texts: {what}; {len(texts)} documents, {characters:,} characters. Cores: {os.cpu_count()} "
-        f"(prepare `--workers 0` = {workers} worker processes; raw `encode_batch` on its own thread pool over all "
+        f"(prepare `--workers 0` = {workers} tokenizing threads; raw `encode_batch` on its own thread pool over all "
         f"cores). Median of {REPEATS} interleaved rounds (seconds per round: raw "
         f"{', '.join(f'{t:.2f}' for t in rates['raw_times'])}; prepare "
         f"{', '.join(f'{t:.2f}' for t in rates['prepare_times'])}). Load average at the end: "

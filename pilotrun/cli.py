@@ -46,7 +46,8 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shard-tokens", type=float, default=2**24, help="tokens per shard file")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
     p.add_argument("--shuffle-buffer", type=int, default=10000, help="documents held by the shuffle buffer")
-    p.add_argument("--workers", type=int, default=0, help="tokenizer processes (0: all cores)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="tokenizing threads, one core each (0: all cores); the output does not depend on it")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.set_defaults(handler=_run_prepare)
 
