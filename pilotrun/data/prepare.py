@@ -90,8 +90,10 @@ def prepare_corpus(
     """
     _check_options(train_tokens, val_fraction, shard_tokens, shuffle_buffer, workers)
     out = os.path.normpath(os.fspath(out))
-    if os.path.exists(out) and not force:
-        raise DataError(f"{out} already exists: choose another --out or pass --force to replace it")
+    if os.path.lexists(out):
+        if not force:
+            raise DataError(f"{out} already exists: choose another --out or pass --force to replace it")
+        _check_replaceable(out)
     train_tokens = None if train_tokens is None else int(train_tokens)
     shard_tokens, shuffle_buffer = int(shard_tokens), int(shuffle_buffer)
     val_fraction = float(val_fraction)
@@ -149,6 +151,15 @@ def prepare_corpus(
     return manifest
 
 
+def _check_replaceable(out: str) -> None:
+    """--force replaces a data folder (or an empty folder), never an arbitrary folder or file named by mistake."""
+    if os.path.isdir(out) and not os.path.islink(out):
+        if not os.listdir(out) or os.path.isfile(os.path.join(out, METADATA_FILE)):
+            return
+    raise DataError(f"--force: {out} is not a pilotrun data folder (no {METADATA_FILE}) nor an empty folder; "
+                    "not replacing it: remove it yourself or choose another --out")
+
+
 def _write_text(path: str, text: str) -> None:
     with open(path, "w", encoding="utf-8", newline="\n") as handle:
         handle.write(text)
@@ -162,6 +173,7 @@ def _commit(temporary: str, out: str, force: bool) -> None:
     if os.path.lexists(out):
         if not force:
             raise DataError(f"{out} appeared while preparing: not replacing it without --force")
+        _check_replaceable(out)
         replaced = f"{temporary}.replaced"
         os.rename(out, replaced)
     os.rename(temporary, out)

@@ -200,15 +200,28 @@ def test_manifest_whitespace_does_not_change_metadata_sha256(tmp_path, fineweb_j
 
 def test_existing_folder_is_refused_without_force_and_replaced_with_it(tmp_path, fineweb_jsonl, gpt2_tokenizer_path):
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "precious.txt").write_text("keep me")
     common = dict(source=str(fineweb_jsonl), tokenizer=str(gpt2_tokenizer_path), workers=1, progress=False)
+    first = prepare_corpus(out, train_tokens=1000, **common)
     with pytest.raises(DataError, match="already exists"):
         prepare_corpus(out, **common)
-    assert (out / "precious.txt").read_text() == "keep me"
-    prepare_corpus(out, force=True, **common)
-    assert not (out / "precious.txt").exists() and (out / "metadata.json").exists()
-    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary folder left behind
+    assert json.loads((out / "metadata.json").read_text()) == first  # untouched
+    second = prepare_corpus(out, force=True, **common)
+    assert json.loads((out / "metadata.json").read_text()) == second != first
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary or replaced folder left behind
+
+
+def test_force_never_replaces_a_folder_that_is_not_a_data_folder(tmp_path, fineweb_jsonl, gpt2_tokenizer_path):
+    precious = tmp_path / "home"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("keep me")
+    with pytest.raises(DataError, match="not a pilotrun data folder"):
+        prepare_corpus(precious, source=str(fineweb_jsonl), tokenizer=str(gpt2_tokenizer_path), force=True,
+                       progress=False)
+    assert (precious / "thesis.tex").read_text() == "keep me"
+    (tmp_path / "empty").mkdir()
+    prepare_corpus(tmp_path / "empty", source=str(fineweb_jsonl), tokenizer=str(gpt2_tokenizer_path), force=True,
+                   train_tokens=1000, workers=1, progress=False)
+    assert (tmp_path / "empty" / "metadata.json").exists()
 
 
 def test_interrupted_prepare_leaves_no_finished_looking_folder(tmp_path, fineweb_jsonl, gpt2_tokenizer_path,
