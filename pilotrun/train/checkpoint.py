@@ -89,39 +89,50 @@ def _test_delay(variable: str = WRITE_DELAY_ENV) -> None:
 class _HashingWriter:
     """A file wrapper that hashes bytes as they are written, so the sha256 costs no second read.
 
-    The hash runs in its own thread, fed through a queue, while this thread writes the same bytes to the file:
-    hashlib and file writes both release the GIL, so on a machine where sha256 is slower than the disk the
-    two overlap instead of adding up. torch.save's zip writer writes strictly sequentially and hands out
-    memoryviews of tensor storages that stay alive (the caller's state holds them) until the save returns;
-    small chunks (pickle bytes, record headers) may be reused buffers and are copied.
+    Each chunk is hashed in a helper thread while this thread writes the same chunk to the file (hashlib and
+    file writes both release the GIL, so on a machine where sha256 is about as slow as the disk the two overlap
+    instead of adding up), and `write` returns only when both are done: torch.save may hand out a memoryview
+    of a temporary buffer (a CUDA tensor's CPU copy) that is freed once `write` returns.
+    torch.save's zip writer writes strictly sequentially (the tests compare the hash with a reread).
     """
 
-    COPY_BELOW_BYTES = 1 << 20
+    OVERLAP_ABOVE_BYTES = 1 << 20  # below this, handing a chunk to the thread costs more than hashing it here
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
         self.bytes_written = 0
         self._digest = hashlib.sha256()
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._todo: queue.SimpleQueue = queue.SimpleQueue()
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._hash_loop, daemon=True)
         self._thread.start()
 
     def _hash_loop(self) -> None:
-        while (chunk := self._queue.get()) is not None:
-            self._digest.update(chunk)
+        while (chunk := self._todo.get()) is not None:
+            try:
+                self._digest.update(chunk)
+            finally:
+                self._done.put(None)
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self._queue.put(bytes(view) if view.nbytes < self.COPY_BELOW_BYTES else view)
+        if view.nbytes < self.OVERLAP_ABOVE_BYTES:
+            self._digest.update(view)
+            self.handle.write(view)
+        else:
+            self._todo.put(view)
+            try:
+                self.handle.write(view)
+            finally:
+                self._done.get()  # the hash has consumed the chunk before the caller may free it
         self.bytes_written += view.nbytes
-        self.handle.write(view)
         return view.nbytes
 
     def flush(self) -> None:
         self.handle.flush()
 
     def hexdigest(self) -> str:
-        self._queue.put(None)
+        self._todo.put(None)
         self._thread.join()
         return self._digest.hexdigest()
 

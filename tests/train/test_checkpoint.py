@@ -283,3 +283,19 @@ def test_large_parts_are_sharded_and_read_back_exactly(tmp_path):
     shard.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=r"optimizer\.001\.pt does not match its recorded sha256"):
         Checkpointer(tmp_path, keep=1).load()
+
+
+def test_hashing_writer_is_done_with_a_chunk_when_write_returns(tmp_path):
+    # torch.save may pass a temporary buffer (a CUDA tensor's CPU copy) that is freed right after write():
+    # the hash must already have consumed it. Overwrite each buffer after write() to check.
+    chunks = [bytes([i]) * (3 << 20) for i in range(4)] + [b"tail"]
+    with open(tmp_path / "f.bin", "wb") as handle:
+        writer = checkpoint_module._HashingWriter(handle)
+        for chunk in chunks:
+            buffer = bytearray(chunk)
+            assert writer.write(buffer) == len(chunk)
+            buffer[:] = b"\xff" * len(buffer)
+        digest = writer.hexdigest()
+    expected = hashlib.sha256(b"".join(chunks)).hexdigest()
+    assert digest == expected == hashlib.sha256((tmp_path / "f.bin").read_bytes()).hexdigest()
+    assert writer.bytes_written == sum(len(c) for c in chunks)
