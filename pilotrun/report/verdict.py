@@ -29,6 +29,8 @@ Thresholds (defaults below, each overridable with `--threshold NAME=VALUE`):
   both over the last `balance_window_fraction` (0.25) of windows summed.
 - max_qk_clip_rate 0.5: share of applied updates on which QK-Clip rescaled any head.
 - the kept history includes at least one resume (waived by --no-resume-required, then WARN).
+
+`judge(run_dir)` summarizes with `--require-step max_steps`: a pilot that has not finished is not valid.
 """
 
 from __future__ import annotations
@@ -418,7 +420,12 @@ def judge_summary(summary: Summary, thresholds: Thresholds | None = None) -> Ver
 
 
 def judge(run_dir: str | Path, thresholds: Thresholds | None = None) -> Verdict:
-    return judge_summary(summarize_run(run_dir), thresholds)
+    """Judge a finished pilot: the record must also hold a session_end at its max_steps (the last session's)."""
+    summary = summarize_run(run_dir)
+    max_steps = summary.overall.get("max_steps")
+    if isinstance(max_steps, int):
+        summary = summarize_run(run_dir, require_step=max_steps)
+    return judge_summary(summary, thresholds)
 
 
 def format_verdict(verdict: Verdict) -> str:

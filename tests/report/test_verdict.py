@@ -13,6 +13,7 @@ from pilotrun.report.verdict import (
     WARN,
     ThresholdError,
     Thresholds,
+    judge,
     judge_summary,
     parse_thresholds,
 )
@@ -60,6 +61,19 @@ def test_record_valid_fails_on_inconsistent_record(tmp_path):
     verdict, rules = _verdict(tmp_path, change)
     assert rules["record_valid"].status == FAIL and verdict.decision == "NO-GO"
     assert "NO-GO: record_valid" in verdict.statement
+
+
+def test_judge_requires_the_pilot_to_have_finished(tmp_path):
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(33)  # killed, never resumed: no session_end at max_steps
+    run.write()
+    verdict = judge(tmp_path / "r")
+    rule = {r.name: r for r in verdict.rules}["record_valid"]
+    assert rule.status == FAIL and "no session_end at step 60" in rule.figure
+    finished = crashed_and_resumed(tmp_path / "f")
+    finished.write()
+    assert judge(tmp_path / "f").decision == "GO"
 
 
 def test_losses_finite_fails_on_nan_val_loss(tmp_path):
