@@ -45,7 +45,7 @@ class TokenSplit:
             if not isinstance(file, str) or os.path.basename(file) != file or not file.endswith(".npy"):
                 raise DataError(f"{data_dir}: the manifest names an invalid shard file {file!r}")
             path = os.path.join(data_dir, file)
-            header = check_shard(path, dtype, int(shard["tokens"]))
+            header = check_shard(path, dtype, int(shard.get("tokens", -1)))
             self.files.append(file)
             if header.shape[0] > 0:
                 self._arrays.append(np.memmap(path, dtype=dtype, mode="r", offset=header.data_offset,

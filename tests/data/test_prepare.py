@@ -291,3 +291,25 @@ def test_cli_prepare_then_verify(tmp_path, capsys, fineweb_jsonl, gpt2_tokenizer
     assert main(["prepare", "--out", str(tmp_path / "x"), "--source", str(tmp_path / "missing.parquet")]) == 2
     assert main(["prepare", "--out", str(tmp_path / "x"), "--train-tokens", "1.5"]) == 2
     assert sorted(os.listdir(tmp_path)) == ["cli"]
+
+
+def test_an_endless_source_streams_with_bounded_read_ahead(tmp_path, fineweb_texts, gpt2_tokenizer_path):
+    # A source that never ends (like a corpus far larger than memory): prepare must stream it, stop at
+    # --train-tokens, and have read only a bounded number of documents beyond those it used.
+    class EndlessHub(LocalHub):
+        pulled = 0
+
+        def stream_rows(self, repo_id, config, revision):
+            index = 0
+            while True:
+                EndlessHub.pulled += 1
+                yield {"text": f"Row {index}.\n{fineweb_texts[index % len(fineweb_texts)]}"}
+                index += 1
+
+    manifest = prepare_corpus(tmp_path / "endless", source="fineweb-edu", tokenizer=str(gpt2_tokenizer_path),
+                              hub=EndlessHub([]), train_tokens=200_000, shuffle_buffer=100, workers=2,
+                              progress=False)
+    used = manifest["splits"]["train"]["documents"] + manifest["splits"]["val"]["documents"]
+    assert manifest["splits"]["train"]["tokens"] >= 200_000 and manifest["stream"]["stopped_at_train_tokens"]
+    # Read-ahead: the shuffle buffer plus at most 8 chunks per worker of ~64k characters (~25 of these rows each).
+    assert EndlessHub.pulled - used <= 100 + 8 * 2 * 40
