@@ -262,6 +262,18 @@ def check_replicas_identical(context: DistributedContext, model: nn.Module) -> i
     return len(names)
 
 
+def check_same_run_on_all_ranks(context: DistributedContext, recipe: dict[str, Any], data_identity: str) -> None:
+    """Every rank must train the same recipe on the same data. On several nodes each reads its own copy of the
+    config and the data folder, and a stale copy on one node would give replicas that differ silently; this
+    compares the data's metadata_sha256 and a sha256 of the canonical recipe, and refuses with one line."""
+    import hashlib
+    import json
+
+    recipe_sha = hashlib.sha256(json.dumps(recipe, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    check_same_on_all_ranks(context, "the data folder's metadata_sha256", data_identity)
+    check_same_on_all_ranks(context, "the recipe (sha256 of the effective config)", recipe_sha[:16])
+
+
 # ---------------------------------------------------------------------------------------------- wrapping
 def wrap_model(model: nn.Module, context: DistributedContext, parallelism: str = "ddp",
                precision: str = "fp32") -> nn.Module:

@@ -118,7 +118,15 @@ def _collectives_worker(rank: int, out_dir: str) -> None:
             drift = ""
         except D.ReplicasDivergedError as exc:
             drift = str(exc)
-        torch.save({"tokens": t, "qk": q, "inputs_unchanged": torch.equal(tokens[0], torch.tensor([1.0, 5.0, 0.0])
+        D.check_same_run_on_all_ranks(context, {"train": {"seq_len": 32}}, "sha-data")
+        same_run = []
+        for recipe, data in (({"train": {"seq_len": 32}}, f"sha-{rank}"), ({"train": {"seq_len": 32 + rank}}, "d")):
+            try:
+                D.check_same_run_on_all_ranks(context, recipe, data)
+                same_run.append("")
+            except ConfigError as exc:
+                same_run.append(str(exc))
+        torch.save({"same_run": same_run, "tokens": t, "qk": q, "inputs_unchanged": torch.equal(tokens[0], torch.tensor([1.0, 5.0, 0.0])
                                                                           * (rank + 1)),
                     "packed": packed, "mean": mean, "any": anyflag, "none": noneflag, "chosen": chosen,
                     "disagreement": disagreement, "written": written,
@@ -146,6 +154,10 @@ def test_two_ranks_agree_on_step_statistics(tmp_path: Path) -> None:
     assert r0["inputs_unchanged"] and r1["inputs_unchanged"]
     assert r0["written"] == "wrote" and r1["written"] is None
     assert r0["checked"] == r1["checked"] == 2  # weight and bias
+    for result in (r0, r1):  # another data folder or recipe on one rank: refused on every rank
+        data_message, recipe_message = result["same_run"]
+        assert "metadata_sha256" in data_message and "rank 1: 'sha-1'" in data_message
+        assert recipe_message.startswith("ranks disagree on the recipe")
     assert r0["drift"] == r1["drift"] != "" and "'weight' on rank 1" in r0["drift"]
 
 
@@ -258,3 +270,4 @@ def test_allowed_world_size_change_must_keep_the_global_batch() -> None:
     assert saved["recipe"]["train"]["batch_size"] == 4  # the caller's meta is not modified
     assert adjusted["world_size"] == 2  # the world-size difference itself stays for the compatibility check
     assert len(notes) == 1 and "2 -> 1" in notes[0] and "not bit-identical" in notes[0]
+
