@@ -137,6 +137,7 @@ class Trainer:
         # 2. Data: its identity and vocabulary decide the model's vocab_size when the recipe leaves it at 0.
         self.dataset = open_dataset(self.data_dir)
         config = self._resolve_vocab(config, self.dataset.vocab_size)
+        dist_utils.check_same_run_on_all_ranks(self.context, config_to_dict(config), self.dataset.metadata_sha256)
 
         # 3. On resume the checkpoint's recipe is authoritative: a difference is either free, allowed, or refused.
         # torch.save for one process, torch.distributed.checkpoint (collective, per-rank RNG) for several; its
