@@ -244,7 +244,8 @@ def test_sigkill_during_a_write_leaves_nothing_loadable_half_written(tmp_path, p
     import sys
 
     root = tmp_path / "checkpoints"
-    subprocess.run([sys.executable, "-c", KILLED_WRITER, str(tmp_path), "1"], check=True)
+    Checkpointer(tmp_path, keep=1).save(1, {"model": {"w": torch.full((1000,), 1.0)}, "trainer": {"step": 1}},
+                                        {"step": 1})
     # Pause 30 s inside the chosen phase, so the kill lands there (the writer never gets to sleep it out).
     hook = checkpoint_module.WRITE_DELAY_ENV if phase == "writing_files" else checkpoint_module.COMMIT_DELAY_ENV
     env = dict(os.environ, **{hook: "30"})
