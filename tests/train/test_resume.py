@@ -134,9 +134,16 @@ def test_resume_in_process_is_bit_identical(builtin_data_dir, tmp_path, precisio
     assert_exactly_equal(draws_a, draws_b, "next RNG draws")
 
     # The final checkpoints on disk agree too, tensor for tensor.
-    saved_a, _ = Checkpointer(tmp_path / "a", keep=3).load()
+    saved_a, meta_a = Checkpointer(tmp_path / "a", keep=3).load()
     saved_b, _ = Checkpointer(tmp_path / "b", keep=3).load()
     assert_exactly_equal(saved_a, saved_b, "final checkpoint")
+    # What the issue lists as checkpoint contents is there.
+    assert set(saved_a) == {"model", "optimizer", "scaler", "trainer", "rng"}
+    assert any(name.endswith("gate.expert_bias") for name in saved_a["model"])
+    assert saved_a["trainer"]["qk_clip"]["updates_with_clip"] == run_a.qk_counters.updates_with_clip
+    assert {"recipe", "data", "world_size", "software", "hardware", "optimizer"} <= set(meta_a)
+    assert meta_a["recipe"]["train"]["precision"] == precision and meta_a["world_size"] == 1
+    assert meta_a["data"]["metadata_sha256"] == run_a.dataset.metadata_sha256
 
 
 def test_resume_from_an_earlier_step_and_a_damaged_newest(builtin_data_dir, tmp_path):
