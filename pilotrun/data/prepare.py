@@ -43,6 +43,7 @@ from pilotrun.errors import DataError
 CHUNK_CHARACTERS = 1 << 16
 CHUNK_MAX_DOCUMENTS = 4096
 READ_AHEAD_CHUNKS_PER_WORKER = 8
+MAX_SHARD_TOKENS = 2**30  # 2 GiB (uint16) or 4 GiB (uint32) per in-memory shard buffer
 SPLIT_RULE = "val when int(sha256(utf-8 text)[:8], big-endian) / 2**64 < val_fraction, else train"
 LAYOUT = "each split is its documents in stream order, each followed by eos_id, cut into shards of shard_tokens"
 
@@ -58,8 +59,9 @@ def _check_options(train_tokens: Any, val_fraction: float, shard_tokens: Any, sh
                    workers: int) -> None:
     if not 0.0 <= float(val_fraction) < 1.0:
         raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
-    if int(shard_tokens) != shard_tokens or int(shard_tokens) < 1:
-        raise DataError(f"--shard-tokens must be a positive integer, got {shard_tokens}")
+    if int(shard_tokens) != shard_tokens or not 1 <= int(shard_tokens) <= MAX_SHARD_TOKENS:
+        # A shard is assembled in memory (one per split), so its size is what bounds prepare's memory.
+        raise DataError(f"--shard-tokens must be an integer from 1 to {MAX_SHARD_TOKENS}, got {shard_tokens}")
     if train_tokens is not None and (int(train_tokens) != train_tokens or int(train_tokens) < 1):
         raise DataError(f"--train-tokens must be a positive integer, got {train_tokens}")
     if int(shuffle_buffer) < 0:

@@ -242,7 +242,7 @@ def test_interrupted_prepare_leaves_no_finished_looking_folder(tmp_path, fineweb
     assert list(tmp_path.iterdir()) == []
 
 
-def test_fineweb_edu_through_the_hub_seam(tmp_path, fineweb_texts, gpt2_tokenizer_path):
+def test_fineweb_edu_through_the_hub_seam(tmp_path, fineweb_jsonl, fineweb_texts, gpt2_tokenizer_path):
     # No network: LocalHub serves the fixture texts as FineWeb-Edu rows and the GPT-2 tokenizer as gpt2's file.
     hub = LocalHub(fineweb_texts, files={"gpt2/tokenizer.json": str(gpt2_tokenizer_path)})
     manifest = prepare_corpus(tmp_path / "hub", source="fineweb-edu@main", tokenizer="hub:gpt2", hub=hub,
@@ -254,10 +254,8 @@ def test_fineweb_edu_through_the_hub_seam(tmp_path, fineweb_texts, gpt2_tokenize
     assert ("stream", "HuggingFaceFW/fineweb-edu", "sample-10BT", FAKE_SHA) in hub.calls  # streamed at the SHA
     assert ("download", "gpt2", "tokenizer.json", FAKE_SHA) in hub.calls
     # Same tokens as preparing the same texts from the local file.
-    local = prepare_corpus(tmp_path / "local", source=str(Path(gpt2_tokenizer_path).parents[2] / "fineweb-edu" /
-                                                          "fineweb_edu_sample10bt_150docs.jsonl"),
-                           tokenizer=str(gpt2_tokenizer_path), shuffle_buffer=0, val_fraction=0.1, workers=1,
-                           progress=False)
+    local = prepare_corpus(tmp_path / "local", source=str(fineweb_jsonl), tokenizer=str(gpt2_tokenizer_path),
+                           shuffle_buffer=0, val_fraction=0.1, workers=1, progress=False)
     assert manifest["splits"] == local["splits"]
 
 
@@ -269,6 +267,7 @@ def test_hub_revision_that_is_not_a_commit_is_refused(tmp_path, fineweb_texts):
 
 def test_bad_options_are_data_errors(tmp_path):
     for kwargs, message in (({"val_fraction": 1.0}, "val-fraction"), ({"shard_tokens": 0}, "shard-tokens"),
+                            ({"shard_tokens": 2**31}, "shard-tokens"),
                             ({"train_tokens": 0}, "train-tokens"), ({"source": str(tmp_path / "none.jsonl")},
                                                                     "no such file"),
                             ({"tokenizer": "bpe:10"}, "VOCAB"), ({"tokenizer": str(tmp_path / "t.json")},
