@@ -110,6 +110,7 @@ def prepare_corpus(
 
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
+    _remove_abandoned_partials(parent, os.path.basename(out))
     temporary = os.path.join(parent, f".{os.path.basename(out)}.partial-{os.getpid()}")
     shutil.rmtree(temporary, ignore_errors=True)
     os.makedirs(temporary)
@@ -151,6 +152,25 @@ def prepare_corpus(
         shutil.rmtree(temporary, ignore_errors=True)
         raise
     return manifest
+
+
+def _remove_abandoned_partials(parent: str, name: str) -> None:
+    """Delete temporary folders that a killed prepare of the same `out` left behind (their process is gone).
+
+    They never look finished (hidden name, no rename), but they can hold gigabytes. A folder whose process is
+    still alive belongs to a concurrent prepare and is left alone."""
+    prefix = f".{name}.partial-"
+    for entry in os.listdir(parent):
+        if not entry.startswith(prefix) or not entry[len(prefix):].isdigit():
+            continue
+        pid = int(entry[len(prefix):])
+        try:
+            os.kill(pid, 0)
+            continue  # alive (or not ours to signal): leave it
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+        except PermissionError:
+            continue
 
 
 def _check_replaceable(out: str) -> None:

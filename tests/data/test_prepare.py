@@ -242,6 +242,23 @@ def test_interrupted_prepare_leaves_no_finished_looking_folder(tmp_path, fineweb
     assert list(tmp_path.iterdir()) == []
 
 
+def test_folders_left_by_a_killed_prepare_are_cleaned_up(tmp_path, fineweb_jsonl, gpt2_tokenizer_path):
+    import subprocess
+    import sys
+
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+    dead_pid = int(finished.stdout)  # a process that has exited: its partial folder is abandoned
+    abandoned = tmp_path / f".out.partial-{dead_pid}"
+    abandoned.mkdir()
+    (abandoned / "train_00000.npy").write_bytes(b"half")
+    alive = tmp_path / f".out.partial-{os.getppid()}"  # a live process: maybe a concurrent prepare
+    alive.mkdir()
+    prepare_corpus(tmp_path / "out", source=str(fineweb_jsonl), tokenizer=str(gpt2_tokenizer_path),
+                   train_tokens=1000, workers=1, progress=False)
+    assert not abandoned.exists() and alive.exists()
+
+
 def test_fineweb_edu_through_the_hub_seam(tmp_path, fineweb_jsonl, fineweb_texts, gpt2_tokenizer_path):
     # No network: LocalHub serves the fixture texts as FineWeb-Edu rows and the GPT-2 tokenizer as gpt2's file.
     hub = LocalHub(fineweb_texts, files={"gpt2/tokenizer.json": str(gpt2_tokenizer_path)})
