@@ -119,6 +119,9 @@ def prepare_corpus(
                                               progress)
         if splits[TRAIN]["tokens"] == 0:
             raise DataError(f"source '{source}' gave no training documents (val_fraction={val_fraction})")
+        if train_tokens is not None and not stopped:
+            print(f"pilotrun prepare: warning: the source ended at {splits[TRAIN]['tokens']} training tokens, fewer "
+                  f"than --train-tokens {train_tokens} (the manifest records the real count)", file=sys.stderr)
         import tokenizers
 
         manifest = {
