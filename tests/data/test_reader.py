@@ -8,6 +8,8 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pilotrun.data.prepare import prepare_corpus
 from pilotrun.data.reader import BatchLoader, open_dataset
@@ -204,3 +206,45 @@ def test_load_tokenizer_decodes_the_data(small_data):
     tokens = dataset.split("train").read(0, 5000)
     first_document = tokens[: int(np.flatnonzero(tokens == dataset.eos_id)[0])]
     assert tokenizer.decode(first_document.tolist()) in builtin_documents()
+
+
+@settings(max_examples=200, deadline=None)
+@given(start=st.integers(0, 40_000), length=st.integers(0, 9_000))
+def test_read_matches_the_concatenated_shards_anywhere(small_data, start, length):
+    split = open_dataset_cached(small_data).split("train")
+    everything = concatenated_cached(small_data)
+    if start + length > split.num_tokens:
+        with pytest.raises(IndexError):
+            split.read(start, length)
+        return
+    assert np.array_equal(split.read(start, length), everything[start:start + length])
+    pieces = split.locate(start, length)
+    assert sum(n for _, _, n in pieces) == length and all(n > 0 for _, _, n in pieces)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch_size=st.integers(1, 5), world_size=st.integers(1, 4), seq_len=st.integers(1, 50),
+       batch_index=st.integers(0, 10_000))
+def test_ranks_partition_the_global_batch(small_data, batch_size, world_size, seq_len, batch_index):
+    split = open_dataset_cached(small_data).split("train")
+    single = BatchLoader(split, batch_size * world_size, seq_len)
+    rows = [row for rank in range(world_size)
+            for row in BatchLoader(split, batch_size, seq_len, rank=rank, world_size=world_size)
+            .describe_batch(batch_index) if row["rank"] == rank]
+    assert [r["start"] for r in rows] == [r["start"] for r in single.describe_batch(batch_index)]
+
+
+_cache: dict = {}
+
+
+def open_dataset_cached(data_dir):
+    if data_dir not in _cache:
+        _cache[data_dir] = open_dataset(data_dir)
+    return _cache[data_dir]
+
+
+def concatenated_cached(data_dir):
+    key = (data_dir, "all")
+    if key not in _cache:
+        _cache[key] = concatenated(data_dir, "train")
+    return _cache[key]
