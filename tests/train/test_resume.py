@@ -95,8 +95,27 @@ def final_state(trainer) -> dict:
             "scaler": trainer.scaler.state_dict(), "trainer": trainer.state_dict()}
 
 
+@pytest.fixture
+def training_draws_random_numbers(monkeypatch):
+    """The recipe's training draws no random numbers after the model is built, so without this the "next
+    draws" check would hold even if the checkpoint's RNG state were never restored (the fresh trainer's seeding
+    alone would reproduce it). Each microbatch here draws from every generator, as dropout or random sampling
+    would, so the RNG state after N updates depends on the updates done before the checkpoint."""
+    from pilotrun.data import reader
+
+    original = reader.BatchLoader.next_batch
+
+    def next_batch_drawing(self):
+        random.random()
+        np.random.rand()
+        torch.rand(1)
+        return original(self)
+
+    monkeypatch.setattr(reader.BatchLoader, "next_batch", next_batch_drawing)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
-def test_resume_in_process_is_bit_identical(builtin_data_dir, tmp_path, precision):
+def test_resume_in_process_is_bit_identical(builtin_data_dir, tmp_path, precision, training_draws_random_numbers):
     # A: straight to N.
     seed_global_generators(1234)
     run_a = make_trainer(acting_recipe(precision, N_STEPS), builtin_data_dir, tmp_path / "a")
