@@ -104,6 +104,10 @@ def init_distributed(device_preference: str = "auto", timeout_minutes: float = 3
     local_rank = _read_int_env(environ, "LOCAL_RANK")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ConfigError(f"torchrun environment is inconsistent: RANK={rank}, WORLD_SIZE={world_size}")
+    if world_size > 1 and device_preference.startswith("cuda:"):
+        # A fixed GPU index would put every rank of a node on that one GPU.
+        raise ConfigError(f"train.device={device_preference} under torchrun with {world_size} ranks would put every "
+                          "rank on one GPU; use train.device=auto or cuda (each rank takes cuda:LOCAL_RANK)")
     device = resolve_device(device_preference, local_rank)
     if world_size == 1:
         return DistributedContext(rank=0, world_size=1, local_rank=local_rank, device=device)

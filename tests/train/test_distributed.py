@@ -66,6 +66,13 @@ def test_bad_torchrun_env_is_one_clear_error(env: dict[str, str], fragment: str)
         D.init_distributed("cpu", environ=env)
 
 
+def test_a_fixed_gpu_index_under_torchrun_is_refused() -> None:
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
+    with pytest.raises(ConfigError, match=r"train.device=cuda:0 .* every rank on one GPU"):
+        D.init_distributed("cuda:0", environ=env)
+    assert not torch.distributed.is_initialized()
+
+
 def test_cuda_requested_without_cuda_is_refused() -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
