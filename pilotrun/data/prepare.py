@@ -33,7 +33,7 @@ from pilotrun.data.stream import SPLITS, TRAIN, VAL, shuffled, with_splits
 from pilotrun.data.tokenizer import (
     ResolvedTokenizer,
     encode_documents,
-    plain_encoder,
+    plain,
     resolve_tokenizer,
 )
 from pilotrun.errors import DataError
@@ -256,8 +256,9 @@ def _encoded_in_order(chunks: Iterator[tuple[list[str], list[str]]], resolved: R
     from concurrent.futures import ThreadPoolExecutor
 
     # One encoder shared by the threads: its encode borrows it read-only (and without the GIL), so sharing is
-    # safe, and it saves loading a large tokenizer once per thread.
-    encoder = plain_encoder(resolved.json_text)
+    # safe. It is the very object whose serialization is stored as tokenizer.json (reloading that JSON would
+    # cost ~0.5 s for GPT-2's vocabulary and give the same tokenizer).
+    encoder = plain(resolved.tokenizer)
 
     def encode(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         return encode_documents(encoder, texts, resolved.eos_id, resolved.dtype)

@@ -182,11 +182,16 @@ def _load_file(path: str, spec: str) -> Tokenizer:
         raise DataError(f"--tokenizer '{spec}': {path} is not a valid tokenizer.json ({exc})") from None
 
 
-def plain_encoder(json_text: str) -> Tokenizer:
-    """A fresh tokenizer from the stored JSON, set to encode special-token strings as ordinary text."""
-    tokenizer = Tokenizer.from_str(json_text)
+def plain(tokenizer: Tokenizer) -> Tokenizer:
+    """Set `tokenizer` to encode special-token strings in text as ordinary text (not serialized: the stored
+    tokenizer.json is unchanged by it)."""
     tokenizer.encode_special_tokens = True
     return tokenizer
+
+
+def plain_encoder(json_text: str) -> Tokenizer:
+    """A fresh tokenizer from stored JSON, encoding special-token strings as ordinary text."""
+    return plain(Tokenizer.from_str(json_text))
 
 
 def encode_documents(tokenizer: Tokenizer, texts: list[str], eos_id: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
