@@ -313,7 +313,8 @@ class Checkpointer:
         self.keep = keep
         self.storage = storage or TorchSaveStorage()
         self.notes: list[str] = []  # what the policy did on its own (cleanups, recoveries), for the run log
-        self._recover_interrupted_replacements()
+        # Reading never renames or deletes anything (a reader may run beside the writing trainer); repairs of
+        # interrupted saves happen in save(), in the one process that writes.
 
     # ------------------------------------------------------------------------------------------ reading
     def _read_marker(self, folder: Path) -> dict[str, Any] | None:
@@ -340,12 +341,21 @@ class Checkpointer:
         return sorted(found)
 
     def committed(self) -> list[CommittedCheckpoint]:
-        out = []
+        found: dict[int, CommittedCheckpoint] = {}
         for step, folder in self._step_folders():
             marker = self._read_marker(folder)
             if marker is not None:
-                out.append(CommittedCheckpoint(step, folder, marker))
-        return out
+                found[step] = CommittedCheckpoint(step, folder, marker)
+        # A save that replaced a step and died before committing the new copy leaves the old, committed copy
+        # under .replaced-step-N: it is still that step's checkpoint (save() moves it back).
+        if self.root.is_dir():
+            for old in self.root.glob(f"{REPLACED_PREFIX}step-*"):
+                match = STEP_FOLDER_PATTERN.match(old.name[len(REPLACED_PREFIX):])
+                if match and int(match.group(1)) not in found:
+                    marker = self._read_marker(old)
+                    if marker is not None:
+                        found[int(match.group(1))] = CommittedCheckpoint(int(match.group(1)), old, marker)
+        return [found[step] for step in sorted(found)]
 
     def committed_steps(self) -> list[int]:
         """Steps of every committed checkpoint, ascending (markers are read; file hashes are checked by load)."""
@@ -420,6 +430,7 @@ class Checkpointer:
         except (TypeError, ValueError) as exc:
             raise TypeError(f"checkpoint meta must be JSON-serialisable: {exc}") from None
         self.root.mkdir(parents=True, exist_ok=True)
+        self._recover_interrupted_replacements()
         self._remove_uncommitted()
         final = self.root / step_folder_name(step)
         temp = self.root / f"{TEMP_PREFIX}{step_folder_name(step)}-{os.getpid()}"

@@ -198,11 +198,17 @@ def test_interrupted_replacement_is_recovered(tmp_path):
     os.rename(root / "step-00000004", root / ".replaced-step-00000004")
     (root / "step-00000004").mkdir()
     (root / "step-00000004" / "model.pt").write_bytes(b"half")
-    recovered = Checkpointer(tmp_path, keep=2)
-    assert recovered.committed_steps() == [4]
-    state, meta = recovered.load()
+    before = sorted(p.name for p in root.iterdir())
+    reader = Checkpointer(tmp_path, keep=2)
+    assert reader.committed_steps() == [4]  # the old copy is still step 4's committed checkpoint
+    state, meta = reader.load()
     assert torch.equal(state["model"]["w"], torch.zeros(2)) and meta == {"session": 1}
-    assert any("restored step-00000004" in note for note in recovered.notes)
+    assert sorted(p.name for p in root.iterdir()) == before  # reading repaired nothing behind a writer's back
+    writer = Checkpointer(tmp_path, keep=2)
+    writer.save(5, {"model": {"w": torch.ones(2)}}, {"session": 2})
+    assert any("restored step-00000004" in note for note in writer.notes)
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000004", "step-00000005"]
+    assert torch.equal(writer.load(step=4)[0]["model"]["w"], torch.zeros(2))
 
 
 def test_meta_must_be_json(tmp_path):
