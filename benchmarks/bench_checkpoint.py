@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-REPEATS = 3
+REPEATS = 5
 TARGET_RATIO = 0.7
 
 
@@ -69,7 +69,7 @@ def _resume(objects, root: Path) -> tuple[float, float]:
 
     model, optimizer, scaler = objects
     started = time.perf_counter()
-    state, _meta = Checkpointer(root, keep=1).load()
+    state, _meta = Checkpointer(root, keep=REPEATS + 2).load()
     loaded = time.perf_counter()
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
@@ -85,7 +85,8 @@ def run() -> str:
     objects, state = _build_state()
     work = Path(tempfile.mkdtemp(prefix="bench_checkpoint_", dir=os.environ.get("PILOTRUN_BENCH_DIR")))
     try:
-        checkpointer = Checkpointer(work / "run", keep=1)
+        # keep: no pruning inside the timed saves, as the raw file's deletion is outside its timing.
+        checkpointer = Checkpointer(work / "run", keep=REPEATS + 2)
         folder = checkpointer.save(0, state, {"bench": True})  # warm-up, and the byte count to match
         checkpoint_bytes = sum(f.stat().st_size for f in folder.iterdir() if f.name.endswith(".pt"))
         payload = memoryview(os.urandom(1024) * (checkpoint_bytes // 1024 + 1))[:checkpoint_bytes]
@@ -100,6 +101,10 @@ def run() -> str:
             checkpointer.save(repeat + 1, state, {"bench": True})
             save_seconds.append(time.perf_counter() - started)
             save_cpu.append(time.process_time() - cpu_started)
+        # Pruning (done by save once `keep` checkpoints exist) is deletion, not writing: timed apart.
+        started = time.perf_counter()
+        shutil.rmtree(folder)
+        prune_seconds = time.perf_counter() - started
         started = time.perf_counter()
         hashlib.sha256(payload).hexdigest()
         sha256_seconds = time.perf_counter() - started
@@ -131,6 +136,7 @@ def run() -> str:
         f"{statistics.median(raw_cpu):.2f} |",
         f"| `Checkpointer.save` (sha256 + fsync + rename + marker) | {save_s:.3f} | {mb / save_s:,.0f} | "
         f"{ratio:.2f}x | {statistics.median(save_cpu):.2f} |",
+        f"| pruning one old checkpoint (rmtree; part of a save once `keep` is reached) | {prune_seconds:.3f} | | | |",
         f"| sha256 of the same bytes alone, one thread | {sha256_seconds:.3f} | {mb / sha256_seconds:,.0f} | | |",
         f"| `Checkpointer.load` (sha256 verify + torch.load) | {load_s:.3f} | {mb / load_s:,.0f} | | |",
         f"| resume: load + restore model, optimizer, scaler, RNG | {resume_s:.3f} | {mb / resume_s:,.0f} | | |",
