@@ -43,6 +43,7 @@ __all__ = ["Checkpointer", "CheckpointStorage", "TorchSaveStorage", "ResumeCompa
            "check_resume_compatibility", "step_folder_name", "MARKER_NAME"]
 
 MARKER_NAME = "COMMITTED.json"
+DAMAGED_KEY = "__damaged__"  # set (in memory only) on a marker that could not be read
 FORMAT_VERSION = 1
 STEP_FOLDER_PATTERN = re.compile(r"^step-(\d{8,})$")
 TEMP_PREFIX = ".tmp-"
@@ -321,13 +322,15 @@ class Checkpointer:
         marker_path = folder / MARKER_NAME
         if not marker_path.is_file():
             return None
+        # The marker is written through a temp file and a rename, so a torn marker means outside damage. It
+        # still counts as a checkpoint (so that --resume does not silently fall back past it), marked damaged:
+        # verify/load/meta of that step raise, and the other steps stay loadable.
         try:
             marker = json.loads(marker_path.read_text())
         except (OSError, ValueError) as exc:
-            # The marker is written through a temp file and a rename, so a torn marker means outside damage.
-            raise CheckpointError(f"checkpoint marker {marker_path} is unreadable: {exc}") from None
-        if not isinstance(marker, dict) or "files" not in marker or "step" not in marker:
-            raise CheckpointError(f"checkpoint marker {marker_path} lacks 'files' or 'step'")
+            return {"files": {}, DAMAGED_KEY: f"checkpoint marker {marker_path} is unreadable: {exc}"}
+        if not isinstance(marker, dict) or not isinstance(marker.get("files"), dict) or "step" not in marker:
+            return {"files": {}, DAMAGED_KEY: f"checkpoint marker {marker_path} lacks 'files' or 'step'"}
         return marker
 
     def _step_folders(self) -> list[tuple[int, Path]]:
@@ -378,6 +381,8 @@ class Checkpointer:
         checkpoint = by_step[step]
         earlier = [s for s in sorted(by_step) if s < step]
         hint = f"; resume from an earlier one with --from-step {earlier[-1]}" if earlier else ""
+        if DAMAGED_KEY in checkpoint.marker:
+            raise CheckpointError(checkpoint.marker[DAMAGED_KEY] + hint)
         files = checkpoint.marker["files"]
         for file_name, entry in files.items():
             path = checkpoint.path / file_name
@@ -417,6 +422,8 @@ class Checkpointer:
         """The meta recorded with a committed checkpoint, without reading its tensors."""
         for checkpoint in self.committed():
             if checkpoint.step == step:
+                if DAMAGED_KEY in checkpoint.marker:
+                    return self.verify(step).marker  # raises, naming the marker and an earlier step
                 return checkpoint.marker.get("meta", {})
         raise CheckpointError(f"no committed checkpoint at step {step} in {self.root}")
 

@@ -306,3 +306,18 @@ def test_hashing_writer_is_done_with_a_chunk_when_write_returns(tmp_path):
     expected = hashlib.sha256(b"".join(chunks)).hexdigest()
     assert digest == expected == hashlib.sha256((tmp_path / "f.bin").read_bytes()).hexdigest()
     assert writer.bytes_written == sum(len(c) for c in chunks)
+
+
+def test_damaged_marker_is_named_and_other_steps_stay_loadable(tmp_path):
+    checkpointer = Checkpointer(tmp_path, keep=3)
+    checkpointer.save(1, {"model": {"w": torch.zeros(2)}}, {"step": 1})
+    checkpointer.save(2, {"model": {"w": torch.ones(2)}}, {"step": 2})
+    marker = tmp_path / "checkpoints" / step_folder_name(2) / MARKER_NAME
+    marker.write_text(marker.read_text()[:40])
+    assert checkpointer.committed_steps() == [1, 2]  # still counted: --resume must not silently skip it
+    with pytest.raises(CheckpointError, match=r"step-00000002/COMMITTED\.json is unreadable.*--from-step 1"):
+        checkpointer.load()
+    with pytest.raises(CheckpointError, match="COMMITTED.json is unreadable"):
+        checkpointer.meta(2)
+    state, meta = checkpointer.load(step=1)
+    assert torch.equal(state["model"]["w"], torch.zeros(2)) and meta == {"step": 1}
