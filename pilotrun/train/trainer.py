@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from pilotrun.config import RunConfig, config_from_dict, config_to_dict, validate_run_config
-from pilotrun.errors import CheckpointError, ConfigError, DataError, PilotrunError
+from pilotrun.errors import CheckpointError, ConfigError
 from pilotrun.train import distributed as dist_utils
 from pilotrun.train.environment import git_state, hardware_info, memory_snapshot, software_versions
 from pilotrun.train.runlog import MetricsLog, RunRecord
@@ -225,14 +225,11 @@ class Trainer:
         self.last_checkpoint_step = self.resumed_from
 
         # Model facts for run.json.
-        try:
-            from pilotrun.model.accounting import count_parameters, flops_per_token
-            total, active = count_parameters(config.model)
-            self.flops_per_token: float | None = float(flops_per_token(config.model, t.seq_len))
-        except ImportError:  # accounting not available: count what exists, claim no FLOPs
-            total = sum(p.numel() for p in self.raw_model.parameters())
-            active, self.flops_per_token = None, None
-        self.parameters = (int(total), int(active) if active is not None else None)
+        from pilotrun.model.accounting import count_parameters, flops_per_token
+
+        total, active = count_parameters(config.model)
+        self.flops_per_token = float(flops_per_token(config.model, t.seq_len))  # training (fwd + bwd) FLOPs
+        self.parameters = (int(total), int(active))
         peak = self.hardware.get("peak_flops_per_s")
         self.peak_flops_per_s = peak * world_size if peak else None
 
@@ -451,10 +448,10 @@ class Trainer:
                 # ---- one update (spec 2.5) ------------------------------------------------------------------
                 set_learning_rates(optimizer, self.step, cfg.optim.schedule)
                 optimizer.zero_grad(set_to_none=True)
-                restarted = False
+                restarted = 0  # exhaustion restarts of the training split during this update (0 nearly always)
                 for micro in range(accumulation):
                     inputs, targets = loader.next_batch()
-                    restarted = restarted or loader.last_batch_restarted
+                    restarted += loader.last_batch_restarted
                     inputs = inputs.to(device, non_blocking=True)
                     targets = targets.to(device, non_blocking=True)
                     with dist_utils.gradient_sync(model, micro == accumulation - 1):
@@ -495,7 +492,7 @@ class Trainer:
                 rare = restarted or not outcome.applied
                 if rare:
                     with account.phase("other"):
-                        if restarted:
+                        for _ in range(restarted):
                             self.data_restarts += 1
                             self._log("data_restart", epoch=int(loader.epoch), data_restarts=self.data_restarts)
                         if not outcome.applied:
@@ -658,9 +655,6 @@ def train_from_cli(config: RunConfig, data_dir: str, run_dir: str, resume: bool,
     try:
         trainer = Trainer(config, data_dir, run_dir, resume=resume, from_step=from_step,
                           allow_changes=allow_changes, command=command, context=context)
-        result = trainer.run()
-        return result.exit_code
-    except (DataError, CheckpointError, ConfigError, PilotrunError):
-        raise
+        return trainer.run().exit_code
     finally:
         dist_utils.shutdown_distributed(context)
