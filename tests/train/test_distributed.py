@@ -8,7 +8,6 @@ with torch.save; the parent compares them. `run_ranks` is imported by the other 
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,20 +16,23 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from torch import nn
+from torch.distributed import TCPStore
 
 from pilotrun.errors import CheckpointError, ConfigError
 from pilotrun.train import distributed as D
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def agent_store() -> TCPStore:
+    """The rendezvous store, hosted by the test process as torchrun's agent hosts it: bound to a port the OS
+    picked and held open, so no other process on the machine can take the port between choosing and using it
+    (a free-port probe can race with the many tests that run at once)."""
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
 
 def _rank_entry(rank: int, world_size: int, port: int, function: Callable[..., None], args: tuple) -> None:
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "TORCHELASTIC_USE_AGENT_STORE": "True"})  # connect to the test's store, as under torchrun
     torch.set_num_threads(1)
     function(rank, *args)
 
@@ -38,8 +40,10 @@ def _rank_entry(rank: int, world_size: int, port: int, function: Callable[..., N
 def run_ranks(function: Callable[..., None], *args: Any, world_size: int = 2) -> None:
     """Run `function(rank, *args)` in `world_size` fresh processes with torchrun's environment; an exception
     in any rank fails the caller."""
-    mp.start_processes(_rank_entry, args=(world_size, free_port(), function, args), nprocs=world_size,
+    store = agent_store()
+    mp.start_processes(_rank_entry, args=(world_size, store.port, function, args), nprocs=world_size,
                        join=True, start_method="spawn")
+    del store
 
 
 # ---------------------------------------------------------------------------------------------- one process

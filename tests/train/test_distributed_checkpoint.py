@@ -22,7 +22,7 @@ from pilotrun.train.dcp_storage import (
     model_and_optimizer_state,
 )
 from pilotrun.train.rng import capture_rng_state
-from tests.train.test_distributed import _rank_entry, free_port, run_ranks
+from tests.train.test_distributed import _rank_entry, agent_store, run_ranks
 
 
 def _state_for_rank(rank: int, step: int) -> dict:
@@ -145,7 +145,8 @@ def _slow_second_save_worker(rank: int, run_dir: str) -> None:
 
 
 def test_ranks_killed_during_a_save_leave_no_committed_checkpoint(tmp_path: Path) -> None:
-    context = mp.start_processes(_rank_entry, args=(2, free_port(), _slow_second_save_worker, (str(tmp_path),)),
+    store = agent_store()
+    context = mp.start_processes(_rank_entry, args=(2, store.port, _slow_second_save_worker, (str(tmp_path),)),
                                  nprocs=2, join=False, start_method="spawn")
     root = tmp_path / "checkpoints"
     deadline = time.time() + 60
