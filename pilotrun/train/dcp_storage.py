@@ -143,8 +143,8 @@ class DCPStorage:
             if template is None:
                 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process": intended
+                with warnings.catch_warnings():  # "assuming ... a single process": intended
+                    warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
                     loaded = _load_state_dict_from_keys(checkpoint_id=str(folder))
                 flat = {k: v for k, v in loaded.items() if PER_RANK_SEPARATOR not in k}
                 for key in self.per_rank_keys:
@@ -155,7 +155,10 @@ class DCPStorage:
             for key in self.per_rank_keys:
                 if key in template:
                     flat[_per_rank_key(key, source_rank)] = template[key]
-            dcp.load(flat, storage_reader=dcp.FileSystemReader(folder), no_dist=no_dist)
+            with warnings.catch_warnings():
+                # One process reading a checkpoint written by several is intended (a world-size change).
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+                dcp.load(flat, storage_reader=dcp.FileSystemReader(folder), no_dist=no_dist)
         except CheckpointError:
             raise
         except Exception as exc:  # DCP wraps rank failures; name the folder and the first line of the cause
