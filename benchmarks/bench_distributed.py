@@ -61,6 +61,7 @@ def _allreduce_worker(rank: int, port: int, numel: int, repeats: int, out: str) 
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # connect to the parent's store, as under torchrun
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     buffer = torch.ones(numel)
     timings = []
@@ -76,16 +77,15 @@ def _allreduce_worker(rank: int, port: int, numel: int, repeats: int, out: str) 
 
 def _allreduce_seconds(numel: int, repeats: int = 20) -> float:
     """Best-of seconds of one gloo all-reduce of `numel` fp32 values between 2 processes on this machine."""
-    import socket
-
     import torch.multiprocessing as mp
+    from torch.distributed import TCPStore
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # The rendezvous store lives here, on a port the OS picked and that stays bound: no free-port race.
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     with tempfile.TemporaryDirectory() as scratch:
         out = str(Path(scratch) / "timings.json")
-        mp.start_processes(_allreduce_worker, args=(port, numel, repeats, out), nprocs=2, start_method="spawn")
+        mp.start_processes(_allreduce_worker, args=(store.port, numel, repeats, out), nprocs=2,
+                           start_method="spawn")
         return min(json.loads(Path(out).read_text()))
 
 
