@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from pilotrun.data.shards import TOKENIZER_FILE, check_shard, file_sha256, load_manifest, metadata_sha256
+from pilotrun.data.shards import TOKENIZER_FILE, check_shard, load_manifest, metadata_sha256
 from pilotrun.data.stream import SPLITS
 from pilotrun.errors import DataError
+from pilotrun.files import sha256_of_file
 
 MODES = ("successive", "repeat_batch")
 
@@ -114,7 +115,7 @@ class TokenDataset:
         self.tokenizer_path = os.path.join(data_dir, TOKENIZER_FILE)
         if not os.path.isfile(self.tokenizer_path):
             raise DataError(f"{self.tokenizer_path} is missing")
-        if file_sha256(self.tokenizer_path) != tokenizer.get("sha256"):
+        if sha256_of_file(self.tokenizer_path) != tokenizer.get("sha256"):
             raise DataError(f"{self.tokenizer_path} does not match the manifest's tokenizer sha256")
 
     def split(self, name: str) -> TokenSplit:

@@ -140,14 +140,6 @@ def check_shard(path: str, expected_dtype: str, expected_tokens: int) -> ShardHe
     return header
 
 
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def load_manifest(data_dir: str) -> dict[str, Any]:
     if not os.path.isdir(data_dir):
         raise DataError(f"data folder {data_dir} does not exist (make one with `pilotrun prepare`)")

@@ -24,8 +24,8 @@ from typing import Any
 
 from pilotrun.data.builtin_corpus import builtin_corpus_info, iter_builtin_documents
 from pilotrun.data.hub import HubClient, HuggingFaceHub, resolve_commit
-from pilotrun.data.shards import file_sha256
 from pilotrun.errors import DataError
+from pilotrun.files import sha256_of_file
 
 FINEWEB_EDU_REPO = "HuggingFaceFW/fineweb-edu"
 FINEWEB_EDU_DEFAULT_CONFIG = "sample-10BT"
@@ -136,7 +136,7 @@ def _open_local(spec: str, text_field: str) -> OpenedSource:
         {
             "name": os.path.relpath(os.path.abspath(p), common),
             "bytes": os.path.getsize(p),
-            "sha256": file_sha256(p),
+            "sha256": sha256_of_file(p),
         }
         for p in files
     ]

@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from pilotrun.data.shards import METADATA_FILE, TOKENIZER_FILE, file_sha256, load_manifest, read_shard_header
+from pilotrun.data.shards import METADATA_FILE, TOKENIZER_FILE, load_manifest, read_shard_header
 from pilotrun.data.stream import SPLITS
 from pilotrun.errors import DataError
+from pilotrun.files import sha256_of_file
 
 READ_BLOCK_TOKENS = 1 << 22
 
@@ -62,7 +63,7 @@ def verify_data(data_dir: str | os.PathLike) -> list[str]:
     tokenizer_path = os.path.join(data_dir, TOKENIZER_FILE)
     if not os.path.isfile(tokenizer_path):
         problems.append(f"{tokenizer_path}: missing")
-    elif file_sha256(tokenizer_path) != tokenizer.get("sha256"):
+    elif sha256_of_file(tokenizer_path) != tokenizer.get("sha256"):
         problems.append(f"{tokenizer_path}: sha256 differs from the manifest")
 
     listed = {METADATA_FILE, TOKENIZER_FILE}

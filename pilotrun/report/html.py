@@ -10,20 +10,14 @@ from __future__ import annotations
 import base64
 import html
 import json
-import os
 from pathlib import Path
 
+from pilotrun.files import write_text_atomic
 from pilotrun.report.plots import PLOT_TITLES, write_plots
 from pilotrun.report.verdict import Verdict
 
 REPORT_DIR = "report"
 STATUS_COLOURS = {"PASS": "#1a7f37", "WARN": "#9a6700", "FAIL": "#cf222e"}
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _fmt(value, digits: int = 1) -> str:
@@ -115,6 +109,6 @@ def write_report(verdict: Verdict, run_dir: str | Path | None = None) -> Path:
     out = Path(run_dir if run_dir is not None else verdict.summary.run_dir) / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
     plots = write_plots(verdict.summary, out)
-    _write_atomic(out / "summary.json", json.dumps(verdict.to_dict(), indent=2) + "\n")
-    _write_atomic(out / "report.html", render_html(verdict, plots))
+    write_text_atomic(out / "summary.json", json.dumps(verdict.to_dict(), indent=2) + "\n")
+    write_text_atomic(out / "report.html", render_html(verdict, plots))
     return out

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import torch
 
 from pilotrun.errors import CheckpointError
+from pilotrun.files import fsync_directory, sha256_of_file
 from pilotrun.train.compat import ResumeCompatibility, check_resume_compatibility
 
 __all__ = ["Checkpointer", "CheckpointStorage", "TorchSaveStorage", "ResumeCompatibility",
@@ -52,33 +53,10 @@ REPLACED_PREFIX = ".replaced-"
 # a test can SIGKILL a process inside a checkpoint write deterministically. Unset in normal use.
 WRITE_DELAY_ENV = "PILOTRUN_TEST_CHECKPOINT_WRITE_DELAY_S"
 COMMIT_DELAY_ENV = "PILOTRUN_TEST_CHECKPOINT_COMMIT_DELAY_S"
-HASH_CHUNK_BYTES = 8 << 20
 
 
 def step_folder_name(step: int) -> str:
     return f"step-{step:08d}"
-
-
-def fsync_directory(path: Path) -> None:
-    """Make a rename or a new file inside `path` durable (POSIX; a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def sha256_of_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(HASH_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _test_delay(variable: str = WRITE_DELAY_ENV) -> None:

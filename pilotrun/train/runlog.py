@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pilotrun.files import write_text_atomic
+
 RUN_JSON = "run.json"
 METRICS_JSONL = "metrics.jsonl"
 
@@ -47,32 +49,8 @@ def dumps_line(record: dict[str, Any]) -> str:
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Temp file in the same folder, fsync, rename over the target, fsync the folder.
-
-    A crash at any moment leaves either the old file or the new one, never a half-written one.
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(json_safe(data), f, indent=2, sort_keys=False, allow_nan=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # some filesystems do not allow opening a folder; the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    """run.json and friends: a crash at any moment leaves the old file or the new one, never half of one."""
+    write_text_atomic(path, json.dumps(json_safe(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 def read_run_json(run_dir: str | Path) -> dict[str, Any]:

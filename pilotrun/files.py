@@ -1,0 +1,48 @@
+"""Durable file primitives shared by every writer: data manifests, run records, checkpoints, reports.
+
+One place for the three things crash safety rests on: a file's sha256 (how damage is found), an atomic
+text write (temp file, fsync, rename: a crash leaves the old file or the new one, never half of either),
+and an fsync of a folder (so that a rename inside it survives a power loss).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+HASH_CHUNK_BYTES = 8 << 20
+
+
+def sha256_of_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fsync_directory(path: str | Path) -> None:
+    """Make a rename or a new file inside `path` durable (POSIX; a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some filesystems do not allow opening a folder; the rename itself is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Temp file in the same folder, fsync, rename over the target, fsync the folder."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_directory(path.parent)
