@@ -125,12 +125,16 @@ def run() -> str:
     configurations = [("1 process, batch 8", 1, 8), ("2 ranks x batch 8 (weak)", 2, 8),
                       ("2 ranks x batch 4 (strong)", 2, 4)]
     measured: dict[str, list[float]] = {name: [] for name, _, _ in configurations}
+    # The 1-minute load average before each run: on 2 cores, any other runnable process takes a share of the
+    # cores the 2 ranks need, so a figure is only meaningful next to the load it was measured under.
+    load_before: dict[str, list[float]] = {name: [] for name, _, _ in configurations}
     with tempfile.TemporaryDirectory() as scratch:
         data = Path(scratch) / "data"
         prepare_corpus(data, source="builtin", tokenizer="bpe:4096", progress=False)
         for round_index in range(REPEATS):
             for name, world_size, batch_size in configurations:
                 run_dir = Path(scratch) / f"run-{round_index}-{world_size}-{batch_size}"
+                load_before[name].append(os.getloadavg()[0])
                 measured[name].append(_train(data, run_dir, world_size, batch_size)["tokens_per_s"])
     from pilotrun.config import load_run_config
     from pilotrun.model.accounting import count_parameters
@@ -146,7 +150,8 @@ def run() -> str:
     update_seconds = 8 * 64 / one  # one 1-process update: its tokens / its tokens per second
     predicted_strong = update_seconds / ((update_seconds - optimizer_step) / 2 + optimizer_step + allreduce)
     rows = "\n".join(
-        f"| {name} | {best[name]:,.0f} | {', '.join(f'{v:,.0f}' for v in measured[name])} | "
+        f"| {name} | {best[name]:,.0f} | "
+        f"{', '.join(f'{v:,.0f} ({load:.1f})' for v, load in zip(measured[name], load_before[name]))} | "
         f"{best[name] / one:.2f}x |" for name, _, _ in configurations)
     met = "met" if weak >= TARGET_WEAK_EFFICIENCY else "NOT met"
     return (
@@ -154,7 +159,7 @@ def run() -> str:
         f"`pilotrun train` on configs/stability.yaml's model (seq_len 64, fp32, {STEPS} updates, one thread per "
         "rank), training tokens/s from each run's own metrics.jsonl (windows after the first). Best of "
         f"{REPEATS} alternating rounds.\n\n"
-        "| configuration | train tokens/s (best) | each round | vs 1 process |\n|---|---:|---|---:|\n"
+        "| configuration | train tokens/s (best) | each round (load average before it) | vs 1 process |\n|---|---:|---|---:|\n"
         f"{rows}\n\n"
         f"- Weak scaling efficiency (global batch doubles): {weak:.2f} of ideal (ideal 1.00). "
         f"Target >= {TARGET_WEAK_EFFICIENCY}: **{met}**.\n"
@@ -171,6 +176,10 @@ def run() -> str:
         "halved, strong scaling would be update / ((update - step) / 2 + step + all-reduce) = "
         f"{predicted_strong:.2f}x; the measured {strong:.2f}x falls short of that too, and the rest "
         "(fixed per-microbatch costs of small batches, two processes on two cores) is not separated here.\n\n"
+        "These figures are only as good as the machine was idle: with 2 cores, every other runnable process "
+        "(a load average above 0) takes from the 2 ranks' cores, twice as hard as from the 1 process, so on a "
+        "shared machine the scaling figures swing from run to run; rerun on an idle machine before trusting "
+        "them.\n\n"
         "Limits: 2 CPU cores on one machine (2 ranks leave no core for anything else), gloo all-reduce over "
         "loopback, a small model, and a machine that may be shared with other work during the run (the load "
         f"average when this section was written: {os.getloadavg()[0]:.1f}). These say nothing about NCCL on "
