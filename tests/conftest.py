@@ -1,8 +1,20 @@
-"""Shared fixtures: one prepared copy of the built-in corpus per test session (prepare takes seconds)."""
+"""Shared fixtures: one intra-op thread for every in-process test, and one prepared built-in corpus."""
 
 from __future__ import annotations
 
 import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def single_intra_op_thread():
+    """Bit-exact comparisons need a fixed thread count, and one thread is also the fast choice here: on a
+    busy 2-core machine two OpenMP threads made small matmuls up to ~100x slower (measured while building
+    the model tests). Subprocess tests choose their threads through the recipe's train.num_threads."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session")

@@ -19,14 +19,6 @@ from pilotrun.optim.muon_adamw import (
 NS_SHAPES = [(64, 64), (64, 256), (256, 64), (160, 512), (1408, 512)]
 
 
-@pytest.fixture(autouse=True)
-def _fixed_threads():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 # Smallest normalised input singular value x = sigma / ||G||_F that five quintic steps lift to >= 0.5 (found by
 # bisection on the scalar map x -> a x + b x^3 + c x^5 applied 5 times). Below it a direction is not
 # orthogonalised in 5 steps, by design (spec 2.2.2). Rectangular Gaussian matrices have no such directions; a

@@ -12,14 +12,6 @@ from pilotrun.model.transformer import build_model
 from pilotrun.optim.qk_clip import QKClipCounters, apply_qk_clip
 
 
-@pytest.fixture(autouse=True)
-def _fixed_threads():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def _model(q_lora_rank: int):
     torch.manual_seed(0)
     # init_std 0.1 gives max logits around 1-2, so a tau between them splits the heads.

@@ -16,14 +16,6 @@ from pilotrun.optim.schedule import set_learning_rates
 from pilotrun.train.precision import apply_update, autocast_context, build_grad_scaler
 
 
-@pytest.fixture(autouse=True)
-def _fixed_threads():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 class TinyNet(torch.nn.Module):
     """Embedding -> two hidden matrices -> norm -> head: one of each kind the partition distinguishes."""
 
