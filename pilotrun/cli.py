@@ -14,14 +14,6 @@ from pilotrun import __version__
 from pilotrun.errors import PilotrunError
 
 
-class NotYetAvailable(PilotrunError):
-    """A command whose implementation has not landed yet."""
-
-
-def _not_yet(name: str) -> int:
-    raise NotYetAvailable(f"'{name}' is not yet available in this version of pilotrun")
-
-
 # ---------------------------------------------------------------------------------------------- prepare
 def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
