@@ -38,9 +38,27 @@ from typing import Any
 import torch
 
 from pilotrun.config import RunConfig, config_from_dict, config_to_dict, validate_run_config
+from pilotrun.data.reader import BatchLoader, open_dataset
 from pilotrun.errors import CheckpointError, ConfigError
+from pilotrun.model.accounting import count_parameters, flops_per_token
+from pilotrun.model.balancing import update_expert_bias
+from pilotrun.model.diagnostics import (
+    attention_diagnostics,
+    collect_step_statistics,
+    moe_diagnostics,
+    reset_step_statistics,
+)
+from pilotrun.model.transformer import build_model
+from pilotrun.optim.muon_adamw import build_optimizer
+from pilotrun.optim.partition import partition_table
+from pilotrun.optim.qk_clip import QKClipCounters, apply_qk_clip
+from pilotrun.optim.schedule import set_learning_rates
 from pilotrun.train import distributed as dist_utils
+from pilotrun.train.checkpoint import check_resume_compatibility
+from pilotrun.train.dcp_storage import DistributedCheckpointer, load_training_state, training_state
 from pilotrun.train.environment import git_state, hardware_info, memory_snapshot, software_versions
+from pilotrun.train.precision import UpdateOutcome, apply_update, autocast_context, build_grad_scaler
+from pilotrun.train.rng import capture_rng_state, restore_rng_state, seed_every_generator
 from pilotrun.train.runlog import MetricsLog, RunRecord
 from pilotrun.train.timing import TimeAccount, WindowClock, throughput
 
@@ -101,15 +119,6 @@ class Trainer:
                  from_step: int | None = None, allow_changes: list[str] | tuple[str, ...] = (),
                  command: list[str] | None = None, progress: bool = True,
                  context: dist_utils.DistributedContext | None = None, out=None):
-        from pilotrun.data.reader import BatchLoader, open_dataset
-        from pilotrun.model.transformer import build_model
-        from pilotrun.optim.muon_adamw import build_optimizer
-        from pilotrun.optim.partition import partition_table
-        from pilotrun.optim.qk_clip import QKClipCounters
-        from pilotrun.train.checkpoint import check_resume_compatibility
-        from pilotrun.train.dcp_storage import DistributedCheckpointer, load_training_state
-        from pilotrun.train.precision import build_grad_scaler
-        from pilotrun.train.rng import restore_rng_state, seed_every_generator
 
         self.account = TimeAccount()  # everything until the loop starts is "other" (setup)
         self.run_dir = Path(run_dir)
@@ -225,7 +234,6 @@ class Trainer:
         self.last_checkpoint_step = self.resumed_from
 
         # Model facts for run.json.
-        from pilotrun.model.accounting import count_parameters, flops_per_token
 
         total, active = count_parameters(config.model)
         self.flops_per_token = float(flops_per_token(config.model, t.seq_len))  # training (fwd + bwd) FLOPs
@@ -344,8 +352,6 @@ class Trainer:
     def evaluate(self) -> dict[str, Any]:
         """Mean CE over `eval_batches` batches from the start of val: eval mode (no counters or trackers move),
         no grad, the training precision. The same batches every time, so values are comparable."""
-        from pilotrun.data.reader import BatchLoader
-        from pilotrun.train.precision import autocast_context
 
         t = self.config.train
         loader = BatchLoader(self.val_split, t.batch_size, t.seq_len, mode="successive", rank=self.context.rank,
@@ -370,9 +376,6 @@ class Trainer:
                 "seconds": time.perf_counter() - started}
 
     def save_checkpoint(self) -> None:
-        from pilotrun.train.dcp_storage import training_state
-        from pilotrun.train.rng import capture_rng_state
-
         started = time.perf_counter()
         path = None
         size = 0
@@ -401,26 +404,9 @@ class Trainer:
             self.metrics.close()
 
     def _run(self) -> TrainResult:
-        from pilotrun.model.balancing import update_expert_bias
-        from pilotrun.model.diagnostics import (
-            attention_diagnostics,
-            collect_step_statistics,
-            moe_diagnostics,
-            reset_step_statistics,
-        )
-        from pilotrun.optim.qk_clip import apply_qk_clip
-        from pilotrun.optim.schedule import set_learning_rates
-        from pilotrun.train.precision import apply_update, autocast_context
-
         cfg, t = self.config, self.config.train
-        model, raw, optimizer, scaler, loader = self.model, self.raw_model, self.optimizer, self.scaler, self.train_loader
-        context = self.context
-        accumulation = t.gradient_accumulation_steps
-        tokens_per_microbatch = self.tokens_per_microbatch
-        device, precision = self.device, t.precision
-        qk_enabled, tau = cfg.optim.qk_clip.enabled, cfg.optim.qk_clip.tau
-        bias_speed, grad_clip = cfg.model.bias_update_speed, cfg.optim.grad_clip
-        account = self.account
+        raw, optimizer, loader, context = self.raw_model, self.optimizer, self.train_loader, self.context
+        tokens_per_microbatch, device, account = self.tokens_per_microbatch, self.device, self.account
 
         if self.is_main:
             for line in describe_plan(cfg, context.world_size, self.step):
@@ -445,49 +431,7 @@ class Trainer:
         try:
             account.switch("train")
             while self.step < t.max_steps:
-                # ---- one update (spec 2.5) ------------------------------------------------------------------
-                set_learning_rates(optimizer, self.step, cfg.optim.schedule)
-                optimizer.zero_grad(set_to_none=True)
-                restarted = 0  # exhaustion restarts of the training split during this update (0 nearly always)
-                for micro in range(accumulation):
-                    inputs, targets = loader.next_batch()
-                    restarted += loader.last_batch_restarted
-                    inputs = inputs.to(device, non_blocking=True)
-                    targets = targets.to(device, non_blocking=True)
-                    with dist_utils.gradient_sync(model, micro == accumulation - 1):
-                        with autocast_context(precision, device.type):
-                            output = model(inputs, targets)
-                        scaler.scale(output.loss / accumulation).backward()
-                    window.ce_sum += output.ce_loss.detach()
-                    window.aux_sum += output.aux_loss.detach()
-                    self.tokens_seen += tokens_per_microbatch
-                    window.microbatches += 1
-                self.updates_attempted += 1
-                window.attempted += 1
-                tokens_per_expert, qk_max_logit = collect_step_statistics(raw)
-                tokens_per_expert, qk_max_logit = dist_utils.all_reduce_step_statistics(
-                    context, tokens_per_expert, qk_max_logit)
-                outcome = apply_update(model, optimizer, scaler, grad_clip)
-                if outcome.applied:
-                    if qk_enabled:
-                        clip = apply_qk_clip(raw, qk_max_logit, tau)
-                        if clip.n_heads_clipped or clip.skipped_nonfinite_layers:  # rare: only then any work
-                            window.first_clipped += self.qk_counters.update(clip)
-                            window.heads_clipped += int(clip.n_heads_clipped)
-                            window.min_gamma = min(window.min_gamma, float(clip.min_gamma))
-                    update_expert_bias(raw, tokens_per_expert, bias_speed)
-                    self.step += 1
-                    self.consecutive_skips = 0
-                    window.applied += 1
-                    window.clipped += int(outcome.clipped)
-                    window.grad_norm = outcome.grad_norm
-                    window.grad_norm_max = max(window.grad_norm_max, outcome.grad_norm)
-                else:
-                    self.updates_skipped += 1
-                    self.consecutive_skips += 1
-                    window.skipped += 1
-                window.loss_scale = outcome.loss_scale_after
-                window.add_statistics(tokens_per_expert, qk_max_logit)
+                outcome, restarted = self._train_one_update(window)
                 # ---- bookkeeping outside the timed training region ---------------------------------------
                 rare = restarted or not outcome.applied
                 if rare:
@@ -562,6 +506,59 @@ class Trainer:
                   f"eval {split['eval_seconds']:.1f} s, checkpoint {split['checkpoint_seconds']:.1f} s, other "
                   f"{split['other_seconds']:.1f} s of {split['wall_seconds']:.1f} s wall", file=self.out, flush=True)
         return TrainResult(reason=reason, exit_code=exit_code, message=message, **self.counters())
+
+    def _train_one_update(self, window: _Window) -> tuple[UpdateOutcome, int]:
+        """Spec 2.5, one update: microbatches, agreed statistics, the update, and what follows only when applied.
+
+        Returns the outcome and how many exhaustion restarts of the training split happened during it
+        (0 nearly always); logging them is left to the caller, outside the timed training region."""
+        cfg, t = self.config, self.config.train
+        model, raw, optimizer, scaler, loader = self.model, self.raw_model, self.optimizer, self.scaler, self.train_loader
+        accumulation = t.gradient_accumulation_steps
+        qk_enabled, tau = cfg.optim.qk_clip.enabled, cfg.optim.qk_clip.tau
+        set_learning_rates(optimizer, self.step, cfg.optim.schedule)
+        optimizer.zero_grad(set_to_none=True)
+        restarted = 0  # exhaustion restarts of the training split during this update (0 nearly always)
+        for micro in range(accumulation):
+            inputs, targets = loader.next_batch()
+            restarted += loader.last_batch_restarted
+            inputs = inputs.to(self.device, non_blocking=True)
+            targets = targets.to(self.device, non_blocking=True)
+            with dist_utils.gradient_sync(model, micro == accumulation - 1):
+                with autocast_context(t.precision, self.device.type):
+                    output = model(inputs, targets)
+                scaler.scale(output.loss / accumulation).backward()
+            window.ce_sum += output.ce_loss.detach()
+            window.aux_sum += output.aux_loss.detach()
+            self.tokens_seen += self.tokens_per_microbatch
+            window.microbatches += 1
+        self.updates_attempted += 1
+        window.attempted += 1
+        tokens_per_expert, qk_max_logit = collect_step_statistics(raw)
+        tokens_per_expert, qk_max_logit = dist_utils.all_reduce_step_statistics(
+            self.context, tokens_per_expert, qk_max_logit)
+        outcome = apply_update(model, optimizer, scaler, cfg.optim.grad_clip)
+        if outcome.applied:
+            if qk_enabled:
+                clip = apply_qk_clip(raw, qk_max_logit, tau)
+                if clip.n_heads_clipped or clip.skipped_nonfinite_layers:  # rare: only then any work
+                    window.first_clipped += self.qk_counters.update(clip)
+                    window.heads_clipped += int(clip.n_heads_clipped)
+                    window.min_gamma = min(window.min_gamma, float(clip.min_gamma))
+            update_expert_bias(raw, tokens_per_expert, cfg.model.bias_update_speed)
+            self.step += 1
+            self.consecutive_skips = 0
+            window.applied += 1
+            window.clipped += int(outcome.clipped)
+            window.grad_norm = outcome.grad_norm
+            window.grad_norm_max = max(window.grad_norm_max, outcome.grad_norm)
+        else:
+            self.updates_skipped += 1
+            self.consecutive_skips += 1
+            window.skipped += 1
+        window.loss_scale = outcome.loss_scale_after
+        window.add_statistics(tokens_per_expert, qk_max_logit)
+        return outcome, restarted
 
     def _close_window(self, window: _Window, window_clock: WindowClock, raw: torch.nn.Module, moe_diagnostics,
                       attention_diagnostics, optimizer: torch.optim.Optimizer, bar) -> None:

@@ -12,6 +12,7 @@ from pilotrun.errors import CheckpointError
 from pilotrun.train import checkpoint as checkpoint_module
 from pilotrun.train.checkpoint import MARKER_NAME, Checkpointer, TorchSaveStorage, step_folder_name
 from pilotrun.train.rng import capture_rng_state
+from tests.exactness import assert_exactly_equal
 
 
 def realistic_state(seed: int) -> dict:
@@ -32,28 +33,13 @@ def realistic_state(seed: int) -> dict:
     }
 
 
-def assert_states_equal(a, b) -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b)
-        for key in a:
-            assert_states_equal(a[key], b[key])
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_states_equal(x, y)
-    else:
-        assert a == b and type(a) is type(b)
-
-
 def test_save_load_round_trip_is_exact(tmp_path):
     state = realistic_state(3)
     meta = {"recipe": {"train": {"max_steps": 10}}, "world_size": 1, "loss": 2.5}
     path = Checkpointer(tmp_path, keep=2).save(3, state, meta)
     assert path == tmp_path / "checkpoints" / "step-00000003"
     loaded, loaded_meta = Checkpointer(tmp_path, keep=2).load()
-    assert_states_equal(state, loaded)
+    assert_exactly_equal(state, loaded)
     assert loaded_meta == meta
 
 
@@ -157,7 +143,7 @@ def test_damaged_file_is_named_and_an_earlier_step_suggested(tmp_path, damage):
     with pytest.raises(CheckpointError, match=r"step-00000020/optimizer\.pt .*--from-step 10"):
         checkpointer.load()
     state, _ = checkpointer.load(step=10)  # the earlier checkpoint is still intact and loadable
-    assert_states_equal(state, realistic_state(1) | {"rng": state["rng"]})
+    assert_exactly_equal(state, realistic_state(1) | {"rng": state["rng"]})
 
 
 def test_load_of_a_missing_step_lists_the_committed_ones(tmp_path):
@@ -281,9 +267,9 @@ def test_large_parts_are_sharded_and_read_back_exactly(tmp_path):
     names = sorted(p.name for p in path.iterdir())
     assert "model.pt" in names and "model.000.pt" in names and "optimizer.001.pt" in names
     loaded, _ = Checkpointer(tmp_path, keep=1, storage=storage).load()
-    assert_states_equal(state, loaded)
+    assert_exactly_equal(state, loaded)
     # The default storage reads it too (the layout is in the files, not in the storage's settings).
-    assert_states_equal(state, Checkpointer(tmp_path, keep=1).load()[0])
+    assert_exactly_equal(state, Checkpointer(tmp_path, keep=1).load()[0])
     shard = path / "optimizer.001.pt"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF

@@ -24,6 +24,7 @@ import torch
 from pilotrun.config import load_run_config
 from pilotrun.errors import CheckpointError
 from pilotrun.train.checkpoint import Checkpointer
+from tests.exactness import assert_exactly_equal
 
 ROOT = Path(__file__).resolve().parents[2]
 N_STEPS = 8
@@ -64,24 +65,6 @@ def train_losses(run_dir: Path) -> dict[int, list[float]]:
 
 def event_count(run_dir: Path, name: str) -> int:
     return sum(json.loads(line)["event"] == name for line in (run_dir / "metrics.jsonl").read_text().splitlines())
-
-
-def assert_exactly_equal(a, b, where: str = "state") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
-        assert torch.equal(a, b), f"{where} differs"
-    elif isinstance(a, dict):
-        assert set(a) == set(b), f"{where}: keys differ"
-        for key in a:
-            assert_exactly_equal(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b), f"{where}: lengths differ"
-        for index, (x, y) in enumerate(zip(a, b)):
-            assert_exactly_equal(x, y, f"{where}[{index}]")
-    elif isinstance(a, float) and a != a:
-        assert b != b, f"{where}: NaN vs {b}"
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
 def make_trainer(config, data_dir, run_dir, **kwargs):

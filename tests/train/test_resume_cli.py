@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from pilotrun.train.checkpoint import COMMIT_DELAY_ENV, MARKER_NAME, Checkpointer
+from tests.exactness import assert_exactly_equal
 
 ROOT = Path(__file__).resolve().parents[2]
 N_STEPS = 10
@@ -59,21 +59,6 @@ def losses_by_step(run_dir: Path) -> dict[int, list[float]]:
         if event["event"] == "train":
             out.setdefault(event["step"], []).append(event["loss"])
     return out
-
-
-def assert_exactly_equal(a, b, where: str = "state") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), f"{where} differs"
-    elif isinstance(a, dict):
-        assert set(a) == set(b), f"{where}: keys differ"
-        for key in a:
-            assert_exactly_equal(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b), f"{where}: lengths differ"
-        for index, (x, y) in enumerate(zip(a, b)):
-            assert_exactly_equal(x, y, f"{where}[{index}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
 @pytest.fixture(scope="module")
