@@ -168,7 +168,8 @@ def _measure() -> str:
         f"| Muon + AdamW (pilotrun MuonAdamW, real partition) | {muon_seconds * ms:.1f} |"
         f" {muon_seconds / torch_adamw_seconds:.2f}x |",
         f"| of which Newton-Schulz ({ns_clock['calls'] // steps} calls per step) | {ns_seconds * ms:.1f} |"
-        f" {ns_share:.0%} of the Muon + AdamW step |",
+        f" {ns_share:.0%} of the same steps ({wrapped_step_seconds * ms:.1f} ms mean, timed in a separate run of"
+        f" {steps} with Newton-Schulz instrumented; the row above is the median of uninstrumented steps) |",
         f"| AdamW-only, torch.optim.AdamW (CPU default: single-tensor) | {torch_adamw_seconds * ms:.1f} | 1.00x |",
         f"| AdamW-only, torch.optim.AdamW(foreach=True) | {torch_adamw_foreach_seconds * ms:.1f} |"
         f" {torch_adamw_foreach_seconds / torch_adamw_seconds:.2f}x |",
