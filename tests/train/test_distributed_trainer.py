@@ -50,7 +50,27 @@ def _train_command(data: Path, run_dir: Path, world_size: int, batch_size: int, 
 
 
 def _run(command: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(command, cwd=ROOT, env=_env(env), capture_output=True, text=True, timeout=300)
+    """Run to completion; a run still going after 300 s is a hang: every process of it dumps its Python stacks
+    (faulthandler on SIGABRT) and the test fails with them, instead of a bare timeout that says nothing."""
+    process = subprocess.Popen(command, cwd=ROOT, env=_env({"PYTHONFAULTHANDLER": "1", **(env or {})}),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        for pid in _descendants(process.pid):
+            try:
+                os.kill(pid, signal.SIGABRT)
+            except ProcessLookupError:
+                pass
+        time.sleep(5)
+        for pid in _descendants(process.pid) + [process.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        stdout, stderr = process.communicate()
+        pytest.fail(f"hung for 300 s: {' '.join(command)}\nstacks and output:\n{stderr[-12000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def _events(run_dir: Path) -> list[dict]:
