@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -190,9 +191,11 @@ class SyntheticRun:
         return copy.deepcopy(self)
 
 
-def crashed_and_resumed(run_dir: Path, **kwargs: Any) -> SyntheticRun:
-    """The pilot's shape: train to 33 (checkpoint at 20), SIGKILL, resume from 20, finish at max_steps."""
-    run = SyntheticRun(run_dir, **kwargs)
+def crashed_and_resumed(run_dir: Path, make_run: Callable[..., SyntheticRun] = SyntheticRun,
+                        **kwargs: Any) -> SyntheticRun:
+    """The pilot's shape: train to 33 (checkpoint at 20), SIGKILL, resume from 20, finish at max_steps.
+    `make_run` builds the run (a test may set its figures there before any event is written)."""
+    run = make_run(run_dir, **kwargs)
     run.start_session()
     run.train_until(33)
     run.kill()

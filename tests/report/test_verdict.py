@@ -32,13 +32,7 @@ def _verdict(tmp_path, change=None, thresholds=None, build=crashed_and_resumed, 
         return run
 
     if build is crashed_and_resumed:
-        run = builder(tmp_path / "r", **kwargs)
-        run.start_session()
-        run.train_until(33)
-        run.kill()
-        run.resume()
-        run.train_until(run.max_steps)
-        run.end_session()
+        run = crashed_and_resumed(tmp_path / "r", make_run=builder, **kwargs)
     else:
         run = build(builder, tmp_path / "r", **kwargs)
     run.write()
