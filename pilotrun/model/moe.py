@@ -235,7 +235,9 @@ class MoE(nn.Module):
         sums = torch.stack([
             torch.tensor(float(scores.shape[0]), device=scores.device, dtype=scores.dtype),
             entropy.sum(),
-            scores.std(dim=-1, unbiased=False).sum(),  # spread across experts, per token
+            # Spread across experts, per token: the population std, written out because `std` over a last
+            # dimension of E = 8 took ~110 us on the CPU (a slow reduction path) against ~15 us for these four ops.
+            (scores - scores.mean(dim=-1, keepdim=True)).square().mean(dim=-1).sqrt().sum(),
             scores.gather(1, indices).sum(),  # top-k mass before normalization
             balance_value.detach(),
             torch.ones((), device=scores.device, dtype=scores.dtype),
