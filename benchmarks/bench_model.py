@@ -1,12 +1,11 @@
-"""Model benchmarks: routed MoE layer vs a dense FFN of the same active size, the CPU allocator, and model steps.
+"""Model benchmarks: routed MoE layer vs a dense FFN of the same active size, and whole-model step throughput.
 
 1. One MoE FFN layer (sorted, loop and dense_ref dispatch) forward + backward against a dense SwiGLU whose hidden
    width equals the MoE's active expert width ((K + shared) * F), on the same tokens, interleaved repetitions in
    one process, median CPU times. Target (issue 3): sorted MoE <= 1.5x the dense FFN on the CPU.
-2. The CPU allocator: a training step with glibc's malloc thresholds and with pilotrun's (cpu_allocator.py),
-   alternating in one process; the model-step table repeats the comparison in fresh processes.
-3. A model step (forward + backward, no optimizer) of the `tiny` and `cpu` presets: tokens/s and peak memory.
-   Each size runs in its own subprocess so that its peak resident set (ru_maxrss) belongs to it alone.
+2. A model step (forward + backward, no optimizer) of the `tiny` and `cpu` presets: tokens/s and peak memory.
+   Each size runs in its own subprocess so that its peak resident set belongs to it alone
+   (VmHWM from /proc/self/status: ru_maxrss would carry the parent's peak across fork and exec).
 
 Run: `python -m benchmarks.run_all bench_model`.
 """
@@ -119,68 +118,12 @@ def max_logit_tracker_cost(batch: int, seq: int, repetitions: int = 10) -> dict:
     return {"batch": batch, "seq": seq, "median_s": {name: statistics.median(v) for name, v in samples.items()}}
 
 
-def allocator_paired(batch: int, seq: int, rounds: int = 16) -> dict:
-    """A `cpu`-preset training step (forward, backward, Muon + AdamW step) with glibc's malloc thresholds at
-    their initial values and with pilotrun's settings, alternating in one process: each round times two steps
-    of each, the order alternating, so drifting load hits both alike. One process cannot get glibc's dynamic
-    threshold back once set, so 'default' here is the initial 128 kB thresholds held fixed; the model-step
-    table below compares true defaults in fresh processes."""
-
-    from pilotrun.config import OptimConfig
-    from pilotrun.model.presets import model_preset
-    from pilotrun.model.transformer import build_model
-    from pilotrun.optim.muon_adamw import build_optimizer
-    from pilotrun.train import cpu_allocator
-
-    libc = cpu_allocator.load_glibc()
-    if libc is None:
-        return {"skipped": "not glibc on Linux"}
-
-    def set_thresholds(tuned: bool) -> None:
-        if tuned:
-            cpu_allocator.tune_cpu_allocator()
-        else:
-            libc.mallopt(cpu_allocator.M_MMAP_THRESHOLD, 128 * 1024)
-            libc.mallopt(cpu_allocator.M_TRIM_THRESHOLD, 128 * 1024)
-            libc.malloc_trim(0)
-
-    torch.manual_seed(0)
-    model = build_model(model_preset("cpu", vocab_size=4096, max_seq_len=seq))
-    optimizer = build_optimizer(model, OptimConfig())
-    tokens = torch.randint(0, 4096, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        model(tokens[:, :-1], tokens[:, 1:]).loss.backward()
-        optimizer.step()
-
-    samples: dict[bool, list[float]] = {False: [], True: []}
-    ratios = []
-    step()
-    for repetition in range(rounds):
-        times = {}
-        for tuned in ((False, True) if repetition % 2 == 0 else (True, False)):
-            set_thresholds(tuned)
-            step()  # the first step after a switch pays for the switch
-            times[tuned] = (cpu_seconds(step) + cpu_seconds(step)) / 2
-            samples[tuned].append(times[tuned])
-        ratios.append(times[True] / times[False])
-    set_thresholds(True)
-    return {"batch": batch, "seq": seq, "default_s": statistics.median(samples[False]),
-            "tuned_s": statistics.median(samples[True]), "ratio": statistics.median(ratios),
-            "ratio_low": sorted(ratios)[len(ratios) // 4], "ratio_high": sorted(ratios)[(3 * len(ratios)) // 4],
-            "rounds": rounds}
-
-
 STEP_SCRIPT = r"""
-import json, os, resource, sys, time, torch
+import json, os, sys, time, torch
 from pilotrun.model.presets import model_preset
 from pilotrun.model.transformer import build_model
 torch.set_num_threads(int(sys.argv[1]))
 preset, vocab, batch, seq, steps = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-if sys.argv[7] == "tuned":
-    from pilotrun.train.cpu_allocator import tune_cpu_allocator
-    assert tune_cpu_allocator()["tuned"]
 torch.manual_seed(0)
 model = build_model(model_preset(preset, vocab_size=vocab, max_seq_len=seq))
 tokens = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
@@ -195,24 +138,25 @@ def step():
     model(inputs, targets).loss.backward()
 with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
     step()
-rss_before_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def peak_rss_kb():  # this address space's high-water mark; exec starts a new one, unlike ru_maxrss
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+rss_before_kb = peak_rss_kb()
 wall, cpu = [], []
 for _ in range(steps):
     w, c = time.perf_counter(), time.process_time(); step()
     wall.append(time.perf_counter() - w); cpu.append(time.process_time() - c)
 wall.sort(); cpu.sort()
 print(json.dumps({"wall_s": wall[len(wall) // 2], "cpu_s": cpu[len(cpu) // 2],
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "peak_rss_mb": peak_rss_kb() / 1024,
                   "rss_after_first_step_mb": rss_before_kb / 1024, "saved_for_backward_mb": sum(saved.values()) / 2**20,
                   "parameters": sum(p.numel() for p in model.parameters()), "load_average": os.getloadavg()[0]}))
 """
 
 
-def model_step(preset: str, vocab: int, batch: int, seq: int, steps: int, allocator: str) -> dict:
-    """One preset's step in a fresh subprocess, with glibc's malloc as it starts ('default') or with pilotrun's
-    settings applied first ('tuned'): a fresh process is the only way to get glibc's true defaults back."""
+def model_step(preset: str, vocab: int, batch: int, seq: int, steps: int) -> dict:
     result = subprocess.run([sys.executable, "-c", STEP_SCRIPT, str(THREADS), preset, str(vocab), str(batch),
-                             str(seq), str(steps), allocator], check=True, capture_output=True, text=True)
+                             str(seq), str(steps)], check=True, capture_output=True, text=True)
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     figures["tokens_per_cpu_s"] = batch * seq / figures["cpu_s"]
     figures["tokens_per_wall_s"] = batch * seq / figures["wall_s"]
@@ -225,19 +169,16 @@ def run() -> str:
     try:
         comparisons = [moe_versus_dense(tokens) for tokens in (64, 512, 2048, 4096)]
         tracker = [max_logit_tracker_cost(batch, seq) for batch, seq in ((4, 256), (1, 1024))]
-        allocator = [allocator_paired(batch, seq, rounds) for batch, seq, rounds in ((8, 64, 16), (8, 256, 6))]
         steps = [("tiny", 256, 4, 32, 30), ("cpu", 4096, 8, 64, 15), ("cpu", 4096, 8, 256, 8)]
-        step_figures = [(preset, vocab, batch, seq, allocator_name,
-                         model_step(preset, vocab, batch, seq, count, allocator_name))
-                        for preset, vocab, batch, seq, count in steps for allocator_name in ("default", "tuned")]
+        step_figures = [(preset, vocab, batch, seq, model_step(preset, vocab, batch, seq, count))
+                        for preset, vocab, batch, seq, count in steps]
     finally:
         torch.set_num_threads(previous_threads)
 
-    lines = ["## Model: MoE layer vs dense FFN, CPU allocator, and model step throughput", "",
+    lines = ["## Model: MoE layer vs dense FFN, and model step throughput", "",
              f"Measured with {THREADS} intra-op thread (`torch.set_num_threads({THREADS})`): on this shared 2-core "
              "machine two OpenMP threads made small matmuls erratic (a 4096x64x8 matmul took 16 ms with two "
-             "threads and 0.1 ms with one while other jobs ran). Unless a row says otherwise, with pilotrun's "
-             "CPU malloc settings (`pilotrun/train/cpu_allocator.py`), as the trainer runs.", "",
+             "threads and 0.1 ms with one while other jobs ran).", "",
              "### MoE FFN layer forward + backward vs a dense SwiGLU of the same active width",
              "`cpu` preset shapes: d 128, 8 routed experts of width 128 + 1 shared, top-2 (active expert width "
              "384); the dense FFN has hidden width 384. Same input tokens, which need a gradient as in the model; "
@@ -267,7 +208,7 @@ def run() -> str:
               "operator calls forward and backward at ~5-10 us each on this CPU), and it does not shrink with the "
               "token count. Tried in this project and not kept, each measured against this implementation "
               "(issue 3 closing note): one autograd function with preallocated segment buffers and a hand-written "
-              "backward (equal with the tuned allocator, slower without it: its large buffers page-fault), W1|W3 "
+              "backward (no faster, and slower at 2048 tokens: its large fresh buffers page-fault), W1|W3 "
               "fused into one matmul per expert (slower: strided halves), a padded batched-matmul dispatch (5% "
               "faster at 512 tokens, slower at 2048, and its padding grows with load imbalance; CPU `bmm` runs "
               "its batch as separate GEMMs, so it saves no call overhead).",
@@ -285,33 +226,21 @@ def run() -> str:
     lines += ["", "The whole layer (projections included) is timed, so the overhead is relative to the layer, not "
               "to the attention product alone; on a GPU the flash kernels make attention cheaper and the "
               "relative cost of the extra product higher (not measured here: no GPU in this run).",
-              "", "### CPU allocator: a training step with glibc's malloc thresholds and with pilotrun's", "",
-              "`cpu` preset (vocab 4096), forward + backward + Muon/AdamW step, in one process, switching the "
-              "thresholds with `mallopt` before each pair of timed steps (order alternating); ratio = median of "
-              "the per-round ratios (interquartile range in brackets). pilotrun's settings: mmap threshold 32 MiB, "
-              "trim threshold 1 GiB (`pilotrun/train/cpu_allocator.py`), applied by the trainer on the CPU.", "",
-              "| batch x seq | rounds | glibc thresholds ms/step | pilotrun's ms/step | ratio pilotrun/glibc |",
-              "|---|---|---|---|---|"]
-    for a in allocator:
-        if "skipped" in a:
-            lines.append(f"| - | - | - | - | skipped: {a['skipped']} |")
-            continue
-        lines.append(f"| {a['batch']} x {a['seq']} | {a['rounds']} | {a['default_s'] * 1e3:.1f} | "
-                     f"{a['tuned_s'] * 1e3:.1f} | {a['ratio']:.3f} [{a['ratio_low']:.3f}, {a['ratio_high']:.3f}] |")
+              ]
     lines += ["", "### Model step (forward + backward, no optimizer)", "",
-              "Each row in its own fresh process ('default': glibc's malloc untouched, dynamic threshold included; "
-              "'tuned': pilotrun's settings). Median over the steps; CPU time is this process's (one thread), wall "
+              "Each row in its own fresh process. Median over the steps; CPU time is this process's (one thread), wall "
               "time includes waiting for the core. Memory: bytes autograd saved for backward (each storage once), "
-              "and the subprocess's peak resident set (includes the ~0.5 GB of the imported libraries).", "",
-              "| preset | parameters | batch x seq | malloc | CPU ms/step | tokens per CPU-s | wall ms/step | "
+              "and the subprocess's peak resident set (VmHWM of its own address space: the imported libraries "
+              "included, the parent benchmark process not).", "",
+              "| preset | parameters | batch x seq | CPU ms/step | tokens per CPU-s | wall ms/step | "
               "tokens per wall-s | saved for backward MB | peak RSS MB | load average |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for preset, vocab, batch, seq, allocator_name, f in step_figures:
-        lines.append(f"| {preset} (vocab {vocab}) | {f['parameters']:,} | {batch} x {seq} | {allocator_name} | "
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for preset, vocab, batch, seq, f in step_figures:
+        lines.append(f"| {preset} (vocab {vocab}) | {f['parameters']:,} | {batch} x {seq} | "
                      f"{f['cpu_s'] * 1e3:.1f} | {f['tokens_per_cpu_s']:,.0f} | {f['wall_s'] * 1e3:.1f} | "
                      f"{f['tokens_per_wall_s']:,.0f} | {f['saved_for_backward_mb']:.1f} | {f['peak_rss_mb']:.0f} | "
                      f"{f['load_average']:.1f} |")
-    cpu_wide = step_figures[-1][5]
+    cpu_wide = step_figures[-1][4]
     lines += ["", f"At the measured CPU rate the `cpu` preset needs {300 * 2048 / cpu_wide['tokens_per_cpu_s']:.0f} s "
               "of model forward + backward for 300 updates of 2,048 tokens on one free core (optimizer time not "
               "included; see bench_optim).", "", "Command: `python -m benchmarks.run_all bench_model`"]

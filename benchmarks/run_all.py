@@ -24,10 +24,6 @@ def discover() -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    from pilotrun.train.cpu_allocator import tune_cpu_allocator
-
-    # Every benchmark measures the process as the trainer runs it: with pilotrun's CPU malloc settings.
-    allocator = tune_cpu_allocator()
     names = argv or discover()
     sections = []
     for name in names:
@@ -44,7 +40,7 @@ def main(argv: list[str]) -> int:
         "Written by `make bench` (`python -m benchmarks.run_all`) in one run on one machine; every ratio is\n"
         "measured side by side in that run. Do not edit by hand: rerun the command.\n\n"
         f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, Python {platform.python_version()},"
-        f" torch {torch.__version__}, {platform.platform()}. CPU malloc: {allocator}.\n\n"
+        f" torch {torch.__version__}, {platform.platform()}.\n\n"
     )
     (ROOT / "BENCHMARKS.md").write_text(header + "\n".join(sections))
     print(f"wrote {ROOT / 'BENCHMARKS.md'}")

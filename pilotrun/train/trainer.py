@@ -55,7 +55,6 @@ from pilotrun.optim.qk_clip import QKClipCounters, apply_qk_clip
 from pilotrun.optim.schedule import set_learning_rates
 from pilotrun.train import distributed as dist_utils
 from pilotrun.train.checkpoint import check_resume_compatibility
-from pilotrun.train.cpu_allocator import tune_cpu_allocator
 from pilotrun.train.dcp_storage import DistributedCheckpointer, load_training_state, training_state
 from pilotrun.train.environment import git_state, hardware_info, memory_snapshot, software_versions
 from pilotrun.train.precision import UpdateOutcome, apply_update, autocast_context, build_grad_scaler
@@ -176,10 +175,6 @@ class Trainer:
         self.software = software_versions()
         self.hardware = hardware_info(self.device, world_size, config.train.precision)
         self.hardware["distributed"] = self.context.describe()
-        # Host-side tensors are what a CPU step allocates; on CUDA malloc is left alone (pinned buffers aside,
-        # the host allocates little per step there).
-        self.hardware["cpu_allocator"] = (tune_cpu_allocator() if self.device.type == "cpu"
-                                          else {"tuned": False, "reason": "device is not the CPU"})
         if saved_meta is not None:
             current_meta = self._checkpoint_meta(config, groups_preview, counters=None)
             saved_meta, world_notes = dist_utils.reconcile_world_size(saved_meta, current_meta, list(allow_changes))
