@@ -5,7 +5,7 @@
    one process, median CPU times. Target (issue 3): sorted MoE <= 1.5x the dense FFN on the CPU.
 2. A model step (forward + backward, no optimizer) of the `tiny` and `cpu` presets: tokens/s and peak memory.
    Each size runs in its own subprocess so that its peak resident set belongs to it alone
-   (VmHWM from /proc/self/status: ru_maxrss would carry the parent's peak across fork and exec).
+   (`environment.peak_resident_mb`: VmHWM, not ru_maxrss, which carries the parent's peak across exec).
 
 Run: `python -m benchmarks.run_all bench_model`.
 """
@@ -138,18 +138,16 @@ def step():
     model(inputs, targets).loss.backward()
 with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
     step()
-def peak_rss_kb():  # this address space's high-water mark; exec starts a new one, unlike ru_maxrss
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
-rss_before_kb = peak_rss_kb()
+from pilotrun.train.environment import peak_resident_mb
+rss_before_mb = peak_resident_mb()
 wall, cpu = [], []
 for _ in range(steps):
     w, c = time.perf_counter(), time.process_time(); step()
     wall.append(time.perf_counter() - w); cpu.append(time.process_time() - c)
 wall.sort(); cpu.sort()
 print(json.dumps({"wall_s": wall[len(wall) // 2], "cpu_s": cpu[len(cpu) // 2],
-                  "peak_rss_mb": peak_rss_kb() / 1024,
-                  "rss_after_first_step_mb": rss_before_kb / 1024, "saved_for_backward_mb": sum(saved.values()) / 2**20,
+                  "peak_rss_mb": peak_resident_mb(),
+                  "rss_after_first_step_mb": rss_before_mb, "saved_for_backward_mb": sum(saved.values()) / 2**20,
                   "parameters": sum(p.numel() for p in model.parameters()), "load_average": os.getloadavg()[0]}))
 """
 

@@ -155,6 +155,21 @@ def software_versions() -> dict[str, Any]:
     return versions
 
 
+def peak_resident_mb() -> float:
+    """This process's peak resident set (MB). On Linux from VmHWM, the high-water mark of the process's own
+    address space: `ru_maxrss` survives fork and exec, so a process started by a bigger one (the pilot's
+    training child, a benchmark's subprocess) would report its parent's peak."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 2**10  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes on macOS, kilobytes elsewhere
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+
+
 def memory_snapshot(device: torch.device) -> dict[str, float | None]:
     """Current and peak resident memory of this process (MB) and the CUDA allocator's peak, if any."""
     rss_mb = None
@@ -163,7 +178,6 @@ def memory_snapshot(device: torch.device) -> dict[str, float | None]:
             rss_mb = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except (OSError, ValueError, IndexError):
         pass
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
-    peak_mb = peak_kb / 2**20 if sys.platform == "darwin" else peak_kb / 2**10
+    peak_mb = peak_resident_mb()
     cuda_mb = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     return {"rss_mb": rss_mb, "peak_rss_mb": peak_mb, "cuda_max_allocated_mb": cuda_mb}
