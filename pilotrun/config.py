@@ -24,7 +24,7 @@ DATA_MODES = ("successive", "repeat_batch")
 BALANCE_MODES = ("aux_free+seq", "aux_free", "seq", "batch", "none")
 SCORE_FUNCS = ("sigmoid", "softmax")
 ATTN_IMPLS = ("auto", "eager", "sdpa")
-MOE_IMPLS = ("sorted", "loop", "dense_ref")
+MOE_IMPLS = ("grouped", "sorted", "loop", "dense_ref")
 SCHEDULE_KINDS = ("cosine", "wsd", "constant")
 MUON_SCALE_MODES = ("moonlight", "keller")
 ROUTER_OPTIMIZERS = ("adamw", "muon")
@@ -64,7 +64,7 @@ class ModelConfig:
     init_std: float = 0.006
     norm_eps: float = 1e-6
     attn_impl: str = "auto"  # auto: eager on CPU (exact max logit for free), sdpa + chunked max logit on CUDA
-    moe_impl: str = "sorted"
+    moe_impl: str = "grouped"
 
 
 @dataclass

@@ -5,6 +5,11 @@ but never weights them; routed experts are stored stacked [E, out, in] so that M
 slice in one batch and unrouted experts still get a (zero) gradient instead of None.
 
 Dispatch implementations (`moe_impl`), which all compute y_t = sum_k w_{t,k} FFN_{S_t[k]}(u_t):
+  grouped   -- the sorted layout below, but each projection is one `grouped_mm` over all segments with offsets
+               cumsum(counts) (no host sync): one operator instead of one matmul per expert. Used where torch
+               provides grouped_mm for the device and dtype (probed once, see `grouped_matmul_works`); elsewhere
+               it runs `sorted`. On the CPU its forward equals sorted's bit for bit; gradients to rounding (the
+               BLAS sees other layouts), tests/model/test_moe.py.
   sorted    -- stable argsort of the chosen expert ids, one gather, one matmul chain per contiguous expert
                segment (one host sync per layer for the segment sizes), fp32 weighting, one index_add_.
   loop      -- DeepSeek's inference loop: per expert, find its tokens with `where` and add its output.
@@ -13,6 +18,8 @@ Dispatch implementations (`moe_impl`), which all compute y_t = sum_k w_{t,k} FFN
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +33,34 @@ def count_per_expert(indices: torch.Tensor, n_experts: int) -> torch.Tensor:
     than `bincount`, whose output length depends on the data and breaks torch.compile graphs."""
     flat = indices.reshape(-1)
     return torch.zeros(n_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+
+
+# torch >= 2.9 has torch._grouped_mm with a CPU implementation; later versions also name it F.grouped_mm.
+GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
+@functools.cache
+def grouped_matmul_works(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether GROUPED_MM runs on this device and dtype and equals one matmul per segment there.
+
+    Probed once per (device, dtype) with ragged segments, an empty one included, because support differs by
+    platform (CUDA kernels want bf16 on recent GPUs and have alignment rules; the CPU takes every dtype), and a
+    wrong answer must fall back to the segment loop rather than train on it.
+    """
+    if GROUPED_MM is None:
+        return False
+    generator = torch.Generator().manual_seed(0)
+    counts = [3, 0, 5, 8]
+    rows = torch.randn(sum(counts), 16, generator=generator).to(device=device, dtype=dtype)
+    stacked = torch.randn(len(counts), 16, 8, generator=generator).to(device=device, dtype=dtype)
+    offsets = torch.tensor(counts, device=device).cumsum(0).to(torch.int32)
+    try:
+        grouped = GROUPED_MM(rows, stacked, offs=offsets)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        return False
+    per_segment = torch.cat([segment @ stacked[i] for i, segment in enumerate(rows.split(counts))])
+    return grouped.shape == per_segment.shape and torch.allclose(grouped.float(), per_segment.float(),
+                                                                 rtol=1e-2, atol=1e-2)
 
 
 class SwiGLU(nn.Module):
@@ -129,10 +164,42 @@ class GroupedExperts(nn.Module):
         outputs = [self.expert_forward(weights_per_expert[expert], segment)
                    for expert, segment in enumerate(gathered.split(counts)) if counts[expert] > 0]
         routed = torch.cat(outputs, dim=0) if outputs else gathered.new_zeros(0, x.shape[-1])
-        # Weighting and combining in fp32 (or wider), whatever the autocast dtype of the expert matmuls (spec 4.1).
-        weighted = routed.to(weights.dtype) * weights.reshape(-1)[order].unsqueeze(-1)
-        return torch.zeros(tokens, x.shape[-1], device=x.device, dtype=weights.dtype).index_add(
-            0, token_of_slot, weighted)
+        return self.weight_and_combine(routed, weights, order, token_of_slot, tokens)
+
+    def forward_grouped(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        compute_dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) \
+            else torch.promote_types(x.dtype, self.w1.dtype)
+        # grouped_mm's tracing (fake tensor) kernel accepts bf16 only, so torch.compile traces the segment loop
+        # for other dtypes (inductor fuses that anyway).
+        traced_unsupported = torch.compiler.is_compiling() and compute_dtype != torch.bfloat16
+        if traced_unsupported or not grouped_matmul_works(x.device, compute_dtype):
+            return self.forward_sorted(x, indices, weights)
+        tokens, top_k = indices.shape
+        flat_experts = indices.reshape(-1)
+        order = torch.argsort(flat_experts, stable=True)  # the same layout as forward_sorted
+        token_of_slot = order // top_k
+        # Where each expert's segment ends: stays on the device, so no host sync.
+        offsets = count_per_expert(flat_experts, self.n_experts).cumsum(0).to(torch.int32)
+        # grouped_mm is not on autocast's lists: cast explicitly, as autocast does for the matmuls of `sorted`,
+        # once per use, so that the two input gradients are summed in x's dtype as there (no-ops in fp32).
+        gathered = x.index_select(0, token_of_slot)
+        w1, w2, w3 = (w.to(compute_dtype).transpose(-2, -1) for w in (self.w1, self.w2, self.w3))
+        hidden = (F.silu(GROUPED_MM(gathered.to(compute_dtype), w1, offs=offsets))
+                  * GROUPED_MM(gathered.to(compute_dtype), w3, offs=offsets))
+        routed = GROUPED_MM(hidden, w2, offs=offsets)
+        return self.weight_and_combine(routed, weights, order, token_of_slot, tokens)
+
+    @staticmethod
+    def weight_and_combine(routed: torch.Tensor, weights: torch.Tensor, order: torch.Tensor,
+                           token_of_slot: torch.Tensor, tokens: int) -> torch.Tensor:
+        """Scale each sorted expert output by its gate weight and add it into its token's row.
+
+        In fp32 (or wider), whatever the autocast dtype of the expert matmuls (spec 4.1). index_select rather
+        than indexing (its backward is an index_add, not an accumulating index_put), and index_add_ in place
+        on the fresh zeros (the out-of-place form copies them once more)."""
+        weighted = routed.to(weights.dtype) * weights.reshape(-1).index_select(0, order).unsqueeze(-1)
+        combined = torch.zeros(tokens, routed.shape[-1], device=routed.device, dtype=weights.dtype)
+        return combined.index_add_(0, token_of_slot, weighted)
 
     def forward_loop(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         output = torch.zeros(x.shape[0], x.shape[-1], device=x.device, dtype=weights.dtype)
@@ -161,7 +228,7 @@ class MoE(nn.Module):
     def __init__(self, d_model: int, moe_hidden: int, n_routed_experts: int, n_shared_experts: int, top_k: int,
                  score_func: str = "sigmoid", route_norm: bool = True, route_scale: float = 0.0,
                  n_expert_groups: int = 1, n_limited_groups: int = 1, balance: str = "aux_free+seq",
-                 seq_aux_alpha: float = 1e-4, z_loss_beta: float = 0.0, moe_impl: str = "sorted"):
+                 seq_aux_alpha: float = 1e-4, z_loss_beta: float = 0.0, moe_impl: str = "grouped"):
         super().__init__()
         if route_scale == 0.0:  # spec D2: Moonlight's formula for sigmoid routers, 1.0 for softmax
             route_scale = default_route_scale(n_routed_experts, top_k) if score_func == "sigmoid" else 1.0
@@ -196,6 +263,8 @@ class MoE(nn.Module):
         return output.reshape(batch, seq, d_model), aux_loss
 
     def dispatch(self, flat: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if self.moe_impl == "grouped":
+            return self.experts.forward_grouped(flat, indices, weights)
         if self.moe_impl == "sorted":
             return self.experts.forward_sorted(flat, indices, weights)
         if self.moe_impl == "loop":

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from pilotrun.model import moe as moe_module
 from pilotrun.model.balancing import default_route_scale
 from pilotrun.model.moe import MoE, Router
 
@@ -133,7 +134,7 @@ def test_dense_reference_equals_the_per_token_oracle_in_fp64():
     assert torch.allclose(output.reshape(18, 16), per_token_oracle(moe, x.reshape(18, 16)), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("impl", ["sorted", "loop"])
+@pytest.mark.parametrize("impl", ["grouped", "sorted", "loop"])
 def test_dispatch_equals_dense_reference_in_fp64(impl):
     x = torch.randn(3, 17, 16, dtype=torch.float64)
     reference = outputs_and_grads(make_moe(impl="dense_ref"), x)
@@ -145,7 +146,7 @@ def test_dispatch_equals_dense_reference_in_fp64(impl):
     assert reference[2]["gate.weight"].abs().max() > 0
 
 
-@pytest.mark.parametrize("impl", ["sorted", "loop"])
+@pytest.mark.parametrize("impl", ["grouped", "sorted", "loop"])
 def test_dispatch_equals_dense_reference_in_fp32_within_1e_6_relative(impl):
     x = torch.randn(4, 32, 16)
     reference = outputs_and_grads(make_moe(torch.float32, impl="dense_ref"), x)
@@ -155,8 +156,9 @@ def test_dispatch_equals_dense_reference_in_fp32_within_1e_6_relative(impl):
         assert (ours - theirs).abs().max() <= 1e-6 * theirs.abs().max()
 
 
-def test_unrouted_experts_get_zero_gradients_not_none():
-    moe = make_moe(impl="sorted")
+@pytest.mark.parametrize("impl", ["grouped", "sorted"])
+def test_unrouted_experts_get_zero_gradients_not_none(impl):
+    moe = make_moe(impl=impl)
     moe.gate.expert_bias[5] = -10.0  # expert 5 is never chosen
     output, _ = moe(torch.randn(2, 8, 16, dtype=torch.float64))
     output.sum().backward()
@@ -176,3 +178,66 @@ def test_z_loss_enters_the_auxiliary_loss_when_enabled():
     expected = 1e-3 * torch.logsumexp(logits, dim=-1).pow(2).mean()
     assert aux_without.item() == 0.0
     assert math.isclose(aux_with.item(), expected.item(), rel_tol=1e-12)
+
+
+def outputs_and_grads_under(moe: MoE, x: torch.Tensor, autocast_dtype=None):
+    x = x.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+        output, aux = moe(x)
+    (output.float().pow(2).sum() + aux).backward()
+    return [output, x.grad] + [parameter.grad for parameter in moe.parameters()]
+
+
+@pytest.mark.skipif(not moe_module.grouped_matmul_works(torch.device("cpu"), torch.float32),
+                    reason="this torch has no CPU grouped_mm")
+@pytest.mark.parametrize("autocast_dtype", [None, torch.bfloat16, torch.float16])
+def test_grouped_dispatch_equals_sorted_bit_for_bit_where_the_blas_layout_allows(autocast_dtype):
+    # Same layout, same per-segment matmuls: the outputs agree exactly. In fp32 the backward's weight and input
+    # gradients go through differently transposed BLAS calls, so they agree to rounding only; under autocast
+    # (both sides cast each matmul input once per use) every gradient is bit-identical too.
+    x = torch.randn(3, 21, 16)
+    sorted_result = outputs_and_grads_under(make_moe(torch.float32, impl="sorted"), x, autocast_dtype)
+    grouped_result = outputs_and_grads_under(make_moe(torch.float32, impl="grouped"), x, autocast_dtype)
+    assert torch.equal(grouped_result[0], sorted_result[0])
+    for ours, theirs in zip(grouped_result[1:], sorted_result[1:]):
+        if autocast_dtype is None:
+            assert (ours - theirs).abs().max() <= 1e-6 * theirs.abs().max()
+        else:
+            assert torch.equal(ours, theirs)
+
+
+def test_grouped_dispatch_runs_the_segment_loop_where_grouped_mm_does_not_work(monkeypatch):
+    x = torch.randn(2, 13, 16, dtype=torch.float64)
+    expected = outputs_and_grads(make_moe(impl="sorted"), x)
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("grouped_mm called although the probe said it does not work")
+
+    monkeypatch.setattr(moe_module, "grouped_matmul_works", lambda device, dtype: False)
+    monkeypatch.setattr(moe_module, "GROUPED_MM", must_not_run)
+    result = outputs_and_grads(make_moe(impl="grouped"), x)
+    assert torch.equal(result[0], expected[0]) and torch.equal(result[1], expected[1])
+    assert all(torch.equal(result[2][name], expected[2][name]) for name in expected[2])
+
+
+def test_grouped_matmul_probe_rejects_a_missing_or_wrong_kernel(monkeypatch):
+    try:
+        monkeypatch.setattr(moe_module, "GROUPED_MM", None)
+        moe_module.grouped_matmul_works.cache_clear()
+        assert not moe_module.grouped_matmul_works(torch.device("cpu"), torch.float32)
+
+        def ignores_the_offsets(rows, stacked, offs):  # every row through the first expert: wrong
+            return rows @ stacked[0]
+
+        monkeypatch.setattr(moe_module, "GROUPED_MM", ignores_the_offsets)
+        moe_module.grouped_matmul_works.cache_clear()
+        assert not moe_module.grouped_matmul_works(torch.device("cpu"), torch.float32)
+
+        def unsupported(rows, stacked, offs):
+            raise RuntimeError("grouped gemm is only supported on CUDA with bf16")
+
+        monkeypatch.setattr(moe_module, "GROUPED_MM", unsupported)
+        moe_module.grouped_matmul_works.cache_clear()
+        assert not moe_module.grouped_matmul_works(torch.device("cpu"), torch.float32)
+    finally:
+        moe_module.grouped_matmul_works.cache_clear()  # the real kernel is probed afresh after monkeypatch undoes

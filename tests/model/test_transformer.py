@@ -127,7 +127,7 @@ def test_changing_later_tokens_leaves_earlier_logits_bit_identical(attn_impl, n_
     assert torch.equal(before, after)
 
 
-@pytest.mark.parametrize("moe_impl", ["sorted", "loop"])
+@pytest.mark.parametrize("moe_impl", ["grouped", "sorted", "loop"])
 def test_routed_dispatch_is_causal_up_to_matmul_blocking(moe_impl):
     # With routed dispatch an earlier token's expert runs in a segment whose row count depends on which later
     # tokens chose the same expert; the CPU BLAS takes a different kernel for 1-2 rows than for more, so the
@@ -179,17 +179,19 @@ def test_sequence_longer_than_the_rope_table_is_refused():
         model(torch.zeros(1, 17, dtype=torch.long))
 
 
-def test_torch_compile_traces_the_model_and_matches_eager_bit_for_bit():
+@pytest.mark.parametrize("moe_impl", ["sorted", "grouped"])
+def test_torch_compile_traces_the_model_and_matches_eager_bit_for_bit(moe_impl):
     # backend="eager" runs Dynamo's tracing (graph capture, guards, graph breaks) without code generation, so
     # the test checks that the model is compilable and that compiled training forwards still count, in seconds
-    # rather than the minutes inductor's C++ build takes on 2 cores.
+    # rather than the minutes inductor's C++ build takes on 2 cores. Traced in fp32, `grouped` runs the sorted
+    # segment loop (grouped_mm traces in bf16 only): same forward bit for bit, fp32 gradients to rounding.
     import torch._dynamo
 
     inputs, targets = batch(b=2, t=16)
     torch.manual_seed(0)
-    eager_model = build_model(TINY)
+    eager_model = build_model(dataclasses.replace(TINY, moe_impl=moe_impl))
     torch.manual_seed(0)
-    compiled_model = build_model(TINY)
+    compiled_model = build_model(dataclasses.replace(TINY, moe_impl=moe_impl))
     torch._dynamo.reset()
     compiled = torch.compile(compiled_model, backend="eager")
     eager_output = eager_model(inputs, targets)
@@ -198,7 +200,10 @@ def test_torch_compile_traces_the_model_and_matches_eager_bit_for_bit():
     compiled_output.loss.backward()
     assert torch.equal(eager_output.logits, compiled_output.logits)
     for (name, p), (_, q) in zip(eager_model.named_parameters(), compiled_model.named_parameters()):
-        assert torch.equal(p.grad, q.grad), name
+        if moe_impl == "grouped":  # rounding reaches every gradient upstream of the first MoE layer
+            assert (p.grad - q.grad).abs().max() <= 1e-6 * p.grad.abs().max(), name
+        else:
+            assert torch.equal(p.grad, q.grad), name
     assert torch.equal(eager_model.layers[1].ffn.tokens_per_expert, compiled_model.layers[1].ffn.tokens_per_expert)
     assert torch.equal(eager_model.layers[0].attn.qk_max_logit, compiled_model.layers[0].attn.qk_max_logit)
     torch._dynamo.reset()
