@@ -64,7 +64,7 @@ class ModelConfig:
     init_std: float = 0.006
     norm_eps: float = 1e-6
     attn_impl: str = "auto"  # auto: eager on CPU (exact max logit for free), sdpa + chunked max logit on CUDA
-    moe_impl: str = "grouped"
+    moe_impl: str = "grouped"  # grouped_mm where torch has it for the device/dtype, else sorted; loop, dense_ref
 
 
 @dataclass
