@@ -40,13 +40,16 @@ def moe_versus_dense(tokens: int, repetitions: int = 20) -> dict:
     torch.manual_seed(0)
     dense = SwiGLU(cfg.d_model, (cfg.top_k + cfg.n_shared_experts) * cfg.moe_hidden)
     layers = {"dense": dense}
-    for impl in ("grouped", "sorted", "loop", "dense_ref"):
+    variants = {"grouped": ("grouped", True), "grouped_torch_routing": ("grouped", False), "sorted": ("sorted", True),
+                "loop": ("loop", True), "dense_ref": ("dense_ref", True)}
+    for name, (impl, fused_routing) in variants.items():
         torch.manual_seed(0)
-        moe = MoE(cfg.d_model, cfg.moe_hidden, cfg.n_routed_experts, cfg.n_shared_experts, cfg.top_k, moe_impl=impl)
+        moe = MoE(cfg.d_model, cfg.moe_hidden, cfg.n_routed_experts, cfg.n_shared_experts, cfg.top_k, moe_impl=impl,
+                  fused_routing=fused_routing)
         with torch.no_grad():
             for parameter in moe.parameters():
                 parameter.normal_(0, 0.02)
-        layers[impl] = moe
+        layers[name] = moe
     # The input needs a gradient, as every FFN input in the model does (it is the residual stream).
     x = torch.randn(max(tokens // 64, 1), min(tokens, 64), cfg.d_model, generator=torch.Generator().manual_seed(1))
     x.requires_grad_(True)
@@ -93,25 +96,24 @@ def step_without_routing(moe, x: torch.Tensor, upstream: torch.Tensor):
     """A lower bound for any routing optimization: the grouped MoE's expert, shared-expert, gather and
     weighting/combine work on a routing computed once beforehand (no router matmul, top-k, balance loss,
     statistics or sort in the timed step). Not a usable layer: nothing trains the router."""
-    from pilotrun.model.moe import GROUPED_MM, count_per_expert
+    from pilotrun.model.moe import GROUPED_MM, sorted_layout
 
     flat = x.detach().reshape(-1, x.shape[-1])
     with torch.no_grad():
         indices, weights, _, _ = moe.gate(flat)
-    order = torch.argsort(indices.reshape(-1), stable=True)
-    token_of_slot = order // indices.shape[1]
-    offsets = count_per_expert(indices, moe.n_routed_experts).cumsum(0).to(torch.int32)
+    layout = sorted_layout(indices, moe.n_routed_experts)
+    offsets = layout.counts.cumsum(0).to(torch.int32)
     experts = moe.experts
 
     def run():
         x.grad = None
         moe.zero_grad(set_to_none=True)
         tokens = x.reshape(-1, x.shape[-1])
-        gathered = tokens.index_select(0, token_of_slot)
+        gathered = tokens.index_select(0, layout.token_of_slot)
         hidden = (torch.nn.functional.silu(GROUPED_MM(gathered, experts.w1.mT, offs=offsets))
                   * GROUPED_MM(gathered, experts.w3.mT, offs=offsets))
         routed = GROUPED_MM(hidden, experts.w2.mT, offs=offsets)
-        output = experts.weight_and_combine(routed, weights, order, token_of_slot, tokens.shape[0])
+        output = experts.weight_and_combine(routed, weights, layout, tokens.shape[0])
         (output + moe.shared_experts(tokens)).reshape(x.shape).backward(upstream)
     return run
 

@@ -19,13 +19,16 @@ Dispatch implementations (`moe_impl`), which all compute y_t = sum_k w_{t,k} FFN
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pilotrun.model.balancing import balance_loss_terms, default_route_scale, router_z_loss, uses_expert_bias
+from pilotrun.model.routing_fused import FusedCombine, FusedRouting, fused_routing_applies
 
 
 def count_per_expert(indices: torch.Tensor, n_experts: int) -> torch.Tensor:
@@ -33,6 +36,32 @@ def count_per_expert(indices: torch.Tensor, n_experts: int) -> torch.Tensor:
     than `bincount`, whose output length depends on the data and breaks torch.compile graphs."""
     flat = indices.reshape(-1)
     return torch.zeros(n_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+
+
+class SortedLayout(NamedTuple):
+    """The (token, slot) pairs sorted by expert: what the sorted and grouped dispatches share."""
+    order: torch.Tensor  # [N*K] int64: flat slot ids t*K + k, stably sorted by expert id
+    token_of_slot: torch.Tensor  # [N*K] int64: the token of each sorted slot (order // K)
+    counts: torch.Tensor  # [E] int64: how many slots each expert got (its segment length)
+
+
+def sorted_layout(indices: torch.Tensor, n_experts: int) -> SortedLayout:
+    flat_experts = indices.reshape(-1)
+    order = torch.argsort(flat_experts, stable=True)  # fixed accumulation order -> deterministic
+    return SortedLayout(order, order // indices.shape[1], count_per_expert(flat_experts, n_experts))
+
+
+@dataclasses.dataclass
+class Routing:
+    """One forward's routing decision and what the loss and the statistics need from it."""
+    indices: torch.Tensor  # [N, K] chosen experts (biased choice)
+    weights: torch.Tensor  # [N, K] gate weights from the unbiased scores (differentiable)
+    logits: torch.Tensor  # [N, E] router logits (differentiable; the z-loss reads them)
+    balance_value: torch.Tensor  # mean balance term sum_i f_i P_i (differentiable)
+    fused: bool  # made by the fused CPU kernel (then layout and statistics are set, scores is None)
+    layout: SortedLayout | None = None
+    scores: torch.Tensor | None = None  # [N, E], reference path only
+    statistics: torch.Tensor | None = None  # fused path: ROUTER_STATISTICS sums, then the |logit| maximum
 
 
 # torch >= 2.9 has torch._grouped_mm with a CPU implementation; later versions also name it F.grouped_mm.
@@ -98,9 +127,19 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [N, d] -> (indices [N, K] int64, weights [N, K] fp32, scores [N, E] fp32, logits [N, E] fp32)."""
-        compute_dtype = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 in oracle tests
+        logits = self.logits(x)
+        return (*self.select(logits), logits)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, d] -> router logits [N, E] in fp32 (fp64 in oracle tests), autocast off (spec 4.1)."""
+        compute_dtype = torch.promote_types(x.dtype, torch.float32)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            logits = F.linear(x.to(compute_dtype), self.weight.to(compute_dtype))
+            return F.linear(x.to(compute_dtype), self.weight.to(compute_dtype))
+
+    def select(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The reference routing: logits -> (indices, gate weights, scores), with PyTorch operators."""
+        compute_dtype = logits.dtype
+        with torch.autocast(device_type=logits.device.type, enabled=False):
             if self.score_func == "sigmoid":
                 scores = torch.sigmoid(logits)
             else:
@@ -116,7 +155,7 @@ class Router(nn.Module):
             if self.route_norm:
                 weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
             weights = weights * self.route_scale
-        return indices, weights, scores, logits
+        return indices, weights, scores
 
     def limit_to_best_groups(self, choice: torch.Tensor) -> torch.Tensor:
         """Keep the n_limited_groups groups with the best group score; the rest become -inf (V3 node-limited)."""
@@ -153,53 +192,53 @@ class GroupedExperts(nn.Module):
         w1, w2, w3 = weights
         return torch.matmul(F.silu(torch.matmul(x, w1.t())) * torch.matmul(x, w3.t()), w2.t())
 
-    def forward_sorted(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        tokens, top_k = indices.shape
-        flat_experts = indices.reshape(-1)
-        order = torch.argsort(flat_experts, stable=True)  # fixed accumulation order -> deterministic
-        token_of_slot = order // top_k
-        counts = count_per_expert(flat_experts, self.n_experts).tolist()  # the one host sync per layer
-        gathered = x.index_select(0, token_of_slot)  # backward: one index_add (cheaper than indexing's)
+    def forward_sorted(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
+                       layout: SortedLayout | None = None, fused_combine: bool = False) -> torch.Tensor:
+        layout = layout if layout is not None else sorted_layout(indices, self.n_experts)
+        counts = layout.counts.tolist()  # the one host sync per layer
+        gathered = x.index_select(0, layout.token_of_slot)  # backward: one index_add (cheaper than indexing's)
         weights_per_expert = self.expert_weights()
         outputs = [self.expert_forward(weights_per_expert[expert], segment)
                    for expert, segment in enumerate(gathered.split(counts)) if counts[expert] > 0]
         routed = torch.cat(outputs, dim=0) if outputs else gathered.new_zeros(0, x.shape[-1])
-        return self.weight_and_combine(routed, weights, order, token_of_slot, tokens)
+        return self.weight_and_combine(routed, weights, layout, x.shape[0], fused_combine)
 
-    def forward_grouped(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def forward_grouped(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
+                        layout: SortedLayout | None = None, fused_combine: bool = False) -> torch.Tensor:
         compute_dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) \
             else torch.promote_types(x.dtype, self.w1.dtype)
         # grouped_mm's tracing (fake tensor) kernel accepts bf16 only, so torch.compile traces the segment loop
         # for other dtypes (inductor fuses that anyway).
         traced_unsupported = torch.compiler.is_compiling() and compute_dtype != torch.bfloat16
         if traced_unsupported or not grouped_matmul_works(x.device, compute_dtype):
-            return self.forward_sorted(x, indices, weights)
-        tokens, top_k = indices.shape
-        flat_experts = indices.reshape(-1)
-        order = torch.argsort(flat_experts, stable=True)  # the same layout as forward_sorted
-        token_of_slot = order // top_k
+            return self.forward_sorted(x, indices, weights, layout, fused_combine)
+        layout = layout if layout is not None else sorted_layout(indices, self.n_experts)
         # Where each expert's segment ends: stays on the device, so no host sync.
-        offsets = count_per_expert(flat_experts, self.n_experts).cumsum(0).to(torch.int32)
+        offsets = layout.counts.cumsum(0).to(torch.int32)
         # grouped_mm is not on autocast's lists: cast explicitly, as autocast does for the matmuls of `sorted`,
         # once per use, so that the two input gradients are summed in x's dtype as there (no-ops in fp32).
-        gathered = x.index_select(0, token_of_slot)
+        gathered = x.index_select(0, layout.token_of_slot)
         w1, w2, w3 = (w.to(compute_dtype).transpose(-2, -1) for w in (self.w1, self.w2, self.w3))
         hidden = (F.silu(GROUPED_MM(gathered.to(compute_dtype), w1, offs=offsets))
                   * GROUPED_MM(gathered.to(compute_dtype), w3, offs=offsets))
         routed = GROUPED_MM(hidden, w2, offs=offsets)
-        return self.weight_and_combine(routed, weights, order, token_of_slot, tokens)
+        return self.weight_and_combine(routed, weights, layout, x.shape[0], fused_combine)
 
     @staticmethod
-    def weight_and_combine(routed: torch.Tensor, weights: torch.Tensor, order: torch.Tensor,
-                           token_of_slot: torch.Tensor, tokens: int) -> torch.Tensor:
+    def weight_and_combine(routed: torch.Tensor, weights: torch.Tensor, layout: SortedLayout, tokens: int,
+                           fused: bool = False) -> torch.Tensor:
         """Scale each sorted expert output by its gate weight and add it into its token's row.
 
-        In fp32 (or wider), whatever the autocast dtype of the expert matmuls (spec 4.1). index_select rather
+        In fp32 (or wider), whatever the autocast dtype of the expert matmuls (spec 4.1). `fused`: one kernel
+        pass each way (routing_fused.FusedCombine; same forward bit for bit). Otherwise index_select rather
         than indexing (its backward is an index_add, not an accumulating index_put), and index_add_ in place
         on the fresh zeros (the out-of-place form copies them once more)."""
-        weighted = routed.to(weights.dtype) * weights.reshape(-1).index_select(0, order).unsqueeze(-1)
+        routed = routed.to(weights.dtype)
+        if fused:
+            return FusedCombine.apply(routed, weights, layout.order, layout.token_of_slot, tokens)
+        weighted = routed * weights.reshape(-1).index_select(0, layout.order).unsqueeze(-1)
         combined = torch.zeros(tokens, routed.shape[-1], device=routed.device, dtype=weights.dtype)
-        return combined.index_add_(0, token_of_slot, weighted)
+        return combined.index_add_(0, layout.token_of_slot, weighted)
 
     def forward_loop(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         output = torch.zeros(x.shape[0], x.shape[-1], device=x.device, dtype=weights.dtype)
@@ -228,7 +267,8 @@ class MoE(nn.Module):
     def __init__(self, d_model: int, moe_hidden: int, n_routed_experts: int, n_shared_experts: int, top_k: int,
                  score_func: str = "sigmoid", route_norm: bool = True, route_scale: float = 0.0,
                  n_expert_groups: int = 1, n_limited_groups: int = 1, balance: str = "aux_free+seq",
-                 seq_aux_alpha: float = 1e-4, z_loss_beta: float = 0.0, moe_impl: str = "grouped"):
+                 seq_aux_alpha: float = 1e-4, z_loss_beta: float = 0.0, moe_impl: str = "grouped",
+                 fused_routing: bool = True):
         super().__init__()
         if route_scale == 0.0:  # spec D2: Moonlight's formula for sigmoid routers, 1.0 for softmax
             route_scale = default_route_scale(n_routed_experts, top_k) if score_func == "sigmoid" else 1.0
@@ -239,6 +279,8 @@ class MoE(nn.Module):
         self.z_loss_beta = z_loss_beta
         self.moe_impl = moe_impl
         self.score_func = score_func
+        # The CPU routing kernel where it applies (routing_fused.fused_routing_applies), else the reference.
+        self.fused_routing = fused_routing
         self.gate = Router(d_model, n_routed_experts, top_k, score_func, route_norm, route_scale,
                            n_expert_groups, n_limited_groups, use_bias=uses_expert_bias(balance))
         self.experts = GroupedExperts(d_model, moe_hidden, n_routed_experts)
@@ -252,53 +294,69 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         batch, seq, d_model = x.shape
         flat = x.reshape(batch * seq, d_model)
-        indices, weights, scores, logits = self.gate(flat)
-        routed = self.dispatch(flat, indices, weights)
+        routing = self.route(flat, batch)
+        routed = self.dispatch(flat, routing)
         output = routed.to(x.dtype)
         if self.shared_experts is not None:
             output = output + self.shared_experts(flat)
-        aux_loss, balance_value = self.auxiliary_loss(scores, indices, logits, batch, seq)
+        aux_loss = self.auxiliary_loss(routing)
         if self.training:
-            self.record_statistics(scores, indices, logits, balance_value)
+            self.record_statistics(routing)
         return output.reshape(batch, seq, d_model), aux_loss
 
-    def dispatch(self, flat: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def route(self, flat: torch.Tensor, batch: int) -> Routing:
+        """Router logits, then the choice, gate weights and balance term: by the fused CPU kernel where it
+        applies, else by the reference operators (Router.select, balancing.balance_loss_terms).
+
+        The balance term is computed in every mode (for the diagnostics, spec 1.6.2), over each packed row (one
+        row = one sequence) or, for balance="batch", over the whole microbatch."""
+        logits = self.gate.logits(flat)
+        groups = 1 if self.balance == "batch" else batch
+        if self.fused_routing and fused_routing_applies(logits, self.gate.n_groups):
+            bias = self.gate.expert_bias.to(logits.dtype) if self.gate.use_bias else logits.new_zeros(0)
+            weights, balance_value, indices, order, token_of_slot, counts, _, sums = FusedRouting.apply(
+                logits, bias, self.top_k, self.score_func == "sigmoid", self.gate.route_norm,
+                self.gate.route_scale, groups)
+            return Routing(indices, weights, logits, balance_value, fused=True,
+                           layout=SortedLayout(order, token_of_slot, counts), statistics=sums)
+        indices, weights, scores = self.gate.select(logits)
+        experts, top_k = self.n_routed_experts, self.top_k
+        term = balance_loss_terms(scores.view(groups, -1, experts), indices.view(groups, -1, top_k), experts, top_k,
+                                  self.score_func)
+        return Routing(indices, weights, logits, term.mean(), fused=False, scores=scores)
+
+    def dispatch(self, flat: torch.Tensor, routing: Routing) -> torch.Tensor:
         if self.moe_impl == "grouped":
-            return self.experts.forward_grouped(flat, indices, weights)
+            return self.experts.forward_grouped(flat, routing.indices, routing.weights, routing.layout, routing.fused)
         if self.moe_impl == "sorted":
-            return self.experts.forward_sorted(flat, indices, weights)
+            return self.experts.forward_sorted(flat, routing.indices, routing.weights, routing.layout, routing.fused)
         if self.moe_impl == "loop":
-            return self.experts.forward_loop(flat, indices, weights)
+            return self.experts.forward_loop(flat, routing.indices, routing.weights)
         if self.moe_impl == "dense_ref":
-            return self.experts.forward_dense_reference(flat, indices, weights)
+            return self.experts.forward_dense_reference(flat, routing.indices, routing.weights)
         raise ValueError(f"unknown moe_impl '{self.moe_impl}'")
 
-    def auxiliary_loss(self, scores: torch.Tensor, indices: torch.Tensor, logits: torch.Tensor, batch: int,
-                       seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss, balance term): alpha * balance term (sequence-wise: one packed row = one sequence; batch-wise:
-        the microbatch) plus beta * z-loss. The balance term is computed in every mode (for the diagnostics,
-        spec 1.6.2) but only enters the loss in the aux_free+seq, seq and batch modes."""
-        experts, top_k = self.n_routed_experts, self.top_k
-        if self.balance == "batch":
-            term = balance_loss_terms(scores.view(1, batch * seq, experts), indices.view(1, batch * seq, top_k),
-                                      experts, top_k, self.score_func)
-        else:
-            term = balance_loss_terms(scores.view(batch, seq, experts), indices.view(batch, seq, top_k),
-                                      experts, top_k, self.score_func)
-        balance_value = term.mean()
-        loss = scores.new_zeros(())
+    def auxiliary_loss(self, routing: Routing) -> torch.Tensor:
+        """alpha * balance term where the mode puts it in the loss (aux_free+seq, seq, batch), plus beta *
+        z-loss."""
+        loss = routing.logits.new_zeros(())
         if self.balance in ("aux_free+seq", "seq", "batch"):
-            loss = loss + self.seq_aux_alpha * balance_value
+            loss = loss + self.seq_aux_alpha * routing.balance_value
         if self.z_loss_beta > 0:
-            loss = loss + self.z_loss_beta * router_z_loss(logits)
-        return loss, balance_value
+            loss = loss + self.z_loss_beta * router_z_loss(routing.logits)
+        return loss
 
     @torch.no_grad()
-    def record_statistics(self, scores: torch.Tensor, indices: torch.Tensor, logits: torch.Tensor,
-                          balance_value: torch.Tensor) -> None:
+    def record_statistics(self, routing: Routing) -> None:
         """Counts from the actual (biased) selection, and the router sums of ROUTER_STATISTICS."""
+        if routing.statistics is not None:  # the fused kernel summed them already
+            self.tokens_per_expert.add_(routing.layout.counts)
+            self.router_statistics.add_(routing.statistics[:-1].to(self.router_statistics.dtype))
+            self.router_logit_absmax.copy_(torch.maximum(self.router_logit_absmax, routing.statistics[-1].float()))
+            return
+        indices, logits = routing.indices, routing.logits
         self.tokens_per_expert.add_(count_per_expert(indices, self.n_routed_experts).float())
-        scores = scores.detach()
+        scores = routing.scores.detach()
         probabilities = scores / scores.sum(dim=-1, keepdim=True) if self.score_func == "sigmoid" else scores
         entropy = -(probabilities * torch.log(probabilities.clamp_min(1e-30))).sum(dim=-1)
         sums = torch.stack([
@@ -308,7 +366,7 @@ class MoE(nn.Module):
             # dimension of E = 8 took ~105 us on the CPU (a slow reduction path) against ~30 us for these four ops.
             (scores - scores.mean(dim=-1, keepdim=True)).square().mean(dim=-1).sqrt().sum(),
             scores.gather(1, indices).sum(),  # top-k mass before normalization
-            balance_value.detach(),
+            routing.balance_value.detach(),
             torch.ones((), device=scores.device, dtype=scores.dtype),
         ])
         self.router_statistics.add_(sums.to(self.router_statistics.dtype))

@@ -3,6 +3,7 @@
 import json
 import math
 
+import pytest
 import torch
 
 from pilotrun.config import ModelConfig
@@ -13,6 +14,7 @@ from pilotrun.model.diagnostics import (
     moe_diagnostics,
     reset_step_statistics,
 )
+from pilotrun.model.moe import count_per_expert
 from pilotrun.model.transformer import build_model
 
 CFG = ModelConfig(vocab_size=256, n_layers=3, n_dense_layers=1)
@@ -95,18 +97,24 @@ def test_diagnostics_are_json_ready_and_reflect_the_bias():
     assert attention_diagnostics(collect_step_statistics(model)[1])["max_logit"] == [None, None, None]
 
 
-def test_router_figures_equal_their_definitions_over_two_microbatches():
+@pytest.mark.parametrize("fused_routing", [True, False])
+def test_router_figures_equal_their_definitions_over_two_microbatches(fused_routing):
+    # The fused CPU kernel and the reference operators sum the statistics each their own way; both must equal
+    # the definitions, recomputed here from the MoE layer's inputs through the reference router.
     torch.manual_seed(0)
-    model = build_model(ModelConfig(vocab_size=256, bias_update_speed=1e-3))
+    model = build_model(ModelConfig(vocab_size=256, bias_update_speed=1e-3, fused_routing=fused_routing))
     moe = model.moe_layers()[0]
-    captured = []
-    handle = moe.gate.register_forward_hook(lambda module, args, output: captured.append(output))
+    inputs = []
+    handle = moe.register_forward_pre_hook(lambda module, args: inputs.append(args[0].detach().reshape(-1, 64)))
     for seed in (1, 2):
         model(tokens(seed))
     handle.remove()
     counts, _ = collect_step_statistics(model)
     figures = moe_diagnostics(model, counts)
+    with torch.no_grad():
+        captured = [moe.gate(flat) for flat in inputs]
     indices = torch.cat([c[0] for c in captured])
+    assert torch.equal(counts[0], count_per_expert(indices, 4).float())
     scores = torch.cat([c[2] for c in captured]).double()
     logits = torch.cat([c[3] for c in captured]).double()
     normalized = scores / scores.sum(-1, keepdim=True)

@@ -151,22 +151,31 @@ def test_loss_is_cross_entropy_plus_aux_and_aux_follows_the_mode():
     assert no_targets.loss is None and no_targets.ce_loss is None
 
 
+@pytest.mark.parametrize("fused_routing", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_autocast_runs_and_stays_close_to_fp32_at_init(dtype):
+def test_autocast_runs_and_stays_close_to_fp32_at_init(dtype, fused_routing):
     torch.manual_seed(0)
-    model = build_model(TINY)
+    model = build_model(dataclasses.replace(TINY, fused_routing=fused_routing))
     inputs, targets = batch()
     fp32_loss = model(inputs, targets).ce_loss.item()
     captured = {}
-    router = model.layers[1].ffn.gate
-    handle = router.register_forward_hook(lambda module, args, output: captured.setdefault("router", output))
+    moe = model.layers[1].ffn
+    route = moe.route
+
+    def recording_route(*args):
+        captured["routing"] = route(*args)
+        return captured["routing"]
+
+    moe.route = recording_route
     with torch.autocast("cpu", dtype=dtype):
         output = model(inputs, targets)
-    handle.remove()
+    del moe.route
     output.loss.backward()
     assert output.logits.dtype == dtype  # the matmuls ran in the autocast dtype
     assert output.ce_loss.dtype == torch.float32 and output.aux_loss.dtype == torch.float32
-    assert all(t.dtype == torch.float32 for t in captured["router"][1:])  # gate weights, scores, logits
+    routing = captured["routing"]
+    assert routing.fused == fused_routing
+    assert all(t.dtype == torch.float32 for t in (routing.weights, routing.logits, routing.balance_value))
     assert abs(output.ce_loss.item() - fp32_loss) < 2e-2
     assert all(p.grad is not None and p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all()
                for p in model.parameters())
@@ -185,13 +194,16 @@ def test_torch_compile_traces_the_model_and_matches_eager_bit_for_bit(moe_impl):
     # the test checks that the model is compilable and that compiled training forwards still count, in seconds
     # rather than the minutes inductor's C++ build takes on 2 cores. Traced in fp32, `grouped` runs the sorted
     # segment loop (grouped_mm traces in bf16 only): same forward bit for bit, fp32 gradients to rounding.
+    # Traced graphs always route with the reference operators (the fused CPU kernel is opaque to Dynamo), so
+    # the eager side does too, for a bit-for-bit comparison.
     import torch._dynamo
 
     inputs, targets = batch(b=2, t=16)
+    cfg = dataclasses.replace(TINY, moe_impl=moe_impl, fused_routing=False)
     torch.manual_seed(0)
-    eager_model = build_model(dataclasses.replace(TINY, moe_impl=moe_impl))
+    eager_model = build_model(cfg)
     torch.manual_seed(0)
-    compiled_model = build_model(dataclasses.replace(TINY, moe_impl=moe_impl))
+    compiled_model = build_model(dataclasses.replace(cfg, fused_routing=True))
     torch._dynamo.reset()
     compiled = torch.compile(compiled_model, backend="eager")
     eager_output = eager_model(inputs, targets)

@@ -1,0 +1,289 @@
+// Fused MoE routing for the CPU: one pass over the router logits replaces the ~70 small PyTorch operators of the
+// reference path in moe.py (score function, biased top-k, gate normalization, sequence-wise balance term, router
+// statistics, and the stable sort of (token, slot) pairs by expert), and one pass computes the logits' gradient.
+// On a CPU every small operator costs ~5-20 us whatever its size, so at pilot microbatches the reference routing
+// cost more than the expert matmuls it feeds (BENCHMARKS.md, issue 3). Same definitions as moe.py / balancing.py;
+// loaded by pilotrun/model/routing_fused.py, which keeps the reference path for every other case.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+// Inputs: fp32/fp64 router logits [N,E] of G equal groups of tokens (the sequences, for the sequence-wise balance
+// term; G = 1 for the batch-wise one), the aux-free bias [E] (empty: none).
+// Outputs: scores [N,E], indices [N,K] int64, weights [N,K], order [N*K] int64 (flat slot ids t*K+k sorted by
+// expert, stable), token_of_slot [N*K] int64, counts [E] int64, fraction f [G,E], row_sums [N] (the per-token sum
+// the balance term normalizes by; 1 for softmax), sums [7]: tokens, entropy sum, score-spread sum, top-k-mass sum,
+// balance value (mean over groups of sum_i f_i P_i), 1 (one microbatch), |logit| max.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+route_forward(const at::Tensor& logits_in, const at::Tensor& bias_in, int64_t top_k, bool sigmoid, bool route_norm,
+              double route_scale, int64_t groups) {
+  TORCH_CHECK(logits_in.dim() == 2 && logits_in.device().is_cpu(), "route_forward: CPU logits [N, E] expected");
+  const at::Tensor logits = logits_in.contiguous();
+  const int64_t tokens = logits.size(0), experts = logits.size(1);
+  TORCH_CHECK(top_k >= 1 && top_k <= experts, "route_forward: 1 <= top_k <= E");
+  TORCH_CHECK(groups >= 1 && tokens % groups == 0, "route_forward: tokens must split into equal groups");
+  const bool with_bias = bias_in.numel() > 0;
+  const at::Tensor bias = with_bias ? bias_in.to(logits.scalar_type()).contiguous() : bias_in;
+  const int64_t per_group = tokens / groups;
+
+  at::Tensor scores = at::empty_like(logits);
+  at::Tensor indices = at::empty({tokens, top_k}, logits.options().dtype(at::kLong));
+  at::Tensor weights = at::empty({tokens, top_k}, logits.options());
+  at::Tensor order = at::empty({tokens * top_k}, logits.options().dtype(at::kLong));
+  at::Tensor token_of_slot = at::empty({tokens * top_k}, logits.options().dtype(at::kLong));
+  at::Tensor counts = at::zeros({experts}, logits.options().dtype(at::kLong));
+  at::Tensor fraction = at::zeros({groups, experts}, logits.options());
+  at::Tensor row_sums = at::empty({tokens}, logits.options());
+  at::Tensor sums = at::zeros({7}, logits.options());
+
+  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "route_forward", [&] {
+    const scalar_t* z = logits.data_ptr<scalar_t>();
+    const scalar_t* b = with_bias ? bias.data_ptr<scalar_t>() : nullptr;
+    scalar_t* s = scores.data_ptr<scalar_t>();
+    int64_t* idx = indices.data_ptr<int64_t>();
+    scalar_t* w = weights.data_ptr<scalar_t>();
+    int64_t* count = counts.data_ptr<int64_t>();
+    scalar_t* frac = fraction.data_ptr<scalar_t>();
+    scalar_t* rows = row_sums.data_ptr<scalar_t>();
+    std::vector<double> probability(groups * experts, 0.0);  // sum over a group's tokens of normalized scores
+    std::vector<double> group_counts(groups * experts, 0.0);
+    std::vector<scalar_t> choice(experts);
+    std::vector<bool> taken(experts);
+    double entropy_sum = 0, spread_sum = 0, mass_sum = 0, absmax = 0;
+    for (int64_t t = 0; t < tokens; ++t) {
+      const scalar_t* zt = z + t * experts;
+      scalar_t* st = s + t * experts;
+      if (sigmoid) {
+        for (int64_t e = 0; e < experts; ++e) st[e] = scalar_t(1) / (scalar_t(1) + std::exp(-zt[e]));
+      } else {  // softmax over all experts, before the top-k (DeepSeek, not Mixtral)
+        scalar_t top = zt[0];
+        for (int64_t e = 1; e < experts; ++e) top = std::max(top, zt[e]);
+        scalar_t total = 0;
+        for (int64_t e = 0; e < experts; ++e) total += (st[e] = std::exp(zt[e] - top));
+        for (int64_t e = 0; e < experts; ++e) st[e] /= total;
+      }
+      scalar_t row = 0, mean = 0;
+      for (int64_t e = 0; e < experts; ++e) {
+        row += st[e];
+        choice[e] = with_bias ? st[e] + b[e] : st[e];
+        absmax = std::max(absmax, double(std::abs(zt[e])));
+      }
+      rows[t] = sigmoid ? row : scalar_t(1);
+      mean = row / scalar_t(experts);
+      // Top-k by repeated arg-max: the largest first, the lower expert id on an exact tie; never one expert twice
+      // (a NaN choice never wins a comparison, so NaN logits still give K distinct experts).
+      std::fill(taken.begin(), taken.end(), false);
+      scalar_t selected = 0;
+      for (int64_t k = 0; k < top_k; ++k) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < experts; ++e) {
+          if (taken[e]) continue;
+          if (best < 0 || choice[e] > choice[best]) best = e;
+        }
+        taken[best] = true;
+        idx[t * top_k + k] = best;
+        w[t * top_k + k] = st[best];  // gate weights from the UNBIASED scores
+        selected += st[best];
+        count[best] += 1;
+        group_counts[(t / per_group) * experts + best] += 1;
+      }
+      if (route_norm) {
+        const scalar_t denominator = selected + scalar_t(1e-20);
+        for (int64_t k = 0; k < top_k; ++k) w[t * top_k + k] = w[t * top_k + k] / denominator;
+      }
+      for (int64_t k = 0; k < top_k; ++k) w[t * top_k + k] = w[t * top_k + k] * scalar_t(route_scale);
+      scalar_t entropy = 0, spread = 0;
+      double* group_probability = probability.data() + (t / per_group) * experts;
+      const scalar_t inverse_row = sigmoid ? scalar_t(1) / row : scalar_t(1);  // softmax rows already sum to 1
+      for (int64_t e = 0; e < experts; ++e) {
+        const scalar_t normalized = st[e] * inverse_row;  // statistics: s' for either score function
+        entropy -= normalized * std::log(std::max(normalized, scalar_t(1e-30)));
+        spread += (st[e] - mean) * (st[e] - mean);
+        group_probability[e] += sigmoid ? double(normalized) : double(st[e]);
+      }
+      entropy_sum += double(entropy);
+      spread_sum += std::sqrt(double(spread) / double(experts));
+      mass_sum += double(selected);
+    }
+    // f_i = E / (K T) * tokens choosing i, P_i = mean normalized score; balance value = mean over groups of sum f P.
+    double balance = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      double term = 0;
+      for (int64_t e = 0; e < experts; ++e) {
+        const double f = group_counts[g * experts + e] * double(experts) / double(top_k * per_group);
+        frac[g * experts + e] = scalar_t(f);
+        term += f * probability[g * experts + e] / double(per_group);
+      }
+      balance += term;
+    }
+    scalar_t* out = sums.data_ptr<scalar_t>();  // moe.py's ROUTER_STATISTICS order, then the |logit| maximum
+    out[0] = scalar_t(tokens);
+    out[1] = scalar_t(entropy_sum);
+    out[2] = scalar_t(spread_sum);
+    out[3] = scalar_t(mass_sum);
+    out[4] = scalar_t(balance / double(groups));
+    out[5] = scalar_t(1);
+    out[6] = scalar_t(absmax);
+  });
+
+  // Stable counting sort of the flat (token, slot) ids by expert: the same permutation as argsort(stable=True).
+  int64_t* count = counts.data_ptr<int64_t>();
+  std::vector<int64_t> next(experts, 0);
+  for (int64_t e = 1; e < experts; ++e) next[e] = next[e - 1] + count[e - 1];
+  const int64_t* idx = indices.data_ptr<int64_t>();
+  int64_t* ord = order.data_ptr<int64_t>();
+  int64_t* tok = token_of_slot.data_ptr<int64_t>();
+  for (int64_t slot = 0; slot < tokens * top_k; ++slot) {
+    const int64_t position = next[idx[slot]]++;
+    ord[position] = slot;
+    tok[position] = slot / top_k;
+  }
+  return {scores, indices, weights, order, token_of_slot, counts, fraction, row_sums, sums};
+}
+
+// d(loss)/d(logits) from the gradient of the gate weights [N,K] and of the balance value (a scalar tensor; zero
+// where the balance term is not part of the loss).
+at::Tensor route_backward(const at::Tensor& grad_weights_in, const at::Tensor& grad_balance, const at::Tensor& scores,
+                          const at::Tensor& indices, const at::Tensor& weights, const at::Tensor& fraction,
+                          const at::Tensor& row_sums, bool sigmoid, bool route_norm, double route_scale) {
+  const at::Tensor grad_weights = grad_weights_in.contiguous();
+  const int64_t tokens = scores.size(0), experts = scores.size(1), top_k = indices.size(1);
+  const int64_t groups = fraction.size(0), per_group = tokens / groups;
+  at::Tensor grad_logits = at::empty_like(scores);
+  AT_DISPATCH_FLOATING_TYPES(scores.scalar_type(), "route_backward", [&] {
+    const scalar_t* s = scores.data_ptr<scalar_t>();
+    const int64_t* idx = indices.data_ptr<int64_t>();
+    const scalar_t* w = weights.data_ptr<scalar_t>();
+    const scalar_t* gw = grad_weights.data_ptr<scalar_t>();
+    const scalar_t* frac = fraction.data_ptr<scalar_t>();
+    const scalar_t* rows = row_sums.data_ptr<scalar_t>();
+    const scalar_t balance_grad = grad_balance.item<scalar_t>() / scalar_t(groups * per_group);
+    scalar_t* out = grad_logits.data_ptr<scalar_t>();
+    std::vector<scalar_t> ds(experts);
+    for (int64_t t = 0; t < tokens; ++t) {
+      const scalar_t* st = s + t * experts;
+      std::fill(ds.begin(), ds.end(), scalar_t(0));
+      // Gate weights: w_k = scale * g_k / (sum_j g_j + eps) with g = the selected scores.
+      if (route_norm) {
+        scalar_t selected = 0, dot = 0;
+        for (int64_t k = 0; k < top_k; ++k) selected += st[idx[t * top_k + k]];
+        const scalar_t denominator = selected + scalar_t(1e-20);
+        for (int64_t k = 0; k < top_k; ++k) dot += gw[t * top_k + k] * w[t * top_k + k];
+        for (int64_t k = 0; k < top_k; ++k)
+          ds[idx[t * top_k + k]] += (gw[t * top_k + k] * scalar_t(route_scale) - dot) / denominator;
+      } else {
+        for (int64_t k = 0; k < top_k; ++k) ds[idx[t * top_k + k]] += gw[t * top_k + k] * scalar_t(route_scale);
+      }
+      // Balance value = mean_g sum_e f_ge * mean_t n_te, n = s / row_sum (sigmoid) or s (softmax).
+      if (balance_grad != scalar_t(0)) {
+        const scalar_t* f = frac + (t / per_group) * experts;
+        if (sigmoid) {
+          scalar_t weighted = 0;
+          for (int64_t e = 0; e < experts; ++e) weighted += f[e] * st[e];
+          const scalar_t row = rows[t];
+          for (int64_t e = 0; e < experts; ++e) ds[e] += balance_grad * (f[e] - weighted / row) / row;
+        } else {
+          for (int64_t e = 0; e < experts; ++e) ds[e] += balance_grad * f[e];
+        }
+      }
+      scalar_t* dz = out + t * experts;
+      if (sigmoid) {
+        for (int64_t e = 0; e < experts; ++e) dz[e] = ds[e] * st[e] * (scalar_t(1) - st[e]);
+      } else {
+        scalar_t dot = 0;
+        for (int64_t e = 0; e < experts; ++e) dot += ds[e] * st[e];
+        for (int64_t e = 0; e < experts; ++e) dz[e] = st[e] * (ds[e] - dot);
+      }
+    }
+  });
+  return grad_logits;
+}
+
+// y[t] = sum over t's slots s of w_s * routed[s]: routed [S,d] in expert-sorted order, w_s = weights.flat[order[s]],
+// added in sorted order into zeros (the order of index_add_, so the sums match the reference path bit for bit).
+at::Tensor combine_forward(const at::Tensor& routed_in, const at::Tensor& weights_in, const at::Tensor& order,
+                           const at::Tensor& token_of_slot, int64_t tokens) {
+  const at::Tensor routed = routed_in.contiguous(), weights = weights_in.contiguous();
+  TORCH_CHECK(routed.scalar_type() == weights.scalar_type(), "combine_forward: routed and weights dtypes differ");
+  const int64_t slots = routed.size(0), width = routed.size(1);
+  at::Tensor output = at::zeros({tokens, width}, routed.options());
+  AT_DISPATCH_FLOATING_TYPES(routed.scalar_type(), "combine_forward", [&] {
+    const scalar_t* r = routed.data_ptr<scalar_t>();
+    const scalar_t* w = weights.data_ptr<scalar_t>();
+    const int64_t* ord = order.data_ptr<int64_t>();
+    const int64_t* tok = token_of_slot.data_ptr<int64_t>();
+    scalar_t* y = output.data_ptr<scalar_t>();
+    for (int64_t slot = 0; slot < slots; ++slot) {
+      const scalar_t weight = w[ord[slot]];
+      const scalar_t* row = r + slot * width;
+      scalar_t* target = y + tok[slot] * width;
+      for (int64_t j = 0; j < width; ++j) target[j] += weight * row[j];
+    }
+  });
+  return output;
+}
+
+// Gradients of combine_forward: routed [S,d] (w_s * dy[t_s]) and weights [N,K] (dy[t_s] . routed[s]).
+std::tuple<at::Tensor, at::Tensor> combine_backward(const at::Tensor& grad_output_in, const at::Tensor& routed_in,
+                                                    const at::Tensor& weights_in, const at::Tensor& order,
+                                                    const at::Tensor& token_of_slot) {
+  const at::Tensor grad_output = grad_output_in.contiguous(), routed = routed_in.contiguous();
+  const at::Tensor weights = weights_in.contiguous();
+  const int64_t slots = routed.size(0), width = routed.size(1);
+  at::Tensor grad_routed = at::empty_like(routed);
+  at::Tensor grad_weights = at::empty_like(weights);
+  AT_DISPATCH_FLOATING_TYPES(routed.scalar_type(), "combine_backward", [&] {
+    const scalar_t* dy = grad_output.data_ptr<scalar_t>();
+    const scalar_t* r = routed.data_ptr<scalar_t>();
+    const scalar_t* w = weights.data_ptr<scalar_t>();
+    const int64_t* ord = order.data_ptr<int64_t>();
+    const int64_t* tok = token_of_slot.data_ptr<int64_t>();
+    scalar_t* dr = grad_routed.data_ptr<scalar_t>();
+    scalar_t* dw = grad_weights.data_ptr<scalar_t>();
+    for (int64_t slot = 0; slot < slots; ++slot) {
+      const scalar_t weight = w[ord[slot]];
+      const scalar_t* upstream = dy + tok[slot] * width;
+      const scalar_t* row = r + slot * width;
+      scalar_t* out = dr + slot * width;
+      for (int64_t j = 0; j < width; ++j) out[j] = weight * upstream[j];
+      // Eight partial sums: a strict left-to-right sum cannot be vectorized (the compiler may not reorder
+      // floating-point additions), and this loop is most of the combine's backward.
+      scalar_t partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t j = 0;
+      for (; j + 8 <= width; j += 8) {
+        for (int lane = 0; lane < 8; ++lane) partial[lane] += upstream[j + lane] * row[j + lane];
+      }
+      scalar_t dot = ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
+                     ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+      for (; j < width; ++j) dot += upstream[j] * row[j];
+      dw[ord[slot]] = dot;
+    }
+  });
+  return {grad_routed, grad_weights};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(pilotrun_routing, m) {
+  m.def("route_forward(Tensor logits, Tensor bias, int top_k, bool sigmoid, bool route_norm, float route_scale, "
+        "int groups) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("route_backward(Tensor grad_weights, Tensor grad_balance, Tensor scores, Tensor indices, Tensor weights, "
+        "Tensor fraction, Tensor row_sums, bool sigmoid, bool route_norm, float route_scale) -> Tensor");
+  m.def("combine_forward(Tensor routed, Tensor weights, Tensor order, Tensor token_of_slot, int tokens) -> Tensor");
+  m.def("combine_backward(Tensor grad_output, Tensor routed, Tensor weights, Tensor order, Tensor token_of_slot) "
+        "-> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(pilotrun_routing, CPU, m) {
+  m.impl("route_forward", route_forward);
+  m.impl("route_backward", route_backward);
+  m.impl("combine_forward", combine_forward);
+  m.impl("combine_backward", combine_backward);
+}

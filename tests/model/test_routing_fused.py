@@ -1,0 +1,125 @@
+"""The fused CPU routing and combine kernels (routing_kernel.cpp) against the reference PyTorch operators of
+moe.py: same choices, same sort, same gate weights, balance term, statistics and gradients."""
+
+import shutil
+
+import pytest
+import torch
+
+from pilotrun.model.moe import GroupedExperts, MoE, sorted_layout
+from pilotrun.model.routing_fused import FusedCombine, FusedRouting, routing_kernel_loaded
+
+COMPILER = shutil.which("c++") and shutil.which("ninja")
+pytestmark = pytest.mark.skipif(not COMPILER, reason="no C++ compiler and ninja: the reference routing runs")
+
+
+def test_the_kernel_builds_and_loads_where_a_compiler_is_available():
+    assert routing_kernel_loaded()
+
+
+def make_moe(fused: bool, dtype=torch.float64, seed=0, **changes) -> MoE:
+    torch.manual_seed(seed)
+    settings = dict(d_model=16, moe_hidden=24, n_routed_experts=6, n_shared_experts=1, top_k=2, seq_aux_alpha=0.5,
+                    fused_routing=fused)
+    settings.update(changes)
+    moe = MoE(**settings)
+    with torch.no_grad():
+        for parameter in moe.parameters():
+            parameter.normal_(0, 0.3)
+        moe.gate.expert_bias.normal_(0, 0.05)  # used only where the balance mode has a bias
+    return moe.to(dtype)
+
+
+def forward_backward(moe: MoE, x: torch.Tensor):
+    x = x.clone().requires_grad_(True)
+    moe.train()
+    routing = moe.route(x.reshape(-1, x.shape[-1]), x.shape[0])
+    output, aux = moe(x)
+    (output.pow(2).sum() + 10 * aux).backward()
+    grads = {name: p.grad.clone() for name, p in moe.named_parameters()}
+    return routing, output.detach(), aux.detach(), x.grad, grads
+
+
+@pytest.mark.parametrize("score_func,route_norm", [("sigmoid", True), ("sigmoid", False), ("softmax", False),
+                                                   ("softmax", True)])
+@pytest.mark.parametrize("balance", ["aux_free+seq", "seq", "batch", "aux_free", "none"])
+def test_fused_routing_equals_the_reference_in_fp64(score_func, route_norm, balance):
+    x = torch.randn(3, 11, 16, dtype=torch.float64)
+    settings = dict(score_func=score_func, route_norm=route_norm, balance=balance, route_scale=1.7, z_loss_beta=1e-2)
+    fused = forward_backward(make_moe(True, **settings), x)
+    reference = forward_backward(make_moe(False, **settings), x)
+    assert fused[0].fused and not reference[0].fused
+    assert torch.equal(fused[0].indices, reference[0].indices)
+    layout = sorted_layout(reference[0].indices, 6)  # the kernel's counting sort is argsort(stable=True)'s order
+    assert all(torch.equal(a, b) for a, b in zip(fused[0].layout, layout, strict=True))
+    assert torch.allclose(fused[0].weights, reference[0].weights, rtol=1e-14, atol=0)
+    # The reference counts the balance fractions in fp32 (balancing.balance_loss_terms), hence 1e-7 there.
+    assert torch.allclose(fused[0].balance_value, reference[0].balance_value, rtol=1e-7, atol=0)
+    assert torch.allclose(fused[1], reference[1], rtol=0, atol=1e-12)
+    assert torch.allclose(fused[2], reference[2], rtol=1e-7, atol=1e-12)
+    assert torch.allclose(fused[3], reference[3], rtol=0, atol=1e-10 * reference[3].abs().max().item())
+    for name, grad in reference[4].items():
+        assert torch.allclose(fused[4][name], grad, rtol=0, atol=1e-7 * max(grad.abs().max().item(), 1.0)), name
+    assert reference[4]["gate.weight"].abs().max() > 0
+
+
+@pytest.mark.parametrize("sigmoid,route_norm", [(True, True), (True, False), (False, False)])
+def test_fused_routing_gradients_pass_gradcheck(sigmoid, route_norm):
+    routing_kernel_loaded()
+    logits = torch.randn(12, 5, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(5, dtype=torch.float64) * 0.1
+
+    def differentiable_outputs(z):
+        weights, balance, *_ = FusedRouting.apply(z, bias, 2, sigmoid, route_norm, 1.3, 3)
+        return weights, balance
+
+    assert torch.autograd.gradcheck(differentiable_outputs, (logits,))
+
+
+def test_fused_combine_forward_and_routed_gradient_equal_the_reference_bit_for_bit():
+    routing_kernel_loaded()
+    generator = torch.Generator().manual_seed(3)
+    indices = torch.rand(40, 8, generator=generator).topk(2, dim=-1).indices
+    layout = sorted_layout(indices, 8)
+    routed = torch.randn(80, 32, generator=generator, requires_grad=True)
+    weights = torch.rand(40, 2, generator=generator, requires_grad=True)
+    upstream = torch.randn(40, 32, generator=generator)
+    expected = GroupedExperts.weight_and_combine(routed, weights, layout, 40, fused=False)
+    result = GroupedExperts.weight_and_combine(routed, weights, layout, 40, fused=True)
+    assert torch.equal(result, expected)
+    expected_grads = torch.autograd.grad(expected, (routed, weights), upstream)
+    result_grads = torch.autograd.grad(result, (routed, weights), upstream)
+    assert torch.equal(result_grads[0], expected_grads[0])
+    assert torch.allclose(result_grads[1], expected_grads[1], rtol=1e-5, atol=1e-6)
+
+    routed64, weights64 = routed.detach().double().requires_grad_(), weights.detach().double().requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda r, w: FusedCombine.apply(r, w, layout.order, layout.token_of_slot, 40), (routed64, weights64))
+
+
+def test_fused_statistics_equal_the_reference_ones():
+    x = torch.randn(2, 24, 16)
+    fused, reference = make_moe(True, torch.float32), make_moe(False, torch.float32)
+    for moe in (fused, reference):
+        moe.train()
+        moe(x)
+        moe(x * 0.5)  # two microbatches accumulate
+    assert torch.equal(fused.tokens_per_expert, reference.tokens_per_expert)
+    assert torch.allclose(fused.router_statistics, reference.router_statistics, rtol=1e-5, atol=0)
+    assert fused.router_statistics[-1] == 2  # microbatches
+    assert torch.equal(fused.router_logit_absmax, reference.router_logit_absmax)
+
+
+def test_nan_logits_still_give_distinct_experts_per_token():
+    routing_kernel_loaded()
+    logits = torch.full((4, 6), float("nan"))
+    _, _, indices, *_ = FusedRouting.apply(logits, logits.new_zeros(0), 3, True, True, 1.0, 1)
+    assert all(len(set(row)) == 3 for row in indices.tolist())
+
+
+def test_group_limited_routing_and_the_switch_keep_the_reference_path():
+    x = torch.randn(2, 8, 16, dtype=torch.float64)
+    grouped = make_moe(True, n_routed_experts=6, n_expert_groups=3, n_limited_groups=2)
+    assert not grouped.route(x.reshape(-1, 16), 2).fused
+    assert not make_moe(False).route(x.reshape(-1, 16), 2).fused
+    assert make_moe(True).route(x.reshape(-1, 16), 2).fused
