@@ -53,8 +53,11 @@ class FusedRouting(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, bias, top_k, sigmoid, route_norm, route_scale, groups):
-        (scores, indices, weights, order, token_of_slot, counts, fraction, row_sums,
-         sums) = torch.ops.pilotrun_routing.route_forward(logits, bias, top_k, sigmoid, route_norm, route_scale, groups)
+        # The score function by PyTorch's vectorized operator (the reference's, bit for bit), the rest in one pass.
+        scores = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=-1)
+        (indices, weights, order, token_of_slot, counts, fraction, row_sums,
+         sums) = torch.ops.pilotrun_routing.route_forward(logits, scores, bias, top_k, sigmoid, route_norm, route_scale,
+                                                          groups)
         ctx.save_for_backward(scores, indices, weights, fraction, row_sums)
         ctx.settings = (sigmoid, route_norm, route_scale)
         balance_value = sums[4].clone()  # ROUTER_STATISTICS order: tokens, entropy, spread, mass, balance, 1, |z|max

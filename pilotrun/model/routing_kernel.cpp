@@ -1,6 +1,6 @@
-// Fused MoE routing for the CPU: one pass over the router logits replaces the ~70 small PyTorch operators of the
-// reference path in moe.py (score function, biased top-k, gate normalization, sequence-wise balance term, router
-// statistics, and the stable sort of (token, slot) pairs by expert), and one pass computes the logits' gradient.
+// Fused MoE routing for the CPU: one pass over the router scores replaces the ~70 small PyTorch operators of the
+// reference path in moe.py (biased top-k, gate normalization, sequence-wise balance term, router statistics, and
+// the stable sort of (token, slot) pairs by expert), and one pass computes the logits' gradient.
 // On a CPU every small operator costs ~5-20 us whatever its size, so at pilot microbatches the reference routing
 // cost more than the expert matmuls it feeds (BENCHMARKS.md, issue 3). Same definitions as moe.py / balancing.py;
 // loaded by pilotrun/model/routing_fused.py, which keeps the reference path for every other case.
@@ -15,17 +15,20 @@
 
 namespace {
 
-// Inputs: fp32/fp64 router logits [N,E] of G equal groups of tokens (the sequences, for the sequence-wise balance
-// term; G = 1 for the batch-wise one), the aux-free bias [E] (empty: none).
-// Outputs: scores [N,E], indices [N,K] int64, weights [N,K], order [N*K] int64 (flat slot ids t*K+k sorted by
-// expert, stable), token_of_slot [N*K] int64, counts [E] int64, fraction f [G,E], row_sums [N] (the per-token sum
-// the balance term normalizes by; 1 for softmax), sums [7]: tokens, entropy sum, score-spread sum, top-k-mass sum,
-// balance value (mean over groups of sum_i f_i P_i), 1 (one microbatch), |logit| max.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-route_forward(const at::Tensor& logits_in, const at::Tensor& bias_in, int64_t top_k, bool sigmoid, bool route_norm,
-              double route_scale, int64_t groups) {
+// Inputs: fp32/fp64 router logits [N,E] and their scores (sigmoid or softmax, computed by PyTorch's vectorized
+// operator, so that they equal the reference path's bit for bit) of G equal groups of tokens (the sequences, for
+// the sequence-wise balance term; G = 1 for the batch-wise one), the aux-free bias [E] (empty: none).
+// Outputs: indices [N,K] int64, weights [N,K], order [N*K] int64 (flat slot ids t*K+k sorted by expert, stable),
+// token_of_slot [N*K] int64, counts [E] int64, fraction f [G,E], row_sums [N] (the per-token sum the balance
+// term normalizes by; 1 for softmax), sums [7]: tokens, entropy sum, score-spread sum, top-k-mass sum, balance
+// value (mean over groups of sum_i f_i P_i), 1 (one microbatch), |logit| max.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+route_forward(const at::Tensor& logits_in, const at::Tensor& scores_in, const at::Tensor& bias_in, int64_t top_k,
+              bool sigmoid, bool route_norm, double route_scale, int64_t groups) {
   TORCH_CHECK(logits_in.dim() == 2 && logits_in.device().is_cpu(), "route_forward: CPU logits [N, E] expected");
-  const at::Tensor logits = logits_in.contiguous();
+  TORCH_CHECK(scores_in.sizes() == logits_in.sizes() && scores_in.scalar_type() == logits_in.scalar_type(),
+              "route_forward: scores must match the logits");
+  const at::Tensor logits = logits_in.contiguous(), scores = scores_in.contiguous();
   const int64_t tokens = logits.size(0), experts = logits.size(1);
   TORCH_CHECK(top_k >= 1 && top_k <= experts, "route_forward: 1 <= top_k <= E");
   TORCH_CHECK(groups >= 1 && tokens % groups == 0, "route_forward: tokens must split into equal groups");
@@ -33,7 +36,6 @@ route_forward(const at::Tensor& logits_in, const at::Tensor& bias_in, int64_t to
   const at::Tensor bias = with_bias ? bias_in.to(logits.scalar_type()).contiguous() : bias_in;
   const int64_t per_group = tokens / groups;
 
-  at::Tensor scores = at::empty_like(logits);
   at::Tensor indices = at::empty({tokens, top_k}, logits.options().dtype(at::kLong));
   at::Tensor weights = at::empty({tokens, top_k}, logits.options());
   at::Tensor order = at::empty({tokens * top_k}, logits.options().dtype(at::kLong));
@@ -45,41 +47,32 @@ route_forward(const at::Tensor& logits_in, const at::Tensor& bias_in, int64_t to
 
   AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "route_forward", [&] {
     const scalar_t* z = logits.data_ptr<scalar_t>();
+    const scalar_t* s = scores.data_ptr<scalar_t>();
     const scalar_t* b = with_bias ? bias.data_ptr<scalar_t>() : nullptr;
-    scalar_t* s = scores.data_ptr<scalar_t>();
     int64_t* idx = indices.data_ptr<int64_t>();
     scalar_t* w = weights.data_ptr<scalar_t>();
     int64_t* count = counts.data_ptr<int64_t>();
     scalar_t* frac = fraction.data_ptr<scalar_t>();
     scalar_t* rows = row_sums.data_ptr<scalar_t>();
-    std::vector<double> probability(groups * experts, 0.0);  // sum over a group's tokens of normalized scores
-    std::vector<double> group_counts(groups * experts, 0.0);
+    std::vector<scalar_t> probability(groups * experts, 0);  // per group: sum over its tokens of normalized scores
+    std::vector<int64_t> group_counts(groups * experts, 0);
     std::vector<scalar_t> choice(experts);
-    std::vector<bool> taken(experts);
-    double entropy_sum = 0, spread_sum = 0, mass_sum = 0, absmax = 0;
+    std::vector<char> taken(experts);
+    double entropy_sum = 0, spread_sum = 0, mass_sum = 0;
+    scalar_t absmax = 0;
+    for (int64_t i = 0; i < tokens * experts; ++i) absmax = std::max(absmax, std::abs(z[i]));
     for (int64_t t = 0; t < tokens; ++t) {
-      const scalar_t* zt = z + t * experts;
-      scalar_t* st = s + t * experts;
-      if (sigmoid) {
-        for (int64_t e = 0; e < experts; ++e) st[e] = scalar_t(1) / (scalar_t(1) + std::exp(-zt[e]));
-      } else {  // softmax over all experts, before the top-k (DeepSeek, not Mixtral)
-        scalar_t top = zt[0];
-        for (int64_t e = 1; e < experts; ++e) top = std::max(top, zt[e]);
-        scalar_t total = 0;
-        for (int64_t e = 0; e < experts; ++e) total += (st[e] = std::exp(zt[e] - top));
-        for (int64_t e = 0; e < experts; ++e) st[e] /= total;
-      }
-      scalar_t row = 0, mean = 0;
+      const scalar_t* st = s + t * experts;
+      const int64_t group = t / per_group;
+      scalar_t row = 0;
       for (int64_t e = 0; e < experts; ++e) {
         row += st[e];
         choice[e] = with_bias ? st[e] + b[e] : st[e];
-        absmax = std::max(absmax, double(std::abs(zt[e])));
+        taken[e] = 0;
       }
       rows[t] = sigmoid ? row : scalar_t(1);
-      mean = row / scalar_t(experts);
       // Top-k by repeated arg-max: the largest first, the lower expert id on an exact tie; never one expert twice
       // (a NaN choice never wins a comparison, so NaN logits still give K distinct experts).
-      std::fill(taken.begin(), taken.end(), false);
       scalar_t selected = 0;
       for (int64_t k = 0; k < top_k; ++k) {
         int64_t best = -1;
@@ -87,26 +80,29 @@ route_forward(const at::Tensor& logits_in, const at::Tensor& bias_in, int64_t to
           if (taken[e]) continue;
           if (best < 0 || choice[e] > choice[best]) best = e;
         }
-        taken[best] = true;
+        taken[best] = 1;
         idx[t * top_k + k] = best;
         w[t * top_k + k] = st[best];  // gate weights from the UNBIASED scores
         selected += st[best];
         count[best] += 1;
-        group_counts[(t / per_group) * experts + best] += 1;
+        group_counts[group * experts + best] += 1;
       }
       if (route_norm) {
         const scalar_t denominator = selected + scalar_t(1e-20);
         for (int64_t k = 0; k < top_k; ++k) w[t * top_k + k] = w[t * top_k + k] / denominator;
       }
       for (int64_t k = 0; k < top_k; ++k) w[t * top_k + k] = w[t * top_k + k] * scalar_t(route_scale);
+      // Statistics: entropy of s' (s normalized over experts; softmax rows already sum to 1), the population
+      // std of s over experts, the selected mass; and P's sums for the balance term.
+      const scalar_t inverse_row = sigmoid ? scalar_t(1) / row : scalar_t(1);
+      const scalar_t mean = row / scalar_t(experts);
       scalar_t entropy = 0, spread = 0;
-      double* group_probability = probability.data() + (t / per_group) * experts;
-      const scalar_t inverse_row = sigmoid ? scalar_t(1) / row : scalar_t(1);  // softmax rows already sum to 1
+      scalar_t* group_probability = probability.data() + group * experts;
       for (int64_t e = 0; e < experts; ++e) {
-        const scalar_t normalized = st[e] * inverse_row;  // statistics: s' for either score function
+        const scalar_t normalized = st[e] * inverse_row;
         entropy -= normalized * std::log(std::max(normalized, scalar_t(1e-30)));
         spread += (st[e] - mean) * (st[e] - mean);
-        group_probability[e] += sigmoid ? double(normalized) : double(st[e]);
+        group_probability[e] += normalized;
       }
       entropy_sum += double(entropy);
       spread_sum += std::sqrt(double(spread) / double(experts));
@@ -117,9 +113,9 @@ route_forward(const at::Tensor& logits_in, const at::Tensor& bias_in, int64_t to
     for (int64_t g = 0; g < groups; ++g) {
       double term = 0;
       for (int64_t e = 0; e < experts; ++e) {
-        const double f = group_counts[g * experts + e] * double(experts) / double(top_k * per_group);
+        const double f = double(group_counts[g * experts + e]) * double(experts) / double(top_k * per_group);
         frac[g * experts + e] = scalar_t(f);
-        term += f * probability[g * experts + e] / double(per_group);
+        term += f * double(probability[g * experts + e]) / double(per_group);
       }
       balance += term;
     }
@@ -130,7 +126,7 @@ route_forward(const at::Tensor& logits_in, const at::Tensor& bias_in, int64_t to
     out[3] = scalar_t(mass_sum);
     out[4] = scalar_t(balance / double(groups));
     out[5] = scalar_t(1);
-    out[6] = scalar_t(absmax);
+    out[6] = absmax;
   });
 
   // Stable counting sort of the flat (token, slot) ids by expert: the same permutation as argsort(stable=True).
@@ -145,7 +141,7 @@ route_forward(const at::Tensor& logits_in, const at::Tensor& bias_in, int64_t to
     ord[position] = slot;
     tok[position] = slot / top_k;
   }
-  return {scores, indices, weights, order, token_of_slot, counts, fraction, row_sums, sums};
+  return {indices, weights, order, token_of_slot, counts, fraction, row_sums, sums};
 }
 
 // d(loss)/d(logits) from the gradient of the gate weights [N,K] and of the balance value (a scalar tensor; zero
@@ -272,8 +268,8 @@ std::tuple<at::Tensor, at::Tensor> combine_backward(const at::Tensor& grad_outpu
 }  // namespace
 
 TORCH_LIBRARY(pilotrun_routing, m) {
-  m.def("route_forward(Tensor logits, Tensor bias, int top_k, bool sigmoid, bool route_norm, float route_scale, "
-        "int groups) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("route_forward(Tensor logits, Tensor scores, Tensor bias, int top_k, bool sigmoid, bool route_norm, "
+        "float route_scale, int groups) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("route_backward(Tensor grad_weights, Tensor grad_balance, Tensor scores, Tensor indices, Tensor weights, "
         "Tensor fraction, Tensor row_sums, bool sigmoid, bool route_norm, float route_scale) -> Tensor");
   m.def("combine_forward(Tensor routed, Tensor weights, Tensor order, Tensor token_of_slot, int tokens) -> Tensor");
