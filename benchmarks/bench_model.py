@@ -32,7 +32,10 @@ def cpu_seconds(function) -> float:
     return time.process_time() - started
 
 
-def moe_versus_dense(tokens: int, repetitions: int = 20) -> dict:
+MOE_REPETITIONS = 30
+
+
+def moe_versus_dense(tokens: int, repetitions: int = MOE_REPETITIONS) -> dict:
     from pilotrun.model.moe import MoE, SwiGLU, grouped_matmul_works
     from pilotrun.model.presets import model_preset
 
@@ -212,12 +215,14 @@ def run() -> str:
              "### MoE FFN layer forward + backward vs a dense SwiGLU of the same active width",
              "`cpu` preset shapes: d 128, 8 routed experts of width 128 + 1 shared, top-2 (active expert width "
              "384); the dense FFN has hidden width 384. Same input tokens, which need a gradient as in the model; "
-             "router statistics on (training mode); 20 repetitions, each variant timed in a pair with a dense run "
+             f"router statistics on (training mode); {MOE_REPETITIONS} repetitions, each variant timed in a pair "
+             "with a dense run "
              "(order alternating); CPU time of this process (robust to other jobs on the machine, unlike wall "
              "time); ratio = median of the per-pair ratios. 512 tokens is the stability recipe's microbatch.", "",
-             "| tokens | dense FFN ms | MoE grouped (default) ms | ratio grouped/dense | MoE sorted ms | ratio | "
-             "MoE loop ms | ratio | MoE dense_ref ms | ratio | floor: grouped without routing | ratio |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| tokens | dense FFN ms | MoE grouped, fused routing (default) ms | ratio | "
+             "grouped, PyTorch routing ms | ratio | sorted ms | ratio | loop ms | ratio | dense_ref ms | ratio | "
+             "floor: grouped without routing ms | ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     met_at = []
     for c in comparisons:
         t, r = c["median_s"], c["ratio"]
@@ -225,7 +230,8 @@ def run() -> str:
             met_at.append(c["tokens"])
         lines.append(f"| {c['tokens']} | {t['dense'] * 1e3:.2f} | "
                      + " | ".join(f"{t[impl] * 1e3:.2f} | {r[impl]:.2f}x" if impl in t else "n/a | n/a"
-                                  for impl in ("grouped", "sorted", "loop", "dense_ref", "floor")) + " |")
+                                  for impl in ("grouped", "grouped_torch_routing", "sorted", "loop", "dense_ref",
+                                               "floor")) + " |")
     small, c = comparisons[0], comparisons[1]
     fixed_ms = (small["median_s"]["grouped"] - small["median_s"]["dense"]) * 1e3
     lines += ["", f"Active parameters: dense FFN {c['active_dense']:,}; MoE {c['active_moe']:,} (the same expert "
@@ -235,16 +241,17 @@ def run() -> str:
                  (f"**Met at {', '.join(map(str, met_at))} tokens; not met at " if met_at else "**Not met at ")
                  + f"{', '.join(str(c['tokens']) for c in comparisons if c['tokens'] not in met_at)} tokens.**"),
               "`grouped` runs each projection as one `grouped_mm` over the expert segments (one operator where "
-              "`sorted` makes one matmul per expert); its forward equals sorted's bit for bit on the CPU. "
+              "`sorted` makes one matmul per expert). Fused routing (the default on the CPU) runs the top-k, gate "
+              "normalization, balance term, router statistics, sort by expert and the weighted combine as "
+              "compiled kernels (`pilotrun/model/routing_kernel.cpp`) instead of ~70 small PyTorch operators; the "
+              "layer output is the same bit for bit. `sorted`, `loop` and `dense_ref` use the fused routing too. "
               "The floor column is a lower bound for any faster routing: the grouped layer's expert, shared-expert, "
-              "gather and weighting/combine work on a routing computed before the timed step (no router, top-k, "
-              "balance loss, statistics or sort); where the floor itself is above 1.5x, no routing optimization "
-              "meets the target, only faster expert matmuls (the 8 experts' segments of ~T/4 rows run slower per "
-              "FLOP than the dense FFN's one wide matmul).",
+              "gather and combine work on a routing computed before the timed step (no router, top-k, balance "
+              "loss, statistics or sort); what stays above it is the routing itself, in eager PyTorch.",
               f"At {small['tokens']} tokens, where the matmuls cost little, the MoE layer takes {fixed_ms:.1f} ms more "
-              "than the dense FFN: the fixed cost of routing in eager PyTorch (router, top-k, balance loss and "
-              "statistics, argsort, gather, weighting, combine: operator calls forward and backward at ~5-20 us "
-              "each on this CPU), which does not shrink with the token count. Tried in this project and not kept, "
+              "than the dense FFN: fixed per-operator costs (router matmul, routing, gather, the experts' "
+              "segment matmuls, combine, and their backward, at ~5-20 us per operator on this CPU) that do not "
+              "shrink with the token count. Tried in this project and not kept, "
               "each measured against `sorted` (issue 3 closing notes): one autograd function with preallocated "
               "segment buffers and a hand-written backward (no faster, and slower at 2048 tokens: its large fresh "
               "buffers page-fault), W1|W3 fused into one matmul per expert (slower: strided halves), a padded "
