@@ -339,12 +339,14 @@ class MoE(nn.Module):
     def auxiliary_loss(self, routing: Routing) -> torch.Tensor:
         """alpha * balance term where the mode puts it in the loss (aux_free+seq, seq, batch), plus beta *
         z-loss."""
-        loss = routing.logits.new_zeros(())
+        terms = []
         if self.balance in ("aux_free+seq", "seq", "batch"):
-            loss = loss + self.seq_aux_alpha * routing.balance_value
+            terms.append(self.seq_aux_alpha * routing.balance_value)
         if self.z_loss_beta > 0:
-            loss = loss + self.z_loss_beta * router_z_loss(routing.logits)
-        return loss
+            terms.append(self.z_loss_beta * router_z_loss(routing.logits))
+        if not terms:
+            return routing.logits.new_zeros(())
+        return terms[0] if len(terms) == 1 else terms[0] + terms[1]
 
     @torch.no_grad()
     def record_statistics(self, routing: Routing) -> None:
