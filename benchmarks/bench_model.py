@@ -200,7 +200,10 @@ def run() -> str:
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(THREADS)
     try:
-        comparisons = [moe_versus_dense(tokens) for tokens in (64, 512, 2048, 4096)]
+        # 512 tokens (the stability microbatch) sits near the target, so it is measured three times, each with
+        # its own warm-up; the table shows the median one and the text all three.
+        repeated = sorted((moe_versus_dense(512) for _ in range(3)), key=lambda c: c["ratio"]["grouped"])
+        comparisons = [moe_versus_dense(64), repeated[1], moe_versus_dense(2048), moe_versus_dense(4096)]
         tracker = [max_logit_tracker_cost(batch, seq) for batch, seq in ((4, 256), (1, 1024))]
         steps = [("tiny", 256, 4, 32, 30), ("cpu", 4096, 8, 64, 15), ("cpu", 4096, 8, 256, 8)]
         step_figures = [(preset, vocab, batch, seq, model_step(preset, vocab, batch, seq, count))
@@ -239,7 +242,11 @@ def run() -> str:
               "Target: the default MoE dispatch (grouped) <= 1.5x the dense FFN. "
               + ("**Met at every token count above.**" if len(met_at) == len(comparisons) else
                  (f"**Met at {', '.join(map(str, met_at))} tokens; not met at " if met_at else "**Not met at ")
-                 + f"{', '.join(str(c['tokens']) for c in comparisons if c['tokens'] not in met_at)} tokens.**"),
+                 + f"{', '.join(str(c['tokens']) for c in comparisons if c['tokens'] not in met_at)} tokens.**")
+              + " At 512 tokens, three independent measurements gave "
+              + ", ".join(f"{c['ratio']['grouped']:.2f}x" for c in repeated)
+              + f" ({sum(c['ratio']['grouped'] <= 1.5 for c in repeated)} of 3 within the target; the table shows "
+              "the median one).",
               "`grouped` runs each projection as one `grouped_mm` over the expert segments (one operator where "
               "`sorted` makes one matmul per expert). Fused routing (the default on the CPU) runs the top-k, gate "
               "normalization, balance term, router statistics, sort by expert and the weighted combine as "

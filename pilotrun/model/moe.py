@@ -15,6 +15,12 @@ Dispatch implementations (`moe_impl`), which all compute y_t = sum_k w_{t,k} FFN
   loop      -- DeepSeek's inference loop: per expert, find its tokens with `where` and add its output.
   dense_ref -- every expert on every token, weighted by a [N, E] matrix that is zero off the selection.
                E times the compute; kept as the obviously-correct oracle for tests.
+
+Routing (`fused_routing`, default on): on the CPU the top-k, gate normalization, balance term, statistics, sort
+by expert and weighted combine run as compiled kernels (routing_fused.py, routing_kernel.cpp), because there
+~70 small PyTorch operators cost more than the expert matmuls at pilot microbatches (BENCHMARKS.md). Elsewhere
+(CUDA, torch.compile tracing, group-limited routing, no compiler) `MoE.route` uses the reference operators below;
+both give the same layer output bit for bit.
 """
 
 from __future__ import annotations
