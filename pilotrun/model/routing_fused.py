@@ -37,8 +37,9 @@ def routing_kernel_loaded() -> bool:
              verbose=False)
         return hasattr(torch.ops.pilotrun_routing, "route_forward")
     except Exception as error:  # no compiler, no ninja, a read-only cache: the reference path still works
-        warnings.warn(f"pilotrun: the fused routing kernel could not be built ({type(error).__name__}: {error}); "
-                      "using the PyTorch reference routing, which is slower on the CPU", stacklevel=2)
+        detail = str(error).strip().splitlines()[-1:] or [""]  # the compiler's full log can run to pages
+        warnings.warn(f"pilotrun: the fused routing kernel could not be built ({type(error).__name__}: {detail[0]}); "
+                      "using the PyTorch reference routing (same results, slower on the CPU)", stacklevel=2)
         return False
 
 
