@@ -99,25 +99,19 @@ def step_without_routing(moe, x: torch.Tensor, upstream: torch.Tensor):
     """A lower bound for any routing optimization: the grouped MoE's expert, shared-expert, gather and
     weighting/combine work on a routing computed once beforehand (no router matmul, top-k, balance loss,
     statistics or sort in the timed step). Not a usable layer: nothing trains the router."""
-    from pilotrun.model.moe import GROUPED_MM, sorted_layout
+    from pilotrun.model.moe import sorted_layout
 
     flat = x.detach().reshape(-1, x.shape[-1])
     with torch.no_grad():
         indices, weights, _, _ = moe.gate(flat)
     layout = sorted_layout(indices, moe.n_routed_experts)
-    offsets = layout.counts.cumsum(0).to(torch.int32)
-    experts = moe.experts
 
     def run():
         x.grad = None
         moe.zero_grad(set_to_none=True)
         tokens = x.reshape(-1, x.shape[-1])
-        gathered = tokens.index_select(0, layout.token_of_slot)
-        hidden = (torch.nn.functional.silu(GROUPED_MM(gathered, experts.w1.mT, offs=offsets))
-                  * GROUPED_MM(gathered, experts.w3.mT, offs=offsets))
-        routed = GROUPED_MM(hidden, experts.w2.mT, offs=offsets)
-        output = experts.weight_and_combine(routed, weights, layout, tokens.shape[0])
-        (output + moe.shared_experts(tokens)).reshape(x.shape).backward(upstream)
+        routed = moe.experts.forward_grouped(tokens, indices, weights, layout)
+        (routed + moe.shared_experts(tokens)).reshape(x.shape).backward(upstream)
     return run
 
 

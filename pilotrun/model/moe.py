@@ -320,7 +320,7 @@ class MoE(nn.Module):
         groups = 1 if self.balance == "batch" else batch
         if self.fused_routing and fused_routing_applies(logits, self.gate.n_groups):
             bias = self.gate.expert_bias.to(logits.dtype) if self.gate.use_bias else logits.new_zeros(0)
-            weights, balance_value, indices, order, token_of_slot, counts, _, sums = FusedRouting.apply(
+            weights, balance_value, indices, order, token_of_slot, counts, sums = FusedRouting.apply(
                 logits, bias, self.top_k, self.score_func == "sigmoid", self.gate.route_norm,
                 self.gate.route_scale, groups)
             return Routing(indices, weights, logits, balance_value, fused=True,

@@ -62,8 +62,8 @@ class FusedRouting(torch.autograd.Function):
         ctx.save_for_backward(scores, indices, weights, fraction, row_sums)
         ctx.settings = (sigmoid, route_norm, route_scale)
         balance_value = sums[4].clone()  # ROUTER_STATISTICS order: tokens, entropy, spread, mass, balance, 1, |z|max
-        ctx.mark_non_differentiable(indices, order, token_of_slot, counts, fraction, sums)
-        return weights, balance_value, indices, order, token_of_slot, counts, fraction, sums
+        ctx.mark_non_differentiable(indices, order, token_of_slot, counts, sums)
+        return weights, balance_value, indices, order, token_of_slot, counts, sums
 
     @staticmethod
     def backward(ctx, grad_weights, grad_balance, *unused):
