@@ -10,8 +10,9 @@ import torch
 from pilotrun.model.moe import GroupedExperts, MoE, sorted_layout
 from pilotrun.model.routing_fused import FusedCombine, FusedRouting, routing_kernel_loaded
 
-COMPILER = shutil.which("c++") and shutil.which("ninja")
-pytestmark = pytest.mark.skipif(not COMPILER, reason="no C++ compiler and ninja: the reference routing runs")
+# ninja is a project dependency (the loader finds the wheel's binary), so only a missing compiler excuses a skip.
+COMPILER = shutil.which("c++")
+pytestmark = pytest.mark.skipif(not COMPILER, reason="no C++ compiler: the reference routing runs")
 
 
 def test_the_kernel_builds_and_loads_where_a_compiler_is_available():
