@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import torch, sys; from importlib.metadata import version; v = tuple(int(p) for p in version('torch').split('+')[0].split('.')[:2]); sys.exit(0 if v >= (2, 6) else 1)" 2>/dev/null \
 		|| $(PY) -m pip install -q "$(TORCH_PIN)"
 	$(PY) -m pip install -q -e ".[dev]"
-	$(PY) -c "from pilotrun.model.routing_fused import routing_kernel_loaded as built; print('pilotrun: CPU routing kernel', 'built' if built() else 'not built (reference routing)')"
+	$(PY) -c "from pilotrun.model.cpu_kernels import cpu_kernels_loaded as built; print('pilotrun: CPU MoE kernels', 'built' if built() else 'not built (PyTorch operators instead)')"
 	touch $(STAMP)
 
 install: $(STAMP)

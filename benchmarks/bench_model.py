@@ -1,9 +1,9 @@
 """Model benchmarks: routed MoE layer vs a dense FFN of the same active size, and whole-model step throughput.
 
-1. One MoE FFN layer (grouped, sorted, loop and dense_ref dispatch) forward + backward against a dense SwiGLU whose
-   hidden width equals the MoE's active expert width ((K + shared) * F), on the same tokens, interleaved
-   repetitions in one process, median CPU times. Target (issue 3): the default dispatch (grouped) <= 1.5x the
-   dense FFN on the CPU.
+1. One MoE FFN layer (grouped, sorted, loop and dense_ref dispatch; with and without the compiled CPU kernels)
+   forward + backward against a dense SwiGLU whose hidden width equals the MoE's active expert width
+   ((K + shared) * F), on the same tokens, interleaved repetitions in one process, median CPU times. Target
+   (issue 3): the default layer (grouped dispatch, CPU kernels on) <= 1.5x the dense FFN on the CPU.
 2. A model step (forward + backward, no optimizer) of the `tiny` and `cpu` presets: tokens/s and peak memory.
    Each size runs in its own subprocess so that its peak resident set belongs to it alone
    (`environment.peak_resident_mb`: VmHWM, not ru_maxrss, which carries the parent's peak across exec).
@@ -36,19 +36,32 @@ MOE_REPETITIONS = 30
 
 
 def moe_versus_dense(tokens: int, repetitions: int = MOE_REPETITIONS) -> dict:
-    from pilotrun.model.moe import MoE, SwiGLU, grouped_matmul_works
+    from pilotrun.model.moe import MoE, SwiGLU
     from pilotrun.model.presets import model_preset
 
     cfg = model_preset("cpu", vocab_size=4096)
     torch.manual_seed(0)
     dense = SwiGLU(cfg.d_model, (cfg.top_k + cfg.n_shared_experts) * cfg.moe_hidden)
     layers = {"dense": dense}
-    variants = {"grouped": ("grouped", True), "grouped_torch_routing": ("grouped", False), "sorted": ("sorted", True),
-                "loop": ("loop", True), "dense_ref": ("dense_ref", True)}
-    for name, (impl, fused_routing) in variants.items():
+
+    class GroupedMatmulExperts(MoE):
+        """The default layer with its routed experts in PyTorch operators (grouped_mm, silu, mul, the combine
+        kernel) after the compiled routing: the default before experts_kernel.cpp, to show what that kernel saves."""
+
+        def dispatch(self, flat, routing):
+            return self.experts.forward_grouped(flat, routing.indices, routing.weights, routing.layout,
+                                                routing.fused)
+
+    # name: (moe_impl, cpu_kernels). grouped = the default layer: on the CPU in fp32 its routing, combine and routed
+    # experts run as the compiled kernels; grouped_pytorch is the same dispatch in PyTorch operators only.
+    variants = {"grouped": ("grouped", True), "grouped_mm_experts": ("grouped", True),
+                "grouped_pytorch": ("grouped", False), "sorted": ("sorted", True), "loop": ("loop", True),
+                "dense_ref": ("dense_ref", True)}
+    for name, (impl, cpu_kernels) in variants.items():
         torch.manual_seed(0)
-        moe = MoE(cfg.d_model, cfg.moe_hidden, cfg.n_routed_experts, cfg.n_shared_experts, cfg.top_k, moe_impl=impl,
-                  fused_routing=fused_routing)
+        moe = (GroupedMatmulExperts if name == "grouped_mm_experts" else MoE)(
+            cfg.d_model, cfg.moe_hidden, cfg.n_routed_experts, cfg.n_shared_experts, cfg.top_k, moe_impl=impl,
+            cpu_kernels=cpu_kernels)
         with torch.no_grad():
             for parameter in moe.parameters():
                 parameter.normal_(0, 0.02)
@@ -68,8 +81,7 @@ def moe_versus_dense(tokens: int, repetitions: int = MOE_REPETITIONS) -> dict:
         return run
 
     runners = {name: step(layer) for name, layer in layers.items()}
-    if grouped_matmul_works(x.device, x.dtype):
-        runners["floor"] = step_without_routing(layers["grouped"], x, upstream)
+    runners["floor"] = step_without_routing(layers["grouped"], x, upstream)
     for run in runners.values():  # warm-up
         run()
     samples: dict[str, list[float]] = {name: [] for name in runners}
@@ -96,21 +108,25 @@ def moe_versus_dense(tokens: int, repetitions: int = MOE_REPETITIONS) -> dict:
 
 
 def step_without_routing(moe, x: torch.Tensor, upstream: torch.Tensor):
-    """A lower bound for any routing optimization: the grouped MoE's expert, shared-expert, gather and
-    weighting/combine work on a routing computed once beforehand (no router matmul, top-k, balance loss,
-    statistics or sort in the timed step). Not a usable layer: nothing trains the router."""
+    """A lower bound for any routing optimization: the default layer's routed-expert (gather, SwiGLU, combine) and
+    shared-expert work on a routing computed once beforehand (no router matmul, top-k, balance loss, statistics or
+    sort in the timed step). Not a usable layer: nothing trains the router."""
+    from pilotrun.model.cpu_kernels import fused_experts_apply
     from pilotrun.model.moe import sorted_layout
 
     flat = x.detach().reshape(-1, x.shape[-1])
     with torch.no_grad():
         indices, weights, _, _ = moe.gate(flat)
     layout = sorted_layout(indices, moe.n_routed_experts)
+    weights.requires_grad_(True)  # as the router's weights are: the combine computes their gradient
+    fused = fused_experts_apply(flat, weights, moe.experts.w1)
 
     def run():
         x.grad = None
         moe.zero_grad(set_to_none=True)
         tokens = x.reshape(-1, x.shape[-1])
-        routed = moe.experts.forward_grouped(tokens, indices, weights, layout)
+        routed = (moe.experts.forward_fused(tokens, weights, layout) if fused
+                  else moe.experts.forward_grouped(tokens, indices, weights, layout))
         (routed + moe.shared_experts(tokens)).reshape(x.shape).backward(upstream)
     return run
 
@@ -216,10 +232,10 @@ def run() -> str:
              "with a dense run "
              "(order alternating); CPU time of this process (robust to other jobs on the machine, unlike wall "
              "time); ratio = median of the per-pair ratios. 512 tokens is the stability recipe's microbatch.", "",
-             "| tokens | dense FFN ms | MoE grouped, fused routing (default) ms | ratio | "
-             "grouped, PyTorch routing ms | ratio | sorted ms | ratio | loop ms | ratio | dense_ref ms | ratio | "
-             "floor: grouped without routing ms | ratio |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| tokens | dense FFN ms | MoE default (grouped, CPU kernels) ms | ratio | "
+             "grouped_mm experts, kernel routing ms | ratio | grouped, PyTorch only ms | ratio | sorted ms | ratio | "
+             "loop ms | ratio | dense_ref ms | ratio | floor: default without routing ms | ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     met_at = []
     for c in comparisons:
         t, r = c["median_s"], c["ratio"]
@@ -227,8 +243,8 @@ def run() -> str:
             met_at.append(c["tokens"])
         lines.append(f"| {c['tokens']} | {t['dense'] * 1e3:.2f} | "
                      + " | ".join(f"{t[impl] * 1e3:.2f} | {r[impl]:.2f}x" if impl in t else "n/a | n/a"
-                                  for impl in ("grouped", "grouped_torch_routing", "sorted", "loop", "dense_ref",
-                                               "floor")) + " |")
+                                  for impl in ("grouped", "grouped_mm_experts", "grouped_pytorch", "sorted", "loop",
+                                               "dense_ref", "floor")) + " |")
     small, c = comparisons[0], comparisons[1]
     fixed_ms = (small["median_s"]["grouped"] - small["median_s"]["dense"]) * 1e3
     lines += ["", f"Active parameters: dense FFN {c['active_dense']:,}; MoE {c['active_moe']:,} (the same expert "
@@ -241,21 +257,25 @@ def run() -> str:
               + ", ".join(f"{c['ratio']['grouped']:.2f}x" for c in repeated)
               + f" ({sum(c['ratio']['grouped'] <= 1.5 for c in repeated)} of 3 within the target; the table shows "
               "the median one).",
-              "`grouped` runs each projection as one `grouped_mm` over the expert segments (one operator where "
-              "`sorted` makes one matmul per expert). Fused routing (the default on the CPU) runs the top-k, gate "
-              "normalization, balance term, router statistics, sort by expert and the weighted combine as "
-              "compiled kernels (`pilotrun/model/routing_kernel.cpp`) instead of ~70 small PyTorch operators; the "
-              "layer output is the same bit for bit. `sorted`, `loop` and `dense_ref` use the fused routing too. "
-              "The floor column is a lower bound for any faster routing: the grouped layer's expert, shared-expert, "
-              "gather and combine work on a routing computed before the timed step (no router, top-k, balance "
-              "loss, statistics or sort); what stays above it is the routing itself, in eager PyTorch.",
+              "The default layer (`grouped` dispatch, `model.cpu_kernels` on) runs on the CPU in fp32 as compiled "
+              "kernels: the routing (top-k, gate normalization, balance term, router statistics, sort by expert; "
+              "`pilotrun/model/routing_kernel.cpp`) and the routed experts (gather, each expert's SwiGLU as BLAS "
+              "calls on its segment, the gate-weighted combine, and the backward of all of it; "
+              "`pilotrun/model/experts_kernel.cpp`); the layer output equals the PyTorch `grouped` dispatch's bit "
+              "for bit. `grouped_mm experts, kernel routing` is the previous default (the experts as one "
+              "`grouped_mm` per projection, silu and mul in PyTorch); `grouped, PyTorch only` has no compiled "
+              "kernel at all (`model.cpu_kernels: false`, also what CUDA runs). `sorted`, `loop` and `dense_ref` "
+              "use the kernel routing with PyTorch experts. The floor is a lower bound for any faster routing: the "
+              "default layer's routed- and shared-expert work on a routing computed before the timed step (no "
+              "router, top-k, balance loss, statistics or sort).",
               f"At {small['tokens']} tokens, where the matmuls cost little, the MoE layer takes {fixed_ms:.1f} ms more "
               "than the dense FFN: fixed per-operator costs (router matmul, routing, gather, the experts' "
               "segment matmuls, combine, and their backward, at ~5-20 us per operator on this CPU) that do not "
               "shrink with the token count. Tried in this project and not kept, "
-              "each measured against `sorted` (issue 3 closing notes): one autograd function with preallocated "
-              "segment buffers and a hand-written backward (no faster, and slower at 2048 tokens: its large fresh "
-              "buffers page-fault), W1|W3 fused into one matmul per expert (slower: strided halves), a padded "
+              "each measured against `sorted` (issue 3 closing notes): one Python autograd function with "
+              "preallocated segment buffers and a hand-written backward (no faster, and slower at 2048 tokens: its "
+              "large fresh buffers page-fault), W1|W3 fused into one matmul per expert (slower: strided halves), a "
+              "padded "
               "batched-matmul dispatch (5% faster at 512 tokens, slower at 2048, and its padding grows with load "
               "imbalance; CPU `bmm` runs its batch as separate GEMMs, so it saves no call overhead).",
               "", "### Cost of the max-logit tracker with sdpa (QK-Clip input)",

@@ -65,7 +65,7 @@ class ModelConfig:
     norm_eps: float = 1e-6
     attn_impl: str = "auto"  # auto: eager on CPU (exact max logit for free), sdpa + chunked max logit on CUDA
     moe_impl: str = "grouped"  # grouped_mm where torch has it for the device/dtype, else sorted; loop, dense_ref
-    fused_routing: bool = True  # CPU: routing + combine in one compiled kernel each way (model/routing_fused.py)
+    cpu_kernels: bool = True  # CPU: routing, combine and routed experts as compiled kernels (model/cpu_kernels.py)
 
 
 @dataclass

@@ -9,18 +9,21 @@ Dispatch implementations (`moe_impl`), which all compute y_t = sum_k w_{t,k} FFN
                cumsum(counts) (no host sync): one operator instead of one matmul per expert. Used where torch
                provides grouped_mm for the device and dtype (probed once, see `grouped_matmul_works`); elsewhere
                it runs `sorted`. On the CPU its forward equals sorted's bit for bit; gradients to rounding (the
-               BLAS sees other layouts), tests/model/test_moe.py.
+               BLAS sees other layouts), tests/model/test_moe.py. On the CPU in fp32 without autocast,
+               with `cpu_kernels`, it runs as one compiled operator each way instead (forward_fused), the same
+               arithmetic without the per-segment views and autograd nodes.
   sorted    -- stable argsort of the chosen expert ids, one gather, one matmul chain per contiguous expert
                segment (one host sync per layer for the segment sizes), fp32 weighting, one index_add_.
   loop      -- DeepSeek's inference loop: per expert, find its tokens with `where` and add its output.
   dense_ref -- every expert on every token, weighted by a [N, E] matrix that is zero off the selection.
                E times the compute; kept as the obviously-correct oracle for tests.
 
-Routing (`fused_routing`, default on): on the CPU the top-k, gate normalization, balance term, statistics, sort
-by expert and weighted combine run as compiled kernels (routing_fused.py, routing_kernel.cpp), because there
-~70 small PyTorch operators cost more than the expert matmuls at pilot microbatches (BENCHMARKS.md). Elsewhere
-(CUDA, torch.compile tracing, group-limited routing, no compiler) `MoE.route` uses the reference operators below;
-both give the same layer output bit for bit.
+CPU kernels (`cpu_kernels`, default on): on the CPU the top-k, gate normalization, balance term, statistics, sort
+by expert and weighted combine run as compiled kernels (cpu_kernels.py, routing_kernel.cpp), and so do the
+grouped dispatch's routed experts (experts_kernel.cpp), because there ~100 small PyTorch operators per layer cost
+as much as the expert matmuls at pilot microbatches (BENCHMARKS.md). Elsewhere (CUDA, autocast for the experts,
+torch.compile tracing, group-limited routing, no compiler) the reference operators below run; both give the same
+layer output bit for bit on the CPU.
 """
 
 from __future__ import annotations
@@ -34,7 +37,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from pilotrun.model.balancing import balance_loss_terms, default_route_scale, router_z_loss, uses_expert_bias
-from pilotrun.model.routing_fused import FusedCombine, FusedRouting, fused_routing_applies
+from pilotrun.model.cpu_kernels import (
+    FusedCombine,
+    FusedExperts,
+    FusedRouting,
+    fused_experts_apply,
+    fused_routing_applies,
+)
 
 
 def count_per_expert(indices: torch.Tensor, n_experts: int) -> torch.Tensor:
@@ -230,13 +239,20 @@ class GroupedExperts(nn.Module):
         routed = GROUPED_MM(hidden, w2, offs=offsets)
         return self.weight_and_combine(routed, weights, layout, x.shape[0], fused_combine)
 
+    def forward_fused(self, x: torch.Tensor, weights: torch.Tensor, layout: SortedLayout) -> torch.Tensor:
+        """forward_grouped's computation as one compiled CPU operator each way (cpu_kernels.FusedExperts): the
+        gather, every expert's SwiGLU on its segment and the combine, without per-segment tensors or autograd
+        nodes. The caller checks cpu_kernels.fused_experts_apply."""
+        return FusedExperts.apply(x, weights, self.w1, self.w2, self.w3, layout.order, layout.token_of_slot,
+                                  layout.counts)
+
     @staticmethod
     def weight_and_combine(routed: torch.Tensor, weights: torch.Tensor, layout: SortedLayout, tokens: int,
                            fused: bool = False) -> torch.Tensor:
         """Scale each sorted expert output by its gate weight and add it into its token's row.
 
         In fp32 (or wider), whatever the autocast dtype of the expert matmuls (spec 4.1). `fused`: one kernel
-        pass each way (routing_fused.FusedCombine; same forward bit for bit). Otherwise index_select rather
+        pass each way (cpu_kernels.FusedCombine; same forward bit for bit). Otherwise index_select rather
         than indexing (its backward is an index_add, not an accumulating index_put), and index_add_ in place
         on the fresh zeros (the out-of-place form copies them once more)."""
         routed = routed.to(weights.dtype)
@@ -274,7 +290,7 @@ class MoE(nn.Module):
                  score_func: str = "sigmoid", route_norm: bool = True, route_scale: float = 0.0,
                  n_expert_groups: int = 1, n_limited_groups: int = 1, balance: str = "aux_free+seq",
                  seq_aux_alpha: float = 1e-4, z_loss_beta: float = 0.0, moe_impl: str = "grouped",
-                 fused_routing: bool = True):
+                 cpu_kernels: bool = True):
         super().__init__()
         if route_scale == 0.0:  # spec D2: Moonlight's formula for sigmoid routers, 1.0 for softmax
             route_scale = default_route_scale(n_routed_experts, top_k) if score_func == "sigmoid" else 1.0
@@ -285,8 +301,8 @@ class MoE(nn.Module):
         self.z_loss_beta = z_loss_beta
         self.moe_impl = moe_impl
         self.score_func = score_func
-        # The CPU routing kernel where it applies (routing_fused.fused_routing_applies), else the reference.
-        self.fused_routing = fused_routing
+        # The compiled CPU kernels where they apply (cpu_kernels.fused_routing_applies, fused_experts_apply).
+        self.cpu_kernels = cpu_kernels
         self.gate = Router(d_model, n_routed_experts, top_k, score_func, route_norm, route_scale,
                            n_expert_groups, n_limited_groups, use_bias=uses_expert_bias(balance))
         self.experts = GroupedExperts(d_model, moe_hidden, n_routed_experts)
@@ -318,7 +334,7 @@ class MoE(nn.Module):
         row = one sequence) or, for balance="batch", over the whole microbatch."""
         logits = self.gate.logits(flat)
         groups = 1 if self.balance == "batch" else batch
-        if self.fused_routing and fused_routing_applies(logits, self.gate.n_groups):
+        if self.cpu_kernels and fused_routing_applies(logits, self.gate.n_groups):
             bias = self.gate.expert_bias.to(logits.dtype) if self.gate.use_bias else logits.new_zeros(0)
             weights, balance_value, indices, order, token_of_slot, counts, sums = FusedRouting.apply(
                 logits, bias, self.top_k, self.score_func == "sigmoid", self.gate.route_norm,
@@ -333,6 +349,8 @@ class MoE(nn.Module):
 
     def dispatch(self, flat: torch.Tensor, routing: Routing) -> torch.Tensor:
         if self.moe_impl == "grouped":
+            if routing.fused and fused_experts_apply(flat, routing.weights, self.experts.w1):
+                return self.experts.forward_fused(flat, routing.weights, routing.layout)
             return self.experts.forward_grouped(flat, routing.indices, routing.weights, routing.layout, routing.fused)
         if self.moe_impl == "sorted":
             return self.experts.forward_sorted(flat, routing.indices, routing.weights, routing.layout, routing.fused)

@@ -3,7 +3,7 @@
 // the stable sort of (token, slot) pairs by expert), and one pass computes the logits' gradient.
 // On a CPU every small operator costs ~5-20 us whatever its size, so at pilot microbatches the reference routing
 // cost more than the expert matmuls it feeds (BENCHMARKS.md, issue 3). Same definitions as moe.py / balancing.py;
-// loaded by pilotrun/model/routing_fused.py, which keeps the reference path for every other case.
+// loaded by pilotrun/model/cpu_kernels.py, which keeps the reference path for every other case.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <torch/library.h>

@@ -97,12 +97,12 @@ def test_diagnostics_are_json_ready_and_reflect_the_bias():
     assert attention_diagnostics(collect_step_statistics(model)[1])["max_logit"] == [None, None, None]
 
 
-@pytest.mark.parametrize("fused_routing", [True, False])
-def test_router_figures_equal_their_definitions_over_two_microbatches(fused_routing):
+@pytest.mark.parametrize("cpu_kernels", [True, False])
+def test_router_figures_equal_their_definitions_over_two_microbatches(cpu_kernels):
     # The fused CPU kernel and the reference operators sum the statistics each their own way; both must equal
     # the definitions, recomputed here from the MoE layer's inputs through the reference router.
     torch.manual_seed(0)
-    model = build_model(ModelConfig(vocab_size=256, bias_update_speed=1e-3, fused_routing=fused_routing))
+    model = build_model(ModelConfig(vocab_size=256, bias_update_speed=1e-3, cpu_kernels=cpu_kernels))
     moe = model.moe_layers()[0]
     inputs = []
     handle = moe.register_forward_pre_hook(lambda module, args: inputs.append(args[0].detach().reshape(-1, 64)))

@@ -246,20 +246,20 @@ def test_grouped_matmul_probe_rejects_a_missing_or_wrong_kernel(monkeypatch):
 def test_a_routing_kernel_that_cannot_be_built_warns_and_leaves_the_reference_routing(monkeypatch):
     import torch.utils.cpp_extension
 
-    from pilotrun.model import routing_fused
+    from pilotrun.model import cpu_kernels
 
     def no_compiler(*args, **kwargs):
         raise RuntimeError("error: command 'c++' failed: No such file or directory")
 
     monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
-    routing_fused.routing_kernel_loaded.cache_clear()
+    cpu_kernels.cpu_kernels_loaded.cache_clear()
     try:
         with pytest.warns(UserWarning, match="could not be built .*No such file"):
-            assert not routing_fused.routing_kernel_loaded()
-        moe = make_moe(fused_routing=True)
+            assert not cpu_kernels.cpu_kernels_loaded()
+        moe = make_moe(cpu_kernels=True)
         x = torch.randn(2, 8, 16, dtype=torch.float64)
         assert not moe.route(x.reshape(16, 16), 2).fused
         output, _ = moe(x)
-        assert torch.equal(output, make_moe(fused_routing=False)(x)[0])
+        assert torch.equal(output, make_moe(cpu_kernels=False)(x)[0])
     finally:
-        routing_fused.routing_kernel_loaded.cache_clear()  # the real build is loaded afresh after the test
+        cpu_kernels.cpu_kernels_loaded.cache_clear()  # the real build is loaded afresh after the test

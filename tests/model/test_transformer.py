@@ -151,11 +151,11 @@ def test_loss_is_cross_entropy_plus_aux_and_aux_follows_the_mode():
     assert no_targets.loss is None and no_targets.ce_loss is None
 
 
-@pytest.mark.parametrize("fused_routing", [True, False])
+@pytest.mark.parametrize("cpu_kernels", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_autocast_runs_and_stays_close_to_fp32_at_init(dtype, fused_routing):
+def test_autocast_runs_and_stays_close_to_fp32_at_init(dtype, cpu_kernels):
     torch.manual_seed(0)
-    model = build_model(dataclasses.replace(TINY, fused_routing=fused_routing))
+    model = build_model(dataclasses.replace(TINY, cpu_kernels=cpu_kernels))
     inputs, targets = batch()
     fp32_loss = model(inputs, targets).ce_loss.item()
     captured = {}
@@ -174,7 +174,7 @@ def test_autocast_runs_and_stays_close_to_fp32_at_init(dtype, fused_routing):
     assert output.logits.dtype == dtype  # the matmuls ran in the autocast dtype
     assert output.ce_loss.dtype == torch.float32 and output.aux_loss.dtype == torch.float32
     routing = captured["routing"]
-    assert routing.fused == fused_routing
+    assert routing.fused == cpu_kernels
     assert all(t.dtype == torch.float32 for t in (routing.weights, routing.logits, routing.balance_value))
     assert abs(output.ce_loss.item() - fp32_loss) < 2e-2
     assert all(p.grad is not None and p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all()
@@ -199,11 +199,11 @@ def test_torch_compile_traces_the_model_and_matches_eager_bit_for_bit(moe_impl):
     import torch._dynamo
 
     inputs, targets = batch(b=2, t=16)
-    cfg = dataclasses.replace(TINY, moe_impl=moe_impl, fused_routing=False)
+    cfg = dataclasses.replace(TINY, moe_impl=moe_impl, cpu_kernels=False)
     torch.manual_seed(0)
     eager_model = build_model(cfg)
     torch.manual_seed(0)
-    compiled_model = build_model(dataclasses.replace(cfg, fused_routing=True))
+    compiled_model = build_model(dataclasses.replace(cfg, cpu_kernels=True))
     torch._dynamo.reset()
     compiled = torch.compile(compiled_model, backend="eager")
     eager_output = eager_model(inputs, targets)

@@ -1,14 +1,16 @@
-"""The fused CPU routing and combine kernels (routing_kernel.cpp) against the reference PyTorch operators of
-moe.py: the same choices, sort, gate weights and layer output bit for bit; balance term, statistics and
-gradients to rounding (they sum in other orders)."""
+"""The compiled CPU kernels against the reference PyTorch operators of moe.py. Routing and combine
+(routing_kernel.cpp): the same choices, sort, gate weights and layer output bit for bit; balance term, statistics
+and gradients to rounding (they sum in other orders). Routed experts (experts_kernel.cpp): the grouped dispatch's
+output bit for bit, gradients to rounding, gradcheck in fp64, on the exported BLAS and on the at::mm path."""
 
 import shutil
 
 import pytest
 import torch
 
+from pilotrun.model import moe as moe_module
+from pilotrun.model.cpu_kernels import FusedCombine, FusedExperts, FusedRouting, cpu_kernels_loaded
 from pilotrun.model.moe import GroupedExperts, MoE, sorted_layout
-from pilotrun.model.routing_fused import FusedCombine, FusedRouting, routing_kernel_loaded
 
 # ninja is a project dependency (the loader finds the wheel's binary), so only a missing compiler excuses a skip.
 COMPILER = shutil.which("c++")
@@ -16,13 +18,13 @@ pytestmark = pytest.mark.skipif(not COMPILER, reason="no C++ compiler: the refer
 
 
 def test_the_kernel_builds_and_loads_where_a_compiler_is_available():
-    assert routing_kernel_loaded()
+    assert cpu_kernels_loaded()
 
 
 def make_moe(fused: bool, dtype=torch.float64, seed=0, **changes) -> MoE:
     torch.manual_seed(seed)
     settings = dict(d_model=16, moe_hidden=24, n_routed_experts=6, n_shared_experts=1, top_k=2, seq_aux_alpha=0.5,
-                    fused_routing=fused)
+                    cpu_kernels=fused)
     settings.update(changes)
     moe = MoE(**settings)
     with torch.no_grad():
@@ -70,7 +72,7 @@ def test_fused_routing_equals_the_reference(score_func, route_norm, balance, dty
 
 @pytest.mark.parametrize("sigmoid,route_norm", [(True, True), (True, False), (False, False)])
 def test_fused_routing_gradients_pass_gradcheck(sigmoid, route_norm):
-    routing_kernel_loaded()
+    cpu_kernels_loaded()
     logits = torch.randn(12, 5, dtype=torch.float64, requires_grad=True)
     bias = torch.randn(5, dtype=torch.float64) * 0.1
 
@@ -82,7 +84,7 @@ def test_fused_routing_gradients_pass_gradcheck(sigmoid, route_norm):
 
 
 def test_fused_combine_forward_and_routed_gradient_equal_the_reference_bit_for_bit():
-    routing_kernel_loaded()
+    cpu_kernels_loaded()
     generator = torch.Generator().manual_seed(3)
     indices = torch.rand(40, 8, generator=generator).topk(2, dim=-1).indices
     layout = sorted_layout(indices, 8)
@@ -116,7 +118,7 @@ def test_fused_statistics_equal_the_reference_ones():
 
 
 def test_nan_logits_still_give_distinct_experts_per_token():
-    routing_kernel_loaded()
+    cpu_kernels_loaded()
     logits = torch.full((4, 6), float("nan"))
     _, _, indices, *_ = FusedRouting.apply(logits, logits.new_zeros(0), 3, True, True, 1.0, 1)
     assert all(len(set(row)) == 3 for row in indices.tolist())
@@ -128,3 +130,81 @@ def test_group_limited_routing_and_the_switch_keep_the_reference_path():
     assert not grouped.route(x.reshape(-1, 16), 2).fused
     assert not make_moe(False).route(x.reshape(-1, 16), 2).fused
     assert make_moe(True).route(x.reshape(-1, 16), 2).fused
+
+
+@pytest.fixture(params=[True, False], ids=["exported_blas", "at_mm"])
+def blas_path(request):
+    """Both matmul paths of experts_kernel.cpp: the BLAS torch exports (MKL here) and at::mm on views (what a torch
+    build without that export gets)."""
+    cpu_kernels_loaded()
+    uses_blas = torch.ops.pilotrun_experts.use_exported_blas(request.param)
+    assert uses_blas == request.param  # this machine's torch exports sgemm_/dgemm_
+    yield request.param
+    torch.ops.pilotrun_experts.use_exported_blas(True)
+
+
+def experts_outputs_and_grads(moe: MoE, x: torch.Tensor, fused: bool):
+    """The routed experts alone (forward_fused or the PyTorch grouped dispatch) on the kernel's routing, and the
+    gradients of x, the gate weights and the expert weights."""
+    x = x.clone().requires_grad_(True)
+    moe.zero_grad(set_to_none=True)
+    routing = moe.route(x, 3)
+    assert routing.fused
+    if fused:
+        output = moe.experts.forward_fused(x, routing.weights, routing.layout)
+    else:
+        output = moe.experts.forward_grouped(x, routing.indices, routing.weights, routing.layout, True)
+    upstream = torch.randn(output.shape, generator=torch.Generator().manual_seed(7), dtype=output.dtype)
+    grads = torch.autograd.grad(output, [x, routing.weights, moe.experts.w1, moe.experts.w2, moe.experts.w3],
+                                upstream)
+    return output.detach(), grads, routing.layout.counts
+
+
+@pytest.mark.skipif(not moe_module.grouped_matmul_works(torch.device("cpu"), torch.float32),
+                    reason="this torch has no CPU grouped_mm to compare with")
+@pytest.mark.parametrize("d_model,hidden,tokens", [(16, 24, 33), (128, 128, 513)])
+def test_fused_experts_equal_the_grouped_dispatch(blas_path, d_model, hidden, tokens):
+    moe = make_moe(True, torch.float32, d_model=d_model, moe_hidden=hidden)
+    with torch.no_grad():
+        moe.gate.expert_bias[4] = -1e3  # expert 4 gets no token: its weight gradients must be exact zeros
+    x = torch.randn(tokens, d_model, generator=torch.Generator().manual_seed(5))
+    fused_output, fused_grads, counts = experts_outputs_and_grads(moe, x, fused=True)
+    output, grads, _ = experts_outputs_and_grads(moe, x, fused=False)
+    assert counts[4] == 0 and (counts > 0).sum() == 5
+    assert torch.equal(fused_output, output)  # the same matmul calls, silu, products and combine
+    for name, ours, theirs in zip(["x", "gate weights", "w1", "w2", "w3"], fused_grads, grads, strict=True):
+        # The input gradient sums its two matmuls inside one BLAS call (beta = 1) instead of with an add.
+        assert torch.allclose(ours, theirs, rtol=0, atol=1e-6 * theirs.abs().max().item()), name
+    for grad in fused_grads[2:]:
+        assert torch.equal(grad[4], torch.zeros_like(grad[4])) and grad.abs().sum() > 0
+
+
+def test_fused_experts_pass_gradcheck(blas_path):
+    generator = torch.Generator().manual_seed(11)
+    tokens, top_k, experts, width, hidden = 7, 2, 4, 5, 6
+    indices = torch.rand(tokens, experts, generator=generator).topk(top_k, dim=-1).indices
+    indices[:, 0] = torch.where(indices[:, 0] == 3, 0, indices[:, 0])  # expert 3: at most a few rows
+    layout = sorted_layout(indices, experts)
+    inputs = [torch.randn(tokens, width, generator=generator, dtype=torch.float64),
+              torch.rand(tokens, top_k, generator=generator, dtype=torch.float64),
+              torch.randn(experts, hidden, width, generator=generator, dtype=torch.float64),
+              torch.randn(experts, width, hidden, generator=generator, dtype=torch.float64),
+              torch.randn(experts, hidden, width, generator=generator, dtype=torch.float64)]
+    inputs = [tensor.requires_grad_() for tensor in inputs]
+    assert torch.autograd.gradcheck(
+        lambda x, w, w1, w2, w3: FusedExperts.apply(x, w, w1, w2, w3, *layout), inputs)
+
+
+def test_the_layer_uses_the_fused_experts_only_where_they_apply(monkeypatch):
+    calls = []
+    original = GroupedExperts.forward_fused
+    monkeypatch.setattr(GroupedExperts, "forward_fused", lambda self, *args: calls.append(1) or original(self, *args))
+    x = torch.randn(2, 8, 16)
+    make_moe(True, torch.float32)(x)
+    assert len(calls) == 1
+    make_moe(False, torch.float32)(x)  # model.cpu_kernels: false
+    make_moe(True, torch.float64)(x.double())  # fp64 runs `sorted`, as without the kernels
+    make_moe(True, torch.float32, moe_impl="sorted")(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 matmuls stay with grouped_mm
+        make_moe(True, torch.float32)(x)
+    assert len(calls) == 1
