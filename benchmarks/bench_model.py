@@ -46,7 +46,7 @@ def moe_versus_dense(tokens: int, repetitions: int = MOE_REPETITIONS) -> dict:
 
     class GroupedMatmulExperts(MoE):
         """The default layer with its routed experts in PyTorch operators (grouped_mm, silu, mul, the combine
-        kernel) after the compiled routing: the default before experts_kernel.cpp, to show what that kernel saves."""
+        kernel) after the compiled routing: the default before the experts kernel, to show what it saves."""
 
         def dispatch(self, flat, routing):
             return self.experts.forward_grouped(flat, routing.indices, routing.weights, routing.layout,
@@ -259,9 +259,9 @@ def run() -> str:
               "the median one).",
               "The default layer (`grouped` dispatch, `model.cpu_kernels` on) runs on the CPU in fp32 as compiled "
               "kernels: the routing (top-k, gate normalization, balance term, router statistics, sort by expert; "
-              "`pilotrun/model/routing_kernel.cpp`) and the routed experts (gather, each expert's SwiGLU as BLAS "
-              "calls on its segment, the gate-weighted combine, and the backward of all of it; "
-              "`pilotrun/model/experts_kernel.cpp`); the layer output equals the PyTorch `grouped` dispatch's bit "
+              "`pilotrun/model/moe_kernels.cpp`) and the routed experts (gather, each expert's SwiGLU as BLAS "
+              "calls on its segment, the gate-weighted combine, and the backward of all of it, "
+              "same file); the layer output equals the PyTorch `grouped` dispatch's bit "
               "for bit. `grouped_mm experts, kernel routing` is the previous default (the experts as one "
               "`grouped_mm` per projection, silu and mul in PyTorch); `grouped, PyTorch only` has no compiled "
               "kernel at all (`model.cpu_kernels: false`, also what CUDA runs). `sorted`, `loop` and `dense_ref` "

@@ -1,13 +1,14 @@
 """The compiled CPU kernels of the MoE layer: build, load, and wrap them as autograd functions.
 
-- routing_kernel.cpp: the routing (biased top-k, gate normalization, balance term, statistics, sort by expert)
+moe_kernels.cpp holds both:
+- the routing (biased top-k, gate normalization, balance term, statistics, sort by expert)
   and the gate-weighted combine, one pass each way (FusedRouting, FusedCombine).
-- experts_kernel.cpp: the routed experts of the `grouped` dispatch (gather, every expert's SwiGLU on its segment,
+- the routed experts of the `grouped` dispatch (gather, every expert's SwiGLU on its segment,
   combine) as one operator each way (FusedExperts).
 
 On a CPU every small PyTorch operator costs ~5-20 us whatever its size, so at pilot microbatches the reference
 path's ~100 operators per MoE layer cost as much as the expert matmuls (BENCHMARKS.md, issue 3). The kernels are
-compiled on first use with torch's C++ extension builder (g++ and ninja; ~20 s on the 2-core machine, then cached
+compiled on first use with torch's C++ extension builder (g++ and ninja; ~17 s on the 2-core machine, then cached
 under TORCH_EXTENSIONS_DIR; the Makefile's set-up builds them once ahead). Where they cannot be built or do not
 apply (CUDA tensors, autocast, torch.compile tracing, group-limited routing, `model.cpu_kernels: false`), MoE keeps
 the reference path of moe.py, which defines the same quantities with PyTorch operators;
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-KERNEL_SOURCES = [Path(__file__).with_name("routing_kernel.cpp"), Path(__file__).with_name("experts_kernel.cpp")]
+KERNEL_SOURCE = Path(__file__).with_name("moe_kernels.cpp")
 
 
 @functools.cache
@@ -39,7 +40,7 @@ def cpu_kernels_loaded() -> bool:
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
         # -ffp-contract=off: no fused multiply-adds, so the combine's sums round as index_add_'s do.
-        load(name="pilotrun_cpu_kernels", sources=[str(source) for source in KERNEL_SOURCES],
+        load(name="pilotrun_cpu_kernels", sources=[str(KERNEL_SOURCE)],
              extra_cflags=["-O3", "-ffp-contract=off"], is_python_module=False, verbose=False)
         return hasattr(torch.ops.pilotrun_routing, "route_forward") and hasattr(torch.ops.pilotrun_experts,
                                                                                  "experts_forward")

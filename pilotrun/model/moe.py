@@ -19,8 +19,8 @@ Dispatch implementations (`moe_impl`), which all compute y_t = sum_k w_{t,k} FFN
                E times the compute; kept as the obviously-correct oracle for tests.
 
 CPU kernels (`cpu_kernels`, default on): on the CPU the top-k, gate normalization, balance term, statistics, sort
-by expert and weighted combine run as compiled kernels (cpu_kernels.py, routing_kernel.cpp), and so do the
-grouped dispatch's routed experts (experts_kernel.cpp), because there ~100 small PyTorch operators per layer cost
+by expert and weighted combine run as compiled kernels (cpu_kernels.py, moe_kernels.cpp), and so do the
+grouped dispatch's routed experts, because there ~100 small PyTorch operators per layer cost
 as much as the expert matmuls at pilot microbatches (BENCHMARKS.md). Elsewhere (CUDA, autocast for the experts,
 torch.compile tracing, group-limited routing, no compiler) the reference operators below run; both give the same
 layer output bit for bit on the CPU.

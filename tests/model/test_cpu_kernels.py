@@ -1,6 +1,6 @@
 """The compiled CPU kernels against the reference PyTorch operators of moe.py. Routing and combine
-(routing_kernel.cpp): the same choices, sort, gate weights and layer output bit for bit; balance term, statistics
-and gradients to rounding (they sum in other orders). Routed experts (experts_kernel.cpp): the grouped dispatch's
+(moe_kernels.cpp): the same choices, sort, gate weights and layer output bit for bit; balance term, statistics
+and gradients to rounding (they sum in other orders). Routed experts: the grouped dispatch's
 output bit for bit, gradients to rounding, gradcheck in fp64, on the exported BLAS and on the at::mm path."""
 
 import shutil
@@ -134,7 +134,7 @@ def test_group_limited_routing_and_the_switch_keep_the_reference_path():
 
 @pytest.fixture(params=[True, False], ids=["exported_blas", "at_mm"])
 def blas_path(request):
-    """Both matmul paths of experts_kernel.cpp: the BLAS torch exports (MKL here) and at::mm on views (what a torch
+    """Both matmul paths of the experts kernel: the BLAS torch exports (MKL here) and at::mm on views (what a torch
     build without that export gets)."""
     cpu_kernels_loaded()
     uses_blas = torch.ops.pilotrun_experts.use_exported_blas(request.param)
