@@ -104,6 +104,26 @@ def apply_qk_clip(model: torch.nn.Module, qk_max_logit: torch.Tensor, tau: float
                         min_gamma=float(gamma.min()) if n_clipped else 1.0, skipped_nonfinite_layers=skipped)
 
 
+# spec 3.4: an event line when a head is clipped for the first time in the run or hard (gamma below this).
+HARD_CLIP_GAMMA = 0.5
+
+
+def qk_clip_events(result: QKClipResult, qk_max_logit: torch.Tensor,
+                   first_clipped: list[tuple[int, int]]) -> list[dict]:
+    """The fields of one `qk_clip` metrics event per head this pass clipped for the first time in the run
+    (`first_clipped`, from QKClipCounters.update) or with gamma < HARD_CLIP_GAMMA: layer, head, the max logit S
+    that triggered it, gamma = tau / S, and which of the two reasons hold. In (layer, head) order."""
+    first = set(first_clipped)
+    logits = qk_max_logit.detach().to(device="cpu", dtype=torch.float32)
+    events = []
+    for layer, head in result.clipped.nonzero().tolist():
+        gamma = float(result.gamma[layer, head])
+        if (layer, head) in first or gamma < HARD_CLIP_GAMMA:
+            events.append({"layer": layer, "head": head, "max_logit": float(logits[layer, head]), "gamma": gamma,
+                           "first_time": (layer, head) in first, "hard": gamma < HARD_CLIP_GAMMA})
+    return events
+
+
 class QKClipCounters:
     """Cumulative interventions per (attention layer, head), the number of updates that clipped anything, and
     the number of layer skips for non-finite logits. Part of the trainer state, so they survive a checkpoint.

@@ -195,6 +195,13 @@ def plot_qk_max_logit(summary: Summary, path: Path) -> Path:
     qk = ((summary.run.get("recipe") or {}).get("optim") or {}).get("qk_clip") or {}
     if qk.get("enabled", True) and is_finite_number(qk.get("tau")):
         ax.axhline(qk["tau"], color="C3", linestyle="--", linewidth=0.8, label=f"QK-Clip tau {qk['tau']:g}")
+    # spec 3.4's event lines: a head clipped for the first time, or hard (gamma < 0.5), at the logit that did it.
+    clips = [e for e in summary.kept_events if e["event"] == "qk_clip" and is_finite_number(e.get("max_logit"))]
+    for marker, label, chosen in (("o", "first clip of a head", [e for e in clips if e.get("first_time")]),
+                                  ("x", "hard clip (gamma < 0.5)", [e for e in clips if e.get("hard")])):
+        if chosen:
+            cx, cy = _series(chosen, lambda e: e["max_logit"])
+            ax.plot(cx, cy, marker, color="C3", fillstyle="none", label=f"{label} ({len(chosen)})")
     if layers == 0:
         _no_data(ax, "QK max logit")
     _mark_resumes(ax, summary)

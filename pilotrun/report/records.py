@@ -22,7 +22,10 @@ from pilotrun.errors import PilotrunError
 
 RUN_JSON = "run.json"
 METRICS_JSONL = "metrics.jsonl"
-KNOWN_EVENTS = ("session_start", "train", "val", "checkpoint", "overflow", "data_restart", "session_end")
+KNOWN_EVENTS = ("session_start", "train", "val", "checkpoint", "overflow", "data_restart", "qk_clip", "session_end")
+# spec 3.4: a `qk_clip` event is logged for a head clipped for the first time or with gamma below this (the
+# writer's pilotrun.optim.qk_clip.HARD_CLIP_GAMMA; the reader keeps its own copy, as KNOWN_EVENTS, torch-free).
+QK_CLIP_HARD_GAMMA = 0.5
 COUNTER_KEYS = ("step", "tokens_seen", "updates_attempted", "updates_skipped")
 NONFINITE_STRINGS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 # Free-text fields where the word "NaN" is text, not a number.

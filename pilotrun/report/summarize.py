@@ -29,6 +29,7 @@ from typing import Any
 
 from pilotrun.report.records import (
     COUNTER_KEYS,
+    QK_CLIP_HARD_GAMMA,
     is_finite_number,
     nonfinite_fields,
     read_metrics,
@@ -159,6 +160,24 @@ def _check_window(event: dict[str, Any], since: Counters, now: Counters, tokens_
     return window
 
 
+def _qk_clip_event_problem(event: dict[str, Any], tau: Any) -> str | None:
+    """What is wrong with one `qk_clip` event (spec 3.4), or None: a head (layer, head >= 0), its max logit S
+    above tau, gamma = tau / S in (0, 1), and the reasons it was logged (first time, or gamma < 0.5)."""
+    layer, head, logit, gamma = event.get("layer"), event.get("head"), event.get("max_logit"), event.get("gamma")
+    if not (isinstance(layer, int) and isinstance(head, int) and layer >= 0 and head >= 0):
+        return f"qk_clip event without a valid layer and head ({layer!r}, {head!r})"
+    if not (is_finite_number(logit) and is_finite_number(gamma) and 0 < gamma < 1):
+        return f"qk_clip event for layer {layer} head {head}: max_logit {logit!r}, gamma {gamma!r} (0 < gamma < 1)"
+    if not (isinstance(event.get("first_time"), bool) and isinstance(event.get("hard"), bool)):
+        return f"qk_clip event for layer {layer} head {head}: first_time and hard must be booleans"
+    if event["hard"] != (gamma < QK_CLIP_HARD_GAMMA) or not (event["first_time"] or event["hard"]):
+        return (f"qk_clip event for layer {layer} head {head}: logged with first_time={event['first_time']}, "
+                f"hard={event['hard']} at gamma {gamma}")
+    if is_finite_number(tau) and tau > 0 and not (logit > tau and abs(gamma * logit - tau) <= 1e-5 * tau):
+        return f"qk_clip event for layer {layer} head {head}: gamma {gamma} x max_logit {logit} != tau {tau}"
+    return None
+
+
 def _check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
                    reasons: list[str], notes_out: list[str]) -> dict[str, Any]:
     """Validate one session's events; return its start/last counters and sums for reconciliation."""
@@ -185,6 +204,8 @@ def _check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
     previous = start
     since_train = start
     overflows_since_train = 0
+    tau = (((run.get("recipe") or {}).get("optim") or {}).get("qk_clip") or {}).get("tau")
+    first_clips_since_train: list[list[int]] = []
     last_overflow_skipped = start.updates_skipped
     window_sums = dict.fromkeys(("tokens", "train_seconds", "wall_seconds"), 0.0)
     eval_seconds = checkpoint_seconds = 0.0
@@ -210,7 +231,19 @@ def _check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
                                f"but {overflows_since_train} overflow event(s) were logged")
         if kind == "session_start":
             pass  # reported by _group_sessions
+        elif kind == "qk_clip":
+            problem = _qk_clip_event_problem(event, tau)
+            if problem:
+                reasons.append(f"{_where(event)}: {problem}")
+            elif event["first_time"]:
+                first_clips_since_train.append([event["layer"], event["head"]])
         elif kind == "train":
+            recorded = (event.get("qk_clip") or {}).get("first_clipped") if isinstance(event.get("qk_clip"), dict) \
+                else None
+            if isinstance(recorded, list) and sorted(recorded) != sorted(first_clips_since_train):
+                reasons.append(f"{_where(event)}: the window's qk_clip.first_clipped {recorded} differs from the "
+                               f"first-time qk_clip events logged in it {first_clips_since_train}")
+            first_clips_since_train = []
             window = _check_window(event, since_train, now, tokens_per_microbatch, reasons)
             if window is not None:
                 for key in window_sums:

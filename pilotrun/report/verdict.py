@@ -350,9 +350,14 @@ def rule_qk_clip(summary: Summary, t: Thresholds) -> RuleResult:
     if not events or not isinstance(counts[-1], int) or applied == 0:
         return RuleResult("qk_clip", WARN, "QK-Clip counts not recorded", threshold, "train windows")
     rate = counts[-1] / applied
+    first = next((e for e in summary.kept_events if e["event"] == "qk_clip" and e.get("first_time")), None)
+    first_text = (f"; first clip at step {first['step']} (layer {first.get('layer')}, head {first.get('head')}, "
+                  f"max logit {first.get('max_logit'):.4g})" if first and is_finite_number(first.get("max_logit"))
+                  else "")
     return RuleResult("qk_clip", PASS if rate <= t.max_qk_clip_rate else FAIL,
-                      f"QK-Clip rescaled heads on {counts[-1]} of {applied} applied updates ({rate:.1%}){peak}",
-                      threshold, "cumulative qk_clip.updates_with_clip of the last kept train window")
+                      f"QK-Clip rescaled heads on {counts[-1]} of {applied} applied updates ({rate:.1%}){peak}"
+                      f"{first_text}", threshold,
+                      "cumulative qk_clip.updates_with_clip of the last kept train window; qk_clip events")
 
 
 def _window_key(e: dict[str, Any]) -> tuple:

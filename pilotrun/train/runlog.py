@@ -23,7 +23,7 @@ from pilotrun.files import write_text_atomic
 RUN_JSON = "run.json"
 METRICS_JSONL = "metrics.jsonl"
 
-EVENTS = ("session_start", "train", "val", "checkpoint", "overflow", "data_restart", "session_end")
+EVENTS = ("session_start", "train", "val", "checkpoint", "overflow", "data_restart", "qk_clip", "session_end")
 SESSION_END_REASONS = ("completed", "interrupted", "error", "stopped")
 
 

@@ -51,7 +51,7 @@ from pilotrun.model.diagnostics import (
 from pilotrun.model.transformer import build_model
 from pilotrun.optim.muon_adamw import build_optimizer
 from pilotrun.optim.partition import partition_table
-from pilotrun.optim.qk_clip import QKClipCounters, apply_qk_clip
+from pilotrun.optim.qk_clip import QKClipCounters, apply_qk_clip, qk_clip_events
 from pilotrun.optim.schedule import set_learning_rates
 from pilotrun.train import distributed as dist_utils
 from pilotrun.train.checkpoint import check_resume_compatibility
@@ -539,14 +539,19 @@ class Trainer:
             self.context, tokens_per_expert, qk_max_logit)
         outcome = apply_update(model, optimizer, scaler, cfg.optim.grad_clip)
         if outcome.applied:
+            clip_events: list[dict[str, Any]] = []
             if qk_enabled:
                 clip = apply_qk_clip(raw, qk_max_logit, tau)
                 if clip.n_heads_clipped or clip.skipped_nonfinite_layers:  # rare: only then any work
-                    window.first_clipped += self.qk_counters.update(clip)
+                    first_clipped = self.qk_counters.update(clip)
+                    window.first_clipped += first_clipped
                     window.heads_clipped += int(clip.n_heads_clipped)
                     window.min_gamma = min(window.min_gamma, float(clip.min_gamma))
+                    clip_events = qk_clip_events(clip, qk_max_logit, first_clipped)
             update_expert_bias(raw, tokens_per_expert, cfg.model.bias_update_speed)
             self.step += 1
+            for fields in clip_events:  # after the step count: the clip follows update number `step`
+                self._log("qk_clip", **fields)
             self.consecutive_skips = 0
             window.applied += 1
             window.clipped += int(outcome.clipped)

@@ -145,3 +145,26 @@ def test_counters_accumulate_and_round_trip():
     assert restored.state_dict() == counters.state_dict()
     with pytest.raises(CheckpointError, match="QK-Clip counters"):
         QKClipCounters(3, 4).load_state_dict(counters.state_dict())
+
+
+def test_event_fields_for_first_time_and_hard_clips():
+    from pilotrun.optim.qk_clip import HARD_CLIP_GAMMA, qk_clip_events
+    from pilotrun.report.records import QK_CLIP_HARD_GAMMA
+
+    assert HARD_CLIP_GAMMA == QK_CLIP_HARD_GAMMA  # the reader's copy of the writer's rule
+    model = _model(0)
+    counters = QKClipCounters(2, 4)
+    logits = torch.tensor([[1.5, 0.1, 0.1, 0.1], [0.1, 0.1, 3.0, 0.1]])
+    result = apply_qk_clip(model, logits, tau=1.0)
+    events = qk_clip_events(result, logits, counters.update(result))
+    assert events == [  # both heads are new; (1, 2) is also hard: gamma = 1/3
+        {"layer": 0, "head": 0, "max_logit": 1.5, "gamma": pytest.approx(1 / 1.5, rel=1e-7), "first_time": True,
+         "hard": False},
+        {"layer": 1, "head": 2, "max_logit": 3.0, "gamma": pytest.approx(1 / 3, rel=1e-7), "first_time": True,
+         "hard": True}]
+    # Clipped again: only the hard one is logged again, and a new mild clip is logged once.
+    logits[0, 3] = 1.2
+    result = apply_qk_clip(model, logits, tau=1.0)
+    events = qk_clip_events(result, logits, counters.update(result))
+    assert [(e["layer"], e["head"], e["first_time"], e["hard"]) for e in events] == [(0, 3, True, False),
+                                                                                     (1, 2, False, True)]

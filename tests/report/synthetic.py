@@ -105,7 +105,7 @@ class SyntheticRun:
                  "imbalance": [1.0] * self.moe_layers, "max_imbalance": 1.0, "dead_experts": 0,
                  "router_entropy": [0.9] * self.moe_layers, "bias_abs_max": 0.01},
             qk_clip={"max_logit": [self.max_logit(step, layer) for layer in range(self.attn_layers)],
-                     "heads_clipped": 0, "updates_with_clip": self.qk_cumulative,
+                     "heads_clipped": 0, "first_clipped": [], "updates_with_clip": self.qk_cumulative,
                      "cumulative_interventions": self.qk_cumulative},
             memory={"rss_mb": self.rss_mb(step), "peak_rss_mb": self.rss_mb(step), "cuda_max_allocated_mb": 0.0},
         )
@@ -186,6 +186,21 @@ class SyntheticRun:
             if record["event"] == event and session in (None, record["session_id"]) and step in (None, record["step"]):
                 return record
         raise KeyError((event, session, step))
+
+    def clip_head(self, step: int, layer: int, head: int, logit: float, first_time: bool) -> dict[str, Any]:
+        """Insert a `qk_clip` event (spec 3.4) where the trainer writes it: after the update it follows, here the
+        last update of the train window ending at `step`, with the synthetic recipe's tau = 100; a first-time
+        clip also enters that window's qk_clip.first_clipped. Returns the event for a test to edit."""
+        window_end = self.find("train", step=step)
+        event = {key: window_end[key] for key in ("session_id", "step", "tokens_seen", "updates_attempted",
+                                                  "updates_skipped")}
+        gamma = 100.0 / logit
+        event.update(event="qk_clip", time=window_end["time"] - 0.001, layer=layer, head=head, max_logit=logit,
+                     gamma=gamma, first_time=first_time, hard=gamma < 0.5)
+        self.events.insert(self.events.index(window_end), event)
+        if first_time:
+            window_end["qk_clip"]["first_clipped"].append([layer, head])
+        return event
 
     def copy(self) -> SyntheticRun:
         return copy.deepcopy(self)

@@ -10,6 +10,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def test_every_plot_is_a_nonempty_png(tmp_path):
     run = crashed_and_resumed(tmp_path / "r")
     run.overflow_at = {45}
+    run.clip_head(40, 1, 0, 250.0, first_time=True)  # a first and hard QK-Clip, marked on its plot
     run.write()
     paths = write_plots(summarize_run(tmp_path / "r"), tmp_path / "plots")
     assert list(paths) == list(PLOT_NAMES)

@@ -272,3 +272,47 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
     assert main(["summarize", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("pilotrun: error: run folder not found") and "Traceback" not in err
+
+
+def make_clipping_run(tmp_path) -> SyntheticRun:
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(20)
+    run.end_session()
+    return run
+
+
+def test_qk_clip_events_that_match_their_windows_are_accepted(tmp_path):
+    run = make_clipping_run(tmp_path)
+    run.clip_head(10, 1, 0, 120.0, first_time=True)
+    run.clip_head(10, 2, 1, 250.0, first_time=True)  # hard as well
+    run.clip_head(10, 0, 1, 400.0, first_time=False)  # hard only: clipped before
+    run.write()
+    summary = summarize_run(tmp_path / "r")
+    assert summary.valid, summary.reasons
+
+
+@pytest.mark.parametrize("change,expected", [
+    (dict(gamma=0.9), "gamma 0.9 x max_logit 120.0 != tau 100.0"),
+    (dict(gamma=1.0), "(0 < gamma < 1)"),
+    (dict(first_time=False), "logged with first_time=False, hard=False"),
+    (dict(hard=True), "logged with first_time=True, hard=True"),
+    (dict(head=-1), "without a valid layer and head"),
+])
+def test_inconsistent_qk_clip_events_are_rejected(tmp_path, change, expected):
+    run = make_clipping_run(tmp_path)
+    run.clip_head(10, 1, 0, 120.0, first_time=True).update(change)
+    run.write()
+    summary = summarize_run(tmp_path / "r")
+    assert not summary.valid
+    assert any(expected in reason for reason in summary.reasons), summary.reasons
+
+
+def test_a_first_clip_missing_from_its_window_is_rejected(tmp_path):
+    run = make_clipping_run(tmp_path)
+    run.clip_head(10, 1, 0, 120.0, first_time=True)
+    run.find("train", step=10)["qk_clip"]["first_clipped"] = []
+    run.write()
+    summary = summarize_run(tmp_path / "r")
+    assert any("qk_clip.first_clipped [] differs from the first-time qk_clip events logged in it [[1, 0]]" in r
+               for r in summary.reasons), summary.reasons

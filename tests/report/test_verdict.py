@@ -16,6 +16,7 @@ from pilotrun.report.verdict import (
     judge,
     judge_summary,
     parse_thresholds,
+    rule_qk_clip,
 )
 from tests.report.synthetic import SyntheticRun, crashed_and_resumed
 
@@ -173,6 +174,18 @@ def test_qk_clip_fails_when_it_intervenes_on_most_updates(tmp_path):
     _, rules = _verdict(tmp_path, change)
     assert rules["qk_clip"].status == FAIL
     assert "48 of 60 applied updates" in rules["qk_clip"].figure  # cumulative, restored at the resume
+
+
+def test_qk_clip_figure_names_the_first_clip_event(tmp_path):
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(20)
+    run.end_session()
+    run.clip_head(10, 2, 1, 250.0, first_time=True)
+    run.clip_head(15, 0, 0, 130.0, first_time=True)
+    run.write()
+    rule = rule_qk_clip(summarize_run(tmp_path / "r"), Thresholds())
+    assert "first clip at step 10 (layer 2, head 1, max logit 250)" in rule.figure
 
 
 def test_resumed_fails_without_resume_unless_waived(tmp_path):

@@ -246,3 +246,24 @@ def test_existing_run_dir_and_missing_data_are_exit_2(builtin_data_dir, tmp_path
     assert (run_dir / "something").read_text() == "keep me"
     code = main(["train", "--config", str(SMOKE), "--data", str(tmp_path / "nodata"), "--run-dir", str(tmp_path / "s")])
     assert code == 2 and "nodata" in capsys.readouterr().err
+
+
+def test_qk_clip_events_follow_spec_3_4_and_agree_with_the_windows(builtin_data_dir, tmp_path):
+    from pilotrun.report.summarize import summarize_run
+
+    # tau below the tiny model's max logits (~0.006-0.01): most heads are clipped, some hard (gamma < 0.5).
+    config = smoke_config("optim.qk_clip.tau=0.004", "train.max_steps=5", "train.eval_every=0")
+    train(config, builtin_data_dir, tmp_path / "run")
+    events = strict_lines(tmp_path / "run")
+    clips = [e for e in events if e["event"] == "qk_clip"]
+    firsts = [(e["layer"], e["head"]) for e in clips if e["first_time"]]
+    assert firsts and len(firsts) == len(set(firsts))  # each head's first clip is logged once
+    windows_first = [tuple(pair) for e in events if e["event"] == "train" for pair in e["qk_clip"]["first_clipped"]]
+    assert sorted(firsts) == sorted(windows_first)
+    for event in clips:
+        assert event["max_logit"] > 0.004 and event["gamma"] * event["max_logit"] == pytest.approx(0.004, rel=1e-6)
+        assert event["hard"] == (event["gamma"] < 0.5) and (event["first_time"] or event["hard"])
+        # Logged after the update it follows: the counters include it, and a train window closes at that step.
+        assert any(e["event"] == "train" and e["step"] == event["step"] for e in events)
+    summary = summarize_run(tmp_path / "run")
+    assert summary.valid, summary.reasons
