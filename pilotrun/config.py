@@ -101,6 +101,8 @@ class ScheduleConfig:
     horizon: int = 1000  # the schedule's own length in applied updates; independent of train.max_steps
     min_lr_ratio: float = 0.1
     decay_fraction: float = 0.2  # wsd: the final fraction of the horizon spent decaying
+    # spec 1.6.1: the aux-free expert bias stops moving (gamma = 0) for this final fraction of the horizon
+    bias_freeze_fraction: float = 0.03
 
 
 @dataclass
@@ -323,6 +325,7 @@ def validate_run_config(config: RunConfig) -> None:
          f"optim.schedule.horizon ({s.horizon}) must be >= 1 and >= warmup_steps ({s.warmup_steps})")
     need(0 <= s.min_lr_ratio <= 1, "optim.schedule.min_lr_ratio must be in [0, 1]")
     need(0 < s.decay_fraction <= 1, "optim.schedule.decay_fraction must be in (0, 1]")
+    need(0 <= s.bias_freeze_fraction < 1, "optim.schedule.bias_freeze_fraction must be in [0, 1)")
 
     for name in ("batch_size", "seq_len", "gradient_accumulation_steps", "max_steps", "eval_batches",
                  "keep_checkpoints", "max_consecutive_skips", "log_every"):

@@ -62,3 +62,11 @@ def set_learning_rates(optimizer: torch.optim.Optimizer, step: int, schedule_cfg
                              "pilotrun.optim.partition.partition_parameters")
         group["lr"] = group["base_lr"] * multiplier
     return multiplier
+
+
+def expert_bias_speed(step: int, speed: float, schedule_cfg: ScheduleConfig) -> float:
+    """The aux-free bias update speed gamma for update number `step` (0-based, as the LR): `speed`, or 0 in the
+    final `bias_freeze_fraction` of the horizon, so that the routing settles before training ends (spec 1.6.1;
+    DeepSeek-V3 sets gamma = 0 for the last 500B of 14.8T tokens, Moonlight in its cooldown)."""
+    frozen_steps = round(schedule_cfg.bias_freeze_fraction * schedule_cfg.horizon)
+    return 0.0 if frozen_steps > 0 and step >= schedule_cfg.horizon - frozen_steps else speed

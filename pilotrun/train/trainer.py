@@ -52,7 +52,7 @@ from pilotrun.model.transformer import build_model
 from pilotrun.optim.muon_adamw import build_optimizer
 from pilotrun.optim.partition import partition_table
 from pilotrun.optim.qk_clip import QKClipCounters, apply_qk_clip, qk_clip_events
-from pilotrun.optim.schedule import set_learning_rates
+from pilotrun.optim.schedule import expert_bias_speed, set_learning_rates
 from pilotrun.train import distributed as dist_utils
 from pilotrun.train.checkpoint import check_resume_compatibility
 from pilotrun.train.dcp_storage import DistributedCheckpointer, load_training_state, training_state
@@ -548,7 +548,8 @@ class Trainer:
                     window.heads_clipped += int(clip.n_heads_clipped)
                     window.min_gamma = min(window.min_gamma, float(clip.min_gamma))
                     clip_events = qk_clip_events(clip, qk_max_logit, first_clipped)
-            update_expert_bias(raw, tokens_per_expert, cfg.model.bias_update_speed)
+            update_expert_bias(raw, tokens_per_expert,
+                               expert_bias_speed(self.step, cfg.model.bias_update_speed, cfg.optim.schedule))
             self.step += 1
             for fields in clip_events:  # after the step count: the clip follows update number `step`
                 self._log("qk_clip", **fields)
@@ -574,6 +575,9 @@ class Trainer:
         local = {"loss": _float(window.ce_sum) / window.microbatches, "aux": _float(window.aux_sum) / window.microbatches}
         means = dist_utils.mean_across_ranks(self.context, local)
         moe = moe_diagnostics(raw, window.tokens_per_expert) if window.tokens_per_expert is not None else {}
+        if moe and window.applied:  # gamma at the window's last applied update (0 once the bias is frozen)
+            moe["bias_update_speed"] = expert_bias_speed(self.step - 1, self.config.model.bias_update_speed,
+                                                         self.config.optim.schedule)
         attention = attention_diagnostics(window.qk_max_logit) if window.qk_max_logit is not None else {}
         figures = throughput(tokens, train_seconds, wall_seconds, self.flops_per_token, self.peak_flops_per_s)
         group = optimizer.param_groups[0]

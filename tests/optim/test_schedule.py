@@ -9,7 +9,7 @@ import torch
 
 from pilotrun.config import ScheduleConfig
 from pilotrun.optim.muon_adamw import MuonAdamW
-from pilotrun.optim.schedule import lr_multiplier, set_learning_rates
+from pilotrun.optim.schedule import expert_bias_speed, lr_multiplier, set_learning_rates
 
 
 def test_linear_warmup_then_cosine_to_floor():
@@ -60,3 +60,13 @@ def test_set_learning_rates_requires_base_lr():
     opt = MuonAdamW([{"params": [torch.nn.Parameter(torch.zeros(3))], "use_muon": False}])
     with pytest.raises(ValueError, match="base_lr"):
         set_learning_rates(opt, 0, ScheduleConfig())
+
+
+def test_expert_bias_stops_moving_in_the_final_fraction_of_the_horizon():
+    cfg = ScheduleConfig(horizon=100, bias_freeze_fraction=0.03)
+    speeds = [expert_bias_speed(step, 1e-3, cfg) for step in range(110)]
+    assert speeds[:97] == [1e-3] * 97  # updates 0..96 move the bias
+    assert speeds[97:] == [0.0] * 13  # the last 3 of the horizon and everything past it do not
+    assert [expert_bias_speed(s, 1e-3, ScheduleConfig(horizon=100, bias_freeze_fraction=0.0)) for s in (0, 99, 150)] \
+        == [1e-3] * 3
+    assert expert_bias_speed(9, 1e-3, ScheduleConfig(horizon=10, bias_freeze_fraction=0.03)) == 1e-3  # 0.3 -> 0 steps

@@ -267,3 +267,20 @@ def test_qk_clip_events_follow_spec_3_4_and_agree_with_the_windows(builtin_data_
         assert any(e["event"] == "train" and e["step"] == event["step"] for e in events)
     summary = summarize_run(tmp_path / "run")
     assert summary.valid, summary.reasons
+
+
+def test_the_expert_bias_freezes_in_the_final_fraction_of_the_schedule(builtin_data_dir, tmp_path):
+    # horizon 10 with a 0.3 freeze: updates 0-6 move the aux-free bias, updates 7-9 must leave it exactly as is.
+    config = smoke_config("train.max_steps=7", "optim.schedule.horizon=10", "optim.schedule.bias_freeze_fraction=0.3",
+                          "train.eval_every=0", "train.checkpoint_every=0")
+    trainer, _ = train(config, builtin_data_dir, tmp_path / "run")
+    moving = [moe.gate.expert_bias.clone() for moe in trainer.raw_model.moe_layers()]
+    assert all(bias.abs().sum() > 0 for bias in moving)
+    resumed = smoke_config("train.max_steps=10", "optim.schedule.horizon=10", "optim.schedule.bias_freeze_fraction=0.3",
+                           "train.eval_every=0", "train.checkpoint_every=0")
+    trainer, result = train(resumed, builtin_data_dir, tmp_path / "run", resume=True)
+    assert result.step == 10
+    assert all(torch.equal(moe.gate.expert_bias, bias) for moe, bias in zip(trainer.raw_model.moe_layers(), moving,
+                                                                              strict=True))
+    speeds = [e["moe"]["bias_update_speed"] for e in strict_lines(tmp_path / "run") if e["event"] == "train"]
+    assert speeds == [config.model.bias_update_speed] * 7 + [0.0] * 3
