@@ -169,8 +169,9 @@ from pilotrun.model.presets import model_preset
 from pilotrun.model.transformer import build_model
 torch.set_num_threads(int(sys.argv[1]))
 preset, vocab, batch, seq, steps = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+recompute = sys.argv[7] == "1"
 torch.manual_seed(0)
-model = build_model(model_preset(preset, vocab_size=vocab, max_seq_len=seq))
+model = build_model(model_preset(preset, vocab_size=vocab, max_seq_len=seq, activation_checkpointing=recompute))
 tokens = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
 inputs, targets = tokens[:, :-1], tokens[:, 1:]
 saved = {}
@@ -197,9 +198,9 @@ print(json.dumps({"wall_s": wall[len(wall) // 2], "cpu_s": cpu[len(cpu) // 2],
 """
 
 
-def model_step(preset: str, vocab: int, batch: int, seq: int, steps: int) -> dict:
+def model_step(preset: str, vocab: int, batch: int, seq: int, steps: int, recompute: bool = False) -> dict:
     result = subprocess.run([sys.executable, "-c", STEP_SCRIPT, str(THREADS), preset, str(vocab), str(batch),
-                             str(seq), str(steps)], check=True, capture_output=True, text=True)
+                             str(seq), str(steps), "1" if recompute else "0"], check=True, capture_output=True, text=True)
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     figures["tokens_per_cpu_s"] = batch * seq / figures["cpu_s"]
     figures["tokens_per_wall_s"] = batch * seq / figures["wall_s"]
@@ -215,9 +216,10 @@ def run() -> str:
         repeated = sorted((moe_versus_dense(512) for _ in range(3)), key=lambda c: c["ratio"]["grouped"])
         comparisons = [moe_versus_dense(64), repeated[1], moe_versus_dense(2048), moe_versus_dense(4096)]
         tracker = [max_logit_tracker_cost(batch, seq) for batch, seq in ((4, 256), (1, 1024))]
-        steps = [("tiny", 256, 4, 32, 30), ("cpu", 4096, 8, 64, 15), ("cpu", 4096, 8, 256, 8)]
-        step_figures = [(preset, vocab, batch, seq, model_step(preset, vocab, batch, seq, count))
-                        for preset, vocab, batch, seq, count in steps]
+        steps = [("tiny", 256, 4, 32, 30, False), ("cpu", 4096, 8, 64, 15, False), ("cpu", 4096, 8, 256, 8, False),
+                 ("cpu", 4096, 8, 256, 8, True)]
+        step_figures = [(preset, vocab, batch, seq, recompute, model_step(preset, vocab, batch, seq, count, recompute))
+                        for preset, vocab, batch, seq, count, recompute in steps]
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -298,15 +300,24 @@ def run() -> str:
               "time includes waiting for the core. Memory: bytes autograd saved for backward (each storage once), "
               "and the subprocess's peak resident set (VmHWM of its own address space: the imported libraries "
               "included, the parent benchmark process not).", "",
-              "| preset | parameters | batch x seq | CPU ms/step | tokens per CPU-s | wall ms/step | "
-              "tokens per wall-s | saved for backward MB | peak RSS MB | load average |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
-    for preset, vocab, batch, seq, f in step_figures:
+              "| preset | parameters | batch x seq | activation checkpointing | CPU ms/step | tokens per CPU-s | "
+              "wall ms/step | tokens per wall-s | saved for backward MB | peak RSS MB | load average |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for preset, vocab, batch, seq, recompute, f in step_figures:
         lines.append(f"| {preset} (vocab {vocab}) | {f['parameters']:,} | {batch} x {seq} | "
+                     f"{'on' if recompute else 'off'} | "
                      f"{f['cpu_s'] * 1e3:.1f} | {f['tokens_per_cpu_s']:,.0f} | {f['wall_s'] * 1e3:.1f} | "
                      f"{f['tokens_per_wall_s']:,.0f} | {f['saved_for_backward_mb']:.1f} | {f['peak_rss_mb']:.0f} | "
                      f"{f['load_average']:.1f} |")
-    cpu_wide = step_figures[-1][4]
+    plain, recomputed = step_figures[-2][5], step_figures[-1][5]
+    lines += ["", "Activation checkpointing (`model.activation_checkpointing: true`, cpu 8 x 256, the last two rows, "
+              f"side by side): {recomputed['saved_for_backward_mb'] / plain['saved_for_backward_mb']:.2f}x the bytes "
+              f"autograd keeps for backward, {recomputed['peak_rss_mb'] / plain['peak_rss_mb']:.2f}x the peak resident "
+              f"set (which includes ~250 MB of libraries and the weights), {recomputed['cpu_s'] / plain['cpu_s']:.2f}x "
+              "the CPU time of a step (each block's forward runs again in backward). With it on, the saved bytes "
+              "are each block's input plus the model's embedding and head; the block internals are rebuilt in "
+              "backward, where torch's checkpoint keeps them outside this count."]
+    cpu_wide = step_figures[-2][5]
     lines += ["", f"At the measured CPU rate the `cpu` preset needs {300 * 2048 / cpu_wide['tokens_per_cpu_s']:.0f} s "
               "of model forward + backward for 300 updates of 2,048 tokens on one free core (optimizer time not "
               "included; see bench_optim).", "", "Command: `python -m benchmarks.run_all bench_model`"]

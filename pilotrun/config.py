@@ -66,6 +66,9 @@ class ModelConfig:
     attn_impl: str = "auto"  # auto: eager on CPU (exact max logit for free), sdpa + chunked max logit on CUDA
     moe_impl: str = "grouped"  # grouped_mm where torch has it for the device/dtype, else sorted; loop, dense_ref
     cpu_kernels: bool = True  # CPU: routing, combine and routed experts as compiled kernels (model/cpu_kernels.py)
+    # Recompute each block's forward in backward instead of keeping its activations (model/recompute.py):
+    # less memory, ~1 more forward of compute; the same results bit for bit, so it may change on resume.
+    activation_checkpointing: bool = False
 
 
 @dataclass
@@ -148,6 +151,7 @@ class RunConfig:
 
 # Keys that may change on resume without ceremony (the checkpoint compatibility check consults this).
 RESUME_FREE_KEYS = (
+    "model.activation_checkpointing",
     "train.max_steps",
     "train.log_every",
     "train.eval_every",

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pilotrun.model.recompute import recomputing
 from pilotrun.model.rope import apply_rope
 
 MAX_LOGIT_QUERY_CHUNK = 256  # query rows per chunk of the sdpa max-logit pass: bounds its memory to B*H*256*T
@@ -116,14 +117,14 @@ class MLA(nn.Module):
         logits = torch.matmul(q, k.transpose(-1, -2)).float() * self.softmax_scale  # [B, H, T, T] fp32
         causal = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
         logits = logits.masked_fill(causal, float("-inf"))
-        if self.training:
+        if self.training and not recomputing():  # not again in an activation recompute (spec 3.2)
             with torch.no_grad():  # masked entries are -inf and never win the max
                 self.record_max_logit(logits.detach().amax(dim=(0, 2, 3)))
         probabilities = torch.softmax(logits, dim=-1).to(v.dtype)
         return torch.matmul(probabilities, v)
 
     def sdpa_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self.training:
+        if self.training and not recomputing():
             self.record_max_logit(self.chunked_max_logit(q, k))
         d_v = self.v_head_dim
         pad = q.is_cuda if self.pad_value_for_flash is None else self.pad_value_for_flash

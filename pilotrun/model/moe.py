@@ -44,6 +44,7 @@ from pilotrun.model.cpu_kernels import (
     fused_experts_apply,
     fused_routing_applies,
 )
+from pilotrun.model.recompute import recomputing
 
 
 def count_per_expert(indices: torch.Tensor, n_experts: int) -> torch.Tensor:
@@ -322,7 +323,7 @@ class MoE(nn.Module):
         if self.shared_experts is not None:
             output = output + self.shared_experts(flat)
         aux_loss = self.auxiliary_loss(routing)
-        if self.training:
+        if self.training and not recomputing():  # counted once, not again in an activation recompute
             self.record_statistics(routing)
         return output.reshape(batch, seq, d_model), aux_loss
 

@@ -16,6 +16,7 @@ from torch import nn
 from pilotrun.config import ModelConfig
 from pilotrun.model.mla import MLA, RMSNorm
 from pilotrun.model.moe import MoE, SwiGLU
+from pilotrun.model.recompute import checkpointed_call
 from pilotrun.model.rope import build_rope_table
 
 
@@ -79,8 +80,9 @@ class Transformer(nn.Module):
         cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
         x = self.embed(tokens)
         aux_loss = torch.zeros((), device=x.device, dtype=torch.float32)
+        recompute = self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.layers:
-            x, layer_aux = block(x, cos, sin)
+            x, layer_aux = checkpointed_call(block, x, cos, sin) if recompute else block(x, cos, sin)
             if layer_aux is not None:
                 aux_loss = aux_loss + layer_aux  # summed over MoE layers (decision D5)
         logits = self.head(self.norm(x))

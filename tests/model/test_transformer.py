@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 import torch
+import torch.utils.checkpoint
 
 from pilotrun.config import ModelConfig
 from pilotrun.model.transformer import build_model
@@ -219,3 +220,76 @@ def test_torch_compile_traces_the_model_and_matches_eager_bit_for_bit(moe_impl):
     assert torch.equal(eager_model.layers[1].ffn.tokens_per_expert, compiled_model.layers[1].ffn.tokens_per_expert)
     assert torch.equal(eager_model.layers[0].attn.qk_max_logit, compiled_model.layers[0].attn.qk_max_logit)
     torch._dynamo.reset()
+
+
+def run_and_collect(model, tokens, targets, microbatches: int = 2):
+    """Two microbatches of forward + backward, as the trainer accumulates them: the losses, every gradient, and
+    the per-step statistics the forwards recorded (expert counts, router sums, max attention logits)."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    saved_bytes = []
+
+    def pack(tensor):
+        saved_bytes.append(tensor.untyped_storage().nbytes())
+        return tensor
+
+    losses = []
+    for index in range(microbatches):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            output = model((tokens + index) % model.cfg.vocab_size, targets)
+        output.loss.backward()
+        losses.append(output.loss.detach())
+    grads = {name: parameter.grad for name, parameter in model.named_parameters()}
+    statistics = [buffer.clone() for moe in model.moe_layers()
+                  for buffer in (moe.tokens_per_expert, moe.router_statistics, moe.router_logit_absmax)]
+    statistics += [attention.qk_max_logit.clone() for attention in model.attention_layers()]
+    return losses, grads, statistics, sum(saved_bytes)
+
+
+@pytest.mark.parametrize("attn_impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("cpu_kernels", [True, False])
+@pytest.mark.parametrize("early_stop", [True, False])
+def test_activation_checkpointing_gives_the_same_step_bit_for_bit_and_counts_once(attn_impl, cpu_kernels,
+                                                                                 early_stop):
+    # early_stop False: torch recomputes each block's whole forward, statistics included (by default it stops
+    # once the saved tensors backward needs are back, which happens to come before the MoE's counting).
+    tokens, targets = batch(t=24)
+    results = {}
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        model = build_model(tiny(activation_checkpointing=recompute, attn_impl=attn_impl, cpu_kernels=cpu_kernels,
+                                 n_layers=3))
+        with torch.utils.checkpoint.set_checkpoint_early_stop(early_stop):
+            results[recompute] = run_and_collect(model, tokens, targets)
+    plain, recomputed = results[False], results[True]
+    assert all(torch.equal(a, b) for a, b in zip(plain[0], recomputed[0], strict=True))
+    for name, grad in plain[1].items():
+        assert torch.equal(recomputed[1][name], grad), name
+    # The recomputed forwards ran (backward needed them) but did not count: the statistics equal a plain step's.
+    for ours, theirs in zip(recomputed[2], plain[2], strict=True):
+        assert torch.equal(ours, theirs)
+    assert plain[2][0].sum() == 2 * 4 * 24 * TINY.top_k  # two microbatches of 4 x 24 tokens, top-2: counted once
+    # And it is checkpointing: autograd keeps far fewer bytes for backward.
+    assert recomputed[3] < 0.5 * plain[3], (recomputed[3], plain[3])
+
+
+def test_activation_checkpointing_is_off_in_eval_and_without_grad():
+    torch.manual_seed(0)
+    model = build_model(tiny(activation_checkpointing=True))
+    tokens, targets = batch()
+    calls = []
+    import pilotrun.model.transformer as transformer_module
+
+    original = transformer_module.checkpointed_call
+    transformer_module.checkpointed_call = lambda *args: calls.append(1) or original(*args)
+    try:
+        model.eval()
+        model(tokens, targets)
+        model.train()
+        with torch.no_grad():
+            model(tokens, targets)
+        assert calls == []
+        model(tokens, targets).loss.backward()
+        assert len(calls) == TINY.n_layers
+    finally:
+        transformer_module.checkpointed_call = original

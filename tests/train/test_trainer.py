@@ -284,3 +284,16 @@ def test_the_expert_bias_freezes_in_the_final_fraction_of_the_schedule(builtin_d
                                                                               strict=True))
     speeds = [e["moe"]["bias_update_speed"] for e in strict_lines(tmp_path / "run") if e["event"] == "train"]
     assert speeds == [config.model.bias_update_speed] * 7 + [0.0] * 3
+
+
+def test_activation_checkpointing_trains_bit_identically(builtin_data_dir, tmp_path):
+    results = {}
+    for recompute in (False, True):
+        config = smoke_config("train.max_steps=3", "train.eval_every=0", "train.checkpoint_every=0",
+                              f"model.activation_checkpointing={str(recompute).lower()}")
+        trainer, _ = train(config, builtin_data_dir, tmp_path / f"run-{recompute}")
+        losses = [e["loss"] for e in strict_lines(tmp_path / f"run-{recompute}") if e["event"] == "train"]
+        results[recompute] = (losses, trainer.raw_model.state_dict())
+    assert results[True][0] == results[False][0]
+    for name, value in results[False][1].items():
+        assert torch.equal(results[True][1][name], value), name
