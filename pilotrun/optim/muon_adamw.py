@@ -110,6 +110,11 @@ class MuonAdamW(torch.optim.Optimizer):
             else:
                 group.setdefault("betas", (0.9, 0.95))
                 group.setdefault("eps", 1e-8)
+        # Spec 5 `opt/update_rms/{group}`: when a caller sets this before step(), that step also measures the RMS
+        # of each group's update direction (decoupled weight decay excluded; the update is lr times it): Muon's
+        # scale * O, AdamW's m_hat / (sqrt(v_hat) + eps). Off by default: it costs a pass over every tensor.
+        self.measure_update_rms = False
+        self.last_update_rms: dict[str, float] = {}
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
@@ -117,14 +122,20 @@ class MuonAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        measured: dict[str, list] = {}
         for group in self.param_groups:
+            squares = [] if self.measure_update_rms else None
             if group["use_muon"]:
-                self._muon_group_step(group)
+                self._muon_group_step(group, squares)
             else:
-                self._adamw_group_step(group)
+                self._adamw_group_step(group, squares)
+            if squares:
+                measured[group.get("name", str(len(measured)))] = squares
+        if self.measure_update_rms:
+            self.last_update_rms = {name: root_mean_square(squares) for name, squares in measured.items()}
         return loss
 
-    def _muon_group_step(self, group: dict[str, Any]) -> None:
+    def _muon_group_step(self, group: dict[str, Any], squares: list | None) -> None:
         lr, weight_decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
         for p in group["params"]:
             # Spec 2.2.6: a missing gradient counts as zeros (momentum and decay still act), so Muon never
@@ -139,20 +150,21 @@ class MuonAdamW(torch.optim.Optimizer):
             # Never modify p.grad in place (spec 2.2.1: unlike KJ-muon's lerp_ on the gradient).
             direction = grad.add(buffer, alpha=momentum) if group["nesterov"] else buffer
             ns_dtype = resolve_ns_dtype(group["ns_dtype"], p.device)
+            scale = muon_update_scale(p.size(-2), p.size(-1), group["scale_mode"])
             if isinstance(direction, DTensor):
                 # FSDP2 shards each matrix by rows; NS needs the whole matrix. Every rank gathers it, runs the
                 # same NS on the same values, and keeps its own rows (src_data_rank=None: no scatter needed).
-                orthogonal = distribute_tensor(
-                    newton_schulz_orthogonalize(direction.full_tensor(), group["ns_steps"], ns_dtype),
-                    direction.device_mesh, direction.placements, src_data_rank=None)
+                whole = newton_schulz_orthogonalize(direction.full_tensor(), group["ns_steps"], ns_dtype)
+                orthogonal = distribute_tensor(whole, direction.device_mesh, direction.placements, src_data_rank=None)
             else:
-                orthogonal = newton_schulz_orthogonalize(direction, group["ns_steps"], ns_dtype)
-            scale = muon_update_scale(p.size(-2), p.size(-1), group["scale_mode"])
+                whole = orthogonal = newton_schulz_orthogonalize(direction, group["ns_steps"], ns_dtype)
+            if squares is not None:  # the whole matrix on every rank: no collective needed
+                squares.append((whole.float().square().sum() * scale**2, whole.numel()))
             if weight_decay != 0:
                 p.mul_(1 - lr * weight_decay)  # decoupled decay with the unadjusted lr (ML-code)
             p.add_(orthogonal.to(p.dtype), alpha=-lr * scale)
 
-    def _adamw_group_step(self, group: dict[str, Any]) -> None:
+    def _adamw_group_step(self, group: dict[str, Any], squares: list | None) -> None:
         # Operation for operation the single-tensor path of torch.optim.AdamW (torch/optim/adam.py,
         # decoupled_weight_decay=True, amsgrad=False), so that the two agree bit for bit.
         lr, weight_decay, eps = group["lr"], group["weight_decay"], group["eps"]
@@ -179,6 +191,33 @@ class MuonAdamW(torch.optim.Optimizer):
             step_size = lr / bias_correction1
             denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(eps)
             p.addcdiv_(exp_avg, denom, value=-step_size)
+            if squares is not None:
+                square_sum = (exp_avg / denom).float().square().sum() / bias_correction1**2
+                if isinstance(square_sum, DTensor):  # a sharded parameter: sum over every rank's shard
+                    square_sum = square_sum.full_tensor()
+                squares.append((square_sum, p.numel()))
+
+
+def root_mean_square(squares: list[tuple[torch.Tensor, int]]) -> float:
+    """sqrt(sum of squares / element count) over a group's (square sum, numel) pairs: one host sync per group."""
+    total = torch.stack([square_sum.to(torch.float64).cpu() for square_sum, _ in squares]).sum()
+    return math.sqrt(float(total) / sum(count for _, count in squares))
+
+
+def parameter_rms(optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    """Spec 5 `opt/weight_rms/{group}`: the RMS of each named parameter group's weights (all ranks' shards under
+    FSDP2, so every rank must call it)."""
+    figures = {}
+    for group in optimizer.param_groups:
+        squares = []
+        for p in group["params"]:
+            square_sum = p.detach().float().square().sum()
+            if isinstance(square_sum, DTensor):
+                square_sum = square_sum.full_tensor()
+            squares.append((square_sum, p.numel()))
+        if squares:
+            figures[group.get("name", str(len(figures)))] = root_mean_square(squares)
+    return figures
 
 
 def build_optimizer(model: torch.nn.Module, optim_cfg: OptimConfig) -> MuonAdamW:

@@ -16,7 +16,8 @@ from matplotlib.figure import Figure
 from pilotrun.report.records import is_finite_number
 from pilotrun.report.summarize import Summary
 
-PLOT_NAMES = ("loss", "lr", "grad_norm", "throughput", "loss_scale", "expert_load", "qk_max_logit")
+PLOT_NAMES = ("loss", "lr", "grad_norm", "throughput", "loss_scale", "expert_load", "qk_max_logit",
+              "parameter_groups")
 PLOT_TITLES = {
     "loss": "Training and validation loss",
     "lr": "Learning rate",
@@ -25,6 +26,7 @@ PLOT_TITLES = {
     "loss_scale": "Loss scale and skipped updates",
     "expert_load": "Expert load per MoE layer over time",
     "qk_max_logit": "QK max logit per attention layer",
+    "parameter_groups": "Weight RMS and update RMS / lr per parameter group",
 }
 
 
@@ -208,6 +210,33 @@ def plot_qk_max_logit(summary: Summary, path: Path) -> Path:
     return _save(fig, ax, path)
 
 
+def plot_parameter_groups(summary: Summary, path: Path) -> Path:
+    """Two panels: each group's weight RMS (Moonlight watches it grow without weight decay), and the RMS of its
+    update direction (Muon in moonlight mode holds it near 0.2 by construction, AdamW's moves with the gradients)."""
+    events = [e for e in _train(summary) if isinstance(e.get("optimizer"), dict)]
+    fig = Figure(figsize=(8, 6.4), dpi=100)
+    weight_ax, update_ax = fig.subplots(2, 1, sharex=True)
+    for ax, key, label in ((weight_ax, "weight_rms", "weight RMS"), (update_ax, "update_rms", "update RMS / lr")):
+        groups = sorted({name for e in events if isinstance(e["optimizer"].get(key), dict)
+                         for name in e["optimizer"][key]})
+        for index, group in enumerate(groups):
+            xs, ys = _series(events, lambda e, group=group, key=key: e["optimizer"][key][group])
+            ax.plot(xs, ys, label=group, color=f"C{index % 10}", marker="." if len(xs) < 30 else None)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if groups:
+            ax.set_yscale("log")
+            ax.legend(loc="best", fontsize=7, ncol=2)
+        else:
+            _no_data(ax, label)
+        _mark_resumes(ax, summary)
+    weight_ax.set_title(PLOT_TITLES["parameter_groups"])
+    update_ax.set_xlabel("step (applied updates)")
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return path
+
+
 PLOTTERS = {
     "loss": plot_loss,
     "lr": plot_lr,
@@ -216,6 +245,7 @@ PLOTTERS = {
     "loss_scale": plot_loss_scale,
     "expert_load": plot_expert_load,
     "qk_max_logit": plot_qk_max_logit,
+    "parameter_groups": plot_parameter_groups,
 }
 
 

@@ -49,7 +49,7 @@ from pilotrun.model.diagnostics import (
     reset_step_statistics,
 )
 from pilotrun.model.transformer import build_model
-from pilotrun.optim.muon_adamw import build_optimizer
+from pilotrun.optim.muon_adamw import build_optimizer, parameter_rms
 from pilotrun.optim.partition import partition_table
 from pilotrun.optim.qk_clip import QKClipCounters, apply_qk_clip, qk_clip_events
 from pilotrun.optim.schedule import expert_bias_speed, set_learning_rates
@@ -517,6 +517,8 @@ class Trainer:
         accumulation = t.gradient_accumulation_steps
         qk_enabled, tau = cfg.optim.qk_clip.enabled, cfg.optim.qk_clip.tau
         set_learning_rates(optimizer, self.step, cfg.optim.schedule)
+        # The update that should close a window also measures the update RMS per group (spec 5), once a window.
+        optimizer.measure_update_rms = (self.step + 1) % t.log_every == 0 or self.step + 1 >= t.max_steps
         optimizer.zero_grad(set_to_none=True)
         restarted = 0  # exhaustion restarts of the training split during this update (0 nearly always)
         for micro in range(accumulation):
@@ -548,6 +550,8 @@ class Trainer:
                     window.heads_clipped += int(clip.n_heads_clipped)
                     window.min_gamma = min(window.min_gamma, float(clip.min_gamma))
                     clip_events = qk_clip_events(clip, qk_max_logit, first_clipped)
+            if optimizer.measure_update_rms:
+                window.update_rms, window.update_rms_step = optimizer.last_update_rms, self.step + 1
             update_expert_bias(raw, tokens_per_expert,
                                expert_bias_speed(self.step, cfg.model.bias_update_speed, cfg.optim.schedule))
             self.step += 1
@@ -598,6 +602,8 @@ class Trainer:
                      "cumulative_interventions": self.qk_counters.total_interventions(),
                      "nonfinite_layer_skips": self.qk_counters.nonfinite_layer_skips},
             memory=memory_snapshot(self.device),
+            optimizer={"weight_rms": parameter_rms(optimizer), "update_rms": window.update_rms,
+                       "update_rms_step": window.update_rms_step},
         )
         if bar is not None:
             bar.update(self.step - bar.n)
@@ -631,6 +637,8 @@ class _Window:
         self.loss_scale = 1.0
         self.tokens_per_expert: torch.Tensor | None = None
         self.qk_max_logit: torch.Tensor | None = None
+        self.update_rms: dict[str, float] | None = None  # per group, from the update numbered update_rms_step
+        self.update_rms_step: int | None = None
 
     def add_statistics(self, tokens_per_expert: torch.Tensor, qk_max_logit: torch.Tensor) -> None:
         if self.tokens_per_expert is None:

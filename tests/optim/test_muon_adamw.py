@@ -314,3 +314,39 @@ def test_muon_adamw_overfits_one_batch_of_the_real_model(precision):
         if losses[-1] < 0.1 * losses[0]:
             break
     assert losses[-1] < 0.1 * losses[0], (losses[0], losses[-1], len(losses))
+
+
+def test_measured_update_rms_is_the_rms_of_each_groups_update_over_lr():
+    from pilotrun.optim.muon_adamw import parameter_rms
+
+    def make(measure: bool):
+        generator = torch.Generator().manual_seed(9)
+        matrices = [torch.nn.Parameter(torch.randn(64, 32, generator=generator)),
+                    torch.nn.Parameter(torch.randn(3, 16, 24, generator=generator))]
+        vectors = [torch.nn.Parameter(torch.randn(40, generator=generator)),
+                   torch.nn.Parameter(torch.randn(8, 5, generator=generator))]
+        opt = MuonAdamW([{"params": matrices, "use_muon": True, "lr": 2e-3, "weight_decay": 0.1, "name": "muon"},
+                         {"params": vectors, "use_muon": False, "lr": 3e-3, "weight_decay": 0.1, "name": "adamw"}])
+        opt.measure_update_rms = measure
+        for p in matrices + vectors:
+            p.grad = torch.randn(p.shape, generator=generator)
+        return opt, matrices, vectors
+
+    opt, matrices, vectors = make(True)
+    weight_rms = parameter_rms(opt)
+    assert weight_rms["muon"] == pytest.approx(float(torch.cat([p.detach().flatten() for p in matrices])
+                                                     .pow(2).mean().sqrt()), rel=1e-6)
+    opt.step()
+    opt.step()  # the second step: AdamW's bias correction and Muon's momentum both in play
+    plain, plain_matrices, plain_vectors = make(False)
+    plain.step()
+    first = [p.detach().clone() for p in plain_matrices + plain_vectors]
+    plain.step()
+    # The update of the second step, its decoupled decay undone: p2 = p1 (1 - lr wd) - lr u.
+    for name, params, previous, lr in (("muon", plain_matrices, first[:2], 2e-3),
+                                       ("adamw", plain_vectors, first[2:], 3e-3)):
+        update = torch.cat([((q * (1 - lr * 0.1) - p.detach()) / lr).flatten() for p, q in zip(params, previous)])
+        assert opt.last_update_rms[name] == pytest.approx(float(update.pow(2).mean().sqrt()), rel=1e-4), name
+    # Measuring does not change the step: the same weights bit for bit.
+    assert all(torch.equal(p, q) for p, q in zip(matrices + vectors, plain_matrices + plain_vectors))
+    assert 0.15 <= opt.last_update_rms["muon"] <= 0.21  # moonlight scale (spec 2.2.1)

@@ -297,3 +297,22 @@ def test_activation_checkpointing_trains_bit_identically(builtin_data_dir, tmp_p
     assert results[True][0] == results[False][0]
     for name, value in results[False][1].items():
         assert torch.equal(results[True][1][name], value), name
+
+
+def test_train_events_carry_weight_and_update_rms_per_group(builtin_data_dir, tmp_path):
+    config = smoke_config("train.max_steps=5", "train.log_every=2", "train.eval_every=0", "train.checkpoint_every=3")
+    trainer, _ = train(config, builtin_data_dir, tmp_path / "run")
+    groups = {group["name"] for group in trainer.optimizer.param_groups if group["params"]}
+    trains = [e for e in strict_lines(tmp_path / "run") if e["event"] == "train"]
+    assert [e["step"] for e in trains] == [2, 3, 4, 5]  # 3: the window a checkpoint closes early
+    for event in trains:
+        figures = event["optimizer"]
+        assert set(figures["weight_rms"]) == groups and all(v > 0 for v in figures["weight_rms"].values())
+        if event["step"] == 3:  # measured on the updates that close a log window, so not in this one
+            assert figures["update_rms"] is None and figures["update_rms_step"] is None
+            continue
+        assert set(figures["update_rms"]) == groups and figures["update_rms_step"] == event["step"]
+        assert 0.1 < figures["update_rms"]["attention"] < 0.3  # Muon, moonlight scale: ~0.2 (spec 2.2.1)
+    embedding = next(g for g in trainer.optimizer.param_groups if g["name"] == "embedding")["params"][0]
+    assert trains[-1]["optimizer"]["weight_rms"]["embedding"] == pytest.approx(
+        float(embedding.detach().pow(2).mean().sqrt()), rel=1e-6)
