@@ -194,6 +194,8 @@ class Trainer:
             config = effective
         self.config = config
         self.raw_model = model.to(self.device)
+        if config.train.compile != "none":
+            compile_blocks(self.raw_model, config.train.compile)
         # Wrap before building the optimizer: FSDP2's fully_shard replaces every parameter with a sharded
         # DTensor parameter, and an optimizer built earlier would hold the old, gradient-less tensors.
         self.model = dist_utils.wrap_model(self.raw_model, self.context, config.train.parallelism,
@@ -616,6 +618,18 @@ class Trainer:
 def _switch_for_good(account: TimeAccount, phase: str):
     account.switch(phase)
     yield
+
+
+def compile_blocks(model: torch.nn.Module, backend: str) -> None:
+    """torch.compile every decoder block in place (nn.Module.compile), as torchtitan does: one small graph
+    compiled once and reused by every layer of the same shape, where compiling the whole model would trace it
+    as one graph; parameter names, the state dict, DDP/FSDP wrapping and activation checkpointing stay as
+    they are. Dynamo state is reset first so that an earlier model's graphs are not reused by mistake."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    for block in model.layers:
+        block.compile(backend=backend)
 
 
 class _Window:

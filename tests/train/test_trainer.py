@@ -316,3 +316,33 @@ def test_train_events_carry_weight_and_update_rms_per_group(builtin_data_dir, tm
     embedding = next(g for g in trainer.optimizer.param_groups if g["name"] == "embedding")["params"][0]
     assert trains[-1]["optimizer"]["weight_rms"]["embedding"] == pytest.approx(
         float(embedding.detach().pow(2).mean().sqrt()), rel=1e-6)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_compiled_blocks_train_like_eager_ones(builtin_data_dir, tmp_path, recompute):
+    # backend "eager": Dynamo traces every block (graph capture, guards) without inductor's C++ build, which takes
+    # minutes on 2 cores. `sorted` dispatch and no CPU kernels on both sides: traced graphs use the reference
+    # operators, so eager must too for a bit-for-bit comparison.
+    results = {}
+    for mode in ("none", "eager"):
+        config = smoke_config("train.max_steps=3", "train.eval_every=0", "train.checkpoint_every=0",
+                              f"train.compile={mode}", "model.moe_impl=sorted", "model.cpu_kernels=false",
+                              f"model.activation_checkpointing={str(recompute).lower()}")
+        trainer, result = train(config, builtin_data_dir, tmp_path / mode)
+        assert result.step == 3
+        events = [e for e in strict_lines(tmp_path / mode) if e["event"] == "train"]
+        results[mode] = ([e["loss"] for e in events], [e["moe"]["tokens_per_expert"] for e in events],
+                         trainer.raw_model.state_dict())
+        compiled = [block._compiled_call_impl is not None for block in trainer.raw_model.layers]
+        assert all(compiled) if mode == "eager" else not any(compiled)
+    assert results["eager"][0] == results["none"][0]
+    assert results["eager"][1] == results["none"][1]  # compiled forwards count, once
+    for name, value in results["none"][2].items():
+        assert torch.equal(results["eager"][2][name], value), name
+
+
+def test_compile_mode_is_validated():
+    with pytest.raises(ConfigError, match="train.compile must be one of"):
+        smoke_config("train.compile=fast")
+    with pytest.raises(ConfigError, match="YAML reads yes/no/on/off/true/false as booleans"):
+        smoke_config("train.compile=off")
