@@ -279,13 +279,23 @@ def _check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
             "resumed_from": first.get("resumed_from") if first["event"] == "session_start" else None}
 
 
-def _find_resume_point(index: int, resumed_from: int, order: list[str],
-                       groups: dict[str, list[dict[str, Any]]]) -> tuple[str, Counters] | None:
-    """The latest earlier session that recorded committing checkpoint `resumed_from`, and its counters."""
+def _find_resume_point(index: int, resumed_from: int, start: Counters, order: list[str],
+                       groups: dict[str, list[dict[str, Any]]]) -> tuple[str, Counters, bool] | None:
+    """The latest earlier session that recorded committing checkpoint `resumed_from`, its counters, and False.
+
+    Failing that, a session killed between committing that checkpoint and logging its `checkpoint` line: every
+    checkpoint is saved right after a `train` event closes the window at the same counters, so an earlier
+    session whose last event is a `train` event at exactly the resumed session's starting counters (step
+    `resumed_from`) is where the checkpoint came from; then the third element is True (a note, not an error)."""
     for earlier in reversed(order[:index]):
         for event in groups[earlier]:
             if event["event"] == "checkpoint" and event["step"] == resumed_from:
-                return earlier, Counters.of(event)
+                return earlier, Counters.of(event), False
+    for earlier in reversed(order[:index]):
+        events = groups[earlier]
+        closed_there = any(e["event"] == "train" and Counters.of(e) == start for e in events)
+        if closed_there and start.step == resumed_from and Counters.of(events[-1]) == start:
+            return earlier, start, True
     return None
 
 
@@ -332,8 +342,12 @@ def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summa
                 reasons.append(f"session {sid}: starts at {dataclasses.asdict(start)} without resuming from a "
                                "checkpoint (a fresh start must begin at zero)")
             continue
-        found = _find_resume_point(index, resumed_from, order, groups)
-        parent[sid] = found
+        found = _find_resume_point(index, resumed_from, start, order, groups)
+        parent[sid] = found[:2] if found is not None else None
+        if found is not None and found[2]:
+            notes.append(f"session {sid}: resumed from checkpoint step {resumed_from}, which session {found[0]} "
+                         "committed but did not log (it was killed between the two); its last train window ends at "
+                         "exactly these counters")
         if found is None:
             reasons.append(f"session {sid}: resumed from checkpoint step {resumed_from}, but no earlier session "
                            "recorded committing that checkpoint")

@@ -316,3 +316,35 @@ def test_a_first_clip_missing_from_its_window_is_rejected(tmp_path):
     summary = summarize_run(tmp_path / "r")
     assert any("qk_clip.first_clipped [] differs from the first-time qk_clip events logged in it [[1, 0]]" in r
                for r in summary.reasons), summary.reasons
+
+
+def killed_between_commit_and_log(tmp_path, also_lose_the_window: bool = False) -> SyntheticRun:
+    """Session 1 commits the checkpoint at step 40 and is SIGKILLed before its `checkpoint` line is written
+    (what the pilot's kill hit on a short recipe); session 2 resumes from that checkpoint."""
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(40)
+    run.kill()
+    run.events.remove(run.find("checkpoint", session="s1", step=40))
+    if also_lose_the_window:  # then no checkpoint at 40 could have been committed at all
+        run.events.remove(run.find("train", session="s1", step=40))
+    run.resume(from_step=40)
+    run.train_until(run.max_steps)
+    run.end_session()
+    run.write()
+    return run
+
+
+def test_a_checkpoint_committed_but_not_logged_is_a_note_when_its_window_matches(tmp_path):
+    killed_between_commit_and_log(tmp_path)
+    summary = summarize_run(tmp_path / "r")
+    assert summary.valid, summary.reasons
+    assert any("committed but did not log" in note and "step 40" in note for note in summary.notes), summary.notes
+    assert summary.overall["updates_applied"] == 60 and summary.overall["resumes"] == 1
+
+
+def test_a_resume_from_a_checkpoint_no_record_supports_is_still_rejected(tmp_path):
+    killed_between_commit_and_log(tmp_path, also_lose_the_window=True)
+    summary = summarize_run(tmp_path / "r")
+    assert any("no earlier session recorded committing that checkpoint" in r for r in summary.reasons), \
+        summary.reasons
