@@ -34,7 +34,7 @@ STEPS = 20
 TARGET_WEAK_EFFICIENCY = 0.7
 
 
-def _train(data: Path, run_dir: Path, world_size: int, batch_size: int) -> dict[str, float]:
+def _train(data: Path, run_dir: Path, world_size: int, batch_size: int, sets: tuple[str, ...] = ()) -> dict[str, float]:
     launcher = [sys.executable, "-m", "pilotrun"] if world_size == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
          "-m", "pilotrun"]
@@ -42,7 +42,7 @@ def _train(data: Path, run_dir: Path, world_size: int, batch_size: int) -> dict[
         "train", "--config", str(ROOT / "configs" / "stability.yaml"), "--data", str(data), "--run-dir", str(run_dir),
         "--set", f"train.batch_size={batch_size}", "--set", f"train.max_steps={STEPS}", "--set", "train.log_every=5",
         "--set", "train.eval_every=0", "--set", "train.checkpoint_every=0", "--set", "train.num_threads=1",
-    ]
+    ] + [argument for item in sets for argument in ("--set", item)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
@@ -122,20 +122,23 @@ def _optimizer_step_seconds(repeats: int = 5) -> float:
 def run() -> str:
     from pilotrun.data.prepare import prepare_corpus
 
-    configurations = [("1 process, batch 8", 1, 8), ("2 ranks x batch 8 (weak)", 2, 8),
-                      ("2 ranks x batch 4 (strong)", 2, 4)]
-    measured: dict[str, list[float]] = {name: [] for name, _, _ in configurations}
+    replicated = ("optim.muon.distribute_newton_schulz=false",)
+    configurations = [("1 process, batch 8", 1, 8, ()), ("2 ranks x batch 8 (weak)", 2, 8, ()),
+                      ("2 ranks x batch 4 (strong)", 2, 4, ()),
+                      ("2 ranks x batch 8 (weak), Newton-Schulz replicated", 2, 8, replicated),
+                      ("2 ranks x batch 4 (strong), Newton-Schulz replicated", 2, 4, replicated)]
+    measured: dict[str, list[float]] = {name: [] for name, _, _, _ in configurations}
     # The 1-minute load average before each run: on 2 cores, any other runnable process takes a share of the
     # cores the 2 ranks need, so a figure is only meaningful next to the load it was measured under.
-    load_before: dict[str, list[float]] = {name: [] for name, _, _ in configurations}
+    load_before: dict[str, list[float]] = {name: [] for name, _, _, _ in configurations}
     with tempfile.TemporaryDirectory() as scratch:
         data = Path(scratch) / "data"
         prepare_corpus(data, source="builtin", tokenizer="bpe:4096", progress=False)
         for round_index in range(REPEATS):
-            for name, world_size, batch_size in configurations:
-                run_dir = Path(scratch) / f"run-{round_index}-{world_size}-{batch_size}"
+            for index, (name, world_size, batch_size, sets) in enumerate(configurations):
+                run_dir = Path(scratch) / f"run-{round_index}-{index}"
                 load_before[name].append(os.getloadavg()[0])
-                measured[name].append(_train(data, run_dir, world_size, batch_size)["tokens_per_s"])
+                measured[name].append(_train(data, run_dir, world_size, batch_size, sets)["tokens_per_s"])
     from pilotrun.config import load_run_config
     from pilotrun.model.accounting import count_parameters
 
@@ -152,7 +155,9 @@ def run() -> str:
     rows = "\n".join(
         f"| {name} | {best[name]:,.0f} | "
         f"{', '.join(f'{v:,.0f} ({load:.1f})' for v, load in zip(measured[name], load_before[name]))} | "
-        f"{best[name] / one:.2f}x |" for name, _, _ in configurations)
+        f"{best[name] / one:.2f}x |" for name, _, _, _ in configurations)
+    weak_replicated = best["2 ranks x batch 8 (weak), Newton-Schulz replicated"] / (2 * one)
+    strong_replicated = best["2 ranks x batch 4 (strong), Newton-Schulz replicated"] / one
     met = "met" if weak >= TARGET_WEAK_EFFICIENCY else "NOT met"
     return (
         "## Data-parallel scaling, 1 -> 2 ranks on the CPU (DDP, gloo)\n\n"
@@ -164,6 +169,10 @@ def run() -> str:
         f"- Weak scaling efficiency (global batch doubles): {weak:.2f} of ideal (ideal 1.00). "
         f"Target >= {TARGET_WEAK_EFFICIENCY}: **{met}**.\n"
         f"- Strong scaling (same global batch of 8): speedup {strong:.2f}x (ideal 2.00x).\n"
+        "- Newton-Schulz shared out (the default, `optim.muon.distribute_newton_schulz`: each rank orthogonalizes "
+        "half of the Muon matrices, one all_gather shares them; the same update bit for bit) against every rank "
+        f"orthogonalizing every matrix, measured side by side: weak {weak:.2f} vs {weak_replicated:.2f}, strong "
+        f"{strong:.2f}x vs {strong_replicated:.2f}x.\n"
         f"- Communication: one gloo all-reduce of the model's {parameters:,} fp32 gradients between 2 processes "
         f"took {allreduce * 1e3:.1f} ms (best of 20), against {1e3 * update_seconds:.0f} ms of training per "
         "update for 1 process at batch 8 (its tokens / its tokens/s): "
@@ -172,8 +181,8 @@ def run() -> str:
         "caches and any other load on it (not separately measured here).\n"
         f"- Replicated work: one Muon+AdamW step of this model took {optimizer_step * 1e3:.0f} ms on one thread "
         f"(best of 5), {optimizer_step / update_seconds:.0%} of a 1-process update. DDP runs the whole "
-        "optimizer step on every rank, so it does not shrink when the per-rank batch halves. If everything else "
-        "halved, strong scaling would be update / ((update - step) / 2 + step + all-reduce) = "
+        "optimizer step on every rank, so it does not shrink when the per-rank batch halves (except the Newton-Schulz "
+        "part, now shared out, see above). If everything else halved, strong scaling would be update / ((update - step) / 2 + step + all-reduce) = "
         f"{predicted_strong:.2f}x; the measured {strong:.2f}x falls short of that too, and the rest "
         "(fixed per-microbatch costs of small batches, two processes on two cores) is not separated here.\n\n"
         "These figures are only as good as the machine was idle: with 2 cores, every other runnable process "

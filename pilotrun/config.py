@@ -80,6 +80,9 @@ class MuonConfig:
     nesterov: bool = True
     ns_steps: int = 5
     scale_mode: str = "moonlight"
+    # Under DDP each rank runs Newton-Schulz for 1/world of the matrices and one all_gather shares the results
+    # (MuonAdamW.distribute_orthogonalization): the same update bit for bit, less replicated work.
+    distribute_newton_schulz: bool = True
 
 
 @dataclass
@@ -157,6 +160,7 @@ class RunConfig:
 # Keys that may change on resume without ceremony (the checkpoint compatibility check consults this).
 RESUME_FREE_KEYS = (
     "model.activation_checkpointing",
+    "optim.muon.distribute_newton_schulz",
     "train.max_steps",
     "train.log_every",
     "train.eval_every",

@@ -115,6 +115,16 @@ class MuonAdamW(torch.optim.Optimizer):
         # scale * O, AdamW's m_hat / (sqrt(v_hat) + eps). Off by default: it costs a pass over every tensor.
         self.measure_update_rms = False
         self.last_update_rms: dict[str, float] = {}
+        self.newton_schulz_ranks: tuple[int, int] | None = None  # see distribute_orthogonalization
+
+    def distribute_orthogonalization(self, rank: int, world_size: int) -> None:
+        """Under DDP (every rank holds the same averaged gradients and so the same momentum): let each rank run
+        Newton-Schulz for its share of the Muon matrices, balanced by cost, and exchange the results with one
+        all_gather per step, instead of every rank orthogonalizing every matrix. The same inputs give the same
+        bits on any rank, so the update is the one each rank would have computed alone, bit for bit; only the
+        replicated work shrinks. All ranks must call step() together (DDP's applied-update decision is global).
+        FSDP2's sharded (DTensor) parameters keep their own path. world_size 1 turns it off."""
+        self.newton_schulz_ranks = (rank, world_size) if world_size > 1 else None
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
@@ -123,46 +133,84 @@ class MuonAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         measured: dict[str, list] = {}
+
+        def squares_of(group: dict[str, Any]) -> list | None:
+            if not self.measure_update_rms:
+                return None
+            return measured.setdefault(group.get("name", str(len(measured))), [])
+
+        # Muon in three passes so that the Newton-Schulz work can be shared out across ranks: momentum and
+        # direction of every matrix, their orthogonalization, then the updates.
+        work = [(group, p, self._muon_direction(group, p)) for group in self.param_groups if group["use_muon"]
+                for p in group["params"]]
+        orthogonals = self._orthogonalize(work)
+        for (group, p, _), orthogonal in zip(work, orthogonals, strict=True):
+            self._muon_apply(group, p, orthogonal, squares_of(group))
         for group in self.param_groups:
-            squares = [] if self.measure_update_rms else None
-            if group["use_muon"]:
-                self._muon_group_step(group, squares)
-            else:
-                self._adamw_group_step(group, squares)
-            if squares:
-                measured[group.get("name", str(len(measured)))] = squares
+            if not group["use_muon"]:
+                self._adamw_group_step(group, squares_of(group))
         if self.measure_update_rms:
-            self.last_update_rms = {name: root_mean_square(squares) for name, squares in measured.items()}
+            self.last_update_rms = {name: root_mean_square(squares) for name, squares in measured.items() if squares}
         return loss
 
-    def _muon_group_step(self, group: dict[str, Any], squares: list | None) -> None:
-        lr, weight_decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
-        for p in group["params"]:
-            # Spec 2.2.6: a missing gradient counts as zeros (momentum and decay still act), so Muon never
-            # silently freezes a matrix the way stock AdamW does for grad=None.
-            grad = p.grad if p.grad is not None else torch.zeros_like(p)
-            state = self.state[p]
-            if len(state) == 0:
-                state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
-            buffer = state["momentum_buffer"]
-            grad = grad.to(torch.float32)
-            buffer.mul_(momentum).add_(grad)
-            # Never modify p.grad in place (spec 2.2.1: unlike KJ-muon's lerp_ on the gradient).
-            direction = grad.add(buffer, alpha=momentum) if group["nesterov"] else buffer
-            ns_dtype = resolve_ns_dtype(group["ns_dtype"], p.device)
-            scale = muon_update_scale(p.size(-2), p.size(-1), group["scale_mode"])
+    def _muon_direction(self, group: dict[str, Any], p: torch.Tensor) -> torch.Tensor:
+        """Update the momentum buffer; return the fp32 direction U that Newton-Schulz orthogonalizes."""
+        # Spec 2.2.6: a missing gradient counts as zeros (momentum and decay still act), so Muon never
+        # silently freezes a matrix the way stock AdamW does for grad=None.
+        grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        state = self.state[p]
+        if len(state) == 0:
+            state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
+        buffer = state["momentum_buffer"]
+        grad = grad.to(torch.float32)
+        buffer.mul_(group["momentum"]).add_(grad)
+        # Never modify p.grad in place (spec 2.2.1: unlike KJ-muon's lerp_ on the gradient).
+        return grad.add(buffer, alpha=group["momentum"]) if group["nesterov"] else buffer
+
+    def _orthogonalize(self, work: list[tuple[dict[str, Any], torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """NS5 of every direction (the whole matrix, fp32), on this rank or shared out across DDP ranks."""
+        def orthogonalize(group: dict[str, Any], direction: torch.Tensor) -> torch.Tensor:
+            ns_dtype = resolve_ns_dtype(group["ns_dtype"], direction.device)
             if isinstance(direction, DTensor):
-                # FSDP2 shards each matrix by rows; NS needs the whole matrix. Every rank gathers it, runs the
-                # same NS on the same values, and keeps its own rows (src_data_rank=None: no scatter needed).
-                whole = newton_schulz_orthogonalize(direction.full_tensor(), group["ns_steps"], ns_dtype)
-                orthogonal = distribute_tensor(whole, direction.device_mesh, direction.placements, src_data_rank=None)
-            else:
-                whole = orthogonal = newton_schulz_orthogonalize(direction, group["ns_steps"], ns_dtype)
-            if squares is not None:  # the whole matrix on every rank: no collective needed
-                squares.append((whole.float().square().sum() * scale**2, whole.numel()))
-            if weight_decay != 0:
-                p.mul_(1 - lr * weight_decay)  # decoupled decay with the unadjusted lr (ML-code)
-            p.add_(orthogonal.to(p.dtype), alpha=-lr * scale)
+                # FSDP2 shards each matrix by rows; NS needs the whole matrix. Every rank gathers it and runs
+                # the same NS on the same values (the caller keeps its own rows).
+                return newton_schulz_orthogonalize(direction.full_tensor(), group["ns_steps"], ns_dtype)
+            return newton_schulz_orthogonalize(direction, group["ns_steps"], ns_dtype)
+
+        ranks = self.newton_schulz_ranks
+        if ranks is None or any(isinstance(direction, DTensor) for _, _, direction in work):
+            return [orthogonalize(group, direction) for group, _, direction in work]
+        rank, world_size = ranks
+        owners = balanced_owners([direction.numel() * min(direction.shape[-2:]) for _, _, direction in work],
+                                 world_size)
+        mine = [orthogonalize(group, direction).flatten()
+                for (group, _, direction), owner in zip(work, owners, strict=True) if owner == rank]
+        sizes = [sum(direction.numel() for (_, _, direction), owner in zip(work, owners, strict=True) if owner == r)
+                 for r in range(world_size)]
+        device = work[0][2].device if work else torch.device("cpu")
+        packed = torch.zeros(max(sizes, default=0), dtype=torch.float32, device=device)
+        if mine:
+            torch.cat(mine, out=packed[:sizes[rank]])
+        gathered = [torch.empty_like(packed) for _ in range(world_size)]
+        torch.distributed.all_gather(gathered, packed)
+        offsets = [0] * world_size
+        results = []
+        for (_, _, direction), owner in zip(work, owners, strict=True):
+            results.append(gathered[owner][offsets[owner]:offsets[owner] + direction.numel()].view(direction.shape))
+            offsets[owner] += direction.numel()
+        return results
+
+    def _muon_apply(self, group: dict[str, Any], p: torch.Tensor, whole: torch.Tensor, squares: list | None) -> None:
+        lr, weight_decay = group["lr"], group["weight_decay"]
+        scale = muon_update_scale(p.size(-2), p.size(-1), group["scale_mode"])
+        orthogonal = whole
+        if isinstance(p, DTensor):  # keep this rank's rows of the whole matrix (src_data_rank=None: no scatter)
+            orthogonal = distribute_tensor(whole, p.device_mesh, p.placements, src_data_rank=None)
+        if squares is not None:  # the whole matrix on every rank: no collective needed
+            squares.append((whole.float().square().sum() * scale**2, whole.numel()))
+        if weight_decay != 0:
+            p.mul_(1 - lr * weight_decay)  # decoupled decay with the unadjusted lr (ML-code)
+        p.add_(orthogonal.to(p.dtype), alpha=-lr * scale)
 
     def _adamw_group_step(self, group: dict[str, Any], squares: list | None) -> None:
         # Operation for operation the single-tensor path of torch.optim.AdamW (torch/optim/adam.py,
@@ -196,6 +244,18 @@ class MuonAdamW(torch.optim.Optimizer):
                 if isinstance(square_sum, DTensor):  # a sharded parameter: sum over every rank's shard
                     square_sum = square_sum.full_tensor()
                 squares.append((square_sum, p.numel()))
+
+
+def balanced_owners(costs: list[int], world_size: int) -> list[int]:
+    """The rank that orthogonalizes each matrix: largest cost first, each to the least-loaded rank so far (ties
+    to the lower rank). A pure function of the costs, so every rank computes the same assignment."""
+    loads = [0] * world_size
+    owners = [0] * len(costs)
+    for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        owner = min(range(world_size), key=lambda r: (loads[r], r))
+        owners[index] = owner
+        loads[owner] += costs[index]
+    return owners
 
 
 def root_mean_square(squares: list[tuple[torch.Tensor, int]]) -> float:

@@ -201,6 +201,8 @@ class Trainer:
         self.model = dist_utils.wrap_model(self.raw_model, self.context, config.train.parallelism,
                                            config.train.precision)
         self.optimizer = build_optimizer(self.raw_model, config.optim)
+        if config.optim.muon.distribute_newton_schulz and config.train.parallelism == "ddp":
+            self.optimizer.distribute_orthogonalization(self.context.rank, self.context.world_size)
         self.partition = partition_table(self.optimizer.param_groups)
         t = config.train
         self.scaler = build_grad_scaler(t.precision, self.device.type, t.loss_scale_init, t.loss_scale_growth_interval)

@@ -350,3 +350,15 @@ def test_measured_update_rms_is_the_rms_of_each_groups_update_over_lr():
     # Measuring does not change the step: the same weights bit for bit.
     assert all(torch.equal(p, q) for p, q in zip(matrices + vectors, plain_matrices + plain_vectors))
     assert 0.15 <= opt.last_update_rms["muon"] <= 0.21  # moonlight scale (spec 2.2.1)
+
+
+def test_balanced_owners_spread_newton_schulz_work_evenly_and_deterministically():
+    from pilotrun.optim.muon_adamw import balanced_owners
+
+    costs = [100, 10, 10, 40, 40, 50, 5, 5]
+    owners = balanced_owners(costs, 2)
+    loads = [sum(c for c, o in zip(costs, owners) if o == r) for r in range(2)]
+    assert owners == balanced_owners(list(costs), 2)  # a pure function: every rank gets the same answer
+    assert sorted(loads) == [130, 130]
+    assert balanced_owners(costs, 1) == [0] * len(costs)
+    assert set(balanced_owners([1, 1, 1], 4)) == {0, 1, 2}  # more ranks than matrices: some own nothing

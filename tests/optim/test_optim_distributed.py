@@ -28,8 +28,15 @@ def _global_batch(step: int) -> torch.Tensor:
     return torch.randint(0, 256, (4, 17), generator=torch.Generator().manual_seed(100 + step))
 
 
-def _train(model, rows: slice, context) -> dict:
+def _train(model, rows: slice, context, distribute_newton_schulz: bool = False) -> dict:
+    from pilotrun.optim import muon_adamw
+
     optimizer = build_optimizer(model, OptimConfig())
+    if distribute_newton_schulz:
+        optimizer.distribute_orthogonalization(context.rank, context.world_size)
+    calls = []
+    original = muon_adamw.newton_schulz_orthogonalize
+    muon_adamw.newton_schulz_orthogonalize = lambda *args: calls.append(1) or original(*args)
     scaler = build_grad_scaler("fp32", "cpu")
     raw = D.unwrap_model(model)
     record = {"clipped": [], "grad_norm": [], "was_clipped": []}
@@ -51,6 +58,8 @@ def _train(model, rows: slice, context) -> dict:
     for name, value in raw.state_dict().items():
         weights[name] = value.full_tensor() if hasattr(value, "full_tensor") else value.clone()
     record["weights"] = weights
+    record["newton_schulz_calls"] = len(calls)
+    muon_adamw.newton_schulz_orthogonalize = original
     return record
 
 
@@ -64,6 +73,11 @@ def _worker(rank: int, out_dir: str) -> None:
             assert all(isinstance(p, DTensor) == (parallelism == "fsdp") for p in model.parameters())
             record = _train(model, slice(2 * rank, 2 * rank + 2), context)
             torch.save(record, Path(out_dir) / f"{parallelism}-rank{rank}.pt")
+        # DDP with Newton-Schulz shared out across the ranks (MuonAdamW.distribute_orthogonalization)
+        torch.manual_seed(0)
+        model = D.wrap_model(build_model(ModelConfig(vocab_size=256, init_std=0.1)), context, "ddp")
+        record = _train(model, slice(2 * rank, 2 * rank + 2), context, distribute_newton_schulz=True)
+        torch.save(record, Path(out_dir) / f"ddp_shared_ns-rank{rank}.pt")
     finally:
         D.shutdown_distributed(context)
 
@@ -90,3 +104,12 @@ def test_two_ranks_match_one_process(tmp_path: Path) -> None:
                                        msg=f"{parallelism} {name}")
             if name.endswith("weight") or ".experts." in name:
                 assert not torch.equal(expected, initial[name]), name  # it trained: not a vacuous comparison
+    # Shared-out Newton-Schulz: each rank orthogonalized only part of the matrices, and the result is the
+    # replicated DDP update bit for bit.
+    shared = [torch.load(tmp_path / f"ddp_shared_ns-rank{r}.pt", weights_only=False) for r in (0, 1)]
+    replicated = [torch.load(tmp_path / f"ddp-rank{r}.pt", weights_only=False) for r in (0, 1)]
+    assert sum(record["newton_schulz_calls"] for record in shared) == replicated[0]["newton_schulz_calls"]
+    assert all(0 < record["newton_schulz_calls"] < replicated[0]["newton_schulz_calls"] for record in shared)
+    for rank in (0, 1):
+        for name, expected in replicated[0]["weights"].items():
+            assert torch.equal(shared[rank]["weights"][name], expected), (rank, name)
