@@ -38,6 +38,20 @@ def reset_step_statistics(model: torch.nn.Module) -> None:
         moe.router_logit_absmax.zero_()
     for attn in model.attention_layers():
         attn.qk_max_logit.fill_(float("-inf"))
+    for block in model.layers:
+        block.output_square_sum.zero_()
+        block.output_elements.zero_()
+
+
+def block_output_rms(model: torch.nn.Module) -> list[float | None]:
+    """Spec 5 `act/l{l}/out_rms`: the RMS of each block's output (the residual stream after it) over this rank's
+    training forwards since the last reset; None for a block that has not run. Growth across a run is the
+    output-RMS drift Moonlight (section 2.2) watches for."""
+    figures = []
+    for block in model.layers:
+        elements = float(block.output_elements)
+        figures.append(math.sqrt(float(block.output_square_sum) / elements) if elements > 0 else None)
+    return figures
 
 
 def expert_load_figures(counts: torch.Tensor) -> dict[str, float | int]:
@@ -48,12 +62,17 @@ def expert_load_figures(counts: torch.Tensor) -> dict[str, float | int]:
     n_experts = counts.numel()
     dead = int((counts == 0).sum())
     if total <= 0:
-        return {"imbalance": 0.0, "maxvio": 0.0, "minvio": 0.0, "cv": 0.0, "dead": dead, "load_entropy": 0.0}
+        return {"imbalance": 0.0, "would_drop_cf1": 0.0, "would_drop_cf1_25": 0.0, "maxvio": 0.0, "minvio": 0.0,
+                "cv": 0.0, "dead": dead, "load_entropy": 0.0}
     mean = total / n_experts
     share = counts / total
     entropy = float(-(share[share > 0] * share[share > 0].log()).sum())
     return {
         "imbalance": float(counts.max()) / mean,
+        # Spec 5 `would_drop@kappa`: the share of routed slots a capacity-factor-kappa router would drop (we drop
+        # none): sum_i max(0, c_i - ceil(kappa * mean)) / sum_i c_i.
+        "would_drop_cf1": float((counts - math.ceil(mean)).clamp_min(0).sum()) / total,
+        "would_drop_cf1_25": float((counts - math.ceil(1.25 * mean)).clamp_min(0).sum()) / total,
         "maxvio": float(counts.max()) / mean - 1.0,
         "minvio": 1.0 - float(counts.min()) / mean,
         "cv": float(counts.std(unbiased=False)) / mean,
@@ -109,6 +128,8 @@ def moe_diagnostics(model: torch.nn.Module, tokens_per_expert: torch.Tensor) -> 
         "imbalance": imbalance,
         "max_imbalance": max(imbalance) if imbalance else None,
         "maxvio": [figures["maxvio"] for figures in per_layer],
+        "would_drop_cf1": [figures["would_drop_cf1"] for figures in per_layer],
+        "would_drop_cf1_25": [figures["would_drop_cf1_25"] for figures in per_layer],
         "dead_experts": sum(figures["dead"] for figures in per_layer),
         "dead_experts_per_layer": [figures["dead"] for figures in per_layer],
         "load_entropy": [figures["load_entropy"] for figures in per_layer],

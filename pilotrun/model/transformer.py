@@ -16,7 +16,7 @@ from torch import nn
 from pilotrun.config import ModelConfig
 from pilotrun.model.mla import MLA, RMSNorm
 from pilotrun.model.moe import MoE, SwiGLU
-from pilotrun.model.recompute import checkpointed_call
+from pilotrun.model.recompute import checkpointed_call, recomputing
 from pilotrun.model.rope import build_rope_table
 
 
@@ -37,6 +37,10 @@ class Block(nn.Module):
                         cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.attn_impl, cfg.norm_eps)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.is_moe = layer_index >= cfg.n_dense_layers
+        # Spec 5 `act/l{l}/out_rms`: sum of squares and element count of this block's outputs over the training
+        # forwards since the last reset (per rank; diagnostics.block_output_rms turns them into the RMS).
+        self.register_buffer("output_square_sum", torch.zeros((), dtype=torch.float64), persistent=False)
+        self.register_buffer("output_elements", torch.zeros((), dtype=torch.float64), persistent=False)
         if self.is_moe:
             self.ffn: nn.Module = MoE(cfg.d_model, cfg.moe_hidden, cfg.n_routed_experts, cfg.n_shared_experts,
                                       cfg.top_k, cfg.score_func, cfg.route_norm, cfg.route_scale,
@@ -47,10 +51,17 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         x = x + self.attn(self.attn_norm(x), cos, sin)
+        aux_loss = None
         if self.is_moe:
             ffn_output, aux_loss = self.ffn(self.ffn_norm(x))
-            return x + ffn_output, aux_loss
-        return x + self.ffn(self.ffn_norm(x)), None
+        else:
+            ffn_output = self.ffn(self.ffn_norm(x))
+        x = x + ffn_output
+        if self.training and not recomputing():
+            with torch.no_grad():
+                self.output_square_sum.add_(x.detach().double().square().sum())
+                self.output_elements.add_(x.numel())
+        return x, aux_loss
 
 
 class Transformer(nn.Module):

@@ -17,7 +17,7 @@ from pilotrun.report.records import is_finite_number
 from pilotrun.report.summarize import Summary
 
 PLOT_NAMES = ("loss", "lr", "grad_norm", "throughput", "loss_scale", "expert_load", "qk_max_logit",
-              "parameter_groups")
+              "parameter_groups", "block_output_rms")
 PLOT_TITLES = {
     "loss": "Training and validation loss",
     "lr": "Learning rate",
@@ -27,6 +27,7 @@ PLOT_TITLES = {
     "expert_load": "Expert load per MoE layer over time",
     "qk_max_logit": "QK max logit per attention layer",
     "parameter_groups": "Weight RMS and update RMS / lr per parameter group",
+    "block_output_rms": "Residual stream RMS after each block",
 }
 
 
@@ -237,6 +238,22 @@ def plot_parameter_groups(summary: Summary, path: Path) -> Path:
     return path
 
 
+def plot_block_output_rms(summary: Summary, path: Path) -> Path:
+    fig, ax = _new_axes(PLOT_TITLES["block_output_rms"], "RMS of the block's output")
+    events = [e for e in _train(summary) if isinstance(e.get("activations"), dict)
+              and isinstance(e["activations"].get("block_output_rms"), list)]
+    layers = max((len(e["activations"]["block_output_rms"]) for e in events), default=0)
+    for layer in range(layers):
+        xs, ys = _series(events, lambda e, layer=layer: e["activations"]["block_output_rms"][layer])
+        ax.plot(xs, ys, label=f"block {layer}", color=f"C{layer % 10}")
+    if layers == 0:
+        _no_data(ax, "block output RMS")
+    elif any(_series(events, lambda e: min(e["activations"]["block_output_rms"]))[1]):
+        ax.set_yscale("log")
+    _mark_resumes(ax, summary)
+    return _save(fig, ax, path)
+
+
 PLOTTERS = {
     "loss": plot_loss,
     "lr": plot_lr,
@@ -246,6 +263,7 @@ PLOTTERS = {
     "expert_load": plot_expert_load,
     "qk_max_logit": plot_qk_max_logit,
     "parameter_groups": plot_parameter_groups,
+    "block_output_rms": plot_block_output_rms,
 }
 
 

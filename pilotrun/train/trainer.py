@@ -44,6 +44,7 @@ from pilotrun.model.accounting import count_parameters, flops_per_token
 from pilotrun.model.balancing import update_expert_bias
 from pilotrun.model.diagnostics import (
     attention_diagnostics,
+    block_output_rms,
     collect_step_statistics,
     moe_diagnostics,
     reset_step_statistics,
@@ -606,6 +607,7 @@ class Trainer:
                      "cumulative_interventions": self.qk_counters.total_interventions(),
                      "nonfinite_layer_skips": self.qk_counters.nonfinite_layer_skips},
             memory=memory_snapshot(self.device),
+            activations={"block_output_rms": block_output_rms(raw)},
             optimizer={"weight_rms": parameter_rms(optimizer), "update_rms": window.update_rms,
                        "update_rms_step": window.update_rms_step},
         )

@@ -9,6 +9,7 @@ import torch
 from pilotrun.config import ModelConfig
 from pilotrun.model.diagnostics import (
     attention_diagnostics,
+    block_output_rms,
     collect_step_statistics,
     expert_load_figures,
     moe_diagnostics,
@@ -76,6 +77,32 @@ def test_load_figures_match_their_definitions():
     assert math.isclose(figures["load_entropy"], -(0.75 * math.log(0.75) + 0.25 * math.log(0.25)) / math.log(4))
     balanced = expert_load_figures(torch.full((4,), 5.0))
     assert balanced["imbalance"] == 1.0 and balanced["cv"] == 0.0 and math.isclose(balanced["load_entropy"], 1.0)
+    assert balanced["would_drop_cf1"] == 0.0 and balanced["would_drop_cf1_25"] == 0.0
+    # counts 10, 2, 4, 0: mean 4; capacity 4 drops 6 of 16 slots, capacity ceil(1.25 * 4) = 5 drops 5
+    skewed = expert_load_figures(torch.tensor([10.0, 2.0, 4.0, 0.0]))
+    assert skewed["would_drop_cf1"] == 6 / 16 and skewed["would_drop_cf1_25"] == 5 / 16
+
+
+def test_block_output_rms_is_the_rms_of_each_blocks_output_over_the_microbatches():
+    torch.manual_seed(0)
+    model = build_model(CFG)
+    outputs: dict[int, list[torch.Tensor]] = {}
+    for index, block in enumerate(model.layers):
+        block.register_forward_hook(lambda module, args, output, index=index:
+                                    outputs.setdefault(index, []).append(output[0].detach().double()))
+    assert block_output_rms(model) == [None] * CFG.n_layers  # nothing ran yet
+    model.eval()
+    model(tokens(0))
+    assert block_output_rms(model) == [None] * CFG.n_layers  # evaluation forwards do not count
+    outputs.clear()
+    model.train()
+    model(tokens(1))
+    model(tokens(2, b=2))  # a second microbatch of another size: the RMS is over all elements
+    for index, figure in enumerate(block_output_rms(model)):
+        everything = torch.cat([o.flatten() for o in outputs[index]])
+        assert figure == pytest.approx(float(everything.square().mean().sqrt()), rel=1e-12)
+    reset_step_statistics(model)
+    assert block_output_rms(model) == [None] * CFG.n_layers
 
 
 def test_diagnostics_are_json_ready_and_reflect_the_bias():

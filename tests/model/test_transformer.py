@@ -243,6 +243,8 @@ def run_and_collect(model, tokens, targets, microbatches: int = 2):
     statistics = [buffer.clone() for moe in model.moe_layers()
                   for buffer in (moe.tokens_per_expert, moe.router_statistics, moe.router_logit_absmax)]
     statistics += [attention.qk_max_logit.clone() for attention in model.attention_layers()]
+    statistics += [buffer.clone() for block in model.layers for buffer in (block.output_square_sum,
+                                                                            block.output_elements)]
     return losses, grads, statistics, sum(saved_bytes)
 
 

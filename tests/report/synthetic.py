@@ -108,6 +108,7 @@ class SyntheticRun:
                      "heads_clipped": 0, "first_clipped": [], "updates_with_clip": self.qk_cumulative,
                      "cumulative_interventions": self.qk_cumulative},
             memory={"rss_mb": self.rss_mb(step), "peak_rss_mb": self.rss_mb(step), "cuda_max_allocated_mb": 0.0},
+            activations={"block_output_rms": [0.5 + 0.01 * step * (layer + 1) for layer in range(self.attn_layers)]},
             optimizer={"weight_rms": {"attention": 0.02 + 1e-4 * step, "embedding": 0.006},
                        "update_rms": {"attention": 0.2, "embedding": 0.5 * math.exp(-step / 30.0)},
                        "update_rms_step": step},

@@ -26,6 +26,7 @@ def test_plots_are_written_when_figures_are_missing(tmp_path):
         event.pop("moe", None)
         event.pop("qk_clip", None)
         event.pop("optimizer", None)
+        event.pop("activations", None)
     run.write()
     paths = write_plots(summarize_run(tmp_path / "r"), tmp_path / "plots")
     for path in paths.values():

@@ -308,6 +308,8 @@ def test_train_events_carry_weight_and_update_rms_per_group(builtin_data_dir, tm
     for event in trains:
         figures = event["optimizer"]
         assert set(figures["weight_rms"]) == groups and all(v > 0 for v in figures["weight_rms"].values())
+        block_rms = event["activations"]["block_output_rms"]
+        assert len(block_rms) == trainer.config.model.n_layers and all(v > 0 for v in block_rms)
         if event["step"] == 3:  # measured on the updates that close a log window, so not in this one
             assert figures["update_rms"] is None and figures["update_rms_step"] is None
             continue
