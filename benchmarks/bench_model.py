@@ -198,6 +198,36 @@ print(json.dumps({"wall_s": wall[len(wall) // 2], "cpu_s": cpu[len(cpu) // 2],
 """
 
 
+def activation_checkpointing_cost(batch: int = 8, seq: int = 256, rounds: int = 8) -> float:
+    """CPU time of a `cpu` preset forward + backward with activation checkpointing over one without, the two
+    models (same weights) interleaved in this process, median of paired ratios: separate subprocess medians
+    moved by +-15% between runs on this machine, more than the effect."""
+    from pilotrun.model.presets import model_preset
+    from pilotrun.model.transformer import build_model
+
+    models = {}
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        models[recompute] = build_model(model_preset("cpu", vocab_size=4096, max_seq_len=seq,
+                                                     activation_checkpointing=recompute))
+    tokens = torch.randint(0, 4096, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
+
+    def step(recompute: bool):
+        def run():
+            models[recompute].zero_grad(set_to_none=True)
+            models[recompute](tokens[:, :-1], tokens[:, 1:]).loss.backward()
+        return cpu_seconds(run)
+
+    for _ in range(2):
+        step(False), step(True)
+    ratios = []
+    for index in range(rounds):
+        first, second = (False, True) if index % 2 == 0 else (True, False)
+        times = {first: step(first), second: step(second)}
+        ratios.append(times[True] / times[False])
+    return statistics.median(ratios)
+
+
 def model_step(preset: str, vocab: int, batch: int, seq: int, steps: int, recompute: bool = False) -> dict:
     result = subprocess.run([sys.executable, "-c", STEP_SCRIPT, str(THREADS), preset, str(vocab), str(batch),
                              str(seq), str(steps), "1" if recompute else "0"], check=True, capture_output=True, text=True)
@@ -220,6 +250,7 @@ def run() -> str:
                  ("cpu", 4096, 8, 256, 8, True)]
         step_figures = [(preset, vocab, batch, seq, recompute, model_step(preset, vocab, batch, seq, count, recompute))
                         for preset, vocab, batch, seq, count, recompute in steps]
+        recompute_time_ratio = activation_checkpointing_cost()
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -313,8 +344,10 @@ def run() -> str:
     lines += ["", "Activation checkpointing (`model.activation_checkpointing: true`, cpu 8 x 256, the last two rows, "
               f"side by side): {recomputed['saved_for_backward_mb'] / plain['saved_for_backward_mb']:.2f}x the bytes "
               f"autograd keeps for backward, {recomputed['peak_rss_mb'] / plain['peak_rss_mb']:.2f}x the peak resident "
-              f"set (which includes ~250 MB of libraries and the weights), {recomputed['cpu_s'] / plain['cpu_s']:.2f}x "
-              "the CPU time of a step (each block's forward runs again in backward). With it on, the saved bytes "
+              f"set (which includes ~250 MB of libraries and the weights; glibc keeps freed memory, so the saving hardly "
+              f"shows there on the CPU), {recompute_time_ratio:.2f}x the CPU time of a step (each block's forward "
+              "runs again in backward; the two models interleaved in one process, median of 8 paired ratios, "
+              "since the rows' separate processes are too noisy for this ratio). With it on, the saved bytes "
               "are each block's input plus the model's embedding and head; the block internals are rebuilt in "
               "backward, where torch's checkpoint keeps them outside this count."]
     cpu_wide = step_figures[-2][5]
