@@ -187,14 +187,19 @@ def plot_expert_load(summary: Summary, path: Path) -> Path:
     return path
 
 
+def _plot_per_layer(ax, summary: Summary, section: str, key: str, label: str) -> int:
+    """One line per layer of the per-layer list `event[section][key]` of the train events; returns how many."""
+    events = [e for e in _train(summary) if isinstance(e.get(section), dict) and isinstance(e[section].get(key), list)]
+    layers = max((len(e[section][key]) for e in events), default=0)
+    for layer in range(layers):
+        xs, ys = _series(events, lambda e, layer=layer: e[section][key][layer])
+        ax.plot(xs, ys, label=f"{label} {layer}", color=f"C{layer % 10}")
+    return layers
+
+
 def plot_qk_max_logit(summary: Summary, path: Path) -> Path:
     fig, ax = _new_axes(PLOT_TITLES["qk_max_logit"], "max pre-softmax logit (over heads)")
-    events = [e for e in _train(summary) if isinstance(e.get("qk_clip"), dict)
-              and isinstance(e["qk_clip"].get("max_logit"), list)]
-    layers = max((len(e["qk_clip"]["max_logit"]) for e in events), default=0)
-    for layer in range(layers):
-        xs, ys = _series(events, lambda e, layer=layer: e["qk_clip"]["max_logit"][layer])
-        ax.plot(xs, ys, label=f"layer {layer}")
+    layers = _plot_per_layer(ax, summary, "qk_clip", "max_logit", "layer")
     qk = ((summary.run.get("recipe") or {}).get("optim") or {}).get("qk_clip") or {}
     if qk.get("enabled", True) and is_finite_number(qk.get("tau")):
         ax.axhline(qk["tau"], color="C3", linestyle="--", linewidth=0.8, label=f"QK-Clip tau {qk['tau']:g}")
@@ -240,16 +245,10 @@ def plot_parameter_groups(summary: Summary, path: Path) -> Path:
 
 def plot_block_output_rms(summary: Summary, path: Path) -> Path:
     fig, ax = _new_axes(PLOT_TITLES["block_output_rms"], "RMS of the block's output")
-    events = [e for e in _train(summary) if isinstance(e.get("activations"), dict)
-              and isinstance(e["activations"].get("block_output_rms"), list)]
-    layers = max((len(e["activations"]["block_output_rms"]) for e in events), default=0)
-    for layer in range(layers):
-        xs, ys = _series(events, lambda e, layer=layer: e["activations"]["block_output_rms"][layer])
-        ax.plot(xs, ys, label=f"block {layer}", color=f"C{layer % 10}")
-    if layers == 0:
+    if _plot_per_layer(ax, summary, "activations", "block_output_rms", "block") == 0:
         _no_data(ax, "block output RMS")
-    elif any(_series(events, lambda e: min(e["activations"]["block_output_rms"]))[1]):
-        ax.set_yscale("log")
+    else:
+        ax.set_yscale("log")  # an RMS is positive; growth over orders of magnitude is what to see
     _mark_resumes(ax, summary)
     return _save(fig, ax, path)
 
