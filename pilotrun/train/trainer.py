@@ -436,9 +436,9 @@ class Trainer:
         try:
             account.switch("train")
             while self.step < t.max_steps:
-                outcome, restarted = self._train_one_update(window)
+                outcome, restarted, clip_events = self._train_one_update(window)
                 # ---- bookkeeping outside the timed training region ---------------------------------------
-                rare = restarted or not outcome.applied
+                rare = restarted or not outcome.applied or clip_events
                 if rare:
                     with account.phase("other"):
                         for _ in range(restarted):
@@ -448,6 +448,8 @@ class Trainer:
                             self._log("overflow", reason=outcome.reason, loss_scale_before=outcome.loss_scale_before,
                                       loss_scale_after=outcome.loss_scale_after,
                                       consecutive_skips=self.consecutive_skips)
+                        for fields in clip_events:  # logged after the update they follow: counters include it
+                            self._log("qk_clip", **fields)
                 stop = self._stop_signal is not None
                 if context.is_distributed:
                     stop = dist_utils.any_across_ranks(context, stop)
@@ -512,11 +514,12 @@ class Trainer:
                   f"{split['other_seconds']:.1f} s of {split['wall_seconds']:.1f} s wall", file=self.out, flush=True)
         return TrainResult(reason=reason, exit_code=exit_code, message=message, **self.counters())
 
-    def _train_one_update(self, window: _Window) -> tuple[UpdateOutcome, int]:
+    def _train_one_update(self, window: _Window) -> tuple[UpdateOutcome, int, list[dict[str, Any]]]:
         """Spec 2.5, one update: microbatches, agreed statistics, the update, and what follows only when applied.
 
-        Returns the outcome and how many exhaustion restarts of the training split happened during it
-        (0 nearly always); logging them is left to the caller, outside the timed training region."""
+        Returns the outcome, how many exhaustion restarts of the training split happened during it (0 nearly
+        always) and the fields of its spec 3.4 `qk_clip` events (usually none); logging them is left to the
+        caller, outside the timed training region."""
         cfg, t = self.config, self.config.train
         model, raw, optimizer, scaler, loader = self.model, self.raw_model, self.optimizer, self.scaler, self.train_loader
         accumulation = t.gradient_accumulation_steps
@@ -545,8 +548,8 @@ class Trainer:
         tokens_per_expert, qk_max_logit = dist_utils.all_reduce_step_statistics(
             self.context, tokens_per_expert, qk_max_logit)
         outcome = apply_update(model, optimizer, scaler, cfg.optim.grad_clip)
+        clip_events: list[dict[str, Any]] = []
         if outcome.applied:
-            clip_events: list[dict[str, Any]] = []
             if qk_enabled:
                 clip = apply_qk_clip(raw, qk_max_logit, tau)
                 if clip.n_heads_clipped or clip.skipped_nonfinite_layers:  # rare: only then any work
@@ -560,8 +563,6 @@ class Trainer:
             update_expert_bias(raw, tokens_per_expert,
                                expert_bias_speed(self.step, cfg.model.bias_update_speed, cfg.optim.schedule))
             self.step += 1
-            for fields in clip_events:  # after the step count: the clip follows update number `step`
-                self._log("qk_clip", **fields)
             self.consecutive_skips = 0
             window.applied += 1
             window.clipped += int(outcome.clipped)
@@ -573,7 +574,7 @@ class Trainer:
             window.skipped += 1
         window.loss_scale = outcome.loss_scale_after
         window.add_statistics(tokens_per_expert, qk_max_logit)
-        return outcome, restarted
+        return outcome, restarted, clip_events
 
     def _close_window(self, window: _Window, window_clock: WindowClock, raw: torch.nn.Module, moe_diagnostics,
                       attention_diagnostics, optimizer: torch.optim.Optimizer, bar) -> None:
