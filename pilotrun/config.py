@@ -80,6 +80,7 @@ class MuonConfig:
     nesterov: bool = True
     ns_steps: int = 5
     scale_mode: str = "moonlight"
+    ns_variant: str = "quintic"  # "hybrid": 8 quintic + 2 pinning iterations, singular values near 1 (spec 2.2.2)
     # Under DDP each rank runs Newton-Schulz for 1/world of the matrices and one all_gather shares the results
     # (MuonAdamW.distribute_orthogonalization): the same update bit for bit, less replicated work.
     distribute_newton_schulz: bool = True
@@ -324,6 +325,8 @@ def validate_run_config(config: RunConfig) -> None:
     need(o.muon.scale_mode in MUON_SCALE_MODES,
          f"optim.muon.scale_mode must be one of {MUON_SCALE_MODES}, got '{o.muon.scale_mode}'")
     need(o.muon.ns_steps >= 1, "optim.muon.ns_steps must be >= 1")
+    need(o.muon.ns_variant in ("quintic", "hybrid"),
+         f"optim.muon.ns_variant must be 'quintic' or 'hybrid', got '{o.muon.ns_variant}'")
     need(0 <= o.muon.momentum < 1, "optim.muon.momentum must be in [0, 1)")
     need(len(o.adamw.betas) == 2 and all(0 <= b < 1 for b in o.adamw.betas),
          f"optim.adamw.betas must be two numbers in [0, 1), got {o.adamw.betas}")

@@ -31,12 +31,17 @@ from pilotrun.config import OptimConfig
 # slope at zero, so small singular values grow fast; the result has singular values in roughly [0.5, 1.3],
 # not exactly 1, which is fine for an update direction.
 NEWTON_SCHULZ_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+# The "hybrid" variant's last iterations (DeepSeek-V4, spec 2.2.2): p(x) = 2x - 1.5x^3 + 0.5x^5 has p(1) = 1 and
+# p'(1) = 0, so two of them after the quintic steps pull the singular values onto 1 instead of leaving them in
+# about [0.5, 1.3]. Hybrid runs 8 quintic iterations then 2 of these (ns_steps does not apply).
+NEWTON_SCHULZ_PINNING_COEFFICIENTS = (2.0, -1.5, 0.5)
+NS_VARIANTS = ("quintic", "hybrid")
 NEWTON_SCHULZ_EPS = 1e-7
 NS_DTYPES = ("auto", "float32", "bfloat16")
 
 
 def newton_schulz_orthogonalize(update: torch.Tensor, steps: int = 5,
-                                compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                                compute_dtype: torch.dtype = torch.float32, variant: str = "quintic") -> torch.Tensor:
     """Approximate orthogonalisation of a matrix [A, B] or a batch of matrices [E, A, B].
 
     Returns a tensor of the input's shape in fp32. Iterates on the short side (a tall matrix is
@@ -52,8 +57,13 @@ def newton_schulz_orthogonalize(update: torch.Tensor, steps: int = 5,
         # contiguous() so that NS(G) and NS(G^T)^T run the very same matmuls on the very same memory layout
         x = x.mT.contiguous()
     x = x / (torch.linalg.matrix_norm(x, ord="fro", keepdim=True) + NEWTON_SCHULZ_EPS)
-    a, b, c = NEWTON_SCHULZ_COEFFICIENTS
-    for _ in range(steps):
+    if variant == "quintic":
+        schedule = [NEWTON_SCHULZ_COEFFICIENTS] * steps
+    elif variant == "hybrid":
+        schedule = [NEWTON_SCHULZ_COEFFICIENTS] * 8 + [NEWTON_SCHULZ_PINNING_COEFFICIENTS] * 2
+    else:
+        raise ValueError(f"unknown Newton-Schulz variant '{variant}' (expected one of {NS_VARIANTS})")
+    for a, b, c in schedule:
         gram = x @ x.mT
         polynomial = b * gram + c * (gram @ gram)
         x = a * x + polynomial @ x
@@ -101,7 +111,7 @@ class MuonAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             if group["use_muon"]:
                 for key, default in (("momentum", 0.95), ("nesterov", True), ("ns_steps", 5),
-                                     ("scale_mode", "moonlight"), ("ns_dtype", "auto")):
+                                     ("scale_mode", "moonlight"), ("ns_dtype", "auto"), ("ns_variant", "quintic")):
                     group.setdefault(key, default)
                 for p in group["params"]:
                     if p.ndim not in (2, 3):
@@ -174,8 +184,9 @@ class MuonAdamW(torch.optim.Optimizer):
             if isinstance(direction, DTensor):
                 # FSDP2 shards each matrix by rows; NS needs the whole matrix. Every rank gathers it and runs
                 # the same NS on the same values (the caller keeps its own rows).
-                return newton_schulz_orthogonalize(direction.full_tensor(), group["ns_steps"], ns_dtype)
-            return newton_schulz_orthogonalize(direction, group["ns_steps"], ns_dtype)
+                return newton_schulz_orthogonalize(direction.full_tensor(), group["ns_steps"], ns_dtype,
+                                                   group["ns_variant"])
+            return newton_schulz_orthogonalize(direction, group["ns_steps"], ns_dtype, group["ns_variant"])
 
         ranks = self.newton_schulz_ranks
         if ranks is None or any(isinstance(direction, DTensor) for _, _, direction in work):

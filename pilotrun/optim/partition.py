@@ -98,7 +98,7 @@ def partition_parameters(model: torch.nn.Module, optim_cfg: OptimConfig) -> list
             muon = optim_cfg.muon
             group = {"lr": muon.lr, "weight_decay": muon.weight_decay, "momentum": muon.momentum,
                      "nesterov": muon.nesterov, "ns_steps": muon.ns_steps, "scale_mode": muon.scale_mode,
-                     "ns_dtype": "auto"}
+                     "ns_variant": muon.ns_variant, "ns_dtype": "auto"}
         else:
             adamw = optim_cfg.adamw
             weight_decay = adamw.weight_decay

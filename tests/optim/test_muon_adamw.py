@@ -3,6 +3,7 @@ weight decay, missing gradients and the state-dict round trip (spec/model.md 2.2
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 
@@ -362,3 +363,31 @@ def test_balanced_owners_spread_newton_schulz_work_evenly_and_deterministically(
     assert sorted(loads) == [130, 130]
     assert balanced_owners(costs, 1) == [0] * len(costs)
     assert set(balanced_owners([1, 1, 1], 4)) == {0, 1, 2}  # more ranks than matrices: some own nothing
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("shape", NS_SHAPES)
+def test_hybrid_newton_schulz_pins_every_singular_value_near_one(shape, seed):
+    # Spec 2.2.2's optional DeepSeek-V4 variant: 8 quintic then 2 pinning iterations. Even the square matrices
+    # whose smallest directions 5 quintic steps cannot reach come out orthogonal.
+    gradient = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    singular_values = torch.linalg.svdvals(newton_schulz_orthogonalize(gradient, variant="hybrid").double())
+    assert 0.99 <= float(singular_values.min()) and float(singular_values.max()) <= 1.01
+
+
+def test_hybrid_variant_reaches_the_optimizer_and_gives_update_rms_point_two():
+    from pilotrun.config import ModelConfig, OptimConfig
+    from pilotrun.model.transformer import build_model
+    from pilotrun.optim.partition import partition_parameters
+
+    param = torch.nn.Parameter(torch.zeros(96, 160))
+    opt = MuonAdamW([{"params": [param], "use_muon": True, "lr": 1e-3, "weight_decay": 0.0, "ns_variant": "hybrid"}])
+    param.grad = torch.randn(96, 160, generator=torch.Generator().manual_seed(4))
+    opt.step()
+    # An exactly orthogonal O has RMS 1/sqrt(max(A, B)), so the moonlight scale makes the update RMS 0.2.
+    assert float(param.detach().pow(2).mean().sqrt()) / 1e-3 == pytest.approx(0.2, rel=2e-3)
+    model = build_model(ModelConfig(vocab_size=64))
+    groups = partition_parameters(model, OptimConfig(muon=dataclasses.replace(OptimConfig().muon, ns_variant="hybrid")))
+    assert all(group["ns_variant"] == "hybrid" for group in groups if group["use_muon"])
+    with pytest.raises(ValueError, match="unknown Newton-Schulz variant"):
+        newton_schulz_orthogonalize(torch.ones(4, 4), variant="cubic")
