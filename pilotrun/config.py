@@ -70,6 +70,9 @@ class ModelConfig:
     # Recompute each block's forward in backward instead of keeping its activations (model/recompute.py):
     # less memory, ~1 more forward of compute; the same results bit for bit, so it may change on resume.
     activation_checkpointing: bool = False
+    # Debug (spec 5): every token takes experts (t*K + k) mod E, perfectly balanced, gate weights from its scores;
+    # for best-case dispatch throughput and to tell routing bugs from others. Never for a real run.
+    force_balanced_routing: bool = False
 
 
 @dataclass

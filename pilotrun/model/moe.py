@@ -152,8 +152,13 @@ class Router(nn.Module):
         with torch.autocast(device_type=x.device.type, enabled=False):
             return F.linear(x.to(compute_dtype), self.weight.to(compute_dtype))
 
-    def select(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The reference routing: logits -> (indices, gate weights, scores), with PyTorch operators."""
+    def select(self, logits: torch.Tensor, force_balanced: bool = False) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                   torch.Tensor]:
+        """The reference routing: logits -> (indices, gate weights, scores), with PyTorch operators.
+
+        force_balanced (spec 5's debug switch `force_balanced_routing`): token t takes experts (t*K + k) mod E
+        instead of its top-k, so every expert gets the same load, and the gate weights are gathered from the
+        scores as usual: the best case for dispatch throughput, and a way to tell routing bugs from others."""
         compute_dtype = logits.dtype
         with torch.autocast(device_type=logits.device.type, enabled=False):
             if self.score_func == "sigmoid":
@@ -167,6 +172,9 @@ class Router(nn.Module):
                 if self.n_groups > 1:
                     choice = self.limit_to_best_groups(choice)
                 indices = choice.topk(self.top_k, dim=-1, sorted=True).indices
+                if force_balanced:
+                    slots = torch.arange(indices.numel(), device=indices.device).view_as(indices)
+                    indices = slots % self.n_experts
             weights = scores.gather(1, indices)  # gate weights from the UNBIASED scores
             if self.route_norm:
                 weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
@@ -291,7 +299,7 @@ class MoE(nn.Module):
                  score_func: str = "sigmoid", route_norm: bool = True, route_scale: float = 0.0,
                  n_expert_groups: int = 1, n_limited_groups: int = 1, balance: str = "aux_free+seq",
                  seq_aux_alpha: float = 1e-4, z_loss_beta: float = 0.0, moe_impl: str = "grouped",
-                 cpu_kernels: bool = True):
+                 cpu_kernels: bool = True, force_balanced_routing: bool = False):
         super().__init__()
         if route_scale == 0.0:  # spec D2: Moonlight's formula for sigmoid routers, 1.0 for softmax
             route_scale = default_route_scale(n_routed_experts, top_k) if score_func == "sigmoid" else 1.0
@@ -304,6 +312,7 @@ class MoE(nn.Module):
         self.score_func = score_func
         # The compiled CPU kernels where they apply (cpu_kernels.fused_routing_applies, fused_experts_apply).
         self.cpu_kernels = cpu_kernels
+        self.force_balanced_routing = force_balanced_routing  # debug switch: Router.select's force_balanced
         self.gate = Router(d_model, n_routed_experts, top_k, score_func, route_norm, route_scale,
                            n_expert_groups, n_limited_groups, use_bias=uses_expert_bias(balance))
         self.experts = GroupedExperts(d_model, moe_hidden, n_routed_experts)
@@ -335,14 +344,14 @@ class MoE(nn.Module):
         row = one sequence) or, for balance="batch", over the whole microbatch."""
         logits = self.gate.logits(flat)
         groups = 1 if self.balance == "batch" else batch
-        if self.cpu_kernels and fused_routing_applies(logits, self.gate.n_groups):
+        if self.cpu_kernels and not self.force_balanced_routing and fused_routing_applies(logits, self.gate.n_groups):
             bias = self.gate.expert_bias.to(logits.dtype) if self.gate.use_bias else logits.new_zeros(0)
             weights, balance_value, indices, order, token_of_slot, counts, sums = FusedRouting.apply(
                 logits, bias, self.top_k, self.score_func == "sigmoid", self.gate.route_norm,
                 self.gate.route_scale, groups)
             return Routing(indices, weights, logits, balance_value, fused=True,
                            layout=SortedLayout(order, token_of_slot, counts), statistics=sums)
-        indices, weights, scores = self.gate.select(logits)
+        indices, weights, scores = self.gate.select(logits, self.force_balanced_routing)
         experts, top_k = self.n_routed_experts, self.top_k
         term = balance_loss_terms(scores.view(groups, -1, experts), indices.view(groups, -1, top_k), experts, top_k,
                                   self.score_func)

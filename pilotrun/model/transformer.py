@@ -45,7 +45,7 @@ class Block(nn.Module):
             self.ffn: nn.Module = MoE(cfg.d_model, cfg.moe_hidden, cfg.n_routed_experts, cfg.n_shared_experts,
                                       cfg.top_k, cfg.score_func, cfg.route_norm, cfg.route_scale,
                                       cfg.n_expert_groups, cfg.n_limited_groups, cfg.balance, cfg.seq_aux_alpha,
-                                      cfg.z_loss_beta, cfg.moe_impl, cfg.cpu_kernels)
+                                      cfg.z_loss_beta, cfg.moe_impl, cfg.cpu_kernels, cfg.force_balanced_routing)
         else:
             self.ffn = SwiGLU(cfg.d_model, cfg.dense_hidden)
 

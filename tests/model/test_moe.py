@@ -263,3 +263,22 @@ def test_a_routing_kernel_that_cannot_be_built_warns_and_leaves_the_reference_ro
         assert torch.equal(output, make_moe(cpu_kernels=False)(x)[0])
     finally:
         cpu_kernels.cpu_kernels_loaded.cache_clear()  # the real build is loaded afresh after the test
+
+
+def test_force_balanced_routing_gives_every_expert_the_same_load_and_scores_as_weights():
+    moe = make_moe(torch.float32, impl="grouped", force_balanced_routing=True)
+    moe.train()
+    x = torch.randn(2, 12, 16)  # 24 tokens x top-2 = 48 slots over 6 experts: 8 each
+    output, _ = moe(x)
+    assert moe.tokens_per_expert.tolist() == [8.0] * 6
+    routing = moe.route(x.reshape(24, 16), 2)
+    assert not routing.fused  # the debug switch routes with the reference operators
+    expected = torch.arange(48).view(24, 2) % 6
+    assert torch.equal(routing.indices, expected)
+    selected = torch.sigmoid(x.reshape(24, 16) @ moe.gate.weight.t()).gather(1, expected)
+    assert torch.allclose(routing.weights, selected / selected.sum(-1, keepdim=True) * moe.gate.route_scale,
+                          rtol=1e-6, atol=0)
+    # The dispatch is the usual one: the oracle, fed the same forced choice, gives the same output.
+    reference = moe.experts.forward_dense_reference(x.reshape(24, 16), routing.indices, routing.weights)
+    assert torch.allclose(output.reshape(24, 16), reference + moe.shared_experts(x.reshape(24, 16)),
+                          rtol=1e-5, atol=1e-6)
