@@ -84,6 +84,9 @@ class MuonConfig:
     ns_steps: int = 5
     scale_mode: str = "moonlight"
     ns_variant: str = "quintic"  # "hybrid": 8 quintic + 2 pinning iterations, singular values near 1 (spec 2.2.2)
+    # "param": one Newton-Schulz per parameter (per expert slice); "per_head": each head's row block of wq/wq_b
+    # and wkv_b is its own matrix (spec 2.2.5, an ablation; DECISION D9 keeps "param").
+    granularity: str = "param"
     # Under DDP each rank runs Newton-Schulz for 1/world of the matrices and one all_gather shares the results
     # (MuonAdamW.distribute_orthogonalization): the same update bit for bit, less replicated work.
     distribute_newton_schulz: bool = True
@@ -328,6 +331,8 @@ def validate_run_config(config: RunConfig) -> None:
     need(o.muon.scale_mode in MUON_SCALE_MODES,
          f"optim.muon.scale_mode must be one of {MUON_SCALE_MODES}, got '{o.muon.scale_mode}'")
     need(o.muon.ns_steps >= 1, "optim.muon.ns_steps must be >= 1")
+    need(o.muon.granularity in ("param", "per_head"),
+         f"optim.muon.granularity must be 'param' or 'per_head', got '{o.muon.granularity}'")
     need(o.muon.ns_variant in ("quintic", "hybrid"),
          f"optim.muon.ns_variant must be 'quintic' or 'hybrid', got '{o.muon.ns_variant}'")
     need(0 <= o.muon.momentum < 1, "optim.muon.momentum must be in [0, 1)")

@@ -179,23 +179,25 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def _orthogonalize(self, work: list[tuple[dict[str, Any], torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
         """NS5 of every direction (the whole matrix, fp32), on this rank or shared out across DDP ranks."""
-        def orthogonalize(group: dict[str, Any], direction: torch.Tensor) -> torch.Tensor:
+        def orthogonalize(group: dict[str, Any], p: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
             ns_dtype = resolve_ns_dtype(group["ns_dtype"], direction.device)
-            if isinstance(direction, DTensor):
-                # FSDP2 shards each matrix by rows; NS needs the whole matrix. Every rank gathers it and runs
-                # the same NS on the same values (the caller keeps its own rows).
-                return newton_schulz_orthogonalize(direction.full_tensor(), group["ns_steps"], ns_dtype,
-                                                   group["ns_variant"])
-            return newton_schulz_orthogonalize(direction, group["ns_steps"], ns_dtype, group["ns_variant"])
+            # FSDP2 shards each matrix by rows; NS needs the whole matrix. Every rank gathers it and runs the
+            # same NS on the same values (the caller keeps its own rows).
+            whole = direction.full_tensor() if isinstance(direction, DTensor) else direction
+            block = row_block(group, p)
+            matrices = whole.reshape(-1, block, whole.shape[-1]) if block else whole  # per_head: a batch of heads
+            orthogonal = newton_schulz_orthogonalize(matrices, group["ns_steps"], ns_dtype, group["ns_variant"])
+            return orthogonal.reshape(whole.shape)
 
         ranks = self.newton_schulz_ranks
         if ranks is None or any(isinstance(direction, DTensor) for _, _, direction in work):
-            return [orthogonalize(group, direction) for group, _, direction in work]
+            return [orthogonalize(group, p, direction) for group, p, direction in work]
         rank, world_size = ranks
-        owners = balanced_owners([direction.numel() * min(direction.shape[-2:]) for _, _, direction in work],
+        owners = balanced_owners([direction.numel() * min(row_block(group, p) or direction.shape[-2],
+                                                           direction.shape[-1]) for group, p, direction in work],
                                  world_size)
-        mine = [orthogonalize(group, direction).flatten()
-                for (group, _, direction), owner in zip(work, owners, strict=True) if owner == rank]
+        mine = [orthogonalize(group, p, direction).flatten()
+                for (group, p, direction), owner in zip(work, owners, strict=True) if owner == rank]
         sizes = [sum(direction.numel() for (_, _, direction), owner in zip(work, owners, strict=True) if owner == r)
                  for r in range(world_size)]
         device = work[0][2].device if work else torch.device("cpu")
@@ -213,7 +215,9 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def _muon_apply(self, group: dict[str, Any], p: torch.Tensor, whole: torch.Tensor, squares: list | None) -> None:
         lr, weight_decay = group["lr"], group["weight_decay"]
-        scale = muon_update_scale(p.size(-2), p.size(-1), group["scale_mode"])
+        # per_head: the scale of one head's block, the matrix Newton-Schulz saw (Moonlight 2.2 warns that
+        # per-head matrices get too large updates without the shape-dependent scale)
+        scale = muon_update_scale(row_block(group, p) or p.size(-2), p.size(-1), group["scale_mode"])
         orthogonal = whole
         if isinstance(p, DTensor):  # keep this rank's rows of the whole matrix (src_data_rank=None: no scatter)
             orthogonal = distribute_tensor(whole, p.device_mesh, p.placements, src_data_rank=None)
@@ -255,6 +259,14 @@ class MuonAdamW(torch.optim.Optimizer):
                 if isinstance(square_sum, DTensor):  # a sharded parameter: sum over every rank's shard
                     square_sum = square_sum.full_tensor()
                 squares.append((square_sum, p.numel()))
+
+
+def row_block(group: dict[str, Any], p: torch.Tensor) -> int:
+    """Rows per independent matrix of `p` under optim.muon.granularity "per_head" (0: the whole parameter)."""
+    blocks = group.get("row_blocks")
+    if not blocks:
+        return 0
+    return next(block for block, q in zip(blocks, group["params"], strict=True) if q is p)
 
 
 def balanced_owners(costs: list[int], world_size: int) -> list[int]:

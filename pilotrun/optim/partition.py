@@ -107,8 +107,23 @@ def partition_parameters(model: torch.nn.Module, optim_cfg: OptimConfig) -> list
             group = {"lr": adamw.lr, "weight_decay": weight_decay, "betas": tuple(adamw.betas), "eps": adamw.eps}
         group.update({"params": params, "param_names": names, "name": group_name, "use_muon": use_muon,
                       "base_lr": group["lr"]})
+        if use_muon and optim_cfg.muon.granularity == "per_head":
+            group["row_blocks"] = [head_row_block(model, name) for name in names]
         groups.append(group)
     return groups
+
+
+def head_row_block(model: torch.nn.Module, name: str) -> int:
+    """Spec 2.2.5 `per_head`: the rows of one head in an MLA projection whose rows are laid out head by head
+    (wq / wq_b: d_nope + d_rope per head; wkv_b: d_nope + d_v per head), else 0 (the parameter is one matrix)."""
+    module_name, _, leaf = name.rpartition(".")
+    projection = module_name.rpartition(".")[2]
+    if leaf != "weight" or projection not in ("wq", "wq_b", "wkv_b"):
+        return 0
+    attention = model.get_submodule(module_name.rpartition(".")[0])
+    if projection == "wkv_b":
+        return attention.qk_nope_head_dim + attention.v_head_dim
+    return attention.qk_nope_head_dim + attention.qk_rope_head_dim
 
 
 def partition_table(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:

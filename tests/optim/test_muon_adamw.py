@@ -391,3 +391,38 @@ def test_hybrid_variant_reaches_the_optimizer_and_gives_update_rms_point_two():
     assert all(group["ns_variant"] == "hybrid" for group in groups if group["use_muon"])
     with pytest.raises(ValueError, match="unknown Newton-Schulz variant"):
         newton_schulz_orthogonalize(torch.ones(4, 4), variant="cubic")
+
+
+def test_per_head_granularity_orthogonalizes_each_heads_row_block_on_its_own():
+    from pilotrun.config import ModelConfig, OptimConfig
+    from pilotrun.model.transformer import build_model
+    from pilotrun.optim.muon_adamw import build_optimizer
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=64, q_lora_rank=16))  # wq_a / wq_b, wkv_a / wkv_b
+    muon = dataclasses.replace(OptimConfig().muon, granularity="per_head", weight_decay=0.0, lr=0.5)
+    optimizer = build_optimizer(model, dataclasses.replace(OptimConfig(), muon=muon))
+    attention = optimizer.param_groups[0]
+    assert attention["name"] == "attention"
+    blocks = dict(zip(attention["param_names"], attention["row_blocks"], strict=True))
+    attn = model.layers[0].attn
+    assert blocks["layers.0.attn.wq_b.weight"] == attn.qk_nope_head_dim + attn.qk_rope_head_dim
+    assert blocks["layers.0.attn.wkv_b.weight"] == attn.qk_nope_head_dim + attn.v_head_dim
+    assert blocks["layers.0.attn.wq_a.weight"] == blocks["layers.0.attn.wo.weight"] == 0  # whole matrices
+    generator = torch.Generator().manual_seed(1)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=generator)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    optimizer.step()
+    params = dict(model.named_parameters())
+    for name, block in blocks.items():
+        grad = params[name].grad
+        direction = grad.add(grad, alpha=muon.momentum)  # first nesterov step: G + mu * (mu * 0 + G)
+        if block:
+            heads = direction.reshape(-1, block, direction.shape[-1])
+            orthogonal = torch.cat([newton_schulz_orthogonalize(head) for head in heads])
+            scale = muon_update_scale(block, direction.shape[-1], "moonlight")
+        else:
+            orthogonal = newton_schulz_orthogonalize(direction)
+            scale = muon_update_scale(*direction.shape, "moonlight")
+        assert torch.equal(params[name].detach(), before[name].add(orthogonal, alpha=-0.5 * scale)), name
