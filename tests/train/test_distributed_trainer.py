@@ -278,3 +278,19 @@ def test_fp16_skip_decisions_are_agreed_by_both_ranks(runs: dict[str, Path], tmp
     last = events[-1]
     assert last["event"] == "session_end" and last["step"] == 4 and last["updates_skipped"] == len(skipped)
     assert last["updates_attempted"] == 4 + len(skipped)
+
+
+def test_activation_checkpointing_and_replicated_newton_schulz_give_the_same_two_rank_run(runs: dict[str, Path],
+                                                                                         tmp_path: Path) -> None:
+    """Two switches that must not change a DDP run's numbers: activation checkpointing (each block recomputed in
+    backward under DDP's hooks) and Newton-Schulz replicated on every rank instead of shared out (the default
+    the fixture's run used). Both give the fixture's 2-rank losses and final weights bit for bit."""
+    for name, extra in (("recompute", ["--set", "model.activation_checkpointing=true"]),
+                        ("replicated_ns", ["--set", "optim.muon.distribute_newton_schulz=false"])):
+        run_dir = tmp_path / name
+        done = _run(_train_command(runs["data"], run_dir, 2, 2, *extra))
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert _losses_by_step(run_dir) == _losses_by_step(runs["two"]), name  # exact float equality
+        reference, weights = _final_weights(runs["two"]), _final_weights(run_dir)
+        for key, value in reference.items():
+            assert torch.equal(weights[key], value), (name, key)
