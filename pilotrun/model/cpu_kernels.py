@@ -71,7 +71,7 @@ class FusedRouting(torch.autograd.Function):
                                                           groups)
         ctx.save_for_backward(scores, indices, weights, fraction, row_sums)
         ctx.settings = (sigmoid, route_norm, route_scale)
-        balance_value = sums[4].clone()  # ROUTER_STATISTICS order: tokens, entropy, spread, mass, balance, 1, |z|max
+        balance_value = sums[4].clone()  # ROUTER_STATISTICS order (moe.py), then the |logit| maximum
         ctx.mark_non_differentiable(indices, order, token_of_slot, counts, sums)
         return weights, balance_value, indices, order, token_of_slot, counts, sums
 

@@ -93,7 +93,9 @@ def moe_diagnostics(model: torch.nn.Module, tokens_per_expert: torch.Tensor) -> 
     tokens_per_expert, imbalance (max/mean), maxvio, dead_experts_per_layer, load_entropy (1 = balanced),
     router_entropy (mean normalized entropy of s', 1 = uniform), balance_term (sum f P, = L_seq / alpha),
     score_spread (mean over tokens of std over experts of s), speed_to_spread (bias_update_speed /
-    score_spread, ~<= 0.1 is safe), topk_mass (mean selected score mass before normalization),
+    score_spread, ~<= 0.1 is safe), topk_mass (mean selected score mass before normalization), route_margin
+    (mean gap between the K-th and (K+1)-th biased choice score), bias_flip_rate (share of tokens whose expert
+    set the aux-free bias changed),
     router_logit_absmax, bias_min, bias_max, bias_std. Scalars: max_imbalance, dead_experts (total),
     bias_abs_max.
     """
@@ -101,7 +103,8 @@ def moe_diagnostics(model: torch.nn.Module, tokens_per_expert: torch.Tensor) -> 
     counts = tokens_per_expert.detach().double().cpu()
     per_layer = [expert_load_figures(counts[index]) for index in range(len(moe_layers))]
     router: dict[str, list] = {key: [] for key in ("router_entropy", "balance_term", "score_spread",
-                                                   "speed_to_spread", "topk_mass", "router_logit_absmax")}
+                                                   "speed_to_spread", "topk_mass", "route_margin", "bias_flip_rate",
+                                                   "router_logit_absmax")}
     bias_min, bias_max, bias_std, bias_abs_max = [], [], [], 0.0
     for moe in moe_layers:
         sums = dict(zip(ROUTER_STATISTICS, moe.router_statistics.detach().double().cpu().tolist(), strict=True))
@@ -116,6 +119,8 @@ def moe_diagnostics(model: torch.nn.Module, tokens_per_expert: torch.Tensor) -> 
         speed = model.cfg.bias_update_speed if uses_expert_bias(moe.balance) else 0.0
         router["speed_to_spread"].append(speed / spread if spread else None)
         router["topk_mass"].append(sums["topk_mass"] / tokens if tokens > 0 else None)
+        router["route_margin"].append(sums["route_margin"] / tokens if tokens > 0 else None)
+        router["bias_flip_rate"].append(sums["bias_flips"] / tokens if tokens > 0 else None)
         router["router_logit_absmax"].append(float(moe.router_logit_absmax) if tokens > 0 else None)
         bias = moe.gate.expert_bias.detach().double().cpu()
         bias_min.append(float(bias.min()))

@@ -403,11 +403,33 @@ class MoE(nn.Module):
             (scores - scores.mean(dim=-1, keepdim=True)).square().mean(dim=-1).sqrt().sum(),
             scores.gather(1, indices).sum(),  # top-k mass before normalization
             routing.balance_value.detach(),
+            *self.choice_figures(scores, indices),
             torch.ones((), device=scores.device, dtype=scores.dtype),
         ])
         self.router_statistics.add_(sums.to(self.router_statistics.dtype))
         self.router_logit_absmax.copy_(torch.maximum(self.router_logit_absmax, logits.detach().abs().max().float()))
 
 
+    def choice_figures(self, scores: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Spec 5, summed over tokens: the route margin (K-th minus (K+1)-th biased choice score, over the experts
+        the routing could pick; 0 where none is left out) and how many tokens the bias moved to another expert
+        set than the top-k of the unbiased scores (0 without a bias)."""
+        gate, top_k = self.gate, self.top_k
+        choice = scores + gate.expert_bias.to(scores.dtype) if gate.use_bias else scores
+        if gate.n_groups > 1:
+            choice = gate.limit_to_best_groups(choice)
+        margin = scores.new_zeros(())
+        if top_k < self.n_routed_experts:
+            best = choice.topk(top_k + 1, dim=-1).values
+            gap = best[:, top_k - 1] - best[:, top_k]
+            margin = torch.where(torch.isfinite(gap), gap, torch.zeros_like(gap)).sum()  # group limit: -inf
+        flips = scores.new_zeros(())
+        if gate.use_bias:
+            unbiased = scores.topk(top_k, dim=-1).indices.sort(dim=-1).values
+            flips = (unbiased != indices.sort(dim=-1).values).any(dim=-1).sum().to(scores.dtype)
+        return margin, flips
+
+
 # What MoE.router_statistics sums over a step's training forwards (diagnostics turns them into means).
-ROUTER_STATISTICS = ("tokens", "entropy", "score_spread", "topk_mass", "balance_term", "microbatches")
+ROUTER_STATISTICS = ("tokens", "entropy", "score_spread", "topk_mass", "balance_term", "route_margin", "bias_flips",
+                     "microbatches")

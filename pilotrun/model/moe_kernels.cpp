@@ -39,8 +39,9 @@ namespace {
 // the sequence-wise balance term; G = 1 for the batch-wise one), the aux-free bias [E] (empty: none).
 // Outputs: indices [N,K] int64, weights [N,K], order [N*K] int64 (flat slot ids t*K+k sorted by expert, stable),
 // token_of_slot [N*K] int64, counts [E] int64, fraction f [G,E], row_sums [N] (the per-token sum the balance
-// term normalizes by; 1 for softmax), sums [7]: tokens, entropy sum, score-spread sum, top-k-mass sum, balance
-// value (mean over groups of sum_i f_i P_i), 1 (one microbatch), |logit| max.
+// term normalizes by; 1 for softmax), sums [9]: tokens, entropy sum, score-spread sum, top-k-mass sum, balance
+// value (mean over groups of sum_i f_i P_i), route-margin sum (K-th minus (K+1)-th biased choice score; 0 when
+// K = E), tokens whose expert set the bias changed, 1 (one microbatch), |logit| max.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 route_forward(const at::Tensor& logits_in, const at::Tensor& scores_in, const at::Tensor& bias_in, int64_t top_k,
               bool sigmoid, bool route_norm, double route_scale, int64_t groups) {
@@ -62,7 +63,7 @@ route_forward(const at::Tensor& logits_in, const at::Tensor& scores_in, const at
   at::Tensor counts = at::zeros({experts}, logits.options().dtype(at::kLong));
   at::Tensor fraction = at::zeros({groups, experts}, logits.options());
   at::Tensor row_sums = at::empty({tokens}, logits.options());
-  at::Tensor sums = at::zeros({7}, logits.options());
+  at::Tensor sums = at::zeros({9}, logits.options());
 
   AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "route_forward", [&] {
     const scalar_t* z = logits.data_ptr<scalar_t>();
@@ -76,8 +77,9 @@ route_forward(const at::Tensor& logits_in, const at::Tensor& scores_in, const at
     std::vector<scalar_t> probability(groups * experts, 0);  // per group: sum over its tokens of normalized scores
     std::vector<int64_t> group_counts(groups * experts, 0);
     std::vector<scalar_t> choice(experts);
-    std::vector<char> taken(experts);
-    double entropy_sum = 0, spread_sum = 0, mass_sum = 0;
+    std::vector<char> taken(experts), unbiased(experts);
+    double entropy_sum = 0, spread_sum = 0, mass_sum = 0, margin_sum = 0;
+    int64_t flips = 0;
     scalar_t absmax = 0;
     for (int64_t i = 0; i < tokens * experts; ++i) absmax = std::max(absmax, std::abs(z[i]));
     for (int64_t t = 0; t < tokens; ++t) {
@@ -105,6 +107,30 @@ route_forward(const at::Tensor& logits_in, const at::Tensor& scores_in, const at
         selected += st[best];
         count[best] += 1;
         group_counts[group * experts + best] += 1;
+      }
+      // Spec 5 route_margin: how far the K-th choice stands above the best expert left out.
+      if (top_k < experts) {
+        int64_t next_best = -1;
+        for (int64_t e = 0; e < experts; ++e) {
+          if (taken[e]) continue;
+          if (next_best < 0 || choice[e] > choice[next_best]) next_best = e;
+        }
+        margin_sum += double(choice[idx[t * top_k + top_k - 1]] - choice[next_best]);
+      }
+      // Spec 5 bias_flip_rate: does the top-k of the unbiased scores pick another set of experts?
+      if (with_bias) {
+        std::fill(unbiased.begin(), unbiased.end(), char(0));
+        bool flipped = false;
+        for (int64_t k = 0; k < top_k; ++k) {
+          int64_t best = -1;
+          for (int64_t e = 0; e < experts; ++e) {
+            if (unbiased[e]) continue;
+            if (best < 0 || st[e] > st[best]) best = e;
+          }
+          unbiased[best] = 1;
+          flipped = flipped || !taken[best];
+        }
+        flips += flipped;
       }
       if (route_norm) {
         const scalar_t denominator = selected + scalar_t(1e-20);
@@ -144,8 +170,10 @@ route_forward(const at::Tensor& logits_in, const at::Tensor& scores_in, const at
     out[2] = scalar_t(spread_sum);
     out[3] = scalar_t(mass_sum);
     out[4] = scalar_t(balance / double(groups));
-    out[5] = scalar_t(1);
-    out[6] = absmax;
+    out[5] = scalar_t(margin_sum);
+    out[6] = scalar_t(flips);
+    out[7] = scalar_t(1);
+    out[8] = absmax;
   });
 
   // Stable counting sort of the flat (token, slot) ids by expert: the same permutation as argsort(stable=True).

@@ -131,6 +131,8 @@ def test_router_figures_equal_their_definitions_over_two_microbatches(cpu_kernel
     torch.manual_seed(0)
     model = build_model(ModelConfig(vocab_size=256, bias_update_speed=1e-3, cpu_kernels=cpu_kernels))
     moe = model.moe_layers()[0]
+    bias = torch.tensor([0.004, -0.004, 0.002, 0.0])  # about the score spread at init: it moves some tokens
+    moe.gate.expert_bias.copy_(bias)
     inputs = []
     handle = moe.register_forward_pre_hook(lambda module, args: inputs.append(args[0].detach().reshape(-1, 64)))
     for seed in (1, 2):
@@ -152,6 +154,10 @@ def test_router_figures_equal_their_definitions_over_two_microbatches(cpu_kernel
     assert math.isclose(figures["speed_to_spread"][0], 1e-3 / spread.item(), rel_tol=1e-5)
     assert math.isclose(figures["topk_mass"][0], scores.gather(1, indices).sum(-1).mean().item(), rel_tol=1e-5)
     assert math.isclose(figures["router_logit_absmax"][0], logits.abs().max().item(), rel_tol=1e-6)
+    best = (scores + bias.double()).topk(3, dim=-1).values  # top_k 2 of 4 experts: the 2nd against the 3rd
+    assert math.isclose(figures["route_margin"][0], (best[:, 1] - best[:, 2]).mean().item(), rel_tol=1e-5)
+    flipped = (scores.topk(2, dim=-1).indices.sort(-1).values != indices.sort(-1).values).any(-1).double().mean()
+    assert 0 < flipped.item() < 1 and math.isclose(figures["bias_flip_rate"][0], flipped.item(), rel_tol=1e-9)
     assert 0.9 < figures["balance_term"][0] < 1.2
 
 
