@@ -34,6 +34,18 @@ void dgemm_(const char* transa, const char* transb, const int* m, const int* n, 
 
 namespace {
 
+// The expert with the largest value among those not yet taken: the lower id on an exact tie; a NaN value never
+// wins a comparison, so repeated calls still give distinct experts when some values are NaN.
+template <typename scalar_t>
+int64_t best_untaken(const scalar_t* values, const char* taken, int64_t experts) {
+  int64_t best = -1;
+  for (int64_t e = 0; e < experts; ++e) {
+    if (taken[e]) continue;
+    if (best < 0 || values[e] > values[best]) best = e;
+  }
+  return best;
+}
+
 // Inputs: fp32/fp64 router logits [N,E] and their scores (sigmoid or softmax, computed by PyTorch's vectorized
 // operator, so that they equal the reference path's bit for bit) of G equal groups of tokens (the sequences, for
 // the sequence-wise balance term; G = 1 for the batch-wise one), the aux-free bias [E] (empty: none).
@@ -96,11 +108,7 @@ route_forward(const at::Tensor& logits_in, const at::Tensor& scores_in, const at
       // (a NaN choice never wins a comparison, so NaN logits still give K distinct experts).
       scalar_t selected = 0;
       for (int64_t k = 0; k < top_k; ++k) {
-        int64_t best = -1;
-        for (int64_t e = 0; e < experts; ++e) {
-          if (taken[e]) continue;
-          if (best < 0 || choice[e] > choice[best]) best = e;
-        }
+        const int64_t best = best_untaken(choice.data(), taken.data(), experts);
         taken[best] = 1;
         idx[t * top_k + k] = best;
         w[t * top_k + k] = st[best];  // gate weights from the UNBIASED scores
@@ -110,11 +118,7 @@ route_forward(const at::Tensor& logits_in, const at::Tensor& scores_in, const at
       }
       // Spec 5 route_margin: how far the K-th choice stands above the best expert left out.
       if (top_k < experts) {
-        int64_t next_best = -1;
-        for (int64_t e = 0; e < experts; ++e) {
-          if (taken[e]) continue;
-          if (next_best < 0 || choice[e] > choice[next_best]) next_best = e;
-        }
+        const int64_t next_best = best_untaken(choice.data(), taken.data(), experts);
         margin_sum += double(choice[idx[t * top_k + top_k - 1]] - choice[next_best]);
       }
       // Spec 5 bias_flip_rate: does the top-k of the unbiased scores pick another set of experts?
@@ -122,11 +126,7 @@ route_forward(const at::Tensor& logits_in, const at::Tensor& scores_in, const at
         std::fill(unbiased.begin(), unbiased.end(), char(0));
         bool flipped = false;
         for (int64_t k = 0; k < top_k; ++k) {
-          int64_t best = -1;
-          for (int64_t e = 0; e < experts; ++e) {
-            if (unbiased[e]) continue;
-            if (best < 0 || st[e] > st[best]) best = e;
-          }
+          const int64_t best = best_untaken(st, unbiased.data(), experts);
           unbiased[best] = 1;
           flipped = flipped || !taken[best];
         }
