@@ -149,13 +149,19 @@ class MuonAdamW(torch.optim.Optimizer):
                 return None
             return measured.setdefault(group.get("name", str(len(measured))), [])
 
-        # Muon in three passes so that the Newton-Schulz work can be shared out across ranks: momentum and
-        # direction of every matrix, their orthogonalization, then the updates.
-        work = [(group, p, self._muon_direction(group, p)) for group in self.param_groups if group["use_muon"]
-                for p in group["params"]]
-        orthogonals = self._orthogonalize(work)
-        for (group, p, _), orthogonal in zip(work, orthogonals, strict=True):
-            self._muon_apply(group, p, orthogonal, squares_of(group))
+        muon = [(group, p) for group in self.param_groups if group["use_muon"] for p in group["params"]]
+        if self.newton_schulz_ranks is None or any(isinstance(p, DTensor) for _, p in muon):
+            # One matrix at a time: only one direction and one orthogonalized update exist at any moment.
+            for group, p in muon:
+                orthogonal = self._orthogonalize_one(group, p, self._muon_direction(group, p))
+                self._muon_apply(group, p, orthogonal, squares_of(group))
+        else:
+            # Shared out across DDP ranks, in three passes: every direction, their orthogonalization (each rank
+            # its share, then one all_gather), the updates. Holds every direction and update at once.
+            work = [(group, p, self._muon_direction(group, p)) for group, p in muon]
+            orthogonals = self._orthogonalize_shared(work)
+            for (group, p, _), orthogonal in zip(work, orthogonals, strict=True):
+                self._muon_apply(group, p, orthogonal, squares_of(group))
         for group in self.param_groups:
             if not group["use_muon"]:
                 self._adamw_group_step(group, squares_of(group))
@@ -177,26 +183,25 @@ class MuonAdamW(torch.optim.Optimizer):
         # Never modify p.grad in place (spec 2.2.1: unlike KJ-muon's lerp_ on the gradient).
         return grad.add(buffer, alpha=group["momentum"]) if group["nesterov"] else buffer
 
-    def _orthogonalize(self, work: list[tuple[dict[str, Any], torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
-        """NS5 of every direction (the whole matrix, fp32), on this rank or shared out across DDP ranks."""
-        def orthogonalize(group: dict[str, Any], p: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
-            ns_dtype = resolve_ns_dtype(group["ns_dtype"], direction.device)
-            # FSDP2 shards each matrix by rows; NS needs the whole matrix. Every rank gathers it and runs the
-            # same NS on the same values (the caller keeps its own rows).
-            whole = direction.full_tensor() if isinstance(direction, DTensor) else direction
-            block = row_block(group, p)
-            matrices = whole.reshape(-1, block, whole.shape[-1]) if block else whole  # per_head: a batch of heads
-            orthogonal = newton_schulz_orthogonalize(matrices, group["ns_steps"], ns_dtype, group["ns_variant"])
-            return orthogonal.reshape(whole.shape)
+    @staticmethod
+    def _orthogonalize_one(group: dict[str, Any], p: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+        """NS5 of one direction: the whole matrix, fp32 (per_head: each head's row block as its own matrix)."""
+        ns_dtype = resolve_ns_dtype(group["ns_dtype"], direction.device)
+        # FSDP2 shards each matrix by rows; NS needs the whole matrix. Every rank gathers it and runs the same NS
+        # on the same values (_muon_apply keeps its own rows).
+        whole = direction.full_tensor() if isinstance(direction, DTensor) else direction
+        block = row_block(group, p)
+        matrices = whole.reshape(-1, block, whole.shape[-1]) if block else whole
+        orthogonal = newton_schulz_orthogonalize(matrices, group["ns_steps"], ns_dtype, group["ns_variant"])
+        return orthogonal.reshape(whole.shape)
 
-        ranks = self.newton_schulz_ranks
-        if ranks is None or any(isinstance(direction, DTensor) for _, _, direction in work):
-            return [orthogonalize(group, p, direction) for group, p, direction in work]
-        rank, world_size = ranks
+    def _orthogonalize_shared(self, work: list[tuple[dict[str, Any], torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """Every direction's NS5, each computed by one DDP rank (cost-balanced) and shared by one all_gather."""
+        rank, world_size = self.newton_schulz_ranks
         owners = balanced_owners([direction.numel() * min(row_block(group, p) or direction.shape[-2],
                                                            direction.shape[-1]) for group, p, direction in work],
                                  world_size)
-        mine = [orthogonalize(group, p, direction).flatten()
+        mine = [self._orthogonalize_one(group, p, direction).flatten()
                 for (group, p, direction), owner in zip(work, owners, strict=True) if owner == rank]
         sizes = [sum(direction.numel() for (_, _, direction), owner in zip(work, owners, strict=True) if owner == r)
                  for r in range(world_size)]
