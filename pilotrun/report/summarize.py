@@ -284,9 +284,10 @@ def _find_resume_point(index: int, resumed_from: int, start: Counters, order: li
     """The latest earlier session that recorded committing checkpoint `resumed_from`, its counters, and False.
 
     Failing that, a session killed between committing that checkpoint and logging its `checkpoint` line: every
-    checkpoint is saved right after a `train` event closes the window at the same counters, so an earlier
-    session whose last event is a `train` event at exactly the resumed session's starting counters (step
-    `resumed_from`) is where the checkpoint came from; then the third element is True (a note, not an error)."""
+    checkpoint is saved right after a `train` event closes the window at the same counters (a `val` event may
+    come between), so an earlier session that closed a window at exactly the resumed session's starting counters
+    (step `resumed_from`) and logged nothing past them is where the checkpoint came from; then the third element
+    is True (a note, not an error)."""
     for earlier in reversed(order[:index]):
         for event in groups[earlier]:
             if event["event"] == "checkpoint" and event["step"] == resumed_from:
