@@ -159,19 +159,13 @@ class Router(nn.Module):
         force_balanced (spec 5's debug switch `force_balanced_routing`): token t takes experts (t*K + k) mod E
         instead of its top-k, so every expert gets the same load, and the gate weights are gathered from the
         scores as usual: the best case for dispatch throughput, and a way to tell routing bugs from others."""
-        compute_dtype = logits.dtype
         with torch.autocast(device_type=logits.device.type, enabled=False):
             if self.score_func == "sigmoid":
                 scores = torch.sigmoid(logits)
             else:
                 scores = torch.softmax(logits, dim=-1)  # over all experts, before top-k (DeepSeek, not Mixtral)
             with torch.no_grad():
-                choice = scores.detach()
-                if self.use_bias:
-                    choice = choice + self.expert_bias.to(compute_dtype)
-                if self.n_groups > 1:
-                    choice = self.limit_to_best_groups(choice)
-                indices = choice.topk(self.top_k, dim=-1, sorted=True).indices
+                indices = self.biased_choice(scores).topk(self.top_k, dim=-1, sorted=True).indices
                 if force_balanced:
                     slots = torch.arange(indices.numel(), device=indices.device).view_as(indices)
                     indices = slots % self.n_experts
@@ -180,6 +174,17 @@ class Router(nn.Module):
                 weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
             weights = weights * self.route_scale
         return indices, weights, scores
+
+    @torch.no_grad()
+    def biased_choice(self, scores: torch.Tensor) -> torch.Tensor:
+        """What top-k selects from: the scores plus the aux-free bias (which never weights), with the experts
+        outside the best groups at -inf under group-limited routing."""
+        choice = scores.detach()
+        if self.use_bias:
+            choice = choice + self.expert_bias.to(scores.dtype)
+        if self.n_groups > 1:
+            choice = self.limit_to_best_groups(choice)
+        return choice
 
     def limit_to_best_groups(self, choice: torch.Tensor) -> torch.Tensor:
         """Keep the n_limited_groups groups with the best group score; the rest become -inf (V3 node-limited)."""
@@ -415,9 +420,7 @@ class MoE(nn.Module):
         the routing could pick; 0 where none is left out) and how many tokens the bias moved to another expert
         set than the top-k of the unbiased scores (0 without a bias)."""
         gate, top_k = self.gate, self.top_k
-        choice = scores + gate.expert_bias.to(scores.dtype) if gate.use_bias else scores
-        if gate.n_groups > 1:
-            choice = gate.limit_to_best_groups(choice)
+        choice = gate.biased_choice(scores)
         margin = scores.new_zeros(())
         if top_k < self.n_routed_experts:
             best = choice.topk(top_k + 1, dim=-1).values
