@@ -27,6 +27,8 @@ ATTN_IMPLS = ("auto", "eager", "sdpa")
 MOE_IMPLS = ("grouped", "sorted", "loop", "dense_ref")
 SCHEDULE_KINDS = ("cosine", "wsd", "constant")
 MUON_SCALE_MODES = ("moonlight", "keller")
+MUON_NS_VARIANTS = ("quintic", "hybrid")
+MUON_GRANULARITIES = ("param", "per_head")
 ROUTER_OPTIMIZERS = ("adamw", "muon")
 PARALLELISMS = ("ddp", "fsdp")
 COMPILE_MODES = ("none", "inductor", "eager")
@@ -331,10 +333,10 @@ def validate_run_config(config: RunConfig) -> None:
     need(o.muon.scale_mode in MUON_SCALE_MODES,
          f"optim.muon.scale_mode must be one of {MUON_SCALE_MODES}, got '{o.muon.scale_mode}'")
     need(o.muon.ns_steps >= 1, "optim.muon.ns_steps must be >= 1")
-    need(o.muon.granularity in ("param", "per_head"),
-         f"optim.muon.granularity must be 'param' or 'per_head', got '{o.muon.granularity}'")
-    need(o.muon.ns_variant in ("quintic", "hybrid"),
-         f"optim.muon.ns_variant must be 'quintic' or 'hybrid', got '{o.muon.ns_variant}'")
+    need(o.muon.granularity in MUON_GRANULARITIES,
+         f"optim.muon.granularity must be one of {MUON_GRANULARITIES}, got '{o.muon.granularity}'")
+    need(o.muon.ns_variant in MUON_NS_VARIANTS,
+         f"optim.muon.ns_variant must be one of {MUON_NS_VARIANTS}, got '{o.muon.ns_variant}'")
     need(0 <= o.muon.momentum < 1, "optim.muon.momentum must be in [0, 1)")
     need(len(o.adamw.betas) == 2 and all(0 <= b < 1 for b in o.adamw.betas),
          f"optim.adamw.betas must be two numbers in [0, 1), got {o.adamw.betas}")

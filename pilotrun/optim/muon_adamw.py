@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from pilotrun.config import OptimConfig
+from pilotrun.config import MUON_NS_VARIANTS, OptimConfig
 
 # Keller Jordan's quintic coefficients (KJ-muon zeropower_via_newtonschulz5; Moonlight eq. 2): they maximise the
 # slope at zero, so small singular values grow fast; the result has singular values in roughly [0.5, 1.3],
@@ -35,7 +35,6 @@ NEWTON_SCHULZ_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 # p'(1) = 0, so two of them after the quintic steps pull the singular values onto 1 instead of leaving them in
 # about [0.5, 1.3]. Hybrid runs 8 quintic iterations then 2 of these (ns_steps does not apply).
 NEWTON_SCHULZ_PINNING_COEFFICIENTS = (2.0, -1.5, 0.5)
-NS_VARIANTS = ("quintic", "hybrid")
 NEWTON_SCHULZ_EPS = 1e-7
 NS_DTYPES = ("auto", "float32", "bfloat16")
 
@@ -62,7 +61,7 @@ def newton_schulz_orthogonalize(update: torch.Tensor, steps: int = 5,
     elif variant == "hybrid":
         schedule = [NEWTON_SCHULZ_COEFFICIENTS] * 8 + [NEWTON_SCHULZ_PINNING_COEFFICIENTS] * 2
     else:
-        raise ValueError(f"unknown Newton-Schulz variant '{variant}' (expected one of {NS_VARIANTS})")
+        raise ValueError(f"unknown Newton-Schulz variant '{variant}' (expected one of {MUON_NS_VARIANTS})")
     for a, b, c in schedule:
         gram = x @ x.mT
         polynomial = b * gram + c * (gram @ gram)
