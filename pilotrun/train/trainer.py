@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import math
 import signal
 import sys
@@ -685,9 +686,15 @@ def train_from_cli(config: RunConfig, data_dir: str, run_dir: str, resume: bool,
                    allow_changes: list[str], command: list[str]) -> int:
     """`pilotrun train`: build, run, return the exit code (bad input raises PilotrunError -> exit 2)."""
     context = dist_utils.init_distributed(config.train.device)
+    trainer = None
     try:
         trainer = Trainer(config, data_dir, run_dir, resume=resume, from_step=from_step,
                           allow_changes=allow_changes, command=command, context=context)
         return trainer.run().exit_code
     finally:
+        # The DDP/FSDP wrapper (DDP's reducer) uses the process group: free it, reference cycles included, before
+        # the group is destroyed rather than after, when the function's frame goes. A 2-rank gloo run once hung
+        # there after its session_end, in rank 1's teardown (a CI run of this session; see issue 3's note).
+        del trainer
+        gc.collect()
         dist_utils.shutdown_distributed(context)
