@@ -223,6 +223,55 @@ def _run_pilot(args: argparse.Namespace) -> int:
     return run_pilot(args.workdir, config=args.config, overrides=args.overrides).exit_code
 
 
+# ---------------------------------------------------------------------------------------------- export
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="a checkpoint as a Hugging Face DeepSeek-V3 folder (safetensors)",
+                       description="Write a committed checkpoint (rehashed first) as model.safetensors, a "
+                       "transformers config.json for DeepseekV3ForCausalLM and the data folder's tokenizer, so that "
+                       "AutoModelForCausalLM.from_pretrained(DIR) loads it. Options transformers cannot express are "
+                       "refused, naming the key. Needs the [hf] extra. Exit 0 written, 2 bad input or damaged "
+                       "checkpoint.")
+    p.add_argument("run_dir", help="run folder")
+    p.add_argument("--out", required=True, help="output folder (new or empty)")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest committed)")
+    p.add_argument("--data", default=None, help="the run's data folder if it moved (default: the recorded path)")
+    p.add_argument("--json", action="store_true", help="print what was exported as JSON")
+    p.set_defaults(handler=_run_export)
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    import json
+
+    from pilotrun.export import export_run
+
+    result = export_run(args.run_dir, args.out, step=args.step, data_dir=args.data)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print(f"exported step {result['step']} ({result['storage']}) to {result['out']}: "
+              f"{result['parameters']} parameters in {result['tensors']} tensors")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- tensorboard
+def _add_tensorboard(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tensorboard", help="convert a run's metrics.jsonl into TensorBoard event files",
+                       description="Write every numeric field of the train, val, checkpoint and overflow events "
+                       "of R/metrics.jsonl as TensorBoard scalars (tag EVENT/FIELD, x = step). Needs the "
+                       "[tensorboard] extra. Exit 0 written, 2 bad input.")
+    p.add_argument("run_dir", help="run folder")
+    p.add_argument("--out", default=None, help="event folder (default: R/tensorboard)")
+    p.set_defaults(handler=_run_tensorboard)
+
+
+def _run_tensorboard(args: argparse.Namespace) -> int:
+    from pilotrun.report.sinks import convert_run_to_tensorboard
+
+    out, count = convert_run_to_tensorboard(args.run_dir, args.out)
+    print(f"wrote {count} scalars to {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pilotrun",
@@ -231,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"pilotrun {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_prepare, _add_data, _add_train, _add_inspect_batch, _add_summarize, _add_verdict, _add_pilot):
+    for add in (_add_prepare, _add_data, _add_train, _add_inspect_batch, _add_summarize, _add_verdict, _add_pilot,
+                _add_export, _add_tensorboard):
         add(sub)
     return parser
 
