@@ -133,6 +133,18 @@ class OptimConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """A torch.profiler window over a few updates (train/profiling.py); off while `steps` is 0."""
+
+    start_step: int = 1  # the first profiled update is the one that makes this step
+    steps: int = 0  # how many consecutive update attempts to profile; 0: no profiling
+    top_operators: int = 30  # rows of the operator table written beside the Chrome trace
+    record_shapes: bool = False  # also group operators by input shapes (more overhead)
+    profile_memory: bool = False  # also record allocations per operator (more overhead)
+    with_stack: bool = False  # Python stacks in the trace (much more overhead and a bigger trace)
+
+
+@dataclass
 class TrainConfig:
     batch_size: int = 4
     seq_len: int = 32
@@ -157,6 +169,7 @@ class TrainConfig:
     # first update pays the compile), "eager" only traces with Dynamo (checks that the model compiles; no
     # speed-up), "none" runs eagerly. Traced graphs use the reference MoE operators, not the CPU kernels.
     compile: str = "none"
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
 @dataclass
@@ -178,6 +191,13 @@ RESUME_FREE_KEYS = (
     "train.keep_checkpoints",
     "train.max_consecutive_skips",
     "train.memory_budget_gb",
+    # Profiling observes updates without changing them.
+    "train.profile.start_step",
+    "train.profile.steps",
+    "train.profile.top_operators",
+    "train.profile.record_shapes",
+    "train.profile.profile_memory",
+    "train.profile.with_stack",
 )
 
 
@@ -365,6 +385,9 @@ def validate_run_config(config: RunConfig) -> None:
     need(t.data_mode in DATA_MODES, f"train.data_mode must be one of {DATA_MODES}, got '{t.data_mode}'")
     need(t.compile in COMPILE_MODES, f"train.compile must be one of {COMPILE_MODES}, got '{t.compile}'")
     need(t.parallelism in PARALLELISMS, f"train.parallelism must be one of {PARALLELISMS}, got '{t.parallelism}'")
+    need(t.profile.steps >= 0, f"train.profile.steps must be >= 0 (0: off), got {t.profile.steps}")
+    need(t.profile.start_step >= 1, f"train.profile.start_step must be >= 1, got {t.profile.start_step}")
+    need(t.profile.top_operators >= 1, f"train.profile.top_operators must be >= 1, got {t.profile.top_operators}")
     need(t.loss_scale_init > 0, "train.loss_scale_init must be positive")
     need(t.loss_scale_growth_interval >= 1, "train.loss_scale_growth_interval must be >= 1")
     need(t.seq_len <= m.max_seq_len,
