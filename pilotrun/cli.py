@@ -242,7 +242,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 def _run_export(args: argparse.Namespace) -> int:
     import json
 
-    from pilotrun.export import export_run
+    from pilotrun.hf_export import export_run
 
     result = export_run(args.run_dir, args.out, step=args.step, data_dir=args.data)
     if args.json:

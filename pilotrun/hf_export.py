@@ -20,7 +20,7 @@ scores, and its latent RMSNorms use a fixed eps of 1e-6.
 RoPE layout: pilotrun rotates adjacent pairs (x[2i], x[2i+1]) -- DeepSeek's interleaved layout -- and
 transformers' `rope_interleave=True` rotates the same pairs but writes the result de-interleaved. It does so
 for queries and keys alike, and a dot product is unchanged when both vectors are permuted the same way, so
-attention is identical and no weight needs permuting (the logits comparison in tests/test_export.py checks it).
+attention is identical and no weight needs permuting (the logits comparison in tests/test_hf_export.py checks it).
 
 Nothing is written into DIR until every file is complete: the folder is assembled beside it and renamed.
 """

@@ -1,4 +1,4 @@
-"""pilotrun/export.py: a trained checkpoint, exported, loaded by the real `transformers` DeepSeek-V3 on the CPU,
+"""pilotrun/hf_export.py: a trained checkpoint, exported, loaded by the real `transformers` DeepSeek-V3 on the CPU,
 gives pilotrun's logits (fp32, max abs diff < 1e-5); torch.save and DCP checkpoints export the same tensors;
 inexpressible options, damaged checkpoints and occupied output folders are refused with exit 2."""
 
@@ -15,7 +15,7 @@ import torch
 from pilotrun.cli import main
 from pilotrun.config import ModelConfig, load_run_config
 from pilotrun.errors import PilotrunError
-from pilotrun.export import ExportError, load_checkpoint_model, refuse_inexpressible_options
+from pilotrun.hf_export import ExportError, load_checkpoint_model, refuse_inexpressible_options
 from pilotrun.train.trainer import Trainer
 
 transformers = pytest.importorskip("transformers")
