@@ -108,7 +108,7 @@ def _read_dcp_model_state(folder: Path, model: torch.nn.Module) -> dict[str, tor
     template = {"model": {k: v.clone() for k, v in model.state_dict().items()}}
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            warnings.filterwarnings("ignore", message="torch.distributed is", category=UserWarning)
             dcp.load(template, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
     except Exception as exc:  # DCP wraps the cause; name the folder and its first line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -136,7 +136,7 @@ def test_dcp_checkpoint_exports_the_same_tensors(exported, tmp_path):
     dcp_run = tmp_path / "dcp-run"
     model_state, optimizer_state = get_state_dict(model, build_optimizer(model, config.optim))
     with warnings.catch_warnings():  # "assuming ... a single process": intended
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        warnings.filterwarnings("ignore", message="torch.distributed is", category=UserWarning)
         Checkpointer(dcp_run, keep=1, storage=DCPStorage()).save(step, {"model": model_state,
                                                                         "optimizer": optimizer_state}, meta)
     marker = json.loads((dcp_run / "checkpoints" / f"step-{step:08d}" / "COMMITTED.json").read_text())

@@ -106,7 +106,7 @@ class ProfileWindow:
 
     def _write_files(self, profiler: Any, folder: Path) -> list[str]:
         suffix = f"rank{self.rank}"
-        sort_key = "self_cuda_time_total" if self.device_type == "cuda" else "self_cpu_time_total"
+        sort_key = "self_device_time_total" if self.device_type == "cuda" else "self_cpu_time_total"
         averages = profiler.key_averages(group_by_input_shape=self.config.record_shapes)
         table = averages.table(sort_by=sort_key, row_limit=self.config.top_operators)
         header = (f"torch.profiler: {self._attempts} update attempt(s) from the one making step "

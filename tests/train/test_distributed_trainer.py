@@ -294,3 +294,24 @@ def test_activation_checkpointing_and_replicated_newton_schulz_give_the_same_two
         reference, weights = _final_weights(runs["two"]), _final_weights(run_dir)
         for key, value in reference.items():
             assert torch.equal(weights[key], value), (name, key)
+
+
+def test_two_rank_dcp_checkpoint_exports_for_transformers(runs: dict[str, Path], tmp_path: Path) -> None:
+    """`pilotrun export` of the 2-rank run's checkpoint (written by torch.distributed.checkpoint under
+    torchrun), on one process: the weights equal the checkpoint's, and transformers gives the same logits."""
+    transformers = pytest.importorskip("transformers")
+    from pilotrun.cli import main
+    from pilotrun.hf_export import load_checkpoint_model
+
+    assert DistributedCheckpointer(runs["two"], keep=5).storage_name(9) == "torch_dcp"
+    assert main(["export", str(runs["two"]), "--out", str(tmp_path / "hf")]) == 0
+    model, config, _meta, step, _marker = load_checkpoint_model(runs["two"])
+    saved = _final_weights(runs["two"])
+    state = model.state_dict()
+    assert step == 9 and sorted(saved) == sorted(state)
+    assert all(torch.equal(state[name], saved[name]) for name in saved)
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    tokens = torch.randint(0, config.model.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        difference = (model(tokens).logits - hf_model(tokens).logits).abs().max().item()
+    assert difference < 1e-5
