@@ -79,6 +79,21 @@ def test_transformers_reproduces_pilotrun_logits(exported, attn):
     assert sum(p.numel() for p in hf_model.parameters()) == sum(p.numel() for p in pilot_model.parameters())
 
 
+def test_greedy_generation_through_the_kv_cache_matches_pilotrun(exported):
+    """transformers' generate (its MLA cache, RoPE at cached positions) picks the tokens pilotrun's full
+    forward picks, greedily, for 6 new tokens."""
+    run_dir, out = exported
+    pilot_model, config, *_ = load_checkpoint_model(run_dir)
+    prompt = sample_tokens(config.model.vocab_size)[:1, :5]
+    generated = load_hf(out).generate(prompt, max_new_tokens=6, do_sample=False, min_new_tokens=6)
+    sequence = prompt
+    with torch.no_grad():
+        for _ in range(6):
+            next_token = pilot_model(sequence).logits[:, -1].argmax(dim=-1, keepdim=True)
+            sequence = torch.cat([sequence, next_token], dim=1)
+    assert torch.equal(generated, sequence)
+
+
 def test_comparison_notices_a_wrong_bias_or_a_swapped_projection(exported):
     """Negative controls: the tolerance above is far below what one mapping mistake does to the logits."""
     run_dir, out = exported

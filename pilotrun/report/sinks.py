@@ -5,7 +5,20 @@ metrics.jsonl stays the record; a sink only mirrors it. The hook any tracker imp
 `write(event)` receives each event dict right after its line is written to metrics.jsonl (a deep copy, so a
 sink cannot change what was recorded), and `close()` at the end of the session. Wrap every sink in
 `GuardedSink`: a sink that raises (a full disk, a missing package, a tracker's server down) warns once and is
-switched off, and training goes on with the record untouched.
+switched off, and training goes on with the record untouched. Another tracker fits in a few lines, with
+no dependency for pilotrun (W&B shown; trackio and MLflow's `log_metrics(metrics, step=)` are alike):
+
+    class WandbSink:
+        def __init__(self, **init):
+            import wandb
+            self.run = wandb.init(**init)
+        def write(self, event):
+            if event["event"] in MIRRORED_EVENTS:
+                self.run.log(dict(scalar_fields(event)), step=event["step"])
+        def close(self):
+            self.run.finish()
+
+    sink = GuardedSink("wandb", lambda: WandbSink(project="pilot"))
 
 Scalars: every number in an event becomes the tag `EVENT/PATH` (nested dicts and lists joined by "/", e.g.
 `train/loss`, `train/moe/maxvio/0`, `val/loss`), at x = the event's `step`, with the event's `time` as wall
