@@ -27,7 +27,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check pilotrun tests benchmarks
 
 test: $(STAMP) lint
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -rs  # -rs: name every skipped test and why
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
