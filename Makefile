@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install pilot test lint bench clean
+.PHONY: install pilot test lint bench mutation clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ test: $(STAMP) lint
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
+
+# Plants each bug of benchmarks/mutations.py in a scratch copy and reports how many the tests kill.
+mutation: $(STAMP)
+	$(PY) -m benchmarks.mutation_check
 
 clean:
 	rm -rf $(VENV) pilot-work .pytest_cache
