@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install pilot test lint bench clean
+.PHONY: install pilot test lint bench mutation clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,10 +27,14 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check pilotrun tests benchmarks
 
 test: $(STAMP) lint
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -rs  # -rs: name every skipped test and why
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
+
+# Plants each bug of benchmarks/mutations.py in a scratch copy and reports how many the tests kill.
+mutation: $(STAMP)
+	$(PY) -m benchmarks.mutation_check
 
 clean:
 	rm -rf $(VENV) pilot-work .pytest_cache

@@ -226,12 +226,23 @@ def test_read_matches_the_concatenated_shards_anywhere(small_data, start, length
 @given(batch_size=st.integers(1, 5), world_size=st.integers(1, 4), seq_len=st.integers(1, 50),
        batch_index=st.integers(0, 10_000))
 def test_ranks_partition_the_global_batch(small_data, batch_size, world_size, seq_len, batch_index):
+    """Rank r's rows of global batch b are the windows the module docstring promises, written out here from
+    the split's length alone (not from the loader's own arithmetic), and they are the tokens it serves."""
     split = open_dataset_cached(small_data).split("train")
-    single = BatchLoader(split, batch_size * world_size, seq_len)
-    rows = [row for rank in range(world_size)
-            for row in BatchLoader(split, batch_size, seq_len, rank=rank, world_size=world_size)
-            .describe_batch(batch_index) if row["rank"] == rank]
-    assert [r["start"] for r in rows] == [r["start"] for r in single.describe_batch(batch_index)]
+    everything = concatenated_cached(small_data).astype(np.int64)
+    windows_per_batch = batch_size * world_size
+    batches_per_epoch = ((len(everything) - 1) // seq_len) // windows_per_batch
+    k = batch_index % batches_per_epoch
+    for rank in range(world_size):
+        loader = BatchLoader(split, batch_size, seq_len, rank=rank, world_size=world_size)
+        cursor = {**loader.state_dict(), "batch_index": batch_index}
+        del cursor["epoch"]  # a jump: the epoch follows from the batch index
+        loader.load_state_dict(cursor)
+        inputs, targets = loader.next_batch()
+        for j in range(batch_size):
+            start = (k * windows_per_batch + rank * batch_size + j) * seq_len
+            assert torch.equal(inputs[j], torch.from_numpy(everything[start:start + seq_len]))
+            assert torch.equal(targets[j], torch.from_numpy(everything[start + 1:start + seq_len + 1]))
 
 
 _cache: dict = {}

@@ -1,8 +1,11 @@
-"""The LR schedule is a pure function of applied updates and its own horizon (spec D11)."""
+"""The LR schedule is a pure function of applied updates and its own horizon, never of max_steps or attempts."""
 
 from __future__ import annotations
 
+import inspect
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,11 +40,37 @@ def test_constant_and_zero_warmup():
 
 
 def test_schedule_does_not_depend_on_max_steps_or_attempts():
-    # It takes no max_steps at all: the same step gives the same multiplier whatever the run length.
-    cfg = ScheduleConfig(kind="cosine", warmup_steps=3, horizon=50)
-    assert lr_multiplier(17, cfg) == lr_multiplier(17, ScheduleConfig(kind="cosine", warmup_steps=3, horizon=50))
+    # The multiplier is a function of (applied step, schedule) only: its signature admits nothing else, and its
+    # values are the closed forms of the module docstring, written out here independently.
+    assert list(inspect.signature(lr_multiplier).parameters) == ["step", "schedule_cfg"]
+    cfg = ScheduleConfig(kind="cosine", warmup_steps=4, horizon=44, min_lr_ratio=0.1)
+    assert [lr_multiplier(s, cfg) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    for step in (4, 14, 24, 34, 44):
+        expected = 0.1 + (1.0 - 0.1) * 0.5 * (1.0 + math.cos(math.pi * ((step - 4) / 40)))
+        assert lr_multiplier(step, cfg) == expected
+    assert lr_multiplier(24, cfg) == 0.1 + (1.0 - 0.1) * 0.5  # the middle of the decay
+    assert lr_multiplier(10_000, cfg) == 0.1  # past the horizon it holds the floor
     with pytest.raises(ValueError):
         lr_multiplier(-1, cfg)
+
+
+def test_trainer_learning_rate_follows_applied_updates_not_max_steps(builtin_data_dir, tmp_path):
+    """Two real runs that differ only in max_steps log the same learning rate at every step they share."""
+    from pilotrun.config import load_run_config
+    from pilotrun.train.trainer import Trainer
+
+    smoke = Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml"
+    logged = []
+    for max_steps in (4, 8):
+        config = load_run_config(smoke, ["train.num_threads=1", f"train.max_steps={max_steps}", "train.log_every=1",
+                                         "train.eval_every=0", "train.checkpoint_every=0",
+                                         "optim.schedule.horizon=8", "optim.schedule.warmup_steps=2"])
+        Trainer(config, builtin_data_dir, tmp_path / f"run-{max_steps}", progress=False).run()
+        events = [json.loads(line) for line in (tmp_path / f"run-{max_steps}" / "metrics.jsonl").read_text().splitlines()]
+        logged.append({e["step"]: e["lr"] for e in events if e["event"] == "train"})
+    short, long = logged
+    assert sorted(short) == [1, 2, 3, 4] and all(long[step] == lr for step, lr in short.items())
+    assert long[8] < long[4]  # the longer run went on decaying along the same curve
 
 
 def test_set_learning_rates_scales_each_group_from_its_base_lr():

@@ -56,6 +56,9 @@ class SyntheticRun:
         self.grad_norm = lambda step: 1.0 + 0.5 * math.exp(-step / 10.0)
         self.clipped = lambda step: step <= 10  # clipped updates during warm-up only
         self.train_seconds_per_update = lambda step: 0.5
+        # Host work between updates (logging, the loop itself): in every window's wall time, never in its
+        # training time, so that a figure computed from the wrong one of the two cannot pass a test.
+        self.host_seconds_per_update = lambda step: 0.125
         self.rss_mb = lambda step: 500.0
         self.tokens_per_expert = lambda step, layer: [100.0 + 5 * ((e + layer) % 2) for e in range(self.experts)]
         self.qk_clip_updates = lambda step: 0
@@ -122,13 +125,14 @@ class SyntheticRun:
             c["updates_attempted"] += 1
             c["tokens_seen"] += self.tokens_per_update
             seconds = self.train_seconds_per_update(c["step"] + 1)
-            self.clock += seconds
+            host_seconds = self.host_seconds_per_update(c["step"] + 1)
+            self.clock += seconds + host_seconds
             self._time_split["train_seconds"] += seconds
             w["updates_attempted"] += 1
             w["microbatches"] += self.grad_accum
             w["tokens"] += self.tokens_per_update
             w["train_seconds"] += seconds
-            w["wall_seconds"] += seconds
+            w["wall_seconds"] += seconds + host_seconds
             if c["updates_attempted"] in self.overflow_at:
                 c["updates_skipped"] += 1
                 w["updates_skipped"] += 1

@@ -1,23 +1,42 @@
 """plots: every PNG is written, is a real PNG and is non-empty, also when the record lacks a figure."""
 
+import matplotlib.axes
+
 from pilotrun.report.plots import PLOT_NAMES, write_plots
 from pilotrun.report.summarize import summarize_run
-from tests.report.synthetic import crashed_and_resumed
+from tests.report.synthetic import SyntheticRun, crashed_and_resumed
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def test_every_plot_is_a_nonempty_png(tmp_path):
-    run = crashed_and_resumed(tmp_path / "r")
-    run.overflow_at = {45}
+def _run_with_an_overflow(run_dir, **kwargs):
+    run = SyntheticRun(run_dir, **kwargs)
+    run.overflow_at = {45}  # set before any event is written, so the record really holds the skipped update
+    return run
+
+
+def test_every_plot_is_a_nonempty_png_and_the_overflow_is_drawn(tmp_path, monkeypatch):
+    run = crashed_and_resumed(tmp_path / "r", make_run=_run_with_an_overflow)
     run.clip_head(40, 1, 0, 250.0, first_time=True)  # a first and hard QK-Clip, marked on its plot
     run.write()
-    paths = write_plots(summarize_run(tmp_path / "r"), tmp_path / "plots")
+    summary = summarize_run(tmp_path / "r")
+    (overflow,) = [e for e in summary.kept_events if e["event"] == "overflow"]
+    drawn = []
+    real_plot = matplotlib.axes.Axes.plot
+
+    def recording_plot(self, *args, **kwargs):
+        drawn.append((kwargs.get("label") or "", [float(x) for x in args[0]] if args else []))
+        return real_plot(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", recording_plot)
+    paths = write_plots(summary, tmp_path / "plots")
     assert list(paths) == list(PLOT_NAMES)
     for name, path in paths.items():
         data = path.read_bytes()
         assert path.name == f"{name}.png"
         assert data.startswith(PNG_MAGIC) and len(data) > 5000, name
+    marked = [xs for label, xs in drawn if "skipped update" in label]
+    assert marked == [[float(overflow["step"])]]
 
 
 def test_plots_are_written_when_figures_are_missing(tmp_path):

@@ -35,6 +35,11 @@ def test_valid_crashed_and_resumed_run_is_reconciled(tmp_path):
     # Time split sums every session; throughput is labelled and computed from the windows.
     assert o["time_split"]["train_seconds"] == pytest.approx((30 + 40) * 0.5)
     assert o["train_tokens_per_s"] == pytest.approx(run.tokens_per_update / 0.5)
+    # Each session's training-only throughput divides by its training seconds (0.5 s an update), never by its
+    # wall seconds, which also hold the host's 0.125 s an update, evaluation and checkpoints.
+    for session in (s1, s2):
+        assert session.train_tokens_per_s == pytest.approx(run.tokens_per_update / 0.5)
+        assert session.wall_tokens_per_s < run.tokens_per_update / (0.5 + 0.125)
 
 
 def test_overflow_skips_are_accounted(tmp_path):

@@ -1,0 +1,126 @@
+"""The planted bugs of `benchmarks/mutation_check.py`: each a plausible one-line slip and the tests that must
+catch it. When the code moves on, a mutation turns stale and is rewritten against the new text."""
+
+from __future__ import annotations
+
+from benchmarks.mutation_check import Mutation
+
+GUARDS = "tests/train/test_trainer_guards.py"
+RESUME = "tests/train/test_resume.py"
+SUMMARIZE = "tests/report/test_summarize.py"
+
+MUTATIONS: tuple[Mutation, ...] = (
+    Mutation(
+        name="checkpoint_files_not_fsynced",
+        file="pilotrun/train/checkpoint.py",
+        old="            handle.flush()\n            os.fsync(handle.fileno())\n        _test_delay()\n",
+        new="            handle.flush()\n        _test_delay()\n",
+        tests=(f"{GUARDS}::test_every_checkpoint_file_is_fsynced_before_the_marker_is_renamed_into_place",),
+        why="a checkpoint file is not fsynced before the marker commits it",
+    ),
+    Mutation(
+        name="session_throughput_from_wall_time",
+        file="pilotrun/report/summarize.py",
+        old='train_tokens_per_s=sums["tokens"] / sums["train_seconds"] if sums["train_seconds"] > 0 else None,',
+        new='train_tokens_per_s=sums["tokens"] / sums["wall_seconds"] if sums["wall_seconds"] > 0 else None,',
+        tests=(SUMMARIZE,),
+        why="a session's training-only throughput divides by its wall time",
+    ),
+    Mutation(
+        name="checkpoint_hash_not_compared",
+        file="pilotrun/train/checkpoint.py",
+        old='            if digests[file_name] != files[file_name]["sha256"]:',
+        new='            if False and digests[file_name] != files[file_name]["sha256"]:',
+        tests=("tests/train/test_checkpoint.py",),
+        why="a checkpoint file whose bytes changed (same size) is loaded",
+    ),
+    Mutation(
+        name="clip_never_scales",
+        file="pilotrun/train/precision.py",
+        old="                grad.mul_(coefficient)\n",
+        new="                pass\n",
+        tests=("tests/train/test_precision.py",),
+        why="gradient clipping reports a clip but leaves the gradients as they were",
+    ),
+    Mutation(
+        name="warmup_starts_at_zero",
+        file="pilotrun/optim/schedule.py",
+        old="        return (step + 1) / warmup\n",
+        new="        return step / warmup\n",
+        tests=("tests/optim/test_schedule.py",),
+        why="the first warm-up update runs at learning rate 0",
+    ),
+    Mutation(
+        name="torn_tail_not_repaired",
+        file="pilotrun/train/runlog.py",
+        old="        self.repaired_bytes = repair_torn_tail(self.path) if enabled else 0\n",
+        new="        self.repaired_bytes = 0\n",
+        tests=(RESUME, "tests/train/test_runlog.py"),
+        why="a resumed session appends after a torn last line without cutting it",
+    ),
+    Mutation(
+        name="qk_clip_same_scale_for_rotary_part",
+        file="pilotrun/optim/qk_clip.py",
+        old="            query_scale[head, d_n:] = g        # q^R: gamma (the shared k^R in wkv_a is not touched)\n",
+        new="            query_scale[head, d_n:] = root\n",
+        tests=("tests/optim/test_qk_clip.py",),
+        why="QK-Clip scales the rotary query part by sqrt(gamma) although the shared rotary key is untouched",
+    ),
+    # The trainer's own slips; rewritten against the trainer as it is split into session and loop.
+    Mutation(
+        name="bias_on_skipped_update",
+        file="pilotrun/train/trainer.py",
+        old="            update_expert_bias(raw, tokens_per_expert,\n",
+        new="            pass\n        if True:\n            update_expert_bias(raw, tokens_per_expert,\n",
+        tests=(f"{GUARDS}::test_skipped_updates_move_neither_the_expert_bias_nor_qk_clip",),
+        why="the expert bias moves on an update that was skipped",
+    ),
+    Mutation(
+        name="qk_clip_on_skipped_update",
+        file="pilotrun/train/trainer.py",
+        old="        if outcome.applied:\n            if qk_enabled:\n",
+        new="        if True:\n            if qk_enabled:\n",
+        tests=(f"{GUARDS}::test_skipped_updates_move_neither_the_expert_bias_nor_qk_clip",),
+        why="QK-Clip rescales weights after a skipped update",
+    ),
+    Mutation(
+        name="consecutive_skips_never_stop",
+        file="pilotrun/train/trainer.py",
+        old="                too_many_skips = self.consecutive_skips >= t.max_consecutive_skips\n",
+        new="                too_many_skips = False\n",
+        tests=(f"{GUARDS}::test_too_many_consecutive_skips_stop_the_run_with_exit_1_and_a_checkpoint",),
+        why="train.max_consecutive_skips never stops the run",
+    ),
+    Mutation(
+        name="evaluation_draws_training_rng",
+        file="pilotrun/train/trainer.py",
+        old="        self.raw_model.eval()\n",
+        new="        self.raw_model.eval()\n        torch.rand(1)  # e.g. a sampled evaluation batch\n",
+        tests=(f"{GUARDS}::test_evaluation_leaves_every_random_generator_and_the_training_cursor_untouched",),
+        why="evaluation draws from the training generators",
+    ),
+    Mutation(
+        name="rng_not_restored_on_resume",
+        file="pilotrun/train/trainer.py",
+        old='            self.notes.extend(restore_rng_state(state["rng"]))\n',
+        new="",
+        tests=(RESUME,),
+        why="a resume does not restore the random generators",
+    ),
+    Mutation(
+        name="scaler_not_restored_on_resume",
+        file="pilotrun/train/trainer.py",
+        old='            self.scaler.load_state_dict(state["scaler"])\n',
+        new="",
+        tests=(RESUME,),
+        why="a resume starts the fp16 loss scale afresh",
+    ),
+    Mutation(
+        name="step_moves_on_a_skipped_update",
+        file="pilotrun/train/trainer.py",
+        old="            self.updates_skipped += 1\n",
+        new="            self.updates_skipped += 1\n            self.step += 1\n",
+        tests=(GUARDS, "tests/train/test_trainer.py"),
+        why="a skipped update advances step",
+    ),
+)
