@@ -48,11 +48,13 @@ class PilotResult:
 
 
 def configs_dir() -> Path:
-    """The repository's configs/ folder next to the package."""
-    folder = Path(pilotrun.__file__).resolve().parents[1] / "configs"
+    """The recipes shipped inside the package (the repository's configs/ links to the same folder)."""
+    from pilotrun.config import packaged_configs_dir
+
+    folder = packaged_configs_dir()
     if not folder.is_dir():
-        raise PilotError(f"configs folder not found at {folder} (pilot needs the repository's configs/; "
-                         "pass --config PATH to use a recipe elsewhere)")
+        raise PilotError(f"packaged recipes not found at {folder} (a broken install? pass --config PATH to use a "
+                         "recipe elsewhere)")
     return folder
 
 
@@ -122,7 +124,8 @@ def _kill_past_midpoint(process: subprocess.Popen, run_dir: Path, midpoint: int,
 def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = None, overrides: list[str] | None = None,
               tokenizer: str = DEFAULT_TOKENIZER, out: TextIO | None = None, poll_seconds: float = 0.1,
               timeout_seconds: float = 1800.0) -> PilotResult:
-    from pilotrun.config import load_run_config
+    from pilotrun.config import load_run_config, resolve_recipe_path
+    from pilotrun.errors import ConfigError
     from pilotrun.report.html import write_report
     from pilotrun.report.summarize import format_summary, summarize_run
     from pilotrun.report.verdict import format_verdict, judge_summary
@@ -131,8 +134,10 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
     started = time.monotonic()
     workdir = Path(workdir)
     config_path = Path(config) if config is not None else configs_dir() / DEFAULT_RECIPE
-    if not config_path.is_file():
-        raise PilotError(f"recipe not found: {config_path}")
+    try:
+        config_path = resolve_recipe_path(config_path)  # a packaged recipe may be named: `--config smoke`
+    except ConfigError:
+        raise PilotError(f"recipe not found: {config_path}") from None
     overrides = list(overrides or [])
     recipe = load_run_config(config_path, overrides)  # bad keys fail here, before anything is written
     pinned_threads = recipe.train.num_threads == 0
