@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-import pilotrun
 from pilotrun.errors import PilotrunError
 
 DEFAULT_RECIPE = "stability.yaml"
