@@ -24,6 +24,9 @@ def val_split_warnings(val_tokens: int, batch_size: int, seq_len: int, eval_batc
     needed = tokens_per_evaluation(batch_size, seq_len, eval_batches, world_size)
     if val_tokens >= needed:
         return []
+    if val_tokens == 0:
+        return [f"the val split is empty: no evaluation of {what} is possible (it needs {needed:,} tokens); "
+                "prepare more data or a larger --val-fraction"]
     return [f"the val split holds {val_tokens:,} tokens, fewer than one evaluation of {what} reads "
             f"(eval_batches {eval_batches} x batch_size {batch_size} x world_size {world_size} x seq_len {seq_len} "
             f"+ 1 = {needed:,}): each evaluation re-reads val {needed / max(val_tokens, 1):.1f}x; prepare more "
