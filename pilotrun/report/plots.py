@@ -229,6 +229,8 @@ def plot_qk_max_logit(summary: Summary, path: Path) -> Path:
         # reach of the data, and otherwise say how far below it the largest logit stayed.
         peak = max((y for line in ax.get_lines() for y in line.get_ydata()), default=None)
         if peak is not None and qk["tau"] > 1.5 * peak:
+            low, high = ax.get_ylim()
+            ax.set_ylim(low, high + 0.15 * (high - low))  # headroom for the note above the lines
             ax.text(0.99, 0.97, f"QK-Clip tau {qk['tau']:g} is above this range (largest logit {peak:.3g})",
                     ha="right", va="top", transform=ax.transAxes, fontsize=8, color="C3")
         else:
@@ -255,11 +257,12 @@ def plot_parameter_groups(summary: Summary, path: Path) -> Path:
     for ax, key, label in ((weight_ax, "weight_rms", "weight RMS"), (update_ax, "update_rms", "update RMS / lr")):
         groups = sorted({name for e in events if isinstance(e["optimizer"].get(key), dict)
                          for name in e["optimizer"][key]})
+        every = max(len(groups), len(events) // 6, 1)  # markers staggered: each group's sit at other steps
         for index, group in enumerate(groups):
             xs, ys = _series(events, lambda e, group=group, key=key: e["optimizer"][key][group])
             # Colour, line style and marker all vary, so groups that overlap stay distinguishable.
             ax.plot(xs, ys, label=group, color=f"C{index % 10}", linestyle=LINESTYLES[index % len(LINESTYLES)],
-                    marker=MARKERS[index % len(MARKERS)], markevery=max(1, len(xs) // 8), markersize=5,
+                    marker=MARKERS[index % len(MARKERS)], markevery=(index % every, every), markersize=5,
                     fillstyle="none")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
