@@ -15,6 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from pilotrun.errors import PilotrunError
+
+
+class ChildInterrupted(PilotrunError):
+    """Ctrl-C reached the pilot while a training child ran; the child saved its checkpoint and stopped."""
+
+    exit_code = 130
+
 
 def read_complete_events(path: Path) -> list[dict]:
     """The complete lines of a metrics.jsonl being written (the last piece may be a partial line)."""
@@ -89,22 +97,37 @@ def wait_with_progress(process: subprocess.Popen, metrics: Path, max_steps: int,
                        poll_seconds: float, timeout_seconds: float,
                        stop_when: Callable[[list[dict]], bool] | None = None) -> list[dict]:
     """Poll until the child exits (or `stop_when(events)` holds), showing its progress; returns the events last
-    read. On timeout the child is killed and TimeoutError raised."""
+    read. On timeout the child is killed and TimeoutError raised. On Ctrl-C (which the terminal also sends to the
+    child, in the same process group) it waits for the child to finish its update and checkpoint, then raises
+    ChildInterrupted; a second Ctrl-C propagates at once."""
     started = time.monotonic()
     try:
-        while True:
-            events = read_complete_events(metrics)
-            figures = progress_figures(events, max_steps)
-            if figures is not None:
-                line.show(format_progress(figures, max_steps))
-            if stop_when is not None and stop_when(events):
-                return events
-            if process.poll() is not None:
-                return read_complete_events(metrics)
-            if time.monotonic() - started > timeout_seconds:
-                process.kill()
-                process.wait()
-                raise TimeoutError(f"no end within {timeout_seconds:.0f} s")
-            time.sleep(poll_seconds)
+        return _poll(process, metrics, max_steps, line, poll_seconds, timeout_seconds, stop_when, started)
+    except KeyboardInterrupt:
+        line.finish()
+        print(f"{line.prefix}Ctrl-C: the training process is finishing its update and saving a checkpoint; Ctrl-C "
+              "again stops it now without one", file=line.out, flush=True)
+        code = process.wait()
+        raise ChildInterrupted(f"interrupted: the training process stopped with exit code {code}; its run folder "
+                               f"{metrics.parent} continues with `pilotrun train ... --run-dir {metrics.parent} "
+                               "--resume`") from None
     finally:
         line.finish()
+
+
+def _poll(process: subprocess.Popen, metrics: Path, max_steps: int, line: ProgressLine, poll_seconds: float,
+          timeout_seconds: float, stop_when: Callable[[list[dict]], bool] | None, started: float) -> list[dict]:
+    while True:
+        events = read_complete_events(metrics)
+        figures = progress_figures(events, max_steps)
+        if figures is not None:
+            line.show(format_progress(figures, max_steps))
+        if stop_when is not None and stop_when(events):
+            return events
+        if process.poll() is not None:
+            return read_complete_events(metrics)
+        if time.monotonic() - started > timeout_seconds:
+            process.kill()
+            process.wait()
+            raise TimeoutError(f"no end within {timeout_seconds:.0f} s")
+        time.sleep(poll_seconds)

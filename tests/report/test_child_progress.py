@@ -63,3 +63,24 @@ def test_wait_stops_when_the_condition_holds(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_ctrl_c_waits_for_the_child_then_reports_exit_130(tmp_path, monkeypatch):
+    import pytest
+
+    from pilotrun.report import child_progress
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    calls = []
+
+    def interrupted_sleep(seconds):
+        calls.append(seconds)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(child_progress.time, "sleep", interrupted_sleep)
+    with pytest.raises(child_progress.ChildInterrupted) as caught:
+        wait_with_progress(child, tmp_path / "metrics.jsonl", 40, ProgressLine(io.StringIO()), poll_seconds=0.01,
+                           timeout_seconds=60)
+    assert child.returncode == 0  # waited for the child to end by itself, not killed
+    assert caught.value.exit_code == 130
