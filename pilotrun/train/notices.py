@@ -50,8 +50,9 @@ def restored_state_line(checkpoint: Path, trainer_state: dict[str, Any], rng_not
 def interrupt_acknowledgement(signal_name: str, step: int, max_steps: int) -> str:
     """Printed the moment the first SIGINT/SIGTERM arrives, before the update and checkpoint finish."""
     update = min(step + 1, max_steps)
-    return (f"{signal_name} received: finishing update {update:,}, then saving a checkpoint; "
-            f"{signal_name} again stops now without one")
+    key = "Ctrl-C" if signal_name == "SIGINT" else signal_name
+    heard = "Ctrl-C (SIGINT)" if signal_name == "SIGINT" else signal_name
+    return f"{heard} received: finishing update {update:,}, then saving a checkpoint; {key} again stops now without one"
 
 
 def startup_warnings(config: Any, val_tokens: int, world_size: int) -> list[str]:

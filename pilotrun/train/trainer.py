@@ -348,8 +348,8 @@ class Trainer:
             raise _SecondSignal(signum)
         self._stop_signal = signum
         if self.is_main:
-            print(interrupt_acknowledgement(signal.Signals(signum).name, self.step, self.config.train.max_steps),
-                  file=sys.stderr, flush=True)
+            print("\n" + interrupt_acknowledgement(signal.Signals(signum).name, self.step, self.config.train.max_steps),
+                  file=sys.stderr, flush=True)  # a new line: the progress bar may hold the current one
 
     def _install_signal_handlers(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
