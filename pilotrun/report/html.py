@@ -69,7 +69,10 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
     headline = f"<ul class='failed'>{failed_items}</ul>" if failed else ""
     identity_rows = "\n".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in run_identity(summary.run))
     problems = "".join(f"<li>{e(r)}</li>" for r in summary.reasons) or "<li>none</li>"
-    notes = "".join(f"<li>{e(n)}</li>" for n in summary.notes) or "<li>none</li>"
+    # The trainer's own notes (schedule and val warnings, what a resume restored) travel in run.json's sessions.
+    session_notes = [f"session {s.get('session_id')}: {n}" for s in summary.run.get("sessions") or []
+                     for n in s.get("notes") or []]
+    notes = "".join(f"<li>{e(n)}</li>" for n in [*summary.notes, *session_notes]) or "<li>none</li>"
     t = o.get("time_split") or {}
     facts = [
         ("updates applied / max_steps", f"{_fmt(o.get('updates_applied'))} / {_fmt(o.get('max_steps'))}"),

@@ -59,3 +59,16 @@ def test_fp32_report_leaves_loss_scale_off_the_page_but_in_the_folder(tmp_path):
     assert "data-file='loss_scale.png'" not in page
     assert "<a href='#plot-loss_scale'>" not in page  # skip_rate is not linked to a plot left off the page
     assert all(f"data-file='{name}.png'" in page for name in PLOT_NAMES if name != "loss_scale")
+
+
+def test_session_notes_from_run_json_reach_the_page(tmp_path):
+    from pilotrun.report.html import write_report
+    from pilotrun.report.summarize import summarize_run
+    from pilotrun.report.verdict import judge_summary
+    from tests.report.synthetic import crashed_and_resumed
+
+    run = crashed_and_resumed(tmp_path / "r")
+    run.run["sessions"][1]["notes"] = ["restored checkpoints/step-00000020: step 20"]
+    run.write()
+    page = (write_report(judge_summary(summarize_run(tmp_path / "r"))) / "report.html").read_text()
+    assert "<li>session s2: restored checkpoints/step-00000020: step 20</li>" in page
