@@ -6,17 +6,27 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
+# Optional extras installed with the project: `make install EXTRAS=dev,hub` adds the Hugging Face hub
+# libraries that `--source fineweb-edu` and `--tokenizer hub:NAME` need. A change takes effect after
+# `rm .venv/.installed` (the stamp only tracks pyproject.toml).
+EXTRAS ?= dev
 
 .PHONY: install pilot test lint bench mutation clean
 
 $(STAMP): pyproject.toml
+	@echo "[make] 1/5 creating the virtual environment $(VENV) (skipped if it exists)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "[make] 2/5 upgrading pip inside $(VENV)"
 	$(PY) -m pip install -q --upgrade pip
+	@echo "[make] 3/5 checking for torch>=2.6; if absent, installing the CPU wheel $(TORCH_PIN) (~200 MB, minutes)"
 	$(PY) -c "import torch, sys; from importlib.metadata import version; v = tuple(int(p) for p in version('torch').split('+')[0].split('.')[:2]); sys.exit(0 if v >= (2, 6) else 1)" 2>/dev/null \
 		|| $(PY) -m pip install -q "$(TORCH_PIN)"
-	$(PY) -m pip install -q -e ".[dev]"
+	@echo "[make] 4/5 installing pilotrun (editable) with the extras [$(EXTRAS)]: numpy, tokenizers, pyarrow, matplotlib, pytest..."
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@echo "[make] 5/5 compiling the CPU MoE kernels (C++, about a minute the first time)"
 	$(PY) -c "from pilotrun.model.cpu_kernels import cpu_kernels_loaded as built; print('pilotrun: CPU MoE kernels', 'built' if built() else 'not built (PyTorch operators instead)')"
 	touch $(STAMP)
+	@echo "[make] ready: $(VENV)/bin/pilotrun"
 
 install: $(STAMP)
 

@@ -25,15 +25,16 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", required=True, help="output folder (refused if it exists, unless --force)")
     p.add_argument("--source", default="builtin",
-                   help="builtin | fineweb-edu[:CONFIG][@REVISION] | local .parquet/.jsonl/.txt files or a glob "
-                   "(default: builtin)")
+                   help="builtin | fineweb-edu[:CONFIG][@REVISION] (needs the [hub] extra) | local "
+                   ".parquet/.jsonl/.txt files or a glob")
     p.add_argument("--tokenizer", default="bpe:4096",
                    help="bpe:VOCAB (train a byte-level BPE on the train split) | hub:NAME[@REVISION] | "
-                   "path/to/tokenizer.json (default: bpe:4096)")
-    p.add_argument("--eos", default=None, help="name the end-of-document token (default: found in the tokenizer)")
+                   "path/to/tokenizer.json")
+    p.add_argument("--eos", default=None, help="name the end-of-document token (none: found in the tokenizer)")
     p.add_argument("--text-field", default="text", help="column/field holding the text (parquet, jsonl)")
     p.add_argument("--train-tokens", type=float, default=None,
-                   help="stop after the complete document that reaches at least N training tokens")
+                   help="stop after the complete document that reaches at least N training tokens (none: the whole "
+                   "source)")
     p.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents sent to val")
     p.add_argument("--shard-tokens", type=float, default=2**24, help="tokens per shard file")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
@@ -110,13 +111,16 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "session_end records reason 'interrupted' before exiting. It prints tokens_per_update and the planned "
         "tokens before it starts, and a progress line (step, loss, training-only tokens/s, ETA) on stderr.",
     )
-    p.add_argument("--config", required=True, help="YAML recipe (see configs/)")
+    p.add_argument("--config", required=True,
+                   help="YAML recipe: a path, or a packaged recipe by name (stability, acceptance, overfit, smoke, "
+                   "gpu/...); `pilotrun config --config F` lists every key with its value, default and meaning")
     p.add_argument("--data", required=True, help="data folder written by `pilotrun prepare`")
     p.add_argument("--run-dir", required=True, help="run folder (run.json, metrics.jsonl, checkpoints/)")
     p.add_argument("--resume", action="store_true", help="continue from the newest committed checkpoint")
     p.add_argument("--from-step", type=int, default=None, help="with --resume: continue from this checkpoint step")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set train.max_steps=200 (repeatable)")
+                   help="override a config key, e.g. --set train.max_steps=200 (repeatable; to shorten a run "
+                   "set optim.schedule.horizon too, or the LR never decays); keys: `pilotrun config`")
     p.add_argument("--allow-change", action="append", default=[], metavar="KEY",
                    help="with --resume: accept a named recipe difference and record it in run.json (repeatable)")
     p.set_defaults(handler=_run_train)
@@ -171,9 +175,10 @@ def _run_summarize(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- verdict
 def _add_verdict(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verdict", help="GO / NO-GO for the pilot, with a drawn report",
-                       description="Apply the documented pilot rules to a run and write R/report/ (summary.json, "
-                       "plots, report.html). Exit 0 for GO, 1 for NO-GO.")
-    p.add_argument("run_dir", help="run folder")
+                       description="Apply the documented pilot rules to the run folder R (the --run-dir given to "
+                       "`pilotrun train`) and write R/report/ (summary.json, plots, report.html). "
+                       "Exit 0 for GO, 1 for NO-GO.")
+    p.add_argument("run_dir", metavar="R", help="run folder written by `pilotrun train --run-dir R`")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
     p.add_argument("--no-resume-required", action="store_true",
                    help="waive the rule that the pilot must have come through a resume")
@@ -210,8 +215,9 @@ def _add_pilot(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("pilot", help="the whole rehearsal on the built-in corpus, on a CPU, in minutes",
                        description="Prepare the built-in corpus, run the CPU stability recipe, kill it halfway, "
                        "resume it, summarize and print the verdict with the report's path. Exit 0 GO, 1 NO-GO.")
-    p.add_argument("--workdir", default="pilot-work", help="folder for the data and the run (default: pilot-work)")
-    p.add_argument("--config", default=None, help="recipe (default: the packaged CPU stability recipe)")
+    p.add_argument("--workdir", default="pilot-work", help="folder for the data and the run")
+    p.add_argument("--config", default=None,
+                   help="recipe path or packaged name (none: the packaged CPU stability recipe)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (repeatable)")
     p.set_defaults(handler=_run_pilot)
@@ -272,8 +278,50 @@ def _run_tensorboard(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------- config
+def _add_config(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("config", help="every config key with its value, default, type and meaning; validates",
+                       description="Load a recipe (defaults <- YAML file <- --set overrides), validate it and print "
+                       "every key with its value, default, type and one-line meaning; '*' marks a value that "
+                       "differs from the default. Exit 0 valid, 2 bad input.")
+    p.add_argument("--config", default=None,
+                   help="YAML recipe path or packaged name (none: the built-in defaults alone)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (repeatable)")
+    p.add_argument("--json", action="store_true", help="print the keys as a JSON list")
+    p.set_defaults(handler=_run_config)
+
+
+def _run_config(args: argparse.Namespace) -> int:
+    import json
+
+    from pilotrun.config import describe_config, format_config_table, load_run_config
+
+    rows = describe_config(load_run_config(args.config, args.overrides))
+    print(json.dumps(rows, indent=1) if args.json else format_config_table(rows))
+    return 0
+
+
+class _DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Appends '(default: X)' to every option that has a meaningful default (not None, False or an empty list)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("%(default)" in text or default is None or default is False or default is argparse.SUPPRESS
+                or default == [] or not action.option_strings):
+            return text
+        return text + " (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="pilotrun",
         description="A pilot before a long pretraining run: does the recipe learn, is the run honestly "
         "accounted for, and does it resume exactly? Data -> train -> summarize -> verdict.",
@@ -281,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pilotrun {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_prepare, _add_data, _add_train, _add_inspect_batch, _add_summarize, _add_verdict, _add_pilot,
-                _add_export, _add_tensorboard):
+                _add_export, _add_tensorboard, _add_config):
         add(sub)
     return parser
 

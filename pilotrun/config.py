@@ -34,141 +34,148 @@ PARALLELISMS = ("ddp", "fsdp")
 COMPILE_MODES = ("none", "inductor", "eager")
 
 
+def knob(default: Any = dataclasses.MISSING, meaning: str = "", *, factory: Any = dataclasses.MISSING) -> Any:
+    """A config field with its one-line meaning kept beside it (`pilotrun config` prints it)."""
+    return field(default=default, default_factory=factory, metadata={"meaning": meaning})
+
+
 @dataclass
 class ModelConfig:
     """DeepSeek-V3-style decoder (spec/model.md section 1). Names follow DESIGN.md's config keys."""
 
-    vocab_size: int = 0  # 0: taken from the data folder's tokenizer at train time
-    d_model: int = 64
-    n_layers: int = 2
-    n_dense_layers: int = 1
-    n_heads: int = 4
-    q_lora_rank: int = 0  # 0: no query compression (wq), else wq_a -> q_norm -> wq_b
-    kv_lora_rank: int = 32
-    qk_nope_head_dim: int = 16
-    qk_rope_head_dim: int = 8
-    v_head_dim: int = 16
-    n_routed_experts: int = 4
-    n_shared_experts: int = 1
-    top_k: int = 2
-    moe_hidden: int = 64
-    dense_hidden: int = 192
-    balance: str = "aux_free+seq"
-    score_func: str = "sigmoid"
-    route_norm: bool = True
-    route_scale: float = 0.0  # 0: Moonlight's formula for sigmoid routers, 1.0 for softmax (spec D2)
-    n_expert_groups: int = 1
-    n_limited_groups: int = 1
-    bias_update_speed: float = 1e-3
-    seq_aux_alpha: float = 1e-4
-    z_loss_beta: float = 0.0
-    rope_theta: float = 10000.0
-    max_seq_len: int = 4096
-    init_std: float = 0.006
-    norm_eps: float = 1e-6
-    attn_impl: str = "auto"  # auto: eager on CPU (exact max logit for free), sdpa + chunked max logit on CUDA
-    moe_impl: str = "grouped"  # grouped_mm where torch has it for the device/dtype, else sorted; loop, dense_ref
-    cpu_kernels: bool = True  # CPU: routing, combine and routed experts as compiled kernels (model/cpu_kernels.py)
+    vocab_size: int = knob(0, "vocabulary size; 0 takes it from the data folder's tokenizer at train time")
+    d_model: int = knob(64, "hidden width of the residual stream")
+    n_layers: int = knob(2, "decoder blocks in total")
+    n_dense_layers: int = knob(1, "leading blocks with a dense FFN instead of MoE")
+    n_heads: int = knob(4, "attention heads")
+    q_lora_rank: int = knob(0, "query compression rank; 0: no compression (wq), else wq_a -> q_norm -> wq_b")
+    kv_lora_rank: int = knob(32, "compressed key/value latent width (MLA)")
+    qk_nope_head_dim: int = knob(16, "per-head query/key width without rotary position")
+    qk_rope_head_dim: int = knob(8, "per-head query/key width carrying rotary position (even)")
+    v_head_dim: int = knob(16, "per-head value width")
+    n_routed_experts: int = knob(4, "routed experts per MoE layer")
+    n_shared_experts: int = knob(1, "always-active shared experts per MoE layer")
+    top_k: int = knob(2, "routed experts each token takes")
+    moe_hidden: int = knob(64, "hidden width of one expert's FFN")
+    dense_hidden: int = knob(192, "hidden width of the dense FFN")
+    balance: str = knob("aux_free+seq", "expert load balancing: " + ", ".join(BALANCE_MODES))
+    score_func: str = knob("sigmoid", "router scores: sigmoid or softmax")
+    route_norm: bool = knob(True, "renormalize the chosen experts' gate weights to sum to 1")
+    route_scale: float = knob(0.0, "gate weight scale; 0: Moonlight's formula for sigmoid routers, 1.0 for softmax")
+    n_expert_groups: int = knob(1, "expert groups for group-limited routing")
+    n_limited_groups: int = knob(1, "groups a token may route into")
+    bias_update_speed: float = knob(1e-3, "aux-free balancing: speed gamma of the per-expert routing bias")
+    seq_aux_alpha: float = knob(1e-4, "weight of the sequence-wise balance loss")
+    z_loss_beta: float = knob(0.0, "weight of the router z-loss; 0 disables it")
+    rope_theta: float = knob(10000.0, "rotary position base")
+    max_seq_len: int = knob(4096, "length of the rotary table; train.seq_len must fit")
+    init_std: float = knob(0.006, "standard deviation of the weight initialization")
+    norm_eps: float = knob(1e-6, "RMSNorm epsilon")
+    attn_impl: str = knob("auto", "attention kernel: auto (eager on CPU for an exact max logit, sdpa on CUDA), "
+                          "eager, sdpa")
+    moe_impl: str = knob("grouped", "expert dispatch: grouped (grouped_mm where available, else sorted), sorted, "
+                         "loop, dense_ref")
+    cpu_kernels: bool = knob(True, "CPU: routing, combine and routed experts as compiled kernels")
     # Recompute each block's forward in backward instead of keeping its activations (model/recompute.py):
     # less memory, ~1 more forward of compute; the same results bit for bit, so it may change on resume.
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = knob(False, "recompute each block in backward: less memory, ~1 more forward")
     # Debug (spec 5): every token takes experts (t*K + k) mod E, perfectly balanced, gate weights from its scores;
     # for best-case dispatch throughput and to tell routing bugs from others. Never for a real run.
-    force_balanced_routing: bool = False
+    force_balanced_routing: bool = knob(False, "debug only: route every token round-robin, perfectly balanced")
 
 
 @dataclass
 class MuonConfig:
-    lr: float = 3e-3
-    weight_decay: float = 0.1
-    momentum: float = 0.95
-    nesterov: bool = True
-    ns_steps: int = 5
-    scale_mode: str = "moonlight"
-    ns_variant: str = "quintic"  # "hybrid": 8 quintic + 2 pinning iterations, singular values near 1 (spec 2.2.2)
-    # "param": one Newton-Schulz per parameter (per expert slice); "per_head": each head's row block of wq/wq_b
-    # and wkv_b is its own matrix (spec 2.2.5, an ablation; DECISION D9 keeps "param").
-    granularity: str = "param"
+    lr: float = knob(3e-3, "Muon base learning rate (matrices)")
+    weight_decay: float = knob(0.1, "Muon decoupled weight decay")
+    momentum: float = knob(0.95, "Muon momentum, in [0, 1)")
+    nesterov: bool = knob(True, "Nesterov momentum")
+    ns_steps: int = knob(5, "Newton-Schulz iterations per orthogonalization")
+    scale_mode: str = knob("moonlight", "update scaling: moonlight (match AdamW RMS) or keller")
+    ns_variant: str = knob("quintic", "Newton-Schulz coefficients: quintic, or hybrid (8 quintic + 2 pinning)")
+    # "per_head" is an ablation; DECISION D9 keeps "param".
+    granularity: str = knob("param", "orthogonalize per parameter (per expert slice) or per_head")
     # Under DDP each rank runs Newton-Schulz for 1/world of the matrices and one all_gather shares the results
     # (MuonAdamW.distribute_orthogonalization): the same update bit for bit, less replicated work.
-    distribute_newton_schulz: bool = True
+    distribute_newton_schulz: bool = knob(True, "DDP: split Newton-Schulz across ranks (same result, less work)")
 
 
 @dataclass
 class AdamWConfig:
-    lr: float = 3e-3
-    weight_decay: float = 0.1
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
+    lr: float = knob(3e-3, "AdamW base learning rate (embeddings, head, norms, router)")
+    weight_decay: float = knob(0.1, "AdamW decoupled weight decay")
+    betas: list[float] = knob(meaning="AdamW (beta1, beta2)", factory=lambda: [0.9, 0.95])
+    eps: float = knob(1e-8, "AdamW epsilon")
 
 
 @dataclass
 class QKClipConfig:
-    enabled: bool = True
-    tau: float = 100.0
+    enabled: bool = knob(True, "rescale query/key weights of heads whose max logit exceeds tau")
+    tau: float = knob(100.0, "QK-Clip threshold on the max attention logit")
 
 
 @dataclass
 class ScheduleConfig:
     """LR multiplier as a pure function of the applied-update count and this horizon (spec D11)."""
 
-    kind: str = "cosine"
-    warmup_steps: int = 10
-    horizon: int = 1000  # the schedule's own length in applied updates; independent of train.max_steps
-    min_lr_ratio: float = 0.1
-    decay_fraction: float = 0.2  # wsd: the final fraction of the horizon spent decaying
-    # spec 1.6.1: the aux-free expert bias stops moving (gamma = 0) for this final fraction of the horizon
-    bias_freeze_fraction: float = 0.03
+    kind: str = knob("cosine", "LR shape after warm-up: cosine, wsd (warmup-stable-decay) or constant")
+    warmup_steps: int = knob(10, "linear warm-up length in applied updates")
+    # Independent of train.max_steps so that raising max_steps on resume continues the same curve.
+    horizon: int = knob(1000, "the schedule's own length in applied updates; set it to train.max_steps to "
+                        "decay fully")
+    min_lr_ratio: float = knob(0.1, "final LR as a fraction of the base LR (cosine, wsd)")
+    decay_fraction: float = knob(0.2, "wsd: final fraction of the horizon spent decaying")
+    # spec 1.6.1: the routing settles before training ends.
+    bias_freeze_fraction: float = knob(0.03, "final fraction of the horizon with the expert bias frozen")
 
 
 @dataclass
 class OptimConfig:
     muon: MuonConfig = field(default_factory=MuonConfig)
     adamw: AdamWConfig = field(default_factory=AdamWConfig)
-    grad_clip: float = 1.0  # 0 disables clipping (the norm is still measured)
+    grad_clip: float = knob(1.0, "global gradient-norm clip; 0 disables clipping (the norm is still measured)")
     qk_clip: QKClipConfig = field(default_factory=QKClipConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    router_optimizer: str = "adamw"  # spec D3
-    wd_norms: bool = True  # spec D10: weight decay on RMSNorm gains
+    router_optimizer: str = knob("adamw", "optimizer of the router weights: adamw or muon")  # spec D3
+    wd_norms: bool = knob(True, "weight decay on RMSNorm gains")  # spec D10
 
 
 @dataclass
 class ProfileConfig:
     """A torch.profiler window over a few updates (train/profiling.py); off while `steps` is 0."""
 
-    start_step: int = 1  # the first profiled update is the one that makes this step
-    steps: int = 0  # how many consecutive update attempts to profile; 0: no profiling
-    top_operators: int = 30  # rows of the operator table written beside the Chrome trace
-    record_shapes: bool = False  # also group operators by input shapes (more overhead)
-    profile_memory: bool = False  # also record allocations per operator (more overhead)
-    with_stack: bool = False  # Python stacks in the trace (much more overhead and a bigger trace)
+    start_step: int = knob(1, "the first profiled update is the one that makes this step")
+    steps: int = knob(0, "consecutive update attempts to profile; 0: no profiling")
+    top_operators: int = knob(30, "rows of the operator table written beside the Chrome trace")
+    record_shapes: bool = knob(False, "also group operators by input shapes (more overhead)")
+    profile_memory: bool = knob(False, "also record allocations per operator (more overhead)")
+    with_stack: bool = knob(False, "Python stacks in the trace (much more overhead and a bigger trace)")
 
 
 @dataclass
 class TrainConfig:
-    batch_size: int = 4
-    seq_len: int = 32
-    gradient_accumulation_steps: int = 1
-    max_steps: int = 100
-    precision: str = "fp32"
-    loss_scale_init: float = 65536.0
-    loss_scale_growth_interval: int = 2000
-    max_consecutive_skips: int = 50  # stop the run with a clear reason after this many skipped updates in a row
-    seed: int = 0
-    data_mode: str = "successive"
-    log_every: int = 10
-    eval_every: int = 50  # 0: no evaluation
-    eval_batches: int = 4
-    checkpoint_every: int = 50  # 0: only at the end and on interruption
-    keep_checkpoints: int = 3
-    device: str = "auto"  # auto: cuda when available, else cpu
-    num_threads: int = 0  # 0: leave torch's default; tests pin it for bit-exact runs
-    parallelism: str = "ddp"
-    memory_budget_gb: float = 0.0  # 0: no budget check in the verdict
-    # torch.compile each decoder block (train/trainer.py): "inductor" generates fused kernels (the speed-up; the
-    # first update pays the compile), "eager" only traces with Dynamo (checks that the model compiles; no
-    # speed-up), "none" runs eagerly. Traced graphs use the reference MoE operators, not the CPU kernels.
-    compile: str = "none"
+    batch_size: int = knob(4, "sequences per microbatch per rank")
+    seq_len: int = knob(32, "tokens per sequence")
+    gradient_accumulation_steps: int = knob(1, "microbatches per update")
+    max_steps: int = knob(100, "applied updates to train; does not move the LR schedule (optim.schedule.horizon)")
+    precision: str = knob("fp32", "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)")
+    loss_scale_init: float = knob(65536.0, "fp16: initial loss scale")
+    loss_scale_growth_interval: int = knob(2000, "fp16: updates without overflow before the scale doubles")
+    max_consecutive_skips: int = knob(50, "stop the run with a clear reason after this many skipped updates in a row")
+    seed: int = knob(0, "seed of every generator (initialization, data order)")
+    data_mode: str = knob("successive", "successive (read the stream) or repeat_batch (one batch, for overfitting)")
+    log_every: int = knob(10, "updates per logged train window")
+    eval_every: int = knob(50, "updates between val evaluations; 0: no evaluation")
+    eval_batches: int = knob(4, "val batches per evaluation (batch_size x (seq_len+1) tokens each)")
+    checkpoint_every: int = knob(50, "updates between checkpoints; 0: only at the end and on interruption")
+    keep_checkpoints: int = knob(3, "newest committed checkpoints kept")
+    device: str = knob("auto", "auto (cuda when available, else cpu), cpu or cuda[:N]")
+    num_threads: int = knob(0, "CPU threads; 0 leaves torch's default (tests pin it for bit-exact runs)")
+    parallelism: str = knob("ddp", "under torchrun: ddp or fsdp")
+    memory_budget_gb: float = knob(0.0, "peak memory the verdict checks against; 0: no check")
+    # "inductor" generates fused kernels (the first update pays the compile), "eager" only traces with Dynamo
+    # (checks that the model compiles; no speed-up). Traced graphs use the reference MoE operators.
+    compile: str = knob("none", "torch.compile each block: none, inductor (faster) or eager (trace only)")
     profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
@@ -290,10 +297,28 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return merged
 
 
+def packaged_configs_dir() -> Path:
+    """The recipes shipped inside the package (pilotrun/configs/); the repository's configs/ links here."""
+    return Path(__file__).resolve().parent / "configs"
+
+
+def resolve_recipe_path(path: str | Path) -> Path:
+    """An existing file as given, else a packaged recipe by name: `stability`, `stability.yaml`, `gpu/h100`
+    or `configs/stability.yaml` (so README commands work from any folder and after a wheel install)."""
+    given = Path(path)
+    if given.is_file():
+        return given
+    name = given.as_posix().removeprefix("configs/")
+    candidate = packaged_configs_dir() / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
+    if not given.is_absolute() and candidate.is_file():
+        return candidate
+    shipped = sorted(p.relative_to(packaged_configs_dir()).with_suffix("").as_posix()
+                     for p in packaged_configs_dir().rglob("*.yaml"))
+    raise ConfigError(f"config file not found: {path} (packaged recipes by name: {', '.join(shipped)})")
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+    path = resolve_recipe_path(path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
@@ -406,3 +431,36 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
+
+
+def describe_config(config: RunConfig) -> list[dict[str, Any]]:
+    """Every leaf key of a recipe with its value, default, type and one-line meaning, in declaration order."""
+    rows: list[dict[str, Any]] = []
+
+    def walk(instance: Any, default: Any, prefix: str) -> None:
+        hints = typing.get_type_hints(type(instance))
+        for f in dataclasses.fields(instance):
+            key = f"{prefix}.{f.name}" if prefix else f.name
+            value, default_value = getattr(instance, f.name), getattr(default, f.name)
+            if dataclasses.is_dataclass(value):
+                walk(value, default_value, key)
+                continue
+            hint = hints[f.name]
+            type_name = hint.__name__ if isinstance(hint, type) else str(hint)
+            rows.append({"key": key, "value": value, "default": default_value, "type": type_name,
+                         "meaning": f.metadata.get("meaning", "")})
+
+    walk(config, RunConfig(), "")
+    return rows
+
+
+def format_config_table(rows: list[dict[str, Any]]) -> str:
+    """Plain-text table of `describe_config` rows; keys whose value differs from the default are marked '*'."""
+    width = max(len(r["key"]) for r in rows)
+    lines = []
+    for r in rows:
+        mark = "*" if r["value"] != r["default"] else " "
+        value = yaml.safe_dump(r["value"], default_flow_style=True).strip().removesuffix("\n...").strip()
+        default = yaml.safe_dump(r["default"], default_flow_style=True).strip().removesuffix("\n...").strip()
+        lines.append(f"{mark} {r['key']:<{width}}  {value:<14} (default {default}, {r['type']})  {r['meaning']}")
+    return "\n".join(lines)

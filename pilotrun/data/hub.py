@@ -32,11 +32,26 @@ class HubClient(Protocol):
         ...
 
 
+OFFLINE_HINTS = {
+    "dataset": "use local files instead: --source data.parquet, data.jsonl, data.txt or a glob",
+    "model": "use a local tokenizer instead: --tokenizer path/to/tokenizer.json (or bpe:VOCAB to train one)",
+}
+
+
 def _hub_import_error(exc: ImportError) -> DataError:
     return DataError(
-        f"this source/tokenizer needs the optional hub libraries ({exc.name} is missing): "
-        "pip install 'pilotrun[hub]'"
+        f"this source/tokenizer needs the optional hub libraries ({exc.name} is missing): install the [hub] "
+        "extra with `.venv/bin/pip install -e '.[hub]'` (or `make install EXTRAS=hub`), or use local files"
     )
+
+
+def _hub_unreachable(action: str, repo_type: str, exc: BaseException) -> DataError:
+    """One line for any failure of the hub libraries (offline, DNS, HTTP, not found): what failed, the first
+    line of the library's message, and what to use without the network."""
+    lines = str(exc).strip().splitlines()
+    detail = lines[0][:200] if lines else ""
+    return DataError(f"cannot {action} on the Hugging Face hub ({type(exc).__name__}: {detail}); if offline, "
+                     f"{OFFLINE_HINTS[repo_type]}")
 
 
 class HuggingFaceHub:
@@ -54,7 +69,8 @@ class HuggingFaceHub:
             else:
                 info = api.model_info(repo_id, revision=revision)
         except Exception as exc:  # the hub library raises many types (HTTP, offline, not found)
-            raise DataError(f"cannot resolve revision '{revision}' of {repo_type} {repo_id}: {exc}") from None
+            raise _hub_unreachable(f"resolve revision '{revision}' of {repo_type} {repo_id}", repo_type,
+                                   exc) from None
         return str(info.sha)
 
     def stream_rows(self, repo_id: str, config: str, revision: str) -> Iterator[dict[str, Any]]:
@@ -62,8 +78,12 @@ class HuggingFaceHub:
             from datasets import load_dataset
         except ImportError as exc:
             raise _hub_import_error(exc) from None
-        dataset = load_dataset(repo_id, name=config, split="train", streaming=True, revision=revision)
-        yield from dataset
+        try:
+            yield from load_dataset(repo_id, name=config, split="train", streaming=True, revision=revision)
+        except DataError:
+            raise
+        except Exception as exc:  # the connection may fail at the start or in the middle of the stream
+            raise _hub_unreachable(f"stream {repo_id}:{config}@{revision}", "dataset", exc) from None
 
     def download_file(self, repo_id: str, filename: str, revision: str) -> str:
         try:
@@ -73,7 +93,7 @@ class HuggingFaceHub:
         try:
             return hf_hub_download(repo_id, filename, revision=revision)
         except Exception as exc:
-            raise DataError(f"cannot download {filename} of {repo_id}@{revision}: {exc}") from None
+            raise _hub_unreachable(f"download {filename} of {repo_id}@{revision}", "model", exc) from None
 
 
 def resolve_commit(hub: HubClient, repo_id: str, revision: str, repo_type: str) -> str:

@@ -28,7 +28,7 @@ import numpy as np
 
 from pilotrun.data.hub import HubClient
 from pilotrun.data.shards import FORMAT, METADATA_FILE, TOKENIZER_FILE, ShardWriter, manifest_text
-from pilotrun.data.sources import open_source
+from pilotrun.data.sources import OpenedSource, open_source
 from pilotrun.data.stream import SPLITS, TRAIN, VAL, shuffled, with_splits
 from pilotrun.data.tokenizer import (
     ResolvedTokenizer,
@@ -116,12 +116,14 @@ def prepare_corpus(
     os.makedirs(temporary)
     try:
         splits, stopped = _tokenize_and_write(stream(), resolved, temporary, shard_tokens, train_tokens, workers,
-                                              progress)
+                                              progress, opened)
         if splits[TRAIN]["tokens"] == 0:
             raise DataError(f"source '{source}' gave no training documents (val_fraction={val_fraction})")
         if train_tokens is not None and not stopped:
             print(f"pilotrun prepare: warning: the source ended at {splits[TRAIN]['tokens']} training tokens, fewer "
                   f"than --train-tokens {train_tokens} (the manifest records the real count)", file=sys.stderr)
+        for warning in small_val_warnings(splits[VAL]["tokens"]):
+            print(f"pilotrun prepare: warning: {warning}", file=sys.stderr)
         import tokenizers
 
         manifest = {
@@ -155,6 +157,17 @@ def prepare_corpus(
         shutil.rmtree(temporary, ignore_errors=True)
         raise
     return manifest
+
+
+def small_val_warnings(val_tokens: int, recipe: str = "stability") -> list[str]:
+    """A warning when the val split is smaller than one evaluation of a packaged recipe (by default the CPU
+    stability recipe `pilotrun pilot` runs): the evaluation would re-read the same few documents."""
+    from pilotrun.config import load_run_config
+    from pilotrun.train.notices import val_split_warnings
+
+    t = load_run_config(recipe).train
+    return val_split_warnings(val_tokens, t.batch_size, t.seq_len, t.eval_batches,
+                              what=f"the packaged {recipe} recipe")
 
 
 def _remove_abandoned_partials(parent: str, name: str) -> None:
@@ -285,18 +298,35 @@ def _encoded_in_order(chunks: Iterator[tuple[list[str], list[str]]], resolved: R
             executor.shutdown(wait=True, cancel_futures=True)
 
 
+def _progress_bar(train_tokens: int | None, opened: OpenedSource | None, progress: bool):
+    """The bar and how to read its position. With a --train-tokens cap it counts training tokens; without one,
+    documents against the count a local file or the built-in corpus knows up front (so it has an ETA); a
+    streamed source without a cap only counts. The position is clamped to the total: the last document may
+    carry the training tokens past the cap, and the bar must not run past 100%."""
+    from tqdm import tqdm
+
+    expected = opened.expected_documents if opened is not None else None
+    if train_tokens is None and expected:
+        bar = tqdm(total=expected, unit="doc", unit_scale=True, desc="prepare (documents)", file=sys.stderr,
+                   disable=not progress, dynamic_ncols=True)
+        return bar, lambda train, docs: min(docs + opened.skipped_empty, expected)
+    bar = tqdm(total=train_tokens, unit="tok", unit_scale=True, desc="prepare (train tokens)", file=sys.stderr,
+               disable=not progress, dynamic_ncols=True)
+    if train_tokens is None:
+        return bar, lambda train, docs: train
+    return bar, lambda train, docs: min(train, train_tokens)
+
+
 def _tokenize_and_write(stream: Iterator[tuple[str, str]], resolved: ResolvedTokenizer, folder: str,
                         shard_tokens: int, train_tokens: int | None, workers: int,
-                        progress: bool) -> tuple[dict[str, Any], bool]:
-    from tqdm import tqdm
+                        progress: bool, opened: OpenedSource | None = None) -> tuple[dict[str, Any], bool]:
 
     writers = {split: ShardWriter(folder, split, shard_tokens, resolved.dtype) for split in SPLITS}
     documents = dict.fromkeys(SPLITS, 0)
     tokens = dict.fromkeys(SPLITS, 0)
     stopped = False
     started = time.perf_counter()
-    bar = tqdm(total=train_tokens, unit="tok", unit_scale=True, desc="prepare (train tokens)", file=sys.stderr,
-               disable=not progress, dynamic_ncols=True)
+    bar, bar_position = _progress_bar(train_tokens, opened, progress)
     encoded = _encoded_in_order(_chunks(stream), resolved, workers)
     try:
         for splits, chunk_tokens, lengths in encoded:
@@ -311,14 +341,13 @@ def _tokenize_and_write(stream: Iterator[tuple[str, str]], resolved: ResolvedTok
                     is_val, lengths = is_val[:keep], lengths[:keep]
                     stopped = True
             token_is_val = np.repeat(is_val, lengths)
-            before = tokens[TRAIN]
             for split, mask in ((TRAIN, ~token_is_val), (VAL, token_is_val)):
                 part = chunk_tokens[mask]
                 writers[split].add(part)
                 tokens[split] += len(part)
             documents[VAL] += int(is_val.sum())
             documents[TRAIN] += int((~is_val).sum())
-            bar.update(tokens[TRAIN] - before)
+            bar.update(bar_position(tokens[TRAIN], documents[TRAIN] + documents[VAL]) - bar.n)
             elapsed = max(time.perf_counter() - started, 1e-9)
             bar.set_postfix(docs=documents[TRAIN] + documents[VAL],
                             docs_per_s=f"{(documents[TRAIN] + documents[VAL]) / elapsed:.0f}",

@@ -38,6 +38,9 @@ class OpenedSource:
     identity: dict[str, Any]
     _iterate: Callable[[], Iterator[str | None]]
     skipped_empty: int = field(default=0)  # of the latest complete or partial pass
+    # Documents a full pass reads (empty ones included) when the source knows it up front: the progress bar's
+    # total when no --train-tokens cap is given. None for streamed hub data.
+    expected_documents: int | None = None
 
     def documents(self) -> Iterator[str]:
         """A fresh pass over the non-empty documents, in the source's own order."""
@@ -55,7 +58,8 @@ def open_source(spec: str, text_field: str = "text", hub: HubClient | None = Non
         raise DataError("--source is empty")
     if spec == "builtin":
         info = builtin_corpus_info()
-        return OpenedSource(identity=info.to_manifest(), _iterate=iter_builtin_documents)
+        return OpenedSource(identity=info.to_manifest(), _iterate=iter_builtin_documents,
+                            expected_documents=info.documents)
     if spec == "fineweb-edu" or spec.startswith(("fineweb-edu:", "fineweb-edu@")):
         return _open_fineweb_edu(spec, text_field, hub or HuggingFaceHub())
     return _open_local(spec, text_field)
@@ -146,7 +150,28 @@ def _open_local(spec: str, text_field: str) -> OpenedSource:
             yield from _read_local_file(path, text_field)
 
     identity = {"kind": "local", "files": records, "text_field": text_field}
-    return OpenedSource(identity=identity, _iterate=iterate)
+    return OpenedSource(identity=identity, _iterate=iterate,
+                        expected_documents=sum(_documents_in_local_file(p) for p in files))
+
+
+def _documents_in_local_file(path: str) -> int:
+    """Documents `_read_local_file` yields for `path`, counted cheaply: a parquet's row count from its footer,
+    a jsonl's non-blank lines (one binary scan), one for a .txt. Unreadable files count 0: reading them later
+    gives the error that names the problem."""
+    if path.endswith(".txt"):
+        return 1
+    if path.endswith(".jsonl"):
+        count = 0
+        with open(path, "rb") as handle:
+            for line in handle:
+                count += bool(line.strip())
+        return count
+    import pyarrow.parquet as pq
+
+    try:
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    except Exception:  # a damaged file: _read_parquet names it when the pass reaches it
+        return 0
 
 
 def _read_local_file(path: str, text_field: str) -> Iterator[str | None]:

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from pilotrun.files import write_text_atomic
+from pilotrun.report.identity import RULE_PLOTS, run_identity
 from pilotrun.report.plots import PLOT_TITLES, write_plots
 from pilotrun.report.verdict import Verdict
 
@@ -35,8 +36,15 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
     o = summary.overall
     e = html.escape
     colour = STATUS_COLOURS["PASS" if verdict.decision == "GO" else "FAIL"]
+    precision = ((summary.run.get("recipe") or {}).get("train") or {}).get("precision")
+    shown = {name: path for name, path in plots.items() if name != "loss_scale" or precision in ("fp16", None)}
+
+    def rule_cell(name: str) -> str:
+        plot = RULE_PLOTS.get(name)
+        return f"<a href='#plot-{plot}'>{e(name)}</a>" if plot in shown else e(name)
+
     rule_rows = "\n".join(
-        f"<tr><td>{e(r.name)}</td><td style='color:{STATUS_COLOURS[r.status]};font-weight:bold'>{r.status}</td>"
+        f"<tr><td>{rule_cell(r.name)}</td><td style='color:{STATUS_COLOURS[r.status]};font-weight:bold'>{r.status}</td>"
         f"<td>{e(r.figure)}</td><td>{e(r.threshold)}</td><td>{e(r.evidence)}</td></tr>" for r in verdict.rules)
     session_rows = "\n".join(
         f"<tr><td>{e(s.session_id)}</td><td>{'-' if s.resumed_from is None else s.resumed_from}</td>"
@@ -47,13 +55,24 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
         f"of {s.wall_seconds:.1f}{'' if s.time_source == 'session_end' else ' (from events)'}</td></tr>"
         for s in summary.sessions)
     images = []
-    for name, path in plots.items():
+    for name, path in shown.items():
         data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
-        images.append(f"<figure><img alt='{e(name)}' data-file='{e(Path(path).name)}' "
+        images.append(f"<figure id='plot-{e(name)}'><img alt='{e(name)}' data-file='{e(Path(path).name)}' "
                       f"src='data:image/png;base64,{data}'><figcaption>{e(PLOT_TITLES.get(name, name))} "
                       f"({e(Path(path).name)})</figcaption></figure>")
+    if len(shown) < len(plots):
+        images.append(f"<p>loss_scale.png is left out of this page: a {e(str(precision))} run has no loss scaling "
+                      "(the scale stays 1.0 and no update is skipped for overflow); the file is in the folder.</p>")
+    failed = [r for r in verdict.rules if r.status == "FAIL"]
+    failed_items = "".join(f"<li><b>{rule_cell(r.name)}</b>: {e(r.figure)} (needs {e(r.threshold)})</li>"
+                           for r in failed)
+    headline = f"<ul class='failed'>{failed_items}</ul>" if failed else ""
+    identity_rows = "\n".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in run_identity(summary.run))
     problems = "".join(f"<li>{e(r)}</li>" for r in summary.reasons) or "<li>none</li>"
-    notes = "".join(f"<li>{e(n)}</li>" for n in summary.notes) or "<li>none</li>"
+    # The trainer's own notes (schedule and val warnings, what a resume restored) travel in run.json's sessions.
+    session_notes = [f"session {s.get('session_id')}: {n}" for s in summary.run.get("sessions") or []
+                     for n in s.get("notes") or []]
+    notes = "".join(f"<li>{e(n)}</li>" for n in [*summary.notes, *session_notes]) or "<li>none</li>"
     t = o.get("time_split") or {}
     facts = [
         ("updates applied / max_steps", f"{_fmt(o.get('updates_applied'))} / {_fmt(o.get('max_steps'))}"),
@@ -77,11 +96,15 @@ body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px;
 table {{ border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }}
 th, td {{ border: 1px solid #d0d7de; padding: 4px 8px; text-align: left; vertical-align: top; }}
 th {{ background: #f6f8fa; }}
+.identity th {{ width: 12em; }}
+.failed {{ color: #cf222e; }}
 .decision {{ font-size: 2em; font-weight: bold; color: {colour}; }}
 figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; border: 1px solid #d0d7de; }}
 </style></head><body>
 <h1>Pilot verdict for run <code>{e(str(summary.run_id))}</code></h1>
+<table class="identity">{identity_rows}</table>
 <p class="decision">{e(verdict.decision)}</p>
+{headline}
 <p>{e(verdict.statement)}</p>
 <h2>Rules</h2>
 <table><tr><th>rule</th><th>status</th><th>figure</th><th>threshold</th><th>evidence</th></tr>
@@ -89,6 +112,11 @@ figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; border: 1px solid #d0d7de;
 </table>
 <h2>The run's account</h2>
 <table>{fact_rows}</table>
+<p>Two throughput figures, measuring different things: the table's <i>training-only</i> figure is every
+processed token over the seconds spent inside training updates, warm-up windows included; the
+<code>throughput_steady</code> rule instead compares the median per-window training-only rate of the last third
+of windows with the first third, leaving out each session's first (warm-up) window, marked in throughput.png.
+The <i>wall-clock</i> figure also pays for evaluation, checkpoints, start-up and the time lost to interruptions.</p>
 <h3>Sessions</h3>
 <table><tr><th>session</th><th>resumed from</th><th>status</th><th>ended</th><th>applied</th><th>skipped</th>
 <th>rolled back</th><th>tokens</th><th>train tok/s</th><th>wall tok/s</th><th>train / eval / checkpoint / other (s)</th></tr>

@@ -13,7 +13,6 @@ the resumed process then has nothing in memory from the first, exactly like a cr
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -24,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-import pilotrun
 from pilotrun.errors import PilotrunError
+from pilotrun.report.child_progress import ProgressLine, wait_with_progress
 
 DEFAULT_RECIPE = "stability.yaml"
 DEFAULT_TOKENIZER = "bpe:2048"
@@ -48,28 +47,18 @@ class PilotResult:
 
 
 def configs_dir() -> Path:
-    """The repository's configs/ folder next to the package."""
-    folder = Path(pilotrun.__file__).resolve().parents[1] / "configs"
+    """The recipes shipped inside the package (the repository's configs/ links to the same folder)."""
+    from pilotrun.config import packaged_configs_dir
+
+    folder = packaged_configs_dir()
     if not folder.is_dir():
-        raise PilotError(f"configs folder not found at {folder} (pilot needs the repository's configs/; "
-                         "pass --config PATH to use a recipe elsewhere)")
+        raise PilotError(f"packaged recipes not found at {folder} (a broken install? pass --config PATH to use a "
+                         "recipe elsewhere)")
     return folder
 
 
 def _say(out: TextIO, text: str) -> None:
     print(f"[pilot] {text}", file=out, flush=True)
-
-
-def _read_complete_events(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    events = []
-    for line in path.read_text(encoding="utf-8", errors="replace").split("\n")[:-1]:  # last piece may be partial
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return events
 
 
 def _committed_checkpoints(run_dir: Path) -> list[int]:
@@ -88,41 +77,39 @@ def _train_command(config: Path, data_dir: Path, run_dir: Path, overrides: list[
     return command + (["--resume"] if resume else [])
 
 
-def _kill_past_midpoint(process: subprocess.Popen, run_dir: Path, midpoint: int, poll_seconds: float,
-                        timeout_seconds: float) -> tuple[int, int]:
+def _kill_past_midpoint(process: subprocess.Popen, run_dir: Path, midpoint: int, max_steps: int, line: ProgressLine,
+                        poll_seconds: float, timeout_seconds: float) -> tuple[int, int]:
     """Wait until metrics.jsonl shows a step past the midpoint and a checkpoint event, then SIGKILL at once.
 
     The decision reads only metrics.jsonl (a `checkpoint` event is written after its checkpoint is
     committed), so nothing slow sits between seeing the step and killing; which checkpoints are committed on
     disk is read after the kill, and that is what the resume will find.
     """
-    metrics = run_dir / "metrics.jsonl"
-    started = time.monotonic()
-    while True:
-        if process.poll() is not None:
-            raise PilotError(f"the first training process exited (code {process.returncode}) before it could be "
-                             f"interrupted past step {midpoint}; see {run_dir.parent / 'train-1.log'}")
-        events = _read_complete_events(metrics)
+    def past_midpoint(events: list[dict]) -> bool:
         steps = [e.get("step", 0) for e in events if e.get("event") == "train"]
-        checkpointed = any(e.get("event") == "checkpoint" for e in events)
-        if steps and max(steps) > midpoint and checkpointed:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait()
-            committed = _committed_checkpoints(run_dir)
-            if not committed:
-                raise PilotError(f"no committed checkpoint in {run_dir / 'checkpoints'} after the kill")
-            return max(steps), max(committed)
-        if time.monotonic() - started > timeout_seconds:
-            process.kill()
-            process.wait()
-            raise PilotError(f"training did not pass step {midpoint} within {timeout_seconds:.0f} s")
-        time.sleep(poll_seconds)
+        return bool(steps) and max(steps) > midpoint and any(e.get("event") == "checkpoint" for e in events)
+
+    try:
+        events = wait_with_progress(process, run_dir / "metrics.jsonl", max_steps, line, poll_seconds,
+                                    timeout_seconds, stop_when=past_midpoint)
+    except TimeoutError:
+        raise PilotError(f"training did not pass step {midpoint} within {timeout_seconds:.0f} s") from None
+    if not past_midpoint(events):
+        raise PilotError(f"the first training process exited (code {process.returncode}) before it could be "
+                         f"interrupted past step {midpoint}; see {run_dir.parent / 'train-1.log'}")
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    committed = _committed_checkpoints(run_dir)
+    if not committed:
+        raise PilotError(f"no committed checkpoint in {run_dir / 'checkpoints'} after the kill")
+    return max(e.get("step", 0) for e in events if e.get("event") == "train"), max(committed)
 
 
 def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = None, overrides: list[str] | None = None,
               tokenizer: str = DEFAULT_TOKENIZER, out: TextIO | None = None, poll_seconds: float = 0.1,
               timeout_seconds: float = 1800.0) -> PilotResult:
-    from pilotrun.config import load_run_config
+    from pilotrun.config import load_run_config, resolve_recipe_path
+    from pilotrun.errors import ConfigError
     from pilotrun.report.html import write_report
     from pilotrun.report.summarize import format_summary, summarize_run
     from pilotrun.report.verdict import format_verdict, judge_summary
@@ -131,8 +118,10 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
     started = time.monotonic()
     workdir = Path(workdir)
     config_path = Path(config) if config is not None else configs_dir() / DEFAULT_RECIPE
-    if not config_path.is_file():
-        raise PilotError(f"recipe not found: {config_path}")
+    try:
+        config_path = resolve_recipe_path(config_path)  # a packaged recipe may be named: `--config smoke`
+    except ConfigError:
+        raise PilotError(f"recipe not found: {config_path}") from None
     overrides = list(overrides or [])
     recipe = load_run_config(config_path, overrides)  # bad keys fail here, before anything is written
     pinned_threads = recipe.train.num_threads == 0
@@ -170,12 +159,14 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
     if pinned_threads:
         _say(out, "the recipe leaves train.num_threads to torch: the pilot pins 1 (override with --set "
                   "train.num_threads=N)")
-    _say(out, f"training {config_path.name} to step {max_steps}; it will be killed (SIGKILL) past step {midpoint}")
+    _say(out, f"training {config_path.name} to step {max_steps}; it will be killed (SIGKILL) past step {midpoint} "
+              f"(the child's output: {workdir / 'train-1.log'})")
     with open(workdir / "train-1.log", "w") as log:
         first = subprocess.Popen(_train_command(config_path, data_dir, run_dir, overrides, resume=False),
                                  stdout=log, stderr=subprocess.STDOUT)
         try:
-            killed_at, checkpoint = _kill_past_midpoint(first, run_dir, midpoint, poll_seconds, timeout_seconds)
+            killed_at, checkpoint = _kill_past_midpoint(first, run_dir, midpoint, max_steps, ProgressLine(out),
+                                                        poll_seconds, timeout_seconds)
         finally:
             if first.poll() is None:
                 first.kill()
@@ -184,10 +175,15 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
 
     phases["train_until_kill"] = time.monotonic() - phase_start
     phase_start = time.monotonic()
-    _say(out, "resuming with --resume")
+    _say(out, f"resuming with --resume to step {max_steps} (the child's output: {workdir / 'train-2.log'})")
     with open(workdir / "train-2.log", "w") as log:
-        second = subprocess.run(_train_command(config_path, data_dir, run_dir, overrides, resume=True),
-                                stdout=log, stderr=subprocess.STDOUT, timeout=timeout_seconds)
+        second = subprocess.Popen(_train_command(config_path, data_dir, run_dir, overrides, resume=True),
+                                  stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_with_progress(second, run_dir / "metrics.jsonl", max_steps, ProgressLine(out), poll_seconds,
+                               timeout_seconds)
+        except TimeoutError:
+            raise PilotError(f"the resumed training did not finish within {timeout_seconds:.0f} s") from None
     if second.returncode != 0:
         tail = (workdir / "train-2.log").read_text(errors="replace").strip().splitlines()[-3:]
         raise PilotError(f"the resumed training process failed (exit {second.returncode}): {' | '.join(tail)}")

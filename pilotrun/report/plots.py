@@ -18,6 +18,8 @@ from pilotrun.report.summarize import Summary
 
 PLOT_NAMES = ("loss", "lr", "grad_norm", "throughput", "loss_scale", "expert_load", "qk_max_logit",
               "parameter_groups", "block_output_rms")
+LINESTYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "v", "D", "x", "+", "*", "P")
 PLOT_TITLES = {
     "loss": "Training and validation loss",
     "lr": "Learning rate",
@@ -94,9 +96,13 @@ def plot_loss(summary: Summary, path: Path) -> Path:
 
 
 def plot_lr(summary: Summary, path: Path) -> Path:
-    fig, ax = _new_axes(PLOT_TITLES["lr"], "learning rate (first group)")
+    # The trainer logs the LR of the optimizer's first parameter group; every group follows the same multiplier.
+    groups = (summary.run.get("optimizer") or {}).get("groups") or []
+    first = groups[0].get("group", "?") if groups and isinstance(groups[0], dict) else "?"
+    fig, ax = _new_axes(PLOT_TITLES["lr"], f"learning rate of group '{first}'")
     xs, ys = _series(_train(summary), lambda e: e["lr"])
-    ax.plot(xs, ys, color="C2")
+    others = f"; the other {len(groups) - 1} groups follow the same multiplier" if len(groups) > 1 else ""
+    ax.plot(xs, ys, color="C2", label=f"group '{first}' (the first of {len(groups) or '?'}{others})")
     if not xs:
         _no_data(ax, "learning rate")
     _mark_resumes(ax, summary)
@@ -133,6 +139,17 @@ def plot_throughput(summary: Summary, path: Path) -> Path:
     ax.plot(xs, ys, label="training-only (train seconds)", color="C0")
     wx, wy = _series(events, lambda e: e["window"]["tokens"] / e["window"]["wall_seconds"])
     ax.plot(wx, wy, label="wall-clock (window wall seconds)", color="C1")
+    # Each session's first window pays for warm-up (allocator, caches, first touch of the data): the
+    # throughput_steady rule leaves it out, and so it is marked here rather than read as a slowdown.
+    firsts, seen = [], set()
+    for e in events:
+        if e["session_id"] not in seen:
+            seen.add(e["session_id"])
+            firsts.append(e)
+    fx, fy = _series(firsts, lambda e: e["window"]["tokens"] / e["window"]["train_seconds"])
+    if fx:
+        ax.plot(fx, fy, "s", color="grey", fillstyle="none", markersize=9,
+                label="session's first window: warm-up, excluded from the rule")
     if not xs:
         _no_data(ax, "throughput")
     _mark_resumes(ax, summary)
@@ -141,6 +158,12 @@ def plot_throughput(summary: Summary, path: Path) -> Path:
 
 def plot_loss_scale(summary: Summary, path: Path) -> Path:
     fig, ax = _new_axes(PLOT_TITLES["loss_scale"], "loss scale")
+    precision = ((summary.run.get("recipe") or {}).get("train") or {}).get("precision")
+    if precision in ("fp32", "bf16"):  # the file is still written so every report folder has the same set
+        ax.text(0.5, 0.5, f"{precision}: no loss scaling (the scale stays 1.0), so no update can be skipped for "
+                "overflow.\nThis plot matters for fp16 runs only.", ha="center", va="center",
+                transform=ax.transAxes, fontsize=9)
+        return _save(fig, ax, path)
     xs, ys = _series(_train(summary), lambda e: e["loss_scale"])
     ax.plot(xs, ys, color="C4", label="loss scale (end of window)")
     skips = [e for e in summary.kept_events if e["event"] == "overflow"]
@@ -202,7 +225,16 @@ def plot_qk_max_logit(summary: Summary, path: Path) -> Path:
     layers = _plot_per_layer(ax, summary, "qk_clip", "max_logit", "layer")
     qk = ((summary.run.get("recipe") or {}).get("optim") or {}).get("qk_clip") or {}
     if qk.get("enabled", True) and is_finite_number(qk.get("tau")):
-        ax.axhline(qk["tau"], color="C3", linestyle="--", linewidth=0.8, label=f"QK-Clip tau {qk['tau']:g}")
+        # A tau far above the logits would squash them into a flat band: draw the line only when it is within
+        # reach of the data, and otherwise say how far below it the largest logit stayed.
+        peak = max((y for line in ax.get_lines() for y in line.get_ydata()), default=None)
+        if peak is not None and qk["tau"] > 1.5 * peak:
+            low, high = ax.get_ylim()
+            ax.set_ylim(low, high + 0.15 * (high - low))  # headroom for the note above the lines
+            ax.text(0.99, 0.97, f"QK-Clip tau {qk['tau']:g} is above this range (largest logit {peak:.3g})",
+                    ha="right", va="top", transform=ax.transAxes, fontsize=8, color="C3")
+        else:
+            ax.axhline(qk["tau"], color="C3", linestyle="--", linewidth=0.8, label=f"QK-Clip tau {qk['tau']:g}")
     # spec 3.4's event lines: a head clipped for the first time, or hard (gamma < 0.5), at the logit that did it.
     clips = [e for e in summary.kept_events if e["event"] == "qk_clip" and is_finite_number(e.get("max_logit"))]
     for marker, label, chosen in (("o", "first clip of a head", [e for e in clips if e.get("first_time")]),
@@ -225,9 +257,13 @@ def plot_parameter_groups(summary: Summary, path: Path) -> Path:
     for ax, key, label in ((weight_ax, "weight_rms", "weight RMS"), (update_ax, "update_rms", "update RMS / lr")):
         groups = sorted({name for e in events if isinstance(e["optimizer"].get(key), dict)
                          for name in e["optimizer"][key]})
+        every = max(len(groups), len(events) // 6, 1)  # markers staggered: each group's sit at other steps
         for index, group in enumerate(groups):
             xs, ys = _series(events, lambda e, group=group, key=key: e["optimizer"][key][group])
-            ax.plot(xs, ys, label=group, color=f"C{index % 10}", marker="." if len(xs) < 30 else None)
+            # Colour, line style and marker all vary, so groups that overlap stay distinguishable.
+            ax.plot(xs, ys, label=group, color=f"C{index % 10}", linestyle=LINESTYLES[index % len(LINESTYLES)],
+                    marker=MARKERS[index % len(MARKERS)], markevery=(index % every, every), markersize=5,
+                    fillstyle="none")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         if groups:

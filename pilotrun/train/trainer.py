@@ -56,9 +56,10 @@ from pilotrun.optim.partition import partition_table
 from pilotrun.optim.qk_clip import QKClipCounters, apply_qk_clip, qk_clip_events
 from pilotrun.optim.schedule import expert_bias_speed, set_learning_rates
 from pilotrun.train import distributed as dist_utils
-from pilotrun.train.checkpoint import check_resume_compatibility
+from pilotrun.train.checkpoint import check_resume_compatibility, step_folder_name
 from pilotrun.train.dcp_storage import DistributedCheckpointer, load_training_state, training_state
 from pilotrun.train.environment import git_state, hardware_info, memory_snapshot, software_versions
+from pilotrun.train.notices import interrupt_acknowledgement, restored_state_line, startup_warnings
 from pilotrun.train.precision import UpdateOutcome, apply_update, autocast_context, build_grad_scaler
 from pilotrun.train.rng import capture_rng_state, restore_rng_state, seed_every_generator
 from pilotrun.train.runlog import MetricsLog, RunRecord
@@ -235,8 +236,12 @@ class Trainer:
                 {"scaler": self.scaler.state_dict(), "trainer": self.state_dict(), "rng": capture_rng_state()})
             self.scaler.load_state_dict(state["scaler"])
             self.load_state_dict(state["trainer"])
-            self.notes.extend(restore_rng_state(state["rng"]))
+            rng_notes = restore_rng_state(state["rng"])
+            self.notes.extend(rng_notes)
+            self.notes.append(restored_state_line(self.checkpointer.root / step_folder_name(self.resumed_from),
+                                                  state["trainer"], rng_notes, state["scaler"]))
         self.notes.extend(self.checkpointer.notes)
+        self.notes.extend(startup_warnings(config, self.val_split.num_tokens, world_size))
         self.last_checkpoint_step = self.resumed_from
 
         # Model facts for run.json.
@@ -342,6 +347,9 @@ class Trainer:
         if self._signal_count > 1:
             raise _SecondSignal(signum)
         self._stop_signal = signum
+        if self.is_main:
+            print("\n" + interrupt_acknowledgement(signal.Signals(signum).name, self.step, self.config.train.max_steps),
+                  file=sys.stderr, flush=True)  # a new line: the progress bar may hold the current one
 
     def _install_signal_handlers(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():

@@ -4,6 +4,7 @@ import base64
 import json
 
 from pilotrun.report.html import write_report
+from pilotrun.report.identity import RULE_PLOTS
 from pilotrun.report.plots import PLOT_NAMES
 from pilotrun.report.summarize import summarize_run
 from pilotrun.report.verdict import judge_summary
@@ -23,7 +24,11 @@ def test_report_folder_is_complete_and_self_contained(tmp_path):
         assert f"data-file='{name}.png'" in page
         assert base64.b64encode(png).decode("ascii") in page  # embedded, not linked
     for rule in verdict.rules:
-        assert f"<td>{rule.name}</td>" in page
+        plot = RULE_PLOTS.get(rule.name)
+        cell = f"<a href='#plot-{plot}'>{rule.name}</a>" if plot else rule.name
+        assert f"<td>{cell}</td>" in page
+        if plot:
+            assert f"<figure id='plot-{plot}'>" in page
     assert "http://" not in page and "https://" not in page and "<script" not in page
     assert verdict.decision in page and "does not predict the final model" in page
     summary = json.loads((report / "summary.json").read_text())

@@ -1,0 +1,59 @@
+"""prepare's progress: a total known up front for local files (so the bar has an ETA), a bar that never runs
+past its total, and a warning when val is smaller than one evaluation of the packaged stability recipe."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pilotrun.data.prepare import _progress_bar, small_val_warnings
+from pilotrun.data.sources import open_source
+from pilotrun.train.notices import tokens_per_evaluation
+
+
+def write_sources(folder: Path) -> tuple[Path, Path]:
+    texts = ["first document", "", "third", "   ", "fifth and last"]  # two empty ones: skipped but counted
+    jsonl = folder / "docs.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts) + "\n")  # a trailing blank line
+    parquet = folder / "docs.parquet"
+    pq.write_table(pa.table({"text": texts}), parquet)
+    return jsonl, parquet
+
+
+def test_local_sources_know_their_document_count(tmp_path):
+    jsonl, parquet = write_sources(tmp_path)
+    assert open_source(str(jsonl)).expected_documents == 5
+    assert open_source(str(parquet)).expected_documents == 5
+    (tmp_path / "a.txt").write_text("one document")
+    (tmp_path / "b.txt").write_text("another")
+    assert open_source(str(tmp_path / "*.txt")).expected_documents == 2
+    builtin = open_source("builtin")
+    assert builtin.expected_documents == builtin.identity["documents"]
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_document_bar_reaches_exactly_its_total_on_a_full_pass(tmp_path, which):
+    opened = open_source(str(write_sources(tmp_path)[which]))
+    bar, position = _progress_bar(None, opened, progress=False)
+    read = sum(1 for _ in opened.documents())
+    assert (read, opened.skipped_empty) == (3, 2)
+    assert bar.total == 5
+    assert position(0, read) == bar.total
+
+
+def test_capped_bar_never_passes_its_total():
+    bar, position = _progress_bar(1000, None, progress=False)
+    assert bar.total == 1000
+    assert position(999, 5) == 999
+    assert position(1311, 7) == 1000  # the last document carried the count past the cap
+
+
+def test_small_val_warning_against_the_stability_recipe():
+    needed = tokens_per_evaluation(batch_size=8, seq_len=64, eval_batches=3)  # configs/stability.yaml
+    assert small_val_warnings(needed) == []
+    assert len(small_val_warnings(needed - 1)) == 1
+    assert len(small_val_warnings(0)) == 1
