@@ -597,7 +597,7 @@ class Trainer:
             window={"updates_applied": window.applied, "updates_attempted": window.attempted,
                     "updates_skipped": window.skipped, "clipped": window.clipped,
                     "microbatches": window.microbatches, "tokens": tokens, "train_seconds": train_seconds,
-                    "wall_seconds": wall_seconds},
+                    "wall_seconds": wall_seconds, "cpu_seconds": window_clock.cpu_seconds},
             loss=means["loss"], aux_loss=means["aux"], lr=float(group["lr"]),
             lr_multiplier=float(group["lr"]) / float(group["base_lr"]) if group.get("base_lr") else None,
             grad_norm=window.grad_norm, grad_norm_max=window.grad_norm_max if window.applied else None,
