@@ -490,10 +490,15 @@ def rule_resumed(summary: Summary, t: Thresholds) -> RuleResult:
     continued = [sid for sid in resumes if sessions[sid].updates_applied - sessions[sid].updates_rolled_back > 0]
     threshold = ">= 1 resume followed by >= 1 applied update, counters continuous; replayed windows bit-identical"
     kept = {_window_key(e): e for e in summary.kept_events if e["event"] in ("train", "val")}
-    compared, mismatched = 0, []
+    # A session that changed the recipe on resume computes other figures after its first update by design.
+    changed = {c.session_id for c in recipe_changes_in_history(summary.run, summary.lineage)}
+    compared, not_comparable, mismatched = 0, 0, []
     for e in summary.rolled_back_events:
         twin = kept.get(_window_key(e)) if e["event"] in ("train", "val") else None
         if twin is None:
+            continue
+        if twin["session_id"] in changed:
+            not_comparable += 1
             continue
         compared += 1
         for key in ("loss", "grad_norm"):
@@ -502,6 +507,8 @@ def rule_resumed(summary: Summary, t: Thresholds) -> RuleResult:
                                   f"{twin.get(key)!r} after the resume")
     replay = (f"{compared} replayed window(s) compared, {len(mismatched)} differ" if compared
               else "no replayed window to compare")
+    if not_comparable:
+        replay += f"; {not_comparable} replayed under a changed recipe, not compared"
     evidence = "session starts vs committed checkpoints; rolled-back vs replayed windows"
     points = ", ".join(f"session {sid} from step {sessions[sid].resumed_from} then "
                        f"{sessions[sid].updates_applied - sessions[sid].updates_rolled_back} update(s)"
