@@ -383,3 +383,12 @@ def test_cli_verdict_json_lists_warnings_and_the_candidate(tmp_path, capsys):
     assert [w["name"] for w in data["warnings"]] == ["throughput_steady"]
     assert data["warnings"][0]["figure"].startswith("the machine got busier")
     assert len(data["candidate"]["recipe_sha256"]) == 64 and data["frozen"] is None
+
+
+def test_replayed_windows_under_a_changed_recipe_are_not_compared(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.find("train", session="s1", step=25)["loss"] += 0.5  # the new recipe computes other figures
+    run.run["allowed_changes"].append({"session_id": "s2", "key": "optim.grad_clip", "old": 1.0, "new": 0.5})
+    run.write()
+    rule = {r.name: r for r in judge(tmp_path / "r").rules}["resumed"]
+    assert rule.status == PASS and "no replayed window to compare; 3 replayed under a changed recipe" in rule.figure
