@@ -61,82 +61,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pilotrun.errors import PilotrunError
 from pilotrun.report.continuity import (
-    checkpoint_problems,
-    committed_checkpoint_steps,
     recipe_changes_in_history,
+    rule_final_checkpoint,
+    rule_recipe_changes,
+    rule_resumed,
 )
 from pilotrun.report.freeze import canonical_sha256, describe_frozen_status, frozen_candidate_status
 from pilotrun.report.records import is_finite_number
 from pilotrun.report.summarize import Summary, summarize_run
-
-PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
-
-
-class ThresholdError(PilotrunError):
-    """An unknown threshold name or a value of the wrong type (`--threshold NAME=VALUE`)."""
-
-
-@dataclass
-class Thresholds:
-    min_loss_drop: float = 0.05
-    min_loss_drop_floor: float = 0.01
-    loss_drop_sigmas: float = 3.0
-    loss_window_fraction: float = 0.2
-    max_val_gap_growth: float = 0.5
-    max_val_rise: float = 0.05
-    spike_factor: float = 5.0
-    spike_median_window: int = 20
-    spike_min_history: int = 5
-    max_grad_spikes: int = 1
-    max_clip_rate: float = 0.5
-    max_skip_rate: float = 0.05
-    min_throughput_ratio: float = 0.6
-    memory_budget_gb: float = 0.0
-    max_memory_growth: float = 1.5
-    max_imbalance: float = 1.5
-    max_dead_experts: int = 0
-    balance_window_fraction: float = 0.25
-    max_qk_clip_rate: float = 0.5
-    resume_required: bool = True
-
-
-def parse_thresholds(overrides: list[str], base: Thresholds | None = None) -> Thresholds:
-    """Apply `NAME=VALUE` overrides; an unknown name or a bad value is one clear error."""
-    thresholds = dataclasses.replace(base or Thresholds())
-    types = {f.name: f.type for f in dataclasses.fields(Thresholds)}
-    for text in overrides:
-        if "=" not in text:
-            raise ThresholdError(f"--threshold expects NAME=VALUE, got '{text}'")
-        name, raw = (part.strip() for part in text.split("=", 1))
-        if name not in types:
-            raise ThresholdError(f"--threshold: unknown name '{name}' (known: {', '.join(types)})")
-        kind = types[name]
-        try:
-            if kind == "bool":
-                if raw.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError(raw)
-                value: Any = raw.lower() in ("true", "1")
-            elif kind == "int":
-                value = int(raw)
-            else:
-                value = float(raw)
-        except ValueError:
-            raise ThresholdError(f"--threshold {name}: '{raw}' is not a valid {kind}") from None
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ThresholdError(f"--threshold {name}: '{raw}' is not a finite number")
-        setattr(thresholds, name, value)
-    return thresholds
-
-
-@dataclass
-class RuleResult:
-    name: str
-    status: str
-    figure: str  # what was measured, with numbers
-    threshold: str  # the bound it was held to
-    evidence: str  # which records the figure comes from
+from pilotrun.report.thresholds import (  # noqa: F401  (ThresholdError, parse_thresholds: re-exported for the CLI)
+    FAIL,
+    PASS,
+    WARN,
+    RuleResult,
+    ThresholdError,
+    Thresholds,
+    parse_thresholds,
+)
 
 
 @dataclass
@@ -474,92 +416,6 @@ def rule_qk_clip(summary: Summary, t: Thresholds) -> RuleResult:
                       f"QK-Clip rescaled heads on {counts[-1]} of {applied} applied updates ({rate:.1%}){peak}"
                       f"{first_text}", threshold,
                       "cumulative qk_clip.updates_with_clip of the last kept train window; qk_clip events")
-
-
-def _window_key(e: dict[str, Any]) -> tuple:
-    w = _window(e)
-    return (e["event"], e["step"], e["tokens_seen"], e["updates_attempted"], w.get("updates_applied"),
-            w.get("updates_attempted"))
-
-
-def rule_resumed(summary: Summary, t: Thresholds) -> RuleResult:
-    """At least one resume in the kept history, counters continuous, replayed windows bit-identical."""
-    sessions = {s.session_id: s for s in summary.sessions}
-    resumes = [sid for sid in summary.lineage if sessions[sid].resumed_from is not None]
-    # A resume is evidence only when training went on from it: at least one kept update after the restart.
-    continued = [sid for sid in resumes if sessions[sid].updates_applied - sessions[sid].updates_rolled_back > 0]
-    threshold = ">= 1 resume followed by >= 1 applied update, counters continuous; replayed windows bit-identical"
-    kept = {_window_key(e): e for e in summary.kept_events if e["event"] in ("train", "val")}
-    # A session that changed the recipe on resume computes other figures after its first update by design.
-    changed = {c.session_id for c in recipe_changes_in_history(summary.run, summary.lineage)}
-    compared, not_comparable, mismatched = 0, 0, []
-    for e in summary.rolled_back_events:
-        twin = kept.get(_window_key(e)) if e["event"] in ("train", "val") else None
-        if twin is None:
-            continue
-        if twin["session_id"] in changed:
-            not_comparable += 1
-            continue
-        compared += 1
-        for key in ("loss", "grad_norm"):
-            if key in e and e.get(key) != twin.get(key):
-                mismatched.append(f"{e['event']} step {e['step']} {key} {e.get(key)!r} before the kill vs "
-                                  f"{twin.get(key)!r} after the resume")
-    replay = (f"{compared} replayed window(s) compared, {len(mismatched)} differ" if compared
-              else "no replayed window to compare")
-    if not_comparable:
-        replay += f"; {not_comparable} replayed under a changed recipe, not compared"
-    evidence = "session starts vs committed checkpoints; rolled-back vs replayed windows"
-    points = ", ".join(f"session {sid} from step {sessions[sid].resumed_from} then "
-                       f"{sessions[sid].updates_applied - sessions[sid].updates_rolled_back} update(s)"
-                       for sid in continued)
-    if mismatched:
-        return RuleResult("resumed", FAIL, f"{replay}; first: {mismatched[0]}", threshold, evidence)
-    if resumes and not summary.valid:
-        return RuleResult("resumed", FAIL, f"{len(resumes)} resume(s) but the record is invalid (see record_valid)",
-                          threshold, evidence)
-    if continued:
-        return RuleResult("resumed", PASS, f"{len(continued)} resume(s) with training after them: {points}; "
-                          f"counters continuous; {replay}", threshold, evidence)
-    idle = ", ".join(f"session {sid} from step {sessions[sid].resumed_from}" for sid in resumes)
-    missing = (f"{len(resumes)} resume(s) ({idle}) but no update applied after any of them: a run resumed with "
-               "nothing left to do proves nothing" if resumes else "no resume in the kept history")
-    if not t.resume_required:
-        return RuleResult("resumed", WARN, f"{missing}; waived (--no-resume-required)", threshold, evidence)
-    return RuleResult("resumed", FAIL, f"{missing}: the pilot never proved it can continue", threshold, evidence)
-
-
-def rule_final_checkpoint(summary: Summary, t: Thresholds) -> RuleResult:
-    """The run can be continued from where it ended: its final checkpoint is committed and intact."""
-    final_step = int(summary.overall.get("updates_applied") or 0)
-    threshold = "the checkpoint at the final step is committed and its files match the marker's sha256"
-    evidence = "checkpoints/ marker and files, rehashed"
-    problems, files, size = checkpoint_problems(summary.run_dir, final_step)
-    if problems:
-        committed = committed_checkpoint_steps(summary.run_dir)
-        newest = f"; newest committed: step {committed[-1]}" if committed else "; no committed checkpoint at all"
-        listed = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
-        return RuleResult("final_checkpoint", FAIL, f"cannot continue from step {final_step}: {listed}{newest}",
-                          threshold, evidence)
-    return RuleResult("final_checkpoint", PASS, f"step {final_step}: {files} file(s), {size / 2**20:.1f} MiB, "
-                      "every sha256 matches its marker", threshold, evidence)
-
-
-def rule_recipe_changes(summary: Summary, t: Thresholds) -> RuleResult:
-    """Every recipe change accepted on resume, with the update it took effect from; the evidence supports the
-    recipe in force at the end, over the updates since the last change."""
-    changes = recipe_changes_in_history(summary.run, summary.lineage)
-    final_step = int(summary.overall.get("updates_applied") or 0)
-    threshold = "named, with the update each took effect from (a change WARNs; it does not block GO)"
-    evidence = "run.json allowed_changes of the kept sessions; the recipe in run.json is the one in force at the end"
-    if not changes:
-        return RuleResult("recipe_changes", PASS, f"none: all {final_step} updates ran the final recipe", threshold,
-                          evidence)
-    since = changes[-1].from_update
-    covered = max(0, final_step - since + 1)
-    return RuleResult("recipe_changes", WARN, f"{len(changes)} change(s) on resume: "
-                      f"{'; '.join(c.describe() for c in changes)}. The evidence supports the final recipe over "
-                      f"updates {since}..{final_step} ({covered} of {final_step})", threshold, evidence)
 
 
 RULES = (rule_record_valid, rule_losses_finite, rule_loss_decreased, rule_val_tracks_train, rule_grad_spikes,
