@@ -199,8 +199,9 @@ def _run_summarize(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- verdict
 def _add_verdict(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verdict", help="GO / NO-GO for the pilot, with a drawn report",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Apply the documented pilot rules to a run and write R/report/ (summary.json, "
-                       "plots, report.html). Exit 0 for GO, 1 for NO-GO.")
+                       "plots, report.html). Exit 0 for GO, 1 for NO-GO.\n\n" + _verdict_rules_text())
     p.add_argument("run_dir", help="run folder")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
     p.add_argument("--no-resume-required", action="store_true",
@@ -208,6 +209,16 @@ def _add_verdict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                    help="override a rule threshold (repeatable); names and defaults: " + _threshold_defaults())
     p.set_defaults(handler=_run_verdict)
+
+
+def _verdict_rules_text() -> str:
+    """The rules, as documented at the top of pilotrun/report/verdict.py (one source for --help and the code)."""
+    from pilotrun.report import verdict
+
+    doc = verdict.__doc__ or ""
+    start = doc.find("Thresholds (defaults below")
+    end = doc.find("`judge(run_dir)`")
+    return doc[start:end].strip() if start >= 0 and end > start else ""
 
 
 def _threshold_defaults() -> str:
