@@ -2,7 +2,7 @@
 
 Both training sessions run as child processes pinned to one CPU. The first trains to step 20 on its own;
 before the second (the resume, to step 40) starts, six busy-looping processes are pinned to the same CPU, so
-the trainer gets at most a seventh of it where it had at least a half or so before. Its training-only
+the trainer gets at most a seventh of it, far less than the rest of the machine left it before. Its training-only
 tokens/s must then fall far below the rule's 0.6 ratio while its tokens per CPU second stay where they were:
 the assertions do not depend on a threshold being crossed by a small margin (measured on this project's
 shared 2-core machine with four such processes: training-only tok/s ratio 0.43, tok per CPU second 1.22)."""
