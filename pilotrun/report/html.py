@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from pilotrun.files import write_text_atomic
+from pilotrun.report.freeze import describe_frozen_status
 from pilotrun.report.plots import PLOT_TITLES, write_plots
 from pilotrun.report.verdict import Verdict
 
@@ -52,6 +53,9 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
         images.append(f"<figure><img alt='{e(name)}' data-file='{e(Path(path).name)}' "
                       f"src='data:image/png;base64,{data}'><figcaption>{e(PLOT_TITLES.get(name, name))} "
                       f"({e(Path(path).name)})</figcaption></figure>")
+    warnings = ("<ul class='warnings'>" + "".join(f"<li>WARN {e(r.name)}: {e(r.figure)}</li>"
+                                                  for r in verdict.warnings) + "</ul>") if verdict.warnings else ""
+    frozen = f"\n<p>{e(describe_frozen_status(verdict.frozen))}</p>" if verdict.frozen is not None else ""
     problems = "".join(f"<li>{e(r)}</li>" for r in summary.reasons) or "<li>none</li>"
     notes = "".join(f"<li>{e(n)}</li>" for n in summary.notes) or "<li>none</li>"
     t = o.get("time_split") or {}
@@ -82,7 +86,8 @@ figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; border: 1px solid #d0d7de;
 </style></head><body>
 <h1>Pilot verdict for run <code>{e(str(summary.run_id))}</code></h1>
 <p class="decision">{e(verdict.decision)}</p>
-<p>{e(verdict.statement)}</p>
+{warnings}
+<p>{e(verdict.statement)}</p>{frozen}
 <h2>Rules</h2>
 <table><tr><th>rule</th><th>status</th><th>figure</th><th>threshold</th><th>evidence</th></tr>
 {rule_rows}
