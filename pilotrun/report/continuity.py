@@ -181,6 +181,30 @@ def rule_final_checkpoint(summary: Summary, t: Thresholds) -> RuleResult:
                       "every sha256 matches its marker", threshold, evidence)
 
 
+def base_lr_not_applied(summary: Summary, from_update: int) -> str | None:
+    """Whether the windows from `from_update` on ran the recipe's peak LR: each train event records its first
+    optimizer group's `lr` and `lr_multiplier`, whose ratio is the base LR the optimizer really used; run.json
+    names that group's optimizer (muon or adamw), whose `optim.<optimizer>.lr` the recipe holds. A change
+    recorded but not applied (the optimizer's saved hyperparameters restored over it) shows here."""
+    groups = (summary.run.get("optimizer") or {}).get("groups") or []
+    kind = groups[0].get("optimizer") if groups and isinstance(groups[0], dict) else None
+    expected = ((summary.run.get("recipe") or {}).get("optim") or {}).get(str(kind), {})
+    expected = expected.get("lr") if isinstance(expected, dict) else None
+    if not isinstance(expected, int | float) or expected <= 0:
+        return None
+    for e in summary.kept_events:
+        lr, multiplier = e.get("lr"), e.get("lr_multiplier")
+        if e["event"] != "train" or e["step"] < from_update or not isinstance(lr, int | float) \
+                or not isinstance(multiplier, int | float) or multiplier <= 0:
+            continue
+        used = lr / multiplier
+        if abs(used - expected) > 1e-6 * expected:
+            return (f"but the window ending at update {e['step']} ran a peak LR of {used:.6g} in group "
+                    f"{groups[0].get('group')} ({kind}), not the recipe's optim.{kind}.lr = {expected:g}: the "
+                    "recorded recipe is not the one that ran")
+    return None
+
+
 def rule_recipe_changes(summary: Summary, t: Thresholds) -> RuleResult:
     """Every recipe change accepted on resume, with the update it took effect from; the evidence supports the
     recipe in force at the end, over the updates since the last change."""
@@ -193,6 +217,11 @@ def rule_recipe_changes(summary: Summary, t: Thresholds) -> RuleResult:
                           evidence)
     since = changes[-1].from_update
     covered = max(0, final_step - since + 1)
+    described = "; ".join(c.describe() for c in changes)
+    not_applied = base_lr_not_applied(summary, since)
+    if not_applied:
+        return RuleResult("recipe_changes", FAIL, f"{len(changes)} change(s) on resume: {described}, {not_applied}",
+                          threshold, evidence + "; lr / lr_multiplier of the train windows")
     return RuleResult("recipe_changes", WARN, f"{len(changes)} change(s) on resume: "
                       f"{'; '.join(c.describe() for c in changes)}. The evidence supports the final recipe over "
                       f"updates {since}..{final_step} ({covered} of {final_step})", threshold, evidence)

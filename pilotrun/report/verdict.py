@@ -44,7 +44,8 @@ Thresholds (defaults below, each overridable with `--threshold NAME=VALUE`):
   marker; missing or damaged, the run cannot be continued from where it ended: FAIL.
 - recipe_changes: every change accepted on resume (--allow-change) is named with the update it took effect
   from; the evidence supports the recipe in force at the end, over the updates since the last change. A
-  change WARNs (allows GO).
+  change WARNs (allows GO); it FAILs when the windows after it show the optimizer ran another peak LR than
+  the recorded recipe (lr / lr_multiplier of the first optimizer group): the change was recorded, not applied.
 A rule that finds the evidence it needs missing from the record FAILs. GO means no rule FAILed; the WARNs
 are printed under the GO line.
 

@@ -392,3 +392,23 @@ def test_replayed_windows_under_a_changed_recipe_are_not_compared(tmp_path):
     run.write()
     rule = {r.name: r for r in judge(tmp_path / "r").rules}["resumed"]
     assert rule.status == PASS and "no replayed window to compare; 3 replayed under a changed recipe" in rule.figure
+
+
+def test_recipe_change_that_did_not_reach_the_optimizer_fails(tmp_path):
+    """run.json says Muon's LR became 0.001 from update 21, but the windows' lr / lr_multiplier (the base LR the
+    optimizer used) stayed at 0.003: the recorded recipe is not what ran."""
+    run = crashed_and_resumed(tmp_path / "r")
+    run.run["optimizer"]["groups"] = [{"group": "attention", "optimizer": "muon", "lr": 0.001}]
+    run.run["recipe"]["optim"]["muon"] = {"lr": 0.001}
+    run.run["allowed_changes"].append({"session_id": "s2", "key": "optim.muon.lr", "old": 0.003, "new": 0.001})
+    for event in run.events:
+        if event["event"] == "train":
+            event["lr"], event["lr_multiplier"] = 0.003 * 0.5, 0.5
+    run.write()
+    rule = {r.name: r for r in judge(tmp_path / "r").rules}["recipe_changes"]
+    assert rule.status == FAIL and "ran a peak LR of 0.003 in group attention (muon)" in rule.figure
+    for event in run.events:
+        if event["event"] == "train" and event["session_id"] == "s2":
+            event["lr"] = 0.001 * 0.5
+    run.write()
+    assert {r.name: r for r in judge(tmp_path / "r").rules}["recipe_changes"].status == WARN
