@@ -111,9 +111,14 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "session_end records reason 'interrupted' before exiting. It prints tokens_per_update and the planned "
         "tokens before it starts, and a progress line (step, loss, training-only tokens/s, ETA) on stderr.",
     )
-    p.add_argument("--config", required=True,
+    p.add_argument("--config", default=None,
                    help="YAML recipe: a path, or a packaged recipe by name (stability, acceptance, overfit, smoke, "
-                   "gpu/...); `pilotrun config --config F` lists every key with its value, default and meaning")
+                   "gpu/...); `pilotrun config --config F` lists every key with its value, default and meaning. "
+                   "Required unless --frozen gives the recipe")
+    p.add_argument("--frozen", default=None, metavar="LOCK",
+                   help="take the recipe from a recipe lock written by `pilotrun freeze`: any difference from the "
+                   "lock (config keys after --set, the data's metadata_sha256) not named with --allow-change is "
+                   "refused with the list; run.json records the lock's sha256 and the accepted differences")
     p.add_argument("--data", required=True, help="data folder written by `pilotrun prepare`")
     p.add_argument("--run-dir", required=True, help="run folder (run.json, metrics.jsonl, checkpoints/)")
     p.add_argument("--resume", action="store_true", help="continue from the newest committed checkpoint")
@@ -122,17 +127,41 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="override a config key, e.g. --set train.max_steps=200 (repeatable; to shorten a run "
                    "set optim.schedule.horizon too, or the LR never decays); keys: `pilotrun config`")
     p.add_argument("--allow-change", action="append", default=[], metavar="KEY",
-                   help="with --resume: accept a named recipe difference and record it in run.json (repeatable)")
+                   help="with --resume: accept a named recipe difference and record it in run.json; with "
+                   "--frozen: accept a named difference from the lock (repeatable)")
     p.set_defaults(handler=_run_train)
 
 
 def _run_train(args: argparse.Namespace) -> int:
     from pilotrun.config import load_run_config
+    from pilotrun.errors import ConfigError
     from pilotrun.train.trainer import train_from_cli
 
-    config = load_run_config(args.config, args.overrides)
+    if (args.config is None) == (args.frozen is None):
+        raise ConfigError("train needs exactly one of --config RECIPE and --frozen LOCK")
+    run_facts = None
+    if args.frozen is not None:
+        # On --resume the lock is checked again but run.json keeps the facts its first session recorded.
+        config, run_facts = _frozen_config(args)
+        run_facts = None if args.resume else run_facts
+    else:
+        config = load_run_config(args.config, args.overrides)
     return train_from_cli(config, args.data, args.run_dir, resume=args.resume, from_step=args.from_step,
-                          allow_changes=args.allow_change, command=list(sys.argv))
+                          allow_changes=args.allow_change, command=list(sys.argv), run_facts=run_facts)
+
+
+def _frozen_config(args: argparse.Namespace):
+    """The recipe of a lock after --set, and run.json's `frozen` section; refuses unlisted differences."""
+    from pilotrun.config import apply_overrides, config_from_dict, config_to_dict, validate_run_config
+    from pilotrun.data.shards import load_manifest, metadata_sha256
+    from pilotrun.report.freeze import frozen_run_facts, load_lock
+
+    lock = load_lock(args.frozen)
+    config = config_from_dict(apply_overrides(lock["recipe"], args.overrides))
+    validate_run_config(config)
+    data_sha256 = metadata_sha256(load_manifest(args.data))
+    facts = frozen_run_facts(lock, args.frozen, config_to_dict(config), data_sha256, args.allow_change)
+    return config, {"frozen": facts}
 
 
 # ---------------------------------------------------------------------------------------------- inspect-batch
@@ -175,9 +204,10 @@ def _run_summarize(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- verdict
 def _add_verdict(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verdict", help="GO / NO-GO for the pilot, with a drawn report",
+                       formatter_class=_RawDescriptionDefaultsHelpFormatter,
                        description="Apply the documented pilot rules to the run folder R (the --run-dir given to "
                        "`pilotrun train`) and write R/report/ (summary.json, plots, report.html). "
-                       "Exit 0 for GO, 1 for NO-GO.")
+                       "Exit 0 for GO, 1 for NO-GO.\n\n" + _verdict_rules_text())
     p.add_argument("run_dir", metavar="R", help="run folder written by `pilotrun train --run-dir R`")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
     p.add_argument("--no-resume-required", action="store_true",
@@ -185,6 +215,16 @@ def _add_verdict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                    help="override a rule threshold (repeatable); names and defaults: " + _threshold_defaults())
     p.set_defaults(handler=_run_verdict)
+
+
+def _verdict_rules_text() -> str:
+    """The rules, as documented at the top of pilotrun/report/verdict.py (one source for --help and the code)."""
+    from pilotrun.report import verdict
+
+    doc = verdict.__doc__ or ""
+    start = doc.find("Thresholds (defaults below")
+    end = doc.find("`judge(run_dir)`")
+    return doc[start:end].strip() if start >= 0 and end > start else ""
 
 
 def _threshold_defaults() -> str:
@@ -208,6 +248,39 @@ def _run_verdict(args: argparse.Namespace) -> int:
         print(format_verdict(verdict))
         print(f"report: {report / 'report.html'}")
     return 0 if verdict.decision == "GO" else 1
+
+
+# ---------------------------------------------------------------------------------------------- freeze
+def _add_freeze(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("freeze", help="freeze a GO pilot's candidate into a recipe lock",
+                       description="Judge the pilot (as `verdict` does) and write a recipe lock: the recipe in force "
+                       "at the pilot's end with its changes on resume, the data identity (metadata_sha256), the "
+                       "code identity (git commit, dirty flag, diff hash) and software of its last session, every "
+                       "rule's figure, and the sha256 of the canonical JSON of all of it. `pilotrun train --frozen "
+                       "LOCK` starts the long run from it. Exit 0 written, 1 NO-GO (nothing written) unless "
+                       "--despite-no-go (then recorded in the lock), 2 bad input (an existing --out included).")
+    p.add_argument("run_dir", help="the pilot's run folder")
+    p.add_argument("--out", required=True, help="the lock file to write (never overwritten)")
+    p.add_argument("--despite-no-go", action="store_true", help="write the lock of a NO-GO pilot, saying so in it")
+    p.add_argument("--no-resume-required", action="store_true", help="as for verdict")
+    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE", help="as for verdict")
+    p.set_defaults(handler=_run_freeze)
+
+
+def _run_freeze(args: argparse.Namespace) -> int:
+    from pilotrun.report.freeze import freeze_run
+    from pilotrun.report.verdict import Thresholds, parse_thresholds
+
+    thresholds = parse_thresholds(args.threshold, Thresholds(resume_required=not args.no_resume_required))
+    code, lock, verdict = freeze_run(args.run_dir, args.out, despite_no_go=args.despite_no_go, thresholds=thresholds)
+    if code != 0:
+        print(f"not frozen: the pilot is {verdict.decision} ({verdict.statement}); pass --despite-no-go to freeze it "
+              "anyway, recorded in the lock")
+        return code
+    flag = " DESPITE NO-GO" if lock["despite_no_go"] else ""
+    print(f"frozen{flag}: {args.out} (sha256 {lock['sha256']}; recipe sha256 {lock['recipe_sha256']}, data "
+          f"{lock['data']['metadata_sha256']}, code {(lock.get('code') or {}).get('commit')})")
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------- pilot
@@ -314,6 +387,10 @@ class _DefaultsHelpFormatter(argparse.HelpFormatter):
         return text + " (default: %(default)s)"
 
 
+class _RawDescriptionDefaultsHelpFormatter(_DefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown as everywhere, and a description whose line breaks are kept (the verdict's rule list)."""
+
+
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", _DefaultsHelpFormatter)
@@ -328,8 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"pilotrun {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_prepare, _add_data, _add_train, _add_inspect_batch, _add_summarize, _add_verdict, _add_pilot,
-                _add_export, _add_tensorboard, _add_config):
+    for add in (_add_prepare, _add_data, _add_train, _add_inspect_batch, _add_summarize, _add_verdict, _add_freeze,
+                _add_pilot, _add_export, _add_tensorboard, _add_config):
         add(sub)
     return parser
 

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from pilotrun.files import write_text_atomic
+from pilotrun.report.freeze import describe_frozen_status
 from pilotrun.report.identity import RULE_PLOTS, run_identity
 from pilotrun.report.plots import PLOT_TITLES, write_plots
 from pilotrun.report.verdict import Verdict
@@ -68,6 +69,9 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
                            for r in failed)
     headline = f"<ul class='failed'>{failed_items}</ul>" if failed else ""
     identity_rows = "\n".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in run_identity(summary.run))
+    warnings = ("<ul class='warnings'>" + "".join(f"<li>WARN {e(r.name)}: {e(r.figure)}</li>"
+                                                  for r in verdict.warnings) + "</ul>") if verdict.warnings else ""
+    frozen = f"\n<p>{e(describe_frozen_status(verdict.frozen))}</p>" if verdict.frozen is not None else ""
     problems = "".join(f"<li>{e(r)}</li>" for r in summary.reasons) or "<li>none</li>"
     # The trainer's own notes (schedule and val warnings, what a resume restored) travel in run.json's sessions.
     session_notes = [f"session {s.get('session_id')}: {n}" for s in summary.run.get("sessions") or []
@@ -105,7 +109,8 @@ figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; border: 1px solid #d0d7de;
 <table class="identity">{identity_rows}</table>
 <p class="decision">{e(verdict.decision)}</p>
 {headline}
-<p>{e(verdict.statement)}</p>
+{warnings}
+<p>{e(verdict.statement)}</p>{frozen}
 <h2>Rules</h2>
 <table><tr><th>rule</th><th>status</th><th>figure</th><th>threshold</th><th>evidence</th></tr>
 {rule_rows}

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pilotrun.report.freeze import describe_frozen_status, frozen_candidate_status
 from pilotrun.report.records import (
     COUNTER_KEYS,
     QK_CLIP_HARD_GAMMA,
@@ -300,6 +301,25 @@ def _find_resume_point(index: int, resumed_from: int, start: Counters, order: li
     return None
 
 
+# What the verdict's rules read from run.json. A record without one of them is invalid: a rule never falls back
+# to a default the run may not have used.
+RUN_JSON_REQUIRED = ("recipe.train.max_steps", "recipe.train.memory_budget_gb", "recipe.optim.grad_clip",
+                     "recipe.optim.qk_clip.enabled", "recipe.optim.qk_clip.tau", "model.config.n_layers",
+                     "model.config.n_dense_layers", "data.train.metadata_sha256", "allowed_changes", "sessions")
+
+
+def run_json_missing_fields(run: dict[str, Any]) -> list[str]:
+    """One reason per field of RUN_JSON_REQUIRED that run.json lacks (or holds as null)."""
+    reasons = []
+    for dotted in RUN_JSON_REQUIRED:
+        node: Any = run
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            reasons.append(f"run.json lacks {dotted}, which the verdict's rules need")
+    return reasons
+
+
 def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summary:
     run_dir = Path(run_dir)
     run = read_run_json(run_dir)
@@ -308,6 +328,7 @@ def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summa
     notes = list(log.notes)
     if not isinstance(run.get("tokens_per_update"), int) or run["tokens_per_update"] <= 0:
         reasons.append(f"run.json: tokens_per_update is {run.get('tokens_per_update')!r}, not a positive integer")
+    reasons.extend(run_json_missing_fields(run))
     declared = [str(s.get("session_id")) for s in run.get("sessions") or [] if isinstance(s, dict)]
     groups = _group_sessions(log.events, reasons)
     order = list(groups)
@@ -400,6 +421,7 @@ def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summa
                            f"(it ends at step {final.step}"
                            f"{', killed without session_end' if kept_events and kept_events[-1]['event'] != 'session_end' else ''})")
     overall = _overall(run, groups, order, sessions, final, kept_events)
+    overall["frozen_candidate"] = frozen_candidate_status(run)  # None unless started with train --frozen
     return Summary(run_dir=str(run_dir), run_id=run.get("run_id"), valid=not reasons, reasons=reasons, notes=notes,
                    sessions=sessions, lineage=lineage, overall=overall, kept_events=kept_events,
                    rolled_back_events=rolled_back_events, run=run)
@@ -508,6 +530,8 @@ def format_summary(summary: Summary) -> str:
         f"time: train {t['train_seconds']:.1f} s, eval {t['eval_seconds']:.1f} s, checkpoint "
         f"{t['checkpoint_seconds']:.1f} s, other {t['other_seconds']:.1f} s, wall {t['wall_seconds']:.1f} s",
     ]
+    if o.get("frozen_candidate") is not None:
+        lines.append(describe_frozen_status(o["frozen_candidate"]))
     for note in summary.notes:
         lines.append(f"note: {note}")
     for reason in summary.reasons:

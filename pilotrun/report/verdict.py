@@ -11,24 +11,43 @@ session replayed the same window (same step range and counters), its loss must b
 rolled-back one, which is direct evidence of exact continuation.
 
 Thresholds (defaults below, each overridable with `--threshold NAME=VALUE`):
-- min_loss_drop 0.05: mean training loss over the last `loss_window_fraction` (0.2) of windows must be at
-  least 5% below the mean over the first 0.2 (FAIL when it did not fall at all, WARN when it fell less).
+- record_valid: summarize finds no problem, and run.json holds everything the rules read (the recipe, the
+  model config, the data identity, the recorded changes): a rule never falls back to a default.
+- loss_decreased: mean training loss over the first and the last `loss_window_fraction` (0.2) of windows.
+  The drop is judged against the loss's own noise: the window-to-window spread (a robust standard deviation
+  of successive differences) gives the standard error of the difference of the two means, and the drop must
+  exceed `loss_drop_sigmas` (3.0) of it. FAIL ("not learning") when the drop is within the noise or below
+  `min_loss_drop_floor` (1%); WARN when it is real but below `min_loss_drop` (5%); a WARN allows GO.
 - max_val_gap_growth 0.5 nats: val minus train loss may grow at most this much between the evaluations of
   the second half of the run; max_val_rise 0.05: the last val loss may be at most 5% above the best one.
+  Fewer than two evaluations WARNs (allows GO: thin evidence, shown).
 - spike_factor 5.0: a window whose max gradient norm exceeds 5x the median of the previous
-  `spike_median_window` (20) windows (after `spike_min_history` (5)) is a spike; one spike WARNs, more than
-  max_grad_spikes (1) FAIL.
+  `spike_median_window` (20) windows (after `spike_min_history` (5)) is a spike; one spike WARNs (allows
+  GO), more than max_grad_spikes (1) FAIL.
 - max_clip_rate 0.5: share of applied updates clipped over the second half of the pilot (warm-up clipping
   is expected); max_skip_rate 0.05: skipped / attempted updates over the kept history.
 - min_throughput_ratio 0.6: median training-only tokens/s over the last third of windows over the first
-  third (each session's first window is warm-up and left out).
+  third (each session's first window is warm-up and left out). Below it, on a CPU run whose windows record
+  the process's CPU seconds, the same ratio is taken of tokens per CPU second: when that one holds (the
+  work per token did not grow) the machine got busier, not the run slower, and the rule WARNs with both
+  figures (allows GO); otherwise it FAILs. On CUDA the CPU time says nothing of the device, so it FAILs.
 - memory_budget_gb 0 (= the recipe's train.memory_budget_gb; 0 there too = no budget): peak memory (CUDA
   max allocated, else peak RSS) must fit; max_memory_growth 1.5: RSS at a session's last window over its
   first may grow at most 1.5x (a leak).
 - max_imbalance 1.5 (max/mean tokens per expert, per layer) and max_dead_experts 0 (experts with no token),
   both over the last `balance_window_fraction` (0.25) of windows summed.
 - max_qk_clip_rate 0.5: share of applied updates on which QK-Clip rescaled any head.
-- the kept history includes at least one resume (waived by --no-resume-required, then WARN).
+- resumed: the kept history includes a resume followed by at least one applied update (a finished run
+  resumed with nothing left to do proves nothing), counters continuous, replayed windows bit-identical
+  (waived by --no-resume-required, then WARN, which allows GO).
+- final_checkpoint: the checkpoint at the final step is committed and every file matches the sha256 in its
+  marker; missing or damaged, the run cannot be continued from where it ended: FAIL.
+- recipe_changes: every change accepted on resume (--allow-change) is named with the update it took effect
+  from; the evidence supports the recipe in force at the end, over the updates since the last change. A
+  change WARNs (allows GO); it FAILs when the windows after it show the optimizer ran another peak LR than
+  the recorded recipe (lr / lr_multiplier of the first optimizer group): the change was recorded, not applied.
+A rule that finds the evidence it needs missing from the record FAILs. GO means no rule FAILed; the WARNs
+are printed under the GO line.
 
 `judge(run_dir)` summarizes with `--require-step max_steps`: a pilot that has not finished is not valid.
 """
@@ -43,74 +62,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pilotrun.errors import PilotrunError
+from pilotrun.report.continuity import (
+    recipe_changes_in_history,
+    rule_final_checkpoint,
+    rule_recipe_changes,
+    rule_resumed,
+)
+from pilotrun.report.freeze import canonical_sha256, describe_frozen_status, frozen_candidate_status
 from pilotrun.report.records import is_finite_number
 from pilotrun.report.summarize import Summary, summarize_run
-
-PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
-
-
-class ThresholdError(PilotrunError):
-    """An unknown threshold name or a value of the wrong type (`--threshold NAME=VALUE`)."""
-
-
-@dataclass
-class Thresholds:
-    min_loss_drop: float = 0.05
-    loss_window_fraction: float = 0.2
-    max_val_gap_growth: float = 0.5
-    max_val_rise: float = 0.05
-    spike_factor: float = 5.0
-    spike_median_window: int = 20
-    spike_min_history: int = 5
-    max_grad_spikes: int = 1
-    max_clip_rate: float = 0.5
-    max_skip_rate: float = 0.05
-    min_throughput_ratio: float = 0.6
-    memory_budget_gb: float = 0.0
-    max_memory_growth: float = 1.5
-    max_imbalance: float = 1.5
-    max_dead_experts: int = 0
-    balance_window_fraction: float = 0.25
-    max_qk_clip_rate: float = 0.5
-    resume_required: bool = True
-
-
-def parse_thresholds(overrides: list[str], base: Thresholds | None = None) -> Thresholds:
-    """Apply `NAME=VALUE` overrides; an unknown name or a bad value is one clear error."""
-    thresholds = dataclasses.replace(base or Thresholds())
-    types = {f.name: f.type for f in dataclasses.fields(Thresholds)}
-    for text in overrides:
-        if "=" not in text:
-            raise ThresholdError(f"--threshold expects NAME=VALUE, got '{text}'")
-        name, raw = (part.strip() for part in text.split("=", 1))
-        if name not in types:
-            raise ThresholdError(f"--threshold: unknown name '{name}' (known: {', '.join(types)})")
-        kind = types[name]
-        try:
-            if kind == "bool":
-                if raw.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError(raw)
-                value: Any = raw.lower() in ("true", "1")
-            elif kind == "int":
-                value = int(raw)
-            else:
-                value = float(raw)
-        except ValueError:
-            raise ThresholdError(f"--threshold {name}: '{raw}' is not a valid {kind}") from None
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ThresholdError(f"--threshold {name}: '{raw}' is not a finite number")
-        setattr(thresholds, name, value)
-    return thresholds
-
-
-@dataclass
-class RuleResult:
-    name: str
-    status: str
-    figure: str  # what was measured, with numbers
-    threshold: str  # the bound it was held to
-    evidence: str  # which records the figure comes from
+from pilotrun.report.thresholds import (  # noqa: F401  (ThresholdError, parse_thresholds: re-exported for the CLI)
+    FAIL,
+    PASS,
+    WARN,
+    RuleResult,
+    ThresholdError,
+    Thresholds,
+    parse_thresholds,
+)
 
 
 @dataclass
@@ -120,11 +89,21 @@ class Verdict:
     statement: str
     thresholds: Thresholds
     summary: Summary = field(repr=False)
+    # The recipe the evidence supports (the one in force at the end), its sha256 and the changes on resume.
+    candidate: dict[str, Any] = field(default_factory=dict)
+    frozen: dict[str, Any] | None = None  # the frozen candidate a run started from, and whether it still matches
+
+    @property
+    def warnings(self) -> list[RuleResult]:
+        return [r for r in self.rules if r.status == WARN]
 
     def to_dict(self) -> dict[str, Any]:
         return {"decision": self.decision, "statement": self.statement,
                 "rules": [dataclasses.asdict(r) for r in self.rules],
-                "thresholds": dataclasses.asdict(self.thresholds), "summary": self.summary.to_dict()}
+                "failed": [r.name for r in self.rules if r.status == FAIL],
+                "warnings": [dataclasses.asdict(r) for r in self.warnings], "candidate": self.candidate,
+                "frozen": self.frozen, "thresholds": dataclasses.asdict(self.thresholds),
+                "summary": self.summary.to_dict()}
 
 
 def _train_events(summary: Summary) -> list[dict[str, Any]]:
@@ -134,6 +113,19 @@ def _train_events(summary: Summary) -> list[dict[str, Any]]:
 def _window(event: dict[str, Any]) -> dict[str, Any]:
     window = event.get("window")
     return window if isinstance(window, dict) else {}
+
+
+def _recipe_value(summary: Summary, dotted: str) -> Any:
+    """A value of run.json's recipe, or None where the record lacks it (never a default)."""
+    node: Any = summary.run.get("recipe")
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _lacks(name: str, dotted: str, threshold: str) -> RuleResult:
+    return RuleResult(name, FAIL, f"run.json's recipe lacks {dotted}: this rule cannot be judged", threshold,
+                      "run.json recipe")
 
 
 def rule_record_valid(summary: Summary, t: Thresholds) -> RuleResult:
@@ -155,18 +147,42 @@ def rule_losses_finite(summary: Summary, t: Thresholds) -> RuleResult:
     return RuleResult("losses_finite", PASS, f"all {len(losses)} finite", "every loss finite", evidence)
 
 
+def loss_noise(losses: list[float]) -> float | None:
+    """The per-window noise of the training loss: a robust standard deviation of successive differences
+    (1.4826 x their median absolute deviation, over sqrt 2 since a difference carries two windows' noise).
+    The trend adds to the differences too, which only makes the estimate, and so the rule, more cautious.
+    None with fewer than 4 windows."""
+    if len(losses) < 4:
+        return None
+    diffs = [b - a for a, b in zip(losses, losses[1:], strict=False)]
+    centre = statistics.median(diffs)
+    return 1.4826 * statistics.median(abs(d - centre) for d in diffs) / math.sqrt(2)
+
+
 def rule_loss_decreased(summary: Summary, t: Thresholds) -> RuleResult:
     losses = [float(e["loss"]) for e in _train_events(summary) if is_finite_number(e.get("loss"))]
-    threshold = f"drop >= {t.min_loss_drop:.1%} (first vs last {t.loss_window_fraction:.0%} of windows)"
+    threshold = (f"drop > {t.loss_drop_sigmas:g} sigma of the window noise and >= {t.min_loss_drop_floor:.0%} "
+                 f"(WARN below {t.min_loss_drop:.0%}); first vs last {t.loss_window_fraction:.0%} of windows")
     if len(losses) < 2:
         return RuleResult("loss_decreased", FAIL, f"only {len(losses)} finite train window(s)", threshold,
                           "train windows")
     k = max(1, round(len(losses) * t.loss_window_fraction))
     first, last = statistics.fmean(losses[:k]), statistics.fmean(losses[-k:])
     drop = (first - last) / abs(first) if first != 0 else 0.0
-    status = PASS if drop >= t.min_loss_drop else (WARN if drop > 0 else FAIL)
-    return RuleResult("loss_decreased", status, f"mean train loss {first:.4f} -> {last:.4f} ({drop:+.1%} drop)",
-                      threshold, f"{k} first and {k} last of {len(losses)} train windows")
+    noise = loss_noise(losses)
+    standard_error = noise * math.sqrt(2 / k) if noise is not None else None
+    sigmas = (first - last) / standard_error if standard_error else math.inf if first > last else 0.0
+    noise_text = (f"window noise {noise:.4g}, drop = {sigmas:.1f} sigma of the difference of means"
+                  if noise is not None else "too few windows to measure the noise")
+    figure = f"mean train loss {first:.4f} -> {last:.4f} ({drop:+.2%} drop); {noise_text}"
+    if drop <= 0 or drop < t.min_loss_drop_floor or sigmas <= t.loss_drop_sigmas:
+        status = FAIL
+        why = "the drop is within the loss's own noise" if drop >= t.min_loss_drop_floor else "too small a drop"
+        figure = f"not learning ({why}): {figure}"
+    else:
+        status = PASS if drop >= t.min_loss_drop else WARN
+    return RuleResult("loss_decreased", status, figure, threshold,
+                      f"{k} first and {k} last of {len(losses)} train windows; noise from all successive pairs")
 
 
 def rule_val_tracks_train(summary: Summary, t: Thresholds) -> RuleResult:
@@ -216,7 +232,8 @@ def rule_grad_spikes(summary: Summary, t: Thresholds) -> RuleResult:
     threshold = f"<= {t.max_grad_spikes} spike(s) > {t.spike_factor}x running median"
     evidence = f"grad_norm_max of {len(history)} train windows"
     if not history:
-        return RuleResult("grad_spikes", WARN, "no gradient norm recorded", threshold, evidence)
+        return RuleResult("grad_spikes", FAIL, "no gradient norm recorded: the record lacks this rule's evidence",
+                          threshold, evidence)
     if not spikes:
         return RuleResult("grad_spikes", PASS, f"no spike; max grad norm {max(history):.4g}", threshold, evidence)
     listed = ", ".join(f"step {s}: {v:.4g} ({v / m:.1f}x median)" for s, v, m in spikes[:5])
@@ -225,9 +242,11 @@ def rule_grad_spikes(summary: Summary, t: Thresholds) -> RuleResult:
 
 
 def rule_clip_rate(summary: Summary, t: Thresholds) -> RuleResult:
-    grad_clip = ((summary.run.get("recipe") or {}).get("optim") or {}).get("grad_clip")
+    grad_clip = _recipe_value(summary, "optim.grad_clip")
     events = _train_events(summary)
     threshold = f"clipped / applied <= {t.max_clip_rate:.0%} over the second half"
+    if grad_clip is None:
+        return _lacks("clip_rate", "optim.grad_clip", threshold)
     if grad_clip == 0:
         return RuleResult("clip_rate", PASS, "clipping disabled (optim.grad_clip = 0)", threshold, "recipe")
     final_step = events[-1]["step"] if events else 0
@@ -235,7 +254,8 @@ def rule_clip_rate(summary: Summary, t: Thresholds) -> RuleResult:
     clipped = [_window(e).get("clipped") for e in second_half]
     applied = sum(int(_window(e).get("updates_applied", 0)) for e in second_half)
     if not second_half or any(not isinstance(c, int) for c in clipped) or applied == 0:
-        return RuleResult("clip_rate", WARN, "clipping counts not recorded", threshold, "train windows")
+        return RuleResult("clip_rate", FAIL, "clipping counts not recorded: the record lacks this rule's evidence",
+                          threshold, "train windows")
     rate = sum(clipped) / applied
     return RuleResult("clip_rate", PASS if rate <= t.max_clip_rate else FAIL,
                       f"{sum(clipped)} of {applied} applied updates clipped ({rate:.1%})", threshold,
@@ -254,8 +274,14 @@ def rule_skip_rate(summary: Summary, t: Thresholds) -> RuleResult:
                       "cumulative counters of the kept history")
 
 
+def _session_devices(summary: Summary) -> set[str]:
+    kept = set(summary.lineage)
+    return {str((s.get("hardware") or {}).get("device")) for s in summary.run.get("sessions") or []
+            if isinstance(s, dict) and str(s.get("session_id")) in kept}
+
+
 def rule_throughput_steady(summary: Summary, t: Thresholds) -> RuleResult:
-    rates = []
+    rates, cpu_rates = [], []
     seen_sessions = set()
     for e in _train_events(summary):
         w = _window(e)
@@ -265,20 +291,47 @@ def rule_throughput_steady(summary: Summary, t: Thresholds) -> RuleResult:
             continue  # warm-up: allocator, caches, first-touch of the data
         if is_finite_number(w.get("tokens")) and is_finite_number(w.get("train_seconds")) and w["train_seconds"] > 0:
             rates.append(w["tokens"] / w["train_seconds"])
-    threshold = f"last-third / first-third median >= {t.min_throughput_ratio}"
+            cpu = w.get("cpu_seconds")
+            cpu_rates.append(w["tokens"] / cpu if is_finite_number(cpu) and cpu > 0 else None)
+    threshold = (f"last-third / first-third median of training-only tok/s >= {t.min_throughput_ratio} (on a CPU, "
+                 "tok per process CPU second held to the same bound separates a busier machine)")
     evidence = f"training-only tokens/s of {len(rates)} train windows (each session's first left out)"
     if len(rates) < 6:
         return RuleResult("throughput_steady", WARN, f"only {len(rates)} windows to compare", threshold, evidence)
     third = len(rates) // 3
     first, last = statistics.median(rates[:third]), statistics.median(rates[-third:])
     ratio = last / first
-    return RuleResult("throughput_steady", PASS if ratio >= t.min_throughput_ratio else FAIL,
-                      f"median {first:.1f} -> {last:.1f} tok/s (ratio {ratio:.2f})", threshold, evidence)
+    figure = f"median {first:.1f} -> {last:.1f} tok/s (ratio {ratio:.2f})"
+    have_cpu = all(r is not None for r in cpu_rates)
+    if have_cpu:
+        cpu_first = statistics.median(cpu_rates[:third])
+        cpu_last = statistics.median(cpu_rates[-third:])
+        cpu_ratio = cpu_last / cpu_first
+        share_first = statistics.median(c / r for c, r in zip(rates[:third], cpu_rates[:third], strict=True))
+        share_last = statistics.median(c / r for c, r in zip(rates[-third:], cpu_rates[-third:], strict=True))
+        figure += (f"; per process CPU second {cpu_first:.1f} -> {cpu_last:.1f} tok (ratio {cpu_ratio:.2f}), CPU "
+                   f"seconds per training second {share_first:.2f} -> {share_last:.2f}")
+        evidence += "; window.cpu_seconds"
+    if ratio >= t.min_throughput_ratio:
+        return RuleResult("throughput_steady", PASS, figure, threshold, evidence)
+    devices = _session_devices(summary)
+    if have_cpu and devices == {"cpu"} and cpu_ratio >= t.min_throughput_ratio:
+        return RuleResult("throughput_steady", WARN, f"the machine got busier: {figure}; the work per token held, "
+                          "so the slowdown is other load on the machine, not the recipe", threshold, evidence)
+    if not have_cpu:
+        figure += "; CPU time not recorded, so contention cannot be told apart"
+    elif devices != {"cpu"}:
+        figure += f"; device {', '.join(sorted(devices))}: process CPU time does not measure the device's work"
+    else:
+        figure += "; the work per token grew too: the run itself slowed"
+    return RuleResult("throughput_steady", FAIL, figure, threshold, evidence)
 
 
 def rule_memory(summary: Summary, t: Thresholds) -> RuleResult:
-    budget_gb = t.memory_budget_gb or float(((summary.run.get("recipe") or {}).get("train") or {})
-                                            .get("memory_budget_gb") or 0.0)
+    recipe_budget = _recipe_value(summary, "train.memory_budget_gb")
+    if not is_finite_number(recipe_budget):
+        return _lacks("memory", "train.memory_budget_gb", f"RSS growth within a session <= {t.max_memory_growth}x")
+    budget_gb = t.memory_budget_gb or float(recipe_budget)
     peaks, growth = [], []
     by_session: dict[str, list[float]] = {}
     for e in _train_events(summary):
@@ -295,7 +348,8 @@ def rule_memory(summary: Summary, t: Thresholds) -> RuleResult:
     budget_text = f"peak <= {budget_gb:g} GB" if budget_gb > 0 else "no budget set (train.memory_budget_gb = 0)"
     threshold = f"{budget_text}; RSS growth within a session <= {t.max_memory_growth}x"
     if not peaks:
-        return RuleResult("memory", WARN, "memory not recorded", threshold, "train windows")
+        return RuleResult("memory", FAIL, "memory not recorded: the record lacks this rule's evidence", threshold,
+                          "train windows")
     peak = max(peaks)
     worst = max(growth) if growth else (1.0, "-")
     figure = f"peak {peak:.0f} MB; worst RSS growth {worst[0]:.2f}x (session {worst[1]})"
@@ -310,10 +364,12 @@ def rule_experts(summary: Summary, t: Thresholds) -> RuleResult:
     threshold = f"dead experts <= {t.max_dead_experts}; max/mean load <= {t.max_imbalance} per layer"
     if not events:
         config = (summary.run.get("model") or {}).get("config") or {}
-        has_moe = int(config.get("n_layers", 0) or 0) > int(config.get("n_dense_layers", 0) or 0)
-        if has_moe:
-            return RuleResult("experts", WARN, "MoE layers exist but no expert load was recorded", threshold,
-                              "train windows")
+        if not (isinstance(config.get("n_layers"), int) and isinstance(config.get("n_dense_layers"), int)):
+            return RuleResult("experts", FAIL, "run.json lacks model.config.n_layers / n_dense_layers", threshold,
+                              "run.json")
+        if config["n_layers"] > config["n_dense_layers"]:
+            return RuleResult("experts", FAIL, "MoE layers exist but no expert load was recorded: the record lacks "
+                              "this rule's evidence", threshold, "train windows")
         return RuleResult("experts", PASS, "not applicable: the model has no MoE layer", threshold, "model config")
     k = max(1, round(len(events) * t.balance_window_fraction))
     tail = events[-k:]
@@ -333,14 +389,16 @@ def rule_experts(summary: Summary, t: Thresholds) -> RuleResult:
 
 
 def rule_qk_clip(summary: Summary, t: Thresholds) -> RuleResult:
-    qk_cfg = ((summary.run.get("recipe") or {}).get("optim") or {}).get("qk_clip") or {}
+    qk_enabled = _recipe_value(summary, "optim.qk_clip.enabled")
     events = _train_events(summary)
     threshold = f"updates with a QK-Clip rescale <= {t.max_qk_clip_rate:.0%} of applied updates"
+    if not isinstance(qk_enabled, bool):
+        return _lacks("qk_clip", "optim.qk_clip.enabled", threshold)
     max_logits = [float(x) for e in events if isinstance(e.get("qk_clip"), dict)
                   and isinstance(e["qk_clip"].get("max_logit"), list)
                   for x in e["qk_clip"]["max_logit"] if is_finite_number(x)]
     peak = f"; max logit {max(max_logits):.2f}" if max_logits else ""
-    if qk_cfg.get("enabled") is False:
+    if qk_enabled is False:
         return RuleResult("qk_clip", PASS, f"QK-Clip disabled (optim.qk_clip.enabled = false){peak}", threshold,
                           "recipe")
     # updates_with_clip is cumulative over the run (restored with the checkpoint), so the last kept window's
@@ -348,7 +406,8 @@ def rule_qk_clip(summary: Summary, t: Thresholds) -> RuleResult:
     counts = [e["qk_clip"].get("updates_with_clip") if isinstance(e.get("qk_clip"), dict) else None for e in events]
     applied = int(summary.overall.get("updates_applied") or 0)
     if not events or not isinstance(counts[-1], int) or applied == 0:
-        return RuleResult("qk_clip", WARN, "QK-Clip counts not recorded", threshold, "train windows")
+        return RuleResult("qk_clip", FAIL, "QK-Clip counts not recorded: the record lacks this rule's evidence",
+                          threshold, "train windows")
     rate = counts[-1] / applied
     first = next((e for e in summary.kept_events if e["event"] == "qk_clip" and e.get("first_time")), None)
     first_text = (f"; first clip at step {first['step']} (layer {first.get('layer')}, head {first.get('head')}, "
@@ -360,50 +419,19 @@ def rule_qk_clip(summary: Summary, t: Thresholds) -> RuleResult:
                       "cumulative qk_clip.updates_with_clip of the last kept train window; qk_clip events")
 
 
-def _window_key(e: dict[str, Any]) -> tuple:
-    w = _window(e)
-    return (e["event"], e["step"], e["tokens_seen"], e["updates_attempted"], w.get("updates_applied"),
-            w.get("updates_attempted"))
-
-
-def rule_resumed(summary: Summary, t: Thresholds) -> RuleResult:
-    """At least one resume in the kept history, counters continuous, replayed windows bit-identical."""
-    sessions = {s.session_id: s for s in summary.sessions}
-    resumes = [sid for sid in summary.lineage if sessions[sid].resumed_from is not None]
-    threshold = ">= 1 resume with continuous counters; replayed windows bit-identical"
-    kept = {_window_key(e): e for e in summary.kept_events if e["event"] in ("train", "val")}
-    compared, mismatched = 0, []
-    for e in summary.rolled_back_events:
-        twin = kept.get(_window_key(e)) if e["event"] in ("train", "val") else None
-        if twin is None:
-            continue
-        compared += 1
-        for key in ("loss", "grad_norm"):
-            if key in e and e.get(key) != twin.get(key):
-                mismatched.append(f"{e['event']} step {e['step']} {key} {e.get(key)!r} before the kill vs "
-                                  f"{twin.get(key)!r} after the resume")
-    replay = (f"{compared} replayed window(s) compared, {len(mismatched)} differ" if compared
-              else "no replayed window to compare")
-    evidence = "session starts vs committed checkpoints; rolled-back vs replayed windows"
-    points = ", ".join(f"session {sid} from step {sessions[sid].resumed_from}" for sid in resumes)
-    if mismatched:
-        return RuleResult("resumed", FAIL, f"{replay}; first: {mismatched[0]}", threshold, evidence)
-    if resumes and not summary.valid:
-        return RuleResult("resumed", FAIL, f"{len(resumes)} resume(s) but the record is invalid (see record_valid)",
-                          threshold, evidence)
-    if resumes:
-        return RuleResult("resumed", PASS, f"{len(resumes)} resume(s): {points}; counters continuous; {replay}",
-                          threshold, evidence)
-    if not t.resume_required:
-        return RuleResult("resumed", WARN, "no resume in the kept history; waived (--no-resume-required)",
-                          threshold, evidence)
-    return RuleResult("resumed", FAIL, "no resume in the kept history: the pilot never proved it can continue",
-                      threshold, evidence)
-
-
 RULES = (rule_record_valid, rule_losses_finite, rule_loss_decreased, rule_val_tracks_train, rule_grad_spikes,
          rule_clip_rate, rule_skip_rate, rule_throughput_steady, rule_memory, rule_experts, rule_qk_clip,
-         rule_resumed)
+         rule_resumed, rule_final_checkpoint, rule_recipe_changes)
+
+
+def candidate_of(summary: Summary) -> dict[str, Any]:
+    """The recipe the pilot's evidence supports: run.json's (in force at the end), with the changes on resume."""
+    changes = recipe_changes_in_history(summary.run, summary.lineage)
+    recipe = summary.run.get("recipe")
+    final_step = int(summary.overall.get("updates_applied") or 0)
+    return {"recipe_sha256": canonical_sha256(recipe) if isinstance(recipe, dict) else None,
+            "changes": [dataclasses.asdict(c) for c in changes],
+            "supported_from_update": changes[-1].from_update if changes else 1, "final_step": final_step}
 
 
 def judge_summary(summary: Summary, thresholds: Thresholds | None = None) -> Verdict:
@@ -413,15 +441,21 @@ def judge_summary(summary: Summary, thresholds: Thresholds | None = None) -> Ver
     warned = [r.name for r in rules if r.status == WARN]
     o = summary.overall
     decision = "NO-GO" if failed else "GO"
+    candidate = candidate_of(summary)
     basis = (f"Judged on the pilot's own record: {o.get('updates_applied')} applied updates, {o.get('tokens_seen')} "
              f"tokens, {o.get('sessions')} session(s) with {o.get('resumes')} resume(s).")
+    sha = str(candidate["recipe_sha256"])[:16]
+    supports = (f"The evidence supports the recipe in force at the end (recipe sha256 {sha}), over updates "
+                f"{candidate['supported_from_update']}..{candidate['final_step']}"
+                f"{' after ' + str(len(candidate['changes'])) + ' change(s) on resume' if candidate['changes'] else ''}.")
     if failed:
         statement = f"NO-GO: {', '.join(failed)} failed. {basis}"
     else:
         statement = (f"GO: no rule failed{' (warnings: ' + ', '.join(warned) + ')' if warned else ''}. {basis} "
-                     "This says the recipe ran without the problems checked here for this long; it does not say "
-                     "the final model will be good.")
-    return Verdict(decision=decision, rules=rules, statement=statement, thresholds=t, summary=summary)
+                     f"{supports} This says the recipe ran without the problems checked here for this long; it does "
+                     "not say the final model will be good.")
+    return Verdict(decision=decision, rules=rules, statement=statement, thresholds=t, summary=summary,
+                   candidate=candidate, frozen=frozen_candidate_status(summary.run))
 
 
 def judge(run_dir: str | Path, thresholds: Thresholds | None = None) -> Verdict:
@@ -438,7 +472,11 @@ def format_verdict(verdict: Verdict) -> str:
     lines = [f"{'rule':<{width}}  status  figure  [threshold]"]
     for r in verdict.rules:
         lines.append(f"{r.name:<{width}}  {r.status:<6}  {r.figure}  [{r.threshold}]")
-    lines += ["", f"VERDICT: {verdict.decision}", verdict.statement]
+    lines += ["", f"VERDICT: {verdict.decision}"]
+    lines += [f"  WARN {r.name}: {r.figure}" for r in verdict.warnings]
+    lines.append(verdict.statement)
+    if verdict.frozen is not None:
+        lines.append(describe_frozen_status(verdict.frozen))
     return "\n".join(lines)
 
 

@@ -11,6 +11,10 @@ instead of to whatever comes next, without a per-step host sync.
 
 Throughput is then reported twice, side by side: training-only (tokens / train seconds) and wall-clock
 (tokens / all seconds of the window).
+
+Beside the wall clock the same switches read the process's CPU time (all its threads), charged to the same
+phases. A window whose training seconds grew while its CPU seconds per token did not was slowed by other
+work on the machine, not by the run itself; the verdict's throughput rule tells the two apart with it.
 """
 
 from __future__ import annotations
@@ -23,13 +27,17 @@ PHASES = ("train", "eval", "checkpoint", "other")
 
 
 class TimeAccount:
-    def __init__(self, synchronize: Callable[[], None] | None = None, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, synchronize: Callable[[], None] | None = None, clock: Callable[[], float] = time.perf_counter,
+                 cpu_clock: Callable[[], float] = time.process_time):
         self._clock = clock
+        self._cpu_clock = cpu_clock
         self._synchronize = synchronize  # e.g. torch.cuda.synchronize; None on CPU
         self._started = clock()
         self._segment_start = self._started
+        self._cpu_segment_start = cpu_clock()
         self._phase = "other"
         self.totals = dict.fromkeys(PHASES, 0.0)
+        self.cpu_totals = dict.fromkeys(PHASES, 0.0)  # process CPU seconds (every thread) per phase
 
     @property
     def current_phase(self) -> str:
@@ -41,9 +49,10 @@ class TimeAccount:
             raise ValueError(f"unknown time phase '{phase}'")
         if self._phase == "train" and phase != "train" and self._synchronize is not None:
             self._synchronize()  # queued training kernels belong to training
-        now = self._clock()
+        now, cpu_now = self._clock(), self._cpu_clock()
         self.totals[self._phase] += now - self._segment_start
-        self._segment_start = now
+        self.cpu_totals[self._phase] += cpu_now - self._cpu_segment_start
+        self._segment_start, self._cpu_segment_start = now, cpu_now
         previous, self._phase = self._phase, phase
         return previous
 
@@ -56,11 +65,15 @@ class TimeAccount:
             self.switch(previous)
 
     def snapshot(self) -> dict[str, float]:
-        """Totals so far including the running segment, and the wall clock since construction."""
-        now = self._clock()
+        """Totals so far including the running segment, the wall clock since construction, and per phase the
+        process CPU seconds under `cpu_<phase>`."""
+        now, cpu_now = self._clock(), self._cpu_clock()
         totals = dict(self.totals)
         totals[self._phase] += now - self._segment_start
         totals["wall"] = now - self._started
+        for phase in PHASES:
+            totals[f"cpu_{phase}"] = self.cpu_totals[phase] + (cpu_now - self._cpu_segment_start
+                                                               if phase == self._phase else 0.0)
         return totals
 
     def time_split(self) -> dict[str, float]:
@@ -71,17 +84,20 @@ class TimeAccount:
 
 
 class WindowClock:
-    """Train-only and wall seconds of the current logging window, read from a TimeAccount."""
+    """Train-only and wall seconds of the current logging window, read from a TimeAccount; after each
+    `close_window`, `cpu_seconds` holds the process CPU seconds of that window's training phase."""
 
     def __init__(self, account: TimeAccount):
         self.account = account
         self._last = account.snapshot()
+        self.cpu_seconds = 0.0
 
     def close_window(self) -> tuple[float, float]:
         """(train_seconds, wall_seconds) since the previous call (or construction); starts the next window."""
         now = self.account.snapshot()
         train = now["train"] - self._last["train"]
         wall = now["wall"] - self._last["wall"]
+        self.cpu_seconds = now["cpu_train"] - self._last["cpu_train"]
         self._last = now
         return train, wall
 

@@ -605,7 +605,7 @@ class Trainer:
             window={"updates_applied": window.applied, "updates_attempted": window.attempted,
                     "updates_skipped": window.skipped, "clipped": window.clipped,
                     "microbatches": window.microbatches, "tokens": tokens, "train_seconds": train_seconds,
-                    "wall_seconds": wall_seconds},
+                    "wall_seconds": wall_seconds, "cpu_seconds": window_clock.cpu_seconds},
             loss=means["loss"], aux_loss=means["aux"], lr=float(group["lr"]),
             lr_multiplier=float(group["lr"]) / float(group["base_lr"]) if group.get("base_lr") else None,
             grad_norm=window.grad_norm, grad_norm_max=window.grad_norm_max if window.applied else None,
@@ -691,13 +691,15 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
 
 
 def train_from_cli(config: RunConfig, data_dir: str, run_dir: str, resume: bool, from_step: int | None,
-                   allow_changes: list[str], command: list[str]) -> int:
+                   allow_changes: list[str], command: list[str], run_facts: dict[str, Any] | None = None) -> int:
     """`pilotrun train`: build, run, return the exit code (bad input raises PilotrunError -> exit 2)."""
     context = dist_utils.init_distributed(config.train.device)
     trainer = None
     try:
         trainer = Trainer(config, data_dir, run_dir, resume=resume, from_step=from_step,
                           allow_changes=allow_changes, command=command, context=context)
+        trainer.record.data.update(run_facts or {})  # e.g. the recipe lock a frozen run started from
+        trainer.record.save()
         return trainer.run().exit_code
     finally:
         # The DDP/FSDP wrapper (DDP's reducer) uses the process group: free it, reference cycles included, before

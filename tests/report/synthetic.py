@@ -9,6 +9,7 @@ case, or a test can edit `run.events` before `write()` to inject an inconsistenc
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 from collections.abc import Callable
@@ -59,6 +60,7 @@ class SyntheticRun:
         # Host work between updates (logging, the loop itself): in every window's wall time, never in its
         # training time, so that a figure computed from the wrong one of the two cannot pass a test.
         self.host_seconds_per_update = lambda step: 0.125
+        self.cpu_seconds_per_update = lambda step: 0.45  # the process's CPU seconds of that training time
         self.rss_mb = lambda step: 500.0
         self.tokens_per_expert = lambda step, layer: [100.0 + 5 * ((e + layer) % 2) for e in range(self.experts)]
         self.qk_clip_updates = lambda step: 0
@@ -79,7 +81,7 @@ class SyntheticRun:
         self.run["sessions"].append({"session_id": self.session_id, "start_step": self.counters["step"],
                                      "start_tokens_seen": self.counters["tokens_seen"], "resumed_from": resumed_from,
                                      "git": {"commit": "0" * 40, "dirty": False, "diff_sha256": None},
-                                     "command": ["pilotrun", "train"], "hardware": {"world_size": 1},
+                                     "command": ["pilotrun", "train"], "hardware": {"world_size": 1, "device": "cpu"},
                                      "software": {}, "started_at": self.clock})
         self._session_clock_start = self.clock
         self._time_split = {"train_seconds": 0.0, "eval_seconds": 0.0, "checkpoint_seconds": 0.0}
@@ -90,7 +92,7 @@ class SyntheticRun:
     def _reset_window(self) -> None:
         self._window = {"updates_applied": 0, "updates_attempted": 0, "updates_skipped": 0, "clipped": 0,
                         "microbatches": 0, "tokens": 0, "train_seconds": 0.0, "wall_seconds": 0.0,
-                        "qk_updates": 0}
+                        "cpu_seconds": 0.0, "qk_updates": 0}
 
     def _flush_window(self) -> None:
         w, step = self._window, self.counters["step"]
@@ -133,6 +135,7 @@ class SyntheticRun:
             w["tokens"] += self.tokens_per_update
             w["train_seconds"] += seconds
             w["wall_seconds"] += seconds + host_seconds
+            w["cpu_seconds"] += self.cpu_seconds_per_update(c["step"] + 1)
             if c["updates_attempted"] in self.overflow_at:
                 c["updates_skipped"] += 1
                 w["updates_skipped"] += 1
@@ -186,7 +189,21 @@ class SyntheticRun:
         (self.run_dir / "run.json").write_text(json.dumps(self.run, indent=2))
         lines = [json.dumps(e, separators=(",", ":")) for e in self.events]
         (self.run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n" + torn_tail)
+        for step, counters in self.checkpoints.items():
+            self.write_checkpoint(step, counters)
         return self.run_dir
+
+    def write_checkpoint(self, step: int, counters: dict[str, int]) -> Path:
+        """A committed checkpoint folder as the checkpointer leaves it: one file and the marker with its sha256."""
+        folder = self.run_dir / "checkpoints" / f"step-{step:08d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        payload = json.dumps({"synthetic_state": counters}).encode()
+        (folder / "state.pt").write_bytes(payload)
+        marker = {"step": step, "files": {"state.pt": {"sha256": hashlib.sha256(payload).hexdigest(),
+                                                      "bytes": len(payload)}},
+                  "meta": {"counters": {k: counters[k] for k in self.counters}}}
+        (folder / "COMMITTED.json").write_text(json.dumps(marker))
+        return folder
 
     def find(self, event: str, session: str | None = None, step: int | None = None) -> dict[str, Any]:
         """The first event of that kind (optionally in a session, at a step), for tests to edit."""

@@ -43,3 +43,15 @@ def test_html_escapes_record_text(tmp_path):
     run.write()
     page = (write_report(judge_summary(summarize_run(tmp_path / "r"))) / "report.html").read_text()
     assert "<b>run</b>" not in page and "&lt;b&gt;run&lt;/b&gt;" in page
+
+
+def test_html_lists_the_warnings_under_the_decision(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.run["allowed_changes"].append({"session_id": "s2", "key": "optim.grad_clip", "old": 1.0, "new": 2.0})
+    run.write()
+    verdict = judge_summary(summarize_run(tmp_path / "r"))
+    page = (write_report(verdict) / "report.html").read_text()
+    assert verdict.decision == "GO"
+    decision_at = page.index("<p class=\"decision\">GO</p>")
+    warning_at = page.index("<li>WARN recipe_changes: 1 change(s) on resume: optim.grad_clip 1.0 -&gt; 2.0")
+    assert decision_at < warning_at < page.index("<h2>Rules</h2>")

@@ -79,17 +79,43 @@ def test_losses_finite_fails_on_nan_val_loss(tmp_path):
     assert "val loss nan at step 50" in rules["losses_finite"].figure
 
 
+def _noise(step):
+    """A deterministic stand-in for batch-to-batch loss noise, in [-1, 1]."""
+    return math.sin(step * 12.9898) * 43758.5453 % 2 - 1
+
+
 def test_loss_decreased_fails_when_flat_and_warns_when_small(tmp_path):
     def flat(run):
         run.loss = lambda step: 3.0
     _, rules = _verdict(tmp_path / "flat", flat)
     assert rules["loss_decreased"].status == FAIL
-    assert "+0.0% drop" in rules["loss_decreased"].figure
+    assert rules["loss_decreased"].figure.startswith("not learning") and "+0.00% drop" in rules["loss_decreased"].figure
 
     def small(run):
-        run.loss = lambda step: 3.0 - 0.001 * step
+        run.loss = lambda step: 3.0 - 0.001 * step  # a real (noise-free) drop of 1.6%: learning, slowly
     _, rules = _verdict(tmp_path / "small", small)
     assert rules["loss_decreased"].status == WARN
+
+
+def test_loss_decreased_fails_a_drop_of_a_tenth_of_a_percent_like_an_lr_of_zero(tmp_path):
+    def lr_zero(run):
+        run.loss = lambda step: 3.0 - 0.00005 * step + 0.02 * _noise(step)
+    verdict, rules = _verdict(tmp_path, lr_zero)
+    assert rules["loss_decreased"].status == FAIL and verdict.decision == "NO-GO"
+    assert "not learning" in rules["loss_decreased"].figure
+
+
+def test_loss_decreased_judges_the_drop_against_the_loss_noise(tmp_path):
+    def within_noise(run):  # 2.9% lower at the end, above the 1% floor, but the windows scatter by +-0.2
+        run.loss = lambda step: 3.0 - 0.003 * step + 0.2 * _noise(step)
+    _, rules = _verdict(tmp_path / "noisy", within_noise)
+    figure = rules["loss_decreased"].figure
+    assert rules["loss_decreased"].status == FAIL and "(+2.92% drop)" in figure and "drop = 0.5 sigma" in figure
+
+    def clear(run):  # the same noise on a real descent
+        run.loss = lambda step: 2.0 + 5.0 * math.exp(-step / 20.0) + 0.3 * _noise(step)
+    _, rules = _verdict(tmp_path / "clear", clear)
+    assert rules["loss_decreased"].status == PASS
 
 
 def test_val_tracks_train_fails_when_val_diverges(tmp_path):
@@ -139,10 +165,49 @@ def test_skip_rate_fails_with_many_overflows(tmp_path):
 
 
 def test_throughput_steady_fails_when_it_decays(tmp_path):
-    def change(run):
+    def change(run):  # the run itself slows: its CPU seconds per token grow with the wall time
         run.train_seconds_per_update = lambda step: 0.5 * (1 + step / 10.0)
+        run.cpu_seconds_per_update = lambda step: 0.45 * (1 + step / 10.0)
     _, rules = _verdict(tmp_path, change)
-    assert rules["throughput_steady"].status == FAIL
+    assert rules["throughput_steady"].status == FAIL and "the run itself slowed" in rules["throughput_steady"].figure
+
+
+def _busier_machine(run):
+    """Training seconds per update quadruple from update 40 on while the process's CPU seconds stay."""
+    run.train_seconds_per_update = lambda step: 2.0 if step > 40 else 0.5
+
+
+def test_throughput_steady_warns_when_only_the_machine_got_busier(tmp_path):
+    verdict, rules = _verdict(tmp_path, _busier_machine)
+    rule = rules["throughput_steady"]
+    assert rule.status == WARN and verdict.decision == "GO"
+    assert rule.figure.startswith("the machine got busier") and "(ratio 0.25)" in rule.figure
+    assert "(ratio 1.00)" in rule.figure  # tokens per CPU second held
+    assert [w.name for w in verdict.warnings] == ["throughput_steady"]
+
+
+def test_throughput_contention_is_not_inferred_without_cpu_time_or_on_cuda(tmp_path):
+    def build(name):
+        return crashed_and_resumed(tmp_path / name, make_run=lambda d, **kw: _with(SyntheticRun(d, **kw),
+                                                                                  _busier_machine))
+    run = build("none")
+    for event in run.events:
+        if event["event"] == "train":
+            del event["window"]["cpu_seconds"]  # a record from before CPU time was kept
+    run.write()
+    rule = {r.name: r for r in judge_summary(summarize_run(tmp_path / "none")).rules}["throughput_steady"]
+    assert rule.status == FAIL and "CPU time not recorded" in rule.figure
+    run = build("cuda")
+    for session in run.run["sessions"]:
+        session["hardware"]["device"] = "cuda"
+    run.write()
+    rule = {r.name: r for r in judge_summary(summarize_run(tmp_path / "cuda")).rules}["throughput_steady"]
+    assert rule.status == FAIL and "does not measure the device" in rule.figure
+
+
+def _with(run, change):
+    change(run)
+    return run
 
 
 def test_memory_fails_on_growth_and_on_budget(tmp_path):
@@ -234,3 +299,116 @@ def test_cli_verdict_go_nogo_json_and_bad_threshold(tmp_path, capsys):
     assert {r["name"]: r["status"] for r in data["rules"]}["throughput_steady"] == FAIL
     assert main(["verdict", str(tmp_path / "r"), "--threshold", "bogus=1"]) == 2
     assert "unknown name 'bogus'" in capsys.readouterr().err
+
+
+def test_resume_with_nothing_left_to_do_is_not_resume_evidence(tmp_path):
+    def finished_then_resumed(builder, run_dir, **kw):
+        run = builder(run_dir, **kw)
+        run.start_session()
+        run.train_until(run.max_steps)
+        run.end_session()
+        run.resume()  # from the final checkpoint: zero updates left
+        run.end_session()
+        return run
+    verdict, rules = _verdict(tmp_path, build=finished_then_resumed)
+    assert verdict.summary.valid, verdict.summary.reasons
+    assert verdict.summary.overall["resumes"] == 1
+    assert rules["resumed"].status == FAIL and verdict.decision == "NO-GO"
+    assert "no update applied after any of them" in rules["resumed"].figure
+
+
+def test_run_json_without_its_recipe_is_invalid_not_defaulted(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    del run.run["recipe"]
+    run.write()
+    verdict = judge(tmp_path / "r")
+    rules = {r.name: r for r in verdict.rules}
+    assert verdict.decision == "NO-GO" and not verdict.summary.valid
+    assert any("lacks recipe.optim.grad_clip" in reason for reason in verdict.summary.reasons)
+    assert rules["record_valid"].status == FAIL
+    for name in ("clip_rate", "memory", "qk_clip"):
+        assert rules[name].status == FAIL and "lacks" in rules[name].figure
+
+
+def test_recipe_change_on_resume_is_named_with_its_step_and_the_supported_recipe(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.run["allowed_changes"].append({"session_id": "s2", "key": "optim.muon.lr", "old": 0.003, "new": 0.001})
+    run.run["allowed_changes"].append({"session_id": "gone", "key": "optim.adamw.lr", "old": 1, "new": 2})
+    run.write()
+    verdict = judge(tmp_path / "r")
+    rule = {r.name: r for r in verdict.rules}["recipe_changes"]
+    assert verdict.decision == "GO" and rule.status == WARN
+    # Session s2 resumed from checkpoint 20: its first update, 21, ran the new value.
+    assert "1 change(s) on resume: optim.muon.lr 0.003 -> 0.001 from update 21" in rule.figure
+    assert "over updates 21..60 (40 of 60)" in rule.figure
+    data = verdict.to_dict()
+    assert data["candidate"]["supported_from_update"] == 21
+    assert data["candidate"]["changes"] == [{"key": "optim.muon.lr", "old": 0.003, "new": 0.001,
+                                             "session_id": "s2", "from_update": 21}]
+    assert [w["name"] for w in data["warnings"]] == ["recipe_changes"]
+
+
+def test_final_checkpoint_damaged_or_missing_fails_can_continue(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.write()
+    assert {r.name: r for r in judge(tmp_path / "r").rules}["final_checkpoint"].status == PASS
+    damaged = tmp_path / "r" / "checkpoints" / "step-00000060" / "state.pt"
+    damaged.write_bytes(damaged.read_bytes()[:-1] + b"!")  # same size, other bytes
+    verdict = judge(tmp_path / "r")
+    rule = {r.name: r for r in verdict.rules}["final_checkpoint"]
+    assert rule.status == FAIL and verdict.decision == "NO-GO"
+    assert f"{damaged}: sha256 differs" in rule.figure
+    for path in damaged.parent.iterdir():
+        path.unlink()
+    damaged.parent.rmdir()
+    rule = {r.name: r for r in judge(tmp_path / "r").rules}["final_checkpoint"]
+    assert rule.status == FAIL and "no checkpoint folder" in rule.figure and "newest committed: step 40" in rule.figure
+
+
+def test_missing_evidence_fails_the_rule_that_needs_it(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    for event in run.events:
+        event.pop("memory", None)
+    run.write()
+    rule = {r.name: r for r in judge(tmp_path / "r").rules}["memory"]
+    assert rule.status == FAIL and "memory not recorded" in rule.figure
+
+
+def test_cli_verdict_json_lists_warnings_and_the_candidate(tmp_path, capsys):
+    run = crashed_and_resumed(tmp_path / "r", make_run=lambda d, **kw: _with(SyntheticRun(d, **kw), _busier_machine))
+    run.write()
+    assert main(["verdict", str(tmp_path / "r"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["decision"] == "GO" and data["failed"] == []
+    assert [w["name"] for w in data["warnings"]] == ["throughput_steady"]
+    assert data["warnings"][0]["figure"].startswith("the machine got busier")
+    assert len(data["candidate"]["recipe_sha256"]) == 64 and data["frozen"] is None
+
+
+def test_replayed_windows_under_a_changed_recipe_are_not_compared(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.find("train", session="s1", step=25)["loss"] += 0.5  # the new recipe computes other figures
+    run.run["allowed_changes"].append({"session_id": "s2", "key": "optim.grad_clip", "old": 1.0, "new": 0.5})
+    run.write()
+    rule = {r.name: r for r in judge(tmp_path / "r").rules}["resumed"]
+    assert rule.status == PASS and "no replayed window to compare; 3 replayed under a changed recipe" in rule.figure
+
+
+def test_recipe_change_that_did_not_reach_the_optimizer_fails(tmp_path):
+    """run.json says Muon's LR became 0.001 from update 21, but the windows' lr / lr_multiplier (the base LR the
+    optimizer used) stayed at 0.003: the recorded recipe is not what ran."""
+    run = crashed_and_resumed(tmp_path / "r")
+    run.run["optimizer"]["groups"] = [{"group": "attention", "optimizer": "muon", "lr": 0.001}]
+    run.run["recipe"]["optim"]["muon"] = {"lr": 0.001}
+    run.run["allowed_changes"].append({"session_id": "s2", "key": "optim.muon.lr", "old": 0.003, "new": 0.001})
+    for event in run.events:
+        if event["event"] == "train":
+            event["lr"], event["lr_multiplier"] = 0.003 * 0.5, 0.5
+    run.write()
+    rule = {r.name: r for r in judge(tmp_path / "r").rules}["recipe_changes"]
+    assert rule.status == FAIL and "ran a peak LR of 0.003 in group attention (muon)" in rule.figure
+    for event in run.events:
+        if event["event"] == "train" and event["session_id"] == "s2":
+            event["lr"] = 0.001 * 0.5
+    run.write()
+    assert {r.name: r for r in judge(tmp_path / "r").rules}["recipe_changes"].status == WARN

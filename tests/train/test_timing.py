@@ -59,3 +59,20 @@ def test_throughput_reports_mfu_only_against_a_known_peak():
     assert figures == {"train_tokens_per_s": 500.0, "wall_tokens_per_s": 250.0, "achieved_flops_per_s": 3000.0,
                        "mfu": "unknown"}
     assert throughput(1000, 2.0, 4.0, 6.0, 30000.0)["mfu"] == 0.1
+
+
+def test_window_clock_charges_process_cpu_seconds_to_the_training_phase_only():
+    clock, cpu = FakeClock(), FakeClock()
+    account = TimeAccount(clock=clock, cpu_clock=cpu)
+    cpu.now += 7.0  # setup work: charged to "other"
+    account.switch("train")
+    window = WindowClock(account)
+    clock.now += 4.0
+    cpu.now += 1.0  # a busy machine: 4 s of wall, 1 s of this process's CPU
+    with account.phase("eval"):
+        clock.now += 1.0
+        cpu.now += 0.5
+    assert window.close_window() == (4.0, 5.0) and window.cpu_seconds == 1.0
+    cpu.now += 2.0
+    assert window.close_window() == (0.0, 0.0) and window.cpu_seconds == 2.0
+    assert account.cpu_totals["other"] == 7.0 and account.cpu_totals["eval"] == 0.5

@@ -1,0 +1,227 @@
+"""What a run folder says about continuing the run, and the verdict's rules on it: its resumes (rule_resumed),
+its final checkpoint (rule_final_checkpoint) and its recipe changes (rule_recipe_changes).
+
+These are the facts behind the verdict's "can it continue" rules, read without torch: the checkpoint's
+COMMITTED.json marker (written last by the checkpointer) lists every file with its sha256 and size, so the
+final checkpoint is checked by rehashing its files against the marker, exactly what a resume would do
+before loading them.
+
+A recipe change accepted on resume (`--allow-change`) is recorded in run.json's `allowed_changes` with the
+session that made it; the change takes effect from that session's first update, so the evidence for the
+recipe in force at the end is only the updates applied after the last change.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pilotrun.files import sha256_of_file
+from pilotrun.report.thresholds import FAIL, PASS, WARN, RuleResult, Thresholds
+
+if TYPE_CHECKING:
+    from pilotrun.report.summarize import Summary
+
+# The checkpointer's names (pilotrun.train.checkpoint.MARKER_NAME and step_folder_name), kept here so that
+# the report stays free of torch.
+MARKER_NAME = "COMMITTED.json"
+
+
+def step_folder(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"step-{step:08d}"
+
+
+def committed_checkpoint_steps(run_dir: str | Path) -> list[int]:
+    """Steps of the folders that carry a marker (committed), ascending; nothing is rehashed."""
+    root = Path(run_dir) / "checkpoints"
+    steps = []
+    for folder in root.glob("step-*") if root.is_dir() else []:
+        suffix = folder.name[len("step-"):]
+        if suffix.isdigit() and (folder / MARKER_NAME).is_file():
+            steps.append(int(suffix))
+    return sorted(steps)
+
+
+def checkpoint_problems(run_dir: str | Path, step: int) -> tuple[list[str], int, int]:
+    """Rehash the checkpoint at `step` against its marker: (problems, files checked, bytes checked).
+
+    A missing folder, a missing or unreadable marker, a marker for another step, and every missing file or
+    file whose size or sha256 differs from the marker is one problem naming the file."""
+    folder = step_folder(run_dir, step)
+    marker_path = folder / MARKER_NAME
+    if not folder.is_dir():
+        return [f"{folder}: no checkpoint folder"], 0, 0
+    if not marker_path.is_file():
+        return [f"{marker_path}: no marker (the checkpoint was never committed)"], 0, 0
+    try:
+        marker = json.loads(marker_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return [f"{marker_path}: unreadable ({exc})"], 0, 0
+    files = marker.get("files") if isinstance(marker, dict) else None
+    if not isinstance(files, dict) or marker.get("step") != step:
+        return [f"{marker_path}: lacks 'files' or records another step ({marker.get('step')!r})"], 0, 0
+    problems, checked_bytes = [], 0
+    for name, expected in sorted(files.items()):
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+            continue
+        size = path.stat().st_size
+        checked_bytes += size
+        if isinstance(expected, dict) and expected.get("bytes") not in (None, size):
+            problems.append(f"{path}: {size} bytes, the marker records {expected.get('bytes')}")
+        elif not isinstance(expected, dict) or sha256_of_file(path) != expected.get("sha256"):
+            problems.append(f"{path}: sha256 differs from the marker's")
+    return problems, len(files), checked_bytes
+
+
+@dataclass
+class RecipeChange:
+    key: str
+    old: Any
+    new: Any
+    session_id: str
+    from_update: int  # the first applied update that used the new value
+
+    def describe(self) -> str:
+        return f"{self.key} {_short(self.old)} -> {_short(self.new)} from update {self.from_update}"
+
+
+def recipe_changes_in_history(run: dict[str, Any], lineage: list[str]) -> list[RecipeChange]:
+    """The allowed changes of the sessions in the kept history, in order, each with the update it started at."""
+    starts = {str(s.get("session_id")): s.get("start_step") for s in run.get("sessions") or [] if isinstance(s, dict)}
+    changes = []
+    for entry in run.get("allowed_changes") or []:
+        sid = str(entry.get("session_id")) if isinstance(entry, dict) else None
+        if sid not in lineage or not isinstance(starts.get(sid), int):
+            continue
+        changes.append(RecipeChange(key=str(entry.get("key")), old=entry.get("old"), new=entry.get("new"),
+                                    session_id=sid, from_update=int(starts[sid]) + 1))
+    return changes
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _window(event: dict[str, Any]) -> dict[str, Any]:
+    window = event.get("window")
+    return window if isinstance(window, dict) else {}
+
+
+def _window_key(e: dict[str, Any]) -> tuple:
+    w = _window(e)
+    return (e["event"], e["step"], e["tokens_seen"], e["updates_attempted"], w.get("updates_applied"),
+            w.get("updates_attempted"))
+
+
+def rule_resumed(summary: Summary, t: Thresholds) -> RuleResult:
+    """At least one resume in the kept history, counters continuous, replayed windows bit-identical."""
+    sessions = {s.session_id: s for s in summary.sessions}
+    resumes = [sid for sid in summary.lineage if sessions[sid].resumed_from is not None]
+    # A resume is evidence only when training went on from it: at least one kept update after the restart.
+    continued = [sid for sid in resumes if sessions[sid].updates_applied - sessions[sid].updates_rolled_back > 0]
+    threshold = ">= 1 resume followed by >= 1 applied update, counters continuous; replayed windows bit-identical"
+    kept = {_window_key(e): e for e in summary.kept_events if e["event"] in ("train", "val")}
+    # A session that changed the recipe on resume computes other figures after its first update by design.
+    changed = {c.session_id for c in recipe_changes_in_history(summary.run, summary.lineage)}
+    compared, not_comparable, mismatched = 0, 0, []
+    for e in summary.rolled_back_events:
+        twin = kept.get(_window_key(e)) if e["event"] in ("train", "val") else None
+        if twin is None:
+            continue
+        if twin["session_id"] in changed:
+            not_comparable += 1
+            continue
+        compared += 1
+        for key in ("loss", "grad_norm"):
+            if key in e and e.get(key) != twin.get(key):
+                mismatched.append(f"{e['event']} step {e['step']} {key} {e.get(key)!r} before the kill vs "
+                                  f"{twin.get(key)!r} after the resume")
+    replay = (f"{compared} replayed window(s) compared, {len(mismatched)} differ" if compared
+              else "no replayed window to compare")
+    if not_comparable:
+        replay += f"; {not_comparable} replayed under a changed recipe, not compared"
+    evidence = "session starts vs committed checkpoints; rolled-back vs replayed windows"
+    points = ", ".join(f"session {sid} from step {sessions[sid].resumed_from} then "
+                       f"{sessions[sid].updates_applied - sessions[sid].updates_rolled_back} update(s)"
+                       for sid in continued)
+    if mismatched:
+        return RuleResult("resumed", FAIL, f"{replay}; first: {mismatched[0]}", threshold, evidence)
+    if resumes and not summary.valid:
+        return RuleResult("resumed", FAIL, f"{len(resumes)} resume(s) but the record is invalid (see record_valid)",
+                          threshold, evidence)
+    if continued:
+        return RuleResult("resumed", PASS, f"{len(continued)} resume(s) with training after them: {points}; "
+                          f"counters continuous; {replay}", threshold, evidence)
+    idle = ", ".join(f"session {sid} from step {sessions[sid].resumed_from}" for sid in resumes)
+    missing = (f"{len(resumes)} resume(s) ({idle}) but no update applied after any of them: a run resumed with "
+               "nothing left to do proves nothing" if resumes else "no resume in the kept history")
+    if not t.resume_required:
+        return RuleResult("resumed", WARN, f"{missing}; waived (--no-resume-required)", threshold, evidence)
+    return RuleResult("resumed", FAIL, f"{missing}: the pilot never proved it can continue", threshold, evidence)
+
+
+def rule_final_checkpoint(summary: Summary, t: Thresholds) -> RuleResult:
+    """The run can be continued from where it ended: its final checkpoint is committed and intact."""
+    final_step = int(summary.overall.get("updates_applied") or 0)
+    threshold = "the checkpoint at the final step is committed and its files match the marker's sha256"
+    evidence = "checkpoints/ marker and files, rehashed"
+    problems, files, size = checkpoint_problems(summary.run_dir, final_step)
+    if problems:
+        committed = committed_checkpoint_steps(summary.run_dir)
+        newest = f"; newest committed: step {committed[-1]}" if committed else "; no committed checkpoint at all"
+        listed = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+        return RuleResult("final_checkpoint", FAIL, f"cannot continue from step {final_step}: {listed}{newest}",
+                          threshold, evidence)
+    return RuleResult("final_checkpoint", PASS, f"step {final_step}: {files} file(s), {size / 2**20:.1f} MiB, "
+                      "every sha256 matches its marker", threshold, evidence)
+
+
+def base_lr_not_applied(summary: Summary, from_update: int) -> str | None:
+    """Whether the windows from `from_update` on ran the recipe's peak LR: each train event records its first
+    optimizer group's `lr` and `lr_multiplier`, whose ratio is the base LR the optimizer really used; run.json
+    names that group's optimizer (muon or adamw), whose `optim.<optimizer>.lr` the recipe holds. A change
+    recorded but not applied (the optimizer's saved hyperparameters restored over it) shows here."""
+    groups = (summary.run.get("optimizer") or {}).get("groups") or []
+    kind = groups[0].get("optimizer") if groups and isinstance(groups[0], dict) else None
+    expected = ((summary.run.get("recipe") or {}).get("optim") or {}).get(str(kind), {})
+    expected = expected.get("lr") if isinstance(expected, dict) else None
+    if not isinstance(expected, int | float) or expected <= 0:
+        return None
+    for e in summary.kept_events:
+        lr, multiplier = e.get("lr"), e.get("lr_multiplier")
+        if e["event"] != "train" or e["step"] < from_update or not isinstance(lr, int | float) \
+                or not isinstance(multiplier, int | float) or multiplier <= 0:
+            continue
+        used = lr / multiplier
+        if abs(used - expected) > 1e-6 * expected:
+            return (f"but the window ending at update {e['step']} ran a peak LR of {used:.6g} in group "
+                    f"{groups[0].get('group')} ({kind}), not the recipe's optim.{kind}.lr = {expected:g}: the "
+                    "recorded recipe is not the one that ran")
+    return None
+
+
+def rule_recipe_changes(summary: Summary, t: Thresholds) -> RuleResult:
+    """Every recipe change accepted on resume, with the update it took effect from; the evidence supports the
+    recipe in force at the end, over the updates since the last change."""
+    changes = recipe_changes_in_history(summary.run, summary.lineage)
+    final_step = int(summary.overall.get("updates_applied") or 0)
+    threshold = "named, with the update each took effect from (a change WARNs; it does not block GO)"
+    evidence = "run.json allowed_changes of the kept sessions; the recipe in run.json is the one in force at the end"
+    if not changes:
+        return RuleResult("recipe_changes", PASS, f"none: all {final_step} updates ran the final recipe", threshold,
+                          evidence)
+    since = changes[-1].from_update
+    covered = max(0, final_step - since + 1)
+    described = "; ".join(c.describe() for c in changes)
+    not_applied = base_lr_not_applied(summary, since)
+    if not_applied:
+        return RuleResult("recipe_changes", FAIL, f"{len(changes)} change(s) on resume: {described}, {not_applied}",
+                          threshold, evidence + "; lr / lr_multiplier of the train windows")
+    return RuleResult("recipe_changes", WARN, f"{len(changes)} change(s) on resume: "
+                      f"{'; '.join(c.describe() for c in changes)}. The evidence supports the final recipe over "
+                      f"updates {since}..{final_step} ({covered} of {final_step})", threshold, evidence)

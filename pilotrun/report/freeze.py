@@ -1,0 +1,217 @@
+"""Freezing a pilot's candidate and holding the long run to it.
+
+The pilot says whether a candidate recipe is defensible; the lock says which candidate that was, and the
+long run's record says which candidate actually started. `pilotrun freeze RUN --out recipe.lock.json`
+writes, after a GO (or with `--despite-no-go`, recorded in the lock):
+
+- the effective recipe (run.json's, the one in force at the pilot's end) and the changes made on resume;
+- the data identity (metadata_sha256), tokens per update;
+- the code identity (git commit, dirty flag, diff hash) and software of the pilot's last kept session;
+- the verdict: decision, statement, every rule with its figure, threshold and evidence, the thresholds;
+- `sha256`: the sha256 of the canonical JSON (sorted keys, no whitespace, UTF-8) of everything else, so the
+  lock identifies itself and an edited lock is detected when it is loaded.
+
+`pilotrun train --frozen LOCK` takes its recipe from the lock (`--set` may change it); every difference
+between the resulting recipe or the data's metadata_sha256 and the lock must be named with
+`--allow-change KEY`, else it is refused with the list (`lock_differences`, `check_against_lock`). The
+run's run.json then holds a `frozen` section (`frozen_run_facts`): the lock's sha256 and path, the lock's
+recipe and data identity, and the accepted differences. `frozen_candidate_status` reads it back for
+summarize and verdict: which candidate the run runs, and whether it still matches (a later resume may have
+changed the recipe; the lock file may have been edited or removed).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from pilotrun.errors import PilotrunError
+from pilotrun.files import write_text_atomic
+
+LOCK_FORMAT = "pilotrun.recipe-lock/1"
+DATA_KEY = "data.metadata_sha256"
+
+
+class FreezeError(PilotrunError):
+    """A bad lock, a bad --out, or a frozen run that differs from its lock without --allow-change (exit 2)."""
+
+
+def canonical_sha256(obj: Any) -> str:
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict):
+            out.update(_flatten(value, name))
+        else:
+            out[name] = value
+    return out
+
+
+def build_lock(verdict: Any, despite_no_go: bool) -> dict[str, Any]:
+    """The lock of a judged pilot (a `pilotrun.report.verdict.Verdict`), its `sha256` included."""
+    from pilotrun.report.continuity import recipe_changes_in_history
+
+    summary = verdict.summary
+    run = summary.run
+    sessions = {str(s.get("session_id")): s for s in run.get("sessions") or [] if isinstance(s, dict)}
+    last = sessions.get(summary.lineage[-1], {}) if summary.lineage else {}
+    recipe = run.get("recipe")
+    data = run.get("data") or {}
+    hardware = last.get("hardware") or {}
+    lock: dict[str, Any] = {
+        "format": LOCK_FORMAT,
+        "pilot": {"run_id": run.get("run_id"), "run_dir": str(Path(summary.run_dir).resolve()),
+                  "final_step": summary.overall.get("updates_applied"),
+                  "tokens_seen": summary.overall.get("tokens_seen")},
+        "decision": verdict.decision,
+        "despite_no_go": bool(despite_no_go and verdict.decision != "GO"),
+        "recipe": recipe,
+        "recipe_sha256": canonical_sha256(recipe),
+        "recipe_changes": [dataclasses.asdict(c) for c in recipe_changes_in_history(run, summary.lineage)],
+        "tokens_per_update": run.get("tokens_per_update"),
+        "data": {"metadata_sha256": (data.get("train") or {}).get("metadata_sha256"), "source": data.get("source"),
+                 "tokenizer": data.get("tokenizer"), "train_tokens": (data.get("train") or {}).get("tokens")},
+        "code": last.get("git"),
+        "software": last.get("software"),
+        "hardware": {k: hardware.get(k) for k in ("device", "device_name", "world_size")},
+        "verdict": {"decision": verdict.decision, "statement": verdict.statement,
+                    "rules": [dataclasses.asdict(r) for r in verdict.rules],
+                    "thresholds": dataclasses.asdict(verdict.thresholds)},
+    }
+    lock["sha256"] = canonical_sha256(lock)
+    return lock
+
+
+def freeze_run(run_dir: str | Path, out: str | Path, despite_no_go: bool = False,
+               thresholds: Any = None) -> tuple[int, dict[str, Any], Any]:
+    """Judge the pilot and write its lock: (0, lock, verdict) written; (1, lock, verdict) NO-GO without
+    `despite_no_go`, nothing written. An existing --out is refused before anything is judged."""
+    from pilotrun.report.verdict import judge
+
+    out = Path(out)
+    if out.exists():
+        raise FreezeError(f"--out {out}: already exists; a lock is never overwritten (choose another path)")
+    if not out.parent.is_dir():
+        raise FreezeError(f"--out {out}: folder {out.parent} does not exist")
+    verdict = judge(run_dir, thresholds)
+    if verdict.summary.run.get("recipe") is None:
+        raise FreezeError(f"{run_dir}: run.json has no recipe to freeze")
+    lock = build_lock(verdict, despite_no_go)
+    if verdict.decision != "GO" and not despite_no_go:
+        return 1, lock, verdict
+    write_text_atomic(out, json.dumps(lock, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    return 0, lock, verdict
+
+
+def load_lock(path: str | Path) -> dict[str, Any]:
+    """A lock file, checked: readable, the right format, a recipe, and a sha256 that matches its content."""
+    path = Path(path)
+    if not path.is_file():
+        raise FreezeError(f"--frozen {path}: not found")
+    try:
+        lock = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise FreezeError(f"--frozen {path}: not valid JSON ({exc})") from None
+    if not isinstance(lock, dict) or lock.get("format") != LOCK_FORMAT:
+        raise FreezeError(f"--frozen {path}: not a recipe lock (expected format '{LOCK_FORMAT}')")
+    if not isinstance(lock.get("recipe"), dict) or not isinstance((lock.get("data") or {}).get("metadata_sha256"), str):
+        raise FreezeError(f"--frozen {path}: the lock lacks its recipe or data.metadata_sha256")
+    body = {k: v for k, v in lock.items() if k != "sha256"}
+    if lock.get("sha256") != canonical_sha256(body):
+        raise FreezeError(f"--frozen {path}: its sha256 does not match its content (the lock was edited)")
+    return lock
+
+
+def lock_differences(lock_recipe: dict[str, Any], lock_data_sha256: str, recipe: dict[str, Any],
+                     data_sha256: str) -> list[dict[str, Any]]:
+    """Every config key (dotted) and the data identity where the run differs from the lock, sorted by key;
+    each as {"key", "lock", "run"} (a key absent on one side shows as None)."""
+    frozen, now = _flatten(lock_recipe), _flatten(recipe)
+    differences = [{"key": key, "lock": frozen.get(key), "run": now.get(key)}
+                   for key in sorted(set(frozen) | set(now)) if frozen.get(key) != now.get(key)]
+    if lock_data_sha256 != data_sha256:
+        differences.append({"key": DATA_KEY, "lock": lock_data_sha256, "run": data_sha256})
+    return differences
+
+
+def _normalise(key: str) -> str:
+    return key[len("recipe."):] if key.startswith("recipe.") else key
+
+
+def check_against_lock(lock: dict[str, Any], recipe: dict[str, Any], data_sha256: str,
+                       allowed: list[str] | tuple[str, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(accepted, refused): the differences from the lock named with --allow-change, and the others."""
+    allowed_keys = {_normalise(k) for k in allowed}
+    differences = lock_differences(lock["recipe"], lock["data"]["metadata_sha256"], recipe, data_sha256)
+    accepted = [d for d in differences if d["key"] in allowed_keys]
+    refused = [d for d in differences if d["key"] not in allowed_keys]
+    return accepted, refused
+
+
+def describe_difference(d: dict[str, Any]) -> str:
+    return f"{d['key']} (lock {json.dumps(d['lock'])}, run {json.dumps(d['run'])})"
+
+
+def frozen_run_facts(lock: dict[str, Any], lock_path: str | Path, recipe: dict[str, Any], data_sha256: str,
+                     allowed: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """run.json's `frozen` section for a run started from `lock`; refuses (FreezeError) every difference
+    not named in `allowed`, listing them all on one line."""
+    accepted, refused = check_against_lock(lock, recipe, data_sha256, allowed)
+    if refused:
+        raise FreezeError(f"--frozen {lock_path}: {len(refused)} difference(s) from the frozen candidate not named "
+                          f"with --allow-change: {'; '.join(describe_difference(d) for d in refused)}")
+    return {"lock_sha256": lock["sha256"], "lock_path": str(Path(lock_path).resolve()),
+            "pilot_run_id": (lock.get("pilot") or {}).get("run_id"), "lock_decision": lock.get("decision"),
+            "lock_despite_no_go": lock.get("despite_no_go"), "lock_recipe": copy.deepcopy(lock["recipe"]),
+            "lock_data_metadata_sha256": lock["data"]["metadata_sha256"],
+            "allowed": sorted({_normalise(k) for k in allowed}), "differences": accepted}
+
+
+def frozen_candidate_status(run: dict[str, Any]) -> dict[str, Any] | None:
+    """Which frozen candidate a run runs and whether it still matches; None for a run not started frozen.
+
+    It matches while its recipe and data differ from the lock only in the keys allowed at its start, and
+    while the lock file (where it is still found) hashes to the recorded sha256."""
+    frozen = run.get("frozen")
+    if not isinstance(frozen, dict):
+        return None
+    recipe = run.get("recipe") if isinstance(run.get("recipe"), dict) else {}
+    data_sha = ((run.get("data") or {}).get("train") or {}).get("metadata_sha256")
+    differences = lock_differences(frozen.get("lock_recipe") or {}, frozen.get("lock_data_metadata_sha256"),
+                                   recipe, data_sha)
+    allowed = set(frozen.get("allowed") or [])
+    drift = [d for d in differences if d["key"] not in allowed]
+    lock_path = Path(str(frozen.get("lock_path")))
+    lock_file = "missing"
+    if lock_path.is_file():
+        try:
+            on_disk = json.loads(lock_path.read_text(encoding="utf-8"))
+            body = {k: v for k, v in on_disk.items() if k != "sha256"} if isinstance(on_disk, dict) else None
+            same = body is not None and canonical_sha256(body) == frozen.get("lock_sha256") \
+                and on_disk.get("sha256") == frozen.get("lock_sha256")
+        except (OSError, ValueError):
+            same = False
+        lock_file = "unchanged" if same else "changed"
+    return {"lock_sha256": frozen.get("lock_sha256"), "lock_path": str(lock_path),
+            "pilot_run_id": frozen.get("pilot_run_id"), "matches": not drift and lock_file != "changed",
+            "allowed_differences": [d for d in differences if d["key"] in allowed], "drift": drift,
+            "lock_file": lock_file}
+
+
+def describe_frozen_status(status: dict[str, Any]) -> str:
+    head = f"frozen candidate {str(status['lock_sha256'])[:16]} (pilot {status['pilot_run_id']})"
+    allowed = "; ".join(describe_difference(d) for d in status["allowed_differences"]) or "none"
+    if status["matches"]:
+        return f"{head}: still matches (allowed differences: {allowed}; lock file {status['lock_file']})"
+    drift = "; ".join(describe_difference(d) for d in status["drift"]) or "none"
+    return (f"{head}: NO LONGER MATCHES: differences not allowed at its start: {drift}; lock file "
+            f"{status['lock_file']}")
