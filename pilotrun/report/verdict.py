@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.errors import PilotrunError
-from pilotrun.report.records import is_finite_number
+from pilotrun.record import is_finite_number
 from pilotrun.report.summarize import Summary, summarize_run
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"

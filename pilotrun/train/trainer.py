@@ -55,13 +55,13 @@ from pilotrun.optim.muon_adamw import build_optimizer, parameter_rms
 from pilotrun.optim.partition import partition_table
 from pilotrun.optim.qk_clip import QKClipCounters, apply_qk_clip, qk_clip_events
 from pilotrun.optim.schedule import expert_bias_speed, set_learning_rates
+from pilotrun.record import Counters, MetricsWriter, RunRecord
 from pilotrun.train import distributed as dist_utils
 from pilotrun.train.checkpoint import check_resume_compatibility
 from pilotrun.train.dcp_storage import DistributedCheckpointer, load_training_state, training_state
 from pilotrun.train.environment import git_state, hardware_info, memory_snapshot, software_versions
 from pilotrun.train.precision import UpdateOutcome, apply_update, autocast_context, build_grad_scaler
 from pilotrun.train.rng import capture_rng_state, restore_rng_state, seed_every_generator
-from pilotrun.train.runlog import MetricsLog, RunRecord
 from pilotrun.train.timing import TimeAccount, WindowClock, throughput
 
 EXIT_CODES = {"completed": 0, "stopped": 1, signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -269,7 +269,7 @@ class Trainer:
             "started_at": datetime.datetime.now(datetime.UTC).isoformat(), "notes": list(self.notes),
         })
         self.record.save()
-        self.metrics = MetricsLog(self.run_dir, self.session_id, enabled=self.is_main)
+        self.metrics = MetricsWriter(self.run_dir, self.session_id, enabled=self.is_main)
         self._stop_signal: int | None = None
         self._signal_count = 0
 
@@ -353,7 +353,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ pieces
     def _log(self, event: str, **fields: Any) -> None:
-        self.metrics.log(event, **self.counters(), **fields)
+        self.metrics.log(event, Counters(**self.counters()), **fields)
 
     def evaluate(self) -> dict[str, Any]:
         """Mean CE over `eval_batches` batches from the start of val: eval mode (no counters or trackers move),

@@ -13,7 +13,6 @@ the resumed process then has nothing in memory from the first, exactly like a cr
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -26,6 +25,7 @@ from typing import TextIO
 
 import pilotrun
 from pilotrun.errors import PilotrunError
+from pilotrun.record import CHECKPOINTS_DIR, read_metrics_tolerant
 
 DEFAULT_RECIPE = "stability.yaml"
 DEFAULT_TOKENIZER = "bpe:2048"
@@ -60,22 +60,10 @@ def _say(out: TextIO, text: str) -> None:
     print(f"[pilot] {text}", file=out, flush=True)
 
 
-def _read_complete_events(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    events = []
-    for line in path.read_text(encoding="utf-8", errors="replace").split("\n")[:-1]:  # last piece may be partial
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return events
-
-
 def _committed_checkpoints(run_dir: Path) -> list[int]:
     from pilotrun.train.checkpoint import Checkpointer
 
-    if not (run_dir / "checkpoints").is_dir():
+    if not (run_dir / CHECKPOINTS_DIR).is_dir():
         return []
     return Checkpointer(run_dir, keep=1).committed_steps()
 
@@ -96,13 +84,12 @@ def _kill_past_midpoint(process: subprocess.Popen, run_dir: Path, midpoint: int,
     committed), so nothing slow sits between seeing the step and killing; which checkpoints are committed on
     disk is read after the kill, and that is what the resume will find.
     """
-    metrics = run_dir / "metrics.jsonl"
     started = time.monotonic()
     while True:
         if process.poll() is not None:
             raise PilotError(f"the first training process exited (code {process.returncode}) before it could be "
                              f"interrupted past step {midpoint}; see {run_dir.parent / 'train-1.log'}")
-        events = _read_complete_events(metrics)
+        events = read_metrics_tolerant(run_dir).events  # complete lines only: the run is writing
         steps = [e.get("step", 0) for e in events if e.get("event") == "train"]
         checkpointed = any(e.get("event") == "checkpoint" for e in events)
         if steps and max(steps) > midpoint and checkpointed:
@@ -110,7 +97,7 @@ def _kill_past_midpoint(process: subprocess.Popen, run_dir: Path, midpoint: int,
             process.wait()
             committed = _committed_checkpoints(run_dir)
             if not committed:
-                raise PilotError(f"no committed checkpoint in {run_dir / 'checkpoints'} after the kill")
+                raise PilotError(f"no committed checkpoint in {run_dir / CHECKPOINTS_DIR} after the kill")
             return max(steps), max(committed)
         if time.monotonic() - started > timeout_seconds:
             process.kill()
