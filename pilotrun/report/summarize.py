@@ -145,7 +145,7 @@ def _check_window(event: dict[str, Any], since: Counters, now: Counters, tokens_
 
 
 def _qk_clip_event_problem(event: dict[str, Any], tau: Any) -> str | None:
-    """What is wrong with one `qk_clip` event (spec 3.4), or None: a head (layer, head >= 0), its max logit S
+    """What is wrong with one `qk_clip` event (docs/RUN_RECORD.md), or None: a head (layer, head >= 0), its max logit S
     above tau, gamma = tau / S in (0, 1), and the reasons it was logged (first time, or gamma < 0.5)."""
     layer, head, logit, gamma = event.get("layer"), event.get("head"), event.get("max_logit"), event.get("gamma")
     if not (isinstance(layer, int) and isinstance(head, int) and layer >= 0 and head >= 0):
