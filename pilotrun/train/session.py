@@ -248,15 +248,34 @@ def build_session(config: RunConfig, data_dir: str | Path, run_dir: str | Path, 
 
     # 5. Restore: weights, optimizer, scaler, counters, cursor, hook state and every RNG.
     if plan.resuming:
+        settings = group_settings(optimizer)  # the effective recipe's, allowed changes included
         restored, _meta = load_training_state(
             checkpointer, plan.checkpoint_step, wrapped, raw_model, optimizer,
             {"scaler": scaler.state_dict(), "trainer": state.state_dict(), "rng": capture_rng_state()})
+        restore_group_settings(optimizer, settings)
         scaler.load_state_dict(restored["scaler"])
         state.load_state_dict(restored["trainer"])
         session.notes.extend(restore_rng_state(restored["rng"]))
     session.notes.extend(checkpointer.notes)
     open_record(session, resume=resume, command=command)
     return session
+
+
+def group_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Every param group's settings (base LR, weight decay, momentum, betas, ...) without its tensors."""
+    return [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+
+
+def restore_group_settings(optimizer: torch.optim.Optimizer, settings: list[dict[str, Any]]) -> None:
+    """Put back settings taken by `group_settings` from the optimizer the recipe built.
+
+    `Optimizer.load_state_dict` restores every param group's saved settings over those the optimizer was
+    just built with, which would silently undo an allowed change (`--allow-change optim.muon.lr`): run.json
+    would record the new value while training used the old one. The partition is the checkpoint's (the
+    resume's compatibility check compares it), so the groups correspond one to one; the moments and step
+    counts in the per-parameter state are kept. Without a change this sets the values already there."""
+    for group, built in zip(optimizer.param_groups, settings, strict=True):
+        group.update(built)
 
 
 def open_record(session: Session, *, resume: bool, command: list[str]) -> None:
