@@ -49,7 +49,7 @@ def _config(updates: int):
 def trainer_update_seconds(data_dir: Path, work: Path, updates: int, index: int) -> list[float]:
     import io
 
-    from pilotrun.train.runlog import read_metrics
+    from pilotrun.record import read_metrics_strict
     from pilotrun.train.timing import TimeAccount
     from pilotrun.train.trainer import Trainer
 
@@ -59,7 +59,7 @@ def trainer_update_seconds(data_dir: Path, work: Path, updates: int, index: int)
     result = trainer.run()
     if result.reason != "completed" or result.step != updates:
         raise RuntimeError(f"benchmark trainer run did not complete: {result}")
-    events = read_metrics(run_dir)
+    events = read_metrics_strict(run_dir)
     windows = [e["window"] for e in events if e["event"] == "train"]
     assert all(w["updates_applied"] == WINDOW for w in windows) and len(windows) == updates // WINDOW
     end = [e for e in events if e["event"] == "session_end"][-1]

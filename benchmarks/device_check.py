@@ -189,7 +189,7 @@ def model_step(device: torch.device, preset: str, batch: int, seq: int, repeats:
     from pilotrun.model.transformer import build_model
     from pilotrun.optim.muon_adamw import build_optimizer
     from pilotrun.train.environment import device_peak_flops
-    from pilotrun.train.trainer import compile_blocks
+    from pilotrun.train.session import compile_blocks
 
     cfg = model_preset(preset, vocab_size=vocab, max_seq_len=seq, activation_checkpointing=recompute)
     torch.manual_seed(0)

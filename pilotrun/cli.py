@@ -176,7 +176,7 @@ def _add_inspect_batch(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_inspect_batch(args: argparse.Namespace) -> int:
-    from pilotrun.train.inspect import inspect_batch
+    from pilotrun.report.batch_inspection import inspect_batch
 
     print(inspect_batch(args.run_dir, args.step, max_chars=args.max_chars))
     return 0
@@ -297,7 +297,7 @@ def _add_pilot(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_pilot(args: argparse.Namespace) -> int:
-    from pilotrun.report.pilot import run_pilot
+    from pilotrun.pilot import run_pilot
 
     return run_pilot(args.workdir, config=args.config, overrides=args.overrides).exit_code
 

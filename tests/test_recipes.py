@@ -8,8 +8,8 @@ import pytest
 
 from pilotrun.config import load_run_config
 from pilotrun.model.accounting import count_parameters
+from pilotrun.record import read_metrics_strict
 from pilotrun.train.checkpoint import Checkpointer
-from pilotrun.train.runlog import read_metrics
 from pilotrun.train.trainer import Trainer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -22,7 +22,7 @@ OVERFIT_BOUND = 0.05
 def run_recipe(name: str, data_dir: Path, run_dir: Path, *overrides: str):
     config = load_run_config(CONFIGS / f"{name}.yaml", ["train.num_threads=1", *overrides])
     trainer = Trainer(config, data_dir, run_dir, progress=False)
-    return trainer, trainer.run(), read_metrics(run_dir)
+    return trainer, trainer.run(), read_metrics_strict(run_dir)
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")) + sorted(CONFIGS.glob("gpu/*.yaml")),

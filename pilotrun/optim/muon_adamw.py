@@ -119,10 +119,7 @@ class MuonAdamW(torch.optim.Optimizer):
             else:
                 group.setdefault("betas", (0.9, 0.95))
                 group.setdefault("eps", 1e-8)
-        # Spec 5 `opt/update_rms/{group}`: when a caller sets this before step(), that step also measures the RMS
-        # of each group's update direction (decoupled weight decay excluded; the update is lr times it): Muon's
-        # scale * O, AdamW's m_hat / (sqrt(v_hat) + eps). Off by default: it costs a pass over every tensor.
-        self.measure_update_rms = False
+        self.measure_update_rms = False  # the default of step(measure_update_rms=None)
         self.last_update_rms: dict[str, float] = {}
         self.newton_schulz_ranks: tuple[int, int] | None = None  # see distribute_orthogonalization
 
@@ -136,7 +133,13 @@ class MuonAdamW(torch.optim.Optimizer):
         self.newton_schulz_ranks = (rank, world_size) if world_size > 1 else None
 
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
+    def step(self, closure=None, *, measure_update_rms: bool | None = None):  # type: ignore[override]
+        """One update of every group. `measure_update_rms`: this step also measures the RMS of each group's
+        update direction (decoupled weight decay excluded; the update is lr times it), Muon's scale * O and
+        AdamW's m_hat / (sqrt(v_hat) + eps), into `last_update_rms`. None takes the attribute of that name
+        (False unless set), since measuring costs a pass over every tensor."""
+        if measure_update_rms is None:
+            measure_update_rms = self.measure_update_rms
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -144,7 +147,7 @@ class MuonAdamW(torch.optim.Optimizer):
         measured: dict[str, list] = {}
 
         def squares_of(group: dict[str, Any]) -> list | None:
-            if not self.measure_update_rms:
+            if not measure_update_rms:
                 return None
             return measured.setdefault(group.get("name", str(len(measured))), [])
 
@@ -164,7 +167,7 @@ class MuonAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             if not group["use_muon"]:
                 self._adamw_group_step(group, squares_of(group))
-        if self.measure_update_rms:
+        if measure_update_rms:
             self.last_update_rms = {name: root_mean_square(squares) for name, squares in measured.items() if squares}
         return loss
 

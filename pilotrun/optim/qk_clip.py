@@ -29,6 +29,7 @@ import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from pilotrun.errors import CheckpointError
+from pilotrun.record import QK_CLIP_HARD_GAMMA
 
 
 @dataclass
@@ -104,8 +105,9 @@ def apply_qk_clip(model: torch.nn.Module, qk_max_logit: torch.Tensor, tau: float
                         min_gamma=float(gamma.min()) if n_clipped else 1.0, skipped_nonfinite_layers=skipped)
 
 
-# spec 3.4: an event line when a head is clipped for the first time in the run or hard (gamma below this).
-HARD_CLIP_GAMMA = 0.5
+# A `qk_clip` event line when a head is clipped for the first time in the run or hard (gamma below this);
+# the threshold belongs to the run record's schema, which summarize reads.
+HARD_CLIP_GAMMA = QK_CLIP_HARD_GAMMA
 
 
 def qk_clip_events(result: QKClipResult, qk_max_logit: torch.Tensor,

@@ -8,7 +8,6 @@ waits on, not the training-only figure the verdict uses) and an ETA from this se
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import TextIO
 
 from pilotrun.errors import PilotrunError
+from pilotrun.record import read_metrics_tolerant
 
 
 class ChildInterrupted(PilotrunError):
@@ -25,16 +25,11 @@ class ChildInterrupted(PilotrunError):
 
 
 def read_complete_events(path: Path) -> list[dict]:
-    """The complete lines of a metrics.jsonl being written (the last piece may be a partial line)."""
+    """The complete events of a metrics.jsonl being written, through the record's tolerant reader (a partial
+    last line is a note there, not an event)."""
     if not path.is_file():
         return []
-    events = []
-    for line in path.read_text(encoding="utf-8", errors="replace").split("\n")[:-1]:
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return events
+    return read_metrics_tolerant(path.parent).events
 
 
 def progress_figures(events: list[dict], max_steps: int) -> dict[str, float | int | None] | None:

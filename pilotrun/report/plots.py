@@ -13,7 +13,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from pilotrun.report.records import is_finite_number
+from pilotrun.record import is_finite_number
 from pilotrun.report.summarize import Summary
 
 PLOT_NAMES = ("loss", "lr", "grad_norm", "throughput", "loss_scale", "expert_load", "qk_max_logit",

@@ -146,7 +146,7 @@ def guarded_tensorboard_sink(log_dir: str | Path) -> GuardedSink:
 def convert_run_to_tensorboard(run_dir: str | Path, out: str | Path | None = None) -> tuple[Path, int]:
     """Write a run's recorded train/val/checkpoint/overflow events as TensorBoard scalars into `out`
     (default RUN/tensorboard, which must be new or empty). Returns (folder, scalars written)."""
-    from pilotrun.train.runlog import METRICS_JSONL, read_metrics
+    from pilotrun.record import METRICS_JSONL, read_metrics_strict
 
     run_dir = Path(run_dir)
     if not (run_dir / METRICS_JSONL).is_file():
@@ -157,7 +157,7 @@ def convert_run_to_tensorboard(run_dir: str | Path, out: str | Path | None = Non
                           "choose a new one or remove it")
     sink = TensorBoardSink(out)  # not guarded: here a failure is the command's error, not a warning
     try:
-        for event in read_metrics(run_dir):
+        for event in read_metrics_strict(run_dir):
             sink.write(event)
     finally:
         sink.close()

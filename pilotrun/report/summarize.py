@@ -6,7 +6,7 @@ Validation (each failure is one reason naming the line, event and numbers):
   step/updates_attempted/updates_skipped since the previous `train` event (or the session start), applied +
   skipped = attempted, `window.tokens` = microbatches x tokens_per_microbatch, and the growth of
   `tokens_seen` equals `window.tokens`; at a `completed`/`stopped` `session_end` every counter is covered by the windows;
-- no non-finite number anywhere in the record (the runlog writes them as "NaN"/"Infinity" strings);
+- no non-finite number anywhere in the record (the writer stores them as "NaN"/"Infinity" strings);
 - sessions are not interleaved and no session is started twice; run.json and metrics.jsonl agree on each
   session's start;
 - a resumed session starts exactly at the counters of a committed checkpoint an earlier session recorded;
@@ -27,34 +27,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pilotrun.report.freeze import describe_frozen_status, frozen_candidate_status
-from pilotrun.report.records import (
+from pilotrun.record import (
     COUNTER_KEYS,
     QK_CLIP_HARD_GAMMA,
+    SESSION_END_REASONS,
+    WINDOW_COUNT_KEYS,
+    Counters,
     is_finite_number,
     nonfinite_fields,
-    read_metrics,
+    read_metrics_tolerant,
     read_run_json,
 )
-
-WINDOW_KEYS = ("updates_applied", "updates_attempted", "updates_skipped", "microbatches", "tokens")
-END_REASONS = ("completed", "interrupted", "error", "stopped")
-
-
-@dataclass(frozen=True)
-class Counters:
-    step: int = 0
-    tokens_seen: int = 0
-    updates_attempted: int = 0
-    updates_skipped: int = 0
-
-    @classmethod
-    def of(cls, event: dict[str, Any]) -> Counters:
-        return cls(*(int(event[k]) for k in COUNTER_KEYS))
-
-    def covers(self, other: Counters) -> bool:
-        """True when `other` happened no later than these counters (used to cut a session at a checkpoint)."""
-        return other.updates_attempted <= self.updates_attempted and other.tokens_seen <= self.tokens_seen
+from pilotrun.report.freeze import describe_frozen_status, frozen_candidate_status
 
 
 @dataclass
@@ -136,8 +120,8 @@ def _check_window(event: dict[str, Any], since: Counters, now: Counters, tokens_
                   reasons: list[str]) -> dict[str, Any] | None:
     window = event.get("window")
     where = _where(event)
-    if not isinstance(window, dict) or any(not isinstance(window.get(k), int) for k in WINDOW_KEYS):
-        reasons.append(f"{where}: train event lacks integer window counters {', '.join(WINDOW_KEYS)}")
+    if not isinstance(window, dict) or any(not isinstance(window.get(k), int) for k in WINDOW_COUNT_KEYS):
+        reasons.append(f"{where}: train event lacks integer window counters {', '.join(WINDOW_COUNT_KEYS)}")
         return None
     applied, attempted, skipped = window["updates_applied"], window["updates_attempted"], window["updates_skipped"]
     checks = (
@@ -162,7 +146,7 @@ def _check_window(event: dict[str, Any], since: Counters, now: Counters, tokens_
 
 
 def _qk_clip_event_problem(event: dict[str, Any], tau: Any) -> str | None:
-    """What is wrong with one `qk_clip` event (spec 3.4), or None: a head (layer, head >= 0), its max logit S
+    """What is wrong with one `qk_clip` event (docs/RUN_RECORD.md), or None: a head (layer, head >= 0), its max logit S
     above tau, gamma = tau / S in (0, 1), and the reasons it was logged (first time, or gamma < 0.5)."""
     layer, head, logit, gamma = event.get("layer"), event.get("head"), event.get("max_logit"), event.get("gamma")
     if not (isinstance(layer, int) and isinstance(head, int) and layer >= 0 and head >= 0):
@@ -258,8 +242,8 @@ def _check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
             checkpoint_seconds += float(event["seconds"])
         elif kind == "session_end":
             end_event = event
-            if event.get("reason") not in END_REASONS:
-                reasons.append(f"{_where(event)}: session_end reason {event.get('reason')!r} is not one of {END_REASONS}")
+            if event.get("reason") not in SESSION_END_REASONS:
+                reasons.append(f"{_where(event)}: session_end reason {event.get('reason')!r} is not one of {SESSION_END_REASONS}")
             if now != since_train and event.get("reason") in ("interrupted", "error"):
                 notes_out.append(f"{_where(event)}: ended ({event.get('reason')}) with work after its last train "
                                  f"window (step {since_train.step} -> {now.step}); a resume rolls it back")
@@ -323,7 +307,7 @@ def run_json_missing_fields(run: dict[str, Any]) -> list[str]:
 def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summary:
     run_dir = Path(run_dir)
     run = read_run_json(run_dir)
-    log = read_metrics(run_dir)
+    log = read_metrics_tolerant(run_dir)
     reasons = list(log.damage)
     notes = list(log.notes)
     if not isinstance(run.get("tokens_per_update"), int) or run["tokens_per_update"] <= 0:

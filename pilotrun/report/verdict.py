@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pilotrun.record import is_finite_number
 from pilotrun.report.continuity import (
     recipe_changes_in_history,
     rule_final_checkpoint,
@@ -69,7 +70,6 @@ from pilotrun.report.continuity import (
     rule_resumed,
 )
 from pilotrun.report.freeze import canonical_sha256, describe_frozen_status, frozen_candidate_status
-from pilotrun.report.records import is_finite_number
 from pilotrun.report.summarize import Summary, summarize_run
 from pilotrun.report.thresholds import (  # noqa: F401  (ThresholdError, parse_thresholds: re-exported for the CLI)
     FAIL,

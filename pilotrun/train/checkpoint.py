@@ -38,6 +38,7 @@ import torch
 
 from pilotrun.errors import CheckpointError
 from pilotrun.files import fsync_directory, sha256_of_file
+from pilotrun.record import CHECKPOINTS_DIR
 from pilotrun.train.compat import ResumeCompatibility, check_resume_compatibility
 
 __all__ = ["Checkpointer", "CheckpointStorage", "TorchSaveStorage", "ResumeCompatibility",
@@ -288,7 +289,7 @@ class Checkpointer:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.run_dir = Path(run_dir)
-        self.root = self.run_dir / "checkpoints"
+        self.root = self.run_dir / CHECKPOINTS_DIR
         self.keep = keep
         self.storage = storage or TorchSaveStorage()
         self.notes: list[str] = []  # what the policy did on its own (cleanups, recoveries), for the run log

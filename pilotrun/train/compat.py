@@ -172,3 +172,55 @@ def check_resume_compatibility(saved_meta: dict[str, Any], current_meta: dict[st
     for key in sorted(allowed_keys - matched_allowed):
         report.warnings.append(f"--allow-change {_display_key(key)}: no such difference, nothing to allow")
     return report
+
+
+def reconcile_world_size(saved_meta: dict[str, Any], current_meta: dict[str, Any],
+                         allowed: list[str] | tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
+    """The documented rule for resuming a checkpoint on another number of ranks, applied before the general
+    compatibility check (check_resume_compatibility, which compares `world_size` like a recipe key).
+
+    - Same world size: nothing to do; the continuation is exact, bit for bit.
+    - Another world size, not allowed: refused, with the reason and the way to continue.
+    - Another world size with `--allow-change world_size`: accepted only when the global microbatch
+      (train.batch_size * world_size) is unchanged. The data cursor is global (reader.py: a global batch is
+      the same windows whatever the world size), so the run reads exactly the tokens it would have read,
+      and the restored weights and optimizer state are exact; the per-rank batch_size is the one that
+      changes, and is taken from this run. The losses after the resume are not bit-identical to an
+      uninterrupted run, because the gradient is summed over ranks in another order: a returned note says so,
+      and run.json records the allowed change.
+
+    Returns (the saved meta to compare against, notes). Raises CheckpointError for a refused change.
+    """
+    old_world, new_world = saved_meta.get("world_size"), current_meta.get("world_size")
+    if old_world is None or new_world is None or old_world == new_world:
+        return saved_meta, []
+    old_batch = saved_meta.get("recipe", {}).get("train", {}).get("batch_size")
+    new_batch = current_meta.get("recipe", {}).get("train", {}).get("batch_size")
+    global_batch = old_batch * old_world if isinstance(old_batch, int) else None
+    allowed_keys = {key.split(".")[-1] if key.startswith("recipe.") else key for key in allowed}
+    if "world_size" not in allowed_keys:
+        if global_batch is not None and global_batch % new_world == 0:
+            how = (f"to continue anyway with the same global batch, set train.batch_size={global_batch // new_world} "
+                   f"(so batch_size * world_size stays {global_batch}) and pass --allow-change world_size: the data "
+                   "continues exactly from the global cursor, but the losses will differ from an uninterrupted "
+                   "run by rounding (the gradient is reduced in another order)")
+        else:
+            how = (f"the global batch of {global_batch} sequences cannot be split evenly over {new_world} ranks, "
+                   f"so resume on {old_world} rank(s)")
+        raise CheckpointError(f"cannot resume: the checkpoint was written by {old_world} rank(s), this run has "
+                              f"{new_world}; bit-exact continuation needs the same world size; {how}")
+    if not isinstance(new_batch, int) or new_batch * new_world != global_batch:
+        raise CheckpointError(
+            f"cannot resume on {new_world} rank(s) with train.batch_size={new_batch}: the checkpoint's global "
+            f"batch is {old_batch} x {old_world} = {global_batch} sequences and a world-size change must keep it "
+            f"(the data cursor counts global batches); set train.batch_size="
+            + (f"{global_batch // new_world}" if global_batch is not None and global_batch % new_world == 0
+               else "<none fits>"))
+    adjusted = dict(saved_meta)
+    recipe = {section: dict(values) for section, values in saved_meta.get("recipe", {}).items()}
+    recipe["train"]["batch_size"] = new_batch
+    adjusted["recipe"] = recipe
+    note = (f"world size changed {old_world} -> {new_world} (allowed): train.batch_size {old_batch} -> {new_batch} "
+            f"keeps the global batch at {global_batch} sequences and the data stream continues exactly; the losses "
+            "are not bit-identical to an uninterrupted run (the gradient is reduced in another order)")
+    return adjusted, [note]

@@ -16,7 +16,7 @@ once.
 `DistributedCheckpointer` is the Checkpointer for any world size: it writes with DCP when the world has
 more than one rank and with torch.save otherwise, and it reads a checkpoint with the storage that wrote
 it (the marker names it), so a checkpoint written by 2 ranks can be read by 1 process and vice versa; the
-trainer decides whether such a resume is allowed (see `pilotrun.train.distributed.reconcile_world_size`).
+trainer decides whether such a resume is allowed (see `pilotrun.train.compat.reconcile_world_size`).
 """
 
 from __future__ import annotations

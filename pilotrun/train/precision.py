@@ -82,8 +82,11 @@ def _current_scale(scaler: torch.amp.GradScaler) -> float:
 
 
 def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                 grad_clip: float) -> UpdateOutcome:
+                 grad_clip: float, measure_update_rms: bool = False) -> UpdateOutcome:
     """Unscale, measure the global norm, clip to `grad_clip` (0: measure only), step, update the scale.
+
+    `measure_update_rms` asks the optimizer's step to measure each group's update RMS as well (an optimizer
+    whose step takes that argument: MuonAdamW); the figures are then its `last_update_rms`.
 
     Gradients must have been accumulated with `scaler.scale(loss).backward()` (a plain backward when the
     scaler is disabled). Does not zero the gradients.
@@ -102,6 +105,7 @@ def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scale
 
     applied = math.isfinite(grad_norm)
     clipped = False
+    step_options = {"measure_update_rms": True} if measure_update_rms else {}
     if applied:
         # Clip only when the norm really exceeds the limit, so `clipped` says exactly whether the gradients
         # were scaled (torch's clip_grad_norm_ would also shave norms within 1e-6 below the limit).
@@ -114,9 +118,9 @@ def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scale
             clipped = True
         if scaler.is_enabled():
             # The scaler found no inf/NaN (the norm is finite), so this steps; its own check stays in charge.
-            scaler.step(optimizer)
+            scaler.step(optimizer, **step_options)  # passed on to optimizer.step
         else:
-            optimizer.step()
+            optimizer.step(**step_options)
     # On a non-finite norm nothing touches the optimizer: parameters and its state stay bit-identical.
     if scaler.is_enabled():
         scaler.update()  # backs the scale off when unscale_ found inf/NaN, else counts toward growth

@@ -16,14 +16,19 @@ from pilotrun.report.child_progress import (
 )
 
 
+def _event(**fields) -> dict:
+    counters = {"session_id": "s", "step": 0, "tokens_seen": 0, "updates_attempted": 0, "updates_skipped": 0}
+    return {**counters, **fields}
+
+
 def events_of_two_sessions() -> list[dict]:
-    return [
+    return [_event(**e) for e in [
         {"event": "session_start", "time": 100.0, "step": 0},
         {"event": "train", "time": 110.0, "step": 10, "loss": 5.0, "throughput": {"wall_tokens_per_s": 50.0}},
         {"event": "session_start", "time": 200.0, "step": 8},
         {"event": "train", "time": 204.0, "step": 12, "loss": 4.5, "throughput": {"wall_tokens_per_s": 64.0}},
         {"event": "train", "time": 208.0, "step": 16, "loss": 4.0, "throughput": {"wall_tokens_per_s": 80.0}},
-    ]
+    ]]
 
 
 def test_figures_come_from_the_newest_session():
@@ -36,8 +41,9 @@ def test_figures_come_from_the_newest_session():
 
 def test_partial_last_line_is_ignored(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    path.write_text(json.dumps({"event": "session_start", "time": 1.0, "step": 0}) + "\n{\"event\": \"tra")
-    assert read_complete_events(path) == [{"event": "session_start", "time": 1.0, "step": 0}]
+    path.write_text(json.dumps(_event(event="session_start", time=1.0)) + "\n{\"event\": \"tra")
+    (event,) = read_complete_events(path)
+    assert (event["event"], event["time"], event["step"]) == ("session_start", 1.0, 0)
 
 
 def test_wait_shows_progress_until_the_child_exits(tmp_path):

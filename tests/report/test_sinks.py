@@ -11,6 +11,7 @@ import pytest
 
 from pilotrun.cli import main
 from pilotrun.config import load_run_config
+from pilotrun.record import read_metrics_strict as read_metrics
 from pilotrun.report.sinks import (
     MIRRORED_EVENTS,
     GuardedSink,
@@ -18,7 +19,6 @@ from pilotrun.report.sinks import (
     guarded_tensorboard_sink,
     scalar_fields,
 )
-from pilotrun.train.runlog import read_metrics
 from pilotrun.train.trainer import Trainer
 
 pytest.importorskip("tensorboard")

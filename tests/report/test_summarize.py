@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pilotrun.cli import main
-from pilotrun.report.records import RecordError
+from pilotrun.record import RecordError
 from pilotrun.report.summarize import summarize_run
 from tests.report.synthetic import SyntheticRun, crashed_and_resumed
 

@@ -20,6 +20,7 @@ from torch.distributed import TCPStore
 
 from pilotrun.errors import CheckpointError, ConfigError
 from pilotrun.train import distributed as D
+from pilotrun.train.compat import reconcile_world_size
 
 
 def agent_store() -> TCPStore:
@@ -261,22 +262,22 @@ def _meta(world_size: int, batch_size: int) -> dict:
 
 def test_same_world_size_needs_no_reconciliation() -> None:
     saved = _meta(2, 4)
-    assert D.reconcile_world_size(saved, _meta(2, 4), []) == (saved, [])
+    assert reconcile_world_size(saved, _meta(2, 4), []) == (saved, [])
 
 
 def test_world_size_change_is_refused_with_the_way_to_continue() -> None:
     with pytest.raises(CheckpointError, match=r"written by 2 rank\(s\), this run has 1.*train.batch_size=8.*"
                                               r"--allow-change world_size"):
-        D.reconcile_world_size(_meta(2, 4), _meta(1, 4), [])
+        reconcile_world_size(_meta(2, 4), _meta(1, 4), [])
     with pytest.raises(CheckpointError, match="cannot be split evenly over 3 ranks"):
-        D.reconcile_world_size(_meta(2, 4), _meta(3, 4), [])
+        reconcile_world_size(_meta(2, 4), _meta(3, 4), [])
 
 
 def test_allowed_world_size_change_must_keep_the_global_batch() -> None:
     with pytest.raises(CheckpointError, match=r"global batch is 4 x 2 = 8 sequences.*batch_size=8"):
-        D.reconcile_world_size(_meta(2, 4), _meta(1, 4), ["world_size"])
+        reconcile_world_size(_meta(2, 4), _meta(1, 4), ["world_size"])
     saved = _meta(2, 4)
-    adjusted, notes = D.reconcile_world_size(saved, _meta(1, 8), ["world_size"])
+    adjusted, notes = reconcile_world_size(saved, _meta(1, 8), ["world_size"])
     assert adjusted["recipe"]["train"] == {"batch_size": 8, "seq_len": 32}
     assert saved["recipe"]["train"]["batch_size"] == 4  # the caller's meta is not modified
     assert adjusted["world_size"] == 2  # the world-size difference itself stays for the compatibility check

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pilotrun.config import load_run_config
 from pilotrun.optim.schedule import final_lr_multiplier, lr_multiplier, schedule_warnings
+from pilotrun.record import read_run_json
 from pilotrun.train.checkpoint import Checkpointer, step_folder_name
 from pilotrun.train.notices import (
     interrupt_acknowledgement,
@@ -17,7 +18,6 @@ from pilotrun.train.notices import (
     tokens_per_evaluation,
     val_split_warnings,
 )
-from pilotrun.train.runlog import read_run_json
 from pilotrun.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from pilotrun.config import config_to_dict, load_run_config
 from pilotrun.data.reader import open_dataset
 from pilotrun.errors import CheckpointError, ConfigError
 from pilotrun.optim.schedule import lr_multiplier
-from pilotrun.train.runlog import read_metrics, read_run_json
+from pilotrun.record import read_metrics_strict, read_run_json
 from pilotrun.train.trainer import Trainer, describe_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,7 +161,7 @@ def test_interrupted_and_resumed_run_repeats_the_same_losses(builtin_data_dir, t
     assert trainer.resumed_from == 3 and result.step == 8
 
     def losses(run_dir, event):
-        return {e["step"]: e["loss"] for e in read_metrics(run_dir) if e["event"] == event}
+        return {e["step"]: e["loss"] for e in read_metrics_strict(run_dir) if e["event"] == event}
 
     straight, split = losses(tmp_path / "straight", "train"), losses(tmp_path / "split", "train")
     assert straight == split and len(straight) == 8  # exact float equality, step by step
@@ -169,7 +169,7 @@ def test_interrupted_and_resumed_run_repeats_the_same_losses(builtin_data_dir, t
     run = read_run_json(tmp_path / "split")
     assert [s["resumed_from"] for s in run["sessions"]] == [None, 3]
     assert run["sessions"][1]["start_step"] == 3 and run["sessions"][1]["start_tokens_seen"] == 384
-    start = [e for e in read_metrics(tmp_path / "split") if e["event"] == "session_start"][1]
+    start = [e for e in read_metrics_strict(tmp_path / "split") if e["event"] == "session_start"][1]
     assert (start["step"], start["tokens_seen"], start["resumed_from"]) == (3, 384, 3)
     a = torch.load(tmp_path / "straight" / "checkpoints" / "step-00000008" / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "split" / "checkpoints" / "step-00000008" / "model.pt", weights_only=True)

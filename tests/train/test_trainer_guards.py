@@ -50,12 +50,12 @@ def test_skipped_updates_move_neither_the_expert_bias_nor_qk_clip(builtin_data_d
     real_apply_update = precision_module.apply_update
     attempts = {"n": 0}
 
-    def apply_update_with_three_nonfinite_gradients(model, optimizer, scaler, grad_clip):
+    def apply_update_with_three_nonfinite_gradients(model, optimizer, scaler, grad_clip, **options):
         # The first three attempts get an infinite gradient: a real skip through the real update function.
         attempts["n"] += 1
         if attempts["n"] <= 3:
             next(p for p in model.parameters() if p.grad is not None).grad.view(-1)[0] = float("inf")
-        return real_apply_update(model, optimizer, scaler, grad_clip)
+        return real_apply_update(model, optimizer, scaler, grad_clip, **options)
 
     _patch_apply_update_everywhere(monkeypatch, apply_update_with_three_nonfinite_gradients)
     skipping = Trainer(_one_repeated_batch_config(), builtin_data_dir, tmp_path / "skipping", progress=False)

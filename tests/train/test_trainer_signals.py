@@ -15,9 +15,9 @@ import pytest
 
 from pilotrun.cli import main
 from pilotrun.data.reader import BatchLoader, open_dataset
+from pilotrun.record import read_metrics_strict
+from pilotrun.report.batch_inspection import attempt_for_step
 from pilotrun.train.checkpoint import Checkpointer
-from pilotrun.train.inspect import attempt_for_step
-from pilotrun.train.runlog import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -28,7 +28,7 @@ def _wait_for_train_events(run_dir: Path, count: int, process: subprocess.Popen,
     while time.monotonic() < deadline:
         if process.poll() is not None:
             pytest.fail(f"trainer exited early with {process.returncode}: {process.stderr.read()[-2000:]}")
-        if sum(1 for e in read_metrics(run_dir) if e["event"] == "train") >= count:
+        if sum(1 for e in read_metrics_strict(run_dir) if e["event"] == "train") >= count:
             return
         time.sleep(0.05)
     process.kill()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.errors import ConfigError, DataError
-from pilotrun.train.runlog import read_metrics, read_run_json
+from pilotrun.record import RUN_JSON, read_metrics_strict, read_run_json
 
 GEOMETRY_KEYS = ("train.batch_size", "train.seq_len", "train.gradient_accumulation_steps", "train.data_mode")
 
@@ -38,10 +38,10 @@ def attempt_for_step(step: int, skipped_attempts: set[int]) -> int:
 def microbatches_for_step(run_dir: str | Path, step: int) -> tuple[list[int], dict[str, Any]]:
     """(global microbatch indices read by applied update `step`, run.json)."""
     run_dir = Path(run_dir)
-    if not (run_dir / "run.json").is_file():
-        raise ConfigError(f"{run_dir / 'run.json'} not found: is {run_dir} a run folder?")
+    if not (run_dir / RUN_JSON).is_file():
+        raise ConfigError(f"{run_dir / RUN_JSON} not found: is {run_dir} a run folder?")
     run = read_run_json(run_dir)
-    events = read_metrics(run_dir)
+    events = read_metrics_strict(run_dir)
     reached = max((e["step"] for e in events), default=0)
     if step > reached:
         raise ConfigError(f"--step {step}: the run record of {run_dir} reaches step {reached} only")

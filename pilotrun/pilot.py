@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TextIO
 
 from pilotrun.errors import PilotrunError
+from pilotrun.record import CHECKPOINTS_DIR
 from pilotrun.report.child_progress import ProgressLine, wait_with_progress
 
 DEFAULT_RECIPE = "stability.yaml"
@@ -64,7 +65,7 @@ def _say(out: TextIO, text: str) -> None:
 def _committed_checkpoints(run_dir: Path) -> list[int]:
     from pilotrun.train.checkpoint import Checkpointer
 
-    if not (run_dir / "checkpoints").is_dir():
+    if not (run_dir / CHECKPOINTS_DIR).is_dir():
         return []
     return Checkpointer(run_dir, keep=1).committed_steps()
 
@@ -101,7 +102,7 @@ def _kill_past_midpoint(process: subprocess.Popen, run_dir: Path, midpoint: int,
     process.wait()
     committed = _committed_checkpoints(run_dir)
     if not committed:
-        raise PilotError(f"no committed checkpoint in {run_dir / 'checkpoints'} after the kill")
+        raise PilotError(f"no committed checkpoint in {run_dir / CHECKPOINTS_DIR} after the kill")
     return max(e.get("step", 0) for e in events if e.get("event") == "train"), max(committed)
 
 

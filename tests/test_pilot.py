@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from pilotrun.report.pilot import PilotError, configs_dir, run_pilot
+from pilotrun.pilot import PilotError, configs_dir, run_pilot
 from pilotrun.report.summarize import summarize_run
 
 
