@@ -32,7 +32,7 @@ GPT2 = FIXTURES / "tokenizers" / "gpt2" / "tokenizer.json"
 # The corpus size: the base documents repeated (each copy made distinct) until about this many characters. The
 # 150 fixture documents hold 0.41M characters, so 40 copies: ~16.5M characters, ~3.6M GPT-2 tokens.
 TARGET_CHARACTERS = 16_000_000
-REPEATS = 5
+REPEATS = 3  # interleaved rounds of ~1 minute each on 2 cores at this corpus size
 
 
 def _texts_and_tokenizer(work: Path) -> tuple[list[str], str, str]:
