@@ -45,8 +45,8 @@ def newton_schulz_orthogonalize(update: torch.Tensor, steps: int = 5,
 
     Returns a tensor of the input's shape in fp32 (a transposed view for a tall input). Iterates on the short
     side (a tall matrix is transposed first) so the Gram matrix is min(A, B)^2. A zero input gives a zero output:
-    the epsilon in the Frobenius normalisation keeps 0/0 away. On the CPU a batch runs as one 2-D iteration per
-    matrix, which measured faster there than baddbmm (BENCHMARKS.md, bench_optim); elsewhere as one batch.
+    the epsilon in the Frobenius normalisation keeps 0/0 away. A batch runs as one batched iteration (bmm and
+    baddbmm), which on the CPU measured as fast as one 2-D iteration per matrix or faster (bench_optim).
     """
     if update.ndim not in (2, 3):
         raise ValueError(f"Newton-Schulz expects a 2-D matrix or a 3-D batch of matrices, got shape "
@@ -57,21 +57,16 @@ def newton_schulz_orthogonalize(update: torch.Tensor, steps: int = 5,
         schedule = [NEWTON_SCHULZ_COEFFICIENTS] * 8 + [NEWTON_SCHULZ_PINNING_COEFFICIENTS] * 2
     else:
         raise ValueError(f"unknown Newton-Schulz variant '{variant}' (expected one of {MUON_NS_VARIANTS})")
-    if update.ndim == 3 and update.device.type == "cpu":
-        orthogonal = torch.empty(update.shape, dtype=torch.float32)
-        for matrix, out in zip(update.unbind(0), orthogonal.unbind(0), strict=True):
-            newton_schulz_iterate(matrix, schedule, compute_dtype, out=out)
-        return orthogonal
     return newton_schulz_iterate(update, schedule, compute_dtype).to(torch.float32)
 
 
 def newton_schulz_iterate(update: torch.Tensor, schedule: list[tuple[float, float, float]],
-                          compute_dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+                          compute_dtype: torch.dtype) -> torch.Tensor:
     """x <- a x + (b G + c G G) x with G = x x^T, per (a, b, c) of the schedule, from the normalised update.
 
     Each step is three matrix products, two of them fused with their sums (addmm / baddbmm): one rounding per
     product-and-sum instead of separate scale, product and add operators, which is both faster and, in bf16,
-    about half as far from the exact iteration. With `out`, the result is written there (any dtype) and returned.
+    about half as far from the exact iteration.
     """
     x = update.to(compute_dtype)
     tall = x.size(-2) > x.size(-1)
@@ -88,17 +83,12 @@ def newton_schulz_iterate(update: torch.Tensor, schedule: list[tuple[float, floa
     gram = x.new_empty((*x.shape[:-1], x.size(-2)))
     polynomial = torch.empty_like(gram)
     spare = torch.empty_like(x)
-    for index, (a, b, c) in enumerate(schedule):
+    for a, b, c in schedule:
         product(x, x.mT, out=gram)
         multiply_add(gram, gram, gram, beta=b, alpha=c, out=polynomial)
-        if out is not None and index == len(schedule) - 1 and not tall and out.dtype == x.dtype:
-            return multiply_add(x, polynomial, x, beta=a, out=out)  # the last product straight into place
         multiply_add(x, polynomial, x, beta=a, out=spare)
         x, spare = spare, x
-    result = x.mT if tall else x
-    if out is not None:
-        return out.copy_(result)
-    return result
+    return x.mT if tall else x
 
 
 def muon_update_scale(rows: int, cols: int, scale_mode: str) -> float:
