@@ -2,7 +2,8 @@
 
 1. `prepare` throughput (tokens/s, the whole command: read, shuffle, split, tokenize on all cores, write,
    hash) against the raw `tokenizers` `encode_batch` throughput on the same texts, same tokenizer, same cores.
-   Target: at least 0.8x.
+   Target: at least 0.95x, on a corpus of ~16M characters (~3.5M GPT-2 tokens), large enough that prepare's
+   fixed costs (loading and hashing the tokenizer, hashing the source) weigh little.
 2. Reading one batch (`BatchLoader.next_batch`) against one CPU training step of the stability recipe
    (forward + backward + optimizer step of the real model and optimizer when they are importable; otherwise a
    comparable torch model built here, and the section says so). Target: under 1%.
@@ -24,11 +25,14 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT.parent / "shared" / "fixtures"
+# ../shared/fixtures beside a checkout; PILOTRUN_FIXTURES names another place (a worktree elsewhere).
+FIXTURES = Path(os.environ.get("PILOTRUN_FIXTURES", ROOT.parent / "shared" / "fixtures"))
 FINEWEB_JSONL = FIXTURES / "fineweb-edu" / "fineweb_edu_sample10bt_150docs.jsonl"
 GPT2 = FIXTURES / "tokenizers" / "gpt2" / "tokenizer.json"
-COPIES = 8  # the 150 fixture documents (0.41M characters) eight times over: ~3.3M characters, ~0.7M tokens
-REPEATS = 5
+# The corpus size: the base documents repeated (each copy made distinct) until about this many characters. The
+# 150 fixture documents hold 0.41M characters, so 40 copies: ~16.5M characters, ~3.6M GPT-2 tokens.
+TARGET_CHARACTERS = 16_000_000
+REPEATS = 3  # interleaved rounds of ~1 minute each on 2 cores at this corpus size
 
 
 def _texts_and_tokenizer(work: Path) -> tuple[list[str], str, str]:
@@ -36,19 +40,25 @@ def _texts_and_tokenizer(work: Path) -> tuple[list[str], str, str]:
     if FINEWEB_JSONL.exists() and GPT2.exists():
         with open(FINEWEB_JSONL, encoding="utf-8") as handle:
             base = [json.loads(line)["text"] for line in handle if line.strip()]
+        copies = copies_for(base)
         # Each copy gets a distinct first line, so the copies are distinct documents (as in a real corpus).
-        texts = [f"Copy {c}.\n{t}" for c in range(COPIES) for t in base]
-        return texts, str(GPT2), f"{len(base)} FineWeb-Edu fixture documents x {COPIES}, GPT-2 tokenizer"
+        texts = [f"Copy {c}.\n{t}" for c in range(copies) for t in base]
+        return texts, str(GPT2), f"{len(base)} FineWeb-Edu fixture documents x {copies}, GPT-2 tokenizer"
     from pilotrun.data.builtin_corpus import builtin_documents
     from pilotrun.data.tokenizer import train_bpe
 
     base = list(builtin_documents())
-    texts = [f"Copy {c}.\n{t}" for c in range(3) for t in base]
+    copies = copies_for(base)
+    texts = [f"Copy {c}.\n{t}" for c in range(copies) for t in base]
     tokenizer, _ = train_bpe(4096, iter(base))
     path = work / "bpe4096.json"
     tokenizer.save(str(path))
-    return texts, str(path), ("builtin corpus x 3 (../shared/fixtures absent), a byte-level BPE of 4096 trained "
-                              "on it")
+    return texts, str(path), (f"builtin corpus x {copies} (../shared/fixtures absent), a byte-level BPE of 4096 "
+                              "trained on it")
+
+
+def copies_for(base: list[str]) -> int:
+    return max(1, -(-TARGET_CHARACTERS // sum(len(t) for t in base)))
 
 
 def _throughputs(texts: list[str], tokenizer_path: str, work: Path) -> dict:
@@ -200,10 +210,10 @@ def run() -> str:
         f"| `prepare_corpus` (read jsonl, hash source, shuffle, split, tokenize, write + hash shards, manifest) | "
         f"{prepare_tokens:,} | {prepare_rate:,.0f} | {ratio:.2f} |",
         "",
-        f"Target: prepare >= 0.8x raw encode_batch. **{'met' if ratio >= 0.8 else 'NOT met'}** ({ratio:.2f}x; "
-        f"{prepare_rate / rates['fast_rate']:.2f}x of raw encode_batch_fast). Prepare's figure includes its fixed "
-        "costs (loading and hashing the tokenizer, hashing the source), which weigh more on this small corpus "
-        "than on a real one.",
+        f"Target: prepare >= 0.95x raw encode_batch. **{'met' if ratio >= 0.95 else 'NOT met'}** ({ratio:.3f}x; "
+        f"{prepare_rate / rates['fast_rate']:.3f}x of raw encode_batch_fast). Prepare's figure includes its fixed "
+        "costs (loading and hashing the tokenizer, hashing the source) and the main thread's reading, splitting "
+        "and writing, which share the same cores with the tokenizing threads.",
         "",
         f"Batch read vs training step ({read['batch']} tokens per batch; step = {read['description']}):",
         "",

@@ -31,6 +31,7 @@ BATCH, SEQ = 8, 64
 LONG_SEQ = 512
 REPEATS = 10
 WARMUP = 2
+PEER_PAIRS = 30  # alternating pilotrun / torch.optim.Muon steps: their difference is a few percent at most
 # Target: Newton-Schulz is nothing but matmuls, so an implementation without waste should run it at a FLOP rate
 # no lower than the model's own forward+backward (a mixed workload of matmuls, norms, routing and softmax) on
 # the same thread. Its absolute share of the step is a property of the shapes and the batch (FLOP model above),
@@ -82,6 +83,136 @@ def _ns_flops(optimizer) -> tuple[float, float]:
     return ns_flops, fwd_bwd
 
 
+def torch_muon_with_fp32_newton_schulz():
+    """torch.optim.Muon's own step with its Newton-Schulz function's single cast `grad.bfloat16()` changed to
+    `grad.float()` (its source, edited as text at run time, everything else torch's): torch has no fp32 option,
+    and this is the fp32 peer pilotrun's CPU default must be compared with. Returns a context manager."""
+    import contextlib
+    import inspect
+    import textwrap
+
+    import torch.optim._muon as torch_muon
+
+    source = textwrap.dedent(inspect.getsource(torch_muon._zeropower_via_newtonschulz))
+    if source.count("grad.bfloat16()") != 1:
+        raise RuntimeError("torch.optim.Muon's Newton-Schulz changed: its bfloat16 cast is not where expected")
+    namespace = dict(vars(torch_muon))
+    exec(source.replace("grad.bfloat16()", "grad.float()"), namespace)  # noqa: S102 (torch's own source)
+
+    @contextlib.contextmanager
+    def patched():
+        original = torch_muon._zeropower_via_newtonschulz
+        torch_muon._zeropower_via_newtonschulz = namespace["_zeropower_via_newtonschulz"]
+        try:
+            yield
+        finally:
+            torch_muon._zeropower_via_newtonschulz = original
+
+    return patched()
+
+
+def newton_schulz_fp64_reference(matrix: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """The quintic iteration written out in fp64 from its definition (normalise by the Frobenius norm, then
+    x <- a x + (b G + c G^2) x with G = x x^T, on the short side): the exact answer both bf16 versions
+    approximate."""
+    a, b, c = muon_module.NEWTON_SCHULZ_COEFFICIENTS
+    x = matrix.double()
+    if x.shape[0] > x.shape[1]:
+        x = x.T
+    x = x / (x.norm() + 1e-7)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if matrix.shape[0] > matrix.shape[1] else x
+
+
+def compare_with_torch_muon(model) -> dict:
+    """pilotrun's Muon step (Muon groups only, fp32 NS) against torch.optim.Muon (fp32 NS) on the same matrices
+    and gradients, matched conventions: Nesterov momentum 0.95, 5 quintic steps, the same coefficients,
+    weight decay 0.1 decoupled, update scale 0.2 sqrt(max(A, B)) (torch's adjust_lr_fn="match_rms_adamw"). Each
+    routed-expert stack [E, A, B] is E separate 2-D parameters for torch (it takes 2-D only), one 3-D parameter
+    for pilotrun (orthogonalised per slice, the same matrices). Momentum forms differ (torch's EMA, pilotrun's
+    sum): Newton-Schulz normalises its input, so the direction is the same to rounding. Alternating steps,
+    CPU time, the median of per-pair ratios."""
+    groups = [dict(g, params=list(g["params"])) for g in build_optimizer(model, OptimConfig()).param_groups
+              if g["use_muon"]]
+    ours_params = [p.detach().clone().requires_grad_(True) for g in groups for p in g["params"]]
+    for q, p in zip(ours_params, [p for g in groups for p in g["params"]], strict=True):
+        q.grad = p.grad.detach().clone()
+    ours = MuonAdamW([{"params": ours_params, "use_muon": True, "lr": 3e-3, "weight_decay": 0.1,
+                       "ns_dtype": "float32"}])
+    theirs_params = []
+    for q in ours_params:
+        for matrix, grad in zip(q.detach().reshape(-1, *q.shape[-2:]), q.grad.reshape(-1, *q.shape[-2:]),
+                                strict=True):
+            leaf = matrix.clone().requires_grad_(True)
+            leaf.grad = grad.clone()
+            theirs_params.append(leaf)
+    theirs = torch.optim.Muon(theirs_params, lr=3e-3, weight_decay=0.1, momentum=0.95, nesterov=True, ns_steps=5,
+                              adjust_lr_fn="match_rms_adamw")
+    start_weights = torch.cat([q.detach().reshape(-1) for q in ours_params])
+    ratios, ours_times, theirs_times = [], [], []
+    with torch_muon_with_fp32_newton_schulz():
+        for index in range(WARMUP + PEER_PAIRS):
+            timed = []
+            for optimizer in ((ours, theirs) if index % 2 == 0 else (theirs, ours)):
+                start = clock()
+                optimizer.step()
+                timed.append((optimizer, clock() - start))
+            ours_time = next(t for o, t in timed if o is ours)
+            theirs_time = next(t for o, t in timed if o is theirs)
+            if index >= WARMUP:
+                ours_times.append(ours_time)
+                theirs_times.append(theirs_time)
+                ratios.append(ours_time / theirs_time)
+    # Both took the same steps from the same weights and gradients: how far apart did they end, relative to how
+    # far they moved?
+    ours_now = torch.cat([q.detach().reshape(-1) for q in ours_params])
+    theirs_now = torch.cat([q.detach().reshape(-1) for q in theirs_params])
+    agreement = float((ours_now - theirs_now).abs().max() / (ours_now - start_weights).abs().max())
+
+    # Newton-Schulz alone, bf16 vs an fp64 reference, on every Muon matrix's gradient (relative Frobenius error).
+    matrices = [m for q in ours_params for m in q.grad.reshape(-1, *q.shape[-2:])]
+    import torch.optim._muon as torch_muon
+
+    def worst_error(orthogonalize) -> tuple[float, float]:
+        """(worst, median) relative Frobenius error over the matrices."""
+        errors = []
+        for matrix in matrices:
+            exact = newton_schulz_fp64_reference(matrix)
+            errors.append(float((orthogonalize(matrix).double() - exact).norm() / exact.norm()))
+        return max(errors), statistics.median(errors)
+
+    ours_bf16 = worst_error(lambda m: muon_module.newton_schulz_orthogonalize(m, 5, torch.bfloat16))
+    theirs_bf16 = worst_error(lambda m: torch_muon._zeropower_via_newtonschulz(
+        m, muon_module.NEWTON_SCHULZ_COEFFICIENTS, 5, 1e-7))
+    ours_fp32 = worst_error(lambda m: muon_module.newton_schulz_orthogonalize(m, 5, torch.float32))
+
+    # A routed-expert stack: one batched iteration (baddbmm) against one 2-D iteration per expert.
+    stack = next(q.grad for q in ours_params if q.ndim == 3)
+    schedule = [muon_module.NEWTON_SCHULZ_COEFFICIENTS] * 5
+    batched_times, looped_times = [], []
+    for index in range(WARMUP + PEER_PAIRS):
+        pair = []
+        for batched in ((True, False) if index % 2 == 0 else (False, True)):
+            start = clock()
+            if batched:  # what pilotrun runs
+                muon_module.newton_schulz_iterate(stack, schedule, torch.float32)
+            else:
+                for matrix in stack.unbind(0):
+                    muon_module.newton_schulz_iterate(matrix, schedule, torch.float32)
+            pair.append((batched, clock() - start))
+        if index >= WARMUP:
+            batched_times.append(dict(pair)[True])
+            looped_times.append(dict(pair)[False])
+    return {
+        "ours": statistics.median(ours_times), "theirs": statistics.median(theirs_times),
+        "ratio": statistics.median(ratios), "agreement": agreement, "matrices": len(matrices), "stack": tuple(stack.shape),
+        "ours_bf16": ours_bf16, "theirs_bf16": theirs_bf16, "ours_fp32": ours_fp32,
+        "batched": statistics.median(batched_times), "looped": statistics.median(looped_times),
+    }
+
+
 def run() -> str:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -110,6 +241,7 @@ def _measure() -> str:
     fwd_bwd_long_seconds = _median_seconds(forward_backward_long, repeats=3)
     model.zero_grad(set_to_none=False)
     forward_backward()  # the optimizers below step with the 8x64 batch's gradients
+    peer = compare_with_torch_muon(model)
 
     muon_adamw = build_optimizer(model, OptimConfig())
     muon_seconds = _median_seconds(muon_adamw.step)
@@ -197,6 +329,44 @@ def _measure() -> str:
         "",
         f"Target: Newton-Schulz runs at >= {TARGET_NS_RATE_OVER_FWD_BWD_RATE:.1f}x the forward+backward FLOP rate"
         f" (no waste around its matmuls). Measured {ns_rate / fwd_bwd_rate:.2f}x: {'met' if met else 'NOT met'}.",
+        "",
+        "### Muon against torch.optim.Muon (the same matrices and gradients)",
+        "",
+        f"The Muon step alone on the {peer['matrices']} Muon matrices above (each routed-expert stack as its"
+        " experts' matrices), fp32 Newton-Schulz on both sides: torch.optim.Muon of the installed torch, its"
+        " Newton-Schulz function's one `bfloat16()` cast replaced by `float()` at run time (torch offers no fp32"
+        " option; everything else is torch's code), against pilotrun MuonAdamW with `ns_dtype: float32`. Matched"
+        " conventions: Nesterov momentum 0.95, 5 quintic steps with the same coefficients, decoupled weight decay"
+        " 0.1, update scale 0.2 sqrt(max(A, B)) (torch's `adjust_lr_fn=\"match_rms_adamw\"`); torch's momentum"
+        " is an EMA, pilotrun's a sum, the same direction after Newton-Schulz's normalisation. Alternating steps,"
+        f" CPU time of one thread, {PEER_PAIRS} pairs after {WARMUP} warm-up pairs.",
+        "",
+        "| measurement | pilotrun | torch.optim.Muon | ratio |",
+        "|---|---:|---:|---:|",
+        f"| Muon step, fp32 Newton-Schulz, CPU ms (median; ratio = median of per-pair ratios) |"
+        f" {peer['ours'] * ms:.1f} | {peer['theirs'] * ms:.1f} | {peer['ratio']:.3f}x |",
+        f"| Newton-Schulz in bf16: worst relative Frobenius error against an fp64 iteration, over the"
+        f" {peer['matrices']} gradients | {peer['ours_bf16'][0]:.2e} | {peer['theirs_bf16'][0]:.2e} |"
+        f" {peer['ours_bf16'][0] / peer['theirs_bf16'][0]:.2f}x |",
+        f"| the same, median over the gradients | {peer['ours_bf16'][1]:.2e} | {peer['theirs_bf16'][1]:.2e} |"
+        f" {peer['ours_bf16'][1] / peer['theirs_bf16'][1]:.2f}x |",
+        "",
+        f"Weights after the same {WARMUP + PEER_PAIRS} steps: max |pilotrun - torch| = {peer['agreement']:.1e}"
+        " of the largest change either made (they agree to rounding). pilotrun's fp32 Newton-Schulz is"
+        f" {peer['ours_fp32'][0]:.1e} from the fp64 iteration (worst matrix).",
+        "",
+        f"Targets: the Muon step <= 1.0x torch.optim.Muon's CPU time: {'met' if peer['ratio'] <= 1.0 else 'NOT met'}"
+        f" ({peer['ratio']:.3f}x); bf16 Newton-Schulz error no worse than torch's:"
+        f" {'met' if all(o <= t for o, t in zip(peer['ours_bf16'], peer['theirs_bf16'], strict=True)) else 'NOT met'}"
+        " (worst and median).",
+        "",
+        f"A routed-expert stack {list(peer['stack'])} orthogonalized as one batched iteration (`baddbmm`) took"
+        f" {peer['batched'] * ms:.2f} ms, as one 2-D iteration (`addmm`) per expert {peer['looped'] * ms:.2f} ms"
+        f" (CPU, medians of {PEER_PAIRS} alternating pairs): {peer['batched'] / peer['looped']:.2f}x. pilotrun runs"
+        " the batch on every device (tests/optim: a stack's update equals its slices' bit for bit on this CPU), as"
+        " long as the per-expert loop is not clearly faster (by more than 10%; repeated runs on a shared machine"
+        " move by about that much): "
+        + ("it was in this run: revisit." if peer["looped"] < 0.9 * peer["batched"] else "it was not in this run."),
         "",
         "Command: `python -m benchmarks.run_all bench_optim`",
     ]

@@ -244,12 +244,18 @@ def pilot(out: Path, config: str, sets: list[str], timeout_s: float) -> dict:
     figures = run_command(command, timeout_s)
     if figures["exit_code"] not in (0, 1):
         raise RuntimeError(f"pilot exited {figures['exit_code']}: {figures['output_tail'][-800:]}")
-    figures["verdict"] = "GO" if figures["exit_code"] == 0 else "NO-GO"
     # What this section checks is the machinery on the device (a valid record, an exact resume); a smoke recipe
-    # of a few updates is expected to fail learning rules such as loss_decreased or clip_rate.
-    for line in figures["output_tail"].splitlines():
-        if line.split()[:1] in (["record_valid"], ["resumed"]):
-            figures[line.split()[0]] = " ".join(line.split()[1:])
+    # of a few updates is expected to fail learning rules such as loss_decreased or clip_rate. The rules are read
+    # from `pilotrun verdict --json` on the pilot's run folder, never from the pilot's printed text.
+    judged = subprocess.run([sys.executable, "-m", "pilotrun", "verdict", str(out / "pilot-work" / "run"), "--json"],
+                            capture_output=True, text=True, timeout=max(timeout_s, 60))
+    if judged.returncode not in (0, 1):
+        raise RuntimeError(f"verdict --json exited {judged.returncode}: {judged.stderr[-800:]}")
+    verdict = json.loads(judged.stdout)
+    figures["verdict"] = verdict["decision"]
+    for rule in verdict["rules"]:
+        if rule["name"] in ("record_valid", "resumed"):
+            figures[rule["name"]] = f"{rule['status']} {rule['figure']}"
     return figures
 
 

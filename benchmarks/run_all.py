@@ -1,12 +1,15 @@
 """`make bench`: run every benchmarks/bench_*.py side by side in one process and write BENCHMARKS.md.
 
 Each benchmark module has `run() -> str`, returning a Markdown section (heading `## ...`) with the ratios
-it measured and the command that reproduces it. `python -m benchmarks.run_all bench_data` runs one.
+it measured and the command that reproduces it. `python -m benchmarks.run_all bench_data` runs one (printed only; with `--update`, its section
+in BENCHMARKS.md is replaced and the header names it as measured apart from the full run). Every section ends with its duration and the machine's load
+average before and after it, since these figures are measured on shared machines.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import platform
 import sys
@@ -23,17 +26,58 @@ def discover() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules([str(package_dir)]) if m.name.startswith("bench_"))
 
 
+def section_footer(name: str, seconds: float, load_before: tuple, load_after: tuple) -> str:
+    """How long a section took and how busy the machine was around it: the 1-, 5- and 15-minute load averages
+    (runnable processes, all users) before and after, against the core count. A figure measured while the load
+    exceeded the cores competed with other work for them."""
+    def load(figures: tuple) -> str:
+        return "/".join(f"{value:.1f}" for value in figures)
+
+    return (f"_{name} took {seconds:.0f} s; load average (1/5/15 min) {load(load_before)} before, "
+            f"{load(load_after)} after, on {os.cpu_count()} cores._\n")
+
+
+def replace_sections(text: str, measured: dict[str, str]) -> str:
+    """BENCHMARKS.md with each named module's section replaced by a new measurement (a section runs from its
+    `## ` heading to the next one; it is the module's by its `_bench_x took` footer), and a header line that says
+    which sections were measured after the full run, so no reader takes them for one side-by-side run."""
+    head, *parts = text.split("\n## ")
+    parts = ["## " + part for part in parts]
+    for name, section in measured.items():
+        owned = [index for index, part in enumerate(parts) if f"_{name} took" in part]
+        if owned:
+            parts[owned[0]] = section
+        else:
+            parts.append(section)
+    marker = "Sections measured on their own after the full run (`python -m benchmarks.run_all --update NAME`): "
+    earlier = {name.strip() for line in head.splitlines() if line.startswith(marker)
+               for name in line[len(marker):].rstrip(".").split(",")}
+    note = marker + ", ".join(sorted(earlier | set(measured))) + "."
+    lines = [line for line in head.splitlines() if not line.startswith(marker)]
+    return "\n".join(lines).rstrip() + "\n\n" + note + "\n\n" + "\n".join(part.rstrip() + "\n" for part in parts)
+
+
 def main(argv: list[str]) -> int:
+    update = "--update" in argv
+    argv = [name for name in argv if name != "--update"]
     names = argv or discover()
     sections = []
     for name in names:
         print(f"== {name}", flush=True)
         module = importlib.import_module(f"benchmarks.{name}")
+        load_before = os.getloadavg()
         started = time.perf_counter()
         section = module.run()
+        seconds = time.perf_counter() - started
+        section = section.rstrip() + "\n\n" + section_footer(name, seconds, load_before, os.getloadavg())
         print(section, flush=True)
-        sections.append(section.rstrip() + f"\n\n_{name} took {time.perf_counter() - started:.0f} s._\n")
-    if argv:  # a partial run prints only; BENCHMARKS.md always holds one complete side-by-side run
+        sections.append(section)
+    if update and argv:
+        path = ROOT / "BENCHMARKS.md"
+        path.write_text(replace_sections(path.read_text(), dict(zip(names, sections, strict=True))))
+        print(f"updated {', '.join(names)} in {path}")
+        return 0
+    if argv:  # a partial run prints only; BENCHMARKS.md holds one complete side-by-side run unless --update
         return 0
     header = (
         "# Benchmarks\n\n"

@@ -8,8 +8,13 @@ moe_kernels.cpp holds both:
 
 On a CPU every small PyTorch operator costs ~5-20 us whatever its size, so at pilot microbatches the reference
 path's ~100 operators per MoE layer cost as much as the expert matmuls (BENCHMARKS.md, issue 3). The kernels are
-compiled on first use with torch's C++ extension builder (g++ and ninja; ~17 s on the 2-core machine, then cached
-under TORCH_EXTENSIONS_DIR; the Makefile's set-up builds them once ahead). Where they cannot be built or do not
+compiled on first use with torch's C++ extension builder (g++ and ninja; ~17 s on the 2-core machine; the Makefile's
+set-up builds them once ahead). The build is named by a hash of the kernel source, the compiler flags, the torch
+version and the interpreter (kernel_build_name) and kept inside the virtual environment (kernel_build_directory),
+so two checkouts or two venvs never rebuild over each other's library, and a checkout never loads a library built
+from another source. The operator namespaces (pilotrun_routing, pilotrun_experts) are registered by the library
+itself, so one process holds at most one build: loading a second, different one is refused (the reference path
+runs instead, with a warning). Where they cannot be built or do not
 apply (CUDA tensors, autocast, torch.compile tracing, group-limited routing, `model.cpu_kernels: false`), MoE keeps
 the reference path of moe.py, which defines the same quantities with PyTorch operators;
 tests/model/test_cpu_kernels.py holds the two together.
@@ -18,19 +23,51 @@ tests/model/test_cpu_kernels.py holds the two together.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import platform
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
 import torch
 
 KERNEL_SOURCE = Path(__file__).with_name("moe_kernels.cpp")
+# -ffp-contract=off: no fused multiply-adds, so the combine's sums round as index_add_'s do.
+KERNEL_CFLAGS = ("-O3", "-ffp-contract=off")
+KERNEL_BUILD_PREFIX = "pilotrun_cpu_kernels_"
+
+
+def kernel_build_name(source: bytes, torch_version: str, interpreter: str) -> str:
+    """`pilotrun_cpu_kernels_<12 hex>`: a different source, torch or Python gives a different name, so a library
+    is only ever loaded by the code it was compiled from."""
+    digest = hashlib.sha256()
+    for part in (source, " ".join(KERNEL_CFLAGS).encode(), torch_version.encode(), interpreter.encode()):
+        digest.update(len(part).to_bytes(8, "little") + part)
+    return KERNEL_BUILD_PREFIX + digest.hexdigest()[:12]
+
+
+def current_interpreter() -> str:
+    """What the compiled library depends on besides torch: the Python ABI and the machine."""
+    return f"{sys.implementation.cache_tag} {sys.version} {platform.machine()}"
+
+
+def kernel_build_directory(name: str) -> Path:
+    """TORCH_EXTENSIONS_DIR/<name> when the user set it, else <venv>/torch_extensions/<name> (sys.prefix is the
+    virtual environment): one folder per build, never shared with a checkout that has another source."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    return Path(root) / name if root else Path(sys.prefix) / "torch_extensions" / name
+
+
+def loaded_kernel_libraries() -> list[str]:
+    """The pilotrun kernel libraries this process has loaded (torch.ops keeps their paths)."""
+    return sorted(path for path in torch.ops.loaded_libraries if Path(path).name.startswith(KERNEL_BUILD_PREFIX))
 
 
 @functools.cache
 def cpu_kernels_loaded() -> bool:
-    """Build (once per machine and source version) and load the kernels; False, with one warning, if that fails."""
+    """Build (once per venv, source, torch and Python) and load the kernels; False, with one warning, if that fails."""
     try:
         from torch.utils.cpp_extension import load
 
@@ -39,9 +76,14 @@ def cpu_kernels_loaded() -> bool:
 
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
-        # -ffp-contract=off: no fused multiply-adds, so the combine's sums round as index_add_'s do.
-        load(name="pilotrun_cpu_kernels", sources=[str(KERNEL_SOURCE)],
-             extra_cflags=["-O3", "-ffp-contract=off"], is_python_module=False, verbose=False)
+        name = kernel_build_name(KERNEL_SOURCE.read_bytes(), torch.__version__, current_interpreter())
+        directory = kernel_build_directory(name)
+        others = [path for path in loaded_kernel_libraries() if Path(path).parent != directory]
+        if others:  # their operators already own the namespaces: a second build cannot register its own
+            raise RuntimeError(f"another build of the kernels is already loaded in this process ({others[0]})")
+        directory.mkdir(parents=True, exist_ok=True)
+        load(name=name, sources=[str(KERNEL_SOURCE)], extra_cflags=list(KERNEL_CFLAGS), build_directory=str(directory),
+             is_python_module=False, verbose=False)
         return hasattr(torch.ops.pilotrun_routing, "route_forward") and hasattr(torch.ops.pilotrun_experts,
                                                                                  "experts_forward")
     except Exception as error:  # no compiler, no ninja, a read-only cache: the reference path still works

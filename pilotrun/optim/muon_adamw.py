@@ -43,32 +43,52 @@ def newton_schulz_orthogonalize(update: torch.Tensor, steps: int = 5,
                                 compute_dtype: torch.dtype = torch.float32, variant: str = "quintic") -> torch.Tensor:
     """Approximate orthogonalisation of a matrix [A, B] or a batch of matrices [E, A, B].
 
-    Returns a tensor of the input's shape in fp32. Iterates on the short side (a tall matrix is
-    transposed first) so the Gram matrix is min(A, B)^2. A zero input gives a zero output: the epsilon
-    in the Frobenius normalisation keeps 0/0 away.
+    Returns a tensor of the input's shape in fp32 (a transposed view for a tall input). Iterates on the short
+    side (a tall matrix is transposed first) so the Gram matrix is min(A, B)^2. A zero input gives a zero output:
+    the epsilon in the Frobenius normalisation keeps 0/0 away. A batch runs as one batched iteration (bmm and
+    baddbmm), which on the CPU measured as fast as one 2-D iteration per matrix or faster (bench_optim).
     """
     if update.ndim not in (2, 3):
         raise ValueError(f"Newton-Schulz expects a 2-D matrix or a 3-D batch of matrices, got shape "
                          f"{tuple(update.shape)}")
-    x = update.to(compute_dtype)
-    tall = x.size(-2) > x.size(-1)
-    if tall:
-        # contiguous() so that NS(G) and NS(G^T)^T run the very same matmuls on the very same memory layout
-        x = x.mT.contiguous()
-    x = x / (torch.linalg.matrix_norm(x, ord="fro", keepdim=True) + NEWTON_SCHULZ_EPS)
     if variant == "quintic":
         schedule = [NEWTON_SCHULZ_COEFFICIENTS] * steps
     elif variant == "hybrid":
         schedule = [NEWTON_SCHULZ_COEFFICIENTS] * 8 + [NEWTON_SCHULZ_PINNING_COEFFICIENTS] * 2
     else:
         raise ValueError(f"unknown Newton-Schulz variant '{variant}' (expected one of {MUON_NS_VARIANTS})")
-    for a, b, c in schedule:
-        gram = x @ x.mT
-        polynomial = b * gram + c * (gram @ gram)
-        x = a * x + polynomial @ x
+    return newton_schulz_iterate(update, schedule, compute_dtype).to(torch.float32)
+
+
+def newton_schulz_iterate(update: torch.Tensor, schedule: list[tuple[float, float, float]],
+                          compute_dtype: torch.dtype) -> torch.Tensor:
+    """x <- a x + (b G + c G G) x with G = x x^T, per (a, b, c) of the schedule, from the normalised update.
+
+    Each step is three matrix products, two of them fused with their sums (addmm / baddbmm): one rounding per
+    product-and-sum instead of separate scale, product and add operators, which is both faster and, in bf16,
+    about half as far from the exact iteration.
+    """
+    x = update.to(compute_dtype)
+    tall = x.size(-2) > x.size(-1)
     if tall:
+        # The short side first, as one contiguous copy, so that NS(G) and NS(G^T)^T run the very same matmuls on
+        # the very same memory layout (bit for bit); the result is handed back as a transposed view, no copy.
         x = x.mT.contiguous()
-    return x.to(torch.float32)
+        x.div_(torch.linalg.matrix_norm(x, ord="fro", keepdim=True) + NEWTON_SCHULZ_EPS)
+    else:
+        x = x / (torch.linalg.matrix_norm(x, ord="fro", keepdim=True) + NEWTON_SCHULZ_EPS)
+    product, multiply_add = (torch.mm, torch.addmm) if x.ndim == 2 else (torch.bmm, torch.baddbmm)
+    # Three buffers for the whole iteration (x and `spare` swap each step): the same products as fresh tensors,
+    # without an allocation per product, which measured 2-8% of the small matrices' time.
+    gram = x.new_empty((*x.shape[:-1], x.size(-2)))
+    polynomial = torch.empty_like(gram)
+    spare = torch.empty_like(x)
+    for a, b, c in schedule:
+        product(x, x.mT, out=gram)
+        multiply_add(gram, gram, gram, beta=b, alpha=c, out=polynomial)
+        multiply_add(x, polynomial, x, beta=a, out=spare)
+        x, spare = spare, x
+    return x.mT if tall else x
 
 
 def muon_update_scale(rows: int, cols: int, scale_mode: str) -> float:
@@ -181,7 +201,7 @@ class MuonAdamW(torch.optim.Optimizer):
             state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
         buffer = state["momentum_buffer"]
         grad = grad.to(torch.float32)
-        buffer.mul_(group["momentum"]).add_(grad)
+        torch.add(grad, buffer, alpha=group["momentum"], out=buffer)  # M <- G + mu*M in one pass over memory
         # Never modify p.grad in place (spec 2.2.1: unlike KJ-muon's lerp_ on the gradient).
         return grad.add(buffer, alpha=group["momentum"]) if group["nesterov"] else buffer
 

@@ -4,10 +4,13 @@ and gradients to rounding (they sum in other orders). Routed experts: the groupe
 output bit for bit, gradients to rounding, gradcheck in fp64, on the exported BLAS and on the at::mm path."""
 
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from pilotrun.model import cpu_kernels
 from pilotrun.model import moe as moe_module
 from pilotrun.model.cpu_kernels import FusedCombine, FusedExperts, FusedRouting, cpu_kernels_loaded
 from pilotrun.model.moe import GroupedExperts, MoE, sorted_layout
@@ -19,6 +22,40 @@ pytestmark = pytest.mark.skipif(not COMPILER, reason="no C++ compiler: the refer
 
 def test_the_kernel_builds_and_loads_where_a_compiler_is_available():
     assert cpu_kernels_loaded()
+
+
+def test_the_build_is_named_by_source_torch_and_interpreter_and_kept_apart(monkeypatch, tmp_path):
+    names = {cpu_kernels.kernel_build_name(source, version, interpreter)
+             for source in (b"int f();", b"int g();") for version in ("2.13.0+cpu", "2.12.0")
+             for interpreter in ("cpython-311 3.11.7", "cpython-312 3.12.1")}
+    assert len(names) == 8 and all(name.startswith("pilotrun_cpu_kernels_") for name in names)
+    assert cpu_kernels.kernel_build_name(b"int f();", "2.13.0", "x") == cpu_kernels.kernel_build_name(
+        b"int f();", "2.13.0", "x")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    folders = {cpu_kernels.kernel_build_directory(name) for name in names}
+    assert len(folders) == 8 and all(folder.parent == tmp_path for folder in folders)
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    assert cpu_kernels.kernel_build_directory("n") == Path(sys.prefix) / "torch_extensions" / "n"
+
+
+def test_the_loaded_library_is_the_one_built_from_this_source_in_its_own_folder():
+    assert cpu_kernels_loaded()
+    name = cpu_kernels.kernel_build_name(cpu_kernels.KERNEL_SOURCE.read_bytes(), torch.__version__,
+                                         cpu_kernels.current_interpreter())
+    [library] = cpu_kernels.loaded_kernel_libraries()
+    assert Path(library).parent == cpu_kernels.kernel_build_directory(name)
+    assert Path(library).name.startswith(name)
+
+
+def test_a_second_different_build_is_refused_in_a_process_that_loaded_one(monkeypatch):
+    other = "/elsewhere/pilotrun_cpu_kernels_000000000000/pilotrun_cpu_kernels_000000000000.so"
+    monkeypatch.setattr(torch.ops, "loaded_libraries", set(torch.ops.loaded_libraries) | {other})
+    cpu_kernels_loaded.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="another build of the kernels is already loaded"):
+            assert not cpu_kernels_loaded()
+    finally:
+        cpu_kernels_loaded.cache_clear()
 
 
 def make_moe(fused: bool, dtype=torch.float64, seed=0, **changes) -> MoE:
