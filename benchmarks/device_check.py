@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -229,9 +230,14 @@ def model_step(device: torch.device, preset: str, batch: int, seq: int, repeats:
     return figures
 
 
+def _subprocess_limit(budget_left_s: float, floor_s: float) -> float | None:
+    """A subprocess timeout from what is left of the budget; none at all under an unlimited budget (inf)."""
+    return max(budget_left_s, floor_s) if math.isfinite(budget_left_s) else None
+
+
 def run_command(command: list[str], timeout_s: float) -> dict:
     began = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, timeout=max(timeout_s, 1))
+    result = subprocess.run(command, capture_output=True, text=True, timeout=_subprocess_limit(timeout_s, 1))
     return {"command": " ".join(command), "exit_code": result.returncode, "seconds": round(time.perf_counter() - began, 1),
             "output_tail": (result.stdout + result.stderr)[-2500:]}
 
@@ -248,7 +254,7 @@ def pilot(out: Path, config: str, sets: list[str], timeout_s: float) -> dict:
     # of a few updates is expected to fail learning rules such as loss_decreased or clip_rate. The rules are read
     # from `pilotrun verdict --json` on the pilot's run folder, never from the pilot's printed text.
     judged = subprocess.run([sys.executable, "-m", "pilotrun", "verdict", str(out / "pilot-work" / "run"), "--json"],
-                            capture_output=True, text=True, timeout=max(timeout_s, 60))
+                            capture_output=True, text=True, timeout=_subprocess_limit(timeout_s, 60))
     if judged.returncode not in (0, 1):
         raise RuntimeError(f"verdict --json exited {judged.returncode}: {judged.stderr[-800:]}")
     verdict = json.loads(judged.stdout)
