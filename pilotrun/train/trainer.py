@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from pilotrun.config import RunConfig, config_from_dict, config_to_dict, validate_run_config
-from pilotrun.data.reader import BatchLoader, open_dataset
+from pilotrun.data.reader import BatchLoader, check_data_fits_recipe, open_dataset
 from pilotrun.errors import CheckpointError, ConfigError
 from pilotrun.model.accounting import count_parameters, flops_per_token
 from pilotrun.model.balancing import update_expert_bias
@@ -195,6 +195,9 @@ class Trainer:
                 model = build_model(effective.model)
             config = effective
         self.config = config
+        check_data_fits_recipe(self.dataset, batch_size=config.train.batch_size, seq_len=config.train.seq_len,
+                               world_size=world_size, evaluates=config.train.eval_every > 0,
+                               vocab_size=config.model.vocab_size)  # before the run folder is written
         self.raw_model = model.to(self.device)
         if config.train.compile != "none":
             compile_blocks(self.raw_model, config.train.compile)
