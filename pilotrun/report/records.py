@@ -96,9 +96,13 @@ def read_metrics(run_dir: str | Path) -> MetricsLog:
     path = Path(run_dir) / METRICS_JSONL
     log = MetricsLog()
     if not path.is_file():
-        log.damage.append(f"{path}: not found")
+        log.damage.append(f"{path}: not found" if not path.exists() else f"{path}: not a file")
         return log
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        log.damage.append(f"{path}: cannot be read ({exc.strerror or exc})")
+        return log
     lines = raw.split(b"\n")
     ends_with_newline = raw.endswith(b"\n")
     if ends_with_newline:
@@ -108,7 +112,11 @@ def read_metrics(run_dir: str | Path) -> MetricsLog:
         is_last = index == len(lines) - 1
         try:
             text = raw_line.decode("utf-8")
-        except UnicodeDecodeError:
+        except UnicodeDecodeError as exc:
+            if not (is_last and not ends_with_newline):  # a torn last line may end mid-character: judged below
+                log.damage.append(f"metrics.jsonl line {number}: not UTF-8 (byte 0x{raw_line[exc.start]:02x} at "
+                                  f"column {exc.start + 1})")
+                continue
             text = raw_line.decode("utf-8", errors="replace")
         if not text.strip():
             if not is_last:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pilotrun.errors import PilotrunError
 from pilotrun.files import write_text_atomic
 
 RUN_JSON = "run.json"
@@ -54,8 +55,15 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
 
 
 def read_run_json(run_dir: str | Path) -> dict[str, Any]:
-    with open(Path(run_dir) / RUN_JSON, encoding="utf-8") as f:
-        return json.load(f)
+    path = Path(run_dir) / RUN_JSON
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:  # torn, not UTF-8, a folder: damage to report, not a traceback
+        raise PilotrunError(f"{path}: unreadable run record ({' '.join(str(exc).split())})") from None
+    if not isinstance(data, dict):
+        raise PilotrunError(f"{path}: expected a JSON object at the top level")
+    return data
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -64,10 +72,20 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     records = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.endswith("\n") and line.strip():
-                records.append(json.loads(line))
+    try:
+        raw_lines = path.read_bytes().split(b"\n")[:-1]  # the part after the last newline: torn, ignored
+    except OSError as exc:
+        raise PilotrunError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    for number, raw in enumerate(raw_lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except ValueError as exc:  # UnicodeDecodeError included: name this line, not an offset in the file
+            raise PilotrunError(f"{path} line {number}: not a JSON object ({' '.join(str(exc).split())})") from None
+        if not isinstance(record, dict):
+            raise PilotrunError(f"{path} line {number}: not a JSON object")
+        records.append(record)
     return records
 
 
@@ -161,6 +179,10 @@ class RunRecord:
 
     @classmethod
     def load(cls, run_dir: str | Path, enabled: bool = True) -> RunRecord:
+        metrics = Path(run_dir) / METRICS_JSONL
+        if os.path.lexists(metrics) and (metrics.is_symlink() or not metrics.is_file()):
+            # Refused before run.json gains a session that could never log an event.
+            raise PilotrunError(f"{metrics}: not a regular file; the run record cannot be continued")
         return cls(run_dir, read_run_json(run_dir), enabled)
 
     def add_session(self, session: dict[str, Any]) -> None:
