@@ -303,8 +303,13 @@ def load_run_config(path: str | Path | None, overrides: list[str] | None = None)
     """Defaults <- YAML file <- `--set` overrides, then validated."""
     data = load_yaml(path) if path is not None else {}
     data = apply_overrides(data, overrides or [])
-    config = config_from_dict(data)
-    validate_run_config(config)
+    try:
+        config = config_from_dict(data)
+        validate_run_config(config)
+    except ConfigError as exc:
+        if path is None:
+            raise
+        raise ConfigError(f"{path}: {exc}") from None  # name the recipe: the line is all the user sees
     return config
 
 

@@ -297,12 +297,23 @@ def load_training_state(checkpointer: DistributedCheckpointer, step: int, model:
         model_template, optimizer_template = model_and_optimizer_state(model, optimizer)
         template = {"model": model_template, "optimizer": optimizer_template, **other_templates}
         state, meta = checkpointer.load(step, template)
+        _check_parts(state, ["model", "optimizer", *other_templates], step)
         load_model_and_optimizer_state(model, optimizer, state["model"], state["optimizer"])
         return state, meta
     if is_fully_sharded(model):
         raise CheckpointError(f"checkpoint step {step} was written by one process (torch.save); it cannot be "
                               "loaded into an FSDP2-sharded model: resume it with train.parallelism=ddp")
     state, meta = checkpointer.load(step)
+    _check_parts(state, ["model", "optimizer", *other_templates], step)
     raw_model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     return state, meta
+
+
+def _check_parts(state: dict[str, Any], parts: list[str], step: int) -> None:
+    """A marker that lists fewer files than a save writes still verifies (every listed hash matches): name the
+    part it lacks instead of failing on a missing key."""
+    missing = [part for part in parts if part not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint step {step} lacks {', '.join(missing)} (its marker does not list "
+                              "the file): the checkpoint is damaged")
