@@ -203,3 +203,64 @@ def test_a_mistyped_manifest_is_refused_by_verify_and_train(builtin_data_dir, tm
     code, err = run_cli(capsys, ["train", "--config", SMOKE, "--data", str(data), "--run-dir", str(tmp_path / "r")])
     assert code == 2 and len(err) == 1 and "metadata.json" in err[0]
     assert not (tmp_path / "r").exists()
+
+
+def _read_only(monkeypatch, root: Path) -> None:
+    """Make `root` behave like a read-only folder for this process (the tests run as root, where chmod does
+    not stop writes): creating a folder or opening a file for writing under it raises EACCES."""
+    import builtins
+    import io
+
+    real_mkdir, real_open = os.mkdir, builtins.open
+
+    def inside(path) -> bool:
+        try:
+            return Path(os.path.abspath(os.fspath(path))).is_relative_to(root)
+        except TypeError:
+            return False
+
+    def mkdir(path, *args, **kwargs):
+        if inside(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    def open_(file, mode="r", *args, **kwargs):
+        if any(flag in mode for flag in "wax+") and not isinstance(file, int) and inside(file):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(builtins, "open", open_)
+    monkeypatch.setattr(io, "open", open_)
+
+
+def test_read_only_folders_are_one_line(builtin_data_dir, small_run, tmp_path, capsys, monkeypatch):
+    run_dir = _copy(small_run, tmp_path)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    before = tree_hashes(tmp_path)
+    _read_only(monkeypatch, locked)
+    _read_only_run = run_dir / "report"
+    cases = [
+        (["prepare", "--out", str(locked / "data"), "--tokenizer", "bpe:300"], str(locked)),
+        (["train", "--config", SMOKE, "--data", str(builtin_data_dir), "--run-dir", str(locked / "run"), *THREADS],
+         str(locked / "run")),
+    ]
+    for argv, fragment in cases:
+        code, err = run_cli(capsys, argv)
+        assert code == 2 and len(err) == 1 and fragment in err[0] and os.strerror(errno.EACCES) in err[0], err
+    monkeypatch.undo()
+    _read_only(monkeypatch, _read_only_run)
+    code, err = run_cli(capsys, ["verdict", str(run_dir), "--json"])
+    assert code == 2 and len(err) == 1 and "report" in err[0] and os.strerror(errno.EACCES) in err[0], err
+    monkeypatch.undo()
+    assert tree_hashes(tmp_path) == before
+
+
+def test_a_run_folder_path_through_a_file_is_one_line(builtin_data_dir, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    code, err = run_cli(capsys, ["train", "--config", SMOKE, "--data", str(builtin_data_dir), "--run-dir",
+                                 str(blocker / "run"), *THREADS])
+    assert code == 2 and len(err) == 1 and str(blocker) in err[0]
+    assert blocker.read_text() == "x"
