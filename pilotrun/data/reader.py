@@ -260,6 +260,17 @@ class BatchLoader:
         targets = torch.from_numpy(np.ascontiguousarray(rows[:, 1:]))
         return inputs, targets
 
+    def check_upcoming_batches(self, count: int) -> None:
+        """Check the ids of the next `count` global batches, every rank's rows, without moving the cursor:
+        TokenIdError names shard and offset. Called at an update boundary, it lets a trainer stop with the
+        state of its last applied update intact (and every rank agreeing, since each checks all ranks' rows),
+        where next_batch's own guard would fire in the middle of an update."""
+        for batch_index in range(self.batch_index, self.batch_index + count):
+            _, k = self._effective_batch(batch_index)
+            first = k * self.global_batch_windows * self.seq_len
+            length = self.global_batch_windows * self.seq_len + 1  # the batch's windows, overlaps included
+            self.split.check_ids(self.split.read(first, length), first)
+
     def describe_batch(self, batch_index: int) -> list[dict[str, Any]]:
         """Every row of global batch `batch_index`, all ranks: which tokens it read and from where (pure)."""
         if batch_index < 0:

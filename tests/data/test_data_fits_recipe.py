@@ -111,4 +111,10 @@ def test_the_loader_guard_names_shard_and_offset_of_a_damaged_id(builtin_data_di
     with pytest.raises(TokenIdError, match=r"train_00000\.npy holds token id 5000 at offset 200"):
         loader.next_batch()  # windows 4..7 hold token 200
     assert loader.batch_index == 1  # the refused batch is not consumed
+    # The look-ahead an update boundary can use: batch 1 of 2 ranks x 2 rows covers tokens 128..256.
+    ahead = BatchLoader(dataset.split("train"), 2, 32, rank=0, world_size=2)
+    ahead.check_upcoming_batches(1)  # batch 0: tokens 0..128
+    with pytest.raises(TokenIdError, match="offset 200"):
+        ahead.check_upcoming_batches(2)  # rank 1's rows of batch 1 (tokens 192..257) hold it; rank 0 sees it too
+    assert ahead.batch_index == 0
     assert any("max_token_id" in problem for problem in verify_data(data))
