@@ -343,7 +343,14 @@ class Checkpointer:
                 found.append((int(match.group(1)), child))
         return sorted(found)
 
+    def _refuse_linked_root(self) -> None:
+        # run_dir/checkpoints as a link would make every save prune, and every resume load, another folder.
+        if self.root.is_symlink():
+            raise CheckpointError(f"{self.root} is a symbolic link; refused (checkpoints are a plain folder "
+                                  "inside the run)")
+
     def committed(self) -> list[CommittedCheckpoint]:
+        self._refuse_linked_root()
         found: dict[int, CommittedCheckpoint] = {}
         for step, folder in self._step_folders():
             marker = self._read_marker(folder)
@@ -439,6 +446,7 @@ class Checkpointer:
             meta_json = json.loads(json.dumps(meta, allow_nan=True))
         except (TypeError, ValueError) as exc:
             raise TypeError(f"checkpoint meta must be JSON-serialisable: {exc}") from None
+        self._refuse_linked_root()
         self.root.mkdir(parents=True, exist_ok=True)
         self._recover_interrupted_replacements()
         self._remove_uncommitted()

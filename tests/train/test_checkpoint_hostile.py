@@ -167,3 +167,17 @@ def test_a_symlinked_step_folder_is_refused_and_never_pruned_through(builtin_dat
     assert other_marker.read_bytes() == other_bytes
     assert link.is_symlink()
     capsys.readouterr()
+
+
+def test_a_linked_checkpoints_folder_is_refused_and_never_pruned(builtin_data_dir, trained_run, tmp_path, capsys):
+    other = tmp_path / "other-run"
+    shutil.copytree(trained_run, other)
+    before = sorted(str(p.relative_to(other)) for p in other.rglob("*"))
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    shutil.rmtree(run_dir / "checkpoints")
+    (run_dir / "checkpoints").symlink_to(other / "checkpoints", target_is_directory=True)
+    line = _refused_in_one_line(capsys, train_argv(builtin_data_dir, run_dir, "--resume", "--set",
+                                                   "train.max_steps=6"))
+    assert "symbolic link" in line
+    assert sorted(str(p.relative_to(other)) for p in other.rglob("*")) == before
