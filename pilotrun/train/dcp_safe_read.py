@@ -92,6 +92,12 @@ class SafeFileSystemReader(FileSystemReader):
         except OSError as exc:
             raise CheckpointError(f"checkpoint metadata {path} cannot be read: {exc.strerror or exc}") from None
         metadata = unpickle_dcp_metadata(data, path)
+        for info in (metadata.storage_data or {}).values():
+            # DCP opens each item's file by this name: confine it to the step folder like the marker's names.
+            name = getattr(info, "relative_path", None)
+            if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name:
+                raise CheckpointError(f"checkpoint metadata {path} refused: it names the data file {name!r}, "
+                                      "not a plain file name inside the step folder")
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id

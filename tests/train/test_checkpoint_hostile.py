@@ -181,3 +181,15 @@ def test_a_linked_checkpoints_folder_is_refused_and_never_pruned(builtin_data_di
                                                    "train.max_steps=6"))
     assert "symbolic link" in line
     assert sorted(str(p.relative_to(other)) for p in other.rglob("*")) == before
+
+
+def test_dcp_metadata_naming_a_data_file_outside_the_folder_is_refused(tmp_path):
+    folder = tmp_path / "dcp"
+    folder.mkdir()
+    DCPStorage().write({"model": {"w": torch.ones(2)}}, folder)
+    metadata = pickle.loads((folder / ".metadata").read_bytes())
+    for info in metadata.storage_data.values():
+        info.relative_path = "../../outside.distcp"
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.raises(CheckpointError, match="outside.distcp"):
+        DCPStorage().read(folder, [], template={"model": {"w": torch.zeros(2)}})
