@@ -118,3 +118,20 @@ def test_the_loader_guard_names_shard_and_offset_of_a_damaged_id(builtin_data_di
         ahead.check_upcoming_batches(2)  # rank 1's rows of batch 1 (tokens 192..257) hold it; rank 0 sees it too
     assert ahead.batch_index == 0
     assert any("max_token_id" in problem for problem in verify_data(data))
+
+
+def test_a_damaged_id_found_mid_run_stops_with_one_line_and_the_last_checkpoint_kept(builtin_data_dir, tmp_path,
+                                                                                      capsys):
+    from pilotrun.train.checkpoint import Checkpointer
+
+    data = tmp_path / "data"
+    shutil.copytree(builtin_data_dir, data)
+    # Batch b of 4 rows x 32 reads tokens 128*b .. 128*b + 128: offset 300 is first read by update 3.
+    _poke_token(data, "train_00000.npy", 300, 4096, record_max=False)
+    run_dir = tmp_path / "run"
+    code = main(train_argv(data, run_dir, "train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=0"))
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("pilotrun:")]  # the progress bar shares stderr
+    assert code == 2 and "Traceback" not in err and len(errors) == 1
+    assert "train_00000.npy" in errors[0] and "offset 300" in errors[0]
+    assert Checkpointer(run_dir, keep=2).committed_steps() == [2]
