@@ -180,7 +180,7 @@ def test_bad_arguments_are_one_line_exit_2(capsys, argv):
 
 
 @pytest.mark.parametrize("mutation", ["no-eos", "dtype", "splits-list", "tokenizer-string", "shard-not-object",
-                                      "tokens-string"])
+                                      "tokens-string", "manifest-is-a-folder"])
 def test_a_mistyped_manifest_is_refused_by_verify_and_train(builtin_data_dir, tmp_path, capsys, mutation):
     data = tmp_path / "data"
     shutil.copytree(builtin_data_dir, data)
@@ -197,7 +197,11 @@ def test_a_mistyped_manifest_is_refused_by_verify_and_train(builtin_data_dir, tm
         manifest["splits"]["train"]["shards"][0] = "train_00000.npy"
     elif mutation == "tokens-string":
         manifest["splits"]["val"]["tokens"] = "many"
-    (data / "metadata.json").write_text(json.dumps(manifest))
+    if mutation == "manifest-is-a-folder":
+        (data / "metadata.json").unlink()
+        (data / "metadata.json").mkdir()
+    else:
+        (data / "metadata.json").write_text(json.dumps(manifest))
     code, err = run_cli(capsys, ["data", "verify", str(data)])
     assert code == 1
     code, err = run_cli(capsys, ["train", "--config", SMOKE, "--data", str(data), "--run-dir", str(tmp_path / "r")])

@@ -155,6 +155,8 @@ def load_manifest(data_dir: str) -> dict[str, Any]:
         raise DataError(f"{path} is missing: {data_dir} is not a finished `pilotrun prepare` folder") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"{path} is not valid JSON ({exc})") from None
+    except OSError as exc:  # a folder or an unreadable file where the manifest should be
+        raise DataError(f"{path} cannot be read ({exc.strerror or exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise DataError(f"{path}: not a pilotrun data manifest (expected format '{FORMAT}')")
     check_manifest_fields(manifest, path)
