@@ -36,7 +36,7 @@ from pilotrun.train.checkpoint import MARKER_NAME, Checkpointer, step_folder_nam
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"
 CASES: dict[str, int] = {}
-PLANNED = {"metadata": 20, "run_json": 20, "metrics": 25, "verdict": 2, "marker": 12, "config": 40}
+PLANNED = {"metadata": 60, "run_json": 60, "metrics": 60, "verdict": 2, "marker": 12, "config": 80}
 PATH_LIKE = ["../../etc/passwd", "/etc/passwd", "..", ".", "", "a/b", "step-00000002/../x", "C:\\x", "\x00",
              "~/.ssh/id_rsa", "COMMITTED.json"]
 REPLACEMENTS = st.sampled_from([None, True, -1, 0, 2**63, 1e308, float("nan"), "", "x", [], {}, [1, "a"],
