@@ -8,6 +8,7 @@ and one `_run_*` handler; keep them small and put the work in the package.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from pilotrun import __version__
@@ -52,7 +53,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
     def whole(value: float | None, flag: str) -> int | None:
         if value is None:
             return None
-        if value != int(value) or value < 1:
+        if not math.isfinite(value) or value != int(value) or value < 1:
             raise PilotrunError(f"{flag} must be a positive whole number, got {value}")
         return int(value)
 
@@ -392,9 +393,15 @@ class _RawDescriptionDefaultsHelpFormatter(_DefaultsHelpFormatter, argparse.RawD
 
 
 class _Parser(argparse.ArgumentParser):
+    """Every pilotrun parser and subparser: defaults shown in --help, and bad arguments are bad input like any
+    other: one line naming the problem, exit 2 (argparse's default prints the whole usage block first)."""
+
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", _DefaultsHelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -413,12 +420,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version (0) or bad arguments (2, one line): a code, not an exception
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return int(args.handler(args) or 0)
     except PilotrunError as exc:
-        print(f"pilotrun: error: {exc}", file=sys.stderr)
+        print(f"pilotrun: error: {_one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        # The file system refused (a read-only or full disk, a path through a file, a folder where a file was
+        # expected): bad input or a bad environment, named by the path; each writer has already cleaned up.
+        print(f"pilotrun: error: {_os_error_line(exc)}", file=sys.stderr)
+        return 2
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()) if "\n" in text else text
+
+
+def _os_error_line(exc: OSError) -> str:
+    what = exc.strerror or type(exc).__name__
+    where = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None)
+    return f"{what}: {where}" if where else f"{what} ({exc})"
 
 
 if __name__ == "__main__":

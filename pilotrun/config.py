@@ -9,6 +9,7 @@ record, and `config_from_dict` reads it back, so a restored recipe is exactly th
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -219,7 +220,7 @@ def config_from_dict(data: dict[str, Any], cls: type = RunConfig, where: str = "
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
+    unknown = sorted((k for k in data if k not in known), key=str)  # YAML keys may be numbers too
     if unknown:
         key = f"{where}.{unknown[0]}" if where else unknown[0]
         raise ConfigError(f"unknown config key '{key}' (known here: {', '.join(sorted(known))})")
@@ -251,6 +252,8 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
             except ValueError:
                 pass
         if isinstance(value, int | float) and not isinstance(value, bool):
+            if not math.isfinite(value):  # YAML's .inf / .nan: a range check like `lr >= 0` would let inf pass
+                raise ConfigError(f"config key '{key}' must be a finite number, got {value!r}")
             if hint is float:
                 return float(value)
             if float(value).is_integer():
@@ -277,7 +280,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = yaml.safe_load(raw)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {key}: cannot parse value '{raw}': {exc}") from None
+        raise ConfigError(f"--set {key}: cannot parse value '{raw}': {yaml_error_line(exc)}") from None
     return path, value
 
 
@@ -317,12 +320,25 @@ def resolve_recipe_path(path: str | Path) -> Path:
     raise ConfigError(f"config file not found: {path} (packaged recipes by name: {', '.join(shipped)})")
 
 
+def yaml_error_line(exc: yaml.YAMLError) -> str:
+    """PyYAML's message spans several lines (context, a quoted excerpt, a caret); one line: problem and place."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None)
+    if problem and mark is not None:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(exc).split())
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     path = resolve_recipe_path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{path}: not valid YAML: {yaml_error_line(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return data
@@ -332,8 +348,13 @@ def load_run_config(path: str | Path | None, overrides: list[str] | None = None)
     """Defaults <- YAML file <- `--set` overrides, then validated."""
     data = load_yaml(path) if path is not None else {}
     data = apply_overrides(data, overrides or [])
-    config = config_from_dict(data)
-    validate_run_config(config)
+    try:
+        config = config_from_dict(data)
+        validate_run_config(config)
+    except ConfigError as exc:
+        if path is None:
+            raise
+        raise ConfigError(f"{path}: {exc}") from None  # name the recipe: the line is all the user sees
     return config
 
 

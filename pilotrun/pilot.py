@@ -29,6 +29,7 @@ from pilotrun.report.child_progress import ProgressLine, wait_with_progress
 
 DEFAULT_RECIPE = "stability.yaml"
 DEFAULT_TOKENIZER = "bpe:2048"
+PILOT_MARKER = ".pilotrun-pilot-run"  # says workdir/run was made by the pilot: only then is it replaced
 
 
 class PilotError(PilotrunError):
@@ -135,6 +136,13 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
     if recipe.train.checkpoint_every == 0 or recipe.train.checkpoint_every > midpoint:
         raise PilotError(f"train.checkpoint_every ({recipe.train.checkpoint_every}) must be between 1 and half of "
                          f"max_steps ({midpoint}) so that a checkpoint exists before the kill")
+    run_dir = workdir / "run"
+    marker = workdir / PILOT_MARKER  # beside the run folder: train refuses a run folder that is not empty
+    if os.path.lexists(run_dir):
+        # Only a run folder this command made (its marker beside it, a real folder, not a link) is ever deleted.
+        if run_dir.is_symlink() or not run_dir.is_dir() or not marker.is_file() or marker.is_symlink():
+            raise PilotError(f"{run_dir} exists and was not created by `pilotrun pilot` (no {marker}): move it "
+                             "away or choose another --workdir")
     workdir.mkdir(parents=True, exist_ok=True)
 
     phases: dict[str, float] = {}
@@ -151,10 +159,11 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
                   f"{manifest['splits']['val']['tokens']:,} validation tokens")
 
     phases["prepare"] = time.monotonic() - phase_start
-    run_dir = workdir / "run"
-    if run_dir.exists():
+    if os.path.lexists(run_dir):
         _say(out, f"replacing the previous pilot run in {run_dir}")
         shutil.rmtree(run_dir)
+    marker.write_text("the run folder beside this file was created by `pilotrun pilot`; the next pilot in this "
+                      "workdir replaces it\n")
 
     phase_start = time.monotonic()
     if pinned_threads:

@@ -154,8 +154,8 @@ def read_run_json(run_dir: str | Path) -> dict[str, Any]:
         raise RecordError(f"{path}: not found (is {run_dir} a run folder written by `pilotrun train`?)")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RecordError(f"{path}: not valid JSON ({exc})") from None
+    except (OSError, ValueError) as exc:  # torn, not UTF-8, unreadable: damage to name, never a traceback
+        raise RecordError(f"{path}: unreadable run record ({' '.join(str(exc).split())})") from None
     if not isinstance(data, dict):
         raise RecordError(f"{path}: expected a JSON object at the top level")
     return data
@@ -212,7 +212,14 @@ def parse_metrics_bytes(raw: bytes) -> ParsedMetrics:
     for index, raw_line in enumerate(lines):
         number = index + 1
         is_last = index == len(lines) - 1
-        text = raw_line.decode("utf-8", errors="replace")
+        try:
+            text = raw_line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if not (is_last and not ends_with_newline):  # a torn last line may end mid-character: judged below
+                parsed.damage.append(f"metrics.jsonl line {number}: not UTF-8 (byte 0x{raw_line[exc.start]:02x} "
+                                     f"at column {exc.start + 1})")
+                continue
+            text = raw_line.decode("utf-8", errors="replace")
         if not text.strip():
             if not is_last:
                 parsed.damage.append(f"metrics.jsonl line {number}: empty line")
@@ -247,9 +254,15 @@ def read_metrics_tolerant(run_dir: str | Path) -> ParsedMetrics:
     path = Path(run_dir) / METRICS_JSONL
     if not path.is_file():
         parsed = ParsedMetrics(missing=True)
-        parsed.damage.append(f"{path}: not found")
+        parsed.damage.append(f"{path}: not found" if not path.exists() else f"{path}: not a file")
         return parsed
-    return parse_metrics_bytes(path.read_bytes())
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        parsed = ParsedMetrics(missing=True)
+        parsed.damage.append(f"{path}: cannot be read ({exc.strerror or exc})")
+        return parsed
+    return parse_metrics_bytes(raw)
 
 
 def read_metrics_strict(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -257,9 +270,15 @@ def read_metrics_strict(run_dir: str | Path) -> list[dict[str, Any]]:
     naming the first damaged line. A torn last line (a crash mid-write, or a line being written right now)
     is not damage and is left out; a folder whose session has not opened its log yet has no events."""
     path = Path(run_dir) / METRICS_JSONL
+    if os.path.lexists(path) and (path.is_symlink() or not path.is_file()):
+        raise RecordError(f"{path}: not a regular file")
     if not path.is_file():
         return []
-    parsed = parse_metrics_bytes(path.read_bytes())
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    parsed = parse_metrics_bytes(raw)
     if parsed.damage:
         raise RecordError(f"{path}: damaged record: {parsed.damage[0]}"
                           + (f" (and {len(parsed.damage) - 1} more)" if len(parsed.damage) > 1 else ""))
@@ -354,6 +373,10 @@ class RunRecord:
 
     @classmethod
     def load(cls, run_dir: str | Path, enabled: bool = True) -> RunRecord:
+        metrics = Path(run_dir) / METRICS_JSONL
+        if os.path.lexists(metrics) and (metrics.is_symlink() or not metrics.is_file()):
+            # Refused before run.json gains a session that could never log an event.
+            raise RecordError(f"{metrics}: not a regular file; the run record cannot be continued")
         return cls(run_dir, read_run_json(run_dir), enabled)
 
     def add_session(self, session: dict[str, Any]) -> None:

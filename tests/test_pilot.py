@@ -60,3 +60,27 @@ def test_reduced_pilot_end_to_end(tmp_path):
     assert (result.report_dir / "report.html").stat().st_size > 0
     assert list(result.phase_seconds) == ["prepare", "train_until_kill", "resume", "report"]
     assert sum(result.phase_seconds.values()) <= result.seconds
+
+
+def test_pilot_never_replaces_a_run_folder_it_did_not_create(tmp_path, capsys):
+    from pilotrun.cli import main
+
+    workdir = tmp_path / "w"
+    user_file = workdir / "run" / "notes.txt"
+    user_file.parent.mkdir(parents=True)
+    user_file.write_text("mine")
+    code = main(["pilot", "--workdir", str(workdir), "--config", str(configs_dir() / "smoke.yaml")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and str(workdir / "run") in err
+    assert user_file.read_text() == "mine"
+    assert sorted(p.name for p in workdir.iterdir()) == ["run"]  # nothing prepared before the refusal
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("keep")
+    (workdir / "run" / "notes.txt").unlink()
+    (workdir / "run").rmdir()
+    (workdir / "run").symlink_to(elsewhere, target_is_directory=True)
+    (workdir / ".pilotrun-pilot-run").write_text("a marker does not make a link replaceable")
+    assert main(["pilot", "--workdir", str(workdir), "--config", str(configs_dir() / "smoke.yaml")]) == 2
+    assert (elsewhere / "keep.txt").read_text() == "keep"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import os
 import platform
 import shutil
@@ -57,6 +58,9 @@ def default_workers() -> int:
 
 def _check_options(train_tokens: Any, val_fraction: float, shard_tokens: Any, shuffle_buffer: int,
                    workers: int) -> None:
+    for flag, value in (("--shard-tokens", shard_tokens), ("--train-tokens", train_tokens)):
+        if isinstance(value, float) and not math.isfinite(value):  # int() of inf/nan raises a bare Overflow/ValueError
+            raise DataError(f"{flag} must be a positive integer, got {value}")
     if not 0.0 <= float(val_fraction) < 1.0:
         raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
     if int(shard_tokens) != shard_tokens or not 1 <= int(shard_tokens) <= MAX_SHARD_TOKENS:
@@ -106,15 +110,19 @@ def prepare_corpus(
     def stream() -> Iterator[tuple[str, str]]:
         return with_splits(shuffled(opened.documents(), shuffle_buffer, seed), val_fraction)
 
-    resolved = resolve_tokenizer(tokenizer, eos, lambda: (t for t, s in stream() if s == TRAIN), hub, progress)
-
+    # The temporary folder first: an unwritable --out is refused before minutes of tokenizer training.
     parent = os.path.dirname(os.path.abspath(out))
-    os.makedirs(parent, exist_ok=True)
-    _remove_abandoned_partials(parent, os.path.basename(out))
     temporary = os.path.join(parent, f".{os.path.basename(out)}.partial-{os.getpid()}")
-    shutil.rmtree(temporary, ignore_errors=True)
-    os.makedirs(temporary)
     try:
+        os.makedirs(parent, exist_ok=True)
+        _remove_abandoned_partials(parent, os.path.basename(out))
+        shutil.rmtree(temporary, ignore_errors=True)
+        os.makedirs(temporary)
+    except OSError as exc:
+        raise DataError(f"--out {out}: cannot create the output folder ({exc.strerror or exc}: "
+                        f"{exc.filename or parent})") from None
+    try:
+        resolved = resolve_tokenizer(tokenizer, eos, lambda: (t for t, s in stream() if s == TRAIN), hub, progress)
         splits, stopped = _tokenize_and_write(stream(), resolved, temporary, shard_tokens, train_tokens, workers,
                                               progress, opened)
         if splits[TRAIN]["tokens"] == 0:

@@ -32,12 +32,20 @@ from pilotrun.files import sha256_of_file
 MODES = ("successive", "repeat_batch")
 
 
+class TokenIdError(DataError):
+    """A token id at or beyond the vocabulary in a shard: damaged data found while reading a batch."""
+
+
 class TokenSplit:
     """One split's tokens as one logical 1-D array over its memory-mapped shards."""
 
-    def __init__(self, name: str, data_dir: str, record: dict[str, Any], dtype: str) -> None:
+    def __init__(self, name: str, data_dir: str, record: dict[str, Any], dtype: str,
+                 vocab_size: int | None = None) -> None:
         self.name = name
+        self.data_dir = data_dir
         self.dtype = np.dtype(dtype)
+        self.vocab_size = vocab_size  # every id read must be below it (next_batch's guard); None: unchecked
+        self.max_token_ids: list[int | None] = []  # per shard, as the manifest records it (None: not recorded)
         self.files: list[str] = []
         self._arrays: list[np.ndarray] = []
         starts = [0]
@@ -48,6 +56,7 @@ class TokenSplit:
             path = os.path.join(data_dir, file)
             header = check_shard(path, dtype, int(shard.get("tokens", -1)))
             self.files.append(file)
+            self.max_token_ids.append(shard.get("max_token_id"))
             if header.shape[0] > 0:
                 self._arrays.append(np.memmap(path, dtype=dtype, mode="r", offset=header.data_offset,
                                               shape=header.shape))
@@ -77,6 +86,26 @@ class TokenSplit:
             remaining -= take
             index += 1
         return pieces
+
+    def largest_token_id(self, index: int) -> int:
+        """Shard `index`'s largest id: the manifest's record, or (an older manifest without one) one pass over it."""
+        recorded = self.max_token_ids[index]
+        if recorded is not None:
+            return int(recorded)
+        array = self._arrays[index]
+        return int(array.max()) if len(array) else -1
+
+    def check_ids(self, tokens: np.ndarray, start: int) -> None:
+        """Refuse tokens [start, start + len(tokens)) if one is not a vocabulary id, naming shard and offset: a
+        shard damaged after its manifest was written can still hold one, and the embedding would fail with a
+        bare IndexError (or, on a GPU, a device-side assert) in the middle of a run."""
+        if self.vocab_size is None or not len(tokens) or int(tokens.max()) < self.vocab_size:
+            return
+        position = start + int(np.argmax(tokens >= self.vocab_size))
+        (file, offset, _), = self.locate(position, 1)
+        raise TokenIdError(f"shard {os.path.join(self.data_dir, file)} holds token id {int(tokens[position - start])} "
+                           f"at offset {offset}, outside the vocabulary of {self.vocab_size}: the shard is "
+                           "damaged (run `pilotrun data verify`)")
 
     def locate(self, start: int, length: int) -> list[tuple[str, int, int]]:
         """The (shard_file, offset, length) pieces that hold tokens [start, start + length)."""
@@ -111,7 +140,7 @@ class TokenDataset:
         for name in SPLITS:
             if name not in manifest["splits"]:
                 raise DataError(f"{data_dir}: the manifest has no '{name}' split")
-            self._splits[name] = TokenSplit(name, data_dir, manifest["splits"][name], self.dtype)
+            self._splits[name] = TokenSplit(name, data_dir, manifest["splits"][name], self.dtype, self.vocab_size)
         self.tokenizer_path = os.path.join(data_dir, TOKENIZER_FILE)
         if not os.path.isfile(self.tokenizer_path):
             raise DataError(f"{self.tokenizer_path} is missing")
@@ -127,6 +156,39 @@ class TokenDataset:
         from tokenizers import Tokenizer
 
         return Tokenizer.from_file(self.tokenizer_path)
+
+
+def windows_needed_tokens(batch_size: int, seq_len: int, world_size: int) -> int:
+    """Tokens a split needs for one global batch in the window layout above: G windows of seq_len + 1 tokens
+    that overlap by one, so G * seq_len + 1."""
+    return batch_size * world_size * seq_len + 1
+
+
+def check_data_fits_recipe(dataset: TokenDataset, *, batch_size: int, seq_len: int, world_size: int,
+                           evaluates: bool, vocab_size: int) -> None:
+    """Refuse, before a run folder is written, data the recipe cannot use to the end: a train split without one
+    global batch, a val split without one evaluation batch when the recipe evaluates (otherwise found only at
+    the first evaluation, `eval_every` updates later), and shards whose largest id is not below the model's
+    vocab_size. Largest ids come from the manifest; an older manifest without them costs one read of each
+    shard here."""
+    needed = windows_needed_tokens(batch_size, seq_len, world_size)
+    for name, required in (("train", True), ("val", evaluates)):
+        split = dataset.split(name)
+        if required and split.num_tokens < needed:
+            purpose = "one training batch" if name == "train" else "one evaluation batch (train.eval_every > 0)"
+            raise DataError(f"{dataset.data_dir}: the {name} split has {split.num_tokens} tokens, fewer than the "
+                            f"{needed} of {purpose} of batch_size {batch_size} x world size {world_size} windows "
+                            f"of seq_len + 1 = {seq_len + 1} tokens; prepare more data or use smaller batches")
+    # The data's own vocabulary is never larger than the model's (the trainer refuses that): ids must be below
+    # both, and below the data's is what the per-batch guard checks too.
+    limit, limit_name = min((vocab_size, "model.vocab_size"), (dataset.vocab_size, "the data's vocab_size"))
+    for name in SPLITS:
+        split = dataset.split(name)
+        for index, file in enumerate(split.files):
+            largest = split.largest_token_id(index)
+            if largest >= limit:
+                raise DataError(f"shard {os.path.join(dataset.data_dir, file)} holds token id {largest}, not below "
+                                f"{limit_name} {limit}: the shard is damaged (run `pilotrun data verify`)")
 
 
 def open_dataset(data_dir: str | os.PathLike) -> TokenDataset:
@@ -191,11 +253,23 @@ class BatchLoader:
         rows = np.empty((self.batch_size, window), dtype=np.int64)
         for row, start in enumerate(self._window_starts(batch_index, self.rank)):
             rows[row] = self.split.read(start, window)
+            self.split.check_ids(rows[row], start)  # before the cursor moves: a refused batch is not consumed
         self.batch_index = batch_index + 1
         self.last_batch_restarted = epoch > 0 and k == 0
         inputs = torch.from_numpy(np.ascontiguousarray(rows[:, :-1]))
         targets = torch.from_numpy(np.ascontiguousarray(rows[:, 1:]))
         return inputs, targets
+
+    def check_upcoming_batches(self, count: int) -> None:
+        """Check the ids of the next `count` global batches, every rank's rows, without moving the cursor:
+        TokenIdError names shard and offset. Called at an update boundary, it lets a trainer stop with the
+        state of its last applied update intact (and every rank agreeing, since each checks all ranks' rows),
+        where next_batch's own guard would fire in the middle of an update."""
+        for batch_index in range(self.batch_index, self.batch_index + count):
+            _, k = self._effective_batch(batch_index)
+            first = k * self.global_batch_windows * self.seq_len
+            length = self.global_batch_windows * self.seq_len + 1  # the batch's windows, overlaps included
+            self.split.check_ids(self.split.read(first, length), first)
 
     def describe_batch(self, batch_index: int) -> list[dict[str, Any]]:
         """Every row of global batch `batch_index`, all ranks: which tokens it read and from where (pure)."""

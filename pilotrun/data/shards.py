@@ -23,6 +23,7 @@ from pilotrun.errors import DataError
 METADATA_FILE = "metadata.json"
 TOKENIZER_FILE = "tokenizer.json"
 FORMAT = "pilotrun-data/1"
+SHARD_DTYPES = ("uint16", "uint32")
 
 
 def shard_name(split: str, index: int) -> str:
@@ -83,7 +84,10 @@ class ShardWriter:
             np.lib.format.write_array(hashing, self.buffer[:self.filled], version=(1, 0), allow_pickle=False)
             handle.flush()
             os.fsync(handle.fileno())
-        self.shards.append({"file": name, "tokens": int(self.filled), "sha256": hashing.digest.hexdigest()})
+        # The largest id, so that a trainer can refuse data beyond its model's vocabulary before it starts.
+        max_token_id = int(self.buffer[:self.filled].max())
+        self.shards.append({"file": name, "tokens": int(self.filled), "sha256": hashing.digest.hexdigest(),
+                            "max_token_id": max_token_id})
         self.total_tokens += self.filled
         self.filled = 0
 
@@ -151,9 +155,50 @@ def load_manifest(data_dir: str) -> dict[str, Any]:
         raise DataError(f"{path} is missing: {data_dir} is not a finished `pilotrun prepare` folder") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"{path} is not valid JSON ({exc})") from None
+    except OSError as exc:  # a folder or an unreadable file where the manifest should be
+        raise DataError(f"{path} cannot be read ({exc.strerror or exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise DataError(f"{path}: not a pilotrun data manifest (expected format '{FORMAT}')")
+    check_manifest_fields(manifest, path)
+    return manifest
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def check_manifest_fields(manifest: dict[str, Any], path: str) -> None:
+    """Every field a reader relies on, with its type, so that a damaged or hand-edited manifest is one DataError
+    naming the field instead of a KeyError or TypeError deep inside a reader."""
     for key in ("splits", "tokenizer", "dtype"):
         if key not in manifest:
             raise DataError(f"{path}: the manifest lacks '{key}'")
-    return manifest
+    if manifest["dtype"] not in SHARD_DTYPES:
+        raise DataError(f"{path}: unsupported token dtype {manifest['dtype']!r} (expected one of {SHARD_DTYPES})")
+    tokenizer = manifest["tokenizer"]
+    if not isinstance(tokenizer, dict):
+        raise DataError(f"{path}: 'tokenizer' must be an object, got {type(tokenizer).__name__}")
+    for key in ("vocab_size", "eos_id"):
+        if not _is_count(tokenizer.get(key)):
+            raise DataError(f"{path}: tokenizer.{key} must be a whole number >= 0, got {tokenizer.get(key)!r}")
+    if not 0 <= tokenizer["eos_id"] < tokenizer["vocab_size"]:
+        raise DataError(f"{path}: tokenizer.eos_id {tokenizer['eos_id']} is outside the vocabulary of "
+                        f"{tokenizer['vocab_size']}")
+    splits = manifest["splits"]
+    if not isinstance(splits, dict):
+        raise DataError(f"{path}: 'splits' must be an object, got {type(splits).__name__}")
+    for name, record in splits.items():
+        where = f"{path}: splits.{name}"
+        if not isinstance(record, dict):
+            raise DataError(f"{where} must be an object, got {type(record).__name__}")
+        for key in ("tokens", "documents"):
+            if not _is_count(record.get(key)):
+                raise DataError(f"{where}.{key} must be a whole number >= 0, got {record.get(key)!r}")
+        if not isinstance(record.get("shards"), list):
+            raise DataError(f"{where}.shards must be a list")
+        for index, shard in enumerate(record["shards"]):
+            if not (isinstance(shard, dict) and isinstance(shard.get("file"), str)
+                    and isinstance(shard.get("sha256"), str) and _is_count(shard.get("tokens"))):
+                raise DataError(f"{where}.shards[{index}] needs a file name, a sha256 and a token count")
+            if "max_token_id" in shard and not _is_count(shard["max_token_id"]):
+                raise DataError(f"{where}.shards[{index}].max_token_id must be a whole number >= 0")

@@ -107,6 +107,9 @@ def verify_data(data_dir: str | os.PathLike) -> list[str]:
             if sha != shard.get("sha256"):
                 problems.append(f"{path}: sha256 differs from the manifest (content changed)")
                 split_ok = False
+            recorded = shard.get("max_token_id")
+            if recorded is not None and sha == shard.get("sha256") and recorded != largest:
+                problems.append(f"{path}: largest id {largest}, the manifest records max_token_id {recorded}")
             if largest >= vocab_size:
                 problems.append(f"{path}: holds token id {largest}, outside the vocabulary of {vocab_size}")
             split_eos += eos_count

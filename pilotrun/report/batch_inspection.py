@@ -56,6 +56,15 @@ def microbatches_for_step(run_dir: str | Path, step: int) -> tuple[list[int], di
 
 
 def inspect_batch(run_dir: str | Path, step: int, max_chars: int = 400) -> str:
+    try:
+        return _inspect_batch(run_dir, step, max_chars)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:  # a field of run.json / an event missing or mistyped
+        raise DataError(f"{run_dir}: the run record is damaged (run.json or metrics.jsonl: missing or malformed "
+                        f"{type(exc).__name__} {' '.join(str(exc).split())[:120]}); `pilotrun summarize` lists every "
+                        "problem") from None
+
+
+def _inspect_batch(run_dir: str | Path, step: int, max_chars: int) -> str:
     from pilotrun.data.reader import BatchLoader, open_dataset
 
     indices, run = microbatches_for_step(run_dir, step)

@@ -274,6 +274,20 @@ def _payload_bytes(value: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def marker_files_problem(files: dict[str, Any]) -> str | None:
+    """Why a marker's `files` table cannot be trusted, or None. Names must be plain file names inside the step
+    folder (a name with a separator or `..` would make verify open and hash a file outside the run), and each
+    entry needs its sha256 and byte count."""
+    for name, entry in files.items():
+        if (not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name
+                or name == MARKER_NAME):
+            return f"lists {name!r}, which is not a plain file name inside the step folder"
+        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
+                and type(entry.get("bytes")) is int and entry["bytes"] >= 0):
+            return f"entry {name!r} lacks a sha256 string and a byte count"
+    return None
+
+
 @dataclass
 class CommittedCheckpoint:
     step: int
@@ -299,6 +313,11 @@ class Checkpointer:
     # ------------------------------------------------------------------------------------------ reading
     def _read_marker(self, folder: Path) -> dict[str, Any] | None:
         marker_path = folder / MARKER_NAME
+        if folder.is_symlink() or marker_path.is_symlink():
+            # A link can point into another run: loading through it reads that run, pruning would delete it.
+            link = folder if folder.is_symlink() else marker_path
+            return {"files": {}, DAMAGED_KEY: f"checkpoint {link} is a symbolic link; refused (checkpoints are "
+                                              "plain folders and files inside the run)"}
         if not marker_path.is_file():
             return None
         # The marker is written through a temp file and a rename, so a torn marker means outside damage. It
@@ -310,6 +329,9 @@ class Checkpointer:
             return {"files": {}, DAMAGED_KEY: f"checkpoint marker {marker_path} is unreadable: {exc}"}
         if not isinstance(marker, dict) or not isinstance(marker.get("files"), dict) or "step" not in marker:
             return {"files": {}, DAMAGED_KEY: f"checkpoint marker {marker_path} lacks 'files' or 'step'"}
+        problem = marker_files_problem(marker["files"])
+        if problem:
+            return {"files": {}, DAMAGED_KEY: f"checkpoint marker {marker_path} {problem}"}
         return marker
 
     def _step_folders(self) -> list[tuple[int, Path]]:
@@ -318,11 +340,18 @@ class Checkpointer:
         found = []
         for child in self.root.iterdir():
             match = STEP_FOLDER_PATTERN.match(child.name)
-            if match and child.is_dir():
+            if match and (child.is_dir() or child.is_symlink()):  # a link is listed, then refused as damaged
                 found.append((int(match.group(1)), child))
         return sorted(found)
 
+    def _refuse_linked_root(self) -> None:
+        # run_dir/checkpoints as a link would make every save prune, and every resume load, another folder.
+        if self.root.is_symlink():
+            raise CheckpointError(f"{self.root} is a symbolic link; refused (checkpoints are a plain folder "
+                                  "inside the run)")
+
     def committed(self) -> list[CommittedCheckpoint]:
+        self._refuse_linked_root()
         found: dict[int, CommittedCheckpoint] = {}
         for step, folder in self._step_folders():
             marker = self._read_marker(folder)
@@ -347,8 +376,9 @@ class Checkpointer:
         """Folders left by interrupted saves: temp folders and step folders without a marker. Never loaded."""
         if not self.root.is_dir():
             return []
-        leftovers = [p for p in self.root.iterdir() if p.name.startswith(TEMP_PREFIX)]
-        leftovers += [folder for _, folder in self._step_folders() if not (folder / MARKER_NAME).is_file()]
+        leftovers = [p for p in self.root.iterdir() if p.name.startswith(TEMP_PREFIX) and not p.is_symlink()]
+        leftovers += [folder for _, folder in self._step_folders()
+                      if not folder.is_symlink() and not (folder / MARKER_NAME).is_file()]
         return sorted(leftovers)
 
     def verify(self, step: int) -> CommittedCheckpoint:
@@ -365,6 +395,8 @@ class Checkpointer:
         files = checkpoint.marker["files"]
         for file_name, entry in files.items():
             path = checkpoint.path / file_name
+            if path.is_symlink():
+                raise CheckpointError(f"checkpoint file {path} is a symbolic link; refused{hint}")
             if not path.is_file():
                 raise CheckpointError(f"checkpoint file {path} is missing{hint}")
             size = path.stat().st_size
@@ -415,6 +447,7 @@ class Checkpointer:
             meta_json = json.loads(json.dumps(meta, allow_nan=True))
         except (TypeError, ValueError) as exc:
             raise TypeError(f"checkpoint meta must be JSON-serialisable: {exc}") from None
+        self._refuse_linked_root()
         self.root.mkdir(parents=True, exist_ok=True)
         self._recover_interrupted_replacements()
         self._remove_uncommitted()
@@ -467,6 +500,8 @@ class Checkpointer:
             return
         for old in sorted(self.root.glob(f"{REPLACED_PREFIX}step-*")):
             final = self.root / old.name[len(REPLACED_PREFIX):]
+            if old.is_symlink() or final.is_symlink():
+                continue  # never rename or delete through a link; loading refuses it by name
             if (final / MARKER_NAME).is_file():
                 shutil.rmtree(old, ignore_errors=True)  # the replacement was committed; the old copy is stale
             elif (old / MARKER_NAME).is_file():
@@ -485,6 +520,10 @@ class Checkpointer:
         current = [c for c in committed if c.step <= newest_step]
         doomed = later + current[: max(0, len(current) - self.keep)]
         for checkpoint in doomed:
+            if checkpoint.path.is_symlink():
+                # Deleting through a link would delete another run's checkpoint; leave it, loading refuses it.
+                self.notes.append(f"left {checkpoint.path.name} in place: a symbolic link is never pruned")
+                continue
             # Remove the marker first: a crash halfway through the rmtree leaves an uncommitted folder,
             # never a committed one with files missing.
             (checkpoint.path / MARKER_NAME).unlink(missing_ok=True)

@@ -34,6 +34,7 @@ from torch import nn
 from pilotrun.errors import CheckpointError
 from pilotrun.train import checkpoint as checkpoint_policy
 from pilotrun.train.checkpoint import Checkpointer, TorchSaveStorage, fsync_directory, sha256_of_file
+from pilotrun.train.dcp_safe_read import read_dcp_metadata, safe_dcp_load
 from pilotrun.train.distributed import (
     SINGLE_PROCESS,
     DistributedContext,
@@ -141,11 +142,9 @@ class DCPStorage:
         no_dist = not self.context.is_distributed
         try:
             if template is None:
-                from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-
                 with warnings.catch_warnings():  # "assuming ... a single process": intended
                     warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-                    loaded = _load_state_dict_from_keys(checkpoint_id=str(folder))
+                    loaded = safe_dcp_load(folder, None, no_dist)
                 flat = {k: v for k, v in loaded.items() if PER_RANK_SEPARATOR not in k}
                 for key in self.per_rank_keys:
                     if _per_rank_key(key, source_rank) in loaded:
@@ -158,7 +157,7 @@ class DCPStorage:
             with warnings.catch_warnings():
                 # One process reading a checkpoint written by several is intended (a world-size change).
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-                dcp.load(flat, storage_reader=dcp.FileSystemReader(folder), no_dist=no_dist)
+                safe_dcp_load(folder, flat, no_dist)
         except CheckpointError:
             raise
         except Exception as exc:  # DCP wraps rank failures; name the folder and the first line of the cause
@@ -172,8 +171,7 @@ class DCPStorage:
         return state
 
     def _saved_ranks(self, folder: Path) -> set[int]:
-        reader = dcp.FileSystemReader(folder)
-        metadata = reader.read_metadata()
+        metadata = read_dcp_metadata(folder)
         ranks = set()
         for fqn in metadata.state_dict_metadata:
             top = fqn.split(".", 1)[0]
@@ -299,12 +297,23 @@ def load_training_state(checkpointer: DistributedCheckpointer, step: int, model:
         model_template, optimizer_template = model_and_optimizer_state(model, optimizer)
         template = {"model": model_template, "optimizer": optimizer_template, **other_templates}
         state, meta = checkpointer.load(step, template)
+        _check_parts(state, ["model", "optimizer", *other_templates], step)
         load_model_and_optimizer_state(model, optimizer, state["model"], state["optimizer"])
         return state, meta
     if is_fully_sharded(model):
         raise CheckpointError(f"checkpoint step {step} was written by one process (torch.save); it cannot be "
                               "loaded into an FSDP2-sharded model: resume it with train.parallelism=ddp")
     state, meta = checkpointer.load(step)
+    _check_parts(state, ["model", "optimizer", *other_templates], step)
     raw_model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     return state, meta
+
+
+def _check_parts(state: dict[str, Any], parts: list[str], step: int) -> None:
+    """A marker that lists fewer files than a save writes still verifies (every listed hash matches): name the
+    part it lacks instead of failing on a missing key."""
+    missing = [part for part in parts if part not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint step {step} lacks {', '.join(missing)} (its marker does not list "
+                              "the file): the checkpoint is damaged")

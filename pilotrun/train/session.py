@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from pilotrun.config import RunConfig, config_from_dict, config_to_dict, validate_run_config
-from pilotrun.data.reader import BatchLoader, TokenDataset, open_dataset
+from pilotrun.data.reader import BatchLoader, TokenDataset, check_data_fits_recipe, open_dataset
 from pilotrun.errors import CheckpointError, ConfigError
 from pilotrun.model.accounting import count_parameters, flops_per_token
 from pilotrun.model.transformer import build_model
@@ -220,6 +220,9 @@ def build_session(config: RunConfig, data_dir: str | Path, run_dir: str | Path, 
         torch.manual_seed(plan.config.train.seed)
         model = build_model(plan.config.model)
     config = plan.config
+    check_data_fits_recipe(dataset, batch_size=config.train.batch_size, seq_len=config.train.seq_len,
+                           world_size=world_size, evaluates=config.train.eval_every > 0,
+                           vocab_size=config.model.vocab_size)  # before the run folder is written
 
     # 4. Model, wrapper, optimizer, scaler, loader. Wrap before building the optimizer: FSDP2's fully_shard
     # replaces every parameter with a sharded DTensor parameter, and an optimizer built earlier would hold

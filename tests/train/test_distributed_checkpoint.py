@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import pickle
 import shutil
 import signal
 import time
@@ -72,8 +75,37 @@ def _save_load_worker(rank: int, root: str) -> None:
         except CheckpointError as exc:
             message = str(exc)
         (Path(root) / f"damaged_error{rank}.txt").write_text(message)
+
+        # A crafted .metadata (its hash right in the marker) whose unpickling would create a file.
+        crafted = Path(root) / "crafted"
+        if rank == 0:
+            shutil.copytree(run_dir, crafted)
+            _plant_metadata_payload(crafted / "checkpoints" / "step-00000003", Path(root) / "payload-ran")
+        D.barrier(context)
+        try:
+            DistributedCheckpointer(crafted, keep=2, context=context).load(step=3, template=_template())
+            message = ""
+        except CheckpointError as exc:
+            message = str(exc)
+        (Path(root) / f"crafted_error{rank}.txt").write_text(message)
     finally:
         D.shutdown_distributed(context)
+
+
+class _TouchOnLoad:
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.target),))
+
+
+def _plant_metadata_payload(step_dir: Path, target: Path) -> None:
+    payload = pickle.dumps(_TouchOnLoad(target))
+    (step_dir / ".metadata").write_bytes(payload)
+    marker = json.loads((step_dir / MARKER_NAME).read_text())
+    marker["files"][".metadata"] = {"sha256": hashlib.sha256(payload).hexdigest(), "bytes": len(payload)}
+    (step_dir / MARKER_NAME).write_text(json.dumps(marker))
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +166,13 @@ def test_a_damaged_shard_is_refused_on_every_rank(two_rank_root: Path) -> None:
     for rank in (0, 1):
         message = (two_rank_root / f"damaged_error{rank}.txt").read_text()
         assert "__1_0.distcp" in message and "sha256" in message and "--from-step 2" in message
+
+
+def test_a_crafted_metadata_pickle_is_refused_on_every_rank_without_running(two_rank_root: Path) -> None:
+    assert not (two_rank_root / "payload-ran").exists()
+    for rank in (0, 1):
+        message = (two_rank_root / f"crafted_error{rank}.txt").read_text()
+        assert ".metadata" in message and "refused" in message, message
 
 
 def _slow_second_save_worker(rank: int, run_dir: str) -> None:
