@@ -15,67 +15,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pilotrun.files import sha256_of_file
 from pilotrun.report.thresholds import FAIL, PASS, WARN, RuleResult, Thresholds
+from pilotrun.train.marker import checkpoint_problems, committed_checkpoint_steps
 
 if TYPE_CHECKING:
     from pilotrun.report.summarize import Summary
-
-# The checkpointer's names (pilotrun.train.checkpoint.MARKER_NAME and step_folder_name), kept here so that
-# the report stays free of torch.
-MARKER_NAME = "COMMITTED.json"
-
-
-def step_folder(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"step-{step:08d}"
-
-
-def committed_checkpoint_steps(run_dir: str | Path) -> list[int]:
-    """Steps of the folders that carry a marker (committed), ascending; nothing is rehashed."""
-    root = Path(run_dir) / "checkpoints"
-    steps = []
-    for folder in root.glob("step-*") if root.is_dir() else []:
-        suffix = folder.name[len("step-"):]
-        if suffix.isdigit() and (folder / MARKER_NAME).is_file():
-            steps.append(int(suffix))
-    return sorted(steps)
-
-
-def checkpoint_problems(run_dir: str | Path, step: int) -> tuple[list[str], int, int]:
-    """Rehash the checkpoint at `step` against its marker: (problems, files checked, bytes checked).
-
-    A missing folder, a missing or unreadable marker, a marker for another step, and every missing file or
-    file whose size or sha256 differs from the marker is one problem naming the file."""
-    folder = step_folder(run_dir, step)
-    marker_path = folder / MARKER_NAME
-    if not folder.is_dir():
-        return [f"{folder}: no checkpoint folder"], 0, 0
-    if not marker_path.is_file():
-        return [f"{marker_path}: no marker (the checkpoint was never committed)"], 0, 0
-    try:
-        marker = json.loads(marker_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        return [f"{marker_path}: unreadable ({exc})"], 0, 0
-    files = marker.get("files") if isinstance(marker, dict) else None
-    if not isinstance(files, dict) or marker.get("step") != step:
-        return [f"{marker_path}: lacks 'files' or records another step ({marker.get('step')!r})"], 0, 0
-    problems, checked_bytes = [], 0
-    for name, expected in sorted(files.items()):
-        path = folder / name
-        if not path.is_file():
-            problems.append(f"{path}: missing")
-            continue
-        size = path.stat().st_size
-        checked_bytes += size
-        if isinstance(expected, dict) and expected.get("bytes") not in (None, size):
-            problems.append(f"{path}: {size} bytes, the marker records {expected.get('bytes')}")
-        elif not isinstance(expected, dict) or sha256_of_file(path) != expected.get("sha256"):
-            problems.append(f"{path}: sha256 differs from the marker's")
-    return problems, len(files), checked_bytes
-
 
 @dataclass
 class RecipeChange:

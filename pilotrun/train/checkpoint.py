@@ -40,11 +40,11 @@ from pilotrun.errors import CheckpointError
 from pilotrun.files import fsync_directory, sha256_of_file
 from pilotrun.record import CHECKPOINTS_DIR
 from pilotrun.train.compat import ResumeCompatibility, check_resume_compatibility
+from pilotrun.train.marker import MARKER_NAME, marker_files_problem, step_folder_name
 
 __all__ = ["Checkpointer", "CheckpointStorage", "TorchSaveStorage", "ResumeCompatibility",
            "check_resume_compatibility", "step_folder_name", "MARKER_NAME"]
 
-MARKER_NAME = "COMMITTED.json"
 DAMAGED_KEY = "__damaged__"  # set (in memory only) on a marker that could not be read
 FORMAT_VERSION = 1
 STEP_FOLDER_PATTERN = re.compile(r"^step-(\d{8,})$")
@@ -54,10 +54,6 @@ REPLACED_PREFIX = ".replaced-"
 # a test can SIGKILL a process inside a checkpoint write deterministically. Unset in normal use.
 WRITE_DELAY_ENV = "PILOTRUN_TEST_CHECKPOINT_WRITE_DELAY_S"
 COMMIT_DELAY_ENV = "PILOTRUN_TEST_CHECKPOINT_COMMIT_DELAY_S"
-
-
-def step_folder_name(step: int) -> str:
-    return f"step-{step:08d}"
 
 
 def _test_delay(variable: str = WRITE_DELAY_ENV) -> None:
@@ -272,20 +268,6 @@ def _payload_bytes(value: Any) -> int:
     tensors: list[torch.Tensor] = []
     _split_tensors(value, tensors)
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def marker_files_problem(files: dict[str, Any]) -> str | None:
-    """Why a marker's `files` table cannot be trusted, or None. Names must be plain file names inside the step
-    folder (a name with a separator or `..` would make verify open and hash a file outside the run), and each
-    entry needs its sha256 and byte count."""
-    for name, entry in files.items():
-        if (not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name
-                or name == MARKER_NAME):
-            return f"lists {name!r}, which is not a plain file name inside the step folder"
-        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
-                and type(entry.get("bytes")) is int and entry["bytes"] >= 0):
-            return f"entry {name!r} lacks a sha256 string and a byte count"
-    return None
 
 
 @dataclass
