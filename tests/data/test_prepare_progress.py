@@ -57,3 +57,17 @@ def test_small_val_warning_against_the_stability_recipe():
     assert small_val_warnings(needed) == []
     assert len(small_val_warnings(needed - 1)) == 1
     assert len(small_val_warnings(0)) == 1
+
+
+def test_prepare_warns_when_its_val_split_is_smaller_than_one_evaluation(tmp_path, capsys):
+    from pilotrun.cli import main
+
+    for i in range(40):  # 40 one-line documents: a tenth of them is far less than one stability evaluation
+        (tmp_path / f"d{i:02d}.txt").write_text(f"Document {i} talks about the weather and the hills near town {i}.")
+    out = tmp_path / "data"
+    assert main(["prepare", "--out", str(out), "--source", str(tmp_path / "*.txt"), "--tokenizer", "bpe:300",
+                 "--val-fraction", "0.1"]) == 0
+    val_tokens = json.loads((out / "metadata.json").read_text())["splits"]["val"]["tokens"]
+    assert 0 < val_tokens < tokens_per_evaluation(batch_size=8, seq_len=64, eval_batches=3)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [f"pilotrun prepare: warning: {small_val_warnings(val_tokens)[0]}"]
