@@ -41,13 +41,18 @@ class Mutation:
 
 
 def copy_tracked_files(destination: Path) -> None:
-    """The checkout's tracked files (and untracked, not ignored ones): what CI would test."""
+    """The checkout's tracked files (and untracked, not ignored ones): what CI would test. A tracked symbolic
+    link (configs/ -> pilotrun/configs) is copied as the link itself, so it resolves inside the copy; skipping
+    it would leave the tests without the recipes they load through it."""
     listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
                             capture_output=True, check=True).stdout.decode().split("\0")
     for relative in filter(None, listed):
         source = ROOT / relative
-        if source.is_file():
-            target = destination / relative
+        target = destination / relative
+        if source.is_symlink():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.readlink(source), target)
+        elif source.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
 

@@ -3,7 +3,7 @@ planted bug names a real file and tests that exist (so `make mutation` cannot re
 
 from pathlib import Path
 
-from benchmarks.mutation_check import Mutation, apply_mutation
+from benchmarks.mutation_check import Mutation, apply_mutation, copy_tracked_files
 from benchmarks.mutations import MUTATIONS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,3 +31,12 @@ def test_every_planted_bug_applies_to_this_checkout_and_names_existing_tests(tmp
         assert mutation.old != mutation.new
         for test in mutation.tests:
             assert (ROOT / test.split("::")[0]).is_file(), test
+
+
+def test_the_scratch_copy_keeps_tracked_links_so_the_tests_find_their_recipes(tmp_path):
+    # The trainer tests load configs/smoke.yaml; configs/ is a tracked link to pilotrun/configs. A copy without
+    # it fails every baseline, and `make mutation` then kills nothing.
+    copy_tracked_files(tmp_path)
+    assert (tmp_path / "configs").is_symlink()
+    assert (tmp_path / "configs" / "smoke.yaml").resolve().is_relative_to(tmp_path.resolve())
+    assert (tmp_path / "configs" / "smoke.yaml").read_bytes() == (ROOT / "configs" / "smoke.yaml").read_bytes()
