@@ -28,6 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pilotrun.record import read_metrics_strict
+
 ROOT = Path(__file__).resolve().parent.parent
 REPEATS = 3
 STEPS = 20
@@ -47,8 +49,8 @@ def _train(data: Path, run_dir: Path, world_size: int, batch_size: int, sets: tu
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"benchmark run failed ({world_size} rank(s)): {done.stderr[-2000:]}")
-    windows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    windows = [e["window"] for e in windows if e["event"] == "train"][1:]  # the first window holds the warm-up
+    events = read_metrics_strict(run_dir)  # a damaged record must not become a benchmark figure
+    windows = [e["window"] for e in events if e["event"] == "train"][1:]  # the first window holds the warm-up
     tokens = sum(w["tokens"] for w in windows)
     seconds = sum(w["train_seconds"] for w in windows)
     return {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds}

@@ -29,6 +29,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pilotrun.config import flatten
 from pilotrun.errors import PilotrunError
 from pilotrun.files import write_text_atomic
 
@@ -43,17 +44,6 @@ class FreezeError(PilotrunError):
 def canonical_sha256(obj: Any) -> str:
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}.{key}" if prefix else key
-        if isinstance(value, dict):
-            out.update(_flatten(value, name))
-        else:
-            out[name] = value
-    return out
 
 
 def build_lock(verdict: Any, despite_no_go: bool) -> dict[str, Any]:
@@ -135,7 +125,7 @@ def lock_differences(lock_recipe: dict[str, Any], lock_data_sha256: str, recipe:
                      data_sha256: str) -> list[dict[str, Any]]:
     """Every config key (dotted) and the data identity where the run differs from the lock, sorted by key;
     each as {"key", "lock", "run"} (a key absent on one side shows as None)."""
-    frozen, now = _flatten(lock_recipe), _flatten(recipe)
+    frozen, now = flatten(lock_recipe), flatten(recipe)
     differences = [{"key": key, "lock": frozen.get(key), "run": now.get(key)}
                    for key in sorted(set(frozen) | set(now)) if frozen.get(key) != now.get(key)]
     if lock_data_sha256 != data_sha256:
