@@ -1,6 +1,6 @@
 """Checkpoint write throughput against a raw write of the same bytes, and the time to resume.
 
-The state is what the trainer saves for the GPU pilot model (spec/model.md 1.9, `gpu-100m` at vocab 32,768):
+The state is what the trainer saves for the GPU pilot model (the `gpu-100m` preset at vocab 32,768):
 model, the combined Muon+AdamW optimizer after one real step (so its momentum and Adam moments exist), a
 GradScaler, trainer counters and every RNG. Side by side, alternating, in one run:
 

@@ -2,8 +2,8 @@
 
 1. One MoE FFN layer (grouped, sorted, loop and dense_ref dispatch; with and without the compiled CPU kernels)
    forward + backward against a dense SwiGLU whose hidden width equals the MoE's active expert width
-   ((K + shared) * F), on the same tokens, interleaved repetitions in one process, median CPU times. Target
-   (issue 3): the default layer (grouped dispatch, CPU kernels on) <= 1.5x the dense FFN on the CPU.
+   ((K + shared) * F), on the same tokens, interleaved repetitions in one process, median CPU times. Target:
+   the default layer (grouped dispatch, CPU kernels on) <= 1.5x the dense FFN on the CPU.
 2. A model step (forward + backward, no optimizer) of the `tiny` and `cpu` presets: tokens/s and peak memory.
    Each size runs in its own subprocess so that its peak resident set belongs to it alone
    (`environment.peak_resident_mb`: VmHWM, not ru_maxrss, which carries the parent's peak across exec).
@@ -396,7 +396,7 @@ def run() -> str:
               "than the dense FFN: fixed per-operator costs (router matmul, routing, gather, the experts' "
               "segment matmuls, combine, and their backward, at ~5-20 us per operator on this CPU) that do not "
               "shrink with the token count. Tried in this project and not kept, "
-              "each measured against `sorted` (issue 3 closing notes): one Python autograd function with "
+              "each measured against `sorted`: one Python autograd function with "
               "preallocated segment buffers and a hand-written backward (no faster, and slower at 2048 tokens: its "
               "large fresh buffers page-fault), W1|W3 fused into one matmul per expert (slower: strided halves), a "
               "padded "

@@ -8,7 +8,7 @@ timed separately (best of 3): summarize (read + validate + reconcile), verdict (
 summary.json + report.html).
 
 Target: the whole evidence stage of the CPU pilot's record takes <= 30 s, 5% of the 10-minute budget of
-`make pilot` on 2 cores (a target this project set; the issue's budget is the whole pilot's).
+`make pilot` on 2 cores (a target this project set; the 10 minutes are the whole pilot's).
 `python -m benchmarks.run_all bench_report`
 """
 

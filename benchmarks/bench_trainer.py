@@ -2,9 +2,9 @@
 
 Both sides train the same model (the CPU stability recipe's shapes, same seed, so the same initial weights)
 with the same combined Muon+AdamW optimizer on the same batches (the same BatchLoader over the built-in
-corpus), and both do everything spec 2.5 requires of an update: LR from the schedule, forward, backward,
-apply_update (clip + step), QK-Clip and the expert-bias update, statistics reset. The bare loop does nothing
-else; the trainer adds its counters, window accumulators, signal check and the time accounting, and its
+corpus), and both do everything an update needs (docs/MODEL.md, "One optimizer step"): LR from the schedule,
+forward, backward, apply_update (clip + step), QK-Clip and the expert-bias update, statistics reset. The
+bare loop does nothing else; the trainer adds its counters, window accumulators, signal check and the time accounting, and its
 logging, which the time split charges to "other". The figure compared is the trainer's own training-only
 seconds (its `train` windows, which sum to session_end's time_split) against the bare loop's seconds for the
 same updates, both on the same clock (below).

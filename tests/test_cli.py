@@ -1,4 +1,4 @@
-"""The command line: every DESIGN.md command is listed, and bad input is one line with exit 2."""
+"""The command line: every documented command is listed, and bad input is one line with exit 2."""
 
 import json
 import shutil

@@ -42,7 +42,7 @@ def test_cpu_and_gpu_recipe_sets_match():
 def test_gpu_recipes_are_gpu_100m(name):
     config = load_run_config(CONFIGS / "gpu" / f"{name}.yaml", ["model.vocab_size=32768"])
     total, active = count_parameters(config.model)
-    # spec/model.md 1.9: 104.7M total / 55.1M active with a 32,768 vocabulary
+    # the gpu-100m preset: 104.7M total / 55.1M active with a 32,768 vocabulary
     assert total == pytest.approx(104.7e6, rel=0.005) and active == pytest.approx(55.1e6, rel=0.005)
     assert config.train.precision == "bf16"
 

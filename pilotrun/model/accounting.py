@@ -1,6 +1,6 @@
 """Parameter counts and a FLOPs-per-token estimate, from the config alone (no model needed).
 
-Counts follow the parameter table of spec/model.md section 1.2; "active" parameters are those one token uses:
+Counts follow the parameter names and shapes of transformer.py; "active" parameters are those one token uses:
 everything except the routed experts it did not choose (K of E routed experts, all shared experts, the router).
 The tests check both against the built model's tensors, and the FLOPs against torch's FlopCounterMode.
 

@@ -1,8 +1,8 @@
-"""Load balancing for the routed experts (spec/model.md section 1.6) and the default routed scale (1.5, D2).
+"""Load balancing for the routed experts (docs/MODEL.md, "The model") and the default routed scale.
 
 - Auxiliary-loss-free balancing: a per-expert bias b (fp32 buffer) is added to the router scores for the
   *selection* only; after each applied optimizer update the trainer calls `update_expert_bias`, which moves
-  every b_i by gamma * sign(mean(c) - c_i) and re-centres the step (decision D4), c = the step's counts.
+  every b_i by gamma * sign(mean(c) - c_i) and re-centres the step (keeping |b| bounded), c = the step's counts.
 - Sequence-wise (and batch-wise) auxiliary loss: alpha * mean_b sum_i f_{b,i} P_{b,i} (V3 eq. 17-20).
 - Router z-loss: beta * mean_t logsumexp(z_t)^2 (ST-MoE), optional.
 """
@@ -26,7 +26,7 @@ def default_route_scale(n_experts: int, top_k: int, samples: int = 1 << 17) -> f
 
     It makes the routed output's RMS comparable to one dense FFN's. Monte Carlo with its own fixed generator
     (independent of the global seed, so building a model never depends on how many draws came before);
-    the spec's values are E=4,K=2: 1.398, E=8,K=2: 1.409, E=64,K=6: 2.446 (Moonlight's figure).
+    its values are E=4,K=2: 1.398, E=8,K=2: 1.409, E=64,K=6: 2.446 (Moonlight's figure).
     """
     generator = torch.Generator().manual_seed(12345)
     total = 0.0
@@ -45,7 +45,8 @@ def balance_loss_terms(scores: torch.Tensor, indices: torch.Tensor, n_experts: i
     """sum_i f_i P_i for each group of tokens, without alpha.
 
     scores: [S, T, E] fp32 router scores s (sigmoid or softmax) of S groups (sequences, or one group = the
-    whole batch) of T tokens; indices: [S, T, K] the actual (biased) selection (decision D6).
+    whole batch) of T tokens; indices: [S, T, K] the actual (biased) selection: the load the
+    bias acts on, not the unbiased top-k.
     f_i = E / (K T) * #tokens choosing i (no gradient); P_i = mean_t s'_{t,i}, s' = s normalized over experts
     for a sigmoid router (Megatron-LM #1438), the softmax probabilities themselves for a softmax router.
     Returns [S]; equals 1 for perfectly balanced counts and E/K for total collapse onto K experts.
@@ -73,7 +74,7 @@ def bias_update_delta(tokens_per_expert: torch.Tensor, speed: float) -> torch.Te
     """Centered sign rule: delta_i = gamma * sign(mean(c) - c_i), minus its mean (so sum(delta) = 0).
 
     Overloaded experts (c_i above the mean) get their bias lowered. Centering adds the same constant to all
-    biases, so it never changes a top-k or group choice, but keeps |b| bounded (decision D4).
+    biases, so it never changes a top-k or group choice, but keeps |b| bounded.
     """
     counts = tokens_per_expert.float()
     delta = speed * torch.sign(counts.mean(dim=-1, keepdim=True) - counts)

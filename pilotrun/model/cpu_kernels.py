@@ -7,7 +7,7 @@ moe_kernels.cpp holds both:
   combine) as one operator each way (FusedExperts).
 
 On a CPU every small PyTorch operator costs ~5-20 us whatever its size, so at pilot microbatches the reference
-path's ~100 operators per MoE layer cost as much as the expert matmuls (BENCHMARKS.md, issue 3). The kernels are
+path's ~100 operators per MoE layer cost as much as the expert matmuls (BENCHMARKS.md, bench_model). The kernels are
 compiled on first use with torch's C++ extension builder (g++ and ninja; ~17 s on the 2-core machine; the Makefile's
 set-up builds them once ahead). The build is named by a hash of the kernel source, the compiler flags, the torch
 version and the interpreter (kernel_build_name) and kept inside the virtual environment (kernel_build_directory),

@@ -1,6 +1,6 @@
 """Per-step model statistics for the trainer: expert loads, router health, aux-free bias, max attention logits.
 
-spec/model.md section 5. The forward passes accumulate (training mode only) into buffers of each MoE and MLA
+The forward passes accumulate (training mode only) into buffers of each MoE and MLA
 module; `collect_step_statistics` packs them into two tensors that the trainer all-reduces (SUM for the counts,
 MAX for the logits) before the QK-Clip and the bias update, and `reset_step_statistics` clears them after each
 optimizer step. `moe_diagnostics` turns the (global) counts into the JSON-ready dict that metrics.jsonl records.
@@ -44,7 +44,7 @@ def reset_step_statistics(model: torch.nn.Module) -> None:
 
 
 def block_output_rms(model: torch.nn.Module) -> list[float | None]:
-    """Spec 5 `act/l{l}/out_rms`: the RMS of each block's output (the residual stream after it) over this rank's
+    """The RMS of each block's output (the residual stream after it) over this rank's
     training forwards since the last reset; None for a block that has not run. Growth across a run is the
     output-RMS drift Moonlight (section 2.2) watches for."""
     figures = []
@@ -115,7 +115,7 @@ def moe_diagnostics(model: torch.nn.Module, tokens_per_expert: torch.Tensor) -> 
                                         if tokens > 0 and uniform_entropy else None)
         router["balance_term"].append(sums["balance_term"] / batches if batches > 0 else None)
         router["score_spread"].append(spread)
-        # The bias moves by +-gamma a step; gamma much above ~0.1 x the score spread oscillates (spec 1.6.1).
+        # The bias moves by +-gamma a step; gamma much above ~0.1 x the score spread oscillates.
         speed = model.cfg.bias_update_speed if uses_expert_bias(moe.balance) else 0.0
         router["speed_to_spread"].append(speed / spread if spread else None)
         router["topk_mass"].append(sums["topk_mass"] / tokens if tokens > 0 else None)

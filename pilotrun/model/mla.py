@@ -1,8 +1,8 @@
 """Multi-head Latent Attention with decoupled RoPE, and the per-head max-logit tracker for QK-Clip.
 
-spec/model.md section 1.3 (training path: keys and values are materialized from the latent) and section 3.2
-(what QK-Clip needs measured). Weight layout is head-major so that QK-Clip can address one head's rows with
-`weight.view(H, rows_per_head, in)`:
+Training path: keys and values are materialized from the latent. QK-Clip (docs/MODEL.md) needs each head's
+largest pre-softmax logit measured here, and its rows addressable: the weight layout is head-major so that
+QK-Clip can address one head's rows with `weight.view(H, rows_per_head, in)`:
   wq / wq_b rows per head: [0, d_n) content query W^UQ_h, [d_n, d_n + d_r) rotary query W^QR_h
   wkv_a rows:              [0, r_kv) latent W^DKV, [r_kv, r_kv + d_r) the one shared rotary key W^KR
   wkv_b rows per head:     [0, d_n) content key W^UK_h, [d_n, d_n + d_v) value W^UV_h
@@ -32,7 +32,7 @@ MAX_LOGIT_QUERY_CHUNK = 256  # query rows per chunk of the sdpa max-logit pass: 
 
 
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x^2) + eps) * weight, statistics in fp32 (spec 1.1), output in x's dtype."""
+    """y = x / sqrt(mean(x^2) + eps) * weight, statistics in fp32, output in x's dtype."""
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -117,7 +117,7 @@ class MLA(nn.Module):
         logits = torch.matmul(q, k.transpose(-1, -2)).float() * self.softmax_scale  # [B, H, T, T] fp32
         causal = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
         logits = logits.masked_fill(causal, float("-inf"))
-        if self.training and not recomputing():  # not again in an activation recompute (spec 3.2)
+        if self.training and not recomputing():  # not again in an activation recompute (recompute.py)
             with torch.no_grad():  # masked entries are -inf and never win the max
                 self.record_max_logit(logits.detach().amax(dim=(0, 2, 3)))
         probabilities = torch.softmax(logits, dim=-1).to(v.dtype)

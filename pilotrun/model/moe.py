@@ -1,6 +1,6 @@
 """DeepSeekMoE feed-forward: shared experts + routed experts behind a sigmoid (or softmax) router.
 
-spec/model.md sections 1.4-1.7. The router runs in fp32 with autocast off; the aux-free bias chooses experts
+The router runs in fp32 with autocast off; the aux-free bias chooses experts
 but never weights them; routed experts are stored stacked [E, out, in] so that Muon can orthogonalize each
 slice in one batch and unrouted experts still get a (zero) gradient instead of None.
 
@@ -122,7 +122,7 @@ class SwiGLU(nn.Module):
 
 
 class Router(nn.Module):
-    """Token-choice top-k router with the aux-free bias (V3 eq. 12-16; spec 1.5 steps 1-9)."""
+    """Token-choice top-k router with the aux-free bias (V3 eq. 12-16)."""
 
     def __init__(self, d_model: int, n_experts: int, top_k: int, score_func: str, route_norm: bool,
                  route_scale: float, n_groups: int, n_limited_groups: int, use_bias: bool):
@@ -136,7 +136,8 @@ class Router(nn.Module):
         self.n_limited_groups = n_limited_groups
         self.use_bias = use_bias
         self.weight = nn.Parameter(torch.empty(n_experts, d_model))
-        # A buffer, never a Parameter: it must not be trained, decayed or clipped (spec pitfall 9). Persistent,
+        # A buffer, never a Parameter: it must not be trained, decayed or clipped (the optimizer only sees
+        # parameters). Persistent,
         # so checkpoints carry it; fp32 whatever the model dtype. Always present (zeros when unused) so the
         # state dict has one shape for every balance mode.
         self.register_buffer("expert_bias", torch.zeros(n_experts, dtype=torch.float32))
@@ -147,7 +148,8 @@ class Router(nn.Module):
         return (*self.select(logits), logits)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """x [N, d] -> router logits [N, E] in fp32 (fp64 in oracle tests), autocast off (spec 4.1)."""
+        """x [N, d] -> router logits [N, E] in fp32 (fp64 in oracle tests), autocast off: bf16 rounding
+        would flip near-tied top-k choices."""
         compute_dtype = torch.promote_types(x.dtype, torch.float32)
         with torch.autocast(device_type=x.device.type, enabled=False):
             return F.linear(x.to(compute_dtype), self.weight.to(compute_dtype))
@@ -156,7 +158,7 @@ class Router(nn.Module):
                                                                                    torch.Tensor]:
         """The reference routing: logits -> (indices, gate weights, scores), with PyTorch operators.
 
-        force_balanced (spec 5's debug switch `force_balanced_routing`): token t takes experts (t*K + k) mod E
+        force_balanced (the debug switch `model.force_balanced_routing`): token t takes experts (t*K + k) mod E
         instead of its top-k, so every expert gets the same load, and the gate weights are gathered from the
         scores as usual: the best case for dispatch throughput, and a way to tell routing bugs from others."""
         with torch.autocast(device_type=logits.device.type, enabled=False):
@@ -265,7 +267,7 @@ class GroupedExperts(nn.Module):
                            fused: bool = False) -> torch.Tensor:
         """Scale each sorted expert output by its gate weight and add it into its token's row.
 
-        In fp32 (or wider), whatever the autocast dtype of the expert matmuls (spec 4.1). `fused`: one kernel
+        In fp32 (or wider), whatever the autocast dtype of the expert matmuls. `fused`: one kernel
         pass each way (cpu_kernels.FusedCombine; same forward bit for bit). Otherwise index_select rather
         than indexing (its backward is an index_add, not an accumulating index_put), and index_add_ in place
         on the fresh zeros (the out-of-place form copies them once more)."""
@@ -306,7 +308,7 @@ class MoE(nn.Module):
                  seq_aux_alpha: float = 1e-4, z_loss_beta: float = 0.0, moe_impl: str = "grouped",
                  cpu_kernels: bool = True, force_balanced_routing: bool = False):
         super().__init__()
-        if route_scale == 0.0:  # spec D2: Moonlight's formula for sigmoid routers, 1.0 for softmax
+        if route_scale == 0.0:  # 0 = default: Moonlight's formula for sigmoid routers, 1.0 for softmax
             route_scale = default_route_scale(n_routed_experts, top_k) if score_func == "sigmoid" else 1.0
         self.n_routed_experts = n_routed_experts
         self.top_k = top_k
@@ -345,7 +347,7 @@ class MoE(nn.Module):
         """Router logits, then the choice, gate weights and balance term: by the fused CPU kernel where it
         applies, else by the reference operators (Router.select, balancing.balance_loss_terms).
 
-        The balance term is computed in every mode (for the diagnostics, spec 1.6.2), over each packed row (one
+        The balance term is computed in every mode (for the diagnostics), over each packed row (one
         row = one sequence) or, for balance="batch", over the whole microbatch."""
         logits = self.gate.logits(flat)
         groups = 1 if self.balance == "batch" else batch

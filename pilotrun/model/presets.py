@@ -1,12 +1,12 @@
-"""Named model sizes (spec/model.md section 1.9), as ModelConfig field values.
+"""Named model sizes, as ModelConfig field values.
 
-- tiny:     the spec's tiny-unit geometry (d 64, 2 layers, E 4 / K 2) for unit tests; ~0.17M parameters at
+- tiny:     the smallest geometry (d 64, 2 layers, E 4 / K 2) for unit tests; ~0.17M parameters at
             vocab 256.
-- cpu:      for the CPU stability pilot: the spec's tiny-smoke geometry (d 128, 4 layers with 1 dense, 8
+- cpu:      for the CPU stability pilot: the smoke geometry (d 128, 4 layers with 1 dense, 8
             routed experts + 1 shared, top-2, query and KV low-rank). A few million parameters with a 4k BPE
             vocabulary; trains hundreds of updates of a few thousand tokens each in minutes on 2 cores
             (see BENCHMARKS.md, `python -m benchmarks.run_all bench_model`).
-- gpu-100m: the spec's GPU pilot size (d 512, 10 layers, 16 routed experts); 104.7M parameters (55.1M active)
+- gpu-100m: the GPU pilot size (d 512, 10 layers, 16 routed experts); 104.7M parameters (55.1M active)
             at vocab 32768, ~122.6M with GPT-2's 50257.
 
 vocab_size stays 0 in every preset: the trainer takes it from the data folder's tokenizer.

@@ -3,9 +3,10 @@
 `model.activation_checkpointing: true` keeps only each block's input for backward and runs the block's forward
 again inside backward (torch.utils.checkpoint, non-reentrant): activation memory falls from every block's
 intermediates to one block's, for about one extra forward of compute. The recomputed forward must not count
-again (spec 1.6.1 and section 6 item 10): the MoE expert counts and router sums, and the attention max-logit
-tracker, are recorded only in the original forward. `recomputing()` says which one is running; torch's
-checkpoint enters `recompute_context`'s second context around every recomputation.
+again (the bias update and the diagnostics would see doubled expert counts): the MoE expert counts and
+router sums, and the attention max-logit tracker, are recorded only in the original forward. `recomputing()`
+says which one is running; torch's checkpoint enters `recompute_context`'s second context around every
+recomputation.
 
 A process-wide depth, not a thread-local flag: on CUDA the autograd engine runs backward (and so the
 recomputation) on its own device thread. Forward and backward never overlap in the trainer.

@@ -1,4 +1,4 @@
-"""Decoupled rotary position embedding for MLA (spec/model.md section 1.3, decision D1).
+"""Decoupled rotary position embedding for MLA.
 
 Only the d_r rotary slice of each query head and the one shared rotary key are rotated; the d_n "content"
 dims never see a position. Pairs are adjacent (x[2i], x[2i+1]) -- DeepSeek's official interleaved layout,

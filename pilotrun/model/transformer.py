@@ -1,8 +1,8 @@
 """The decoder: embedding, L pre-norm blocks (MLA + dense FFN or MoE), final RMSNorm, untied head.
 
-spec/model.md section 1.1; parameter names follow section 1.2 (DeepSeek's inference/model.py names) so that the
+Parameter names follow DeepSeek's inference/model.py names so that the
 optimizer partition and QK-Clip address parameters by name. `build_model(cfg)` is deterministic given the torch
-seed at call time: parameters are created, then initialized in one fixed order (section 1.8, decision D7).
+seed at call time: parameters are created, then initialized in one fixed order.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class Transformer(nn.Module):
         for block in self.layers:
             x, layer_aux = checkpointed_call(block, x, cos, sin) if recompute else block(x, cos, sin)
             if layer_aux is not None:
-                aux_loss = aux_loss + layer_aux  # summed over MoE layers (decision D5)
+                aux_loss = aux_loss + layer_aux  # summed over MoE layers
         logits = self.head(self.norm(x))
         if targets is None:
             return ModelOutput(logits=logits, loss=None, ce_loss=None, aux_loss=aux_loss)
@@ -105,7 +105,7 @@ class Transformer(nn.Module):
 
 @torch.no_grad()
 def initialize_parameters(model: Transformer) -> None:
-    """Decision D7 ("deepseek"): every matrix, the embedding and the router ~ N(0, init_std^2); RMSNorm gains 1;
+    """"deepseek" initialization: every matrix, the embedding and the router ~ N(0, init_std^2); RMSNorm gains 1;
     the expert bias 0. Never zero the router: equal scores make top-k pick experts 0..K-1 for every token."""
     std = model.cfg.init_std
     for name, parameter in model.named_parameters():

@@ -1,7 +1,7 @@
 """One optimizer for the whole model: Muon for hidden matrices, AdamW for everything else.
 
-Spec/model.md section 2. Muon and AdamW live in ONE `torch.optim.Optimizer` (param groups flagged
-`use_muon`), for three reasons the spec gives in 2.4: one `scaler.step()` makes one global skip decision
+Muon and AdamW live in ONE `torch.optim.Optimizer` (param groups flagged `use_muon`; docs/MODEL.md,
+"The optimizer"), for three reasons: one `scaler.step()` makes one global skip decision
 for fp16 overflows (two optimizers would skip independently and desynchronise), one LR schedule sets every
 group, and one state dict is checkpointed.
 
@@ -31,7 +31,7 @@ from pilotrun.config import MUON_NS_VARIANTS, OptimConfig
 # slope at zero, so small singular values grow fast; the result has singular values in roughly [0.5, 1.3],
 # not exactly 1, which is fine for an update direction.
 NEWTON_SCHULZ_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
-# The "hybrid" variant's last iterations (DeepSeek-V4, spec 2.2.2): p(x) = 2x - 1.5x^3 + 0.5x^5 has p(1) = 1 and
+# The "hybrid" variant's last iterations (DeepSeek-V4): p(x) = 2x - 1.5x^3 + 0.5x^5 has p(1) = 1 and
 # p'(1) = 0, so two of them after the quintic steps pull the singular values onto 1 instead of leaving them in
 # about [0.5, 1.3]. Hybrid runs 8 quintic iterations then 2 of these (ns_steps does not apply).
 NEWTON_SCHULZ_PINNING_COEFFICIENTS = (2.0, -1.5, 0.5)
@@ -92,7 +92,7 @@ def newton_schulz_iterate(update: torch.Tensor, schedule: list[tuple[float, floa
 
 
 def muon_update_scale(rows: int, cols: int, scale_mode: str) -> float:
-    """The shape-based factor s that multiplies the orthogonalised update (spec 2.2.1).
+    """The shape-based factor s that multiplies the orthogonalised update.
 
     "moonlight": 0.2*sqrt(max(A, B)) makes the update RMS about 0.2, like AdamW's, so Muon can reuse
     AdamW's learning rate and weight decay (Moonlight eq. 4, Lemma 1). "keller": sqrt(max(1, A/B)), with the
@@ -106,7 +106,7 @@ def muon_update_scale(rows: int, cols: int, scale_mode: str) -> float:
 
 
 def resolve_ns_dtype(ns_dtype: str, device: torch.device) -> torch.dtype:
-    """Spec D8: Newton-Schulz in bf16 on CUDA (fast, stable per KJ-muon), fp32 on CPU (bf16 is slow there)."""
+    """"auto": Newton-Schulz in bf16 on CUDA (fast, stable per KJ-muon), fp32 on CPU (bf16 is slow there)."""
     if ns_dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if ns_dtype == "float32":
@@ -202,7 +202,8 @@ class MuonAdamW(torch.optim.Optimizer):
         buffer = state["momentum_buffer"]
         grad = grad.to(torch.float32)
         torch.add(grad, buffer, alpha=group["momentum"], out=buffer)  # M <- G + mu*M in one pass over memory
-        # Never modify p.grad in place (spec 2.2.1: unlike KJ-muon's lerp_ on the gradient).
+        # Never modify p.grad in place (unlike KJ-muon's lerp_ on the gradient): the gradient stays what
+        # backward produced for anything that reads it after the step.
         return grad.add(buffer, alpha=group["momentum"]) if group["nesterov"] else buffer
 
     @staticmethod

@@ -1,8 +1,8 @@
-"""Which parameter goes to which optimizer: an explicit partition by name and shape (spec/model.md 2.1).
+"""Which parameter goes to which optimizer: an explicit partition by name and shape (docs/MODEL.md).
 
 Muon takes the hidden matrices: attention projections, dense and shared-expert SwiGLU matrices, and the
 stacked routed experts (orthogonalised per expert slice). AdamW takes the embedding, the output head, every
-RMSNorm gain, the router (spec D3; `optim.router_optimizer="muon"` moves it) and any other vector. Buffers
+RMSNorm gain, the router (by default; `optim.router_optimizer="muon"` moves it) and any other vector. Buffers
 (the MoE balancing bias, RoPE tables, counters) are not parameters and so are in no group.
 
 Muon's justification is steepest descent under the spectral norm for matrices acting on a hidden space
@@ -70,7 +70,7 @@ def classify_parameter(name: str, param: torch.Tensor, router_optimizer: str) ->
                 raise ValueError(f"partition: parameter '{name}' of shape {tuple(param.shape)} matches the "
                                  f"'{group}' rule but is not {expected_ndim}-D")
             return group
-    if param.ndim < 2:  # spec 2.1: any bias or other vector goes to AdamW
+    if param.ndim < 2:  # a bias or other vector has no spectral norm to steer: AdamW
         return "other_vectors"
     raise ValueError(f"partition: no rule assigns parameter '{name}' of shape {tuple(param.shape)} to Muon or "
                      "AdamW; add it to pilotrun/optim/partition.py explicitly")
@@ -102,7 +102,7 @@ def partition_parameters(model: torch.nn.Module, optim_cfg: OptimConfig) -> list
         else:
             adamw = optim_cfg.adamw
             weight_decay = adamw.weight_decay
-            if group_name == "norms" and not optim_cfg.wd_norms:  # spec D10 flag
+            if group_name == "norms" and not optim_cfg.wd_norms:  # optim.wd_norms: false exempts the gains
                 weight_decay = 0.0
             group = {"lr": adamw.lr, "weight_decay": weight_decay, "betas": tuple(adamw.betas), "eps": adamw.eps}
         group.update({"params": params, "param_names": names, "name": group_name, "use_muon": use_muon,

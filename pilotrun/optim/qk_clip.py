@@ -1,4 +1,4 @@
-"""QK-Clip for Multi-head Latent Attention (the "Clip" of MuonClip; spec/model.md section 3, Kimi K2 2.1).
+"""QK-Clip for Multi-head Latent Attention (the "Clip" of MuonClip; Kimi K2 2.1; docs/MODEL.md, "QK-Clip").
 
 After an APPLIED update only, every head h whose max attention logit S_h (the softmax input, scale
 included, measured over the step's training forwards) exceeds tau gets gamma_h = tau / max(S_h, tau), and its
@@ -137,8 +137,8 @@ class QKClipCounters:
         self.nonfinite_layer_skips = 0
 
     def update(self, result: QKClipResult) -> list[tuple[int, int]]:
-        """Count one QK-Clip pass; returns the (layer, head) pairs clipped for the first time (spec 3.4 asks
-        for an event line when that happens)."""
+        """Count one QK-Clip pass; returns the (layer, head) pairs clipped for the first time (each gets a
+        `qk_clip` event, so the record shows when a head first needed clipping)."""
         clipped = result.clipped.to(torch.int64)
         if clipped.shape != self.cumulative.shape:
             raise ValueError(f"QK-Clip result shape {tuple(clipped.shape)} != counters {tuple(self.cumulative.shape)}")

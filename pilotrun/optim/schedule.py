@@ -1,6 +1,6 @@
 """The learning-rate schedule: a pure function of the applied-update count and the schedule's own horizon.
 
-Spec D11 (settled by the project): the multiplier depends on `step` (updates actually applied so far) and on
+The multiplier depends on `step` (updates actually applied so far) and on
 `optim.schedule`, never on `train.max_steps` and never on attempts. A skipped fp16 update therefore does not
 move the schedule, and raising `max_steps` on resume continues exactly the curve a longer run would follow.
 
@@ -66,8 +66,8 @@ def set_learning_rates(optimizer: torch.optim.Optimizer, step: int, schedule_cfg
 
 def expert_bias_speed(step: int, speed: float, schedule_cfg: ScheduleConfig) -> float:
     """The aux-free bias update speed gamma for update number `step` (0-based, as the LR): `speed`, or 0 in the
-    final `bias_freeze_fraction` of the horizon, so that the routing settles before training ends (spec 1.6.1;
-    DeepSeek-V3 sets gamma = 0 for the last 500B of 14.8T tokens, Moonlight in its cooldown)."""
+    final `bias_freeze_fraction` of the horizon, so that the routing settles before training ends
+    (DeepSeek-V3 sets gamma = 0 for the last 500B of 14.8T tokens, Moonlight in its cooldown)."""
     frozen_steps = round(schedule_cfg.bias_freeze_fraction * schedule_cfg.horizon)
     return 0.0 if frozen_steps > 0 and step >= schedule_cfg.horizon - frozen_steps else speed
 

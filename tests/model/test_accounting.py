@@ -8,7 +8,7 @@ from pilotrun.model.accounting import count_parameters, flops_per_token
 from pilotrun.model.presets import model_preset
 from pilotrun.model.transformer import build_model
 
-SPEC_TABLE = [  # spec section 1.9: (geometry, vocab, q_lora_rank, total, active), both in millions
+PRESET_SIZES = [  # the presets' documented sizes: (geometry, vocab, q_lora_rank, total, active), both in millions
     ("tiny", 256, 0, 0.17, 0.14),
     ("cpu", 512, 64, 1.86, 0.98),  # the spec's tiny-smoke geometry
     ("gpu-100m", 32768, 0, 104.7, 55.1),
@@ -36,7 +36,7 @@ def test_counts_equal_the_built_models_tensors(preset, q_lora_rank):
     assert active == active_parameters_from_the_model(model)
 
 
-@pytest.mark.parametrize("preset,vocab,q_lora_rank,total_m,active_m", SPEC_TABLE)
+@pytest.mark.parametrize("preset,vocab,q_lora_rank,total_m,active_m", PRESET_SIZES)
 def test_counts_match_the_spec_table(preset, vocab, q_lora_rank, total_m, active_m):
     total, active = count_parameters(model_preset(preset, vocab_size=vocab, q_lora_rank=q_lora_rank))
     assert abs(total / 1e6 - total_m) <= 0.005 * total_m + 0.005  # table values are rounded to 0.01M / 0.1M

@@ -1,4 +1,4 @@
-"""Load balancing (spec section 7, items 10-11): the centered sign rule, the aux-free control loop on a toy
+"""Load balancing: the centered sign rule, the aux-free control loop on a toy
 router (including the gamma-vs-score-spread regression), and the sequence-wise auxiliary loss."""
 
 import statistics
@@ -85,7 +85,7 @@ def test_bias_control_loop_removes_a_strong_preference():
 
 def test_default_speed_converges_where_a_large_speed_oscillates_on_a_narrow_score_spread():
     # Router std 0.006 (the init) gives a score spread ~0.01 across experts: gamma = 1e-2 overshoots every
-    # step and the load oscillates (spec pitfall 21); the default gamma = 1e-3 settles.
+    # step and the load oscillates; the default gamma = 1e-3 settles.
     large, _ = control_loop(0.006, 1e-2)
     default, _ = control_loop(0.006, ModelConfig().bias_update_speed)
     assert statistics.mean(large[200:]) > 1.0

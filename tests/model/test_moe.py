@@ -1,4 +1,4 @@
-"""Router and MoE (spec section 7, items 6-9): gate weights, bias-only-selects, group-limited routing, dispatch
+"""Router and MoE: gate weights, bias-only-selects, group-limited routing, dispatch
 implementations against the dense reference and a per-token oracle."""
 
 import math

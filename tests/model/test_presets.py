@@ -1,4 +1,4 @@
-"""Named model sizes: each one is a valid recipe, builds, and matches the geometry the spec names."""
+"""Named model sizes: each one is a valid recipe, builds, and matches the geometry presets.py documents."""
 
 import dataclasses
 

@@ -1,4 +1,4 @@
-"""The decoder end to end: names and shapes (spec 1.2), causality, determinism, loss composition, precision."""
+"""The decoder end to end: names and shapes, causality, determinism, loss composition, precision."""
 
 import dataclasses
 
@@ -9,7 +9,7 @@ import torch.utils.checkpoint
 from pilotrun.config import ModelConfig
 from pilotrun.model.transformer import build_model
 
-TINY = ModelConfig(vocab_size=256)  # spec tiny-unit: d 64, 2 layers (1 dense), 4 heads, E 4 / shared 1 / K 2
+TINY = ModelConfig(vocab_size=256)  # the tiny preset: d 64, 2 layers (1 dense), 4 heads, E 4 / shared 1 / K 2
 
 
 def tiny(**changes) -> ModelConfig:
@@ -23,7 +23,7 @@ def batch(vocab: int = 256, b: int = 4, t: int = 32, seed: int = 1) -> tuple[tor
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The parameter table of spec 1.2, written out independently of the model code."""
+    """Every parameter's name and shape, written out independently of the model code."""
     d, h = cfg.d_model, cfg.n_heads
     d_qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
     shapes = {"embed.weight": (cfg.vocab_size, d), "norm.weight": (d,), "head.weight": (cfg.vocab_size, d)}

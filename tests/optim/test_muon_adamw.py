@@ -1,5 +1,5 @@
 """Muon + AdamW: Newton-Schulz quality, the exact Muon formula, AdamW == torch.optim.AdamW bit for bit,
-weight decay, missing gradients and the state-dict round trip (spec/model.md 2.2-2.4, test plan 14-16)."""
+weight decay, missing gradients and the state-dict round trip."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ NS_SHAPES = [(64, 64), (64, 256), (256, 64), (160, 512), (1408, 512)]
 
 # Smallest normalised input singular value x = sigma / ||G||_F that five quintic steps lift to >= 0.5 (found by
 # bisection on the scalar map x -> a x + b x^3 + c x^5 applied 5 times). Below it a direction is not
-# orthogonalised in 5 steps, by design (spec 2.2.2). Rectangular Gaussian matrices have no such directions; a
+# orthogonalised in 5 steps, by design (the coefficients trade exactness for speed). Rectangular Gaussian matrices have no such directions; a
 # square 64x64 one often has one or two (in about half of all seeds its smallest output singular value is
 # below 0.5), so the band is asserted for every direction that 5 steps can reach.
 NS5_REACH = 1.0671e-3
@@ -86,7 +86,8 @@ def test_newton_schulz_batched_matches_per_slice():
 
 
 def test_newton_schulz_follows_the_quintic_iteration():
-    # An independent transcription of spec 2.2.2 (no transpose needed: wide matrix).
+    # An independent transcription of the quintic iteration X <- aX + (bA + cA^2)X, A = XX^T (no transpose
+    # needed: wide matrix).
     g = torch.randn(16, 40, generator=torch.Generator().manual_seed(3))
     a, b, c = NEWTON_SCHULZ_COEFFICIENTS
     x = g / (g.norm() + 1e-7)
@@ -131,7 +132,7 @@ def test_muon_step_reproduces_the_formula(nesterov):
     # The reference groups lr*s*O differently from add_(O, alpha=-lr*s), so agreement is to fp32 rounding;
     # test_muon_first_step_exact_bits pins the exact operations.
     torch.testing.assert_close(param.detach(), expected, rtol=1e-6, atol=1e-7)
-    # The gradient is never modified in place (spec 2.2.1).
+    # The gradient is never modified in place.
     assert torch.equal(param.grad, grads[-1])
 
 
@@ -371,7 +372,7 @@ def test_measured_update_rms_is_the_rms_of_each_groups_update_over_lr():
         assert opt.last_update_rms[name] == pytest.approx(float(update.pow(2).mean().sqrt()), rel=1e-4), name
     # Measuring does not change the step: the same weights bit for bit.
     assert all(torch.equal(p, q) for p, q in zip(matrices + vectors, plain_matrices + plain_vectors))
-    assert 0.15 <= opt.last_update_rms["muon"] <= 0.21  # moonlight scale (spec 2.2.1)
+    assert 0.15 <= opt.last_update_rms["muon"] <= 0.21  # moonlight scale: 0.2 sqrt(max(A, B)) aims at RMS 0.2
 
 
 def test_balanced_owners_spread_newton_schulz_work_evenly_and_deterministically():

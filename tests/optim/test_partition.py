@@ -1,4 +1,4 @@
-"""The explicit parameter partition on the real model (spec/model.md 2.1, test plan 13)."""
+"""The explicit parameter partition on the real model."""
 
 from __future__ import annotations
 

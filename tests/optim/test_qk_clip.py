@@ -1,4 +1,4 @@
-"""QK-Clip on the real MLA model: exactness, which weights move, robustness, counters (spec 3, test plan 17-18)."""
+"""QK-Clip on the real MLA model: exactness, which weights move, robustness, counters."""
 
 from __future__ import annotations
 

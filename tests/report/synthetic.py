@@ -213,7 +213,7 @@ class SyntheticRun:
         raise KeyError((event, session, step))
 
     def clip_head(self, step: int, layer: int, head: int, logit: float, first_time: bool) -> dict[str, Any]:
-        """Insert a `qk_clip` event (spec 3.4) where the trainer writes it: after the update it follows, here the
+        """Insert a `qk_clip` event where the trainer writes it: after the update it follows, here the
         last update of the train window ending at `step`, with the synthetic recipe's tau = 100; a first-time
         clip also enters that window's qk_clip.first_clipped. Returns the event for a test to edit."""
         window_end = self.find("train", step=step)

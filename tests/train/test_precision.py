@@ -1,5 +1,5 @@
 """Precision and the honest update: autocast contexts, the fp16 loss scaler, clipping, and skipped updates
-that leave weights, optimizer state, step and LR untouched (spec/model.md 4, test plan 20-21)."""
+that leave weights, optimizer state, step and LR untouched."""
 
 from __future__ import annotations
 

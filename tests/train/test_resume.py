@@ -1,4 +1,5 @@
-"""Exact continuation in one process (issue 6, test 1), and resume refusals through the Trainer (test 4).
+"""Exact continuation in one process (case 1; cases 2 and 3 are test_resume_cli.py), and resume refusals through
+the Trainer.
 
 Run A trains N updates straight. Run B trains K updates (its end-of-run checkpoint), then a fresh Trainer
 resumes it with max_steps=N and continues. Per-step losses, final weights (expert biases included),
@@ -139,7 +140,7 @@ def test_resume_in_process_is_bit_identical(builtin_data_dir, tmp_path, precisio
     saved_a, meta_a = Checkpointer(tmp_path / "a", keep=3).load()
     saved_b, _ = Checkpointer(tmp_path / "b", keep=3).load()
     assert_exactly_equal(saved_a, saved_b, "final checkpoint")
-    # What the issue lists as checkpoint contents is there.
+    # Everything an exact resume restores is in the checkpoint.
     assert set(saved_a) == {"model", "optimizer", "scaler", "trainer", "rng"}
     assert any(name.endswith("gate.expert_bias") for name in saved_a["model"])
     assert saved_a["trainer"]["qk_clip"]["updates_with_clip"] == run_a.qk_counters.updates_with_clip

@@ -1,4 +1,5 @@
-"""Exact continuation across processes, through the command line (issue 6, tests 2 and 3).
+"""Exact continuation across processes, through the command line (cases 2 and 3; case 1 is
+test_resume.py).
 
 2. `pilotrun train` to K, then `--resume --set train.max_steps=N`, against a straight run to N: identical
    `loss` values in metrics.jsonl and identical final checkpoint tensors (RNG states included).
