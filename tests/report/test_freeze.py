@@ -107,3 +107,26 @@ def test_freeze_run_writes_a_self_identifying_lock_and_refuses_an_existing_out(t
     assert {r["name"]: r["status"] for r in written["verdict"]["rules"]}["resumed"] == "PASS"
     with pytest.raises(FreezeError, match="already exists"):
         freeze_run(tmp_path / "r", tmp_path / "lock.json")
+
+
+def test_summarize_and_verdict_text_name_the_frozen_candidate_and_whether_it_matches(tmp_path):
+    from pilotrun.report.summarize import format_summary, summarize_run
+    from pilotrun.report.verdict import format_verdict, judge
+
+    run = crashed_and_resumed(tmp_path / "r")
+    lock = _lock(recipe=run.run["recipe"], data="0" * 64)
+    lock_path = tmp_path / "lock.json"
+    lock_path.write_text(json.dumps(lock))
+    run.run["frozen"] = frozen_run_facts(lock, lock_path, run.run["recipe"], "0" * 64, [])
+    run.write()
+    head = f"frozen candidate {lock['sha256'][:16]} (pilot run-p)"
+    matching = f"{head}: still matches (allowed differences: none; lock file unchanged)"
+    assert matching in format_summary(summarize_run(tmp_path / "r")).splitlines()
+    assert format_verdict(judge(tmp_path / "r")).splitlines()[-1] == matching
+
+    run.run["recipe"]["optim"]["grad_clip"] = 0.5  # a later resume changed the recipe the lock froze
+    run.write()
+    drifted = (f"{head}: NO LONGER MATCHES: differences not allowed at its start: optim.grad_clip (lock 1.0, run "
+               "0.5); lock file unchanged")
+    assert drifted in format_summary(summarize_run(tmp_path / "r")).splitlines()
+    assert format_verdict(judge(tmp_path / "r")).splitlines()[-1] == drifted

@@ -13,6 +13,7 @@ from pilotrun.report.verdict import (
     WARN,
     ThresholdError,
     Thresholds,
+    format_verdict,
     judge,
     judge_summary,
     parse_thresholds,
@@ -184,6 +185,14 @@ def test_throughput_steady_warns_when_only_the_machine_got_busier(tmp_path):
     assert rule.figure.startswith("the machine got busier") and "(ratio 0.25)" in rule.figure
     assert "(ratio 1.00)" in rule.figure  # tokens per CPU second held
     assert [w.name for w in verdict.warnings] == ["throughput_steady"]
+
+
+def test_text_verdict_prints_each_warning_under_the_go_line(tmp_path):
+    verdict, rules = _verdict(tmp_path, _busier_machine)
+    lines = format_verdict(verdict).splitlines()
+    at = lines.index("VERDICT: GO")
+    assert lines[at + 1] == f"  WARN throughput_steady: {rules['throughput_steady'].figure}"
+    assert lines[at + 2] == verdict.statement and "(warnings: throughput_steady)" in verdict.statement
 
 
 def test_throughput_contention_is_not_inferred_without_cpu_time_or_on_cuda(tmp_path):
