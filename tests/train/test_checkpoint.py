@@ -220,7 +220,8 @@ checkpointer.save(int(sys.argv[2]), {"model": {"w": torch.full((1000,), float(sy
 """
 
 
-def _wait_for(predicate, timeout_s: float = 30.0) -> None:
+def _wait_for(predicate, timeout_s: float = 300.0) -> None:
+    # Only a guard against a hang: the child imports torch first, which takes tens of seconds on a busy machine.
     import time
 
     deadline = time.monotonic() + timeout_s
