@@ -83,7 +83,7 @@ def test_torn_last_line_is_reported_not_fatal(tmp_path):
     assert any("torn last line" in note for note in summary.notes)
 
 
-def test_torn_tail_cut_by_the_runlog_is_noted(tmp_path):
+def test_torn_tail_cut_by_the_writer_is_noted(tmp_path):
     run = crashed_and_resumed(tmp_path / "r")
     run.find("session_start", session="s2")["metrics_repaired_bytes"] = 37
     run.write()
@@ -185,7 +185,7 @@ def test_missing_session_end_at_required_step(tmp_path):
 
 def test_nonfinite_value_is_rejected(tmp_path):
     run = crashed_and_resumed(tmp_path / "r")
-    run.find("train", session="s2", step=50)["loss"] = "NaN"  # how the runlog writes a NaN
+    run.find("train", session="s2", step=50)["loss"] = "NaN"  # how the writer (record.MetricsWriter) writes a NaN
     run.find("train", session="s2", step=55)["memory"]["rss_mb"] = float("inf")
     run.write()
     summary = summarize_run(tmp_path / "r")
