@@ -100,20 +100,17 @@ def load_checkpoint_model(run_dir: str | Path, step: int | None = None):
 
 def _read_dcp_model_state(folder: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model entries of a torch.distributed.checkpoint folder, loaded on one process into plain tensors
-    shaped like `model`'s (DCP reassembles FSDP2 shards and reads DDP's single copy)."""
+    shaped like `model`'s (DCP reassembles FSDP2 shards and reads DDP's single copy). Read through the same
+    restricted reader a resume uses: DCP's own reader unpickles `.metadata` with plain pickle, so a crafted
+    checkpoint would run code on export."""
     import warnings
 
-    import torch.distributed.checkpoint as dcp
+    from pilotrun.train.dcp_safe_read import safe_dcp_load
 
     template = {"model": {k: v.clone() for k, v in model.state_dict().items()}}
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is", category=UserWarning)
-            dcp.load(template, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
-    except Exception as exc:  # DCP wraps the cause; name the folder and its first line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"checkpoint {folder}: its model cannot be read with torch.distributed.checkpoint: "
-                              f"{first}") from None
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is", category=UserWarning)
+        safe_dcp_load(folder, template, no_dist=True)  # CheckpointError (one line) on anything it refuses
     return template["model"]
 
 

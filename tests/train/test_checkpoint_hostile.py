@@ -90,6 +90,39 @@ def test_a_dcp_metadata_pickle_payload_is_refused_and_never_runs(builtin_data_di
     assert ".metadata" in line and "refused" in line
 
 
+def test_export_of_a_crafted_dcp_checkpoint_is_refused_and_the_payload_never_runs(trained_run, tmp_path, capsys):
+    """Export reads a DCP checkpoint's model on one process: through the same restricted reader as resume."""
+    pytest.importorskip("safetensors")
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    target = tmp_path / "payload-ran"
+    _rewrite_marker(_newest_step_dir(run_dir), {".metadata": pickle.dumps(_TouchOnLoad(target)),
+                                                "__0_0.distcp": b"x"}, storage="torch_dcp")
+    line = _refused_in_one_line(capsys, ["export", str(run_dir), "--out", str(tmp_path / "hf")])
+    assert not target.exists()
+    assert ".metadata" in line and "refused" in line
+    assert not (tmp_path / "hf").exists()
+
+
+def test_the_verdict_never_hashes_a_file_a_marker_names_outside_its_step_folder(trained_run, tmp_path, capsys):
+    """The verdict's final-checkpoint rule rehashes a marker's files without loading them; a name that leaves
+    the step folder is refused there too, not opened."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"not part of the run")
+    step_dir = _newest_step_dir(run_dir)
+    marker = json.loads((step_dir / MARKER_NAME).read_text())
+    marker["files"] = {"../../../outside.txt": {"sha256": hashlib.sha256(outside.read_bytes()).hexdigest(),
+                                                "bytes": outside.stat().st_size}}
+    (step_dir / MARKER_NAME).write_text(json.dumps(marker))
+    capsys.readouterr()
+    code = main(["verdict", str(run_dir), "--json", "--no-resume-required"])
+    rules = {r["name"]: r for r in json.loads(capsys.readouterr().out)["rules"]}
+    assert code == 1 and rules["final_checkpoint"]["status"] == "FAIL"
+    assert "not a plain file name inside the step folder" in rules["final_checkpoint"]["figure"]
+
+
 def test_a_dcp_bytes_entry_payload_is_refused_and_never_runs(tmp_path):
     folder = tmp_path / "dcp"
     folder.mkdir()
