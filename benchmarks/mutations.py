@@ -8,6 +8,7 @@ from benchmarks.mutation_check import Mutation
 GUARDS = "tests/train/test_trainer_guards.py"
 RESUME = "tests/train/test_resume.py"
 SUMMARIZE = "tests/report/test_summarize.py"
+OBSERVERS = "tests/train/test_trainer_observers.py"
 
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
@@ -21,8 +22,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="session_throughput_from_wall_time",
         file="pilotrun/report/summarize.py",
-        old='train_tokens_per_s=sums["tokens"] / sums["train_seconds"] if sums["train_seconds"] > 0 else None,',
-        new='train_tokens_per_s=sums["tokens"] / sums["wall_seconds"] if sums["wall_seconds"] > 0 else None,',
+        old='train_tokens_per_s=(sums["tokens"] - sums["profiled_tokens"]) / sums["train_seconds"]\n'
+            '        if sums["train_seconds"] > 0 else None,',
+        new='train_tokens_per_s=(sums["tokens"] - sums["profiled_tokens"]) / sums["wall_seconds"]\n'
+            '        if sums["wall_seconds"] > 0 else None,',
         tests=(SUMMARIZE,),
         why="a session's training-only throughput divides by its wall time",
     ),
@@ -134,5 +137,29 @@ MUTATIONS: tuple[Mutation, ...] = (
         new="",
         tests=("tests/train/test_resume_changes.py",),
         why="a learning rate allowed to change on resume is recorded but the checkpoint's is trained with",
+    ),
+    Mutation(
+        name="profiled_attempts_charged_to_training",
+        file="pilotrun/train/trainer.py",
+        old='        with self.account.phase("profile"):\n            self.profiler.before_update(',
+        new="        with contextlib.nullcontext():\n            self.profiler.before_update(",
+        tests=(f"{OBSERVERS}::test_profiled_attempts_are_the_profile_phase_and_the_phases_add_up_to_the_wall_clock",),
+        why="the updates run under the profiler count as training time",
+    ),
+    Mutation(
+        name="profiled_windows_in_the_throughput_rule",
+        file="pilotrun/report/verdict.py",
+        old="        if window_profiled(w):\n",
+        new="        if False and window_profiled(w):\n",
+        tests=(f"{OBSERVERS}::test_throughput_rule_leaves_the_profiled_windows_out",),
+        why="the throughput rule compares windows the profiler slowed",
+    ),
+    Mutation(
+        name="time_split_sum_not_checked",
+        file="pilotrun/report/summarize.py",
+        old="            if split_problem:\n",
+        new="            if False:\n",
+        tests=("tests/report/test_time_split.py",),
+        why="a session_end whose phases do not add up to its wall clock is accepted",
     ),
 )

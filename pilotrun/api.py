@@ -47,15 +47,18 @@ def _run_config(config: Any, overrides: Sequence[str] | Mapping[str, Any]):
 
 def train(config: str | Path | Any = None, *, data: str | Path, run_dir: str | Path, resume: bool = False,
           from_step: int | None = None, overrides: Sequence[str] | Mapping[str, Any] = (),
-          allow_changes: Sequence[str] = (), progress: bool = False):
+          allow_changes: Sequence[str] = (), progress: bool = False, sinks: Sequence[Any] = ()):
     """`pilotrun train` in this process (one process, no torchrun). `config`: a YAML path, a RunConfig or None
-    (the defaults); `overrides`: ["train.max_steps=200", ...] or {"train.max_steps": 200}. Returns the
-    TrainResult (reason, exit_code, step, tokens_seen, ...)."""
+    (the defaults); `overrides`: ["train.max_steps=200", ...] or {"train.max_steps": 200}. `sinks`: trackers
+    that receive every event as it is recorded (`pilotrun.report.sinks.MetricsSink`: `write(event)`,
+    `close()`; a failing one warns once and is switched off, the run and metrics.jsonl go on untouched).
+    Returns the TrainResult (reason, exit_code, step, tokens_seen, ...)."""
     from pilotrun.train.trainer import Trainer
 
     run_config = _run_config(config, overrides)
     trainer = Trainer(run_config, data, run_dir, resume=resume, from_step=from_step,
-                      allow_changes=list(allow_changes), command=["pilotrun.train", str(config)], progress=progress)
+                      allow_changes=list(allow_changes), command=["pilotrun.train", str(config)], progress=progress,
+                      sinks=list(sinks))
     return trainer.run()
 
 

@@ -178,6 +178,8 @@ class TrainConfig:
     # (checks that the model compiles; no speed-up). Traced graphs use the reference MoE operators.
     compile: str = knob("none", "torch.compile each block: none, inductor (faster) or eager (trace only)")
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    tensorboard: bool = knob(False, "mirror train/val/checkpoint/overflow events live into RUN/tensorboard/ "
+                             "(rank 0; needs the tensorboard package; metrics.jsonl stays the record)")
 
 
 @dataclass
@@ -206,6 +208,8 @@ RESUME_FREE_KEYS = (
     "train.profile.record_shapes",
     "train.profile.profile_memory",
     "train.profile.with_stack",
+    # A mirror of the record, not part of the training.
+    "train.tensorboard",
 )
 
 

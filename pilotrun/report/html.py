@@ -16,6 +16,7 @@ from pilotrun.files import write_text_atomic
 from pilotrun.report.freeze import describe_frozen_status
 from pilotrun.report.identity import RULE_PLOTS, run_identity
 from pilotrun.report.plots import PLOT_TITLES, write_plots
+from pilotrun.report.summarize import SPLIT_KEYS, SPLIT_PHASES
 from pilotrun.report.verdict import Verdict
 
 REPORT_DIR = "report"
@@ -52,7 +53,7 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
         f"<td>{e(s.status)}</td><td>{e(s.end_reason or 'killed (no session_end)')}</td>"
         f"<td>{s.updates_applied:,}</td><td>{s.updates_skipped:,}</td><td>{s.updates_rolled_back:,}</td>"
         f"<td>{s.tokens_processed:,}</td><td>{_fmt(s.train_tokens_per_s)}</td><td>{_fmt(s.wall_tokens_per_s)}</td>"
-        f"<td>{s.train_seconds:.1f} / {s.eval_seconds:.1f} / {s.checkpoint_seconds:.1f} / {s.other_seconds:.1f} "
+        f"<td>{' / '.join(f'{getattr(s, k):.1f}' for k in SPLIT_PHASES)} "
         f"of {s.wall_seconds:.1f}{'' if s.time_source == 'session_end' else ' (from events)'}</td></tr>"
         for s in summary.sessions)
     images = []
@@ -84,12 +85,11 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
         ("updates rolled back and redone", _fmt(o.get("updates_rolled_back"))),
         ("tokens seen / planned", f"{_fmt(o.get('tokens_seen'))} / {_fmt(o.get('tokens_planned'))}"),
         ("passes over the training split", _fmt(o.get("passes_over_train_split"), 3)),
-        ("training-only throughput (all processed tokens / train seconds)", f"{_fmt(o.get('train_tokens_per_s'))} tok/s"),
+        ("training-only throughput (tokens processed in training / train seconds)", f"{_fmt(o.get('train_tokens_per_s'))} tok/s"),
         ("effective wall-clock throughput (kept tokens / wall seconds of all sessions)",
          f"{_fmt(o.get('wall_tokens_per_s'))} tok/s"),
-        ("time: train / eval / checkpoint / other / wall (s)",
-         " / ".join(_fmt(t.get(k)) for k in ("train_seconds", "eval_seconds", "checkpoint_seconds", "other_seconds",
-                                              "wall_seconds"))),
+        ("time: train / eval / checkpoint / profile / report / other / wall (s)",
+         " / ".join(_fmt(t.get(k)) for k in SPLIT_KEYS)),
         ("sessions (kept history)", f"{o.get('sessions')} ({' -> '.join(summary.lineage)})"),
     ]
     fact_rows = "\n".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in facts)
@@ -118,13 +118,15 @@ figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; border: 1px solid #d0d7de;
 <h2>The run's account</h2>
 <table>{fact_rows}</table>
 <p>Two throughput figures, measuring different things: the table's <i>training-only</i> figure is every
-processed token over the seconds spent inside training updates, warm-up windows included; the
-<code>throughput_steady</code> rule instead compares the median per-window training-only rate of the last third
-of windows with the first third, leaving out each session's first (warm-up) window, marked in throughput.png.
-The <i>wall-clock</i> figure also pays for evaluation, checkpoints, start-up and the time lost to interruptions.</p>
+token processed in training updates over the seconds spent inside them, warm-up windows included (updates run
+under the profiler, <code>train.profile</code>, are the profile phase's: neither their tokens nor their seconds
+count); the <code>throughput_steady</code> rule instead compares the median per-window training-only rate of the
+last third of windows with the first third, leaving out each session's first (warm-up) window and every window
+with profiled updates, both marked in throughput.png. The <i>wall-clock</i> figure also pays for evaluation,
+checkpoints, profiling, reporting, start-up and the time lost to interruptions.</p>
 <h3>Sessions</h3>
 <table><tr><th>session</th><th>resumed from</th><th>status</th><th>ended</th><th>applied</th><th>skipped</th>
-<th>rolled back</th><th>tokens</th><th>train tok/s</th><th>wall tok/s</th><th>train / eval / checkpoint / other (s)</th></tr>
+<th>rolled back</th><th>tokens</th><th>train tok/s</th><th>wall tok/s</th><th>train / eval / checkpoint / profile / report / other (s)</th></tr>
 {session_rows}
 </table>
 <h3>Record problems</h3><ul>{problems}</ul>

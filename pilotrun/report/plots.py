@@ -14,7 +14,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from pilotrun.record import is_finite_number
-from pilotrun.report.summarize import Summary
+from pilotrun.report.summarize import Summary, window_profiled, window_train_tokens
 
 PLOT_NAMES = ("loss", "lr", "grad_norm", "throughput", "loss_scale", "expert_load", "qk_max_logit",
               "parameter_groups", "block_output_rms")
@@ -132,10 +132,18 @@ def plot_grad_norm(summary: Summary, path: Path) -> Path:
     return _save(fig, ax, path)
 
 
+def _train_rate(event: dict[str, Any]) -> float | None:
+    """A window's training-only tok/s; None when it trained nothing outside the profiler."""
+    tokens, seconds = window_train_tokens(event["window"]), event["window"]["train_seconds"]
+    return tokens / seconds if tokens and is_finite_number(seconds) and seconds > 0 else None
+
+
 def plot_throughput(summary: Summary, path: Path) -> Path:
     fig, ax = _new_axes(PLOT_TITLES["throughput"], "tokens / second")
     events = _train(summary)
-    xs, ys = _series(events, lambda e: e["window"]["tokens"] / e["window"]["train_seconds"])
+    # Profiled windows: their training-phase tokens (profiled attempts left out) over their train seconds, and
+    # marked, since the rule leaves them out (the profiler slows the updates around it too).
+    xs, ys = _series(events, _train_rate)
     ax.plot(xs, ys, label="training-only (train seconds)", color="C0")
     wx, wy = _series(events, lambda e: e["window"]["tokens"] / e["window"]["wall_seconds"])
     ax.plot(wx, wy, label="wall-clock (window wall seconds)", color="C1")
@@ -146,10 +154,15 @@ def plot_throughput(summary: Summary, path: Path) -> Path:
         if e["session_id"] not in seen:
             seen.add(e["session_id"])
             firsts.append(e)
-    fx, fy = _series(firsts, lambda e: e["window"]["tokens"] / e["window"]["train_seconds"])
+    fx, fy = _series(firsts, _train_rate)
     if fx:
         ax.plot(fx, fy, "s", color="grey", fillstyle="none", markersize=9,
                 label="session's first window: warm-up, excluded from the rule")
+    px, py = _series([e for e in events if window_profiled(e.get("window") or {})],
+                     _train_rate)
+    if px:
+        ax.plot(px, py, "D", color="C3", fillstyle="none", markersize=9,
+                label="window with profiled updates (train.profile), excluded from the rule")
     if not xs:
         _no_data(ax, "throughput")
     _mark_resumes(ax, summary)

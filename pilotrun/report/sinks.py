@@ -5,7 +5,10 @@ metrics.jsonl stays the record; a sink only mirrors it. The hook any tracker imp
 `write(event)` receives each event dict right after its line is written to metrics.jsonl (a deep copy, so a
 sink cannot change what was recorded), and `close()` at the end of the session. Wrap every sink in
 `GuardedSink`: a sink that raises (a full disk, a missing package, a tracker's server down) warns once and is
-switched off, and training goes on with the record untouched. Another tracker fits in a few lines, with
+switched off, and training goes on with the record untouched. The trainer does both: `train.tensorboard: true`
+opens `guarded_tensorboard_sink(RUN/tensorboard)` on rank 0, and `Trainer(..., sinks=[...])` /
+`pilotrun.train(..., sinks=[...])` add any others (wrapped in a GuardedSink unless they already are); the
+time they take is the session's "report" phase. Another tracker fits in a few lines, with
 no dependency for pilotrun (W&B shown; trackio and MLflow's `log_metrics(metrics, step=)` are alike):
 
     class WandbSink:
@@ -71,7 +74,7 @@ def scalar_fields(event: dict[str, Any]) -> Iterator[tuple[str, float]]:
                 yield from walk(item, f"{path}/{index}")
 
     for key, value in event.items():
-        if key not in NOT_SCALARS:
+        if key not in NOT_SCALARS and not key.startswith("_"):  # "_line" and the like: the reader's, not the record's
             yield from walk(value, f"{name}/{key}")
 
 

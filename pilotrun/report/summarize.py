@@ -6,6 +6,9 @@ Validation (each failure is one reason naming the line, event and numbers):
   step/updates_attempted/updates_skipped since the previous `train` event (or the session start), applied +
   skipped = attempted, `window.tokens` = microbatches x tokens_per_microbatch, and the growth of
   `tokens_seen` equals `window.tokens`; at a `completed`/`stopped` `session_end` every counter is covered by the windows;
+- a `session_end`'s `time_split`: its phases (train, eval, checkpoint, profile, report, other; a record written
+  before profile and report were split out lacks those two, which read 0) are not negative and add up to its
+  `wall_seconds`;
 - no non-finite number anywhere in the record (the writer stores them as "NaN"/"Infinity" strings);
 - sessions are not interleaved and no session is started twice; run.json and metrics.jsonl agree on each
   session's start;
@@ -60,6 +63,8 @@ class SessionSummary:
     train_seconds: float
     eval_seconds: float
     checkpoint_seconds: float
+    profile_seconds: float  # 0 in a record written before the profile phase existed
+    report_seconds: float  # likewise: that time was inside other_seconds then
     other_seconds: float
     wall_seconds: float
     time_source: str  # "session_end" (the trainer's own split) or "events" (derived: the session was killed)
@@ -114,6 +119,62 @@ def _group_sessions(events: list[dict[str, Any]], reasons: list[str]) -> dict[st
         sessions.setdefault(sid, []).append(event)
         previous_id = sid
     return sessions
+
+
+# The phases of a session_end `time_split` (pilotrun.train.timing.PHASES, copied: the readers stay torch-free).
+SPLIT_PHASES = ("train_seconds", "eval_seconds", "checkpoint_seconds", "profile_seconds", "report_seconds",
+                "other_seconds")
+# Older records lack these two; their time was counted in other_seconds.
+LATER_PHASES = ("profile_seconds", "report_seconds")
+SPLIT_KEYS = (*SPLIT_PHASES, "wall_seconds")
+
+
+def read_time_split(split: Any) -> dict[str, float] | None:
+    """A session_end's time split as floats, the phases an older record lacks as 0; None when it does not hold
+    a finite number for each phase it must carry."""
+    if not isinstance(split, dict):
+        return None
+    required = [k for k in SPLIT_KEYS if k not in LATER_PHASES]
+    if not all(is_finite_number(split.get(k)) for k in required):
+        return None
+    if not all(is_finite_number(split[k]) for k in LATER_PHASES if k in split):
+        return None
+    return {k: float(split.get(k, 0.0)) for k in SPLIT_KEYS}
+
+
+def time_split_problem(split: Any) -> str | None:
+    """Why a session_end's time split is not an account of its wall clock, or None. Every second of a session
+    belongs to exactly one phase, so the phases add up to the wall clock (to float rounding: a millisecond, or a
+    millionth of a long session)."""
+    times = read_time_split(split)
+    if times is None:
+        if isinstance(split, dict) and any(k in split for k in SPLIT_KEYS):
+            return f"time_split {split} lacks a finite number for one of {', '.join(SPLIT_KEYS)}"
+        return None  # no split at all: the session's time is derived from its events
+    negative = [k for k in SPLIT_KEYS if times[k] < 0]
+    if negative:
+        return f"time_split has negative seconds in {', '.join(negative)}"
+    total, wall = sum(times[k] for k in SPLIT_PHASES), times["wall_seconds"]
+    if abs(total - wall) > max(1e-3, 1e-6 * wall):
+        return (f"time_split phases add up to {total!r} s ({' + '.join(f'{k} {times[k]!r}' for k in SPLIT_PHASES)}) "
+                f"but wall_seconds is {wall!r}")
+    return None
+
+
+def window_profiled(window: dict[str, Any]) -> bool:
+    """Whether a train window ran some of its update attempts under torch.profiler (older records: never)."""
+    attempts = window.get("profiled_attempts")
+    return is_finite_number(attempts) and attempts > 0
+
+
+def window_train_tokens(window: dict[str, Any]) -> float | None:
+    """The window's tokens processed in the training phase: those of profiled attempts excluded, as their
+    seconds are the profile phase's, not `train_seconds`."""
+    tokens = window.get("tokens")
+    if not is_finite_number(tokens):
+        return None
+    profiled = window.get("profiled_tokens")
+    return float(tokens) - (float(profiled) if is_finite_number(profiled) else 0.0)
 
 
 def _check_window(event: dict[str, Any], since: Counters, now: Counters, tokens_per_microbatch: int | None,
@@ -192,7 +253,7 @@ def _check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
     tau = (((run.get("recipe") or {}).get("optim") or {}).get("qk_clip") or {}).get("tau")
     first_clips_since_train: list[list[int]] = []
     last_overflow_skipped = start.updates_skipped
-    window_sums = dict.fromkeys(("tokens", "train_seconds", "wall_seconds"), 0.0)
+    window_sums = dict.fromkeys(("tokens", "profiled_tokens", "train_seconds", "profile_seconds", "wall_seconds"), 0.0)
     eval_seconds = checkpoint_seconds = 0.0
     end_event = None
     for event in events[1:]:
@@ -244,6 +305,9 @@ def _check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
             end_event = event
             if event.get("reason") not in SESSION_END_REASONS:
                 reasons.append(f"{_where(event)}: session_end reason {event.get('reason')!r} is not one of {SESSION_END_REASONS}")
+            split_problem = time_split_problem(event.get("time_split"))
+            if split_problem:
+                reasons.append(f"{_where(event)}: {split_problem}")
             if now != since_train and event.get("reason") in ("interrupted", "error"):
                 notes_out.append(f"{_where(event)}: ended ({event.get('reason')}) with work after its last train "
                                  f"window (step {since_train.step} -> {now.step}); a resume rolls it back")
@@ -415,19 +479,16 @@ def _session_summary(sid: str, index: int, info: dict[str, Any], link: tuple[str
                      kept_end: Counters) -> SessionSummary:
     start, last, end = info["start"], info["last"], info["end"]
     sums = info["window_sums"]
-    split = end.get("time_split") if end is not None else None
-    if isinstance(split, dict) and all(is_finite_number(split.get(k)) for k in
-                                       ("train_seconds", "eval_seconds", "checkpoint_seconds", "other_seconds",
-                                        "wall_seconds")):
-        times = {k: float(split[k]) for k in ("train_seconds", "eval_seconds", "checkpoint_seconds",
-                                              "other_seconds", "wall_seconds")}
+    times = read_time_split(end.get("time_split") if end is not None else None)
+    if times is not None:
         source = "session_end"
-    else:  # killed: derive the split from the events it did write (the wall clock ends at its last line)
+    else:  # killed: derive the split from the events it did write (the wall clock ends at its last line);
+        # the report phase is not in the events, so it stays inside other
         wall = max(0.0, info["last_time"] - info["start_time"])
         times = {"train_seconds": sums["train_seconds"], "eval_seconds": info["eval_seconds"],
-                 "checkpoint_seconds": info["checkpoint_seconds"], "wall_seconds": wall}
-        times["other_seconds"] = max(0.0, wall - times["train_seconds"] - times["eval_seconds"]
-                                     - times["checkpoint_seconds"])
+                 "checkpoint_seconds": info["checkpoint_seconds"], "profile_seconds": sums["profile_seconds"],
+                 "report_seconds": 0.0, "wall_seconds": wall}
+        times["other_seconds"] = max(0.0, wall - sum(times[k] for k in SPLIT_PHASES if k != "other_seconds"))
         source = "events"
     tokens = last.tokens_seen - start.tokens_seen
     return SessionSummary(
@@ -438,7 +499,8 @@ def _session_summary(sid: str, index: int, info: dict[str, Any], link: tuple[str
         updates_skipped=last.updates_skipped - start.updates_skipped, tokens_processed=tokens,
         updates_rolled_back=last.step - kept_end.step, tokens_rolled_back=last.tokens_seen - kept_end.tokens_seen,
         time_source=source,
-        train_tokens_per_s=sums["tokens"] / sums["train_seconds"] if sums["train_seconds"] > 0 else None,
+        train_tokens_per_s=(sums["tokens"] - sums["profiled_tokens"]) / sums["train_seconds"]
+        if sums["train_seconds"] > 0 else None,
         wall_tokens_per_s=tokens / times["wall_seconds"] if times["wall_seconds"] > 0 else None,
         events=info["count"], **times)
 
@@ -455,11 +517,10 @@ def _overall(run: dict[str, Any], groups: dict[str, list[dict[str, Any]]], order
     if max_steps is None:
         max_steps = ((run.get("recipe") or {}).get("train") or {}).get("max_steps")
     train_split_tokens = ((run.get("data") or {}).get("train") or {}).get("tokens")
-    train_tokens = sum(float(e["window"]["tokens"]) for sid in order for e in groups[sid]
-                       if e["event"] == "train" and isinstance(e.get("window"), dict)
-                       and is_finite_number(e["window"].get("tokens")))
-    time_split = {k: sum(getattr(s, k) for s in sessions) for k in
-                  ("train_seconds", "eval_seconds", "checkpoint_seconds", "other_seconds", "wall_seconds")}
+    # The training phase's tokens: a profiled attempt's tokens go with its seconds, outside train_seconds.
+    train_tokens = sum(window_train_tokens(e["window"]) or 0.0 for sid in order for e in groups[sid]
+                       if e["event"] == "train" and isinstance(e.get("window"), dict))
+    time_split = {k: sum(getattr(s, k) for s in sessions) for k in SPLIT_KEYS}
     planned = max_steps * tpu if isinstance(max_steps, int) and tpu else None
     last_kept = kept_events[-1] if kept_events else {}
     return {
@@ -479,7 +540,8 @@ def _overall(run: dict[str, Any], groups: dict[str, list[dict[str, Any]]], order
         "ended": (last_kept.get("reason") if last_kept.get("event") == "session_end"
                   else "no session_end (killed, or still running)"),
         "time_split": time_split,
-        # Training-only: every token the hardware processed (rolled-back work included) per training second.
+        # Training-only: every token the hardware processed in the training phase (rolled-back work included, profiled
+    # attempts not) per training second.
         "train_tokens_per_s": train_tokens / time_split["train_seconds"] if time_split["train_seconds"] > 0 else None,
         # Effective wall-clock: tokens that count per second of every session's wall clock (losses included).
         "wall_tokens_per_s": final.tokens_seen / time_split["wall_seconds"] if time_split["wall_seconds"] > 0 else None,
@@ -491,14 +553,15 @@ def format_summary(summary: Summary) -> str:
     o = summary.overall
     lines = [f"run {summary.run_id} ({summary.run_dir}): {'VALID' if summary.valid else 'INVALID'}"]
     header = (f"{'session':<20} {'from':>6} {'status':<18} {'end':<12} {'applied':>8} {'skipped':>7} "
-              f"{'rolled back':>11} {'tokens':>11} {'train tok/s':>11} {'wall tok/s':>10} {'train/eval/ckpt/other s':>24}")
+              f"{'rolled back':>11} {'tokens':>11} {'train tok/s':>11} {'wall tok/s':>10} "
+              f"{'train/eval/ckpt/prof/rep/other s':>32}")
     lines += ["", header, "-" * len(header)]
     for s in summary.sessions:
-        split = f"{s.train_seconds:.1f}/{s.eval_seconds:.1f}/{s.checkpoint_seconds:.1f}/{s.other_seconds:.1f}"
+        split = "/".join(f"{getattr(s, k):.1f}" for k in SPLIT_PHASES)
         lines.append(f"{s.session_id[:20]:<20} {str(s.resumed_from if s.resumed_from is not None else '-'):>6} "
                      f"{s.status:<18} {(s.end_reason or 'killed'):<12} {s.updates_applied:>8} {s.updates_skipped:>7} "
                      f"{s.updates_rolled_back:>11} {s.tokens_processed:>11} {_fmt(s.train_tokens_per_s):>11} "
-                     f"{_fmt(s.wall_tokens_per_s):>10} {split:>24}"
+                     f"{_fmt(s.wall_tokens_per_s):>10} {split:>32}"
                      f"{'' if s.time_source == 'session_end' else ' (from events)'}")
     t = o["time_split"]
     lines += [
@@ -509,10 +572,10 @@ def format_summary(summary: Summary) -> str:
         f"tokens seen {o['tokens_seen']} of planned {o['tokens_planned']} "
         f"({_pct(o['tokens_fraction_of_plan'])}); passes over the training split {_fmt(o['passes_over_train_split'], 3)}; "
         f"rolled-back tokens {o['tokens_rolled_back']}",
-        f"throughput: training-only {_fmt(o['train_tokens_per_s'])} tok/s (all processed tokens / train seconds), "
+        f"throughput: training-only {_fmt(o['train_tokens_per_s'])} tok/s (tokens processed in training / train "
+        "seconds), "
         f"effective wall-clock {_fmt(o['wall_tokens_per_s'])} tok/s (kept tokens / all sessions' wall seconds)",
-        f"time: train {t['train_seconds']:.1f} s, eval {t['eval_seconds']:.1f} s, checkpoint "
-        f"{t['checkpoint_seconds']:.1f} s, other {t['other_seconds']:.1f} s, wall {t['wall_seconds']:.1f} s",
+        "time: " + ", ".join(f"{k.removesuffix('_seconds')} {t[k]:.1f} s" for k in SPLIT_KEYS),
     ]
     if o.get("frozen_candidate") is not None:
         lines.append(describe_frozen_status(o["frozen_candidate"]))

@@ -27,7 +27,8 @@ Thresholds (defaults below, each overridable with `--threshold NAME=VALUE`):
 - max_clip_rate 0.5: share of applied updates clipped over the second half of the pilot (warm-up clipping
   is expected); max_skip_rate 0.05: skipped / attempted updates over the kept history.
 - min_throughput_ratio 0.6: median training-only tokens/s over the last third of windows over the first
-  third (each session's first window is warm-up and left out). Below it, on a CPU run whose windows record
+  third (each session's first window is warm-up and left out, and so is every window with update attempts run
+  under the profiler, `window.profiled_attempts` > 0). Below it, on a CPU run whose windows record
   the process's CPU seconds, the same ratio is taken of tokens per CPU second: when that one holds (the
   work per token did not grow) the machine got busier, not the run slower, and the rule WARNs with both
   figures (allows GO); otherwise it FAILs. On CUDA the CPU time says nothing of the device, so it FAILs.
@@ -70,7 +71,7 @@ from pilotrun.report.continuity import (
     rule_resumed,
 )
 from pilotrun.report.freeze import canonical_sha256, describe_frozen_status, frozen_candidate_status
-from pilotrun.report.summarize import Summary, summarize_run
+from pilotrun.report.summarize import Summary, summarize_run, window_profiled
 from pilotrun.report.thresholds import (  # noqa: F401  (ThresholdError, parse_thresholds: re-exported for the CLI)
     FAIL,
     PASS,
@@ -283,19 +284,26 @@ def _session_devices(summary: Summary) -> set[str]:
 def rule_throughput_steady(summary: Summary, t: Thresholds) -> RuleResult:
     rates, cpu_rates = [], []
     seen_sessions = set()
+    profiled = 0
     for e in _train_events(summary):
         w = _window(e)
         first_of_session = e["session_id"] not in seen_sessions
         seen_sessions.add(e["session_id"])
         if first_of_session:
             continue  # warm-up: allocator, caches, first-touch of the data
+        if window_profiled(w):
+            # torch.profiler slows what it records and the updates around it (its start, its trace): such a
+            # window says nothing about the recipe's steady speed.
+            profiled += 1
+            continue
         if is_finite_number(w.get("tokens")) and is_finite_number(w.get("train_seconds")) and w["train_seconds"] > 0:
             rates.append(w["tokens"] / w["train_seconds"])
             cpu = w.get("cpu_seconds")
             cpu_rates.append(w["tokens"] / cpu if is_finite_number(cpu) and cpu > 0 else None)
     threshold = (f"last-third / first-third median of training-only tok/s >= {t.min_throughput_ratio} (on a CPU, "
                  "tok per process CPU second held to the same bound separates a busier machine)")
-    evidence = f"training-only tokens/s of {len(rates)} train windows (each session's first left out)"
+    evidence = f"training-only tokens/s of {len(rates)} train windows (each session's first left out"
+    evidence += f", and {profiled} with profiled updates)" if profiled else ")"
     if len(rates) < 6:
         return RuleResult("throughput_steady", WARN, f"only {len(rates)} windows to compare", threshold, evidence)
     third = len(rates) // 3

@@ -54,6 +54,12 @@ class ProfileWindow:
         """True between the window's first before_update and its last after_update."""
         return self._profiler is not None
 
+    def profiles(self, next_step: int) -> bool:
+        """Whether the attempt that would make step `next_step` runs under the profiler (the window is open or
+        opens at it). Pure: lets the loop charge exactly those attempts to their own time phase without
+        leaving the training phase for any other."""
+        return self.active or (self.enabled and not self.finished and next_step == self.config.start_step)
+
     def before_update(self, next_step: int) -> bool:
         """Call before an update attempt that, if applied, makes step `next_step`. Returns `active`."""
         if self.enabled and not self.finished and self._profiler is None and next_step == self.config.start_step:

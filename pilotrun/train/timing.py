@@ -1,8 +1,12 @@
-"""Time accounting: every second of a session belongs to exactly one of train, eval, checkpoint, other.
+"""Time accounting: every second of a session belongs to exactly one of train, eval, checkpoint, profile,
+report, other.
 
 A single stopwatch always runs and charges elapsed time to the current phase; `phase("eval")` switches
 to another phase for a block and back afterwards. Because the phases partition the session, their sums
-equal the wall clock exactly (`other` = setup, logging, reporting, progress display).
+equal the wall clock exactly. `profile` = the update attempts run under torch.profiler (`train.profile`),
+opening and writing the profiler's files included: they are slower than others and are kept out of the
+training seconds; `report` = writing events to metrics.jsonl, mirroring them to the metrics sinks, and the
+in-run reports (progress bar); `other` = setup and the rest between phases (building a window's figures).
 
 Why a switching stopwatch and not a timer around each update: the training phase is left only at window
 boundaries (logging, eval, checkpoint), so the hot loop does no timing work at all; and on CUDA the
@@ -23,7 +27,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-PHASES = ("train", "eval", "checkpoint", "other")
+PHASES = ("train", "eval", "checkpoint", "profile", "report", "other")
+# A session_end `time_split` carries `<phase>_seconds` for each, beside `wall_seconds`; records written before
+# `profile` and `report` existed lack those two (summarize reads them as 0: that time is inside `other` there).
+DEVICE_PHASES = ("train", "profile")  # the phases that queue device work
 
 
 class TimeAccount:
@@ -47,8 +54,8 @@ class TimeAccount:
         """Charge the running segment to the current phase and start a segment of `phase`; returns the old one."""
         if phase not in PHASES:
             raise ValueError(f"unknown time phase '{phase}'")
-        if self._phase == "train" and phase != "train" and self._synchronize is not None:
-            self._synchronize()  # queued training kernels belong to training
+        if self._phase in DEVICE_PHASES and phase != self._phase and self._synchronize is not None:
+            self._synchronize()  # queued training (or profiled) kernels belong to the phase that queued them
         now, cpu_now = self._clock(), self._cpu_clock()
         self.totals[self._phase] += now - self._segment_start
         self.cpu_totals[self._phase] += cpu_now - self._cpu_segment_start
@@ -79,18 +86,20 @@ class TimeAccount:
     def time_split(self) -> dict[str, float]:
         """The session_end record: seconds per phase and the wall clock (their sum, up to float rounding)."""
         s = self.snapshot()
-        return {"train_seconds": s["train"], "eval_seconds": s["eval"], "checkpoint_seconds": s["checkpoint"],
-                "other_seconds": s["other"], "wall_seconds": s["wall"]}
+        return {**{f"{phase}_seconds": s[phase] for phase in PHASES}, "wall_seconds": s["wall"]}
 
 
 class WindowClock:
     """Train-only and wall seconds of the current logging window, read from a TimeAccount; after each
-    `close_window`, `cpu_seconds` holds the process CPU seconds of that window's training phase."""
+    `close_window`, `cpu_seconds` holds the process CPU seconds of that window's training phase and
+    `profile_seconds` the seconds its profiled update attempts took (inside its wall seconds, not its train
+    seconds)."""
 
     def __init__(self, account: TimeAccount):
         self.account = account
         self._last = account.snapshot()
         self.cpu_seconds = 0.0
+        self.profile_seconds = 0.0
 
     def close_window(self) -> tuple[float, float]:
         """(train_seconds, wall_seconds) since the previous call (or construction); starts the next window."""
@@ -98,18 +107,22 @@ class WindowClock:
         train = now["train"] - self._last["train"]
         wall = now["wall"] - self._last["wall"]
         self.cpu_seconds = now["cpu_train"] - self._last["cpu_train"]
+        self.profile_seconds = now["profile"] - self._last["profile"]
         self._last = now
         return train, wall
 
 
 def throughput(tokens: int, train_seconds: float, wall_seconds: float, flops_per_token: float | None,
-               peak_flops_per_s: float | None) -> dict[str, float | str | None]:
+               peak_flops_per_s: float | None, train_tokens: int | None = None) -> dict[str, float | str | None]:
     """Training-only and wall-clock tokens/s, achieved FLOP/s (training-only), MFU against a known peak.
 
-    `peak_flops_per_s` is the total over all devices of the run; without a known peak MFU is "unknown"
-    (DESIGN invariant 5: no figure without a basis).
+    `train_tokens` are the tokens processed in the training phase (default: all `tokens`); the tokens of
+    profiled update attempts are not, as their seconds are not in `train_seconds`. A window with none has no
+    training-only figures. `peak_flops_per_s` is the total over all devices of the run; without a known peak
+    MFU is "unknown" (DESIGN invariant 5: no figure without a basis).
     """
-    train_tps = tokens / train_seconds if train_seconds > 0 else None
+    train_tokens = tokens if train_tokens is None else train_tokens
+    train_tps = train_tokens / train_seconds if train_seconds > 0 and train_tokens > 0 else None
     wall_tps = tokens / wall_seconds if wall_seconds > 0 else None
     achieved = train_tps * flops_per_token if (train_tps is not None and flops_per_token) else None
     if achieved is not None and peak_flops_per_s:

@@ -16,8 +16,14 @@ Nothing else moves `step`: an fp16 overflow must move neither the step nor the s
 run and an uninterrupted one agree. Counters are global (all ranks together) and only rank 0 writes the
 record. Every `log_every` applied updates a `train` event closes the window; before every checkpoint the
 window is closed too, so a checkpoint's counters always coincide with a `train` event (what `summarize`
-reconciles a resumed session against). Evaluation, checkpointing and logging are timed apart from training
-(timing.py), and the hot loop does no host synchronisation beyond the one the skip decision needs.
+reconciles a resumed session against). Evaluation, checkpointing, profiling and reporting are timed apart from
+training (timing.py), and the hot loop does no host synchronisation beyond the one the skip decision needs.
+
+Observers: `train.profile` runs torch.profiler around a few update attempts (profiling.py); those attempts are
+the "profile" phase's, not training's, and their window says so (`window.profiled_attempts`), so no throughput
+figure counts them. Every event written to metrics.jsonl is handed to the metrics sinks (report/sinks.py: the
+live TensorBoard mirror of `train.tensorboard`, and any the caller passes), each guarded so that a failing
+sink warns once and changes neither the training nor the record; writing and mirroring are the "report" phase.
 
 SIGINT / SIGTERM: the current update is finished, the window is logged, a checkpoint is saved, then
 `session_end` with reason "interrupted", and the exit code is 130 (SIGINT) or 143 (SIGTERM).
@@ -49,17 +55,20 @@ from pilotrun.model.diagnostics import (
 from pilotrun.optim.muon_adamw import parameter_rms
 from pilotrun.optim.schedule import set_learning_rates
 from pilotrun.optim.update_hooks import StepStatistics
+from pilotrun.report.sinks import GuardedSink, MetricsSink, guarded_tensorboard_sink
 from pilotrun.train import distributed as dist_utils
 from pilotrun.train.dcp_storage import training_state
 from pilotrun.train.environment import memory_snapshot
 from pilotrun.train.notices import interrupt_acknowledgement
 from pilotrun.train.precision import UpdateOutcome, apply_update, autocast_context
+from pilotrun.train.profiling import ProfileWindow
 from pilotrun.train.rng import capture_rng_state
 from pilotrun.train.session import build_session, tokens_per_update
-from pilotrun.train.timing import TimeAccount, WindowClock, throughput
+from pilotrun.train.timing import PHASES, TimeAccount, WindowClock, throughput
 from pilotrun.train.window import Window, WindowFigures, train_event_fields
 
 EXIT_CODES = {"completed": 0, "stopped": 1, signal.SIGINT: 130, signal.SIGTERM: 143}
+TENSORBOARD_FOLDER = "tensorboard"  # RUN/tensorboard/: the live mirror of `train.tensorboard`
 
 
 @dataclass
@@ -104,12 +113,18 @@ def _float(value: Any) -> float:
 
 
 class Trainer:
-    """Builds one session (fresh or resumed, session.py), then `run()` trains to `train.max_steps`."""
+    """Builds one session (fresh or resumed, session.py), then `run()` trains to `train.max_steps`.
+
+    `sinks`: extra metrics sinks (report/sinks.py `MetricsSink`: `write(event)` and `close()`, or a
+    `GuardedSink`) that receive every event as it is recorded, beside the TensorBoard mirror of
+    `train.tensorboard`. Only rank 0 writes the record, so only rank 0's sinks receive events; every rank's
+    are closed when `run()` returns."""
 
     def __init__(self, config: RunConfig, data_dir: str | Path, run_dir: str | Path, *, resume: bool = False,
                  from_step: int | None = None, allow_changes: list[str] | tuple[str, ...] = (),
                  command: list[str] | None = None, progress: bool = True,
-                 context: dist_utils.DistributedContext | None = None, out=None):
+                 context: dist_utils.DistributedContext | None = None, out=None,
+                 sinks: list[MetricsSink] | tuple[MetricsSink, ...] = ()):
         self.account = TimeAccount()  # everything until the loop starts is "other" (setup)
         self.progress = progress
         self.out = out if out is not None else sys.stdout
@@ -124,6 +139,14 @@ class Trainer:
         self.checkpointer, self.tokens_per_microbatch, self.dataset = s.checkpointer, s.tokens_per_microbatch, s.dataset
         self.last_checkpoint_step = s.resumed_from
         self.last_val_loss: float | None = None
+        self.run_dir = Path(run_dir)
+        # Every rank profiles the same attempts (the ranks wait for each other inside an update, so profiling
+        # one alone would slow them all anyway) and writes its own rank-named files.
+        self.profiler = ProfileWindow(self.config.train.profile, self.run_dir, device_type=self.device.type,
+                                      rank=context.rank)
+        self.sinks: list[GuardedSink] = [
+            sink if isinstance(sink, GuardedSink) else GuardedSink(type(sink).__name__, lambda sink=sink: sink)
+            for sink in sinks]
         self._stop_signal: int | None = None
         self._signal_count = 0
 
@@ -175,7 +198,23 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ pieces
     def _log(self, event: str, **fields: Any) -> None:
-        self.metrics.log(event, self.state.counters(), **fields)
+        """Record one event (rank 0) and hand it to the sinks; both are the "report" phase."""
+        with self.account.phase("report"):
+            record = self.metrics.log(event, self.state.counters(), **fields)
+            if record is not None:
+                for sink in self.sinks:
+                    sink.write(record)
+
+    def _open_tensorboard(self) -> None:
+        """`train.tensorboard`: the live mirror, on rank 0 only (the one process that has the events)."""
+        if self.config.train.tensorboard and self.is_main:
+            with self.account.phase("report"):
+                self.sinks.insert(0, guarded_tensorboard_sink(self.run_dir / TENSORBOARD_FOLDER))
+
+    def _close_sinks(self) -> None:
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.close()  # guarded: a sink failing to close warns and is done with
 
     def evaluate(self) -> dict[str, Any]:
         """Mean CE over `eval_batches` batches from the start of val: eval mode (no counters or trackers move),
@@ -228,6 +267,7 @@ class Trainer:
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
             self.metrics.close()
+            self._close_sinks()
 
     def _run(self) -> TrainResult:
         t, account, state = self.config.train, self.account, self.state
@@ -239,7 +279,10 @@ class Trainer:
         try:
             account.switch("train")
             while state.step < t.max_steps:
-                outcome, restarted, hook_events = self._train_one_update(window)
+                if self.profiler.profiles(state.step + 1):
+                    outcome, restarted, hook_events = self._profiled_update(window)
+                else:
+                    outcome, restarted, hook_events = self._train_one_update(window)
                 if restarted or not outcome.applied or hook_events:  # rare: logged outside the training time
                     with account.phase("other"):
                         self._log_rare_events(outcome, restarted, hook_events)
@@ -278,6 +321,8 @@ class Trainer:
             message = f"second {signal.Signals(signum).name}: stopped at once, no checkpoint for step {state.step}"
         except BaseException as exc:
             account.switch("other")
+            with contextlib.suppress(Exception):  # what the profiler saw is worth keeping, but the session's own
+                self._close_profiler()            # error is the one to report
             self._log("session_end", reason="error", message=f"{type(exc).__name__}: {exc}"[:2000],
                       time_split=account.time_split())
             if bar is not None:
@@ -286,8 +331,10 @@ class Trainer:
         return self._end_session(reason, exit_code, message, bar)
 
     def _start_session(self):
-        """Print the plan and the notes, log `session_start`, open the progress bar (rank 0)."""
+        """Print the plan and the notes, open the TensorBoard mirror, log `session_start`, open the progress bar
+        (rank 0)."""
         t, world_size = self.config.train, self.context.world_size
+        self._open_tensorboard()
         if self.is_main:
             for line in describe_plan(self.config, world_size, self.step):
                 print(line, file=self.out, flush=True)
@@ -325,16 +372,43 @@ class Trainer:
     def _end_session(self, reason: str, exit_code: int, message: str, bar) -> TrainResult:
         account = self.account
         account.switch("other")
+        self._close_profiler()  # a window cut short by a signal or the end of the run writes what it saw
         if bar is not None:
-            bar.close()
-        self._log("session_end", reason=reason, message=message, time_split=account.time_split(),
-                  val_loss=self.last_val_loss)
+            with account.phase("report"):
+                bar.close()
+        split = account.time_split()
+        self._log("session_end", reason=reason, message=message, time_split=split, val_loss=self.last_val_loss)
         if self.is_main:
-            split = account.time_split()
-            print(f"session_end: {reason} at step {self.step:,} ({message}); train {split['train_seconds']:.1f} s, "
-                  f"eval {split['eval_seconds']:.1f} s, checkpoint {split['checkpoint_seconds']:.1f} s, other "
-                  f"{split['other_seconds']:.1f} s of {split['wall_seconds']:.1f} s wall", file=self.out, flush=True)
+            phases = ", ".join(f"{phase} {split[f'{phase}_seconds']:.1f} s" for phase in PHASES)
+            print(f"session_end: {reason} at step {self.step:,} ({message}); {phases} of "
+                  f"{split['wall_seconds']:.1f} s wall", file=self.out, flush=True)
         return TrainResult(reason=reason, exit_code=exit_code, message=message, **self.counters())
+
+    def _profiled_update(self, window: Window) -> tuple[UpdateOutcome, int, list[dict[str, Any]]]:
+        """One update attempt under torch.profiler, charged to the "profile" phase together with the profiler's
+        start and the writing of its files, and counted in the window as profiled, so that neither the training
+        seconds nor any training-only throughput figure includes it."""
+        with self.account.phase("profile"):
+            self.profiler.before_update(self.state.step + 1)
+            microbatches = window.microbatches
+            result = self._train_one_update(window)
+            window.profiled_attempts += 1
+            window.profiled_microbatches += window.microbatches - microbatches
+            written = self.profiler.after_update()
+        self._report_profile(written)
+        return result
+
+    def _close_profiler(self) -> None:
+        if self.profiler.active:
+            with self.account.phase("profile"):
+                written = self.profiler.close()
+            self._report_profile(written)
+
+    def _report_profile(self, written: list[Path]) -> None:
+        if written and self.is_main:
+            with self.account.phase("report"):
+                print(f"profile: {len(written)} file(s) in {written[0].parent} (this rank's: "
+                      f"{', '.join(p.name for p in written)})", file=self.out, flush=True)
 
     def _train_one_update(self, window: Window) -> tuple[UpdateOutcome, int, list[dict[str, Any]]]:
         """One update: microbatches, agreed statistics, the update, and what follows only when applied.
@@ -394,6 +468,7 @@ class Trainer:
             return
         raw, optimizer = self.raw_model, self.optimizer
         tokens = window.microbatches * self.tokens_per_microbatch
+        profiled_tokens = window.profiled_microbatches * self.tokens_per_microbatch
         local = {"loss": _float(window.ce_sum) / window.microbatches, "aux": _float(window.aux_sum) / window.microbatches}
         means = dist_utils.mean_across_ranks(self.context, local)
         figures = WindowFigures(
@@ -401,9 +476,10 @@ class Trainer:
             clipped=window.clipped, microbatches=window.microbatches, tokens=tokens, train_seconds=train_seconds,
             wall_seconds=wall_seconds, cpu_seconds=window_clock.cpu_seconds, loss=means["loss"], aux_loss=means["aux"], grad_norm=window.grad_norm,
             grad_norm_max=window.grad_norm_max, loss_scale=window.loss_scale, update_rms=window.update_rms,
-            update_rms_step=window.update_rms_step)
+            update_rms_step=window.update_rms_step, profiled_attempts=window.profiled_attempts,
+            profiled_tokens=profiled_tokens, profile_seconds=window_clock.profile_seconds)
         speed = throughput(tokens, train_seconds, wall_seconds, self.session.flops_per_token,
-                           self.session.peak_flops_per_s)
+                           self.session.peak_flops_per_s, train_tokens=tokens - profiled_tokens)
         group = optimizer.param_groups[0]
         fields = train_event_fields(
             figures, lr=float(group["lr"]), base_lr=float(group["base_lr"]) if group.get("base_lr") else None,
@@ -415,10 +491,11 @@ class Trainer:
             weight_rms=parameter_rms(optimizer))
         self._log("train", **fields)
         if bar is not None:
-            bar.update(self.step - bar.n)
-            tps = speed["train_tokens_per_s"]
-            bar.set_postfix_str(f"loss={means['loss']:.4f} train_tok/s={tps:,.0f}" if tps else
-                                f"loss={means['loss']:.4f}", refresh=True)
+            with self.account.phase("report"):
+                bar.update(self.step - bar.n)
+                tps = speed["train_tokens_per_s"]
+                bar.set_postfix_str(f"loss={means['loss']:.4f} train_tok/s={tps:,.0f}" if tps else
+                                    f"loss={means['loss']:.4f}", refresh=True)
 
 
 @contextlib.contextmanager

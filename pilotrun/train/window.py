@@ -33,6 +33,10 @@ class Window:
         self.qk_max_logit: torch.Tensor | None = None
         self.update_rms: dict[str, float] | None = None  # per group, from the update numbered update_rms_step
         self.update_rms_step: int | None = None
+        # Update attempts run under torch.profiler (train.profile) and their microbatches: their time is the
+        # profile phase's, so the training-only figures must not count their tokens either.
+        self.profiled_attempts = 0
+        self.profiled_microbatches = 0
 
     def add_statistics(self, tokens_per_expert: torch.Tensor, qk_max_logit: torch.Tensor) -> None:
         if self.tokens_per_expert is None:
@@ -63,6 +67,9 @@ class WindowFigures:
     loss_scale: float
     update_rms: dict[str, float] | None = None
     update_rms_step: int | None = None
+    profiled_attempts: int = 0  # update attempts run under the profiler (their seconds are not train_seconds)
+    profiled_tokens: int = 0  # their tokens (inside `tokens`)
+    profile_seconds: float = 0.0  # their seconds (inside `wall_seconds`)
 
 
 def train_event_fields(window: WindowFigures, *, lr: float, base_lr: float | None, epoch: int, data_restarts: int,
@@ -81,7 +88,8 @@ def train_event_fields(window: WindowFigures, *, lr: float, base_lr: float | Non
                    "updates_skipped": window.updates_skipped, "clipped": window.clipped,
                    "microbatches": window.microbatches, "tokens": window.tokens,
                    "train_seconds": window.train_seconds, "wall_seconds": window.wall_seconds,
-                   "cpu_seconds": window.cpu_seconds},
+                   "cpu_seconds": window.cpu_seconds, "profiled_attempts": window.profiled_attempts,
+                   "profiled_tokens": window.profiled_tokens, "profile_seconds": window.profile_seconds},
         "loss": window.loss, "aux_loss": window.aux_loss, "lr": lr,
         "lr_multiplier": lr / base_lr if base_lr else None,
         "grad_norm": window.grad_norm, "grad_norm_max": window.grad_norm_max if applied else None,

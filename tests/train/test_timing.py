@@ -25,14 +25,21 @@ def test_phases_partition_the_wall_clock_exactly():
     clock.now += 3.0  # back in train
     with account.phase("checkpoint"):
         clock.now += 0.5
+    with account.phase("profile"):  # a profiled update attempt
+        clock.now += 4.0
+        with account.phase("report"):  # the profiler's files announced
+            clock.now += 0.125
+    with account.phase("report"):  # a train event written
+        clock.now += 0.375
     account.switch("other")
     clock.now += 0.25
     split = account.time_split()
-    assert split == {"train_seconds": 8.0, "eval_seconds": 2.0, "checkpoint_seconds": 0.5,
-                     "other_seconds": 1.25, "wall_seconds": 11.75}
+    assert split == {"train_seconds": 8.0, "eval_seconds": 2.0, "checkpoint_seconds": 0.5, "profile_seconds": 4.0,
+                     "report_seconds": 0.5, "other_seconds": 1.25, "wall_seconds": 16.25}
     assert sum(v for k, v in split.items() if k != "wall_seconds") == split["wall_seconds"]
-    # The device is synchronized only when leaving the training phase (three times above), never per step.
-    assert syncs == [106.0, 111.0, 111.5]
+    # The device is synchronized only when leaving a phase that queues device work (train, profile), never per
+    # step: train -> eval, -> checkpoint, -> profile; profile -> report, -> train; train -> report, -> other.
+    assert syncs == [106.0, 111.0, 111.5, 115.5, 115.625, 115.625, 116.0]
 
 
 def test_window_clock_reads_train_only_and_wall_seconds():
@@ -45,7 +52,12 @@ def test_window_clock_reads_train_only_and_wall_seconds():
         clock.now += 1.0
     assert window.close_window() == (4.0, 5.0)
     clock.now += 2.0
-    assert window.close_window() == (2.0, 2.0)
+    assert window.close_window() == (2.0, 2.0) and window.profile_seconds == 0.0
+    clock.now += 1.0
+    with account.phase("profile"):
+        clock.now += 3.0
+    # A profiled attempt's seconds are inside the window's wall seconds, never its train seconds.
+    assert window.close_window() == (1.0, 4.0) and window.profile_seconds == 3.0
 
 
 def test_unknown_phase_is_refused():
@@ -59,6 +71,17 @@ def test_throughput_reports_mfu_only_against_a_known_peak():
     assert figures == {"train_tokens_per_s": 500.0, "wall_tokens_per_s": 250.0, "achieved_flops_per_s": 3000.0,
                        "mfu": "unknown"}
     assert throughput(1000, 2.0, 4.0, 6.0, 30000.0)["mfu"] == 0.1
+
+
+def test_throughput_counts_only_the_training_phase_tokens_in_training_only_figures():
+    # 400 of the window's 1000 tokens were processed under the profiler, outside the 2 training seconds.
+    figures = throughput(1000, 2.0, 4.0, 6.0, 36000.0, train_tokens=600)
+    assert figures == {"train_tokens_per_s": 300.0, "wall_tokens_per_s": 250.0, "achieved_flops_per_s": 1800.0,
+                       "mfu": 0.05}
+    # A window trained only under the profiler has no training-only figure (not 0 tok/s).
+    figures = throughput(1000, 0.001, 4.0, 6.0, 36000.0, train_tokens=0)
+    assert figures == {"train_tokens_per_s": None, "wall_tokens_per_s": 250.0, "achieved_flops_per_s": None,
+                       "mfu": "unknown"}
 
 
 def test_window_clock_charges_process_cpu_seconds_to_the_training_phase_only():

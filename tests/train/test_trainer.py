@@ -100,8 +100,11 @@ def test_smoke_run_record_is_complete_and_true(builtin_data_dir, tmp_path, capsy
     end = events[-1]
     assert end["reason"] == "completed" and end["step"] == 6
     split = end["time_split"]
-    parts = split["train_seconds"] + split["eval_seconds"] + split["checkpoint_seconds"] + split["other_seconds"]
+    parts = (split["train_seconds"] + split["eval_seconds"] + split["checkpoint_seconds"] + split["profile_seconds"]
+             + split["report_seconds"] + split["other_seconds"])
     assert parts == pytest.approx(split["wall_seconds"], rel=1e-9)
+    assert split["profile_seconds"] == 0.0 and split["report_seconds"] > 0  # nothing profiled; events were written
+    assert all(e["window"]["profiled_attempts"] == 0 for e in trains)
     assert split["train_seconds"] == pytest.approx(sum(e["window"]["train_seconds"] for e in trains), rel=1e-9)
     checkpoint = [e for e in events if e["event"] == "checkpoint"][-1]
     assert checkpoint["step"] == 6 and Path(checkpoint["path"]).is_dir() and checkpoint["bytes"] > 0

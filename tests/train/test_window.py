@@ -10,7 +10,8 @@ from pilotrun.train.window import WindowFigures, train_event_fields
 def _figures(**changes) -> WindowFigures:
     values = dict(updates_applied=3, updates_attempted=4, updates_skipped=1, clipped=2, microbatches=8, tokens=512,
                   train_seconds=1.5, wall_seconds=2.0, cpu_seconds=1.25, loss=3.25, aux_loss=0.01, grad_norm=0.7, grad_norm_max=1.2,
-                  loss_scale=1024.0, update_rms={"attention": 0.2}, update_rms_step=4)
+                  loss_scale=1024.0, update_rms={"attention": 0.2}, update_rms_step=4, profiled_attempts=1,
+                  profiled_tokens=128, profile_seconds=0.25)
     values.update(changes)
     return WindowFigures(**values)
 
@@ -27,7 +28,8 @@ def _event(figures: WindowFigures, **changes):
 def test_every_field_of_a_train_event():
     assert _event(_figures()) == {
         "window": {"updates_applied": 3, "updates_attempted": 4, "updates_skipped": 1, "clipped": 2,
-                   "microbatches": 8, "tokens": 512, "train_seconds": 1.5, "wall_seconds": 2.0, "cpu_seconds": 1.25},
+                   "microbatches": 8, "tokens": 512, "train_seconds": 1.5, "wall_seconds": 2.0, "cpu_seconds": 1.25,
+                   "profiled_attempts": 1, "profiled_tokens": 128, "profile_seconds": 0.25},
         "loss": 3.25, "aux_loss": 0.01, "lr": 0.003, "lr_multiplier": 0.5, "grad_norm": 0.7, "grad_norm_max": 1.2,
         "loss_scale": 1024.0, "epoch": 1, "data_restarts": 2, "throughput": {"train_tokens_per_s": 10.0},
         "moe": {"load_cv": 0.5, "bias_update_speed": 1e-3},
@@ -47,3 +49,11 @@ def test_no_base_lr_no_multiplier_and_a_dense_model_has_no_moe_section():
     assert event["lr_multiplier"] is None
     assert event["moe"] == {}  # the expert-bias speed needs MoE layers to mean anything
     assert event["qk_clip"] == {"max_logit": None, "max_logit_per_head": None}
+
+
+def test_a_window_without_profiled_attempts_says_so():
+    fields = dict(updates_applied=3, updates_attempted=3, updates_skipped=0, clipped=0, microbatches=3, tokens=384,
+                  train_seconds=1.5, wall_seconds=2.0, cpu_seconds=1.25, loss=3.25, aux_loss=0.01, grad_norm=0.7,
+                  grad_norm_max=1.2, loss_scale=1.0)
+    window = _event(WindowFigures(**fields))["window"]
+    assert (window["profiled_attempts"], window["profiled_tokens"], window["profile_seconds"]) == (0, 0, 0.0)
