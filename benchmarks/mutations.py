@@ -9,6 +9,7 @@ GUARDS = "tests/train/test_trainer_guards.py"
 RESUME = "tests/train/test_resume.py"
 SUMMARIZE = "tests/report/test_summarize.py"
 OBSERVERS = "tests/train/test_trainer_observers.py"
+INTEGRITY = "tests/report/test_record_integrity.py"
 
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
@@ -161,5 +162,54 @@ MUTATIONS: tuple[Mutation, ...] = (
         new="            if False:\n",
         tests=("tests/report/test_time_split.py",),
         why="a session_end whose phases do not add up to its wall clock is accepted",
+    ),
+    Mutation(
+        name="chain_link_not_compared",
+        file="pilotrun/record.py",
+        old="        if chain_link(previous, body) != value:\n",
+        new="        if False and chain_link(previous, body) != value:\n",
+        tests=(INTEGRITY,),
+        why="a loss edited in metrics.jsonl after the fact passes summarize",
+    ),
+    Mutation(
+        name="run_json_digests_not_compared",
+        file="pilotrun/record.py",
+        old="            if changed:\n                reasons.append(f\"run.json: {', '.join(changed)}",
+        new="            if False:\n                reasons.append(f\"run.json: {', '.join(changed)}",
+        tests=(INTEGRITY,),
+        why="a recipe rewritten in run.json after the run passes summarize",
+    ),
+    Mutation(
+        name="run_folder_not_locked",
+        file="pilotrun/train/run_lock.py",
+        old="            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)\n",
+        new="            pass\n",
+        tests=("tests/train/test_run_lock.py::test_lock_in_process_refuses_a_second_holder_and_is_free_after_release",
+               "tests/train/test_run_lock.py::test_a_second_writer_is_refused_naming_the_holder_and_the_first_record_stays_valid"),
+        why="two sessions write into one run folder at once",
+    ),
+    Mutation(
+        name="require_step_accepts_any_end",
+        file="pilotrun/report/summarize.py",
+        old="    elif ends[-1].get(\"reason\") != \"completed\":\n",
+        new="    elif False:\n",
+        tests=(f"{INTEGRITY}::test_require_step_refuses_a_session_that_ended_in_error_without_a_checkpoint",),
+        why="--require-step accepts a session that ended in an error",
+    ),
+    Mutation(
+        name="final_checkpoint_not_rehashed",
+        file="pilotrun/train/marker.py",
+        old="        elif sha256_of_file(path) != expected[\"sha256\"]:\n",
+        new="        elif False:\n",
+        tests=(f"{INTEGRITY}::test_require_step_needs_a_completed_end_and_an_intact_final_checkpoint",),
+        why="a final checkpoint whose bytes changed (same size) counts as intact",
+    ),
+    Mutation(
+        name="damaged_ids_found_only_inside_an_update",
+        file="pilotrun/train/trainer.py",
+        old="            self.train_loader.check_upcoming_batches(self.config.train.gradient_accumulation_steps)\n",
+        new="            pass\n",
+        tests=("tests/data/test_data_fits_recipe.py",),
+        why="a damaged token id stops the run mid-update with no checkpoint of the last applied state",
     ),
 )

@@ -1,6 +1,6 @@
 """Command line: argument parsing only. Every command is a thin call into the package folders.
 
-Exit codes (DESIGN.md): 0 success; 1 a negative result (damaged data, invalid record, NO-GO);
+Exit codes: 0 success; 1 a negative result (damaged data, invalid record, NO-GO);
 2 bad input, reported as one line without a traceback. Each command has one `_add_*` parser function
 and one `_run_*` handler; keep them small and put the work in the package.
 """
@@ -148,7 +148,7 @@ def _run_train(args: argparse.Namespace) -> int:
     else:
         config = load_run_config(args.config, args.overrides)
     return train_from_cli(config, args.data, args.run_dir, resume=args.resume, from_step=args.from_step,
-                          allow_changes=args.allow_change, command=list(sys.argv), run_facts=run_facts)
+                          allow_changes=args.allow_change, command=args.invocation, run_facts=run_facts)
 
 
 def _frozen_config(args: argparse.Namespace):
@@ -424,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version (0) or bad arguments (2, one line): a code, not an exception
         return exc.code if isinstance(exc.code, int) else 2
+    # What run.json records as the command: the arguments this call was given (an in-process or API call has
+    # its own, not the host process's sys.argv).
+    args.invocation = ["pilotrun", *argv] if argv is not None else list(sys.argv)
     try:
         return int(args.handler(args) or 0)
     except PilotrunError as exc:

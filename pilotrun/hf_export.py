@@ -182,7 +182,7 @@ def hf_config(model: torch.nn.Module, eos_id: int | None) -> dict[str, Any]:
         "rms_norm_eps": m.norm_eps,
         "attention_bias": False,
         "attention_dropout": 0.0,
-        "tie_word_embeddings": False,  # pilotrun's head is a separate matrix (spec 1.1)
+        "tie_word_embeddings": False,  # pilotrun's head is a separate matrix, not the embedding
         "num_nextn_predict_layers": 0,  # no multi-token-prediction module
         "initializer_range": m.init_std,
         "bos_token_id": None,
@@ -195,7 +195,7 @@ def hf_config(model: torch.nn.Module, eos_id: int | None) -> dict[str, Any]:
 
 
 def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's tensors under DeepSeek-V3 hub names (spec 1.2's mapping), contiguous fp32 CPU copies."""
+    """The model's tensors under DeepSeek-V3 hub names (the names transformers' DeepseekV3 modules give them), contiguous fp32 CPU copies."""
     from pilotrun.model.balancing import uses_expert_bias
 
     m: ModelConfig = model.cfg

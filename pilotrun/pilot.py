@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TextIO
 
 from pilotrun.errors import PilotrunError
-from pilotrun.record import CHECKPOINTS_DIR
+from pilotrun.record import CHECKPOINTS_DIR, METRICS_JSONL
 from pilotrun.report.child_progress import ProgressLine, wait_with_progress
 
 DEFAULT_RECIPE = "stability.yaml"
@@ -92,7 +92,7 @@ def _kill_past_midpoint(process: subprocess.Popen, run_dir: Path, midpoint: int,
         return bool(steps) and max(steps) > midpoint and any(e.get("event") == "checkpoint" for e in events)
 
     try:
-        events = wait_with_progress(process, run_dir / "metrics.jsonl", max_steps, line, poll_seconds,
+        events = wait_with_progress(process, run_dir / METRICS_JSONL, max_steps, line, poll_seconds,
                                     timeout_seconds, stop_when=past_midpoint)
     except TimeoutError:
         raise PilotError(f"training did not pass step {midpoint} within {timeout_seconds:.0f} s") from None
@@ -190,7 +190,7 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
         second = subprocess.Popen(_train_command(config_path, data_dir, run_dir, overrides, resume=True),
                                   stdout=log, stderr=subprocess.STDOUT)
         try:
-            wait_with_progress(second, run_dir / "metrics.jsonl", max_steps, ProgressLine(out), poll_seconds,
+            wait_with_progress(second, run_dir / METRICS_JSONL, max_steps, ProgressLine(out), poll_seconds,
                                timeout_seconds)
         except TimeoutError:
             raise PilotError(f"the resumed training did not finish within {timeout_seconds:.0f} s") from None

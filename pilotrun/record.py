@@ -21,10 +21,24 @@ A process killed mid-write can leave the last line of metrics.jsonl torn (a pref
 newline). A crash explains that, so it is a note, not damage; the writer cuts such a tail before a resumed
 session appends. Should a torn fragment still be followed by a new session's `session_start` on the same
 line, the event is recovered and the fragment noted. Any other unreadable line is damage.
+
+The log is hash-chained, so that an edit after the fact shows: every line ends with `"chain":"<hex>"`, the
+sha256 of the previous line's chain value and this line's text without the field (the first line chains to
+a digest of run.json's `run_id`). Editing, removing, adding or reordering lines breaks the chain at the first
+line whose predecessor changed; `chain_breaks` names it. The chain head (the last line's value) is recorded
+in each checkpoint's marker and in run.json per session (where it started and ended), and each
+`session_start` carries digests of run.json's sections as they were then, so that a rewritten run.json
+shows too. This detects accidents and casual editing; it is not a signature: anyone who can run this code
+can recompute a chain over a forged log (docs/RUN_RECORD.md).
+
+Longer than this project's ~500-line module size on purpose: the schema, the writer, both readers and the
+hash chain are one file format, and keeping them together is what stops writer and readers from drifting.
 """
 
 from __future__ import annotations
 
+import datetime
+import hashlib
 import json
 import math
 import os
@@ -51,7 +65,16 @@ WINDOW_COUNT_KEYS = ("updates_applied", "updates_attempted", "updates_skipped", 
 QK_CLIP_HARD_GAMMA = 0.5
 NONFINITE_STRINGS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 # Free-text fields where the word "NaN" is text, not a number.
-TEXT_KEYS = {"event", "session_id", "reason", "message", "path", "mfu", "device", "device_name"}
+TEXT_KEYS = {"event", "session_id", "reason", "message", "path", "mfu", "device", "device_name", "chain"}
+# The hash chain over metrics.jsonl (module docstring). CHAIN_KEY is the last field of every line.
+CHAIN_KEY = "chain"
+CHAIN_GENESIS_PREFIX = b"pilotrun metrics.jsonl chain of run "
+# run.json's sections whose digests each session_start records (RUN_JSON_DIGEST_KEY), and the keys of a
+# session entry that are written only when the session ends (left out of the digest, which is taken at start).
+RUN_JSON_DIGEST_KEY = "run_json_sha256"
+RUN_JSON_DIGESTED = ("run_id", "tokens_per_update", "model", "optimizer", "recipe", "data", "allowed_changes",
+                     "frozen", "sessions")
+SESSION_END_KEYS = ("chain_end", "ended_at", "end_reason")
 
 
 class RecordError(PilotrunError):
@@ -118,6 +141,54 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(json_safe(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
+def canonical_json(value: Any) -> str:
+    """The one canonical form digests are taken of: sorted keys, no whitespace, non-finite floats as strings."""
+    return json.dumps(json_safe(value), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def chain_genesis(run_id: str) -> str:
+    """What the first line of a run's metrics.jsonl chains to."""
+    return hashlib.sha256(CHAIN_GENESIS_PREFIX + str(run_id).encode("utf-8")).hexdigest()
+
+
+def chain_link(previous: str, body: str) -> str:
+    """The chain value of a line whose text without the chain field is `body`."""
+    return hashlib.sha256(previous.encode("ascii") + b"\n" + body.encode("utf-8")).hexdigest()
+
+
+def chained_line(previous: str, record: dict[str, Any]) -> tuple[str, str]:
+    """(the line to write, without its newline; its chain value) for an event that follows `previous`."""
+    body = dumps_line(record)
+    value = chain_link(previous, body)
+    return f'{body[:-1]},"{CHAIN_KEY}":"{value}"}}', value
+
+
+def unchained_body(text: str) -> tuple[str, str] | None:
+    """(body, chain value) of a written line, or None when the line does not end with a chain field."""
+    tail = len(CHAIN_KEY) + 64 + 7  # ,"chain":"<64 hex>"}
+    if len(text) < tail + 1 or not text.endswith('"}') or text[-tail:-66] != f',"{CHAIN_KEY}":"':
+        return None
+    value = text[-66:-2]
+    if any(c not in "0123456789abcdef" for c in value):
+        return None
+    body = text[:-tail] + "}"
+    return body, value
+
+
+def run_json_digests(data: dict[str, Any]) -> dict[str, str]:
+    """sha256 per digested section of run.json (RUN_JSON_DIGESTED) as it stands, session end fields left out."""
+    digests = {}
+    for key in RUN_JSON_DIGESTED:
+        if key not in data:
+            continue
+        value = data[key]
+        if key == "sessions" and isinstance(value, list):
+            value = [{k: v for k, v in entry.items() if k not in SESSION_END_KEYS} if isinstance(entry, dict)
+                     else entry for entry in value]
+        digests[key] = hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
+    return digests
+
+
 def nonfinite_fields(value: Any, prefix: str = "") -> list[str]:
     """Dotted names of every non-finite number inside an event (lists shown as name[i])."""
     found: list[str] = []
@@ -169,6 +240,7 @@ class ParsedMetrics:
     notes: list[str] = field(default_factory=list)  # torn lines a crash explains: reported, not fatal
     damage: list[str] = field(default_factory=list)  # unreadable lines nothing explains: the record is invalid
     missing: bool = False  # no metrics.jsonl at all
+    texts: list[str] = field(default_factory=list, repr=False)  # each event's exact text, for the hash chain
 
 
 def _parse_object(text: str) -> dict[str, Any] | None:
@@ -229,10 +301,12 @@ def parse_metrics_bytes(raw: bytes) -> ParsedMetrics:
             parsed.notes.append(f"metrics.jsonl line {number}: torn last line ({len(raw_line)} bytes, a crash "
                                 "mid-write); ignored")
             continue
+        object_text = text
         if event is None:
             recovered = _recover_after_torn_fragment(text)
             if recovered is not None and recovered[0].get("event") == "session_start":
                 event, offset = recovered
+                object_text = text[offset:]
                 parsed.notes.append(f"metrics.jsonl line {number}: torn fragment ({offset} bytes, a crash "
                                     "mid-write) before a resumed session's session_start; fragment ignored")
             else:
@@ -245,7 +319,125 @@ def parse_metrics_bytes(raw: bytes) -> ParsedMetrics:
         event = restore_nonfinite(event)
         event["_line"] = number
         parsed.events.append(event)
+        parsed.texts.append(object_text)
     return parsed
+
+
+def chain_breaks(parsed: ParsedMetrics, run_id: str) -> list[str]:
+    """One reason per line whose hash chain does not follow from the line before it (or, for the first line,
+    from run.json's run_id). An edited line breaks itself; a removed line breaks the line after the gap; two
+    swapped lines break both and the line after them. A line already unreadable (damage) is not in `parsed`, so the one after it
+    breaks too."""
+    reasons = []
+    previous = chain_genesis(run_id)
+    for event, text in zip(parsed.events, parsed.texts, strict=True):
+        split = unchained_body(text)
+        where = f"metrics.jsonl line {event['_line']} ({event.get('event')}, step {event.get('step')})"
+        if split is None:
+            reasons.append(f"{where}: no hash chain field; the line was not written by pilotrun's writer, or edited")
+            continue
+        body, value = split
+        if chain_link(previous, body) != value:
+            first = "run.json's run_id" if event is parsed.events[0] else "the line before it"
+            reasons.append(f"{where}: hash chain broken: it does not follow from {first} (this line was edited, "
+                           "or lines before it were removed, added or reordered)")
+        previous = value
+    return reasons
+
+
+def record_integrity_problems(run: dict[str, Any], parsed: ParsedMetrics,
+                              checkpoint_heads: dict[int, Any] | None = None) -> list[str]:
+    """Everything the hash chain says about a run folder, as reasons (empty: the record is as written).
+
+    - every line follows from the one before it (`chain_breaks`);
+    - each run.json session starts where the chain stood when it opened (`chain_start`: the line before its
+      first line) and, if it ended, its last line is the `chain_end` it recorded: lines removed at the end
+      of a session, or a whole session removed, show here;
+    - each committed checkpoint's `metrics_chain_head` is a line of the log (`checkpoint_heads`: step -> head);
+    - run.json's sections equal the digests the latest session_start recorded (a rewritten recipe shows)."""
+    run_id = run.get("run_id")
+    if not isinstance(run_id, str):
+        return ["run.json: run_id is not a string; the hash chain of metrics.jsonl cannot be checked"]
+    reasons = chain_breaks(parsed, run_id)
+    values = chain_values(parsed)
+    genesis = chain_genesis(run_id)
+    events = parsed.events
+    for entry in run.get("sessions") or []:
+        if not isinstance(entry, dict):
+            continue
+        sid = entry.get("session_id")
+        indices = [i for i, e in enumerate(events) if e.get("session_id") == sid]
+        start, end = entry.get("chain_start"), entry.get("chain_end")
+        if not indices:
+            if end is not None:
+                reasons.append(f"run.json session {sid}: ended (chain_end recorded) but metrics.jsonl holds none "
+                               "of its lines (removed)")
+            continue
+        first, last = indices[0], indices[-1]
+        if start is None:
+            reasons.append(f"run.json session {sid}: no chain_start recorded (a record not written by this "
+                           "version of pilotrun, or edited)")
+        else:
+            before = genesis if first == 0 else (unchained_body(parsed.texts[first - 1]) or ("", None))[1]
+            if start != before:
+                reasons.append(f"run.json session {sid}: its recorded chain_start is not the line before its first "
+                               f"line (metrics.jsonl line {events[first]['_line']}): lines before it were removed, "
+                               "added or rewritten")
+        if end is not None and values.get(end) != last:
+            reasons.append(f"run.json session {sid}: its recorded chain_end is not its last line in metrics.jsonl "
+                           f"(line {events[last]['_line']}): lines at its end were removed, or the log rewritten")
+    for step, head in sorted((checkpoint_heads or {}).items()):
+        if head is not None and head not in values and head != genesis:
+            reasons.append(f"checkpoint step {step}: its marker's metrics_chain_head is no line of metrics.jsonl "
+                           "(the log up to that checkpoint was rewritten)")
+    starts = [e for e in events if e.get("event") == "session_start"]
+    if starts:
+        latest = starts[-1]
+        recorded = latest.get(RUN_JSON_DIGEST_KEY)
+        if not isinstance(recorded, dict):
+            reasons.append(f"metrics.jsonl line {latest['_line']}: the latest session_start records no "
+                           f"{RUN_JSON_DIGEST_KEY}, so run.json cannot be checked against it")
+        else:
+            now = run_json_digests(run)
+            changed = sorted(k for k in set(recorded) | set(now) if recorded.get(k) != now.get(k))
+            if changed:
+                reasons.append(f"run.json: {', '.join(changed)} differ(s) from what the latest session recorded at "
+                               f"its start (metrics.jsonl line {latest['_line']}): run.json was edited after the fact")
+    return reasons
+
+
+def chain_values(parsed: ParsedMetrics) -> dict[str, int]:
+    """Each line's chain value -> its index in `parsed.events` (for the heads that markers and run.json hold)."""
+    values = {}
+    for index, text in enumerate(parsed.texts):
+        split = unchained_body(text)
+        if split is not None:
+            values[split[1]] = index
+    return values
+
+
+def last_chain_value(path: str | Path, run_id: str) -> str:
+    """The chain head of an existing metrics.jsonl: the last complete line's chain value (the genesis of
+    `run_id` for an empty or missing file). A last line without one (not written by this writer) is chained
+    through its digest, so that appends still form a chain from there."""
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size == 0:
+        return chain_genesis(run_id)
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        block = 65536
+        tail = b""
+        position = size
+        while position > 0:  # read backwards until the last line is whole
+            start = max(0, position - block)
+            f.seek(start)
+            tail = f.read(position - start) + tail
+            position = start
+            if tail.rstrip(b"\n").count(b"\n") >= 1:
+                break
+    last = tail.rstrip(b"\n").rsplit(b"\n", 1)[-1].decode("utf-8", errors="replace")
+    split = unchained_body(last)
+    return split[1] if split is not None else hashlib.sha256(last.encode("utf-8")).hexdigest()
 
 
 def read_metrics_tolerant(run_dir: str | Path) -> ParsedMetrics:
@@ -322,13 +514,22 @@ def repair_torn_tail(path: str | Path) -> int:
 class MetricsWriter:
     """Appends one JSON object per line to metrics.jsonl and flushes it, so a reader (or a crash) sees
     every completed event. `fsync()` is called at checkpoints and at the end of a session.
+
+    Each line carries its hash chain value (module docstring); `head` is the chain value of the last line
+    written (None on ranks that do not write). `run_id` defaults to run.json's.
     """
 
-    def __init__(self, run_dir: str | Path, session_id: str, enabled: bool = True):
+    def __init__(self, run_dir: str | Path, session_id: str, enabled: bool = True, run_id: str | None = None):
         self.path = Path(run_dir) / METRICS_JSONL
         self.session_id = session_id
         self.enabled = enabled
+        if run_id is None:
+            run_json = Path(run_dir) / RUN_JSON
+            run_id = str(read_run_json(run_dir).get("run_id", "")) if enabled and run_json.is_file() else ""
+        if enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         self.repaired_bytes = repair_torn_tail(self.path) if enabled else 0
+        self.head: str | None = last_chain_value(self.path, run_id) if enabled else None
         self._file = open(self.path, "a", encoding="utf-8") if enabled else None
 
     def log(self, event: str, counters: Counters, **fields: Any) -> dict[str, Any] | None:
@@ -338,9 +539,12 @@ class MetricsWriter:
             return None
         record = {"event": event, "time": time.time(), "session_id": self.session_id, **counters.as_dict()}
         record.update(fields)
-        assert self._file is not None
-        self._file.write(dumps_line(record) + "\n")
+        record.pop(CHAIN_KEY, None)  # the chain field is the writer's alone, and always the last
+        assert self._file is not None and self.head is not None
+        line, value = chained_line(self.head, record)
+        self._file.write(line + "\n")
         self._file.flush()
+        self.head = value
         return record
 
     def fsync(self) -> None:
@@ -381,6 +585,15 @@ class RunRecord:
 
     def add_session(self, session: dict[str, Any]) -> None:
         self.data["sessions"].append(session)
+
+    def end_session(self, session_id: str, *, reason: str, chain_end: str | None) -> None:
+        """Record where a session's lines end in the hash chain (the head after its session_end), so that
+        lines removed from the end of the log show, and save."""
+        for entry in self.data["sessions"]:
+            if isinstance(entry, dict) and entry.get("session_id") == session_id:
+                entry.update({"end_reason": reason, "chain_end": chain_end,
+                              "ended_at": datetime.datetime.now(datetime.UTC).isoformat()})
+        self.save()
 
     def record_allowed_changes(self, session_id: str, changes: list[dict[str, Any]]) -> None:
         for change in changes:

@@ -97,7 +97,10 @@ def rule_resumed(summary: Summary, t: Thresholds) -> RuleResult:
                        for sid in continued)
     if mismatched:
         return RuleResult("resumed", FAIL, f"{replay}; first: {mismatched[0]}", threshold, evidence)
-    if resumes and not summary.valid:
+    # A damaged final checkpoint makes the record invalid too, but says nothing about the resumes before it:
+    # final_checkpoint reports it.
+    checkpoint_reasons = (summary.overall.get("final_checkpoint") or {}).get("reasons") or []
+    if resumes and any(reason not in checkpoint_reasons for reason in summary.reasons):
         return RuleResult("resumed", FAIL, f"{len(resumes)} resume(s) but the record is invalid (see record_valid)",
                           threshold, evidence)
     if continued:
@@ -116,7 +119,11 @@ def rule_final_checkpoint(summary: Summary, t: Thresholds) -> RuleResult:
     final_step = int(summary.overall.get("updates_applied") or 0)
     threshold = "the checkpoint at the final step is committed and its files match the marker's sha256"
     evidence = "checkpoints/ marker and files, rehashed"
-    problems, files, size = checkpoint_problems(summary.run_dir, final_step)
+    checked = summary.overall.get("final_checkpoint")
+    if isinstance(checked, dict) and checked.get("step") == final_step:  # summarize --require-step rehashed it
+        problems, files, size = checked["problems"], checked["files"], checked["bytes"]
+    else:
+        problems, files, size = checkpoint_problems(summary.run_dir, final_step)
     if problems:
         committed = committed_checkpoint_steps(summary.run_dir)
         newest = f"; newest committed: step {committed[-1]}" if committed else "; no committed checkpoint at all"

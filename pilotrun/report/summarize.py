@@ -14,12 +14,20 @@ Validation (each failure is one reason naming the line, event and numbers):
   session's start;
 - a resumed session starts exactly at the counters of a committed checkpoint an earlier session recorded;
   starting anywhere else would count the rolled-back work twice (or lose work);
-- `--require-step N`: a `session_end` at step N in the kept history.
+- the hash chain of metrics.jsonl (record.py): every line follows from the one before it, each session
+  starts and ends where run.json says the chain stood, each checkpoint's recorded chain head is a line, and
+  run.json's sections equal the digests the latest session_start recorded;
+- `--require-step N`: a `completed` session_end at step N in the kept history, and the checkpoint at N
+  committed with every file matching its marker's sha256.
 
 Reconciliation: the kept history (lineage) is found by walking back from the last session through the
 checkpoints each session resumed from. A session's work after the checkpoint its successor resumed from is
 rolled back, and a session nobody resumed from is rolled back entirely; rolled-back work is reported but
 never counted in the run's totals.
+
+Longer than this project's ~500-line module size: the checks are one pass over the sessions that share their
+state (each session's counters, the lineage, the resume points) and every reason names a line; split across
+modules, a rule would be read apart from the counters it reconciles.
 """
 
 from __future__ import annotations
@@ -40,8 +48,10 @@ from pilotrun.record import (
     nonfinite_fields,
     read_metrics_tolerant,
     read_run_json,
+    record_integrity_problems,
 )
 from pilotrun.report.freeze import describe_frozen_status, frozen_candidate_status
+from pilotrun.train.marker import checkpoint_problems, committed_checkpoint_steps, read_marker
 
 
 @dataclass
@@ -71,6 +81,7 @@ class SessionSummary:
     train_tokens_per_s: float | None
     wall_tokens_per_s: float | None
     events: int
+    latest: bool = False  # the last session in the log: the one a report of "the run now" is about
 
 
 @dataclass
@@ -377,6 +388,7 @@ def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summa
     if not isinstance(run.get("tokens_per_update"), int) or run["tokens_per_update"] <= 0:
         reasons.append(f"run.json: tokens_per_update is {run.get('tokens_per_update')!r}, not a positive integer")
     reasons.extend(run_json_missing_fields(run))
+    reasons.extend(record_integrity_problems(run, log, checkpoint_chain_heads(run_dir)))
     declared = [str(s.get("session_id")) for s in run.get("sessions") or [] if isinstance(s, dict)]
     groups = _group_sessions(log.events, reasons)
     order = list(groups)
@@ -460,19 +472,50 @@ def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summa
             rolled_back_events.extend(groups[sid])
             status = "rolled back"
         sessions.append(_session_summary(sid, index, info, parent.get(sid), status, kept_end))
+    if sessions:
+        sessions[-1].latest = True
 
     final = Counters.of(kept_events[-1]) if kept_events else Counters()
+    final_checkpoint = None
     if require_step is not None:
-        ends = [e for e in kept_events if e["event"] == "session_end" and e["step"] == require_step]
-        if not ends:
-            reasons.append(f"--require-step {require_step}: no session_end at step {require_step} in the kept history "
-                           f"(it ends at step {final.step}"
-                           f"{', killed without session_end' if kept_events and kept_events[-1]['event'] != 'session_end' else ''})")
+        final_checkpoint = _require_step(run_dir, require_step, kept_events, final, reasons)
     overall = _overall(run, groups, order, sessions, final, kept_events)
+    overall["final_checkpoint"] = final_checkpoint  # None unless --require-step asked for it
     overall["frozen_candidate"] = frozen_candidate_status(run)  # None unless started with train --frozen
     return Summary(run_dir=str(run_dir), run_id=run.get("run_id"), valid=not reasons, reasons=reasons, notes=notes,
                    sessions=sessions, lineage=lineage, overall=overall, kept_events=kept_events,
                    rolled_back_events=rolled_back_events, run=run)
+
+
+def checkpoint_chain_heads(run_dir: Path) -> dict[int, Any]:
+    """step -> the metrics chain head each committed checkpoint's marker recorded (None where it has none)."""
+    heads = {}
+    for step in committed_checkpoint_steps(run_dir):
+        marker, _problem = read_marker(run_dir, step)
+        meta = marker.get("meta") if marker is not None else None
+        if isinstance(meta, dict):
+            heads[step] = meta.get("metrics_chain_head")
+    return heads
+
+
+def _require_step(run_dir: Path, step: int, kept_events: list[dict[str, Any]], final: Counters,
+                  reasons: list[str]) -> dict[str, Any]:
+    """`--require-step N`: the kept history ends with a `completed` session_end at step N, and the checkpoint
+    at N is committed with every file matching its marker (the run can be continued from where it claims to
+    have ended). Returns what was found for the JSON output."""
+    ends = [e for e in kept_events if e["event"] == "session_end" and e["step"] == step]
+    if not ends:
+        killed = kept_events and kept_events[-1]["event"] != "session_end"
+        reasons.append(f"--require-step {step}: no session_end at step {step} in the kept history (it ends at step "
+                       f"{final.step}{', killed without session_end' if killed else ''})")
+    elif ends[-1].get("reason") != "completed":
+        reasons.append(f"--require-step {step}: the session_end at step {step} (line {ends[-1].get('_line')}) has "
+                       f"reason {ends[-1].get('reason')!r}, not 'completed'")
+    problems, files, size = checkpoint_problems(run_dir, step)
+    checkpoint_reasons = [f"--require-step {step}: final checkpoint: {problem}" for problem in problems]
+    reasons.extend(checkpoint_reasons)
+    return {"step": step, "intact": not problems, "problems": problems, "files": files, "bytes": size,
+            "reasons": checkpoint_reasons}
 
 
 def _session_summary(sid: str, index: int, info: dict[str, Any], link: tuple[str, Counters] | None, status: str,
@@ -558,14 +601,18 @@ def format_summary(summary: Summary) -> str:
     lines += ["", header, "-" * len(header)]
     for s in summary.sessions:
         split = "/".join(f"{getattr(s, k):.1f}" for k in SPLIT_PHASES)
-        lines.append(f"{s.session_id[:20]:<20} {str(s.resumed_from if s.resumed_from is not None else '-'):>6} "
+        name = s.session_id[:20] if not s.latest else s.session_id[:11] + " (latest)"
+        lines.append(f"{name:<20} {str(s.resumed_from if s.resumed_from is not None else '-'):>6} "
                      f"{s.status:<18} {(s.end_reason or 'killed'):<12} {s.updates_applied:>8} {s.updates_skipped:>7} "
                      f"{s.updates_rolled_back:>11} {s.tokens_processed:>11} {_fmt(s.train_tokens_per_s):>11} "
                      f"{_fmt(s.wall_tokens_per_s):>10} {split:>32}"
                      f"{'' if s.time_source == 'session_end' else ' (from events)'}")
     t = o["time_split"]
+    latest = next((s for s in summary.sessions if s.latest), None)
     lines += [
         "",
+        f"latest session: {latest.session_id} ({latest.end_reason or 'killed, or still running'} at step "
+        f"{latest.last['step']}; {latest.status})" if latest else "latest session: none",
         f"kept history: {' -> '.join(summary.lineage) or '(none)'}",
         f"updates applied {o['updates_applied']} of max_steps {o['max_steps']}; attempted {o['updates_attempted']}, "
         f"skipped {o['updates_skipped']}; rolled back and redone {o['updates_rolled_back']}",
@@ -577,6 +624,11 @@ def format_summary(summary: Summary) -> str:
         f"effective wall-clock {_fmt(o['wall_tokens_per_s'])} tok/s (kept tokens / all sessions' wall seconds)",
         "time: " + ", ".join(f"{k.removesuffix('_seconds')} {t[k]:.1f} s" for k in SPLIT_KEYS),
     ]
+    checkpoint = o.get("final_checkpoint")
+    if checkpoint is not None:
+        lines.append(f"final checkpoint at step {checkpoint['step']}: "
+                     + (f"intact ({checkpoint['files']} file(s), every sha256 matches its marker)"
+                        if checkpoint["intact"] else "DAMAGED or missing"))
     if o.get("frozen_candidate") is not None:
         lines.append(describe_frozen_status(o["frozen_candidate"]))
     for note in summary.notes:

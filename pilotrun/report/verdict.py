@@ -31,7 +31,9 @@ Thresholds (defaults below, each overridable with `--threshold NAME=VALUE`):
   under the profiler, `window.profiled_attempts` > 0). Below it, on a CPU run whose windows record
   the process's CPU seconds, the same ratio is taken of tokens per CPU second: when that one holds (the
   work per token did not grow) the machine got busier, not the run slower, and the rule WARNs with both
-  figures (allows GO); otherwise it FAILs. On CUDA the CPU time says nothing of the device, so it FAILs.
+  figures (allows GO); otherwise it FAILs. On CUDA the same holds with tokens per device second
+  (`window.device_seconds`, from CUDA timing events around each update): the process CPU time says nothing of
+  the device's work there.
 - memory_budget_gb 0 (= the recipe's train.memory_budget_gb; 0 there too = no budget): peak memory (CUDA
   max allocated, else peak RSS) must fit; max_memory_growth 1.5: RSS at a session's last window over its
   first may grow at most 1.5x (a leak).
@@ -282,7 +284,7 @@ def _session_devices(summary: Summary) -> set[str]:
 
 
 def rule_throughput_steady(summary: Summary, t: Thresholds) -> RuleResult:
-    rates, cpu_rates = [], []
+    rates, cpu_rates, device_rates = [], [], []
     seen_sessions = set()
     profiled = 0
     for e in _train_events(summary):
@@ -300,8 +302,11 @@ def rule_throughput_steady(summary: Summary, t: Thresholds) -> RuleResult:
             rates.append(w["tokens"] / w["train_seconds"])
             cpu = w.get("cpu_seconds")
             cpu_rates.append(w["tokens"] / cpu if is_finite_number(cpu) and cpu > 0 else None)
-    threshold = (f"last-third / first-third median of training-only tok/s >= {t.min_throughput_ratio} (on a CPU, "
-                 "tok per process CPU second held to the same bound separates a busier machine)")
+            device = w.get("device_seconds")
+            device_rates.append(w["tokens"] / device if is_finite_number(device) and device > 0 else None)
+    threshold = (f"last-third / first-third median of training-only tok/s >= {t.min_throughput_ratio} (tok per "
+                 "process CPU second on a CPU, per device second on CUDA, held to the same bound separates a busier "
+                 "machine)")
     evidence = f"training-only tokens/s of {len(rates)} train windows (each session's first left out"
     evidence += f", and {profiled} with profiled updates)" if profiled else ")"
     if len(rates) < 6:
@@ -320,16 +325,29 @@ def rule_throughput_steady(summary: Summary, t: Thresholds) -> RuleResult:
         figure += (f"; per process CPU second {cpu_first:.1f} -> {cpu_last:.1f} tok (ratio {cpu_ratio:.2f}), CPU "
                    f"seconds per training second {share_first:.2f} -> {share_last:.2f}")
         evidence += "; window.cpu_seconds"
+    have_device = all(r is not None for r in device_rates)
+    if have_device:
+        device_first = statistics.median(device_rates[:third])
+        device_last = statistics.median(device_rates[-third:])
+        device_ratio = device_last / device_first
+        figure += f"; per device second {device_first:.1f} -> {device_last:.1f} tok (ratio {device_ratio:.2f})"
+        evidence += "; window.device_seconds (CUDA timing events)"
     if ratio >= t.min_throughput_ratio:
         return RuleResult("throughput_steady", PASS, figure, threshold, evidence)
     devices = _session_devices(summary)
-    if have_cpu and devices == {"cpu"} and cpu_ratio >= t.min_throughput_ratio:
-        return RuleResult("throughput_steady", WARN, f"the machine got busier: {figure}; the work per token held, "
-                          "so the slowdown is other load on the machine, not the recipe", threshold, evidence)
-    if not have_cpu:
+    on_cuda = bool(devices) and all(d.startswith("cuda") for d in devices)
+    if (have_cpu and devices == {"cpu"} and cpu_ratio >= t.min_throughput_ratio) or \
+            (have_device and on_cuda and device_ratio >= t.min_throughput_ratio):
+        what = "process CPU second" if devices == {"cpu"} else "device second"
+        return RuleResult("throughput_steady", WARN, f"the machine got busier: {figure}; the work per token (tokens "
+                          f"per {what}) held, so the slowdown is other load on the machine, not the recipe",
+                          threshold, evidence)
+    if on_cuda and not have_device:
+        figure += "; device time not recorded, so contention cannot be told apart"
+    elif not on_cuda and not have_cpu:
         figure += "; CPU time not recorded, so contention cannot be told apart"
-    elif devices != {"cpu"}:
-        figure += f"; device {', '.join(sorted(devices))}: process CPU time does not measure the device's work"
+    elif devices != {"cpu"} and not on_cuda:
+        figure += f"; devices {', '.join(sorted(devices))}: no one measure of the work per token"
     else:
         figure += "; the work per token grew too: the run itself slowed"
     return RuleResult("throughput_steady", FAIL, figure, threshold, evidence)

@@ -16,6 +16,9 @@ file, so a damaged checkpoint is never restored silently; `load(step=N)` picks a
 Storage is a small interface (`write(state, folder) -> {file: (sha256, bytes)}`, `read(folder, files,
 template) -> state`) so that a torch.distributed.checkpoint storage, where every rank writes its shards into
 the same folder, can replace the single-process torch.save one without touching the policy here.
+
+A little over this project's ~500-line module size: the save, the load and the recovery of interrupted saves
+share one folder protocol (temp folder, rename, marker, replaced copies), which reads best in one place.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Precision: fp32, bf16 autocast, fp16 autocast with a dynamic loss scale, and one honest update.
 
-Spec/model.md section 4. Parameters and optimizer state stay fp32 in every mode; autocast only changes the
+docs/MODEL.md, "Precision". Parameters and optimizer state stay fp32 in every mode; autocast only changes the
 compute dtype of matmuls. fp16 needs loss scaling (its range tops out at 65504), done by
 `torch.amp.GradScaler`, on CPU and CUDA alike; bf16 has fp32's exponent range and needs none.
 

@@ -1,6 +1,6 @@
 """Every random number generator a training step can draw from, captured and restored exactly.
 
-Exact continuation (DESIGN.md invariant 2) needs the *next* draw after a resume to equal the next draw of
+Exact continuation (a resumed run equals one that never stopped) needs the *next* draw after a resume to equal the next draw of
 a run that never stopped, for every generator: Python's `random`, NumPy's global generator, torch's CPU
 generator and each CUDA device's generator. `capture_rng_state()` returns them as a state dict made only
 of tensors, ints, floats, strings and None: what `torch.load(weights_only=True)` accepts and what

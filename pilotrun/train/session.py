@@ -23,7 +23,7 @@ import torch
 
 from pilotrun.config import RunConfig, config_from_dict, config_to_dict, validate_run_config
 from pilotrun.data.reader import BatchLoader, TokenDataset, check_data_fits_recipe, open_dataset
-from pilotrun.errors import CheckpointError, ConfigError
+from pilotrun.errors import CheckpointError, ConfigError, PilotrunError
 from pilotrun.model.accounting import count_parameters, flops_per_token
 from pilotrun.model.transformer import build_model
 from pilotrun.optim.muon_adamw import build_optimizer
@@ -38,6 +38,7 @@ from pilotrun.train.notices import restored_state_line, startup_warnings
 from pilotrun.train.precision import build_grad_scaler
 from pilotrun.train.resume import ResumePlan, checkpoint_meta, plan_session
 from pilotrun.train.rng import capture_rng_state, restore_rng_state, seed_every_generator
+from pilotrun.train.run_lock import LOCK_NAME, RunFolderBusy, RunFolderLock
 
 
 def tokens_per_update(config: RunConfig, world_size: int) -> int:
@@ -46,7 +47,8 @@ def tokens_per_update(config: RunConfig, world_size: int) -> int:
 
 
 def check_run_dir_is_new(run_dir: Path) -> None:
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+    """A fresh run needs a new or empty folder; the lock file a refused earlier attempt left does not count."""
+    if run_dir.exists() and (not run_dir.is_dir() or any(p.name != LOCK_NAME for p in run_dir.iterdir())):
         raise ConfigError(f"run folder {run_dir} already exists; pass --resume to continue it, or choose a new "
                           "--run-dir")
 
@@ -139,6 +141,11 @@ class Session:
     record: RunRecord | None = None
     metrics: MetricsWriter | None = None
     notes: list[str] = field(default_factory=list)
+    lock: RunFolderLock | None = None  # held by rank 0 until the session ends
+
+    def release_lock(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
 
     @property
     def resumed_from(self) -> int | None:
@@ -178,7 +185,6 @@ def build_session(config: RunConfig, data_dir: str | Path, run_dir: str | Path, 
                   from_step: int | None, allow_changes: list[str] | tuple[str, ...], command: list[str],
                   context: dist_utils.DistributedContext) -> Session:
     run_dir, data_dir = Path(run_dir), Path(data_dir)
-    world_size = context.world_size
     validate_run_config(config)
     if config.train.num_threads > 0:
         torch.set_num_threads(config.train.num_threads)
@@ -189,8 +195,45 @@ def build_session(config: RunConfig, data_dir: str | Path, run_dir: str | Path, 
     if not resume:
         if from_step is not None:
             raise ConfigError("--from-step needs --resume")
-        check_run_dir_is_new(run_dir)
+        if not (run_dir / LOCK_NAME).is_file():  # a run folder's lock names a session still running, below
+            check_run_dir_is_new(run_dir)
 
+    # One writer per run folder, from here until the session ends (run_lock.py); checked again under the
+    # lock, since another fresh session may have started writing between the check above and the lock.
+    lock = take_run_lock(run_dir, context)
+    try:
+        if not resume:
+            check_run_dir_is_new(run_dir)
+        session = _build_locked_session(config, data_dir, run_dir, resume=resume, from_step=from_step,
+                                        allow_changes=allow_changes, command=command, context=context)
+    except BaseException:
+        if lock is not None:
+            lock.release(refused=True)  # a refused session leaves nothing behind, not even a holder line
+        raise
+    session.lock = lock
+    if lock is not None and lock.note:
+        session.notes.append(lock.note)
+    return session
+
+
+def take_run_lock(run_dir: Path, context: dist_utils.DistributedContext) -> RunFolderLock | None:
+    """Rank 0 takes the run folder's lock; every rank learns whether it did and refuses alike."""
+    lock, refusal = None, None
+    if context.is_main_process:
+        try:
+            lock = RunFolderLock.acquire(run_dir)
+        except PilotrunError as exc:
+            refusal = str(exc)
+    refusal = dist_utils.broadcast_object(context, refusal)
+    if refusal is not None:
+        raise RunFolderBusy(refusal)
+    return lock
+
+
+def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, resume: bool, from_step: int | None,
+                          allow_changes: list[str] | tuple[str, ...], command: list[str],
+                          context: dist_utils.DistributedContext) -> Session:
+    world_size = context.world_size
     # 2. Data: its identity and vocabulary decide the model's vocab_size when the recipe leaves it at 0.
     dataset = open_dataset(data_dir)
     config = resolve_vocab(config, dataset.vocab_size)
@@ -307,12 +350,15 @@ def open_record(session: Session, *, resume: bool, command: list[str]) -> None:
                                   data=session.data_section(), enabled=is_main)
     record.record_allowed_changes(session.session_id, session.plan.allowed_changes)
     counters = session.state.counters()
+    # The writer first: it cuts a torn tail and finds the chain head this session's lines continue from.
+    metrics = MetricsWriter(session.run_dir, session.session_id, enabled=is_main, run_id=str(record.data["run_id"]))
     record.add_session({
         "session_id": session.session_id, "start_step": counters.step, "start_tokens_seen": counters.tokens_seen,
         "resumed_from": session.resumed_from, "git": git_state(), "command": command,
         "hardware": session.hardware, "software": session.software,
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(), "notes": list(session.notes),
+        "chain_start": metrics.head,
     })
     record.save()
     session.record = record
-    session.metrics = MetricsWriter(session.run_dir, session.session_id, enabled=is_main)
+    session.metrics = metrics

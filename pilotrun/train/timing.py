@@ -46,6 +46,10 @@ class TimeAccount:
         self.totals = dict.fromkeys(PHASES, 0.0)
         self.cpu_totals = dict.fromkeys(PHASES, 0.0)  # process CPU seconds (every thread) per phase
 
+    def synchronize_with(self, synchronize: Callable[[], None] | None) -> None:
+        """Set the device wait that leaving a phase does (known only once the session chose its device)."""
+        self._synchronize = synchronize
+
     @property
     def current_phase(self) -> str:
         return self._phase

@@ -27,6 +27,10 @@ sink warns once and changes neither the training nor the record; writing and mir
 
 SIGINT / SIGTERM: the current update is finished, the window is logged, a checkpoint is saved, then
 `session_end` with reason "interrupted", and the exit code is 130 (SIGINT) or 143 (SIGTERM).
+
+Over this project's ~500-line module size because the loop's observers (the profiler window, the metrics sinks,
+the look-ahead at the next update's data) are small methods of the one object whose phases they are timed in;
+the loop itself (`_run`) still fits on a screen.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from typing import Any
 import torch
 
 from pilotrun.config import RunConfig
-from pilotrun.data.reader import BatchLoader
+from pilotrun.data.reader import BatchLoader, TokenIdError
 from pilotrun.model.diagnostics import (
     attention_diagnostics,
     block_output_rms,
@@ -55,6 +59,7 @@ from pilotrun.model.diagnostics import (
 from pilotrun.optim.muon_adamw import parameter_rms
 from pilotrun.optim.schedule import set_learning_rates
 from pilotrun.optim.update_hooks import StepStatistics
+from pilotrun.record import run_json_digests
 from pilotrun.report.sinks import GuardedSink, MetricsSink, guarded_tensorboard_sink
 from pilotrun.train import distributed as dist_utils
 from pilotrun.train.dcp_storage import training_state
@@ -133,6 +138,10 @@ class Trainer:
                           command=list(command) if command is not None else list(sys.argv), context=context)
         self.session = s
         self.context, self.is_main, self.config, self.device = context, context.is_main_process, s.config, s.device
+        if self.device.type == "cuda":
+            # Leaving a phase waits for the device's queued work, so that kernels launched in training are
+            # charged to training, not to whatever phase comes next.
+            self.account.synchronize_with(torch.cuda.synchronize)
         self.raw_model, self.model, self.optimizer, self.scaler = s.raw_model, s.model, s.optimizer, s.scaler
         self.partition, self.state, self.hooks, self.train_loader = s.partition, s.state, s.state.hooks, s.state.loader
         self.resumed_from, self.notes, self.record, self.metrics = s.resumed_from, s.notes, s.record, s.metrics
@@ -249,6 +258,7 @@ class Trainer:
         state = training_state(self.model, self.raw_model, self.optimizer, self.context)
         state.update({"scaler": self.scaler.state_dict(), "trainer": self.state_dict(), "rng": capture_rng_state()})
         meta = self.session.checkpoint_meta(self.config, self.partition, self.state.counters())
+        meta["metrics_chain_head"] = self.metrics.head  # the record up to this checkpoint, as the chain says
         path = self.checkpointer.save(self.step, state, meta)
         if self.is_main:
             size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
@@ -268,6 +278,7 @@ class Trainer:
                 signal.signal(signum, handler)
             self.metrics.close()
             self._close_sinks()
+            self.session.release_lock()  # the session's writes are done
 
     def _run(self) -> TrainResult:
         t, account, state = self.config.train, self.account, self.state
@@ -279,10 +290,13 @@ class Trainer:
         try:
             account.switch("train")
             while state.step < t.max_steps:
+                self._check_next_update_data(window, window_clock, bar)
                 if self.profiler.profiles(state.step + 1):
                     outcome, restarted, hook_events = self._profiled_update(window)
                 else:
+                    window.update_started()
                     outcome, restarted, hook_events = self._train_one_update(window)
+                    window.update_finished()
                 if restarted or not outcome.applied or hook_events:  # rare: logged outside the training time
                     with account.phase("other"):
                         self._log_rare_events(outcome, restarted, hook_events)
@@ -325,6 +339,7 @@ class Trainer:
                 self._close_profiler()            # error is the one to report
             self._log("session_end", reason="error", message=f"{type(exc).__name__}: {exc}"[:2000],
                       time_split=account.time_split())
+            self.record.end_session(self.session.session_id, reason="error", chain_end=self.metrics.head)
             if bar is not None:
                 bar.close()
             raise
@@ -341,6 +356,7 @@ class Trainer:
             for note in self.notes:
                 print(f"note: {note}", file=self.out, flush=True)
         self._log("session_start", resumed_from=self.resumed_from, world_size=world_size,
+                  run_json_sha256=run_json_digests(self.record.data),
                   tokens_per_update=self.session.tokens_per_update, max_steps=t.max_steps,
                   tokens_per_microbatch=self.tokens_per_microbatch, metrics_repaired_bytes=self.metrics.repaired_bytes)
         if not (self.progress and self.is_main):
@@ -378,11 +394,29 @@ class Trainer:
                 bar.close()
         split = account.time_split()
         self._log("session_end", reason=reason, message=message, time_split=split, val_loss=self.last_val_loss)
+        self.record.end_session(self.session.session_id, reason=reason, chain_end=self.metrics.head)
         if self.is_main:
             phases = ", ".join(f"{phase} {split[f'{phase}_seconds']:.1f} s" for phase in PHASES)
             print(f"session_end: {reason} at step {self.step:,} ({message}); {phases} of "
                   f"{split['wall_seconds']:.1f} s wall", file=self.out, flush=True)
         return TrainResult(reason=reason, exit_code=exit_code, message=message, **self.counters())
+
+    def _check_next_update_data(self, window: Window, window_clock: WindowClock, bar) -> None:
+        """Look at the ids of the next update's batches (every rank's rows, so all ranks agree) before any of it
+        runs. A damaged shard can hold an id outside the vocabulary although its manifest did not; found here,
+        at an update boundary, the last applied state is whole: its window is closed and checkpointed, and the
+        TokenIdError (one line naming shard and offset, exit 2) ends the session as an error. Found inside an
+        update by the reader's own guard, half an update would be lost with no checkpoint of the state before.
+        The ids were read from memory-mapped shards that the update then reads again from the page cache."""
+        try:
+            self.train_loader.check_upcoming_batches(self.config.train.gradient_accumulation_steps)
+        except TokenIdError:
+            with _switch_for_good(self.account, "other"):
+                self._close_window(window, window_clock, bar)
+            if self.last_checkpoint_step != self.state.step:
+                with self.account.phase("checkpoint"):
+                    self.save_checkpoint()
+            raise
 
     def _profiled_update(self, window: Window) -> tuple[UpdateOutcome, int, list[dict[str, Any]]]:
         """One update attempt under torch.profiler, charged to the "profile" phase together with the profiler's
@@ -477,7 +511,8 @@ class Trainer:
             wall_seconds=wall_seconds, cpu_seconds=window_clock.cpu_seconds, loss=means["loss"], aux_loss=means["aux"], grad_norm=window.grad_norm,
             grad_norm_max=window.grad_norm_max, loss_scale=window.loss_scale, update_rms=window.update_rms,
             update_rms_step=window.update_rms_step, profiled_attempts=window.profiled_attempts,
-            profiled_tokens=profiled_tokens, profile_seconds=window_clock.profile_seconds)
+            profiled_tokens=profiled_tokens, profile_seconds=window_clock.profile_seconds,
+            device_seconds=window.device_seconds())
         speed = throughput(tokens, train_seconds, wall_seconds, self.session.flops_per_token,
                            self.session.peak_flops_per_s, train_tokens=tokens - profiled_tokens)
         group = optimizer.param_groups[0]

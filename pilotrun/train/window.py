@@ -37,6 +37,32 @@ class Window:
         # profile phase's, so the training-only figures must not count their tokens either.
         self.profiled_attempts = 0
         self.profiled_microbatches = 0
+        # On CUDA, a pair of timing events around each update in the training phase: the device's own seconds
+        # for the work, which other load on the host does not stretch while the device stays fed. The verdict
+        # tells a busier machine from a slower run with them, as it does with the process CPU time on a CPU.
+        self._device_events: list[tuple[Any, Any]] = [] if device.type == "cuda" else None  # type: ignore[assignment]
+        self._open_event: Any = None
+
+    def update_started(self) -> None:
+        """Mark the start of an update's device work (CUDA only; a no-op elsewhere, no host sync)."""
+        if self._device_events is not None:
+            self._open_event = torch.cuda.Event(enable_timing=True)
+            self._open_event.record()
+
+    def update_finished(self) -> None:
+        if self._device_events is not None and self._open_event is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._device_events.append((self._open_event, end))
+            self._open_event = None
+
+    def device_seconds(self) -> float | None:
+        """The summed device seconds of the window's timed updates (None off CUDA). Waits for the last event:
+        called when the window closes, where the loop leaves the training phase anyway."""
+        if not self._device_events:
+            return None
+        self._device_events[-1][1].synchronize()
+        return sum(start.elapsed_time(end) for start, end in self._device_events) / 1000.0
 
     def add_statistics(self, tokens_per_expert: torch.Tensor, qk_max_logit: torch.Tensor) -> None:
         if self.tokens_per_expert is None:
@@ -70,6 +96,7 @@ class WindowFigures:
     profiled_attempts: int = 0  # update attempts run under the profiler (their seconds are not train_seconds)
     profiled_tokens: int = 0  # their tokens (inside `tokens`)
     profile_seconds: float = 0.0  # their seconds (inside `wall_seconds`)
+    device_seconds: float | None = None  # CUDA: device seconds of the training-phase updates (timing events)
 
 
 def train_event_fields(window: WindowFigures, *, lr: float, base_lr: float | None, epoch: int, data_restarts: int,
@@ -89,7 +116,8 @@ def train_event_fields(window: WindowFigures, *, lr: float, base_lr: float | Non
                    "microbatches": window.microbatches, "tokens": window.tokens,
                    "train_seconds": window.train_seconds, "wall_seconds": window.wall_seconds,
                    "cpu_seconds": window.cpu_seconds, "profiled_attempts": window.profiled_attempts,
-                   "profiled_tokens": window.profiled_tokens, "profile_seconds": window.profile_seconds},
+                   "profiled_tokens": window.profiled_tokens, "profile_seconds": window.profile_seconds,
+                   "device_seconds": window.device_seconds},
         "loss": window.loss, "aux_loss": window.aux_loss, "lr": lr,
         "lr_multiplier": lr / base_lr if base_lr else None,
         "grad_norm": window.grad_norm, "grad_norm_max": window.grad_norm_max if applied else None,

@@ -126,12 +126,18 @@ def test_a_damaged_id_found_mid_run_stops_with_one_line_and_the_last_checkpoint_
 
     data = tmp_path / "data"
     shutil.copytree(builtin_data_dir, data)
-    # Batch b of 4 rows x 32 reads tokens 128*b .. 128*b + 128: offset 300 is first read by update 3.
-    _poke_token(data, "train_00000.npy", 300, 4096, record_max=False)
+    # Batch b of 4 rows x 32 reads tokens 128*b .. 128*b + 128: offset 420 is first read by update 4.
+    _poke_token(data, "train_00000.npy", 420, 4096, record_max=False)
     run_dir = tmp_path / "run"
     code = main(train_argv(data, run_dir, "train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=0"))
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("pilotrun:")]  # the progress bar shares stderr
     assert code == 2 and "Traceback" not in err and len(errors) == 1
-    assert "train_00000.npy" in errors[0] and "offset 300" in errors[0]
-    assert Checkpointer(run_dir, keep=2).committed_steps() == [2]
+    assert "train_00000.npy" in errors[0] and "offset 420" in errors[0]
+    # Found before update 4 ran: the state after update 3 is checkpointed, and the record says how it ended.
+    assert Checkpointer(run_dir, keep=3).committed_steps() == [2, 3]
+    from pilotrun.report.summarize import summarize_run
+
+    summary = summarize_run(run_dir)
+    assert summary.valid, summary.reasons
+    assert summary.sessions[-1].end_reason == "error" and summary.overall["updates_applied"] == 3

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pilotrun.record import RUN_JSON_DIGEST_KEY, chain_genesis, chained_line, run_json_digests
+
 
 class SyntheticRun:
     def __init__(self, run_dir: Path, *, batch_size: int = 2, seq_len: int = 8, grad_accum: int = 2,
@@ -185,9 +187,29 @@ class SyntheticRun:
 
     # ---------------------------------------------------------------------------------------------- output
     def write(self, torn_tail: str = "") -> Path:
+        """run.json, metrics.jsonl and the checkpoints, hash-chained as the real writer chains them (record.py):
+        each line's chain value, each session's chain_start / chain_end, the digests of run.json in the
+        latest session_start and each checkpoint marker's chain head, computed over the events as they are
+        now (a test may have edited them)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        entries = {entry["session_id"]: entry for entry in self.run["sessions"]}
+        starts = [e for e in self.events if e["event"] == "session_start"]
+        head, lines, seen = chain_genesis(self.run["run_id"]), [], set()
+        self.chain_heads: dict[int, str] = {}
+        for event in self.events:
+            entry = entries.get(event["session_id"])
+            if entry is not None and event["session_id"] not in seen:
+                entry["chain_start"] = head
+            seen.add(event["session_id"])
+            if starts and event is starts[-1]:
+                event[RUN_JSON_DIGEST_KEY] = run_json_digests(self.run)
+            if event["event"] == "checkpoint":
+                self.chain_heads[event["step"]] = head  # the trainer saves before logging the checkpoint line
+            line, head = chained_line(head, event)
+            lines.append(line)
+            if event["event"] == "session_end" and entry is not None:
+                entry.update(chain_end=head, end_reason=event.get("reason"))
         (self.run_dir / "run.json").write_text(json.dumps(self.run, indent=2))
-        lines = [json.dumps(e, separators=(",", ":")) for e in self.events]
         (self.run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n" + torn_tail)
         for step, counters in self.checkpoints.items():
             self.write_checkpoint(step, counters)
@@ -201,7 +223,8 @@ class SyntheticRun:
         (folder / "state.pt").write_bytes(payload)
         marker = {"step": step, "files": {"state.pt": {"sha256": hashlib.sha256(payload).hexdigest(),
                                                       "bytes": len(payload)}},
-                  "meta": {"counters": {k: counters[k] for k in self.counters}}}
+                  "meta": {"counters": {k: counters[k] for k in self.counters},
+                           "metrics_chain_head": getattr(self, "chain_heads", {}).get(step)}}
         (folder / "COMMITTED.json").write_text(json.dumps(marker))
         return folder
 

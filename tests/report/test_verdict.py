@@ -211,7 +211,30 @@ def test_throughput_contention_is_not_inferred_without_cpu_time_or_on_cuda(tmp_p
         session["hardware"]["device"] = "cuda"
     run.write()
     rule = {r.name: r for r in judge_summary(summarize_run(tmp_path / "cuda")).rules}["throughput_steady"]
-    assert rule.status == FAIL and "does not measure the device" in rule.figure
+    assert rule.status == FAIL and "device time not recorded" in rule.figure  # CPU time is no measure there
+
+
+def test_throughput_on_cuda_tells_a_busier_machine_by_the_device_seconds(tmp_path):
+    """On CUDA each window records the device seconds of its updates (timing events): when the wall time grew but
+    the device did the same work per token, the machine got busier (WARN); when the device seconds grew with
+    it, the run slowed (FAIL)."""
+    def build(name, device_seconds_per_update):
+        run = crashed_and_resumed(tmp_path / name, make_run=lambda d, **kw: _with(SyntheticRun(d, **kw),
+                                                                                  _busier_machine))
+        for session in run.run["sessions"]:
+            session["hardware"]["device"] = "cuda"
+        for event in run.events:
+            if event["event"] == "train":
+                window = event["window"]
+                window["device_seconds"] = window["updates_attempted"] * device_seconds_per_update(event["step"])
+        run.write()
+        return {r.name: r for r in judge_summary(summarize_run(run.run_dir)).rules}["throughput_steady"]
+
+    held = build("held", lambda step: 0.3)
+    assert held.status == WARN and held.figure.startswith("the machine got busier")
+    assert "per device second" in held.figure and "tokens per device second) held" in held.figure
+    grew = build("grew", lambda step: 1.2 if step > 40 else 0.3)
+    assert grew.status == FAIL and "the run itself slowed" in grew.figure
 
 
 def _with(run, change):

@@ -86,7 +86,9 @@ def test_real_damaged_final_checkpoint_fails(pilot_run, tmp_path, capsys):
     code, verdict, rules = _verdict_json(capsys, run_dir)
     assert code == 1 and rules["final_checkpoint"]["status"] == "FAIL"
     assert f"{victim}: sha256 differs" in rules["final_checkpoint"]["figure"]
-    assert verdict["failed"] == ["final_checkpoint"]
+    # summarize --require-step (which the verdict runs) refuses a damaged final checkpoint as well, naming it.
+    assert verdict["failed"] == ["record_valid", "final_checkpoint"]
+    assert any(f"final checkpoint: {victim}: sha256 differs" in r for r in verdict["summary"]["reasons"])
 
 
 def test_real_run_with_lr_zero_and_an_idle_resume_fails_learning_and_resume(builtin_data_dir, tmp_path, capsys):

@@ -1,0 +1,140 @@
+"""One writer per run folder: an exclusive lock held for the whole training session.
+
+Two `pilotrun train` processes on one run folder would interleave metrics.jsonl and overwrite each other's
+run.json, turning a valid record into a permanently invalid one. So a session takes an exclusive
+`flock` on RUN/run.lock before it writes anything, and holds it until the session ends. The kernel
+releases the lock when the process dies, however it dies (SIGKILL included), so there is never a stale
+lock to clean up: the file stays, only the lock goes. The file holds who took it (pid, host, since,
+command), so a refused second process can name the holder. Under torchrun rank 0 takes it and tells the
+other ranks; they all refuse together.
+
+The file is never deleted while a run folder exists (deleting it would let two processes lock two
+different files of the same name); a fresh session refused before writing anything removes the folder it
+created, lock file included.
+
+Network filesystems: on Linux, NFS (v3 with lockd, v4) emulates flock with byte-range locks held by the
+server, so two clients exclude each other as long as the server's locking works; a mount with `nolock`, or
+filesystems that keep flock per client (some FUSE and parallel filesystems, Lustre without `-o flock`),
+lock only within one machine, and two machines could then both write. Where the filesystem refuses locks
+altogether (ENOLCK, EOPNOTSUPP), the session warns, records a note, and runs unlocked.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from pilotrun.errors import PilotrunError
+
+LOCK_NAME = "run.lock"
+UNSUPPORTED_ERRNOS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+
+
+class RunFolderBusy(PilotrunError):
+    """Another process holds the run folder's lock: exit 2, naming the holder."""
+
+
+def describe_holder(text: str) -> str:
+    """The holder line of a lock file: 'pid P on host H since T', or what could be read of it."""
+    try:
+        holder = json.loads(text)
+    except ValueError:
+        holder = None
+    if not isinstance(holder, dict):
+        return "a process whose details could not be read"
+    return f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')} since {holder.get('since', '?')}"
+
+
+def _rewrite(handle: Any, text: str) -> None:
+    handle.seek(0)
+    handle.truncate()
+    handle.write(text)
+    handle.flush()
+
+
+class RunFolderLock:
+    """`acquire` takes the lock or raises RunFolderBusy; `release` lets it go (the kernel does so at exit)."""
+
+    def __init__(self, run_dir: Path, handle: Any, created_folder: bool, note: str | None = None,
+                 previous_text: str = "") -> None:
+        self.run_dir = run_dir
+        self._handle = handle
+        self.created_folder = created_folder  # this session made the run folder (a fresh run)
+        self.note = note  # set when the filesystem gives no locks
+        self.previous_text = previous_text  # the last holder's line, put back if this session is refused
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / LOCK_NAME
+
+    @classmethod
+    def acquire(cls, run_dir: str | Path) -> RunFolderLock:
+        run_dir = Path(run_dir)
+        created = not run_dir.exists()
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            handle = open(run_dir / LOCK_NAME, "a+", encoding="utf-8")
+        except OSError as exc:
+            raise PilotrunError(f"run folder {run_dir}: cannot create its lock file ({exc.strerror or exc})") from None
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = describe_holder(handle.read(4096))
+            handle.close()
+            raise RunFolderBusy(f"run folder {run_dir} is in use by {holder} (it holds {run_dir / LOCK_NAME}); "
+                                "wait for it to end, or stop it, before training into this folder") from None
+        except OSError as exc:
+            if exc.errno not in UNSUPPORTED_ERRNOS:
+                handle.close()
+                raise
+            note = (f"the filesystem of {run_dir} does not support file locks ({exc.strerror}): this session "
+                    "runs unlocked, and a second writer on the same folder would not be refused")
+            print(f"warning: {note}", file=sys.stderr, flush=True)
+            return cls(run_dir, handle, created, note)
+        handle.seek(0)
+        previous = handle.read(4096)
+        holder = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "since": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                  "command": " ".join(sys.argv)[:500]}
+        _rewrite(handle, json.dumps(holder) + "\n")
+        return cls(run_dir, handle, created, previous_text=previous)
+
+    def release(self, *, refused: bool = False) -> None:
+        """Let the lock go. A session `refused` before it wrote anything leaves no trace: a folder it created
+        that holds only the lock file is removed, and otherwise the lock file gets its last holder's line back."""
+        if self._handle is None:
+            return
+        if refused:
+            leftovers = [p.name for p in self.run_dir.iterdir() if p.name != LOCK_NAME]
+            if self.created_folder and not leftovers:
+                (self.run_dir / LOCK_NAME).unlink(missing_ok=True)
+                self._close()
+                try:
+                    self.run_dir.rmdir()
+                except OSError:
+                    pass
+                return
+            _rewrite(self._handle, self.previous_text)
+        self._close()
+
+    def _close(self) -> None:
+        handle, self._handle = self._handle, None
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        except OSError:
+            pass
+        handle.close()
+
+    def __del__(self) -> None:  # a session object dropped without release (a notebook): let the lock go
+        try:
+            self._close() if self._handle is not None else None
+        except Exception:
+            pass

@@ -1,0 +1,145 @@
+"""pilotrun/train/run_lock.py: one writer per run folder, through real `pilotrun train` processes.
+
+- a second `pilotrun train` (fresh, or --resume) on a folder whose session is running exits 2 with one line
+  naming the holder's pid and host, and the running session's record stays valid;
+- a SIGKILLed session leaves no stale lock: --resume starts at once;
+- under torchrun rank 0 takes the lock and every rank refuses together;
+- a fresh session refused for bad input after taking the lock leaves no folder behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pilotrun.report.summarize import summarize_run
+from pilotrun.train.run_lock import LOCK_NAME, RunFolderBusy, RunFolderLock
+
+ROOT = Path(__file__).resolve().parents[2]
+DELAY_ENV = "PILOTRUN_TEST_CHECKPOINT_WRITE_DELAY_S"
+RECIPE = ["--set", "train.num_threads=1", "--set", "train.max_steps=4", "--set", "train.checkpoint_every=2",
+          "--set", "train.eval_every=0", "--set", "optim.schedule.horizon=4"]
+
+
+def _command(data: Path, run_dir: Path, *extra: str, launcher: list[str] | None = None) -> list[str]:
+    return (launcher or [sys.executable, "-m", "pilotrun"]) + [
+        "train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(data), "--run-dir", str(run_dir),
+        *RECIPE, *extra]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    env.pop(DELAY_ENV, None)
+    env.update(extra)
+    return env
+
+
+def _start_slow_session(data: Path, run_dir: Path) -> subprocess.Popen:
+    """A session that holds the lock for a while: every checkpoint file write sleeps (test-only hook)."""
+    process = subprocess.Popen(_command(data, run_dir), cwd=ROOT, env=_env(**{DELAY_ENV: "1.5"}),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and process.poll() is None:
+        if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir()):
+            return process  # inside its first checkpoint write: the session is well under way
+        time.sleep(0.05)
+    process.kill()
+    raise AssertionError(f"the first session never reached its first checkpoint: {process.communicate()[1]}")
+
+
+@pytest.mark.slow
+def test_a_second_writer_is_refused_naming_the_holder_and_the_first_record_stays_valid(builtin_data_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    first = _start_slow_session(builtin_data_dir, run_dir)
+    try:
+        for extra in ((), ("--resume",)):
+            second = subprocess.run(_command(builtin_data_dir, run_dir, *extra), cwd=ROOT, env=_env(),
+                                    capture_output=True, text=True, timeout=240)
+            lines = second.stderr.strip().splitlines()
+            assert second.returncode == 2, second.stderr
+            assert len(lines) == 1 and "Traceback" not in second.stderr, second.stderr
+            assert f"in use by pid {first.pid} on host {socket.gethostname()} since " in lines[0]
+        _, stderr = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 0, stderr
+    summary = summarize_run(run_dir, require_step=4)
+    assert summary.valid, summary.reasons
+    assert len(summary.sessions) == 1
+
+
+@pytest.mark.slow
+def test_two_fresh_sessions_started_together_one_trains_the_other_is_refused(builtin_data_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    processes = [subprocess.Popen(_command(builtin_data_dir, run_dir), cwd=ROOT, env=_env(),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in processes]
+    assert sorted(code for code, _ in results) == [0, 2], results
+    refusal = next(err for code, err in results if code == 2).strip().splitlines()
+    assert len(refusal) == 1 and ("in use by pid" in refusal[0] or "already exists" in refusal[0]), refusal
+    summary = summarize_run(run_dir, require_step=4)
+    assert summary.valid and len(summary.sessions) == 1, summary.reasons
+
+
+@pytest.mark.slow
+def test_a_sigkilled_session_leaves_no_stale_lock(builtin_data_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    first = _start_slow_session(builtin_data_dir, run_dir)
+    marker = run_dir / "checkpoints" / "step-00000002" / "COMMITTED.json"
+    deadline = time.monotonic() + 240
+    while not marker.is_file() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # killed after a commit, so that there is something to resume
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=60)
+    assert first.returncode == -signal.SIGKILL and marker.is_file()
+    assert (run_dir / LOCK_NAME).is_file()  # the file stays; the kernel released the lock with the process
+    resumed = subprocess.run(_command(builtin_data_dir, run_dir, "--resume"), cwd=ROOT, env=_env(),
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+
+
+@pytest.mark.slow
+def test_under_torchrun_rank0_holds_the_lock_and_every_rank_refuses(builtin_data_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    holder = RunFolderLock.acquire(run_dir)  # this test process plays the running session
+    try:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                    "-m", "pilotrun"]
+        refused = subprocess.run(_command(builtin_data_dir, run_dir, launcher=launcher), cwd=ROOT, env=_env(),
+                                 capture_output=True, text=True, timeout=300)
+    finally:
+        holder.release()
+    assert refused.returncode != 0
+    busy = [line for line in refused.stderr.splitlines() if f"in use by pid {os.getpid()}" in line]
+    assert len(busy) == 2, refused.stderr  # both ranks say why, neither hangs in a collective
+    # torchrun reports a failed child with its own ChildFailedError traceback; no pilotrun frame is in it.
+    assert f'File "{ROOT / "pilotrun"}' not in refused.stderr, refused.stderr
+    assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_NAME]  # nothing written by the refused run
+
+
+def test_a_refused_fresh_session_leaves_no_folder(builtin_data_dir, tmp_path):
+    from pilotrun.cli import main
+
+    run_dir = tmp_path / "new-run"
+    code = main(["train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(builtin_data_dir),
+                 "--run-dir", str(run_dir), "--set", "train.batch_size=100000"])  # the data cannot fit it
+    assert code == 2
+    assert not run_dir.exists()
+
+
+def test_lock_in_process_refuses_a_second_holder_and_is_free_after_release(tmp_path):
+    first = RunFolderLock.acquire(tmp_path / "run")
+    with pytest.raises(RunFolderBusy, match=f"in use by pid {os.getpid()} on host "):
+        RunFolderLock.acquire(tmp_path / "run")
+    first.release()
+    second = RunFolderLock.acquire(tmp_path / "run")
+    second.release()
