@@ -116,7 +116,7 @@ def rule_resumed(summary: Summary, t: Thresholds) -> RuleResult:
 
 def rule_final_checkpoint(summary: Summary, t: Thresholds) -> RuleResult:
     """The run can be continued from where it ended: its final checkpoint is committed and intact."""
-    final_step = int(summary.overall.get("updates_applied") or 0)
+    final_step = summary.final.step
     threshold = "the checkpoint at the final step is committed and its files match the marker's sha256"
     evidence = "checkpoints/ marker and files, rehashed"
     checked = summary.overall.get("final_checkpoint")
@@ -162,7 +162,7 @@ def rule_recipe_changes(summary: Summary, t: Thresholds) -> RuleResult:
     """Every recipe change accepted on resume, with the update it took effect from; the evidence supports the
     recipe in force at the end, over the updates since the last change."""
     changes = recipe_changes_in_history(summary.run, summary.lineage)
-    final_step = int(summary.overall.get("updates_applied") or 0)
+    final_step = summary.final.step
     threshold = "named, with the update each took effect from (a change WARNs; it does not block GO)"
     evidence = "run.json allowed_changes of the kept sessions; the recipe in run.json is the one in force at the end"
     if not changes:

@@ -98,6 +98,7 @@ class Summary:
     kept_events: list[dict[str, Any]] = field(default_factory=list, repr=False)
     rolled_back_events: list[dict[str, Any]] = field(default_factory=list, repr=False)
     run: dict[str, Any] = field(default_factory=dict, repr=False)
+    final: Counters = field(default_factory=Counters)  # the kept history's counters at its end (what the rules count)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -484,7 +485,7 @@ def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summa
     overall["frozen_candidate"] = frozen_candidate_status(run)  # None unless started with train --frozen
     return Summary(run_dir=str(run_dir), run_id=run.get("run_id"), valid=not reasons, reasons=reasons, notes=notes,
                    sessions=sessions, lineage=lineage, overall=overall, kept_events=kept_events,
-                   rolled_back_events=rolled_back_events, run=run)
+                   rolled_back_events=rolled_back_events, run=run, final=final)
 
 
 def checkpoint_chain_heads(run_dir: Path) -> dict[int, Any]:

@@ -266,8 +266,7 @@ def rule_clip_rate(summary: Summary, t: Thresholds) -> RuleResult:
 
 
 def rule_skip_rate(summary: Summary, t: Thresholds) -> RuleResult:
-    o = summary.overall
-    attempted, skipped = o.get("updates_attempted") or 0, o.get("updates_skipped") or 0
+    attempted, skipped = summary.final.updates_attempted, summary.final.updates_skipped
     threshold = f"skipped / attempted <= {t.max_skip_rate:.1%}"
     if attempted == 0:
         return RuleResult("skip_rate", FAIL, "no update attempted", threshold, "counters")
@@ -430,7 +429,7 @@ def rule_qk_clip(summary: Summary, t: Thresholds) -> RuleResult:
     # updates_with_clip is cumulative over the run (restored with the checkpoint), so the last kept window's
     # value counts every update of the kept history on which any head was rescaled.
     counts = [e["qk_clip"].get("updates_with_clip") if isinstance(e.get("qk_clip"), dict) else None for e in events]
-    applied = int(summary.overall.get("updates_applied") or 0)
+    applied = summary.final.step
     if not events or not isinstance(counts[-1], int) or applied == 0:
         return RuleResult("qk_clip", FAIL, "QK-Clip counts not recorded: the record lacks this rule's evidence",
                           threshold, "train windows")
@@ -454,7 +453,7 @@ def candidate_of(summary: Summary) -> dict[str, Any]:
     """The recipe the pilot's evidence supports: run.json's (in force at the end), with the changes on resume."""
     changes = recipe_changes_in_history(summary.run, summary.lineage)
     recipe = summary.run.get("recipe")
-    final_step = int(summary.overall.get("updates_applied") or 0)
+    final_step = summary.final.step
     return {"recipe_sha256": canonical_sha256(recipe) if isinstance(recipe, dict) else None,
             "changes": [dataclasses.asdict(c) for c in changes],
             "supported_from_update": changes[-1].from_update if changes else 1, "final_step": final_step}
