@@ -260,8 +260,18 @@ def pilot(out: Path, config: str, sets: list[str], timeout_s: float) -> dict:
     verdict = json.loads(judged.stdout)
     figures["verdict"] = verdict["decision"]
     for rule in verdict["rules"]:
-        if rule["name"] in ("record_valid", "resumed"):
+        if rule["name"] in ("record_valid", "resumed", "throughput_steady"):
             figures[rule["name"]] = f"{rule['status']} {rule['figure']}"
+    # On CUDA every train window should carry the device seconds of its updates (CUDA timing events): the
+    # verdict's contention check reads them. Report how many windows have them and their share of the train time.
+    from pilotrun.record import read_metrics_strict
+
+    windows = [e["window"] for e in read_metrics_strict(out / "pilot-work" / "run") if e["event"] == "train"]
+    timed = [w for w in windows if isinstance(w.get("device_seconds"), int | float)]
+    figures["windows_with_device_seconds"] = f"{len(timed)} of {len(windows)}"
+    if timed:
+        figures["device_over_train_seconds"] = round(sum(w["device_seconds"] for w in timed)
+                                                     / max(sum(w["train_seconds"] for w in timed), 1e-12), 3)
     return figures
 
 
