@@ -67,7 +67,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         file="pilotrun/record.py",
         old="        self.repaired_bytes = repair_torn_tail(self.path) if enabled else 0\n",
         new="        self.repaired_bytes = 0\n",
-        tests=(RESUME, "tests/test_record.py"),
+        tests=(RESUME, "tests/test_record.py", INTEGRITY),
         why="a resumed session appends after a torn last line without cutting it",
     ),
     # The loop's and the session build's own slips.

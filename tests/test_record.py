@@ -11,7 +11,9 @@ from pilotrun.record import (
     MetricsWriter,
     RecordError,
     RunRecord,
+    chain_breaks,
     json_safe,
+    parse_metrics_bytes,
     read_metrics_strict,
     read_metrics_tolerant,
     read_run_json,
@@ -73,6 +75,25 @@ def test_torn_tail_is_cut_and_appends_start_on_a_fresh_line(tmp_path):
     log.log("session_start", Counters(step=1, tokens_seen=8, updates_attempted=1, updates_skipped=0))
     log.close()
     assert [r["event"] for r in read_metrics_strict(tmp_path)] == ["train", "session_start"]
+
+
+def test_the_writer_itself_cuts_a_torn_tail_and_chains_on_from_the_last_complete_line(tmp_path):
+    first = MetricsWriter(tmp_path, "s1", run_id="r1")
+    first.log("session_start", Counters())
+    first.log("train", Counters(step=1, tokens_seen=8, updates_attempted=1))
+    first.close()
+    complete = (tmp_path / "metrics.jsonl").read_bytes()
+    (tmp_path / "metrics.jsonl").write_bytes(complete + b'{"event":"train","sess')  # a kill mid-write
+    second = MetricsWriter(tmp_path, "s2", run_id="r1")
+    assert second.repaired_bytes == len('{"event":"train","sess')
+    second.log("session_start", Counters(step=1, tokens_seen=8, updates_attempted=1))
+    second.close()
+    raw = (tmp_path / "metrics.jsonl").read_bytes()
+    assert raw.startswith(complete) and raw.count(b"\n") == 3
+    parsed = parse_metrics_bytes(raw)
+    assert not parsed.notes and not parsed.damage
+    assert chain_breaks(parsed, "r1") == []
+    assert len(chain_breaks(parsed, "another-run")) == 1  # the first line chains to this run's id only
 
 
 def test_torn_single_line_file_is_emptied(tmp_path):
