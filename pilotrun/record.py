@@ -457,10 +457,11 @@ def read_metrics_tolerant(run_dir: str | Path) -> ParsedMetrics:
     return parse_metrics_bytes(raw)
 
 
-def read_metrics_strict(run_dir: str | Path) -> list[dict[str, Any]]:
+def read_metrics_strict(run_dir: str | Path, run_id: str | None = None) -> list[dict[str, Any]]:
     """For tools that must not act on a damaged record (inspect-batch, tests): the events, or RecordError
     naming the first damaged line. A torn last line (a crash mid-write, or a line being written right now)
-    is not damage and is left out; a folder whose session has not opened its log yet has no events."""
+    is not damage and is left out; a folder whose session has not opened its log yet has no events. With
+    `run_id` (run.json's), a line whose hash chain is broken is damage too."""
     path = Path(run_dir) / METRICS_JSONL
     if os.path.lexists(path) and (path.is_symlink() or not path.is_file()):
         raise RecordError(f"{path}: not a regular file")
@@ -471,9 +472,10 @@ def read_metrics_strict(run_dir: str | Path) -> list[dict[str, Any]]:
     except OSError as exc:
         raise RecordError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     parsed = parse_metrics_bytes(raw)
-    if parsed.damage:
-        raise RecordError(f"{path}: damaged record: {parsed.damage[0]}"
-                          + (f" (and {len(parsed.damage) - 1} more)" if len(parsed.damage) > 1 else ""))
+    damage = parsed.damage + (chain_breaks(parsed, run_id) if run_id is not None else [])
+    if damage:
+        raise RecordError(f"{path}: damaged record: {damage[0]}"
+                          + (f" (and {len(damage) - 1} more)" if len(damage) > 1 else ""))
     return parsed.events
 
 

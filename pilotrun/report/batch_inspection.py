@@ -41,7 +41,8 @@ def microbatches_for_step(run_dir: str | Path, step: int) -> tuple[list[int], di
     if not (run_dir / RUN_JSON).is_file():
         raise ConfigError(f"{run_dir / RUN_JSON} not found: is {run_dir} a run folder?")
     run = read_run_json(run_dir)
-    events = read_metrics_strict(run_dir)
+    # The skipped attempts come from the log: an edited log would name other batches, so its chain must hold.
+    events = read_metrics_strict(run_dir, run_id=str(run.get("run_id")))
     reached = max((e["step"] for e in events), default=0)
     if step > reached:
         raise ConfigError(f"--step {step}: the run record of {run_dir} reaches step {reached} only")
