@@ -57,12 +57,28 @@ REPLACED_PREFIX = ".replaced-"
 # a test can SIGKILL a process inside a checkpoint write deterministically. Unset in normal use.
 WRITE_DELAY_ENV = "PILOTRUN_TEST_CHECKPOINT_WRITE_DELAY_S"
 COMMIT_DELAY_ENV = "PILOTRUN_TEST_CHECKPOINT_COMMIT_DELAY_S"
+# Test-only: the path of a file; while it exists (and holds this step's number, or nothing), a save waits
+# after the rename and before the marker, so that a test can keep a session inside a checkpoint write for as
+# long as it needs, whatever the machine's speed, and let it go by deleting the file.
+HOLD_FILE_ENV = "PILOTRUN_TEST_CHECKPOINT_HOLD_FILE"
 
 
 def _test_delay(variable: str = WRITE_DELAY_ENV) -> None:
     delay = os.environ.get(variable)
     if delay:
         time.sleep(float(delay))
+
+
+def _test_hold(step: int) -> None:
+    hold = os.environ.get(HOLD_FILE_ENV)
+    while hold:
+        try:
+            wanted = Path(hold).read_text().strip()
+        except OSError:  # deleted: let go
+            return
+        if wanted not in ("", str(step)):
+            return
+        time.sleep(0.05)
 
 
 class _HashingWriter:
@@ -455,6 +471,7 @@ class Checkpointer:
         os.rename(temp, final)
         fsync_directory(self.root)
         _test_delay(COMMIT_DELAY_ENV)
+        _test_hold(step)
         marker = {
             "format": FORMAT_VERSION,
             "step": step,
