@@ -1,10 +1,14 @@
-"""The compiled CPU kernels of the MoE layer: build, load, and wrap them as autograd functions.
+"""The compiled CPU kernels of the MoE layer: build, load, and wrap them as autograd operators.
 
 moe_kernels.cpp holds both:
 - the routing (biased top-k, gate normalization, balance term, statistics, sort by expert)
-  and the gate-weighted combine, one pass each way (FusedRouting, FusedCombine).
-- the routed experts of the `grouped` dispatch (gather, every expert's SwiGLU on its segment,
-  combine) as one operator each way (FusedExperts).
+  and the gate-weighted combine, one pass each way (FusedRouting, FusedCombine); and what the layer runs,
+  FusedRouter: the router's matmul, that routing, the step's statistics and the scaled balance loss.
+- the routed experts of the `grouped` dispatch (gather, every expert's SwiGLU on its segment, combine) and the
+  layer's shared experts as one operator each way (FusedExperts).
+FusedRouter and FusedExperts are C++ operators with their backward registered as C++ autograd nodes, so neither
+direction of the layer's routing and experts runs Python; FusedRouting and FusedCombine are Python autograd
+functions over their kernels (the pieces the reference dispatches combine with PyTorch operators).
 
 On a CPU every small PyTorch operator costs ~5-20 us whatever its size, so at pilot microbatches the reference
 path's ~100 operators per MoE layer cost as much as the expert matmuls (BENCHMARKS.md, bench_model). The kernels are
@@ -15,9 +19,9 @@ so two checkouts or two venvs never rebuild over each other's library, and a che
 from another source. The operator namespaces (pilotrun_routing, pilotrun_experts) are registered by the library
 itself, so one process holds at most one build: loading a second, different one is refused (the reference path
 runs instead, with a warning). Where they cannot be built or do not
-apply (CUDA tensors, autocast, torch.compile tracing, group-limited routing, `model.cpu_kernels: false`), MoE keeps
-the reference path of moe.py, which defines the same quantities with PyTorch operators;
-tests/model/test_cpu_kernels.py holds the two together.
+apply (CUDA tensors, autocast, torch.compile tracing, a Python dispatch mode such as torch's FLOP counter,
+group-limited routing, `model.cpu_kernels: false`), MoE keeps the reference path of moe.py, which defines the same
+quantities with PyTorch operators; tests/model/test_cpu_kernels.py holds the two together.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 KERNEL_SOURCE = Path(__file__).with_name("moe_kernels.cpp")
 # -ffp-contract=off: no fused multiply-adds, so the combine's sums round as index_add_'s do.
@@ -84,8 +89,7 @@ def cpu_kernels_loaded() -> bool:
         directory.mkdir(parents=True, exist_ok=True)
         load(name=name, sources=[str(KERNEL_SOURCE)], extra_cflags=list(KERNEL_CFLAGS), build_directory=str(directory),
              is_python_module=False, verbose=False)
-        return hasattr(torch.ops.pilotrun_routing, "route_forward") and hasattr(torch.ops.pilotrun_experts,
-                                                                                 "experts_forward")
+        return hasattr(torch.ops.pilotrun_routing, "router") and hasattr(torch.ops.pilotrun_experts, "experts")
     except Exception as error:  # no compiler, no ninja, a read-only cache: the reference path still works
         detail = str(error).strip().splitlines()[-1:] or [""]  # the compiler's full log can run to pages
         warnings.warn(f"pilotrun: the CPU MoE kernels could not be built ({type(error).__name__}: {detail[0]}); "
@@ -94,10 +98,18 @@ def cpu_kernels_loaded() -> bool:
         return False
 
 
-def fused_routing_applies(logits: torch.Tensor, n_groups: int) -> bool:
-    """CPU fp32/fp64 logits, no group-limited routing, not being traced by torch.compile, and the kernel built."""
-    return (logits.device.type == "cpu" and n_groups <= 1 and not torch.compiler.is_compiling()
-            and logits.dtype in (torch.float32, torch.float64) and cpu_kernels_loaded())
+def no_tracing_or_dispatch_mode() -> bool:
+    """Whether the compiled operators may run here: not while torch.compile traces, and not under a Python dispatch
+    mode (torch's FLOP counter, fake tensors), which sees an operator but not the matmuls inside it (the kernels
+    call the BLAS directly) and cannot hand them fake tensors; there the reference operators run."""
+    return not torch.compiler.is_compiling() and not is_in_torch_dispatch_mode()
+
+
+def fused_routing_applies(logits: torch.Tensor, n_groups: int, dtype: torch.dtype | None = None) -> bool:
+    """CPU fp32/fp64 logits (or CPU router input whose logits have `dtype`), no group-limited routing, neither
+    torch.compile tracing nor a dispatch mode (no_tracing_or_dispatch_mode), and the kernel built."""
+    return (logits.device.type == "cpu" and n_groups <= 1 and no_tracing_or_dispatch_mode()
+            and (dtype or logits.dtype) in (torch.float32, torch.float64) and cpu_kernels_loaded())
 
 
 class FusedRouting(torch.autograd.Function):
@@ -130,6 +142,23 @@ class FusedRouting(torch.autograd.Function):
         return grad_logits, None, None, None, None, None, None
 
 
+class FusedRouter:
+    """What the layer's routing runs: FusedRouting with the router's matmul in front, the balance loss scaled and
+    the step's statistics recorded, as one compiled operator whose backward is an autograd node in C++
+    (`torch.ops.pilotrun_routing.router`; neither direction goes through Python). Tokens x [N, d] and the router
+    weight [E, d] -> (logits [N, E], gate weights [N, K], balance value, balance_weight * balance value (zeros
+    when the weight is 0), indices, order, token_of_slot, counts, sums); the first four are differentiable (the
+    z-loss reads the logits). With `record`, adds the counts and sums to the MoE layer's tokens_per_expert,
+    router_statistics and router_logit_absmax as MoE.record_statistics does."""
+
+    @staticmethod
+    def apply(x, router_weight, bias, top_k, sigmoid, route_norm, route_scale, groups, balance_weight, record,
+              tokens_per_expert, router_statistics, router_logit_absmax):
+        return torch.ops.pilotrun_routing.router(x, router_weight, bias, top_k, sigmoid, route_norm, route_scale,
+                                                 groups, balance_weight, record, tokens_per_expert,
+                                                 router_statistics, router_logit_absmax)
+
+
 class FusedCombine(torch.autograd.Function):
     """Weight the expert-sorted outputs by their gates and add them into their tokens' rows, in one pass each
     way (the reference: index_select of the gates, a multiply, zeros and index_add_, and their backward)."""
@@ -150,26 +179,23 @@ class FusedCombine(torch.autograd.Function):
 def fused_experts_apply(x: torch.Tensor, gate_weights: torch.Tensor, expert_weight: torch.Tensor) -> bool:
     """CPU fp32 tokens, gate weights and expert weights (the dtype whose grouped dispatch runs grouped_mm on the
     CPU, which this replaces; fp64 runs `sorted`, as without the kernels), no autocast (its bf16/fp16 matmuls stay
-    with grouped_mm), not being traced by torch.compile, and the kernels built."""
+    with grouped_mm), neither torch.compile tracing nor a dispatch mode (no_tracing_or_dispatch_mode), and the
+    kernels built."""
     return (x.device.type == "cpu" and x.dtype == gate_weights.dtype == expert_weight.dtype == torch.float32
-            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling() and cpu_kernels_loaded())
+            and not torch.is_autocast_enabled("cpu") and no_tracing_or_dispatch_mode() and cpu_kernels_loaded())
 
 
-class FusedExperts(torch.autograd.Function):
-    """The routed experts of one layer: tokens x [N, d] and gate weights [N, K] -> sum_k w_{t,k} FFN_{e_{t,k}}(x_t)
-    [N, d], with the expert weights w1, w3 [E, F, d] and w2 [E, d, F] and the routing's sorted layout. The same
-    arithmetic as the grouped dispatch's grouped_mm, silu * mul and FusedCombine (tests: bit for bit on this
-    machine's BLAS), in one operator each way. Saves the same activations that autograd saves there."""
-
-    @staticmethod
-    def forward(ctx, x, weights, w1, w2, w3, order, token_of_slot, counts):
-        output, *activations = torch.ops.pilotrun_experts.experts_forward(x, weights, w1, w2, w3, order,
-                                                                          token_of_slot, counts)
-        ctx.save_for_backward(weights, w1, w2, w3, order, token_of_slot, counts, *activations)
-        return output
+class FusedExperts:
+    """The routed experts of one layer, and optionally its shared experts: tokens x [N, d] and gate weights [N, K]
+    -> sum_k w_{t,k} FFN_{e_{t,k}}(x_t) (+ the shared SwiGLU of x_t) [N, d], with the expert weights w1, w3
+    [E, F, d] and w2 [E, d, F], the routing's sorted layout and, after it, the shared experts' w1, w3 [Fs, d] and
+    w2 [d, Fs] (none: routed experts only). The same arithmetic as the grouped dispatch's grouped_mm, silu * mul,
+    FusedCombine and the add of the shared SwiGLU (tests: bit for bit on this machine's BLAS), as one compiled
+    operator whose backward is an autograd node in C++ (`torch.ops.pilotrun_experts.experts`). Saves the
+    activations that autograd saves there."""
 
     @staticmethod
-    def backward(ctx, grad_output):
-        grad_x, grad_weights, grad_w1, grad_w2, grad_w3 = torch.ops.pilotrun_experts.experts_backward(
-            grad_output, *ctx.saved_tensors)
-        return grad_x, grad_weights, grad_w1, grad_w2, grad_w3, None, None, None
+    def apply(x, weights, w1, w2, w3, order, token_of_slot, counts, *shared):
+        shared_weights = shared if shared else (x.new_empty(0),) * 3
+        return torch.ops.pilotrun_experts.experts(x, weights, w1, w2, w3, order, token_of_slot, counts,
+                                                  *shared_weights)

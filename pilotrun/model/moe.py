@@ -11,19 +11,20 @@ Dispatch implementations (`moe_impl`), which all compute y_t = sum_k w_{t,k} FFN
                it runs `sorted`. On the CPU its forward equals sorted's bit for bit; gradients to rounding (the
                BLAS sees other layouts), tests/model/test_moe.py. On the CPU in fp32 without autocast,
                with `cpu_kernels`, it runs as one compiled operator each way instead (forward_fused), the same
-               arithmetic without the per-segment views and autograd nodes.
+               arithmetic without the per-segment views and autograd nodes, and the shared experts with it.
   sorted    -- stable argsort of the chosen expert ids, one gather, one matmul chain per contiguous expert
                segment (one host sync per layer for the segment sizes), fp32 weighting, one index_add_.
   loop      -- DeepSeek's inference loop: per expert, find its tokens with `where` and add its output.
   dense_ref -- every expert on every token, weighted by a [N, E] matrix that is zero off the selection.
                E times the compute; kept as the obviously-correct oracle for tests.
 
-CPU kernels (`cpu_kernels`, default on): on the CPU the top-k, gate normalization, balance term, statistics, sort
-by expert and weighted combine run as compiled kernels (cpu_kernels.py, moe_kernels.cpp), and so do the
-grouped dispatch's routed experts, because there ~100 small PyTorch operators per layer cost
-as much as the expert matmuls at pilot microbatches (BENCHMARKS.md). Elsewhere (CUDA, autocast for the experts,
-torch.compile tracing, group-limited routing, no compiler) the reference operators below run; both give the same
-layer output bit for bit on the CPU.
+CPU kernels (`cpu_kernels`, default on): on the CPU the router's matmul, top-k, gate normalization, balance term,
+statistics, sort by expert and weighted combine run as compiled kernels (cpu_kernels.py, moe_kernels.cpp), and so
+do the grouped dispatch's routed experts together with the shared experts, because there ~100 small PyTorch
+operators per layer cost as much as the expert matmuls at pilot microbatches (BENCHMARKS.md). The layer is then
+two operators each way, the router and the experts, whose backward are C++ autograd nodes. Elsewhere (CUDA,
+autocast for the experts, torch.compile tracing, a dispatch mode, group-limited routing, no compiler) the reference
+operators below run; both give the same layer output bit for bit on the CPU.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from pilotrun.model.balancing import balance_loss_terms, default_route_scale, ro
 from pilotrun.model.cpu_kernels import (
     FusedCombine,
     FusedExperts,
-    FusedRouting,
+    FusedRouter,
     fused_experts_apply,
     fused_routing_applies,
 )
@@ -78,6 +79,8 @@ class Routing:
     layout: SortedLayout | None = None
     scores: torch.Tensor | None = None  # [N, E], reference path only
     statistics: torch.Tensor | None = None  # fused path: ROUTER_STATISTICS sums, then the |logit| maximum
+    balance_loss: torch.Tensor | None = None  # fused path: seq_aux_alpha * balance_value where the mode has it, else 0
+    recorded: bool = False  # the fused kernel already added this routing to the step's statistics
 
 
 # torch >= 2.9 has torch._grouped_mm with a CPU implementation; later versions also name it F.grouped_mm.
@@ -255,12 +258,15 @@ class GroupedExperts(nn.Module):
         routed = GROUPED_MM(hidden, w2, offs=offsets)
         return self.weight_and_combine(routed, weights, layout, x.shape[0], fused_combine)
 
-    def forward_fused(self, x: torch.Tensor, weights: torch.Tensor, layout: SortedLayout) -> torch.Tensor:
+    def forward_fused(self, x: torch.Tensor, weights: torch.Tensor, layout: SortedLayout,
+                      shared: SwiGLU | None = None) -> torch.Tensor:
         """forward_grouped's computation as one compiled CPU operator each way (cpu_kernels.FusedExperts): the
         gather, every expert's SwiGLU on its segment and the combine, without per-segment tensors or autograd
-        nodes. The caller checks cpu_kernels.fused_experts_apply."""
+        nodes; with `shared`, plus that SwiGLU on every token (the layer's shared experts, added in the combine as
+        the layer adds them). The caller checks cpu_kernels.fused_experts_apply."""
+        shared_weights = (shared.w1.weight, shared.w2.weight, shared.w3.weight) if shared is not None else ()
         return FusedExperts.apply(x, weights, self.w1, self.w2, self.w3, layout.order, layout.token_of_slot,
-                                  layout.counts)
+                                  layout.counts, *shared_weights)
 
     @staticmethod
     def weight_and_combine(routed: torch.Tensor, weights: torch.Tensor, layout: SortedLayout, tokens: int,
@@ -333,41 +339,61 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         batch, seq, d_model = x.shape
         flat = x.reshape(batch * seq, d_model)
-        routing = self.route(flat, batch)
-        routed = self.dispatch(flat, routing)
-        output = routed.to(x.dtype)
-        if self.shared_experts is not None:
-            output = output + self.shared_experts(flat)
+        record = self.training and not recomputing()  # counted once, not again in an activation recompute
+        routing = self.route(flat, batch, record)
+        if self.moe_impl == "grouped" and routing.fused and self.experts_kernel_applies(flat, routing.weights):
+            # The shared experts run inside the experts operator: no separate SwiGLU, add or gradient sums.
+            output = self.experts.forward_fused(flat, routing.weights, routing.layout, self.shared_experts)
+        else:
+            output = self.dispatch(flat, routing).to(x.dtype)
+            if self.shared_experts is not None:
+                output = output + self.shared_experts(flat)
         aux_loss = self.auxiliary_loss(routing)
-        if self.training and not recomputing():  # counted once, not again in an activation recompute
+        if record and not routing.recorded:
             self.record_statistics(routing)
         return output.reshape(batch, seq, d_model), aux_loss
 
-    def route(self, flat: torch.Tensor, batch: int) -> Routing:
+    def route(self, flat: torch.Tensor, batch: int, record: bool = False) -> Routing:
         """Router logits, then the choice, gate weights and balance term: by the fused CPU kernel where it
-        applies, else by the reference operators (Router.select, balancing.balance_loss_terms).
+        applies (which then also adds the routing to the step's statistics when `record`, and scales the balance
+        loss), else by the reference operators (Router.select, balancing.balance_loss_terms).
 
         The balance term is computed in every mode (for the diagnostics), over each packed row (one
         row = one sequence) or, for balance="batch", over the whole microbatch."""
-        logits = self.gate.logits(flat)
         groups = 1 if self.balance == "batch" else batch
-        if self.cpu_kernels and not self.force_balanced_routing and fused_routing_applies(logits, self.gate.n_groups):
-            bias = self.gate.expert_bias.to(logits.dtype) if self.gate.use_bias else logits.new_zeros(0)
-            weights, balance_value, indices, order, token_of_slot, counts, sums = FusedRouting.apply(
-                logits, bias, self.top_k, self.score_func == "sigmoid", self.gate.route_norm,
-                self.gate.route_scale, groups)
+        gate = self.gate
+        # The router's dtype (Router.logits): fp32, or fp64 in oracle tests, whatever autocast would choose.
+        dtype = torch.promote_types(flat.dtype, torch.float32)
+        if self.cpu_kernels and not self.force_balanced_routing and fused_routing_applies(flat, gate.n_groups, dtype):
+            tokens = flat if flat.dtype == dtype else flat.to(dtype)
+            weight = gate.weight if gate.weight.dtype == dtype else gate.weight.to(dtype)
+            bias = gate.expert_bias if gate.expert_bias.dtype == dtype else gate.expert_bias.to(dtype)
+            logits, weights, balance_value, balance_loss, indices, order, token_of_slot, counts, sums = (
+                FusedRouter.apply(tokens, weight, bias if gate.use_bias else bias[:0], self.top_k,
+                                  self.score_func == "sigmoid", gate.route_norm, gate.route_scale, groups,
+                                  self.balance_loss_weight(), record, self.tokens_per_expert,
+                                  self.router_statistics, self.router_logit_absmax))
             return Routing(indices, weights, logits, balance_value, fused=True,
-                           layout=SortedLayout(order, token_of_slot, counts), statistics=sums)
-        indices, weights, scores = self.gate.select(logits, self.force_balanced_routing)
+                           layout=SortedLayout(order, token_of_slot, counts), statistics=sums,
+                           balance_loss=balance_loss, recorded=record)
+        logits = gate.logits(flat)
+        indices, weights, scores = gate.select(logits, self.force_balanced_routing)
         experts, top_k = self.n_routed_experts, self.top_k
         term = balance_loss_terms(scores.view(groups, -1, experts), indices.view(groups, -1, top_k), experts, top_k,
                                   self.score_func)
         return Routing(indices, weights, logits, term.mean(), fused=False, scores=scores)
 
+    def experts_kernel_applies(self, flat: torch.Tensor, gate_weights: torch.Tensor) -> bool:
+        """Whether the experts operator takes this forward's grouped dispatch (cpu_kernels.fused_experts_apply),
+        shared experts included: their weights must be fp32 too."""
+        shared = self.shared_experts
+        return fused_experts_apply(flat, gate_weights, self.experts.w1) and (
+            shared is None or shared.w1.weight.dtype == shared.w2.weight.dtype == shared.w3.weight.dtype
+            == torch.float32)
+
     def dispatch(self, flat: torch.Tensor, routing: Routing) -> torch.Tensor:
+        """The routed experts' combined output with PyTorch operators (the shared experts are the caller's)."""
         if self.moe_impl == "grouped":
-            if routing.fused and fused_experts_apply(flat, routing.weights, self.experts.w1):
-                return self.experts.forward_fused(flat, routing.weights, routing.layout)
             return self.experts.forward_grouped(flat, routing.indices, routing.weights, routing.layout, routing.fused)
         if self.moe_impl == "sorted":
             return self.experts.forward_sorted(flat, routing.indices, routing.weights, routing.layout, routing.fused)
@@ -377,9 +403,17 @@ class MoE(nn.Module):
             return self.experts.forward_dense_reference(flat, routing.indices, routing.weights)
         raise ValueError(f"unknown moe_impl '{self.moe_impl}'")
 
+    def balance_loss_weight(self) -> float:
+        """alpha where the balance mode puts the balance term in the loss (aux_free+seq, seq, batch), else 0."""
+        return self.seq_aux_alpha if self.balance in ("aux_free+seq", "seq", "batch") else 0.0
+
     def auxiliary_loss(self, routing: Routing) -> torch.Tensor:
         """alpha * balance term where the mode puts it in the loss (aux_free+seq, seq, batch), plus beta *
         z-loss."""
+        if routing.balance_loss is not None:  # the fused kernel's alpha * balance term (zeros where none)
+            if self.z_loss_beta > 0:
+                return routing.balance_loss + self.z_loss_beta * router_z_loss(routing.logits)
+            return routing.balance_loss
         terms = []
         if self.balance in ("aux_free+seq", "seq", "batch"):
             terms.append(self.seq_aux_alpha * routing.balance_value)

@@ -1,7 +1,9 @@
 """The compiled CPU kernels against the reference PyTorch operators of moe.py. Routing and combine
 (moe_kernels.cpp): the same choices, sort, gate weights and layer output bit for bit; balance term, statistics
-and gradients to rounding (they sum in other orders). Routed experts: the grouped dispatch's
-output bit for bit, gradients to rounding, gradcheck in fp64, on the exported BLAS and on the at::mm path."""
+and gradients to rounding (they sum in other orders). The router operator: torch's linear and the routing kernel's
+outputs bit for bit, gradients to rounding, gradcheck in fp64. Routed and shared experts: the grouped dispatch's
+output (plus the shared SwiGLU) bit for bit, gradients to rounding, gradcheck in fp64, on the exported BLAS and on
+the at::mm path. Inference mode, dispatch modes and a missing build keep working."""
 
 import shutil
 import sys
@@ -12,7 +14,13 @@ import torch
 
 from pilotrun.model import cpu_kernels
 from pilotrun.model import moe as moe_module
-from pilotrun.model.cpu_kernels import FusedCombine, FusedExperts, FusedRouting, cpu_kernels_loaded
+from pilotrun.model.cpu_kernels import (
+    FusedCombine,
+    FusedExperts,
+    FusedRouter,
+    FusedRouting,
+    cpu_kernels_loaded,
+)
 from pilotrun.model.moe import GroupedExperts, MoE, sorted_layout
 
 # ninja is a project dependency (the loader finds the wheel's binary), so only a missing compiler excuses a skip.
@@ -245,3 +253,159 @@ def test_the_layer_uses_the_fused_experts_only_where_they_apply(monkeypatch):
     with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 matmuls stay with grouped_mm
         make_moe(True, torch.float32)(x)
     assert len(calls) == 1
+
+
+def reference_router(x, weight, bias, top_k, sigmoid, route_norm, route_scale, groups):
+    """The router operator's definition from the pieces it fuses: torch's linear, then FusedRouting."""
+    logits = torch.nn.functional.linear(x, weight)
+    return logits, FusedRouting.apply(logits, bias, top_k, sigmoid, route_norm, route_scale, groups)
+
+
+@pytest.mark.parametrize("sigmoid,route_norm", [(True, True), (True, False), (False, False), (False, True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_router_operator_equals_the_linear_and_the_routing_kernel(sigmoid, route_norm, dtype):
+    cpu_kernels_loaded()
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(3 * 17, 16, generator=generator, dtype=dtype, requires_grad=True)
+    weight = (torch.randn(6, 16, generator=generator, dtype=dtype) * 0.4).requires_grad_()
+    bias = torch.randn(6, generator=generator, dtype=dtype) * 0.05
+    buffers = [torch.zeros(6), torch.zeros(8), torch.zeros(())]
+    logits, weights, balance, balance_loss, *routing = FusedRouter.apply(x, weight, bias, 2, sigmoid, route_norm, 1.7,
+                                                                         3, 0.5, False, *buffers)
+    expected_logits, (expected_weights, expected_balance, *expected_routing) = reference_router(
+        x, weight, bias, 2, sigmoid, route_norm, 1.7, 3)
+    assert torch.equal(logits, expected_logits)  # the BLAS call torch's linear makes
+    assert torch.equal(weights, expected_weights)
+    assert torch.equal(balance, expected_balance) and torch.equal(balance_loss, 0.5 * expected_balance)
+    assert all(torch.equal(a, b) for a, b in zip(routing, expected_routing, strict=True))
+    assert all(buffer.count_nonzero() == 0 for buffer in buffers)  # record=False leaves the statistics alone
+    upstream = torch.randn(weights.shape, generator=generator, dtype=dtype)
+    z_upstream = torch.randn(logits.shape, generator=generator, dtype=dtype)
+
+    def loss(logit_values, gate_weights, balance_value, scaled_balance):
+        return (logit_values * z_upstream).sum() + (gate_weights * upstream).sum() + 3 * balance_value + scaled_balance
+
+    ours = torch.autograd.grad(loss(logits, weights, balance, balance_loss), (x, weight))
+    theirs = torch.autograd.grad(loss(expected_logits, expected_weights, expected_balance, 0.5 * expected_balance),
+                                 (x, weight))
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=tolerance * b.abs().max().item())
+
+
+@pytest.mark.parametrize("sigmoid,route_norm", [(True, True), (False, False)])
+def test_the_router_operator_passes_gradcheck(sigmoid, route_norm):
+    cpu_kernels_loaded()
+    generator = torch.Generator().manual_seed(8)
+    x = torch.randn(12, 5, generator=generator, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(4, 5, generator=generator, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(4, generator=generator, dtype=torch.float64) * 0.1
+    buffers = [torch.zeros(4), torch.zeros(8), torch.zeros(())]
+
+    def differentiable_outputs(tokens, router_weight):
+        return FusedRouter.apply(tokens, router_weight, bias, 2, sigmoid, route_norm, 1.3, 3, 0.25, False,
+                                 *buffers)[:4]
+
+    assert torch.autograd.gradcheck(differentiable_outputs, (x, weight))
+
+
+@pytest.mark.parametrize("balance", ["aux_free+seq", "aux_free", "none"])
+def test_statistics_recorded_by_the_router_operator_equal_the_reference_in_fp64(balance):
+    x = torch.randn(2, 24, 16, dtype=torch.float64)
+    fused = make_moe(True, torch.float64, balance=balance)
+    reference = make_moe(False, torch.float64, balance=balance)
+    for moe in (fused, reference):
+        moe.train()
+        moe(x)
+        moe(x * 0.5)
+    assert fused.router_statistics.dtype == torch.float64
+    assert torch.equal(fused.tokens_per_expert, reference.tokens_per_expert)
+    assert torch.allclose(fused.router_statistics, reference.router_statistics, rtol=1e-9, atol=0)
+    assert torch.equal(fused.router_logit_absmax, reference.router_logit_absmax)
+
+
+@pytest.mark.skipif(not moe_module.grouped_matmul_works(torch.device("cpu"), torch.float32),
+                    reason="this torch has no CPU grouped_mm to compare with")
+@pytest.mark.parametrize("d_model,hidden,shared,tokens", [(16, 24, 1, 33), (16, 24, 2, 40), (128, 128, 1, 513)])
+def test_shared_experts_inside_the_operator_equal_the_grouped_dispatch_plus_the_swiglu(blas_path, d_model, hidden,
+                                                                                     shared, tokens):
+    moe = make_moe(True, torch.float32, d_model=d_model, moe_hidden=hidden, n_shared_experts=shared)
+    x = torch.randn(tokens, d_model, generator=torch.Generator().manual_seed(6))
+    results = []
+    for fused in (True, False):
+        inputs = x.clone().requires_grad_(True)
+        moe.zero_grad(set_to_none=True)
+        routing = moe.route(inputs, 1)
+        if fused:
+            output = moe.experts.forward_fused(inputs, routing.weights, routing.layout, moe.shared_experts)
+        else:
+            output = (moe.experts.forward_grouped(inputs, routing.indices, routing.weights, routing.layout, True)
+                      + moe.shared_experts(inputs))
+        upstream = torch.randn(output.shape, generator=torch.Generator().manual_seed(7))
+        parameters = [moe.experts.w1, moe.experts.w2, moe.experts.w3, *moe.shared_experts.parameters(),
+                      moe.gate.weight]
+        results.append((output.detach(), torch.autograd.grad(output, [inputs, *parameters], upstream)))
+    (output, grads), (expected, expected_grads) = results
+    assert torch.equal(output, expected)  # the routed sums first, then + shared, as the layer adds them
+    for ours, theirs in zip(grads, expected_grads, strict=True):
+        assert torch.allclose(ours, theirs, rtol=0, atol=1e-5 * theirs.abs().max().item())
+
+
+def test_fused_experts_with_shared_experts_pass_gradcheck(blas_path):
+    generator = torch.Generator().manual_seed(12)
+    tokens, top_k, experts, width, hidden, shared_hidden = 6, 2, 4, 5, 6, 7
+    layout = sorted_layout(torch.rand(tokens, experts, generator=generator).topk(top_k, dim=-1).indices, experts)
+    shapes = [(tokens, width), (tokens, top_k), (experts, hidden, width), (experts, width, hidden),
+              (experts, hidden, width), (shared_hidden, width), (width, shared_hidden), (shared_hidden, width)]
+    inputs = [torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_() for shape in shapes]
+    assert torch.autograd.gradcheck(
+        lambda x, w, w1, w2, w3, s1, s2, s3: FusedExperts.apply(x, w, w1, w2, w3, *layout, s1, s2, s3), inputs)
+
+
+@pytest.mark.parametrize("shared", [0, 1, 2])
+def test_the_default_layer_equals_the_pytorch_layer_bit_for_bit_in_fp32(shared):
+    x = torch.randn(3, 20, 16)
+    outputs = []
+    for fused in (True, False):
+        moe = make_moe(fused, torch.float32, n_shared_experts=shared)
+        moe.train()
+        outputs.append(forward_backward(moe, x))
+    (routing, output, aux, input_grad, grads), (_, expected, expected_aux, expected_input_grad, expected_grads) = outputs
+    assert routing.fused and torch.equal(output, expected)
+    assert torch.allclose(aux, expected_aux, rtol=1e-5, atol=0)
+    assert torch.allclose(input_grad, expected_input_grad, rtol=0, atol=1e-5 * expected_input_grad.abs().max().item())
+    for name, grad in expected_grads.items():
+        assert torch.allclose(grads[name], grad, rtol=0, atol=1e-5 * max(grad.abs().max().item(), 1.0)), name
+
+
+def test_inference_mode_runs_the_operators_without_autograd():
+    x = torch.randn(2, 12, 16)
+    moe = make_moe(True, torch.float32)
+    moe.eval()
+    with torch.no_grad():
+        expected, expected_aux = moe(x)
+    with torch.inference_mode():
+        output, aux = moe(x)
+    assert torch.equal(output, expected) and torch.equal(aux, expected_aux)
+
+
+def test_under_a_dispatch_mode_the_layer_runs_the_reference_operators_that_it_can_see():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = torch.randn(2, 12, 16)
+    fused, reference = make_moe(True, torch.float32), make_moe(False, torch.float32)
+    counts = []
+    for moe in (fused, reference):
+        with FlopCounterMode(display=False) as counter:
+            assert not moe.route(x.reshape(24, 16), 2).fused
+            moe(x)[0].sum().backward()
+        counts.append(counter.get_total_flops())
+    assert counts[0] == counts[1] > 0
+
+
+def test_without_the_kernels_the_fp32_default_layer_is_the_pytorch_one(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "cpu_kernels_loaded", lambda: False)
+    x = torch.randn(2, 8, 16)
+    fused = make_moe(True, torch.float32)
+    assert not fused.route(x.reshape(16, 16), 2).fused
+    assert torch.equal(fused(x)[0], make_moe(False, torch.float32)(x)[0])
