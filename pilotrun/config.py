@@ -42,7 +42,7 @@ def knob(default: Any = dataclasses.MISSING, meaning: str = "", *, factory: Any 
 
 @dataclass
 class ModelConfig:
-    """DeepSeek-V3-style decoder (spec/model.md section 1). Names follow DESIGN.md's config keys."""
+    """DeepSeek-V3-style decoder (docs/MODEL.md, "The model"). Names are the recipe's `model.*` keys."""
 
     vocab_size: int = knob(0, "vocabulary size; 0 takes it from the data folder's tokenizer at train time")
     d_model: int = knob(64, "hidden width of the residual stream")
@@ -80,7 +80,7 @@ class ModelConfig:
     # Recompute each block's forward in backward instead of keeping its activations (model/recompute.py):
     # less memory, ~1 more forward of compute; the same results bit for bit, so it may change on resume.
     activation_checkpointing: bool = knob(False, "recompute each block in backward: less memory, ~1 more forward")
-    # Debug (spec 5): every token takes experts (t*K + k) mod E, perfectly balanced, gate weights from its scores;
+    # Debug: every token takes experts (t*K + k) mod E, perfectly balanced, gate weights from its scores;
     # for best-case dispatch throughput and to tell routing bugs from others. Never for a real run.
     force_balanced_routing: bool = knob(False, "debug only: route every token round-robin, perfectly balanced")
 
@@ -117,7 +117,7 @@ class QKClipConfig:
 
 @dataclass
 class ScheduleConfig:
-    """LR multiplier as a pure function of the applied-update count and this horizon (spec D11)."""
+    """LR multiplier as a pure function of the applied-update count and this horizon: raising max_steps on a resume changes nothing already run."""
 
     kind: str = knob("cosine", "LR shape after warm-up: cosine, wsd (warmup-stable-decay) or constant")
     warmup_steps: int = knob(10, "linear warm-up length in applied updates")
@@ -126,7 +126,7 @@ class ScheduleConfig:
                         "decay fully")
     min_lr_ratio: float = knob(0.1, "final LR as a fraction of the base LR (cosine, wsd)")
     decay_fraction: float = knob(0.2, "wsd: final fraction of the horizon spent decaying")
-    # spec 1.6.1: the routing settles before training ends.
+    # The routing settles before training ends.
     bias_freeze_fraction: float = knob(0.03, "final fraction of the horizon with the expert bias frozen")
 
 
@@ -137,8 +137,8 @@ class OptimConfig:
     grad_clip: float = knob(1.0, "global gradient-norm clip; 0 disables clipping (the norm is still measured)")
     qk_clip: QKClipConfig = field(default_factory=QKClipConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    router_optimizer: str = knob("adamw", "optimizer of the router weights: adamw or muon")  # spec D3
-    wd_norms: bool = knob(True, "weight decay on RMSNorm gains")  # spec D10
+    router_optimizer: str = knob("adamw", "optimizer of the router weights: adamw or muon")
+    wd_norms: bool = knob(True, "weight decay on RMSNorm gains")
 
 
 @dataclass

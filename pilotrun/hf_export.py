@@ -146,7 +146,7 @@ def hf_config(model: torch.nn.Module, eos_id: int | None) -> dict[str, Any]:
     m: ModelConfig = model.cfg
     refuse_inexpressible_options(m)
     moe_layers = model.moe_layers()
-    # The route scale as the model resolved it (0 in the recipe means Moonlight's formula, spec D2).
+    # The route scale as the model resolved it (0 in the recipe means Moonlight's formula, resolved by the model).
     route_scale = float(moe_layers[0].gate.route_scale) if moe_layers else 1.0
     return {
         "architectures": ["DeepseekV3ForCausalLM"],

@@ -69,7 +69,7 @@ def expert_load_figures(counts: torch.Tensor) -> dict[str, float | int]:
     entropy = float(-(share[share > 0] * share[share > 0].log()).sum())
     return {
         "imbalance": float(counts.max()) / mean,
-        # Spec 5 `would_drop@kappa`: the share of routed slots a capacity-factor-kappa router would drop (we drop
+        # `would_drop` at capacity factor kappa: the share of routed slots a capacity-factor-kappa router would drop (we drop
         # none): sum_i max(0, c_i - ceil(kappa * mean)) / sum_i c_i.
         "would_drop_cf1": float((counts - math.ceil(mean)).clamp_min(0).sum()) / total,
         "would_drop_cf1_25": float((counts - math.ceil(1.25 * mean)).clamp_min(0).sum()) / total,

@@ -452,7 +452,7 @@ class MoE(nn.Module):
 
 
     def choice_figures(self, scores: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Spec 5, summed over tokens: the route margin (K-th minus (K+1)-th biased choice score, over the experts
+        """Routing diagnostics, summed over tokens: the route margin (K-th minus (K+1)-th biased choice score, over the experts
         the routing could pick; 0 where none is left out) and how many tokens the bias moved to another expert
         set than the top-k of the unbiased scores (0 without a bias)."""
         gate, top_k = self.gate, self.top_k

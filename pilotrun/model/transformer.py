@@ -37,7 +37,7 @@ class Block(nn.Module):
                         cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.attn_impl, cfg.norm_eps)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.is_moe = layer_index >= cfg.n_dense_layers
-        # Spec 5 `act/l{l}/out_rms`: sum of squares and element count of this block's outputs over the training
+        # The block output RMS diagnostic: sum of squares and element count of this block's outputs over the training
         # forwards since the last reset (per rank; diagnostics.block_output_rms turns them into the RMS).
         self.register_buffer("output_square_sum", torch.zeros((), dtype=torch.float64), persistent=False)
         self.register_buffer("output_elements", torch.zeros((), dtype=torch.float64), persistent=False)

@@ -193,7 +193,7 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def _muon_direction(self, group: dict[str, Any], p: torch.Tensor) -> torch.Tensor:
         """Update the momentum buffer; return the fp32 direction U that Newton-Schulz orthogonalizes."""
-        # Spec 2.2.6: a missing gradient counts as zeros (momentum and decay still act), so Muon never
+        # A missing gradient counts as zeros (momentum and decay still act), so Muon never
         # silently freezes a matrix the way stock AdamW does for grad=None.
         grad = p.grad if p.grad is not None else torch.zeros_like(p)
         state = self.state[p]
@@ -316,7 +316,7 @@ def root_mean_square(squares: list[tuple[torch.Tensor, int]]) -> float:
 
 
 def parameter_rms(optimizer: torch.optim.Optimizer) -> dict[str, float]:
-    """Spec 5 `opt/weight_rms/{group}`: the RMS of each named parameter group's weights (all ranks' shards under
+    """The `weight_rms` diagnostic per group: the RMS of each named parameter group's weights (all ranks' shards under
     FSDP2, so every rank must call it)."""
     figures = {}
     for group in optimizer.param_groups:

@@ -114,7 +114,7 @@ def partition_parameters(model: torch.nn.Module, optim_cfg: OptimConfig) -> list
 
 
 def head_row_block(model: torch.nn.Module, name: str) -> int:
-    """Spec 2.2.5 `per_head`: the rows of one head in an MLA projection whose rows are laid out head by head
+    """`per_head` granularity: the rows of one head in an MLA projection whose rows are laid out head by head
     (wq / wq_b: d_nope + d_rope per head; wkv_b: d_nope + d_v per head), else 0 (the parameter is one matrix)."""
     module_name, _, leaf = name.rpartition(".")
     projection = module_name.rpartition(".")[2]

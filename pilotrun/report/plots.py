@@ -248,7 +248,7 @@ def plot_qk_max_logit(summary: Summary, path: Path) -> Path:
                     ha="right", va="top", transform=ax.transAxes, fontsize=8, color="C3")
         else:
             ax.axhline(qk["tau"], color="C3", linestyle="--", linewidth=0.8, label=f"QK-Clip tau {qk['tau']:g}")
-    # spec 3.4's event lines: a head clipped for the first time, or hard (gamma < 0.5), at the logit that did it.
+    # The qk_clip events as lines: a head clipped for the first time, or hard (gamma < 0.5), at the logit that did it.
     clips = [e for e in summary.kept_events if e["event"] == "qk_clip" and is_finite_number(e.get("max_logit"))]
     for marker, label, chosen in (("o", "first clip of a head", [e for e in clips if e.get("first_time")]),
                                   ("x", "hard clip (gamma < 0.5)", [e for e in clips if e.get("hard")])):

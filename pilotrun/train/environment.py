@@ -3,7 +3,7 @@
 run.json records these per session so that two sessions of one run can be compared (same code? same
 machine?) and so that MFU is computed only against a published peak for the named device. The peak table
 holds dense (no structured sparsity) figures from NVIDIA's data sheets; a device that is not in it, or
-a CPU, gets MFU "unknown" and the achieved FLOP/s alone (DESIGN invariant 5).
+a CPU, gets MFU "unknown" and the achieved FLOP/s alone (no figure without a basis).
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ def throughput(tokens: int, train_seconds: float, wall_seconds: float, flops_per
     `train_tokens` are the tokens processed in the training phase (default: all `tokens`); the tokens of
     profiled update attempts are not, as their seconds are not in `train_seconds`. A window with none has no
     training-only figures. `peak_flops_per_s` is the total over all devices of the run; without a known peak
-    MFU is "unknown" (DESIGN invariant 5: no figure without a basis).
+    MFU is "unknown" (no figure without a basis).
     """
     train_tokens = tokens if train_tokens is None else train_tokens
     train_tps = train_tokens / train_seconds if train_seconds > 0 and train_tokens > 0 else None

@@ -106,7 +106,7 @@ def test_muon_update_scale_modes():
 
 
 def _muon_reference_two_steps(w0, grads, lr, wd, mu, nesterov, scale):
-    """Spec 2.2.1 written out independently of the optimizer class."""
+    """Muon's update (docs/MODEL.md) written out independently of the optimizer class."""
     w, m = w0.clone(), torch.zeros_like(w0)
     for g in grads:
         m = m * mu + g
@@ -390,7 +390,7 @@ def test_balanced_owners_spread_newton_schulz_work_evenly_and_deterministically(
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("shape", NS_SHAPES)
 def test_hybrid_newton_schulz_pins_every_singular_value_near_one(shape, seed):
-    # Spec 2.2.2's optional DeepSeek-V4 variant: 8 quintic then 2 pinning iterations. Even the square matrices
+    # The optional `hybrid` Newton-Schulz variant: 8 quintic then 2 pinning iterations. Even the square matrices
     # whose smallest directions 5 quintic steps cannot reach come out orthogonal.
     gradient = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
     singular_values = torch.linalg.svdvals(newton_schulz_orthogonalize(gradient, variant="hybrid").double())
