@@ -1,11 +1,13 @@
 """A pilot on a machine that gets busy halfway: GO with the contention WARN, not NO-GO.
 
 Both training sessions run as child processes pinned to one CPU. The first trains to step 20 on its own;
-before the second (the resume, to step 40) starts, six busy-looping processes are pinned to the same CPU, so
-the trainer gets at most a seventh of it, far less than the rest of the machine left it before. Its training-only
-tokens/s must then fall far below the rule's 0.6 ratio while its tokens per CPU second stay where they were:
-the assertions do not depend on a threshold being crossed by a small margin (measured on this project's
-shared 2-core machine with four such processes: training-only tok/s ratio 0.43, tok per CPU second 1.22)."""
+before the second (the resume, to step 40) starts, two busy-looping processes are pinned to the same CPU, so
+the trainer gets about a third of it. Its training-only tokens/s then falls far below the rule's 0.6 ratio while
+its tokens per CPU second stay well above it. Measured on this project's 2-core machine, three runs each:
+with two busy processes, tok/s ratio 0.25-0.32 and tok per CPU second 0.74-0.95; with six, tok/s 0.08-0.11
+but tok per CPU second 0.53-0.74 (the shorter time slices of seven tasks on one core evict the trainer's caches
+at every switch, so its CPU time per token grows), which failed the WARN once in four runs. Two keep both
+figures clear of the threshold."""
 
 import json
 import os
@@ -21,7 +23,7 @@ from pilotrun.cli import main
 SMOKE = Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml"
 OVERRIDES = ["train.num_threads=1", "train.log_every=2", "train.eval_every=10", "train.checkpoint_every=10",
              "optim.schedule.horizon=40", "optim.grad_clip=10", "model.bias_update_speed=0.01"]
-BUSY_PROCESSES = 6
+BUSY_PROCESSES = 2
 
 
 def _pin(cpu):
