@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pilotrun.data.shards import canonical_json
 from pilotrun.errors import PilotrunError
 from pilotrun.files import write_text_atomic
 
@@ -141,11 +142,6 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(json_safe(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
-def canonical_json(value: Any) -> str:
-    """The one canonical form digests are taken of: sorted keys, no whitespace, non-finite floats as strings."""
-    return json.dumps(json_safe(value), sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
 def chain_genesis(run_id: str) -> str:
     """What the first line of a run's metrics.jsonl chains to."""
     return hashlib.sha256(CHAIN_GENESIS_PREFIX + str(run_id).encode("utf-8")).hexdigest()
@@ -185,7 +181,8 @@ def run_json_digests(data: dict[str, Any]) -> dict[str, str]:
         if key == "sessions" and isinstance(value, list):
             value = [{k: v for k, v in entry.items() if k not in SESSION_END_KEYS} if isinstance(entry, dict)
                      else entry for entry in value]
-        digests[key] = hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
+        # The project's canonical JSON (the data manifest's), after the writer's form of non-finite floats.
+        digests[key] = hashlib.sha256(canonical_json(json_safe(value))).hexdigest()
     return digests
 
 
@@ -359,26 +356,29 @@ def record_integrity_problems(run: dict[str, Any], parsed: ParsedMetrics,
     if not isinstance(run_id, str):
         return ["run.json: run_id is not a string; the hash chain of metrics.jsonl cannot be checked"]
     reasons = chain_breaks(parsed, run_id)
-    values = chain_values(parsed)
+    own = line_chain_values(parsed)
+    values = {value: index for index, value in enumerate(own) if value is not None}
     genesis = chain_genesis(run_id)
     events = parsed.events
+    span: dict[Any, list[int]] = {}  # session id -> [index of its first line, index of its last]
+    for index, event in enumerate(events):
+        span.setdefault(event.get("session_id"), [index, index])[1] = index
     for entry in run.get("sessions") or []:
         if not isinstance(entry, dict):
             continue
         sid = entry.get("session_id")
-        indices = [i for i, e in enumerate(events) if e.get("session_id") == sid]
         start, end = entry.get("chain_start"), entry.get("chain_end")
-        if not indices:
+        if sid not in span:
             if end is not None:
                 reasons.append(f"run.json session {sid}: ended (chain_end recorded) but metrics.jsonl holds none "
                                "of its lines (removed)")
             continue
-        first, last = indices[0], indices[-1]
+        first, last = span[sid]
         if start is None:
             reasons.append(f"run.json session {sid}: no chain_start recorded (a record not written by this "
                            "version of pilotrun, or edited)")
         else:
-            before = genesis if first == 0 else (unchained_body(parsed.texts[first - 1]) or ("", None))[1]
+            before = genesis if first == 0 else own[first - 1]
             if start != before:
                 reasons.append(f"run.json session {sid}: its recorded chain_start is not the line before its first "
                                f"line (metrics.jsonl line {events[first]['_line']}): lines before it were removed, "
@@ -406,14 +406,9 @@ def record_integrity_problems(run: dict[str, Any], parsed: ParsedMetrics,
     return reasons
 
 
-def chain_values(parsed: ParsedMetrics) -> dict[str, int]:
-    """Each line's chain value -> its index in `parsed.events` (for the heads that markers and run.json hold)."""
-    values = {}
-    for index, text in enumerate(parsed.texts):
-        split = unchained_body(text)
-        if split is not None:
-            values[split[1]] = index
-    return values
+def line_chain_values(parsed: ParsedMetrics) -> list[str | None]:
+    """Each event's recorded chain value, in file order (None for a line without one)."""
+    return [split[1] if split is not None else None for split in map(unchained_body, parsed.texts)]
 
 
 def last_chain_value(path: str | Path, run_id: str) -> str:
