@@ -28,6 +28,7 @@ import json
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,21 +36,47 @@ from pilotrun.errors import PilotrunError
 
 LOCK_NAME = "run.lock"
 UNSUPPORTED_ERRNOS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+# A holder writes its line just after it takes the lock, so a process refused in between finds the file empty
+# (or just truncated). It re-reads for this long before it gives up on naming the holder: on a loaded machine
+# the holder can be descheduled between the two steps for a noticeable time.
+HOLDER_LINE_WAIT_SECONDS = 5.0
+HOLDER_LINE_POLL_SECONDS = 0.02
 
 
 class RunFolderBusy(PilotrunError):
     """Another process holds the run folder's lock: exit 2, naming the holder."""
 
 
+def parse_holder(text: str) -> dict | None:
+    """The holder record of a lock file's first line, or None while it is not (yet) a complete JSON object."""
+    first_line, newline, _ = text.partition("\n")
+    if not newline:  # the holder writes one line ending in a newline: without it the write is not finished
+        return None
+    try:
+        holder = json.loads(first_line)
+    except ValueError:
+        return None
+    return holder if isinstance(holder, dict) else None
+
+
 def describe_holder(text: str) -> str:
     """The holder line of a lock file: 'pid P on host H since T', or what could be read of it."""
-    try:
-        holder = json.loads(text)
-    except ValueError:
-        holder = None
-    if not isinstance(holder, dict):
+    holder = parse_holder(text)
+    if holder is None:
         return "a process whose details could not be read"
     return f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')} since {holder.get('since', '?')}"
+
+
+def read_holder_line(handle: Any) -> str:
+    """The lock file's text once its holder has written its line, or whatever is there after the wait: the
+    holder took the lock before writing, so an empty file usually means 'just started', not 'unknown'."""
+    deadline = time.monotonic() + HOLDER_LINE_WAIT_SECONDS
+    while True:
+        handle.seek(0)
+        text = handle.read(4096)
+        if parse_holder(text) is not None or time.monotonic() >= deadline:
+            return text
+        time.sleep(HOLDER_LINE_POLL_SECONDS)
 
 
 def _rewrite(handle: Any, text: str) -> None:
@@ -86,8 +113,7 @@ class RunFolderLock:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            handle.seek(0)
-            holder = describe_holder(handle.read(4096))
+            holder = describe_holder(read_holder_line(handle))
             handle.close()
             raise RunFolderBusy(f"run folder {run_dir} is in use by {holder} (it holds {run_dir / LOCK_NAME}); "
                                 "wait for it to end, or stop it, before training into this folder") from None
