@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from pilotrun.report.summarize import summarize_run
-from pilotrun.train.checkpoint import HOLD_FILE_ENV
 from pilotrun.train import run_lock
+from pilotrun.train.checkpoint import HOLD_FILE_ENV
 from pilotrun.train.run_lock import LOCK_NAME, RunFolderBusy, RunFolderLock
 
 ROOT = Path(__file__).resolve().parents[2]
