@@ -3,7 +3,9 @@
 1. prepare the built-in offline corpus into WORKDIR/data (skipped when a prepared corpus is already there);
 2. run `python -m pilotrun train` with the CPU stability recipe as a separate process;
 3. once metrics.jsonl shows a step past the midpoint and a checkpoint is committed on disk, kill that
-   process with SIGKILL: a real, unannounced interruption (no handler runs, no final checkpoint);
+   process with SIGKILL: a real, unannounced interruption (no handler runs, no final checkpoint). The
+   process is told that step (train/pilot_handshake.py) and stops itself there, so however fast its updates
+   are, the kill lands past the midpoint and before the end, never after its final checkpoint;
 4. resume it with `--resume` as a second process, which must reach max_steps;
 5. summarize with `--require-step max_steps`, then the verdict and its report; exit 0 GO, 1 NO-GO.
 
@@ -26,6 +28,7 @@ from typing import TextIO
 from pilotrun.errors import PilotrunError
 from pilotrun.record import CHECKPOINTS_DIR, METRICS_JSONL
 from pilotrun.report.child_progress import ProgressLine, wait_with_progress
+from pilotrun.train.pilot_handshake import FREEZE_PAST_STEP_ENV, wait_until_stopped
 
 DEFAULT_RECIPE = "stability.yaml"
 DEFAULT_TOKENIZER = "bpe:2048"
@@ -99,6 +102,8 @@ def _kill_past_midpoint(process: subprocess.Popen, run_dir: Path, midpoint: int,
     if not past_midpoint(events):
         raise PilotError(f"the first training process exited (code {process.returncode}) before it could be "
                          f"interrupted past step {midpoint}; see {run_dir.parent / 'train-1.log'}")
+    # It stops itself right after writing the line just read; the wait is a guard for a trainer that did not.
+    wait_until_stopped(process.pid, timeout_seconds=60)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     committed = _committed_checkpoints(run_dir)
@@ -173,7 +178,8 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
               f"(the child's output: {workdir / 'train-1.log'})")
     with open(workdir / "train-1.log", "w") as log:
         first = subprocess.Popen(_train_command(config_path, data_dir, run_dir, overrides, resume=False),
-                                 stdout=log, stderr=subprocess.STDOUT)
+                                 stdout=log, stderr=subprocess.STDOUT,
+                                 env=dict(os.environ, **{FREEZE_PAST_STEP_ENV: str(midpoint)}))
         try:
             killed_at, checkpoint = _kill_past_midpoint(first, run_dir, midpoint, max_steps, ProgressLine(out),
                                                         poll_seconds, timeout_seconds)
@@ -187,8 +193,9 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
     phase_start = time.monotonic()
     _say(out, f"resuming with --resume to step {max_steps} (the child's output: {workdir / 'train-2.log'})")
     with open(workdir / "train-2.log", "w") as log:
+        env = {k: v for k, v in os.environ.items() if k != FREEZE_PAST_STEP_ENV}  # the resume runs to the end
         second = subprocess.Popen(_train_command(config_path, data_dir, run_dir, overrides, resume=True),
-                                  stdout=log, stderr=subprocess.STDOUT)
+                                  stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             wait_with_progress(second, run_dir / METRICS_JSONL, max_steps, ProgressLine(out), poll_seconds,
                                timeout_seconds)

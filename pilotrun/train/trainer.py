@@ -65,6 +65,7 @@ from pilotrun.train import distributed as dist_utils
 from pilotrun.train.dcp_storage import training_state
 from pilotrun.train.environment import memory_snapshot
 from pilotrun.train.notices import interrupt_acknowledgement
+from pilotrun.train.pilot_handshake import FreezePoint
 from pilotrun.train.precision import UpdateOutcome, apply_update, autocast_context
 from pilotrun.train.profiling import ProfileWindow
 from pilotrun.train.rng import capture_rng_state
@@ -134,6 +135,7 @@ class Trainer:
         self.progress = progress
         self.out = out if out is not None else sys.stdout
         context = context if context is not None else dist_utils.init_distributed(config.train.device)
+        self.freeze_point = FreezePoint.from_environment(distributed=context.is_distributed)
         s = build_session(config, data_dir, run_dir, resume=resume, from_step=from_step, allow_changes=allow_changes,
                           command=list(command) if command is not None else list(sys.argv), context=context)
         self.session = s
@@ -158,6 +160,10 @@ class Trainer:
             for sink in sinks]
         self._stop_signal: int | None = None
         self._signal_count = 0
+        # The pilot's kill point (pilot_handshake.py), read before anything is written: it needs to know the last
+        # logged step and whether this session has committed a checkpoint.
+        self._logged_step: int | None = None
+        self._checkpoints_written = 0
 
     # ------------------------------------------------------------------------------------------ state
     @property
@@ -264,6 +270,7 @@ class Trainer:
             size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
         dist_utils.barrier(self.context)
         self.last_checkpoint_step = self.step
+        self._checkpoints_written += 1
         self.metrics.fsync()
         self._log("checkpoint", path=str(path) if path is not None else None, seconds=time.perf_counter() - started,
                   bytes=size)
@@ -325,6 +332,9 @@ class Trainer:
                 if stop or too_many_skips:
                     reason, exit_code, message = self._stop_reason(stop, outcome)
                     break
+                if self.freeze_point.due(self._logged_step, self._checkpoints_written, state.step, t.max_steps):
+                    with account.phase("other"):
+                        self.freeze_point.freeze()
             else:
                 if self.last_checkpoint_step != state.step:  # a resume at or past max_steps: nothing new to save
                     with account.phase("checkpoint"):
@@ -525,6 +535,7 @@ class Trainer:
             memory=memory_snapshot(self.device), block_output_rms=block_output_rms(raw),
             weight_rms=parameter_rms(optimizer))
         self._log("train", **fields)
+        self._logged_step = self.step
         if bar is not None:
             with self.account.phase("report"):
                 bar.update(self.step - bar.n)
