@@ -212,4 +212,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         tests=("tests/data/test_data_fits_recipe.py",),
         why="a damaged token id stops the run mid-update with no checkpoint of the last applied state",
     ),
+    Mutation(
+        name="holder_line_read_once",
+        file="pilotrun/train/run_lock.py",
+        old="        if parse_holder(text) is not None or time.monotonic() >= deadline:\n",
+        new="        if True:\n",
+        tests=("tests/train/test_run_lock.py::test_a_holder_line_written_just_after_the_lock_is_still_named",),
+        why="a process refused just after the holder's flock cannot name the holder",
+    ),
+    Mutation(
+        name="pilot_kill_decided_from_outside_only",
+        file="pilotrun/pilot.py",
+        old="                                 env=dict(os.environ, **{FREEZE_PAST_STEP_ENV: str(midpoint)}))\n",
+        new="                                 env=dict(os.environ))\n",
+        tests=("tests/test_pilot.py::test_the_kill_lands_at_the_first_logged_step_past_the_midpoint_however_fast_the_updates",),
+        why="fast updates outrun the pilot's kill to the final checkpoint, and the resume has nothing to do",
+    ),
 )
