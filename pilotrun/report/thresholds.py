@@ -32,6 +32,7 @@ class Thresholds:
     max_clip_rate: float = 0.5
     max_skip_rate: float = 0.05
     min_throughput_ratio: float = 0.6
+    min_cpu_share_ratio: float = 0.6
     memory_budget_gb: float = 0.0
     max_memory_growth: float = 1.5
     max_imbalance: float = 1.5

@@ -31,7 +31,12 @@ Thresholds (defaults below, each overridable with `--threshold NAME=VALUE`):
   under the profiler, `window.profiled_attempts` > 0). Below it, on a CPU run whose windows record
   the process's CPU seconds, the same ratio is taken of tokens per CPU second: when that one holds (the
   work per token did not grow) the machine got busier, not the run slower, and the rule WARNs with both
-  figures (allows GO); otherwise it FAILs. On CUDA the same holds with tokens per device second
+  figures (allows GO). min_cpu_share_ratio 0.6: failing that, when the process's CPU seconds per training
+  second (its share of the CPU) fell below 0.6 of the first third's, other load took the CPU, and the rule
+  WARNs too: sharing a core makes every token cost more CPU time as well (each switch to another task evicts
+  the trainer's caches; two competing processes cost 1.2x to 4x per token on this project's machine), so the
+  work per CPU second cannot tell the recipe's own slowdown apart there, and the WARN says to judge it on a
+  quiet machine. Otherwise (the share held, each token cost more) it FAILs. On CUDA the same holds with tokens per device second
   (`window.device_seconds`, from CUDA timing events around each update): the process CPU time says nothing of
   the device's work there.
 - memory_budget_gb 0 (= the recipe's train.memory_budget_gb; 0 there too = no budget): peak memory (CUDA
@@ -305,7 +310,8 @@ def rule_throughput_steady(summary: Summary, t: Thresholds) -> RuleResult:
             device_rates.append(w["tokens"] / device if is_finite_number(device) and device > 0 else None)
     threshold = (f"last-third / first-third median of training-only tok/s >= {t.min_throughput_ratio} (tok per "
                  "process CPU second on a CPU, per device second on CUDA, held to the same bound separates a busier "
-                 "machine)")
+                 f"machine, and so does, on a CPU, the process's share of the CPU falling below {t.min_cpu_share_ratio} "
+                 "of what it was)")
     evidence = f"training-only tokens/s of {len(rates)} train windows (each session's first left out"
     evidence += f", and {profiled} with profiled updates)" if profiled else ")"
     if len(rates) < 6:
@@ -341,6 +347,15 @@ def rule_throughput_steady(summary: Summary, t: Thresholds) -> RuleResult:
         return RuleResult("throughput_steady", WARN, f"the machine got busier: {figure}; the work per token (tokens "
                           f"per {what}) held, so the slowdown is other load on the machine, not the recipe",
                           threshold, evidence)
+    if have_cpu and devices == {"cpu"} and share_last / share_first < t.min_cpu_share_ratio:
+        # The process got much less of the CPU per training second than before: other load took it. Sharing a
+        # core also makes each token cost more CPU time (every switch to another task evicts the trainer's
+        # caches; measured here at 1.2x to 4x under two competing processes), so the work per CPU second cannot
+        # acquit the recipe either way; the slowdown is reported, and the recipe's own speed left to a quiet run.
+        return RuleResult("throughput_steady", WARN, f"the machine got busier: {figure}; the process got "
+                          f"{share_last / share_first:.2f} of its share of the CPU, so other load took it; its work "
+                          "per CPU second fell too (sharing a core evicts its caches), so judge the recipe's own speed "
+                          "on a quiet machine", threshold, evidence)
     if on_cuda and not have_device:
         figure += "; device time not recorded, so contention cannot be told apart"
     elif not on_cuda and not have_cpu:

@@ -187,6 +187,30 @@ def test_throughput_steady_warns_when_only_the_machine_got_busier(tmp_path):
     assert [w.name for w in verdict.warnings] == ["throughput_steady"]
 
 
+def test_throughput_warns_when_the_process_lost_its_cpu_share_even_if_each_token_cost_more(tmp_path):
+    """Two competing processes on the trainer's core: it gets a third of the CPU per training second, and each
+    token also costs it more CPU time (every switch evicts its caches). Neither figure alone acquits the recipe,
+    but the lost share says other load took the CPU: a WARN naming both, not a FAIL."""
+    def shared_core(run):
+        run.train_seconds_per_update = lambda step: 2.0 if step > 40 else 0.5
+        run.cpu_seconds_per_update = lambda step: 0.9 if step > 40 else 0.45  # twice the CPU per token, half the share
+    verdict, rules = _verdict(tmp_path, shared_core)
+    rule = rules["throughput_steady"]
+    assert rule.status == WARN and verdict.decision == "GO", rule.figure
+    assert rule.figure.startswith("the machine got busier") and "(ratio 0.25)" in rule.figure
+    assert "tok (ratio 0.50)" in rule.figure and "the process got 0.50 of its share of the CPU" in rule.figure
+    assert "judge the recipe's own speed on a quiet machine" in rule.figure
+
+
+def test_throughput_fails_when_the_share_held_and_each_token_cost_more(tmp_path):
+    def slower_recipe(run):  # the CPU share stays at 0.9 while each update takes four times the CPU and the wall
+        run.train_seconds_per_update = lambda step: 2.0 if step > 40 else 0.5
+        run.cpu_seconds_per_update = lambda step: 1.8 if step > 40 else 0.45
+    _, rules = _verdict(tmp_path, slower_recipe)
+    rule = rules["throughput_steady"]
+    assert rule.status == FAIL and "the run itself slowed" in rule.figure, rule.figure
+
+
 def test_text_verdict_prints_each_warning_under_the_go_line(tmp_path):
     verdict, rules = _verdict(tmp_path, _busier_machine)
     lines = format_verdict(verdict).splitlines()
