@@ -215,7 +215,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="holder_line_read_once",
         file="pilotrun/train/run_lock.py",
-        old="        if parse_holder(text) is not None or time.monotonic() >= deadline:\n",
+        old="        if holder is not None or time.monotonic() >= deadline:\n",
         new="        if True:\n",
         tests=("tests/train/test_run_lock.py::test_a_holder_line_written_just_after_the_lock_is_still_named",),
         why="a process refused just after the holder's flock cannot name the holder",

@@ -46,10 +46,10 @@ class FreezePoint:
                               "sets it for its first training process; unset it to train normally)") from None
         return cls(step)
 
-    def due(self, logged_step: int | None, checkpoints_written: int, step: int, max_steps: int) -> bool:
+    def due(self, logged_step: int | None, checkpoint_committed: bool, step: int, max_steps: int) -> bool:
         """A train event past the step is logged, a checkpoint of this session is committed, updates remain."""
         return (self.past_step is not None and logged_step is not None and logged_step > self.past_step
-                and checkpoints_written > 0 and step < max_steps)
+                and checkpoint_committed and step < max_steps)
 
     def freeze(self) -> None:
         self.past_step = None  # once: a process continued with SIGCONT trains to the end

@@ -59,23 +59,22 @@ def parse_holder(text: str) -> dict | None:
     return holder if isinstance(holder, dict) else None
 
 
-def describe_holder(text: str) -> str:
-    """The holder line of a lock file: 'pid P on host H since T', or what could be read of it."""
-    holder = parse_holder(text)
+def describe_holder(holder: dict | None) -> str:
+    """A lock file's holder as 'pid P on host H since T', or that it could not be read."""
     if holder is None:
         return "a process whose details could not be read"
     return f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')} since {holder.get('since', '?')}"
 
 
-def read_holder_line(handle: Any) -> str:
-    """The lock file's text once its holder has written its line, or whatever is there after the wait: the
-    holder took the lock before writing, so an empty file usually means 'just started', not 'unknown'."""
+def read_holder(handle: Any) -> dict | None:
+    """The lock file's holder once it has written its line, or None after the wait: the holder took the lock
+    before writing, so an empty file usually means 'just started', not 'unknown'."""
     deadline = time.monotonic() + HOLDER_LINE_WAIT_SECONDS
     while True:
         handle.seek(0)
-        text = handle.read(4096)
-        if parse_holder(text) is not None or time.monotonic() >= deadline:
-            return text
+        holder = parse_holder(handle.read(4096))
+        if holder is not None or time.monotonic() >= deadline:
+            return holder
         time.sleep(HOLDER_LINE_POLL_SECONDS)
 
 
@@ -113,7 +112,7 @@ class RunFolderLock:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = describe_holder(read_holder_line(handle))
+            holder = describe_holder(read_holder(handle))
             handle.close()
             raise RunFolderBusy(f"run folder {run_dir} is in use by {holder} (it holds {run_dir / LOCK_NAME}); "
                                 "wait for it to end, or stop it, before training into this folder") from None

@@ -160,10 +160,7 @@ class Trainer:
             for sink in sinks]
         self._stop_signal: int | None = None
         self._signal_count = 0
-        # The pilot's kill point (pilot_handshake.py), read before anything is written: it needs to know the last
-        # logged step and whether this session has committed a checkpoint.
-        self._logged_step: int | None = None
-        self._checkpoints_written = 0
+        self._logged_step: int | None = None  # the pilot's kill point (pilot_handshake.py) waits for a train event
 
     # ------------------------------------------------------------------------------------------ state
     @property
@@ -270,7 +267,6 @@ class Trainer:
             size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
         dist_utils.barrier(self.context)
         self.last_checkpoint_step = self.step
-        self._checkpoints_written += 1
         self.metrics.fsync()
         self._log("checkpoint", path=str(path) if path is not None else None, seconds=time.perf_counter() - started,
                   bytes=size)
@@ -332,7 +328,8 @@ class Trainer:
                 if stop or too_many_skips:
                     reason, exit_code, message = self._stop_reason(stop, outcome)
                     break
-                if self.freeze_point.due(self._logged_step, self._checkpoints_written, state.step, t.max_steps):
+                committed_here = self.last_checkpoint_step != self.resumed_from  # steps only grow
+                if self.freeze_point.due(self._logged_step, committed_here, state.step, t.max_steps):
                     with account.phase("other"):
                         self.freeze_point.freeze()
             else:

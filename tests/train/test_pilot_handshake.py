@@ -23,12 +23,12 @@ def test_the_freeze_point_is_read_from_the_environment_and_ignored_under_torchru
 
 def test_the_freeze_is_due_past_the_step_after_a_checkpoint_with_updates_left():
     point = FreezePoint(3)
-    assert point.due(logged_step=4, checkpoints_written=1, step=4, max_steps=6)
-    assert not point.due(logged_step=3, checkpoints_written=1, step=3, max_steps=6)  # not past the step yet
-    assert not point.due(logged_step=None, checkpoints_written=1, step=4, max_steps=6)  # nothing logged
-    assert not point.due(logged_step=4, checkpoints_written=0, step=4, max_steps=6)  # nothing to resume from
-    assert not point.due(logged_step=6, checkpoints_written=1, step=6, max_steps=6)  # nothing left to redo
-    assert not FreezePoint(None).due(logged_step=4, checkpoints_written=1, step=4, max_steps=6)
+    assert point.due(logged_step=4, checkpoint_committed=True, step=4, max_steps=6)
+    assert not point.due(logged_step=3, checkpoint_committed=True, step=3, max_steps=6)  # not past the step yet
+    assert not point.due(logged_step=None, checkpoint_committed=True, step=4, max_steps=6)  # nothing logged
+    assert not point.due(logged_step=4, checkpoint_committed=False, step=4, max_steps=6)  # nothing committed to resume from
+    assert not point.due(logged_step=6, checkpoint_committed=True, step=6, max_steps=6)  # nothing left to redo
+    assert not FreezePoint(None).due(logged_step=4, checkpoint_committed=True, step=4, max_steps=6)
 
 
 def test_freeze_stops_the_process_once_and_sigcont_lets_it_carry_on():
@@ -36,7 +36,7 @@ def test_freeze_stops_the_process_once_and_sigcont_lets_it_carry_on():
         "from pilotrun.train.pilot_handshake import FreezePoint\n"
         "point = FreezePoint(1)\n"
         "point.freeze()\n"
-        "print('continued', point.past_step, point.due(5, 1, 5, 9), flush=True)\n")],
+        "print('continued', point.past_step, point.due(5, True, 5, 9), flush=True)\n")],
         stdout=subprocess.PIPE, text=True)
     try:
         assert wait_until_stopped(child.pid, timeout_seconds=120)  # a hang guard: it stops as soon as it runs

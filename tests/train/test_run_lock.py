@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -156,37 +157,34 @@ def test_lock_in_process_refuses_a_second_holder_and_is_free_after_release(tmp_p
     second.release()
 
 
-def _hold_lock_without_a_holder_line(run_dir: Path):
+@contextlib.contextmanager
+def _lock_held_without_a_holder_line(run_dir: Path):
     """What a second process sees in the moment between a holder's flock and its holder line: a locked, empty
     file (flock locks of two open files conflict within one process too)."""
     run_dir.mkdir(parents=True)
-    handle = open(run_dir / LOCK_NAME, "a+", encoding="utf-8")
-    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return handle
+    with open(run_dir / LOCK_NAME, "a+", encoding="utf-8") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield handle
 
 
 def test_a_holder_line_written_just_after_the_lock_is_still_named(tmp_path):
     run_dir = tmp_path / "run"
-    handle = _hold_lock_without_a_holder_line(run_dir)
-    late_line = threading.Timer(0.3, lambda: (handle.write(json.dumps(
-        {"pid": 424242, "host": "late-host", "since": "2026-12-01T00:00:00+00:00"}) + "\n"), handle.flush()))
-    late_line.start()
-    try:
-        with pytest.raises(RunFolderBusy, match="in use by pid 424242 on host late-host since 2026-12-01"):
-            RunFolderLock.acquire(run_dir)
-    finally:
-        late_line.join()
-        handle.close()
+    with _lock_held_without_a_holder_line(run_dir) as handle:
+        late_line = threading.Timer(0.3, lambda: (handle.write(json.dumps(
+            {"pid": 424242, "host": "late-host", "since": "2026-12-01T00:00:00+00:00"}) + "\n"), handle.flush()))
+        late_line.start()
+        try:
+            with pytest.raises(RunFolderBusy, match="in use by pid 424242 on host late-host since 2026-12-01"):
+                RunFolderLock.acquire(run_dir)
+        finally:
+            late_line.join()
 
 
 def test_a_holder_that_never_writes_its_line_is_reported_as_unreadable(tmp_path, monkeypatch):
     monkeypatch.setattr(run_lock, "HOLDER_LINE_WAIT_SECONDS", 0.1)
     run_dir = tmp_path / "run"
-    handle = _hold_lock_without_a_holder_line(run_dir)
-    handle.write('{"pid": 1, "host": "half-writ')  # a line cut short: no newline, not JSON
-    handle.flush()
-    try:
+    with _lock_held_without_a_holder_line(run_dir) as handle:
+        handle.write('{"pid": 1, "host": "half-writ')  # a line cut short: no newline, not JSON
+        handle.flush()
         with pytest.raises(RunFolderBusy, match="in use by a process whose details could not be read"):
             RunFolderLock.acquire(run_dir)
-    finally:
-        handle.close()
