@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pilotrun.record import read_metrics_strict
+from pilotrun.run.record import read_metrics_strict
 
 ROOT = Path(__file__).resolve().parent.parent
 REPEATS = 3

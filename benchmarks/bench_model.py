@@ -269,7 +269,7 @@ def step():
     model(inputs, targets).loss.backward()
 with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
     step()
-from pilotrun.train.environment import peak_resident_mb
+from pilotrun.training.environment import peak_resident_mb
 rss_before_mb = peak_resident_mb()
 wall, cpu = [], []
 for _ in range(steps):

@@ -1,6 +1,6 @@
 """The hash chain's cost per train event, against a CPU update of the stability recipe.
 
-Every metrics.jsonl line carries a sha256 chaining it to the line before (pilotrun/record.py), so each event
+Every metrics.jsonl line carries a sha256 chaining it to the line before (pilotrun/run/record.py), so each event
 costs one more hash of its text than a plain JSON line. The events timed are real: the train events of a
 short run of the stability recipe (its model, batch and MoE diagnostics, so each line is as long as a pilot's),
 written again through MetricsWriter (the chained line) and through the same dumps + write + flush without the
@@ -29,9 +29,9 @@ TARGET = 0.01
 
 def _real_train_events(data_dir: Path, run_dir: Path) -> tuple[list[dict], float]:
     from pilotrun.config import load_run_config
-    from pilotrun.record import read_metrics_strict
-    from pilotrun.train.timing import TimeAccount
-    from pilotrun.train.trainer import Trainer
+    from pilotrun.run.record import read_metrics_strict
+    from pilotrun.training.timing import TimeAccount
+    from pilotrun.training.trainer import Trainer
 
     config = load_run_config(RECIPE, [f"train.max_steps={UPDATES}", "train.eval_every=0", "train.checkpoint_every=0",
                                       "train.log_every=2", "train.device=cpu", "train.num_threads=1"])
@@ -49,7 +49,7 @@ def _real_train_events(data_dir: Path, run_dir: Path) -> tuple[list[dict], float
 
 def run() -> str:
     from pilotrun.data.prepare import prepare_corpus
-    from pilotrun.record import COUNTER_KEYS, Counters, MetricsWriter, dumps_line
+    from pilotrun.run.record import COUNTER_KEYS, Counters, MetricsWriter, dumps_line
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

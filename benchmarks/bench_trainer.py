@@ -49,9 +49,9 @@ def _config(updates: int):
 def trainer_update_seconds(data_dir: Path, work: Path, updates: int, index: int) -> list[float]:
     import io
 
-    from pilotrun.record import read_metrics_strict
-    from pilotrun.train.timing import TimeAccount
-    from pilotrun.train.trainer import Trainer
+    from pilotrun.run.record import read_metrics_strict
+    from pilotrun.training.timing import TimeAccount
+    from pilotrun.training.trainer import Trainer
 
     run_dir = work / f"trainer-{index}"
     trainer = Trainer(_config(updates), data_dir, run_dir, progress=False, out=io.StringIO())
@@ -78,7 +78,7 @@ def bare_update_seconds(data_dir: Path, updates: int) -> list[float]:
     from pilotrun.optim.muon_adamw import build_optimizer
     from pilotrun.optim.qk_clip import apply_qk_clip
     from pilotrun.optim.schedule import set_learning_rates
-    from pilotrun.train.precision import apply_update, autocast_context, build_grad_scaler
+    from pilotrun.training.precision import apply_update, autocast_context, build_grad_scaler
 
     config = _config(updates)
     dataset = open_dataset(data_dir)

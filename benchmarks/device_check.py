@@ -189,8 +189,8 @@ def model_step(device: torch.device, preset: str, batch: int, seq: int, repeats:
     from pilotrun.model.presets import model_preset
     from pilotrun.model.transformer import build_model
     from pilotrun.optim.muon_adamw import build_optimizer
-    from pilotrun.train.environment import device_peak_flops
-    from pilotrun.train.session import compile_blocks
+    from pilotrun.training.environment import device_peak_flops
+    from pilotrun.training.session import compile_blocks
 
     cfg = model_preset(preset, vocab_size=vocab, max_seq_len=seq, activation_checkpointing=recompute)
     torch.manual_seed(0)
@@ -264,7 +264,7 @@ def pilot(out: Path, config: str, sets: list[str], timeout_s: float) -> dict:
             figures[rule["name"]] = f"{rule['status']} {rule['figure']}"
     # On CUDA every train window should carry the device seconds of its updates (CUDA timing events): the
     # verdict's contention check reads them. Report how many windows have them and their share of the train time.
-    from pilotrun.record import read_metrics_strict
+    from pilotrun.run.record import read_metrics_strict
 
     windows = [e["window"] for e in read_metrics_strict(out / "pilot-work" / "run") if e["event"] == "train"]
     timed = [w for w in windows if isinstance(w.get("device_seconds"), int | float)]

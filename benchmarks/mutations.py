@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from benchmarks.mutation_check import Mutation
 
-GUARDS = "tests/train/test_trainer_guards.py"
-RESUME = "tests/train/test_resume.py"
+GUARDS = "tests/training/test_trainer_guards.py"
+RESUME = "tests/training/test_resume.py"
 SUMMARIZE = "tests/report/test_summarize.py"
-OBSERVERS = "tests/train/test_trainer_observers.py"
-INTEGRITY = "tests/report/test_record_integrity.py"
+OBSERVERS = "tests/training/test_trainer_observers.py"
+INTEGRITY = "tests/run/test_record_integrity.py"
 
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="checkpoint_files_not_fsynced",
-        file="pilotrun/train/checkpoint.py",
+        file="pilotrun/training/checkpoint.py",
         old="            handle.flush()\n            os.fsync(handle.fileno())\n        _test_delay()\n",
         new="            handle.flush()\n        _test_delay()\n",
         tests=(f"{GUARDS}::test_every_checkpoint_file_is_fsynced_before_the_marker_is_renamed_into_place",),
@@ -32,18 +32,18 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="checkpoint_hash_not_compared",
-        file="pilotrun/train/checkpoint.py",
+        file="pilotrun/training/checkpoint.py",
         old='            if digests[file_name] != files[file_name]["sha256"]:',
         new='            if False and digests[file_name] != files[file_name]["sha256"]:',
-        tests=("tests/train/test_checkpoint.py",),
+        tests=("tests/training/test_checkpoint.py",),
         why="a checkpoint file whose bytes changed (same size) is loaded",
     ),
     Mutation(
         name="clip_never_scales",
-        file="pilotrun/train/precision.py",
+        file="pilotrun/training/precision.py",
         old="                grad.mul_(coefficient)\n",
         new="                pass\n",
-        tests=("tests/train/test_precision.py",),
+        tests=("tests/training/test_precision.py",),
         why="gradient clipping reports a clip but leaves the gradients as they were",
     ),
     Mutation(
@@ -64,16 +64,16 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="torn_tail_not_repaired",
-        file="pilotrun/record.py",
+        file="pilotrun/run/record.py",
         old="        self.repaired_bytes = repair_torn_tail(self.path) if enabled else 0\n",
         new="        self.repaired_bytes = 0\n",
-        tests=(RESUME, "tests/test_record.py", INTEGRITY),
+        tests=(RESUME, "tests/run/test_record.py", INTEGRITY),
         why="a resumed session appends after a torn last line without cutting it",
     ),
     # The loop's and the session build's own slips.
     Mutation(
         name="bias_on_skipped_update",
-        file="pilotrun/train/trainer.py",
+        file="pilotrun/training/trainer.py",
         old="        if outcome.applied:\n            for hook in self.hooks:\n",
         new=("        for hook in self.hooks:\n            if hook.name == \"moe\" and not outcome.applied:\n"
              "                hook.after_update(state.step, statistics)\n"
@@ -83,7 +83,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="qk_clip_on_skipped_update",
-        file="pilotrun/train/trainer.py",
+        file="pilotrun/training/trainer.py",
         old="        if outcome.applied:\n            for hook in self.hooks:\n",
         new=("        for hook in self.hooks:\n            if hook.name == \"qk_clip\" and not outcome.applied:\n"
              "                hook_events += hook.after_update(state.step, statistics)\n"
@@ -93,7 +93,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="consecutive_skips_never_stop",
-        file="pilotrun/train/trainer.py",
+        file="pilotrun/training/trainer.py",
         old="                too_many_skips = state.consecutive_skips >= t.max_consecutive_skips\n",
         new="                too_many_skips = False\n",
         tests=(f"{GUARDS}::test_too_many_consecutive_skips_stop_the_run_with_exit_1_and_a_checkpoint",),
@@ -101,7 +101,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="evaluation_draws_training_rng",
-        file="pilotrun/train/trainer.py",
+        file="pilotrun/training/trainer.py",
         old="        self.raw_model.eval()\n",
         new="        self.raw_model.eval()\n        torch.rand(1)  # e.g. a sampled evaluation batch\n",
         tests=(f"{GUARDS}::test_evaluation_leaves_every_random_generator_and_the_training_cursor_untouched",),
@@ -109,7 +109,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="step_moves_on_a_skipped_update",
-        file="pilotrun/train/trainer.py",
+        file="pilotrun/training/trainer.py",
         old="            state.updates_skipped += 1\n",
         new="            state.updates_skipped += 1\n            state.step += 1\n",
         tests=(GUARDS,),
@@ -117,7 +117,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="rng_not_restored_on_resume",
-        file="pilotrun/train/session.py",
+        file="pilotrun/training/session.py",
         old='        rng_notes = restore_rng_state(restored["rng"])\n',
         new="        rng_notes = []\n",
         tests=(RESUME,),
@@ -125,7 +125,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="scaler_not_restored_on_resume",
-        file="pilotrun/train/session.py",
+        file="pilotrun/training/session.py",
         old='        scaler.load_state_dict(restored["scaler"])\n',
         new="",
         tests=(RESUME,),
@@ -133,15 +133,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="allowed_change_not_applied",
-        file="pilotrun/train/session.py",
+        file="pilotrun/training/session.py",
         old="        restore_group_settings(optimizer, settings)\n",
         new="",
-        tests=("tests/train/test_resume_changes.py",),
+        tests=("tests/training/test_resume_changes.py",),
         why="a learning rate allowed to change on resume is recorded but the checkpoint's is trained with",
     ),
     Mutation(
         name="profiled_attempts_charged_to_training",
-        file="pilotrun/train/trainer.py",
+        file="pilotrun/training/trainer.py",
         old='        with self.account.phase("profile"):\n            self.profiler.before_update(',
         new="        with contextlib.nullcontext():\n            self.profiler.before_update(",
         tests=(f"{OBSERVERS}::test_profiled_attempts_are_the_profile_phase_and_the_phases_add_up_to_the_wall_clock",),
@@ -165,7 +165,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="chain_link_not_compared",
-        file="pilotrun/record.py",
+        file="pilotrun/run/record.py",
         old="        if chain_link(previous, body) != value:\n",
         new="        if False and chain_link(previous, body) != value:\n",
         tests=(INTEGRITY,),
@@ -173,7 +173,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="run_json_digests_not_compared",
-        file="pilotrun/record.py",
+        file="pilotrun/run/record.py",
         old="            if changed:\n                reasons.append(f\"run.json: {', '.join(changed)}",
         new="            if False:\n                reasons.append(f\"run.json: {', '.join(changed)}",
         tests=(INTEGRITY,),
@@ -181,11 +181,11 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="run_folder_not_locked",
-        file="pilotrun/train/run_lock.py",
+        file="pilotrun/run/folder_lock.py",
         old="            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)\n",
         new="            pass\n",
-        tests=("tests/train/test_run_lock.py::test_lock_in_process_refuses_a_second_holder_and_is_free_after_release",
-               "tests/train/test_run_lock.py::test_a_second_writer_is_refused_naming_the_holder_and_the_first_record_stays_valid"),
+        tests=("tests/run/test_folder_lock.py::test_lock_in_process_refuses_a_second_holder_and_is_free_after_release",
+               "tests/run/test_folder_lock.py::test_a_second_writer_is_refused_naming_the_holder_and_the_first_record_stays_valid"),
         why="two sessions write into one run folder at once",
     ),
     Mutation(
@@ -198,7 +198,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="final_checkpoint_not_rehashed",
-        file="pilotrun/train/marker.py",
+        file="pilotrun/run/marker.py",
         old="        elif sha256_of_file(path) != expected[\"sha256\"]:\n",
         new="        elif False:\n",
         tests=(f"{INTEGRITY}::test_require_step_needs_a_completed_end_and_an_intact_final_checkpoint",),
@@ -206,7 +206,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="damaged_ids_found_only_inside_an_update",
-        file="pilotrun/train/trainer.py",
+        file="pilotrun/training/trainer.py",
         old="            self.train_loader.check_upcoming_batches(self.config.train.gradient_accumulation_steps)\n",
         new="            pass\n",
         tests=("tests/data/test_data_fits_recipe.py",),
@@ -214,18 +214,18 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="holder_line_read_once",
-        file="pilotrun/train/run_lock.py",
+        file="pilotrun/run/folder_lock.py",
         old="        if holder is not None or time.monotonic() >= deadline:\n",
         new="        if True:\n",
-        tests=("tests/train/test_run_lock.py::test_a_holder_line_written_just_after_the_lock_is_still_named",),
+        tests=("tests/run/test_folder_lock.py::test_a_holder_line_written_just_after_the_lock_is_still_named",),
         why="a process refused just after the holder's flock cannot name the holder",
     ),
     Mutation(
         name="pilot_kill_decided_from_outside_only",
-        file="pilotrun/pilot.py",
+        file="pilotrun/commands/pilot.py",
         old="                                 env=dict(os.environ, **{FREEZE_PAST_STEP_ENV: str(midpoint)}))\n",
         new="                                 env=dict(os.environ))\n",
-        tests=("tests/test_pilot.py::test_the_kill_lands_at_the_first_logged_step_past_the_midpoint_however_fast_the_updates",),
+        tests=("tests/commands/test_pilot.py::test_the_kill_lands_at_the_first_logged_step_past_the_midpoint_however_fast_the_updates",),
         why="fast updates outrun the pilot's kill to the final checkpoint, and the resume has nothing to do",
     ),
     Mutation(

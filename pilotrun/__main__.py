@@ -2,7 +2,7 @@
 
 import sys
 
-from pilotrun.cli import main
+from pilotrun.commands.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

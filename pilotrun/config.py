@@ -109,6 +109,12 @@ class AdamWConfig:
     eps: float = knob(1e-8, "AdamW epsilon")
 
 
+# A `qk_clip` event is logged for a head clipped for the first time in the run or with gamma (its scale) below
+# this. Part of QK-Clip's definition, so it lives beside its config: the writer is pilotrun.optim.qk_clip, the
+# reader that checks each event against it is summarize, and neither imports the other.
+QK_CLIP_HARD_GAMMA = 0.5
+
+
 @dataclass
 class QKClipConfig:
     enabled: bool = knob(True, "rescale query/key weights of heads whose max logit exceeds tau")

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pilotrun import cli
+from pilotrun.commands import cli
 from pilotrun.config import RunConfig, describe_config, packaged_configs_dir, resolve_recipe_path
 from pilotrun.errors import ConfigError
 

@@ -29,9 +29,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pilotrun.cli import main
-from pilotrun.data.shards import canonical_json
-from pilotrun.train.checkpoint import MARKER_NAME, Checkpointer, step_folder_name
+from pilotrun.commands.cli import main
+from pilotrun.files import canonical_json
+from pilotrun.training.checkpoint import MARKER_NAME, Checkpointer, step_folder_name
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"

@@ -65,6 +65,6 @@ def test_wheel_installs_with_recipes_and_runs_outside_the_checkout(tmp_path):
     assert shown.returncode == 0, shown.stderr
     rows = {r["key"]: r["value"] for r in json.loads(shown.stdout)}
     assert rows["train.max_steps"] == 240 and rows["optim.schedule.horizon"] == 240
-    recipe_dir = subprocess.run([str(python), "-c", "from pilotrun.pilot import configs_dir; "
+    recipe_dir = subprocess.run([str(python), "-c", "from pilotrun.commands.pilot import configs_dir; "
                                  "print(configs_dir())"], cwd=elsewhere, capture_output=True, text=True, check=True)
     assert Path(recipe_dir.stdout.strip()).is_relative_to(tmp_path / "venv")

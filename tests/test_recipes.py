@@ -8,9 +8,9 @@ import pytest
 
 from pilotrun.config import load_run_config
 from pilotrun.model.accounting import count_parameters
-from pilotrun.record import read_metrics_strict
-from pilotrun.train.checkpoint import Checkpointer
-from pilotrun.train.trainer import Trainer
+from pilotrun.run.record import read_metrics_strict
+from pilotrun.training.checkpoint import Checkpointer
+from pilotrun.training.trainer import Trainer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 RECIPES = ("smoke", "overfit", "acceptance", "stability")

@@ -171,7 +171,7 @@ def small_val_warnings(val_tokens: int, recipe: str = "stability") -> list[str]:
     """A warning when the val split is smaller than one evaluation of a packaged recipe (by default the CPU
     stability recipe `pilotrun pilot` runs): the evaluation would re-read the same few documents."""
     from pilotrun.config import load_run_config
-    from pilotrun.train.notices import val_split_warnings
+    from pilotrun.data.reader import val_split_warnings
 
     t = load_run_config(recipe).train
     return val_split_warnings(val_tokens, t.batch_size, t.seq_len, t.eval_batches,

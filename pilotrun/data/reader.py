@@ -164,6 +164,28 @@ def windows_needed_tokens(batch_size: int, seq_len: int, world_size: int) -> int
     return batch_size * world_size * seq_len + 1
 
 
+def tokens_per_evaluation(batch_size: int, seq_len: int, eval_batches: int, world_size: int = 1) -> int:
+    """Distinct val tokens one evaluation reads: `eval_batches` global batches of windows `seq_len` apart, each
+    window reading seq_len + 1 tokens (inputs and shifted targets); the reader restarts val when it runs out."""
+    return eval_batches * batch_size * world_size * seq_len + 1
+
+
+def val_split_warnings(val_tokens: int, batch_size: int, seq_len: int, eval_batches: int, world_size: int = 1,
+                       what: str = "this recipe") -> list[str]:
+    """A warning when one evaluation needs more val tokens than the split holds: the evaluation then re-reads
+    the same documents, and its loss is measured on fewer distinct tokens than it appears to be."""
+    needed = tokens_per_evaluation(batch_size, seq_len, eval_batches, world_size)
+    if val_tokens >= needed:
+        return []
+    if val_tokens == 0:
+        return [f"the val split is empty: no evaluation of {what} is possible (it needs {needed:,} tokens); "
+                "prepare more data or a larger --val-fraction"]
+    return [f"the val split holds {val_tokens:,} tokens, fewer than one evaluation of {what} reads "
+            f"(eval_batches {eval_batches} x batch_size {batch_size} x world_size {world_size} x seq_len {seq_len} "
+            f"+ 1 = {needed:,}): each evaluation re-reads val {needed / max(val_tokens, 1):.1f}x; prepare more "
+            "data or a larger --val-fraction, or lower train.eval_batches"]
+
+
 def check_data_fits_recipe(dataset: TokenDataset, *, batch_size: int, seq_len: int, world_size: int,
                            evaluates: bool, vocab_size: int) -> None:
     """Refuse, before a run folder is written, data the recipe cannot use to the end: a train split without one

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from pilotrun.errors import DataError
+from pilotrun.files import canonical_sha256
 
 METADATA_FILE = "metadata.json"
 TOKENIZER_FILE = "tokenizer.json"
@@ -30,12 +31,8 @@ def shard_name(split: str, index: int) -> str:
     return f"{split}_{index:05d}.npy"
 
 
-def canonical_json(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-
 def metadata_sha256(manifest: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(manifest)).hexdigest()
+    return canonical_sha256(manifest)
 
 
 def manifest_text(manifest: dict[str, Any]) -> str:

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from pilotrun.config import QK_CLIP_HARD_GAMMA
 from pilotrun.errors import CheckpointError
-from pilotrun.record import QK_CLIP_HARD_GAMMA
 
 
 @dataclass
@@ -105,8 +105,7 @@ def apply_qk_clip(model: torch.nn.Module, qk_max_logit: torch.Tensor, tau: float
                         min_gamma=float(gamma.min()) if n_clipped else 1.0, skipped_nonfinite_layers=skipped)
 
 
-# A `qk_clip` event line when a head is clipped for the first time in the run or hard (gamma below this);
-# the threshold belongs to the run record's schema, which summarize reads.
+# A `qk_clip` event line when a head is clipped for the first time in the run or hard (gamma below this).
 HARD_CLIP_GAMMA = QK_CLIP_HARD_GAMMA
 
 

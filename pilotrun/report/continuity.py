@@ -6,52 +6,19 @@ COMMITTED.json marker (written last by the checkpointer) lists every file with i
 final checkpoint is checked by rehashing its files against the marker, exactly what a resume would do
 before loading them.
 
-A recipe change accepted on resume (`--allow-change`) is recorded in run.json's `allowed_changes` with the
-session that made it; the change takes effect from that session's first update, so the evidence for the
-recipe in force at the end is only the updates applied after the last change.
+Recipe changes accepted on resume are read with `pilotrun.run.changes.recipe_changes_in_history`.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pilotrun.report.thresholds import FAIL, PASS, WARN, RuleResult, Thresholds
-from pilotrun.train.marker import checkpoint_problems, committed_checkpoint_steps
+from pilotrun.run.changes import recipe_changes_in_history
+from pilotrun.run.marker import checkpoint_problems, committed_checkpoint_steps
 
 if TYPE_CHECKING:
     from pilotrun.report.summarize import Summary
-
-@dataclass
-class RecipeChange:
-    key: str
-    old: Any
-    new: Any
-    session_id: str
-    from_update: int  # the first applied update that used the new value
-
-    def describe(self) -> str:
-        return f"{self.key} {_short(self.old)} -> {_short(self.new)} from update {self.from_update}"
-
-
-def recipe_changes_in_history(run: dict[str, Any], lineage: list[str]) -> list[RecipeChange]:
-    """The allowed changes of the sessions in the kept history, in order, each with the update it started at."""
-    starts = {str(s.get("session_id")): s.get("start_step") for s in run.get("sessions") or [] if isinstance(s, dict)}
-    changes = []
-    for entry in run.get("allowed_changes") or []:
-        sid = str(entry.get("session_id")) if isinstance(entry, dict) else None
-        if sid not in lineage or not isinstance(starts.get(sid), int):
-            continue
-        changes.append(RecipeChange(key=str(entry.get("key")), old=entry.get("old"), new=entry.get("new"),
-                                    session_id=sid, from_update=int(starts[sid]) + 1))
-    return changes
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else value
-    return text if len(text) <= 60 else text[:57] + "..."
-
 
 def _window(event: dict[str, Any]) -> dict[str, Any]:
     window = event.get("window")

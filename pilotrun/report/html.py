@@ -13,11 +13,11 @@ import json
 from pathlib import Path
 
 from pilotrun.files import write_text_atomic
-from pilotrun.report.freeze import describe_frozen_status
 from pilotrun.report.identity import RULE_PLOTS, run_identity
 from pilotrun.report.plots import PLOT_TITLES, write_plots
 from pilotrun.report.summarize import SPLIT_KEYS, SPLIT_PHASES
 from pilotrun.report.verdict import Verdict
+from pilotrun.run.lock import describe_frozen_status
 
 REPORT_DIR = "report"
 STATUS_COLOURS = {"PASS": "#1a7f37", "WARN": "#9a6700", "FAIL": "#cf222e"}

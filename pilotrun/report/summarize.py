@@ -38,9 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pilotrun.record import (
+from pilotrun.config import QK_CLIP_HARD_GAMMA
+from pilotrun.run.lock import describe_frozen_status, frozen_candidate_status
+from pilotrun.run.marker import checkpoint_problems, committed_checkpoint_steps, read_marker
+from pilotrun.run.record import (
     COUNTER_KEYS,
-    QK_CLIP_HARD_GAMMA,
     SESSION_END_REASONS,
     WINDOW_COUNT_KEYS,
     Counters,
@@ -50,8 +52,6 @@ from pilotrun.record import (
     read_run_json,
     record_integrity_problems,
 )
-from pilotrun.report.freeze import describe_frozen_status, frozen_candidate_status
-from pilotrun.train.marker import checkpoint_problems, committed_checkpoint_steps, read_marker
 
 
 @dataclass
@@ -133,7 +133,7 @@ def _group_sessions(events: list[dict[str, Any]], reasons: list[str]) -> dict[st
     return sessions
 
 
-# The phases of a session_end `time_split` (pilotrun.train.timing.PHASES, copied: the readers stay torch-free).
+# The phases of a session_end `time_split` (pilotrun.training.timing.PHASES, copied: the readers stay torch-free).
 SPLIT_PHASES = ("train_seconds", "eval_seconds", "checkpoint_seconds", "profile_seconds", "report_seconds",
                 "other_seconds")
 # Older records lack these two; their time was counted in other_seconds.

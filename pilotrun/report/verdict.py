@@ -70,14 +70,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pilotrun.record import is_finite_number
+from pilotrun.files import canonical_sha256
 from pilotrun.report.continuity import (
     recipe_changes_in_history,
     rule_final_checkpoint,
     rule_recipe_changes,
     rule_resumed,
 )
-from pilotrun.report.freeze import canonical_sha256, describe_frozen_status, frozen_candidate_status
 from pilotrun.report.summarize import Summary, summarize_run, window_profiled
 from pilotrun.report.thresholds import (  # noqa: F401  (ThresholdError, parse_thresholds: re-exported for the CLI)
     FAIL,
@@ -88,6 +87,8 @@ from pilotrun.report.thresholds import (  # noqa: F401  (ThresholdError, parse_t
     Thresholds,
     parse_thresholds,
 )
+from pilotrun.run.lock import describe_frozen_status, frozen_candidate_status
+from pilotrun.run.record import is_finite_number
 
 
 @dataclass

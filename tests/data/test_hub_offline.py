@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from pilotrun.cli import main
+from pilotrun.commands.cli import main
 from pilotrun.data.hub import OFFLINE_HINTS, HuggingFaceHub
 from pilotrun.errors import DataError
 

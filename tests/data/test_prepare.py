@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from pilotrun.cli import main
+from pilotrun.commands.cli import main
 from pilotrun.data import prepare as prepare_module
 from pilotrun.data.prepare import prepare_corpus
 from pilotrun.data.reader import open_dataset

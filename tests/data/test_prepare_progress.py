@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pilotrun.data.prepare import _progress_bar, small_val_warnings
+from pilotrun.data.reader import tokens_per_evaluation
 from pilotrun.data.sources import open_source
-from pilotrun.train.notices import tokens_per_evaluation
 
 
 def write_sources(folder: Path) -> tuple[Path, Path]:
@@ -60,7 +60,7 @@ def test_small_val_warning_against_the_stability_recipe():
 
 
 def test_prepare_warns_when_its_val_split_is_smaller_than_one_evaluation(tmp_path, capsys):
-    from pilotrun.cli import main
+    from pilotrun.commands.cli import main
 
     for i in range(40):  # 40 one-line documents: a tenth of them is far less than one stability evaluation
         (tmp_path / f"d{i:02d}.txt").write_text(f"Document {i} talks about the weather and the hills near town {i}.")

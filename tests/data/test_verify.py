@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from pilotrun.cli import main
+from pilotrun.commands.cli import main
 from pilotrun.data.prepare import prepare_corpus
 from pilotrun.data.reader import open_dataset
 from pilotrun.data.verify import verify_data

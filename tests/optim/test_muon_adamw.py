@@ -313,7 +313,7 @@ def test_muon_adamw_overfits_one_batch_of_the_real_model(precision):
     from pilotrun.model.transformer import build_model
     from pilotrun.optim.muon_adamw import build_optimizer
     from pilotrun.optim.schedule import set_learning_rates
-    from pilotrun.train.precision import apply_update, autocast_context, build_grad_scaler
+    from pilotrun.training.precision import apply_update, autocast_context, build_grad_scaler
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(vocab_size=256, init_std=0.02))

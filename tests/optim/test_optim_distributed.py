@@ -14,9 +14,9 @@ from pilotrun.model.diagnostics import collect_step_statistics, reset_step_stati
 from pilotrun.model.transformer import build_model
 from pilotrun.optim.muon_adamw import build_optimizer
 from pilotrun.optim.qk_clip import apply_qk_clip
-from pilotrun.train import distributed as D
-from pilotrun.train.precision import apply_update, build_grad_scaler
-from tests.train.test_distributed import run_ranks
+from pilotrun.training import distributed as D
+from pilotrun.training.precision import apply_update, build_grad_scaler
+from tests.training.test_distributed import run_ranks
 
 STEPS = 3
 TAU = 1.5  # init_std 0.1 gives max logits of about 1.2-1.7: some heads clip, some do not

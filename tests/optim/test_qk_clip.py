@@ -148,8 +148,8 @@ def test_counters_accumulate_and_round_trip():
 
 
 def test_event_fields_for_first_time_and_hard_clips():
+    from pilotrun.config import QK_CLIP_HARD_GAMMA
     from pilotrun.optim.qk_clip import HARD_CLIP_GAMMA, qk_clip_events
-    from pilotrun.record import QK_CLIP_HARD_GAMMA
 
     assert HARD_CLIP_GAMMA == QK_CLIP_HARD_GAMMA  # the reader's copy of the writer's rule
     model = _model(0)

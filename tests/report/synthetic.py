@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pilotrun.record import RUN_JSON_DIGEST_KEY, chain_genesis, chained_line, run_json_digests
+from pilotrun.run.record import RUN_JSON_DIGEST_KEY, chain_genesis, chained_line, run_json_digests
 
 
 class SyntheticRun:

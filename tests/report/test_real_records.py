@@ -5,7 +5,7 @@ from pathlib import Path
 from pilotrun.config import load_run_config
 from pilotrun.report.summarize import summarize_run
 from pilotrun.report.verdict import Thresholds, judge_summary
-from pilotrun.train.trainer import Trainer
+from pilotrun.training.trainer import Trainer
 
 SMOKE = Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml"
 

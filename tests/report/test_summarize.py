@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from pilotrun.cli import main
-from pilotrun.record import RecordError
+from pilotrun.commands.cli import main
 from pilotrun.report.summarize import summarize_run
+from pilotrun.run.record import RecordError
 from tests.report.synthetic import SyntheticRun, crashed_and_resumed
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pilotrun.report.summarize import SPLIT_PHASES, format_summary, summarize_run
-from pilotrun.train.timing import PHASES
+from pilotrun.training.timing import PHASES
 from tests.report.synthetic import SyntheticRun
 
 

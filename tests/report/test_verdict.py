@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from pilotrun.cli import main
+from pilotrun.commands.cli import main
 from pilotrun.report.summarize import summarize_run
 from pilotrun.report.verdict import (
     FAIL,

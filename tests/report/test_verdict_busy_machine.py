@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from pilotrun.cli import main
-from pilotrun.record import read_metrics_strict
+from pilotrun.commands.cli import main
+from pilotrun.run.record import read_metrics_strict
 
 SMOKE = Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml"
 OVERRIDES = ["train.num_threads=1", "train.log_every=2", "train.eval_every=10", "train.checkpoint_every=10",

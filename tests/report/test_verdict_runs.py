@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pilotrun.cli import main
+from pilotrun.commands.cli import main
 
 SMOKE = Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml"
 COMMON = ["train.num_threads=1", "train.checkpoint_every=4", "train.eval_every=4", "optim.schedule.horizon=20",

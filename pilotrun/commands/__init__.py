@@ -1,0 +1,1 @@
+"""The commands: thin calls into the folders below (cli, api, pilot, freeze, export, inspect-batch)."""

@@ -1,0 +1,102 @@
+"""The Python API for notebooks and scripts: the commands as functions that return objects, not exit codes.
+
+    import pilotrun
+    pilotrun.prepare("data/edu", source="builtin", tokenizer="bpe:1024")
+    result = pilotrun.train("configs/smoke.yaml", data="data/edu", run_dir="runs/a", overrides=["train.max_steps=4"])
+    summary = pilotrun.summarize("runs/a")          # .valid, .reasons, .overall
+    verdict = pilotrun.verdict("runs/a")            # .decision "GO" / "NO-GO", .rules; writes runs/a/report/
+    model = pilotrun.load_model("runs/a")           # the newest checkpoint's model, eval mode, CPU
+    pilotrun.export("runs/a", "hf/a")               # a transformers DeepSeek-V3 folder
+
+Each function is a thin call into the package, like the command it mirrors; bad input raises
+`pilotrun.errors.PilotrunError` (the CLI's exit 2) with the same one-line message. `import pilotrun` stays
+cheap: these names are resolved on first use (see `pilotrun/__init__.py`), and torch is imported only then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def prepare(out: str | Path, source: str = "builtin", tokenizer: str = "bpe:4096", **options: Any) -> dict[str, Any]:
+    """`pilotrun prepare`: write a data folder; returns its manifest (metadata.json). `options` are
+    prepare_corpus's keywords (train_tokens, val_fraction, shard_tokens, seed, shuffle_buffer, workers, eos,
+    text_field, force, progress)."""
+    from pilotrun.data.prepare import prepare_corpus
+
+    options.setdefault("progress", False)
+    return prepare_corpus(out, source=source, tokenizer=tokenizer, **options)
+
+
+def _run_config(config: Any, overrides: Sequence[str] | Mapping[str, Any]):
+    from pilotrun.config import RunConfig, config_from_dict, config_to_dict, load_run_config
+
+    if isinstance(overrides, Mapping):
+        overrides = [f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}"
+                     for key, value in overrides.items()]
+    if isinstance(config, RunConfig):
+        from pilotrun.config import apply_overrides, validate_run_config
+
+        merged = config_from_dict(apply_overrides(config_to_dict(config), list(overrides)))
+        validate_run_config(merged)
+        return merged
+    return load_run_config(config, list(overrides))
+
+
+def train(config: str | Path | Any = None, *, data: str | Path, run_dir: str | Path, resume: bool = False,
+          from_step: int | None = None, overrides: Sequence[str] | Mapping[str, Any] = (),
+          allow_changes: Sequence[str] = (), progress: bool = False, sinks: Sequence[Any] = ()):
+    """`pilotrun train` in this process (one process, no torchrun). `config`: a YAML path, a RunConfig or None
+    (the defaults); `overrides`: ["train.max_steps=200", ...] or {"train.max_steps": 200}. `sinks`: trackers
+    that receive every event as it is recorded (`pilotrun.run.sinks.MetricsSink`: `write(event)`,
+    `close()`; a failing one warns once and is switched off, the run and metrics.jsonl go on untouched).
+    Returns the TrainResult (reason, exit_code, step, tokens_seen, ...)."""
+    from pilotrun.training.trainer import Trainer
+
+    run_config = _run_config(config, overrides)
+    trainer = Trainer(run_config, data, run_dir, resume=resume, from_step=from_step,
+                      allow_changes=list(allow_changes), command=["pilotrun.train", str(config)], progress=progress,
+                      sinks=list(sinks))
+    return trainer.run()
+
+
+def summarize(run_dir: str | Path, require_step: int | None = None):
+    """`pilotrun summarize`: the validated, reconciled Summary (.valid, .reasons, .overall, .sessions)."""
+    from pilotrun.report.summarize import summarize_run
+
+    return summarize_run(run_dir, require_step=require_step)
+
+
+def verdict(run_dir: str | Path, thresholds: Mapping[str, Any] | None = None, resume_required: bool = True,
+            write_report: bool = True):
+    """`pilotrun verdict`: the Verdict (.decision is "GO" or "NO-GO", .rules the evidence). `thresholds`
+    overrides rule thresholds by name ({"min_loss_drop": 0.1}); writes RUN/report/ unless told not to."""
+    from pilotrun.report.verdict import Thresholds, judge, parse_thresholds
+
+    base = Thresholds(resume_required=resume_required)
+    chosen = parse_thresholds([f"{k}={v}" for k, v in (thresholds or {}).items()], base)
+    result = judge(run_dir, chosen)
+    if write_report:
+        from pilotrun.report.html import write_report as write
+
+        write(result)
+    return result
+
+
+def load_model(run_dir: str | Path, step: int | None = None):
+    """The model of a committed checkpoint (the newest, or `step`), files rehashed first, in eval mode on the
+    CPU in fp32; `model(tokens).logits` gives [B, T, V]. Its recipe is `model.cfg`."""
+    from pilotrun.commands.export import load_checkpoint_model
+
+    model, *_ = load_checkpoint_model(run_dir, step)
+    return model
+
+
+def export(run_dir: str | Path, out: str | Path, step: int | None = None, data: str | Path | None = None
+           ) -> dict[str, Any]:
+    """`pilotrun export`: a Hugging Face DeepSeek-V3 folder (safetensors, config.json, tokenizer)."""
+    from pilotrun.commands.export import export_run
+
+    return export_run(run_dir, out, step=step, data_dir=data)

@@ -1,0 +1,128 @@
+"""The pilot's view of a training child process: one updating line read from the child's metrics.jsonl.
+
+The pilot runs `pilotrun train` in a child process whose console output goes to a log file; the person at the
+terminal sees this line instead: step, the latest window's training loss, wall-clock tokens/s (what the person
+waits on, not the training-only figure the verdict uses) and an ETA from this session's wall-clock rate.
+`wait_with_progress` polls the child and the record until the child exits or a caller's condition is met.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TextIO
+
+from pilotrun.errors import PilotrunError
+from pilotrun.run.record import read_metrics_tolerant
+
+
+class ChildInterrupted(PilotrunError):
+    """Ctrl-C reached the pilot while a training child ran; the child saved its checkpoint and stopped."""
+
+    exit_code = 130
+
+
+def read_complete_events(path: Path) -> list[dict]:
+    """The complete events of a metrics.jsonl being written, through the record's tolerant reader (a partial
+    last line is a note there, not an event)."""
+    if not path.is_file():
+        return []
+    return read_metrics_tolerant(path.parent).events
+
+
+def progress_figures(events: list[dict], max_steps: int) -> dict[str, float | int | None] | None:
+    """step, loss, wall tokens/s and ETA seconds of the newest session in `events`; None before its first train
+    window. The ETA divides the updates left by this session's rate of updates per wall-clock second."""
+    starts = [i for i, e in enumerate(events) if e.get("event") == "session_start"]
+    session = events[starts[-1]:] if starts else events
+    windows = [e for e in session if e.get("event") == "train"]
+    if not windows:
+        return None
+    last, start = windows[-1], session[0]
+    done = int(last["step"]) - int(start.get("step", 0))
+    elapsed = float(last["time"]) - float(start["time"])
+    eta = (max_steps - int(last["step"])) * elapsed / done if done > 0 and elapsed > 0 else None
+    return {"step": int(last["step"]), "loss": last.get("loss"),
+            "wall_tokens_per_s": (last.get("throughput") or {}).get("wall_tokens_per_s"), "eta_seconds": eta}
+
+
+def format_progress(figures: dict, max_steps: int) -> str:
+    loss = f"{figures['loss']:.4f}" if isinstance(figures.get("loss"), float) else "-"
+    tps = figures.get("wall_tokens_per_s")
+    eta = figures.get("eta_seconds")
+    return (f"step {figures['step']}/{max_steps}  loss {loss}  "
+            f"{f'{tps:,.0f}' if tps else '-'} tok/s (wall)  ETA {f'{eta:.0f} s' if eta is not None else '-'}")
+
+
+class ProgressLine:
+    """One line rewritten in place on a terminal; elsewhere (a log, a pipe) a new line at most every
+    `plain_interval` seconds, so logs stay short."""
+
+    def __init__(self, out: TextIO, prefix: str = "[pilot] ", plain_interval: float = 15.0) -> None:
+        self.out, self.prefix, self.plain_interval = out, prefix, plain_interval
+        self.tty = bool(getattr(out, "isatty", lambda: False)())
+        self.last_text = ""
+        self.last_plain = float("-inf")
+        self.width = 0
+
+    def show(self, text: str) -> None:
+        if text == self.last_text:
+            return
+        self.last_text = text
+        line = self.prefix + text
+        if self.tty:
+            self.out.write("\r" + line.ljust(self.width))
+            self.width = max(self.width, len(line))
+            self.out.flush()
+        elif time.monotonic() - self.last_plain >= self.plain_interval:
+            self.last_plain = time.monotonic()
+            print(line, file=self.out, flush=True)
+
+    def finish(self) -> None:
+        """Ends the updating line so that what follows starts on a new one."""
+        if self.tty and self.width:
+            self.out.write("\n")
+            self.out.flush()
+        self.width = 0
+
+
+def wait_with_progress(process: subprocess.Popen, metrics: Path, max_steps: int, line: ProgressLine,
+                       poll_seconds: float, timeout_seconds: float,
+                       stop_when: Callable[[list[dict]], bool] | None = None) -> list[dict]:
+    """Poll until the child exits (or `stop_when(events)` holds), showing its progress; returns the events last
+    read. On timeout the child is killed and TimeoutError raised. On Ctrl-C (which the terminal also sends to the
+    child, in the same process group) it waits for the child to finish its update and checkpoint, then raises
+    ChildInterrupted; a second Ctrl-C propagates at once."""
+    started = time.monotonic()
+    try:
+        return _poll(process, metrics, max_steps, line, poll_seconds, timeout_seconds, stop_when, started)
+    except KeyboardInterrupt:
+        line.finish()
+        print(f"{line.prefix}Ctrl-C: the training process is finishing its update and saving a checkpoint; Ctrl-C "
+              "again stops it now without one", file=line.out, flush=True)
+        code = process.wait()
+        raise ChildInterrupted(f"interrupted: the training process stopped with exit code {code}; its run folder "
+                               f"{metrics.parent} continues with `pilotrun train ... --run-dir {metrics.parent} "
+                               "--resume`") from None
+    finally:
+        line.finish()
+
+
+def _poll(process: subprocess.Popen, metrics: Path, max_steps: int, line: ProgressLine, poll_seconds: float,
+          timeout_seconds: float, stop_when: Callable[[list[dict]], bool] | None, started: float) -> list[dict]:
+    while True:
+        events = read_complete_events(metrics)
+        figures = progress_figures(events, max_steps)
+        if figures is not None:
+            line.show(format_progress(figures, max_steps))
+        if stop_when is not None and stop_when(events):
+            return events
+        if process.poll() is not None:
+            return read_complete_events(metrics)
+        if time.monotonic() - started > timeout_seconds:
+            process.kill()
+            process.wait()
+            raise TimeoutError(f"no end within {timeout_seconds:.0f} s")
+        time.sleep(poll_seconds)

@@ -1,0 +1,453 @@
+"""Command line: argument parsing only. Every command is a thin call into the package folders.
+
+Exit codes: 0 success; 1 a negative result (damaged data, invalid record, NO-GO);
+2 bad input, reported as one line without a traceback. Each command has one `_add_*` parser function
+and one `_run_*` handler; keep them small and put the work in the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from pilotrun.errors import PilotrunError
+from pilotrun.version import __version__
+
+
+# ---------------------------------------------------------------------------------------------- prepare
+def _add_prepare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "prepare",
+        help="turn a text source into token shards + metadata.json",
+        description="Prepare an identifiable token stream: read a source, shuffle in a bounded seeded buffer, "
+        "split train/val by a hash of each document's text, tokenize (EOS after every document) and write "
+        ".npy shards with a metadata.json manifest. The same inputs give byte-identical output.",
+    )
+    p.add_argument("--out", required=True, help="output folder (refused if it exists, unless --force)")
+    p.add_argument("--source", default="builtin",
+                   help="builtin | fineweb-edu[:CONFIG][@REVISION] (needs the [hub] extra) | local "
+                   ".parquet/.jsonl/.txt files or a glob")
+    p.add_argument("--tokenizer", default="bpe:4096",
+                   help="bpe:VOCAB (train a byte-level BPE on the train split) | hub:NAME[@REVISION] | "
+                   "path/to/tokenizer.json")
+    p.add_argument("--eos", default=None, help="name the end-of-document token (none: found in the tokenizer)")
+    p.add_argument("--text-field", default="text", help="column/field holding the text (parquet, jsonl)")
+    p.add_argument("--train-tokens", type=float, default=None,
+                   help="stop after the complete document that reaches at least N training tokens (none: the whole "
+                   "source)")
+    p.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents sent to val")
+    p.add_argument("--shard-tokens", type=float, default=2**24, help="tokens per shard file")
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed")
+    p.add_argument("--shuffle-buffer", type=int, default=10000, help="documents held by the shuffle buffer")
+    p.add_argument("--workers", type=int, default=0,
+                   help="tokenizing threads, one core each (0: all cores); the output does not depend on it")
+    p.add_argument("--force", action="store_true", help="replace an existing output folder")
+    p.set_defaults(handler=_run_prepare)
+
+
+def _run_prepare(args: argparse.Namespace) -> int:
+    from pilotrun.data.prepare import prepare_corpus
+    from pilotrun.data.shards import metadata_sha256
+
+    def whole(value: float | None, flag: str) -> int | None:
+        if value is None:
+            return None
+        if not math.isfinite(value) or value != int(value) or value < 1:
+            raise PilotrunError(f"{flag} must be a positive whole number, got {value}")
+        return int(value)
+
+    manifest = prepare_corpus(
+        args.out, source=args.source, tokenizer=args.tokenizer, eos=args.eos, text_field=args.text_field,
+        train_tokens=whole(args.train_tokens, "--train-tokens"), val_fraction=args.val_fraction,
+        shard_tokens=whole(args.shard_tokens, "--shard-tokens"), seed=args.seed, shuffle_buffer=args.shuffle_buffer,
+        workers=args.workers, force=args.force, progress=True,
+    )
+    splits = manifest["splits"]
+    print(f"prepared {args.out}: train {splits['train']['tokens']} tokens in {splits['train']['documents']} documents, "
+          f"val {splits['val']['tokens']} tokens in {splits['val']['documents']} documents, "
+          f"vocab {manifest['tokenizer']['vocab_size']} ({manifest['dtype']}), "
+          f"metadata_sha256 {metadata_sha256(manifest)}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- data verify
+def _add_data(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("data", help="inspect a prepared data folder",
+                       description="Tools for a prepared data folder.")
+    data_sub = p.add_subparsers(dest="data_command", required=True, metavar="{verify}")
+    v = data_sub.add_parser("verify", help="rehash every shard against metadata.json",
+                            description="Rehash every shard against metadata.json and check shapes, dtypes and "
+                            "totals. Exit 0 when intact, 1 when damaged (each bad file named).")
+    v.add_argument("dir", help="data folder written by `pilotrun prepare`")
+    v.set_defaults(handler=_run_data_verify)
+
+
+def _run_data_verify(args: argparse.Namespace) -> int:
+    from pilotrun.data.shards import load_manifest, metadata_sha256
+    from pilotrun.data.verify import verify_data
+
+    problems = verify_data(args.dir)
+    for problem in problems:
+        print(f"damaged: {problem}")
+    if problems:
+        print(f"{args.dir}: {len(problems)} problem(s)")
+        return 1
+    manifest = load_manifest(args.dir)
+    shards = sum(len(manifest["splits"][s]["shards"]) for s in manifest["splits"])
+    print(f"intact: {args.dir} ({shards} shards rehashed, metadata_sha256 {metadata_sha256(manifest)})")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- train
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train from a recipe; --resume continues exactly",
+        description="Train a model from a YAML recipe on a prepared data folder, writing run.json, metrics.jsonl "
+        "and checkpoints into the run folder. An existing run folder is refused without --resume. "
+        "Under torchrun it runs data-parallel. Exit 0 when max_steps is reached, 2 for bad input or an "
+        "incompatible resume, 1 when it stopped itself (train.max_consecutive_skips skipped updates in a row), "
+        "130 after SIGINT and 143 after SIGTERM: the current update is finished, a checkpoint is saved and "
+        "session_end records reason 'interrupted' before exiting. It prints tokens_per_update and the planned "
+        "tokens before it starts, and a progress line (step, loss, training-only tokens/s, ETA) on stderr.",
+    )
+    p.add_argument("--config", default=None,
+                   help="YAML recipe: a path, or a packaged recipe by name (stability, acceptance, overfit, smoke, "
+                   "gpu/...); `pilotrun config --config F` lists every key with its value, default and meaning. "
+                   "Required unless --frozen gives the recipe")
+    p.add_argument("--frozen", default=None, metavar="LOCK",
+                   help="take the recipe from a recipe lock written by `pilotrun freeze`: any difference from the "
+                   "lock (config keys after --set, the data's metadata_sha256) not named with --allow-change is "
+                   "refused with the list; run.json records the lock's sha256 and the accepted differences")
+    p.add_argument("--data", required=True, help="data folder written by `pilotrun prepare`")
+    p.add_argument("--run-dir", required=True, help="run folder (run.json, metrics.jsonl, checkpoints/)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest committed checkpoint")
+    p.add_argument("--from-step", type=int, default=None, help="with --resume: continue from this checkpoint step")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set train.max_steps=200 (repeatable; to shorten a run "
+                   "set optim.schedule.horizon too, or the LR never decays); keys: `pilotrun config`")
+    p.add_argument("--allow-change", action="append", default=[], metavar="KEY",
+                   help="with --resume: accept a named recipe difference and record it in run.json; with "
+                   "--frozen: accept a named difference from the lock (repeatable)")
+    p.set_defaults(handler=_run_train)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from pilotrun.config import load_run_config
+    from pilotrun.errors import ConfigError
+    from pilotrun.training.trainer import train_from_cli
+
+    if (args.config is None) == (args.frozen is None):
+        raise ConfigError("train needs exactly one of --config RECIPE and --frozen LOCK")
+    run_facts = None
+    if args.frozen is not None:
+        # On --resume the lock is checked again but run.json keeps the facts its first session recorded.
+        config, run_facts = _frozen_config(args)
+        run_facts = None if args.resume else run_facts
+    else:
+        config = load_run_config(args.config, args.overrides)
+    return train_from_cli(config, args.data, args.run_dir, resume=args.resume, from_step=args.from_step,
+                          allow_changes=args.allow_change, command=args.invocation, run_facts=run_facts)
+
+
+def _frozen_config(args: argparse.Namespace):
+    """The recipe of a lock after --set, and run.json's `frozen` section; refuses unlisted differences."""
+    from pilotrun.config import apply_overrides, config_from_dict, config_to_dict, validate_run_config
+    from pilotrun.data.shards import load_manifest, metadata_sha256
+    from pilotrun.run.lock import frozen_run_facts, load_lock
+
+    lock = load_lock(args.frozen)
+    config = config_from_dict(apply_overrides(lock["recipe"], args.overrides))
+    validate_run_config(config)
+    data_sha256 = metadata_sha256(load_manifest(args.data))
+    facts = frozen_run_facts(lock, args.frozen, config_to_dict(config), data_sha256, args.allow_change)
+    return config, {"frozen": facts}
+
+
+# ---------------------------------------------------------------------------------------------- inspect-batch
+def _add_inspect_batch(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect-batch", help="show which tokens an update read (spike forensics)",
+                       description="Print the shard offsets that update N read and their decoded text, "
+                       "reconstructed from the recorded data cursors.")
+    p.add_argument("run_dir", help="run folder")
+    p.add_argument("--step", type=int, required=True, help="the applied-update number to inspect")
+    p.add_argument("--max-chars", type=int, default=400, help="decoded characters shown per sequence")
+    p.set_defaults(handler=_run_inspect_batch)
+
+
+def _run_inspect_batch(args: argparse.Namespace) -> int:
+    from pilotrun.commands.inspect_batch import inspect_batch
+
+    print(inspect_batch(args.run_dir, args.step, max_chars=args.max_chars))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- summarize
+def _add_summarize(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("summarize", help="validate and reconcile a run record",
+                       description="Validate metrics.jsonl against run.json across every session and report "
+                       "updates, tokens, passes and time. Exit 0 when valid, 1 with every reason listed.")
+    p.add_argument("run_dir", help="run folder")
+    p.add_argument("--require-step", type=int, default=None, help="demand a session_end at this step")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(handler=_run_summarize)
+
+
+def _run_summarize(args: argparse.Namespace) -> int:
+    from pilotrun.report.summarize import format_summary, summarize_run, summary_json
+
+    summary = summarize_run(args.run_dir, require_step=args.require_step)
+    print(summary_json(summary) if args.json else format_summary(summary))
+    return 0 if summary.valid else 1
+
+
+# ---------------------------------------------------------------------------------------------- verdict
+def _add_verdict(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("verdict", help="GO / NO-GO for the pilot, with a drawn report",
+                       formatter_class=_RawDescriptionDefaultsHelpFormatter,
+                       description="Apply the documented pilot rules to the run folder R (the --run-dir given to "
+                       "`pilotrun train`) and write R/report/ (summary.json, plots, report.html). "
+                       "Exit 0 for GO, 1 for NO-GO.\n\n" + _verdict_rules_text())
+    p.add_argument("run_dir", metavar="R", help="run folder written by `pilotrun train --run-dir R`")
+    p.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    p.add_argument("--no-resume-required", action="store_true",
+                   help="waive the rule that the pilot must have come through a resume")
+    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a rule threshold (repeatable); names and defaults: " + _threshold_defaults())
+    p.set_defaults(handler=_run_verdict)
+
+
+def _verdict_rules_text() -> str:
+    """The rules, as documented at the top of pilotrun/report/verdict.py (one source for --help and the code)."""
+    from pilotrun.report import verdict
+
+    doc = verdict.__doc__ or ""
+    start = doc.find("Thresholds (defaults below")
+    end = doc.find("`judge(run_dir)`")
+    return doc[start:end].strip() if start >= 0 and end > start else ""
+
+
+def _threshold_defaults() -> str:
+    import dataclasses
+
+    from pilotrun.report.verdict import Thresholds
+
+    return ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(Thresholds) if f.name != "resume_required")
+
+
+def _run_verdict(args: argparse.Namespace) -> int:
+    from pilotrun.report.html import write_report
+    from pilotrun.report.verdict import Thresholds, format_verdict, judge, parse_thresholds, verdict_json
+
+    thresholds = parse_thresholds(args.threshold, Thresholds(resume_required=not args.no_resume_required))
+    verdict = judge(args.run_dir, thresholds)
+    report = write_report(verdict)
+    if args.json:
+        print(verdict_json(verdict))
+    else:
+        print(format_verdict(verdict))
+        print(f"report: {report / 'report.html'}")
+    return 0 if verdict.decision == "GO" else 1
+
+
+# ---------------------------------------------------------------------------------------------- freeze
+def _add_freeze(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("freeze", help="freeze a GO pilot's candidate into a recipe lock",
+                       description="Judge the pilot (as `verdict` does) and write a recipe lock: the recipe in force "
+                       "at the pilot's end with its changes on resume, the data identity (metadata_sha256), the "
+                       "code identity (git commit, dirty flag, diff hash) and software of its last session, every "
+                       "rule's figure, and the sha256 of the canonical JSON of all of it. `pilotrun train --frozen "
+                       "LOCK` starts the long run from it. Exit 0 written, 1 NO-GO (nothing written) unless "
+                       "--despite-no-go (then recorded in the lock), 2 bad input (an existing --out included).")
+    p.add_argument("run_dir", help="the pilot's run folder")
+    p.add_argument("--out", required=True, help="the lock file to write (never overwritten)")
+    p.add_argument("--despite-no-go", action="store_true", help="write the lock of a NO-GO pilot, saying so in it")
+    p.add_argument("--no-resume-required", action="store_true", help="as for verdict")
+    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE", help="as for verdict")
+    p.set_defaults(handler=_run_freeze)
+
+
+def _run_freeze(args: argparse.Namespace) -> int:
+    from pilotrun.commands.freeze import freeze_run
+    from pilotrun.report.verdict import Thresholds, parse_thresholds
+
+    thresholds = parse_thresholds(args.threshold, Thresholds(resume_required=not args.no_resume_required))
+    code, lock, verdict = freeze_run(args.run_dir, args.out, despite_no_go=args.despite_no_go, thresholds=thresholds)
+    if code != 0:
+        print(f"not frozen: the pilot is {verdict.decision} ({verdict.statement}); pass --despite-no-go to freeze it "
+              "anyway, recorded in the lock")
+        return code
+    flag = " DESPITE NO-GO" if lock["despite_no_go"] else ""
+    print(f"frozen{flag}: {args.out} (sha256 {lock['sha256']}; recipe sha256 {lock['recipe_sha256']}, data "
+          f"{lock['data']['metadata_sha256']}, code {(lock.get('code') or {}).get('commit')})")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- pilot
+def _add_pilot(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("pilot", help="the whole rehearsal on the built-in corpus, on a CPU, in minutes",
+                       description="Prepare the built-in corpus, run the CPU stability recipe, kill it halfway, "
+                       "resume it, summarize and print the verdict with the report's path. Exit 0 GO, 1 NO-GO.")
+    p.add_argument("--workdir", default="pilot-work", help="folder for the data and the run")
+    p.add_argument("--config", default=None,
+                   help="recipe path or packaged name (none: the packaged CPU stability recipe)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (repeatable)")
+    p.set_defaults(handler=_run_pilot)
+
+
+def _run_pilot(args: argparse.Namespace) -> int:
+    from pilotrun.commands.pilot import run_pilot
+
+    return run_pilot(args.workdir, config=args.config, overrides=args.overrides).exit_code
+
+
+# ---------------------------------------------------------------------------------------------- export
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="a checkpoint as a Hugging Face DeepSeek-V3 folder (safetensors)",
+                       description="Write a committed checkpoint (rehashed first) as model.safetensors, a "
+                       "transformers config.json for DeepseekV3ForCausalLM and the data folder's tokenizer, so that "
+                       "AutoModelForCausalLM.from_pretrained(DIR) loads it. Options transformers cannot express are "
+                       "refused, naming the key. Needs the [hf] extra. Exit 0 written, 2 bad input or damaged "
+                       "checkpoint.")
+    p.add_argument("run_dir", help="run folder")
+    p.add_argument("--out", required=True, help="output folder (new or empty)")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest committed)")
+    p.add_argument("--data", default=None, help="the run's data folder if it moved (default: the recorded path)")
+    p.add_argument("--json", action="store_true", help="print what was exported as JSON")
+    p.set_defaults(handler=_run_export)
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    import json
+
+    from pilotrun.commands.export import export_run
+
+    result = export_run(args.run_dir, args.out, step=args.step, data_dir=args.data)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print(f"exported step {result['step']} ({result['storage']}) to {result['out']}: "
+              f"{result['parameters']} parameters in {result['tensors']} tensors")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- tensorboard
+def _add_tensorboard(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tensorboard", help="convert a run's metrics.jsonl into TensorBoard event files",
+                       description="Write every numeric field of the train, val, checkpoint and overflow events "
+                       "of R/metrics.jsonl as TensorBoard scalars (tag EVENT/FIELD, x = step). Needs the "
+                       "[tensorboard] extra. Exit 0 written, 2 bad input.")
+    p.add_argument("run_dir", help="run folder")
+    p.add_argument("--out", default=None, help="event folder (default: R/tensorboard)")
+    p.set_defaults(handler=_run_tensorboard)
+
+
+def _run_tensorboard(args: argparse.Namespace) -> int:
+    from pilotrun.run.sinks import convert_run_to_tensorboard
+
+    out, count = convert_run_to_tensorboard(args.run_dir, args.out)
+    print(f"wrote {count} scalars to {out}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- config
+def _add_config(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("config", help="every config key with its value, default, type and meaning; validates",
+                       description="Load a recipe (defaults <- YAML file <- --set overrides), validate it and print "
+                       "every key with its value, default, type and one-line meaning; '*' marks a value that "
+                       "differs from the default. Exit 0 valid, 2 bad input.")
+    p.add_argument("--config", default=None,
+                   help="YAML recipe path or packaged name (none: the built-in defaults alone)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (repeatable)")
+    p.add_argument("--json", action="store_true", help="print the keys as a JSON list")
+    p.set_defaults(handler=_run_config)
+
+
+def _run_config(args: argparse.Namespace) -> int:
+    import json
+
+    from pilotrun.config import describe_config, format_config_table, load_run_config
+
+    rows = describe_config(load_run_config(args.config, args.overrides))
+    print(json.dumps(rows, indent=1) if args.json else format_config_table(rows))
+    return 0
+
+
+class _DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Appends '(default: X)' to every option that has a meaningful default (not None, False or an empty list)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("%(default)" in text or default is None or default is False or default is argparse.SUPPRESS
+                or default == [] or not action.option_strings):
+            return text
+        return text + " (default: %(default)s)"
+
+
+class _RawDescriptionDefaultsHelpFormatter(_DefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown as everywhere, and a description whose line breaks are kept (the verdict's rule list)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every pilotrun parser and subparser: defaults shown in --help, and bad arguments are bad input like any
+    other: one line naming the problem, exit 2 (argparse's default prints the whole usage block first)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="pilotrun",
+        description="A pilot before a long pretraining run: does the recipe learn, is the run honestly "
+        "accounted for, and does it resume exactly? Data -> train -> summarize -> verdict.",
+    )
+    parser.add_argument("--version", action="version", version=f"pilotrun {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_prepare, _add_data, _add_train, _add_inspect_batch, _add_summarize, _add_verdict, _add_freeze,
+                _add_pilot, _add_export, _add_tensorboard, _add_config):
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version (0) or bad arguments (2, one line): a code, not an exception
+        return exc.code if isinstance(exc.code, int) else 2
+    # What run.json records as the command: the arguments this call was given (an in-process or API call has
+    # its own, not the host process's sys.argv).
+    args.invocation = ["pilotrun", *argv] if argv is not None else list(sys.argv)
+    try:
+        return int(args.handler(args) or 0)
+    except PilotrunError as exc:
+        print(f"pilotrun: error: {_one_line(str(exc))}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:
+        # The file system refused (a read-only or full disk, a path through a file, a folder where a file was
+        # expected): bad input or a bad environment, named by the path; each writer has already cleaned up.
+        print(f"pilotrun: error: {_os_error_line(exc)}", file=sys.stderr)
+        return 2
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()) if "\n" in text else text
+
+
+def _os_error_line(exc: OSError) -> str:
+    what = exc.strerror or type(exc).__name__
+    where = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None)
+    return f"{what}: {where}" if where else f"{what} ({exc})"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

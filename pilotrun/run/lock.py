@@ -1,0 +1,143 @@
+"""The frozen candidate's lock: its format, how it is read and checked, and how a run is compared with it.
+
+`pilotrun freeze` (commands/freeze.py) writes the lock of a judged pilot: its effective recipe, the changes
+made on resume, the data identity, the code identity, the verdict with every rule's figure, and `sha256`, the
+sha256 of the canonical JSON of everything else (pilotrun.files.canonical_json), so the lock identifies itself
+and an edited lock is detected when it is loaded.
+
+`pilotrun train --frozen LOCK` takes its recipe from the lock (`--set` may change it); every difference
+between the resulting recipe or the data's metadata_sha256 and the lock must be named with
+`--allow-change KEY`, else it is refused with the list (`lock_differences`, `check_against_lock`). The
+run's run.json then holds a `frozen` section (`frozen_run_facts`): the lock's sha256 and path, the lock's
+recipe and data identity, and the accepted differences. `frozen_candidate_status` reads it back for
+summarize and verdict: which candidate the run runs, and whether it still matches (a later resume may have
+changed the recipe; the lock file may have been edited or removed).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from pilotrun.config import flatten
+from pilotrun.errors import PilotrunError
+from pilotrun.files import canonical_sha256, write_text_atomic
+
+LOCK_FORMAT = "pilotrun.recipe-lock/1"
+DATA_KEY = "data.metadata_sha256"
+
+
+class FreezeError(PilotrunError):
+    """A bad lock, a bad --out, or a frozen run that differs from its lock without --allow-change (exit 2)."""
+
+
+def write_lock(out: str | Path, lock: dict[str, Any]) -> None:
+    """The lock as indented JSON with sorted keys, written atomically (its sha256 is over the canonical form)."""
+    write_text_atomic(out, json.dumps(lock, indent=2, sort_keys=True, allow_nan=False) + "\n")
+
+
+def load_lock(path: str | Path) -> dict[str, Any]:
+    """A lock file, checked: readable, the right format, a recipe, and a sha256 that matches its content."""
+    path = Path(path)
+    if not path.is_file():
+        raise FreezeError(f"--frozen {path}: not found")
+    try:
+        lock = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise FreezeError(f"--frozen {path}: not valid JSON ({exc})") from None
+    if not isinstance(lock, dict) or lock.get("format") != LOCK_FORMAT:
+        raise FreezeError(f"--frozen {path}: not a recipe lock (expected format '{LOCK_FORMAT}')")
+    if not isinstance(lock.get("recipe"), dict) or not isinstance((lock.get("data") or {}).get("metadata_sha256"), str):
+        raise FreezeError(f"--frozen {path}: the lock lacks its recipe or data.metadata_sha256")
+    body = {k: v for k, v in lock.items() if k != "sha256"}
+    if lock.get("sha256") != canonical_sha256(body):
+        raise FreezeError(f"--frozen {path}: its sha256 does not match its content (the lock was edited)")
+    return lock
+
+
+def lock_differences(lock_recipe: dict[str, Any], lock_data_sha256: str, recipe: dict[str, Any],
+                     data_sha256: str) -> list[dict[str, Any]]:
+    """Every config key (dotted) and the data identity where the run differs from the lock, sorted by key;
+    each as {"key", "lock", "run"} (a key absent on one side shows as None)."""
+    frozen, now = flatten(lock_recipe), flatten(recipe)
+    differences = [{"key": key, "lock": frozen.get(key), "run": now.get(key)}
+                   for key in sorted(set(frozen) | set(now)) if frozen.get(key) != now.get(key)]
+    if lock_data_sha256 != data_sha256:
+        differences.append({"key": DATA_KEY, "lock": lock_data_sha256, "run": data_sha256})
+    return differences
+
+
+def _normalise(key: str) -> str:
+    return key[len("recipe."):] if key.startswith("recipe.") else key
+
+
+def check_against_lock(lock: dict[str, Any], recipe: dict[str, Any], data_sha256: str,
+                       allowed: list[str] | tuple[str, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(accepted, refused): the differences from the lock named with --allow-change, and the others."""
+    allowed_keys = {_normalise(k) for k in allowed}
+    differences = lock_differences(lock["recipe"], lock["data"]["metadata_sha256"], recipe, data_sha256)
+    accepted = [d for d in differences if d["key"] in allowed_keys]
+    refused = [d for d in differences if d["key"] not in allowed_keys]
+    return accepted, refused
+
+
+def describe_difference(d: dict[str, Any]) -> str:
+    return f"{d['key']} (lock {json.dumps(d['lock'])}, run {json.dumps(d['run'])})"
+
+
+def frozen_run_facts(lock: dict[str, Any], lock_path: str | Path, recipe: dict[str, Any], data_sha256: str,
+                     allowed: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """run.json's `frozen` section for a run started from `lock`; refuses (FreezeError) every difference
+    not named in `allowed`, listing them all on one line."""
+    accepted, refused = check_against_lock(lock, recipe, data_sha256, allowed)
+    if refused:
+        raise FreezeError(f"--frozen {lock_path}: {len(refused)} difference(s) from the frozen candidate not named "
+                          f"with --allow-change: {'; '.join(describe_difference(d) for d in refused)}")
+    return {"lock_sha256": lock["sha256"], "lock_path": str(Path(lock_path).resolve()),
+            "pilot_run_id": (lock.get("pilot") or {}).get("run_id"), "lock_decision": lock.get("decision"),
+            "lock_despite_no_go": lock.get("despite_no_go"), "lock_recipe": copy.deepcopy(lock["recipe"]),
+            "lock_data_metadata_sha256": lock["data"]["metadata_sha256"],
+            "allowed": sorted({_normalise(k) for k in allowed}), "differences": accepted}
+
+
+def frozen_candidate_status(run: dict[str, Any]) -> dict[str, Any] | None:
+    """Which frozen candidate a run runs and whether it still matches; None for a run not started frozen.
+
+    It matches while its recipe and data differ from the lock only in the keys allowed at its start, and
+    while the lock file (where it is still found) hashes to the recorded sha256."""
+    frozen = run.get("frozen")
+    if not isinstance(frozen, dict):
+        return None
+    recipe = run.get("recipe") if isinstance(run.get("recipe"), dict) else {}
+    data_sha = ((run.get("data") or {}).get("train") or {}).get("metadata_sha256")
+    differences = lock_differences(frozen.get("lock_recipe") or {}, frozen.get("lock_data_metadata_sha256"),
+                                   recipe, data_sha)
+    allowed = set(frozen.get("allowed") or [])
+    drift = [d for d in differences if d["key"] not in allowed]
+    lock_path = Path(str(frozen.get("lock_path")))
+    lock_file = "missing"
+    if lock_path.is_file():
+        try:
+            on_disk = json.loads(lock_path.read_text(encoding="utf-8"))
+            body = {k: v for k, v in on_disk.items() if k != "sha256"} if isinstance(on_disk, dict) else None
+            same = body is not None and canonical_sha256(body) == frozen.get("lock_sha256") \
+                and on_disk.get("sha256") == frozen.get("lock_sha256")
+        except (OSError, ValueError):
+            same = False
+        lock_file = "unchanged" if same else "changed"
+    return {"lock_sha256": frozen.get("lock_sha256"), "lock_path": str(lock_path),
+            "pilot_run_id": frozen.get("pilot_run_id"), "matches": not drift and lock_file != "changed",
+            "allowed_differences": [d for d in differences if d["key"] in allowed], "drift": drift,
+            "lock_file": lock_file}
+
+
+def describe_frozen_status(status: dict[str, Any]) -> str:
+    head = f"frozen candidate {str(status['lock_sha256'])[:16]} (pilot {status['pilot_run_id']})"
+    allowed = "; ".join(describe_difference(d) for d in status["allowed_differences"]) or "none"
+    if status["matches"]:
+        return f"{head}: still matches (allowed differences: {allowed}; lock file {status['lock_file']})"
+    drift = "; ".join(describe_difference(d) for d in status["drift"]) or "none"
+    return (f"{head}: NO LONGER MATCHES: differences not allowed at its start: {drift}; lock file "
+            f"{status['lock_file']}")

@@ -1,0 +1,107 @@
+"""A checkpoint's commit marker, read and checked without torch.
+
+Every committed checkpoint folder `checkpoints/step-00000100/` carries COMMITTED.json, written last by the
+checkpointer (train/checkpoint.py): the step, every file's sha256 and byte count, and the caller's meta. A
+folder without it was never committed. This module holds the marker's names and the rules for trusting one,
+so that the checkpointer (which loads), and summarize and the verdict (which only need to know whether the
+run can be continued from a step) apply the same rules; the readers here import no torch.
+
+A marker's file names must be plain names inside the step folder: a name with a separator or `..` would
+make a reader open and hash a file outside the run. A step folder, marker or file that is a symbolic link
+is refused for the same reason (a link can point into another run).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pilotrun.files import sha256_of_file
+from pilotrun.run.record import CHECKPOINTS_DIR
+
+MARKER_NAME = "COMMITTED.json"
+
+
+def step_folder_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def step_folder(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIR / step_folder_name(step)
+
+
+def marker_files_problem(files: dict[str, Any]) -> str | None:
+    """Why a marker's `files` table cannot be trusted, or None: plain names inside the step folder, each
+    entry with its sha256 and byte count."""
+    for name, entry in files.items():
+        if (not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name
+                or name == MARKER_NAME):
+            return f"lists {name!r}, which is not a plain file name inside the step folder"
+        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
+                and type(entry.get("bytes")) is int and entry["bytes"] >= 0):
+            return f"entry {name!r} lacks a sha256 string and a byte count"
+    return None
+
+
+def committed_checkpoint_steps(run_dir: str | Path) -> list[int]:
+    """Steps of the plain step folders that carry a marker (committed), ascending; nothing is rehashed."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    if not root.is_dir() or root.is_symlink():
+        return []
+    steps = []
+    for folder in root.glob("step-*"):
+        suffix = folder.name[len("step-"):]
+        if suffix.isdigit() and not folder.is_symlink() and (folder / MARKER_NAME).is_file():
+            steps.append(int(suffix))
+    return sorted(steps)
+
+
+def read_marker(run_dir: str | Path, step: int) -> tuple[dict[str, Any] | None, str | None]:
+    """(marker, None) for the committed checkpoint at `step`, or (None, why it cannot be trusted)."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    folder = step_folder(run_dir, step)
+    marker_path = folder / MARKER_NAME
+    for link in (root, folder, marker_path):
+        if link.is_symlink():
+            return None, f"{link}: a symbolic link; refused (checkpoints are plain folders and files in the run)"
+    if not folder.is_dir():
+        return None, f"{folder}: no checkpoint folder"
+    if not marker_path.is_file():
+        return None, f"{marker_path}: no marker (the checkpoint was never committed)"
+    try:
+        marker = json.loads(marker_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return None, f"{marker_path}: unreadable ({' '.join(str(exc).split())})"
+    files = marker.get("files") if isinstance(marker, dict) else None
+    if not isinstance(files, dict) or marker.get("step") != step:
+        return None, f"{marker_path}: lacks 'files' or records another step"
+    problem = marker_files_problem(files)
+    if problem:
+        return None, f"{marker_path}: {problem}"
+    return marker, None
+
+
+def checkpoint_problems(run_dir: str | Path, step: int) -> tuple[list[str], int, int]:
+    """Rehash the checkpoint at `step` against its marker: (problems, files checked, bytes checked).
+
+    A missing folder, a missing, unreadable or untrustworthy marker, a marker for another step, and every
+    missing file or file whose size or sha256 differs from the marker is one problem naming the file: exactly
+    what a resume would refuse before loading."""
+    marker, problem = read_marker(run_dir, step)
+    if marker is None:
+        return [str(problem)], 0, 0
+    folder = step_folder(run_dir, step)
+    problems, checked_bytes = [], 0
+    for name, expected in sorted(marker["files"].items()):
+        path = folder / name
+        if path.is_symlink() or not path.is_file():
+            problems.append(f"{path}: {'a symbolic link' if path.is_symlink() else 'missing'}")
+            continue
+        size = path.stat().st_size
+        checked_bytes += size
+        if size != expected["bytes"]:
+            problems.append(f"{path}: {size} bytes, the marker records {expected['bytes']}")
+        elif sha256_of_file(path) != expected["sha256"]:
+            problems.append(f"{path}: sha256 differs from the marker's")
+    return problems, len(marker["files"]), checked_bytes

@@ -1,0 +1,598 @@
+"""The run record in one place: its schema, its writer and its two readers (torch-free).
+
+A run folder holds `run.json` (rewritten atomically, a handful of times per session) and `metrics.jsonl`
+(one JSON object a line, appended and flushed). docs/RUN_RECORD.md describes every field; this module owns
+the names that writer and readers share, so they cannot drift apart:
+
+- file names (RUN_JSON, METRICS_JSONL), event kinds (EVENTS), session-end reasons (SESSION_END_REASONS);
+- `Counters`, the four counters every event carries (step, tokens_seen, updates_attempted,
+  updates_skipped), used by the trainer, the writer, summarize and verdict;
+- the writer: `MetricsWriter` (metrics.jsonl) and `RunRecord` (run.json). Only rank 0 writes; other ranks
+  get `enabled=False` writers that do nothing, so the trainer calls them unconditionally;
+- two readers of metrics.jsonl, built on one parser: `read_metrics_tolerant` (summarize, verdict, reports:
+  damage is collected as reasons, never raised) and `read_metrics_strict` (tools that must not act on a
+  damaged record, such as inspect-batch: the first damaged line raises RecordError).
+
+Non-finite floats (a NaN loss, an infinite grad norm) are written as the strings "NaN", "Infinity" and
+"-Infinity" so that every line is strict JSON (Python's json would otherwise write bare NaN, which other
+readers reject); both readers turn them back into floats.
+
+A process killed mid-write can leave the last line of metrics.jsonl torn (a prefix of a JSON object with no
+newline). A crash explains that, so it is a note, not damage; the writer cuts such a tail before a resumed
+session appends. Should a torn fragment still be followed by a new session's `session_start` on the same
+line, the event is recovered and the fragment noted. Any other unreadable line is damage.
+
+The log is hash-chained, so that an edit after the fact shows: every line ends with `"chain":"<hex>"`, the
+sha256 of the previous line's chain value and this line's text without the field (the first line chains to
+a digest of run.json's `run_id`). Editing, removing, adding or reordering lines breaks the chain at the first
+line whose predecessor changed; `chain_breaks` names it. The chain head (the last line's value) is recorded
+in each checkpoint's marker and in run.json per session (where it started and ended), and each
+`session_start` carries digests of run.json's sections as they were then, so that a rewritten run.json
+shows too. This detects accidents and casual editing; it is not a signature: anyone who can run this code
+can recompute a chain over a forged log (docs/RUN_RECORD.md).
+
+Longer than this project's ~500-line module size on purpose: the schema, the writer, both readers and the
+hash chain are one file format, and keeping them together is what stops writer and readers from drifting.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pilotrun.errors import PilotrunError
+from pilotrun.files import canonical_json, write_text_atomic
+
+RUN_JSON = "run.json"
+METRICS_JSONL = "metrics.jsonl"
+CHECKPOINTS_DIR = "checkpoints"
+REPORT_DIR = "report"
+
+EVENTS = ("session_start", "train", "val", "checkpoint", "overflow", "data_restart", "qk_clip", "session_end")
+SESSION_END_REASONS = ("completed", "interrupted", "error", "stopped")
+COUNTER_KEYS = ("step", "tokens_seen", "updates_attempted", "updates_skipped")
+# The `window` object of a `train` event: what summarize reconciles against the counters' growth.
+WINDOW_COUNT_KEYS = ("updates_applied", "updates_attempted", "updates_skipped", "microbatches", "tokens")
+NONFINITE_STRINGS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+# Free-text fields where the word "NaN" is text, not a number.
+TEXT_KEYS = {"event", "session_id", "reason", "message", "path", "mfu", "device", "device_name", "chain"}
+# The hash chain over metrics.jsonl (module docstring). CHAIN_KEY is the last field of every line.
+CHAIN_KEY = "chain"
+CHAIN_GENESIS_PREFIX = b"pilotrun metrics.jsonl chain of run "
+# run.json's sections whose digests each session_start records (RUN_JSON_DIGEST_KEY), and the keys of a
+# session entry that are written only when the session ends (left out of the digest, which is taken at start).
+RUN_JSON_DIGEST_KEY = "run_json_sha256"
+RUN_JSON_DIGESTED = ("run_id", "tokens_per_update", "model", "optimizer", "recipe", "data", "allowed_changes",
+                     "frozen", "sessions")
+SESSION_END_KEYS = ("chain_end", "ended_at", "end_reason")
+
+
+class RecordError(PilotrunError):
+    """Not a readable run folder (no run.json, unreadable JSON), or damage a strict reader refuses: exit 2."""
+
+
+@dataclass(frozen=True)
+class Counters:
+    """The counters every event carries. `tokens_seen` advances per processed microbatch, `step` only on an
+    applied update; `updates_attempted = step + updates_skipped` within one lineage."""
+
+    step: int = 0
+    tokens_seen: int = 0
+    updates_attempted: int = 0
+    updates_skipped: int = 0
+
+    @classmethod
+    def of(cls, event: dict[str, Any]) -> Counters:
+        return cls(*(int(event[k]) for k in COUNTER_KEYS))
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def covers(self, other: Counters) -> bool:
+        """True when `other` happened no later than these counters (used to cut a session at a checkpoint)."""
+        return other.updates_attempted <= self.updates_attempted and other.tokens_seen <= self.tokens_seen
+
+
+# ---------------------------------------------------------------------------------------------- JSON form
+def json_safe(value: Any) -> Any:
+    """Recursively replace non-finite floats by strings and tuples by lists; everything else is kept.
+
+    Finite floats are left as Python floats, whose JSON form (repr) round-trips exactly: the loss is
+    written at full precision.
+    """
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def restore_nonfinite(value: Any, key: str = "") -> Any:
+    """Turn the writer's "NaN"/"Infinity"/"-Infinity" strings back into floats (recursively)."""
+    if isinstance(value, str) and key not in TEXT_KEYS and value in NONFINITE_STRINGS:
+        return NONFINITE_STRINGS[value]
+    if isinstance(value, dict):
+        return {k: restore_nonfinite(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [restore_nonfinite(v, key) for v in value]
+    return value
+
+
+def dumps_line(record: dict[str, Any]) -> str:
+    return json.dumps(json_safe(record), allow_nan=False, separators=(",", ":"))
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """run.json and friends: a crash at any moment leaves the old file or the new one, never half of one."""
+    write_text_atomic(path, json.dumps(json_safe(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
+
+
+def chain_genesis(run_id: str) -> str:
+    """What the first line of a run's metrics.jsonl chains to."""
+    return hashlib.sha256(CHAIN_GENESIS_PREFIX + str(run_id).encode("utf-8")).hexdigest()
+
+
+def chain_link(previous: str, body: str) -> str:
+    """The chain value of a line whose text without the chain field is `body`."""
+    return hashlib.sha256(previous.encode("ascii") + b"\n" + body.encode("utf-8")).hexdigest()
+
+
+def chained_line(previous: str, record: dict[str, Any]) -> tuple[str, str]:
+    """(the line to write, without its newline; its chain value) for an event that follows `previous`."""
+    body = dumps_line(record)
+    value = chain_link(previous, body)
+    return f'{body[:-1]},"{CHAIN_KEY}":"{value}"}}', value
+
+
+def unchained_body(text: str) -> tuple[str, str] | None:
+    """(body, chain value) of a written line, or None when the line does not end with a chain field."""
+    tail = len(CHAIN_KEY) + 64 + 7  # ,"chain":"<64 hex>"}
+    if len(text) < tail + 1 or not text.endswith('"}') or text[-tail:-66] != f',"{CHAIN_KEY}":"':
+        return None
+    value = text[-66:-2]
+    if any(c not in "0123456789abcdef" for c in value):
+        return None
+    body = text[:-tail] + "}"
+    return body, value
+
+
+def run_json_digests(data: dict[str, Any]) -> dict[str, str]:
+    """sha256 per digested section of run.json (RUN_JSON_DIGESTED) as it stands, session end fields left out."""
+    digests = {}
+    for key in RUN_JSON_DIGESTED:
+        if key not in data:
+            continue
+        value = data[key]
+        if key == "sessions" and isinstance(value, list):
+            value = [{k: v for k, v in entry.items() if k not in SESSION_END_KEYS} if isinstance(entry, dict)
+                     else entry for entry in value]
+        # The project's canonical JSON (the data manifest's), after the writer's form of non-finite floats.
+        digests[key] = hashlib.sha256(canonical_json(json_safe(value))).hexdigest()
+    return digests
+
+
+def nonfinite_fields(value: Any, prefix: str = "") -> list[str]:
+    """Dotted names of every non-finite number inside an event (lists shown as name[i])."""
+    found: list[str] = []
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            found.append(prefix or "value")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if k.startswith("_"):
+                continue
+            found.extend(nonfinite_fields(v, f"{prefix}.{k}" if prefix else k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found.extend(nonfinite_fields(v, f"{prefix}[{i}]"))
+    return found
+
+
+def is_finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# ---------------------------------------------------------------------------------------------- readers
+def read_run_json(run_dir: str | Path) -> dict[str, Any]:
+    """run.json as a dict. A missing folder or file, or an unreadable file, is a RecordError (bad input)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RecordError(f"run folder not found: {run_dir}")
+    path = run_dir / RUN_JSON
+    if not path.is_file():
+        raise RecordError(f"{path}: not found (is {run_dir} a run folder written by `pilotrun train`?)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # torn, not UTF-8, unreadable: damage to name, never a traceback
+        raise RecordError(f"{path}: unreadable run record ({' '.join(str(exc).split())})") from None
+    if not isinstance(data, dict):
+        raise RecordError(f"{path}: expected a JSON object at the top level")
+    return data
+
+
+@dataclass
+class ParsedMetrics:
+    """metrics.jsonl as read: events in file order, each carrying `_line` (its 1-based line number)."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # torn lines a crash explains: reported, not fatal
+    damage: list[str] = field(default_factory=list)  # unreadable lines nothing explains: the record is invalid
+    missing: bool = False  # no metrics.jsonl at all
+    texts: list[str] = field(default_factory=list, repr=False)  # each event's exact text, for the hash chain
+
+
+def _parse_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _recover_after_torn_fragment(text: str) -> tuple[dict[str, Any], int] | None:
+    """A torn fragment followed (same line) by a complete object: return that object and its offset."""
+    start = text.find("{", 1)
+    while start > 0:
+        value = _parse_object(text[start:])
+        if value is not None:
+            return value, start
+        start = text.find("{", start + 1)
+    return None
+
+
+def _event_problem(event: dict[str, Any]) -> str | None:
+    missing = [k for k in ("event", "session_id", *COUNTER_KEYS) if k not in event]
+    if missing:
+        return f"event lacks {', '.join(missing)}"
+    if event["event"] not in EVENTS:
+        return f"unknown event '{event['event']}'"
+    bad = [k for k in COUNTER_KEYS if not _is_int(event[k]) or event[k] < 0]
+    if bad:
+        return f"counter(s) {', '.join(bad)} not a non-negative integer"
+    return None
+
+
+def parse_metrics_bytes(raw: bytes) -> ParsedMetrics:
+    """The one parser of metrics.jsonl; both readers below are built on it."""
+    parsed = ParsedMetrics()
+    lines = raw.split(b"\n")
+    ends_with_newline = raw.endswith(b"\n")
+    if ends_with_newline:
+        lines = lines[:-1]  # the empty string after the final newline
+    for index, raw_line in enumerate(lines):
+        number = index + 1
+        is_last = index == len(lines) - 1
+        try:
+            text = raw_line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if not (is_last and not ends_with_newline):  # a torn last line may end mid-character: judged below
+                parsed.damage.append(f"metrics.jsonl line {number}: not UTF-8 (byte 0x{raw_line[exc.start]:02x} "
+                                     f"at column {exc.start + 1})")
+                continue
+            text = raw_line.decode("utf-8", errors="replace")
+        if not text.strip():
+            if not is_last:
+                parsed.damage.append(f"metrics.jsonl line {number}: empty line")
+            continue
+        event = _parse_object(text)
+        if event is None and is_last and not ends_with_newline:
+            parsed.notes.append(f"metrics.jsonl line {number}: torn last line ({len(raw_line)} bytes, a crash "
+                                "mid-write); ignored")
+            continue
+        object_text = text
+        if event is None:
+            recovered = _recover_after_torn_fragment(text)
+            if recovered is not None and recovered[0].get("event") == "session_start":
+                event, offset = recovered
+                object_text = text[offset:]
+                parsed.notes.append(f"metrics.jsonl line {number}: torn fragment ({offset} bytes, a crash "
+                                    "mid-write) before a resumed session's session_start; fragment ignored")
+            else:
+                parsed.damage.append(f"metrics.jsonl line {number}: not a JSON object ({text[:60]!r})")
+                continue
+        problem = _event_problem(event)
+        if problem is not None:
+            parsed.damage.append(f"metrics.jsonl line {number}: {problem}")
+            continue
+        event = restore_nonfinite(event)
+        event["_line"] = number
+        parsed.events.append(event)
+        parsed.texts.append(object_text)
+    return parsed
+
+
+def chain_breaks(parsed: ParsedMetrics, run_id: str) -> list[str]:
+    """One reason per line whose hash chain does not follow from the line before it (or, for the first line,
+    from run.json's run_id). An edited line breaks itself; a removed line breaks the line after the gap; two
+    swapped lines break both and the line after them. A line already unreadable (damage) is not in `parsed`, so the one after it
+    breaks too."""
+    reasons = []
+    previous = chain_genesis(run_id)
+    for event, text in zip(parsed.events, parsed.texts, strict=True):
+        split = unchained_body(text)
+        where = f"metrics.jsonl line {event['_line']} ({event.get('event')}, step {event.get('step')})"
+        if split is None:
+            reasons.append(f"{where}: no hash chain field; the line was not written by pilotrun's writer, or edited")
+            continue
+        body, value = split
+        if chain_link(previous, body) != value:
+            first = "run.json's run_id" if event is parsed.events[0] else "the line before it"
+            reasons.append(f"{where}: hash chain broken: it does not follow from {first} (this line was edited, "
+                           "or lines before it were removed, added or reordered)")
+        previous = value
+    return reasons
+
+
+def record_integrity_problems(run: dict[str, Any], parsed: ParsedMetrics,
+                              checkpoint_heads: dict[int, Any] | None = None) -> list[str]:
+    """Everything the hash chain says about a run folder, as reasons (empty: the record is as written).
+
+    - every line follows from the one before it (`chain_breaks`);
+    - each run.json session starts where the chain stood when it opened (`chain_start`: the line before its
+      first line) and, if it ended, its last line is the `chain_end` it recorded: lines removed at the end
+      of a session, or a whole session removed, show here;
+    - each committed checkpoint's `metrics_chain_head` is a line of the log (`checkpoint_heads`: step -> head);
+    - run.json's sections equal the digests the latest session_start recorded (a rewritten recipe shows)."""
+    run_id = run.get("run_id")
+    if not isinstance(run_id, str):
+        return ["run.json: run_id is not a string; the hash chain of metrics.jsonl cannot be checked"]
+    reasons = chain_breaks(parsed, run_id)
+    own = line_chain_values(parsed)
+    values = {value: index for index, value in enumerate(own) if value is not None}
+    genesis = chain_genesis(run_id)
+    events = parsed.events
+    span: dict[Any, list[int]] = {}  # session id -> [index of its first line, index of its last]
+    for index, event in enumerate(events):
+        span.setdefault(event.get("session_id"), [index, index])[1] = index
+    for entry in run.get("sessions") or []:
+        if not isinstance(entry, dict):
+            continue
+        sid = entry.get("session_id")
+        start, end = entry.get("chain_start"), entry.get("chain_end")
+        if sid not in span:
+            if end is not None:
+                reasons.append(f"run.json session {sid}: ended (chain_end recorded) but metrics.jsonl holds none "
+                               "of its lines (removed)")
+            continue
+        first, last = span[sid]
+        if start is None:
+            reasons.append(f"run.json session {sid}: no chain_start recorded (a record not written by this "
+                           "version of pilotrun, or edited)")
+        else:
+            before = genesis if first == 0 else own[first - 1]
+            if start != before:
+                reasons.append(f"run.json session {sid}: its recorded chain_start is not the line before its first "
+                               f"line (metrics.jsonl line {events[first]['_line']}): lines before it were removed, "
+                               "added or rewritten")
+        if end is not None and values.get(end) != last:
+            reasons.append(f"run.json session {sid}: its recorded chain_end is not its last line in metrics.jsonl "
+                           f"(line {events[last]['_line']}): lines at its end were removed, or the log rewritten")
+    for step, head in sorted((checkpoint_heads or {}).items()):
+        if head is not None and head not in values and head != genesis:
+            reasons.append(f"checkpoint step {step}: its marker's metrics_chain_head is no line of metrics.jsonl "
+                           "(the log up to that checkpoint was rewritten)")
+    starts = [e for e in events if e.get("event") == "session_start"]
+    if starts:
+        latest = starts[-1]
+        recorded = latest.get(RUN_JSON_DIGEST_KEY)
+        if not isinstance(recorded, dict):
+            reasons.append(f"metrics.jsonl line {latest['_line']}: the latest session_start records no "
+                           f"{RUN_JSON_DIGEST_KEY}, so run.json cannot be checked against it")
+        else:
+            now = run_json_digests(run)
+            changed = sorted(k for k in set(recorded) | set(now) if recorded.get(k) != now.get(k))
+            if changed:
+                reasons.append(f"run.json: {', '.join(changed)} differ(s) from what the latest session recorded at "
+                               f"its start (metrics.jsonl line {latest['_line']}): run.json was edited after the fact")
+    return reasons
+
+
+def line_chain_values(parsed: ParsedMetrics) -> list[str | None]:
+    """Each event's recorded chain value, in file order (None for a line without one)."""
+    return [split[1] if split is not None else None for split in map(unchained_body, parsed.texts)]
+
+
+def last_chain_value(path: str | Path, run_id: str) -> str:
+    """The chain head of an existing metrics.jsonl: the last complete line's chain value (the genesis of
+    `run_id` for an empty or missing file). A last line without one (not written by this writer) is chained
+    through its digest, so that appends still form a chain from there."""
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size == 0:
+        return chain_genesis(run_id)
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        block = 65536
+        tail = b""
+        position = size
+        while position > 0:  # read backwards until the last line is whole
+            start = max(0, position - block)
+            f.seek(start)
+            tail = f.read(position - start) + tail
+            position = start
+            if tail.rstrip(b"\n").count(b"\n") >= 1:
+                break
+    last = tail.rstrip(b"\n").rsplit(b"\n", 1)[-1].decode("utf-8", errors="replace")
+    split = unchained_body(last)
+    return split[1] if split is not None else hashlib.sha256(last.encode("utf-8")).hexdigest()
+
+
+def read_metrics_tolerant(run_dir: str | Path) -> ParsedMetrics:
+    """For summarize, verdict and reports: every readable event, with notes and damage listed, never raised.
+    A missing metrics.jsonl is damage too."""
+    path = Path(run_dir) / METRICS_JSONL
+    if not path.is_file():
+        parsed = ParsedMetrics(missing=True)
+        parsed.damage.append(f"{path}: not found" if not path.exists() else f"{path}: not a file")
+        return parsed
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        parsed = ParsedMetrics(missing=True)
+        parsed.damage.append(f"{path}: cannot be read ({exc.strerror or exc})")
+        return parsed
+    return parse_metrics_bytes(raw)
+
+
+def read_metrics_strict(run_dir: str | Path, run_id: str | None = None) -> list[dict[str, Any]]:
+    """For tools that must not act on a damaged record (inspect-batch, tests): the events, or RecordError
+    naming the first damaged line. A torn last line (a crash mid-write, or a line being written right now)
+    is not damage and is left out; a folder whose session has not opened its log yet has no events. With
+    `run_id` (run.json's), a line whose hash chain is broken is damage too."""
+    path = Path(run_dir) / METRICS_JSONL
+    if os.path.lexists(path) and (path.is_symlink() or not path.is_file()):
+        raise RecordError(f"{path}: not a regular file")
+    if not path.is_file():
+        return []
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    parsed = parse_metrics_bytes(raw)
+    damage = parsed.damage + (chain_breaks(parsed, run_id) if run_id is not None else [])
+    if damage:
+        raise RecordError(f"{path}: damaged record: {damage[0]}"
+                          + (f" (and {len(damage) - 1} more)" if len(damage) > 1 else ""))
+    return parsed.events
+
+
+# ---------------------------------------------------------------------------------------------- writers
+def repair_torn_tail(path: str | Path) -> int:
+    """Cut a partial last line (a process killed mid-write) so appends start on a fresh line.
+
+    Returns the number of bytes removed (0 when the file already ends with a newline or is empty).
+    """
+    path = Path(path)
+    if not path.exists():
+        return 0
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with open(path, "rb+") as f:
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        # Walk back to the last newline in chunks; files are small but need not be.
+        position = size
+        keep = 0
+        while position > 0:
+            chunk_start = max(0, position - 65536)
+            f.seek(chunk_start)
+            chunk = f.read(position - chunk_start)
+            index = chunk.rfind(b"\n")
+            if index >= 0:
+                keep = chunk_start + index + 1
+                break
+            position = chunk_start
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    return size - keep
+
+
+class MetricsWriter:
+    """Appends one JSON object per line to metrics.jsonl and flushes it, so a reader (or a crash) sees
+    every completed event. `fsync()` is called at checkpoints and at the end of a session.
+
+    Each line carries its hash chain value (module docstring); `head` is the chain value of the last line
+    written (None on ranks that do not write). `run_id` defaults to run.json's.
+    """
+
+    def __init__(self, run_dir: str | Path, session_id: str, enabled: bool = True, run_id: str | None = None):
+        self.path = Path(run_dir) / METRICS_JSONL
+        self.session_id = session_id
+        self.enabled = enabled
+        if run_id is None:
+            run_json = Path(run_dir) / RUN_JSON
+            run_id = str(read_run_json(run_dir).get("run_id", "")) if enabled and run_json.is_file() else ""
+        if enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.repaired_bytes = repair_torn_tail(self.path) if enabled else 0
+        self.head: str | None = last_chain_value(self.path, run_id) if enabled else None
+        self._file = open(self.path, "a", encoding="utf-8") if enabled else None
+
+    def log(self, event: str, counters: Counters, **fields: Any) -> dict[str, Any] | None:
+        if event not in EVENTS:
+            raise ValueError(f"unknown metrics event '{event}'")
+        if not self.enabled:
+            return None
+        record = {"event": event, "time": time.time(), "session_id": self.session_id, **counters.as_dict()}
+        record.update(fields)
+        record.pop(CHAIN_KEY, None)  # the chain field is the writer's alone, and always the last
+        assert self._file is not None and self.head is not None
+        line, value = chained_line(self.head, record)
+        self._file.write(line + "\n")
+        self._file.flush()
+        self.head = value
+        return record
+
+    def fsync(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if self._file is not None:
+            self.fsync()
+            self._file.close()
+            self._file = None
+
+
+class RunRecord:
+    """run.json held in memory and rewritten atomically on every change (a handful of times per session)."""
+
+    def __init__(self, run_dir: str | Path, data: dict[str, Any], enabled: bool = True):
+        self.run_dir = Path(run_dir)
+        self.data = data
+        self.enabled = enabled
+
+    @classmethod
+    def create(cls, run_dir: str | Path, *, run_id: str, tokens_per_update: int, model: dict[str, Any],
+               optimizer: dict[str, Any], recipe: dict[str, Any], data: dict[str, Any],
+               enabled: bool = True) -> RunRecord:
+        record = {"run_id": run_id, "tokens_per_update": int(tokens_per_update), "model": model,
+                  "optimizer": optimizer, "recipe": recipe, "data": data, "allowed_changes": [], "sessions": []}
+        return cls(run_dir, record, enabled)
+
+    @classmethod
+    def load(cls, run_dir: str | Path, enabled: bool = True) -> RunRecord:
+        metrics = Path(run_dir) / METRICS_JSONL
+        if os.path.lexists(metrics) and (metrics.is_symlink() or not metrics.is_file()):
+            # Refused before run.json gains a session that could never log an event.
+            raise RecordError(f"{metrics}: not a regular file; the run record cannot be continued")
+        return cls(run_dir, read_run_json(run_dir), enabled)
+
+    def add_session(self, session: dict[str, Any]) -> None:
+        self.data["sessions"].append(session)
+
+    def end_session(self, session_id: str, *, reason: str, chain_end: str | None) -> None:
+        """Record where a session's lines end in the hash chain (the head after its session_end), so that
+        lines removed from the end of the log show, and save."""
+        for entry in self.data["sessions"]:
+            if isinstance(entry, dict) and entry.get("session_id") == session_id:
+                entry.update({"end_reason": reason, "chain_end": chain_end,
+                              "ended_at": datetime.datetime.now(datetime.UTC).isoformat()})
+        self.save()
+
+    def record_allowed_changes(self, session_id: str, changes: list[dict[str, Any]]) -> None:
+        for change in changes:
+            self.data["allowed_changes"].append({"session_id": session_id, **change})
+
+    def save(self) -> None:
+        if self.enabled:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.run_dir / RUN_JSON, self.data)

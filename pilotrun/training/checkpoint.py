@@ -1,0 +1,536 @@
+"""Atomic checkpoints: policy (which steps exist, which is newest, what to prune) apart from storage.
+
+Layout: run_dir/checkpoints/step-00000100/ holds the storage's files and, written LAST, COMMITTED.json:
+the step, every file's sha256 and size, and the caller's meta (effective recipe, data identity, ...).
+A save goes:
+
+    1. write every file into run_dir/checkpoints/.tmp-step-00000100-<pid>/, fsync each file and the folder
+    2. rename the folder to step-00000100 (atomic on POSIX), fsync checkpoints/
+    3. write COMMITTED.json through a temp file + fsync + rename, fsync the folder
+    4. only now prune older committed checkpoints beyond `keep`
+
+A crash before 3 completes leaves a folder without a marker: it is never loaded (and is removed by the next
+save). A committed folder whose files do not match their recorded sha256 raises CheckpointError naming the
+file, so a damaged checkpoint is never restored silently; `load(step=N)` picks an earlier one.
+
+Storage is a small interface (`write(state, folder) -> {file: (sha256, bytes)}`, `read(folder, files,
+template) -> state`) so that a torch.distributed.checkpoint storage, where every rank writes its shards into
+the same folder, can replace the single-process torch.save one without touching the policy here.
+
+A little over this project's ~500-line module size: the save, the load and the recovery of interrupted saves
+share one folder protocol (temp folder, rename, marker, replaced copies), which reads best in one place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import queue
+import re
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from pilotrun.errors import CheckpointError
+from pilotrun.files import fsync_directory, sha256_of_file
+from pilotrun.run.marker import MARKER_NAME, marker_files_problem, step_folder_name
+from pilotrun.run.record import CHECKPOINTS_DIR
+from pilotrun.training.compat import ResumeCompatibility, check_resume_compatibility
+
+__all__ = ["Checkpointer", "CheckpointStorage", "TorchSaveStorage", "ResumeCompatibility",
+           "check_resume_compatibility", "step_folder_name", "MARKER_NAME"]
+
+DAMAGED_KEY = "__damaged__"  # set (in memory only) on a marker that could not be read
+FORMAT_VERSION = 1
+STEP_FOLDER_PATTERN = re.compile(r"^step-(\d{8,})$")
+TEMP_PREFIX = ".tmp-"
+REPLACED_PREFIX = ".replaced-"
+# Test-only hooks: seconds to sleep after each file is written / after the rename, before the marker, so that
+# a test can SIGKILL a process inside a checkpoint write deterministically. Unset in normal use.
+WRITE_DELAY_ENV = "PILOTRUN_TEST_CHECKPOINT_WRITE_DELAY_S"
+COMMIT_DELAY_ENV = "PILOTRUN_TEST_CHECKPOINT_COMMIT_DELAY_S"
+# Test-only: the path of a file; while it exists (and holds this step's number, or nothing), a save waits
+# after the rename and before the marker, so that a test can keep a session inside a checkpoint write for as
+# long as it needs, whatever the machine's speed, and let it go by deleting the file.
+HOLD_FILE_ENV = "PILOTRUN_TEST_CHECKPOINT_HOLD_FILE"
+
+
+def _test_delay(variable: str = WRITE_DELAY_ENV) -> None:
+    delay = os.environ.get(variable)
+    if delay:
+        time.sleep(float(delay))
+
+
+def _test_hold(step: int) -> None:
+    hold = os.environ.get(HOLD_FILE_ENV)
+    while hold:
+        try:
+            wanted = Path(hold).read_text().strip()
+        except OSError:  # deleted: let go
+            return
+        if wanted not in ("", str(step)):
+            return
+        time.sleep(0.05)
+
+
+class _HashingWriter:
+    """A file wrapper that hashes bytes as they are written, so the sha256 costs no second read.
+
+    Each chunk is hashed in a helper thread while this thread writes the same chunk to the file (hashlib and
+    file writes both release the GIL, so on a machine where sha256 is about as slow as the disk the two overlap
+    instead of adding up), and `write` returns only when both are done: torch.save may hand out a memoryview
+    of a temporary buffer (a CUDA tensor's CPU copy) that is freed once `write` returns.
+    torch.save's zip writer writes strictly sequentially (the tests compare the hash with a reread).
+    """
+
+    OVERLAP_ABOVE_BYTES = 1 << 20  # below this, handing a chunk to the thread costs more than hashing it here
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.bytes_written = 0
+        self._digest = hashlib.sha256()
+        self._todo: queue.SimpleQueue = queue.SimpleQueue()
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._hash_loop, daemon=True)
+        self._thread.start()
+
+    def _hash_loop(self) -> None:
+        while (chunk := self._todo.get()) is not None:
+            try:
+                self._digest.update(chunk)
+            finally:
+                self._done.put(None)
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        if view.nbytes < self.OVERLAP_ABOVE_BYTES:
+            self._digest.update(view)
+            self.handle.write(view)
+        else:
+            self._todo.put(view)
+            try:
+                self.handle.write(view)
+            finally:
+                self._done.get()  # the hash has consumed the chunk before the caller may free it
+        self.bytes_written += view.nbytes
+        return view.nbytes
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+    def hexdigest(self) -> str:
+        self._todo.put(None)
+        self._thread.join()
+        return self._digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _zip_crc32_disabled():
+    """torch.save's per-record CRC32 costs about as much as the disk write itself (measured in
+    benchmarks/bench_checkpoint.py) and is redundant here: every file's sha256 is in the marker and is
+    checked before loading."""
+    try:
+        from torch.utils.serialization import config as serialization_config
+    except ImportError:  # older torch: keep its default
+        yield
+        return
+    previous = serialization_config.save.compute_crc32
+    serialization_config.save.compute_crc32 = False
+    try:
+        yield
+    finally:
+        serialization_config.save.compute_crc32 = previous
+
+
+class CheckpointStorage(Protocol):
+    """Writes a state dict into a folder and reads it back. The policy never looks inside the files."""
+
+    name: str
+
+    def write(self, state: dict[str, Any], folder: Path) -> dict[str, tuple[str, int]]:
+        """Write `state` into the (existing, empty) `folder`; every file durable (fsynced) on return.
+        Returns {relative file name: (sha256 hex, bytes)} for every file written."""
+        ...
+
+    def read(self, folder: Path, files: list[str], template: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Read the state back (into `template` where the storage loads in place, as DCP does)."""
+        ...
+
+
+TENSOR_PLACEHOLDER = "__pilotrun_tensor__"
+
+
+def _split_tensors(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """`value` with every tensor replaced by {TENSOR_PLACEHOLDER: index into `tensors`} (appended in order)."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return {TENSOR_PLACEHOLDER: len(tensors) - 1}
+    if isinstance(value, dict):
+        return {k: _split_tensors(v, tensors) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_split_tensors(v, tensors) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_split_tensors(v, tensors) for v in value)
+    return value
+
+
+def _join_tensors(value: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(value, dict):
+        if len(value) == 1 and TENSOR_PLACEHOLDER in value:
+            return tensors[value[TENSOR_PLACEHOLDER]]
+        return {k: _join_tensors(v, tensors) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_join_tensors(v, tensors) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_join_tensors(v, tensors) for v in value)
+    return value
+
+
+class TorchSaveStorage:
+    """Single process, torch.save files. Each top-level key K (model, optimizer, ...) becomes `K.pt`, so that a
+    damaged file is named by what it holds. A part holding more than `shard_bytes` of tensors is split: `K.pt`
+    keeps the structure (tensors replaced by placeholders) and `K.000.pt`, `K.001.pt`, ... hold its tensors in
+    order, about `shard_bytes` each. Every file is written, hashed and fsynced concurrently, because sha256
+    runs at roughly disk speed on one core: one big file would be bound by a single hashing core.
+    Loaded with weights_only=True: a checkpoint is tensors, numbers, strings, lists and dicts, nothing that
+    runs code when read. (Storage shared between tensors is not preserved across shards; state dicts of
+    untied models and optimizers hold none.)"""
+
+    name = "torch_save"
+
+    def __init__(self, shard_bytes: int = 64 << 20, workers: int | None = None) -> None:
+        self.shard_bytes = shard_bytes
+        self.workers = workers or max(2, min(8, os.cpu_count() or 2))
+
+    def _files_for(self, key: str, value: Any) -> dict[str, Any]:
+        tensors: list[torch.Tensor] = []
+        structure = _split_tensors(value, tensors)
+        total = sum(t.numel() * t.element_size() for t in tensors)
+        if total <= self.shard_bytes:
+            return {f"{key}.pt": value}
+        shards: list[list[torch.Tensor]] = [[]]
+        filled = 0
+        for tensor in tensors:
+            size = tensor.numel() * tensor.element_size()
+            if filled and filled + size > self.shard_bytes:
+                shards.append([])
+                filled = 0
+            shards[-1].append(tensor)
+            filled += size
+        files: dict[str, Any] = {f"{key}.pt": {"structure": structure, "shards": len(shards)}}
+        for index, shard in enumerate(shards):
+            files[f"{key}.{index:03d}.pt"] = shard
+        return files
+
+    def write(self, state: dict[str, Any], folder: Path) -> dict[str, tuple[str, int]]:
+        files: dict[str, Any] = {}
+        for key, value in state.items():
+            if not re.fullmatch(r"[A-Za-z0-9_]+", key):
+                raise ValueError(f"checkpoint state key '{key}' must be a plain identifier (it names a file)")
+            files.update(self._files_for(key, value))
+        # Largest first, so that the long files start early and the small ones fill the gaps.
+        order = sorted(files, key=lambda name: -_payload_bytes(files[name]))
+        with _zip_crc32_disabled(), ThreadPoolExecutor(max_workers=self.workers) as pool:
+            futures = {name: pool.submit(self._write_one, files[name], folder / name) for name in order}
+            written = {name: future.result() for name, future in futures.items()}
+        fsync_directory(folder)
+        return written
+
+    @staticmethod
+    def _write_one(value: Any, path: Path) -> tuple[str, int]:
+        with open(path, "wb") as handle:
+            writer = _HashingWriter(handle)
+            try:
+                torch.save(value, writer)
+            finally:
+                digest = writer.hexdigest()  # always stop the hashing thread
+            handle.flush()
+            os.fsync(handle.fileno())
+        _test_delay()
+        return digest, writer.bytes_written
+
+    @staticmethod
+    def _load(path: Path) -> Any:
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # a file that passed its hash but cannot be unpickled: say which
+            raise CheckpointError(f"checkpoint file {path} cannot be read: {exc}") from None
+
+    def read(self, folder: Path, files: list[str], template: dict[str, Any] | None = None) -> dict[str, Any]:
+        state: dict[str, Any] = {}
+        for file_name in files:
+            match = re.fullmatch(r"([A-Za-z0-9_]+)\.pt", file_name)
+            if not match:
+                continue  # a shard: read with its part below
+            key = match.group(1)
+            value = self._load(folder / file_name)
+            shard_names = sorted(f for f in files if re.fullmatch(re.escape(key) + r"\.\d{3,}\.pt", f))
+            if shard_names:
+                if not (isinstance(value, dict) and value.get("shards") == len(shard_names)):
+                    raise CheckpointError(f"checkpoint part {folder / file_name} does not match its "
+                                          f"{len(shard_names)} shard file(s)")
+                tensors = [t for name in shard_names for t in self._load(folder / name)]
+                value = _join_tensors(value["structure"], tensors)
+            state[key] = value
+        return state
+
+
+def _payload_bytes(value: Any) -> int:
+    tensors: list[torch.Tensor] = []
+    _split_tensors(value, tensors)
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass
+class CommittedCheckpoint:
+    step: int
+    path: Path
+    marker: dict[str, Any] = field(repr=False)
+
+
+class Checkpointer:
+    """Policy over run_dir/checkpoints/. Single writer: under data parallelism only the process that owns the
+    run folder (rank 0) saves with the torch.save storage."""
+
+    def __init__(self, run_dir: str | Path, keep: int, storage: CheckpointStorage | None = None) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.run_dir = Path(run_dir)
+        self.root = self.run_dir / CHECKPOINTS_DIR
+        self.keep = keep
+        self.storage = storage or TorchSaveStorage()
+        self.notes: list[str] = []  # what the policy did on its own (cleanups, recoveries), for the run log
+        # Reading never renames or deletes anything (a reader may run beside the writing trainer); repairs of
+        # interrupted saves happen in save(), in the one process that writes.
+
+    # ------------------------------------------------------------------------------------------ reading
+    def _read_marker(self, folder: Path) -> dict[str, Any] | None:
+        marker_path = folder / MARKER_NAME
+        if folder.is_symlink() or marker_path.is_symlink():
+            # A link can point into another run: loading through it reads that run, pruning would delete it.
+            link = folder if folder.is_symlink() else marker_path
+            return {"files": {}, DAMAGED_KEY: f"checkpoint {link} is a symbolic link; refused (checkpoints are "
+                                              "plain folders and files inside the run)"}
+        if not marker_path.is_file():
+            return None
+        # The marker is written through a temp file and a rename, so a torn marker means outside damage. It
+        # still counts as a checkpoint (so that --resume does not silently fall back past it), marked damaged:
+        # verify/load/meta of that step raise, and the other steps stay loadable.
+        try:
+            marker = json.loads(marker_path.read_text())
+        except (OSError, ValueError) as exc:
+            return {"files": {}, DAMAGED_KEY: f"checkpoint marker {marker_path} is unreadable: {exc}"}
+        if not isinstance(marker, dict) or not isinstance(marker.get("files"), dict) or "step" not in marker:
+            return {"files": {}, DAMAGED_KEY: f"checkpoint marker {marker_path} lacks 'files' or 'step'"}
+        problem = marker_files_problem(marker["files"])
+        if problem:
+            return {"files": {}, DAMAGED_KEY: f"checkpoint marker {marker_path} {problem}"}
+        return marker
+
+    def _step_folders(self) -> list[tuple[int, Path]]:
+        if not self.root.is_dir():
+            return []
+        found = []
+        for child in self.root.iterdir():
+            match = STEP_FOLDER_PATTERN.match(child.name)
+            if match and (child.is_dir() or child.is_symlink()):  # a link is listed, then refused as damaged
+                found.append((int(match.group(1)), child))
+        return sorted(found)
+
+    def _refuse_linked_root(self) -> None:
+        # run_dir/checkpoints as a link would make every save prune, and every resume load, another folder.
+        if self.root.is_symlink():
+            raise CheckpointError(f"{self.root} is a symbolic link; refused (checkpoints are a plain folder "
+                                  "inside the run)")
+
+    def committed(self) -> list[CommittedCheckpoint]:
+        self._refuse_linked_root()
+        found: dict[int, CommittedCheckpoint] = {}
+        for step, folder in self._step_folders():
+            marker = self._read_marker(folder)
+            if marker is not None:
+                found[step] = CommittedCheckpoint(step, folder, marker)
+        # A save that replaced a step and died before committing the new copy leaves the old, committed copy
+        # under .replaced-step-N: it is still that step's checkpoint (save() moves it back).
+        if self.root.is_dir():
+            for old in self.root.glob(f"{REPLACED_PREFIX}step-*"):
+                match = STEP_FOLDER_PATTERN.match(old.name[len(REPLACED_PREFIX):])
+                if match and int(match.group(1)) not in found:
+                    marker = self._read_marker(old)
+                    if marker is not None:
+                        found[int(match.group(1))] = CommittedCheckpoint(int(match.group(1)), old, marker)
+        return [found[step] for step in sorted(found)]
+
+    def committed_steps(self) -> list[int]:
+        """Steps of every committed checkpoint, ascending (markers are read; file hashes are checked by load)."""
+        return [c.step for c in self.committed()]
+
+    def uncommitted_folders(self) -> list[Path]:
+        """Folders left by interrupted saves: temp folders and step folders without a marker. Never loaded."""
+        if not self.root.is_dir():
+            return []
+        leftovers = [p for p in self.root.iterdir() if p.name.startswith(TEMP_PREFIX) and not p.is_symlink()]
+        leftovers += [folder for _, folder in self._step_folders()
+                      if not folder.is_symlink() and not (folder / MARKER_NAME).is_file()]
+        return sorted(leftovers)
+
+    def verify(self, step: int) -> CommittedCheckpoint:
+        """The committed checkpoint at `step` with every listed file rehashed; CheckpointError names a bad one."""
+        by_step = {c.step: c for c in self.committed()}
+        if step not in by_step:
+            available = ", ".join(str(s) for s in sorted(by_step)) or "none"
+            raise CheckpointError(f"no committed checkpoint at step {step} in {self.root} (committed: {available})")
+        checkpoint = by_step[step]
+        earlier = [s for s in sorted(by_step) if s < step]
+        hint = f"; resume from an earlier one with --from-step {earlier[-1]}" if earlier else ""
+        if DAMAGED_KEY in checkpoint.marker:
+            raise CheckpointError(checkpoint.marker[DAMAGED_KEY] + hint)
+        files = checkpoint.marker["files"]
+        for file_name, entry in files.items():
+            path = checkpoint.path / file_name
+            if path.is_symlink():
+                raise CheckpointError(f"checkpoint file {path} is a symbolic link; refused{hint}")
+            if not path.is_file():
+                raise CheckpointError(f"checkpoint file {path} is missing{hint}")
+            size = path.stat().st_size
+            if size != entry["bytes"]:
+                raise CheckpointError(f"checkpoint file {path} has {size} bytes, its marker records "
+                                      f"{entry['bytes']}: the file is damaged{hint}")
+        # Rehash the files concurrently (hashlib releases the GIL): resume time is bound by sha256, not the disk.
+        names = sorted(files, key=lambda name: -files[name]["bytes"])
+        workers = max(1, min(8, os.cpu_count() or 1, len(names)))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            digests = dict(zip(names, pool.map(lambda name: sha256_of_file(checkpoint.path / name), names)))
+        for file_name in sorted(files):
+            if digests[file_name] != files[file_name]["sha256"]:
+                raise CheckpointError(f"checkpoint file {checkpoint.path / file_name} does not match its recorded "
+                                      f"sha256: the file is damaged{hint}")
+        return checkpoint
+
+    def load(self, step: int | None = None, template: dict[str, Any] | None = None
+             ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(state, meta) of the committed checkpoint at `step` (default: the newest), files verified first."""
+        if step is None:
+            steps = self.committed_steps()
+            if not steps:
+                leftovers = self.uncommitted_folders()
+                extra = (f" ({len(leftovers)} uncommitted folder(s) from interrupted saves are ignored)"
+                         if leftovers else "")
+                raise CheckpointError(f"no committed checkpoint in {self.root}{extra}")
+            step = steps[-1]
+        checkpoint = self.verify(step)
+        state = self.storage.read(checkpoint.path, sorted(checkpoint.marker["files"]), template)
+        return state, checkpoint.marker.get("meta", {})
+
+    def meta(self, step: int) -> dict[str, Any]:
+        """The meta recorded with a committed checkpoint, without reading its tensors."""
+        for checkpoint in self.committed():
+            if checkpoint.step == step:
+                if DAMAGED_KEY in checkpoint.marker:
+                    return self.verify(step).marker  # raises, naming the marker and an earlier step
+                return checkpoint.marker.get("meta", {})
+        raise CheckpointError(f"no committed checkpoint at step {step} in {self.root}")
+
+    # ------------------------------------------------------------------------------------------ writing
+    def save(self, step: int, state: dict[str, Any], meta: dict[str, Any]) -> Path:
+        """Write, fsync, rename, commit with the marker, then prune. Returns the committed folder."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        try:
+            meta_json = json.loads(json.dumps(meta, allow_nan=True))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"checkpoint meta must be JSON-serialisable: {exc}") from None
+        self._refuse_linked_root()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._recover_interrupted_replacements()
+        self._remove_uncommitted()
+        final = self.root / step_folder_name(step)
+        temp = self.root / f"{TEMP_PREFIX}{step_folder_name(step)}-{os.getpid()}"
+        temp.mkdir()
+        try:
+            files = self.storage.write(state, temp)
+        except BaseException:
+            shutil.rmtree(temp, ignore_errors=True)
+            raise
+        replaced = None
+        if final.exists():
+            # The same step saved again (e.g. a resume that ends where it started): move the old one aside
+            # first; _recover_interrupted_replacements puts it back if we die before the new marker lands.
+            replaced = self.root / f"{REPLACED_PREFIX}{final.name}"
+            if replaced.exists():
+                shutil.rmtree(replaced)
+            os.rename(final, replaced)
+        os.rename(temp, final)
+        fsync_directory(self.root)
+        _test_delay(COMMIT_DELAY_ENV)
+        _test_hold(step)
+        marker = {
+            "format": FORMAT_VERSION,
+            "step": step,
+            "storage": self.storage.name,
+            "files": {name: {"sha256": digest, "bytes": size} for name, (digest, size) in sorted(files.items())},
+            "committed_at": time.time(),
+            "meta": meta_json,
+        }
+        marker_temp = final / f"{MARKER_NAME}.tmp"
+        with open(marker_temp, "w") as handle:
+            json.dump(marker, handle, indent=1, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.rename(marker_temp, final / MARKER_NAME)
+        fsync_directory(final)
+        if replaced is not None:
+            shutil.rmtree(replaced, ignore_errors=True)
+        self._prune(step)
+        return final
+
+    def _remove_uncommitted(self) -> None:
+        for folder in self.uncommitted_folders():
+            shutil.rmtree(folder, ignore_errors=True)
+            self.notes.append(f"removed uncommitted checkpoint folder {folder.name} (an interrupted save)")
+
+    def _recover_interrupted_replacements(self) -> None:
+        if not self.root.is_dir():
+            return
+        for old in sorted(self.root.glob(f"{REPLACED_PREFIX}step-*")):
+            final = self.root / old.name[len(REPLACED_PREFIX):]
+            if old.is_symlink() or final.is_symlink():
+                continue  # never rename or delete through a link; loading refuses it by name
+            if (final / MARKER_NAME).is_file():
+                shutil.rmtree(old, ignore_errors=True)  # the replacement was committed; the old copy is stale
+            elif (old / MARKER_NAME).is_file():
+                if final.exists():
+                    shutil.rmtree(final)
+                os.rename(old, final)
+                fsync_directory(self.root)
+                self.notes.append(f"restored {final.name}: a save replacing it was interrupted before commit")
+
+    def _prune(self, newest_step: int) -> None:
+        """Keep the `keep` newest committed checkpoints up to `newest_step`. Checkpoints *after* it belong to
+        a timeline abandoned by a resume from an earlier step (--from-step): left in place they would be
+        picked as "newest" by the next --resume, so they are removed."""
+        committed = self.committed()
+        later = [c for c in committed if c.step > newest_step]
+        current = [c for c in committed if c.step <= newest_step]
+        doomed = later + current[: max(0, len(current) - self.keep)]
+        for checkpoint in doomed:
+            if checkpoint.path.is_symlink():
+                # Deleting through a link would delete another run's checkpoint; leave it, loading refuses it.
+                self.notes.append(f"left {checkpoint.path.name} in place: a symbolic link is never pruned")
+                continue
+            # Remove the marker first: a crash halfway through the rmtree leaves an uncommitted folder,
+            # never a committed one with files missing.
+            (checkpoint.path / MARKER_NAME).unlink(missing_ok=True)
+            fsync_directory(checkpoint.path)
+            shutil.rmtree(checkpoint.path, ignore_errors=True)
+            if checkpoint.step > newest_step:
+                self.notes.append(f"removed {checkpoint.path.name}: later than the resumed timeline's "
+                                  f"step {newest_step}")

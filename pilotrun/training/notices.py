@@ -1,0 +1,45 @@
+"""One-line notices a person sees when a training session starts, resumes or is interrupted.
+
+Each is a plain function of facts the trainer already holds, so the trainer calls it in one line and tests
+check the facts, not the wording: `restored_state_line` (what a resume restored) and `interrupt_acknowledgement` (the answer to Ctrl-C).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pilotrun.data.reader import val_split_warnings
+
+
+def restored_state_line(checkpoint: Path, trainer_state: dict[str, Any], rng_notes: list[str],
+                        scaler_state: dict[str, Any]) -> str:
+    """What a resume restored, in one line: the checkpoint, counters, RNG, data cursor and loss scaler."""
+    loader = trainer_state.get("train_loader", {})
+    scale = scaler_state.get("scale") if scaler_state else None
+    scaler = f"loss scale {float(scale):g}" if scale is not None else "no loss scaler (fp32/bf16)"
+    rng = "all generators" if not rng_notes else f"generators with {len(rng_notes)} note(s)"
+    return (f"restored {checkpoint}: step {int(trainer_state['step']):,}, tokens_seen "
+            f"{int(trainer_state['tokens_seen']):,}, updates attempted {int(trainer_state['updates_attempted']):,} "
+            f"(skipped {int(trainer_state['updates_skipped']):,}), RNG {rng}, data cursor batch "
+            f"{int(loader.get('batch_index', 0)):,} epoch {int(loader.get('epoch', 0))}, {scaler}, model and "
+            "optimizer state")
+
+
+def interrupt_acknowledgement(signal_name: str, step: int, max_steps: int) -> str:
+    """Printed the moment the first SIGINT/SIGTERM arrives, before the update and checkpoint finish."""
+    update = min(step + 1, max_steps)
+    key = "Ctrl-C" if signal_name == "SIGINT" else signal_name
+    heard = "Ctrl-C (SIGINT)" if signal_name == "SIGINT" else signal_name
+    return f"{heard} received: finishing update {update:,}, then saving a checkpoint; {key} again stops now without one"
+
+
+def startup_warnings(config: Any, val_tokens: int, world_size: int) -> list[str]:
+    """Everything a session warns about before its first update: the LR schedule against train.max_steps and
+    the val split against one evaluation (when evaluation is on)."""
+    from pilotrun.optim.schedule import schedule_warnings
+
+    t = config.train
+    small_val = val_split_warnings(val_tokens, t.batch_size, t.seq_len, t.eval_batches, world_size) \
+        if t.eval_every > 0 else []
+    return schedule_warnings(config) + small_val

@@ -1,0 +1,119 @@
+"""Everything a resume decides, decided in one place before anything is touched: `plan_resume` -> ResumePlan.
+
+A session starts fresh or from a committed checkpoint. On resume the checkpoint's recipe is authoritative
+and every difference from the resuming run is classified (compat.py): free (RESUME_FREE_KEYS: cadence, a
+longer max_steps), allowed (named with --allow-change), or refused (one CheckpointError listing them all).
+Another world size is reconciled first (compat.reconcile_world_size: allowed only when the global batch is
+unchanged). The plan then carries the effective recipe (the checkpoint's, with the free and allowed changes
+applied), which checkpoint to restore, and the notes to print and record.
+
+`checkpoint_meta` builds the facts a checkpoint records about its run (recipe, data identity, world size,
+software, hardware, optimizer partition); the resume compares the saved meta with the meta this run would
+write, so both sides are built by the same function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pilotrun.config import RunConfig, config_from_dict, config_to_dict, validate_run_config
+from pilotrun.errors import CheckpointError, ConfigError
+from pilotrun.training.compat import check_resume_compatibility, reconcile_world_size
+
+HARDWARE_META_KEYS = ("device", "device_name", "world_size")
+
+
+@dataclass
+class ResumePlan:
+    """What a session does about the past: start fresh (`checkpoint_step` None) or restore that checkpoint,
+    with `config` the effective recipe either way."""
+
+    config: RunConfig
+    checkpoint_step: int | None = None
+    free_changes: list[dict[str, Any]] = field(default_factory=list)
+    allowed_changes: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def resuming(self) -> bool:
+        return self.checkpoint_step is not None
+
+
+def checkpoint_meta(config: RunConfig, *, data_sha256: str, data_dir: str, world_size: int,
+                    software: dict[str, Any], hardware: dict[str, Any], partition: list[dict[str, Any]],
+                    progress: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The facts a checkpoint records about its run. `progress` (counters, session_id, run_id,
+    tokens_per_update) is added when a checkpoint is written; a resume compares the rest."""
+    meta = {"recipe": config_to_dict(config), "data": {"metadata_sha256": data_sha256, "dir": data_dir},
+            "world_size": world_size, "software": software,
+            "hardware": {k: hardware.get(k) for k in HARDWARE_META_KEYS},
+            "optimizer": {"partition": partition}}
+    if progress is not None:
+        meta.update(progress)
+    return meta
+
+
+def choose_checkpoint(committed_steps: list[int], from_step: int | None, root: str) -> int:
+    """The latest committed checkpoint, or the one --from-step names (which must be committed)."""
+    if not committed_steps:
+        raise CheckpointError(f"--resume: no committed checkpoint in {root}")
+    chosen = from_step if from_step is not None else committed_steps[-1]
+    if chosen not in committed_steps:
+        raise CheckpointError(f"--from-step {chosen}: no committed checkpoint at that step in {root} "
+                              f"(committed: {committed_steps})")
+    return chosen
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set `model.x` / `recipe.train.y` in a nested recipe dict; a key that is not a recipe key (world size,
+    data identity, partition) or that the recipe lacks is left alone."""
+    parts = key.split(".")
+    if parts[0] == "recipe":
+        parts = parts[1:]
+    node = data
+    for part in parts[:-1]:
+        if part not in node or not isinstance(node[part], dict):
+            return
+        node = node[part]
+    if parts[-1] in node:
+        node[parts[-1]] = value
+
+
+def plan_fresh(from_step: int | None, config: RunConfig) -> ResumePlan:
+    if from_step is not None:
+        raise ConfigError("--from-step needs --resume")
+    return ResumePlan(config=config)
+
+
+def plan_resume(config: RunConfig, *, checkpoint_step: int, saved_meta: dict[str, Any],
+                current_meta: dict[str, Any], allow_changes: list[str] | tuple[str, ...]) -> ResumePlan:
+    """Compare the chosen checkpoint's meta with the meta this run would write (`checkpoint_meta` of the
+    requested config) and return the plan, or raise CheckpointError listing every refused difference."""
+    allowed = list(allow_changes)
+    saved_meta, notes = reconcile_world_size(saved_meta, current_meta, allowed)
+    report = check_resume_compatibility(saved_meta, current_meta, allowed)
+    restored = config_to_dict(config_from_dict(saved_meta["recipe"]))
+    for change in report.free_changes + report.allowed_changes:
+        set_dotted(restored, change["key"], change["new"])
+    effective = config_from_dict(restored)
+    validate_run_config(effective)
+    return ResumePlan(config=effective, checkpoint_step=checkpoint_step, free_changes=report.free_changes,
+                      allowed_changes=report.allowed_changes, notes=notes + report.warnings)
+
+
+def plan_session(config: RunConfig, *, resume: bool, from_step: int | None, committed_steps: Callable[[], list[int]],
+                 read_meta: Callable[[int], dict[str, Any]], current_meta: Callable[[], dict[str, Any]],
+                 allow_changes: list[str] | tuple[str, ...], root: str,
+                 agree: Callable[[int], int] = lambda step: step) -> ResumePlan:
+    """The plan for a fresh or a resumed session. `agree` makes every rank use rank 0's choice of
+    checkpoint (a broadcast under torchrun)."""
+    if not resume:
+        return plan_fresh(from_step, config)
+    steps = committed_steps()
+    chosen = agree(choose_checkpoint(steps, from_step, root))
+    if chosen not in steps:
+        raise CheckpointError(f"--from-step {chosen}: no committed checkpoint at that step in {root}")
+    return plan_resume(config, checkpoint_step=chosen, saved_meta=read_meta(chosen), current_meta=current_meta(),
+                       allow_changes=allow_changes)

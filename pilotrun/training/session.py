@@ -1,0 +1,364 @@
+"""Building one training session, fresh or resumed: everything the loop needs, in the order that keeps it exact.
+
+`build_session` refuses bad input before touching anything, opens the data, plans the resume
+(resume.py decides; this module only executes the plan), builds the model under the run's seed, wraps it
+(DDP / FSDP2), builds the optimizer, scaler and loaders, restores a checkpoint, and opens the run record:
+run.json (new, or extended by one session) and this session's metrics writer. The loop in trainer.py then
+only trains.
+
+The order matters for exact continuation: every generator is seeded before the model is built (so a
+fresh model's weights are the same in every session that builds one), and the restored RNG state
+replaces whatever building consumed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pilotrun.config import RunConfig, config_from_dict, config_to_dict, validate_run_config
+from pilotrun.data.reader import BatchLoader, TokenDataset, check_data_fits_recipe, open_dataset
+from pilotrun.errors import CheckpointError, ConfigError, PilotrunError
+from pilotrun.model.accounting import count_parameters, flops_per_token
+from pilotrun.model.transformer import build_model
+from pilotrun.optim.muon_adamw import build_optimizer
+from pilotrun.optim.partition import partition_parameters, partition_table
+from pilotrun.optim.update_hooks import UpdateHook, build_update_hooks
+from pilotrun.run.folder_lock import LOCK_NAME, RunFolderBusy, RunFolderLock
+from pilotrun.run.record import COUNTER_KEYS, RUN_JSON, Counters, MetricsWriter, RunRecord
+from pilotrun.training import distributed as dist_utils
+from pilotrun.training.checkpoint import step_folder_name
+from pilotrun.training.dcp_storage import DistributedCheckpointer, load_training_state
+from pilotrun.training.environment import git_state, hardware_info, software_versions
+from pilotrun.training.notices import restored_state_line, startup_warnings
+from pilotrun.training.precision import build_grad_scaler
+from pilotrun.training.resume import ResumePlan, checkpoint_meta, plan_session
+from pilotrun.training.rng import capture_rng_state, restore_rng_state, seed_every_generator
+
+
+def tokens_per_update(config: RunConfig, world_size: int) -> int:
+    t = config.train
+    return t.batch_size * t.seq_len * t.gradient_accumulation_steps * world_size
+
+
+def check_run_dir_is_new(run_dir: Path) -> None:
+    """A fresh run needs a new or empty folder; the lock file a refused earlier attempt left does not count."""
+    if run_dir.exists() and (not run_dir.is_dir() or any(p.name != LOCK_NAME for p in run_dir.iterdir())):
+        raise ConfigError(f"run folder {run_dir} already exists; pass --resume to continue it, or choose a new "
+                          "--run-dir")
+
+
+def resolve_vocab(config: RunConfig, data_vocab: int) -> RunConfig:
+    """model.vocab_size 0 takes the data's vocabulary; a smaller one than the data's is refused."""
+    if config.model.vocab_size == 0:
+        data = config_to_dict(config)
+        data["model"]["vocab_size"] = int(data_vocab)
+        return config_from_dict(data)
+    if config.model.vocab_size < data_vocab:
+        raise ConfigError(f"model.vocab_size ({config.model.vocab_size}) is smaller than the data's vocabulary "
+                          f"({data_vocab}); set it to 0 to take the data's")
+    return config
+
+
+def compile_blocks(model: torch.nn.Module, backend: str) -> None:
+    """torch.compile every decoder block in place (nn.Module.compile), as torchtitan does: one small graph
+    compiled once and reused by every layer of the same shape, where compiling the whole model would trace it
+    as one graph; parameter names, the state dict, DDP/FSDP wrapping and activation checkpointing stay as
+    they are. Dynamo state is reset first so that an earlier model's graphs are not reused by mistake."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    for block in model.layers:
+        block.compile(backend=backend)
+
+
+@dataclass
+class TrainingState:
+    """The trainer's own state besides model, optimizer, scaler and RNG: the counters, the loader's cursor
+    and what each update hook keeps. Counters are global (all ranks together)."""
+
+    loader: BatchLoader
+    hooks: list[UpdateHook]
+    step: int = 0
+    tokens_seen: int = 0
+    updates_attempted: int = 0
+    updates_skipped: int = 0
+    consecutive_skips: int = 0
+    data_restarts: int = 0
+
+    def counters(self) -> Counters:
+        return Counters(self.step, self.tokens_seen, self.updates_attempted, self.updates_skipped)
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {**self.counters().as_dict(), "consecutive_skips": self.consecutive_skips,
+                                 "data_restarts": self.data_restarts, "train_loader": self.loader.state_dict()}
+        for hook in self.hooks:
+            hook_state = hook.state_dict()
+            if hook_state is not None:
+                state[hook.name] = hook_state
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in (*COUNTER_KEYS, "consecutive_skips", "data_restarts"):
+            setattr(self, key, int(state[key]))
+        self.loader.load_state_dict(state["train_loader"])
+        for hook in self.hooks:
+            if hook.state_dict() is not None:
+                hook.load_state_dict(state[hook.name])
+
+
+@dataclass
+class Session:
+    """Everything one session trains with and writes to."""
+
+    config: RunConfig
+    context: dist_utils.DistributedContext
+    device: torch.device
+    run_dir: Path
+    data_dir: Path
+    dataset: TokenDataset
+    checkpointer: DistributedCheckpointer
+    plan: ResumePlan
+    raw_model: torch.nn.Module
+    model: torch.nn.Module  # raw_model, or its DDP / FSDP2 wrapper
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    partition: list[dict[str, Any]]
+    state: TrainingState
+    software: dict[str, Any]
+    hardware: dict[str, Any]
+    parameters: tuple[int, int]  # total, active per token
+    flops_per_token: float  # training (forward + backward) FLOPs
+    peak_flops_per_s: float | None  # all ranks together; None when the device's peak is unknown
+    tokens_per_microbatch: int
+    tokens_per_update: int
+    session_id: str = ""
+    record: RunRecord | None = None
+    metrics: MetricsWriter | None = None
+    notes: list[str] = field(default_factory=list)
+    lock: RunFolderLock | None = None  # held by rank 0 until the session ends
+
+    def release_lock(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+    @property
+    def resumed_from(self) -> int | None:
+        return self.plan.checkpoint_step
+
+    def checkpoint_meta(self, config: RunConfig, partition: list[dict[str, Any]],
+                        counters: Counters | None = None) -> dict[str, Any]:
+        progress = None
+        if counters is not None:
+            progress = {"counters": counters.as_dict(), "session_id": self.session_id,
+                        "run_id": self.record.data.get("run_id") if self.record else None,
+                        "tokens_per_update": self.tokens_per_update}
+        return checkpoint_meta(config, data_sha256=self.dataset.metadata_sha256, data_dir=str(self.data_dir.resolve()),
+                               world_size=self.context.world_size, software=self.software, hardware=self.hardware,
+                               partition=partition, progress=progress)
+
+    def data_section(self) -> dict[str, Any]:
+        meta = self.dataset.metadata
+        section: dict[str, Any] = {"dir": str(self.data_dir.resolve()), "metadata_sha256": self.dataset.metadata_sha256}
+        for name in ("train", "val"):
+            split = self.dataset.split(name)
+            # One manifest identifies both splits: its sha256 is each split's identity too.
+            section[name] = {"metadata_sha256": self.dataset.metadata_sha256, "tokens": int(split.num_tokens),
+                             "documents": int(split.documents)}
+        section["tokenizer"] = meta.get("tokenizer")
+        section["source"] = meta.get("source")
+        section["vocab_size"] = self.dataset.vocab_size
+        section["eos_id"] = self.dataset.eos_id
+        return section
+
+    def model_section(self) -> dict[str, Any]:
+        return {"parameters": self.parameters[0], "active_parameters": self.parameters[1],
+                "flops_per_token": self.flops_per_token, "config": config_to_dict(self.config.model)}
+
+
+def build_session(config: RunConfig, data_dir: str | Path, run_dir: str | Path, *, resume: bool,
+                  from_step: int | None, allow_changes: list[str] | tuple[str, ...], command: list[str],
+                  context: dist_utils.DistributedContext) -> Session:
+    run_dir, data_dir = Path(run_dir), Path(data_dir)
+    validate_run_config(config)
+    if config.train.num_threads > 0:
+        torch.set_num_threads(config.train.num_threads)
+
+    # 1. Refuse before touching anything.
+    if resume and not (run_dir / RUN_JSON).is_file():
+        raise CheckpointError(f"--resume: {run_dir / RUN_JSON} not found; nothing to resume (start without --resume)")
+    if not resume:
+        if from_step is not None:
+            raise ConfigError("--from-step needs --resume")
+        if not (run_dir / LOCK_NAME).is_file():  # a run folder's lock names a session still running, below
+            check_run_dir_is_new(run_dir)
+
+    # One writer per run folder, from here until the session ends (pilotrun/run/folder_lock.py); checked again under the
+    # lock, since another fresh session may have started writing between the check above and the lock.
+    lock = take_run_lock(run_dir, context)
+    try:
+        if not resume:
+            check_run_dir_is_new(run_dir)
+        session = _build_locked_session(config, data_dir, run_dir, resume=resume, from_step=from_step,
+                                        allow_changes=allow_changes, command=command, context=context)
+    except BaseException:
+        if lock is not None:
+            lock.release(refused=True)  # a refused session leaves nothing behind, not even a holder line
+        raise
+    session.lock = lock
+    if lock is not None and lock.note:
+        session.notes.append(lock.note)
+    return session
+
+
+def take_run_lock(run_dir: Path, context: dist_utils.DistributedContext) -> RunFolderLock | None:
+    """Rank 0 takes the run folder's lock; every rank learns whether it did and refuses alike."""
+    lock, refusal = None, None
+    if context.is_main_process:
+        try:
+            lock = RunFolderLock.acquire(run_dir)
+        except PilotrunError as exc:
+            refusal = str(exc)
+    refusal = dist_utils.broadcast_object(context, refusal)
+    if refusal is not None:
+        raise RunFolderBusy(refusal)
+    return lock
+
+
+def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, resume: bool, from_step: int | None,
+                          allow_changes: list[str] | tuple[str, ...], command: list[str],
+                          context: dist_utils.DistributedContext) -> Session:
+    world_size = context.world_size
+    # 2. Data: its identity and vocabulary decide the model's vocab_size when the recipe leaves it at 0.
+    dataset = open_dataset(data_dir)
+    config = resolve_vocab(config, dataset.vocab_size)
+    dist_utils.check_same_run_on_all_ranks(context, config_to_dict(config), dataset.metadata_sha256)
+
+    # 3. The plan. torch.save for one process, torch.distributed.checkpoint (collective, per-rank RNG) for
+    # several; the checkpointer's constructor is a barrier, so no rank is still checking the run folder when
+    # rank 0 starts writing. The model is built first (seeded: Python and NumPy too, since their draws must
+    # match across sessions) because the partition it implies is part of what a resume compares.
+    checkpointer = DistributedCheckpointer(run_dir, config.train.keep_checkpoints, context)
+    device = torch.device(context.device)
+    seed_every_generator(config.train.seed)
+    model = build_model(config.model)
+    software = software_versions()
+    hardware = hardware_info(device, world_size, config.train.precision)
+    hardware["distributed"] = context.describe()
+
+    def meta_of_this_run() -> dict[str, Any]:
+        return checkpoint_meta(config, data_sha256=dataset.metadata_sha256, data_dir=str(data_dir.resolve()),
+                               world_size=world_size, software=software, hardware=hardware,
+                               partition=partition_table(partition_parameters(model, config.optim)))
+
+    plan = plan_session(config, resume=resume, from_step=from_step, committed_steps=checkpointer.committed_steps,
+                        read_meta=checkpointer.meta, current_meta=meta_of_this_run, allow_changes=allow_changes,
+                        root=str(checkpointer.root), agree=lambda step: dist_utils.broadcast_object(context, step))
+    if config_to_dict(plan.config) != config_to_dict(config):  # defensive: the check compares every key
+        torch.manual_seed(plan.config.train.seed)
+        model = build_model(plan.config.model)
+    config = plan.config
+    check_data_fits_recipe(dataset, batch_size=config.train.batch_size, seq_len=config.train.seq_len,
+                           world_size=world_size, evaluates=config.train.eval_every > 0,
+                           vocab_size=config.model.vocab_size)  # before the run folder is written
+
+    # 4. Model, wrapper, optimizer, scaler, loader. Wrap before building the optimizer: FSDP2's fully_shard
+    # replaces every parameter with a sharded DTensor parameter, and an optimizer built earlier would hold
+    # the old, gradient-less tensors.
+    raw_model = model.to(device)
+    t = config.train
+    if t.compile != "none":
+        compile_blocks(raw_model, t.compile)
+    wrapped = dist_utils.wrap_model(raw_model, context, t.parallelism, t.precision)
+    optimizer = build_optimizer(raw_model, config.optim)
+    if config.optim.muon.distribute_newton_schulz and t.parallelism == "ddp":
+        optimizer.distribute_orthogonalization(context.rank, world_size)
+    scaler = build_grad_scaler(t.precision, device.type, t.loss_scale_init, t.loss_scale_growth_interval)
+    loader = BatchLoader(dataset.split("train"), t.batch_size, t.seq_len, mode=t.data_mode, rank=context.rank,
+                         world_size=world_size)
+    state = TrainingState(loader=loader, hooks=build_update_hooks(raw_model, config))
+    total, active = count_parameters(config.model)
+    peak = hardware.get("peak_flops_per_s")
+    session = Session(
+        config=config, context=context, device=device, run_dir=run_dir, data_dir=data_dir, dataset=dataset,
+        checkpointer=checkpointer, plan=plan, raw_model=raw_model, model=wrapped, optimizer=optimizer,
+        scaler=scaler, partition=partition_table(optimizer.param_groups), state=state, software=software,
+        hardware=hardware, parameters=(int(total), int(active)),
+        flops_per_token=float(flops_per_token(config.model, t.seq_len)),
+        peak_flops_per_s=peak * world_size if peak else None,
+        tokens_per_microbatch=t.batch_size * t.seq_len * world_size,
+        tokens_per_update=tokens_per_update(config, world_size), notes=list(plan.notes))
+
+    # 5. Restore: weights, optimizer, scaler, counters, cursor, hook state and every RNG.
+    if plan.resuming:
+        settings = group_settings(optimizer)  # the effective recipe's, allowed changes included
+        restored, _meta = load_training_state(
+            checkpointer, plan.checkpoint_step, wrapped, raw_model, optimizer,
+            {"scaler": scaler.state_dict(), "trainer": state.state_dict(), "rng": capture_rng_state()})
+        restore_group_settings(optimizer, settings)
+        scaler.load_state_dict(restored["scaler"])
+        state.load_state_dict(restored["trainer"])
+        rng_notes = restore_rng_state(restored["rng"])
+        session.notes.extend(rng_notes)
+        session.notes.append(restored_state_line(checkpointer.root / step_folder_name(plan.checkpoint_step),
+                                                 restored["trainer"], rng_notes, restored["scaler"]))
+    session.notes.extend(checkpointer.notes)
+    session.notes.extend(startup_warnings(config, session.dataset.split("val").num_tokens, world_size))
+    open_record(session, resume=resume, command=command)
+    return session
+
+
+def group_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Every param group's settings (base LR, weight decay, momentum, betas, ...) without its tensors."""
+    return [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+
+
+def restore_group_settings(optimizer: torch.optim.Optimizer, settings: list[dict[str, Any]]) -> None:
+    """Put back settings taken by `group_settings` from the optimizer the recipe built.
+
+    `Optimizer.load_state_dict` restores every param group's saved settings over those the optimizer was
+    just built with, which would silently undo an allowed change (`--allow-change optim.muon.lr`): run.json
+    would record the new value while training used the old one. The partition is the checkpoint's (the
+    resume's compatibility check compares it), so the groups correspond one to one; the moments and step
+    counts in the per-parameter state are kept. Without a change this sets the values already there."""
+    for group, built in zip(optimizer.param_groups, settings, strict=True):
+        group.update(built)
+
+
+def open_record(session: Session, *, resume: bool, command: list[str]) -> None:
+    """run.json (created, or extended by this session with the restored recipe, not the flags typed) and
+    this session's metrics writer. Only rank 0 writes."""
+    context, config = session.context, session.config
+    is_main = context.is_main_process
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
+    session.session_id = dist_utils.broadcast_object(context, f"{stamp}-{uuid.uuid4().hex[:8]}")
+    if resume:
+        record = RunRecord.load(session.run_dir, enabled=is_main)
+        record.data["recipe"] = config_to_dict(config)
+        record.data["tokens_per_update"] = session.tokens_per_update
+        record.data["model"] = session.model_section()
+        record.data["optimizer"] = {"groups": session.partition}
+    else:
+        record = RunRecord.create(session.run_dir, run_id=f"run-{session.session_id}",
+                                  tokens_per_update=session.tokens_per_update, model=session.model_section(),
+                                  optimizer={"groups": session.partition}, recipe=config_to_dict(config),
+                                  data=session.data_section(), enabled=is_main)
+    record.record_allowed_changes(session.session_id, session.plan.allowed_changes)
+    counters = session.state.counters()
+    # The writer first: it cuts a torn tail and finds the chain head this session's lines continue from.
+    metrics = MetricsWriter(session.run_dir, session.session_id, enabled=is_main, run_id=str(record.data["run_id"]))
+    record.add_session({
+        "session_id": session.session_id, "start_step": counters.step, "start_tokens_seen": counters.tokens_seen,
+        "resumed_from": session.resumed_from, "git": git_state(), "command": command,
+        "hardware": session.hardware, "software": session.software,
+        "started_at": datetime.datetime.now(datetime.UTC).isoformat(), "notes": list(session.notes),
+        "chain_start": metrics.head,
+    })
+    record.save()
+    session.record = record
+    session.metrics = metrics

@@ -1,0 +1,92 @@
+"""The pilot's progress line: figures read from a child's metrics.jsonl, the newest session only."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+from pilotrun.commands.child_progress import (
+    ProgressLine,
+    format_progress,
+    progress_figures,
+    read_complete_events,
+    wait_with_progress,
+)
+
+
+def _event(**fields) -> dict:
+    counters = {"session_id": "s", "step": 0, "tokens_seen": 0, "updates_attempted": 0, "updates_skipped": 0}
+    return {**counters, **fields}
+
+
+def events_of_two_sessions() -> list[dict]:
+    return [_event(**e) for e in [
+        {"event": "session_start", "time": 100.0, "step": 0},
+        {"event": "train", "time": 110.0, "step": 10, "loss": 5.0, "throughput": {"wall_tokens_per_s": 50.0}},
+        {"event": "session_start", "time": 200.0, "step": 8},
+        {"event": "train", "time": 204.0, "step": 12, "loss": 4.5, "throughput": {"wall_tokens_per_s": 64.0}},
+        {"event": "train", "time": 208.0, "step": 16, "loss": 4.0, "throughput": {"wall_tokens_per_s": 80.0}},
+    ]]
+
+
+def test_figures_come_from_the_newest_session():
+    figures = progress_figures(events_of_two_sessions(), max_steps=40)
+    # 8 updates in 8 s since the resumed session started at step 8: 24 left at 1 update/s
+    assert figures == {"step": 16, "loss": 4.0, "wall_tokens_per_s": 80.0, "eta_seconds": 24.0}
+    assert progress_figures(events_of_two_sessions()[:3], max_steps=40) is None  # no window yet
+    assert format_progress(figures, 40)
+
+
+def test_partial_last_line_is_ignored(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps(_event(event="session_start", time=1.0)) + "\n{\"event\": \"tra")
+    (event,) = read_complete_events(path)
+    assert (event["event"], event["time"], event["step"]) == ("session_start", 1.0, 0)
+
+
+def test_wait_shows_progress_until_the_child_exits(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(e) + "\n" for e in events_of_two_sessions()))
+    out = io.StringIO()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    events = wait_with_progress(child, metrics, 40, ProgressLine(out, prefix=""), poll_seconds=0.01,
+                                timeout_seconds=60)
+    assert child.returncode == 0
+    assert len(events) == 5
+    assert out.getvalue().strip() == format_progress(progress_figures(events, 40), 40)
+
+
+def test_wait_stops_when_the_condition_holds(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(e) + "\n" for e in events_of_two_sessions()))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        events = wait_with_progress(child, metrics, 40, ProgressLine(io.StringIO()), poll_seconds=0.01,
+                                    timeout_seconds=60, stop_when=lambda ev: ev[-1]["step"] == 16)
+        assert child.poll() is None and events[-1]["step"] == 16
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_ctrl_c_waits_for_the_child_then_reports_exit_130(tmp_path, monkeypatch):
+    import pytest
+
+    from pilotrun.report import child_progress
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    calls = []
+
+    def interrupted_sleep(seconds):
+        calls.append(seconds)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(child_progress.time, "sleep", interrupted_sleep)
+    with pytest.raises(child_progress.ChildInterrupted) as caught:
+        wait_with_progress(child, tmp_path / "metrics.jsonl", 40, ProgressLine(io.StringIO()), poll_seconds=0.01,
+                           timeout_seconds=60)
+    assert child.returncode == 0  # waited for the child to end by itself, not killed
+    assert caught.value.exit_code == 130
