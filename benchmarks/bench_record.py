@@ -49,7 +49,8 @@ def _real_train_events(data_dir: Path, run_dir: Path) -> tuple[list[dict], float
 
 def run() -> str:
     from pilotrun.data.prepare import prepare_corpus
-    from pilotrun.run.record import COUNTER_KEYS, Counters, MetricsWriter, dumps_line
+    from pilotrun.run.record import COUNTER_KEYS, Counters, dumps_line
+    from pilotrun.run.writer import MetricsWriter
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

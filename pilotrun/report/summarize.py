@@ -43,6 +43,7 @@ from pilotrun.run.lock import describe_frozen_status, frozen_candidate_status
 from pilotrun.run.marker import checkpoint_problems, committed_checkpoint_steps, read_marker
 from pilotrun.run.record import (
     COUNTER_KEYS,
+    PHASES,
     SESSION_END_REASONS,
     WINDOW_COUNT_KEYS,
     Counters,
@@ -133,9 +134,8 @@ def _group_sessions(events: list[dict[str, Any]], reasons: list[str]) -> dict[st
     return sessions
 
 
-# The phases of a session_end `time_split` (pilotrun.training.timing.PHASES, copied: the readers stay torch-free).
-SPLIT_PHASES = ("train_seconds", "eval_seconds", "checkpoint_seconds", "profile_seconds", "report_seconds",
-                "other_seconds")
+# The phases of a session_end `time_split` (the record's PHASES, as `<phase>_seconds`).
+SPLIT_PHASES = tuple(f"{phase}_seconds" for phase in PHASES)
 # Older records lack these two; their time was counted in other_seconds.
 LATER_PHASES = ("profile_seconds", "report_seconds")
 SPLIT_KEYS = (*SPLIT_PHASES, "wall_seconds")

@@ -7,8 +7,9 @@ the names that writer and readers share, so they cannot drift apart:
 - file names (RUN_JSON, METRICS_JSONL), event kinds (EVENTS), session-end reasons (SESSION_END_REASONS);
 - `Counters`, the four counters every event carries (step, tokens_seen, updates_attempted,
   updates_skipped), used by the trainer, the writer, summarize and verdict;
-- the writer: `MetricsWriter` (metrics.jsonl) and `RunRecord` (run.json). Only rank 0 writes; other ranks
-  get `enabled=False` writers that do nothing, so the trainer calls them unconditionally;
+- the time phases a session's `time_split` accounts for (PHASES);
+- the writer lives beside this module (pilotrun/run/writer.py: `MetricsWriter`, `RunRecord`), built on the
+  chain functions here;
 - two readers of metrics.jsonl, built on one parser: `read_metrics_tolerant` (summarize, verdict, reports:
   damage is collected as reasons, never raised) and `read_metrics_strict` (tools that must not act on a
   damaged record, such as inspect-batch: the first damaged line raises RecordError).
@@ -30,25 +31,20 @@ in each checkpoint's marker and in run.json per session (where it started and en
 `session_start` carries digests of run.json's sections as they were then, so that a rewritten run.json
 shows too. This detects accidents and casual editing; it is not a signature: anyone who can run this code
 can recompute a chain over a forged log (docs/RUN_RECORD.md).
-
-Longer than this project's ~500-line module size on purpose: the schema, the writer, both readers and the
-hash chain are one file format, and keeping them together is what stops writer and readers from drifting.
 """
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
 import math
 import os
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pilotrun.errors import PilotrunError
-from pilotrun.files import canonical_json, write_text_atomic
+from pilotrun.files import canonical_json
 
 RUN_JSON = "run.json"
 METRICS_JSONL = "metrics.jsonl"
@@ -58,6 +54,10 @@ REPORT_DIR = "report"
 EVENTS = ("session_start", "train", "val", "checkpoint", "overflow", "data_restart", "qk_clip", "session_end")
 SESSION_END_REASONS = ("completed", "interrupted", "error", "stopped")
 COUNTER_KEYS = ("step", "tokens_seen", "updates_attempted", "updates_skipped")
+# Where a session's time goes: a session_end `time_split` carries `<phase>_seconds` for each, beside
+# `wall_seconds` (the trainer's clock, pilotrun.training.timing, switches between them; summarize checks they
+# add up). Records written before `profile` and `report` existed lack those two: that time is inside `other`.
+PHASES = ("train", "eval", "checkpoint", "profile", "report", "other")
 # The `window` object of a `train` event: what summarize reconciles against the counters' growth.
 WINDOW_COUNT_KEYS = ("updates_applied", "updates_attempted", "updates_skipped", "microbatches", "tokens")
 NONFINITE_STRINGS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -131,11 +131,6 @@ def restore_nonfinite(value: Any, key: str = "") -> Any:
 
 def dumps_line(record: dict[str, Any]) -> str:
     return json.dumps(json_safe(record), allow_nan=False, separators=(",", ":"))
-
-
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """run.json and friends: a crash at any moment leaves the old file or the new one, never half of one."""
-    write_text_atomic(path, json.dumps(json_safe(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 def chain_genesis(run_id: str) -> str:
@@ -468,131 +463,3 @@ def read_metrics_strict(run_dir: str | Path, run_id: str | None = None) -> list[
         raise RecordError(f"{path}: damaged record: {damage[0]}"
                           + (f" (and {len(damage) - 1} more)" if len(damage) > 1 else ""))
     return parsed.events
-
-
-# ---------------------------------------------------------------------------------------------- writers
-def repair_torn_tail(path: str | Path) -> int:
-    """Cut a partial last line (a process killed mid-write) so appends start on a fresh line.
-
-    Returns the number of bytes removed (0 when the file already ends with a newline or is empty).
-    """
-    path = Path(path)
-    if not path.exists():
-        return 0
-    size = path.stat().st_size
-    if size == 0:
-        return 0
-    with open(path, "rb+") as f:
-        f.seek(size - 1)
-        if f.read(1) == b"\n":
-            return 0
-        # Walk back to the last newline in chunks; files are small but need not be.
-        position = size
-        keep = 0
-        while position > 0:
-            chunk_start = max(0, position - 65536)
-            f.seek(chunk_start)
-            chunk = f.read(position - chunk_start)
-            index = chunk.rfind(b"\n")
-            if index >= 0:
-                keep = chunk_start + index + 1
-                break
-            position = chunk_start
-        f.truncate(keep)
-        f.flush()
-        os.fsync(f.fileno())
-    return size - keep
-
-
-class MetricsWriter:
-    """Appends one JSON object per line to metrics.jsonl and flushes it, so a reader (or a crash) sees
-    every completed event. `fsync()` is called at checkpoints and at the end of a session.
-
-    Each line carries its hash chain value (module docstring); `head` is the chain value of the last line
-    written (None on ranks that do not write). `run_id` defaults to run.json's.
-    """
-
-    def __init__(self, run_dir: str | Path, session_id: str, enabled: bool = True, run_id: str | None = None):
-        self.path = Path(run_dir) / METRICS_JSONL
-        self.session_id = session_id
-        self.enabled = enabled
-        if run_id is None:
-            run_json = Path(run_dir) / RUN_JSON
-            run_id = str(read_run_json(run_dir).get("run_id", "")) if enabled and run_json.is_file() else ""
-        if enabled:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.repaired_bytes = repair_torn_tail(self.path) if enabled else 0
-        self.head: str | None = last_chain_value(self.path, run_id) if enabled else None
-        self._file = open(self.path, "a", encoding="utf-8") if enabled else None
-
-    def log(self, event: str, counters: Counters, **fields: Any) -> dict[str, Any] | None:
-        if event not in EVENTS:
-            raise ValueError(f"unknown metrics event '{event}'")
-        if not self.enabled:
-            return None
-        record = {"event": event, "time": time.time(), "session_id": self.session_id, **counters.as_dict()}
-        record.update(fields)
-        record.pop(CHAIN_KEY, None)  # the chain field is the writer's alone, and always the last
-        assert self._file is not None and self.head is not None
-        line, value = chained_line(self.head, record)
-        self._file.write(line + "\n")
-        self._file.flush()
-        self.head = value
-        return record
-
-    def fsync(self) -> None:
-        if self._file is not None:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-
-    def close(self) -> None:
-        if self._file is not None:
-            self.fsync()
-            self._file.close()
-            self._file = None
-
-
-class RunRecord:
-    """run.json held in memory and rewritten atomically on every change (a handful of times per session)."""
-
-    def __init__(self, run_dir: str | Path, data: dict[str, Any], enabled: bool = True):
-        self.run_dir = Path(run_dir)
-        self.data = data
-        self.enabled = enabled
-
-    @classmethod
-    def create(cls, run_dir: str | Path, *, run_id: str, tokens_per_update: int, model: dict[str, Any],
-               optimizer: dict[str, Any], recipe: dict[str, Any], data: dict[str, Any],
-               enabled: bool = True) -> RunRecord:
-        record = {"run_id": run_id, "tokens_per_update": int(tokens_per_update), "model": model,
-                  "optimizer": optimizer, "recipe": recipe, "data": data, "allowed_changes": [], "sessions": []}
-        return cls(run_dir, record, enabled)
-
-    @classmethod
-    def load(cls, run_dir: str | Path, enabled: bool = True) -> RunRecord:
-        metrics = Path(run_dir) / METRICS_JSONL
-        if os.path.lexists(metrics) and (metrics.is_symlink() or not metrics.is_file()):
-            # Refused before run.json gains a session that could never log an event.
-            raise RecordError(f"{metrics}: not a regular file; the run record cannot be continued")
-        return cls(run_dir, read_run_json(run_dir), enabled)
-
-    def add_session(self, session: dict[str, Any]) -> None:
-        self.data["sessions"].append(session)
-
-    def end_session(self, session_id: str, *, reason: str, chain_end: str | None) -> None:
-        """Record where a session's lines end in the hash chain (the head after its session_end), so that
-        lines removed from the end of the log show, and save."""
-        for entry in self.data["sessions"]:
-            if isinstance(entry, dict) and entry.get("session_id") == session_id:
-                entry.update({"end_reason": reason, "chain_end": chain_end,
-                              "ended_at": datetime.datetime.now(datetime.UTC).isoformat()})
-        self.save()
-
-    def record_allowed_changes(self, session_id: str, changes: list[dict[str, Any]]) -> None:
-        for change in changes:
-            self.data["allowed_changes"].append({"session_id": session_id, **change})
-
-    def save(self) -> None:
-        if self.enabled:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(self.run_dir / RUN_JSON, self.data)

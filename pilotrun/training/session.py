@@ -30,7 +30,8 @@ from pilotrun.optim.muon_adamw import build_optimizer
 from pilotrun.optim.partition import partition_parameters, partition_table
 from pilotrun.optim.update_hooks import UpdateHook, build_update_hooks
 from pilotrun.run.folder_lock import LOCK_NAME, RunFolderBusy, RunFolderLock
-from pilotrun.run.record import COUNTER_KEYS, RUN_JSON, Counters, MetricsWriter, RunRecord
+from pilotrun.run.record import COUNTER_KEYS, RUN_JSON, Counters
+from pilotrun.run.writer import MetricsWriter, RunRecord
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.checkpoint import step_folder_name
 from pilotrun.training.dcp_storage import DistributedCheckpointer, load_training_state

@@ -27,9 +27,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-PHASES = ("train", "eval", "checkpoint", "profile", "report", "other")
-# A session_end `time_split` carries `<phase>_seconds` for each, beside `wall_seconds`; records written before
-# `profile` and `report` existed lack those two (summarize reads them as 0: that time is inside `other` there).
+from pilotrun.run.record import PHASES
+
 DEVICE_PHASES = ("train", "profile")  # the phases that queue device work
 
 

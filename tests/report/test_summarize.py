@@ -185,7 +185,7 @@ def test_missing_session_end_at_required_step(tmp_path):
 
 def test_nonfinite_value_is_rejected(tmp_path):
     run = crashed_and_resumed(tmp_path / "r")
-    run.find("train", session="s2", step=50)["loss"] = "NaN"  # how the writer (record.MetricsWriter) writes a NaN
+    run.find("train", session="s2", step=50)["loss"] = "NaN"  # how the writer (run/writer.py) writes a NaN
     run.find("train", session="s2", step=55)["memory"]["rss_mb"] = float("inf")
     run.write()
     summary = summarize_run(tmp_path / "r")

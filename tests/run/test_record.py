@@ -8,18 +8,15 @@ import pytest
 
 from pilotrun.run.record import (
     Counters,
-    MetricsWriter,
     RecordError,
-    RunRecord,
     chain_breaks,
     json_safe,
     parse_metrics_bytes,
     read_metrics_strict,
     read_metrics_tolerant,
     read_run_json,
-    repair_torn_tail,
-    write_json_atomic,
 )
+from pilotrun.run.writer import MetricsWriter, RunRecord, repair_torn_tail, write_json_atomic
 
 
 def test_metrics_line_is_flushed_and_carries_required_fields(tmp_path):
