@@ -24,20 +24,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.mutations import MUTATIONS, Mutation
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@dataclass(frozen=True)
-class Mutation:
-    name: str
-    file: str  # relative to the repository root
-    old: str  # must occur exactly once in the file
-    new: str
-    tests: tuple[str, ...]  # pytest node ids or paths meant to kill it
-    why: str  # the bug, in words
 
 
 def copy_tracked_files(destination: Path) -> None:
@@ -102,8 +93,6 @@ def check_mutation(mutation: Mutation, timeout_s: float, baselines: dict[tuple[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.mutations import MUTATIONS
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--only", nargs="*", default=None, help="names of the mutations to check (default: all)")

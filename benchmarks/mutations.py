@@ -3,7 +3,18 @@ catch it. When the code moves on, a mutation turns stale and is rewritten agains
 
 from __future__ import annotations
 
-from benchmarks.mutation_check import Mutation
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str  # relative to the repository root
+    old: str  # must occur exactly once in the file
+    new: str
+    tests: tuple[str, ...]  # pytest node ids or paths meant to kill it
+    why: str  # the bug, in words
+
 
 GUARDS = "tests/training/test_trainer_guards.py"
 RESUME = "tests/training/test_resume.py"
@@ -64,10 +75,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="torn_tail_not_repaired",
-        file="pilotrun/run/record.py",
+        file="pilotrun/run/writer.py",
         old="        self.repaired_bytes = repair_torn_tail(self.path) if enabled else 0\n",
         new="        self.repaired_bytes = 0\n",
-        tests=(RESUME, "tests/run/test_record.py", INTEGRITY),
+        tests=(RESUME, "tests/run/test_writer.py", INTEGRITY),
         why="a resumed session appends after a torn last line without cutting it",
     ),
     # The loop's and the session build's own slips.

@@ -3,8 +3,8 @@ planted bug names a real file and tests that exist (so `make mutation` cannot re
 
 from pathlib import Path
 
-from benchmarks.mutation_check import Mutation, apply_mutation, copy_tracked_files
-from benchmarks.mutations import MUTATIONS
+from benchmarks.mutation_check import apply_mutation, copy_tracked_files
+from benchmarks.mutations import MUTATIONS, Mutation
 
 ROOT = Path(__file__).resolve().parents[1]
 
