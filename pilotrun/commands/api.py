@@ -9,17 +9,62 @@
     pilotrun.export("runs/a", "hf/a")               # a transformers DeepSeek-V3 folder
 
 Each function is a thin call into the package, like the command it mirrors; bad input raises
-`pilotrun.errors.PilotrunError` (the CLI's exit 2) with the same one-line message. `import pilotrun` stays
+`pilotrun.errors.PilotrunError` (the CLI's exit 2) with the command's one-line message in this API's words: a
+message that says "pass --force" to a person at a shell says "pass force=True" to a Python caller. `import pilotrun` stays
 cheap: these names are resolved on first use (see `pilotrun/__init__.py`), and torch is imported only then.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+import re
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pilotrun.errors import PilotrunError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# What each command-line option is called in this API, per function (an option the API does not have keeps
+# its command-line spelling, which is then still the honest name of the thing).
+API_WORDS: dict[str, dict[str, str]] = {
+    "prepare": {"--force": "force=True", "--out": "out", "--source": "source=", "--tokenizer": "tokenizer=",
+                "--train-tokens": "train_tokens=", "--val-fraction": "val_fraction=", "--shard-tokens":
+                "shard_tokens=", "--shuffle-buffer": "shuffle_buffer=", "--workers": "workers=", "--eos": "eos=",
+                "--text-field": "text_field=", "--seed": "seed="},
+    "train": {"--resume": "resume=True", "--allow-change": "allow_changes=[...]", "--from-step": "from_step=",
+              "--set": "overrides=", "--config": "config", "--run-dir": "run_dir", "--data": "data="},
+    "summarize": {"--require-step": "require_step="},
+    "verdict": {"--threshold": "thresholds={...}", "--no-resume-required": "resume_required=False"},
+    "export": {"--out": "out", "--step": "step=", "--data": "data="},
+    "load_model": {"--step": "step="},
+}
 
 
+def in_api_words(function_name: str, message: str) -> str:
+    """`message` with each command-line option of `function_name`'s command replaced by its keyword here."""
+    words = API_WORDS.get(function_name, {})
+    return re.sub(r"--[a-z][a-z-]*", lambda m: words.get(m.group(0), m.group(0)), message)
+
+
+def speaks_api(function: F) -> F:
+    """Re-raise a PilotrunError of the call as the same error type in this API's words."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except PilotrunError as error:
+            reworded = in_api_words(function.__name__, str(error))
+            if reworded == str(error):
+                raise
+            raise type(error)(reworded) from error
+
+    return wrapper  # type: ignore[return-value]
+
+
+@speaks_api
 def prepare(out: str | Path, source: str = "builtin", tokenizer: str = "bpe:4096", **options: Any) -> dict[str, Any]:
     """`pilotrun prepare`: write a data folder; returns its manifest (metadata.json). `options` are
     prepare_corpus's keywords (train_tokens, val_fraction, shard_tokens, seed, shuffle_buffer, workers, eos,
@@ -45,6 +90,7 @@ def _run_config(config: Any, overrides: Sequence[str] | Mapping[str, Any]):
     return load_run_config(config, list(overrides))
 
 
+@speaks_api
 def train(config: str | Path | Any = None, *, data: str | Path, run_dir: str | Path, resume: bool = False,
           from_step: int | None = None, overrides: Sequence[str] | Mapping[str, Any] = (),
           allow_changes: Sequence[str] = (), progress: bool = False, sinks: Sequence[Any] = ()):
@@ -62,6 +108,7 @@ def train(config: str | Path | Any = None, *, data: str | Path, run_dir: str | P
     return trainer.run()
 
 
+@speaks_api
 def summarize(run_dir: str | Path, require_step: int | None = None):
     """`pilotrun summarize`: the validated, reconciled Summary (.valid, .reasons, .overall, .sessions)."""
     from pilotrun.report.summarize import summarize_run
@@ -69,6 +116,7 @@ def summarize(run_dir: str | Path, require_step: int | None = None):
     return summarize_run(run_dir, require_step=require_step)
 
 
+@speaks_api
 def verdict(run_dir: str | Path, thresholds: Mapping[str, Any] | None = None, resume_required: bool = True,
             write_report: bool = True):
     """`pilotrun verdict`: the Verdict (.decision is "GO" or "NO-GO", .rules the evidence). `thresholds`
@@ -85,6 +133,7 @@ def verdict(run_dir: str | Path, thresholds: Mapping[str, Any] | None = None, re
     return result
 
 
+@speaks_api
 def load_model(run_dir: str | Path, step: int | None = None):
     """The model of a committed checkpoint (the newest, or `step`), files rehashed first, in eval mode on the
     CPU in fp32; `model(tokens).logits` gives [B, T, V]. Its recipe is `model.cfg`."""
@@ -94,6 +143,7 @@ def load_model(run_dir: str | Path, step: int | None = None):
     return model
 
 
+@speaks_api
 def export(run_dir: str | Path, out: str | Path, step: int | None = None, data: str | Path | None = None
            ) -> dict[str, Any]:
     """`pilotrun export`: a Hugging Face DeepSeek-V3 folder (safetensors, config.json, tokenizer)."""

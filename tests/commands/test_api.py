@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -56,3 +58,21 @@ def test_overrides_as_mapping_and_run_config_object():
     assert (config.train.max_steps, config.train.precision, config.model.route_norm) == (7, "bf16", False)
     again = _run_config(RunConfig(), ["train.max_steps=9"])
     assert again.train.max_steps == 9
+
+
+def test_errors_speak_the_api_not_the_command_line(tmp_path):
+    """A refusal names the keyword a Python caller passes, not the shell option; the error type is kept."""
+    import pilotrun
+    from pilotrun.errors import DataError
+
+    out = tmp_path / "data"
+    pilotrun.prepare(out, tokenizer="bpe:300", train_tokens=3000, shard_tokens=4096)
+    with pytest.raises(DataError) as refused:
+        pilotrun.prepare(out, tokenizer="bpe:300", train_tokens=3000)
+    message = str(refused.value)
+    assert "force=True" in message and "--force" not in message
+    # The command line keeps its own words for the same refusal.
+    from pilotrun.commands.api import in_api_words
+
+    assert in_api_words("train", "pass --resume to continue it") == "pass resume=True to continue it"
+    assert in_api_words("summarize", "see --help") == "see --help"  # no API name for it: left as it is
