@@ -204,36 +204,21 @@ def _run_summarize(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- verdict
 def _add_verdict(sub: argparse._SubParsersAction) -> None:
+    from pilotrun.report.rules import rules_help
+
     p = sub.add_parser("verdict", help="GO / NO-GO for the pilot, with a drawn report",
                        formatter_class=_RawDescriptionDefaultsHelpFormatter,
                        description="Apply the documented pilot rules to the run folder R (the --run-dir given to "
                        "`pilotrun train`) and write R/report/ (summary.json, plots, report.html). "
-                       "Exit 0 for GO, 1 for NO-GO.\n\n" + _verdict_rules_text())
+                       "Exit 0 for GO, 1 for NO-GO.\n\n" + rules_help())
     p.add_argument("run_dir", metavar="R", help="run folder written by `pilotrun train --run-dir R`")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
     p.add_argument("--no-resume-required", action="store_true",
                    help="waive the rule that the pilot must have come through a resume")
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a rule threshold (repeatable); names and defaults: " + _threshold_defaults())
+                   help="override a rule threshold (repeatable); every NAME, with its default and meaning, is listed "
+                   "under the rule that reads it above")
     p.set_defaults(handler=_run_verdict)
-
-
-def _verdict_rules_text() -> str:
-    """The rules, as documented at the top of pilotrun/report/verdict.py (one source for --help and the code)."""
-    from pilotrun.report import verdict
-
-    doc = verdict.__doc__ or ""
-    start = doc.find("Thresholds (defaults below")
-    end = doc.find("`judge(run_dir)`")
-    return doc[start:end].strip() if start >= 0 and end > start else ""
-
-
-def _threshold_defaults() -> str:
-    import dataclasses
-
-    from pilotrun.report.verdict import Thresholds
-
-    return ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(Thresholds) if f.name != "resume_required")
 
 
 def _run_verdict(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
-"""What a run folder says about continuing the run, and the verdict's rules on it: its resumes (rule_resumed),
-its final checkpoint (rule_final_checkpoint) and its recipe changes (rule_recipe_changes).
+"""What a run folder says about continuing the run, and the verdict's judges of it: its resumes, its final
+checkpoint and its recipe changes on resume. Each returns a Finding; the rule table (rules.py) names it and says
+what it means.
 
 These are the facts behind the verdict's "can it continue" rules, read without torch: the checkpoint's
 COMMITTED.json marker (written last by the checkpointer) lists every file with its sha256 and size, so the
@@ -13,25 +14,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pilotrun.report.thresholds import FAIL, PASS, WARN, RuleResult, Thresholds
+from pilotrun.report.evidence import window_of
+from pilotrun.report.thresholds import FAIL, PASS, WARN, Finding, Thresholds
 from pilotrun.run.changes import recipe_changes_in_history
 from pilotrun.run.marker import checkpoint_problems, committed_checkpoint_steps
 
 if TYPE_CHECKING:
     from pilotrun.report.summarize import Summary
 
-def _window(event: dict[str, Any]) -> dict[str, Any]:
-    window = event.get("window")
-    return window if isinstance(window, dict) else {}
-
 
 def _window_key(e: dict[str, Any]) -> tuple:
-    w = _window(e)
+    w = window_of(e)
     return (e["event"], e["step"], e["tokens_seen"], e["updates_attempted"], w.get("updates_applied"),
             w.get("updates_attempted"))
 
 
-def rule_resumed(summary: Summary, t: Thresholds) -> RuleResult:
+def judge_resumed(summary: Summary, t: Thresholds) -> Finding:
     """At least one resume in the kept history, counters continuous, replayed windows bit-identical."""
     sessions = {s.session_id: s for s in summary.sessions}
     resumes = [sid for sid in summary.lineage if sessions[sid].resumed_from is not None]
@@ -63,25 +61,25 @@ def rule_resumed(summary: Summary, t: Thresholds) -> RuleResult:
                        f"{sessions[sid].updates_applied - sessions[sid].updates_rolled_back} update(s)"
                        for sid in continued)
     if mismatched:
-        return RuleResult("resumed", FAIL, f"{replay}; first: {mismatched[0]}", threshold, evidence)
+        return Finding(FAIL, f"{replay}; first: {mismatched[0]}", threshold, evidence)
     # A damaged final checkpoint makes the record invalid too, but says nothing about the resumes before it:
     # final_checkpoint reports it.
     checkpoint_reasons = (summary.overall.get("final_checkpoint") or {}).get("reasons") or []
     if resumes and any(reason not in checkpoint_reasons for reason in summary.reasons):
-        return RuleResult("resumed", FAIL, f"{len(resumes)} resume(s) but the record is invalid (see record_valid)",
-                          threshold, evidence)
+        return Finding(FAIL, f"{len(resumes)} resume(s) but the record is invalid (see record_valid)",
+                       threshold, evidence)
     if continued:
-        return RuleResult("resumed", PASS, f"{len(continued)} resume(s) with training after them: {points}; "
-                          f"counters continuous; {replay}", threshold, evidence)
+        return Finding(PASS, f"{len(continued)} resume(s) with training after them: {points}; "
+                       f"counters continuous; {replay}", threshold, evidence)
     idle = ", ".join(f"session {sid} from step {sessions[sid].resumed_from}" for sid in resumes)
     missing = (f"{len(resumes)} resume(s) ({idle}) but no update applied after any of them: a run resumed with "
                "nothing left to do proves nothing" if resumes else "no resume in the kept history")
     if not t.resume_required:
-        return RuleResult("resumed", WARN, f"{missing}; waived (--no-resume-required)", threshold, evidence)
-    return RuleResult("resumed", FAIL, f"{missing}: the pilot never proved it can continue", threshold, evidence)
+        return Finding(WARN, f"{missing}; waived (--no-resume-required)", threshold, evidence)
+    return Finding(FAIL, f"{missing}: the pilot never proved it can continue", threshold, evidence)
 
 
-def rule_final_checkpoint(summary: Summary, t: Thresholds) -> RuleResult:
+def judge_final_checkpoint(summary: Summary, t: Thresholds) -> Finding:
     """The run can be continued from where it ended: its final checkpoint is committed and intact."""
     final_step = summary.final.step
     threshold = "the checkpoint at the final step is committed and its files match the marker's sha256"
@@ -95,10 +93,10 @@ def rule_final_checkpoint(summary: Summary, t: Thresholds) -> RuleResult:
         committed = committed_checkpoint_steps(summary.run_dir)
         newest = f"; newest committed: step {committed[-1]}" if committed else "; no committed checkpoint at all"
         listed = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
-        return RuleResult("final_checkpoint", FAIL, f"cannot continue from step {final_step}: {listed}{newest}",
-                          threshold, evidence)
-    return RuleResult("final_checkpoint", PASS, f"step {final_step}: {files} file(s), {size / 2**20:.1f} MiB, "
-                      "every sha256 matches its marker", threshold, evidence)
+        return Finding(FAIL, f"cannot continue from step {final_step}: {listed}{newest}",
+                       threshold, evidence)
+    return Finding(PASS, f"step {final_step}: {files} file(s), {size / 2**20:.1f} MiB, "
+                   "every sha256 matches its marker", threshold, evidence)
 
 
 def base_lr_not_applied(summary: Summary, from_update: int) -> str | None:
@@ -125,7 +123,7 @@ def base_lr_not_applied(summary: Summary, from_update: int) -> str | None:
     return None
 
 
-def rule_recipe_changes(summary: Summary, t: Thresholds) -> RuleResult:
+def judge_recipe_changes(summary: Summary, t: Thresholds) -> Finding:
     """Every recipe change accepted on resume, with the update it took effect from; the evidence supports the
     recipe in force at the end, over the updates since the last change."""
     changes = recipe_changes_in_history(summary.run, summary.lineage)
@@ -133,15 +131,15 @@ def rule_recipe_changes(summary: Summary, t: Thresholds) -> RuleResult:
     threshold = "named, with the update each took effect from (a change WARNs; it does not block GO)"
     evidence = "run.json allowed_changes of the kept sessions; the recipe in run.json is the one in force at the end"
     if not changes:
-        return RuleResult("recipe_changes", PASS, f"none: all {final_step} updates ran the final recipe", threshold,
-                          evidence)
+        return Finding(PASS, f"none: all {final_step} updates ran the final recipe", threshold,
+                       evidence)
     since = changes[-1].from_update
     covered = max(0, final_step - since + 1)
     described = "; ".join(c.describe() for c in changes)
     not_applied = base_lr_not_applied(summary, since)
     if not_applied:
-        return RuleResult("recipe_changes", FAIL, f"{len(changes)} change(s) on resume: {described}, {not_applied}",
-                          threshold, evidence + "; lr / lr_multiplier of the train windows")
-    return RuleResult("recipe_changes", WARN, f"{len(changes)} change(s) on resume: "
-                      f"{'; '.join(c.describe() for c in changes)}. The evidence supports the final recipe over "
-                      f"updates {since}..{final_step} ({covered} of {final_step})", threshold, evidence)
+        return Finding(FAIL, f"{len(changes)} change(s) on resume: {described}, {not_applied}",
+                       threshold, evidence + "; lr / lr_multiplier of the train windows")
+    return Finding(WARN, f"{len(changes)} change(s) on resume: "
+                   f"{'; '.join(c.describe() for c in changes)}. The evidence supports the final recipe over "
+                   f"updates {since}..{final_step} ({covered} of {final_step})", threshold, evidence)

@@ -2,20 +2,24 @@
 
 report.html carries everything inside it (the PNGs as base64 data URIs, inline CSS, no script, no
 external link), so it can be mailed or archived alone and still show the rule table, the figures and the
-plots. Every figure in it comes from the verdict and summary objects; nothing is typed in by hand.
+plots. Every figure in it comes from the verdict and summary objects; nothing is typed in by hand. What each
+rule checks, the thresholds it was held to and the plot its row links to are the rule table's (rules.py).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import json
 from pathlib import Path
 
 from pilotrun.files import write_text_atomic
-from pilotrun.report.identity import RULE_PLOTS, run_identity
+from pilotrun.report.identity import run_identity
 from pilotrun.report.plots import PLOT_TITLES, write_plots
-from pilotrun.report.summarize import SPLIT_KEYS, SPLIT_PHASES
+from pilotrun.report.rules import RULES, THROUGHPUT_STEADY
+from pilotrun.report.thresholds import threshold_meaning
+from pilotrun.report.time_split import SPLIT_KEYS, SPLIT_PHASES
 from pilotrun.report.verdict import Verdict
 from pilotrun.run.lock import describe_frozen_status
 
@@ -41,8 +45,10 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
     precision = ((summary.run.get("recipe") or {}).get("train") or {}).get("precision")
     shown = {name: path for name, path in plots.items() if name != "loss_scale" or precision in ("fp16", None)}
 
+    plot_of = {rule.name: rule.plot for rule in RULES}
+
     def rule_cell(name: str) -> str:
-        plot = RULE_PLOTS.get(name)
+        plot = plot_of.get(name)
         return f"<a href='#plot-{plot}'>{e(name)}</a>" if plot in shown else e(name)
 
     rule_rows = "\n".join(
@@ -92,6 +98,12 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
          " / ".join(_fmt(t.get(k)) for k in SPLIT_KEYS)),
         ("sessions (kept history)", f"{o.get('sessions')} ({' -> '.join(summary.lineage)})"),
     ]
+    held_to = dataclasses.asdict(verdict.thresholds)
+    meanings = "\n".join(
+        f"<dt>{rule_cell(rule.name)}</dt><dd>{e(rule.meaning)}"
+        + ("<ul>" + "".join(f"<li><code>{e(name)}</code> = {e(str(held_to[name]))}: {e(threshold_meaning(name))}</li>"
+                            for name in rule.thresholds) + "</ul>" if rule.thresholds else "") + "</dd>"
+        for rule in RULES)
     fact_rows = "\n".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in facts)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>pilotrun verdict: {e(str(summary.run_id))}</title>
@@ -115,12 +127,14 @@ figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; border: 1px solid #d0d7de;
 <table><tr><th>rule</th><th>status</th><th>figure</th><th>threshold</th><th>evidence</th></tr>
 {rule_rows}
 </table>
+<h3>What each rule checks, and the thresholds it was held to</h3>
+<dl class="meanings">{meanings}</dl>
 <h2>The run's account</h2>
 <table>{fact_rows}</table>
 <p>Two throughput figures, measuring different things: the table's <i>training-only</i> figure is every
 token processed in training updates over the seconds spent inside them, warm-up windows included (updates run
 under the profiler, <code>train.profile</code>, are the profile phase's: neither their tokens nor their seconds
-count); the <code>throughput_steady</code> rule instead compares the median per-window training-only rate of the
+count); the <code>{e(THROUGHPUT_STEADY.name)}</code> rule instead compares the median per-window training-only rate of the
 last third of windows with the first third, leaving out each session's first (warm-up) window and every window
 with profiled updates, both marked in throughput.png. The <i>wall-clock</i> figure also pays for evaluation,
 checkpoints, profiling, reporting, start-up and the time lost to interruptions.</p>

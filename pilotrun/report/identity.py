@@ -13,20 +13,6 @@ from typing import Any
 
 NOT_RECORDED = "not recorded"
 
-# Which plot shows the evidence of each verdict rule (report.html links each rule row to it).
-RULE_PLOTS = {
-    "losses_finite": "loss",
-    "loss_decreased": "loss",
-    "val_tracks_train": "loss",
-    "grad_spikes": "grad_norm",
-    "clip_rate": "grad_norm",
-    "skip_rate": "loss_scale",
-    "throughput_steady": "throughput",
-    "experts": "expert_load",
-    "qk_clip": "qk_max_logit",
-    "resumed": "loss",
-}
-
 
 def recipe_name(command: Any) -> str:
     """The `--config` value of a recorded command line (its file stem), else "not recorded"."""

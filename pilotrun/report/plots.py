@@ -13,7 +13,8 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from pilotrun.report.summarize import Summary, window_profiled, window_train_tokens
+from pilotrun.report.summarize import Summary
+from pilotrun.report.time_split import window_profiled, window_train_tokens
 from pilotrun.run.record import is_finite_number
 
 PLOT_NAMES = ("loss", "lr", "grad_norm", "throughput", "loss_scale", "expert_load", "qk_max_logit",

@@ -1,11 +1,16 @@
-"""The verdict's vocabulary: rule outcomes (PASS, WARN, FAIL with figure, threshold and evidence) and the
-thresholds every rule is held to, with `--threshold NAME=VALUE` parsing. verdict.py documents each rule."""
+"""The verdict's vocabulary: what a rule finds (PASS, WARN or FAIL with its figure, threshold and evidence) and
+the thresholds every rule is held to, each declared with its default and its meaning, with `--threshold
+NAME=VALUE` parsing.
+
+A threshold's meaning is part of its declaration (the field's metadata), so `verdict --help` and report.html
+print the same words the code is held to; the rule table (rules.py) names which rule reads each field.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pilotrun.errors import PilotrunError
@@ -17,35 +22,75 @@ class ThresholdError(PilotrunError):
     """An unknown threshold name or a value of the wrong type (`--threshold NAME=VALUE`)."""
 
 
+def _threshold(default: Any, meaning: str) -> Any:
+    """A Thresholds field: its default and what it bounds (read by `verdict --help` and the report)."""
+    return field(default=default, metadata={"meaning": meaning})
+
+
 @dataclass
 class Thresholds:
-    min_loss_drop: float = 0.05
-    min_loss_drop_floor: float = 0.01
-    loss_drop_sigmas: float = 3.0
-    loss_window_fraction: float = 0.2
-    max_val_gap_growth: float = 0.5
-    max_val_rise: float = 0.05
-    spike_factor: float = 5.0
-    spike_median_window: int = 20
-    spike_min_history: int = 5
-    max_grad_spikes: int = 1
-    max_clip_rate: float = 0.5
-    max_skip_rate: float = 0.05
-    min_throughput_ratio: float = 0.6
-    min_cpu_share_ratio: float = 0.6
-    memory_budget_gb: float = 0.0
-    max_memory_growth: float = 1.5
-    max_imbalance: float = 1.5
-    max_dead_experts: int = 0
-    balance_window_fraction: float = 0.25
-    max_qk_clip_rate: float = 0.5
-    resume_required: bool = True
+    """The bounds the verdict's rules hold a pilot to. Grouped by the rule that reads them (rules.py)."""
+
+    # loss_decreased
+    min_loss_drop: float = _threshold(0.05, "a real drop smaller than this share of the first windows' mean loss "
+                                            "WARNs (allows GO)")
+    min_loss_drop_floor: float = _threshold(0.01, "a drop smaller than this share of the first windows' mean loss "
+                                                  "FAILs: not learning")
+    loss_drop_sigmas: float = _threshold(3.0, "the drop must exceed this many standard errors of the difference of "
+                                              "the two means (from the window-to-window noise), else it FAILs as "
+                                              "within the loss's own noise")
+    loss_window_fraction: float = _threshold(0.2, "share of the train windows averaged at the start and at the end")
+    # val_tracks_train
+    max_val_gap_growth: float = _threshold(0.5, "nats the val-minus-train gap may grow between the evaluations of "
+                                                "the second half of the run")
+    max_val_rise: float = _threshold(0.05, "share by which the last val loss may exceed the best one")
+    # grad_spikes
+    spike_factor: float = _threshold(5.0, "a window whose max gradient norm exceeds this multiple of the running "
+                                          "median is a spike")
+    spike_median_window: int = _threshold(20, "windows the running median of the gradient norm is taken over")
+    spike_min_history: int = _threshold(5, "windows of history before spikes are looked for")
+    max_grad_spikes: int = _threshold(1, "spikes allowed (each one WARNs); more FAIL")
+    # clip_rate
+    max_clip_rate: float = _threshold(0.5, "share of applied updates clipped over the second half of the pilot "
+                                           "(warm-up clipping is expected)")
+    # skip_rate
+    max_skip_rate: float = _threshold(0.05, "skipped / attempted updates over the kept history")
+    # throughput_steady
+    min_throughput_ratio: float = _threshold(0.6, "median training-only tokens/s of the last third of windows over "
+                                                  "the first third's; the same bound holds tokens per process CPU "
+                                                  "second (CPU) or per device second (CUDA), which tell a busier "
+                                                  "machine from a slower run")
+    min_cpu_share_ratio: float = _threshold(0.6, "on a CPU, a share of the CPU (process CPU seconds per training "
+                                                 "second) that fell below this fraction of the first third's means "
+                                                 "other load took the CPU: WARN, judge the speed on a quiet machine")
+    # memory
+    memory_budget_gb: float = _threshold(0.0, "peak memory (CUDA max allocated, else peak RSS) must fit; 0 = the "
+                                              "recipe's train.memory_budget_gb (0 there too = no budget)")
+    max_memory_growth: float = _threshold(1.5, "RSS at a session's last window over its first (a leak)")
+    # experts
+    max_imbalance: float = _threshold(1.5, "max / mean tokens per expert, per MoE layer")
+    max_dead_experts: int = _threshold(0, "experts that received no token")
+    balance_window_fraction: float = _threshold(0.25, "share of the last train windows whose expert loads are "
+                                                      "summed")
+    # qk_clip
+    max_qk_clip_rate: float = _threshold(0.5, "share of applied updates on which QK-Clip rescaled any head")
+    # resumed
+    resume_required: bool = _threshold(True, "the pilot must have come through a resume; false (--no-resume-required) "
+                                             "turns a missing resume into a WARN")
+
+
+THRESHOLD_FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(Thresholds)
+
+
+def threshold_meaning(name: str) -> str:
+    """What the threshold `name` bounds, as declared with its field."""
+    return Thresholds.__dataclass_fields__[name].metadata["meaning"]
 
 
 def parse_thresholds(overrides: list[str], base: Thresholds | None = None) -> Thresholds:
     """Apply `NAME=VALUE` overrides; an unknown name or a bad value is one clear error."""
     thresholds = dataclasses.replace(base or Thresholds())
-    types = {f.name: f.type for f in dataclasses.fields(Thresholds)}
+    types = {f.name: f.type for f in THRESHOLD_FIELDS}
     for text in overrides:
         if "=" not in text:
             raise ThresholdError(f"--threshold expects NAME=VALUE, got '{text}'")
@@ -68,6 +113,16 @@ def parse_thresholds(overrides: list[str], base: Thresholds | None = None) -> Th
             raise ThresholdError(f"--threshold {name}: '{raw}' is not a finite number")
         setattr(thresholds, name, value)
     return thresholds
+
+
+@dataclass
+class Finding:
+    """What one rule's judge found: the rule table adds the rule's name (a RuleResult)."""
+
+    status: str  # PASS, WARN or FAIL
+    figure: str  # what was measured, with numbers
+    threshold: str  # the bound it was held to
+    evidence: str  # which records the figure comes from
 
 
 @dataclass

@@ -4,8 +4,8 @@ import base64
 import json
 
 from pilotrun.report.html import write_report
-from pilotrun.report.identity import RULE_PLOTS
 from pilotrun.report.plots import PLOT_NAMES
+from pilotrun.report.rules import RULE_PLOTS
 from pilotrun.report.summarize import summarize_run
 from pilotrun.report.verdict import judge_summary
 from tests.report.synthetic import crashed_and_resumed

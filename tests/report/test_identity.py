@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pilotrun.report.identity import NOT_RECORDED, RULE_PLOTS, recipe_name, run_identity
+from pilotrun.report.identity import NOT_RECORDED, recipe_name, run_identity
 from pilotrun.report.plots import PLOT_NAMES
-from pilotrun.report.verdict import RULES
+from pilotrun.report.rules import RULE_PLOTS, RULES
 
 
 def test_recipe_name_from_the_recorded_command():
@@ -39,7 +39,7 @@ def test_identity_rows_come_from_run_json():
 
 
 def test_every_linked_rule_exists_and_points_at_a_drawn_plot():
-    rule_names = {rule.__name__.removeprefix("rule_") for rule in RULES}
+    rule_names = {rule.name for rule in RULES}
     assert set(RULE_PLOTS) <= rule_names
     assert set(RULE_PLOTS.values()) <= set(PLOT_NAMES)
 

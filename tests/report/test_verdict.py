@@ -6,6 +6,7 @@ import math
 import pytest
 
 from pilotrun.commands.cli import main
+from pilotrun.report.rules import QK_CLIP
 from pilotrun.report.summarize import summarize_run
 from pilotrun.report.verdict import (
     FAIL,
@@ -17,7 +18,6 @@ from pilotrun.report.verdict import (
     judge,
     judge_summary,
     parse_thresholds,
-    rule_qk_clip,
 )
 from tests.report.synthetic import SyntheticRun, crashed_and_resumed
 
@@ -305,7 +305,7 @@ def test_qk_clip_figure_names_the_first_clip_event(tmp_path):
     run.clip_head(10, 2, 1, 250.0, first_time=True)
     run.clip_head(15, 0, 0, 130.0, first_time=True)
     run.write()
-    rule = rule_qk_clip(summarize_run(tmp_path / "r"), Thresholds())
+    rule = QK_CLIP.apply(summarize_run(tmp_path / "r"), Thresholds())
     assert "first clip at step 10 (layer 2, head 1, max logit 250)" in rule.figure
 
 
