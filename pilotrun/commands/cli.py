@@ -130,6 +130,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-change", action="append", default=[], metavar="KEY",
                    help="with --resume: accept a named recipe difference and record it in run.json; with "
                    "--frozen: accept a named difference from the lock (repeatable)")
+    # The pilot's kill point (training/pilot_handshake.py): `pilotrun pilot` hands it to its first training
+    # process; not for users, so not listed.
+    p.add_argument("--stop-past-step", type=int, default=None, metavar="N", help=argparse.SUPPRESS)
     p.set_defaults(handler=_run_train)
 
 
@@ -148,7 +151,8 @@ def _run_train(args: argparse.Namespace) -> int:
     else:
         config = load_run_config(args.config, args.overrides)
     return train_from_cli(config, args.data, args.run_dir, resume=args.resume, from_step=args.from_step,
-                          allow_changes=args.allow_change, command=args.invocation, run_facts=run_facts)
+                          allow_changes=args.allow_change, command=args.invocation, run_facts=run_facts,
+                          stop_past_step=args.stop_past_step)
 
 
 def _frozen_config(args: argparse.Namespace):

@@ -28,7 +28,7 @@ from typing import TextIO
 from pilotrun.commands.child_progress import ProgressLine, wait_with_progress
 from pilotrun.errors import PilotrunError
 from pilotrun.run.record import CHECKPOINTS_DIR, METRICS_JSONL
-from pilotrun.training.pilot_handshake import FREEZE_PAST_STEP_ENV, wait_until_stopped
+from pilotrun.training.pilot_handshake import wait_until_stopped
 
 DEFAULT_RECIPE = "stability.yaml"
 DEFAULT_TOKENIZER = "bpe:2048"
@@ -74,11 +74,14 @@ def _committed_checkpoints(run_dir: Path) -> list[int]:
     return Checkpointer(run_dir, keep=1).committed_steps()
 
 
-def _train_command(config: Path, data_dir: Path, run_dir: Path, overrides: list[str], resume: bool) -> list[str]:
+def _train_command(config: Path, data_dir: Path, run_dir: Path, overrides: list[str], resume: bool,
+                   stop_past_step: int | None = None) -> list[str]:
     command = [sys.executable, "-m", "pilotrun", "train", "--config", str(config), "--data", str(data_dir),
                "--run-dir", str(run_dir)]
     for override in overrides:
         command += ["--set", override]
+    if stop_past_step is not None:  # the kill point: the process stops itself there (training/pilot_handshake.py)
+        command += ["--stop-past-step", str(stop_past_step)]
     return command + (["--resume"] if resume else [])
 
 
@@ -177,9 +180,9 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
     _say(out, f"training {config_path.name} to step {max_steps}; it will be killed (SIGKILL) past step {midpoint} "
               f"(the child's output: {workdir / 'train-1.log'})")
     with open(workdir / "train-1.log", "w") as log:
-        first = subprocess.Popen(_train_command(config_path, data_dir, run_dir, overrides, resume=False),
-                                 stdout=log, stderr=subprocess.STDOUT,
-                                 env=dict(os.environ, **{FREEZE_PAST_STEP_ENV: str(midpoint)}))
+        first = subprocess.Popen(_train_command(config_path, data_dir, run_dir, overrides, resume=False,
+                                                stop_past_step=midpoint),
+                                 stdout=log, stderr=subprocess.STDOUT)
         try:
             killed_at, checkpoint = _kill_past_midpoint(first, run_dir, midpoint, max_steps, ProgressLine(out),
                                                         poll_seconds, timeout_seconds)
@@ -193,9 +196,8 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
     phase_start = time.monotonic()
     _say(out, f"resuming with --resume to step {max_steps} (the child's output: {workdir / 'train-2.log'})")
     with open(workdir / "train-2.log", "w") as log:
-        env = {k: v for k, v in os.environ.items() if k != FREEZE_PAST_STEP_ENV}  # the resume runs to the end
         second = subprocess.Popen(_train_command(config_path, data_dir, run_dir, overrides, resume=True),
-                                  stdout=log, stderr=subprocess.STDOUT, env=env)
+                                  stdout=log, stderr=subprocess.STDOUT)  # no kill point: it runs to the end
         try:
             wait_with_progress(second, run_dir / METRICS_JSONL, max_steps, ProgressLine(out), poll_seconds,
                                timeout_seconds)

@@ -53,32 +53,6 @@ FORMAT_VERSION = 1
 STEP_FOLDER_PATTERN = re.compile(r"^step-(\d{8,})$")
 TEMP_PREFIX = ".tmp-"
 REPLACED_PREFIX = ".replaced-"
-# Test-only hooks: seconds to sleep after each file is written / after the rename, before the marker, so that
-# a test can SIGKILL a process inside a checkpoint write deterministically. Unset in normal use.
-WRITE_DELAY_ENV = "PILOTRUN_TEST_CHECKPOINT_WRITE_DELAY_S"
-COMMIT_DELAY_ENV = "PILOTRUN_TEST_CHECKPOINT_COMMIT_DELAY_S"
-# Test-only: the path of a file; while it exists (and holds this step's number, or nothing), a save waits
-# after the rename and before the marker, so that a test can keep a session inside a checkpoint write for as
-# long as it needs, whatever the machine's speed, and let it go by deleting the file.
-HOLD_FILE_ENV = "PILOTRUN_TEST_CHECKPOINT_HOLD_FILE"
-
-
-def _test_delay(variable: str = WRITE_DELAY_ENV) -> None:
-    delay = os.environ.get(variable)
-    if delay:
-        time.sleep(float(delay))
-
-
-def _test_hold(step: int) -> None:
-    hold = os.environ.get(HOLD_FILE_ENV)
-    while hold:
-        try:
-            wanted = Path(hold).read_text().strip()
-        except OSError:  # deleted: let go
-            return
-        if wanted not in ("", str(step)):
-            return
-        time.sleep(0.05)
 
 
 class _HashingWriter:
@@ -254,7 +228,6 @@ class TorchSaveStorage:
                 digest = writer.hexdigest()  # always stop the hashing thread
             handle.flush()
             os.fsync(handle.fileno())
-        _test_delay()
         return digest, writer.bytes_written
 
     @staticmethod
@@ -470,27 +443,28 @@ class Checkpointer:
             os.rename(final, replaced)
         os.rename(temp, final)
         fsync_directory(self.root)
-        _test_delay(COMMIT_DELAY_ENV)
-        _test_hold(step)
-        marker = {
+        self._commit(final, {
             "format": FORMAT_VERSION,
             "step": step,
             "storage": self.storage.name,
             "files": {name: {"sha256": digest, "bytes": size} for name, (digest, size) in sorted(files.items())},
             "committed_at": time.time(),
             "meta": meta_json,
-        }
-        marker_temp = final / f"{MARKER_NAME}.tmp"
-        with open(marker_temp, "w") as handle:
-            json.dump(marker, handle, indent=1, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.rename(marker_temp, final / MARKER_NAME)
-        fsync_directory(final)
+        })
         if replaced is not None:
             shutil.rmtree(replaced, ignore_errors=True)
         self._prune(step)
         return final
+
+    def _commit(self, folder: Path, marker: dict[str, Any]) -> None:
+        """Write the marker into the renamed step folder, last: from here on the checkpoint is loadable."""
+        marker_temp = folder / f"{MARKER_NAME}.tmp"
+        with open(marker_temp, "w") as handle:
+            json.dump(marker, handle, indent=1, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.rename(marker_temp, folder / MARKER_NAME)
+        fsync_directory(folder)
 
     def _remove_uncommitted(self) -> None:
         for folder in self.uncommitted_folders():

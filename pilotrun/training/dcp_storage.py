@@ -21,8 +21,6 @@ trainer decides whether such a resume is allowed (see `pilotrun.training.compat.
 
 from __future__ import annotations
 
-import os
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -40,20 +38,10 @@ from pilotrun.training.distributed import (
     DistributedContext,
     barrier,
     broadcast_object,
-    check_replicas_identical,
-    is_fully_sharded,
 )
 
 PER_RANK_SEPARATOR = "__rank"
 METADATA_FILE = ".metadata"
-
-
-def _test_write_delay() -> None:
-    # The checkpoint tests' hook (checkpoint.WRITE_DELAY_ENV): pause after the shards are written and before
-    # the commit, so that a test can SIGKILL the ranks inside a save deterministically. Unset in normal use.
-    delay = os.environ.get(checkpoint_policy.WRITE_DELAY_ENV)
-    if delay:
-        time.sleep(float(delay))
 
 
 def _per_rank_key(key: str, rank: int) -> str:
@@ -106,7 +94,6 @@ class DCPStorage:
                 own[path.name] = (sha256_of_file(path), path.stat().st_size)
         gathered = self._gather_to_main(own)
         self.write_finished = True
-        _test_write_delay()
         if not self.context.is_main_process:
             return {}
         files: dict[str, tuple[str, int]] = {}
@@ -276,41 +263,7 @@ def load_model_and_optimizer_state(model: nn.Module, optimizer: torch.optim.Opti
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
 
 
-def training_state(model: nn.Module, raw_model: nn.Module, optimizer: torch.optim.Optimizer,
-                   context: DistributedContext) -> dict[str, Any]:
-    """The model and optimizer entries of a checkpoint: plain state dicts for one process (the torch.save
-    format), name-keyed DCP state dicts (DTensor shards under FSDP2) for several."""
-    if context.is_distributed:
-        check_replicas_identical(context, model)  # DDP stores replicated tensors once: verify they agree first
-        model_state, optimizer_state = model_and_optimizer_state(model, optimizer)
-        return {"model": model_state, "optimizer": optimizer_state}
-    return {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict()}
-
-
-def load_training_state(checkpointer: DistributedCheckpointer, step: int, model: nn.Module, raw_model: nn.Module,
-                        optimizer: torch.optim.Optimizer, other_templates: dict[str, Any]
-                        ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Read the checkpoint at `step` in the format its storage wrote, put the model and optimizer state in
-    place, and return (state, meta) for the rest (trainer counters, scaler, RNG). `other_templates` gives
-    the structure of those other entries (DCP loads into a template)."""
-    if checkpointer.storage_name(step) == DCPStorage.name:
-        model_template, optimizer_template = model_and_optimizer_state(model, optimizer)
-        template = {"model": model_template, "optimizer": optimizer_template, **other_templates}
-        state, meta = checkpointer.load(step, template)
-        _check_parts(state, ["model", "optimizer", *other_templates], step)
-        load_model_and_optimizer_state(model, optimizer, state["model"], state["optimizer"])
-        return state, meta
-    if is_fully_sharded(model):
-        raise CheckpointError(f"checkpoint step {step} was written by one process (torch.save); it cannot be "
-                              "loaded into an FSDP2-sharded model: resume it with train.parallelism=ddp")
-    state, meta = checkpointer.load(step)
-    _check_parts(state, ["model", "optimizer", *other_templates], step)
-    raw_model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    return state, meta
-
-
-def _check_parts(state: dict[str, Any], parts: list[str], step: int) -> None:
+def check_parts(state: dict[str, Any], parts: list[str], step: int) -> None:
     """A marker that lists fewer files than a save writes still verifies (every listed hash matches): name the
     part it lacks instead of failing on a missing key."""
     missing = [part for part in parts if part not in state]

@@ -6,12 +6,13 @@ wait for the pilot to read the file: with updates of a few milliseconds (a small
 it could commit its final checkpoint before the kill landed, and the resumed session then had nothing left to
 do, so the verdict rightly said the pilot never proved it can continue.
 
-So the pilot names the step in an environment variable and the trainer, once it has logged a `train` event past
-that step and committed a checkpoint in this session (and before its last update), flushes its output and sends
-itself SIGSTOP. The pilot sees the stopped state and sends SIGKILL: the process still dies without any handler,
-atexit or final checkpoint, exactly as before; only the moment is no longer a race. A stopped process that is
-sent SIGCONT instead (someone found it by hand) just carries on. Single-process runs only: under torchrun the
-variable is ignored, since one rank stopping alone would leave the others waiting in a collective.
+So the pilot names the step (`pilotrun train --stop-past-step N`, a hidden option handed to the trainer as a
+parameter) and the trainer's kill-point callback, once a `train` event past that step is logged and a checkpoint
+of this session is committed (and before its last update), flushes its output and sends the process SIGSTOP.
+The pilot sees the stopped state and sends SIGKILL: the process still dies without any handler, atexit or
+final checkpoint, exactly as before; only the moment is no longer a race. A stopped process that is sent
+SIGCONT instead (someone found it by hand) just carries on. Single-process runs only: under torchrun the step
+is ignored, since one rank stopping alone would leave the others waiting in a collective.
 """
 
 from __future__ import annotations
@@ -20,12 +21,9 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
-from pilotrun.errors import ConfigError
-
-FREEZE_PAST_STEP_ENV = "PILOTRUN_PILOT_FREEZE_PAST_STEP"
+from pilotrun.training.callbacks import PRIORITY_KILL_POINT, Callback, LoopState
 
 
 class FreezePoint:
@@ -33,18 +31,6 @@ class FreezePoint:
 
     def __init__(self, past_step: int | None) -> None:
         self.past_step = past_step
-
-    @classmethod
-    def from_environment(cls, environ: Mapping[str, str] = os.environ, *, distributed: bool = False) -> FreezePoint:
-        text = environ.get(FREEZE_PAST_STEP_ENV, "").strip()
-        if not text or distributed:
-            return cls(None)
-        try:
-            step = int(text)
-        except ValueError:
-            raise ConfigError(f"{FREEZE_PAST_STEP_ENV}={text!r}: must be a whole number of updates (the pilot "
-                              "sets it for its first training process; unset it to train normally)") from None
-        return cls(step)
 
     def due(self, logged_step: int | None, checkpoint_committed: bool, step: int, max_steps: int) -> bool:
         """A train event past the step is logged, a checkpoint of this session is committed, updates remain."""
@@ -56,6 +42,27 @@ class FreezePoint:
         sys.stdout.flush()
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGSTOP)
+
+
+class KillPointCallback(Callback):
+    """The pilot's kill point as a loop callback: last in order, so the checkpoint it waits for is committed."""
+
+    priority = PRIORITY_KILL_POINT
+    phase = "other"
+
+    def __init__(self, point: FreezePoint) -> None:
+        self.point = point
+
+    @classmethod
+    def past_step(cls, step: int | None, *, distributed: bool) -> KillPointCallback:
+        return cls(FreezePoint(None if distributed else step))
+
+    def due(self, loop: LoopState) -> bool:
+        return loop.ending is None and self.point.due(loop.logged_step, loop.checkpoint_committed_here, loop.step,
+                                                      loop.session.config.train.max_steps)
+
+    def after_update(self, loop: LoopState) -> None:
+        self.point.freeze()
 
 
 def wait_until_stopped(pid: int, timeout_seconds: float, poll_seconds: float = 0.005) -> bool:

@@ -1,8 +1,8 @@
 """A torch.profiler window over a few updates, written into the run folder (`train.profile`).
 
-The training loop owns one `ProfileWindow` and calls `before_update(next_step)` before each update attempt
-and `after_update()` after it (and `close()` when the session ends, so a window cut short by the end of the
-run or a signal still writes what it captured). The window opens at the attempt that would make step
+The loop's `ProfileCallback` owns one `ProfileWindow` and calls `before_update(next_step)` before each update
+attempt it profiles and `after_update()` after it (and `close()` when the session ends, so a window cut short by
+the end of the run, a signal or an error still writes what it captured). The window opens at the attempt that would make step
 `train.profile.start_step` and closes after `train.profile.steps` attempts; a session that starts past that
 step never profiles. Nothing is done, and nothing imported, while `steps` is 0.
 
@@ -13,18 +13,26 @@ What is written, into RUN/profile/step-<start>/ (per rank under torchrun: the fi
 The files are written into a temp folder and renamed, so a crash never leaves a half-written trace behind.
 
 Profiled updates are slower than others (the profiler records every operator), so the caller must charge
-them to their own time phase and leave them out of throughput figures; `active` says when that applies.
+them to their own time phase and leave them out of throughput figures; `active` says when that applies. The
+callback runs each such attempt in the "profile" phase, together with the profiler's start and the writing of
+its files, and counts it in the window (`profiled_attempts`, `profiled_microbatches`), so that neither the
+training seconds nor any training-only throughput figure includes it. Every rank profiles the same attempts
+(the ranks wait for each other inside an update, so profiling one alone would slow them all anyway) and writes
+its own rank-named files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from pilotrun.config import ProfileConfig
+from pilotrun.training.callbacks import PRIORITY_PROFILE, Callback, LoopState
 
 PROFILE_FOLDER = "profile"
 
@@ -143,3 +151,45 @@ def top_operator_rows(averages: Any, limit: int, device_type: str) -> list[dict[
             row["input_shapes"] = str(event.input_shapes)
         rows.append(row)
     return rows
+
+
+class ProfileCallback(Callback):
+    """Runs the attempts `window.profiles` names under torch.profiler, in the "profile" phase; see above."""
+
+    priority = PRIORITY_PROFILE
+    phase = "profile"
+
+    def __init__(self, window: ProfileWindow) -> None:
+        self.window = window
+
+    @contextlib.contextmanager
+    def around_update(self, loop: LoopState) -> Iterator[None]:
+        next_step = loop.step + 1
+        if not self.window.profiles(next_step):
+            yield
+            return
+        with loop.account.phase("profile"):
+            self.window.before_update(next_step)
+            microbatches = loop.window.microbatches
+            loop.update_profiled = True
+            try:
+                yield
+            finally:
+                loop.update_profiled = False
+            loop.window.profiled_attempts += 1
+            loop.window.profiled_microbatches += loop.window.microbatches - microbatches
+            written = self.window.after_update()
+        self._report(loop, written)
+
+    def at_end(self, loop: LoopState) -> None:
+        if self.window.active:  # a window cut short by a signal, an error or the end of the run
+            with loop.account.phase("profile"):
+                written = self.window.close()
+            self._report(loop, written)
+
+    @staticmethod
+    def _report(loop: LoopState, written: list[Path]) -> None:
+        if written and loop.is_main:
+            with loop.account.phase("report"):
+                loop.say(f"profile: {len(written)} file(s) in {written[0].parent} (this rank's: "
+                         f"{', '.join(p.name for p in written)})")

@@ -34,7 +34,13 @@ from pilotrun.run.record import COUNTER_KEYS, RUN_JSON, Counters
 from pilotrun.run.writer import MetricsWriter, RunRecord
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.checkpoint import step_folder_name
-from pilotrun.training.dcp_storage import DistributedCheckpointer, load_training_state
+from pilotrun.training.dcp_storage import (
+    DCPStorage,
+    DistributedCheckpointer,
+    check_parts,
+    load_model_and_optimizer_state,
+    model_and_optimizer_state,
+)
 from pilotrun.training.environment import git_state, hardware_info, software_versions
 from pilotrun.training.notices import restored_state_line, startup_warnings
 from pilotrun.training.precision import build_grad_scaler
@@ -298,9 +304,7 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     # 5. Restore: weights, optimizer, scaler, counters, cursor, hook state and every RNG.
     if plan.resuming:
         settings = group_settings(optimizer)  # the effective recipe's, allowed changes included
-        restored, _meta = load_training_state(
-            checkpointer, plan.checkpoint_step, wrapped, raw_model, optimizer,
-            {"scaler": scaler.state_dict(), "trainer": state.state_dict(), "rng": capture_rng_state()})
+        restored = read_checkpoint(session, plan.checkpoint_step)
         restore_group_settings(optimizer, settings)
         scaler.load_state_dict(restored["scaler"])
         state.load_state_dict(restored["trainer"])
@@ -312,6 +316,40 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     session.notes.extend(startup_warnings(config, session.dataset.split("val").num_tokens, world_size))
     open_record(session, resume=resume, command=command)
     return session
+
+
+def checkpoint_state(session: Session, *, sharded: bool) -> dict[str, Any]:
+    """What a checkpoint holds, defined once for the save (these are the values written) and for the load (the
+    same structure is the template the storage reads into): the model and the optimizer (plain state dicts for
+    one process, the torch.save format; name-keyed DCP state dicts, DTensor shards under FSDP2, when `sharded`),
+    the loss scaler, the trainer state (counters, loader cursor, update hooks' state) and every RNG."""
+    if sharded:
+        model_state, optimizer_state = model_and_optimizer_state(session.model, session.optimizer)
+    else:
+        model_state, optimizer_state = session.raw_model.state_dict(), session.optimizer.state_dict()
+    return {"model": model_state, "optimizer": optimizer_state, "scaler": session.scaler.state_dict(),
+            "trainer": session.state.state_dict(), "rng": capture_rng_state()}
+
+
+def read_checkpoint(session: Session, step: int) -> dict[str, Any]:
+    """Read the checkpoint at `step` in the format its storage wrote and put the model and optimizer state in
+    place; returns the whole state for the rest (scaler, trainer state, RNG), which the caller restores."""
+    checkpointer = session.checkpointer
+    sharded = checkpointer.storage_name(step) == DCPStorage.name
+    if not sharded and dist_utils.is_fully_sharded(session.model):
+        raise CheckpointError(f"checkpoint step {step} was written by one process (torch.save); it cannot be "
+                              "loaded into an FSDP2-sharded model: resume it with train.parallelism=ddp")
+    template = checkpoint_state(session, sharded=sharded)
+    # DCP loads in place into the template (tensors keep their device, dtype and sharding); torch.save files
+    # are read whole and then loaded into the model and the optimizer.
+    state, _meta = checkpointer.load(step, template if sharded else None)
+    check_parts(state, list(template), step)
+    if sharded:
+        load_model_and_optimizer_state(session.model, session.optimizer, state["model"], state["optimizer"])
+    else:
+        session.raw_model.load_state_dict(state["model"])
+        session.optimizer.load_state_dict(state["optimizer"])
+    return state
 
 
 def group_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:

@@ -60,14 +60,14 @@ def test_resume_records_what_it_restored_and_warnings_in_run_json(builtin_data_d
                       builtin_data_dir, run_dir, resume=True, progress=False, out=io.StringIO())
     expected = restored_state_line(run_dir / "checkpoints" / step_folder_name(2), state["trainer"], [],
                                    state["scaler"])
-    assert expected in resumed.notes
+    assert expected in resumed.session.notes
 
 
 def test_first_sigint_is_acknowledged_at_once(builtin_data_dir, tmp_path, capsys):
     config = load_run_config(ROOT / "configs" / "smoke.yaml", ["train.num_threads=1", "train.max_steps=4"])
     trainer = Trainer(config, builtin_data_dir, tmp_path / "run", progress=False, out=io.StringIO())
     capsys.readouterr()
-    trainer._handle_signal(signal.SIGINT, None)
+    trainer.signals.handle(signal.SIGINT, None)
     assert capsys.readouterr().err.strip() == interrupt_acknowledgement("SIGINT", 0, 4)
-    assert trainer._stop_signal == signal.SIGINT
-    trainer.metrics.close()
+    assert trainer.signals.received == signal.SIGINT
+    trainer.session.metrics.close()

@@ -75,8 +75,14 @@ def make_trainer(config, data_dir, run_dir, **kwargs):
 
 
 def final_state(trainer) -> dict:
-    return {"model": trainer.raw_model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
-            "scaler": trainer.scaler.state_dict(), "trainer": trainer.state_dict()}
+    session = trainer.session
+    return {"model": session.raw_model.state_dict(), "optimizer": session.optimizer.state_dict(),
+            "scaler": session.scaler.state_dict(), "trainer": session.state.state_dict()}
+
+
+def qk_counters(trainer):
+    """QK-Clip's counters, from the session's update hook of that name."""
+    return next(hook for hook in trainer.session.state.hooks if hook.name == "qk_clip").counters
 
 
 @pytest.fixture
@@ -117,16 +123,16 @@ def test_resume_in_process_is_bit_identical(builtin_data_dir, tmp_path, precisio
     seed_global_generators(999)
     torch.rand(100)
     run_b2 = make_trainer(acting_recipe(precision, N_STEPS), builtin_data_dir, tmp_path / "b", resume=True)
-    assert run_b2.step == K_STEPS and run_b2.resumed_from == K_STEPS
+    assert run_b2.session.state.step == K_STEPS and run_b2.session.resumed_from == K_STEPS
     assert run_b2.run().reason == "completed"
     draws_b = next_draws()
     state_b = final_state(run_b2)
 
     # The mechanisms under test did act (otherwise equality would prove less).
-    assert run_a.qk_counters.updates_with_clip >= N_STEPS - 1
-    assert all(bool(layer.gate.expert_bias.abs().sum() > 0) for layer in run_a.raw_model.moe_layers())
+    assert qk_counters(run_a).updates_with_clip >= N_STEPS - 1
+    assert all(bool(layer.gate.expert_bias.abs().sum() > 0) for layer in run_a.session.raw_model.moe_layers())
     if precision == "fp16":
-        assert run_a.updates_skipped > 0 and event_count(tmp_path / "a", "overflow") == run_a.updates_skipped
+        assert run_a.session.state.updates_skipped > 0 and event_count(tmp_path / "a", "overflow") == run_a.session.state.updates_skipped
 
     losses_a, losses_b = train_losses(tmp_path / "a"), train_losses(tmp_path / "b")
     assert sorted(losses_a) == sorted(losses_b) == list(range(1, N_STEPS + 1))
@@ -143,10 +149,10 @@ def test_resume_in_process_is_bit_identical(builtin_data_dir, tmp_path, precisio
     # Everything an exact resume restores is in the checkpoint.
     assert set(saved_a) == {"model", "optimizer", "scaler", "trainer", "rng"}
     assert any(name.endswith("gate.expert_bias") for name in saved_a["model"])
-    assert saved_a["trainer"]["qk_clip"]["updates_with_clip"] == run_a.qk_counters.updates_with_clip
+    assert saved_a["trainer"]["qk_clip"]["updates_with_clip"] == qk_counters(run_a).updates_with_clip
     assert {"recipe", "data", "world_size", "software", "hardware", "optimizer"} <= set(meta_a)
     assert meta_a["recipe"]["train"]["precision"] == precision and meta_a["world_size"] == 1
-    assert meta_a["data"]["metadata_sha256"] == run_a.dataset.metadata_sha256
+    assert meta_a["data"]["metadata_sha256"] == run_a.session.dataset.metadata_sha256
 
 
 def test_resume_from_an_earlier_step_and_a_damaged_newest(builtin_data_dir, tmp_path):
@@ -166,7 +172,7 @@ def test_resume_from_an_earlier_step_and_a_damaged_newest(builtin_data_dir, tmp_
     with pytest.raises(CheckpointError, match=r"step-00000006/model\.pt .*--from-step 4"):
         make_trainer(recipe, builtin_data_dir, tmp_path / "b", resume=True)
     resumed = make_trainer(recipe, builtin_data_dir, tmp_path / "b", resume=True, from_step=2)
-    assert resumed.step == 2
+    assert resumed.session.state.step == 2
     resumed.run()
     assert_exactly_equal(final_state(straight), final_state(resumed))
     # The abandoned later timeline (steps 4 and damaged 6) was replaced by the resumed one's checkpoints.

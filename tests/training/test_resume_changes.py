@@ -43,7 +43,7 @@ def _set_config(section, name):
 
 def _set_hook(hook, name):
     def switch(trainer, optimizer, value):
-        setattr(trainer.hook(hook), name, value)
+        setattr(next(h for h in trainer.session.state.hooks if h.name == hook), name, value)
     return switch
 
 
@@ -96,22 +96,22 @@ def first_part(builtin_data_dir, tmp_path_factory):
 @pytest.mark.parametrize("key", list(CHANGES))
 def test_allowed_change_on_resume_equals_switching_in_process(builtin_data_dir, tmp_path, monkeypatch, first_part,
                                                                key):
-    import pilotrun.training.trainer as trainer_module
+    import pilotrun.training.loop as loop_module
 
     value, switch = CHANGES[key]
     k_run, unchanged_losses = first_part
-    original, holder = trainer_module.set_learning_rates, []
+    original, holder = loop_module.set_learning_rates, []
 
     def switching_at_k(optimizer, step, schedule_cfg):
         if step == K_STEPS:
             switch(holder[0], optimizer, value)
         original(optimizer, step, schedule_cfg)
 
-    monkeypatch.setattr(trainer_module, "set_learning_rates", switching_at_k)
+    monkeypatch.setattr(loop_module, "set_learning_rates", switching_at_k)
     straight = make_trainer(recipe(N_STEPS), builtin_data_dir, tmp_path / "a")
     holder.append(straight)
     straight.run()
-    monkeypatch.setattr(trainer_module, "set_learning_rates", original)
+    monkeypatch.setattr(loop_module, "set_learning_rates", original)
 
     shutil.copytree(k_run, tmp_path / "b")
     resumed = make_trainer(recipe(N_STEPS, (_setting(key, value),)), builtin_data_dir, tmp_path / "b", resume=True,
@@ -119,5 +119,5 @@ def test_allowed_change_on_resume_equals_switching_in_process(builtin_data_dir, 
     resumed.run()
 
     assert losses(tmp_path / "b") == losses(tmp_path / "a")
-    assert_exactly_equal(straight.raw_model.state_dict(), resumed.raw_model.state_dict(), "weights")
+    assert_exactly_equal(straight.session.raw_model.state_dict(), resumed.session.raw_model.state_dict(), "weights")
     assert unchanged_losses[N_STEPS] != losses(tmp_path / "a")[N_STEPS]  # the change did matter

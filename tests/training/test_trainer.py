@@ -20,6 +20,7 @@ from pilotrun.data.reader import open_dataset
 from pilotrun.errors import CheckpointError, ConfigError
 from pilotrun.optim.schedule import lr_multiplier
 from pilotrun.run.record import read_metrics_strict, read_run_json
+from pilotrun.training.evaluation import evaluate
 from pilotrun.training.trainer import Trainer, describe_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +60,7 @@ def test_smoke_run_record_is_complete_and_true(builtin_data_dir, tmp_path, capsy
     assert run["data"]["train"]["metadata_sha256"] == run["data"]["val"]["metadata_sha256"] == dataset.metadata_sha256
     assert run["data"]["train"]["tokens"] == dataset.split("train").num_tokens
     assert run["data"]["val"]["documents"] == dataset.split("val").documents
-    model_params = sum(p.numel() for p in trainer.raw_model.parameters())
+    model_params = sum(p.numel() for p in trainer.session.raw_model.parameters())
     assert run["model"]["parameters"] == model_params
     assert 0 < run["model"]["active_parameters"] < model_params and run["model"]["flops_per_token"] > 0
     groups = run["optimizer"]["groups"]
@@ -161,7 +162,7 @@ def test_interrupted_and_resumed_run_repeats_the_same_losses(builtin_data_dir, t
     with pytest.raises(ConfigError, match="already exists; pass --resume"):
         Trainer(config, builtin_data_dir, tmp_path / "split", progress=False)
     trainer, result = train(config, builtin_data_dir, tmp_path / "split", resume=True, from_step=3)
-    assert trainer.resumed_from == 3 and result.step == 8
+    assert trainer.session.resumed_from == 3 and result.step == 8
 
     def losses(run_dir, event):
         return {e["step"]: e["loss"] for e in read_metrics_strict(run_dir) if e["event"] == event}
@@ -205,16 +206,16 @@ def test_evaluation_moves_no_counter_or_tracker(builtin_data_dir, tmp_path):
     from pilotrun.model.diagnostics import collect_step_statistics
 
     trainer = Trainer(smoke_config(), builtin_data_dir, tmp_path / "run", progress=False)
-    before = [t.clone() for t in collect_step_statistics(trainer.raw_model)]
-    state = trainer.state_dict()
-    first = trainer.evaluate()
-    second = trainer.evaluate()
-    after = collect_step_statistics(trainer.raw_model)
+    before = [t.clone() for t in collect_step_statistics(trainer.session.raw_model)]
+    state = trainer.session.state.state_dict()
+    first = evaluate(trainer.session, trainer.config.train)
+    second = evaluate(trainer.session, trainer.config.train)
+    after = collect_step_statistics(trainer.session.raw_model)
     assert all(torch.equal(x, y) for x, y in zip(before, after))
-    assert trainer.state_dict() == state and trainer.raw_model.training
+    assert trainer.session.state.state_dict() == state and trainer.session.raw_model.training
     assert first["loss"] == second["loss"]  # the same batches from the start of val, every time
     assert first["batches"] == 2 and first["tokens"] == 2 * 128
-    trainer.metrics.close()
+    trainer.session.metrics.close()
 
 
 def test_plan_lines_count_world_size():
@@ -277,13 +278,13 @@ def test_the_expert_bias_freezes_in_the_final_fraction_of_the_schedule(builtin_d
     config = smoke_config("train.max_steps=7", "optim.schedule.horizon=10", "optim.schedule.bias_freeze_fraction=0.3",
                           "train.eval_every=0", "train.checkpoint_every=0")
     trainer, _ = train(config, builtin_data_dir, tmp_path / "run")
-    moving = [moe.gate.expert_bias.clone() for moe in trainer.raw_model.moe_layers()]
+    moving = [moe.gate.expert_bias.clone() for moe in trainer.session.raw_model.moe_layers()]
     assert all(bias.abs().sum() > 0 for bias in moving)
     resumed = smoke_config("train.max_steps=10", "optim.schedule.horizon=10", "optim.schedule.bias_freeze_fraction=0.3",
                            "train.eval_every=0", "train.checkpoint_every=0")
     trainer, result = train(resumed, builtin_data_dir, tmp_path / "run", resume=True)
     assert result.step == 10
-    assert all(torch.equal(moe.gate.expert_bias, bias) for moe, bias in zip(trainer.raw_model.moe_layers(), moving,
+    assert all(torch.equal(moe.gate.expert_bias, bias) for moe, bias in zip(trainer.session.raw_model.moe_layers(), moving,
                                                                               strict=True))
     speeds = [e["moe"]["bias_update_speed"] for e in strict_lines(tmp_path / "run") if e["event"] == "train"]
     assert speeds == [config.model.bias_update_speed] * 7 + [0.0] * 3
@@ -296,7 +297,7 @@ def test_activation_checkpointing_trains_bit_identically(builtin_data_dir, tmp_p
                               f"model.activation_checkpointing={str(recompute).lower()}")
         trainer, _ = train(config, builtin_data_dir, tmp_path / f"run-{recompute}")
         losses = [e["loss"] for e in strict_lines(tmp_path / f"run-{recompute}") if e["event"] == "train"]
-        results[recompute] = (losses, trainer.raw_model.state_dict())
+        results[recompute] = (losses, trainer.session.raw_model.state_dict())
     assert results[True][0] == results[False][0]
     for name, value in results[False][1].items():
         assert torch.equal(results[True][1][name], value), name
@@ -305,7 +306,7 @@ def test_activation_checkpointing_trains_bit_identically(builtin_data_dir, tmp_p
 def test_train_events_carry_weight_and_update_rms_per_group(builtin_data_dir, tmp_path):
     config = smoke_config("train.max_steps=5", "train.log_every=2", "train.eval_every=0", "train.checkpoint_every=3")
     trainer, _ = train(config, builtin_data_dir, tmp_path / "run")
-    groups = {group["name"] for group in trainer.optimizer.param_groups if group["params"]}
+    groups = {group["name"] for group in trainer.session.optimizer.param_groups if group["params"]}
     trains = [e for e in strict_lines(tmp_path / "run") if e["event"] == "train"]
     assert [e["step"] for e in trains] == [2, 3, 4, 5]  # 3: the window a checkpoint closes early
     for event in trains:
@@ -318,7 +319,7 @@ def test_train_events_carry_weight_and_update_rms_per_group(builtin_data_dir, tm
             continue
         assert set(figures["update_rms"]) == groups and figures["update_rms_step"] == event["step"]
         assert 0.1 < figures["update_rms"]["attention"] < 0.3  # Muon, moonlight scale: ~0.2
-    embedding = next(g for g in trainer.optimizer.param_groups if g["name"] == "embedding")["params"][0]
+    embedding = next(g for g in trainer.session.optimizer.param_groups if g["name"] == "embedding")["params"][0]
     assert trains[-1]["optimizer"]["weight_rms"]["embedding"] == pytest.approx(
         float(embedding.detach().pow(2).mean().sqrt()), rel=1e-6)
 
@@ -337,8 +338,8 @@ def test_compiled_blocks_train_like_eager_ones(builtin_data_dir, tmp_path, recom
         assert result.step == 3
         events = [e for e in strict_lines(tmp_path / mode) if e["event"] == "train"]
         results[mode] = ([e["loss"] for e in events], [e["moe"]["tokens_per_expert"] for e in events],
-                         trainer.raw_model.state_dict())
-        compiled = [block._compiled_call_impl is not None for block in trainer.raw_model.layers]
+                         trainer.session.raw_model.state_dict())
+        compiled = [block._compiled_call_impl is not None for block in trainer.session.raw_model.layers]
         assert all(compiled) if mode == "eager" else not any(compiled)
     assert results["eager"][0] == results["none"][0]
     assert results["eager"][1] == results["none"][1]  # compiled forwards count, once

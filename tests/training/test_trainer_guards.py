@@ -19,6 +19,7 @@ from pilotrun.commands.cli import main
 from pilotrun.config import load_run_config
 from pilotrun.training.checkpoint import MARKER_NAME, Checkpointer
 from pilotrun.training.rng import capture_rng_state
+from pilotrun.training.evaluation import evaluate
 from pilotrun.training.trainer import Trainer
 from tests.exactness import assert_exactly_equal
 
@@ -62,7 +63,7 @@ def test_skipped_updates_move_neither_the_expert_bias_nor_qk_clip(builtin_data_d
     result = skipping.run()
     assert (result.reason, result.step, result.updates_attempted, result.updates_skipped) == ("completed", 2, 5, 3)
 
-    clean_state, skipping_state = clean.raw_model.state_dict(), skipping.raw_model.state_dict()
+    clean_state, skipping_state = clean.session.raw_model.state_dict(), skipping.session.raw_model.state_dict()
     biases = [name for name in clean_state if name.endswith("expert_bias")]
     assert biases, "the smoke model has MoE layers with an expert bias"
     assert any(clean_state[name].abs().sum() > 0 for name in biases)  # the bias did move on applied updates
@@ -94,11 +95,11 @@ def test_evaluation_leaves_every_random_generator_and_the_training_cursor_untouc
     config = load_run_config(SMOKE, ["train.num_threads=1", "train.eval_batches=3"])
     trainer = Trainer(config, builtin_data_dir, tmp_path / "run", progress=False)
     torch.manual_seed(1234)  # a state no earlier code left behind by chance
-    before_rng, before_cursor = capture_rng_state(), dict(trainer.train_loader.state_dict())
-    first = trainer.evaluate()
+    before_rng, before_cursor = capture_rng_state(), dict(trainer.session.state.loader.state_dict())
+    first = evaluate(trainer.session, trainer.config.train)
     assert_exactly_equal(capture_rng_state(), before_rng)
-    assert trainer.train_loader.state_dict() == before_cursor
-    assert trainer.evaluate()["loss"] == first["loss"]  # the same batches every time
+    assert trainer.session.state.loader.state_dict() == before_cursor
+    assert evaluate(trainer.session, trainer.config.train)["loss"] == first["loss"]  # the same batches every time
 
 
 def test_every_checkpoint_file_is_fsynced_before_the_marker_is_renamed_into_place(tmp_path, monkeypatch):

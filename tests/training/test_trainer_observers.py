@@ -247,7 +247,7 @@ class StopAtStep:
 
     def write(self, event):
         if event["event"] == "train" and event["step"] == self.step:
-            self.trainer._stop_signal = signal.SIGTERM
+            self.trainer.signals.request(signal.SIGTERM)
 
     def close(self):
         pass
@@ -275,18 +275,20 @@ def test_a_signal_inside_the_profiler_window_still_writes_what_it_saw(builtin_da
     assert split["train_seconds"] == pytest.approx(sum(w["train_seconds"] for w in windows), rel=1e-9)
 
 
-def test_an_error_inside_the_profiler_window_still_writes_what_it_saw(builtin_data_dir, tmp_path):
+def test_an_error_inside_the_profiler_window_still_writes_what_it_saw(builtin_data_dir, tmp_path, monkeypatch):
+    from pilotrun.training import loop as loop_module
+
     trainer = Trainer(config("train.profile.start_step=2", "train.profile.steps=5"), builtin_data_dir,
                       tmp_path / "run", progress=False)
-    real_update = trainer._train_one_update
+    real_update = loop_module.train_one_update
 
-    def failing_update(window):
-        result = real_update(window)
-        if trainer.state.step == 3:
+    def failing_update(loop):
+        result = real_update(loop)
+        if loop.session.state.step == 3:
             raise RuntimeError("planted failure after update 3")
         return result
 
-    trainer._train_one_update = failing_update
+    monkeypatch.setattr(loop_module, "train_one_update", failing_update)
     with pytest.raises(RuntimeError, match="planted failure"):
         trainer.run()
     table = json.loads((profile_folder(tmp_path / "run", 2) / "top_operators-rank0.json").read_text())

@@ -1,0 +1,75 @@
+"""SIGINT / SIGTERM while training: the first is a request to stop at the next update boundary, the second stops now.
+
+The first signal only sets `received` (and prints its acknowledgement at once, so that a user who pressed Ctrl-C
+knows it was heard while the update in flight and the checkpoint finish); the loop reads it after each update,
+agrees on it across ranks, closes the window, saves a checkpoint and ends the session "interrupted" with exit
+code 130 (SIGINT) or 143 (SIGTERM). A second signal while the first is being honoured raises `SecondSignal` from
+the handler, wherever the main thread is: the session ends at once, without the checkpoint it was waiting for.
+
+Handlers are installed only from the main thread (Python allows nothing else) and the previous ones are put back
+when the session ends, so an in-process caller (the API, a test) keeps its own handling afterwards.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+def exit_code_of(signum: int) -> int:
+    """The documented exit code of a session interrupted by `signum` (143 for any other signal)."""
+    return EXIT_CODES.get(signum, 143)
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+class SecondSignal(Exception):
+    """A second SIGINT/SIGTERM while the first was being honoured: stop without waiting further."""
+
+    @property
+    def signum(self) -> int:
+        return int(self.args[0])
+
+
+class StopSignals:
+    """What the session was asked by signal: `received` is the first stop signal (None: none yet).
+
+    `on_first(signum)` runs inside the handler of the first signal (the trainer prints its acknowledgement
+    there); `request(signum)` is the same request made without a signal (an embedding program, a test)."""
+
+    def __init__(self, on_first: Callable[[int], None] | None = None) -> None:
+        self.on_first = on_first
+        self.received: int | None = None
+        self.count = 0
+
+    def request(self, signum: int) -> None:
+        self.count += 1
+        if self.count > 1:
+            raise SecondSignal(signum)
+        self.received = signum
+        if self.on_first is not None:
+            self.on_first(signum)
+
+    def handle(self, signum: int, frame: Any) -> None:
+        self.request(signum)
+
+    @contextmanager
+    def installed(self) -> Iterator[StopSignals]:
+        """Handle SIGINT and SIGTERM for the duration of the block (main thread only), then restore."""
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                previous[signum] = signal.signal(signum, self.handle)
+        try:
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
