@@ -2,20 +2,26 @@
 
 Pipeline (one pass, streaming; a trained BPE adds one earlier pass over the same stream):
 
-    source documents -> seeded bounded shuffle -> split by text hash -> chunks -> tokenize on `workers`
-    threads (results consumed in submission order) -> per-split shard writers -> metadata.json
+    source documents (local units in a seeded order) -> seeded shuffle buffer bounded in documents and bytes
+    -> split by text hash -> chunks -> tokenize on `workers` threads (results consumed in submission order)
+    -> per-split shard writers -> committed in DIR.partial/progress.json -> metadata.json -> renamed to DIR
 
 Determinism: the chunking, the order of results and every decision (split, the `--train-tokens` stop) depend
 only on the stream, never on the number of workers or on timing, so output is byte-identical for any
-`--workers`. Memory is bounded by the shuffle buffer, at most `8 * workers` chunks in flight and one shard
-buffer per split. The folder is built under a hidden temporary name beside `out` and renamed into place only
-when complete, so an interrupted prepare never leaves a folder that looks finished.
+`--workers`, and for a prepare interrupted any number of times and rerun (progress.py). Memory is bounded by
+the options, not the input: the shuffle buffer, at most `8 * workers` chunks in flight, one shard buffer per
+split and one parquet batch. The folder is built as the visible `DIR.partial` and renamed into place only
+when complete, so an interrupted prepare never leaves a folder that looks finished. What depends on the
+machine (peak resident memory, seconds, workers) goes to build_info.json beside the manifest, never into it.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
+import itertools
+import json
 import math
 import os
 import platform
@@ -28,9 +34,17 @@ from typing import Any
 import numpy as np
 
 from pilotrun.data.hub import HubClient
-from pilotrun.data.shards import FORMAT, METADATA_FILE, TOKENIZER_FILE, ShardWriter, manifest_text
+from pilotrun.data.progress import PartialFolder, PrepareInterrupted, StopRequests, peak_resident_mb
+from pilotrun.data.shards import (
+    FORMAT,
+    METADATA_FILE,
+    TOKENIZER_FILE,
+    ShardWriter,
+    check_shard,
+    manifest_text,
+)
 from pilotrun.data.sources import OpenedSource, open_source
-from pilotrun.data.stream import SPLITS, TRAIN, VAL, shuffled, with_splits
+from pilotrun.data.stream import SPLITS, TRAIN, VAL, OrderCorrelation, ShuffleBuffer, split_of
 from pilotrun.data.tokenizer import (
     ResolvedTokenizer,
     encode_documents,
@@ -46,6 +60,8 @@ CHUNK_MAX_DOCUMENTS = 4096
 READ_AHEAD_CHUNKS_PER_WORKER = 8
 MAX_SHARD_TOKENS = 2**30  # 2 GiB (uint16) or 4 GiB (uint32) per in-memory shard buffer
 SPLIT_RULE = "val when int(sha256(utf-8 text)[:8], big-endian) / 2**64 < val_fraction, else train"
+BUILD_INFO_FILE = "build_info.json"  # machine-dependent figures: outside the manifest and its sha256
+DEFAULT_SHUFFLE_BUFFER_BYTES = 64 << 20
 LAYOUT = "each split is its documents in stream order, each followed by eos_id, cut into shards of shard_tokens"
 
 
@@ -57,7 +73,7 @@ def default_workers() -> int:
 
 
 def _check_options(train_tokens: Any, val_fraction: float, shard_tokens: Any, shuffle_buffer: int,
-                   workers: int) -> None:
+                   shuffle_buffer_bytes: int, workers: int) -> None:
     for flag, value in (("--shard-tokens", shard_tokens), ("--train-tokens", train_tokens)):
         if isinstance(value, float) and not math.isfinite(value):  # int() of inf/nan raises a bare Overflow/ValueError
             raise DataError(f"{flag} must be a positive integer, got {value}")
@@ -70,6 +86,8 @@ def _check_options(train_tokens: Any, val_fraction: float, shard_tokens: Any, sh
         raise DataError(f"--train-tokens must be a positive integer, got {train_tokens}")
     if int(shuffle_buffer) < 0:
         raise DataError(f"--shuffle-buffer must be >= 0, got {shuffle_buffer}")
+    if int(shuffle_buffer_bytes) != shuffle_buffer_bytes or int(shuffle_buffer_bytes) < 0:
+        raise DataError(f"--shuffle-buffer-bytes must be a whole number >= 0, got {shuffle_buffer_bytes}")
     if int(workers) < 0:
         raise DataError(f"--workers must be >= 0 (0: all cores), got {workers}")
 
@@ -89,82 +107,163 @@ def prepare_corpus(
     force: bool = False,
     progress: bool = True,
     hub: HubClient | None = None,
+    shuffle_buffer_bytes: int = DEFAULT_SHUFFLE_BUFFER_BYTES,
 ) -> dict[str, Any]:
     """Prepare `source` into the data folder `out`; returns the manifest (what metadata.json holds).
 
-    `hub` replaces the network seam (tests pass a client serving local rows); None uses the real hub.
+    An interrupted prepare of the same `out` (its `out.partial` folder) is continued when the inputs match, and
+    refused (DataError naming the differences) when they do not. SIGINT / SIGTERM commit the state at the next
+    chunk and raise PrepareInterrupted (exit code 130 / 143). `hub` replaces the network seam (tests pass a
+    client serving local rows); None uses the real hub.
     """
-    _check_options(train_tokens, val_fraction, shard_tokens, shuffle_buffer, workers)
+    _check_options(train_tokens, val_fraction, shard_tokens, shuffle_buffer, shuffle_buffer_bytes, workers)
     out = os.path.normpath(os.fspath(out))
     if os.path.lexists(out):
         if not force:
             raise DataError(f"{out} already exists: choose another --out or pass --force to replace it")
         _check_replaceable(out)
+    started = time.perf_counter()
     train_tokens = None if train_tokens is None else int(train_tokens)
-    shard_tokens, shuffle_buffer = int(shard_tokens), int(shuffle_buffer)
+    shard_tokens, shuffle_buffer, shuffle_buffer_bytes = int(shard_tokens), int(shuffle_buffer), int(shuffle_buffer_bytes)
     val_fraction = float(val_fraction)
     workers = int(workers) or default_workers()
 
     opened = open_source(source, text_field, hub)
+    buffer = ShuffleBuffer(shuffle_buffer, shuffle_buffer_bytes, seed)
+    order_seed = int(seed) if buffer.active else None  # --shuffle-buffer 0 keeps the source order entirely
+    import tokenizers
 
-    def stream() -> Iterator[tuple[str, str]]:
-        return with_splits(shuffled(opened.documents(), shuffle_buffer, seed), val_fraction)
+    options = {"train_tokens": train_tokens, "val_fraction": val_fraction, "shard_tokens": shard_tokens,
+               "seed": int(seed), "shuffle_buffer": shuffle_buffer, "shuffle_buffer_bytes": shuffle_buffer_bytes,
+               "text_field": text_field, "eos": eos}
+    software = {"python": platform.python_version(), "tokenizers": tokenizers.__version__}
+    request = {"source": opened.identity, "tokenizer": str(tokenizer).strip(), "options": options,
+               "software": software}
 
-    # The temporary folder first: an unwritable --out is refused before minutes of tokenizer training.
+    def stream() -> Iterator[tuple[tuple[int, str], int]]:
+        """((source position, text), documents the buffer held when it was emitted), in the prepared order."""
+        return buffer.shuffle(((position, text), text) for position, text in opened.positioned(order_seed))
+
+    def training_texts() -> Iterator[str]:
+        return (text for (_, text), _ in stream() if split_of(text, val_fraction) == TRAIN)
+
     parent = os.path.dirname(os.path.abspath(out))
-    temporary = os.path.join(parent, f".{os.path.basename(out)}.partial-{os.getpid()}")
-    try:
+    partial = PartialFolder(out)
+    try:  # the folder first: an unwritable --out is refused before minutes of tokenizer training
         os.makedirs(parent, exist_ok=True)
         _remove_abandoned_partials(parent, os.path.basename(out))
-        shutil.rmtree(temporary, ignore_errors=True)
-        os.makedirs(temporary)
+        recorded = partial.open()
     except OSError as exc:
         raise DataError(f"--out {out}: cannot create the output folder ({exc.strerror or exc}: "
                         f"{exc.filename or parent})") from None
     try:
-        resolved = resolve_tokenizer(tokenizer, eos, lambda: (t for t, s in stream() if s == TRAIN), hub, progress)
-        splits, stopped = _tokenize_and_write(stream(), resolved, temporary, shard_tokens, train_tokens, workers,
-                                              progress, opened)
-        if splits[TRAIN]["tokens"] == 0:
-            raise DataError(f"source '{source}' gave no training documents (val_fraction={val_fraction})")
-        if train_tokens is not None and not stopped:
-            print(f"pilotrun prepare: warning: the source ended at {splits[TRAIN]['tokens']} training tokens, fewer "
-                  f"than --train-tokens {train_tokens} (the manifest records the real count)", file=sys.stderr)
-        for warning in small_val_warnings(splits[VAL]["tokens"]):
-            print(f"pilotrun prepare: warning: {warning}", file=sys.stderr)
-        import tokenizers
-
-        manifest = {
-            "format": FORMAT,
-            "source": opened.identity,
-            "tokenizer": resolved.identity,
-            "dtype": resolved.dtype,
-            "options": {
-                "train_tokens": train_tokens,
-                "val_fraction": val_fraction,
-                "shard_tokens": shard_tokens,
-                "seed": int(seed),
-                "shuffle_buffer": shuffle_buffer,
-                "text_field": text_field,
-                "eos": eos,
-            },
-            "split_rule": SPLIT_RULE,
-            "layout": LAYOUT,
-            "stream": {
-                "stopped_at_train_tokens": stopped,
-                # Only a complete pass has a count that does not depend on how far ahead the reader got.
-                "empty_documents_skipped": None if stopped else opened.skipped_empty,
-            },
-            "software": {"python": platform.python_version(), "tokenizers": tokenizers.__version__},
-            "splits": splits,
-        }
-        _write_text(os.path.join(temporary, TOKENIZER_FILE), resolved.json_text)
-        _write_text(os.path.join(temporary, METADATA_FILE), manifest_text(manifest))
-        _commit(temporary, out, force)
+        if recorded is not None:
+            partial.refuse_changes(recorded["request"], request)
+        resolved = _tokenizer_of(tokenizer, eos, training_texts, hub, progress, partial, recorded)
+        state = recorded["state"] if recorded is not None else None
+        if recorded is None:
+            _write_text(os.path.join(partial.path, TOKENIZER_FILE), resolved.json_text)
+            partial.commit({"request": request, "tokenizer": resolved.identity, "state": None})
+        elif progress and state is not None:
+            print(f"pilotrun prepare: continuing {partial.path} from document {state['documents_done']:,} "
+                  f"({sum(len(state['splits'][s]['shards']) for s in SPLITS)} shards committed)", file=sys.stderr)
+        if state is None or not state["complete"]:
+            run = _PreparePass(partial, {"request": request, "tokenizer": resolved.identity}, resolved,
+                               shard_tokens, train_tokens, workers, progress, opened)
+            with StopRequests().installed() as stops:
+                state = run.tokenize_and_write(stream(), state, stops)
+        manifest = _manifest(state, opened, order_seed, resolved, options, software, source, val_fraction,
+                             train_tokens, progress)
+        _write_text(os.path.join(partial.path, TOKENIZER_FILE), resolved.json_text)
+        _write_text(os.path.join(partial.path, METADATA_FILE), manifest_text(manifest))
+        peak_mb = peak_resident_mb()
+        _write_text(os.path.join(partial.path, BUILD_INFO_FILE), json.dumps({
+            "peak_rss_mb": round(peak_mb, 1), "seconds": round(time.perf_counter() - started, 3),
+            "workers": workers, "continued_from_document": None if recorded is None else
+            recorded["state"] and recorded["state"]["documents_done"],
+            "note": "measured on this machine: not part of the data's identity (metadata_sha256)"}, indent=2) + "\n")
+        partial.keep_only({TOKENIZER_FILE, METADATA_FILE, BUILD_INFO_FILE,
+                           *(s["file"] for split in SPLITS for s in manifest["splits"][split]["shards"])})
+        partial.finish(force)
+        if progress:
+            print(f"pilotrun prepare: peak resident memory {peak_mb:,.0f} MiB", file=sys.stderr)
+    except (PrepareInterrupted, KeyboardInterrupt):
+        raise  # the committed state stays in the partial folder, to be continued
     except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
+        # A refused or failed prepare that committed no shard leaves nothing behind; committed shards are kept.
+        if partial.created and not _any_shard_committed(partial):
+            partial.close()
+            partial.discard()
         raise
+    finally:
+        partial.close()
     return manifest
+
+
+def _any_shard_committed(partial: PartialFolder) -> bool:
+    try:
+        record = partial.read_progress()
+    except DataError:
+        return False
+    state = record and record.get("state")
+    return bool(state) and any(state["splits"][s]["shards"] for s in SPLITS)
+
+
+def _tokenizer_of(spec: str, eos: str | None, training_texts, hub: HubClient | None, progress: bool,
+                  partial: PartialFolder, recorded: dict[str, Any] | None) -> ResolvedTokenizer:
+    """The tokenizer; on a continued prepare a trained BPE is the one stored in the partial folder (training it
+    again would repeat a pass), and any other is resolved again and must match the recorded identity."""
+    if recorded is not None and str(spec).strip().startswith("bpe:"):
+        from tokenizers import Tokenizer
+
+        path = os.path.join(partial.path, TOKENIZER_FILE)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except OSError as exc:
+            raise DataError(f"{path} cannot be read ({exc.strerror or exc}): remove {partial.path} to start "
+                            "over") from None
+        if hashlib.sha256(text.encode("utf-8")).hexdigest() != recorded["tokenizer"]["sha256"]:
+            raise DataError(f"{path} is not the tokenizer {partial.path}/progress.json records: remove "
+                            f"{partial.path} to start over")
+        return ResolvedTokenizer(Tokenizer.from_str(text), text, dict(recorded["tokenizer"]))
+    resolved = resolve_tokenizer(spec, eos, training_texts, hub, progress)
+    if recorded is not None:
+        partial.refuse_changes({"tokenizer": recorded["tokenizer"]}, {"tokenizer": resolved.identity})
+    return resolved
+
+
+def _manifest(state: dict[str, Any], opened: OpenedSource, order_seed: int | None, resolved: ResolvedTokenizer,
+              options: dict[str, Any], software: dict[str, str], source: str, val_fraction: float,
+              train_tokens: int | None, progress: bool) -> dict[str, Any]:
+    splits, stopped = state["result"], state["stopped"]
+    if splits[TRAIN]["tokens"] == 0:
+        raise DataError(f"source '{source}' gave no training documents (val_fraction={val_fraction})")
+    if train_tokens is not None and not stopped:
+        print(f"pilotrun prepare: warning: the source ended at {splits[TRAIN]['tokens']} training tokens, fewer "
+              f"than --train-tokens {train_tokens} (the manifest records the real count)", file=sys.stderr)
+    for warning in small_val_warnings(splits[VAL]["tokens"]):
+        print(f"pilotrun prepare: warning: {warning}", file=sys.stderr)
+    return {
+        "format": FORMAT,
+        "source": opened.identity,
+        "tokenizer": resolved.identity,
+        "dtype": resolved.dtype,
+        "options": options,
+        "split_rule": SPLIT_RULE,
+        "layout": LAYOUT,
+        "stream": {
+            "stopped_at_train_tokens": stopped,
+            # Only a complete pass has a count that does not depend on how far ahead the reader got.
+            "empty_documents_skipped": None if stopped else state["empty_documents_skipped"],
+            "read_order": opened.order_record(order_seed),
+            # Of the documents written: how much of the source order survived the unit order and the buffer.
+            "order_correlation": OrderCorrelation(state["correlation"]).value(),
+            "shuffle_buffer_peak_documents": state["peak_held"],
+        },
+        "software": software,
+        "splits": splits,
+    }
 
 
 def small_val_warnings(val_tokens: int, recipe: str = "stability") -> list[str]:
@@ -213,41 +312,20 @@ def _write_text(path: str, text: str) -> None:
         os.fsync(handle.fileno())
 
 
-def _commit(temporary: str, out: str, force: bool) -> None:
-    """Rename the finished folder into place; an old folder (with --force) is removed only afterwards."""
-    replaced = None
-    if os.path.lexists(out):
-        if not force:
-            raise DataError(f"{out} appeared while preparing: not replacing it without --force")
-        _check_replaceable(out)
-        replaced = f"{temporary}.replaced"
-        os.rename(out, replaced)
-    os.rename(temporary, out)
-    directory = os.open(os.path.dirname(os.path.abspath(out)), os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-    if replaced is not None:
-        if os.path.isdir(replaced) and not os.path.islink(replaced):
-            shutil.rmtree(replaced)
-        else:
-            os.remove(replaced)
-
-
-def _chunks(stream: Iterable[tuple[str, str]]) -> Iterator[tuple[list[str], list[str]]]:
+def _chunks(stream: Iterable[tuple[str, Any]]) -> Iterator[tuple[list[str], list[Any]]]:
+    """(texts, what goes with each text) in chunks of about CHUNK_CHARACTERS."""
     texts: list[str] = []
-    splits: list[str] = []
+    extras: list[Any] = []
     characters = 0
-    for text, split in stream:
+    for text, extra in stream:
         texts.append(text)
-        splits.append(split)
+        extras.append(extra)
         characters += len(text)
         if characters >= CHUNK_CHARACTERS or len(texts) >= CHUNK_MAX_DOCUMENTS:
-            yield texts, splits
-            texts, splits, characters = [], [], 0
+            yield texts, extras
+            texts, extras, characters = [], [], 0
     if texts:
-        yield texts, splits
+        yield texts, extras
 
 
 @contextlib.contextmanager
@@ -266,9 +344,9 @@ def _tokenizers_single_threaded() -> Iterator[None]:
             os.environ["TOKENIZERS_PARALLELISM"] = previous
 
 
-def _encoded_in_order(chunks: Iterator[tuple[list[str], list[str]]], resolved: ResolvedTokenizer,
-                      workers: int) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
-    """(splits, tokens, lengths) per chunk, in the order the chunks were read, whatever the worker count.
+def _encoded_in_order(chunks: Iterator[tuple[list[str], list[Any]]], resolved: ResolvedTokenizer,
+                      workers: int) -> Iterator[tuple[list[Any], np.ndarray, np.ndarray]]:
+    """(extras, tokens, lengths) per chunk, in the order the chunks were read, whatever the worker count.
 
     Workers are threads, not processes: `tokenizers` releases the GIL for the whole batch encode (the Rust
     side does all the work), so `workers` threads keep that many cores busy, with no process start-up, no
@@ -325,50 +403,112 @@ def _progress_bar(train_tokens: int | None, opened: OpenedSource | None, progres
     return bar, lambda train, docs: min(train, train_tokens)
 
 
-def _tokenize_and_write(stream: Iterator[tuple[str, str]], resolved: ResolvedTokenizer, folder: str,
-                        shard_tokens: int, train_tokens: int | None, workers: int,
-                        progress: bool, opened: OpenedSource | None = None) -> tuple[dict[str, Any], bool]:
+class _PreparePass:
+    """The tokenizing pass: writes shards into the partial folder and commits its state after every chunk that
+    completed a shard (and at a stop request), so that a rerun continues from there."""
 
-    writers = {split: ShardWriter(folder, split, shard_tokens, resolved.dtype) for split in SPLITS}
-    documents = dict.fromkeys(SPLITS, 0)
-    tokens = dict.fromkeys(SPLITS, 0)
-    stopped = False
-    started = time.perf_counter()
-    bar, bar_position = _progress_bar(train_tokens, opened, progress)
-    encoded = _encoded_in_order(_chunks(stream), resolved, workers)
-    try:
-        for splits, chunk_tokens, lengths in encoded:
-            is_val = np.fromiter((s == VAL for s in splits), dtype=bool, count=len(splits))
-            if train_tokens is not None:
-                # The first training document that brings the total to train_tokens is the last one taken.
-                train_cumulative = tokens[TRAIN] + np.cumsum(np.where(is_val, 0, lengths))
-                reached = np.flatnonzero(~is_val & (train_cumulative >= train_tokens))
-                if len(reached):
-                    keep = int(reached[0]) + 1
-                    chunk_tokens = chunk_tokens[: int(lengths[:keep].sum())]
-                    is_val, lengths = is_val[:keep], lengths[:keep]
-                    stopped = True
-            token_is_val = np.repeat(is_val, lengths)
-            for split, mask in ((TRAIN, ~token_is_val), (VAL, token_is_val)):
-                part = chunk_tokens[mask]
-                writers[split].add(part)
-                tokens[split] += len(part)
-            documents[VAL] += int(is_val.sum())
-            documents[TRAIN] += int((~is_val).sum())
-            bar.update(bar_position(tokens[TRAIN], documents[TRAIN] + documents[VAL]) - bar.n)
-            elapsed = max(time.perf_counter() - started, 1e-9)
-            bar.set_postfix(docs=documents[TRAIN] + documents[VAL],
-                            docs_per_s=f"{(documents[TRAIN] + documents[VAL]) / elapsed:.0f}",
-                            val_tok=tokens[VAL], refresh=False)
-            if stopped:
-                break
-    finally:
-        encoded.close()  # stops the worker pool when we stop early
-        bar.close()
-    splits_record = {}
-    for split in SPLITS:
-        shards = writers[split].close()
-        if sum(s["tokens"] for s in shards) != tokens[split]:
-            raise AssertionError(f"internal: {split} shards hold a different token count than was written")
-        splits_record[split] = {"documents": documents[split], "tokens": tokens[split], "shards": shards}
-    return splits_record, stopped
+    def __init__(self, partial: PartialFolder, header: dict[str, Any], resolved: ResolvedTokenizer,
+                 shard_tokens: int, train_tokens: int | None, workers: int, progress: bool,
+                 opened: OpenedSource) -> None:
+        self.partial, self.header, self.resolved = partial, header, resolved
+        self.train_tokens, self.workers, self.progress, self.opened = train_tokens, workers, progress, opened
+        self.writers = {split: ShardWriter(partial.path, split, shard_tokens, resolved.dtype) for split in SPLITS}
+        self.documents = dict.fromkeys(SPLITS, 0)
+        self.tokens = dict.fromkeys(SPLITS, 0)
+        self.correlation = OrderCorrelation()
+        self.peak_held = 0
+        self.stopped = False
+
+    def restore(self, state: dict[str, Any]) -> int:
+        """Back to a committed state (its shards checked on disk); returns the documents already written."""
+        for split in SPLITS:
+            for shard in state["splits"][split]["shards"]:
+                check_shard(os.path.join(self.partial.path, shard["file"]), self.resolved.dtype, shard["tokens"])
+            self.writers[split].restore(state["splits"][split])
+        self.documents, self.tokens = dict(state["documents"]), dict(state["tokens"])
+        self.correlation = OrderCorrelation(state["correlation"])
+        self.peak_held = int(state["peak_held"])
+        return int(state["documents_done"])
+
+    def commit(self, complete: bool = False) -> dict[str, Any]:
+        state = {
+            "complete": complete,
+            "documents_done": self.documents[TRAIN] + self.documents[VAL],
+            "documents": dict(self.documents), "tokens": dict(self.tokens),
+            "correlation": self.correlation.state(), "peak_held": self.peak_held,
+            "splits": {split: writer.persist() for split, writer in self.writers.items()},
+            "stopped": self.stopped,
+        }
+        if complete:
+            state["result"] = {split: {"documents": self.documents[split], "tokens": self.tokens[split],
+                                       "shards": state["splits"][split]["shards"]} for split in SPLITS}
+            state["empty_documents_skipped"] = None if self.stopped else self.opened.skipped_empty
+        self.partial.commit({**self.header, "state": state},
+                            [path for writer in self.writers.values() for path in writer.take_obsolete()])
+        return state
+
+    def tokenize_and_write(self, stream: Iterator[tuple[tuple[int, str], int]], state: dict[str, Any] | None,
+                           stops: StopRequests) -> dict[str, Any]:
+        done = self.restore(state) if state is not None else 0
+        val_fraction = self.header["request"]["options"]["val_fraction"]
+        train_tokens, tokens, documents = self.train_tokens, self.tokens, self.documents
+
+        def remaining() -> Iterator[tuple[str, tuple[str, int, int]]]:
+            # The documents already written are replayed through the same seeded buffer but never split or
+            # tokenized: the buffer's state at the committed document is rebuilt exactly.
+            for (position, text), held in itertools.islice(stream, done, None):
+                yield text, (split_of(text, val_fraction), position, held)
+
+        started = time.perf_counter()
+        bar, bar_position = _progress_bar(train_tokens, self.opened, self.progress)
+        encoded = _encoded_in_order(_chunks(remaining()), self.resolved, self.workers)
+        try:
+            for extras, chunk_tokens, lengths in encoded:
+                is_val = np.fromiter((split == VAL for split, _, _ in extras), dtype=bool, count=len(extras))
+                if train_tokens is not None:
+                    # The first training document that brings the total to train_tokens is the last one taken.
+                    train_cumulative = tokens[TRAIN] + np.cumsum(np.where(is_val, 0, lengths))
+                    reached = np.flatnonzero(~is_val & (train_cumulative >= train_tokens))
+                    if len(reached):
+                        keep = int(reached[0]) + 1
+                        chunk_tokens = chunk_tokens[: int(lengths[:keep].sum())]
+                        is_val, lengths, extras = is_val[:keep], lengths[:keep], extras[:keep]
+                        self.stopped = True
+                shards_before = sum(len(w.shards) for w in self.writers.values())
+                token_is_val = np.repeat(is_val, lengths)
+                for split, mask in ((TRAIN, ~token_is_val), (VAL, token_is_val)):
+                    part = chunk_tokens[mask]
+                    self.writers[split].add(part)
+                    tokens[split] += len(part)
+                documents[VAL] += int(is_val.sum())
+                documents[TRAIN] += int((~is_val).sum())
+                self.correlation.add(position for _, position, _ in extras)
+                self.peak_held = max(self.peak_held, max(held for _, _, held in extras))
+                written = documents[TRAIN] + documents[VAL]
+                bar.update(bar_position(tokens[TRAIN], written) - bar.n)
+                elapsed = max(time.perf_counter() - started, 1e-9)
+                bar.set_postfix(docs=written, docs_per_s=f"{(written - done) / elapsed:.0f}", val_tok=tokens[VAL],
+                                refresh=False)
+                if self.stopped:
+                    break
+                if stops.signum is not None:
+                    self.commit()
+                    raise PrepareInterrupted(self._stop_line(stops), stops.exit_code)
+                if sum(len(w.shards) for w in self.writers.values()) > shards_before:
+                    self.commit()
+        finally:
+            encoded.close()  # stops the worker pool when we stop early
+            bar.close()
+        for split in SPLITS:
+            shards = self.writers[split].close()
+            if sum(s["tokens"] for s in shards) != tokens[split]:
+                raise AssertionError(f"internal: {split} shards hold a different token count than was written")
+        return self.commit(complete=True)
+
+    def _stop_line(self, stops: StopRequests) -> str:
+        import signal
+
+        shards = sum(len(w.shards) for w in self.writers.values())
+        return (f"prepare stopped by {signal.Signals(stops.signum).name} after "
+                f"{self.documents[TRAIN] + self.documents[VAL]:,} documents ({shards} shards committed in "
+                f"{self.partial.path}): run the same command again to continue")

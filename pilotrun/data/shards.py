@@ -4,6 +4,13 @@ A shard is a 1-D `.npy` array (format version 1.0, C order) of `uint16` or `uint
 one in-memory shard of at most `shard_tokens` ids (bounded memory), writes it in one go and hashes the exact
 bytes it wrote, so the manifest's sha256 is of the file as it lies on disk.
 
+For an interruptible prepare the writer can `persist()` its unfinished shard: the tokens added since the last
+call are appended to `<split>_<index>.pending` and fsynced (only the new ones: a split's pending file is written
+once over, not at every checkpoint), and `restore()` takes a writer back to a recorded state: the completed
+shards and that many pending tokens (the file is cut back to them, so tokens added after the checkpoint, by a
+process that was then killed, are dropped). A pending file is obsolete once its shard is complete; the caller
+deletes it (`take_obsolete`) only after recording the new state, so a crash always finds the state it recorded.
+
 `metadata_sha256` is the sha256 of the canonical JSON (sorted keys, no whitespace, UTF-8): it identifies the
 data regardless of the folder it sits in or how metadata.json happens to be formatted.
 """
@@ -29,6 +36,10 @@ SHARD_DTYPES = ("uint16", "uint32")
 
 def shard_name(split: str, index: int) -> str:
     return f"{split}_{index:05d}.npy"
+
+
+def pending_name(split: str, index: int) -> str:
+    return f"{split}_{index:05d}.pending"
 
 
 def metadata_sha256(manifest: dict[str, Any]) -> str:
@@ -61,6 +72,8 @@ class ShardWriter:
         self.filled = 0
         self.shards: list[dict[str, Any]] = []
         self.total_tokens = 0
+        self.persisted = 0  # tokens of the unfinished shard already in its pending file
+        self.obsolete: list[str] = []
 
     def add(self, tokens: np.ndarray) -> None:
         position = 0
@@ -87,11 +100,49 @@ class ShardWriter:
                             "max_token_id": max_token_id})
         self.total_tokens += self.filled
         self.filled = 0
+        pending = os.path.join(self.folder, pending_name(self.split, len(self.shards) - 1))
+        if self.persisted or os.path.exists(pending):
+            self.obsolete.append(pending)
+        self.persisted = 0
 
     def close(self) -> list[dict[str, Any]]:
         self._flush()
         self.buffer = np.empty(0, dtype=self.dtype)
         return self.shards
+
+    def persist(self) -> dict[str, Any]:
+        """Append the unfinished shard's new tokens to its pending file and fsync it; returns the state that
+        `restore` takes back: the completed shards and the pending token count."""
+        if self.filled > self.persisted:
+            with open(os.path.join(self.folder, pending_name(self.split, len(self.shards))), "ab") as handle:
+                handle.write(self.buffer[self.persisted:self.filled].tobytes())
+                handle.flush()
+                os.fsync(handle.fileno())
+            self.persisted = self.filled
+        return {"shards": [dict(s) for s in self.shards], "pending_tokens": int(self.filled)}
+
+    def take_obsolete(self) -> list[str]:
+        files, self.obsolete = self.obsolete, []
+        return files
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Back to a state `persist` returned (the shard files themselves are checked by the caller)."""
+        self.shards = [dict(s) for s in state["shards"]]
+        self.total_tokens = sum(int(s["tokens"]) for s in self.shards)
+        count = int(state["pending_tokens"])
+        path = os.path.join(self.folder, pending_name(self.split, len(self.shards)))
+        self.filled = self.persisted = 0
+        if count == 0:
+            if os.path.exists(path):
+                os.remove(path)
+            return
+        itemsize = np.dtype(self.dtype).itemsize
+        if not os.path.isfile(path) or os.path.getsize(path) < count * itemsize:
+            raise DataError(f"{path}: holds fewer than the {count} pending tokens the progress file records")
+        with open(path, "r+b") as handle:
+            handle.truncate(count * itemsize)
+        self.buffer[:count] = np.fromfile(path, dtype=self.dtype, count=count)
+        self.filled = self.persisted = count
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,10 @@
   (one file = one document); globs are expanded and sorted, and every file is hashed into the manifest.
 
 An `OpenedSource` can be iterated more than once (`documents()` starts a fresh pass), because training a BPE
-tokenizer needs one pass before the tokenizing pass. Documents are yielded as they are read (never the whole
+tokenizer needs one pass before the tokenizing pass. Local sources are read in units (a .txt or .jsonl file,
+one parquet row group) that `positioned(order_seed)` can visit in a seeded random order, so that the bounded
+shuffle buffer after it mixes documents from the whole corpus instead of only neighbours; every document keeps
+its position in the source's own order (what the manifest's order correlation is measured against). Documents are yielded as they are read (never the whole
 corpus in memory). Empty or whitespace-only texts are skipped and counted, since they would only add an EOS.
 No absolute path enters the identity: local files are named relative to their common folder.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +35,29 @@ FINEWEB_EDU_REPO = "HuggingFaceFW/fineweb-edu"
 FINEWEB_EDU_DEFAULT_CONFIG = "sample-10BT"
 LOCAL_SUFFIXES = (".parquet", ".jsonl", ".txt")
 GLOB_CHARACTERS = set("*?[")
+# Documents per Arrow batch within a row group: memory is this batch (and one page buffer), not the file.
+PARQUET_BATCH_ROWS = 1024
+PARQUET_READ_BUFFER_BYTES = 1 << 20
+UNIT_ORDER_RULE = ("reading units (a .txt or .jsonl file, a parquet row group) in the order "
+                   "random.Random('pilotrun-unit-order/' + str(seed)).shuffle(units in source order)")
+
+
+@dataclass(frozen=True)
+class ReadUnit:
+    """A piece of a local source read in one go: its name, its first row's position in the source's own order,
+    its row count (empty rows included) and how to read it."""
+
+    name: str
+    start: int
+    rows: int
+    read: Callable[[], Iterator[str | None]]
+
+
+def unit_order(count: int, seed: int) -> list[int]:
+    # A string seed of its own: the unit order and the shuffle buffer draw from independent streams.
+    order = list(range(count))
+    random.Random(f"pilotrun-unit-order/{seed}").shuffle(order)
+    return order
 
 
 @dataclass
@@ -41,15 +68,37 @@ class OpenedSource:
     # Documents a full pass reads (empty ones included) when the source knows it up front: the progress bar's
     # total when no --train-tokens cap is given. None for streamed hub data.
     expected_documents: int | None = None
+    units: list[ReadUnit] | None = None  # local sources only
 
     def documents(self) -> Iterator[str]:
         """A fresh pass over the non-empty documents, in the source's own order."""
+        for _, text in self.positioned(None):
+            yield text
+
+    def positioned(self, order_seed: int | None) -> Iterator[tuple[int, str]]:
+        """A fresh pass of (position in the source's own order, text) over the non-empty documents; with
+        `order_seed` (and a local source) the reading units come in `unit_order(len(units), order_seed)`."""
         self.skipped_empty = 0
-        for text in self._iterate():
+        if order_seed is None or not self.units:
+            rows = enumerate(self._iterate())
+        else:
+            rows = ((unit.start + offset, text) for index in unit_order(len(self.units), order_seed)
+                    for unit in (self.units[index],) for offset, text in enumerate(unit.read()))
+        for position, text in rows:
             if text is None or not text.strip():
                 self.skipped_empty += 1
                 continue
-            yield text
+            yield position, text
+
+    def order_record(self, order_seed: int | None) -> dict[str, Any]:
+        """What the manifest records of the reading order (the units and their order's digest)."""
+        from pilotrun.files import canonical_sha256
+
+        if order_seed is None or not self.units:
+            return {"units": len(self.units or ()) or None, "shuffled": False}
+        order = [self.units[i].name for i in unit_order(len(self.units), order_seed)]
+        return {"units": len(order), "shuffled": True, "rule": UNIT_ORDER_RULE, "order_sha256": canonical_sha256(order),
+                "first_units": order[:8]}
 
 
 def open_source(spec: str, text_field: str = "text", hub: HubClient | None = None) -> OpenedSource:
@@ -136,42 +185,47 @@ def expand_local_files(spec: str) -> list[str]:
 def _open_local(spec: str, text_field: str) -> OpenedSource:
     files = expand_local_files(spec)
     common = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in files])
-    records = [
-        {
-            "name": os.path.relpath(os.path.abspath(p), common),
-            "bytes": os.path.getsize(p),
-            "sha256": sha256_of_file(p),
-        }
-        for p in files
-    ]
+    names = [os.path.relpath(os.path.abspath(p), common) for p in files]
+    records = [{"name": name, "bytes": os.path.getsize(p), "sha256": sha256_of_file(p)} for name, p in zip(names, files)]
+    units: list[ReadUnit] = []
+    for path, name in zip(files, names):
+        start = units[-1].start + units[-1].rows if units else 0
+        units.extend(_units_of_local_file(path, name, text_field, start))
 
     def iterate() -> Iterator[str | None]:
-        for path in files:
-            yield from _read_local_file(path, text_field)
+        for unit in units:
+            yield from unit.read()
 
     identity = {"kind": "local", "files": records, "text_field": text_field}
-    return OpenedSource(identity=identity, _iterate=iterate,
-                        expected_documents=sum(_documents_in_local_file(p) for p in files))
+    return OpenedSource(identity=identity, _iterate=iterate, expected_documents=sum(u.rows for u in units),
+                        units=units)
 
 
-def _documents_in_local_file(path: str) -> int:
-    """Documents `_read_local_file` yields for `path`, counted cheaply: a parquet's row count from its footer,
-    a jsonl's non-blank lines (one binary scan), one for a .txt. Unreadable files count 0: reading them later
-    gives the error that names the problem."""
+def _units_of_local_file(path: str, name: str, text_field: str, start: int) -> list[ReadUnit]:
+    """A parquet file's row groups (counted from its footer), else the file as one unit (a jsonl's non-blank
+    lines counted in one binary scan, one document for a .txt). A damaged parquet is one unit of 0 rows:
+    reading it gives the error that names the problem."""
     if path.endswith(".txt"):
-        return 1
+        return [ReadUnit(name, start, 1, lambda: _read_local_file(path, text_field))]
     if path.endswith(".jsonl"):
         count = 0
         with open(path, "rb") as handle:
             for line in handle:
                 count += bool(line.strip())
-        return count
+        return [ReadUnit(name, start, count, lambda: _read_jsonl(path, text_field))]
     import pyarrow.parquet as pq
 
     try:
-        return int(pq.ParquetFile(path).metadata.num_rows)
-    except Exception:  # a damaged file: _read_parquet names it when the pass reaches it
-        return 0
+        metadata = pq.ParquetFile(path).metadata
+    except Exception:
+        return [ReadUnit(name, start, 0, lambda: _read_parquet(path, text_field, None))]
+    units = []
+    for group in range(metadata.num_row_groups):
+        rows = int(metadata.row_group(group).num_rows)
+        units.append(ReadUnit(f"{name}#{group}", start, rows,
+                              lambda group=group: _read_parquet(path, text_field, group)))
+        start += rows
+    return units
 
 
 def _read_local_file(path: str, text_field: str) -> Iterator[str | None]:
@@ -184,7 +238,7 @@ def _read_local_file(path: str, text_field: str) -> Iterator[str | None]:
     elif path.endswith(".jsonl"):
         yield from _read_jsonl(path, text_field)
     else:
-        yield from _read_parquet(path, text_field)
+        yield from _read_parquet(path, text_field, None)
 
 
 def _read_jsonl(path: str, text_field: str) -> Iterator[str | None]:
@@ -207,11 +261,13 @@ def _read_jsonl(path: str, text_field: str) -> Iterator[str | None]:
             yield _text_of_row(row, text_field, f"{path}:{line_number}")
 
 
-def _read_parquet(path: str, text_field: str) -> Iterator[str | None]:
+def _read_parquet(path: str, text_field: str, group: int | None) -> Iterator[str | None]:
+    """One row group (all of them for None) in batches, without pre-buffering: Arrow's default reads a whole
+    file's column chunks ahead, so memory followed the file's size; here it follows one batch and its pages."""
     import pyarrow.parquet as pq
 
     try:
-        parquet = pq.ParquetFile(path)
+        parquet = pq.ParquetFile(path, pre_buffer=False, buffer_size=PARQUET_READ_BUFFER_BYTES)
     except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for damaged files
         raise DataError(f"{path}: not a readable parquet file ({exc})") from None
     names = parquet.schema_arrow.names
@@ -221,6 +277,8 @@ def _read_parquet(path: str, text_field: str) -> Iterator[str | None]:
     column_type = parquet.schema_arrow.field(text_field).type
     if str(column_type) not in ("string", "large_string", "string_view"):
         raise DataError(f"{path}: column '{text_field}' has type {column_type}, not string")
-    # Row-group batches keep memory bounded by one batch, however large the file.
-    for batch in parquet.iter_batches(batch_size=1024, columns=[text_field]):
-        yield from batch.column(0).to_pylist()
+    groups = range(parquet.metadata.num_row_groups) if group is None else (group,)
+    for index in groups:
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[index], columns=[text_field],
+                                          use_threads=False):
+            yield from batch.column(0).to_pylist()

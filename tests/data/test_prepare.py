@@ -151,7 +151,8 @@ def test_uint32_when_the_vocabulary_exceeds_65536(tmp_path):
 
 
 def _tree_bytes(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+    """Every file of a data folder but build_info.json (peak memory, seconds: this machine's figures, not data)."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != prepare_module.BUILD_INFO_FILE}
 
 
 def test_byte_identical_across_reruns_and_worker_counts(tmp_path, fineweb_parquet, gpt2_tokenizer_path):
@@ -224,8 +225,8 @@ def test_force_never_replaces_a_folder_that_is_not_a_data_folder(tmp_path, finew
     assert (tmp_path / "empty" / "metadata.json").exists()
 
 
-def test_interrupted_prepare_leaves_no_finished_looking_folder(tmp_path, fineweb_jsonl, gpt2_tokenizer_path,
-                                                                monkeypatch):
+def test_interrupted_prepare_leaves_a_visible_partial_folder_not_a_finished_one(tmp_path, fineweb_jsonl,
+                                                                              gpt2_tokenizer_path, monkeypatch):
     calls = {"n": 0}
     original = prepare_module.ShardWriter.add
 
@@ -239,7 +240,12 @@ def test_interrupted_prepare_leaves_no_finished_looking_folder(tmp_path, fineweb
     with pytest.raises(KeyboardInterrupt):
         prepare_corpus(tmp_path / "out", source=str(fineweb_jsonl), tokenizer=str(gpt2_tokenizer_path),
                        shard_tokens=1000, workers=1, progress=False)
-    assert list(tmp_path.iterdir()) == []
+    # The work so far stays, under a name that says what it is, and nothing looks like a finished folder.
+    assert [p.name for p in tmp_path.iterdir()] == ["out.partial"]
+    assert (tmp_path / "out.partial" / "progress.json").exists()
+    assert not (tmp_path / "out.partial" / "metadata.json").exists()
+    with pytest.raises(DataError, match="metadata.json is missing"):
+        open_dataset(tmp_path / "out.partial")
 
 
 def test_folders_left_by_a_killed_prepare_are_cleaned_up(tmp_path, fineweb_jsonl, gpt2_tokenizer_path):

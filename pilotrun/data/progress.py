@@ -1,0 +1,204 @@
+"""An interruptible prepare: its visible partial folder, the progress file that commits its shards, its stops.
+
+A prepare of `--out DIR` builds `DIR.partial/` (visible, named after its target) and renames it to `DIR` only
+when complete. Completed shards are committed as the trainer commits checkpoints: the shard is written and
+fsynced, each split's unfinished shard is persisted (shards.ShardWriter.persist), and `progress.json` is
+written last, atomically (temp + fsync + rename): a crash at any moment leaves the last recorded state, never
+half of one. The record holds what the folder was started with (`request`: source identity, tokenizer spec,
+options, software; the resolved tokenizer's identity) and the state at a chunk boundary: documents of the
+shuffled stream already written, per-split counts, shards and pending tokens, and the order-correlation sums.
+A rerun of the same command replays the source and the seeded shuffle up to that document count without
+tokenizing (the buffer is rebuilt deterministically), so its output is byte-identical to an uninterrupted
+prepare; a rerun with anything else is refused with the differences named.
+
+The folder is held with an exclusive `flock` on the folder itself (it survives the final rename and needs no
+extra file), so two prepares of the same `--out` never write into one folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from pilotrun.errors import DataError, PilotrunError
+from pilotrun.files import fsync_directory, write_text_atomic
+
+PROGRESS_FILE = "progress.json"
+PROGRESS_FORMAT = "pilotrun-prepare-progress/1"
+PARTIAL_SUFFIX = ".partial"
+SIGNAL_EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class PrepareInterrupted(PilotrunError):
+    """SIGINT or SIGTERM: the state so far is committed in the partial folder; exit 130 or 143."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def differences(recorded: Any, current: Any, where: str = "") -> list[str]:
+    """Each leaf that differs, as `key: now X, recorded Y` (dotted keys), in sorted key order."""
+    if isinstance(recorded, dict) and isinstance(current, dict):
+        found = []
+        for key in sorted(set(recorded) | set(current), key=str):
+            name = f"{where}.{key}" if where else str(key)
+            found += differences(recorded.get(key), current.get(key), name)
+        return found
+    if recorded == current:
+        return []
+    return [f"{where or 'value'}: now {json.dumps(current)}, recorded {json.dumps(recorded)}"]
+
+
+class PartialFolder:
+    """`<out>.partial`: created or reopened, locked, committed to, and finally renamed to `out`."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+        self.path = out + PARTIAL_SUFFIX
+        self.created = False
+        self._lock: int | None = None
+
+    def open(self) -> dict[str, Any] | None:
+        """Create (or lock the existing) folder; returns its progress record, None when there is none yet."""
+        if os.path.islink(self.path) or (os.path.lexists(self.path) and not os.path.isdir(self.path)):
+            raise DataError(f"{self.path} is in the way (not a folder of an interrupted prepare): remove it")
+        if not os.path.isdir(self.path):
+            os.makedirs(self.path)
+            self.created = True
+        self._lock = os.open(self.path, os.O_RDONLY)
+        try:
+            import fcntl
+
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:  # no flock on this platform: the folder is not guarded against a second prepare
+            pass
+        except BlockingIOError:
+            self.close()
+            raise DataError(f"{self.path} is held by another pilotrun prepare still running; wait for it or stop "
+                            "it first") from None
+        progress = self.read_progress()
+        if progress is None and not self.created:
+            # An attempt stopped before its first commit: nothing in the folder is recorded, so nothing is kept.
+            for entry in os.listdir(self.path):
+                _remove(os.path.join(self.path, entry))
+        return progress
+
+    def read_progress(self) -> dict[str, Any] | None:
+        path = os.path.join(self.path, PROGRESS_FILE)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                record = json.load(handle)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{path} cannot be read ({exc}): remove {self.path} to start over") from None
+        if not isinstance(record, dict) or record.get("format") != PROGRESS_FORMAT:
+            raise DataError(f"{path} is not a progress file of this pilotrun (expected format "
+                            f"'{PROGRESS_FORMAT}'): remove {self.path} to start over")
+        return record
+
+    def refuse_changes(self, recorded: dict[str, Any], current: dict[str, Any]) -> None:
+        found = differences(recorded, current)
+        if found:
+            raise DataError(f"{self.path} holds an interrupted prepare of other inputs ({'; '.join(found)}): run "
+                            f"the command it was started with to continue it, or remove {self.path} to start over")
+
+    def commit(self, record: dict[str, Any], obsolete: list[str] = ()) -> None:
+        """Record `record` as the progress (written last, atomically), then delete files it no longer needs."""
+        write_text_atomic(os.path.join(self.path, PROGRESS_FILE),
+                          json.dumps({"format": PROGRESS_FORMAT, **record}, sort_keys=True, indent=1) + "\n")
+        for path in obsolete:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+    def keep_only(self, names: set[str]) -> None:
+        """Before the rename: remove what the finished folder must not hold (pending files, a shard written
+        after the last commit by a killed attempt, temporary files)."""
+        for entry in os.listdir(self.path):
+            if entry not in names and entry != PROGRESS_FILE:
+                _remove(os.path.join(self.path, entry))
+
+    def finish(self, force: bool) -> None:
+        """Rename the finished folder to `out` (an old one, with --force, is removed only afterwards), then drop
+        the progress file: a kill between the two leaves a complete folder with one extra file."""
+        replaced = None
+        if os.path.lexists(self.out):
+            if not force:
+                raise DataError(f"{self.out} appeared while preparing: not replacing it without --force")
+            replaced = f"{self.path}.replaced"
+            _remove(replaced)
+            os.rename(self.out, replaced)
+        os.rename(self.path, self.out)
+        fsync_directory(os.path.dirname(os.path.abspath(self.out)))
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(self.out, PROGRESS_FILE))
+        if replaced is not None:
+            _remove(replaced)
+
+    def discard(self) -> None:
+        _remove(self.path)
+
+    def close(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+class StopRequests:
+    """SIGINT and SIGTERM ask prepare to stop at the next chunk boundary (after committing its state); a second
+    signal stops at once (KeyboardInterrupt: the last committed state is still there to continue from)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopRequests]:
+        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+            yield self
+            return
+        previous = {signum: signal.signal(signum, self._handle) for signum in SIGNAL_EXIT_CODES}
+        try:
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return SIGNAL_EXIT_CODES[self.signum] if self.signum is not None else 0
+
+
+def peak_resident_mb() -> float:
+    """This process's peak resident set (VmHWM on Linux: unlike ru_maxrss it does not carry a parent's peak
+    across exec), in MiB."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes on macOS, kilobytes elsewhere
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024.0
