@@ -24,7 +24,8 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
         "split train/val by a hash of each document's text, tokenize (EOS after every document) and write "
         ".npy shards with a metadata.json manifest. The same inputs give byte-identical output.",
     )
-    p.add_argument("--out", required=True, help="output folder (refused if it exists, unless --force)")
+    p.add_argument("--out", required=True, help="output folder (refused if it exists, unless --force); built as "
+                   "OUT.partial, which the same command continues after an interruption")
     p.add_argument("--source", default="builtin",
                    help="builtin | fineweb-edu[:CONFIG][@REVISION] (needs the [hub] extra) | local "
                    ".parquet/.jsonl/.txt files or a glob")
@@ -39,7 +40,9 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents sent to val")
     p.add_argument("--shard-tokens", type=float, default=2**24, help="tokens per shard file")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
-    p.add_argument("--shuffle-buffer", type=int, default=10000, help="documents held by the shuffle buffer")
+    p.add_argument("--shuffle-buffer", type=int, default=10000, help="most documents the shuffle buffer holds")
+    p.add_argument("--shuffle-buffer-bytes", type=float, default=64 << 20,
+                   help="most bytes of text the shuffle buffer holds (long documents count for their size)")
     p.add_argument("--workers", type=int, default=0,
                    help="tokenizing threads, one core each (0: all cores); the output does not depend on it")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
@@ -48,6 +51,7 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
 
 def _run_prepare(args: argparse.Namespace) -> int:
     from pilotrun.data.prepare import prepare_corpus
+    from pilotrun.data.progress import PrepareInterrupted
     from pilotrun.data.shards import metadata_sha256
 
     def whole(value: float | None, flag: str) -> int | None:
@@ -57,16 +61,26 @@ def _run_prepare(args: argparse.Namespace) -> int:
             raise PilotrunError(f"{flag} must be a positive whole number, got {value}")
         return int(value)
 
-    manifest = prepare_corpus(
-        args.out, source=args.source, tokenizer=args.tokenizer, eos=args.eos, text_field=args.text_field,
-        train_tokens=whole(args.train_tokens, "--train-tokens"), val_fraction=args.val_fraction,
-        shard_tokens=whole(args.shard_tokens, "--shard-tokens"), seed=args.seed, shuffle_buffer=args.shuffle_buffer,
-        workers=args.workers, force=args.force, progress=True,
-    )
-    splits = manifest["splits"]
+    try:
+        manifest = prepare_corpus(
+            args.out, source=args.source, tokenizer=args.tokenizer, eos=args.eos, text_field=args.text_field,
+            train_tokens=whole(args.train_tokens, "--train-tokens"), val_fraction=args.val_fraction,
+            shard_tokens=whole(args.shard_tokens, "--shard-tokens"), seed=args.seed, shuffle_buffer=args.shuffle_buffer,
+            shuffle_buffer_bytes=whole(args.shuffle_buffer_bytes, "--shuffle-buffer-bytes"),
+            workers=args.workers, force=args.force, progress=True,
+        )
+    except PrepareInterrupted as exc:  # committed in OUT.partial: one line saying how to continue, no traceback
+        print(f"pilotrun prepare: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:  # a second Ctrl-C: the last committed state is still there
+        print(f"pilotrun prepare: interrupted; {args.out}.partial keeps the shards committed so far: run the same "
+              "command again to continue", file=sys.stderr)
+        return 130
+    splits, stream = manifest["splits"], manifest["stream"]
     print(f"prepared {args.out}: train {splits['train']['tokens']} tokens in {splits['train']['documents']} documents, "
           f"val {splits['val']['tokens']} tokens in {splits['val']['documents']} documents, "
           f"vocab {manifest['tokenizer']['vocab_size']} ({manifest['dtype']}), "
+          f"order correlation with the source {stream['order_correlation']}, "
           f"metadata_sha256 {metadata_sha256(manifest)}")
     return 0
 
