@@ -33,6 +33,7 @@ MUON_GRANULARITIES = ("param", "per_head")
 ROUTER_OPTIMIZERS = ("adamw", "muon")
 PARALLELISMS = ("ddp", "fsdp")
 COMPILE_MODES = ("none", "inductor", "eager")
+TRACKER_NAMES = ("tensorboard", "wandb", "mlflow", "trackio")  # built-in mirrors (run/sinks.py)
 
 
 def knob(default: Any = dataclasses.MISSING, meaning: str = "", *, factory: Any = dataclasses.MISSING) -> Any:
@@ -186,6 +187,9 @@ class TrainConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     tensorboard: bool = knob(False, "mirror train/val/checkpoint/overflow events live into RUN/tensorboard/ "
                              "(rank 0; needs the tensorboard package; metrics.jsonl stays the record)")
+    trackers: list[str] = knob(meaning="trackers that mirror the record live on rank 0: any of tensorboard, wandb, "
+                               "mlflow, trackio (each needs its extra, pilotrun[NAME]; a failing one warns once)",
+                               factory=list)
 
 
 @dataclass
@@ -216,6 +220,7 @@ RESUME_FREE_KEYS = (
     "train.profile.with_stack",
     # A mirror of the record, not part of the training.
     "train.tensorboard",
+    "train.trackers",
 )
 
 
@@ -441,6 +446,9 @@ def validate_run_config(config: RunConfig) -> None:
     need(t.data_mode in DATA_MODES, f"train.data_mode must be one of {DATA_MODES}, got '{t.data_mode}'")
     need(t.compile in COMPILE_MODES, f"train.compile must be one of {COMPILE_MODES}, got '{t.compile}'")
     need(t.parallelism in PARALLELISMS, f"train.parallelism must be one of {PARALLELISMS}, got '{t.parallelism}'")
+    for name in t.trackers:
+        need(name in TRACKER_NAMES, f"train.trackers: unknown tracker '{name}' (known: {', '.join(TRACKER_NAMES)})")
+    need(len(set(t.trackers)) == len(t.trackers), f"train.trackers names a tracker twice: {t.trackers}")
     need(t.profile.steps >= 0, f"train.profile.steps must be >= 0 (0: off), got {t.profile.steps}")
     need(t.profile.start_step >= 1, f"train.profile.start_step must be >= 1, got {t.profile.start_step}")
     need(t.profile.top_operators >= 1, f"train.profile.top_operators must be >= 1, got {t.profile.top_operators}")

@@ -1,50 +1,59 @@
-"""Metrics sinks: mirrors of the run record's events for live trackers (TensorBoard here), and the converter
-`pilotrun tensorboard RUN` for a finished run.
+"""Metrics sinks: the hook through which trackers mirror the run record (`MetricsSink`), the guard that keeps a
+failing one from touching the run (`GuardedSink`), and the built-in trackers of `train.trackers` (TensorBoard,
+W&B, MLflow, trackio: run/tracker_*.py), live or after the fact (`pilotrun export-metrics RUN --to TRACKER`).
 
 metrics.jsonl stays the record; a sink only mirrors it. The hook any tracker implements is `MetricsSink`:
 `write(event)` receives each event dict right after its line is written to metrics.jsonl (a deep copy, so a
 sink cannot change what was recorded), and `close()` at the end of the session. Wrap every sink in
-`GuardedSink`: a sink that raises (a full disk, a missing package, a tracker's server down) warns once and is
-switched off, and training goes on with the record untouched. The trainer does both: `train.tensorboard: true`
-opens `guarded_tensorboard_sink(RUN/tensorboard)` on rank 0, and `Trainer(..., sinks=[...])` /
-`pilotrun.train(..., sinks=[...])` add any others (wrapped in a GuardedSink unless they already are); the
-time they take is the session's "report" phase. Another tracker fits in a few lines, with
-no dependency for pilotrun (W&B shown; trackio and MLflow's `log_metrics(metrics, step=)` are alike):
-
-    class WandbSink:
-        def __init__(self, **init):
-            import wandb
-            self.run = wandb.init(**init)
-        def write(self, event):
-            if event["event"] in MIRRORED_EVENTS:
-                self.run.log(dict(scalar_fields(event)), step=event["step"])
-        def close(self):
-            self.run.finish()
-
-    sink = GuardedSink("wandb", lambda: WandbSink(project="pilot"))
+`GuardedSink`: a sink that raises (a full disk, a tracker's server down) warns once and is switched off, and
+training goes on with the record untouched. The trainer checks `check_trackers_available(names)` before it
+writes anything (a missing package is a `ConfigError`: one line, exit 2) and opens `tracker_sinks(names,
+RUN)` on rank 0; `Trainer(..., sinks=[...])` / `pilotrun.train(..., sinks=[...])` add any others (wrapped in a
+GuardedSink unless they already are). The time they take is the session's "report" phase.
 
 Scalars: every number in an event becomes the tag `EVENT/PATH` (nested dicts and lists joined by "/", e.g.
-`train/loss`, `train/moe/maxvio/0`, `val/loss`), at x = the event's `step`, with the event's `time` as wall
-time. Values are stored as float64 (TensorBoard's "new style" scalar with double precision) so that they
-read back equal to the JSON value; "NaN"/"Infinity" strings (how the record writes non-finite floats) become
-those floats; other strings, booleans and nulls are not scalars and are skipped.
+`train/loss`, `train/moe/maxvio/0`, `val/loss`) at x = the event's `step`, the same names in every tracker;
+"NaN"/"Infinity" strings (how the record writes non-finite floats) become those floats; other strings,
+booleans and nulls are not scalars and are skipped.
 """
 
 from __future__ import annotations
 
 import copy
-import math
+import importlib.util
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+from pilotrun.config import TRACKER_NAMES, TrainConfig
 from pilotrun.errors import ConfigError
+from pilotrun.run.mirror import (  # noqa: F401  re-exported: the names callers of this module know
+    MIRRORED_EVENTS,
+    NON_FINITE,
+    NOT_SCALARS,
+    TrackerMirror,
+    kept_history,
+    read_identity,
+    read_verdict,
+    report_files,
+    scalar_fields,
+)
+from pilotrun.run.tracker_mlflow import MlflowSink
+from pilotrun.run.tracker_tensorboard import TensorBoardSink, convert_run_to_tensorboard  # noqa: F401
+from pilotrun.run.tracker_trackio import TrackioSink
+from pilotrun.run.tracker_wandb import WandbSink
 
-MIRRORED_EVENTS = ("train", "val", "checkpoint", "overflow")
-# Identity and clock fields that every event carries: not metrics.
-NOT_SCALARS = frozenset({"event", "time", "session_id"})
-NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+TENSORBOARD_FOLDER = "tensorboard"  # RUN/tensorboard/: where the TensorBoard mirror writes
+
+# tracker -> the modules it imports (the extra `pip install 'pilotrun[NAME]'` installs them). MLflow's local
+# store (the default, RUN/mlflow.db) is SQLite through SQLAlchemy and alembic.
+TRACKER_MODULES: dict[str, tuple[str, ...]] = {
+    "tensorboard": ("tensorboard",),
+    "wandb": ("wandb",),
+    "mlflow": ("mlflow", "sqlalchemy", "alembic"),
+    "trackio": ("trackio",),
+}
 
 
 class MetricsSink(Protocol):
@@ -53,29 +62,6 @@ class MetricsSink(Protocol):
     def write(self, event: dict[str, Any]) -> None: ...
 
     def close(self) -> None: ...
-
-
-def scalar_fields(event: dict[str, Any]) -> Iterator[tuple[str, float]]:
-    """(tag, value) for every number of an event, tags `EVENT/PATH`, in the event's own key order."""
-    name = str(event.get("event", "event"))
-
-    def walk(value: Any, path: str) -> Iterator[tuple[str, float]]:
-        if isinstance(value, bool) or value is None:
-            return
-        if isinstance(value, int | float):
-            yield path, float(value)
-        elif isinstance(value, str) and value in NON_FINITE:
-            yield path, NON_FINITE[value]
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                yield from walk(item, f"{path}/{key}")
-        elif isinstance(value, list | tuple):
-            for index, item in enumerate(value):
-                yield from walk(item, f"{path}/{index}")
-
-    for key, value in event.items():
-        if key not in NOT_SCALARS and not key.startswith("_"):  # "_line" and the like: the reader's, not the record's
-            yield from walk(value, f"{name}/{key}")
 
 
 class GuardedSink:
@@ -109,59 +95,79 @@ class GuardedSink:
             self.sink = None
 
 
-def _summary_writer_class():
-    try:
-        import tensorboard  # noqa: F401  torch.utils.tensorboard needs the package itself
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise ConfigError("TensorBoard output needs the tensorboard package: pip install 'pilotrun[tensorboard]'"
-                          ) from None
-    return SummaryWriter
-
-
-class TensorBoardSink:
-    """Mirrors the events named in `events` as float64 scalars into event files under `log_dir`."""
-
-    def __init__(self, log_dir: str | Path, events: tuple[str, ...] = MIRRORED_EVENTS) -> None:
-        self.events = events
-        self.writer = _summary_writer_class()(log_dir=str(log_dir))
-        self.scalars_written = 0
-
-    def write(self, event: dict[str, Any]) -> None:
-        if event.get("event") not in self.events:
-            return
-        step, wall_time = int(event.get("step", 0)), event.get("time")
-        for tag, value in scalar_fields(event):
-            self.writer.add_scalar(tag, value, global_step=step, walltime=wall_time, new_style=True,
-                                   double_precision=True)
-            self.scalars_written += 1
-        self.writer.flush()  # live: a TensorBoard watching the folder sees each event as it is recorded
-
-    def close(self) -> None:
-        self.writer.close()
-
-
 def guarded_tensorboard_sink(log_dir: str | Path) -> GuardedSink:
-    """The live mirror the trainer opens: TensorBoard under `log_dir`, failures warned once and ignored."""
+    """The live mirror of `train.tensorboard`: TensorBoard under `log_dir`, failures warned once and ignored."""
     return GuardedSink("tensorboard", lambda: TensorBoardSink(log_dir))
 
 
-def convert_run_to_tensorboard(run_dir: str | Path, out: str | Path | None = None) -> tuple[Path, int]:
-    """Write a run's recorded train/val/checkpoint/overflow events as TensorBoard scalars into `out`
-    (default RUN/tensorboard, which must be new or empty). Returns (folder, scalars written)."""
+def configured_trackers(train: TrainConfig) -> list[str]:
+    """`train.trackers`, with `tensorboard` added when the older switch `train.tensorboard` is on."""
+    names = list(train.trackers)
+    if train.tensorboard and "tensorboard" not in names:
+        names.insert(0, "tensorboard")
+    return names
+
+
+def check_trackers_available(names: Iterable[str]) -> None:
+    """Refuse, before anything is written, a tracker that is unknown or whose package is not installed: one
+    `ConfigError` naming the tracker, the missing package and the extra that installs it."""
+    for name in names:
+        if name not in TRACKER_MODULES:
+            raise ConfigError(f"train.trackers: unknown tracker '{name}' (known: {', '.join(TRACKER_NAMES)})")
+        missing = [m for m in TRACKER_MODULES[name] if importlib.util.find_spec(m) is None]
+        if missing:
+            raise ConfigError(f"train.trackers: {name} needs the {', '.join(missing)} package"
+                              f"{'s' if len(missing) > 1 else ''}: pip install 'pilotrun[{name}]'")
+
+
+def open_tracker(name: str, run_dir: str | Path, log_dir: str | Path | None = None) -> TrackerMirror:
+    """One tracker's mirror of the run in `run_dir`, configured as that tracker is (module docstrings of
+    run/tracker_*.py); `log_dir` is TensorBoard's event folder (default RUN/tensorboard)."""
+    run_dir = Path(run_dir)
+    if name == "tensorboard":
+        return TensorBoardSink(log_dir if log_dir is not None else run_dir / TENSORBOARD_FOLDER, run_dir=run_dir)
+    if name == "wandb":
+        return WandbSink(run_dir)
+    if name == "mlflow":
+        return MlflowSink(run_dir)
+    if name == "trackio":
+        return TrackioSink(run_dir)
+    raise ConfigError(f"unknown tracker '{name}' (known: {', '.join(TRACKER_NAMES)})")
+
+
+def tracker_sinks(names: Iterable[str], run_dir: str | Path) -> list[GuardedSink]:
+    """The live mirrors of `train.trackers` for rank 0, each guarded; each opens its tracker run at the
+    session's `session_start` (a resumed session resumes the tracker's run)."""
+    return [GuardedSink(name, lambda name=name: open_tracker(name, run_dir)) for name in names]
+
+
+def export_metrics(run_dir: str | Path, name: str, *, log_dir: str | Path | None = None, force: bool = False
+                   ) -> dict[str, Any]:
+    """`pilotrun export-metrics RUN --to NAME`: a finished run's kept history (each step once), its identity,
+    its verdict and report files (where a verdict was made) into one tracker. Not guarded: a failure is the
+    command's error. Returns {tracker, events, scalars, verdict, files, where}."""
     from pilotrun.run.record import METRICS_JSONL, read_metrics_strict
 
     run_dir = Path(run_dir)
     if not (run_dir / METRICS_JSONL).is_file():
         raise ConfigError(f"{run_dir / METRICS_JSONL} not found: is {run_dir} a run folder?")
-    out = Path(out) if out is not None else run_dir / "tensorboard"
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"--out {out} exists and is not an empty folder (event files would be appended to): "
-                          "choose a new one or remove it")
-    sink = TensorBoardSink(out)  # not guarded: here a failure is the command's error, not a warning
+    check_trackers_available([name])
+    verdict = read_verdict(run_dir)
+    files = report_files(run_dir)
+    if name == "tensorboard":
+        out, scalars = convert_run_to_tensorboard(run_dir, log_dir, force=force)
+        return {"tracker": name, "events": None, "scalars": scalars, "verdict": verdict is not None,
+                "files": 0, "where": str(out)}
+    events = kept_history(read_metrics_strict(run_dir))
+    sink = open_tracker(name, run_dir)
     try:
-        for event in read_metrics_strict(run_dir):
+        sink.begin(None)
+        for event in events:
             sink.write(event)
+        if verdict is not None:
+            sink.log_verdict(verdict, max((int(e.get("step", 0)) for e in events), default=0))
+        sink.log_files(files)
     finally:
         sink.close()
-    return out, sink.scalars_written
+    return {"tracker": name, "events": len(events), "scalars": sink.scalars_written, "verdict": verdict is not None,
+            "files": len(files), "where": getattr(sink, "where", "")}

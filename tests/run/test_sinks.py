@@ -1,97 +1,44 @@
-"""pilotrun/run/sinks.py: TensorBoard scalars read back equal the metrics.jsonl values exactly; a failing sink
-warns once and never raises; `pilotrun tensorboard RUN` converts a finished run."""
+"""pilotrun/run/sinks.py: a failing sink warns once and never raises; a tracker whose package is missing is
+one line before anything is written; `train.trackers` is checked; export-metrics refuses what it cannot do."""
 
 from __future__ import annotations
 
+import builtins
 import math
 import warnings
-from pathlib import Path
 
 import pytest
 
 from pilotrun.commands.cli import main
-from pilotrun.config import load_run_config
-from pilotrun.run.record import read_metrics_strict as read_metrics
+from pilotrun.config import TrainConfig, load_run_config
+from pilotrun.errors import ConfigError
 from pilotrun.run.sinks import (
-    MIRRORED_EVENTS,
     GuardedSink,
-    TensorBoardSink,
+    check_trackers_available,
+    configured_trackers,
     guarded_tensorboard_sink,
+    kept_history,
     scalar_fields,
+    tracker_sinks,
 )
-from pilotrun.training.trainer import Trainer
-
-pytest.importorskip("tensorboard")
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def tiny_run(builtin_data_dir, tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("sinks") / "run"
-    config = load_run_config(ROOT / "configs" / "smoke.yaml", ["train.num_threads=1", "train.max_steps=4",
-                                                                "train.eval_every=2", "train.checkpoint_every=2"])
-    Trainer(config, builtin_data_dir, run_dir, progress=False).run()
-    return run_dir
-
-
-def read_back(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar in the event files: tag -> [(step, value)] in write order, values as stored (float64)."""
-    from tensorboard.backend.event_processing.event_accumulator import TENSORS, EventAccumulator
-    from tensorboard.util import tensor_util
-
-    accumulator = EventAccumulator(str(log_dir), size_guidance={TENSORS: 0})
-    accumulator.Reload()
-    return {tag: [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
-            for tag in accumulator.Tags()["tensors"]}
-
-
-def expected_scalars(events: list[dict]) -> dict[str, list[tuple[int, float]]]:
-    expected: dict[str, list[tuple[int, float]]] = {}
-    for event in events:
-        if event["event"] in MIRRORED_EVENTS:
-            for tag, value in scalar_fields(event):
-                expected.setdefault(tag, []).append((event["step"], value))
-    return expected
-
-
-def same(a: dict, b: dict) -> bool:
-    """Exact equality, NaN equal to NaN (the record may carry non-finite figures)."""
-    if a.keys() != b.keys():
-        return False
-    return all(len(a[t]) == len(b[t]) and all(sa == sb and (va == vb or (math.isnan(va) and math.isnan(vb)))
-                                              for (sa, va), (sb, vb) in zip(a[t], b[t])) for t in a)
-
-
-def test_converted_scalars_equal_the_jsonl_values_exactly(tiny_run, tmp_path):
-    out = tmp_path / "tb"
-    assert main(["tensorboard", str(tiny_run), "--out", str(out)]) == 0
-    events = read_metrics(tiny_run)
-    scalars = read_back(out)
-    expected = expected_scalars(events)
-    assert {"train/loss", "val/loss", "train/grad_norm", "train/moe/maxvio/0", "checkpoint/step"} <= set(scalars)
-    assert same(scalars, expected)
-    losses = [e["loss"] for e in events if e["event"] == "train"]
-    assert [value for _, value in scalars["train/loss"]] == losses  # the full-precision float, bit for bit
-    assert [step for step, _ in scalars["train/loss"]] == [1, 2, 3, 4]
-
-
-def test_live_sink_mirrors_events_as_written(tiny_run, tmp_path):
-    events = read_metrics(tiny_run)
-    sink = guarded_tensorboard_sink(tmp_path / "live")
-    for event in events:
-        sink.write(event)
-    sink.close()
-    assert sink.failure is None
-    assert same(read_back(tmp_path / "live"), expected_scalars(events))
 
 
 def test_scalar_fields_paths_and_non_finite_strings():
     event = {"event": "train", "time": 1.0, "session_id": "s", "step": 3, "loss": "NaN", "ok": True,
-             "nested": {"a": [1, 2.5], "name": "unknown", "none": None}}
+             "nested": {"a": [1, 2.5], "name": "unknown", "none": None}, "_line": 4}
     fields = dict(scalar_fields(event))
     assert fields.keys() == {"train/step", "train/loss", "train/nested/a/0", "train/nested/a/1"}
     assert math.isnan(fields["train/loss"]) and fields["train/nested/a/1"] == 2.5
+
+
+def test_kept_history_drops_what_a_resume_rolled_back():
+    events = [{"event": "session_start", "step": 0, "resumed_from": None},
+              *({"event": "train", "step": s, "loss": float(s)} for s in (1, 2, 3)),
+              {"event": "checkpoint", "step": 2}, {"event": "session_start", "step": 2, "resumed_from": 2},
+              {"event": "train", "step": 3, "loss": 30.0}]
+    kept = kept_history(events)
+    assert [(e["event"], e["step"], e.get("loss")) for e in kept] == [
+        ("train", 1, 1.0), ("train", 2, 2.0), ("checkpoint", 2, None), ("train", 3, 30.0)]
 
 
 class Exploding:
@@ -120,17 +67,24 @@ def test_failing_sink_warns_once_and_leaves_the_record_alone():
     assert inner.calls == 1 and record == {"event": "train", "step": 1, "loss": 2.0}
 
 
-def test_sink_that_cannot_open_warns_once(tmp_path, monkeypatch):
-    import builtins
+def without(monkeypatch, *packages):
+    """Imports and module look-ups of `packages` fail, as where they are not installed."""
+    import importlib.util
 
-    real_import = builtins.__import__
+    real_import, real_find = builtins.__import__, importlib.util.find_spec
 
-    def no_tensorboard(name, *args, **kwargs):
-        if name == "tensorboard" or name.startswith("tensorboard."):
-            raise ImportError("No module named 'tensorboard'")
+    def fake_import(name, *args, **kwargs):
+        if name.split(".")[0] in packages:
+            raise ImportError(f"No module named '{name}'")
         return real_import(name, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name.split(".")[0] in packages else real_find(name, *a))
+
+
+def test_sink_that_cannot_open_warns_once(tmp_path, monkeypatch):
+    without(monkeypatch, "tensorboard")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         sink = guarded_tensorboard_sink(tmp_path / "tb")
@@ -140,20 +94,46 @@ def test_sink_that_cannot_open_warns_once(tmp_path, monkeypatch):
     assert not (tmp_path / "tb").exists()
 
 
-def test_convert_refuses_an_occupied_folder_and_a_non_run(tiny_run, tmp_path, capsys):
-    out = tmp_path / "tb"
-    out.mkdir()
-    (out / "other").write_text("x")
-    assert main(["tensorboard", str(tiny_run), "--out", str(out)]) == 2
-    assert main(["tensorboard", str(tmp_path / "nothing")]) == 2
+@pytest.mark.parametrize("name,package", [("wandb", "wandb"), ("mlflow", "mlflow"), ("trackio", "trackio"),
+                                          ("tensorboard", "tensorboard")])
+def test_a_missing_tracker_package_is_one_line(monkeypatch, name, package):
+    without(monkeypatch, package)
+    with pytest.raises(ConfigError) as caught:
+        check_trackers_available(["tensorboard", name] if name != "tensorboard" else [name])
+    message = str(caught.value)
+    assert "\n" not in message and f"pip install 'pilotrun[{name}]'" in message and package in message
+
+
+def test_export_metrics_with_a_missing_package_exits_2_before_writing(tmp_path, monkeypatch, capsys):
+    (tmp_path / "metrics.jsonl").write_text("")
+    without(monkeypatch, "wandb")
+    assert main(["export-metrics", str(tmp_path), "--to", "tensorboard", "--to", "wandb"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and "not an empty folder" in err[0] and "metrics.jsonl" in err[1]
-    assert [p.name for p in out.iterdir()] == ["other"]
+    assert len(err) == 1 and "pilotrun[wandb]" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
 
 
-def test_tensorboard_sink_skips_unmirrored_events(tmp_path):
-    sink = TensorBoardSink(tmp_path / "tb")
-    sink.write({"event": "session_start", "step": 0, "max_steps": 5})
-    sink.write({"event": "val", "step": 2, "loss": 1.5})
-    sink.close()
-    assert read_back(tmp_path / "tb") == {"val/step": [(2, 2.0)], "val/loss": [(2, 1.5)]}
+def test_export_metrics_refuses_a_non_run_and_an_unknown_tracker(tmp_path, capsys):
+    assert main(["export-metrics", str(tmp_path / "nothing"), "--to", "tensorboard"]) == 2
+    assert "metrics.jsonl" in capsys.readouterr().err
+    assert main(["export-metrics", str(tmp_path), "--to", "neptune"]) == 2
+
+
+def test_trackers_config_key():
+    config = load_run_config(None, ["train.trackers=[wandb, mlflow]", "train.tensorboard=true"])
+    assert config.train.trackers == ["wandb", "mlflow"]
+    assert configured_trackers(config.train) == ["tensorboard", "wandb", "mlflow"]
+    assert configured_trackers(TrainConfig()) == []
+    with pytest.raises(ConfigError, match="unknown tracker 'neptune'"):
+        load_run_config(None, ["train.trackers=[neptune]"])
+    with pytest.raises(ConfigError, match="twice"):
+        load_run_config(None, ["train.trackers=[wandb, wandb]"])
+    with pytest.raises(ConfigError, match="unknown tracker"):
+        check_trackers_available(["neptune"])
+
+
+def test_tracker_sinks_are_guarded_and_write_nothing_before_the_session(tmp_path):
+    sinks = tracker_sinks(["tensorboard"], tmp_path / "run")
+    assert [type(s).__name__ for s in sinks] == ["GuardedSink"] and not (tmp_path / "run").exists()
+    for sink in sinks:
+        sink.close()

@@ -1,0 +1,89 @@
+"""trackio: one trackio run per pilotrun run, named by the run_id, so every session of the run resumes it.
+
+Configured as trackio is: its local store is `TRACKIO_DIR` (default ~/.cache/huggingface/trackio; `trackio show`
+reads it), `TRACKIO_SPACE_ID` / `TRACKIO_SERVER_URL` send it elsewhere; the project is `TRACKIO_PROJECT`
+(default "pilotrun"). Scalars go in with `step` = the record's step, as JSON numbers (float64). trackio keeps
+every point it is sent, so after a resume a rolled-back step has two points, the redone (kept) one last;
+`export-metrics` of a finished run sends each step once. The identity and the recipe are the run's config
+(given again at each resume: trackio replaces a run's config with the one its latest init names), the
+verdict's decision and figures go into the config and, as numbers, the log at the last step; the report is one
+artifact of type "report". trackio's console lines are kept out of the training's output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+from pilotrun.errors import ConfigError
+from pilotrun.run.mirror import MIRRORED_EVENTS, PROJECT, TrackerMirror, flat_recipe, identity_tags
+
+
+def _trackio():
+    try:
+        import trackio
+    except ImportError:
+        raise ConfigError("trackio output needs the trackio package: pip install 'pilotrun[trackio]'") from None
+    return trackio
+
+
+@contextlib.contextmanager
+def _quiet():
+    """trackio prints where it logs at init and finish; the trainer's output is its own."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
+
+
+class TrackioSink(TrackerMirror):
+    name = "trackio"
+
+    def __init__(self, run_dir: str | Path, events: tuple[str, ...] = MIRRORED_EVENTS) -> None:
+        super().__init__(run_dir, events)
+        self.trackio = _trackio()
+        self.run: Any = None
+        self.config: dict[str, Any] = {}
+        self.project = os.environ.get("TRACKIO_PROJECT") or PROJECT
+        self.where = ""
+
+    def _init(self, name: str) -> None:
+        with _quiet():
+            self.run = self.trackio.init(project=self.project, name=name, config=self.config, resume="allow",
+                                         embed=False, auto_log_gpu=False, auto_log_cpu=False)
+
+    def start(self, identity: dict[str, Any], resume_step: int | None) -> None:
+        self.config = {**identity_tags(identity), **flat_recipe(identity.get("recipe") or {})}
+        if resume_step is not None:
+            self.config["resumed_at_step"] = resume_step
+        self._init(identity.get("run_id") or PROJECT)
+        self.where = f"trackio project {self.project} run {self.run.name}"
+
+    def log(self, step: int, scalars: dict[str, float], wall_time: float | None) -> None:
+        self.run.log(scalars, step=step)
+
+    def log_verdict(self, verdict: dict[str, Any], step: int) -> None:
+        self.run.log(verdict["scalars"], step=step)
+        # The config is set at init: finish this init and resume the run with the verdict in its config.
+        self.config.update({"verdict/decision": verdict["decision"], "verdict/statement": verdict["statement"],
+                            **verdict["status"]})
+        name = self.run.name
+        with _quiet():
+            self.run.finish()
+        self._init(name)
+
+    def log_files(self, files: list[Path]) -> None:
+        if not files:
+            return
+        artifact = self.trackio.Artifact(f"report-{self.run.name}", type="report")
+        for path in files:
+            artifact.add_file(str(path), name=path.name)
+        with _quiet():
+            self.run.log_artifact(artifact)
+
+    def close(self) -> None:
+        if self.run is not None:
+            with _quiet():
+                self.run.finish()
+            self.run = None

@@ -1,0 +1,92 @@
+"""The runs the tracker tests mirror, and what each tracker must read back: a short real run (the trainer with
+`tracker_sinks` as its sinks), and a synthetic run that crashed after step 33 and resumed from its checkpoint
+at 20 (steps 21-33 rolled back and redone), mirrored session by session as the trainer would, or exported."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from pilotrun.config import load_run_config
+from pilotrun.files import canonical_sha256
+from pilotrun.run.record import read_metrics_strict, read_run_json
+from pilotrun.run.sinks import MIRRORED_EVENTS, kept_history, scalar_fields, tracker_sinks
+from tests.report.synthetic import crashed_and_resumed
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLLED_BACK = range(21, 34)
+
+
+def live_run(data_dir: Path, run_dir: Path, names: list[str]) -> Path:
+    """Four steps of the smoke recipe (val and checkpoint at 2 and 4), mirrored live into `names`."""
+    from pilotrun.training.trainer import Trainer
+
+    config = load_run_config(ROOT / "configs" / "smoke.yaml", ["train.num_threads=1", "train.max_steps=4",
+                                                                "train.eval_every=2", "train.checkpoint_every=2"])
+    result = Trainer(config, data_dir, run_dir, progress=False, sinks=tracker_sinks(names, run_dir)).run()
+    assert result.exit_code == 0
+    return run_dir
+
+
+def crashed_run(run_dir: Path) -> Path:
+    crashed_and_resumed(run_dir).write()
+    return run_dir
+
+
+def mirror_session_by_session(run_dir: Path, names: list[str]) -> None:
+    """What the trainer does for each session: fresh sinks, every event of that session, close."""
+    events = read_metrics_strict(run_dir)
+    sessions: dict[str, list[dict]] = {}
+    for event in events:
+        sessions.setdefault(event["session_id"], []).append(event)
+    for session_events in sessions.values():
+        sinks = tracker_sinks(names, run_dir)
+        for event in session_events:
+            for sink in sinks:
+                sink.write(event)
+        for sink in sinks:
+            sink.close()
+            assert sink.failure is None, sink.failure
+
+
+def expected(run_dir: Path, kept: bool = True) -> dict[str, list[tuple[int, float]]]:
+    """tag -> [(step, value)] in record order: the kept history (each step once) or every point logged."""
+    events = read_metrics_strict(run_dir)
+    chosen = kept_history(events) if kept else [e for e in events if e["event"] in MIRRORED_EVENTS]
+    out: dict[str, list[tuple[int, float]]] = {}
+    for event in chosen:
+        for tag, value in scalar_fields(event):
+            out.setdefault(tag, []).append((event["step"], value))
+    return out
+
+
+def identity(run_dir: Path) -> dict[str, str]:
+    run = read_run_json(run_dir)
+    return {"run_id": run["run_id"], "recipe_sha256": canonical_sha256(run["recipe"]),
+            "data_metadata_sha256": run["data"]["metadata_sha256"],
+            "git_commit": str((run["sessions"][-1].get("git") or {}).get("commit"))}
+
+
+def same(a: dict, b: dict) -> bool:
+    """Exact equality of two tag -> [(step, value)] maps, NaN equal to NaN."""
+    if a.keys() != b.keys():
+        return False
+    return all(len(a[t]) == len(b[t]) and all(sa == sb and (va == vb or (math.isnan(va) and math.isnan(vb)))
+                                              for (sa, va), (sb, vb) in zip(a[t], b[t])) for t in a)
+
+
+def write_verdict(run_dir: Path) -> dict:
+    """RUN/report/ as `pilotrun verdict` leaves it (summary.json, report.html, a plot)."""
+    import json
+
+    report = run_dir / "report"
+    report.mkdir(exist_ok=True)
+    summary = {"decision": "GO", "statement": "the pilot shows what a long run needs",
+               "rules": [{"name": "loss_decreasing", "status": "PASS", "figure": 0.25, "threshold": 0.05,
+                          "evidence": "x"},
+                         {"name": "resume_exact", "status": "PASS", "figure": None, "threshold": None,
+                          "evidence": "y"}]}
+    (report / "summary.json").write_text(json.dumps(summary))
+    (report / "report.html").write_text("<html><body>GO</body></html>")
+    (report / "loss.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    return summary
