@@ -26,7 +26,7 @@ import pytest
 from pilotrun.report.summarize import summarize_run
 from pilotrun.run import folder_lock as run_lock
 from pilotrun.run.folder_lock import LOCK_NAME, RunFolderBusy, RunFolderLock
-from pilotrun.training.checkpoint import HOLD_FILE_ENV
+from tests.training import checkpoint_faults
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ["--set", "train.num_threads=1", "--set", "train.max_steps=4", "--set", "train.checkpoint_every=2",
@@ -41,17 +41,17 @@ def _command(data: Path, run_dir: Path, *extra: str, launcher: list[str] | None 
 
 def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    env.pop(HOLD_FILE_ENV, None)
     env.update(extra)
     return env
 
 
 def _start_held_session(data: Path, run_dir: Path, hold: Path, step: int) -> subprocess.Popen:
     """A session kept inside its checkpoint write of `step` (after the rename, before the marker) for as long as
-    `hold` exists: the test-only hook of the checkpointer, so the session holds its lock however slow or fast the
-    machine is. Deleting `hold` lets it finish."""
+    `hold` exists (a fault the test injects into the child, tests/training/checkpoint_faults.py), so the session
+    holds its lock however slow or fast the machine is. Deleting `hold` lets it finish."""
     hold.write_text(str(step))
-    process = subprocess.Popen(_command(data, run_dir), cwd=ROOT, env=_env(**{HOLD_FILE_ENV: str(hold)}),
+    launcher = checkpoint_faults.command("--hold-file", str(hold))
+    process = subprocess.Popen(_command(data, run_dir, launcher=launcher), cwd=ROOT, env=_env(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     folder = run_dir / "checkpoints" / f"step-{step:08d}"
     deadline = time.monotonic() + 300  # a hang guard only: the wait ends when the session reaches the hold

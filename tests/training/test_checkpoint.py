@@ -3,7 +3,7 @@
 import hashlib
 import json
 import os
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import pytest
 import torch
@@ -13,6 +13,8 @@ from pilotrun.training import checkpoint as checkpoint_module
 from pilotrun.training.checkpoint import MARKER_NAME, Checkpointer, TorchSaveStorage, step_folder_name
 from pilotrun.training.rng import capture_rng_state
 from tests.exactness import assert_exactly_equal
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def realistic_state(seed: int) -> dict:
@@ -214,6 +216,8 @@ def test_code_objects_are_refused_on_load(tmp_path):
 KILLED_WRITER = """
 import sys, torch
 from pilotrun.training.checkpoint import Checkpointer
+from tests.training import checkpoint_faults
+getattr(checkpoint_faults, sys.argv[3])(30)
 checkpointer = Checkpointer(sys.argv[1], keep=1)
 checkpointer.save(int(sys.argv[2]), {"model": {"w": torch.full((1000,), float(sys.argv[2]))},
                                      "trainer": {"step": int(sys.argv[2])}}, {"step": int(sys.argv[2])})
@@ -240,9 +244,8 @@ def test_sigkill_during_a_write_leaves_nothing_loadable_half_written(tmp_path, p
     Checkpointer(tmp_path, keep=1).save(1, {"model": {"w": torch.full((1000,), 1.0)}, "trainer": {"step": 1}},
                                         {"step": 1})
     # Pause 30 s inside the chosen phase, so the kill lands there (the writer never gets to sleep it out).
-    hook = checkpoint_module.WRITE_DELAY_ENV if phase == "writing_files" else checkpoint_module.COMMIT_DELAY_ENV
-    env = dict(os.environ, **{hook: "30"})
-    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(tmp_path), "2"], env=env)
+    fault = "delay_each_file" if phase == "writing_files" else "delay_commit"
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(tmp_path), "2", fault], cwd=ROOT)
     try:
         if phase == "writing_files":
             _wait_for(lambda: any(p.name.startswith(".tmp-") and (p / "model.pt").exists() for p in root.iterdir()))

@@ -18,7 +18,7 @@ from torch import nn
 
 from pilotrun.errors import CheckpointError
 from pilotrun.training import distributed as D
-from pilotrun.training.checkpoint import MARKER_NAME, WRITE_DELAY_ENV, Checkpointer
+from pilotrun.training.checkpoint import MARKER_NAME, Checkpointer
 from pilotrun.training.dcp_storage import (
     DistributedCheckpointer,
     load_model_and_optimizer_state,
@@ -179,7 +179,9 @@ def _slow_second_save_worker(rank: int, run_dir: str) -> None:
     context = D.init_distributed("cpu")
     checkpointer = DistributedCheckpointer(run_dir, keep=3, context=context)
     checkpointer.save(1, _state_for_rank(rank, 1), {"step": 1})
-    os.environ[WRITE_DELAY_ENV] = "60"  # the next save stops after its shards are written, before the commit
+    from tests.training.checkpoint_faults import delay_each_file
+
+    delay_each_file(60)  # the next save stops after its shards are written, before the commit
     checkpointer.save(2, _state_for_rank(rank, 2), {"step": 2})
 
 

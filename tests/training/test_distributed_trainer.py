@@ -31,20 +31,20 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ["--set", "train.max_steps=9", "--set", "train.checkpoint_every=3", "--set", "train.log_every=1",
           "--set", "train.eval_every=0", "--set", "train.num_threads=1", "--set", "train.keep_checkpoints=5",
           "--set", "optim.schedule.horizon=9"]
-DELAY_ENV = "PILOTRUN_TEST_CHECKPOINT_WRITE_DELAY_S"
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    env.pop(DELAY_ENV, None)
     env.update(extra or {})
     return env
 
 
-def _train_command(data: Path, run_dir: Path, world_size: int, batch_size: int, *extra: str) -> list[str]:
-    launcher = [sys.executable, "-m", "pilotrun"] if world_size == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
-         "-m", "pilotrun"]
+def _train_command(data: Path, run_dir: Path, world_size: int, batch_size: int, *extra: str,
+                   faults: tuple[str, ...] = ()) -> list[str]:
+    # `faults`: checkpoint faults for every rank (tests/training/checkpoint_faults.py), run in place of pilotrun.
+    module = ["-m", "tests.training.checkpoint_faults", *faults, "--"] if faults else ["-m", "pilotrun"]
+    launcher = [sys.executable, *module] if world_size == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}", *module]
     return launcher + ["train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(data),
                        "--run-dir", str(run_dir), *RECIPE, "--set", f"train.batch_size={batch_size}", *extra]
 
@@ -121,8 +121,8 @@ def runs(builtin_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     # The killed run: every checkpoint write pauses 3 s between the shards and the commit; once step 3 is
     # committed and step 6's write has begun, SIGKILL the whole process group (torchrun and both ranks).
     with open(root / "killed.log", "w") as log:
-        killed = subprocess.Popen(_train_command(builtin_data_dir, out["killed"], 2, 2), cwd=ROOT,
-                                  env=_env({DELAY_ENV: "3"}), stdout=log, stderr=subprocess.STDOUT)
+        killed = subprocess.Popen(_train_command(builtin_data_dir, out["killed"], 2, 2, faults=("--write-delay", "3")),
+                                  cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
     checkpoints = out["killed"] / "checkpoints"
     deadline = time.time() + 240
     try:

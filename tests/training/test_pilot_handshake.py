@@ -6,19 +6,46 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
-import pytest
+from pilotrun.config import load_run_config
+from pilotrun.run.record import read_metrics_strict
+from pilotrun.training import pilot_handshake
+from pilotrun.training.callbacks import PRIORITY_CHECKPOINT
+from pilotrun.training.pilot_handshake import FreezePoint, KillPointCallback, wait_until_stopped
+from pilotrun.training.trainer import Trainer
 
-from pilotrun.errors import ConfigError
-from pilotrun.training.pilot_handshake import FREEZE_PAST_STEP_ENV, FreezePoint, wait_until_stopped
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_freeze_point_is_read_from_the_environment_and_ignored_under_torchrun():
-    assert FreezePoint.from_environment({}).past_step is None
-    assert FreezePoint.from_environment({FREEZE_PAST_STEP_ENV: " 120 "}).past_step == 120
-    assert FreezePoint.from_environment({FREEZE_PAST_STEP_ENV: "120"}, distributed=True).past_step is None
-    with pytest.raises(ConfigError, match=f"{FREEZE_PAST_STEP_ENV}='12o': must be a whole number"):
-        FreezePoint.from_environment({FREEZE_PAST_STEP_ENV: "12o"})
+def test_the_kill_point_is_handed_in_and_ignored_under_torchrun():
+    assert KillPointCallback.past_step(None, distributed=False).point.past_step is None
+    assert KillPointCallback.past_step(120, distributed=False).point.past_step == 120
+    assert KillPointCallback.past_step(120, distributed=True).point.past_step is None
+    assert KillPointCallback.priority > PRIORITY_CHECKPOINT  # it waits for the checkpoint of the same round
+
+
+def test_the_kill_point_stops_at_the_first_logged_step_past_its_step_once_a_checkpoint_committed(
+        builtin_data_dir, tmp_path, monkeypatch):
+    """A real session with the kill point at step 4, windows every 4 updates and checkpoints every 3 (each also
+    closing a window): step 3 is logged and committed but not past 4, step 4 is logged but not past it, so the
+    freeze comes at step 6, the first logged step past 4, with its checkpoint committed in the same round. The
+    SIGSTOP is recorded instead of sent, so the session carries on as after SIGCONT, and freezes only once."""
+    frozen = []
+    trainer = None
+
+    def recording_kill(pid, signum):
+        frozen.append((signum, trainer.session.state.step, trainer.session.checkpointer.committed_steps()[-1]))
+
+    monkeypatch.setattr(pilot_handshake.os, "kill", recording_kill)
+    config = load_run_config(ROOT / "configs" / "smoke.yaml", [
+        "train.num_threads=1", "train.max_steps=10", "train.log_every=4", "train.checkpoint_every=3",
+        "train.eval_every=0", "optim.schedule.horizon=10"])
+    trainer = Trainer(config, builtin_data_dir, tmp_path / "run", progress=False, stop_past_step=4)
+    assert trainer.run().reason == "completed"
+    assert frozen == [(signal.SIGSTOP, 6, 6)]
+    events = read_metrics_strict(tmp_path / "run")
+    assert [e["step"] for e in events if e["event"] == "train"] == [3, 4, 6, 8, 9, 10]
 
 
 def test_the_freeze_is_due_past_the_step_after_a_checkpoint_with_updates_left():

@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from pilotrun.training.checkpoint import COMMIT_DELAY_ENV, MARKER_NAME, Checkpointer
+from pilotrun.training.checkpoint import MARKER_NAME, Checkpointer
 from tests.exactness import assert_exactly_equal
+from tests.training import checkpoint_faults
 
 ROOT = Path(__file__).resolve().parents[2]
 N_STEPS = 10
@@ -35,9 +36,10 @@ RECIPE = [
 ]
 
 
-def train_command(data_dir: Path, run_dir: Path, *extra: str, resume: bool = False) -> list[str]:
-    command = [sys.executable, "-m", "pilotrun", "train", "--config", str(ROOT / "configs" / "smoke.yaml"),
-               "--data", str(data_dir), "--run-dir", str(run_dir)]
+def train_command(data_dir: Path, run_dir: Path, *extra: str, resume: bool = False,
+                  launcher: list[str] | None = None) -> list[str]:
+    command = (launcher or [sys.executable, "-m", "pilotrun"]) + [
+        "train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(data_dir), "--run-dir", str(run_dir)]
     for item in RECIPE:
         command += ["--set", item]
     if resume:
@@ -141,10 +143,10 @@ def test_sigkill_at_random_moments_then_resume_matches(builtin_data_dir, tmp_pat
         resume = (run_dir / "run.json").exists()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         during_write = attempt == 1  # the second session is killed inside a checkpoint write
-        if during_write:
-            env[COMMIT_DELAY_ENV] = "2"  # the folder is renamed, its marker waits 2 s: kill lands before it
-        process = subprocess.Popen(train_command(builtin_data_dir, run_dir, *extra, resume=resume), cwd=ROOT,
-                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # The second session's folder is renamed and its marker waits 2 s: the kill lands before it.
+        launcher = checkpoint_faults.command("--commit-delay", "2") if during_write else None
+        process = subprocess.Popen(train_command(builtin_data_dir, run_dir, *extra, resume=resume, launcher=launcher),
+                                   cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             if attempt < 3:
                 start_steps = set(_committed(run_dir))
