@@ -1,0 +1,180 @@
+"""An interrupted prepare continues: SIGKILL at several points (inside a shard, around a commit, while the
+manifest is written) and a rerun of the same command give the same bytes as a prepare that never stopped, with
+strictly fewer documents tokenized by the rerun; SIGINT/SIGTERM stop with one line and exit 130/143; a rerun
+with another tokenizer or option is refused with the difference named."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pilotrun.commands.cli import main
+from pilotrun.data import prepare as prepare_module
+from pilotrun.data.progress import PROGRESS_FILE
+
+from .test_prepare import _tree_bytes
+
+CHILD = Path(__file__).with_name("prepare_child.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def parquet_source(tmp_path, fineweb_texts) -> str:
+    """The 150 fixture documents as three parquet files of 20-row groups: 8 reading units each."""
+    folder = tmp_path / "source"
+    folder.mkdir()
+    for index in range(3):
+        part = fineweb_texts[index * 50:(index + 1) * 50]
+        pq.write_table(pa.table({"text": part}), folder / f"part-{index}.parquet", row_group_size=20)
+    return str(folder / "*.parquet")
+
+
+def prepare_args(out: Path, source: str, tokenizer: str, *extra: str) -> list[str]:
+    return ["--out", str(out), "--source", source, "--tokenizer", tokenizer, "--shard-tokens", "5000",
+            "--val-fraction", "0.1", "--shuffle-buffer", "16", "--seed", "7", "--workers", "1", *extra]
+
+
+def counted_prepare(monkeypatch, args: list[str]) -> tuple[int, int]:
+    """(exit code, documents tokenized) of an in-process `pilotrun prepare`."""
+    encoded = {"documents": 0}
+    original = prepare_module.encode_documents
+
+    def counting(tokenizer, texts, *rest):
+        encoded["documents"] += len(texts)
+        return original(tokenizer, texts, *rest)
+
+    monkeypatch.setattr(prepare_module, "encode_documents", counting)
+    code = main(["prepare", *args])
+    monkeypatch.setattr(prepare_module, "encode_documents", original)
+    return code, encoded["documents"]
+
+
+def run_child(point: str, n: int, args: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, str(CHILD), point, str(n), "--", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+@pytest.fixture
+def reference(tmp_path, monkeypatch, parquet_source, gpt2_tokenizer_path):
+    out = tmp_path / "reference"
+    code, documents = counted_prepare(monkeypatch, prepare_args(out, parquet_source, str(gpt2_tokenizer_path)))
+    assert code == 0 and documents == 150
+    manifest = json.loads((out / "metadata.json").read_text())
+    assert len(manifest["splits"]["train"]["shards"]) >= 10  # enough shards for kills between them
+    return out, documents
+
+
+@pytest.mark.parametrize("point, n", [("encode", 4), ("before-commit", 3), ("after-commit", 2), ("manifest", 1)])
+def test_sigkill_then_rerun_is_byte_identical_and_tokenizes_less(tmp_path, monkeypatch, parquet_source,
+                                                                 gpt2_tokenizer_path, reference, point, n):
+    reference_dir, full_documents = reference
+    out = tmp_path / "out"
+    args = prepare_args(out, parquet_source, str(gpt2_tokenizer_path))
+    killed = run_child(point, n, args)
+    assert killed.returncode == -9, killed.stderr
+    partial = tmp_path / "out.partial"
+    assert partial.is_dir() and not out.exists()  # visible and named after its target, never finished-looking
+    assert json.loads((partial / PROGRESS_FILE).read_text())["state"] is not None
+    code, documents = counted_prepare(monkeypatch, args)
+    assert code == 0
+    assert documents < full_documents
+    if point == "manifest":
+        assert documents == 0  # every shard was committed: only the manifest is written again
+    assert _tree_bytes(out) == _tree_bytes(reference_dir)
+    assert not partial.exists() and not (out / PROGRESS_FILE).exists()
+    assert main(["data", "verify", str(out)]) == 0
+
+
+def test_killed_twice_still_byte_identical(tmp_path, monkeypatch, parquet_source, gpt2_tokenizer_path, reference):
+    out = tmp_path / "out"
+    args = prepare_args(out, parquet_source, str(gpt2_tokenizer_path))
+    assert run_child("after-commit", 2, args).returncode == -9
+    assert run_child("encode", 3, args).returncode == -9  # the continued prepare is killed in its turn
+    code, documents = counted_prepare(monkeypatch, args)
+    assert code == 0 and documents < reference[1]
+    assert _tree_bytes(out) == _tree_bytes(reference[0])
+
+
+def test_a_changed_tokenizer_or_option_is_refused_with_the_difference(tmp_path, monkeypatch, capsys,
+                                                                        parquet_source, gpt2_tokenizer_path):
+    out = tmp_path / "out"
+    args = prepare_args(out, parquet_source, str(gpt2_tokenizer_path))
+    assert run_child("after-commit", 2, args).returncode == -9
+    progress_before = (tmp_path / "out.partial" / PROGRESS_FILE).read_bytes()
+    capsys.readouterr()
+    assert main(["prepare", *prepare_args(out, parquet_source, "bpe:300")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f'tokenizer: now "bpe:300", recorded "{gpt2_tokenizer_path}"' in err and "remove" in err
+    assert main(["prepare", *prepare_args(out, parquet_source, str(gpt2_tokenizer_path), "--seed", "8")]) == 2
+    assert "options.seed: now 8, recorded 7" in capsys.readouterr().err
+    assert (tmp_path / "out.partial" / PROGRESS_FILE).read_bytes() == progress_before  # nothing touched
+    assert main(["prepare", *args]) == 0  # the original command still continues it
+
+
+def test_a_changed_tokenizer_file_is_refused(tmp_path, capsys, parquet_source, gpt2_tokenizer_path):
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_bytes(gpt2_tokenizer_path.read_bytes())
+    args = prepare_args(tmp_path / "out", parquet_source, str(tokenizer))
+    assert run_child("after-commit", 2, args).returncode == -9
+    edited = json.loads(tokenizer.read_text())
+    edited["added_tokens"][0]["content"] = "<|end|>"  # same spec, other content
+    tokenizer.write_text(json.dumps(edited))
+    capsys.readouterr()
+    assert main(["prepare", *args, "--eos", "<|end|>"]) == 2
+    assert "options.eos: now" in capsys.readouterr().err
+    assert main(["prepare", *args]) == 2
+    assert "tokenizer.sha256: now" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("point, code, name", [("sigint", 130, "SIGINT"), ("sigterm", 143, "SIGTERM")])
+def test_a_signal_commits_and_stops_with_one_line(tmp_path, monkeypatch, parquet_source, gpt2_tokenizer_path,
+                                                  reference, point, code, name):
+    out = tmp_path / "out"
+    args = prepare_args(out, parquet_source, str(gpt2_tokenizer_path))
+    stopped = run_child(point, 4, args)
+    assert stopped.returncode == code, stopped.stderr
+    assert "Traceback" not in stopped.stderr
+    lines = [line for line in stopped.stderr.splitlines() if "pilotrun" in line]
+    assert len(lines) == 1 and lines[0].startswith(f"pilotrun prepare: prepare stopped by {name} after ")
+    assert f"{out}.partial" in lines[0] and "run the same command again to continue" in lines[0]
+    state = json.loads((tmp_path / "out.partial" / PROGRESS_FILE).read_text())["state"]
+    assert state["documents_done"] > 0 and not state["complete"]
+    rerun, documents = counted_prepare(monkeypatch, args)
+    assert rerun == 0 and documents == reference[1] - state["documents_done"]  # exactly the rest
+    assert _tree_bytes(out) == _tree_bytes(reference[0])
+
+
+def test_a_trained_bpe_is_not_trained_again(tmp_path, monkeypatch, parquet_source):
+    out = tmp_path / "bpe"
+    args = prepare_args(out, parquet_source, "bpe:400")
+    assert main(["prepare", *prepare_args(tmp_path / "reference", parquet_source, "bpe:400")]) == 0
+    assert run_child("encode", 3, args).returncode == -9
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the continued prepare trained its BPE again")
+
+    monkeypatch.setattr("pilotrun.data.tokenizer.train_bpe", no_training)
+    code, documents = counted_prepare(monkeypatch, args)
+    assert code == 0 and documents < 150
+    assert _tree_bytes(out) == _tree_bytes(tmp_path / "reference")
+
+
+def test_train_tokens_stop_resumes_exactly(tmp_path, monkeypatch, parquet_source, gpt2_tokenizer_path):
+    extra = ("--train-tokens", "30000")
+    reference_dir = tmp_path / "reference"
+    assert main(["prepare", *prepare_args(reference_dir, parquet_source, str(gpt2_tokenizer_path), *extra)]) == 0
+    args = prepare_args(tmp_path / "out", parquet_source, str(gpt2_tokenizer_path), *extra)
+    assert run_child("after-commit", 2, args).returncode == -9
+    code, _ = counted_prepare(monkeypatch, args)
+    assert code == 0
+    assert _tree_bytes(tmp_path / "out") == _tree_bytes(reference_dir)
+    assert json.loads((reference_dir / "metadata.json").read_text())["stream"]["stopped_at_train_tokens"]
