@@ -160,7 +160,7 @@ def table_problems() -> list[str]:
     problems += [f"threshold {n} belongs to no rule" for n in sorted(fields - set(owners))]
     problems += [f"threshold {n} is read by several rules: {', '.join(r)}" for n, r in owners.items() if len(r) > 1]
     problems += [f"threshold {f.name} has no meaning" for f in THRESHOLD_FIELDS if not f.metadata.get("meaning")]
-    if len(RULES_BY_NAME) != len(RULES):
+    if len({rule.name for rule in RULES}) != len(RULES):
         problems.append("two rules share a name")
     return problems
 
@@ -180,11 +180,12 @@ def rules_help(width: int = 100) -> str:
     --help`)."""
     lines = textwrap.wrap("Rules, each PASS, WARN or FAIL (GO when none FAILs; a WARN is shown and allows GO; a "
                           "rule that finds the evidence it needs missing from the record FAILs), with the thresholds "
-                          "each reads (--threshold NAME=VALUE):", width)
+                          "each reads (--threshold NAME=VALUE):", width, break_on_hyphens=False)
     defaults = {f.name: f.default for f in THRESHOLD_FIELDS}
     for rule in RULES:
-        lines += textwrap.wrap(f"{rule.name}: {rule.meaning}", width, initial_indent="- ", subsequent_indent="  ")
+        lines += textwrap.wrap(f"{rule.name}: {rule.meaning}", width, initial_indent="- ", subsequent_indent="  ",
+                               break_on_hyphens=False)
         for name in rule.thresholds:
             lines += textwrap.wrap(f"{name}={defaults[name]}: {threshold_meaning(name)}", width,
-                                   initial_indent="    ", subsequent_indent="      ")
+                                   initial_indent="    ", subsequent_indent="      ", break_on_hyphens=False)
     return "\n".join(lines)

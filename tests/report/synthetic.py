@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pilotrun.report.summarize import summarize_run
+from pilotrun.report.verdict import Thresholds, judge_summary
 from pilotrun.run.record import RUN_JSON_DIGEST_KEY, chain_genesis, chained_line, run_json_digests
 
 
@@ -265,4 +267,35 @@ def crashed_and_resumed(run_dir: Path, make_run: Callable[..., SyntheticRun] = S
     run.resume()
     run.train_until(run.max_steps)
     run.end_session()
+    return run
+
+
+def verdict_of(tmp_path, change=None, thresholds=None, build=crashed_and_resumed, **kwargs):
+    """Build a pilot-shaped synthetic run after `change(run)` set its figures; judge it."""
+    holder = {}
+
+    def builder(run_dir, **kw):
+        run = SyntheticRun(run_dir, **kw)
+        if change is not None:
+            change(run)
+        holder["run"] = run
+        return run
+
+    if build is crashed_and_resumed:
+        run = crashed_and_resumed(tmp_path / "r", make_run=builder, **kwargs)
+    else:
+        run = build(builder, tmp_path / "r", **kwargs)
+    run.write()
+    verdict = judge_summary(summarize_run(tmp_path / "r"), thresholds or Thresholds())
+    return verdict, {r.name: r for r in verdict.rules}
+
+
+def busier_machine(run):
+    """Training seconds per update quadruple from update 40 on while the process's CPU seconds stay."""
+    run.train_seconds_per_update = lambda step: 2.0 if step > 40 else 0.5
+
+
+def changed(run, change):
+    """`run` after `change(run)`: a make_run for crashed_and_resumed."""
+    change(run)
     return run
