@@ -199,8 +199,28 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
+# Machine settings, not recipe: how fast this machine computes the updates or who watches them, never what an
+# update computes. They may change on resume without --allow-change, each session records its own, and a frozen
+# lock neither holds a long run to the pilot's nor freezes them (a pilot on 2 CPU threads says nothing about the
+# thread count of the long run's node). The thread count changes only how work is split among threads: a
+# resume from 1 to 2 threads replays the uninterrupted run bit for bit (tests/training/test_resume_threads.py).
+MACHINE_KEYS = (
+    "train.num_threads",
+    # Profiling observes updates without changing them.
+    "train.profile.start_step",
+    "train.profile.steps",
+    "train.profile.top_operators",
+    "train.profile.record_shapes",
+    "train.profile.profile_memory",
+    "train.profile.with_stack",
+    # Mirrors of the record, not part of the training.
+    "train.tensorboard",
+    "train.trackers",
+)
+
 # Keys that may change on resume without ceremony (the checkpoint compatibility check consults this).
 RESUME_FREE_KEYS = (
+    *MACHINE_KEYS,
     "model.activation_checkpointing",
     "optim.muon.distribute_newton_schulz",
     "train.max_steps",
@@ -211,16 +231,6 @@ RESUME_FREE_KEYS = (
     "train.keep_checkpoints",
     "train.max_consecutive_skips",
     "train.memory_budget_gb",
-    # Profiling observes updates without changing them.
-    "train.profile.start_step",
-    "train.profile.steps",
-    "train.profile.top_operators",
-    "train.profile.record_shapes",
-    "train.profile.profile_memory",
-    "train.profile.with_stack",
-    # A mirror of the record, not part of the training.
-    "train.tensorboard",
-    "train.trackers",
 )
 
 

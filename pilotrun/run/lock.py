@@ -21,12 +21,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pilotrun.config import flatten
+from pilotrun.config import MACHINE_KEYS, flatten
 from pilotrun.errors import PilotrunError
 from pilotrun.files import canonical_sha256, write_text_atomic
 
 LOCK_FORMAT = "pilotrun.recipe-lock/1"
 DATA_KEY = "data.metadata_sha256"
+# The code identity (commit and the diff of the code that runs, pilotrun.training.environment.git_state): a long
+# run on other code than its pilot's is another candidate unless `--allow-change code` says it is meant.
+CODE_KEY = "code"
 
 
 class FreezeError(PilotrunError):
@@ -57,15 +60,36 @@ def load_lock(path: str | Path) -> dict[str, Any]:
     return lock
 
 
+def describe_code(code: Any) -> str:
+    """'commit 1a2b3c4d5e6f clean', 'commit 1a2b3c4d5e6f dirty (diff 9f8e7d6c)', or 'no git checkout'."""
+    if not isinstance(code, dict) or not code.get("commit"):
+        return "no git checkout"
+    state = f"dirty (diff {str(code.get('diff_sha256'))[:8]})" if code.get("dirty") else "clean"
+    return f"commit {str(code['commit'])[:12]} {state}"
+
+
+def same_code(a: Any, b: Any) -> bool:
+    """The same commit and, where either is dirty, the same uncommitted diff."""
+    a, b = a if isinstance(a, dict) else {}, b if isinstance(b, dict) else {}
+    if a.get("commit") != b.get("commit") or bool(a.get("dirty")) != bool(b.get("dirty")):
+        return False
+    return not a.get("dirty") or a.get("diff_sha256") == b.get("diff_sha256")
+
+
 def lock_differences(lock_recipe: dict[str, Any], lock_data_sha256: str, recipe: dict[str, Any],
-                     data_sha256: str) -> list[dict[str, Any]]:
-    """Every config key (dotted) and the data identity where the run differs from the lock, sorted by key;
-    each as {"key", "lock", "run"} (a key absent on one side shows as None)."""
+                     data_sha256: str, lock_code: Any = None, code: Any = None) -> list[dict[str, Any]]:
+    """Every config key (dotted), the data identity and (when `code` is given) the code identity where the run
+    differs from the lock, sorted by key; each as {"key", "lock", "run"} (a key absent on one side shows as
+    None; code shows as describe_code's words)."""
     frozen, now = flatten(lock_recipe), flatten(recipe)
     differences = [{"key": key, "lock": frozen.get(key), "run": now.get(key)}
-                   for key in sorted(set(frozen) | set(now)) if frozen.get(key) != now.get(key)]
+                   for key in sorted(set(frozen) | set(now))
+                   if frozen.get(key) != now.get(key) and key not in MACHINE_KEYS]
     if lock_data_sha256 != data_sha256:
         differences.append({"key": DATA_KEY, "lock": lock_data_sha256, "run": data_sha256})
+    # A lock without a code identity (written before code was recorded) holds nothing to compare with.
+    if code is not None and lock_code is not None and not same_code(lock_code, code):
+        differences.append({"key": CODE_KEY, "lock": describe_code(lock_code), "run": describe_code(code)})
     return differences
 
 
@@ -74,10 +98,13 @@ def _normalise(key: str) -> str:
 
 
 def check_against_lock(lock: dict[str, Any], recipe: dict[str, Any], data_sha256: str,
-                       allowed: list[str] | tuple[str, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(accepted, refused): the differences from the lock named with --allow-change, and the others."""
+                       allowed: list[str] | tuple[str, ...], code: Any = None
+                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(accepted, refused): the differences from the lock named with --allow-change, and the others. `code` is
+    the run's code identity (git_state); None leaves code out of the comparison."""
     allowed_keys = {_normalise(k) for k in allowed}
-    differences = lock_differences(lock["recipe"], lock["data"]["metadata_sha256"], recipe, data_sha256)
+    differences = lock_differences(lock["recipe"], lock["data"]["metadata_sha256"], recipe, data_sha256,
+                                   lock.get("code"), code)
     accepted = [d for d in differences if d["key"] in allowed_keys]
     refused = [d for d in differences if d["key"] not in allowed_keys]
     return accepted, refused
@@ -88,17 +115,18 @@ def describe_difference(d: dict[str, Any]) -> str:
 
 
 def frozen_run_facts(lock: dict[str, Any], lock_path: str | Path, recipe: dict[str, Any], data_sha256: str,
-                     allowed: list[str] | tuple[str, ...]) -> dict[str, Any]:
+                     allowed: list[str] | tuple[str, ...], code: Any = None) -> dict[str, Any]:
     """run.json's `frozen` section for a run started from `lock`; refuses (FreezeError) every difference
-    not named in `allowed`, listing them all on one line."""
-    accepted, refused = check_against_lock(lock, recipe, data_sha256, allowed)
+    not named in `allowed`, listing them all on one line. With `code` (the run's git_state) the code
+    identity is compared too, and the lock's is kept so that later sessions can be compared with it."""
+    accepted, refused = check_against_lock(lock, recipe, data_sha256, allowed, code)
     if refused:
         raise FreezeError(f"--frozen {lock_path}: {len(refused)} difference(s) from the frozen candidate not named "
                           f"with --allow-change: {'; '.join(describe_difference(d) for d in refused)}")
     return {"lock_sha256": lock["sha256"], "lock_path": str(Path(lock_path).resolve()),
             "pilot_run_id": (lock.get("pilot") or {}).get("run_id"), "lock_decision": lock.get("decision"),
             "lock_despite_no_go": lock.get("despite_no_go"), "lock_recipe": copy.deepcopy(lock["recipe"]),
-            "lock_data_metadata_sha256": lock["data"]["metadata_sha256"],
+            "lock_data_metadata_sha256": lock["data"]["metadata_sha256"], "lock_code": lock.get("code"),
             "allowed": sorted({_normalise(k) for k in allowed}), "differences": accepted}
 
 
@@ -115,6 +143,8 @@ def frozen_candidate_status(run: dict[str, Any]) -> dict[str, Any] | None:
     differences = lock_differences(frozen.get("lock_recipe") or {}, frozen.get("lock_data_metadata_sha256"),
                                    recipe, data_sha)
     allowed = set(frozen.get("allowed") or [])
+    if frozen.get("lock_code") is not None:  # else the lock had no code identity to hold sessions to
+        differences += code_differences(frozen["lock_code"], run)
     drift = [d for d in differences if d["key"] not in allowed]
     lock_path = Path(str(frozen.get("lock_path")))
     lock_file = "missing"
@@ -131,6 +161,16 @@ def frozen_candidate_status(run: dict[str, Any]) -> dict[str, Any] | None:
             "pilot_run_id": frozen.get("pilot_run_id"), "matches": not drift and lock_file != "changed",
             "allowed_differences": [d for d in differences if d["key"] in allowed], "drift": drift,
             "lock_file": lock_file}
+
+
+def code_differences(lock_code: Any, run: dict[str, Any]) -> list[dict[str, Any]]:
+    """One difference per session of the run whose code is not the lock's, naming the session."""
+    found = []
+    for session in run.get("sessions") or []:
+        if isinstance(session, dict) and "git" in session and not same_code(lock_code, session.get("git")):
+            found.append({"key": CODE_KEY, "lock": describe_code(lock_code),
+                          "run": f"{describe_code(session.get('git'))} in session {session.get('session_id')}"})
+    return found
 
 
 def describe_frozen_status(status: dict[str, Any]) -> str:

@@ -78,11 +78,18 @@ def device_peak_flops(device_name: str, precision: str, tf32_enabled: bool = Fal
     return peak, f"{key} dense {compute} peak {peak / TERA:g} TFLOP/s (NVIDIA data sheet)"
 
 
-def git_state(repo_dir: str | Path | None = None) -> dict[str, Any]:
-    """Commit, dirty flag and sha256 of the uncommitted changes of the pilotrun source tree.
+# The code that runs: the package (its modules, kernels and packaged recipes) and the file that pins what it
+# installs. A lock written into the checkout's root, an export folder or an edited README changes none of it,
+# so none of them makes the code "dirty".
+CODE_PATHS = ("pilotrun", "pyproject.toml")
 
-    The hash covers `git diff HEAD --binary` plus the names of untracked, non-ignored files, so two
-    sessions with the same commit and hash ran the same code. Outside a git checkout all three are None.
+
+def git_state(repo_dir: str | Path | None = None, paths: tuple[str, ...] = CODE_PATHS) -> dict[str, Any]:
+    """Commit, dirty flag and sha256 of the uncommitted changes of the code that runs (`paths` of the checkout).
+
+    The hash covers `git diff HEAD --binary` of those paths plus the names of their untracked, non-ignored
+    files, so two sessions with the same commit and hash ran the same code. Outside a git checkout all three
+    are None.
     """
     repo_dir = Path(repo_dir) if repo_dir is not None else Path(__file__).resolve().parents[2]
 
@@ -96,8 +103,8 @@ def git_state(repo_dir: str | Path | None = None) -> dict[str, Any]:
     commit = git("rev-parse", "HEAD")
     if commit is None:
         return {"commit": None, "dirty": None, "diff_sha256": None}
-    diff = git("diff", "HEAD", "--binary") or b""
-    untracked = git("ls-files", "--others", "--exclude-standard") or b""
+    diff = git("diff", "HEAD", "--binary", "--", *paths) or b""
+    untracked = git("ls-files", "--others", "--exclude-standard", "--", *paths) or b""
     dirty = bool(diff.strip() or untracked.strip())
     digest = hashlib.sha256(diff + b"\0untracked\0" + untracked).hexdigest()
     return {"commit": commit.decode().strip(), "dirty": dirty, "diff_sha256": digest}

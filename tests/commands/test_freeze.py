@@ -1,6 +1,7 @@
 """freeze: a judged pilot's lock written once, and summarize and verdict naming the frozen candidate."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +10,8 @@ from pilotrun.files import canonical_sha256
 from pilotrun.run.lock import FreezeError, frozen_run_facts
 from tests.report.synthetic import crashed_and_resumed
 from tests.run.test_lock import _lock
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_freeze_run_writes_a_self_identifying_lock_and_refuses_an_existing_out(tmp_path):
@@ -44,3 +47,33 @@ def test_summarize_and_verdict_text_name_the_frozen_candidate_and_whether_it_mat
                "0.5); lock file unchanged")
     assert drifted in format_summary(summarize_run(tmp_path / "r")).splitlines()
     assert format_verdict(judge(tmp_path / "r")).splitlines()[-1] == drifted
+
+
+def test_a_long_run_on_other_code_than_the_pilots_is_refused_until_allowed_and_recorded(builtin_data_dir, tmp_path,
+                                                                                        capsys):
+    """`train --frozen` compares the code that runs with the lock's: another commit is another candidate."""
+    from pilotrun.commands.cli import main
+    from pilotrun.config import config_to_dict, load_run_config
+    from pilotrun.data.shards import load_manifest, metadata_sha256
+    from pilotrun.training.environment import git_state
+
+    recipe = config_to_dict(load_run_config(ROOT / "configs" / "smoke.yaml", ["train.max_steps=2"]))
+    pilot_code = {"commit": "e" * 40, "dirty": False, "diff_sha256": "0" * 64}
+    lock = {"format": "pilotrun.recipe-lock/1", "recipe": recipe, "pilot": {"run_id": "run-p"}, "decision": "GO",
+            "despite_no_go": False, "code": pilot_code,
+            "data": {"metadata_sha256": metadata_sha256(load_manifest(builtin_data_dir))}}
+    lock["sha256"] = canonical_sha256(lock)
+    lock_path = tmp_path / "recipe.lock.json"
+    lock_path.write_text(json.dumps(lock))
+    base = ["train", "--frozen", str(lock_path), "--data", str(builtin_data_dir), "--set", "train.num_threads=1"]
+    capsys.readouterr()
+    assert main([*base, "--run-dir", str(tmp_path / "refused")]) == 2
+    err = capsys.readouterr().err
+    assert 'code (lock "commit eeeeeeeeeeee clean"' in err and not (tmp_path / "refused").exists()
+    assert main([*base, "--run-dir", str(tmp_path / "long"), "--allow-change", "code"]) == 0, capsys.readouterr().err
+    frozen = json.loads((tmp_path / "long" / "run.json").read_text())["frozen"]
+    assert frozen["allowed"] == ["code"] and frozen["lock_code"] == pilot_code
+    from pilotrun.run.lock import describe_code
+
+    assert frozen["differences"] == [{"key": "code", "lock": "commit eeeeeeeeeeee clean",
+                                      "run": describe_code(git_state())}]

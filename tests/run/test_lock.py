@@ -89,3 +89,45 @@ def test_frozen_candidate_status_reports_drift_after_the_start(tmp_path):
     lock_path.unlink()
     assert frozen_candidate_status(run)["lock_file"] == "missing" and frozen_candidate_status(run)["matches"]
     assert frozen_candidate_status({"recipe": recipe}) is None
+
+
+CODE = {"commit": "c" * 40, "dirty": False, "diff_sha256": "d" * 64}
+
+
+def _lock_with_code(code=CODE):
+    lock = {k: v for k, v in _lock().items() if k != "sha256"}
+    lock["code"] = code
+    lock["sha256"] = canonical_sha256(lock)
+    return lock
+
+
+def test_other_code_is_refused_unless_allowed_and_the_allowance_is_recorded():
+    lock = _lock_with_code()
+    new_commit = dict(CODE, commit="e" * 40)
+    _, refused = check_against_lock(lock, RECIPE, "a" * 64, [], code=new_commit)
+    assert refused == [{"key": "code", "lock": "commit cccccccccccc clean", "run": "commit eeeeeeeeeeee clean"}]
+    # The same commit with uncommitted changes is other code too; the same diff on both sides is the same code.
+    dirty = dict(CODE, dirty=True, diff_sha256="f" * 64)
+    assert check_against_lock(lock, RECIPE, "a" * 64, [], code=dirty)[1][0]["run"] == \
+        "commit cccccccccccc dirty (diff ffffffff)"
+    assert check_against_lock(dict(lock, code=dirty), RECIPE, "a" * 64, [], code=dict(dirty)) == ([], [])
+    with pytest.raises(FreezeError, match=r"1 difference\(s\).*code \(lock"):
+        frozen_run_facts(lock, "l.json", RECIPE, "a" * 64, [], code=new_commit)
+    facts = frozen_run_facts(lock, "l.json", RECIPE, "a" * 64, ["code"], code=new_commit)
+    assert facts["allowed"] == ["code"] and [d["key"] for d in facts["differences"]] == ["code"]
+    assert facts["lock_code"] == CODE
+
+
+def test_a_later_session_on_other_code_is_drift_even_when_the_recipe_still_matches(tmp_path):
+    lock = _lock_with_code()
+    lock_path = tmp_path / "lock.json"
+    lock_path.write_text(json.dumps(lock))
+    facts = frozen_run_facts(lock, lock_path, RECIPE, "a" * 64, [], code=CODE)
+    run = {"frozen": facts, "recipe": RECIPE, "data": {"train": {"metadata_sha256": "a" * 64}},
+           "sessions": [{"session_id": "s1", "git": CODE}]}
+    assert frozen_candidate_status(run)["matches"] is True
+    run["sessions"].append({"session_id": "s2", "git": dict(CODE, dirty=True, diff_sha256="9" * 64)})
+    status = frozen_candidate_status(run)
+    assert status["matches"] is False
+    assert status["drift"] == [{"key": "code", "lock": "commit cccccccccccc clean",
+                                "run": "commit cccccccccccc dirty (diff 99999999) in session s2"}]

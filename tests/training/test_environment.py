@@ -27,18 +27,39 @@ def test_git_state_tracks_commit_dirty_and_diff_hash(tmp_path):
     (repo / "a.py").write_text("x = 1\n")
     _git(repo, "add", "a.py")
     _git(repo, "commit", "-q", "-m", "one")
-    clean = git_state(repo)
+    clean = git_state(repo, paths=(".",))
     assert len(clean["commit"]) == 40 and clean["dirty"] is False
     (repo / "a.py").write_text("x = 2\n")
-    dirty = git_state(repo)
+    dirty = git_state(repo, paths=(".",))
     assert dirty["commit"] == clean["commit"] and dirty["dirty"] is True
     assert dirty["diff_sha256"] != clean["diff_sha256"]
     (repo / "a.py").write_text("x = 3\n")
-    assert git_state(repo)["diff_sha256"] != dirty["diff_sha256"]  # a different edit, a different hash
+    assert git_state(repo, paths=(".",))["diff_sha256"] != dirty["diff_sha256"]  # a different edit, a different hash
     (repo / "a.py").write_text("x = 1\n")
     (repo / "new.py").write_text("")
-    untracked = git_state(repo)
+    untracked = git_state(repo, paths=(".",))
     assert untracked["dirty"] is True and untracked["diff_sha256"] != clean["diff_sha256"]
+
+
+def test_outputs_outside_the_package_leave_the_code_clean(tmp_path):
+    """A lock or an export written into the checkout's root is not code; an edit inside the package is."""
+    repo = tmp_path / "repo"
+    (repo / "pilotrun").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@example.com")
+    _git(repo, "config", "user.name", "t")
+    (repo / "pilotrun" / "m.py").write_text("x = 1\n")
+    (repo / "README.md").write_text("read me\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "one")
+    clean = git_state(repo)
+    (repo / "recipe.lock.json").write_text("{}")
+    (repo / "hf").mkdir()
+    (repo / "hf" / "model.safetensors").write_bytes(b"x")
+    (repo / "README.md").write_text("edited\n")
+    assert git_state(repo) == clean and clean["dirty"] is False
+    (repo / "pilotrun" / "new.py").write_text("")
+    assert git_state(repo)["dirty"] is True
 
 
 def test_git_state_outside_a_repository_is_none(tmp_path):
