@@ -33,7 +33,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="session_throughput_from_wall_time",
-        file="pilotrun/report/summarize.py",
+        file="pilotrun/report/sessions.py",
         old='train_tokens_per_s=(sums["tokens"] - sums["profiled_tokens"]) / sums["train_seconds"]\n'
             '        if sums["train_seconds"] > 0 else None,',
         new='train_tokens_per_s=(sums["tokens"] - sums["profiled_tokens"]) / sums["wall_seconds"]\n'
@@ -160,7 +160,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="profiled_windows_in_the_throughput_rule",
-        file="pilotrun/report/verdict.py",
+        file="pilotrun/report/resources.py",
         old="        if window_profiled(w):\n",
         new="        if False and window_profiled(w):\n",
         tests=(f"{OBSERVERS}::test_throughput_rule_leaves_the_profiled_windows_out",),
@@ -168,7 +168,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="time_split_sum_not_checked",
-        file="pilotrun/report/summarize.py",
+        file="pilotrun/report/sessions.py",
         old="            if split_problem:\n",
         new="            if False:\n",
         tests=("tests/report/test_time_split.py",),
@@ -241,10 +241,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="cpu_share_not_read",
-        file="pilotrun/report/verdict.py",
+        file="pilotrun/report/resources.py",
         old="    if have_cpu and devices == {\"cpu\"} and share_last / share_first < t.min_cpu_share_ratio:\n",
         new="    if False:\n",
-        tests=("tests/report/test_verdict.py::test_throughput_warns_when_the_process_lost_its_cpu_share_even_if_each_token_cost_more",),
+        tests=("tests/report/test_resources.py::test_throughput_warns_when_the_process_lost_its_cpu_share_even_if_each_token_cost_more",),
         why="a pilot that lost two thirds of its CPU to other load is NO-GO because each token also cost more CPU",
     ),
 )
