@@ -335,3 +335,31 @@ def test_an_endless_source_streams_with_bounded_read_ahead(tmp_path, fineweb_tex
     assert manifest["splits"]["train"]["tokens"] >= 200_000 and manifest["stream"]["stopped_at_train_tokens"]
     # Read-ahead: the shuffle buffer plus at most 8 chunks per worker of ~64k characters (~25 of these rows each).
     assert EndlessHub.pulled - used <= 100 + 8 * 2 * 40
+
+
+def test_order_correlation_with_source_order_is_recorded_and_lowered_by_the_unit_order(
+        tmp_path, fineweb_texts, gpt2_tokenizer_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    for index in range(5):
+        pq.write_table(pa.table({"text": fineweb_texts[index * 30:(index + 1) * 30]}), folder / f"p{index}.parquet",
+                       row_group_size=10)
+    common = dict(tokenizer=str(gpt2_tokenizer_path), val_fraction=0.0, shuffle_buffer=8, workers=1, progress=False)
+    mixed = prepare_corpus(tmp_path / "mixed", source=str(folder / "*.parquet"), **common)
+    gpt2 = Tokenizer.from_file(str(gpt2_tokenizer_path))
+    texts = [gpt2.decode(d.tolist()) for d in documents_of(all_tokens(tmp_path / "mixed", "train"), 50256)]
+    positions = [fineweb_texts.index(t) for t in texts]
+    expected = float(np.corrcoef(np.arange(len(positions)), positions)[0, 1])
+    assert mixed["stream"]["order_correlation"] == pytest.approx(expected, abs=1e-6)
+    assert mixed["stream"]["read_order"]["units"] == 15 and mixed["stream"]["read_order"]["shuffled"]
+    assert mixed["stream"]["shuffle_buffer_peak_documents"] == 8
+    # The same buffer over one file (one unit) only mixes neighbours: the source order survives.
+    source = tmp_path / "one.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in fineweb_texts))
+    local = prepare_corpus(tmp_path / "local", source=str(source), **common)
+    assert local["stream"]["order_correlation"] > 0.95 > 0.7 > mixed["stream"]["order_correlation"]
+    kept = prepare_corpus(tmp_path / "kept", source=str(source), **{**common, "shuffle_buffer": 0})
+    assert kept["stream"]["order_correlation"] == 1.0 and not kept["stream"]["read_order"]["shuffled"]

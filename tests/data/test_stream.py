@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from pilotrun.data.stream import shuffled, split_of, text_position
 
@@ -61,3 +64,50 @@ def test_split_depends_on_text_only_and_matches_the_fraction():
     assert all(split_of(t, 0.0) == "train" for t in texts[:1000])
     # A larger fraction only adds documents to val: none moves from val to train.
     assert set(val) <= {t for t in texts if split_of(t, 0.2) == "val"}
+
+
+def test_shuffle_buffer_is_bounded_in_bytes_and_reports_what_it_held():
+    import sys as _sys
+
+    from pilotrun.data.stream import ShuffleBuffer
+
+    texts = [("x" * (10 if i % 7 else 5000)) + str(i) for i in range(3000)]  # some long documents among short
+    limit = 20_000
+    buffer = ShuffleBuffer(1000, limit, seed=3)
+    state = {"read": [], "held_bytes": 0}
+
+    def source():
+        for text in texts:
+            state["read"].append(text)
+            yield text, text
+
+    emitted = []
+    for text, held in buffer.shuffle(source()):
+        emitted.append(text)
+        pending = set(state["read"]) - set(emitted)
+        # At each emission the buffer held at most `limit` bytes besides the document waiting to enter.
+        assert sum(_sys.getsizeof(t) for t in pending) - _sys.getsizeof(state["read"][-1]) <= limit
+        assert held >= 1
+    assert sorted(emitted) == sorted(texts)
+    # The document count bound still applies when the bytes are not what binds.
+    counts = [held for _, held in ShuffleBuffer(50, 10**9, seed=0).shuffle((t, "s") for t in range(500))]
+    assert max(counts) == 50
+
+
+def test_order_correlation_matches_numpy_and_resumes_from_its_state():
+    import numpy as np
+
+    from pilotrun.data.stream import OrderCorrelation
+
+    positions = [int(p) for p in np.random.default_rng(0).permutation(500)[:300]]
+    whole = OrderCorrelation()
+    whole.add(positions)
+    assert whole.value() == pytest.approx(np.corrcoef(np.arange(300), positions)[0, 1], abs=1e-6)
+    first = OrderCorrelation()
+    first.add(positions[:120])
+    second = OrderCorrelation(json.loads(json.dumps(first.state())))
+    second.add(positions[120:])
+    assert second.value() == whole.value()
+    ordered = OrderCorrelation()
+    ordered.add(range(100))
+    assert ordered.value() == 1.0 and OrderCorrelation().value() is None

@@ -1,0 +1,128 @@
+"""The partial folder of an interruptible prepare: differences named, the lock, commits written last, leftovers
+cleared, the rename into place, the stop requests, and the peak-memory reading."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from pilotrun.data.progress import (
+    PROGRESS_FILE,
+    PartialFolder,
+    StopRequests,
+    differences,
+    peak_resident_mb,
+)
+from pilotrun.data.shards import ShardWriter, pending_name
+from pilotrun.errors import DataError
+
+
+def test_differences_name_each_changed_leaf():
+    recorded = {"tokenizer": "bpe:300", "options": {"seed": 7, "shard_tokens": 5000}, "source": {"files": [1]}}
+    current = {"tokenizer": "bpe:400", "options": {"seed": 7, "shard_tokens": 6000, "new": True}, "source": {"files": [1]}}
+    assert differences(recorded, current) == ['options.new: now true, recorded null',
+                                              'options.shard_tokens: now 6000, recorded 5000',
+                                              'tokenizer: now "bpe:400", recorded "bpe:300"']
+    assert differences(recorded, json.loads(json.dumps(recorded))) == []
+
+
+def test_a_second_prepare_of_the_same_folder_is_refused_while_the_first_holds_it(tmp_path):
+    first = PartialFolder(str(tmp_path / "out"))
+    assert first.open() is None and first.created
+    second = PartialFolder(str(tmp_path / "out"))
+    with pytest.raises(DataError, match="held by another pilotrun prepare"):
+        second.open()
+    first.close()
+    assert second.open() is None and not second.created  # released: the folder can be taken again
+    second.close()
+
+
+def test_an_uncommitted_attempt_is_cleared_and_a_committed_one_returned(tmp_path):
+    folder = tmp_path / "out.partial"
+    folder.mkdir()
+    (folder / "train_00000.npy").write_bytes(b"half")  # written by an attempt killed before its first commit
+    partial = PartialFolder(str(tmp_path / "out"))
+    assert partial.open() is None and list(folder.iterdir()) == []
+    partial.commit({"state": {"documents_done": 3}})
+    partial.close()
+    again = PartialFolder(str(tmp_path / "out"))
+    assert again.open()["state"] == {"documents_done": 3}
+    again.close()
+    (folder / PROGRESS_FILE).write_text('{"format": "something else"}')
+    with pytest.raises(DataError, match="not a progress file"):
+        PartialFolder(str(tmp_path / "out")).open()
+
+
+def test_a_file_in_the_way_is_refused(tmp_path):
+    (tmp_path / "out.partial").write_text("mine")
+    with pytest.raises(DataError, match="in the way"):
+        PartialFolder(str(tmp_path / "out")).open()
+    assert (tmp_path / "out.partial").read_text() == "mine"
+
+
+def test_commit_then_obsolete_files_go_and_finish_keeps_only_the_data(tmp_path):
+    partial = PartialFolder(str(tmp_path / "out"))
+    partial.open()
+    obsolete = tmp_path / "out.partial" / "train_00000.pending"
+    obsolete.write_bytes(b"\0\0")
+    partial.commit({"state": None}, [str(obsolete)])
+    assert not obsolete.exists() and (tmp_path / "out.partial" / PROGRESS_FILE).exists()
+    for name in ("metadata.json", "train_00000.npy", "train_00001.npy", "val_00000.pending"):
+        (tmp_path / "out.partial" / name).write_text("x")
+    partial.keep_only({"metadata.json", "train_00000.npy"})
+    partial.finish(force=False)
+    partial.close()
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["metadata.json", "train_00000.npy"]  # progress.json dropped
+
+
+def test_finish_with_force_replaces_the_old_folder_only_after_the_rename(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "old").write_text("old")
+    partial = PartialFolder(str(tmp_path / "out"))
+    partial.open()
+    (tmp_path / "out.partial" / "new").write_text("new")
+    with pytest.raises(DataError, match="appeared while preparing"):
+        partial.finish(force=False)
+    partial.finish(force=True)
+    partial.close()
+    assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(tmp_path / "out") == ["new"]
+
+
+def test_shard_writer_persists_only_new_tokens_and_restores_a_recorded_state(tmp_path):
+    writer = ShardWriter(str(tmp_path), "val", 10, "uint16")
+    writer.add(np.arange(4, dtype=np.uint16))
+    state = writer.persist()
+    assert state == {"shards": [], "pending_tokens": 4}
+    writer.add(np.arange(4, 7, dtype=np.uint16))
+    writer.persist()
+    assert (tmp_path / pending_name("val", 0)).stat().st_size == 7 * 2  # appended, not rewritten
+    # A restore to the earlier state drops the tokens persisted after it.
+    restored = ShardWriter(str(tmp_path), "val", 10, "uint16")
+    restored.restore(state)
+    assert (tmp_path / pending_name("val", 0)).stat().st_size == 4 * 2
+    restored.add(np.arange(20, 30, dtype=np.uint16))
+    assert restored.take_obsolete() == [str(tmp_path / pending_name("val", 0))]  # its shard is complete now
+    shards = restored.close()
+    assert np.load(tmp_path / shards[0]["file"]).tolist() == [0, 1, 2, 3, *range(20, 26)]
+    with pytest.raises(DataError, match="fewer than the 9 pending tokens"):
+        ShardWriter(str(tmp_path), "train", 10, "uint16").restore({"shards": [], "pending_tokens": 9})
+
+
+def test_stop_requests_record_the_first_signal_and_a_second_stops_at_once():
+    stops = StopRequests()
+    before = signal.getsignal(signal.SIGTERM)
+    with stops.installed():
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stops.signum == signal.SIGTERM and stops.exit_code == 143
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_peak_resident_memory_is_measured():
+    assert peak_resident_mb() > 10
