@@ -5,13 +5,14 @@ at 20 (steps 21-33 rolled back and redone), mirrored session by session as the t
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 from pilotrun.config import load_run_config
 from pilotrun.files import canonical_sha256
 from pilotrun.run.record import read_metrics_strict, read_run_json
 from pilotrun.run.sinks import MIRRORED_EVENTS, kept_history, scalar_fields, tracker_sinks
-from tests.report.synthetic import crashed_and_resumed
+from tests.report.synthetic import SyntheticRun
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLLED_BACK = range(21, 34)
@@ -29,17 +30,31 @@ def live_run(data_dir: Path, run_dir: Path, names: list[str]) -> Path:
 
 
 def crashed_run(run_dir: Path) -> Path:
-    crashed_and_resumed(run_dir).write()
+    """Trains to 33 (checkpoint at 20), is killed, resumes from 20 and finishes at 60; the redone steps get
+    other losses than the rolled-back ones, so that a reader showing the wrong one is caught."""
+    run = SyntheticRun(run_dir)
+    run.start_session()
+    run.train_until(33)
+    run.kill()
+    run.resume()
+    run.loss = lambda step: 1.0 + 1.0 / (3.0 + step)
+    run.val_loss = lambda step: 1.5 + 1.0 / (7.0 + step)
+    run.train_until(run.max_steps)
+    run.end_session()
+    run.write()
     return run_dir
 
 
-def mirror_session_by_session(run_dir: Path, names: list[str]) -> None:
-    """What the trainer does for each session: fresh sinks, every event of that session, close."""
+def mirror_session_by_session(run_dir: Path, names: list[str], pause: float = 0.0) -> None:
+    """What the trainer does for each session: fresh sinks, every event of that session, close; `pause`
+    seconds between sessions (real sessions are far apart; a tracker may name a session by the second)."""
     events = read_metrics_strict(run_dir)
     sessions: dict[str, list[dict]] = {}
     for event in events:
         sessions.setdefault(event["session_id"], []).append(event)
-    for session_events in sessions.values():
+    for index, session_events in enumerate(sessions.values()):
+        if index:
+            time.sleep(pause)
         sinks = tracker_sinks(names, run_dir)
         for event in session_events:
             for sink in sinks:
