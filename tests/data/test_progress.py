@@ -7,7 +7,6 @@ import json
 import os
 import signal
 
-import numpy as np
 import pytest
 
 from pilotrun.data.progress import (
@@ -17,7 +16,6 @@ from pilotrun.data.progress import (
     differences,
     peak_resident_mb,
 )
-from pilotrun.data.shards import ShardWriter, pending_name
 from pilotrun.errors import DataError
 
 
@@ -91,26 +89,6 @@ def test_finish_with_force_replaces_the_old_folder_only_after_the_rename(tmp_pat
     partial.finish(force=True)
     partial.close()
     assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(tmp_path / "out") == ["new"]
-
-
-def test_shard_writer_persists_only_new_tokens_and_restores_a_recorded_state(tmp_path):
-    writer = ShardWriter(str(tmp_path), "val", 10, "uint16")
-    writer.add(np.arange(4, dtype=np.uint16))
-    state = writer.persist()
-    assert state == {"shards": [], "pending_tokens": 4}
-    writer.add(np.arange(4, 7, dtype=np.uint16))
-    writer.persist()
-    assert (tmp_path / pending_name("val", 0)).stat().st_size == 7 * 2  # appended, not rewritten
-    # A restore to the earlier state drops the tokens persisted after it.
-    restored = ShardWriter(str(tmp_path), "val", 10, "uint16")
-    restored.restore(state)
-    assert (tmp_path / pending_name("val", 0)).stat().st_size == 4 * 2
-    restored.add(np.arange(20, 30, dtype=np.uint16))
-    assert restored.take_obsolete() == [str(tmp_path / pending_name("val", 0))]  # its shard is complete now
-    shards = restored.close()
-    assert np.load(tmp_path / shards[0]["file"]).tolist() == [0, 1, 2, 3, *range(20, 26)]
-    with pytest.raises(DataError, match="fewer than the 9 pending tokens"):
-        ShardWriter(str(tmp_path), "train", 10, "uint16").restore({"shards": [], "pending_tokens": 9})
 
 
 def test_stop_requests_record_the_first_signal_and_a_second_stops_at_once():
