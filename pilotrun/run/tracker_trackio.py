@@ -2,7 +2,8 @@
 
 Configured as trackio is: its local store is `TRACKIO_DIR` (default ~/.cache/huggingface/trackio; `trackio show`
 reads it), `TRACKIO_SPACE_ID` / `TRACKIO_SERVER_URL` send it elsewhere; the project is `TRACKIO_PROJECT`
-(default "pilotrun"). Scalars go in with `step` = the record's step, as JSON numbers (float64). trackio keeps
+(default "pilotrun"). Scalars go in with `step` = the record's step, as JSON numbers (float64), one row per step (a
+step's events are sent together when the next step begins). trackio keeps
 every point it is sent, so after a resume a rolled-back step has two points, the redone (kept) one last;
 `export-metrics` of a finished run sends each step once. The identity and the recipe are the run's config
 (given again at each resume: trackio replaces a run's config with the one its latest init names), the
@@ -45,6 +46,8 @@ class TrackioSink(TrackerMirror):
         self.trackio = _trackio()
         self.run: Any = None
         self.config: dict[str, Any] = {}
+        self.pending_step: int | None = None
+        self.pending: dict[str, float] = {}
         self.project = os.environ.get("TRACKIO_PROJECT") or PROJECT
         self.where = ""
 
@@ -61,17 +64,31 @@ class TrackioSink(TrackerMirror):
         self.where = f"trackio project {self.project} run {self.run.name}"
 
     def log(self, step: int, scalars: dict[str, float], wall_time: float | None) -> None:
-        self.run.log(scalars, step=step)
+        # One trackio row per step: trackio keeps one of several rows logged at one step in the same instant
+        # (seen with the val and checkpoint events that follow a step's train event), so a step's events are
+        # merged and sent when the next step begins, or at the end.
+        if self.pending_step is not None and step != self.pending_step:
+            self.flush()
+        self.pending_step = step
+        self.pending.update(scalars)
+
+    def flush(self) -> None:
+        if self.pending_step is not None and self.pending:
+            self.run.log(dict(self.pending), step=self.pending_step)
+        self.pending_step, self.pending = None, {}
 
     def log_verdict(self, verdict: dict[str, Any], step: int) -> None:
-        self.run.log(verdict["scalars"], step=step)
-        # The config is set at init: finish this init and resume the run with the verdict in its config.
+        # trackio takes a run's config at init and stores it with the rows logged after: finish this init,
+        # resume the run with the verdict in its config, then log the verdict's figures.
+        self.flush()
         self.config.update({"verdict/decision": verdict["decision"], "verdict/statement": verdict["statement"],
                             **verdict["status"]})
         name = self.run.name
         with _quiet():
             self.run.finish()
         self._init(name)
+        self.log(step, verdict["scalars"], None)
+        self.flush()
 
     def log_files(self, files: list[Path]) -> None:
         if not files:
@@ -84,6 +101,7 @@ class TrackioSink(TrackerMirror):
 
     def close(self) -> None:
         if self.run is not None:
+            self.flush()
             with _quiet():
                 self.run.finish()
             self.run = None
