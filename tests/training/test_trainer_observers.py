@@ -203,15 +203,21 @@ def test_throughput_rule_leaves_the_profiled_windows_out(profiled_run):
 # ---------------------------------------------------------------------------------------------- sinks
 def test_live_tensorboard_scalars_equal_the_recorded_values_exactly(mirrored_run):
     pytest.importorskip("tensorboard")
-    from tests.run.test_sinks import expected_scalars, read_back, same
+    import numpy as np
+
+    from tests.run.test_tracker_tensorboard import as_float32
+    from tests.run.test_tracker_tensorboard import scalars as read_back
+    from tests.run.tracker_runs import expected, same
 
     run_dir, result, *_ = mirrored_run
     assert result.reason == "completed" and result.step == 10
     events = read_metrics_strict(run_dir)
     scalars = read_back(run_dir / "tensorboard")
     assert {"train/loss", "val/loss", "train/grad_norm", "train/moe/maxvio/0", "checkpoint/step"} <= set(scalars)
-    assert same(scalars, expected_scalars(events))
-    assert [value for _, value in scalars["train/loss"]] == [e["loss"] for e in events if e["event"] == "train"]
+    # TensorBoard's classic scalars hold float32: each value is the recorded one rounded to float32, exactly.
+    assert same(scalars, as_float32(expected(run_dir)))
+    assert [value for _, value in scalars["train/loss"]] == [float(np.float32(e["loss"])) for e in events
+                                                              if e["event"] == "train"]
     assert [step for step, _ in scalars["train/loss"]] == list(range(1, 11))
 
 

@@ -1,0 +1,148 @@
+"""pilotrun/training/loop.py on real tiny sessions: one update, then the callbacks' round; the last round, the
+stop decisions and the time phases, with callbacks that only record what they were shown."""
+
+from __future__ import annotations
+
+import io
+import signal
+from pathlib import Path
+
+import pytest
+
+import pilotrun.training.loop as loop_module
+from pilotrun.config import load_run_config
+from pilotrun.training.callbacks import Callback, LoopState, UpdateResult
+from pilotrun.training.loop import stop_requested, train_loop
+from pilotrun.training.signals import StopSignals
+from pilotrun.training.timing import TimeAccount
+from pilotrun.training.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def session_of(data_dir, run_dir, *overrides: str):
+    config = load_run_config(ROOT / "configs" / "smoke.yaml", [
+        "train.num_threads=1", "train.max_steps=4", "train.eval_every=0", "train.checkpoint_every=0", *overrides])
+    return Trainer(config, data_dir, run_dir, progress=False, out=io.StringIO()).session
+
+
+class Watcher(Callback):
+    """Due every round; records (step, applied, final, the phase it ran in) and its at_end."""
+
+    priority = 0
+    phase = "eval"
+
+    def __init__(self):
+        self.rounds, self.ended = [], 0
+
+    def due(self, loop):
+        return True
+
+    def after_update(self, loop):
+        self.rounds.append((loop.step, loop.applied, loop.final, loop.account.current_phase))
+
+    def at_end(self, loop):
+        self.ended += 1
+
+
+@pytest.fixture
+def session(builtin_data_dir, tmp_path):
+    session = session_of(builtin_data_dir, tmp_path / "run")
+    yield session
+    session.metrics.close()
+    session.release_lock()
+
+
+def new_loop(session, signals=None) -> LoopState:
+    return LoopState(session, TimeAccount(), signals or StopSignals(), io.StringIO())
+
+
+def test_one_round_of_callbacks_per_update_and_the_last_one_final(session):
+    watcher = Watcher()
+    loop = new_loop(session)
+    ending = train_loop(loop, [watcher])
+    assert (ending.reason, ending.exit_code, ending.message) == ("completed", 0, "reached max_steps=4")
+    assert watcher.rounds == [(1, True, False, "eval"), (2, True, False, "eval"), (3, True, False, "eval"),
+                              (4, True, True, "eval")]
+    assert watcher.ended == 1 and session.state.tokens_seen == 4 * 128
+    # Training stopped for good before the last round: no second of it after the final update.
+    split = loop.account.time_split()
+    assert split["train_seconds"] > 0 and loop.account.current_phase == "other"
+
+
+def test_a_session_at_max_steps_has_one_final_round_without_an_update(session):
+    session.state.step = 4
+    watcher = Watcher()
+    train_loop(new_loop(session), [watcher])
+    assert watcher.rounds == [(4, False, True, "eval")] and session.state.updates_attempted == 0
+
+
+def test_a_stop_request_ends_after_the_update_in_flight_with_the_signal_code(session):
+    class StopAtTwo(Watcher):
+        def after_update(self, loop):
+            super().after_update(loop)
+            if loop.step == 2:
+                loop.signals.request(signal.SIGINT)
+
+    watcher = StopAtTwo()
+    ending = train_loop(new_loop(session), [watcher])
+    assert (ending.reason, ending.exit_code) == ("interrupted", 130) and "SIGINT received" in ending.message
+    assert [r[:3] for r in watcher.rounds] == [(1, True, False), (2, True, False), (3, True, True)]
+
+
+def test_a_second_signal_stops_at_once(session):
+    class SecondAtTwo(Watcher):
+        def after_update(self, loop):
+            super().after_update(loop)
+            if loop.step == 2:
+                loop.signals.request(signal.SIGTERM)
+                loop.signals.request(signal.SIGTERM)
+
+    watcher = SecondAtTwo()
+    ending = train_loop(new_loop(session), [watcher])
+    assert (ending.reason, ending.exit_code) == ("interrupted", 143)
+    assert ending.message == "second SIGTERM: stopped at once, no checkpoint for step 2"
+    assert len(watcher.rounds) == 2 and watcher.ended == 1
+
+
+def test_too_many_skipped_updates_in_a_row_stop_the_session(session):
+    loop = new_loop(session)
+    loop.update = UpdateResult(_outcome("overflow"))
+    session.state.consecutive_skips = session.config.train.max_consecutive_skips
+    ending = stop_requested(loop)
+    assert (ending.reason, ending.exit_code) == ("stopped", 1) and "last reason: overflow" in ending.message
+    session.state.consecutive_skips -= 1
+    assert stop_requested(loop) is None
+
+
+def test_an_error_runs_every_at_end_and_propagates(session, monkeypatch):
+    def failing_update(loop):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(loop_module, "train_one_update", failing_update)
+    watcher = Watcher()
+    with pytest.raises(RuntimeError, match="planted"):
+        train_loop(new_loop(session), [watcher])
+    assert watcher.rounds == [] and watcher.ended == 1
+
+
+def test_around_update_wraps_each_attempt(session):
+    import contextlib
+
+    seen = []
+
+    class Around(Callback):
+        @contextlib.contextmanager
+        def around_update(self, loop):
+            seen.append(("before", loop.step))
+            yield
+            seen.append(("after", loop.step))
+
+    train_loop(new_loop(session), [Around()])
+    assert seen[:4] == [("before", 0), ("after", 1), ("before", 1), ("after", 2)] and len(seen) == 8
+
+
+def _outcome(reason: str):
+    from pilotrun.training.precision import UpdateOutcome
+
+    return UpdateOutcome(False, reason, float("inf"), False, 1.0, 0.5)

@@ -1,0 +1,53 @@
+"""pilotrun/training/signals.py: a first SIGINT/SIGTERM is a request, a second stops now; handlers come and go."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from pilotrun.training.signals import SecondSignal, StopSignals, exit_code_of, signal_name
+
+
+def test_the_first_signal_is_a_request_and_the_second_raises():
+    heard = []
+    signals = StopSignals(on_first=heard.append)
+    assert signals.received is None
+    signals.handle(signal.SIGTERM, None)
+    assert signals.received == signal.SIGTERM and heard == [signal.SIGTERM]
+    with pytest.raises(SecondSignal) as second:
+        signals.handle(signal.SIGINT, None)
+    assert second.value.signum == signal.SIGINT
+    assert signals.received == signal.SIGTERM and heard == [signal.SIGTERM]  # the first stays the reason
+
+
+def test_exit_codes_are_the_documented_ones():
+    assert exit_code_of(signal.SIGINT) == 130 and exit_code_of(signal.SIGTERM) == 143
+    assert exit_code_of(signal.SIGHUP) == 143
+    assert signal_name(signal.SIGINT) == "SIGINT"
+
+
+def test_handlers_are_installed_for_the_block_and_the_previous_ones_restored():
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signals = StopSignals()
+    with signals.installed():
+        assert signal.getsignal(signal.SIGTERM) == signals.handle
+        os.kill(os.getpid(), signal.SIGTERM)  # a real signal, handled by the request
+        assert signals.received == signal.SIGTERM
+    assert {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} == before
+
+
+def test_outside_the_main_thread_nothing_is_installed():
+    before = signal.getsignal(signal.SIGTERM)
+    seen = []
+
+    def body():
+        with StopSignals().installed():
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    assert seen == [before]
