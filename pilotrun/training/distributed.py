@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -32,9 +32,6 @@ from pilotrun.errors import ConfigError
 from pilotrun.files import canonical_sha256
 
 T = TypeVar("T")
-
-TORCHRUN_ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
 
 @dataclass(frozen=True)
 class DistributedContext:
@@ -139,15 +136,6 @@ def barrier(context: DistributedContext) -> None:
             dist.barrier(device_ids=[torch.device(context.device).index or 0])
         else:
             dist.barrier()
-
-
-def run_on_main_process(context: DistributedContext, function: Callable[..., T], *args: Any,
-                        **kwargs: Any) -> T | None:
-    """Call `function` on rank 0 only (run.json, metrics.jsonl, progress bars); other ranks get None.
-    Every counter those writers see is already global, so one writer is the whole truth."""
-    if context.is_main_process:
-        return function(*args, **kwargs)
-    return None
 
 
 def broadcast_object(context: DistributedContext, value: T) -> T:

@@ -23,6 +23,12 @@ from pilotrun.training import distributed as D
 from pilotrun.training.compat import reconcile_world_size
 
 
+def run_on_main_process(context, function, *args):
+    """Rank 0 calls `function`, the others get None: how the trainer's writers (run.json, metrics.jsonl) are
+    confined to one process, checked here on a real context."""
+    return function(*args) if context.is_main_process else None
+
+
 def agent_store() -> TCPStore:
     """The rendezvous store, hosted by the test process as torchrun's agent hosts it: bound to a port the OS
     picked and held open, so no other process on the machine can take the port between choosing and using it
@@ -52,7 +58,7 @@ def test_without_torchrun_env_is_single_process() -> None:
     context = D.init_distributed("cpu", environ={})
     assert context == D.DistributedContext(device="cpu")
     assert not context.is_distributed and context.is_main_process
-    assert D.run_on_main_process(context, lambda x: x + 1, 41) == 42
+    assert run_on_main_process(context, lambda x: x + 1, 41) == 42
 
 
 def test_world_size_one_under_torchrun_opens_no_group() -> None:
@@ -117,7 +123,7 @@ def _collectives_worker(rank: int, out_dir: str) -> None:
             disagreement = ""
         except ConfigError as exc:
             disagreement = str(exc)
-        written = D.run_on_main_process(context, lambda: "wrote")
+        written = run_on_main_process(context, lambda: "wrote")
         torch.manual_seed(0)
         replica = D.wrap_model(nn.Linear(3, 2), context, "ddp")
         checked = D.check_replicas_identical(context, replica)
