@@ -101,3 +101,14 @@ def test_the_kill_lands_at_the_first_logged_step_past_the_midpoint_however_fast_
     report = json.loads((result.report_dir / "summary.json").read_text())
     rules = {r["name"]: r["status"] for r in report["rules"]}
     assert rules["record_valid"] == "PASS" and rules["resumed"] == "PASS"
+
+
+def test_the_kill_point_option_is_accepted_but_not_listed(capsys):
+    from pilotrun.commands.cli import build_parser
+
+    args = build_parser().parse_args(["train", "--config", "smoke", "--data", "d", "--run-dir", "r",
+                                      "--stop-past-step", "120"])
+    assert args.stop_past_step == 120
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--help"])
+    assert "stop-past-step" not in capsys.readouterr().out

@@ -263,7 +263,7 @@ def test_fsdp2_run_matches_one_process_and_resumes_bit_for_bit(runs: dict[str, P
 def test_fp16_skip_decisions_are_agreed_by_both_ranks(runs: dict[str, Path], tmp_path: Path) -> None:
     """fp16 with an absurd initial loss scale: the first updates overflow and are skipped until the scale has
     backed off below fp16's range. DDP reduces the gradients before the check, so both ranks see the same inf
-    and skip together: the replica fingerprint check at each checkpoint (dcp_storage.training_state) finds
+    and skip together: the replica fingerprint check at each checkpoint (checkpointing.save_checkpoint) finds
     them identical, or the run would fail; the record counts each skip once."""
     run_dir = tmp_path / "fp16"
     done = _run(_train_command(runs["data"], run_dir, 2, 2, "--set", "train.precision=fp16", "--set",
