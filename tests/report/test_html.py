@@ -55,3 +55,20 @@ def test_html_lists_the_warnings_under_the_decision(tmp_path):
     decision_at = page.index("<p class=\"decision\">GO</p>")
     warning_at = page.index("<li>WARN recipe_changes: 1 change(s) on resume: optim.grad_clip 1.0 -&gt; 2.0")
     assert decision_at < warning_at < page.index("<h2>Rules</h2>")
+
+
+def test_the_page_gives_each_rules_meaning_and_the_thresholds_it_was_held_to(tmp_path):
+    import html
+
+    from pilotrun.report.rules import RULES
+    from pilotrun.report.thresholds import parse_thresholds, threshold_meaning
+
+    run = crashed_and_resumed(tmp_path / "r")
+    run.write()
+    verdict = judge_summary(summarize_run(tmp_path / "r"), parse_thresholds(["min_loss_drop=0.1"]))
+    page = (write_report(verdict) / "report.html").read_text()
+    for rule in RULES:
+        assert f"<dd>{html.escape(rule.meaning)}" in page
+        for name in rule.thresholds:
+            held = 0.1 if name == "min_loss_drop" else getattr(verdict.thresholds, name)
+            assert f"<li><code>{name}</code> = {held}: {html.escape(threshold_meaning(name))}</li>" in page
