@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from pilotrun.errors import ConfigError
+from pilotrun.parsing import parse_yaml_text, read_text_bounded, shown
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 DATA_MODES = ("successive", "repeat_batch")
@@ -262,7 +263,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     origin = typing.get_origin(hint)
     if origin in (list, tuple):
         if not isinstance(value, list | tuple):
-            raise ConfigError(f"config key '{key}' must be a list, got {value!r}")
+            raise ConfigError(f"config key '{key}' must be a list, got {shown(value)}")
         (item_hint,) = typing.get_args(hint)[:1]
         return [_coerce(v, item_hint, f"{key}[{i}]") for i, v in enumerate(value)]
     if origin in (typing.Union, types.UnionType):
@@ -278,7 +279,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
                 pass
         if isinstance(value, int | float) and not isinstance(value, bool):
             if not math.isfinite(value):  # YAML's .inf / .nan: a range check like `lr >= 0` would let inf pass
-                raise ConfigError(f"config key '{key}' must be a finite number, got {value!r}")
+                raise ConfigError(f"config key '{key}' must be a finite number, got {shown(value)}")
             if hint is float:
                 return float(value)
             if float(value).is_integer():
@@ -287,25 +288,22 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         if isinstance(value, str):
             return value
         if isinstance(value, bool):
-            raise ConfigError(f"config key '{key}' must be str, got {value!r} (YAML reads yes/no/on/off/true/false "
+            raise ConfigError(f"config key '{key}' must be str, got {shown(value)} (YAML reads yes/no/on/off/true/false "
                               "as booleans: quote the word, e.g. '\"off\"')")
     else:
         raise ConfigError(f"internal: unsupported type {hint!r} for '{key}'")
-    raise ConfigError(f"config key '{key}' must be {hint.__name__}, got {value!r}")
+    raise ConfigError(f"config key '{key}' must be {hint.__name__}, got {shown(value)}")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`train.max_steps=200` -> (['train', 'max_steps'], 200); the value is parsed as YAML."""
     if "=" not in text:
-        raise ConfigError(f"--set expects key=value, got '{text}'")
+        raise ConfigError(f"--set expects key=value, got '{shown(text)}'")
     key, raw = text.split("=", 1)
     path = key.strip().split(".")
     if not all(path):
-        raise ConfigError(f"--set has an empty key part in '{text}'")
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {key}: cannot parse value '{raw}': {yaml_error_line(exc)}") from None
+        raise ConfigError(f"--set has an empty key part in '{shown(text)}'")
+    value = parse_yaml_text(raw, f"--set {shown(key)}")
     return path, value
 
 
@@ -345,25 +343,9 @@ def resolve_recipe_path(path: str | Path) -> Path:
     raise ConfigError(f"config file not found: {path} (packaged recipes by name: {', '.join(shipped)})")
 
 
-def yaml_error_line(exc: yaml.YAMLError) -> str:
-    """PyYAML's message spans several lines (context, a quoted excerpt, a caret); one line: problem and place."""
-    problem = getattr(exc, "problem", None)
-    mark = getattr(exc, "problem_mark", None)
-    if problem and mark is not None:
-        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
-    return " ".join(str(exc).split())
-
-
 def load_yaml(path: str | Path) -> dict[str, Any]:
     path = resolve_recipe_path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {yaml_error_line(exc)}") from None
+    data = parse_yaml_text(read_text_bounded(path, error=ConfigError), str(path)) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return data

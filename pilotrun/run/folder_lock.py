@@ -47,14 +47,17 @@ class RunFolderBusy(PilotrunError):
     """Another process holds the run folder's lock: exit 2, naming the holder."""
 
 
-def parse_holder(text: str) -> dict | None:
-    """The holder record of a lock file's first line, or None while it is not (yet) a complete JSON object."""
+def parse_holder(text: str | bytes) -> dict | None:
+    """The holder record of a lock file's first line, or None while it is not (yet) a complete JSON object
+    (or the file holds something else: bytes that are not UTF-8, a nesting no parser follows)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
     first_line, newline, _ = text.partition("\n")
     if not newline:  # the holder writes one line ending in a newline: without it the write is not finished
         return None
     try:
         holder = json.loads(first_line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return holder if isinstance(holder, dict) else None
 
@@ -78,18 +81,75 @@ def read_holder(handle: Any) -> dict | None:
         time.sleep(HOLDER_LINE_POLL_SECONDS)
 
 
-def _rewrite(handle: Any, text: str) -> None:
+def _rewrite(handle: Any, text: str | bytes) -> None:
     handle.seek(0)
     handle.truncate()
-    handle.write(text)
+    handle.write(text.encode("utf-8") if isinstance(text, str) else text)
     handle.flush()
+
+
+def open_lock_file(run_dir: Path, create: bool) -> Any:
+    """RUN/run.lock opened without following a symbolic link (binary, read and write; or read-only without
+    `create`): a link there would make the session truncate and rewrite whatever file it points to."""
+    path = run_dir / LOCK_NAME
+    if path.is_symlink():
+        raise PilotrunError(f"{path}: a symbolic link; refused (pilotrun never writes through a link). Remove "
+                            "the link; the run folder's lock is a plain file")
+    flags = (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, 0o644)  # a link swapped in after the check fails here (ELOOP)
+    return os.fdopen(fd, "r+b" if create else "rb")
+
+
+def _flock_holders(path: Path) -> set[int] | None:
+    """Pids holding a flock on the file `path` per /proc/locks (Linux), or None where it cannot be read."""
+    try:
+        stat = path.stat()
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    inode = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    holders = set()
+    for line in table.splitlines():
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF"; a blocked waiter's line carries "->" first.
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode and fields[4].isdigit():
+            holders.add(int(fields[4]))
+    return holders
+
+
+def live_holder(run_dir: str | Path) -> dict | None:
+    """Who holds the run folder now, or None when no process does; never takes, creates or changes the lock
+    (summarize, verdict and watch read a live run this way). On Linux /proc/locks says whether the file is
+    locked; elsewhere the recorded holder counts as alive when its pid runs on this host."""
+    path = Path(run_dir) / LOCK_NAME
+    if path.is_symlink() or not path.is_file():
+        return None
+    try:
+        with open_lock_file(Path(run_dir), create=False) as handle:
+            holder = parse_holder(handle.read(4096))
+    except OSError:
+        return None
+    holders = _flock_holders(path)
+    if holders is not None:
+        if not holders:
+            return None
+        return holder if holder is not None else {"pid": min(holders)}
+    if holder is None or holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        return None
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return None
+    except OSError:
+        pass  # alive, owned by another user
+    return holder
 
 
 class RunFolderLock:
     """`acquire` takes the lock or raises RunFolderBusy; `release` lets it go (the kernel does so at exit)."""
 
     def __init__(self, run_dir: Path, handle: Any, created_folder: bool, note: str | None = None,
-                 previous_text: str = "") -> None:
+                 previous_text: bytes = b"") -> None:
         self.run_dir = run_dir
         self._handle = handle
         self.created_folder = created_folder  # this session made the run folder (a fresh run)
@@ -106,7 +166,7 @@ class RunFolderLock:
         created = not run_dir.exists()
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
-            handle = open(run_dir / LOCK_NAME, "a+", encoding="utf-8")
+            handle = open_lock_file(run_dir, create=True)
         except OSError as exc:
             raise PilotrunError(f"run folder {run_dir}: cannot create its lock file ({exc.strerror or exc})") from None
         try:
@@ -125,7 +185,7 @@ class RunFolderLock:
             print(f"warning: {note}", file=sys.stderr, flush=True)
             return cls(run_dir, handle, created, note)
         handle.seek(0)
-        previous = handle.read(4096)
+        previous = handle.read(4096)  # bytes: put back as they were if this session is refused
         holder = {"pid": os.getpid(), "host": socket.gethostname(),
                   "since": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                   "command": " ".join(sys.argv)[:500]}

@@ -24,6 +24,7 @@ from typing import Any
 from pilotrun.config import MACHINE_KEYS, flatten
 from pilotrun.errors import PilotrunError
 from pilotrun.files import canonical_sha256, write_text_atomic
+from pilotrun.parsing import read_json_file
 
 LOCK_FORMAT = "pilotrun.recipe-lock/1"
 DATA_KEY = "data.metadata_sha256"
@@ -44,12 +45,7 @@ def write_lock(out: str | Path, lock: dict[str, Any]) -> None:
 def load_lock(path: str | Path) -> dict[str, Any]:
     """A lock file, checked: readable, the right format, a recipe, and a sha256 that matches its content."""
     path = Path(path)
-    if not path.is_file():
-        raise FreezeError(f"--frozen {path}: not found")
-    try:
-        lock = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise FreezeError(f"--frozen {path}: not valid JSON ({exc})") from None
+    lock = read_json_file(path, f"--frozen {path}", FreezeError)
     if not isinstance(lock, dict) or lock.get("format") != LOCK_FORMAT:
         raise FreezeError(f"--frozen {path}: not a recipe lock (expected format '{LOCK_FORMAT}')")
     if not isinstance(lock.get("recipe"), dict) or not isinstance((lock.get("data") or {}).get("metadata_sha256"), str):
@@ -150,11 +146,11 @@ def frozen_candidate_status(run: dict[str, Any]) -> dict[str, Any] | None:
     lock_file = "missing"
     if lock_path.is_file():
         try:
-            on_disk = json.loads(lock_path.read_text(encoding="utf-8"))
+            on_disk = read_json_file(lock_path, str(lock_path), FreezeError)
             body = {k: v for k, v in on_disk.items() if k != "sha256"} if isinstance(on_disk, dict) else None
             same = body is not None and canonical_sha256(body) == frozen.get("lock_sha256") \
                 and on_disk.get("sha256") == frozen.get("lock_sha256")
-        except (OSError, ValueError):
+        except (FreezeError, ValueError):  # unreadable now, or content canonical JSON cannot hash
             same = False
         lock_file = "unchanged" if same else "changed"
     return {"lock_sha256": frozen.get("lock_sha256"), "lock_path": str(lock_path),

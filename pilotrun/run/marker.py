@@ -13,11 +13,12 @@ is refused for the same reason (a link can point into another run).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from pilotrun.errors import PilotrunError
 from pilotrun.files import sha256_of_file
+from pilotrun.parsing import read_json_file
 from pilotrun.run.record import CHECKPOINTS_DIR
 
 MARKER_NAME = "COMMITTED.json"
@@ -70,9 +71,9 @@ def read_marker(run_dir: str | Path, step: int) -> tuple[dict[str, Any] | None, 
     if not marker_path.is_file():
         return None, f"{marker_path}: no marker (the checkpoint was never committed)"
     try:
-        marker = json.loads(marker_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        return None, f"{marker_path}: unreadable ({' '.join(str(exc).split())})"
+        marker = read_json_file(marker_path, f"{marker_path}: unreadable:")
+    except PilotrunError as exc:
+        return None, str(exc)
     files = marker.get("files") if isinstance(marker, dict) else None
     if not isinstance(files, dict) or marker.get("step") != step:
         return None, f"{marker_path}: lacks 'files' or records another step"

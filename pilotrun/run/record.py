@@ -45,6 +45,7 @@ from typing import Any
 
 from pilotrun.errors import PilotrunError
 from pilotrun.files import canonical_json
+from pilotrun.parsing import read_json_file
 
 RUN_JSON = "run.json"
 METRICS_JSONL = "metrics.jsonl"
@@ -211,10 +212,8 @@ def read_run_json(run_dir: str | Path) -> dict[str, Any]:
     path = run_dir / RUN_JSON
     if not path.is_file():
         raise RecordError(f"{path}: not found (is {run_dir} a run folder written by `pilotrun train`?)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # torn, not UTF-8, unreadable: damage to name, never a traceback
-        raise RecordError(f"{path}: unreadable run record ({' '.join(str(exc).split())})") from None
+    # Torn, not UTF-8, unreadable, nested past reason: damage to name in one line, never a traceback.
+    data = read_json_file(path, f"{path}: unreadable run record:", RecordError)
     if not isinstance(data, dict):
         raise RecordError(f"{path}: expected a JSON object at the top level")
     return data
@@ -234,7 +233,7 @@ class ParsedMetrics:
 def _parse_object(text: str) -> dict[str, Any] | None:
     try:
         value = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # bad syntax, an integer too long, a nesting no parser follows
         return None
     return value if isinstance(value, dict) else None
 

@@ -188,3 +188,47 @@ def test_a_holder_that_never_writes_its_line_is_reported_as_unreadable(tmp_path,
         handle.flush()
         with pytest.raises(RunFolderBusy, match="in use by a process whose details could not be read"):
             RunFolderLock.acquire(run_dir)
+
+
+def test_a_lock_file_that_is_a_link_is_refused_and_the_linked_file_is_untouched(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    users_file = tmp_path / "notes.txt"
+    users_file.write_text("a user's file\n" * 1000)
+    (run_dir / LOCK_NAME).symlink_to(users_file)
+    with pytest.raises(run_lock.PilotrunError, match="a symbolic link; refused"):
+        RunFolderLock.acquire(run_dir)
+    assert users_file.read_text() == "a user's file\n" * 1000
+    dangling = tmp_path / "run2"
+    dangling.mkdir()
+    (dangling / LOCK_NAME).symlink_to(tmp_path / "nowhere.txt")
+    with pytest.raises(run_lock.PilotrunError, match="a symbolic link"):
+        RunFolderLock.acquire(dangling)
+    assert not (tmp_path / "nowhere.txt").exists()  # nothing created through the dangling link
+
+
+def test_a_lock_file_of_binary_or_deeply_nested_content_is_taken_without_a_traceback(tmp_path):
+    for content in (bytes(range(256)) * 20, b"[" * 200_000 + b"\n"):
+        run_dir = tmp_path / f"run-{len(content)}"
+        run_dir.mkdir()
+        (run_dir / LOCK_NAME).write_bytes(content)
+        lock = RunFolderLock.acquire(run_dir)
+        assert json.loads((run_dir / LOCK_NAME).read_text())["pid"] == os.getpid()
+        lock.release(refused=True)
+        assert (run_dir / LOCK_NAME).read_bytes() == content[:4096]  # the previous bytes put back as read
+
+
+def test_live_holder_sees_the_holder_without_taking_the_lock(tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_lock.live_holder(run_dir) is None
+    lock = RunFolderLock.acquire(run_dir)
+    try:
+        holder = run_lock.live_holder(run_dir)
+        assert holder is not None and holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
+        # Reading it took nothing: a second writer is still refused, and the holder is still named.
+        with pytest.raises(RunFolderBusy):
+            RunFolderLock.acquire(run_dir)
+    finally:
+        lock.release()
+    assert run_lock.live_holder(run_dir) is None  # the file stays, the lock is gone
+    assert (run_dir / LOCK_NAME).is_file()
