@@ -159,12 +159,25 @@ def test_the_training_loop_fits_on_one_screen():
     assert loops[0].end_lineno - loops[0].lineno + 1 <= MAX_LOOP_LINES
 
 
+def canonical_spellings(source: str) -> int:
+    """json.dumps calls with sorted keys and compact separators: a canonical JSON spelled out."""
+    count = 0
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "dumps":
+            keywords = {k.arg: k.value for k in node.keywords}
+            sorted_keys = isinstance(keywords.get("sort_keys"), ast.Constant) and keywords["sort_keys"].value is True
+            compact = "separators" in keywords and ast.literal_eval(keywords["separators"]) == (",", ":")
+            count += sorted_keys and compact
+    return count
+
+
 def test_one_canonical_json():
-    """Identity hashes are taken over one serialisation (pilotrun.files.canonical_json): a second spelling of
-    `sort_keys=True, separators=(",", ":")` would let two readers disagree on the same value's hash."""
-    spelled = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
-               if 'separators=(",", ":")' in p.read_text()]
-    assert spelled == ["pilotrun/files.py"]
+    """Identity hashes are taken over one serialisation (pilotrun.files.canonical_json): a second spelling
+    would let two readers disagree on the same value's hash. (A metrics.jsonl line is compact but keeps its
+    fields in written order: a line format, not an identity.)"""
+    spelled = {str(p.relative_to(ROOT)): canonical_spellings(p.read_text()) for p in PACKAGE.rglob("*.py")}
+    assert {path: n for path, n in spelled.items() if n} == {"pilotrun/files.py": 1}
+    assert canonical_spellings('json.dumps(x, separators=(",", ":"), sort_keys=True)') == 1
 
 
 def test_tests_mirror_the_package():
