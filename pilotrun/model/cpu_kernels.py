@@ -30,7 +30,6 @@ import functools
 import hashlib
 import os
 import platform
-import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -65,6 +64,21 @@ def kernel_build_directory(name: str) -> Path:
     return Path(root) / name if root else Path(sys.prefix) / "torch_extensions" / name
 
 
+def pinned_ninja_path(path: str) -> str:
+    """PATH with the ninja of the `ninja` package (a dependency, installed in the venv) first. A different ninja
+    found first (a system /usr/bin/ninja when the venv is not activated) writes its build log in another
+    version, and each then takes the other's output as stale and rebuilds it: the key of a build must not
+    depend on which shell started the process."""
+    import ninja
+
+    return os.pathsep.join([ninja.BIN_DIR, *(p for p in path.split(os.pathsep) if p and p != ninja.BIN_DIR)])
+
+
+def kernel_library_present(directory: Path, name: str) -> bool:
+    """Whether this build's library is already compiled (a build would then only check it, in a moment)."""
+    return (directory / f"{name}.so").is_file()
+
+
 def loaded_kernel_libraries() -> list[str]:
     """The pilotrun kernel libraries this process has loaded (torch.ops keeps their paths)."""
     return sorted(path for path in torch.ops.loaded_libraries if Path(path).name.startswith(KERNEL_BUILD_PREFIX))
@@ -76,17 +90,16 @@ def cpu_kernels_loaded() -> bool:
     try:
         from torch.utils.cpp_extension import load
 
-        if shutil.which("ninja") is None:  # the PyPI wheel's binary, when the virtual environment is not active
-            import ninja
-
-            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-
+        os.environ["PATH"] = pinned_ninja_path(os.environ.get("PATH", ""))
         name = kernel_build_name(KERNEL_SOURCE.read_bytes(), torch.__version__, current_interpreter())
         directory = kernel_build_directory(name)
         others = [path for path in loaded_kernel_libraries() if Path(path).parent != directory]
         if others:  # their operators already own the namespaces: a second build cannot register its own
             raise RuntimeError(f"another build of the kernels is already loaded in this process ({others[0]})")
         directory.mkdir(parents=True, exist_ok=True)
+        if not kernel_library_present(directory, name):  # a compile takes a minute on 2 cores: say so once
+            print(f"pilotrun: building the CPU MoE kernels into {directory} (once per venv and source, about a "
+                  "minute)", file=sys.stderr, flush=True)
         load(name=name, sources=[str(KERNEL_SOURCE)], extra_cflags=list(KERNEL_CFLAGS), build_directory=str(directory),
              is_python_module=False, verbose=False)
         return hasattr(torch.ops.pilotrun_routing, "router") and hasattr(torch.ops.pilotrun_experts, "experts")

@@ -5,6 +5,7 @@ outputs bit for bit, gradients to rounding, gradcheck in fp64. Routed and shared
 output (plus the shared SwiGLU) bit for bit, gradients to rounding, gradcheck in fp64, on the exported BLAS and on
 the at::mm path. Inference mode, dispatch modes and a missing build keep working."""
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -409,3 +410,43 @@ def test_without_the_kernels_the_fp32_default_layer_is_the_pytorch_one(monkeypat
     fused = make_moe(True, torch.float32)
     assert not fused.route(x.reshape(16, 16), 2).fused
     assert torch.equal(fused(x)[0], make_moe(False, torch.float32)(x)[0])
+
+
+def test_the_build_uses_the_packaged_ninja_whichever_comes_first_on_path():
+    import ninja
+
+    from pilotrun.model.cpu_kernels import pinned_ninja_path
+
+    system_first = os.pathsep.join(["/usr/bin", ninja.BIN_DIR, "/bin"])
+    assert pinned_ninja_path(system_first).split(os.pathsep) == [ninja.BIN_DIR, "/usr/bin", "/bin"]
+    assert pinned_ninja_path(pinned_ninja_path(system_first)) == pinned_ninja_path(system_first)
+
+
+def test_an_activated_and_a_plain_shell_load_the_same_build_without_rebuilding_it(tmp_path):
+    """`make` runs without the venv on PATH (a system ninja first), a user's shell with it: both must find the
+    one build, neither recompile it (its library's bytes and modification time stay as they are)."""
+    import subprocess
+    import sys
+
+    from pilotrun.model.cpu_kernels import (
+        current_interpreter,
+        kernel_build_directory,
+        kernel_build_name,
+        kernel_library_present,
+    )
+
+    if not cpu_kernels_loaded():
+        pytest.skip("the CPU kernels cannot be built on this machine (no compiler)")
+    name = kernel_build_name(cpu_kernels.KERNEL_SOURCE.read_bytes(), torch.__version__, current_interpreter())
+    directory = kernel_build_directory(name)
+    assert kernel_library_present(directory, name)
+    library = directory / f"{name}.so"
+    before = (library.stat().st_mtime_ns, library.read_bytes())
+    probe = "from pilotrun.model.cpu_kernels import cpu_kernels_loaded as c; print(c())"
+    venv_bin = str(Path(sys.executable).parent)
+    for path in ("/usr/local/bin:/usr/bin:/bin", f"{venv_bin}:/usr/local/bin:/usr/bin:/bin"):
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "PATH": path})
+        assert done.stdout.strip() == "True", done.stderr
+        assert "building the CPU MoE kernels" not in done.stderr
+    assert (library.stat().st_mtime_ns, library.read_bytes()) == before
