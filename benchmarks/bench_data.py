@@ -4,7 +4,11 @@
    hash) against the raw `tokenizers` `encode_batch` throughput on the same texts, same tokenizer, same cores.
    Target: at least 0.95x, on a corpus of ~16M characters (~3.5M GPT-2 tokens), large enough that prepare's
    fixed costs (loading and hashing the tokenizer, hashing the source) weigh little.
-2. Reading one batch (`BatchLoader.next_batch`) against one CPU training step of the stability recipe
+2. Peak resident memory of `prepare` on one parquet file of 1x, 4x and 16x a base size (row groups of a fixed
+   row count, so 4x and 16x the row groups), each in a fresh process, read from the build_info.json prepare
+   writes. Target: the peak does not follow the file (ratios near 1.0): parquet is read by row group without
+   pre-buffering, and the shuffle buffer, read-ahead and shard buffers are bounded by options.
+3. Reading one batch (`BatchLoader.next_batch`) against one CPU training step of the stability recipe
    (forward + backward + optimizer step of the real model and optimizer when they are importable; otherwise a
    comparable torch model built here, and the section says so). Target: under 1%.
 
@@ -17,6 +21,8 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,6 +39,15 @@ GPT2 = FIXTURES / "tokenizers" / "gpt2" / "tokenizer.json"
 # 150 fixture documents hold 0.41M characters, so 40 copies: ~16.5M characters, ~3.6M GPT-2 tokens.
 TARGET_CHARACTERS = 16_000_000
 REPEATS = 3  # interleaved rounds of ~1 minute each on 2 cores at this corpus size
+# Parquet memory: the base file holds a quarter of the throughput corpus (~4M characters, ~1,460 documents) in
+# row groups of this many rows; the 16x file (~64M characters, ~14M tokens) takes ~15 s on 2 cores. The bounded
+# parts must already be full at 1x, or the ratios would show them filling up rather than the file's size: the
+# shuffle buffer (MEMORY_SHUFFLE_BUFFER documents < the base's) and one shard per split (MEMORY_SHARD_TOKENS <
+# the base's ~0.9M tokens).
+MEMORY_FACTORS = (1, 4, 16)
+MEMORY_ROW_GROUP_ROWS = 256
+MEMORY_SHUFFLE_BUFFER = 1000
+MEMORY_SHARD_TOKENS = 1 << 19
 
 
 def _texts_and_tokenizer(work: Path) -> tuple[list[str], str, str]:
@@ -97,6 +112,37 @@ def _throughputs(texts: list[str], tokenizer_path: str, work: Path) -> dict:
         "fast_rate": raw_tokens / statistics.median(fast_times),
         "workers": default_workers(), "raw_times": raw_times, "prepare_times": prepare_times,
     }
+
+
+def _parquet_memory(texts: list[str], tokenizer_path: str, work: Path) -> dict:
+    """Peak RSS of a fresh `prepare` process per parquet file of 1x, 4x, 16x the base size."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    base = texts[: len(texts) // 4]
+    code = ("import json, sys; from pilotrun.data.prepare import prepare_corpus; "
+            "prepare_corpus(sys.argv[1], source=sys.argv[2], tokenizer=sys.argv[3], workers=0, progress=False, "
+            f"shuffle_buffer={MEMORY_SHUFFLE_BUFFER}, shard_tokens={MEMORY_SHARD_TOKENS}); "
+            "print(open(sys.argv[1] + '/build_info.json').read())")
+    results = []
+    for factor in MEMORY_FACTORS:
+        path = work / f"memory-{factor}x.parquet"
+        with pq.ParquetWriter(path, pa.schema([("text", pa.string())])) as writer:
+            for copy in range(factor):  # each copy distinct, as in a real corpus
+                writer.write_table(pa.table({"text": [f"Part {copy}.\n{t}" for t in base]}),
+                                   row_group_size=MEMORY_ROW_GROUP_ROWS)
+        out = work / f"memory-{factor}x"
+        done = subprocess.run([sys.executable, "-c", code, str(out), str(path), tokenizer_path], check=True,
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        build = json.loads(done.stdout)
+        manifest = json.loads((out / "metadata.json").read_text())
+        results.append({"factor": factor, "file_mb": path.stat().st_size / 2**20,
+                        "row_groups": pq.ParquetFile(path).metadata.num_row_groups,
+                        "tokens": manifest["splits"]["train"]["tokens"] + manifest["splits"]["val"]["tokens"],
+                        "peak_rss_mb": build["peak_rss_mb"], "seconds": build["seconds"]})
+        shutil.rmtree(out)
+        path.unlink()
+    return {"rows": results, "characters": sum(len(t) for t in base)}
 
 
 def _stability_model_and_step(vocab_size: int):
@@ -183,6 +229,7 @@ def run() -> str:
     try:
         texts, tokenizer_path, what = _texts_and_tokenizer(work)
         rates = _throughputs(texts, tokenizer_path, work)
+        memory = _parquet_memory(texts, tokenizer_path, work)
         read = _batch_read_vs_step(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -191,6 +238,11 @@ def run() -> str:
     ratio = prepare_rate / raw_rate
     share = read["read_median_s"] / read["step_median_s"]
     characters = sum(len(t) for t in texts)
+    smallest = memory["rows"][0]["peak_rss_mb"]
+    largest_ratio = max(row["peak_rss_mb"] / smallest for row in memory["rows"])
+    memory_rows = [f"| {row['factor']}x | {row['file_mb']:.1f} MB, {row['row_groups']} row groups | {row['tokens']:,} | "
+                   f"{row['seconds']:.1f} s | {row['peak_rss_mb']:.0f} MiB | {row['peak_rss_mb'] / smallest:.2f} |"
+                   for row in memory["rows"]]
     lines = [
         "## Data: prepare throughput and batch read cost",
         "",
@@ -214,6 +266,19 @@ def run() -> str:
         f"{prepare_rate / rates['fast_rate']:.3f}x of raw encode_batch_fast). Prepare's figure includes its fixed "
         "costs (loading and hashing the tokenizer, hashing the source) and the main thread's reading, splitting "
         "and writing, which share the same cores with the tokenizing threads.",
+        "",
+        f"Peak resident memory of prepare on one parquet file (a fresh process each; VmHWM from the "
+        f"build_info.json prepare writes; base: {memory['characters']:,} characters in row groups of "
+        f"{MEMORY_ROW_GROUP_ROWS} documents, repeated with distinct first lines; `--shuffle-buffer "
+        f"{MEMORY_SHUFFLE_BUFFER} --shard-tokens {MEMORY_SHARD_TOKENS}`, so that the bounded parts are full at 1x "
+        "already; all cores):",
+        "",
+        "| size | file | tokens | prepare wall time | peak RSS | ratio to 1x |",
+        "|---|---:|---:|---:|---:|---:|",
+        *memory_rows,
+        "",
+        f"Target: peak memory independent of the file's size. **{'met' if largest_ratio < 1.25 else 'NOT met'}** "
+        f"(largest ratio {largest_ratio:.2f}x for {MEMORY_FACTORS[-1]}x the file; bound: 1.25x).",
         "",
         f"Batch read vs training step ({read['batch']} tokens per batch; step = {read['description']}):",
         "",
