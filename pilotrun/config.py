@@ -249,7 +249,8 @@ def config_from_dict(data: dict[str, Any], cls: type = RunConfig, where: str = "
     unknown = sorted((k for k in data if k not in known), key=str)  # YAML keys may be numbers too
     if unknown:
         key = f"{where}.{unknown[0]}" if where else unknown[0]
-        raise ConfigError(f"unknown config key '{key}' (known here: {', '.join(sorted(known))})")
+        raise ConfigError(f"unknown config key '{shown(key)}'{nearest_hint(str(unknown[0]), known)} (known here: "
+                          f"{', '.join(sorted(known))})")
     values = {}
     for name, value in data.items():
         key = f"{where}.{name}" if where else name
@@ -307,6 +308,31 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return path, value
 
 
+def nearest_hint(name: str, known: Any) -> str:
+    """"; did you mean 'x'?" for the closest known name (a typo's most likely target), or nothing."""
+    import difflib
+
+    close = difflib.get_close_matches(name, [str(k) for k in known], n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def check_override_keys(overrides: list[str]) -> None:
+    """Each `--set` key names a config key: a typo is blamed on the flag, with the nearest known key, before
+    it could be mistaken for a fault of the recipe file."""
+    leaves = set(flatten(config_to_dict(RunConfig())))
+    for text in overrides:
+        path, _ = parse_override(text)
+        key = ".".join(path)
+        if key in leaves:
+            continue
+        # The first part of the key that names nothing: 'nosection' of nosection.x, all of train.bogus.
+        for depth in range(1, len(path) + 1):
+            prefix = ".".join(path[:depth])
+            if prefix not in leaves and not any(leaf.startswith(prefix + ".") for leaf in leaves):
+                raise ConfigError(f"--set {shown(key)}: unknown config key '{shown(prefix)}'"
+                                  f"{nearest_hint(key, sorted(leaves))} (`pilotrun config` lists every key)")
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply dotted `key=value` overrides to a nested dict (a copy); section names must exist."""
     import copy
@@ -353,6 +379,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 def load_run_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     """Defaults <- YAML file <- `--set` overrides, then validated."""
+    check_override_keys(overrides or [])
     data = load_yaml(path) if path is not None else {}
     data = apply_overrides(data, overrides or [])
     try:

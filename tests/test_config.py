@@ -73,3 +73,15 @@ def test_flatten_gives_dotted_keys():
     assert flat["train.seq_len"] == 32
     assert flat["optim.muon.lr"] == 3e-3
     assert "optim.schedule.horizon" in flat
+
+
+def test_an_unknown_set_key_is_blamed_on_the_flag_with_the_nearest_known_key():
+    with pytest.raises(ConfigError) as refused:
+        load_run_config("stability", ["train.max_step=3"])
+    message = str(refused.value)
+    assert message.startswith("--set train.max_step: unknown config key 'train.max_step'; did you mean "
+                              "'train.max_steps'?")
+    assert "stability" not in message  # the recipe file is not at fault
+    # In the recipe file itself, the file is named and the nearest key suggested too.
+    with pytest.raises(ConfigError, match=r"unknown config key 'train.max_step'; did you mean 'max_steps'\?"):
+        config_from_dict({"train": {"max_step": 3}})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 from pilotrun.errors import PilotrunError
@@ -408,9 +409,13 @@ def _run_config(args: argparse.Namespace) -> int:
     import json
 
     from pilotrun.config import describe_config, format_config_table, load_run_config
+    from pilotrun.optim.schedule import schedule_warnings
 
-    rows = describe_config(load_run_config(args.config, args.overrides))
+    config = load_run_config(args.config, args.overrides)
+    rows = describe_config(config)
     print(json.dumps(rows, indent=1) if args.json else format_config_table(rows))
+    for warning in schedule_warnings(config):  # what `train` would say at its start, said before any run
+        print(f"pilotrun config: warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -467,6 +472,11 @@ def main(argv: list[str] | None = None) -> int:
     args.invocation = ["pilotrun", *argv] if argv is not None else list(sys.argv)
     try:
         return int(args.handler(args) or 0)
+    except BrokenPipeError:
+        # `pilotrun summarize RUN | head`: the reader had what it wanted. Nothing is wrong; point stdout at
+        # /dev/null so that the interpreter's final flush does not raise again, and end quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except PilotrunError as exc:
         print(f"pilotrun: error: {_one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from pilotrun.commands.cli import build_parser, main
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def test_help_lists_every_command(capsys):
     parser = build_parser()
@@ -47,3 +49,21 @@ def test_bad_config_is_one_line_exit_2(tmp_path, capsys):
     assert err.startswith("pilotrun: error: ")
     assert "Traceback" not in err
     assert "train.nonsense" in err
+
+
+def test_config_says_what_train_would_say_about_the_schedule(capsys):
+    assert main(["config", "--config", "stability", "--set", "train.max_steps=10"]) == 0
+    err = capsys.readouterr().err
+    assert "pilotrun config: warning: train.max_steps=10 < optim.schedule.horizon=240" in err
+
+
+def test_output_cut_short_by_its_reader_ends_quietly(tmp_path):
+    """`pilotrun config | head -1`: the closed pipe is the reader's choice, not an error of pilotrun's."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(f"'{sys.executable}' -m pilotrun config --config stability | head -1; "
+                          "echo \"rc=${PIPESTATUS[0]}\" >&2", shell=True, executable="/bin/bash",
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.stdout.count("\n") == 1
+    assert done.stderr.strip() == "rc=0", done.stderr
