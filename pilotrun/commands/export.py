@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -293,9 +294,19 @@ def export_run(run_dir: str | Path, out_dir: str | Path, step: int | None = None
     shutil.rmtree(temp, ignore_errors=True)
     temp.mkdir()
     try:
-        save_file(tensors, str(temp / "model.safetensors"),
-                  metadata={"format": "pt", "pilotrun_run_id": str(meta.get("run_id")), "pilotrun_step": str(step)})
         _write_json(temp / "config.json", hf)
+        try:
+            save_file(tensors, str(temp / "model.safetensors"), metadata={
+                "format": "pt", "pilotrun_run_id": str(meta.get("run_id")), "pilotrun_step": str(step)})
+        except Exception as error:  # safetensors' own error type (a full disk, a quota): one line, exit 2
+            if isinstance(error, OSError) or type(error).__name__ != "SafetensorError":
+                raise
+            raise ExportError(f"--out {out_dir}: the model could not be written ({' '.join(str(error).split())})"
+                              ) from None
+        # safetensors creates its file private (0600); the export is one folder whose files share one mode,
+        # the one this process's umask gives any file (config.json's), so whoever may read the config may
+        # read the model it describes.
+        os.chmod(temp / "model.safetensors", stat.S_IMODE((temp / "config.json").stat().st_mode))
         _write_json(temp / "generation_config.json", {"eos_token_id": eos_id, "bos_token_id": None,
                                                       "pad_token_id": None})
         shutil.copyfile(tokenizer_path, temp / "tokenizer.json")

@@ -216,3 +216,12 @@ def test_inexpressible_options_are_named(overrides, named):
 
 def test_dense_only_model_needs_no_router_options():
     refuse_inexpressible_options(ModelConfig(n_layers=2, n_dense_layers=2, score_func="softmax"))
+
+
+def test_every_exported_file_has_the_same_mode(exported):
+    """safetensors writes its file private (0600); the export's files share the mode the umask gives."""
+    import stat
+
+    _, out = exported
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert len(set(modes.values())) == 1, modes
