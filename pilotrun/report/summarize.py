@@ -27,6 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pilotrun.report.ledger import (
+    against_projection,
+    format_against,
+    format_ledger,
+    ledger_problem,
+    time_ledger,
+)
 from pilotrun.report.sessions import SessionSummary, check_session, group_sessions, session_summary
 from pilotrun.report.time_split import (  # noqa: F401  (the time split's readers: re-exported for callers)
     LATER_PHASES,
@@ -37,7 +44,7 @@ from pilotrun.report.time_split import (  # noqa: F401  (the time split's reader
     window_profiled,
     window_train_tokens,
 )
-from pilotrun.run.lock import describe_frozen_status, frozen_candidate_status
+from pilotrun.run.lock import describe_frozen_status, frozen_candidate_status, lock_projection_of
 from pilotrun.run.marker import checkpoint_problems, committed_checkpoint_steps, read_marker
 from pilotrun.run.record import (
     Counters,
@@ -220,6 +227,15 @@ def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summa
     overall = _overall(run, groups, order, sessions, final, kept_events)
     overall["final_checkpoint"] = final_checkpoint  # None unless --require-step asked for it
     overall["frozen_candidate"] = frozen_candidate_status(run)  # None unless started with train --frozen
+    # The time ledger over every session (goodput), and beside the lock's projection where the run has one.
+    ledger = time_ledger(sessions, kept_events, rolled_back_events, run)
+    problem = ledger_problem(ledger)
+    if problem is not None:
+        reasons.append(problem)
+    notes.extend(ledger.notes)
+    overall["time_ledger"] = ledger.to_dict()
+    overall["goodput"] = ledger.goodput
+    overall["against_projection"] = against_projection(lock_projection_of(run), ledger, overall)
     return Summary(run_dir=str(run_dir), run_id=run.get("run_id"), valid=not reasons, reasons=reasons, notes=notes,
                    sessions=sessions, lineage=lineage, overall=overall, kept_events=kept_events,
                    rolled_back_events=rolled_back_events, run=run, final=final)
@@ -332,6 +348,11 @@ def format_summary(summary: Summary) -> str:
         f"effective wall-clock {_fmt(o['wall_tokens_per_s'])} tok/s (kept tokens / all sessions' wall seconds)",
         "time: " + ", ".join(f"{k.removesuffix('_seconds')} {t[k]:.1f} s" for k in SPLIT_KEYS),
     ]
+    if o.get("time_ledger") is not None:
+        lines.append(format_ledger(o["time_ledger"]))
+    against = format_against(o.get("against_projection"))
+    if against is not None:
+        lines.append(against)
     checkpoint = o.get("final_checkpoint")
     if checkpoint is not None:
         lines.append(f"final checkpoint at step {checkpoint['step']}: "

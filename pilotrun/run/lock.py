@@ -123,7 +123,9 @@ def frozen_run_facts(lock: dict[str, Any], lock_path: str | Path, recipe: dict[s
             "pilot_run_id": (lock.get("pilot") or {}).get("run_id"), "lock_decision": lock.get("decision"),
             "lock_despite_no_go": lock.get("despite_no_go"), "lock_recipe": copy.deepcopy(lock["recipe"]),
             "lock_data_metadata_sha256": lock["data"]["metadata_sha256"], "lock_code": lock.get("code"),
-            "allowed": sorted({_normalise(k) for k in allowed}), "differences": accepted}
+            "allowed": sorted({_normalise(k) for k in allowed}), "differences": accepted,
+            # What the lock projected, kept with the run so that summarize compares even after the lock moved.
+            "lock_projection": lock.get(PROJECTION_KEY)}
 
 
 def frozen_candidate_status(run: dict[str, Any]) -> dict[str, Any] | None:
@@ -177,3 +179,33 @@ def describe_frozen_status(status: dict[str, Any]) -> str:
     drift = "; ".join(describe_difference(d) for d in status["drift"]) or "none"
     return (f"{head}: NO LONGER MATCHES: differences not allowed at its start: {drift}; lock file "
             f"{status['lock_file']}")
+
+
+# ---------------------------------------------------------------------------------------------- projection
+# `freeze --target-steps N` adds two sections to the lock (pilotrun/report/projection.py computes them from the
+# pilot's own record): `projection`, what the pilot's measurements predict for a long run of N updates, and
+# `watch`, the pilot's figures `pilotrun watch` holds a long run to (throughput band, loss envelope, skip and
+# clip bounds, window interval). Both are inside the lock's sha256 like everything else.
+PROJECTION_KEY = "projection"
+WATCH_KEY = "watch"
+
+
+def lock_projection_of(run: dict[str, Any]) -> dict[str, Any] | None:
+    """The projection of the lock a run was started from: run.json's copy (`frozen.lock_projection`), else the
+    lock file itself while it still hashes to the recorded sha256; None for a run not started frozen, or from a
+    lock without a projection."""
+    frozen = run.get("frozen")
+    if not isinstance(frozen, dict):
+        return None
+    if isinstance(frozen.get("lock_projection"), dict):
+        return frozen["lock_projection"]
+    path = Path(str(frozen.get("lock_path")))
+    if not path.is_file():
+        return None
+    try:
+        lock = load_lock(path)
+    except (FreezeError, OSError):
+        return None
+    if lock.get("sha256") != frozen.get("lock_sha256"):
+        return None
+    return lock.get(PROJECTION_KEY) if isinstance(lock.get(PROJECTION_KEY), dict) else None

@@ -180,6 +180,10 @@ class SyntheticRun:
         """A SIGKILL: the session simply stops writing (its partial window is lost)."""
         self._reset_window()
 
+    def pause(self, seconds: float) -> None:
+        """Time with no session running (a crash noticed late, a queue): the clock moves, nothing is written."""
+        self.clock += seconds
+
     def resume(self, from_step: int | None = None) -> None:
         step = max(self.checkpoints) if from_step is None else from_step
         saved = dict(self.checkpoints[step])
