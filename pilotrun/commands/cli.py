@@ -269,6 +269,11 @@ def _add_freeze(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", help="the pilot's run folder")
     p.add_argument("--out", required=True, help="the lock file to write (never overwritten)")
     p.add_argument("--despite-no-go", action="store_true", help="write the lock of a NO-GO pilot, saying so in it")
+    p.add_argument("--target-steps", type=int, default=None, metavar="N",
+                   help="project a long run of N updates of the recipe on the pilot's hardware into the lock")
+    p.add_argument("--mtbf", type=float, default=None, metavar="HOURS",
+                   help="mean time between failures: expected redone work and Young's checkpoint interval")
+    p.add_argument("--device-hour-cost", type=float, default=None, metavar="X", help="price of one device-hour")
     p.add_argument("--no-resume-required", action="store_true", help="as for verdict")
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE", help="as for verdict")
     p.set_defaults(handler=_run_freeze)
@@ -279,7 +284,11 @@ def _run_freeze(args: argparse.Namespace) -> int:
     from pilotrun.report.verdict import Thresholds, parse_thresholds
 
     thresholds = parse_thresholds(args.threshold, Thresholds(resume_required=not args.no_resume_required))
-    code, lock, verdict = freeze_run(args.run_dir, args.out, despite_no_go=args.despite_no_go, thresholds=thresholds)
+    from pilotrun.commands.freeze import format_projection
+
+    code, lock, verdict = freeze_run(args.run_dir, args.out, despite_no_go=args.despite_no_go, thresholds=thresholds,
+                                     target_steps=args.target_steps, mtbf_hours=args.mtbf,
+                                     device_hour_cost=args.device_hour_cost)
     if code != 0:
         print(f"not frozen: the pilot is {verdict.decision} ({verdict.statement}); pass --despite-no-go to freeze it "
               "anyway, recorded in the lock")
@@ -287,6 +296,8 @@ def _run_freeze(args: argparse.Namespace) -> int:
     flag = " DESPITE NO-GO" if lock["despite_no_go"] else ""
     print(f"frozen{flag}: {args.out} (sha256 {lock['sha256']}; recipe sha256 {lock['recipe_sha256']}, data "
           f"{lock['data']['metadata_sha256']}, code {(lock.get('code') or {}).get('commit')})")
+    if "projection" in lock:
+        print("\n".join(format_projection(lock["projection"])))
     return 0
 
 

@@ -5,23 +5,43 @@ After a GO (or with `--despite-no-go`, recorded in the lock) the lock holds:
 - the data identity (metadata_sha256), tokens per update;
 - the code identity (git commit, dirty flag, diff hash) and software of the pilot's last kept session;
 - the verdict: decision, statement, every rule with its figure, threshold and evidence, the thresholds;
+- with `--target-steps N`: `projection`, what the pilot's measurements predict for a long run of N updates
+  (training, checkpoint, evaluation, start-up, expected failures at `--mtbf`, Young's checkpoint interval, total
+  wall time, device-hours and cost at `--device-hour-cost`), and `watch`, the pilot's figures `pilotrun watch
+  --against LOCK` holds the long run to (pilotrun/report/projection.py);
 - `sha256` over everything else, so the lock identifies itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
 from pilotrun.files import canonical_sha256
+from pilotrun.report.projection import project, watch_figures
 from pilotrun.report.verdict import judge
 from pilotrun.run.changes import recipe_changes_in_history
-from pilotrun.run.lock import LOCK_FORMAT, FreezeError, write_lock
+from pilotrun.run.lock import LOCK_FORMAT, PROJECTION_KEY, WATCH_KEY, FreezeError, write_lock
 
 
-def build_lock(verdict: Any, despite_no_go: bool) -> dict[str, Any]:
-    """The lock of a judged pilot (a `pilotrun.report.verdict.Verdict`), its `sha256` included."""
+def check_projection_options(target_steps: int | None, mtbf_hours: float | None,
+                             device_hour_cost: float | None) -> None:
+    """Bad projection options are bad input, refused before anything is judged."""
+    if target_steps is not None and target_steps < 1:
+        raise FreezeError(f"--target-steps {target_steps}: must be a positive number of updates")
+    for flag, value in (("--mtbf", mtbf_hours), ("--device-hour-cost", device_hour_cost)):
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            raise FreezeError(f"{flag} {value}: must be a positive finite number")
+    if target_steps is None and (mtbf_hours is not None or device_hour_cost is not None):
+        raise FreezeError("--mtbf and --device-hour-cost need --target-steps (they price a projected long run)")
+
+
+def build_lock(verdict: Any, despite_no_go: bool, target_steps: int | None = None, mtbf_hours: float | None = None,
+               device_hour_cost: float | None = None) -> dict[str, Any]:
+    """The lock of a judged pilot (a `pilotrun.report.verdict.Verdict`), its `sha256` included; with
+    `target_steps`, its projection and the figures watch needs."""
     summary = verdict.summary
     run = summary.run
     sessions = {str(s.get("session_id")): s for s in run.get("sessions") or [] if isinstance(s, dict)}
@@ -49,15 +69,21 @@ def build_lock(verdict: Any, despite_no_go: bool) -> dict[str, Any]:
                     "rules": [dataclasses.asdict(r) for r in verdict.rules],
                     "thresholds": dataclasses.asdict(verdict.thresholds)},
     }
+    # The watcher's figures are the pilot's own, whether or not a long run's length is projected.
+    lock[WATCH_KEY] = watch_figures(summary, lock["verdict"]["thresholds"])
+    if target_steps is not None:
+        lock[PROJECTION_KEY] = project(summary, target_steps, mtbf_hours, device_hour_cost)
     lock["sha256"] = canonical_sha256(lock)
     return lock
 
 
 def freeze_run(run_dir: str | Path, out: str | Path, despite_no_go: bool = False,
-               thresholds: Any = None) -> tuple[int, dict[str, Any], Any]:
+               thresholds: Any = None, target_steps: int | None = None, mtbf_hours: float | None = None,
+               device_hour_cost: float | None = None) -> tuple[int, dict[str, Any], Any]:
     """Judge the pilot and write its lock: (0, lock, verdict) written; (1, lock, verdict) NO-GO without
     `despite_no_go`, nothing written. An existing --out is refused before anything is judged."""
     out = Path(out)
+    check_projection_options(target_steps, mtbf_hours, device_hour_cost)
     if out.exists():
         raise FreezeError(f"--out {out}: already exists; a lock is never overwritten (choose another path)")
     if not out.parent.is_dir():
@@ -65,8 +91,29 @@ def freeze_run(run_dir: str | Path, out: str | Path, despite_no_go: bool = False
     verdict = judge(run_dir, thresholds)
     if verdict.summary.run.get("recipe") is None:
         raise FreezeError(f"{run_dir}: run.json has no recipe to freeze")
-    lock = build_lock(verdict, despite_no_go)
+    lock = build_lock(verdict, despite_no_go, target_steps, mtbf_hours, device_hour_cost)
     if verdict.decision != "GO" and not despite_no_go:
         return 1, lock, verdict
     write_lock(out, lock)
     return 0, lock, verdict
+
+
+def format_projection(projection: dict[str, Any]) -> list[str]:
+    """The projection as printed by `pilotrun freeze`, one figure a line with where it comes from."""
+    if "unavailable" in projection:
+        return [f"projection: {projection['unavailable']}"]
+    lines = [f"projection for {projection['target_steps']} updates ({projection['tokens']} tokens):"]
+    for key in ("training", "checkpoint", "evaluation", "startup", "overhead", "failures", "total_wall"):
+        if key in projection:
+            part = projection[key]
+            lines.append(f"  {key}: {part['seconds'] / 3600:.4g} h ({part['seconds']:.1f} s) from {part['from']}")
+    if "checkpoint_interval" in projection:
+        c = projection["checkpoint_interval"]
+        lines.append(f"  checkpoint interval minimising expected loss: {c['young_seconds']:.1f} s = "
+                     f"{c['young_updates']:.0f} updates ({c['from']}); the recipe checkpoints every "
+                     f"{c['recipe_updates']} updates")
+    lines.append(f"  device-hours: {projection['device_hours']['value']:.4g} ({projection['device_hours']['from']})")
+    if "cost" in projection:
+        lines.append(f"  cost: {projection['cost']['value']:.2f} ({projection['cost']['from']})")
+    lines.append(f"  goodput: {projection['goodput']['value']:.3f} ({projection['goodput']['from']})")
+    return lines

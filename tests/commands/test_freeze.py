@@ -77,3 +77,31 @@ def test_a_long_run_on_other_code_than_the_pilots_is_refused_until_allowed_and_r
 
     assert frozen["differences"] == [{"key": "code", "lock": "commit eeeeeeeeeeee clean",
                                       "run": describe_code(git_state())}]
+
+
+def test_freeze_with_target_steps_writes_the_projection_and_the_watchers_figures(tmp_path, capsys):
+    from pilotrun.commands.cli import main
+    from pilotrun.run.lock import load_lock
+
+    crashed_and_resumed(tmp_path / "r").write()
+    out = tmp_path / "lock.json"
+    assert main(["freeze", str(tmp_path / "r"), "--out", str(out), "--target-steps", "600", "--mtbf", "2",
+                 "--device-hour-cost", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "projection for 600 updates" in text and "Young (1974)" in text and "cost:" in text
+    lock = load_lock(out)  # the sha256 covers the new sections
+    assert lock["projection"]["target_steps"] == 600 and lock["projection"]["failures"]["mtbf_hours"] == 2.0
+    assert lock["watch"]["throughput"]["median"] > 0
+    facts = frozen_run_facts(lock, out, lock["recipe"], lock["data"]["metadata_sha256"], [])
+    assert facts["lock_projection"] == lock["projection"]
+
+
+@pytest.mark.parametrize("flags", [["--target-steps", "0"], ["--target-steps", "10", "--mtbf", "-1"],
+                                   ["--mtbf", "5"], ["--target-steps", "10", "--device-hour-cost", "nan"]])
+def test_bad_projection_options_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, flags):
+    from pilotrun.commands.cli import main
+
+    crashed_and_resumed(tmp_path / "r").write()
+    assert main(["freeze", str(tmp_path / "r"), "--out", str(tmp_path / "lock.json"), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and not (tmp_path / "lock.json").exists(), err

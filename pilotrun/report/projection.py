@@ -1,0 +1,221 @@
+"""What the pilot's own measurements predict for a long run, and the pilot's figures a watcher holds it to.
+
+`pilotrun freeze --target-steps N [--mtbf HOURS] [--device-hour-cost X]` writes two sections into the lock:
+
+`projection`: a long run of N updates of the frozen recipe on the pilot's hardware, each figure with the
+measurement it comes from (`from`):
+- training: N x tokens_per_update / the median training-only tokens/s of the pilot's steady windows (each
+  session's first window is warm-up and every profiled window is slower, both left out), with a band from the
+  10th and 90th percentile windows;
+- checkpoint and evaluation: the pilot's median seconds per save / per evaluation times how many the recipe's
+  cadences give over N updates (a checkpoint also at the last update, as the checkpointer saves);
+- start-up and bookkeeping: the pilot's median start-up per session (ledger.py), and its report + other
+  seconds per update attempted;
+- failures, with --mtbf: the expected number of failures over the failure-free time, each costing on average
+  half a checkpoint interval of work redone plus a start-up (first order: failures are rare within one
+  interval). The checkpoint interval that minimises the expected loss is Young's, sqrt(2 x C x MTBF) for a
+  checkpoint cost C (J. W. Young, "A first order approximation to the optimum checkpoint interval", 1974);
+  Daly's higher-order estimate sqrt(2 C M) - C (J. T. Daly, "A higher order estimate of the optimum checkpoint
+  interval for restart dumps", 2006) is given beside it. Dead time between sessions (how soon someone or
+  something restarts a failed run) is not measured by a pilot and not projected;
+- total wall time, device-hours (x world_size) and, with --device-hour-cost, the cost; the projected goodput
+  (training / total) and wall-clock tokens/s.
+
+`watch`: the pilot's throughput band, loss envelope, skip and clip bounds and window interval (alerts.py).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import TYPE_CHECKING, Any
+
+from pilotrun.report.ledger import time_ledger
+from pilotrun.report.time_split import window_profiled, window_train_tokens
+from pilotrun.run.record import is_finite_number
+
+if TYPE_CHECKING:
+    from pilotrun.report.summarize import Summary
+
+# A long-run window slower than the pilot's slowest steady window by more than this share is below its band.
+THROUGHPUT_MARGIN = 0.2
+# The loss envelope: the pilot's loss at that step plus this many of its window-to-window noise (robust sigma)
+# and this share of the loss itself, whichever is larger.
+LOSS_ENVELOPE_SIGMAS = 6.0
+LOSS_ENVELOPE_SHARE = 0.05
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def steady_windows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The train events whose window is steady: not a session's first window, not profiled, with training time."""
+    seen: set[Any] = set()
+    steady = []
+    for event in events:
+        if event.get("event") != "train" or not isinstance(event.get("window"), dict):
+            continue
+        first = event.get("session_id") not in seen
+        seen.add(event.get("session_id"))
+        window = event["window"]
+        if first or window_profiled(window) or not (is_finite_number(window.get("train_seconds"))
+                                                    and window["train_seconds"] > 0):
+            continue
+        steady.append(event)
+    return steady
+
+
+def window_tokens_per_s(event: dict[str, Any]) -> float | None:
+    window = event["window"]
+    tokens = window_train_tokens(window)
+    return tokens / window["train_seconds"] if tokens is not None and window.get("train_seconds") else None
+
+
+def loss_noise(losses: list[float]) -> float:
+    """A robust standard deviation of the loss from successive differences (1.4826 x MAD / sqrt 2)."""
+    diffs = [b - a for a, b in zip(losses, losses[1:], strict=False)]
+    if len(diffs) < 2:
+        return 0.0
+    centre = statistics.median(diffs)
+    return 1.4826 * statistics.median(abs(d - centre) for d in diffs) / math.sqrt(2)
+
+
+def _intervals(events: list[dict[str, Any]]) -> list[float]:
+    """Seconds between consecutive train lines of one session (the run's own window interval)."""
+    gaps, previous = [], {}
+    for event in events:
+        if event.get("event") == "train" and is_finite_number(event.get("time")):
+            sid = event.get("session_id")
+            if sid in previous:
+                gaps.append(float(event["time"]) - previous[sid])
+            previous[sid] = float(event["time"])
+    return gaps
+
+
+def watch_figures(summary: Summary, thresholds: dict[str, Any]) -> dict[str, Any]:
+    """The pilot's figures `pilotrun watch --against LOCK` holds a long run to."""
+    steady = steady_windows(summary.kept_events)
+    rates = [r for r in map(window_tokens_per_s, steady) if r is not None]
+    points = [[e["step"], float(e["loss"])] for e in summary.kept_events if e.get("event") == "train"
+              and is_finite_number(e.get("loss"))]
+    o = summary.overall
+    attempted, skipped = o.get("updates_attempted") or 0, o.get("updates_skipped") or 0
+    gaps = _intervals(summary.kept_events)
+    return {
+        "throughput": {"median": statistics.median(rates) if rates else None,
+                       "min": min(rates) if rates else None, "margin": THROUGHPUT_MARGIN,
+                       "low": min(rates) * (1 - THROUGHPUT_MARGIN) if rates else None, "windows": len(rates),
+                       "from": "training-only tokens/s of the pilot's steady windows (each session's first and "
+                               "every profiled window left out); low = the slowest less the margin"},
+        "loss_envelope": {"points": points, "noise": loss_noise([p[1] for p in points]),
+                          "sigmas": LOSS_ENVELOPE_SIGMAS, "share": LOSS_ENVELOPE_SHARE,
+                          "from": "the pilot's kept train windows (step, loss); the bound at a step is the pilot's "
+                                  "loss there (its last past its end) plus the larger of sigmas x noise and share x "
+                                  "loss"},
+        "skip_rate": {"pilot": skipped / attempted if attempted else None, "bound": thresholds.get("max_skip_rate")},
+        "clip_rate": {"bound": thresholds.get("max_clip_rate")},
+        "window_interval_seconds": statistics.median(gaps) if gaps else None,
+    }
+
+
+def _median_of(events: list[dict[str, Any]], kind: str) -> float | None:
+    seconds = [float(e["seconds"]) for e in events if e.get("event") == kind and is_finite_number(e.get("seconds"))]
+    return statistics.median(seconds) if seconds else None
+
+
+def _count(every: Any, steps: int, at_end: bool) -> int:
+    if not isinstance(every, int) or every <= 0:
+        return 1 if at_end else 0
+    return steps // every + (1 if at_end and steps % every else 0)
+
+
+def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None,
+            device_hour_cost: float | None = None) -> dict[str, Any]:
+    """The lock's `projection` for a long run of `target_steps` updates (module docstring)."""
+    run, o = summary.run, summary.overall
+    train_cfg = (run.get("recipe") or {}).get("train") or {}
+    tpu = run.get("tokens_per_update") or 0
+    every = summary.kept_events + summary.rolled_back_events
+    rates = [r for r in map(window_tokens_per_s, steady_windows(summary.kept_events)) if r is not None]
+    if not rates or not tpu:
+        return {"target_steps": target_steps, "unavailable": "the pilot has no steady train window to project from"}
+    median, p10, p90 = statistics.median(rates), _percentile(rates, 0.1), _percentile(rates, 0.9)
+    tokens = target_steps * tpu
+    train = tokens / median
+    ckpt_cost, eval_cost = _median_of(every, "checkpoint") or 0.0, _median_of(every, "val") or 0.0
+    checkpoints = _count(train_cfg.get("checkpoint_every"), target_steps, at_end=True)
+    evals = _count(train_cfg.get("eval_every"), target_steps, at_end=False)
+    ledger = time_ledger(summary.sessions, summary.kept_events, summary.rolled_back_events, run)
+    startups = [s.parts["startup"] for s in ledger.sessions]
+    startup = statistics.median(startups) if startups else 0.0
+    attempted = sum(s.updates_attempted for s in summary.sessions)
+    overhead_rate = ((ledger.parts["report"] + ledger.parts["other"]) / attempted) if attempted else 0.0
+    overhead = overhead_rate * target_steps
+    failure_free = startup + train + checkpoints * ckpt_cost + evals * eval_cost + overhead
+    seconds_per_update = failure_free / target_steps
+    out: dict[str, Any] = {
+        "target_steps": target_steps, "tokens": tokens,
+        "train_tokens_per_s": {"median": median, "p10": p10, "p90": p90, "windows": len(rates),
+                               "from": "training-only tokens/s of the pilot's steady windows"},
+        "training": {"seconds": train, "band": [tokens / p90, tokens / p10],
+                     "from": f"{target_steps} x {tpu} tokens / the median (band: p90, p10) tokens/s"},
+        "checkpoint": {"seconds": checkpoints * ckpt_cost, "count": checkpoints, "each": ckpt_cost,
+                       "from": f"median checkpoint seconds of the pilot's checkpoint events x the count at "
+                               f"checkpoint_every={train_cfg.get('checkpoint_every')} (and the last update)"},
+        "evaluation": {"seconds": evals * eval_cost, "count": evals, "each": eval_cost,
+                       "from": f"median seconds of the pilot's val events x the count at "
+                               f"eval_every={train_cfg.get('eval_every')}"},
+        "startup": {"seconds": startup, "from": "median start-up of the pilot's sessions (time ledger)"},
+        "overhead": {"seconds": overhead, "per_update": overhead_rate,
+                     "from": "the pilot's report + other seconds per update attempted (time ledger)"},
+    }
+    expected_lost = 0.0
+    if mtbf_hours is not None:
+        mtbf = mtbf_hours * 3600.0
+        cadence = train_cfg.get("checkpoint_every")
+        interval = cadence if isinstance(cadence, int) and cadence > 0 else None  # None: only at the end
+        interval_seconds = (interval or target_steps) * seconds_per_update
+        failures = failure_free / mtbf
+        per_failure = interval_seconds / 2 + startup
+        expected_lost = failures * per_failure
+        young = math.sqrt(2 * ckpt_cost * mtbf)
+        out["failures"] = {
+            "mtbf_hours": mtbf_hours, "expected": failures, "redone_seconds": failures * interval_seconds / 2,
+            "restart_seconds": failures * startup, "seconds": expected_lost,
+            "from": "failure-free time / MTBF failures, each redoing half a checkpoint interval "
+                    f"({interval or target_steps} updates x {seconds_per_update:.4g} s) and one start-up; dead "
+                    "time before a restart is not projected"}
+        out["checkpoint_interval"] = {
+            "young_seconds": young, "young_updates": young / seconds_per_update,
+            "daly_seconds": max(0.0, young - ckpt_cost), "recipe_updates": interval or None,
+            "from": "Young (1974): sqrt(2 x checkpoint cost x MTBF), with the pilot's median checkpoint "
+                    f"seconds {ckpt_cost:.4g} and MTBF {mtbf_hours} h; Daly (2006): the same less the cost"}
+    total = failure_free + expected_lost
+    world = _world_size(run, summary)
+    out["total_wall"] = {"seconds": total, "from": "start-up + training + checkpoints + evaluations + overhead"
+                         + (" + expected failures" if mtbf_hours is not None else "")}
+    out["device_hours"] = {"value": total / 3600.0 * world, "world_size": world,
+                           "from": "total wall hours x the pilot's world_size"}
+    if device_hour_cost is not None:
+        out["cost"] = {"value": out["device_hours"]["value"] * device_hour_cost, "per_device_hour": device_hour_cost,
+                       "from": "device-hours x the price given"}
+    out["goodput"] = {"value": train / total if total > 0 else None, "from": "training / total wall"}
+    out["wall_tokens_per_s"] = {"value": tokens / total if total > 0 else None, "from": "tokens / total wall"}
+    hardware = (_last_session(run, summary) or {}).get("hardware") or {}
+    out["hardware"] = {k: hardware.get(k) for k in ("device", "device_name", "world_size", "torch_threads")}
+    out["pilot_final_step"] = o.get("updates_applied")
+    return out
+
+
+def _last_session(run: dict[str, Any], summary: Summary) -> dict[str, Any] | None:
+    sessions = {str(s.get("session_id")): s for s in run.get("sessions") or [] if isinstance(s, dict)}
+    return sessions.get(summary.lineage[-1]) if summary.lineage else None
+
+
+def _world_size(run: dict[str, Any], summary: Summary) -> int:
+    world = ((_last_session(run, summary) or {}).get("hardware") or {}).get("world_size")
+    return world if isinstance(world, int) and world > 0 else 1
