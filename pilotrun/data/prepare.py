@@ -509,6 +509,6 @@ class _PreparePass:
         import signal
 
         shards = sum(len(w.shards) for w in self.writers.values())
-        return (f"prepare stopped by {signal.Signals(stops.signum).name} after "
+        return (f"stopped by {signal.Signals(stops.signum).name} after "
                 f"{self.documents[TRAIN] + self.documents[VAL]:,} documents ({shards} shards committed in "
                 f"{self.partial.path}): run the same command again to continue")

@@ -144,7 +144,7 @@ def test_a_signal_commits_and_stops_with_one_line(tmp_path, monkeypatch, parquet
     assert stopped.returncode == code, stopped.stderr
     assert "Traceback" not in stopped.stderr
     lines = [line for line in stopped.stderr.splitlines() if "pilotrun" in line]
-    assert len(lines) == 1 and lines[0].startswith(f"pilotrun prepare: prepare stopped by {name} after ")
+    assert len(lines) == 1 and lines[0].startswith(f"pilotrun prepare: stopped by {name} after ")
     assert f"{out}.partial" in lines[0] and "run the same command again to continue" in lines[0]
     state = json.loads((tmp_path / "out.partial" / PROGRESS_FILE).read_text())["state"]
     assert state["documents_done"] > 0 and not state["complete"]
