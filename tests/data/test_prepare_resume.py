@@ -178,3 +178,35 @@ def test_train_tokens_stop_resumes_exactly(tmp_path, monkeypatch, parquet_source
     assert code == 0
     assert _tree_bytes(tmp_path / "out") == _tree_bytes(reference_dir)
     assert json.loads((reference_dir / "metadata.json").read_text())["stream"]["stopped_at_train_tokens"]
+
+
+class _Crash(BaseException):
+    """Stands for a process that dies: nothing in prepare handles it."""
+
+
+def test_a_streamed_hub_source_continues_too(tmp_path, monkeypatch, fineweb_texts, gpt2_tokenizer_path):
+    from pilotrun.data.prepare import prepare_corpus
+    from pilotrun.data.progress import PartialFolder
+
+    from .conftest import LocalHub
+
+    hub = LocalHub(fineweb_texts, files={"gpt2/tokenizer.json": str(gpt2_tokenizer_path)})
+    common = dict(source="fineweb-edu@main", tokenizer="hub:gpt2", hub=hub, shard_tokens=5000, val_fraction=0.1,
+                  shuffle_buffer=16, workers=1, progress=False)
+    prepare_corpus(tmp_path / "reference", **common)
+    original, calls = PartialFolder.commit, {"n": 0}
+
+    def crashing(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise _Crash
+
+    monkeypatch.setattr(PartialFolder, "commit", crashing)
+    with pytest.raises(_Crash):
+        prepare_corpus(tmp_path / "out", **common)
+    monkeypatch.setattr(PartialFolder, "commit", original)
+    assert (tmp_path / "out.partial" / PROGRESS_FILE).exists()
+    manifest = prepare_corpus(tmp_path / "out", **common)
+    assert manifest["stream"]["read_order"] == {"units": None, "shuffled": False}  # a stream has no units
+    assert _tree_bytes(tmp_path / "out") == _tree_bytes(tmp_path / "reference")
