@@ -301,6 +301,46 @@ def _run_freeze(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------- watch
+def _add_watch(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("watch", help="alerts on a live long run; never writes into it",
+                       description="Read a run record as it grows (hash chain checked line by line, a torn last "
+                       "line left for the writer) and alert, with the step, the figure and the bound, on: a stall "
+                       "(no line for K window intervals of the run's own), throughput below the pilot's band, a "
+                       "loss spike or a loss outside the pilot's envelope, a verdict rule that applies to a live run "
+                       "failing (skip and clip rates, QK-Clip, experts ...), a broken chain, a session ended in "
+                       "error or killed with no resume started. Never writes into the run folder, never takes its "
+                       "lock. Exit 0 healthy or completed, 1 alert, 2 bad input.")
+    p.add_argument("run_dir", metavar="RUN", help="run folder")
+    p.add_argument("--against", default=None, metavar="LOCK",
+                   help="the recipe lock the run was started from (`pilotrun freeze`): the pilot's band, envelope "
+                   "and bounds")
+    p.add_argument("--follow", action="store_true", help="keep watching until the run completes or an alert fires")
+    p.add_argument("--keep-going", action="store_true",
+                   help="with --follow: watch on after an alert; exit 1 at the end unless every alert cleared")
+    p.add_argument("--on-alert", default=None, metavar="CMD", help="run CMD once per alert, the alert as JSON on stdin")
+    p.add_argument("--json", action="store_true", help="print one JSON object per alert")
+    p.add_argument("--interval", type=float, default=None, metavar="S",
+                   help="seconds between looks (default: a fifth of the run's window interval, 0.05 to 5)")
+    p.add_argument("--stall-windows", type=float, default=None, metavar="K",
+                   help="a stall is no line for K window intervals (default 3)")
+    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a rule threshold, as for verdict (default: the lock's, else verdict's defaults)")
+    p.set_defaults(handler=_run_watch)
+
+
+def _run_watch(args: argparse.Namespace) -> int:
+    from pilotrun.commands.watch import watch_run
+    from pilotrun.report.alerts import DEFAULT_STALL_WINDOWS
+
+    for flag, value in (("--interval", args.interval), ("--stall-windows", args.stall_windows)):
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            raise PilotrunError(f"{flag} {value}: must be a positive number")
+    return watch_run(args.run_dir, against=args.against, follow=args.follow, keep_going=args.keep_going,
+                     on_alert=args.on_alert, as_json=args.json, interval=args.interval,
+                     stall_windows=args.stall_windows or DEFAULT_STALL_WINDOWS, thresholds=args.threshold)
+
+
 # ---------------------------------------------------------------------------------------------- pilot
 def _add_pilot(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("pilot", help="the whole rehearsal on the built-in corpus, on a CPU, in minutes",
@@ -467,7 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pilotrun {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_prepare, _add_data, _add_train, _add_inspect_batch, _add_summarize, _add_verdict, _add_freeze,
-                _add_pilot, _add_export, _add_tensorboard, _add_export_metrics, _add_config):
+                _add_watch, _add_pilot, _add_export, _add_tensorboard, _add_export_metrics, _add_config):
         add(sub)
     return parser
 

@@ -1,0 +1,98 @@
+"""`pilotrun watch RUN [--against LOCK] [--follow] [--keep-going] [--on-alert CMD] [--json] [--interval S]`.
+
+Reads a run as it grows and prints its alerts (pilotrun/report/alerts.py); the record is read through
+pilotrun/run/follow.py, which only opens files for reading, and whether a session is live is read from
+/proc/locks (pilotrun.run.folder_lock.live_holder), so watch never writes into the run folder and never takes
+its lock. `--on-alert CMD` runs CMD (through the shell, in watch's own working folder, never the run's) once per
+alert with the alert as JSON on its stdin.
+
+Exit codes: without --follow, one look: 0 when no alert stands, 1 when one does. With --follow it watches until
+the run completes (0) or an alert is raised (1); with --keep-going it watches until the run completes and
+exits 0 when every alert raised has cleared by then (a stall that ended, a rule that passes again), else 1.
+A folder that is not a run, or a lock for another run's recipe, is bad input: one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pilotrun.report.alerts import DEFAULT_STALL_WINDOWS, Alert, Watcher, thresholds_from_lock
+from pilotrun.report.verdict import parse_thresholds
+from pilotrun.run.lock import FreezeError, describe_difference, load_lock, lock_differences
+from pilotrun.run.record import read_run_json
+
+ON_ALERT_TIMEOUT_SECONDS = 60.0
+
+
+def check_lock_matches(run_dir: str | Path, lock_path: str | Path) -> dict[str, Any]:
+    """The lock, when the run runs its recipe: started from that very lock, or with the same recipe and data
+    (the keys the run was allowed to change left aside). Anything else is FreezeError (exit 2)."""
+    lock = load_lock(lock_path)
+    run = read_run_json(run_dir)
+    frozen = run.get("frozen") if isinstance(run.get("frozen"), dict) else {}
+    if frozen.get("lock_sha256") == lock["sha256"]:
+        return lock
+    if frozen.get("lock_sha256"):
+        raise FreezeError(f"--against {lock_path}: {run_dir} was started from another lock "
+                          f"(sha256 {str(frozen['lock_sha256'])[:16]}, this one {lock['sha256'][:16]})")
+    data_sha = ((run.get("data") or {}).get("train") or {}).get("metadata_sha256")
+    allowed = {str(c.get("key")) for c in run.get("allowed_changes") or [] if isinstance(c, dict)}
+    differences = [d for d in lock_differences(lock["recipe"], lock["data"]["metadata_sha256"], run.get("recipe") or {},
+                                               data_sha) if d["key"] not in allowed]
+    if differences:
+        shown = "; ".join(describe_difference(d) for d in differences[:3])
+        raise FreezeError(f"--against {lock_path}: the lock is for another recipe than {run_dir}'s: "
+                          f"{len(differences)} difference(s): {shown}")
+    return lock
+
+
+def _deliver(alert: Alert, as_json: bool, on_alert: str | None) -> None:
+    print(alert.to_json() if as_json else f"ALERT {alert.kind}: {alert.message}", flush=True)
+    if on_alert:
+        try:
+            done = subprocess.run(on_alert, shell=True, input=alert.to_json() + "\n", text=True,
+                                  timeout=ON_ALERT_TIMEOUT_SECONDS, check=False)
+            if done.returncode != 0:
+                print(f"pilotrun watch: --on-alert exited {done.returncode} for the {alert.kind} alert",
+                      file=sys.stderr)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            print(f"pilotrun watch: --on-alert failed for the {alert.kind} alert: {exc}", file=sys.stderr)
+
+
+def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bool = False,
+              keep_going: bool = False, on_alert: str | None = None, as_json: bool = False,
+              interval: float | None = None, stall_windows: float = DEFAULT_STALL_WINDOWS,
+              thresholds: list[str] | tuple[str, ...] = (), watcher: Watcher | None = None) -> int:
+    """Watch once, or follow (module docstring); `thresholds` are NAME=VALUE overrides of the rules' thresholds,
+    over the lock's (the pilot's) or the defaults."""
+    lock = check_lock_matches(run_dir, against) if against is not None else None
+    held = parse_thresholds(list(thresholds), thresholds_from_lock(lock))
+    watcher = watcher or Watcher(run_dir, lock, stall_windows=stall_windows, thresholds=held)
+    print(f"watching {run_dir}" + (f" against {against}" if against else "") + f"; stall after {stall_windows} "
+          "window intervals", file=sys.stderr, flush=True)
+    while True:
+        new, cleared = watcher.check(final=not follow)
+        for alert in new:
+            _deliver(alert, as_json, on_alert)
+        for alert in cleared:
+            print(f"cleared {alert.kind}: {alert.key}", file=sys.stderr, flush=True)
+        if not follow:
+            return 1 if watcher.active else 0
+        if new and not keep_going:
+            return 1
+        if watcher.completed:
+            new, _ = watcher.check(final=True)  # the last rules' judgement on the finished record
+            for alert in new:
+                _deliver(alert, as_json, on_alert)
+            if new and not keep_going:
+                return 1
+            print(f"completed: {run_dir}" + (f"; {len(watcher.raised)} alert(s) raised, "
+                                             f"{len(watcher.active)} still standing" if watcher.raised else ""),
+                  file=sys.stderr, flush=True)
+            return 1 if watcher.active else 0
+        window, _ = watcher.window_interval()
+        time.sleep(interval if interval is not None else min(5.0, max(0.05, window / 5)) if window else 0.5)

@@ -1,0 +1,294 @@
+"""What `pilotrun watch` alerts on, judged on a run record as it grows (the reader is pilotrun/run/follow.py).
+
+Each alert names its kind, the step, the figure and the bound it broke, and has a key: it is raised once, stays
+standing while its condition holds and clears when it no longer does (a stall clears when the run writes again,
+a rule when it passes again, a killed session when a resume starts). The kinds:
+- `chain`: a line whose hash chain does not follow, or an unreadable line (never clears);
+- `stall`: no line for more than K window intervals while a session holds the run folder. The interval is the
+  run's own: the median seconds between consecutive train lines of a session (the lock's pilot figure until the
+  run has two); K and the interval are stated. A checkpoint or evaluation due after the last line adds the
+  longest one seen so far, and a session not yet at its first window the longest start-up seen so far, since
+  the trainer writes nothing while it does those;
+- `throughput`: a steady window's training-only tokens/s below the pilot's band (the lock's `watch` figures);
+- `loss_spike`: a window's loss above the median of the previous windows of the kept history by more than the
+  larger of LOSS_SPIKE_SIGMAS of their noise and LOSS_SPIKE_SHARE of the median;
+- `loss_envelope`: a window's loss above the pilot's loss at that step plus its tolerance (the lock's envelope);
+- `rule`: one of the verdict's rules that apply to a run in progress FAILs, judged by the rule table itself
+  (rules.py) on summarize's view of the record, with the lock's thresholds when one is given;
+- `session_end`: the last session ended in error, stopped on skips, was interrupted or killed, and no session
+  holds the folder (no resume started). A completed session at its max_steps ends the watch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pilotrun.report.projection import loss_noise, window_tokens_per_s
+from pilotrun.report.rules import live_rules
+from pilotrun.report.summarize import summarize_run
+from pilotrun.report.thresholds import FAIL, THRESHOLD_FIELDS, Thresholds
+from pilotrun.report.time_split import window_profiled
+from pilotrun.run.folder_lock import live_holder
+from pilotrun.run.follow import RecordFollower
+from pilotrun.run.record import is_finite_number
+
+DEFAULT_STALL_WINDOWS = 3.0
+LOSS_SPIKE_SIGMAS = 8.0
+LOSS_SPIKE_SHARE = 0.2
+LOSS_SPIKE_HISTORY = 20  # previous windows the spike test compares with (at least LOSS_SPIKE_MIN of them)
+LOSS_SPIKE_MIN = 5
+INTERVAL_HISTORY = 20  # recent train-to-train gaps the window interval is the median of
+# The live rules watch leaves to others: record_valid is the chain alert's (a run.json rewritten for a session
+# whose first line is not written yet reads as edited for an instant); loss_decreased, val_tracks_train and
+# throughput_steady judge a whole pilot's trajectory, which the envelope, spike and band alerts do for a live one.
+UNWATCHED_RULES = ("record_valid", "loss_decreased", "val_tracks_train", "throughput_steady")
+
+
+@dataclass
+class Alert:
+    kind: str
+    key: str
+    message: str
+    step: int | None = None
+    figure: Any = None
+    bound: Any = None
+    session_id: str | None = None
+    time: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
+
+
+def thresholds_from_lock(lock: dict[str, Any] | None) -> Thresholds:
+    given = ((lock or {}).get("verdict") or {}).get("thresholds") or {}
+    names = {f.name for f in THRESHOLD_FIELDS}
+    return Thresholds(**{k: v for k, v in given.items() if k in names})
+
+
+def envelope_bound(envelope: dict[str, Any], step: int) -> float | None:
+    """The pilot's loss at `step` (linear between its windows; its last windows' median past its end) plus the
+    tolerance (projection.py)."""
+    points = envelope.get("points") or []
+    if not points:
+        return None
+    if step >= points[-1][0]:
+        base = statistics.median(p[1] for p in points[-3:])
+    elif step <= points[0][0]:
+        base = points[0][1]
+    else:
+        for (s0, l0), (s1, l1) in zip(points, points[1:], strict=False):
+            if s0 <= step <= s1:
+                base = l0 + (l1 - l0) * (step - s0) / (s1 - s0) if s1 > s0 else l1
+                break
+    return base + max(envelope.get("sigmas", 0) * envelope.get("noise", 0), envelope.get("share", 0) * abs(base))
+
+
+class Watcher:
+    """Follows one run folder; `check()` returns the alerts raised and cleared since the previous call."""
+
+    def __init__(self, run_dir: str | Path, lock: dict[str, Any] | None = None,
+                 stall_windows: float = DEFAULT_STALL_WINDOWS, clock: Callable[[], float] = time.time,
+                 holder: Callable[[Path], Any] = live_holder, thresholds: Thresholds | None = None):
+        self.run_dir = Path(run_dir)
+        self.follower = RecordFollower(self.run_dir)
+        self.watch = (lock or {}).get("watch") or {}
+        self.thresholds = thresholds if thresholds is not None else thresholds_from_lock(lock)
+        self.stall_windows, self.clock, self.holder = stall_windows, clock, holder
+        self.rules = [r for r in live_rules() if r.name not in UNWATCHED_RULES]
+        self.active: dict[str, Alert] = {}
+        self.raised: list[Alert] = []
+        self.events: list[dict[str, Any]] = []
+        self.losses: list[tuple[int, float]] = []  # (step, loss) of the kept history's windows so far
+        self.gaps: list[float] = []
+        self.last_train: dict[str, float] = {}  # session -> time of its last train line
+        self.longest = {"checkpoint": 0.0, "val": 0.0, "startup": 0.0}
+        self.session_start_time: float | None = None
+        self.session_trained = False
+        self.max_steps: int | None = None
+        self.cadence = {k: ((self.follower.run.get("recipe") or {}).get("train") or {}).get(k)
+                        for k in ("checkpoint_every", "eval_every")}
+        self.pending_judgement = False
+        self.last_judged = -1e18
+        self.judge_cost = 0.0
+        self.completed = False
+
+    # -------------------------------------------------------------------------------------------- checking
+    def check(self, final: bool = False) -> tuple[list[Alert], list[Alert]]:
+        now = self.clock()
+        found: dict[str, Alert] = {}
+        cleared: set[str] = set()
+        poll = self.follower.poll()
+        for reason in poll.breaks:
+            key = f"chain:{reason.split(':')[0]}"
+            found[key] = Alert("chain", key, reason, time=now)
+        for event in poll.events:
+            self._read(event, now, found, cleared)
+        if poll.events:
+            self.pending_judgement = True
+        self._session_state(now, found, cleared, poll.pending_bytes)
+        if self.pending_judgement and (final or self.completed or now - self.last_judged >= 3 * self.judge_cost):
+            self._judge_rules(now, found, cleared)
+        return self._update(found, cleared)
+
+    def _update(self, found: dict[str, Alert], cleared: set[str]) -> tuple[list[Alert], list[Alert]]:
+        gone = [self.active.pop(k) for k in list(self.active) if k in cleared and k not in found]
+        new = [a for k, a in found.items() if k not in self.active]
+        for alert in new:
+            self.active[alert.key] = alert
+            self.raised.append(alert)
+        return new, gone
+
+    def _read(self, event: dict[str, Any], now: float, found: dict[str, Alert], cleared: set[str]) -> None:
+        self.events.append(event)
+        kind, sid, step = event["event"], str(event["session_id"]), event["step"]
+        cleared.add("stall")
+        t = float(event["time"]) if is_finite_number(event.get("time")) else now
+        if kind == "session_start":
+            resumed = event.get("resumed_from")
+            self.losses = [p for p in self.losses if resumed is not None and p[0] <= resumed]
+            self.session_start_time, self.session_trained = t, False
+            self.max_steps = event.get("max_steps") if isinstance(event.get("max_steps"), int) else None
+            self.completed = False
+            cleared.update(k for k in self.active if k.startswith("session_end"))
+        elif kind in ("checkpoint", "val") and is_finite_number(event.get("seconds")):
+            self.longest[kind] = max(self.longest[kind], float(event["seconds"]))
+        elif kind == "session_end":
+            self.completed = event.get("reason") == "completed" and (self.max_steps is None or step >= self.max_steps)
+        elif kind == "train":
+            if sid in self.last_train:
+                self.gaps = (self.gaps + [t - self.last_train[sid]])[-INTERVAL_HISTORY:]
+            elif self.session_start_time is not None:
+                self.longest["startup"] = max(self.longest["startup"], t - self.session_start_time)
+            first_of_session = not self.session_trained
+            self.last_train[sid], self.session_trained = t, True
+            self._loss(event, now, found, cleared)
+            if not first_of_session:
+                self._throughput(event, now, found, cleared)
+
+    def _loss(self, event: dict[str, Any], now: float, found: dict[str, Alert], cleared: set[str]) -> None:
+        loss, step, sid = event.get("loss"), event["step"], str(event["session_id"])
+        if not is_finite_number(loss):
+            return  # losses_finite, a rule of the table, says so
+        history = [p[1] for p in self.losses[-LOSS_SPIKE_HISTORY:]]
+        if len(history) >= LOSS_SPIKE_MIN:
+            centre = statistics.median(history)
+            bound = centre + max(LOSS_SPIKE_SIGMAS * loss_noise(history), LOSS_SPIKE_SHARE * abs(centre))
+            if loss > bound:
+                found.setdefault("loss_spike", Alert(
+                    "loss_spike", "loss_spike", f"loss {loss:.6g} at step {step} is above the median {centre:.6g} of "
+                    f"the previous {len(history)} windows by more than max({LOSS_SPIKE_SIGMAS} x their noise, "
+                    f"{LOSS_SPIKE_SHARE} x the median): bound {bound:.6g}", step, loss, bound, sid, now))
+            else:
+                cleared.add("loss_spike")
+        envelope = self.watch.get("loss_envelope")
+        if isinstance(envelope, dict):
+            bound = envelope_bound(envelope, step)
+            if bound is not None and loss > bound:
+                found.setdefault("loss_envelope", Alert(
+                    "loss_envelope", "loss_envelope", f"loss {loss:.6g} at step {step} is outside the pilot's "
+                    f"envelope: above {bound:.6g} (the pilot's loss there plus its tolerance)", step, loss, bound,
+                    sid, now))
+            elif bound is not None:
+                cleared.add("loss_envelope")
+        self.losses.append((step, float(loss)))
+
+    def _throughput(self, event: dict[str, Any], now: float, found: dict[str, Alert], cleared: set[str]) -> None:
+        low = (self.watch.get("throughput") or {}).get("low")
+        window = event.get("window")
+        if not is_finite_number(low) or not isinstance(window, dict) or window_profiled(window):
+            return
+        rate = window_tokens_per_s(event)
+        if rate is None:
+            return
+        if rate < low:
+            found.setdefault("throughput", Alert(
+                "throughput", "throughput", f"training-only {rate:.1f} tok/s at step {event['step']} is below the "
+                f"pilot's band (its slowest steady window less {self.watch['throughput'].get('margin')}: "
+                f"{low:.1f} tok/s)", event["step"], rate, low, str(event["session_id"]), now))
+        else:
+            cleared.add("throughput")
+
+    # -------------------------------------------------------------------------------------------- state
+    def window_interval(self) -> tuple[float | None, str]:
+        if len(self.gaps) >= 2:
+            return statistics.median(self.gaps), f"median of the run's last {len(self.gaps)} train-to-train gaps"
+        pilot = self.watch.get("window_interval_seconds")
+        if is_finite_number(pilot):
+            return float(pilot), "the pilot's median train-to-train gap (the lock)"
+        return None, "unknown until the run has written three train windows"
+
+    def _session_state(self, now: float, found: dict[str, Alert], cleared: set[str], pending: int) -> None:
+        if self.completed:
+            return
+        holder = self.holder(self.run_dir)
+        last = self.events[-1] if self.events else None
+        if holder is None and last is not None:
+            again = self.follower.poll()  # a session that just ended wrote its last line before letting go
+            for event in again.events:
+                self._read(event, now, found, cleared)
+            last = self.events[-1]
+            if self.completed:
+                return
+        if holder is not None:
+            cleared.update(k for k in self.active if k.startswith("session_end"))
+            self._stall(now, last, found)
+            return
+        if last is None:
+            return
+        reason = last.get("reason") if last["event"] == "session_end" else "killed (no session_end)"
+        if last["event"] == "session_end" and reason == "completed":
+            reason = f"completed at step {last['step']} before its max_steps {self.max_steps}"
+        key = f"session_end:{last['session_id']}"
+        found[key] = Alert("session_end", key, f"session {last['session_id']} ended: {reason}, at step "
+                           f"{last['step']}; no session holds the run folder (no resume started)"
+                           + (f"; a torn last line of {pending} bytes" if pending else ""),
+                           last["step"], reason, "a running session or a completed run", str(last["session_id"]), now)
+
+    def _stall(self, now: float, last: dict[str, Any] | None, found: dict[str, Alert]) -> None:
+        interval, basis = self.window_interval()
+        if interval is None or last is None or interval <= 0:
+            return
+        allowance, why = 0.0, []
+        step, kind = last["step"], last["event"]
+        for name, event_kind in (("checkpoint_every", "checkpoint"), ("eval_every", "val")):
+            every = self.cadence.get(name)
+            due = isinstance(every, int) and every > 0 and step % every == 0 and kind in ("train", "val")
+            if due and not (event_kind == "val" and kind == "val"):
+                allowance += self.longest[event_kind]
+                why.append(f"the longest {event_kind} so far {self.longest[event_kind]:.3g} s")
+        if not self.session_trained:
+            startup = self.longest["startup"] or 10 * interval
+            allowance += startup
+            why.append(f"start-up allowance {startup:.3g} s")
+        gap = now - float(last["time"])
+        bound = self.stall_windows * interval + allowance
+        if gap > bound:
+            found["stall"] = Alert(
+                "stall", "stall", f"no event for {gap:.2f} s = {gap / interval:.2f} window intervals of {interval:.3g} s "
+                f"({basis}); bound {self.stall_windows} intervals" + (f" + {', '.join(why)}" if why else "")
+                + f" = {bound:.2f} s; last line {last['event']} at step {step}", step, gap, bound,
+                str(last["session_id"]), now,
+                {"windows": gap / interval, "interval_seconds": interval, "stall_windows": self.stall_windows,
+                 "last_event_time": float(last["time"])})
+
+    def _judge_rules(self, now: float, found: dict[str, Alert], cleared: set[str]) -> None:
+        started = time.monotonic()
+        summary = summarize_run(self.run_dir)
+        for rule in self.rules:
+            result = rule.apply(summary, self.thresholds)
+            key = f"rule:{rule.name}"
+            if result.status == FAIL:
+                found[key] = Alert("rule", key, f"rule {rule.name} FAILs: {result.figure} [{result.threshold}]",
+                                   summary.final.step, result.figure, result.threshold, None, now)
+            else:
+                cleared.add(key)
+        self.pending_judgement, self.last_judged = False, now
+        self.judge_cost = time.monotonic() - started

@@ -1,0 +1,126 @@
+"""Reading a run record as it grows (torch-free): what `pilotrun watch` stands on.
+
+A live trainer appends one line at a time to metrics.jsonl (record.py), so a reader that opens the file at any
+moment may find its last line torn: the writer is halfway through it. `RecordFollower` keeps the byte offset
+of the last complete line it has read and, at each `poll`, reads only what lies beyond it; a line without its
+newline is left for the next poll (it is the writer's, not damage). Each complete line is parsed by the
+record's own parser (`parse_metrics_bytes`) and chained on from the previous line's value with the record's
+own chain functions, so an edited, removed or reordered line is found as soon as it is read, without
+rereading the log.
+
+Two things a live log can do that a finished one cannot:
+- a resumed session cuts a torn tail (a crash mid-write) before it appends: the file then holds fewer bytes
+  than were seen, only ever within the incomplete line; a file that shrank below a complete line read before
+  was rewritten, and that is a break of the record, never a repair;
+- a new session's `session_start` may follow a torn fragment on the same line (record.py recovers it): the
+  parser's note is passed on.
+
+The follower only opens files for reading: it never writes into the run folder and never takes its lock.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pilotrun.run.record import (
+    METRICS_JSONL,
+    RecordError,
+    chain_genesis,
+    chain_link,
+    parse_metrics_bytes,
+    read_run_json,
+    unchained_body,
+)
+
+# The most bytes one poll reads, so that catching up on a long run's log happens in bounded pieces.
+POLL_BYTES = 8 << 20
+
+
+@dataclass
+class Poll:
+    """What one poll found beyond the previous one."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)  # new complete events, each with `_line`
+    breaks: list[str] = field(default_factory=list)  # hash chain breaks and unreadable lines, one reason each
+    notes: list[str] = field(default_factory=list)  # torn fragments a crash explains
+    pending_bytes: int = 0  # bytes of an incomplete last line left for the next poll
+
+
+class RecordFollower:
+    """Incremental reader of RUN/metrics.jsonl with its hash chain checked line by line."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.run = read_run_json(self.run_dir)  # a folder that is not a run: RecordError (bad input)
+        run_id = self.run.get("run_id")
+        if not isinstance(run_id, str):
+            raise RecordError(f"{self.run_dir / 'run.json'}: run_id is not a string; not a run folder")
+        self.run_id = run_id
+        self.path = self.run_dir / METRICS_JSONL
+        self.offset = 0  # bytes of complete lines read so far
+        self.lines = 0  # complete lines read so far
+        self.head = chain_genesis(run_id)  # the chain value of the last complete line (the genesis before any)
+        self.broken = False  # once the chain broke, later lines are chained from what they say, not rejudged
+
+    def poll(self) -> Poll:
+        """Read every complete line appended since the last poll."""
+        found = Poll()
+        if os.path.lexists(self.path) and (self.path.is_symlink() or not self.path.is_file()):
+            found.breaks.append(f"{self.path}: not a regular file")
+            return found
+        try:
+            with open(self.path, "rb") as handle:
+                size = handle.seek(0, os.SEEK_END)
+                if size < self.offset:
+                    found.breaks.append(f"metrics.jsonl: the file holds {size} bytes but {self.offset} bytes of "
+                                        "complete lines were read before: it was truncated or rewritten")
+                    self._restart()
+                    return found
+                handle.seek(self.offset)
+                raw = handle.read(min(size - self.offset, POLL_BYTES))
+        except FileNotFoundError:
+            return found  # the session has not opened its log yet
+        end = raw.rfind(b"\n")
+        found.pending_bytes = len(raw) - (end + 1)
+        if end < 0:
+            return found
+        for raw_line in raw[:end].split(b"\n"):
+            self.lines += 1
+            self._read_line(raw_line, found)
+        self.offset += end + 1
+        return found
+
+    def _restart(self) -> None:
+        """After a rewrite nothing read before can be trusted: read again from the start, chained afresh."""
+        self.offset, self.lines, self.head = 0, 0, chain_genesis(self.run_id)
+
+    def _read_line(self, raw_line: bytes, found: Poll) -> None:
+        number = self.lines
+        parsed = parse_metrics_bytes(raw_line + b"\n")
+        found.notes.extend(_renumber(n, number) for n in parsed.notes)
+        if parsed.damage or not parsed.events:
+            found.breaks.extend(_renumber(d, number) for d in parsed.damage or
+                                ["metrics.jsonl line 1: empty line"])
+            return
+        event, text = parsed.events[0], parsed.texts[0]
+        event["_line"] = number
+        where = f"metrics.jsonl line {number} ({event.get('event')}, step {event.get('step')})"
+        split = unchained_body(text)
+        if split is None:
+            found.breaks.append(f"{where}: no hash chain field; the line was not written by pilotrun's writer, "
+                                "or edited")
+        else:
+            body, value = split
+            if chain_link(self.head, body) != value:
+                found.breaks.append(f"{where}: hash chain broken: it does not follow from the line before it "
+                                    "(this line was edited, or lines before it were removed, added or reordered)")
+            self.head = value
+        found.events.append(event)
+
+
+def _renumber(reason: str, number: int) -> str:
+    """The parser saw one line as line 1; name it by its place in the file."""
+    return reason.replace("metrics.jsonl line 1", f"metrics.jsonl line {number}", 1)
