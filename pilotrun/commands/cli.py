@@ -331,14 +331,10 @@ def _add_watch(sub: argparse._SubParsersAction) -> None:
 
 def _run_watch(args: argparse.Namespace) -> int:
     from pilotrun.commands.watch import watch_run
-    from pilotrun.report.alerts import DEFAULT_STALL_WINDOWS
 
-    for flag, value in (("--interval", args.interval), ("--stall-windows", args.stall_windows)):
-        if value is not None and (not math.isfinite(value) or value <= 0):
-            raise PilotrunError(f"{flag} {value}: must be a positive number")
     return watch_run(args.run_dir, against=args.against, follow=args.follow, keep_going=args.keep_going,
                      on_alert=args.on_alert, as_json=args.json, interval=args.interval,
-                     stall_windows=args.stall_windows or DEFAULT_STALL_WINDOWS, thresholds=args.threshold)
+                     stall_windows=args.stall_windows, thresholds=args.threshold)
 
 
 # ---------------------------------------------------------------------------------------------- pilot

@@ -14,12 +14,14 @@ A folder that is not a run, or a lock for another run's recipe, is bad input: on
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from pilotrun.errors import PilotrunError
 from pilotrun.report.alerts import DEFAULT_STALL_WINDOWS, Alert, Watcher, thresholds_from_lock
 from pilotrun.report.verdict import parse_thresholds
 from pilotrun.run.lock import FreezeError, describe_difference, load_lock, lock_differences
@@ -65,10 +67,14 @@ def _deliver(alert: Alert, as_json: bool, on_alert: str | None) -> None:
 
 def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bool = False,
               keep_going: bool = False, on_alert: str | None = None, as_json: bool = False,
-              interval: float | None = None, stall_windows: float = DEFAULT_STALL_WINDOWS,
+              interval: float | None = None, stall_windows: float | None = None,
               thresholds: list[str] | tuple[str, ...] = (), watcher: Watcher | None = None) -> int:
     """Watch once, or follow (module docstring); `thresholds` are NAME=VALUE overrides of the rules' thresholds,
     over the lock's (the pilot's) or the defaults."""
+    for flag, value in (("--interval", interval), ("--stall-windows", stall_windows)):
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            raise PilotrunError(f"{flag} {value}: must be a positive number")
+    stall_windows = stall_windows or DEFAULT_STALL_WINDOWS
     lock = check_lock_matches(run_dir, against) if against is not None else None
     held = parse_thresholds(list(thresholds), thresholds_from_lock(lock))
     watcher = watcher or Watcher(run_dir, lock, stall_windows=stall_windows, thresholds=held)

@@ -1,0 +1,48 @@
+"""pilotrun/run/follow.py: a record read as it grows, line by line, its chain checked incrementally."""
+
+from __future__ import annotations
+
+import pytest
+
+from pilotrun.run.follow import RecordFollower
+from pilotrun.run.record import RecordError
+from tests.report.synthetic import crashed_and_resumed
+
+
+def test_a_growing_log_is_read_once_a_torn_last_line_waits_for_its_newline(tmp_path):
+    run_dir = crashed_and_resumed(tmp_path / "r").write()
+    whole = (run_dir / "metrics.jsonl").read_bytes()
+    lines = whole.splitlines(keepends=True)
+    path = run_dir / "metrics.jsonl"
+    path.write_bytes(b"".join(lines[:3]) + lines[3][:20])  # a writer halfway through line 4
+    follower = RecordFollower(run_dir)
+    first = follower.poll()
+    assert [e["_line"] for e in first.events] == [1, 2, 3] and not first.breaks and first.pending_bytes == 20
+    path.write_bytes(whole)
+    rest = follower.poll()
+    assert [e["_line"] for e in rest.events] == list(range(4, len(lines) + 1)) and not rest.breaks
+    assert follower.poll().events == []
+
+
+def test_an_edited_line_breaks_the_chain_where_it_is_read_and_a_rewrite_is_found(tmp_path):
+    run_dir = crashed_and_resumed(tmp_path / "r").write()
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    lines[5] = lines[5].replace('"session_id":"s1"', '"session_id":"s1","x":1', 1)
+    path.write_text("".join(lines))
+    follower = RecordFollower(run_dir)
+    found = follower.poll()
+    assert len(found.breaks) == 1 and found.breaks[0].startswith("metrics.jsonl line 6 (")
+    path.write_text("".join(lines[:2]))
+    assert "truncated or rewritten" in follower.poll().breaks[0]
+    assert len(follower.poll().events) == 2  # read again from the start
+
+
+def test_a_folder_that_is_not_a_run_is_bad_input(tmp_path):
+    with pytest.raises(RecordError):
+        RecordFollower(tmp_path)
+    (tmp_path / "run.json").write_text("{}")
+    with pytest.raises(RecordError, match="run_id"):
+        RecordFollower(tmp_path)
+    (tmp_path / "run.json").write_text('{"run_id": "x"}')
+    assert RecordFollower(tmp_path).poll().events == []  # no log yet: a session about to open it
