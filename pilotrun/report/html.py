@@ -97,6 +97,8 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
         ("time: train / eval / checkpoint / profile / report / other / wall (s)",
          " / ".join(_fmt(t.get(k)) for k in SPLIT_KEYS)),
         ("sessions (kept history)", f"{o.get('sessions')} ({' -> '.join(summary.lineage)})"),
+        ("goodput (productive training / elapsed, the time ledger)",
+         f"{_fmt(100 * o['goodput'])}%" if o.get("goodput") is not None else "n/a"),
     ]
     held_to = dataclasses.asdict(verdict.thresholds)
     meanings = "\n".join(

@@ -18,7 +18,7 @@ from pilotrun.report.time_split import window_profiled, window_train_tokens
 from pilotrun.run.record import is_finite_number
 
 PLOT_NAMES = ("loss", "lr", "grad_norm", "throughput", "loss_scale", "expert_load", "qk_max_logit",
-              "parameter_groups", "block_output_rms")
+              "parameter_groups", "block_output_rms", "time_ledger")
 LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "v", "D", "x", "+", "*", "P")
 PLOT_TITLES = {
@@ -31,6 +31,7 @@ PLOT_TITLES = {
     "qk_max_logit": "QK max logit per attention layer",
     "parameter_groups": "Weight RMS and update RMS / lr per parameter group",
     "block_output_rms": "Residual stream RMS after each block",
+    "time_ledger": "Time ledger: where each session's seconds went (goodput = productive / elapsed)",
 }
 
 
@@ -303,6 +304,29 @@ def plot_block_output_rms(summary: Summary, path: Path) -> Path:
     return _save(fig, ax, path)
 
 
+def plot_time_ledger(summary: Summary, path: Path) -> Path:
+    """One stacked bar per session: its ledger parts (ledger.py), the dead time before it included."""
+    from pilotrun.report.ledger import PARTS
+
+    ledger = summary.overall.get("time_ledger") or {}
+    fig, ax = _new_axes(PLOT_TITLES["time_ledger"], "seconds")
+    sessions = ledger.get("sessions") or []
+    if not sessions:
+        _no_data(ax, "sessions with events")
+        return _save(fig, ax, path)
+    names = [str(s["session_id"])[:16] for s in sessions]
+    bottoms = [0.0] * len(sessions)
+    for part in PARTS:
+        heights = [s["dead_before"] if part == "dead" else s["parts"][part] for s in sessions]
+        if any(h > 0 for h in heights):
+            ax.bar(names, heights, bottom=bottoms, label=part)
+            bottoms = [b + max(h, 0.0) for b, h in zip(bottoms, heights, strict=True)]
+    good = ledger.get("goodput")
+    ax.set_xlabel(f"session (goodput {100 * good:.1f}% of {ledger.get('elapsed_seconds', 0):.1f} s elapsed)"
+                  if good is not None else "session")
+    return _save(fig, ax, path)
+
+
 PLOTTERS = {
     "loss": plot_loss,
     "lr": plot_lr,
@@ -313,6 +337,7 @@ PLOTTERS = {
     "qk_max_logit": plot_qk_max_logit,
     "parameter_groups": plot_parameter_groups,
     "block_output_rms": plot_block_output_rms,
+    "time_ledger": plot_time_ledger,
 }
 
 
