@@ -110,8 +110,8 @@ def format_projection(projection: dict[str, Any]) -> list[str]:
     if "checkpoint_interval" in projection:
         c = projection["checkpoint_interval"]
         lines.append(f"  checkpoint interval minimising expected loss: {c['young_seconds']:.1f} s = "
-                     f"{c['young_updates']:.0f} updates ({c['from']}); the recipe checkpoints every "
-                     f"{c['recipe_updates']} updates")
+                     f"{c['young_updates']:.0f} updates ({c['from']}); the recipe checkpoints "
+                     + (f"every {c['recipe_updates']} updates" if c["recipe_updates"] else "only at the end"))
     lines.append(f"  device-hours: {projection['device_hours']['value']:.4g} ({projection['device_hours']['from']})")
     if "cost" in projection:
         lines.append(f"  cost: {projection['cost']['value']:.2f} ({projection['cost']['from']})")
