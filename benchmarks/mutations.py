@@ -26,8 +26,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="checkpoint_files_not_fsynced",
         file="pilotrun/training/checkpoint.py",
-        old="            handle.flush()\n            os.fsync(handle.fileno())\n        _test_delay()\n",
-        new="            handle.flush()\n        _test_delay()\n",
+        old="            handle.flush()\n            os.fsync(handle.fileno())\n        return digest, writer.bytes_written\n",
+        new="            handle.flush()\n        return digest, writer.bytes_written\n",
         tests=(f"{GUARDS}::test_every_checkpoint_file_is_fsynced_before_the_marker_is_renamed_into_place",),
         why="a checkpoint file is not fsynced before the marker commits it",
     ),
@@ -84,45 +84,45 @@ MUTATIONS: tuple[Mutation, ...] = (
     # The loop's and the session build's own slips.
     Mutation(
         name="bias_on_skipped_update",
-        file="pilotrun/training/trainer.py",
-        old="        if outcome.applied:\n            for hook in self.hooks:\n",
-        new=("        for hook in self.hooks:\n            if hook.name == \"moe\" and not outcome.applied:\n"
-             "                hook.after_update(state.step, statistics)\n"
-             "        if outcome.applied:\n            for hook in self.hooks:\n"),
+        file="pilotrun/training/loop.py",
+        old="    if outcome.applied:\n        for hook in state.hooks:\n",
+        new=("    for hook in state.hooks:\n        if hook.name == \"moe\" and not outcome.applied:\n"
+             "            hook.after_update(state.step, statistics)\n"
+             "    if outcome.applied:\n        for hook in state.hooks:\n"),
         tests=(f"{GUARDS}::test_skipped_updates_move_neither_the_expert_bias_nor_qk_clip",),
         why="the expert bias moves on an update that was skipped",
     ),
     Mutation(
         name="qk_clip_on_skipped_update",
-        file="pilotrun/training/trainer.py",
-        old="        if outcome.applied:\n            for hook in self.hooks:\n",
-        new=("        for hook in self.hooks:\n            if hook.name == \"qk_clip\" and not outcome.applied:\n"
-             "                hook_events += hook.after_update(state.step, statistics)\n"
-             "        if outcome.applied:\n            for hook in self.hooks:\n"),
+        file="pilotrun/training/loop.py",
+        old="    if outcome.applied:\n        for hook in state.hooks:\n",
+        new=("    for hook in state.hooks:\n        if hook.name == \"qk_clip\" and not outcome.applied:\n"
+             "            hook_events += hook.after_update(state.step, statistics)\n"
+             "    if outcome.applied:\n        for hook in state.hooks:\n"),
         tests=(f"{GUARDS}::test_skipped_updates_move_neither_the_expert_bias_nor_qk_clip",),
         why="QK-Clip rescales weights after a skipped update",
     ),
     Mutation(
         name="consecutive_skips_never_stop",
-        file="pilotrun/training/trainer.py",
-        old="                too_many_skips = state.consecutive_skips >= t.max_consecutive_skips\n",
-        new="                too_many_skips = False\n",
+        file="pilotrun/training/loop.py",
+        old="    too_many_skips = state.consecutive_skips >= t.max_consecutive_skips\n",
+        new="    too_many_skips = False\n",
         tests=(f"{GUARDS}::test_too_many_consecutive_skips_stop_the_run_with_exit_1_and_a_checkpoint",),
         why="train.max_consecutive_skips never stops the run",
     ),
     Mutation(
         name="evaluation_draws_training_rng",
-        file="pilotrun/training/trainer.py",
-        old="        self.raw_model.eval()\n",
-        new="        self.raw_model.eval()\n        torch.rand(1)  # e.g. a sampled evaluation batch\n",
+        file="pilotrun/training/evaluation.py",
+        old="    raw_model.eval()\n",
+        new="    raw_model.eval()\n    torch.rand(1)  # e.g. a sampled evaluation batch\n",
         tests=(f"{GUARDS}::test_evaluation_leaves_every_random_generator_and_the_training_cursor_untouched",),
         why="evaluation draws from the training generators",
     ),
     Mutation(
         name="step_moves_on_a_skipped_update",
-        file="pilotrun/training/trainer.py",
-        old="            state.updates_skipped += 1\n",
-        new="            state.updates_skipped += 1\n            state.step += 1\n",
+        file="pilotrun/training/loop.py",
+        old="        state.updates_skipped += 1\n",
+        new="        state.updates_skipped += 1\n        state.step += 1\n",
         tests=(GUARDS,),
         why="a skipped update advances step",
     ),
@@ -152,9 +152,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="profiled_attempts_charged_to_training",
-        file="pilotrun/training/trainer.py",
-        old='        with self.account.phase("profile"):\n            self.profiler.before_update(',
-        new="        with contextlib.nullcontext():\n            self.profiler.before_update(",
+        file="pilotrun/training/profiling.py",
+        old='        with loop.account.phase("profile"):\n            self.window.before_update(',
+        new="        with contextlib.nullcontext():\n            self.window.before_update(",
         tests=(f"{OBSERVERS}::test_profiled_attempts_are_the_profile_phase_and_the_phases_add_up_to_the_wall_clock",),
         why="the updates run under the profiler count as training time",
     ),
@@ -217,9 +217,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="damaged_ids_found_only_inside_an_update",
-        file="pilotrun/training/trainer.py",
-        old="            self.train_loader.check_upcoming_batches(self.config.train.gradient_accumulation_steps)\n",
-        new="            pass\n",
+        file="pilotrun/training/loop.py",
+        old="                    session.state.loader.check_upcoming_batches(t.gradient_accumulation_steps)\n",
+        new="                    pass\n",
         tests=("tests/data/test_data_fits_recipe.py",),
         why="a damaged token id stops the run mid-update with no checkpoint of the last applied state",
     ),
@@ -234,8 +234,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="pilot_kill_decided_from_outside_only",
         file="pilotrun/commands/pilot.py",
-        old="                                 env=dict(os.environ, **{FREEZE_PAST_STEP_ENV: str(midpoint)}))\n",
-        new="                                 env=dict(os.environ))\n",
+        old="                                                stop_past_step=midpoint),\n",
+        new="                                                stop_past_step=None),\n",
         tests=("tests/commands/test_pilot.py::test_the_kill_lands_at_the_first_logged_step_past_the_midpoint_however_fast_the_updates",),
         why="fast updates outrun the pilot's kill to the final checkpoint, and the resume has nothing to do",
     ),
