@@ -3,13 +3,13 @@
 Pipeline (one pass, streaming; a trained BPE adds one earlier pass over the same stream):
 
     source documents (local units in a seeded order) -> seeded shuffle buffer bounded in documents and bytes
-    -> split by text hash -> chunks -> tokenize on `workers` threads (results consumed in submission order)
-    -> per-split shard writers -> committed in DIR.partial/progress.json -> metadata.json -> renamed to DIR
+    -> split by text hash -> chunks -> tokenize (threads in this process, or `--workers N` >= 2 worker
+    processes: tokenize_pool.py; results consumed in chunk order) -> per-split shard writers -> committed in DIR.partial/progress.json -> metadata.json -> renamed to DIR
 
 Determinism: the chunking, the order of results and every decision (split, the `--train-tokens` stop) depend
 only on the stream, never on the number of workers or on timing, so output is byte-identical for any
 `--workers`, and for a prepare interrupted any number of times and rerun (progress.py). Memory is bounded by
-the options, not the input: the shuffle buffer, at most `8 * workers` chunks in flight, one shard buffer per
+the options, not the input: the shuffle buffer, a few chunks in flight per worker, one shard buffer per
 split and one parquet batch. The folder is built as the visible `DIR.partial` and renamed into place only
 when complete, so an interrupted prepare never leaves a folder that looks finished. What depends on the
 machine (peak resident memory, seconds, workers) goes to build_info.json beside the manifest, never into it.
@@ -45,6 +45,7 @@ from pilotrun.data.shards import (
 )
 from pilotrun.data.sources import OpenedSource, open_source
 from pilotrun.data.stream import SPLITS, TRAIN, VAL, OrderCorrelation, ShuffleBuffer, split_of
+from pilotrun.data.tokenize_pool import children_peak_mb
 from pilotrun.data.tokenizer import (
     ResolvedTokenizer,
     encode_documents,
@@ -89,7 +90,8 @@ def _check_options(train_tokens: Any, val_fraction: float, shard_tokens: Any, sh
     if int(shuffle_buffer_bytes) != shuffle_buffer_bytes or int(shuffle_buffer_bytes) < 0:
         raise DataError(f"--shuffle-buffer-bytes must be a whole number >= 0, got {shuffle_buffer_bytes}")
     if int(workers) < 0:
-        raise DataError(f"--workers must be >= 0 (0: all cores), got {workers}")
+        raise DataError(f"--workers must be >= 0 (0: threads on all cores, 1: one thread, N: N processes), "
+                        f"got {workers}")
 
 
 def prepare_corpus(
@@ -126,6 +128,9 @@ def prepare_corpus(
     train_tokens = None if train_tokens is None else int(train_tokens)
     shard_tokens, shuffle_buffer, shuffle_buffer_bytes = int(shard_tokens), int(shuffle_buffer), int(shuffle_buffer_bytes)
     val_fraction = float(val_fraction)
+    # 0: tokenizing threads on all cores in this process (no start-up, no pickling: best on a few cores);
+    # 1: no thread at all (the reference path); N >= 2: N worker processes, past the GIL-bound main thread.
+    processes = int(workers) >= 2
     workers = int(workers) or default_workers()
 
     opened = open_source(source, text_field, hub)
@@ -169,7 +174,7 @@ def prepare_corpus(
                   f"({sum(len(state['splits'][s]['shards']) for s in SPLITS)} shards committed)", file=sys.stderr)
         if state is None or not state["complete"]:
             run = _PreparePass(partial, {"request": request, "tokenizer": resolved.identity}, resolved,
-                               shard_tokens, train_tokens, workers, progress, opened)
+                               shard_tokens, train_tokens, (workers, processes), progress, opened)
             with StopRequests().installed() as stops:
                 state = run.tokenize_and_write(stream(), state, stops)
         manifest = _manifest(state, opened, order_seed, resolved, options, software, source, val_fraction,
@@ -179,14 +184,17 @@ def prepare_corpus(
         peak_mb = peak_resident_mb()
         _write_text(os.path.join(partial.path, BUILD_INFO_FILE), json.dumps({
             "peak_rss_mb": round(peak_mb, 1), "seconds": round(time.perf_counter() - started, 3),
-            "workers": workers, "continued_from_document": None if recorded is None else
+            "workers": workers, "tokenize": "processes" if processes else "threads",
+            "worker_peak_rss_mb": round(children_peak_mb(), 1) if processes else None, "continued_from_document": None if recorded is None else
             recorded["state"] and recorded["state"]["documents_done"],
             "note": "measured on this machine: not part of the data's identity (metadata_sha256)"}, indent=2) + "\n")
         partial.keep_only({TOKENIZER_FILE, METADATA_FILE, BUILD_INFO_FILE,
                            *(s["file"] for split in SPLITS for s in manifest["splits"][split]["shards"])})
         partial.finish(force)
         if progress:
-            print(f"pilotrun prepare: peak resident memory {peak_mb:,.0f} MiB", file=sys.stderr)
+            workers_mb = f"; each tokenizing process up to {children_peak_mb():,.0f} MiB" if processes else ""
+            print(f"pilotrun prepare: peak resident memory {peak_mb:,.0f} MiB (this process{workers_mb})",
+                  file=sys.stderr)
     except (PrepareInterrupted, KeyboardInterrupt):
         raise  # the committed state stays in the partial folder, to be continued
     except BaseException:
@@ -345,13 +353,19 @@ def _tokenizers_single_threaded() -> Iterator[None]:
 
 
 def _encoded_in_order(chunks: Iterator[tuple[list[str], list[Any]]], resolved: ResolvedTokenizer,
-                      workers: int) -> Iterator[tuple[list[Any], np.ndarray, np.ndarray]]:
+                      workers: int, processes: bool = False) -> Iterator[tuple[list[Any], np.ndarray, np.ndarray]]:
     """(extras, tokens, lengths) per chunk, in the order the chunks were read, whatever the worker count.
 
-    Workers are threads, not processes: `tokenizers` releases the GIL for the whole batch encode (the Rust
-    side does all the work), so `workers` threads keep that many cores busy, with no process start-up, no
-    re-import of the caller's main module (spawn) and no pickling of text. Only the cheap id-list to array
-    conversion holds the GIL."""
+    By default workers are threads: `tokenizers` releases the GIL for the whole batch encode (the Rust side
+    does all the work), so `workers` threads keep that many cores busy, with no process start-up, no re-import
+    of the caller's main module (spawn) and no pickling of text. What holds the GIL (reading, JSON, the split
+    hash, the id-list to array conversion) caps them on many cores; `processes` moves the encoding and the
+    conversion into worker processes (tokenize_pool.py), leaving the main process only the GIL-bound reading."""
+    if processes:
+        from pilotrun.data.tokenize_pool import encoded_in_order
+
+        yield from encoded_in_order(chunks, resolved.json_text, resolved.eos_id, resolved.dtype, workers)
+        return
     from concurrent.futures import ThreadPoolExecutor
 
     # One encoder shared by the threads: its encode borrows it read-only (and without the GIL), so sharing is
@@ -408,7 +422,7 @@ class _PreparePass:
     completed a shard (and at a stop request), so that a rerun continues from there."""
 
     def __init__(self, partial: PartialFolder, header: dict[str, Any], resolved: ResolvedTokenizer,
-                 shard_tokens: int, train_tokens: int | None, workers: int, progress: bool,
+                 shard_tokens: int, train_tokens: int | None, workers: tuple[int, bool], progress: bool,
                  opened: OpenedSource) -> None:
         self.partial, self.header, self.resolved = partial, header, resolved
         self.train_tokens, self.workers, self.progress, self.opened = train_tokens, workers, progress, opened
@@ -461,7 +475,7 @@ class _PreparePass:
 
         started = time.perf_counter()
         bar, bar_position = _progress_bar(train_tokens, self.opened, self.progress)
-        encoded = _encoded_in_order(_chunks(remaining()), self.resolved, self.workers)
+        encoded = _encoded_in_order(_chunks(remaining()), self.resolved, *self.workers)
         try:
             for extras, chunk_tokens, lengths in encoded:
                 is_val = np.fromiter((split == VAL for split, _, _ in extras), dtype=bool, count=len(extras))

@@ -7,7 +7,12 @@ POINT (N counts calls from 1):
 - `before-commit`: SIGKILL as the Nth progress commit starts (pending tokens may be half persisted);
 - `after-commit`: SIGKILL just after the Nth progress commit (between shards);
 - `manifest`: SIGKILL halfway through writing metadata.json;
-- `sigint` / `sigterm`: send that signal to itself at the Nth tokenizer batch, then carry on.
+- `sigint` / `sigterm`: send that signal to itself at the Nth tokenizer batch, then carry on;
+- `chunk`: SIGKILL as the Nth encoded chunk reaches the shard writers (this process's side, so it also works
+  with `--workers N` >= 2, whose encoding happens in worker processes).
+
+With PREPARE_CHILD_PIDS=FILE in the environment, the pids of this process's children (the tokenizing workers)
+are written to FILE, one a line, just before any SIGKILL, so that a test can check that none survives.
 """
 
 from __future__ import annotations
@@ -28,6 +33,21 @@ def _at_call(n: int, action):
     return hit
 
 
+def children_of(pid: int) -> list[int]:
+    """Live processes whose parent is `pid` (from /proc: Linux)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
 def main(argv: list[str]) -> int:
     point, n, separator, *prepare_args = argv
     assert separator == "--"
@@ -35,6 +55,9 @@ def main(argv: list[str]) -> int:
     from pilotrun.data import prepare, progress
 
     def kill() -> None:
+        if os.environ.get("PREPARE_CHILD_PIDS"):
+            with open(os.environ["PREPARE_CHILD_PIDS"], "w") as handle:
+                handle.writelines(f"{pid}\n" for pid in children_of(os.getpid()))
         os.kill(os.getpid(), signal.SIGKILL)
 
     if point in ("encode", "sigint", "sigterm"):
@@ -60,6 +83,16 @@ def main(argv: list[str]) -> int:
                 hit()
 
         progress.PartialFolder.commit = commit
+    elif point == "chunk":
+        hit = _at_call(int(n), kill)
+        original_encoded = prepare._encoded_in_order
+
+        def encoded(*args, **kwargs):
+            for item in original_encoded(*args, **kwargs):
+                hit()
+                yield item
+
+        prepare._encoded_in_order = encoded
     elif point == "manifest":
         original_write = prepare._write_text
 
