@@ -89,6 +89,10 @@ def freeze_run(run_dir: str | Path, out: str | Path, despite_no_go: bool = False
     if not out.parent.is_dir():
         raise FreezeError(f"--out {out}: folder {out.parent} does not exist")
     verdict = judge(run_dir, thresholds)
+    if verdict.provisional:
+        running = verdict.summary.overall["running"]
+        raise FreezeError(f"{run_dir}: the run is still going (pid {running.get('pid')} on host {running.get('host')}); "
+                          "a lock freezes a finished pilot: wait for it to end")
     if verdict.summary.run.get("recipe") is None:
         raise FreezeError(f"{run_dir}: run.json has no recipe to freeze")
     lock = build_lock(verdict, despite_no_go, target_steps, mtbf_hours, device_hour_cost)

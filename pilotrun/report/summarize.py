@@ -44,6 +44,7 @@ from pilotrun.report.time_split import (  # noqa: F401  (the time split's reader
     window_profiled,
     window_train_tokens,
 )
+from pilotrun.run.folder_lock import live_holder
 from pilotrun.run.lock import describe_frozen_status, frozen_candidate_status, lock_projection_of
 from pilotrun.run.marker import checkpoint_problems, committed_checkpoint_steps, read_marker
 from pilotrun.run.record import (
@@ -227,6 +228,11 @@ def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summa
     overall = _overall(run, groups, order, sessions, final, kept_events)
     overall["final_checkpoint"] = final_checkpoint  # None unless --require-step asked for it
     overall["frozen_candidate"] = frozen_candidate_status(run)  # None unless started with train --frozen
+    # A session that has not ended may simply be running: the folder's lock says so (read, never taken).
+    holder = live_holder(run_dir)
+    overall["running"] = ({k: holder.get(k) for k in ("pid", "host", "since")} if holder is not None else None)
+    if holder is not None and overall["ended"] == NO_SESSION_END:
+        overall["ended"] = f"running ({describe_running(overall['running'])})"
     # The time ledger over every session (goodput), and beside the lock's projection where the run has one.
     ledger = time_ledger(sessions, kept_events, rolled_back_events, run)
     problem = ledger_problem(ledger)
@@ -304,8 +310,7 @@ def _overall(run: dict[str, Any], groups: dict[str, list[dict[str, Any]]], order
         "tokens_rolled_back": sum(s.tokens_rolled_back for s in sessions),
         "sessions": len(order),
         "resumes": sum(1 for s in sessions if s.resumed_from is not None),
-        "ended": (last_kept.get("reason") if last_kept.get("event") == "session_end"
-                  else "no session_end (killed, or still running)"),
+        "ended": last_kept.get("reason") if last_kept.get("event") == "session_end" else NO_SESSION_END,
         "time_split": time_split,
         # Training-only: every token the hardware processed in the training phase (rolled-back work included, profiled
     # attempts not) per training second.
@@ -315,9 +320,17 @@ def _overall(run: dict[str, Any], groups: dict[str, list[dict[str, Any]]], order
     }
 
 
+NO_SESSION_END = "no session_end (killed, or still running)"
+
+
+def describe_running(holder: dict[str, Any]) -> str:
+    return f"pid {holder.get('pid')} on host {holder.get('host')} since {holder.get('since')}"
+
+
 def format_summary(summary: Summary) -> str:
     """The human-readable summary printed by `pilotrun summarize`."""
     o = summary.overall
+    running = o.get("running")
     lines = [f"run {summary.run_id} ({summary.run_dir}): {'VALID' if summary.valid else 'INVALID'}"]
     header = (f"{'session':<20} {'from':>6} {'status':<18} {'end':<12} {'applied':>8} {'skipped':>7} "
               f"{'rolled back':>11} {'tokens':>11} {'train tok/s':>11} {'wall tok/s':>10} "
@@ -327,15 +340,16 @@ def format_summary(summary: Summary) -> str:
         split = "/".join(f"{getattr(s, k):.1f}" for k in SPLIT_PHASES)
         name = s.session_id[:20] if not s.latest else s.session_id[:11] + " (latest)"
         lines.append(f"{name:<20} {str(s.resumed_from if s.resumed_from is not None else '-'):>6} "
-                     f"{s.status:<18} {(s.end_reason or 'killed'):<12} {s.updates_applied:>8} {s.updates_skipped:>7} "
+                     f"{s.status:<18} {(s.end_reason or ('running' if s.latest and running else 'killed')):<12} {s.updates_applied:>8} {s.updates_skipped:>7} "
                      f"{s.updates_rolled_back:>11} {s.tokens_processed:>11} {_fmt(s.train_tokens_per_s):>11} "
                      f"{_fmt(s.wall_tokens_per_s):>10} {split:>32}"
                      f"{'' if s.time_source == 'session_end' else ' (from events)'}")
     t = o["time_split"]
     latest = next((s for s in summary.sessions if s.latest), None)
+    unended = f"running, {describe_running(running)}" if running else "killed, or still running"
     lines += [
         "",
-        f"latest session: {latest.session_id} ({latest.end_reason or 'killed, or still running'} at step "
+        f"latest session: {latest.session_id} ({latest.end_reason or unended} at step "
         f"{latest.last['step']}; {latest.status})" if latest else "latest session: none",
         f"kept history: {' -> '.join(summary.lineage) or '(none)'}",
         f"updates applied {o['updates_applied']} of max_steps {o['max_steps']}; attempted {o['updates_attempted']}, "

@@ -57,11 +57,16 @@ class Verdict:
     frozen: dict[str, Any] | None = None  # the frozen candidate a run started from, and whether it still matches
 
     @property
+    def provisional(self) -> bool:
+        """Judged while a session still holds the run folder: the record may still grow."""
+        return bool(self.summary.overall.get("running"))
+
+    @property
     def warnings(self) -> list[RuleResult]:
         return [r for r in self.rules if r.status == WARN]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"decision": self.decision, "statement": self.statement,
+        return {"decision": self.decision, "statement": self.statement, "provisional": self.provisional,
                 "rules": [dataclasses.asdict(r) for r in self.rules],
                 "failed": [r.name for r in self.rules if r.status == FAIL],
                 "warnings": [dataclasses.asdict(r) for r in self.warnings], "candidate": self.candidate,
@@ -93,6 +98,10 @@ def judge_summary(summary: Summary, thresholds: Thresholds | None = None) -> Ver
     supports = (f"The evidence supports the recipe in force at the end (recipe sha256 {sha}), over updates "
                 f"{candidate['supported_from_update']}..{candidate['final_step']}"
                 f"{' after ' + str(len(candidate['changes'])) + ' change(s) on resume' if candidate['changes'] else ''}.")
+    running = o.get("running")
+    if running:  # judged on what is recorded so far: the rules may read differently once the run ends
+        basis = (f"Provisional: the run is still going (pid {running.get('pid')} on host {running.get('host')} "
+                 f"since {running.get('since')}); judged on the record so far. {basis}")
     if failed:
         statement = f"NO-GO: {', '.join(failed)} failed. {basis}"
     else:
