@@ -45,15 +45,14 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shuffle-buffer-bytes", type=float, default=64 << 20,
                    help="most bytes of text the shuffle buffer holds (long documents count for their size)")
     p.add_argument("--workers", type=int, default=0,
-                   help="tokenizing threads, one core each (0: all cores); the output does not depend on it")
+                   help="0: tokenizing threads on all cores, 1: no thread, N >= 2: N tokenizing processes; same output")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.set_defaults(handler=_run_prepare)
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
-    from pilotrun.data.prepare import prepare_corpus
+    from pilotrun.data.prepare import prepare_corpus, prepared_line
     from pilotrun.data.progress import PrepareInterrupted
-    from pilotrun.data.shards import metadata_sha256
 
     def whole(value: float | None, flag: str) -> int | None:
         if value is None:
@@ -77,40 +76,41 @@ def _run_prepare(args: argparse.Namespace) -> int:
         print(f"pilotrun prepare: interrupted; {args.out}.partial keeps the shards committed so far: run the same "
               "command again to continue", file=sys.stderr)
         return 130
-    splits, stream = manifest["splits"], manifest["stream"]
-    print(f"prepared {args.out}: train {splits['train']['tokens']} tokens in {splits['train']['documents']} documents, "
-          f"val {splits['val']['tokens']} tokens in {splits['val']['documents']} documents, "
-          f"vocab {manifest['tokenizer']['vocab_size']} ({manifest['dtype']}), "
-          f"order correlation with the source {stream['order_correlation']}, "
-          f"metadata_sha256 {metadata_sha256(manifest)}")
+    print(prepared_line(args.out, manifest))
     return 0
 
 
 # ---------------------------------------------------------------------------------------------- data verify
 def _add_data(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("data", help="inspect a prepared data folder",
-                       description="Tools for a prepared data folder.")
-    data_sub = p.add_subparsers(dest="data_command", required=True, metavar="{verify}")
+    p = sub.add_parser("data", help="verify or merge prepared data folders",
+                       description="Tools for prepared data folders.")
+    data_sub = p.add_subparsers(dest="data_command", required=True, metavar="{verify,merge}")
     v = data_sub.add_parser("verify", help="rehash every shard against metadata.json",
                             description="Rehash every shard against metadata.json and check shapes, dtypes and "
                             "totals. Exit 0 when intact, 1 when damaged (each bad file named).")
     v.add_argument("dir", help="data folder written by `pilotrun prepare`")
     v.set_defaults(handler=_run_data_verify)
+    m = data_sub.add_parser("merge", help="one data folder from folders prepared separately",
+                            description="Merge folders prepared with the same tokenizer.json and options: shards "
+                            "hard-linked (or copied), rehashed, renamed into one sequence; splits concatenated in the "
+                            "order given. Exit 0 merged, 2 refused (one line naming the difference, nothing written).")
+    m.add_argument("--out", required=True, help="the merged data folder (must not exist)")
+    m.add_argument("--copy", action="store_true", help="copy shards instead of hard-linking them")
+    m.add_argument("parts", nargs="+", metavar="PART", help="data folders, in the order their tokens are read")
+    m.set_defaults(handler=_run_data_merge)
 
 
 def _run_data_verify(args: argparse.Namespace) -> int:
-    from pilotrun.data.shards import load_manifest, metadata_sha256
-    from pilotrun.data.verify import verify_data
+    from pilotrun.data.verify import report_verification
 
-    problems = verify_data(args.dir)
-    for problem in problems:
-        print(f"damaged: {problem}")
-    if problems:
-        print(f"{args.dir}: {len(problems)} problem(s)")
-        return 1
-    manifest = load_manifest(args.dir)
-    shards = sum(len(manifest["splits"][s]["shards"]) for s in manifest["splits"])
-    print(f"intact: {args.dir} ({shards} shards rehashed, metadata_sha256 {metadata_sha256(manifest)})")
+    return report_verification(args.dir)
+
+
+def _run_data_merge(args: argparse.Namespace) -> int:
+    from pilotrun.data.merge import merge_data, merged_line
+
+    placed: dict[str, int] = {}
+    print(merged_line(args.out, merge_data(args.out, args.parts, copy=args.copy, placed=placed), placed))
     return 0
 
 

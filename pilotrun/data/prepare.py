@@ -274,6 +274,17 @@ def _manifest(state: dict[str, Any], opened: OpenedSource, order_seed: int | Non
     }
 
 
+def prepared_line(out: str, manifest: dict[str, Any]) -> str:
+    """What `pilotrun prepare` prints when done: the totals and the data's identity."""
+    from pilotrun.data.shards import metadata_sha256
+
+    splits = manifest["splits"]
+    return (f"prepared {out}: train {splits['train']['tokens']} tokens in {splits['train']['documents']} documents, "
+            f"val {splits['val']['tokens']} tokens in {splits['val']['documents']} documents, "
+            f"vocab {manifest['tokenizer']['vocab_size']} ({manifest['dtype']}), order correlation with the source "
+            f"{manifest['stream']['order_correlation']}, metadata_sha256 {metadata_sha256(manifest)}")
+
+
 def small_val_warnings(val_tokens: int, recipe: str = "stability") -> list[str]:
     """A warning when the val split is smaller than one evaluation of a packaged recipe (by default the CPU
     stability recipe `pilotrun pilot` runs): the evaluation would re-read the same few documents."""

@@ -129,3 +129,19 @@ def verify_data(data_dir: str | os.PathLike) -> list[str]:
         if name.endswith(".npy") and name not in listed:
             problems.append(f"{os.path.join(data_dir, name)}: a shard the manifest does not list")
     return problems
+
+
+def report_verification(data_dir: str) -> int:
+    """`pilotrun data verify`: each problem on its own line and exit 1, or one line saying intact and exit 0."""
+    from pilotrun.data.shards import metadata_sha256
+
+    problems = verify_data(data_dir)
+    for problem in problems:
+        print(f"damaged: {problem}")
+    if problems:
+        print(f"{data_dir}: {len(problems)} problem(s)")
+        return 1
+    manifest = load_manifest(data_dir)
+    shards = sum(len(manifest["splits"][s]["shards"]) for s in manifest["splits"])
+    print(f"intact: {data_dir} ({shards} shards rehashed, metadata_sha256 {metadata_sha256(manifest)})")
+    return 0
