@@ -13,8 +13,8 @@ The callbacks, in the order they act after an update (callbacks.py has the inter
   checkpointing.CheckpointCallback   every `checkpoint_every` updates and at the end ("checkpoint" phase)
   pilot_handshake.KillPointCallback  the pilot's kill point, when the pilot hands one in (`stop_past_step`)
 
-Every event written to metrics.jsonl is handed to the metrics sinks (run/sinks.py: the live TensorBoard mirror of
-`train.tensorboard`, and any the caller passes), each guarded so that a failing sink warns once and changes
+Every event written to metrics.jsonl is handed to the metrics sinks (run/sinks.py: the live mirrors of
+`train.trackers` (TensorBoard, W&B, MLflow, trackio), and any the caller passes), each guarded so that a failing sink warns once and changes
 neither the training nor the record; writing and mirroring are the "report" phase.
 
 SIGINT / SIGTERM: the current update is finished, the window is logged, a checkpoint is saved, then
@@ -33,7 +33,13 @@ import torch
 
 from pilotrun.config import RunConfig
 from pilotrun.run.record import run_json_digests
-from pilotrun.run.sinks import GuardedSink, MetricsSink, guarded_tensorboard_sink
+from pilotrun.run.sinks import (
+    GuardedSink,
+    MetricsSink,
+    check_trackers_available,
+    configured_trackers,
+    tracker_sinks,
+)
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks import Callback, Ending, LoopState
 from pilotrun.training.checkpointing import CheckpointCallback
@@ -46,8 +52,6 @@ from pilotrun.training.session import Session, build_session, tokens_per_update
 from pilotrun.training.signals import StopSignals, signal_name
 from pilotrun.training.timing import PHASES, TimeAccount
 from pilotrun.training.window_log import RareEventsCallback, WindowLogCallback
-
-TENSORBOARD_FOLDER = "tensorboard"  # RUN/tensorboard/: the live mirror of `train.tensorboard`
 
 
 @dataclass
@@ -92,6 +96,8 @@ class Trainer:
                  command: list[str] | None = None, progress: bool = True,
                  context: dist_utils.DistributedContext | None = None, out=None,
                  sinks: list[MetricsSink] | tuple[MetricsSink, ...] = (), stop_past_step: int | None = None):
+        # A tracker named in the recipe but not installed is refused before anything is written.
+        check_trackers_available(configured_trackers(config.train))
         self.account = TimeAccount()  # everything until the loop starts is "other" (setup)
         self.progress = progress
         self.out = out if out is not None else sys.stdout
@@ -161,9 +167,10 @@ class Trainer:
     def _start_session(self, loop: LoopState) -> None:
         """Open the TensorBoard mirror, print the plan and the notes, log `session_start` (rank 0 prints)."""
         session, t, world_size = self.session, self.session.config.train, self.session.context.world_size
-        if t.tensorboard and loop.is_main:  # the one process that has the events
+        trackers = configured_trackers(t)
+        if trackers and loop.is_main:  # the one process that has the events mirrors them
             with self.account.phase("report"):
-                self.sinks.insert(0, guarded_tensorboard_sink(session.run_dir / TENSORBOARD_FOLDER))
+                self.sinks[:0] = tracker_sinks(trackers, session.run_dir)
         for line in describe_plan(session.config, world_size, session.state.step):
             loop.say(line)
         for note in session.notes:

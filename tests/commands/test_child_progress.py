@@ -74,7 +74,7 @@ def test_wait_stops_when_the_condition_holds(tmp_path):
 def test_ctrl_c_waits_for_the_child_then_reports_exit_130(tmp_path, monkeypatch):
     import pytest
 
-    from pilotrun.report import child_progress
+    from pilotrun.commands import child_progress
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
     calls = []

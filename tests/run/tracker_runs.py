@@ -19,12 +19,14 @@ ROLLED_BACK = range(21, 34)
 
 
 def live_run(data_dir: Path, run_dir: Path, names: list[str]) -> Path:
-    """Four steps of the smoke recipe (val and checkpoint at 2 and 4), mirrored live into `names`."""
+    """Four steps of the smoke recipe (val and checkpoint at 2 and 4), mirrored live into `names` as the recipe's
+    `train.trackers` asks (the trainer opens them)."""
     from pilotrun.training.trainer import Trainer
 
     config = load_run_config(ROOT / "configs" / "smoke.yaml", ["train.num_threads=1", "train.max_steps=4",
-                                                                "train.eval_every=2", "train.checkpoint_every=2"])
-    result = Trainer(config, data_dir, run_dir, progress=False, sinks=tracker_sinks(names, run_dir)).run()
+                                                                "train.eval_every=2", "train.checkpoint_every=2",
+                                                                f"train.trackers=[{', '.join(names)}]"])
+    result = Trainer(config, data_dir, run_dir, progress=False).run()
     assert result.exit_code == 0
     return run_dir
 

@@ -304,3 +304,16 @@ def test_an_error_inside_the_profiler_window_still_writes_what_it_saw(builtin_da
     split = end["time_split"]
     assert split["profile_seconds"] > 0
     assert sum(split[f"{phase}_seconds"] for phase in PHASES) == pytest.approx(split["wall_seconds"], rel=1e-9)
+
+
+def test_a_tracker_whose_package_is_missing_is_refused_before_anything_is_written(builtin_data_dir, tmp_path,
+                                                                                monkeypatch):
+    import importlib.util
+
+    from pilotrun.errors import ConfigError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"train.trackers: wandb needs the wandb package: pip install 'pilotrun\[wandb\]'"):
+        Trainer(config("train.trackers=[wandb]"), builtin_data_dir, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
