@@ -1,0 +1,108 @@
+"""The data commands of the command line: `prepare`, `data verify` and `data merge` (parsing only; the work is
+in pilotrun/data/). Kept apart from cli.py so that each file stays one screenful of commands."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from pilotrun.errors import PilotrunError
+
+
+# ---------------------------------------------------------------------------------------------- prepare
+def add_prepare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "prepare",
+        help="turn a text source into token shards + metadata.json",
+        description="Prepare an identifiable token stream: read a source, shuffle in a bounded seeded buffer, "
+        "split train/val by a hash of each document's text, tokenize (EOS after every document) and write "
+        ".npy shards with a metadata.json manifest. The same inputs give byte-identical output.",
+    )
+    p.add_argument("--out", required=True, help="output folder (refused if it exists, unless --force); built as "
+                   "OUT.partial, which the same command continues after an interruption")
+    p.add_argument("--source", default="builtin",
+                   help="builtin | fineweb-edu[:CONFIG][@REVISION] (needs the [hub] extra) | local "
+                   ".parquet/.jsonl/.txt files or a glob")
+    p.add_argument("--tokenizer", default="bpe:4096",
+                   help="bpe:VOCAB (train a byte-level BPE on the train split) | hub:NAME[@REVISION] | "
+                   "path/to/tokenizer.json")
+    p.add_argument("--eos", default=None, help="name the end-of-document token (none: found in the tokenizer)")
+    p.add_argument("--text-field", default="text", help="column/field holding the text (parquet, jsonl)")
+    p.add_argument("--train-tokens", type=float, default=None,
+                   help="stop after the complete document that reaches at least N training tokens (none: the whole "
+                   "source)")
+    p.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents sent to val")
+    p.add_argument("--shard-tokens", type=float, default=2**24, help="tokens per shard file")
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed")
+    p.add_argument("--shuffle-buffer", type=int, default=10000, help="most documents the shuffle buffer holds")
+    p.add_argument("--shuffle-buffer-bytes", type=float, default=64 << 20,
+                   help="most bytes of text the shuffle buffer holds (long documents count for their size)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="0: tokenizing threads on all cores, 1: no thread, N >= 2: N tokenizing processes; same output")
+    p.add_argument("--force", action="store_true", help="replace an existing output folder")
+    p.set_defaults(handler=_run_prepare)
+
+
+def _run_prepare(args: argparse.Namespace) -> int:
+    from pilotrun.data.prepare import prepare_corpus, prepared_line
+    from pilotrun.data.progress import PrepareInterrupted
+
+    def whole(value: float | None, flag: str) -> int | None:
+        if value is None:
+            return None
+        if not math.isfinite(value) or value != int(value) or value < 1:
+            raise PilotrunError(f"{flag} must be a positive whole number, got {value}")
+        return int(value)
+
+    try:
+        manifest = prepare_corpus(
+            args.out, source=args.source, tokenizer=args.tokenizer, eos=args.eos, text_field=args.text_field,
+            train_tokens=whole(args.train_tokens, "--train-tokens"), val_fraction=args.val_fraction,
+            shard_tokens=whole(args.shard_tokens, "--shard-tokens"), seed=args.seed, shuffle_buffer=args.shuffle_buffer,
+            shuffle_buffer_bytes=whole(args.shuffle_buffer_bytes, "--shuffle-buffer-bytes"),
+            workers=args.workers, force=args.force, progress=True,
+        )
+    except PrepareInterrupted as exc:  # committed in OUT.partial: one line saying how to continue, no traceback
+        print(f"pilotrun prepare: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:  # a second Ctrl-C: the last committed state is still there
+        print(f"pilotrun prepare: interrupted; {args.out}.partial keeps the shards committed so far: run the same "
+              "command again to continue", file=sys.stderr)
+        return 130
+    print(prepared_line(args.out, manifest))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- data verify
+def add_data(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("data", help="verify or merge prepared data folders",
+                       description="Tools for prepared data folders.")
+    data_sub = p.add_subparsers(dest="data_command", required=True, metavar="{verify,merge}")
+    v = data_sub.add_parser("verify", help="rehash every shard against metadata.json",
+                            description="Rehash every shard against metadata.json and check shapes, dtypes and "
+                            "totals. Exit 0 when intact, 1 when damaged (each bad file named).")
+    v.add_argument("dir", help="data folder written by `pilotrun prepare`")
+    v.set_defaults(handler=_run_data_verify)
+    m = data_sub.add_parser("merge", help="one data folder from folders prepared separately",
+                            description="Merge folders prepared with the same tokenizer.json and options: shards "
+                            "hard-linked (or copied), rehashed, renamed into one sequence; splits concatenated in the "
+                            "order given. Exit 0 merged, 2 refused (one line naming the difference, nothing written).")
+    m.add_argument("--out", required=True, help="the merged data folder (must not exist)")
+    m.add_argument("--copy", action="store_true", help="copy shards instead of hard-linking them")
+    m.add_argument("parts", nargs="+", metavar="PART", help="data folders, in the order their tokens are read")
+    m.set_defaults(handler=_run_data_merge)
+
+
+def _run_data_verify(args: argparse.Namespace) -> int:
+    from pilotrun.data.verify import report_verification
+
+    return report_verification(args.dir)
+
+
+def _run_data_merge(args: argparse.Namespace) -> int:
+    from pilotrun.data.merge import merge_data, merged_line
+
+    placed: dict[str, int] = {}
+    print(merged_line(args.out, merge_data(args.out, args.parts, copy=args.copy, placed=placed), placed))
+    return 0
