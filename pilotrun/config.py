@@ -35,6 +35,7 @@ ROUTER_OPTIMIZERS = ("adamw", "muon")
 PARALLELISMS = ("ddp", "fsdp")
 COMPILE_MODES = ("none", "inductor", "eager")
 TRACKER_NAMES = ("tensorboard", "wandb", "mlflow", "trackio")  # built-in mirrors (run/sinks.py)
+SPIKE_POLICIES = ("record", "skip", "rollback")  # what a detected loss spike does (training/spikes.py)
 
 
 def knob(default: Any = dataclasses.MISSING, meaning: str = "", *, factory: Any = dataclasses.MISSING) -> Any:
@@ -162,6 +163,18 @@ class ProfileConfig:
 
 
 @dataclass
+class SpikeConfig:  # loss spikes: detected in the loop, answered by policy (training/spikes.py, rollback.py)
+    policy: str = knob("record", "record (a spike event), skip (not applied, reason spike) or rollback (to the "
+                       "last committed checkpoint before it, its data plus margin skipped)")
+    window: int = knob(50, "applied updates whose losses and gradient norms the running bound is taken over")
+    factor: float = knob(6.0, "spike: above median + factor x 1.4826 MAD of the window (non-finite: always)")
+    min_history: int = knob(20, "applied updates in the window before finite values are judged")
+    margin: int = knob(2, "rollback: updates' worth of data skipped after the spiking update's own")
+    max_rollbacks: int = knob(3, "rollbacks per run; the spike that would need one more stops the run (stopped)")
+    replay: bool = knob(True, "replay a spike (its batch, then the next) to name its cause (spikes.CAUSES)")
+
+
+@dataclass
 class TrainConfig:
     batch_size: int = knob(4, "sequences per microbatch per rank")
     seq_len: int = knob(32, "tokens per sequence")
@@ -186,6 +199,9 @@ class TrainConfig:
     # (checks that the model compiles; no speed-up). Traced graphs use the reference MoE operators.
     compile: str = knob("none", "torch.compile each block: none, inductor (faster) or eager (trace only)")
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    spike: SpikeConfig = field(default_factory=SpikeConfig)
+    skip_data: list[list[int]] = knob(meaning="data the loader steps over: [first_batch, batches] global batch "
+                                      "cursor ranges (a rollback's event names its own)", factory=list)
     tensorboard: bool = knob(False, "mirror train/val/checkpoint/overflow events live into RUN/tensorboard/ "
                              "(rank 0; needs the tensorboard package; metrics.jsonl stays the record)")
     trackers: list[str] = knob(meaning="trackers that mirror the record live on rank 0: any of tensorboard, wandb, "
@@ -217,6 +233,7 @@ MACHINE_KEYS = (
     # Mirrors of the record, not part of the training.
     "train.tensorboard",
     "train.trackers",
+    "train.spike.replay",  # a replay restores all it touched: it costs time, changes no update
 )
 
 # Keys that may change on resume without ceremony (the checkpoint compatibility check consults this).
@@ -232,6 +249,8 @@ RESUME_FREE_KEYS = (
     "train.keep_checkpoints",
     "train.max_consecutive_skips",
     "train.memory_budget_gb",
+    "train.spike.max_rollbacks",
+    "train.skip_data",  # a rollback's ranges lie behind every later checkpoint's cursor
 )
 
 
@@ -472,6 +491,13 @@ def validate_run_config(config: RunConfig) -> None:
     need(t.profile.start_step >= 1, f"train.profile.start_step must be >= 1, got {t.profile.start_step}")
     need(t.profile.top_operators >= 1, f"train.profile.top_operators must be >= 1, got {t.profile.top_operators}")
     need(t.loss_scale_init > 0, "train.loss_scale_init must be positive")
+    sp = t.spike
+    need(sp.policy in SPIKE_POLICIES, f"train.spike.policy must be one of {SPIKE_POLICIES}, got '{sp.policy}'")
+    need(sp.window >= 3 and 1 <= sp.min_history <= sp.window and sp.factor > 0 and sp.margin >= 0
+         and sp.max_rollbacks >= 0, f"train.spike: need window >= 3, 1 <= min_history <= window, factor > 0, "
+         f"margin >= 0, max_rollbacks >= 0; got {sp}")
+    need(all(len(e) == 2 and e[0] >= 0 and e[1] >= 1 for e in t.skip_data),
+         f"train.skip_data entries are [first_batch >= 0, batches >= 1], got {t.skip_data}")
     need(t.loss_scale_growth_interval >= 1, "train.loss_scale_growth_interval must be >= 1")
     need(t.seq_len <= m.max_seq_len,
          f"train.seq_len ({t.seq_len}) exceeds model.max_seq_len ({m.max_seq_len}), the RoPE table's length")
