@@ -52,7 +52,8 @@ METRICS_JSONL = "metrics.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 REPORT_DIR = "report"
 
-EVENTS = ("session_start", "train", "val", "checkpoint", "overflow", "data_restart", "qk_clip", "session_end")
+EVENTS = ("session_start", "train", "val", "checkpoint", "overflow", "data_restart", "qk_clip", "spike", "rollback",
+          "session_end")
 SESSION_END_REASONS = ("completed", "interrupted", "error", "stopped")
 COUNTER_KEYS = ("step", "tokens_seen", "updates_attempted", "updates_skipped")
 # Where a session's time goes: a session_end `time_split` carries `<phase>_seconds` for each, beside
@@ -63,7 +64,8 @@ PHASES = ("train", "eval", "checkpoint", "profile", "report", "other")
 WINDOW_COUNT_KEYS = ("updates_applied", "updates_attempted", "updates_skipped", "microbatches", "tokens")
 NONFINITE_STRINGS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 # Free-text fields where the word "NaN" is text, not a number.
-TEXT_KEYS = {"event", "session_id", "reason", "message", "path", "mfu", "device", "device_name", "chain"}
+TEXT_KEYS = {"event", "session_id", "reason", "message", "path", "mfu", "device", "device_name", "chain", "note",
+             "explanation", "reproduce", "cause", "action", "policy"}
 # The hash chain over metrics.jsonl (module docstring). CHAIN_KEY is the last field of every line.
 CHAIN_KEY = "chain"
 CHAIN_GENESIS_PREFIX = b"pilotrun metrics.jsonl chain of run "
@@ -333,14 +335,16 @@ def chain_breaks(parsed: ParsedMetrics, run_id: str) -> list[str]:
 
 
 def record_integrity_problems(run: dict[str, Any], parsed: ParsedMetrics,
-                              checkpoint_heads: dict[int, Any] | None = None) -> list[str]:
+                              checkpoint_heads: dict[int, Any] | None = None,
+                              checkpoint_owners: dict[int, Any] | None = None) -> list[str]:
     """Everything the hash chain says about a run folder, as reasons (empty: the record is as written).
 
     - every line follows from the one before it (`chain_breaks`);
     - each run.json session starts where the chain stood when it opened (`chain_start`: the line before its
       first line) and, if it ended, its last line is the `chain_end` it recorded: lines removed at the end
       of a session, or a whole session removed, show here;
-    - each committed checkpoint's `metrics_chain_head` is a line of the log (`checkpoint_heads`: step -> head);
+    - each committed checkpoint's `metrics_chain_head` is a line of the log (`checkpoint_heads`: step -> head),
+      and a checkpoint whose marker names another run (`checkpoint_owners`: step -> run_id) is named as such;
     - run.json's sections equal the digests the latest session_start recorded (a rewritten recipe shows)."""
     run_id = run.get("run_id")
     if not isinstance(run_id, str):
@@ -376,10 +380,17 @@ def record_integrity_problems(run: dict[str, Any], parsed: ParsedMetrics,
         if end is not None and values.get(end) != last:
             reasons.append(f"run.json session {sid}: its recorded chain_end is not its last line in metrics.jsonl "
                            f"(line {events[last]['_line']}): lines at its end were removed, or the log rewritten")
+    owners = checkpoint_owners or {}
     for step, head in sorted((checkpoint_heads or {}).items()):
-        if head is not None and head not in values and head != genesis:
-            reasons.append(f"checkpoint step {step}: its marker's metrics_chain_head is no line of metrics.jsonl "
-                           "(the log up to that checkpoint was rewritten)")
+        owner = owners.get(step)
+        if isinstance(owner, str) and owner != run_id:
+            reasons.append(f"checkpoint step {step}: its marker names run {owner}, not this run {run_id}: a "
+                           "checkpoint of another run was put into this folder")
+        elif head is not None and head not in values and head != genesis:
+            found = f"{head[:12]}..." if isinstance(head, str) else repr(head)[:20]
+            reasons.append(f"checkpoint step {step}: its marker's metrics_chain_head ({found}) is none of the "
+                           f"{len(values)} lines of metrics.jsonl: the log up to that checkpoint was rewritten, or "
+                           "the checkpoint comes from another copy of this run")
     starts = [e for e in events if e.get("event") == "session_start"]
     if starts:
         latest = starts[-1]

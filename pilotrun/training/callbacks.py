@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from pilotrun.optim.update_hooks import UpdateHook
 from pilotrun.run.record import PHASES
@@ -32,9 +32,13 @@ from pilotrun.training.signals import StopSignals
 from pilotrun.training.timing import TimeAccount, WindowClock
 from pilotrun.training.window import Window
 
+if TYPE_CHECKING:
+    from pilotrun.training.spikes import SpikeVerdict
+
 # The built-in callbacks' places; a new callback picks a number between them.
 PRIORITY_PROFILE = -10  # outermost around the update: it decides which phase the attempt is charged to
 PRIORITY_RARE_EVENTS = 0  # data restarts, overflows, QK-Clip events: logged right after the update they follow
+PRIORITY_SPIKE = 5  # the spike event, and a rollback (which closes the window itself) before the window's turn
 PRIORITY_WINDOW = 10  # the `train` event and the progress bar
 PRIORITY_EVAL = 20
 PRIORITY_CHECKPOINT = 30  # after the window: a checkpoint's counters are those of a `train` event
@@ -49,6 +53,7 @@ class UpdateResult:
     outcome: UpdateOutcome
     restarted: int = 0
     hook_events: list[dict[str, Any]] = field(default_factory=list)
+    spike: SpikeVerdict | None = None  # the attempt was a spike (spikes.py): its figures and the policy's action
 
     @property
     def applied(self) -> bool:

@@ -6,7 +6,7 @@ One update (docs/MODEL.md, "one optimizer step"), `train_one_update`:
     for each of A microbatches: forward under autocast, scaler.scale(loss / A).backward()
                                 tokens_seen += tokens_per_microbatch        # work done, applied or not
     all-reduce the step statistics (expert counts SUM, max logits MAX)
-    apply_update: unscale, global norm, clip, step, scaler update            # may skip (overflow)
+    apply_update: unscale, global norm, clip, step, scaler update            # may skip (overflow, spike)
     if applied: the update hooks (QK-Clip, expert-bias update), step += 1
     else:       updates_skipped += 1
 
@@ -15,7 +15,8 @@ run and an uninterrupted one agree. Counters are global (all ranks together). Af
 decides whether the session stops (a stop signal on any rank, too many skipped updates in a row, max_steps
 reached), then every due callback acts in its own time phase; on the last round the loop leaves the training
 phase for good first, so that the session's training seconds are exactly the sum of its windows'. The hot
-loop does no host synchronisation beyond the one the skip decision needs.
+loop does no host synchronisation beyond the one the skip decision needs: the spike judge (spikes.py) reads
+the update's loss in that same transfer. `train.skip_data` ranges are stepped over before each microbatch.
 
 Before each update the ids of its batches are looked at (every rank's rows, so all ranks agree). A damaged
 shard can hold an id outside the vocabulary although its manifest did not; found there, at an update boundary,
@@ -29,6 +30,8 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Sequence
+
+import torch
 
 from pilotrun.data.reader import TokenIdError
 from pilotrun.model.diagnostics import collect_step_statistics, reset_step_statistics
@@ -45,7 +48,9 @@ from pilotrun.training.callbacks import (
     run_due,
 )
 from pilotrun.training.precision import apply_update, autocast_context
+from pilotrun.training.replay import replay_spike
 from pilotrun.training.signals import SecondSignal, exit_code_of, signal_name
+from pilotrun.training.spikes import SpikeGate, gathered_values, skip_ahead, upcoming_batches
 
 
 def train_loop(loop: LoopState, callbacks: Sequence[Callback]) -> Ending:
@@ -61,6 +66,7 @@ def train_loop(loop: LoopState, callbacks: Sequence[Callback]) -> Ending:
         while not loop.final:
             loop.update = None
             if state.step < t.max_steps:
+                state.loader.batch_index = skip_ahead(state.loader.batch_index, session.config.train.skip_data)
                 try:
                     session.state.loader.check_upcoming_batches(t.gradient_accumulation_steps)
                 except TokenIdError:
@@ -101,11 +107,19 @@ def stop_requested(loop: LoopState) -> Ending | None:
         signum = loop.signals.received if loop.signals.received is not None else signal.SIGTERM  # another rank's
         return Ending("interrupted", exit_code_of(signum), f"{signal_name(signum)} received: finished the update, "
                       f"saved checkpoint step {state.step}")
+    spike = loop.update.spike if loop.update is not None else None
+    if spike is not None and spike.action == "stopped":
+        return Ending("stopped", 1, f"spike at update {spike.step} (loss {spike.loss:.4g}, grad norm "
+                      f"{spike.grad_norm:.4g}) after {state_rollbacks(loop)} rollback(s): {spike.note}")
     too_many_skips = state.consecutive_skips >= t.max_consecutive_skips
     if too_many_skips:
         return Ending("stopped", 1, f"{state.consecutive_skips} consecutive skipped updates "
                       f"(train.max_consecutive_skips={t.max_consecutive_skips}); last reason: {loop.update.outcome.reason}")
     return None
+
+
+def state_rollbacks(loop: LoopState) -> int:
+    return loop.hook("spike").rollbacks
 
 
 def train_one_update(loop: LoopState) -> UpdateResult:
@@ -120,7 +134,11 @@ def train_one_update(loop: LoopState) -> UpdateResult:
     measure_rms = (state.step + 1) % t.log_every == 0 or state.step + 1 >= t.max_steps
     optimizer.zero_grad(set_to_none=True)
     restarted = 0
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # the update's own loss, for the spike judge
+    batches = []
     for micro in range(accumulation):
+        loader.batch_index = skip_ahead(loader.batch_index, t.skip_data)
+        batches.append(loader.batch_index)
         inputs, targets = loader.next_batch()
         restarted += loader.last_batch_restarted
         inputs = inputs.to(device, non_blocking=True)
@@ -131,13 +149,17 @@ def train_one_update(loop: LoopState) -> UpdateResult:
             scaler.scale(output.loss / accumulation).backward()
         window.ce_sum += output.ce_loss.detach()
         window.aux_sum += output.aux_loss.detach()
+        loss_sum += output.ce_loss.detach()
         state.tokens_seen += session.tokens_per_microbatch
         window.microbatches += 1
     state.updates_attempted += 1
     window.attempted += 1
     statistics = StepStatistics(*dist_utils.all_reduce_step_statistics(
         session.context, *collect_step_statistics(session.raw_model)))
-    outcome = apply_update(model, optimizer, scaler, cfg.optim.grad_clip, measure_update_rms=measure_rms)
+    gate = spike_gate(loop, batches)
+    outcome = apply_update(model, optimizer, scaler, cfg.optim.grad_clip, measure_update_rms=measure_rms,
+                           alongside=lambda norm: gathered_values(norm, loss_sum, accumulation, session.context),
+                           gate=gate)
     hook_events: list[dict] = []
     if outcome.applied:
         for hook in state.hooks:
@@ -156,4 +178,17 @@ def train_one_update(loop: LoopState) -> UpdateResult:
         window.skipped += 1
     window.loss_scale = outcome.loss_scale_after
     window.add_statistics(statistics.tokens_per_expert, statistics.qk_max_logit)
-    return UpdateResult(outcome, restarted, hook_events)
+    return UpdateResult(outcome, restarted, hook_events, spike=gate.verdict)
+
+
+def spike_gate(loop: LoopState, batches: list[int]) -> SpikeGate:
+    """The spike judge of this attempt (spikes.py), with its replay (replay.py) when `train.spike.replay`."""
+    session, state = loop.session, loop.session.state
+    t = session.config.train
+    detector = loop.hook("spike")
+    replay = None
+    if t.spike.replay:
+        def replay(verdict):
+            following = upcoming_batches(state.loader.batch_index, t.gradient_accumulation_steps, t.skip_data)
+            return replay_spike(loop, verdict, detector, following)
+    return SpikeGate(detector, state.step + 1, batches, loop.last_checkpoint_step is not None, replay)

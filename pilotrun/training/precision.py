@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -62,8 +63,8 @@ def build_grad_scaler(precision: str, device_type: str, init_scale: float = 6553
 class UpdateOutcome:
     """What happened to one attempted update.
 
-    applied: the optimizer stepped. reason: "ok", "overflow" (fp16 scaler found inf/NaN and backed off) or
-    "nonfinite_grad" (non-finite gradient norm without a backoff). grad_norm: global L2 norm of the
+    applied: the optimizer stepped. reason: "ok", "overflow" (fp16 scaler found inf/NaN and backed off),
+    "nonfinite_grad" (non-finite gradient norm without a backoff) or the gate's reason ("spike"). grad_norm: global L2 norm of the
     (unscaled) gradients before clipping; it is inf or NaN on a skipped update, which is not a real value
     and must not be logged as one. clipped: clipping scaled the gradients down (only when applied).
     loss_scale_before / loss_scale_after: the scaler's scale around this update (1.0 when disabled).
@@ -82,11 +83,18 @@ def _current_scale(scaler: torch.amp.GradScaler) -> float:
 
 
 def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                 grad_clip: float, measure_update_rms: bool = False) -> UpdateOutcome:
+                 grad_clip: float, measure_update_rms: bool = False, *,
+                 alongside: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 gate: Callable[[float, list[float]], str | None] | None = None) -> UpdateOutcome:
     """Unscale, measure the global norm, clip to `grad_clip` (0: measure only), step, update the scale.
 
     `measure_update_rms` asks the optimizer's step to measure each group's update RMS as well (an optimizer
     whose step takes that argument: MuonAdamW); the figures are then its `last_update_rms`.
+
+    `alongside(norm) -> 1-D tensor` (this rank's norm first) is what comes to the host instead of the norm alone:
+    values the caller judges ride along in the one transfer the skip decision makes (spikes.py). `gate(norm,
+    the rest of those values) -> reason | None` then decides before the step: a reason skips the update with
+    it, parameters and optimizer state untouched. It is consulted only for a finite norm.
 
     Gradients must have been accumulated with `scaler.scale(loss).backward()` (a plain backward when the
     scaler is disabled). Does not zero the gradients.
@@ -99,11 +107,16 @@ def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scale
         total_norm = get_total_norm(grads, norm_type=2.0, error_if_nonfinite=False)
         if isinstance(total_norm, DTensor):  # FSDP2: per-shard partial norms, reduced across ranks here
             total_norm = total_norm.full_tensor()
-        grad_norm = float(total_norm)
     else:
-        grad_norm = 0.0
+        total_norm = torch.zeros(())
+    values: list[float] = []
+    if alongside is not None:
+        grad_norm, *values = alongside(total_norm).tolist()
+    else:
+        grad_norm = float(total_norm) if grads else 0.0
 
-    applied = math.isfinite(grad_norm)
+    held = gate(grad_norm, values) if gate is not None and math.isfinite(grad_norm) else None
+    applied = math.isfinite(grad_norm) and held is None
     clipped = False
     step_options = {"measure_update_rms": True} if measure_update_rms else {}
     if applied:
@@ -130,6 +143,8 @@ def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scale
         applied = False
     if applied:
         reason = "ok"
+    elif held is not None:
+        reason = held
     elif scale_after < scale_before:
         reason = "overflow"
     else:

@@ -30,7 +30,7 @@ from pilotrun.optim.muon_adamw import build_optimizer
 from pilotrun.optim.partition import partition_parameters, partition_table
 from pilotrun.optim.update_hooks import UpdateHook, build_update_hooks
 from pilotrun.run.folder_lock import LOCK_NAME, RunFolderBusy, RunFolderLock
-from pilotrun.run.record import COUNTER_KEYS, RUN_JSON, Counters
+from pilotrun.run.record import COUNTER_KEYS, RUN_JSON, Counters, read_run_json
 from pilotrun.run.writer import MetricsWriter, RunRecord
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.checkpoint import step_folder_name
@@ -46,6 +46,7 @@ from pilotrun.training.notices import restored_state_line, startup_warnings
 from pilotrun.training.precision import build_grad_scaler
 from pilotrun.training.resume import ResumePlan, checkpoint_meta, plan_session
 from pilotrun.training.rng import capture_rng_state, restore_rng_state, seed_every_generator
+from pilotrun.training.spikes import SpikeDetector
 
 
 def tokens_per_update(config: RunConfig, world_size: int) -> int:
@@ -115,7 +116,7 @@ class TrainingState:
             setattr(self, key, int(state[key]))
         self.loader.load_state_dict(state["train_loader"])
         for hook in self.hooks:
-            if hook.state_dict() is not None:
+            if hook.state_dict() is not None and (hook.name in state or not getattr(hook, "state_optional", False)):
                 hook.load_state_dict(state[hook.name])
 
 
@@ -263,9 +264,11 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
                                world_size=world_size, software=software, hardware=hardware,
                                partition=partition_table(partition_parameters(model, config.optim)))
 
+    run_id = read_run_json(run_dir).get("run_id") if resume else None
     plan = plan_session(config, resume=resume, from_step=from_step, committed_steps=checkpointer.committed_steps,
                         read_meta=checkpointer.meta, current_meta=meta_of_this_run, allow_changes=allow_changes,
-                        root=str(checkpointer.root), agree=lambda step: dist_utils.broadcast_object(context, step))
+                        root=str(checkpointer.root), agree=lambda step: dist_utils.broadcast_object(context, step),
+                        run_id=run_id if isinstance(run_id, str) else None)
     if config_to_dict(plan.config) != config_to_dict(config):  # defensive: the check compares every key
         torch.manual_seed(plan.config.train.seed)
         model = build_model(plan.config.model)
@@ -288,7 +291,7 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     scaler = build_grad_scaler(t.precision, device.type, t.loss_scale_init, t.loss_scale_growth_interval)
     loader = BatchLoader(dataset.split("train"), t.batch_size, t.seq_len, mode=t.data_mode, rank=context.rank,
                          world_size=world_size)
-    state = TrainingState(loader=loader, hooks=build_update_hooks(raw_model, config))
+    state = TrainingState(loader=loader, hooks=[*build_update_hooks(raw_model, config), SpikeDetector(t.spike)])
     total, active = count_parameters(config.model)
     peak = hardware.get("peak_flops_per_s")
     session = Session(

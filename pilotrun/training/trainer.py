@@ -8,6 +8,7 @@ the time split (every second of the session in one of timing.PHASES), whatever e
 The callbacks, in the order they act after an update (callbacks.py has the interface):
   profiling.ProfileCallback          torch.profiler around the attempts `train.profile` names ("profile" phase)
   window_log.RareEventsCallback      data restarts, overflows, QK-Clip events
+  rollback.SpikeCallback             the `spike` event, and a rollback under train.spike.policy=rollback
   window_log.WindowLogCallback       the `train` event every `log_every` updates, the progress bar
   evaluation.EvalCallback            the `val` event every `eval_every` updates ("eval" phase)
   checkpointing.CheckpointCallback   every `checkpoint_every` updates and at the end ("checkpoint" phase)
@@ -48,6 +49,7 @@ from pilotrun.training.loop import train_loop
 from pilotrun.training.notices import interrupt_acknowledgement
 from pilotrun.training.pilot_handshake import KillPointCallback
 from pilotrun.training.profiling import ProfileCallback, ProfileWindow
+from pilotrun.training.rollback import SpikeCallback
 from pilotrun.training.session import Session, build_session, tokens_per_update
 from pilotrun.training.signals import StopSignals, signal_name
 from pilotrun.training.timing import PHASES, TimeAccount
@@ -135,9 +137,10 @@ class Trainer:
         session, t = self.session, self.session.config.train
         profiler = ProfileWindow(t.profile, session.run_dir, device_type=session.device.type,
                                  rank=session.context.rank)
-        return [ProfileCallback(profiler), RareEventsCallback(), WindowLogCallback.for_session(loop, progress=self.progress),
+        window = WindowLogCallback.for_session(loop, progress=self.progress)
+        return [ProfileCallback(profiler), RareEventsCallback(), SpikeCallback(window.close_window), window,
                 EvalCallback(t), CheckpointCallback(t.checkpoint_every),
-                KillPointCallback.past_step(self.stop_past_step, distributed=session.context.is_distributed)]
+                KillPointCallback.past_step(self.stop_past_step)]
 
     def run(self) -> TrainResult:
         loop = LoopState(self.session, self.account, self.signals, self.out, sinks=self.sinks)

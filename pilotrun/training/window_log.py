@@ -52,7 +52,7 @@ class RareEventsCallback(Callback):
             state.data_restarts += 1
             loop.log("data_restart", epoch=int(state.loader.epoch), data_restarts=state.data_restarts)
         outcome = update.outcome
-        if not outcome.applied:
+        if not outcome.applied and outcome.reason != "spike":  # a spike's skip is its `spike` event
             loop.log("overflow", reason=outcome.reason, loss_scale_before=outcome.loss_scale_before,
                      loss_scale_after=outcome.loss_scale_after, consecutive_skips=state.consecutive_skips)
         for fields in update.hook_events:

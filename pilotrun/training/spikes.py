@@ -1,0 +1,208 @@
+"""Loss spikes, detected in the loop: the running robust bound, the decision every rank makes alike, and what
+the loop hands on to the policy (rollback.py) and the record.
+
+A spike is an update attempt whose loss (the mean cross-entropy of its microbatches over every rank) or global
+gradient norm lies above median + `train.spike.factor` x 1.4826 MAD of the last `train.spike.window` applied
+updates (the median and MAD resist the spikes themselves, where a mean and standard deviation would be dragged
+up by the first one; OLMo-core's skip-step optimizer uses a mean and std over its window instead), once
+`min_history` applied updates are in the window, or whose loss is not finite. An fp16 overflow is the scaler's
+business (precision.py) and is not a spike; the judge is consulted only for a finite gradient norm.
+
+No host synchronisation of its own: the skip decision already brings the gradient norm to the host
+(precision.apply_update), and the update's loss rides along in the same transfer (`alongside`). Under torchrun
+each rank's (norm, loss) pair is all-gathered first (a collective on the device, no host sync), so that every
+rank judges the same numbers: the largest norm and the mean loss. A spike confined to one rank (a gradient
+corrupted after the all-reduce) is then still seen by every rank alike, and the replay can name the rank.
+
+The detector is an update hook (optim/update_hooks.py) so that its window travels in the checkpoint's trainer
+state: a resumed run judges each update against the same history as a run that never stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pilotrun.config import SpikeConfig
+from pilotrun.optim.update_hooks import StepStatistics, UpdateHook
+
+SIGNALS = ("loss", "grad_norm")
+MAD_TO_STD = 1.4826  # the MAD of a normal distribution times this is its standard deviation
+# A window of identical values has MAD 0, and every later wobble of rounding would be a spike: the scale never
+# falls below this share of the median.
+MIN_SCALE_SHARE = 0.01
+ACTIONS = ("recorded", "skipped", "rollback", "stopped")
+CAUSES = ("batch", "model_state", "not_reproducible")
+
+
+def robust_bound(values: list[float], factor: float) -> tuple[float, float, float]:
+    """(median, robust std, bound = median + factor x robust std) of a non-empty window."""
+    median = statistics.median(values)
+    mad = statistics.median([abs(v - median) for v in values])
+    scale = max(MAD_TO_STD * mad, MIN_SCALE_SHARE * abs(median))
+    return median, scale, median + factor * scale
+
+
+@dataclass
+class SpikeVerdict:
+    """One spiking update attempt: its figures, what exceeded which bound, and what the policy did."""
+
+    step: int  # the step the update would have made
+    loss: float  # mean cross-entropy over every rank's microbatches
+    grad_norm: float  # the largest over ranks (all equal under DDP unless one rank's gradient is corrupted)
+    signals: list[str]  # which of SIGNALS exceeded its bound ("loss" also for a non-finite loss)
+    bounds: dict[str, dict[str, float]]  # per signal: median, scale, bound (empty before min_history)
+    per_rank: list[list[float]]  # [grad_norm, loss] per rank
+    batches: list[int]  # the global batch cursor positions its microbatches read
+    action: str = "recorded"  # one of ACTIONS
+    note: str = ""
+    replay: dict[str, Any] | None = None  # replay.py: the cause and the replayed figures
+
+    def fields(self, tokens_per_microbatch: int) -> dict[str, Any]:
+        """The `spike` event's fields (docs/RUN_RECORD.md)."""
+        return {"spike_step": self.step, "loss": self.loss, "grad_norm": self.grad_norm, "signals": self.signals,
+                "bounds": self.bounds, "per_rank": self.per_rank, "batches": self.batches,
+                "tokens": len(self.batches) * tokens_per_microbatch, "action": self.action,
+                "skipped": self.action != "recorded", "note": self.note, "replay": self.replay,
+                "cause": (self.replay or {}).get("cause")}
+
+
+class SpikeDetector(UpdateHook):
+    """The window of applied updates' (loss, grad norm) and the number of rollbacks so far, in the checkpoint."""
+
+    name = "spike"
+    state_optional = True  # a checkpoint written before spikes were detected has none: start with an empty window
+
+    def __init__(self, config: SpikeConfig) -> None:
+        self.config = config
+        self.history: dict[str, deque[float]] = {s: deque(maxlen=config.window) for s in SIGNALS}
+        self.rollbacks = 0
+        self.pending: tuple[float, float] | None = None  # the attempt in flight, added once it is applied
+
+    def judge(self, loss: float, grad_norm: float) -> tuple[list[str], dict[str, dict[str, float]]]:
+        """Which signals exceed their bound, and the bounds (pure given the window)."""
+        exceeded, bounds = [], {}
+        for signal, value in zip(SIGNALS, (loss, grad_norm), strict=True):
+            if not math.isfinite(value):
+                exceeded.append(signal)
+                continue
+            window = self.history[signal]
+            if len(window) >= self.config.min_history:
+                median, scale, bound = robust_bound(list(window), self.config.factor)
+                bounds[signal] = {"median": median, "scale": scale, "bound": bound}
+                if value > bound:
+                    exceeded.append(signal)
+        return exceeded, bounds
+
+    def after_update(self, step: int, statistics: StepStatistics) -> list[dict[str, Any]]:
+        if self.pending is not None:
+            for signal, value in zip(SIGNALS, self.pending, strict=True):
+                if math.isfinite(value):
+                    self.history[signal].append(value)
+        self.pending = None
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**{s: list(self.history[s]) for s in SIGNALS}, "rollbacks": self.rollbacks}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        state = state or {}
+        for signal in SIGNALS:
+            self.history[signal] = deque((float(v) for v in state.get(signal, [])), maxlen=self.config.window)
+        self.rollbacks = int(state.get("rollbacks", 0))
+        self.pending = None
+
+
+def gathered_values(norm: torch.Tensor, loss_sum: torch.Tensor, microbatches: int, context: Any) -> torch.Tensor:
+    """What apply_update brings to the host with the gradient norm (`alongside`): [this rank's norm, then
+    (norm, loss) of every rank]. One transfer; under torchrun one all_gather before it."""
+    pair = torch.stack([norm.detach().reshape(()).to(torch.float64),
+                        (loss_sum / microbatches).to(norm.device, torch.float64)])
+    if context is not None and context.is_distributed:
+        import torch.distributed as dist
+
+        gathered = [torch.empty_like(pair) for _ in range(context.world_size)]
+        dist.all_gather(gathered, pair)
+        return torch.cat([pair[:1], *gathered])
+    return torch.cat([pair[:1], pair])
+
+
+def per_rank_pairs(values: list[float]) -> list[list[float]]:
+    """[grad_norm, loss] per rank from the values `gathered_values` brought (its first element left out)."""
+    return [[values[i], values[i + 1]] for i in range(0, len(values), 2)]
+
+
+def agreed(pairs: list[list[float]]) -> tuple[float, float]:
+    """(grad_norm, loss) every rank judges: the largest norm and the mean loss, NaN kept."""
+    norms, losses = [p[0] for p in pairs], [p[1] for p in pairs]
+    norm = math.nan if any(math.isnan(n) for n in norms) else max(norms)
+    return norm, sum(losses) / len(losses)
+
+
+@dataclass
+class SpikeGate:
+    """The judge apply_update consults before it steps (`gate`); it keeps the verdict for the loop. `replay`
+    (replay.py) names the cause while the weights are still those the update started from."""
+
+    detector: SpikeDetector
+    step: int
+    batches: list[int]
+    can_roll_back: bool
+    replay: Callable[[SpikeVerdict], dict[str, Any]] | None = None
+    verdict: SpikeVerdict | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.detector.pending = None  # an attempt whose norm is not finite never reaches the judge
+
+    def __call__(self, grad_norm: float, values: list[float]) -> str | None:
+        pairs = per_rank_pairs(values)
+        norm, loss = agreed(pairs)
+        self.detector.pending = (loss, norm)
+        signals, bounds = self.detector.judge(loss, norm)
+        if not signals:
+            return None
+        verdict = SpikeVerdict(self.step, loss, norm, signals, bounds, pairs, list(self.batches))
+        config = self.detector.config
+        if self.replay is not None:
+            verdict.replay = self.replay(verdict)
+        if config.policy == "skip":
+            verdict.action = "skipped"
+        elif config.policy == "rollback":
+            if self.detector.rollbacks >= config.max_rollbacks:
+                verdict.action = "stopped"
+                verdict.note = (f"train.spike.max_rollbacks={config.max_rollbacks} rollbacks done: the run stops "
+                                "instead of rolling back again")
+            elif not self.can_roll_back:
+                verdict.action = "skipped"
+                verdict.note = "no committed checkpoint to roll back to: the update is skipped instead"
+            else:
+                verdict.action = "rollback"
+        self.verdict = verdict
+        return None if verdict.action == "recorded" else "spike"
+
+
+def skip_ahead(batch_index: int, skip_data: list[list[int]]) -> int:
+    """The cursor position a loader at `batch_index` reads next, past every `train.skip_data` range it is in."""
+    moved = True
+    while moved:
+        moved = False
+        for first, count in skip_data:
+            if first <= batch_index < first + count:
+                batch_index, moved = first + count, True
+    return batch_index
+
+
+def upcoming_batches(batch_index: int, count: int, skip_data: list[list[int]]) -> list[int]:
+    """The cursor positions of the next `count` microbatches from `batch_index`, skips applied."""
+    out = []
+    for _ in range(count):
+        batch_index = skip_ahead(batch_index, skip_data)
+        out.append(batch_index)
+        batch_index += 1
+    return out
