@@ -15,6 +15,8 @@ a rule when it passes again, a killed session when a resume starts). The kinds:
 - `loss_envelope`: a window's loss above the pilot's loss at that step plus its tolerance (the lock's envelope);
 - `rule`: one of the verdict's rules that apply to a run in progress FAILs, judged by the rule table itself
   (rules.py) on summarize's view of the record, with the lock's thresholds when one is given;
+- `spike` / `rollback`: each spike the trainer detected (with its action and cause) and each rollback (restored
+  step, data skipped), raised once per event and never cleared: a long run left alone should say it had one;
 - `session_end`: the last session ended in error, stopped on skips, was interrupted or killed, and no session
   holds the folder (no resume started). A completed session at its max_steps ends the watch.
 """
@@ -160,6 +162,20 @@ class Watcher:
             cleared.update(k for k in self.active if k.startswith("session_end"))
         elif kind in ("checkpoint", "val") and is_finite_number(event.get("seconds")):
             self.longest[kind] = max(self.longest[kind], float(event["seconds"]))
+        elif kind == "spike":
+            key = f"spike:{event.get('spike_step')}:{event.get('_line', t)}"
+            replay = event.get("replay") or {}
+            found[key] = Alert("spike", key, f"spike at update {event.get('spike_step')}: {'+'.join(event.get('signals') or [])} "
+                               f"(loss {event.get('loss')}, grad norm {event.get('grad_norm')}) -> {event.get('action')}; "
+                               f"cause {event.get('cause') or 'not replayed'}"
+                               + (f": {replay['explanation']}" if replay.get("explanation") else ""),
+                               step, event.get("grad_norm"), event.get("bounds"), sid, now)
+        elif kind == "rollback":
+            key = f"rollback:{event.get('spike_step')}:{event.get('_line', t)}"
+            found[key] = Alert("rollback", key, f"rollback {event.get('rollbacks')} of at most "
+                               f"{event.get('max_rollbacks')}: back to step {event.get('restored_step')}, data skipped "
+                               f"{event.get('skipped')}", step, event.get("rollbacks"), event.get("max_rollbacks"),
+                               sid, now)
         elif kind == "session_end":
             self.completed = event.get("reason") == "completed" and (self.max_steps is None or step >= self.max_steps)
         elif kind == "train":

@@ -12,6 +12,8 @@ already puts every second in one phase; the ledger splits two of those further:
 - other: `startup` (from the session's clock start to the start of its first train window: loading, building,
   restoring a checkpoint; on CUDA the first update's compile stays in its window's training seconds, the record
   has no finer clock) and `other` (bookkeeping between phases). A session with no update is all start-up.
+  `replay` is carved out of other too: the seconds the `spike` events say their replays took and the `rollback`
+  events their restores (both run in the "other" phase).
 Between sessions, `dead` is the time from one session's last line to the next one's start (a crash noticed
 late, a queue, the process's own start before its clock). So the parts telescope to the elapsed time exactly
 (float rounding of unix seconds aside); only clocks that disagree (an NTP step) could make a dead part
@@ -25,14 +27,16 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pilotrun.report.spikes import replay_seconds
 from pilotrun.report.time_split import read_time_split
 from pilotrun.run.record import is_finite_number
 
 # The ledger's parts, in the order they are printed and drawn.
-PARTS = ("productive", "redone", "checkpoint", "eval", "startup", "profile", "report", "other", "dead")
+PARTS = ("productive", "redone", "checkpoint", "eval", "startup", "profile", "replay", "report", "other", "dead")
 PART_MEANINGS = {
     "productive": "training seconds of the updates that were kept",
-    "redone": "training seconds of updates rolled back by an interruption (trained again after the resume)",
+    "redone": "training seconds of updates rolled back by an interruption or a spike's rollback (trained again)",
+    "replay": "replaying spiking updates to name their cause, and restoring a checkpoint for a spike's rollback",
     "checkpoint": "saving checkpoints", "eval": "evaluation", "startup": "a session's clock start to its first "
     "train window (loading, building, restoring)", "profile": "update attempts under the profiler",
     "report": "writing the record and the progress display", "other": "bookkeeping between phases",
@@ -122,8 +126,9 @@ def time_ledger(sessions: list[Any], kept_events: list[dict[str, Any]], rolled_b
         other = span - train - sum(named.values())
         first_window = _first_window_start(events)
         startup = other if first_window is None else min(max(0.0, first_window - start), max(0.0, other))
+        replay = min(replay_seconds(events), max(0.0, other - startup))  # recorded by spike and rollback events
         parts = {"productive": productive, "redone": train - productive, **named, "startup": startup,
-                 "other": other - startup}
+                 "replay": replay, "other": other - startup - replay}
         dead = 0.0 if previous_last is None else start - previous_last
         if dead < 0:
             notes.append(f"session {s.session_id}: starts {-dead:.3f} s before the previous session's last line "

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pilotrun.report import continuity, evidence, resources, stability
+from pilotrun.report import continuity, evidence, resources, spikes, stability
 from pilotrun.report.thresholds import THRESHOLD_FIELDS, Finding, RuleResult, Thresholds, threshold_meaning
 
 if TYPE_CHECKING:
@@ -117,6 +117,14 @@ QK_CLIP = Rule(
     "qk_clip", "the share of applied updates on which QK-Clip rescaled any head is at most max_qk_clip_rate.",
     stability.judge_qk_clip, ("max_qk_clip_rate",), plot="qk_max_logit")
 
+SPIKES = Rule(
+    "spikes",
+    "the spikes the trainer detected (train.spike) and what answered them: each is named with the cause its replay "
+    "found (batch, model_state, not_reproducible) and WARNs, so a pilot that had one never gets a silent GO; more "
+    "than max_spikes spikes, max_spike_rollbacks rollbacks or max_unreproduced_spikes spikes the replay could not "
+    "reproduce FAIL.",
+    spikes.judge_spikes, ("max_spikes", "max_spike_rollbacks", "max_unreproduced_spikes"), plot="loss")
+
 RESUMED = Rule(
     "resumed",
     "the kept history includes a resume followed by at least one applied update (a finished run resumed with "
@@ -126,8 +134,9 @@ RESUMED = Rule(
 
 FINAL_CHECKPOINT = Rule(
     "final_checkpoint",
-    "the checkpoint at the final step is committed and every file matches the sha256 in its marker; missing or "
-    "damaged, the run cannot be continued from where it ended: FAIL.",
+    "the checkpoint at the final step is committed, its marker names this run (run.json's run_id), and every "
+    "file matches the sha256 in its marker; missing, damaged or another run's, the run cannot be continued from "
+    "where it ended: FAIL.",
     continuity.judge_final_checkpoint, live=False)
 
 RECIPE_CHANGES = Rule(
@@ -139,8 +148,8 @@ RECIPE_CHANGES = Rule(
     continuity.judge_recipe_changes)
 
 # The verdict's rules in the order they are judged and printed.
-RULES: tuple[Rule, ...] = (RECORD_VALID, LOSSES_FINITE, LOSS_DECREASED, VAL_TRACKS_TRAIN, GRAD_SPIKES, CLIP_RATE,
-                           SKIP_RATE, THROUGHPUT_STEADY, MEMORY, EXPERTS, QK_CLIP, RESUMED, FINAL_CHECKPOINT,
+RULES: tuple[Rule, ...] = (RECORD_VALID, LOSSES_FINITE, LOSS_DECREASED, VAL_TRACKS_TRAIN, GRAD_SPIKES, SPIKES,
+                           CLIP_RATE, SKIP_RATE, THROUGHPUT_STEADY, MEMORY, EXPERTS, QK_CLIP, RESUMED, FINAL_CHECKPOINT,
                            RECIPE_CHANGES)
 RULES_BY_NAME: dict[str, Rule] = {rule.name: rule for rule in RULES}
 # Which plot shows each rule's evidence (report.html links the rule's row to it).

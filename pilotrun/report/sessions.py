@@ -1,6 +1,7 @@
 """One session of a run: its events checked against each other and summed, and its summary.
 
-Within a session: counters never go backwards; `updates_skipped` grows by exactly one per `overflow` event
+Within a session: counters never go backwards (but at a `rollback`, where they become the restored checkpoint's,
+after a closed window); `updates_skipped` grows by exactly one per `overflow` event or skipped `spike` event
 (checked at each train window and at the session's end); each `train` window's applied/attempted/skipped equal
 the growth of step/updates_attempted/updates_skipped since the previous `train` event (or the session start),
 applied + skipped = attempted, `window.tokens` = microbatches x tokens_per_microbatch, and the growth of
@@ -157,13 +158,25 @@ def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
     window_sums = dict.fromkeys(("tokens", "profiled_tokens", "train_seconds", "profile_seconds", "wall_seconds"), 0.0)
     eval_seconds = checkpoint_seconds = 0.0
     end_event = None
+    rolled = dict.fromkeys(COUNTER_KEYS, 0)  # work in this session that its own rollbacks undid (spikes)
     for event in events[1:]:
         now = Counters.of(event)
+        if event["event"] == "rollback":
+            # The counters go back to a checkpoint's (summarize checks which); the work before is in a closed
+            # window, and the rolled-back part of it is counted beside the counters.
+            if previous != since_train:
+                reasons.append(f"{_where(event)}: rollback with work after the last train window (step "
+                               f"{since_train.step} -> {previous.step}) that no window accounts for")
+            for key in COUNTER_KEYS:
+                rolled[key] += getattr(previous, key) - getattr(now, key)
+            previous = since_train = now
+            last_overflow_skipped, overflows_since_train = now.updates_skipped, 0
+            continue
         for key in COUNTER_KEYS:
             if getattr(now, key) < getattr(previous, key):
                 reasons.append(f"{_where(event)}: {key} went backwards ({getattr(previous, key)} -> {getattr(now, key)})")
         kind = event["event"]
-        if kind == "overflow":
+        if kind == "overflow" or (kind == "spike" and event.get("skipped") is True):  # a skip's own event
             overflows_since_train += 1
             if now.updates_skipped <= last_overflow_skipped:
                 reasons.append(f"{_where(event)}: updates_skipped ({now.updates_skipped}) did not grow with this "
@@ -225,7 +238,7 @@ def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
     times = [float(e["time"]) for e in events if is_finite_number(e.get("time"))]
     return {"start": start, "last": previous, "end": end_event, "window_sums": window_sums, "count": len(events),
             "start_time": times[0] if times else 0.0, "last_time": times[-1] if times else 0.0,
-            "eval_seconds": eval_seconds, "checkpoint_seconds": checkpoint_seconds,
+            "eval_seconds": eval_seconds, "checkpoint_seconds": checkpoint_seconds, "rolled": rolled,
             "resumed_from": first.get("resumed_from") if first["event"] == "session_start" else None}
 
 
@@ -240,14 +253,17 @@ def session_summary(sid: str, index: int, info: dict[str, Any], link: tuple[str,
         times = derived_time_split(sums["train_seconds"], info["eval_seconds"], info["checkpoint_seconds"],
                                    sums["profile_seconds"], max(0.0, info["last_time"] - info["start_time"]))
         source = "events"
-    tokens = last.tokens_seen - start.tokens_seen
+    rolled = info.get("rolled") or dict.fromkeys(COUNTER_KEYS, 0)  # undone by the session's own rollbacks
+    tokens = last.tokens_seen - start.tokens_seen + rolled["tokens_seen"]
     return SessionSummary(
         session_id=sid, index=index, resumed_from=info["resumed_from"], parent_session=link[0] if link else None,
         end_reason=end.get("reason") if end is not None else None, status=status,
         start=dataclasses.asdict(start), last=dataclasses.asdict(last),
-        updates_applied=last.step - start.step, updates_attempted=last.updates_attempted - start.updates_attempted,
-        updates_skipped=last.updates_skipped - start.updates_skipped, tokens_processed=tokens,
-        updates_rolled_back=last.step - kept_end.step, tokens_rolled_back=last.tokens_seen - kept_end.tokens_seen,
+        updates_applied=last.step - start.step + rolled["step"],
+        updates_attempted=last.updates_attempted - start.updates_attempted + rolled["updates_attempted"],
+        updates_skipped=last.updates_skipped - start.updates_skipped + rolled["updates_skipped"],
+        tokens_processed=tokens, updates_rolled_back=last.step - kept_end.step + rolled["step"],
+        tokens_rolled_back=last.tokens_seen - kept_end.tokens_seen + rolled["tokens_seen"],
         time_source=source,
         train_tokens_per_s=(sums["tokens"] - sums["profiled_tokens"]) / sums["train_seconds"]
         if sums["train_seconds"] > 0 else None,

@@ -15,8 +15,8 @@ Validation (each failure is one reason naming the line, event and numbers):
 
 Reconciliation: the kept history (lineage) is found by walking back from the last session through the
 checkpoints each session resumed from. A session's work after the checkpoint its successor resumed from is
-rolled back, and a session nobody resumed from is rolled back entirely; rolled-back work is reported but
-never counted in the run's totals.
+rolled back, and a session nobody resumed from is rolled back entirely; so is the work a spike's rollback undid
+(report/spikes.py); rolled-back work is reported but never counted in the run's totals.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from pilotrun.report.ledger import (
     time_ledger,
 )
 from pilotrun.report.sessions import SessionSummary, check_session, group_sessions, session_summary
+from pilotrun.report.spikes import describe_spikes, rollback_problems, spike_overview, split_rollbacks
 from pilotrun.report.time_split import (  # noqa: F401  (the time split's readers: re-exported for callers)
     LATER_PHASES,
     SPLIT_KEYS,
@@ -46,7 +47,7 @@ from pilotrun.report.time_split import (  # noqa: F401  (the time split's reader
 )
 from pilotrun.run.folder_lock import live_holder
 from pilotrun.run.lock import describe_frozen_status, frozen_candidate_status, lock_projection_of
-from pilotrun.run.marker import checkpoint_problems, committed_checkpoint_steps, read_marker
+from pilotrun.run.marker import checkpoint_problems, committed_checkpoint_steps, marker_run_id, read_marker
 from pilotrun.run.record import (
     Counters,
     is_finite_number,
@@ -134,7 +135,8 @@ def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summa
     if not isinstance(run.get("tokens_per_update"), int) or run["tokens_per_update"] <= 0:
         reasons.append(f"run.json: tokens_per_update is {run.get('tokens_per_update')!r}, not a positive integer")
     reasons.extend(run_json_missing_fields(run))
-    reasons.extend(record_integrity_problems(run, log, checkpoint_chain_heads(run_dir)))
+    heads, owners = checkpoint_chain_heads(run_dir)
+    reasons.extend(record_integrity_problems(run, log, heads, owners))
     declared = [str(s.get("session_id")) for s in run.get("sessions") or [] if isinstance(s, dict)]
     groups = group_sessions(log.events, reasons)
     order = list(groups)
@@ -220,13 +222,18 @@ def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summa
         sessions.append(session_summary(sid, index, info, parent.get(sid), status, kept_end))
     if sessions:
         sessions[-1].latest = True
+    # A spike's rollback cuts the kept history at the checkpoint it restored (report/spikes.py).
+    kept_events, undone = split_rollbacks(kept_events)
+    rolled_back_events = sorted(rolled_back_events + undone, key=lambda e: e.get("_line", 0))
+    reasons.extend(rollback_problems(log.events))
 
     final = Counters.of(kept_events[-1]) if kept_events else Counters()
     final_checkpoint = None
     if require_step is not None:
-        final_checkpoint = _require_step(run_dir, require_step, kept_events, final, reasons)
+        final_checkpoint = _require_step(run_dir, require_step, kept_events, final, reasons, run.get("run_id"))
     overall = _overall(run, groups, order, sessions, final, kept_events)
     overall["final_checkpoint"] = final_checkpoint  # None unless --require-step asked for it
+    overall["spikes"] = spike_overview(kept_events + rolled_back_events)
     overall["frozen_candidate"] = frozen_candidate_status(run)  # None unless started with train --frozen
     # A session that has not ended may simply be running: the folder's lock says so (read, never taken).
     holder = live_holder(run_dir)
@@ -247,19 +254,21 @@ def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summa
                    rolled_back_events=rolled_back_events, run=run, final=final)
 
 
-def checkpoint_chain_heads(run_dir: Path) -> dict[int, Any]:
-    """step -> the metrics chain head each committed checkpoint's marker recorded (None where it has none)."""
-    heads = {}
+def checkpoint_chain_heads(run_dir: Path) -> tuple[dict[int, Any], dict[int, str | None]]:
+    """step -> the metrics chain head each committed checkpoint's marker recorded (None where it has none),
+    and step -> the run_id its marker names (None for a marker older than run identity)."""
+    heads, owners = {}, {}
     for step in committed_checkpoint_steps(run_dir):
         marker, _problem = read_marker(run_dir, step)
         meta = marker.get("meta") if marker is not None else None
         if isinstance(meta, dict):
             heads[step] = meta.get("metrics_chain_head")
-    return heads
+            owners[step] = marker_run_id(marker)
+    return heads, owners
 
 
 def _require_step(run_dir: Path, step: int, kept_events: list[dict[str, Any]], final: Counters,
-                  reasons: list[str]) -> dict[str, Any]:
+                  reasons: list[str], run_id: Any = None) -> dict[str, Any]:
     """`--require-step N`: the kept history ends with a `completed` session_end at step N, and the checkpoint
     at N is committed with every file matching its marker (the run can be continued from where it claims to
     have ended). Returns what was found for the JSON output."""
@@ -271,7 +280,7 @@ def _require_step(run_dir: Path, step: int, kept_events: list[dict[str, Any]], f
     elif ends[-1].get("reason") != "completed":
         reasons.append(f"--require-step {step}: the session_end at step {step} (line {ends[-1].get('_line')}) has "
                        f"reason {ends[-1].get('reason')!r}, not 'completed'")
-    problems, files, size = checkpoint_problems(run_dir, step)
+    problems, files, size = checkpoint_problems(run_dir, step, run_id)
     checkpoint_reasons = [f"--require-step {step}: final checkpoint: {problem}" for problem in problems]
     reasons.extend(checkpoint_reasons)
     return {"step": step, "intact": not problems, "problems": problems, "files": files, "bytes": size,
@@ -362,6 +371,9 @@ def format_summary(summary: Summary) -> str:
         f"effective wall-clock {_fmt(o['wall_tokens_per_s'])} tok/s (kept tokens / all sessions' wall seconds)",
         "time: " + ", ".join(f"{k.removesuffix('_seconds')} {t[k]:.1f} s" for k in SPLIT_KEYS),
     ]
+    spikes = describe_spikes(o.get("spikes"))
+    if spikes is not None:
+        lines.append(spikes)
     if o.get("time_ledger") is not None:
         lines.append(format_ledger(o["time_ledger"]))
     against = format_against(o.get("against_projection"))

@@ -74,6 +74,12 @@ class Thresholds:
                                                       "summed")
     # qk_clip
     max_qk_clip_rate: float = _threshold(0.5, "share of applied updates on which QK-Clip rescaled any head")
+    # spikes
+    max_spikes: int = _threshold(3, "spike events (train.spike: loss or gradient norm above the running bound) "
+                                    "allowed, each named with its cause and WARNing; more FAIL")
+    max_spike_rollbacks: int = _threshold(1, "rollbacks a spike needed, allowed with a WARN; more FAIL")
+    max_unreproduced_spikes: int = _threshold(1, "spikes the replay could not reproduce (hardware suspect), allowed "
+                                                 "with a WARN; more FAIL")
     # resumed
     resume_required: bool = _threshold(True, "the pilot must have come through a resume; false (--no-resume-required) "
                                              "turns a missing resume into a WARN")

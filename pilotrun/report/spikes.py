@@ -1,0 +1,106 @@
+"""Spikes and rollbacks as the record tells them (torch-free): where a rollback cuts the kept history, whether each
+one restored a committed checkpoint's counters, and the figures the verdict, summarize and watch read.
+
+A `rollback` event carries the counters of the checkpoint it restored (training/rollback.py). The work logged
+between that checkpoint and the rollback was undone: like the work after the checkpoint a resume started from,
+it leaves the kept history (and is counted as rolled back, its training seconds as redone), and the kept
+history goes on from the rollback. The `spike` events themselves stay on the record whichever side they fall:
+a spike that was rolled back happened all the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pilotrun.report.thresholds import FAIL, PASS, WARN, Finding, Thresholds
+from pilotrun.run.record import Counters, is_finite_number
+
+
+def split_rollbacks(kept: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(kept, rolled back) once every rollback has cut the history at the counters it restored."""
+    out: list[dict[str, Any]] = []
+    rolled: list[dict[str, Any]] = []
+    for event in kept:
+        if event.get("event") == "rollback":
+            restored = Counters.of(event)
+            while out and out[-1].get("event") != "rollback" and not restored.covers(Counters.of(out[-1])):
+                rolled.insert(0, out.pop())
+        out.append(event)
+    rolled.sort(key=lambda e: e.get("_line", 0))
+    return out, rolled
+
+
+def rollback_problems(events: list[dict[str, Any]]) -> list[str]:
+    """One reason per rollback whose counters are no committed checkpoint's recorded before it (the step it names
+    with the counters the `checkpoint` event recorded): the kept history would not go on from a real state."""
+    reasons = []
+    checkpoints: dict[int, Counters] = {}
+    for event in sorted(events, key=lambda e: e.get("_line", 0)):
+        kind = event.get("event")
+        if kind == "checkpoint":
+            checkpoints[int(event["step"])] = Counters.of(event)
+        elif kind == "rollback":
+            step = event.get("restored_step")
+            if checkpoints.get(step) != Counters.of(event):
+                reasons.append(f"line {event.get('_line')} (rollback, step {event.get('step')}): restores step "
+                               f"{step!r} with counters {Counters.of(event).as_dict()}, which no checkpoint recorded "
+                               "before it holds")
+    return reasons
+
+
+def spike_overview(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every spike and rollback of the record (kept or rolled back), in file order, and their counts."""
+    ordered = sorted(events, key=lambda e: e.get("_line", 0))
+    spikes = [{"step": e.get("spike_step"), "line": e.get("_line"), "action": e.get("action"),
+               "cause": e.get("cause"), "signals": e.get("signals"), "loss": e.get("loss"),
+               "grad_norm": e.get("grad_norm"), "batches": e.get("batches"),
+               "ranks_differing": (e.get("replay") or {}).get("ranks_differing")}
+              for e in ordered if e.get("event") == "spike"]
+    rollbacks = [{"line": e.get("_line"), "restored_step": e.get("restored_step"), "spike_step": e.get("spike_step"),
+                  "skipped": e.get("skipped"), "redo_updates": e.get("redo_updates")}
+                 for e in ordered if e.get("event") == "rollback"]
+    return {"spikes": len(spikes), "rollbacks": len(rollbacks),
+            "not_reproducible": sum(1 for s in spikes if s["cause"] == "not_reproducible"),
+            "skipped_tokens": sum(r["skipped"].get("tokens", 0) for r in rollbacks if isinstance(r["skipped"], dict)
+                                  and is_finite_number(r["skipped"].get("tokens"))),
+            "list": spikes, "rollback_list": rollbacks}
+
+
+def replay_seconds(events: list[dict[str, Any]]) -> float:
+    """Seconds one session spent replaying spikes and restoring checkpoints for rollbacks (the ledger's replay)."""
+    total = 0.0
+    for e in events:
+        value = (e.get("replay") or {}).get("seconds") if e.get("event") == "spike" else \
+            e.get("seconds") if e.get("event") == "rollback" else None
+        if is_finite_number(value):
+            total += float(value)
+    return total
+
+
+def describe_spikes(overview: dict[str, Any] | None) -> str | None:
+    """summarize's line about spikes, or None when there were none."""
+    if not overview or not overview["spikes"]:
+        return None
+    named = "; ".join(f"update {s['step']} {'+'.join(s['signals'] or [])} -> {s['action']}, cause {s['cause'] or 'not replayed'}"
+                      for s in overview["list"][:8])
+    more = f" (and {overview['spikes'] - 8} more)" if overview["spikes"] > 8 else ""
+    return (f"spikes: {overview['spikes']} ({named}{more}); rollbacks {overview['rollbacks']}, data skipped by them "
+            f"{overview['skipped_tokens']} tokens")
+
+
+def judge_spikes(summary: Any, t: Thresholds) -> Finding:
+    """The `spikes` rule: no spike PASSes; each spike WARNs with its cause and action (never a silent GO); more
+    spikes, rollbacks or unreproduced spikes than the thresholds allow FAIL."""
+    overview = (summary.overall or {}).get("spikes") or spike_overview(summary.kept_events + summary.rolled_back_events)
+    n, rollbacks, unreproduced = overview["spikes"], overview["rollbacks"], overview["not_reproducible"]
+    bound = (f"at most {t.max_spikes} spike(s), {t.max_spike_rollbacks} rollback(s), {t.max_unreproduced_spikes} "
+             "unreproduced spike(s); any spike WARNs")
+    evidence = "spike and rollback events of metrics.jsonl (kept and rolled back)"
+    if n == 0 and rollbacks == 0:
+        return Finding(PASS, "no spike detected", bound, evidence)
+    figure = (f"{n} spike(s), {rollbacks} rollback(s), {unreproduced} not reproducible: "
+              + "; ".join(f"update {s['step']} -> {s['action']} (cause {s['cause'] or 'not replayed'}"
+                          + (f", rank(s) {s['ranks_differing']}" if s["ranks_differing"] else "") + ")"
+                          for s in overview["list"][:6]))
+    failed = n > t.max_spikes or rollbacks > t.max_spike_rollbacks or unreproduced > t.max_unreproduced_spikes
+    return Finding(FAIL if failed else WARN, figure, bound, evidence)
