@@ -21,6 +21,7 @@ RESUME = "tests/training/test_resume.py"
 SUMMARIZE = "tests/report/test_summarize.py"
 OBSERVERS = "tests/training/test_trainer_observers.py"
 INTEGRITY = "tests/run/test_record_integrity.py"
+SPIKES = "tests/training/test_rollback.py"
 
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
@@ -238,6 +239,22 @@ MUTATIONS: tuple[Mutation, ...] = (
         new="                                                stop_past_step=None),\n",
         tests=("tests/commands/test_pilot.py::test_the_kill_lands_at_the_first_logged_step_past_the_midpoint_however_fast_the_updates",),
         why="fast updates outrun the pilot's kill to the final checkpoint, and the resume has nothing to do",
+    ),
+    Mutation(
+        name="skipped_spike_moves_the_step",
+        file="pilotrun/training/precision.py",
+        old="    applied = math.isfinite(grad_norm) and held is None\n",
+        new="    applied = math.isfinite(grad_norm)\n",
+        tests=(f"{SPIKES}::test_skip_counts_one_skipped_update_with_reason_spike",),
+        why="an update the spike policy skipped is applied anyway: step and schedule move",
+    ),
+    Mutation(
+        name="skip_data_not_stepped_over",
+        file="pilotrun/training/rollback.py",
+        old="skip_data=[*t.skip_data, [skipped[\"first_batch\"], skipped[\"batches\"]]])",
+        new="skip_data=list(t.skip_data))",
+        tests=(f"{SPIKES}::test_rollback_continues_exactly_as_a_run_told_to_skip_the_same_data",),
+        why="a rollback records the data it skips, but the loader reads it all the same",
     ),
     Mutation(
         name="cpu_share_not_read",
