@@ -249,12 +249,12 @@ MUTATIONS: tuple[Mutation, ...] = (
         why="an update the spike policy skipped is applied anyway: step and schedule move",
     ),
     Mutation(
-        name="skip_data_not_stepped_over",
+        name="rollback_forgets_its_skip_range",
         file="pilotrun/training/rollback.py",
         old="skip_data=[*t.skip_data, [skipped[\"first_batch\"], skipped[\"batches\"]]])",
         new="skip_data=list(t.skip_data))",
         tests=(f"{SPIKES}::test_rollback_continues_exactly_as_a_run_told_to_skip_the_same_data",),
-        why="a rollback records the data it skips, but the loader reads it all the same",
+        why="a rollback names the data it skips, but the range is not kept: the loader reads it again",
     ),
     Mutation(
         name="cpu_share_not_read",
