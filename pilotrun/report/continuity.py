@@ -82,13 +82,14 @@ def judge_resumed(summary: Summary, t: Thresholds) -> Finding:
 def judge_final_checkpoint(summary: Summary, t: Thresholds) -> Finding:
     """The run can be continued from where it ended: its final checkpoint is committed and intact."""
     final_step = summary.final.step
-    threshold = "the checkpoint at the final step is committed and its files match the marker's sha256"
+    threshold = ("the checkpoint at the final step is committed, this run's (its marker's run_id), and its files "
+                 "match the marker's sha256")
     evidence = "checkpoints/ marker and files, rehashed"
     checked = summary.overall.get("final_checkpoint")
     if isinstance(checked, dict) and checked.get("step") == final_step:  # summarize --require-step rehashed it
         problems, files, size = checked["problems"], checked["files"], checked["bytes"]
     else:
-        problems, files, size = checkpoint_problems(summary.run_dir, final_step)
+        problems, files, size = checkpoint_problems(summary.run_dir, final_step, summary.run.get("run_id"))
     if problems:
         committed = committed_checkpoint_steps(summary.run_dir)
         newest = f"; newest committed: step {committed[-1]}" if committed else "; no committed checkpoint at all"
@@ -96,7 +97,7 @@ def judge_final_checkpoint(summary: Summary, t: Thresholds) -> Finding:
         return Finding(FAIL, f"cannot continue from step {final_step}: {listed}{newest}",
                        threshold, evidence)
     return Finding(PASS, f"step {final_step}: {files} file(s), {size / 2**20:.1f} MiB, "
-                   "every sha256 matches its marker", threshold, evidence)
+                   "this run's (marker run_id), every sha256 matches its marker", threshold, evidence)
 
 
 def base_lr_not_applied(summary: Summary, from_update: int) -> str | None:

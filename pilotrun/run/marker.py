@@ -9,6 +9,11 @@ run can be continued from a step) apply the same rules; the readers here import 
 A marker's file names must be plain names inside the step folder: a name with a separator or `..` would
 make a reader open and hash a file outside the run. A step folder, marker or file that is a symbolic link
 is refused for the same reason (a link can point into another run).
+
+A marker names the run that wrote it (`run_id`, also in its meta): a checkpoint copied in from a sibling run
+(another seed, the same recipe) has valid files and a valid marker, and only its run_id tells it apart. A
+marker written before markers carried one has none; it is accepted as the folder's own, with a note, since
+nothing in it can prove otherwise and refusing would strand every older run.
 """
 
 from __future__ import annotations
@@ -43,6 +48,26 @@ def marker_files_problem(files: dict[str, Any]) -> str | None:
                 and type(entry.get("bytes")) is int and entry["bytes"] >= 0):
             return f"entry {name!r} lacks a sha256 string and a byte count"
     return None
+
+
+def marker_run_id(marker: dict[str, Any]) -> str | None:
+    """The run a marker says wrote it: its own `run_id`, else its meta's (markers of the first format), else
+    None (a marker older than run identity)."""
+    run_id = marker.get("run_id")
+    meta = marker.get("meta")
+    if not isinstance(run_id, str) and isinstance(meta, dict):
+        run_id = meta.get("run_id")
+    return run_id if isinstance(run_id, str) else None
+
+
+def foreign_run_problem(marker: dict[str, Any], run_id: Any, where: str | Path) -> str | None:
+    """Why the checkpoint whose marker this is belongs to another run than `run_id` (run.json's), or None
+    (the same run, or a marker that names no run)."""
+    theirs = marker_run_id(marker)
+    if theirs is None or not isinstance(run_id, str) or theirs == run_id:
+        return None
+    return (f"{where}: a checkpoint of another run (its marker's run_id is {theirs!r}, this run folder's "
+            f"run.json says {run_id!r})")
 
 
 def committed_checkpoint_steps(run_dir: str | Path) -> list[int]:
@@ -83,15 +108,18 @@ def read_marker(run_dir: str | Path, step: int) -> tuple[dict[str, Any] | None, 
     return marker, None
 
 
-def checkpoint_problems(run_dir: str | Path, step: int) -> tuple[list[str], int, int]:
+def checkpoint_problems(run_dir: str | Path, step: int, run_id: Any = None) -> tuple[list[str], int, int]:
     """Rehash the checkpoint at `step` against its marker: (problems, files checked, bytes checked).
 
-    A missing folder, a missing, unreadable or untrustworthy marker, a marker for another step, and every
-    missing file or file whose size or sha256 differs from the marker is one problem naming the file: exactly
-    what a resume would refuse before loading."""
+    A missing folder, a missing, unreadable or untrustworthy marker, a marker for another step, a marker of
+    another run than `run_id` (when given), and every missing file or file whose size or sha256 differs from
+    the marker is one problem naming the file: exactly what a resume would refuse before loading."""
     marker, problem = read_marker(run_dir, step)
     if marker is None:
         return [str(problem)], 0, 0
+    foreign = foreign_run_problem(marker, run_id, step_folder(run_dir, step))
+    if foreign:
+        return [foreign], 0, 0
     folder = step_folder(run_dir, step)
     problems, checked_bytes = [], 0
     for name, expected in sorted(marker["files"].items()):

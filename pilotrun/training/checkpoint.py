@@ -449,6 +449,7 @@ class Checkpointer:
             "storage": self.storage.name,
             "files": {name: {"sha256": digest, "bytes": size} for name, (digest, size) in sorted(files.items())},
             "committed_at": time.time(),
+            "run_id": meta_json.get("run_id"),  # whose checkpoint this is: a resume refuses another run's
             "meta": meta_json,
         })
         if replaced is not None:

@@ -87,10 +87,30 @@ def plan_fresh(from_step: int | None, config: RunConfig) -> ResumePlan:
     return ResumePlan(config=config)
 
 
+def check_run_identity(saved_meta: dict[str, Any], run_id: str | None, checkpoint_step: int) -> list[str]:
+    """A checkpoint of another run (its meta's run_id is not run.json's) is refused, whatever --allow-change
+    says: a sibling run's weights under this run's record would make every figure of the record a lie.
+    A checkpoint written before checkpoints carried a run_id is accepted with a note (returned)."""
+    theirs = saved_meta.get("run_id")
+    if run_id is None:
+        return []
+    if not isinstance(theirs, str):
+        return [f"checkpoint step {checkpoint_step} records no run_id (written before checkpoints named their "
+                f"run); accepted as run {run_id}'s own"]
+    if theirs != run_id:
+        raise CheckpointError(f"--resume: checkpoint step {checkpoint_step} belongs to run {theirs}, not to this "
+                              f"run folder's run {run_id} (run.json); a checkpoint of another run is never "
+                              "resumed (no --allow-change admits it); start a new --run-dir from it instead")
+    return []
+
+
 def plan_resume(config: RunConfig, *, checkpoint_step: int, saved_meta: dict[str, Any],
-                current_meta: dict[str, Any], allow_changes: list[str] | tuple[str, ...]) -> ResumePlan:
+                current_meta: dict[str, Any], allow_changes: list[str] | tuple[str, ...],
+                run_id: str | None = None) -> ResumePlan:
     """Compare the chosen checkpoint's meta with the meta this run would write (`checkpoint_meta` of the
-    requested config) and return the plan, or raise CheckpointError listing every refused difference."""
+    requested config) and return the plan, or raise CheckpointError listing every refused difference.
+    `run_id` (run.json's) must be the checkpoint's run, before anything else is compared."""
+    identity_notes = check_run_identity(saved_meta, run_id, checkpoint_step)
     allowed = list(allow_changes)
     saved_meta, notes = reconcile_world_size(saved_meta, current_meta, allowed)
     report = check_resume_compatibility(saved_meta, current_meta, allowed)
@@ -100,15 +120,15 @@ def plan_resume(config: RunConfig, *, checkpoint_step: int, saved_meta: dict[str
     effective = config_from_dict(restored)
     validate_run_config(effective)
     return ResumePlan(config=effective, checkpoint_step=checkpoint_step, free_changes=report.free_changes,
-                      allowed_changes=report.allowed_changes, notes=notes + report.warnings)
+                      allowed_changes=report.allowed_changes, notes=identity_notes + notes + report.warnings)
 
 
 def plan_session(config: RunConfig, *, resume: bool, from_step: int | None, committed_steps: Callable[[], list[int]],
                  read_meta: Callable[[int], dict[str, Any]], current_meta: Callable[[], dict[str, Any]],
                  allow_changes: list[str] | tuple[str, ...], root: str,
-                 agree: Callable[[int], int] = lambda step: step) -> ResumePlan:
+                 agree: Callable[[int], int] = lambda step: step, run_id: str | None = None) -> ResumePlan:
     """The plan for a fresh or a resumed session. `agree` makes every rank use rank 0's choice of
-    checkpoint (a broadcast under torchrun)."""
+    checkpoint (a broadcast under torchrun); `run_id` is run.json's, which the checkpoint must belong to."""
     if not resume:
         return plan_fresh(from_step, config)
     steps = committed_steps()
@@ -116,4 +136,4 @@ def plan_session(config: RunConfig, *, resume: bool, from_step: int | None, comm
     if chosen not in steps:
         raise CheckpointError(f"--from-step {chosen}: no committed checkpoint at that step in {root}")
     return plan_resume(config, checkpoint_step=chosen, saved_meta=read_meta(chosen), current_meta=current_meta(),
-                       allow_changes=allow_changes)
+                       allow_changes=allow_changes, run_id=run_id)
