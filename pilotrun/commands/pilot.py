@@ -1,42 +1,54 @@
-"""`pilotrun pilot` / `make pilot`: the whole rehearsal on the built-in corpus, on a CPU, in minutes.
+"""`pilotrun pilot` / `make pilot`: the whole rehearsal of a candidate; by default the built-in demo on a CPU.
 
-1. prepare the built-in offline corpus into WORKDIR/data (skipped when a prepared corpus is already there);
-2. run `python -m pilotrun train` with the CPU stability recipe as a separate process;
-3. once metrics.jsonl shows a step past the midpoint and a checkpoint is committed on disk, kill that
-   process with SIGKILL: a real, unannounced interruption (no handler runs, no final checkpoint). The
-   process is told that step (train/pilot_handshake.py) and stops itself there, so however fast its updates
-   are, the kill lands past the midpoint and before the end, never after its final checkpoint;
-4. resume it with `--resume` as a second process, which must reach max_steps;
-5. summarize with `--require-step max_steps`, then the verdict and its report; exit 0 GO, 1 NO-GO.
+1. the data: `--data DIR` (a prepared folder, read only), or prepared into WORKDIR/data from `--source` and
+   `--tokenizer` (default: the built-in offline corpus; skipped when WORKDIR/data is already prepared);
+2. run `pilotrun train` with the recipe (`--config`, default the CPU stability recipe) as a separate process, or
+   under torchrun with `--nproc-per-node N`;
+3. once metrics.jsonl shows a step past the kill point (`--interrupt-at`, default the midpoint) and a checkpoint
+   is committed on disk, kill it with SIGKILL: a real, unannounced interruption (no handler runs, no final
+   checkpoint). The training process is told that step (training/pilot_handshake.py) and stops itself there, so
+   however fast its updates are, the kill lands past the point and before the end. Under torchrun every rank
+   stops itself at the same update and the launcher and every worker are killed at once (pilot_process.py);
+4. resume it with `--resume` as a second process (tree), which must reach max_steps;
+5. summarize with `--require-step max_steps`, then the verdict and its report; with `--freeze LOCK`, a GO is
+   frozen into a recipe lock (commands/freeze.py). Exit 0 GO, 1 NO-GO, 130 / 143 after SIGINT / SIGTERM.
 
-The training runs in child processes on purpose: only a separate process can be killed for real, and
-the resumed process then has nothing in memory from the first, exactly like a crashed job on a cluster.
+The training runs in child processes on purpose: only a separate process can be killed for real, and the resumed
+process then has nothing in memory from the first, exactly like a crashed job on a cluster.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from pilotrun.commands.child_progress import ProgressLine, wait_with_progress
+from pilotrun.commands.child_progress import ProgressLine, read_complete_events, wait_with_progress
+from pilotrun.commands.pilot_process import PilotStopped, StopForwarding, TrainingChild
 from pilotrun.errors import PilotrunError
 from pilotrun.run.record import CHECKPOINTS_DIR, METRICS_JSONL
-from pilotrun.training.pilot_handshake import wait_until_stopped
 
 DEFAULT_RECIPE = "stability.yaml"
+DEFAULT_SOURCE = "builtin"
 DEFAULT_TOKENIZER = "bpe:2048"
 PILOT_MARKER = ".pilotrun-pilot-run"  # says workdir/run was made by the pilot: only then is it replaced
 
 
 class PilotError(PilotrunError):
     """The rehearsal could not be carried out (missing recipe, a training process that failed)."""
+
+
+class PilotInterrupted(PilotrunError):
+    """SIGINT / SIGTERM stopped the rehearsal; the message says where it stood and how to continue."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @dataclass
@@ -49,6 +61,8 @@ class PilotResult:
     committed_checkpoint: int
     seconds: float
     phase_seconds: dict[str, float]  # prepare, train_until_kill, resume, report: where the pilot's time went
+    killed_pids: list[int]  # every process of the first training tree, each SIGKILLed and gone
+    lock: Path | None = None  # the recipe lock written by --freeze after a GO
 
 
 def configs_dir() -> Path:
@@ -74,99 +88,187 @@ def _committed_checkpoints(run_dir: Path) -> list[int]:
     return Checkpointer(run_dir, keep=1).committed_steps()
 
 
-def _train_command(config: Path, data_dir: Path, run_dir: Path, overrides: list[str], resume: bool,
-                   stop_past_step: int | None = None) -> list[str]:
-    command = [sys.executable, "-m", "pilotrun", "train", "--config", str(config), "--data", str(data_dir),
-               "--run-dir", str(run_dir)]
+def _train_args(config: Path, data_dir: Path, run_dir: Path, overrides: list[str], resume: bool,
+                stop_past_step: int | None = None) -> list[str]:
+    args = ["train", "--config", str(config), "--data", str(data_dir), "--run-dir", str(run_dir)]
     for override in overrides:
-        command += ["--set", override]
+        args += ["--set", override]
     if stop_past_step is not None:  # the kill point: the process stops itself there (training/pilot_handshake.py)
-        command += ["--stop-past-step", str(stop_past_step)]
-    return command + (["--resume"] if resume else [])
+        args += ["--stop-past-step", str(stop_past_step)]
+    return args + (["--resume"] if resume else [])
 
 
-def _kill_past_midpoint(process: subprocess.Popen, run_dir: Path, midpoint: int, max_steps: int, line: ProgressLine,
-                        poll_seconds: float, timeout_seconds: float) -> tuple[int, int]:
-    """Wait until metrics.jsonl shows a step past the midpoint and a checkpoint event, then SIGKILL at once.
+def freeze_step(interrupt_at: int, max_steps: int, log_every: int, checkpoint_every: int) -> int | None:
+    """The step the first training process stops itself at (pilot_handshake.FreezePoint): the first step past
+    `interrupt_at` that closes a window (every `log_every`, and at every checkpoint) once a checkpoint exists,
+    with updates left; None when no step qualifies."""
+    for step in range(max(interrupt_at + 1, checkpoint_every), max_steps):
+        if (log_every > 0 and step % log_every == 0) or step % checkpoint_every == 0:
+            return step
+    return None
 
-    The decision reads only metrics.jsonl (a `checkpoint` event is written after its checkpoint is
-    committed), so nothing slow sits between seeing the step and killing; which checkpoints are committed on
-    disk is read after the kill, and that is what the resume will find.
-    """
-    def past_midpoint(events: list[dict]) -> bool:
+
+def _kill_point(recipe, interrupt_at: int | None) -> tuple[int, int]:
+    """(the --stop-past-step handed to the first process, the step it will stop at), or a PilotError."""
+    t = recipe.train
+    point = t.max_steps // 2 if interrupt_at is None else interrupt_at
+    if not 0 <= point < t.max_steps:
+        raise PilotError(f"--interrupt-at {point}: must be between 0 and max_steps - 1 ({t.max_steps - 1})")
+    if t.checkpoint_every <= 0:
+        raise PilotError(f"train.checkpoint_every ({t.checkpoint_every}) must be at least 1 so that a checkpoint "
+                         "exists before the kill")
+    stop = freeze_step(point, t.max_steps, t.log_every, t.checkpoint_every)
+    if stop is None:
+        raise PilotError(f"the kill cannot land past step {point}: no logged step after it has a committed "
+                         f"checkpoint (train.checkpoint_every {t.checkpoint_every}) and updates left before "
+                         f"max_steps {t.max_steps}; lower --interrupt-at or train.checkpoint_every")
+    return point, stop
+
+
+def _kill_past_point(child: TrainingChild, run_dir: Path, point: int, max_steps: int, line: ProgressLine,
+                     stops: StopForwarding, poll_seconds: float, timeout_seconds: float) -> tuple[int, int, list[int]]:
+    """Wait until metrics.jsonl shows a step past the point and a checkpoint event, wait for every training
+    process to have stopped itself there, then SIGKILL the whole tree at once.
+
+    The decision reads only metrics.jsonl (a `checkpoint` event is written after its checkpoint is committed);
+    which checkpoints are committed on disk is read after the kill, and that is what the resume will find."""
+    def past_point(events: list[dict]) -> bool:
         steps = [e.get("step", 0) for e in events if e.get("event") == "train"]
-        return bool(steps) and max(steps) > midpoint and any(e.get("event") == "checkpoint" for e in events)
+        return bool(steps) and max(steps) > point and any(e.get("event") == "checkpoint" for e in events)
 
     try:
-        events = wait_with_progress(process, run_dir / METRICS_JSONL, max_steps, line, poll_seconds,
-                                    timeout_seconds, stop_when=past_midpoint)
+        events = wait_with_progress(child.process, run_dir / METRICS_JSONL, max_steps, line, poll_seconds,
+                                    timeout_seconds, stop_when=lambda ev: past_point(ev) or stops.signum is not None)
     except TimeoutError:
-        raise PilotError(f"training did not pass step {midpoint} within {timeout_seconds:.0f} s") from None
-    if not past_midpoint(events):
-        raise PilotError(f"the first training process exited (code {process.returncode}) before it could be "
-                         f"interrupted past step {midpoint}; see {run_dir.parent / 'train-1.log'}")
-    # It stops itself right after writing the line just read; the wait is a guard for a trainer that did not.
-    wait_until_stopped(process.pid, timeout_seconds=60)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+        child.kill_tree()
+        raise PilotError(f"training did not pass step {point} within {timeout_seconds:.0f} s; see {child.log}") \
+            from None
+    if stops.signum is not None:
+        return 0, 0, []
+    if not past_point(events):
+        raise PilotError(f"the first training process exited (code {child.poll()}) before it could be "
+                         f"interrupted past step {point}; see {child.log}")
+    # Every rank stops itself right after the line just read; the wait is a guard for a trainer that did not.
+    child.wait_until_stopped(timeout_seconds=60)
+    killed = child.kill_tree()
     committed = _committed_checkpoints(run_dir)
     if not committed:
         raise PilotError(f"no committed checkpoint in {run_dir / CHECKPOINTS_DIR} after the kill")
-    return max(e.get("step", 0) for e in events if e.get("event") == "train"), max(committed)
+    return max(e.get("step", 0) for e in events if e.get("event") == "train"), max(committed), killed
 
 
-def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = None, overrides: list[str] | None = None,
-              tokenizer: str = DEFAULT_TOKENIZER, out: TextIO | None = None, poll_seconds: float = 0.1,
-              timeout_seconds: float = 1800.0) -> PilotResult:
-    from pilotrun.config import load_run_config, resolve_recipe_path
-    from pilotrun.errors import ConfigError
-    from pilotrun.report.html import write_report
-    from pilotrun.report.summarize import format_summary, summarize_run
-    from pilotrun.report.verdict import format_verdict, judge_summary
+def _prepare_data(workdir: Path, data: str | Path | None, source: str, tokenizer: str, out: TextIO) -> Path:
+    if data is not None:
+        data_dir = Path(data)
+        if not (data_dir / "metadata.json").is_file():
+            raise PilotError(f"--data {data_dir}: no metadata.json there (prepare it with `pilotrun prepare --out "
+                             f"{data_dir} ...`)")
+        _say(out, f"using the prepared data in {data_dir}")
+        return data_dir
+    data_dir = workdir / "data"
+    if (data_dir / "metadata.json").is_file():
+        _say(out, f"using the corpus already prepared in {data_dir}")
+        return data_dir
+    from pilotrun.data.prepare import prepare_corpus
 
-    out = out or sys.stdout
-    started = time.monotonic()
-    workdir = Path(workdir)
-    config_path = Path(config) if config is not None else configs_dir() / DEFAULT_RECIPE
-    try:
-        config_path = resolve_recipe_path(config_path)  # a packaged recipe may be named: `--config smoke`
-    except ConfigError:
-        raise PilotError(f"recipe not found: {config_path}") from None
-    overrides = list(overrides or [])
-    recipe = load_run_config(config_path, overrides)  # bad keys fail here, before anything is written
-    pinned_threads = recipe.train.num_threads == 0
-    if pinned_threads:
-        # Measured on a busy 2-core machine: torch's default intra-op threads ran the stability recipe ~10x
-        # slower than one thread (oversubscription); one thread keeps the rehearsal within minutes anywhere.
-        overrides.append("train.num_threads=1")
-    max_steps = recipe.train.max_steps
-    midpoint = max_steps // 2
-    if recipe.train.checkpoint_every == 0 or recipe.train.checkpoint_every > midpoint:
-        raise PilotError(f"train.checkpoint_every ({recipe.train.checkpoint_every}) must be between 1 and half of "
-                         f"max_steps ({midpoint}) so that a checkpoint exists before the kill")
-    run_dir = workdir / "run"
-    marker = workdir / PILOT_MARKER  # beside the run folder: train refuses a run folder that is not empty
+    _say(out, f"preparing {source} into {data_dir} (tokenizer {tokenizer})")
+    manifest = prepare_corpus(data_dir, source=source, tokenizer=tokenizer, force=data_dir.exists())
+    _say(out, f"prepared: {manifest['splits']['train']['tokens']:,} training tokens, "
+              f"{manifest['splits']['val']['tokens']:,} validation tokens")
+    return data_dir
+
+
+def _check_run_dir(run_dir: Path, marker: Path) -> None:
     if os.path.lexists(run_dir):
         # Only a run folder this command made (its marker beside it, a real folder, not a link) is ever deleted.
         if run_dir.is_symlink() or not run_dir.is_dir() or not marker.is_file() or marker.is_symlink():
             raise PilotError(f"{run_dir} exists and was not created by `pilotrun pilot` (no {marker}): move it "
                              "away or choose another --workdir")
-    workdir.mkdir(parents=True, exist_ok=True)
 
+
+def _where_it_stood(run_dir: Path, max_steps: int) -> str:
+    events = read_complete_events(run_dir / METRICS_JSONL)
+    steps = [e.get("step", 0) for e in events if e.get("event") == "train"]
+    committed = _committed_checkpoints(run_dir)
+    return (f"step {max(steps) if steps else 0} of {max_steps}; newest committed checkpoint: "
+            f"{f'step {committed[-1]}' if committed else 'none'}")
+
+
+def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = None, overrides: list[str] | None = None,
+              tokenizer: str = DEFAULT_TOKENIZER, out: TextIO | None = None, poll_seconds: float = 0.1,
+              timeout_seconds: float = 1800.0, *, data: str | Path | None = None, source: str = DEFAULT_SOURCE,
+              interrupt_at: int | None = None, nproc_per_node: int | None = None, freeze: str | Path | None = None,
+              progress: str = "auto") -> PilotResult:
+    from pilotrun.config import load_run_config, resolve_recipe_path
+    from pilotrun.errors import ConfigError
+
+    out = out or sys.stdout
+    workdir = Path(workdir)
+    config_path = Path(config) if config is not None else configs_dir() / DEFAULT_RECIPE
+    try:
+        config_path = resolve_recipe_path(config_path).resolve()  # a packaged recipe may be named: `--config smoke`
+    except ConfigError:
+        raise PilotError(f"recipe not found: {config_path}") from None
+    overrides = list(overrides or [])
+    recipe = load_run_config(config_path, overrides)  # bad keys fail here, before anything is written
+    if nproc_per_node is not None and nproc_per_node < 1:
+        raise PilotError(f"--nproc-per-node {nproc_per_node}: must be at least 1")
+    if freeze is not None and Path(freeze).exists():
+        raise PilotError(f"--freeze {freeze}: already exists; a lock is never overwritten (choose another path)")
+    point, stop = _kill_point(recipe, interrupt_at)
+    run_dir = workdir / "run"
+    marker = workdir / PILOT_MARKER  # beside the run folder: train refuses a run folder that is not empty
+    _check_run_dir(run_dir, marker)
+    stops = StopForwarding()
+    with stops.installed():
+        try:
+            return _rehearse(workdir, run_dir, marker, config_path, overrides, recipe, data, source, tokenizer,
+                             point, stop, nproc_per_node, freeze, progress, stops, out, poll_seconds, timeout_seconds)
+        except PilotStopped as stopped:
+            stops.signum = stopped.signum
+            raise _interrupted(stops, "between its steps", run_dir, recipe.train.max_steps, config_path) from None
+
+
+def _interrupted(stops: StopForwarding, doing: str, run_dir: Path, max_steps: int, config: Path,
+                 data_dir: Path | None = None) -> PilotInterrupted:
+    import signal as _signal
+
+    name = _signal.Signals(stops.signum).name
+    if data_dir is None:
+        how = "rerun the same `pilotrun pilot` command to continue (the prepare continues from its last commit)"
+    else:
+        how = (f"continue the run with `pilotrun train --config {config} --data {data_dir} --run-dir {run_dir} "
+               f"--resume` and judge it with `pilotrun verdict {run_dir}`, or rerun `pilotrun pilot` to rehearse "
+               "again from the start")
+    where = f" ({_where_it_stood(run_dir, max_steps)})" if (run_dir / METRICS_JSONL).is_file() else ""
+    return PilotInterrupted(f"pilotrun pilot: stopped by {name} {doing}{where}; {how}", stops.exit_code)
+
+
+def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, overrides: list[str], recipe,
+              data, source: str, tokenizer: str, point: int, stop: int, nproc: int | None, freeze,
+              progress: str, stops: StopForwarding, out: TextIO, poll_seconds: float,
+              timeout_seconds: float) -> PilotResult:
+    from pilotrun.data.progress import PrepareInterrupted
+
+    started = time.monotonic()
+    max_steps = recipe.train.max_steps
+    workdir.mkdir(parents=True, exist_ok=True)
     phases: dict[str, float] = {}
     phase_start = time.monotonic()
-    data_dir = workdir / "data"
-    if (data_dir / "metadata.json").is_file():
-        _say(out, f"using the corpus already prepared in {data_dir}")
-    else:
-        from pilotrun.data.prepare import prepare_corpus
-
-        _say(out, f"preparing the built-in corpus into {data_dir} (tokenizer {tokenizer})")
-        manifest = prepare_corpus(data_dir, source="builtin", tokenizer=tokenizer, force=data_dir.exists())
-        _say(out, f"prepared: {manifest['splits']['train']['tokens']:,} training tokens, "
-                  f"{manifest['splits']['val']['tokens']:,} validation tokens")
-
+    try:
+        data_dir = _prepare_data(workdir, data, source, tokenizer, out)
+    except PrepareInterrupted as exc:
+        stops.signum = {130: 2, 143: 15}.get(exc.exit_code, 2)
+        raise _interrupted(stops, f"while preparing the data in {workdir / 'data'}", run_dir, max_steps,
+                           config_path) from None
     phases["prepare"] = time.monotonic() - phase_start
+
+    if recipe.train.num_threads == 0:
+        # Measured on a busy 2-core machine: torch's default intra-op threads ran the stability recipe ~10x
+        # slower than one thread (oversubscription); one thread keeps the rehearsal within minutes anywhere.
+        overrides = [*overrides, "train.num_threads=1"]
+        _say(out, "the recipe leaves train.num_threads to torch: the pilot pins 1 (override with --set "
+                  "train.num_threads=N)")
     if os.path.lexists(run_dir):
         _say(out, f"replacing the previous pilot run in {run_dir}")
         shutil.rmtree(run_dir)
@@ -174,40 +276,67 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
                       "workdir replaces it\n")
 
     phase_start = time.monotonic()
-    if pinned_threads:
-        _say(out, "the recipe leaves train.num_threads to torch: the pilot pins 1 (override with --set "
-                  "train.num_threads=N)")
-    _say(out, f"training {config_path.name} to step {max_steps}; it will be killed (SIGKILL) past step {midpoint} "
-              f"(the child's output: {workdir / 'train-1.log'})")
-    with open(workdir / "train-1.log", "w") as log:
-        first = subprocess.Popen(_train_command(config_path, data_dir, run_dir, overrides, resume=False,
-                                                stop_past_step=midpoint),
-                                 stdout=log, stderr=subprocess.STDOUT)
-        try:
-            killed_at, checkpoint = _kill_past_midpoint(first, run_dir, midpoint, max_steps, ProgressLine(out),
-                                                        poll_seconds, timeout_seconds)
-        finally:
-            if first.poll() is None:
-                first.kill()
-                first.wait()
-    _say(out, f"killed the training process at logged step {killed_at}; newest committed checkpoint: step {checkpoint}")
+    ranks = f" under torchrun on {nproc} processes" if nproc else ""
+    _say(out, f"training {config_path.name} to step {max_steps}{ranks}; it will be killed (SIGKILL) past step "
+              f"{point}, at step {stop} (the child's output: {workdir / 'train-1.log'})")
+    first = TrainingChild(_train_args(config_path, data_dir, run_dir, overrides, resume=False, stop_past_step=point),
+                          workdir / "train-1.log", nproc)
+    try:
+        with stops.running(first):
+            killed_at, checkpoint, killed = _kill_past_point(first, run_dir, point, max_steps,
+                                                             ProgressLine(out, mode=progress), stops,
+                                                             poll_seconds, timeout_seconds)
+            if stops.signum is not None:
+                _wait_stopped_child(first, timeout_seconds)
+                raise _interrupted(stops, "while training the first session", run_dir, max_steps, config_path,
+                                   data_dir)
+    finally:
+        if first.poll() is None:
+            first.kill_tree()
+    tree = f" and its {len(killed) - 1} descendant(s), every one by pid" if nproc else ""
+    _say(out, f"killed the training process{tree} at logged step {killed_at}; newest committed checkpoint: step "
+              f"{checkpoint}")
 
     phases["train_until_kill"] = time.monotonic() - phase_start
     phase_start = time.monotonic()
     _say(out, f"resuming with --resume to step {max_steps} (the child's output: {workdir / 'train-2.log'})")
-    with open(workdir / "train-2.log", "w") as log:
-        second = subprocess.Popen(_train_command(config_path, data_dir, run_dir, overrides, resume=True),
-                                  stdout=log, stderr=subprocess.STDOUT)  # no kill point: it runs to the end
-        try:
-            wait_with_progress(second, run_dir / METRICS_JSONL, max_steps, ProgressLine(out), poll_seconds,
-                               timeout_seconds)
-        except TimeoutError:
-            raise PilotError(f"the resumed training did not finish within {timeout_seconds:.0f} s") from None
-    if second.returncode != 0:
-        tail = (workdir / "train-2.log").read_text(errors="replace").strip().splitlines()[-3:]
-        raise PilotError(f"the resumed training process failed (exit {second.returncode}): {' | '.join(tail)}")
-
+    second = TrainingChild(_train_args(config_path, data_dir, run_dir, overrides, resume=True),
+                           workdir / "train-2.log", nproc)  # no kill point: it runs to the end
+    try:
+        with stops.running(second):
+            wait_with_progress(second.process, run_dir / METRICS_JSONL, max_steps, ProgressLine(out, mode=progress),
+                               poll_seconds, timeout_seconds)
+    except TimeoutError:
+        raise PilotError(f"the resumed training did not finish within {timeout_seconds:.0f} s; see "
+                         f"{second.log}") from None
+    finally:
+        if second.poll() is None:
+            second.kill_tree()
+    if stops.signum is not None:
+        raise _interrupted(stops, "while the resumed session trained", run_dir, max_steps, config_path, data_dir)
+    if second.process.returncode != 0:
+        tail = second.log.read_text(errors="replace").strip().splitlines()[-3:]
+        raise PilotError(f"the resumed training process failed (exit {second.process.returncode}; its output: "
+                         f"{second.log}): {' | '.join(tail)}")
     phases["resume"] = time.monotonic() - phase_start
+    return _judge(run_dir, max_steps, freeze, out, started, phases, killed_at, checkpoint, killed)
+
+
+def _wait_stopped_child(child: TrainingChild, timeout_seconds: float) -> None:
+    """A stop signal was passed on: the child finishes its update and checkpoint and exits."""
+    deadline = time.monotonic() + timeout_seconds
+    while child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if child.poll() is None:
+        child.kill_tree()
+
+
+def _judge(run_dir: Path, max_steps: int, freeze, out: TextIO, started: float, phases: dict[str, float],
+           killed_at: int, checkpoint: int, killed: list[int]) -> PilotResult:
+    from pilotrun.report.html import write_report
+    from pilotrun.report.summarize import format_summary, summarize_run
+    from pilotrun.report.verdict import format_verdict, judge_summary
+
     phase_start = time.monotonic()
     summary = summarize_run(run_dir, require_step=max_steps)
     print(format_summary(summary), file=out, flush=True)
@@ -215,10 +344,58 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
     verdict = judge_summary(summary)
     report_dir = write_report(verdict)
     print(format_verdict(verdict), file=out, flush=True)
+    print(f"report: {report_dir / 'report.html'}", file=out)
+    lock = None
+    if freeze is not None:
+        if verdict.decision == "GO":
+            from pilotrun.commands.freeze import freeze_run
+
+            _code, written, _verdict = freeze_run(run_dir, freeze)
+            lock = Path(freeze)
+            _say(out, f"frozen: {lock} (sha256 {written['sha256']}); the long run: `pilotrun train --frozen {lock} "
+                      "--data DIR --run-dir runs/long`")
+        else:
+            _say(out, f"not frozen: the pilot is {verdict.decision}; nothing written to {freeze}")
     phases["report"] = time.monotonic() - phase_start
     seconds = time.monotonic() - started
-    print(f"report: {report_dir / 'report.html'}", file=out)
     _say(out, f"done in {seconds:.0f} s wall: " + ", ".join(f"{k.replace('_', ' ')} {v:.0f} s" for k, v in phases.items()))
     return PilotResult(exit_code=0 if verdict.decision == "GO" else 1, decision=verdict.decision, run_dir=run_dir,
                        report_dir=report_dir, killed_at_step=killed_at, committed_checkpoint=checkpoint,
-                       seconds=seconds, phase_seconds=phases)
+                       seconds=seconds, phase_seconds=phases, killed_pids=killed, lock=lock)
+
+
+# ---------------------------------------------------------------------------------------------- the command line
+def add_pilot_arguments(p: argparse.ArgumentParser) -> None:
+    """`pilotrun pilot`'s options (cli.py keeps only the parser's name and help)."""
+    p.add_argument("--workdir", default="pilot-work", help="folder for the run, the children's logs and the data "
+                   "it prepares")
+    p.add_argument("--config", default=None,
+                   help="recipe path or packaged name (none: the packaged CPU stability recipe)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (repeatable)")
+    p.add_argument("--data", default=None, metavar="DIR",
+                   help="a data folder written by `pilotrun prepare` (read only); none: WORKDIR/data, prepared from "
+                   "--source and --tokenizer")
+    p.add_argument("--source", default=None, help=f"with no --data: the source to prepare (default {DEFAULT_SOURCE})")
+    p.add_argument("--tokenizer", default=None,
+                   help=f"with no --data: the tokenizer to prepare with (default {DEFAULT_TOKENIZER})")
+    p.add_argument("--interrupt-at", type=int, default=None, metavar="STEP",
+                   help="kill the first training past this step (default: half of max_steps)")
+    p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                   help="train under torchrun with N processes (gloo on the CPU); the kill takes every one")
+    p.add_argument("--freeze", default=None, metavar="LOCK", help="after a GO, write the recipe lock to LOCK")
+    p.add_argument("--progress", choices=("auto", "plain"), default="auto",
+                   help="auto: a line redrawn on a terminal, plain lines elsewhere; plain: one line per window")
+
+
+def run_pilot_from_cli(args: argparse.Namespace) -> int:
+    if args.data is not None and (args.source is not None or args.tokenizer is not None):
+        raise PilotError("--data names a prepared folder; --source and --tokenizer prepare one: give one or the other")
+    try:
+        return run_pilot(args.workdir, config=args.config, overrides=args.overrides,
+                         tokenizer=args.tokenizer or DEFAULT_TOKENIZER, data=args.data,
+                         source=args.source or DEFAULT_SOURCE, interrupt_at=args.interrupt_at,
+                         nproc_per_node=args.nproc_per_node, freeze=args.freeze, progress=args.progress).exit_code
+    except PilotInterrupted as exc:
+        print(str(exc), file=sys.stderr, flush=True)
+        return exc.exit_code

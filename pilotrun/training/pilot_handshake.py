@@ -11,8 +11,12 @@ parameter) and the trainer's kill-point callback, once a `train` event past that
 of this session is committed (and before its last update), flushes its output and sends the process SIGSTOP.
 The pilot sees the stopped state and sends SIGKILL: the process still dies without any handler, atexit or
 final checkpoint, exactly as before; only the moment is no longer a race. A stopped process that is sent
-SIGCONT instead (someone found it by hand) just carries on. Single-process runs only: under torchrun the step
-is ignored, since one rank stopping alone would leave the others waiting in a collective.
+SIGCONT instead (someone found it by hand) just carries on.
+
+Under torchrun every rank stops itself at the same update boundary: rank 0, the one that writes the record,
+decides and the decision is shared (one all-reduce per update while the kill point is armed), so no rank runs
+ahead into a collective the others never join; the pilot then finds every worker stopped and kills the launcher
+and all of them at once, as a lost node would be.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks import PRIORITY_KILL_POINT, Callback, LoopState
 
 
@@ -54,12 +59,19 @@ class KillPointCallback(Callback):
         self.point = point
 
     @classmethod
-    def past_step(cls, step: int | None, *, distributed: bool) -> KillPointCallback:
-        return cls(FreezePoint(None if distributed else step))
+    def past_step(cls, step: int | None) -> KillPointCallback:
+        return cls(FreezePoint(step))
 
     def due(self, loop: LoopState) -> bool:
-        return loop.ending is None and self.point.due(loop.logged_step, loop.checkpoint_committed_here, loop.step,
-                                                      loop.session.config.train.max_steps)
+        if self.point.past_step is None:  # the same on every rank (the same --stop-past-step): no collective
+            return False
+        due = loop.ending is None and self.point.due(loop.logged_step, loop.checkpoint_committed_here, loop.step,
+                                                     loop.session.config.train.max_steps)
+        context = loop.session.context
+        if context.is_distributed:
+            # Rank 0's decision on every rank: the ranks stop at one update boundary or not at all.
+            due = dist_utils.any_across_ranks(context, due and context.is_main_process)
+        return due
 
     def after_update(self, loop: LoopState) -> None:
         self.point.freeze()

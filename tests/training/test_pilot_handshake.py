@@ -18,10 +18,9 @@ from pilotrun.training.trainer import Trainer
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_kill_point_is_handed_in_and_ignored_under_torchrun():
-    assert KillPointCallback.past_step(None, distributed=False).point.past_step is None
-    assert KillPointCallback.past_step(120, distributed=False).point.past_step == 120
-    assert KillPointCallback.past_step(120, distributed=True).point.past_step is None
+def test_the_kill_point_is_handed_in():
+    assert KillPointCallback.past_step(None).point.past_step is None
+    assert KillPointCallback.past_step(120).point.past_step == 120
     assert KillPointCallback.priority > PRIORITY_CHECKPOINT  # it waits for the checkpoint of the same round
 
 

@@ -1,0 +1,184 @@
+"""The pilot's training children: one `pilotrun train` process, or torchrun with its workers, as one tree.
+
+The rehearsal's interruption has to be what a lost machine does to a job: every process of it dies at once, with
+no handler, atexit or final checkpoint. Under torchrun that is not one process: the launcher starts each worker
+in a session of its own, so killing the launcher (or its process group) alone leaves the workers running. So
+the tree is read from /proc (every descendant of the launcher) before the kill and each process in it gets
+SIGKILL, and the pilot then checks by pid that none is left.
+
+Each child is started in a session of its own, so a Ctrl-C at the terminal reaches the pilot alone, and the pilot
+passes exactly one stop signal on (`StopForwarding`): a child that received the terminal's SIGINT and then the
+pilot's own would take the second as "stop at once, without a checkpoint". Under torchrun the signal goes to the
+workers themselves, which finish their update and checkpoint together (any rank's stop stops all).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from pilotrun.training.pilot_handshake import wait_until_stopped
+
+STOP_SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process /proc lists (Linux)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    return parents
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid`, children before grandchildren."""
+    parents = _parents()
+    found: list[int] = []
+    frontier = {pid}
+    while frontier:
+        children = sorted(child for child, parent in parents.items() if parent in frontier and child not in found)
+        found += children
+        frontier = set(children)
+    return found
+
+
+def is_alive(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (a zombie has: it only waits to be reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def torchrun_command(nproc_per_node: int) -> list[str]:
+    """torchrun for one node, on a free local port (the rehearsal's ranks share one machine)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",
+            "-m", "pilotrun"]
+
+
+class TrainingChild:
+    """One `pilotrun train` of the rehearsal: a process, or torchrun and `nproc` workers, its output in `log`."""
+
+    def __init__(self, train_args: list[str], log: Path, nproc: int | None = None) -> None:
+        self.nproc, self.log = nproc, log
+        launcher = torchrun_command(nproc) if nproc else [sys.executable, "-m", "pilotrun"]
+        env = dict(os.environ)
+        if nproc:
+            env.setdefault("OMP_NUM_THREADS", "1")  # torchrun sets it and warns; the recipe's num_threads rules
+        with open(log, "w") as out:
+            self.process = subprocess.Popen(launcher + train_args, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                            start_new_session=True)
+        self.pid = self.process.pid
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def wait(self) -> int:
+        return self.process.wait()
+
+    def workers(self) -> list[int]:
+        """The processes that train: the child itself, or torchrun's direct children."""
+        if not self.nproc:
+            return [self.pid] if self.process.poll() is None else []
+        parents = _parents()
+        return sorted(pid for pid, parent in parents.items() if parent == self.pid)
+
+    def tree(self) -> list[int]:
+        return [self.pid, *descendants(self.pid)]
+
+    def wait_until_stopped(self, timeout_seconds: float) -> bool:
+        """Whether every worker has stopped itself at the kill point (all `nproc` of them under torchrun)."""
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            workers = self.workers()
+            if len(workers) >= (self.nproc or 1):
+                left = max(0.0, deadline - time.monotonic())
+                if all(wait_until_stopped(pid, left) for pid in workers):
+                    return True
+            if self.process.poll() is not None or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+    def kill_tree(self) -> list[int]:
+        """SIGKILL the launcher and every descendant at once; returns the pids killed, none of them alive after."""
+        pids = self.tree()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        self.process.wait()
+        deadline = time.monotonic() + 30
+        while any(is_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the workers, reparented, are reaped by whoever adopted them
+        return pids
+
+    def forward(self, signum: int) -> None:
+        """Pass a stop signal on: to the process, or under torchrun to each worker (torchrun, told too, would
+        pass it on again, and a second signal means stop without a checkpoint). A worker stopped at the kill
+        point is continued so that it can act on it."""
+        for pid in self.workers() or [self.pid]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+                os.kill(pid, signal.SIGCONT)
+
+
+class StopForwarding:
+    """SIGINT / SIGTERM during the rehearsal: passed on to the running child (once per signal received), or, with
+    no child running, raised as `PilotStopped` where the pilot stands."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.child: TrainingChild | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return STOP_SIGNALS.get(self.signum, 130) if self.signum is not None else 0
+
+    def _handle(self, signum: int, frame) -> None:
+        first = self.signum is None
+        self.signum = self.signum if self.signum is not None else signum
+        child = self.child
+        if child is not None and child.poll() is None:
+            child.forward(signum)
+        elif first:
+            raise PilotStopped(signum)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopForwarding]:
+        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+            yield self
+            return
+        previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
+        try:
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    @contextlib.contextmanager
+    def running(self, child: TrainingChild) -> Iterator[TrainingChild]:
+        self.child = child
+        try:
+            yield child
+        finally:
+            self.child = None
+
+
+class PilotStopped(BaseException):
+    """A stop signal reached the pilot while no child was training (preparing, between phases, the report)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
