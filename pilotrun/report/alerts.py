@@ -16,7 +16,7 @@ a rule when it passes again, a killed session when a resume starts). The kinds:
 - `rule`: one of the verdict's rules that apply to a run in progress FAILs, judged by the rule table itself
   (rules.py) on summarize's view of the record, with the lock's thresholds when one is given;
 - `spike` / `rollback`: each spike the trainer detected (with its action and cause) and each rollback (restored
-  step, data skipped), raised once per event and never cleared: a long run left alone should say it had one;
+  step, data skipped), raised once per event (so --on-alert hears of each) and cleared by the next train window;
 - `session_end`: the last session ended in error, stopped on skips, was interrupted or killed, and no session
   holds the folder (no resume started). A completed session at its max_steps ends the watch.
 """
@@ -49,8 +49,9 @@ LOSS_SPIKE_MIN = 5
 INTERVAL_HISTORY = 20  # recent train-to-train gaps the window interval is the median of
 # The live rules watch leaves to others: record_valid is the chain alert's (a run.json rewritten for a session
 # whose first line is not written yet reads as edited for an instant); loss_decreased, val_tracks_train and
-# throughput_steady judge a whole pilot's trajectory, which the envelope, spike and band alerts do for a live one.
-UNWATCHED_RULES = ("record_valid", "loss_decreased", "val_tracks_train", "throughput_steady")
+# throughput_steady judge a whole pilot's trajectory, which the envelope, spike and band alerts do for a live one;
+# spikes is said event by event by the spike and rollback alerts.
+UNWATCHED_RULES = ("record_valid", "loss_decreased", "val_tracks_train", "throughput_steady", "spikes")
 
 
 @dataclass
@@ -179,6 +180,7 @@ class Watcher:
         elif kind == "session_end":
             self.completed = event.get("reason") == "completed" and (self.max_steps is None or step >= self.max_steps)
         elif kind == "train":
+            cleared.update(k for k in self.active if k.startswith(("spike:", "rollback:")))  # trained on since
             if sid in self.last_train:
                 self.gaps = (self.gaps + [t - self.last_train[sid]])[-INTERVAL_HISTORY:]
             elif self.session_start_time is not None:
