@@ -17,6 +17,8 @@ from pilotrun.data.merge import merge_data
 from pilotrun.data.reader import open_dataset
 from pilotrun.data.shards import metadata_sha256
 
+from .conftest import FINEWEB_JSONL, GPT2_TOKENIZER
+
 
 def _prepare(out: Path, source: Path, tokenizer: Path | str, *extra: str) -> Path:
     assert main(["prepare", "--out", str(out), "--source", str(source), "--tokenizer", str(tokenizer),
@@ -25,21 +27,26 @@ def _prepare(out: Path, source: Path, tokenizer: Path | str, *extra: str) -> Pat
     return out
 
 
-@pytest.fixture
-def sources(tmp_path, fineweb_texts) -> list[Path]:
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> list[Path]:
     """The fixture documents in three disjoint jsonl files (as one would split a corpus by file)."""
+    if not FINEWEB_JSONL.exists() or not GPT2_TOKENIZER.exists():
+        pytest.skip(f"shared test fixtures under {FINEWEB_JSONL.parents[1]} are absent")
+    texts = [json.loads(line)["text"] for line in FINEWEB_JSONL.read_text(encoding="utf-8").splitlines() if line]
+    folder = tmp_path_factory.mktemp("source")
     paths = []
     for index in range(3):
-        path = tmp_path / "source" / f"part-{index}.jsonl"
-        path.parent.mkdir(exist_ok=True)
-        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in fineweb_texts[index * 50:(index + 1) * 50]))
+        path = folder / f"part-{index}.jsonl"
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[index * 50:(index + 1) * 50]))
         paths.append(path)
     return paths
 
 
-@pytest.fixture
-def parts(tmp_path, sources, gpt2_tokenizer_path) -> list[Path]:
-    return [_prepare(tmp_path / f"part{index}", source, gpt2_tokenizer_path) for index, source in enumerate(sources)]
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory, sources) -> list[Path]:
+    """Prepared once for the module: every test reads them or copies them, none changes them."""
+    folder = tmp_path_factory.mktemp("parts")
+    return [_prepare(folder / f"part{index}", source, GPT2_TOKENIZER) for index, source in enumerate(sources)]
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
