@@ -3,7 +3,7 @@ the loop hands on to the policy (rollback.py) and the record.
 
 A spike is an update attempt whose loss (the mean cross-entropy of its microbatches over every rank) or global
 gradient norm lies above median + `train.spike.factor` x 1.4826 MAD of the last `train.spike.window` applied
-updates (the median and MAD resist the spikes themselves, where a mean and standard deviation would be dragged
+updates (the scale floored per signal, MIN_SCALE_SHARE) (the median and MAD resist the spikes themselves, where a mean and standard deviation would be dragged
 up by the first one; OLMo-core's skip-step optimizer uses a mean and std over its window instead), once
 `min_history` applied updates are in the window, or whose loss is not finite. An fp16 overflow is the scaler's
 business (precision.py) and is not a spike; the judge is consulted only for a finite gradient norm.
@@ -34,18 +34,22 @@ from pilotrun.optim.update_hooks import StepStatistics, UpdateHook
 
 SIGNALS = ("loss", "grad_norm")
 MAD_TO_STD = 1.4826  # the MAD of a normal distribution times this is its standard deviation
-# A window of identical values has MAD 0, and every later wobble of rounding would be a spike: the scale never
-# falls below this share of the median.
-MIN_SCALE_SHARE = 0.01
+# The scale never falls below this share of the median, per signal. For the loss, only so that a window of
+# identical values (MAD 0) does not make every wobble of rounding a spike. Gradient norms are heavy-tailed:
+# over the CPU stability recipe's 240 updates, 5 batches gave 2x-2.9x the window's median norm, far past 6
+# MADs of its narrow core, and the run went on unharmed, where a poisoned batch gives 7x and more; with this
+# floor a norm must also exceed (1 + factor / 2) times the median (4x at the default factor 6).
+MIN_SCALE_SHARE = {"loss": 0.01, "grad_norm": 0.5}
 ACTIONS = ("recorded", "skipped", "rollback", "stopped")
 CAUSES = ("batch", "model_state", "not_reproducible")
 
 
-def robust_bound(values: list[float], factor: float) -> tuple[float, float, float]:
-    """(median, robust std, bound = median + factor x robust std) of a non-empty window."""
+def robust_bound(values: list[float], factor: float, floor_share: float = 0.01) -> tuple[float, float, float]:
+    """(median, robust std, bound = median + factor x robust std) of a non-empty window; the robust std is at
+    least `floor_share` of the median (MIN_SCALE_SHARE)."""
     median = statistics.median(values)
     mad = statistics.median([abs(v - median) for v in values])
-    scale = max(MAD_TO_STD * mad, MIN_SCALE_SHARE * abs(median))
+    scale = max(MAD_TO_STD * mad, floor_share * abs(median))
     return median, scale, median + factor * scale
 
 
@@ -94,7 +98,7 @@ class SpikeDetector(UpdateHook):
                 continue
             window = self.history[signal]
             if len(window) >= self.config.min_history:
-                median, scale, bound = robust_bound(list(window), self.config.factor)
+                median, scale, bound = robust_bound(list(window), self.config.factor, MIN_SCALE_SHARE[signal])
                 bounds[signal] = {"median": median, "scale": scale, "bound": bound}
                 if value > bound:
                     exceeded.append(signal)

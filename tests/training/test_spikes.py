@@ -36,6 +36,12 @@ def test_robust_bound_is_median_plus_factor_mads_with_a_floor():
     assert robust_bound([5.0] * 4, 6.0) == (5.0, 0.05, 5.0 + 6 * 0.05)  # MAD 0: 1% of the median
 
 
+def test_a_gradient_norm_must_also_reach_four_times_the_median_where_a_loss_need_not():
+    found = detector()  # losses about 3.0, norms about 1.0, both with MAD 0.05
+    assert found.judge(3.0, 3.9)[0] == [] and found.judge(3.0, 4.1)[0] == ["grad_norm"]
+    assert found.judge(3.5, 1.0)[0] == ["loss"]
+
+
 def test_judge_flags_values_above_the_bound_and_non_finite_ones_from_the_start():
     found = detector()
     assert found.judge(3.1, 1.1) == ([], found.judge(3.1, 1.1)[1])
