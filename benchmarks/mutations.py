@@ -235,8 +235,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="pilot_kill_decided_from_outside_only",
         file="pilotrun/commands/pilot.py",
-        old="                                                stop_past_step=midpoint),\n",
-        new="                                                stop_past_step=None),\n",
+        old="resume=False, stop_past_step=point),",
+        new="resume=False, stop_past_step=None),",
         tests=("tests/commands/test_pilot.py::test_the_kill_lands_at_the_first_logged_step_past_the_midpoint_however_fast_the_updates",),
         why="fast updates outrun the pilot's kill to the final checkpoint, and the resume has nothing to do",
     ),

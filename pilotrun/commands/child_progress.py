@@ -57,12 +57,12 @@ def format_progress(figures: dict, max_steps: int) -> str:
 
 
 class ProgressLine:
-    """One line rewritten in place on a terminal; elsewhere (a log, a pipe) a new line at most every
-    `plain_interval` seconds, so logs stay short."""
+    """One line rewritten in place on a terminal; elsewhere (a log, a pipe) or with `mode="plain"`, a new plain
+    line for each new figure (one per log window of the child), at most every `plain_interval` seconds."""
 
-    def __init__(self, out: TextIO, prefix: str = "[pilot] ", plain_interval: float = 15.0) -> None:
+    def __init__(self, out: TextIO, prefix: str = "[pilot] ", plain_interval: float = 0.0, mode: str = "auto") -> None:
         self.out, self.prefix, self.plain_interval = out, prefix, plain_interval
-        self.tty = bool(getattr(out, "isatty", lambda: False)())
+        self.tty = mode != "plain" and bool(getattr(out, "isatty", lambda: False)())
         self.last_text = ""
         self.last_plain = float("-inf")
         self.width = 0

@@ -242,21 +242,21 @@ def _run_watch(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- pilot
 def _add_pilot(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("pilot", help="the whole rehearsal on the built-in corpus, on a CPU, in minutes",
-                       description="Prepare the built-in corpus, run the CPU stability recipe, kill it halfway, "
-                       "resume it, summarize and print the verdict with the report's path. Exit 0 GO, 1 NO-GO.")
-    p.add_argument("--workdir", default="pilot-work", help="folder for the data and the run")
-    p.add_argument("--config", default=None,
-                   help="recipe path or packaged name (none: the packaged CPU stability recipe)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key (repeatable)")
+    from pilotrun.commands.pilot import add_pilot_arguments
+
+    p = sub.add_parser("pilot", help="the whole rehearsal of a candidate (default: the built-in demo on a CPU)",
+                       description="Prepare or take the data, train the recipe (under torchrun with "
+                       "--nproc-per-node), kill every training process past a step, resume, summarize --require-step "
+                       "and print the verdict with the report's path; --freeze writes the lock of a GO. Exit 0 GO, "
+                       "1 NO-GO, 2 bad input or a failed child (its log named), 130 / 143 after SIGINT / SIGTERM.")
+    add_pilot_arguments(p)
     p.set_defaults(handler=_run_pilot)
 
 
 def _run_pilot(args: argparse.Namespace) -> int:
-    from pilotrun.commands.pilot import run_pilot
+    from pilotrun.commands.pilot import run_pilot_from_cli
 
-    return run_pilot(args.workdir, config=args.config, overrides=args.overrides).exit_code
+    return run_pilot_from_cli(args)
 
 
 # ---------------------------------------------------------------------------------------------- export
