@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ import torch
 
 from pilotrun.config import ModelConfig, RunConfig, config_from_dict
 from pilotrun.errors import CheckpointError, ConfigError, PilotrunError
+from pilotrun.files import open_for_write, refuse_link, remove_stale_temps, temp_path
 
 TRANSFORMERS_NORM_EPS = 1e-6  # DeepseekV3Attention builds q_a_layernorm / kv_a_layernorm with this eps
 EXPORT_INFO_FILE = "pilotrun_export.json"
@@ -277,6 +279,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, step: int | None = None
     """Write the Hugging Face folder for a run's checkpoint (newest, or `step`); returns what was exported."""
     save_file = _import_safetensors()
     run_dir, out_dir = Path(run_dir), Path(out_dir)
+    refuse_link(out_dir)  # the finished folder is renamed onto --out: a link there is refused, never followed
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ExportError(f"--out {out_dir} exists and is not an empty folder; choose a new one")
     model, config, meta, step, marker = load_checkpoint_model(run_dir, step)
@@ -290,7 +293,9 @@ def export_run(run_dir: str | Path, out_dir: str | Path, step: int | None = None
             "checkpoint_files": marker.get("files", {}), "recipe": meta.get("recipe")}
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    temp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    for line in remove_stale_temps(out_dir.parent, out_dir.name):  # a killed export's whole-model temp folder
+        print(f"pilotrun: {line}", file=sys.stderr)
+    temp = temp_path(out_dir)
     shutil.rmtree(temp, ignore_errors=True)
     temp.mkdir()
     try:
@@ -325,4 +330,5 @@ def export_run(run_dir: str | Path, out_dir: str | Path, step: int | None = None
 
 
 def _write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    with open_for_write(path, "w", exclusive=True) as handle:  # inside the fresh temp folder: never a link
+        handle.write(json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
-from pilotrun.files import canonical_sha256
+from pilotrun.files import canonical_sha256, refuse_link
 from pilotrun.report.projection import project, watch_figures
 from pilotrun.report.verdict import judge
 from pilotrun.run.changes import recipe_changes_in_history
@@ -84,6 +85,7 @@ def freeze_run(run_dir: str | Path, out: str | Path, despite_no_go: bool = False
     `despite_no_go`, nothing written. An existing --out is refused before anything is judged."""
     out = Path(out)
     check_projection_options(target_steps, mtbf_hours, device_hour_cost)
+    refuse_link(out)  # a dangling link would otherwise pass the exists() check below
     if out.exists():
         raise FreezeError(f"--out {out}: already exists; a lock is never overwritten (choose another path)")
     if not out.parent.is_dir():
@@ -98,7 +100,8 @@ def freeze_run(run_dir: str | Path, out: str | Path, despite_no_go: bool = False
     lock = build_lock(verdict, despite_no_go, target_steps, mtbf_hours, device_hour_cost)
     if verdict.decision != "GO" and not despite_no_go:
         return 1, lock, verdict
-    write_lock(out, lock)
+    for line in write_lock(out, lock):
+        print(f"pilotrun: {line}", file=sys.stderr)
     return 0, lock, verdict
 
 

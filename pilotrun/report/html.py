@@ -12,9 +12,18 @@ import base64
 import dataclasses
 import html
 import json
+import shutil
+import sys
 from pathlib import Path
 
-from pilotrun.files import write_text_atomic
+from pilotrun.files import (
+    fsync_directory,
+    plain_folder,
+    recover_folder,
+    swap_in_folder,
+    temp_path,
+    write_text_atomic,
+)
 from pilotrun.report.identity import run_identity
 from pilotrun.report.plots import PLOT_TITLES, write_plots
 from pilotrun.report.rules import RULES, THROUGHPUT_STEADY
@@ -156,10 +165,25 @@ The verdict judges the pilot's own record; it does not predict the final model's
 
 
 def write_report(verdict: Verdict, run_dir: str | Path | None = None) -> Path:
-    """Write R/report/ (summary.json, NAME.png for every plot, report.html); returns the folder."""
+    """Write R/report/ (summary.json, NAME.png for every plot, report.html); returns the folder.
+
+    The whole report is built in a temp folder beside it (`.report.tmp-PID`) and swapped in with renames: a
+    full disk or an interrupt halfway through the plots leaves the older report whole and no temp behind, and
+    what a SIGKILL leaves is cleaned (an older copy put back) by the next verdict. RUN/report as a link, or a
+    file, is refused before anything is written."""
     out = Path(run_dir if run_dir is not None else verdict.summary.run_dir) / REPORT_DIR
-    out.mkdir(parents=True, exist_ok=True)
-    plots = write_plots(verdict.summary, out)
-    write_text_atomic(out / "summary.json", json.dumps(verdict.to_dict(), indent=2) + "\n")
-    write_text_atomic(out / "report.html", render_html(verdict, plots))
+    plain_folder(out, create=False)
+    for line in recover_folder(out):
+        print(f"pilotrun: {line}", file=sys.stderr)  # named where the user looks; cleaned before writing
+    temp = temp_path(out)
+    temp.mkdir()
+    try:
+        plots = write_plots(verdict.summary, temp)
+        write_text_atomic(temp / "summary.json", json.dumps(verdict.to_dict(), indent=2) + "\n")
+        write_text_atomic(temp / "report.html", render_html(verdict, plots))
+        fsync_directory(temp)
+        swap_in_folder(temp, out)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
     return out

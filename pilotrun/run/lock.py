@@ -23,7 +23,7 @@ from typing import Any
 
 from pilotrun.config import MACHINE_KEYS, flatten
 from pilotrun.errors import PilotrunError
-from pilotrun.files import canonical_sha256, write_text_atomic
+from pilotrun.files import canonical_sha256, refuse_link, remove_stale_temps, write_text_atomic
 from pilotrun.parsing import read_json_file
 
 LOCK_FORMAT = "pilotrun.recipe-lock/1"
@@ -37,9 +37,15 @@ class FreezeError(PilotrunError):
     """A bad lock, a bad --out, or a frozen run that differs from its lock without --allow-change (exit 2)."""
 
 
-def write_lock(out: str | Path, lock: dict[str, Any]) -> None:
-    """The lock as indented JSON with sorted keys, written atomically (its sha256 is over the canonical form)."""
+def write_lock(out: str | Path, lock: dict[str, Any]) -> list[str]:
+    """The lock as indented JSON with sorted keys, written atomically (its sha256 is over the canonical form).
+    A link at --out is refused; the temps of this lock a killed freeze left are removed first (the lines
+    returned name them)."""
+    out = Path(out)
+    refuse_link(out)
+    cleaned = remove_stale_temps(out.parent, out.name)
     write_text_atomic(out, json.dumps(lock, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    return cleaned
 
 
 def load_lock(path: str | Path) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.errors import ConfigError
+from pilotrun.files import plain_folder
 from pilotrun.run.mirror import MIRRORED_EVENTS, TrackerMirror, identity_tags, kept_history
 
 EVENT_FILE_PREFIX = "events.out.tfevents."
@@ -56,7 +57,7 @@ class TensorBoardSink(TrackerMirror):
             self.started = True
 
     def start(self, identity: dict[str, Any], resume_step: int | None) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        plain_folder(self.log_dir)  # RUN/tensorboard as a link is refused, never written through
         self.writer = self._writer_class(str(self.log_dir), flush_secs=120)
         now = time.time()
         if resume_step is not None:

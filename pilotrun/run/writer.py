@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pilotrun.files import write_text_atomic
+from pilotrun.files import open_for_write, refuse_link, remove_stale_temps, write_text_atomic
 from pilotrun.run.record import (
     CHAIN_KEY,
     EVENTS,
@@ -86,9 +86,10 @@ class MetricsWriter:
             run_id = str(read_run_json(run_dir).get("run_id", "")) if enabled and run_json.is_file() else ""
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            refuse_link(self.path)  # before the torn-tail repair, which truncates: never a file outside the run
         self.repaired_bytes = repair_torn_tail(self.path) if enabled else 0
         self.head: str | None = last_chain_value(self.path, run_id) if enabled else None
-        self._file = open(self.path, "a", encoding="utf-8") if enabled else None
+        self._file = open_for_write(self.path, "a") if enabled else None
 
     def log(self, event: str, counters: Counters, **fields: Any) -> dict[str, Any] | None:
         if event not in EVENTS:
@@ -160,4 +161,5 @@ class RunRecord:
     def save(self) -> None:
         if self.enabled:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            remove_stale_temps(self.run_dir, RUN_JSON)  # a killed session's .run.json.tmp-PID
             write_json_atomic(self.run_dir / RUN_JSON, self.data)

@@ -39,8 +39,9 @@ from typing import Any, Protocol
 
 import torch
 
-from pilotrun.errors import CheckpointError
-from pilotrun.files import fsync_directory, sha256_of_file
+from pilotrun.errors import CheckpointError, PilotrunError
+from pilotrun.files import fsync_directory, open_for_write, sha256_of_file
+from pilotrun.parsing import read_json_file
 from pilotrun.run.marker import MARKER_NAME, marker_files_problem, step_folder_name
 from pilotrun.run.record import CHECKPOINTS_DIR
 from pilotrun.training.compat import ResumeCompatibility, check_resume_compatibility
@@ -220,7 +221,7 @@ class TorchSaveStorage:
 
     @staticmethod
     def _write_one(value: Any, path: Path) -> tuple[str, int]:
-        with open(path, "wb") as handle:
+        with open_for_write(path, "wb", exclusive=True) as handle:  # a new file in the fresh temp folder
             writer = _HashingWriter(handle)
             try:
                 torch.save(value, writer)
@@ -297,10 +298,10 @@ class Checkpointer:
         # The marker is written through a temp file and a rename, so a torn marker means outside damage. It
         # still counts as a checkpoint (so that --resume does not silently fall back past it), marked damaged:
         # verify/load/meta of that step raise, and the other steps stay loadable.
-        try:
-            marker = json.loads(marker_path.read_text())
-        except (OSError, ValueError) as exc:
-            return {"files": {}, DAMAGED_KEY: f"checkpoint marker {marker_path} is unreadable: {exc}"}
+        try:  # the bounded reader: a marker nested 200,000 deep is damage, named, never a RecursionError
+            marker = read_json_file(marker_path, f"checkpoint marker {marker_path} is unreadable:")
+        except (OSError, PilotrunError) as exc:
+            return {"files": {}, DAMAGED_KEY: str(exc)}
         if not isinstance(marker, dict) or not isinstance(marker.get("files"), dict) or "step" not in marker:
             return {"files": {}, DAMAGED_KEY: f"checkpoint marker {marker_path} lacks 'files' or 'step'"}
         problem = marker_files_problem(marker["files"])
@@ -460,7 +461,7 @@ class Checkpointer:
     def _commit(self, folder: Path, marker: dict[str, Any]) -> None:
         """Write the marker into the renamed step folder, last: from here on the checkpoint is loadable."""
         marker_temp = folder / f"{MARKER_NAME}.tmp"
-        with open(marker_temp, "w") as handle:
+        with open_for_write(marker_temp, "w") as handle:
             json.dump(marker, handle, indent=1, sort_keys=True)
             handle.flush()
             os.fsync(handle.fileno())

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.config import ProfileConfig
+from pilotrun.files import plain_folder
 from pilotrun.training.callbacks import PRIORITY_PROFILE, Callback, LoopState
 
 PROFILE_FOLDER = "profile"
@@ -106,11 +107,12 @@ class ProfileWindow:
         if not self.write:
             return []
         folder = profile_folder(self.run_dir, self.config.start_step)
+        plain_folder(folder.parent)  # RUN/profile as a link is refused, never written through
         temp = folder.parent / f".tmp-{folder.name}-rank{self.rank}-{os.getpid()}"
         shutil.rmtree(temp, ignore_errors=True)
         temp.mkdir(parents=True)
         names = self._write_files(profiler, temp)
-        folder.mkdir(parents=True, exist_ok=True)
+        plain_folder(folder)
         self.written = []
         for name in names:  # rename one by one: other ranks write their own files into the same folder
             os.replace(temp / name, folder / name)
