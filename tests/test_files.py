@@ -3,9 +3,11 @@
 import hashlib
 import json
 import math
+import os
 
 import pytest
 
+from pilotrun.errors import PilotrunError
 from pilotrun.files import canonical_json, canonical_sha256, sha256_of_file, write_text_atomic
 
 
@@ -38,3 +40,64 @@ def test_write_text_atomic_replaces_the_file_and_leaves_no_temp(tmp_path):
     write_text_atomic(target, json.dumps({"new": True}))
     assert json.loads(target.read_text()) == {"new": True}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
+def test_a_link_at_the_target_or_as_its_folder_is_refused_and_nothing_written(tmp_path):
+    from pilotrun.files import LinkRefused, open_for_write, plain_folder, write_text_atomic
+
+    outside = tmp_path / "outside"
+    outside.write_text("mine")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "out.json").symlink_to(outside)
+    (tmp_path / "run" / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "linked-folder").symlink_to(tmp_path / "run", target_is_directory=True)
+    for write in (lambda: write_text_atomic(tmp_path / "run" / "out.json", "new"),
+                  lambda: open_for_write(tmp_path / "run" / "out.json", "a"),
+                  lambda: open_for_write(tmp_path / "run" / "dangling", "w"),
+                  lambda: plain_folder(tmp_path / "linked-folder")):
+        with pytest.raises(LinkRefused, match="is a symbolic link"):
+            write()
+    assert outside.read_text() == "mine" and not (tmp_path / "nowhere").exists()
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["dangling", "out.json"]  # no temp left
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(PilotrunError, match="is a file, not a folder"):
+        plain_folder(tmp_path / "a-file")
+
+
+def test_a_failed_atomic_write_removes_its_temp_and_keeps_the_old_file(tmp_path, monkeypatch):
+    from pilotrun import files
+
+    target = tmp_path / "summary.json"
+    target.write_text("old")
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        files.write_text_atomic(target, "new")
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+def test_stale_temps_of_a_dead_writer_are_found_named_and_removed(tmp_path):
+    import subprocess
+    import sys
+
+    from pilotrun.files import recover_folder, remove_stale_temps, stale_temps
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    (tmp_path / f".lock.json.tmp-{dead}").write_text("half")
+    (tmp_path / f".lock.json.tmp-{os.getpid()}").write_text("mine, still writing")
+    (tmp_path / f".other.json.tmp-{dead}").write_text("not this output's")
+    (tmp_path / f".export.tmp-{dead}").mkdir()
+    assert [p.name for p in stale_temps(tmp_path, "lock.json")] == [f".lock.json.tmp-{dead}"]
+    lines = remove_stale_temps(tmp_path, "lock.json") + remove_stale_temps(tmp_path, "export")
+    assert len(lines) == 2 and all("removed" in line and dead in line for line in lines)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f".lock.json.tmp-{os.getpid()}",
+                                                                 f".other.json.tmp-{dead}"])
+    # A report swap killed between its renames: the older copy is put back.
+    (tmp_path / f".report.replaced-{dead}").mkdir()
+    (tmp_path / f".report.replaced-{dead}" / "report.html").write_text("old report")
+    assert "restored" in recover_folder(tmp_path / "report")[0]
+    assert (tmp_path / "report" / "report.html").read_text() == "old report"

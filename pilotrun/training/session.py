@@ -44,6 +44,7 @@ from pilotrun.training.dcp_storage import (
 from pilotrun.training.environment import git_state, hardware_info, software_versions
 from pilotrun.training.notices import restored_state_line, startup_warnings
 from pilotrun.training.precision import build_grad_scaler
+from pilotrun.training.preflight import PreflightError, check_run_folder, checkpoint_bytes_estimate
 from pilotrun.training.resume import ResumePlan, checkpoint_meta, plan_session
 from pilotrun.training.rng import capture_rng_state, restore_rng_state, seed_every_generator
 from pilotrun.training.spikes import SpikeDetector
@@ -317,6 +318,17 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
                                                  restored["trainer"], rng_notes, restored["scaler"]))
     session.notes.extend(checkpointer.notes)
     session.notes.extend(startup_warnings(config, session.dataset.split("val").num_tokens, world_size))
+    # Before run.json and the first update: a folder that cannot take a checkpoint is refused now, not after
+    # checkpoint_every updates of work that could not be saved.
+    refusal = None
+    if context.is_main_process:
+        try:
+            check_run_folder(run_dir, checkpoint_bytes_estimate(optimizer))
+        except PilotrunError as exc:
+            refusal = str(exc)
+    refusal = dist_utils.broadcast_object(context, refusal)
+    if refusal is not None:
+        raise PreflightError(refusal)
     open_record(session, resume=resume, command=command)
     return session
 

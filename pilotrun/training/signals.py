@@ -1,9 +1,9 @@
-"""SIGINT / SIGTERM while training: the first is a request to stop at the next update boundary, the second stops now.
+"""SIGINT / SIGTERM / SIGHUP while training: the first is a request to stop at the next update boundary, the second stops now.
 
 The first signal only sets `received` (and prints its acknowledgement at once, so that a user who pressed Ctrl-C
 knows it was heard while the update in flight and the checkpoint finish); the loop reads it after each update,
 agrees on it across ranks, closes the window, saves a checkpoint and ends the session "interrupted" with exit
-code 130 (SIGINT) or 143 (SIGTERM). A second signal while the first is being honoured raises `SecondSignal` from
+code 130 (SIGINT), 143 (SIGTERM) or 129 (SIGHUP). A second signal while the first is being honoured raises `SecondSignal` from
 the handler, wherever the main thread is: the session ends at once, without the checkpoint it was waiting for.
 
 Handlers are installed only from the main thread (Python allows nothing else) and the previous ones are put back
@@ -18,8 +18,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+# SIGHUP is a closed terminal or a dropped ssh session: the user did not ask to lose the work since the last
+# checkpoint, so it is honoured like SIGTERM (finish the update, checkpoint, exit 128 + 1).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 
 
 def exit_code_of(signum: int) -> int:
@@ -63,7 +65,7 @@ class StopSignals:
 
     @contextmanager
     def installed(self) -> Iterator[StopSignals]:
-        """Handle SIGINT and SIGTERM for the duration of the block (main thread only), then restore."""
+        """Handle SIGINT, SIGTERM and SIGHUP for the duration of the block (main thread only), then restore."""
         previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for signum in STOP_SIGNALS:

@@ -25,7 +25,8 @@ def test_the_first_signal_is_a_request_and_the_second_raises():
 
 def test_exit_codes_are_the_documented_ones():
     assert exit_code_of(signal.SIGINT) == 130 and exit_code_of(signal.SIGTERM) == 143
-    assert exit_code_of(signal.SIGHUP) == 143
+    assert exit_code_of(signal.SIGHUP) == 129  # a closed terminal: honoured like SIGTERM, 128 + 1
+    assert exit_code_of(signal.SIGUSR1) == 143
     assert signal_name(signal.SIGINT) == "SIGINT"
 
 

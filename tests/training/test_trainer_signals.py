@@ -35,7 +35,7 @@ def _wait_for_train_events(run_dir: Path, count: int, process: subprocess.Popen,
     pytest.fail("trainer did not log its first train events in time")
 
 
-@pytest.mark.parametrize("signum, exit_code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("signum, exit_code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
 def test_signal_finishes_the_update_saves_and_exits_with_the_documented_code(builtin_data_dir, tmp_path, signum,
                                                                               exit_code):
     run_dir = tmp_path / "run"
