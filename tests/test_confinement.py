@@ -108,3 +108,20 @@ def test_export_refuses_a_link_at_out(run_copy, tmp_path):
     code, err = _run(["export", str(run_copy), "--out", str(tmp_path / "linked-export")])
     assert code == 2 and "is a symbolic link" in err.strip().splitlines()[-1]
     assert list(outside.iterdir()) == []
+
+
+def test_sigterm_during_a_verdict_removes_its_temp_and_exits_143(run_copy, monkeypatch):
+    import os
+    import signal
+
+    def terminated(summary, path):
+        path.write_bytes(b"\x89PNG half")
+        os.kill(os.getpid(), signal.SIGTERM)  # the real signal, delivered while the report is half written
+
+    monkeypatch.setitem(plots.PLOTTERS, "grad_norm", terminated)
+    with contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit) as ended:
+        main(["verdict", str(run_copy), "--no-resume-required"])
+    assert ended.value.code == 143
+    assert not (run_copy / "report").exists()
+    assert [p.name for p in run_copy.iterdir() if p.name.startswith(".")] == []
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the command's handler is put back

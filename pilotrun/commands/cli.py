@@ -8,8 +8,11 @@ and one `_run_*` handler; keep them small and put the work in the package.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 
 from pilotrun.commands.cli_data import add_data, add_prepare
 from pilotrun.commands.cli_trackers import add_export_metrics, add_tensorboard
@@ -369,7 +372,10 @@ def main(argv: list[str] | None = None) -> int:
     # its own, not the host process's sys.argv).
     args.invocation = ["pilotrun", *argv] if argv is not None else list(sys.argv)
     try:
-        return int(args.handler(args) or 0)
+        with _cleanup_on_termination(args.command in TEMP_WRITING_COMMANDS):
+            return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        return 130
     except BrokenPipeError:
         # `pilotrun summarize RUN | head`: the reader had what it wanted. Nothing is wrong; point stdout at
         # /dev/null so that the interpreter's final flush does not raise again, and end quietly.
@@ -383,6 +389,28 @@ def main(argv: list[str] | None = None) -> int:
         # expected): bad input or a bad environment, named by the path; each writer has already cleaned up.
         print(f"pilotrun: error: {_os_error_line(exc)}", file=sys.stderr)
         return 2
+
+
+# Commands that write an output as temp + rename without a signal handler of their own (train, prepare and
+# pilot have theirs). SIGTERM and SIGHUP would end them without unwinding, leaving the temp (a whole model
+# for export); raised as SystemExit they unwind, and each writer's cleanup removes its temp.
+TEMP_WRITING_COMMANDS = ("verdict", "freeze", "export")
+
+
+@contextlib.contextmanager
+def _cleanup_on_termination(active: bool):
+    previous = {}
+    if active and threading.current_thread() is threading.main_thread():
+        def terminate(signum: int, frame: object) -> None:
+            raise SystemExit(128 + signum)
+
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            previous[signum] = signal.signal(signum, terminate)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _one_line(text: str) -> str:
