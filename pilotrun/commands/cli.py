@@ -54,6 +54,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     # The pilot's kill point (training/pilot_handshake.py): `pilotrun pilot` hands it to its first training
     # process; not for users, so not listed.
     p.add_argument("--stop-past-step", type=int, default=None, metavar="N", help=argparse.SUPPRESS)
+    p.add_argument("--progress", choices=("auto", "bar", "plain", "none"), default="auto",
+                   help="auto: a redrawn bar when stderr is a terminal, else plain (one line per log window)")
     p.set_defaults(handler=_run_train)
 
 
@@ -73,7 +75,7 @@ def _run_train(args: argparse.Namespace) -> int:
         config = load_run_config(args.config, args.overrides)
     return train_from_cli(config, args.data, args.run_dir, resume=args.resume, from_step=args.from_step,
                           allow_changes=args.allow_change, command=args.invocation, run_facts=run_facts,
-                          stop_past_step=args.stop_past_step)
+                          stop_past_step=args.stop_past_step, progress=args.progress)
 
 
 def _frozen_config(args: argparse.Namespace):

@@ -95,7 +95,7 @@ class Trainer:
 
     def __init__(self, config: RunConfig, data_dir: str | Path, run_dir: str | Path, *, resume: bool = False,
                  from_step: int | None = None, allow_changes: list[str] | tuple[str, ...] = (),
-                 command: list[str] | None = None, progress: bool = True,
+                 command: list[str] | None = None, progress: bool | str = True,
                  context: dist_utils.DistributedContext | None = None, out=None,
                  sinks: list[MetricsSink] | tuple[MetricsSink, ...] = (), stop_past_step: int | None = None):
         # A tracker named in the recipe but not installed is refused before anything is written.
@@ -198,7 +198,7 @@ class Trainer:
 
 def train_from_cli(config: RunConfig, data_dir: str, run_dir: str, resume: bool, from_step: int | None,
                    allow_changes: list[str], command: list[str], run_facts: dict[str, Any] | None = None,
-                   stop_past_step: int | None = None) -> int:
+                   stop_past_step: int | None = None, progress: bool | str = True) -> int:
     """`pilotrun train`: build, run, return the exit code (bad input raises PilotrunError -> exit 2).
     `run_facts` are extra run.json sections recorded before training starts (the recipe lock of a frozen run);
     `stop_past_step` is the pilot's kill point (`--stop-past-step`)."""
@@ -207,7 +207,7 @@ def train_from_cli(config: RunConfig, data_dir: str, run_dir: str, resume: bool,
     try:
         trainer = Trainer(config, data_dir, run_dir, resume=resume, from_step=from_step,
                           allow_changes=allow_changes, command=command, context=context,
-                          stop_past_step=stop_past_step)
+                          stop_past_step=stop_past_step, progress=progress)
         if run_facts:
             trainer.session.record.data.update(run_facts)
             trainer.session.record.save()

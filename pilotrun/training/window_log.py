@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
@@ -59,6 +59,23 @@ class RareEventsCallback(Callback):
             loop.log("qk_clip", **fields)
 
 
+class PlainProgress:
+    """The progress bar's interface (n, update, set_postfix_str, close) as one plain line per log window: what a
+    log file can hold."""
+
+    def __init__(self, total: int, initial: int, out: TextIO) -> None:
+        self.total, self.n, self.out = total, initial, out
+
+    def update(self, count: int) -> None:
+        self.n += count
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        print(f"train: step {self.n}/{self.total} {text}", file=self.out, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
 class WindowLogCallback(Callback):
     """Closes the window into a `train` event every `log_every` applied updates, before every checkpoint
     (`checkpoint_every`) and at the last round; on rank 0 with `progress`, a tqdm bar on stderr follows it."""
@@ -72,10 +89,18 @@ class WindowLogCallback(Callback):
         self.bar = bar
 
     @classmethod
-    def for_session(cls, loop: LoopState, *, progress: bool) -> WindowLogCallback:
+    def for_session(cls, loop: LoopState, *, progress: bool | str) -> WindowLogCallback:
+        """`progress`: True or "auto" (a redrawn bar on a terminal, plain lines elsewhere), "bar", "plain",
+        False or "none"."""
         t = loop.session.config.train
         bar = None
-        if progress and loop.is_main:
+        mode = {True: "auto", False: "none"}.get(progress, progress) if isinstance(progress, bool) else progress
+        if mode == "auto":
+            # Carriage-return redraws in a log file (nohup, slurm) are one endless line: plain lines there.
+            mode = "bar" if sys.stderr.isatty() else "plain"
+        if mode == "plain" and loop.is_main:
+            bar = PlainProgress(t.max_steps, loop.step, sys.stderr)
+        elif mode == "bar" and loop.is_main:
             from tqdm import tqdm
 
             bar = tqdm(total=t.max_steps, initial=loop.step, file=sys.stderr, unit="step", dynamic_ncols=True,
