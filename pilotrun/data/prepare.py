@@ -120,6 +120,8 @@ def prepare_corpus(
     """
     _check_options(train_tokens, val_fraction, shard_tokens, shuffle_buffer, shuffle_buffer_bytes, workers)
     out = os.path.normpath(os.fspath(out))
+    for line in PartialFolder.recover_replaced(out, force):
+        print(f"pilotrun prepare: {line}", file=sys.stderr)
     if os.path.lexists(out):
         if not force:
             raise DataError(f"{out} already exists: choose another --out or pass --force to replace it")

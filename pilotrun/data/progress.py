@@ -132,7 +132,7 @@ class PartialFolder:
         if os.path.lexists(self.out):
             if not force:
                 raise DataError(f"{self.out} appeared while preparing: not replacing it without --force")
-            replaced = f"{self.path}.replaced"
+            replaced = self.out + REPLACED_SUFFIX  # visible, and put back by recover_replaced after a kill
             _remove(replaced)
             os.rename(self.out, replaced)
         os.rename(self.path, self.out)
@@ -142,6 +142,10 @@ class PartialFolder:
         if replaced is not None:
             _remove(replaced)
 
+    @staticmethod
+    def recover_replaced(out: str, force: bool = False) -> list[str]:
+        return recover_replaced(out, force)
+
     def discard(self) -> None:
         _remove(self.path)
 
@@ -149,6 +153,28 @@ class PartialFolder:
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
+
+
+REPLACED_SUFFIX = PARTIAL_SUFFIX + ".replaced"
+
+
+def recover_replaced(out: str, force: bool = False) -> list[str]:
+    """What a `prepare --force` killed between its two renames left: the old folder as `OUT.partial.replaced`.
+    With no `out` it is put back (the old data is never lost to a kill); beside a finished `out` it is the
+    stale old copy and is removed. With `force` over an existing `out`, where the old folder will be during
+    the swap. One line each, for the command to print."""
+    replaced = out + REPLACED_SUFFIX
+    if not os.path.isdir(replaced) or os.path.islink(replaced):
+        if force and os.path.isdir(out):
+            return [f"--force: {out} stays whole until the new folder is complete, then moves to {replaced} for "
+                    "the swap (put back by the next prepare if this one is killed there)"]
+        return []
+    if not os.path.lexists(out):
+        os.rename(replaced, out)
+        fsync_directory(os.path.dirname(os.path.abspath(out)))
+        return [f"restored {out} from {replaced}: a prepare --force was interrupted while replacing it"]
+    _remove(replaced)
+    return [f"removed {replaced}: the old copy an interrupted prepare --force left beside the finished {out}"]
 
 
 def _remove(path: str) -> None:

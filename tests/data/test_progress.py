@@ -91,6 +91,36 @@ def test_finish_with_force_replaces_the_old_folder_only_after_the_rename(tmp_pat
     assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(tmp_path / "out") == ["new"]
 
 
+def test_a_force_killed_between_its_renames_leaves_the_old_folder_recoverable(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old").write_text("old")
+    assert "stays whole" in PartialFolder.recover_replaced(str(out), force=True)[0]  # says where it will be
+    partial = PartialFolder(str(out))
+    partial.open()
+    (tmp_path / "out.partial" / "new").write_text("new")
+    real_rename = os.rename
+
+    def killed_after_first(source, target):
+        real_rename(source, target)
+        if str(target).endswith(".replaced"):
+            raise KeyboardInterrupt  # as if SIGKILLed between the two renames
+
+    monkeypatch.setattr(os, "rename", killed_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        partial.finish(force=True)
+    monkeypatch.setattr(os, "rename", real_rename)
+    partial.close()
+    assert not out.exists() and (tmp_path / "out.partial.replaced" / "old").read_text() == "old"  # visible
+    line = PartialFolder.recover_replaced(str(out))[0]
+    assert line.startswith(f"restored {out}") and "out.partial.replaced" in line
+    assert (out / "old").read_text() == "old"
+    # Killed after the second rename: the stale old copy beside the finished folder is removed, named.
+    (tmp_path / "out.partial.replaced").mkdir()
+    assert "removed" in PartialFolder.recover_replaced(str(out))[0]
+    assert not (tmp_path / "out.partial.replaced").exists()
+
+
 def test_stop_requests_record_the_first_signal_and_a_second_stops_at_once():
     stops = StopRequests()
     before = signal.getsignal(signal.SIGTERM)
