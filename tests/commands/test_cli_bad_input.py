@@ -233,7 +233,16 @@ def _read_only(monkeypatch, root: Path) -> None:
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(file))
         return real_open(file, mode, *args, **kwargs)
 
+    real_os_open = os.open
+    writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+    def os_open(path, flags, *args, **kwargs):  # the writers that refuse links open with os.open (O_NOFOLLOW)
+        if flags & writing and inside(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_os_open(path, flags, *args, **kwargs)
+
     monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(os, "open", os_open)
     monkeypatch.setattr(builtins, "open", open_)
     monkeypatch.setattr(io, "open", open_)
 
@@ -244,7 +253,8 @@ def test_read_only_folders_are_one_line(builtin_data_dir, small_run, tmp_path, c
     locked.mkdir()
     before = tree_hashes(tmp_path)
     _read_only(monkeypatch, locked)
-    _read_only_run = run_dir / "report"
+    # The report is built beside report/ (RUN/.report.tmp-PID) and swapped in: a read-only run folder stops it.
+    _read_only_run = run_dir
     cases = [
         (["prepare", "--out", str(locked / "data"), "--tokenizer", "bpe:300"], str(locked)),
         (["train", "--config", SMOKE, "--data", str(builtin_data_dir), "--run-dir", str(locked / "run"), *THREADS],
