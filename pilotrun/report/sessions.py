@@ -57,6 +57,7 @@ class SessionSummary:
     wall_tokens_per_s: float | None
     events: int
     latest: bool = False  # the last session in the log: the one a report of "the run now" is about
+    restart: dict[str, Any] | None = None  # resumed with no checkpoint: began again at 0, naming the work lost
 
 
 def _where(event: dict[str, Any]) -> str:

@@ -171,6 +171,7 @@ def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summa
             if start != Counters():
                 reasons.append(f"session {sid}: starts at {dataclasses.asdict(start)} without resuming from a "
                                "checkpoint (a fresh start must begin at zero)")
+            _check_restart(sid, index, order, groups, checked, reasons, notes)
             continue
         found = _find_resume_point(index, resumed_from, start, order, groups)
         parent[sid] = found[:2] if found is not None else None
@@ -220,6 +221,7 @@ def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summa
             rolled_back_events.extend(groups[sid])
             status = "rolled back"
         sessions.append(session_summary(sid, index, info, parent.get(sid), status, kept_end))
+        sessions[-1].restart = restart_of(groups[sid])
     if sessions:
         sessions[-1].latest = True
     # A spike's rollback cuts the kept history at the checkpoint it restored (report/spikes.py).
@@ -252,6 +254,36 @@ def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summa
     return Summary(run_dir=str(run_dir), run_id=run.get("run_id"), valid=not reasons, reasons=reasons, notes=notes,
                    sessions=sessions, lineage=lineage, overall=overall, kept_events=kept_events,
                    rolled_back_events=rolled_back_events, run=run, final=final)
+
+
+def restart_of(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The `restart` a session_start records: a --resume that found no committed checkpoint and began at 0."""
+    restart = events[0].get("restart") if events and events[0]["event"] == "session_start" else None
+    return restart if isinstance(restart, dict) else None
+
+
+def _check_restart(sid: str, index: int, order: list[str], groups: dict[str, list[dict[str, Any]]],
+                   checked: dict[str, dict[str, Any]], reasons: list[str], notes: list[str]) -> None:
+    """A session that starts at zero after others: a restart names the work it loses, and that must be the
+    earlier sessions' own last counters (all of it is then rolled back, as the lineage counts it)."""
+    restart = restart_of(groups[sid])
+    if index == 0:
+        if restart is not None:
+            reasons.append(f"session {sid}: records a restart from nothing, but no session came before it")
+        return
+    before = checked[order[index - 1]]["last"]
+    if restart is None:
+        notes.append(f"session {sid}: a fresh start after {index} earlier session(s); their "
+                     f"{before.step} update(s) are counted as rolled back")
+        return
+    lost = (restart.get("lost_updates"), restart.get("lost_tokens"), restart.get("after_session"))
+    if lost != (before.step, before.tokens_seen, order[index - 1]):
+        reasons.append(f"session {sid}: its restart names {lost[0]} update(s), {lost[1]} tokens lost after session "
+                       f"{lost[2]}, but session {order[index - 1]} ended at step {before.step}, tokens_seen "
+                       f"{before.tokens_seen}")
+        return
+    notes.append(f"session {sid}: resumed with no committed checkpoint, so it started again at step 0; the "
+                 f"{before.step} update(s) ({before.tokens_seen} tokens) before it are lost, counted as rolled back")
 
 
 def checkpoint_chain_heads(run_dir: Path) -> tuple[dict[int, Any], dict[int, str | None]]:
@@ -341,15 +373,20 @@ def format_summary(summary: Summary) -> str:
     o = summary.overall
     running = o.get("running")
     lines = [f"run {summary.run_id} ({summary.run_dir}): {'VALID' if summary.valid else 'INVALID'}"]
-    header = (f"{'session':<20} {'from':>6} {'status':<18} {'end':<12} {'applied':>8} {'skipped':>7} "
+    names = [s.session_id + (" (latest)" if s.latest else "") for s in summary.sessions]
+    width = max([len("session"), *map(len, names)])
+    header = (f"{'session':<{width}} {'from':>7} {'status':<18} {'end':<13} {'applied':>8} {'skipped':>7} "
               f"{'rolled back':>11} {'tokens':>11} {'train tok/s':>11} {'wall tok/s':>10} "
               f"{'train/eval/ckpt/prof/rep/other s':>32}")
     lines += ["", header, "-" * len(header)]
-    for s in summary.sessions:
+    for name, s in zip(names, summary.sessions, strict=True):
         split = "/".join(f"{getattr(s, k):.1f}" for k in SPLIT_PHASES)
-        name = s.session_id[:20] if not s.latest else s.session_id[:11] + " (latest)"
-        lines.append(f"{name:<20} {str(s.resumed_from if s.resumed_from is not None else '-'):>6} "
-                     f"{s.status:<18} {(s.end_reason or ('running' if s.latest and running else 'killed')):<12} {s.updates_applied:>8} {s.updates_skipped:>7} "
+        start = "restart" if s.restart is not None else str(s.resumed_from if s.resumed_from is not None else "-")
+        end = s.end_reason or ("running" if s.latest and running else "killed")
+        if end == "completed" and s.resumed_from is not None and s.updates_attempted == 0:
+            end = "nothing to do"  # resumed at max_steps: a session that had no update left to run
+        lines.append(f"{name:<{width}} {start:>7} {s.status:<18} {end:<13} {s.updates_applied:>8} "
+                     f"{s.updates_skipped:>7} "
                      f"{s.updates_rolled_back:>11} {s.tokens_processed:>11} {_fmt(s.train_tokens_per_s):>11} "
                      f"{_fmt(s.wall_tokens_per_s):>10} {split:>32}"
                      f"{'' if s.time_source == 'session_end' else ' (from events)'}")

@@ -36,6 +36,8 @@ class ResumePlan:
     allowed_changes: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    restart: bool = False  # --resume with no committed checkpoint: a new session from step 0 in the same run
+
     @property
     def resuming(self) -> bool:
         return self.checkpoint_step is not None
@@ -123,15 +125,44 @@ def plan_resume(config: RunConfig, *, checkpoint_step: int, saved_meta: dict[str
                       allowed_changes=report.allowed_changes, notes=identity_notes + notes + report.warnings)
 
 
+def plan_restart(config: RunConfig, *, recorded: dict[str, Any], current_meta: dict[str, Any],
+                 allow_changes: list[str] | tuple[str, ...], root: str) -> ResumePlan:
+    """--resume of a run killed before its first committed checkpoint: there is no state to restore, so the
+    session starts again at step 0, a new session of the same run (its record names the updates lost). The
+    recipe and data are still held to the run's own (run.json's), as a resume holds them to a checkpoint's,
+    so that a restart never turns into another run under the same record."""
+    recipe = recorded.get("recipe")
+    data_sha = (recorded.get("data") or {}).get("metadata_sha256")
+    if not isinstance(recipe, dict) or not isinstance(data_sha, str):
+        raise CheckpointError(f"--resume: no committed checkpoint in {root}, and run.json records no recipe or data "
+                              "identity to start again from; start a new --run-dir")
+    saved = dict(current_meta, recipe=recipe, data=dict(current_meta["data"], metadata_sha256=data_sha))
+    report = check_resume_compatibility(saved, current_meta, list(allow_changes))
+    restored = config_to_dict(config_from_dict(recipe))
+    for change in report.free_changes + report.allowed_changes:
+        set_dotted(restored, change["key"], change["new"])
+    effective = config_from_dict(restored)
+    validate_run_config(effective)
+    note = (f"--resume: no committed checkpoint in {root}: nothing to restore, so this session starts again from "
+            "step 0; the earlier sessions' updates are lost (the record counts them as rolled back)")
+    return ResumePlan(config=effective, free_changes=report.free_changes, allowed_changes=report.allowed_changes,
+                      notes=[note, *report.warnings], restart=True)
+
+
 def plan_session(config: RunConfig, *, resume: bool, from_step: int | None, committed_steps: Callable[[], list[int]],
                  read_meta: Callable[[int], dict[str, Any]], current_meta: Callable[[], dict[str, Any]],
                  allow_changes: list[str] | tuple[str, ...], root: str,
-                 agree: Callable[[int], int] = lambda step: step, run_id: str | None = None) -> ResumePlan:
+                 agree: Callable[[int], int] = lambda step: step, run_id: str | None = None,
+                 recorded: dict[str, Any] | None = None) -> ResumePlan:
     """The plan for a fresh or a resumed session. `agree` makes every rank use rank 0's choice of
-    checkpoint (a broadcast under torchrun); `run_id` is run.json's, which the checkpoint must belong to."""
+    checkpoint (a broadcast under torchrun); `run_id` is run.json's, which the checkpoint must belong to.
+    `recorded` (run.json) lets a --resume with no committed checkpoint start again from step 0 (plan_restart)."""
     if not resume:
         return plan_fresh(from_step, config)
     steps = committed_steps()
+    if not steps and from_step is None and recorded:
+        return plan_restart(config, recorded=recorded, current_meta=current_meta(), allow_changes=allow_changes,
+                            root=root)
     chosen = agree(choose_checkpoint(steps, from_step, root))
     if chosen not in steps:
         raise CheckpointError(f"--from-step {chosen}: no committed checkpoint at that step in {root}")

@@ -30,7 +30,7 @@ from pilotrun.optim.muon_adamw import build_optimizer
 from pilotrun.optim.partition import partition_parameters, partition_table
 from pilotrun.optim.update_hooks import UpdateHook, build_update_hooks
 from pilotrun.run.folder_lock import LOCK_NAME, RunFolderBusy, RunFolderLock
-from pilotrun.run.record import COUNTER_KEYS, RUN_JSON, Counters, read_run_json
+from pilotrun.run.record import COUNTER_KEYS, RUN_JSON, Counters, read_metrics_tolerant, read_run_json
 from pilotrun.run.writer import MetricsWriter, RunRecord
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.checkpoint import step_folder_name
@@ -58,8 +58,9 @@ def tokens_per_update(config: RunConfig, world_size: int) -> int:
 def check_run_dir_is_new(run_dir: Path) -> None:
     """A fresh run needs a new or empty folder; the lock file a refused earlier attempt left does not count."""
     if run_dir.exists() and (not run_dir.is_dir() or any(p.name != LOCK_NAME for p in run_dir.iterdir())):
-        raise ConfigError(f"run folder {run_dir} already exists; pass --resume to continue it, or choose a new "
-                          "--run-dir")
+        raise ConfigError(f"run folder {run_dir} already exists: pass --resume to continue it (from its newest "
+                          "committed checkpoint, or from step 0 when it has none), choose a new --run-dir, or delete "
+                          "the folder to start this run over")
 
 
 def resolve_vocab(config: RunConfig, data_vocab: int) -> RunConfig:
@@ -151,6 +152,7 @@ class Session:
     metrics: MetricsWriter | None = None
     notes: list[str] = field(default_factory=list)
     lock: RunFolderLock | None = None  # held by rank 0 until the session ends
+    restart: dict[str, Any] | None = None  # a --resume with nothing to restore: the earlier work it loses
 
     def release_lock(self) -> None:
         if self.lock is not None:
@@ -265,11 +267,12 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
                                world_size=world_size, software=software, hardware=hardware,
                                partition=partition_table(partition_parameters(model, config.optim)))
 
-    run_id = read_run_json(run_dir).get("run_id") if resume else None
+    recorded = read_run_json(run_dir) if resume else {}
+    run_id = recorded.get("run_id")
     plan = plan_session(config, resume=resume, from_step=from_step, committed_steps=checkpointer.committed_steps,
                         read_meta=checkpointer.meta, current_meta=meta_of_this_run, allow_changes=allow_changes,
                         root=str(checkpointer.root), agree=lambda step: dist_utils.broadcast_object(context, step),
-                        run_id=run_id if isinstance(run_id, str) else None)
+                        run_id=run_id if isinstance(run_id, str) else None, recorded=recorded)
     if config_to_dict(plan.config) != config_to_dict(config):  # defensive: the check compares every key
         torch.manual_seed(plan.config.train.seed)
         model = build_model(plan.config.model)
@@ -384,6 +387,15 @@ def restore_group_settings(optimizer: torch.optim.Optimizer, settings: list[dict
         group.update(built)
 
 
+def lost_work(run_dir: Path) -> dict[str, Any]:
+    """What a restart from step 0 loses: every update of the earlier sessions (none left a checkpoint), as
+    their last recorded counters say; the session_start and run.json name it and summarize checks it."""
+    events = read_metrics_tolerant(run_dir).events
+    last = events[-1] if events else {}
+    return {"lost_updates": int(last.get("step", 0)), "lost_tokens": int(last.get("tokens_seen", 0)),
+            "after_session": last.get("session_id")}
+
+
 def open_record(session: Session, *, resume: bool, command: list[str]) -> None:
     """run.json (created, or extended by this session with the restored recipe, not the flags typed) and
     this session's metrics writer. Only rank 0 writes."""
@@ -404,6 +416,8 @@ def open_record(session: Session, *, resume: bool, command: list[str]) -> None:
                                   data=session.data_section(), enabled=is_main)
     record.record_allowed_changes(session.session_id, session.plan.allowed_changes)
     counters = session.state.counters()
+    if session.plan.restart:
+        session.restart = lost_work(session.run_dir)
     # The writer first: it cuts a torn tail and finds the chain head this session's lines continue from.
     metrics = MetricsWriter(session.run_dir, session.session_id, enabled=is_main, run_id=str(record.data["run_id"]))
     record.add_session({
@@ -411,7 +425,7 @@ def open_record(session: Session, *, resume: bool, command: list[str]) -> None:
         "resumed_from": session.resumed_from, "git": git_state(), "command": command,
         "hardware": session.hardware, "software": session.software,
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(), "notes": list(session.notes),
-        "chain_start": metrics.head,
+        "chain_start": metrics.head, **({"restart": session.restart} if session.restart else {}),
     })
     record.save()
     session.record = record

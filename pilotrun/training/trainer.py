@@ -181,7 +181,8 @@ class Trainer:
         loop.log("session_start", resumed_from=session.resumed_from, world_size=world_size,
                  run_json_sha256=run_json_digests(session.record.data), tokens_per_update=session.tokens_per_update,
                  max_steps=t.max_steps, tokens_per_microbatch=session.tokens_per_microbatch,
-                 metrics_repaired_bytes=session.metrics.repaired_bytes)
+                 metrics_repaired_bytes=session.metrics.repaired_bytes,
+                 **({"restart": session.restart} if session.restart else {}))
 
     def _end_session(self, loop: LoopState, ending: Ending) -> TrainResult:
         session = self.session

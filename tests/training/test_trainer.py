@@ -159,7 +159,7 @@ def test_interrupted_and_resumed_run_repeats_the_same_losses(builtin_data_dir, t
     config = smoke_config("train.max_steps=8", "train.eval_every=4")
     train(config, builtin_data_dir, tmp_path / "straight")
     train(smoke_config("train.max_steps=5", "train.eval_every=4"), builtin_data_dir, tmp_path / "split")
-    with pytest.raises(ConfigError, match="already exists; pass --resume"):
+    with pytest.raises(ConfigError, match="already exists: pass --resume"):
         Trainer(config, builtin_data_dir, tmp_path / "split", progress=False)
     trainer, result = train(config, builtin_data_dir, tmp_path / "split", resume=True, from_step=3)
     assert trainer.session.resumed_from == 3 and result.step == 8
