@@ -345,3 +345,84 @@ def test_case_count():
     print(f"hostile-input cases run: {total} {dict(sorted(CASES.items()))}")
     for name, planned in PLANNED.items():
         assert CASES.get(name, 0) >= planned * 4 // 5, (name, CASES.get(name, 0), planned)
+
+
+# ------------------------------------------------------------------------------------------------ edge files
+DEEP_JSON = "[" * 200_000 + "]" * 200_000
+BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+    f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(8))
+BILLION_LAUGHS += "train:\n  seed: *i\n"
+
+
+def _train_argv(sandbox: Path, *extra: str, config: Path | None = None) -> list[str]:
+    return ["train", "--config", str(config or sandbox / "recipe.yaml"), "--data", str(sandbox / "data"),
+            "--run-dir", str(sandbox / "run"), "--set", "train.num_threads=1", "--set", "train.max_steps=4",
+            "--set", "train.checkpoint_every=2", "--set", "train.eval_every=2", "--set", "train.eval_batches=1",
+            *extra]
+
+
+EDGE_CASES = {
+    # name: (file to damage relative to the sandbox, its new bytes or None, argv builder)
+    "deep_marker": ("run/checkpoints/step-00000004/COMMITTED.json", DEEP_JSON.encode(),
+                    lambda s: _train_argv(s, "--resume")),
+    "deep_run_json": ("run/run.json", DEEP_JSON.encode(), lambda s: ["summarize", str(s / "run")]),
+    "deep_run_json_resume": ("run/run.json", DEEP_JSON.encode(), lambda s: _train_argv(s, "--resume")),
+    "deep_metadata": ("data/metadata.json", DEEP_JSON.encode(), lambda s: ["data", "verify", str(s / "data")]),
+    "deep_metadata_train": ("data/metadata.json", DEEP_JSON.encode(), lambda s: _train_argv(s, "--resume")),
+    "deep_lock": ("frozen.lock.json", DEEP_JSON.encode(),
+                  lambda s: ["train", "--frozen", str(s / "frozen.lock.json"), "--data", str(s / "data"),
+                             "--run-dir", str(s / "long")]),
+    "billion_laughs": ("laughs.yaml", BILLION_LAUGHS.encode(),
+                       lambda s: _train_argv(s, config=s / "laughs.yaml")),
+    "deep_yaml": ("deep.yaml", ("train: " + "[" * 100_000 + "]" * 100_000 + "\n").encode(),
+                  lambda s: _train_argv(s, config=s / "deep.yaml")),
+    "deep_yaml_block": ("deep.yaml", "".join(f"{' ' * i}k:\n" for i in range(0, 3000)).encode(),
+                        lambda s: _train_argv(s, config=s / "deep.yaml")),
+    "long_int_set": (None, None, lambda s: _train_argv(s, "--resume", "--set", "train.max_steps=" + "9" * 10_000)),
+    "deep_folder_lock": ("run/run.lock", DEEP_JSON.encode(), lambda s: ["summarize", str(s / "run")]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EDGE_CASES))
+def test_edge_files_are_one_line_and_exit_2(sandbox, name):
+    target, content, argv = EDGE_CASES[name]
+    created = target is not None and not (sandbox / target).exists()
+    original = None if target is None or created else (sandbox / target).read_bytes()
+    if target is not None:
+        (sandbox / target).write_bytes(content)
+    try:
+        before = tree_hashes(sandbox, skip=("run", "long"))
+        code, err = run_command(argv(sandbox))
+        assert tree_hashes(sandbox, skip=("run", "long")) == before
+        if name == "deep_folder_lock":
+            assert code in (0, 1, 2), err  # no session holds it: the holder line is only read, never trusted
+        elif name in ("deep_run_json", "deep_metadata"):
+            assert code in (1, 2), err  # summarize / verify: damage is invalid (1) or unreadable (2), named
+        else:
+            assert code == 2, err
+        lines = err.strip().splitlines()
+        assert code != 2 or lines, name
+        assert all(len(line) < 600 for line in lines), lines[-1][:300]  # never the expanded value or the file
+    finally:
+        if created:
+            (sandbox / target).unlink()
+        elif original is not None:
+            (sandbox / target).write_bytes(original)
+        restore(sandbox, "run/metrics.jsonl", written="run")
+
+
+def test_a_run_lock_linked_to_a_binary_file_is_refused_and_the_file_unchanged(sandbox, tmp_path):
+    binary = tmp_path / "binary"
+    binary.write_bytes(bytes(range(256)) * 64)
+    digest = hashlib.sha256(binary.read_bytes()).hexdigest()
+    lock = sandbox / "run" / "run.lock"
+    lock.unlink(missing_ok=True)
+    lock.symlink_to(binary)
+    try:
+        for argv in (_train_argv(sandbox, "--resume"), ["summarize", str(sandbox / "run")]):
+            code, err = run_command(argv)
+            assert code in ((2,) if argv[0] == "train" else (0, 1, 2)), err
+        assert hashlib.sha256(binary.read_bytes()).hexdigest() == digest
+    finally:
+        restore(sandbox, "run/metrics.jsonl", written="run")

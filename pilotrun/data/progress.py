@@ -28,6 +28,7 @@ from typing import Any
 
 from pilotrun.errors import DataError, PilotrunError
 from pilotrun.files import fsync_directory, write_text_atomic
+from pilotrun.parsing import read_json_file
 
 PROGRESS_FILE = "progress.json"
 PROGRESS_FORMAT = "pilotrun-prepare-progress/1"
@@ -92,13 +93,12 @@ class PartialFolder:
 
     def read_progress(self) -> dict[str, Any] | None:
         path = os.path.join(self.path, PROGRESS_FILE)
-        try:
-            with open(path, encoding="utf-8") as handle:
-                record = json.load(handle)
-        except FileNotFoundError:
+        if not os.path.lexists(path):
             return None
-        except (OSError, ValueError) as exc:
-            raise DataError(f"{path} cannot be read ({exc}): remove {self.path} to start over") from None
+        try:  # the bounded reader: depth and size limited, one line on damage
+            record = read_json_file(path, path, DataError)
+        except DataError as exc:
+            raise DataError(f"{exc}: remove {self.path} to start over") from None
         if not isinstance(record, dict) or record.get("format") != PROGRESS_FORMAT:
             raise DataError(f"{path} is not a progress file of this pilotrun (expected format "
                             f"'{PROGRESS_FORMAT}'): remove {self.path} to start over")

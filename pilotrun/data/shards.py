@@ -27,6 +27,7 @@ import numpy as np
 
 from pilotrun.errors import DataError
 from pilotrun.files import canonical_sha256
+from pilotrun.parsing import read_json_file
 
 METADATA_FILE = "metadata.json"
 TOKENIZER_FILE = "tokenizer.json"
@@ -196,15 +197,10 @@ def load_manifest(data_dir: str) -> dict[str, Any]:
     if not os.path.isdir(data_dir):
         raise DataError(f"data folder {data_dir} does not exist (make one with `pilotrun prepare`)")
     path = os.path.join(data_dir, METADATA_FILE)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            manifest = json.load(handle)
-    except FileNotFoundError:
-        raise DataError(f"{path} is missing: {data_dir} is not a finished `pilotrun prepare` folder") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path} is not valid JSON ({exc})") from None
-    except OSError as exc:  # a folder or an unreadable file where the manifest should be
-        raise DataError(f"{path} cannot be read ({exc.strerror or exc})") from None
+    if not os.path.lexists(path):
+        raise DataError(f"{path} is missing: {data_dir} is not a finished `pilotrun prepare` folder")
+    # The bounded reader: a manifest nested 200,000 deep, not UTF-8 or huge is one line, never a traceback.
+    manifest = read_json_file(path, path, DataError)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise DataError(f"{path}: not a pilotrun data manifest (expected format '{FORMAT}')")
     check_manifest_fields(manifest, path)
