@@ -151,11 +151,13 @@ def resolve_tokenizer(
         identity = {"kind": "hub", "name": name, "revision_requested": revision, "revision": sha}
         where = f"{name}@{sha}"
     else:
-        if not os.path.isfile(spec):
-            raise DataError(f"--tokenizer '{spec}': no such file (expected bpe:VOCAB, hub:NAME[@REVISION] or a "
-                            "path to a tokenizer.json)")
-        tokenizer = _load_file(spec, spec)
-        identity = {"kind": "file", "name": os.path.basename(spec)}
+        # A folder (a model folder, an export) stands for its tokenizer.json: the same file, the same identity.
+        path = os.path.join(spec, "tokenizer.json") if os.path.isdir(spec) else spec
+        if not os.path.isfile(path):
+            raise DataError(f"--tokenizer '{spec}': no such file (expected bpe:VOCAB, hub:NAME[@REVISION], a "
+                            "path to a tokenizer.json or a folder holding one)")
+        tokenizer = _load_file(path, spec)
+        identity = {"kind": "file", "name": os.path.basename(path)}
         where = spec
     # Truncation or padding would silently cut or pad documents: the data step encodes whole documents.
     tokenizer.no_truncation()
