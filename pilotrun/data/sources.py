@@ -275,10 +275,20 @@ def _read_parquet(path: str, text_field: str, group: int | None) -> Iterator[str
         raise DataError(f"{path}: no column '{text_field}' (columns: {', '.join(names)}); "
                         "choose one with --text-field")
     column_type = parquet.schema_arrow.field(text_field).type
-    if str(column_type) not in ("string", "large_string", "string_view"):
+    # A dictionary-encoded string column (what pandas' category dtype writes) reads as its strings.
+    value_type = getattr(column_type, "value_type", column_type)
+    if str(value_type) not in ("string", "large_string", "string_view"):
         raise DataError(f"{path}: column '{text_field}' has type {column_type}, not string")
     groups = range(parquet.metadata.num_row_groups) if group is None else (group,)
     for index in groups:
+        row = 0
         for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[index], columns=[text_field],
                                           use_threads=False):
-            yield from batch.column(0).to_pylist()
+            try:
+                texts = batch.column(0).to_pylist()
+            except (UnicodeDecodeError, ValueError) as exc:  # a writer that did not validate UTF-8
+                reason = exc.reason if isinstance(exc, UnicodeDecodeError) else " ".join(str(exc).split())[:120]
+                raise DataError(f"{path}: column '{text_field}', row group {index}, rows {row}..{row + batch.num_rows - 1}: "
+                                f"not valid UTF-8 text ({reason})") from None
+            row += batch.num_rows
+            yield from texts

@@ -199,7 +199,11 @@ def plain_encoder(json_text: str) -> Tokenizer:
 def encode_documents(tokenizer: Tokenizer, texts: list[str], eos_id: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """Concatenated ids with EOS after every document, and each document's length (EOS included)."""
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # same ids, no offsets
-    encodings = encode(texts, add_special_tokens=False)
+    try:
+        encodings = encode(texts, add_special_tokens=False)
+    except Exception as exc:  # the tokenizers library raises a bare Exception (a WordLevel without [UNK] ...)
+        raise DataError(f"the tokenizer cannot encode the documents: {' '.join(str(exc).split())[:160]} (a "
+                        "word-level or unigram tokenizer needs an unknown token for words it lacks)") from None
     ids: list[int] = []
     lengths = np.empty(len(encodings), dtype=np.int64)
     for index, encoding in enumerate(encodings):

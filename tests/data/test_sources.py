@@ -110,3 +110,19 @@ def test_parquet_is_read_without_pre_buffering(tmp_path, monkeypatch):
     monkeypatch.setattr(pq, "ParquetFile", recording)
     assert list(open_source(str(tmp_path / "a.parquet")).documents()) == ["one", "two"]
     assert opened[-1] is False  # the reading pass (the footer-only open at open_source may use the default)
+
+
+def _texts(tmp_path, table) -> list:
+    pq.write_table(table, tmp_path / "t.parquet")
+    return [text for _, text in open_source(str(tmp_path / "t.parquet"), "text").positioned(None)]
+
+
+def test_a_dictionary_encoded_string_column_is_read(tmp_path):
+    column = pa.array(["one document", "another", "one document"]).dictionary_encode()
+    assert _texts(tmp_path, pa.table({"text": column})) == ["one document", "another", "one document"]
+
+
+def test_invalid_utf8_in_a_string_column_is_one_line_naming_the_rows(tmp_path):
+    column = pa.array([b"fine", b"bad \xff\xfe bytes"], type=pa.binary()).view(pa.string())
+    with pytest.raises(DataError, match=r"t\.parquet: column 'text', row group 0, rows 0\.\.1: not valid UTF-8"):
+        _texts(tmp_path, pa.table({"text": column}))

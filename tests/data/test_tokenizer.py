@@ -74,3 +74,10 @@ def test_trained_bpe_is_deterministic_and_has_an_eos():
     assert first.identity["eos_token"] == "<|endoftext|>" and first.identity["trained_on_documents"] == 300
     with pytest.raises(DataError, match="no documents"):
         resolve_tokenizer("bpe:400", training_texts=lambda: iter([]))
+
+
+def test_a_word_level_tokenizer_without_an_unknown_token_is_a_data_error():
+    tokenizer = Tokenizer(models.WordLevel({"hello": 0, "<|endoftext|>": 1}))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    with pytest.raises(DataError, match="cannot encode the documents: WordLevel error"):
+        encode_documents(tokenizer, ["hello there"], 1, "uint16")
