@@ -2,10 +2,11 @@
 
 import io
 import json
+from pathlib import Path
 
 import pytest
 
-from pilotrun.commands.pilot import PilotError, configs_dir, run_pilot
+from pilotrun.commands.pilot import PilotError, configs_dir, freeze_step, run_pilot
 from pilotrun.report.summarize import summarize_run
 
 
@@ -112,3 +113,142 @@ def test_the_kill_point_option_is_accepted_but_not_listed(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--help"])
     assert "stop-past-step" not in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------- the user's candidate
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
+SMALL_RECIPE = """\
+# A smoke-sized candidate of a user's own, outside the repository: GO on 24 updates of real text.
+model: {d_model: 64, n_layers: 2, n_dense_layers: 1, n_heads: 4, q_lora_rank: 0, kv_lora_rank: 32,
+        qk_nope_head_dim: 16, qk_rope_head_dim: 8, v_head_dim: 16, n_routed_experts: 4, n_shared_experts: 1,
+        top_k: 2, moe_hidden: 64, dense_hidden: 192, bias_update_speed: 0.05}
+optim:
+  muon: {lr: 5.0e-3, weight_decay: 0.1}
+  adamw: {lr: 5.0e-3, weight_decay: 0.1}
+  grad_clip: 10.0
+  schedule: {kind: cosine, warmup_steps: 2, horizon: 24}
+train: {batch_size: 4, seq_len: 32, max_steps: 24, log_every: 2, eval_every: 6, eval_batches: 2,
+        checkpoint_every: 6, keep_checkpoints: 2, num_threads: 1}
+"""
+
+
+def test_the_kill_step_is_the_first_logged_step_past_the_point_with_a_checkpoint():
+    assert freeze_step(120, 240, 5, 40) == 125  # the shipped recipe: what the end-to-end test sees
+    assert freeze_step(3, 6, 1, 3) == 4
+    assert freeze_step(1, 30, 10, 12) == 12  # no checkpoint before step 12: the first window after it
+    assert freeze_step(5, 6, 1, 3) is None  # nothing left to redo after step 6
+
+
+def test_an_interrupt_point_the_kill_cannot_reach_is_refused_before_writing(tmp_path):
+    with pytest.raises(PilotError, match="--interrupt-at 6"):
+        run_pilot(tmp_path / "w", config="smoke", interrupt_at=6)
+    with pytest.raises(PilotError, match="cannot land past step 5"):
+        run_pilot(tmp_path / "w", config="smoke", interrupt_at=5)
+    assert not (tmp_path / "w").exists()
+
+
+def test_cli_pilot_data_and_source_together_are_refused(tmp_path, capsys):
+    from pilotrun.commands.cli import main
+
+    assert main(["pilot", "--workdir", str(tmp_path / "w"), "--data", str(tmp_path), "--source", "builtin"]) == 2
+    assert "one or the other" in capsys.readouterr().err and not (tmp_path / "w").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (FIXTURES / "fineweb-edu").is_dir(), reason="the FineWeb-Edu fixture (../shared/fixtures) "
+                    "is not on this machine")
+def test_a_recipe_outside_the_repository_on_prepared_fineweb_edu_is_go_and_frozen(tmp_path):
+    from pilotrun.data.prepare import prepare_corpus
+
+    data = tmp_path / "edu"
+    prepare_corpus(data, source=str(FIXTURES / "fineweb-edu" / "fineweb_edu_sample10bt_150docs.jsonl"),
+                   tokenizer=str(FIXTURES / "tokenizers" / "gpt2"), val_fraction=0.05, progress=False)
+    recipe = tmp_path / "mine" / "candidate.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text(SMALL_RECIPE)
+    before = sorted(p.name for p in data.iterdir())
+    out = io.StringIO()
+    result = run_pilot(tmp_path / "work", config=recipe, data=data, freeze=tmp_path / "candidate.lock.json", out=out,
+                       poll_seconds=0.05)
+    assert (result.decision, result.exit_code) == ("GO", 0), out.getvalue()[-3000:]
+    assert (result.killed_at_step, result.committed_checkpoint) == (14, 12)
+    assert sorted(p.name for p in data.iterdir()) == before  # the user's data folder is only read
+    assert not (tmp_path / "work" / "data").exists()
+    run = json.loads((result.run_dir / "run.json").read_text())
+    assert run["data"]["vocab_size"] == 50257 and run["recipe"]["train"]["max_steps"] == 24
+    assert (result.report_dir / "report.html").is_file()
+    lock = json.loads(result.lock.read_text())
+    assert lock["data"]["metadata_sha256"] == run["data"]["metadata_sha256"]
+
+
+def _alive(pid: int) -> bool:
+    from pilotrun.commands.pilot_process import is_alive
+
+    return is_alive(pid)
+
+
+@pytest.mark.slow
+def test_a_two_rank_pilot_under_torchrun_loses_every_process_at_once_and_resumes_bit_exactly(tmp_path):
+    out = io.StringIO()
+    result = run_pilot(tmp_path / "work", config="smoke", nproc_per_node=2, out=out, poll_seconds=0.05,
+                       overrides=["train.num_threads=1"])
+    # Every rank stopped itself at the same update: step 4 logged, step 3 committed, as with one process.
+    assert (result.killed_at_step, result.committed_checkpoint) == (4, 3)
+    assert len(result.killed_pids) >= 3  # torchrun and its two workers (in sessions of their own)
+    assert not [pid for pid in result.killed_pids if _alive(pid)]
+    log = (tmp_path / "work" / "train-1.log").read_text()
+    assert "session_end" not in log  # killed, not ended: no handler ran on any rank
+    summary = summarize_run(result.run_dir, require_step=6)
+    assert summary.valid, summary.reasons
+    first, second = summary.sessions
+    assert (first.end_reason, second.resumed_from, second.end_reason) == (None, 3, "completed")
+    events = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert {e["world_size"] for e in events if e["event"] == "session_start"} == {2}
+    losses = {}
+    for e in events:
+        if e["event"] == "train":
+            losses.setdefault(e["step"], []).append(e["loss"])
+    assert len(losses[4]) == 2 and losses[4][0] == losses[4][1]  # the redone update, bit for bit
+    rules = {r["name"]: r for r in json.loads((result.report_dir / "summary.json").read_text())["rules"]}
+    assert rules["resumed"]["status"] == "PASS" and "0 differ" in rules["resumed"]["figure"]
+
+
+@pytest.mark.slow
+def test_sigint_to_the_pilot_stops_its_child_and_exits_130_with_one_line(builtin_data_dir, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from pilotrun.run.record import read_metrics_tolerant
+
+    root = Path(__file__).resolve().parents[2]
+    workdir = tmp_path / "w"
+    command = [sys.executable, "-m", "pilotrun", "pilot", "--workdir", str(workdir), "--config", "smoke", "--data",
+               str(builtin_data_dir), "--set", "train.num_threads=1", "--set", "train.max_steps=5000",
+               "--set", "optim.schedule.horizon=5000", "--interrupt-at", "4900"]
+    pilot = subprocess.Popen(command, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240  # a hang guard, not a timing assertion
+        while time.monotonic() < deadline and pilot.poll() is None:
+            run = workdir / "run"
+            if (run / "metrics.jsonl").is_file() and any(
+                    e["event"] == "checkpoint" for e in read_metrics_tolerant(run).events):
+                break
+            time.sleep(0.05)
+        pilot.send_signal(signal.SIGINT)
+        stdout, stderr = pilot.communicate(timeout=240)
+    finally:
+        if pilot.poll() is None:
+            pilot.kill()
+            pilot.wait()
+    assert pilot.returncode == 130, stderr[-2000:]
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pilotrun pilot: stopped by SIGINT while training the first "
+                                                   "session (step "), stderr
+    assert "--resume" in lines[0] and str(workdir / "run") in lines[0]
+    ends = [e for e in read_metrics_tolerant(workdir / "run").events if e["event"] == "session_end"]
+    assert [e["reason"] for e in ends] == ["interrupted"]  # the child finished its update and checkpointed
+    assert summarize_run(workdir / "run").valid
