@@ -1,58 +1,68 @@
-"""The pilot's process tree: every descendant of a training child is found (a worker in a session of its own
-included), a zombie counts as exited, and the torchrun command is one node's."""
+"""pilotrun/commands/pilot_process.py: the training tree found by pid and killed at once, even where a descendant
+runs in a session of its own (as torchrun's workers do), and the stop signals the pilot passes on. The real
+torchrun tree is killed in tests/commands/test_pilot.py."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
 import time
 
-from pilotrun.commands.pilot_process import descendants, is_alive, torchrun_command
+import pytest
+
+from pilotrun.commands import pilot_process
+from pilotrun.commands.pilot_process import PilotStopped, StopForwarding, TrainingChild, descendants, is_alive
+
+# A launcher that starts a worker in a session of its own and waits, as torchrun does.
+LAUNCHER = ("import subprocess, sys, time\n"
+            "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
+            "time.sleep(600)\n")
 
 
-def test_grandchildren_in_their_own_session_are_descendants_and_die_with_the_tree():
-    # A child that starts a grandchild in a new session, as torchrun starts its workers.
-    code = ("import subprocess, sys, time; "
-            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True); "
-            "print(p.pid, flush=True); time.sleep(600)")
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+def _child(tmp_path, monkeypatch, nproc=None) -> TrainingChild:
+    # The launcher stands in for `python -m pilotrun` / torchrun; the tree is what counts.
+    monkeypatch.setattr(pilot_process, "torchrun_command", lambda n: [sys.executable, "-c", LAUNCHER])
+    return TrainingChild([], tmp_path / "child.log", nproc=nproc)
+
+
+def test_the_whole_tree_dies_at_once_with_a_worker_in_its_own_session(tmp_path, monkeypatch):
+    child = _child(tmp_path, monkeypatch, nproc=1)
     try:
-        grandchild = int(child.stdout.readline())
-        tree = descendants(os.getpid())
-        assert child.pid in tree and grandchild in tree
-        assert tree.index(child.pid) < tree.index(grandchild)  # children before grandchildren
-        assert descendants(child.pid) == [grandchild]
-        for pid in [grandchild, child.pid]:
-            os.kill(pid, signal.SIGKILL)
-        child.wait(timeout=60)
-        deadline = time.monotonic() + 60  # a hang guard: init reaps the orphaned grandchild
-        while is_alive(grandchild) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not is_alive(child.pid) and not is_alive(grandchild)
+        deadline = time.monotonic() + 60  # a hang guard: the worker appears as soon as the launcher runs
+        while not child.workers() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        workers = child.workers()
+        assert len(workers) == 1 and descendants(child.pid) == workers
+        killed = child.kill_tree()
     finally:
-        for pid in [child.pid]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if child.poll() is None:
+            child.process.kill()
+    assert set(killed) == {child.pid, *workers}
+    assert child.poll() == -signal.SIGKILL
+    assert not [pid for pid in killed if is_alive(pid)]  # the worker too, though killing the launcher spares it
 
 
-def test_an_unreaped_child_is_not_alive():
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # exited but not waited for: a zombie
-        state = open(f"/proc/{child.pid}/stat").read().rpartition(")")[2].split()[0]
-        if state == "Z":
-            break
-        time.sleep(0.02)
-    assert not is_alive(child.pid)
-    child.wait()
-    assert is_alive(os.getpid())
+def test_a_stop_with_no_child_running_is_raised_where_the_pilot_stands():
+    stops = StopForwarding()
+    with pytest.raises(PilotStopped) as raised:
+        stops._handle(signal.SIGTERM, None)
+    assert (raised.value.signum, stops.exit_code) == (signal.SIGTERM, 143)
 
 
-def test_torchrun_runs_pilotrun_on_one_node():
-    command = torchrun_command(2)
-    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert "--standalone" in command and "--nproc-per-node=2" in command and command[-2:] == ["-m", "pilotrun"]
+def test_a_stop_while_a_child_runs_is_passed_on_once_per_signal(tmp_path, monkeypatch):
+    sent = []
+    child = _child(tmp_path, monkeypatch, nproc=1)
+    stops = StopForwarding()
+    try:
+        deadline = time.monotonic() + 60  # a hang guard
+        while not child.workers() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with monkeypatch.context() as patch, stops.running(child):
+            patch.setattr(pilot_process.os, "kill", lambda pid, signum: sent.append((pid, signum)))
+            stops._handle(signal.SIGINT, None)
+            stops._handle(signal.SIGINT, None)  # a second Ctrl-C: the child stops at once
+        worker = child.workers()[0]
+    finally:
+        child.kill_tree()
+    # To the worker itself, never to the launcher (which would pass it on again), and continued if stopped.
+    assert sent == [(worker, signal.SIGINT), (worker, signal.SIGCONT)] * 2 and stops.exit_code == 130
