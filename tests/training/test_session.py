@@ -78,5 +78,69 @@ def test_a_fresh_run_needs_a_new_or_empty_folder(tmp_path):
     (tmp_path / "empty" / "run.lock").write_text("")  # a refused attempt's lock file does not count
     check_run_dir_is_new(tmp_path / "empty")
     (tmp_path / "empty" / "run.json").write_text("{}")
-    with pytest.raises(ConfigError, match="already exists"):
+    with pytest.raises(ConfigError, match="already exists: pass --resume .* or from step 0 when it has none.* delete"):
         check_run_dir_is_new(tmp_path / "empty")
+
+
+# The first training process stops itself where its first checkpoint would be written, so the SIGKILL that follows
+# lands before any checkpoint exists (deterministically: no race with the save).
+STOP_BEFORE_FIRST_CHECKPOINT = (
+    "import os, signal, sys\n"
+    "from pilotrun.training import checkpointing\n"
+    "checkpointing.save_checkpoint = lambda loop: os.kill(os.getpid(), signal.SIGSTOP)\n"
+    "from pilotrun.commands.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n")
+
+
+def test_resume_with_no_committed_checkpoint_starts_again_at_zero_naming_the_lost_updates(builtin_data_dir, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from pilotrun.report.summarize import format_summary, summarize_run
+    from pilotrun.training.pilot_handshake import wait_until_stopped
+
+    run_dir = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-c", STOP_BEFORE_FIRST_CHECKPOINT, "train", "--config", "smoke",
+                              "--data", str(builtin_data_dir), "--run-dir", str(run_dir), "--set", "train.num_threads=1",
+                              "--progress", "none"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until_stopped(first.pid, timeout_seconds=240)  # a hang guard
+    finally:
+        first.kill()
+        first.wait()
+    assert not (run_dir / "checkpoints").is_dir() or not any((run_dir / "checkpoints").iterdir())
+
+    with pytest.raises(ConfigError, match="pass --resume"):
+        Trainer(recipe(), builtin_data_dir, run_dir, progress=False)
+    trainer = Trainer(recipe(), builtin_data_dir, run_dir, resume=True, progress=False, out=io.StringIO())
+    assert trainer.session.state.step == 0 and trainer.session.resumed_from is None
+    assert trainer.session.restart["lost_updates"] == 3  # the smoke recipe checkpoints every 3 updates
+    assert any("no committed checkpoint" in note for note in trainer.session.notes)
+    assert trainer.run().reason == "completed"
+
+    run = json.loads((run_dir / "run.json").read_text())
+    killed, restarted = run["sessions"]
+    assert restarted["restart"] == {"lost_updates": 3, "lost_tokens": 3 * 128, "after_session": killed["session_id"]}
+    summary = summarize_run(run_dir, require_step=6)
+    assert summary.valid, summary.reasons
+    assert [s.status for s in summary.sessions] == ["rolled back", "kept"]
+    assert summary.overall["updates_rolled_back"] == 3 and summary.overall["updates_applied"] == 6
+    assert any("no committed checkpoint" in note and "3 update(s)" in note for note in summary.notes)
+    text = format_summary(summary)
+    assert killed["session_id"] in text and f"{restarted['session_id']} (latest)" in text  # whole ids
+    assert " restart kept " in text.splitlines()[5]
+
+
+def test_a_restart_claiming_other_lost_work_is_refused_by_summarize(builtin_data_dir, tmp_path):
+    from pilotrun.report.summarize import _check_restart
+    from pilotrun.run.record import Counters
+
+    groups = {"a": [{"event": "session_start"}], "b": [{"event": "session_start", "restart": {
+        "lost_updates": 5, "lost_tokens": 640, "after_session": "a"}}]}
+    checked = {"a": {"last": Counters(step=3, tokens_seen=384)}, "b": {"last": Counters()}}
+    reasons, notes = [], []
+    _check_restart("b", 1, ["a", "b"], groups, checked, reasons, notes)
+    assert len(reasons) == 1 and "names 5 update(s)" in reasons[0] and not notes
