@@ -72,3 +72,35 @@ def test_an_overflow_event_names_the_skip(builtin_data_dir, tmp_path):
     assert [e["event"] for e in events] == ["data_restart", "overflow"]
     assert events[1]["loss_scale_before"] == 1024.0 and events[1]["loss_scale_after"] == 512.0
     assert session.state.data_restarts == 1
+
+
+def test_progress_written_to_a_file_is_one_plain_line_per_window(builtin_data_dir, tmp_path):
+    # stderr into a file (nohup, slurm): "auto" gives plain lines, never carriage-return redraws.
+    import os
+    import subprocess
+    import sys
+
+    log = tmp_path / "train.log"
+    with open(log, "w") as err:
+        done = subprocess.run([sys.executable, "-m", "pilotrun", "train", "--config", "smoke", "--data",
+                               str(builtin_data_dir), "--run-dir", str(tmp_path / "run"), "--set",
+                               "train.num_threads=1"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                              stdout=subprocess.DEVNULL, stderr=err, timeout=300)
+    assert done.returncode == 0
+    text = log.read_text()
+    assert "\r" not in text
+    lines = [line for line in text.splitlines() if line.startswith("train: step ")]
+    windows = [e["step"] for e in read_metrics_strict(tmp_path / "run") if e["event"] == "train"]
+    assert [int(line.split()[2].split("/")[0]) for line in lines] == windows == [1, 2, 3, 4, 5, 6]
+    assert all(line.split()[2].endswith("/6") and " loss=" in line for line in lines)
+
+
+def test_plain_progress_is_the_bar_interface_as_lines():
+    from pilotrun.training.window_log import PlainProgress
+
+    out = io.StringIO()
+    bar = PlainProgress(total=10, initial=4, out=out)
+    bar.update(2)
+    bar.set_postfix_str("loss=1.0000", refresh=True)
+    bar.close()
+    assert out.getvalue() == "train: step 6/10 loss=1.0000\n"
