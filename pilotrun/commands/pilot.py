@@ -223,7 +223,8 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
     with stops.installed():
         try:
             return _rehearse(workdir, run_dir, marker, config_path, overrides, recipe, data, source, tokenizer,
-                             point, stop, nproc_per_node, freeze, progress, stops, out, poll_seconds, timeout_seconds)
+                             point, stop, nproc_per_node, freeze, progress, stops, out, poll_seconds, timeout_seconds,
+                             demo=config is None)
         except PilotStopped as stopped:
             stops.signum = stopped.signum
             raise _interrupted(stops, "between its steps", run_dir, recipe.train.max_steps, config_path) from None
@@ -247,7 +248,7 @@ def _interrupted(stops: StopForwarding, doing: str, run_dir: Path, max_steps: in
 def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, overrides: list[str], recipe,
               data, source: str, tokenizer: str, point: int, stop: int, nproc: int | None, freeze,
               progress: str, stops: StopForwarding, out: TextIO, poll_seconds: float,
-              timeout_seconds: float) -> PilotResult:
+              timeout_seconds: float, demo: bool) -> PilotResult:
     from pilotrun.data.progress import PrepareInterrupted
 
     started = time.monotonic()
@@ -263,11 +264,13 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
                            config_path) from None
     phases["prepare"] = time.monotonic() - phase_start
 
-    if recipe.train.num_threads == 0:
-        # Measured on a busy 2-core machine: torch's default intra-op threads ran the stability recipe ~10x
-        # slower than one thread (oversubscription); one thread keeps the rehearsal within minutes anywhere.
+    if demo and recipe.train.num_threads == 0:
+        # The built-in demo runs on whatever machine `make pilot` is typed on, often a small one shared with
+        # other work: measured on a busy 2-core machine, two threads ran the stability recipe ~10x slower than
+        # one (spinning OpenMP threads losing their time slices); one thread keeps it within minutes anywhere.
+        # A user's own recipe keeps the default (one thread per physical core among the local ranks).
         overrides = [*overrides, "train.num_threads=1"]
-        _say(out, "the recipe leaves train.num_threads to torch: the pilot pins 1 (override with --set "
+        _say(out, "the demo recipe leaves train.num_threads at its default: the pilot pins 1 (override with --set "
                   "train.num_threads=N)")
     if os.path.lexists(run_dir):
         _say(out, f"replacing the previous pilot run in {run_dir}")

@@ -116,6 +116,28 @@ def resolve_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
+def physical_cores() -> int:
+    """The physical cores this process may run on (its CPU affinity, hyperthread siblings counted once), from
+    /sys where Linux has it; else the logical CPUs."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = set()
+    for cpu in cpus:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add(((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+    return max(1, len(cores))
+
+
+def default_threads(local_ranks: int) -> int:
+    """`train.num_threads: 0`: one intra-op thread per physical core, the cores divided among the ranks of this
+    machine (torch's own default counts every logical CPU for every rank: oversubscribed under torchrun, and
+    its spinning OpenMP threads lose whole time slices on a machine that also runs other work; BENCHMARKS.md,
+    the thread section, has the measurement)."""
+    return max(1, physical_cores() // max(1, local_ranks))
+
+
 def hardware_info(device: torch.device, world_size: int, precision: str) -> dict[str, Any]:
     info: dict[str, Any] = {
         "world_size": int(world_size),

@@ -14,6 +14,7 @@ replaces whatever building consumed.
 from __future__ import annotations
 
 import datetime
+import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,13 +42,21 @@ from pilotrun.training.dcp_storage import (
     load_model_and_optimizer_state,
     model_and_optimizer_state,
 )
-from pilotrun.training.environment import git_state, hardware_info, software_versions
+from pilotrun.training.environment import default_threads, git_state, hardware_info, software_versions
 from pilotrun.training.notices import restored_state_line, startup_warnings
 from pilotrun.training.precision import build_grad_scaler
 from pilotrun.training.preflight import PreflightError, check_run_folder, checkpoint_bytes_estimate
 from pilotrun.training.resume import ResumePlan, checkpoint_meta, plan_session
 from pilotrun.training.rng import capture_rng_state, restore_rng_state, seed_every_generator
 from pilotrun.training.spikes import SpikeDetector
+
+
+def local_ranks() -> int:
+    """The ranks sharing this machine (torchrun's LOCAL_WORLD_SIZE; 1 outside torchrun)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
 
 
 def tokens_per_update(config: RunConfig, world_size: int) -> int:
@@ -197,8 +206,7 @@ def build_session(config: RunConfig, data_dir: str | Path, run_dir: str | Path, 
                   context: dist_utils.DistributedContext) -> Session:
     run_dir, data_dir = Path(run_dir), Path(data_dir)
     validate_run_config(config)
-    if config.train.num_threads > 0:
-        torch.set_num_threads(config.train.num_threads)
+    torch.set_num_threads(config.train.num_threads or default_threads(local_ranks()))
 
     # 1. Refuse before touching anything.
     if resume and not (run_dir / RUN_JSON).is_file():

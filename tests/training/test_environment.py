@@ -1,5 +1,6 @@
 """Environment facts: git state of a real repository, device peaks only for known devices, memory."""
 
+import os
 import subprocess
 
 import torch
@@ -94,3 +95,11 @@ def test_software_and_memory():
     memory = memory_snapshot(torch.device("cpu"))
     assert memory["rss_mb"] > 1 and memory["peak_rss_mb"] >= memory["rss_mb"] * 0.5
     assert memory["cuda_max_allocated_mb"] is None
+
+
+def test_the_default_thread_count_divides_the_physical_cores_among_the_local_ranks(monkeypatch):
+    from pilotrun.training import environment
+
+    assert 1 <= environment.physical_cores() <= (os.cpu_count() or 1)
+    monkeypatch.setattr(environment, "physical_cores", lambda: 8)
+    assert [environment.default_threads(n) for n in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]

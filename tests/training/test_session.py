@@ -144,3 +144,17 @@ def test_a_restart_claiming_other_lost_work_is_refused_by_summarize(builtin_data
     reasons, notes = [], []
     _check_restart("b", 1, ["a", "b"], groups, checked, reasons, notes)
     assert len(reasons) == 1 and "names 5 update(s)" in reasons[0] and not notes
+
+
+def test_num_threads_0_runs_with_the_default_and_the_session_records_it(builtin_data_dir, tmp_path, monkeypatch):
+    from pilotrun.training import session as session_module
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(session_module, "default_threads", lambda local_ranks: 1 if local_ranks == 1 else 99)
+    try:
+        torch.set_num_threads(2)
+        trainer = Trainer(recipe("train.num_threads=0"), builtin_data_dir, tmp_path / "run", progress=False)
+        assert torch.get_num_threads() == 1 and trainer.session.hardware["torch_threads"] == 1
+        trainer.session.release_lock()
+    finally:
+        torch.set_num_threads(before)
