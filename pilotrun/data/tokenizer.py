@@ -202,6 +202,8 @@ def encode_documents(tokenizer: Tokenizer, texts: list[str], eos_id: int, dtype:
     try:
         encodings = encode(texts, add_special_tokens=False)
     except Exception as exc:  # the tokenizers library raises a bare Exception (a WordLevel without [UNK] ...)
+        if type(exc) is not Exception:
+            raise  # a TypeError for a non-text document is a caller's bug, named as itself
         raise DataError(f"the tokenizer cannot encode the documents: {' '.join(str(exc).split())[:160]} (a "
                         "word-level or unigram tokenizer needs an unknown token for words it lacks)") from None
     ids: list[int] = []
