@@ -156,6 +156,13 @@ class Callback:
         """A context the update attempt runs in (entered in priority order, so a lower priority is outside)."""
         return contextlib.nullcontext()
 
+    def stop_request(self, loop: LoopState) -> Ending | None:
+        """After each update attempt, on every rank: how this concern wants the session to end now (a shard
+        found damaged, the launcher gone), or None. The loop agrees across ranks: when any rank asks, every
+        rank stops with the first asking rank's Ending, and the last round checkpoints the state as for a
+        signal. Must not synchronise with other ranks itself (the loop does that, once for all)."""
+        return None
+
 
 def in_order(callbacks: Iterable[Callback]) -> list[Callback]:
     ordered = sorted(callbacks, key=lambda callback: callback.priority)  # stable: equal priorities keep order

@@ -216,6 +216,19 @@ def any_across_ranks(context: DistributedContext, flag: bool) -> bool:
     return bool(all_reduce_packed(context, {"flag": torch.tensor(1.0 if flag else 0.0)}, "max")["flag"].item() > 0)
 
 
+def first_across_ranks(context: DistributedContext, value: Any) -> Any:
+    """The first rank's non-None `value` in rank order, on every rank (None when no rank has one). Costs one
+    flag all-reduce when no rank has one; the objects are gathered only when some rank does (a stop request
+    that one rank alone found, a shard whose hash differs there, must be told in the same words on all)."""
+    if not any_across_ranks(context, value is not None):
+        return None
+    if not context.is_distributed:
+        return value
+    gathered: list[Any] = [None] * context.world_size
+    dist.all_gather_object(gathered, value)
+    return next(v for v in gathered if v is not None)
+
+
 def check_same_on_all_ranks(context: DistributedContext, name: str, value: Any) -> None:
     """Refuse to go on when ranks disagree about something that must be shared (a config hash, a data
     identity, a checkpoint step): better one clear error than N replicas training different things."""

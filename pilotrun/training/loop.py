@@ -28,7 +28,6 @@ by the reader's own guard, half an update would be lost with no checkpoint of th
 from __future__ import annotations
 
 import contextlib
-import signal
 from collections.abc import Sequence
 
 import torch
@@ -78,7 +77,7 @@ def train_loop(loop: LoopState, callbacks: Sequence[Callback]) -> Ending:
                     for callback in callbacks:
                         around.enter_context(callback.around_update(loop))
                     loop.update = train_one_update(loop)
-                loop.ending = stop_requested(loop)
+                loop.ending = stop_requested(loop, callbacks)
             loop.final = loop.ending is not None or state.step >= t.max_steps
             if loop.final:
                 account.switch("other")  # for good: the session's training seconds end with its last window
@@ -96,17 +95,21 @@ def train_loop(loop: LoopState, callbacks: Sequence[Callback]) -> Ending:
     return loop.ending or Ending("completed", 0, f"reached max_steps={t.max_steps}")
 
 
-def stop_requested(loop: LoopState) -> Ending | None:
-    """A stop signal on any rank (after the update in flight), or too many skipped updates in a row."""
+def stop_requested(loop: LoopState, callbacks: Sequence[Callback] = ()) -> Ending | None:
+    """A stop signal or a callback's stop request on any rank (after the update in flight), told alike on every
+    rank in the first asking rank's words; else a spike policy's stop or too many skipped updates in a row."""
     session, state = loop.session, loop.session.state
     t = session.config.train
-    stop = loop.signals.received is not None
-    if session.context.is_distributed:
-        stop = dist_utils.any_across_ranks(session.context, stop)
-    if stop:
-        signum = loop.signals.received if loop.signals.received is not None else signal.SIGTERM  # another rank's
-        return Ending("interrupted", exit_code_of(signum), f"{signal_name(signum)} received: finished the update, "
-                      f"saved checkpoint step {state.step}")
+    asked = None
+    if loop.signals.received is not None:
+        signum = loop.signals.received
+        asked = Ending("interrupted", exit_code_of(signum), f"{signal_name(signum)} received: finished the update, "
+                       f"saved checkpoint step {state.step}")
+    for callback in callbacks:
+        asked = asked or callback.stop_request(loop)
+    asked = dist_utils.first_across_ranks(session.context, asked)
+    if asked is not None:
+        return asked
     spike = loop.update.spike if loop.update is not None else None
     if spike is not None and spike.action == "stopped":
         return Ending("stopped", 1, f"spike at update {spike.step} (loss {spike.loss:.4g}, grad norm "

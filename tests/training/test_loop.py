@@ -115,6 +115,22 @@ def test_too_many_skipped_updates_in_a_row_stop_the_session(session):
     assert stop_requested(loop) is None
 
 
+def test_a_callbacks_stop_request_ends_the_session_after_its_update_with_a_last_round(session):
+    from pilotrun.training.callbacks import Ending
+
+    class StopAtTwo(Watcher):
+        def stop_request(self, loop):
+            return Ending("stopped", 1, f"asked at step {loop.step}") if loop.step == 2 else None
+
+    watcher = StopAtTwo()
+    ending = train_loop(new_loop(session), [watcher])
+    assert (ending.reason, ending.exit_code, ending.message) == ("stopped", 1, "asked at step 2")
+    assert [r[:3] for r in watcher.rounds] == [(1, True, False), (2, True, True)] and watcher.ended == 1
+    loop = new_loop(session)
+    loop.signals.received = signal.SIGINT  # a signal outranks a callback's request
+    assert stop_requested(loop, [StopAtTwo()]).exit_code == 130
+
+
 def test_an_error_runs_every_at_end_and_propagates(session, monkeypatch):
     def failing_update(loop):
         raise RuntimeError("planted")
