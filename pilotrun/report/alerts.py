@@ -10,6 +10,8 @@ a rule when it passes again, a killed session when a resume starts). The kinds:
   longest one seen so far, and a session not yet at its first window the longest start-up seen so far, since
   the trainer writes nothing while it does those;
 - `throughput`: a steady window's training-only tokens/s below the pilot's band (the lock's `watch` figures);
+  on CUDA also its tokens per device second (key `throughput_device`), below the pilot's per-device band: the
+  device itself got slower (clocks, a neighbour on the GPU), not the host feeding it;
 - `loss_spike`: a window's loss above the median of the previous windows of the kept history by more than the
   larger of LOSS_SPIKE_SIGMAS of their noise and LOSS_SPIKE_SHARE of the median;
 - `loss_envelope`: a window's loss above the pilot's loss at that step plus its tolerance (the lock's envelope);
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pilotrun.report.projection import loss_noise, window_tokens_per_s
+from pilotrun.report.projection import loss_noise, window_tokens_per_device_second, window_tokens_per_s
 from pilotrun.report.rules import live_rules
 from pilotrun.report.summarize import summarize_run
 from pilotrun.report.thresholds import FAIL, THRESHOLD_FIELDS, Thresholds
@@ -115,6 +117,7 @@ class Watcher:
         self.longest = {"checkpoint": 0.0, "val": 0.0, "startup": 0.0}
         self.session_start_time: float | None = None
         self.session_trained = False
+        self.world_sizes: dict[str, int] = {}  # session -> its world size (session_start), for per-device rates
         self.max_steps: int | None = None
         self.cadence = {k: ((self.follower.run.get("recipe") or {}).get("train") or {}).get(k)
                         for k in ("checkpoint_every", "eval_every")}
@@ -158,6 +161,8 @@ class Watcher:
             resumed = event.get("resumed_from")
             self.losses = [p for p in self.losses if resumed is not None and p[0] <= resumed]
             self.session_start_time, self.session_trained = t, False
+            size = event.get("world_size")
+            self.world_sizes[sid] = size if isinstance(size, int) and size >= 1 else 1
             self.max_steps = event.get("max_steps") if isinstance(event.get("max_steps"), int) else None
             self.completed = False
             cleared.update(k for k in self.active if k.startswith("session_end"))
@@ -219,20 +224,29 @@ class Watcher:
         self.losses.append((step, float(loss)))
 
     def _throughput(self, event: dict[str, Any], now: float, found: dict[str, Alert], cleared: set[str]) -> None:
-        low = (self.watch.get("throughput") or {}).get("low")
         window = event.get("window")
-        if not is_finite_number(low) or not isinstance(window, dict) or window_profiled(window):
+        if not isinstance(window, dict) or window_profiled(window):
             return
+        sid = str(event["session_id"])
         rate = window_tokens_per_s(event)
-        if rate is None:
+        self._band(event, now, "throughput", self.watch.get("throughput"), rate, "training-only", "tok/s", found,
+                   cleared)
+        rate = window_tokens_per_device_second(event, self.world_sizes.get(sid, 1))
+        self._band(event, now, "throughput_device", self.watch.get("device_throughput"), rate, "per device second",
+                   "tok", found, cleared)
+
+    def _band(self, event: dict[str, Any], now: float, key: str, band: Any, rate: float | None, what: str, unit: str,
+              found: dict[str, Alert], cleared: set[str]) -> None:
+        low = (band or {}).get("low") if isinstance(band, dict) else None
+        if not is_finite_number(low) or rate is None:
             return
         if rate < low:
-            found.setdefault("throughput", Alert(
-                "throughput", "throughput", f"training-only {rate:.1f} tok/s at step {event['step']} is below the "
-                f"pilot's band (its slowest steady window less {self.watch['throughput'].get('margin')}: "
-                f"{low:.1f} tok/s)", event["step"], rate, low, str(event["session_id"]), now))
+            found.setdefault(key, Alert(
+                "throughput", key, f"{what} {rate:.1f} {unit} at step {event['step']} is below the pilot's band (its "
+                f"slowest steady window less {band.get('margin')}: {low:.1f} {unit})", event["step"], rate, low,
+                str(event["session_id"]), now))
         else:
-            cleared.add("throughput")
+            cleared.add(key)
 
     # -------------------------------------------------------------------------------------------- state
     def window_interval(self) -> tuple[float | None, str]:

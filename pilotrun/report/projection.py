@@ -75,6 +75,34 @@ def window_tokens_per_s(event: dict[str, Any]) -> float | None:
     return tokens / window["train_seconds"] if tokens is not None and window.get("train_seconds") else None
 
 
+def window_tokens_per_device_second(event: dict[str, Any], world_size: int) -> float | None:
+    """Training-only tokens per device second (CUDA): the window's tokens over its device seconds (CUDA timing
+    events around each training update, rank 0's) times the devices. Host stalls (a slow data loader, a busy
+    CPU) do not enter it, and a long run on more devices is held to the pilot's per-device speed. None where
+    the window has no device time (a CPU run)."""
+    window = event["window"]
+    tokens, device = window_train_tokens(window), window.get("device_seconds")
+    if tokens is None or not is_finite_number(device) or device <= 0 or world_size < 1:
+        return None
+    return tokens / (device * world_size)
+
+
+def session_world_sizes(events: list[dict[str, Any]]) -> dict[Any, int]:
+    """session_id -> world_size, from the session_start events (1 where a start does not say)."""
+    sizes = {}
+    for event in events:
+        if event.get("event") == "session_start":
+            size = event.get("world_size")
+            sizes[event.get("session_id")] = size if isinstance(size, int) and size >= 1 else 1
+    return sizes
+
+
+def _band(rates: list[float], source: str) -> dict[str, Any]:
+    return {"median": statistics.median(rates) if rates else None, "min": min(rates) if rates else None,
+            "margin": THROUGHPUT_MARGIN, "low": min(rates) * (1 - THROUGHPUT_MARGIN) if rates else None,
+            "windows": len(rates), "from": source}
+
+
 def loss_noise(losses: list[float]) -> float:
     """A robust standard deviation of the loss from successive differences (1.4826 x MAD / sqrt 2)."""
     diffs = [b - a for a, b in zip(losses, losses[1:], strict=False)]
@@ -100,17 +128,20 @@ def watch_figures(summary: Summary, thresholds: dict[str, Any]) -> dict[str, Any
     """The pilot's figures `pilotrun watch --against LOCK` holds a long run to."""
     steady = steady_windows(summary.kept_events)
     rates = [r for r in map(window_tokens_per_s, steady) if r is not None]
+    sizes = session_world_sizes(summary.kept_events)
+    device_rates = [r for r in (window_tokens_per_device_second(e, sizes.get(e.get("session_id"), 1))
+                                for e in steady) if r is not None]
     points = [[e["step"], float(e["loss"])] for e in summary.kept_events if e.get("event") == "train"
               and is_finite_number(e.get("loss"))]
     o = summary.overall
     attempted, skipped = o.get("updates_attempted") or 0, o.get("updates_skipped") or 0
     gaps = _intervals(summary.kept_events)
     return {
-        "throughput": {"median": statistics.median(rates) if rates else None,
-                       "min": min(rates) if rates else None, "margin": THROUGHPUT_MARGIN,
-                       "low": min(rates) * (1 - THROUGHPUT_MARGIN) if rates else None, "windows": len(rates),
-                       "from": "training-only tokens/s of the pilot's steady windows (each session's first and "
-                               "every profiled window left out); low = the slowest less the margin"},
+        "throughput": _band(rates, "training-only tokens/s of the pilot's steady windows (each session's first "
+                                   "and every profiled window left out); low = the slowest less the margin"),
+        "device_throughput": _band(device_rates, "training-only tokens per device second (CUDA timing events) of "
+                                                 "the same steady windows, per device; low = the slowest less the "
+                                                 "margin; no windows on a CPU pilot, which has no device time"),
         "loss_envelope": {"points": points, "noise": loss_noise([p[1] for p in points]),
                           "sigmas": LOSS_ENVELOPE_SIGMAS, "share": LOSS_ENVELOPE_SHARE,
                           "from": "the pilot's kept train windows (step, loss); the bound at a step is the pilot's "

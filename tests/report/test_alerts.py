@@ -63,3 +63,59 @@ def test_the_envelope_follows_the_pilot_and_holds_its_last_level_past_its_end():
     assert envelope_bound(envelope, 5) == pytest.approx(8.0 + 0.5)
     assert envelope_bound(envelope, 1000) == pytest.approx(4.0 + 0.5)
     assert envelope_bound({"points": []}, 3) is None
+
+
+def _cuda_pilot_and_run(tmp_path, slow_device_from: int):
+    """A 'CUDA' pilot of 40 updates and a long run whose device seconds per update double from a step on, while
+    its wall-clock training time stays the pilot's: only the per-device band can see it."""
+    from pilotrun.report.projection import watch_figures
+    from pilotrun.report.summarize import summarize_run
+
+    def with_device_time(run, slower_from):
+        flush = run._flush_window
+
+        def flush_with_device():
+            w, step = run._window, run.counters["step"]
+            if w["updates_attempted"]:
+                w["device_seconds"] = w["updates_applied"] * (0.8 if step > slower_from else 0.4)
+            flush()
+        run._flush_window = flush_with_device
+        return run
+
+    pilot = with_device_time(SyntheticRun(tmp_path / "pilot", max_steps=40), 10**9)
+    pilot.start_session()
+    pilot.train_until(40)
+    pilot.end_session()
+    summary = summarize_run(pilot.write())
+    lock = {"watch": watch_figures(summary, {})}
+    run = with_device_time(SyntheticRun(tmp_path / "long", max_steps=80), slow_device_from)
+    run.start_session()
+    run.train_until(80)
+    run.end_session()
+    return lock, run.write()
+
+
+def test_a_slower_device_under_an_unchanged_wall_clock_is_a_throughput_device_alert(tmp_path):
+    lock, run_dir = _cuda_pilot_and_run(tmp_path, slow_device_from=50)
+    band = lock["watch"]["device_throughput"]
+    assert band["windows"] == 7 and band["median"] == 32 * 5 / (5 * 0.4)  # 160 tokens per 2 device seconds
+    new, _ = Watcher(run_dir, lock=lock, holder=lambda _: None).check(final=True)
+    device = [a for a in new if a.key == "throughput_device"]
+    assert [a.kind for a in device] == ["throughput"] and device[0].step == 55
+    assert device[0].figure == 160 / 4.0 and device[0].bound == band["low"]
+    assert "per device second 40.0 tok at step 55" in device[0].message
+    assert "throughput" not in {a.key for a in new}  # the wall-clock band holds: the host kept pace
+
+
+def test_a_cpu_record_has_no_device_band_and_never_raises_the_device_alert(tmp_path):
+    from pilotrun.report.projection import watch_figures
+    from pilotrun.report.summarize import summarize_run
+
+    run = SyntheticRun(tmp_path / "cpu")
+    run.start_session()
+    run.train_until(60)
+    run.end_session()
+    figures = watch_figures(summarize_run(run.write()), {})
+    assert figures["device_throughput"]["windows"] == 0 and figures["device_throughput"]["low"] is None
+    new, _ = Watcher(tmp_path / "cpu", lock={"watch": figures}, holder=lambda _: None).check(final=True)
+    assert "throughput_device" not in {a.key for a in new}
