@@ -167,27 +167,75 @@ def format_ledger(ledger: dict[str, Any]) -> str:
 def against_projection(projection: dict[str, Any] | None, ledger: Ledger, overall: dict[str, Any]
                        ) -> dict[str, Any] | None:
     """What happened beside what the lock projected, each as {actual, projected, ratio}: elapsed (the projection
-    scaled to the updates kept so far), goodput and training-only tokens/s. None without a projection."""
+    scaled to the updates kept so far), goodput and training-only tokens/s; and whether the elapsed time lies in
+    the projected band, and if not, why: the ledger's parts beside the projection's, the largest difference
+    first. None without a projection."""
     if not isinstance(projection, dict):
         return None
     target = projection.get("target_steps")
     steps = overall.get("updates_applied") or 0
     total = (projection.get("total_wall") or {}).get("seconds")
-    scaled = total * steps / target if is_finite_number(total) and isinstance(target, int) and target > 0 else None
+    share = steps / target if isinstance(target, int) and target > 0 else None
+    scaled = total * share if is_finite_number(total) and share is not None else None
     pairs = {
         "elapsed_seconds": (ledger.elapsed_seconds, scaled),
         "goodput": (ledger.goodput, (projection.get("goodput") or {}).get("value")),
         "train_tokens_per_s": (overall.get("train_tokens_per_s"),
                                (projection.get("train_tokens_per_s") or {}).get("median")),
     }
-    compared = {}
+    compared: dict[str, Any] = {}
     for key, (actual, projected) in pairs.items():
         ratio = actual / projected if is_finite_number(actual) and is_finite_number(projected) and projected else None
         compared[key] = {"actual": actual, "projected": projected,
                          "ratio": ratio if ratio is None or math.isfinite(ratio) else None}
     compared["basis"] = (f"projection for {target} updates; elapsed compared at the {steps} update(s) kept so far "
                          "(the projected total scaled by updates)")
+    compared["band"] = _elapsed_band(projection, ledger, share)
     return compared
+
+
+# The projection's parts beside the ledger's: (name, projection keys, ledger parts, scales with the updates).
+# Start-up is once per session in both (the projection's is one session's); dead time is never projected.
+_PART_PAIRS = (
+    ("training", ("training",), ("productive", "redone"), True),
+    ("checkpoint", ("checkpoint",), ("checkpoint",), True),
+    ("evaluation", ("evaluation",), ("eval",), True),
+    ("startup", ("startup",), ("startup",), False),
+    ("overhead", ("overhead",), ("report", "other", "profile", "replay"), True),
+    ("failures", ("failures",), (), True),
+    ("dead time", (), ("dead",), True),
+)
+
+
+def _elapsed_band(projection: dict[str, Any], ledger: Ledger, share: float | None) -> dict[str, Any] | None:
+    """[low, high] of the elapsed time projected at the updates kept so far (the training part's own band, from
+    the pilot's p90 and p10 window speeds, with the rest as projected), whether the elapsed time lies in it,
+    and the parts that explain a miss, largest difference first."""
+    training = projection.get("training") or {}
+    band, total = training.get("band"), (projection.get("total_wall") or {}).get("seconds")
+    if share is None or not (isinstance(band, list) and len(band) == 2 and all(map(is_finite_number, band))
+                             and is_finite_number(total) and is_finite_number(training.get("seconds"))):
+        return None
+    rest = total - training["seconds"]
+    low, high = (rest + band[0]) * share, (rest + band[1]) * share
+    parts = []
+    for name, projected_keys, ledger_keys, scales in _PART_PAIRS:
+        projected = sum(float((projection.get(k) or {}).get("seconds") or 0.0) for k in projected_keys)
+        projected *= share if scales else 1.0
+        actual = sum(ledger.parts.get(k, 0.0) for k in ledger_keys)
+        if projected or actual:
+            parts.append({"part": name, "actual": actual, "projected": projected, "difference": actual - projected})
+    parts.sort(key=lambda p: -abs(p["difference"]))
+    inside = low <= ledger.elapsed_seconds <= high
+    why = None
+    if not inside:
+        side = "above" if ledger.elapsed_seconds > high else "below"
+        why = f"elapsed {ledger.elapsed_seconds:.4g} s is {side} the band {low:.4g}-{high:.4g} s: " + "; ".join(
+            f"{p['part']} {p['actual']:.4g} s against {p['projected']:.4g} s projected ({p['difference']:+.4g} s)"
+            for p in parts[:3])
+    return {"low": low, "high": high, "inside": inside, "parts": parts, "why": why,
+            "from": "the projected total at the updates kept so far, its training part taken at the pilot's p90 "
+                    "and p10 training-only tokens/s"}
 
 
 def format_against(compared: dict[str, Any] | None) -> str | None:
@@ -198,6 +246,10 @@ def format_against(compared: dict[str, Any] | None) -> str | None:
         c = compared[key]
         ratio = "n/a" if c["ratio"] is None else f"{c['ratio']:.2f}"
         parts.append(f"{key} {_num(c['actual'])} / projected {_num(c['projected'])} = {ratio}")
+    band = compared.get("band")
+    if band is not None:
+        parts.append(f"in the projected band {band['low']:.4g}-{band['high']:.4g} s" if band["inside"]
+                     else f"outside the projected band: {band['why']}")
     return f"against the lock's projection ({compared['basis']}): " + "; ".join(parts)
 
 

@@ -90,6 +90,39 @@ def test_actual_over_projected():
     assert against_projection(None, ledger, {}) is None
 
 
+def _projection_of_100():
+    return {"target_steps": 100, "total_wall": {"seconds": 200.0}, "goodput": {"value": 0.5},
+            "train_tokens_per_s": {"median": 1000.0}, "training": {"seconds": 100.0, "band": [80.0, 125.0]},
+            "checkpoint": {"seconds": 40.0}, "evaluation": {"seconds": 20.0}, "startup": {"seconds": 10.0},
+            "overhead": {"seconds": 30.0}}
+
+
+def test_the_elapsed_band_is_the_training_band_with_the_rest_as_projected():
+    ledger = time_ledger([], [], [], {})
+    ledger.elapsed_seconds = 95.0
+    ledger.parts.update(productive=48.0, checkpoint=20.0, eval=10.0, startup=10.0, other=7.0)
+    band = against_projection(_projection_of_100(), ledger, {"updates_applied": 50})["band"]
+    # rest = 200 - 100 = 100; at half the updates: (100 + 80) / 2 .. (100 + 125) / 2
+    assert (band["low"], band["high"], band["inside"], band["why"]) == (90.0, 112.5, True, None)
+    ledger.elapsed_seconds = 60.0
+    assert against_projection(_projection_of_100(), ledger, {"updates_applied": 50})["band"]["inside"] is False
+
+
+def test_a_miss_says_why_with_the_part_that_differs_most_first():
+    ledger = time_ledger([], [], [], {})
+    ledger.elapsed_seconds = 180.0  # 50 updates: projected 100, band 90..112.5
+    ledger.parts.update(productive=50.0, checkpoint=20.0, eval=10.0, startup=20.0, other=15.0, dead=65.0)
+    compared = against_projection(_projection_of_100(), ledger, {"updates_applied": 50})
+    band = compared["band"]
+    assert band["inside"] is False and [p["part"] for p in band["parts"]][:2] == ["dead time", "startup"]
+    assert band["parts"][0] == {"part": "dead time", "actual": 65.0, "projected": 0.0, "difference": 65.0}
+    assert band["parts"][1]["projected"] == 10.0  # start-up is once per session, never scaled by updates
+    assert band["why"].startswith("elapsed 180 s is above the band 90-112.5 s: dead time 65 s against 0 s")
+    assert "outside the projected band: elapsed 180 s" in format_against(compared)
+    no_band = dict(_projection_of_100(), training={"seconds": 100.0})
+    assert against_projection(no_band, ledger, {"updates_applied": 50})["band"] is None
+
+
 def test_a_real_run_with_a_rollback_and_a_resume_with_nothing_to_do(builtin_data_dir, tmp_path):
     from tests.report.test_real_records import _train
 
