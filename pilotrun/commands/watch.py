@@ -23,6 +23,7 @@ from typing import Any
 
 from pilotrun.errors import PilotrunError
 from pilotrun.report.alerts import DEFAULT_STALL_WINDOWS, Alert, Watcher, thresholds_from_lock
+from pilotrun.report.ledger import format_against
 from pilotrun.report.verdict import parse_thresholds
 from pilotrun.run.lock import FreezeError, describe_difference, load_lock, lock_differences
 from pilotrun.run.record import read_run_json
@@ -65,6 +66,13 @@ def _deliver(alert: Alert, as_json: bool, on_alert: str | None) -> None:
             print(f"pilotrun watch: --on-alert failed for the {alert.kind} alert: {exc}", file=sys.stderr)
 
 
+def _say_against_projection(watcher: Watcher) -> None:
+    """A run started from a lock with a projection: elapsed, goodput and tok/s beside it, and the band."""
+    line = format_against(watcher.against_projection)
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
+
+
 def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bool = False,
               keep_going: bool = False, on_alert: str | None = None, as_json: bool = False,
               interval: float | None = None, stall_windows: float | None = None,
@@ -87,6 +95,7 @@ def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bo
         for alert in cleared:
             print(f"cleared {alert.kind}: {alert.key}", file=sys.stderr, flush=True)
         if not follow:
+            _say_against_projection(watcher)
             return 1 if watcher.active else 0
         if new and not keep_going:
             return 1
@@ -96,6 +105,7 @@ def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bo
                 _deliver(alert, as_json, on_alert)
             if new and not keep_going:
                 return 1
+            _say_against_projection(watcher)
             print(f"completed: {run_dir}" + (f"; {len(watcher.raised)} alert(s) raised, "
                                              f"{len(watcher.active)} still standing" if watcher.raised else ""),
                   file=sys.stderr, flush=True)

@@ -122,6 +122,7 @@ class Watcher:
         self.cadence = {k: ((self.follower.run.get("recipe") or {}).get("train") or {}).get(k)
                         for k in ("checkpoint_every", "eval_every")}
         self.pending_judgement = False
+        self.against_projection: dict[str, Any] | None = None  # summarize's, at the last judgement (ledger.py)
         self.last_judged = -1e18
         self.judge_cost = 0.0
         self.completed = False
@@ -314,6 +315,7 @@ class Watcher:
     def _judge_rules(self, now: float, found: dict[str, Alert], cleared: set[str]) -> None:
         started = time.monotonic()
         summary = summarize_run(self.run_dir)
+        self.against_projection = summary.overall.get("against_projection")
         for rule in self.rules:
             result = rule.apply(summary, self.thresholds)
             key = f"rule:{rule.name}"

@@ -137,6 +137,10 @@ def test_a_2x_longer_run_from_a_lock_is_set_beside_its_projection_in_band_or_wit
     assert (band["why"] is None) is band["inside"]
     if not band["inside"]:
         assert band["why"].split(": ", 1)[1].startswith(band["parts"][0]["part"])
+    main(["watch", str(tmp_path / "long"), "--against", str(lock_path)])  # its alerts are not what is tested
+    said = capsys.readouterr().err
+    assert "against the lock's projection (projection for 32 updates" in said
+    assert ("in the projected band" if band["inside"] else "outside the projected band: elapsed") in said
     with capsys.disabled():
         print(f"\n2x run from a lock: elapsed {compared['elapsed_seconds']['ratio']:.2f}x projected, goodput "
               f"{compared['goodput']['ratio']:.2f}x, tok/s {compared['train_tokens_per_s']['ratio']:.2f}x; band "
