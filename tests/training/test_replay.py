@@ -49,3 +49,33 @@ def test_an_update_computed_again_gives_the_same_figures_bit_for_bit(builtin_dat
     first = compute_update(session, [cursor])
     again = compute_update(session, [cursor])
     assert first == again and len(first) == 1 and first[0][0] > 0 and first[0][1] > 0
+
+
+def test_a_broken_model_state_recurs_on_the_next_batches_too_and_is_named_so(builtin_data_dir, tmp_path,
+                                                                             monkeypatch):
+    """After the 11th update the final norm's gain is multiplied by 40 (a state gone bad, as a diverged run's is):
+    the 12th attempt spikes, and its replay spikes on its own batches and on the next ones: "model_state"."""
+    import torch
+
+    import pilotrun.training.loop as loop_module
+
+    original, calls = loop_module.apply_update, [0]
+
+    def apply_then_break(model, *args, **kwargs):
+        outcome = original(model, *args, **kwargs)
+        calls[0] += 1
+        if calls[0] == 11:
+            with torch.no_grad():
+                dict(model.named_parameters())["norm.weight"].mul_(40.0)
+        return outcome
+
+    monkeypatch.setattr(loop_module, "apply_update", apply_then_break)
+    trainer = make_trainer(builtin_data_dir, tmp_path / "run", "train.spike.policy=record", "train.max_steps=12")
+    trainer.run()
+    spikes = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+              if json.loads(line)["event"] == "spike"]
+    assert [s["spike_step"] for s in spikes] == [12] and "loss" in spikes[0]["signals"], spikes
+    replay = spikes[0]["replay"]
+    assert replay["cause"] == "model_state" and replay["bitwise"] is True
+    assert replay["next_batches"] and replay["next_batch"][0][1] > replay["same_batch"][0][1] / 2
+    assert "the model state is the cause" in replay["explanation"]
