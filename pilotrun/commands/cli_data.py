@@ -41,6 +41,8 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=0,
                    help="0: tokenizing threads on all cores, 1: no thread, N >= 2: N tokenizing processes; same output")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
+    p.add_argument("--progress", choices=("auto", "bar", "plain", "none"), default="auto",
+                   help="auto: a redrawn bar when stderr is a terminal, else plain (one line every 10 s)")
     p.set_defaults(handler=_run_prepare)
 
 
@@ -61,7 +63,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
             train_tokens=whole(args.train_tokens, "--train-tokens"), val_fraction=args.val_fraction,
             shard_tokens=whole(args.shard_tokens, "--shard-tokens"), seed=args.seed, shuffle_buffer=args.shuffle_buffer,
             shuffle_buffer_bytes=whole(args.shuffle_buffer_bytes, "--shuffle-buffer-bytes"),
-            workers=args.workers, force=args.force, progress=True,
+            workers=args.workers, force=args.force, progress=args.progress,
         )
     except PrepareInterrupted as exc:  # committed in OUT.partial: one line saying how to continue, no traceback
         print(f"pilotrun prepare: {exc}", file=sys.stderr)

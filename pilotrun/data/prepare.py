@@ -35,6 +35,7 @@ import numpy as np
 
 from pilotrun.data.hub import HubClient
 from pilotrun.data.progress import PartialFolder, PrepareInterrupted, StopRequests, peak_resident_mb
+from pilotrun.data.progress_bar import open_bar, progress_mode
 from pilotrun.data.shards import (
     FORMAT,
     METADATA_FILE,
@@ -107,7 +108,7 @@ def prepare_corpus(
     shuffle_buffer: int = 10000,
     workers: int = 0,
     force: bool = False,
-    progress: bool = True,
+    progress: bool | str = True,
     hub: HubClient | None = None,
     shuffle_buffer_bytes: int = DEFAULT_SHUFFLE_BUFFER_BYTES,
 ) -> dict[str, Any]:
@@ -116,9 +117,12 @@ def prepare_corpus(
     An interrupted prepare of the same `out` (its `out.partial` folder) is continued when the inputs match, and
     refused (DataError naming the differences) when they do not. SIGINT / SIGTERM commit the state at the next
     chunk and raise PrepareInterrupted (exit code 130 / 143). `hub` replaces the network seam (tests pass a
-    client serving local rows); None uses the real hub.
+    client serving local rows); None uses the real hub. `progress`: "auto" (or True), "bar", "plain", "none"
+    (or False) for the console (progress_bar.py).
     """
     _check_options(train_tokens, val_fraction, shard_tokens, shuffle_buffer, shuffle_buffer_bytes, workers)
+    bar_mode = progress_mode(progress)  # decided once: stderr's terminal-ness does not change mid-prepare
+    progress = bar_mode != "none"
     out = os.path.normpath(os.fspath(out))
     for line in PartialFolder.recover_replaced(out, force):
         print(f"pilotrun prepare: {line}", file=sys.stderr)
@@ -176,7 +180,7 @@ def prepare_corpus(
                   f"({sum(len(state['splits'][s]['shards']) for s in SPLITS)} shards committed)", file=sys.stderr)
         if state is None or not state["complete"]:
             run = _PreparePass(partial, {"request": request, "tokenizer": resolved.identity}, resolved,
-                               shard_tokens, train_tokens, (workers, processes), progress, opened)
+                               shard_tokens, train_tokens, (workers, processes), bar_mode, opened)
             with StopRequests().installed() as stops:
                 state = run.tokenize_and_write(stream(), state, stops)
         manifest = _manifest(state, opened, order_seed, resolved, options, software, source, val_fraction,
@@ -411,20 +415,16 @@ def _encoded_in_order(chunks: Iterator[tuple[list[str], list[Any]]], resolved: R
             executor.shutdown(wait=True, cancel_futures=True)
 
 
-def _progress_bar(train_tokens: int | None, opened: OpenedSource | None, progress: bool):
+def _progress_bar(train_tokens: int | None, opened: OpenedSource | None, progress: bool | str):
     """The bar and how to read its position. With a --train-tokens cap it counts training tokens; without one,
     documents against the count a local file or the built-in corpus knows up front (so it has an ETA); a
     streamed source without a cap only counts. The position is clamped to the total: the last document may
     carry the training tokens past the cap, and the bar must not run past 100%."""
-    from tqdm import tqdm
-
     expected = opened.expected_documents if opened is not None else None
     if train_tokens is None and expected:
-        bar = tqdm(total=expected, unit="doc", unit_scale=True, desc="prepare (documents)", file=sys.stderr,
-                   disable=not progress, dynamic_ncols=True)
+        bar = open_bar(expected, "doc", "prepare (documents)", progress)
         return bar, lambda train, docs: min(docs + opened.skipped_empty, expected)
-    bar = tqdm(total=train_tokens, unit="tok", unit_scale=True, desc="prepare (train tokens)", file=sys.stderr,
-               disable=not progress, dynamic_ncols=True)
+    bar = open_bar(train_tokens, "tok", "prepare (train tokens)", progress)
     if train_tokens is None:
         return bar, lambda train, docs: train
     return bar, lambda train, docs: min(train, train_tokens)
@@ -435,7 +435,7 @@ class _PreparePass:
     completed a shard (and at a stop request), so that a rerun continues from there."""
 
     def __init__(self, partial: PartialFolder, header: dict[str, Any], resolved: ResolvedTokenizer,
-                 shard_tokens: int, train_tokens: int | None, workers: tuple[int, bool], progress: bool,
+                 shard_tokens: int, train_tokens: int | None, workers: tuple[int, bool], progress: str,
                  opened: OpenedSource) -> None:
         self.partial, self.header, self.resolved = partial, header, resolved
         self.train_tokens, self.workers, self.progress, self.opened = train_tokens, workers, progress, opened

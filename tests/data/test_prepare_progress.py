@@ -71,3 +71,36 @@ def test_prepare_warns_when_its_val_split_is_smaller_than_one_evaluation(tmp_pat
     assert 0 < val_tokens < tokens_per_evaluation(batch_size=8, seq_len=64, eval_batches=3)
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert warnings == [f"pilotrun prepare: warning: {small_val_warnings(val_tokens)[0]}"]
+
+
+def test_prepare_into_a_file_writes_plain_progress_lines_and_no_carriage_return(tmp_path, fineweb_jsonl,
+                                                                               gpt2_tokenizer_path):
+    # `pilotrun prepare ... > log 2>&1` as under nohup or slurm: --progress auto sees no terminal.
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    log = tmp_path / "prepare.log"
+    with open(log, "w") as handle:
+        code = subprocess.call([sys.executable, "-m", "pilotrun", "prepare", "--out", str(tmp_path / "data"),
+                                "--source", str(fineweb_jsonl), "--tokenizer", str(gpt2_tokenizer_path),
+                                "--workers", "1"], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+                               stdout=handle, stderr=subprocess.STDOUT)
+    text = log.read_text()
+    assert code == 0, text
+    assert "\r" not in text
+    lines = [line for line in text.splitlines() if line.startswith("prepare (documents): ")]
+    assert lines and lines[-1].startswith("prepare (documents): 150/150 doc (100%), "), text
+    assert "docs 150" in lines[-1]
+
+
+def test_prepare_progress_none_is_silent_and_bar_redraws(tmp_path, capsys, fineweb_jsonl, gpt2_tokenizer_path):
+    from pilotrun.commands.cli import main
+
+    common = ["--source", str(fineweb_jsonl), "--tokenizer", str(gpt2_tokenizer_path), "--workers", "1"]
+    assert main(["prepare", "--out", str(tmp_path / "quiet"), "--progress", "none", *common]) == 0
+    err = capsys.readouterr().err
+    assert "prepare (documents)" not in err
+    assert main(["prepare", "--out", str(tmp_path / "bar"), "--progress", "bar", *common]) == 0
+    assert "\r" in capsys.readouterr().err  # asked for the bar: drawn even off a terminal
