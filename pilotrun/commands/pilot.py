@@ -1,7 +1,9 @@
 """`pilotrun pilot` / `make pilot`: the whole rehearsal of a candidate; by default the built-in demo on a CPU.
 
 1. the data: `--data DIR` (a prepared folder, read only), or prepared into WORKDIR/data from `--source` and
-   `--tokenizer` (default: the built-in offline corpus; skipped when WORKDIR/data is already prepared);
+   `--tokenizer` (default: the built-in offline corpus). A WORKDIR/data already prepared is reused when its
+   manifest is what this call would prepare (data/identity.py) and refused, before anything is changed,
+   when it is not; `--reprepare` prepares it again;
 2. run `pilotrun train` with the recipe (`--config`, default the CPU stability recipe) as a separate process, or
    under torchrun with `--nproc-per-node N`;
 3. once metrics.jsonl shows a step past the kill point (`--interrupt-at`, default the midpoint) and a checkpoint
@@ -37,6 +39,10 @@ DEFAULT_RECIPE = "stability.yaml"
 DEFAULT_SOURCE = "builtin"
 DEFAULT_TOKENIZER = "bpe:2048"
 PILOT_MARKER = ".pilotrun-pilot-run"  # says workdir/run was made by the pilot: only then is it replaced
+# What the pilot asks prepare for besides --source and --tokenizer (prepare's defaults), spelled out: a reused
+# WORKDIR/data is compared with exactly what this pilot would prepare, whatever prepare's defaults become.
+PREPARE_OPTIONS = {"train_tokens": None, "val_fraction": 0.01, "shard_tokens": 2**24, "seed": 0,
+                   "shuffle_buffer": 10000, "shuffle_buffer_bytes": 64 << 20, "text_field": "text", "eos": None}
 
 
 class PilotError(PilotrunError):
@@ -157,7 +163,8 @@ def _kill_past_point(child: TrainingChild, run_dir: Path, point: int, max_steps:
     return max(e.get("step", 0) for e in events if e.get("event") == "train"), max(committed), killed
 
 
-def _prepare_data(workdir: Path, data: str | Path | None, source: str, tokenizer: str, out: TextIO) -> Path:
+def _prepare_data(workdir: Path, data: str | Path | None, source: str, tokenizer: str, out: TextIO,
+                  progress: str = "auto", reprepare: bool = False) -> Path:
     if data is not None:
         data_dir = Path(data)
         if not (data_dir / "metadata.json").is_file():
@@ -166,16 +173,33 @@ def _prepare_data(workdir: Path, data: str | Path | None, source: str, tokenizer
         _say(out, f"using the prepared data in {data_dir}")
         return data_dir
     data_dir = workdir / "data"
-    if (data_dir / "metadata.json").is_file():
-        _say(out, f"using the corpus already prepared in {data_dir}")
+    if (data_dir / "metadata.json").is_file() and not reprepare:
+        _say(out, _reused(data_dir, source, tokenizer))
         return data_dir
     from pilotrun.data.prepare import prepare_corpus
 
     _say(out, f"preparing {source} into {data_dir} (tokenizer {tokenizer})")
-    manifest = prepare_corpus(data_dir, source=source, tokenizer=tokenizer, force=data_dir.exists())
+    manifest = prepare_corpus(data_dir, source=source, tokenizer=tokenizer, force=data_dir.exists(),
+                              progress=progress, **PREPARE_OPTIONS)
     _say(out, f"prepared: {manifest['splits']['train']['tokens']:,} training tokens, "
               f"{manifest['splits']['val']['tokens']:,} validation tokens")
     return data_dir
+
+
+def _reused(data_dir: Path, source: str, tokenizer: str) -> str:
+    """The line saying WORKDIR/data is reused; a PilotError naming each difference when it holds other data
+    than this call asks for (raised before the run folder or anything else is touched)."""
+    from pilotrun.data.identity import prepared_differences, request_options
+    from pilotrun.data.shards import load_manifest, metadata_sha256
+
+    manifest = load_manifest(str(data_dir))
+    found = prepared_differences(manifest, source, tokenizer, request_options(**PREPARE_OPTIONS))
+    if found:
+        raise PilotError(f"{data_dir} was prepared from other inputs than this call asks for ({'; '.join(found)}): "
+                         f"choose another --workdir, or pass --reprepare to prepare {data_dir} again (it is replaced "
+                         "once the new data is complete)")
+    return (f"reusing the data already prepared in {data_dir}: the same source, tokenizer and options as this "
+            f"call (metadata_sha256 {metadata_sha256(manifest)[:16]}; --reprepare prepares it again)")
 
 
 def _check_run_dir(run_dir: Path, marker: Path) -> None:
@@ -198,7 +222,7 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
               tokenizer: str = DEFAULT_TOKENIZER, out: TextIO | None = None, poll_seconds: float = 0.1,
               timeout_seconds: float = 1800.0, *, data: str | Path | None = None, source: str = DEFAULT_SOURCE,
               interrupt_at: int | None = None, nproc_per_node: int | None = None, freeze: str | Path | None = None,
-              progress: str = "auto") -> PilotResult:
+              progress: str = "auto", reprepare: bool = False) -> PilotResult:
     from pilotrun.config import load_run_config, resolve_recipe_path
     from pilotrun.errors import ConfigError
 
@@ -224,7 +248,7 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
         try:
             return _rehearse(workdir, run_dir, marker, config_path, overrides, recipe, data, source, tokenizer,
                              point, stop, nproc_per_node, freeze, progress, stops, out, poll_seconds, timeout_seconds,
-                             demo=config is None)
+                             demo=config is None, reprepare=reprepare)
         except PilotStopped as stopped:
             stops.signum = stopped.signum
             raise _interrupted(stops, "between its steps", run_dir, recipe.train.max_steps, config_path) from None
@@ -248,7 +272,7 @@ def _interrupted(stops: StopForwarding, doing: str, run_dir: Path, max_steps: in
 def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, overrides: list[str], recipe,
               data, source: str, tokenizer: str, point: int, stop: int, nproc: int | None, freeze,
               progress: str, stops: StopForwarding, out: TextIO, poll_seconds: float,
-              timeout_seconds: float, demo: bool) -> PilotResult:
+              timeout_seconds: float, demo: bool, reprepare: bool = False) -> PilotResult:
     from pilotrun.data.progress import PrepareInterrupted
 
     started = time.monotonic()
@@ -257,7 +281,7 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
     phases: dict[str, float] = {}
     phase_start = time.monotonic()
     try:
-        data_dir = _prepare_data(workdir, data, source, tokenizer, out)
+        data_dir = _prepare_data(workdir, data, source, tokenizer, out, progress, reprepare)
     except PrepareInterrupted as exc:
         stops.signum = {130: 2, 143: 15}.get(exc.exit_code, 2)
         raise _interrupted(stops, f"while preparing the data in {workdir / 'data'}", run_dir, max_steps,
@@ -382,23 +406,31 @@ def add_pilot_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", default=None, help=f"with no --data: the source to prepare (default {DEFAULT_SOURCE})")
     p.add_argument("--tokenizer", default=None,
                    help=f"with no --data: the tokenizer to prepare with (default {DEFAULT_TOKENIZER})")
+    p.add_argument("--reprepare", action="store_true",
+                   help="with no --data: prepare WORKDIR/data again even when it exists (without it, existing data "
+                   "is reused when it was prepared from the same source, tokenizer and options, else refused)")
     p.add_argument("--interrupt-at", type=int, default=None, metavar="STEP",
                    help="kill the first training past this step (default: half of max_steps)")
     p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
                    help="train under torchrun with N processes (gloo on the CPU); the kill takes every one")
     p.add_argument("--freeze", default=None, metavar="LOCK", help="after a GO, write the recipe lock to LOCK")
     p.add_argument("--progress", choices=("auto", "plain"), default="auto",
-                   help="auto: a line redrawn on a terminal, plain lines elsewhere; plain: one line per window")
+                   help="auto: a line redrawn on a terminal, plain lines elsewhere; plain: one line per window (the "
+                   "prepare's progress too)")
 
 
 def run_pilot_from_cli(args: argparse.Namespace) -> int:
     if args.data is not None and (args.source is not None or args.tokenizer is not None):
         raise PilotError("--data names a prepared folder; --source and --tokenizer prepare one: give one or the other")
+    if args.data is not None and args.reprepare:
+        raise PilotError("--reprepare prepares WORKDIR/data again; --data names a folder the pilot only reads: give "
+                         "one or the other")
     try:
         return run_pilot(args.workdir, config=args.config, overrides=args.overrides,
                          tokenizer=args.tokenizer or DEFAULT_TOKENIZER, data=args.data,
                          source=args.source or DEFAULT_SOURCE, interrupt_at=args.interrupt_at,
-                         nproc_per_node=args.nproc_per_node, freeze=args.freeze, progress=args.progress).exit_code
+                         nproc_per_node=args.nproc_per_node, freeze=args.freeze, progress=args.progress,
+                         reprepare=args.reprepare).exit_code
     except PilotInterrupted as exc:
         print(str(exc), file=sys.stderr, flush=True)
         return exc.exit_code

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from pilotrun.data.hub import HubClient
+from pilotrun.data.identity import request_options
 from pilotrun.data.progress import PartialFolder, PrepareInterrupted, StopRequests, peak_resident_mb
 from pilotrun.data.progress_bar import open_bar, progress_mode
 from pilotrun.data.shards import (
@@ -144,9 +145,9 @@ def prepare_corpus(
     order_seed = int(seed) if buffer.active else None  # --shuffle-buffer 0 keeps the source order entirely
     import tokenizers
 
-    options = {"train_tokens": train_tokens, "val_fraction": val_fraction, "shard_tokens": shard_tokens,
-               "seed": int(seed), "shuffle_buffer": shuffle_buffer, "shuffle_buffer_bytes": shuffle_buffer_bytes,
-               "text_field": text_field, "eos": eos}
+    options = request_options(train_tokens=train_tokens, val_fraction=val_fraction, shard_tokens=shard_tokens,
+                              seed=seed, shuffle_buffer=shuffle_buffer, shuffle_buffer_bytes=shuffle_buffer_bytes,
+                              text_field=text_field, eos=eos)
     software = {"python": platform.python_version(), "tokenizers": tokenizers.__version__}
     request = {"source": opened.identity, "tokenizer": str(tokenizer).strip(), "options": options,
                "software": software}
