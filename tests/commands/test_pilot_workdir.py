@@ -132,3 +132,26 @@ def test_reprepare_with_a_data_folder_is_refused(tmp_path, capsys):
     assert pilot_call(tmp_path / "w", "--data", str(tmp_path), "--reprepare") == 2
     assert "--reprepare prepares WORKDIR/data again" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.slow
+def test_a_whole_pilot_into_a_log_file_has_plain_lines_and_no_carriage_return(tmp_path):
+    # `pilotrun pilot > log 2>&1`, as under nohup or slurm: the prepare, the pilot's own progress while each
+    # training child runs, and the verdict all arrive as lines.
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    log = tmp_path / "pilot.log"
+    with open(log, "w") as handle:
+        code = subprocess.call([sys.executable, "-m", "pilotrun", "pilot", "--workdir", str(tmp_path / "w"),
+                                "--config", "smoke", "--set", "train.num_threads=1", "--source", str(JSONL),
+                                "--tokenizer", str(GPT2)], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+                               stdout=handle, stderr=subprocess.STDOUT)
+    text = log.read_text()
+    assert code in (0, 1) and "VERDICT: " in text, text[-3000:]
+    assert "\r" not in text
+    lines = text.splitlines()
+    assert any(line.startswith("prepare (documents): 150/150 doc (100%)") for line in lines)
+    assert any(line.startswith("[pilot] step 6/6") for line in lines)  # the resumed child's last window
