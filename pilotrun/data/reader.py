@@ -20,6 +20,7 @@ global batch 0 again, while `b` still counts calls.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -46,7 +47,11 @@ class TokenSplit:
         self.dtype = np.dtype(dtype)
         self.vocab_size = vocab_size  # every id read must be below it (next_batch's guard); None: unchecked
         self.max_token_ids: list[int | None] = []  # per shard, as the manifest records it (None: not recorded)
+        self.sha256s: list[str | None] = []  # per shard, the manifest's hash of the file (what a reader checks)
         self.files: list[str] = []
+        # Shards not yet read since watch_first_reads: empty (one falsy test per read) when nobody watches.
+        self._unread: set[int] = set()
+        self._on_first_read: Callable[[TokenSplit, int], None] | None = None
         self._arrays: list[np.ndarray] = []
         starts = [0]
         for shard in record.get("shards", []):
@@ -57,6 +62,7 @@ class TokenSplit:
             header = check_shard(path, dtype, int(shard.get("tokens", -1)))
             self.files.append(file)
             self.max_token_ids.append(shard.get("max_token_id"))
+            self.sha256s.append(shard.get("sha256"))
             if header.shape[0] > 0:
                 self._arrays.append(np.memmap(path, dtype=dtype, mode="r", offset=header.data_offset,
                                               shape=header.shape))
@@ -87,6 +93,20 @@ class TokenSplit:
             index += 1
         return pieces
 
+    def watch_first_reads(self, on_first_read: Callable[[TokenSplit, int], None] | None) -> None:
+        """From now on, call `on_first_read(split, shard_index)` the first time `read` takes tokens from each shard
+        (None stops watching). The open does not rehash shards (too slow for large data); a watcher can check a
+        shard's hash when training first reaches it, which costs the hot path one set lookup per read."""
+        self._on_first_read = on_first_read
+        self._unread = set(range(len(self.files))) if on_first_read is not None else set()
+
+    def _first_reads(self, pieces: list[tuple[int, int, int]]) -> None:
+        for index, _, _ in pieces:
+            if index in self._unread:
+                self._unread.discard(index)
+                if self._on_first_read is not None:
+                    self._on_first_read(self, index)
+
     def largest_token_id(self, index: int) -> int:
         """Shard `index`'s largest id: the manifest's record, or (an older manifest without one) one pass over it."""
         recorded = self.max_token_ids[index]
@@ -114,6 +134,8 @@ class TokenSplit:
     def read(self, start: int, length: int) -> np.ndarray:
         """A copy of tokens [start, start + length), in the shards' dtype, across shard boundaries."""
         pieces = self._pieces(start, length)
+        if self._unread:
+            self._first_reads(pieces)
         if len(pieces) == 1:  # the common case: one window inside one shard
             index, offset, take = pieces[0]
             return np.array(self._arrays[index][offset:offset + take])

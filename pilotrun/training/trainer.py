@@ -51,6 +51,7 @@ from pilotrun.training.pilot_handshake import KillPointCallback
 from pilotrun.training.profiling import ProfileCallback, ProfileWindow
 from pilotrun.training.rollback import SpikeCallback
 from pilotrun.training.session import Session, build_session, tokens_per_update
+from pilotrun.training.shard_check import ShardCheckCallback
 from pilotrun.training.signals import StopSignals, signal_name
 from pilotrun.training.timing import PHASES, TimeAccount
 from pilotrun.training.window_log import RareEventsCallback, WindowLogCallback
@@ -138,7 +139,8 @@ class Trainer:
         profiler = ProfileWindow(t.profile, session.run_dir, device_type=session.device.type,
                                  rank=session.context.rank)
         window = WindowLogCallback.for_session(loop, progress=self.progress)
-        return [ProfileCallback(profiler), RareEventsCallback(), SpikeCallback(window.close_window), window,
+        return [ProfileCallback(profiler), RareEventsCallback(), ShardCheckCallback.for_session(loop),
+                SpikeCallback(window.close_window), window,
                 EvalCallback(t), CheckpointCallback(t.checkpoint_every),
                 KillPointCallback.past_step(self.stop_past_step)]
 

@@ -1,0 +1,67 @@
+"""The loop's side of the background shard check (data/shard_hashing.py): record each check, stop on damage.
+
+Every rank watches both splits of its session's dataset and hashes the shards it reads itself (ranks read
+different windows, and a rank's copy of the folder may be the damaged one). After each update the callback
+asks its hasher whether a shard failed; the loop agrees on that across ranks (`stop_requested`), so a damage
+found on any rank ends the session on all, at the next update boundary, with a checkpoint of the last applied
+state and `session_end` reason "stopped", exit 1, its message the one line naming the shard with the expected
+and found hash prefixes. The update that read the shard was trained on it; the checkpoint says so by its step,
+and a resume after repairing the data continues from there.
+
+Each finished check is a `shard_check` event (docs/RUN_RECORD.md), written by rank 0 for its own checks at the
+update boundary after the hash finished, before the window's `train` event. The session's last update waits
+for the shards still being hashed, so a session that ends "completed" has verified every shard it read (a
+shard first read by the last round's evaluation is checked after that decision: its event is written, but it
+cannot stop the session any more). A resumed session hashes again the shards it reads: the hasher's memory
+is one session's, which costs one background read of each shard per session.
+"""
+
+from __future__ import annotations
+
+from pilotrun.data.shard_hashing import ShardHasher
+from pilotrun.data.stream import SPLITS
+from pilotrun.training.callbacks import PRIORITY_RARE_EVENTS, Callback, Ending, LoopState
+
+PRIORITY_SHARD_CHECK = PRIORITY_RARE_EVENTS + 1  # beside the rare events: before the window that contains it
+
+
+class ShardCheckCallback(Callback):
+    """Logs each finished shard check and asks the session to stop at the first damaged shard."""
+
+    priority = PRIORITY_SHARD_CHECK
+    phase = "other"
+
+    def __init__(self, hasher: ShardHasher, rank: int = 0) -> None:
+        self.hasher = hasher
+        self.rank = rank
+
+    @classmethod
+    def for_session(cls, loop: LoopState, hasher: ShardHasher | None = None) -> ShardCheckCallback:
+        """Watch the session's train and val splits from the first read on."""
+        hasher = hasher if hasher is not None else ShardHasher()
+        for name in SPLITS:
+            hasher.watch(loop.session.dataset.split(name))
+        return cls(hasher, loop.session.context.rank)
+
+    def stop_request(self, loop: LoopState) -> Ending | None:
+        if loop.step >= loop.session.config.train.max_steps:
+            self.hasher.wait()  # the last update: no session completes with a shard it read unchecked
+        damaged = self.hasher.mismatch
+        if damaged is None:
+            return None
+        where = f" (rank {self.rank})" if loop.session.context.world_size > 1 else ""
+        return Ending("stopped", 1, damaged.describe() + where)
+
+    def due(self, loop: LoopState) -> bool:
+        return self.hasher.has_new()
+
+    def after_update(self, loop: LoopState) -> None:
+        self._log_finished(loop)
+
+    def at_end(self, loop: LoopState) -> None:
+        self.hasher.close()
+        self._log_finished(loop)  # checks finished since the last round, before the trainer's session_end
+
+    def _log_finished(self, loop: LoopState) -> None:
+        for result in self.hasher.take_finished():
+            loop.log("shard_check", **result.event_fields())
