@@ -145,30 +145,24 @@ def live_holder(run_dir: str | Path) -> dict | None:
     return holder
 
 
-class RunFolderLock:
-    """`acquire` takes the lock or raises RunFolderBusy; `release` lets it go (the kernel does so at exit)."""
-
-    def __init__(self, run_dir: Path, handle: Any, created_folder: bool, note: str | None = None,
-                 previous_text: bytes = b"") -> None:
-        self.run_dir = run_dir
-        self._handle = handle
-        self.created_folder = created_folder  # this session made the run folder (a fresh run)
-        self.note = note  # set when the filesystem gives no locks
-        self.previous_text = previous_text  # the last holder's line, put back if this session is refused
-
-    @property
-    def path(self) -> Path:
-        return self.run_dir / LOCK_NAME
-
-    @classmethod
-    def acquire(cls, run_dir: str | Path) -> RunFolderLock:
-        run_dir = Path(run_dir)
-        created = not run_dir.exists()
+def _remove_empty_folders(folders: list[Path]) -> None:
+    """rmdir each of `folders` in order (deepest first) that is still an empty plain folder; others stay."""
+    for folder in folders:
+        if folder.is_symlink() or not folder.is_dir():
+            continue
         try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            handle = open_lock_file(run_dir, create=True)
-        except OSError as exc:
-            raise PilotrunError(f"run folder {run_dir}: cannot create its lock file ({exc.strerror or exc})") from None
+            folder.rmdir()
+        except OSError:
+            return  # not empty (someone else's file, or another session's): its parents are not ours to remove
+
+
+def _open_and_lock(run_dir: Path) -> tuple[Any, str | None]:
+    """RUN/run.lock opened and locked: (handle, None), or (handle, note) where the filesystem gives no locks;
+    RunFolderBusy naming the holder. A lock taken on a file that is no longer RUN/run.lock (a refused session
+    removed the lock file it had made, between our open and our lock) is let go and taken again on the current
+    file, so two sessions never hold two different files of the same name."""
+    for _attempt in range(100):
+        handle = open_lock_file(run_dir, create=True)
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -183,32 +177,103 @@ class RunFolderLock:
             note = (f"the filesystem of {run_dir} does not support file locks ({exc.strerror}): this session "
                     "runs unlocked, and a second writer on the same folder would not be refused")
             print(f"warning: {note}", file=sys.stderr, flush=True)
-            return cls(run_dir, handle, created, note)
+            return handle, note
+        try:
+            current = os.stat(run_dir / LOCK_NAME, follow_symlinks=False)
+        except FileNotFoundError:
+            current = None
+        mine = os.fstat(handle.fileno())
+        if current is not None and (current.st_dev, current.st_ino) == (mine.st_dev, mine.st_ino):
+            return handle, None
+        handle.close()
+    raise RunFolderBusy(f"run folder {run_dir}: its lock file {run_dir / LOCK_NAME} keeps being replaced; another "
+                        "process is starting in this folder")
+
+
+class RunFolderLock:
+    """`acquire` takes the lock or raises RunFolderBusy; `release` lets it go (the kernel does so at exit)."""
+
+    def __init__(self, run_dir: Path, handle: Any, created_folder: bool, note: str | None = None,
+                 previous_text: bytes = b"", *, created_parents: tuple[Path, ...] = (), created_file: bool = False,
+                 names_before: frozenset[str] = frozenset()) -> None:
+        self.run_dir = run_dir
+        self._handle = handle
+        self.created_folder = created_folder  # this session made the run folder (a fresh run)
+        self.note = note  # set when the filesystem gives no locks
+        self.previous_text = previous_text  # the last holder's line, put back if this session is refused
+        # What a refused session takes away again: the missing parents of --run-dir it made (deepest first),
+        # whether run.lock is its own (a run folder copied without it), and the names the folder held before.
+        self.created_parents = created_parents
+        self.created_file = created_file
+        self.names_before = names_before
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / LOCK_NAME
+
+    @classmethod
+    def acquire(cls, run_dir: str | Path) -> RunFolderLock:
+        run_dir = Path(run_dir)
+        created = not run_dir.exists()
+        missing = []  # the folders mkdir makes, deepest first
+        folder = run_dir
+        while not os.path.lexists(folder) and folder != folder.parent:
+            missing.append(folder)
+            folder = folder.parent
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            names_before = frozenset(p.name for p in run_dir.iterdir())
+        except OSError as exc:
+            _remove_empty_folders(missing)
+            raise PilotrunError(f"run folder {run_dir}: cannot create its lock file ({exc.strerror or exc})") from None
+        created_file = LOCK_NAME not in names_before
+        try:
+            handle, note = _open_and_lock(run_dir)
+        except BaseException:
+            # Refused (another holder, a lock file that cannot be made): the parents this attempt made go again
+            # when empty. The lock file stays: a holder has it open.
+            _remove_empty_folders(missing)
+            raise
+        lock = cls(run_dir, handle, created, note, created_parents=tuple(missing[1:]), created_file=created_file,
+                   names_before=names_before)
+        if note is not None:
+            return lock
         handle.seek(0)
-        previous = handle.read(4096)  # bytes: put back as they were if this session is refused
+        lock.previous_text = handle.read(4096)  # bytes: put back as they were if this session is refused
         holder = {"pid": os.getpid(), "host": socket.gethostname(),
                   "since": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                   "command": " ".join(sys.argv)[:500]}
         _rewrite(handle, json.dumps(holder) + "\n")
-        return cls(run_dir, handle, created, previous_text=previous)
+        return lock
 
     def release(self, *, refused: bool = False) -> None:
         """Let the lock go. A session `refused` before it wrote anything leaves no trace: a folder it created
-        that holds only the lock file is removed, and otherwise the lock file gets its last holder's line back."""
+        that holds only the lock file is removed (with the missing parents it made), a lock file it created in
+        an existing folder is removed, an empty folder it made inside (checkpoints/ for the preflight) is
+        removed, and otherwise the lock file gets its last holder's line back."""
         if self._handle is None:
             return
         if refused:
-            leftovers = [p.name for p in self.run_dir.iterdir() if p.name != LOCK_NAME]
-            if self.created_folder and not leftovers:
+            _remove_empty_folders([self.run_dir / name for name in self._new_names()])
+            if self.created_folder and not [name for name in self._new_names() if name != LOCK_NAME]:
                 (self.run_dir / LOCK_NAME).unlink(missing_ok=True)
                 self._close()
-                try:
-                    self.run_dir.rmdir()
-                except OSError:
-                    pass
+                _remove_empty_folders([self.run_dir, *self.created_parents])
+                return
+            if self.created_file:
+                # Unlinked while still held: a process that opened this file and takes the lock after us finds
+                # the name gone (or another file under it) and starts over on the current one (_open_and_lock).
+                (self.run_dir / LOCK_NAME).unlink(missing_ok=True)
+                self._close()
                 return
             _rewrite(self._handle, self.previous_text)
         self._close()
+
+    def _new_names(self) -> list[str]:
+        try:
+            return sorted(p.name for p in self.run_dir.iterdir() if p.name not in self.names_before)
+        except OSError:
+            return []
 
     def _close(self) -> None:
         handle, self._handle = self._handle, None

@@ -50,6 +50,18 @@ def marker_files_problem(files: dict[str, Any]) -> str | None:
     return None
 
 
+def marker_step_problem(marker: dict[str, Any], step: int) -> str | None:
+    """Why a marker's `step` is not its folder's step, or None. Only a plain integer equal to the folder's
+    number counts: JSON's Infinity / NaN (or 1e999, read as infinity), 4.0 or true are not a step an update
+    counter could have written, and must not pass as one (4.0 == 4 and True == 1 in Python)."""
+    recorded = marker.get("step")
+    if not isinstance(recorded, int) or isinstance(recorded, bool):
+        return f"records step {recorded!r}, not an integer step"
+    if recorded != step:
+        return f"records step {recorded}, not its folder's step {step}"
+    return None
+
+
 def marker_run_id(marker: dict[str, Any]) -> str | None:
     """The run a marker says wrote it: its own `run_id`, else its meta's (markers of the first format), else
     None (a marker older than run identity)."""
@@ -100,7 +112,7 @@ def read_marker(run_dir: str | Path, step: int) -> tuple[dict[str, Any] | None, 
     except PilotrunError as exc:
         return None, str(exc)
     files = marker.get("files") if isinstance(marker, dict) else None
-    if not isinstance(files, dict) or marker.get("step") != step:
+    if not isinstance(files, dict) or marker_step_problem(marker, step) is not None:
         return None, f"{marker_path}: lacks 'files' or records another step"
     problem = marker_files_problem(files)
     if problem:

@@ -42,7 +42,7 @@ import torch
 from pilotrun.errors import CheckpointError, PilotrunError
 from pilotrun.files import fsync_directory, open_for_write, sha256_of_file
 from pilotrun.parsing import read_json_file
-from pilotrun.run.marker import MARKER_NAME, marker_files_problem, step_folder_name
+from pilotrun.run.marker import MARKER_NAME, marker_files_problem, marker_step_problem, step_folder_name
 from pilotrun.run.record import CHECKPOINTS_DIR
 from pilotrun.training.compat import ResumeCompatibility, check_resume_compatibility
 
@@ -286,7 +286,7 @@ class Checkpointer:
         # interrupted saves happen in save(), in the one process that writes.
 
     # ------------------------------------------------------------------------------------------ reading
-    def _read_marker(self, folder: Path) -> dict[str, Any] | None:
+    def _read_marker(self, folder: Path, step: int) -> dict[str, Any] | None:
         marker_path = folder / MARKER_NAME
         if folder.is_symlink() or marker_path.is_symlink():
             # A link can point into another run: loading through it reads that run, pruning would delete it.
@@ -304,7 +304,9 @@ class Checkpointer:
             return {"files": {}, DAMAGED_KEY: str(exc)}
         if not isinstance(marker, dict) or not isinstance(marker.get("files"), dict) or "step" not in marker:
             return {"files": {}, DAMAGED_KEY: f"checkpoint marker {marker_path} lacks 'files' or 'step'"}
-        problem = marker_files_problem(marker["files"])
+        # The step check is summarize's (run/marker.py): a marker whose step is Infinity, NaN or 4.0 is damage
+        # here too, so --resume refuses what summarize --require-step refuses.
+        problem = marker_files_problem(marker["files"]) or marker_step_problem(marker, step)
         if problem:
             return {"files": {}, DAMAGED_KEY: f"checkpoint marker {marker_path} {problem}"}
         return marker
@@ -329,7 +331,7 @@ class Checkpointer:
         self._refuse_linked_root()
         found: dict[int, CommittedCheckpoint] = {}
         for step, folder in self._step_folders():
-            marker = self._read_marker(folder)
+            marker = self._read_marker(folder, step)
             if marker is not None:
                 found[step] = CommittedCheckpoint(step, folder, marker)
         # A save that replaced a step and died before committing the new copy leaves the old, committed copy
@@ -338,7 +340,7 @@ class Checkpointer:
             for old in self.root.glob(f"{REPLACED_PREFIX}step-*"):
                 match = STEP_FOLDER_PATTERN.match(old.name[len(REPLACED_PREFIX):])
                 if match and int(match.group(1)) not in found:
-                    marker = self._read_marker(old)
+                    marker = self._read_marker(old, int(match.group(1)))
                     if marker is not None:
                         found[int(match.group(1))] = CommittedCheckpoint(int(match.group(1)), old, marker)
         return [found[step] for step in sorted(found)]
