@@ -3,6 +3,8 @@
 `open_dataset` checks, before any training starts, that every shard named by the manifest exists with the
 manifest's dtype, shape and file size, and that the shard totals add up to each split's total; the first
 problem stops it with a `DataError` naming the file. (`pilotrun data verify` goes further and rehashes.)
+A training session instead hashes each shard in the background when it first reads it: `TokenSplit.watch_first_reads`
+is the hook, data/shard_hashing.py the hashing.
 
 Window layout (fixed; `describe_batch` and inspect-batch rely on it): window `w` of a split is the
 `seq_len + 1` tokens starting at token `w * seq_len`. Consecutive windows overlap by one token, so every token
@@ -134,7 +136,7 @@ class TokenSplit:
     def read(self, start: int, length: int) -> np.ndarray:
         """A copy of tokens [start, start + length), in the shards' dtype, across shard boundaries."""
         pieces = self._pieces(start, length)
-        if self._unread:
+        if self._unread and (len(pieces) != 1 or pieces[0][0] in self._unread):  # inline: once per row read
             self._first_reads(pieces)
         if len(pieces) == 1:  # the common case: one window inside one shard
             index, offset, take = pieces[0]
