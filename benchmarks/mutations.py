@@ -264,4 +264,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         tests=("tests/report/test_resources.py::test_throughput_warns_when_the_process_lost_its_cpu_share_even_if_each_token_cost_more",),
         why="a pilot that lost two thirds of its CPU to other load is NO-GO because each token also cost more CPU",
     ),
+    Mutation(
+        name="loss_rise_comparison_inverted",
+        file="pilotrun/report/stability.py",
+        old="    if rise > 0 and sigmas > t.loss_rise_sigmas and share > t.min_loss_rise:\n",
+        new="    if rise > 0 and sigmas < t.loss_rise_sigmas and share > t.min_loss_rise:\n",
+        tests=("tests/report/test_stability.py::test_loss_rise_at_end_fails_a_loss_that_falls_then_climbs_back",),
+        why="a loss that falls and then climbs far beyond its noise passes, while a rise within the noise FAILs",
+    ),
+    Mutation(
+        name="data_pass_is_the_whole_split",
+        file="pilotrun/report/evidence.py",
+        old="    return batches * per_batch, (f\"one pass = ",
+        new="    return split_tokens, (f\"one pass = ",
+        tests=("tests/report/test_evidence.py::test_data_passes_counts_the_pass_the_loader_reads_not_the_whole_split",),
+        why="passes are counted over the whole split, whose tail the loader never reads: a fifth pass reads as 4.8",
+    ),
 )

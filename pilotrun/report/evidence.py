@@ -1,14 +1,20 @@
-"""What the verdict's judges read from a summary, and the first judge: that the evidence itself holds.
+"""What the verdict's judges read from a summary, and the judges of what the evidence is worth: that it holds
+(record_valid), and how many times the pilot read its training data (data_passes).
 
 Every rule reads the kept history (summarize's reconciliation), never the rolled-back work, and the recipe
 run.json recorded, never a default: a rule whose evidence the record lacks FAILs rather than guessing.
+
+A pass over the training split is what the loader reads before it restarts (data/reader.py): whole global
+batches of `seq_len`-token windows, so the split's tail that fills no batch is never read and one pass holds
+fewer tokens than the split. Passes are the kept tokens over that pass size; summarize's
+`passes_over_train_split` (tokens over the whole split) understates them.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pilotrun.report.thresholds import FAIL, PASS, Finding, Thresholds
+from pilotrun.report.thresholds import FAIL, PASS, WARN, Finding, Thresholds
 
 if TYPE_CHECKING:
     from pilotrun.report.summarize import Summary
@@ -43,3 +49,60 @@ def judge_record_valid(summary: Summary, t: Thresholds) -> Finding:
     figure = "valid" if summary.valid else f"{len(summary.reasons)} problem(s); first: {summary.reasons[0]}"
     return Finding(PASS if summary.valid else FAIL, figure, "summarize finds no problem",
                    "run.json + metrics.jsonl, every session")
+
+
+def _latest(summary: Summary, key: str, kinds: tuple[str, ...]) -> Any:
+    """`key` of the last kept event of one of `kinds` that carries it as an int (None where none does)."""
+    for e in reversed(summary.kept_events):
+        if e["event"] in kinds and isinstance(e.get(key), int):
+            return e[key]
+    return None
+
+
+def pass_tokens(summary: Summary) -> tuple[int, str] | None:
+    """The tokens one pass over the training split reads, with how they follow from the record; None where
+    run.json or the session start lacks a figure it needs."""
+    split_tokens = ((summary.run.get("data") or {}).get("train") or {}).get("tokens")
+    seq_len = recipe_value(summary, "train.seq_len")
+    per_batch = _latest(summary, "tokens_per_microbatch", ("session_start",))  # batch_size * seq_len * world
+    if not all(isinstance(x, int) and x > 0 for x in (split_tokens, seq_len, per_batch)) or per_batch % seq_len:
+        return None
+    batches = ((split_tokens - 1) // seq_len) // (per_batch // seq_len)
+    if batches == 0:
+        return None
+    return batches * per_batch, (f"one pass = {batches} global batches of {per_batch} tokens of the split's "
+                                 f"{split_tokens} (run.json data.train.tokens, recipe seq_len {seq_len})")
+
+
+def judge_data_passes(summary: Summary, t: Thresholds) -> Finding:
+    threshold = (f"the training split read at most once (a re-read WARNs); data_mode successive: <= "
+                 f"{t.max_train_passes:g} passes")
+    mode = recipe_value(summary, "train.data_mode")
+    tokens = summary.final.tokens_seen
+    if mode == "repeat_batch":
+        # The loader serves its first batch forever: every update after the first re-reads it, by design.
+        microbatches = _latest(summary, "tokens_per_microbatch", ("session_start",))
+        reads = f"{tokens // microbatches} times" if isinstance(microbatches, int) and microbatches > 0 else "again"
+        return Finding(WARN, f"data_mode repeat_batch: one batch read {reads}; an overfitting check, its loss "
+                       "says nothing of fresh data", threshold, "run.json recipe; kept tokens_seen")
+    sized = pass_tokens(summary)
+    if sized is None:
+        return Finding(FAIL, "run.json or the session start lacks the split's tokens, seq_len or "
+                       "tokens_per_microbatch: the passes cannot be counted", threshold, "run.json; session_start")
+    size, how = sized
+    passes = tokens / size
+    # The loader's own count: restarts of the cursor, cumulative and restored with each checkpoint.
+    restarts = _latest(summary, "data_restarts", ("train", "data_restart")) or 0
+    evidence = f"kept tokens_seen {tokens} / {size} tokens a pass; {how}; data_restarts of the kept history"
+    passes = max(passes, float(restarts))  # a cursor moved past batches it never trained on still re-read them
+    figure = f"{passes:.1f} passes over the training split ({restarts} restart{'s' if restarts != 1 else ''})"
+    if restarts == 0 and passes <= 1:
+        return Finding(PASS, f"{passes:.2g} of one pass over the training split (0 restarts): no token read twice",
+                       threshold, evidence)
+    if mode != "successive":
+        return lacks("train.data_mode", threshold)
+    if passes > t.max_train_passes:
+        return Finding(FAIL, f"{figure}: past {t.max_train_passes:g} the loss measures memorised text, not the "
+                       "long run's", threshold, evidence)
+    return Finding(WARN, f"{figure}: part of the loss is measured on tokens already trained on", threshold,
+                   evidence)

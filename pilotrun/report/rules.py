@@ -58,6 +58,17 @@ LOSS_DECREASED = Rule(
     stability.judge_loss_decreased,
     ("min_loss_drop", "min_loss_drop_floor", "loss_drop_sigmas", "loss_window_fraction"), plot="loss")
 
+LOSS_RISE_AT_END = Rule(
+    "loss_rise_at_end",
+    "the median training loss over the last loss_rise_window_fraction of windows (at least 3) against the lowest "
+    "median of as many consecutive windows before them: a loss that fell and then climbed back is a recipe going "
+    "wrong, whatever its start-to-end drop. FAIL when the end sits above that best level by more than "
+    "loss_rise_sigmas standard errors of the difference of two medians (from the window-to-window noise, a robust "
+    "standard deviation of successive differences) and by more than min_loss_rise of it; fewer than twice that "
+    "many windows WARNs (thin evidence). On a run in progress it reads the end so far: a loss climbing now.",
+    stability.judge_loss_rise_at_end, ("loss_rise_window_fraction", "loss_rise_sigmas", "min_loss_rise"),
+    plot="loss")
+
 VAL_TRACKS_TRAIN = Rule(
     "val_tracks_train",
     "val minus train loss may grow at most max_val_gap_growth between the evaluations of the second half of the "
@@ -125,6 +136,15 @@ SPIKES = Rule(
     "reproduce FAIL.",
     spikes.judge_spikes, ("max_spikes", "max_spike_rollbacks", "max_unreproduced_spikes"), plot="loss")
 
+DATA_PASSES = Rule(
+    "data_passes",
+    "how many times the pilot read its training split: the kept tokens over the tokens one pass reads (the "
+    "loader's whole global batches of the split, run.json data.train.tokens and the recipe's seq_len), beside the "
+    "loader's own restarts (data_restarts). Any re-read WARNs: part of the loss is then measured on tokens "
+    "already trained on; with data_mode successive more than max_train_passes passes FAIL. data_mode "
+    "repeat_batch re-reads one batch by design and WARNs. On a run in progress it counts the passes so far.",
+    evidence.judge_data_passes, ("max_train_passes",))
+
 RESUMED = Rule(
     "resumed",
     "the kept history includes a resume followed by at least one applied update (a finished run resumed with "
@@ -148,9 +168,9 @@ RECIPE_CHANGES = Rule(
     continuity.judge_recipe_changes)
 
 # The verdict's rules in the order they are judged and printed.
-RULES: tuple[Rule, ...] = (RECORD_VALID, LOSSES_FINITE, LOSS_DECREASED, VAL_TRACKS_TRAIN, GRAD_SPIKES, SPIKES,
-                           CLIP_RATE, SKIP_RATE, THROUGHPUT_STEADY, MEMORY, EXPERTS, QK_CLIP, RESUMED, FINAL_CHECKPOINT,
-                           RECIPE_CHANGES)
+RULES: tuple[Rule, ...] = (RECORD_VALID, LOSSES_FINITE, LOSS_DECREASED, LOSS_RISE_AT_END, VAL_TRACKS_TRAIN,
+                           GRAD_SPIKES, SPIKES, CLIP_RATE, SKIP_RATE, THROUGHPUT_STEADY, MEMORY, EXPERTS, QK_CLIP,
+                           DATA_PASSES, RESUMED, FINAL_CHECKPOINT, RECIPE_CHANGES)
 RULES_BY_NAME: dict[str, Rule] = {rule.name: rule for rule in RULES}
 # Which plot shows each rule's evidence (report.html links the rule's row to it).
 RULE_PLOTS: dict[str, str] = {rule.name: rule.plot for rule in RULES if rule.plot is not None}

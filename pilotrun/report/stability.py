@@ -1,5 +1,5 @@
-"""The verdict's judges of whether the loss behaves: it stays finite, falls by more than its own noise, val
-tracks train, the gradient norm does not spike, and clipping, skipped updates, expert load and QK-Clip stay
+"""The verdict's judges of whether the loss behaves: it stays finite, falls by more than its own noise, does not
+rise again over the end of the run, val tracks train, the gradient norm does not spike, and clipping, skipped updates, expert load and QK-Clip stay
 within their bounds. Each returns a Finding; the rule table (rules.py) names it and says what it means.
 """
 
@@ -66,6 +66,35 @@ def judge_loss_decreased(summary: Summary, t: Thresholds) -> Finding:
         status = PASS if drop >= t.min_loss_drop else WARN
     return Finding(status, figure, threshold,
                    f"{k} first and {k} last of {len(losses)} train windows; noise from all successive pairs")
+
+
+def judge_loss_rise_at_end(summary: Summary, t: Thresholds) -> Finding:
+    """The end of the run against the best level the loss held before it: medians, so that a spike or two in
+    either part moves neither, and the noise from successive differences, so that a noisy plateau never FAILs."""
+    losses = [(e["step"], float(e["loss"])) for e in train_events(summary) if is_finite_number(e.get("loss"))]
+    k = max(3, round(len(losses) * t.loss_rise_window_fraction))
+    threshold = (f"median of the last {t.loss_rise_window_fraction:.0%} of windows (>= 3) <= the best median of as "
+                 f"many consecutive windows before + max({t.loss_rise_sigmas:g} sigma, {t.min_loss_rise:.0%})")
+    evidence = f"{len(losses)} finite train windows; noise from all successive pairs"
+    if len(losses) < 2 * k:
+        return Finding(WARN, f"only {len(losses)} finite train window(s): too few to compare the last {k} with as "
+                       "many before them", threshold, evidence)
+    values = [loss for _, loss in losses]
+    end = statistics.median(values[-k:])
+    before = values[:-k]
+    best, at = min((statistics.median(before[i:i + k]), i) for i in range(len(before) - k + 1))
+    noise = loss_noise(values) or 0.0
+    # A median of k windows has 1.2533 / sqrt(k) of one window's standard deviation (normal noise).
+    standard_error = 1.2533 * noise * math.sqrt(2 / k)
+    rise = end - best
+    share = rise / abs(best) if best != 0 else 0.0
+    sigmas = rise / standard_error if standard_error > 0 else math.inf if rise > 0 else 0.0
+    figure = (f"median train loss {end:.4f} over the last {k} windows (steps {losses[-k][0]}-{losses[-1][0]}) vs "
+              f"the best {best:.4f} (steps {losses[at][0]}-{losses[at + k - 1][0]}): {rise:+.4f} ({share:+.2%}), "
+              f"{sigmas:.1f} sigma of window noise {noise:.4g}")
+    if rise > 0 and sigmas > t.loss_rise_sigmas and share > t.min_loss_rise:
+        return Finding(FAIL, f"the loss rises at the end: {figure}", threshold, evidence)
+    return Finding(PASS, figure, threshold, evidence)
 
 
 def judge_val_tracks_train(summary: Summary, t: Thresholds) -> Finding:

@@ -40,6 +40,21 @@ class Thresholds:
                                               "the two means (from the window-to-window noise), else it FAILs as "
                                               "within the loss's own noise")
     loss_window_fraction: float = _threshold(0.2, "share of the train windows averaged at the start and at the end")
+    # loss_rise_at_end
+    loss_rise_window_fraction: float = _threshold(0.25, "share of the train windows (at least 3) at the end of the "
+                                                        "run whose median loss is compared with the lowest median "
+                                                        "of as many consecutive windows before them")
+    loss_rise_sigmas: float = _threshold(4.0, "a rise of the end's median over that best level FAILs only beyond "
+                                              "this many standard errors of the difference of two medians (from "
+                                              "the window-to-window noise)")
+    min_loss_rise: float = _threshold(0.02, "and only beyond this share of the best level: the slow wander of a "
+                                            "plateau (harder text late in the split) is not a rise")
+    # data_passes
+    max_train_passes: float = _threshold(4.0, "passes over the training split a successive-mode pilot may make; "
+                                              "any re-read WARNs, more passes FAIL: past about four epochs "
+                                              "repeated tokens stop being worth fresh ones (Muennighoff et al., "
+                                              "Scaling Data-Constrained Language Models, 2023) and the loss "
+                                              "measures memorised text, not the long run's")
     # val_tracks_train
     max_val_gap_growth: float = _threshold(0.5, "nats the val-minus-train gap may grow between the evaluations of "
                                                 "the second half of the run")

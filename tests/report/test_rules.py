@@ -65,10 +65,10 @@ def test_every_linked_plot_is_one_plots_writes(tmp_path):
         assert rule.plot in PLOT_NAMES, rule.name
         assert written[rule.plot].stat().st_size > 0, rule.name
     assert RULE_PLOTS == {rule.name: rule.plot for rule in RULES if rule.plot}
-    # The rules no plot shows: the record's validity, memory (no memory plot yet), the final checkpoint's
-    # bytes and the recipe's changes are figures, not curves.
-    assert {rule.name for rule in RULES if rule.plot is None} == {"record_valid", "memory", "final_checkpoint",
-                                                                   "recipe_changes"}
+    # The rules no plot shows: the record's validity, memory (no memory plot yet), the passes over the data,
+    # the final checkpoint's bytes and the recipe's changes are figures, not curves.
+    assert {rule.name for rule in RULES if rule.plot is None} == {"record_valid", "memory", "data_passes",
+                                                                   "final_checkpoint", "recipe_changes"}
 
 
 def _verdict_help(capsys) -> str:

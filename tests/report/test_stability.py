@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from pilotrun.report.rules import QK_CLIP
+from pilotrun.report.rules import QK_CLIP, RULES_BY_NAME
 from pilotrun.report.stability import loss_noise
 from pilotrun.report.summarize import summarize_run
 from pilotrun.report.thresholds import FAIL, PASS, WARN, Thresholds, parse_thresholds
@@ -143,3 +143,49 @@ def test_loss_noise_is_the_spread_of_successive_differences_not_the_trend():
     wobble = [3.0 + (0.1 if i % 2 else -0.1) for i in range(21)]
     # Twenty differences, ten of +0.2 and ten of -0.2: centred on their median (0) each deviates by 0.2.
     assert loss_noise(wobble) == pytest.approx(1.4826 * 0.2 / math.sqrt(2))
+
+
+def test_loss_rise_at_end_passes_a_healthy_noisy_run_and_a_noisy_plateau(tmp_path):
+    def healthy(run):
+        run.loss = lambda step: 2.0 + 5.0 * math.exp(-step / 20.0) + 0.3 * _noise(step)
+    _, rules = verdict_of(tmp_path / "healthy", healthy, max_steps=240)
+    assert rules["loss_rise_at_end"].status == PASS, rules["loss_rise_at_end"].figure
+    assert rules["loss_rise_at_end"].figure.startswith("median train loss") and "sigma of window noise" in \
+        rules["loss_rise_at_end"].figure
+    # A plateau whose windows scatter by +-0.3 (10% of the loss), one spike near the end among them: a
+    # median moves with neither.
+    for offset in range(8):
+        def plateau(run, offset=offset):
+            run.loss = lambda step: 3.0 + 0.3 * _noise(step + 1000 * offset) + (2.0 if step == 230 else 0.0)
+        _, rules = verdict_of(tmp_path / f"plateau{offset}", plateau, max_steps=240)
+        assert rules["loss_rise_at_end"].status == PASS, rules["loss_rise_at_end"].figure
+
+
+def test_loss_rise_at_end_fails_a_loss_that_falls_then_climbs_back(tmp_path):
+    def fall_then_rise(run):  # falls to update 23, then climbs 0.0015 a step (+0.33 by the end) under +-0.1 of noise
+        run.loss = lambda step: 3.0 + 0.0015 * abs(step - 23) * (1 if step > 23 else 40) + 0.1 * _noise(step)
+    verdict, rules = verdict_of(tmp_path, fall_then_rise, max_steps=240)
+    found = rules["loss_rise_at_end"]
+    assert found.status == FAIL and verdict.decision == "NO-GO", found.figure
+    assert found.figure.startswith("the loss rises at the end: median train loss")
+    assert "over the last 12 windows (steps 185-240) vs the best 3.0" in found.figure
+
+
+def test_loss_rise_at_end_needs_both_the_sigmas_and_the_share(tmp_path):
+    def small_rise(run):  # noise-free, so far beyond any sigma, but 1% above the best level: a plateau's wander
+        run.loss = lambda step: 3.0 + (0.03 if step > 180 else 0.0)
+    _, rules = verdict_of(tmp_path / "small", small_rise, max_steps=240)
+    assert rules["loss_rise_at_end"].status == PASS
+    strict = parse_thresholds(["min_loss_rise=0.005"])
+    _, rules = verdict_of(tmp_path / "strict", small_rise, thresholds=strict, max_steps=240)
+    assert rules["loss_rise_at_end"].status == FAIL and "+1.00%" in rules["loss_rise_at_end"].figure
+
+
+def test_loss_rise_at_end_warns_with_too_few_windows(tmp_path):
+    run = SyntheticRun(tmp_path / "r", max_steps=25)
+    run.start_session()
+    run.train_until(25)  # 5 windows: fewer than 3 at the end and 3 before them
+    run.end_session()
+    run.write()
+    found = RULES_BY_NAME["loss_rise_at_end"].apply(summarize_run(tmp_path / "r"), Thresholds())
+    assert found.status == WARN and found.figure.startswith("only 5 finite train window(s)")
