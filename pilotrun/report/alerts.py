@@ -282,7 +282,8 @@ class Watcher:
         key = f"session_end:{last['session_id']}"
         found[key] = Alert("session_end", key, f"session {last['session_id']} ended: {reason}, at step "
                            f"{last['step']}; no session holds the run folder (no resume started)"
-                           + (f"; a torn last line of {pending} bytes" if pending else ""),
+                           # unterminated, not "torn": an invalid byte inside it is named as damage on its own
+                           + (f"; an unterminated last line of {pending} bytes" if pending else ""),
                            last["step"], reason, "a running session or a completed run", str(last["session_id"]), now)
 
     def _stall(self, now: float, last: dict[str, Any] | None, found: dict[str, Alert]) -> None:

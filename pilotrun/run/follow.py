@@ -30,6 +30,7 @@ from pilotrun.run.record import (
     RecordError,
     chain_genesis,
     chain_link,
+    not_utf8_problem,
     parse_metrics_bytes,
     read_run_json,
     unchained_body,
@@ -64,6 +65,7 @@ class RecordFollower:
         self.lines = 0  # complete lines read so far
         self.head = chain_genesis(run_id)  # the chain value of the last complete line (the genesis before any)
         self.broken = False  # once the chain broke, later lines are chained from what they say, not rejudged
+        self.named_pending: int | None = None  # the number of an incomplete line already named as not UTF-8
 
     def poll(self) -> Poll:
         """Read every complete line appended since the last poll."""
@@ -85,25 +87,38 @@ class RecordFollower:
             return found  # the session has not opened its log yet
         end = raw.rfind(b"\n")
         found.pending_bytes = len(raw) - (end + 1)
-        if end < 0:
-            return found
-        for raw_line in raw[:end].split(b"\n"):
-            self.lines += 1
-            self._read_line(raw_line, found)
-        self.offset += end + 1
+        if end >= 0:
+            for raw_line in raw[:end].split(b"\n"):
+                self.lines += 1
+                self._read_line(raw_line, found)
+            self.offset += end + 1
+        self._judge_pending(raw[end + 1:], found)
         return found
+
+    def _judge_pending(self, pending: bytes, found: Poll) -> None:
+        """An incomplete last line waits for its newline, but an invalid byte inside it (not a character cut at
+        its end) is damage no later write can mend: named by its line number, once."""
+        if not pending or self.named_pending == self.lines + 1:
+            return
+        problem = not_utf8_problem(pending, self.lines + 1, unterminated=True)
+        if problem is not None:
+            found.breaks.append(problem)
+            self.named_pending = self.lines + 1
 
     def _restart(self) -> None:
         """After a rewrite nothing read before can be trusted: read again from the start, chained afresh."""
         self.offset, self.lines, self.head = 0, 0, chain_genesis(self.run_id)
+        self.named_pending = None
 
     def _read_line(self, raw_line: bytes, found: Poll) -> None:
         number = self.lines
         parsed = parse_metrics_bytes(raw_line + b"\n")
         found.notes.extend(_renumber(n, number) for n in parsed.notes)
         if parsed.damage or not parsed.events:
-            found.breaks.extend(_renumber(d, number) for d in parsed.damage or
-                                ["metrics.jsonl line 1: empty line"])
+            reasons = [_renumber(d, number) for d in parsed.damage or ["metrics.jsonl line 1: empty line"]]
+            if number == self.named_pending:  # named while it waited for its newline: not twice
+                reasons = [r for r in reasons if "not UTF-8" not in r]
+            found.breaks.extend(reasons)
             return
         event, text = parsed.events[0], parsed.texts[0]
         event["_line"] = number

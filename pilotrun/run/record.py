@@ -264,6 +264,19 @@ def _event_problem(event: dict[str, Any]) -> str | None:
     return None
 
 
+def not_utf8_problem(raw_line: bytes, number: int, *, unterminated: bool = False) -> str | None:
+    """Why line `number` of metrics.jsonl is not UTF-8, naming it, or None. An `unterminated` last line (a writer
+    mid-line, or killed there) may end partway through a character, which a tear explains; an invalid byte
+    before its end is damage like on any other line (the writer only ever writes UTF-8)."""
+    try:
+        raw_line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if unterminated and exc.reason == "unexpected end of data":  # the first bad byte starts a cut character
+            return None
+        return f"metrics.jsonl line {number}: not UTF-8 (byte 0x{raw_line[exc.start]:02x} at column {exc.start + 1})"
+    return None
+
+
 def parse_metrics_bytes(raw: bytes) -> ParsedMetrics:
     """The one parser of metrics.jsonl; both readers below are built on it."""
     parsed = ParsedMetrics()
@@ -274,14 +287,12 @@ def parse_metrics_bytes(raw: bytes) -> ParsedMetrics:
     for index, raw_line in enumerate(lines):
         number = index + 1
         is_last = index == len(lines) - 1
-        try:
-            text = raw_line.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            if not (is_last and not ends_with_newline):  # a torn last line may end mid-character: judged below
-                parsed.damage.append(f"metrics.jsonl line {number}: not UTF-8 (byte 0x{raw_line[exc.start]:02x} "
-                                     f"at column {exc.start + 1})")
-                continue
-            text = raw_line.decode("utf-8", errors="replace")
+        unterminated = is_last and not ends_with_newline
+        problem = not_utf8_problem(raw_line, number, unterminated=unterminated)
+        if problem is not None:
+            parsed.damage.append(problem)
+            continue
+        text = raw_line.decode("utf-8", errors="replace")  # only a torn last line's cut character is replaced
         if not text.strip():
             if not is_last:
                 parsed.damage.append(f"metrics.jsonl line {number}: empty line")

@@ -109,6 +109,33 @@ def test_the_non_utf8_metrics_line_is_named_by_its_number(small_run, tmp_path, c
     assert "metrics.jsonl line 3: not UTF-8" in reasons
 
 
+def _invalid_byte_on(run_dir: Path, where: str) -> int:
+    """An invalid UTF-8 byte inside the middle line or the last one (`last-unterminated`: without its newline,
+    where a tear could only have cut a character at the end, never put one in the middle). Its line number."""
+    lines = (run_dir / "metrics.jsonl").read_bytes().rstrip(b"\n").split(b"\n")
+    index = len(lines) // 2 if where == "middle" else len(lines) - 1
+    lines[index] = lines[index][:30] + b"\xff" + lines[index][30:]
+    ending = b"" if where == "last-unterminated" else b"\n"
+    (run_dir / "metrics.jsonl").write_bytes(b"\n".join(lines) + ending)
+    return index + 1
+
+
+@pytest.mark.parametrize("where", ["middle", "last", "last-unterminated"])
+@pytest.mark.parametrize("command", ["summarize", "verdict", "watch", "inspect-batch"])
+def test_every_reader_names_the_non_utf8_line_by_its_number(small_run, tmp_path, capsys, where, command):
+    run_dir = _copy(small_run, tmp_path)
+    number = _invalid_byte_on(run_dir, where)
+    argv = {"summarize": ["summarize", str(run_dir)], "verdict": ["verdict", str(run_dir)],
+            "watch": ["watch", str(run_dir)], "inspect-batch": ["inspect-batch", str(run_dir), "--step", "2"]}[command]
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    assert code == (2 if command == "inspect-batch" else 1)
+    said = captured.out + captured.err
+    assert f"metrics.jsonl line {number}: not UTF-8 (byte 0xff at column 31)" in said
+    assert "torn last line" not in said
+
+
 @pytest.mark.parametrize("argv_tail,fragment", [
     (["--train-tokens", "inf"], "--train-tokens"), (["--train-tokens", "nan"], "--train-tokens"),
     (["--shard-tokens", "inf"], "--shard-tokens"), (["--shard-tokens", "-inf"], "--shard-tokens"),

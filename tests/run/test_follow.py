@@ -46,3 +46,20 @@ def test_a_folder_that_is_not_a_run_is_bad_input(tmp_path):
         RecordFollower(tmp_path)
     (tmp_path / "run.json").write_text('{"run_id": "x"}')
     assert RecordFollower(tmp_path).poll().events == []  # no log yet: a session about to open it
+
+
+def test_an_incomplete_line_with_an_invalid_byte_is_named_once_and_a_cut_character_waits(tmp_path):
+    run_dir = crashed_and_resumed(tmp_path / "r").write()
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    # A writer halfway through line 4 whose last character ("é", two bytes) is cut: a tear, it waits.
+    path.write_bytes(b"".join(lines[:3]) + lines[3][:20] + "é".encode()[:1])
+    follower = RecordFollower(run_dir)
+    assert not follower.poll().breaks
+    # An invalid byte inside the incomplete line: no later write mends it, so it is named now, by its number.
+    path.write_bytes(b"".join(lines[:3]) + lines[3][:20] + b"\xff" + lines[3][20:-1])
+    assert follower.poll().breaks == ["metrics.jsonl line 4: not UTF-8 (byte 0xff at column 21)"]
+    assert follower.poll().breaks == []
+    path.write_bytes(b"".join(lines[:3]) + lines[3][:20] + b"\xff" + lines[3][20:] + b"".join(lines[4:]))
+    rest = follower.poll()  # the line completed: not named a second time, the lines after it read on
+    assert not [b for b in rest.breaks if "line 4: not UTF-8" in b] and rest.events[0]["_line"] == 5

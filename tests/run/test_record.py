@@ -62,3 +62,19 @@ def test_counters_read_from_an_event_and_ordered_by_work():
     later = Counters(step=3, tokens_seen=24, updates_attempted=4, updates_skipped=1)
     assert earlier.as_dict() == {"step": 2, "tokens_seen": 16, "updates_attempted": 3, "updates_skipped": 1}
     assert later.covers(earlier) and not earlier.covers(later)
+
+
+def test_an_invalid_byte_is_damage_on_the_last_line_too_and_only_a_cut_character_is_a_tear(tmp_path):
+    log = MetricsWriter(tmp_path, "s1")
+    log.log("session_start", Counters())
+    log.log("train", Counters(step=1, tokens_seen=8, updates_attempted=1), loss=1.5)
+    log.close()
+    path = tmp_path / "metrics.jsonl"
+    cut = path.read_bytes().rstrip(b"\n")
+    start = cut.rindex(b"\n") + 1
+    path.write_bytes(cut[:start + 20] + "é".encode()[:1])  # killed halfway through a two-byte character
+    torn = read_metrics_tolerant(tmp_path)
+    assert torn.damage == [] and torn.notes[0].startswith("metrics.jsonl line 2: torn last line")
+    for ending in (b"", b"\n"):  # an invalid byte inside the last line, with and without its newline
+        path.write_bytes(cut[:start + 10] + b"\xff" + cut[start + 10:] + ending)
+        assert read_metrics_tolerant(tmp_path).damage == ["metrics.jsonl line 2: not UTF-8 (byte 0xff at column 11)"]
