@@ -85,6 +85,25 @@ def refuse_link(path: str | Path) -> None:
                           "link (remove it, or choose another folder)")
 
 
+def refuse_wrong_kind(path: str | Path, kind: str, what: str = "") -> None:
+    """Refuse `path` by name when it is there as the other kind than `kind` ("file" or "folder"): "is a file,
+    not a folder" or "is a folder, not a file", never "does not exist" (the user named something that is there,
+    of the wrong kind) and never a traceback; so is a path whose parent is a file. A missing path passes: the
+    caller knows what a missing one means (an output to make, an input to name). `what`: the argument, e.g.
+    "--data", put before the path."""
+    path = Path(path)
+    label = f"{what} {path}" if what else str(path)
+    if kind == "folder" and path.exists() and not path.is_dir():
+        raise PilotrunError(f"{label} is a file, not a folder")
+    if kind == "file" and path.is_dir():
+        raise PilotrunError(f"{label} is a folder, not a file")
+    parent = path.parent
+    while not os.path.lexists(path) and parent != path:
+        if parent.exists() and not parent.is_dir():  # ENOTDIR under it: say which part is the file
+            raise PilotrunError(f"{label}: {parent} is a file, not a folder")
+        path, parent = parent, parent.parent
+
+
 def plain_folder(path: str | Path, *, create: bool = True) -> Path:
     """`path` as a folder pilotrun may write into: not a link, not a file ("is a file, not a folder"), created
     (with its parents) when missing and `create`. Returns it as a Path."""

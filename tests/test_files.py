@@ -101,3 +101,18 @@ def test_stale_temps_of_a_dead_writer_are_found_named_and_removed(tmp_path):
     (tmp_path / f".report.replaced-{dead}" / "report.html").write_text("old report")
     assert "restored" in recover_folder(tmp_path / "report")[0]
     assert (tmp_path / "report" / "report.html").read_text() == "old report"
+
+
+def test_refuse_wrong_kind_names_the_kind_and_lets_a_missing_path_pass(tmp_path):
+    from pilotrun.files import refuse_wrong_kind
+
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "d").mkdir()
+    with pytest.raises(PilotrunError, match=r"^--data .*/f is a file, not a folder$"):
+        refuse_wrong_kind(tmp_path / "f", "folder", "--data")
+    with pytest.raises(PilotrunError, match=r"/d is a folder, not a file$"):
+        refuse_wrong_kind(tmp_path / "d", "file")
+    with pytest.raises(PilotrunError, match=r"/f/run/x: .*/f is a file, not a folder$"):
+        refuse_wrong_kind(tmp_path / "f" / "run" / "x", "folder")
+    for path, kind in ((tmp_path / "f", "file"), (tmp_path / "d", "folder"), (tmp_path / "d" / "new", "folder")):
+        assert refuse_wrong_kind(path, kind) is None  # the right kind, or missing under a folder: passes

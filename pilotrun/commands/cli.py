@@ -15,6 +15,7 @@ import sys
 import threading
 
 from pilotrun.commands.cli_data import add_data, add_prepare
+from pilotrun.commands.cli_paths import check_path_arguments
 from pilotrun.commands.cli_trackers import add_export_metrics, add_tensorboard
 from pilotrun.errors import PilotrunError
 from pilotrun.version import __version__
@@ -374,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     # its own, not the host process's sys.argv).
     args.invocation = ["pilotrun", *argv] if argv is not None else list(sys.argv)
     try:
+        check_path_arguments(args)  # a file where a folder is expected (or the reverse) named so, before any work
         with _cleanup_on_termination(args.command in TEMP_WRITING_COMMANDS):
             return int(args.handler(args) or 0)
     except KeyboardInterrupt:

@@ -154,7 +154,10 @@ def resolve_tokenizer(
         # A folder (a model folder, an export) stands for its tokenizer.json: the same file, the same identity.
         path = os.path.join(spec, "tokenizer.json") if os.path.isdir(spec) else spec
         if not os.path.isfile(path):
-            raise DataError(f"--tokenizer '{spec}': no such file (expected bpe:VOCAB, hub:NAME[@REVISION], a "
+            # A folder is a valid kind here: say what it lacks, not that it does not exist.
+            found = (f"{path} is a folder, not a file" if os.path.isdir(path) else
+                     "a folder without a tokenizer.json" if os.path.isdir(spec) else "no such file")
+            raise DataError(f"--tokenizer '{spec}': {found} (expected bpe:VOCAB, hub:NAME[@REVISION], a "
                             "path to a tokenizer.json or a folder holding one)")
         tokenizer = _load_file(path, spec)
         identity = {"kind": "file", "name": os.path.basename(path)}

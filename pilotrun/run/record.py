@@ -210,6 +210,8 @@ def _is_int(value: Any) -> bool:
 def read_run_json(run_dir: str | Path) -> dict[str, Any]:
     """run.json as a dict. A missing folder or file, or an unreadable file, is a RecordError (bad input)."""
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():  # named as what it is, not "not found" (files.refuse_wrong_kind)
+        raise RecordError(f"run folder {run_dir} is a file, not a folder")
     if not run_dir.is_dir():
         raise RecordError(f"run folder not found: {run_dir}")
     path = run_dir / RUN_JSON
