@@ -45,6 +45,7 @@ from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks import Callback, Ending, LoopState
 from pilotrun.training.checkpointing import CheckpointCallback
 from pilotrun.training.evaluation import EvalCallback
+from pilotrun.training.launcher import LauncherWatchCallback
 from pilotrun.training.loop import train_loop
 from pilotrun.training.notices import interrupt_acknowledgement
 from pilotrun.training.pilot_handshake import KillPointCallback
@@ -142,7 +143,7 @@ class Trainer:
         return [ProfileCallback(profiler), RareEventsCallback(), ShardCheckCallback.for_session(loop),
                 SpikeCallback(window.close_window), window,
                 EvalCallback(t), CheckpointCallback(t.checkpoint_every),
-                KillPointCallback.past_step(self.stop_past_step)]
+                KillPointCallback.past_step(self.stop_past_step), LauncherWatchCallback.for_process()]
 
     def run(self) -> TrainResult:
         loop = LoopState(self.session, self.account, self.signals, self.out, sinks=self.sinks)
