@@ -86,11 +86,12 @@ def test_inspect_batch_names_the_windows_and_decodes_them(builtin_data_dir, tmp_
     # An edited log (its skipped attempts decide which batches an update read) is refused, naming the line.
     metrics = run_dir / "metrics.jsonl"
     lines = metrics.read_text().splitlines()
-    lines[1] = lines[1].replace('"event":"train"', '"event":"train" ', 1)
+    first_train = next(i for i, line in enumerate(lines) if '"event":"train"' in line)
+    lines[first_train] = lines[first_train].replace('"event":"train"', '"event":"train" ', 1)
     metrics.write_text("\n".join(lines) + "\n")
     assert main(["inspect-batch", str(run_dir), "--step", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "metrics.jsonl line 2 " in err[0] and "hash chain broken" in err[0]
+    assert len(err) == 1 and f"metrics.jsonl line {first_train + 1} " in err[0] and "hash chain broken" in err[0]
 
 
 def test_attempt_arithmetic_skips_the_overflowed_attempts():
