@@ -13,6 +13,9 @@ The callbacks, in the order they act after an update (callbacks.py has the inter
   evaluation.EvalCallback            the `val` event every `eval_every` updates ("eval" phase)
   checkpointing.CheckpointCallback   every `checkpoint_every` updates and at the end ("checkpoint" phase)
   pilot_handshake.KillPointCallback  the pilot's kill point, when the pilot hands one in (`stop_past_step`)
+and two that only ask the session to stop (`stop_request`, agreed across ranks by the loop):
+  shard_check.ShardCheckCallback     a shard whose sha256, checked in the background on its first read, differs
+  launcher.LauncherWatchCallback     torchrun's launcher gone (the parent pid changed, or its death signal)
 
 Every event written to metrics.jsonl is handed to the metrics sinks (run/sinks.py: the live mirrors of
 `train.trackers` (TensorBoard, W&B, MLflow, trackio), and any the caller passes), each guarded so that a failing sink warns once and changes
