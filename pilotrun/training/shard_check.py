@@ -8,8 +8,10 @@ state and `session_end` reason "stopped", exit 1, its message the one line namin
 and found hash prefixes. The update that read the shard was trained on it; the checkpoint says so by its step,
 and a resume after repairing the data continues from there.
 
-Each finished check is a `shard_check` event (docs/RUN_RECORD.md), written by rank 0 for its own checks at the
-update boundary after the hash finished, before the window's `train` event. The session's last update waits
+Each finished check is a `shard_check` event (docs/RUN_RECORD.md), written by rank 0 for its own checks where
+the window that first read the shard closes, after waiting for them, just before the window's `train` event
+(the hashing runs beside the window's updates; the wait costs nothing unless the window was shorter than the
+hash). The session's last update waits
 for the shards still being hashed, so a session that ends "completed" has verified every shard it read (a
 shard first read by the last round's evaluation is checked after that decision: its event is written, but it
 cannot stop the session any more). A resumed session hashes again the shards it reads: the hasher's memory
@@ -20,9 +22,20 @@ from __future__ import annotations
 
 from pilotrun.data.shard_hashing import ShardHasher
 from pilotrun.data.stream import SPLITS
-from pilotrun.training.callbacks import PRIORITY_RARE_EVENTS, Callback, Ending, LoopState
+from pilotrun.training.callbacks import PRIORITY_RARE_EVENTS, Callback, Ending, LoopState, due_on_cadence
 
 PRIORITY_SHARD_CHECK = PRIORITY_RARE_EVENTS + 1  # beside the rare events: before the window that contains it
+
+
+# At the session's end (an error included) the val shards the last evaluation read are given this long to be
+# checked; a 32 MiB shard takes a twentieth of a second, so only a stalled disk reaches it.
+AT_END_WAIT_SECONDS = 30.0
+
+
+def _window_closes(loop: LoopState) -> bool:
+    """The update just made closes a `train` window (window_log.WindowLogCallback's cadence)."""
+    t = loop.session.config.train
+    return due_on_cadence(loop, t.log_every) or due_on_cadence(loop, t.checkpoint_every)
 
 
 class ShardCheckCallback(Callback):
@@ -44,8 +57,8 @@ class ShardCheckCallback(Callback):
         return cls(hasher, loop.session.context.rank)
 
     def stop_request(self, loop: LoopState) -> Ending | None:
-        if loop.step >= loop.session.config.train.max_steps:
-            self.hasher.wait()  # the last update: no session completes with a shard it read unchecked
+        if _window_closes(loop) or loop.step >= loop.session.config.train.max_steps:
+            self.hasher.wait()  # the window's shards are checked before it closes (and before the session ends)
         damaged = self.hasher.mismatch
         if damaged is None:
             return None
@@ -53,12 +66,17 @@ class ShardCheckCallback(Callback):
         return Ending("stopped", 1, damaged.describe() + where)
 
     def due(self, loop: LoopState) -> bool:
-        return self.hasher.has_new()
+        # Only where a window closes, after waiting for the shards read in it: the events then stand at the same
+        # place in the record of every identical run, however fast the hashing thread was (a record that moved
+        # with the thread's timing would differ from a resumed run's and from a run without observers).
+        return _window_closes(loop) or loop.final
 
     def after_update(self, loop: LoopState) -> None:
+        self.hasher.wait()
         self._log_finished(loop)
 
     def at_end(self, loop: LoopState) -> None:
+        self.hasher.wait(timeout=AT_END_WAIT_SECONDS)  # the last evaluation's val shards
         self.hasher.close()
         self._log_finished(loop)  # checks finished since the last round, before the trainer's session_end
 

@@ -136,11 +136,12 @@ def test_the_sessions_last_update_waits_for_the_shards_still_being_hashed(tmp_pa
     hasher = ShardHasher(hash_function=slow_wrong_hash)
     shard = tmp_path / "train_00003.npy"
     hasher.submit("train", shard.name, str(shard), "a" * 64)
-    loop = SimpleNamespace(step=6, session=SimpleNamespace(config=SimpleNamespace(train=SimpleNamespace(max_steps=7)),
-                                                           context=SimpleNamespace(world_size=2)))
+    train = SimpleNamespace(max_steps=7, log_every=5, checkpoint_every=0)
+    loop = SimpleNamespace(step=6, applied=True, session=SimpleNamespace(config=SimpleNamespace(train=train),
+                                                                         context=SimpleNamespace(world_size=2)))
     callback = ShardCheckCallback(hasher, rank=1)
     try:
-        assert callback.stop_request(loop) is None  # not the last update: the hash is still running, no wait
+        assert callback.stop_request(loop) is None  # no window closes at 6: the hash is still running, no wait
         loop.step = 7
         threading.Timer(0.05, release.set).start()
         ending = callback.stop_request(loop)  # the last update: blocks until the hash is done
