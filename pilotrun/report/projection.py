@@ -31,6 +31,7 @@ import statistics
 from typing import TYPE_CHECKING, Any
 
 from pilotrun.report.ledger import time_ledger
+from pilotrun.report.stability import loss_noise as stability_loss_noise
 from pilotrun.report.time_split import window_profiled, window_train_tokens
 from pilotrun.run.record import is_finite_number
 
@@ -104,12 +105,9 @@ def _band(rates: list[float], source: str) -> dict[str, Any]:
 
 
 def loss_noise(losses: list[float]) -> float:
-    """A robust standard deviation of the loss from successive differences (1.4826 x MAD / sqrt 2)."""
-    diffs = [b - a for a, b in zip(losses, losses[1:], strict=False)]
-    if len(diffs) < 2:
-        return 0.0
-    centre = statistics.median(diffs)
-    return 1.4826 * statistics.median(abs(d - centre) for d in diffs) / math.sqrt(2)
+    """The loss's window-to-window noise (stability.loss_noise) from 3 windows on, 0.0 before: the envelope and
+    watch's spike bound then rest on their share of the loss alone."""
+    return stability_loss_noise(losses, min_windows=3) or 0.0
 
 
 def _intervals(events: list[dict[str, Any]]) -> list[float]:

@@ -30,12 +30,12 @@ def judge_losses_finite(summary: Summary, t: Thresholds) -> Finding:
     return Finding(PASS, f"all {len(losses)} finite", "every loss finite", evidence)
 
 
-def loss_noise(losses: list[float]) -> float | None:
+def loss_noise(losses: list[float], min_windows: int = 4) -> float | None:
     """The per-window noise of the training loss: a robust standard deviation of successive differences
     (1.4826 x their median absolute deviation, over sqrt 2 since a difference carries two windows' noise).
     The trend adds to the differences too, which only makes the estimate, and so the rule, more cautious.
-    None with fewer than 4 windows."""
-    if len(losses) < 4:
+    None with fewer than `min_windows` windows (at least 3: two differences)."""
+    if len(losses) < max(3, min_windows):
         return None
     diffs = [b - a for a, b in zip(losses, losses[1:], strict=False)]
     centre = statistics.median(diffs)
