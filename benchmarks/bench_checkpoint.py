@@ -34,8 +34,8 @@ def _build_state(seed: int = 0):
     from pilotrun.model.presets import model_preset
     from pilotrun.model.transformer import build_model
     from pilotrun.optim.muon_adamw import build_optimizer
+    from pilotrun.training.checkpoint.rng_state import capture_rng_state
     from pilotrun.training.precision import build_grad_scaler
-    from pilotrun.training.rng import capture_rng_state
 
     torch.manual_seed(seed)
     model_cfg = model_preset("gpu-100m", vocab_size=32768)
@@ -64,8 +64,8 @@ def _raw_write(path: Path, payload: memoryview) -> tuple[float, float]:
 def _resume(objects, root: Path) -> tuple[float, float]:
     """Load the newest checkpoint and restore it into the (already built) model, optimizer and scaler: the
     work `--resume` adds to building them, which a fresh run does too."""
-    from pilotrun.training.checkpoint import Checkpointer
-    from pilotrun.training.rng import restore_rng_state
+    from pilotrun.training.checkpoint.checkpointer import Checkpointer
+    from pilotrun.training.checkpoint.rng_state import restore_rng_state
 
     model, optimizer, scaler = objects
     started = time.perf_counter()
@@ -80,7 +80,7 @@ def _resume(objects, root: Path) -> tuple[float, float]:
 
 
 def run() -> str:
-    from pilotrun.training.checkpoint import Checkpointer
+    from pilotrun.training.checkpoint.checkpointer import Checkpointer
 
     objects, state = _build_state()
     work = Path(tempfile.mkdtemp(prefix="bench_checkpoint_", dir=os.environ.get("PILOTRUN_BENCH_DIR")))

@@ -340,7 +340,7 @@ def hashing_session(data_dir: Path, work: Path, index: int, hashing: bool) -> tu
     import io
 
     from pilotrun.run.record import read_metrics_strict
-    from pilotrun.training.shard_check import ShardCheckCallback
+    from pilotrun.training.callbacks.shard_check import ShardCheckCallback
     from pilotrun.training.timing import TimeAccount
     from pilotrun.training.trainer import Trainer
 

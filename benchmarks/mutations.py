@@ -21,12 +21,12 @@ RESUME = "tests/training/test_resume.py"
 SUMMARIZE = "tests/report/test_summarize.py"
 OBSERVERS = "tests/training/test_trainer_observers.py"
 INTEGRITY = "tests/run/test_record_integrity.py"
-SPIKES = "tests/training/test_rollback.py"
+SPIKES = "tests/training/callbacks/test_spike_rollback.py"
 
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="checkpoint_files_not_fsynced",
-        file="pilotrun/training/checkpoint.py",
+        file="pilotrun/training/checkpoint/checkpointer.py",
         old="            handle.flush()\n            os.fsync(handle.fileno())\n        return digest, writer.bytes_written\n",
         new="            handle.flush()\n        return digest, writer.bytes_written\n",
         tests=(f"{GUARDS}::test_every_checkpoint_file_is_fsynced_before_the_marker_is_renamed_into_place",),
@@ -44,10 +44,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="checkpoint_hash_not_compared",
-        file="pilotrun/training/checkpoint.py",
+        file="pilotrun/training/checkpoint/checkpointer.py",
         old='            if digests[file_name] != files[file_name]["sha256"]:',
         new='            if False and digests[file_name] != files[file_name]["sha256"]:',
-        tests=("tests/training/test_checkpoint.py",),
+        tests=("tests/training/checkpoint/test_checkpointer.py",),
         why="a checkpoint file whose bytes changed (same size) is loaded",
     ),
     Mutation(
@@ -113,7 +113,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="evaluation_draws_training_rng",
-        file="pilotrun/training/evaluation.py",
+        file="pilotrun/training/callbacks/evaluation.py",
         old="    raw_model.eval()\n",
         new="    raw_model.eval()\n    torch.rand(1)  # e.g. a sampled evaluation batch\n",
         tests=(f"{GUARDS}::test_evaluation_leaves_every_random_generator_and_the_training_cursor_untouched",),
@@ -153,7 +153,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="profiled_attempts_charged_to_training",
-        file="pilotrun/training/profiling.py",
+        file="pilotrun/training/callbacks/profiling.py",
         old='        with loop.account.phase("profile"):\n            self.window.before_update(',
         new="        with contextlib.nullcontext():\n            self.window.before_update(",
         tests=(f"{OBSERVERS}::test_profiled_attempts_are_the_profile_phase_and_the_phases_add_up_to_the_wall_clock",),
@@ -250,7 +250,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="rollback_forgets_its_skip_range",
-        file="pilotrun/training/rollback.py",
+        file="pilotrun/training/callbacks/spike_rollback.py",
         old="skip_data=[*t.skip_data, [skipped[\"first_batch\"], skipped[\"batches\"]]])",
         new="skip_data=list(t.skip_data))",
         tests=(f"{SPIKES}::test_rollback_continues_exactly_as_a_run_told_to_skip_the_same_data",),

@@ -152,7 +152,7 @@ class OptimConfig:
 
 @dataclass
 class ProfileConfig:
-    """A torch.profiler window over a few updates (training/profiling.py); off while `steps` is 0."""
+    """A torch.profiler window over a few updates (training/callbacks/profiling.py); off while `steps` is 0."""
 
     start_step: int = knob(1, "the first profiled update is the one that makes this step")
     steps: int = knob(0, "consecutive update attempts to profile; 0: no profiling")

@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 
 from pilotrun.commands.cli import main
 from pilotrun.files import canonical_json
-from pilotrun.training.checkpoint import MARKER_NAME, Checkpointer, step_folder_name
+from pilotrun.run.marker import MARKER_NAME, step_folder_name
+from pilotrun.training.checkpoint.checkpointer import Checkpointer
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"

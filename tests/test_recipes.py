@@ -9,7 +9,7 @@ import pytest
 from pilotrun.config import load_run_config
 from pilotrun.model.accounting import count_parameters
 from pilotrun.run.record import read_metrics_strict
-from pilotrun.training.checkpoint import Checkpointer
+from pilotrun.training.checkpoint.checkpointer import Checkpointer
 from pilotrun.training.trainer import Trainer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -121,7 +121,8 @@ def verdict(run_dir: str | Path, thresholds: Mapping[str, Any] | None = None, re
             write_report: bool = True):
     """`pilotrun verdict`: the Verdict (.decision is "GO" or "NO-GO", .rules the evidence). `thresholds`
     overrides rule thresholds by name ({"min_loss_drop": 0.1}); writes RUN/report/ unless told not to."""
-    from pilotrun.report.verdict import Thresholds, judge, parse_thresholds
+    from pilotrun.report.thresholds import Thresholds, parse_thresholds
+    from pilotrun.report.verdict import judge
 
     base = Thresholds(resume_required=resume_required)
     chosen = parse_thresholds([f"{k}={v}" for k, v in (thresholds or {}).items()], base)

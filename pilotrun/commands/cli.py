@@ -52,7 +52,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-change", action="append", default=[], metavar="KEY",
                    help="with --resume: accept a named recipe difference and record it in run.json; with "
                    "--frozen: accept a named difference from the lock (repeatable)")
-    # The pilot's kill point (training/pilot_handshake.py): `pilotrun pilot` hands it to its first training
+    # The pilot's kill point (training/callbacks/kill_point.py): `pilotrun pilot` hands it to its first training
     # process; not for users, so not listed.
     p.add_argument("--stop-past-step", type=int, default=None, metavar="N", help=argparse.SUPPRESS)
     p.add_argument("--progress", choices=("auto", "bar", "plain", "none"), default="auto",
@@ -83,7 +83,7 @@ def _frozen_config(args: argparse.Namespace):
     """The recipe of a lock after --set, and run.json's `frozen` section; refuses unlisted differences."""
     from pilotrun.config import apply_overrides, config_from_dict, config_to_dict, validate_run_config
     from pilotrun.data.shards import load_manifest, metadata_sha256
-    from pilotrun.run.lock import frozen_run_facts, load_lock
+    from pilotrun.run.recipe_lock import frozen_run_facts, load_lock
     from pilotrun.training.environment import git_state
 
     lock = load_lock(args.frozen)
@@ -153,7 +153,8 @@ def _add_verdict(sub: argparse._SubParsersAction) -> None:
 
 def _run_verdict(args: argparse.Namespace) -> int:
     from pilotrun.report.html import write_report
-    from pilotrun.report.verdict import Thresholds, format_verdict, judge, parse_thresholds, verdict_json
+    from pilotrun.report.thresholds import Thresholds, parse_thresholds
+    from pilotrun.report.verdict import format_verdict, judge, verdict_json
 
     thresholds = parse_thresholds(args.threshold, Thresholds(resume_required=not args.no_resume_required))
     verdict = judge(args.run_dir, thresholds)
@@ -190,7 +191,7 @@ def _add_freeze(sub: argparse._SubParsersAction) -> None:
 
 def _run_freeze(args: argparse.Namespace) -> int:
     from pilotrun.commands.freeze import freeze_run
-    from pilotrun.report.verdict import Thresholds, parse_thresholds
+    from pilotrun.report.thresholds import Thresholds, parse_thresholds
 
     thresholds = parse_thresholds(args.threshold, Thresholds(resume_required=not args.no_resume_required))
     from pilotrun.commands.freeze import format_projection

@@ -48,7 +48,7 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
 
 def _run_prepare(args: argparse.Namespace) -> int:
     from pilotrun.data.prepare import prepare_corpus, prepared_line
-    from pilotrun.data.progress import PrepareInterrupted
+    from pilotrun.data.prepare_state import PrepareInterrupted
 
     def whole(value: float | None, flag: str) -> int | None:
         if value is None:

@@ -21,7 +21,7 @@ def add_tensorboard(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_tensorboard(args: argparse.Namespace) -> int:
-    from pilotrun.run.sinks import convert_run_to_tensorboard
+    from pilotrun.run.tracker_tensorboard import convert_run_to_tensorboard
 
     out, count = convert_run_to_tensorboard(args.run_dir, args.out, force=args.force)
     print(f"wrote {count} scalars to {out}")

@@ -52,7 +52,7 @@ class ExportError(PilotrunError):
 
 # ---------------------------------------------------------------------------------------------- reading
 def _checkpointer(run_dir: Path):
-    from pilotrun.training.dcp_storage import DistributedCheckpointer
+    from pilotrun.training.checkpoint.dcp_storage import DistributedCheckpointer
 
     if not (run_dir / "checkpoints").is_dir():
         raise CheckpointError(f"{run_dir / 'checkpoints'} not found: is {run_dir} a run folder with checkpoints?")
@@ -86,7 +86,7 @@ def load_checkpoint_model(run_dir: str | Path, step: int | None = None):
     if checkpoint.marker.get("storage") == "torch_dcp":
         model_state = _read_dcp_model_state(checkpoint.path, model)
     else:
-        from pilotrun.training.checkpoint import TorchSaveStorage
+        from pilotrun.training.checkpoint.single_file import TorchSaveStorage
 
         model_files = [f for f in files if f == "model.pt" or re.fullmatch(r"model\.\d{3,}\.pt", f)]
         if "model.pt" not in model_files:
@@ -108,7 +108,7 @@ def _read_dcp_model_state(folder: Path, model: torch.nn.Module) -> dict[str, tor
     checkpoint would run code on export."""
     import warnings
 
-    from pilotrun.training.dcp_safe_read import safe_dcp_load
+    from pilotrun.training.checkpoint.dcp_safe_read import safe_dcp_load
 
     template = {"model": {k: v.clone() for k, v in model.state_dict().items()}}
     with warnings.catch_warnings():

@@ -1,4 +1,4 @@
-"""`pilotrun freeze`: judge a pilot and write its candidate's lock (the format lives in pilotrun/run/lock.py).
+"""`pilotrun freeze`: judge a pilot and write its candidate's lock (the format lives in pilotrun/run/recipe_lock.py).
 
 After a GO (or with `--despite-no-go`, recorded in the lock) the lock holds:
 - the effective recipe (run.json's, the one in force at the pilot's end) and the changes made on resume;
@@ -24,7 +24,7 @@ from pilotrun.files import canonical_sha256, refuse_link
 from pilotrun.report.projection import project, watch_figures
 from pilotrun.report.verdict import judge
 from pilotrun.run.changes import recipe_changes_in_history
-from pilotrun.run.lock import LOCK_FORMAT, PROJECTION_KEY, WATCH_KEY, FreezeError, write_lock
+from pilotrun.run.recipe_lock import LOCK_FORMAT, PROJECTION_KEY, WATCH_KEY, FreezeError, write_lock
 
 
 def check_projection_options(target_steps: int | None, mtbf_hours: float | None,

@@ -8,7 +8,7 @@
    under torchrun with `--nproc-per-node N`;
 3. once metrics.jsonl shows a step past the kill point (`--interrupt-at`, default the midpoint) and a checkpoint
    is committed on disk, kill it with SIGKILL: a real, unannounced interruption (no handler runs, no final
-   checkpoint). The training process is told that step (training/pilot_handshake.py) and stops itself there, so
+   checkpoint). The training process is told that step (training/callbacks/kill_point.py) and stops itself there, so
    however fast its updates are, the kill lands past the point and before the end. Under torchrun every rank
    stops itself at the same update and the launcher and every worker are killed at once (pilot_process.py);
 4. resume it with `--resume` as a second process (tree), which must reach max_steps;
@@ -87,7 +87,7 @@ def _say(out: TextIO, text: str) -> None:
 
 
 def _committed_checkpoints(run_dir: Path) -> list[int]:
-    from pilotrun.training.checkpoint import Checkpointer
+    from pilotrun.training.checkpoint.checkpointer import Checkpointer
 
     if not (run_dir / CHECKPOINTS_DIR).is_dir():
         return []
@@ -99,7 +99,7 @@ def _train_args(config: Path, data_dir: Path, run_dir: Path, overrides: list[str
     args = ["train", "--config", str(config), "--data", str(data_dir), "--run-dir", str(run_dir)]
     for override in overrides:
         args += ["--set", override]
-    if stop_past_step is not None:  # the kill point: the process stops itself there (training/pilot_handshake.py)
+    if stop_past_step is not None:  # the kill point: the process stops itself there (training/callbacks/kill_point.py)
         args += ["--stop-past-step", str(stop_past_step)]
     return args + (["--resume"] if resume else [])
 
@@ -273,7 +273,7 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
               data, source: str, tokenizer: str, point: int, stop: int, nproc: int | None, freeze,
               progress: str, stops: StopForwarding, out: TextIO, poll_seconds: float,
               timeout_seconds: float, demo: bool, reprepare: bool = False) -> PilotResult:
-    from pilotrun.data.progress import PrepareInterrupted
+    from pilotrun.data.prepare_state import PrepareInterrupted
 
     started = time.monotonic()
     max_steps = recipe.train.max_steps

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pilotrun.training.pilot_handshake import wait_until_stopped
+from pilotrun.training.callbacks.kill_point import wait_until_stopped
 
 STOP_SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 

@@ -24,8 +24,8 @@ from typing import Any
 from pilotrun.errors import PilotrunError
 from pilotrun.report.alerts import DEFAULT_STALL_WINDOWS, Alert, Watcher, thresholds_from_lock
 from pilotrun.report.ledger import format_against
-from pilotrun.report.verdict import parse_thresholds
-from pilotrun.run.lock import FreezeError, describe_difference, load_lock, lock_differences
+from pilotrun.report.thresholds import parse_thresholds
+from pilotrun.run.recipe_lock import FreezeError, describe_difference, load_lock, lock_differences
 from pilotrun.run.record import read_run_json
 
 ON_ALERT_TIMEOUT_SECONDS = 60.0

@@ -8,7 +8,7 @@ Pipeline (one pass, streaming; a trained BPE adds one earlier pass over the same
 
 Determinism: the chunking, the order of results and every decision (split, the `--train-tokens` stop) depend
 only on the stream, never on the number of workers or on timing, so output is byte-identical for any
-`--workers`, and for a prepare interrupted any number of times and rerun (progress.py). Memory is bounded by
+`--workers`, and for a prepare interrupted any number of times and rerun (prepare_state.py). Memory is bounded by
 the options, not the input: the shuffle buffer, a few chunks in flight per worker, one shard buffer per
 split and one parquet batch. The folder is built as the visible `DIR.partial` and renamed into place only
 when complete, so an interrupted prepare never leaves a folder that looks finished. What depends on the
@@ -35,7 +35,7 @@ import numpy as np
 
 from pilotrun.data.hub import HubClient
 from pilotrun.data.identity import request_options
-from pilotrun.data.progress import PartialFolder, PrepareInterrupted, StopRequests, peak_resident_mb
+from pilotrun.data.prepare_state import PartialFolder, PrepareInterrupted, StopRequests, peak_resident_mb
 from pilotrun.data.progress_bar import open_bar, progress_mode
 from pilotrun.data.shards import (
     FORMAT,

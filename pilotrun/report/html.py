@@ -30,7 +30,7 @@ from pilotrun.report.rules import RULES, THROUGHPUT_STEADY
 from pilotrun.report.thresholds import threshold_meaning
 from pilotrun.report.time_split import SPLIT_KEYS, SPLIT_PHASES
 from pilotrun.report.verdict import Verdict
-from pilotrun.run.lock import describe_frozen_status
+from pilotrun.run.recipe_lock import describe_frozen_status
 
 REPORT_DIR = "report"
 STATUS_COLOURS = {"PASS": "#1a7f37", "WARN": "#9a6700", "FAIL": "#cf222e"}

@@ -1,7 +1,7 @@
 """Spikes and rollbacks as the record tells them (torch-free): where a rollback cuts the kept history, whether each
 one restored a committed checkpoint's counters, and the figures the verdict, summarize and watch read.
 
-A `rollback` event carries the counters of the checkpoint it restored (training/rollback.py). The work logged
+A `rollback` event carries the counters of the checkpoint it restored (training/callbacks/spike_rollback.py). The work logged
 between that checkpoint and the rollback was undone: like the work after the checkpoint a resume started from,
 it leaves the kept history (and is counted as rolled back, its training seconds as redone), and the kept
 history goes on from the rollback. The `spike` events themselves stay on the record whichever side they fall:

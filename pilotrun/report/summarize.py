@@ -36,18 +36,14 @@ from pilotrun.report.ledger import (
 )
 from pilotrun.report.sessions import SessionSummary, check_session, group_sessions, session_summary
 from pilotrun.report.spikes import describe_spikes, rollback_problems, spike_overview, split_rollbacks
-from pilotrun.report.time_split import (  # noqa: F401  (the time split's readers: re-exported for callers)
-    LATER_PHASES,
+from pilotrun.report.time_split import (
     SPLIT_KEYS,
     SPLIT_PHASES,
-    read_time_split,
-    time_split_problem,
-    window_profiled,
     window_train_tokens,
 )
 from pilotrun.run.folder_lock import live_holder
-from pilotrun.run.lock import describe_frozen_status, frozen_candidate_status, lock_projection_of
 from pilotrun.run.marker import checkpoint_problems, committed_checkpoint_steps, marker_run_id, read_marker
+from pilotrun.run.recipe_lock import describe_frozen_status, frozen_candidate_status, lock_projection_of
 from pilotrun.run.record import (
     Counters,
     is_finite_number,

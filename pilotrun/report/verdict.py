@@ -29,17 +29,14 @@ from typing import Any
 from pilotrun.files import canonical_sha256
 from pilotrun.report.rules import RULES, THROUGHPUT_STEADY
 from pilotrun.report.summarize import Summary, summarize_run
-from pilotrun.report.thresholds import (  # noqa: F401  (PASS, ThresholdError, parse_thresholds: re-exported for callers)
+from pilotrun.report.thresholds import (
     FAIL,
-    PASS,
     WARN,
     RuleResult,
-    ThresholdError,
     Thresholds,
-    parse_thresholds,
 )
 from pilotrun.run.changes import recipe_changes_in_history
-from pilotrun.run.lock import describe_frozen_status, frozen_candidate_status
+from pilotrun.run.recipe_lock import describe_frozen_status, frozen_candidate_status
 
 # The throughput rule judged alone, by the name tests/training/test_trainer_observers.py reaches it with.
 rule_throughput_steady = THROUGHPUT_STEADY.apply

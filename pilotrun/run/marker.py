@@ -1,7 +1,7 @@
 """A checkpoint's commit marker, read and checked without torch.
 
 Every committed checkpoint folder `checkpoints/step-00000100/` carries COMMITTED.json, written last by the
-checkpointer (training/checkpoint.py): the step, every file's sha256 and byte count, and the caller's meta. A
+checkpointer (training/checkpoint/checkpointer.py): the step, every file's sha256 and byte count, and the caller's meta. A
 folder without it was never committed. This module holds the marker's names and the rules for trusting one,
 so that the checkpointer (which loads), and summarize and the verdict (which only need to know whether the
 run can be continued from a step) apply the same rules; the readers here import no torch.

@@ -53,7 +53,7 @@ CHECKPOINTS_DIR = "checkpoints"
 REPORT_DIR = "report"
 
 EVENTS = ("session_start", "train", "val", "checkpoint", "overflow", "data_restart", "qk_clip", "spike", "rollback",
-          "shard_check",  # a shard's sha256 checked in the background on its first read (training/shard_check.py)
+          "shard_check",  # a shard's sha256 checked in the background on its first read (training/callbacks/shard_check.py)
           "session_end")
 SESSION_END_REASONS = ("completed", "interrupted", "error", "stopped")
 COUNTER_KEYS = ("step", "tokens_seen", "updates_attempted", "updates_skipped")

@@ -28,19 +28,14 @@ from typing import Any, Protocol
 
 from pilotrun.config import TRACKER_NAMES, TrainConfig
 from pilotrun.errors import ConfigError
-from pilotrun.run.mirror import (  # noqa: F401  re-exported: the names callers of this module know
-    MIRRORED_EVENTS,
-    NON_FINITE,
-    NOT_SCALARS,
+from pilotrun.run.mirror import (
     TrackerMirror,
     kept_history,
-    read_identity,
     read_verdict,
     report_files,
-    scalar_fields,
 )
 from pilotrun.run.tracker_mlflow import MlflowSink
-from pilotrun.run.tracker_tensorboard import TensorBoardSink, convert_run_to_tensorboard  # noqa: F401
+from pilotrun.run.tracker_tensorboard import TensorBoardSink, convert_run_to_tensorboard
 from pilotrun.run.tracker_trackio import TrackioSink
 from pilotrun.run.tracker_wandb import WandbSink
 

@@ -37,7 +37,7 @@ from pilotrun.model.diagnostics import collect_step_statistics, reset_step_stati
 from pilotrun.optim.schedule import set_learning_rates
 from pilotrun.optim.update_hooks import StepStatistics
 from pilotrun.training import distributed as dist_utils
-from pilotrun.training.callbacks import (
+from pilotrun.training.callbacks.base import (
     Callback,
     Ending,
     LoopState,

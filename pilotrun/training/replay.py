@@ -26,8 +26,8 @@ from torch.distributed.tensor import DTensor
 from torch.nn.utils import get_total_norm
 
 from pilotrun.training import distributed as dist_utils
+from pilotrun.training.checkpoint.rng_state import capture_rng_state, restore_rng_state
 from pilotrun.training.precision import autocast_context
-from pilotrun.training.rng import capture_rng_state, restore_rng_state
 from pilotrun.training.spikes import SpikeDetector, SpikeVerdict, agreed, gathered_values, per_rank_pairs
 
 

@@ -31,23 +31,23 @@ from pilotrun.optim.muon_adamw import build_optimizer
 from pilotrun.optim.partition import partition_parameters, partition_table
 from pilotrun.optim.update_hooks import UpdateHook, build_update_hooks
 from pilotrun.run.folder_lock import LOCK_NAME, RunFolderBusy, RunFolderLock
+from pilotrun.run.marker import step_folder_name
 from pilotrun.run.record import COUNTER_KEYS, RUN_JSON, Counters, read_metrics_tolerant, read_run_json
 from pilotrun.run.writer import MetricsWriter, RunRecord
 from pilotrun.training import distributed as dist_utils
-from pilotrun.training.checkpoint import step_folder_name
-from pilotrun.training.dcp_storage import (
+from pilotrun.training.checkpoint.dcp_storage import (
     DCPStorage,
     DistributedCheckpointer,
     check_parts,
     load_model_and_optimizer_state,
     model_and_optimizer_state,
 )
+from pilotrun.training.checkpoint.resume_plan import ResumePlan, checkpoint_meta, plan_session
+from pilotrun.training.checkpoint.rng_state import capture_rng_state, restore_rng_state, seed_every_generator
 from pilotrun.training.environment import default_threads, git_state, hardware_info, software_versions
 from pilotrun.training.notices import restored_state_line, startup_warnings
 from pilotrun.training.precision import build_grad_scaler
 from pilotrun.training.preflight import PreflightError, check_run_folder, checkpoint_bytes_estimate
-from pilotrun.training.resume import ResumePlan, checkpoint_meta, plan_session
-from pilotrun.training.rng import capture_rng_state, restore_rng_state, seed_every_generator
 from pilotrun.training.spikes import SpikeDetector
 
 

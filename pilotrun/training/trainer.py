@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from pilotrun.config import RunConfig
-from pilotrun.run.record import run_json_digests
+from pilotrun.run.record import PHASES, run_json_digests
 from pilotrun.run.sinks import (
     GuardedSink,
     MetricsSink,
@@ -45,20 +45,20 @@ from pilotrun.run.sinks import (
     tracker_sinks,
 )
 from pilotrun.training import distributed as dist_utils
-from pilotrun.training.callbacks import Callback, Ending, LoopState
-from pilotrun.training.checkpointing import CheckpointCallback
-from pilotrun.training.evaluation import EvalCallback
-from pilotrun.training.launcher import LauncherWatchCallback
+from pilotrun.training.callbacks.base import Callback, Ending, LoopState
+from pilotrun.training.callbacks.checkpointing import CheckpointCallback
+from pilotrun.training.callbacks.evaluation import EvalCallback
+from pilotrun.training.callbacks.kill_point import KillPointCallback
+from pilotrun.training.callbacks.launcher_watch import LauncherWatchCallback
+from pilotrun.training.callbacks.profiling import ProfileCallback, ProfileWindow
+from pilotrun.training.callbacks.shard_check import ShardCheckCallback
+from pilotrun.training.callbacks.spike_rollback import SpikeCallback
+from pilotrun.training.callbacks.window_log import RareEventsCallback, WindowLogCallback
 from pilotrun.training.loop import train_loop
 from pilotrun.training.notices import interrupt_acknowledgement
-from pilotrun.training.pilot_handshake import KillPointCallback
-from pilotrun.training.profiling import ProfileCallback, ProfileWindow
-from pilotrun.training.rollback import SpikeCallback
 from pilotrun.training.session import Session, build_session, tokens_per_update
-from pilotrun.training.shard_check import ShardCheckCallback
 from pilotrun.training.signals import StopSignals, signal_name
-from pilotrun.training.timing import PHASES, TimeAccount
-from pilotrun.training.window_log import RareEventsCallback, WindowLogCallback
+from pilotrun.training.timing import TimeAccount
 
 
 @dataclass

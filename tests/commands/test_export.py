@@ -143,8 +143,8 @@ def test_dcp_checkpoint_exports_the_same_tensors(exported, tmp_path):
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     from pilotrun.optim.muon_adamw import build_optimizer
-    from pilotrun.training.checkpoint import Checkpointer
-    from pilotrun.training.dcp_storage import DCPStorage
+    from pilotrun.training.checkpoint.checkpointer import Checkpointer
+    from pilotrun.training.checkpoint.dcp_storage import DCPStorage
 
     run_dir, out = exported
     model, config, meta, step, _marker = load_checkpoint_model(run_dir)

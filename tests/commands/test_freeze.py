@@ -7,9 +7,9 @@ import pytest
 
 from pilotrun.commands.freeze import freeze_run
 from pilotrun.files import canonical_sha256
-from pilotrun.run.lock import FreezeError, frozen_run_facts
+from pilotrun.run.recipe_lock import FreezeError, frozen_run_facts
 from tests.report.synthetic import crashed_and_resumed
-from tests.run.test_lock import _lock
+from tests.run.test_recipe_lock import _lock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,7 +73,7 @@ def test_a_long_run_on_other_code_than_the_pilots_is_refused_until_allowed_and_r
     assert main([*base, "--run-dir", str(tmp_path / "long"), "--allow-change", "code"]) == 0, capsys.readouterr().err
     frozen = json.loads((tmp_path / "long" / "run.json").read_text())["frozen"]
     assert frozen["allowed"] == ["code"] and frozen["lock_code"] == pilot_code
-    from pilotrun.run.lock import describe_code
+    from pilotrun.run.recipe_lock import describe_code
 
     assert frozen["differences"] == [{"key": "code", "lock": "commit eeeeeeeeeeee clean",
                                       "run": describe_code(git_state())}]
@@ -81,7 +81,7 @@ def test_a_long_run_on_other_code_than_the_pilots_is_refused_until_allowed_and_r
 
 def test_freeze_with_target_steps_writes_the_projection_and_the_watchers_figures(tmp_path, capsys):
     from pilotrun.commands.cli import main
-    from pilotrun.run.lock import load_lock
+    from pilotrun.run.recipe_lock import load_lock
 
     crashed_and_resumed(tmp_path / "r").write()
     out = tmp_path / "lock.json"

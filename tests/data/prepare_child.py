@@ -52,7 +52,8 @@ def main(argv: list[str]) -> int:
     point, n, separator, *prepare_args = argv
     assert separator == "--"
     from pilotrun.commands.cli import main as cli_main
-    from pilotrun.data import prepare, progress
+    from pilotrun.data import prepare
+    from pilotrun.data import prepare_state as progress
 
     def kill() -> None:
         if os.environ.get("PREPARE_CHILD_PIDS"):

@@ -122,7 +122,7 @@ def test_the_loader_guard_names_shard_and_offset_of_a_damaged_id(builtin_data_di
 
 def test_a_damaged_id_found_mid_run_stops_with_one_line_and_the_last_checkpoint_kept(builtin_data_dir, tmp_path,
                                                                                       capsys):
-    from pilotrun.training.checkpoint import Checkpointer
+    from pilotrun.training.checkpoint.checkpointer import Checkpointer
 
     data = tmp_path / "data"
     shutil.copytree(builtin_data_dir, data)

@@ -17,7 +17,7 @@ import pytest
 
 from pilotrun.commands.cli import main
 from pilotrun.data import prepare as prepare_module
-from pilotrun.data.progress import PROGRESS_FILE
+from pilotrun.data.prepare_state import PROGRESS_FILE
 
 from .test_prepare import _tree_bytes
 
@@ -186,7 +186,7 @@ class _Crash(BaseException):
 
 def test_a_streamed_hub_source_continues_too(tmp_path, monkeypatch, fineweb_texts, gpt2_tokenizer_path):
     from pilotrun.data.prepare import prepare_corpus
-    from pilotrun.data.progress import PartialFolder
+    from pilotrun.data.prepare_state import PartialFolder
 
     from .conftest import LocalHub
 

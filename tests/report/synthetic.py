@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.report.summarize import summarize_run
-from pilotrun.report.verdict import Thresholds, judge_summary
+from pilotrun.report.thresholds import Thresholds
+from pilotrun.report.verdict import judge_summary
 from pilotrun.run.record import RUN_JSON_DIGEST_KEY, chain_genesis, chained_line, run_json_digests
 
 

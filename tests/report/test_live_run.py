@@ -12,7 +12,7 @@ from pilotrun.commands.freeze import freeze_run
 from pilotrun.report.summarize import format_summary, summarize_run
 from pilotrun.report.verdict import format_verdict, judge_summary
 from pilotrun.run.folder_lock import RunFolderLock
-from pilotrun.run.lock import FreezeError
+from pilotrun.run.recipe_lock import FreezeError
 from tests.report.synthetic import SyntheticRun
 
 

@@ -4,7 +4,8 @@ from pathlib import Path
 
 from pilotrun.config import load_run_config
 from pilotrun.report.summarize import summarize_run
-from pilotrun.report.verdict import Thresholds, judge_summary
+from pilotrun.report.thresholds import Thresholds
+from pilotrun.report.verdict import judge_summary
 from pilotrun.training.trainer import Trainer
 
 SMOKE = Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml"

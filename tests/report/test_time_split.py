@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from pilotrun.report.summarize import SPLIT_PHASES, format_summary, summarize_run
-from pilotrun.training.timing import PHASES
+from pilotrun.report.summarize import format_summary, summarize_run
+from pilotrun.report.time_split import SPLIT_PHASES
+from pilotrun.run.record import PHASES
 from tests.report.synthetic import SyntheticRun
 
 

@@ -4,12 +4,8 @@ case is in the test file of the module that judges it."""
 import json
 
 from pilotrun.commands.cli import main
-from pilotrun.report.verdict import (
-    FAIL,
-    PASS,
-    format_verdict,
-    judge,
-)
+from pilotrun.report.thresholds import FAIL, PASS
+from pilotrun.report.verdict import format_verdict, judge
 from tests.report.synthetic import SyntheticRun, busier_machine, changed, crashed_and_resumed, verdict_of
 
 

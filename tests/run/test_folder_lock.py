@@ -26,7 +26,7 @@ import pytest
 from pilotrun.report.summarize import summarize_run
 from pilotrun.run import folder_lock as run_lock
 from pilotrun.run.folder_lock import LOCK_NAME, RunFolderBusy, RunFolderLock
-from tests.training import checkpoint_faults
+from tests.training.checkpoint import checkpoint_faults
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ["--set", "train.num_threads=1", "--set", "train.max_steps=4", "--set", "train.checkpoint_every=2",
@@ -47,7 +47,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _start_held_session(data: Path, run_dir: Path, hold: Path, step: int) -> subprocess.Popen:
     """A session kept inside its checkpoint write of `step` (after the rename, before the marker) for as long as
-    `hold` exists (a fault the test injects into the child, tests/training/checkpoint_faults.py), so the session
+    `hold` exists (a fault the test injects into the child, tests/training/checkpoint/checkpoint_faults.py), so the session
     holds its lock however slow or fast the machine is. Deleting `hold` lets it finish."""
     hold.write_text(str(step))
     launcher = checkpoint_faults.command("--hold-file", str(hold))

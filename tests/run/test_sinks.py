@@ -12,13 +12,12 @@ import pytest
 from pilotrun.commands.cli import main
 from pilotrun.config import TrainConfig, load_run_config
 from pilotrun.errors import ConfigError
+from pilotrun.run.mirror import kept_history, scalar_fields
 from pilotrun.run.sinks import (
     GuardedSink,
     check_trackers_available,
     configured_trackers,
     guarded_tensorboard_sink,
-    kept_history,
-    scalar_fields,
     tracker_sinks,
 )
 

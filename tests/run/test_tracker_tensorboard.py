@@ -11,7 +11,8 @@ import pytest
 
 from pilotrun.commands.cli import main
 from pilotrun.run.record import read_metrics_strict
-from pilotrun.run.sinks import TensorBoardSink, guarded_tensorboard_sink
+from pilotrun.run.sinks import guarded_tensorboard_sink
+from pilotrun.run.tracker_tensorboard import TensorBoardSink
 from tests.run.tracker_runs import (
     ROLLED_BACK,
     crashed_run,

@@ -20,7 +20,7 @@ from torch.distributed import TCPStore
 
 from pilotrun.errors import CheckpointError, ConfigError
 from pilotrun.training import distributed as D
-from pilotrun.training.compat import reconcile_world_size
+from pilotrun.training.checkpoint.compatibility import reconcile_world_size
 
 
 def run_on_main_process(context, function, *args):

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pilotrun.training.dcp_storage import DistributedCheckpointer
+from pilotrun.training.checkpoint.dcp_storage import DistributedCheckpointer
 
 pytestmark = pytest.mark.slow
 
@@ -41,8 +41,8 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def _train_command(data: Path, run_dir: Path, world_size: int, batch_size: int, *extra: str,
                    faults: tuple[str, ...] = ()) -> list[str]:
-    # `faults`: checkpoint faults for every rank (tests/training/checkpoint_faults.py), run in place of pilotrun.
-    module = ["-m", "tests.training.checkpoint_faults", *faults, "--"] if faults else ["-m", "pilotrun"]
+    # `faults`: checkpoint faults for every rank (tests/training/checkpoint/checkpoint_faults.py), run in place of pilotrun.
+    module = ["-m", "tests.training.checkpoint.checkpoint_faults", *faults, "--"] if faults else ["-m", "pilotrun"]
     launcher = [sys.executable, *module] if world_size == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}", *module]
     return launcher + ["train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(data),

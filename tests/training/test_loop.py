@@ -11,7 +11,7 @@ import pytest
 
 import pilotrun.training.loop as loop_module
 from pilotrun.config import load_run_config
-from pilotrun.training.callbacks import Callback, LoopState, UpdateResult
+from pilotrun.training.callbacks.base import Callback, LoopState, UpdateResult
 from pilotrun.training.loop import stop_requested, train_loop
 from pilotrun.training.signals import StopSignals
 from pilotrun.training.timing import TimeAccount
@@ -116,7 +116,7 @@ def test_too_many_skipped_updates_in_a_row_stop_the_session(session):
 
 
 def test_a_callbacks_stop_request_ends_the_session_after_its_update_with_a_last_round(session):
-    from pilotrun.training.callbacks import Ending
+    from pilotrun.training.callbacks.base import Ending
 
     class StopAtTwo(Watcher):
         def stop_request(self, loop):

@@ -11,8 +11,9 @@ from pathlib import Path
 from pilotrun.config import load_run_config
 from pilotrun.data.reader import tokens_per_evaluation, val_split_warnings
 from pilotrun.optim.schedule import final_lr_multiplier, lr_multiplier, schedule_warnings
+from pilotrun.run.marker import step_folder_name
 from pilotrun.run.record import read_run_json
-from pilotrun.training.checkpoint import Checkpointer, step_folder_name
+from pilotrun.training.checkpoint.checkpointer import Checkpointer
 from pilotrun.training.notices import interrupt_acknowledgement, restored_state_line
 from pilotrun.training.trainer import Trainer
 

@@ -24,7 +24,7 @@ import torch
 
 from pilotrun.config import load_run_config
 from pilotrun.errors import CheckpointError
-from pilotrun.training.checkpoint import Checkpointer
+from pilotrun.training.checkpoint.checkpointer import Checkpointer
 from tests.exactness import assert_exactly_equal
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from pilotrun.training.checkpoint import MARKER_NAME, Checkpointer
+from pilotrun.run.marker import MARKER_NAME
+from pilotrun.training.checkpoint.checkpointer import Checkpointer
 from tests.exactness import assert_exactly_equal
-from tests.training import checkpoint_faults
+from tests.training.checkpoint import checkpoint_faults
 
 ROOT = Path(__file__).resolve().parents[2]
 N_STEPS = 10

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pilotrun.commands.cli import main
-from pilotrun.training.checkpoint import MARKER_NAME, step_folder_name
+from pilotrun.run.marker import MARKER_NAME, step_folder_name
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "configs" / "smoke.yaml"

@@ -11,8 +11,8 @@ import torch
 
 from pilotrun.config import load_run_config
 from pilotrun.errors import ConfigError
-from pilotrun.training.checkpoint import Checkpointer
-from pilotrun.training.dcp_storage import DCPStorage
+from pilotrun.training.checkpoint.checkpointer import Checkpointer
+from pilotrun.training.checkpoint.dcp_storage import DCPStorage
 from pilotrun.training.session import (
     check_run_dir_is_new,
     checkpoint_state,
@@ -86,7 +86,7 @@ def test_a_fresh_run_needs_a_new_or_empty_folder(tmp_path):
 # lands before any checkpoint exists (deterministically: no race with the save).
 STOP_BEFORE_FIRST_CHECKPOINT = (
     "import os, signal, sys\n"
-    "from pilotrun.training import checkpointing\n"
+    "from pilotrun.training.callbacks import checkpointing\n"
     "checkpointing.save_checkpoint = lambda loop: os.kill(os.getpid(), signal.SIGSTOP)\n"
     "from pilotrun.commands.cli import main\n"
     "sys.exit(main(sys.argv[1:]))\n")
@@ -99,7 +99,7 @@ def test_resume_with_no_committed_checkpoint_starts_again_at_zero_naming_the_los
     import sys
 
     from pilotrun.report.summarize import format_summary, summarize_run
-    from pilotrun.training.pilot_handshake import wait_until_stopped
+    from pilotrun.training.callbacks.kill_point import wait_until_stopped
 
     run_dir = tmp_path / "run"
     first = subprocess.Popen([sys.executable, "-c", STOP_BEFORE_FIRST_CHECKPOINT, "train", "--config", "smoke",

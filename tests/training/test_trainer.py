@@ -20,7 +20,7 @@ from pilotrun.data.reader import open_dataset
 from pilotrun.errors import CheckpointError, ConfigError
 from pilotrun.optim.schedule import lr_multiplier
 from pilotrun.run.record import read_metrics_strict, read_run_json
-from pilotrun.training.evaluation import evaluate
+from pilotrun.training.callbacks.evaluation import evaluate
 from pilotrun.training.trainer import Trainer, describe_plan
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,9 +17,10 @@ import torch
 import pilotrun.training.precision as precision_module
 from pilotrun.commands.cli import main
 from pilotrun.config import load_run_config
-from pilotrun.training.checkpoint import MARKER_NAME, Checkpointer
-from pilotrun.training.evaluation import evaluate
-from pilotrun.training.rng import capture_rng_state
+from pilotrun.run.marker import MARKER_NAME
+from pilotrun.training.callbacks.evaluation import evaluate
+from pilotrun.training.checkpoint.checkpointer import Checkpointer
+from pilotrun.training.checkpoint.rng_state import capture_rng_state
 from pilotrun.training.trainer import Trainer
 from tests.exactness import assert_exactly_equal
 

@@ -18,12 +18,12 @@ import pytest
 
 from pilotrun.commands import api
 from pilotrun.config import load_run_config
-from pilotrun.report.summarize import SPLIT_PHASES, summarize_run
+from pilotrun.report.summarize import summarize_run
 from pilotrun.report.thresholds import Thresholds
+from pilotrun.report.time_split import SPLIT_PHASES
 from pilotrun.report.verdict import rule_throughput_steady
-from pilotrun.run.record import dumps_line, read_metrics_strict
-from pilotrun.training.profiling import profile_folder
-from pilotrun.training.timing import PHASES
+from pilotrun.run.record import PHASES, dumps_line, read_metrics_strict
+from pilotrun.training.callbacks.profiling import profile_folder
 from pilotrun.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]

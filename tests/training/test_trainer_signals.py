@@ -17,7 +17,7 @@ from pilotrun.commands.cli import main
 from pilotrun.commands.inspect_batch import attempt_for_step
 from pilotrun.data.reader import BatchLoader, open_dataset
 from pilotrun.run.record import read_metrics_strict
-from pilotrun.training.checkpoint import Checkpointer
+from pilotrun.training.checkpoint.checkpointer import Checkpointer
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "configs" / "smoke.yaml"

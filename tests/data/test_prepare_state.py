@@ -1,0 +1,136 @@
+"""The partial folder of an interruptible prepare: differences named, the lock, commits written last, leftovers
+cleared, the rename into place, the stop requests, and the peak-memory reading."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from pilotrun.data.prepare_state import (
+    PROGRESS_FILE,
+    PartialFolder,
+    StopRequests,
+    differences,
+    peak_resident_mb,
+)
+from pilotrun.errors import DataError
+
+
+def test_differences_name_each_changed_leaf():
+    recorded = {"tokenizer": "bpe:300", "options": {"seed": 7, "shard_tokens": 5000}, "source": {"files": [1]}}
+    current = {"tokenizer": "bpe:400", "options": {"seed": 7, "shard_tokens": 6000, "new": True}, "source": {"files": [1]}}
+    assert differences(recorded, current) == ['options.new: now true, recorded null',
+                                              'options.shard_tokens: now 6000, recorded 5000',
+                                              'tokenizer: now "bpe:400", recorded "bpe:300"']
+    assert differences(recorded, json.loads(json.dumps(recorded))) == []
+
+
+def test_a_second_prepare_of_the_same_folder_is_refused_while_the_first_holds_it(tmp_path):
+    first = PartialFolder(str(tmp_path / "out"))
+    assert first.open() is None and first.created
+    second = PartialFolder(str(tmp_path / "out"))
+    with pytest.raises(DataError, match="held by another pilotrun prepare"):
+        second.open()
+    first.close()
+    assert second.open() is None and not second.created  # released: the folder can be taken again
+    second.close()
+
+
+def test_an_uncommitted_attempt_is_cleared_and_a_committed_one_returned(tmp_path):
+    folder = tmp_path / "out.partial"
+    folder.mkdir()
+    (folder / "train_00000.npy").write_bytes(b"half")  # written by an attempt killed before its first commit
+    partial = PartialFolder(str(tmp_path / "out"))
+    assert partial.open() is None and list(folder.iterdir()) == []
+    partial.commit({"state": {"documents_done": 3}})
+    partial.close()
+    again = PartialFolder(str(tmp_path / "out"))
+    assert again.open()["state"] == {"documents_done": 3}
+    again.close()
+    (folder / PROGRESS_FILE).write_text('{"format": "something else"}')
+    with pytest.raises(DataError, match="not a progress file"):
+        PartialFolder(str(tmp_path / "out")).open()
+
+
+def test_a_file_in_the_way_is_refused(tmp_path):
+    (tmp_path / "out.partial").write_text("mine")
+    with pytest.raises(DataError, match="in the way"):
+        PartialFolder(str(tmp_path / "out")).open()
+    assert (tmp_path / "out.partial").read_text() == "mine"
+
+
+def test_commit_then_obsolete_files_go_and_finish_keeps_only_the_data(tmp_path):
+    partial = PartialFolder(str(tmp_path / "out"))
+    partial.open()
+    obsolete = tmp_path / "out.partial" / "train_00000.pending"
+    obsolete.write_bytes(b"\0\0")
+    partial.commit({"state": None}, [str(obsolete)])
+    assert not obsolete.exists() and (tmp_path / "out.partial" / PROGRESS_FILE).exists()
+    for name in ("metadata.json", "train_00000.npy", "train_00001.npy", "val_00000.pending"):
+        (tmp_path / "out.partial" / name).write_text("x")
+    partial.keep_only({"metadata.json", "train_00000.npy"})
+    partial.finish(force=False)
+    partial.close()
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["metadata.json", "train_00000.npy"]  # progress.json dropped
+
+
+def test_finish_with_force_replaces_the_old_folder_only_after_the_rename(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "old").write_text("old")
+    partial = PartialFolder(str(tmp_path / "out"))
+    partial.open()
+    (tmp_path / "out.partial" / "new").write_text("new")
+    with pytest.raises(DataError, match="appeared while preparing"):
+        partial.finish(force=False)
+    partial.finish(force=True)
+    partial.close()
+    assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(tmp_path / "out") == ["new"]
+
+
+def test_a_force_killed_between_its_renames_leaves_the_old_folder_recoverable(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old").write_text("old")
+    assert "stays whole" in PartialFolder.recover_replaced(str(out), force=True)[0]  # says where it will be
+    partial = PartialFolder(str(out))
+    partial.open()
+    (tmp_path / "out.partial" / "new").write_text("new")
+    real_rename = os.rename
+
+    def killed_after_first(source, target):
+        real_rename(source, target)
+        if str(target).endswith(".replaced"):
+            raise KeyboardInterrupt  # as if SIGKILLed between the two renames
+
+    monkeypatch.setattr(os, "rename", killed_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        partial.finish(force=True)
+    monkeypatch.setattr(os, "rename", real_rename)
+    partial.close()
+    assert not out.exists() and (tmp_path / "out.partial.replaced" / "old").read_text() == "old"  # visible
+    line = PartialFolder.recover_replaced(str(out))[0]
+    assert line.startswith(f"restored {out}") and "out.partial.replaced" in line
+    assert (out / "old").read_text() == "old"
+    # Killed after the second rename: the stale old copy beside the finished folder is removed, named.
+    (tmp_path / "out.partial.replaced").mkdir()
+    assert "removed" in PartialFolder.recover_replaced(str(out))[0]
+    assert not (tmp_path / "out.partial.replaced").exists()
+
+
+def test_stop_requests_record_the_first_signal_and_a_second_stops_at_once():
+    stops = StopRequests()
+    before = signal.getsignal(signal.SIGTERM)
+    with stops.installed():
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stops.signum == signal.SIGTERM and stops.exit_code == 143
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_peak_resident_memory_is_measured():
+    assert peak_resident_mb() > 10

@@ -1,0 +1,47 @@
+"""pilotrun/training/callbacks/evaluation.py: the val loss over the same first batches, and its cadence."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from types import SimpleNamespace
+
+from pilotrun.config import load_run_config
+from pilotrun.run.record import read_metrics_strict
+from pilotrun.training.callbacks.base import LoopState
+from pilotrun.training.callbacks.evaluation import EvalCallback, evaluate
+from pilotrun.training.loop import train_loop
+from pilotrun.training.signals import StopSignals
+from pilotrun.training.timing import TimeAccount
+from pilotrun.training.trainer import Trainer
+from tests.training.callbacks.test_base import loop_state
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_evaluation_is_due_on_its_cadence_only_after_an_applied_update():
+    callback = EvalCallback(SimpleNamespace(eval_every=3))
+    assert callback.phase == "eval"
+    assert callback.due(loop_state(step=6)) and not callback.due(loop_state(step=7))
+    assert not callback.due(loop_state(step=6, applied=False))
+    assert not EvalCallback(SimpleNamespace(eval_every=0)).due(loop_state(step=6))
+
+
+def test_evaluation_reads_the_same_batches_and_is_logged_on_its_cadence(builtin_data_dir, tmp_path):
+    config = load_run_config(ROOT / "configs" / "smoke.yaml", [
+        "train.num_threads=1", "train.max_steps=4", "train.eval_every=2", "train.eval_batches=3",
+        "train.checkpoint_every=0"])
+    session = Trainer(config, builtin_data_dir, tmp_path / "run", progress=False, out=io.StringIO()).session
+    first, second = evaluate(session, config.train), evaluate(session, config.train)
+    assert first["loss"] == second["loss"] and session.raw_model.training
+    assert (first["batches"], first["tokens"]) == (3, 3 * session.tokens_per_microbatch)
+    loop = LoopState(session, TimeAccount(), StopSignals(), io.StringIO())
+    try:
+        train_loop(loop, [EvalCallback(config.train)])
+    finally:
+        session.metrics.close()
+        session.release_lock()
+    vals = [e for e in read_metrics_strict(tmp_path / "run") if e["event"] == "val"]
+    assert [e["step"] for e in vals] == [2, 4] and loop.last_val_loss == vals[-1]["loss"]
+    assert vals[0]["loss"] != first["loss"]  # the model trained in between
+    assert loop.account.time_split()["eval_seconds"] > 0
