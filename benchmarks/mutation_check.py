@@ -8,11 +8,14 @@ itself is never touched), runs those tests against the copy and calls the mutant
 
 A mutation whose `old` text no longer occurs exactly once is reported as stale (the code moved on and the
 mutation must be rewritten), never counted as killed. The unmutated copy must pass the same tests first, so a
-broken test cannot pass for a kill.
+broken test cannot pass for a kill. The mutations pin exact source lines, so they go stale whenever the code
+they name is refactored: that is checked here, on demand (`--stale-only` in seconds, before every full run),
+not by the test suite, which must not fail because a line was reworded.
 
     .venv/bin/python -m benchmarks.mutation_check            # every mutation, a table and the kill rate
     .venv/bin/python -m benchmarks.mutation_check --json     # the same as JSON
     .venv/bin/python -m benchmarks.mutation_check --only bias_on_skipped_update
+    .venv/bin/python -m benchmarks.mutation_check --stale-only   # which mutations no longer apply (no tests run)
 """
 
 from __future__ import annotations
@@ -61,6 +64,36 @@ def apply_mutation(tree: Path, mutation: Mutation) -> str | None:
     return None
 
 
+def stale_mutations(root: Path, mutations: tuple[Mutation, ...]) -> dict[str, str]:
+    """{name: why} for each mutation that cannot be checked against the checkout at `root`: a name used
+    twice, an edit that changes nothing, a text that does not occur exactly once in its file, or a named test
+    file that does not exist. Each edit is applied to a scratch copy of its one file only, so this takes
+    seconds and the checkout is never touched."""
+    problems: dict[str, str] = {}
+    seen: set[str] = set()
+    for mutation in mutations:
+        if mutation.name in seen:
+            problems[mutation.name] = "the name is used by another mutation"
+            continue
+        seen.add(mutation.name)
+        missing = [test for test in mutation.tests if not (root / test.split("::")[0]).is_file()]
+        if mutation.old == mutation.new:
+            problems[mutation.name] = "the edit changes nothing"
+        elif missing:
+            problems[mutation.name] = f"named test file(s) do not exist: {', '.join(missing)}"
+        elif (root / mutation.file).is_file():
+            with tempfile.TemporaryDirectory(prefix="pilotrun-stale-") as scratch:
+                target = Path(scratch) / mutation.file
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(root / mutation.file, target)
+                why = apply_mutation(Path(scratch), mutation)
+            if why is not None:
+                problems[mutation.name] = why
+        else:
+            problems[mutation.name] = f"{mutation.file} does not exist"
+    return problems
+
+
 def run_tests(tree: Path, tests: tuple[str, ...], timeout_s: float) -> tuple[bool, str]:
     """(passed, last lines of output) of the named tests run against the copy."""
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
@@ -98,7 +131,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", default=None, help="names of the mutations to check (default: all)")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="limit for one run of a mutation's tests")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--stale-only", action="store_true",
+                        help="only list the mutations that no longer apply to this checkout (no tests run); exit 1 "
+                             "when any does")
     args = parser.parse_args(argv)
+    if args.stale_only:
+        problems = stale_mutations(ROOT, MUTATIONS)
+        if args.json:
+            print(json.dumps({"mutations": len(MUTATIONS), "stale": problems}, indent=2))
+        else:
+            print(f"{len(MUTATIONS) - len(problems)} of {len(MUTATIONS)} mutations apply to this checkout"
+                  + "".join(f"\n  stale: {name} ({why})" for name, why in problems.items()))
+        return 1 if problems else 0
     chosen = [m for m in MUTATIONS if args.only is None or m.name in args.only]
     unknown = set(args.only or ()) - {m.name for m in MUTATIONS}
     if unknown:

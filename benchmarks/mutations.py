@@ -26,7 +26,7 @@ SPIKES = "tests/training/callbacks/test_spike_rollback.py"
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="checkpoint_files_not_fsynced",
-        file="pilotrun/training/checkpoint/checkpointer.py",
+        file="pilotrun/training/checkpoint/single_file.py",
         old="            handle.flush()\n            os.fsync(handle.fileno())\n        return digest, writer.bytes_written\n",
         new="            handle.flush()\n        return digest, writer.bytes_written\n",
         tests=(f"{GUARDS}::test_every_checkpoint_file_is_fsynced_before_the_marker_is_renamed_into_place",),
