@@ -73,8 +73,11 @@ def robust_bound(values: Sequence[float], factor: float, floor_share: float = 0.
     return median, scale, median + factor * scale
 
 
+Bound = tuple[float, float, float]  # (median, scale, bound), as robust_bound gives it
+
+
 def spike_against(value: float, history: Sequence[float], factor: float, floor_share: float, min_history: int,
-                  spread: Callable[[Sequence[float]], float] = level_spread) -> tuple[bool, tuple[float, float, float] | None]:
+                  spread: Callable[[Sequence[float]], float] = level_spread) -> tuple[bool, Bound | None]:
     """(is `value` a spike, the (median, scale, bound) it was held to, None before `min_history` values). A
     non-finite value is always one; `history` is the window the caller keeps (its last `window` values)."""
     if not math.isfinite(value):

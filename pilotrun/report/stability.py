@@ -33,7 +33,8 @@ def judge_losses_finite(summary: Summary, t: Thresholds) -> Finding:
 
 def loss_noise(losses: list[float], min_windows: int = 4) -> float | None:
     """The per-window noise of the training loss: spike_bound.step_spread, the robust standard deviation of
-    successive differences that also scales the spike bound over logged windows. None with fewer than `min_windows` windows (at least 3: two differences)."""
+    successive differences that also scales the spike bound over logged windows. None with fewer than
+    `min_windows` windows (at least 3: two differences)."""
     if len(losses) < max(3, min_windows):
         return None
     return step_spread(losses)

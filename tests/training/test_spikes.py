@@ -1,5 +1,6 @@
 """The spike judge without training (the bound itself: tests/test_spike_bound.py): the window of applied
-updates, non-finite values, the policies' actions (the rollback cap, no checkpoint to roll back to), the skip ranges, and the checkpointed state."""
+updates, non-finite values, the policies' actions (the rollback cap, no checkpoint to roll back to), the skip
+ranges, and the checkpointed state."""
 
 from __future__ import annotations
 
