@@ -12,8 +12,9 @@ a rule when it passes again, a killed session when a resume starts). The kinds:
 - `throughput`: a steady window's training-only tokens/s below the pilot's band (the lock's `watch` figures);
   on CUDA also its tokens per device second (key `throughput_device`), below the pilot's per-device band: the
   device itself got slower (clocks, a neighbour on the GPU), not the host feeding it;
-- `loss_spike`: a window's loss above the median of the previous windows of the kept history by more than the
-  larger of LOSS_SPIKE_SIGMAS of their noise and LOSS_SPIKE_SHARE of the median;
+- `loss_spike`: a window's loss that is a spike of the previous windows of the kept history, as the verdict's
+  grad_spikes rule judges the gradient norm (pilotrun/spike_bound.py, over logged windows: the thresholds
+  spike_factor, spike_median_window and spike_min_history, the loss's floor share);
 - `loss_envelope`: a window's loss above the pilot's loss at that step plus its tolerance (the lock's envelope);
 - `rule`: one of the verdict's rules that apply to a run in progress FAILs, judged by the rule table itself
   (rules.py) on summarize's view of the record, with the lock's thresholds when one is given;
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pilotrun.report.projection import loss_noise, window_tokens_per_device_second, window_tokens_per_s
+from pilotrun.report.projection import window_tokens_per_device_second, window_tokens_per_s
 from pilotrun.report.rules import live_rules
 from pilotrun.report.summarize import summarize_run
 from pilotrun.report.thresholds import FAIL, THRESHOLD_FIELDS, Thresholds
@@ -42,12 +43,9 @@ from pilotrun.report.time_split import window_profiled
 from pilotrun.run.folder_lock import live_holder
 from pilotrun.run.follow import RecordFollower
 from pilotrun.run.record import is_finite_number
+from pilotrun.spike_bound import MIN_SCALE_SHARE, spike_against, step_spread
 
 DEFAULT_STALL_WINDOWS = 3.0
-LOSS_SPIKE_SIGMAS = 8.0
-LOSS_SPIKE_SHARE = 0.2
-LOSS_SPIKE_HISTORY = 20  # previous windows the spike test compares with (at least LOSS_SPIKE_MIN of them)
-LOSS_SPIKE_MIN = 5
 INTERVAL_HISTORY = 20  # recent train-to-train gaps the window interval is the median of
 # The live rules watch leaves to others: record_valid is the chain alert's (a run.json rewritten for a session
 # whose first line is not written yet reads as edited for an instant); loss_decreased, val_tracks_train and
@@ -201,15 +199,17 @@ class Watcher:
         loss, step, sid = event.get("loss"), event["step"], str(event["session_id"])
         if not is_finite_number(loss):
             return  # losses_finite, a rule of the table, says so
-        history = [p[1] for p in self.losses[-LOSS_SPIKE_HISTORY:]]
-        if len(history) >= LOSS_SPIKE_MIN:
-            centre = statistics.median(history)
-            bound = centre + max(LOSS_SPIKE_SIGMAS * loss_noise(history), LOSS_SPIKE_SHARE * abs(centre))
-            if loss > bound:
+        t, share = self.thresholds, MIN_SCALE_SHARE["loss"]
+        history = [p[1] for p in self.losses[-t.spike_median_window:]]
+        spiked, found_bound = spike_against(float(loss), history, t.spike_factor, share, t.spike_min_history,
+                                            step_spread)
+        if found_bound is not None:
+            centre, _, bound = found_bound
+            if spiked:
                 found.setdefault("loss_spike", Alert(
                     "loss_spike", "loss_spike", f"loss {loss:.6g} at step {step} is above the median {centre:.6g} of "
-                    f"the previous {len(history)} windows by more than max({LOSS_SPIKE_SIGMAS} x their noise, "
-                    f"{LOSS_SPIKE_SHARE} x the median): bound {bound:.6g}", step, loss, bound, sid, now))
+                    f"the previous {len(history)} windows by more than {t.spike_factor:g} x max(their noise, "
+                    f"{share:g} x the median): bound {bound:.6g}", step, loss, bound, sid, now))
             else:
                 cleared.add("loss_spike")
         envelope = self.watch.get("loss_envelope")

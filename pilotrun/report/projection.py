@@ -31,9 +31,9 @@ import statistics
 from typing import TYPE_CHECKING, Any
 
 from pilotrun.report.ledger import time_ledger
-from pilotrun.report.stability import loss_noise as stability_loss_noise
 from pilotrun.report.time_split import window_profiled, window_train_tokens
 from pilotrun.run.record import is_finite_number
+from pilotrun.spike_bound import step_spread
 
 if TYPE_CHECKING:
     from pilotrun.report.summarize import Summary
@@ -105,9 +105,9 @@ def _band(rates: list[float], source: str) -> dict[str, Any]:
 
 
 def loss_noise(losses: list[float]) -> float:
-    """The loss's window-to-window noise (stability.loss_noise) from 3 windows on, 0.0 before: the envelope and
-    watch's spike bound then rest on their share of the loss alone."""
-    return stability_loss_noise(losses, min_windows=3) or 0.0
+    """The loss's window-to-window noise (spike_bound.step_spread, as stability.loss_noise) from 3 windows on, 0.0
+    before: the envelope then rests on its share of the loss alone."""
+    return step_spread(losses)
 
 
 def _intervals(events: list[dict[str, Any]]) -> list[float]:

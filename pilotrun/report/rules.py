@@ -78,8 +78,10 @@ VAL_TRACKS_TRAIN = Rule(
 
 GRAD_SPIKES = Rule(
     "grad_spikes",
-    "a window whose max gradient norm exceeds spike_factor times the median of the previous spike_median_window "
-    "windows (after spike_min_history) is a spike; up to max_grad_spikes spikes WARN, more FAIL.",
+    "a window whose max gradient norm lies above median + spike_factor x scale of the previous "
+    "spike_median_window windows (after spike_min_history) is a spike, the one definition the trainer and watch "
+    "use too (pilotrun/spike_bound.py): scale = max(a robust std of successive windows, half the median), so a "
+    "spike is at least 5x the median at the default factor 8; up to max_grad_spikes spikes WARN, more FAIL.",
     stability.judge_grad_spikes, ("spike_factor", "spike_median_window", "spike_min_history", "max_grad_spikes"),
     plot="grad_norm")
 

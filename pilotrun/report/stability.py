@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from pilotrun.report.evidence import lacks, recipe_value, train_events, window_of
 from pilotrun.report.thresholds import FAIL, PASS, WARN, Finding, Thresholds
 from pilotrun.run.record import is_finite_number
+from pilotrun.spike_bound import MIN_SCALE_SHARE, spike_against, step_spread
 
 if TYPE_CHECKING:
     from pilotrun.report.summarize import Summary
@@ -31,15 +32,12 @@ def judge_losses_finite(summary: Summary, t: Thresholds) -> Finding:
 
 
 def loss_noise(losses: list[float], min_windows: int = 4) -> float | None:
-    """The per-window noise of the training loss: a robust standard deviation of successive differences
-    (1.4826 x their median absolute deviation, over sqrt 2 since a difference carries two windows' noise).
-    The trend adds to the differences too, which only makes the estimate, and so the rule, more cautious.
-    None with fewer than `min_windows` windows (at least 3: two differences)."""
+    """The per-window noise of the training loss: spike_bound.step_spread, the robust standard deviation of
+    successive differences that also scales the spike bound over logged windows. None with fewer than
+    `min_windows` windows (at least 3: two differences)."""
     if len(losses) < max(3, min_windows):
         return None
-    diffs = [b - a for a, b in zip(losses, losses[1:], strict=False)]
-    centre = statistics.median(diffs)
-    return 1.4826 * statistics.median(abs(d - centre) for d in diffs) / math.sqrt(2)
+    return step_spread(losses)
 
 
 def judge_loss_decreased(summary: Summary, t: Thresholds) -> Finding:
@@ -128,27 +126,31 @@ def judge_val_tracks_train(summary: Summary, t: Thresholds) -> Finding:
 
 
 def judge_grad_spikes(summary: Summary, t: Thresholds) -> Finding:
+    """A window whose largest gradient norm is a spike of the previous windows' (spike_bound.py: median +
+    spike_factor x max(step spread, MIN_SCALE_SHARE of the median), over logged windows)."""
     history: list[float] = []
     spikes = []
-    events = train_events(summary)
-    for e in events:
+    share = MIN_SCALE_SHARE["grad_norm"]
+    for e in train_events(summary):
         value = e.get("grad_norm_max", e.get("grad_norm"))
         if not is_finite_number(value):
             continue  # a non-finite norm is a skipped update, judged by the skip rule
-        recent = history[-t.spike_median_window:]
-        if len(recent) >= t.spike_min_history:
-            median = statistics.median(recent)
-            if median > 0 and value > t.spike_factor * median:
-                spikes.append((e["step"], float(value), median))
+        spiked, found = spike_against(float(value), history[-t.spike_median_window:], t.spike_factor, share,
+                                      t.spike_min_history, step_spread)
+        if spiked and found is not None:
+            spikes.append((e["step"], float(value), found[0], found[2]))
         history.append(float(value))
-    threshold = f"<= {t.max_grad_spikes} spike(s) > {t.spike_factor}x running median"
+    threshold = (f"<= {t.max_grad_spikes} spike(s) > median + {t.spike_factor:g} x max(step spread, "
+                 f"{share:g} x median) of the previous {t.spike_median_window} windows "
+                 f"(>= {1 + t.spike_factor * share:g}x the median)")
     evidence = f"grad_norm_max of {len(history)} train windows"
     if not history:
         return Finding(FAIL, "no gradient norm recorded: the record lacks this rule's evidence",
                        threshold, evidence)
     if not spikes:
         return Finding(PASS, f"no spike; max grad norm {max(history):.4g}", threshold, evidence)
-    listed = ", ".join(f"step {s}: {v:.4g} ({v / m:.1f}x median)" for s, v, m in spikes[:5])
+    listed = ", ".join(f"step {s}: {v:.4g} (bound {b:.4g}, {v / m:.1f}x median)" if m > 0 else
+                       f"step {s}: {v:.4g} (bound {b:.4g})" for s, v, m, b in spikes[:5])
     status = WARN if len(spikes) <= t.max_grad_spikes else FAIL
     return Finding(status, f"{len(spikes)} spike(s): {listed}", threshold, evidence)
 

@@ -59,10 +59,12 @@ class Thresholds:
     max_val_gap_growth: float = _threshold(0.5, "nats the val-minus-train gap may grow between the evaluations of "
                                                 "the second half of the run")
     max_val_rise: float = _threshold(0.05, "share by which the last val loss may exceed the best one")
-    # grad_spikes
-    spike_factor: float = _threshold(5.0, "a window whose max gradient norm exceeds this multiple of the running "
-                                          "median is a spike")
-    spike_median_window: int = _threshold(20, "windows the running median of the gradient norm is taken over")
+    # grad_spikes (watch's loss_spike alert holds a live run's window losses to the same bound: spike_bound.py)
+    spike_factor: float = _threshold(8.0, "a window's figure above median + this many times the scale of the "
+                                          "previous windows is a spike; scale = max(robust std of successive "
+                                          "windows, a share of the median: half for the gradient norm, so at "
+                                          "least 5x the median at 8; 1% for the loss)")
+    spike_median_window: int = _threshold(20, "previous windows the median and scale are taken over")
     spike_min_history: int = _threshold(5, "windows of history before spikes are looked for")
     max_grad_spikes: int = _threshold(1, "spikes allowed (each one WARNs); more FAIL")
     # clip_rate

@@ -12,17 +12,16 @@ it keeps every point it was sent (MLflow, trackio), at least receive the redone 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from pilotrun.files import canonical_sha256
+from pilotrun.run.record import NONFINITE_STRINGS, read_run_json
 
 MIRRORED_EVENTS = ("train", "val", "checkpoint", "overflow")
 # Identity and clock fields that every event carries: not metrics.
 NOT_SCALARS = frozenset({"event", "time", "session_id"})
-NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 REPORT_FOLDER = "report"  # what `pilotrun verdict` writes: summary.json, report.html, the plots
 PROJECT = "pilotrun"  # the project / experiment a run lands in unless the tracker's own setting names another
 
@@ -36,8 +35,8 @@ def scalar_fields(event: dict[str, Any]) -> Iterator[tuple[str, float]]:
             return
         if isinstance(value, int | float):
             yield path, float(value)
-        elif isinstance(value, str) and value in NON_FINITE:
-            yield path, NON_FINITE[value]
+        elif isinstance(value, str) and value in NONFINITE_STRINGS:  # the record's spelling of a non-finite float
+            yield path, NONFINITE_STRINGS[value]
         elif isinstance(value, dict):
             for key, item in value.items():
                 yield from walk(item, f"{path}/{key}")
@@ -74,8 +73,6 @@ def kept_history(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 def read_identity(run_dir: str | Path) -> dict[str, Any]:
     """The run's identity as every tracker gets it: run_id, the recipe's sha256 (canonical JSON of run.json's
     recipe), the data's metadata_sha256 and the latest session's git commit; plus the recipe itself."""
-    from pilotrun.run.record import read_run_json
-
     run = read_run_json(run_dir)
     sessions = run.get("sessions") or [{}]
     latest = sessions[-1] if isinstance(sessions[-1], dict) else {}

@@ -1,12 +1,12 @@
-"""Loss spikes, detected in the loop: the running robust bound, the decision every rank makes alike, and what
-the loop hands on to the policy (rollback.py) and the record.
+"""Loss spikes, detected in the loop: the decision every rank makes alike over a running window, and what the
+loop hands on to the policy (callbacks/spike_rollback.py) and the record.
 
 A spike is an update attempt whose loss (the mean cross-entropy of its microbatches over every rank) or global
-gradient norm lies above median + `train.spike.factor` x 1.4826 MAD of the last `train.spike.window` applied
-updates (the scale floored per signal, MIN_SCALE_SHARE) (the median and MAD resist the spikes themselves, where a mean and standard deviation would be dragged
-up by the first one; OLMo-core's skip-step optimizer uses a mean and std over its window instead), once
-`min_history` applied updates are in the window, or whose loss is not finite. An fp16 overflow is the scaler's
-business (precision.py) and is not a spike; the judge is consulted only for a finite gradient norm.
+gradient norm is a spike of its signal's history, as pilotrun/spike_bound.py defines it once for the trainer,
+the verdict and watch: above median + `train.spike.factor` x scale of the last `train.spike.window` applied
+updates (scale = 1.4826 MAD of the values, floored per signal at spike_bound.MIN_SCALE_SHARE of the median),
+once `min_history` applied updates are in the window, or not finite. An fp16 overflow is the scaler's business
+(precision.py) and is not a spike; the judge is consulted only for a finite gradient norm.
 
 No host synchronisation of its own: the skip decision already brings the gradient norm to the host
 (precision.apply_update), and the update's loss rides along in the same transfer (`alongside`). Under torchrun
@@ -21,7 +21,6 @@ state: a resumed run judges each update against the same history as a run that n
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,26 +30,11 @@ import torch
 
 from pilotrun.config import SpikeConfig
 from pilotrun.optim.update_hooks import StepStatistics, UpdateHook
+from pilotrun.spike_bound import MIN_SCALE_SHARE, spike_against
 
 SIGNALS = ("loss", "grad_norm")
-MAD_TO_STD = 1.4826  # the MAD of a normal distribution times this is its standard deviation
-# The scale never falls below this share of the median, per signal. For the loss, only so that a window of
-# identical values (MAD 0) does not make every wobble of rounding a spike. Gradient norms are heavy-tailed:
-# over the CPU stability recipe's 240 updates, 5 batches gave 2x-2.9x the window's median norm, far past 6
-# MADs of its narrow core, and the run went on unharmed, where a poisoned batch gives 7x and more; with this
-# floor a norm must also exceed (1 + factor / 2) times the median (4x at the default factor 6).
-MIN_SCALE_SHARE = {"loss": 0.01, "grad_norm": 0.5}
 ACTIONS = ("recorded", "skipped", "rollback", "stopped")
 CAUSES = ("batch", "model_state", "not_reproducible")
-
-
-def robust_bound(values: list[float], factor: float, floor_share: float = 0.01) -> tuple[float, float, float]:
-    """(median, robust std, bound = median + factor x robust std) of a non-empty window; the robust std is at
-    least `floor_share` of the median (MIN_SCALE_SHARE)."""
-    median = statistics.median(values)
-    mad = statistics.median([abs(v - median) for v in values])
-    scale = max(MAD_TO_STD * mad, floor_share * abs(median))
-    return median, scale, median + factor * scale
 
 
 @dataclass
@@ -93,15 +77,12 @@ class SpikeDetector(UpdateHook):
         """Which signals exceed their bound, and the bounds (pure given the window)."""
         exceeded, bounds = [], {}
         for signal, value in zip(SIGNALS, (loss, grad_norm), strict=True):
-            if not math.isfinite(value):
+            spiked, found = spike_against(value, list(self.history[signal]), self.config.factor,
+                                          MIN_SCALE_SHARE[signal], self.config.min_history)
+            if found is not None:
+                bounds[signal] = dict(zip(("median", "scale", "bound"), found, strict=True))
+            if spiked:
                 exceeded.append(signal)
-                continue
-            window = self.history[signal]
-            if len(window) >= self.config.min_history:
-                median, scale, bound = robust_bound(list(window), self.config.factor, MIN_SCALE_SHARE[signal])
-                bounds[signal] = {"median": median, "scale": scale, "bound": bound}
-                if value > bound:
-                    exceeded.append(signal)
         return exceeded, bounds
 
     def after_update(self, step: int, statistics: StepStatistics) -> list[dict[str, Any]]:

@@ -1,5 +1,6 @@
-"""The spike judge without training: the robust bound, the window of applied updates, non-finite values, the
-policies' actions (the rollback cap, no checkpoint to roll back to), the skip ranges, and the checkpointed state."""
+"""The spike judge without training (the bound itself: tests/test_spike_bound.py): the window of applied
+updates, non-finite values, the policies' actions (the rollback cap, no checkpoint to roll back to), the skip
+ranges, and the checkpointed state."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from pilotrun.training.spikes import (
     agreed,
     gathered_values,
     per_rank_pairs,
-    robust_bound,
     skip_ahead,
     upcoming_batches,
 )
@@ -28,12 +28,6 @@ def detector(**changes) -> SpikeDetector:
         found.pending = (loss, norm)
         found.after_update(0, None)
     return found
-
-
-def test_robust_bound_is_median_plus_factor_mads_with_a_floor():
-    median, scale, bound = robust_bound([1.0, 2.0, 3.0, 4.0, 100.0], 2.0)
-    assert median == 3.0 and scale == pytest.approx(1.4826) and bound == pytest.approx(3.0 + 2 * 1.4826)
-    assert robust_bound([5.0] * 4, 6.0) == (5.0, 0.05, 5.0 + 6 * 0.05)  # MAD 0: 1% of the median
 
 
 def test_a_gradient_norm_must_also_reach_four_times_the_median_where_a_loss_need_not():

@@ -8,7 +8,7 @@ The first spike's replay recurs on its batch and not on the next: "batch"; the s
 rank 1 named.
 
 The factor is 4, not the default 6: a poisoned microbatch on one rank of two lifts the global gradient norm to
-about 3.9x the window's median, under the default's floor of 4x (spikes.MIN_SCALE_SHARE), and above 3x.
+about 3.9x the window's median, under the default's floor of 4x (spike_bound.MIN_SCALE_SHARE), and above 3x.
 """
 
 from __future__ import annotations
