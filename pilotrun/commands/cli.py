@@ -3,6 +3,11 @@
 Exit codes: 0 success; 1 a negative result (damaged data, invalid record, NO-GO);
 2 bad input, reported as one line without a traceback. Each command has one `_add_*` parser function
 and one `_run_*` handler; keep them small and put the work in the package.
+
+Building the parser imports no module that imports torch or numpy (tests/commands/test_cli.py runs every
+command's --help where importing either fails): `--help` answers on a machine without the training stack and
+in a fraction of a second. So a `_run_*` handler imports what its command needs, and a `_add_*` function reads
+only torch-free modules (commands/pilot.py and pilot_process.py are, for `pilot`'s arguments).
 """
 
 from __future__ import annotations
