@@ -3,6 +3,11 @@
 Exit codes: 0 success; 1 a negative result (damaged data, invalid record, NO-GO);
 2 bad input, reported as one line without a traceback. Each command has one `_add_*` parser function
 and one `_run_*` handler; keep them small and put the work in the package.
+
+Building the parser imports no module that imports torch or numpy (tests/commands/test_cli.py runs every
+command's --help where importing either fails): `--help` answers on a machine without the training stack and
+in a fraction of a second. So a `_run_*` handler imports what its command needs, and a `_add_*` function reads
+only torch-free modules (commands/pilot.py and pilot_process.py are, for `pilot`'s arguments).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "and checkpoints into the run folder. An existing run folder is refused without --resume. "
         "Under torchrun it runs data-parallel. Exit 0 when max_steps is reached, 2 for bad input or an "
         "incompatible resume, 1 when it stopped itself (train.max_consecutive_skips skipped updates in a row), "
-        "130 after SIGINT and 143 after SIGTERM: the current update is finished, a checkpoint is saved and "
+        "130 after SIGINT, 143 after SIGTERM and 129 after SIGHUP: the current update is finished, a checkpoint is saved and "
         "session_end records reason 'interrupted' before exiting. It prints tokens_per_update and the planned "
         "tokens before it starts, and a progress line (step, loss, training-only tokens/s, ETA) on stderr.",
     )

@@ -24,8 +24,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pilotrun.training.callbacks.kill_point import wait_until_stopped
-
 STOP_SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
@@ -61,6 +59,24 @@ def is_alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+def wait_until_stopped(pid: int, timeout_seconds: float, poll_seconds: float = 0.005) -> bool:
+    """Whether process `pid` reached the stopped state ('T' in /proc/PID/stat) within the timeout. False at once
+    where /proc is missing (not Linux) or the process has gone: the caller then kills without waiting."""
+    stat = Path(f"/proc/{pid}/stat")
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        try:
+            # The state follows the command name in parentheses, which may itself hold spaces or parentheses.
+            state = stat.read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            return False
+        if state in ("T", "t"):
+            return True
+        if state in ("Z", "X") or time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_seconds)
 
 
 def torchrun_command(nproc_per_node: int) -> list[str]:

@@ -10,5 +10,5 @@
 - accounting.py   parameter counts (total, active) and training FLOPs per token
 - presets.py      the tiny / cpu / gpu-100m sizes
 
-The model and its update in words: docs/MODEL.md; interfaces: docs/INTERFACES.md.
+The model and its update in words: docs/MODEL.md; where to extend the package: docs/EXTENDING.md.
 """

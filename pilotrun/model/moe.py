@@ -25,6 +25,9 @@ operators per layer cost as much as the expert matmuls at pilot microbatches (BE
 two operators each way, the router and the experts, whose backward are C++ autograd nodes. Elsewhere (CUDA,
 autocast for the experts, torch.compile tracing, a dispatch mode, group-limited routing, no compiler) the reference
 operators below run; both give the same layer output bit for bit on the CPU.
+
+Because the dispatches' gradients agree only to rounding, `model.moe_impl` and `model.cpu_kernels` are not
+resume-free keys (config.RESUME_FREE_KEYS): a resume across a change of either needs `--allow-change`.
 """
 
 from __future__ import annotations

@@ -287,6 +287,9 @@ def wrap_model(model: nn.Module, context: DistributedContext, parallelism: str =
     (tokens_per_expert, qk_max_logit) in buffers across microbatches, and a broadcast from rank 0 would
     overwrite the other ranks' counts before they are all-reduced. The persistent buffers (expert biases)
     stay equal without it, because every rank updates them from the same all-reduced counts.
+
+    Build the optimizer after wrapping (session.build_session does): FSDP2 replaces each parameter by a sharded
+    DTensor, and an optimizer built before would hold, and update, the unsharded originals.
     """
     if parallelism not in ("ddp", "fsdp"):
         raise ConfigError(f"train.parallelism must be ddp or fsdp, got '{parallelism}'")

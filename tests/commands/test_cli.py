@@ -1,10 +1,13 @@
 """The command line: every documented command is listed, and bad input is one line with exit 2."""
 
+import argparse
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from pilotrun.commands.cli import build_parser, main
 
@@ -67,3 +70,47 @@ def test_output_cut_short_by_its_reader_ends_quietly(tmp_path):
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.stdout.count("\n") == 1
     assert done.stderr.strip() == "rc=0", done.stderr
+
+
+# `python -m pilotrun ARGS` in a child where importing torch (or numpy) fails: the help of every command is argument
+# parsing alone, which a machine without the training stack (or a shell completing a command) can afford.
+WITHOUT_HEAVY_IMPORTS = """
+import runpy, sys
+BLOCKED = ("torch", "numpy")
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in BLOCKED:
+            raise ImportError(f"{name} imported while printing help")
+assert not [name for name in sys.modules if name.partition(".")[0] in BLOCKED]
+sys.meta_path.insert(0, Refuse())
+sys.argv = ["pilotrun", *sys.argv[1:]]
+runpy.run_module("pilotrun", run_name="__main__", alter_sys=True)
+"""
+
+
+def _commands(parser) -> list[list[str]]:
+    """Every command and subcommand as the words that name it, read from the parser itself."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found.append([name])
+                found += [[name, *rest] for rest in _commands(sub)]
+    return found
+
+
+COMMANDS = _commands(build_parser())
+
+
+def test_every_command_is_found_for_the_help_test():
+    assert {"train", "pilot", "verdict", "watch", "export", "config"} <= {words[0] for words in COMMANDS}
+    assert ["data", "verify"] in COMMANDS and ["data", "merge"] in COMMANDS
+
+
+@pytest.mark.parametrize("words", [[], *COMMANDS], ids=lambda words: " ".join(words) or "pilotrun")
+def test_help_needs_neither_torch_nor_numpy(words):
+    result = subprocess.run([sys.executable, "-c", WITHOUT_HEAVY_IMPORTS, *words, "--help"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith(f"usage: {' '.join(['pilotrun', *words])} "), result.stdout[:300]
+    assert result.stderr == ""

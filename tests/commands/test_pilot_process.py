@@ -5,13 +5,21 @@ torchrun tree is killed in tests/commands/test_pilot.py."""
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import time
 
 import pytest
 
 from pilotrun.commands import pilot_process
-from pilotrun.commands.pilot_process import PilotStopped, StopForwarding, TrainingChild, descendants, is_alive
+from pilotrun.commands.pilot_process import (
+    PilotStopped,
+    StopForwarding,
+    TrainingChild,
+    descendants,
+    is_alive,
+    wait_until_stopped,
+)
 
 # A launcher that starts a worker in a session of its own and waits, as torchrun does.
 LAUNCHER = ("import subprocess, sys, time\n"
@@ -66,3 +74,9 @@ def test_a_stop_while_a_child_runs_is_passed_on_once_per_signal(tmp_path, monkey
         child.kill_tree()
     # To the worker itself, never to the launcher (which would pass it on again), and continued if stopped.
     assert sent == [(worker, signal.SIGINT), (worker, signal.SIGCONT)] * 2 and stops.exit_code == 130
+
+
+def test_a_process_that_exits_is_not_reported_stopped():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert wait_until_stopped(child.pid, timeout_seconds=5) is False

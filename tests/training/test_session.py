@@ -98,8 +98,8 @@ def test_resume_with_no_committed_checkpoint_starts_again_at_zero_naming_the_los
     import subprocess
     import sys
 
+    from pilotrun.commands.pilot_process import wait_until_stopped
     from pilotrun.report.summarize import format_summary, summarize_run
-    from pilotrun.training.callbacks.kill_point import wait_until_stopped
 
     run_dir = tmp_path / "run"
     first = subprocess.Popen([sys.executable, "-c", STOP_BEFORE_FIRST_CHECKPOINT, "train", "--config", "smoke",

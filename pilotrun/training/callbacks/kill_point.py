@@ -9,7 +9,8 @@ do, so the verdict rightly said the pilot never proved it can continue.
 So the pilot names the step (`pilotrun train --stop-past-step N`, a hidden option handed to the trainer as a
 parameter) and the trainer's kill-point callback, once a `train` event past that step is logged and a checkpoint
 of this session is committed (and before its last update), flushes its output and sends the process SIGSTOP.
-The pilot sees the stopped state and sends SIGKILL: the process still dies without any handler, atexit or
+The pilot sees the stopped state (commands/pilot_process.py `wait_until_stopped`, which reads /proc and
+needs no torch) and sends SIGKILL: the process still dies without any handler, atexit or
 final checkpoint, exactly as before; only the moment is no longer a race. A stopped process that is sent
 SIGCONT instead (someone found it by hand) just carries on.
 
@@ -24,8 +25,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
-from pathlib import Path
 
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import PRIORITY_KILL_POINT, Callback, LoopState
@@ -76,20 +75,3 @@ class KillPointCallback(Callback):
     def after_update(self, loop: LoopState) -> None:
         self.point.freeze()
 
-
-def wait_until_stopped(pid: int, timeout_seconds: float, poll_seconds: float = 0.005) -> bool:
-    """Whether process `pid` reached the stopped state ('T' in /proc/PID/stat) within the timeout. False at once
-    where /proc is missing (not Linux) or the process has gone: the caller then kills without waiting."""
-    stat = Path(f"/proc/{pid}/stat")
-    deadline = time.monotonic() + timeout_seconds
-    while True:
-        try:
-            # The state follows the command name in parentheses, which may itself hold spaces or parentheses.
-            state = stat.read_text().rpartition(")")[2].split()[0]
-        except (OSError, IndexError):
-            return False
-        if state in ("T", "t"):
-            return True
-        if state in ("Z", "X") or time.monotonic() >= deadline:
-            return False
-        time.sleep(poll_seconds)
