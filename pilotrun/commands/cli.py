@@ -10,9 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import sys
-import threading
 
 from pilotrun.commands.cli_data import add_data, add_prepare
 from pilotrun.commands.cli_paths import check_path_arguments
@@ -397,25 +395,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # Commands that write an output as temp + rename without a signal handler of their own (train, prepare and
-# pilot have theirs). SIGTERM and SIGHUP would end them without unwinding, leaving the temp (a whole model
-# for export); raised as SystemExit they unwind, and each writer's cleanup removes its temp.
+# pilot have theirs). A stop signal would end them without unwinding (SIGTERM, SIGHUP), leaving the temp (a
+# whole model for export); raised as SystemExit with the stop's exit code they unwind, and each writer's cleanup
+# removes its temp.
 TEMP_WRITING_COMMANDS = ("verdict", "freeze", "export")
 
 
 @contextlib.contextmanager
 def _cleanup_on_termination(active: bool):
-    previous = {}
-    if active and threading.current_thread() is threading.main_thread():
-        def terminate(signum: int, frame: object) -> None:
-            raise SystemExit(128 + signum)
+    from pilotrun import stop_signals
 
-        for signum in (signal.SIGTERM, signal.SIGHUP):
-            previous[signum] = signal.signal(signum, terminate)
-    try:
+    def terminate(signum: int, frame: object) -> None:
+        raise SystemExit(stop_signals.exit_code_of(signum))
+
+    with stop_signals.handling(terminate) if active else contextlib.nullcontext():
         yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _one_line(text: str) -> str:

@@ -19,14 +19,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from pilotrun import stop_signals
 from pilotrun.training.callbacks.kill_point import wait_until_stopped
-
-STOP_SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 def _parents() -> dict[int, int]:
@@ -135,7 +133,7 @@ class TrainingChild:
 
 
 class StopForwarding:
-    """SIGINT / SIGTERM during the rehearsal: passed on to the running child (once per signal received), or, with
+    """A stop signal (pilotrun/stop_signals.py) during the rehearsal: passed on to the running child (once per signal received), or, with
     no child running, raised as `PilotStopped` where the pilot stands."""
 
     def __init__(self) -> None:
@@ -144,7 +142,7 @@ class StopForwarding:
 
     @property
     def exit_code(self) -> int:
-        return STOP_SIGNALS.get(self.signum, 130) if self.signum is not None else 0
+        return stop_signals.exit_code_of(self.signum) if self.signum is not None else 0
 
     def _handle(self, signum: int, frame) -> None:
         first = self.signum is None
@@ -157,15 +155,8 @@ class StopForwarding:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopForwarding]:
-        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        with stop_signals.handling(self._handle):
             yield self
-            return
-        previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
-        try:
-            yield self
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
 
     @contextlib.contextmanager
     def running(self, child: TrainingChild) -> Iterator[TrainingChild]:
@@ -180,5 +171,5 @@ class PilotStopped(BaseException):
     """A stop signal reached the pilot while no child was training (preparing, between phases, the report)."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
+        super().__init__(stop_signals.signal_name(signum))
         self.signum = signum

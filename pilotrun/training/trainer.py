@@ -44,6 +44,7 @@ from pilotrun.run.sinks import (
     configured_trackers,
     tracker_sinks,
 )
+from pilotrun.stop_signals import signal_name
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import Callback, Ending, LoopState
 from pilotrun.training.callbacks.checkpointing import CheckpointCallback
@@ -57,7 +58,7 @@ from pilotrun.training.callbacks.window_log import RareEventsCallback, WindowLog
 from pilotrun.training.loop import train_loop
 from pilotrun.training.notices import interrupt_acknowledgement
 from pilotrun.training.session import Session, build_session, tokens_per_update
-from pilotrun.training.signals import StopSignals, signal_name
+from pilotrun.training.signals import StopSignals
 from pilotrun.training.timing import TimeAccount
 
 

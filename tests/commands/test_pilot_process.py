@@ -66,3 +66,11 @@ def test_a_stop_while_a_child_runs_is_passed_on_once_per_signal(tmp_path, monkey
         child.kill_tree()
     # To the worker itself, never to the launcher (which would pass it on again), and continued if stopped.
     assert sent == [(worker, signal.SIGINT), (worker, signal.SIGCONT)] * 2 and stops.exit_code == 130
+
+
+def test_a_hangup_stops_the_pilot_as_the_other_stop_signals_do():
+    # A closed terminal (SIGHUP) is one of every command's stop signals (pilotrun/stop_signals.py): 128 + 1.
+    stops = StopForwarding()
+    with pytest.raises(PilotStopped) as raised:
+        stops._handle(signal.SIGHUP, None)
+    assert (raised.value.signum, stops.exit_code, str(raised.value)) == (signal.SIGHUP, 129, "SIGHUP")
