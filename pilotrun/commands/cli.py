@@ -79,14 +79,13 @@ def _run_train(args: argparse.Namespace) -> int:
 
 def _frozen_config(args: argparse.Namespace):
     """The recipe of a lock after --set, and run.json's `frozen` section; refuses unlisted differences."""
-    from pilotrun.config import apply_overrides, config_from_dict, config_to_dict, validate_run_config
+    from pilotrun.config import apply_overrides, config_to_dict, loaded_recipe
     from pilotrun.data.shards import load_manifest, metadata_sha256
     from pilotrun.run.recipe_lock import frozen_run_facts, load_lock
     from pilotrun.training.environment import git_state
 
     lock = load_lock(args.frozen)
-    config = config_from_dict(apply_overrides(lock["recipe"], args.overrides))
-    validate_run_config(config)
+    config = loaded_recipe(apply_overrides(lock["recipe"], args.overrides))
     data_sha256 = metadata_sha256(load_manifest(args.data))
     facts = frozen_run_facts(lock, args.frozen, config_to_dict(config), data_sha256, args.allow_change,
                              code=git_state())

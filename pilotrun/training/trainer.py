@@ -41,7 +41,6 @@ from pilotrun.run.sinks import (
     GuardedSink,
     MetricsSink,
     check_trackers_available,
-    configured_trackers,
     tracker_sinks,
 )
 from pilotrun.stop_signals import signal_name
@@ -94,7 +93,7 @@ class Trainer:
     """Builds one session (fresh or resumed, session.py), then `run()` trains to `train.max_steps`.
 
     `sinks`: extra metrics sinks (run/sinks.py `MetricsSink`: `write(event)` and `close()`, or a `GuardedSink`)
-    that receive every event as it is recorded, beside the TensorBoard mirror of `train.tensorboard`. Only rank
+    that receive every event as it is recorded, beside the trackers of `train.trackers`. Only rank
     0 writes the record, so only rank 0's sinks receive events; every rank's are closed when `run()` returns.
     `stop_past_step`: the pilot's kill point (pilot_handshake.py); None trains normally.
     `signals`: the session's stop requests (signals.py); `request(signum)` asks it to stop as a signal would."""
@@ -105,7 +104,7 @@ class Trainer:
                  context: dist_utils.DistributedContext | None = None, out=None,
                  sinks: list[MetricsSink] | tuple[MetricsSink, ...] = (), stop_past_step: int | None = None):
         # A tracker named in the recipe but not installed is refused before anything is written.
-        check_trackers_available(configured_trackers(config.train))
+        check_trackers_available(config.train.trackers)
         self.account = TimeAccount()  # everything until the loop starts is "other" (setup)
         self.progress = progress
         self.out = out if out is not None else sys.stdout
@@ -177,7 +176,7 @@ class Trainer:
     def _start_session(self, loop: LoopState) -> None:
         """Open the TensorBoard mirror, print the plan and the notes, log `session_start` (rank 0 prints)."""
         session, t, world_size = self.session, self.session.config.train, self.session.context.world_size
-        trackers = configured_trackers(t)
+        trackers = list(t.trackers)
         if trackers and loop.is_main:  # the one process that has the events mirrors them
             with self.account.phase("report"):
                 self.sinks[:0] = tracker_sinks(trackers, session.run_dir)
