@@ -28,7 +28,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "and checkpoints into the run folder. An existing run folder is refused without --resume. "
         "Under torchrun it runs data-parallel. Exit 0 when max_steps is reached, 2 for bad input or an "
         "incompatible resume, 1 when it stopped itself (train.max_consecutive_skips skipped updates in a row), "
-        "130 after SIGINT and 143 after SIGTERM: the current update is finished, a checkpoint is saved and "
+        "130 after SIGINT, 143 after SIGTERM and 129 after SIGHUP: the current update is finished, a checkpoint is saved and "
         "session_end records reason 'interrupted' before exiting. It prints tokens_per_update and the planned "
         "tokens before it starts, and a progress line (step, loss, training-only tokens/s, ETA) on stderr.",
     )
@@ -252,7 +252,8 @@ def _add_pilot(sub: argparse._SubParsersAction) -> None:
                        description="Prepare or take the data, train the recipe (under torchrun with "
                        "--nproc-per-node), kill every training process past a step, resume, summarize --require-step "
                        "and print the verdict with the report's path; --freeze writes the lock of a GO. Exit 0 GO, "
-                       "1 NO-GO, 2 bad input or a failed child (its log named), 130 / 143 after SIGINT / SIGTERM.")
+                       "1 NO-GO, 2 bad input or a failed child (its log named), 130 / 143 / 129 after SIGINT / SIGTERM / "
+                       "SIGHUP.")
     add_pilot_arguments(p)
     p.set_defaults(handler=_run_pilot)
 

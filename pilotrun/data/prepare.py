@@ -117,8 +117,8 @@ def prepare_corpus(
     """Prepare `source` into the data folder `out`; returns the manifest (what metadata.json holds).
 
     An interrupted prepare of the same `out` (its `out.partial` folder) is continued when the inputs match, and
-    refused (DataError naming the differences) when they do not. SIGINT / SIGTERM commit the state at the next
-    chunk and raise PrepareInterrupted (exit code 130 / 143). `hub` replaces the network seam (tests pass a
+    refused (DataError naming the differences) when they do not. A stop signal (SIGINT / SIGTERM / SIGHUP) commits
+    the state at the next chunk and raises PrepareInterrupted (exit code 130 / 143 / 129). `hub` replaces the network seam (tests pass a
     client serving local rows); None uses the real hub. `progress`: "auto" (or True), "bar", "plain", "none"
     (or False) for the console (progress_bar.py).
     """

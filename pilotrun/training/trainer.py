@@ -2,7 +2,7 @@
 
 `Trainer` is what `pilotrun train` and the Python API call. It builds the session (fresh or resumed), then
 `run()`: prints the plan and the session's notes, logs `session_start`, assembles the loop's callbacks from the
-recipe's sections, runs `train_loop` with SIGINT/SIGTERM handled (signals.py), and logs `session_end` with
+recipe's sections, runs `train_loop` with the stop signals handled (signals.py), and logs `session_end` with
 the time split (every second of the session in one of timing.PHASES), whatever ended it.
 
 The callbacks, in the order they act after an update (callbacks.py has the interface):
@@ -21,8 +21,9 @@ Every event written to metrics.jsonl is handed to the metrics sinks (run/sinks.p
 `train.trackers` (TensorBoard, W&B, MLflow, trackio), and any the caller passes), each guarded so that a failing sink warns once and changes
 neither the training nor the record; writing and mirroring are the "report" phase.
 
-SIGINT / SIGTERM: the current update is finished, the window is logged, a checkpoint is saved, then
-`session_end` with reason "interrupted", and the exit code is 130 (SIGINT) or 143 (SIGTERM).
+A stop signal (pilotrun/stop_signals.py): the current update is finished, the window is logged, a checkpoint is
+saved, then `session_end` with reason "interrupted", and the exit code is 130 (SIGINT), 143 (SIGTERM) or 129
+(SIGHUP).
 """
 
 from __future__ import annotations
