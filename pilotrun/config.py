@@ -202,8 +202,8 @@ class TrainConfig:
     spike: SpikeConfig = field(default_factory=SpikeConfig)
     skip_data: list[list[int]] = knob(meaning="data the loader steps over: [first_batch, batches] global batch "
                                       "cursor ranges (a rollback's event names its own)", factory=list)
-    tensorboard: bool = knob(False, "mirror train/val/checkpoint/overflow events live into RUN/tensorboard/ "
-                             "(rank 0; needs the tensorboard package; metrics.jsonl stays the record)")
+    tensorboard: bool = knob(False, "alias: true is read as `tensorboard` in train.trackers (folded in when the "
+                             "recipe is loaded, so it reads back false)")
     trackers: list[str] = knob(meaning="trackers that mirror the record live on rank 0: any of tensorboard, wandb, "
                                "mlflow, trackio (each needs its extra, pilotrun[NAME]; a failing one warns once)",
                                factory=list)
@@ -224,32 +224,19 @@ class RunConfig:
 MACHINE_KEYS = (
     "train.num_threads",
     # Profiling observes updates without changing them.
-    "train.profile.start_step",
-    "train.profile.steps",
-    "train.profile.top_operators",
-    "train.profile.record_shapes",
-    "train.profile.profile_memory",
-    "train.profile.with_stack",
-    # Mirrors of the record, not part of the training.
-    "train.tensorboard",
-    "train.trackers",
+    "train.profile.start_step", "train.profile.steps", "train.profile.top_operators",
+    "train.profile.record_shapes", "train.profile.profile_memory", "train.profile.with_stack",
+    # Mirrors of the record, not part of the training (train.tensorboard: the alias loaded_recipe folds).
+    "train.tensorboard", "train.trackers",
     "train.spike.replay",  # a replay restores all it touched: it costs time, changes no update
 )
 
 # Keys that may change on resume without ceremony (the checkpoint compatibility check consults this).
 RESUME_FREE_KEYS = (
     *MACHINE_KEYS,
-    "model.activation_checkpointing",
-    "optim.muon.distribute_newton_schulz",
-    "train.max_steps",
-    "train.log_every",
-    "train.eval_every",
-    "train.eval_batches",
-    "train.checkpoint_every",
-    "train.keep_checkpoints",
-    "train.max_consecutive_skips",
-    "train.memory_budget_gb",
-    "train.spike.max_rollbacks",
+    "model.activation_checkpointing", "optim.muon.distribute_newton_schulz",
+    "train.max_steps", "train.log_every", "train.eval_every", "train.eval_batches", "train.checkpoint_every",
+    "train.keep_checkpoints", "train.max_consecutive_skips", "train.memory_budget_gb", "train.spike.max_rollbacks",
     "train.skip_data",  # a rollback's ranges lie behind every later checkpoint's cursor
 )
 
@@ -402,12 +389,25 @@ def load_run_config(path: str | Path | None, overrides: list[str] | None = None)
     data = load_yaml(path) if path is not None else {}
     data = apply_overrides(data, overrides or [])
     try:
-        config = config_from_dict(data)
-        validate_run_config(config)
+        config = loaded_recipe(data)
     except ConfigError as exc:
         if path is None:
             raise
         raise ConfigError(f"{path}: {exc}") from None  # name the recipe: the line is all the user sees
+    return config
+
+
+def loaded_recipe(data: dict[str, Any]) -> RunConfig:
+    """The recipe a command was given (a YAML, a lock's, an API caller's; after --set), built and validated, with
+    the alias `train.tensorboard: true` folded into `train.trackers`, so that the trainer reads one list."""
+    # Only a recipe loaded for a session is folded, never one read back from a record (run.json, a checkpoint,
+    # a lock), which keeps its sha256; both keys are machine keys, free on resume and outside a lock's
+    # comparison, so the folded form continues any run or lock that said true.
+    config = config_from_dict(data)
+    t = config.train
+    if t.tensorboard:
+        t.trackers, t.tensorboard = (t.trackers if "tensorboard" in t.trackers else ["tensorboard", *t.trackers]), False
+    validate_run_config(config)
     return config
 
 

@@ -3,6 +3,7 @@
 import pytest
 
 from pilotrun.config import (
+    MACHINE_KEYS,
     RunConfig,
     config_from_dict,
     config_to_dict,
@@ -85,3 +86,27 @@ def test_an_unknown_set_key_is_blamed_on_the_flag_with_the_nearest_known_key():
     # In the recipe file itself, the file is named and the nearest key suggested too.
     with pytest.raises(ConfigError, match=r"unknown config key 'train.max_step'; did you mean 'max_steps'\?"):
         config_from_dict({"train": {"max_step": 3}})
+
+
+def test_the_tensorboard_alias_is_folded_when_loaded_and_a_recorded_recipe_keeps_its_identity():
+    from pilotrun.config import loaded_recipe
+    from pilotrun.files import canonical_sha256
+
+    # Loaded for a session (YAML, --set, a lock's recipe, the API): one list, the alias reads back false.
+    folded = load_run_config(None, ["train.tensorboard=true", "train.trackers=[wandb]"])
+    assert (folded.train.trackers, folded.train.tensorboard) == (["tensorboard", "wandb"], False)
+    assert config_to_dict(loaded_recipe(config_to_dict(folded))) == config_to_dict(folded)  # folding is idempotent
+    # Read back from a record (run.json, a checkpoint, a lock): byte for byte, so its sha256 is the one recorded,
+    # for a recipe that said true as for every recipe that never did.
+    for said in (True, False):
+        recorded = config_to_dict(RunConfig())
+        recorded["train"]["tensorboard"] = said
+        assert config_to_dict(config_from_dict(recorded)) == recorded
+        assert canonical_sha256(config_to_dict(config_from_dict(recorded))) == canonical_sha256(recorded)
+    # A session loaded from such a record (a lock's recipe) differs from it in machine keys only: free on resume
+    # and outside a lock's comparison (tests/run/test_recipe_lock.py, tests/training/checkpoint/test_resume_plan.py).
+    recorded = config_to_dict(RunConfig())
+    recorded["train"].update(tensorboard=True, trackers=["wandb"])
+    now, before = flatten(config_to_dict(loaded_recipe(recorded))), flatten(recorded)
+    changed = {key for key in now if now[key] != before[key]}
+    assert changed == {"train.tensorboard", "train.trackers"} and changed <= set(MACHINE_KEYS)

@@ -76,17 +76,15 @@ def prepare(out: str | Path, source: str = "builtin", tokenizer: str = "bpe:4096
 
 
 def _run_config(config: Any, overrides: Sequence[str] | Mapping[str, Any]):
-    from pilotrun.config import RunConfig, config_from_dict, config_to_dict, load_run_config
+    from pilotrun.config import RunConfig, config_to_dict, load_run_config
 
     if isinstance(overrides, Mapping):
         overrides = [f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}"
                      for key, value in overrides.items()]
     if isinstance(config, RunConfig):
-        from pilotrun.config import apply_overrides, validate_run_config
+        from pilotrun.config import apply_overrides, loaded_recipe
 
-        merged = config_from_dict(apply_overrides(config_to_dict(config), list(overrides)))
-        validate_run_config(merged)
-        return merged
+        return loaded_recipe(apply_overrides(config_to_dict(config), list(overrides)))
     return load_run_config(config, list(overrides))
 
 

@@ -3,7 +3,9 @@
 The pilot runs `pilotrun train` in a child process whose console output goes to a log file; the person at the
 terminal sees this line instead: step, the latest window's training loss, wall-clock tokens/s (what the person
 waits on, not the training-only figure the verdict uses) and an ETA from this session's wall-clock rate.
-`wait_with_progress` polls the child and the record until the child exits or a caller's condition is met.
+`wait_with_progress` polls the child and the record until the child exits or a caller's condition is met; the
+record is read as it grows (run/follow.py), each byte once, so a poll costs what the child appended since the
+last one, not the whole log again.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from pilotrun.errors import PilotrunError
+from pilotrun.plain_progress import PlainLine
+from pilotrun.run.follow import RecordFollower
 from pilotrun.run.record import read_metrics_tolerant
 
 
@@ -26,10 +30,28 @@ class ChildInterrupted(PilotrunError):
 
 def read_complete_events(path: Path) -> list[dict]:
     """The complete events of a metrics.jsonl being written, through the record's tolerant reader (a partial
-    last line is a note there, not an event)."""
+    last line is a note there, not an event): one read of the whole file, for a look after the child is done."""
     if not path.is_file():
         return []
     return read_metrics_tolerant(path.parent).events
+
+
+class GrowingEvents:
+    """The complete events of a child's metrics.jsonl so far, read incrementally: each poll reads only the bytes
+    appended since the last (a line being written waits for its newline). The pilot judges nothing here, so
+    the follower reads no run.json (the child may not have written it yet) and checks no chain."""
+
+    def __init__(self, metrics: Path) -> None:
+        self.follower = RecordFollower(metrics.parent, chained=False)
+        self.events: list[dict[str, Any]] = []
+
+    def read(self) -> list[dict[str, Any]]:
+        before = self.follower.offset
+        found = self.follower.poll()
+        if self.follower.offset < before:  # the file was rewritten: the follower reads it again from the start
+            self.events = []
+        self.events.extend(found.events)
+        return self.events
 
 
 def progress_figures(events: list[dict], max_steps: int) -> dict[str, float | int | None] | None:
@@ -57,14 +79,16 @@ def format_progress(figures: dict, max_steps: int) -> str:
 
 
 class ProgressLine:
-    """One line rewritten in place on a terminal; elsewhere (a log, a pipe) or with `mode="plain"`, a new plain
-    line for each new figure (one per log window of the child), at most every `plain_interval` seconds."""
+    """One line rewritten in place on a terminal; elsewhere (a log, a pipe) or with `mode="plain"`, plain lines
+    at every command's cadence (pilotrun/plain_progress.py): the first figures at once, then at most one line per
+    `interval` seconds, and the last when the child is done."""
 
-    def __init__(self, out: TextIO, prefix: str = "[pilot] ", plain_interval: float = 0.0, mode: str = "auto") -> None:
-        self.out, self.prefix, self.plain_interval = out, prefix, plain_interval
+    def __init__(self, out: TextIO, prefix: str = "[pilot] ", interval: float | None = None, mode: str = "auto",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.out, self.prefix = out, prefix
         self.tty = mode != "plain" and bool(getattr(out, "isatty", lambda: False)())
+        self.plain = PlainLine(out, interval, clock)
         self.last_text = ""
-        self.last_plain = float("-inf")
         self.width = 0
 
     def show(self, text: str) -> None:
@@ -76,16 +100,17 @@ class ProgressLine:
             self.out.write("\r" + line.ljust(self.width))
             self.width = max(self.width, len(line))
             self.out.flush()
-        elif time.monotonic() - self.last_plain >= self.plain_interval:
-            self.last_plain = time.monotonic()
-            print(line, file=self.out, flush=True)
+        else:
+            self.plain.offer(line, lambda now: line)
 
     def finish(self) -> None:
-        """Ends the updating line so that what follows starts on a new one."""
+        """Ends the updating line so that what follows starts on a new one; plain, writes the last figures."""
         if self.tty and self.width:
             self.out.write("\n")
             self.out.flush()
         self.width = 0
+        if not self.tty:
+            self.plain.close()
 
 
 def wait_with_progress(process: subprocess.Popen, metrics: Path, max_steps: int, line: ProgressLine,
@@ -112,15 +137,15 @@ def wait_with_progress(process: subprocess.Popen, metrics: Path, max_steps: int,
 
 def _poll(process: subprocess.Popen, metrics: Path, max_steps: int, line: ProgressLine, poll_seconds: float,
           timeout_seconds: float, stop_when: Callable[[list[dict]], bool] | None, started: float) -> list[dict]:
+    record = GrowingEvents(metrics)
     while True:
-        events = read_complete_events(metrics)
+        exited = process.poll() is not None  # asked before reading: a read after the exit holds all it wrote
+        events = record.read()
         figures = progress_figures(events, max_steps)
         if figures is not None:
             line.show(format_progress(figures, max_steps))
-        if stop_when is not None and stop_when(events):
+        if exited or (stop_when is not None and stop_when(events)):
             return events
-        if process.poll() is not None:
-            return read_complete_events(metrics)
         if time.monotonic() - started > timeout_seconds:
             process.kill()
             process.wait()

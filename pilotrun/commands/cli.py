@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import sys
-import threading
 
 from pilotrun.commands.cli_data import add_data, add_prepare
 from pilotrun.commands.cli_paths import check_path_arguments
@@ -86,14 +84,13 @@ def _run_train(args: argparse.Namespace) -> int:
 
 def _frozen_config(args: argparse.Namespace):
     """The recipe of a lock after --set, and run.json's `frozen` section; refuses unlisted differences."""
-    from pilotrun.config import apply_overrides, config_from_dict, config_to_dict, validate_run_config
+    from pilotrun.config import apply_overrides, config_to_dict, loaded_recipe
     from pilotrun.data.shards import load_manifest, metadata_sha256
     from pilotrun.run.recipe_lock import frozen_run_facts, load_lock
     from pilotrun.training.environment import git_state
 
     lock = load_lock(args.frozen)
-    config = config_from_dict(apply_overrides(lock["recipe"], args.overrides))
-    validate_run_config(config)
+    config = loaded_recipe(apply_overrides(lock["recipe"], args.overrides))
     data_sha256 = metadata_sha256(load_manifest(args.data))
     facts = frozen_run_facts(lock, args.frozen, config_to_dict(config), data_sha256, args.allow_change,
                              code=git_state())
@@ -260,7 +257,8 @@ def _add_pilot(sub: argparse._SubParsersAction) -> None:
                        description="Prepare or take the data, train the recipe (under torchrun with "
                        "--nproc-per-node), kill every training process past a step, resume, summarize --require-step "
                        "and print the verdict with the report's path; --freeze writes the lock of a GO. Exit 0 GO, "
-                       "1 NO-GO, 2 bad input or a failed child (its log named), 130 / 143 after SIGINT / SIGTERM.")
+                       "1 NO-GO, 2 bad input or a failed child (its log named), 130 / 143 / 129 after SIGINT / SIGTERM / "
+                       "SIGHUP.")
     add_pilot_arguments(p)
     p.set_defaults(handler=_run_pilot)
 
@@ -402,25 +400,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # Commands that write an output as temp + rename without a signal handler of their own (train, prepare and
-# pilot have theirs). SIGTERM and SIGHUP would end them without unwinding, leaving the temp (a whole model
-# for export); raised as SystemExit they unwind, and each writer's cleanup removes its temp.
+# pilot have theirs). A stop signal would end them without unwinding (SIGTERM, SIGHUP), leaving the temp (a
+# whole model for export); raised as SystemExit with the stop's exit code they unwind, and each writer's cleanup
+# removes its temp.
 TEMP_WRITING_COMMANDS = ("verdict", "freeze", "export")
 
 
 @contextlib.contextmanager
 def _cleanup_on_termination(active: bool):
-    previous = {}
-    if active and threading.current_thread() is threading.main_thread():
-        def terminate(signum: int, frame: object) -> None:
-            raise SystemExit(128 + signum)
+    from pilotrun import stop_signals
 
-        for signum in (signal.SIGTERM, signal.SIGHUP):
-            previous[signum] = signal.signal(signum, terminate)
-    try:
+    def terminate(signum: int, frame: object) -> None:
+        raise SystemExit(stop_signals.exit_code_of(signum))
+
+    with stop_signals.handling(terminate) if active else contextlib.nullcontext():
         yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _one_line(text: str) -> str:

@@ -30,7 +30,6 @@ PATH_ARGUMENTS: dict[tuple[str, str | None], dict[str, tuple[str, str]]] = {
     ("pilot", None): {"workdir": ("folder", "--workdir"), "config": ("recipe", "--config"),
                       "data": ("folder", "--data"), "freeze": ("file", "--freeze")},
     ("export", None): {"run_dir": ("folder", "run folder"), "out": ("folder", "--out"), "data": ("folder", "--data")},
-    ("tensorboard", None): {"run_dir": ("folder", "run folder"), "out": ("folder", "--out")},
     ("export-metrics", None): {"run_dir": ("folder", "run folder"), "out": ("folder", "--out")},
     ("config", None): {"config": ("recipe", "--config")},
 }

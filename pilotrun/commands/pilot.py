@@ -13,7 +13,8 @@
    stops itself at the same update and the launcher and every worker are killed at once (pilot_process.py);
 4. resume it with `--resume` as a second process (tree), which must reach max_steps;
 5. summarize with `--require-step max_steps`, then the verdict and its report; with `--freeze LOCK`, a GO is
-   frozen into a recipe lock (commands/freeze.py). Exit 0 GO, 1 NO-GO, 130 / 143 after SIGINT / SIGTERM.
+   frozen into a recipe lock (commands/freeze.py). Exit 0 GO, 1 NO-GO, 128 + the signal's number
+   after a stop signal (130 SIGINT, 143 SIGTERM, 129 SIGHUP: pilotrun/stop_signals.py).
 
 The training runs in child processes on purpose: only a separate process can be killed for real, and the resumed
 process then has nothing in memory from the first, exactly like a crashed job on a cluster.
@@ -34,6 +35,7 @@ from pilotrun.commands.child_progress import ProgressLine, read_complete_events,
 from pilotrun.commands.pilot_process import PilotStopped, StopForwarding, TrainingChild
 from pilotrun.errors import PilotrunError
 from pilotrun.run.record import CHECKPOINTS_DIR, METRICS_JSONL
+from pilotrun.stop_signals import signal_name
 
 DEFAULT_RECIPE = "stability.yaml"
 DEFAULT_SOURCE = "builtin"
@@ -50,7 +52,7 @@ class PilotError(PilotrunError):
 
 
 class PilotInterrupted(PilotrunError):
-    """SIGINT / SIGTERM stopped the rehearsal; the message says where it stood and how to continue."""
+    """A stop signal stopped the rehearsal; the message says where it stood and how to continue."""
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
@@ -256,9 +258,7 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
 
 def _interrupted(stops: StopForwarding, doing: str, run_dir: Path, max_steps: int, config: Path,
                  data_dir: Path | None = None) -> PilotInterrupted:
-    import signal as _signal
-
-    name = _signal.Signals(stops.signum).name
+    name = signal_name(stops.signum)
     if data_dir is None:
         how = "rerun the same `pilotrun pilot` command to continue (the prepare continues from its last commit)"
     else:
@@ -283,7 +283,7 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
     try:
         data_dir = _prepare_data(workdir, data, source, tokenizer, out, progress, reprepare)
     except PrepareInterrupted as exc:
-        stops.signum = {130: 2, 143: 15}.get(exc.exit_code, 2)
+        stops.signum = exc.signum
         raise _interrupted(stops, f"while preparing the data in {workdir / 'data'}", run_dir, max_steps,
                            config_path) from None
     phases["prepare"] = time.monotonic() - phase_start

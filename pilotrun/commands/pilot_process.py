@@ -19,12 +19,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-STOP_SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+from pilotrun import stop_signals
 
 
 def _parents() -> dict[int, int]:
@@ -151,7 +150,7 @@ class TrainingChild:
 
 
 class StopForwarding:
-    """SIGINT / SIGTERM during the rehearsal: passed on to the running child (once per signal received), or, with
+    """A stop signal (pilotrun/stop_signals.py) during the rehearsal: passed on to the running child (once per signal received), or, with
     no child running, raised as `PilotStopped` where the pilot stands."""
 
     def __init__(self) -> None:
@@ -160,7 +159,7 @@ class StopForwarding:
 
     @property
     def exit_code(self) -> int:
-        return STOP_SIGNALS.get(self.signum, 130) if self.signum is not None else 0
+        return stop_signals.exit_code_of(self.signum) if self.signum is not None else 0
 
     def _handle(self, signum: int, frame) -> None:
         first = self.signum is None
@@ -173,15 +172,8 @@ class StopForwarding:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopForwarding]:
-        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        with stop_signals.handling(self._handle):
             yield self
-            return
-        previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
-        try:
-            yield self
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
 
     @contextlib.contextmanager
     def running(self, child: TrainingChild) -> Iterator[TrainingChild]:
@@ -196,5 +188,5 @@ class PilotStopped(BaseException):
     """A stop signal reached the pilot while no child was training (preparing, between phases, the report)."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
+        super().__init__(stop_signals.signal_name(signum))
         self.signum = signum

@@ -55,6 +55,7 @@ from pilotrun.data.tokenizer import (
     resolve_tokenizer,
 )
 from pilotrun.errors import DataError
+from pilotrun.stop_signals import signal_name
 
 # Documents are handed to worker threads in chunks of about this many characters: large enough that the
 # per-call overhead stays small next to encoding, small enough that a small corpus still spreads over workers.
@@ -116,8 +117,8 @@ def prepare_corpus(
     """Prepare `source` into the data folder `out`; returns the manifest (what metadata.json holds).
 
     An interrupted prepare of the same `out` (its `out.partial` folder) is continued when the inputs match, and
-    refused (DataError naming the differences) when they do not. SIGINT / SIGTERM commit the state at the next
-    chunk and raise PrepareInterrupted (exit code 130 / 143). `hub` replaces the network seam (tests pass a
+    refused (DataError naming the differences) when they do not. A stop signal (SIGINT / SIGTERM / SIGHUP) commits
+    the state at the next chunk and raises PrepareInterrupted (exit code 130 / 143 / 129). `hub` replaces the network seam (tests pass a
     client serving local rows); None uses the real hub. `progress`: "auto" (or True), "bar", "plain", "none"
     (or False) for the console (progress_bar.py).
     """
@@ -521,7 +522,7 @@ class _PreparePass:
                     break
                 if stops.signum is not None:
                     self.commit()
-                    raise PrepareInterrupted(self._stop_line(stops), stops.exit_code)
+                    raise PrepareInterrupted(self._stop_line(stops), stops.signum)
                 if sum(len(w.shards) for w in self.writers.values()) > shards_before:
                     self.commit()
         finally:
@@ -534,9 +535,7 @@ class _PreparePass:
         return self.commit(complete=True)
 
     def _stop_line(self, stops: StopRequests) -> str:
-        import signal
-
         shards = sum(len(w.shards) for w in self.writers.values())
-        return (f"stopped by {signal.Signals(stops.signum).name} after "
+        return (f"stopped by {signal_name(stops.signum)} after "
                 f"{self.documents[TRAIN] + self.documents[VAL]:,} documents ({shards} shards committed in "
                 f"{self.partial.path}): run the same command again to continue")

@@ -21,11 +21,10 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import threading
 from collections.abc import Iterator
 from typing import Any
 
+from pilotrun import stop_signals
 from pilotrun.errors import DataError, PilotrunError
 from pilotrun.files import fsync_directory, write_text_atomic
 from pilotrun.parsing import read_json_file
@@ -33,15 +32,15 @@ from pilotrun.parsing import read_json_file
 PROGRESS_FILE = "progress.json"
 PROGRESS_FORMAT = "pilotrun-prepare-progress/1"
 PARTIAL_SUFFIX = ".partial"
-SIGNAL_EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 class PrepareInterrupted(PilotrunError):
-    """SIGINT or SIGTERM: the state so far is committed in the partial folder; exit 130 or 143."""
+    """A stop signal: the state so far is committed in the partial folder; exit 128 + its number."""
 
-    def __init__(self, message: str, exit_code: int) -> None:
+    def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        self.signum = signum
+        self.exit_code = stop_signals.exit_code_of(signum)
 
 
 def differences(recorded: Any, current: Any, where: str = "") -> list[str]:
@@ -185,23 +184,17 @@ def _remove(path: str) -> None:
 
 
 class StopRequests:
-    """SIGINT and SIGTERM ask prepare to stop at the next chunk boundary (after committing its state); a second
-    signal stops at once (KeyboardInterrupt: the last committed state is still there to continue from)."""
+    """A stop signal (pilotrun/stop_signals.py) asks prepare to stop at the next chunk boundary, after committing
+    its state; a second one stops at once (KeyboardInterrupt: the last committed state is still there to
+    continue from)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopRequests]:
-        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        with stop_signals.handling(self._handle):
             yield self
-            return
-        previous = {signum: signal.signal(signum, self._handle) for signum in SIGNAL_EXIT_CODES}
-        try:
-            yield self
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None:
@@ -210,7 +203,7 @@ class StopRequests:
 
     @property
     def exit_code(self) -> int:
-        return SIGNAL_EXIT_CODES[self.signum] if self.signum is not None else 0
+        return stop_signals.exit_code_of(self.signum) if self.signum is not None else 0
 
 
 def peak_resident_mb() -> float:

@@ -13,7 +13,9 @@ commits), and its workers outlive a SIGKILLed parent. Here each worker has its o
 never blocks: a feeder thread writes the pipe, so the main process cannot deadlock against a worker busy
 returning a result), at most `depth` chunks are in flight per worker, and a worker dies with its parent: Linux's
 PR_SET_PDEATHSIG (SIGKILL) where available, and everywhere a check of its parent pid while it waits for work.
-Workers ignore SIGINT, so a Ctrl-C reaches only the main process, which finishes its chunk and commits.
+Workers ignore every stop signal (pilotrun/stop_signals.py: a terminal sends Ctrl-C's SIGINT and a hangup's SIGHUP
+to the whole process group), so a stop reaches only the main process, which finishes its chunk, commits and
+then ends the workers itself.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from pilotrun import stop_signals
 from pilotrun.errors import DataError
 
 # 'spawn': a fresh interpreter per worker, never a fork of a parent that may already run threads (tokenizers'
@@ -55,7 +58,7 @@ def _die_with_parent(parent_pid: int) -> None:
 def _worker_main(tasks: Any, results: Any, json_text: str, eos_id: int, dtype: str, parent_pid: int) -> None:
     """One worker: load the tokenizer once, then encode chunks until told to stop or the parent is gone."""
     _die_with_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stop_signals.ignored()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker: N workers, N cores
     from pilotrun.data.tokenizer import encode_documents, plain_encoder
 

@@ -53,17 +53,23 @@ class Poll:
 class RecordFollower:
     """Incremental reader of RUN/metrics.jsonl with its hash chain checked line by line."""
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, *, chained: bool = True):
+        """`chained` False: the events only, for a reader that shows progress and judges nothing (the pilot's
+        line, which may start before the child has written run.json): no run.json read, no chain checked."""
         self.run_dir = Path(run_dir)
-        self.run = read_run_json(self.run_dir)  # a folder that is not a run: RecordError (bad input)
-        run_id = self.run.get("run_id")
-        if not isinstance(run_id, str):
-            raise RecordError(f"{self.run_dir / 'run.json'}: run_id is not a string; not a run folder")
-        self.run_id = run_id
+        self.chained = chained
+        self.run: dict[str, Any] = {}
+        self.run_id = ""
+        if chained:
+            self.run = read_run_json(self.run_dir)  # a folder that is not a run: RecordError (bad input)
+            run_id = self.run.get("run_id")
+            if not isinstance(run_id, str):
+                raise RecordError(f"{self.run_dir / 'run.json'}: run_id is not a string; not a run folder")
+            self.run_id = run_id
         self.path = self.run_dir / METRICS_JSONL
         self.offset = 0  # bytes of complete lines read so far
         self.lines = 0  # complete lines read so far
-        self.head = chain_genesis(run_id)  # the chain value of the last complete line (the genesis before any)
+        self.head = chain_genesis(self.run_id)  # the chain value of the last complete line (the genesis before any)
         self.broken = False  # once the chain broke, later lines are chained from what they say, not rejudged
         self.named_pending: int | None = None  # the number of an incomplete line already named as not UTF-8
 
@@ -122,18 +128,22 @@ class RecordFollower:
             return
         event, text = parsed.events[0], parsed.texts[0]
         event["_line"] = number
+        if self.chained:
+            self._check_link(event, text, number, found)
+        found.events.append(event)
+
+    def _check_link(self, event: dict[str, Any], text: str, number: int, found: Poll) -> None:
         where = f"metrics.jsonl line {number} ({event.get('event')}, step {event.get('step')})"
         split = unchained_body(text)
         if split is None:
             found.breaks.append(f"{where}: no hash chain field; the line was not written by pilotrun's writer, "
                                 "or edited")
-        else:
-            body, value = split
-            if chain_link(self.head, body) != value:
-                found.breaks.append(f"{where}: hash chain broken: it does not follow from the line before it "
-                                    "(this line was edited, or lines before it were removed, added or reordered)")
-            self.head = value
-        found.events.append(event)
+            return
+        body, value = split
+        if chain_link(self.head, body) != value:
+            found.breaks.append(f"{where}: hash chain broken: it does not follow from the line before it "
+                                "(this line was edited, or lines before it were removed, added or reordered)")
+        self.head = value
 
 
 def _renumber(reason: str, number: int) -> str:

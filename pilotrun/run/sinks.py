@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
-from pilotrun.config import TRACKER_NAMES, TrainConfig
+from pilotrun.config import TRACKER_NAMES
 from pilotrun.errors import ConfigError
 from pilotrun.run.mirror import (
     TrackerMirror,
@@ -91,16 +91,8 @@ class GuardedSink:
 
 
 def guarded_tensorboard_sink(log_dir: str | Path) -> GuardedSink:
-    """The live mirror of `train.tensorboard`: TensorBoard under `log_dir`, failures warned once and ignored."""
+    """A live TensorBoard mirror under `log_dir`, failures warned once and ignored."""
     return GuardedSink("tensorboard", lambda: TensorBoardSink(log_dir))
-
-
-def configured_trackers(train: TrainConfig) -> list[str]:
-    """`train.trackers`, with `tensorboard` added when the older switch `train.tensorboard` is on."""
-    names = list(train.trackers)
-    if train.tensorboard and "tensorboard" not in names:
-        names.insert(0, "tensorboard")
-    return names
 
 
 def check_trackers_available(names: Iterable[str]) -> None:

@@ -36,6 +36,7 @@ from pilotrun.data.reader import TokenIdError
 from pilotrun.model.diagnostics import collect_step_statistics, reset_step_statistics
 from pilotrun.optim.schedule import set_learning_rates
 from pilotrun.optim.update_hooks import StepStatistics
+from pilotrun.stop_signals import exit_code_of, signal_name
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import (
     Callback,
@@ -48,7 +49,7 @@ from pilotrun.training.callbacks.base import (
 )
 from pilotrun.training.precision import apply_update, autocast_context
 from pilotrun.training.replay import replay_spike
-from pilotrun.training.signals import SecondSignal, exit_code_of, signal_name
+from pilotrun.training.signals import SecondSignal
 from pilotrun.training.spikes import SpikeGate, gathered_values, skip_ahead, upcoming_batches
 
 

@@ -6,31 +6,18 @@ agrees on it across ranks, closes the window, saves a checkpoint and ends the se
 code 130 (SIGINT), 143 (SIGTERM) or 129 (SIGHUP). A second signal while the first is being honoured raises `SecondSignal` from
 the handler, wherever the main thread is: the session ends at once, without the checkpoint it was waiting for.
 
-Handlers are installed only from the main thread (Python allows nothing else) and the previous ones are put back
-when the session ends, so an in-process caller (the API, a test) keeps its own handling afterwards.
+The signals and their exit codes are every command's (pilotrun/stop_signals.py), and so is the installer: handlers
+only from the main thread, the previous ones put back when the session ends, so an in-process caller (the API, a
+test) keeps its own handling afterwards.
 """
 
 from __future__ import annotations
 
-import signal
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-# SIGHUP is a closed terminal or a dropped ssh session: the user did not ask to lose the work since the last
-# checkpoint, so it is honoured like SIGTERM (finish the update, checkpoint, exit 128 + 1).
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
-
-
-def exit_code_of(signum: int) -> int:
-    """The documented exit code of a session interrupted by `signum` (143 for any other signal)."""
-    return EXIT_CODES.get(signum, 143)
-
-
-def signal_name(signum: int) -> str:
-    return signal.Signals(signum).name
+from pilotrun import stop_signals
 
 
 class SecondSignal(Exception):
@@ -65,13 +52,6 @@ class StopSignals:
 
     @contextmanager
     def installed(self) -> Iterator[StopSignals]:
-        """Handle SIGINT, SIGTERM and SIGHUP for the duration of the block (main thread only), then restore."""
-        previous: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for signum in STOP_SIGNALS:
-                previous[signum] = signal.signal(signum, self.handle)
-        try:
+        """Handle every stop signal for the duration of the block (main thread only), then restore."""
+        with stop_signals.handling(self.handle):
             yield self
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)

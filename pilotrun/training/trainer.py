@@ -2,7 +2,7 @@
 
 `Trainer` is what `pilotrun train` and the Python API call. It builds the session (fresh or resumed), then
 `run()`: prints the plan and the session's notes, logs `session_start`, assembles the loop's callbacks from the
-recipe's sections, runs `train_loop` with SIGINT/SIGTERM handled (signals.py), and logs `session_end` with
+recipe's sections, runs `train_loop` with the stop signals handled (signals.py), and logs `session_end` with
 the time split (every second of the session in one of timing.PHASES), whatever ended it.
 
 The callbacks, in the order they act after an update (callbacks.py has the interface):
@@ -21,8 +21,9 @@ Every event written to metrics.jsonl is handed to the metrics sinks (run/sinks.p
 `train.trackers` (TensorBoard, W&B, MLflow, trackio), and any the caller passes), each guarded so that a failing sink warns once and changes
 neither the training nor the record; writing and mirroring are the "report" phase.
 
-SIGINT / SIGTERM: the current update is finished, the window is logged, a checkpoint is saved, then
-`session_end` with reason "interrupted", and the exit code is 130 (SIGINT) or 143 (SIGTERM).
+A stop signal (pilotrun/stop_signals.py): the current update is finished, the window is logged, a checkpoint is
+saved, then `session_end` with reason "interrupted", and the exit code is 130 (SIGINT), 143 (SIGTERM) or 129
+(SIGHUP).
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ from pilotrun.run.sinks import (
     GuardedSink,
     MetricsSink,
     check_trackers_available,
-    configured_trackers,
     tracker_sinks,
 )
+from pilotrun.stop_signals import signal_name
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import Callback, Ending, LoopState
 from pilotrun.training.callbacks.checkpointing import CheckpointCallback
@@ -57,7 +58,7 @@ from pilotrun.training.callbacks.window_log import RareEventsCallback, WindowLog
 from pilotrun.training.loop import train_loop
 from pilotrun.training.notices import interrupt_acknowledgement
 from pilotrun.training.session import Session, build_session, tokens_per_update
-from pilotrun.training.signals import StopSignals, signal_name
+from pilotrun.training.signals import StopSignals
 from pilotrun.training.timing import TimeAccount
 
 
@@ -93,7 +94,7 @@ class Trainer:
     """Builds one session (fresh or resumed, session.py), then `run()` trains to `train.max_steps`.
 
     `sinks`: extra metrics sinks (run/sinks.py `MetricsSink`: `write(event)` and `close()`, or a `GuardedSink`)
-    that receive every event as it is recorded, beside the TensorBoard mirror of `train.tensorboard`. Only rank
+    that receive every event as it is recorded, beside the trackers of `train.trackers`. Only rank
     0 writes the record, so only rank 0's sinks receive events; every rank's are closed when `run()` returns.
     `stop_past_step`: the pilot's kill point (pilot_handshake.py); None trains normally.
     `signals`: the session's stop requests (signals.py); `request(signum)` asks it to stop as a signal would."""
@@ -104,7 +105,7 @@ class Trainer:
                  context: dist_utils.DistributedContext | None = None, out=None,
                  sinks: list[MetricsSink] | tuple[MetricsSink, ...] = (), stop_past_step: int | None = None):
         # A tracker named in the recipe but not installed is refused before anything is written.
-        check_trackers_available(configured_trackers(config.train))
+        check_trackers_available(config.train.trackers)
         self.account = TimeAccount()  # everything until the loop starts is "other" (setup)
         self.progress = progress
         self.out = out if out is not None else sys.stdout
@@ -176,7 +177,7 @@ class Trainer:
     def _start_session(self, loop: LoopState) -> None:
         """Open the TensorBoard mirror, print the plan and the notes, log `session_start` (rank 0 prints)."""
         session, t, world_size = self.session, self.session.config.train, self.session.context.world_size
-        trackers = configured_trackers(t)
+        trackers = list(t.trackers)
         if trackers and loop.is_main:  # the one process that has the events mirrors them
             with self.account.phase("report"):
                 self.sinks[:0] = tracker_sinks(trackers, session.run_dir)

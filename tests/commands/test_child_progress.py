@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from pilotrun.commands.child_progress import (
     ProgressLine,
     format_progress,
@@ -90,3 +92,90 @@ def test_ctrl_c_waits_for_the_child_then_reports_exit_130(tmp_path, monkeypatch)
                            timeout_seconds=60)
     assert child.returncode == 0  # waited for the child to end by itself, not killed
     assert caught.value.exit_code == 130
+
+
+class _Running:
+    """A child that has not exited (the poll never reaches the timeout's kill or a wait)."""
+
+    def poll(self):
+        return None
+
+
+def _record_text() -> bytes:
+    return "".join(json.dumps(e) + "\n" for e in events_of_two_sessions()).encode()
+
+
+def _whole_lines(text: bytes) -> list[bytes]:
+    return text.splitlines(keepends=True)
+
+
+def _torn_pieces(text: bytes) -> list[bytes]:
+    return [text[i:i + 37] for i in range(0, len(text), 37)]  # lines arrive torn, as a writer appends them
+
+
+@pytest.mark.parametrize("cut", [_whole_lines, _torn_pieces])
+def test_the_poll_reads_each_byte_of_the_record_once(tmp_path, monkeypatch, cut):
+    """Every byte goes through the follower's reader, counted; the whole-file reader is not used while polling.
+    A complete line is read once; only a line still being written (no newline yet) is read again at the next
+    poll, until its newline arrives (run/follow.py)."""
+    from pilotrun.commands import child_progress
+    from pilotrun.run import follow
+
+    text = _record_text()
+    pieces = cut(text)
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_bytes(b"")
+    read_sizes = []
+
+    class Counted:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+        def seek(self, *args):
+            return self.handle.seek(*args)
+
+        def read(self, size=-1):
+            data = self.handle.read(size)
+            read_sizes.append(len(data))
+            return data
+
+    monkeypatch.setattr(follow, "open", lambda path, mode="r": Counted(open(path, mode)), raising=False)
+    monkeypatch.setattr(child_progress, "read_metrics_tolerant", lambda run_dir: pytest.fail("whole file read"))
+    sizes = []
+
+    def append_next(events):  # between two polls the child appends its next piece
+        if pieces:
+            with open(metrics, "ab") as handle:
+                handle.write(pieces.pop(0))
+            sizes.append(metrics.stat().st_size)
+        return not pieces and len(events) == 5
+
+    out = io.StringIO()
+    events = wait_with_progress(_Running(), metrics, 40, ProgressLine(out, prefix=""), poll_seconds=0.0,
+                                timeout_seconds=600, stop_when=append_next)
+    # What a poll read again: the bytes of the line being written when it looked (none with whole lines).
+    written_again = sum(size - (text.rfind(b"\n", 0, size) + 1) for size in sizes)
+    assert sum(read_sizes) == len(text) + written_again and len(read_sizes) == len(cut(text)) + 1
+    if cut is _whole_lines:
+        assert sum(read_sizes) == len(text)  # each byte once
+    assert [{k: v for k, v in e.items() if k != "_line"} for e in events] == events_of_two_sessions()
+    assert out.getvalue().splitlines()[-1] == format_progress(progress_figures(events, 40), 40)  # the last, at the end
+
+
+def test_a_rewritten_record_is_read_again_from_its_start(tmp_path):
+    from pilotrun.commands.child_progress import GrowingEvents
+
+    metrics = tmp_path / "metrics.jsonl"
+    two = events_of_two_sessions()
+    metrics.write_text("".join(json.dumps(e) + "\n" for e in two))
+    record = GrowingEvents(metrics)
+    assert len(record.read()) == 5
+    metrics.write_text(json.dumps(two[0]) + "\n")  # shorter than what was read: rewritten, not appended to
+    record.read()
+    assert [e["event"] for e in record.read()] == ["session_start"]

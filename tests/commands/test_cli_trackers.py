@@ -24,6 +24,19 @@ def test_tensorboard_and_export_metrics_write_the_same_kept_scalars(tmp_path, ca
     assert a == b and [s for s, _ in a["train/loss"]] == sorted({s for s, _ in a["train/loss"]})  # each step once
 
 
+def test_the_tensorboard_command_is_an_alias_of_export_metrics_to_tensorboard(capsys):
+    from pilotrun.commands.cli import build_parser
+
+    parser = build_parser()
+    for extra in ([], ["--out", "tb", "--force"]):
+        alias = parser.parse_args(["tensorboard", "r", *extra])
+        export = parser.parse_args(["export-metrics", "r", "--to", "tensorboard", *extra])
+        assert vars(alias) == vars(export)  # the same command, tracker, folder, flags and handler
+    assert main(["tensorboard", "--help"]) == 0
+    shown = "".join(capsys.readouterr().out.split())  # argparse wraps at any space or hyphen
+    assert "Analias:`pilotruntensorboardR[--outDIR][--force]`is`pilotrunexport-metricsR--totensorboard" in shown
+
+
 def test_an_unknown_tracker_is_refused_by_the_parser(tmp_path, capsys):
     assert main(["export-metrics", str(tmp_path), "--to", "neptune"]) == 2
     assert "invalid choice: 'neptune'" in capsys.readouterr().err

@@ -80,3 +80,11 @@ def test_a_process_that_exits_is_not_reported_stopped():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     assert wait_until_stopped(child.pid, timeout_seconds=5) is False
+
+
+def test_a_hangup_stops_the_pilot_as_the_other_stop_signals_do():
+    # A closed terminal (SIGHUP) is one of every command's stop signals (pilotrun/stop_signals.py): 128 + 1.
+    stops = StopForwarding()
+    with pytest.raises(PilotStopped) as raised:
+        stops._handle(signal.SIGHUP, None)
+    assert (raised.value.signum, stops.exit_code, str(raised.value)) == (signal.SIGHUP, 129, "SIGHUP")

@@ -7,7 +7,7 @@ POINT (N counts calls from 1):
 - `before-commit`: SIGKILL as the Nth progress commit starts (pending tokens may be half persisted);
 - `after-commit`: SIGKILL just after the Nth progress commit (between shards);
 - `manifest`: SIGKILL halfway through writing metadata.json;
-- `sigint` / `sigterm`: send that signal to itself at the Nth tokenizer batch, then carry on;
+- `sigint` / `sigterm` / `sighup`: send that signal to itself at the Nth tokenizer batch, then carry on;
 - `chunk`: SIGKILL as the Nth encoded chunk reaches the shard writers (this process's side, so it also works
   with `--workers N` >= 2, whose encoding happens in worker processes).
 
@@ -61,9 +61,8 @@ def main(argv: list[str]) -> int:
                 handle.writelines(f"{pid}\n" for pid in children_of(os.getpid()))
         os.kill(os.getpid(), signal.SIGKILL)
 
-    if point in ("encode", "sigint", "sigterm"):
-        action = kill if point == "encode" else (
-            lambda: os.kill(os.getpid(), signal.SIGINT if point == "sigint" else signal.SIGTERM))
+    if point in ("encode", "sigint", "sigterm", "sighup"):
+        action = kill if point == "encode" else (lambda: os.kill(os.getpid(), getattr(signal, point.upper())))
         hit = _at_call(int(n), action)
         original_encode = prepare.encode_documents
 

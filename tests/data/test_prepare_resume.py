@@ -1,6 +1,6 @@
 """An interrupted prepare continues: SIGKILL at several points (inside a shard, around a commit, while the
 manifest is written) and a rerun of the same command give the same bytes as a prepare that never stopped, with
-strictly fewer documents tokenized by the rerun; SIGINT/SIGTERM stop with one line and exit 130/143; a rerun
+strictly fewer documents tokenized by the rerun; SIGINT/SIGTERM/SIGHUP stop with one line and exit 130/143/129; a rerun
 with another tokenizer or option is refused with the difference named."""
 
 from __future__ import annotations
@@ -135,7 +135,9 @@ def test_a_changed_tokenizer_file_is_refused(tmp_path, capsys, parquet_source, g
     assert "tokenizer.sha256: now" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("point, code, name", [("sigint", 130, "SIGINT"), ("sigterm", 143, "SIGTERM")])
+# SIGHUP (a closed terminal, a dropped ssh session) stops prepare as SIGTERM does: every command's stop signals.
+@pytest.mark.parametrize("point, code, name", [("sigint", 130, "SIGINT"), ("sigterm", 143, "SIGTERM"),
+                                               ("sighup", 129, "SIGHUP")])
 def test_a_signal_commits_and_stops_with_one_line(tmp_path, monkeypatch, parquet_source, gpt2_tokenizer_path,
                                                   reference, point, code, name):
     out = tmp_path / "out"

@@ -1,4 +1,6 @@
-"""pilotrun/training/signals.py: a first SIGINT/SIGTERM is a request, a second stops now; handlers come and go."""
+"""pilotrun/training/signals.py: a first SIGINT/SIGTERM is a request, a second stops now; handlers come and go.
+
+The exit codes (130, 143, 129) are every command's: tests/test_stop_signals.py."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import threading
 
 import pytest
 
-from pilotrun.training.signals import SecondSignal, StopSignals, exit_code_of, signal_name
+from pilotrun.training.signals import SecondSignal, StopSignals
 
 
 def test_the_first_signal_is_a_request_and_the_second_raises():
@@ -23,18 +25,12 @@ def test_the_first_signal_is_a_request_and_the_second_raises():
     assert signals.received == signal.SIGTERM and heard == [signal.SIGTERM]  # the first stays the reason
 
 
-def test_exit_codes_are_the_documented_ones():
-    assert exit_code_of(signal.SIGINT) == 130 and exit_code_of(signal.SIGTERM) == 143
-    assert exit_code_of(signal.SIGHUP) == 129  # a closed terminal: honoured like SIGTERM, 128 + 1
-    assert exit_code_of(signal.SIGUSR1) == 143
-    assert signal_name(signal.SIGINT) == "SIGINT"
-
-
 def test_handlers_are_installed_for_the_block_and_the_previous_ones_restored():
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     signals = StopSignals()
     with signals.installed():
         assert signal.getsignal(signal.SIGTERM) == signals.handle
+        assert signal.getsignal(signal.SIGHUP) == signals.handle  # every command's stop signals (stop_signals.py)
         os.kill(os.getpid(), signal.SIGTERM)  # a real signal, handled by the request
         assert signals.received == signal.SIGTERM
     assert {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} == before

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 import torch
 
 from pilotrun.model.diagnostics import attention_diagnostics, block_output_rms, moe_diagnostics
 from pilotrun.optim.muon_adamw import parameter_rms
+from pilotrun.plain_progress import PlainLine
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import (
     PRIORITY_RARE_EVENTS,
@@ -60,20 +62,24 @@ class RareEventsCallback(Callback):
 
 
 class PlainProgress:
-    """The progress bar's interface (n, update, set_postfix_str, close) as one plain line per log window: what a
-    log file can hold."""
+    """The progress bar's interface (n, update, set_postfix_str, close) as plain lines (PlainLine), what a log
+    file can hold: the first window at once, then at most one line per `interval` seconds, and the last at the
+    session's end."""
 
-    def __init__(self, total: int, initial: int, out: TextIO) -> None:
-        self.total, self.n, self.out = total, initial, out
+    def __init__(self, total: int, initial: int, out: TextIO, interval: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.total, self.n = total, initial
+        self.line = PlainLine(out, interval, clock)
 
     def update(self, count: int) -> None:
         self.n += count
 
     def set_postfix_str(self, text: str, refresh: bool = True) -> None:
-        print(f"train: step {self.n}/{self.total} {text}", file=self.out, flush=True)
+        line = f"train: step {self.n}/{self.total} {text}"
+        self.line.offer(line, lambda now: line)
 
     def close(self) -> None:
-        pass
+        self.line.close()
 
 
 class WindowLogCallback(Callback):

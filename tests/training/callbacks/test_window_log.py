@@ -74,6 +74,13 @@ def test_an_overflow_event_names_the_skip(builtin_data_dir, tmp_path):
     assert session.state.data_restarts == 1
 
 
+# `python -m pilotrun` with the plain lines' interval at 0 (monkeypatched in the child, no hook in production):
+# every window's line is then due, whatever the machine's speed. The cadence itself (the first at once, at most
+# one per interval, the last at the end) is tested with a clock below and in tests/test_plain_progress.py.
+TRAIN_LINE_EVERY_WINDOW = ("import sys; import pilotrun.plain_progress as lines; lines.PLAIN_INTERVAL_SECONDS = 0.0; "
+                         "from pilotrun.commands.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
 def test_progress_written_to_a_file_is_one_plain_line_per_window(builtin_data_dir, tmp_path):
     # stderr into a file (nohup, slurm): "auto" gives plain lines, never carriage-return redraws.
     import os
@@ -82,7 +89,7 @@ def test_progress_written_to_a_file_is_one_plain_line_per_window(builtin_data_di
 
     log = tmp_path / "train.log"
     with open(log, "w") as err:
-        done = subprocess.run([sys.executable, "-m", "pilotrun", "train", "--config", "smoke", "--data",
+        done = subprocess.run([sys.executable, "-c", TRAIN_LINE_EVERY_WINDOW, "train", "--config", "smoke", "--data",
                                str(builtin_data_dir), "--run-dir", str(tmp_path / "run"), "--set",
                                "train.num_threads=1"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                               stdout=subprocess.DEVNULL, stderr=err, timeout=300)
@@ -104,3 +111,20 @@ def test_plain_progress_is_the_bar_interface_as_lines():
     bar.set_postfix_str("loss=1.0000", refresh=True)
     bar.close()
     assert out.getvalue() == "train: step 6/10 loss=1.0000\n"
+
+
+def test_plain_progress_comes_at_once_then_once_per_interval_and_at_the_end():
+    from pilotrun.training.callbacks.window_log import PlainProgress
+
+    now = [0.0]
+    out = io.StringIO()
+    bar = PlainProgress(total=10, initial=0, out=out, interval=10.0, clock=lambda: now[0])
+    for step in range(1, 10):  # a window per update, four seconds apart
+        now[0] = 4.0 * step
+        bar.update(1)
+        bar.set_postfix_str(f"loss={10 - step}.0000", refresh=True)
+    bar.close()
+    assert out.getvalue().splitlines() == ["train: step 1/10 loss=9.0000",  # the first window, at once
+                                           "train: step 4/10 loss=6.0000",  # 12 s later: at most one per 10 s
+                                           "train: step 7/10 loss=3.0000",
+                                           "train: step 9/10 loss=1.0000"]  # the last, at the end

@@ -69,6 +69,22 @@ def test_plan_takes_the_checkpoints_recipe_with_free_and_allowed_changes_applied
     assert plan.allowed_changes == [{"key": "optim.muon.lr", "old": 0.003, "new": 0.006}]
 
 
+def test_a_run_that_said_train_tensorboard_resumes_with_the_trackers_the_command_loads_now():
+    # A checkpoint recorded before the alias was folded; the command's recipe is loaded folded (or without it).
+    from pilotrun.config import loaded_recipe
+
+    recorded = config_to_dict(RunConfig())
+    recorded["train"]["tensorboard"] = True
+    saved = config_from_dict(recorded)
+    assert config_to_dict(saved) == recorded  # read back as recorded: not folded
+    for overrides, trackers in ((["train.tensorboard=true"], ["tensorboard"]), ([], [])):
+        wanted = loaded_recipe(apply_overrides(config_to_dict(RunConfig()), overrides))
+        plan = plan_resume(wanted, checkpoint_step=10, saved_meta=_meta(saved), current_meta=_meta(wanted),
+                           allow_changes=[])  # machine keys: free, nothing to allow
+        assert (plan.config.train.tensorboard, plan.config.train.trackers) == (False, trackers)
+        assert config_to_dict(plan.config) == config_to_dict(wanted)
+
+
 def test_plan_refuses_an_unallowed_change_before_anything_is_built():
     saved, wanted = _config("train.seed=1"), _config("train.seed=2")
     with pytest.raises(CheckpointError, match="train.seed: 1 -> 2"):
