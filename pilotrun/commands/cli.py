@@ -33,8 +33,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "and checkpoints into the run folder. An existing run folder is refused without --resume. "
         "Under torchrun it runs data-parallel. Exit 0 when max_steps is reached, 2 for bad input or an "
         "incompatible resume, 1 when it stopped itself (train.max_consecutive_skips skipped updates in a row), "
-        "130 after SIGINT, 143 after SIGTERM and 129 after SIGHUP: the current update is finished, a checkpoint is saved and "
-        "session_end records reason 'interrupted' before exiting. It prints tokens_per_update and the planned "
+        "128 + the signal's number after a stop signal (130 SIGINT, 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1, 140 SIGUSR2): "
+        "the current update is finished, a checkpoint is saved and session_end records reason 'interrupted' before "
+        "exiting; 75 when it stopped, likewise saved, before the --stop-by deadline (reason 'deadline'). Every one "
+        "of those is resumable: `--resume auto` continues. It prints tokens_per_update and the planned "
         "tokens before it starts, and a progress line (step, loss, training-only tokens/s, ETA) on stderr.",
     )
     p.add_argument("--config", default=None,
@@ -47,7 +49,20 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    "refused with the list; run.json records the lock's sha256 and the accepted differences")
     p.add_argument("--data", required=True, help="data folder written by `pilotrun prepare`")
     p.add_argument("--run-dir", required=True, help="run folder (run.json, metrics.jsonl, checkpoints/)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest committed checkpoint")
+    p.add_argument("--resume", nargs="?", const=True, default=False, type=_resume_mode, metavar="auto",
+                   help="continue from the newest committed checkpoint; `--resume auto`: the same command for every "
+                   "start (a scheduler's requeue, torchrun's restarts): starts the run where the folder holds none, "
+                   "resumes from the newest checkpoint that verifies (naming any newer one passed over; none "
+                   "verifying is refused), exits 0 with 'nothing to do' when the run is complete")
+    p.add_argument("--stop-by", default=None, metavar="TIME|DURATION",
+                   help="end the session with a committed checkpoint before this deadline (exit 75): a time "
+                   "(2026-12-04T06:00, @EPOCH), a duration from now (90m, 2h30m) or none; default: "
+                   "SLURM_JOB_END_TIME when set. The margin kept is measured in the session (slowest recent update, "
+                   "round of logging and evaluation, and the last save)")
+    p.add_argument("--stop-signals", default=None, metavar="SIG,...",
+                   help="the signals that stop the session with a checkpoint (exit 128 + the signal's number); "
+                   "default SIGINT,SIGTERM,SIGHUP,SIGUSR1,SIGUSR2 (SIGUSR1/2: a scheduler's pre-emption warning); "
+                   "a machine setting, free to change on any resume")
     p.add_argument("--from-step", type=int, default=None, help="with --resume: continue from this checkpoint step")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set train.max_steps=200 (repeatable; to shorten a run "
@@ -63,23 +78,70 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_run_train)
 
 
+def _resume_mode(text: str) -> str:
+    if text != "auto":
+        raise argparse.ArgumentTypeError(f"--resume takes no value or 'auto', not {text!r}")
+    return text
+
+
 def _run_train(args: argparse.Namespace) -> int:
+    import time
+
     from pilotrun.config import load_run_config
     from pilotrun.errors import ConfigError
-    from pilotrun.training.trainer import train_from_cli
+    from pilotrun.training.signals import StopSignals
 
+    started_at = time.time()  # the deadline's budget counts the set-up too
     if (args.config is None) == (args.frozen is None):
         raise ConfigError("train needs exactly one of --config RECIPE and --frozen LOCK")
-    run_facts = None
-    if args.frozen is not None:
-        # On --resume the lock is checked again but run.json keeps the facts its first session recorded.
-        config, run_facts = _frozen_config(args)
-        run_facts = None if args.resume else run_facts
-    else:
-        config = load_run_config(args.config, args.overrides)
-    return train_from_cli(config, args.data, args.run_dir, resume=args.resume, from_step=args.from_step,
-                          allow_changes=args.allow_change, command=args.invocation, run_facts=run_facts,
-                          stop_past_step=args.stop_past_step, progress=args.progress)
+    stop_by, signums = _unattended_settings(args, started_at)
+    # Heard from here on: a pre-emption warning during the set-up (torch's import, a checkpoint's read) is a
+    # request to stop with a checkpoint, not the default action (which ends the process with nothing saved).
+    signals = StopSignals(signums=signums)
+    with signals.installed():
+        from pilotrun.training.trainer import train_from_cli
+
+        run_facts = None
+        if args.frozen is not None:
+            # On --resume the lock is checked again but run.json keeps the facts its first session recorded
+            # (train_from_cli records them only where this session starts the run).
+            config, run_facts = _frozen_config(args)
+        else:
+            config = load_run_config(args.config, args.overrides)
+        return train_from_cli(config, args.data, args.run_dir, resume=args.resume, from_step=args.from_step,
+                              allow_changes=args.allow_change, command=args.invocation, run_facts=run_facts,
+                              stop_past_step=args.stop_past_step, progress=args.progress, signals=signals,
+                              stop_by=stop_by, started_at=started_at)
+
+
+def _unattended_settings(args: argparse.Namespace, now: float) -> tuple[float | None, tuple[int, ...] | None]:
+    """`--stop-by` (or SLURM_JOB_END_TIME) as epoch seconds and `--stop-signals` as numbers; bad input is one
+    line, exit 2, before anything is written. A deadline closer than one update of a resumed run's record is
+    refused too: the session could train nothing."""
+    from pilotrun import deadline, stop_signals
+    from pilotrun.errors import ConfigError
+
+    try:
+        stop_by = deadline.resolve_stop_by(args.stop_by, now, os.environ)
+        signums = stop_signals.parse_signal_names(args.stop_signals) if args.stop_signals is not None else None
+        if stop_by is not None and args.resume:
+            deadline.check_room(stop_by, now, _recorded_seconds_per_update(args.run_dir))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return stop_by, signums
+
+
+def _recorded_seconds_per_update(run_dir: str) -> float | None:
+    """The slowest training-only seconds per update of the run's `train` windows (None: no record yet)."""
+    from pilotrun.run.record import read_metrics_tolerant
+
+    rates = []
+    for event in read_metrics_tolerant(run_dir).events:
+        window = event.get("window") if isinstance(event.get("window"), dict) else {}
+        seconds, attempted = window.get("train_seconds"), window.get("updates_attempted")
+        if event.get("event") == "train" and isinstance(seconds, float) and isinstance(attempted, int) and attempted > 0:
+            rates.append(seconds / attempted)
+    return max(rates, default=None)
 
 
 def _frozen_config(args: argparse.Namespace):

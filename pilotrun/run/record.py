@@ -55,7 +55,7 @@ REPORT_DIR = "report"
 EVENTS = ("session_start", "train", "val", "checkpoint", "overflow", "data_restart", "qk_clip", "spike", "rollback",
           "shard_check",  # a shard's sha256 checked in the background on its first read (training/callbacks/shard_check.py)
           "session_end")
-SESSION_END_REASONS = ("completed", "interrupted", "error", "stopped")
+SESSION_END_REASONS = ("completed", "interrupted", "deadline", "error", "stopped")
 COUNTER_KEYS = ("step", "tokens_seen", "updates_attempted", "updates_skipped")
 # Where a session's time goes: a session_end `time_split` carries `<phase>_seconds` for each, beside
 # `wall_seconds` (the trainer's clock, pilotrun.training.timing, switches between them; summarize checks they

@@ -36,7 +36,7 @@ from pilotrun.data.reader import TokenIdError
 from pilotrun.model.diagnostics import collect_step_statistics, reset_step_statistics
 from pilotrun.optim.schedule import set_learning_rates
 from pilotrun.optim.update_hooks import StepStatistics
-from pilotrun.stop_signals import exit_code_of, signal_name
+from pilotrun.stop_signals import signal_name
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import (
     Callback,
@@ -85,7 +85,7 @@ def train_loop(loop: LoopState, callbacks: Sequence[Callback]) -> Ending:
             run_due(loop, callbacks)
             reset_step_statistics(session.raw_model)
     except SecondSignal as second:
-        loop.ending = Ending("interrupted", exit_code_of(second.signum), f"second {signal_name(second.signum)}: "
+        loop.ending = Ending("interrupted", loop.signals.exit_code(second.signum), f"second {signal_name(second.signum)}: "
                              f"stopped at once, no checkpoint for step {state.step}")
     except BaseException:
         account.switch("other")
@@ -104,7 +104,7 @@ def stop_requested(loop: LoopState, callbacks: Sequence[Callback] = ()) -> Endin
     asked = None
     if loop.signals.received is not None:
         signum = loop.signals.received
-        asked = Ending("interrupted", exit_code_of(signum), f"{signal_name(signum)} received: finished the update, "
+        asked = Ending("interrupted", loop.signals.exit_code(signum), f"{signal_name(signum)} received: finished the update, "
                        f"saved checkpoint step {state.step}")
     for callback in callbacks:
         asked = asked or callback.stop_request(loop)

@@ -31,8 +31,15 @@ from pilotrun.optim.muon_adamw import build_optimizer
 from pilotrun.optim.partition import partition_parameters, partition_table
 from pilotrun.optim.update_hooks import UpdateHook, build_update_hooks
 from pilotrun.run.folder_lock import LOCK_NAME, RunFolderBusy, RunFolderLock
-from pilotrun.run.marker import step_folder_name
-from pilotrun.run.record import COUNTER_KEYS, RUN_JSON, Counters, read_metrics_tolerant, read_run_json
+from pilotrun.run.marker import MARKER_NAME, step_folder_name
+from pilotrun.run.record import (
+    CHECKPOINTS_DIR,
+    COUNTER_KEYS,
+    RUN_JSON,
+    Counters,
+    read_metrics_tolerant,
+    read_run_json,
+)
 from pilotrun.run.writer import MetricsWriter, RunRecord
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.checkpoint.dcp_storage import (
@@ -64,8 +71,33 @@ def tokens_per_update(config: RunConfig, world_size: int) -> int:
     return t.batch_size * t.seq_len * t.gradient_accumulation_steps * world_size
 
 
-def check_run_dir_is_new(run_dir: Path) -> None:
-    """A fresh run needs a new or empty folder; the lock file a refused earlier attempt left does not count."""
+class NothingToDo(PilotrunError):
+    """`--resume auto` of a run whose newest verified checkpoint is at (or past) max_steps: the run is complete,
+    the command exits 0 and writes nothing, so a scheduler that reruns it blindly learns it is done."""
+
+    exit_code = 0
+
+
+def holds_no_run(run_dir: Path) -> bool:
+    """`--resume auto`: the folder holds no run yet. Besides a new or empty folder, one left by a first start
+    killed during its set-up (before run.json: the lock file, and the checkpoints/ folder the pre-flight check
+    creates, with nothing committed in it) holds none either, so a rerun of the same command starts the run."""
+    if (run_dir / RUN_JSON).is_file():
+        return False
+    if not run_dir.exists():
+        return True
+    if not run_dir.is_dir() or any(p.name not in (LOCK_NAME, CHECKPOINTS_DIR) for p in run_dir.iterdir()):
+        return False
+    checkpoints = run_dir / CHECKPOINTS_DIR
+    return not checkpoints.exists() or (checkpoints.is_dir() and not checkpoints.is_symlink()
+                                         and not any(checkpoints.glob(f"*/{MARKER_NAME}")))
+
+
+def check_run_dir_is_new(run_dir: Path, auto: bool = False) -> None:
+    """A fresh run needs a new or empty folder; the lock file a refused earlier attempt left does not count
+    (nor, under `--resume auto`, what a start killed in its set-up left: `holds_no_run`)."""
+    if auto and holds_no_run(run_dir):
+        return
     if run_dir.exists() and (not run_dir.is_dir() or any(p.name != LOCK_NAME for p in run_dir.iterdir())):
         raise ConfigError(f"run folder {run_dir} already exists: pass --resume to continue it (from its newest "
                           "committed checkpoint, or from step 0 when it has none), choose a new --run-dir, or delete "
@@ -162,6 +194,7 @@ class Session:
     notes: list[str] = field(default_factory=list)
     lock: RunFolderLock | None = None  # held by rank 0 until the session ends
     restart: dict[str, Any] | None = None  # a --resume with nothing to restore: the earlier work it loses
+    started_run: bool = False  # this session created run.json (a fresh start, `--resume auto` included)
 
     def release_lock(self) -> None:
         if self.lock is not None:
@@ -201,30 +234,35 @@ class Session:
                 "flops_per_token": self.flops_per_token, "config": config_to_dict(self.config.model)}
 
 
-def build_session(config: RunConfig, data_dir: str | Path, run_dir: str | Path, *, resume: bool,
+def build_session(config: RunConfig, data_dir: str | Path, run_dir: str | Path, *, resume: bool | str,
                   from_step: int | None, allow_changes: list[str] | tuple[str, ...], command: list[str],
                   context: dist_utils.DistributedContext) -> Session:
+    """`resume`: False (a new run), True (`--resume`) or "auto" (`--resume auto`: start the run where the folder
+    holds none, else resume from the newest checkpoint that verifies, or say there is nothing to do)."""
     run_dir, data_dir = Path(run_dir), Path(data_dir)
     validate_run_config(config)
     torch.set_num_threads(config.train.num_threads or default_threads(local_ranks()))
 
-    # 1. Refuse before touching anything.
+    # 1. Refuse before touching anything. Rank 0 decides what `auto` means here, so that every rank agrees.
+    auto = resume == "auto"
+    if auto:
+        resume = not dist_utils.broadcast_object(context, holds_no_run(run_dir) if context.is_main_process else None)
     if resume and not (run_dir / RUN_JSON).is_file():
         raise CheckpointError(f"--resume: {run_dir / RUN_JSON} not found; nothing to resume (start without --resume)")
     if not resume:
         if from_step is not None:
             raise ConfigError("--from-step needs --resume")
         if not (run_dir / LOCK_NAME).is_file():  # a run folder's lock names a session still running, below
-            check_run_dir_is_new(run_dir)
+            check_run_dir_is_new(run_dir, auto)
 
     # One writer per run folder, from here until the session ends (pilotrun/run/folder_lock.py); checked again under the
     # lock, since another fresh session may have started writing between the check above and the lock.
     lock = take_run_lock(run_dir, context)
     try:
         if not resume:
-            check_run_dir_is_new(run_dir)
+            check_run_dir_is_new(run_dir, auto)
         session = _build_locked_session(config, data_dir, run_dir, resume=resume, from_step=from_step,
-                                        allow_changes=allow_changes, command=command, context=context)
+                                        allow_changes=allow_changes, command=command, context=context, auto=auto)
     except BaseException:
         if lock is not None:
             lock.release(refused=True)  # a refused session leaves nothing behind, not even a holder line
@@ -251,7 +289,7 @@ def take_run_lock(run_dir: Path, context: dist_utils.DistributedContext) -> RunF
 
 def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, resume: bool, from_step: int | None,
                           allow_changes: list[str] | tuple[str, ...], command: list[str],
-                          context: dist_utils.DistributedContext) -> Session:
+                          context: dist_utils.DistributedContext, auto: bool = False) -> Session:
     world_size = context.world_size
     # 2. Data: its identity and vocabulary decide the model's vocab_size when the recipe leaves it at 0.
     dataset = open_dataset(data_dir)
@@ -280,7 +318,11 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     plan = plan_session(config, resume=resume, from_step=from_step, committed_steps=checkpointer.committed_steps,
                         read_meta=checkpointer.meta, current_meta=meta_of_this_run, allow_changes=allow_changes,
                         root=str(checkpointer.root), agree=lambda step: dist_utils.broadcast_object(context, step),
-                        run_id=run_id if isinstance(run_id, str) else None, recorded=recorded)
+                        run_id=run_id if isinstance(run_id, str) else None, recorded=recorded,
+                        verify=checkpointer.verify if auto else None)
+    if auto and plan.resuming and plan.checkpoint_step >= plan.config.train.max_steps:
+        raise NothingToDo(f"nothing to do: run {run_id} is complete (checkpoint step {plan.checkpoint_step} "
+                          f"reached train.max_steps={plan.config.train.max_steps}) in {run_dir}")
     if config_to_dict(plan.config) != config_to_dict(config):  # defensive: the check compares every key
         torch.manual_seed(plan.config.train.seed)
         model = build_model(plan.config.model)
@@ -438,3 +480,4 @@ def open_record(session: Session, *, resume: bool, command: list[str]) -> None:
     record.save()
     session.record = record
     session.metrics = metrics
+    session.started_run = not resume

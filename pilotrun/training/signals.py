@@ -1,4 +1,8 @@
-"""SIGINT / SIGTERM / SIGHUP while training: the first is a request to stop at the next update boundary, the second stops now.
+"""A stop signal while training (SIGINT, SIGTERM, SIGHUP, a scheduler's SIGUSR1 / SIGUSR2, or the set chosen with
+`--stop-signals`): the first is a request to stop at the next update boundary, the second stops now.
+
+`pilotrun train` installs the handlers before its set-up begins, so a signal during start-up is a request too:
+the session stops after its first update with a committed checkpoint.
 
 The first signal only sets `received` (and prints its acknowledgement at once, so that a user who pressed Ctrl-C
 knows it was heard while the update in flight and the checkpoint finish); the loop reads it after each update,
@@ -34,8 +38,9 @@ class StopSignals:
     `on_first(signum)` runs inside the handler of the first signal (the trainer prints its acknowledgement
     there); `request(signum)` is the same request made without a signal (an embedding program, a test)."""
 
-    def __init__(self, on_first: Callable[[int], None] | None = None) -> None:
+    def __init__(self, on_first: Callable[[int], None] | None = None, signums: tuple[int, ...] | None = None) -> None:
         self.on_first = on_first
+        self.signums = signums  # the stop signals handled (`--stop-signals`); None: stop_signals.STOP_SIGNALS
         self.received: int | None = None
         self.count = 0
 
@@ -50,8 +55,11 @@ class StopSignals:
     def handle(self, signum: int, frame: Any) -> None:
         self.request(signum)
 
+    def exit_code(self, signum: int) -> int:
+        return stop_signals.exit_code_of(signum, self.signums)
+
     @contextmanager
     def installed(self) -> Iterator[StopSignals]:
         """Handle every stop signal for the duration of the block (main thread only), then restore."""
-        with stop_signals.handling(self.handle):
+        with stop_signals.handling(self.handle, self.signums):
             yield self

@@ -22,14 +22,17 @@ Every event written to metrics.jsonl is handed to the metrics sinks (run/sinks.p
 neither the training nor the record; writing and mirroring are the "report" phase.
 
 A stop signal (pilotrun/stop_signals.py): the current update is finished, the window is logged, a checkpoint is
-saved, then `session_end` with reason "interrupted", and the exit code is 130 (SIGINT), 143 (SIGTERM) or 129
-(SIGHUP).
+saved, then `session_end` with reason "interrupted", and the exit code is 128 + the signal's number: 130 (SIGINT),
+143 (SIGTERM), 129 (SIGHUP), 138 (SIGUSR1), 140 (SIGUSR2). A deadline (`stop_by`, callbacks/deadline.py) ends
+the same way with reason "deadline" and exit code 75.
 """
 
 from __future__ import annotations
 
 import gc
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,7 @@ from pilotrun.stop_signals import signal_name
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import Callback, Ending, LoopState
 from pilotrun.training.callbacks.checkpointing import CheckpointCallback
+from pilotrun.training.callbacks.deadline import DeadlineCallback
 from pilotrun.training.callbacks.evaluation import EvalCallback
 from pilotrun.training.callbacks.kill_point import KillPointCallback
 from pilotrun.training.callbacks.launcher_watch import LauncherWatchCallback
@@ -57,8 +61,8 @@ from pilotrun.training.callbacks.spike_rollback import SpikeCallback
 from pilotrun.training.callbacks.window_log import RareEventsCallback, WindowLogCallback
 from pilotrun.training.loop import train_loop
 from pilotrun.training.notices import interrupt_acknowledgement
-from pilotrun.training.session import Session, build_session, tokens_per_update
-from pilotrun.training.signals import StopSignals
+from pilotrun.training.session import NothingToDo, Session, build_session, tokens_per_update
+from pilotrun.training.signals import SecondSignal, StopSignals
 from pilotrun.training.timing import TimeAccount
 
 
@@ -97,15 +101,23 @@ class Trainer:
     that receive every event as it is recorded, beside the trackers of `train.trackers`. Only rank
     0 writes the record, so only rank 0's sinks receive events; every rank's are closed when `run()` returns.
     `stop_past_step`: the pilot's kill point (pilot_handshake.py); None trains normally.
-    `signals`: the session's stop requests (signals.py); `request(signum)` asks it to stop as a signal would."""
+    `signals`: the session's stop requests (signals.py); `request(signum)` asks it to stop as a signal would
+    (pass one to have it heard during the set-up too, installed by the caller).
+    `resume`: False, True (`--resume`) or "auto" (`--resume auto`, session.build_session).
+    `stop_by`: a deadline in epoch seconds (pilotrun/deadline.py), `started_at` the command's start on `clock`
+    (the set-up's seconds stand for a save in the deadline's margin until the session has saved)."""
 
-    def __init__(self, config: RunConfig, data_dir: str | Path, run_dir: str | Path, *, resume: bool = False,
+    def __init__(self, config: RunConfig, data_dir: str | Path, run_dir: str | Path, *, resume: bool | str = False,
                  from_step: int | None = None, allow_changes: list[str] | tuple[str, ...] = (),
                  command: list[str] | None = None, progress: bool | str = True,
                  context: dist_utils.DistributedContext | None = None, out=None,
-                 sinks: list[MetricsSink] | tuple[MetricsSink, ...] = (), stop_past_step: int | None = None):
+                 sinks: list[MetricsSink] | tuple[MetricsSink, ...] = (), stop_past_step: int | None = None,
+                 signals: StopSignals | None = None, stop_by: float | None = None, started_at: float | None = None,
+                 clock: Callable[[], float] | None = None):
         # A tracker named in the recipe but not installed is refused before anything is written.
         check_trackers_available(config.train.trackers)
+        self.stop_by, self.clock = stop_by, clock if clock is not None else time.time
+        self.started_at = started_at if started_at is not None else self.clock()
         self.account = TimeAccount()  # everything until the loop starts is "other" (setup)
         self.progress = progress
         self.out = out if out is not None else sys.stdout
@@ -121,7 +133,8 @@ class Trainer:
             sink if isinstance(sink, GuardedSink) else GuardedSink(type(sink).__name__, lambda sink=sink: sink)
             for sink in sinks]
         self.stop_past_step = stop_past_step
-        self.signals = StopSignals(on_first=self._acknowledge)
+        self.signals = signals if signals is not None else StopSignals()
+        self.signals.on_first = self._acknowledge
 
     @property
     def config(self) -> RunConfig:
@@ -144,10 +157,12 @@ class Trainer:
         profiler = ProfileWindow(t.profile, session.run_dir, device_type=session.device.type,
                                  rank=session.context.rank)
         window = WindowLogCallback.for_session(loop, progress=self.progress)
+        deadline = [] if self.stop_by is None else [
+            DeadlineCallback(self.stop_by, setup_seconds=self.clock() - self.started_at, clock=self.clock)]
         return [ProfileCallback(profiler), RareEventsCallback(), ShardCheckCallback.for_session(loop),
                 SpikeCallback(window.close_window), window,
                 EvalCallback(t), CheckpointCallback(t.checkpoint_every),
-                KillPointCallback.past_step(self.stop_past_step), LauncherWatchCallback.for_process()]
+                KillPointCallback.past_step(self.stop_past_step), LauncherWatchCallback.for_process(), *deadline]
 
     def run(self) -> TrainResult:
         loop = LoopState(self.session, self.account, self.signals, self.out, sinks=self.sinks)
@@ -204,26 +219,41 @@ class Trainer:
                            **session.state.counters().as_dict())
 
 
-def train_from_cli(config: RunConfig, data_dir: str, run_dir: str, resume: bool, from_step: int | None,
+def train_from_cli(config: RunConfig, data_dir: str, run_dir: str, resume: bool | str, from_step: int | None,
                    allow_changes: list[str], command: list[str], run_facts: dict[str, Any] | None = None,
-                   stop_past_step: int | None = None, progress: bool | str = True) -> int:
+                   stop_past_step: int | None = None, progress: bool | str = True,
+                   signals: StopSignals | None = None, stop_by: float | None = None,
+                   started_at: float | None = None) -> int:
     """`pilotrun train`: build, run, return the exit code (bad input raises PilotrunError -> exit 2).
-    `run_facts` are extra run.json sections recorded before training starts (the recipe lock of a frozen run);
-    `stop_past_step` is the pilot's kill point (`--stop-past-step`)."""
-    context = dist_utils.init_distributed(config.train.device)
+    `run_facts` are extra run.json sections recorded when this session starts the run (the recipe lock of a
+    frozen run); `stop_past_step` is the pilot's kill point (`--stop-past-step`). `signals`, already installed
+    by the command before its set-up, hears a stop signal from the start; a second one during the set-up ends
+    the command at once with its code. `--resume auto` of a complete run prints "nothing to do" and returns 0."""
+    signals = signals if signals is not None else StopSignals()
+    context = None
     trainer = None
     try:
+        context = dist_utils.init_distributed(config.train.device)
         trainer = Trainer(config, data_dir, run_dir, resume=resume, from_step=from_step,
                           allow_changes=allow_changes, command=command, context=context,
-                          stop_past_step=stop_past_step, progress=progress)
-        if run_facts:
+                          stop_past_step=stop_past_step, progress=progress, signals=signals, stop_by=stop_by,
+                          started_at=started_at)
+        if run_facts and trainer.session.started_run:
             trainer.session.record.data.update(run_facts)
             trainer.session.record.save()
         return trainer.run().exit_code
+    except NothingToDo as done:
+        if context is None or context.is_main_process:
+            print(done, flush=True)
+        return 0
+    except SecondSignal as second:
+        print(f"second {signal_name(second.signum)} during the set-up: stopped at once", file=sys.stderr, flush=True)
+        return signals.exit_code(second.signum)
     finally:
         # The DDP/FSDP wrapper (DDP's reducer) uses the process group: free it, reference cycles included, before
         # the group is destroyed rather than after, when the function's frame goes (a 2-rank gloo run was once
         # seen hanging in rank 1's teardown after its session_end with the other order).
         del trainer
         gc.collect()
-        dist_utils.shutdown_distributed(context)
+        if context is not None:
+            dist_utils.shutdown_distributed(context)

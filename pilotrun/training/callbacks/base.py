@@ -62,7 +62,7 @@ class UpdateResult:
 
 @dataclass
 class Ending:
-    """How the session ends: reason (completed | interrupted | stopped), exit code and message."""
+    """How the session ends: reason (completed | interrupted | deadline | stopped), exit code and message."""
 
     reason: str
     exit_code: int
@@ -85,6 +85,7 @@ class LoopState:
     final: bool = False  # the session ends after this round of callbacks
     ending: Ending | None = None  # set when the session stops before max_steps
     last_checkpoint_step: int | None = None
+    last_save_seconds: float | None = None  # the last save's wall seconds in this session
     logged_step: int | None = None  # the step of the last `train` event
     last_val_loss: float | None = None
 

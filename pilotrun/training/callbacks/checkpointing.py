@@ -37,8 +37,9 @@ def save_checkpoint(loop: LoopState) -> None:
         size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     dist_utils.barrier(session.context)
     loop.last_checkpoint_step = loop.step
+    loop.last_save_seconds = time.perf_counter() - started  # the deadline's margin (callbacks/deadline.py)
     session.metrics.fsync()
-    loop.log("checkpoint", path=str(path) if path is not None else None, seconds=time.perf_counter() - started,
+    loop.log("checkpoint", path=str(path) if path is not None else None, seconds=loop.last_save_seconds,
              bytes=size)
 
 

@@ -149,22 +149,48 @@ def plan_restart(config: RunConfig, *, recorded: dict[str, Any], current_meta: d
                       notes=[note, *report.warnings], restart=True)
 
 
+def choose_verified(steps: list[int], verify: Callable[[int], Any], root: str) -> tuple[int, list[str]]:
+    """`--resume auto`: the newest committed checkpoint whose files verify, and a note naming each newer one
+    passed over with its damage. None verifying is refused with every one named: a run that has checkpoints
+    is never started again at step 0 behind the user's back (the run would silently lose all its work)."""
+    passed: list[str] = []
+    for step in reversed(steps):
+        try:
+            verify(step)
+        except CheckpointError as exc:
+            passed.append(f"step {step} ({exc})")
+            continue
+        notes = [f"--resume auto: passed over the newest committed checkpoint(s) that do not verify: "
+                 f"{'; '.join(passed)}; continuing from step {step}"] if passed else []
+        return step, notes
+    raise CheckpointError(f"--resume auto: none of the {len(steps)} committed checkpoint(s) in {root} verifies, "
+                          f"so there is nothing exact to continue from and the run is not started again at step 0: "
+                          f"{'; '.join(passed)}")
+
+
 def plan_session(config: RunConfig, *, resume: bool, from_step: int | None, committed_steps: Callable[[], list[int]],
                  read_meta: Callable[[int], dict[str, Any]], current_meta: Callable[[], dict[str, Any]],
                  allow_changes: list[str] | tuple[str, ...], root: str,
                  agree: Callable[[int], int] = lambda step: step, run_id: str | None = None,
-                 recorded: dict[str, Any] | None = None) -> ResumePlan:
+                 recorded: dict[str, Any] | None = None, verify: Callable[[int], Any] | None = None) -> ResumePlan:
     """The plan for a fresh or a resumed session. `agree` makes every rank use rank 0's choice of
     checkpoint (a broadcast under torchrun); `run_id` is run.json's, which the checkpoint must belong to.
-    `recorded` (run.json) lets a --resume with no committed checkpoint start again from step 0 (plan_restart)."""
+    `recorded` (run.json) lets a --resume with no committed checkpoint start again from step 0 (plan_restart).
+    `verify` (`--resume auto`; called alike on every rank) rehashes checkpoints, newest first, to pass over a
+    damaged newest one (choose_verified)."""
     if not resume:
         return plan_fresh(from_step, config)
     steps = committed_steps()
     if not steps and from_step is None and recorded:
         return plan_restart(config, recorded=recorded, current_meta=current_meta(), allow_changes=allow_changes,
                             root=root)
+    notes: list[str] = []
+    if verify is not None and from_step is None and steps:
+        from_step, notes = choose_verified(steps, verify, root)
     chosen = agree(choose_checkpoint(steps, from_step, root))
     if chosen not in steps:
         raise CheckpointError(f"--from-step {chosen}: no committed checkpoint at that step in {root}")
-    return plan_resume(config, checkpoint_step=chosen, saved_meta=read_meta(chosen), current_meta=current_meta(),
+    plan = plan_resume(config, checkpoint_step=chosen, saved_meta=read_meta(chosen), current_meta=current_meta(),
                        allow_changes=allow_changes, run_id=run_id)
+    plan.notes[:0] = notes
+    return plan
