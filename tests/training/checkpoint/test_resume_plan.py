@@ -127,3 +127,27 @@ def test_partition_table_from_the_model_alone_equals_the_optimizers(overrides):
     from_model = partition_table(partition_parameters(model, config.optim))
     from_optimizer = partition_table(build_optimizer(model, config.optim).param_groups)
     assert from_model == from_optimizer and len(from_model) >= 3
+
+
+def test_auto_takes_the_newest_that_verifies_and_names_those_passed_over():
+    from pilotrun.training.checkpoint.resume_plan import choose_verified
+
+    def verify(step):
+        if step > 20:
+            raise CheckpointError(f"checkpoint file step-{step}/model.pt does not match its recorded sha256")
+
+    assert choose_verified([10, 20], verify, "R") == (20, [])
+    step, notes = choose_verified([10, 20, 30, 40], verify, "R")
+    assert step == 20 and len(notes) == 1
+    assert "step 40 (" in notes[0] and "step 30 (" in notes[0] and "continuing from step 20" in notes[0]
+
+
+def test_auto_refuses_when_none_verifies_rather_than_start_at_step_0():
+    from pilotrun.training.checkpoint.resume_plan import choose_verified
+
+    def verify(step):
+        raise CheckpointError(f"step-{step} damaged")
+
+    with pytest.raises(CheckpointError, match=r"none of the 2 committed .* in R verifies.*step 20 \(step-20 damaged\); "
+                       r"step 10 \(step-10 damaged\)"):
+        choose_verified([10, 20], verify, "R")
