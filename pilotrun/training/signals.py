@@ -43,8 +43,14 @@ class StopSignals:
         self.signums = signums  # the stop signals handled (`--stop-signals`); None: stop_signals.STOP_SIGNALS
         self.received: int | None = None
         self.count = 0
+        self.finished = False  # the session is saved and on the record: a signal now changes nothing
 
     def request(self, signum: int) -> None:
+        if self.finished:
+            # Under torchrun the first rank to exit with a non-zero code (a stop's) has the launcher SIGTERM the
+            # others, which are only tearing down by then: that must not turn their resumable exit into a
+            # second-signal traceback.
+            return
         self.count += 1
         if self.count > 1:
             raise SecondSignal(signum)

@@ -241,7 +241,12 @@ def train_from_cli(config: RunConfig, data_dir: str, run_dir: str, resume: bool 
         if run_facts and trainer.session.started_run:
             trainer.session.record.data.update(run_facts)
             trainer.session.record.save()
-        return trainer.run().exit_code
+        result = trainer.run()
+        signals.finished = True
+        # Every rank leaves together, once rank 0 has ended the session on the record: torchrun takes a rank's
+        # non-zero exit (a stop's resumable code) for a failure and SIGTERMs the ranks still running.
+        dist_utils.barrier(context)
+        return result.exit_code
     except NothingToDo as done:
         if context is None or context.is_main_process:
             print(done, flush=True)

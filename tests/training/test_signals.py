@@ -48,3 +48,11 @@ def test_outside_the_main_thread_nothing_is_installed():
     thread.start()
     thread.join()
     assert seen == [before]
+
+
+def test_once_the_session_is_finished_a_signal_changes_nothing():
+    signals = StopSignals()
+    signals.request(15)
+    signals.finished = True
+    signals.request(15)  # torchrun's SIGTERM to a rank tearing down: no SecondSignal
+    assert (signals.received, signals.count) == (15, 1)

@@ -1,0 +1,81 @@
+"""Two gloo ranks under torchrun, the same argv run again and again with SLURM_JOB_END_TIME faked 20 s ahead at
+each start: every session ends itself before its deadline (reason `deadline`, both ranks exit 75), the finished
+run equals a run that never stopped bit for bit, and one more run exits 0 with nothing to do.
+
+The deadline is real wall-clock time, so how many sessions it takes depends on this machine's speed; what is
+asserted holds for any number: each session commits before its deadline, none ends otherwise, and the result is
+exact. The margin before the first save is the set-up's seconds, which makes several sessions the usual case."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pilotrun.training.checkpoint.dcp_storage import DistributedCheckpointer
+from tests.exactness import assert_exactly_equal
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_STEPS = 6
+
+
+def command(data: Path, run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pilotrun",
+            "train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(data), "--run-dir", str(run_dir),
+            "--resume", "auto", "--progress", "none", "--set", f"train.max_steps={MAX_STEPS}",
+            "--set", "optim.schedule.horizon=6", "--set", "train.batch_size=2", "--set", "train.eval_every=0",
+            "--set", "train.checkpoint_every=2", "--set", "train.keep_checkpoints=10", "--set", "train.num_threads=1"]
+
+
+def run(argv: list[str], end_time: int | None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env.pop("SLURM_JOB_END_TIME", None)
+    if end_time is not None:
+        env["SLURM_JOB_END_TIME"] = str(end_time)
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def events(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_ranks_run_again_and_again_before_each_deadline_then_nothing_to_do(builtin_data_dir, tmp_path):
+    straight = tmp_path / "straight"
+    done = run(command(builtin_data_dir, straight), None)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    run_dir, deadlines = tmp_path / "run", []
+    for _attempt in range(MAX_STEPS + 1):
+        deadlines.append(int(time.time()) + 20)
+        result = run(command(builtin_data_dir, run_dir), deadlines[-1])
+        if result.returncode == 0:
+            break
+        # torchrun reports the workers' own code (75 on both ranks) and exits 1 itself.
+        ranks = re.findall(r"rank\s*:\s*(\d) \(local_rank.*\n.*\n\s*exitcode\s*:\s*(-?\d+)", result.stderr)
+        assert set(ranks) == {("0", "75"), ("1", "75")}, result.stderr[-3000:]
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    record = events(run_dir)
+    ends = [e for e in record if e["event"] == "session_end"]
+    assert [e["reason"] for e in ends] == ["deadline"] * (len(ends) - 1) + ["completed"]
+    assert len(ends) == len(deadlines)
+    committed = DistributedCheckpointer(run_dir, keep=10).committed_steps()
+    for end, deadline in zip(ends, deadlines, strict=True):
+        assert end["time"] < deadline and end["step"] in committed
+    losses = {e["step"]: e["loss"] for e in record if e["event"] == "train"}
+    assert losses == {e["step"]: e["loss"] for e in events(straight) if e["event"] == "train"}
+    assert sorted(losses) == list(range(1, MAX_STEPS + 1))
+    assert_exactly_equal(DistributedCheckpointer(run_dir, keep=10).load()[0]["model"],
+                         DistributedCheckpointer(straight, keep=10).load()[0]["model"], "final weights")
+
+    again = run(command(builtin_data_dir, run_dir), int(time.time()) + 3600)
+    assert again.returncode == 0 and "nothing to do" in again.stdout, again.stderr[-3000:]
+    assert events(run_dir) == record
