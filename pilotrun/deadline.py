@@ -71,7 +71,8 @@ def resolve_stop_by(text: str | None, now: float, environ: Mapping[str, str]) ->
 
 
 def check_room(deadline: float, now: float, seconds_per_update: float | None) -> None:
-    """A deadline closer than one update of this run (as its record measured) leaves no update to do: refused."""
+    """A deadline closer than one update of this run (its fastest, as its record measured) leaves no update to
+    do: refused."""
     if seconds_per_update is not None and deadline - now < seconds_per_update:
         raise ValueError(f"--stop-by: {deadline - now:.1f} s remain before the deadline, less than one update of "
-                         f"this run ({seconds_per_update:.1f} s in its record): nothing could be trained")
+                         f"this run (its fastest took {seconds_per_update:.1f} s): nothing could be trained")

@@ -132,7 +132,8 @@ def _unattended_settings(args: argparse.Namespace, now: float) -> tuple[float | 
 
 
 def _recorded_seconds_per_update(run_dir: str) -> float | None:
-    """The slowest training-only seconds per update of the run's `train` windows (None: no record yet)."""
+    """The fastest training-only seconds per update of the run's `train` windows (None: no record yet): a deadline
+    closer than that is certainly too close, while a slow first update (warm-up, kernels loading) says little."""
     from pilotrun.run.record import read_metrics_tolerant
 
     rates = []
@@ -141,7 +142,7 @@ def _recorded_seconds_per_update(run_dir: str) -> float | None:
         seconds, attempted = window.get("train_seconds"), window.get("updates_attempted")
         if event.get("event") == "train" and isinstance(seconds, float) and isinstance(attempted, int) and attempted > 0:
             rates.append(seconds / attempted)
-    return max(rates, default=None)
+    return min(rates, default=None)
 
 
 def _frozen_config(args: argparse.Namespace):
