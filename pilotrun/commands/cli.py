@@ -57,8 +57,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop-by", default=None, metavar="TIME|DURATION",
                    help="end the session with a committed checkpoint before this deadline (exit 75): a time "
                    "(2026-12-04T06:00, @EPOCH), a duration from now (90m, 2h30m) or none; default: "
-                   "SLURM_JOB_END_TIME when set. The margin kept is measured in the session (slowest recent update, "
-                   "round of logging and evaluation, and the last save)")
+                   "SLURM_JOB_END_TIME when set. The margin kept is measured in the session (twice the slowest recent "
+                   "update and round of logging and evaluation, plus the last save)")
     p.add_argument("--stop-signals", default=None, metavar="SIG,...",
                    help="the signals that stop the session with a checkpoint (exit 128 + the signal's number); "
                    "default SIGINT,SIGTERM,SIGHUP,SIGUSR1,SIGUSR2 (SIGUSR1/2: a scheduler's pre-emption warning); "

@@ -24,16 +24,18 @@ def attempt(callback: DeadlineCallback, loop, clock: Clock, update_s: float, rou
     return decision
 
 
-def test_the_margin_is_the_slowest_update_and_round_and_the_last_save():
+def test_the_margin_is_twice_the_slowest_update_and_round_and_the_last_save():
     clock = Clock()
     loop = types.SimpleNamespace(last_save_seconds=None, step=0)
     callback = DeadlineCallback(1100.0, setup_seconds=7.0, clock=clock)
     assert callback.margin(loop) == 7.0  # before any update or save: the set-up stands for the save
-    attempt(callback, loop, clock, 2.0, 5.0)
+    attempt(callback, loop, clock, 30.0, 5.0)  # the first update (warm-up) is left out
+    assert callback.margin(loop) == 7.0
+    attempt(callback, loop, clock, 2.0, 4.0)
     attempt(callback, loop, clock, 3.0, 1.0)
-    assert callback.margin(loop) == 3.0 + 5.0 + 7.0
+    assert callback.margin(loop) == 2 * (3.0 + 5.0) + 7.0
     loop.last_save_seconds = 4.0
-    assert callback.margin(loop) == 3.0 + 5.0 + 4.0
+    assert callback.margin(loop) == 2 * (3.0 + 5.0) + 4.0
 
 
 def test_it_asks_to_stop_once_one_more_round_and_the_save_would_not_fit():
@@ -50,7 +52,7 @@ def test_it_asks_to_stop_once_one_more_round_and_the_save_would_not_fit():
     assert (ending.reason, ending.exit_code) == ("deadline", DEADLINE_EXIT_CODE)
     assert at + callback.margin(loop) >= 1030.0 and at - 3.0 + callback.margin(loop) < 1030.0
     assert f"checkpoint step {step}" in ending.message
-    assert at + 2.0 < 1030.0  # the save (2 s) lands before the deadline
+    assert at + 1.0 + 2.0 < 1030.0  # the last round (1 s) with its save (2 s) lands before the deadline
 
 
 def test_a_negative_setup_reading_counts_as_none():
