@@ -15,7 +15,10 @@ Two things a live log can do that a finished one cannot:
 - a new session's `session_start` may follow a torn fragment on the same line (record.py recovers it): the
   parser's note is passed on.
 
-The follower only opens files for reading: it never writes into the run folder and never takes its lock.
+The follower reads through a `RunFolder` (run_folder.py), the one reader of the run folder: the folder reads the
+bytes appended since its last read, the follower takes them from there in pieces of at most POLL_BYTES, and the
+rules judged on the same folder (`summarize_run(folder)`) read none of them again. It only opens files for
+reading: it never writes into the run folder and never takes its lock.
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ from pilotrun.run.record import (
     chain_link,
     not_utf8_problem,
     parse_metrics_bytes,
-    read_run_json,
     unchained_body,
 )
+from pilotrun.run.run_folder import RunFolder
 
 # The most bytes one poll reads, so that catching up on a long run's log happens in bounded pieces.
 POLL_BYTES = 8 << 20
@@ -53,10 +56,10 @@ class Poll:
 class RecordFollower:
     """Incremental reader of RUN/metrics.jsonl with its hash chain checked line by line."""
 
-    def __init__(self, run_dir: str | Path):
-        self.run_dir = Path(run_dir)
-        self.run = read_run_json(self.run_dir)  # a folder that is not a run: RecordError (bad input)
-        run_id = self.run.get("run_id")
+    def __init__(self, run: RunFolder | str | Path):
+        self.folder = RunFolder.of(run)  # a folder that is not a run: RecordError (bad input)
+        self.run_dir = self.folder.path
+        run_id = self.folder.run_id
         if not isinstance(run_id, str):
             raise RecordError(f"{self.run_dir / 'run.json'}: run_id is not a string; not a run folder")
         self.run_id = run_id
@@ -66,6 +69,12 @@ class RecordFollower:
         self.head = chain_genesis(run_id)  # the chain value of the last complete line (the genesis before any)
         self.broken = False  # once the chain broke, later lines are chained from what they say, not rejudged
         self.named_pending: int | None = None  # the number of an incomplete line already named as not UTF-8
+        self.rewrites = self.folder.rewrites  # the folder's rewrites this follower has named
+
+    @property
+    def run(self) -> dict[str, Any]:
+        """run.json as the folder last read it."""
+        return self.folder.run
 
     def poll(self) -> Poll:
         """Read every complete line appended since the last poll."""
@@ -73,18 +82,20 @@ class RecordFollower:
         if os.path.lexists(self.path) and (self.path.is_symlink() or not self.path.is_file()):
             found.breaks.append(f"{self.path}: not a regular file")
             return found
-        try:
-            with open(self.path, "rb") as handle:
-                size = handle.seek(0, os.SEEK_END)
-                if size < self.offset:
-                    found.breaks.append(f"metrics.jsonl: the file holds {size} bytes but {self.offset} bytes of "
-                                        "complete lines were read before: it was truncated or rewritten")
-                    self._restart()
-                    return found
-                handle.seek(self.offset)
-                raw = handle.read(min(size - self.offset, POLL_BYTES))
-        except FileNotFoundError:
+        self.folder.read_metrics()  # only what was appended since the folder's last read
+        if self.folder.rewrites != self.rewrites:
+            size, complete = self.folder.rewritten_from
+            found.breaks.append(f"metrics.jsonl: the file holds {size} bytes but {complete} bytes of "
+                                "complete lines were read before: it was truncated or rewritten")
+            self.rewrites = self.folder.rewrites
+            self._restart()
+            return found
+        absent = self.folder.metrics_absent
+        if absent is not None:
+            if os.path.lexists(self.path):  # there but unreadable: bad input, named in one line
+                raise RecordError(absent)
             return found  # the session has not opened its log yet
+        raw = self.folder.metrics_bytes(self.offset, POLL_BYTES)
         end = raw.rfind(b"\n")
         found.pending_bytes = len(raw) - (end + 1)
         if end >= 0:
