@@ -74,6 +74,20 @@ def pinned_ninja_path(path: str) -> str:
     return os.pathsep.join([ninja.BIN_DIR, *(p for p in path.split(os.pathsep) if p and p != ninja.BIN_DIR)])
 
 
+def kernel_source_in(directory: Path) -> Path:
+    """The build's own copy of the kernel source, which the build compiles. The build is named by the source's
+    content, not its path, so two checkouts of the same source share one build; compiled from each checkout's own
+    path, ninja would see a changed command and each would rebuild the library over the other's. The copy is
+    written only when absent or different (temp + rename), so its time stamp does not trigger a rebuild."""
+    copy = directory / KERNEL_SOURCE.name
+    source = KERNEL_SOURCE.read_bytes()
+    if not copy.is_file() or copy.read_bytes() != source:
+        temp = copy.with_name(f".{copy.name}.{os.getpid()}.tmp")
+        temp.write_bytes(source)
+        os.replace(temp, copy)
+    return copy
+
+
 def kernel_library_present(directory: Path, name: str) -> bool:
     """Whether this build's library is already compiled (a build would then only check it, in a moment)."""
     return (directory / f"{name}.so").is_file()
@@ -100,8 +114,8 @@ def cpu_kernels_loaded() -> bool:
         if not kernel_library_present(directory, name):  # a compile takes a minute on 2 cores: say so once
             print(f"pilotrun: building the CPU MoE kernels into {directory} (once per venv and source, about a "
                   "minute)", file=sys.stderr, flush=True)
-        load(name=name, sources=[str(KERNEL_SOURCE)], extra_cflags=list(KERNEL_CFLAGS), build_directory=str(directory),
-             is_python_module=False, verbose=False)
+        load(name=name, sources=[str(kernel_source_in(directory))], extra_cflags=list(KERNEL_CFLAGS),
+             build_directory=str(directory), is_python_module=False, verbose=False)
         return hasattr(torch.ops.pilotrun_routing, "router") and hasattr(torch.ops.pilotrun_experts, "experts")
     except Exception as error:  # no compiler, no ninja, a read-only cache: the reference path still works
         detail = str(error).strip().splitlines()[-1:] or [""]  # the compiler's full log can run to pages

@@ -450,3 +450,47 @@ def test_an_activated_and_a_plain_shell_load_the_same_build_without_rebuilding_i
         assert done.stdout.strip() == "True", done.stderr
         assert "building the CPU MoE kernels" not in done.stderr
     assert (library.stat().st_mtime_ns, library.read_bytes()) == before
+
+
+def test_the_build_compiles_its_own_copy_of_the_source_written_only_when_it_differs(tmp_path, monkeypatch):
+    from pilotrun.model.cpu_kernels import kernel_source_in
+
+    source = tmp_path / "checkout" / "moe_kernels.cpp"
+    source.parent.mkdir()
+    source.write_text("int f() { return 1; }\n")
+    monkeypatch.setattr(cpu_kernels, "KERNEL_SOURCE", source)
+    build = tmp_path / "build"
+    build.mkdir()
+    copy = kernel_source_in(build)
+    assert copy == build / "moe_kernels.cpp" and copy.read_bytes() == source.read_bytes()
+    os.utime(copy, ns=(1, 1))  # an old time stamp: a rewrite would show as a newer one
+    assert kernel_source_in(build) == copy and copy.stat().st_mtime_ns == 1  # same bytes: left untouched
+    source.write_text("int f() { return 2; }\n")
+    assert kernel_source_in(build).read_bytes() == source.read_bytes()  # other bytes: replaced
+    assert sorted(p.name for p in build.iterdir()) == ["moe_kernels.cpp"]  # no temp file left behind
+
+
+@pytest.mark.slow
+def test_a_second_checkout_of_the_same_source_loads_the_build_without_rebuilding_it(tmp_path):
+    """Two checkouts sharing one virtual environment (a git worktree beside the main one) name the same build;
+    compiling each checkout's own path made ninja rebuild the library for whichever loaded it last."""
+    import shutil
+    import subprocess
+    import sys
+
+    from pilotrun.model.cpu_kernels import current_interpreter, kernel_build_directory, kernel_build_name
+
+    if not cpu_kernels_loaded():
+        pytest.skip("the CPU kernels cannot be built on this machine (no compiler)")
+    name = kernel_build_name(cpu_kernels.KERNEL_SOURCE.read_bytes(), torch.__version__, current_interpreter())
+    library = kernel_build_directory(name) / f"{name}.so"
+    before = (library.stat().st_mtime_ns, library.read_bytes())
+    checkout = tmp_path / "other-checkout"
+    shutil.copytree(Path(cpu_kernels.__file__).parents[1], checkout / "pilotrun")
+    probe = "import pilotrun.model.cpu_kernels as k; print(k.__file__); print(k.cpu_kernels_loaded())"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(checkout)}, cwd=tmp_path)
+    assert done.stdout.split() == [str(checkout / "pilotrun" / "model" / "cpu_kernels.py"), "True"], done.stderr
+    assert "building the CPU MoE kernels" not in done.stderr
+    assert (library.stat().st_mtime_ns, library.read_bytes()) == before
+    assert str(checkout) not in (library.parent / "build.ninja").read_text()
