@@ -119,7 +119,7 @@ def test_the_poll_reads_each_byte_of_the_record_once(tmp_path, monkeypatch, cut)
     A complete line is read once; only a line still being written (no newline yet) is read again at the next
     poll, until its newline arrives (run/follow.py)."""
     from pilotrun.commands import child_progress
-    from pilotrun.run import follow
+    from pilotrun.run import run_folder
 
     text = _record_text()
     pieces = cut(text)
@@ -145,7 +145,7 @@ def test_the_poll_reads_each_byte_of_the_record_once(tmp_path, monkeypatch, cut)
             read_sizes.append(len(data))
             return data
 
-    monkeypatch.setattr(follow, "open", lambda path, mode="r": Counted(open(path, mode)), raising=False)
+    monkeypatch.setattr(run_folder, "open", lambda path, mode="r": Counted(open(path, mode)), raising=False)
     monkeypatch.setattr(child_progress, "read_metrics_tolerant", lambda run_dir: pytest.fail("whole file read"))
     sizes = []
 
