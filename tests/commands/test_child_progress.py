@@ -48,6 +48,7 @@ def test_partial_last_line_is_ignored(tmp_path):
     assert (event["event"], event["time"], event["step"]) == ("session_start", 1.0, 0)
 
 
+@pytest.mark.slow
 def test_wait_shows_progress_until_the_child_exits(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps(e) + "\n" for e in events_of_two_sessions()))
@@ -60,6 +61,7 @@ def test_wait_shows_progress_until_the_child_exits(tmp_path):
     assert out.getvalue().strip() == format_progress(progress_figures(events, 40), 40)
 
 
+@pytest.mark.slow
 def test_wait_stops_when_the_condition_holds(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps(e) + "\n" for e in events_of_two_sessions()))
@@ -73,6 +75,7 @@ def test_wait_stops_when_the_condition_holds(tmp_path):
         child.wait()
 
 
+@pytest.mark.slow
 def test_ctrl_c_waits_for_the_child_then_reports_exit_130(tmp_path, monkeypatch):
     import pytest
 

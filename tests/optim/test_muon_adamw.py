@@ -303,6 +303,7 @@ def test_muon_group_rejects_vectors():
         MuonAdamW([{"params": [torch.nn.Parameter(torch.zeros(4))], "use_muon": True}])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_muon_adamw_overfits_one_batch_of_the_real_model(precision):
     """Spec test 23 at the optimizer level: tiny model, one fixed batch, lr 3e-3, wd 0 -> CE below 10% of its
