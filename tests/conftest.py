@@ -6,7 +6,7 @@ The two tiers: `make test` runs everything (CI); `make test-fast` (`-m "not slow
 tests of a few updates at most. A test is `slow` when it crosses a process boundary on purpose (a signal, a
 SIGKILL, torchrun, the console script) or trains for more than a few seconds; the marker is on the test or its
 module. The first half of that is checked, not trusted: outside a `slow` test, starting such a child fails the
-test, naming what it started.
+test, naming what it started, also when a fixture the test needs starts it.
 """
 
 from __future__ import annotations
@@ -43,26 +43,48 @@ def starts_python(argv: object) -> bool:
     return str(first) == sys.executable or any(name.startswith(program) for program in PYTHON_PROGRAMS)
 
 
-@pytest.fixture(autouse=True)
-def child_processes_only_in_slow_tests(request, monkeypatch):
-    """Outside a `slow` test, starting a Python child process (subprocess or multiprocessing) fails the test."""
-    if request.node.get_closest_marker("slow"):
-        return
-    real_init = subprocess.Popen.__init__
-    test = request.node.nodeid
+# The test being set up, run or torn down: a child started by a fixture (a module's shared run) counts against
+# the test that needed the fixture, since that test is what would make test-fast start it.
+RUNNING: dict[str, pytest.Item | None] = {"item": None}
 
-    def refuse_python_children(self, args, *rest, **options):
-        if starts_python(args):
-            raise AssertionError(f"{test} starts a child process ({str(args)[:120]}) but is not marked slow: mark "
-                                 "it @pytest.mark.slow (make test-fast runs no child process)")
+
+def refusal(kind: str, what: str) -> str | None:
+    """Why the running test may not start this child, or None when it may."""
+    item = RUNNING["item"]
+    if item is None or item.get_closest_marker("slow"):
+        return None
+    return (f"{item.nodeid} starts {kind} ({what[:120]}) but is not marked slow: mark it @pytest.mark.slow "
+            "(make test-fast runs no child process)")
+
+
+def pytest_configure(config):
+    real_init = subprocess.Popen.__init__
+    real_start = multiprocessing.process.BaseProcess.start
+
+    def checked_init(self, args, *rest, **options):
+        why = refusal("a child process", str(args)) if starts_python(args) else None
+        if why:
+            raise AssertionError(why)
         return real_init(self, args, *rest, **options)
 
-    def refuse_process_start(self):
-        raise AssertionError(f"{test} starts a multiprocessing worker but is not marked slow: mark it "
-                             "@pytest.mark.slow (make test-fast runs no child process)")
+    def checked_start(self):
+        why = refusal("a multiprocessing worker", repr(self))
+        if why:
+            raise AssertionError(why)
+        return real_start(self)
 
-    monkeypatch.setattr(subprocess.Popen, "__init__", refuse_python_children)
-    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse_process_start)
+    subprocess.Popen.__init__ = checked_init
+    multiprocessing.process.BaseProcess.start = checked_start
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    RUNNING["item"] = item
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    RUNNING["item"] = nextitem  # a module fixture torn down here belongs to the tests that used it
 
 
 @pytest.fixture(scope="session")

@@ -52,6 +52,7 @@ def run_copy(finished_run, tmp_path) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_verdict_refuses_a_linked_report_folder(run_copy, tmp_path):
     outside = tmp_path / "users-report"
     outside.mkdir()
@@ -65,6 +66,7 @@ def test_verdict_refuses_a_linked_report_folder(run_copy, tmp_path):
     assert _tree(outside) == before
 
 
+@pytest.mark.slow
 def test_a_verdict_that_fails_halfway_leaves_the_older_report_whole(run_copy, monkeypatch):
     assert _run(["verdict", str(run_copy), "--no-resume-required"])[0] in (0, 1)
     before = _tree(run_copy / "report")
@@ -84,6 +86,7 @@ def test_a_verdict_that_fails_halfway_leaves_the_older_report_whole(run_copy, mo
     assert sorted(p.name for p in run_copy.iterdir() if p.name.startswith(".")) == []  # no temp left
 
 
+@pytest.mark.slow
 def test_freeze_refuses_a_link_at_out_and_names_a_killed_freezes_temp(run_copy, tmp_path):
     outside = tmp_path / "users-file"
     outside.write_text("keep me")

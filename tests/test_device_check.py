@@ -3,9 +3,12 @@ it is known to work before a session spends its few GPU minutes on it."""
 
 import json
 
+import pytest
+
 from benchmarks.device_check import main
 
 
+@pytest.mark.slow
 def test_device_check_dry_run_completes_every_section(tmp_path, capsys):
     # No time budget here: on a busy machine the sections take longer, and a budget would skip some of them.
     assert main(["--out", str(tmp_path), "--cpu-dry-run", "--budget-s", "inf"]) == 0

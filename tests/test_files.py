@@ -79,6 +79,7 @@ def test_a_failed_atomic_write_removes_its_temp_and_keeps_the_old_file(tmp_path,
     assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
 
 
+@pytest.mark.slow
 def test_stale_temps_of_a_dead_writer_are_found_named_and_removed(tmp_path):
     import subprocess
     import sys

@@ -180,6 +180,7 @@ def _parses_as_object(data: bytes) -> Any:
 
 
 # ------------------------------------------------------------------------------------------------ targets
+@pytest.mark.slow
 @_settings("metadata")
 @given(st.data())
 def test_damaged_metadata_json(sandbox, data):
@@ -203,6 +204,7 @@ def test_damaged_metadata_json(sandbox, data):
         restore(sandbox, "data/metadata.json")
 
 
+@pytest.mark.slow
 @_settings("run_json")
 @given(st.data())
 def test_damaged_run_json(sandbox, data):
@@ -245,6 +247,7 @@ def _metrics_damage(draw, original: bytes) -> tuple[str, bytes, bool]:
     return kind, b"\n".join(lines) + b"\n", False
 
 
+@pytest.mark.slow
 @_settings("metrics")
 @given(st.data())
 def test_damaged_metrics_jsonl(sandbox, data):
@@ -264,6 +267,7 @@ def test_damaged_metrics_jsonl(sandbox, data):
         restore(sandbox, "run/metrics.jsonl")
 
 
+@pytest.mark.slow
 @_settings("verdict")
 @given(st.data())
 def test_verdict_on_damaged_metrics_writes_only_its_report(sandbox, data):
@@ -290,6 +294,7 @@ def _file_table(marker: dict[str, Any]) -> Any:
             for name, entry in files.items()}
 
 
+@pytest.mark.slow
 @_settings("marker")
 @given(st.data())
 def test_damaged_committed_json(sandbox, data):
@@ -314,6 +319,7 @@ def test_damaged_committed_json(sandbox, data):
         restore(sandbox, "run/metrics.jsonl", written="run")  # the whole run folder, the marker included
 
 
+@pytest.mark.slow
 @_settings("config")
 @given(st.data())
 def test_damaged_recipe(sandbox, data):
@@ -339,6 +345,7 @@ def test_damaged_recipe(sandbox, data):
         restore(sandbox, "recipe.yaml", written="new-run")
 
 
+@pytest.mark.slow  # counts the cases of the slow hostile-input tests above: runs with them
 def test_case_count():
     """Runs last in this module: every target ran close to its planned examples (hypothesis may stop early
     when it has exhausted a strategy, never by more than a fifth here)."""

@@ -53,6 +53,7 @@ def test_cpu_recipes_data_modes():
                      "stability": "successive"}
 
 
+@pytest.mark.slow
 def test_overfit_recipe_drives_the_loss_below_the_bound(builtin_data_dir, tmp_path):
     _, result, events = run_recipe("overfit", builtin_data_dir, tmp_path / "run")
     trains = [e for e in events if e["event"] == "train"]
@@ -61,6 +62,7 @@ def test_overfit_recipe_drives_the_loss_below_the_bound(builtin_data_dir, tmp_pa
     assert trains[-1]["loss"] < OVERFIT_BOUND, [round(e["loss"], 4) for e in trains]
 
 
+@pytest.mark.slow
 def test_acceptance_recipe_exercises_the_full_machinery(builtin_data_dir, tmp_path):
     trainer, result, events = run_recipe("acceptance", builtin_data_dir, tmp_path / "run")
     assert result.reason == "completed" and result.step == 80
@@ -79,6 +81,7 @@ def test_acceptance_recipe_exercises_the_full_machinery(builtin_data_dir, tmp_pa
     assert [e["step"] for e in events if e["event"] == "val"] == [20, 40, 60, 80]
 
 
+@pytest.mark.slow
 def test_stability_recipe_starts(builtin_data_dir, tmp_path):
     # The whole recipe is the pilot's job (minutes); here its first updates must run and be recorded.
     _, result, events = run_recipe("stability", builtin_data_dir, tmp_path / "run", "train.max_steps=5")

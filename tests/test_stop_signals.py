@@ -62,6 +62,7 @@ def test_outside_the_main_thread_nothing_is_installed():
     assert seen == [before]
 
 
+@pytest.mark.slow
 def test_a_worker_ignores_every_stop_signal():
     code = ("import os\nfrom pilotrun import stop_signals\nstop_signals.ignored()\n"
             "for signum in stop_signals.STOP_SIGNALS:\n    os.kill(os.getpid(), signum)\nprint('still here')\n")

@@ -1,7 +1,8 @@
 """`pilotrun watch RUN [--against LOCK] [--follow] [--keep-going] [--on-alert CMD] [--json] [--interval S]`.
 
-Reads a run as it grows and prints its alerts (pilotrun/report/alerts.py); the record is read through
-pilotrun/run/follow.py, which only opens files for reading, and whether a session is live is read from
+Reads a run as it grows and prints its alerts (pilotrun/report/alerts.py); the run folder is opened once
+(pilotrun/run/run_folder.py) and its record read through pilotrun/run/follow.py, which only opens files for
+reading, and whether a session is live is read from
 /proc/locks (pilotrun.run.folder_lock.live_holder), so watch never writes into the run folder and never takes
 its lock. `--on-alert CMD` runs CMD (through the shell, in watch's own working folder, never the run's) once per
 alert with the alert as JSON on its stdin.
@@ -26,19 +27,21 @@ from pilotrun.report.alerts import DEFAULT_STALL_WINDOWS, Alert, Watcher, thresh
 from pilotrun.report.ledger import format_against
 from pilotrun.report.thresholds import parse_thresholds
 from pilotrun.run.recipe_lock import FreezeError, describe_difference, load_lock, lock_differences
-from pilotrun.run.record import read_run_json
+from pilotrun.run.run_folder import RunFolder
 
 ON_ALERT_TIMEOUT_SECONDS = 60.0
 
 
-def check_lock_matches(run_dir: str | Path, lock_path: str | Path) -> dict[str, Any]:
-    """The lock, when the run runs its recipe: started from that very lock, or with the same recipe and data
-    (the keys the run was allowed to change left aside). Anything else is FreezeError (exit 2)."""
+def check_lock_matches(run: RunFolder | str | Path, lock_path: str | Path) -> tuple[dict[str, Any], RunFolder]:
+    """(the lock, the run folder opened) when the run runs the lock's recipe: started from that very lock, or
+    with the same recipe and data (the keys the run was allowed to change left aside). Anything else is
+    FreezeError (exit 2). The lock is read first, so that a bad lock is named before the run."""
     lock = load_lock(lock_path)
-    run = read_run_json(run_dir)
+    folder = RunFolder.of(run)
+    run_dir, run = folder.path, folder.run
     frozen = run.get("frozen") if isinstance(run.get("frozen"), dict) else {}
     if frozen.get("lock_sha256") == lock["sha256"]:
-        return lock
+        return lock, folder
     if frozen.get("lock_sha256"):
         raise FreezeError(f"--against {lock_path}: {run_dir} was started from another lock "
                           f"(sha256 {str(frozen['lock_sha256'])[:16]}, this one {lock['sha256'][:16]})")
@@ -50,7 +53,7 @@ def check_lock_matches(run_dir: str | Path, lock_path: str | Path) -> dict[str, 
         shown = "; ".join(describe_difference(d) for d in differences[:3])
         raise FreezeError(f"--against {lock_path}: the lock is for another recipe than {run_dir}'s: "
                           f"{len(differences)} difference(s): {shown}")
-    return lock
+    return lock, folder
 
 
 def _deliver(alert: Alert, as_json: bool, on_alert: str | None) -> None:
@@ -83,9 +86,9 @@ def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bo
         if value is not None and (not math.isfinite(value) or value <= 0):
             raise PilotrunError(f"{flag} {value}: must be a positive number")
     stall_windows = stall_windows or DEFAULT_STALL_WINDOWS
-    lock = check_lock_matches(run_dir, against) if against is not None else None
+    lock, folder = check_lock_matches(run_dir, against) if against is not None else (None, None)
     held = parse_thresholds(list(thresholds), thresholds_from_lock(lock))
-    watcher = watcher or Watcher(run_dir, lock, stall_windows=stall_windows, thresholds=held)
+    watcher = watcher or Watcher(folder if folder is not None else run_dir, lock, stall_windows=stall_windows, thresholds=held)
     print(f"watching {run_dir}" + (f" against {against}" if against else "") + f"; stall after {stall_windows} "
           "window intervals", file=sys.stderr, flush=True)
     while True:

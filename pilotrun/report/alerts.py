@@ -1,4 +1,5 @@
-"""What `pilotrun watch` alerts on, judged on a run record as it grows (the reader is pilotrun/run/follow.py).
+"""What `pilotrun watch` alerts on, judged on a run record as it grows (the reader is pilotrun/run/follow.py, on the
+run folder's one reader, pilotrun/run/run_folder.py: the rules are judged on the bytes the follower read).
 
 Each alert names its kind, the step, the figure and the bound it broke, and has a key: it is raised once, stays
 standing while its condition holds and clears when it no longer does (a stall clears when the run writes again,
@@ -43,6 +44,7 @@ from pilotrun.report.time_split import window_profiled
 from pilotrun.run.folder_lock import live_holder
 from pilotrun.run.follow import RecordFollower
 from pilotrun.run.record import is_finite_number
+from pilotrun.run.run_folder import RunFolder
 from pilotrun.spike_bound import MIN_SCALE_SHARE, spike_against, step_spread
 
 DEFAULT_STALL_WINDOWS = 3.0
@@ -97,11 +99,12 @@ def envelope_bound(envelope: dict[str, Any], step: int) -> float | None:
 class Watcher:
     """Follows one run folder; `check()` returns the alerts raised and cleared since the previous call."""
 
-    def __init__(self, run_dir: str | Path, lock: dict[str, Any] | None = None,
+    def __init__(self, run: RunFolder | str | Path, lock: dict[str, Any] | None = None,
                  stall_windows: float = DEFAULT_STALL_WINDOWS, clock: Callable[[], float] = time.time,
                  holder: Callable[[Path], Any] = live_holder, thresholds: Thresholds | None = None):
-        self.run_dir = Path(run_dir)
-        self.follower = RecordFollower(self.run_dir)
+        self.folder = RunFolder.of(run)
+        self.run_dir = self.folder.path
+        self.follower = RecordFollower(self.folder)
         self.watch = (lock or {}).get("watch") or {}
         self.thresholds = thresholds if thresholds is not None else thresholds_from_lock(lock)
         self.stall_windows, self.clock, self.holder = stall_windows, clock, holder
@@ -315,7 +318,8 @@ class Watcher:
 
     def _judge_rules(self, now: float, found: dict[str, Alert], cleared: set[str]) -> None:
         started = time.monotonic()
-        summary = summarize_run(self.run_dir)
+        self.folder.refresh()  # run.json again if it was replaced since; the log is what the follower read
+        summary = summarize_run(self.folder)
         self.against_projection = summary.overall.get("against_projection")
         for rule in self.rules:
             result = rule.apply(summary, self.thresholds)

@@ -7,7 +7,8 @@ COMMITTED.json marker (written last by the checkpointer) lists every file with i
 final checkpoint is checked by rehashing its files against the marker, exactly what a resume would do
 before loading them.
 
-Recipe changes accepted on resume are read with `pilotrun.run.changes.recipe_changes_in_history`.
+Recipe changes accepted on resume are read with `pilotrun.run.changes.recipe_changes_in_history`. The markers are
+the ones the summary's run folder already read (pilotrun/run/run_folder.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from pilotrun.report.evidence import window_of
 from pilotrun.report.thresholds import FAIL, PASS, WARN, Finding, Thresholds
 from pilotrun.run.changes import recipe_changes_in_history
-from pilotrun.run.marker import checkpoint_problems, committed_checkpoint_steps
 
 if TYPE_CHECKING:
     from pilotrun.report.summarize import Summary
@@ -89,9 +89,9 @@ def judge_final_checkpoint(summary: Summary, t: Thresholds) -> Finding:
     if isinstance(checked, dict) and checked.get("step") == final_step:  # summarize --require-step rehashed it
         problems, files, size = checked["problems"], checked["files"], checked["bytes"]
     else:
-        problems, files, size = checkpoint_problems(summary.run_dir, final_step, summary.run.get("run_id"))
+        problems, files, size = summary.folder.checkpoint_problems(final_step)
     if problems:
-        committed = committed_checkpoint_steps(summary.run_dir)
+        committed = summary.folder.committed_steps()
         newest = f"; newest committed: step {committed[-1]}" if committed else "; no committed checkpoint at all"
         listed = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
         return Finding(FAIL, f"cannot continue from step {final_step}: {listed}{newest}",

@@ -13,6 +13,9 @@ Validation (each failure is one reason naming the line, event and numbers):
 - `--require-step N`: a `completed` session_end at step N in the kept history, and the checkpoint at N
   committed with every file matching its marker's sha256.
 
+The run folder is read once, through a `RunFolder` (pilotrun/run/run_folder.py): `summarize_run` takes one (or
+a path, which it opens), and the verdict and watch hand it the folder they already hold.
+
 Reconciliation: the kept history (lineage) is found by walking back from the last session through the
 checkpoints each session resumed from. A session's work after the checkpoint its successor resumed from is
 rolled back, and a session nobody resumed from is rolled back entirely; so is the work a spike's rollback undid
@@ -42,15 +45,9 @@ from pilotrun.report.time_split import (
     window_train_tokens,
 )
 from pilotrun.run.folder_lock import live_holder
-from pilotrun.run.marker import checkpoint_problems, committed_checkpoint_steps, marker_run_id, read_marker
 from pilotrun.run.recipe_lock import describe_frozen_status, frozen_candidate_status, lock_projection_of
-from pilotrun.run.record import (
-    Counters,
-    is_finite_number,
-    read_metrics_tolerant,
-    read_run_json,
-    record_integrity_problems,
-)
+from pilotrun.run.record import Counters, is_finite_number, record_integrity_problems
+from pilotrun.run.run_folder import RunFolder
 
 
 @dataclass
@@ -68,6 +65,8 @@ class Summary:
     rolled_back_events: list[dict[str, Any]] = field(default_factory=list, repr=False)
     run: dict[str, Any] = field(default_factory=dict, repr=False)
     final: Counters = field(default_factory=Counters)  # the kept history's counters at its end (what the rules count)
+    # The folder it was read from, for the rules that look at checkpoints again (continuity.py): nothing is reread.
+    folder: RunFolder | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -122,16 +121,16 @@ def run_json_missing_fields(run: dict[str, Any]) -> list[str]:
     return reasons
 
 
-def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summary:
-    run_dir = Path(run_dir)
-    run = read_run_json(run_dir)
-    log = read_metrics_tolerant(run_dir)
+def summarize_run(run: RunFolder | str | Path, require_step: int | None = None) -> Summary:
+    """Validate and reconcile the run folder (module docstring): a RunFolder, or a path opened here once."""
+    folder = RunFolder.of(run)
+    run_dir, run, log = folder.path, folder.run, folder.metrics
     reasons = list(log.damage)
     notes = list(log.notes)
     if not isinstance(run.get("tokens_per_update"), int) or run["tokens_per_update"] <= 0:
         reasons.append(f"run.json: tokens_per_update is {run.get('tokens_per_update')!r}, not a positive integer")
     reasons.extend(run_json_missing_fields(run))
-    heads, owners = checkpoint_chain_heads(run_dir)
+    heads, owners = folder.checkpoint_heads()
     reasons.extend(record_integrity_problems(run, log, heads, owners))
     declared = [str(s.get("session_id")) for s in run.get("sessions") or [] if isinstance(s, dict)]
     groups = group_sessions(log.events, reasons)
@@ -228,7 +227,7 @@ def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summa
     final = Counters.of(kept_events[-1]) if kept_events else Counters()
     final_checkpoint = None
     if require_step is not None:
-        final_checkpoint = _require_step(run_dir, require_step, kept_events, final, reasons, run.get("run_id"))
+        final_checkpoint = _require_step(folder, require_step, kept_events, final, reasons)
     overall = _overall(run, groups, order, sessions, final, kept_events)
     overall["final_checkpoint"] = final_checkpoint  # None unless --require-step asked for it
     overall["spikes"] = spike_overview(kept_events + rolled_back_events)
@@ -249,7 +248,7 @@ def summarize_run(run_dir: str | Path, require_step: int | None = None) -> Summa
     overall["against_projection"] = against_projection(lock_projection_of(run), ledger, overall)
     return Summary(run_dir=str(run_dir), run_id=run.get("run_id"), valid=not reasons, reasons=reasons, notes=notes,
                    sessions=sessions, lineage=lineage, overall=overall, kept_events=kept_events,
-                   rolled_back_events=rolled_back_events, run=run, final=final)
+                   rolled_back_events=rolled_back_events, run=run, final=final, folder=folder)
 
 
 def restart_of(events: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -282,21 +281,8 @@ def _check_restart(sid: str, index: int, order: list[str], groups: dict[str, lis
                  f"{before.step} update(s) ({before.tokens_seen} tokens) before it are lost, counted as rolled back")
 
 
-def checkpoint_chain_heads(run_dir: Path) -> tuple[dict[int, Any], dict[int, str | None]]:
-    """step -> the metrics chain head each committed checkpoint's marker recorded (None where it has none),
-    and step -> the run_id its marker names (None for a marker older than run identity)."""
-    heads, owners = {}, {}
-    for step in committed_checkpoint_steps(run_dir):
-        marker, _problem = read_marker(run_dir, step)
-        meta = marker.get("meta") if marker is not None else None
-        if isinstance(meta, dict):
-            heads[step] = meta.get("metrics_chain_head")
-            owners[step] = marker_run_id(marker)
-    return heads, owners
-
-
-def _require_step(run_dir: Path, step: int, kept_events: list[dict[str, Any]], final: Counters,
-                  reasons: list[str], run_id: Any = None) -> dict[str, Any]:
+def _require_step(folder: RunFolder, step: int, kept_events: list[dict[str, Any]], final: Counters,
+                  reasons: list[str]) -> dict[str, Any]:
     """`--require-step N`: the kept history ends with a `completed` session_end at step N, and the checkpoint
     at N is committed with every file matching its marker (the run can be continued from where it claims to
     have ended). Returns what was found for the JSON output."""
@@ -308,7 +294,7 @@ def _require_step(run_dir: Path, step: int, kept_events: list[dict[str, Any]], f
     elif ends[-1].get("reason") != "completed":
         reasons.append(f"--require-step {step}: the session_end at step {step} (line {ends[-1].get('_line')}) has "
                        f"reason {ends[-1].get('reason')!r}, not 'completed'")
-    problems, files, size = checkpoint_problems(run_dir, step, run_id)
+    problems, files, size = folder.checkpoint_problems(step)
     checkpoint_reasons = [f"--require-step {step}: final checkpoint: {problem}" for problem in problems]
     reasons.extend(checkpoint_reasons)
     return {"step": step, "intact": not problems, "problems": problems, "files": files, "bytes": size,

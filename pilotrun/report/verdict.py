@@ -15,7 +15,8 @@ What each rule checks, the thresholds it reads with their defaults and meanings,
 evidence are the rule table's (rules.py; `pilotrun verdict --help` prints it). A rule that finds the evidence it
 needs missing from the record FAILs. GO means no rule FAILed; the WARNs are printed under the GO line.
 
-`judge(run_dir)` summarizes with `--require-step max_steps`: a pilot that has not finished is not valid.
+`judge(run)` summarizes with `--require-step max_steps`: a pilot that has not finished is not valid. It opens the
+run folder once (pilotrun/run/run_folder.py); both summaries read from it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pilotrun.report.thresholds import (
 )
 from pilotrun.run.changes import recipe_changes_in_history
 from pilotrun.run.recipe_lock import describe_frozen_status, frozen_candidate_status
+from pilotrun.run.run_folder import RunFolder
 
 # The throughput rule judged alone, by the name tests/training/test_trainer_observers.py reaches it with.
 rule_throughput_steady = THROUGHPUT_STEADY.apply
@@ -109,12 +111,13 @@ def judge_summary(summary: Summary, thresholds: Thresholds | None = None) -> Ver
                    candidate=candidate, frozen=frozen_candidate_status(summary.run))
 
 
-def judge(run_dir: str | Path, thresholds: Thresholds | None = None) -> Verdict:
+def judge(run: RunFolder | str | Path, thresholds: Thresholds | None = None) -> Verdict:
     """Judge a finished pilot: the record must also hold a session_end at its max_steps (the last session's)."""
-    summary = summarize_run(run_dir)
+    folder = RunFolder.of(run)
+    summary = summarize_run(folder)
     max_steps = summary.overall.get("max_steps")
     if isinstance(max_steps, int):
-        summary = summarize_run(run_dir, require_step=max_steps)
+        summary = summarize_run(folder, require_step=max_steps)
     return judge_summary(summary, thresholds)
 
 

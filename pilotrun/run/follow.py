@@ -15,7 +15,10 @@ Two things a live log can do that a finished one cannot:
 - a new session's `session_start` may follow a torn fragment on the same line (record.py recovers it): the
   parser's note is passed on.
 
-The follower only opens files for reading: it never writes into the run folder and never takes its lock.
+The follower reads through a `RunFolder` (run_folder.py), the one reader of the run folder: the folder reads the
+bytes appended since its last read, the follower takes them from there in pieces of at most POLL_BYTES, and the
+rules judged on the same folder (`summarize_run(folder)`) read none of them again. It only opens files for
+reading: it never writes into the run folder and never takes its lock.
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ from pilotrun.run.record import (
     chain_link,
     not_utf8_problem,
     parse_metrics_bytes,
-    read_run_json,
     unchained_body,
 )
+from pilotrun.run.run_folder import RunFolder
 
 # The most bytes one poll reads, so that catching up on a long run's log happens in bounded pieces.
 POLL_BYTES = 8 << 20
@@ -53,25 +56,29 @@ class Poll:
 class RecordFollower:
     """Incremental reader of RUN/metrics.jsonl with its hash chain checked line by line."""
 
-    def __init__(self, run_dir: str | Path, *, chained: bool = True):
+    def __init__(self, run: RunFolder | str | Path, *, chained: bool = True):
         """`chained` False: the events only, for a reader that shows progress and judges nothing (the pilot's
         line, which may start before the child has written run.json): no run.json read, no chain checked."""
-        self.run_dir = Path(run_dir)
         self.chained = chained
-        self.run: dict[str, Any] = {}
-        self.run_id = ""
-        if chained:
-            self.run = read_run_json(self.run_dir)  # a folder that is not a run: RecordError (bad input)
-            run_id = self.run.get("run_id")
-            if not isinstance(run_id, str):
-                raise RecordError(f"{self.run_dir / 'run.json'}: run_id is not a string; not a run folder")
-            self.run_id = run_id
+        # A folder that is not a run: RecordError (bad input), unless only its events are wanted.
+        self.folder = RunFolder.of(run) if chained or isinstance(run, RunFolder) else RunFolder(run, run_json=False)
+        self.run_dir = self.folder.path
+        run_id = self.folder.run_id if chained else ""
+        if not isinstance(run_id, str):
+            raise RecordError(f"{self.run_dir / 'run.json'}: run_id is not a string; not a run folder")
+        self.run_id = run_id
         self.path = self.run_dir / METRICS_JSONL
         self.offset = 0  # bytes of complete lines read so far
         self.lines = 0  # complete lines read so far
-        self.head = chain_genesis(self.run_id)  # the chain value of the last complete line (the genesis before any)
+        self.head = chain_genesis(run_id)  # the chain value of the last complete line (the genesis before any)
         self.broken = False  # once the chain broke, later lines are chained from what they say, not rejudged
         self.named_pending: int | None = None  # the number of an incomplete line already named as not UTF-8
+        self.rewrites = self.folder.rewrites  # the folder's rewrites this follower has named
+
+    @property
+    def run(self) -> dict[str, Any]:
+        """run.json as the folder last read it."""
+        return self.folder.run
 
     def poll(self) -> Poll:
         """Read every complete line appended since the last poll."""
@@ -79,18 +86,20 @@ class RecordFollower:
         if os.path.lexists(self.path) and (self.path.is_symlink() or not self.path.is_file()):
             found.breaks.append(f"{self.path}: not a regular file")
             return found
-        try:
-            with open(self.path, "rb") as handle:
-                size = handle.seek(0, os.SEEK_END)
-                if size < self.offset:
-                    found.breaks.append(f"metrics.jsonl: the file holds {size} bytes but {self.offset} bytes of "
-                                        "complete lines were read before: it was truncated or rewritten")
-                    self._restart()
-                    return found
-                handle.seek(self.offset)
-                raw = handle.read(min(size - self.offset, POLL_BYTES))
-        except FileNotFoundError:
+        self.folder.read_metrics()  # only what was appended since the folder's last read
+        if self.folder.rewrites != self.rewrites:
+            size, complete = self.folder.rewritten_from
+            found.breaks.append(f"metrics.jsonl: the file holds {size} bytes but {complete} bytes of "
+                                "complete lines were read before: it was truncated or rewritten")
+            self.rewrites = self.folder.rewrites
+            self._restart()
+            return found
+        absent = self.folder.metrics_absent
+        if absent is not None:
+            if os.path.lexists(self.path):  # there but unreadable: bad input, named in one line
+                raise RecordError(absent)
             return found  # the session has not opened its log yet
+        raw = self.folder.metrics_bytes(self.offset, POLL_BYTES)
         end = raw.rfind(b"\n")
         found.pending_bytes = len(raw) - (end + 1)
         if end >= 0:
@@ -128,22 +137,21 @@ class RecordFollower:
             return
         event, text = parsed.events[0], parsed.texts[0]
         event["_line"] = number
-        if self.chained:
-            self._check_link(event, text, number, found)
-        found.events.append(event)
-
-    def _check_link(self, event: dict[str, Any], text: str, number: int, found: Poll) -> None:
+        if not self.chained:
+            found.events.append(event)
+            return
         where = f"metrics.jsonl line {number} ({event.get('event')}, step {event.get('step')})"
         split = unchained_body(text)
         if split is None:
             found.breaks.append(f"{where}: no hash chain field; the line was not written by pilotrun's writer, "
                                 "or edited")
-            return
-        body, value = split
-        if chain_link(self.head, body) != value:
-            found.breaks.append(f"{where}: hash chain broken: it does not follow from the line before it "
-                                "(this line was edited, or lines before it were removed, added or reordered)")
-        self.head = value
+        else:
+            body, value = split
+            if chain_link(self.head, body) != value:
+                found.breaks.append(f"{where}: hash chain broken: it does not follow from the line before it "
+                                    "(this line was edited, or lines before it were removed, added or reordered)")
+            self.head = value
+        found.events.append(event)
 
 
 def _renumber(reason: str, number: int) -> str:

@@ -120,13 +120,16 @@ def read_marker(run_dir: str | Path, step: int) -> tuple[dict[str, Any] | None, 
     return marker, None
 
 
-def checkpoint_problems(run_dir: str | Path, step: int, run_id: Any = None) -> tuple[list[str], int, int]:
+def checkpoint_problems(run_dir: str | Path, step: int, run_id: Any = None,
+                        already_read: tuple[dict[str, Any] | None, str | None] | None = None
+                        ) -> tuple[list[str], int, int]:
     """Rehash the checkpoint at `step` against its marker: (problems, files checked, bytes checked).
+    `already_read` is what read_marker returned for it, where the caller read it already (run_folder.py).
 
     A missing folder, a missing, unreadable or untrustworthy marker, a marker for another step, a marker of
     another run than `run_id` (when given), and every missing file or file whose size or sha256 differs from
     the marker is one problem naming the file: exactly what a resume would refuse before loading."""
-    marker, problem = read_marker(run_dir, step)
+    marker, problem = already_read if already_read is not None else read_marker(run_dir, step)
     if marker is None:
         return [str(problem)], 0, 0
     foreign = foreign_run_problem(marker, run_id, step_folder(run_dir, step))

@@ -20,6 +20,7 @@ def readme_python_example() -> str:
     return match.group(1)
 
 
+@pytest.mark.slow
 def test_readme_example_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
@@ -32,6 +33,7 @@ def test_readme_example_runs(tmp_path, monkeypatch, capsys):
     assert namespace["model"].cfg.vocab_size == 512 and not namespace["model"].training
 
 
+@pytest.mark.slow
 def test_import_pilotrun_stays_torch_free():
     code = ("import sys, pilotrun; assert 'torch' not in sys.modules; pilotrun.train; pilotrun.summarize; "
             "assert 'torch' not in sys.modules; print(sorted(pilotrun.API))")

@@ -48,6 +48,7 @@ def test_partial_last_line_is_ignored(tmp_path):
     assert (event["event"], event["time"], event["step"]) == ("session_start", 1.0, 0)
 
 
+@pytest.mark.slow
 def test_wait_shows_progress_until_the_child_exits(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps(e) + "\n" for e in events_of_two_sessions()))
@@ -60,6 +61,7 @@ def test_wait_shows_progress_until_the_child_exits(tmp_path):
     assert out.getvalue().strip() == format_progress(progress_figures(events, 40), 40)
 
 
+@pytest.mark.slow
 def test_wait_stops_when_the_condition_holds(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps(e) + "\n" for e in events_of_two_sessions()))
@@ -73,6 +75,7 @@ def test_wait_stops_when_the_condition_holds(tmp_path):
         child.wait()
 
 
+@pytest.mark.slow
 def test_ctrl_c_waits_for_the_child_then_reports_exit_130(tmp_path, monkeypatch):
     import pytest
 
@@ -119,7 +122,7 @@ def test_the_poll_reads_each_byte_of_the_record_once(tmp_path, monkeypatch, cut)
     A complete line is read once; only a line still being written (no newline yet) is read again at the next
     poll, until its newline arrives (run/follow.py)."""
     from pilotrun.commands import child_progress
-    from pilotrun.run import follow
+    from pilotrun.run import run_folder
 
     text = _record_text()
     pieces = cut(text)
@@ -145,7 +148,7 @@ def test_the_poll_reads_each_byte_of_the_record_once(tmp_path, monkeypatch, cut)
             read_sizes.append(len(data))
             return data
 
-    monkeypatch.setattr(follow, "open", lambda path, mode="r": Counted(open(path, mode)), raising=False)
+    monkeypatch.setattr(run_folder, "open", lambda path, mode="r": Counted(open(path, mode)), raising=False)
     monkeypatch.setattr(child_progress, "read_metrics_tolerant", lambda run_dir: pytest.fail("whole file read"))
     sizes = []
 

@@ -21,6 +21,7 @@ def test_help_lists_every_command(capsys):
         assert command in text
 
 
+@pytest.mark.slow
 def test_python_dash_m_matches_console_script(builtin_data_dir, tmp_path):
     """The same short training run through `python -m pilotrun` and through the installed `pilotrun` script:
     the same exit code, recipe and losses, bit for bit."""
@@ -60,6 +61,7 @@ def test_config_says_what_train_would_say_about_the_schedule(capsys):
     assert "pilotrun config: warning: train.max_steps=10 < optim.schedule.horizon=240" in err
 
 
+@pytest.mark.slow
 def test_output_cut_short_by_its_reader_ends_quietly(tmp_path):
     """`pilotrun config | head -1`: the closed pipe is the reader's choice, not an error of pilotrun's."""
     import subprocess
@@ -107,6 +109,7 @@ def test_every_command_is_found_for_the_help_test():
     assert ["data", "verify"] in COMMANDS and ["data", "merge"] in COMMANDS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("words", [[], *COMMANDS], ids=lambda words: " ".join(words) or "pilotrun")
 def test_help_needs_neither_torch_nor_numpy(words):
     result = subprocess.run([sys.executable, "-c", WITHOUT_HEAVY_IMPORTS, *words, "--help"], cwd=ROOT,

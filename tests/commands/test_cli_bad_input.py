@@ -73,6 +73,7 @@ def _damage_run(run_dir: Path, kind: str) -> None:
         (run_dir / "report").write_text("in the way")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,command,expected", [
     ("torn-run-json", "resume", 2), ("torn-run-json", "inspect", 2), ("torn-run-json", "summarize", 2),
     ("metrics-folder", "resume", 2), ("metrics-folder", "inspect", 2), ("metrics-folder", "summarize", 1),
@@ -120,6 +121,7 @@ def _invalid_byte_on(run_dir: Path, where: str) -> int:
     return index + 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["middle", "last", "last-unterminated"])
 @pytest.mark.parametrize("command", ["summarize", "verdict", "watch", "inspect-batch"])
 def test_every_reader_names_the_non_utf8_line_by_its_number(small_run, tmp_path, capsys, where, command):

@@ -65,6 +65,7 @@ def max_logit_difference(pilot_model, hf_model, tokens: torch.Tensor) -> float:
         return (pilot_model(tokens).logits - hf_model(tokens).logits).abs().max().item()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_transformers_reproduces_pilotrun_logits(exported, attn):
     run_dir, out = exported

@@ -49,6 +49,7 @@ def test_summarize_and_verdict_text_name_the_frozen_candidate_and_whether_it_mat
     assert format_verdict(judge(tmp_path / "r")).splitlines()[-1] == drifted
 
 
+@pytest.mark.slow
 def test_a_long_run_on_other_code_than_the_pilots_is_refused_until_allowed_and_recorded(builtin_data_dir, tmp_path,
                                                                                         capsys):
     """`train --frozen` compares the code that runs with the lock's: another commit is another candidate."""

@@ -33,6 +33,7 @@ def _child(tmp_path, monkeypatch, nproc=None) -> TrainingChild:
     return TrainingChild([], tmp_path / "child.log", nproc=nproc)
 
 
+@pytest.mark.slow
 def test_the_whole_tree_dies_at_once_with_a_worker_in_its_own_session(tmp_path, monkeypatch):
     child = _child(tmp_path, monkeypatch, nproc=1)
     try:
@@ -57,6 +58,7 @@ def test_a_stop_with_no_child_running_is_raised_where_the_pilot_stands():
     assert (raised.value.signum, stops.exit_code) == (signal.SIGTERM, 143)
 
 
+@pytest.mark.slow
 def test_a_stop_while_a_child_runs_is_passed_on_once_per_signal(tmp_path, monkeypatch):
     sent = []
     child = _child(tmp_path, monkeypatch, nproc=1)
@@ -76,6 +78,7 @@ def test_a_stop_while_a_child_runs_is_passed_on_once_per_signal(tmp_path, monkey
     assert sent == [(worker, signal.SIGINT), (worker, signal.SIGCONT)] * 2 and stops.exit_code == 130
 
 
+@pytest.mark.slow
 def test_a_process_that_exits_is_not_reported_stopped():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()

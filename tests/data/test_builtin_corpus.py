@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from pilotrun.data.builtin_corpus import builtin_corpus_info, builtin_documents
 
 
@@ -18,6 +20,7 @@ def test_at_least_a_million_characters_of_prose():
     assert info.python_version == ".".join(map(str, sys.version_info[:3]))
 
 
+@pytest.mark.slow
 def test_same_corpus_in_a_fresh_interpreter_without_side_effect_imports():
     code = ("import sys, json; before = set(sys.modules);"
             "from pilotrun.data.builtin_corpus import builtin_corpus_info; info = builtin_corpus_info();"

@@ -120,6 +120,7 @@ def test_the_loader_guard_names_shard_and_offset_of_a_damaged_id(builtin_data_di
     assert any("max_token_id" in problem for problem in verify_data(data))
 
 
+@pytest.mark.slow
 def test_a_damaged_id_found_mid_run_stops_with_one_line_and_the_last_checkpoint_kept(builtin_data_dir, tmp_path,
                                                                                       capsys):
     from pilotrun.training.checkpoint.checkpointer import Checkpointer

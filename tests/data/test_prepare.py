@@ -155,6 +155,7 @@ def _tree_bytes(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != prepare_module.BUILD_INFO_FILE}
 
 
+@pytest.mark.slow
 def test_byte_identical_across_reruns_and_worker_counts(tmp_path, fineweb_parquet, gpt2_tokenizer_path):
     common = dict(source=str(fineweb_parquet), tokenizer=str(gpt2_tokenizer_path), val_fraction=0.05,
                   shard_tokens=20_000, shuffle_buffer=64, seed=3, progress=False)
@@ -169,6 +170,7 @@ def test_byte_identical_across_reruns_and_worker_counts(tmp_path, fineweb_parque
     assert str(tmp_path) not in text and "time" not in json.loads(text)
 
 
+@pytest.mark.slow
 def test_bpe_tokenizer_on_builtin_corpus_is_byte_identical_across_processes(tmp_path):
     import subprocess
     import sys
@@ -248,6 +250,7 @@ def test_interrupted_prepare_leaves_a_visible_partial_folder_not_a_finished_one(
         open_dataset(tmp_path / "out.partial")
 
 
+@pytest.mark.slow
 def test_folders_left_by_a_killed_prepare_are_cleaned_up(tmp_path, fineweb_jsonl, gpt2_tokenizer_path):
     import subprocess
     import sys
@@ -315,6 +318,7 @@ def test_cli_prepare_then_verify(tmp_path, capsys, fineweb_jsonl, gpt2_tokenizer
     assert sorted(os.listdir(tmp_path)) == ["cli"]
 
 
+@pytest.mark.slow
 def test_an_endless_source_streams_with_bounded_read_ahead(tmp_path, fineweb_texts, gpt2_tokenizer_path):
     # A source that never ends (like a corpus far larger than memory): prepare must stream it, stop at
     # --train-tokens, and have read only a bounded number of documents beyond those it used.
@@ -337,6 +341,7 @@ def test_an_endless_source_streams_with_bounded_read_ahead(tmp_path, fineweb_tex
     assert EndlessHub.pulled - used <= 100 + 8 * 2 * 40
 
 
+@pytest.mark.slow
 def test_order_correlation_with_source_order_is_recorded_and_lowered_by_the_unit_order(
         tmp_path, fineweb_texts, gpt2_tokenizer_path):
     import pyarrow as pa

@@ -73,6 +73,7 @@ def test_prepare_warns_when_its_val_split_is_smaller_than_one_evaluation(tmp_pat
     assert warnings == [f"pilotrun prepare: warning: {small_val_warnings(val_tokens)[0]}"]
 
 
+@pytest.mark.slow
 def test_prepare_into_a_file_writes_plain_progress_lines_and_no_carriage_return(tmp_path, fineweb_jsonl,
                                                                                gpt2_tokenizer_path):
     # `pilotrun prepare ... > log 2>&1` as under nohup or slurm: --progress auto sees no terminal.

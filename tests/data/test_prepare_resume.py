@@ -72,6 +72,7 @@ def reference(tmp_path, monkeypatch, parquet_source, gpt2_tokenizer_path):
     return out, documents
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point, n", [("encode", 4), ("before-commit", 3), ("after-commit", 2), ("manifest", 1)])
 def test_sigkill_then_rerun_is_byte_identical_and_tokenizes_less(tmp_path, monkeypatch, parquet_source,
                                                                  gpt2_tokenizer_path, reference, point, n):
@@ -93,6 +94,7 @@ def test_sigkill_then_rerun_is_byte_identical_and_tokenizes_less(tmp_path, monke
     assert main(["data", "verify", str(out)]) == 0
 
 
+@pytest.mark.slow
 def test_killed_twice_still_byte_identical(tmp_path, monkeypatch, parquet_source, gpt2_tokenizer_path, reference):
     out = tmp_path / "out"
     args = prepare_args(out, parquet_source, str(gpt2_tokenizer_path))
@@ -103,6 +105,7 @@ def test_killed_twice_still_byte_identical(tmp_path, monkeypatch, parquet_source
     assert _tree_bytes(out) == _tree_bytes(reference[0])
 
 
+@pytest.mark.slow
 def test_a_changed_tokenizer_or_option_is_refused_with_the_difference(tmp_path, monkeypatch, capsys,
                                                                         parquet_source, gpt2_tokenizer_path):
     out = tmp_path / "out"
@@ -120,6 +123,7 @@ def test_a_changed_tokenizer_or_option_is_refused_with_the_difference(tmp_path, 
     assert main(["prepare", *args]) == 0  # the original command still continues it
 
 
+@pytest.mark.slow
 def test_a_changed_tokenizer_file_is_refused(tmp_path, capsys, parquet_source, gpt2_tokenizer_path):
     tokenizer = tmp_path / "tokenizer.json"
     tokenizer.write_bytes(gpt2_tokenizer_path.read_bytes())
@@ -136,6 +140,7 @@ def test_a_changed_tokenizer_file_is_refused(tmp_path, capsys, parquet_source, g
 
 
 # SIGHUP (a closed terminal, a dropped ssh session) stops prepare as SIGTERM does: every command's stop signals.
+@pytest.mark.slow
 @pytest.mark.parametrize("point, code, name", [("sigint", 130, "SIGINT"), ("sigterm", 143, "SIGTERM"),
                                                ("sighup", 129, "SIGHUP")])
 def test_a_signal_commits_and_stops_with_one_line(tmp_path, monkeypatch, parquet_source, gpt2_tokenizer_path,
@@ -155,6 +160,7 @@ def test_a_signal_commits_and_stops_with_one_line(tmp_path, monkeypatch, parquet
     assert _tree_bytes(out) == _tree_bytes(reference[0])
 
 
+@pytest.mark.slow
 def test_a_trained_bpe_is_not_trained_again(tmp_path, monkeypatch, parquet_source):
     out = tmp_path / "bpe"
     args = prepare_args(out, parquet_source, "bpe:400")
@@ -170,6 +176,7 @@ def test_a_trained_bpe_is_not_trained_again(tmp_path, monkeypatch, parquet_sourc
     assert _tree_bytes(out) == _tree_bytes(tmp_path / "reference")
 
 
+@pytest.mark.slow
 def test_train_tokens_stop_resumes_exactly(tmp_path, monkeypatch, parquet_source, gpt2_tokenizer_path):
     extra = ("--train-tokens", "30000")
     reference_dir = tmp_path / "reference"

@@ -44,6 +44,7 @@ def test_shuffle_moves_documents_far_but_only_within_reach():
     assert max(abs(position - int(text)) for position, text in enumerate(out)) > 50
 
 
+@pytest.mark.slow
 def test_split_depends_on_text_only_and_matches_the_fraction():
     texts = [f"document number {i}" for i in range(20_000)]
     val = [t for t in texts if split_of(t, 0.1) == "val"]

@@ -43,6 +43,7 @@ def gpt2_json(gpt2_tokenizer_path) -> str:
     return plain_encoder(gpt2_tokenizer_path.read_text()).to_str()
 
 
+@pytest.mark.slow
 def test_chunks_come_back_in_order_equal_to_in_process_encoding(gpt2_json, fineweb_texts):
     chunks = [(fineweb_texts[i:i + 7], [f"extra-{i}"]) for i in range(0, 70, 7)]
     encoder = plain_encoder(gpt2_json)
@@ -60,6 +61,7 @@ def test_chunks_come_back_in_order_equal_to_in_process_encoding(gpt2_json, finew
     assert len(pids) == 3 and _all_gone(pids)
 
 
+@pytest.mark.slow
 def test_a_pass_closed_early_stops_its_workers(gpt2_json, fineweb_texts):
     endless = ((fineweb_texts[i % 100:i % 100 + 5], [i]) for i in range(10**9))
     stream = encoded_in_order(endless, gpt2_json, 50256, "uint16", 2)
@@ -86,6 +88,7 @@ def _is_worker(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_an_encoding_error_and_a_dead_worker_are_one_data_error(gpt2_json, fineweb_texts):
     pool = TokenizePool(gpt2_json, 50256, "uint16", 2)
     try:
@@ -102,6 +105,7 @@ def test_an_encoding_error_and_a_dead_worker_are_one_data_error(gpt2_json, finew
         pool.close()
 
 
+@pytest.mark.slow
 def test_byte_identical_for_zero_one_and_two_workers(tmp_path, fineweb_jsonl, gpt2_tokenizer_path):
     common = dict(source=str(fineweb_jsonl), tokenizer=str(gpt2_tokenizer_path), val_fraction=0.1,
                   shard_tokens=7000, shuffle_buffer=32, seed=5, progress=False)
@@ -115,6 +119,7 @@ def test_byte_identical_for_zero_one_and_two_workers(tmp_path, fineweb_jsonl, gp
     assert json.loads((tmp_path / "w0" / "build_info.json").read_text())["tokenize"] == "threads"
 
 
+@pytest.mark.slow
 def test_sigkilled_with_workers_then_rerun_is_byte_identical_and_leaves_no_worker(
         tmp_path, monkeypatch, parquet_source, gpt2_tokenizer_path):  # noqa: F811 (the fixture)
     reference = tmp_path / "reference"

@@ -83,6 +83,7 @@ def test_bias_control_loop_removes_a_strong_preference():
     assert bias_0 < 0
 
 
+@pytest.mark.slow
 def test_default_speed_converges_where_a_large_speed_oscillates_on_a_narrow_score_spread():
     # Router std 0.006 (the init) gives a score spread ~0.01 across experts: gamma = 1e-2 overshoots every
     # step and the load oscillates; the default gamma = 1e-3 settles.

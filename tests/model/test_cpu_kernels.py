@@ -90,6 +90,7 @@ def forward_backward(moe: MoE, x: torch.Tensor):
     return routing, output.detach(), aux.detach(), x.grad, grads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("score_func,route_norm", [("sigmoid", True), ("sigmoid", False), ("softmax", False),
                                                    ("softmax", True)])
 @pytest.mark.parametrize("balance", ["aux_free+seq", "seq", "batch", "aux_free", "none"])
@@ -422,6 +423,7 @@ def test_the_build_uses_the_packaged_ninja_whichever_comes_first_on_path():
     assert pinned_ninja_path(pinned_ninja_path(system_first)) == pinned_ninja_path(system_first)
 
 
+@pytest.mark.slow
 def test_an_activated_and_a_plain_shell_load_the_same_build_without_rebuilding_it(tmp_path):
     """`make` runs without the venv on PATH (a system ninja first), a user's shell with it: both must find the
     one build, neither recompile it (its library's bytes and modification time stay as they are)."""

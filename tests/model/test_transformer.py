@@ -189,6 +189,7 @@ def test_sequence_longer_than_the_rope_table_is_refused():
         model(torch.zeros(1, 17, dtype=torch.long))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("moe_impl", ["sorted", "grouped"])
 def test_torch_compile_traces_the_model_and_matches_eager_bit_for_bit(moe_impl):
     # backend="eager" runs Dynamo's tracing (graph capture, guards, graph breaks) without code generation, so

@@ -303,6 +303,7 @@ def test_muon_group_rejects_vectors():
         MuonAdamW([{"params": [torch.nn.Parameter(torch.zeros(4))], "use_muon": True}])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_muon_adamw_overfits_one_batch_of_the_real_model(precision):
     """Spec test 23 at the optimizer level: tiny model, one fixed batch, lr 3e-3, wd 0 -> CE below 10% of its
@@ -448,3 +449,97 @@ def test_per_head_granularity_orthogonalizes_each_heads_row_block_on_its_own():
             orthogonal = newton_schulz_orthogonalize(direction)
             scale = muon_update_scale(*direction.shape, "moonlight")
         assert torch.equal(params[name].detach(), before[name].add(orthogonal, alpha=-0.5 * scale)), name
+
+
+
+# The stacked step: matrices of one short-side-first shape share one Newton-Schulz chain, across parameters and
+# groups (wide [24, 40] and tall [40, 24] matrices, a 3-D expert stack's slices, per-head row blocks).
+STACKING_SHAPES = [(24, 40), (40, 24), (3, 24, 40), (48, 40), (24, 40), (40, 24), (16, 40), (30,)]
+
+
+def _stacking_optimizer(seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    params = [torch.nn.Parameter(torch.randn(s, generator=generator)) for s in STACKING_SHAPES]
+    groups = [{"params": params[:4], "use_muon": True, "lr": 0.02, "weight_decay": 0.1, "name": "a",
+               "row_blocks": [0, 0, 0, 24]},  # params[3]: two head blocks of 24 rows, [24, 40] each
+              {"params": params[4:7], "use_muon": True, "lr": 0.03, "weight_decay": 0.0, "name": "b",
+               "nesterov": False},
+              {"params": params[7:], "use_muon": False, "lr": 0.01, "weight_decay": 0.1, "name": "c"}]
+    return params, MuonAdamW(groups)
+
+
+def _per_matrix_muon(start, grads_per_step, groups):
+    """Muon written out per 2-D matrix, each its own Newton-Schulz call: (group, indices) -> final weights."""
+    weights = {}
+    for group, indices in groups:
+        for i in indices:
+            weight, buffer = start[i].clone(), torch.zeros_like(start[i])
+            mu, block = 0.95, group.get("row_blocks", [0] * len(start))[i]
+            rows, cols = block or weight.shape[-2], weight.shape[-1]
+            for grads in grads_per_step:
+                buffer = torch.add(grads[i], buffer, alpha=mu)
+                direction = grads[i].add(buffer, alpha=mu) if group.get("nesterov", True) else buffer
+                orthogonal = torch.stack([newton_schulz_orthogonalize(m) for m in direction.reshape(-1, rows, cols)])
+                scale = muon_update_scale(rows, cols, "moonlight")
+                weight.mul_(1 - group["lr"] * group["weight_decay"])
+                weight.add_(orthogonal.reshape(weight.shape), alpha=-group["lr"] * scale)
+            weights[i] = weight
+    return weights
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 1 << 20, 1 << 40])  # one matrix per chain, the default, one chain
+def test_stacked_step_equals_the_per_matrix_step(monkeypatch, chunk_bytes):
+    from pilotrun.optim import muon_adamw
+
+    monkeypatch.setattr(muon_adamw, "NEWTON_SCHULZ_CPU_CHUNK_BYTES", chunk_bytes)
+    chains = []
+    original = muon_adamw.newton_schulz_orthogonalize
+    monkeypatch.setattr(muon_adamw, "newton_schulz_orthogonalize",
+                        lambda *args: chains.append(tuple(args[0].shape)) or original(*args))
+    params, opt = _stacking_optimizer(20)
+    start = [p.detach().clone() for p in params]
+    generator = torch.Generator().manual_seed(21)
+    grads_per_step = [[torch.randn(p.shape, generator=generator) for p in params] for _ in range(3)]
+    for grads in grads_per_step:
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g.clone()
+        opt.step()
+    # 9 matrices of shape [24, 40] or [40, 24] (tall ones transposed; whole, expert slices, head blocks; from both
+    # groups) and one [16, 40]: two stacks, each orthogonalized by as many chains as it has chunks.
+    assert sorted({shape[1:] for shape in chains}) == [(16, 40), (24, 40)]
+    assert sum(shape[0] for shape in chains) == 3 * 10
+    assert len(chains) == 3 * {1: 10, 1 << 40: 2}.get(chunk_bytes, len(chains) // 3)
+    expected = _per_matrix_muon(start, grads_per_step, [(opt.param_groups[0], range(4)),
+                                                        (opt.param_groups[1], range(4, 7))])
+    # Stated tolerance: fp32 rounding of three updates of about lr * 0.2 each (a stacked matmul may round
+    # differently from a 2-D one on another BLAS; on the CPU this was written on they agree bit for bit).
+    for i, weight in expected.items():
+        torch.testing.assert_close(params[i].detach(), weight, rtol=1e-6, atol=1e-6)
+
+
+def test_stacked_step_resumes_bit_for_bit_across_a_state_dict_round_trip():
+    params_a, opt_a = _stacking_optimizer(22)
+    generator = torch.Generator().manual_seed(23)
+    for _ in range(2):
+        _random_grads(params_a, generator)
+        opt_a.step()
+    buffer = io.BytesIO()
+    torch.save({"params": [p.detach() for p in params_a], "opt": opt_a.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    params_b, opt_b = _stacking_optimizer(98)
+    with torch.no_grad():
+        for p, w in zip(params_b, saved["params"], strict=True):
+            p.copy_(w)
+    opt_b.load_state_dict(saved["opt"])
+    generator_a, generator_b = torch.Generator().manual_seed(24), torch.Generator().manual_seed(24)
+    for _ in range(3):
+        _random_grads(params_a, generator_a)
+        _random_grads(params_b, generator_b)
+        opt_a.step()
+        opt_b.step()
+    for p, q in zip(params_a, params_b, strict=True):
+        assert torch.equal(p, q)
+    for p, q in zip(params_a, params_b, strict=True):
+        for key, value in opt_a.state[p].items():
+            assert torch.equal(opt_b.state[q][key], value)

@@ -54,6 +54,7 @@ def test_schedule_does_not_depend_on_max_steps_or_attempts():
         lr_multiplier(-1, cfg)
 
 
+@pytest.mark.slow
 def test_trainer_learning_rate_follows_applied_updates_not_max_steps(builtin_data_dir, tmp_path):
     """Two real runs that differ only in max_steps log the same learning rate at every step they share."""
     from pilotrun.config import load_run_config

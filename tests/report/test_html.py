@@ -3,6 +3,8 @@
 import base64
 import json
 
+import pytest
+
 from pilotrun.report.html import write_report
 from pilotrun.report.plots import PLOT_NAMES
 from pilotrun.report.rules import RULE_PLOTS
@@ -11,6 +13,7 @@ from pilotrun.report.verdict import judge_summary
 from tests.report.synthetic import crashed_and_resumed
 
 
+@pytest.mark.slow
 def test_report_folder_is_complete_and_self_contained(tmp_path):
     run = crashed_and_resumed(tmp_path / "r")
     run.write()
@@ -37,6 +40,7 @@ def test_report_folder_is_complete_and_self_contained(tmp_path):
     assert summary["summary"]["overall"]["updates_applied"] == 60
 
 
+@pytest.mark.slow
 def test_html_escapes_record_text(tmp_path):
     run = crashed_and_resumed(tmp_path / "r")
     run.run["run_id"] = "<b>run</b>"
@@ -45,6 +49,7 @@ def test_html_escapes_record_text(tmp_path):
     assert "<b>run</b>" not in page and "&lt;b&gt;run&lt;/b&gt;" in page
 
 
+@pytest.mark.slow
 def test_html_lists_the_warnings_under_the_decision(tmp_path):
     run = crashed_and_resumed(tmp_path / "r")
     run.run["allowed_changes"].append({"session_id": "s2", "key": "optim.grad_clip", "old": 1.0, "new": 2.0})
@@ -57,6 +62,7 @@ def test_html_lists_the_warnings_under_the_decision(tmp_path):
     assert decision_at < warning_at < page.index("<h2>Rules</h2>")
 
 
+@pytest.mark.slow
 def test_the_page_gives_each_rules_meaning_and_the_thresholds_it_was_held_to(tmp_path):
     import html
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pilotrun.report.identity import NOT_RECORDED, recipe_name, run_identity
 from pilotrun.report.plots import PLOT_NAMES
 from pilotrun.report.rules import RULE_PLOTS, RULES
@@ -44,6 +46,7 @@ def test_every_linked_rule_exists_and_points_at_a_drawn_plot():
     assert set(RULE_PLOTS.values()) <= set(PLOT_NAMES)
 
 
+@pytest.mark.slow
 def test_fp32_report_leaves_loss_scale_off_the_page_but_in_the_folder(tmp_path):
     from pilotrun.report.html import write_report
     from pilotrun.report.summarize import summarize_run
@@ -61,6 +64,7 @@ def test_fp32_report_leaves_loss_scale_off_the_page_but_in_the_folder(tmp_path):
     assert all(f"data-file='{name}.png'" in page for name in PLOT_NAMES if name != "loss_scale")
 
 
+@pytest.mark.slow
 def test_session_notes_from_run_json_reach_the_page(tmp_path):
     from pilotrun.report.html import write_report
     from pilotrun.report.summarize import summarize_run

@@ -123,6 +123,7 @@ def test_a_miss_says_why_with_the_part_that_differs_most_first():
     assert against_projection(no_band, ledger, {"updates_applied": 50})["band"] is None
 
 
+@pytest.mark.slow
 def test_a_real_run_with_a_rollback_and_a_resume_with_nothing_to_do(builtin_data_dir, tmp_path):
     from tests.report.test_real_records import _train
 

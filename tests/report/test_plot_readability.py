@@ -113,6 +113,7 @@ def test_lr_plot_names_the_group_whose_rate_it_draws(tmp_path, drawn):
     assert "the first of 2" in line.get_label() and "the other 1 groups follow the same multiplier" in line.get_label()
 
 
+@pytest.mark.slow
 def test_a_no_go_page_names_each_failed_figure_under_the_decision_below_the_identity(tmp_path):
     def flat(run_dir, **kwargs):
         run = SyntheticRun(run_dir, **kwargs)

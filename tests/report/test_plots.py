@@ -1,6 +1,7 @@
 """plots: every PNG is written, is a real PNG and is non-empty, also when the record lacks a figure."""
 
 import matplotlib.axes
+import pytest
 
 from pilotrun.report.plots import PLOT_NAMES, write_plots
 from pilotrun.report.summarize import summarize_run
@@ -15,6 +16,7 @@ def _run_with_an_overflow(run_dir, **kwargs):
     return run
 
 
+@pytest.mark.slow
 def test_every_plot_is_a_nonempty_png_and_the_overflow_is_drawn(tmp_path, monkeypatch):
     run = crashed_and_resumed(tmp_path / "r", make_run=_run_with_an_overflow)
     run.clip_head(40, 1, 0, 250.0, first_time=True)  # a first and hard QK-Clip, marked on its plot
@@ -39,6 +41,7 @@ def test_every_plot_is_a_nonempty_png_and_the_overflow_is_drawn(tmp_path, monkey
     assert marked == [[float(overflow["step"])]]
 
 
+@pytest.mark.slow
 def test_plots_are_written_when_figures_are_missing(tmp_path):
     run = crashed_and_resumed(tmp_path / "r")
     for event in run.events:

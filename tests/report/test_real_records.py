@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from pilotrun.config import load_run_config
 from pilotrun.report.summarize import summarize_run
 from pilotrun.report.thresholds import Thresholds
@@ -16,6 +18,7 @@ def _train(data_dir, run_dir, *overrides, **kwargs):
     return Trainer(config, data_dir, run_dir, progress=False, **kwargs).run()
 
 
+@pytest.mark.slow
 def test_fp16_record_with_overflow_skips_is_valid(builtin_data_dir, tmp_path):
     _train(builtin_data_dir, tmp_path / "run", "train.precision=fp16", "train.loss_scale_init=16777216",
            "train.max_steps=4", "train.gradient_accumulation_steps=2", "train.log_every=2", "train.eval_every=0")
@@ -28,6 +31,7 @@ def test_fp16_record_with_overflow_skips_is_valid(builtin_data_dir, tmp_path):
     assert f"{o['updates_skipped']} of {o['updates_attempted']} updates skipped" in rules["skip_rate"].figure
 
 
+@pytest.mark.slow
 def test_resumed_record_is_reconciled_and_replayed_windows_are_identical(builtin_data_dir, tmp_path):
     run_dir = tmp_path / "run"
     _train(builtin_data_dir, run_dir, "train.max_steps=5", "train.eval_every=4")

@@ -55,6 +55,7 @@ def test_table_problems_names_a_threshold_without_a_rule(monkeypatch):
     assert "rule record_valid reads nope, which Thresholds lacks" in problems
 
 
+@pytest.mark.slow
 def test_every_linked_plot_is_one_plots_writes(tmp_path):
     run = crashed_and_resumed(tmp_path / "r")
     run.write()

@@ -3,6 +3,8 @@ case is in the test file of the module that judges it."""
 
 import json
 
+import pytest
+
 from pilotrun.commands.cli import main
 from pilotrun.report.thresholds import FAIL, PASS
 from pilotrun.report.verdict import format_verdict, judge
@@ -39,6 +41,7 @@ def test_text_verdict_prints_each_warning_under_the_go_line(tmp_path):
     assert lines[at + 2] == verdict.statement and "(warnings: throughput_steady)" in verdict.statement
 
 
+@pytest.mark.slow
 def test_cli_verdict_go_nogo_json_and_bad_threshold(tmp_path, capsys):
     run = crashed_and_resumed(tmp_path / "r")
     run.write()
@@ -76,6 +79,7 @@ def test_missing_evidence_fails_the_rule_that_needs_it(tmp_path):
     assert rule.status == FAIL and "memory not recorded" in rule.figure
 
 
+@pytest.mark.slow
 def test_cli_verdict_json_lists_warnings_and_the_candidate(tmp_path, capsys):
     run = crashed_and_resumed(tmp_path / "r", make_run=lambda d, **kw: changed(SyntheticRun(d, **kw), busier_machine))
     run.write()

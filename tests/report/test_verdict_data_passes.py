@@ -43,6 +43,7 @@ def _verdict(capsys, run_dir, *extra):
     return code, {r["name"]: r for r in data["rules"]}
 
 
+@pytest.mark.slow
 def test_verdict_names_five_passes_over_the_training_split_and_fails_them(reread_run, capsys):
     run_dir, batches = reread_run
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -57,6 +58,7 @@ def test_verdict_names_five_passes_over_the_training_split_and_fails_them(reread
     assert [name for name, r in rules.items() if r["status"] == "FAIL"] == ["data_passes"]
 
 
+@pytest.mark.slow
 def test_verdict_warns_on_the_same_passes_under_a_higher_bound(reread_run, capsys):
     code, rules = _verdict(capsys, reread_run[0], "--threshold", "max_train_passes=5")
     assert code == 0

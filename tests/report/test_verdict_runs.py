@@ -51,6 +51,7 @@ def _copy(run_dir, tmp_path):
     return target
 
 
+@pytest.mark.slow
 def test_real_pilot_is_go_and_names_its_recipe_change(pilot_run, capsys):
     code, data, rules = _verdict_json(capsys, pilot_run)
     assert code == 0 and data["decision"] == "GO", data["statement"]
@@ -65,6 +66,7 @@ def test_real_pilot_is_go_and_names_its_recipe_change(pilot_run, capsys):
     assert json.loads((pilot_run / "run.json").read_text())["recipe"]["optim"]["grad_clip"] == 8.0
 
 
+@pytest.mark.slow
 def test_real_run_without_its_recipe_is_invalid(pilot_run, tmp_path, capsys):
     run_dir = _copy(pilot_run, tmp_path)
     record = json.loads((run_dir / "run.json").read_text())
@@ -76,6 +78,7 @@ def test_real_run_without_its_recipe_is_invalid(pilot_run, tmp_path, capsys):
     assert rules["clip_rate"]["status"] == "FAIL" and "lacks optim.grad_clip" in rules["clip_rate"]["figure"]
 
 
+@pytest.mark.slow
 def test_real_damaged_final_checkpoint_fails(pilot_run, tmp_path, capsys):
     run_dir = _copy(pilot_run, tmp_path)
     folder = run_dir / "checkpoints" / "step-00000020"
@@ -91,6 +94,7 @@ def test_real_damaged_final_checkpoint_fails(pilot_run, tmp_path, capsys):
     assert any(f"final checkpoint: {victim}: sha256 differs" in r for r in verdict["summary"]["reasons"])
 
 
+@pytest.mark.slow
 def test_real_run_with_lr_zero_and_an_idle_resume_fails_learning_and_resume(builtin_data_dir, tmp_path, capsys):
     """An LR of ~0 (loss down ~0.1%) is 'not learning'; resuming the finished run with nothing left to do adds
     a resume but no update after it, which is no resume evidence."""
@@ -105,6 +109,7 @@ def test_real_run_with_lr_zero_and_an_idle_resume_fails_learning_and_resume(buil
     assert "no update applied after any of them" in rules["resumed"]["figure"]
 
 
+@pytest.mark.slow
 def test_freeze_then_frozen_train_refuses_unlisted_changes_and_records_allowed_ones(pilot_run, builtin_data_dir,
                                                                                    tmp_path, capsys):
     lock_path = tmp_path / "recipe.lock.json"

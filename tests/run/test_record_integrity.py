@@ -59,6 +59,7 @@ def _index(lines: list[str], event: str, step: int) -> int:
                 and json.loads(line)["step"] == step)
 
 
+@pytest.mark.slow
 def test_the_untouched_record_is_valid_complete_and_labels_its_latest_session(real_run):
     summary = summarize_run(real_run, require_step=12)
     assert summary.valid, summary.reasons
@@ -136,6 +137,7 @@ def test_a_changed_recipe_in_run_json_is_detected(real_run, tmp_path):
                summary.reasons), summary.reasons
 
 
+@pytest.mark.slow
 def test_a_torn_tail_after_a_kill_is_cut_by_the_resume_and_the_chain_holds(builtin_data_dir, tmp_path):
     """A kill mid-write: the first session's log ends inside a line, with no session_end; run.json has no end
     for it. The resume cuts the torn tail (noted), appends, and the chain verifies end to end."""

@@ -52,6 +52,7 @@ def step_order(points):
     return {tag: sorted(values, key=lambda p: p[0]) for tag, values in points.items()}
 
 
+@pytest.mark.slow
 def test_live_run_reads_back_exactly_with_the_identity(builtin_data_dir, tmp_path):
     run_dir = live_run(builtin_data_dir, tmp_path / "run", ["mlflow"])
     client, run = the_run(run_dir)
@@ -63,6 +64,7 @@ def test_live_run_reads_back_exactly_with_the_identity(builtin_data_dir, tmp_pat
     assert not list((tmp_path).glob("mlruns")) and (run_dir / "mlflow.db").is_file()
 
 
+@pytest.mark.slow
 def test_sessions_are_one_run_and_the_kept_value_is_each_steps_latest(tmp_path):
     run_dir = crashed_run(tmp_path / "run")
     mirror_session_by_session(run_dir, ["mlflow"])
@@ -73,6 +75,7 @@ def test_sessions_are_one_run_and_the_kept_value_is_each_steps_latest(tmp_path):
     assert set(ROLLED_BACK) & {s for s, _ in metrics(client, run)["train/loss"]}
 
 
+@pytest.mark.slow
 def test_export_metrics_sends_each_step_once_with_the_verdict_and_the_report(tmp_path):
     run_dir = crashed_run(tmp_path / "run")
     write_verdict(run_dir)

@@ -57,6 +57,7 @@ def live(builtin_data_dir, tmp_path_factory):
     return live_run(builtin_data_dir, tmp_path_factory.mktemp("tb") / "run", ["tensorboard"])
 
 
+@pytest.mark.slow
 def test_live_mirror_reads_back_as_classic_scalars(live):
     read = scalars(live / "tensorboard")
     assert {"train/loss", "train/tokens_seen", "val/loss", "checkpoint/step", "train/moe/maxvio/0"} <= set(read)

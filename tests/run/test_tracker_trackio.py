@@ -52,6 +52,7 @@ def step_order(points):
     return {tag: sorted(values, key=lambda p: p[0]) for tag, values in points.items()}
 
 
+@pytest.mark.slow
 def test_live_run_reads_back_exactly_with_the_identity(builtin_data_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("TRACKIO_PROJECT", "pilotrun-live")
     run_dir = live_run(builtin_data_dir, tmp_path / "run", ["trackio"])

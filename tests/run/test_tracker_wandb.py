@@ -122,6 +122,7 @@ def offline():
         yield
 
 
+@pytest.mark.slow
 def test_live_run_reads_back_exactly_with_the_identity(builtin_data_dir, tmp_path):
     run = live_run(builtin_data_dir, tmp_path / "run", ["wandb"])
     sessions = read_runs(run)

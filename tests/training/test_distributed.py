@@ -153,6 +153,7 @@ def _collectives_worker(rank: int, out_dir: str) -> None:
         D.shutdown_distributed(context)
 
 
+@pytest.mark.slow
 def test_two_ranks_agree_on_step_statistics(tmp_path: Path) -> None:
     run_ranks(_collectives_worker, str(tmp_path))
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
@@ -228,6 +229,7 @@ def _wrap_worker(rank: int, out_dir: str, parallelism: str) -> None:
         D.shutdown_distributed(context)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
 def test_wrapped_two_rank_training_matches_one_process(tmp_path: Path, parallelism: str) -> None:
     """Two ranks with 2 rows each vs one process with all 4 rows: the same updates up to the order of the

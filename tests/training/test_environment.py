@@ -3,6 +3,7 @@
 import os
 import subprocess
 
+import pytest
 import torch
 
 from pilotrun.training.environment import (
@@ -42,6 +43,7 @@ def test_git_state_tracks_commit_dirty_and_diff_hash(tmp_path):
     assert untracked["dirty"] is True and untracked["diff_sha256"] != clean["diff_sha256"]
 
 
+@pytest.mark.slow
 def test_outputs_outside_the_package_leave_the_code_clean(tmp_path):
     """A lock or an export written into the checkout's root is not code; an edit inside the package is."""
     repo = tmp_path / "repo"

@@ -57,6 +57,7 @@ def new_loop(session, signals=None) -> LoopState:
     return LoopState(session, TimeAccount(), signals or StopSignals(), io.StringIO())
 
 
+@pytest.mark.slow
 def test_one_round_of_callbacks_per_update_and_the_last_one_final(session):
     watcher = Watcher()
     loop = new_loop(session)
@@ -70,6 +71,7 @@ def test_one_round_of_callbacks_per_update_and_the_last_one_final(session):
     assert split["train_seconds"] > 0 and loop.account.current_phase == "other"
 
 
+@pytest.mark.slow
 def test_a_session_at_max_steps_has_one_final_round_without_an_update(session):
     session.state.step = 4
     watcher = Watcher()
@@ -77,6 +79,7 @@ def test_a_session_at_max_steps_has_one_final_round_without_an_update(session):
     assert watcher.rounds == [(4, False, True, "eval")] and session.state.updates_attempted == 0
 
 
+@pytest.mark.slow
 def test_a_stop_request_ends_after_the_update_in_flight_with_the_signal_code(session):
     class StopAtTwo(Watcher):
         def after_update(self, loop):
@@ -90,6 +93,7 @@ def test_a_stop_request_ends_after_the_update_in_flight_with_the_signal_code(ses
     assert [r[:3] for r in watcher.rounds] == [(1, True, False), (2, True, False), (3, True, True)]
 
 
+@pytest.mark.slow
 def test_a_second_signal_stops_at_once(session):
     class SecondAtTwo(Watcher):
         def after_update(self, loop):
@@ -105,6 +109,7 @@ def test_a_second_signal_stops_at_once(session):
     assert len(watcher.rounds) == 2 and watcher.ended == 1
 
 
+@pytest.mark.slow
 def test_too_many_skipped_updates_in_a_row_stop_the_session(session):
     loop = new_loop(session)
     loop.update = UpdateResult(_outcome("overflow"))
@@ -115,6 +120,7 @@ def test_too_many_skipped_updates_in_a_row_stop_the_session(session):
     assert stop_requested(loop) is None
 
 
+@pytest.mark.slow
 def test_a_callbacks_stop_request_ends_the_session_after_its_update_with_a_last_round(session):
     from pilotrun.training.callbacks.base import Ending
 
@@ -131,6 +137,7 @@ def test_a_callbacks_stop_request_ends_the_session_after_its_update_with_a_last_
     assert stop_requested(loop, [StopAtTwo()]).exit_code == 130
 
 
+@pytest.mark.slow
 def test_an_error_runs_every_at_end_and_propagates(session, monkeypatch):
     def failing_update(loop):
         raise RuntimeError("planted")
@@ -142,6 +149,7 @@ def test_an_error_runs_every_at_end_and_propagates(session, monkeypatch):
     assert watcher.rounds == [] and watcher.ended == 1
 
 
+@pytest.mark.slow
 def test_around_update_wraps_each_attempt(session):
     import contextlib
 

@@ -8,6 +8,8 @@ import math
 import signal
 from pathlib import Path
 
+import pytest
+
 from pilotrun.config import load_run_config
 from pilotrun.data.reader import tokens_per_evaluation, val_split_warnings
 from pilotrun.optim.schedule import final_lr_multiplier, lr_multiplier, schedule_warnings
@@ -49,6 +51,7 @@ def test_val_warning_at_exactly_one_evaluation():
     assert len(val_split_warnings(needed, 8, 64, 3, world_size=2)) == 1
 
 
+@pytest.mark.slow
 def test_resume_records_what_it_restored_and_warnings_in_run_json(builtin_data_dir, tmp_path):
     overrides = ["train.num_threads=1", "train.max_steps=2", "train.eval_every=0", "train.checkpoint_every=0"]
     config = load_run_config(ROOT / "configs" / "smoke.yaml", overrides)
@@ -64,6 +67,7 @@ def test_resume_records_what_it_restored_and_warnings_in_run_json(builtin_data_d
     assert expected in resumed.session.notes
 
 
+@pytest.mark.slow
 def test_first_sigint_is_acknowledged_at_once(builtin_data_dir, tmp_path, capsys):
     config = load_run_config(ROOT / "configs" / "smoke.yaml", ["train.num_threads=1", "train.max_steps=4"])
     trainer = Trainer(config, builtin_data_dir, tmp_path / "run", progress=False, out=io.StringIO())

@@ -82,6 +82,7 @@ def test_a_link_where_the_session_writes_is_refused_and_its_target_unchanged(bui
     assert sorted(p.name for p in run_dir.iterdir()) == [name]
 
 
+@pytest.mark.slow
 def test_a_link_in_a_resumed_run_folder_is_refused_before_training(builtin_data_dir, tmp_path):
     run_dir = tmp_path / "run"
     assert _train(builtin_data_dir, run_dir)[0] == 0

@@ -8,6 +8,8 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
 from pilotrun.config import load_run_config
 from pilotrun.training.replay import compute_update
 from tests.training.spike_faults import corrupt_gradient_once
@@ -25,6 +27,7 @@ def make_trainer(data_dir, run_dir, *extra):
     return Trainer(config, data_dir, run_dir, progress=False, out=io.StringIO())
 
 
+@pytest.mark.slow
 def test_a_gradient_corrupted_once_is_not_reproducible_and_its_rank_is_named(builtin_data_dir, tmp_path,
                                                                               monkeypatch):
     corrupt_gradient_once(12, monkeypatch=monkeypatch)
@@ -41,6 +44,7 @@ def test_a_gradient_corrupted_once_is_not_reproducible_and_its_rank_is_named(bui
     assert "hardware" in replay["explanation"]
 
 
+@pytest.mark.slow
 def test_an_update_computed_again_gives_the_same_figures_bit_for_bit(builtin_data_dir, tmp_path):
     trainer = make_trainer(builtin_data_dir, tmp_path / "run", "train.max_steps=3")
     trainer.run()
@@ -51,6 +55,7 @@ def test_an_update_computed_again_gives_the_same_figures_bit_for_bit(builtin_dat
     assert first == again and len(first) == 1 and first[0][0] > 0 and first[0][1] > 0
 
 
+@pytest.mark.slow
 def test_a_broken_model_state_recurs_on_the_next_batches_too_and_is_named_so(builtin_data_dir, tmp_path,
                                                                              monkeypatch):
     """After the 11th update the final norm's gain is multiplied by 40 (a state gone bad, as a diverged run's is):

@@ -104,6 +104,7 @@ def training_draws_random_numbers(monkeypatch):
     monkeypatch.setattr(reader.BatchLoader, "next_batch", next_batch_drawing)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_resume_in_process_is_bit_identical(builtin_data_dir, tmp_path, precision, training_draws_random_numbers):
     # A: straight to N.
@@ -155,6 +156,7 @@ def test_resume_in_process_is_bit_identical(builtin_data_dir, tmp_path, precisio
     assert meta_a["data"]["metadata_sha256"] == run_a.session.dataset.metadata_sha256
 
 
+@pytest.mark.slow
 def test_resume_from_an_earlier_step_and_a_damaged_newest(builtin_data_dir, tmp_path):
     """--from-step: a checkpoint before the newest continues exactly too; a damaged file is named."""
     seed_global_generators(7)
@@ -206,6 +208,7 @@ def folder_snapshot(run_dir: Path) -> dict[str, bytes]:
     return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override,named", INCOMPATIBLE_CHANGES)
 def test_each_incompatible_change_is_refused_naming_it(builtin_data_dir, short_run, tmp_path, override, named):
     run_dir = tmp_path / "run"
@@ -218,6 +221,7 @@ def test_each_incompatible_change_is_refused_naming_it(builtin_data_dir, short_r
     assert folder_snapshot(run_dir) == before  # nothing written: no session, no metrics, no checkpoint change
 
 
+@pytest.mark.slow
 def test_allowed_change_is_applied_and_recorded(builtin_data_dir, short_run, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(short_run, run_dir)
@@ -230,6 +234,7 @@ def test_allowed_change_is_applied_and_recorded(builtin_data_dir, short_run, tmp
     assert record["recipe"]["optim"]["muon"]["lr"] == 0.001  # the effective recipe, restored + allowed change
 
 
+@pytest.mark.slow
 def test_other_data_is_refused(short_run, tmp_path):
     from pilotrun.data.prepare import prepare_corpus
 

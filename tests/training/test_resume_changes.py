@@ -93,6 +93,7 @@ def first_part(builtin_data_dir, tmp_path_factory):
     return root / "k", losses(root / "unchanged")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", list(CHANGES))
 def test_allowed_change_on_resume_equals_switching_in_process(builtin_data_dir, tmp_path, monkeypatch, first_part,
                                                                key):

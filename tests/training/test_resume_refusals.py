@@ -74,6 +74,7 @@ RESUME_REFUSALS = ["other-runs-checkpoint", "changed-recipe", "changed-recipe-no
                    "locked-folder"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", RESUME_REFUSALS)
 def test_a_refused_resume_leaves_the_run_folder_as_it_was(builtin_data_dir, runs, tmp_path, capsys, kind):
     run_dir = tmp_path / "run"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 import pilotrun
@@ -25,6 +26,7 @@ def test_machine_settings_may_change_on_resume():
     assert "train.num_threads" in MACHINE_KEYS and set(MACHINE_KEYS) <= set(RESUME_FREE_KEYS)
 
 
+@pytest.mark.slow
 def test_a_resume_on_two_threads_replays_the_one_thread_run_bit_for_bit(builtin_data_dir, tmp_path):
     before = torch.get_num_threads()
     try:

@@ -61,6 +61,7 @@ def _copy_run(siblings: Path, name: str, tmp_path: Path) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_every_marker_names_its_run(siblings):
     for name in ("a", "b", "c"):
         marker = json.loads((siblings / name / "checkpoints" / step_folder_name(4) / MARKER_NAME).read_text())
@@ -82,6 +83,7 @@ def test_resume_from_a_siblings_checkpoint_is_refused(builtin_data_dir, siblings
     assert after == before  # a refused resume writes nothing
 
 
+@pytest.mark.slow
 def test_a_foreign_final_checkpoint_is_named_by_summarize_and_verdict(siblings, tmp_path):
     run_dir = _copy_run(siblings, "a", tmp_path)
     _swap_checkpoint(siblings / "c", run_dir, 4)
@@ -95,6 +97,7 @@ def test_a_foreign_final_checkpoint_is_named_by_summarize_and_verdict(siblings, 
     assert "its marker names run" in text  # the chain-head check says what it found, not "rewritten"
 
 
+@pytest.mark.slow
 def test_a_marker_without_run_id_is_accepted_with_a_note(builtin_data_dir, siblings, tmp_path):
     run_dir = _copy_run(siblings, "a", tmp_path)
     path = run_dir / "checkpoints" / step_folder_name(4) / MARKER_NAME

@@ -38,6 +38,7 @@ def session(builtin_data_dir, tmp_path):
     session.release_lock()
 
 
+@pytest.mark.slow
 def test_checkpoint_state_holds_every_part_an_exact_resume_needs(session):
     state = checkpoint_state(session, sharded=False)
     assert list(state) == ["model", "optimizer", "scaler", "trainer", "rng"]
@@ -47,6 +48,7 @@ def test_checkpoint_state_holds_every_part_an_exact_resume_needs(session):
     assert list(sharded) == list(state)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("storage", [None, DCPStorage()], ids=["torch_save", "dcp"])
 def test_read_checkpoint_puts_back_what_checkpoint_state_saved(session, storage):
     saved_weights = {k: v.clone() for k, v in session.raw_model.state_dict().items()}
@@ -92,6 +94,7 @@ STOP_BEFORE_FIRST_CHECKPOINT = (
     "sys.exit(main(sys.argv[1:]))\n")
 
 
+@pytest.mark.slow
 def test_resume_with_no_committed_checkpoint_starts_again_at_zero_naming_the_lost_updates(builtin_data_dir, tmp_path):
     import json
     import os
@@ -146,6 +149,7 @@ def test_a_restart_claiming_other_lost_work_is_refused_by_summarize(builtin_data
     assert len(reasons) == 1 and "names 5 update(s)" in reasons[0] and not notes
 
 
+@pytest.mark.slow
 def test_num_threads_0_runs_with_the_default_and_the_session_records_it(builtin_data_dir, tmp_path, monkeypatch):
     from pilotrun.training import session as session_module
 

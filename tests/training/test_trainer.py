@@ -43,6 +43,7 @@ def strict_lines(run_dir: Path) -> list[dict]:
     return [json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}")) for line in lines]
 
 
+@pytest.mark.slow
 def test_smoke_run_record_is_complete_and_true(builtin_data_dir, tmp_path, capsys):
     run_dir = tmp_path / "run"
     config = smoke_config()
@@ -111,6 +112,7 @@ def test_smoke_run_record_is_complete_and_true(builtin_data_dir, tmp_path, capsy
     assert checkpoint["step"] == 6 and Path(checkpoint["path"]).is_dir() and checkpoint["bytes"] > 0
 
 
+@pytest.mark.slow
 def test_fp16_overflow_skips_count_apart_from_applied_updates(builtin_data_dir, tmp_path):
     # A loss scale of 2**24 overflows fp16 gradients until the scaler has backed off far enough: real skips.
     config = smoke_config("train.precision=fp16", "train.loss_scale_init=16777216", "train.max_steps=4",
@@ -134,6 +136,7 @@ def test_fp16_overflow_skips_count_apart_from_applied_updates(builtin_data_dir, 
     assert trains[0]["loss_scale"] < 16777216
 
 
+@pytest.mark.slow
 def test_exhausted_training_split_restarts_and_is_logged(tmp_path):
     from pilotrun.data.prepare import prepare_corpus
 
@@ -155,6 +158,7 @@ def test_exhausted_training_split_restarts_and_is_logged(tmp_path):
     assert trains[batches_per_epoch - 1]["data_restarts"] == 0 and result.step == steps
 
 
+@pytest.mark.slow
 def test_interrupted_and_resumed_run_repeats_the_same_losses(builtin_data_dir, tmp_path):
     config = smoke_config("train.max_steps=8", "train.eval_every=4")
     train(config, builtin_data_dir, tmp_path / "straight")
@@ -180,6 +184,7 @@ def test_interrupted_and_resumed_run_repeats_the_same_losses(builtin_data_dir, t
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_resume_records_the_restored_recipe_and_allowed_changes(builtin_data_dir, tmp_path):
     train(smoke_config("train.max_steps=3"), builtin_data_dir, tmp_path / "run")
     with pytest.raises(CheckpointError, match="optim.muon.lr"):
@@ -202,6 +207,7 @@ def test_resume_needs_a_record_and_a_checkpoint(builtin_data_dir, tmp_path):
     assert not (tmp_path / "new").exists()  # refused before anything was written
 
 
+@pytest.mark.slow
 def test_evaluation_moves_no_counter_or_tracker(builtin_data_dir, tmp_path):
     from pilotrun.model.diagnostics import collect_step_statistics
 
@@ -241,6 +247,7 @@ def test_bad_config_is_one_line_and_exit_2(builtin_data_dir, tmp_path, capsys, o
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_existing_run_dir_and_missing_data_are_exit_2(builtin_data_dir, tmp_path, capsys):
     run_dir = tmp_path / "r"
     run_dir.mkdir()
@@ -252,6 +259,7 @@ def test_existing_run_dir_and_missing_data_are_exit_2(builtin_data_dir, tmp_path
     assert code == 2 and "nodata" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_qk_clip_events_mark_first_and_hard_clips_and_agree_with_the_windows(builtin_data_dir, tmp_path):
     from pilotrun.report.summarize import summarize_run
 
@@ -273,6 +281,7 @@ def test_qk_clip_events_mark_first_and_hard_clips_and_agree_with_the_windows(bui
     assert summary.valid, summary.reasons
 
 
+@pytest.mark.slow
 def test_the_expert_bias_freezes_in_the_final_fraction_of_the_schedule(builtin_data_dir, tmp_path):
     # horizon 10 with a 0.3 freeze: updates 0-6 move the aux-free bias, updates 7-9 must leave it exactly as is.
     config = smoke_config("train.max_steps=7", "optim.schedule.horizon=10", "optim.schedule.bias_freeze_fraction=0.3",
@@ -290,6 +299,7 @@ def test_the_expert_bias_freezes_in_the_final_fraction_of_the_schedule(builtin_d
     assert speeds == [config.model.bias_update_speed] * 7 + [0.0] * 3
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_trains_bit_identically(builtin_data_dir, tmp_path):
     results = {}
     for recompute in (False, True):
@@ -303,6 +313,7 @@ def test_activation_checkpointing_trains_bit_identically(builtin_data_dir, tmp_p
         assert torch.equal(results[True][1][name], value), name
 
 
+@pytest.mark.slow
 def test_train_events_carry_weight_and_update_rms_per_group(builtin_data_dir, tmp_path):
     config = smoke_config("train.max_steps=5", "train.log_every=2", "train.eval_every=0", "train.checkpoint_every=3")
     trainer, _ = train(config, builtin_data_dir, tmp_path / "run")
@@ -324,6 +335,7 @@ def test_train_events_carry_weight_and_update_rms_per_group(builtin_data_dir, tm
         float(embedding.detach().pow(2).mean().sqrt()), rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recompute", [False, True])
 def test_compiled_blocks_train_like_eager_ones(builtin_data_dir, tmp_path, recompute):
     # backend "eager": Dynamo traces every block (graph capture, guards) without inductor's C++ build, which takes

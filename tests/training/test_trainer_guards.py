@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import pilotrun.training.precision as precision_module
@@ -45,6 +46,7 @@ def _one_repeated_batch_config(*overrides: str):
                                    "optim.qk_clip.tau=0.001", *overrides])
 
 
+@pytest.mark.slow
 def test_skipped_updates_move_neither_the_expert_bias_nor_qk_clip(builtin_data_dir, tmp_path, monkeypatch):
     clean = Trainer(_one_repeated_batch_config(), builtin_data_dir, tmp_path / "clean", progress=False)
     assert clean.run().reason == "completed"
@@ -74,6 +76,7 @@ def test_skipped_updates_move_neither_the_expert_bias_nor_qk_clip(builtin_data_d
         assert torch.equal(clean_state[name], skipping_state[name]), name
 
 
+@pytest.mark.slow
 def test_too_many_consecutive_skips_stop_the_run_with_exit_1_and_a_checkpoint(builtin_data_dir, tmp_path, capsys):
     # fp16 with a loss scale no gradient survives: every attempt overflows.
     run_dir = tmp_path / "run"
@@ -92,6 +95,7 @@ def test_too_many_consecutive_skips_stop_the_run_with_exit_1_and_a_checkpoint(bu
     assert any(e["event"] == "checkpoint" and e["step"] == 0 for e in events)
 
 
+@pytest.mark.slow
 def test_evaluation_leaves_every_random_generator_and_the_training_cursor_untouched(builtin_data_dir, tmp_path):
     config = load_run_config(SMOKE, ["train.num_threads=1", "train.eval_batches=3"])
     trainer = Trainer(config, builtin_data_dir, tmp_path / "run", progress=False)

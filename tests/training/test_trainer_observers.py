@@ -115,6 +115,7 @@ def mirrored_run(builtin_data_dir, tmp_path_factory):
 
 
 # ---------------------------------------------------------------------------------------------- profiler
+@pytest.mark.slow
 def test_profiled_run_writes_trace_and_table_and_trains_exactly_as_an_unprofiled_one(profiled_run, plain_run):
     run_dir, out = profiled_run
     folder = profile_folder(run_dir, 8)
@@ -202,6 +203,7 @@ def test_throughput_rule_leaves_the_profiled_windows_out(profiled_run):
 
 
 # ---------------------------------------------------------------------------------------------- sinks
+@pytest.mark.slow
 def test_live_tensorboard_scalars_equal_the_recorded_values_exactly(mirrored_run):
     pytest.importorskip("tensorboard")
     import numpy as np
@@ -260,6 +262,7 @@ class StopAtStep:
         pass
 
 
+@pytest.mark.slow
 def test_a_signal_inside_the_profiler_window_still_writes_what_it_saw(builtin_data_dir, tmp_path):
     stopper = StopAtStep(3)
     trainer = Trainer(config("train.profile.start_step=2", "train.profile.steps=5"), builtin_data_dir,
@@ -282,6 +285,7 @@ def test_a_signal_inside_the_profiler_window_still_writes_what_it_saw(builtin_da
     assert split["train_seconds"] == pytest.approx(sum(w["train_seconds"] for w in windows), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_an_error_inside_the_profiler_window_still_writes_what_it_saw(builtin_data_dir, tmp_path, monkeypatch):
     from pilotrun.training import loop as loop_module
 

@@ -35,6 +35,7 @@ def _wait_for_train_events(run_dir: Path, count: int, process: subprocess.Popen,
     pytest.fail("trainer did not log its first train events in time")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum, exit_code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
 def test_signal_finishes_the_update_saves_and_exits_with_the_documented_code(builtin_data_dir, tmp_path, signum,
                                                                               exit_code):
@@ -61,6 +62,7 @@ def test_signal_finishes_the_update_saves_and_exits_with_the_documented_code(bui
     assert "session_end: interrupted" in out
 
 
+@pytest.mark.slow
 def test_inspect_batch_names_the_windows_and_decodes_them(builtin_data_dir, tmp_path, capsys):
     run_dir = tmp_path / "run"
     code = main(["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--run-dir", str(run_dir),

@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
+
 from pilotrun.config import load_run_config
 from pilotrun.run.record import read_metrics_strict
 from pilotrun.training.callbacks.checkpointing import CheckpointCallback
@@ -37,6 +39,7 @@ def test_the_cadence_and_the_last_round():
     assert not CheckpointCallback(0).due(loop_state(step=8))  # 0: only at the end
 
 
+@pytest.mark.slow
 def test_a_session_saves_on_its_cadence_and_at_its_last_step_each_after_a_train_event(builtin_data_dir, tmp_path):
     run_dir = tmp_path / "run"
     assert Trainer(recipe(), builtin_data_dir, run_dir, progress=False, out=io.StringIO()).run().reason == "completed"

@@ -6,6 +6,8 @@ import io
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from pilotrun.config import load_run_config
 from pilotrun.run.record import read_metrics_strict
 from pilotrun.training.callbacks.base import LoopState
@@ -27,6 +29,7 @@ def test_evaluation_is_due_on_its_cadence_only_after_an_applied_update():
     assert not EvalCallback(SimpleNamespace(eval_every=0)).due(loop_state(step=6))
 
 
+@pytest.mark.slow
 def test_evaluation_reads_the_same_batches_and_is_logged_on_its_cadence(builtin_data_dir, tmp_path):
     config = load_run_config(ROOT / "configs" / "smoke.yaml", [
         "train.num_threads=1", "train.max_steps=4", "train.eval_every=2", "train.eval_batches=3",

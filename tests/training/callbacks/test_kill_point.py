@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pilotrun.commands.pilot_process import wait_until_stopped
 from pilotrun.config import load_run_config
 from pilotrun.run.record import read_metrics_strict
@@ -26,6 +28,7 @@ def test_the_kill_point_is_handed_in():
     assert KillPointCallback.priority > PRIORITY_CHECKPOINT  # it waits for the checkpoint of the same round
 
 
+@pytest.mark.slow
 def test_the_kill_point_stops_at_the_first_logged_step_past_its_step_once_a_checkpoint_committed(
         builtin_data_dir, tmp_path, monkeypatch):
     """A real session with the kill point at step 4, windows every 4 updates and checkpoints every 3 (each also
@@ -59,6 +62,7 @@ def test_the_freeze_is_due_past_the_step_after_a_checkpoint_with_updates_left():
     assert not FreezePoint(None).due(logged_step=4, checkpoint_committed=True, step=4, max_steps=6)
 
 
+@pytest.mark.slow
 def test_freeze_stops_the_process_once_and_sigcont_lets_it_carry_on():
     child = subprocess.Popen([sys.executable, "-c", (
         "from pilotrun.training.callbacks.kill_point import FreezePoint\n"

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from pilotrun.commands.cli import main
 from pilotrun.data.reader import BatchLoader, open_dataset
@@ -70,6 +71,7 @@ def _shards_read(data_dir: Path, split: str, batches: range, batch_size: int = 4
             for file, _, _ in row["pieces"]}
 
 
+@pytest.mark.slow
 def test_a_flipped_byte_stops_the_run_with_exit_1_a_checkpoint_and_one_line_naming_the_shard(
         builtin_data_dir, tmp_path, capsys):
     data_dir, run_dir = tmp_path / "data", tmp_path / "run"
@@ -100,6 +102,7 @@ def test_a_flipped_byte_stops_the_run_with_exit_1_a_checkpoint_and_one_line_nami
     capsys.readouterr()
 
 
+@pytest.mark.slow
 def test_an_intact_run_records_every_shard_it_read_as_verified_and_a_resume_checks_them_again(
         builtin_data_dir, tmp_path, capsys):
     data_dir, run_dir = tmp_path / "data", tmp_path / "run"

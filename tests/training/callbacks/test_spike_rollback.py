@@ -60,6 +60,7 @@ def weights(trainer) -> dict:
     return {"model": session.raw_model.state_dict(), "optimizer": session.optimizer.state_dict()}
 
 
+@pytest.mark.slow
 def test_record_names_the_poisoned_batch_and_its_replay_changes_nothing(builtin_data_dir, tmp_path, monkeypatch):
     poison_batches(POISON, monkeypatch=monkeypatch)
     replayed, result = train(builtin_data_dir, tmp_path / "replayed")
@@ -81,6 +82,7 @@ def test_record_names_the_poisoned_batch_and_its_replay_changes_nothing(builtin_
     assert spikes_rule.status == "WARN" and "cause batch" in spikes_rule.figure
 
 
+@pytest.mark.slow
 def test_skip_counts_one_skipped_update_with_reason_spike(builtin_data_dir, tmp_path, monkeypatch):
     poison_batches(POISON, monkeypatch=monkeypatch)
     trainer, result = train(builtin_data_dir, tmp_path / "run", "train.spike.policy=skip")
@@ -94,6 +96,7 @@ def test_skip_counts_one_skipped_update_with_reason_spike(builtin_data_dir, tmp_
     assert summary.overall["updates_skipped"] == 1
 
 
+@pytest.mark.slow
 def test_rollback_continues_exactly_as_a_run_told_to_skip_the_same_data(builtin_data_dir, tmp_path, monkeypatch):
     poison_batches(POISON, monkeypatch=monkeypatch)
     rolled, result = train(builtin_data_dir, tmp_path / "rolled", "train.spike.policy=rollback")
@@ -131,6 +134,7 @@ def test_rollback_continues_exactly_as_a_run_told_to_skip_the_same_data(builtin_
     assert rule.status == "WARN"
 
 
+@pytest.mark.slow
 def test_a_spike_storm_hits_the_rollback_cap_and_stops(builtin_data_dir, tmp_path, monkeypatch):
     poison_batches(POISON, storm=True, monkeypatch=monkeypatch)
     trainer, result = train(builtin_data_dir, tmp_path / "run", "train.spike.policy=rollback",
@@ -146,6 +150,7 @@ def test_a_spike_storm_hits_the_rollback_cap_and_stops(builtin_data_dir, tmp_pat
     assert rule.status == "FAIL"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["skip", "rollback"])
 def test_a_poisoned_run_resumed_after_its_spike_continues_exactly(builtin_data_dir, tmp_path, monkeypatch, policy):
     """The detector's window and rollback count travel in the checkpoint: resumed after the spike's answer, the

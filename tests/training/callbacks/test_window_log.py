@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
+
 from pilotrun.config import load_run_config
 from pilotrun.run.record import read_metrics_strict
 from pilotrun.training.callbacks.base import LoopState, UpdateResult
@@ -42,6 +44,7 @@ def test_rare_events_are_due_after_a_restart_a_skip_or_a_hook_event():
     assert not callback.due(loop)
 
 
+@pytest.mark.slow
 def test_train_events_partition_the_session_into_windows(builtin_data_dir, tmp_path):
     config = load_run_config(ROOT / "configs" / "smoke.yaml", [
         "train.num_threads=1", "train.max_steps=7", "train.log_every=3", "train.eval_every=0",
@@ -60,6 +63,7 @@ def test_train_events_partition_the_session_into_windows(builtin_data_dir, tmp_p
     assert loop.window.attempted == 0  # a fresh window after the last close
 
 
+@pytest.mark.slow
 def test_an_overflow_event_names_the_skip(builtin_data_dir, tmp_path):
     session = Trainer(load_run_config(ROOT / "configs" / "smoke.yaml", ["train.num_threads=1"]), builtin_data_dir,
                       tmp_path / "run", progress=False, out=io.StringIO()).session
@@ -81,6 +85,7 @@ TRAIN_LINE_EVERY_WINDOW = ("import sys; import pilotrun.plain_progress as lines;
                          "from pilotrun.commands.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
+@pytest.mark.slow
 def test_progress_written_to_a_file_is_one_plain_line_per_window(builtin_data_dir, tmp_path):
     # stderr into a file (nohup, slurm): "auto" gives plain lines, never carriage-return redraws.
     import os

@@ -230,6 +230,7 @@ def _wait_for(predicate, timeout_s: float = 300.0) -> None:
         time.sleep(0.005)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phase", ["writing_files", "renamed_before_marker"])
 def test_sigkill_during_a_write_leaves_nothing_loadable_half_written(tmp_path, phase):
     import signal

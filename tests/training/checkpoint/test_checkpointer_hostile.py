@@ -79,6 +79,7 @@ def _newest_step_dir(run_dir: Path) -> Path:
     return run_dir / "checkpoints" / step_folder_name(Checkpointer(run_dir, keep=1).committed_steps()[-1])
 
 
+@pytest.mark.slow
 def test_a_dcp_metadata_pickle_payload_is_refused_and_never_runs(builtin_data_dir, trained_run, tmp_path, capsys):
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run, run_dir)
@@ -105,6 +106,7 @@ def test_export_of_a_crafted_dcp_checkpoint_is_refused_and_the_payload_never_run
     assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.slow
 def test_the_verdict_never_hashes_a_file_a_marker_names_outside_its_step_folder(trained_run, tmp_path, capsys):
     """The verdict's final-checkpoint rule rehashes a marker's files without loading them; a name that leaves
     the step folder is refused there too, not opened."""
@@ -181,6 +183,7 @@ def test_a_marker_naming_a_file_outside_the_step_folder_is_refused(builtin_data_
     assert "plain file name" in _refused_in_one_line(capsys, train_argv(builtin_data_dir, run_dir, "--resume"))
 
 
+@pytest.mark.slow
 def test_a_symlinked_step_folder_is_refused_and_never_pruned_through(builtin_data_dir, trained_run, tmp_path, capsys):
     other = tmp_path / "other-run"
     shutil.copytree(trained_run, other)

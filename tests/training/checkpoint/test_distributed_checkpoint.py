@@ -28,6 +28,9 @@ from pilotrun.training.checkpoint.dcp_storage import (
 from pilotrun.training.checkpoint.rng_state import capture_rng_state
 from tests.training.test_distributed import _rank_entry, agent_store, run_ranks
 
+# Every test here runs ranks as processes (a module fixture writes the two-rank checkpoint).
+pytestmark = pytest.mark.slow
+
 
 def _state_for_rank(rank: int, step: int) -> dict:
     torch.manual_seed(1000 + rank)  # per-rank generator positions, as after a few steps of dropout-like draws
