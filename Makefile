@@ -36,8 +36,11 @@ pilot: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pilotrun tests benchmarks
 
+# Two pytest workers (pytest-xdist), a test file each at a time so that a module's shared run is trained once:
+# most tests run one torch thread, so the second core would otherwise wait (the suite took about half the time
+# side by side on the busy 2-core machine).
 test: $(STAMP) lint
-	$(VENV)/bin/python -m pytest -q -rs  # -rs: name every skipped test and why
+	$(VENV)/bin/python -m pytest -q -rs -n 2 --dist loadfile  # -rs: name every skipped test and why
 
 # The inner loop: every test not marked `slow` (no child process, no training beyond a few updates), in
 # under 3 minutes on 2 cores. `make test` runs everything, and is what CI runs.
