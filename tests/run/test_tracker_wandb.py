@@ -45,6 +45,8 @@ def records(path: Path):
         if length == 0 and kind == 0:
             pos += left
             continue
+        if pos + 7 + length > len(data):
+            return  # the writer is halfway through this record: the file is not complete yet
         chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
         if kind in (2, 3):  # first, middle
             pending += chunk
@@ -54,11 +56,19 @@ def records(path: Path):
 
 
 def complete_records(path: Path, timeout: float = 60.0) -> list:
-    """W&B's service process may still be writing the file when `finish()` has returned: wait for its
-    closing `exit` record."""
+    """W&B's service process may still be writing the file when `finish()` has returned (a record may be torn
+    at the end, or a block half written): read again until its closing `exit` record is there."""
+    from google.protobuf.message import DecodeError
+
     deadline = time.monotonic() + timeout
     while True:
-        found = list(records(path))
+        try:
+            found = list(records(path))
+        except DecodeError:  # a block the service process has not finished writing: read again
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+            continue
         if any(r.WhichOneof("record_type") == "exit" for r in found) or time.monotonic() > deadline:
             return found
         time.sleep(0.2)
