@@ -264,22 +264,28 @@ def _random_grads(params, generator):
         p.grad = torch.randn(p.shape, generator=generator)
 
 
+def _restored_through_bytes(params_a, opt_a, fresh):
+    """`fresh` (another optimizer's parameters and optimizer) given the weights and optimizer state of `params_a`
+    and `opt_a` through torch.save and a weights_only load, as a checkpoint carries them."""
+    buffer = io.BytesIO()
+    torch.save({"params": [p.detach() for p in params_a], "opt": opt_a.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    params_b, opt_b = fresh
+    with torch.no_grad():
+        for p, w in zip(params_b, saved["params"], strict=True):
+            p.copy_(w)
+    opt_b.load_state_dict(saved["opt"])
+    return params_b, opt_b
+
+
 def test_state_dict_round_trip_is_bit_exact():
     params_a, opt_a = _mixed_optimizer(11)
     generator = torch.Generator().manual_seed(12)
     for _ in range(3):
         _random_grads(params_a, generator)
         opt_a.step()
-    buffer = io.BytesIO()
-    torch.save({"params": [p.detach() for p in params_a], "opt": opt_a.state_dict()}, buffer)
-    buffer.seek(0)
-    saved = torch.load(buffer, weights_only=True)
-
-    params_b, opt_b = _mixed_optimizer(99)  # different starting weights, then restored
-    with torch.no_grad():
-        for p, w in zip(params_b, saved["params"]):
-            p.copy_(w)
-    opt_b.load_state_dict(saved["opt"])
+    params_b, opt_b = _restored_through_bytes(params_a, opt_a, _mixed_optimizer(99))  # other weights, restored
     reloaded = opt_b.state_dict()
     original = opt_a.state_dict()
     assert reloaded["param_groups"] == original["param_groups"]
@@ -523,15 +529,7 @@ def test_stacked_step_resumes_bit_for_bit_across_a_state_dict_round_trip():
     for _ in range(2):
         _random_grads(params_a, generator)
         opt_a.step()
-    buffer = io.BytesIO()
-    torch.save({"params": [p.detach() for p in params_a], "opt": opt_a.state_dict()}, buffer)
-    buffer.seek(0)
-    saved = torch.load(buffer, weights_only=True)
-    params_b, opt_b = _stacking_optimizer(98)
-    with torch.no_grad():
-        for p, w in zip(params_b, saved["params"], strict=True):
-            p.copy_(w)
-    opt_b.load_state_dict(saved["opt"])
+    params_b, opt_b = _restored_through_bytes(params_a, opt_a, _stacking_optimizer(98))
     generator_a, generator_b = torch.Generator().manual_seed(24), torch.Generator().manual_seed(24)
     for _ in range(3):
         _random_grads(params_a, generator_a)
