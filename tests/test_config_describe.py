@@ -7,7 +7,8 @@ import os
 import pytest
 
 from pilotrun.commands import cli
-from pilotrun.config import RunConfig, describe_config, packaged_configs_dir, resolve_recipe_path
+from pilotrun.config import RunConfig, packaged_configs_dir, resolve_recipe_path
+from pilotrun.config_describe import describe_config
 from pilotrun.errors import ConfigError
 
 
