@@ -15,12 +15,13 @@ from pilotrun.files import refuse_wrong_kind
 
 # (command, subcommand or None) -> {argparse dest: (kind, how the message names it: the option, or what a
 # positional argument is)}. "recipe": a file, or the name
-# of a packaged recipe (`--config stability` stays valid beside a folder named stability).
+# of a packaged recipe (`--config stability` stays valid beside a folder named stability). "data": a data folder or
+# a mixture file (data/mixture.py), either kind.
 PATH_ARGUMENTS: dict[tuple[str, str | None], dict[str, tuple[str, str]]] = {
     ("prepare", None): {"out": ("folder", "--out"), "source": ("file", "--source")},
     ("data", "verify"): {"dir": ("folder", "data folder")},
     ("data", "merge"): {"out": ("folder", "--out"), "parts": ("folder", "part")},
-    ("train", None): {"config": ("recipe", "--config"), "frozen": ("file", "--frozen"), "data": ("folder", "--data"),
+    ("train", None): {"config": ("recipe", "--config"), "frozen": ("file", "--frozen"), "data": ("data", "--data"),
                       "run_dir": ("folder", "--run-dir")},
     ("inspect-batch", None): {"run_dir": ("folder", "run folder")},
     ("summarize", None): {"run_dir": ("folder", "run folder")},

@@ -211,14 +211,15 @@ def val_split_warnings(val_tokens: int, batch_size: int, seq_len: int, eval_batc
 
 
 def check_data_fits_recipe(dataset: TokenDataset, *, batch_size: int, seq_len: int, world_size: int,
-                           evaluates: bool, vocab_size: int) -> None:
+                           evaluates: bool, vocab_size: int, train_needed: int | None = None) -> None:
     """Refuse, before a run folder is written, data the recipe cannot use to the end: a train split without one
     global batch, a val split without one evaluation batch when the recipe evaluates (otherwise found only at
     the first evaluation, `eval_every` updates later), and shards whose largest id is not below the model's
     vocab_size. Largest ids come from the manifest; an older manifest without them costs one read of each
-    shard here."""
+    shard here. `train_needed` replaces the train split's need of one global batch (a mixture's source needs
+    one window: it restarts alone)."""
     needed = windows_needed_tokens(batch_size, seq_len, world_size)
-    for name, required in (("train", True), ("val", evaluates)):
+    for name, required in (("train", train_needed is None), ("val", evaluates)):
         split = dataset.split(name)
         if required and split.num_tokens < needed:
             purpose = "one training batch" if name == "train" else "one evaluation batch (train.eval_every > 0)"

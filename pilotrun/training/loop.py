@@ -155,6 +155,7 @@ def train_one_update(loop: LoopState) -> UpdateResult:
         window.aux_sum += output.aux_loss.detach()
         loss_sum += output.ce_loss.detach()
         state.tokens_seen += session.tokens_per_microbatch
+        state.count_sources()
         window.microbatches += 1
     state.updates_attempted += 1
     window.attempted += 1

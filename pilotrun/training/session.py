@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from pilotrun.config import RunConfig, config_from_dict, config_to_dict, validate_run_config
-from pilotrun.data.reader import BatchLoader, TokenDataset, check_data_fits_recipe, open_dataset
+from pilotrun.data.mixed_reader import MixedDataset, MixedLoader, all_splits, check_mixture_fits_recipe, open_data
+from pilotrun.data.reader import BatchLoader, TokenDataset, check_data_fits_recipe
 from pilotrun.errors import CheckpointError, ConfigError, PilotrunError
 from pilotrun.model.accounting import count_parameters, flops_per_token
 from pilotrun.model.transformer import build_model
@@ -64,6 +65,11 @@ def local_ranks() -> int:
         return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     except ValueError:
         return 1
+
+
+def mixture_of(dataset: TokenDataset | MixedDataset) -> dict[str, Any] | None:
+    """A mixture's weights and seed (what a resume compares as data.mixture.*); None for one folder."""
+    return dataset.mixture_section() if isinstance(dataset, MixedDataset) else None
 
 
 def tokens_per_update(config: RunConfig, world_size: int) -> int:
@@ -133,7 +139,7 @@ class TrainingState:
     """The trainer's own state besides model, optimizer, scaler and RNG: the counters, the loader's cursor
     and what each update hook keeps. Counters are global (all ranks together)."""
 
-    loader: BatchLoader
+    loader: BatchLoader | MixedLoader
     hooks: list[UpdateHook]
     step: int = 0
     tokens_seen: int = 0
@@ -141,6 +147,14 @@ class TrainingState:
     updates_skipped: int = 0
     consecutive_skips: int = 0
     data_restarts: int = 0
+    tokens_by_source: list[int] | None = None  # a mixture's tokens_seen per source (they add up to tokens_seen)
+
+    def count_sources(self) -> None:
+        """Add the batch the loader just served to the per-source tokens (a mixture's; a folder has none)."""
+        if self.tokens_by_source is not None:
+            seq_len = self.loader.seq_len
+            self.tokens_by_source = [t + rows * seq_len for t, rows in
+                                     zip(self.tokens_by_source, self.loader.last_batch_rows, strict=True)]
 
     def counters(self) -> Counters:
         return Counters(self.step, self.tokens_seen, self.updates_attempted, self.updates_skipped)
@@ -148,6 +162,8 @@ class TrainingState:
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {**self.counters().as_dict(), "consecutive_skips": self.consecutive_skips,
                                  "data_restarts": self.data_restarts, "train_loader": self.loader.state_dict()}
+        if self.tokens_by_source is not None:
+            state["tokens_by_source"] = list(self.tokens_by_source)
         for hook in self.hooks:
             hook_state = hook.state_dict()
             if hook_state is not None:
@@ -158,6 +174,8 @@ class TrainingState:
         for key in (*COUNTER_KEYS, "consecutive_skips", "data_restarts"):
             setattr(self, key, int(state[key]))
         self.loader.load_state_dict(state["train_loader"])
+        if self.tokens_by_source is not None:
+            self.tokens_by_source = [int(t) for t in state["tokens_by_source"]]
         for hook in self.hooks:
             if hook.state_dict() is not None and (hook.name in state or not getattr(hook, "state_optional", False)):
                 hook.load_state_dict(state[hook.name])
@@ -172,7 +190,7 @@ class Session:
     device: torch.device
     run_dir: Path
     data_dir: Path
-    dataset: TokenDataset
+    dataset: TokenDataset | MixedDataset
     checkpointer: DistributedCheckpointer
     plan: ResumePlan
     raw_model: torch.nn.Module
@@ -213,20 +231,25 @@ class Session:
                         "tokens_per_update": self.tokens_per_update}
         return checkpoint_meta(config, data_sha256=self.dataset.metadata_sha256, data_dir=str(self.data_dir.resolve()),
                                world_size=self.context.world_size, software=self.software, hardware=self.hardware,
-                               partition=partition, progress=progress)
+                               partition=partition, progress=progress, mixture=mixture_of(self.dataset))
 
     def data_section(self) -> dict[str, Any]:
         meta = self.dataset.metadata
         section: dict[str, Any] = {"dir": str(self.data_dir.resolve()), "metadata_sha256": self.dataset.metadata_sha256}
         for name in ("train", "val"):
-            split = self.dataset.split(name)
-            # One manifest identifies both splits: its sha256 is each split's identity too.
-            section[name] = {"metadata_sha256": self.dataset.metadata_sha256, "tokens": int(split.num_tokens),
-                             "documents": int(split.documents)}
+            splits = all_splits(self.dataset, name)
+            # One manifest identifies both splits: its sha256 is each split's identity too (a mixture's: its
+            # sources' identity, with the tokens and documents of all its sources).
+            section[name] = {"metadata_sha256": self.dataset.metadata_sha256,
+                             "tokens": sum(int(split.num_tokens) for split in splits),
+                             "documents": sum(int(split.documents) for split in splits)}
         section["tokenizer"] = meta.get("tokenizer")
-        section["source"] = meta.get("source")
+        section["source"] = meta.get("source") if not isinstance(self.dataset, MixedDataset) else None
         section["vocab_size"] = self.dataset.vocab_size
         section["eos_id"] = self.dataset.eos_id
+        if isinstance(self.dataset, MixedDataset):
+            section["sources"] = self.dataset.sources_section()
+            section["mixture"] = self.dataset.mixture_section()
         return section
 
     def model_section(self) -> dict[str, Any]:
@@ -292,7 +315,7 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
                           context: dist_utils.DistributedContext, auto: bool = False) -> Session:
     world_size = context.world_size
     # 2. Data: its identity and vocabulary decide the model's vocab_size when the recipe leaves it at 0.
-    dataset = open_dataset(data_dir)
+    dataset = open_data(data_dir)
     config = resolve_vocab(config, dataset.vocab_size)
     dist_utils.check_same_run_on_all_ranks(context, config_to_dict(config), dataset.metadata_sha256)
 
@@ -311,7 +334,8 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     def meta_of_this_run() -> dict[str, Any]:
         return checkpoint_meta(config, data_sha256=dataset.metadata_sha256, data_dir=str(data_dir.resolve()),
                                world_size=world_size, software=software, hardware=hardware,
-                               partition=partition_table(partition_parameters(model, config.optim)))
+                               partition=partition_table(partition_parameters(model, config.optim)),
+                               mixture=mixture_of(dataset))
 
     recorded = read_run_json(run_dir) if resume else {}
     run_id = recorded.get("run_id")
@@ -327,9 +351,9 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
         torch.manual_seed(plan.config.train.seed)
         model = build_model(plan.config.model)
     config = plan.config
-    check_data_fits_recipe(dataset, batch_size=config.train.batch_size, seq_len=config.train.seq_len,
-                           world_size=world_size, evaluates=config.train.eval_every > 0,
-                           vocab_size=config.model.vocab_size)  # before the run folder is written
+    fits = check_mixture_fits_recipe if isinstance(dataset, MixedDataset) else check_data_fits_recipe
+    fits(dataset, batch_size=config.train.batch_size, seq_len=config.train.seq_len, world_size=world_size,
+         evaluates=config.train.eval_every > 0, vocab_size=config.model.vocab_size)  # before the run folder is written
 
     # 4. Model, wrapper, optimizer, scaler, loader. Wrap before building the optimizer: FSDP2's fully_shard
     # replaces every parameter with a sharded DTensor parameter, and an optimizer built earlier would hold
@@ -343,9 +367,14 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     if config.optim.muon.distribute_newton_schulz and t.parallelism == "ddp":
         optimizer.distribute_orthogonalization(context.rank, world_size)
     scaler = build_grad_scaler(t.precision, device.type, t.loss_scale_init, t.loss_scale_growth_interval)
-    loader = BatchLoader(dataset.split("train"), t.batch_size, t.seq_len, mode=t.data_mode, rank=context.rank,
-                         world_size=world_size)
-    state = TrainingState(loader=loader, hooks=[*build_update_hooks(raw_model, config), SpikeDetector(t.spike)])
+    if isinstance(dataset, MixedDataset):
+        loader: BatchLoader | MixedLoader = MixedLoader(dataset, t.batch_size, t.seq_len, mode=t.data_mode,
+                                                        rank=context.rank, world_size=world_size)
+    else:
+        loader = BatchLoader(dataset.split("train"), t.batch_size, t.seq_len, mode=t.data_mode, rank=context.rank,
+                             world_size=world_size)
+    state = TrainingState(loader=loader, hooks=[*build_update_hooks(raw_model, config), SpikeDetector(t.spike)],
+                          tokens_by_source=[0] * len(dataset.names) if isinstance(dataset, MixedDataset) else None)
     total, active = count_parameters(config.model)
     peak = hardware.get("peak_flops_per_s")
     session = Session(
@@ -370,7 +399,8 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
         session.notes.append(restored_state_line(checkpointer.root / step_folder_name(plan.checkpoint_step),
                                                  restored["trainer"], rng_notes, restored["scaler"]))
     session.notes.extend(checkpointer.notes)
-    session.notes.extend(startup_warnings(config, session.dataset.split("val").num_tokens, world_size))
+    val_tokens = min(split.num_tokens for split in all_splits(session.dataset, "val"))
+    session.notes.extend(startup_warnings(config, val_tokens, world_size))
     # Before run.json and the first update: a folder that cannot take a checkpoint is refused now, not after
     # checkpoint_every updates of work that could not be saved.
     refusal = None

@@ -1,5 +1,5 @@
-"""Evaluation: the mean cross-entropy of the first `train.eval_batches` batches of the val split, every
-`train.eval_every` applied updates, logged as a `val` event; the "eval" phase.
+"""Evaluation: the mean cross-entropy of the first `train.eval_batches` batches of the val split (of each source's
+for a mixture), every `train.eval_every` applied updates, logged as a `val` event; the "eval" phase.
 
 The same batches every time, so the values are comparable across a run and across its sessions. The model is
 put in eval mode (no per-step statistic or tracker moves), no gradient is kept, the training precision is
@@ -15,35 +15,52 @@ from typing import Any
 import torch
 
 from pilotrun.config import TrainConfig
-from pilotrun.data.reader import BatchLoader
+from pilotrun.data.mixed_reader import MixedDataset, all_splits
+from pilotrun.data.reader import BatchLoader, TokenSplit
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import PRIORITY_EVAL, Callback, LoopState, due_on_cadence
 from pilotrun.training.precision import autocast_context
 from pilotrun.training.session import Session
 
 
-def evaluate(session: Session, train: TrainConfig) -> dict[str, Any]:
-    """The `val` event's fields: loss (mean over ranks), batches, tokens, seconds."""
+def _loss_sum(session: Session, train: TrainConfig, split: TokenSplit) -> float:
+    """This rank's summed cross-entropy over the first `eval_batches` batches of one val split."""
     context, device, raw_model = session.context, session.device, session.raw_model
-    loader = BatchLoader(session.dataset.split("val"), train.batch_size, train.seq_len, mode="successive",
-                         rank=context.rank, world_size=context.world_size)
-    started = time.perf_counter()
-    raw_model.eval()
+    loader = BatchLoader(split, train.batch_size, train.seq_len, mode="successive", rank=context.rank,
+                         world_size=context.world_size)
     total = torch.zeros((), dtype=torch.float64, device=device)
+    with torch.no_grad():
+        for _ in range(train.eval_batches):
+            inputs, targets = loader.next_batch()
+            inputs = inputs.to(device, non_blocking=True)
+            targets = targets.to(device, non_blocking=True)
+            with autocast_context(train.precision, device.type):
+                output = raw_model(inputs, targets)
+            total += output.ce_loss.detach().double()
+    return float(total.item())
+
+
+def evaluate(session: Session, train: TrainConfig) -> dict[str, Any]:
+    """The `val` event's fields: loss (mean over ranks), batches, tokens, seconds. A mixture evaluates each
+    source on its own val split (`loss_by_source`); its `loss` is their mean under the mixture's weights."""
+    started = time.perf_counter()
+    dataset = session.dataset
+    splits = all_splits(dataset, "val")
+    session.raw_model.eval()
     try:
-        with torch.no_grad():
-            for _ in range(train.eval_batches):
-                inputs, targets = loader.next_batch()
-                inputs = inputs.to(device, non_blocking=True)
-                targets = targets.to(device, non_blocking=True)
-                with autocast_context(train.precision, device.type):
-                    output = raw_model(inputs, targets)
-                total += output.ce_loss.detach().double()
+        sums = {str(index): _loss_sum(session, train, split) / train.eval_batches for index, split in enumerate(splits)}
     finally:
-        raw_model.train()
-    loss = dist_utils.mean_across_ranks(context, {"loss": float(total.item()) / train.eval_batches})["loss"]
-    return {"loss": loss, "batches": train.eval_batches, "tokens": train.eval_batches * session.tokens_per_microbatch,
-            "seconds": time.perf_counter() - started}
+        session.raw_model.train()
+    means = dist_utils.mean_across_ranks(session.context, sums)
+    batches = train.eval_batches * len(splits)
+    fields: dict[str, Any] = {"loss": means["0"], "batches": batches,
+                              "tokens": batches * session.tokens_per_microbatch}
+    if isinstance(dataset, MixedDataset):
+        weights = dataset.spec.weights
+        by_source = {name: means[str(index)] for index, name in enumerate(dataset.names)}
+        fields["loss"] = sum(w * loss for w, loss in zip(weights, by_source.values(), strict=True)) / sum(weights)
+        fields["loss_by_source"] = by_source
+    return {**fields, "seconds": time.perf_counter() - started}
 
 
 class EvalCallback(Callback):

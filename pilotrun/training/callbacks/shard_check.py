@@ -20,6 +20,7 @@ is one session's, which costs one background read of each shard per session.
 
 from __future__ import annotations
 
+from pilotrun.data.mixed_reader import all_splits
 from pilotrun.data.shard_hashing import ShardHasher
 from pilotrun.data.stream import SPLITS
 from pilotrun.training.callbacks.base import PRIORITY_RARE_EVENTS, Callback, Ending, LoopState, due_on_cadence
@@ -53,7 +54,8 @@ class ShardCheckCallback(Callback):
         """Watch the session's train and val splits from the first read on."""
         hasher = hasher if hasher is not None else ShardHasher()
         for name in SPLITS:
-            hasher.watch(loop.session.dataset.split(name))
+            for split in all_splits(loop.session.dataset, name):
+                hasher.watch(split)
         return cls(hasher, loop.session.context.rank)
 
     def stop_request(self, loop: LoopState) -> Ending | None:

@@ -93,6 +93,7 @@ class WindowLogCallback(Callback):
         self.log_every = log_every
         self.checkpoint_every = checkpoint_every
         self.bar = bar
+        self.sources_at_open: list[int] | None = None  # a mixture's tokens per source where the window opened
 
     @classmethod
     def for_session(cls, loop: LoopState, *, progress: bool | str) -> WindowLogCallback:
@@ -117,6 +118,8 @@ class WindowLogCallback(Callback):
     def around_update(self, loop: LoopState) -> Iterator[None]:
         # The device's own seconds per update, for the training phase's attempts only (not profiled ones).
         timed = not loop.update_profiled
+        if self.sources_at_open is None and loop.session.state.tokens_by_source is not None:
+            self.sources_at_open = list(loop.session.state.tokens_by_source)  # the session's first window
         if timed:
             loop.window.update_started()
         yield
@@ -136,6 +139,21 @@ class WindowLogCallback(Callback):
             with loop.account.phase("report"):
                 self.bar.close()
             self.bar = None
+
+    def source_fields(self, loop: LoopState) -> dict[str, Any]:
+        """A mixture's window by source: `tokens_by_source` (the window's tokens, adding up to its tokens),
+        `tokens_seen_by_source` (cumulative, adding up to tokens_seen) and `restarts_by_source`; {} for a folder."""
+        state = loop.session.state
+        if state.tokens_by_source is None:
+            return {}
+        names = loop.session.dataset.names
+        opened = self.sources_at_open or [0] * len(names)
+        now = list(state.tokens_by_source)
+        self.sources_at_open = now
+        restarts = state.loader.passes([t // state.loader.seq_len for t in now])
+        return {"tokens_by_source": {n: b - a for n, a, b in zip(names, opened, now, strict=True)},
+                "tokens_seen_by_source": dict(zip(names, now, strict=True)),
+                "restarts_by_source": dict(zip(names, restarts, strict=True))}
 
     def close_window(self, loop: LoopState) -> None:
         train_seconds, wall_seconds = loop.window_clock.close_window()
@@ -166,6 +184,7 @@ class WindowLogCallback(Callback):
             hook_metrics={hook.name: hook.window_metrics() for hook in session.state.hooks},
             memory=memory_snapshot(session.device), block_output_rms=block_output_rms(raw),
             weight_rms=parameter_rms(optimizer))
+        fields.update(self.source_fields(loop))
         loop.log("train", **fields)
         loop.logged_step = loop.step
         if self.bar is not None:

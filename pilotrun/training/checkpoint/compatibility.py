@@ -6,7 +6,8 @@ The checkpoint's meta and the resuming run's meta are compared section by sectio
   (a longer max_steps, log/eval/checkpoint cadence) change freely; any other difference (model config,
   optimizer hyperparameters, batch/sequence/accumulation, precision, seed, ...) is refused unless named
   in `allowed` (the CLI's --allow-change KEY), and then returned so that run.json records it.
-- `world_size` (training geometry), `data.metadata_sha256` (the dataset's identity) and
+- `world_size` (training geometry), `data.metadata_sha256` (the dataset's identity), a mixture's
+  `data.mixture.weights` and `data.mixture.seed` (data/mixture.py) and
   `optimizer.partition` (which parameters each optimizer owns; their hyperparameters are recipe keys):
   refused unless allowed, like recipe keys.
 - `software` versions that change numerics (torch, CUDA, cuDNN, NumPy, Python) and the `hardware` device:
@@ -89,6 +90,8 @@ def _compared_values(meta: dict[str, Any]) -> dict[str, Any]:
     data = meta.get("data") if isinstance(meta.get("data"), dict) else {}
     values[DATA_KEY] = data.get("metadata_sha256", data.get("train", {}).get("metadata_sha256")
                                 if isinstance(data.get("train"), dict) else None)
+    if isinstance(data.get("mixture"), dict):  # a mixture's weights and seed: recipe decisions, compared as such
+        values.update(flatten(data["mixture"], "data.mixture"))
     values[WORLD_SIZE_KEY] = meta.get("world_size")
     return {k: v for k, v in values.items() if v is not None}
 

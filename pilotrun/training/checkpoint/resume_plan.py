@@ -45,10 +45,12 @@ class ResumePlan:
 
 def checkpoint_meta(config: RunConfig, *, data_sha256: str, data_dir: str, world_size: int,
                     software: dict[str, Any], hardware: dict[str, Any], partition: list[dict[str, Any]],
-                    progress: dict[str, Any] | None = None) -> dict[str, Any]:
+                    progress: dict[str, Any] | None = None, mixture: dict[str, Any] | None = None) -> dict[str, Any]:
     """The facts a checkpoint records about its run. `progress` (counters, session_id, run_id,
-    tokens_per_update) is added when a checkpoint is written; a resume compares the rest."""
-    meta = {"recipe": config_to_dict(config), "data": {"metadata_sha256": data_sha256, "dir": data_dir},
+    tokens_per_update) is added when a checkpoint is written; a resume compares the rest. `mixture` (a data
+    mixture's weights and schedule seed) joins the data section, compared as `data.mixture.*` keys."""
+    data = {"metadata_sha256": data_sha256, "dir": data_dir, **({"mixture": mixture} if mixture else {})}
+    meta = {"recipe": config_to_dict(config), "data": data,
             "world_size": world_size, "software": software,
             "hardware": {k: hardware.get(k) for k in HARDWARE_META_KEYS},
             "optimizer": {"partition": partition}}
@@ -136,7 +138,10 @@ def plan_restart(config: RunConfig, *, recorded: dict[str, Any], current_meta: d
     if not isinstance(recipe, dict) or not isinstance(data_sha, str):
         raise CheckpointError(f"--resume: no committed checkpoint in {root}, and run.json records no recipe or data "
                               "identity to start again from; start a new --run-dir")
-    saved = dict(current_meta, recipe=recipe, data=dict(current_meta["data"], metadata_sha256=data_sha))
+    saved_data = dict(current_meta["data"], metadata_sha256=data_sha)
+    if isinstance((recorded.get("data") or {}).get("mixture"), dict):
+        saved_data["mixture"] = recorded["data"]["mixture"]
+    saved = dict(current_meta, recipe=recipe, data=saved_data)
     report = check_resume_compatibility(saved, current_meta, list(allow_changes))
     restored = config_to_dict(config_from_dict(recipe))
     for change in report.free_changes + report.allowed_changes:
