@@ -11,6 +11,7 @@ test, naming what it started, also when a fixture the test needs starts it.
 
 from __future__ import annotations
 
+import json
 import multiprocessing.process
 import subprocess
 import sys
@@ -95,3 +96,38 @@ def builtin_data_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("data") / "builtin"
     prepare_corpus(out, source="builtin", tokenizer="bpe:4096", progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def mixture_sources(tmp_path_factory):
+    """Prepared folders for data mixtures (read-only for tests): `builtin` (the built-in corpus, its own 512-token
+    BPE), `edu` (the FineWeb-Edu fixture, prepared with builtin's tokenizer.json: one tokenizer file for both),
+    `tiny` (a few lines of text, the same tokenizer: a source too small for its weight) and `other` (the built-in
+    corpus under another vocabulary)."""
+    from pilotrun.data.prepare import prepare_corpus
+
+    fineweb = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "fineweb-edu" / "fineweb_edu_sample10bt_150docs.jsonl"
+    if not fineweb.exists():
+        pytest.skip(f"shared test fixture {fineweb} is absent (expected ../shared/fixtures beside the repository)")
+    root = tmp_path_factory.mktemp("mixture_sources")
+    prepare_corpus(root / "builtin", source="builtin", tokenizer="bpe:512", train_tokens=20_000, val_fraction=0.05,
+                   workers=1, progress=False)
+    tokenizer = str(root / "builtin" / "tokenizer.json")
+    prepare_corpus(root / "edu", source=str(fineweb), tokenizer=tokenizer, train_tokens=40_000, val_fraction=0.1,
+                   workers=1, progress=False)
+    lines = root / "tiny.jsonl"
+    lines.write_text("".join(json.dumps({"text": f"Line {i} of a very small source about the river and the mill."})
+                             + "\n" for i in range(40)))
+    prepare_corpus(root / "tiny", source=str(lines), tokenizer=tokenizer, val_fraction=0.3, workers=1, progress=False)
+    prepare_corpus(root / "other", source="builtin", tokenizer="bpe:300", train_tokens=5_000, val_fraction=0.05,
+                   workers=1, progress=False)
+    return {name: root / name for name in ("builtin", "edu", "tiny", "other")}
+
+
+def write_mixture(path, entries, seed=None):
+    """A mixture file at `path`: entries are (folder, weight) pairs."""
+    lines = ["mixture:"] + [f"  - {{path: {folder}, weight: {weight}}}" for folder, weight in entries]
+    if seed is not None:
+        lines.append(f"seed: {seed}")
+    path.write_text("\n".join(lines) + "\n")
+    return path

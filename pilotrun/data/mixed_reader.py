@@ -22,7 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from pilotrun.data.mixture import MixtureSchedule, MixtureSpec, is_mixture_file, mixture_identity, parse_mixture
+from pilotrun.data.mixture import (
+    MixtureSchedule,
+    MixtureSpec,
+    is_mixture_file,
+    mixture_identity,
+    parse_mixture,
+)
 from pilotrun.data.reader import MODES, TokenDataset, TokenSplit, check_data_fits_recipe, open_dataset
 from pilotrun.data.stream import SPLITS
 from pilotrun.errors import DataError
@@ -84,6 +90,8 @@ def open_data(path: str | os.PathLike) -> TokenDataset | MixedDataset:
     if not is_mixture_file(path):
         return open_dataset(path)
     spec = parse_mixture(path)
+    if len(spec.sources) == 1:  # the mixture of one folder is that folder: the same record, cursor and identity
+        return open_dataset(spec.sources[0].path)
     return MixedDataset(spec, [open_dataset(source.path) for source in spec.sources])
 
 

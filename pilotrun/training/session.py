@@ -23,7 +23,13 @@ from typing import Any
 import torch
 
 from pilotrun.config import RunConfig, config_from_dict, config_to_dict, validate_run_config
-from pilotrun.data.mixed_reader import MixedDataset, MixedLoader, all_splits, check_mixture_fits_recipe, open_data
+from pilotrun.data.mixed_reader import (
+    MixedDataset,
+    MixedLoader,
+    all_splits,
+    check_mixture_fits_recipe,
+    open_data,
+)
 from pilotrun.data.reader import BatchLoader, TokenDataset, check_data_fits_recipe
 from pilotrun.errors import CheckpointError, ConfigError, PilotrunError
 from pilotrun.model.accounting import count_parameters, flops_per_token
@@ -316,6 +322,7 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     world_size = context.world_size
     # 2. Data: its identity and vocabulary decide the model's vocab_size when the recipe leaves it at 0.
     dataset = open_data(data_dir)
+    data_dir = Path(dataset.data_dir)  # a mixture file of one folder names that folder
     config = resolve_vocab(config, dataset.vocab_size)
     dist_utils.check_same_run_on_all_ranks(context, config_to_dict(config), dataset.metadata_sha256)
 
