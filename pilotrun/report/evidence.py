@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pilotrun.report.mixture import source_passes, sources_of
 from pilotrun.report.thresholds import FAIL, PASS, WARN, Finding, Thresholds
 
 if TYPE_CHECKING:
@@ -85,6 +86,8 @@ def judge_data_passes(summary: Summary, t: Thresholds) -> Finding:
         reads = f"{tokens // microbatches} times" if isinstance(microbatches, int) and microbatches > 0 else "again"
         return Finding(WARN, f"data_mode repeat_batch: one batch read {reads}; an overfitting check, its loss "
                        "says nothing of fresh data", threshold, "run.json recipe; kept tokens_seen")
+    if sources_of(summary.run):
+        return _mixture_passes(summary, t, threshold, mode)
     sized = pass_tokens(summary)
     if sized is None:
         return Finding(FAIL, "run.json or the session start lacks the split's tokens, seq_len or "
@@ -106,3 +109,29 @@ def judge_data_passes(summary: Summary, t: Thresholds) -> Finding:
                        "long run's", threshold, evidence)
     return Finding(WARN, f"{figure}: part of the loss is measured on tokens already trained on", threshold,
                    evidence)
+
+
+def _mixture_passes(summary: Summary, t: Thresholds, threshold: str, mode: Any) -> Finding:
+    """data_passes of a mixture: each source restarts alone, so each is judged on its own passes and the
+    source read most often is named (a small source repeated many times is what a mixture hides)."""
+    seq_len = recipe_value(summary, "train.seq_len")
+    found = source_passes(summary.run, summary.kept_events, seq_len if isinstance(seq_len, int) else 0)
+    if not found:
+        return Finding(FAIL, "run.json or the train windows lack the sources' split tokens or tokens_seen_by_source: "
+                       "the passes cannot be counted", threshold, "run.json data.sources; train events")
+    worst = found[0]
+    passes = max(worst["passes"], float(worst["restarts"]))
+    listed = ", ".join(f"{r['name']} {max(r['passes'], float(r['restarts'])):.2g} ({r['restarts']} restarts)"
+                       for r in found)
+    evidence = (f"per source: kept tokens_seen_by_source over the source's windows x seq_len ({listed}); "
+                "run.json data.sources")
+    figure = f"source {worst['name']}: {passes:.1f} passes over its training split ({worst['restarts']} restarts)"
+    if worst["restarts"] == 0 and passes <= 1:
+        return Finding(PASS, f"every source read at most once; most read: {worst['name']} {passes:.2g} of a pass",
+                       threshold, evidence)
+    if mode != "successive":
+        return lacks("train.data_mode", threshold)
+    if passes > t.max_train_passes:
+        return Finding(FAIL, f"{figure}: past {t.max_train_passes:g} the loss measures memorised text, not the "
+                       "long run's", threshold, evidence)
+    return Finding(WARN, f"{figure}: part of the loss is measured on tokens already trained on", threshold, evidence)

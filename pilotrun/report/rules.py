@@ -144,7 +144,9 @@ DATA_PASSES = Rule(
     "loader's whole global batches of the split, run.json data.train.tokens and the recipe's seq_len), beside the "
     "loader's own restarts (data_restarts). Any re-read WARNs: part of the loss is then measured on tokens "
     "already trained on; with data_mode successive more than max_train_passes passes FAIL. data_mode "
-    "repeat_batch re-reads one batch by design and WARNs. On a run in progress it counts the passes so far.",
+    "repeat_batch re-reads one batch by design and WARNs. A data mixture is judged per source (each restarts "
+    "alone: its kept tokens over its own split's windows) and the source read most often is named. On a run in "
+    "progress it counts the passes so far.",
     evidence.judge_data_passes, ("max_train_passes",))
 
 RESUMED = Rule(

@@ -10,6 +10,7 @@ Validation (each failure is one reason naming the line, event and numbers):
 - the hash chain of metrics.jsonl (record.py): every line follows from the one before it, each session
   starts and ends where run.json says the chain stood, each checkpoint's recorded chain head is a line, and
   run.json's sections equal the digests the latest session_start recorded;
+- a data mixture's tokens per source add up to tokens_seen in every train window (report/mixture.py);
 - `--require-step N`: a `completed` session_end at step N in the kept history, and the checkpoint at N
   committed with every file matching its marker's sha256.
 
@@ -37,6 +38,7 @@ from pilotrun.report.ledger import (
     ledger_problem,
     time_ledger,
 )
+from pilotrun.report.mixture import format_mixture, mixture_overview, mixture_problems
 from pilotrun.report.sessions import SessionSummary, check_session, group_sessions, session_summary
 from pilotrun.report.spikes import describe_spikes, rollback_problems, spike_overview, split_rollbacks
 from pilotrun.report.time_split import (
@@ -223,6 +225,7 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None) 
     kept_events, undone = split_rollbacks(kept_events)
     rolled_back_events = sorted(rolled_back_events + undone, key=lambda e: e.get("_line", 0))
     reasons.extend(rollback_problems(log.events))
+    reasons.extend(mixture_problems(run, log.events))  # a mixture's tokens per source add up exactly
 
     final = Counters.of(kept_events[-1]) if kept_events else Counters()
     final_checkpoint = None
@@ -231,6 +234,9 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None) 
     overall = _overall(run, groups, order, sessions, final, kept_events)
     overall["final_checkpoint"] = final_checkpoint  # None unless --require-step asked for it
     overall["spikes"] = spike_overview(kept_events + rolled_back_events)
+    mixture = mixture_overview(run, kept_events)
+    if mixture is not None:  # a run on one folder has no mixture and no such key
+        overall["mixture"] = mixture
     overall["frozen_candidate"] = frozen_candidate_status(run)  # None unless started with train --frozen
     # A session that has not ended may simply be running: the folder's lock says so (read, never taken).
     holder = live_holder(run_dir)
@@ -403,6 +409,9 @@ def format_summary(summary: Summary) -> str:
         lines.append(f"final checkpoint at step {checkpoint['step']}: "
                      + (f"intact ({checkpoint['files']} file(s), every sha256 matches its marker)"
                         if checkpoint["intact"] else "DAMAGED or missing"))
+    mixture = format_mixture(o.get("mixture"))
+    if mixture is not None:
+        lines.append(mixture)
     if o.get("frozen_candidate") is not None:
         lines.append(describe_frozen_status(o["frozen_candidate"]))
     for note in summary.notes:
