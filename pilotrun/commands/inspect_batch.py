@@ -7,8 +7,8 @@ the skipped attempts are exactly the `overflow` events (each records `updates_at
 A resumed session repeats, bit for bit, what a crashed one did after its checkpoint, so duplicated overflow
 events of rolled-back work name the same attempts and are counted once.
 
-The loader's `describe_batch(batch_index)` then names, per row, the shard file, offset and length it read,
-and the tokenizer saved in the data folder decodes them, with no network.
+The loader's `describe_batch(batch_index)` then names, per row, the shard file, offset and length it read (for a
+data mixture also the row's source and its row and pass in that source: data/mixed_reader.py), and the tokenizer saved in the data folder decodes them, with no network.
 """
 
 from __future__ import annotations
@@ -46,10 +46,11 @@ def microbatches_for_step(run_dir: str | Path, step: int) -> tuple[list[int], di
     reached = max((e["step"] for e in events), default=0)
     if step > reached:
         raise ConfigError(f"--step {step}: the run record of {run_dir} reaches step {reached} only")
-    changed = [c["key"] for c in run.get("allowed_changes", []) if c.get("key") in GEOMETRY_KEYS]
+    changed = [c["key"] for c in run.get("allowed_changes", []) if c.get("key") in GEOMETRY_KEYS
+               or str(c.get("key")).startswith("data.mixture.")]
     if changed:
-        raise ConfigError(f"{run_dir}: batch geometry changed during the run ({', '.join(changed)}); the cursor "
-                          "arithmetic of inspect-batch does not cover that")
+        raise ConfigError(f"{run_dir}: batch geometry changed during the run ({', '.join(changed)}: a batch "
+                          "geometry or mixture key); the cursor arithmetic of inspect-batch does not cover that")
     skipped = {int(e["updates_attempted"]) for e in events if e["event"] == "overflow"}
     accumulation = int(run["recipe"]["train"]["gradient_accumulation_steps"])
     attempt = attempt_for_step(step, skipped)
@@ -66,19 +67,25 @@ def inspect_batch(run_dir: str | Path, step: int, max_chars: int = 400) -> str:
 
 
 def _inspect_batch(run_dir: str | Path, step: int, max_chars: int) -> str:
-    from pilotrun.data.reader import BatchLoader, open_dataset
+    from pilotrun.data.mixed_reader import MixedDataset, MixedLoader, open_data
+    from pilotrun.data.reader import BatchLoader
 
     indices, run = microbatches_for_step(run_dir, step)
     data_dir = Path(run["data"]["dir"])
-    dataset = open_dataset(data_dir)
+    dataset = open_data(data_dir)
     if dataset.metadata_sha256 != run["data"]["metadata_sha256"]:
         raise DataError(f"{data_dir}: metadata_sha256 {dataset.metadata_sha256[:12]} differs from the run's "
                         f"{run['data']['metadata_sha256'][:12]}: not the data this run read")
     t = run["recipe"]["train"]
     world_size = int(run["sessions"][-1]["hardware"]["world_size"])
-    split = dataset.split("train")
-    loader = BatchLoader(split, int(t["batch_size"]), int(t["seq_len"]), mode=t["data_mode"],
-                         rank=0, world_size=world_size)
+    if isinstance(dataset, MixedDataset):
+        loader: BatchLoader | MixedLoader = MixedLoader(dataset, int(t["batch_size"]), int(t["seq_len"]),
+                                                        mode=t["data_mode"], rank=0, world_size=world_size)
+        splits = dataset.splits("train")
+    else:
+        loader = BatchLoader(dataset.split("train"), int(t["batch_size"]), int(t["seq_len"]), mode=t["data_mode"],
+                             rank=0, world_size=world_size)
+        splits = [dataset.split("train")]
     tokenizer = dataset.load_tokenizer()
     lines = [f"run {run.get('run_id')}: update {step} read {len(indices)} microbatch(es) {indices} "
              f"(data {data_dir}, mode {t['data_mode']}, {t['batch_size']} x {t['seq_len']} per rank, "
@@ -86,12 +93,14 @@ def _inspect_batch(run_dir: str | Path, step: int, max_chars: int) -> str:
     for batch_index in indices:
         for row in loader.describe_batch(batch_index):
             pieces = row["pieces"]
-            tokens = split.read(int(row["start"]), int(row["length"]))
+            tokens = splits[row.get("source_index", 0)].read(int(row["start"]), int(row["length"]))
             where = ", ".join(f"{_piece(p)[0]}[{_piece(p)[1]}:{_piece(p)[1] + _piece(p)[2]}]" for p in pieces)
             text = tokenizer.decode([int(x) for x in tokens])
             shown = text if len(text) <= max_chars else text[:max_chars] + " [...]"
-            lines.append(f"\nmicrobatch {batch_index} rank {row['rank']} row {row['row']}: {len(tokens)} tokens from "
-                         f"{where}")
+            source = (f" source {row['source']} row {row['source_row']} (pass {row['epoch']})"
+                      if "source" in row else "")
+            lines.append(f"\nmicrobatch {batch_index} rank {row['rank']} row {row['row']}{source}: {len(tokens)} tokens "
+                         f"from {where}")
             lines.append(repr(shown))
     return "\n".join(lines)
 

@@ -145,8 +145,10 @@ def test_a_sigkill_and_resume_is_bit_exact(seventy_thirty, tmp_path):
     while not (run_dir / "checkpoints" / "step-00000004" / MARKER_NAME).exists() and process.poll() is None:
         assert time.monotonic() < deadline, "no checkpoint at step 4 within 300 s"
         time.sleep(0.05)
+    assert process.poll() is None, "the run ended before the kill"
     process.send_signal(signal.SIGKILL)
     process.wait()
+    assert not events(run_dir, "session_end")  # killed, not ended
     done = subprocess.run(_command(mixture, run_dir, 1, 4, "--resume"), cwd=ROOT, env=_env(), capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -160,3 +162,16 @@ def test_a_sigkill_and_resume_is_bit_exact(seventy_thirty, tmp_path):
     assert_exactly_equal(a["model"], b["model"])
     assert_exactly_equal(a["trainer"], b["trainer"])
     assert summarize_run(run_dir).valid
+
+
+def test_inspect_batch_names_each_rows_source_and_its_position_there(seventy_thirty):
+    from pilotrun.commands.inspect_batch import inspect_batch
+    from pilotrun.data.mixed_reader import MixedLoader, open_data
+
+    mixture, run_dir = seventy_thirty
+    rows = [line for line in inspect_batch(run_dir, 3).splitlines() if line.startswith("microbatch")]
+    described = MixedLoader(open_data(mixture), batch_size=4, seq_len=32).describe_batch(2)
+    assert len(rows) == 4
+    for line, row in zip(rows, described, strict=True):
+        assert line.startswith(f"microbatch 2 rank 0 row {row['row']} source {row['source']} row "
+                               f"{row['source_row']} (pass 0): 33 tokens from ")
