@@ -47,7 +47,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="take the recipe from a recipe lock written by `pilotrun freeze`: any difference from the "
                    "lock (config keys after --set, the data's metadata_sha256) not named with --allow-change is "
                    "refused with the list; run.json records the lock's sha256 and the accepted differences")
-    p.add_argument("--data", required=True, help="data folder written by `pilotrun prepare`")
+    p.add_argument("--data", required=True, help="data folder written by `pilotrun prepare`, or a mixture file "
+                   "(YAML `mixture: [{path: DIR, weight: W}, ...]`, optional `seed`) of several")
     p.add_argument("--run-dir", required=True, help="run folder (run.json, metrics.jsonl, checkpoints/)")
     p.add_argument("--resume", nargs="?", const=True, default=False, type=_resume_mode, metavar="auto",
                    help="continue from the newest committed checkpoint; `--resume auto`: the same command for every "
@@ -148,15 +149,15 @@ def _recorded_seconds_per_update(run_dir: str) -> float | None:
 def _frozen_config(args: argparse.Namespace):
     """The recipe of a lock after --set, and run.json's `frozen` section; refuses unlisted differences."""
     from pilotrun.config import apply_overrides, config_to_dict, loaded_recipe
-    from pilotrun.data.shards import load_manifest, metadata_sha256
+    from pilotrun.data.mixed_reader import data_identity
     from pilotrun.run.recipe_lock import frozen_run_facts, load_lock
     from pilotrun.training.environment import git_state
 
     lock = load_lock(args.frozen)
     config = loaded_recipe(apply_overrides(lock["recipe"], args.overrides))
-    data_sha256 = metadata_sha256(load_manifest(args.data))
+    data_sha256, mixture = data_identity(args.data)
     facts = frozen_run_facts(lock, args.frozen, config_to_dict(config), data_sha256, args.allow_change,
-                             code=git_state())
+                             code=git_state(), mixture=mixture)
     return config, {"frozen": facts}
 
 

@@ -62,7 +62,9 @@ def build_lock(verdict: Any, despite_no_go: bool, target_steps: int | None = Non
         "recipe_changes": [dataclasses.asdict(c) for c in recipe_changes_in_history(run, summary.lineage)],
         "tokens_per_update": run.get("tokens_per_update"),
         "data": {"metadata_sha256": (data.get("train") or {}).get("metadata_sha256"), "source": data.get("source"),
-                 "tokenizer": data.get("tokenizer"), "train_tokens": (data.get("train") or {}).get("tokens")},
+                 "tokenizer": data.get("tokenizer"), "train_tokens": (data.get("train") or {}).get("tokens"),
+                 # A mixture's sources (each metadata_sha256), weights and schedule seed: a folder's lock has none.
+                 **({key: data[key] for key in ("sources", "mixture")} if data.get("mixture") else {})},
         "code": last.get("git"),
         "software": last.get("software"),
         "hardware": {k: hardware.get(k) for k in ("device", "device_name", "world_size")},

@@ -48,7 +48,9 @@ def check_lock_matches(run: RunFolder | str | Path, lock_path: str | Path) -> tu
     data_sha = ((run.get("data") or {}).get("train") or {}).get("metadata_sha256")
     allowed = {str(c.get("key")) for c in run.get("allowed_changes") or [] if isinstance(c, dict)}
     differences = [d for d in lock_differences(lock["recipe"], lock["data"]["metadata_sha256"], run.get("recipe") or {},
-                                               data_sha) if d["key"] not in allowed]
+                                               data_sha, lock_mixture=lock["data"].get("mixture"),
+                                               mixture=(run.get("data") or {}).get("mixture"))
+                   if d["key"] not in allowed]
     if differences:
         shown = "; ".join(describe_difference(d) for d in differences[:3])
         raise FreezeError(f"--against {lock_path}: the lock is for another recipe than {run_dir}'s: "

@@ -30,6 +30,7 @@ from pilotrun.data.mixture import (
     parse_mixture,
 )
 from pilotrun.data.reader import MODES, TokenDataset, TokenSplit, check_data_fits_recipe, open_dataset
+from pilotrun.data.shards import load_manifest, metadata_sha256
 from pilotrun.data.stream import SPLITS
 from pilotrun.errors import DataError
 
@@ -93,6 +94,18 @@ def open_data(path: str | os.PathLike) -> TokenDataset | MixedDataset:
     if len(spec.sources) == 1:  # the mixture of one folder is that folder: the same record, cursor and identity
         return open_dataset(spec.sources[0].path)
     return MixedDataset(spec, [open_dataset(source.path) for source in spec.sources])
+
+
+def data_identity(path: str | os.PathLike) -> tuple[str, dict[str, Any] | None]:
+    """(metadata_sha256, the mixture's weights and seed or None) of what `--data` names, from the manifests alone
+    (what a frozen run is compared with its lock on before anything is opened)."""
+    if not is_mixture_file(path):
+        return metadata_sha256(load_manifest(path)), None
+    spec = parse_mixture(path)
+    shas = [metadata_sha256(load_manifest(source.path)) for source in spec.sources]
+    if len(spec.sources) == 1:
+        return shas[0], None
+    return mixture_identity(shas), {"weights": list(spec.weights), "seed": spec.seed}
 
 
 def all_splits(dataset: TokenDataset | MixedDataset, name: str) -> list[TokenSplit]:

@@ -79,16 +79,21 @@ def same_code(a: Any, b: Any) -> bool:
 
 
 def lock_differences(lock_recipe: dict[str, Any], lock_data_sha256: str, recipe: dict[str, Any],
-                     data_sha256: str, lock_code: Any = None, code: Any = None) -> list[dict[str, Any]]:
-    """Every config key (dotted), the data identity and (when `code` is given) the code identity where the run
-    differs from the lock, sorted by key; each as {"key", "lock", "run"} (a key absent on one side shows as
-    None; code shows as describe_code's words)."""
+                     data_sha256: str, lock_code: Any = None, code: Any = None, lock_mixture: Any = None,
+                     mixture: Any = None) -> list[dict[str, Any]]:
+    """Every config key (dotted), the data identity, a data mixture's weights and seed (`data.mixture.*`) and
+    (when `code` is given) the code identity where the run differs from the lock, sorted by key; each as
+    {"key", "lock", "run"} (a key absent on one side shows as None; code shows as describe_code's words)."""
     frozen, now = flatten(lock_recipe), flatten(recipe)
     differences = [{"key": key, "lock": frozen.get(key), "run": now.get(key)}
                    for key in sorted(set(frozen) | set(now))
                    if frozen.get(key) != now.get(key) and key not in MACHINE_KEYS]
     if lock_data_sha256 != data_sha256:
         differences.append({"key": DATA_KEY, "lock": lock_data_sha256, "run": data_sha256})
+    old = flatten(lock_mixture, "data.mixture") if isinstance(lock_mixture, dict) else {}
+    new = flatten(mixture, "data.mixture") if isinstance(mixture, dict) else {}
+    differences += [{"key": key, "lock": old.get(key), "run": new.get(key)} for key in sorted(set(old) | set(new))
+                    if old.get(key) != new.get(key)]
     # A lock without a code identity (written before code was recorded) holds nothing to compare with.
     if code is not None and lock_code is not None and not same_code(lock_code, code):
         differences.append({"key": CODE_KEY, "lock": describe_code(lock_code), "run": describe_code(code)})
@@ -100,13 +105,13 @@ def _normalise(key: str) -> str:
 
 
 def check_against_lock(lock: dict[str, Any], recipe: dict[str, Any], data_sha256: str,
-                       allowed: list[str] | tuple[str, ...], code: Any = None
+                       allowed: list[str] | tuple[str, ...], code: Any = None, mixture: Any = None
                        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(accepted, refused): the differences from the lock named with --allow-change, and the others. `code` is
     the run's code identity (git_state); None leaves code out of the comparison."""
     allowed_keys = {_normalise(k) for k in allowed}
     differences = lock_differences(lock["recipe"], lock["data"]["metadata_sha256"], recipe, data_sha256,
-                                   lock.get("code"), code)
+                                   lock.get("code"), code, lock["data"].get("mixture"), mixture)
     accepted = [d for d in differences if d["key"] in allowed_keys]
     refused = [d for d in differences if d["key"] not in allowed_keys]
     return accepted, refused
@@ -117,11 +122,11 @@ def describe_difference(d: dict[str, Any]) -> str:
 
 
 def frozen_run_facts(lock: dict[str, Any], lock_path: str | Path, recipe: dict[str, Any], data_sha256: str,
-                     allowed: list[str] | tuple[str, ...], code: Any = None) -> dict[str, Any]:
+                     allowed: list[str] | tuple[str, ...], code: Any = None, mixture: Any = None) -> dict[str, Any]:
     """run.json's `frozen` section for a run started from `lock`; refuses (FreezeError) every difference
     not named in `allowed`, listing them all on one line. With `code` (the run's git_state) the code
     identity is compared too, and the lock's is kept so that later sessions can be compared with it."""
-    accepted, refused = check_against_lock(lock, recipe, data_sha256, allowed, code)
+    accepted, refused = check_against_lock(lock, recipe, data_sha256, allowed, code, mixture)
     if refused:
         raise FreezeError(f"--frozen {lock_path}: {len(refused)} difference(s) from the frozen candidate not named "
                           f"with --allow-change: {'; '.join(describe_difference(d) for d in refused)}")
@@ -129,6 +134,7 @@ def frozen_run_facts(lock: dict[str, Any], lock_path: str | Path, recipe: dict[s
             "pilot_run_id": (lock.get("pilot") or {}).get("run_id"), "lock_decision": lock.get("decision"),
             "lock_despite_no_go": lock.get("despite_no_go"), "lock_recipe": copy.deepcopy(lock["recipe"]),
             "lock_data_metadata_sha256": lock["data"]["metadata_sha256"], "lock_code": lock.get("code"),
+            **({"lock_data_mixture": lock["data"]["mixture"]} if lock["data"].get("mixture") else {}),
             "allowed": sorted({_normalise(k) for k in allowed}), "differences": accepted,
             # What the lock projected, kept with the run so that summarize compares even after the lock moved.
             "lock_projection": lock.get(PROJECTION_KEY)}
@@ -145,7 +151,8 @@ def frozen_candidate_status(run: dict[str, Any]) -> dict[str, Any] | None:
     recipe = run.get("recipe") if isinstance(run.get("recipe"), dict) else {}
     data_sha = ((run.get("data") or {}).get("train") or {}).get("metadata_sha256")
     differences = lock_differences(frozen.get("lock_recipe") or {}, frozen.get("lock_data_metadata_sha256"),
-                                   recipe, data_sha)
+                                   recipe, data_sha, lock_mixture=frozen.get("lock_data_mixture"),
+                                   mixture=(run.get("data") or {}).get("mixture"))
     allowed = set(frozen.get("allowed") or [])
     if frozen.get("lock_code") is not None:  # else the lock had no code identity to hold sessions to
         differences += code_differences(frozen["lock_code"], run)

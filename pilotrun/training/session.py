@@ -496,6 +496,9 @@ def open_record(session: Session, *, resume: bool, command: list[str]) -> None:
         record.data["tokens_per_update"] = session.tokens_per_update
         record.data["model"] = session.model_section()
         record.data["optimizer"] = {"groups": session.partition}
+        if isinstance(session.dataset, MixedDataset):  # the weights in force (a change is an allowed change)
+            record.data["data"].update(mixture=session.dataset.mixture_section(),
+                                       sources=session.dataset.sources_section())
     else:
         record = RunRecord.create(session.run_dir, run_id=f"run-{session.session_id}",
                                   tokens_per_update=session.tokens_per_update, model=session.model_section(),

@@ -175,3 +175,61 @@ def test_inspect_batch_names_each_rows_source_and_its_position_there(seventy_thi
     for line, row in zip(rows, described, strict=True):
         assert line.startswith(f"microbatch 2 rank 0 row {row['row']} source {row['source']} row "
                                f"{row['source_row']} (pass 0): 33 tokens from ")
+
+
+def test_trackers_get_the_validation_loss_and_tokens_of_each_source(seventy_thirty):
+    from pilotrun.run.mirror import scalar_fields
+
+    _, run_dir = seventy_thirty
+    val = dict(scalar_fields(events(run_dir, "val")[-1]))
+    assert {"val/loss_by_source/edu", "val/loss_by_source/builtin"} <= set(val)
+    train_tags = dict(scalar_fields(events(run_dir, "train")[-1]))
+    assert {"train/tokens_by_source/edu", "train/tokens_seen_by_source/builtin"} <= set(train_tags)
+
+
+def test_a_weight_changed_on_resume_is_refused_unless_allowed_then_recorded(seventy_thirty, mixture_sources,
+                                                                            tmp_path):
+    import shutil
+
+    from pilotrun.errors import CheckpointError
+    from pilotrun.training.trainer import Trainer
+
+    _, straight = seventy_thirty
+    run_dir = tmp_path / "run"
+    shutil.copytree(straight, run_dir)
+    even = write_mixture(tmp_path / "even.yaml", [(mixture_sources["edu"], 0.5), (mixture_sources["builtin"], 0.5)])
+    with pytest.raises(CheckpointError, match=r"data\.mixture\.weights: \[0\.7, 0\.3\] -> \[0\.5, 0\.5\]"):
+        Trainer(recipe(), even, run_dir, resume=True, from_step=4, progress=False, out=io.StringIO())
+    trainer = train(even, run_dir, resume=True, from_step=4, allow_changes=["data.mixture.weights"])
+    run = json.loads((run_dir / "run.json").read_text())
+    change = run["allowed_changes"][-1]
+    assert change["key"] == "data.mixture.weights" and change["new"] == [0.5, 0.5]
+    session = next(s for s in run["sessions"] if s["session_id"] == change["session_id"])
+    assert session["start_step"] == 4 and run["data"]["mixture"]["weights"] == [0.5, 0.5]
+    resumed = [e for e in events(run_dir, "train") if e["session_id"] == trainer.session.session_id]
+    assert [e["tokens_by_source"] for e in resumed] == [{"edu": 64, "builtin": 64}] * 2  # 2 of 4 rows each
+    finding = next(r for r in judge(run_dir).rules if r.name == "recipe_changes")
+    assert finding.status == "WARN" and "data.mixture.weights" in finding.figure
+
+
+def test_the_lock_records_every_source_the_weights_and_the_seed(seventy_thirty, mixture_sources, tmp_path):
+    from pilotrun.commands.freeze import freeze_run
+    from pilotrun.data.mixed_reader import data_identity
+    from pilotrun.run.recipe_lock import FreezeError, frozen_run_facts
+
+    mixture, run_dir = seventy_thirty
+    _, lock, _ = freeze_run(run_dir, tmp_path / "lock.json", despite_no_go=True)
+    run = json.loads((run_dir / "run.json").read_text())
+    assert lock["data"]["mixture"] == {"weights": [0.7, 0.3], "seed": 0}
+    assert [s["metadata_sha256"] for s in lock["data"]["sources"]] == [s["metadata_sha256"] for s in
+                                                                       run["data"]["sources"]]
+    sha, same = data_identity(mixture)
+    assert sha == lock["data"]["metadata_sha256"]
+    assert frozen_run_facts(lock, tmp_path / "lock.json", run["recipe"], sha, [], mixture=same)["differences"] == []
+    sha, heavier = data_identity(write_mixture(tmp_path / "m.yaml", [(mixture_sources["edu"], 0.9),
+                                                                     (mixture_sources["builtin"], 0.1)], seed=3))
+    with pytest.raises(FreezeError, match=r"data\.mixture\.seed .*data\.mixture\.weights"):
+        frozen_run_facts(lock, tmp_path / "lock.json", run["recipe"], sha, [], mixture=heavier)
+    facts = frozen_run_facts(lock, tmp_path / "lock.json", run["recipe"], sha,
+                             ["data.mixture.weights", "data.mixture.seed"], mixture=heavier)
+    assert [d["key"] for d in facts["differences"]] == ["data.mixture.seed", "data.mixture.weights"]
