@@ -23,7 +23,7 @@ CASES = [
     (["data", "merge", "--out", "{new}", "{missing}", "X"], FOLDER),
     (["train", "--config", "X", "--data", "{missing}", "--run-dir", "{new}"], FILE),
     (["train", "--frozen", "X", "--data", "{missing}", "--run-dir", "{new}"], FILE),
-    (["train", "--config", "smoke", "--data", "X", "--run-dir", "{new}"], FOLDER),
+    # train --data takes a folder or a mixture file: a file is read as a mixture (tests/commands/test_cli_mixture.py)
     (["train", "--config", "smoke", "--data", "{missing}", "--run-dir", "X"], FOLDER),
     (["train", "--config", "smoke", "--data", "{missing}", "--run-dir", "X", "--resume"], FOLDER),
     (["inspect-batch", "X", "--step", "1"], FOLDER),
