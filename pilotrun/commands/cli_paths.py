@@ -29,8 +29,8 @@ PATH_ARGUMENTS: dict[tuple[str, str | None], dict[str, tuple[str, str]]] = {
     ("freeze", None): {"run_dir": ("folder", "run folder"), "out": ("file", "--out")},
     ("watch", None): {"run_dir": ("folder", "run folder"), "against": ("file", "--against")},
     ("pilot", None): {"workdir": ("folder", "--workdir"), "config": ("recipe", "--config"),
-                      "data": ("folder", "--data"), "freeze": ("file", "--freeze")},
-    ("export", None): {"run_dir": ("folder", "run folder"), "out": ("folder", "--out"), "data": ("folder", "--data")},
+                      "data": ("data", "--data"), "freeze": ("file", "--freeze")},
+    ("export", None): {"run_dir": ("folder", "run folder"), "out": ("folder", "--out"), "data": ("data", "--data")},
     ("export-metrics", None): {"run_dir": ("folder", "run folder"), "out": ("folder", "--out")},
     ("config", None): {"config": ("recipe", "--config")},
 }

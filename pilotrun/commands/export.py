@@ -252,13 +252,13 @@ def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------------------------------------- writing
 def _tokenizer_files(data_dir: Path, expected_metadata_sha256: str | None) -> tuple[Path, int, str | None]:
     """(tokenizer.json path, eos id, eos token text) from the run's data folder, identity checked."""
-    from pilotrun.data.reader import open_dataset
+    from pilotrun.data.mixed_reader import open_data
     from pilotrun.errors import DataError
 
-    if not data_dir.is_dir():
+    if not data_dir.exists():  # a folder, or a mixture file (whose sources share one tokenizer)
         raise DataError(f"data folder {data_dir} (recorded by the checkpoint) not found: pass --data with its "
                         "current location")
-    dataset = open_dataset(data_dir)
+    dataset = open_data(data_dir)
     if expected_metadata_sha256 and dataset.metadata_sha256 != expected_metadata_sha256:
         raise DataError(f"{data_dir}: metadata_sha256 {dataset.metadata_sha256[:12]} differs from the "
                         f"checkpoint's {expected_metadata_sha256[:12]}: not the data this model was trained on")

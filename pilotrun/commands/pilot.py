@@ -169,6 +169,12 @@ def _prepare_data(workdir: Path, data: str | Path | None, source: str, tokenizer
                   progress: str = "auto", reprepare: bool = False) -> Path:
     if data is not None:
         data_dir = Path(data)
+        if data_dir.is_file():  # a mixture file: checked here, its sources opened by train
+            from pilotrun.data.mixture import parse_mixture
+
+            parse_mixture(data_dir)
+            _say(out, f"using the data mixture {data_dir}")
+            return data_dir
         if not (data_dir / "metadata.json").is_file():
             raise PilotError(f"--data {data_dir}: no metadata.json there (prepare it with `pilotrun prepare --out "
                              f"{data_dir} ...`)")

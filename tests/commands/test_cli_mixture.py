@@ -42,3 +42,19 @@ def test_a_file_that_is_not_a_mixture_is_named(tmp_path, capsys):
                                  str(tmp_path / "run"), *THREADS])
     assert code == 2 and len(err) == 1 and "a mixture file is a mapping" in err[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_pilot_takes_a_mixture_file_as_its_data_and_checks_it_first(mixture_sources, tmp_path):
+    import io
+
+    from pilotrun.commands.pilot import _prepare_data
+    from pilotrun.errors import DataError
+    from tests.conftest import write_mixture
+
+    mixture = write_mixture(tmp_path / "mix.yaml", [(mixture_sources["edu"], 1), (mixture_sources["builtin"], 2)])
+    out = io.StringIO()
+    assert _prepare_data(tmp_path / "work", mixture, "builtin", "bpe:512", out) == mixture
+    assert "using the data mixture" in out.getvalue() and not (tmp_path / "work").exists()
+    bad = write_mixture(tmp_path / "bad.yaml", [(mixture_sources["edu"], 0)])
+    with pytest.raises(DataError, match="weight 0"):
+        _prepare_data(tmp_path / "work", bad, "builtin", "bpe:512", io.StringIO())
