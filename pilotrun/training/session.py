@@ -324,7 +324,9 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     dataset = open_data(data_dir)
     data_dir = Path(dataset.data_dir)  # a mixture file of one folder names that folder
     config = resolve_vocab(config, dataset.vocab_size)
-    dist_utils.check_same_run_on_all_ranks(context, config_to_dict(config), dataset.metadata_sha256)
+    mixture = mixture_of(dataset)  # every rank must mix alike too, not only read the same sources
+    dist_utils.check_same_run_on_all_ranks(context, config_to_dict(config), dataset.metadata_sha256 +
+                                           (f" {mixture}" if mixture else ""))
 
     # 3. The plan. torch.save for one process, torch.distributed.checkpoint (collective, per-rank RNG) for
     # several; the checkpointer's constructor is a barrier, so no rank is still checking the run folder when

@@ -208,6 +208,7 @@ def test_a_weight_changed_on_resume_is_refused_unless_allowed_then_recorded(seve
     assert session["start_step"] == 4 and run["data"]["mixture"]["weights"] == [0.5, 0.5]
     resumed = [e for e in events(run_dir, "train") if e["session_id"] == trainer.session.session_id]
     assert [e["tokens_by_source"] for e in resumed] == [{"edu": 64, "builtin": 64}] * 2  # 2 of 4 rows each
+    assert summarize_run(run_dir).valid, summarize_run(run_dir).reasons
     finding = next(r for r in judge(run_dir).rules if r.name == "recipe_changes")
     assert finding.status == "WARN" and "data.mixture.weights" in finding.figure
 
