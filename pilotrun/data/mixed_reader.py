@@ -230,7 +230,11 @@ class MixedLoader:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
+        rows = self.rows_served() if self.mode == "successive" else None
         return {
+            # Each source's own cursor: the rows it has served and its restarts (derived; checked on load).
+            "sources": None if rows is None else [{"rows": r, "restarts": p} for r, p in
+                                                  zip(rows, self.passes(rows), strict=True)],
             "batch_index": int(self.batch_index), "epoch": int(self.epoch), "restarts": int(self.restarts),
             "last_batch_restarted": int(self.last_batch_restarted), "last_batch_rows": list(self.last_batch_rows),
             "seq_len": int(self.seq_len), "global_batch_windows": int(self.global_batch_windows),
@@ -253,6 +257,12 @@ class MixedLoader:
         saved = state["schedule"]
         schedule = MixtureSchedule(saved["weights"], int(saved["seed"]), self.global_batch_windows,
                                    int(saved["start_batch"]), list(saved["start_rows"]))
+        recorded = state.get("sources")
+        if isinstance(recorded, list) and self.mode == "successive" and \
+                [int(source["rows"]) for source in recorded] != schedule.rows_before(batch_index):
+            raise DataError(f"mixture cursor at batch {batch_index}: the sources' recorded rows "
+                            f"{[source['rows'] for source in recorded]} are not what its schedule gives (another "
+                            "schedule or other sources): refused")
         if [float(w) for w in saved["weights"]] != self.schedule.weights or int(saved["seed"]) != self.schedule.seed:
             at = self._effective_batch(batch_index)
             schedule = MixtureSchedule(self.schedule.weights, self.schedule.seed, self.global_batch_windows, at,

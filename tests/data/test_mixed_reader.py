@@ -104,3 +104,14 @@ def test_a_mixture_of_one_folder_is_that_folder(mixture_sources, tmp_path):
     dataset = open_data(write_mixture(tmp_path / "mix.yaml", [(mixture_sources["edu"], 3)]))
     assert isinstance(dataset, TokenDataset) and dataset.data_dir == str(mixture_sources["edu"])
     assert dataset.metadata_sha256 == open_dataset(mixture_sources["edu"]).metadata_sha256
+
+
+def test_a_cursor_whose_rows_its_schedule_does_not_give_is_refused(seventy_thirty):
+    loader = MixedLoader(seventy_thirty, batch_size=4, seq_len=32)
+    for _ in range(3):
+        loader.next_batch()
+    state = loader.state_dict()
+    assert [s["rows"] for s in state["sources"]] == loader.rows_served() and sum(loader.rows_served()) == 12
+    state["sources"][0]["rows"] += 1
+    with pytest.raises(DataError, match="not what its schedule gives"):
+        MixedLoader(seventy_thirty, batch_size=4, seq_len=32).load_state_dict(state)

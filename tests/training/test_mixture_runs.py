@@ -134,6 +134,13 @@ def test_the_same_global_batches_on_one_and_two_gloo_ranks(seventy_thirty, tmp_p
     assert [e["tokens_seen_by_source"] for e in one] == [e["tokens_seen_by_source"] for e in two]
     # The same tokens: the losses agree up to the order of the gradient's sum over ranks.
     assert all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]) for a, b in zip(one, two, strict=True))
+    # Two ranks resume a sharded (DCP) checkpoint of the mixture's cursor exactly.
+    done = subprocess.run(_command(mixture, tmp_path / "two", 2, 2, "--resume", "--from-step", "4"), cwd=ROOT,
+                          env=_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    again = events(tmp_path / "two", "train")[len(two):]
+    assert [(e["step"], e["loss"], e["tokens_seen_by_source"]) for e in again] == \
+        [(e["step"], e["loss"], e["tokens_seen_by_source"]) for e in two[4:]]
 
 
 def test_a_sigkill_and_resume_is_bit_exact(seventy_thirty, tmp_path):
