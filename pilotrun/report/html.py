@@ -109,6 +109,11 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
         ("goodput (productive training / elapsed, the time ledger)",
          f"{_fmt(100 * o['goodput'])}%" if o.get("goodput") is not None else "n/a"),
     ]
+    for row in (o.get("mixture") or {}).get("sources") or []:  # a data mixture: each source against its weight
+        share = "n/a" if row.get("share_seen") is None else f"{100 * row['share_seen']:.2f}%"
+        facts.append((f"source {row.get('name')}: weight (share) / kept tokens (share) / restarts / last val loss",
+                      f"{row.get('weight')} ({100 * row.get('share_asked', 0):.2f}%) / {row.get('tokens_seen')} "
+                      f"({share}) / {row.get('restarts')} / {_fmt(row.get('val_loss'), 4)}"))
     held_to = dataclasses.asdict(verdict.thresholds)
     meanings = "\n".join(
         f"<dt>{rule_cell(rule.name)}</dt><dd>{e(rule.meaning)}"

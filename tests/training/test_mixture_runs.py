@@ -241,3 +241,15 @@ def test_the_lock_records_every_source_the_weights_and_the_seed(seventy_thirty, 
     facts = frozen_run_facts(lock, tmp_path / "lock.json", run["recipe"], sha,
                              ["data.mixture.weights", "data.mixture.seed"], mixture=heavier)
     assert [d["key"] for d in facts["differences"]] == ["data.mixture.seed", "data.mixture.weights"]
+
+
+def test_summarize_and_the_verdict_report_show_each_source_against_its_weight(seventy_thirty):
+    from pilotrun.report.html import render_html
+    from pilotrun.report.summarize import format_summary
+
+    _, run_dir = seventy_thirty
+    verdict = judge(run_dir)
+    text = format_summary(verdict.summary)
+    assert "data mixture (seed 0)" in text and "  edu: weight 0.7 (share 0.7000), tokens " in text
+    html = render_html(verdict, {})
+    assert "source builtin: weight (share) / kept tokens (share) / restarts / last val loss" in html
