@@ -113,3 +113,22 @@ def test_a_new_schedule_continues_from_the_rows_already_served():
     assert changed.rows_before(10) == [56, 24] and changed.rows_before(20) == [96, 64]
     with pytest.raises(DataError, match="before this schedule's start"):
         changed.rows_before(9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(weights=st.lists(st.integers(1, 50).map(lambda w: w / 10), min_size=2, max_size=4),
+       rows=st.integers(8, 40), seed=st.integers(0, 2**32), start=st.integers(0, 9))
+def test_the_closed_form_is_what_the_running_account_accumulates(weights, rows, seed, start):
+    recursive = MixtureSchedule(weights, seed, rows)
+    recursive.memoryless = False  # the batch-by-batch account, every schedule's general case
+    direct = MixtureSchedule(weights, seed, rows)
+    if not direct.memoryless:
+        return
+    assert all(direct.rows_before(b) == recursive.rows_before(b) for b in range(80))
+    # And from where a weight change started a new schedule.
+    had = recursive.rows_before(start)
+    later = [w * 2 + 0.1 for w in weights]
+    resumed, stepped = MixtureSchedule(later, seed, rows, start, had), MixtureSchedule(later, seed, rows, start, had)
+    stepped.memoryless = False
+    if resumed.memoryless:
+        assert all(resumed.rows_before(b) == stepped.rows_before(b) for b in range(start, start + 60))
