@@ -187,6 +187,10 @@ class TrainConfig:
     log_every: int = knob(10, "updates per logged train window")
     eval_every: int = knob(50, "updates between val evaluations; 0: no evaluation")
     eval_batches: int = knob(4, "val batches per evaluation (batch_size x (seq_len+1) tokens each)")
+    downstream_tasks: list[str] = knob(meaning="multiple-choice task files (JSONL: context, choices, label) scored "
+                                       "in the loop (training/multiple_choice.py)", factory=list)
+    downstream_every: int = knob(0, "updates between scorings of train.downstream_tasks; 0: none")
+    downstream_limit: int = knob(0, "first examples of each downstream task scored in the loop; 0: all")
     checkpoint_every: int = knob(50, "updates between checkpoints; 0: only at the end and on interruption")
     keep_checkpoints: int = knob(3, "newest committed checkpoints kept")
     device: str = knob("auto", "auto (cuda when available, else cpu), cpu or cuda[:N]")
@@ -234,6 +238,7 @@ RESUME_FREE_KEYS = (
     *MACHINE_KEYS,
     "model.activation_checkpointing", "optim.muon.distribute_newton_schulz",
     "train.max_steps", "train.log_every", "train.eval_every", "train.eval_batches", "train.checkpoint_every",
+    "train.downstream_tasks", "train.downstream_every", "train.downstream_limit",
     "train.keep_checkpoints", "train.max_consecutive_skips", "train.memory_budget_gb", "train.spike.max_rollbacks",
     "train.skip_data",  # a rollback's ranges lie behind every later checkpoint's cursor
 )
@@ -476,7 +481,7 @@ def validate_run_config(config: RunConfig) -> None:
     for name in ("batch_size", "seq_len", "gradient_accumulation_steps", "max_steps", "eval_batches",
                  "keep_checkpoints", "max_consecutive_skips", "log_every"):
         need(getattr(t, name) >= 1, f"train.{name} must be >= 1, got {getattr(t, name)}")
-    for name in ("eval_every", "checkpoint_every", "num_threads"):
+    for name in ("eval_every", "checkpoint_every", "num_threads", "downstream_every", "downstream_limit"):
         need(getattr(t, name) >= 0, f"train.{name} must be >= 0, got {getattr(t, name)}")
     need(t.precision in PRECISIONS, f"train.precision must be one of {PRECISIONS}, got '{t.precision}'")
     need(t.data_mode in DATA_MODES, f"train.data_mode must be one of {DATA_MODES}, got '{t.data_mode}'")
