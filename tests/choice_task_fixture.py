@@ -70,3 +70,34 @@ def write_task(path: Path, examples: list[dict]) -> Path:
 def fineweb_task(folder: Path, count: int = 40, name: str = "fineweb_next") -> Path:
     """The task file `folder/<name>.jsonl` of `count` examples."""
     return write_task(folder / f"{name}.jsonl", continuation_examples(fineweb_texts(), count))
+
+
+def prepare_fineweb(out: Path) -> Path:
+    """The FineWeb-Edu fixture as a data folder, with a 1,024-token byte-level BPE trained on it (a small
+    vocabulary keeps a test's model cheap)."""
+    from pilotrun.data.prepare import prepare_corpus
+
+    prepare_corpus(out, source=str(require_fixture(FINEWEB_JSONL)), tokenizer="bpe:1024", progress=False)
+    return out
+
+
+def task_recipe(task: Path, steps: int = 40, every: int = 20, seed: int = 0, extra: tuple[str, ...] = ()):
+    """The smoke recipe at a size that learns the task in `steps` updates, scoring it every `every` updates
+    and committing a checkpoint at the same steps."""
+    from pilotrun.config import load_run_config
+
+    return load_run_config(REPO_ROOT / "configs" / "smoke.yaml", [
+        "train.num_threads=1", f"train.max_steps={steps}", f"train.checkpoint_every={every}", "train.log_every=10",
+        "train.eval_every=0", "train.keep_checkpoints=5", f"train.seed={seed}", "train.seq_len=64",
+        "train.batch_size=8", f"train.downstream_tasks=[{task}]", f"train.downstream_every={every}",
+        f"optim.schedule.horizon={steps}", "optim.muon.lr=0.01", "optim.adamw.lr=0.01", *extra])
+
+
+def train_task_run(data: Path, task: Path, run_dir: Path, **recipe) -> Path:
+    import io
+
+    from pilotrun.training.trainer import Trainer
+
+    result = Trainer(task_recipe(task, **recipe), data, run_dir, progress=False, out=io.StringIO()).run()
+    assert result.exit_code == 0, result
+    return run_dir
