@@ -7,6 +7,7 @@ import io
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from pilotrun.errors import DataError
 from pilotrun.run.mirror import scalar_fields
@@ -53,3 +54,22 @@ def test_the_tasks_are_scored_on_the_cadence_into_the_record_the_trackers_and_th
     assert tags["downstream/tasks/fineweb_next/acc_above_chance"] == figures["acc_above_chance"]
     end = [e for e in events if e["event"] == "session_end"][-1]
     assert end["time_split"]["eval_seconds"] >= sum(e["seconds"] for e in scored) > 0
+
+
+@pytest.mark.slow
+def test_scoring_in_the_loop_leaves_the_training_bit_for_bit_as_it_was(builtin_data_dir, tmp_path):
+    from pilotrun.config import load_run_config
+    from tests.choice_task_fixture import REPO_ROOT, fineweb_task
+
+    task = fineweb_task(tmp_path / "tasks", count=4)
+    runs = {}
+    for name, extra in (("plain", []), ("scored", [f"train.downstream_tasks=[{task}]", "train.downstream_every=2"])):
+        config = load_run_config(REPO_ROOT / "configs" / "smoke.yaml", ["train.num_threads=1", *extra])
+        trainer = Trainer(config, builtin_data_dir, tmp_path / name, progress=False, out=io.StringIO())
+        trainer.run()
+        events = read_metrics_strict(tmp_path / name)
+        runs[name] = ([e["loss"] for e in events if e["event"] in ("train", "val")],
+                      {k: v.clone() for k, v in trainer.session.raw_model.state_dict().items()})
+    assert [e for e in read_metrics_strict(tmp_path / "scored") if e["event"] == "downstream"]
+    assert runs["plain"][0] == runs["scored"][0]
+    assert all(torch.equal(runs["plain"][1][k], runs["scored"][1][k]) for k in runs["plain"][1])
