@@ -287,12 +287,12 @@ class Watcher:
         if self.completed:
             return
         holder = self.holder(self.run_dir)
-        last = self.events[-1] if self.events else None
+        last = self._last_session_event()
         if holder is None and last is not None:
             again = self.follower.poll()  # a session that just ended wrote its last line before letting go
             for event in again.events:
                 self._read(event, now, found, cleared)
-            last = self.events[-1]
+            last = self._last_session_event()
             if self.completed:
                 return
         if holder is not None:
@@ -310,6 +310,10 @@ class Watcher:
                            # unterminated, not "torn": an invalid byte inside it is named as damage on its own
                            + (f"; an unterminated last line of {pending} bytes" if pending else ""),
                            last["step"], reason, "a running session or a completed run", str(last["session_id"]), now)
+
+    def _last_session_event(self) -> dict[str, Any] | None:
+        """The last line a training session wrote (`pilotrun evaluate`'s lines belong to none)."""
+        return next((e for e in reversed(self.events) if e["event"] != "evaluation"), None)
 
     def _stall(self, now: float, last: dict[str, Any] | None, found: dict[str, Alert]) -> None:
         interval, basis = self.window_interval()

@@ -99,3 +99,22 @@ def test_require_eval_names_an_evaluation_that_no_longer_stands():
                        "evaluated there but not standing"]
     assert format_evaluations(entries) == ["evaluation at step 40 (checkpoint marker ab..., lm-eval 0.4): arc acc "
                                            "0.300 (None examples); results edited"]
+
+
+def test_a_session_resumed_after_an_evaluation_continues_the_chain_and_the_evaluation_still_stands(evaluated, task_run,
+                                                                                                  tmp_path):
+    import io
+
+    from pilotrun.report.alerts import Watcher
+    from pilotrun.training.trainer import Trainer
+    from tests.choice_task_fixture import task_recipe
+
+    data, task, _ = task_run
+    run = _copy(evaluated, tmp_path)
+    assert not [a for a in Watcher(run, holder=lambda _: None).check(final=True)[0] if a.kind == "session_end"]
+    recipe = task_recipe(task, steps=60, extra=("optim.schedule.horizon=40",))
+    assert Trainer(recipe, data, run, resume=True, allow_changes=["train.max_steps"], progress=False,
+                   out=io.StringIO()).run().exit_code == 0
+    summary = summarize_run(run, require_step=60)
+    assert summary.valid, summary.reasons
+    assert [(e["step"], e["status"]) for e in summary.overall["evaluations"]] == [(20, "stands"), (40, "stands")]
