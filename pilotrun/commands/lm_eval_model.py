@@ -101,10 +101,15 @@ def run_harness(scorer: Scorer, names: list[str], files: list[ChoiceTask], *, sh
         if unknown:
             raise PilotrunError(f"--tasks: unknown task {', '.join(unknown)}: neither a task file (.jsonl) nor "
                                 "a task of the evaluation harness")
-        out = lm_eval.simple_evaluate(
-            model=pilotrun_lm(scorer), tasks=[*names, *(t.name for t in files)], num_fewshot=shots,
-            limit=limit or None, bootstrap_iters=0, log_samples=True, task_manager=manager, random_seed=seed,
-            numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
+        try:
+            out = lm_eval.simple_evaluate(
+                model=pilotrun_lm(scorer), tasks=[*names, *(t.name for t in files)], num_fewshot=shots,
+                limit=limit or None, bootstrap_iters=0, log_samples=True, task_manager=manager, random_seed=seed,
+                numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
+        except OSError as exc:  # ConnectionError included: a harness task's data is downloaded from the hub
+            raise PilotrunError(f"--tasks: the harness could not load a task's data ({type(exc).__name__}: "
+                                f"{' '.join(str(exc).split())[:200]}); its own tasks are downloaded from the "
+                                "Hugging Face hub, which needs the network") from None
     hashes = out.get("task_hashes") or {}
     file_hash = {t.name: t.sha256 for t in files}
     tasks, samples = {}, {}

@@ -70,3 +70,18 @@ def test_a_generative_request_is_refused_in_one_line():
         model.generate_until([])
     with pytest.raises(PilotrunError, match="multiple-choice"):
         model.loglikelihood_rolling([])
+
+
+@pytest.mark.slow
+def test_a_name_the_harness_does_not_know_is_refused_before_anything_is_written(task_run, tmp_path, capsys):
+    from pilotrun.commands.cli import main
+    from tests.commands.test_cli_bad_input import tree_hashes
+
+    _data, _task, source = task_run
+    run = tmp_path / "run"
+    shutil.copytree(source, run)
+    before = tree_hashes(run)
+    assert main(["evaluate", str(run), "--harness", "lm-eval", "--tasks", "no_such_harness_task"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown task no_such_harness_task" in err[0]
+    assert tree_hashes(run) == before
