@@ -118,3 +118,20 @@ def test_a_session_resumed_after_an_evaluation_continues_the_chain_and_the_evalu
     summary = summarize_run(run, require_step=60)
     assert summary.valid, summary.reasons
     assert [(e["step"], e["status"]) for e in summary.overall["evaluations"]] == [(20, "stands"), (40, "stands")]
+
+
+def test_the_report_shows_each_evaluation_with_its_checkpoint_and_plots_it(evaluated, tmp_path):
+    from pilotrun.report.html import write_report
+    from pilotrun.report.verdict import judge
+
+    run = _copy(evaluated, tmp_path)
+    verdict = judge(run)
+    folder = write_report(verdict, run)
+    page = (folder / "report.html").read_text()
+    entries = verdict.summary.overall["evaluations"]
+    assert "Evaluations of checkpoints (pilotrun evaluate)" in page
+    for entry in entries:
+        assert entry["marker_sha256"][:16] in page
+    assert page.count("fineweb_next acc ") >= len(entries) and (folder / "downstream_accuracy.png").is_file()
+    rule = next(r for r in verdict.rules if r.name == "downstream")
+    assert rule.status in ("PASS", "WARN") and "fineweb_next acc" in rule.figure
