@@ -231,6 +231,9 @@ MACHINE_KEYS = (
     # Mirrors of the record, not part of the training (train.tensorboard: the alias loaded_recipe folds).
     "train.tensorboard", "train.trackers",
     "train.spike.replay",  # a replay restores all it touched: it costs time, changes no update
+    # Downstream tasks watch the model without changing an update; their files' paths differ between machines,
+    # and the lock names the pilot's tasks by sha256 (its watch section) for the long run's watch to compare.
+    "train.downstream_tasks", "train.downstream_every", "train.downstream_limit",
 )
 
 # Keys that may change on resume without ceremony (the checkpoint compatibility check consults this).
@@ -238,7 +241,6 @@ RESUME_FREE_KEYS = (
     *MACHINE_KEYS,
     "model.activation_checkpointing", "optim.muon.distribute_newton_schulz",
     "train.max_steps", "train.log_every", "train.eval_every", "train.eval_batches", "train.checkpoint_every",
-    "train.downstream_tasks", "train.downstream_every", "train.downstream_limit",
     "train.keep_checkpoints", "train.max_consecutive_skips", "train.memory_budget_gb", "train.spike.max_rollbacks",
     "train.skip_data",  # a rollback's ranges lie behind every later checkpoint's cursor
 )
