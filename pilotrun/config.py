@@ -187,6 +187,10 @@ class TrainConfig:
     log_every: int = knob(10, "updates per logged train window")
     eval_every: int = knob(50, "updates between val evaluations; 0: no evaluation")
     eval_batches: int = knob(4, "val batches per evaluation (batch_size x (seq_len+1) tokens each)")
+    downstream_tasks: list[str] = knob(meaning="multiple-choice task files (JSONL: context, choices, label) scored "
+                                       "in the loop (training/multiple_choice.py)", factory=list)
+    downstream_every: int = knob(0, "updates between scorings of train.downstream_tasks; 0: none")
+    downstream_limit: int = knob(0, "first examples of each downstream task scored in the loop; 0: all")
     checkpoint_every: int = knob(50, "updates between checkpoints; 0: only at the end and on interruption")
     keep_checkpoints: int = knob(3, "newest committed checkpoints kept")
     device: str = knob("auto", "auto (cuda when available, else cpu), cpu or cuda[:N]")
@@ -227,6 +231,9 @@ MACHINE_KEYS = (
     # Mirrors of the record, not part of the training (train.tensorboard: the alias loaded_recipe folds).
     "train.tensorboard", "train.trackers",
     "train.spike.replay",  # a replay restores all it touched: it costs time, changes no update
+    # Downstream tasks watch the model without changing an update; their files' paths differ between machines,
+    # and the lock names the pilot's tasks by sha256 (its watch section) for the long run's watch to compare.
+    "train.downstream_tasks", "train.downstream_every", "train.downstream_limit",
 )
 
 # Keys that may change on resume without ceremony (the checkpoint compatibility check consults this).
@@ -476,7 +483,7 @@ def validate_run_config(config: RunConfig) -> None:
     for name in ("batch_size", "seq_len", "gradient_accumulation_steps", "max_steps", "eval_batches",
                  "keep_checkpoints", "max_consecutive_skips", "log_every"):
         need(getattr(t, name) >= 1, f"train.{name} must be >= 1, got {getattr(t, name)}")
-    for name in ("eval_every", "checkpoint_every", "num_threads"):
+    for name in ("eval_every", "checkpoint_every", "num_threads", "downstream_every", "downstream_limit"):
         need(getattr(t, name) >= 0, f"train.{name} must be >= 0, got {getattr(t, name)}")
     need(t.precision in PRECISIONS, f"train.precision must be one of {PRECISIONS}, got '{t.precision}'")
     need(t.data_mode in DATA_MODES, f"train.data_mode must be one of {DATA_MODES}, got '{t.data_mode}'")

@@ -131,3 +131,15 @@ def write_mixture(path, entries, seed=None):
         lines.append(f"seed: {seed}")
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+@pytest.fixture(scope="session")
+def task_run(tmp_path_factory):
+    """A run that learned the FineWeb-Edu multiple-choice task (tests/choice_task_fixture.py): 40 updates, the task
+    scored in the loop and a checkpoint committed at steps 20 and 40. (data, task file, run folder): read-only
+    for tests (copy the run folder to change it)."""
+    from tests.choice_task_fixture import fineweb_task, prepare_fineweb, train_task_run
+
+    root = tmp_path_factory.mktemp("task-run")
+    data, task = prepare_fineweb(root / "data"), fineweb_task(root / "tasks")
+    return data, task, train_task_run(data, task, root / "run")

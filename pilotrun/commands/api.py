@@ -35,7 +35,7 @@ API_WORDS: dict[str, dict[str, str]] = {
                 "--text-field": "text_field=", "--seed": "seed="},
     "train": {"--resume": "resume=True", "--allow-change": "allow_changes=[...]", "--from-step": "from_step=",
               "--set": "overrides=", "--config": "config", "--run-dir": "run_dir", "--data": "data="},
-    "summarize": {"--require-step": "require_step="},
+    "summarize": {"--require-step": "require_step=", "--require-eval": "require_eval=[...]"},
     "verdict": {"--threshold": "thresholds={...}", "--no-resume-required": "resume_required=False"},
     "export": {"--out": "out", "--step": "step=", "--data": "data="},
     "load_model": {"--step": "step="},
@@ -107,11 +107,11 @@ def train(config: str | Path | Any = None, *, data: str | Path, run_dir: str | P
 
 
 @speaks_api
-def summarize(run_dir: str | Path, require_step: int | None = None):
+def summarize(run_dir: str | Path, require_step: int | None = None, require_eval: Sequence[str] = ()):
     """`pilotrun summarize`: the validated, reconciled Summary (.valid, .reasons, .overall, .sessions)."""
     from pilotrun.report.summarize import summarize_run
 
-    return summarize_run(run_dir, require_step=require_step)
+    return summarize_run(run_dir, require_step=require_step, require_eval=list(require_eval))
 
 
 @speaks_api

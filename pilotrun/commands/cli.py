@@ -18,6 +18,7 @@ import os
 import sys
 
 from pilotrun.commands.cli_data import add_data, add_prepare
+from pilotrun.commands.cli_evaluate import add_evaluate
 from pilotrun.commands.cli_paths import check_path_arguments
 from pilotrun.commands.cli_trackers import add_export_metrics, add_tensorboard
 from pilotrun.errors import PilotrunError
@@ -186,6 +187,9 @@ def _add_summarize(sub: argparse._SubParsersAction) -> None:
                        "updates, tokens, passes and time. Exit 0 when valid, 1 with every reason listed.")
     p.add_argument("run_dir", help="run folder")
     p.add_argument("--require-step", type=int, default=None, help="demand a session_end at this step")
+    p.add_argument("--require-eval", default="", metavar="TASK,...",
+                   help="demand an evaluation (`pilotrun evaluate`) of each task on the final checkpoint (the "
+                   "--require-step step, else the last kept step) whose checkpoint and results still match")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(handler=_run_summarize)
 
@@ -193,7 +197,8 @@ def _add_summarize(sub: argparse._SubParsersAction) -> None:
 def _run_summarize(args: argparse.Namespace) -> int:
     from pilotrun.report.summarize import format_summary, summarize_run, summary_json
 
-    summary = summarize_run(args.run_dir, require_step=args.require_step)
+    required = [task.strip() for task in args.require_eval.split(",") if task.strip()]
+    summary = summarize_run(args.run_dir, require_step=args.require_step, require_eval=required)
     print(summary_json(summary) if args.json else format_summary(summary))
     return 0 if summary.valid else 1
 
@@ -429,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pilotrun {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (add_prepare, add_data, _add_train, _add_inspect_batch, _add_summarize, _add_verdict, _add_freeze,
-                _add_watch, _add_pilot, _add_export, add_tensorboard, add_export_metrics, _add_config):
+                _add_watch, _add_pilot, add_evaluate, _add_export, add_tensorboard, add_export_metrics, _add_config):
         add(sub)
     return parser
 

@@ -21,6 +21,8 @@ a rule when it passes again, a killed session when a resume starts). The kinds:
   (rules.py) on summarize's view of the record, with the lock's thresholds when one is given;
 - `spike` / `rollback`: each spike the trainer detected (with its action and cause) and each rollback (restored
   step, data skipped), raised once per event (so --on-alert hears of each) and cleared by the next train window;
+- `downstream`: an in-loop task (report/downstream.py) that had risen clear of chance is back near it, or, against
+  a lock, below the pilot's figure on the same task file at or past the pilot's step; cleared when it is not;
 - `session_end`: the last session ended in error, stopped on skips, was interrupted or killed, and no session
   holds the folder (no resume started). A completed session at its max_steps ends the watch.
 """
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pilotrun.report.downstream import below_pilot_problem, fallback_problem, task_series
 from pilotrun.report.projection import window_tokens_per_device_second, window_tokens_per_s
 from pilotrun.report.rules import live_rules
 from pilotrun.report.summarize import summarize_run
@@ -113,6 +116,7 @@ class Watcher:
         self.raised: list[Alert] = []
         self.events: list[dict[str, Any]] = []
         self.losses: list[tuple[int, float]] = []  # (step, loss) of the kept history's windows so far
+        self.downstream: dict[str, list[tuple[int, dict[str, Any]]]] = {}  # task -> its kept (step, figures)
         self.gaps: list[float] = []
         self.last_train: dict[str, float] = {}  # session -> time of its last train line
         self.longest = {"checkpoint": 0.0, "val": 0.0, "startup": 0.0}
@@ -162,6 +166,8 @@ class Watcher:
         if kind == "session_start":
             resumed = event.get("resumed_from")
             self.losses = [p for p in self.losses if resumed is not None and p[0] <= resumed]
+            self.downstream = {name: [p for p in points if resumed is not None and p[0] <= resumed]
+                               for name, points in self.downstream.items()}
             self.session_start_time, self.session_trained = t, False
             size = event.get("world_size")
             self.world_sizes[sid] = size if isinstance(size, int) and size >= 1 else 1
@@ -184,6 +190,8 @@ class Watcher:
                                f"{event.get('max_rollbacks')}: back to step {event.get('restored_step')}, data skipped "
                                f"{event.get('skipped')}", step, event.get("rollbacks"), event.get("max_rollbacks"),
                                sid, now)
+        elif kind == "downstream" and isinstance(event.get("tasks"), dict):
+            self._downstream(event, now, found, cleared)
         elif kind == "session_end":
             self.completed = event.get("reason") == "completed" and (self.max_steps is None or step >= self.max_steps)
         elif kind == "train":
@@ -227,6 +235,20 @@ class Watcher:
                 cleared.add("loss_envelope")
         self.losses.append((step, float(loss)))
 
+    def _downstream(self, event: dict[str, Any], now: float, found: dict[str, Alert], cleared: set[str]) -> None:
+        pilot = self.watch.get("downstream") if isinstance(self.watch.get("downstream"), dict) else {}
+        for name, points in task_series([event]).items():
+            history = self.downstream.setdefault(name, [])
+            history.extend(points)
+            for key, problem in ((f"downstream:{name}", fallback_problem(history)),
+                                 (f"downstream_pilot:{name}", below_pilot_problem(history, pilot.get(name)))):
+                if problem is None:
+                    cleared.add(key)
+                    continue
+                message, figure, bound = problem
+                found[key] = Alert("downstream", key, f"task {name}: {message}", event["step"], figure, bound,
+                                   str(event["session_id"]), now)
+
     def _throughput(self, event: dict[str, Any], now: float, found: dict[str, Alert], cleared: set[str]) -> None:
         window = event.get("window")
         if not isinstance(window, dict) or window_profiled(window):
@@ -265,12 +287,12 @@ class Watcher:
         if self.completed:
             return
         holder = self.holder(self.run_dir)
-        last = self.events[-1] if self.events else None
+        last = self._last_session_event()
         if holder is None and last is not None:
             again = self.follower.poll()  # a session that just ended wrote its last line before letting go
             for event in again.events:
                 self._read(event, now, found, cleared)
-            last = self.events[-1]
+            last = self._last_session_event()
             if self.completed:
                 return
         if holder is not None:
@@ -288,6 +310,10 @@ class Watcher:
                            # unterminated, not "torn": an invalid byte inside it is named as damage on its own
                            + (f"; an unterminated last line of {pending} bytes" if pending else ""),
                            last["step"], reason, "a running session or a completed run", str(last["session_id"]), now)
+
+    def _last_session_event(self) -> dict[str, Any] | None:
+        """The last line a training session wrote (`pilotrun evaluate`'s lines belong to none)."""
+        return next((e for e in reversed(self.events) if e["event"] != "evaluation"), None)
 
     def _stall(self, now: float, last: dict[str, Any] | None, found: dict[str, Alert]) -> None:
         interval, basis = self.window_interval()

@@ -121,6 +121,13 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
                             for name in rule.thresholds) + "</ul>" if rule.thresholds else "") + "</dd>"
         for rule in RULES)
     fact_rows = "\n".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in facts)
+    evaluation_rows = "\n".join(
+        f"<tr><td>{e(str(x.get('step')))}</td><td><code>{e(str(x.get('marker_sha256'))[:16])}</code></td>"
+        f"<td>{e(str(x.get('harness')))} {e(str(x.get('harness_version')))}</td><td>"
+        + e("; ".join(f"{name} acc {_fmt(f.get('acc'), 3)}, acc_norm {_fmt(f.get('acc_norm'), 3)} "
+                      f"({f.get('examples')} examples)" for name, f in x["tasks"].items()))
+        + f"</td><td>{e(x['status'])}</td></tr>" for x in o.get("evaluations") or []) \
+        or "<tr><td colspan='5'>none (pilotrun evaluate RUN --tasks ...)</td></tr>"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>pilotrun verdict: {e(str(summary.run_id))}</title>
 <style>
@@ -158,6 +165,10 @@ checkpoints, profiling, reporting, start-up and the time lost to interruptions.<
 <table><tr><th>session</th><th>resumed from</th><th>status</th><th>ended</th><th>applied</th><th>skipped</th>
 <th>rolled back</th><th>tokens</th><th>train tok/s</th><th>wall tok/s</th><th>train / eval / checkpoint / profile / report / other (s)</th></tr>
 {session_rows}
+</table>
+<h3>Evaluations of checkpoints (pilotrun evaluate)</h3>
+<table><tr><th>checkpoint step</th><th>its marker's sha256</th><th>harness</th><th>figures</th><th>status</th></tr>
+{evaluation_rows}
 </table>
 <h3>Record problems</h3><ul>{problems}</ul>
 <h3>Notes</h3><ul>{notes}</ul>

@@ -18,7 +18,7 @@ from pilotrun.report.time_split import window_profiled, window_train_tokens
 from pilotrun.run.record import is_finite_number
 
 PLOT_NAMES = ("loss", "lr", "grad_norm", "throughput", "loss_scale", "expert_load", "qk_max_logit",
-              "parameter_groups", "block_output_rms", "time_ledger")
+              "parameter_groups", "block_output_rms", "time_ledger", "downstream_accuracy")
 LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "v", "D", "x", "+", "*", "P")
 PLOT_TITLES = {
@@ -32,6 +32,7 @@ PLOT_TITLES = {
     "parameter_groups": "Weight RMS and update RMS / lr per parameter group",
     "block_output_rms": "Residual stream RMS after each block",
     "time_ledger": "Time ledger: where each session's seconds went (goodput = productive / elapsed)",
+    "downstream_accuracy": "Downstream accuracy per task (in the loop; evaluations of checkpoints as squares)",
 }
 
 
@@ -327,6 +328,31 @@ def plot_time_ledger(summary: Summary, path: Path) -> Path:
     return _save(fig, ax, path)
 
 
+def plot_downstream(summary: Summary, path: Path) -> Path:
+    """Each in-loop task's accuracy over steps with its chance level, and each `pilotrun evaluate` figure at the
+    step of the checkpoint it measured (hollow where the evaluation no longer stands)."""
+    from pilotrun.report.downstream import task_series
+
+    fig, ax = _new_axes(PLOT_TITLES["downstream_accuracy"], "accuracy")
+    series = task_series(summary.kept_events)
+    for index, (name, points) in enumerate(series.items()):
+        colour = f"C{index % 10}"
+        ax.plot([p[0] for p in points], [p[1]["acc"] for p in points], "o-", color=colour, label=name)
+        ax.plot([p[0] for p in points], [p[1]["chance"] for p in points], ":", color=colour,
+                label=f"{name} chance")
+    evaluations = summary.overall.get("evaluations") or []
+    for entry in evaluations:
+        for name, figures in entry["tasks"].items():
+            if is_finite_number(figures.get("acc")) and isinstance(entry.get("step"), int):
+                stands = entry["status"] == "stands"
+                ax.plot([entry["step"]], [figures["acc"]], "s", color="black", fillstyle="full" if stands else "none",
+                        label=f"evaluate {name} ({entry['harness']}{'' if stands else ', ' + entry['status']})")
+    if not series and not evaluations:
+        _no_data(ax, "downstream accuracy (train.downstream_tasks, pilotrun evaluate)")
+    _mark_resumes(ax, summary)
+    return _save(fig, ax, path)
+
+
 PLOTTERS = {
     "loss": plot_loss,
     "lr": plot_lr,
@@ -338,6 +364,7 @@ PLOTTERS = {
     "parameter_groups": plot_parameter_groups,
     "block_output_rms": plot_block_output_rms,
     "time_ledger": plot_time_ledger,
+    "downstream_accuracy": plot_downstream,
 }
 
 

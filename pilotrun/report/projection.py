@@ -30,6 +30,7 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Any
 
+from pilotrun.report.downstream import pilot_figures
 from pilotrun.report.ledger import time_ledger
 from pilotrun.report.time_split import window_profiled, window_train_tokens
 from pilotrun.run.record import is_finite_number
@@ -148,6 +149,8 @@ def watch_figures(summary: Summary, thresholds: dict[str, Any]) -> dict[str, Any
         "skip_rate": {"pilot": skipped / attempted if attempted else None, "bound": thresholds.get("max_skip_rate")},
         "clip_rate": {"bound": thresholds.get("max_clip_rate")},
         "window_interval_seconds": statistics.median(gaps) if gaps else None,
+        # the pilot's in-loop tasks and their figures: the long run's watch compares its own on the same files
+        "downstream": pilot_figures(summary),
     }
 
 

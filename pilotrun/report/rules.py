@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pilotrun.report import continuity, evidence, resources, spikes, stability
+from pilotrun.report import continuity, downstream, evidence, resources, spikes, stability
 from pilotrun.report.thresholds import THRESHOLD_FIELDS, Finding, RuleResult, Thresholds, threshold_meaning
 
 if TYPE_CHECKING:
@@ -171,10 +171,18 @@ RECIPE_CHANGES = Rule(
     "lr_multiplier of the first optimizer group): the change was recorded, not applied.",
     continuity.judge_recipe_changes)
 
+DOWNSTREAM = Rule(
+    "downstream",
+    "the in-loop multiple-choice tasks (train.downstream_tasks): each task's last accuracy beside chance, what it "
+    "is above chance and a guesser's noise on that many examples (sqrt(c(1-c)/n)). Shown, never failed: at pilot "
+    "scale accuracy sits near chance and moves by whole examples, so a task within that noise of chance WARNs "
+    "(expected of a small pilot) and one clear of it PASSes; no task scored PASSes.",
+    downstream.judge_downstream, plot="downstream_accuracy")
+
 # The verdict's rules in the order they are judged and printed.
 RULES: tuple[Rule, ...] = (RECORD_VALID, LOSSES_FINITE, LOSS_DECREASED, LOSS_RISE_AT_END, VAL_TRACKS_TRAIN,
                            GRAD_SPIKES, SPIKES, CLIP_RATE, SKIP_RATE, THROUGHPUT_STEADY, MEMORY, EXPERTS, QK_CLIP,
-                           DATA_PASSES, RESUMED, FINAL_CHECKPOINT, RECIPE_CHANGES)
+                           DATA_PASSES, DOWNSTREAM, RESUMED, FINAL_CHECKPOINT, RECIPE_CHANGES)
 RULES_BY_NAME: dict[str, Rule] = {rule.name: rule for rule in RULES}
 # Which plot shows each rule's evidence (report.html links the rule's row to it).
 RULE_PLOTS: dict[str, str] = {rule.name: rule.plot for rule in RULES if rule.plot is not None}

@@ -212,7 +212,7 @@ def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
                         window_sums[key] += float(window[key])
             since_train = now
             overflows_since_train = 0
-        elif kind == "val" and is_finite_number(event.get("seconds")):
+        elif kind in ("val", "downstream") and is_finite_number(event.get("seconds")):
             eval_seconds += float(event["seconds"])
         elif kind == "checkpoint" and is_finite_number(event.get("seconds")):
             checkpoint_seconds += float(event["seconds"])

@@ -12,7 +12,10 @@ Validation (each failure is one reason naming the line, event and numbers):
   run.json's sections equal the digests the latest session_start recorded;
 - a data mixture's tokens per source add up to tokens_seen in every train window (report/mixture.py);
 - `--require-step N`: a `completed` session_end at step N in the kept history, and the checkpoint at N
-  committed with every file matching its marker's sha256.
+  committed with every file matching its marker's sha256;
+- every `evaluation` event (`pilotrun evaluate`) names a committed checkpoint of this run whose files still
+  match, and its results file is as written (evaluations.py); `--require-eval TASK,...` requires a standing
+  evaluation of each task on the final checkpoint.
 
 The run folder is read once, through a `RunFolder` (pilotrun/run/run_folder.py): `summarize_run` takes one (or
 a path, which it opens), and the verdict and watch hand it the folder they already hold.
@@ -31,6 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pilotrun.report.evaluations import (
+    format_evaluations,
+    is_evaluation,
+    reconcile_evaluations,
+    require_evaluations,
+)
 from pilotrun.report.ledger import (
     against_projection,
     format_against,
@@ -123,8 +132,10 @@ def run_json_missing_fields(run: dict[str, Any]) -> list[str]:
     return reasons
 
 
-def summarize_run(run: RunFolder | str | Path, require_step: int | None = None) -> Summary:
-    """Validate and reconcile the run folder (module docstring): a RunFolder, or a path opened here once."""
+def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
+                  require_eval: list[str] | tuple[str, ...] = ()) -> Summary:
+    """Validate and reconcile the run folder (module docstring): a RunFolder, or a path opened here once.
+    `require_eval`: tasks that must have a standing evaluation of the final checkpoint (report/evaluations.py)."""
     folder = RunFolder.of(run)
     run_dir, run, log = folder.path, folder.run, folder.metrics
     reasons = list(log.damage)
@@ -135,7 +146,8 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None) 
     heads, owners = folder.checkpoint_heads()
     reasons.extend(record_integrity_problems(run, log, heads, owners))
     declared = [str(s.get("session_id")) for s in run.get("sessions") or [] if isinstance(s, dict)]
-    groups = group_sessions(log.events, reasons)
+    # `pilotrun evaluate`'s events belong to no session: reconciled with their checkpoints (evaluations.py).
+    groups = group_sessions([e for e in log.events if not is_evaluation(e)], reasons)
     order = list(groups)
     for sid in order:
         if sid not in declared:
@@ -233,6 +245,10 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None) 
         final_checkpoint = _require_step(folder, require_step, kept_events, final, reasons)
     overall = _overall(run, groups, order, sessions, final, kept_events)
     overall["final_checkpoint"] = final_checkpoint  # None unless --require-step asked for it
+    overall["evaluations"] = reconcile_evaluations(folder, reasons, notes)
+    if require_eval:
+        require_evaluations(overall["evaluations"], require_step if require_step is not None else final.step,
+                            list(require_eval), reasons)
     overall["spikes"] = spike_overview(kept_events + rolled_back_events)
     mixture = mixture_overview(run, kept_events)
     if mixture is not None:  # a run on one folder has no mixture and no such key
@@ -412,6 +428,7 @@ def format_summary(summary: Summary) -> str:
     mixture = format_mixture(o.get("mixture"))
     if mixture is not None:
         lines.append(mixture)
+    lines.extend(format_evaluations(o.get("evaluations") or []))
     if o.get("frozen_candidate") is not None:
         lines.append(describe_frozen_status(o["frozen_candidate"]))
     for note in summary.notes:

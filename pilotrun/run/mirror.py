@@ -19,7 +19,7 @@ from typing import Any
 from pilotrun.files import canonical_sha256
 from pilotrun.run.record import NONFINITE_STRINGS, read_run_json
 
-MIRRORED_EVENTS = ("train", "val", "checkpoint", "overflow")
+MIRRORED_EVENTS = ("train", "val", "checkpoint", "overflow", "downstream", "evaluation")
 # Identity and clock fields that every event carries: not metrics.
 NOT_SCALARS = frozenset({"event", "time", "session_id"})
 REPORT_FOLDER = "report"  # what `pilotrun verdict` writes: summary.json, report.html, the plots

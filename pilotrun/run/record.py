@@ -54,6 +54,8 @@ REPORT_DIR = "report"
 
 EVENTS = ("session_start", "train", "val", "checkpoint", "overflow", "data_restart", "qk_clip", "spike", "rollback",
           "shard_check",  # a shard's sha256 checked in the background on its first read (training/callbacks/shard_check.py)
+          "downstream",  # the in-loop multiple-choice tasks' figures (training/callbacks/downstream_eval.py)
+          "evaluation",  # `pilotrun evaluate` on a committed checkpoint, outside any session (report/evaluations.py)
           "session_end")
 SESSION_END_REASONS = ("completed", "interrupted", "deadline", "error", "stopped")
 COUNTER_KEYS = ("step", "tokens_seen", "updates_attempted", "updates_skipped")

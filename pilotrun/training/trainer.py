@@ -11,6 +11,7 @@ The callbacks, in the order they act after an update (callbacks.py has the inter
   rollback.SpikeCallback             the `spike` event, and a rollback under train.spike.policy=rollback
   window_log.WindowLogCallback       the `train` event every `log_every` updates, the progress bar
   evaluation.EvalCallback            the `val` event every `eval_every` updates ("eval" phase)
+  downstream_eval.DownstreamEvalCallback  the `downstream` event (multiple-choice tasks) every `downstream_every`
   checkpointing.CheckpointCallback   every `checkpoint_every` updates and at the end ("checkpoint" phase)
   pilot_handshake.KillPointCallback  the pilot's kill point, when the pilot hands one in (`stop_past_step`)
 and two that only ask the session to stop (`stop_request`, agreed across ranks by the loop):
@@ -40,6 +41,7 @@ from typing import Any
 import torch
 
 from pilotrun.config import RunConfig
+from pilotrun.data.choice_tasks import read_choice_tasks
 from pilotrun.run.record import PHASES, run_json_digests
 from pilotrun.run.sinks import (
     GuardedSink,
@@ -52,6 +54,7 @@ from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import Callback, Ending, LoopState
 from pilotrun.training.callbacks.checkpointing import CheckpointCallback
 from pilotrun.training.callbacks.deadline import DeadlineCallback
+from pilotrun.training.callbacks.downstream_eval import DownstreamEvalCallback
 from pilotrun.training.callbacks.evaluation import EvalCallback
 from pilotrun.training.callbacks.kill_point import KillPointCallback
 from pilotrun.training.callbacks.launcher_watch import LauncherWatchCallback
@@ -116,6 +119,7 @@ class Trainer:
                  clock: Callable[[], float] | None = None):
         # A tracker named in the recipe but not installed is refused before anything is written.
         check_trackers_available(config.train.trackers)
+        self.downstream_tasks = read_choice_tasks(config.train.downstream_tasks)  # a bad task file: refused here
         self.stop_by, self.clock = stop_by, clock if clock is not None else time.time
         self.started_at = started_at if started_at is not None else self.clock()
         self.account = TimeAccount()  # everything until the loop starts is "other" (setup)
@@ -161,8 +165,15 @@ class Trainer:
             DeadlineCallback(self.stop_by, setup_seconds=self.clock() - self.started_at, clock=self.clock)]
         return [ProfileCallback(profiler), RareEventsCallback(), ShardCheckCallback.for_session(loop),
                 SpikeCallback(window.close_window), window,
-                EvalCallback(t), CheckpointCallback(t.checkpoint_every),
+                EvalCallback(t), self._downstream(t), CheckpointCallback(t.checkpoint_every),
                 KillPointCallback.past_step(self.stop_past_step), LauncherWatchCallback.for_process(), *deadline]
+
+    def _downstream(self, t) -> DownstreamEvalCallback:
+        """The in-loop tasks, read before the session was built (the effective recipe may name others only
+        when a resume changed them: those are read now)."""
+        read = [task.path for task in self.downstream_tasks]
+        same = read == list(t.downstream_tasks)
+        return DownstreamEvalCallback(t, self.downstream_tasks if same else None)
 
     def run(self) -> TrainResult:
         loop = LoopState(self.session, self.account, self.signals, self.out, sinks=self.sinks)

@@ -146,3 +146,23 @@ def test_a_2x_longer_run_from_a_lock_is_set_beside_its_projection_in_band_or_wit
         print(f"\n2x run from a lock: elapsed {compared['elapsed_seconds']['ratio']:.2f}x projected, goodput "
               f"{compared['goodput']['ratio']:.2f}x, tok/s {compared['train_tokens_per_s']['ratio']:.2f}x; band "
               f"{band['low']:.3g}-{band['high']:.3g} s, {'inside' if band['inside'] else band['why']}")
+
+
+@pytest.mark.slow
+def test_the_lock_carries_the_pilots_in_loop_tasks_and_figures_for_the_long_runs_watch(task_run, tmp_path):
+    from pilotrun.report.alerts import Watcher
+    from pilotrun.run.record import read_metrics_strict
+
+    _data, task, run_dir = task_run
+    code, lock, verdict = freeze_run(run_dir, tmp_path / "lock.json", despite_no_go=True)
+    assert code == 0
+    scored = [e for e in read_metrics_strict(run_dir) if e["event"] == "downstream"]
+    pilot = lock["watch"]["downstream"]["fineweb_next"]
+    last = scored[-1]["tasks"]["fineweb_next"]
+    assert (pilot["acc"], pilot["step"], pilot["sha256"], pilot["examples"]) == (last["acc"], 40, last["sha256"], 40)
+    assert pilot["series"] == [[e["step"], e["tasks"]["fineweb_next"]["acc"]] for e in scored]
+    rule = next(r for r in verdict.rules if r.name == "downstream")
+    assert rule.status in ("PASS", "WARN") and "fineweb_next acc" in rule.figure
+    # the pilot's own record read against its own lock raises no downstream alert
+    alerts = Watcher(run_dir, lock=lock, holder=lambda _: None).check(final=True)[0]
+    assert not [a for a in alerts if a.kind == "downstream"]

@@ -119,3 +119,43 @@ def test_a_cpu_record_has_no_device_band_and_never_raises_the_device_alert(tmp_p
     assert figures["device_throughput"]["windows"] == 0 and figures["device_throughput"]["low"] is None
     new, _ = Watcher(tmp_path / "cpu", lock={"watch": figures}, holder=lambda _: None).check(final=True)
     assert "throughput_device" not in {a.key for a in new}
+
+
+def _downstream(run, acc: float, sha: str = "abc") -> None:
+    """A downstream event at the run's current step."""
+    run._emit("downstream", tasks={"next": {"acc": acc, "acc_norm": acc, "chance": 0.25, "examples": 40,
+                                            "sha256": sha}}, limit=0, seconds=0.1)
+
+
+def test_a_task_back_near_chance_after_rising_is_a_downstream_alert_cleared_when_it_rises_again(tmp_path):
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(10)
+    _downstream(run, 0.55)
+    run.write()
+    watcher = Watcher(tmp_path / "r", holder=lambda _: {"pid": 1}, clock=lambda: run.clock)
+    assert not [a for a in watcher.check()[0] if a.kind == "downstream"]
+    run.train_until(20)
+    _downstream(run, 0.28)
+    run.write()
+    new, _ = watcher.check()
+    fell = [a for a in new if a.kind == "downstream"]
+    assert [a.key for a in fell] == ["downstream:next"] and "fell back toward chance" in fell[0].message
+    assert (fell[0].step, fell[0].figure) == (20, 0.28)
+    run.train_until(30)
+    _downstream(run, 0.5)
+    run.write()
+    _, cleared = watcher.check()
+    assert "downstream:next" in {a.key for a in cleared}
+
+
+def test_against_a_lock_a_task_below_the_pilots_figure_is_an_alert(tmp_path):
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(40)
+    _downstream(run, 0.3)
+    run.write()
+    lock = {"watch": {"downstream": {"next": {"acc": 0.6, "step": 40, "sha256": "abc"}}}}
+    new, _ = Watcher(tmp_path / "r", lock=lock, holder=lambda _: {"pid": 1}, clock=lambda: run.clock).check()
+    below = [a for a in new if a.kind == "downstream"]
+    assert [a.key for a in below] == ["downstream_pilot:next"] and "below the pilot's 0.600" in below[0].message

@@ -145,3 +145,13 @@ def test_a_later_session_on_other_code_is_drift_even_when_the_recipe_still_match
     assert status["matches"] is False
     assert status["drift"] == [{"key": "code", "lock": "commit cccccccccccc clean",
                                 "run": "commit cccccccccccc dirty (diff 99999999) in session s2"}]
+
+
+def test_the_downstream_tasks_are_watching_not_recipe_a_long_run_may_name_its_own_copies():
+    from pilotrun.run.recipe_lock import lock_differences
+
+    pilot = {"train": {"downstream_tasks": ["/pilot/tasks/arc.jsonl"], "downstream_every": 50,
+                       "downstream_limit": 0, "max_steps": 100}}
+    long = {"train": {"downstream_tasks": ["/cluster/tasks/arc.jsonl"], "downstream_every": 5000,
+                      "downstream_limit": 200, "max_steps": 100}}
+    assert lock_differences(pilot, "d", long, "d") == []
