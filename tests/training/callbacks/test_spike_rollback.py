@@ -169,3 +169,73 @@ def test_a_poisoned_run_resumed_after_its_spike_continues_exactly(builtin_data_d
     detector = next(h for h in resumed.session.state.hooks if h.name == "spike")
     assert detector.state_dict() == next(h for h in straight.session.state.hooks if h.name == "spike").state_dict()
     assert summarize_run(tmp_path / "b").valid
+
+
+def snapshot_at_kill_point(monkeypatch, run_dir: Path, copy: Path) -> None:
+    """The kill point (callbacks/kill_point.py) copies the run folder instead of stopping the process: the copy is
+    the folder a SIGKILL at that moment leaves (every line of the record is flushed as it is written)."""
+    import shutil
+
+    from pilotrun.training.callbacks import kill_point
+
+    def freeze(self):
+        self.past_step = None
+        shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("run.lock"))
+
+    monkeypatch.setattr(kill_point.FreezePoint, "freeze", freeze)
+
+
+def counted(run_dir: Path):
+    """Everything the verdict, summarize and watch count from a run's record."""
+    from pilotrun.report.alerts import Watcher
+
+    summary = summarize_run(run_dir)
+    assert summary.valid, summary.reasons
+    verdict = judge_summary(summary)
+    o = summary.overall
+    watcher = Watcher(run_dir)
+    watcher.check(final=True)
+    return {"decision": verdict.decision, "rules": [(r.name, r.status, r.figure) for r in verdict.rules],
+            "spikes": {k: v for k, v in o["spikes"].items() if k not in ("list", "rollback_list")},
+            "listed": [{k: v for k, v in s.items() if k != "line"} for s in o["spikes"]["list"]],
+            "counts": {k: o[k] for k in ("updates_applied", "updates_attempted", "updates_skipped", "tokens_seen",
+                                         "updates_rolled_back")},
+            "alerts": sorted((a.kind, a.message) for a in watcher.raised)}
+
+
+@pytest.mark.slow
+def test_a_run_killed_right_after_a_rollback_counts_its_spike_once(builtin_data_dir, tmp_path, monkeypatch):
+    """SIGKILLed right after the rollback (before any later checkpoint) and resumed, the run redoes the spiking
+    attempt from the checkpoint and logs its spike and rollback again; it trains exactly as the uninterrupted run,
+    and the verdict, summarize and watch count the spike and the rollback once, as for that run."""
+    from pilotrun.training.trainer import Trainer
+
+    poison_batches(POISON, monkeypatch=monkeypatch)
+    # Windows of 6 updates: the spike at update 17 closes its window at step 16, the kill point's cue.
+    both = ("train.spike.policy=rollback", "train.log_every=6")
+    for name in ("straight", "run"):  # a first session to step 6 in both, so that both records hold a resume
+        train(builtin_data_dir, tmp_path / name, *both, "train.max_steps=6")
+    straight = Trainer(recipe(*both), builtin_data_dir, tmp_path / "straight", resume=True, progress=False,
+                       out=io.StringIO())
+    straight.run()
+    killed = tmp_path / "killed"
+    snapshot_at_kill_point(monkeypatch, tmp_path / "run", killed)
+    Trainer(recipe(*both), builtin_data_dir, tmp_path / "run", resume=True, progress=False, out=io.StringIO(),
+            stop_past_step=15).run()
+    assert [e["event"] for e in events(killed)][-3:] == ["spike", "train", "rollback"]
+    resumed = Trainer(recipe(*both), builtin_data_dir, killed, resume=True, progress=False, out=io.StringIO())
+    resumed.run()
+    assert len(events(killed, "spike")) == len(events(killed, "rollback")) == 2  # the attempt was redone
+    assert_exactly_equal(weights(straight), weights(resumed))
+    straight_counts, killed_counts = counted(tmp_path / "straight"), counted(killed)
+    assert killed_counts["spikes"]["spikes"] == killed_counts["spikes"]["rollbacks"] == 1
+    assert [kind for kind, _ in killed_counts["alerts"] if kind in ("spike", "rollback")] == ["rollback", "spike"]
+    # What the interruption itself cost is the interrupted run's own: one more session (a resume more, one window
+    # fewer past a session's first to compare throughput, another process's memory) and the redone attempt's
+    # updates, rolled back twice. Every other figure, and every rule's status, is the uninterrupted run's.
+    assert killed_counts["counts"].pop("updates_rolled_back") == straight_counts["counts"].pop(
+        "updates_rolled_back") + 4
+    own = ("resumed", "throughput_steady", "memory")
+    for counts in (killed_counts, straight_counts):
+        counts["rules"] = [(n, s, None if n in own else f) for n, s, f in counts["rules"]]
+    assert killed_counts == straight_counts
