@@ -217,8 +217,8 @@ class RunConfig:
 # Machine settings, not recipe: how fast this machine computes the updates or who watches them, never what an
 # update computes. They may change on resume without --allow-change, each session records its own, and a frozen
 # lock neither holds a long run to the pilot's nor freezes them (a pilot on 2 CPU threads says nothing about the
-# thread count of the long run's node). The thread count changes only how work is split among threads: a
-# resume from 1 to 2 threads replays the uninterrupted run bit for bit (tests/training/test_resume_threads.py).
+# thread count of the long run's node). Another thread count may reorder a reduction's additions: a resume on
+# it is free but not promised bit-exact, and run.json says so (checkpoint/compatibility.py `not_exact`).
 MACHINE_KEYS = (
     "train.num_threads",
     # Profiling observes updates without changing them.
