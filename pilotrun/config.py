@@ -163,11 +163,11 @@ class ProfileConfig:
 @dataclass
 class SpikeConfig:  # loss spikes: detected in the loop, answered by policy (training/spikes.py, callbacks/spike_rollback.py)
     policy: str = knob("record", "record (a spike event), skip (not applied, reason spike) or rollback (to the "
-                       "last committed checkpoint before it, its data plus margin skipped)")
+                       "last committed checkpoint before it, its documents to their end plus margin skipped)")
     window: int = knob(50, "applied updates whose losses and gradient norms the running bound is taken over")
     factor: float = knob(6.0, "spike: not finite or > median + factor x floored 1.4826 MAD of window (spike_bound.py)")
     min_history: int = knob(20, "applied updates in the window before finite values are judged")
-    margin: int = knob(2, "rollback: updates' worth of data skipped after the spiking update's own")
+    margin: int = knob(2, "rollback: updates' worth of data skipped at least after the spiking update's own")
     max_rollbacks: int = knob(3, "rollbacks per run; the spike that would need one more stops the run (stopped)")
     replay: bool = knob(True, "replay a spike (its batch, then the next) to name its cause (spikes.CAUSES)")
 

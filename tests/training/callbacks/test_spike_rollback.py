@@ -7,7 +7,10 @@ its update; each policy answers it and the record reconciles.
 - rollback: the continued run equals, bit for bit (weights, optimizer, every kept loss), a reference run told to
   skip the same data from the start with the `train.skip_data` the rollback event records; the updates between
   the checkpoint and the spike are redone with the same losses; summarize counts the undone work as rolled back;
-- a spike storm hits train.spike.max_rollbacks and the run stops ("stopped", exit 1) with a checkpoint.
+- a spike storm hits train.spike.max_rollbacks and the run stops ("stopped", exit 1) with a checkpoint;
+- a long noise document (real data, no poison: it spans ~15 updates) spikes once: the rollback skips it to its
+  end, and the run completes (skipping only the spiking update and the margin met the rest of it three times);
+- killed right after a rollback and resumed, the run counts its spike once.
 """
 
 from __future__ import annotations
@@ -26,6 +29,41 @@ from tests.training.spike_faults import poison_batches
 
 ROOT = Path(__file__).resolve().parents[3]
 POISON = 16  # cursor position of the poisoned microbatch: update 17 reads it (accumulation 1)
+
+
+@pytest.fixture(scope="module")
+def noise_data(tmp_path_factory):
+    """Short built-in documents (about 15 updates' worth) in their order, then a 3,000-character noise document
+    (random letters, digits and symbols: some 1,900 tokens, 15 updates of 128 tokens), then more documents.
+    Returns (data folder, the noise document's first token, the position just past its EOS)."""
+    import random
+
+    import numpy as np
+
+    from pilotrun.data.builtin_corpus import builtin_documents
+    from pilotrun.data.prepare import prepare_corpus
+    from pilotrun.data.reader import open_dataset
+    from pilotrun.data.stream import split_of
+
+    folder = tmp_path_factory.mktemp("noise")
+    docs = [d for d in builtin_documents() if len(d) < 1500 and split_of(d, 0.01) == "train"]
+    rng = random.Random(0)
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789{}[]<>#@$%^&*~|\\/"
+    noise = ""
+    while not noise or split_of(noise, 0.01) != "train":
+        noise = "".join(rng.choice(alphabet) for _ in range(3000))
+    before: list[str] = []
+    while sum(map(len, before)) < 8000:
+        before.append(docs.pop(0))
+    with open(folder / "corpus.jsonl", "w") as f:
+        for text in [*before, noise, *docs]:
+            f.write(json.dumps({"text": text}) + "\n")
+    prepare_corpus(folder / "data", source=str(folder / "corpus.jsonl"), tokenizer="bpe:4096", shuffle_buffer=1,
+                   progress=False)
+    dataset = open_dataset(folder / "data")
+    split = dataset.split("train")
+    ends = np.flatnonzero(split.read(0, split.num_tokens) == dataset.eos_id)
+    return folder / "data", int(ends[len(before) - 1]) + 1, int(ends[len(before)]) + 1
 
 
 def recipe(*extra: str):
@@ -148,6 +186,31 @@ def test_a_spike_storm_hits_the_rollback_cap_and_stops(builtin_data_dir, tmp_pat
     assert summary.overall["ended"] == "stopped"
     rule = next(r for r in judge_summary(summary).rules if r.name == "spikes")
     assert rule.status == "FAIL"
+
+
+@pytest.mark.slow
+def test_one_rollback_skips_a_long_noise_document_to_its_end(noise_data, tmp_path):
+    """The noise document spans batches `first`..`last` (128 tokens a batch): its first update spikes, and the
+    rollback skips from the spiking batch through the batch that holds the document's EOS, so training goes on
+    past it with no other spike and completes."""
+    data, start, end = noise_data
+    span = 128  # tokens a global batch advances: batch_size 4 x seq_len 32
+    first, last = start // span, (end - 2) // span
+    assert last - first >= 12  # the document spans many updates
+    trainer, result = train(data, tmp_path / "run", "train.spike.policy=rollback")
+    assert result.reason == "completed" and result.step == 24
+    (spike,) = events(tmp_path / "run", "spike")
+    (rollback,) = events(tmp_path / "run", "rollback")
+    (batch,) = spike["batches"]
+    assert first <= batch <= first + 1 and spike["action"] == "rollback"  # on the noise, as soon as it starts
+    assert rollback["skipped"]["first_batch"] == batch
+    assert rollback["skipped"]["documents_end_token"] == end and rollback["skipped"]["documents_through_batch"] == last
+    assert rollback["skipped"]["batches"] == last - batch + 1
+    assert rollback["skip_data"] == [[batch, last - batch + 1]] == trainer.config.train.skip_data
+    assert trainer.session.state.loader.batch_index == 24 + last - batch + 1  # every later batch past the noise
+    summary = summarize_run(tmp_path / "run")
+    assert summary.valid, summary.reasons
+    assert summary.overall["spikes"]["spikes"] == summary.overall["spikes"]["rollbacks"] == 1
 
 
 @pytest.mark.slow
