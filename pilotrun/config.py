@@ -163,11 +163,11 @@ class ProfileConfig:
 @dataclass
 class SpikeConfig:  # loss spikes: detected in the loop, answered by policy (training/spikes.py, callbacks/spike_rollback.py)
     policy: str = knob("record", "record (a spike event), skip (not applied, reason spike) or rollback (to the "
-                       "last committed checkpoint before it, its data plus margin skipped)")
+                       "last committed checkpoint before it, its documents to their end plus margin skipped)")
     window: int = knob(50, "applied updates whose losses and gradient norms the running bound is taken over")
     factor: float = knob(6.0, "spike: not finite or > median + factor x floored 1.4826 MAD of window (spike_bound.py)")
     min_history: int = knob(20, "applied updates in the window before finite values are judged")
-    margin: int = knob(2, "rollback: updates' worth of data skipped after the spiking update's own")
+    margin: int = knob(2, "rollback: updates' worth of data skipped at least after the spiking update's own")
     max_rollbacks: int = knob(3, "rollbacks per run; the spike that would need one more stops the run (stopped)")
     replay: bool = knob(True, "replay a spike (its batch, then the next) to name its cause (spikes.CAUSES)")
 
@@ -221,8 +221,8 @@ class RunConfig:
 # Machine settings, not recipe: how fast this machine computes the updates or who watches them, never what an
 # update computes. They may change on resume without --allow-change, each session records its own, and a frozen
 # lock neither holds a long run to the pilot's nor freezes them (a pilot on 2 CPU threads says nothing about the
-# thread count of the long run's node). The thread count changes only how work is split among threads: a
-# resume from 1 to 2 threads replays the uninterrupted run bit for bit (tests/training/test_resume_threads.py).
+# thread count of the long run's node). Another thread count may reorder a reduction's additions: a resume on
+# it is free but not promised bit-exact, and run.json says so (checkpoint/compatibility.py `not_exact`).
 MACHINE_KEYS = (
     "train.num_threads",
     # Profiling observes updates without changing them.

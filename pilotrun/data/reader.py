@@ -148,6 +148,18 @@ class TokenSplit:
             filled += take
         return out
 
+    def find(self, token: int, start: int, stop: int, chunk: int = 1 << 16) -> int | None:
+        """The first position in [start, stop) that holds `token`, or None; scanned a chunk at a time straight
+        from the shards (a look ahead, not a read of training data: no first-read watcher is told)."""
+        position, stop = max(0, start), min(stop, self.num_tokens)
+        while position < stop:
+            for index, offset, take in self._pieces(position, min(chunk, stop - position)):
+                hits = np.flatnonzero(self._arrays[index][offset:offset + take] == token)
+                if len(hits):
+                    return position + int(hits[0])
+                position += take
+        return None
+
 
 class TokenDataset:
     def __init__(self, data_dir: str, manifest: dict[str, Any]) -> None:
@@ -317,6 +329,23 @@ class BatchLoader:
             first = k * self.global_batch_windows * self.seq_len
             length = self.global_batch_windows * self.seq_len + 1  # the batch's windows, overlaps included
             self.split.check_ids(self.split.read(first, length), first)
+
+    def documents_end(self, batch_index: int, eos_id: int) -> tuple[int, int]:
+        """(the last global batch that reads a token of the documents global batch `batch_index` reads, the token
+        position just past the EOS that ends them). Every document is followed by its EOS, so the documents a
+        batch reads end at the first EOS at or after the batch's last target token. Within the batch's epoch:
+        a document still open at the epoch's end (its dropped tail) ends there, since the next epoch starts the
+        split again. In repeat_batch mode every batch is batch 0: the batch itself."""
+        if self.mode == "repeat_batch":
+            return batch_index, 0
+        epoch, k = self._effective_batch(batch_index)
+        span = self.global_batch_windows * self.seq_len  # tokens a batch advances; it reads span + 1 of them
+        epoch_tokens = self.batches_per_epoch * span + 1
+        eos = self.split.find(eos_id, (k + 1) * span, epoch_tokens)
+        end = eos + 1 if eos is not None else epoch_tokens
+        # The batch whose targets (positions k * span + 1 .. (k + 1) * span) hold the document's last token.
+        last = min(max(k, (end - 2) // span), self.batches_per_epoch - 1)
+        return epoch * self.batches_per_epoch + last, end
 
     def describe_batch(self, batch_index: int) -> list[dict[str, Any]]:
         """Every row of global batch `batch_index`, all ranks: which tokens it read and from where (pure)."""

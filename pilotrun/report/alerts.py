@@ -21,6 +21,8 @@ a rule when it passes again, a killed session when a resume starts). The kinds:
   (rules.py) on summarize's view of the record, with the lock's thresholds when one is given;
 - `spike` / `rollback`: each spike the trainer detected (with its action and cause) and each rollback (restored
   step, data skipped), raised once per event (so --on-alert hears of each) and cleared by the next train window;
+  a resumed session's redo of a spike or rollback already raised (the same attempt, report/spikes.py) is not raised
+  again, so that an interrupted run alerts as the uninterrupted one does;
 - `downstream`: an in-loop task (report/downstream.py) that had risen clear of chance is back near it, or, against
   a lock, below the pilot's figure on the same task file at or past the pilot's step; cleared when it is not;
 - `session_end`: the last session ended in error, stopped on skips, was interrupted or killed, and no session
@@ -41,6 +43,7 @@ from typing import Any
 from pilotrun.report.downstream import below_pilot_problem, fallback_problem, task_series
 from pilotrun.report.projection import window_tokens_per_device_second, window_tokens_per_s
 from pilotrun.report.rules import live_rules
+from pilotrun.report.spikes import rollback_key, spike_key
 from pilotrun.report.summarize import summarize_run
 from pilotrun.report.thresholds import FAIL, THRESHOLD_FIELDS, Thresholds
 from pilotrun.report.time_split import window_profiled
@@ -131,6 +134,13 @@ class Watcher:
         self.last_judged = -1e18
         self.judge_cost = 0.0
         self.completed = False
+        self.told: set[str] = set()  # spike_key / rollback_key of every spike and rollback already raised
+
+    def _first_time(self, key: str) -> bool:
+        """Whether this spike or rollback is new to the watch (not a resumed session's redo of one it told)."""
+        new = key not in self.told
+        self.told.add(key)
+        return new
 
     # -------------------------------------------------------------------------------------------- checking
     def check(self, final: bool = False) -> tuple[list[Alert], list[Alert]]:
@@ -178,6 +188,8 @@ class Watcher:
             self.longest[kind] = max(self.longest[kind], float(event["seconds"]))
         elif kind == "spike":
             key = f"spike:{event.get('spike_step')}:{event.get('_line', t)}"
+            if not self._first_time(spike_key(event)):
+                return  # a resumed session's redo of a spike already told (report/spikes.py)
             replay = event.get("replay") or {}
             found[key] = Alert("spike", key, f"spike at update {event.get('spike_step')}: {'+'.join(event.get('signals') or [])} "
                                f"(loss {event.get('loss')}, grad norm {event.get('grad_norm')}) -> {event.get('action')}; "
@@ -186,6 +198,8 @@ class Watcher:
                                step, event.get("grad_norm"), event.get("bounds"), sid, now)
         elif kind == "rollback":
             key = f"rollback:{event.get('spike_step')}:{event.get('_line', t)}"
+            if not self._first_time(rollback_key(event)):
+                return
             found[key] = Alert("rollback", key, f"rollback {event.get('rollbacks')} of at most "
                                f"{event.get('max_rollbacks')}: back to step {event.get('restored_step')}, data skipped "
                                f"{event.get('skipped')}", step, event.get("rollbacks"), event.get("max_rollbacks"),

@@ -29,17 +29,35 @@ def _window_key(e: dict[str, Any]) -> tuple:
             w.get("updates_attempted"))
 
 
+def not_exact_sessions(run: dict[str, Any]) -> dict[str, str]:
+    """session_id -> what that resume changed across which bit-exactness is not promised (run.json's `not_exact`:
+    the thread count, a numerics software version, the device), in words."""
+    out = {}
+    for entry in run.get("sessions") or []:
+        found = entry.get("not_exact") if isinstance(entry, dict) else None
+        if isinstance(found, dict) and found.get("changes"):
+            changes = ", ".join(f"{c.get('key')} {c.get('old')!r} -> {c.get('new')!r}" for c in found["changes"]
+                                if isinstance(c, dict))
+            out[str(entry.get("session_id"))] = f"{changes} from update {found.get('from_update')}"
+    return out
+
+
 def judge_resumed(summary: Summary, t: Thresholds) -> Finding:
-    """At least one resume in the kept history, counters continuous, replayed windows bit-identical."""
+    """At least one resume in the kept history, counters continuous, replayed windows bit-identical. A resume that
+    changed what exactness depends on (the thread count, a numerics library, the device: run.json's `not_exact`)
+    is not promised a bit-identical replay: its differing windows are named with that cause, not failed, and it
+    proves no exact continuation (another resume must)."""
     sessions = {s.session_id: s for s in summary.sessions}
     resumes = [sid for sid in summary.lineage if sessions[sid].resumed_from is not None]
+    not_exact = not_exact_sessions(summary.run)
     # A resume is evidence only when training went on from it: at least one kept update after the restart.
-    continued = [sid for sid in resumes if sessions[sid].updates_applied - sessions[sid].updates_rolled_back > 0]
+    trained_on = [sid for sid in resumes if sessions[sid].updates_applied - sessions[sid].updates_rolled_back > 0]
+    continued = [sid for sid in trained_on if sid not in not_exact]
     threshold = ">= 1 resume followed by >= 1 applied update, counters continuous; replayed windows bit-identical"
     kept = {_window_key(e): e for e in summary.kept_events if e["event"] in ("train", "val")}
     # A session that changed the recipe on resume computes other figures after its first update by design.
     changed = {c.session_id for c in recipe_changes_in_history(summary.run, summary.lineage)}
-    compared, not_comparable, mismatched = 0, 0, []
+    compared, not_comparable, mismatched, unpromised, excused = 0, 0, [], 0, []
     for e in summary.rolled_back_events:
         twin = kept.get(_window_key(e)) if e["event"] in ("train", "val") else None
         if twin is None:
@@ -47,16 +65,22 @@ def judge_resumed(summary: Summary, t: Thresholds) -> Finding:
         if twin["session_id"] in changed:
             not_comparable += 1
             continue
+        differ = [f"{e['event']} step {e['step']} {key} {e.get(key)!r} before the kill vs {twin.get(key)!r} after "
+                  "the resume" for key in ("loss", "grad_norm") if key in e and e.get(key) != twin.get(key)]
+        if twin["session_id"] in not_exact:
+            unpromised += 1
+            excused += [f"{d} (cause: {not_exact[twin['session_id']]})" for d in differ]
+            continue
         compared += 1
-        for key in ("loss", "grad_norm"):
-            if key in e and e.get(key) != twin.get(key):
-                mismatched.append(f"{e['event']} step {e['step']} {key} {e.get(key)!r} before the kill vs "
-                                  f"{twin.get(key)!r} after the resume")
+        mismatched += differ
     replay = (f"{compared} replayed window(s) compared, {len(mismatched)} differ" if compared
               else "no replayed window to compare")
     if not_comparable:
         replay += f"; {not_comparable} replayed under a changed recipe, not compared"
-    evidence = "session starts vs committed checkpoints; rolled-back vs replayed windows"
+    if unpromised:
+        replay += (f"; {unpromised} replayed after a change across which bit-exactness is not promised, "
+                   f"{len(excused)} figure(s) differ" + (f", first: {excused[0]}" if excused else ""))
+    evidence = "session starts vs committed checkpoints; rolled-back vs replayed windows; run.json not_exact"
     points = ", ".join(f"session {sid} from step {sessions[sid].resumed_from} then "
                        f"{sessions[sid].updates_applied - sessions[sid].updates_rolled_back} update(s)"
                        for sid in continued)
@@ -72,8 +96,13 @@ def judge_resumed(summary: Summary, t: Thresholds) -> Finding:
         return Finding(PASS, f"{len(continued)} resume(s) with training after them: {points}; "
                        f"counters continuous; {replay}", threshold, evidence)
     idle = ", ".join(f"session {sid} from step {sessions[sid].resumed_from}" for sid in resumes)
-    missing = (f"{len(resumes)} resume(s) ({idle}) but no update applied after any of them: a run resumed with "
-               "nothing left to do proves nothing" if resumes else "no resume in the kept history")
+    if trained_on:
+        named = "; ".join(f"session {sid}: {not_exact[sid]}" for sid in trained_on)
+        missing = (f"{len(trained_on)} resume(s) with training after them, each across a change bit-exactness is "
+                   f"not promised across ({named}); such a resume proves no exact continuation; {replay}")
+    else:
+        missing = (f"{len(resumes)} resume(s) ({idle}) but no update applied after any of them: a run resumed with "
+                   "nothing left to do proves nothing" if resumes else "no resume in the kept history")
     if not t.resume_required:
         return Finding(WARN, f"{missing}; waived (--no-resume-required)", threshold, evidence)
     return Finding(FAIL, f"{missing}: the pilot never proved it can continue", threshold, evidence)

@@ -152,8 +152,10 @@ DATA_PASSES = Rule(
 RESUMED = Rule(
     "resumed",
     "the kept history includes a resume followed by at least one applied update (a finished run resumed with "
-    "nothing left to do proves nothing), counters continuous, replayed windows bit-identical; waived by "
-    "resume_required = false (--no-resume-required), then a missing resume WARNs.",
+    "nothing left to do proves nothing), counters continuous, replayed windows bit-identical; a resume that "
+    "changed the thread count, a numerics library or the device (run.json's not_exact) is not promised a "
+    "bit-identical replay: its differing windows are named with that cause and it proves no exact continuation; "
+    "waived by resume_required = false (--no-resume-required), then a missing resume WARNs.",
     continuity.judge_resumed, ("resume_required",), plot="loss", live=False)
 
 FINAL_CHECKPOINT = Rule(

@@ -6,10 +6,19 @@ between that checkpoint and the rollback was undone: like the work after the che
 it leaves the kept history (and is counted as rolled back, its training seconds as redone), and the kept
 history goes on from the rollback. The `spike` events themselves stay on the record whichever side they fall:
 a spike that was rolled back happened all the same.
+
+Once, however often it is on the record: a session killed after a spike (or after its rollback, before the next
+checkpoint) is resumed from a checkpoint before it, and the resumed session attempts the same update on the same
+data from the same state again, so it logs the same spike (and rollback) a second time. That is one spike of the
+run, not two: the interrupted run trained exactly as the uninterrupted one did, and everything counted from the
+record (verdict, summarize, watch) counts each attempt once. An attempt is named by the step it would have made,
+the batches it read and the counters it was logged at (`spike_key`, `rollback_key`): a redone attempt repeats all
+of them, while any other spike differs in one (a later attempt has more updates attempted or tokens seen).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pilotrun.report.thresholds import FAIL, PASS, WARN, Finding, Thresholds
@@ -48,9 +57,37 @@ def rollback_problems(events: list[dict[str, Any]]) -> list[str]:
     return reasons
 
 
+def spike_key(event: dict[str, Any]) -> str:
+    """Which update attempt a `spike` event is about (the module's docstring): the same for a redone attempt."""
+    return json.dumps(["spike", event.get("spike_step"), event.get("batches"), event.get("step"),
+                       event.get("updates_attempted"), event.get("tokens_seen")], default=str)
+
+
+def rollback_key(event: dict[str, Any]) -> str:
+    """Which rollback a `rollback` event is: the spike it answered and the state and data it restored and skipped."""
+    return json.dumps(["rollback", event.get("spike_step"), event.get("restored_step"), event.get("skipped"),
+                       event.get("updates_attempted"), event.get("tokens_seen")], default=str, sort_keys=True)
+
+
+def once_each(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events in file order with each spike and rollback kept once (its first record; the module's docstring)."""
+    seen: set[str] = set()
+    out = []
+    for event in sorted(events, key=lambda e: e.get("_line", 0)):
+        kind = event.get("event")
+        key = spike_key(event) if kind == "spike" else rollback_key(event) if kind == "rollback" else None
+        if key is not None:
+            if key in seen:
+                continue
+            seen.add(key)
+        out.append(event)
+    return out
+
+
 def spike_overview(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every spike and rollback of the record (kept or rolled back), in file order, and their counts."""
-    ordered = sorted(events, key=lambda e: e.get("_line", 0))
+    """Every spike and rollback of the record (kept or rolled back), in file order, each once (a resumed session's
+    redo of an attempt is not a second spike), and their counts."""
+    ordered = once_each(events)
     spikes = [{"step": e.get("spike_step"), "line": e.get("_line"), "action": e.get("action"),
                "cause": e.get("cause"), "signals": e.get("signals"), "loss": e.get("loss"),
                "grad_norm": e.get("grad_norm"), "batches": e.get("batches"),

@@ -518,6 +518,10 @@ def open_record(session: Session, *, resume: bool, command: list[str]) -> None:
         "hardware": session.hardware, "software": session.software,
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(), "notes": list(session.notes),
         "chain_start": metrics.head, **({"restart": session.restart} if session.restart else {}),
+        # From this session's first update on, a replay of the run is not promised bit for bit (the verdict's
+        # replay comparison names these changes as the cause where replayed windows differ).
+        **({"not_exact": {"from_update": counters.step + 1, "changes": session.plan.not_exact}}
+           if session.plan.not_exact else {}),
     })
     record.save()
     session.record = record

@@ -6,7 +6,7 @@ name every recipe change with the update it took effect from."""
 from pilotrun.report.summarize import summarize_run
 from pilotrun.report.thresholds import FAIL, PASS, WARN, Thresholds
 from pilotrun.report.verdict import judge, judge_summary
-from tests.report.synthetic import crashed_and_resumed, verdict_of
+from tests.report.synthetic import SyntheticRun, crashed_and_resumed, verdict_of
 
 
 def test_resumed_fails_without_resume_unless_waived(tmp_path):
@@ -109,3 +109,36 @@ def test_recipe_change_that_did_not_reach_the_optimizer_fails(tmp_path):
             event["lr"] = 0.001 * 0.5
     run.write()
     assert {r.name: r for r in judge(tmp_path / "r").rules}["recipe_changes"].status == WARN
+
+
+def test_a_resume_on_another_thread_count_names_it_as_the_cause_and_proves_no_exact_continuation(tmp_path):
+    """The thread count may decide the order of a reduction's additions: a resume on other threads is recorded
+    (run.json's not_exact) as the update from which bit-exactness is not promised. Its replayed windows that
+    differ name that cause instead of failing as broken exactness, and it is no proof of exact continuation."""
+    run = crashed_and_resumed(tmp_path / "r")
+    run.find("train", session="s1", step=25)["loss"] += 1e-12  # the last bit, as another thread split gives
+    entry = next(e for e in run.run["sessions"] if e["session_id"] == "s2")
+    entry["not_exact"] = {"from_update": 21, "changes": [{"key": "hardware.torch_threads", "old": 1, "new": 2}]}
+    run.write()
+    rule = {r.name: r for r in judge(tmp_path / "r").rules}["resumed"]
+    assert rule.status == FAIL and "such a resume proves no exact continuation" in rule.figure
+    assert "cause: hardware.torch_threads 1 -> 2 from update 21" in rule.figure
+    assert "train step 25 loss" in rule.figure and "never proved it can continue" in rule.figure
+    # Beside a resume on the same threads (the pilot's own), the run has proved it: PASS, the cause still named.
+    run = SyntheticRun(tmp_path / "b")
+    run.start_session()
+    run.train_until(33)
+    run.kill()
+    run.resume()  # s2 from 20, on other threads
+    run.train_until(50)
+    run.kill()
+    run.resume()  # s3 from 40, on s2's threads
+    run.train_until(run.max_steps)
+    run.end_session()
+    run.find("train", session="s1", step=25)["loss"] += 1e-12
+    entry = next(e for e in run.run["sessions"] if e["session_id"] == "s2")
+    entry["not_exact"] = {"from_update": 21, "changes": [{"key": "hardware.torch_threads", "old": 1, "new": 2}]}
+    run.write()
+    rule = {r.name: r for r in judge(tmp_path / "b").rules}["resumed"]
+    assert rule.status == PASS and "1 resume(s) with training after them: session s3 from step 40" in rule.figure
+    assert "cause: hardware.torch_threads 1 -> 2 from update 21" in rule.figure

@@ -57,6 +57,18 @@ def test_the_rule_warns_on_any_spike_and_fails_past_its_bounds():
     assert judge_spikes(summary, Thresholds(max_spike_rollbacks=0)).status == "FAIL"
     quiet = SimpleNamespace(overall={}, kept_events=RECORD[:3], rolled_back_events=[])
     assert judge_spikes(quiet, Thresholds()).status == "PASS"
-    unreproduced = [{**RECORD[3], "cause": "not_reproducible", "_line": n} for n in (4, 8)]
+    unreproduced = [{**RECORD[3], "cause": "not_reproducible", "_line": n, "updates_attempted": n} for n in (4, 8)]
     twice = SimpleNamespace(overall={"spikes": spike_overview(unreproduced)}, kept_events=[], rolled_back_events=[])
     assert judge_spikes(twice, Thresholds()).status == "FAIL"
+
+
+def test_a_resumed_sessions_redo_of_a_spike_and_its_rollback_counts_once():
+    """Killed after the rollback and resumed from the checkpoint at step 4, the run attempts update 6 again from the
+    same state on the same data: the same spike and rollback are logged again, one spike of the run all the same."""
+    redone = [{**e, "_line": e["_line"] + 10, "session_id": "b"} for e in RECORD[2:6]]
+    overview = spike_overview(RECORD + redone)
+    assert overview["spikes"] == 1 and overview["rollbacks"] == 1 and overview["skipped_tokens"] == 30
+    assert [s["line"] for s in overview["list"]] == [4]
+    # Another attempt at the same update (later: more attempted, more tokens) is another spike.
+    again = {**RECORD[3], "_line": 20, "updates_attempted": 7, "tokens_seen": 70}
+    assert spike_overview([*RECORD, again])["spikes"] == 2

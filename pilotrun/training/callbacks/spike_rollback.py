@@ -9,7 +9,8 @@ and acts on it, right after the rare events and before the window's turn:
   update is skipped, its window closed (a `train` event, so the work about to be rolled back is on the record
   as it happened), then the last committed checkpoint is restored into the running session exactly as a resume
   restores it (weights, optimizer, scaler, counters, cursor, update hooks' state, every RNG), the spiking
-  update's batches plus `margin` updates' worth after them join `train.skip_data`, and training continues. The
+  update's batches, through the end of every document they read (however many updates it spans) and at least
+  `margin` updates' worth after them, join `train.skip_data`, and training continues. The
   updates between the checkpoint and the spike are redone on the same data, bit for bit; at the skipped range
   the cursor jumps. A `rollback` event carries the restored counters (the kept history goes on from there:
   summarize treats the work after the checkpoint as rolled back, as for a resume from an earlier step), the
@@ -53,15 +54,21 @@ class SpikeCallback(Callback):
 
 
 def skipped_range(loop: LoopState, verdict: SpikeVerdict) -> dict[str, Any]:
-    """The data a rollback steps over: the spiking update's batches and `margin` updates' worth after them."""
+    """The data a rollback steps over: the spiking update's batches and every document they read, to its end (the
+    reader finds the EOS that ends them), and at least `margin` updates' worth after the spiking update's own.
+    A long bad document spans many updates: skipping only the spiking batches and a fixed margin would meet the
+    rest of it at once, spike again and use up the rollbacks; skipped to its end, one rollback clears it."""
     session = loop.session
     t = session.config.train
-    first = verdict.batches[0]
-    batches = verdict.batches[-1] - first + 1 + t.spike.margin * t.gradient_accumulation_steps
     loader = session.state.loader
+    first = verdict.batches[0]
+    through, end_token = max(loader.documents_end(b, session.dataset.eos_id) for b in verdict.batches)
+    batches = max(verdict.batches[-1] - first + 1 + t.spike.margin * t.gradient_accumulation_steps,
+                  through - first + 1)
     return {"first_batch": first, "batches": batches, "tokens": batches * session.tokens_per_microbatch,
             "first_window": first * loader.global_batch_windows,
-            "windows": batches * loader.global_batch_windows}
+            "windows": batches * loader.global_batch_windows,
+            "documents_through_batch": through, "documents_end_token": end_token}
 
 
 def roll_back(loop: LoopState, verdict: SpikeVerdict, close_window: Any) -> None:

@@ -10,8 +10,11 @@ The checkpoint's meta and the resuming run's meta are compared section by sectio
   `data.mixture.weights` and `data.mixture.seed` (data/mixture.py) and
   `optimizer.partition` (which parameters each optimizer owns; their hyperparameters are recipe keys):
   refused unless allowed, like recipe keys.
-- `software` versions that change numerics (torch, CUDA, cuDNN, NumPy, Python) and the `hardware` device:
-  a warning, because the run can continue but exact continuation can no longer be promised.
+- `software` versions that change numerics (torch, CUDA, cuDNN, NumPy, Python), the `hardware` device and the
+  intra-op thread count: a warning, because the run can continue but exact continuation can no longer be
+  promised; each is also returned (`not_exact`) so that run.json records the update from which it is not. The
+  thread count splits the work of a kernel among threads, and on some CPUs the split decides the order of a
+  reduction's additions (a matmul's, a norm's), so another count may change the last bit of a sum.
 
 All refused differences are reported together in one CheckpointError, so a user fixes them in one go.
 Model keys that change tensor shapes cannot be allowed: the saved weights would not fit the new model.
@@ -28,7 +31,7 @@ from pilotrun.errors import CheckpointError
 ABSENT = "<absent>"
 # Software whose version changes floating-point results or random streams (a warning on change).
 NUMERICS_SOFTWARE_KEYS = ("torch", "cuda", "cudnn", "numpy", "python")
-HARDWARE_KEYS = ("device", "device_name")
+HARDWARE_KEYS = ("device", "device_name", "torch_threads")
 # Model keys that change the shape (or number) of saved tensors: allowing them could never load.
 SHAPE_MODEL_KEYS = frozenset(
     f"recipe.model.{name}" for name in (
@@ -48,11 +51,13 @@ WORLD_SIZE_KEY = "world_size"
 @dataclass
 class ResumeCompatibility:
     """What a permitted resume changed: `free_changes` and `allowed_changes` are [{key, old, new}],
-    `warnings` are one-line messages (exactness not promised, an --allow-change that matched nothing)."""
+    `warnings` are one-line messages (exactness not promised, an --allow-change that matched nothing);
+    `not_exact` [{key, old, new}] the software and hardware changes across which exactness is not promised."""
 
     free_changes: list[dict[str, Any]] = field(default_factory=list)
     allowed_changes: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    not_exact: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _short(value: Any) -> str:
@@ -158,7 +163,10 @@ def check_resume_compatibility(saved_meta: dict[str, Any], current_meta: dict[st
         new_section = current_meta.get(section) if isinstance(current_meta.get(section), dict) else {}
         for name in keys:
             old, new = old_section.get(name), new_section.get(name)
+            if name == "torch_threads" and old is None:
+                continue  # a checkpoint written before the thread count was part of its meta: unknown
             if old != new and not (old is None and new is None):
+                report.not_exact.append({"key": f"{section}.{name}", "old": old, "new": new})
                 report.warnings.append(f"{why} {section}.{name} changed ({_short(old)} -> {_short(new)}): the "
                                        "run continues, but bit-exact continuation cannot be promised")
 

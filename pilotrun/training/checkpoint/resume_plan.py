@@ -22,7 +22,7 @@ from pilotrun.config import RunConfig, config_from_dict, config_to_dict, validat
 from pilotrun.errors import CheckpointError, ConfigError
 from pilotrun.training.checkpoint.compatibility import check_resume_compatibility, reconcile_world_size
 
-HARDWARE_META_KEYS = ("device", "device_name", "world_size")
+HARDWARE_META_KEYS = ("device", "device_name", "world_size", "torch_threads")
 
 
 @dataclass
@@ -35,6 +35,7 @@ class ResumePlan:
     free_changes: list[dict[str, Any]] = field(default_factory=list)
     allowed_changes: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    not_exact: list[dict[str, Any]] = field(default_factory=list)  # compatibility.py: exactness not promised
 
     restart: bool = False  # --resume with no committed checkpoint: a new session from step 0 in the same run
 
@@ -124,7 +125,8 @@ def plan_resume(config: RunConfig, *, checkpoint_step: int, saved_meta: dict[str
     effective = config_from_dict(restored)
     validate_run_config(effective)
     return ResumePlan(config=effective, checkpoint_step=checkpoint_step, free_changes=report.free_changes,
-                      allowed_changes=report.allowed_changes, notes=identity_notes + notes + report.warnings)
+                      allowed_changes=report.allowed_changes, notes=identity_notes + notes + report.warnings,
+                      not_exact=report.not_exact)
 
 
 def plan_restart(config: RunConfig, *, recorded: dict[str, Any], current_meta: dict[str, Any],

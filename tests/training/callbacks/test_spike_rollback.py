@@ -7,7 +7,10 @@ its update; each policy answers it and the record reconciles.
 - rollback: the continued run equals, bit for bit (weights, optimizer, every kept loss), a reference run told to
   skip the same data from the start with the `train.skip_data` the rollback event records; the updates between
   the checkpoint and the spike are redone with the same losses; summarize counts the undone work as rolled back;
-- a spike storm hits train.spike.max_rollbacks and the run stops ("stopped", exit 1) with a checkpoint.
+- a spike storm hits train.spike.max_rollbacks and the run stops ("stopped", exit 1) with a checkpoint;
+- a long noise document (real data, no poison: it spans ~15 updates) spikes once: the rollback skips it to its
+  end, and the run completes (skipping only the spiking update and the margin met the rest of it three times);
+- killed right after a rollback and resumed, the run counts its spike once.
 """
 
 from __future__ import annotations
@@ -26,6 +29,41 @@ from tests.training.spike_faults import poison_batches
 
 ROOT = Path(__file__).resolve().parents[3]
 POISON = 16  # cursor position of the poisoned microbatch: update 17 reads it (accumulation 1)
+
+
+@pytest.fixture(scope="module")
+def noise_data(tmp_path_factory):
+    """Short built-in documents (about 15 updates' worth) in their order, then a 3,000-character noise document
+    (random letters, digits and symbols: some 1,900 tokens, 15 updates of 128 tokens), then more documents.
+    Returns (data folder, the noise document's first token, the position just past its EOS)."""
+    import random
+
+    import numpy as np
+
+    from pilotrun.data.builtin_corpus import builtin_documents
+    from pilotrun.data.prepare import prepare_corpus
+    from pilotrun.data.reader import open_dataset
+    from pilotrun.data.stream import split_of
+
+    folder = tmp_path_factory.mktemp("noise")
+    docs = [d for d in builtin_documents() if len(d) < 1500 and split_of(d, 0.01) == "train"]
+    rng = random.Random(0)
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789{}[]<>#@$%^&*~|\\/"
+    noise = ""
+    while not noise or split_of(noise, 0.01) != "train":
+        noise = "".join(rng.choice(alphabet) for _ in range(3000))
+    before: list[str] = []
+    while sum(map(len, before)) < 8000:
+        before.append(docs.pop(0))
+    with open(folder / "corpus.jsonl", "w") as f:
+        for text in [*before, noise, *docs]:
+            f.write(json.dumps({"text": text}) + "\n")
+    prepare_corpus(folder / "data", source=str(folder / "corpus.jsonl"), tokenizer="bpe:4096", shuffle_buffer=1,
+                   progress=False)
+    dataset = open_dataset(folder / "data")
+    split = dataset.split("train")
+    ends = np.flatnonzero(split.read(0, split.num_tokens) == dataset.eos_id)
+    return folder / "data", int(ends[len(before) - 1]) + 1, int(ends[len(before)]) + 1
 
 
 def recipe(*extra: str):
@@ -151,6 +189,31 @@ def test_a_spike_storm_hits_the_rollback_cap_and_stops(builtin_data_dir, tmp_pat
 
 
 @pytest.mark.slow
+def test_one_rollback_skips_a_long_noise_document_to_its_end(noise_data, tmp_path):
+    """The noise document spans batches `first`..`last` (128 tokens a batch): its first update spikes, and the
+    rollback skips from the spiking batch through the batch that holds the document's EOS, so training goes on
+    past it with no other spike and completes."""
+    data, start, end = noise_data
+    span = 128  # tokens a global batch advances: batch_size 4 x seq_len 32
+    first, last = start // span, (end - 2) // span
+    assert last - first >= 12  # the document spans many updates
+    trainer, result = train(data, tmp_path / "run", "train.spike.policy=rollback")
+    assert result.reason == "completed" and result.step == 24
+    (spike,) = events(tmp_path / "run", "spike")
+    (rollback,) = events(tmp_path / "run", "rollback")
+    (batch,) = spike["batches"]
+    assert first <= batch <= first + 1 and spike["action"] == "rollback"  # on the noise, as soon as it starts
+    assert rollback["skipped"]["first_batch"] == batch
+    assert rollback["skipped"]["documents_end_token"] == end and rollback["skipped"]["documents_through_batch"] == last
+    assert rollback["skipped"]["batches"] == last - batch + 1
+    assert rollback["skip_data"] == [[batch, last - batch + 1]] == trainer.config.train.skip_data
+    assert trainer.session.state.loader.batch_index == 24 + last - batch + 1  # every later batch past the noise
+    summary = summarize_run(tmp_path / "run")
+    assert summary.valid, summary.reasons
+    assert summary.overall["spikes"]["spikes"] == summary.overall["spikes"]["rollbacks"] == 1
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["skip", "rollback"])
 def test_a_poisoned_run_resumed_after_its_spike_continues_exactly(builtin_data_dir, tmp_path, monkeypatch, policy):
     """The detector's window and rollback count travel in the checkpoint: resumed after the spike's answer, the
@@ -169,3 +232,73 @@ def test_a_poisoned_run_resumed_after_its_spike_continues_exactly(builtin_data_d
     detector = next(h for h in resumed.session.state.hooks if h.name == "spike")
     assert detector.state_dict() == next(h for h in straight.session.state.hooks if h.name == "spike").state_dict()
     assert summarize_run(tmp_path / "b").valid
+
+
+def snapshot_at_kill_point(monkeypatch, run_dir: Path, copy: Path) -> None:
+    """The kill point (callbacks/kill_point.py) copies the run folder instead of stopping the process: the copy is
+    the folder a SIGKILL at that moment leaves (every line of the record is flushed as it is written)."""
+    import shutil
+
+    from pilotrun.training.callbacks import kill_point
+
+    def freeze(self):
+        self.past_step = None
+        shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("run.lock"))
+
+    monkeypatch.setattr(kill_point.FreezePoint, "freeze", freeze)
+
+
+def counted(run_dir: Path):
+    """Everything the verdict, summarize and watch count from a run's record."""
+    from pilotrun.report.alerts import Watcher
+
+    summary = summarize_run(run_dir)
+    assert summary.valid, summary.reasons
+    verdict = judge_summary(summary)
+    o = summary.overall
+    watcher = Watcher(run_dir)
+    watcher.check(final=True)
+    return {"decision": verdict.decision, "rules": [(r.name, r.status, r.figure) for r in verdict.rules],
+            "spikes": {k: v for k, v in o["spikes"].items() if k not in ("list", "rollback_list")},
+            "listed": [{k: v for k, v in s.items() if k != "line"} for s in o["spikes"]["list"]],
+            "counts": {k: o[k] for k in ("updates_applied", "updates_attempted", "updates_skipped", "tokens_seen",
+                                         "updates_rolled_back")},
+            "alerts": sorted((a.kind, a.message) for a in watcher.raised)}
+
+
+@pytest.mark.slow
+def test_a_run_killed_right_after_a_rollback_counts_its_spike_once(builtin_data_dir, tmp_path, monkeypatch):
+    """SIGKILLed right after the rollback (before any later checkpoint) and resumed, the run redoes the spiking
+    attempt from the checkpoint and logs its spike and rollback again; it trains exactly as the uninterrupted run,
+    and the verdict, summarize and watch count the spike and the rollback once, as for that run."""
+    from pilotrun.training.trainer import Trainer
+
+    poison_batches(POISON, monkeypatch=monkeypatch)
+    # Windows of 6 updates: the spike at update 17 closes its window at step 16, the kill point's cue.
+    both = ("train.spike.policy=rollback", "train.log_every=6")
+    for name in ("straight", "run"):  # a first session to step 6 in both, so that both records hold a resume
+        train(builtin_data_dir, tmp_path / name, *both, "train.max_steps=6")
+    straight = Trainer(recipe(*both), builtin_data_dir, tmp_path / "straight", resume=True, progress=False,
+                       out=io.StringIO())
+    straight.run()
+    killed = tmp_path / "killed"
+    snapshot_at_kill_point(monkeypatch, tmp_path / "run", killed)
+    Trainer(recipe(*both), builtin_data_dir, tmp_path / "run", resume=True, progress=False, out=io.StringIO(),
+            stop_past_step=15).run()
+    assert [e["event"] for e in events(killed)][-3:] == ["spike", "train", "rollback"]
+    resumed = Trainer(recipe(*both), builtin_data_dir, killed, resume=True, progress=False, out=io.StringIO())
+    resumed.run()
+    assert len(events(killed, "spike")) == len(events(killed, "rollback")) == 2  # the attempt was redone
+    assert_exactly_equal(weights(straight), weights(resumed))
+    straight_counts, killed_counts = counted(tmp_path / "straight"), counted(killed)
+    assert killed_counts["spikes"]["spikes"] == killed_counts["spikes"]["rollbacks"] == 1
+    assert [kind for kind, _ in killed_counts["alerts"] if kind in ("spike", "rollback")] == ["rollback", "spike"]
+    # What the interruption itself cost is the interrupted run's own: one more session (a resume more, one window
+    # fewer past a session's first to compare throughput, another process's memory) and the redone attempt's
+    # updates, rolled back twice. Every other figure, and every rule's status, is the uninterrupted run's.
+    assert killed_counts["counts"].pop("updates_rolled_back") == straight_counts["counts"].pop(
+        "updates_rolled_back") + 4
+    own = ("resumed", "throughput_steady", "memory")
+    for counts in (killed_counts, straight_counts):
+        counts["rules"] = [(n, s, None if n in own else f) for n, s, f in counts["rules"]]
+    assert killed_counts == straight_counts

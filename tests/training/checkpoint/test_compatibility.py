@@ -130,6 +130,21 @@ def test_numerics_software_and_hardware_changes_are_warnings():
     assert len(report.warnings) == 2
     assert "software.torch" in report.warnings[0] and "bit-exact" in report.warnings[0]
     assert "hardware.device_name" in report.warnings[1]
+    assert [c["key"] for c in report.not_exact] == ["software.torch", "hardware.device_name"]
+
+
+def test_another_thread_count_is_where_bit_exactness_is_no_longer_promised():
+    """The thread count may decide the order of a reduction's additions: a warning, and a `not_exact` change that
+    run.json records. A checkpoint that never recorded its thread count is not held to one."""
+    saved = run_meta()
+    saved["hardware"]["torch_threads"] = 1
+    current = run_meta()
+    current["hardware"]["torch_threads"] = 2
+    report = check_resume_compatibility(saved, current)
+    assert report.not_exact == [{"key": "hardware.torch_threads", "old": 1, "new": 2}]
+    assert "hardware.torch_threads changed (1 -> 2)" in report.warnings[0]
+    assert check_resume_compatibility(saved, saved).not_exact == []
+    assert check_resume_compatibility(run_meta(), current).not_exact == []  # written before threads were kept
 
 
 def test_an_allow_change_that_matches_nothing_is_a_warning():

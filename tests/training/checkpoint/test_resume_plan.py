@@ -33,7 +33,7 @@ def _meta(config: RunConfig, world_size: int = 1, sha: str = "a" * 64) -> dict:
 def test_checkpoint_meta_keeps_the_compared_hardware_keys_and_adds_progress_when_given():
     config = _config()
     meta = _meta(config)
-    assert meta["hardware"] == {"device": "cpu", "device_name": "x", "world_size": None}
+    assert meta["hardware"] == {"device": "cpu", "device_name": "x", "world_size": None, "torch_threads": None}
     assert "counters" not in meta and meta["recipe"] == config_to_dict(config)
     with_progress = checkpoint_meta(config, data_sha256="s", data_dir="/d", world_size=2, software={}, hardware={},
                                     partition=[], progress={"counters": {"step": 3}, "session_id": "s1"})
