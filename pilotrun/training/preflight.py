@@ -103,6 +103,19 @@ def check_run_folder(run_dir: str | Path, checkpoint_bytes: int) -> None:
         raise
 
 
+RECORD_MARGIN_BYTES = 4 << 20  # beside a checkpoint: the record's appends until the session ends
+
+
+def room_problem(folder: Path, checkpoint_bytes: int) -> str | None:
+    """Why `folder`'s disk cannot take one more checkpoint of `checkpoint_bytes` (and the record's margin), or
+    None (also when the file system cannot say)."""
+    free = _free_bytes(folder if folder.is_dir() else folder.parent)
+    if free is None or free >= checkpoint_bytes + RECORD_MARGIN_BYTES:
+        return None
+    return (f"{_size(free)} free on the run folder's file system, a checkpoint takes about {_size(checkpoint_bytes)} "
+            f"(+ {_size(RECORD_MARGIN_BYTES)} kept for the record)")
+
+
 def disk_plan(checkpointer: Checkpointer, train: TrainConfig, bytes_each: int, source: str
               ) -> tuple[str, str | None]:
     """(the line stating the plan, a warning or None); see the module docstring."""

@@ -22,9 +22,12 @@ end, whichever comes first. Its `checkpoint` event is logged then, carrying the 
 the save had to wait for the one before it, `waited_for_step` and `waited_seconds`. The last round's save
 (completion, a stop signal, a deadline, a hang) is synchronous, after the one in flight is committed.
 
-A save that fails for a full disk (or quota) ends the session cleanly: nothing of it is committed, the previous
-checkpoint stays the newest, and the session ends `stopped` (exit 1) with the reason; any other failure
-raises as before.
+Before each save rank 0 compares the free space with what the save will write (the last checkpoint's measured
+bytes, else preflight's estimate, and a margin for the record): too little ends the session before anything is
+written, so that the disk never fills under a write, nor under the record's own appends while a background write
+runs. A save that still fails for a full disk (or quota: something else filled it) ends the session the same
+way. Either way nothing of that save is committed, the previous checkpoint stays the newest, and the session
+ends `stopped` (exit 1) with the reason; any other failure raises as before.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from pilotrun.training.checkpoint.background import (
     start_background_save,
 )
 from pilotrun.training.checkpoint.retention import PROTECT_FINAL
-from pilotrun.training.preflight import disk_plan
+from pilotrun.training.preflight import checkpoint_bytes_estimate, disk_plan, room_problem
 from pilotrun.training.session import checkpoint_state
 
 
@@ -59,8 +62,9 @@ def _committed_bytes(loop: LoopState, path: Any) -> int:
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file()) if loop.is_main and path else 0
 
 
-def save_checkpoint(loop: LoopState) -> None:
-    """Save and commit the state at the current step, then log the `checkpoint` event (every rank calls it)."""
+def save_checkpoint(loop: LoopState, **extra: Any) -> int:
+    """Save and commit the state at the current step, then log the `checkpoint` event (every rank calls it);
+    `extra`: more fields for the event (a wait for the background save before it). Returns its bytes (rank 0)."""
     session = loop.session
     started = time.perf_counter()
     if loop.final and loop.ending is None and loop.step >= session.config.train.max_steps:
@@ -73,7 +77,8 @@ def save_checkpoint(loop: LoopState) -> None:
     loop.last_save_seconds = time.perf_counter() - started  # the deadline's margin (callbacks/deadline.py)
     session.metrics.fsync()
     loop.log("checkpoint", path=str(path) if path is not None else None, seconds=loop.last_save_seconds,
-             blocking_seconds=loop.last_save_seconds, bytes=size)
+             blocking_seconds=loop.last_save_seconds, bytes=size, **extra)
+    return size
 
 
 class CheckpointCallback(Callback):
@@ -90,6 +95,7 @@ class CheckpointCallback(Callback):
         self.write_done = False  # agreed this round: the pending save's write has finished on rank 0
         self.stopped_for_space: str | None = None
         self.disk_stated = False
+        self.last_bytes = 0  # the newest committed checkpoint's, measured (rank 0): the next save's expected size
 
     def due(self, loop: LoopState) -> bool:
         if self.stopped_for_space is not None:
@@ -115,11 +121,16 @@ class CheckpointCallback(Callback):
             return
         if loop.final and loop.last_checkpoint_step == loop.step:
             return  # the save just committed is this very state
+        if self._no_room(loop):
+            return
+        if waited:
+            loop.say(f"checkpoint step {loop.step}: waited {waited['waited_seconds']:.2f} s for the background "
+                     f"save of step {waited['waited_for_step']} to finish (at most one is in flight)")
         try:
             if self.background and not loop.final:
                 self._start(loop, waited or {})
             else:
-                save_checkpoint(loop)
+                self.last_bytes = save_checkpoint(loop, **(waited or {})) or self.last_bytes
                 self._state_disk(loop)
         except Exception as exc:
             if not out_of_space(exc):
@@ -130,9 +141,6 @@ class CheckpointCallback(Callback):
         state, meta = _state_and_meta(loop, sharded=True)
         self.pending = start_background_save(loop.session.checkpointer, loop.step, state, meta)
         self.pending.extra = {"counters": loop.session.state.counters(), **waited}
-        if waited:
-            loop.say(f"checkpoint step {loop.step}: waited {waited['waited_seconds']:.2f} s for the background "
-                     f"save of step {waited['waited_for_step']} to finish (at most one is in flight)")
 
     def settle(self, loop: LoopState) -> None:
         """Wait for the save in flight (if any), commit it and log its `checkpoint` event (every rank)."""
@@ -156,17 +164,33 @@ class CheckpointCallback(Callback):
         session.metrics.fsync()
         extra = dict(pending.extra)
         counters = extra.pop("counters", None)
+        self.last_bytes = _committed_bytes(loop, path)
         loop.log("checkpoint", counters=counters, path=str(path), seconds=blocking, blocking_seconds=blocking,
                  background_seconds=max(0.0, total - blocking), total_seconds=total, background=True,
-                 bytes=_committed_bytes(loop, path), **extra)
+                 bytes=self.last_bytes, **extra)
         self._state_disk(loop)
 
-    def _stop_for_space(self, loop: LoopState, step: int, exc: BaseException) -> None:
+    def _no_room(self, loop: LoopState) -> bool:
+        """Before a save: rank 0 compares the free space with what the save will write (the last checkpoint's
+        measured bytes, else the estimate); too little ends the session now, before the disk fills under a write
+        (and under the record's own appends beside a background one). Every rank follows rank 0."""
+        session = loop.session
+        problem = None
+        if loop.is_main:
+            expected = self.last_bytes or checkpoint_bytes_estimate(session.optimizer)
+            problem = room_problem(session.checkpointer.root, expected)
+        problem = dist_utils.broadcast_object(session.context, problem)
+        if problem is not None:
+            self._stop_for_space(loop, loop.step, problem, written=False)
+        return problem is not None
+
+    def _stop_for_space(self, loop: LoopState, step: int, exc: Any, written: bool = True) -> None:
         newest = loop.last_checkpoint_step
         kept = f"checkpoint step {newest} is still the newest committed" if newest is not None else \
             "no checkpoint was committed"
-        self.stopped_for_space = (f"checkpoint step {step} could not be written, the disk is full ({exc}); "
-                                  f"nothing of it was committed and {kept}: free space, then --resume")
+        what = "could not be written, the disk is full" if written else "was not written, the disk is too full"
+        self.stopped_for_space = (f"checkpoint step {step} {what} ({exc}); nothing of it was committed and {kept}: "
+                                  "free space, then --resume")
         loop.say(f"error: {self.stopped_for_space}")
         loop.ending = Ending("stopped", 1, self.stopped_for_space)
         loop.final = True
