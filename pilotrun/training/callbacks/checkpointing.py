@@ -39,6 +39,7 @@ from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import PRIORITY_CHECKPOINT, Callback, Ending, LoopState, due_on_cadence
 from pilotrun.training.checkpoint.background import (
     PendingSave,
+    close_background,
     finish_background_save,
     out_of_space,
     start_background_save,
@@ -218,9 +219,12 @@ class CheckpointCallback(Callback):
     def at_end(self, loop: LoopState) -> None:
         """The session ends: the save still in flight is committed (one process), or left uncommitted when the
         session fails under several ranks (the others may be gone; its temp folder is removed by the next save)."""
-        if self.pending is None:
-            return
-        if loop.session.context.is_distributed and loop.ending is None and not loop.final:
-            self.pending = None
-            return
-        self.settle(loop)
+        try:
+            if self.pending is None:
+                return
+            if loop.session.context.is_distributed:
+                self.pending = None
+                return
+            self.settle(loop)
+        finally:
+            close_background(loop.session.checkpointer)

@@ -6,7 +6,8 @@ A background save goes, on every rank:
     1. (loop thread) rank 0 prepares the temp folder as for any save (checkpointer.begin_save) and names it
        to the other ranks; every rank hands its state to `dcp.async_save`, whose stager copies every tensor
        (and deep-copies every other value) to host memory before it returns: this copy is all the loop waits
-       for, and the training may change its tensors the moment it returns;
+       for, and the training may change its tensors the moment it returns. The stager is kept for the
+       session and copies into the same host buffers each time (`_stager`; closed at the session's end);
     2. (DCP's thread) every rank writes its files and fsyncs them; the coordinator (rank 0) then writes
        .metadata (fsynced) in `finish`, which DCP calls only once every rank's files are written, and there
        hashes every file of the folder (_HashingFileSystemWriter): the hashes the marker needs, off the loop;
@@ -41,7 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from pilotrun.errors import CheckpointError
 from pilotrun.files import fsync_directory, sha256_of_file
@@ -49,6 +52,8 @@ from pilotrun.training.checkpoint.dcp_storage import DCPStorage, DistributedChec
 from pilotrun.training.distributed import broadcast_object
 
 OUT_OF_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# Files per rank DCP writes (and the coordinator hashes) in parallel: sha256 and the writes release the GIL.
+WRITER_THREADS = max(1, min(4, os.cpu_count() or 1))
 # One process writes with no_dist: DCP warns that it assumes a single process, from its own thread (where a
 # catch_warnings around the call does not reach). That is the intent here.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
@@ -101,6 +106,27 @@ def _async_group(checkpointer: DistributedCheckpointer) -> Any:
     return group
 
 
+def _stager(checkpointer: DistributedCheckpointer) -> DefaultStager:
+    """The checkpointer's one stager: it keeps a host copy of every tensor it staged (keyed by the tensor's
+    storage) and copies into it again at the next save, so only the first save allocates (and, on CUDA, pins)
+    host memory: one copy of the state, for the session. Reusing it is safe because at most one save is in flight:
+    the previous write is finished before the next save stages."""
+    stager = getattr(checkpointer, "_background_stager", None)
+    if stager is None:
+        stager = DefaultStager(StagingOptions(use_pinned_memory=torch.cuda.is_available(), use_shared_memory=False,
+                                              use_async_staging=False, use_non_blocking_copy=False))
+        checkpointer._background_stager = stager  # type: ignore[attr-defined]
+    return stager
+
+
+def close_background(checkpointer: DistributedCheckpointer) -> None:
+    """Release the host copy the stager keeps (the session's saves are done)."""
+    stager = getattr(checkpointer, "_background_stager", None)
+    if stager is not None:
+        stager.close()
+        checkpointer._background_stager = None  # type: ignore[attr-defined]
+
+
 def start_background_save(checkpointer: DistributedCheckpointer, step: int, state: dict[str, Any],
                           meta: dict[str, Any]) -> PendingSave:
     """Steps 1 of the module docstring, on every rank: returns once the state is staged in host memory."""
@@ -120,10 +146,11 @@ def start_background_save(checkpointer: DistributedCheckpointer, step: int, stat
         message = broadcast_object(context, message)
     if message[0] != "folder":
         raise CheckpointError(f"checkpoint save at step {step} failed on rank 0: {message[1]}")
-    writer = _HashingFileSystemWriter(str(message[1]), single_file_per_rank=True, sync_files=True)
+    writer = _HashingFileSystemWriter(str(message[1]), single_file_per_rank=True, sync_files=True,
+                                      thread_count=WRITER_THREADS)
     flat = checkpointer.dcp_storage.flat_state(state)
     future = dcp.async_save(flat, storage_writer=writer, process_group=_async_group(checkpointer),
-                            no_dist=not context.is_distributed)
+                            async_stager=_stager(checkpointer), no_dist=not context.is_distributed)
     return PendingSave(step, future, writer, temp, meta_json, started, time.perf_counter() - started)
 
 
