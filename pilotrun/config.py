@@ -193,6 +193,9 @@ class TrainConfig:
     downstream_limit: int = knob(0, "first examples of each downstream task scored in the loop; 0: all")
     checkpoint_every: int = knob(50, "updates between checkpoints; 0: only at the end and on interruption")
     keep_checkpoints: int = knob(3, "newest committed checkpoints kept")
+    keep_every: int = knob(0, "also keep every N-th step's checkpoint for good; 0: none")
+    keep_steps: list[int] = knob(meaning="steps whose checkpoints are never pruned", factory=list)
+    checkpoint_mode: str = knob("auto", "cadence saves: background (beside training), sync, or auto (cuda: background)")
     device: str = knob("auto", "auto (cuda when available, else cpu), cpu or cuda[:N]")
     num_threads: int = knob(0, "intra-op CPU threads; 0: one per physical core, divided among this machine's ranks")
     parallelism: str = knob("ddp", "under torchrun: ddp or fsdp")
@@ -234,14 +237,17 @@ MACHINE_KEYS = (
     # Downstream tasks watch the model without changing an update; their files' paths differ between machines,
     # and the lock names the pilot's tasks by sha256 (its watch section) for the long run's watch to compare.
     "train.downstream_tasks", "train.downstream_every", "train.downstream_limit",
+    "train.checkpoint_mode",  # when the same state is written, never what it holds
 )
 
 # Keys that may change on resume without ceremony (the checkpoint compatibility check consults this).
+CHECKPOINT_MODES = ("auto", "background", "sync")
+
 RESUME_FREE_KEYS = (
     *MACHINE_KEYS,
     "model.activation_checkpointing", "optim.muon.distribute_newton_schulz",
     "train.max_steps", "train.log_every", "train.eval_every", "train.eval_batches", "train.checkpoint_every",
-    "train.keep_checkpoints", "train.max_consecutive_skips", "train.memory_budget_gb", "train.spike.max_rollbacks",
+    "train.keep_checkpoints", "train.keep_every", "train.keep_steps", "train.max_consecutive_skips", "train.memory_budget_gb", "train.spike.max_rollbacks",
     "train.skip_data",  # a rollback's ranges lie behind every later checkpoint's cursor
 )
 
@@ -483,7 +489,11 @@ def validate_run_config(config: RunConfig) -> None:
     for name in ("batch_size", "seq_len", "gradient_accumulation_steps", "max_steps", "eval_batches",
                  "keep_checkpoints", "max_consecutive_skips", "log_every"):
         need(getattr(t, name) >= 1, f"train.{name} must be >= 1, got {getattr(t, name)}")
-    for name in ("eval_every", "checkpoint_every", "num_threads", "downstream_every", "downstream_limit"):
+    need(t.checkpoint_mode in CHECKPOINT_MODES,
+         f"train.checkpoint_mode must be one of {CHECKPOINT_MODES}, got '{t.checkpoint_mode}'")
+    need(all(type(s) is int and s >= 0 for s in t.keep_steps), f"train.keep_steps must be steps >= 0: {t.keep_steps}")
+    for name in ("eval_every", "checkpoint_every", "num_threads", "keep_every", "downstream_every",
+                 "downstream_limit"):
         need(getattr(t, name) >= 0, f"train.{name} must be >= 0, got {getattr(t, name)}")
     need(t.precision in PRECISIONS, f"train.precision must be one of {PRECISIONS}, got '{t.precision}'")
     need(t.data_mode in DATA_MODES, f"train.data_mode must be one of {DATA_MODES}, got '{t.data_mode}'")

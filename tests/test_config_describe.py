@@ -16,7 +16,7 @@ def test_every_config_key_has_a_meaning_and_a_type():
     rows = describe_config(RunConfig())
     assert len(rows) > 60
     assert [r["key"] for r in rows if not r["meaning"].strip()] == []
-    assert {r["type"] for r in rows} <= {"int", "float", "str", "bool", "list[float]", "list[str]", "list[list[int]]"}
+    assert {r["type"] for r in rows} <= {"int", "float", "str", "bool", "list[float]", "list[int]", "list[str]", "list[list[int]]"}
     assert len({r["key"] for r in rows}) == len(rows)
 
 

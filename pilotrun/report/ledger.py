@@ -18,6 +18,10 @@ Between sessions, `dead` is the time from one session's last line to the next on
 late, a queue, the process's own start before its clock). So the parts telescope to the elapsed time exactly
 (float rounding of unix seconds aside); only clocks that disagree (an NTP step) could make a dead part
 negative, and that is noted. Goodput = productive / elapsed.
+
+Checkpoint time is split in two: what the loop waited for (the `checkpoint` part, lost time like any other part)
+and what background saves wrote beside training (`checkpoint_split.background_seconds`, from their `checkpoint`
+events). The second overlaps the training seconds, so it is not a part and never lowers goodput.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ PART_MEANINGS = {
     "productive": "training seconds of the updates that were kept",
     "redone": "training seconds of updates rolled back by an interruption or a spike's rollback (trained again)",
     "replay": "replaying spiking updates to name their cause, and restoring a checkpoint for a spike's rollback",
-    "checkpoint": "saving checkpoints", "eval": "evaluation", "startup": "a session's clock start to its first "
+    "checkpoint": "the loop waiting for checkpoints (a synchronous save's whole write; a background save's copy to "
+    "host memory, and any wait for its write)", "eval": "evaluation", "startup": "a session's clock start to its first "
     "train window (loading, building, restoring)", "profile": "update attempts under the profiler",
     "report": "writing the record and the progress display", "other": "bookkeeping between phases",
     "dead": "no session running: one session's last line to the next one's start",
@@ -61,6 +66,8 @@ class Ledger:
     goodput: float | None
     sessions: list[SessionLedger]
     notes: list[str] = field(default_factory=list)
+    # {blocking_seconds: the checkpoint part, background_seconds: written beside training (not a part)}
+    checkpoint_split: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -142,7 +149,11 @@ def time_ledger(sessions: list[Any], kept_events: list[dict[str, Any]], rolled_b
         totals["dead"] += entry.dead_before
     elapsed = ledgers[-1].last_event - ledgers[0].start if ledgers else 0.0
     goodput = totals["productive"] / elapsed if elapsed > 0 else None
-    return Ledger(elapsed, totals, goodput, ledgers, notes)
+    beside = sum(float(e["background_seconds"]) for e in kept_events + rolled_back_events
+                 if e.get("event") == "checkpoint" and e.get("background") is True
+                 and is_finite_number(e.get("background_seconds")))
+    split = {"blocking_seconds": totals["checkpoint"], "background_seconds": beside}
+    return Ledger(elapsed, totals, goodput, ledgers, notes, split)
 
 
 def ledger_problem(ledger: Ledger) -> str | None:
@@ -159,8 +170,11 @@ def format_ledger(ledger: dict[str, Any]) -> str:
         return "time ledger: no session with events"
     shares = ", ".join(f"{k} {v:.1f} s" for k, v in ledger["parts"].items())
     good = "n/a" if ledger["goodput"] is None else f"{100 * ledger['goodput']:.1f}%"
+    split = ledger.get("checkpoint_split") or {}
+    beside = (f"; checkpoints also wrote {split['background_seconds']:.1f} s beside training (not lost)"
+              if split.get("background_seconds") else "")
     return (f"time ledger: elapsed {ledger['elapsed_seconds']:.1f} s (first session's start to the last event, "
-            f"{len(ledger['sessions'])} session(s)): {shares}; goodput {good} (productive / elapsed)")
+            f"{len(ledger['sessions'])} session(s)): {shares}; goodput {good} (productive / elapsed){beside}")
 
 
 # ---------------------------------------------------------------------------------------------- vs the lock

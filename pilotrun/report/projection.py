@@ -8,13 +8,15 @@ measurement it comes from (`from`):
   session's first window is warm-up and every profiled window is slower, both left out), with a band from the
   10th and 90th percentile windows;
 - checkpoint and evaluation: the pilot's median seconds per save / per evaluation times how many the recipe's
-  cadences give over N updates (a checkpoint also at the last update, as the checkpointer saves);
+  cadences give over N updates (a checkpoint also at the last update, as the checkpointer saves); a save costs
+  what it blocked the loop (`blocking_seconds`): a background save's write beside training is not lost time,
+  but a failure loses the one in flight, so it is added to each failure's redone work;
 - start-up and bookkeeping: the pilot's median start-up per session (ledger.py), and its report + other
   seconds per update attempted;
 - failures, with --mtbf: the expected number of failures over the failure-free time, each costing on average
   half a checkpoint interval of work redone plus a start-up (first order: failures are rare within one
   interval). The checkpoint interval that minimises the expected loss is Young's, sqrt(2 x C x MTBF) for a
-  checkpoint cost C (J. W. Young, "A first order approximation to the optimum checkpoint interval", 1974);
+  (blocking) checkpoint cost C (J. W. Young, "A first order approximation to the optimum checkpoint interval", 1974);
   Daly's higher-order estimate sqrt(2 C M) - C (J. T. Daly, "A higher order estimate of the optimum checkpoint
   interval for restart dumps", 2006) is given beside it. Dead time between sessions (how soon someone or
   something restarts a failed run) is not measured by a pilot and not projected;
@@ -154,9 +156,18 @@ def watch_figures(summary: Summary, thresholds: dict[str, Any]) -> dict[str, Any
     }
 
 
-def _median_of(events: list[dict[str, Any]], kind: str) -> float | None:
-    seconds = [float(e["seconds"]) for e in events if e.get("event") == kind and is_finite_number(e.get("seconds"))]
+def _median_of(events: list[dict[str, Any]], kind: str, field: str = "seconds") -> float | None:
+    seconds = [float(e[field]) for e in events if e.get("event") == kind and is_finite_number(e.get(field))]
     return statistics.median(seconds) if seconds else None
+
+
+def checkpoint_costs(events: list[dict[str, Any]]) -> tuple[float, float]:
+    """(the median seconds a save blocked the loop, the median seconds a background save's write ran beside
+    training; 0 without background saves). A record from before `blocking_seconds` blocked for `seconds`."""
+    blocking = [float(e.get("blocking_seconds", e.get("seconds"))) for e in events if e.get("event") == "checkpoint"
+                and is_finite_number(e.get("blocking_seconds", e.get("seconds")))]
+    beside = _median_of([e for e in events if e.get("background") is True], "checkpoint", "background_seconds")
+    return (statistics.median(blocking) if blocking else 0.0), beside or 0.0
 
 
 def _count(every: Any, steps: int, at_end: bool) -> int:
@@ -178,7 +189,7 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
     median, p10, p90 = statistics.median(rates), _percentile(rates, 0.1), _percentile(rates, 0.9)
     tokens = target_steps * tpu
     train = tokens / median
-    ckpt_cost, eval_cost = _median_of(every, "checkpoint") or 0.0, _median_of(every, "val") or 0.0
+    (ckpt_cost, ckpt_beside), eval_cost = checkpoint_costs(every), _median_of(every, "val") or 0.0
     checkpoints = _count(train_cfg.get("checkpoint_every"), target_steps, at_end=True)
     evals = _count(train_cfg.get("eval_every"), target_steps, at_end=False)
     ledger = time_ledger(summary.sessions, summary.kept_events, summary.rolled_back_events, run)
@@ -196,8 +207,10 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
         "training": {"seconds": train, "band": [tokens / p90, tokens / p10],
                      "from": f"{target_steps} x {tpu} tokens / the median (band: p90, p10) tokens/s"},
         "checkpoint": {"seconds": checkpoints * ckpt_cost, "count": checkpoints, "each": ckpt_cost,
-                       "from": f"median checkpoint seconds of the pilot's checkpoint events x the count at "
-                               f"checkpoint_every={train_cfg.get('checkpoint_every')} (and the last update)"},
+                       "background_each": ckpt_beside,
+                       "from": f"median blocking seconds of the pilot's checkpoint events (what the loop waited for; "
+                               f"a background save's write beside training, background_each, is not lost) x the "
+                               f"count at checkpoint_every={train_cfg.get('checkpoint_every')} (and the last update)"},
         "evaluation": {"seconds": evals * eval_cost, "count": evals, "each": eval_cost,
                        "from": f"median seconds of the pilot's val events x the count at "
                                f"eval_every={train_cfg.get('eval_every')}"},
@@ -212,20 +225,23 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
         interval = cadence if isinstance(cadence, int) and cadence > 0 else None  # None: only at the end
         interval_seconds = (interval or target_steps) * seconds_per_update
         failures = failure_free / mtbf
-        per_failure = interval_seconds / 2 + startup
+        # A failure also loses the save in flight: the newest committed state is older by its write.
+        per_failure = interval_seconds / 2 + ckpt_beside + startup
         expected_lost = failures * per_failure
         young = math.sqrt(2 * ckpt_cost * mtbf)
         out["failures"] = {
-            "mtbf_hours": mtbf_hours, "expected": failures, "redone_seconds": failures * interval_seconds / 2,
+            "mtbf_hours": mtbf_hours, "expected": failures,
+            "redone_seconds": failures * (interval_seconds / 2 + ckpt_beside),
             "restart_seconds": failures * startup, "seconds": expected_lost,
             "from": "failure-free time / MTBF failures, each redoing half a checkpoint interval "
-                    f"({interval or target_steps} updates x {seconds_per_update:.4g} s) and one start-up; dead "
-                    "time before a restart is not projected"}
+                    f"({interval or target_steps} updates x {seconds_per_update:.4g} s), the background write in "
+                    f"flight ({ckpt_beside:.4g} s) and one start-up; dead time before a restart is not projected"}
         out["checkpoint_interval"] = {
             "young_seconds": young, "young_updates": young / seconds_per_update,
             "daly_seconds": max(0.0, young - ckpt_cost), "recipe_updates": interval or None,
-            "from": "Young (1974): sqrt(2 x checkpoint cost x MTBF), with the pilot's median checkpoint "
-                    f"seconds {ckpt_cost:.4g} and MTBF {mtbf_hours} h; Daly (2006): the same less the cost"}
+            "from": "Young (1974): sqrt(2 x checkpoint cost x MTBF), with the pilot's median blocking checkpoint "
+                    f"seconds {ckpt_cost:.4g} (what a save costs the loop) and MTBF {mtbf_hours} h; Daly (2006): the "
+                    "same less the cost"}
     total = failure_free + expected_lost
     world = _world_size(run, summary)
     out["total_wall"] = {"seconds": total, "from": "start-up + training + checkpoints + evaluations + overhead"

@@ -1,7 +1,8 @@
 """One session of a run: its events checked against each other and summed, and its summary.
 
 Within a session: counters never go backwards (but at a `rollback`, where they become the restored checkpoint's,
-after a closed window); `updates_skipped` grows by exactly one per `overflow` event or skipped `spike` event
+after a closed window; a background save's `checkpoint` event carries its state's counters, behind the events
+logged while it was written, and is left out of this order); `updates_skipped` grows by exactly one per `overflow` event or skipped `spike` event
 (checked at each train window and at the session's end); each `train` window's applied/attempted/skipped equal
 the growth of step/updates_attempted/updates_skipped since the previous `train` event (or the session start),
 applied + skipped = attempted, `window.tokens` = microbatches x tokens_per_microbatch, and the growth of
@@ -162,6 +163,12 @@ def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
     rolled = dict.fromkeys(COUNTER_KEYS, 0)  # work in this session that its own rollbacks undid (spikes)
     for event in events[1:]:
         now = Counters.of(event)
+        if event["event"] == "checkpoint" and event.get("background") is True:
+            # Committed after the updates that followed its state: its counters are the state's, behind the
+            # events logged meanwhile, and say nothing about the session's progress.
+            if is_finite_number(event.get("seconds")):
+                checkpoint_seconds += float(event["seconds"])
+            continue
         if event["event"] == "rollback":
             # The counters go back to a checkpoint's (summarize checks which); the work before is in a closed
             # window, and the rolled-back part of it is counted beside the counters.

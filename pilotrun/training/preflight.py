@@ -13,6 +13,11 @@
 
 One line on refusal (PreflightError, exit 2). Rank 0 checks (it owns the run folder, and every rank's
 checkpoint shards land in the same checkpoints/ folder); every rank refuses alike.
+
+`disk_plan` is the longer view, stated at the session's start and again after its first save: the bytes one
+checkpoint takes (the newest committed one's, measured, else the estimate above), how many the retention tiers
+can hold at once by max_steps (checkpoint/retention.py), and the free space of the run folder's file system; a
+warning when the policy will not fit (the checkpoints already there count as room, since pruning frees them).
 """
 
 from __future__ import annotations
@@ -24,9 +29,12 @@ from pathlib import Path
 
 import torch
 
+from pilotrun.config import TrainConfig
 from pilotrun.errors import PilotrunError
 from pilotrun.files import open_for_write, plain_folder, refuse_link
 from pilotrun.run.record import CHECKPOINTS_DIR, METRICS_JSONL, REPORT_DIR, RUN_JSON
+from pilotrun.training.checkpoint.checkpointer import Checkpointer
+from pilotrun.training.checkpoint.retention import kept_at_most
 
 WRITTEN_NAMES = (RUN_JSON, METRICS_JSONL, CHECKPOINTS_DIR, REPORT_DIR, "profile", "tensorboard")
 MUON_BUFFERS, ADAMW_BUFFERS = 1, 2  # state tensors per parameter, each of the parameter's size
@@ -93,3 +101,47 @@ def check_run_folder(run_dir: str | Path, checkpoint_bytes: int) -> None:
             with contextlib.suppress(OSError):
                 checkpoints.rmdir()
         raise
+
+
+RECORD_MARGIN_BYTES = 4 << 20  # beside a checkpoint: the record's appends until the session ends
+
+
+def room_problem(folder: Path, checkpoint_bytes: int) -> str | None:
+    """Why `folder`'s disk cannot take one more checkpoint of `checkpoint_bytes` (and the record's margin), or
+    None (also when the file system cannot say)."""
+    free = _free_bytes(folder if folder.is_dir() else folder.parent)
+    if free is None or free >= checkpoint_bytes + RECORD_MARGIN_BYTES:
+        return None
+    return (f"{_size(free)} free on the run folder's file system, a checkpoint takes about {_size(checkpoint_bytes)} "
+            f"(+ {_size(RECORD_MARGIN_BYTES)} kept for the record)")
+
+
+def disk_plan(checkpointer: Checkpointer, train: TrainConfig, bytes_each: int, source: str
+              ) -> tuple[str, str | None]:
+    """(the line stating the plan, a warning or None); see the module docstring."""
+    committed = checkpointer.committed()
+    protected = set(checkpointer.all_protected()) - {c.step for c in committed if c.step > train.max_steps}
+    kept = kept_at_most(train.max_steps, train.checkpoint_every, train.keep_checkpoints, train.keep_every,
+                        protected)
+    already = sum(int(entry.get("bytes", 0)) for c in committed for entry in c.marker.get("files", {}).values()
+                  if isinstance(entry, dict) and isinstance(entry.get("bytes"), int))
+    free = _free_bytes(checkpointer.root if checkpointer.root.is_dir() else checkpointer.run_dir)
+    need = (kept + 1) * bytes_each  # one more: the save being written before the next prune
+    tiers = f"the newest {train.keep_checkpoints}"
+    if train.keep_every:
+        tiers += f", every {train.keep_every}-th step"
+    tiers += f", {len(protected)} protected and the final one" if protected else " and the final one"
+    free_text = "unknown" if free is None else _size(free)
+    line = (f"checkpoints: {_size(bytes_each)} each ({source}); the retention policy keeps at most {kept} by step "
+            f"{train.max_steps:,} ({tiers}), {_size(need)} with the one being written; {free_text} free on the run "
+            "folder's file system")
+    warning = None
+    if free is not None and free + already < need:
+        warning = (f"the checkpoint policy needs about {_size(need)} but the run folder's file system has "
+                   f"{_size(free)} free (+ {_size(already)} of checkpoints already there): the disk fills before step "
+                   f"{train.max_steps:,}; lower train.keep_checkpoints or train.keep_every, or free space")
+    return line, warning
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:,.2f} GiB" if count >= 2**30 else f"{count / 2**20:,.1f} MiB"

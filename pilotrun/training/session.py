@@ -61,7 +61,7 @@ from pilotrun.training.checkpoint.rng_state import capture_rng_state, restore_rn
 from pilotrun.training.environment import default_threads, git_state, hardware_info, software_versions
 from pilotrun.training.notices import restored_state_line, startup_warnings
 from pilotrun.training.precision import build_grad_scaler
-from pilotrun.training.preflight import PreflightError, check_run_folder, checkpoint_bytes_estimate
+from pilotrun.training.preflight import PreflightError, check_run_folder, checkpoint_bytes_estimate, disk_plan
 from pilotrun.training.spikes import SpikeDetector
 
 
@@ -332,7 +332,8 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     # several; the checkpointer's constructor is a barrier, so no rank is still checking the run folder when
     # rank 0 starts writing. The model is built first (seeded: Python and NumPy too, since their draws must
     # match across sessions) because the partition it implies is part of what a resume compares.
-    checkpointer = DistributedCheckpointer(run_dir, config.train.keep_checkpoints, context)
+    checkpointer = DistributedCheckpointer(run_dir, config.train.keep_checkpoints, context,
+                                           keep_every=config.train.keep_every, keep_steps=config.train.keep_steps)
     device = torch.device(context.device)
     seed_every_generator(config.train.seed)
     model = build_model(config.model)
@@ -416,6 +417,7 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     if context.is_main_process:
         try:
             check_run_folder(run_dir, checkpoint_bytes_estimate(optimizer))
+            session.notes.extend(disk_notes(checkpointer, session.config, optimizer))
         except PilotrunError as exc:
             refusal = str(exc)
     refusal = dist_utils.broadcast_object(context, refusal)
@@ -423,6 +425,19 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
         raise PreflightError(refusal)
     open_record(session, resume=resume, command=command)
     return session
+
+
+def disk_notes(checkpointer: DistributedCheckpointer, config: RunConfig, optimizer: torch.optim.Optimizer
+               ) -> list[str]:
+    """The disk plan at the start (preflight.disk_plan): the newest checkpoint's measured bytes, else the
+    estimate from the model and the optimizer."""
+    committed = checkpointer.committed()
+    files = committed[-1].marker.get("files", {}) if committed else {}
+    measured = sum(e["bytes"] for e in files.values() if isinstance(e, dict) and isinstance(e.get("bytes"), int))
+    source = (f"measured: step {committed[-1].step}" if measured else
+              "estimated from the model and the optimizer before the first save")
+    line, warning = disk_plan(checkpointer, config.train, measured or checkpoint_bytes_estimate(optimizer), source)
+    return [line] + ([f"warning: {warning}"] if warning else [])
 
 
 def checkpoint_state(session: Session, *, sharded: bool) -> dict[str, Any]:

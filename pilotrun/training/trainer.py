@@ -12,7 +12,8 @@ The callbacks, in the order they act after an update (callbacks.py has the inter
   window_log.WindowLogCallback       the `train` event every `log_every` updates, the progress bar
   evaluation.EvalCallback            the `val` event every `eval_every` updates ("eval" phase)
   downstream_eval.DownstreamEvalCallback  the `downstream` event (multiple-choice tasks) every `downstream_every`
-  checkpointing.CheckpointCallback   every `checkpoint_every` updates and at the end ("checkpoint" phase)
+  checkpointing.CheckpointCallback   every `checkpoint_every` updates and at the end ("checkpoint" phase);
+                                     beside training under `train.checkpoint_mode` (not the last save)
   pilot_handshake.KillPointCallback  the pilot's kill point, when the pilot hands one in (`stop_past_step`)
 and two that only ask the session to stop (`stop_request`, agreed across ranks by the loop):
   shard_check.ShardCheckCallback     a shard whose sha256, checked in the background on its first read, differs
@@ -163,9 +164,12 @@ class Trainer:
         window = WindowLogCallback.for_session(loop, progress=self.progress)
         deadline = [] if self.stop_by is None else [
             DeadlineCallback(self.stop_by, setup_seconds=self.clock() - self.started_at, clock=self.clock)]
+        background = t.checkpoint_mode == "background" or (t.checkpoint_mode == "auto"
+                                                           and session.device.type == "cuda")
+        checkpoint = CheckpointCallback(t.checkpoint_every, background=background)
         return [ProfileCallback(profiler), RareEventsCallback(), ShardCheckCallback.for_session(loop),
-                SpikeCallback(window.close_window), window,
-                EvalCallback(t), self._downstream(t), CheckpointCallback(t.checkpoint_every),
+                SpikeCallback(window.close_window, checkpoint.settle), window,
+                EvalCallback(t), self._downstream(t), checkpoint,
                 KillPointCallback.past_step(self.stop_past_step), LauncherWatchCallback.for_process(), *deadline]
 
     def _downstream(self, t) -> DownstreamEvalCallback:

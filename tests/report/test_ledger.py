@@ -143,3 +143,21 @@ def test_a_real_run_with_a_rollback_and_a_resume_with_nothing_to_do(builtin_data
     assert parts["redone"] == pytest.approx(_rolled_back_train_seconds(summary), abs=1e-3)
     assert parts["productive"] == pytest.approx(_kept_train_seconds(summary), abs=1e-9)
     assert ledger["sessions"][2]["parts"]["productive"] == 0 and parts["startup"] > 0
+
+
+def test_background_checkpoint_time_is_split_from_the_blocking_part_and_never_lowers_goodput(tmp_path):
+    run = crashed_and_resumed(tmp_path / "r")
+    run.write()
+    summary = summarize_run(tmp_path / "r")
+    before = time_ledger(summary.sessions, summary.kept_events, summary.rolled_back_events, summary.run)
+    for event in summary.kept_events:
+        if event["event"] == "checkpoint":
+            event.update(background=True, background_seconds=2.0, blocking_seconds=event["seconds"])
+    after = time_ledger(summary.sessions, summary.kept_events, summary.rolled_back_events, summary.run)
+    written = sum(e["event"] == "checkpoint" for e in summary.kept_events)
+    assert written and after.checkpoint_split == {"blocking_seconds": before.parts["checkpoint"],
+                                                  "background_seconds": pytest.approx(2.0 * written)}
+    assert after.parts == before.parts and after.goodput == before.goodput
+    from pilotrun.report.ledger import format_ledger
+
+    assert "beside training (not lost)" in format_ledger(after.to_dict())

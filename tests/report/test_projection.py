@@ -84,3 +84,29 @@ def test_loss_noise_is_robust_to_one_outlier():
     wobble = [1.0 + draws.gauss(0.0, 0.01) for _ in range(200)]
     assert loss_noise(wobble) == pytest.approx(0.01, rel=0.25)
     assert loss_noise(wobble[:100] + [9.0] + wobble[101:]) == pytest.approx(loss_noise(wobble), rel=0.1)
+
+
+def test_a_checkpoint_costs_what_it_blocked_the_loop_and_a_failure_also_loses_the_write_in_flight(tmp_path):
+    summary = _pilot(tmp_path)
+    for event in summary.kept_events + summary.rolled_back_events:
+        if event["event"] == "checkpoint":  # as background saves record them: 0.05 s staged, 0.25 s beside
+            event.update(seconds=0.05, blocking_seconds=0.05, background=True, background_seconds=0.25)
+    p = project(summary, 1000, mtbf_hours=1.0)
+    assert p["checkpoint"]["each"] == pytest.approx(0.05) and p["checkpoint"]["background_each"] == pytest.approx(0.25)
+    assert p["checkpoint"]["seconds"] == pytest.approx(50 * 0.05)
+    assert p["checkpoint_interval"]["young_seconds"] == pytest.approx(math.sqrt(2 * 0.05 * 3600.0))
+    failure_free = sum(p[k]["seconds"] for k in ("startup", "training", "checkpoint", "evaluation", "overhead"))
+    interval = 20 * failure_free / 1000
+    failures = p["failures"]
+    assert failures["seconds"] == pytest.approx(failures["expected"] * (interval / 2 + 0.25 + p["startup"]["seconds"]))
+    assert "blocking" in p["checkpoint"]["from"] and "blocking" in p["checkpoint_interval"]["from"]
+
+
+def test_checkpoint_costs_read_older_records_as_blocking_for_their_seconds():
+    from pilotrun.report.projection import checkpoint_costs
+
+    older = [{"event": "checkpoint", "seconds": s} for s in (1.0, 2.0, 3.0)]
+    assert checkpoint_costs(older) == (2.0, 0.0)
+    mixed = older + [{"event": "checkpoint", "seconds": 0.1, "blocking_seconds": 0.1, "background": True,
+                      "background_seconds": 4.0}]
+    assert checkpoint_costs(mixed) == (pytest.approx(1.5), 4.0)

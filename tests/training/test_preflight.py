@@ -111,3 +111,33 @@ def test_the_estimate_matches_what_the_optimizer_holds_after_its_first_step():
     held += sum(v.numel() * v.element_size() for state in optimizer.state.values() for v in state.values()
                 if isinstance(v, torch.Tensor) and v.dim() > 0)
     assert held <= estimate <= 1.05 * held
+
+
+def test_the_disk_plan_states_the_bytes_the_count_and_the_free_space_and_warns_when_the_policy_cannot_fit(
+        tmp_path, monkeypatch):
+    from pilotrun.config import TrainConfig
+    from pilotrun.training import preflight
+    from pilotrun.training.checkpoint.checkpointer import Checkpointer
+
+    checkpointer = Checkpointer(tmp_path / "run", keep=3, keep_steps=[5])
+    train = TrainConfig(max_steps=1000, checkpoint_every=50, keep_checkpoints=3, keep_every=100, keep_steps=[5])
+    monkeypatch.setattr(preflight, "_free_bytes", lambda folder: 100 << 30)
+    line, warning = preflight.disk_plan(checkpointer, train, 1 << 30, "estimated")
+    # the newest 3 + steps 100..1000 + step 5 + the final one = 15, and one more being written
+    assert line.startswith("checkpoints: 1.00 GiB each (estimated); the retention policy keeps at most 15 by step")
+    assert "16.00 GiB with the one being written; 100.00 GiB free" in line and warning is None
+    monkeypatch.setattr(preflight, "_free_bytes", lambda folder: 10 << 30)
+    _, warning = preflight.disk_plan(checkpointer, train, 1 << 30, "estimated")
+    assert warning is not None and "needs about 16.00 GiB" in warning and "10.00 GiB free" in warning
+    monkeypatch.setattr(preflight, "_free_bytes", lambda folder: None)
+    line, warning = preflight.disk_plan(checkpointer, train, 1 << 30, "estimated")
+    assert "unknown free" in line and warning is None
+
+
+def test_the_room_check_before_a_save(tmp_path, monkeypatch):
+    from pilotrun.training import preflight
+
+    monkeypatch.setattr(preflight, "_free_bytes", lambda folder: 100 << 20)
+    assert preflight.room_problem(tmp_path, 90 << 20) is None
+    problem = preflight.room_problem(tmp_path, 97 << 20)  # fits, but not with the record's margin
+    assert problem is not None and "100.0 MiB free" in problem and "97.0 MiB" in problem

@@ -118,10 +118,12 @@ class LoopState:
     def hook(self, name: str) -> UpdateHook:
         return next(hook for hook in self.session.state.hooks if hook.name == name)
 
-    def log(self, event: str, **fields: Any) -> None:
-        """Record one event (rank 0) and hand it to the sinks; both are the "report" phase."""
+    def log(self, event: str, counters: Any = None, **fields: Any) -> None:
+        """Record one event (rank 0) and hand it to the sinks; both are the "report" phase. `counters`: those the
+        event is about when they are not the current ones (a background checkpoint's, committed later)."""
         with self.account.phase("report"):
-            record = self.session.metrics.log(event, self.session.state.counters(), **fields)
+            counters = counters if counters is not None else self.session.state.counters()
+            record = self.session.metrics.log(event, counters, **fields)
             if record is not None:
                 for sink in self.sinks:
                     sink.write(record)

@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from pilotrun.training.callbacks.base import PRIORITY_SPIKE, Callback, LoopState
+from pilotrun.training.checkpoint.retention import PROTECT_ROLLBACK
 from pilotrun.training.checkpoint.rng_state import restore_rng_state
 from pilotrun.training.session import group_settings, read_checkpoint, restore_group_settings
 from pilotrun.training.spikes import SpikeVerdict
@@ -39,8 +40,11 @@ class SpikeCallback(Callback):
     priority = PRIORITY_SPIKE
     phase = "other"
 
-    def __init__(self, close_window: Any) -> None:
+    def __init__(self, close_window: Any, settle_checkpoint: Any = None) -> None:
         self.close_window = close_window
+        # The checkpoint callback's: a background save in flight is committed first, so that the rollback
+        # restores the newest state saved before the spike (and that save's meta predates the new skip range).
+        self.settle_checkpoint = settle_checkpoint
 
     def due(self, loop: LoopState) -> bool:
         return loop.update is not None and loop.update.spike is not None
@@ -50,6 +54,8 @@ class SpikeCallback(Callback):
         loop.log("spike", policy=loop.session.config.train.spike.policy,
                  **verdict.fields(loop.session.tokens_per_microbatch))
         if verdict.action == "rollback":
+            if self.settle_checkpoint is not None:
+                self.settle_checkpoint(loop)
             roll_back(loop, verdict, self.close_window)
 
 
@@ -76,6 +82,7 @@ def roll_back(loop: LoopState, verdict: SpikeVerdict, close_window: Any) -> None
     session, state = loop.session, loop.session.state
     started = time.perf_counter()
     target = loop.last_checkpoint_step
+    session.checkpointer.protect(target, PROTECT_ROLLBACK)  # what the kept timeline goes on from: never pruned
     detector = loop.hook("spike")
     rollbacks = detector.rollbacks + 1
     before = state.counters()

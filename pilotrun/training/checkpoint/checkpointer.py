@@ -7,7 +7,8 @@ A save goes:
     1. write every file into run_dir/checkpoints/.tmp-step-00000100-<pid>/, fsync each file and the folder
     2. rename the folder to step-00000100 (atomic on POSIX), fsync checkpoints/
     3. write COMMITTED.json through a temp file + fsync + rename, fsync the folder
-    4. only now prune older committed checkpoints beyond `keep`
+    4. only now prune the committed checkpoints no retention tier keeps (retention.py: the newest `keep`,
+       every `keep_every`-th step, protected steps)
 
 A crash before 3 completes leaves a folder without a marker: it is never loaded (and is removed by the next
 save). A committed folder whose files do not match their recorded sha256 raises CheckpointError naming the
@@ -37,6 +38,7 @@ from pilotrun.files import fsync_directory, open_for_write, sha256_of_file
 from pilotrun.parsing import read_json_file
 from pilotrun.run.marker import MARKER_NAME, marker_files_problem, marker_step_problem, step_folder_name
 from pilotrun.run.record import CHECKPOINTS_DIR
+from pilotrun.training.checkpoint.retention import PROTECT_USER, doomed_steps, merge_protected
 from pilotrun.training.checkpoint.single_file import TorchSaveStorage
 
 DAMAGED_KEY = "__damaged__"  # set (in memory only) on a marker that could not be read
@@ -74,12 +76,16 @@ class Checkpointer:
     """Policy over run_dir/checkpoints/. Single writer: under data parallelism only the process that owns the
     run folder (rank 0) saves with the torch.save storage."""
 
-    def __init__(self, run_dir: str | Path, keep: int, storage: CheckpointStorage | None = None) -> None:
+    def __init__(self, run_dir: str | Path, keep: int, storage: CheckpointStorage | None = None, *,
+                 keep_every: int = 0, keep_steps: tuple[int, ...] | list[int] = ()) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.run_dir = Path(run_dir)
         self.root = self.run_dir / CHECKPOINTS_DIR
         self.keep = keep
+        self.keep_every = keep_every
+        # Steps never pruned, with the reason (retention.py); the markers' own lists are added at each save.
+        self.protected: dict[int, str] = {int(step): PROTECT_USER for step in keep_steps}
         self.storage = storage or TorchSaveStorage()
         self.notes: list[str] = []  # what the policy did on its own (cleanups, recoveries), for the run log
         # Reading never renames or deletes anything (a reader may run beside the writing trainer); repairs of
@@ -218,6 +224,17 @@ class Checkpointer:
     # ------------------------------------------------------------------------------------------ writing
     def save(self, step: int, state: dict[str, Any], meta: dict[str, Any]) -> Path:
         """Write, fsync, rename, commit with the marker, then prune. Returns the committed folder."""
+        temp, meta_json = self.begin_save(step, meta)
+        try:
+            files = self.storage.write(state, temp)
+        except BaseException:
+            shutil.rmtree(temp, ignore_errors=True)
+            raise
+        return self.commit_written(step, temp, files, meta_json, self.storage.name)
+
+    def begin_save(self, step: int, meta: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+        """A save's first part: checks, repairs of interrupted saves, and the fresh temp folder the files go
+        into; returns it with the meta as JSON. (A background save writes between this and commit_written.)"""
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         try:
@@ -228,14 +245,14 @@ class Checkpointer:
         self.root.mkdir(parents=True, exist_ok=True)
         self._recover_interrupted_replacements()
         self._remove_uncommitted()
-        final = self.root / step_folder_name(step)
         temp = self.root / f"{TEMP_PREFIX}{step_folder_name(step)}-{os.getpid()}"
         temp.mkdir()
-        try:
-            files = self.storage.write(state, temp)
-        except BaseException:
-            shutil.rmtree(temp, ignore_errors=True)
-            raise
+        return temp, meta_json
+
+    def commit_written(self, step: int, temp: Path, files: dict[str, tuple[str, int]], meta_json: dict[str, Any],
+                       storage_name: str) -> Path:
+        """A save's last part, once every file in `temp` is durable and hashed: rename, marker, prune."""
+        final = self.root / step_folder_name(step)
         replaced = None
         if final.exists():
             # The same step saved again (e.g. a resume that ends where it started): move the old one aside
@@ -249,16 +266,28 @@ class Checkpointer:
         self._commit(final, {
             "format": FORMAT_VERSION,
             "step": step,
-            "storage": self.storage.name,
+            "storage": storage_name,
             "files": {name: {"sha256": digest, "bytes": size} for name, (digest, size) in sorted(files.items())},
             "committed_at": time.time(),
             "run_id": meta_json.get("run_id"),  # whose checkpoint this is: a resume refuses another run's
             "meta": meta_json,
+            "protected": {str(s): reason for s, reason in sorted(self.all_protected().items())},
         })
         if replaced is not None:
             shutil.rmtree(replaced, ignore_errors=True)
         self._prune(step)
         return final
+
+    def protect(self, step: int, reason: str) -> None:
+        """Never prune the checkpoint at `step` (recorded in every later marker, so later sessions keep it too)."""
+        self.protected.setdefault(step, reason)
+
+    def all_protected(self) -> dict[int, str]:
+        """This checkpointer's protected steps and every committed marker's, {step: reason}."""
+        protected = dict(self.protected)
+        for checkpoint in self.committed():
+            merge_protected(protected, checkpoint.marker.get("protected"))
+        return protected
 
     def _commit(self, folder: Path, marker: dict[str, Any]) -> None:
         """Write the marker into the renamed step folder, last: from here on the checkpoint is loadable."""
@@ -292,14 +321,13 @@ class Checkpointer:
                 self.notes.append(f"restored {final.name}: a save replacing it was interrupted before commit")
 
     def _prune(self, newest_step: int) -> None:
-        """Keep the `keep` newest committed checkpoints up to `newest_step`. Checkpoints *after* it belong to
-        a timeline abandoned by a resume from an earlier step (--from-step): left in place they would be
-        picked as "newest" by the next --resume, so they are removed."""
+        """Remove what no retention tier keeps (retention.py), and every checkpoint *after* `newest_step`: those
+        belong to a timeline abandoned by a resume from an earlier step (--from-step), and left in place they
+        would be picked as "newest" by the next --resume."""
         committed = self.committed()
-        later = [c for c in committed if c.step > newest_step]
-        current = [c for c in committed if c.step <= newest_step]
-        doomed = later + current[: max(0, len(current) - self.keep)]
-        for checkpoint in doomed:
+        doomed_at = set(doomed_steps([c.step for c in committed], newest_step, self.keep, self.keep_every,
+                                     self.all_protected()))
+        for checkpoint in (c for c in committed if c.step in doomed_at):
             if checkpoint.path.is_symlink():
                 # Deleting through a link would delete another run's checkpoint; leave it, loading refuses it.
                 self.notes.append(f"left {checkpoint.path.name} in place: a symbolic link is never pruned")

@@ -83,10 +83,7 @@ class DCPStorage:
         if message[0] != "folder":  # rank 0 failed before writing: stop here instead of waiting forever
             raise CheckpointError(f"checkpoint save failed on rank 0: {message[1]}")
         target = Path(message[1])
-        flat = {k: v for k, v in state.items() if k not in self.per_rank_keys}
-        for key in self.per_rank_keys:
-            if key in state:
-                flat[_per_rank_key(key, self.context.rank)] = state[key]
+        flat = self.flat_state(state)
         writer = dcp.FileSystemWriter(target, single_file_per_rank=True, sync_files=True)
         # dcp.save returns on every rank only after the coordinator has written .metadata from every rank's
         # results, so after it every file of the checkpoint exists and is fsynced.
@@ -107,6 +104,14 @@ class DCPStorage:
                 files[path.name] = (sha256_of_file(path), path.stat().st_size)
         fsync_directory(target)
         return files
+
+    def flat_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The state as DCP writes it: each per-rank key under this rank's own name, the rest as it is."""
+        flat = {k: v for k, v in state.items() if k not in self.per_rank_keys}
+        for key in self.per_rank_keys:
+            if key in state:
+                flat[_per_rank_key(key, self.context.rank)] = state[key]
+        return flat
 
     def _gather_to_main(self, own: dict[str, tuple[str, int]]) -> list[dict[str, tuple[str, int]]]:
         if not self.context.is_distributed:
@@ -178,12 +183,14 @@ class DistributedCheckpointer(Checkpointer):
     storage named in the marker, so checkpoints move between world sizes. Hashes are verified on rank 0 and
     the outcome is shared, so every rank refuses a damaged checkpoint together."""
 
-    def __init__(self, run_dir: str | Path, keep: int, context: DistributedContext = SINGLE_PROCESS) -> None:
+    def __init__(self, run_dir: str | Path, keep: int, context: DistributedContext = SINGLE_PROCESS, *,
+                 keep_every: int = 0, keep_steps: tuple[int, ...] | list[int] = ()) -> None:
         self.context = context
         self.dcp_storage = DCPStorage(context)
         self.torch_save_storage = TorchSaveStorage()
         # _recover_interrupted_replacements (called by the base __init__) renames folders: rank 0 only.
-        super().__init__(run_dir, keep, self.dcp_storage if context.is_distributed else self.torch_save_storage)
+        super().__init__(run_dir, keep, self.dcp_storage if context.is_distributed else self.torch_save_storage,
+                         keep_every=keep_every, keep_steps=keep_steps)
         barrier(context)
 
     def _recover_interrupted_replacements(self) -> None:

@@ -170,6 +170,9 @@ def test_rollback_continues_exactly_as_a_run_told_to_skip_the_same_data(builtin_
     assert summary.overall["spikes"]["rollbacks"] == 1
     rule = next(r for r in judge_summary(summary).rules if r.name == "spikes")
     assert rule.status == "WARN"
+    # The restored checkpoint and the completed run's final one are protected from pruning, for good.
+    marker = json.loads((tmp_path / "rolled" / "checkpoints" / "step-00000024" / "COMMITTED.json").read_text())
+    assert marker["protected"] == {"12": "rollback", "24": "final"}
 
 
 @pytest.mark.slow

@@ -13,6 +13,9 @@ in place of `-m pilotrun`). The faults wrap the checkpointer's own seams:
 - commit delay: sleep after the step folder's rename, before its marker (`Checkpointer._commit`);
 - hold file: while that file exists and holds the step's number (or nothing), wait before the marker; deleting
   the file lets the save finish, however slow or fast the machine is.
+- hold background: a background save (checkpoint/background.py) whose temp folder's path contains the file's
+  text (all of them when it is empty) waits inside DCP's write, its data files written and .metadata not yet,
+  while that file exists; it writes its folder's path to `<file>.reached` when it starts waiting.
 """
 
 from __future__ import annotations
@@ -82,6 +85,26 @@ def hold_commit(hold_file: str | Path, monkeypatch: Any = None) -> None:
     _before_commit(wait, monkeypatch)
 
 
+def hold_background_write(hold_file: str | Path, monkeypatch: Any = None) -> None:
+    from pilotrun.training.checkpoint import background
+
+    hold = Path(hold_file)
+    finish = background._HashingFileSystemWriter.finish
+
+    def held_finish(self, metadata, results):
+        try:
+            wanted = hold.read_text().strip()
+        except OSError:
+            wanted = None
+        if wanted is not None and wanted in str(self.path):  # "" holds every write, "step-00000004" that one
+            Path(f"{hold}.reached").write_text(str(self.path))
+            while hold.exists():
+                time.sleep(0.05)
+        return finish(self, metadata, results)
+
+    _set(monkeypatch, background._HashingFileSystemWriter, "finish", held_finish)
+
+
 def command(*faults: str, launcher: list[str] | None = None) -> list[str]:
     """The command line that runs `pilotrun` with `faults` (e.g. "--write-delay", "3"); append its arguments."""
     return (launcher or [sys.executable]) + ["-m", "tests.training.checkpoint.checkpoint_faults", *faults, "--"]
@@ -93,6 +116,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--write-delay", type=float, default=None)
     parser.add_argument("--commit-delay", type=float, default=None)
     parser.add_argument("--hold-file", default=None)
+    parser.add_argument("--hold-background", default=None)
     options = parser.parse_args(argv[:split])
     if options.write_delay is not None:
         delay_each_file(options.write_delay)
@@ -100,6 +124,8 @@ def main(argv: list[str]) -> int:
         delay_commit(options.commit_delay)
     if options.hold_file is not None:
         hold_commit(options.hold_file)
+    if options.hold_background is not None:
+        hold_background_write(options.hold_background)
     from pilotrun.commands.cli import main as pilotrun_main
 
     return pilotrun_main(argv[split + 1:])

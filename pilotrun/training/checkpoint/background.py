@@ -1,0 +1,209 @@
+"""Background checkpoints: the loop waits only while the state is copied to host memory; the write, its hashes
+and its durability happen beside training, inside torch.distributed.checkpoint's own asynchronous save.
+
+A background save goes, on every rank:
+
+    1. (loop thread) rank 0 prepares the temp folder as for any save (checkpointer.begin_save) and names it
+       to the other ranks; every rank hands its state to `dcp.async_save`, whose stager copies every tensor
+       (and deep-copies every other value) to host memory before it returns: this copy is all the loop waits
+       for, and the training may change its tensors the moment it returns. The stager is kept for the
+       session and copies into the same host buffers each time (`_stager`; closed at the session's end);
+    2. (DCP's thread) every rank writes its files and fsyncs them; the coordinator (rank 0) then writes
+       .metadata (fsynced) in `finish`, which DCP calls only once every rank's files are written, and there
+       hashes every file of the folder (_HashingFileSystemWriter): the hashes the marker needs, off the loop;
+    3. (loop thread, at the next safe point: an agreed round of the checkpoint callback once rank 0's future
+       is done, the next save, a rollback, or the session's end) every rank takes its future's result and
+       rank 0 commits exactly as a synchronous save does: rename, COMMITTED.json last, prune.
+
+A crash at any moment before 3 leaves a temp folder without a marker (never loaded, removed by the next
+save); the marker is written only after every rank's files are durable and hashed, because DCP runs
+`finish` after gathering every rank's write results. At most one save is in flight: a save due while one is
+writing first waits for it (`finish_background_save`), and the caller records the wait.
+
+Under several ranks the write's collectives run on a process group of their own (gloo, created at the first
+background save, alike on every rank), so that they never interleave with the training's collectives on the
+default group from the other thread.
+
+The checkpoint is in DCP's format (storage `torch_dcp`) at any world size, so a background checkpoint of one
+process loads like one of several (dcp_storage.DistributedCheckpointer reads with the storage its marker
+names); the state is the same `session.checkpoint_state(sharded=True)`, so a resume is bit-exact whatever the
+setting.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import time
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+from pilotrun.errors import CheckpointError
+from pilotrun.files import fsync_directory, sha256_of_file
+from pilotrun.training.checkpoint.dcp_storage import DCPStorage, DistributedCheckpointer
+from pilotrun.training.distributed import broadcast_object
+
+OUT_OF_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# Files per rank DCP writes (and the coordinator hashes) in parallel: sha256 and the writes release the GIL.
+WRITER_THREADS = max(1, min(4, os.cpu_count() or 1))
+# One process writes with no_dist: DCP warns that it assumes a single process, from its own thread (where a
+# catch_warnings around the call does not reach). That is the intent here.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+
+
+class _HashingFileSystemWriter(dcp.FileSystemWriter):
+    """DCP's file writer, whose coordinator hashes the finished folder right after writing .metadata."""
+
+    files: dict[str, tuple[str, int]] | None = None
+
+    def finish(self, metadata: Any, results: Any) -> None:
+        super().finish(metadata, results)  # every rank's files are written and fsynced before DCP calls this
+        folder = Path(str(self.path))
+        names = sorted(path.name for path in folder.iterdir() if path.is_file())
+        workers = max(1, min(8, os.cpu_count() or 1, len(names)))
+        with ThreadPoolExecutor(max_workers=workers) as pool:  # hashlib releases the GIL: files in parallel
+            digests = list(pool.map(lambda name: sha256_of_file(folder / name), names))
+        self.files = {name: (digest, (folder / name).stat().st_size) for name, digest in zip(names, digests)}
+        fsync_directory(folder)
+
+
+@dataclass
+class PendingSave:
+    """A background save handed to DCP and not yet committed (every rank holds one)."""
+
+    step: int
+    future: Future
+    writer: _HashingFileSystemWriter
+    temp: Path | None  # rank 0's temp folder (None on the other ranks)
+    meta_json: dict[str, Any] | None
+    started: float  # perf_counter at the start of the save
+    staged_seconds: float  # what the loop waited for: the copy to host memory
+    extra: dict[str, Any] = field(default_factory=dict)  # the caller's (counters, waits) for its record
+
+    def done(self) -> bool:
+        return self.future.done()
+
+
+def _async_group(checkpointer: DistributedCheckpointer) -> Any:
+    """The gloo group the background writes' collectives use (None for one process). Created once, at the
+    first background save, which every rank reaches at the same step."""
+    if not checkpointer.context.is_distributed:
+        return None
+    group = getattr(checkpointer, "_background_group", None)
+    if group is None:
+        import torch.distributed as dist
+
+        group = dist.new_group(backend="gloo")
+        checkpointer._background_group = group  # type: ignore[attr-defined]
+    return group
+
+
+def _stager(checkpointer: DistributedCheckpointer) -> DefaultStager:
+    """The checkpointer's one stager: it keeps a host copy of every tensor it staged (keyed by the tensor's
+    storage) and copies into it again at the next save, so only the first save allocates (and, on CUDA, pins)
+    host memory: one copy of the state, for the session. Reusing it is safe because at most one save is in flight:
+    the previous write is finished before the next save stages."""
+    stager = getattr(checkpointer, "_background_stager", None)
+    if stager is None:
+        stager = DefaultStager(StagingOptions(use_pinned_memory=torch.cuda.is_available(), use_shared_memory=False,
+                                              use_async_staging=False, use_non_blocking_copy=False))
+        checkpointer._background_stager = stager  # type: ignore[attr-defined]
+    return stager
+
+
+def close_background(checkpointer: DistributedCheckpointer) -> None:
+    """Release the host copy the stager keeps (the session's saves are done)."""
+    stager = getattr(checkpointer, "_background_stager", None)
+    if stager is not None:
+        stager.close()
+        checkpointer._background_stager = None  # type: ignore[attr-defined]
+
+
+def start_background_save(checkpointer: DistributedCheckpointer, step: int, state: dict[str, Any],
+                          meta: dict[str, Any]) -> PendingSave:
+    """Steps 1 of the module docstring, on every rank: returns once the state is staged in host memory."""
+    context = checkpointer.context
+    started = time.perf_counter()
+    temp = meta_json = None
+    message: tuple[str, str | None] = ("folder", None)
+    if context.is_main_process:
+        try:
+            temp, meta_json = checkpointer.begin_save(step, meta)
+            message = ("folder", str(temp))
+        except Exception as exc:
+            message = ("error", f"{type(exc).__name__}: {exc}")
+            if not context.is_distributed:
+                raise
+    if context.is_distributed:
+        message = broadcast_object(context, message)
+    if message[0] != "folder":
+        raise CheckpointError(f"checkpoint save at step {step} failed on rank 0: {message[1]}")
+    writer = _HashingFileSystemWriter(str(message[1]), single_file_per_rank=True, sync_files=True,
+                                      thread_count=WRITER_THREADS)
+    flat = checkpointer.dcp_storage.flat_state(state)
+    future = dcp.async_save(flat, storage_writer=writer, process_group=_async_group(checkpointer),
+                            async_stager=_stager(checkpointer), no_dist=not context.is_distributed)
+    return PendingSave(step, future, writer, temp, meta_json, started, time.perf_counter() - started)
+
+
+def finish_background_save(checkpointer: DistributedCheckpointer, pending: PendingSave) -> Path:
+    """Step 3, on every rank: wait for the write (if it still runs), then rank 0 commits it. A failed write
+    leaves no folder (rank 0 removes its temp folder) and raises on every rank; its cause is kept as
+    `__cause__` (out_of_space tells a full disk)."""
+    context = checkpointer.context
+    failure: BaseException | None = None
+    try:
+        pending.future.result()
+    except BaseException as exc:  # DCP raises the write's failure on every rank
+        failure = exc
+    outcome: tuple[str, str] = ("ok", "")
+    if context.is_main_process:
+        try:
+            if failure is not None:
+                raise failure
+            if pending.writer.files is None or pending.temp is None or pending.meta_json is None:
+                raise CheckpointError(f"checkpoint step {pending.step}: the background write finished without "
+                                      "hashing its files")
+            path = checkpointer.commit_written(pending.step, pending.temp, pending.writer.files, pending.meta_json,
+                                               DCPStorage.name)
+            outcome = ("ok", str(path))
+        except BaseException as exc:
+            if pending.temp is not None:
+                shutil.rmtree(pending.temp, ignore_errors=True)
+            failure = failure or exc
+            outcome = ("error", f"{type(exc).__name__}: {exc}")
+    if context.is_distributed:
+        outcome = broadcast_object(context, outcome)
+    if outcome[0] != "ok":
+        raise CheckpointError(f"background checkpoint save at step {pending.step} failed: {outcome[1]}") from failure
+    return Path(outcome[1])
+
+
+def out_of_space(exc: BaseException | None) -> bool:
+    """Whether a save's failure is a full disk (or quota), looked for through the causes and DCP's per-rank
+    failures (CheckpointException.failures wraps each rank's exception)."""
+    seen: set[int] = set()
+    todo: list[Any] = [exc]
+    while todo:
+        item = todo.pop()
+        if item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, OSError) and item.errno in OUT_OF_SPACE_ERRNOS:
+            return True
+        if "No space left on device" in str(item):
+            return True
+        todo += [getattr(item, "__cause__", None), getattr(item, "__context__", None),
+                 getattr(item, "exception", None)]
+        failures = getattr(item, "failures", None)
+        if isinstance(failures, dict):
+            todo += list(failures.values())
+    return False

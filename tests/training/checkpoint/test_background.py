@@ -1,0 +1,295 @@
+"""pilotrun/training/checkpoint/background.py and the checkpoint callback's background saves
+(`train.checkpoint_mode=background`): the state is staged before the call returns (the loop may change it at
+once), the write commits behind the same marker, a run with background saves equals one with synchronous saves
+bit for bit (1 process and 2 gloo ranks), a SIGKILL inside the background write leaves no marker and the resume
+is bit-exact, a save due while one writes waits and says so, and a full disk ends the session cleanly."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import json
+import os
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from pilotrun.config import load_run_config
+from pilotrun.errors import CheckpointError
+from pilotrun.report.summarize import summarize_run
+from pilotrun.run.marker import MARKER_NAME
+from pilotrun.training.checkpoint import background
+from pilotrun.training.checkpoint.background import (
+    finish_background_save,
+    out_of_space,
+    start_background_save,
+)
+from pilotrun.training.checkpoint.dcp_storage import DistributedCheckpointer
+from pilotrun.training.trainer import Trainer
+from tests.exactness import assert_exactly_equal
+from tests.training.checkpoint import checkpoint_faults
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def recipe(mode: str, *overrides: str):
+    return load_run_config(ROOT / "configs" / "smoke.yaml", [
+        "train.num_threads=1", "train.max_steps=6", "train.log_every=2", "train.checkpoint_every=2",
+        "train.eval_every=0", "train.keep_checkpoints=5", "optim.schedule.horizon=10", "optim.qk_clip.tau=0.005",
+        f"train.checkpoint_mode={mode}", *overrides])
+
+
+def events(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def losses(run_dir: Path) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {}
+    for event in events(run_dir):
+        if event["event"] == "train":
+            out.setdefault(event["step"], []).append(event["loss"])
+    return out
+
+
+def train(config, data_dir: Path, run_dir: Path, **kwargs):
+    out = io.StringIO()
+    result = Trainer(config, data_dir, run_dir, progress=False, out=out, **kwargs).run()
+    return result, out.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------- the save itself
+def test_the_state_is_staged_before_the_call_returns_and_commits_behind_the_marker(tmp_path):
+    checkpointer = DistributedCheckpointer(tmp_path / "run", keep=2)
+    weights = torch.randn(64, 64)
+    before = weights.clone()
+    state = {"model": {"w": weights}, "trainer": {"step": 3, "cursor": [1, 2]}, "rng": torch.arange(4, dtype=torch.uint8)}
+    pending = start_background_save(checkpointer, 3, state, {"run_id": "r"})
+    weights.add_(1.0)  # the loop trains on at once
+    state["trainer"]["cursor"].append(3)
+    assert not (checkpointer.root / "step-00000003" / MARKER_NAME).exists() or pending.done()
+    path = finish_background_save(checkpointer, pending)
+    assert (path / MARKER_NAME).is_file() and checkpointer.committed_steps() == [3]
+    checkpointer.verify(3)  # every file's hash, computed in DCP's thread, matches a rehash
+    loaded, meta = checkpointer.load(3)
+    assert torch.equal(loaded["model"]["w"], before) and loaded["trainer"] == {"step": 3, "cursor": [1, 2]}
+    assert meta == {"run_id": "r"} and checkpointer.storage_name(3) == "torch_dcp"
+
+
+def test_a_failed_background_write_leaves_no_folder_and_is_told_as_a_full_disk(tmp_path, monkeypatch):
+    checkpointer = DistributedCheckpointer(tmp_path / "run", keep=2)
+
+    def full(self, plan, planner):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(background._HashingFileSystemWriter, "write_data", full)
+    pending = start_background_save(checkpointer, 1, {"model": {"w": torch.ones(3)}}, {})
+    with pytest.raises(CheckpointError) as raised:
+        finish_background_save(checkpointer, pending)
+    assert out_of_space(raised.value)
+    assert list(checkpointer.root.iterdir()) == [] and checkpointer.committed_steps() == []
+
+
+def test_out_of_space_looks_through_causes_and_per_rank_failures():
+    class Wrapped(Exception):
+        def __init__(self, failures):
+            super().__init__("checkpoint failed")
+            self.failures = failures
+
+    assert out_of_space(OSError(errno.ENOSPC, "full"))
+    assert out_of_space(Wrapped({1: OSError(errno.EDQUOT, "quota")}))
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "full")
+        except OSError as inner:
+            raise RuntimeError("save failed") from inner
+    except RuntimeError as outer:
+        assert out_of_space(outer)
+    assert not out_of_space(OSError(errno.EACCES, "denied")) and not out_of_space(None)
+
+
+# ---------------------------------------------------------------------------------------------- in a session
+@pytest.mark.slow
+def test_background_saves_equal_synchronous_ones_bit_for_bit_and_record_what_the_loop_waited(builtin_data_dir,
+                                                                                              tmp_path):
+    sync_dir, background_dir = tmp_path / "sync", tmp_path / "background"
+    assert train(recipe("sync"), builtin_data_dir, sync_dir)[0].reason == "completed"
+    result, said = train(recipe("background"), builtin_data_dir, background_dir)
+    assert result.reason == "completed"
+    assert losses(background_dir) == losses(sync_dir)
+    checkpointers = [DistributedCheckpointer(d, keep=5) for d in (sync_dir, background_dir)]
+    assert checkpointers[0].committed_steps() == checkpointers[1].committed_steps() == [2, 4, 6]
+    for step in (2, 4, 6):  # the two formats key the optimizer differently: the resumes below restore it
+        sync_state, _ = checkpointers[0].load(step)
+        background_state, _ = checkpointers[1].load(step)
+        for part in ("model", "trainer", "rng"):
+            assert_exactly_equal(sync_state[part], background_state[part], f"step {step} {part}")
+    assert [checkpointers[1].storage_name(s) for s in (2, 4, 6)] == ["torch_dcp", "torch_dcp", "torch_save"]
+    saved = [e for e in events(background_dir) if e["event"] == "checkpoint"]
+    assert [e["step"] for e in saved] == [2, 4, 6]
+    for event in saved[:2]:  # the cadence's: staged, written beside training, committed later
+        assert event["background"] is True and event["seconds"] == event["blocking_seconds"]
+        assert event["total_seconds"] >= event["blocking_seconds"] >= 0 and event["background_seconds"] >= 0
+    assert "background" not in saved[2]  # the last round's save is synchronous
+    assert "checkpoints:" in said and "each (measured by this save)" in said
+    summary = summarize_run(background_dir, require_step=6)
+    assert summary.valid, summary.reasons
+    # A resume from a background checkpoint continues bit for bit: step 4 -> 6 again, against the straight run.
+    resumed = tmp_path / "resumed"
+    train(recipe("background", "train.max_steps=4"), builtin_data_dir, resumed)
+    assert train(recipe("background"), builtin_data_dir, resumed, resume=True)[0].reason == "completed"
+    final, _ = DistributedCheckpointer(resumed, keep=5).load(6)
+    assert_exactly_equal(checkpointers[0].load(6)[0], final, "resumed final")
+    assert summarize_run(resumed, require_step=6).valid
+
+
+@pytest.mark.slow
+def test_a_save_due_while_one_writes_waits_for_it_says_so_and_both_commit_in_order(builtin_data_dir, tmp_path,
+                                                                                     monkeypatch):
+    gate = threading.Event()
+    finish, settle = background._HashingFileSystemWriter.finish, background.finish_background_save
+
+    def held_finish(self, metadata, results):
+        gate.wait(timeout=300)  # the write of step 2 goes on until the loop waits for it
+        return finish(self, metadata, results)
+
+    def waiting(checkpointer, pending):
+        gate.set()
+        return settle(checkpointer, pending)
+
+    monkeypatch.setattr(background._HashingFileSystemWriter, "finish", held_finish)
+    monkeypatch.setattr("pilotrun.training.callbacks.checkpointing.finish_background_save", waiting)
+    run_dir = tmp_path / "run"
+    result, said = train(recipe("background"), builtin_data_dir, run_dir)
+    assert result.reason == "completed"
+    saved = [e for e in events(run_dir) if e["event"] == "checkpoint"]
+    assert [e["step"] for e in saved] == [2, 4, 6]
+    assert saved[0].get("waited_for_step") is None and saved[1]["waited_for_step"] == 2
+    assert saved[1]["waited_seconds"] >= 0
+    assert "checkpoint step 4: waited" in said and "for the background save of step 2" in said
+    markers = [json.loads((run_dir / "checkpoints" / f"step-0000000{s}" / MARKER_NAME).read_text()) for s in (2, 4)]
+    assert markers[0]["committed_at"] <= markers[1]["committed_at"]
+    assert summarize_run(run_dir, require_step=6).valid
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_a_background_write_ends_the_session_cleanly(builtin_data_dir, tmp_path, monkeypatch):
+    """The disk fills inside the write of step 4 (simulated in-process: the writer raises ENOSPC)."""
+    write_data = background._HashingFileSystemWriter.write_data
+
+    def filling(self, plan, planner):
+        if "step-00000004" in str(self.path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write_data(self, plan, planner)
+
+    monkeypatch.setattr(background._HashingFileSystemWriter, "write_data", filling)
+    _assert_ended_cleanly_at_full_disk(builtin_data_dir, tmp_path / "run")
+
+
+def _assert_ended_cleanly_at_full_disk(data_dir: Path, run_dir: Path, *overrides: str) -> None:
+    result, said = train(recipe("background", *overrides), data_dir, run_dir)
+    assert (result.reason, result.exit_code) == ("stopped", 1)
+    assert "the disk is" in result.message and "step 2 is still the newest" in result.message
+    checkpointer = DistributedCheckpointer(run_dir, keep=5)
+    assert checkpointer.committed_steps() == [2] and checkpointer.uncommitted_folders() == []
+    checkpointer.verify(2)
+    end = [e for e in events(run_dir) if e["event"] == "session_end"][-1]
+    assert end["reason"] == "stopped" and end["message"] == result.message
+    summary = summarize_run(run_dir)
+    assert summary.valid, summary.reasons
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str):
+    path.mkdir(parents=True)
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                                 capture_output=True).returncode == 0
+    except OSError:
+        mounted = False
+    if not mounted:
+        pytest.skip("mounting a tmpfs needs privileges this machine does not give (the in-process ENOSPC test "
+                    "covers the same path)")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+@pytest.mark.slow
+def test_a_real_small_tmpfs_ends_the_session_cleanly_before_the_disk_fills(builtin_data_dir, tmp_path):
+    """The run folder on a 12 MiB tmpfs: step 2's checkpoint (about 7.5 MiB) fits, step 4's beside it does not.
+    The save of step 4 is refused by the room check before it writes (a real ENOSPC under a background write
+    would race the record's own appends, which is what the check prevents); the in-process test above has the
+    write itself fail."""
+    with small_tmpfs(tmp_path / "small", "12m") as small:
+        _assert_ended_cleanly_at_full_disk(builtin_data_dir, small / "run", "train.keep_checkpoints=1")
+
+
+@pytest.mark.slow
+def test_sigkill_inside_a_background_write_leaves_no_marker_and_the_resume_is_bit_exact(builtin_data_dir, tmp_path):
+    straight = tmp_path / "straight"
+    train(recipe("sync"), builtin_data_dir, straight)
+    run_dir, hold = tmp_path / "run", tmp_path / "hold"
+    hold.write_text("step-00000004")  # step 2's write goes through; step 4's holds inside DCP
+    command = checkpoint_faults.command("--hold-background", str(hold)) + [
+        "train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(builtin_data_dir),
+        "--run-dir", str(run_dir)]
+    for item in ("train.num_threads=1", "train.max_steps=6", "train.log_every=2", "train.checkpoint_every=2",
+                 "train.eval_every=0", "train.keep_checkpoints=5", "optim.schedule.horizon=10",
+                 "optim.qk_clip.tau=0.005", "train.checkpoint_mode=background"):
+        command += ["--set", item]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    reached = Path(f"{hold}.reached")
+    try:
+        while not reached.exists() and process.poll() is None:
+            threading.Event().wait(0.05)
+        assert reached.exists(), process.communicate()[1][-3000:]
+        temp = Path(reached.read_text())
+        # Step 4's data files are written; its .metadata, hashes and marker are not.
+        assert temp.name.startswith(".tmp-step-00000004") and any(temp.glob("*.distcp"))
+        assert not (temp / ".metadata").exists()
+        process.send_signal(signal.SIGKILL)
+        process.wait(60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    checkpointer = DistributedCheckpointer(run_dir, keep=5)
+    assert checkpointer.committed_steps() == [2]
+    assert not (temp / MARKER_NAME).exists() and not (run_dir / "checkpoints" / "step-00000004").exists()
+    result, _ = train(recipe("background"), builtin_data_dir, run_dir, resume=True)
+    assert result.reason == "completed"
+    straight_losses = {step: values[0] for step, values in losses(straight).items()}
+    for step, values in losses(run_dir).items():  # the killed session's and the resumed one's
+        assert all(value == straight_losses[step] for value in values), step
+    final, _ = DistributedCheckpointer(run_dir, keep=5).load(6)
+    assert_exactly_equal(DistributedCheckpointer(straight, keep=5).load(6)[0], final, "final")
+    assert summarize_run(run_dir, require_step=6).valid
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_with_background_saves_equal_synchronous_ones_bit_for_bit(builtin_data_dir, tmp_path):
+    from tests.training.test_distributed_trainer import _final_weights, _losses_by_step, _run, _train_command
+
+    runs = {}
+    for mode in ("sync", "background"):
+        runs[mode] = tmp_path / mode
+        done = _run(_train_command(builtin_data_dir, runs[mode], 2, 2, "--set", f"train.checkpoint_mode={mode}"))
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert _losses_by_step(runs["background"]) == _losses_by_step(runs["sync"])
+    for name, value in _final_weights(runs["sync"]).items():
+        assert torch.equal(_final_weights(runs["background"])[name], value), name
+    sync, back = (DistributedCheckpointer(runs[m], keep=5) for m in ("sync", "background"))
+    assert sync.committed_steps() == back.committed_steps() == [3, 6, 9]
+    for step in (3, 6):
+        for part in ("model", "optimizer", "trainer", "rng"):
+            assert_exactly_equal(sync.load(step)[0][part], back.load(step)[0][part], f"step {step} {part}")
+    saved = [e for e in events(runs["background"]) if e["event"] == "checkpoint"]
+    assert [e.get("background") for e in saved] == [True, True, None]
+    assert summarize_run(runs["background"], require_step=9).valid
