@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -388,10 +389,12 @@ def load_run_config(path: str | Path | None, overrides: list[str] | None = None)
     data = apply_overrides(data, overrides or [])
     try:
         config = loaded_recipe(data)
-    except ConfigError as exc:
-        if path is None:
+    except ConfigError as exc:  # name the source (a --set flag, else the recipe): the line is all the user sees
+        flag = next((t for t in overrides or [] if re.search(rf"(?<![\w.]){re.escape(t.split('=', 1)[0].strip())}"
+                                                        r"(?![\w.])", str(exc))), None)
+        if flag is None and path is None:
             raise
-        raise ConfigError(f"{path}: {exc}") from None  # name the recipe: the line is all the user sees
+        raise ConfigError(f"--set {shown(flag)}: {exc}" if flag else f"{path}: {exc}") from None
     return config
 
 

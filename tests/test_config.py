@@ -110,3 +110,25 @@ def test_the_tensorboard_alias_is_folded_when_loaded_and_a_recorded_recipe_keeps
     now, before = flatten(config_to_dict(loaded_recipe(recorded))), flatten(recorded)
     changed = {key for key in now if now[key] != before[key]}
     assert changed == {"train.tensorboard", "train.trackers"} and changed <= set(MACHINE_KEYS)
+
+
+@pytest.mark.parametrize(("flag", "named"), [
+    ("optim.muon.lr=fast", "config key 'optim.muon.lr' must be float, got fast"),
+    ("optim.muon.lr=-1", "optim.muon.lr must be >= 0"),
+    ("model.top_k=9", "model.top_k (9) must be between 1"),
+])
+def test_a_set_mistake_is_blamed_on_the_flag_not_the_recipe_file(tmp_path, capsys, flag, named):
+    from pilotrun.commands.cli import main
+
+    recipe = tmp_path / "my.yaml"
+    recipe.write_text("model: {d_model: 96}\n")
+    for command in (["config"], ["train", "--data", str(tmp_path / "d"), "--run-dir", str(tmp_path / "r")]):
+        assert main([*command, "--config", str(recipe), "--set", flag]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"pilotrun: error: --set {flag}: " + err[0].split(": ", 3)[3]], err
+        assert named in err[0] and "my.yaml" not in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my.yaml"]  # nothing written
+    # A mistake in the file itself is still the file's.
+    recipe.write_text("model: {d_model: fast}\n")
+    assert main(["config", "--config", str(recipe), "--set", "optim.muon.lr=0.01"]) == 2
+    assert f"{recipe}: config key 'model.d_model' must be int" in capsys.readouterr().err
