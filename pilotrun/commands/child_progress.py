@@ -115,11 +115,13 @@ class ProgressLine:
 
 def wait_with_progress(process: subprocess.Popen, metrics: Path, max_steps: int, line: ProgressLine,
                        poll_seconds: float, timeout_seconds: float,
-                       stop_when: Callable[[list[dict]], bool] | None = None) -> list[dict]:
+                       stop_when: Callable[[list[dict]], bool] | None = None, resume_line: str | None = None
+                       ) -> list[dict]:
     """Poll until the child exits (or `stop_when(events)` holds), showing its progress; returns the events last
     read. On timeout the child is killed and TimeoutError raised. On Ctrl-C (which the terminal also sends to the
     child, in the same process group) it waits for the child to finish its update and checkpoint, then raises
-    ChildInterrupted; a second Ctrl-C propagates at once."""
+    ChildInterrupted naming `resume_line`, the command that continues the run; a second Ctrl-C propagates at
+    once."""
     started = time.monotonic()
     try:
         return _poll(process, metrics, max_steps, line, poll_seconds, timeout_seconds, stop_when, started)
@@ -128,9 +130,9 @@ def wait_with_progress(process: subprocess.Popen, metrics: Path, max_steps: int,
         print(f"{line.prefix}Ctrl-C: the training process is finishing its update and saving a checkpoint; Ctrl-C "
               "again stops it now without one", file=line.out, flush=True)
         code = process.wait()
+        how = f"`{resume_line}`" if resume_line else "its own `pilotrun train` command with --resume"
         raise ChildInterrupted(f"interrupted: the training process stopped with exit code {code}; its run folder "
-                               f"{metrics.parent} continues with `pilotrun train ... --run-dir {metrics.parent} "
-                               "--resume`") from None
+                               f"{metrics.parent} continues with {how}") from None
     finally:
         line.finish()
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TextIO
 
 from pilotrun.commands.child_progress import ProgressLine, read_complete_events, wait_with_progress
+from pilotrun.commands.next_commands import long_run_commands, shell_line, train_words
 from pilotrun.commands.pilot_process import PilotStopped, StopForwarding, TrainingChild
 from pilotrun.errors import PilotrunError
 from pilotrun.run.record import CHECKPOINTS_DIR, METRICS_JSONL
@@ -98,12 +99,9 @@ def _committed_checkpoints(run_dir: Path) -> list[int]:
 
 def _train_args(config: Path, data_dir: Path, run_dir: Path, overrides: list[str], resume: bool,
                 stop_past_step: int | None = None) -> list[str]:
-    args = ["train", "--config", str(config), "--data", str(data_dir), "--run-dir", str(run_dir)]
-    for override in overrides:
-        args += ["--set", override]
-    if stop_past_step is not None:  # the kill point: the process stops itself there (training/callbacks/kill_point.py)
-        args += ["--stop-past-step", str(stop_past_step)]
-    return args + (["--resume"] if resume else [])
+    # The kill point: the process stops itself there (training/callbacks/kill_point.py).
+    kill = ["--stop-past-step", str(stop_past_step)] if stop_past_step is not None else []
+    return train_words(config=config, data=data_dir, run_dir=run_dir, overrides=overrides, resume=resume, extra=kill)
 
 
 def freeze_step(interrupt_at: int, max_steps: int, log_every: int, checkpoint_every: int) -> int | None:
@@ -257,16 +255,25 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
 
 
 def _interrupted(stops: StopForwarding, doing: str, run_dir: Path, max_steps: int, config: Path,
-                 data_dir: Path | None = None) -> PilotInterrupted:
+                 data_dir: Path | None = None, overrides: list[str] = (), nproc: int | None = None
+                 ) -> PilotInterrupted:
     name = signal_name(stops.signum)
     if data_dir is None:
         how = "rerun the same `pilotrun pilot` command to continue (the prepare continues from its last commit)"
     else:
-        how = (f"continue the run with `pilotrun train --config {config} --data {data_dir} --run-dir {run_dir} "
-               f"--resume` and judge it with `pilotrun verdict {run_dir}`, or rerun `pilotrun pilot` to rehearse "
-               "again from the start")
+        how = (f"continue the run with `{_resume_line(config, data_dir, run_dir, overrides, nproc)}` and judge it with "
+               f"`{shell_line(['pilotrun', 'verdict', run_dir])}`, or rerun `pilotrun pilot` to rehearse again "
+               "from the start")
     where = f" ({_where_it_stood(run_dir, max_steps)})" if (run_dir / METRICS_JSONL).is_file() else ""
     return PilotInterrupted(f"pilotrun pilot: stopped by {name} {doing}{where}; {how}", stops.exit_code)
+
+
+def _resume_line(config: Path, data_dir: Path, run_dir: Path, overrides: list[str], nproc: int | None) -> str:
+    """The `pilotrun train --resume` that continues the pilot's run: the second child's own command, every
+    `--set` the pilot was given (and the demo's thread pin) included, so that it loads the same recipe; under
+    torchrun on as many processes (another world size is refused)."""
+    launcher = ["torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", "pilotrun"] if nproc else ["pilotrun"]
+    return shell_line([*launcher, *_train_args(config, data_dir, run_dir, overrides, resume=True)])
 
 
 def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, overrides: list[str], recipe,
@@ -316,7 +323,7 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
             if stops.signum is not None:
                 _wait_stopped_child(first, timeout_seconds)
                 raise _interrupted(stops, "while training the first session", run_dir, max_steps, config_path,
-                                   data_dir)
+                                   data_dir, overrides, nproc)
     finally:
         if first.poll() is None:
             first.kill_tree()
@@ -332,7 +339,8 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
     try:
         with stops.running(second):
             wait_with_progress(second.process, run_dir / METRICS_JSONL, max_steps, ProgressLine(out, mode=progress),
-                               poll_seconds, timeout_seconds)
+                               poll_seconds, timeout_seconds,
+                               resume_line=_resume_line(config_path, data_dir, run_dir, overrides, nproc))
     except TimeoutError:
         raise PilotError(f"the resumed training did not finish within {timeout_seconds:.0f} s; see "
                          f"{second.log}") from None
@@ -340,13 +348,14 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
         if second.poll() is None:
             second.kill_tree()
     if stops.signum is not None:
-        raise _interrupted(stops, "while the resumed session trained", run_dir, max_steps, config_path, data_dir)
+        raise _interrupted(stops, "while the resumed session trained", run_dir, max_steps, config_path, data_dir,
+                           overrides, nproc)
     if second.process.returncode != 0:
         tail = second.log.read_text(errors="replace").strip().splitlines()[-3:]
         raise PilotError(f"the resumed training process failed (exit {second.process.returncode}; its output: "
                          f"{second.log}): {' | '.join(tail)}")
     phases["resume"] = time.monotonic() - phase_start
-    return _judge(run_dir, max_steps, freeze, out, started, phases, killed_at, checkpoint, killed)
+    return _judge(run_dir, max_steps, freeze, out, started, phases, killed_at, checkpoint, killed, data_dir)
 
 
 def _wait_stopped_child(child: TrainingChild, timeout_seconds: float) -> None:
@@ -359,7 +368,7 @@ def _wait_stopped_child(child: TrainingChild, timeout_seconds: float) -> None:
 
 
 def _judge(run_dir: Path, max_steps: int, freeze, out: TextIO, started: float, phases: dict[str, float],
-           killed_at: int, checkpoint: int, killed: list[int]) -> PilotResult:
+           killed_at: int, checkpoint: int, killed: list[int], data_dir: Path | None = None) -> PilotResult:
     from pilotrun.report.html import write_report
     from pilotrun.report.summarize import format_summary, summarize_run
     from pilotrun.report.verdict import format_verdict, judge_summary
@@ -379,8 +388,9 @@ def _judge(run_dir: Path, max_steps: int, freeze, out: TextIO, started: float, p
 
             _code, written, _verdict = freeze_run(run_dir, freeze)
             lock = Path(freeze)
-            _say(out, f"frozen: {lock} (sha256 {written['sha256']}); the long run: `pilotrun train --frozen {lock} "
-                      "--data DIR --run-dir runs/long`")
+            train, watch = long_run_commands(lock, data_dir)
+            _say(out, f"frozen: {lock} (sha256 {written['sha256']}); the long run: `{train}`, watched with "
+                      f"`{watch}`")
         else:
             _say(out, f"not frozen: the pilot is {verdict.decision}; nothing written to {freeze}")
     phases["report"] = time.monotonic() - phase_start

@@ -249,6 +249,28 @@ def test_sigint_to_the_pilot_stops_its_child_and_exits_130_with_one_line(builtin
     assert len(lines) == 1 and lines[0].startswith("pilotrun pilot: stopped by SIGINT while training the first "
                                                    "session (step "), stderr
     assert "--resume" in lines[0] and str(workdir / "run") in lines[0]
+    # The continue command carries every --set the pilot was given: without them it would load another recipe.
+    assert "--set train.max_steps=5000 --set optim.schedule.horizon=5000" in lines[0]
     ends = [e for e in read_metrics_tolerant(workdir / "run").events if e["event"] == "session_end"]
     assert [e["reason"] for e in ends] == ["interrupted"]  # the child finished its update and checkpointed
     assert summarize_run(workdir / "run").valid
+
+
+def test_the_printed_continue_command_is_the_resumed_childs_own(tmp_path):
+    import shlex
+    import signal
+
+    from pilotrun.commands.pilot import _interrupted, _train_args
+    from pilotrun.commands.pilot_process import StopForwarding
+
+    stops = StopForwarding()
+    stops.signum = signal.SIGINT
+    run, data, recipe = tmp_path / "w" / "run", tmp_path / "my data", tmp_path / "my.yaml"
+    overrides = ["train.max_steps=80", "optim.schedule.horizon=80"]
+    message = str(_interrupted(stops, "while training", run, 80, recipe, data, overrides))
+    printed = shlex.split(message.split("`")[1])
+    assert printed == ["pilotrun", *_train_args(recipe, data, run, overrides, resume=True)]
+    assert printed[-5:] == ["--set", "train.max_steps=80", "--set", "optim.schedule.horizon=80", "--resume"]
+    under_torchrun = str(_interrupted(stops, "while training", run, 80, recipe, data, overrides, nproc=2))
+    assert shlex.split(under_torchrun.split("`")[1])[:5] == ["torchrun", "--standalone", "--nproc-per-node=2", "-m",
+                                                             "pilotrun"]
