@@ -334,13 +334,15 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
     phases["train_until_kill"] = time.monotonic() - phase_start
     phase_start = time.monotonic()
     _say(out, f"resuming with --resume to step {max_steps} (the child's output: {workdir / 'train-2.log'})")
+    sessions_before = sum(e.get("event") == "session_start" for e in read_complete_events(run_dir / METRICS_JSONL))
     second = TrainingChild(_train_args(config_path, data_dir, run_dir, overrides, resume=True),
                            workdir / "train-2.log", nproc)  # no kill point: it runs to the end
     try:
         with stops.running(second):
             wait_with_progress(second.process, run_dir / METRICS_JSONL, max_steps, ProgressLine(out, mode=progress),
                                poll_seconds, timeout_seconds,
-                               resume_line=_resume_line(config_path, data_dir, run_dir, overrides, nproc))
+                               resume_line=_resume_line(config_path, data_dir, run_dir, overrides, nproc),
+                               sessions_before=sessions_before)
     except TimeoutError:
         raise PilotError(f"the resumed training did not finish within {timeout_seconds:.0f} s; see "
                          f"{second.log}") from None
