@@ -147,13 +147,13 @@ def _kill_past_point(child: TrainingChild, run_dir: Path, point: int, max_steps:
                                     timeout_seconds, stop_when=lambda ev: past_point(ev) or stops.signum is not None)
     except TimeoutError:
         child.kill_tree()
-        raise PilotError(f"training did not pass step {point} within {timeout_seconds:.0f} s; see {child.log}") \
-            from None
+        raise PilotError(f"training did not pass step {point} within {timeout_seconds:.0f} s (its last line: "
+                         f"{child.cause()}; see {child.log})") from None
     if stops.signum is not None:
         return 0, 0, []
     if not past_point(events):
         raise PilotError(f"the first training process exited (code {child.poll()}) before it could be "
-                         f"interrupted past step {point}; see {child.log}")
+                         f"interrupted past step {point}: {child.cause()} (its output: {child.log})")
     # Every rank stops itself right after the line just read; the wait is a guard for a trainer that did not.
     child.wait_until_stopped(timeout_seconds=60)
     killed = child.kill_tree()
@@ -344,8 +344,8 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
                                resume_line=_resume_line(config_path, data_dir, run_dir, overrides, nproc),
                                sessions_before=sessions_before)
     except TimeoutError:
-        raise PilotError(f"the resumed training did not finish within {timeout_seconds:.0f} s; see "
-                         f"{second.log}") from None
+        raise PilotError(f"the resumed training did not finish within {timeout_seconds:.0f} s (its last line: "
+                         f"{second.cause()}; see {second.log})") from None
     finally:
         if second.poll() is None:
             second.kill_tree()
@@ -353,9 +353,8 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
         raise _interrupted(stops, "while the resumed session trained", run_dir, max_steps, config_path, data_dir,
                            overrides, nproc)
     if second.process.returncode != 0:
-        tail = second.log.read_text(errors="replace").strip().splitlines()[-3:]
-        raise PilotError(f"the resumed training process failed (exit {second.process.returncode}; its output: "
-                         f"{second.log}): {' | '.join(tail)}")
+        raise PilotError(f"the resumed training process failed (exit {second.process.returncode}): {second.cause()} "
+                         f"(its output: {second.log})")
     phases["resume"] = time.monotonic() - phase_start
     return _judge(run_dir, max_steps, freeze, out, started, phases, killed_at, checkpoint, killed, data_dir)
 

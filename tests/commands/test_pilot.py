@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from pilotrun.commands.cli import main
 from pilotrun.commands.pilot import PilotError, configs_dir, freeze_step, run_pilot
 from pilotrun.report.summarize import summarize_run
 
@@ -274,3 +275,15 @@ def test_the_printed_continue_command_is_the_resumed_childs_own(tmp_path):
     under_torchrun = str(_interrupted(stops, "while training", run, 80, recipe, data, overrides, nproc=2))
     assert shlex.split(under_torchrun.split("`")[1])[:5] == ["torchrun", "--standalone", "--nproc-per-node=2", "-m",
                                                              "pilotrun"]
+
+
+@pytest.mark.slow
+def test_a_failed_child_is_quoted_not_only_named_by_its_log(builtin_data_dir, tmp_path, capsys):
+    workdir = tmp_path / "w"
+    code = main(["pilot", "--workdir", str(workdir), "--config", "smoke", "--data", str(builtin_data_dir),
+                 "--set", "model.vocab_size=10", "--set", "train.num_threads=1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("pilotrun: error: the first training process exited (code 2) before it could be "
+                             "interrupted past step 3: model.vocab_size (10) is smaller than the data's vocabulary")
+    assert err[0].endswith(f"(its output: {workdir / 'train-1.log'})")
