@@ -164,7 +164,7 @@ def _kill_past_point(child: TrainingChild, run_dir: Path, point: int, max_steps:
 
 
 def _prepare_data(workdir: Path, data: str | Path | None, source: str, tokenizer: str, out: TextIO,
-                  progress: str = "auto", reprepare: bool = False) -> Path:
+                  progress: str = "auto", reprepare: bool = False, val_warnings=None) -> Path:
     if data is not None:
         data_dir = Path(data)
         if not (data_dir / "metadata.json").is_file():
@@ -180,7 +180,7 @@ def _prepare_data(workdir: Path, data: str | Path | None, source: str, tokenizer
 
     _say(out, f"preparing {source} into {data_dir} (tokenizer {tokenizer})")
     manifest = prepare_corpus(data_dir, source=source, tokenizer=tokenizer, force=data_dir.exists(),
-                              progress=progress, **PREPARE_OPTIONS)
+                              progress=progress, val_warnings=val_warnings, **PREPARE_OPTIONS)
     _say(out, f"prepared: {manifest['splits']['train']['tokens']:,} training tokens, "
               f"{manifest['splits']['val']['tokens']:,} validation tokens")
     return data_dir
@@ -288,7 +288,8 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
     phases: dict[str, float] = {}
     phase_start = time.monotonic()
     try:
-        data_dir = _prepare_data(workdir, data, source, tokenizer, out, progress, reprepare)
+        data_dir = _prepare_data(workdir, data, source, tokenizer, out, progress, reprepare,
+                                 _val_warnings_for(recipe, config_path, nproc))
     except PrepareInterrupted as exc:
         stops.signum = exc.signum
         raise _interrupted(stops, f"while preparing the data in {workdir / 'data'}", run_dir, max_steps,
@@ -357,6 +358,16 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
                          f"(its output: {second.log})")
     phases["resume"] = time.monotonic() - phase_start
     return _judge(run_dir, max_steps, freeze, out, started, phases, killed_at, checkpoint, killed, data_dir)
+
+
+def _val_warnings_for(recipe, config_path: Path, nproc: int | None):
+    """The prepare's check of its val split against this pilot's recipe (its evaluation size on its ranks), not
+    the packaged stability recipe's; none where the recipe does not evaluate."""
+    from pilotrun.data.reader import val_split_warnings
+
+    t = recipe.train
+    return lambda val_tokens: [] if t.eval_every <= 0 else val_split_warnings(
+        val_tokens, t.batch_size, t.seq_len, t.eval_batches, nproc or 1, what=f"the recipe {config_path.name}")
 
 
 def _wait_stopped_child(child: TrainingChild, timeout_seconds: float) -> None:

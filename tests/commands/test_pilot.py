@@ -287,3 +287,21 @@ def test_a_failed_child_is_quoted_not_only_named_by_its_log(builtin_data_dir, tm
     assert err[0].startswith("pilotrun: error: the first training process exited (code 2) before it could be "
                              "interrupted past step 3: model.vocab_size (10) is smaller than the data's vocabulary")
     assert err[0].endswith(f"(its output: {workdir / 'train-1.log'})")
+
+
+@pytest.mark.slow  # prepares the built-in corpus (seconds), no child
+def test_the_prepare_inside_a_pilot_checks_the_val_split_against_the_users_recipe(tmp_path, capsys, monkeypatch):
+    import pilotrun.commands.pilot as pilot
+
+    class NoTraining:  # the check under test happens before any training: stop there
+        def __init__(self, *args, **kwargs):
+            raise PilotError("no training in this test")
+
+    monkeypatch.setattr(pilot, "TrainingChild", NoTraining)
+    code = main(["pilot", "--workdir", str(tmp_path / "w"), "--config", "smoke", "--source", "builtin",
+                 "--set", "train.eval_batches=20", "--progress", "plain"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no training in this test" in err
+    (warning,) = [line for line in err.splitlines() if "fewer than one evaluation" in line]
+    assert "of the recipe smoke.yaml reads (eval_batches 20 x batch_size 4 x world_size 1 x seq_len 32 + 1 = " \
+           "2,561)" in warning and "packaged" not in warning
