@@ -132,3 +132,16 @@ def test_a_set_mistake_is_blamed_on_the_flag_not_the_recipe_file(tmp_path, capsy
     recipe.write_text("model: {d_model: fast}\n")
     assert main(["config", "--config", str(recipe), "--set", "optim.muon.lr=0.01"]) == 2
     assert f"{recipe}: config key 'model.d_model' must be int" in capsys.readouterr().err
+
+
+def test_the_readme_lists_every_key_free_on_resume():
+    from pathlib import Path
+
+    from pilotrun.config import RESUME_FREE_KEYS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("### What a resume may change"):]
+    section = section[:section.index("\n## ")]
+    missing = [k for k in RESUME_FREE_KEYS if f"`{k}`" not in section
+               and f"`{k.rsplit('.', 1)[0]}.*`" not in section]
+    assert not missing

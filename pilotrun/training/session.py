@@ -465,6 +465,7 @@ def open_record(session: Session, *, resume: bool, command: list[str]) -> None:
                                   optimizer={"groups": session.partition}, recipe=config_to_dict(config),
                                   data=session.data_section(), enabled=is_main)
     record.record_allowed_changes(session.session_id, session.plan.allowed_changes)
+    record.record_free_changes(session.session_id, session.plan.free_changes)
     counters = session.state.counters()
     if session.plan.restart:
         session.restart = lost_work(session.run_dir)
