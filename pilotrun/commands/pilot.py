@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ from pilotrun.stop_signals import signal_name
 DEFAULT_RECIPE = "stability.yaml"
 DEFAULT_SOURCE = "builtin"
 DEFAULT_TOKENIZER = "bpe:2048"
-PILOT_MARKER = ".pilotrun-pilot-run"  # says workdir/run was made by the pilot: only then is it replaced
+PILOT_MARKER = ".pilotrun-pilot-run"  # says workdir/run was made by the pilot: only then is it moved aside
 # What the pilot asks prepare for besides --source and --tokenizer (prepare's defaults), spelled out: a reused
 # WORKDIR/data is compared with exactly what this pilot would prepare, whatever prepare's defaults become.
 PREPARE_OPTIONS = {"train_tokens": None, "val_fraction": 0.01, "shard_tokens": 2**24, "seed": 0,
@@ -204,10 +203,49 @@ def _reused(data_dir: Path, source: str, tokenizer: str) -> str:
 
 def _check_run_dir(run_dir: Path, marker: Path) -> None:
     if os.path.lexists(run_dir):
-        # Only a run folder this command made (its marker beside it, a real folder, not a link) is ever deleted.
+        # Only a run folder this command made (its marker beside it, a real folder, not a link) is ever moved.
         if run_dir.is_symlink() or not run_dir.is_dir() or not marker.is_file() or marker.is_symlink():
             raise PilotError(f"{run_dir} exists and was not created by `pilotrun pilot` (no {marker}): move it "
                              "away or choose another --workdir")
+        lock = _lock_naming(run_dir)
+        if lock is not None:
+            raise PilotError(f"{run_dir} is the pilot run the recipe lock {lock} was frozen from: a new pilot in this "
+                             "workdir would move that evidence from where the lock says it is; choose another "
+                             "--workdir")
+
+
+def _lock_naming(run_dir: Path) -> Path | None:
+    """A recipe lock in the workdir (`pilot --freeze` writes one there by choice) whose pilot is `run_dir`."""
+    import json
+
+    from pilotrun.run.recipe_lock import LOCK_FORMAT
+
+    where = str(run_dir.resolve())
+    for path in sorted(run_dir.parent.iterdir()):
+        if path.suffix != ".json" or path.is_symlink() or not path.is_file() or path.stat().st_size > 64 << 20:
+            continue
+        try:
+            lock = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(lock, dict) and lock.get("format") == LOCK_FORMAT and \
+                isinstance(lock.get("pilot"), dict) and lock["pilot"].get("run_dir") == where:
+            return path
+    return None
+
+
+def _keep_previous_run(workdir: Path, run_dir: Path) -> Path:
+    """Moves the previous pilot's run folder (and its children's logs) to the first free `run-N` beside it:
+    an earlier pilot is evidence, never deleted by the next one."""
+    number = 1
+    while any(os.path.lexists(workdir / name) for name in (f"run-{number}", f"run-{number}-train-1.log")):
+        number += 1
+    kept = workdir / f"run-{number}"
+    os.rename(run_dir, kept)
+    for log in ("train-1.log", "train-2.log"):
+        if (workdir / log).is_file():
+            os.rename(workdir / log, workdir / f"{kept.name}-{log}")
+    return kept
 
 
 def _where_it_stood(run_dir: Path, max_steps: int) -> str:
@@ -305,10 +343,9 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
         _say(out, "the demo recipe leaves train.num_threads at its default: the pilot pins 1 (override with --set "
                   "train.num_threads=N)")
     if os.path.lexists(run_dir):
-        _say(out, f"replacing the previous pilot run in {run_dir}")
-        shutil.rmtree(run_dir)
+        _say(out, f"kept the previous pilot run as {_keep_previous_run(workdir, run_dir)} (its logs beside it)")
     marker.write_text("the run folder beside this file was created by `pilotrun pilot`; the next pilot in this "
-                      "workdir replaces it\n")
+                      "workdir moves it to the first free run-N beside it\n")
 
     phase_start = time.monotonic()
     ranks = f" under torchrun on {nproc} processes" if nproc else ""

@@ -305,3 +305,36 @@ def test_the_prepare_inside_a_pilot_checks_the_val_split_against_the_users_recip
     (warning,) = [line for line in err.splitlines() if "fewer than one evaluation" in line]
     assert "of the recipe smoke.yaml reads (eval_batches 20 x batch_size 4 x world_size 1 x seq_len 32 + 1 = " \
            "2,561)" in warning and "packaged" not in warning
+
+
+def test_a_second_pilot_keeps_the_first_and_never_moves_a_run_a_lock_names(builtin_data_dir, tmp_path, capsys,
+                                                                            monkeypatch):
+    import pilotrun.commands.pilot as pilot
+
+    class NoTraining:  # what is kept or refused happens before any training: stop there
+        def __init__(self, *args, **kwargs):
+            raise PilotError("no training in this test")
+
+    monkeypatch.setattr(pilot, "TrainingChild", NoTraining)
+    workdir = tmp_path / "w"
+    (workdir / "run" / "checkpoints").mkdir(parents=True)
+    (workdir / "run" / "run.json").write_text("{}")
+    (workdir / "train-1.log").write_text("first pilot")
+    (workdir / pilot.PILOT_MARKER).write_text("made by the pilot")
+    command = ["pilot", "--workdir", str(workdir), "--config", "smoke", "--data", str(builtin_data_dir)]
+    assert main(command) == 2
+    out = capsys.readouterr().out
+    assert f"kept the previous pilot run as {workdir / 'run-1'} (its logs beside it)" in out
+    assert (workdir / "run-1" / "run.json").read_text() == "{}" and (workdir / "run-1" / "checkpoints").is_dir()
+    assert (workdir / "run-1-train-1.log").read_text() == "first pilot" and not (workdir / "run").exists()
+
+    # A lock in the workdir frozen from W/run: refused in one line, nothing moved.
+    (workdir / "run").mkdir()
+    lock = workdir / "candidate.json"
+    lock.write_text(json.dumps({"format": "pilotrun.recipe-lock/1", "pilot": {"run_dir": str((workdir / "run")
+                                                                                            .resolve())}}))
+    before = sorted(p.name for p in workdir.iterdir())
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"the recipe lock {lock} was frozen from" in err[0]
+    assert sorted(p.name for p in workdir.iterdir()) == before
