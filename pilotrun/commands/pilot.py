@@ -338,7 +338,9 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
         # The built-in demo runs on whatever machine `make pilot` is typed on, often a small one shared with
         # other work: measured on a busy 2-core machine, two threads ran the stability recipe ~10x slower than
         # one (spinning OpenMP threads losing their time slices); one thread keeps it within minutes anywhere.
-        # A user's own recipe keeps the default (one thread per physical core among the local ranks).
+        # A user's own recipe with train.num_threads 0 has its count chosen by the training process itself from
+        # what it can use (training/thread_choice.py: the cores free at start, a short timing of its update),
+        # recorded in run.json and kept by the resume.
         overrides = [*overrides, "train.num_threads=1"]
         _say(out, "the demo recipe leaves train.num_threads at its default: the pilot pins 1 (override with --set "
                   "train.num_threads=N)")
@@ -365,6 +367,7 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
     finally:
         if first.poll() is None:
             first.kill_tree()
+    _say(out, _threads_line(run_dir))
     tree = f" and its {len(killed) - 1} descendant(s), every one by pid" if nproc else ""
     _say(out, f"killed the training process{tree} at logged step {killed_at}; newest committed checkpoint: step "
               f"{checkpoint}")
@@ -405,6 +408,23 @@ def _val_warnings_for(recipe, config_path: Path, nproc: int | None):
     t = recipe.train
     return lambda val_tokens: [] if t.eval_every <= 0 else val_split_warnings(
         val_tokens, t.batch_size, t.seq_len, t.eval_batches, nproc or 1, what=f"the recipe {config_path.name}")
+
+
+def _threads_line(run_dir: Path) -> str:
+    """The thread count the first training session ran with and where it came from (run.json), for the person
+    at the terminal: the children's own plan lines go to their logs."""
+    from pilotrun.errors import PilotrunError
+    from pilotrun.run.record import read_run_json
+
+    try:
+        sessions = read_run_json(run_dir).get("sessions") or [{}]
+        threads = (sessions[0].get("hardware") or {}).get("threads") or {}
+    except (PilotrunError, AttributeError):
+        threads = {}
+    how = {"measured": "measured on the recipe's update: " + ", ".join(
+        f"{k} thread(s) {v:.3g} s/update" for k, v in (threads.get("seconds_per_update") or {}).items()),
+        "set": "train.num_threads"}.get(threads.get("how"), threads.get("why") or "not recorded")
+    return f"the training ran {threads.get('threads', '?')} intra-op thread(s) ({how})"
 
 
 def _wait_stopped_child(child: TrainingChild, timeout_seconds: float) -> None:

@@ -56,6 +56,7 @@ from pilotrun.training.notices import restored_state_line, startup_warnings
 from pilotrun.training.precision import build_grad_scaler
 from pilotrun.training.preflight import PreflightError, check_run_folder, checkpoint_bytes_estimate
 from pilotrun.training.spikes import SpikeDetector
+from pilotrun.training.thread_choice import choose_threads, recorded_threads
 
 
 def local_ranks() -> int:
@@ -295,6 +296,11 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     dataset = open_dataset(data_dir)
     config = resolve_vocab(config, dataset.vocab_size)
     dist_utils.check_same_run_on_all_ranks(context, config_to_dict(config), dataset.metadata_sha256)
+    recorded = read_run_json(run_dir) if resume else {}
+    # Before the generators are seeded: timing candidate thread counts builds a throwaway model.
+    threads = choose_threads(config, local_ranks=local_ranks(), world_size=world_size, device_type=context.device
+                             .split(":")[0], recorded=recorded_threads(recorded))
+    torch.set_num_threads(threads.threads)
 
     # 3. The plan. torch.save for one process, torch.distributed.checkpoint (collective, per-rank RNG) for
     # several; the checkpointer's constructor is a barrier, so no rank is still checking the run folder when
@@ -307,13 +313,13 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     software = software_versions()
     hardware = hardware_info(device, world_size, config.train.precision)
     hardware["distributed"] = context.describe()
+    hardware["threads"] = threads.record()
 
     def meta_of_this_run() -> dict[str, Any]:
         return checkpoint_meta(config, data_sha256=dataset.metadata_sha256, data_dir=str(data_dir.resolve()),
                                world_size=world_size, software=software, hardware=hardware,
                                partition=partition_table(partition_parameters(model, config.optim)))
 
-    recorded = read_run_json(run_dir) if resume else {}
     run_id = recorded.get("run_id")
     plan = plan_session(config, resume=resume, from_step=from_step, committed_steps=checkpointer.committed_steps,
                         read_meta=checkpointer.meta, current_meta=meta_of_this_run, allow_changes=allow_changes,
@@ -356,7 +362,7 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
         flops_per_token=float(flops_per_token(config.model, t.seq_len)),
         peak_flops_per_s=peak * world_size if peak else None,
         tokens_per_microbatch=t.batch_size * t.seq_len * world_size,
-        tokens_per_update=tokens_per_update(config, world_size), notes=list(plan.notes))
+        tokens_per_update=tokens_per_update(config, world_size), notes=[threads.describe(), *plan.notes])
 
     # 5. Restore: weights, optimizer, scaler, counters, cursor, hook state and every RNG.
     if plan.resuming:
