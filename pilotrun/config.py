@@ -191,7 +191,7 @@ class TrainConfig:
     checkpoint_every: int = knob(50, "updates between checkpoints; 0: only at the end and on interruption")
     keep_checkpoints: int = knob(3, "newest committed checkpoints kept")
     device: str = knob("auto", "auto (cuda when available, else cpu), cpu or cuda[:N]")
-    num_threads: int = knob(0, "intra-op CPU threads; 0: one per physical core, divided among this machine's ranks")
+    num_threads: int = knob(0, "intra-op CPU threads; 0: chosen per run (free CPUs, a short timing; kept on resume)")
     parallelism: str = knob("ddp", "under torchrun: ddp or fsdp")
     memory_budget_gb: float = knob(0.0, "peak memory the verdict checks against; 0: no check")
     # "inductor" generates fused kernels (the first update pays the compile), "eager" only traces with Dynamo
