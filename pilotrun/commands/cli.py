@@ -377,7 +377,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
                        description="Write a committed checkpoint (rehashed first) as model.safetensors, a "
                        "transformers config.json for DeepseekV3ForCausalLM and the data folder's tokenizer, so that "
                        "AutoModelForCausalLM.from_pretrained(DIR) loads it. Options transformers cannot express are "
-                       "refused, naming the key. Needs the [hf] extra. Exit 0 written, 2 bad input or damaged "
+                       "refused, naming the key. Needs the [export] extra. Exit 0 written, 2 bad input or damaged "
                        "checkpoint.")
     p.add_argument("run_dir", help="run folder")
     p.add_argument("--out", required=True, help="output folder (new or empty)")
