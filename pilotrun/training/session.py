@@ -297,10 +297,6 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     config = resolve_vocab(config, dataset.vocab_size)
     dist_utils.check_same_run_on_all_ranks(context, config_to_dict(config), dataset.metadata_sha256)
     recorded = read_run_json(run_dir) if resume else {}
-    # Before the generators are seeded: timing candidate thread counts builds a throwaway model.
-    threads = choose_threads(config, local_ranks=local_ranks(), world_size=world_size, device_type=context.device
-                             .split(":")[0], recorded=recorded_threads(recorded))
-    torch.set_num_threads(threads.threads)
 
     # 3. The plan. torch.save for one process, torch.distributed.checkpoint (collective, per-rank RNG) for
     # several; the checkpointer's constructor is a barrier, so no rank is still checking the run folder when
@@ -313,7 +309,6 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     software = software_versions()
     hardware = hardware_info(device, world_size, config.train.precision)
     hardware["distributed"] = context.describe()
-    hardware["threads"] = threads.record()
 
     def meta_of_this_run() -> dict[str, Any]:
         return checkpoint_meta(config, data_sha256=dataset.metadata_sha256, data_dir=str(data_dir.resolve()),
@@ -336,6 +331,11 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     check_data_fits_recipe(dataset, batch_size=config.train.batch_size, seq_len=config.train.seq_len,
                            world_size=world_size, evaluates=config.train.eval_every > 0,
                            vocab_size=config.model.vocab_size)  # before the run folder is written
+    # Once the recipe is known to fit its data (timing candidate counts builds a throwaway copy of its update).
+    threads = choose_threads(config, local_ranks=local_ranks(), world_size=world_size, device_type=device.type,
+                             recorded=recorded_threads(recorded))
+    torch.set_num_threads(threads.threads)
+    hardware.update(torch_threads=threads.threads, threads=threads.record())
 
     # 4. Model, wrapper, optimizer, scaler, loader. Wrap before building the optimizer: FSDP2's fully_shard
     # replaces every parameter with a sharded DTensor parameter, and an optimizer built earlier would hold

@@ -14,8 +14,7 @@ The choice is made once per run: a resume with `train.num_threads: 0` keeps the 
 in the recipe (or by `--set`) is used as given and nothing is measured; under several ranks or on CUDA the
 default of training/environment.py (the cores divided among the machine's ranks) is used, not measured (ranks
 would time each other). The thread count changes only how work is split among threads, never a result
-(tests/training/test_resume_threads.py), and every draw here uses its own generator: the run's RNG streams are
-seeded after the choice.
+(tests/training/test_resume_threads.py), and the timing leaves the run's generators as it found them.
 """
 
 from __future__ import annotations
@@ -96,6 +95,11 @@ def measure(config: Any, threads: list[int], budget_seconds: float = MEASURE_SEC
             clock: Callable[[], float] = time.perf_counter) -> dict[int, float]:
     """Median seconds per update of the recipe's model and optimizer (a throwaway copy on the CPU, random tokens)
     at each thread count; {} when one update alone would take the budget's share of a candidate."""
+    with torch.random.fork_rng(devices=[]):  # the run's generators are left where they are
+        return _measure(config, threads, budget_seconds, clock)
+
+
+def _measure(config: Any, threads: list[int], budget_seconds: float, clock: Callable[[], float]) -> dict[int, float]:
     from pilotrun.model.transformer import build_model
     from pilotrun.optim.muon_adamw import build_optimizer
     from pilotrun.training.precision import autocast_context
