@@ -386,16 +386,20 @@ def load_run_config(path: str | Path | None, overrides: list[str] | None = None)
     """Defaults <- YAML file <- `--set` overrides, then validated."""
     check_override_keys(overrides or [])
     data = load_yaml(path) if path is not None else {}
-    data = apply_overrides(data, overrides or [])
+    return loaded_recipe_from(apply_overrides(data, overrides or []), overrides or [], path)
+
+
+def loaded_recipe_from(data: dict[str, Any], overrides: list[str], source: Any) -> RunConfig:
+    """loaded_recipe, its error naming where the bad value came from (the line is all the user sees): the
+    `--set` flag whose key the error names, else `source` (the recipe file, a lock; None: nothing to add)."""
     try:
-        config = loaded_recipe(data)
-    except ConfigError as exc:  # name the source (a --set flag, else the recipe): the line is all the user sees
-        flag = next((t for t in overrides or [] if re.search(rf"(?<![\w.]){re.escape(t.split('=', 1)[0].strip())}"
-                                                        r"(?![\w.])", str(exc))), None)
-        if flag is None and path is None:
+        return loaded_recipe(data)
+    except ConfigError as exc:
+        flag = next((t for t in overrides if re.search(rf"(?<![\w.]){re.escape(t.split('=', 1)[0].strip())}"
+                                                       r"(?![\w.])", str(exc))), None)
+        if flag is None and source is None:
             raise
-        raise ConfigError(f"--set {shown(flag)}: {exc}" if flag else f"{path}: {exc}") from None
-    return config
+        raise ConfigError(f"--set {shown(flag)}: {exc}" if flag else f"{source}: {exc}") from None
 
 
 def loaded_recipe(data: dict[str, Any]) -> RunConfig:

@@ -145,3 +145,18 @@ def test_the_readme_lists_every_key_free_on_resume():
     missing = [k for k in RESUME_FREE_KEYS if f"`{k}`" not in section
                and f"`{k.rsplit('.', 1)[0]}.*`" not in section]
     assert not missing
+
+
+def test_a_set_mistake_on_a_frozen_recipe_is_blamed_on_the_flag(tmp_path, capsys):
+    import json
+
+    from pilotrun.commands.cli import main
+    from tests.run.test_recipe_lock import _lock
+
+    lock = tmp_path / "lock.json"
+    lock.write_text(json.dumps(_lock(recipe=config_to_dict(load_run_config("smoke")))))
+    assert main(["train", "--frozen", str(lock), "--data", str(tmp_path / "d"), "--run-dir", str(tmp_path / "r"),
+                 "--set", "optim.muon.lr=fast"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["pilotrun: error: --set optim.muon.lr=fast: config key 'optim.muon.lr' must be float, got fast"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lock.json"]

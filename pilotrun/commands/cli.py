@@ -182,13 +182,13 @@ def _recorded_seconds_per_update(run_dir: str) -> float | None:
 
 def _frozen_config(args: argparse.Namespace):
     """The recipe of a lock after --set, and run.json's `frozen` section; refuses unlisted differences."""
-    from pilotrun.config import apply_overrides, config_to_dict, loaded_recipe
+    from pilotrun.config import apply_overrides, config_to_dict, loaded_recipe_from
     from pilotrun.data.shards import load_manifest, metadata_sha256
     from pilotrun.run.recipe_lock import frozen_run_facts, load_lock
     from pilotrun.training.environment import git_state
 
     lock = load_lock(args.frozen)
-    config = loaded_recipe(apply_overrides(lock["recipe"], args.overrides))
+    config = loaded_recipe_from(apply_overrides(lock["recipe"], args.overrides), args.overrides, f"--frozen {args.frozen}")
     data_sha256 = metadata_sha256(load_manifest(args.data))
     facts = frozen_run_facts(lock, args.frozen, config_to_dict(config), data_sha256, args.allow_change,
                              code=git_state())
