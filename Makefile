@@ -4,16 +4,21 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
-# Optional extras installed with the project: `make install EXTRAS=dev,hub` adds the Hugging Face hub
-# libraries that `--source fineweb-edu` and `--tokenizer hub:NAME` need. A change takes effect after
-# `rm .venv/.installed` (the stamp only tracks pyproject.toml).
+# The extras installed with the project (pyproject.toml says what each one installs): `dev`, the default, is what
+# the tests need (the test tools, `export` and `trackers`); `make install EXTRAS=dev,hub` adds the Hugging Face hub
+# libraries that `--source fineweb-edu` and `--tokenizer hub:NAME` need. Each set of extras has its own stamp
+# (.venv/.installed-EXTRAS, remade when pyproject.toml changes), so another EXTRAS installs what it adds.
 EXTRAS ?= dev
+STAMP := $(VENV)/.installed-$(EXTRAS)
+# `make pilot` needs no extra: the base dependencies alone (numpy, tokenizers, pyarrow, pyyaml, matplotlib, tqdm,
+# ninja and torch), its own stamp, so that neither a first `make pilot` keeps `make test` from installing the test
+# tools nor the reverse.
+PILOT_STAMP := $(VENV)/.installed-base
 
 .PHONY: install pilot test test-fast lint bench mutation clean
 
-$(STAMP): pyproject.toml
+$(VENV)/.installed-%: pyproject.toml
 	@echo "[make] 1/5 creating the virtual environment $(VENV) (skipped if it exists)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "[make] 2/5 upgrading pip inside $(VENV)"
@@ -21,16 +26,16 @@ $(STAMP): pyproject.toml
 	@echo "[make] 3/5 checking for torch>=2.6; if absent, installing the CPU wheel $(TORCH_PIN) (~200 MB, minutes)"
 	$(PY) -c "import torch, sys; from importlib.metadata import version; v = tuple(int(p) for p in version('torch').split('+')[0].split('.')[:2]); sys.exit(0 if v >= (2, 6) else 1)" 2>/dev/null \
 		|| $(PY) -m pip install -q "$(TORCH_PIN)"
-	@echo "[make] 4/5 installing pilotrun (editable) with the extras [$(EXTRAS)]: numpy, tokenizers, pyarrow, matplotlib, pytest..."
-	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@$(PY) scripts/describe_extras.py "$*"
+	$(PY) -m pip install -q -e ".$(if $(filter base,$*),,[$*])"
 	@echo "[make] 5/5 compiling the CPU MoE kernels (C++, about a minute the first time)"
 	$(PY) -c "from pilotrun.model.cpu_kernels import cpu_kernels_loaded as built; print('pilotrun: CPU MoE kernels', 'built' if built() else 'not built (PyTorch operators instead)')"
-	touch $(STAMP)
+	touch $@
 	@echo "[make] ready: $(VENV)/bin/pilotrun"
 
 install: $(STAMP)
 
-pilot: $(STAMP)
+pilot: $(PILOT_STAMP)
 	$(VENV)/bin/pilotrun pilot --workdir pilot-work
 
 lint: $(STAMP)

@@ -77,11 +77,12 @@ def run() -> str:
         rounds = ", ".join(f"{value:.3f}" for value in times[label])
         lines.append(f"| {label} | {used[label]} | {rounds} | {median:.3f} | {median / base:.2f} |")
     fastest = min(chosen, key=lambda item: statistics.median(times[item[0]]))[0]
-    lines += ["", f"Fastest here: {fastest}. The default follows the cores (one thread per physical core, divided "
-              "among this machine's ranks): on a machine of its own a run gets its cores. On a machine that other "
-              "work keeps busy, fewer threads than cores can be far faster (spinning OpenMP threads that lose their "
-              "time slice stall every matmul): set train.num_threads=1 there; the built-in demo pilot pins 1 for "
-              "that reason. Every session records the threads it ran with (run.json hardware.torch_threads).",
+    lines += ["", f"Fastest here: {fastest}. On a machine that other work keeps busy, fewer threads than cores can "
+              "be far faster (spinning OpenMP threads that lose their time slice stall every matmul), so the default "
+              "(0) is chosen by each run from what it can use: the CPUs free at start and a short timing of this "
+              "comparison on the recipe's own update (training/thread_choice.py), kept on resume; the built-in demo "
+              "pilot pins 1. Every session records the threads it ran with and how they were chosen (run.json "
+              "hardware.torch_threads and hardware.threads).",
               "", "Command: `python -m benchmarks.run_all bench_threads`"]
     return "\n".join(lines) + "\n"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -197,7 +198,7 @@ class TrainConfig:
     keep_steps: list[int] = knob(meaning="steps whose checkpoints are never pruned", factory=list)
     checkpoint_mode: str = knob("auto", "cadence saves: background (beside training), sync, or auto (cuda: background)")
     device: str = knob("auto", "auto (cuda when available, else cpu), cpu or cuda[:N]")
-    num_threads: int = knob(0, "intra-op CPU threads; 0: one per physical core, divided among this machine's ranks")
+    num_threads: int = knob(0, "intra-op CPU threads; 0: chosen per run (free CPUs, a short timing; kept on resume)")
     parallelism: str = knob("ddp", "under torchrun: ddp or fsdp")
     memory_budget_gb: float = knob(0.0, "peak memory the verdict checks against; 0: no check")
     # "inductor" generates fused kernels (the first update pays the compile), "eager" only traces with Dynamo
@@ -398,14 +399,20 @@ def load_run_config(path: str | Path | None, overrides: list[str] | None = None)
     """Defaults <- YAML file <- `--set` overrides, then validated."""
     check_override_keys(overrides or [])
     data = load_yaml(path) if path is not None else {}
-    data = apply_overrides(data, overrides or [])
+    return loaded_recipe_from(apply_overrides(data, overrides or []), overrides or [], path)
+
+
+def loaded_recipe_from(data: dict[str, Any], overrides: list[str], source: Any) -> RunConfig:
+    """loaded_recipe, its error naming where the bad value came from (the line is all the user sees): the
+    `--set` flag whose key the error names, else `source` (the recipe file, a lock; None: nothing to add)."""
     try:
-        config = loaded_recipe(data)
+        return loaded_recipe(data)
     except ConfigError as exc:
-        if path is None:
+        flag = next((t for t in overrides if re.search(rf"(?<![\w.]){re.escape(t.split('=', 1)[0].strip())}"
+                                                       r"(?![\w.])", str(exc))), None)
+        if flag is None and source is None:
             raise
-        raise ConfigError(f"{path}: {exc}") from None  # name the recipe: the line is all the user sees
-    return config
+        raise ConfigError(f"--set {shown(flag)}: {exc}" if flag else f"{source}: {exc}") from None
 
 
 def loaded_recipe(data: dict[str, Any]) -> RunConfig:

@@ -110,3 +110,53 @@ def test_the_tensorboard_alias_is_folded_when_loaded_and_a_recorded_recipe_keeps
     now, before = flatten(config_to_dict(loaded_recipe(recorded))), flatten(recorded)
     changed = {key for key in now if now[key] != before[key]}
     assert changed == {"train.tensorboard", "train.trackers"} and changed <= set(MACHINE_KEYS)
+
+
+@pytest.mark.parametrize(("flag", "named"), [
+    ("optim.muon.lr=fast", "config key 'optim.muon.lr' must be float, got fast"),
+    ("optim.muon.lr=-1", "optim.muon.lr must be >= 0"),
+    ("model.top_k=9", "model.top_k (9) must be between 1"),
+])
+def test_a_set_mistake_is_blamed_on_the_flag_not_the_recipe_file(tmp_path, capsys, flag, named):
+    from pilotrun.commands.cli import main
+
+    recipe = tmp_path / "my.yaml"
+    recipe.write_text("model: {d_model: 96}\n")
+    for command in (["config"], ["train", "--data", str(tmp_path / "d"), "--run-dir", str(tmp_path / "r")]):
+        assert main([*command, "--config", str(recipe), "--set", flag]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"pilotrun: error: --set {flag}: " + err[0].split(": ", 3)[3]], err
+        assert named in err[0] and "my.yaml" not in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my.yaml"]  # nothing written
+    # A mistake in the file itself is still the file's.
+    recipe.write_text("model: {d_model: fast}\n")
+    assert main(["config", "--config", str(recipe), "--set", "optim.muon.lr=0.01"]) == 2
+    assert f"{recipe}: config key 'model.d_model' must be int" in capsys.readouterr().err
+
+
+def test_the_readme_lists_every_key_free_on_resume():
+    from pathlib import Path
+
+    from pilotrun.config import RESUME_FREE_KEYS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("### What a resume may change"):]
+    section = section[:section.index("\n## ")]
+    missing = [k for k in RESUME_FREE_KEYS if f"`{k}`" not in section
+               and f"`{k.rsplit('.', 1)[0]}.*`" not in section]
+    assert not missing
+
+
+def test_a_set_mistake_on_a_frozen_recipe_is_blamed_on_the_flag(tmp_path, capsys):
+    import json
+
+    from pilotrun.commands.cli import main
+    from tests.run.test_recipe_lock import _lock
+
+    lock = tmp_path / "lock.json"
+    lock.write_text(json.dumps(_lock(recipe=config_to_dict(load_run_config("smoke")))))
+    assert main(["train", "--frozen", str(lock), "--data", str(tmp_path / "d"), "--run-dir", str(tmp_path / "r"),
+                 "--set", "optim.muon.lr=fast"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["pilotrun: error: --set optim.muon.lr=fast: config key 'optim.muon.lr' must be float, got fast"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lock.json"]

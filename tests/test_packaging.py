@@ -68,3 +68,39 @@ def test_wheel_installs_with_recipes_and_runs_outside_the_checkout(tmp_path):
     recipe_dir = subprocess.run([str(python), "-c", "from pilotrun.commands.pilot import configs_dir; "
                                  "print(configs_dir())"], cwd=elsewhere, capture_output=True, text=True, check=True)
     assert Path(recipe_dir.stdout.strip()).is_relative_to(tmp_path / "venv")
+
+
+def _extras() -> dict[str, list[str]]:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
+def test_the_extras_are_split_by_feature_and_dev_is_what_the_tests_need():
+    extras = _extras()
+    assert set(extras["dev"]) == set(extras["test"]) | set(extras["export"]) | set(extras["trackers"]) | set(extras["eval"])
+    assert set(extras["trackers"]) == set().union(*(extras[t] for t in ("tensorboard", "wandb", "mlflow", "trackio")))
+    assert extras["hf"] == extras["export"]  # the older name of the export extra
+    for heavy in ("transformers", "tensorboard", "wandb", "mlflow-skinny", "sqlalchemy", "alembic", "trackio"):
+        assert not any(r.startswith(heavy) for r in extras["test"]), heavy
+
+
+def test_make_pilot_installs_the_base_alone_and_make_test_the_dev_extra():
+    import importlib.util
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    spec = importlib.util.spec_from_file_location("describe_extras", ROOT / "scripts" / "describe_extras.py")
+    describe_extras = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(describe_extras)
+    # `make -n` prints the commands without running them: nothing is installed here.
+    pilot = subprocess.run(["make", "-n", "-B", "pilot"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert 'pip install -q -e "."' in pilot and "scripts/describe_extras.py \"base\"" in pilot
+    assert "touch .venv/.installed-base" in pilot
+    test = subprocess.run(["make", "-n", "-B", "test"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert 'pip install -q -e ".[dev]"' in test and "touch .venv/.installed-dev" in test
+    said = describe_extras.describe("base")
+    assert said == ["[make] 4/5 installing pilotrun (editable), no extra",
+                    "[make]   base: torch, numpy, tokenizers, pyarrow, pyyaml, matplotlib, tqdm, ninja"]
+    assert describe_extras.describe("dev,hub")[-1] == "[make]   [hub]: datasets, huggingface_hub"
+    assert "transformers" in describe_extras.describe("export")[-1]

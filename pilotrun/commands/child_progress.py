@@ -54,10 +54,15 @@ class GrowingEvents:
         return self.events
 
 
-def progress_figures(events: list[dict], max_steps: int) -> dict[str, float | int | None] | None:
+def progress_figures(events: list[dict], max_steps: int, sessions_before: int = 0
+                     ) -> dict[str, float | int | None] | None:
     """step, loss, wall tokens/s and ETA seconds of the newest session in `events`; None before its first train
-    window. The ETA divides the updates left by this session's rate of updates per wall-clock second."""
+    window, and None while the record holds no more than `sessions_before` sessions (a resumed child's record
+    starts with the killed session's windows, which are not its progress). The ETA divides the updates left by
+    this session's rate of updates per wall-clock second."""
     starts = [i for i, e in enumerate(events) if e.get("event") == "session_start"]
+    if len(starts) <= sessions_before and sessions_before:
+        return None
     session = events[starts[-1]:] if starts else events
     windows = [e for e in session if e.get("event") == "train"]
     if not windows:
@@ -115,33 +120,37 @@ class ProgressLine:
 
 def wait_with_progress(process: subprocess.Popen, metrics: Path, max_steps: int, line: ProgressLine,
                        poll_seconds: float, timeout_seconds: float,
-                       stop_when: Callable[[list[dict]], bool] | None = None) -> list[dict]:
+                       stop_when: Callable[[list[dict]], bool] | None = None, resume_line: str | None = None,
+                       sessions_before: int = 0) -> list[dict]:
     """Poll until the child exits (or `stop_when(events)` holds), showing its progress; returns the events last
     read. On timeout the child is killed and TimeoutError raised. On Ctrl-C (which the terminal also sends to the
     child, in the same process group) it waits for the child to finish its update and checkpoint, then raises
-    ChildInterrupted; a second Ctrl-C propagates at once."""
+    ChildInterrupted naming `resume_line`, the command that continues the run; a second Ctrl-C propagates at
+    once."""
     started = time.monotonic()
     try:
-        return _poll(process, metrics, max_steps, line, poll_seconds, timeout_seconds, stop_when, started)
+        return _poll(process, metrics, max_steps, line, poll_seconds, timeout_seconds, stop_when, started,
+                     sessions_before)
     except KeyboardInterrupt:
         line.finish()
         print(f"{line.prefix}Ctrl-C: the training process is finishing its update and saving a checkpoint; Ctrl-C "
               "again stops it now without one", file=line.out, flush=True)
         code = process.wait()
+        how = f"`{resume_line}`" if resume_line else "its own `pilotrun train` command with --resume"
         raise ChildInterrupted(f"interrupted: the training process stopped with exit code {code}; its run folder "
-                               f"{metrics.parent} continues with `pilotrun train ... --run-dir {metrics.parent} "
-                               "--resume`") from None
+                               f"{metrics.parent} continues with {how}") from None
     finally:
         line.finish()
 
 
 def _poll(process: subprocess.Popen, metrics: Path, max_steps: int, line: ProgressLine, poll_seconds: float,
-          timeout_seconds: float, stop_when: Callable[[list[dict]], bool] | None, started: float) -> list[dict]:
+          timeout_seconds: float, stop_when: Callable[[list[dict]], bool] | None, started: float,
+          sessions_before: int = 0) -> list[dict]:
     record = GrowingEvents(metrics)
     while True:
         exited = process.poll() is not None  # asked before reading: a read after the exit holds all it wrote
         events = record.read()
-        figures = progress_figures(events, max_steps)
+        figures = progress_figures(events, max_steps, sessions_before)
         if figures is not None:
             line.show(format_progress(figures, max_steps))
         if exited or (stop_when is not None and stop_when(events)):

@@ -103,17 +103,52 @@ def _run_train(args: argparse.Namespace) -> int:
     with signals.installed():
         from pilotrun.training.trainer import train_from_cli
 
-        run_facts = None
+        run_facts, allow_changes = None, args.allow_change
         if args.frozen is not None:
             # On --resume the lock is checked again but run.json keeps the facts its first session recorded
             # (train_from_cli records them only where this session starts the run).
             config, run_facts = _frozen_config(args)
+            allow_changes = _beyond_the_lock(args, config, run_facts["frozen"]["differences"])
         else:
             config = load_run_config(args.config, args.overrides)
-        return train_from_cli(config, args.data, args.run_dir, resume=args.resume, from_step=args.from_step,
-                              allow_changes=args.allow_change, command=args.invocation, run_facts=run_facts,
+        code = train_from_cli(config, args.data, args.run_dir, resume=args.resume, from_step=args.from_step,
+                              allow_changes=allow_changes, command=args.invocation, run_facts=run_facts,
                               stop_past_step=args.stop_past_step, progress=args.progress, signals=signals,
                               stop_by=stop_by, started_at=started_at)
+    if (code == 75 or code > 128) and args.stop_past_step is None and os.environ.get("RANK", "0") == "0":
+        from pilotrun.commands.next_commands import resume_command
+
+        launcher = " under the same launcher" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+        print(f"pilotrun train: stopped with a committed checkpoint; continue the run{launcher} with "
+              f"`{resume_command(args)}`", file=sys.stderr, flush=True)
+    return code
+
+
+def _beyond_the_lock(args: argparse.Namespace, config, lock_differences: list[dict]) -> list[str]:
+    """The --allow-change keys the resume check is given on a frozen run: a key that only names a difference from
+    the lock, which the run already has (its record holds the same value), is the lock's business; handed to the
+    checkpoint's comparison too, it would be noted as 'no such difference' on every resume of the same command."""
+    from pilotrun.config import config_to_dict, flatten
+    from pilotrun.data.shards import load_manifest, metadata_sha256
+    from pilotrun.errors import PilotrunError
+    from pilotrun.run.record import read_run_json
+
+    if not args.resume:
+        return list(args.allow_change)
+    try:
+        run = read_run_json(args.run_dir)
+    except PilotrunError:
+        return list(args.allow_change)
+    recorded = flatten(run.get("recipe") or {})
+    recorded["data.metadata_sha256"] = (run.get("data") or {}).get("metadata_sha256")
+    now = {**flatten(config_to_dict(config)), "data.metadata_sha256": metadata_sha256(load_manifest(args.data))}
+    from_lock = {d["key"] for d in lock_differences}
+    kept = []
+    for key in args.allow_change:
+        name = key.removeprefix("recipe.")
+        if name not in from_lock or (name in now and now[name] != recorded.get(name)):
+            kept.append(key)  # the code identity is the lock's alone: the checkpoint's comparison has no such key
+    return kept
 
 
 def _unattended_settings(args: argparse.Namespace, now: float) -> tuple[float | None, tuple[int, ...] | None]:
@@ -149,13 +184,13 @@ def _recorded_seconds_per_update(run_dir: str) -> float | None:
 
 def _frozen_config(args: argparse.Namespace):
     """The recipe of a lock after --set, and run.json's `frozen` section; refuses unlisted differences."""
-    from pilotrun.config import apply_overrides, config_to_dict, loaded_recipe
+    from pilotrun.config import apply_overrides, config_to_dict, loaded_recipe_from
     from pilotrun.data.mixed_reader import data_identity
     from pilotrun.run.recipe_lock import frozen_run_facts, load_lock
     from pilotrun.training.environment import git_state
 
     lock = load_lock(args.frozen)
-    config = loaded_recipe(apply_overrides(lock["recipe"], args.overrides))
+    config = loaded_recipe_from(apply_overrides(lock["recipe"], args.overrides), args.overrides, f"--frozen {args.frozen}")
     data_sha256, mixture = data_identity(args.data)
     facts = frozen_run_facts(lock, args.frozen, config_to_dict(config), data_sha256, args.allow_change,
                              code=git_state(), mixture=mixture)
@@ -279,6 +314,10 @@ def _run_freeze(args: argparse.Namespace) -> int:
           f"{lock['data']['metadata_sha256']}, code {(lock.get('code') or {}).get('commit')})")
     if "projection" in lock:
         print("\n".join(format_projection(lock["projection"])))
+    from pilotrun.commands.next_commands import long_run_commands, recorded_data_dir
+
+    train, watch = long_run_commands(args.out, recorded_data_dir(args.run_dir))
+    print(f"the long run: `{train}`; watch it with `{watch}`")
     return 0
 
 
@@ -344,7 +383,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
                        description="Write a committed checkpoint (rehashed first) as model.safetensors, a "
                        "transformers config.json for DeepseekV3ForCausalLM and the data folder's tokenizer, so that "
                        "AutoModelForCausalLM.from_pretrained(DIR) loads it. Options transformers cannot express are "
-                       "refused, naming the key. Needs the [hf] extra. Exit 0 written, 2 bad input or damaged "
+                       "refused, naming the key. Needs the [export] extra. Exit 0 written, 2 bad input or damaged "
                        "checkpoint.")
     p.add_argument("run_dir", help="run folder")
     p.add_argument("--out", required=True, help="output folder (new or empty)")

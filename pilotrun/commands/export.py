@@ -270,7 +270,7 @@ def _import_safetensors():
     try:
         from safetensors.torch import save_file
     except ImportError:
-        raise ConfigError("pilotrun export needs the safetensors package: pip install 'pilotrun[hf]'") from None
+        raise ConfigError("pilotrun export needs the safetensors package: pip install 'pilotrun[export]'") from None
     return save_file
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import TextIO
 
 from pilotrun.commands.child_progress import ProgressLine, read_complete_events, wait_with_progress
+from pilotrun.commands.next_commands import long_run_commands, shell_line, train_words
 from pilotrun.commands.pilot_process import PilotStopped, StopForwarding, TrainingChild
 from pilotrun.errors import PilotrunError
 from pilotrun.run.record import CHECKPOINTS_DIR, METRICS_JSONL
@@ -40,7 +40,7 @@ from pilotrun.stop_signals import signal_name
 DEFAULT_RECIPE = "stability.yaml"
 DEFAULT_SOURCE = "builtin"
 DEFAULT_TOKENIZER = "bpe:2048"
-PILOT_MARKER = ".pilotrun-pilot-run"  # says workdir/run was made by the pilot: only then is it replaced
+PILOT_MARKER = ".pilotrun-pilot-run"  # says workdir/run was made by the pilot: only then is it moved aside
 # What the pilot asks prepare for besides --source and --tokenizer (prepare's defaults), spelled out: a reused
 # WORKDIR/data is compared with exactly what this pilot would prepare, whatever prepare's defaults become.
 PREPARE_OPTIONS = {"train_tokens": None, "val_fraction": 0.01, "shard_tokens": 2**24, "seed": 0,
@@ -98,12 +98,9 @@ def _committed_checkpoints(run_dir: Path) -> list[int]:
 
 def _train_args(config: Path, data_dir: Path, run_dir: Path, overrides: list[str], resume: bool,
                 stop_past_step: int | None = None) -> list[str]:
-    args = ["train", "--config", str(config), "--data", str(data_dir), "--run-dir", str(run_dir)]
-    for override in overrides:
-        args += ["--set", override]
-    if stop_past_step is not None:  # the kill point: the process stops itself there (training/callbacks/kill_point.py)
-        args += ["--stop-past-step", str(stop_past_step)]
-    return args + (["--resume"] if resume else [])
+    # The kill point: the process stops itself there (training/callbacks/kill_point.py).
+    kill = ["--stop-past-step", str(stop_past_step)] if stop_past_step is not None else []
+    return train_words(config=config, data=data_dir, run_dir=run_dir, overrides=overrides, resume=resume, extra=kill)
 
 
 def freeze_step(interrupt_at: int, max_steps: int, log_every: int, checkpoint_every: int) -> int | None:
@@ -149,13 +146,13 @@ def _kill_past_point(child: TrainingChild, run_dir: Path, point: int, max_steps:
                                     timeout_seconds, stop_when=lambda ev: past_point(ev) or stops.signum is not None)
     except TimeoutError:
         child.kill_tree()
-        raise PilotError(f"training did not pass step {point} within {timeout_seconds:.0f} s; see {child.log}") \
-            from None
+        raise PilotError(f"training did not pass step {point} within {timeout_seconds:.0f} s (its last line: "
+                         f"{child.cause()}; see {child.log})") from None
     if stops.signum is not None:
         return 0, 0, []
     if not past_point(events):
         raise PilotError(f"the first training process exited (code {child.poll()}) before it could be "
-                         f"interrupted past step {point}; see {child.log}")
+                         f"interrupted past step {point}: {child.cause()} (its output: {child.log})")
     # Every rank stops itself right after the line just read; the wait is a guard for a trainer that did not.
     child.wait_until_stopped(timeout_seconds=60)
     killed = child.kill_tree()
@@ -166,7 +163,7 @@ def _kill_past_point(child: TrainingChild, run_dir: Path, point: int, max_steps:
 
 
 def _prepare_data(workdir: Path, data: str | Path | None, source: str, tokenizer: str, out: TextIO,
-                  progress: str = "auto", reprepare: bool = False) -> Path:
+                  progress: str = "auto", reprepare: bool = False, val_warnings=None) -> Path:
     if data is not None:
         data_dir = Path(data)
         if data_dir.is_file():  # a mixture file: checked here, its sources opened by train
@@ -188,7 +185,7 @@ def _prepare_data(workdir: Path, data: str | Path | None, source: str, tokenizer
 
     _say(out, f"preparing {source} into {data_dir} (tokenizer {tokenizer})")
     manifest = prepare_corpus(data_dir, source=source, tokenizer=tokenizer, force=data_dir.exists(),
-                              progress=progress, **PREPARE_OPTIONS)
+                              progress=progress, val_warnings=val_warnings, **PREPARE_OPTIONS)
     _say(out, f"prepared: {manifest['splits']['train']['tokens']:,} training tokens, "
               f"{manifest['splits']['val']['tokens']:,} validation tokens")
     return data_dir
@@ -212,10 +209,49 @@ def _reused(data_dir: Path, source: str, tokenizer: str) -> str:
 
 def _check_run_dir(run_dir: Path, marker: Path) -> None:
     if os.path.lexists(run_dir):
-        # Only a run folder this command made (its marker beside it, a real folder, not a link) is ever deleted.
+        # Only a run folder this command made (its marker beside it, a real folder, not a link) is ever moved.
         if run_dir.is_symlink() or not run_dir.is_dir() or not marker.is_file() or marker.is_symlink():
             raise PilotError(f"{run_dir} exists and was not created by `pilotrun pilot` (no {marker}): move it "
                              "away or choose another --workdir")
+        lock = _lock_naming(run_dir)
+        if lock is not None:
+            raise PilotError(f"{run_dir} is the pilot run the recipe lock {lock} was frozen from: a new pilot in this "
+                             "workdir would move that evidence from where the lock says it is; choose another "
+                             "--workdir")
+
+
+def _lock_naming(run_dir: Path) -> Path | None:
+    """A recipe lock in the workdir (`pilot --freeze` writes one there by choice) whose pilot is `run_dir`."""
+    import json
+
+    from pilotrun.run.recipe_lock import LOCK_FORMAT
+
+    where = str(run_dir.resolve())
+    for path in sorted(run_dir.parent.iterdir()):
+        if path.suffix != ".json" or path.is_symlink() or not path.is_file() or path.stat().st_size > 64 << 20:
+            continue
+        try:
+            lock = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(lock, dict) and lock.get("format") == LOCK_FORMAT and \
+                isinstance(lock.get("pilot"), dict) and lock["pilot"].get("run_dir") == where:
+            return path
+    return None
+
+
+def _keep_previous_run(workdir: Path, run_dir: Path) -> Path:
+    """Moves the previous pilot's run folder (and its children's logs) to the first free `run-N` beside it:
+    an earlier pilot is evidence, never deleted by the next one."""
+    number = 1
+    while any(os.path.lexists(workdir / name) for name in (f"run-{number}", f"run-{number}-train-1.log")):
+        number += 1
+    kept = workdir / f"run-{number}"
+    os.rename(run_dir, kept)
+    for log in ("train-1.log", "train-2.log"):
+        if (workdir / log).is_file():
+            os.rename(workdir / log, workdir / f"{kept.name}-{log}")
+    return kept
 
 
 def _where_it_stood(run_dir: Path, max_steps: int) -> str:
@@ -263,16 +299,25 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
 
 
 def _interrupted(stops: StopForwarding, doing: str, run_dir: Path, max_steps: int, config: Path,
-                 data_dir: Path | None = None) -> PilotInterrupted:
+                 data_dir: Path | None = None, overrides: list[str] = (), nproc: int | None = None
+                 ) -> PilotInterrupted:
     name = signal_name(stops.signum)
     if data_dir is None:
         how = "rerun the same `pilotrun pilot` command to continue (the prepare continues from its last commit)"
     else:
-        how = (f"continue the run with `pilotrun train --config {config} --data {data_dir} --run-dir {run_dir} "
-               f"--resume` and judge it with `pilotrun verdict {run_dir}`, or rerun `pilotrun pilot` to rehearse "
-               "again from the start")
+        how = (f"continue the run with `{_resume_line(config, data_dir, run_dir, overrides, nproc)}` and judge it with "
+               f"`{shell_line(['pilotrun', 'verdict', run_dir])}`, or rerun `pilotrun pilot` to rehearse again "
+               "from the start")
     where = f" ({_where_it_stood(run_dir, max_steps)})" if (run_dir / METRICS_JSONL).is_file() else ""
     return PilotInterrupted(f"pilotrun pilot: stopped by {name} {doing}{where}; {how}", stops.exit_code)
+
+
+def _resume_line(config: Path, data_dir: Path, run_dir: Path, overrides: list[str], nproc: int | None) -> str:
+    """The `pilotrun train --resume` that continues the pilot's run: the second child's own command, every
+    `--set` the pilot was given (and the demo's thread pin) included, so that it loads the same recipe; under
+    torchrun on as many processes (another world size is refused)."""
+    launcher = ["torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", "pilotrun"] if nproc else ["pilotrun"]
+    return shell_line([*launcher, *_train_args(config, data_dir, run_dir, overrides, resume=True)])
 
 
 def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, overrides: list[str], recipe,
@@ -287,7 +332,8 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
     phases: dict[str, float] = {}
     phase_start = time.monotonic()
     try:
-        data_dir = _prepare_data(workdir, data, source, tokenizer, out, progress, reprepare)
+        data_dir = _prepare_data(workdir, data, source, tokenizer, out, progress, reprepare,
+                                 _val_warnings_for(recipe, config_path, nproc))
     except PrepareInterrupted as exc:
         stops.signum = exc.signum
         raise _interrupted(stops, f"while preparing the data in {workdir / 'data'}", run_dir, max_steps,
@@ -298,15 +344,16 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
         # The built-in demo runs on whatever machine `make pilot` is typed on, often a small one shared with
         # other work: measured on a busy 2-core machine, two threads ran the stability recipe ~10x slower than
         # one (spinning OpenMP threads losing their time slices); one thread keeps it within minutes anywhere.
-        # A user's own recipe keeps the default (one thread per physical core among the local ranks).
+        # A user's own recipe with train.num_threads 0 has its count chosen by the training process itself from
+        # what it can use (training/thread_choice.py: the cores free at start, a short timing of its update),
+        # recorded in run.json and kept by the resume.
         overrides = [*overrides, "train.num_threads=1"]
         _say(out, "the demo recipe leaves train.num_threads at its default: the pilot pins 1 (override with --set "
                   "train.num_threads=N)")
     if os.path.lexists(run_dir):
-        _say(out, f"replacing the previous pilot run in {run_dir}")
-        shutil.rmtree(run_dir)
+        _say(out, f"kept the previous pilot run as {_keep_previous_run(workdir, run_dir)} (its logs beside it)")
     marker.write_text("the run folder beside this file was created by `pilotrun pilot`; the next pilot in this "
-                      "workdir replaces it\n")
+                      "workdir moves it to the first free run-N beside it\n")
 
     phase_start = time.monotonic()
     ranks = f" under torchrun on {nproc} processes" if nproc else ""
@@ -322,10 +369,11 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
             if stops.signum is not None:
                 _wait_stopped_child(first, timeout_seconds)
                 raise _interrupted(stops, "while training the first session", run_dir, max_steps, config_path,
-                                   data_dir)
+                                   data_dir, overrides, nproc)
     finally:
         if first.poll() is None:
             first.kill_tree()
+    _say(out, _threads_line(run_dir))
     tree = f" and its {len(killed) - 1} descendant(s), every one by pid" if nproc else ""
     _say(out, f"killed the training process{tree} at logged step {killed_at}; newest committed checkpoint: step "
               f"{checkpoint}")
@@ -333,26 +381,56 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
     phases["train_until_kill"] = time.monotonic() - phase_start
     phase_start = time.monotonic()
     _say(out, f"resuming with --resume to step {max_steps} (the child's output: {workdir / 'train-2.log'})")
+    sessions_before = sum(e.get("event") == "session_start" for e in read_complete_events(run_dir / METRICS_JSONL))
     second = TrainingChild(_train_args(config_path, data_dir, run_dir, overrides, resume=True),
                            workdir / "train-2.log", nproc)  # no kill point: it runs to the end
     try:
         with stops.running(second):
             wait_with_progress(second.process, run_dir / METRICS_JSONL, max_steps, ProgressLine(out, mode=progress),
-                               poll_seconds, timeout_seconds)
+                               poll_seconds, timeout_seconds,
+                               resume_line=_resume_line(config_path, data_dir, run_dir, overrides, nproc),
+                               sessions_before=sessions_before)
     except TimeoutError:
-        raise PilotError(f"the resumed training did not finish within {timeout_seconds:.0f} s; see "
-                         f"{second.log}") from None
+        raise PilotError(f"the resumed training did not finish within {timeout_seconds:.0f} s (its last line: "
+                         f"{second.cause()}; see {second.log})") from None
     finally:
         if second.poll() is None:
             second.kill_tree()
     if stops.signum is not None:
-        raise _interrupted(stops, "while the resumed session trained", run_dir, max_steps, config_path, data_dir)
+        raise _interrupted(stops, "while the resumed session trained", run_dir, max_steps, config_path, data_dir,
+                           overrides, nproc)
     if second.process.returncode != 0:
-        tail = second.log.read_text(errors="replace").strip().splitlines()[-3:]
-        raise PilotError(f"the resumed training process failed (exit {second.process.returncode}; its output: "
-                         f"{second.log}): {' | '.join(tail)}")
+        raise PilotError(f"the resumed training process failed (exit {second.process.returncode}): {second.cause()} "
+                         f"(its output: {second.log})")
     phases["resume"] = time.monotonic() - phase_start
-    return _judge(run_dir, max_steps, freeze, out, started, phases, killed_at, checkpoint, killed)
+    return _judge(run_dir, max_steps, freeze, out, started, phases, killed_at, checkpoint, killed, data_dir)
+
+
+def _val_warnings_for(recipe, config_path: Path, nproc: int | None):
+    """The prepare's check of its val split against this pilot's recipe (its evaluation size on its ranks), not
+    the packaged stability recipe's; none where the recipe does not evaluate."""
+    from pilotrun.data.reader import val_split_warnings
+
+    t = recipe.train
+    return lambda val_tokens: [] if t.eval_every <= 0 else val_split_warnings(
+        val_tokens, t.batch_size, t.seq_len, t.eval_batches, nproc or 1, what=f"the recipe {config_path.name}")
+
+
+def _threads_line(run_dir: Path) -> str:
+    """The thread count the first training session ran with and where it came from (run.json), for the person
+    at the terminal: the children's own plan lines go to their logs."""
+    from pilotrun.errors import PilotrunError
+    from pilotrun.run.record import read_run_json
+
+    try:
+        sessions = read_run_json(run_dir).get("sessions") or [{}]
+        threads = (sessions[0].get("hardware") or {}).get("threads") or {}
+    except (PilotrunError, AttributeError):
+        threads = {}
+    how = {"measured": "measured on the recipe's update: " + ", ".join(
+        f"{k} thread(s) {v:.3g} s/update" for k, v in (threads.get("seconds_per_update") or {}).items()),
+        "set": "train.num_threads"}.get(threads.get("how"), threads.get("why") or "not recorded")
+    return f"the training ran {threads.get('threads', '?')} intra-op thread(s) ({how})"
 
 
 def _wait_stopped_child(child: TrainingChild, timeout_seconds: float) -> None:
@@ -365,7 +443,7 @@ def _wait_stopped_child(child: TrainingChild, timeout_seconds: float) -> None:
 
 
 def _judge(run_dir: Path, max_steps: int, freeze, out: TextIO, started: float, phases: dict[str, float],
-           killed_at: int, checkpoint: int, killed: list[int]) -> PilotResult:
+           killed_at: int, checkpoint: int, killed: list[int], data_dir: Path | None = None) -> PilotResult:
     from pilotrun.report.html import write_report
     from pilotrun.report.summarize import format_summary, summarize_run
     from pilotrun.report.verdict import format_verdict, judge_summary
@@ -385,8 +463,9 @@ def _judge(run_dir: Path, max_steps: int, freeze, out: TextIO, started: float, p
 
             _code, written, _verdict = freeze_run(run_dir, freeze)
             lock = Path(freeze)
-            _say(out, f"frozen: {lock} (sha256 {written['sha256']}); the long run: `pilotrun train --frozen {lock} "
-                      "--data DIR --run-dir runs/long`")
+            train, watch = long_run_commands(lock, data_dir)
+            _say(out, f"frozen: {lock} (sha256 {written['sha256']}); the long run: `{train}`, watched with "
+                      f"`{watch}`")
         else:
             _say(out, f"not frozen: the pilot is {verdict.decision}; nothing written to {freeze}")
     phases["report"] = time.monotonic() - phase_start

@@ -98,6 +98,20 @@ class TrainingChild:
                                             start_new_session=True)
         self.pid = self.process.pid
 
+    def cause(self) -> str:
+        """The one line of the child's log that says why it failed: its `pilotrun: error:` line (bad input), else
+        a traceback's last line (the exception), else the last line it wrote."""
+        try:
+            lines = [line.strip() for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return "its log could not be read"
+        for line in reversed(lines):
+            if line.startswith("pilotrun: error: "):
+                return line.removeprefix("pilotrun: error: ")
+        if any(line.startswith("Traceback (most recent call last)") for line in lines):
+            return lines[-1]
+        return lines[-1] if lines else "it wrote nothing"
+
     def poll(self) -> int | None:
         return self.process.poll()
 

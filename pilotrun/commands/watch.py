@@ -78,6 +78,19 @@ def _say_against_projection(watcher: Watcher) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+def status_line(watcher: Watcher) -> str:
+    """One look's answer to "how is it doing": the newest window's step and loss, this session's wall-clock rate
+    and ETA (the pilot's progress figures), and whether a session holds the run now."""
+    from pilotrun.commands.child_progress import format_progress, progress_figures
+
+    max_steps = watcher.max_steps or 0
+    figures = progress_figures(watcher.events, max_steps)
+    state = ("completed" if watcher.completed else "live: a session holds the run" if watcher.holder(watcher.run_dir)
+             is not None else "no session running")
+    shown = format_progress(figures, max_steps) if figures else "no train window yet"
+    return f"status: {shown} ({state}; {len(watcher.active)} alert(s) standing)"
+
+
 def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bool = False,
               keep_going: bool = False, on_alert: str | None = None, as_json: bool = False,
               interval: float | None = None, stall_windows: float | None = None,
@@ -101,6 +114,7 @@ def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bo
             print(f"cleared {alert.kind}: {alert.key}", file=sys.stderr, flush=True)
         if not follow:
             _say_against_projection(watcher)
+            print(status_line(watcher), file=sys.stderr, flush=True)
             return 1 if watcher.active else 0
         if new and not keep_going:
             return 1

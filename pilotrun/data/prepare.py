@@ -28,7 +28,7 @@ import platform
 import shutil
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -113,6 +113,7 @@ def prepare_corpus(
     progress: bool | str = True,
     hub: HubClient | None = None,
     shuffle_buffer_bytes: int = DEFAULT_SHUFFLE_BUFFER_BYTES,
+    val_warnings: Callable[[int], list[str]] | None = None,  # the val split against the recipe it is for
 ) -> dict[str, Any]:
     """Prepare `source` into the data folder `out`; returns the manifest (what metadata.json holds).
 
@@ -186,7 +187,7 @@ def prepare_corpus(
             with StopRequests().installed() as stops:
                 state = run.tokenize_and_write(stream(), state, stops)
         manifest = _manifest(state, opened, order_seed, resolved, options, software, source, val_fraction,
-                             train_tokens, progress)
+                             train_tokens, val_warnings or small_val_warnings)
         _write_text(os.path.join(partial.path, TOKENIZER_FILE), resolved.json_text)
         _write_text(os.path.join(partial.path, METADATA_FILE), manifest_text(manifest))
         peak_mb = peak_resident_mb()
@@ -251,14 +252,14 @@ def _tokenizer_of(spec: str, eos: str | None, training_texts, hub: HubClient | N
 
 def _manifest(state: dict[str, Any], opened: OpenedSource, order_seed: int | None, resolved: ResolvedTokenizer,
               options: dict[str, Any], software: dict[str, str], source: str, val_fraction: float,
-              train_tokens: int | None, progress: bool) -> dict[str, Any]:
+              train_tokens: int | None, val_warnings: Callable[[int], list[str]]) -> dict[str, Any]:
     splits, stopped = state["result"], state["stopped"]
     if splits[TRAIN]["tokens"] == 0:
         raise DataError(f"source '{source}' gave no training documents (val_fraction={val_fraction})")
     if train_tokens is not None and not stopped:
         print(f"pilotrun prepare: warning: the source ended at {splits[TRAIN]['tokens']} training tokens, fewer "
               f"than --train-tokens {train_tokens} (the manifest records the real count)", file=sys.stderr)
-    for warning in small_val_warnings(splits[VAL]["tokens"]):
+    for warning in val_warnings(splits[VAL]["tokens"]):
         print(f"pilotrun prepare: warning: {warning}", file=sys.stderr)
     return {
         "format": FORMAT,

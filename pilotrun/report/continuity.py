@@ -157,11 +157,14 @@ def judge_recipe_changes(summary: Summary, t: Thresholds) -> Finding:
     """Every recipe change accepted on resume, with the update it took effect from; the evidence supports the
     recipe in force at the end, over the updates since the last change."""
     changes = recipe_changes_in_history(summary.run, summary.lineage)
+    free = "; ".join(c.describe() for c in recipe_changes_in_history(summary.run, summary.lineage, "free"))
+    free = f"; free changes (no --allow-change needed): {free}" if free else ""
     final_step = summary.final.step
     threshold = "named, with the update each took effect from (a change WARNs; it does not block GO)"
-    evidence = "run.json allowed_changes of the kept sessions; the recipe in run.json is the one in force at the end"
+    evidence = ("run.json allowed_changes and free_changes of the kept sessions; the recipe in run.json is the one "
+                "in force at the end")
     if not changes:
-        return Finding(PASS, f"none: all {final_step} updates ran the final recipe", threshold,
+        return Finding(PASS, f"none: all {final_step} updates ran the final recipe{free}", threshold,
                        evidence)
     since = changes[-1].from_update
     covered = max(0, final_step - since + 1)
@@ -172,4 +175,4 @@ def judge_recipe_changes(summary: Summary, t: Thresholds) -> Finding:
                        threshold, evidence + "; lr / lr_multiplier of the train windows")
     return Finding(WARN, f"{len(changes)} change(s) on resume: "
                    f"{'; '.join(c.describe() for c in changes)}. The evidence supports the final recipe over "
-                   f"updates {since}..{final_step} ({covered} of {final_step})", threshold, evidence)
+                   f"updates {since}..{final_step} ({covered} of {final_step}){free}", threshold, evidence)

@@ -24,7 +24,7 @@ def _session_devices(summary: Summary) -> set[str]:
 
 
 def judge_throughput_steady(summary: Summary, t: Thresholds) -> Finding:
-    rates, cpu_rates, device_rates = [], [], []
+    rates, cpu_rates, device_rates, others, switches = [], [], [], [], []
     seen_sessions = set()
     profiled = 0
     for e in train_events(summary):
@@ -44,6 +44,10 @@ def judge_throughput_steady(summary: Summary, t: Thresholds) -> Finding:
             cpu_rates.append(w["tokens"] / cpu if is_finite_number(cpu) and cpu > 0 else None)
             device = w.get("device_seconds")
             device_rates.append(w["tokens"] / device if is_finite_number(device) and device > 0 else None)
+            wall = w.get("wall_seconds") if is_finite_number(w.get("wall_seconds")) and w["wall_seconds"] > 0 else None
+            other, switched = w.get("other_cpu_seconds"), w.get("involuntary_switches")
+            others.append(other / wall if wall and is_finite_number(other) else None)
+            switches.append(switched / wall if wall and is_finite_number(switched) else None)
     threshold = (f"last-third / first-third median of training-only tok/s >= {t.min_throughput_ratio} (tok per "
                  "process CPU second on a CPU, per device second on CUDA, held to the same bound separates a busier "
                  f"machine, and so does, on a CPU, the process's share of the CPU falling below {t.min_cpu_share_ratio} "
@@ -73,9 +77,20 @@ def judge_throughput_steady(summary: Summary, t: Thresholds) -> Finding:
         device_ratio = device_last / device_first
         figure += f"; per device second {device_first:.1f} -> {device_last:.1f} tok (ratio {device_ratio:.2f})"
         evidence += "; window.device_seconds (CUDA timing events)"
+    machine = _lost_to_other_work(others, switches, third, t)
+    if machine is not None:
+        figure += f"; {machine[0]}"
+        evidence += "; window.other_cpu_seconds and window.involuntary_switches"
     if ratio >= t.min_throughput_ratio:
         return Finding(PASS, figure, threshold, evidence)
     devices = _session_devices(summary)
+    if machine is not None and machine[1] and devices == {"cpu"}:
+        # Before the work per token is looked at: threads that lose their time slices to other processes spin
+        # while they wait for each other (OpenMP), so each token costs more CPU on a busy machine too, and that
+        # rise says nothing about the recipe.
+        return Finding(WARN, f"the machine got busier, not the recipe slower: {figure}: this run's threads lost "
+                       "CPU to other processes; judge the recipe's own speed on a quiet machine (or with fewer "
+                       "threads, train.num_threads)", threshold, evidence)
     on_cuda = bool(devices) and all(d.startswith("cuda") for d in devices)
     if (have_cpu and devices == {"cpu"} and cpu_ratio >= t.min_throughput_ratio) or \
             (have_device and on_cuda and device_ratio >= t.min_throughput_ratio):
@@ -101,6 +116,21 @@ def judge_throughput_steady(summary: Summary, t: Thresholds) -> Finding:
     else:
         figure += "; the work per token grew too: the run itself slowed"
     return Finding(FAIL, figure, threshold, evidence)
+
+
+def _lost_to_other_work(others: list[float | None], switches: list[float | None], third: int,
+                        t: Thresholds) -> tuple[str, bool] | None:
+    """(the figures, whether they show the run's threads losing CPU to other processes: the rest of the machine
+    using at least min_other_cpus_rise more CPUs, or the threads descheduled min_switch_ratio times as often, in
+    the last third as in the first); None where the windows do not record them."""
+    if any(v is None for v in others + switches):
+        return None
+    other_first, other_last = statistics.median(others[:third]), statistics.median(others[-third:])
+    switch_first, switch_last = statistics.median(switches[:third]), statistics.median(switches[-third:])
+    lost = (other_last - other_first >= t.min_other_cpus_rise
+            or switch_last / max(switch_first, 1.0) >= t.min_switch_ratio)
+    return (f"other processes used {other_first:.2f} -> {other_last:.2f} CPUs, this run's threads descheduled "
+            f"for them {switch_first:.0f} -> {switch_last:.0f} times per second", lost)
 
 
 def judge_memory(summary: Summary, t: Thresholds) -> Finding:

@@ -100,6 +100,12 @@ THROUGHPUT_STEADY = Rule(
     "median training-only tokens/s over the last third of windows over the first third is at least "
     "min_throughput_ratio (each session's first window is warm-up and left out, and so is every window with "
     "update attempts run under the profiler, window.profiled_attempts > 0). Below it, on a CPU run whose windows "
+    "record what other processes did (window.other_cpu_seconds, the CPU seconds the rest of the machine used, and "
+    "window.involuntary_switches, the times the run's threads were descheduled for other tasks), a rise of at "
+    "least min_other_cpus_rise CPUs used by others or min_switch_ratio times the switches per second, last third "
+    "against first, means the threads lost CPU to other processes: the rule WARNs naming the machine, never the "
+    "recipe (threads that wait on a descheduled sibling spin, so the work per CPU second falls there too). Else, "
+    "on a CPU run whose windows "
     "record the process's CPU seconds, the same ratio is taken of tokens per CPU second: when that one holds (the "
     "work per token did not grow) the machine got busier, not the run slower, and the rule WARNs with both "
     "figures. Failing that, when the process's CPU seconds per training second (its share of the CPU) fell below "
@@ -110,7 +116,8 @@ THROUGHPUT_STEADY = Rule(
     "share held, each token cost more) it FAILs. On CUDA the same holds with tokens per device second "
     "(window.device_seconds, from CUDA timing events around each update): the process CPU time says nothing of "
     "the device's work there.",
-    resources.judge_throughput_steady, ("min_throughput_ratio", "min_cpu_share_ratio"), plot="throughput")
+    resources.judge_throughput_steady, ("min_throughput_ratio", "min_cpu_share_ratio", "min_other_cpus_rise",
+                                        "min_switch_ratio"), plot="throughput")
 
 MEMORY = Rule(
     "memory",

@@ -55,6 +55,7 @@ from pilotrun.report.time_split import (
     SPLIT_PHASES,
     window_train_tokens,
 )
+from pilotrun.run.changes import RecipeChange, recipe_changes_in_history
 from pilotrun.run.folder_lock import live_holder
 from pilotrun.run.recipe_lock import describe_frozen_status, frozen_candidate_status, lock_projection_of
 from pilotrun.run.record import Counters, is_finite_number, record_integrity_problems
@@ -254,6 +255,8 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
     if mixture is not None:  # a run on one folder has no mixture and no such key
         overall["mixture"] = mixture
     overall["frozen_candidate"] = frozen_candidate_status(run)  # None unless started with train --frozen
+    overall["recipe_changes"] = {kind: [dataclasses.asdict(c) for c in recipe_changes_in_history(run, lineage, kind)]
+                                 for kind in ("allowed", "free")}
     # A session that has not ended may simply be running: the folder's lock says so (read, never taken).
     holder = live_holder(run_dir)
     overall["running"] = ({k: holder.get(k) for k in ("pid", "host", "since")} if holder is not None else None)
@@ -429,6 +432,10 @@ def format_summary(summary: Summary) -> str:
     if mixture is not None:
         lines.append(mixture)
     lines.extend(format_evaluations(o.get("evaluations") or []))
+    for kind, what in (("allowed", "changed on resume with --allow-change"), ("free", "free changes on resume")):
+        changes = [RecipeChange(**c) for c in (o.get("recipe_changes") or {}).get(kind, [])]
+        if changes:
+            lines.append(f"{what}: {'; '.join(c.describe() for c in changes)}")
     if o.get("frozen_candidate") is not None:
         lines.append(describe_frozen_status(o["frozen_candidate"]))
     for note in summary.notes:

@@ -80,6 +80,13 @@ class Thresholds:
     min_cpu_share_ratio: float = _threshold(0.6, "on a CPU, a share of the CPU (process CPU seconds per training "
                                                  "second) that fell below this fraction of the first third's means "
                                                  "other load took the CPU: WARN, judge the speed on a quiet machine")
+    min_other_cpus_rise: float = _threshold(0.5, "on a CPU, CPUs the rest of the machine used (window."
+                                                 "other_cpu_seconds per wall second), last third's median minus the "
+                                                 "first third's, from which a slowdown is the machine's: WARN")
+    min_switch_ratio: float = _threshold(4.0, "on a CPU, involuntary context switches per second (the run's "
+                                              "threads descheduled for other tasks), last third's median over the "
+                                              "first third's (at least 1/s), from which a slowdown is the "
+                                              "machine's: WARN")
     # memory
     memory_budget_gb: float = _threshold(0.0, "peak memory (CUDA max allocated, else peak RSS) must fit; 0 = the "
                                               "recipe's train.memory_budget_gb (0 there too = no budget)")

@@ -1,4 +1,5 @@
-"""Recipe changes in a run's history: what `--allow-change` accepted on resume, and from which update.
+"""Recipe changes in a run's history: what `--allow-change` accepted on resume, and from which update, and the
+free changes (a resume-free key such as the evaluation or checkpoint cadence) recorded the same way.
 
 A change accepted on resume is recorded in run.json's `allowed_changes` with the session that made it; it takes
 effect from that session's first update, so the evidence for the recipe in force at the end of a run is only
@@ -24,11 +25,12 @@ class RecipeChange:
         return f"{self.key} {_short(self.old)} -> {_short(self.new)} from update {self.from_update}"
 
 
-def recipe_changes_in_history(run: dict[str, Any], lineage: list[str]) -> list[RecipeChange]:
-    """The allowed changes of the sessions in the kept history, in order, each with the update it started at."""
+def recipe_changes_in_history(run: dict[str, Any], lineage: list[str], kind: str = "allowed") -> list[RecipeChange]:
+    """The allowed changes (`kind` "allowed") or the free ones ("free": keys of config.RESUME_FREE_KEYS, which
+    need no --allow-change) of the sessions in the kept history, in order, each with the update it started at."""
     starts = {str(s.get("session_id")): s.get("start_step") for s in run.get("sessions") or [] if isinstance(s, dict)}
     changes = []
-    for entry in run.get("allowed_changes") or []:
+    for entry in run.get(f"{kind}_changes") or []:
         sid = str(entry.get("session_id")) if isinstance(entry, dict) else None
         if sid not in lineage or not isinstance(starts.get(sid), int):
             continue

@@ -158,6 +158,12 @@ class RunRecord:
         for change in changes:
             self.data["allowed_changes"].append({"session_id": session_id, **change})
 
+    def record_free_changes(self, session_id: str, changes: list[dict[str, Any]]) -> None:
+        """The resume-free keys (config.RESUME_FREE_KEYS) this session changed: free, yet on the record, so that
+        the run's recipe history is whole (run.json's `recipe` holds only the values in force now)."""
+        for change in changes:
+            self.data.setdefault("free_changes", []).append({"session_id": session_id, **change})
+
     def save(self) -> None:
         if self.enabled:
             self.run_dir.mkdir(parents=True, exist_ok=True)

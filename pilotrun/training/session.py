@@ -63,6 +63,7 @@ from pilotrun.training.notices import restored_state_line, startup_warnings
 from pilotrun.training.precision import build_grad_scaler
 from pilotrun.training.preflight import PreflightError, check_run_folder, checkpoint_bytes_estimate, disk_plan
 from pilotrun.training.spikes import SpikeDetector
+from pilotrun.training.thread_choice import choose_threads, recorded_threads
 
 
 def local_ranks() -> int:
@@ -327,6 +328,7 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     mixture = mixture_of(dataset)  # every rank must mix alike too, not only read the same sources
     dist_utils.check_same_run_on_all_ranks(context, config_to_dict(config), dataset.metadata_sha256 +
                                            (f" {mixture}" if mixture else ""))
+    recorded = read_run_json(run_dir) if resume else {}
 
     # 3. The plan. torch.save for one process, torch.distributed.checkpoint (collective, per-rank RNG) for
     # several; the checkpointer's constructor is a barrier, so no rank is still checking the run folder when
@@ -347,7 +349,6 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
                                partition=partition_table(partition_parameters(model, config.optim)),
                                mixture=mixture_of(dataset))
 
-    recorded = read_run_json(run_dir) if resume else {}
     run_id = recorded.get("run_id")
     plan = plan_session(config, resume=resume, from_step=from_step, committed_steps=checkpointer.committed_steps,
                         read_meta=checkpointer.meta, current_meta=meta_of_this_run, allow_changes=allow_changes,
@@ -364,6 +365,10 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     fits = check_mixture_fits_recipe if isinstance(dataset, MixedDataset) else check_data_fits_recipe
     fits(dataset, batch_size=config.train.batch_size, seq_len=config.train.seq_len, world_size=world_size,
          evaluates=config.train.eval_every > 0, vocab_size=config.model.vocab_size)  # before the run folder is written
+    threads = choose_threads(config, local_ranks=local_ranks(), world_size=world_size, device_type=device.type,
+                             recorded=recorded_threads(recorded))
+    torch.set_num_threads(threads.threads)
+    hardware.update(torch_threads=threads.threads, threads=threads.record())
 
     # 4. Model, wrapper, optimizer, scaler, loader. Wrap before building the optimizer: FSDP2's fully_shard
     # replaces every parameter with a sharded DTensor parameter, and an optimizer built earlier would hold
@@ -395,7 +400,7 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
         flops_per_token=float(flops_per_token(config.model, t.seq_len)),
         peak_flops_per_s=peak * world_size if peak else None,
         tokens_per_microbatch=t.batch_size * t.seq_len * world_size,
-        tokens_per_update=tokens_per_update(config, world_size), notes=list(plan.notes))
+        tokens_per_update=tokens_per_update(config, world_size), notes=[threads.describe(), *plan.notes])
 
     # 5. Restore: weights, optimizer, scaler, counters, cursor, hook state and every RNG.
     if plan.resuming:
@@ -522,6 +527,7 @@ def open_record(session: Session, *, resume: bool, command: list[str]) -> None:
                                   optimizer={"groups": session.partition}, recipe=config_to_dict(config),
                                   data=session.data_section(), enabled=is_main)
     record.record_allowed_changes(session.session_id, session.plan.allowed_changes)
+    record.record_free_changes(session.session_id, session.plan.free_changes)
     counters = session.state.counters()
     if session.plan.restart:
         session.restart = lost_work(session.run_dir)

@@ -18,11 +18,18 @@ Throughput is then reported twice, side by side: training-only (tokens / train s
 
 Beside the wall clock the same switches read the process's CPU time (all its threads), charged to the same
 phases. A window whose training seconds grew while its CPU seconds per token did not was slowed by other
-work on the machine, not by the run itself; the verdict's throughput rule tells the two apart with it.
+work on the machine, not by the run itself; the verdict's throughput rule tells the two apart with it. Each
+window also records what other processes did to the run's threads (`machine_counters`): the process's
+involuntary context switches (a thread descheduled for another task) and the CPU seconds the rest of the machine
+used meanwhile, so that threads starved by other work are not mistaken for a recipe whose work per token grew
+(spinning OpenMP threads burn CPU while they wait for a descheduled sibling, so the work per CPU second falls
+on a busy machine too).
 """
 
 from __future__ import annotations
 
+import os
+import resource
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -92,17 +99,34 @@ class TimeAccount:
         return {**{f"{phase}_seconds": s[phase] for phase in PHASES}, "wall_seconds": s["wall"]}
 
 
+def machine_counters() -> tuple[int, float | None]:
+    """(this process's involuntary context switches so far, the busy CPU seconds of the whole machine so far
+    from /proc/stat, steal included: None off Linux)."""
+    switches = int(resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw)
+    try:
+        with open("/proc/stat") as stat:
+            values = [int(v) for v in stat.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+        return switches, (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return switches, None
+
+
 class WindowClock:
     """Train-only and wall seconds of the current logging window, read from a TimeAccount; after each
-    `close_window`, `cpu_seconds` holds the process CPU seconds of that window's training phase and
+    `close_window`, `cpu_seconds` holds the process CPU seconds of that window's training phase,
     `profile_seconds` the seconds its profiled update attempts took (inside its wall seconds, not its train
-    seconds)."""
+    seconds), `involuntary_switches` the times its threads were descheduled for other tasks, and
+    `other_cpu_seconds` the CPU seconds the rest of the machine used during the window (None where unknown)."""
 
-    def __init__(self, account: TimeAccount):
+    def __init__(self, account: TimeAccount, machine: Callable[[], tuple[int, float | None]] = machine_counters):
         self.account = account
+        self.machine = machine
         self._last = account.snapshot()
+        self._last_machine = machine()
         self.cpu_seconds = 0.0
         self.profile_seconds = 0.0
+        self.involuntary_switches: int | None = None
+        self.other_cpu_seconds: float | None = None
 
     def close_window(self) -> tuple[float, float]:
         """(train_seconds, wall_seconds) since the previous call (or construction); starts the next window."""
@@ -111,7 +135,12 @@ class WindowClock:
         wall = now["wall"] - self._last["wall"]
         self.cpu_seconds = now["cpu_train"] - self._last["cpu_train"]
         self.profile_seconds = now["profile"] - self._last["profile"]
-        self._last = now
+        switches, busy = machine = self.machine()
+        own_cpu = sum(now[f"cpu_{phase}"] - self._last[f"cpu_{phase}"] for phase in PHASES)
+        self.involuntary_switches = switches - self._last_machine[0]
+        self.other_cpu_seconds = (max(0.0, busy - self._last_machine[1] - own_cpu)
+                                  if busy is not None and self._last_machine[1] is not None else None)
+        self._last, self._last_machine = now, machine
         return train, wall
 
 

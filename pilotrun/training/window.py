@@ -97,6 +97,8 @@ class WindowFigures:
     profiled_tokens: int = 0  # their tokens (inside `tokens`)
     profile_seconds: float = 0.0  # their seconds (inside `wall_seconds`)
     device_seconds: float | None = None  # CUDA: device seconds of the training-phase updates (timing events)
+    involuntary_switches: int | None = None  # times the process's threads were descheduled for other tasks
+    other_cpu_seconds: float | None = None  # CPU seconds the rest of the machine used during the window
 
 
 def train_event_fields(window: WindowFigures, *, lr: float, base_lr: float | None, epoch: int, data_restarts: int,
@@ -117,7 +119,8 @@ def train_event_fields(window: WindowFigures, *, lr: float, base_lr: float | Non
                    "train_seconds": window.train_seconds, "wall_seconds": window.wall_seconds,
                    "cpu_seconds": window.cpu_seconds, "profiled_attempts": window.profiled_attempts,
                    "profiled_tokens": window.profiled_tokens, "profile_seconds": window.profile_seconds,
-                   "device_seconds": window.device_seconds},
+                   "device_seconds": window.device_seconds, "involuntary_switches": window.involuntary_switches,
+                   "other_cpu_seconds": window.other_cpu_seconds},
         "loss": window.loss, "aux_loss": window.aux_loss, "lr": lr,
         "lr_multiplier": lr / base_lr if base_lr else None,
         "grad_norm": window.grad_norm, "grad_norm_max": window.grad_norm_max if applied else None,

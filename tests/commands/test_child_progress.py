@@ -41,6 +41,16 @@ def test_figures_come_from_the_newest_session():
     assert format_progress(figures, 40)
 
 
+def test_a_resumed_childs_line_waits_for_its_own_session():
+    # Before the resumed session's session_start the record holds only the killed session's windows: showing
+    # them would print the killed session's last line again, with a new ETA.
+    killed = events_of_two_sessions()[:2]
+    assert progress_figures(killed, max_steps=40) is not None
+    assert progress_figures(killed, max_steps=40, sessions_before=1) is None
+    assert progress_figures(events_of_two_sessions()[:3], max_steps=40, sessions_before=1) is None
+    assert progress_figures(events_of_two_sessions(), max_steps=40, sessions_before=1)["step"] == 16
+
+
 def test_partial_last_line_is_ignored(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text(json.dumps(_event(event="session_start", time=1.0)) + "\n{\"event\": \"tra")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from pilotrun.commands.cli import main
 from pilotrun.commands.pilot import PilotError, configs_dir, freeze_step, run_pilot
 from pilotrun.report.summarize import summarize_run
 
@@ -249,6 +250,91 @@ def test_sigint_to_the_pilot_stops_its_child_and_exits_130_with_one_line(builtin
     assert len(lines) == 1 and lines[0].startswith("pilotrun pilot: stopped by SIGINT while training the first "
                                                    "session (step "), stderr
     assert "--resume" in lines[0] and str(workdir / "run") in lines[0]
+    # The continue command carries every --set the pilot was given: without them it would load another recipe.
+    assert "--set train.max_steps=5000 --set optim.schedule.horizon=5000" in lines[0]
     ends = [e for e in read_metrics_tolerant(workdir / "run").events if e["event"] == "session_end"]
     assert [e["reason"] for e in ends] == ["interrupted"]  # the child finished its update and checkpointed
     assert summarize_run(workdir / "run").valid
+
+
+def test_the_printed_continue_command_is_the_resumed_childs_own(tmp_path):
+    import shlex
+    import signal
+
+    from pilotrun.commands.pilot import _interrupted, _train_args
+    from pilotrun.commands.pilot_process import StopForwarding
+
+    stops = StopForwarding()
+    stops.signum = signal.SIGINT
+    run, data, recipe = tmp_path / "w" / "run", tmp_path / "my data", tmp_path / "my.yaml"
+    overrides = ["train.max_steps=80", "optim.schedule.horizon=80"]
+    message = str(_interrupted(stops, "while training", run, 80, recipe, data, overrides))
+    printed = shlex.split(message.split("`")[1])
+    assert printed == ["pilotrun", *_train_args(recipe, data, run, overrides, resume=True)]
+    assert printed[-5:] == ["--set", "train.max_steps=80", "--set", "optim.schedule.horizon=80", "--resume"]
+    under_torchrun = str(_interrupted(stops, "while training", run, 80, recipe, data, overrides, nproc=2))
+    assert shlex.split(under_torchrun.split("`")[1])[:5] == ["torchrun", "--standalone", "--nproc-per-node=2", "-m",
+                                                             "pilotrun"]
+
+
+@pytest.mark.slow
+def test_a_failed_child_is_quoted_not_only_named_by_its_log(builtin_data_dir, tmp_path, capsys):
+    workdir = tmp_path / "w"
+    code = main(["pilot", "--workdir", str(workdir), "--config", "smoke", "--data", str(builtin_data_dir),
+                 "--set", "model.vocab_size=10", "--set", "train.num_threads=1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("pilotrun: error: the first training process exited (code 2) before it could be "
+                             "interrupted past step 3: model.vocab_size (10) is smaller than the data's vocabulary")
+    assert err[0].endswith(f"(its output: {workdir / 'train-1.log'})")
+
+
+@pytest.mark.slow  # prepares the built-in corpus (seconds), no child
+def test_the_prepare_inside_a_pilot_checks_the_val_split_against_the_users_recipe(tmp_path, capsys, monkeypatch):
+    import pilotrun.commands.pilot as pilot
+
+    class NoTraining:  # the check under test happens before any training: stop there
+        def __init__(self, *args, **kwargs):
+            raise PilotError("no training in this test")
+
+    monkeypatch.setattr(pilot, "TrainingChild", NoTraining)
+    code = main(["pilot", "--workdir", str(tmp_path / "w"), "--config", "smoke", "--source", "builtin",
+                 "--set", "train.eval_batches=20", "--progress", "plain"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no training in this test" in err
+    (warning,) = [line for line in err.splitlines() if "fewer than one evaluation" in line]
+    assert "of the recipe smoke.yaml reads (eval_batches 20 x batch_size 4 x world_size 1 x seq_len 32 + 1 = " \
+           "2,561)" in warning and "packaged" not in warning
+
+
+def test_a_second_pilot_keeps_the_first_and_never_moves_a_run_a_lock_names(builtin_data_dir, tmp_path, capsys,
+                                                                            monkeypatch):
+    import pilotrun.commands.pilot as pilot
+
+    class NoTraining:  # what is kept or refused happens before any training: stop there
+        def __init__(self, *args, **kwargs):
+            raise PilotError("no training in this test")
+
+    monkeypatch.setattr(pilot, "TrainingChild", NoTraining)
+    workdir = tmp_path / "w"
+    (workdir / "run" / "checkpoints").mkdir(parents=True)
+    (workdir / "run" / "run.json").write_text("{}")
+    (workdir / "train-1.log").write_text("first pilot")
+    (workdir / pilot.PILOT_MARKER).write_text("made by the pilot")
+    command = ["pilot", "--workdir", str(workdir), "--config", "smoke", "--data", str(builtin_data_dir)]
+    assert main(command) == 2
+    out = capsys.readouterr().out
+    assert f"kept the previous pilot run as {workdir / 'run-1'} (its logs beside it)" in out
+    assert (workdir / "run-1" / "run.json").read_text() == "{}" and (workdir / "run-1" / "checkpoints").is_dir()
+    assert (workdir / "run-1-train-1.log").read_text() == "first pilot" and not (workdir / "run").exists()
+
+    # A lock in the workdir frozen from W/run: refused in one line, nothing moved.
+    (workdir / "run").mkdir()
+    lock = workdir / "candidate.json"
+    lock.write_text(json.dumps({"format": "pilotrun.recipe-lock/1", "pilot": {"run_dir": str((workdir / "run")
+                                                                                            .resolve())}}))
+    before = sorted(p.name for p in workdir.iterdir())
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"the recipe lock {lock} was frozen from" in err[0]
+    assert sorted(p.name for p in workdir.iterdir()) == before

@@ -91,3 +91,18 @@ def test_a_hangup_stops_the_pilot_as_the_other_stop_signals_do():
     with pytest.raises(PilotStopped) as raised:
         stops._handle(signal.SIGHUP, None)
     assert (raised.value.signum, stops.exit_code, str(raised.value)) == (signal.SIGHUP, 129, "SIGHUP")
+
+
+@pytest.mark.parametrize(("log", "cause"), [
+    ("plan line\npilotrun: error: model.vocab_size (10) is smaller than the data's vocabulary (2048)\n",
+     "model.vocab_size (10) is smaller than the data's vocabulary (2048)"),
+    ("Traceback (most recent call last):\n  File \"x.py\", line 1\nRuntimeError: out of memory\n",
+     "RuntimeError: out of memory"),
+    ("step 3 loss 5.0\n\n", "step 3 loss 5.0"),
+    ("", "it wrote nothing"),
+])
+def test_a_childs_cause_is_the_one_line_of_its_log_that_says_why(tmp_path, log, cause):
+    child = object.__new__(pilot_process.TrainingChild)
+    child.log = tmp_path / "train-1.log"
+    child.log.write_text(log)
+    assert child.cause() == cause

@@ -154,3 +154,25 @@ def test_a_live_run_stopped_with_sigstop_is_a_stall_within_two_windows_and_then_
                 process.send_signal(signal.SIGCONT)
                 process.kill()
                 process.wait()
+
+
+def test_one_look_at_a_healthy_live_run_prints_one_status_line(tmp_path, capsys):
+    from pilotrun.run.folder_lock import RunFolderLock
+
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(30)
+    shift = time.time() - run.events[-1]["time"]  # its last line written just now
+    for record in run.events + run.run["sessions"]:
+        record["time" if "time" in record else "started_at"] += shift
+    run_dir = run.write()
+    lock = RunFolderLock.acquire(run_dir)  # a session holds the run: it is live
+    try:
+        assert main(["watch", str(run_dir)]) == 0
+    finally:
+        lock.release()
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no alert
+    (status,) = [line for line in captured.err.splitlines() if line.startswith("status: ")]
+    assert status.startswith(f"status: step 30/60  loss {run.loss(30):.4f}  ") and " ETA " in status
+    assert "ETA -" not in status and status.endswith("(live: a session holds the run; 0 alert(s) standing)")

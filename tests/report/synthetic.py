@@ -66,6 +66,10 @@ class SyntheticRun:
         # training time, so that a figure computed from the wrong one of the two cannot pass a test.
         self.host_seconds_per_update = lambda step: 0.125
         self.cpu_seconds_per_update = lambda step: 0.45  # the process's CPU seconds of that training time
+        # What other processes did meanwhile, per update: None leaves them out of the windows (a record from
+        # before they were kept); a test sets both to a function of the step.
+        self.other_cpu_seconds_per_update: Callable[[int], float] | None = None
+        self.involuntary_switches_per_update: Callable[[int], int] | None = None
         self.rss_mb = lambda step: 500.0
         self.tokens_per_expert = lambda step, layer: [100.0 + 5 * ((e + layer) % 2) for e in range(self.experts)]
         self.qk_clip_updates = lambda step: 0
@@ -141,6 +145,10 @@ class SyntheticRun:
             w["train_seconds"] += seconds
             w["wall_seconds"] += seconds + host_seconds
             w["cpu_seconds"] += self.cpu_seconds_per_update(c["step"] + 1)
+            if self.other_cpu_seconds_per_update is not None:
+                w["other_cpu_seconds"] = w.get("other_cpu_seconds", 0.0) + self.other_cpu_seconds_per_update(c["step"] + 1)
+                w["involuntary_switches"] = (w.get("involuntary_switches", 0)
+                                             + self.involuntary_switches_per_update(c["step"] + 1))
             if c["updates_attempted"] in self.overflow_at:
                 c["updates_skipped"] += 1
                 w["updates_skipped"] += 1

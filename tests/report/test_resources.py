@@ -101,3 +101,34 @@ def test_memory_fails_on_growth_and_on_budget(tmp_path):
     assert rules["memory"].status == FAIL and "peak <= 0.25 GB" in rules["memory"].threshold
     _, rules = verdict_of(tmp_path / "fits", memory_budget_gb=1.0)
     assert rules["memory"].status == PASS
+
+
+def _spinning_threads_on_a_busy_machine(others_busy: bool):
+    """Two threads; from update 40 on another job wants the cores. Each update takes five times the wall time and
+    four times the CPU (threads waiting on a descheduled sibling spin), while the share of the CPU barely moves:
+    by the work per token alone the run would look slower itself. `others_busy`: the windows also show the rest
+    of the machine using about a CPU more and the threads descheduled far more often."""
+    def change(run):
+        run.train_seconds_per_update = lambda step: 2.5 if step > 40 else 0.5
+        run.cpu_seconds_per_update = lambda step: 3.6 if step > 40 else 0.9
+        quiet = (lambda step: 0.05), (lambda step: 5)
+        busy = (lambda step: 2.6 if step > 40 else 0.05), (lambda step: 400 if step > 40 else 5)
+        run.other_cpu_seconds_per_update, run.involuntary_switches_per_update = busy if others_busy else quiet
+    return change
+
+
+def test_threads_that_lost_the_cpu_to_other_processes_warn_naming_the_machine_not_fail_the_recipe(tmp_path):
+    verdict, rules = verdict_of(tmp_path, _spinning_threads_on_a_busy_machine(others_busy=True))
+    rule = rules["throughput_steady"]
+    assert rule.status == WARN and verdict.decision == "GO", rule.figure
+    assert rule.figure.startswith("the machine got busier, not the recipe slower: ") and "(ratio 0.20)" in rule.figure
+    assert "other processes used 0.08 -> 0.99 CPUs" in rule.figure and "8 -> 152 times per second" in rule.figure
+    assert "lost CPU to other processes" in rule.figure and "the run itself slowed" not in rule.figure
+    assert "window.involuntary_switches" in rule.evidence
+
+
+def test_the_same_slowdown_with_the_machine_quiet_is_the_recipes(tmp_path):
+    verdict, rules = verdict_of(tmp_path, _spinning_threads_on_a_busy_machine(others_busy=False))
+    rule = rules["throughput_steady"]
+    assert rule.status == FAIL and verdict.decision == "NO-GO" and "the run itself slowed" in rule.figure, rule.figure
+    assert "other processes used 0.08 -> 0.02 CPUs, this run's threads descheduled for them 8 -> 2 times" in rule.figure

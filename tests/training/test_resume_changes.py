@@ -122,3 +122,32 @@ def test_allowed_change_on_resume_equals_switching_in_process(builtin_data_dir, 
     assert losses(tmp_path / "b") == losses(tmp_path / "a")
     assert_exactly_equal(straight.session.raw_model.state_dict(), resumed.session.raw_model.state_dict(), "weights")
     assert unchanged_losses[N_STEPS] != losses(tmp_path / "a")[N_STEPS]  # the change did matter
+
+
+@pytest.mark.slow
+def test_a_free_change_on_resume_is_recorded_and_listed_by_summarize_and_the_verdict(builtin_data_dir, tmp_path,
+                                                                                      capsys):
+    from pilotrun.commands.cli import main
+
+    run_dir = tmp_path / "run"
+    base = ["train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(builtin_data_dir),
+            "--run-dir", str(run_dir), "--set", "train.num_threads=1", "--set", "train.max_steps=3"]
+    assert main(base) == 0
+    assert main([*base, "--set", "train.max_steps=6", "--set", "train.eval_every=2", "--set", "train.eval_batches=1",
+                 "--resume"]) == 0
+    run = json.loads((run_dir / "run.json").read_text())
+    second = run["sessions"][1]["session_id"]
+    assert run["allowed_changes"] == []
+    assert run["free_changes"] == [
+        {"session_id": second, "key": "train.eval_batches", "old": 2, "new": 1},
+        {"session_id": second, "key": "train.eval_every", "old": 3, "new": 2},
+        {"session_id": second, "key": "train.max_steps", "old": 3, "new": 6},
+    ]
+    capsys.readouterr()
+    assert main(["summarize", str(run_dir)]) == 0
+    listed = "free changes on resume: train.eval_batches 2 -> 1 from update 4; train.eval_every 3 -> 2 from update 4"
+    assert listed in capsys.readouterr().out
+    main(["verdict", str(run_dir), "--no-resume-required"])
+    (rule,) = [line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("recipe_changes")]
+    assert "PASS" in rule and "free changes (no --allow-change needed): train.eval_batches 2 -> 1 from update 4" \
+        in rule, rule

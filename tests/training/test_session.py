@@ -154,7 +154,11 @@ def test_num_threads_0_runs_with_the_default_and_the_session_records_it(builtin_
     from pilotrun.training import session as session_module
 
     before = torch.get_num_threads()
+    from pilotrun.training import thread_choice
+
     monkeypatch.setattr(session_module, "default_threads", lambda local_ranks: 1 if local_ranks == 1 else 99)
+    # One core in the affinity: the only candidate, nothing to measure.
+    monkeypatch.setattr(thread_choice, "default_threads", lambda local_ranks: 1 if local_ranks == 1 else 99)
     try:
         torch.set_num_threads(2)
         trainer = Trainer(recipe("train.num_threads=0"), builtin_data_dir, tmp_path / "run", progress=False)

@@ -99,3 +99,20 @@ def test_window_clock_charges_process_cpu_seconds_to_the_training_phase_only():
     cpu.now += 2.0
     assert window.close_window() == (0.0, 0.0) and window.cpu_seconds == 2.0
     assert account.cpu_totals["other"] == 7.0 and account.cpu_totals["eval"] == 0.5
+
+
+def test_window_clock_records_what_other_processes_took_from_the_run():
+    clock, cpu = FakeClock(), FakeClock()
+    account = TimeAccount(clock=clock, cpu_clock=cpu)
+    machine = {"switches": 10, "busy": 100.0}
+    window = WindowClock(account, machine=lambda: (machine["switches"], machine["busy"]))
+    account.switch("train")
+    clock.now += 4.0
+    cpu.now += 1.5  # this process's CPU seconds
+    machine["switches"] += 300  # its threads descheduled 300 times for other tasks
+    machine["busy"] += 7.5  # the whole machine's busy CPU seconds: 6 of them were other processes'
+    window.close_window()
+    assert (window.involuntary_switches, window.other_cpu_seconds) == (300, 6.0)
+    unknown = WindowClock(account, machine=lambda: (0, None))  # no /proc/stat: the share of others is unknown
+    unknown.close_window()
+    assert unknown.other_cpu_seconds is None and unknown.involuntary_switches == 0

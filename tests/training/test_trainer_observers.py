@@ -35,8 +35,8 @@ PROFILED = ["train.profile.start_step=8", "train.profile.steps=2", "train.profil
 # What differs between two identical runs: identity, clocks, the figures measured from clocks or the OS, and a
 # checkpoint's size (its files hold the run's own recipe and identity, which differ in length between runs).
 VARYING = {"time", "session_id", "chain", "_line", "path", "run_json_sha256", "throughput", "memory", "time_split",
-           "seconds", "train_seconds", "wall_seconds", "cpu_seconds", "profile_seconds", "bytes",
-           "blocking_seconds", "background_seconds", "total_seconds", "waited_seconds",
+           "seconds", "train_seconds", "wall_seconds", "cpu_seconds", "profile_seconds", "bytes", "involuntary_switches",
+           "other_cpu_seconds", "blocking_seconds", "background_seconds", "total_seconds", "waited_seconds",
            "hashed_at"}  # a shard check's wall time, like `time`
 
 

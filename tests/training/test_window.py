@@ -11,7 +11,8 @@ def _figures(**changes) -> WindowFigures:
     values = dict(updates_applied=3, updates_attempted=4, updates_skipped=1, clipped=2, microbatches=8, tokens=512,
                   train_seconds=1.5, wall_seconds=2.0, cpu_seconds=1.25, loss=3.25, aux_loss=0.01, grad_norm=0.7, grad_norm_max=1.2,
                   loss_scale=1024.0, update_rms={"attention": 0.2}, update_rms_step=4, profiled_attempts=1,
-                  profiled_tokens=128, profile_seconds=0.25, device_seconds=1.5)
+                  profiled_tokens=128, profile_seconds=0.25, device_seconds=1.5, involuntary_switches=40,
+                  other_cpu_seconds=0.75)
     values.update(changes)
     return WindowFigures(**values)
 
@@ -30,7 +31,7 @@ def test_every_field_of_a_train_event():
         "window": {"updates_applied": 3, "updates_attempted": 4, "updates_skipped": 1, "clipped": 2,
                    "microbatches": 8, "tokens": 512, "train_seconds": 1.5, "wall_seconds": 2.0, "cpu_seconds": 1.25,
                    "profiled_attempts": 1, "profiled_tokens": 128, "profile_seconds": 0.25,
-                   "device_seconds": 1.5},
+                   "device_seconds": 1.5, "involuntary_switches": 40, "other_cpu_seconds": 0.75},
         "loss": 3.25, "aux_loss": 0.01, "lr": 0.003, "lr_multiplier": 0.5, "grad_norm": 0.7, "grad_norm_max": 1.2,
         "loss_scale": 1024.0, "epoch": 1, "data_restarts": 2, "throughput": {"train_tokens_per_s": 10.0},
         "moe": {"load_cv": 0.5, "bias_update_speed": 1e-3},

@@ -172,7 +172,8 @@ class WindowLogCallback(Callback):
             grad_norm=window.grad_norm, grad_norm_max=window.grad_norm_max, loss_scale=window.loss_scale,
             update_rms=window.update_rms, update_rms_step=window.update_rms_step,
             profiled_attempts=window.profiled_attempts, profiled_tokens=profiled_tokens,
-            profile_seconds=clock.profile_seconds, device_seconds=window.device_seconds())
+            profile_seconds=clock.profile_seconds, device_seconds=window.device_seconds(),
+            involuntary_switches=clock.involuntary_switches, other_cpu_seconds=clock.other_cpu_seconds)
         speed = throughput(tokens, train_seconds, wall_seconds, session.flops_per_token, session.peak_flops_per_s,
                            train_tokens=tokens - profiled_tokens)
         group = optimizer.param_groups[0]
