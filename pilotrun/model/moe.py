@@ -308,6 +308,12 @@ class GroupedExperts(nn.Module):
         return torch.einsum("ne,end->nd", gate, every_output.to(gate.dtype))
 
 
+@torch.compiler.disable
+def run_eagerly(function, *args):
+    """function(*args) outside torch.compile's graph: Dynamo breaks the graph here and the call runs eagerly."""
+    return function(*args)
+
+
 class MoE(nn.Module):
     """Shared experts + routed experts; returns the FFN output and this layer's auxiliary loss."""
 
@@ -340,6 +346,19 @@ class MoE(nn.Module):
         self.register_buffer("router_logit_absmax", torch.zeros(()), persistent=False)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.compiler.is_compiling() and self.kernels_may_apply(x):
+            # Traced, the layer would lose its CPU kernels (opaque to Dynamo) for ~100 reference operators and a
+            # host sync on the segment sizes; run eagerly instead, with them, between the block's compiled parts.
+            return run_eagerly(self.forward_layer, x)
+        return self.forward_layer(x)
+
+    def kernels_may_apply(self, x: torch.Tensor) -> bool:
+        """Whether the CPU kernels can take this layer's forward: CPU fp32 tokens without autocast (the full
+        conditions, checked eagerly, are cpu_kernels.fused_routing_applies and fused_experts_apply)."""
+        return (self.cpu_kernels and x.device.type == "cpu" and x.dtype == torch.float32
+                and not torch.is_autocast_enabled("cpu"))
+
+    def forward_layer(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         batch, seq, d_model = x.shape
         flat = x.reshape(batch * seq, d_model)
         record = self.training and not recomputing()  # counted once, not again in an activation recompute
