@@ -22,9 +22,10 @@ CPU kernels (`cpu_kernels`, default on): on the CPU the router's matmul, top-k, 
 statistics, sort by expert and weighted combine run as compiled kernels (cpu_kernels.py, moe_kernels.cpp), and so
 do the grouped dispatch's routed experts together with the shared experts, because there ~100 small PyTorch
 operators per layer cost as much as the expert matmuls at pilot microbatches (BENCHMARKS.md). The layer is then
-two operators each way, the router and the experts, whose backward are C++ autograd nodes. Elsewhere (CUDA,
-autocast for the experts, torch.compile tracing, a dispatch mode, group-limited routing, no compiler) the reference
-operators below run; both give the same layer output bit for bit on the CPU.
+two operators each way, the router and the experts, whose backward are C++ autograd nodes. Under torch.compile the
+layer then runs eagerly between the block's compiled parts (MoE.forward), keeping them. Elsewhere (CUDA, autocast
+for the experts, a dispatch mode, group-limited routing, no compiler) the reference operators below run, and are
+what torch.compile traces; both give the same layer output bit for bit on the CPU.
 
 Because the dispatches' gradients agree only to rounding, `model.moe_impl` and `model.cpu_kernels` are not
 resume-free keys (config.RESUME_FREE_KEYS): a resume across a change of either needs `--allow-change`.
