@@ -202,8 +202,8 @@ class TrainConfig:
     parallelism: str = knob("ddp", "under torchrun: ddp or fsdp")
     memory_budget_gb: float = knob(0.0, "peak memory the verdict checks against; 0: no check")
     # "inductor" generates fused kernels (the first update pays the compile), "eager" only traces with Dynamo
-    # (checks that the model compiles; no speed-up). Traced graphs use the reference MoE operators.
-    compile: str = knob("none", "torch.compile each block: none, inductor (faster) or eager (trace only)")
+    # (checks that the model compiles; no speed-up). On the CPU the MoE layers run eagerly with their kernels.
+    compile: str = knob("none", "torch.compile each block: none, inductor (fused code) or eager (trace only)")
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     spike: SpikeConfig = field(default_factory=SpikeConfig)
     skip_data: list[list[int]] = knob(meaning="data the loader steps over: [first_batch, batches] global batch "

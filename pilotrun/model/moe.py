@@ -22,9 +22,10 @@ CPU kernels (`cpu_kernels`, default on): on the CPU the router's matmul, top-k, 
 statistics, sort by expert and weighted combine run as compiled kernels (cpu_kernels.py, moe_kernels.cpp), and so
 do the grouped dispatch's routed experts together with the shared experts, because there ~100 small PyTorch
 operators per layer cost as much as the expert matmuls at pilot microbatches (BENCHMARKS.md). The layer is then
-two operators each way, the router and the experts, whose backward are C++ autograd nodes. Elsewhere (CUDA,
-autocast for the experts, torch.compile tracing, a dispatch mode, group-limited routing, no compiler) the reference
-operators below run; both give the same layer output bit for bit on the CPU.
+two operators each way, the router and the experts, whose backward are C++ autograd nodes. Under torch.compile the
+layer then runs eagerly between the block's compiled parts (MoE.forward), keeping them. Elsewhere (CUDA, autocast
+for the experts, a dispatch mode, group-limited routing, no compiler) the reference operators below run, and are
+what torch.compile traces; both give the same layer output bit for bit on the CPU.
 
 Because the dispatches' gradients agree only to rounding, `model.moe_impl` and `model.cpu_kernels` are not
 resume-free keys (config.RESUME_FREE_KEYS): a resume across a change of either needs `--allow-change`.
@@ -308,6 +309,12 @@ class GroupedExperts(nn.Module):
         return torch.einsum("ne,end->nd", gate, every_output.to(gate.dtype))
 
 
+@torch.compiler.disable
+def run_eagerly(function, *args):
+    """function(*args) outside torch.compile's graph: Dynamo breaks the graph here and the call runs eagerly."""
+    return function(*args)
+
+
 class MoE(nn.Module):
     """Shared experts + routed experts; returns the FFN output and this layer's auxiliary loss."""
 
@@ -340,6 +347,19 @@ class MoE(nn.Module):
         self.register_buffer("router_logit_absmax", torch.zeros(()), persistent=False)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.compiler.is_compiling() and self.kernels_may_apply(x):
+            # Traced, the layer would lose its CPU kernels (opaque to Dynamo) for ~100 reference operators and a
+            # host sync on the segment sizes; run eagerly instead, with them, between the block's compiled parts.
+            return run_eagerly(self.forward_layer, x)
+        return self.forward_layer(x)
+
+    def kernels_may_apply(self, x: torch.Tensor) -> bool:
+        """Whether the CPU kernels can take this layer's forward: CPU fp32 tokens without autocast (the full
+        conditions, checked eagerly, are cpu_kernels.fused_routing_applies and fused_experts_apply)."""
+        return (self.cpu_kernels and x.device.type == "cpu" and x.dtype == torch.float32
+                and not torch.is_autocast_enabled("cpu"))
+
+    def forward_layer(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         batch, seq, d_model = x.shape
         flat = x.reshape(batch * seq, d_model)
         record = self.training and not recomputing()  # counted once, not again in an activation recompute

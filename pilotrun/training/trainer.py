@@ -81,8 +81,8 @@ class TrainResult:
     message: str = ""
 
 
-def describe_plan(config: RunConfig, world_size: int, start_step: int = 0) -> list[str]:
-    """The lines printed before training starts: tokens per update and the planned tokens."""
+def describe_plan(config: RunConfig, world_size: int, start_step: int = 0, device_type: str = "cpu") -> list[str]:
+    """The lines printed before training starts: tokens per update, the planned tokens and the compile choice."""
     t = config.train
     per_update = tokens_per_update(config, world_size)
     lines = [
@@ -95,7 +95,28 @@ def describe_plan(config: RunConfig, world_size: int, start_step: int = 0) -> li
         remaining = max(0, t.max_steps - start_step)
         lines.append(f"resuming at step {start_step:,}: {remaining:,} updates ({remaining * per_update:,} tokens) "
                      "remain")
+    lines.append(describe_compile(t.compile, device_type))
     return lines
+
+
+def describe_compile(mode: str, device_type: str) -> str:
+    """What train.compile costs and whether it pays back. On the CPU it does not (BENCHMARKS.md, bench_update):
+    the compiled parts are a block's elementwise chains, while the update's time is in the matmuls, the MoE
+    layers' kernels (which stay eager) and the optimizer step (about half the update, not compiled)."""
+    if mode == "none":
+        if device_type == "cpu":
+            return ("compile: none (eager). train.compile=inductor would spend seconds compiling each block shape in "
+                    "the first update and gains about 1.0x per update on the CPU (BENCHMARKS.md, bench_update): it "
+                    "does not pay back")
+        return ("compile: none (eager). train.compile=inductor spends the first update compiling each block shape; "
+                "worth it only for a run long enough to repay that")
+    if mode == "eager":
+        return "compile: eager (Dynamo traces each block, no code generation: a check that the model compiles)"
+    if device_type == "cpu":
+        return ("compile: inductor, each block compiled in the first update (seconds per block shape); on the CPU it "
+                "gains about 1.0x per update and does not pay back (BENCHMARKS.md, bench_update): "
+                "train.compile=none is as fast without the wait")
+    return "compile: inductor, each block compiled in the first update (the first update is slower by that time)"
 
 
 class Trainer:
@@ -211,7 +232,7 @@ class Trainer:
         if trackers and loop.is_main:  # the one process that has the events mirrors them
             with self.account.phase("report"):
                 self.sinks[:0] = tracker_sinks(trackers, session.run_dir)
-        for line in describe_plan(session.config, world_size, session.state.step):
+        for line in describe_plan(session.config, world_size, session.state.step, session.device.type):
             loop.say(line)
         for note in session.notes:
             loop.say(f"note: {note}")

@@ -196,8 +196,7 @@ def test_torch_compile_traces_the_model_and_matches_eager_bit_for_bit(moe_impl):
     # the test checks that the model is compilable and that compiled training forwards still count, in seconds
     # rather than the minutes inductor's C++ build takes on 2 cores. Traced in fp32, `grouped` runs the sorted
     # segment loop (grouped_mm traces in bf16 only): same forward bit for bit, fp32 gradients to rounding.
-    # Traced graphs always route with the reference operators (the fused CPU kernel is opaque to Dynamo), so
-    # the eager side does too, for a bit-for-bit comparison.
+    # Without the CPU kernels (with them the MoE layers run eagerly: the next test), so that the MoE is traced.
     import torch._dynamo
 
     inputs, targets = batch(b=2, t=16)
@@ -205,7 +204,7 @@ def test_torch_compile_traces_the_model_and_matches_eager_bit_for_bit(moe_impl):
     torch.manual_seed(0)
     eager_model = build_model(cfg)
     torch.manual_seed(0)
-    compiled_model = build_model(dataclasses.replace(cfg, cpu_kernels=True))
+    compiled_model = build_model(cfg)
     torch._dynamo.reset()
     compiled = torch.compile(compiled_model, backend="eager")
     eager_output = eager_model(inputs, targets)
@@ -220,6 +219,42 @@ def test_torch_compile_traces_the_model_and_matches_eager_bit_for_bit(moe_impl):
             assert torch.equal(p.grad, q.grad), name
     assert torch.equal(eager_model.layers[1].ffn.tokens_per_expert, compiled_model.layers[1].ffn.tokens_per_expert)
     assert torch.equal(eager_model.layers[0].attn.qk_max_logit, compiled_model.layers[0].attn.qk_max_logit)
+    torch._dynamo.reset()
+
+
+@pytest.mark.slow
+def test_compiled_model_keeps_the_cpu_kernels_bit_for_bit(monkeypatch):
+    # Under torch.compile the MoE layers run eagerly with their kernels (the rest is traced): with the tracing-only
+    # backend the compiled model computes exactly what the eager one does, kernels included.
+    import torch._dynamo
+
+    from pilotrun.model import cpu_kernels
+
+    if not cpu_kernels.cpu_kernels_loaded():
+        pytest.skip("the CPU kernels cannot be built on this machine (no compiler)")
+    calls = []
+    kernel = cpu_kernels.FusedExperts.apply
+    monkeypatch.setattr(cpu_kernels.FusedExperts, "apply", staticmethod(lambda *a: calls.append(1) or kernel(*a)))
+    inputs, targets = batch(b=2, t=16)
+    cfg = dataclasses.replace(TINY, moe_impl="grouped", cpu_kernels=True)
+    models = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = build_model(cfg)
+        torch._dynamo.reset()
+        output = (torch.compile(model, backend="eager") if compiled else model)(inputs, targets)
+        output.loss.backward()
+        models.append((model, output))
+    (eager_model, eager_output), (compiled_model, compiled_output) = models
+    moe_layers = len(eager_model.moe_layers())
+    assert len(calls) == 2 * moe_layers  # the experts kernel ran in every MoE layer, compiled or not
+    assert torch.equal(eager_output.logits, compiled_output.logits)
+    assert torch.equal(eager_output.loss, compiled_output.loss)
+    for (name, p), (_, q) in zip(eager_model.named_parameters(), compiled_model.named_parameters()):
+        assert torch.equal(p.grad, q.grad), name
+    for eager_moe, compiled_moe in zip(eager_model.moe_layers(), compiled_model.moe_layers()):
+        assert torch.equal(eager_moe.tokens_per_expert, compiled_moe.tokens_per_expert)
+        assert torch.equal(eager_moe.router_statistics, compiled_moe.router_statistics)
     torch._dynamo.reset()
 
 

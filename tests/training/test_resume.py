@@ -244,3 +244,24 @@ def test_other_data_is_refused(short_run, tmp_path):
     shutil.copytree(short_run, run_dir)
     with pytest.raises(CheckpointError, match=r"data\.metadata_sha256: "):
         make_trainer(acting_recipe("fp32", 4), other, run_dir, resume=True)
+
+
+@pytest.mark.slow
+def test_compiled_run_resumes_bit_for_bit_and_trains_like_eager(builtin_data_dir, tmp_path):
+    # train.compile=inductor with the CPU kernels (the MoE layers stay eager between the compiled parts): straight
+    # to N, and to K then resumed to N in a fresh trainer (which compiles again), give the same losses and state
+    # bit for bit; inductor's fused code rounds otherwise than eager, so against eager the losses agree closely.
+    compiled = ("train.compile=inductor",)
+    losses, states = {}, {}
+    for name, steps, resume in (("a", N_STEPS, False), ("b", K_STEPS, False), ("b", N_STEPS, True),
+                                ("eager", N_STEPS, False)):
+        trainer = make_trainer(acting_recipe("fp32", steps, () if name == "eager" else compiled), builtin_data_dir,
+                               tmp_path / name, resume=resume)
+        assert trainer.run().reason == "completed"
+        blocks = [block._compiled_call_impl is not None for block in trainer.session.raw_model.layers]
+        assert all(blocks) if name != "eager" else not any(blocks)
+        losses[name], states[name] = train_losses(tmp_path / name), final_state(trainer)
+    assert losses["a"] == losses["b"] and sorted(losses["a"]) == list(range(1, N_STEPS + 1))
+    assert_exactly_equal(states["a"], states["b"])
+    for step, (loss,) in losses["eager"].items():
+        assert losses["a"][step][0] == pytest.approx(loss, rel=1e-4), step

@@ -230,6 +230,19 @@ def test_plan_lines_count_world_size():
     assert lines[0].endswith("4 * 32 * 3 * 8 = 3,072")
     assert lines[1].endswith("10 * 3,072 = 30,720")
     assert "6 updates (18,432 tokens) remain" in lines[2]
+    assert lines[3].startswith("compile: none (eager)") and "does not pay back" in lines[3]
+
+
+@pytest.mark.parametrize("mode, device_type, fragment", [
+    ("none", "cpu", "does not pay back"),
+    ("none", "cuda", "long enough to repay"),
+    ("inductor", "cpu", "train.compile=none is as fast"),
+    ("inductor", "cuda", "the first update is slower"),
+    ("eager", "cpu", "no code generation"),
+])
+def test_plan_states_what_compiling_costs_and_whether_it_pays_back(mode, device_type, fragment):
+    lines = describe_plan(smoke_config(f"train.compile={mode}"), world_size=1, device_type=device_type)
+    assert lines[-1].startswith(f"compile: {mode}") and fragment in lines[-1]
 
 
 @pytest.mark.parametrize("override, fragment", [

@@ -1,0 +1,319 @@
+"""One whole update (forward + backward + optimizer step) of pilotrun's model against a reference of equal active
+work built from torch's own modules, eager and compiled, side by side in one process.
+
+The reference: a dense GPT of pre-norm blocks (torch.nn.RMSNorm, q/k/v/o projections and
+F.scaled_dot_product_attention, a SwiGLU MLP), trained with torch.optim.Muon on its hidden matrices and
+torch.optim.AdamW (foreach) on the embedding, the head and the norm gains. Its MLP width is chosen so that its
+matmul parameters equal pilotrun's active matmul parameters (`accounting.active_matmul_parameters`: what one
+token multiplies by), so both do the same matmul work per token; the FLOP per token of each is stated beside it.
+It has no rotary embedding (elementwise work, a few percent at most).
+
+Each variant keeps its own model and optimizer; the rounds interleave them and rotate their order (so that a
+busier moment of the shared machine does not fall on one variant), and each phase is timed in CPU seconds of this
+process on one torch thread (`time.process_time`: other jobs on the machine take wall time, not this process's
+CPU time). The first updates of a compiled variant pay its compilation: their excess over the eager variant's
+update is the compile cost, and the updates after which it pays back follow from the per-update saving.
+
+`python -m benchmarks.run_all bench_update` (`python -m benchmarks.bench_update --json` for the figures alone;
+`--sizes stability` for the small size only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from benchmarks.bench_optim import torch_muon_with_fp32_newton_schulz
+from pilotrun.config import OptimConfig
+from pilotrun.model.accounting import active_matmul_parameters, flops_per_token
+from pilotrun.model.presets import model_preset
+from pilotrun.model.transformer import build_model
+from pilotrun.optim.muon_adamw import build_optimizer
+from pilotrun.training.session import compile_blocks
+
+VOCAB = 4096
+clock = time.process_time
+# Goals of the update's speed: pilotrun's update no slower than the reference's at equal work, its optimizer step
+# no slower, and compilation >= 1.3x faster than eager where a run is long enough to pay it back.
+TARGET_UPDATE_OVER_REFERENCE = 1.0
+TARGET_STEP_OVER_REFERENCE = 1.0
+TARGET_COMPILED_SPEEDUP = 1.3
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    name: str
+    preset: str
+    changes: dict
+    batch: int
+    seq: int
+    rounds: int
+    warmup: int
+
+
+SIZES = {
+    "stability": Size("stability", "cpu", {}, batch=8, seq=64, rounds=12, warmup=3),
+    # The gpu recipe's model cut to 4 layers: the larger CPU size the speed goals name.
+    "large": Size("large", "gpu-100m", {"n_layers": 4}, batch=8, seq=256, rounds=3, warmup=2),
+}
+
+
+class ReferenceBlock(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, hidden: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.attn_norm, self.mlp_norm = nn.RMSNorm(d_model), nn.RMSNorm(d_model)
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(d_model, d_model, bias=False) for _ in range(4))
+        self.w1, self.w3 = nn.Linear(d_model, hidden, bias=False), nn.Linear(d_model, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, d_model = x.shape
+        h = self.attn_norm(x)
+        q, k, v = (w(h).view(batch, seq, self.n_heads, -1).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.wo(attended.transpose(1, 2).reshape(batch, seq, d_model))
+        h = self.mlp_norm(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+class ReferenceGPT(nn.Module):
+    def __init__(self, vocab: int, d_model: int, n_layers: int, n_heads: int, hidden: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.layers = nn.ModuleList(ReferenceBlock(d_model, n_heads, hidden) for _ in range(n_layers))
+        self.norm = nn.RMSNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        for p in self.parameters():
+            if p.ndim == 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def reference_hidden_width(matmul_parameters: int, d_model: int, n_layers: int, vocab: int) -> int:
+    """The SwiGLU width at which the reference's matmul parameters (per layer 4 d^2 + 3 d h, plus the head) equal
+    the given count, rounded to a multiple of 8."""
+    per_layer = (matmul_parameters - d_model * vocab) / n_layers - 4 * d_model * d_model
+    return max(8, int(round(per_layer / (3 * d_model) / 8)) * 8)
+
+
+def reference_matmul_parameters(model: ReferenceGPT) -> int:
+    return sum(p.numel() for name, p in model.named_parameters() if p.ndim == 2 and not name.startswith("embed"))
+
+
+def reference_flops_per_token(model: ReferenceGPT, seq: int) -> float:
+    d_model = model.embed.embedding_dim
+    keys_attended = (seq + 1) / 2  # causal, counted as accounting.flops_per_token counts pilotrun's
+    return 6 * reference_matmul_parameters(model) + 6 * len(model.layers) * 2 * d_model * keys_attended
+
+
+def newton_schulz_flops(matrices: list[torch.Tensor]) -> float:
+    """Newton-Schulz FLOP of one step over these Muon parameters (a 3-D stack counted per slice): 5 quintic
+    iterations of X X^T, the polynomial and its product with X on the short side A of each [A, B] matrix, 5 (4 A^2 B
+    + 2 A^3). An MoE orthogonalises every expert's matrices each step, the ones a token did not use included: the
+    step's work follows the total parameters, the forward's the active ones."""
+    total = 0.0
+    for p in matrices:
+        a, b = sorted(p.shape[-2:])
+        total += (p.numel() // (a * b)) * 5 * (4 * a * a * b + 2 * a ** 3)
+    return total
+
+
+def reference_optimizers(model: ReferenceGPT, optim: OptimConfig) -> list[torch.optim.Optimizer]:
+    """torch.optim.Muon on every hidden matrix, torch.optim.AdamW (foreach) on the rest, with pilotrun's
+    hyperparameters (Muon's update scaled to AdamW's RMS, as pilotrun's default scale does; its Newton-Schulz in
+    fp32 as pilotrun's on the CPU, through bench_optim's patch of torch's single bf16 cast)."""
+    hidden = [p for name, p in model.named_parameters() if p.ndim == 2 and name.startswith("layers.")]
+    rest = [p for name, p in model.named_parameters() if not (p.ndim == 2 and name.startswith("layers."))]
+    muon = torch.optim.Muon(hidden, lr=optim.muon.lr, weight_decay=optim.muon.weight_decay,
+                            momentum=optim.muon.momentum, nesterov=optim.muon.nesterov, ns_steps=optim.muon.ns_steps,
+                            adjust_lr_fn="match_rms_adamw")
+    adamw = torch.optim.AdamW(rest, lr=optim.adamw.lr, betas=tuple(optim.adamw.betas), eps=optim.adamw.eps,
+                              weight_decay=optim.adamw.weight_decay, foreach=True)
+    return [muon, adamw]
+
+
+class Variant:
+    """One model and its optimizers, with its phases timed per update."""
+
+    def __init__(self, name: str, model: nn.Module, optimizers: list, loss_of, tokens: torch.Tensor):
+        self.name, self.model, self.optimizers, self.loss_of, self.tokens = name, model, optimizers, loss_of, tokens
+        self.forward_backward: list[float] = []
+        self.step: list[float] = []
+        self.first_updates = 0.0
+
+    def update(self, timed: bool) -> float:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=False)
+        start = clock()
+        self.loss_of(self.model, self.tokens).backward()
+        middle = clock()
+        for optimizer in self.optimizers:
+            optimizer.step()
+        end = clock()
+        if timed:
+            self.forward_backward.append(middle - start)
+            self.step.append(end - middle)
+        return end - start
+
+    def figures(self) -> dict:
+        updates = [a + b for a, b in zip(self.forward_backward, self.step, strict=True)]
+        return {"update_ms": 1e3 * statistics.median(updates),
+                "forward_backward_ms": 1e3 * statistics.median(self.forward_backward),
+                "step_ms": 1e3 * statistics.median(self.step), "first_updates_s": self.first_updates}
+
+
+def pilotrun_loss(model, tokens):
+    return model(tokens[:, :-1], tokens[:, 1:]).loss
+
+
+def reference_loss(model, tokens):
+    return model(tokens[:, :-1], tokens[:, 1:])
+
+
+def build_variants(size: Size) -> tuple[list[Variant], dict]:
+    cfg = model_preset(size.preset, vocab_size=VOCAB, init_std=0.02, **size.changes)
+    tokens = torch.randint(0, VOCAB, (size.batch, size.seq + 1), generator=torch.Generator().manual_seed(0))
+    optim = OptimConfig()
+    matmul = active_matmul_parameters(cfg)
+    hidden = reference_hidden_width(matmul, cfg.d_model, cfg.n_layers, VOCAB)
+    variants = []
+    # compile_blocks resets dynamo's caches: the compiled pilotrun model is built before any other compiled model.
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = build_model(cfg)
+        model.train()
+        if compiled:
+            compile_blocks(model, "inductor")
+        optimizer = build_optimizer(model, optim)
+        variants.append(Variant(f"pilotrun {'compiled' if compiled else 'eager'}", model, [optimizer],
+                                pilotrun_loss, tokens))
+    pilotrun_ns = newton_schulz_flops([p for g in optimizer.param_groups if g["use_muon"] for p in g["params"]])
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        reference = ReferenceGPT(VOCAB, cfg.d_model, cfg.n_layers, cfg.n_heads, hidden)
+        model = torch.compile(reference) if compiled else reference
+        variants.append(Variant(f"reference {'compiled' if compiled else 'eager'}", model,
+                                reference_optimizers(reference, optim), reference_loss, tokens))
+    shape = {"size": size.name, "d_model": cfg.d_model, "layers": cfg.n_layers, "batch": size.batch, "seq": size.seq,
+             "pilotrun_active_matmul_parameters": matmul, "reference_matmul_parameters":
+             reference_matmul_parameters(reference), "reference_hidden": hidden,
+             "pilotrun_flops_per_token": flops_per_token(cfg, size.seq),
+             "reference_flops_per_token": reference_flops_per_token(reference, size.seq),
+             "pilotrun_parameters": sum(p.numel() for p in variants[0].model.parameters()),
+             "reference_parameters": sum(p.numel() for p in reference.parameters()),
+             "pilotrun_newton_schulz_flops": pilotrun_ns, "reference_newton_schulz_flops": newton_schulz_flops(
+                 [p for name, p in reference.named_parameters() if p.ndim == 2 and name.startswith("layers.")])}
+    return variants, shape
+
+
+def measure(size: Size) -> dict:
+    variants, shape = build_variants(size)
+    with torch_muon_with_fp32_newton_schulz():  # pilotrun's CPU default orthogonalises in fp32: the same for both
+        return time_variants(variants, shape, size)
+
+
+def time_variants(variants: list[Variant], shape: dict, size: Size) -> dict:
+    for variant in variants:  # the first updates: warm-up, and a compiled variant's compilation
+        variant.first_updates = sum(variant.update(timed=False) for _ in range(size.warmup))
+    for index in range(size.rounds):
+        shift = index % len(variants)
+        for variant in variants[shift:] + variants[:shift]:
+            variant.update(timed=True)
+    figures = {variant.name: variant.figures() for variant in variants}
+    for kind in ("pilotrun", "reference"):
+        eager, compiled = figures[f"{kind} eager"], figures[f"{kind} compiled"]
+        saving_s = (eager["update_ms"] - compiled["update_ms"]) / 1e3
+        compile_s = compiled["first_updates_s"] - eager["first_updates_s"]
+        figures[f"{kind} compiled"]["speedup"] = eager["update_ms"] / compiled["update_ms"]
+        figures[f"{kind} compiled"]["compile_s"] = compile_s
+        figures[f"{kind} compiled"]["payback_updates"] = compile_s / saving_s if saving_s > 0 else None
+    return {**shape, "rounds": size.rounds, "figures": figures}
+
+
+def markdown(results: list[dict]) -> str:
+    lines = ["## The whole update against a reference of equal work (torch modules, torch.optim.Muon)", "",
+             "Per update, CPU ms of one torch thread, median over interleaved rounds (order rotated each round). The"
+             " reference is a dense SwiGLU GPT of torch modules with torch.optim.Muon + AdamW(foreach), its MLP width"
+             " set so that its matmul parameters equal pilotrun's active ones; compiled = `train.compile=inductor`"
+             " for pilotrun (each decoder block compiled), `torch.compile(model)` for the reference.", ""]
+    for result in results:
+        f = result["figures"]
+        lines += [f"### {result['size']}: d {result['d_model']}, {result['layers']} layers, batch {result['batch']}"
+                  f" x seq {result['seq']}, {result['rounds']} rounds", "",
+                  f"Matmul parameters per token: pilotrun {result['pilotrun_active_matmul_parameters']:,} active,"
+                  f" reference {result['reference_matmul_parameters']:,} (MLP width {result['reference_hidden']});"
+                  f" FLOP per token {result['pilotrun_flops_per_token']:,.0f} vs"
+                  f" {result['reference_flops_per_token']:,.0f}. Total parameters {result['pilotrun_parameters']:,}"
+                  f" vs {result['reference_parameters']:,}; Newton-Schulz per optimizer step"
+                  f" {result['pilotrun_newton_schulz_flops'] / 1e9:.2f} vs"
+                  f" {result['reference_newton_schulz_flops'] / 1e9:.2f} GFLOP (the step's work follows the total"
+                  " parameters: every expert is orthogonalised each step).", "",
+                  "| variant | update ms | fwd+bwd ms | optimizer step ms | step share | compiled speedup |"
+                  " compile s | pays back after |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for name, v in f.items():
+            speed = f"{v['speedup']:.2f}x" if "speedup" in v else ""
+            compile_s = f"{v['compile_s']:.1f}" if "compile_s" in v else ""
+            payback = ("" if "compile_s" not in v else "never (slower)" if v["payback_updates"] is None
+                       else f"{v['payback_updates']:,.0f} updates")
+            lines.append(f"| {name} | {v['update_ms']:.1f} | {v['forward_backward_ms']:.1f} | {v['step_ms']:.1f} |"
+                         f" {v['step_ms'] / v['update_ms']:.0%} | {speed} | {compile_s} | {payback} |")
+        ours, ref = f["pilotrun eager"], f["reference eager"]
+        best_ref = min(f["reference eager"]["update_ms"], f["reference compiled"]["update_ms"])
+        best_ours = min(ours["update_ms"], f["pilotrun compiled"]["update_ms"])
+        update_ratio = best_ours / best_ref
+        step_ratio = ours["step_ms"] / ref["step_ms"]
+        lines += ["", f"pilotrun / reference, each at its faster setting: update {update_ratio:.2f}x (goal <="
+                  f" {TARGET_UPDATE_OVER_REFERENCE:.1f}x: {'met' if update_ratio <= TARGET_UPDATE_OVER_REFERENCE else 'NOT met'});"
+                  f" eager forward+backward {ours['forward_backward_ms'] / ref['forward_backward_ms']:.2f}x; eager"
+                  f" optimizer step {step_ratio:.2f}x, per Newton-Schulz FLOP"
+                  f" {step_ratio * result['reference_newton_schulz_flops'] / result['pilotrun_newton_schulz_flops']:.2f}x"
+                  f" (goal <= {TARGET_STEP_OVER_REFERENCE:.1f}x:"
+                  f" {'met' if step_ratio <= TARGET_STEP_OVER_REFERENCE else 'NOT met'}); pilotrun compiled over eager"
+                  f" {f['pilotrun compiled']['speedup']:.2f}x (goal >= {TARGET_COMPILED_SPEEDUP:.1f}x:"
+                  f" {'met' if f['pilotrun compiled']['speedup'] >= TARGET_COMPILED_SPEEDUP else 'NOT met'}).", ""]
+    lines += ["Command: `python -m benchmarks.run_all bench_update` (figures as JSON: `python -m"
+              " benchmarks.bench_update --json`).", ""]
+    return "\n".join(lines)
+
+
+def run(sizes: tuple[str, ...] = ("stability", "large")) -> str:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return markdown([measure(SIZES[name]) for name in sizes])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="stability,large", help="comma-separated: stability, large")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of Markdown")
+    args = parser.parse_args()
+    sizes = tuple(s for s in args.sizes.split(",") if s)
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        parser.exit(2, f"bench_update: unknown size {', '.join(unknown)} (known: {', '.join(SIZES)})\n")
+    torch.set_num_threads(1)
+    if args.json:
+        print(json.dumps([measure(SIZES[name]) for name in sizes], indent=1))
+    else:
+        print(run(sizes))
+
+
+if __name__ == "__main__":
+    main()
