@@ -248,7 +248,8 @@ RESUME_FREE_KEYS = (
     *MACHINE_KEYS,
     "model.activation_checkpointing", "optim.muon.distribute_newton_schulz",
     "train.max_steps", "train.log_every", "train.eval_every", "train.eval_batches", "train.checkpoint_every",
-    "train.keep_checkpoints", "train.keep_every", "train.keep_steps", "train.max_consecutive_skips", "train.memory_budget_gb", "train.spike.max_rollbacks",
+    "train.keep_checkpoints", "train.keep_every", "train.keep_steps", "train.max_consecutive_skips",
+    "train.memory_budget_gb", "train.spike.max_rollbacks",
     "train.skip_data",  # a rollback's ranges lie behind every later checkpoint's cursor
 )
 
