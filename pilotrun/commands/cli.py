@@ -63,6 +63,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="the signals that stop the session with a checkpoint (exit 128 + the signal's number); "
                    "default SIGINT,SIGTERM,SIGHUP,SIGUSR1,SIGUSR2 (SIGUSR1/2: a scheduler's pre-emption warning); "
                    "a machine setting, free to change on any resume")
+    p.add_argument("--hang-timeout", default="auto", metavar="auto|off|STEADY[,STARTUP]",
+                   help="the hang watchdog: a rank without progress past its bound writes every thread's stack to "
+                   "RUN/hangs/, ends the session 'hung' and exits 124; auto (default): 10x this session's slowest "
+                   "update, evaluation or save, 5 min to 30 min, the set-up and each first one 30 min; or fixed "
+                   "seconds/durations (10m or 10m,1h); off. Sets the process group's timeout; free to change on resume")
     p.add_argument("--from-step", type=int, default=None, help="with --resume: continue from this checkpoint step")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set train.max_steps=200 (repeatable; to shorten a run "
@@ -95,6 +100,7 @@ def _run_train(args: argparse.Namespace) -> int:
     if (args.config is None) == (args.frozen is None):
         raise ConfigError("train needs exactly one of --config RECIPE and --frozen LOCK")
     stop_by, signums = _unattended_settings(args, started_at)
+    hang_bounds = _hang_bounds(args.hang_timeout)
     # Heard from here on: a pre-emption warning during the set-up (torch's import, a checkpoint's read) is a
     # request to stop with a checkpoint, not the default action (which ends the process with nothing saved).
     signals = StopSignals(signums=signums)
@@ -111,7 +117,7 @@ def _run_train(args: argparse.Namespace) -> int:
         return train_from_cli(config, args.data, args.run_dir, resume=args.resume, from_step=args.from_step,
                               allow_changes=args.allow_change, command=args.invocation, run_facts=run_facts,
                               stop_past_step=args.stop_past_step, progress=args.progress, signals=signals,
-                              stop_by=stop_by, started_at=started_at)
+                              stop_by=stop_by, started_at=started_at, hang_bounds=hang_bounds)
 
 
 def _unattended_settings(args: argparse.Namespace, now: float) -> tuple[float | None, tuple[int, ...] | None]:
@@ -129,6 +135,17 @@ def _unattended_settings(args: argparse.Namespace, now: float) -> tuple[float | 
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return stop_by, signums
+
+
+def _hang_bounds(text: str):
+    """`--hang-timeout` as the watchdog's bounds (None: off); bad input is one line, exit 2."""
+    from pilotrun.errors import ConfigError
+    from pilotrun.training.callbacks.hang_watchdog import parse_hang_timeout
+
+    try:
+        return parse_hang_timeout(text)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _recorded_seconds_per_update(run_dir: str) -> float | None:

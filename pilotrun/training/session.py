@@ -35,6 +35,7 @@ from pilotrun.run.marker import MARKER_NAME, step_folder_name
 from pilotrun.run.record import (
     CHECKPOINTS_DIR,
     COUNTER_KEYS,
+    HANGS_DIR,
     RUN_JSON,
     Counters,
     read_metrics_tolerant,
@@ -81,12 +82,13 @@ class NothingToDo(PilotrunError):
 def holds_no_run(run_dir: Path) -> bool:
     """`--resume auto`: the folder holds no run yet. Besides a new or empty folder, one left by a first start
     killed during its set-up (before run.json: the lock file, and the checkpoints/ folder the pre-flight check
-    creates, with nothing committed in it) holds none either, so a rerun of the same command starts the run."""
+    creates, with nothing committed in it, and the stacks of a start that hung) holds none either, so a rerun of
+    the same command starts the run."""
     if (run_dir / RUN_JSON).is_file():
         return False
     if not run_dir.exists():
         return True
-    if not run_dir.is_dir() or any(p.name not in (LOCK_NAME, CHECKPOINTS_DIR) for p in run_dir.iterdir()):
+    if not run_dir.is_dir() or any(p.name not in (LOCK_NAME, CHECKPOINTS_DIR, HANGS_DIR) for p in run_dir.iterdir()):
         return False
     checkpoints = run_dir / CHECKPOINTS_DIR
     return not checkpoints.exists() or (checkpoints.is_dir() and not checkpoints.is_symlink()
