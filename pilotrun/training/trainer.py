@@ -249,6 +249,9 @@ class Trainer:
         session.record.end_session(session.session_id, reason="hung", chain_end=session.metrics.head)
 
 
+AUTO_HANG_BOUNDS = HangBounds()  # `--hang-timeout auto`
+
+
 def start_watchdog(bounds: HangBounds | None, run_dir: str | Path) -> HangWatchdog | None:
     """This rank's hang watchdog, started (None when `--hang-timeout off`). The rank is torchrun's (RANK), read
     before the process group exists so that its creation is watched too."""
@@ -262,7 +265,7 @@ def train_from_cli(config: RunConfig, data_dir: str, run_dir: str, resume: bool 
                    allow_changes: list[str], command: list[str], run_facts: dict[str, Any] | None = None,
                    stop_past_step: int | None = None, progress: bool | str = True,
                    signals: StopSignals | None = None, stop_by: float | None = None,
-                   started_at: float | None = None, hang_bounds: HangBounds | None = HangBounds()) -> int:
+                   started_at: float | None = None, hang_bounds: HangBounds | None = AUTO_HANG_BOUNDS) -> int:
     """`pilotrun train`: build, run, return the exit code (bad input raises PilotrunError -> exit 2).
     `run_facts` are extra run.json sections recorded when this session starts the run (the recipe lock of a
     frozen run); `stop_past_step` is the pilot's kill point (`--stop-past-step`). `signals`, already installed

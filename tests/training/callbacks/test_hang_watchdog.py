@@ -35,9 +35,9 @@ class Clock:
 WHEN = datetime.datetime(2026, 12, 3, 23, 0, 5, tzinfo=datetime.UTC)
 
 
-def watchdog(tmp_path, bounds=HangBounds(), rank=0):
+def watchdog(tmp_path, bounds=None, rank=0):
     clock, exits = Clock(), []
-    dog = HangWatchdog(bounds, tmp_path / "run", rank, clock=clock, exit=exits.append, now=lambda: WHEN,
+    dog = HangWatchdog(bounds or HangBounds(), tmp_path / "run", rank, clock=clock, exit=exits.append, now=lambda: WHEN,
                        out=types.SimpleNamespace(write=lambda text: None, flush=lambda: None))
     return dog, clock, exits
 
