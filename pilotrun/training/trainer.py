@@ -44,20 +44,20 @@ from typing import Any
 import torch
 
 from pilotrun.config import RunConfig
-from pilotrun.run.record import PHASES, run_json_digests
+from pilotrun.run.record import HANGS_DIR, PHASES, run_json_digests
 from pilotrun.run.sinks import (
     GuardedSink,
     MetricsSink,
     check_trackers_available,
     tracker_sinks,
 )
-from pilotrun.stop_signals import signal_name
+from pilotrun.stop_signals import HUNG_EXIT_CODE, signal_name
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import Callback, Ending, LoopState
 from pilotrun.training.callbacks.checkpointing import CheckpointCallback
 from pilotrun.training.callbacks.deadline import DeadlineCallback
 from pilotrun.training.callbacks.evaluation import EvalCallback
-from pilotrun.training.callbacks.hang_watchdog import HangBounds, HangWatchdog
+from pilotrun.training.callbacks.hang_watchdog import HangBounds, HangWatchdog, peer_hangs
 from pilotrun.training.callbacks.kill_point import KillPointCallback
 from pilotrun.training.callbacks.launcher_watch import LauncherWatchCallback
 from pilotrun.training.callbacks.profiling import ProfileCallback, ProfileWindow
@@ -124,7 +124,8 @@ class Trainer:
         # A tracker named in the recipe but not installed is refused before anything is written.
         check_trackers_available(config.train.trackers)
         self.stop_by, self.clock = stop_by, clock if clock is not None else time.time
-        self.watchdog, self.session_ended = watchdog, False
+        self.watchdog, self.session_ended, self.peer_hung = watchdog, False, False
+        self.began = time.time()  # a peer's stack file written since is this session's (hang_watchdog.peer_hangs)
         self.started_at = started_at if started_at is not None else self.clock()
         self.account = TimeAccount()  # everything until the loop starts is "other" (setup)
         self.progress = progress
@@ -199,9 +200,14 @@ class Trainer:
             if self.session_ended:  # ended `hung` by the watchdog, whose exit this unwinding is
                 raise
             self.session_ended = True
-            loop.log("session_end", reason="error", message=f"{type(exc).__name__}: {exc}"[:2000],
-                     time_split=self.account.time_split())
-            session.record.end_session(session.session_id, reason="error", chain_end=session.metrics.head)
+            reason, message = "error", f"{type(exc).__name__}: {exc}"
+            hung = peer_hangs(session.run_dir, self.began, session.context.rank) if session.context.is_distributed \
+                and isinstance(exc, Exception) else []
+            if hung:  # the collective broke because a rank hung and left: the session hung
+                self.peer_hung = True
+                reason, message = "hung", f"another rank hung (stacks in {', '.join(map(str, hung))}); here: {message}"
+            loop.log("session_end", reason=reason, message=message[:2000], time_split=self.account.time_split())
+            session.record.end_session(session.session_id, reason=reason, chain_end=session.metrics.head)
             raise
         return self._end_session(loop, ending)
 
@@ -301,6 +307,12 @@ def train_from_cli(config: RunConfig, data_dir: str, run_dir: str, resume: bool 
     except SecondSignal as second:
         print(f"second {signal_name(second.signum)} during the set-up: stopped at once", file=sys.stderr, flush=True)
         return signals.exit_code(second.signum)
+    except Exception:
+        if trainer is None or not trainer.peer_hung:
+            raise
+        print(f"pilotrun: hung: another rank made no progress (RUN/{HANGS_DIR}/); exiting with {HUNG_EXIT_CODE}",
+              file=sys.stderr, flush=True)
+        return HUNG_EXIT_CODE
     finally:
         # The DDP/FSDP wrapper (DDP's reducer) uses the process group: free it, reference cycles included, before
         # the group is destroyed rather than after, when the function's frame goes (a 2-rank gloo run was once

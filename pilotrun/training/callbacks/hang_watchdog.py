@@ -22,7 +22,11 @@ record on a stuck file system must not keep the process alive); then `os._exit(H
 which would wait in the same collective. torchrun (`--max-restarts`) or the requeue script then starts the same
 command again and `--resume auto` continues from the newest committed checkpoint; the work since that checkpoint
 is lost (a stuck job cannot save). Every rank watches itself: a rank stuck alone and the ranks waiting on it all
-stop within about one update of each other, each with its own stack file.
+stop within about one update of each other, each with its own stack file. A rank that fires waits
+`GRACE_SECONDS` before it exits, so that the ranks waiting on it fire too: its exit would break their collective
+with an error (gloo: "connection closed by peer"). Should it break first anyway, the waiting rank finds the
+stuck rank's stack file of this session (`peer_hangs`) and ends the session `hung` too, naming it, with the
+same exit code.
 
 The process group's timeout is fixed when the group is created (it cannot change later), so it is derived from
 the largest bound the watchdog can use, plus a margin (`process_group_seconds`): the watchdog always fires first,
@@ -57,6 +61,7 @@ MULTIPLE = 10.0  # auto: a stretch may take this many times its kind's slowest m
 FLOOR_SECONDS = 300.0  # auto: never less (a busy machine, a slow file system's hiccup)
 PROCESS_GROUP_MARGIN = 60.0  # the process group's timeout exceeds the largest bound by at least this
 RECORD_SECONDS = 30.0  # the longest the hung session's record may take before the process exits regardless
+GRACE_SECONDS = 10.0  # a hung rank waits this long (at most half its bound) before it exits: see the docstring
 PRIORITY_HANG = -20  # outside the profiler: an update attempt's progress points bracket all of it
 KINDS = ("startup", "update", "eval", "checkpoint", "other", "teardown")
 PHASE_KINDS = {"eval": "eval", "checkpoint": "checkpoint"}  # time-account phases that are their own stretch
@@ -128,14 +133,25 @@ def hang_file_name(rank: int, when: datetime.datetime) -> str:
 
 
 def thread_stacks() -> str:
-    """Every thread's Python stack, named, the innermost frame last (traceback's order)."""
+    """Every thread's Python stack, named, the main thread's first, the innermost frame last (traceback's order)."""
     names = {thread.ident: thread for thread in threading.enumerate()}
+    main = threading.main_thread().ident
     parts = []
-    for ident, frame in sorted(sys._current_frames().items()):
+    for ident, frame in sorted(sys._current_frames().items(), key=lambda item: (item[0] != main, item[0])):
         thread = names.get(ident)
         label = f"{thread.name}{' (daemon)' if thread.daemon else ''}" if thread else "unnamed"
         parts.append(f"Thread {label}, id {ident}:\n" + "".join(traceback.format_stack(frame)))
     return "\n".join(parts)
+
+
+def peer_hangs(run_dir: str | Path, since: float, rank: int) -> list[Path]:
+    """The stack files other ranks wrote since `since` (epoch seconds): a collective that failed on this rank
+    after one of them was written failed because that rank hung and left."""
+    folder = Path(run_dir) / HANGS_DIR
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    return sorted(path for path in folder.glob("*-rank*.txt")
+                  if not path.name.endswith(f"-rank{rank}.txt") and path.stat().st_mtime >= since)
 
 
 class HangWatchdog(Callback):
@@ -149,12 +165,13 @@ class HangWatchdog(Callback):
     def __init__(self, bounds: HangBounds, run_dir: str | Path, rank: int, *,
                  clock: Callable[[], float] = time.monotonic, exit: Callable[[int], Any] | None = None,
                  now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
-                 poll_seconds: float | None = None, out: Any = None) -> None:
+                 poll_seconds: float | None = None, out: Any = None,
+                 sleep: Callable[[float], Any] = time.sleep) -> None:
         self.bounds, self.run_dir, self.rank = bounds, Path(run_dir), rank
         self.clock, self.exit, self.now = clock, exit if exit is not None else os._exit, now
         smallest = min(bounds.startup, bounds.steady or FLOOR_SECONDS)
         self.poll_seconds = poll_seconds if poll_seconds is not None else max(0.05, min(1.0, smallest / 20))
-        self.out = out
+        self.out, self.sleep = out, sleep
         self.on_hang: Callable[[str], None] | None = None  # rank 0's record of the hung session (the trainer's)
         self.step: Callable[[], int | None] = lambda: None
         self.kind, self.since = "startup", clock()
@@ -240,6 +257,7 @@ class HangWatchdog(Callback):
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
+        self.sleep(min(GRACE_SECONDS, bound / 2))
         self.exit(HUNG_EXIT_CODE)
 
     def _record(self, message: str) -> None:

@@ -4,6 +4,7 @@ plus its own thread firing on a real stall (no wall-clock assertion: the test wa
 from __future__ import annotations
 
 import datetime
+import os
 import threading
 import types
 
@@ -19,6 +20,7 @@ from pilotrun.training.callbacks.hang_watchdog import (
     HangWatchdog,
     hang_file_name,
     parse_hang_timeout,
+    peer_hangs,
     thread_stacks,
 )
 from pilotrun.training.timing import TimeAccount
@@ -38,7 +40,7 @@ WHEN = datetime.datetime(2026, 12, 3, 23, 0, 5, tzinfo=datetime.UTC)
 def watchdog(tmp_path, bounds=None, rank=0):
     clock, exits = Clock(), []
     dog = HangWatchdog(bounds or HangBounds(), tmp_path / "run", rank, clock=clock, exit=exits.append, now=lambda: WHEN,
-                       out=types.SimpleNamespace(write=lambda text: None, flush=lambda: None))
+                       sleep=lambda seconds: None, out=types.SimpleNamespace(write=lambda text: None, flush=lambda: None))
     return dog, clock, exits
 
 
@@ -175,3 +177,14 @@ def test_stacks_name_every_thread():
         done.set()
         thread.join()
     assert "Thread parked-helper, id" in text and "in parked" in text and "Thread MainThread" in text
+
+
+def test_a_peer_hang_is_another_rank_s_stack_file_written_since_the_session_began(tmp_path):
+    folder = tmp_path / HANGS_DIR
+    assert peer_hangs(tmp_path, 0.0, 0) == []
+    folder.mkdir()
+    for name, mtime in (("a-rank0.txt", 2000.0), ("a-rank1.txt", 2000.0), ("old-rank2.txt", 500.0)):
+        (folder / name).write_text("stacks")
+        os.utime(folder / name, (mtime, mtime))
+    assert peer_hangs(tmp_path, 1000.0, 0) == [folder / "a-rank1.txt"]
+    assert peer_hangs(tmp_path, 1000.0, 1) == [folder / "a-rank0.txt"]
