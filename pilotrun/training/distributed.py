@@ -139,7 +139,7 @@ def restart_store(environ: dict[str, str], world_size: int, timeout: datetime.ti
         return None
     store = dist.TCPStore(environ["MASTER_ADDR"], _read_int_env(environ, "MASTER_PORT"), world_size,
                           is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"pilotrun/restart-{environ['TORCHELASTIC_RESTART_COUNT']}/", store)
+    return dist.PrefixStore(f"pilotrun/restart-{environ['TORCHELASTIC_RESTART_COUNT']}", store)
 
 
 def shutdown_distributed(context: DistributedContext) -> None:
