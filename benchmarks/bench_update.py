@@ -34,9 +34,8 @@ from benchmarks.bench_optim import torch_muon_with_fp32_newton_schulz
 from pilotrun.config import OptimConfig
 from pilotrun.model.accounting import active_matmul_parameters, flops_per_token
 from pilotrun.model.presets import model_preset
-from pilotrun.model.transformer import build_model
+from pilotrun.model.transformer import build_model, compile_blocks
 from pilotrun.optim.muon_adamw import build_optimizer
-from pilotrun.training.session import compile_blocks
 
 VOCAB = 4096
 clock = time.process_time

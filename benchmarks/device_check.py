@@ -187,10 +187,9 @@ def model_step(device: torch.device, preset: str, batch: int, seq: int, repeats:
     from pilotrun.config import OptimConfig
     from pilotrun.model.accounting import flops_per_token
     from pilotrun.model.presets import model_preset
-    from pilotrun.model.transformer import build_model
+    from pilotrun.model.transformer import build_model, compile_blocks
     from pilotrun.optim.muon_adamw import build_optimizer
     from pilotrun.training.environment import device_peak_flops
-    from pilotrun.training.session import compile_blocks
 
     cfg = model_preset(preset, vocab_size=vocab, max_seq_len=seq, activation_checkpointing=recompute)
     torch.manual_seed(0)

@@ -65,6 +65,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="the signals that stop the session with a checkpoint (exit 128 + the signal's number); "
                    "default SIGINT,SIGTERM,SIGHUP,SIGUSR1,SIGUSR2 (SIGUSR1/2: a scheduler's pre-emption warning); "
                    "a machine setting, free to change on any resume")
+    p.add_argument("--hang-timeout", default="auto", metavar="auto|off|STEADY[,STARTUP]",
+                   help="the hang watchdog: a rank without progress past its bound writes every thread's stack to "
+                   "RUN/hangs/, ends the session 'hung' and exits 124; auto (default): 10x this session's slowest "
+                   "update, evaluation or save, 5 min to 30 min, the set-up and each first one 30 min; or fixed "
+                   "seconds/durations (10m or 10m,1h); off. Sets the process group's timeout; free to change on resume")
     p.add_argument("--from-step", type=int, default=None, help="with --resume: continue from this checkpoint step")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set train.max_steps=200 (repeatable; to shorten a run "
@@ -97,10 +102,13 @@ def _run_train(args: argparse.Namespace) -> int:
     if (args.config is None) == (args.frozen is None):
         raise ConfigError("train needs exactly one of --config RECIPE and --frozen LOCK")
     stop_by, signums = _unattended_settings(args, started_at)
+    hang_bounds = _hang_bounds(args.hang_timeout)
     # Heard from here on: a pre-emption warning during the set-up (torch's import, a checkpoint's read) is a
     # request to stop with a checkpoint, not the default action (which ends the process with nothing saved).
     signals = StopSignals(signums=signums)
     with signals.installed():
+        from pilotrun.config import config_to_dict
+        from pilotrun.run.recipe_lock import allow_changes_beyond_the_lock
         from pilotrun.training.trainer import train_from_cli
 
         run_facts, allow_changes = None, args.allow_change
@@ -108,13 +116,15 @@ def _run_train(args: argparse.Namespace) -> int:
             # On --resume the lock is checked again but run.json keeps the facts its first session recorded
             # (train_from_cli records them only where this session starts the run).
             config, run_facts = _frozen_config(args)
-            allow_changes = _beyond_the_lock(args, config, run_facts["frozen"]["differences"])
+            allow_changes = allow_changes_beyond_the_lock(
+                args.allow_change, args.run_dir if args.resume else None, args.data, config_to_dict(config),
+                run_facts["frozen"]["differences"])
         else:
             config = load_run_config(args.config, args.overrides)
         code = train_from_cli(config, args.data, args.run_dir, resume=args.resume, from_step=args.from_step,
                               allow_changes=allow_changes, command=args.invocation, run_facts=run_facts,
                               stop_past_step=args.stop_past_step, progress=args.progress, signals=signals,
-                              stop_by=stop_by, started_at=started_at)
+                              stop_by=stop_by, started_at=started_at, hang_bounds=hang_bounds)
     if (code == 75 or code > 128) and args.stop_past_step is None and os.environ.get("RANK", "0") == "0":
         from pilotrun.commands.next_commands import resume_command
 
@@ -122,33 +132,6 @@ def _run_train(args: argparse.Namespace) -> int:
         print(f"pilotrun train: stopped with a committed checkpoint; continue the run{launcher} with "
               f"`{resume_command(args)}`", file=sys.stderr, flush=True)
     return code
-
-
-def _beyond_the_lock(args: argparse.Namespace, config, lock_differences: list[dict]) -> list[str]:
-    """The --allow-change keys the resume check is given on a frozen run: a key that only names a difference from
-    the lock, which the run already has (its record holds the same value), is the lock's business; handed to the
-    checkpoint's comparison too, it would be noted as 'no such difference' on every resume of the same command."""
-    from pilotrun.config import config_to_dict, flatten
-    from pilotrun.data.shards import load_manifest, metadata_sha256
-    from pilotrun.errors import PilotrunError
-    from pilotrun.run.record import read_run_json
-
-    if not args.resume:
-        return list(args.allow_change)
-    try:
-        run = read_run_json(args.run_dir)
-    except PilotrunError:
-        return list(args.allow_change)
-    recorded = flatten(run.get("recipe") or {})
-    recorded["data.metadata_sha256"] = (run.get("data") or {}).get("metadata_sha256")
-    now = {**flatten(config_to_dict(config)), "data.metadata_sha256": metadata_sha256(load_manifest(args.data))}
-    from_lock = {d["key"] for d in lock_differences}
-    kept = []
-    for key in args.allow_change:
-        name = key.removeprefix("recipe.")
-        if name not in from_lock or (name in now and now[name] != recorded.get(name)):
-            kept.append(key)  # the code identity is the lock's alone: the checkpoint's comparison has no such key
-    return kept
 
 
 def _unattended_settings(args: argparse.Namespace, now: float) -> tuple[float | None, tuple[int, ...] | None]:
@@ -166,6 +149,17 @@ def _unattended_settings(args: argparse.Namespace, now: float) -> tuple[float | 
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return stop_by, signums
+
+
+def _hang_bounds(text: str):
+    """`--hang-timeout` as the watchdog's bounds (None: off); bad input is one line, exit 2."""
+    from pilotrun.errors import ConfigError
+    from pilotrun.training.callbacks.hang_watchdog import parse_hang_timeout
+
+    try:
+        return parse_hang_timeout(text)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _recorded_seconds_per_update(run_dir: str) -> float | None:

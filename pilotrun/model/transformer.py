@@ -122,3 +122,15 @@ def build_model(cfg: ModelConfig) -> Transformer:
     model = Transformer(cfg)
     initialize_parameters(model)
     return model
+
+
+def compile_blocks(model: torch.nn.Module, backend: str) -> None:
+    """torch.compile every decoder block in place (nn.Module.compile), as torchtitan does: one small graph
+    compiled once and reused by every layer of the same shape, where compiling the whole model would trace it
+    as one graph; parameter names, the state dict, DDP/FSDP wrapping and activation checkpointing stay as
+    they are. Dynamo state is reset first so that an earlier model's graphs are not reused by mistake."""
+    import torch._dynamo  # only where compiling: dynamo's import takes seconds
+
+    torch._dynamo.reset()
+    for block in model.layers:
+        block.compile(backend=backend)

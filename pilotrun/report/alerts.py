@@ -25,6 +25,12 @@ a rule when it passes again, a killed session when a resume starts). The kinds:
   again, so that an interrupted run alerts as the uninterrupted one does;
 - `downstream`: an in-loop task (report/downstream.py) that had risen clear of chance is back near it, or, against
   a lock, below the pilot's figure on the same task file at or past the pilot's step; cleared when it is not;
+- `hung`: a session the hang watchdog ended (reason `hung`: no progress on some rank past its bound, every
+  thread's stack in RUN/hangs/), raised once per such session (so --on-alert hears of each, also when torchrun or
+  the requeue restarts it at once) and cleared by the next train window;
+- `restarts`: the run's interruptions (interrupted, hung, error, killed sessions: interruptions.py) are more
+  than the lock's MTBF makes likely (`freeze --mtbf`; the lock given, else the one the run was started from):
+  P(at least as many in the elapsed time) below 1%, judged with the rules; cleared when no longer so;
 - `session_end`: the last session ended in error, stopped on skips, was interrupted or killed, and no session
   holds the folder (no resume started). A completed session at its max_steps ends the watch.
 """
@@ -41,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.report.downstream import below_pilot_problem, fallback_problem, task_series
+from pilotrun.report.interruptions import FASTER_P, against_mtbf, mtbf_of
 from pilotrun.report.projection import window_tokens_per_device_second, window_tokens_per_s
 from pilotrun.report.rules import live_rules
 from pilotrun.report.spikes import rollback_key, spike_key
@@ -49,6 +56,7 @@ from pilotrun.report.thresholds import FAIL, THRESHOLD_FIELDS, Thresholds
 from pilotrun.report.time_split import window_profiled
 from pilotrun.run.folder_lock import live_holder
 from pilotrun.run.follow import RecordFollower
+from pilotrun.run.recipe_lock import PROJECTION_KEY, lock_projection_of
 from pilotrun.run.record import is_finite_number
 from pilotrun.run.run_folder import RunFolder
 from pilotrun.spike_bound import MIN_SCALE_SHARE, spike_against, step_spread
@@ -112,6 +120,7 @@ class Watcher:
         self.run_dir = self.folder.path
         self.follower = RecordFollower(self.folder)
         self.watch = (lock or {}).get("watch") or {}
+        self.mtbf_hours = mtbf_of((lock or {}).get(PROJECTION_KEY))  # None: the run's own lock's, if any
         self.thresholds = thresholds if thresholds is not None else thresholds_from_lock(lock)
         self.stall_windows, self.clock, self.holder = stall_windows, clock, holder
         self.rules = [r for r in live_rules() if r.name not in UNWATCHED_RULES]
@@ -208,8 +217,12 @@ class Watcher:
             self._downstream(event, now, found, cleared)
         elif kind == "session_end":
             self.completed = event.get("reason") == "completed" and (self.max_steps is None or step >= self.max_steps)
+            if event.get("reason") == "hung":
+                key = f"hung:{sid}"
+                found[key] = Alert("hung", key, f"session {sid} hung at step {step}: {event.get('message')}", step,
+                                   "hung", "progress within the hang bound", sid, now)
         elif kind == "train":
-            cleared.update(k for k in self.active if k.startswith(("spike:", "rollback:")))  # trained on since
+            cleared.update(k for k in self.active if k.startswith(("spike:", "rollback:", "hung:")))  # trained on
             if sid in self.last_train:
                 self.gaps = (self.gaps + [t - self.last_train[sid]])[-INTERVAL_HISTORY:]
             elif self.session_start_time is not None:
@@ -356,11 +369,26 @@ class Watcher:
                 {"windows": gap / interval, "interval_seconds": interval, "stall_windows": self.stall_windows,
                  "last_event_time": float(last["time"])})
 
+    def _restarts(self, summary: Any, now: float, found: dict[str, Alert], cleared: set[str]) -> None:
+        ledger = summary.overall.get("time_ledger") or {}
+        mtbf = against_mtbf(summary.overall.get("session_ends") or {}, ledger.get("elapsed_seconds") or 0.0,
+                            self.mtbf_hours if self.mtbf_hours is not None else mtbf_of(lock_projection_of(summary.run)))
+        if mtbf is None or not mtbf["faster"]:
+            cleared.add("restarts")
+            return
+        found["restarts"] = Alert(
+            "restarts", "restarts", f"{mtbf['interruptions']} interruption(s) in {mtbf['elapsed_hours']:.3g} h "
+            f"(one every {mtbf['hours_between']:.3g} h) against the lock's MTBF of {mtbf['mtbf_hours']:g} h: "
+            f"{mtbf['expected']:.3g} expected, P(at least as many) {mtbf['p_at_least']:.2g} < {FASTER_P:g}; "
+            f"sessions by end: {', '.join(f'{k} {v}' for k, v in summary.overall['session_ends'].items())}",
+            summary.final.step, mtbf["hours_between"], mtbf["mtbf_hours"], None, now, mtbf)
+
     def _judge_rules(self, now: float, found: dict[str, Alert], cleared: set[str]) -> None:
         started = time.monotonic()
         self.folder.refresh()  # run.json again if it was replaced since; the log is what the follower read
         summary = summarize_run(self.folder)
         self.against_projection = summary.overall.get("against_projection")
+        self._restarts(summary, now, found, cleared)
         for rule in self.rules:
             result = rule.apply(summary, self.thresholds)
             key = f"rule:{rule.name}"

@@ -230,7 +230,7 @@ def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
             split_problem = time_split_problem(event.get("time_split"))
             if split_problem:
                 reasons.append(f"{_where(event)}: {split_problem}")
-            if now != since_train and event.get("reason") in ("interrupted", "deadline", "error"):
+            if now != since_train and event.get("reason") in ("interrupted", "deadline", "hung", "error"):
                 notes_out.append(f"{_where(event)}: ended ({event.get('reason')}) with work after its last train "
                                  f"window (step {since_train.step} -> {now.step}); a resume rolls it back")
             elif now != since_train:

@@ -40,6 +40,7 @@ from pilotrun.report.evaluations import (
     reconcile_evaluations,
     require_evaluations,
 )
+from pilotrun.report.interruptions import against_mtbf, costs, format_interruptions, mtbf_of, session_ends
 from pilotrun.report.ledger import (
     against_projection,
     format_against,
@@ -271,6 +272,11 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
     overall["time_ledger"] = ledger.to_dict()
     overall["goodput"] = ledger.goodput
     overall["against_projection"] = against_projection(lock_projection_of(run), ledger, overall)
+    # Every restart, pre-emption, deadline and hang is a session with its reason: counted, priced, and set
+    # beside the lock's MTBF (interruptions.py).
+    ends = overall["session_ends"] = session_ends(sessions, holder is not None)
+    overall["interruption_costs"] = costs(sessions, ledger, holder is not None)
+    overall["against_mtbf"] = against_mtbf(ends, ledger.elapsed_seconds, mtbf_of(lock_projection_of(run)))
     return Summary(run_dir=str(run_dir), run_id=run.get("run_id"), valid=not reasons, reasons=reasons, notes=notes,
                    sessions=sessions, lineage=lineage, overall=overall, kept_events=kept_events,
                    rolled_back_events=rolled_back_events, run=run, final=final, folder=folder)
@@ -420,6 +426,8 @@ def format_summary(summary: Summary) -> str:
         lines.append(spikes)
     if o.get("time_ledger") is not None:
         lines.append(format_ledger(o["time_ledger"]))
+    if o.get("session_ends") is not None:
+        lines.append(format_interruptions(o["session_ends"], o.get("interruption_costs") or {}, o.get("against_mtbf")))
     against = format_against(o.get("against_projection"))
     if against is not None:
         lines.append(against)

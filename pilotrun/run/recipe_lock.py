@@ -222,3 +222,30 @@ def lock_projection_of(run: dict[str, Any]) -> dict[str, Any] | None:
     if lock.get("sha256") != frozen.get("lock_sha256"):
         return None
     return lock.get(PROJECTION_KEY) if isinstance(lock.get(PROJECTION_KEY), dict) else None
+
+
+def allow_changes_beyond_the_lock(allow_change: list[str], resumed_run_dir: str | Path | None, data: str | Path,
+                                  recipe: dict[str, Any], lock_differences: list[dict]) -> list[str]:
+    """The --allow-change keys the resume check is given on a frozen run (`resumed_run_dir`: None for a new run):
+    a key that only names a difference from the lock, which the run already has (its record holds the same value),
+    is the lock's business; handed to the checkpoint's comparison too, it would be noted as 'no such difference'
+    on every resume of the same command."""
+    from pilotrun.data.mixed_reader import data_identity
+    from pilotrun.run.record import read_run_json
+
+    if resumed_run_dir is None:
+        return list(allow_change)
+    try:
+        run = read_run_json(resumed_run_dir)
+    except PilotrunError:
+        return list(allow_change)
+    recorded = flatten(run.get("recipe") or {})
+    recorded["data.metadata_sha256"] = (run.get("data") or {}).get("metadata_sha256")
+    now = {**flatten(recipe), "data.metadata_sha256": data_identity(data)[0]}
+    from_lock = {d["key"] for d in lock_differences}
+    kept = []
+    for key in allow_change:
+        name = key.removeprefix("recipe.")
+        if name not in from_lock or (name in now and now[name] != recorded.get(name)):
+            kept.append(key)  # the code identity is the lock's alone: the checkpoint's comparison has no such key
+    return kept

@@ -50,6 +50,7 @@ from pilotrun.parsing import read_json_file
 RUN_JSON = "run.json"
 METRICS_JSONL = "metrics.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
+HANGS_DIR = "hangs"  # every thread's stack of a rank that hung (training/callbacks/hang_watchdog.py)
 REPORT_DIR = "report"
 
 EVENTS = ("session_start", "train", "val", "checkpoint", "overflow", "data_restart", "qk_clip", "spike", "rollback",
@@ -57,7 +58,7 @@ EVENTS = ("session_start", "train", "val", "checkpoint", "overflow", "data_resta
           "downstream",  # the in-loop multiple-choice tasks' figures (training/callbacks/downstream_eval.py)
           "evaluation",  # `pilotrun evaluate` on a committed checkpoint, outside any session (report/evaluations.py)
           "session_end")
-SESSION_END_REASONS = ("completed", "interrupted", "deadline", "error", "stopped")
+SESSION_END_REASONS = ("completed", "interrupted", "deadline", "hung", "error", "stopped")
 COUNTER_KEYS = ("step", "tokens_seen", "updates_attempted", "updates_skipped")
 # Where a session's time goes: a session_end `time_split` carries `<phase>_seconds` for each, beside
 # `wall_seconds` (the trainer's clock, pilotrun.training.timing, switches between them; summarize checks they

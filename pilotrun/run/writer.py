@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,7 @@ class MetricsWriter:
         self.repaired_bytes = repair_torn_tail(self.path) if enabled else 0
         self.head: str | None = last_chain_value(self.path, run_id) if enabled else None
         self._file = open_for_write(self.path, "a") if enabled else None
+        self._lock = threading.Lock()
 
     def log(self, event: str, counters: Counters, **fields: Any) -> dict[str, Any] | None:
         if event not in EVENTS:
@@ -99,11 +101,12 @@ class MetricsWriter:
         record = {"event": event, "time": time.time(), "session_id": self.session_id, **counters.as_dict()}
         record.update(fields)
         record.pop(CHAIN_KEY, None)  # the chain field is the writer's alone, and always the last
-        assert self._file is not None and self.head is not None
-        line, value = chained_line(self.head, record)
-        self._file.write(line + "\n")
-        self._file.flush()
-        self.head = value
+        with self._lock:  # the hang watchdog's thread may end the session while the main thread is stuck
+            assert self._file is not None and self.head is not None
+            line, value = chained_line(self.head, record)
+            self._file.write(line + "\n")
+            self._file.flush()
+            self.head = value
         return record
 
     def fsync(self) -> None:

@@ -113,7 +113,11 @@ def init_distributed(device_preference: str = "auto", timeout_minutes: float = 3
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     if not dist.is_initialized():
-        kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(minutes=timeout_minutes)}
+        timeout = datetime.timedelta(minutes=timeout_minutes)
+        kwargs: dict[str, Any] = {"backend": backend, "timeout": timeout}
+        store = restart_store(environ, world_size, timeout)
+        if store is not None:
+            kwargs.update(store=store, rank=rank, world_size=world_size)
         if backend == "nccl":
             kwargs["device_id"] = torch.device(device)  # binds the communicator eagerly, avoids a guess later
         dist.init_process_group(**kwargs)
@@ -122,6 +126,20 @@ def init_distributed(device_preference: str = "auto", timeout_minutes: float = 3
                           f"{dist.get_world_size()}, but torchrun says rank {rank} of {world_size}")
     return DistributedContext(rank=rank, world_size=world_size, local_rank=local_rank,
                               backend=dist.get_backend(), device=device)
+
+
+def restart_store(environ: dict[str, str], world_size: int, timeout: datetime.timedelta) -> Any:
+    """The process group's store under torchrun's agent, one key space per restart of the group; None: torch's
+    own (env://). torchrun's agent hosts one TCPStore for every restart of its workers, and torch's env://
+    store does not separate the restarts' keys: a rank of a restarted group could read a peer's address that the
+    previous group published and connect to a process that is gone (gloo: "connectFullMesh failed ...
+    Connection refused", seen on 2 ranks under `--max-restarts`, about one restart in two on a busy machine).
+    Prefixed by TORCHELASTIC_RESTART_COUNT, each restart's group reads only its own keys."""
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "TORCHELASTIC_RESTART_COUNT" not in environ:
+        return None
+    store = dist.TCPStore(environ["MASTER_ADDR"], _read_int_env(environ, "MASTER_PORT"), world_size,
+                          is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"pilotrun/restart-{environ['TORCHELASTIC_RESTART_COUNT']}", store)
 
 
 def shutdown_distributed(context: DistributedContext) -> None:

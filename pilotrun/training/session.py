@@ -33,7 +33,7 @@ from pilotrun.data.mixed_reader import (
 from pilotrun.data.reader import BatchLoader, TokenDataset, check_data_fits_recipe
 from pilotrun.errors import CheckpointError, ConfigError, PilotrunError
 from pilotrun.model.accounting import count_parameters, flops_per_token
-from pilotrun.model.transformer import build_model
+from pilotrun.model.transformer import build_model, compile_blocks
 from pilotrun.optim.muon_adamw import build_optimizer
 from pilotrun.optim.partition import partition_parameters, partition_table
 from pilotrun.optim.update_hooks import UpdateHook, build_update_hooks
@@ -42,6 +42,7 @@ from pilotrun.run.marker import MARKER_NAME, step_folder_name
 from pilotrun.run.record import (
     CHECKPOINTS_DIR,
     COUNTER_KEYS,
+    HANGS_DIR,
     RUN_JSON,
     Counters,
     read_metrics_tolerant,
@@ -94,12 +95,13 @@ class NothingToDo(PilotrunError):
 def holds_no_run(run_dir: Path) -> bool:
     """`--resume auto`: the folder holds no run yet. Besides a new or empty folder, one left by a first start
     killed during its set-up (before run.json: the lock file, and the checkpoints/ folder the pre-flight check
-    creates, with nothing committed in it) holds none either, so a rerun of the same command starts the run."""
+    creates, with nothing committed in it, and the stacks of a start that hung) holds none either, so a rerun of
+    the same command starts the run."""
     if (run_dir / RUN_JSON).is_file():
         return False
     if not run_dir.exists():
         return True
-    if not run_dir.is_dir() or any(p.name not in (LOCK_NAME, CHECKPOINTS_DIR) for p in run_dir.iterdir()):
+    if not run_dir.is_dir() or any(p.name not in (LOCK_NAME, CHECKPOINTS_DIR, HANGS_DIR) for p in run_dir.iterdir()):
         return False
     checkpoints = run_dir / CHECKPOINTS_DIR
     return not checkpoints.exists() or (checkpoints.is_dir() and not checkpoints.is_symlink()
@@ -127,18 +129,6 @@ def resolve_vocab(config: RunConfig, data_vocab: int) -> RunConfig:
         raise ConfigError(f"model.vocab_size ({config.model.vocab_size}) is smaller than the data's vocabulary "
                           f"({data_vocab}); set it to 0 to take the data's")
     return config
-
-
-def compile_blocks(model: torch.nn.Module, backend: str) -> None:
-    """torch.compile every decoder block in place (nn.Module.compile), as torchtitan does: one small graph
-    compiled once and reused by every layer of the same shape, where compiling the whole model would trace it
-    as one graph; parameter names, the state dict, DDP/FSDP wrapping and activation checkpointing stay as
-    they are. Dynamo state is reset first so that an earlier model's graphs are not reused by mistake."""
-    import torch._dynamo
-
-    torch._dynamo.reset()
-    for block in model.layers:
-        block.compile(backend=backend)
 
 
 @dataclass

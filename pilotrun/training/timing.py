@@ -51,6 +51,8 @@ class TimeAccount:
         self._phase = "other"
         self.totals = dict.fromkeys(PHASES, 0.0)
         self.cpu_totals = dict.fromkeys(PHASES, 0.0)  # process CPU seconds (every thread) per phase
+        # Told each phase switched into (the hang watchdog's progress points: an evaluation, a save).
+        self.listeners: list[Callable[[str], None]] = []
 
     def synchronize_with(self, synchronize: Callable[[], None] | None) -> None:
         """Set the device wait that leaving a phase does (known only once the session chose its device)."""
@@ -71,6 +73,8 @@ class TimeAccount:
         self.cpu_totals[self._phase] += cpu_now - self._cpu_segment_start
         self._segment_start, self._cpu_segment_start = now, cpu_now
         previous, self._phase = self._phase, phase
+        for listener in self.listeners:
+            listener(phase)
         return previous
 
     @contextmanager

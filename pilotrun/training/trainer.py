@@ -15,6 +15,8 @@ The callbacks, in the order they act after an update (callbacks.py has the inter
   checkpointing.CheckpointCallback   every `checkpoint_every` updates and at the end ("checkpoint" phase);
                                      beside training under `train.checkpoint_mode` (not the last save)
   pilot_handshake.KillPointCallback  the pilot's kill point, when the pilot hands one in (`stop_past_step`)
+the hang watchdog (hang_watchdog.HangWatchdog, `pilotrun train --hang-timeout`, outermost around each update),
+which ends the session `hung` from its own thread when this rank makes no progress within its bound,
 and two that only ask the session to stop (`stop_request`, agreed across ranks by the loop):
   shard_check.ShardCheckCallback     a shard whose sha256, checked in the background on its first read, differs
   launcher.LauncherWatchCallback     torchrun's launcher gone (the parent pid changed, or its death signal)
@@ -26,12 +28,14 @@ neither the training nor the record; writing and mirroring are the "report" phas
 A stop signal (pilotrun/stop_signals.py): the current update is finished, the window is logged, a checkpoint is
 saved, then `session_end` with reason "interrupted", and the exit code is 128 + the signal's number: 130 (SIGINT),
 143 (SIGTERM), 129 (SIGHUP), 138 (SIGUSR1), 140 (SIGUSR2). A deadline (`stop_by`, callbacks/deadline.py) ends
-the same way with reason "deadline" and exit code 75.
+the same way with reason "deadline" and exit code 75. A hang (callbacks/hang_watchdog.py) ends it with reason
+"hung", every thread's stack in RUN/hangs/, and exit code 124, without a checkpoint.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -43,20 +47,21 @@ import torch
 
 from pilotrun.config import RunConfig
 from pilotrun.data.choice_tasks import read_choice_tasks
-from pilotrun.run.record import PHASES, run_json_digests
+from pilotrun.run.record import HANGS_DIR, PHASES, run_json_digests
 from pilotrun.run.sinks import (
     GuardedSink,
     MetricsSink,
     check_trackers_available,
     tracker_sinks,
 )
-from pilotrun.stop_signals import signal_name
+from pilotrun.stop_signals import HUNG_EXIT_CODE, signal_name
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import Callback, Ending, LoopState
 from pilotrun.training.callbacks.checkpointing import CheckpointCallback
 from pilotrun.training.callbacks.deadline import DeadlineCallback
 from pilotrun.training.callbacks.downstream_eval import DownstreamEvalCallback
 from pilotrun.training.callbacks.evaluation import EvalCallback
+from pilotrun.training.callbacks.hang_watchdog import HangBounds, HangWatchdog, peer_hangs
 from pilotrun.training.callbacks.kill_point import KillPointCallback
 from pilotrun.training.callbacks.launcher_watch import LauncherWatchCallback
 from pilotrun.training.callbacks.profiling import ProfileCallback, ProfileWindow
@@ -130,7 +135,9 @@ class Trainer:
     (pass one to have it heard during the set-up too, installed by the caller).
     `resume`: False, True (`--resume`) or "auto" (`--resume auto`, session.build_session).
     `stop_by`: a deadline in epoch seconds (pilotrun/deadline.py), `started_at` the command's start on `clock`
-    (the set-up's seconds stand for a save in the deadline's margin until the session has saved)."""
+    (the set-up's seconds stand for a save in the deadline's margin until the session has saved).
+    `watchdog`: a started hang watchdog (`train_from_cli` starts one before the set-up); None watches nothing, so
+    an in-process caller's process is never ended by a hang."""
 
     def __init__(self, config: RunConfig, data_dir: str | Path, run_dir: str | Path, *, resume: bool | str = False,
                  from_step: int | None = None, allow_changes: list[str] | tuple[str, ...] = (),
@@ -138,11 +145,13 @@ class Trainer:
                  context: dist_utils.DistributedContext | None = None, out=None,
                  sinks: list[MetricsSink] | tuple[MetricsSink, ...] = (), stop_past_step: int | None = None,
                  signals: StopSignals | None = None, stop_by: float | None = None, started_at: float | None = None,
-                 clock: Callable[[], float] | None = None):
+                 clock: Callable[[], float] | None = None, watchdog: HangWatchdog | None = None):
         # A tracker named in the recipe but not installed is refused before anything is written.
         check_trackers_available(config.train.trackers)
         self.downstream_tasks = read_choice_tasks(config.train.downstream_tasks)  # a bad task file: refused here
         self.stop_by, self.clock = stop_by, clock if clock is not None else time.time
+        self.watchdog, self.session_ended, self.peer_hung = watchdog, False, False
+        self.began = time.time()  # a peer's stack file written since is this session's (hang_watchdog.peer_hangs)
         self.started_at = started_at if started_at is not None else self.clock()
         self.account = TimeAccount()  # everything until the loop starts is "other" (setup)
         self.progress = progress
@@ -188,7 +197,12 @@ class Trainer:
         background = t.checkpoint_mode == "background" or (t.checkpoint_mode == "auto"
                                                            and session.device.type == "cuda")
         checkpoint = CheckpointCallback(t.checkpoint_every, background=background)
-        return [ProfileCallback(profiler), RareEventsCallback(), ShardCheckCallback.for_session(loop),
+        watched: list[Callback] = []
+        if self.watchdog is not None:
+            self.watchdog.attach(loop)
+            self.watchdog.on_hang = lambda message: self._record_hang(loop, message)
+            watched.append(self.watchdog)
+        return [*watched, ProfileCallback(profiler), RareEventsCallback(), ShardCheckCallback.for_session(loop),
                 SpikeCallback(window.close_window, checkpoint.settle), window,
                 EvalCallback(t), self._downstream(t), checkpoint,
                 KillPointCallback.past_step(self.stop_past_step), LauncherWatchCallback.for_process(), *deadline]
@@ -219,9 +233,17 @@ class Trainer:
         try:
             ending = train_loop(loop, callbacks)
         except BaseException as exc:
-            loop.log("session_end", reason="error", message=f"{type(exc).__name__}: {exc}"[:2000],
-                     time_split=self.account.time_split())
-            session.record.end_session(session.session_id, reason="error", chain_end=session.metrics.head)
+            if self.session_ended:  # ended `hung` by the watchdog, whose exit this unwinding is
+                raise
+            self.session_ended = True
+            reason, message = "error", f"{type(exc).__name__}: {exc}"
+            hung = peer_hangs(session.run_dir, self.began, session.context.rank) if session.context.is_distributed \
+                and isinstance(exc, Exception) else []
+            if hung:  # the collective broke because a rank hung and left: the session hung
+                self.peer_hung = True
+                reason, message = "hung", f"another rank hung (stacks in {', '.join(map(str, hung))}); here: {message}"
+            loop.log("session_end", reason=reason, message=message[:2000], time_split=self.account.time_split())
+            session.record.end_session(session.session_id, reason=reason, chain_end=session.metrics.head)
             raise
         return self._end_session(loop, ending)
 
@@ -244,6 +266,7 @@ class Trainer:
 
     def _end_session(self, loop: LoopState, ending: Ending) -> TrainResult:
         session = self.session
+        self.session_ended = True
         split = self.account.time_split()
         loop.log("session_end", reason=ending.reason, message=ending.message, time_split=split,
                  val_loss=loop.last_val_loss)
@@ -255,25 +278,55 @@ class Trainer:
                            **session.state.counters().as_dict())
 
 
+    def _record_hang(self, loop: LoopState, message: str) -> None:
+        """From the watchdog's thread, the main thread stuck: the session ends `hung` on the record (rank 0
+        writes it; the metrics sinks are left alone, they are not the watchdog thread's to call)."""
+        session = self.session
+        if self.session_ended or session.metrics is None or session.record is None:
+            return
+        self.session_ended = True
+        session.metrics.log("session_end", session.state.counters(), reason="hung", message=message[:2000],
+                            time_split=self.account.time_split(), val_loss=loop.last_val_loss)
+        session.metrics.fsync()
+        session.record.end_session(session.session_id, reason="hung", chain_end=session.metrics.head)
+
+
+AUTO_HANG_BOUNDS = HangBounds()  # `--hang-timeout auto`
+
+
+def start_watchdog(bounds: HangBounds | None, run_dir: str | Path) -> HangWatchdog | None:
+    """This rank's hang watchdog, started (None when `--hang-timeout off`). The rank is torchrun's (RANK), read
+    before the process group exists so that its creation is watched too."""
+    if bounds is None:
+        return None
+    rank = int(os.environ["RANK"]) if dist_utils.launched_by_torchrun() and os.environ["RANK"].isdigit() else 0
+    return HangWatchdog(bounds, run_dir, rank).start()
+
+
 def train_from_cli(config: RunConfig, data_dir: str, run_dir: str, resume: bool | str, from_step: int | None,
                    allow_changes: list[str], command: list[str], run_facts: dict[str, Any] | None = None,
                    stop_past_step: int | None = None, progress: bool | str = True,
                    signals: StopSignals | None = None, stop_by: float | None = None,
-                   started_at: float | None = None) -> int:
+                   started_at: float | None = None, hang_bounds: HangBounds | None = AUTO_HANG_BOUNDS) -> int:
     """`pilotrun train`: build, run, return the exit code (bad input raises PilotrunError -> exit 2).
     `run_facts` are extra run.json sections recorded when this session starts the run (the recipe lock of a
     frozen run); `stop_past_step` is the pilot's kill point (`--stop-past-step`). `signals`, already installed
     by the command before its set-up, hears a stop signal from the start; a second one during the set-up ends
-    the command at once with its code. `--resume auto` of a complete run prints "nothing to do" and returns 0."""
+    the command at once with its code. `--resume auto` of a complete run prints "nothing to do" and returns 0.
+    `hang_bounds` (`--hang-timeout`; None: off): the hang watchdog, watching from here to the process group's
+    end, whose timeout it sets (hang_watchdog.HangBounds.process_group_seconds)."""
     signals = signals if signals is not None else StopSignals()
     context = None
     trainer = None
+    watchdog = start_watchdog(hang_bounds, run_dir)
+    group_seconds = hang_bounds.process_group_seconds() if hang_bounds is not None else None
     try:
-        context = dist_utils.init_distributed(config.train.device)
+        context = dist_utils.init_distributed(config.train.device, **(
+            {"timeout_minutes": group_seconds / 60} if group_seconds is not None else {}))
         trainer = Trainer(config, data_dir, run_dir, resume=resume, from_step=from_step,
                           allow_changes=allow_changes, command=command, context=context,
                           stop_past_step=stop_past_step, progress=progress, signals=signals, stop_by=stop_by,
-                          started_at=started_at)
+                          started_at=started_at, watchdog=watchdog)
         if run_facts and trainer.session.started_run:
             trainer.session.record.data.update(run_facts)
             trainer.session.record.save()
@@ -290,6 +343,12 @@ def train_from_cli(config: RunConfig, data_dir: str, run_dir: str, resume: bool 
     except SecondSignal as second:
         print(f"second {signal_name(second.signum)} during the set-up: stopped at once", file=sys.stderr, flush=True)
         return signals.exit_code(second.signum)
+    except Exception:
+        if trainer is None or not trainer.peer_hung:
+            raise
+        print(f"pilotrun: hung: another rank made no progress (RUN/{HANGS_DIR}/); exiting with {HUNG_EXIT_CODE}",
+              file=sys.stderr, flush=True)
+        return HUNG_EXIT_CODE
     finally:
         # The DDP/FSDP wrapper (DDP's reducer) uses the process group: free it, reference cycles included, before
         # the group is destroyed rather than after, when the function's frame goes (a 2-rank gloo run was once
@@ -298,3 +357,5 @@ def train_from_cli(config: RunConfig, data_dir: str, run_dir: str, resume: bool 
         gc.collect()
         if context is not None:
             dist_utils.shutdown_distributed(context)
+        if watchdog is not None:
+            watchdog.stop()

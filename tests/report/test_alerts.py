@@ -159,3 +159,51 @@ def test_against_a_lock_a_task_below_the_pilots_figure_is_an_alert(tmp_path):
     new, _ = Watcher(tmp_path / "r", lock=lock, holder=lambda _: {"pid": 1}, clock=lambda: run.clock).check()
     below = [a for a in new if a.kind == "downstream"]
     assert [a.key for a in below] == ["downstream_pilot:next"] and "below the pilot's 0.600" in below[0].message
+
+
+def _hung_then_resumed(tmp_path, mtbf_hours=None):
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(33)
+    run.end_session("hung")
+    run.find("session_end")["message"] = "rank 1: no progress for 600 s in update after step 33"
+    run.pause(5.0)
+    run.resume()
+    run.train_until(38)
+    return run.write(), run
+
+
+def test_a_hung_session_is_an_alert_raised_once_even_when_restarted_at_once(tmp_path):
+    run_dir, run = _hung_then_resumed(tmp_path)
+    watcher = Watcher(run_dir, clock=lambda: run.clock, holder=lambda _: {"pid": 1})
+    new, _ = watcher.check()
+    assert [a.kind for a in new] == ["hung"] and new[0].key == "hung:s1" and new[0].step == 33
+    assert "session s1 hung at step 33: rank 1: no progress for 600 s" in new[0].message
+    assert watcher.check() == ([], [])  # not raised again
+
+
+@pytest.mark.parametrize("mtbf_hours, alert", [(10.0, True), (0.001, False)])
+def test_interruptions_more_than_the_lock_s_mtbf_makes_likely_are_an_alert(tmp_path, mtbf_hours, alert):
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    for until in (25, 45, 55):  # hung, hung, killed: three interruptions in a few minutes
+        run.train_until(until)
+        run.end_session("hung") if until < 50 else run.kill()
+        run.pause(10.0)
+        run.resume()
+    run.train_until(60)
+    run.end_session("completed")
+    run.write()
+    lock = {"projection": {"failures": {"mtbf_hours": mtbf_hours}}}
+    new, _ = Watcher(tmp_path / "r", lock=lock, holder=lambda _: None).check(final=True)
+    restarts = [a for a in new if a.kind == "restarts"]
+    assert bool(restarts) == alert
+    if alert:
+        assert restarts[0].extra["interruptions"] == 3 and restarts[0].bound == 10.0
+        assert "3 interruption(s) in" in restarts[0].message and "MTBF of 10 h" in restarts[0].message
+        assert "sessions by end: completed 1, hung 2, killed 1" in restarts[0].message
+    # Without --against, the lock the run was started from states the MTBF.
+    run.run["frozen"] = {"lock_projection": lock["projection"]}
+    run.write()
+    new, _ = Watcher(tmp_path / "r", holder=lambda _: None).check(final=True)
+    assert bool([a for a in new if a.kind == "restarts"]) == alert

@@ -291,3 +291,22 @@ def test_allowed_world_size_change_must_keep_the_global_batch() -> None:
     assert adjusted["world_size"] == 2  # the world-size difference itself stays for the compatibility check
     assert len(notes) == 1 and "2 -> 1" in notes[0] and "not bit-identical" in notes[0]
 
+
+
+def test_under_torchrun_s_agent_each_restart_of_the_group_has_its_own_keys():
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=30)
+    assert D.restart_store({}, 2, timeout) is None
+    assert D.restart_store({"TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_RESTART_COUNT": "1"}, 2,
+                           timeout) is None
+    agent = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timeout)  # the agent's one store
+    environ = {"TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(agent.port)}
+    first = D.restart_store({**environ, "TORCHELASTIC_RESTART_COUNT": "0"}, 2, timeout)
+    second = D.restart_store({**environ, "TORCHELASTIC_RESTART_COUNT": "1"}, 2, timeout)
+    first.set("rank_0", "address of the group that died")
+    second.set("rank_0", "address of the restarted group")
+    assert second.get("rank_0") == b"address of the restarted group"
+    assert dist.PrefixStore("pilotrun/restart-0", agent).get("rank_0") == b"address of the group that died"

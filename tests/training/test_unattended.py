@@ -12,7 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
+import threading
 import time
 import types
 from pathlib import Path
@@ -23,8 +25,9 @@ import pilotrun.training.callbacks.checkpointing as checkpointing
 import pilotrun.training.loop as loop_module
 import pilotrun.training.trainer as trainer_module
 from pilotrun.commands.cli import main
-from pilotrun.stop_signals import DEADLINE_EXIT_CODE
+from pilotrun.stop_signals import DEADLINE_EXIT_CODE, HUNG_EXIT_CODE
 from pilotrun.training.callbacks.evaluation import EvalCallback
+from pilotrun.training.callbacks.hang_watchdog import HangWatchdog
 from pilotrun.training.checkpoint.checkpointer import Checkpointer
 from tests.exactness import assert_exactly_equal
 
@@ -121,6 +124,47 @@ def test_a_pre_emption_signal_at_any_moment_saves_and_auto_resume_is_exact(built
     assert_same_as_straight(run_dir, straight)
 
 
+def test_a_stalled_update_is_ended_hung_with_its_stacks_and_auto_resume_is_exact(builtin_data_dir, tmp_path, straight,
+                                                                                 monkeypatch, capsys):
+    """The fifth update stalls (a seam) until the watchdog's own thread fires; its exit (a seam: os._exit would end
+    pytest) releases the stall, which leaves as the process would have, with the hung code."""
+    run_dir, released, exits = tmp_path / "run", threading.Event(), []
+
+    def exit_(code):
+        exits.append(code)
+        released.set()
+
+    monkeypatch.setattr(trainer_module, "start_watchdog", lambda bounds, run_dir: HangWatchdog(
+        bounds, run_dir, 0, exit=exit_).start())
+    real_update, calls = loop_module.train_one_update, []
+
+    def stalling(loop):
+        calls.append(1)
+        if len(calls) == 5:
+            assert released.wait(600)
+            raise SystemExit(exits[0])
+        return real_update(loop)
+
+    monkeypatch.setattr(loop_module, "train_one_update", stalling)
+    with pytest.raises(SystemExit) as stopped:
+        main(argv(builtin_data_dir, run_dir, "--hang-timeout", "10,600"))
+    assert stopped.value.code == HUNG_EXIT_CODE and exits == [HUNG_EXIT_CODE]
+    end = events(run_dir)[-1]
+    assert end["event"] == "session_end" and end["reason"] == "hung" and end["step"] == 4
+    assert re.search(r"^rank 0: no progress for \d+ s in update after step 4 \(bound 10 s", end["message"])
+    (stacks,) = (run_dir / "hangs").iterdir()
+    assert stacks.name.endswith("-rank0.txt") and str(stacks) in end["message"]
+    assert "in stalling" in stacks.read_text() and "released.wait" in stacks.read_text()
+    assert json.loads((run_dir / "run.json").read_text())["sessions"][-1]["end_reason"] == "hung"
+    assert "hung: rank 0: no progress" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert main(argv(builtin_data_dir, run_dir)) == 0
+    sessions = json.loads((run_dir / "run.json").read_text())["sessions"]
+    assert [s["resumed_from"] for s in sessions] == [None, 3]
+    assert_same_as_straight(run_dir, straight)
+    assert main(["summarize", str(run_dir)]) == 0
+
+
 def test_runs_again_and_again_under_a_deadline_until_done(builtin_data_dir, tmp_path, straight, monkeypatch):
     """A deadline 20 (fake) seconds ahead at every start, the clock moving 1 s at each reading: every session
     ends itself before the deadline with the resumable code, and the sum of them is the straight run."""
@@ -183,6 +227,9 @@ def test_every_checkpoint_damaged_is_refused_naming_each_and_nothing_changes(bui
     (["--stop-by", "2001-01-01T00:00"], "already past"),
     (["--stop-signals", "SIGUSR1,SIGBOGUS"], "unknown signal name 'SIGBOGUS'"),
     (["--stop-signals", "SIGKILL"], "cannot be a stop signal"),
+    (["--hang-timeout", "soon"], "--hang-timeout: bound 'soon' is not a positive duration"),
+    (["--hang-timeout", "0"], "is not a positive duration"),
+    (["--hang-timeout", "1m,2m,3m"], "auto, off, STEADY or STEADY,STARTUP"),
 ])
 def test_bad_unattended_settings_are_one_line_exit_2_and_nothing_written(builtin_data_dir, tmp_path, capsys, extra,
                                                                           named):
