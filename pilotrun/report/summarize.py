@@ -124,6 +124,7 @@ def run_json_missing_fields(run: dict[str, Any]) -> list[str]:
 def summarize_run(run: RunFolder | str | Path, require_step: int | None = None) -> Summary:
     """Validate and reconcile the run folder (module docstring): a RunFolder, or a path opened here once."""
     folder = RunFolder.of(run)
+    folder.snapshot()  # a run still writing is read as one consistent moment of it, never half before, half after
     run_dir, run, log = folder.path, folder.run, folder.metrics
     reasons = list(log.damage)
     notes = list(log.notes)

@@ -15,7 +15,13 @@ A finished run is read once and for all. A live run grows, and `watch` follows i
   `rewrites` counts it (run/follow.py names it as a break of the record);
 - `refresh()` reads run.json again only when it was replaced (the writer rewrites it by an atomic rename, so
   its inode, size or time changes) and lists the checkpoint folders again; a marker is read again only when
-  its file was replaced (a checkpoint committed again at the same step after a rollback).
+  its file was replaced (a checkpoint committed again at the same step after a rollback);
+- `snapshot()` makes what is held one consistent view of a run that may be writing right now: run.json and the
+  markers first, metrics.jsonl after them. The trainer writes a line before the marker or the run.json entry
+  that names it (a checkpoint's chain head, a session's chain_start and chain_end), so a log read after them
+  holds every line they name; read before them, a checkpoint committed in between would name a line not yet
+  read and the record would look rewritten. When run.json was replaced while the log was read (a session
+  began or ended), it is read again.
 
 `metrics` is what `read_metrics_tolerant` would return for the bytes read (record.py's parser over all of
 them, damage and notes collected, never raised). The folder only ever opens files for reading.
@@ -94,6 +100,17 @@ class RunFolder:
             self.run = read_run_json(self.path)  # gone or unreadable now: RecordError, as on opening
             self._run_key = key
         self._steps = None
+
+    def snapshot(self, attempts: int = 5) -> None:
+        """One consistent view of a run that may be live (module docstring): run.json and the markers, then
+        metrics.jsonl, again while run.json changed under the read (`attempts` at most; a run.json replaced on
+        every try is judged as last read)."""
+        for _ in range(attempts):
+            self.refresh()
+            self.checkpoint_heads()
+            self.read_metrics()
+            if file_key(self.path / RUN_JSON) == self._run_key:
+                return
 
     # -------------------------------------------------------------------------------------------- metrics.jsonl
     def read_metrics(self) -> None:
