@@ -32,7 +32,6 @@ from pathlib import Path
 
 from pilotrun import stop_signals
 
-
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
