@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pilotrun import stop_signals
+from pilotrun.data.shard_hashing import hash_file
 from pilotrun.errors import DataError, PilotrunError
 from pilotrun.files import fsync_directory, write_text_atomic
 from pilotrun.parsing import read_json_file
@@ -108,6 +109,21 @@ class PartialFolder:
         if found:
             raise DataError(f"{self.path} holds an interrupted prepare of other inputs ({'; '.join(found)}): run "
                             f"the command it was started with to continue it, or remove {self.path} to start over")
+
+    def refuse_changed_shards(self, state: dict[str, Any] | None, splits: tuple[str, ...]) -> None:
+        """Every shard the progress file committed, rehashed against the sha256 it committed, before anything is
+        added: a shard swapped for another or with a byte flipped would otherwise be listed in the manifest
+        under a hash it does not have. One changed or missing is refused by name: what changed it is not
+        prepare's to guess, and the files are left as they are."""
+        for split in splits:
+            for shard in ((state or {}).get("splits") or {}).get(split, {}).get("shards") or []:
+                path = os.path.join(self.path, str(shard.get("file")))
+                digest = hash_file(path)[0] if os.path.isfile(path) and not os.path.islink(path) else None
+                if digest != shard.get("sha256"):
+                    what = "is missing" if digest is None else (f"has sha256 {digest[:16]}..., not the "
+                                                                f"{str(shard.get('sha256'))[:16]}... committed")
+                    raise DataError(f"{path}: a committed shard of this interrupted prepare {what}: it was "
+                                    f"changed after it was written; remove {self.path} to start over")
 
     def commit(self, record: dict[str, Any], obsolete: list[str] = ()) -> None:
         """Record `record` as the progress (written last, atomically), then delete files it no longer needs."""
