@@ -33,6 +33,7 @@ from pilotrun.parsing import read_json_file
 PROGRESS_FILE = "progress.json"
 PROGRESS_FORMAT = "pilotrun-prepare-progress/1"
 PARTIAL_SUFFIX = ".partial"
+OWN_MARK = "prepare.partial.json"  # written first into a partial folder prepare makes; not in the finished folder
 
 
 class PrepareInterrupted(PilotrunError):
@@ -73,6 +74,14 @@ class PartialFolder:
         if not os.path.isdir(self.path):
             os.makedirs(self.path)
             self.created = True
+            # Prepare's own mark, before anything else goes in: a folder of this name without it (and without a
+            # progress file) is someone else's, and is never emptied or written into.
+            write_text_atomic(os.path.join(self.path, OWN_MARK), json.dumps({"format": PROGRESS_FORMAT,
+                                                                             "out": os.path.basename(self.out)}) + "\n")
+        elif not os.path.lexists(os.path.join(self.path, PROGRESS_FILE)) and not self._marked():
+            raise DataError(f"{self.path} exists but is not the folder of an interrupted pilotrun prepare (it has "
+                            f"neither {PROGRESS_FILE} nor {OWN_MARK}): not touching it; move it away or choose "
+                            "another --out")
         self._lock = os.open(self.path, os.O_RDONLY)
         try:
             import fcntl
@@ -86,10 +95,21 @@ class PartialFolder:
                             "it first") from None
         progress = self.read_progress()
         if progress is None and not self.created:
-            # An attempt stopped before its first commit: nothing in the folder is recorded, so nothing is kept.
+            # An attempt stopped before its first commit: nothing in the folder is recorded, so nothing is kept
+            # but the mark that makes it prepare's.
             for entry in os.listdir(self.path):
-                _remove(os.path.join(self.path, entry))
+                if entry != OWN_MARK:
+                    _remove(os.path.join(self.path, entry))
         return progress
+
+    def _marked(self) -> bool:
+        """Whether the folder carries prepare's own mark, made for this --out."""
+        try:
+            mark = read_json_file(os.path.join(self.path, OWN_MARK), OWN_MARK, DataError)
+        except DataError:
+            return False
+        return isinstance(mark, dict) and mark.get("format") == PROGRESS_FORMAT and \
+            mark.get("out") == os.path.basename(self.out)
 
     def read_progress(self) -> dict[str, Any] | None:
         path = os.path.join(self.path, PROGRESS_FILE)
@@ -152,8 +172,9 @@ class PartialFolder:
             os.rename(self.out, replaced)
         os.rename(self.path, self.out)
         fsync_directory(os.path.dirname(os.path.abspath(self.out)))
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(self.out, PROGRESS_FILE))
+        for name in (PROGRESS_FILE, OWN_MARK):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(self.out, name))
         if replaced is not None:
             _remove(replaced)
 
