@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -91,8 +92,18 @@ class PartialFolder:
             pass
         except BlockingIOError:
             self.close()
-            raise DataError(f"{self.path} is held by another pilotrun prepare still running; wait for it or stop "
-                            "it first") from None
+            holder = self._mark().get("holder") or {}
+            who = f" (pid {holder.get('pid')} on host {holder.get('host')})" if holder else ""
+            raise DataError(f"{self.path} is held by another pilotrun prepare still running{who}; wait for it or "
+                            "stop it first") from None
+        if os.stat(self.path).st_ino != os.fstat(self._lock).st_ino:  # finished and renamed by the holder meanwhile
+            self.close()
+            raise DataError(f"{self.path}: another pilotrun prepare of --out {self.out} finished while this one "
+                            "waited for its folder; nothing was written")
+        # The holder, for a second prepare of the same --out to name (the lock itself is the flock above).
+        write_text_atomic(os.path.join(self.path, OWN_MARK), json.dumps({
+            "format": PROGRESS_FORMAT, "out": os.path.basename(self.out),
+            "holder": {"pid": os.getpid(), "host": socket.gethostname()}}) + "\n")
         progress = self.read_progress()
         if progress is None and not self.created:
             # An attempt stopped before its first commit: nothing in the folder is recorded, so nothing is kept
@@ -102,14 +113,17 @@ class PartialFolder:
                     _remove(os.path.join(self.path, entry))
         return progress
 
-    def _marked(self) -> bool:
-        """Whether the folder carries prepare's own mark, made for this --out."""
+    def _mark(self) -> dict[str, Any]:
+        """Prepare's own mark in the folder ({} where there is none, or another's)."""
         try:
             mark = read_json_file(os.path.join(self.path, OWN_MARK), OWN_MARK, DataError)
         except DataError:
-            return False
-        return isinstance(mark, dict) and mark.get("format") == PROGRESS_FORMAT and \
-            mark.get("out") == os.path.basename(self.out)
+            return {}
+        return mark if isinstance(mark, dict) and mark.get("format") == PROGRESS_FORMAT else {}
+
+    def _marked(self) -> bool:
+        """Whether the folder carries prepare's own mark, made for this --out."""
+        return self._mark().get("out") == os.path.basename(self.out)
 
     def read_progress(self) -> dict[str, Any] | None:
         path = os.path.join(self.path, PROGRESS_FILE)

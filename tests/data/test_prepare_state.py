@@ -32,7 +32,7 @@ def test_a_second_prepare_of_the_same_folder_is_refused_while_the_first_holds_it
     first = PartialFolder(str(tmp_path / "out"))
     assert first.open() is None and first.created
     second = PartialFolder(str(tmp_path / "out"))
-    with pytest.raises(DataError, match="held by another pilotrun prepare"):
+    with pytest.raises(DataError, match=f"held by another pilotrun prepare still running \\(pid {os.getpid()} on host "):
         second.open()
     first.close()
     assert second.open() is None and not second.created  # released: the folder can be taken again
