@@ -35,6 +35,7 @@ from pilotrun.run.marker import MARKER_NAME, step_folder_name
 from pilotrun.run.record import (
     CHECKPOINTS_DIR,
     COUNTER_KEYS,
+    METRICS_JSONL,
     RUN_JSON,
     Counters,
     read_metrics_tolerant,
@@ -99,6 +100,13 @@ def check_run_dir_is_new(run_dir: Path, auto: bool = False) -> None:
     if auto and holds_no_run(run_dir):
         return
     if run_dir.exists() and (not run_dir.is_dir() or any(p.name != LOCK_NAME for p in run_dir.iterdir())):
+        names = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+        if run_dir.is_dir() and not {RUN_JSON, METRICS_JSONL, CHECKPOINTS_DIR} & set(names):
+            # A user's folder, a data folder, `/`: never a suggestion to delete it.
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            raise ConfigError(f"--run-dir {run_dir} is not a run folder (it holds {shown}, and no {RUN_JSON}): "
+                              "a new run starts only in a new or empty folder and a run folder is never made of "
+                              "another; choose a new --run-dir")
         raise ConfigError(f"run folder {run_dir} already exists: pass --resume to continue it (from its newest "
                           "committed checkpoint, or from step 0 when it has none), choose a new --run-dir, or delete "
                           "the folder to start this run over")
