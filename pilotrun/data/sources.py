@@ -264,6 +264,7 @@ def _read_jsonl(path: str, text_field: str) -> Iterator[str | None]:
 def _read_parquet(path: str, text_field: str, group: int | None) -> Iterator[str | None]:
     """One row group (all of them for None) in batches, without pre-buffering: Arrow's default reads a whole
     file's column chunks ahead, so memory followed the file's size; here it follows one batch and its pages."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
@@ -276,7 +277,8 @@ def _read_parquet(path: str, text_field: str, group: int | None) -> Iterator[str
                         "choose one with --text-field")
     column_type = parquet.schema_arrow.field(text_field).type
     # A dictionary-encoded string column (what pandas' category dtype writes) reads as its strings.
-    value_type = getattr(column_type, "value_type", column_type)
+    # Only a dictionary's values: a list column (list<string>) has a value_type too, and is no text.
+    value_type = column_type.value_type if pa.types.is_dictionary(column_type) else column_type
     if str(value_type) not in ("string", "large_string", "string_view"):
         raise DataError(f"{path}: column '{text_field}' has type {column_type}, not string")
     groups = range(parquet.metadata.num_row_groups) if group is None else (group,)
