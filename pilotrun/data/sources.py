@@ -29,7 +29,7 @@ from typing import Any
 from pilotrun.data.builtin_corpus import builtin_corpus_info, iter_builtin_documents
 from pilotrun.data.hub import HubClient, HuggingFaceHub, resolve_commit
 from pilotrun.errors import DataError
-from pilotrun.files import sha256_of_file
+from pilotrun.files import not_regular, sha256_of_file
 
 FINEWEB_EDU_REPO = "HuggingFaceFW/fineweb-edu"
 FINEWEB_EDU_DEFAULT_CONFIG = "sample-10BT"
@@ -173,6 +173,9 @@ def expand_local_files(spec: str) -> list[str]:
         if not os.path.exists(spec):
             raise DataError(f"--source '{spec}': no such file (sources: builtin, fineweb-edu[:CONFIG][@REV], "
                             "or .parquet/.jsonl/.txt files or a glob)")
+        odd = not_regular(spec)
+        if odd is not None:
+            raise DataError(f"--source '{spec}' is {odd}")
         if not os.path.isfile(spec):
             raise DataError(f"--source '{spec}' is a folder: give a file or a glob such as '{spec}/*.parquet'")
         files = [spec]
