@@ -65,10 +65,16 @@ def _deliver(alert: Alert, as_json: bool, on_alert: str | None) -> None:
             done = subprocess.run(on_alert, shell=True, input=alert.to_json() + "\n", text=True,
                                   timeout=ON_ALERT_TIMEOUT_SECONDS, check=False)
             if done.returncode != 0:
-                print(f"pilotrun watch: --on-alert exited {done.returncode} for the {alert.kind} alert",
-                      file=sys.stderr)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            print(f"pilotrun watch: --on-alert failed for the {alert.kind} alert: {exc}", file=sys.stderr)
+                print(terminal_safe(f"pilotrun watch: --on-alert command {on_alert!r} exited {done.returncode} for "
+                                    f"the {alert.kind} alert; watch goes on"), file=sys.stderr)
+        except subprocess.TimeoutExpired:
+            print(terminal_safe(f"pilotrun watch: --on-alert command {on_alert!r} did not finish within "
+                                f"{ON_ALERT_TIMEOUT_SECONDS:g} s for the {alert.kind} alert at step {alert.step}: "
+                                "it was stopped; watch goes on"), file=sys.stderr, flush=True)
+        except OSError as exc:
+            print(terminal_safe(f"pilotrun watch: --on-alert command {on_alert!r} could not be run for the "
+                                f"{alert.kind} alert ({exc.strerror or exc}); watch goes on"), file=sys.stderr,
+                  flush=True)
 
 
 def _say_against_projection(watcher: Watcher) -> None:
