@@ -328,6 +328,8 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
                         root=str(checkpointer.root), agree=lambda step: dist_utils.broadcast_object(context, step),
                         run_id=run_id if isinstance(run_id, str) else None, recorded=recorded,
                         verify=checkpointer.verify if auto else None)
+    if plan.resuming and context.is_main_process:
+        checkpointer.check_later_removable(plan.checkpoint_step)  # before any update is trained
     if auto and plan.resuming and plan.checkpoint_step >= plan.config.train.max_steps:
         raise NothingToDo(f"nothing to do: run {run_id} is complete (checkpoint step {plan.checkpoint_step} "
                           f"reached train.max_steps={plan.config.train.max_steps}) in {run_dir}")
