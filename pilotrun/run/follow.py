@@ -88,9 +88,8 @@ class RecordFollower:
             return found
         self.folder.read_metrics()  # only what was appended since the folder's last read
         if self.folder.rewrites != self.rewrites:
-            size, complete = self.folder.rewritten_from
-            found.breaks.append(f"metrics.jsonl: the file holds {size} bytes but {complete} bytes of "
-                                "complete lines were read before: it was truncated or rewritten")
+            found.breaks.append(f"metrics.jsonl: {self.folder.rewrite_reason}; everything is read again from its "
+                                "start, chained afresh")
             self.rewrites = self.folder.rewrites
             self._restart()
             return found

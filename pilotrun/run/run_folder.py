@@ -43,6 +43,8 @@ from pilotrun.run.marker import (
 )
 from pilotrun.run.record import METRICS_JSONL, RUN_JSON, ParsedMetrics, parse_metrics_bytes, read_run_json
 
+# Bytes of the lines already read that each read compares with the file: the last ones, and one more piece.
+VERIFY_BYTES = 64 << 10
 # What tells a file that was replaced or grew from one that was not, without opening it.
 FileKey = tuple[int, int, int, int]
 
@@ -75,7 +77,9 @@ class RunFolder:
         self._read_once = False
         self._parsed: ParsedMetrics | None = None
         self.rewrites = 0  # times metrics.jsonl was found shorter than the complete lines read before
-        self.rewritten_from: tuple[int, int] = (0, 0)  # (bytes found, bytes of complete lines read) at the last
+        self.rewritten_from: tuple[int, int] = (0, 0)
+        self.rewrite_reason = ""  # what the last rewrite was: truncated, replaced, or a line edited in place
+        self._verify_at = 0  # where the next piece of the lines read is compared with the file  # (bytes found, bytes of complete lines read) at the last
         self._steps: list[int] | None = None
         self._markers: dict[int, tuple[FileKey | None, tuple[dict[str, Any] | None, str | None]]] = {}
 
@@ -128,9 +132,12 @@ class RunFolder:
         try:
             with open(path, "rb") as handle:
                 size = handle.seek(0, os.SEEK_END)
-                if size < self._complete:  # lines read before are gone: rewritten, never repaired
+                changed = self._changed_before(handle, key) if size >= self._complete else None
+                if size < self._complete or changed is not None:  # lines read before are gone: never repaired
                     self.rewrites += 1
                     self.rewritten_from = (size, self._complete)
+                    self.rewrite_reason = changed or (f"the file holds {size} bytes but {self._complete} bytes of "
+                                                      "complete lines were read before: it was truncated")
                     self._raw.clear()
                     self._complete = 0
                 handle.seek(self._complete)
@@ -146,6 +153,33 @@ class RunFolder:
         if end >= 0:
             self._complete += end + 1
         self._parsed = None
+
+    def _changed_before(self, handle: Any, key: FileKey | None) -> str | None:
+        """Why the complete lines already read are no longer what the file holds, or None: another file now at
+        the path (its inode), or bytes before the offset that differ from those read (a line edited in place).
+        Each read compares the last VERIFY_BYTES before the offset, and one more piece of the rest in turn, so
+        that an edit anywhere is found within a bounded number of reads at a bounded cost each."""
+        if not self._complete:
+            return None
+        if self._log_key is not None and key is not None and key[0] != self._log_key[0]:
+            return "metrics.jsonl was replaced by another file (a new inode) after its lines were read"
+        tail = max(0, self._complete - VERIFY_BYTES)
+        if self._verify_at >= tail:
+            self._verify_at = 0
+        pieces = [(tail, self._complete - tail), (self._verify_at, min(VERIFY_BYTES, tail - self._verify_at))]
+        self._verify_at += VERIFY_BYTES
+        for start, length in pieces:
+            if length <= 0:
+                continue
+            handle.seek(start)
+            found = handle.read(length)
+            held = bytes(self._raw[start:start + length])
+            if found != held:
+                at = start + next((i for i, (a, b) in enumerate(zip(found, held, strict=False)) if a != b),
+                                  min(len(found), len(held)))
+                line = self._raw.count(b"\n", 0, at) + 1
+                return f"metrics.jsonl line {line} changed after it was read (edited in place)"
+        return None
 
     def metrics_bytes(self, offset: int, limit: int) -> bytes:
         """At most `limit` bytes of metrics.jsonl from `offset`, as read so far (run/follow.py consumes them)."""

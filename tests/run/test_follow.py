@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from pilotrun.run.follow import RecordFollower
@@ -34,8 +36,45 @@ def test_an_edited_line_breaks_the_chain_where_it_is_read_and_a_rewrite_is_found
     found = follower.poll()
     assert len(found.breaks) == 1 and found.breaks[0].startswith("metrics.jsonl line 6 (")
     path.write_text("".join(lines[:2]))
-    assert "truncated or rewritten" in follower.poll().breaks[0]
+    assert "it was truncated; everything is read again" in follower.poll().breaks[0]
     assert len(follower.poll().events) == 2  # read again from the start
+
+
+@pytest.mark.parametrize("where", [1, -3])
+def test_a_line_already_read_edited_in_place_is_named_at_the_next_poll(tmp_path, where):
+    """A line read before, edited in place to the same length (an early one and one near the end): the next
+    poll names it as changed after it was read, and the chain check of the reread names the line too."""
+    run_dir = crashed_and_resumed(tmp_path / "r").write()
+    path = run_dir / "metrics.jsonl"
+    follower = RecordFollower(run_dir)
+    assert not follower.poll().breaks
+    lines = path.read_bytes().splitlines(keepends=True)
+    number = where + 1 if where > 0 else len(lines) + where + 1
+    old = lines[number - 1]
+    lines[number - 1] = old.replace(b'"step":', b'"stap":', 1)
+    assert len(lines[number - 1]) == len(old) and lines[number - 1] != old
+    with open(path, "r+b") as handle:  # in place: the same file, the same size
+        handle.write(b"".join(lines))
+    breaks = []
+    for _ in range(200):  # the piece compared moves through the file each poll; bounded, not timed
+        breaks = follower.poll().breaks
+        if breaks:
+            break
+    assert breaks[0] == (f"metrics.jsonl: metrics.jsonl line {number} changed after it was read (edited in place); "
+                         "everything is read again from its start, chained afresh"), breaks
+    again = follower.poll().breaks
+    assert any(f"metrics.jsonl line {number}" in b for b in again), again
+
+
+def test_a_log_replaced_by_another_file_is_named_replaced(tmp_path):
+    run_dir = crashed_and_resumed(tmp_path / "r").write()
+    path = run_dir / "metrics.jsonl"
+    follower = RecordFollower(run_dir)
+    follower.poll()
+    copy = path.with_name("copy")
+    copy.write_bytes(path.read_bytes() + b"")
+    os.replace(copy, path)
+    assert follower.poll().breaks[0].startswith("metrics.jsonl: metrics.jsonl was replaced by another file")
 
 
 def test_a_folder_that_is_not_a_run_is_bad_input(tmp_path):
