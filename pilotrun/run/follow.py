@@ -100,6 +100,9 @@ class RecordFollower:
             return found  # the session has not opened its log yet
         raw = self.folder.metrics_bytes(self.offset, POLL_BYTES)
         end = raw.rfind(b"\n")
+        if end < 0 and len(raw) == POLL_BYTES:  # one line longer than a whole poll: no line the writer writes
+            self._skip_long_line(found)
+            return found
         found.pending_bytes = len(raw) - (end + 1)
         if end >= 0:
             for raw_line in raw[:end].split(b"\n"):
@@ -108,6 +111,19 @@ class RecordFollower:
             self.offset += end + 1
         self._judge_pending(raw[end + 1:], found)
         return found
+
+    def _skip_long_line(self, found: Poll) -> None:
+        """A line of more than POLL_BYTES is named once, and passed over once its newline is there (the chain
+        breaks at the line after it, which follows from it); never waited for in silence."""
+        number = self.lines + 1
+        newline = self.folder.metrics_newline_after(self.offset)
+        if self.named_pending != number:
+            found.breaks.append(f"metrics.jsonl line {number}: longer than {POLL_BYTES >> 20} MiB (the writer's lines "
+                                "are kilobytes); not parsed, passed over")
+            self.named_pending = number
+        if newline is not None:
+            self.lines += 1
+            self.offset = newline + 1
 
     def _judge_pending(self, pending: bytes, found: Poll) -> None:
         """An incomplete last line waits for its newline, but an invalid byte inside it (not a character cut at

@@ -185,6 +185,11 @@ class RunFolder:
         """At most `limit` bytes of metrics.jsonl from `offset`, as read so far (run/follow.py consumes them)."""
         return bytes(self._raw[offset:offset + limit])
 
+    def metrics_newline_after(self, offset: int) -> int | None:
+        """Where the next newline of metrics.jsonl lies from `offset`, in what was read so far (None: none yet)."""
+        found = self._raw.find(b"\n", offset, self._complete)
+        return found if found >= 0 else None
+
     @property
     def metrics_absent(self) -> str | None:
         """Why metrics.jsonl could not be read at the last try (missing, not a file, unreadable), or None."""

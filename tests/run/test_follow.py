@@ -102,3 +102,27 @@ def test_an_incomplete_line_with_an_invalid_byte_is_named_once_and_a_cut_charact
     path.write_bytes(b"".join(lines[:3]) + lines[3][:20] + b"\xff" + lines[3][20:] + b"".join(lines[4:]))
     rest = follower.poll()  # the line completed: not named a second time, the lines after it read on
     assert not [b for b in rest.breaks if "line 4: not UTF-8" in b] and rest.events[0]["_line"] == 5
+
+
+def test_a_line_longer_than_a_poll_is_named_once_and_passed_over(tmp_path):
+    """A single 9 MB line (more than one poll reads): named once by its number, never waited for in silence;
+    the lines after it are read on (the first of them breaks the chain, as it follows from the long one)."""
+    from pilotrun.run.follow import POLL_BYTES
+
+    run_dir = crashed_and_resumed(tmp_path / "r").write()
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    follower = RecordFollower(run_dir)
+    assert not follower.poll().breaks
+    with open(path, "ab") as handle:
+        handle.write(b'{"event":"train","pad":"' + b"x" * (9 << 20) + b'"}')
+    first = follower.poll()
+    assert first.breaks == [f"metrics.jsonl line {len(lines) + 1}: longer than {POLL_BYTES >> 20} MiB (the "
+                            "writer's lines are kilobytes); not parsed, passed over"]
+    assert follower.poll().breaks == []  # named once while it is still being written
+    with open(path, "ab") as handle:
+        handle.write(b"\n" + lines[-1])
+    follower.poll()  # passes over it
+    after = follower.poll()
+    assert after.events and after.events[-1]["_line"] == len(lines) + 2
+    assert [b for b in after.breaks if "hash chain broken" in b]
