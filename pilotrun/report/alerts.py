@@ -18,7 +18,8 @@ a rule when it passes again, a killed session when a resume starts). The kinds:
   spike_factor, spike_median_window and spike_min_history, the loss's floor share);
 - `loss_envelope`: a window's loss above the pilot's loss at that step plus its tolerance (the lock's envelope);
 - `rule`: one of the verdict's rules that apply to a run in progress FAILs, judged by the rule table itself
-  (rules.py) on summarize's view of the record, with the lock's thresholds when one is given;
+  (rules.py) on summarize's view of the record, with the lock's thresholds when one is given; judged only once
+  the record holds a train window (before it, no rule has its evidence yet: a run not there yet is no failure);
 - `spike` / `rollback`: each spike the trainer detected (with its action and cause) and each rollback (restored
   step, data skipped), raised once per event (so --on-alert hears of each) and cleared by the next train window;
 - `session_end`: the last session ended in error, stopped on skips, was interrupted or killed, and no session
@@ -317,6 +318,10 @@ class Watcher:
                  "last_event_time": float(last["time"])})
 
     def _judge_rules(self, now: float, found: dict[str, Alert], cleared: set[str]) -> None:
+        if not any(e.get("event") == "train" for e in self.events):
+            # Before the first train window the record holds none of what the rules judge (a loss, an update, a
+            # throughput): that is a run not there yet, not a failure. Judged from its first window on.
+            return
         started = time.monotonic()
         self.folder.refresh()  # run.json again if it was replaced since; the log is what the follower read
         summary = summarize_run(self.folder)

@@ -119,3 +119,20 @@ def test_a_cpu_record_has_no_device_band_and_never_raises_the_device_alert(tmp_p
     assert figures["device_throughput"]["windows"] == 0 and figures["device_throughput"]["low"] is None
     new, _ = Watcher(tmp_path / "cpu", lock={"watch": figures}, holder=lambda _: None).check(final=True)
     assert "throughput_device" not in {a.key for a in new}
+
+
+def test_a_run_watched_before_its_first_train_window_gets_no_rule_alert_then_is_judged(tmp_path):
+    """A session that has started but not closed its first window: no rule has its evidence yet, so none is
+    judged (no "no loss recorded"); once windows are there, the rules are judged as usual."""
+    from tests.report.synthetic import SyntheticRun
+
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.write()
+    watcher = Watcher(run.run_dir, clock=lambda: run.clock, holder=lambda _: {"pid": 1})
+    new, _ = watcher.check(final=True)
+    assert [a for a in new if a.kind == "rule"] == [] and watcher.pending_judgement
+    run.train_until(20)
+    run.write()
+    watcher.check(final=True)
+    assert not watcher.pending_judgement and watcher.last_judged > -1e18
