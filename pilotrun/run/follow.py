@@ -74,6 +74,8 @@ class RecordFollower:
         self.broken = False  # once the chain broke, later lines are chained from what they say, not rejudged
         self.named_pending: int | None = None  # the number of an incomplete line already named as not UTF-8
         self.rewrites = self.folder.rewrites  # the folder's rewrites this follower has named
+        self.identity = _folder_identity(self.run_dir)  # the folder watched: another one at its path is not read
+        self.replaced_named = False
 
     @property
     def run(self) -> dict[str, Any]:
@@ -83,6 +85,15 @@ class RecordFollower:
     def poll(self) -> Poll:
         """Read every complete line appended since the last poll."""
         found = Poll()
+        now = _folder_identity(self.run_dir)
+        if now != self.identity:  # swapped for a link or another folder: its record is not this run's
+            if not self.replaced_named:
+                what = (f"a symbolic link to {os.readlink(self.run_dir)}" if os.path.islink(self.run_dir) else
+                        "gone" if now is None else "another folder")
+                found.breaks.append(f"{self.run_dir}: the run folder was replaced after watching began (it is now "
+                                    f"{what}); nothing is read through it")
+                self.replaced_named = True
+            return found
         if os.path.lexists(self.path) and (self.path.is_symlink() or not self.path.is_file()):
             found.breaks.append(f"{self.path}: not a regular file")
             return found
@@ -167,6 +178,15 @@ class RecordFollower:
                                     "(this line was edited, or lines before it were removed, added or reordered)")
             self.head = value
         found.events.append(event)
+
+
+def _folder_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the folder itself, never of what a link at its path points to; None when gone."""
+    try:
+        stat = os.lstat(path)
+    except OSError:
+        return None
+    return (stat.st_dev, stat.st_ino) if not os.path.islink(path) else (-1, -1)
 
 
 def _renumber(reason: str, number: int) -> str:

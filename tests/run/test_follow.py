@@ -126,3 +126,16 @@ def test_a_line_longer_than_a_poll_is_named_once_and_passed_over(tmp_path):
     after = follower.poll()
     assert after.events and after.events[-1]["_line"] == len(lines) + 2
     assert [b for b in after.breaks if "hash chain broken" in b]
+
+
+def test_a_run_folder_swapped_for_a_link_is_named_once_and_not_read_through(tmp_path):
+    run_dir = crashed_and_resumed(tmp_path / "r").write()
+    other = crashed_and_resumed(tmp_path / "other").write()
+    follower = RecordFollower(run_dir)
+    assert follower.poll().events
+    os.rename(run_dir, tmp_path / "moved")
+    os.symlink(other, run_dir)
+    first = follower.poll()
+    assert first.breaks == [f"{run_dir}: the run folder was replaced after watching began (it is now a symbolic "
+                            f"link to {other}); nothing is read through it"] and not first.events
+    assert follower.poll().breaks == []
