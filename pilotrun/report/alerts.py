@@ -13,6 +13,9 @@ a rule when it passes again, a killed session when a resume starts). The kinds:
 - `throughput`: a steady window's training-only tokens/s below the pilot's band (the lock's `watch` figures);
   on CUDA also its tokens per device second (key `throughput_device`), below the pilot's per-device band: the
   device itself got slower (clocks, a neighbour on the GPU), not the host feeding it;
+- `machine_busier` (key `throughput_busy`): a window below the throughput band while the process got less than
+  min_cpu_share_ratio of the pilot's CPU seconds per training second (the lock's `cpu_share`): other load took
+  the machine; the `throughput` alert is kept for a slowdown at an unchanged share;
 - `loss_spike`: a window's loss that is a spike of the previous windows of the kept history, as the verdict's
   grad_spikes rule judges the gradient norm (pilotrun/spike_bound.py, over logged windows: the thresholds
   spike_factor, spike_median_window and spike_min_history, the loss's floor share);
@@ -37,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pilotrun.report.projection import window_tokens_per_device_second, window_tokens_per_s
+from pilotrun.report.projection import window_cpu_share, window_tokens_per_device_second, window_tokens_per_s
 from pilotrun.report.rules import live_rules
 from pilotrun.report.summarize import summarize_run
 from pilotrun.report.thresholds import FAIL, THRESHOLD_FIELDS, Thresholds
@@ -245,13 +248,25 @@ class Watcher:
         low = (band or {}).get("low") if isinstance(band, dict) else None
         if not is_finite_number(low) or rate is None:
             return
-        if rate < low:
+        pilot_share, share = (band or {}).get("cpu_share"), window_cpu_share(event)
+        ratio = self.thresholds.min_cpu_share_ratio
+        if rate < low and key == "throughput" and is_finite_number(pilot_share) and share is not None \
+                and share < ratio * pilot_share:
+            # Slower with a much smaller share of the CPU than the pilot had: other load took the machine.
+            found.setdefault("throughput_busy", Alert(
+                "machine_busier", "throughput_busy", f"{what} {rate:.1f} {unit} at step {event['step']} is below the "
+                f"pilot's band ({low:.1f} {unit}) while the process got {share:.2f} CPU seconds per training second "
+                f"against the pilot's {pilot_share:.2f} (below {ratio:g} of it): the machine is busier (other load "
+                "took the CPU), not the recipe slower", event["step"], rate, low, str(event["session_id"]), now,
+                {"cpu_share": share, "pilot_cpu_share": pilot_share}))
+            cleared.add(key)
+        elif rate < low:
             found.setdefault(key, Alert(
                 "throughput", key, f"{what} {rate:.1f} {unit} at step {event['step']} is below the pilot's band (its "
                 f"slowest steady window less {band.get('margin')}: {low:.1f} {unit})", event["step"], rate, low,
                 str(event["session_id"]), now))
         else:
-            cleared.add(key)
+            cleared.update((key, "throughput_busy") if key == "throughput" else (key,))
 
     # -------------------------------------------------------------------------------------------- state
     def window_interval(self) -> tuple[float | None, str]:
