@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.errors import ConfigError
+from pilotrun.files import not_regular
 from pilotrun.parsing import parse_yaml_text, read_text_bounded, shown
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -383,6 +384,9 @@ def resolve_recipe_path(path: str | Path) -> Path:
     candidate = packaged_configs_dir() / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
     if not given.is_absolute() and candidate.is_file():
         return candidate
+    odd = not_regular(given)
+    if odd is not None:
+        raise ConfigError(f"config file {path} is {odd}")
     shipped = sorted(p.relative_to(packaged_configs_dir()).with_suffix("").as_posix()
                      for p in packaged_configs_dir().rglob("*.yaml"))
     raise ConfigError(f"config file not found: {path} (packaged recipes by name: {', '.join(shipped)})")

@@ -258,3 +258,20 @@ def recover_folder(final: str | Path) -> list[str]:
             shutil.rmtree(child, ignore_errors=True)
             lines.append(f"removed {child}: the older copy an interrupted write of {final.name} left")
     return lines
+
+
+def not_regular(path: str | Path) -> str | None:
+    """What `path` is when it exists but is neither a regular file nor a folder ("a character device", "a FIFO
+    (named pipe)", ...), else None: such a path exists, so "not found" would be wrong, and reading it may
+    never end (/dev/zero) or block (a FIFO with no writer)."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    for test, name in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return f"{name}, not a regular file"
+    return None

@@ -16,6 +16,7 @@ than a short prefix of the bad value:
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,17 @@ from pilotrun.errors import ConfigError, PilotrunError
 MAX_TEXT_BYTES = 64 << 20
 MAX_DEPTH = 100
 SHOWN_CHARS = 60
+
+
+# What a terminal would act on rather than show: C0 controls but newline and tab (an escape starts a sequence
+# that moves the cursor, retitles the window or rewrites what was printed), DEL, C1 controls and the Unicode
+# marks that reorder text. A recorded field (a session id, a message) is data, never a command to the terminal.
+_TERMINAL_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with every character a terminal would act on written as its Python escape (ESC as \\x1b)."""
+    return _TERMINAL_UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def shown(value: Any, limit: int = SHOWN_CHARS) -> str:

@@ -4,6 +4,7 @@ import hashlib
 import json
 import math
 import os
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +118,29 @@ def test_refuse_wrong_kind_names_the_kind_and_lets_a_missing_path_pass(tmp_path)
         refuse_wrong_kind(tmp_path / "f" / "run" / "x", "folder")
     for path, kind in ((tmp_path / "f", "file"), (tmp_path / "d", "folder"), (tmp_path / "d" / "new", "folder")):
         assert refuse_wrong_kind(path, kind) is None  # the right kind, or missing under a folder: passes
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_device_or_a_fifo_is_named_for_what_it_is_as_config_source_tokenizer_and_shard(tmp_path, kind):
+    """A path that exists but is no regular file: never "not found", "no such file" or "a folder", and never
+    opened (/dev/zero would be read forever, a FIFO with no writer would block)."""
+    from pilotrun.config import resolve_recipe_path
+    from pilotrun.data.shards import check_shard
+    from pilotrun.data.sources import open_source
+    from pilotrun.data.tokenizer import resolve_tokenizer
+    from pilotrun.errors import PilotrunError
+    from pilotrun.files import not_regular
+
+    if kind == "fifo":
+        path = tmp_path / "train_00000.npy"
+        os.mkfifo(path)
+        what = "a FIFO (named pipe), not a regular file"
+    else:
+        path = Path("/dev/zero")
+        what = "a character device, not a regular file"
+    assert not_regular(path) == what and not_regular(tmp_path) is None and not_regular(tmp_path / "none") is None
+    for call in (lambda: resolve_recipe_path(path), lambda: open_source(str(path)),
+                 lambda: resolve_tokenizer(str(path)), lambda: check_shard(str(path), "uint16", 10)):
+        with pytest.raises(PilotrunError) as refused:
+            call()
+        assert f"{path}" in str(refused.value) and what in str(refused.value), str(refused.value)

@@ -434,3 +434,89 @@ def test_a_run_lock_linked_to_a_binary_file_is_refused_and_the_file_unchanged(sa
         assert hashlib.sha256(binary.read_bytes()).hexdigest() == digest
     finally:
         restore(sandbox, "run/metrics.jsonl", written="run")
+
+
+# ------------------------------------------------------------------------------------------------ forged records
+def _forged_run(tmp_path: Path, forge) -> Path:
+    """A pilot-shaped synthetic record, one event forged by `forge(run)` (which returns nothing) before it is
+    written and chained: a forgery that kept the chain whole, so that only the field itself can give it away."""
+    from tests.report.synthetic import crashed_and_resumed
+
+    run = crashed_and_resumed(tmp_path / "r")
+    forge(run)
+    return run.write()
+
+
+def _spike_after(run, **fields):
+    window = run.find("train", step=30)
+    event = {k: window[k] for k in ("session_id", "step", "tokens_seen", "updates_attempted", "updates_skipped",
+                                    "time")}
+    event.update({"event": "spike", "spike_step": 30, "signals": ["loss"], "action": "recorded", "cause": None,
+                  "loss": 5.0, "grad_norm": 3.0, "bounds": {}, "batches": [], "replay": None}, **fields)
+    run.events.insert(run.events.index(window) + 1, event)
+
+
+FORGED = {
+    "time_missing": (lambda run: run.find("train", step=30).pop("time"), "event lacks time"),
+    "time_string": (lambda run: run.find("train", step=30).update(time="soon"), "time is 'soon' (str)"),
+    "time_list": (lambda run: run.find("train", step=30).update(time=[1.0]), "time is '[1.0]' (list)"),
+    "huge_loss": (lambda run: run.find("train", step=30).update(loss=10**400), "loss: an integer too large"),
+    "huge_window": (lambda run: run.find("train", step=30)["window"].update(train_seconds=-10**400),
+                    "window.train_seconds: an integer too large"),
+    "huge_val_seconds": (lambda run: run.find("val", step=30).update(seconds=2**64), "seconds: an integer too"),
+    "session_id_int": (lambda run: run.find("val", step=30).update(session_id=7), "session_id is '7' (int)"),
+    "spike_signals": (lambda run: _spike_after(run, signals=[1]), "spike field signals is list"),
+    "spike_replay": (lambda run: _spike_after(run, replay="x"), "spike field replay is str"),
+    "spike_step": (lambda run: _spike_after(run, spike_step=[30]), "spike field spike_step is list"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORGED))
+def test_a_forged_line_is_named_by_summarize_verdict_and_watch_never_a_traceback(tmp_path, name):
+    """Each forgery is a line of the record read as damage: summarize and verdict exit 1 with the line named
+    among the reasons, watch exits 1 with the chain alert naming it, and the run folder is left as it was (the
+    verdict writes only its report)."""
+    forge, named = FORGED[name]
+    run_dir = _forged_run(tmp_path, forge)
+    before = tree_hashes(run_dir)
+    for command in ("summarize", "verdict", "watch"):
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()):
+            code = main([command, str(run_dir)])
+        assert code == 1, (command, stdout.getvalue()[-2000:])
+        lines = [line for line in stdout.getvalue().splitlines() if named in line]
+        assert lines and all("metrics.jsonl line " in line for line in lines), (command, stdout.getvalue()[-2000:])
+    assert tree_hashes(run_dir, skip=("report",)) == before
+
+
+def test_a_run_json_figure_past_a_floats_range_is_judged_never_a_traceback(tmp_path):
+    run_dir = _forged_run(tmp_path, lambda run: run.run["recipe"]["train"].update(memory_budget_gb=10**400))
+    for command in ("summarize", "verdict", "watch"):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            assert main([command, str(run_dir)]) in (0, 1)
+
+
+def test_terminal_escapes_in_a_recorded_session_id_are_printed_escaped(tmp_path):
+    """A session id carrying ESC sequences (clear the screen, retitle the window) and a bell: printed as their
+    escapes by summarize, verdict and watch, never sent raw to the terminal."""
+    hostile = "s1\x1b[2J\x1b]0;owned\x07\u202e"
+
+    def forge(run):
+        run.run["sessions"][0]["session_id"] = hostile
+        for event in run.events:
+            if event["session_id"] == "s1":
+                event["session_id"] = hostile
+
+    run_dir = _forged_run(tmp_path, forge)
+    (run_dir / "metrics.jsonl").write_bytes((run_dir / "metrics.jsonl").read_bytes() + b"{torn")  # a note too
+    for command in ("summarize", "verdict", "watch"):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main([command, str(run_dir)])
+        text = out.getvalue() + err.getvalue()
+        assert not any(c in text for c in "\x1b\x07\u202e"), (command, text[-800:])
+    # summarize names the session: escaped, but there
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        main(["summarize", str(run_dir)])
+    assert "s1\\x1b[2J\\x1b]0;owned\\x07\\u202e" in out.getvalue()

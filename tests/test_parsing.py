@@ -96,3 +96,9 @@ def test_any_bytes_give_a_value_or_one_line_from_every_reader(tmp_path_factory, 
             read()
         except PilotrunError as error:
             one_line(error)
+
+
+def test_terminal_safe_escapes_what_a_terminal_would_act_on_and_keeps_lines_and_tabs():
+    from pilotrun.parsing import terminal_safe
+
+    assert terminal_safe("a\x1b[2Jb\nc\td\x07\x7f\x9b\u202e é") == "a\\x1b[2Jb\nc\td\\x07\\x7f\\x9b\\u202e é"

@@ -22,6 +22,7 @@ from pilotrun.commands.cli_evaluate import add_evaluate
 from pilotrun.commands.cli_paths import check_path_arguments
 from pilotrun.commands.cli_trackers import add_export_metrics, add_tensorboard
 from pilotrun.errors import PilotrunError
+from pilotrun.parsing import terminal_safe
 from pilotrun.version import __version__
 
 
@@ -228,7 +229,7 @@ def _run_summarize(args: argparse.Namespace) -> int:
 
     required = [task.strip() for task in args.require_eval.split(",") if task.strip()]
     summary = summarize_run(args.run_dir, require_step=args.require_step, require_eval=required)
-    print(summary_json(summary) if args.json else format_summary(summary))
+    print(summary_json(summary) if args.json else terminal_safe(format_summary(summary)))
     return 0 if summary.valid else 1
 
 
@@ -262,7 +263,7 @@ def _run_verdict(args: argparse.Namespace) -> int:
     if args.json:
         print(verdict_json(verdict))
     else:
-        print(format_verdict(verdict))
+        print(terminal_safe(format_verdict(verdict)))
         print(f"report: {report / 'report.html'}")
     return 0 if verdict.decision == "GO" else 1
 
@@ -493,12 +494,12 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except PilotrunError as exc:
-        print(f"pilotrun: error: {_one_line(str(exc))}", file=sys.stderr)
+        print(f"pilotrun: error: {terminal_safe(_one_line(str(exc)))}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:
         # The file system refused (a read-only or full disk, a path through a file, a folder where a file was
         # expected): bad input or a bad environment, named by the path; each writer has already cleaned up.
-        print(f"pilotrun: error: {_os_error_line(exc)}", file=sys.stderr)
+        print(f"pilotrun: error: {terminal_safe(_os_error_line(exc))}", file=sys.stderr)
         return 2
 
 

@@ -39,6 +39,19 @@ def check_projection_options(target_steps: int | None, mtbf_hours: float | None,
         raise FreezeError("--mtbf and --device-hour-cost need --target-steps (they price a projected long run)")
 
 
+def nonfinite_at(value: Any, where: str) -> str | None:
+    """The dotted name of the first figure in `value` that JSON cannot hold (an infinite or NaN float), or None.
+    A lock is strict JSON: a projection pushed past a float's range is refused, never written as Infinity."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else where
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = nonfinite_at(item, f"{where}.{key}")
+        if found is not None:
+            return found
+    return None
+
+
 def build_lock(verdict: Any, despite_no_go: bool, target_steps: int | None = None, mtbf_hours: float | None = None,
                device_hour_cost: float | None = None) -> dict[str, Any]:
     """The lock of a judged pilot (a `pilotrun.report.verdict.Verdict`), its `sha256` included; with
@@ -75,7 +88,21 @@ def build_lock(verdict: Any, despite_no_go: bool, target_steps: int | None = Non
     # The watcher's figures are the pilot's own, whether or not a long run's length is projected.
     lock[WATCH_KEY] = watch_figures(summary, lock["verdict"]["thresholds"])
     if target_steps is not None:
-        lock[PROJECTION_KEY] = project(summary, target_steps, mtbf_hours, device_hour_cost)
+        options = (f"--target-steps {target_steps}" + (f" --mtbf {mtbf_hours}" if mtbf_hours is not None else "")
+                   + (f" --device-hour-cost {device_hour_cost}" if device_hour_cost is not None else ""))
+        try:
+            lock[PROJECTION_KEY] = project(summary, target_steps, mtbf_hours, device_hour_cost)
+        except (OverflowError, ZeroDivisionError):
+            raise FreezeError(f"{options}: the projection is out of a float's range (a figure overflows); "
+                              "give a smaller --target-steps or a larger --mtbf") from None
+        where = nonfinite_at(lock[PROJECTION_KEY], PROJECTION_KEY)
+        if where is not None:
+            raise FreezeError(f"{options}: the projection's {where} is not a finite number (out of a float's "
+                              "range); give values nearer a real long run (fewer updates, a longer MTBF)")
+    where = nonfinite_at(lock, "lock")
+    if where is not None:  # the pilot's own figures: summarize judges the record they came from
+        raise FreezeError(f"{summary.run_dir}: the lock's {where} is not a finite number (NaN or infinite), which "
+                          "a lock (strict JSON) cannot hold")
     lock["sha256"] = canonical_sha256(lock)
     return lock
 

@@ -10,11 +10,18 @@ Each child is started in a session of its own, so a Ctrl-C at the terminal reach
 passes exactly one stop signal on (`StopForwarding`): a child that received the terminal's SIGINT and then the
 pilot's own would take the second as "stop at once, without a checkpoint". Under torchrun the signal goes to the
 workers themselves, which finish their update and checkpoint together (any rank's stop stops all).
+
+A child must not outlive the pilot: a pilot killed outright (SIGKILL, the OOM killer) runs no handler that could
+stop it. So each child asks the kernel, before it starts, for SIGTERM when its parent dies (Linux's
+PR_SET_PDEATHSIG): a lone `pilotrun train` then stops as on any SIGTERM (a committed checkpoint, exit 143), and
+torchrun forwards it to its workers, which also watch their launcher's pid themselves (the launcher watch).
+A pilot that died before the child asked is seen at once (the parent pid is no longer the pilot's).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -24,6 +31,25 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pilotrun import stop_signals
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def parent_death_signal(signum: int = signal.SIGTERM):
+    """A `preexec_fn` that makes the child receive `signum` when the process that started it dies (Linux), or
+    None where there is no prctl. libc is loaded here, before the fork: the child only calls into it."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died between the fork and the prctl: no death to wait for
+            os.kill(os.getpid(), signum)
+
+    return arm
 
 
 def _parents() -> dict[int, int]:
@@ -78,6 +104,11 @@ def wait_until_stopped(pid: int, timeout_seconds: float, poll_seconds: float = 0
         time.sleep(poll_seconds)
 
 
+def train_command() -> list[str]:
+    """`pilotrun` in a process of its own, with this interpreter."""
+    return [sys.executable, "-m", "pilotrun"]
+
+
 def torchrun_command(nproc_per_node: int) -> list[str]:
     """torchrun for one node, on a free local port (the rehearsal's ranks share one machine)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",
@@ -89,13 +120,13 @@ class TrainingChild:
 
     def __init__(self, train_args: list[str], log: Path, nproc: int | None = None) -> None:
         self.nproc, self.log = nproc, log
-        launcher = torchrun_command(nproc) if nproc else [sys.executable, "-m", "pilotrun"]
+        launcher = torchrun_command(nproc) if nproc else train_command()
         env = dict(os.environ)
         if nproc:
             env.setdefault("OMP_NUM_THREADS", "1")  # torchrun sets it and warns; the recipe's num_threads rules
         with open(log, "w") as out:
             self.process = subprocess.Popen(launcher + train_args, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                            start_new_session=True)
+                                            start_new_session=True, preexec_fn=parent_death_signal())
         self.pid = self.process.pid
 
     def cause(self) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.errors import PilotrunError
+from pilotrun.parsing import terminal_safe
 from pilotrun.report.alerts import DEFAULT_STALL_WINDOWS, Alert, Watcher, thresholds_from_lock
 from pilotrun.report.ledger import format_against
 from pilotrun.report.thresholds import parse_thresholds
@@ -59,23 +60,30 @@ def check_lock_matches(run: RunFolder | str | Path, lock_path: str | Path) -> tu
 
 
 def _deliver(alert: Alert, as_json: bool, on_alert: str | None) -> None:
-    print(alert.to_json() if as_json else f"ALERT {alert.kind}: {alert.message}", flush=True)
+    # A message quotes the record (a session id, a spike's cause): escaped, so that the record cannot drive the terminal.
+    print(alert.to_json() if as_json else terminal_safe(f"ALERT {alert.kind}: {alert.message}"), flush=True)
     if on_alert:
         try:
             done = subprocess.run(on_alert, shell=True, input=alert.to_json() + "\n", text=True,
                                   timeout=ON_ALERT_TIMEOUT_SECONDS, check=False)
             if done.returncode != 0:
-                print(f"pilotrun watch: --on-alert exited {done.returncode} for the {alert.kind} alert",
-                      file=sys.stderr)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            print(f"pilotrun watch: --on-alert failed for the {alert.kind} alert: {exc}", file=sys.stderr)
+                print(terminal_safe(f"pilotrun watch: --on-alert command {on_alert!r} exited {done.returncode} for "
+                                    f"the {alert.kind} alert; watch goes on"), file=sys.stderr)
+        except subprocess.TimeoutExpired:
+            print(terminal_safe(f"pilotrun watch: --on-alert command {on_alert!r} did not finish within "
+                                f"{ON_ALERT_TIMEOUT_SECONDS:g} s for the {alert.kind} alert at step {alert.step}: "
+                                "it was stopped; watch goes on"), file=sys.stderr, flush=True)
+        except OSError as exc:
+            print(terminal_safe(f"pilotrun watch: --on-alert command {on_alert!r} could not be run for the "
+                                f"{alert.kind} alert ({exc.strerror or exc}); watch goes on"), file=sys.stderr,
+                  flush=True)
 
 
 def _say_against_projection(watcher: Watcher) -> None:
     """A run started from a lock with a projection: elapsed, goodput and tok/s beside it, and the band."""
     line = format_against(watcher.against_projection)
     if line is not None:
-        print(line, file=sys.stderr, flush=True)
+        print(terminal_safe(line), file=sys.stderr, flush=True)
 
 
 def status_line(watcher: Watcher) -> str:
@@ -111,7 +119,7 @@ def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bo
         for alert in new:
             _deliver(alert, as_json, on_alert)
         for alert in cleared:
-            print(f"cleared {alert.kind}: {alert.key}", file=sys.stderr, flush=True)
+            print(terminal_safe(f"cleared {alert.kind}: {alert.key}"), file=sys.stderr, flush=True)
         if not follow:
             _say_against_projection(watcher)
             print(status_line(watcher), file=sys.stderr, flush=True)

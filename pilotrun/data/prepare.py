@@ -173,6 +173,7 @@ def prepare_corpus(
     try:
         if recorded is not None:
             partial.refuse_changes(recorded["request"], request)
+            partial.refuse_changed_shards(recorded.get("state"), SPLITS)
         resolved = _tokenizer_of(tokenizer, eos, training_texts, hub, progress, partial, recorded)
         state = recorded["state"] if recorded is not None else None
         if recorded is None:

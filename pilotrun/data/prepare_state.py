@@ -21,10 +21,12 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from typing import Any
 
 from pilotrun import stop_signals
+from pilotrun.data.shard_hashing import hash_file
 from pilotrun.errors import DataError, PilotrunError
 from pilotrun.files import fsync_directory, write_text_atomic
 from pilotrun.parsing import read_json_file
@@ -32,6 +34,7 @@ from pilotrun.parsing import read_json_file
 PROGRESS_FILE = "progress.json"
 PROGRESS_FORMAT = "pilotrun-prepare-progress/1"
 PARTIAL_SUFFIX = ".partial"
+OWN_MARK = "prepare.partial.json"  # written first into a partial folder prepare makes; not in the finished folder
 
 
 class PrepareInterrupted(PilotrunError):
@@ -72,6 +75,14 @@ class PartialFolder:
         if not os.path.isdir(self.path):
             os.makedirs(self.path)
             self.created = True
+            # Prepare's own mark, before anything else goes in: a folder of this name without it (and without a
+            # progress file) is someone else's, and is never emptied or written into.
+            write_text_atomic(os.path.join(self.path, OWN_MARK), json.dumps({"format": PROGRESS_FORMAT,
+                                                                             "out": os.path.basename(self.out)}) + "\n")
+        elif not os.path.lexists(os.path.join(self.path, PROGRESS_FILE)) and not self._marked():
+            raise DataError(f"{self.path} exists but is not the folder of an interrupted pilotrun prepare (it has "
+                            f"neither {PROGRESS_FILE} nor {OWN_MARK}): not touching it; move it away or choose "
+                            "another --out")
         self._lock = os.open(self.path, os.O_RDONLY)
         try:
             import fcntl
@@ -81,14 +92,38 @@ class PartialFolder:
             pass
         except BlockingIOError:
             self.close()
-            raise DataError(f"{self.path} is held by another pilotrun prepare still running; wait for it or stop "
-                            "it first") from None
+            holder = self._mark().get("holder") or {}
+            who = f" (pid {holder.get('pid')} on host {holder.get('host')})" if holder else ""
+            raise DataError(f"{self.path} is held by another pilotrun prepare still running{who}; wait for it or "
+                            "stop it first") from None
+        if os.stat(self.path).st_ino != os.fstat(self._lock).st_ino:  # finished and renamed by the holder meanwhile
+            self.close()
+            raise DataError(f"{self.path}: another pilotrun prepare of --out {self.out} finished while this one "
+                            "waited for its folder; nothing was written")
+        # The holder, for a second prepare of the same --out to name (the lock itself is the flock above).
+        write_text_atomic(os.path.join(self.path, OWN_MARK), json.dumps({
+            "format": PROGRESS_FORMAT, "out": os.path.basename(self.out),
+            "holder": {"pid": os.getpid(), "host": socket.gethostname()}}) + "\n")
         progress = self.read_progress()
         if progress is None and not self.created:
-            # An attempt stopped before its first commit: nothing in the folder is recorded, so nothing is kept.
+            # An attempt stopped before its first commit: nothing in the folder is recorded, so nothing is kept
+            # but the mark that makes it prepare's.
             for entry in os.listdir(self.path):
-                _remove(os.path.join(self.path, entry))
+                if entry != OWN_MARK:
+                    _remove(os.path.join(self.path, entry))
         return progress
+
+    def _mark(self) -> dict[str, Any]:
+        """Prepare's own mark in the folder ({} where there is none, or another's)."""
+        try:
+            mark = read_json_file(os.path.join(self.path, OWN_MARK), OWN_MARK, DataError)
+        except DataError:
+            return {}
+        return mark if isinstance(mark, dict) and mark.get("format") == PROGRESS_FORMAT else {}
+
+    def _marked(self) -> bool:
+        """Whether the folder carries prepare's own mark, made for this --out."""
+        return self._mark().get("out") == os.path.basename(self.out)
 
     def read_progress(self) -> dict[str, Any] | None:
         path = os.path.join(self.path, PROGRESS_FILE)
@@ -108,6 +143,21 @@ class PartialFolder:
         if found:
             raise DataError(f"{self.path} holds an interrupted prepare of other inputs ({'; '.join(found)}): run "
                             f"the command it was started with to continue it, or remove {self.path} to start over")
+
+    def refuse_changed_shards(self, state: dict[str, Any] | None, splits: tuple[str, ...]) -> None:
+        """Every shard the progress file committed, rehashed against the sha256 it committed, before anything is
+        added: a shard swapped for another or with a byte flipped would otherwise be listed in the manifest
+        under a hash it does not have. One changed or missing is refused by name: what changed it is not
+        prepare's to guess, and the files are left as they are."""
+        for split in splits:
+            for shard in ((state or {}).get("splits") or {}).get(split, {}).get("shards") or []:
+                path = os.path.join(self.path, str(shard.get("file")))
+                digest = hash_file(path)[0] if os.path.isfile(path) and not os.path.islink(path) else None
+                if digest != shard.get("sha256"):
+                    what = "is missing" if digest is None else (f"has sha256 {digest[:16]}..., not the "
+                                                                f"{str(shard.get('sha256'))[:16]}... committed")
+                    raise DataError(f"{path}: a committed shard of this interrupted prepare {what}: it was "
+                                    f"changed after it was written; remove {self.path} to start over")
 
     def commit(self, record: dict[str, Any], obsolete: list[str] = ()) -> None:
         """Record `record` as the progress (written last, atomically), then delete files it no longer needs."""
@@ -136,8 +186,9 @@ class PartialFolder:
             os.rename(self.out, replaced)
         os.rename(self.path, self.out)
         fsync_directory(os.path.dirname(os.path.abspath(self.out)))
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(self.out, PROGRESS_FILE))
+        for name in (PROGRESS_FILE, OWN_MARK):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(self.out, name))
         if replaced is not None:
             _remove(replaced)
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from pilotrun.errors import DataError
-from pilotrun.files import canonical_sha256
+from pilotrun.files import canonical_sha256, not_regular
 from pilotrun.parsing import read_json_file
 
 METADATA_FILE = "metadata.json"
@@ -162,6 +162,9 @@ class ShardHeader:
 
 def read_shard_header(path: str) -> ShardHeader:
     """Parse a .npy header without loading the data; DataError names the file on anything unexpected."""
+    odd = not_regular(path)
+    if odd is not None:
+        raise DataError(f"shard {path} is {odd}")
     try:
         file_bytes = os.path.getsize(path)
         with open(path, "rb") as handle:

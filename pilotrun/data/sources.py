@@ -29,7 +29,7 @@ from typing import Any
 from pilotrun.data.builtin_corpus import builtin_corpus_info, iter_builtin_documents
 from pilotrun.data.hub import HubClient, HuggingFaceHub, resolve_commit
 from pilotrun.errors import DataError
-from pilotrun.files import sha256_of_file
+from pilotrun.files import not_regular, sha256_of_file
 
 FINEWEB_EDU_REPO = "HuggingFaceFW/fineweb-edu"
 FINEWEB_EDU_DEFAULT_CONFIG = "sample-10BT"
@@ -173,6 +173,9 @@ def expand_local_files(spec: str) -> list[str]:
         if not os.path.exists(spec):
             raise DataError(f"--source '{spec}': no such file (sources: builtin, fineweb-edu[:CONFIG][@REV], "
                             "or .parquet/.jsonl/.txt files or a glob)")
+        odd = not_regular(spec)
+        if odd is not None:
+            raise DataError(f"--source '{spec}' is {odd}")
         if not os.path.isfile(spec):
             raise DataError(f"--source '{spec}' is a folder: give a file or a glob such as '{spec}/*.parquet'")
         files = [spec]
@@ -264,6 +267,7 @@ def _read_jsonl(path: str, text_field: str) -> Iterator[str | None]:
 def _read_parquet(path: str, text_field: str, group: int | None) -> Iterator[str | None]:
     """One row group (all of them for None) in batches, without pre-buffering: Arrow's default reads a whole
     file's column chunks ahead, so memory followed the file's size; here it follows one batch and its pages."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
@@ -276,7 +280,8 @@ def _read_parquet(path: str, text_field: str, group: int | None) -> Iterator[str
                         "choose one with --text-field")
     column_type = parquet.schema_arrow.field(text_field).type
     # A dictionary-encoded string column (what pandas' category dtype writes) reads as its strings.
-    value_type = getattr(column_type, "value_type", column_type)
+    # Only a dictionary's values: a list column (list<string>) has a value_type too, and is no text.
+    value_type = column_type.value_type if pa.types.is_dictionary(column_type) else column_type
     if str(value_type) not in ("string", "large_string", "string_view"):
         raise DataError(f"{path}: column '{text_field}' has type {column_type}, not string")
     groups = range(parquet.metadata.num_row_groups) if group is None else (group,)

@@ -29,6 +29,7 @@ from tokenizers import Tokenizer
 
 from pilotrun.data.hub import HubClient, HuggingFaceHub, resolve_commit
 from pilotrun.errors import DataError
+from pilotrun.files import not_regular
 
 # End-of-document tokens of common tokenizer families, tried in this order when --eos is not given.
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "[EOS]", "<|end|>")
@@ -156,6 +157,7 @@ def resolve_tokenizer(
         if not os.path.isfile(path):
             # A folder is a valid kind here: say what it lacks, not that it does not exist.
             found = (f"{path} is a folder, not a file" if os.path.isdir(path) else
+                     f"{path} is {not_regular(path)}" if not_regular(path) else
                      "a folder without a tokenizer.json" if os.path.isdir(spec) else "no such file")
             raise DataError(f"--tokenizer '{spec}': {found} (expected bpe:VOCAB, hub:NAME[@REVISION], a "
                             "path to a tokenizer.json or a folder holding one)")

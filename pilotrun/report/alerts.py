@@ -13,12 +13,16 @@ a rule when it passes again, a killed session when a resume starts). The kinds:
 - `throughput`: a steady window's training-only tokens/s below the pilot's band (the lock's `watch` figures);
   on CUDA also its tokens per device second (key `throughput_device`), below the pilot's per-device band: the
   device itself got slower (clocks, a neighbour on the GPU), not the host feeding it;
+- `machine_busier` (key `throughput_busy`): a window below the throughput band while the process got less than
+  min_cpu_share_ratio of the pilot's CPU seconds per training second (the lock's `cpu_share`): other load took
+  the machine; the `throughput` alert is kept for a slowdown at an unchanged share;
 - `loss_spike`: a window's loss that is a spike of the previous windows of the kept history, as the verdict's
   grad_spikes rule judges the gradient norm (pilotrun/spike_bound.py, over logged windows: the thresholds
   spike_factor, spike_median_window and spike_min_history, the loss's floor share);
 - `loss_envelope`: a window's loss above the pilot's loss at that step plus its tolerance (the lock's envelope);
 - `rule`: one of the verdict's rules that apply to a run in progress FAILs, judged by the rule table itself
-  (rules.py) on summarize's view of the record, with the lock's thresholds when one is given;
+  (rules.py) on summarize's view of the record, with the lock's thresholds when one is given; judged only once
+  the record holds a train window (before it, no rule has its evidence yet: a run not there yet is no failure);
 - `spike` / `rollback`: each spike the trainer detected (with its action and cause) and each rollback (restored
   step, data skipped), raised once per event (so --on-alert hears of each) and cleared by the next train window;
   a resumed session's redo of a spike or rollback already raised (the same attempt, report/spikes.py) is not raised
@@ -48,7 +52,7 @@ from typing import Any
 
 from pilotrun.report.downstream import below_pilot_problem, fallback_problem, task_series
 from pilotrun.report.interruptions import FASTER_P, against_mtbf, mtbf_of
-from pilotrun.report.projection import window_tokens_per_device_second, window_tokens_per_s
+from pilotrun.report.projection import window_cpu_share, window_tokens_per_device_second, window_tokens_per_s
 from pilotrun.report.rules import live_rules
 from pilotrun.report.spikes import rollback_key, spike_key
 from pilotrun.report.summarize import summarize_run
@@ -293,13 +297,25 @@ class Watcher:
         low = (band or {}).get("low") if isinstance(band, dict) else None
         if not is_finite_number(low) or rate is None:
             return
-        if rate < low:
+        pilot_share, share = (band or {}).get("cpu_share"), window_cpu_share(event)
+        ratio = self.thresholds.min_cpu_share_ratio
+        if rate < low and key == "throughput" and is_finite_number(pilot_share) and share is not None \
+                and share < ratio * pilot_share:
+            # Slower with a much smaller share of the CPU than the pilot had: other load took the machine.
+            found.setdefault("throughput_busy", Alert(
+                "machine_busier", "throughput_busy", f"{what} {rate:.1f} {unit} at step {event['step']} is below the "
+                f"pilot's band ({low:.1f} {unit}) while the process got {share:.2f} CPU seconds per training second "
+                f"against the pilot's {pilot_share:.2f} (below {ratio:g} of it): the machine is busier (other load "
+                "took the CPU), not the recipe slower", event["step"], rate, low, str(event["session_id"]), now,
+                {"cpu_share": share, "pilot_cpu_share": pilot_share}))
+            cleared.add(key)
+        elif rate < low:
             found.setdefault(key, Alert(
                 "throughput", key, f"{what} {rate:.1f} {unit} at step {event['step']} is below the pilot's band (its "
                 f"slowest steady window less {band.get('margin')}: {low:.1f} {unit})", event["step"], rate, low,
                 str(event["session_id"]), now))
         else:
-            cleared.add(key)
+            cleared.update((key, "throughput_busy") if key == "throughput" else (key,))
 
     # -------------------------------------------------------------------------------------------- state
     def window_interval(self) -> tuple[float | None, str]:
@@ -384,6 +400,10 @@ class Watcher:
             summary.final.step, mtbf["hours_between"], mtbf["mtbf_hours"], None, now, mtbf)
 
     def _judge_rules(self, now: float, found: dict[str, Alert], cleared: set[str]) -> None:
+        if not any(e.get("event") == "train" for e in self.events):
+            # Before the first train window the record holds none of what the rules judge (a loss, an update, a
+            # throughput): that is a run not there yet, not a failure. Judged from its first window on.
+            return
         started = time.monotonic()
         self.folder.refresh()  # run.json again if it was replaced since; the log is what the follower read
         summary = summarize_run(self.folder)

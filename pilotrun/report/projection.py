@@ -107,6 +107,18 @@ def _band(rates: list[float], source: str) -> dict[str, Any]:
             "windows": len(rates), "from": source}
 
 
+def window_cpu_share(event: dict[str, Any]) -> float | None:
+    """The process's CPU seconds per training second in a window (on a CPU, its share of the machine's CPU it
+    got), or None where the window has no cpu_seconds."""
+    window = event.get("window")
+    if not isinstance(window, dict):
+        return None
+    cpu, train = window.get("cpu_seconds"), window.get("train_seconds")
+    if not (is_finite_number(cpu) and is_finite_number(train)) or cpu <= 0 or train <= 0:
+        return None
+    return float(cpu) / float(train)
+
+
 def loss_noise(losses: list[float]) -> float:
     """The loss's window-to-window noise (spike_bound.step_spread, as stability.loss_noise) from 3 windows on, 0.0
     before: the envelope then rests on its share of the loss alone."""
@@ -137,9 +149,11 @@ def watch_figures(summary: Summary, thresholds: dict[str, Any]) -> dict[str, Any
     o = summary.overall
     attempted, skipped = o.get("updates_attempted") or 0, o.get("updates_skipped") or 0
     gaps = _intervals(summary.kept_events)
+    shares = [s for s in map(window_cpu_share, steady) if s is not None]
     return {
-        "throughput": _band(rates, "training-only tokens/s of the pilot's steady windows (each session's first "
-                                   "and every profiled window left out); low = the slowest less the margin"),
+        "throughput": {**_band(rates, "training-only tokens/s of the pilot's steady windows (each session's first "
+                                      "and every profiled window left out); low = the slowest less the margin"),
+                       "cpu_share": statistics.median(shares) if shares else None},
         "device_throughput": _band(device_rates, "training-only tokens per device second (CUDA timing events) of "
                                                  "the same steady windows, per device; low = the slowest less the "
                                                  "margin; no windows on a CPU pilot, which has no device time"),

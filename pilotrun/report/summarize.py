@@ -139,6 +139,7 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
     """Validate and reconcile the run folder (module docstring): a RunFolder, or a path opened here once.
     `require_eval`: tasks that must have a standing evaluation of the final checkpoint (report/evaluations.py)."""
     folder = RunFolder.of(run)
+    folder.snapshot()  # a run still writing is read as one consistent moment of it, never half before, half after
     run_dir, run, log = folder.path, folder.run, folder.metrics
     reasons = list(log.damage)
     notes = list(log.notes)

@@ -74,6 +74,8 @@ class RecordFollower:
         self.broken = False  # once the chain broke, later lines are chained from what they say, not rejudged
         self.named_pending: int | None = None  # the number of an incomplete line already named as not UTF-8
         self.rewrites = self.folder.rewrites  # the folder's rewrites this follower has named
+        self.identity = _folder_identity(self.run_dir)  # the folder watched: another one at its path is not read
+        self.replaced_named = False
 
     @property
     def run(self) -> dict[str, Any]:
@@ -83,14 +85,22 @@ class RecordFollower:
     def poll(self) -> Poll:
         """Read every complete line appended since the last poll."""
         found = Poll()
+        now = _folder_identity(self.run_dir)
+        if now != self.identity:  # swapped for a link or another folder: its record is not this run's
+            if not self.replaced_named:
+                what = (f"a symbolic link to {os.readlink(self.run_dir)}" if os.path.islink(self.run_dir) else
+                        "gone" if now is None else "another folder")
+                found.breaks.append(f"{self.run_dir}: the run folder was replaced after watching began (it is now "
+                                    f"{what}); nothing is read through it")
+                self.replaced_named = True
+            return found
         if os.path.lexists(self.path) and (self.path.is_symlink() or not self.path.is_file()):
             found.breaks.append(f"{self.path}: not a regular file")
             return found
         self.folder.read_metrics()  # only what was appended since the folder's last read
         if self.folder.rewrites != self.rewrites:
-            size, complete = self.folder.rewritten_from
-            found.breaks.append(f"metrics.jsonl: the file holds {size} bytes but {complete} bytes of "
-                                "complete lines were read before: it was truncated or rewritten")
+            found.breaks.append(f"metrics.jsonl: {self.folder.rewrite_reason}; everything is read again from its "
+                                "start, chained afresh")
             self.rewrites = self.folder.rewrites
             self._restart()
             return found
@@ -101,6 +111,9 @@ class RecordFollower:
             return found  # the session has not opened its log yet
         raw = self.folder.metrics_bytes(self.offset, POLL_BYTES)
         end = raw.rfind(b"\n")
+        if end < 0 and len(raw) == POLL_BYTES:  # one line longer than a whole poll: no line the writer writes
+            self._skip_long_line(found)
+            return found
         found.pending_bytes = len(raw) - (end + 1)
         if end >= 0:
             for raw_line in raw[:end].split(b"\n"):
@@ -109,6 +122,19 @@ class RecordFollower:
             self.offset += end + 1
         self._judge_pending(raw[end + 1:], found)
         return found
+
+    def _skip_long_line(self, found: Poll) -> None:
+        """A line of more than POLL_BYTES is named once, and passed over once its newline is there (the chain
+        breaks at the line after it, which follows from it); never waited for in silence."""
+        number = self.lines + 1
+        newline = self.folder.metrics_newline_after(self.offset)
+        if self.named_pending != number:
+            found.breaks.append(f"metrics.jsonl line {number}: longer than {POLL_BYTES >> 20} MiB (the writer's lines "
+                                "are kilobytes); not parsed, passed over")
+            self.named_pending = number
+        if newline is not None:
+            self.lines += 1
+            self.offset = newline + 1
 
     def _judge_pending(self, pending: bytes, found: Poll) -> None:
         """An incomplete last line waits for its newline, but an invalid byte inside it (not a character cut at
@@ -152,6 +178,15 @@ class RecordFollower:
                                     "(this line was edited, or lines before it were removed, added or reordered)")
             self.head = value
         found.events.append(event)
+
+
+def _folder_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the folder itself, never of what a link at its path points to; None when gone."""
+    try:
+        stat = os.lstat(path)
+    except OSError:
+        return None
+    return (stat.st_dev, stat.st_ino) if not os.path.islink(path) else (-1, -1)
 
 
 def _renumber(reason: str, number: int) -> str:

@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.files import canonical_sha256
-from pilotrun.run.record import NONFINITE_STRINGS, read_run_json
+from pilotrun.run.record import (
+    METRICS_JSONL,
+    NONFINITE_STRINGS,
+    RUN_JSON,
+    RecordError,
+    read_metrics_tolerant,
+    read_run_json,
+    record_integrity_problems,
+)
 
 MIRRORED_EVENTS = ("train", "val", "checkpoint", "overflow", "downstream", "evaluation")
 # Identity and clock fields that every event carries: not metrics.
@@ -54,6 +62,22 @@ def resume_step(event: dict[str, Any]) -> int | None:
     if event.get("event") == "session_start" and event.get("resumed_from") is not None:
         return int(event.get("step", event["resumed_from"]))
     return None
+
+
+def exported_events(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The events of a run folder a tracker may be sent, or RecordError naming the damage: a tracker shows a
+    record to people who will not see its metrics.jsonl, so a record summarize calls damaged (an unreadable
+    line, a broken hash chain, run.json rewritten) is refused whole, never exported as if it were intact. A bare
+    log with no run.json beside it (an event folder's source) is checked line by line only."""
+    run_dir = Path(run_dir)
+    parsed = read_metrics_tolerant(run_dir)
+    reasons = list(parsed.damage)
+    if (run_dir / RUN_JSON).is_file():
+        reasons += record_integrity_problems(read_run_json(run_dir), parsed)
+    if reasons:
+        more = f" (and {len(reasons) - 1} more; pilotrun summarize {run_dir} lists them)" if len(reasons) > 1 else ""
+        raise RecordError(f"{run_dir / METRICS_JSONL}: damaged record, not exported: {reasons[0]}{more}")
+    return parsed.events
 
 
 def kept_history(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

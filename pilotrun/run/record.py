@@ -202,7 +202,14 @@ def nonfinite_fields(value: Any, prefix: str = "") -> list[str]:
 
 
 def is_finite_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A number a figure can be computed from: no bool, no NaN or infinity, and no integer beyond a float's
+    range (math.isfinite would raise OverflowError on one: a forged record is judged, never a traceback)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _is_int(value: Any) -> bool:
@@ -266,6 +273,52 @@ def _event_problem(event: dict[str, Any]) -> str | None:
     bad = [k for k in COUNTER_KEYS if not _is_int(event[k]) or event[k] < 0]
     if bad:
         return f"counter(s) {', '.join(bad)} not a non-negative integer"
+    if not isinstance(event["session_id"], str):
+        return f"session_id is {str(event['session_id'])[:20]!r} ({type(event['session_id']).__name__}), not a string"
+    # Every reader takes `time` as seconds (stall, intervals, the time ledger): a line without one is not the writer's.
+    if "time" not in event:
+        return "event lacks time"
+    if not is_finite_number(event["time"]):
+        return f"time is {str(event['time'])[:20]!r} ({type(event['time']).__name__}), not a finite number"
+    huge = _huge_integer(event)
+    if huge is not None:
+        return f"{huge}: an integer too large for a float or an index (the writer never writes one)"
+    for key, (shape, fits) in FIELD_SHAPES.get(event["event"], {}).items():
+        if key in event and not fits(event[key]):
+            return f"{event['event']} field {key} is {type(event[key]).__name__} {str(event[key])[:30]!r}, not {shape}"
+    return None
+
+
+# The shapes of the fields the readers take apart (alerts, the spike overview, the rollback checks), where
+# present: a line carrying another shape is not the writer's, and is damage named by its field.
+FIELD_SHAPES: dict[str, dict[str, tuple[str, Any]]] = {
+    "spike": {"spike_step": ("an integer", _is_int),
+              "signals": ("a list of names", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+              "bounds": ("an object", lambda v: isinstance(v, dict)),
+              "batches": ("a list", lambda v: isinstance(v, list)),
+              "action": ("a name", lambda v: isinstance(v, str)),
+              "replay": ("an object or null", lambda v: v is None or isinstance(v, dict)),
+              "cause": ("a name or null", lambda v: v is None or isinstance(v, str))},
+    "rollback": {"restored_step": ("an integer", _is_int), "spike_step": ("an integer", _is_int),
+                 "skipped": ("an object", lambda v: isinstance(v, dict)),
+                 "rolled_back": ("an object", lambda v: isinstance(v, dict)),
+                 "rollbacks": ("an integer", _is_int), "max_rollbacks": ("an integer", _is_int)},
+}
+
+
+# Beyond this an integer is no count, step or byte size pilotrun writes, and float() or an index would overflow.
+LARGEST_INTEGER = 2**63 - 1
+
+
+def _huge_integer(value: Any, where: str = "") -> str | None:
+    """The dotted name of the first integer in `value` beyond LARGEST_INTEGER either way, or None."""
+    if _is_int(value):
+        return (where or "a value") if abs(value) > LARGEST_INTEGER else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _huge_integer(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
     return None
 
 

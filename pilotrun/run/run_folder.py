@@ -15,7 +15,13 @@ A finished run is read once and for all. A live run grows, and `watch` follows i
   `rewrites` counts it (run/follow.py names it as a break of the record);
 - `refresh()` reads run.json again only when it was replaced (the writer rewrites it by an atomic rename, so
   its inode, size or time changes) and lists the checkpoint folders again; a marker is read again only when
-  its file was replaced (a checkpoint committed again at the same step after a rollback).
+  its file was replaced (a checkpoint committed again at the same step after a rollback);
+- `snapshot()` makes what is held one consistent view of a run that may be writing right now: run.json and the
+  markers first, metrics.jsonl after them. The trainer writes a line before the marker or the run.json entry
+  that names it (a checkpoint's chain head, a session's chain_start and chain_end), so a log read after them
+  holds every line they name; read before them, a checkpoint committed in between would name a line not yet
+  read and the record would look rewritten. When run.json was replaced while the log was read (a session
+  began or ended), it is read again.
 
 `metrics` is what `read_metrics_tolerant` would return for the bytes read (record.py's parser over all of
 them, damage and notes collected, never raised). The folder only ever opens files for reading.
@@ -37,6 +43,8 @@ from pilotrun.run.marker import (
 )
 from pilotrun.run.record import METRICS_JSONL, RUN_JSON, ParsedMetrics, parse_metrics_bytes, read_run_json
 
+# Bytes of the lines already read that each read compares with the file: the last ones, and one more piece.
+VERIFY_BYTES = 64 << 10
 # What tells a file that was replaced or grew from one that was not, without opening it.
 FileKey = tuple[int, int, int, int]
 
@@ -69,7 +77,9 @@ class RunFolder:
         self._read_once = False
         self._parsed: ParsedMetrics | None = None
         self.rewrites = 0  # times metrics.jsonl was found shorter than the complete lines read before
-        self.rewritten_from: tuple[int, int] = (0, 0)  # (bytes found, bytes of complete lines read) at the last
+        self.rewritten_from: tuple[int, int] = (0, 0)
+        self.rewrite_reason = ""  # what the last rewrite was: truncated, replaced, or a line edited in place
+        self._verify_at = 0  # where the next piece of the lines read is compared with the file  # (bytes found, bytes of complete lines read) at the last
         self._steps: list[int] | None = None
         self._markers: dict[int, tuple[FileKey | None, tuple[dict[str, Any] | None, str | None]]] = {}
 
@@ -95,6 +105,17 @@ class RunFolder:
             self._run_key = key
         self._steps = None
 
+    def snapshot(self, attempts: int = 5) -> None:
+        """One consistent view of a run that may be live (module docstring): run.json and the markers, then
+        metrics.jsonl, again while run.json changed under the read (`attempts` at most; a run.json replaced on
+        every try is judged as last read)."""
+        for _ in range(attempts):
+            self.refresh()
+            self.checkpoint_heads()
+            self.read_metrics()
+            if file_key(self.path / RUN_JSON) == self._run_key:
+                return
+
     # -------------------------------------------------------------------------------------------- metrics.jsonl
     def read_metrics(self) -> None:
         """Read what metrics.jsonl holds beyond the complete lines read so far (module docstring)."""
@@ -111,9 +132,12 @@ class RunFolder:
         try:
             with open(path, "rb") as handle:
                 size = handle.seek(0, os.SEEK_END)
-                if size < self._complete:  # lines read before are gone: rewritten, never repaired
+                changed = self._changed_before(handle, key) if size >= self._complete else None
+                if size < self._complete or changed is not None:  # lines read before are gone: never repaired
                     self.rewrites += 1
                     self.rewritten_from = (size, self._complete)
+                    self.rewrite_reason = changed or (f"the file holds {size} bytes but {self._complete} bytes of "
+                                                      "complete lines were read before: it was truncated")
                     self._raw.clear()
                     self._complete = 0
                 handle.seek(self._complete)
@@ -130,9 +154,41 @@ class RunFolder:
             self._complete += end + 1
         self._parsed = None
 
+    def _changed_before(self, handle: Any, key: FileKey | None) -> str | None:
+        """Why the complete lines already read are no longer what the file holds, or None: another file now at
+        the path (its inode), or bytes before the offset that differ from those read (a line edited in place).
+        Each read compares the last VERIFY_BYTES before the offset, and one more piece of the rest in turn, so
+        that an edit anywhere is found within a bounded number of reads at a bounded cost each."""
+        if not self._complete:
+            return None
+        if self._log_key is not None and key is not None and key[0] != self._log_key[0]:
+            return "metrics.jsonl was replaced by another file (a new inode) after its lines were read"
+        tail = max(0, self._complete - VERIFY_BYTES)
+        if self._verify_at >= tail:
+            self._verify_at = 0
+        pieces = [(tail, self._complete - tail), (self._verify_at, min(VERIFY_BYTES, tail - self._verify_at))]
+        self._verify_at += VERIFY_BYTES
+        for start, length in pieces:
+            if length <= 0:
+                continue
+            handle.seek(start)
+            found = handle.read(length)
+            held = bytes(self._raw[start:start + length])
+            if found != held:
+                at = start + next((i for i, (a, b) in enumerate(zip(found, held, strict=False)) if a != b),
+                                  min(len(found), len(held)))
+                line = self._raw.count(b"\n", 0, at) + 1
+                return f"metrics.jsonl line {line} changed after it was read (edited in place)"
+        return None
+
     def metrics_bytes(self, offset: int, limit: int) -> bytes:
         """At most `limit` bytes of metrics.jsonl from `offset`, as read so far (run/follow.py consumes them)."""
         return bytes(self._raw[offset:offset + limit])
+
+    def metrics_newline_after(self, offset: int) -> int | None:
+        """Where the next newline of metrics.jsonl lies from `offset`, in what was read so far (None: none yet)."""
+        found = self._raw.find(b"\n", offset, self._complete)
+        return found if found >= 0 else None
 
     @property
     def metrics_absent(self) -> str | None:

@@ -30,6 +30,7 @@ from pilotrun.config import TRACKER_NAMES
 from pilotrun.errors import ConfigError
 from pilotrun.run.mirror import (
     TrackerMirror,
+    exported_events,
     kept_history,
     read_verdict,
     report_files,
@@ -133,7 +134,7 @@ def export_metrics(run_dir: str | Path, name: str, *, log_dir: str | Path | None
     """`pilotrun export-metrics RUN --to NAME`: a finished run's kept history (each step once), its identity,
     its verdict and report files (where a verdict was made) into one tracker. Not guarded: a failure is the
     command's error. Returns {tracker, events, scalars, verdict, files, where}."""
-    from pilotrun.run.record import METRICS_JSONL, read_metrics_strict
+    from pilotrun.run.record import METRICS_JSONL
 
     run_dir = Path(run_dir)
     if not (run_dir / METRICS_JSONL).is_file():
@@ -145,7 +146,7 @@ def export_metrics(run_dir: str | Path, name: str, *, log_dir: str | Path | None
         out, scalars = convert_run_to_tensorboard(run_dir, log_dir, force=force)
         return {"tracker": name, "events": None, "scalars": scalars, "verdict": verdict is not None,
                 "files": 0, "where": str(out)}
-    events = kept_history(read_metrics_strict(run_dir))
+    events = kept_history(exported_events(run_dir))
     sink = open_tracker(name, run_dir)
     try:
         sink.begin(None)

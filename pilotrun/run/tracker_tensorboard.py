@@ -11,13 +11,16 @@ verdict as scalars `verdict/go` and `verdict/RULE/figure` at the last step. Tens
 
 from __future__ import annotations
 
+import itertools
+import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
 from pilotrun.errors import ConfigError
 from pilotrun.files import plain_folder
-from pilotrun.run.mirror import MIRRORED_EVENTS, TrackerMirror, identity_tags, kept_history
+from pilotrun.run.mirror import MIRRORED_EVENTS, TrackerMirror, exported_events, identity_tags, kept_history
 
 EVENT_FILE_PREFIX = "events.out.tfevents."
 
@@ -25,11 +28,47 @@ EVENT_FILE_PREFIX = "events.out.tfevents."
 def _tensorboard():
     try:
         from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        from tensorboard.summary.writer.record_writer import RecordWriter
     except ImportError:
         raise ConfigError("TensorBoard output needs the tensorboard package: pip install 'pilotrun[tensorboard]'"
                           ) from None
-    return EventFileWriter, event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+    return RecordWriter, event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+
+
+_FILE_NUMBERS = itertools.count()
+
+
+class EventFile:
+    """One TensorBoard event file, written in the caller's thread with the package's own record format.
+
+    The package's EventFileWriter writes from a thread of its own, where a failure (a read-only or full disk)
+    is a traceback printed by that thread that no caller can catch or name. Here every write happens where the
+    event is given, so that a failure is an OSError the caller handles: the live mirror's guard switches it off
+    with one warning, and the converter removes its half-written file and names the folder."""
+
+    def __init__(self, log_dir: Path, record_writer: Any, event_pb2: Any) -> None:
+        self._event_pb2 = event_pb2
+        while True:  # TensorBoard's own name: the reader orders a folder's files by it
+            name = (f"{EVENT_FILE_PREFIX}{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}."
+                    f"{next(_FILE_NUMBERS)}")
+            try:
+                self.handle = open(log_dir / name, "xb")  # never another writer's file
+                break
+            except FileExistsError:
+                continue
+        self.path = log_dir / name
+        self.records = record_writer(self.handle)
+        self.add_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+        self.flush()
+
+    def add_event(self, event: Any) -> None:
+        self.records.write(event.SerializeToString())
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+    def close(self) -> None:
+        self.handle.close()
 
 
 class TensorBoardSink(TrackerMirror):
@@ -58,7 +97,7 @@ class TensorBoardSink(TrackerMirror):
 
     def start(self, identity: dict[str, Any], resume_step: int | None) -> None:
         plain_folder(self.log_dir)  # RUN/tensorboard as a link is refused, never written through
-        self.writer = self._writer_class(str(self.log_dir), flush_secs=120)
+        self.writer = EventFile(self.log_dir, self._writer_class, self._event_pb2)
         now = time.time()
         if resume_step is not None:
             session_log = self._event_pb2.SessionLog(status=self._event_pb2.SessionLog.START)
@@ -106,7 +145,7 @@ def convert_run_to_tensorboard(run_dir: str | Path, out: str | Path | None = Non
     old ones are removed. Anything else there is refused unless `force`, which still removes only event
     files. Returns (folder, scalars written)."""
     from pilotrun.run.mirror import read_verdict
-    from pilotrun.run.record import METRICS_JSONL, read_metrics_strict
+    from pilotrun.run.record import METRICS_JSONL
 
     run_dir = Path(run_dir)
     if not (run_dir / METRICS_JSONL).is_file():
@@ -114,22 +153,31 @@ def convert_run_to_tensorboard(run_dir: str | Path, out: str | Path | None = Non
     out = Path(out) if out is not None else run_dir / "tensorboard"
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ConfigError(f"--out {out} is not a folder")
+    created = not out.exists()
     previous = event_files(out) if out.is_dir() else []
     others = sorted(p.name for p in out.iterdir() if p not in previous) if out.is_dir() else []
     if others and not force:
         raise ConfigError(f"--out {out} holds files other than TensorBoard event files ({', '.join(others[:3])}): "
                           "choose another folder, or --force to replace only its event files")
-    events = kept_history(read_metrics_strict(run_dir))
+    events = kept_history(exported_events(run_dir))
     sink = TensorBoardSink(out, run_dir=run_dir)  # not guarded: here a failure is the command's error
     try:
-        sink.begin(None)
-        for event in events:
-            sink.write(event)
-        verdict = read_verdict(run_dir)
-        if verdict is not None:
-            sink.log_verdict(verdict, sink.last_step)
-    finally:
-        sink.close()
+        try:
+            sink.begin(None)
+            for event in events:
+                sink.write(event)
+            verdict = read_verdict(run_dir)
+            if verdict is not None:
+                sink.log_verdict(verdict, sink.last_step)
+        finally:
+            sink.close()
+    except OSError as exc:  # a full or read-only disk: the half-written file goes, the previous files stay
+        if sink.writer is not None:
+            sink.writer.path.unlink(missing_ok=True)
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise ConfigError(f"--out {out}: writing TensorBoard events failed ({exc.strerror or exc}); nothing was "
+                          f"written, {len(previous)} previous event file(s) kept") from None
     for old in previous:
         old.unlink()
     return out, sink.scalars_written

@@ -43,6 +43,7 @@ from pilotrun.run.record import (
     CHECKPOINTS_DIR,
     COUNTER_KEYS,
     HANGS_DIR,
+    METRICS_JSONL,
     RUN_JSON,
     Counters,
     read_metrics_tolerant,
@@ -114,6 +115,13 @@ def check_run_dir_is_new(run_dir: Path, auto: bool = False) -> None:
     if auto and holds_no_run(run_dir):
         return
     if run_dir.exists() and (not run_dir.is_dir() or any(p.name != LOCK_NAME for p in run_dir.iterdir())):
+        names = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+        if run_dir.is_dir() and not {RUN_JSON, METRICS_JSONL, CHECKPOINTS_DIR} & set(names):
+            # A user's folder, a data folder, `/`: never a suggestion to delete it.
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            raise ConfigError(f"--run-dir {run_dir} is not a run folder (it holds {shown}, and no {RUN_JSON}): "
+                              "a new run starts only in a new or empty folder and a run folder is never made of "
+                              "another; choose a new --run-dir")
         raise ConfigError(f"run folder {run_dir} already exists: pass --resume to continue it (from its newest "
                           "committed checkpoint, or from step 0 when it has none), choose a new --run-dir, or delete "
                           "the folder to start this run over")
@@ -345,6 +353,8 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
                         root=str(checkpointer.root), agree=lambda step: dist_utils.broadcast_object(context, step),
                         run_id=run_id if isinstance(run_id, str) else None, recorded=recorded,
                         verify=checkpointer.verify if auto else None)
+    if plan.resuming and context.is_main_process:
+        checkpointer.check_later_removable(plan.checkpoint_step)  # before any update is trained
     if auto and plan.resuming and plan.checkpoint_step >= plan.config.train.max_steps:
         raise NothingToDo(f"nothing to do: run {run_id} is complete (checkpoint step {plan.checkpoint_step} "
                           f"reached train.max_steps={plan.config.train.max_steps}) in {run_dir}")

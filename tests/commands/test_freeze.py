@@ -166,3 +166,22 @@ def test_the_lock_carries_the_pilots_in_loop_tasks_and_figures_for_the_long_runs
     # the pilot's own record read against its own lock raises no downstream alert
     alerts = Watcher(run_dir, lock=lock, holder=lambda _: None).check(final=True)[0]
     assert not [a for a in alerts if a.kind == "downstream"]
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--target-steps", "100", "--mtbf", "1e308"], "projection.checkpoint_interval.young_seconds"),
+    (["--target-steps", "100", "--mtbf", "5e-324"], "projection.failures"),
+    (["--target-steps", str(10**400)], "out of a float's range"),
+    (["--target-steps", str(10**300), "--device-hour-cost", "1e300"], "projection.")])
+def test_projection_options_past_a_floats_range_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, flags,
+                                                                                     named):
+    """A positive finite --mtbf can still push a figure past a float (1e308 h x 3600, or a failure count over
+    5e-324 h), and a huge --target-steps past it too: refused, naming the options and the figure, never a
+    traceback about JSON compliance."""
+    from pilotrun.commands.cli import main
+
+    crashed_and_resumed(tmp_path / "r").write()
+    assert main(["freeze", str(tmp_path / "r"), "--out", str(tmp_path / "lock.json"), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named in err[0] and f"--target-steps {flags[1]}" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]

@@ -4,6 +4,7 @@ torchrun tree is killed in tests/commands/test_pilot.py."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -106,3 +107,56 @@ def test_a_childs_cause_is_the_one_line_of_its_log_that_says_why(tmp_path, log, 
     child.log = tmp_path / "train-1.log"
     child.log.write_text(log)
     assert child.cause() == cause
+
+
+# A pilot that starts its child as the pilot does, says the tree's pids and waits. The child stands in for torchrun
+# with one worker in a session of its own that watches its launcher's pid, as pilotrun's workers do (the launcher
+# watch); or, with no nproc, for a lone `pilotrun train`.
+PILOT = """
+import json, os, sys, time
+from pathlib import Path
+from pilotrun.commands import pilot_process
+WORKER = ("import os, sys, time\\n"
+          "while os.getppid() == int(sys.argv[1]): time.sleep(0.01)\\n")
+LAUNCHER = ("import os, subprocess, sys, time\\n"
+            f"w = subprocess.Popen([sys.executable, '-c', {WORKER!r}, str(os.getpid())], start_new_session=True)\\n"
+            "time.sleep(600)\\n")
+pilot_process.torchrun_command = lambda n: [sys.executable, "-c", LAUNCHER]
+pilot_process.train_command = lambda: [sys.executable, "-c", "import time; time.sleep(600)"]
+nproc = int(sys.argv[2]) or None
+child = pilot_process.TrainingChild([], Path(sys.argv[1]), nproc=nproc)
+deadline = time.monotonic() + 120
+while nproc and len(child.tree()) < 2 and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(json.dumps(child.tree()), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [0, 1])
+def test_every_child_stops_when_the_pilot_is_sigkilled_alone(tmp_path, nproc):
+    """SIGKILL of the pilot alone (no handler runs, its children untouched): the kernel's parent-death signal
+    stops the child, and under a launcher its worker follows its launcher's death; none is left."""
+    import json
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    pilot = subprocess.Popen([sys.executable, "-c", PILOT, str(tmp_path / "child.log"), str(nproc)],
+                             stdout=subprocess.PIPE, text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    tree: list[int] = []
+    try:
+        tree = json.loads(pilot.stdout.readline())
+        assert len(tree) == 1 + nproc and all(is_alive(pid) for pid in tree), tree
+        pilot.kill()
+        pilot.wait()
+        deadline = time.monotonic() + 120  # a hang guard, not a measure: they go as soon as the signal lands
+        while any(is_alive(pid) for pid in tree) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not [pid for pid in tree if is_alive(pid)], (tree, (tmp_path / "child.log").read_text())
+    finally:
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        pilot.kill()

@@ -176,3 +176,21 @@ def test_one_look_at_a_healthy_live_run_prints_one_status_line(tmp_path, capsys)
     (status,) = [line for line in captured.err.splitlines() if line.startswith("status: ")]
     assert status.startswith(f"status: step 30/60  loss {run.loss(30):.4f}  ") and " ETA " in status
     assert "ETA -" not in status and status.endswith("(live: a session holds the run; 0 alert(s) standing)")
+
+
+def test_an_on_alert_command_past_its_timeout_is_named_with_its_wait_and_watch_goes_on(tmp_path, capsys,
+                                                                                      monkeypatch):
+    from pilotrun.commands import watch
+
+    run_dir = crashed_and_resumed(tmp_path / "r").write()
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
+    lines[5] = lines[5].replace('"loss":', '"loss":0.5,"was":', 1)
+    (run_dir / "metrics.jsonl").write_text("".join(lines))
+    monkeypatch.setattr(watch, "ON_ALERT_TIMEOUT_SECONDS", 0.2)
+    assert main(["watch", str(run_dir), "--on-alert", "sleep 30"]) == 1
+    captured = capsys.readouterr()
+    timeouts = [line for line in captured.err.splitlines() if "--on-alert" in line]
+    assert timeouts and all(line == f"pilotrun watch: --on-alert command 'sleep 30' did not finish within 0.2 s for "
+                            f"the chain alert at step {line.split('at step ')[1].split(':')[0]}: it was stopped; "
+                            "watch goes on" for line in timeouts), timeouts
+    assert len(timeouts) == captured.out.count("ALERT ")  # each alert was delivered, each command waited for

@@ -219,3 +219,35 @@ def test_a_streamed_hub_source_continues_too(tmp_path, monkeypatch, fineweb_text
     manifest = prepare_corpus(tmp_path / "out", **common)
     assert manifest["stream"]["read_order"] == {"units": None, "shuffled": False}  # a stream has no units
     assert _tree_bytes(tmp_path / "out") == _tree_bytes(tmp_path / "reference")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["flip", "swap", "remove"])
+def test_a_committed_shard_changed_in_the_partial_folder_is_refused_by_name_before_anything_is_added(
+        tmp_path, capsys, parquet_source, gpt2_tokenizer_path, damage):
+    """A shard the progress file committed, then changed under the partial folder (a byte flipped, swapped for
+    its neighbour, removed): the rerun rehashes every committed shard first and refuses, naming it; the folder
+    is left byte for byte as it was, so nothing is listed under a hash its file does not have."""
+    out = tmp_path / "out"
+    args = prepare_args(out, parquet_source, str(gpt2_tokenizer_path))
+    assert run_child("after-commit", 3, args).returncode == -9
+    partial = tmp_path / "out.partial"
+    shards = json.loads((partial / PROGRESS_FILE).read_text())["state"]["splits"]["train"]["shards"]
+    assert len(shards) >= 2
+    first, second = partial / shards[0]["file"], partial / shards[1]["file"]
+    if damage == "flip":
+        data = bytearray(first.read_bytes())
+        data[-1] ^= 0x01
+        first.write_bytes(bytes(data))
+    elif damage == "swap":
+        first.write_bytes(second.read_bytes())
+    else:
+        first.unlink()
+    holder_note = "prepare.partial.json"  # the lock's note of who holds the folder: rewritten by each holder
+    before = {k: v for k, v in _tree_bytes(partial).items() if k != holder_note}
+    capsys.readouterr()
+    assert main(["prepare", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{first}: a committed shard of this interrupted prepare" in err[0], err
+    assert ("is missing" if damage == "remove" else "not the") in err[0]
+    assert {k: v for k, v in _tree_bytes(partial).items() if k != holder_note} == before and not out.exists()

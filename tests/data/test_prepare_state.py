@@ -32,7 +32,7 @@ def test_a_second_prepare_of_the_same_folder_is_refused_while_the_first_holds_it
     first = PartialFolder(str(tmp_path / "out"))
     assert first.open() is None and first.created
     second = PartialFolder(str(tmp_path / "out"))
-    with pytest.raises(DataError, match="held by another pilotrun prepare"):
+    with pytest.raises(DataError, match=f"held by another pilotrun prepare still running \\(pid {os.getpid()} on host "):
         second.open()
     first.close()
     assert second.open() is None and not second.created  # released: the folder can be taken again
@@ -40,11 +40,15 @@ def test_a_second_prepare_of_the_same_folder_is_refused_while_the_first_holds_it
 
 
 def test_an_uncommitted_attempt_is_cleared_and_a_committed_one_returned(tmp_path):
+    from pilotrun.data.prepare_state import OWN_MARK
+
     folder = tmp_path / "out.partial"
-    folder.mkdir()
+    first = PartialFolder(str(tmp_path / "out"))
+    first.open()  # makes the folder with its mark
+    first.close()
     (folder / "train_00000.npy").write_bytes(b"half")  # written by an attempt killed before its first commit
     partial = PartialFolder(str(tmp_path / "out"))
-    assert partial.open() is None and list(folder.iterdir()) == []
+    assert partial.open() is None and [p.name for p in folder.iterdir()] == [OWN_MARK]
     partial.commit({"state": {"documents_done": 3}})
     partial.close()
     again = PartialFolder(str(tmp_path / "out"))
@@ -134,3 +138,26 @@ def test_stop_requests_record_the_first_signal_and_a_second_stops_at_once():
 
 def test_peak_resident_memory_is_measured():
     assert peak_resident_mb() > 10
+
+
+def test_a_partial_folder_prepare_did_not_make_is_refused_untouched_and_its_own_is_reopened(tmp_path):
+    from pilotrun.data.prepare_state import OWN_MARK, PartialFolder
+
+    out = tmp_path / "corpus"
+    theirs = tmp_path / "corpus.partial"
+    (theirs / "notes").mkdir(parents=True)
+    (theirs / "notes" / "draft.txt").write_text("mine")
+    (theirs / "shard.bin").write_bytes(b"\x00\x01")
+    with pytest.raises(DataError, match="is not the folder of an interrupted pilotrun prepare .* not touching it"):
+        PartialFolder(str(out)).open()
+    assert (theirs / "notes" / "draft.txt").read_text() == "mine" and (theirs / "shard.bin").read_bytes() == b"\x00\x01"
+    assert sorted(p.name for p in theirs.iterdir()) == ["notes", "shard.bin"]
+
+    mine = PartialFolder(str(tmp_path / "other"))
+    assert mine.open() is None and mine.created
+    (tmp_path / "other.partial" / "tokenizer.json.tmp").write_text("{")  # killed before its first commit
+    mine.close()
+    again = PartialFolder(str(tmp_path / "other"))
+    assert again.open() is None and not again.created  # its own mark: reopened, emptied but for the mark
+    assert sorted(p.name for p in (tmp_path / "other.partial").iterdir()) == [OWN_MARK]
+    again.close()

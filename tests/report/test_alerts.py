@@ -207,3 +207,46 @@ def test_interruptions_more_than_the_lock_s_mtbf_makes_likely_are_an_alert(tmp_p
     run.write()
     new, _ = Watcher(tmp_path / "r", holder=lambda _: None).check(final=True)
     assert bool([a for a in new if a.kind == "restarts"]) == alert
+
+
+def test_a_run_watched_before_its_first_train_window_gets_no_rule_alert_then_is_judged(tmp_path):
+    """A session that has started but not closed its first window: no rule has its evidence yet, so none is
+    judged (no "no loss recorded"); once windows are there, the rules are judged as usual."""
+    from tests.report.synthetic import SyntheticRun
+
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.write()
+    watcher = Watcher(run.run_dir, clock=lambda: run.clock, holder=lambda _: {"pid": 1})
+    new, _ = watcher.check(final=True)
+    assert [a for a in new if a.kind == "rule"] == [] and watcher.pending_judgement
+    run.train_until(20)
+    run.write()
+    watcher.check(final=True)
+    assert not watcher.pending_judgement and watcher.last_judged > -1e18
+
+
+@pytest.mark.parametrize("cpu_follows", [False, True])
+def test_a_slowdown_with_a_smaller_cpu_share_is_the_machine_busier_and_at_the_same_share_a_throughput_alert(
+        tmp_path, cpu_follows):
+    """From update 40 each update takes 4x the training time. With the process's CPU seconds unchanged its
+    share of the CPU fell to a quarter of the pilot's: `machine_busier`, no throughput alert. With the CPU
+    seconds 4x too (the same share: the recipe itself got slower): the throughput alert, no machine_busier."""
+    from pilotrun.commands.freeze import freeze_run
+    from pilotrun.run.recipe_lock import load_lock
+
+    crashed_and_resumed(tmp_path / "pilot").write()
+    assert freeze_run(tmp_path / "pilot", tmp_path / "lock.json")[0] == 0
+    lock = load_lock(tmp_path / "lock.json")
+    assert lock["watch"]["throughput"]["cpu_share"] == pytest.approx(0.9)
+    run = SyntheticRun(tmp_path / "long")
+    run.train_seconds_per_update = lambda step: 2.0 if step > 40 else 0.5
+    if cpu_follows:
+        run.cpu_seconds_per_update = lambda step: 1.8 if step > 40 else 0.45
+    run.start_session()
+    run.train_until(60)
+    run.end_session()
+    run.write()
+    watcher = Watcher(run.run_dir, lock, clock=lambda: run.clock, holder=lambda _: None)
+    kinds = {a.kind for a in watcher.check(final=True)[0]}
+    assert ("throughput" in kinds) is cpu_follows and ("machine_busier" in kinds) is not cpu_follows, kinds

@@ -48,3 +48,54 @@ def test_an_unended_session_whose_folder_is_held_is_running(tmp_path):
     finally:
         lock.release()
     assert not judge_summary(summarize_run(tmp_path / "r")).provisional
+
+
+def test_summarize_in_a_loop_while_the_run_appends_never_reads_a_false_invalid(tmp_path):
+    """A writer thread appends the log line by line, as the trainer does, committing each checkpoint's marker
+    after the line it names and before its checkpoint line; summarize reads the folder again and again meanwhile.
+    Every read is a consistent moment of the run: valid, never "the log up to that checkpoint was rewritten"."""
+    import threading
+
+    from tests.report.synthetic import SyntheticRun
+
+    whole = SyntheticRun(tmp_path / "whole", max_steps=200, log_every=2, checkpoint_every=4)
+    whole.start_session()
+    whole.train_until(200)
+    whole.write()
+    lines = (whole.run_dir / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    live = tmp_path / "live"
+    live.mkdir()
+    (live / "run.json").write_bytes((whole.run_dir / "run.json").read_bytes())
+    (live / "metrics.jsonl").write_bytes(lines[0])  # the session has opened its log
+    checkpoint_lines = {index: json.loads(line)["step"] for index, line in enumerate(lines)
+                        if json.loads(line)["event"] == "checkpoint"}
+    writer_done = threading.Event()
+
+    def writer():
+        with open(live / "metrics.jsonl", "ab", buffering=0) as handle:
+            for index, line in enumerate(lines):
+                if index == 0:
+                    continue
+                if index in checkpoint_lines:  # commit the marker (temp + rename), then log its line
+                    step = checkpoint_lines[index]
+                    source = whole.run_dir / "checkpoints" / f"step-{step:08d}"
+                    folder = live / "checkpoints" / f"step-{step:08d}"
+                    folder.mkdir(parents=True)
+                    (folder / "state.pt").write_bytes((source / "state.pt").read_bytes())
+                    (folder / "COMMITTED.json.tmp").write_bytes((source / "COMMITTED.json").read_bytes())
+                    os.replace(folder / "COMMITTED.json.tmp", folder / "COMMITTED.json")
+                handle.write(line)
+        writer_done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    reads = []
+    try:
+        while not writer_done.is_set() or not reads:
+            summary = summarize_run(live)
+            assert summary.valid, summary.reasons
+            reads.append(summary.final.step)
+    finally:
+        thread.join()
+    assert summarize_run(live).valid and summarize_run(live).final.step == 200
+    assert reads == sorted(reads)

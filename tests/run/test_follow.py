@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from pilotrun.run.follow import RecordFollower
@@ -34,8 +36,45 @@ def test_an_edited_line_breaks_the_chain_where_it_is_read_and_a_rewrite_is_found
     found = follower.poll()
     assert len(found.breaks) == 1 and found.breaks[0].startswith("metrics.jsonl line 6 (")
     path.write_text("".join(lines[:2]))
-    assert "truncated or rewritten" in follower.poll().breaks[0]
+    assert "it was truncated; everything is read again" in follower.poll().breaks[0]
     assert len(follower.poll().events) == 2  # read again from the start
+
+
+@pytest.mark.parametrize("where", [1, -3])
+def test_a_line_already_read_edited_in_place_is_named_at_the_next_poll(tmp_path, where):
+    """A line read before, edited in place to the same length (an early one and one near the end): the next
+    poll names it as changed after it was read, and the chain check of the reread names the line too."""
+    run_dir = crashed_and_resumed(tmp_path / "r").write()
+    path = run_dir / "metrics.jsonl"
+    follower = RecordFollower(run_dir)
+    assert not follower.poll().breaks
+    lines = path.read_bytes().splitlines(keepends=True)
+    number = where + 1 if where > 0 else len(lines) + where + 1
+    old = lines[number - 1]
+    lines[number - 1] = old.replace(b'"step":', b'"stap":', 1)
+    assert len(lines[number - 1]) == len(old) and lines[number - 1] != old
+    with open(path, "r+b") as handle:  # in place: the same file, the same size
+        handle.write(b"".join(lines))
+    breaks = []
+    for _ in range(200):  # the piece compared moves through the file each poll; bounded, not timed
+        breaks = follower.poll().breaks
+        if breaks:
+            break
+    assert breaks[0] == (f"metrics.jsonl: metrics.jsonl line {number} changed after it was read (edited in place); "
+                         "everything is read again from its start, chained afresh"), breaks
+    again = follower.poll().breaks
+    assert any(f"metrics.jsonl line {number}" in b for b in again), again
+
+
+def test_a_log_replaced_by_another_file_is_named_replaced(tmp_path):
+    run_dir = crashed_and_resumed(tmp_path / "r").write()
+    path = run_dir / "metrics.jsonl"
+    follower = RecordFollower(run_dir)
+    follower.poll()
+    copy = path.with_name("copy")
+    copy.write_bytes(path.read_bytes() + b"")
+    os.replace(copy, path)
+    assert follower.poll().breaks[0].startswith("metrics.jsonl: metrics.jsonl was replaced by another file")
 
 
 def test_a_folder_that_is_not_a_run_is_bad_input(tmp_path):
@@ -63,3 +102,40 @@ def test_an_incomplete_line_with_an_invalid_byte_is_named_once_and_a_cut_charact
     path.write_bytes(b"".join(lines[:3]) + lines[3][:20] + b"\xff" + lines[3][20:] + b"".join(lines[4:]))
     rest = follower.poll()  # the line completed: not named a second time, the lines after it read on
     assert not [b for b in rest.breaks if "line 4: not UTF-8" in b] and rest.events[0]["_line"] == 5
+
+
+def test_a_line_longer_than_a_poll_is_named_once_and_passed_over(tmp_path):
+    """A single 9 MB line (more than one poll reads): named once by its number, never waited for in silence;
+    the lines after it are read on (the first of them breaks the chain, as it follows from the long one)."""
+    from pilotrun.run.follow import POLL_BYTES
+
+    run_dir = crashed_and_resumed(tmp_path / "r").write()
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    follower = RecordFollower(run_dir)
+    assert not follower.poll().breaks
+    with open(path, "ab") as handle:
+        handle.write(b'{"event":"train","pad":"' + b"x" * (9 << 20) + b'"}')
+    first = follower.poll()
+    assert first.breaks == [f"metrics.jsonl line {len(lines) + 1}: longer than {POLL_BYTES >> 20} MiB (the "
+                            "writer's lines are kilobytes); not parsed, passed over"]
+    assert follower.poll().breaks == []  # named once while it is still being written
+    with open(path, "ab") as handle:
+        handle.write(b"\n" + lines[-1])
+    follower.poll()  # passes over it
+    after = follower.poll()
+    assert after.events and after.events[-1]["_line"] == len(lines) + 2
+    assert [b for b in after.breaks if "hash chain broken" in b]
+
+
+def test_a_run_folder_swapped_for_a_link_is_named_once_and_not_read_through(tmp_path):
+    run_dir = crashed_and_resumed(tmp_path / "r").write()
+    other = crashed_and_resumed(tmp_path / "other").write()
+    follower = RecordFollower(run_dir)
+    assert follower.poll().events
+    os.rename(run_dir, tmp_path / "moved")
+    os.symlink(other, run_dir)
+    first = follower.poll()
+    assert first.breaks == [f"{run_dir}: the run folder was replaced after watching began (it is now a symbolic "
+                            f"link to {other}); nothing is read through it"] and not first.events
+    assert follower.poll().breaks == []

@@ -115,3 +115,40 @@ def test_a_marker_is_read_again_only_once_replaced_and_the_folder_must_be_a_run(
     with pytest.raises(RecordError, match="not found"):
         RunFolder(tmp_path / "nothing")
     assert RunFolder.of(folder) is folder
+
+
+def test_a_checkpoint_committed_while_summarize_reads_is_not_a_rewritten_log(tmp_path, monkeypatch):
+    """The writer appends a checkpoint's line, then commits its marker. A reader that read the log before the
+    markers would see a marker naming a line it had not read; the folder reads the markers first."""
+    from pilotrun.report.summarize import summarize_run
+    from pilotrun.run import run_folder
+
+    whole = SyntheticRun(tmp_path / "whole")
+    whole.start_session()
+    whole.train_until(45)
+    whole.write()
+    lines = (whole.run_dir / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    live = whole.copy()
+    live.run_dir = tmp_path / "live"
+    live.checkpoints = {20: whole.checkpoints[20]}  # the marker at 40 is not committed yet
+    live.write()
+    (live.run_dir / "metrics.jsonl").write_bytes(b"".join(lines[:-8]))  # nor are the last lines written
+    real, moved = run_folder.committed_checkpoint_steps, []
+
+    def writer_moves_on(path):  # between two reads, the run writes its lines and commits step 40
+        if moved:
+            return real(path)
+        moved.append(True)
+        with open(live.run_dir / "metrics.jsonl", "ab") as handle:
+            handle.write(b"".join(lines[-8:]))
+        whole.run_dir, saved = live.run_dir, whole.run_dir
+        whole.write_checkpoint(40, whole.checkpoints[40])
+        whole.run_dir = saved
+        return real(path)
+
+    monkeypatch.setattr(run_folder, "committed_checkpoint_steps", writer_moves_on)
+    folder = RunFolder(live.run_dir)
+    folder.read_metrics()  # what a caller holding the folder may have read already (watch's follower)
+    summary = summarize_run(folder)
+    assert summary.valid, summary.reasons
+    assert folder.committed_steps() == [20, 40] and summary.final.step == 45

@@ -119,3 +119,66 @@ def test_guarded_sink_writes_nothing_before_the_first_event(tmp_path):
     assert not (tmp_path / "tb").exists()
     sink.close()
     assert sink.failure is None
+
+
+def _tree(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir()} if folder.exists() else None
+
+
+def test_exporting_a_damaged_record_is_refused_naming_the_line_and_writes_nothing(tmp_path, capsys):
+    run = crashed_run(tmp_path / "run")
+    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    lines[5] = lines[5].replace('"loss":', '"loss":1e-9,"x":', 1)  # an edit after the fact: the chain breaks
+    (run / "metrics.jsonl").write_text("".join(lines))
+    for tracker in ("tensorboard", "mlflow"):
+        assert main(["export-metrics", str(run), "--to", tracker, "--out", str(tmp_path / "tb")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "damaged record, not exported: metrics.jsonl line 6" in err[0], err
+    assert not (tmp_path / "tb").exists() and not (run / "mlflow.db").exists() and not (run / "mlruns").exists()
+
+
+def test_exporting_onto_a_full_disk_leaves_the_previous_event_files_and_no_half_file(tmp_path, capsys, monkeypatch):
+    from pilotrun.run import tracker_tensorboard
+
+    run = crashed_run(tmp_path / "run")
+    assert main(["export-metrics", str(run), "--to", "tensorboard", "--out", str(tmp_path / "tb")]) == 0
+    before = _tree(tmp_path / "tb")
+    real, written = tracker_tensorboard.EventFile.add_event, []
+
+    def disk_fills(self, event):
+        if len(written) == 10:
+            raise OSError(28, "No space left on device")
+        written.append(event)
+        real(self, event)
+
+    monkeypatch.setattr(tracker_tensorboard.EventFile, "add_event", disk_fills)
+    capsys.readouterr()
+    assert main(["export-metrics", str(run), "--to", "tensorboard", "--out", str(tmp_path / "tb")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "No space left on device" in err[0] and "1 previous event file(s) kept" in err[0], err
+    assert _tree(tmp_path / "tb") == before
+    written.clear()
+    assert main(["export-metrics", str(run), "--to", "tensorboard", "--out", str(tmp_path / "new")]) == 2
+    assert not (tmp_path / "new").exists()  # a folder it made for the export goes with the half-written file
+
+
+def test_a_read_only_event_folder_switches_the_live_mirror_off_with_one_warning_and_no_thread_traceback(
+        tmp_path, monkeypatch):
+    """A folder that refuses the new event file (read-only, immutable) fails where the session's first event is
+    given: the guard warns once and the session goes on; no writer thread prints a traceback of its own."""
+    import threading
+
+    from pilotrun.run import tracker_tensorboard
+
+    def refused(path, mode="r", *args, **kwargs):
+        raise PermissionError(1, "Operation not permitted", str(path))
+
+    monkeypatch.setattr(tracker_tensorboard, "open", refused, raising=False)
+    hooked = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: hooked.append(args))
+    sink = guarded_tensorboard_sink(tmp_path / "tb")
+    with pytest.warns(RuntimeWarning, match="metrics sink 'tensorboard' failed .* PermissionError"):
+        sink.write({"event": "session_start", "step": 4, "max_steps": 6, "resumed_from": 4})
+    sink.write({"event": "val", "step": 5, "loss": 1.5})
+    sink.close()
+    assert sink.failure is not None and not hooked and list((tmp_path / "tb").iterdir()) == []

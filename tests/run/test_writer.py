@@ -45,7 +45,7 @@ def test_disabled_log_writes_nothing(tmp_path):
 
 def test_torn_tail_is_cut_and_appends_start_on_a_fresh_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    first = '{"event":"train","session_id":"s1","step":1,"tokens_seen":8,"updates_attempted":1,"updates_skipped":0}'
+    first = '{"event":"train","session_id":"s1","step":1,"tokens_seen":8,"updates_attempted":1,"updates_skipped":0,"time":1.0}'
     path.write_text(first + '\n{"event":"tra')
     # the partial line is not parsed
     assert read_metrics_strict(tmp_path) == [{**json.loads(first), "_line": 1}]

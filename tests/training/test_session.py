@@ -166,3 +166,21 @@ def test_num_threads_0_runs_with_the_default_and_the_session_records_it(builtin_
         trainer.session.release_lock()
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("kind", ["user", "data"])
+def test_a_folder_that_is_not_a_run_is_refused_untouched_without_a_suggestion_to_delete_it(tmp_path, kind):
+    from pilotrun.errors import ConfigError
+    from pilotrun.training.session import check_run_dir_is_new
+
+    folder = tmp_path / kind
+    folder.mkdir()
+    names = ["notes.txt"] if kind == "user" else ["metadata.json", "train_00000.npy", "val_00000.npy", "x.json"]
+    for name in names:
+        (folder / name).write_text("mine")
+    with pytest.raises(ConfigError) as refused:
+        check_run_dir_is_new(folder)
+    message = str(refused.value)
+    assert f"--run-dir {folder} is not a run folder (it holds {names[0]}" in message and "delete" not in message
+    assert sorted(p.name for p in folder.iterdir()) == sorted(names)
+    assert all((folder / name).read_text() == "mine" for name in names)

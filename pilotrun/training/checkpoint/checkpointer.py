@@ -320,6 +320,27 @@ class Checkpointer:
                 fsync_directory(self.root)
                 self.notes.append(f"restored {final.name}: a save replacing it was interrupted before commit")
 
+    def check_later_removable(self, step: int) -> None:
+        """Before a session resumed from `step` trains: every committed checkpoint after it (an abandoned
+        timeline, removed at the first save, or moved aside when that very step is saved again) must be
+        movable and its marker removable; else CheckpointError now, not after the updates were trained into a
+        temporary folder that can never be committed. Probed by moving each aside and back, as a save replacing
+        it does (a crash in between is put right by _recover_interrupted_replacements)."""
+        for checkpoint in self.committed():
+            if checkpoint.step <= step or checkpoint.path.is_symlink():
+                continue
+            aside = self.root / f"{REPLACED_PREFIX}{checkpoint.path.name}"
+            marker, probe = checkpoint.path / MARKER_NAME, checkpoint.path / f"{MARKER_NAME}.probe"
+            try:
+                os.rename(checkpoint.path, aside)
+                os.rename(aside, checkpoint.path)
+                os.rename(marker, probe)
+                os.rename(probe, marker)
+            except OSError as exc:
+                raise CheckpointError(f"{checkpoint.path}: a checkpoint after the resumed step {step} cannot be "
+                                      f"moved aside or removed ({exc.strerror or exc}); make it writable (or move it "
+                                      f"away) before resuming from step {step}") from None
+
     def _prune(self, newest_step: int) -> None:
         """Remove what no retention tier keeps (retention.py), and every checkpoint *after* `newest_step`: those
         belong to a timeline abandoned by a resume from an earlier step (--from-step), and left in place they

@@ -278,3 +278,32 @@ def test_damaged_marker_is_named_and_other_steps_stay_loadable(tmp_path):
         checkpointer.meta(2)
     state, meta = checkpointer.load(step=1)
     assert torch.equal(state["model"]["w"], torch.zeros(2)) and meta == {"step": 1}
+
+
+def test_a_later_checkpoint_that_cannot_be_moved_aside_is_refused_before_training(tmp_path, monkeypatch):
+    """--from-step 3 with a committed step 4 that cannot be moved (immutable, read-only): refused at once,
+    naming it, every folder as it was; a movable one passes the probe and is back in place."""
+    import os as os_module
+
+    from pilotrun.errors import CheckpointError
+    from pilotrun.training.checkpoint import checkpointer as module
+
+    checkpointer = Checkpointer(tmp_path, keep=5)
+    for step in (2, 3, 4):
+        checkpointer.save(step, {"model": {"w": torch.full((2,), float(step))}}, {"step": step})
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    checkpointer.check_later_removable(3)  # movable: probed and put back
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+    real = os_module.rename
+
+    def immutable(src, dst, *args, **kwargs):
+        if "step-00000004" in str(src):
+            raise PermissionError(1, "Operation not permitted", str(src))
+        return real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(module.os, "rename", immutable)
+    with pytest.raises(CheckpointError, match=r"step-00000004: a checkpoint after the resumed step 3 cannot be moved "
+                                              r"aside or removed \(Operation not permitted\)"):
+        checkpointer.check_later_removable(3)
+    checkpointer.check_later_removable(4)  # nothing after step 4
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
