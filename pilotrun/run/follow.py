@@ -86,6 +86,8 @@ class RecordFollower:
         """Read every complete line appended since the last poll."""
         found = Poll()
         now = _folder_identity(self.run_dir)
+        if self.identity is None and now is not None and now != (-1, -1):
+            self.identity = now  # the folder appeared after following began (a child about to start its run)
         if now != self.identity:  # swapped for a link or another folder: its record is not this run's
             if not self.replaced_named:
                 what = (f"a symbolic link to {os.readlink(self.run_dir)}" if os.path.islink(self.run_dir) else

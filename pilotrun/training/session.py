@@ -337,9 +337,13 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     device = torch.device(context.device)
     seed_every_generator(config.train.seed)
     model = build_model(config.model)
+    # Before the hardware section: a resume compares its thread count with the checkpoint's (random tokens only).
+    threads = choose_threads(config, local_ranks=local_ranks(), world_size=world_size, device_type=device.type,
+                             recorded=recorded_threads(recorded))
+    torch.set_num_threads(threads.threads)
     software = software_versions()
     hardware = hardware_info(device, world_size, config.train.precision)
-    hardware["distributed"] = context.describe()
+    hardware.update(torch_threads=threads.threads, threads=threads.record(), distributed=context.describe())
 
     def meta_of_this_run() -> dict[str, Any]:
         return checkpoint_meta(config, data_sha256=dataset.metadata_sha256, data_dir=str(data_dir.resolve()),
@@ -365,10 +369,6 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     fits = check_mixture_fits_recipe if isinstance(dataset, MixedDataset) else check_data_fits_recipe
     fits(dataset, batch_size=config.train.batch_size, seq_len=config.train.seq_len, world_size=world_size,
          evaluates=config.train.eval_every > 0, vocab_size=config.model.vocab_size)  # before the run folder is written
-    threads = choose_threads(config, local_ranks=local_ranks(), world_size=world_size, device_type=device.type,
-                             recorded=recorded_threads(recorded))
-    torch.set_num_threads(threads.threads)
-    hardware.update(torch_threads=threads.threads, threads=threads.record())
 
     # 4. Model, wrapper, optimizer, scaler, loader. Wrap before building the optimizer: FSDP2's fully_shard
     # replaces every parameter with a sharded DTensor parameter, and an optimizer built earlier would hold

@@ -139,3 +139,17 @@ def test_a_run_folder_swapped_for_a_link_is_named_once_and_not_read_through(tmp_
     assert first.breaks == [f"{run_dir}: the run folder was replaced after watching began (it is now a symbolic "
                             f"link to {other}); nothing is read through it"] and not first.events
     assert follower.poll().breaks == []
+
+
+def test_a_run_folder_made_after_following_began_is_read_and_a_link_made_there_is_not(tmp_path):
+    """The pilot follows its child's run folder before the child has made it: the folder appearing is the run
+    starting, not a replacement; a link appearing there is never read through."""
+    made = crashed_and_resumed(tmp_path / "made").write()
+    follower = RecordFollower(tmp_path / "r", chained=False)
+    assert follower.poll().events == []
+    os.rename(made, tmp_path / "r")
+    found = follower.poll()
+    assert found.events and found.breaks == []
+    linked = RecordFollower(tmp_path / "l", chained=False)
+    os.symlink(tmp_path / "r", tmp_path / "l")
+    assert not linked.poll().events
