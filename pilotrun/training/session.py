@@ -23,14 +23,8 @@ from typing import Any
 import torch
 
 from pilotrun.config import RunConfig, config_from_dict, config_to_dict, validate_run_config
-from pilotrun.data.mixed_reader import (
-    MixedDataset,
-    MixedLoader,
-    all_splits,
-    check_mixture_fits_recipe,
-    open_data,
-)
-from pilotrun.data.reader import BatchLoader, TokenDataset, check_data_fits_recipe
+from pilotrun.data.mixed_reader import MixedDataset, MixedLoader, all_splits, check_fits_recipe, open_data
+from pilotrun.data.reader import BatchLoader, TokenDataset
 from pilotrun.errors import CheckpointError, ConfigError, PilotrunError
 from pilotrun.model.accounting import count_parameters, flops_per_token
 from pilotrun.model.transformer import build_model, compile_blocks
@@ -337,9 +331,9 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     device = torch.device(context.device)
     seed_every_generator(config.train.seed)
     model = build_model(config.model)
-    # Before the hardware section: a resume compares its thread count with the checkpoint's (random tokens only).
+    check_fits_recipe(dataset, config, world_size)  # before timing thread counts on this recipe's update
     threads = choose_threads(config, local_ranks=local_ranks(), world_size=world_size, device_type=device.type,
-                             recorded=recorded_threads(recorded))
+                             recorded=recorded_threads(recorded))  # before the hardware section a resume compares
     torch.set_num_threads(threads.threads)
     software = software_versions()
     hardware = hardware_info(device, world_size, config.train.precision)
@@ -366,9 +360,7 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
         torch.manual_seed(plan.config.train.seed)
         model = build_model(plan.config.model)
     config = plan.config
-    fits = check_mixture_fits_recipe if isinstance(dataset, MixedDataset) else check_data_fits_recipe
-    fits(dataset, batch_size=config.train.batch_size, seq_len=config.train.seq_len, world_size=world_size,
-         evaluates=config.train.eval_every > 0, vocab_size=config.model.vocab_size)  # before the run folder is written
+    check_fits_recipe(dataset, config, world_size)  # the effective recipe, before the run folder is written
 
     # 4. Model, wrapper, optimizer, scaler, loader. Wrap before building the optimizer: FSDP2's fully_shard
     # replaces every parameter with a sharded DTensor parameter, and an optimizer built earlier would hold
