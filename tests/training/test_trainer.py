@@ -266,7 +266,8 @@ def test_existing_run_dir_and_missing_data_are_exit_2(builtin_data_dir, tmp_path
     run_dir.mkdir()
     (run_dir / "something").write_text("keep me")
     code = main(["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--run-dir", str(run_dir)])
-    assert code == 2 and "--resume" in capsys.readouterr().err
+    err = capsys.readouterr().err  # a user's folder is not a run: no suggestion to resume it or to delete it
+    assert code == 2 and "is not a run folder" in err and "choose a new --run-dir" in err and "--resume" not in err
     assert (run_dir / "something").read_text() == "keep me"
     code = main(["train", "--config", str(SMOKE), "--data", str(tmp_path / "nodata"), "--run-dir", str(tmp_path / "s")])
     assert code == 2 and "nodata" in capsys.readouterr().err
