@@ -65,10 +65,12 @@ class RunFolder:
     metrics.jsonl is read at first need, the markers at first need each."""
 
     def __init__(self, path: str | Path, *, run_json: bool = True):
-        """`run_json` False: the log only (`run` stays empty), for a reader of a session's progress that may
-        start before the session has written run.json."""
+        """`run_json` False: the log only (`run` stays empty, and bytes already read are not read again to look
+        for an in-place edit), for a reader of a session's progress that may start before the session has written
+        run.json."""
         self.path = Path(path)
         self.run: dict[str, Any] = read_run_json(self.path) if run_json else {}
+        self._verify_read = run_json  # re-read the bytes before the offset to find an in-place edit (watch, judges)
         self._run_key = file_key(self.path / RUN_JSON)
         self._raw = bytearray()  # metrics.jsonl as read: its complete lines, then the incomplete tail if any
         self._complete = 0  # bytes of complete lines in _raw
@@ -163,6 +165,8 @@ class RunFolder:
             return None
         if self._log_key is not None and key is not None and key[0] != self._log_key[0]:
             return "metrics.jsonl was replaced by another file (a new inode) after its lines were read"
+        if not self._verify_read:  # a session's progress reader judges nothing: each byte is read once
+            return None
         tail = max(0, self._complete - VERIFY_BYTES)
         if self._verify_at >= tail:
             self._verify_at = 0
