@@ -102,13 +102,7 @@ def judge_data_passes(summary: Summary, t: Thresholds) -> Finding:
     if restarts == 0 and passes <= 1:
         return Finding(PASS, f"{passes:.2g} of one pass over the training split (0 restarts): no token read twice",
                        threshold, evidence)
-    if mode != "successive":
-        return lacks("train.data_mode", threshold)
-    if passes > t.max_train_passes:
-        return Finding(FAIL, f"{figure}: past {t.max_train_passes:g} the loss measures memorised text, not the "
-                       "long run's", threshold, evidence)
-    return Finding(WARN, f"{figure}: part of the loss is measured on tokens already trained on", threshold,
-                   evidence)
+    return _repeated_passes(figure, passes, mode, t, threshold, evidence)
 
 
 def _mixture_passes(summary: Summary, t: Thresholds, threshold: str, mode: Any) -> Finding:
@@ -129,6 +123,12 @@ def _mixture_passes(summary: Summary, t: Thresholds, threshold: str, mode: Any) 
     if worst["restarts"] == 0 and passes <= 1:
         return Finding(PASS, f"every source read at most once; most read: {worst['name']} {passes:.2g} of a pass",
                        threshold, evidence)
+    return _repeated_passes(figure, passes, mode, t, threshold, evidence)
+
+
+def _repeated_passes(figure: str, passes: float, mode: Any, t: Thresholds, threshold: str, evidence: str) -> Finding:
+    """data_passes once some tokens were read twice (a folder's or a mixture's most-read source): judged only under
+    successive reading; past max_train_passes the loss measures memorised text."""
     if mode != "successive":
         return lacks("train.data_mode", threshold)
     if passes > t.max_train_passes:
