@@ -359,8 +359,8 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     if config_to_dict(plan.config) != config_to_dict(config):  # defensive: the check compares every key
         torch.manual_seed(plan.config.train.seed)
         model = build_model(plan.config.model)
+        check_fits_recipe(dataset, plan.config, world_size)  # an allowed change, before the run folder is written
     config = plan.config
-    check_fits_recipe(dataset, config, world_size)  # the effective recipe, before the run folder is written
 
     # 4. Model, wrapper, optimizer, scaler, loader. Wrap before building the optimizer: FSDP2's fully_shard
     # replaces every parameter with a sharded DTensor parameter, and an optimizer built earlier would hold
