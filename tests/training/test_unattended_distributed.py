@@ -4,7 +4,8 @@ step), the finished run equals a run that never stopped bit for bit, and one mor
 
 The deadline is real wall-clock time, so it is set from this machine's own speed, measured by the straight run
 (its start-up and first update, then a third of its updates), so that the run takes several sessions on a slow
-or a fast machine alike. Whether a session commits before its deadline is not asserted here: on a busy machine
+or a fast machine alike; where one session finished the whole run (a straight run slowed by the machine's
+other work measures too long a margin), the run starts again in a fresh folder with half the time ahead. Whether a session commits before its deadline is not asserted here: on a busy machine
 a stall longer than the measured margin can land an update late, which no margin rules out; the callback's
 decision against the deadline is tested with an injected clock in tests/training/test_unattended.py and
 tests/training/callbacks/test_deadline.py."""
@@ -60,18 +61,25 @@ def test_two_ranks_run_again_and_again_before_each_deadline_then_nothing_to_do(b
     # then a third of the run's updates: about three sessions at this machine's speed.
     ahead = 1.5 * (train_times[0] - launched) + (train_times[-1] - train_times[0]) / 3 + 5
 
-    run_dir, deadlines = tmp_path / "run", []
-    for _attempt in range(20):
-        deadlines.append(int(time.time() + ahead))
-        result = run(command(builtin_data_dir, run_dir), deadlines[-1])
-        if result.returncode == 0:
+    # The straight run's start-up can be slowed by the machine's other work far more than a later session's, so
+    # a measured `ahead` may let one session finish the whole run. That leaves the premise (several sessions)
+    # unmet, not the deadline broken: start again in a fresh folder with half the time ahead.
+    for trial in range(4):
+        run_dir, deadlines = tmp_path / f"run-{trial}", []
+        for _attempt in range(20):
+            deadlines.append(int(time.time() + ahead))
+            result = run(command(builtin_data_dir, run_dir), deadlines[-1])
+            if result.returncode == 0:
+                break
+            # torchrun reports the workers' own codes and exits 1 itself. The first rank out with 75 makes torchrun
+            # SIGTERM the others, already past the barrier after session_end: each says 75 or that SIGTERM (-15).
+            codes = dict(re.findall(r"rank\s*:\s*(\d) \(local_rank: \d\)\s*\n\s*exitcode\s*:\s*(-?\d+)", result.stderr))
+            assert set(codes) == {"0", "1"} and "75" in codes.values(), result.stderr[-3000:]
+            assert set(codes.values()) <= {"75", "-15"}, result.stderr[-3000:]
+        assert result.returncode == 0, result.stderr[-3000:]
+        if len(deadlines) >= 2:
             break
-        # torchrun reports the workers' own codes and exits 1 itself. The first rank out with 75 makes torchrun
-        # SIGTERM the others, already past the barrier after session_end: each says 75 or that SIGTERM (-15).
-        codes = dict(re.findall(r"rank\s*:\s*(\d) \(local_rank: \d\)\s*\n\s*exitcode\s*:\s*(-?\d+)", result.stderr))
-        assert set(codes) == {"0", "1"} and "75" in codes.values(), result.stderr[-3000:]
-        assert set(codes.values()) <= {"75", "-15"}, result.stderr[-3000:]
-    assert result.returncode == 0, result.stderr[-3000:]
+        ahead /= 2
 
     record = events(run_dir)
     ends = [e for e in record if e["event"] == "session_end"]
