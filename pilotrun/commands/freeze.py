@@ -7,7 +7,8 @@ After a GO (or with `--despite-no-go`, recorded in the lock) the lock holds:
 - the verdict: decision, statement, every rule with its figure, threshold and evidence, the thresholds;
 - with `--target-steps N`: `projection`, what the pilot's measurements predict for a long run of N updates
   (training, checkpoint, evaluation, start-up, expected failures at `--mtbf`, Young's checkpoint interval, total
-  wall time, device-hours and cost at `--device-hour-cost`), and `watch`, the pilot's figures `pilotrun watch
+  wall time, device-hours and cost at `--device-hour-cost`), each part with the band the pilot's measured spread
+  gives it and the total's band (pilotrun/report/projection_band.py), and `watch`, the pilot's figures `pilotrun watch
   --against LOCK` holds the long run to (pilotrun/report/projection.py);
 - `sha256` over everything else, so the lock identifies itself.
 """
@@ -142,7 +143,10 @@ def format_projection(projection: dict[str, Any]) -> list[str]:
     for key in ("training", "checkpoint", "evaluation", "startup", "overhead", "failures", "total_wall"):
         if key in projection:
             part = projection[key]
-            lines.append(f"  {key}: {part['seconds'] / 3600:.4g} h ({part['seconds']:.1f} s) from {part['from']}")
+            band = part.get("band")
+            spread = f"; band {band[0]:.4g}-{band[1]:.4g} s" if isinstance(band, list) and len(band) == 2 else ""
+            lines.append(f"  {key}: {part['seconds'] / 3600:.4g} h ({part['seconds']:.1f} s{spread}) from "
+                         f"{part['from']}" + (f"; band: {part['band_from']}" if part.get("band_from") else ""))
     if "checkpoint_interval" in projection:
         c = projection["checkpoint_interval"]
         lines.append(f"  checkpoint interval minimising expected loss: {c['young_seconds']:.1f} s = "

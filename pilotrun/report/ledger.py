@@ -31,6 +31,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pilotrun.report.projection_band import PART_PAIRS, elapsed_band, observed
 from pilotrun.report.spikes import replay_seconds
 from pilotrun.report.time_split import read_time_split
 from pilotrun.run.record import is_finite_number
@@ -178,11 +179,13 @@ def format_ledger(ledger: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- vs the lock
-def against_projection(projection: dict[str, Any] | None, ledger: Ledger, overall: dict[str, Any]
-                       ) -> dict[str, Any] | None:
+def against_projection(projection: dict[str, Any] | None, ledger: Ledger, overall: dict[str, Any],
+                       events: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """What happened beside what the lock projected, each as {actual, projected, ratio}: elapsed (the projection
     scaled to the updates kept so far), goodput and training-only tokens/s; and whether the elapsed time lies in
-    the projected band, and if not, why: the ledger's parts beside the projection's, the largest difference
+    the projected band, and if not, why: each part outside its own band with the assumption that moved, largest
+    first (projection_band.py; `events`, the run's, give its CPU share and its counts of saves and evaluations),
+    or for a lock without the parts' bands, the ledger's parts beside the projection's, the largest difference
     first. None without a projection."""
     if not isinstance(projection, dict):
         return None
@@ -204,27 +207,16 @@ def against_projection(projection: dict[str, Any] | None, ledger: Ledger, overal
                          "ratio": ratio if ratio is None or math.isfinite(ratio) else None}
     compared["basis"] = (f"projection for {target} updates; elapsed compared at the {steps} update(s) kept so far "
                          "(the projected total scaled by updates)")
-    compared["band"] = _elapsed_band(projection, ledger, share)
+    run = observed(events, len(ledger.sessions), overall)
+    compared["band"] = (elapsed_band(projection, ledger.parts, ledger.elapsed_seconds, share, run)
+                        or _elapsed_band(projection, ledger, share))
     return compared
-
-
-# The projection's parts beside the ledger's: (name, projection keys, ledger parts, scales with the updates).
-# Start-up is once per session in both (the projection's is one session's); dead time is never projected.
-_PART_PAIRS = (
-    ("training", ("training",), ("productive", "redone"), True),
-    ("checkpoint", ("checkpoint",), ("checkpoint",), True),
-    ("evaluation", ("evaluation",), ("eval",), True),
-    ("startup", ("startup",), ("startup",), False),
-    ("overhead", ("overhead",), ("report", "other", "profile", "replay"), True),
-    ("failures", ("failures",), (), True),
-    ("dead time", (), ("dead",), True),
-)
 
 
 def _elapsed_band(projection: dict[str, Any], ledger: Ledger, share: float | None) -> dict[str, Any] | None:
     """[low, high] of the elapsed time projected at the updates kept so far (the training part's own band, from
     the pilot's p90 and p10 window speeds, with the rest as projected), whether the elapsed time lies in it,
-    and the parts that explain a miss, largest difference first."""
+    and the parts that explain a miss, largest difference first: a lock from before the parts' bands."""
     training = projection.get("training") or {}
     band, total = training.get("band"), (projection.get("total_wall") or {}).get("seconds")
     if share is None or not (isinstance(band, list) and len(band) == 2 and all(map(is_finite_number, band))
@@ -233,7 +225,7 @@ def _elapsed_band(projection: dict[str, Any], ledger: Ledger, share: float | Non
     rest = total - training["seconds"]
     low, high = (rest + band[0]) * share, (rest + band[1]) * share
     parts = []
-    for name, projected_keys, ledger_keys, scales in _PART_PAIRS:
+    for name, projected_keys, ledger_keys, scales in PART_PAIRS:
         projected = sum(float((projection.get(k) or {}).get("seconds") or 0.0) for k in projected_keys)
         projected *= share if scales else 1.0
         actual = sum(ledger.parts.get(k, 0.0) for k in ledger_keys)

@@ -21,7 +21,10 @@ measurement it comes from (`from`):
   interval for restart dumps", 2006) is given beside it. Dead time between sessions (how soon someone or
   something restarts a failed run) is not measured by a pilot and not projected;
 - total wall time, device-hours (x world_size) and, with --device-hour-cost, the cost; the projected goodput
-  (training / total) and wall-clock tokens/s.
+  (training / total) and wall-clock tokens/s;
+- every part's `band` [low, high] and `band_from`: the spread the pilot measured of it (start-up across sessions,
+  each save's and evaluation's seconds, window-to-window tokens/s at the pilot's CPU share), and the total's band
+  as the sum of the parts' lows .. highs (projection_band.py states the rules).
 
 `watch`: the pilot's throughput band, loss envelope, skip and clip bounds and window interval (alerts.py).
 """
@@ -34,7 +37,16 @@ from typing import TYPE_CHECKING, Any
 
 from pilotrun.report.downstream import pilot_figures
 from pilotrun.report.ledger import time_ledger
-from pilotrun.report.time_split import window_profiled, window_train_tokens
+from pilotrun.report.projection_band import (
+    cpu_share_band,
+    host_spread,
+    measured_spread,
+    percentile,
+    steady_windows,
+    total_band,
+    window_cpu_share,
+)
+from pilotrun.report.time_split import window_train_tokens
 from pilotrun.run.record import is_finite_number
 from pilotrun.spike_bound import step_spread
 
@@ -47,30 +59,6 @@ THROUGHPUT_MARGIN = 0.2
 # and this share of the loss itself, whichever is larger.
 LOSS_ENVELOPE_SIGMAS = 6.0
 LOSS_ENVELOPE_SHARE = 0.05
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    position = q * (len(ordered) - 1)
-    low, high = math.floor(position), math.ceil(position)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def steady_windows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The train events whose window is steady: not a session's first window, not profiled, with training time."""
-    seen: set[Any] = set()
-    steady = []
-    for event in events:
-        if event.get("event") != "train" or not isinstance(event.get("window"), dict):
-            continue
-        first = event.get("session_id") not in seen
-        seen.add(event.get("session_id"))
-        window = event["window"]
-        if first or window_profiled(window) or not (is_finite_number(window.get("train_seconds"))
-                                                    and window["train_seconds"] > 0):
-            continue
-        steady.append(event)
-    return steady
 
 
 def window_tokens_per_s(event: dict[str, Any]) -> float | None:
@@ -105,18 +93,6 @@ def _band(rates: list[float], source: str) -> dict[str, Any]:
     return {"median": statistics.median(rates) if rates else None, "min": min(rates) if rates else None,
             "margin": THROUGHPUT_MARGIN, "low": min(rates) * (1 - THROUGHPUT_MARGIN) if rates else None,
             "windows": len(rates), "from": source}
-
-
-def window_cpu_share(event: dict[str, Any]) -> float | None:
-    """The process's CPU seconds per training second in a window (on a CPU, its share of the machine's CPU it
-    got), or None where the window has no cpu_seconds."""
-    window = event.get("window")
-    if not isinstance(window, dict):
-        return None
-    cpu, train = window.get("cpu_seconds"), window.get("train_seconds")
-    if not (is_finite_number(cpu) and is_finite_number(train)) or cpu <= 0 or train <= 0:
-        return None
-    return float(cpu) / float(train)
 
 
 def loss_noise(losses: list[float]) -> float:
@@ -170,16 +146,25 @@ def watch_figures(summary: Summary, thresholds: dict[str, Any]) -> dict[str, Any
     }
 
 
+def _seconds_of(events: list[dict[str, Any]], kind: str, field: str = "seconds") -> list[float]:
+    return [float(e[field]) for e in events if e.get("event") == kind and is_finite_number(e.get(field))]
+
+
 def _median_of(events: list[dict[str, Any]], kind: str, field: str = "seconds") -> float | None:
-    seconds = [float(e[field]) for e in events if e.get("event") == kind and is_finite_number(e.get(field))]
+    seconds = _seconds_of(events, kind, field)
     return statistics.median(seconds) if seconds else None
+
+
+def blocking_seconds(events: list[dict[str, Any]]) -> list[float]:
+    """Each save's seconds it blocked the loop; a record from before `blocking_seconds` blocked for `seconds`."""
+    return [float(e.get("blocking_seconds", e.get("seconds"))) for e in events if e.get("event") == "checkpoint"
+            and is_finite_number(e.get("blocking_seconds", e.get("seconds")))]
 
 
 def checkpoint_costs(events: list[dict[str, Any]]) -> tuple[float, float]:
     """(the median seconds a save blocked the loop, the median seconds a background save's write ran beside
-    training; 0 without background saves). A record from before `blocking_seconds` blocked for `seconds`."""
-    blocking = [float(e.get("blocking_seconds", e.get("seconds"))) for e in events if e.get("event") == "checkpoint"
-                and is_finite_number(e.get("blocking_seconds", e.get("seconds")))]
+    training; 0 without background saves)."""
+    blocking = blocking_seconds(events)
     beside = _median_of([e for e in events if e.get("background") is True], "checkpoint", "background_seconds")
     return (statistics.median(blocking) if blocking else 0.0), beside or 0.0
 
@@ -200,7 +185,7 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
     rates = [r for r in map(window_tokens_per_s, steady_windows(summary.kept_events)) if r is not None]
     if not rates or not tpu:
         return {"target_steps": target_steps, "unavailable": "the pilot has no steady train window to project from"}
-    median, p10, p90 = statistics.median(rates), _percentile(rates, 0.1), _percentile(rates, 0.9)
+    median, p10, p90 = statistics.median(rates), percentile(rates, 0.1), percentile(rates, 0.9)
     tokens = target_steps * tpu
     train = tokens / median
     (ckpt_cost, ckpt_beside), eval_cost = checkpoint_costs(every), _median_of(every, "val") or 0.0
@@ -209,9 +194,13 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
     ledger = time_ledger(summary.sessions, summary.kept_events, summary.rolled_back_events, run)
     startups = [s.parts["startup"] for s in ledger.sessions]
     startup = statistics.median(startups) if startups else 0.0
+    startup_band, startup_rule = measured_spread(startups)
+    ckpt_each, ckpt_rule = measured_spread(blocking_seconds(every))
+    eval_each, eval_rule = measured_spread(_seconds_of(every, "val"))
     attempted = sum(s.updates_attempted for s in summary.sessions)
     overhead_rate = ((ledger.parts["report"] + ledger.parts["other"]) / attempted) if attempted else 0.0
     overhead = overhead_rate * target_steps
+    host_low, host_high, host_windows = host_spread(summary.kept_events)
     failure_free = startup + train + checkpoints * ckpt_cost + evals * eval_cost + overhead
     seconds_per_update = failure_free / target_steps
     out: dict[str, Any] = {
@@ -219,18 +208,30 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
         "train_tokens_per_s": {"median": median, "p10": p10, "p90": p90, "windows": len(rates),
                                "from": "training-only tokens/s of the pilot's steady windows"},
         "training": {"seconds": train, "band": [tokens / p90, tokens / p10],
-                     "from": f"{target_steps} x {tpu} tokens / the median (band: p90, p10) tokens/s"},
+                     "from": f"{target_steps} x {tpu} tokens / the median (band: p90, p10) tokens/s",
+                     "band_from": f"the tokens at the p90 and p10 of the pilot's {len(rates)} steady windows' "
+                                  "tokens/s, at the pilot's CPU share (cpu_share)",
+                     "cpu_share": cpu_share_band(summary.kept_events)},
         "checkpoint": {"seconds": checkpoints * ckpt_cost, "count": checkpoints, "each": ckpt_cost,
                        "background_each": ckpt_beside,
                        "from": f"median blocking seconds of the pilot's checkpoint events (what the loop waited for; "
                                f"a background save's write beside training, background_each, is not lost) x the "
-                               f"count at checkpoint_every={train_cfg.get('checkpoint_every')} (and the last update)"},
+                               f"count at checkpoint_every={train_cfg.get('checkpoint_every')} (and the last update)",
+                       "band": [checkpoints * ckpt_each[0], checkpoints * ckpt_each[1]], "each_band": ckpt_each,
+                       "band_from": f"the count x each save's blocking seconds: {ckpt_rule}"},
         "evaluation": {"seconds": evals * eval_cost, "count": evals, "each": eval_cost,
                        "from": f"median seconds of the pilot's val events x the count at "
-                               f"eval_every={train_cfg.get('eval_every')}"},
-        "startup": {"seconds": startup, "from": "median start-up of the pilot's sessions (time ledger)"},
+                               f"eval_every={train_cfg.get('eval_every')}",
+                       "band": [evals * eval_each[0], evals * eval_each[1]], "each_band": eval_each,
+                       "band_from": f"the count x each evaluation's seconds: {eval_rule}"},
+        "startup": {"seconds": startup, "from": "median start-up of the pilot's sessions (time ledger)",
+                    "measured": startups, "band": startup_band,
+                    "band_from": f"each pilot session's start-up (measured): {startup_rule}"},
         "overhead": {"seconds": overhead, "per_update": overhead_rate,
-                     "from": "the pilot's report + other seconds per update attempted (time ledger)"},
+                     "from": "the pilot's report + other seconds per update attempted (time ledger)",
+                     "band": [overhead * host_low, overhead * host_high],
+                     "band_from": f"x the p10 / median .. p90 / median of the host seconds per update (wall less "
+                                  f"training) of the pilot's {host_windows} steady windows"},
     }
     expected_lost = 0.0
     if mtbf_hours is not None:
@@ -249,7 +250,8 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
             "restart_seconds": failures * startup, "seconds": expected_lost,
             "from": "failure-free time / MTBF failures, each redoing half a checkpoint interval "
                     f"({interval or target_steps} updates x {seconds_per_update:.4g} s), the background write in "
-                    f"flight ({ckpt_beside:.4g} s) and one start-up; dead time before a restart is not projected"}
+                    f"flight ({ckpt_beside:.4g} s) and one start-up; dead time before a restart is not projected",
+            "band": [0.0, expected_lost], "band_from": "none happen .. the expected cost"}
         out["checkpoint_interval"] = {
             "young_seconds": young, "young_updates": young / seconds_per_update,
             "daly_seconds": max(0.0, young - ckpt_cost), "recipe_updates": interval or None,
@@ -259,7 +261,9 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
     total = failure_free + expected_lost
     world = _world_size(run, summary)
     out["total_wall"] = {"seconds": total, "from": "start-up + training + checkpoints + evaluations + overhead"
-                         + (" + expected failures" if mtbf_hours is not None else "")}
+                         + (" + expected failures" if mtbf_hours is not None else ""),
+                         **total_band({k: out[k] for k in ("training", "checkpoint", "evaluation", "startup",
+                                                           "overhead", "failures") if k in out})}
     out["device_hours"] = {"value": total / 3600.0 * world, "world_size": world,
                            "from": "total wall hours x the pilot's world_size"}
     if device_hour_cost is not None:

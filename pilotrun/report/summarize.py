@@ -272,7 +272,8 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
     notes.extend(ledger.notes)
     overall["time_ledger"] = ledger.to_dict()
     overall["goodput"] = ledger.goodput
-    overall["against_projection"] = against_projection(lock_projection_of(run), ledger, overall)
+    overall["against_projection"] = against_projection(lock_projection_of(run), ledger, overall,
+                                                     kept_events + rolled_back_events)
     # Every restart, pre-emption, deadline and hang is a session with its reason: counted, priced, and set
     # beside the lock's MTBF (interruptions.py).
     ends = overall["session_ends"] = session_ends(sessions, holder is not None)

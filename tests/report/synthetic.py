@@ -66,6 +66,10 @@ class SyntheticRun:
         # training time, so that a figure computed from the wrong one of the two cannot pass a test.
         self.host_seconds_per_update = lambda step: 0.125
         self.cpu_seconds_per_update = lambda step: 0.45  # the process's CPU seconds of that training time
+        self.eval_seconds = lambda step: 0.2  # each evaluation's, and each checkpoint save's, seconds
+        self.checkpoint_seconds = lambda step: 0.3
+        # Seconds from a session's start to its first update (loading, building), by session (1, 2, ...).
+        self.startup_seconds = lambda session: 0.0
         # What other processes did meanwhile, per update: None leaves them out of the windows (a record from
         # before they were kept); a test sets both to a function of the step.
         self.other_cpu_seconds_per_update: Callable[[int], float] | None = None
@@ -96,6 +100,7 @@ class SyntheticRun:
         self._time_split = {"train_seconds": 0.0, "eval_seconds": 0.0, "checkpoint_seconds": 0.0}
         self._emit("session_start", resumed_from=resumed_from, world_size=1, tokens_per_update=self.tokens_per_update,
                    max_steps=self.max_steps, tokens_per_microbatch=self.tokens_per_microbatch)
+        self.clock += self.startup_seconds(self.session_index)
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -164,18 +169,20 @@ class SyntheticRun:
             if step % self.log_every == 0:
                 self._flush_window()
                 if self.eval_every and step % self.eval_every == 0:
-                    self._time_split["eval_seconds"] += 0.2
-                    self.clock += 0.2
-                    self._emit("val", loss=self.val_loss(step), batches=2, tokens=32, seconds=0.2)
+                    seconds = self.eval_seconds(step)
+                    self._time_split["eval_seconds"] += seconds
+                    self.clock += seconds
+                    self._emit("val", loss=self.val_loss(step), batches=2, tokens=32, seconds=seconds)
                 if self.checkpoint_every and step % self.checkpoint_every == 0:
                     self.save_checkpoint()
 
     def save_checkpoint(self) -> None:
         step = self.counters["step"]
         self.checkpoints[step] = dict(self.counters, qk_cumulative=self.qk_cumulative)
-        self._time_split["checkpoint_seconds"] += 0.3
-        self.clock += 0.3
-        self._emit("checkpoint", path=f"checkpoints/step-{step:08d}", seconds=0.3, bytes=12345)
+        seconds = self.checkpoint_seconds(step)
+        self._time_split["checkpoint_seconds"] += seconds
+        self.clock += seconds
+        self._emit("checkpoint", path=f"checkpoints/step-{step:08d}", seconds=seconds, bytes=12345)
 
     def end_session(self, reason: str = "completed") -> None:
         self._flush_window()
