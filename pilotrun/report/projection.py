@@ -230,7 +230,7 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
         "overhead": {"seconds": overhead, "per_update": overhead_rate,
                      "from": "the pilot's report + other seconds per update attempted (time ledger)",
                      "band": [overhead * host_low, overhead * host_high],
-                     "band_from": f"x the p10 / median .. p90 / median of the host seconds per update (wall less "
+                     "band_from": f"the figure x the p10 / median .. p90 / median of the host seconds per update (wall less "
                                   f"training) of the pilot's {host_windows} steady windows"},
     }
     expected_lost = 0.0

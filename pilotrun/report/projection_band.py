@@ -215,7 +215,7 @@ def _band_of_total(projection: dict[str, Any]) -> list[float] | None:
 
 
 def _g(value: float) -> str:
-    return f"{value:.3g}"
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
 def _moved(name: str, row: dict[str, Any], part: Any, projection: dict[str, Any], run: dict[str, Any]) -> str:
@@ -258,5 +258,6 @@ def _throughput_moved(projection: dict[str, Any], run: dict[str, Any]) -> str:
         elif share > pilot["high"]:
             said.append(f"{against}: the machine was quieter than the pilot's")
         else:
-            said.append(f"{against} (within {pilot['low']:.2f}-{pilot['high']:.2f}: not a busier machine)")
+            said.append(f"{against} (within {pilot['low']:.2f}-{pilot['high']:.2f}: the process got the share the "
+                        "pilot had)")
     return f" ({'; '.join(said)})" if said else ""

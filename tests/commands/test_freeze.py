@@ -114,7 +114,8 @@ def test_a_2x_longer_run_from_a_lock_is_set_beside_its_projection_in_band_or_wit
     """The projection's own test on a real CPU run: a pilot of 16 updates frozen with --target-steps 32, then the
     long run of 32 updates from the lock. How close it lands depends on the machine's load, so the figure is
     reported (summarize's --json, printed here), never held to a time; what is asserted is that summarize
-    places the elapsed time in the projected band or names the parts that put it outside."""
+    places the elapsed time in the projected band (the sum of the parts' bands, the spread the pilot measured)
+    or names the parts outside their own bands."""
     from pilotrun.commands.cli import main
 
     common = ["--data", str(builtin_data_dir), "--set", "train.num_threads=1", "--set", "train.log_every=2"]
@@ -136,8 +137,9 @@ def test_a_2x_longer_run_from_a_lock_is_set_beside_its_projection_in_band_or_wit
     assert {p["part"] for p in band["parts"]} >= {"training", "checkpoint", "evaluation", "startup"}
     assert band["inside"] is (band["low"] <= compared["elapsed_seconds"]["actual"] <= band["high"])
     assert (band["why"] is None) is band["inside"]
-    if not band["inside"]:
-        assert band["why"].split(": ", 1)[1].startswith(band["parts"][0]["part"])
+    if not band["inside"]:  # each part outside its own band named, the largest excess first
+        said, outside = band["why"].split(": ", 1)[1], [p for p in band["parts"] if p["outside"]]
+        assert said.startswith(outside[0]["moved"] if outside else "no part is outside its own band")
     main(["watch", str(tmp_path / "long"), "--against", str(lock_path)])  # its alerts are not what is tested
     said = capsys.readouterr().err
     assert "against the lock's projection (projection for 32 updates" in said
