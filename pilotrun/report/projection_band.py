@@ -22,10 +22,9 @@ The total's band is the sum of the parts' lows .. the sum of their highs (`total
 Against a long run (summarize, watch), the band is taken at the updates kept so far: every part scaled by the
 share of the target done, but start-up, which a session pays once. When the elapsed time leaves it, each part
 outside its own band (by more than PART_TOLERANCE of its high) is named, the largest excess first, with the
-assumption that moved: the start-up, the
-throughput and whether the run's CPU share left the pilot's (a busier machine, or a quieter one), the seconds
-per save or per evaluation, the bookkeeping, time with no session running. A lock without these fields is
-compared as before (ledger.py).
+assumption that moved: the start-up, the throughput and whether the run's CPU share left the pilot's (a busier
+machine, or a quieter one), the seconds per save or per evaluation, the bookkeeping, time with no session
+running. A lock without these fields is compared as before (ledger.py).
 """
 
 from __future__ import annotations
@@ -189,6 +188,8 @@ def elapsed_band(projection: dict[str, Any], parts: dict[str, float], elapsed: f
         outside = actual - high if actual > high + slack else actual - low if actual < low - slack else 0.0
         row = {"part": name, "actual": actual, "projected": projected * factor, "low": low, "high": high,
                "difference": actual - projected * factor, "outside": outside}
+        if name == "training":
+            row["redone"] = parts.get("redone", 0.0)
         if outside:
             row["moved"] = _moved(name, row, part, projection, run)
         if projected or actual or high:
@@ -223,7 +224,8 @@ def _moved(name: str, row: dict[str, Any], part: Any, projection: dict[str, Any]
     said = f"{_g(row['actual'])} s against {_g(row['low'])}-{_g(row['high'])} s projected"
     part = part if isinstance(part, dict) else {}
     if name == "training":
-        return f"training {said}" + _throughput_moved(projection, run)
+        redone = f", {_g(row['redone'])} s of it redone (rolled back, trained again)" if row.get("redone") else ""
+        return f"training {said}{redone}" + _throughput_moved(projection, run)
     if name in ("checkpoint", "evaluation"):
         count = run["checkpoints" if name == "checkpoint" else "evaluations"]
         each = part.get("each_band")

@@ -178,3 +178,19 @@ def test_mid_run_the_band_scales_with_the_updates_but_the_start_up_is_paid_once(
     assert (band["low"], band["high"], band["inside"]) == (55.0, 72.5, True)
     band = elapsed_band(projection, {"productive": 50.0, "startup": 12.0, "dead": 30.0}, 92.0, 0.5, run)
     assert band["inside"] is False and band["why"].endswith(": dead time 30 s with no session running, none projected")
+
+
+def test_a_run_faster_than_the_band_on_a_quieter_machine_says_so():
+    """The other way round: a pilot on a busy machine (CPU share 0.45), its long run getting the whole core."""
+    projection = {"target_steps": 100, "total_wall": {"seconds": 100.0, "band": [90.0, 110.0]},
+                  "train_tokens_per_s": {"median": 100.0, "p10": 90.0, "p90": 110.0},
+                  "training": {"seconds": 100.0, "band": [90.0, 110.0],
+                               "cpu_share": {"median": 0.45, "low": 0.36, "high": 0.6}}}
+    run = observed(None, 1, {"train_tokens_per_s": 154.0})
+    run["cpu_share"] = 0.98
+    band = elapsed_band(projection, {"productive": 60.0, "redone": 5.0}, 65.0, 1.0, run)
+    assert band["inside"] is False and band["low"] == 90.0
+    assert band["why"] == ("elapsed 65 s is below the band 90-110 s: training 65 s against 90-110 s projected, 5 s of "
+                           "it redone (rolled back, trained again) (training-only 154 tok/s against the pilot's 90-110 (p10-p90); "
+                           "throughput at CPU share 0.98 against the pilot's 0.45: the machine was quieter than the "
+                           "pilot's)")
