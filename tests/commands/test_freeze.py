@@ -92,6 +92,9 @@ def test_freeze_with_target_steps_writes_the_projection_and_the_watchers_figures
     assert "projection for 600 updates" in text and "Young (1974)" in text and "cost:" in text
     lock = load_lock(out)  # the sha256 covers the new sections
     assert lock["projection"]["target_steps"] == 600 and lock["projection"]["failures"]["mtbf_hours"] == 2.0
+    low, high = lock["projection"]["total_wall"]["band"]  # each part's band, printed with where it came from
+    assert low < lock["projection"]["total_wall"]["seconds"] < high
+    assert "each pilot session's start-up (measured)" in text and f"band {low:.4g}-{high:.4g} s" in text
     assert lock["watch"]["throughput"]["median"] > 0
     facts = frozen_run_facts(lock, out, lock["recipe"], lock["data"]["metadata_sha256"], [])
     assert facts["lock_projection"] == lock["projection"]
