@@ -88,7 +88,8 @@ def _say_against_projection(watcher: Watcher) -> None:
 
 def status_line(watcher: Watcher) -> str:
     """One look's answer to "how is it doing": the newest window's step and loss, this session's wall-clock rate
-    and ETA (the pilot's progress figures), and whether a session holds the run now."""
+    and ETA (the pilot's progress figures), whether a session holds the run now, and the rules still waiting for
+    the evidence they read (alerts.py: not judged yet, not failed)."""
     from pilotrun.commands.child_progress import format_progress, progress_figures
 
     max_steps = watcher.max_steps or 0
@@ -96,7 +97,9 @@ def status_line(watcher: Watcher) -> str:
     state = ("completed" if watcher.completed else "live: a session holds the run" if watcher.holder(watcher.run_dir)
              is not None else "no session running")
     shown = format_progress(figures, max_steps) if figures else "no train window yet"
-    return f"status: {shown} ({state}; {len(watcher.active)} alert(s) standing)"
+    waiting = "; ".join(f"{name} (for {what})" for name, what in watcher.waiting.items())
+    return (f"status: {shown} ({state}; {len(watcher.active)} alert(s) standing)"
+            + (f"; rules waiting for their evidence, not failed: {waiting}" if waiting else ""))
 
 
 def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bool = False,

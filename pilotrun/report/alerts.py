@@ -21,8 +21,10 @@ a rule when it passes again, a killed session when a resume starts). The kinds:
   spike_factor, spike_median_window and spike_min_history, the loss's floor share);
 - `loss_envelope`: a window's loss above the pilot's loss at that step plus its tolerance (the lock's envelope);
 - `rule`: one of the verdict's rules that apply to a run in progress FAILs, judged by the rule table itself
-  (rules.py) on summarize's view of the record, with the lock's thresholds when one is given; judged only once
-  the record holds a train window (before it, no rule has its evidence yet: a run not there yet is no failure);
+  (rules.py) on summarize's view of the record, with the lock's thresholds when one is given; each rule is judged
+  only once the kept history holds the evidence the rule states it needs (its `needs`: a train window, an
+  applied update, windows past the warm-up, two evaluations, ...): a rule the run has not reached yet is waiting
+  (`Watcher.waiting`, shown in watch's status line), not failed;
 - `spike` / `rollback`: each spike the trainer detected (with its action and cause) and each rollback (restored
   step, data skipped), raised once per event (so --on-alert hears of each) and cleared by the next train window;
   a resumed session's redo of a spike or rollback already raised (the same attempt, report/spikes.py) is not raised
@@ -143,6 +145,7 @@ class Watcher:
         self.cadence = {k: ((self.follower.run.get("recipe") or {}).get("train") or {}).get(k)
                         for k in ("checkpoint_every", "eval_every")}
         self.pending_judgement = False
+        self.waiting: dict[str, str] = {}  # rule -> the evidence it waits for, at the last judgement
         self.against_projection: dict[str, Any] | None = None  # summarize's, at the last judgement (ledger.py)
         self.last_judged = -1e18
         self.judge_cost = 0.0
@@ -400,18 +403,21 @@ class Watcher:
             summary.final.step, mtbf["hours_between"], mtbf["mtbf_hours"], None, now, mtbf)
 
     def _judge_rules(self, now: float, found: dict[str, Alert], cleared: set[str]) -> None:
-        if not any(e.get("event") == "train" for e in self.events):
-            # Before the first train window the record holds none of what the rules judge (a loss, an update, a
-            # throughput): that is a run not there yet, not a failure. Judged from its first window on.
-            return
         started = time.monotonic()
         self.folder.refresh()  # run.json again if it was replaced since; the log is what the follower read
         summary = summarize_run(self.folder)
         self.against_projection = summary.overall.get("against_projection")
         self._restarts(summary, now, found, cleared)
+        self.waiting = {}
         for rule in self.rules:
-            result = rule.apply(summary, self.thresholds)
             key = f"rule:{rule.name}"
+            waiting = rule.waiting_for(summary)
+            if waiting is not None:
+                # The run has not reached what the rule reads (a rule needing a checkpoint before the first one):
+                # not judged, not failed. An alert raised on evidence since rolled back stands as it was.
+                self.waiting[rule.name] = waiting
+                continue
+            result = rule.apply(summary, self.thresholds)
             if result.status == FAIL:
                 found[key] = Alert("rule", key, f"rule {rule.name} FAILs: {result.figure} [{result.threshold}]",
                                    summary.final.step, result.figure, result.threshold, None, now)
