@@ -4,8 +4,10 @@ Reads a run as it grows and prints its alerts (pilotrun/report/alerts.py); the r
 (pilotrun/run/run_folder.py) and its record read through pilotrun/run/follow.py, which only opens files for
 reading, and whether a session is live is read from
 /proc/locks (pilotrun.run.folder_lock.live_holder), so watch never writes into the run folder and never takes
-its lock. `--on-alert CMD` runs CMD (through the shell, in watch's own working folder, never the run's) once per
-alert with the alert as JSON on its stdin.
+its lock. A note (on stderr, said once, never an alert) names a resume across which bit-exact continuation is
+not promised (run.json's `not_exact`: the update it applies from and the change). `--on-alert CMD` runs CMD
+(through the shell, in watch's own working folder, never the run's) once per alert with the alert as JSON on
+its stdin.
 
 Exit codes: without --follow, one look: 0 when no alert stands, 1 when one does. With --follow it watches until
 the run completes (0) or an alert is raised (1); with --keep-going it watches until the run completes and
@@ -119,6 +121,8 @@ def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bo
           "window intervals", file=sys.stderr, flush=True)
     while True:
         new, cleared = watcher.check(final=not follow)
+        for note in watcher.new_notes():
+            print(terminal_safe(note), file=sys.stderr, flush=True)
         for alert in new:
             _deliver(alert, as_json, on_alert)
         for alert in cleared:

@@ -39,6 +39,10 @@ a rule when it passes again, a killed session when a resume starts). The kinds:
   P(at least as many in the elapsed time) below 1%, judged with the rules; cleared when no longer so;
 - `session_end`: the last session ended in error, stopped on skips, was interrupted or killed, and no session
   holds the folder (no resume started). A completed session at its max_steps ends the watch.
+
+Besides the alerts, a note (`Watcher.new_notes`, said once, no alert: the run is not at fault): a resumed session
+whose run.json entry records `not_exact` (a changed thread count, numerics library or device) is not promised
+bit-exact continuation from the update named there, and the note says which change is why.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pilotrun.report.continuity import not_exact_sessions
 from pilotrun.report.downstream import below_pilot_problem, fallback_problem, task_series
 from pilotrun.report.interruptions import FASTER_P, against_mtbf, mtbf_of
 from pilotrun.report.projection import window_cpu_share, window_tokens_per_device_second, window_tokens_per_s
@@ -151,6 +156,9 @@ class Watcher:
         self.judge_cost = 0.0
         self.completed = False
         self.told: set[str] = set()  # spike_key / rollback_key of every spike and rollback already raised
+        self.notes: list[str] = []  # facts said once, not alerts (a resume that exactness is not promised across)
+        self.notes_taken = 0
+        self.noted: set[str] = set()  # sessions whose not_exact resume a note already said
 
     def _first_time(self, key: str) -> bool:
         """Whether this spike or rollback is new to the watch (not a resumed session's redo of one it told)."""
@@ -171,10 +179,32 @@ class Watcher:
             self._read(event, now, found, cleared)
         if poll.events:
             self.pending_judgement = True
+        if any(e["event"] == "session_start" for e in poll.events):
+            self._not_exact_notes()
         self._session_state(now, found, cleared, poll.pending_bytes)
         if self.pending_judgement and (final or self.completed or now - self.last_judged >= 3 * self.judge_cost):
             self._judge_rules(now, found, cleared)
         return self._update(found, cleared)
+
+    def new_notes(self) -> list[str]:
+        """The notes added since the last call (watch prints each once)."""
+        taken, self.notes_taken = self.notes[self.notes_taken:], len(self.notes)
+        return taken
+
+    def _not_exact_notes(self) -> None:
+        """A resume that changed what bit-exactness depends on (the thread count, a numerics library, the device:
+        run.json's session entry `not_exact`, written before the session's first line) is not a fault: the run
+        goes on, but its figures from that update are not promised to match an uninterrupted run's bit for bit,
+        and the verdict's resumed rule counts it as no exact continuation. Said once per such session."""
+        self.folder.refresh()
+        started = {str(e["session_id"]) for e in self.events if e["event"] == "session_start"}
+        for sid, what in not_exact_sessions(self.folder.run).items():
+            if sid in started and sid not in self.noted:
+                self.noted.add(sid)
+                self.notes.append(f"note: session {sid} resumed across {what}: bit-exact continuation is not "
+                                  "promised from there (the run goes on; its figures need not match an "
+                                  "uninterrupted run's bit for bit, and the verdict's resumed rule counts no exact "
+                                  "continuation from it)")
 
     def _update(self, found: dict[str, Alert], cleared: set[str]) -> tuple[list[Alert], list[Alert]]:
         gone = [self.active.pop(k) for k in list(self.active) if k in cleared and k not in found]

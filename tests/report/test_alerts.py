@@ -307,3 +307,28 @@ def test_a_slowdown_with_a_smaller_cpu_share_is_the_machine_busier_and_at_the_sa
     watcher = Watcher(run.run_dir, lock, clock=lambda: run.clock, holder=lambda _: None)
     kinds = {a.kind for a in watcher.check(final=True)[0]}
     assert ("throughput" in kinds) is cpu_follows and ("machine_busier" in kinds) is not cpu_follows, kinds
+
+
+def test_a_resume_on_another_thread_count_is_said_once_as_a_note_not_an_alert(tmp_path):
+    """run.json's not_exact for the resumed session: watch notes, once, that bit-exact continuation is not
+    promised from update 21 and why (the thread count 1 -> 2); it raises no alert for it. A session on the same
+    threads gets no note."""
+    full = crashed_and_resumed(tmp_path / "full")
+    entry = next(e for e in full.run["sessions"] if e["session_id"] == "s2")
+    entry["not_exact"] = {"from_update": 21, "changes": [{"key": "hardware.torch_threads", "old": 1, "new": 2}]}
+    plain = crashed_and_resumed(tmp_path / "plain").write()
+    watcher = Watcher(plain, clock=lambda: full.clock, holder=lambda _: None)
+    watcher.check(final=True)
+    assert watcher.new_notes() == []  # resumed on the same threads: nothing to say
+    full.write()
+    watcher = Watcher(full.run_dir, clock=lambda: full.clock, holder=lambda _: None)
+    new, _ = watcher.check(final=True)
+    (note,) = watcher.new_notes()
+    assert note == ("note: session s2 resumed across hardware.torch_threads 1 -> 2 from update 21: bit-exact "
+                    "continuation is not promised from there (the run goes on; its figures need not match an "
+                    "uninterrupted run's bit for bit, and the verdict's resumed rule counts no exact continuation "
+                    "from it)")
+    assert all("torch_threads" not in a.message for a in new)
+    watcher._not_exact_notes()  # as when a later session starts: s2's is not said again
+    watcher.check(final=True)
+    assert watcher.new_notes() == [] and watcher.notes == [note]  # said once
