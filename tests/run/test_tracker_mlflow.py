@@ -112,6 +112,7 @@ def test_exporting_onto_a_full_disk_exits_2_and_leaves_the_local_store_as_it_was
     assert not (run_dir / "mlflow.db").exists() and not (run_dir / "mlflow-artifacts").exists()
     assert main(["export-metrics", str(run_dir), "--to", "mlflow"]) == 0
     before = tree(run_dir)
+    assert not [name for name in before if ".tmp-" in name]  # the copy aside goes once the export succeeded
     with monkeypatch.context() as patch:
         full_disk_after(MlflowSink, "log", 10, patch)  # the same MLflow run found again, ten batches appended
         assert main(["export-metrics", str(run_dir), "--to", "mlflow"]) == 2
