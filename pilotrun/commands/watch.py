@@ -4,8 +4,10 @@ Reads a run as it grows and prints its alerts (pilotrun/report/alerts.py); the r
 (pilotrun/run/run_folder.py) and its record read through pilotrun/run/follow.py, which only opens files for
 reading, and whether a session is live is read from
 /proc/locks (pilotrun.run.folder_lock.live_holder), so watch never writes into the run folder and never takes
-its lock. `--on-alert CMD` runs CMD (through the shell, in watch's own working folder, never the run's) once per
-alert with the alert as JSON on its stdin.
+its lock. A note (on stderr, said once, never an alert) names a resume across which bit-exact continuation is
+not promised (run.json's `not_exact`: the update it applies from and the change). `--on-alert CMD` runs CMD
+(through the shell, in watch's own working folder, never the run's) once per alert with the alert as JSON on
+its stdin.
 
 Exit codes: without --follow, one look: 0 when no alert stands, 1 when one does. With --follow it watches until
 the run completes (0) or an alert is raised (1); with --keep-going it watches until the run completes and
@@ -88,7 +90,8 @@ def _say_against_projection(watcher: Watcher) -> None:
 
 def status_line(watcher: Watcher) -> str:
     """One look's answer to "how is it doing": the newest window's step and loss, this session's wall-clock rate
-    and ETA (the pilot's progress figures), and whether a session holds the run now."""
+    and ETA (the pilot's progress figures), whether a session holds the run now, and the rules still waiting for
+    the evidence they read (alerts.py: not judged yet, not failed)."""
     from pilotrun.commands.child_progress import format_progress, progress_figures
 
     max_steps = watcher.max_steps or 0
@@ -96,7 +99,9 @@ def status_line(watcher: Watcher) -> str:
     state = ("completed" if watcher.completed else "live: a session holds the run" if watcher.holder(watcher.run_dir)
              is not None else "no session running")
     shown = format_progress(figures, max_steps) if figures else "no train window yet"
-    return f"status: {shown} ({state}; {len(watcher.active)} alert(s) standing)"
+    waiting = "; ".join(f"{name} (for {what})" for name, what in watcher.waiting.items())
+    return (f"status: {shown} ({state}; {len(watcher.active)} alert(s) standing)"
+            + (f"; rules waiting for their evidence, not failed: {waiting}" if waiting else ""))
 
 
 def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bool = False,
@@ -116,6 +121,8 @@ def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bo
           "window intervals", file=sys.stderr, flush=True)
     while True:
         new, cleared = watcher.check(final=not follow)
+        for note in watcher.new_notes():
+            print(terminal_safe(note), file=sys.stderr, flush=True)
         for alert in new:
             _deliver(alert, as_json, on_alert)
         for alert in cleared:

@@ -21,8 +21,10 @@ a rule when it passes again, a killed session when a resume starts). The kinds:
   spike_factor, spike_median_window and spike_min_history, the loss's floor share);
 - `loss_envelope`: a window's loss above the pilot's loss at that step plus its tolerance (the lock's envelope);
 - `rule`: one of the verdict's rules that apply to a run in progress FAILs, judged by the rule table itself
-  (rules.py) on summarize's view of the record, with the lock's thresholds when one is given; judged only once
-  the record holds a train window (before it, no rule has its evidence yet: a run not there yet is no failure);
+  (rules.py) on summarize's view of the record, with the lock's thresholds when one is given; each rule is judged
+  only once the kept history holds the evidence the rule states it needs (its `needs`: a train window, an
+  applied update, windows past the warm-up, two evaluations, ...): a rule the run has not reached yet is waiting
+  (`Watcher.waiting`, shown in watch's status line), not failed;
 - `spike` / `rollback`: each spike the trainer detected (with its action and cause) and each rollback (restored
   step, data skipped), raised once per event (so --on-alert hears of each) and cleared by the next train window;
   a resumed session's redo of a spike or rollback already raised (the same attempt, report/spikes.py) is not raised
@@ -37,6 +39,10 @@ a rule when it passes again, a killed session when a resume starts). The kinds:
   P(at least as many in the elapsed time) below 1%, judged with the rules; cleared when no longer so;
 - `session_end`: the last session ended in error, stopped on skips, was interrupted or killed, and no session
   holds the folder (no resume started). A completed session at its max_steps ends the watch.
+
+Besides the alerts, a note (`Watcher.new_notes`, said once, no alert: the run is not at fault): a resumed session
+whose run.json entry records `not_exact` (a changed thread count, numerics library or device) is not promised
+bit-exact continuation from the update named there, and the note says which change is why.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pilotrun.report.continuity import not_exact_sessions
 from pilotrun.report.downstream import below_pilot_problem, fallback_problem, task_series
 from pilotrun.report.interruptions import FASTER_P, against_mtbf, mtbf_of
 from pilotrun.report.projection import window_cpu_share, window_tokens_per_device_second, window_tokens_per_s
@@ -143,11 +150,15 @@ class Watcher:
         self.cadence = {k: ((self.follower.run.get("recipe") or {}).get("train") or {}).get(k)
                         for k in ("checkpoint_every", "eval_every")}
         self.pending_judgement = False
+        self.waiting: dict[str, str] = {}  # rule -> the evidence it waits for, at the last judgement
         self.against_projection: dict[str, Any] | None = None  # summarize's, at the last judgement (ledger.py)
         self.last_judged = -1e18
         self.judge_cost = 0.0
         self.completed = False
         self.told: set[str] = set()  # spike_key / rollback_key of every spike and rollback already raised
+        self.notes: list[str] = []  # facts said once, not alerts (a resume that exactness is not promised across)
+        self.notes_taken = 0
+        self.noted: set[str] = set()  # sessions whose not_exact resume a note already said
 
     def _first_time(self, key: str) -> bool:
         """Whether this spike or rollback is new to the watch (not a resumed session's redo of one it told)."""
@@ -168,10 +179,32 @@ class Watcher:
             self._read(event, now, found, cleared)
         if poll.events:
             self.pending_judgement = True
+        if any(e["event"] == "session_start" for e in poll.events):
+            self._not_exact_notes()
         self._session_state(now, found, cleared, poll.pending_bytes)
         if self.pending_judgement and (final or self.completed or now - self.last_judged >= 3 * self.judge_cost):
             self._judge_rules(now, found, cleared)
         return self._update(found, cleared)
+
+    def new_notes(self) -> list[str]:
+        """The notes added since the last call (watch prints each once)."""
+        taken, self.notes_taken = self.notes[self.notes_taken:], len(self.notes)
+        return taken
+
+    def _not_exact_notes(self) -> None:
+        """A resume that changed what bit-exactness depends on (the thread count, a numerics library, the device:
+        run.json's session entry `not_exact`, written before the session's first line) is not a fault: the run
+        goes on, but its figures from that update are not promised to match an uninterrupted run's bit for bit,
+        and the verdict's resumed rule counts it as no exact continuation. Said once per such session."""
+        self.folder.refresh()
+        started = {str(e["session_id"]) for e in self.events if e["event"] == "session_start"}
+        for sid, what in not_exact_sessions(self.folder.run).items():
+            if sid in started and sid not in self.noted:
+                self.noted.add(sid)
+                self.notes.append(f"note: session {sid} resumed across {what}: bit-exact continuation is not "
+                                  "promised from there (the run goes on; its figures need not match an "
+                                  "uninterrupted run's bit for bit, and the verdict's resumed rule counts no exact "
+                                  "continuation from it)")
 
     def _update(self, found: dict[str, Alert], cleared: set[str]) -> tuple[list[Alert], list[Alert]]:
         gone = [self.active.pop(k) for k in list(self.active) if k in cleared and k not in found]
@@ -400,18 +433,21 @@ class Watcher:
             summary.final.step, mtbf["hours_between"], mtbf["mtbf_hours"], None, now, mtbf)
 
     def _judge_rules(self, now: float, found: dict[str, Alert], cleared: set[str]) -> None:
-        if not any(e.get("event") == "train" for e in self.events):
-            # Before the first train window the record holds none of what the rules judge (a loss, an update, a
-            # throughput): that is a run not there yet, not a failure. Judged from its first window on.
-            return
         started = time.monotonic()
         self.folder.refresh()  # run.json again if it was replaced since; the log is what the follower read
         summary = summarize_run(self.folder)
         self.against_projection = summary.overall.get("against_projection")
         self._restarts(summary, now, found, cleared)
+        self.waiting = {}
         for rule in self.rules:
-            result = rule.apply(summary, self.thresholds)
             key = f"rule:{rule.name}"
+            waiting = rule.waiting_for(summary)
+            if waiting is not None:
+                # The run has not reached what the rule reads (a rule needing a checkpoint before the first one):
+                # not judged, not failed. An alert raised on evidence since rolled back stands as it was.
+                self.waiting[rule.name] = waiting
+                continue
+            result = rule.apply(summary, self.thresholds)
             if result.status == FAIL:
                 found[key] = Alert("rule", key, f"rule {rule.name} FAILs: {result.figure} [{result.threshold}]",
                                    summary.final.step, result.figure, result.threshold, None, now)

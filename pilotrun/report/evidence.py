@@ -12,6 +12,8 @@ fewer tokens than the split. Passes are the kept tokens over that pass size; sum
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pilotrun.report.mixture import source_passes, sources_of
@@ -44,6 +46,77 @@ def lacks(dotted: str, threshold: str) -> Finding:
     """The FAIL of a rule whose recipe value the record lacks."""
     return Finding(FAIL, f"run.json's recipe lacks {dotted}: this rule cannot be judged", threshold,
                    "run.json recipe")
+
+
+@dataclass(frozen=True)
+class Need:
+    """One piece of evidence a rule's judge reads (each rule states its own: rules.py). A run in progress is judged
+    on a rule only once its kept history holds each of the rule's needs: before that the rule is waiting (the run
+    has not reached it), not failing. A finished pilot is judged on every rule: what it lacks then, it lacks."""
+    what: str  # in words, as watch shows a waiting rule
+    held: Callable[[Summary], bool]
+
+
+def _count(kinds: tuple[str, ...], n: int, what: str) -> Need:
+    return Need(what, lambda s: sum(1 for e in s.kept_events if e["event"] in kinds) >= n)
+
+
+def train_windows(n: int) -> Need:
+    return _count(("train",), n, "a train window" if n == 1 else f"{n} train windows")
+
+
+def evaluations(n: int) -> Need:
+    return _count(("val",), n, "an evaluation" if n == 1 else f"{n} evaluations")
+
+
+def steady_windows(n: int) -> Need:
+    """`n` train windows that are not their session's first (the warm-up window a rate leaves out)."""
+    def held(s: Summary) -> bool:
+        windows = [e["session_id"] for e in train_events(s)]
+        return len(windows) - len(set(windows)) >= n
+    return Need(f"{n} steady train windows (each session's first left out)", held)
+
+
+def _applied(s: Summary) -> bool:
+    return any(window_of(e).get("updates_applied", 1) for e in train_events(s)) and s.final.step > 0
+
+
+def _past_warmup(s: Summary) -> bool:
+    """The kept windows' second half (what clip_rate reads) starts after the warm-up, where clipping is expected."""
+    warmup = recipe_value(s, "optim.schedule.warmup_steps")
+    windows = train_events(s)
+    return not isinstance(warmup, int) or bool(windows) and windows[-1]["step"] >= 2 * warmup
+
+
+def _resumed_and_trained(s: Summary) -> bool:
+    resumed = {e["session_id"] for e in s.kept_events if e["event"] == "session_start"
+               and e.get("resumed_from") is not None}
+    return any(e["session_id"] in resumed for e in train_events(s))
+
+
+SESSION_START = _count(("session_start",), 1, "a session start")
+SESSION_END = _count(("session_end",), 1, "a session end")
+CHECKPOINT = _count(("checkpoint",), 1, "a checkpoint")
+TRAIN_WINDOW = train_windows(1)
+APPLIED_UPDATE = Need("a train window with an applied update", _applied)
+PAST_WARMUP = Need("a train window at twice optim.schedule.warmup_steps (a second half past the warm-up)",
+                   _past_warmup)
+RESUME_TRAINED = Need("a resume followed by a train window", _resumed_and_trained)
+
+
+def complete(s: Summary) -> bool:
+    """The kept history ended its run: a session completed at max_steps (nothing more is coming)."""
+    max_steps = s.overall.get("max_steps")
+    last_end = next((e for e in reversed(s.kept_events) if e["event"] == "session_end"), None)
+    return (isinstance(max_steps, int) and s.final.step >= max_steps and last_end is not None
+            and last_end.get("reason") == "completed")
+
+
+def waiting_for(needs: tuple[Need, ...], s: Summary) -> str | None:
+    """What a run in progress has not reached yet of `needs` (None: everything, or the run is complete)."""
+    if complete(s):
+        return None
+    return next((need.what for need in needs if not need.held(s)), None)
 
 
 def judge_record_valid(summary: Summary, t: Thresholds) -> Finding:

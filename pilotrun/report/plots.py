@@ -13,6 +13,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from pilotrun.parsing import terminal_safe
 from pilotrun.report.summarize import Summary
 from pilotrun.report.time_split import window_profiled, window_train_tokens
 from pilotrun.run.record import is_finite_number
@@ -34,6 +35,13 @@ PLOT_TITLES = {
     "time_ledger": "Time ledger: where each session's seconds went (goodput = productive / elapsed)",
     "downstream_accuracy": "Downstream accuracy per task (in the loop; evaluations of checkpoints as squares)",
 }
+
+
+def drawn(value: Any) -> str:
+    """A recorded string (a session id, a group or task name) as a plot may draw it: a control character or a
+    terminal escape written as its Python escape, as the text output prints it (the font has no glyph for them),
+    and a dollar sign escaped, so that a name can never switch the label into matplotlib's math mode."""
+    return terminal_safe(str(value)).replace("$", r"\$")
 
 
 def _series(events: list[dict[str, Any]], getter) -> tuple[list[int], list[float]]:
@@ -101,7 +109,7 @@ def plot_loss(summary: Summary, path: Path) -> Path:
 def plot_lr(summary: Summary, path: Path) -> Path:
     # The trainer logs the LR of the optimizer's first parameter group; every group follows the same multiplier.
     groups = (summary.run.get("optimizer") or {}).get("groups") or []
-    first = groups[0].get("group", "?") if groups and isinstance(groups[0], dict) else "?"
+    first = drawn(groups[0].get("group", "?")) if groups and isinstance(groups[0], dict) else "?"
     fig, ax = _new_axes(PLOT_TITLES["lr"], f"learning rate of group '{first}'")
     xs, ys = _series(_train(summary), lambda e: e["lr"])
     others = f"; the other {len(groups) - 1} groups follow the same multiplier" if len(groups) > 1 else ""
@@ -277,7 +285,7 @@ def plot_parameter_groups(summary: Summary, path: Path) -> Path:
         for index, group in enumerate(groups):
             xs, ys = _series(events, lambda e, group=group, key=key: e["optimizer"][key][group])
             # Colour, line style and marker all vary, so groups that overlap stay distinguishable.
-            ax.plot(xs, ys, label=group, color=f"C{index % 10}", linestyle=LINESTYLES[index % len(LINESTYLES)],
+            ax.plot(xs, ys, label=drawn(group), color=f"C{index % 10}", linestyle=LINESTYLES[index % len(LINESTYLES)],
                     marker=MARKERS[index % len(MARKERS)], markevery=(index % every, every), markersize=5,
                     fillstyle="none")
         ax.set_ylabel(label)
@@ -315,7 +323,7 @@ def plot_time_ledger(summary: Summary, path: Path) -> Path:
     if not sessions:
         _no_data(ax, "sessions with events")
         return _save(fig, ax, path)
-    names = [str(s["session_id"])[:16] for s in sessions]
+    names = [drawn(str(s["session_id"])[:16]) for s in sessions]
     bottoms = [0.0] * len(sessions)
     for part in PARTS:
         heights = [s["dead_before"] if part == "dead" else s["parts"][part] for s in sessions]
@@ -337,16 +345,16 @@ def plot_downstream(summary: Summary, path: Path) -> Path:
     series = task_series(summary.kept_events)
     for index, (name, points) in enumerate(series.items()):
         colour = f"C{index % 10}"
-        ax.plot([p[0] for p in points], [p[1]["acc"] for p in points], "o-", color=colour, label=name)
+        ax.plot([p[0] for p in points], [p[1]["acc"] for p in points], "o-", color=colour, label=drawn(name))
         ax.plot([p[0] for p in points], [p[1]["chance"] for p in points], ":", color=colour,
-                label=f"{name} chance")
+                label=f"{drawn(name)} chance")
     evaluations = summary.overall.get("evaluations") or []
     for entry in evaluations:
         for name, figures in entry["tasks"].items():
             if is_finite_number(figures.get("acc")) and isinstance(entry.get("step"), int):
                 stands = entry["status"] == "stands"
                 ax.plot([entry["step"]], [figures["acc"]], "s", color="black", fillstyle="full" if stands else "none",
-                        label=f"evaluate {name} ({entry['harness']}{'' if stands else ', ' + entry['status']})")
+                        label=drawn(f"evaluate {name} ({entry['harness']}{'' if stands else ', ' + entry['status']})"))
     if not series and not evaluations:
         _no_data(ax, "downstream accuracy (train.downstream_tasks, pilotrun evaluate)")
     _mark_resumes(ax, summary)

@@ -16,6 +16,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pilotrun.report import continuity, downstream, evidence, resources, spikes, stability
+from pilotrun.report.evidence import (
+    APPLIED_UPDATE,
+    CHECKPOINT,
+    PAST_WARMUP,
+    RESUME_TRAINED,
+    SESSION_END,
+    SESSION_START,
+    TRAIN_WINDOW,
+    Need,
+    evaluations,
+    steady_windows,
+    train_windows,
+)
 from pilotrun.report.thresholds import THRESHOLD_FIELDS, Finding, RuleResult, Thresholds, threshold_meaning
 
 if TYPE_CHECKING:
@@ -31,6 +44,14 @@ class Rule:
     plot: str | None = None  # the report plot (plots.PLOT_NAMES) that shows its evidence; None: no plot does
     live: bool = True  # it can be judged on a run still in progress, over the kept history so far
     per_window: bool = False  # its figure can be measured on one train window alone
+    # The evidence its judge reads (evidence.Need): a run in progress is judged on the rule only once its kept
+    # history holds each; until then the rule waits (watch shows it waiting) rather than failing for what the run
+    # has not reached. A finished pilot's verdict judges every rule regardless.
+    needs: tuple[Need, ...] = ()
+
+    def waiting_for(self, summary: Summary) -> str | None:
+        """What of its evidence a run in progress has not reached yet (None: the rule can be judged)."""
+        return evidence.waiting_for(self.needs, summary)
 
     def apply(self, summary: Summary, t: Thresholds) -> RuleResult:
         """Judge the rule on a summary: its judge's finding under the rule's name."""
@@ -46,7 +67,7 @@ RECORD_VALID = Rule(
 
 LOSSES_FINITE = Rule(
     "losses_finite", "every train and val loss of the kept history is a finite number.",
-    stability.judge_losses_finite, plot="loss", per_window=True)
+    stability.judge_losses_finite, plot="loss", per_window=True, needs=(TRAIN_WINDOW,))
 
 LOSS_DECREASED = Rule(
     "loss_decreased",
@@ -56,7 +77,8 @@ LOSS_DECREASED = Rule(
     "it. FAIL (not learning) when the drop is within the noise or below min_loss_drop_floor; WARN when it is "
     "real but below min_loss_drop.",
     stability.judge_loss_decreased,
-    ("min_loss_drop", "min_loss_drop_floor", "loss_drop_sigmas", "loss_window_fraction"), plot="loss")
+    ("min_loss_drop", "min_loss_drop_floor", "loss_drop_sigmas", "loss_window_fraction"), plot="loss",
+    needs=(train_windows(2),))
 
 LOSS_RISE_AT_END = Rule(
     "loss_rise_at_end",
@@ -67,14 +89,14 @@ LOSS_RISE_AT_END = Rule(
     "standard deviation of successive differences) and by more than min_loss_rise of it; fewer than twice that "
     "many windows WARNs (thin evidence). On a run in progress it reads the end so far: a loss climbing now.",
     stability.judge_loss_rise_at_end, ("loss_rise_window_fraction", "loss_rise_sigmas", "min_loss_rise"),
-    plot="loss")
+    plot="loss", needs=(train_windows(6),))
 
 VAL_TRACKS_TRAIN = Rule(
     "val_tracks_train",
     "val minus train loss may grow at most max_val_gap_growth between the evaluations of the second half of the "
     "run, and the last val loss may be at most max_val_rise above the best one. Fewer than two evaluations WARNs "
     "(thin evidence, shown).",
-    stability.judge_val_tracks_train, ("max_val_gap_growth", "max_val_rise"), plot="loss")
+    stability.judge_val_tracks_train, ("max_val_gap_growth", "max_val_rise"), plot="loss", needs=(evaluations(2),))
 
 GRAD_SPIKES = Rule(
     "grad_spikes",
@@ -83,17 +105,18 @@ GRAD_SPIKES = Rule(
     "use too (pilotrun/spike_bound.py): scale = max(a robust std of successive windows, half the median), so a "
     "spike is at least 5x the median at the default factor 8; up to max_grad_spikes spikes WARN, more FAIL.",
     stability.judge_grad_spikes, ("spike_factor", "spike_median_window", "spike_min_history", "max_grad_spikes"),
-    plot="grad_norm")
+    plot="grad_norm", needs=(APPLIED_UPDATE,))
 
 CLIP_RATE = Rule(
     "clip_rate",
     "the share of applied updates clipped over the second half of the pilot (warm-up clipping is expected) is at "
     "most max_clip_rate.",
-    stability.judge_clip_rate, ("max_clip_rate",), plot="grad_norm", per_window=True)
+    stability.judge_clip_rate, ("max_clip_rate",), plot="grad_norm", per_window=True,
+    needs=(APPLIED_UPDATE, PAST_WARMUP))
 
 SKIP_RATE = Rule(
     "skip_rate", "skipped / attempted updates over the kept history are at most max_skip_rate.",
-    stability.judge_skip_rate, ("max_skip_rate",), plot="loss_scale", per_window=True)
+    stability.judge_skip_rate, ("max_skip_rate",), plot="loss_scale", per_window=True, needs=(TRAIN_WINDOW,))
 
 THROUGHPUT_STEADY = Rule(
     "throughput_steady",
@@ -117,25 +140,26 @@ THROUGHPUT_STEADY = Rule(
     "(window.device_seconds, from CUDA timing events around each update): the process CPU time says nothing of "
     "the device's work there.",
     resources.judge_throughput_steady, ("min_throughput_ratio", "min_cpu_share_ratio", "min_other_cpus_rise",
-                                        "min_switch_ratio"), plot="throughput")
+                                        "min_switch_ratio"), plot="throughput",
+    needs=(steady_windows(6),))
 
 MEMORY = Rule(
     "memory",
     "peak memory (CUDA max allocated, else peak RSS) fits memory_budget_gb (or the recipe's "
     "train.memory_budget_gb), and RSS at a session's last window over its first grows at most max_memory_growth "
     "(a leak).",
-    resources.judge_memory, ("memory_budget_gb", "max_memory_growth"))
+    resources.judge_memory, ("memory_budget_gb", "max_memory_growth"), needs=(TRAIN_WINDOW,))
 
 EXPERTS = Rule(
     "experts",
     "over the last balance_window_fraction of windows summed, each MoE layer has at most max_dead_experts "
     "experts with no token and a max/mean load per expert of at most max_imbalance.",
     stability.judge_experts, ("max_imbalance", "max_dead_experts", "balance_window_fraction"), plot="expert_load",
-    per_window=True)
+    per_window=True, needs=(TRAIN_WINDOW,))
 
 QK_CLIP = Rule(
     "qk_clip", "the share of applied updates on which QK-Clip rescaled any head is at most max_qk_clip_rate.",
-    stability.judge_qk_clip, ("max_qk_clip_rate",), plot="qk_max_logit")
+    stability.judge_qk_clip, ("max_qk_clip_rate",), plot="qk_max_logit", needs=(APPLIED_UPDATE,))
 
 SPIKES = Rule(
     "spikes",
@@ -154,7 +178,7 @@ DATA_PASSES = Rule(
     "repeat_batch re-reads one batch by design and WARNs. A data mixture is judged per source (each restarts "
     "alone: its kept tokens over its own split's windows) and the source read most often is named. On a run in "
     "progress it counts the passes so far.",
-    evidence.judge_data_passes, ("max_train_passes",))
+    evidence.judge_data_passes, ("max_train_passes",), needs=(SESSION_START,))
 
 RESUMED = Rule(
     "resumed",
@@ -163,14 +187,14 @@ RESUMED = Rule(
     "changed the thread count, a numerics library or the device (run.json's not_exact) is not promised a "
     "bit-identical replay: its differing windows are named with that cause and it proves no exact continuation; "
     "waived by resume_required = false (--no-resume-required), then a missing resume WARNs.",
-    continuity.judge_resumed, ("resume_required",), plot="loss", live=False)
+    continuity.judge_resumed, ("resume_required",), plot="loss", live=False, needs=(RESUME_TRAINED,))
 
 FINAL_CHECKPOINT = Rule(
     "final_checkpoint",
     "the checkpoint at the final step is committed, its marker names this run (run.json's run_id), and every "
     "file matches the sha256 in its marker; missing, damaged or another run's, the run cannot be continued from "
     "where it ended: FAIL.",
-    continuity.judge_final_checkpoint, live=False)
+    continuity.judge_final_checkpoint, live=False, needs=(SESSION_END, CHECKPOINT))
 
 RECIPE_CHANGES = Rule(
     "recipe_changes",

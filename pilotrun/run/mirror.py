@@ -206,5 +206,20 @@ class TrackerMirror:
     def log_files(self, files: list[Path]) -> None:
         """Artifacts; a tracker without them ignores the call."""
 
+    def export_places(self) -> list[Path]:
+        """The files and folders this tracker writes where pilotrun chose the place (its default under the run
+        folder, when its own setting names no other): a failed export leaves them as they were (export_undo.py)."""
+        return []
+
+    def undo_export(self) -> str | None:
+        """After a failed export, what the tracker itself can take back of it outside `export_places` (a run the
+        export created in the tracker's own store), in words; None: nothing."""
+        return None
+
+    def store(self) -> str:
+        """Where this tracker writes, in words, for a line that names it."""
+        places = self.export_places()
+        return str(places[0] if places else getattr(self, "where", "") or self.run_dir)
+
     def close(self) -> None:
         raise NotImplementedError

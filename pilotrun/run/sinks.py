@@ -19,7 +19,9 @@ booleans and nulls are not scalars and are skipped.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import errno
 import importlib.util
 import warnings
 from collections.abc import Callable, Iterable
@@ -28,6 +30,7 @@ from typing import Any, Protocol
 
 from pilotrun.config import TRACKER_NAMES
 from pilotrun.errors import ConfigError
+from pilotrun.run.export_undo import Places
 from pilotrun.run.mirror import (
     TrackerMirror,
     exported_events,
@@ -129,6 +132,24 @@ def tracker_sinks(names: Iterable[str], run_dir: str | Path) -> list[GuardedSink
     return [GuardedSink(name, lambda name=name: open_tracker(name, run_dir)) for name in names]
 
 
+def disk_full(exc: BaseException) -> bool:
+    """A write refused for want of space (or quota, or a read-only disk): an OSError, or the same failure as a
+    tracker's SQLite store reports it (MLflow wraps it in its own exception, "database or disk is full")."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+    return "database or disk is full" in str(exc)
+
+
+def _why(exc: BaseException) -> str:
+    return (exc.strerror if isinstance(exc, OSError) and exc.strerror else "database or disk is full")
+
+
+def _abandon(sink: TrackerMirror) -> None:
+    """The tracker's run closed if it can be (closing writes too: on a full disk it may fail again)."""
+    with contextlib.suppress(Exception):
+        sink.close()
+
+
 def export_metrics(run_dir: str | Path, name: str, *, log_dir: str | Path | None = None, force: bool = False
                    ) -> dict[str, Any]:
     """`pilotrun export-metrics RUN --to NAME`: a finished run's kept history (each step once), its identity,
@@ -149,13 +170,32 @@ def export_metrics(run_dir: str | Path, name: str, *, log_dir: str | Path | None
     events = kept_history(exported_events(run_dir))
     sink = open_tracker(name, run_dir)
     try:
-        sink.begin(None)
-        for event in events:
-            sink.write(event)
-        if verdict is not None:
-            sink.log_verdict(verdict, max((int(e.get("step", 0)) for e in events), default=0))
-        sink.log_files(files)
-    finally:
-        sink.close()
+        places = Places.take(sink.export_places())
+    except OSError as exc:  # the copy aside did not fit: nothing was sent
+        if not disk_full(exc):
+            raise
+        raise ConfigError(f"export-metrics --to {name}: writing {exc.filename or sink.store()} failed "
+                          f"({_why(exc)}); nothing was written") from None
+    try:
+        try:
+            sink.begin(None)
+            for event in events:
+                sink.write(event)
+            if verdict is not None:
+                sink.log_verdict(verdict, max((int(e.get("step", 0)) for e in events), default=0))
+            sink.log_files(files)
+        finally:
+            sink.close()
+    except Exception as exc:  # whatever failed, the places pilotrun chose hold nothing of a half export
+        _abandon(sink)
+        undone = [*places.restore(), sink.undo_export()]
+        if not disk_full(exc):
+            raise
+        done = ", ".join(u for u in undone if u)
+        left = (f"nothing of this export was kept ({done})" if done else
+                f"what it sent before stays in {sink.store()}, the tracker's own store (not a place pilotrun chose)")
+        raise ConfigError(f"export-metrics --to {name}: writing {getattr(exc, 'filename', None) or sink.store()} "
+                          f"failed ({_why(exc)}); {left}") from None
+    places.discard()
     return {"tracker": name, "events": len(events), "scalars": sink.scalars_written, "verdict": verdict is not None,
             "files": len(files), "where": getattr(sink, "where", "")}

@@ -15,6 +15,7 @@ and params (set once, when the MLflow run is created: params cannot change); the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -46,6 +47,7 @@ class MlflowSink(TrackerMirror):
         self._client_class, self._metric, self._param, self._tag = _mlflow()
         self.client: Any = None
         self.mlflow_run_id: str | None = None
+        self.uri = ""
         self.where = ""
 
     def start(self, identity: dict[str, Any], resume_step: int | None) -> None:
@@ -53,6 +55,7 @@ class MlflowSink(TrackerMirror):
         local = not uri
         if local:
             uri = f"sqlite:///{self.run_dir.resolve() / STORE}"
+        self.uri = uri
         self.client = client = self._client_class(tracking_uri=uri)
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or PROJECT
         experiment = client.get_experiment_by_name(name)
@@ -93,6 +96,22 @@ class MlflowSink(TrackerMirror):
     def log_files(self, files: list[Path]) -> None:
         for path in files:
             self.client.log_artifact(self.mlflow_run_id, str(path), "report")
+
+    def export_places(self) -> list[Path]:
+        """The local store pilotrun chooses when MLFLOW_TRACKING_URI names none: RUN/mlflow.db and its artifacts."""
+        return [] if os.environ.get("MLFLOW_TRACKING_URI") else [self.run_dir / STORE, self.run_dir / ARTIFACTS]
+
+    def undo_export(self) -> str | None:
+        """MLflow keeps one store per URI for the life of the process, its database open: after the local store was
+        put back as it was (export_undo.py), that store is let go, so that a later use in this process opens the
+        file as it is now, not the one a failed export wrote."""
+        with contextlib.suppress(Exception):  # MLflow's own cache, reached where this MLflow version keeps it
+            from mlflow.tracking._tracking_service.utils import _get_store, _tracking_store_registry
+
+            if self.client is not None or self.mlflow_run_id is not None:
+                _get_store(self.uri).engine.dispose()
+            _tracking_store_registry._get_store_with_resolved_uri.cache_clear()
+        return None
 
     def close(self) -> None:
         if self.client is not None and self.mlflow_run_id is not None:

@@ -50,6 +50,8 @@ class TrackioSink(TrackerMirror):
         self.pending: dict[str, float] = {}
         self.project = os.environ.get("TRACKIO_PROJECT") or PROJECT
         self.where = ""
+        self.created = False  # this sink's start created the trackio run (in the local store)
+        self.run_name = ""
 
     def _init(self, name: str) -> None:
         with _quiet():
@@ -60,7 +62,10 @@ class TrackioSink(TrackerMirror):
         self.config = {**identity_tags(identity), **flat_recipe(identity.get("recipe") or {})}
         if resume_step is not None:
             self.config["resumed_at_step"] = resume_step
-        self._init(identity.get("run_id") or PROJECT)
+        self.run_name = identity.get("run_id") or PROJECT
+        if not self._remote():
+            self.created = self.run_name not in self.trackio.SQLiteStorage.get_runs(self.project)
+        self._init(self.run_name)
         self.where = f"trackio project {self.project} run {self.run.name}"
 
     def log(self, step: int, scalars: dict[str, float], wall_time: float | None) -> None:
@@ -99,9 +104,32 @@ class TrackioSink(TrackerMirror):
         with _quiet():
             self.run.log_artifact(artifact)
 
+    @staticmethod
+    def _remote() -> bool:
+        return bool(os.environ.get("TRACKIO_SPACE_ID") or os.environ.get("TRACKIO_SERVER_URL"))
+
+    def store(self) -> str:
+        """The project's database in trackio's local store (TRACKIO_DIR), or where the remote one is."""
+        if self._remote():
+            return self.where or f"trackio project {self.project}"
+        return str(self.trackio.SQLiteStorage.get_project_db_path(self.project))
+
+    def undo_export(self) -> str | None:
+        """trackio's store is its own (TRACKIO_DIR), not a place pilotrun chose; a run this export created there is
+        removed with trackio's own storage call (a run that was there before keeps what the export added)."""
+        if not self.created:
+            return None
+        try:
+            removed = self.trackio.SQLiteStorage.delete_run(self.project, self.run_name)
+        except Exception:  # on a full disk the deletion may fail too: said, not raised
+            return None
+        return f"the trackio run {self.run_name} it created removed" if removed else None
+
     def close(self) -> None:
         if self.run is not None:
-            self.flush()
-            with _quiet():
-                self.run.finish()
-            self.run = None
+            try:
+                self.flush()
+            finally:  # finished even when the last rows fail: trackio would otherwise send its queue at exit
+                with _quiet():
+                    self.run.finish()
+                self.run = None

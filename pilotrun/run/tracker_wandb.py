@@ -67,6 +67,10 @@ class WandbSink(TrackerMirror):
             artifact.add_file(str(path), name=path.name)
         self.run.log_artifact(artifact)
 
+    def export_places(self) -> list[Path]:
+        """RUN/wandb, where W&B writes when WANDB_DIR names no other folder (the run folder is its dir)."""
+        return [] if os.environ.get("WANDB_DIR") else [self.run_dir / "wandb"]
+
     def close(self) -> None:
         if self.run is not None:
             self.run.finish()

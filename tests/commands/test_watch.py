@@ -178,6 +178,42 @@ def test_one_look_at_a_healthy_live_run_prints_one_status_line(tmp_path, capsys)
     assert "ETA -" not in status and status.endswith("(live: a session holds the run; 0 alert(s) standing)")
 
 
+def test_one_look_before_the_first_window_shows_the_rules_waiting_not_failed(tmp_path, capsys):
+    """A live session that has not closed its first window: exit 0, no alert, and the status line names each rule
+    still waiting with what it waits for."""
+    from pilotrun.run.folder_lock import RunFolderLock
+
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    shift = time.time() - run.events[-1]["time"]
+    for record in run.events + run.run["sessions"]:
+        record["time" if "time" in record else "started_at"] += shift
+    run_dir = run.write()
+    lock = RunFolderLock.acquire(run_dir)
+    try:
+        assert main(["watch", str(run_dir)]) == 0
+    finally:
+        lock.release()
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (status,) = [line for line in captured.err.splitlines() if line.startswith("status: ")]
+    assert "0 alert(s) standing); rules waiting for their evidence, not failed: losses_finite (for a train " \
+           "window); " in status and "skip_rate (for a train window)" in status
+
+
+def test_a_resume_on_another_thread_count_is_one_note_on_stderr_and_no_alert(tmp_path, capsys):
+    run = crashed_and_resumed(tmp_path / "r")
+    entry = next(e for e in run.run["sessions"] if e["session_id"] == "s2")
+    entry["not_exact"] = {"from_update": 21, "changes": [{"key": "hardware.torch_threads", "old": 1, "new": 2}]}
+    run_dir = run.write()
+    main(["watch", str(run_dir), "--json"])
+    captured = capsys.readouterr()
+    notes = [line for line in captured.err.splitlines() if line.startswith("note: ")]
+    assert notes == [line for line in notes if "session s2 resumed across hardware.torch_threads 1 -> 2 from update "
+                     "21: bit-exact continuation is not promised from there" in line] and len(notes) == 1
+    assert "torch_threads" not in captured.out  # not an alert
+
+
 def test_an_on_alert_command_past_its_timeout_is_named_with_its_wait_and_watch_goes_on(tmp_path, capsys,
                                                                                       monkeypatch):
     from pilotrun.commands import watch

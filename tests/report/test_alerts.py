@@ -209,21 +209,78 @@ def test_interruptions_more_than_the_lock_s_mtbf_makes_likely_are_an_alert(tmp_p
     assert bool([a for a in new if a.kind == "restarts"]) == alert
 
 
-def test_a_run_watched_before_its_first_train_window_gets_no_rule_alert_then_is_judged(tmp_path):
+def test_a_run_watched_before_its_first_train_window_gets_no_rule_alert_each_rule_waiting(tmp_path):
     """A session that has started but not closed its first window: no rule has its evidence yet, so none is
-    judged (no "no loss recorded"); once windows are there, the rules are judged as usual."""
-    from tests.report.synthetic import SyntheticRun
-
+    judged (no "no loss recorded"): each waits, naming what for; once windows are there, they are judged."""
     run = SyntheticRun(tmp_path / "r")
     run.start_session()
     run.write()
     watcher = Watcher(run.run_dir, clock=lambda: run.clock, holder=lambda _: {"pid": 1})
     new, _ = watcher.check(final=True)
-    assert [a for a in new if a.kind == "rule"] == [] and watcher.pending_judgement
+    assert [a for a in new if a.kind == "rule"] == []
+    assert watcher.waiting["losses_finite"] == "a train window"
+    assert watcher.waiting["skip_rate"] == "a train window"
+    assert set(watcher.waiting) == {r.name for r in watcher.rules} - {"data_passes", "downstream", "recipe_changes"}
     run.train_until(20)
     run.write()
     watcher.check(final=True)
-    assert not watcher.pending_judgement and watcher.last_judged > -1e18
+    assert watcher.waiting == {"loss_rise_at_end": "6 train windows"}
+    run.train_until(30)
+    run.write()
+    watcher.check(final=True)
+    assert watcher.waiting == {}
+
+
+def _prefix(full: SyntheticRun, k: int, run_dir) -> SyntheticRun:
+    """The record as the trainer had written it after its first `k` lines: run.json's sessions that had started
+    (not yet closed where their end is still to come), the checkpoints committed by then."""
+    run = full.copy()
+    run.run_dir, run.events = run_dir, run.events[:k]
+    started = {e["session_id"] for e in run.events if e["event"] == "session_start"}
+    ended = {e["session_id"] for e in run.events if e["event"] == "session_end"}
+    run.run["sessions"] = [s for s in run.run["sessions"] if s["session_id"] in started]
+    for entry in run.run["sessions"]:
+        if entry["session_id"] not in ended:
+            entry.pop("chain_end", None), entry.pop("end_reason", None)
+    saved = {e["step"] for e in run.events if e["event"] == "checkpoint"}
+    run.checkpoints = {step: c for step, c in run.checkpoints.items() if step in saved}
+    return run
+
+
+def test_a_record_growing_line_by_line_raises_a_rule_only_once_its_evidence_exists(tmp_path):
+    """The pilot's shape (killed at 33, resumed from 20) with warm-up clipping (every update to 10 clipped, a
+    warm-up of 10) and overflow skips, watched after each of its lines: a rule is judged only once the record
+    holds what it reads, and then exactly as the rule table judges it. So no alert ever says the record lacks a
+    rule's evidence, the warm-up's clipping never alerts (clip_rate waits for a second half past the warm-up),
+    and the complete record's alerts are every watched rule that FAILs on it, none waiting."""
+    from pilotrun.report.summarize import summarize_run
+    from pilotrun.report.thresholds import FAIL, Thresholds
+    from pilotrun.report.verdict import judge_summary
+
+    def build(run_dir, **kwargs):
+        run = _overflowing(SyntheticRun(run_dir, **kwargs))
+        run.run["recipe"]["optim"]["schedule"] = {"warmup_steps": 10}
+        return run
+
+    full = crashed_and_resumed(tmp_path / "full", make_run=build)
+    raised, waited = set(), set()
+    for k in range(1, len(full.events) + 1):
+        run_dir = _prefix(full, k, tmp_path / f"p{k}").write()
+        watcher = Watcher(run_dir, clock=lambda: full.clock, holder=lambda _: {"pid": 1})
+        alerts = {a.key: a for a in watcher.check(final=True)[0] if a.kind == "rule"}
+        summary = summarize_run(run_dir)
+        judged = [r for r in watcher.rules if r.name not in watcher.waiting]
+        assert set(alerts) == {f"rule:{r.name}" for r in judged if r.apply(summary, Thresholds()).status == FAIL}, k
+        assert not any("evidence" in a.message or "no loss" in a.message or "no update" in a.message
+                       for a in alerts.values()), (k, alerts)
+        raised |= set(alerts)
+        waited |= set(watcher.waiting)
+    assert raised == {"rule:skip_rate"}
+    assert {"losses_finite", "skip_rate", "grad_spikes", "clip_rate", "memory", "experts", "qk_clip"} <= waited
+    assert watcher.waiting == {}
+    watched = {r.name for r in watcher.rules}
+    failed = {r.name for r in judge_summary(summarize_run(run_dir)).rules if r.status == FAIL} & watched
+    assert set(alerts) == {f"rule:{name}" for name in failed} == {"rule:skip_rate"}
 
 
 @pytest.mark.parametrize("cpu_follows", [False, True])
@@ -250,3 +307,28 @@ def test_a_slowdown_with_a_smaller_cpu_share_is_the_machine_busier_and_at_the_sa
     watcher = Watcher(run.run_dir, lock, clock=lambda: run.clock, holder=lambda _: None)
     kinds = {a.kind for a in watcher.check(final=True)[0]}
     assert ("throughput" in kinds) is cpu_follows and ("machine_busier" in kinds) is not cpu_follows, kinds
+
+
+def test_a_resume_on_another_thread_count_is_said_once_as_a_note_not_an_alert(tmp_path):
+    """run.json's not_exact for the resumed session: watch notes, once, that bit-exact continuation is not
+    promised from update 21 and why (the thread count 1 -> 2); it raises no alert for it. A session on the same
+    threads gets no note."""
+    full = crashed_and_resumed(tmp_path / "full")
+    entry = next(e for e in full.run["sessions"] if e["session_id"] == "s2")
+    entry["not_exact"] = {"from_update": 21, "changes": [{"key": "hardware.torch_threads", "old": 1, "new": 2}]}
+    plain = crashed_and_resumed(tmp_path / "plain").write()
+    watcher = Watcher(plain, clock=lambda: full.clock, holder=lambda _: None)
+    watcher.check(final=True)
+    assert watcher.new_notes() == []  # resumed on the same threads: nothing to say
+    full.write()
+    watcher = Watcher(full.run_dir, clock=lambda: full.clock, holder=lambda _: None)
+    new, _ = watcher.check(final=True)
+    (note,) = watcher.new_notes()
+    assert note == ("note: session s2 resumed across hardware.torch_threads 1 -> 2 from update 21: bit-exact "
+                    "continuation is not promised from there (the run goes on; its figures need not match an "
+                    "uninterrupted run's bit for bit, and the verdict's resumed rule counts no exact continuation "
+                    "from it)")
+    assert all("torch_threads" not in a.message for a in new)
+    watcher._not_exact_notes()  # as when a later session starts: s2's is not said again
+    watcher.check(final=True)
+    assert watcher.new_notes() == [] and watcher.notes == [note]  # said once

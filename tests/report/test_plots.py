@@ -53,3 +53,46 @@ def test_plots_are_written_when_figures_are_missing(tmp_path):
     paths = write_plots(summarize_run(tmp_path / "r"), tmp_path / "plots")
     for path in paths.values():
         assert path.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_a_session_id_with_terminal_escapes_is_drawn_escaped_with_no_missing_glyph(tmp_path, monkeypatch):
+    """A recorded session id holding ESC and BEL, and a parameter group named with dollar signs and a control
+    character: the plots draw them as the text output prints them (\\x1b), so matplotlib warns of no missing
+    glyph and no name switches a label into math mode."""
+    import warnings
+
+    from pilotrun.report import plots
+
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(10)
+    run.end_session()
+    odd_id, odd_group = "s\x1b[31m1\x07", "attn$x$\x1b"
+    for record in run.events + run.run["sessions"]:
+        record["session_id"] = odd_id
+        if record.get("event") == "train":
+            record["optimizer"]["weight_rms"][odd_group] = record["optimizer"]["weight_rms"].pop("attention")
+    run.run["optimizer"]["groups"] = [{"group": odd_group}]
+    run.write()
+    summary = summarize_run(tmp_path / "r")
+    assert summary.valid, summary.reasons
+    texts: list[str] = []
+    real_save = plots._save
+
+    def saving(fig, ax, path):
+        done = real_save(fig, ax, path)
+        legend = ax.get_legend()
+        texts.extend([t.get_text() for t in ax.get_xticklabels()] + [ax.get_ylabel()]
+                     + ([t.get_text() for t in legend.get_texts()] if legend else []))
+        return done
+
+    monkeypatch.setattr(plots, "_save", saving)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plots.plot_time_ledger(summary, tmp_path / "ledger.png")
+        plots.plot_lr(summary, tmp_path / "lr.png")
+        plots.plot_parameter_groups(summary, tmp_path / "groups.png")
+    assert [str(w.message) for w in caught if "Glyph" in str(w.message)] == []
+    assert "s\\x1b[31m1\\x07" in texts  # the time ledger's bar, named as summarize prints it
+    assert any("attn\\$x\\$\\x1b" in text for text in texts)  # the LR plot's label of the first group
+    assert not any("\x1b" in text or "\x07" in text for text in texts)

@@ -154,3 +154,32 @@ def test_no_rule_name_is_written_twice():
     assert elsewhere == []
     assert sorted(name for _, _, name in declared) == sorted(names)
     assert {path for path, _, _ in declared} == {"rules.py"}
+
+
+@pytest.mark.parametrize("lines", [1, 2, 6])
+def test_a_rule_that_fails_for_evidence_a_run_has_not_reached_yet_states_it_as_a_need(tmp_path, lines):
+    """Every rule, on a healthy run cut after its first lines (a session start; one window; a resumed session's
+    start): any FAIL comes from a rule still waiting for one of its needs (evidence.Need), so a new rule that reads
+    something a young run lacks cannot alert on it. The complete record waits for nothing. (The synthetic run
+    clips every update to 10, its warm-up as the recipe states it.)"""
+    full = crashed_and_resumed(tmp_path / "full")
+    full.run["recipe"]["optim"]["schedule"] = {"warmup_steps": 10}
+    run = SyntheticRun(tmp_path / "r")
+    run.run, run.events = full.run, full.events[:lines] if lines < 6 else \
+        [e for e in full.events if e["session_id"] == "s1" and e["step"] <= 5] + [full.find("session_start", "s2")]
+    run.write()
+    summary = summarize_run(run.run_dir)
+    for rule in RULES:
+        if rule.name in ("record_valid", "resumed", "final_checkpoint") and lines == 6:
+            continue  # the cut record's run.json names a session end that is not there: invalid, rightly
+        if rule.apply(summary, Thresholds()).status == FAIL:
+            assert rule.waiting_for(summary) is not None, rule.name
+    assert all(rule.waiting_for(summarize_run(full.write())) is None for rule in RULES)
+
+
+def test_every_rule_states_its_needs_in_words():
+    from pilotrun.report.evidence import Need
+
+    for rule in RULES:
+        assert isinstance(rule.needs, tuple) and all(isinstance(n, Need) and n.what for n in rule.needs), rule.name
+    assert [n.what for n in RULES_BY_NAME["losses_finite"].needs] == ["a train window"]

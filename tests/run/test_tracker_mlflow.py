@@ -90,3 +90,30 @@ def test_export_metrics_sends_each_step_once_with_the_verdict_and_the_report(tmp
     assert sorted(f.path for f in client.list_artifacts(run.info.run_id, "report")) == [
         "report/loss.png", "report/report.html", "report/summary.json"]
     assert (run_dir / "mlflow-artifacts").is_dir()
+
+
+@pytest.mark.slow
+def test_exporting_onto_a_full_disk_exits_2_and_leaves_the_local_store_as_it_was(tmp_path, capsys, monkeypatch):
+    """ENOSPC at MLflow's write midway through the export: exit 2, one line naming the tracker and RUN/mlflow.db;
+    no store left where the export made it, and an earlier export's store byte for byte (the database written
+    back from its copy, the artifacts the failed export added removed)."""
+    from pilotrun.run.tracker_mlflow import MlflowSink
+    from tests.run.tracker_runs import full_disk_after, tree
+
+    run_dir = crashed_run(tmp_path / "run")
+    write_verdict(run_dir)
+    with monkeypatch.context() as patch:
+        full_disk_after(MlflowSink, "log", 10, patch)
+        assert main(["export-metrics", str(run_dir), "--to", "mlflow"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "mlflow.store" not in line]  # MLflow's own
+    assert len(err) == 1 and err[0].startswith(f"pilotrun: error: export-metrics --to mlflow: writing "
+                                               f"{run_dir / 'mlflow.db'} failed (No space left on device); "
+                                               "nothing of this export was kept"), err
+    assert not (run_dir / "mlflow.db").exists() and not (run_dir / "mlflow-artifacts").exists()
+    assert main(["export-metrics", str(run_dir), "--to", "mlflow"]) == 0
+    before = tree(run_dir)
+    assert not [name for name in before if ".tmp-" in name]  # the copy aside goes once the export succeeded
+    with monkeypatch.context() as patch:
+        full_disk_after(MlflowSink, "log", 10, patch)  # the same MLflow run found again, ten batches appended
+        assert main(["export-metrics", str(run_dir), "--to", "mlflow"]) == 2
+    assert tree(run_dir) == before

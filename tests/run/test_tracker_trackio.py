@@ -87,3 +87,34 @@ def test_export_metrics_sends_each_step_once_with_the_verdict_and_the_report(tmp
     settings = config("pilotrun-export", "synthetic-run")
     assert settings["verdict/decision"] == "GO" and settings["verdict/loss_decreasing/status"] == "PASS"
     assert settings["run_id"] == "synthetic-run"
+
+
+def test_exporting_onto_a_full_disk_exits_2_naming_the_store_and_removes_a_run_it_created(tmp_path, capsys,
+                                                                                       monkeypatch):
+    """ENOSPC at trackio's write midway through the export: exit 2 with one line naming the tracker and the
+    project's database in TRACKIO_DIR. trackio's store is not a place pilotrun chose, but a run the export created
+    there is removed (trackio's own call); a run that was there before keeps what was sent, and the line says so."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    from pilotrun.run.tracker_trackio import TrackioSink
+    from tests.run.tracker_runs import full_disk_after
+
+    monkeypatch.setenv("TRACKIO_PROJECT", "pilotrun-full-disk")
+    run_dir = crashed_run(tmp_path / "run")
+    database = SQLiteStorage.get_project_db_path("pilotrun-full-disk")
+    with monkeypatch.context() as patch:
+        full_disk_after(TrackioSink, "flush", 10, patch)
+        assert main(["export-metrics", str(run_dir), "--to", "trackio"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"pilotrun: error: export-metrics --to trackio: writing {database} failed (No space left on "
+                   "device); nothing of this export was kept (the trackio run synthetic-run it created removed)"]
+    assert SQLiteStorage.get_runs("pilotrun-full-disk") == []
+    assert main(["export-metrics", str(run_dir), "--to", "trackio"]) == 0
+    capsys.readouterr()
+    with monkeypatch.context() as patch:
+        full_disk_after(TrackioSink, "flush", 10, patch)
+        assert main(["export-metrics", str(run_dir), "--to", "trackio"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith(f"what it sent before stays in {database}, the tracker's own store (not a place pilotrun "
+                         "chose)")
+    assert SQLiteStorage.get_runs("pilotrun-full-disk") == ["synthetic-run"]

@@ -169,3 +169,33 @@ def test_export_metrics_sends_the_kept_history_the_verdict_and_the_report(tmp_pa
     assert session["summary"]["verdict/loss_decreasing/status"] == "PASS"
     assert session["artifacts"] == [("report", ["loss.png", "report.html", "summary.json"])]
     assert not math.isnan(got["train/loss"][0][1])
+
+
+def test_exporting_onto_a_full_disk_exits_2_and_leaves_run_wandb_as_it_was(tmp_path, capsys, monkeypatch):
+    """ENOSPC at W&B's write midway through the export: exit 2, one line naming the tracker and RUN/wandb, and
+    RUN/wandb as before the export: absent where the export made it, the earlier export's files alone where
+    there was one (the new offline run removed, the latest-run link pointed back)."""
+    from pilotrun.run.tracker_wandb import WandbSink
+    from tests.run.tracker_runs import full_disk_after, tree
+
+    run = crashed_run(tmp_path / "run")
+    with monkeypatch.context() as patch:
+        full_disk_after(WandbSink, "log", 10, patch)
+        assert main(["export-metrics", str(run), "--to", "wandb"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"pilotrun: error: export-metrics --to wandb: writing {run / 'wandb'} "
+                                               "failed (No space left on device); nothing of this export was kept")
+    assert not (run / "wandb").exists()
+    assert main(["export-metrics", str(run), "--to", "wandb"]) == 0
+    before = tree(run / "wandb")
+    capsys.readouterr()
+    with monkeypatch.context() as patch:
+        full_disk_after(WandbSink, "log", 10, patch)
+        assert main(["export-metrics", str(run), "--to", "wandb"]) == 2
+    after = tree(run / "wandb")
+    # The paths and links as before; the earlier run's own logs may still be closing (W&B's service writes them).
+    assert sorted(after) == sorted(before)
+    assert {k: v for k, v in after.items() if isinstance(v, tuple)} == {
+        k: v for k, v in before.items() if isinstance(v, tuple)}
+    (session,) = read_runs(run)
+    assert same(*by_record_order(history([session]), expected(run)))

@@ -108,3 +108,27 @@ def write_verdict(run_dir: Path) -> dict:
     (report / "report.html").write_text("<html><body>GO</body></html>")
     (report / "loss.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     return summary
+
+
+def tree(folder: Path) -> dict[str, object] | None:
+    """Every path under `folder` with its bytes (a link: where it points), or None where there is no folder."""
+    if not folder.exists():
+        return None
+    return {str(p.relative_to(folder)): (("link", str(p.readlink())) if p.is_symlink() else
+                                         p.read_bytes() if p.is_file() else "folder")
+            for p in sorted(folder.rglob("*"))}
+
+
+def full_disk_after(cls, method: str, calls: int, monkeypatch) -> None:
+    """`cls.method` (a tracker's write) raises ENOSPC, as a full disk does, from its `calls`-th call on."""
+    import errno
+
+    real, done = getattr(cls, method), []
+
+    def filling(self, *args, **kwargs):
+        if len(done) >= calls:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        done.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, method, filling)
