@@ -12,8 +12,8 @@ Dispatch implementations (`moe_impl`), which all compute y_t = sum_k w_{t,k} FFN
                BLAS sees other layouts), tests/model/test_moe.py. On the CPU in fp32 without autocast,
                with `cpu_kernels`, it runs as one compiled operator each way instead (forward_fused), the same
                arithmetic without the per-segment views and autograd nodes, and the shared experts with it.
-               In bf16/fp16 on the CPU each segment is padded to one of a few lengths (segment_buckets.py; so is
-               `sorted`'s): a per-shape kernel cache then stops growing after the first updates.
+               In bf16/fp16 on the CPU each segment is padded to one of a few lengths (segment_buckets.py; so are
+               `sorted`'s and `loop`'s): a per-shape kernel cache then stops growing after the first updates.
   sorted    -- stable argsort of the chosen expert ids, one gather, one matmul chain per contiguous expert
                segment (one host sync per layer for the segment sizes), fp32 weighting, one index_add_.
   loop      -- DeepSeek's inference loop: per expert, find its tokens with `where` and add its output.
@@ -233,6 +233,13 @@ class GroupedExperts(nn.Module):
         w1, w2, w3 = weights
         return torch.matmul(F.silu(torch.matmul(x, w1.t())) * torch.matmul(x, w3.t()), w2.t())
 
+    @staticmethod
+    def pads(x: torch.Tensor) -> bool:
+        """Whether the experts' matmuls of x's forward take padded segments (segment_buckets.pads_segments)."""
+        device = x.device.type
+        return pads_segments(x.device, torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device)
+                             else x.dtype)
+
     def segment_forward(self, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor], segment: torch.Tensor,
                         pad: bool) -> torch.Tensor:
         """One expert on its segment; with `pad` (CPU bf16/fp16), on the segment padded with zero rows to its
@@ -248,9 +255,7 @@ class GroupedExperts(nn.Module):
         counts = layout.counts.tolist()  # the one host sync per layer
         gathered = x.index_select(0, layout.token_of_slot)  # backward: one index_add (cheaper than indexing's)
         weights_per_expert = self.expert_weights()
-        device = x.device.type
-        pad = pads_segments(x.device, torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device)
-                            else gathered.dtype)
+        pad = self.pads(x)
         outputs = [self.segment_forward(weights_per_expert[expert], segment, pad)
                    for expert, segment in enumerate(gathered.split(counts)) if counts[expert] > 0]
         routed = torch.cat(outputs, dim=0) if outputs else gathered.new_zeros(0, x.shape[-1])
@@ -311,11 +316,12 @@ class GroupedExperts(nn.Module):
         output = torch.zeros(x.shape[0], x.shape[-1], device=x.device, dtype=weights.dtype)
         counts = count_per_expert(indices, self.n_experts).tolist()
         weights_per_expert = self.expert_weights()
+        pad = self.pads(x)
         for expert in range(self.n_experts):
             if counts[expert] == 0:
                 continue
             token, slot = torch.where(indices == expert)  # each token picks an expert at most once: unique rows
-            contribution = (self.expert_forward(weights_per_expert[expert], x[token]).to(weights.dtype)
+            contribution = (self.segment_forward(weights_per_expert[expert], x[token], pad).to(weights.dtype)
                             * weights[token, slot].unsqueeze(-1))
             output = output.index_add(0, token, contribution)
         return output

@@ -330,7 +330,7 @@ def distinct_matmul_shapes_over_routings(impl: str, dtype: torch.dtype, routings
     return len(counter.shapes)
 
 
-@pytest.mark.parametrize("impl", ["grouped", "sorted"])
+@pytest.mark.parametrize("impl", ["grouped", "sorted", "loop"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_experts_issue_few_matmul_shapes_however_the_routing_varies(impl, dtype, monkeypatch):
     # Where the CPU multiplies bf16/fp16 with oneDNN, every new matmul shape builds and keeps a kernel: one shape per
@@ -343,7 +343,7 @@ def test_low_precision_experts_issue_few_matmul_shapes_however_the_routing_varie
     assert distinct_matmul_shapes_over_routings(impl, dtype) > 2 * padded  # what the bound catches
 
 
-@pytest.mark.parametrize("impl", ["grouped", "sorted"])
+@pytest.mark.parametrize("impl", ["grouped", "sorted", "loop"])
 def test_padded_low_precision_experts_are_deterministic_and_match_exact_segments_to_rounding(impl, monkeypatch):
     x = torch.randn(2, 50, 16)
     first = outputs_and_grads_under(make_moe(torch.float32, impl=impl, cpu_kernels=False), x, torch.bfloat16)
@@ -355,7 +355,7 @@ def test_padded_low_precision_experts_are_deterministic_and_match_exact_segments
         assert (ours.float() - theirs.float()).abs().max() <= 1e-2 * theirs.float().abs().max()
 
 
-@pytest.mark.parametrize("impl", ["grouped", "sorted"])
+@pytest.mark.parametrize("impl", ["grouped", "sorted", "loop"])
 def test_fp32_experts_never_pad(impl, monkeypatch):
     def must_not_run(*args, **kwargs):
         raise AssertionError("fp32 experts padded")
