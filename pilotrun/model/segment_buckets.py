@@ -6,8 +6,8 @@ which keeps nothing per shape. Under CPU autocast the experts run through groupe
 where the CPU has AVX512 (BW/VL/DQ for bf16; AVX512-FP16 or AMX for fp16) torch sends bf16/fp16 matmuls to oneDNN,
 which builds and keeps a compiled kernel for every new matmul shape: resident memory then grows for as long as new
 segment lengths keep appearing (tens of updates), about half a MB per shape. Rounding each segment up to a bucket
-length (zero rows, dropped after the matmuls) bounds the shapes a run can issue: at most 4 lengths up to 64 rows,
-then 4 per doubling, with under a quarter of a segment beyond 64 rows padding (plus at most 15 rows below).
+length (zero rows, dropped after the matmuls) bounds the shapes a run can issue: 8 lengths up to 64 rows, then 8
+per doubling, with under an eighth of a segment beyond 64 rows padding (at most 7 rows below).
 
 Padding rows are zero, so they add nothing to the real rows' outputs or to any gradient; the lengths depend only
 on the routing, so the same inputs give the same result bit for bit. fp32 never pads (its results are unchanged).
@@ -18,21 +18,23 @@ from __future__ import annotations
 
 import torch
 
-# Segments up to BUCKET_FLOOR rows round up to a multiple of BUCKET_STEP; longer ones to 4 steps per doubling.
-BUCKET_STEP = 16
+# Segments up to BUCKET_FLOOR rows round up to a multiple of BUCKET_STEP; longer ones to BUCKETS_PER_DOUBLING steps
+# per doubling (8: under an eighth padded, ~4% on average).
+BUCKET_STEP = 8
 BUCKET_FLOOR = 64
+BUCKETS_PER_DOUBLING = 8
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def bucket_rows(count: int) -> int:
-    """The padded length of a segment of `count` rows: 0 stays 0; up to 64, the next multiple of 16; above, the
-    next multiple of a quarter of the power of two below it (65..128 -> steps of 16, 129..256 -> steps of 32)."""
+    """The padded length of a segment of `count` rows: 0 stays 0; up to 64, the next multiple of 8; above, the
+    next multiple of an eighth of the power of two below it (65..128 -> steps of 8, 129..256 -> steps of 16)."""
     if count <= 0:
         return 0
     if count <= BUCKET_FLOOR:
         step = BUCKET_STEP
     else:
-        step = 1 << ((count - 1).bit_length() - 3)
+        step = (1 << ((count - 1).bit_length() - 1)) // BUCKETS_PER_DOUBLING
     return -(-count // step) * step
 
 

@@ -335,12 +335,12 @@ def distinct_matmul_shapes_over_routings(impl: str, dtype: torch.dtype, routings
 def test_low_precision_experts_issue_few_matmul_shapes_however_the_routing_varies(impl, dtype, monkeypatch):
     # Where the CPU multiplies bf16/fp16 with oneDNN, every new matmul shape builds and keeps a kernel: one shape per
     # segment length grew resident memory for tens of updates. With bucketed segments (segment_buckets.py) the 40
-    # routings of 128 tokens over 6 experts issue at most 8 row counts (16..128) x 4 matmul shapes (d -> F, F -> d,
-    # and the two weight gradients'), plus the router's fixed ones; exact segments issue several times more.
+    # routings of 128 tokens over 6 experts issue at most 16 row counts (8..128) x 4 matmul shapes (d -> F, F -> d,
+    # and the two weight gradients'), plus the router's fixed ones (64 here); exact segments issue 385.
     padded = distinct_matmul_shapes_over_routings(impl, dtype)
-    assert padded <= 8 * 4 + 4
+    assert padded <= 16 * 4 + 4
     monkeypatch.setattr(moe_module, "pads_segments", lambda device, compute_dtype: False)
-    assert distinct_matmul_shapes_over_routings(impl, dtype) > 2 * padded  # what the bound catches
+    assert distinct_matmul_shapes_over_routings(impl, dtype) > 4 * padded  # what the bound catches
 
 
 @pytest.mark.parametrize("impl", ["grouped", "sorted", "loop"])
