@@ -12,6 +12,8 @@ Dispatch implementations (`moe_impl`), which all compute y_t = sum_k w_{t,k} FFN
                BLAS sees other layouts), tests/model/test_moe.py. On the CPU in fp32 without autocast,
                with `cpu_kernels`, it runs as one compiled operator each way instead (forward_fused), the same
                arithmetic without the per-segment views and autograd nodes, and the shared experts with it.
+               In bf16/fp16 on the CPU each segment is padded to one of a few lengths (segment_buckets.py; so are
+               `sorted`'s and `loop`'s): a per-shape kernel cache then stops growing after the first updates.
   sorted    -- stable argsort of the chosen expert ids, one gather, one matmul chain per contiguous expert
                segment (one host sync per layer for the segment sizes), fp32 weighting, one index_add_.
   loop      -- DeepSeek's inference loop: per expert, find its tokens with `where` and add its output.
@@ -50,6 +52,7 @@ from pilotrun.model.cpu_kernels import (
     fused_routing_applies,
 )
 from pilotrun.model.recompute import recomputing
+from pilotrun.model.segment_buckets import PaddedSegments, bucket_rows, pads_segments
 
 
 def count_per_expert(indices: torch.Tensor, n_experts: int) -> torch.Tensor:
@@ -230,13 +233,30 @@ class GroupedExperts(nn.Module):
         w1, w2, w3 = weights
         return torch.matmul(F.silu(torch.matmul(x, w1.t())) * torch.matmul(x, w3.t()), w2.t())
 
+    @staticmethod
+    def pads(x: torch.Tensor) -> bool:
+        """Whether the experts' matmuls of x's forward take padded segments (segment_buckets.pads_segments)."""
+        device = x.device.type
+        return pads_segments(x.device, torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device)
+                             else x.dtype)
+
+    def segment_forward(self, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor], segment: torch.Tensor,
+                        pad: bool) -> torch.Tensor:
+        """One expert on its segment; with `pad` (CPU bf16/fp16), on the segment padded with zero rows to its
+        bucket length (segment_buckets.py), so that the matmuls take a few shapes, not one per length."""
+        if not pad:
+            return self.expert_forward(weights, segment)
+        rows = segment.shape[0]
+        return self.expert_forward(weights, F.pad(segment, (0, 0, 0, bucket_rows(rows) - rows)))[:rows]
+
     def forward_sorted(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
                        layout: SortedLayout | None = None, fused_combine: bool = False) -> torch.Tensor:
         layout = layout if layout is not None else sorted_layout(indices, self.n_experts)
         counts = layout.counts.tolist()  # the one host sync per layer
         gathered = x.index_select(0, layout.token_of_slot)  # backward: one index_add (cheaper than indexing's)
         weights_per_expert = self.expert_weights()
-        outputs = [self.expert_forward(weights_per_expert[expert], segment)
+        pad = self.pads(x)
+        outputs = [self.segment_forward(weights_per_expert[expert], segment, pad)
                    for expert, segment in enumerate(gathered.split(counts)) if counts[expert] > 0]
         routed = torch.cat(outputs, dim=0) if outputs else gathered.new_zeros(0, x.shape[-1])
         return self.weight_and_combine(routed, weights, layout, x.shape[0], fused_combine)
@@ -256,10 +276,14 @@ class GroupedExperts(nn.Module):
         # grouped_mm is not on autocast's lists: cast explicitly, as autocast does for the matmuls of `sorted`,
         # once per use, so that the two input gradients are summed in x's dtype as there (no-ops in fp32).
         gathered = x.index_select(0, layout.token_of_slot)
+        padded = PaddedSegments(layout.counts.tolist(), x.device) if pads_segments(x.device, compute_dtype) else None
+        if padded is not None:  # CPU bf16/fp16: a few matmul shapes, not one per segment length (segment_buckets.py)
+            gathered, offsets = padded.pad(gathered), padded.offsets(x.device)
         w1, w2, w3 = (w.to(compute_dtype).transpose(-2, -1) for w in (self.w1, self.w2, self.w3))
         hidden = (F.silu(GROUPED_MM(gathered.to(compute_dtype), w1, offs=offsets))
                   * GROUPED_MM(gathered.to(compute_dtype), w3, offs=offsets))
         routed = GROUPED_MM(hidden, w2, offs=offsets)
+        routed = padded.unpad(routed) if padded is not None else routed
         return self.weight_and_combine(routed, weights, layout, x.shape[0], fused_combine)
 
     def forward_fused(self, x: torch.Tensor, weights: torch.Tensor, layout: SortedLayout,
@@ -292,11 +316,12 @@ class GroupedExperts(nn.Module):
         output = torch.zeros(x.shape[0], x.shape[-1], device=x.device, dtype=weights.dtype)
         counts = count_per_expert(indices, self.n_experts).tolist()
         weights_per_expert = self.expert_weights()
+        pad = self.pads(x)
         for expert in range(self.n_experts):
             if counts[expert] == 0:
                 continue
             token, slot = torch.where(indices == expert)  # each token picks an expert at most once: unique rows
-            contribution = (self.expert_forward(weights_per_expert[expert], x[token]).to(weights.dtype)
+            contribution = (self.segment_forward(weights_per_expert[expert], x[token], pad).to(weights.dtype)
                             * weights[token, slot].unsqueeze(-1))
             output = output.index_add(0, token, contribution)
         return output

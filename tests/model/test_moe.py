@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pilotrun.model import moe as moe_module
 from pilotrun.model.balancing import default_route_scale
@@ -282,3 +283,86 @@ def test_force_balanced_routing_gives_every_expert_the_same_load_and_scores_as_w
     reference = moe.experts.forward_dense_reference(x.reshape(24, 16), routing.indices, routing.weights)
     assert torch.allclose(output.reshape(24, 16), reference + moe.shared_experts(x.reshape(24, 16)),
                           rtol=1e-5, atol=1e-6)
+
+
+class MatmulShapes(TorchDispatchMode):
+    """The (rows, inner, columns) of every non-empty matmul the CPU runs: mm/addmm/bmm as called, and grouped_mm
+    as the one mm per group its CPU implementation runs (rows grouped forward and for the input gradient, the inner
+    dimension grouped for the weight gradient). Empty products compute nothing and reach no BLAS."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = set()
+
+    def add(self, shape):
+        if 0 not in shape:
+            self.shapes.add(shape)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.__name__.split(".")[0]
+        if "grouped_mm" in name:
+            a, b, offsets = args[0], args[1], kwargs.get("offs", args[2] if len(args) > 2 else None)
+            ends = [0, *offsets.tolist()]
+            for start, end in zip(ends, ends[1:]):
+                self.add((end - start, a.shape[1], b.shape[-1]) if b.dim() == 3
+                         else (a.shape[0], end - start, b.shape[1]))
+        elif name in ("mm", "addmm", "bmm"):
+            first, second = args[-2], args[-1]
+            self.add((*first.shape[:-1], first.shape[-1], second.shape[-1]))
+        return func(*args, **kwargs)
+
+
+def distinct_matmul_shapes_over_routings(impl: str, dtype: torch.dtype, routings: int = 40) -> int:
+    """Forward and backward of one MoE layer under CPU autocast over `routings` inputs that route 128 tokens
+    differently each time (a random skew toward some experts), counting the distinct matmul shapes."""
+    moe = make_moe(torch.float32, impl=impl, cpu_kernels=False)
+    moe_module.grouped_matmul_works(torch.device("cpu"), dtype)  # its one-off probe is not the layer's matmuls
+    generator = torch.Generator().manual_seed(1)
+    counter = MatmulShapes()
+    for _ in range(routings):
+        skew = torch.randn(16, generator=generator) * torch.rand((), generator=generator) * 2
+        x = torch.randn(2, 64, 16, generator=generator) + skew
+        with counter:
+            with torch.autocast("cpu", dtype=dtype):
+                output, aux = moe(x)
+            (output.float().pow(2).sum() + aux).backward()
+    return len(counter.shapes)
+
+
+@pytest.mark.parametrize("impl", ["grouped", "sorted", "loop"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_experts_issue_few_matmul_shapes_however_the_routing_varies(impl, dtype, monkeypatch):
+    # Where the CPU multiplies bf16/fp16 with oneDNN, every new matmul shape builds and keeps a kernel: one shape per
+    # segment length grew resident memory for tens of updates. With bucketed segments (segment_buckets.py) the 40
+    # routings of 128 tokens over 6 experts issue at most 16 row counts (8..128) x 4 matmul shapes (d -> F, F -> d,
+    # and the two weight gradients'), plus the router's fixed ones (64 here); exact segments issue 385.
+    padded = distinct_matmul_shapes_over_routings(impl, dtype)
+    assert padded <= 16 * 4 + 4
+    monkeypatch.setattr(moe_module, "pads_segments", lambda device, compute_dtype: False)
+    assert distinct_matmul_shapes_over_routings(impl, dtype) > 4 * padded  # what the bound catches
+
+
+@pytest.mark.parametrize("impl", ["grouped", "sorted", "loop"])
+def test_padded_low_precision_experts_are_deterministic_and_match_exact_segments_to_rounding(impl, monkeypatch):
+    x = torch.randn(2, 50, 16)
+    first = outputs_and_grads_under(make_moe(torch.float32, impl=impl, cpu_kernels=False), x, torch.bfloat16)
+    again = outputs_and_grads_under(make_moe(torch.float32, impl=impl, cpu_kernels=False), x, torch.bfloat16)
+    assert all(torch.equal(ours, theirs) for ours, theirs in zip(first, again))  # bit for bit: resume-exact
+    monkeypatch.setattr(moe_module, "pads_segments", lambda device, compute_dtype: False)
+    exact = outputs_and_grads_under(make_moe(torch.float32, impl=impl, cpu_kernels=False), x, torch.bfloat16)
+    for ours, theirs in zip(first, exact):  # zero rows change no sum; a BLAS may block other lengths otherwise
+        assert (ours.float() - theirs.float()).abs().max() <= 1e-2 * theirs.float().abs().max()
+
+
+@pytest.mark.parametrize("impl", ["grouped", "sorted", "loop"])
+def test_fp32_experts_never_pad(impl, monkeypatch):
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("fp32 experts padded")
+
+    x = torch.randn(2, 21, 16)
+    expected = outputs_and_grads_under(make_moe(torch.float32, impl=impl, cpu_kernels=False), x)
+    monkeypatch.setattr(moe_module, "PaddedSegments", must_not_run)
+    monkeypatch.setattr(moe_module, "bucket_rows", must_not_run)
+    result = outputs_and_grads_under(make_moe(torch.float32, impl=impl, cpu_kernels=False), x)
+    assert all(torch.equal(ours, theirs) for ours, theirs in zip(result, expected))
