@@ -35,7 +35,7 @@ POISON = 16  # cursor position of the poisoned microbatch: update 17 reads it (a
 def noise_data(tmp_path_factory):
     """Short built-in documents (about 15 updates' worth) in their order, then a 3,000-character noise document
     (random letters, digits and symbols: some 1,900 tokens, 15 updates of 128 tokens), then more documents.
-    Returns (data folder, the noise document's first token, the position just past its EOS)."""
+    Returns (data folder, the noise document's first token, the position just past its EOS, its index)."""
     import random
 
     import numpy as np
@@ -63,7 +63,7 @@ def noise_data(tmp_path_factory):
     dataset = open_dataset(folder / "data")
     split = dataset.split("train")
     ends = np.flatnonzero(split.read(0, split.num_tokens) == dataset.eos_id)
-    return folder / "data", int(ends[len(before) - 1]) + 1, int(ends[len(before)]) + 1
+    return folder / "data", int(ends[len(before) - 1]) + 1, int(ends[len(before)]) + 1, len(before)
 
 
 def recipe(*extra: str):
@@ -147,6 +147,12 @@ def test_rollback_continues_exactly_as_a_run_told_to_skip_the_same_data(builtin_
     assert rollback["skipped"]["tokens"] == (1 + margin) * rolled.session.tokens_per_microbatch
     assert rollback["skip_data"] == [[POISON, 1 + margin]]
     assert rollback["reproduce"] == f"--set train.skip_data=[[{POISON},{1 + margin}]]"
+    # The skip is the run's record (trainer state and run.json), not a change of its recipe.
+    assert rolled.config.train.skip_data == []
+    (record,) = json.loads((tmp_path / "rolled" / "run.json").read_text())["skip_data"]
+    assert record["origin"] == "rollback" and record["spike_step"] == POISON + 1
+    assert (record["first_batch"], record["batches"]) == (POISON, 1 + margin)
+    assert record["documents"] == rollback["skipped"]["documents"] and record["read"] == rollback["skipped"]["read"]
     # The updates between the checkpoint and the spike were redone on the same data: the same losses.
     rolled_losses = losses(tmp_path / "rolled")
     for step in range(13, POISON + 1):
@@ -195,8 +201,9 @@ def test_a_spike_storm_hits_the_rollback_cap_and_stops(builtin_data_dir, tmp_pat
 def test_one_rollback_skips_a_long_noise_document_to_its_end(noise_data, tmp_path):
     """The noise document spans batches `first`..`last` (128 tokens a batch): its first update spikes, and the
     rollback skips from the spiking batch through the batch that holds the document's EOS, so training goes on
-    past it with no other spike and completes."""
-    data, start, end = noise_data
+    past it with no other spike and completes. run.json's skip_data names the noise document by its index and
+    token positions, with the batch range it made the reader pass over."""
+    data, start, end, noise = noise_data
     span = 128  # tokens a global batch advances: batch_size 4 x seq_len 32
     first, last = start // span, (end - 2) // span
     assert last - first >= 12  # the document spans many updates
@@ -206,11 +213,27 @@ def test_one_rollback_skips_a_long_noise_document_to_its_end(noise_data, tmp_pat
     (rollback,) = events(tmp_path / "run", "rollback")
     (batch,) = spike["batches"]
     assert first <= batch <= first + 1 and spike["action"] == "rollback"  # on the noise, as soon as it starts
-    assert rollback["skipped"]["first_batch"] == batch
-    assert rollback["skipped"]["documents_end_token"] == end and rollback["skipped"]["documents_through_batch"] == last
-    assert rollback["skipped"]["batches"] == last - batch + 1
-    assert rollback["skip_data"] == [[batch, last - batch + 1]] == trainer.config.train.skip_data
+    skipped = rollback["skipped"]
+    assert skipped["first_batch"] == batch and skipped["documents_through_batch"] == last
+    assert skipped["batches"] == last - batch + 1
+    assert rollback["skip_data"] == [[batch, last - batch + 1]]
     assert trainer.session.state.loader.batch_index == 24 + last - batch + 1  # every later batch past the noise
+    # The record: one rollback, the noise document named (index and where it lies), and the batches skipped.
+    (record,) = json.loads((tmp_path / "run" / "run.json").read_text())["skip_data"]
+    assert record["origin"] == "rollback" and record["spike_step"] == spike["spike_step"]
+    assert (record["first_batch"], record["batches"]) == (batch, last - batch + 1)
+    (cause,) = record["documents"]
+    assert "source" not in cause and cause["pass"] == 0 and cause["last"] == noise
+    assert cause["first"] == (noise if batch * span >= start else noise - 1)
+    assert cause["tokens"][1] == end and cause["tokens"][0] <= batch * span
+    (read,) = record["read"]
+    assert read["tokens"] == [batch * span, (last + 1) * span + 1] and read["documents"][0] == cause["first"]
+    assert read["documents"][1] >= noise  # the last skipped batch holds the noise's EOS (and what follows it)
+    assert record == {"origin": "rollback", "spike_step": spike["spike_step"], "first_batch": batch,
+                      "batches": last - batch + 1, "documents": skipped["documents"], "read": skipped["read"]}
+    # The checkpoint committed right after the rollback holds the record in its trainer state.
+    detector = next(h for h in trainer.session.state.hooks if h.name == "spike")
+    assert detector.skip_data == [record] and detector.rollbacks == 1
     summary = summarize_run(tmp_path / "run")
     assert summary.valid, summary.reasons
     assert summary.overall["spikes"]["spikes"] == summary.overall["spikes"]["rollbacks"] == 1
