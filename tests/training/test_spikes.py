@@ -55,15 +55,36 @@ def test_only_applied_finite_updates_join_the_window_and_it_keeps_its_length():
     assert list(found.history["loss"]) == [2.9, 3.0, 3.05] and list(found.history["grad_norm"])[-1] == 1.0
 
 
+ROLLBACK_RECORD = {"origin": "rollback", "spike_step": 17, "first_batch": 16, "batches": 3,
+                   "documents": [{"pass": 0, "first": 40, "last": 41, "tokens": [2010, 2290]}],
+                   "read": [{"pass": 0, "tokens": [2048, 2433], "documents": [40, 43]}]}
+
+
 def test_state_round_trips_and_an_older_checkpoint_without_it_starts_empty():
     found = detector()
     found.rollbacks = 2
+    found.skip_data = [ROLLBACK_RECORD]
     again = SpikeDetector(found.config)
     again.load_state_dict(found.state_dict())
     assert again.state_dict() == found.state_dict() and again.rollbacks == 2
+    assert again.skip_data == [ROLLBACK_RECORD]
+    assert isinstance(found.state_dict()["skip_data"], str)  # one plain value, whatever the storage
     again.load_state_dict(None)
-    assert again.state_dict() == {"loss": [], "grad_norm": [], "rollbacks": 0}
+    assert again.state_dict() == {"loss": [], "grad_norm": [], "rollbacks": 0, "skip_data": "[]"}
     assert SpikeDetector.state_optional
+    # A checkpoint from before rollbacks kept their records: its ranges are its recipe's, and still stepped over.
+    older = {"loss": [3.0], "grad_norm": [1.0], "rollbacks": 1}
+    again.load_state_dict(older)
+    assert again.rollbacks == 1 and again.skip_data == []
+    assert again.skip_ranges([[16, 3]]) == [[16, 3]]
+
+
+def test_the_ranges_stepped_over_are_the_recipes_then_the_rollbacks():
+    found = detector()
+    found.skip_data = [ROLLBACK_RECORD, dict(ROLLBACK_RECORD, first_batch=30, batches=2)]
+    assert found.skip_ranges([]) == [[16, 3], [30, 2]]
+    assert found.skip_ranges([[4, 1]]) == [[4, 1], [16, 3], [30, 2]]
+    assert upcoming_batches(15, 3, found.skip_ranges([])) == [15, 19, 20]
 
 
 @pytest.mark.parametrize(("policy", "rollbacks", "can", "action", "reason"), [

@@ -42,14 +42,15 @@ from pilotrun.training.window import Window
 
 
 class SpikeCallback(Callback):
-    """Logs each spike and carries out a rollback. `close_window` is the window callback's (window_log.py);
-    `commit` the checkpoint callback's synchronous save of the current step (checkpointing.py)."""
+    """Logs each spike and carries out a rollback. `close_window` and `reopen_window` are the window callback's
+    (window_log.py), `commit` the checkpoint callback's synchronous save of the current step (checkpointing.py)."""
 
     priority = PRIORITY_SPIKE
     phase = "other"
 
-    def __init__(self, close_window: Any, settle_checkpoint: Any = None, commit: Any = None) -> None:
-        self.close_window = close_window
+    def __init__(self, close_window: Any, settle_checkpoint: Any = None, commit: Any = None,
+                 reopen_window: Any = None) -> None:
+        self.close_window, self.reopen_window = close_window, reopen_window
         # The checkpoint callback's: a background save in flight is committed first, so that the rollback
         # restores the newest state saved before the spike (and that save's meta predates the new skip range).
         self.settle_checkpoint = settle_checkpoint
@@ -65,7 +66,7 @@ class SpikeCallback(Callback):
         if verdict.action == "rollback":
             if self.settle_checkpoint is not None:
                 self.settle_checkpoint(loop)
-            roll_back(loop, verdict, self.close_window)
+            roll_back(loop, verdict, self.close_window, self.reopen_window)
             if self.commit is not None:
                 self.commit(loop)  # after the event: a checkpoint never holds a skip the record does not tell
 
@@ -88,7 +89,7 @@ def skipped_range(loop: LoopState, verdict: SpikeVerdict) -> dict[str, Any]:
             "documents": documents, "read": read_documents(loader, eos_id, first, batches)}
 
 
-def roll_back(loop: LoopState, verdict: SpikeVerdict, close_window: Any) -> None:
+def roll_back(loop: LoopState, verdict: SpikeVerdict, close_window: Any, reopen_window: Any = None) -> None:
     """Restore the last committed checkpoint and step over the spike's data (module docstring). Every rank."""
     session, state = loop.session, loop.session.state
     started = time.perf_counter()
@@ -107,6 +108,8 @@ def roll_back(loop: LoopState, verdict: SpikeVerdict, close_window: Any) -> None
     session.scaler.load_state_dict(restored["scaler"])
     state.load_state_dict(restored["trainer"])
     restore_rng_state(restored["rng"])
+    if reopen_window is not None:
+        reopen_window(loop)  # the next window counts from the restored counters
     # The count and the skips survive the restore: they are the run's, not the checkpoint's.
     detector.rollbacks = rollbacks
     detector.skip_data = [*skip_data, {"origin": "rollback", "spike_step": verdict.step,

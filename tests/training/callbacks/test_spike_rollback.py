@@ -10,7 +10,8 @@ its update; each policy answers it and the record reconciles.
 - a spike storm hits train.spike.max_rollbacks and the run stops ("stopped", exit 1) with a checkpoint;
 - a long noise document (real data, no poison: it spans ~15 updates) spikes once: the rollback skips it to its
   end, and the run completes (skipping only the spiking update and the margin met the rest of it three times);
-- killed right after a rollback and resumed, the run counts its spike once.
+- killed right after a rollback (after its commit, or before it) and resumed, the run trains and counts as the
+  uninterrupted one.
 """
 
 from __future__ import annotations
@@ -240,6 +241,40 @@ def test_one_rollback_skips_a_long_noise_document_to_its_end(noise_data, tmp_pat
 
 
 @pytest.mark.slow
+def test_a_rollback_on_a_mixture_names_each_source_it_skips(mixture_sources, tmp_path, monkeypatch):
+    """A mixture's spiking batch reads rows of several sources: the rollback steps over each one's documents to
+    their end, and the record names them per source (the batches are global: every source's rows in them go)."""
+    import torch
+
+    from pilotrun.data.mixed_reader import MixedLoader
+    from tests.conftest import write_mixture
+
+    original = MixedLoader.next_batch
+
+    def poisoned(self):  # as spike_faults.poison_batches does for a folder, with ids inside this vocabulary
+        index = self.batch_index
+        inputs, targets = original(self)
+        return (torch.full_like(inputs, 7), torch.full_like(targets, 500)) if index == 9 else (inputs, targets)
+
+    monkeypatch.setattr(MixedLoader, "next_batch", poisoned)
+    mixture = write_mixture(tmp_path / "mix.yaml", [(mixture_sources["edu"], 0.7), (mixture_sources["builtin"], 0.3)])
+    trainer, result = train(mixture, tmp_path / "run", "train.spike.policy=rollback", "train.max_steps=14",
+                            "train.spike.min_history=4", "optim.schedule.horizon=14")
+    assert result.reason == "completed" and result.step == 14
+    (rollback,) = events(tmp_path / "run", "rollback")
+    assert rollback["spike_step"] == 10 and rollback["restored_step"] == 6
+    (record,) = json.loads((tmp_path / "run" / "run.json").read_text())["skip_data"]
+    assert record["first_batch"] == 9 and record["batches"] == rollback["skipped"]["batches"] >= 3
+    loader = trainer.session.state.loader
+    rows = {row["source"] for row in loader.describe_batch(9)}
+    assert {d["source"] for d in record["documents"]} == rows and {r["source"] for r in record["read"]} == set(
+        loader.names)
+    assert all(d["first"] <= d["last"] and d["tokens"][0] < d["tokens"][1] for d in record["documents"])
+    summary = summarize_run(tmp_path / "run")
+    assert summary.valid, summary.reasons
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["skip", "rollback"])
 def test_a_poisoned_run_resumed_after_its_spike_continues_exactly(builtin_data_dir, tmp_path, monkeypatch, policy):
     """The detector's window and rollback count travel in the checkpoint: resumed after the spike's answer, the
@@ -260,18 +295,22 @@ def test_a_poisoned_run_resumed_after_its_spike_continues_exactly(builtin_data_d
     assert summarize_run(tmp_path / "b").valid
 
 
-def snapshot_at_kill_point(monkeypatch, run_dir: Path, copy: Path) -> None:
-    """The kill point (callbacks/kill_point.py) copies the run folder instead of stopping the process: the copy is
-    the folder a SIGKILL at that moment leaves (every line of the record is flushed as it is written)."""
+def snapshot_around_the_rollbacks_commit(monkeypatch, run_dir: Path, before: Path, after: Path) -> None:
+    """The rollback's commit (the checkpoint callback's `save_now`) copies the run folder just before and just
+    after it: each copy is the folder a SIGKILL at that moment leaves (every line of the record is flushed as it is
+    written)."""
     import shutil
 
-    from pilotrun.training.callbacks import kill_point
+    from pilotrun.training.callbacks.checkpointing import CheckpointCallback
 
-    def freeze(self):
-        self.past_step = None
-        shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("run.lock"))
+    save_now = CheckpointCallback.save_now
 
-    monkeypatch.setattr(kill_point.FreezePoint, "freeze", freeze)
+    def snapshotting(self, loop):
+        shutil.copytree(run_dir, before, ignore=shutil.ignore_patterns("run.lock"))
+        save_now(self, loop)
+        shutil.copytree(run_dir, after, ignore=shutil.ignore_patterns("run.lock"))
+
+    monkeypatch.setattr(CheckpointCallback, "save_now", snapshotting)
 
 
 def counted(run_dir: Path):
@@ -293,38 +332,53 @@ def counted(run_dir: Path):
 
 
 @pytest.mark.slow
-def test_a_run_killed_right_after_a_rollback_counts_its_spike_once(builtin_data_dir, tmp_path, monkeypatch):
-    """SIGKILLed right after the rollback (before any later checkpoint) and resumed, the run redoes the spiking
-    attempt from the checkpoint and logs its spike and rollback again; it trains exactly as the uninterrupted run,
-    and the verdict, summarize and watch count the spike and the rollback once, as for that run."""
+def test_a_run_killed_right_after_a_rollback_resumes_as_the_uninterrupted_run(builtin_data_dir, tmp_path, monkeypatch):
+    """SIGKILLed right after the rollback committed the restored step again (with the skip and the count in its
+    trainer state), the resumed run goes on past the spike's data: the same kept losses and weights, bit for bit,
+    one spike and one rollback on file, and the verdict, summarize and watch count exactly what they count for
+    the run that was not killed. Killed between the rollback's event and that commit, the resumed session starts
+    from the older copy, attempts the spiking update again and logs its spike and rollback a second time: it
+    trains exactly the same, and the record counts the spike and the rollback once."""
     from pilotrun.training.trainer import Trainer
 
     poison_batches(POISON, monkeypatch=monkeypatch)
-    # Windows of 6 updates: the spike at update 17 closes its window at step 16, the kill point's cue.
+    # Windows of 6 updates. A first session to step 6 in both, so that both records hold a resume.
     both = ("train.spike.policy=rollback", "train.log_every=6")
-    for name in ("straight", "run"):  # a first session to step 6 in both, so that both records hold a resume
+    for name in ("straight", "run"):
         train(builtin_data_dir, tmp_path / name, *both, "train.max_steps=6")
     straight = Trainer(recipe(*both), builtin_data_dir, tmp_path / "straight", resume=True, progress=False,
                        out=io.StringIO())
     straight.run()
-    killed = tmp_path / "killed"
-    snapshot_at_kill_point(monkeypatch, tmp_path / "run", killed)
-    Trainer(recipe(*both), builtin_data_dir, tmp_path / "run", resume=True, progress=False, out=io.StringIO(),
-            stop_past_step=15).run()
-    assert [e["event"] for e in events(killed)][-3:] == ["spike", "train", "rollback"]
-    resumed = Trainer(recipe(*both), builtin_data_dir, killed, resume=True, progress=False, out=io.StringIO())
-    resumed.run()
-    assert len(events(killed, "spike")) == len(events(killed, "rollback")) == 2  # the attempt was redone
-    assert_exactly_equal(weights(straight), weights(resumed))
-    straight_counts, killed_counts = counted(tmp_path / "straight"), counted(killed)
-    assert killed_counts["spikes"]["spikes"] == killed_counts["spikes"]["rollbacks"] == 1
-    assert [kind for kind, _ in killed_counts["alerts"] if kind in ("spike", "rollback")] == ["rollback", "spike"]
-    # What the interruption itself cost is the interrupted run's own: one more session (a resume more, one window
-    # fewer past a session's first to compare throughput, another process's memory) and the redone attempt's
-    # updates, rolled back twice. Every other figure, and every rule's status, is the uninterrupted run's.
-    assert killed_counts["counts"].pop("updates_rolled_back") == straight_counts["counts"].pop(
-        "updates_rolled_back") + 4
-    own = ("resumed", "throughput_steady", "memory")
-    for counts in (killed_counts, straight_counts):
-        counts["rules"] = [(n, s, None if n in own else f) for n, s, f in counts["rules"]]
-    assert killed_counts == straight_counts
+    before, after = tmp_path / "before", tmp_path / "after"
+    snapshot_around_the_rollbacks_commit(monkeypatch, tmp_path / "run", before, after)
+    Trainer(recipe(*both), builtin_data_dir, tmp_path / "run", resume=True, progress=False, out=io.StringIO()).run()
+    monkeypatch.undo()
+    poison_batches(POISON, monkeypatch=monkeypatch)
+    assert [e["event"] for e in events(before)][-3:] == ["spike", "train", "rollback"]
+    assert [e["event"] for e in events(after)][-4:] == ["spike", "train", "rollback", "checkpoint"]
+    assert events(after, "checkpoint")[-1]["step"] == events(after, "rollback")[0]["restored_step"] == 12
+    straight_record = json.loads((tmp_path / "straight" / "run.json").read_text())["skip_data"]
+    straight_counts = counted(tmp_path / "straight")
+    for killed in (after, before):
+        resumed = Trainer(recipe(*both), builtin_data_dir, killed, resume=True, progress=False, out=io.StringIO())
+        resumed.run()
+        assert_exactly_equal(weights(straight), weights(resumed))
+        assert {s: v[-1] for s, v in losses(killed).items()} == {s: v[-1] for s, v in losses(tmp_path / "straight").items()}
+        assert json.loads((killed / "run.json").read_text())["skip_data"] == straight_record
+        killed_counts = counted(killed)
+        assert killed_counts["spikes"]["spikes"] == killed_counts["spikes"]["rollbacks"] == 1
+        assert [kind for kind, _ in killed_counts["alerts"] if kind in ("spike", "rollback")] == ["rollback", "spike"]
+        redone = killed is before  # killed before the commit: the spiking attempt was made again
+        assert len(events(killed, "spike")) == len(events(killed, "rollback")) == 1 + redone
+        # What the interruption itself cost is the interrupted run's own: one more session (a resume more, one
+        # window fewer past a session's first to compare throughput, another process's memory), and where the
+        # attempt was redone, its updates rolled back twice. Every other figure and status is the uninterrupted run's.
+        assert killed_counts["counts"]["updates_rolled_back"] == (
+            straight_counts["counts"]["updates_rolled_back"] + 4 * redone)
+        own = ("resumed", "throughput_steady", "memory")
+        assert ([(n, s, None if n in own else f) for n, s, f in killed_counts["rules"]]
+                == [(n, s, None if n in own else f) for n, s, f in straight_counts["rules"]])
+        for key in ("decision", "spikes", "listed", "alerts"):
+            assert killed_counts[key] == straight_counts[key], key
+        assert {k: v for k, v in killed_counts["counts"].items() if k != "updates_rolled_back"} == {
+            k: v for k, v in straight_counts["counts"].items() if k != "updates_rolled_back"}
