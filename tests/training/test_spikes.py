@@ -17,6 +17,7 @@ from pilotrun.training.spikes import (
     gathered_values,
     per_rank_pairs,
     skip_ahead,
+    skip_data_section,
     upcoming_batches,
 )
 
@@ -123,3 +124,21 @@ def test_skip_ranges_are_stepped_over():
     assert skip_ahead(5, [[5, 2], [7, 1]]) == 8
     assert skip_ahead(6, [[5, 2]]) == 7 and skip_ahead(4, [[5, 2]]) == 4
     assert upcoming_batches(4, 3, [[5, 2]]) == [4, 7, 8]
+
+
+def test_run_json_describes_the_recipes_ranges_and_keeps_the_rollbacks_records(builtin_data_dir):
+    """run.json's skip_data: a range the recipe names (a user's, or an older run's rollback kept as batches only)
+    is described from the data when a session opens; a rollback's record is written as the trainer state holds it."""
+    from pilotrun.data.reader import BatchLoader, open_dataset
+    from pilotrun.data.skipped_documents import read_documents
+
+    dataset = open_dataset(builtin_data_dir)
+    loader = BatchLoader(dataset.split("train"), batch_size=4, seq_len=32)
+    found = detector()
+    found.skip_data = [ROLLBACK_RECORD]
+    given, record = skip_data_section([[2, 3]], found, loader, dataset.eos_id)
+    assert record == ROLLBACK_RECORD
+    assert given == {"origin": "recipe", "first_batch": 2, "batches": 3,
+                     "read": read_documents(loader, dataset.eos_id, 2, 3)}
+    (read,) = given["read"]
+    assert read["pass"] == 0 and read["tokens"] == [2 * 128, 5 * 128 + 1] and read["documents"][0] <= read["documents"][1]
