@@ -251,7 +251,7 @@ RESUME_FREE_KEYS = (
     "train.max_steps", "train.log_every", "train.eval_every", "train.eval_batches", "train.checkpoint_every",
     "train.keep_checkpoints", "train.keep_every", "train.keep_steps", "train.max_consecutive_skips",
     "train.memory_budget_gb", "train.spike.max_rollbacks",
-    "train.skip_data",  # a user's ranges; a rollback's travel in the trainer state, not the recipe
+    "train.skip_data",  # ranges may be added; the checkpoint's stay (resume_plan.kept_skip_ranges)
 )
 
 
