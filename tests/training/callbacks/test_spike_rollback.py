@@ -10,6 +10,7 @@ its update; each policy answers it and the record reconciles.
 - a spike storm hits train.spike.max_rollbacks and the run stops ("stopped", exit 1) with a checkpoint;
 - a long noise document (real data, no poison: it spans ~15 updates) spikes once: the rollback skips it to its
   end, and the run completes (skipping only the spiking update and the margin met the rest of it three times);
+- an older run's batch ranges (in its recipe, none in its trainer state) are stepped over after a resume;
 - killed right after a rollback (after its commit, or before it) and resumed, the run trains and counts as the
   uninterrupted one.
 """
@@ -272,6 +273,31 @@ def test_a_rollback_on_a_mixture_names_each_source_it_skips(mixture_sources, tmp
     assert all(d["first"] <= d["last"] and d["tokens"][0] < d["tokens"][1] for d in record["documents"])
     summary = summarize_run(tmp_path / "run")
     assert summary.valid, summary.reasons
+
+
+@pytest.mark.slow
+def test_an_older_runs_batch_ranges_are_read_and_resumed(builtin_data_dir, tmp_path, monkeypatch):
+    """A run from before rollbacks kept their own records: its ranges are batch ranges in the checkpoint's recipe and
+    its detector state has no skip_data. Resumed before the range with a command that names none, it steps over
+    the range as the run without interruption does, bit for bit, and run.json describes the range's documents."""
+    from pilotrun.training.spikes import SpikeDetector
+    from pilotrun.training.trainer import Trainer
+
+    older = SpikeDetector.state_dict
+    monkeypatch.setattr(SpikeDetector, "state_dict", lambda self: {
+        k: v for k, v in older(self).items() if k != "skip_data"})  # the older checkpoint format
+    train(builtin_data_dir, tmp_path / "older", "train.skip_data=[[16,3]]", "train.max_steps=12")
+    monkeypatch.undo()
+    resumed = Trainer(recipe(), builtin_data_dir, tmp_path / "older", resume=True, progress=False, out=io.StringIO())
+    resumed.run()
+    straight, _ = train(builtin_data_dir, tmp_path / "straight", "train.skip_data=[[16,3]]")
+    assert_exactly_equal(weights(straight), weights(resumed))
+    assert losses(tmp_path / "older") == losses(tmp_path / "straight")
+    assert resumed.session.state.loader.batch_index == straight.session.state.loader.batch_index == 27
+    (described,) = json.loads((tmp_path / "older" / "run.json").read_text())["skip_data"]
+    assert described["origin"] == "recipe" and (described["first_batch"], described["batches"]) == (16, 3)
+    assert described["read"][0]["tokens"] == [16 * 128, 19 * 128 + 1]
+    assert summarize_run(tmp_path / "older").valid
 
 
 @pytest.mark.slow
