@@ -10,6 +10,7 @@ its update; each policy answers it and the record reconciles.
 - a spike storm hits train.spike.max_rollbacks and the run stops ("stopped", exit 1) with a checkpoint;
 - a long noise document (real data, no poison: it spans ~15 updates) spikes once: the rollback skips it to its
   end, and the run completes (skipping only the spiking update and the margin met the rest of it three times);
+- a rollback on a mixture skips each source's documents to their end and names the sources;
 - an older run's batch ranges (in its recipe, none in its trainer state) are stepped over after a resume;
 - killed right after a rollback (after its commit, or before it) and resumed, the run trains and counts as the
   uninterrupted one.
