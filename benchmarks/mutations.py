@@ -250,9 +250,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="rollback_forgets_its_skip_range",
-        file="pilotrun/training/callbacks/spike_rollback.py",
-        old="skip_data=[*t.skip_data, [skipped[\"first_batch\"], skipped[\"batches\"]]])",
-        new="skip_data=list(t.skip_data))",
+        file="pilotrun/training/spikes.py",
+        old="        return [*recipe, *([int(r[\"first_batch\"]), int(r[\"batches\"])] for r in self.skip_data)]\n",
+        new="        return list(recipe)\n",
         tests=(f"{SPIKES}::test_rollback_continues_exactly_as_a_run_told_to_skip_the_same_data",),
         why="a rollback names the data it skips, but the range is not kept: the loader reads it again",
     ),

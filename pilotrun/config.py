@@ -208,7 +208,7 @@ class TrainConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     spike: SpikeConfig = field(default_factory=SpikeConfig)
     skip_data: list[list[int]] = knob(meaning="data the loader steps over: [first_batch, batches] global batch "
-                                      "cursor ranges (a rollback's event names its own)", factory=list)
+                                      "cursor ranges, besides the rollbacks' own (trainer state)", factory=list)
     tensorboard: bool = knob(False, "alias: true is read as `tensorboard` in train.trackers (folded in when the "
                              "recipe is loaded, so it reads back false)")
     trackers: list[str] = knob(meaning="trackers that mirror the record live on rank 0: any of tensorboard, wandb, "
@@ -251,7 +251,7 @@ RESUME_FREE_KEYS = (
     "train.max_steps", "train.log_every", "train.eval_every", "train.eval_batches", "train.checkpoint_every",
     "train.keep_checkpoints", "train.keep_every", "train.keep_steps", "train.max_consecutive_skips",
     "train.memory_budget_gb", "train.spike.max_rollbacks",
-    "train.skip_data",  # a rollback's ranges lie behind every later checkpoint's cursor
+    "train.skip_data",  # ranges may be added; the checkpoint's stay (resume_plan.kept_skip_ranges)
 )
 
 

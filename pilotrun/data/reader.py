@@ -55,6 +55,7 @@ class TokenSplit:
         self._unread: set[int] = set()
         self._on_first_read: Callable[[TokenSplit, int], None] | None = None
         self._arrays: list[np.ndarray] = []
+        self._counts: dict[tuple[int, int], int] = {}  # (shard, token): how often it occurs in the whole shard
         starts = [0]
         for shard in record.get("shards", []):
             file = shard.get("file")
@@ -159,6 +160,37 @@ class TokenSplit:
                     return position + int(hits[0])
                 position += take
         return None
+
+    def rfind(self, token: int, start: int, stop: int, chunk: int = 1 << 16) -> int | None:
+        """The last position in [start, stop) that holds `token`, or None (as `find`, scanning backwards)."""
+        start, stop = max(0, start), min(stop, self.num_tokens)
+        while stop > start:
+            begin = max(start, stop - chunk)
+            for index, offset, take in reversed(self._pieces(begin, stop - begin)):
+                hits = np.flatnonzero(self._arrays[index][offset:offset + take] == token)
+                if len(hits):
+                    return int(self._starts[index]) + offset + int(hits[-1])
+            stop = begin
+        return None
+
+    def count(self, token: int, start: int, stop: int, chunk: int = 1 << 22) -> int:
+        """How many positions in [start, stop) hold `token` (as `find`: straight from the shards). A whole shard's
+        count is kept, so that counting from the split's start again (a document's index: the EOS ids before it)
+        reads only the shard the position is in."""
+        start, stop = max(0, start), min(stop, self.num_tokens)
+        total = 0
+        for index, offset, take in self._pieces(start, max(0, stop - start)):
+            array = self._arrays[index]
+            whole = offset == 0 and take == len(array)
+            if whole and (index, token) in self._counts:
+                total += self._counts[(index, token)]
+                continue
+            found = sum(int(np.count_nonzero(array[o:min(o + chunk, offset + take)] == token))
+                        for o in range(offset, offset + take, chunk))
+            if whole:
+                self._counts[(index, token)] = found
+            total += found
+        return total
 
 
 class TokenDataset:
@@ -329,23 +361,6 @@ class BatchLoader:
             first = k * self.global_batch_windows * self.seq_len
             length = self.global_batch_windows * self.seq_len + 1  # the batch's windows, overlaps included
             self.split.check_ids(self.split.read(first, length), first)
-
-    def documents_end(self, batch_index: int, eos_id: int) -> tuple[int, int]:
-        """(the last global batch that reads a token of the documents global batch `batch_index` reads, the token
-        position just past the EOS that ends them). Every document is followed by its EOS, so the documents a
-        batch reads end at the first EOS at or after the batch's last target token. Within the batch's epoch:
-        a document still open at the epoch's end (its dropped tail) ends there, since the next epoch starts the
-        split again. In repeat_batch mode every batch is batch 0: the batch itself."""
-        if self.mode == "repeat_batch":
-            return batch_index, 0
-        epoch, k = self._effective_batch(batch_index)
-        span = self.global_batch_windows * self.seq_len  # tokens a batch advances; it reads span + 1 of them
-        epoch_tokens = self.batches_per_epoch * span + 1
-        eos = self.split.find(eos_id, (k + 1) * span, epoch_tokens)
-        end = eos + 1 if eos is not None else epoch_tokens
-        # The batch whose targets (positions k * span + 1 .. (k + 1) * span) hold the document's last token.
-        last = min(max(k, (end - 2) // span), self.batches_per_epoch - 1)
-        return epoch * self.batches_per_epoch + last, end
 
     def describe_batch(self, batch_index: int) -> list[dict[str, Any]]:
         """Every row of global batch `batch_index`, all ranks: which tokens it read and from where (pure)."""

@@ -5,8 +5,9 @@ A mixed run's `train` events carry `tokens_by_source` (the window's tokens per s
 (cumulative) and `restarts_by_source`; its `val` events `loss_by_source`; run.json's data section `sources` (name,
 weight, metadata_sha256, split tokens) and `mixture` (weights, seed). Summarize holds them to the counters: in
 every train event the sources add up to tokens_seen and the window's to its tokens, exactly, and each source's
-cumulative figure follows from the previous event of its session plus the window. A run on one folder has none
-of these fields and nothing here applies to it.
+cumulative figure follows from the previous event of its session plus the window (after a spike's rollback: from
+the train event at the counters it restored). A run on one folder has none of these fields and nothing here
+applies to it.
 
 Passes per source: a source's pass is its train split's windows (data/mixed_reader.py: it restarts alone), so
 its passes are its kept tokens over (windows * seq_len); the data_passes rule names the source read most often.
@@ -15,6 +16,8 @@ its passes are its kept tokens over (windows * seq_len); the data_passes rule na
 from __future__ import annotations
 
 from typing import Any
+
+from pilotrun.run.record import COUNTER_KEYS
 
 TRAIN_FIELDS = ("tokens_by_source", "tokens_seen_by_source")
 
@@ -38,7 +41,14 @@ def mixture_problems(run: dict[str, Any], events: list[dict[str, Any]]) -> list[
         return []
     problems: list[str] = []
     previous: dict[str, dict[str, int]] = {}
+    at: dict[tuple[Any, ...], dict[str, int]] = {}  # the sources' tokens_seen at each train event's counters
     for event in events:
+        if event.get("event") == "rollback":  # the session goes on from the restored checkpoint's (a train event's)
+            restored = at.get(tuple(event.get(k) for k in COUNTER_KEYS))
+            if restored is None:
+                previous.pop(str(event.get("session_id")), None)
+            else:
+                previous[str(event.get("session_id"))] = restored
         if event.get("event") != "train":
             continue
         where = f"metrics.jsonl line {event.get('_line')} (train, step {event.get('step')})"
@@ -58,6 +68,7 @@ def mixture_problems(run: dict[str, Any], events: list[dict[str, Any]]) -> list[
         if before is not None and any(before[n] + window[n] != seen[n] for n in names):
             problems.append(f"{where}: a source's tokens_seen does not follow from the previous window plus this one")
         previous[str(event.get("session_id"))] = seen
+        at[tuple(event.get(k) for k in COUNTER_KEYS)] = seen
     return problems
 
 

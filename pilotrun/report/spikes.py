@@ -121,8 +121,21 @@ def describe_spikes(overview: dict[str, Any] | None) -> str | None:
     named = "; ".join(f"update {s['step']} {'+'.join(s['signals'] or [])} -> {s['action']}, cause {s['cause'] or 'not replayed'}"
                       for s in overview["list"][:8])
     more = f" (and {overview['spikes'] - 8} more)" if overview["spikes"] > 8 else ""
-    return (f"spikes: {overview['spikes']} ({named}{more}); rollbacks {overview['rollbacks']}, data skipped by them "
-            f"{overview['skipped_tokens']} tokens")
+    skips = "; ".join(named_skip(r["skipped"]) for r in overview["rollback_list"][:8])
+    return (f"spikes: {overview['spikes']} ({named}{more}); rollbacks {overview['rollbacks']}"
+            f"{f' ({skips})' if skips else ''}, data skipped by them {overview['skipped_tokens']} tokens")
+
+
+def named_skip(skipped: Any) -> str:
+    """A rollback's skip in words: the batches it stepped over and, where the record names them, the documents the
+    spiking batches read, to their end (a record from before rollbacks named documents has the batches only)."""
+    if not isinstance(skipped, dict) or not all(isinstance(skipped.get(k), int) for k in ("first_batch", "batches")):
+        return "skip not recorded"
+    first, count = skipped["first_batch"], skipped["batches"]
+    documents = [d for d in skipped.get("documents") or [] if isinstance(d, dict)]
+    named = ", ".join(f"{d['source'] + ' ' if d.get('source') else ''}documents {d.get('first')}..{d.get('last')}"
+                      f" (pass {d.get('pass')})" for d in documents)
+    return f"batches {first}..{first + count - 1}" + (f": {named}" if named else "")
 
 
 def judge_spikes(summary: Any, t: Thresholds) -> Finding:

@@ -16,7 +16,8 @@ decides whether the session stops (a stop signal on any rank, too many skipped u
 reached), then every due callback acts in its own time phase; on the last round the loop leaves the training
 phase for good first, so that the session's training seconds are exactly the sum of its windows'. The hot
 loop does no host synchronisation beyond the one the skip decision needs: the spike judge (spikes.py) reads
-the update's loss in that same transfer. `train.skip_data` ranges are stepped over before each microbatch.
+the update's loss in that same transfer. The skipped ranges (`train.skip_data` and the rollbacks') are stepped
+over before each microbatch.
 
 Before each update the ids of its batches are looked at (every rank's rows, so all ranks agree). A damaged
 shard can hold an id outside the vocabulary although its manifest did not; found there, at an update boundary,
@@ -66,7 +67,7 @@ def train_loop(loop: LoopState, callbacks: Sequence[Callback]) -> Ending:
         while not loop.final:
             loop.update = None
             if state.step < t.max_steps:
-                state.loader.batch_index = skip_ahead(state.loader.batch_index, session.config.train.skip_data)
+                state.loader.batch_index = skip_ahead(state.loader.batch_index, skip_ranges(loop))
                 try:
                     session.state.loader.check_upcoming_batches(t.gradient_accumulation_steps)
                 except TokenIdError:
@@ -126,6 +127,11 @@ def state_rollbacks(loop: LoopState) -> int:
     return loop.hook("spike").rollbacks
 
 
+def skip_ranges(loop: LoopState) -> list[list[int]]:
+    """The global batch ranges the loader steps over: the recipe's and the rollbacks' (spikes.SpikeDetector)."""
+    return loop.hook("spike").skip_ranges(loop.session.config.train.skip_data)
+
+
 def train_one_update(loop: LoopState) -> UpdateResult:
     """One update: microbatches, agreed statistics, the update, and what follows only when applied. Logging
     what it did is left to the callbacks, outside the timed training region."""
@@ -141,7 +147,7 @@ def train_one_update(loop: LoopState) -> UpdateResult:
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # the update's own loss, for the spike judge
     batches = []
     for micro in range(accumulation):
-        loader.batch_index = skip_ahead(loader.batch_index, t.skip_data)
+        loader.batch_index = skip_ahead(loader.batch_index, skip_ranges(loop))
         batches.append(loader.batch_index)
         inputs, targets = loader.next_batch()
         restarted += loader.last_batch_restarted
@@ -194,6 +200,6 @@ def spike_gate(loop: LoopState, batches: list[int]) -> SpikeGate:
     replay = None
     if t.spike.replay:
         def replay(verdict):
-            following = upcoming_batches(state.loader.batch_index, t.gradient_accumulation_steps, t.skip_data)
+            following = upcoming_batches(state.loader.batch_index, t.gradient_accumulation_steps, skip_ranges(loop))
             return replay_spike(loop, verdict, detector, following)
     return SpikeGate(detector, state.step + 1, batches, loop.last_checkpoint_step is not None, replay)

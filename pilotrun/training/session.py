@@ -58,7 +58,7 @@ from pilotrun.training.environment import default_threads, git_state, hardware_i
 from pilotrun.training.notices import restored_state_line, startup_warnings
 from pilotrun.training.precision import build_grad_scaler
 from pilotrun.training.preflight import PreflightError, check_run_folder, checkpoint_bytes_estimate, disk_plan
-from pilotrun.training.spikes import SpikeDetector
+from pilotrun.training.spikes import SpikeDetector, skip_data_section
 from pilotrun.training.thread_choice import choose_threads, recorded_threads
 
 
@@ -497,6 +497,11 @@ def lost_work(run_dir: Path) -> dict[str, Any]:
             "after_session": last.get("session_id")}
 
 
+def run_skip_data(session: Session) -> list[dict[str, Any]]:
+    detector = next(hook for hook in session.state.hooks if isinstance(hook, SpikeDetector))
+    return skip_data_section(session.config.train.skip_data, detector, session.state.loader, session.dataset.eos_id)
+
+
 def open_record(session: Session, *, resume: bool, command: list[str]) -> None:
     """run.json (created, or extended by this session with the restored recipe, not the flags typed) and
     this session's metrics writer. Only rank 0 writes."""
@@ -518,6 +523,7 @@ def open_record(session: Session, *, resume: bool, command: list[str]) -> None:
                                   tokens_per_update=session.tokens_per_update, model=session.model_section(),
                                   optimizer={"groups": session.partition}, recipe=config_to_dict(config),
                                   data=session.data_section(), enabled=is_main)
+    record.data["skip_data"] = run_skip_data(session)  # what the restored state steps over (rewritten at a rollback)
     record.record_allowed_changes(session.session_id, session.plan.allowed_changes)
     record.record_free_changes(session.session_id, session.plan.free_changes)
     counters = session.state.counters()

@@ -20,6 +20,7 @@ state: a resumed run judges each update against the same history as a run that n
 
 from __future__ import annotations
 
+import json
 import math
 from collections import deque
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 from pilotrun.config import SpikeConfig
+from pilotrun.data.skipped_documents import read_documents
 from pilotrun.optim.update_hooks import StepStatistics, UpdateHook
 from pilotrun.spike_bound import MIN_SCALE_SHARE, spike_against
 
@@ -62,7 +64,8 @@ class SpikeVerdict:
 
 
 class SpikeDetector(UpdateHook):
-    """The window of applied updates' (loss, grad norm) and the number of rollbacks so far, in the checkpoint."""
+    """The window of applied updates' (loss, grad norm), the number of rollbacks so far and the data they skip,
+    in the checkpoint's trainer state: a resume skips exactly what the run it continues skipped."""
 
     name = "spike"
     state_optional = True  # a checkpoint written before spikes were detected has none: start with an empty window
@@ -71,7 +74,15 @@ class SpikeDetector(UpdateHook):
         self.config = config
         self.history: dict[str, deque[float]] = {s: deque(maxlen=config.window) for s in SIGNALS}
         self.rollbacks = 0
+        # One record per rollback (callbacks/spike_rollback.py, docs/RUN_RECORD.md `skip_data`): the global batch
+        # range the loader steps over and the documents it holds. The range is what the loader acts on.
+        self.skip_data: list[dict[str, Any]] = []
         self.pending: tuple[float, float] | None = None  # the attempt in flight, added once it is applied
+
+    def skip_ranges(self, recipe: list[list[int]]) -> list[list[int]]:
+        """Every [first_batch, batches] range the loader steps over: the recipe's `train.skip_data` (a user's, or
+        a run's from before rollbacks kept their own) and this run's rollbacks'."""
+        return [*recipe, *([int(r["first_batch"]), int(r["batches"])] for r in self.skip_data)]
 
     def judge(self, loss: float, grad_norm: float) -> tuple[list[str], dict[str, dict[str, float]]]:
         """Which signals exceed their bound, and the bounds (pure given the window)."""
@@ -94,13 +105,18 @@ class SpikeDetector(UpdateHook):
         return []
 
     def state_dict(self) -> dict[str, Any]:
-        return {**{s: list(self.history[s]) for s in SIGNALS}, "rollbacks": self.rollbacks}
+        # The records as one JSON string: a plain value both storages keep whole (DCP would take a list of
+        # objects apart by index and load it into a template of another length).
+        return {**{s: list(self.history[s]) for s in SIGNALS}, "rollbacks": self.rollbacks,
+                "skip_data": json.dumps(self.skip_data, sort_keys=True)}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         state = state or {}
         for signal in SIGNALS:
             self.history[signal] = deque((float(v) for v in state.get(signal, [])), maxlen=self.config.window)
         self.rollbacks = int(state.get("rollbacks", 0))
+        # A checkpoint from before rollbacks kept their records has none: its ranges are in its recipe.
+        self.skip_data = json.loads(state.get("skip_data", "[]"))
         self.pending = None
 
 
@@ -191,3 +207,12 @@ def upcoming_batches(batch_index: int, count: int, skip_data: list[list[int]]) -
         out.append(batch_index)
         batch_index += 1
     return out
+
+
+def skip_data_section(recipe: list[list[int]], detector: SpikeDetector, loader: Any, eos_id: int
+                      ) -> list[dict[str, Any]]:
+    """run.json's `skip_data`: every range the loader steps over, the recipe's (described now from the data) and
+    the rollbacks' records, each naming the documents its batches read (docs/RUN_RECORD.md)."""
+    given = [{"origin": "recipe", "first_batch": first, "batches": count,
+              "read": read_documents(loader, eos_id, first, count)} for first, count in recipe]
+    return [*given, *detector.skip_data]

@@ -203,7 +203,8 @@ class Trainer:
             self.watchdog.on_hang = lambda message: self._record_hang(loop, message)
             watched.append(self.watchdog)
         return [*watched, ProfileCallback(profiler), RareEventsCallback(), ShardCheckCallback.for_session(loop),
-                SpikeCallback(window.close_window, checkpoint.settle), window,
+                SpikeCallback(window.close_window, checkpoint.settle, checkpoint.save_now, window.reopen),
+                window,
                 EvalCallback(t), self._downstream(t), checkpoint,
                 KillPointCallback.past_step(self.stop_past_step), LauncherWatchCallback.for_process(), *deadline]
 

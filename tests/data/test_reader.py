@@ -259,29 +259,3 @@ def concatenated_cached(data_dir):
     if key not in _cache:
         _cache[key] = concatenated(data_dir, "train")
     return _cache[key]
-
-
-def test_documents_end_is_the_batch_holding_the_eos_that_ends_a_batchs_last_document(small_data):
-    """Checked against the concatenated shards for every batch of an epoch and the next: the EOS that ends the
-    documents a batch reads is the first at or after its last target, and the batch returned is the one whose
-    targets hold it (capped at the epoch's last batch, whose tail the next epoch does not continue)."""
-    dataset = open_dataset(small_data)
-    split, eos = dataset.split("train"), dataset.eos_id
-    everything = concatenated(small_data, "train")
-    loader = BatchLoader(split, batch_size=2, seq_len=16)
-    span, per_epoch = 2 * 16, loader.batches_per_epoch
-    assert split.find(eos, 0, split.num_tokens) == int(np.flatnonzero(everything == eos)[0])
-    assert split.find(eos, 5, 5) is None
-    for b in range(per_epoch + 3):
-        epoch, k = divmod(b, per_epoch)
-        last_target = (k + 1) * span
-        limit = per_epoch * span + 1
-        hits = np.flatnonzero(everything[last_target:limit] == eos)
-        end = last_target + int(hits[0]) + 1 if len(hits) else limit
-        through, found_end = loader.documents_end(b, eos)
-        assert found_end == end
-        assert epoch * per_epoch <= b <= through < (epoch + 1) * per_epoch
-        last = through - epoch * per_epoch
-        assert last == per_epoch - 1 or last * span + 1 <= end - 1 <= (last + 1) * span
-    repeat = BatchLoader(split, batch_size=2, seq_len=16, mode="repeat_batch")
-    assert repeat.documents_end(7, eos) == (7, 0)

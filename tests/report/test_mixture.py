@@ -41,6 +41,21 @@ def test_sources_that_do_not_add_up_are_named_with_the_line():
     assert "missing or not the sources" in mixture_problems(RUN, events)[0]
 
 
+def test_after_a_rollback_a_source_follows_from_the_train_event_at_the_restored_counters():
+    """A spike's rollback restores the counters of step 1's checkpoint: the next window follows from step 1's."""
+    first, second, _ = good_events()
+    counters = {"updates_attempted": 1, "updates_skipped": 0}
+    first.update(counters)
+    second.update(updates_attempted=2, updates_skipped=0)
+    rollback = {"event": "rollback", "_line": 3, "session_id": "s1", "step": 1, "tokens_seen": 128, **counters}
+    redone = window(4, 2, 256, {"web": 64, "math": 64}, 128)
+    redone.update(updates_attempted=2, updates_skipped=0, tokens_seen_by_source={"web": 160, "math": 96})
+    assert mixture_problems(RUN, [first, second, rollback, redone]) == []
+    unknown = {**rollback, "tokens_seen": 0, "step": 0, "updates_attempted": 0}  # no train event at those counters
+    assert mixture_problems(RUN, [first, second, unknown, redone]) == []  # nothing to follow from: not judged
+    assert "does not follow" in mixture_problems(RUN, [first, second, redone])[0]
+
+
 def test_the_realised_mixture_against_the_weights():
     overview = mixture_overview(RUN, good_events())
     web, math = overview["sources"]

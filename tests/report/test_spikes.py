@@ -51,6 +51,19 @@ def test_overview_ledger_seconds_and_line():
     assert describe_spikes(spike_overview([])) is None
 
 
+def test_the_line_names_the_skipped_documents_and_reads_older_records_by_their_batches():
+    """A rollback's `skipped` names the spiking batches' documents (per source of a mixture); one written before
+    rollbacks named documents has the batches only, and is read as such."""
+    skipped = {"first_batch": 14, "batches": 16, "tokens": 2048,
+               "documents": [{"source": "web", "pass": 0, "first": 40, "last": 41, "tokens": [1700, 3753]}]}
+    record = [*RECORD[:5], {**RECORD[5], "skipped": skipped}]
+    assert "rollbacks 1 (batches 14..29: web documents 40..41 (pass 0)), data skipped by them 2048 tokens" in \
+        describe_spikes(spike_overview(record))
+    older = [*RECORD[:5], {**RECORD[5], "skipped": {"first_batch": 16, "batches": 3, "tokens": 30}}]
+    assert "rollbacks 1 (batches 16..18), data skipped by them 30 tokens" in describe_spikes(spike_overview(older))
+    assert "rollbacks 1 (skip not recorded)" in describe_spikes(spike_overview(RECORD))
+
+
 def test_the_rule_warns_on_any_spike_and_fails_past_its_bounds():
     summary = SimpleNamespace(overall={"spikes": spike_overview(RECORD)}, kept_events=[], rolled_back_events=[])
     assert judge_spikes(summary, Thresholds()).status == "WARN"

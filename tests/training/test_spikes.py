@@ -17,6 +17,7 @@ from pilotrun.training.spikes import (
     gathered_values,
     per_rank_pairs,
     skip_ahead,
+    skip_data_section,
     upcoming_batches,
 )
 
@@ -55,15 +56,36 @@ def test_only_applied_finite_updates_join_the_window_and_it_keeps_its_length():
     assert list(found.history["loss"]) == [2.9, 3.0, 3.05] and list(found.history["grad_norm"])[-1] == 1.0
 
 
+ROLLBACK_RECORD = {"origin": "rollback", "spike_step": 17, "first_batch": 16, "batches": 3,
+                   "documents": [{"pass": 0, "first": 40, "last": 41, "tokens": [2010, 2290]}],
+                   "read": [{"pass": 0, "tokens": [2048, 2433], "documents": [40, 43]}]}
+
+
 def test_state_round_trips_and_an_older_checkpoint_without_it_starts_empty():
     found = detector()
     found.rollbacks = 2
+    found.skip_data = [ROLLBACK_RECORD]
     again = SpikeDetector(found.config)
     again.load_state_dict(found.state_dict())
     assert again.state_dict() == found.state_dict() and again.rollbacks == 2
+    assert again.skip_data == [ROLLBACK_RECORD]
+    assert isinstance(found.state_dict()["skip_data"], str)  # one plain value, whatever the storage
     again.load_state_dict(None)
-    assert again.state_dict() == {"loss": [], "grad_norm": [], "rollbacks": 0}
+    assert again.state_dict() == {"loss": [], "grad_norm": [], "rollbacks": 0, "skip_data": "[]"}
     assert SpikeDetector.state_optional
+    # A checkpoint from before rollbacks kept their records: its ranges are its recipe's, and still stepped over.
+    older = {"loss": [3.0], "grad_norm": [1.0], "rollbacks": 1}
+    again.load_state_dict(older)
+    assert again.rollbacks == 1 and again.skip_data == []
+    assert again.skip_ranges([[16, 3]]) == [[16, 3]]
+
+
+def test_the_ranges_stepped_over_are_the_recipes_then_the_rollbacks():
+    found = detector()
+    found.skip_data = [ROLLBACK_RECORD, dict(ROLLBACK_RECORD, first_batch=30, batches=2)]
+    assert found.skip_ranges([]) == [[16, 3], [30, 2]]
+    assert found.skip_ranges([[4, 1]]) == [[4, 1], [16, 3], [30, 2]]
+    assert upcoming_batches(15, 3, found.skip_ranges([])) == [15, 19, 20]
 
 
 @pytest.mark.parametrize(("policy", "rollbacks", "can", "action", "reason"), [
@@ -102,3 +124,21 @@ def test_skip_ranges_are_stepped_over():
     assert skip_ahead(5, [[5, 2], [7, 1]]) == 8
     assert skip_ahead(6, [[5, 2]]) == 7 and skip_ahead(4, [[5, 2]]) == 4
     assert upcoming_batches(4, 3, [[5, 2]]) == [4, 7, 8]
+
+
+def test_run_json_describes_the_recipes_ranges_and_keeps_the_rollbacks_records(builtin_data_dir):
+    """run.json's skip_data: a range the recipe names (a user's, or an older run's rollback kept as batches only)
+    is described from the data when a session opens; a rollback's record is written as the trainer state holds it."""
+    from pilotrun.data.reader import BatchLoader, open_dataset
+    from pilotrun.data.skipped_documents import read_documents
+
+    dataset = open_dataset(builtin_data_dir)
+    loader = BatchLoader(dataset.split("train"), batch_size=4, seq_len=32)
+    found = detector()
+    found.skip_data = [ROLLBACK_RECORD]
+    given, record = skip_data_section([[2, 3]], found, loader, dataset.eos_id)
+    assert record == ROLLBACK_RECORD
+    assert given == {"origin": "recipe", "first_batch": 2, "batches": 3,
+                     "read": read_documents(loader, dataset.eos_id, 2, 3)}
+    (read,) = given["read"]
+    assert read["pass"] == 0 and read["tokens"] == [2 * 128, 5 * 128 + 1] and read["documents"][0] <= read["documents"][1]

@@ -16,7 +16,8 @@ Background saves (`train.checkpoint_mode`): a cadence save only stages the state
 loop's thread and returns; DCP writes, hashes and fsyncs it beside training (checkpoint/background.py). It is
 committed at the first round after rank 0's write is done (rank 0 says so, every rank follows: one small
 broadcast per round while a save is in flight), or before the next save, a spike's rollback, or the session's
-end, whichever comes first. Its `checkpoint` event is logged then, carrying the counters of the state it saved
+end, whichever comes first. Besides the cadence, a spike's rollback commits the step it restored again
+(`save_now`, synchronous), with the skip it added in the trainer state. Its `checkpoint` event is logged then, carrying the counters of the state it saved
 (which may be behind the events logged meanwhile: `background: true` tells summarize so), `seconds` and
 `blocking_seconds` for what the loop waited, `background_seconds` for what ran beside training, and, when
 the save had to wait for the one before it, `waited_for_step` and `waited_seconds`. The last round's save
@@ -137,6 +138,21 @@ class CheckpointCallback(Callback):
             if not out_of_space(exc):
                 raise
             self._stop_for_space(loop, loop.step, exc)
+
+    def save_now(self, loop: LoopState) -> None:
+        """Commit the current step now, outside the cadence, synchronously, after the save in flight (every rank):
+        a spike's rollback commits the step it restored again, with the skip and the count it added. A disk
+        without room stops the session as for any save (the older copy of the step stays the committed one)."""
+        with loop.account.phase("checkpoint"):
+            self.settle(loop)
+            if self.stopped_for_space is not None or self._no_room(loop):
+                return
+            try:
+                self.last_bytes = save_checkpoint(loop) or self.last_bytes
+            except Exception as exc:
+                if not out_of_space(exc):
+                    raise
+                self._stop_for_space(loop, loop.step, exc)
 
     def _start(self, loop: LoopState, waited: dict[str, Any]) -> None:
         state, meta = _state_and_meta(loop, sharded=True)

@@ -134,6 +134,12 @@ class WindowLogCallback(Callback):
         self.close_window(loop)
         loop.window = Window(loop.session.device)
 
+    def reopen(self, loop: LoopState) -> None:
+        """A spike's rollback restored the counters: the next window opens from them (a mixture's by source too)."""
+        loop.window = Window(loop.session.device)
+        if loop.session.state.tokens_by_source is not None:
+            self.sources_at_open = list(loop.session.state.tokens_by_source)
+
     def at_end(self, loop: LoopState) -> None:
         if self.bar is not None:
             with loop.account.phase("report"):

@@ -120,6 +120,7 @@ def plan_resume(config: RunConfig, *, checkpoint_step: int, saved_meta: dict[str
     saved_meta, notes = reconcile_world_size(saved_meta, current_meta, allowed)
     report = check_resume_compatibility(saved_meta, current_meta, allowed)
     restored = config_to_dict(config_from_dict(saved_meta["recipe"]))
+    report.free_changes = kept_skip_ranges(report.free_changes)
     for change in report.free_changes + report.allowed_changes:
         set_dotted(restored, change["key"], change["new"])
     effective = config_from_dict(restored)
@@ -127,6 +128,21 @@ def plan_resume(config: RunConfig, *, checkpoint_step: int, saved_meta: dict[str
     return ResumePlan(config=effective, checkpoint_step=checkpoint_step, free_changes=report.free_changes,
                       allowed_changes=report.allowed_changes, notes=identity_notes + notes + report.warnings,
                       not_exact=report.not_exact)
+
+
+def kept_skip_ranges(changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The checkpoint's `train.skip_data` ranges stay in force on resume, whatever the command's recipe names
+    (it may add ranges): a run's recorded skips are stepped over as it recorded them. (Runs from before rollbacks
+    kept their own records hold them there, a checkpoint before them included.) A change adding nothing goes."""
+    out = []
+    for change in changes:
+        if change["key"] == "train.skip_data" and isinstance(change["old"], list) and isinstance(change["new"], list):
+            merged = [*change["old"], *(r for r in change["new"] if r not in change["old"])]
+            if merged == change["old"]:
+                continue
+            change = dict(change, new=merged)
+        out.append(change)
+    return out
 
 
 def plan_restart(config: RunConfig, *, recorded: dict[str, Any], current_meta: dict[str, Any],

@@ -10,7 +10,10 @@ its update; each policy answers it and the record reconciles.
 - a spike storm hits train.spike.max_rollbacks and the run stops ("stopped", exit 1) with a checkpoint;
 - a long noise document (real data, no poison: it spans ~15 updates) spikes once: the rollback skips it to its
   end, and the run completes (skipping only the spiking update and the margin met the rest of it three times);
-- killed right after a rollback and resumed, the run counts its spike once.
+- a rollback on a mixture skips each source's documents to their end and names the sources;
+- an older run's batch ranges (in its recipe, none in its trainer state) are stepped over after a resume;
+- killed right after a rollback (after its commit, or before it) and resumed, the run trains and counts as the
+  uninterrupted one.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ POISON = 16  # cursor position of the poisoned microbatch: update 17 reads it (a
 def noise_data(tmp_path_factory):
     """Short built-in documents (about 15 updates' worth) in their order, then a 3,000-character noise document
     (random letters, digits and symbols: some 1,900 tokens, 15 updates of 128 tokens), then more documents.
-    Returns (data folder, the noise document's first token, the position just past its EOS)."""
+    Returns (data folder, the noise document's first token, the position just past its EOS, its index)."""
     import random
 
     import numpy as np
@@ -63,7 +66,7 @@ def noise_data(tmp_path_factory):
     dataset = open_dataset(folder / "data")
     split = dataset.split("train")
     ends = np.flatnonzero(split.read(0, split.num_tokens) == dataset.eos_id)
-    return folder / "data", int(ends[len(before) - 1]) + 1, int(ends[len(before)]) + 1
+    return folder / "data", int(ends[len(before) - 1]) + 1, int(ends[len(before)]) + 1, len(before)
 
 
 def recipe(*extra: str):
@@ -147,6 +150,12 @@ def test_rollback_continues_exactly_as_a_run_told_to_skip_the_same_data(builtin_
     assert rollback["skipped"]["tokens"] == (1 + margin) * rolled.session.tokens_per_microbatch
     assert rollback["skip_data"] == [[POISON, 1 + margin]]
     assert rollback["reproduce"] == f"--set train.skip_data=[[{POISON},{1 + margin}]]"
+    # The skip is the run's record (trainer state and run.json), not a change of its recipe.
+    assert rolled.config.train.skip_data == []
+    (record,) = json.loads((tmp_path / "rolled" / "run.json").read_text())["skip_data"]
+    assert record["origin"] == "rollback" and record["spike_step"] == POISON + 1
+    assert (record["first_batch"], record["batches"]) == (POISON, 1 + margin)
+    assert record["documents"] == rollback["skipped"]["documents"] and record["read"] == rollback["skipped"]["read"]
     # The updates between the checkpoint and the spike were redone on the same data: the same losses.
     rolled_losses = losses(tmp_path / "rolled")
     for step in range(13, POISON + 1):
@@ -195,8 +204,9 @@ def test_a_spike_storm_hits_the_rollback_cap_and_stops(builtin_data_dir, tmp_pat
 def test_one_rollback_skips_a_long_noise_document_to_its_end(noise_data, tmp_path):
     """The noise document spans batches `first`..`last` (128 tokens a batch): its first update spikes, and the
     rollback skips from the spiking batch through the batch that holds the document's EOS, so training goes on
-    past it with no other spike and completes."""
-    data, start, end = noise_data
+    past it with no other spike and completes. run.json's skip_data names the noise document by its index and
+    token positions, with the batch range it made the reader pass over."""
+    data, start, end, noise = noise_data
     span = 128  # tokens a global batch advances: batch_size 4 x seq_len 32
     first, last = start // span, (end - 2) // span
     assert last - first >= 12  # the document spans many updates
@@ -206,14 +216,89 @@ def test_one_rollback_skips_a_long_noise_document_to_its_end(noise_data, tmp_pat
     (rollback,) = events(tmp_path / "run", "rollback")
     (batch,) = spike["batches"]
     assert first <= batch <= first + 1 and spike["action"] == "rollback"  # on the noise, as soon as it starts
-    assert rollback["skipped"]["first_batch"] == batch
-    assert rollback["skipped"]["documents_end_token"] == end and rollback["skipped"]["documents_through_batch"] == last
-    assert rollback["skipped"]["batches"] == last - batch + 1
-    assert rollback["skip_data"] == [[batch, last - batch + 1]] == trainer.config.train.skip_data
+    skipped = rollback["skipped"]
+    assert skipped["first_batch"] == batch and skipped["documents_through_batch"] == last
+    assert skipped["batches"] == last - batch + 1
+    assert rollback["skip_data"] == [[batch, last - batch + 1]]
     assert trainer.session.state.loader.batch_index == 24 + last - batch + 1  # every later batch past the noise
+    # The record: one rollback, the noise document named (index and where it lies), and the batches skipped.
+    (record,) = json.loads((tmp_path / "run" / "run.json").read_text())["skip_data"]
+    assert record["origin"] == "rollback" and record["spike_step"] == spike["spike_step"]
+    assert (record["first_batch"], record["batches"]) == (batch, last - batch + 1)
+    (cause,) = record["documents"]
+    assert "source" not in cause and cause["pass"] == 0 and cause["last"] == noise
+    assert cause["first"] == (noise if batch * span >= start else noise - 1)
+    assert cause["tokens"][1] == end and cause["tokens"][0] <= batch * span
+    (read,) = record["read"]
+    assert read["tokens"] == [batch * span, (last + 1) * span + 1] and read["documents"][0] == cause["first"]
+    assert read["documents"][1] >= noise  # the last skipped batch holds the noise's EOS (and what follows it)
+    assert record == {"origin": "rollback", "spike_step": spike["spike_step"], "first_batch": batch,
+                      "batches": last - batch + 1, "documents": skipped["documents"], "read": skipped["read"]}
+    # The checkpoint committed right after the rollback holds the record in its trainer state.
+    detector = next(h for h in trainer.session.state.hooks if h.name == "spike")
+    assert detector.skip_data == [record] and detector.rollbacks == 1
     summary = summarize_run(tmp_path / "run")
     assert summary.valid, summary.reasons
     assert summary.overall["spikes"]["spikes"] == summary.overall["spikes"]["rollbacks"] == 1
+
+
+@pytest.mark.slow
+def test_a_rollback_on_a_mixture_names_each_source_it_skips(mixture_sources, tmp_path, monkeypatch):
+    """A mixture's spiking batch reads rows of several sources: the rollback steps over each one's documents to
+    their end, and the record names them per source (the batches are global: every source's rows in them go)."""
+    import torch
+
+    from pilotrun.data.mixed_reader import MixedLoader
+    from tests.conftest import write_mixture
+
+    original = MixedLoader.next_batch
+
+    def poisoned(self):  # as spike_faults.poison_batches does for a folder, with ids inside this vocabulary
+        index = self.batch_index
+        inputs, targets = original(self)
+        return (torch.full_like(inputs, 7), torch.full_like(targets, 500)) if index == 9 else (inputs, targets)
+
+    monkeypatch.setattr(MixedLoader, "next_batch", poisoned)
+    mixture = write_mixture(tmp_path / "mix.yaml", [(mixture_sources["edu"], 0.7), (mixture_sources["builtin"], 0.3)])
+    trainer, result = train(mixture, tmp_path / "run", "train.spike.policy=rollback", "train.max_steps=14",
+                            "train.spike.min_history=4", "optim.schedule.horizon=14")
+    assert result.reason == "completed" and result.step == 14
+    (rollback,) = events(tmp_path / "run", "rollback")
+    assert rollback["spike_step"] == 10 and rollback["restored_step"] == 6
+    (record,) = json.loads((tmp_path / "run" / "run.json").read_text())["skip_data"]
+    assert record["first_batch"] == 9 and record["batches"] == rollback["skipped"]["batches"] >= 3
+    loader = trainer.session.state.loader
+    rows = {row["source"] for row in loader.describe_batch(9)}
+    assert {d["source"] for d in record["documents"]} == rows and {r["source"] for r in record["read"]} == set(
+        loader.names)
+    assert all(d["first"] <= d["last"] and d["tokens"][0] < d["tokens"][1] for d in record["documents"])
+    summary = summarize_run(tmp_path / "run")
+    assert summary.valid, summary.reasons
+
+
+@pytest.mark.slow
+def test_an_older_runs_batch_ranges_are_read_and_resumed(builtin_data_dir, tmp_path, monkeypatch):
+    """A run from before rollbacks kept their own records: its ranges are batch ranges in the checkpoint's recipe and
+    its detector state has no skip_data. Resumed before the range with a command that names none, it steps over
+    the range as the run without interruption does, bit for bit, and run.json describes the range's documents."""
+    from pilotrun.training.spikes import SpikeDetector
+    from pilotrun.training.trainer import Trainer
+
+    older = SpikeDetector.state_dict
+    monkeypatch.setattr(SpikeDetector, "state_dict", lambda self: {
+        k: v for k, v in older(self).items() if k != "skip_data"})  # the older checkpoint format
+    train(builtin_data_dir, tmp_path / "older", "train.skip_data=[[16,3]]", "train.max_steps=12")
+    monkeypatch.undo()
+    resumed = Trainer(recipe(), builtin_data_dir, tmp_path / "older", resume=True, progress=False, out=io.StringIO())
+    resumed.run()
+    straight, _ = train(builtin_data_dir, tmp_path / "straight", "train.skip_data=[[16,3]]")
+    assert_exactly_equal(weights(straight), weights(resumed))
+    assert losses(tmp_path / "older") == losses(tmp_path / "straight")
+    assert resumed.session.state.loader.batch_index == straight.session.state.loader.batch_index == 27
+    (described,) = json.loads((tmp_path / "older" / "run.json").read_text())["skip_data"]
+    assert described["origin"] == "recipe" and (described["first_batch"], described["batches"]) == (16, 3)
+    assert described["read"][0]["tokens"] == [16 * 128, 19 * 128 + 1]
+    assert summarize_run(tmp_path / "older").valid
 
 
 @pytest.mark.slow
@@ -237,18 +322,22 @@ def test_a_poisoned_run_resumed_after_its_spike_continues_exactly(builtin_data_d
     assert summarize_run(tmp_path / "b").valid
 
 
-def snapshot_at_kill_point(monkeypatch, run_dir: Path, copy: Path) -> None:
-    """The kill point (callbacks/kill_point.py) copies the run folder instead of stopping the process: the copy is
-    the folder a SIGKILL at that moment leaves (every line of the record is flushed as it is written)."""
+def snapshot_around_the_rollbacks_commit(monkeypatch, run_dir: Path, before: Path, after: Path) -> None:
+    """The rollback's commit (the checkpoint callback's `save_now`) copies the run folder just before and just
+    after it: each copy is the folder a SIGKILL at that moment leaves (every line of the record is flushed as it is
+    written)."""
     import shutil
 
-    from pilotrun.training.callbacks import kill_point
+    from pilotrun.training.callbacks.checkpointing import CheckpointCallback
 
-    def freeze(self):
-        self.past_step = None
-        shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("run.lock"))
+    save_now = CheckpointCallback.save_now
 
-    monkeypatch.setattr(kill_point.FreezePoint, "freeze", freeze)
+    def snapshotting(self, loop):
+        shutil.copytree(run_dir, before, ignore=shutil.ignore_patterns("run.lock"))
+        save_now(self, loop)
+        shutil.copytree(run_dir, after, ignore=shutil.ignore_patterns("run.lock"))
+
+    monkeypatch.setattr(CheckpointCallback, "save_now", snapshotting)
 
 
 def counted(run_dir: Path):
@@ -270,38 +359,53 @@ def counted(run_dir: Path):
 
 
 @pytest.mark.slow
-def test_a_run_killed_right_after_a_rollback_counts_its_spike_once(builtin_data_dir, tmp_path, monkeypatch):
-    """SIGKILLed right after the rollback (before any later checkpoint) and resumed, the run redoes the spiking
-    attempt from the checkpoint and logs its spike and rollback again; it trains exactly as the uninterrupted run,
-    and the verdict, summarize and watch count the spike and the rollback once, as for that run."""
+def test_a_run_killed_right_after_a_rollback_resumes_as_the_uninterrupted_run(builtin_data_dir, tmp_path, monkeypatch):
+    """SIGKILLed right after the rollback committed the restored step again (with the skip and the count in its
+    trainer state), the resumed run goes on past the spike's data: the same kept losses and weights, bit for bit,
+    one spike and one rollback on file, and the verdict, summarize and watch count exactly what they count for
+    the run that was not killed. Killed between the rollback's event and that commit, the resumed session starts
+    from the older copy, attempts the spiking update again and logs its spike and rollback a second time: it
+    trains exactly the same, and the record counts the spike and the rollback once."""
     from pilotrun.training.trainer import Trainer
 
     poison_batches(POISON, monkeypatch=monkeypatch)
-    # Windows of 6 updates: the spike at update 17 closes its window at step 16, the kill point's cue.
+    # Windows of 6 updates. A first session to step 6 in both, so that both records hold a resume.
     both = ("train.spike.policy=rollback", "train.log_every=6")
-    for name in ("straight", "run"):  # a first session to step 6 in both, so that both records hold a resume
+    for name in ("straight", "run"):
         train(builtin_data_dir, tmp_path / name, *both, "train.max_steps=6")
     straight = Trainer(recipe(*both), builtin_data_dir, tmp_path / "straight", resume=True, progress=False,
                        out=io.StringIO())
     straight.run()
-    killed = tmp_path / "killed"
-    snapshot_at_kill_point(monkeypatch, tmp_path / "run", killed)
-    Trainer(recipe(*both), builtin_data_dir, tmp_path / "run", resume=True, progress=False, out=io.StringIO(),
-            stop_past_step=15).run()
-    assert [e["event"] for e in events(killed)][-3:] == ["spike", "train", "rollback"]
-    resumed = Trainer(recipe(*both), builtin_data_dir, killed, resume=True, progress=False, out=io.StringIO())
-    resumed.run()
-    assert len(events(killed, "spike")) == len(events(killed, "rollback")) == 2  # the attempt was redone
-    assert_exactly_equal(weights(straight), weights(resumed))
-    straight_counts, killed_counts = counted(tmp_path / "straight"), counted(killed)
-    assert killed_counts["spikes"]["spikes"] == killed_counts["spikes"]["rollbacks"] == 1
-    assert [kind for kind, _ in killed_counts["alerts"] if kind in ("spike", "rollback")] == ["rollback", "spike"]
-    # What the interruption itself cost is the interrupted run's own: one more session (a resume more, one window
-    # fewer past a session's first to compare throughput, another process's memory) and the redone attempt's
-    # updates, rolled back twice. Every other figure, and every rule's status, is the uninterrupted run's.
-    assert killed_counts["counts"].pop("updates_rolled_back") == straight_counts["counts"].pop(
-        "updates_rolled_back") + 4
-    own = ("resumed", "throughput_steady", "memory")
-    for counts in (killed_counts, straight_counts):
-        counts["rules"] = [(n, s, None if n in own else f) for n, s, f in counts["rules"]]
-    assert killed_counts == straight_counts
+    before, after = tmp_path / "before", tmp_path / "after"
+    snapshot_around_the_rollbacks_commit(monkeypatch, tmp_path / "run", before, after)
+    Trainer(recipe(*both), builtin_data_dir, tmp_path / "run", resume=True, progress=False, out=io.StringIO()).run()
+    monkeypatch.undo()
+    poison_batches(POISON, monkeypatch=monkeypatch)
+    assert [e["event"] for e in events(before)][-3:] == ["spike", "train", "rollback"]
+    assert [e["event"] for e in events(after)][-4:] == ["spike", "train", "rollback", "checkpoint"]
+    assert events(after, "checkpoint")[-1]["step"] == events(after, "rollback")[0]["restored_step"] == 12
+    straight_record = json.loads((tmp_path / "straight" / "run.json").read_text())["skip_data"]
+    straight_counts = counted(tmp_path / "straight")
+    for killed in (after, before):
+        resumed = Trainer(recipe(*both), builtin_data_dir, killed, resume=True, progress=False, out=io.StringIO())
+        resumed.run()
+        assert_exactly_equal(weights(straight), weights(resumed))
+        assert {s: v[-1] for s, v in losses(killed).items()} == {s: v[-1] for s, v in losses(tmp_path / "straight").items()}
+        assert json.loads((killed / "run.json").read_text())["skip_data"] == straight_record
+        killed_counts = counted(killed)
+        assert killed_counts["spikes"]["spikes"] == killed_counts["spikes"]["rollbacks"] == 1
+        assert [kind for kind, _ in killed_counts["alerts"] if kind in ("spike", "rollback")] == ["rollback", "spike"]
+        redone = killed is before  # killed before the commit: the spiking attempt was made again
+        assert len(events(killed, "spike")) == len(events(killed, "rollback")) == 1 + redone
+        # What the interruption itself cost is the interrupted run's own: one more session (a resume more, one
+        # window fewer past a session's first to compare throughput, another process's memory), and where the
+        # attempt was redone, its updates rolled back twice. Every other figure and status is the uninterrupted run's.
+        assert killed_counts["counts"]["updates_rolled_back"] == (
+            straight_counts["counts"]["updates_rolled_back"] + 4 * redone)
+        own = ("resumed", "throughput_steady", "memory")
+        assert ([(n, s, None if n in own else f) for n, s, f in killed_counts["rules"]]
+                == [(n, s, None if n in own else f) for n, s, f in straight_counts["rules"]])
+        for key in ("decision", "spikes", "listed", "alerts"):
+            assert killed_counts[key] == straight_counts[key], key
+        assert {k: v for k, v in killed_counts["counts"].items() if k != "updates_rolled_back"} == {
+            k: v for k, v in straight_counts["counts"].items() if k != "updates_rolled_back"}

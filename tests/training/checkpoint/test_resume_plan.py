@@ -69,6 +69,19 @@ def test_plan_takes_the_checkpoints_recipe_with_free_and_allowed_changes_applied
     assert plan.allowed_changes == [{"key": "optim.muon.lr", "old": 0.003, "new": 0.006}]
 
 
+def test_the_checkpoints_skip_ranges_stay_in_force_and_a_resume_may_add_more():
+    """A run's train.skip_data ranges (a user's, or an older run's rollbacks kept as batch ranges in its recipe) are
+    stepped over after a resume too, whatever the command's recipe names; a range it adds joins them."""
+    saved = _config("train.skip_data=[[16,3]]")
+    plain = plan_resume(_config(), checkpoint_step=14, saved_meta=_meta(saved), current_meta=_meta(_config()),
+                        allow_changes=[])
+    assert plain.config.train.skip_data == [[16, 3]] and plain.free_changes == []
+    more = _config("train.skip_data=[[40,2]]")
+    added = plan_resume(more, checkpoint_step=14, saved_meta=_meta(saved), current_meta=_meta(more), allow_changes=[])
+    assert added.config.train.skip_data == [[16, 3], [40, 2]]
+    assert added.free_changes == [{"key": "train.skip_data", "old": [[16, 3]], "new": [[16, 3], [40, 2]]}]
+
+
 def test_a_run_that_said_train_tensorboard_resumes_with_the_trackers_the_command_loads_now():
     # A checkpoint recorded before the alias was folded; the command's recipe is loaded folded (or without it).
     from pilotrun.config import loaded_recipe
