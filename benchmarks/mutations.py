@@ -114,8 +114,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="evaluation_draws_training_rng",
         file="pilotrun/training/callbacks/evaluation.py",
-        old="    raw_model.eval()\n",
-        new="    raw_model.eval()\n    torch.rand(1)  # e.g. a sampled evaluation batch\n",
+        old="    session.raw_model.eval()\n",
+        new="    session.raw_model.eval()\n    torch.rand(1)  # e.g. a sampled evaluation batch\n",
         tests=(f"{GUARDS}::test_evaluation_leaves_every_random_generator_and_the_training_cursor_untouched",),
         why="evaluation draws from the training generators",
     ),
