@@ -160,3 +160,50 @@ def test_every_child_stops_when_the_pilot_is_sigkilled_alone(tmp_path, nproc):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         pilot.kill()
+
+
+@pytest.mark.slow
+def test_a_real_two_rank_pilot_sigkilled_alone_leaves_no_launcher_or_worker(builtin_data_dir, tmp_path):
+    """The same with the real tree: `pilotrun pilot --nproc-per-node 2` (torchrun and two workers, each worker in a
+    session of its own) SIGKILLed alone while it trains; torchrun gets the parent-death signal and passes it on,
+    the workers also watch their launcher, and no process of the tree is left."""
+    import json
+    import os
+    from pathlib import Path
+
+    from pilotrun.run.record import read_metrics_tolerant
+
+    root = Path(__file__).resolve().parents[2]
+    workdir = tmp_path / "w"
+    command = [sys.executable, "-m", "pilotrun", "pilot", "--workdir", str(workdir), "--config", "smoke", "--data",
+               str(builtin_data_dir), "--nproc-per-node", "2", "--set", "train.num_threads=1",
+               "--set", "train.max_steps=5000", "--set", "optim.schedule.horizon=5000", "--interrupt-at", "4900"]
+    pilot = subprocess.Popen(command, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tree: list[int] = []
+    try:
+        deadline = time.monotonic() + 240  # a hang guard, not a timing assertion
+        run = workdir / "run"
+        while time.monotonic() < deadline and pilot.poll() is None:
+            if (run / "metrics.jsonl").is_file() and any(
+                    e["event"] == "train" for e in read_metrics_tolerant(run).events):
+                break
+            time.sleep(0.05)
+        assert pilot.poll() is None, "the pilot ended before it trained"
+        tree = descendants(pilot.pid)
+        commands = [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode() for pid in tree]
+        assert sum("torch.distributed.run" in c or "torchrun" in c for c in commands) == 1, commands
+        assert sum(" train " in c for c in commands) >= 2, commands  # the two workers (and torchrun's own argv)
+        pilot.kill()
+        pilot.wait()
+        deadline = time.monotonic() + 120
+        while any(is_alive(pid) for pid in tree) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in tree if is_alive(pid)], json.dumps(commands)
+    finally:
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if pilot.poll() is None:
+            pilot.kill()
+            pilot.wait()

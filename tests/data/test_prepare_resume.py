@@ -251,3 +251,28 @@ def test_a_committed_shard_changed_in_the_partial_folder_is_refused_by_name_befo
     assert len(err) == 1 and f"{first}: a committed shard of this interrupted prepare" in err[0], err
     assert ("is missing" if damage == "remove" else "not the") in err[0]
     assert {k: v for k, v in _tree_bytes(partial).items() if k != holder_note} == before and not out.exists()
+
+
+@pytest.mark.slow
+def test_two_prepares_into_one_folder_at_once_give_one_result_and_the_other_is_refused(tmp_path, parquet_source,
+                                                                                        gpt2_tokenizer_path, reference):
+    """Two real `pilotrun prepare` processes started together on the same --out: one prepares, the other exits 2
+    naming the first (or, started after the first had finished, refusing the finished folder), and the folder is
+    byte for byte the one a lone prepare writes."""
+    reference_dir, _ = reference
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "pilotrun", "prepare",
+               *prepare_args(out, parquet_source, str(gpt2_tokenizer_path))]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    both = [subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    results = [(process.pid, *process.communicate(timeout=300), process.returncode) for process in both]
+    codes = sorted(code for *_, code in results)
+    assert codes == [0, 2], [(code, err[-1500:]) for _, _, err, code in results]
+    (winner, *_), (_, _, refusal, _) = sorted(results, key=lambda result: result[-1])
+    lines = refusal.strip().splitlines()
+    assert len(lines) == 1, refusal
+    assert f"held by another pilotrun prepare still running (pid {winner} " in lines[0] or "exists" in lines[0], lines
+    assert _tree_bytes(out) == _tree_bytes(reference_dir)
+    assert not (tmp_path / "out.partial").exists()
+    assert main(["data", "verify", str(out)]) == 0
