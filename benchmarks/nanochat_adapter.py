@@ -142,4 +142,5 @@ def build(nanochat: Nanochat, *, d_model: int, n_layers: int, n_heads: int, voca
 
 
 def loss(model, tokens):
-    return model(tokens[:, :-1], tokens[:, 1:])
+    # nanochat views its targets flat, which a column slice of the token block cannot be without a copy
+    return model(tokens[:, :-1], tokens[:, 1:].contiguous())

@@ -85,7 +85,7 @@ FAKE_GPT = textwrap.dedent('''
             for block in self.transformer.h:
                 x = block(x)
             logits = self.lm_head(F.rms_norm(x, (x.size(-1),)))
-            return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 ''')
 
 TINY = bench_update.Size("tiny", "tiny", {}, batch=2, seq=16, rounds=2, warmup=1)
