@@ -328,8 +328,9 @@ def nanochat_shape(result: dict) -> list[str]:
             f" FLOP per token {result['nanochat_flops_per_token']:,.0f}, total parameters"
             f" {result['nanochat_parameters']:,}, Newton-Schulz per optimizer step"
             f" {result['nanochat_newton_schulz_flops'] / 1e9:.2f} GFLOP; its optimizers as its own set-up returns"
-            f" them ({', '.join(result['nanochat_optimizers'])}, step functions compiled by nanochat itself in both"
-            " variants). As shipped = `torch.compile(model, dynamic=False)`, as its training script does.", ""]
+            f" them ({', '.join(result['nanochat_optimizers'])}: the same in both variants, whatever of their step"
+            " its own code compiles compiled). As shipped = `torch.compile(model, dynamic=False)`, as its training"
+            " script does; eager = the model uncompiled.", ""]
 
 
 def nanochat_ratios(f: dict) -> list[str]:
