@@ -52,8 +52,10 @@ test: $(STAMP) lint
 test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not slow" -rs
 
+# `make bench NANOCHAT=PATH` adds nanochat (a checkout of it, never required) to the benchmarks that compare with it.
+NANOCHAT ?=
 bench: $(STAMP)
-	$(PY) -m benchmarks.run_all
+	$(PY) -m benchmarks.run_all $(if $(NANOCHAT),--nanochat $(NANOCHAT))
 
 # Plants each bug of benchmarks/mutations.py in a scratch copy and reports how many the tests kill. The
 # mutations pin exact source lines: the first command names any that a refactoring left stale (seconds).

@@ -14,6 +14,11 @@ process on one torch thread (`time.process_time`: other jobs on the machine take
 CPU time). The first updates of a compiled variant pay its compilation: their excess over the eager variant's
 update is the compile cost, and the updates after which it pays back follow from the per-update saving.
 
+With `--nanochat PATH` (a checkout of nanochat; optional, never required) two more variants join the same rounds:
+"nanochat as shipped" (`torch.compile` of its model, its own optimizers, whose step functions it compiles itself)
+and "nanochat eager" (its model uncompiled, the same optimizers), built by benchmarks/nanochat_adapter.py at the
+same work per token.
+
 `python -m benchmarks.run_all bench_update` (`python -m benchmarks.bench_update --json` for the figures alone;
 `--sizes stability` for the small size only).
 """
@@ -30,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks import nanochat_adapter
 from benchmarks.bench_optim import torch_muon_with_fp32_newton_schulz
 from pilotrun.config import OptimConfig
 from pilotrun.model.accounting import active_matmul_parameters, flops_per_token
@@ -183,7 +189,7 @@ def reference_loss(model, tokens):
     return model(tokens[:, :-1], tokens[:, 1:])
 
 
-def build_variants(size: Size) -> tuple[list[Variant], dict]:
+def build_variants(size: Size, nanochat: nanochat_adapter.Nanochat | None = None) -> tuple[list[Variant], dict]:
     cfg = model_preset(size.preset, vocab_size=VOCAB, init_std=0.02, **size.changes)
     tokens = torch.randint(0, VOCAB, (size.batch, size.seq + 1), generator=torch.Generator().manual_seed(0))
     optim = OptimConfig()
@@ -216,11 +222,29 @@ def build_variants(size: Size) -> tuple[list[Variant], dict]:
              "reference_parameters": sum(p.numel() for p in reference.parameters()),
              "pilotrun_newton_schulz_flops": pilotrun_ns, "reference_newton_schulz_flops": newton_schulz_flops(
                  [p for name, p in reference.named_parameters() if p.ndim == 2 and name.startswith("layers.")])}
+    if nanochat is not None:
+        # As shipped first: its first updates then pay the compilation of nanochat's optimizer step functions too
+        # (module-level, shared by both variants), so its compile cost is all that compiling costs nanochat.
+        for name in ("nanochat as shipped", "nanochat eager"):
+            torch.manual_seed(0)
+            model, optimizers, extra = nanochat_adapter.build(
+                nanochat, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, vocab=VOCAB,
+                seq=size.seq, target_matmul=matmul)
+            # As its training script does: the whole model compiled, shapes fixed.
+            compiled_model = torch.compile(model, dynamic=False) if name.endswith("shipped") else model
+            variants.append(Variant(name, compiled_model, optimizers, nanochat_adapter.loss, tokens))
+        shape.update(extra, nanochat_newton_schulz_flops=newton_schulz_flops(
+            [p for p in model.transformer.h.parameters() if p.ndim == 2]))
     return variants, shape
 
 
-def measure(size: Size) -> dict:
-    variants, shape = build_variants(size)
+# Each compiled variant and the eager one its compile cost and speedup are measured against.
+COMPILED_PAIRS = (("pilotrun compiled", "pilotrun eager"), ("reference compiled", "reference eager"),
+                  ("nanochat as shipped", "nanochat eager"))
+
+
+def measure(size: Size, nanochat: nanochat_adapter.Nanochat | None = None) -> dict:
+    variants, shape = build_variants(size, nanochat)
     with torch_muon_with_fp32_newton_schulz():  # pilotrun's CPU default orthogonalises in fp32: the same for both
         return time_variants(variants, shape, size)
 
@@ -233,13 +257,15 @@ def time_variants(variants: list[Variant], shape: dict, size: Size) -> dict:
         for variant in variants[shift:] + variants[:shift]:
             variant.update(timed=True)
     figures = {variant.name: variant.figures() for variant in variants}
-    for kind in ("pilotrun", "reference"):
-        eager, compiled = figures[f"{kind} eager"], figures[f"{kind} compiled"]
+    for compiled_name, eager_name in COMPILED_PAIRS:
+        if compiled_name not in figures:
+            continue
+        eager, compiled = figures[eager_name], figures[compiled_name]
         saving_s = (eager["update_ms"] - compiled["update_ms"]) / 1e3
         compile_s = compiled["first_updates_s"] - eager["first_updates_s"]
-        figures[f"{kind} compiled"]["speedup"] = eager["update_ms"] / compiled["update_ms"]
-        figures[f"{kind} compiled"]["compile_s"] = compile_s
-        figures[f"{kind} compiled"]["payback_updates"] = compile_s / saving_s if saving_s > 0 else None
+        compiled["speedup"] = eager["update_ms"] / compiled["update_ms"]
+        compiled["compile_s"] = compile_s
+        compiled["payback_updates"] = compile_s / saving_s if saving_s > 0 else None
     return {**shape, "rounds": size.rounds, "figures": figures}
 
 
@@ -260,7 +286,7 @@ def markdown(results: list[dict]) -> str:
                   f" vs {result['reference_parameters']:,}; Newton-Schulz per optimizer step"
                   f" {result['pilotrun_newton_schulz_flops'] / 1e9:.2f} vs"
                   f" {result['reference_newton_schulz_flops'] / 1e9:.2f} GFLOP (the step's work follows the total"
-                  " parameters: every expert is orthogonalised each step).", "",
+                  " parameters: every expert is orthogonalised each step).", ""] + nanochat_shape(result) + [
                   "| variant | update ms | fwd+bwd ms | optimizer step ms | step share | compiled speedup |"
                   " compile s | pays back after |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for name, v in f.items():
@@ -283,35 +309,73 @@ def markdown(results: list[dict]) -> str:
                   f" (goal <= {TARGET_STEP_OVER_REFERENCE:.1f}x:"
                   f" {'met' if step_ratio <= TARGET_STEP_OVER_REFERENCE else 'NOT met'}); pilotrun compiled over eager"
                   f" {f['pilotrun compiled']['speedup']:.2f}x (goal >= {TARGET_COMPILED_SPEEDUP:.1f}x:"
-                  f" {'met' if f['pilotrun compiled']['speedup'] >= TARGET_COMPILED_SPEEDUP else 'NOT met'}).", ""]
+                  f" {'met' if f['pilotrun compiled']['speedup'] >= TARGET_COMPILED_SPEEDUP else 'NOT met'})."]
+        lines += nanochat_ratios(f) + [""]
     lines += ["Command: `python -m benchmarks.run_all bench_update` (figures as JSON: `python -m"
-              " benchmarks.bench_update --json`).", ""]
+              " benchmarks.bench_update --json`; with nanochat: `python -m benchmarks.bench_update --nanochat PATH`).",
+              ""]
     return "\n".join(lines)
 
 
-def run(sizes: tuple[str, ...] = ("stability", "large")) -> str:
+def nanochat_shape(result: dict) -> list[str]:
+    """How nanochat's model was set up against the other two, where the run had one."""
+    if "nanochat_hidden" not in result:
+        return []
+    commit = f" at {result['nanochat_commit']}" if result["nanochat_commit"] else ""
+    return [f"nanochat (the checkout given by `--nanochat`{commit}): its GPT with its MLP width set to"
+            f" {result['nanochat_hidden']} (shipped: relu^2 at {result['nanochat_shipped_hidden']}, which its config"
+            " cannot change: the adapter replaces the two MLP projections with its own Linear class at that width"
+            " before its `init_weights`), every layer attending to the full causal context, compute dtype"
+            f" {result['nanochat_compute_dtype']}; matmul parameters per token {result['nanochat_matmul_parameters']:,},"
+            f" FLOP per token {result['nanochat_flops_per_token']:,.0f}, total parameters"
+            f" {result['nanochat_parameters']:,}, Newton-Schulz per optimizer step"
+            f" {result['nanochat_newton_schulz_flops'] / 1e9:.2f} GFLOP; its optimizers as its own set-up returns"
+            f" them ({', '.join(result['nanochat_optimizers'])}: the same in both variants, whatever of their step"
+            " its own code compiles compiled). As shipped = `torch.compile(model, dynamic=False)`, as its training"
+            " script does (its compile s includes its optimizer's compilation, which the eager variant then reuses);"
+            " eager = the model uncompiled.", ""]
+
+
+def nanochat_ratios(f: dict) -> list[str]:
+    """pilotrun at its faster setting over nanochat as shipped, per phase: what the speed goal is stated against."""
+    if "nanochat as shipped" not in f:
+        return []
+    name = min(("pilotrun eager", "pilotrun compiled"), key=lambda n: f[n]["update_ms"])
+    ours, theirs = f[name], f["nanochat as shipped"]
+    return ["", f"pilotrun ({name.split()[1]}, its faster setting) / nanochat as shipped: update"
+            f" {ours['update_ms'] / theirs['update_ms']:.2f}x (goal <= {TARGET_UPDATE_OVER_REFERENCE:.1f}x:"
+            f" {'met' if ours['update_ms'] <= TARGET_UPDATE_OVER_REFERENCE * theirs['update_ms'] else 'NOT met'});"
+            f" forward+backward {ours['forward_backward_ms'] / theirs['forward_backward_ms']:.2f}x; optimizer step"
+            f" {ours['step_ms'] / theirs['step_ms']:.2f}x."]
+
+
+def run(sizes: tuple[str, ...] = ("stability", "large"), nanochat: nanochat_adapter.Nanochat | None = None) -> str:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return markdown([measure(SIZES[name]) for name in sizes])
+        return markdown([measure(SIZES[name], nanochat) for name in sizes])
     finally:
         torch.set_num_threads(threads)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="stability,large", help="comma-separated: stability, large")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of Markdown")
-    args = parser.parse_args()
+    parser.add_argument("--nanochat", metavar="PATH", help="a checkout of nanochat to compare with (optional)")
+    args = parser.parse_args(argv)
     sizes = tuple(s for s in args.sizes.split(",") if s)
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
         parser.exit(2, f"bench_update: unknown size {', '.join(unknown)} (known: {', '.join(SIZES)})\n")
     torch.set_num_threads(1)
-    if args.json:
-        print(json.dumps([measure(SIZES[name]) for name in sizes], indent=1))
-    else:
-        print(run(sizes))
+    try:  # a checkout whose API does not match is refused before or while its model is built, before any output
+        nanochat = nanochat_adapter.load(args.nanochat) if args.nanochat else None
+        text = json.dumps([measure(SIZES[name], nanochat) for name in sizes], indent=1) if args.json else run(
+            sizes, nanochat)
+    except nanochat_adapter.NanochatError as error:
+        parser.exit(2, f"bench_update: {error}\n")
+    print(text)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,15 @@
 Each benchmark module has `run() -> str`, returning a Markdown section (heading `## ...`) with the ratios
 it measured and the command that reproduces it. `python -m benchmarks.run_all bench_data` runs one (printed only; with `--update`, its section
 in BENCHMARKS.md is replaced and the header names it as measured apart from the full run). Every section ends with its duration and the machine's load
-average before and after it, since these figures are measured on shared machines.
+average before and after it, since these figures are measured on shared machines. `--nanochat PATH` (`make bench
+NANOCHAT=PATH`) hands a checkout of nanochat to the benchmarks that compare with it (a `run` with a `nanochat`
+parameter); without it nothing of nanochat is imported.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import pkgutil
 import platform
@@ -57,17 +60,38 @@ def replace_sections(text: str, measured: dict[str, str]) -> str:
     return "\n".join(lines).rstrip() + "\n\n" + note + "\n\n" + "\n".join(part.rstrip() + "\n" for part in parts)
 
 
+def split_arguments(argv: list[str]) -> tuple[list[str], bool, str | None]:
+    """The section names given, whether to --update, and the --nanochat PATH (None without one)."""
+    names, update, nanochat, words = [], False, None, iter(argv)
+    for word in words:
+        if word == "--update":
+            update = True
+        elif word == "--nanochat" or word.startswith("--nanochat="):
+            nanochat = word.partition("=")[2] or next(words, "")
+        else:
+            names.append(word)
+    return names, update, nanochat
+
+
 def main(argv: list[str]) -> int:
-    update = "--update" in argv
-    argv = [name for name in argv if name != "--update"]
+    argv, update, nanochat_path = split_arguments(argv)
     names = argv or discover()
+    nanochat = None
+    if nanochat_path is not None:  # refused in one line before anything is measured
+        from benchmarks import nanochat_adapter
+        try:
+            nanochat = nanochat_adapter.load(nanochat_path)
+        except nanochat_adapter.NanochatError as error:
+            print(f"run_all: {error}", file=sys.stderr)
+            return 2
     sections = []
     for name in names:
         print(f"== {name}", flush=True)
         module = importlib.import_module(f"benchmarks.{name}")
+        takes_nanochat = nanochat is not None and "nanochat" in inspect.signature(module.run).parameters
         load_before = os.getloadavg()
         started = time.perf_counter()
-        section = module.run()
+        section = module.run(nanochat=nanochat) if takes_nanochat else module.run()
         seconds = time.perf_counter() - started
         section = section.rstrip() + "\n\n" + section_footer(name, seconds, load_before, os.getloadavg())
         print(section, flush=True)
