@@ -79,7 +79,7 @@ def train_loop(loop: LoopState, callbacks: Sequence[Callback]) -> Ending:
                     for callback in callbacks:
                         around.enter_context(callback.around_update(loop))
                     loop.update = train_one_update(loop)
-                loop.ending = stop_requested(loop, callbacks)
+                loop.ending = finished_anyway(stop_requested(loop, callbacks), state.step, t.max_steps)
             loop.final = loop.ending is not None or state.step >= t.max_steps
             if loop.final:
                 account.switch("other")  # for good: the session's training seconds end with its last window
@@ -95,6 +95,16 @@ def train_loop(loop: LoopState, callbacks: Sequence[Callback]) -> Ending:
     account.switch("other")
     run_at_end(loop, callbacks)
     return loop.ending or Ending("completed", 0, f"reached max_steps={t.max_steps}")
+
+
+def finished_anyway(asked: Ending | None, step: int, max_steps: int) -> Ending | None:
+    """A deadline or a stop signal that lands on the last update stops nothing: the run is complete, and saying
+    `deadline` (75) or `interrupted` would have a scheduler start it again only to be told there is nothing to do.
+    A spike's or the skips' stop (exit 1) stays what it is: that update's outcome still needs a look."""
+    if asked is None or step < max_steps or asked.reason not in ("deadline", "interrupted"):
+        return asked
+    return Ending("completed", 0, f"reached max_steps={max_steps} ({asked.reason} asked for at the last update: "
+                  "nothing left to stop)")
 
 
 def stop_requested(loop: LoopState, callbacks: Sequence[Callback] = ()) -> Ending | None:

@@ -12,7 +12,7 @@ import pytest
 import pilotrun.training.loop as loop_module
 from pilotrun.config import load_run_config
 from pilotrun.training.callbacks.base import Callback, LoopState, UpdateResult
-from pilotrun.training.loop import stop_requested, train_loop
+from pilotrun.training.loop import finished_anyway, stop_requested, train_loop
 from pilotrun.training.signals import StopSignals
 from pilotrun.training.timing import TimeAccount
 from pilotrun.training.trainer import Trainer
@@ -135,6 +135,33 @@ def test_a_callbacks_stop_request_ends_the_session_after_its_update_with_a_last_
     loop = new_loop(session)
     loop.signals.received = signal.SIGINT  # a signal outranks a callback's request
     assert stop_requested(loop, [StopAtTwo()]).exit_code == 130
+
+
+def test_a_deadline_or_a_signal_on_the_last_update_is_a_completed_run_a_spikes_stop_is_not():
+    from pilotrun.training.callbacks.base import Ending
+
+    deadline, signal_stop = Ending("deadline", 75, "deadline in 3 s"), Ending("interrupted", 130, "SIGINT")
+    spike = Ending("stopped", 1, "spike at update 4")
+    for asked in (deadline, signal_stop):
+        assert finished_anyway(asked, 3, 4) is asked  # before the last update: it stops the run
+        ending = finished_anyway(asked, 4, 4)
+        assert (ending.reason, ending.exit_code) == ("completed", 0)
+        assert ending.message == f"reached max_steps=4 ({asked.reason} asked for at the last update: nothing left to stop)"
+    assert finished_anyway(spike, 4, 4) is spike and finished_anyway(None, 4, 4) is None
+
+
+@pytest.mark.slow
+def test_a_deadline_asked_at_the_last_update_ends_the_session_completed(session):
+    from pilotrun.training.callbacks.base import Ending
+
+    class DeadlineAtFour(Watcher):
+        def stop_request(self, loop):
+            return Ending("deadline", 75, "deadline in 1 s") if loop.step == 4 else None
+
+    watcher = DeadlineAtFour()
+    ending = train_loop(new_loop(session), [watcher])
+    assert (ending.reason, ending.exit_code) == ("completed", 0)
+    assert [r[:3] for r in watcher.rounds][-1] == (4, True, True) and watcher.ended == 1
 
 
 @pytest.mark.slow
