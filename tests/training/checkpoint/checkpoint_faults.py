@@ -21,6 +21,7 @@ in place of `-m pilotrun`). The faults wrap the checkpointer's own seams:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -97,7 +98,9 @@ def hold_background_write(hold_file: str | Path, monkeypatch: Any = None) -> Non
         except OSError:
             wanted = None
         if wanted is not None and wanted in str(self.path):  # "" holds every write, "step-00000004" that one
-            Path(f"{hold}.reached").write_text(str(self.path))
+            # Written aside and renamed, so the test never reads the file made but not yet filled.
+            Path(f"{hold}.reaching").write_text(str(self.path))
+            os.replace(f"{hold}.reaching", f"{hold}.reached")
             while hold.exists():
                 time.sleep(0.05)
         return finish(self, metadata, results)
