@@ -53,9 +53,9 @@ def _best(fn) -> tuple[float, object]:
 
 
 def run() -> str:
-    from pilotrun.report.html import write_report
-    from pilotrun.report.summarize import summarize_run
-    from pilotrun.report.verdict import judge_summary
+    from pilotrun.report.drawing.html import write_report
+    from pilotrun.report.record_check.summarize import summarize_run
+    from pilotrun.report.verdict.verdict import judge_summary
 
     rows = []
     work = Path(tempfile.mkdtemp(prefix="bench-report-"))

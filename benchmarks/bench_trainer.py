@@ -192,7 +192,7 @@ def detection_seconds(calls: int = DETECTION_CALLS) -> tuple[float, float]:
     up per microbatch, the (norm, loss) pair stacked and brought to the host in place of the norm alone, the
     judge over a full window (spikes.SpikeGate: median and MAD of both signals) and the window's append."""
     from pilotrun.config import SpikeConfig
-    from pilotrun.training.spikes import SpikeDetector, SpikeGate, gathered_values
+    from pilotrun.training.spikes.detector import SpikeDetector, SpikeGate, gathered_values
 
     config = SpikeConfig()
     detector = SpikeDetector(config)
@@ -313,7 +313,7 @@ def big_shard_data(source: Path, out: Path) -> None:
 
     import numpy as np
 
-    from pilotrun.files import sha256_of_file
+    from pilotrun.common.files import sha256_of_file
 
     shutil.copytree(source, out)
     manifest = json.loads((out / "metadata.json").read_text())

@@ -18,10 +18,10 @@ class Mutation:
 
 GUARDS = "tests/training/test_trainer_guards.py"
 RESUME = "tests/training/test_resume.py"
-SUMMARIZE = "tests/report/test_summarize.py"
+SUMMARIZE = "tests/report/record_check/test_summarize.py"
 OBSERVERS = "tests/training/test_trainer_observers.py"
 INTEGRITY = "tests/run/test_record_integrity.py"
-SPIKES = "tests/training/callbacks/test_spike_rollback.py"
+SPIKES = "tests/training/spikes/test_rollback.py"
 
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
@@ -34,7 +34,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="session_throughput_from_wall_time",
-        file="pilotrun/report/sessions.py",
+        file="pilotrun/report/record_check/sessions.py",
         old='train_tokens_per_s=(sums["tokens"] - sums["profiled_tokens"]) / sums["train_seconds"]\n'
             '        if sums["train_seconds"] > 0 else None,',
         new='train_tokens_per_s=(sums["tokens"] - sums["profiled_tokens"]) / sums["wall_seconds"]\n'
@@ -161,7 +161,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="profiled_windows_in_the_throughput_rule",
-        file="pilotrun/report/resources.py",
+        file="pilotrun/report/verdict/resources.py",
         old="        if window_profiled(w):\n",
         new="        if False and window_profiled(w):\n",
         tests=(f"{OBSERVERS}::test_throughput_rule_leaves_the_profiled_windows_out",),
@@ -169,10 +169,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="time_split_sum_not_checked",
-        file="pilotrun/report/sessions.py",
+        file="pilotrun/report/record_check/sessions.py",
         old="            if split_problem:\n",
         new="            if False:\n",
-        tests=("tests/report/test_time_split.py",),
+        tests=("tests/report/record_check/test_time_split.py",),
         why="a session_end whose phases do not add up to its wall clock is accepted",
     ),
     Mutation(
@@ -202,7 +202,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="require_step_accepts_any_end",
-        file="pilotrun/report/summarize.py",
+        file="pilotrun/report/record_check/summarize.py",
         old="    elif ends[-1].get(\"reason\") != \"completed\":\n",
         new="    elif False:\n",
         tests=(f"{INTEGRITY}::test_require_step_refuses_a_session_that_ended_in_error_without_a_checkpoint",),
@@ -250,7 +250,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="rollback_forgets_its_skip_range",
-        file="pilotrun/training/spikes.py",
+        file="pilotrun/training/spikes/detector.py",
         old="        return [*recipe, *([int(r[\"first_batch\"]), int(r[\"batches\"])] for r in self.skip_data)]\n",
         new="        return list(recipe)\n",
         tests=(f"{SPIKES}::test_rollback_continues_exactly_as_a_run_told_to_skip_the_same_data",),
@@ -258,26 +258,26 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="cpu_share_not_read",
-        file="pilotrun/report/resources.py",
+        file="pilotrun/report/verdict/resources.py",
         old="    if have_cpu and devices == {\"cpu\"} and share_last / share_first < t.min_cpu_share_ratio:\n",
         new="    if False:\n",
-        tests=("tests/report/test_resources.py::test_throughput_warns_when_the_process_lost_its_cpu_share_even_if_each_token_cost_more",),
+        tests=("tests/report/verdict/test_resources.py::test_throughput_warns_when_the_process_lost_its_cpu_share_even_if_each_token_cost_more",),
         why="a pilot that lost two thirds of its CPU to other load is NO-GO because each token also cost more CPU",
     ),
     Mutation(
         name="loss_rise_comparison_inverted",
-        file="pilotrun/report/stability.py",
+        file="pilotrun/report/verdict/stability.py",
         old="    if rise > 0 and sigmas > t.loss_rise_sigmas and share > t.min_loss_rise:\n",
         new="    if rise > 0 and sigmas < t.loss_rise_sigmas and share > t.min_loss_rise:\n",
-        tests=("tests/report/test_stability.py::test_loss_rise_at_end_fails_a_loss_that_falls_then_climbs_back",),
+        tests=("tests/report/verdict/test_stability.py::test_loss_rise_at_end_fails_a_loss_that_falls_then_climbs_back",),
         why="a loss that falls and then climbs far beyond its noise passes, while a rise within the noise FAILs",
     ),
     Mutation(
         name="data_pass_is_the_whole_split",
-        file="pilotrun/report/evidence.py",
+        file="pilotrun/report/verdict/evidence.py",
         old="    return batches * per_batch, (f\"one pass = ",
         new="    return split_tokens, (f\"one pass = ",
-        tests=("tests/report/test_evidence.py::test_data_passes_counts_the_pass_the_loader_reads_not_the_whole_split",),
+        tests=("tests/report/verdict/test_evidence.py::test_data_passes_counts_the_pass_the_loader_reads_not_the_whole_split",),
         why="passes are counted over the whole split, whose tail the loader never reads: a fifth pass reads as 4.8",
     ),
 )

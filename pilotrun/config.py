@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pilotrun.errors import ConfigError
-from pilotrun.files import not_regular
-from pilotrun.parsing import parse_yaml_text, read_text_bounded, shown
+from pilotrun.common.errors import ConfigError
+from pilotrun.common.files import not_regular
+from pilotrun.common.parsing import parse_yaml_text, read_text_bounded, shown
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 DATA_MODES = ("successive", "repeat_batch")
@@ -35,7 +35,7 @@ ROUTER_OPTIMIZERS = ("adamw", "muon")
 PARALLELISMS = ("ddp", "fsdp")
 COMPILE_MODES = ("none", "inductor", "eager")
 TRACKER_NAMES = ("tensorboard", "wandb", "mlflow", "trackio")  # built-in mirrors (run/sinks.py)
-SPIKE_POLICIES = ("record", "skip", "rollback")  # what a detected loss spike does (training/spikes.py)
+SPIKE_POLICIES = ("record", "skip", "rollback")  # what a detected loss spike does (training/spikes/detector.py)
 
 
 def knob(default: Any = dataclasses.MISSING, meaning: str = "", *, factory: Any = dataclasses.MISSING) -> Any:
@@ -163,11 +163,11 @@ class ProfileConfig:
 
 
 @dataclass
-class SpikeConfig:  # loss spikes: detected in the loop, answered by policy (training/spikes.py, callbacks/spike_rollback.py)
+class SpikeConfig:  # loss spikes: detected in the loop, answered by policy (training/spikes/detector.py, callbacks/spike_rollback.py)
     policy: str = knob("record", "record (a spike event), skip (not applied, reason spike) or rollback (to the "
                        "last committed checkpoint before it, its documents to their end plus margin skipped)")
     window: int = knob(50, "applied updates whose losses and gradient norms the running bound is taken over")
-    factor: float = knob(6.0, "spike: not finite or > median + factor x floored 1.4826 MAD of window (spike_bound.py)")
+    factor: float = knob(6.0, "spike: not finite or > median + factor x floored 1.4826 MAD of window (training/spikes/bound.py)")
     min_history: int = knob(20, "applied updates in the window before finite values are judged")
     margin: int = knob(2, "rollback: updates' worth of data skipped at least after the spiking update's own")
     max_rollbacks: int = knob(3, "rollbacks per run; the spike that would need one more stops the run (stopped)")

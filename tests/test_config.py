@@ -2,6 +2,7 @@
 
 import pytest
 
+from pilotrun.common.errors import ConfigError
 from pilotrun.config import (
     MACHINE_KEYS,
     RunConfig,
@@ -11,7 +12,6 @@ from pilotrun.config import (
     load_run_config,
     validate_run_config,
 )
-from pilotrun.errors import ConfigError
 
 
 def test_defaults_validate_and_round_trip():
@@ -89,8 +89,8 @@ def test_an_unknown_set_key_is_blamed_on_the_flag_with_the_nearest_known_key():
 
 
 def test_the_tensorboard_alias_is_folded_when_loaded_and_a_recorded_recipe_keeps_its_identity():
+    from pilotrun.common.files import canonical_sha256
     from pilotrun.config import loaded_recipe
-    from pilotrun.files import canonical_sha256
 
     # Loaded for a session (YAML, --set, a lock's recipe, the API): one list, the alias reads back false.
     folded = load_run_config(None, ["train.tensorboard=true", "train.trackers=[wandb]"])

@@ -15,10 +15,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "pilotrun"
 
-# The layers in the order data flows; each may import only the layers before it. The top-level modules
-# (errors, files, config, version) are the floor everything stands on; `pilotrun/__init__.py` and
-# `__main__.py` are the front door, which may reach the commands (the lazy API, `python -m pilotrun`).
-LAYERS = ("<floor>", "data", "model", "optim", "run", "training", "report", "commands", "<door>")
+# The layers in the order data flows; each may import only the layers before it. `common` (files, parsing,
+# errors, stop signals, progress, the deadline clock) is the floor everything stands on, the recipe's config
+# and the version stand on it; `pilotrun/__init__.py` and `__main__.py` are the front door, which may reach
+# the commands (the lazy API, `python -m pilotrun`).
+LAYERS = ("common", "<floor>", "config", "data", "model", "optim", "run", "training", "report", "commands", "<door>")
 DOOR_MODULES = {"pilotrun", "pilotrun.__main__"}
 MAX_MODULE_LINES = 550
 MAX_LOOP_LINES = 80
@@ -172,11 +173,11 @@ def canonical_spellings(source: str) -> int:
 
 
 def test_one_canonical_json():
-    """Identity hashes are taken over one serialisation (pilotrun.files.canonical_json): a second spelling
+    """Identity hashes are taken over one serialisation (pilotrun.common.files.canonical_json): a second spelling
     would let two readers disagree on the same value's hash. (A metrics.jsonl line is compact but keeps its
     fields in written order: a line format, not an identity.)"""
     spelled = {str(p.relative_to(ROOT)): canonical_spellings(p.read_text()) for p in PACKAGE.rglob("*.py")}
-    assert {path: n for path, n in spelled.items() if n} == {"pilotrun/files.py": 1}
+    assert {path: n for path, n in spelled.items() if n} == {"pilotrun/common/files.py": 1}
     assert canonical_spellings('json.dumps(x, separators=(",", ":"), sort_keys=True)') == 1
 
 

@@ -9,7 +9,7 @@
     pilotrun.export("runs/a", "hf/a")               # a transformers DeepSeek-V3 folder
 
 Each function is a thin call into the package, like the command it mirrors; bad input raises
-`pilotrun.errors.PilotrunError` (the CLI's exit 2) with the command's one-line message in this API's words: a
+`pilotrun.common.errors.PilotrunError` (the CLI's exit 2) with the command's one-line message in this API's words: a
 message that says "pass --force" to a person at a shell says "pass force=True" to a Python caller. `import pilotrun` stays
 cheap: these names are resolved on first use (see `pilotrun/__init__.py`), and torch is imported only then.
 """
@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pilotrun.errors import PilotrunError
+from pilotrun.common.errors import PilotrunError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -109,7 +109,7 @@ def train(config: str | Path | Any = None, *, data: str | Path, run_dir: str | P
 @speaks_api
 def summarize(run_dir: str | Path, require_step: int | None = None, require_eval: Sequence[str] = ()):
     """`pilotrun summarize`: the validated, reconciled Summary (.valid, .reasons, .overall, .sessions)."""
-    from pilotrun.report.summarize import summarize_run
+    from pilotrun.report.record_check.summarize import summarize_run
 
     return summarize_run(run_dir, require_step=require_step, require_eval=list(require_eval))
 
@@ -119,14 +119,14 @@ def verdict(run_dir: str | Path, thresholds: Mapping[str, Any] | None = None, re
             write_report: bool = True):
     """`pilotrun verdict`: the Verdict (.decision is "GO" or "NO-GO", .rules the evidence). `thresholds`
     overrides rule thresholds by name ({"min_loss_drop": 0.1}); writes RUN/report/ unless told not to."""
-    from pilotrun.report.thresholds import Thresholds, parse_thresholds
-    from pilotrun.report.verdict import judge
+    from pilotrun.report.verdict.thresholds import Thresholds, parse_thresholds
+    from pilotrun.report.verdict.verdict import judge
 
     base = Thresholds(resume_required=resume_required)
     chosen = parse_thresholds([f"{k}={v}" for k, v in (thresholds or {}).items()], base)
     result = judge(run_dir, chosen)
     if write_report:
-        from pilotrun.report.html import write_report as write
+        from pilotrun.report.drawing.html import write_report as write
 
         write(result)
     return result

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from pilotrun.errors import PilotrunError
-from pilotrun.plain_progress import PlainLine
+from pilotrun.common.errors import PilotrunError
+from pilotrun.common.progress import PlainLine
 from pilotrun.run.follow import RecordFollower
 from pilotrun.run.record import read_metrics_tolerant
 
@@ -85,7 +85,7 @@ def format_progress(figures: dict, max_steps: int) -> str:
 
 class ProgressLine:
     """One line rewritten in place on a terminal; elsewhere (a log, a pipe) or with `mode="plain"`, plain lines
-    at every command's cadence (pilotrun/plain_progress.py): the first figures at once, then at most one line per
+    at every command's cadence (pilotrun/common/progress.py): the first figures at once, then at most one line per
     `interval` seconds, and the last when the child is done."""
 
     def __init__(self, out: TextIO, prefix: str = "[pilot] ", interval: float | None = None, mode: str = "auto",

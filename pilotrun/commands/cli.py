@@ -21,8 +21,8 @@ from pilotrun.commands.cli_data import add_data, add_prepare
 from pilotrun.commands.cli_evaluate import add_evaluate
 from pilotrun.commands.cli_paths import check_path_arguments
 from pilotrun.commands.cli_trackers import add_export_metrics, add_tensorboard
-from pilotrun.errors import PilotrunError
-from pilotrun.parsing import terminal_safe
+from pilotrun.common.errors import PilotrunError
+from pilotrun.common.parsing import terminal_safe
 from pilotrun.version import __version__
 
 
@@ -95,8 +95,8 @@ def _resume_mode(text: str) -> str:
 def _run_train(args: argparse.Namespace) -> int:
     import time
 
+    from pilotrun.common.errors import ConfigError
     from pilotrun.config import load_run_config
-    from pilotrun.errors import ConfigError
     from pilotrun.training.signals import StopSignals
 
     started_at = time.time()  # the deadline's budget counts the set-up too
@@ -139,8 +139,8 @@ def _unattended_settings(args: argparse.Namespace, now: float) -> tuple[float | 
     """`--stop-by` (or SLURM_JOB_END_TIME) as epoch seconds and `--stop-signals` as numbers; bad input is one
     line, exit 2, before anything is written. A deadline closer than one update of a resumed run's record is
     refused too: the session could train nothing."""
-    from pilotrun import deadline, stop_signals
-    from pilotrun.errors import ConfigError
+    from pilotrun.common import deadline, stop_signals
+    from pilotrun.common.errors import ConfigError
 
     try:
         stop_by = deadline.resolve_stop_by(args.stop_by, now, os.environ)
@@ -154,7 +154,7 @@ def _unattended_settings(args: argparse.Namespace, now: float) -> tuple[float | 
 
 def _hang_bounds(text: str):
     """`--hang-timeout` as the watchdog's bounds (None: off); bad input is one line, exit 2."""
-    from pilotrun.errors import ConfigError
+    from pilotrun.common.errors import ConfigError
     from pilotrun.training.callbacks.hang_watchdog import parse_hang_timeout
 
     try:
@@ -225,7 +225,7 @@ def _add_summarize(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_summarize(args: argparse.Namespace) -> int:
-    from pilotrun.report.summarize import format_summary, summarize_run, summary_json
+    from pilotrun.report.record_check.summarize import format_summary, summarize_run, summary_json
 
     required = [task.strip() for task in args.require_eval.split(",") if task.strip()]
     summary = summarize_run(args.run_dir, require_step=args.require_step, require_eval=required)
@@ -235,7 +235,7 @@ def _run_summarize(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- verdict
 def _add_verdict(sub: argparse._SubParsersAction) -> None:
-    from pilotrun.report.rules import rules_help
+    from pilotrun.report.verdict.rules import rules_help
 
     p = sub.add_parser("verdict", help="GO / NO-GO for the pilot, with a drawn report",
                        formatter_class=_RawDescriptionDefaultsHelpFormatter,
@@ -253,9 +253,9 @@ def _add_verdict(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_verdict(args: argparse.Namespace) -> int:
-    from pilotrun.report.html import write_report
-    from pilotrun.report.thresholds import Thresholds, parse_thresholds
-    from pilotrun.report.verdict import format_verdict, judge, verdict_json
+    from pilotrun.report.drawing.html import write_report
+    from pilotrun.report.verdict.thresholds import Thresholds, parse_thresholds
+    from pilotrun.report.verdict.verdict import format_verdict, judge, verdict_json
 
     thresholds = parse_thresholds(args.threshold, Thresholds(resume_required=not args.no_resume_required))
     verdict = judge(args.run_dir, thresholds)
@@ -292,7 +292,7 @@ def _add_freeze(sub: argparse._SubParsersAction) -> None:
 
 def _run_freeze(args: argparse.Namespace) -> int:
     from pilotrun.commands.freeze import freeze_run
-    from pilotrun.report.thresholds import Thresholds, parse_thresholds
+    from pilotrun.report.verdict.thresholds import Thresholds, parse_thresholds
 
     thresholds = parse_thresholds(args.threshold, Thresholds(resume_required=not args.no_resume_required))
     from pilotrun.commands.freeze import format_projection
@@ -512,7 +512,7 @@ TEMP_WRITING_COMMANDS = ("verdict", "freeze", "export")
 
 @contextlib.contextmanager
 def _cleanup_on_termination(active: bool):
-    from pilotrun import stop_signals
+    from pilotrun.common import stop_signals
 
     def terminate(signum: int, frame: object) -> None:
         raise SystemExit(stop_signals.exit_code_of(signum))

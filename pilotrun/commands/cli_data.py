@@ -7,7 +7,7 @@ import argparse
 import math
 import sys
 
-from pilotrun.errors import PilotrunError
+from pilotrun.common.errors import PilotrunError
 
 
 # ---------------------------------------------------------------------------------------------- prepare

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pilotrun.files import refuse_wrong_kind
+from pilotrun.common.files import refuse_wrong_kind
 
 # (command, subcommand or None) -> {argparse dest: (kind, how the message names it: the option, or what a
 # positional argument is)}. "recipe": a file, or the name
@@ -37,8 +37,8 @@ PATH_ARGUMENTS: dict[tuple[str, str | None], dict[str, tuple[str, str]]] = {
 
 
 def _is_packaged_recipe(name: str) -> bool:
+    from pilotrun.common.errors import ConfigError
     from pilotrun.config import resolve_recipe_path
-    from pilotrun.errors import ConfigError
 
     try:
         resolve_recipe_path(name)

@@ -11,7 +11,7 @@ What it writes, and only once everything is measured:
   task's version and data sha256; shots, limit, seed, precision, device) and the results;
 - an `evaluation` event appended to metrics.jsonl (the same identity, the figures, the results file's path and
   sha256), in an evaluation's own session id: the claim joins the run's hash chain. summarize reconciles it
-  with the checkpoint and the file (report/evaluations.py).
+  with the checkpoint and the file (report/record_check/evaluations.py).
 
 It reads the checkpoint and never writes into it. It never takes the run folder's lock from a trainer: a run
 held by a live session is refused before anything is read, and the lock is taken only for the append (a
@@ -27,10 +27,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pilotrun.common.errors import CheckpointError, ConfigError, PilotrunError
+from pilotrun.common.files import sha256_of_file, write_text_atomic
 from pilotrun.data.choice_tasks import TASK_SUFFIX, ChoiceTask, read_choice_task
-from pilotrun.errors import CheckpointError, ConfigError, PilotrunError
-from pilotrun.files import sha256_of_file, write_text_atomic
-from pilotrun.report.evaluations import EVALS_DIR, marker_sha256
+from pilotrun.report.record_check.evaluations import EVALS_DIR, marker_sha256
 from pilotrun.run.folder_lock import RunFolderLock, describe_holder, live_holder
 from pilotrun.run.marker import foreign_run_problem, step_folder_name
 from pilotrun.run.record import Counters, read_run_json

@@ -38,9 +38,9 @@ from typing import Any
 
 import torch
 
+from pilotrun.common.errors import CheckpointError, ConfigError, PilotrunError
+from pilotrun.common.files import open_for_write, refuse_link, remove_stale_temps, temp_path
 from pilotrun.config import ModelConfig, RunConfig, config_from_dict
-from pilotrun.errors import CheckpointError, ConfigError, PilotrunError
-from pilotrun.files import open_for_write, refuse_link, remove_stale_temps, temp_path
 
 TRANSFORMERS_NORM_EPS = 1e-6  # DeepseekV3Attention builds q_a_layernorm / kv_a_layernorm with this eps
 EXPORT_INFO_FILE = "pilotrun_export.json"
@@ -252,8 +252,8 @@ def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------------------------------------- writing
 def _tokenizer_files(data_dir: Path, expected_metadata_sha256: str | None) -> tuple[Path, int, str | None]:
     """(tokenizer.json path, eos id, eos token text) from the run's data folder, identity checked."""
+    from pilotrun.common.errors import DataError
     from pilotrun.data.mixed_reader import open_data
-    from pilotrun.errors import DataError
 
     if not data_dir.exists():  # a folder, or a mixture file (whose sources share one tokenizer)
         raise DataError(f"data folder {data_dir} (recorded by the checkpoint) not found: pass --data with its "

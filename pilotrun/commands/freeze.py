@@ -8,8 +8,8 @@ After a GO (or with `--despite-no-go`, recorded in the lock) the lock holds:
 - with `--target-steps N`: `projection`, what the pilot's measurements predict for a long run of N updates
   (training, checkpoint, evaluation, start-up, expected failures at `--mtbf`, Young's checkpoint interval, total
   wall time, device-hours and cost at `--device-hour-cost`), each part with the band the pilot's measured spread
-  gives it and the total's band (pilotrun/report/projection_band.py), and `watch`, the pilot's figures `pilotrun watch
-  --against LOCK` holds the long run to (pilotrun/report/projection.py);
+  gives it and the total's band (pilotrun/report/projection/band.py), and `watch`, the pilot's figures `pilotrun watch
+  --against LOCK` holds the long run to (pilotrun/report/projection/long_run.py);
 - `sha256` over everything else, so the lock identifies itself.
 """
 
@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pilotrun.files import canonical_sha256, refuse_link
-from pilotrun.report.projection import project, watch_figures
-from pilotrun.report.verdict import judge
+from pilotrun.common.files import canonical_sha256, refuse_link
+from pilotrun.report.projection.long_run import project, watch_figures
+from pilotrun.report.verdict.verdict import judge
 from pilotrun.run.changes import recipe_changes_in_history
 from pilotrun.run.recipe_lock import LOCK_FORMAT, PROJECTION_KEY, WATCH_KEY, FreezeError, write_lock
 
@@ -55,7 +55,7 @@ def nonfinite_at(value: Any, where: str) -> str | None:
 
 def build_lock(verdict: Any, despite_no_go: bool, target_steps: int | None = None, mtbf_hours: float | None = None,
                device_hour_cost: float | None = None) -> dict[str, Any]:
-    """The lock of a judged pilot (a `pilotrun.report.verdict.Verdict`), its `sha256` included; with
+    """The lock of a judged pilot (a `pilotrun.report.verdict.verdict.Verdict`), its `sha256` included; with
     `target_steps`, its projection and the figures watch needs."""
     summary = verdict.summary
     run = summary.run

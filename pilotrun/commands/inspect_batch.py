@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pilotrun.errors import ConfigError, DataError
+from pilotrun.common.errors import ConfigError, DataError
 from pilotrun.run.record import RUN_JSON, read_metrics_strict, read_run_json
 
 GEOMETRY_KEYS = ("train.batch_size", "train.seq_len", "train.gradient_accumulation_steps", "train.data_mode")

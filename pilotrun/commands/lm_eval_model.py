@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from pilotrun.common.errors import ConfigError, PilotrunError
 from pilotrun.data.choice_tasks import ChoiceTask
-from pilotrun.errors import ConfigError, PilotrunError
 from pilotrun.training.multiple_choice import Scorer
 
 EXTRA_HINT = "pip install 'pilotrun[eval]'"

@@ -64,7 +64,7 @@ def long_run_commands(lock: str | Path, data: str | Path | None, run_dir: str | 
 
 def recorded_data_dir(run_dir: str | Path) -> str | None:
     """The data folder a run recorded (run.json's data.dir), where it still exists."""
-    from pilotrun.errors import PilotrunError
+    from pilotrun.common.errors import PilotrunError
     from pilotrun.run.record import read_run_json
 
     try:

@@ -14,7 +14,7 @@
 4. resume it with `--resume` as a second process (tree), which must reach max_steps;
 5. summarize with `--require-step max_steps`, then the verdict and its report; with `--freeze LOCK`, a GO is
    frozen into a recipe lock (commands/freeze.py). Exit 0 GO, 1 NO-GO, 128 + the signal's number
-   after a stop signal (130 SIGINT, 143 SIGTERM, 129 SIGHUP: pilotrun/stop_signals.py).
+   after a stop signal (130 SIGINT, 143 SIGTERM, 129 SIGHUP: pilotrun/common/stop_signals.py).
 
 The training runs in child processes on purpose: only a separate process can be killed for real, and the resumed
 process then has nothing in memory from the first, exactly like a crashed job on a cluster.
@@ -33,9 +33,9 @@ from typing import TextIO
 from pilotrun.commands.child_progress import ProgressLine, read_complete_events, wait_with_progress
 from pilotrun.commands.next_commands import long_run_commands, shell_line, train_words
 from pilotrun.commands.pilot_process import PilotStopped, StopForwarding, TrainingChild
-from pilotrun.errors import PilotrunError
+from pilotrun.common.errors import PilotrunError
+from pilotrun.common.stop_signals import signal_name
 from pilotrun.run.record import CHECKPOINTS_DIR, METRICS_JSONL
-from pilotrun.stop_signals import signal_name
 
 DEFAULT_RECIPE = "stability.yaml"
 DEFAULT_SOURCE = "builtin"
@@ -267,8 +267,8 @@ def run_pilot(workdir: str | Path = "pilot-work", config: str | Path | None = No
               timeout_seconds: float = 1800.0, *, data: str | Path | None = None, source: str = DEFAULT_SOURCE,
               interrupt_at: int | None = None, nproc_per_node: int | None = None, freeze: str | Path | None = None,
               progress: str = "auto", reprepare: bool = False) -> PilotResult:
+    from pilotrun.common.errors import ConfigError
     from pilotrun.config import load_run_config, resolve_recipe_path
-    from pilotrun.errors import ConfigError
 
     out = out or sys.stdout
     workdir = Path(workdir)
@@ -419,7 +419,7 @@ def _val_warnings_for(recipe, config_path: Path, nproc: int | None):
 def _threads_line(run_dir: Path) -> str:
     """The thread count the first training session ran with and where it came from (run.json), for the person
     at the terminal: the children's own plan lines go to their logs."""
-    from pilotrun.errors import PilotrunError
+    from pilotrun.common.errors import PilotrunError
     from pilotrun.run.record import read_run_json
 
     try:
@@ -444,9 +444,9 @@ def _wait_stopped_child(child: TrainingChild, timeout_seconds: float) -> None:
 
 def _judge(run_dir: Path, max_steps: int, freeze, out: TextIO, started: float, phases: dict[str, float],
            killed_at: int, checkpoint: int, killed: list[int], data_dir: Path | None = None) -> PilotResult:
-    from pilotrun.report.html import write_report
-    from pilotrun.report.summarize import format_summary, summarize_run
-    from pilotrun.report.verdict import format_verdict, judge_summary
+    from pilotrun.report.drawing.html import write_report
+    from pilotrun.report.record_check.summarize import format_summary, summarize_run
+    from pilotrun.report.verdict.verdict import format_verdict, judge_summary
 
     phase_start = time.monotonic()
     summary = summarize_run(run_dir, require_step=max_steps)

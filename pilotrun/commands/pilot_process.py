@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pilotrun import stop_signals
+from pilotrun.common import stop_signals
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -195,7 +195,7 @@ class TrainingChild:
 
 
 class StopForwarding:
-    """A stop signal (pilotrun/stop_signals.py) during the rehearsal: passed on to the running child (once per signal received), or, with
+    """A stop signal (pilotrun/common/stop_signals.py) during the rehearsal: passed on to the running child (once per signal received), or, with
     no child running, raised as `PilotStopped` where the pilot stands."""
 
     def __init__(self) -> None:

@@ -1,6 +1,6 @@
 """`pilotrun watch RUN [--against LOCK] [--follow] [--keep-going] [--on-alert CMD] [--json] [--interval S]`.
 
-Reads a run as it grows and prints its alerts (pilotrun/report/alerts.py); the run folder is opened once
+Reads a run as it grows and prints its alerts (pilotrun/report/watch/alerts.py); the run folder is opened once
 (pilotrun/run/run_folder.py) and its record read through pilotrun/run/follow.py, which only opens files for
 reading, and whether a session is live is read from
 /proc/locks (pilotrun.run.folder_lock.live_holder), so watch never writes into the run folder and never takes
@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pilotrun.errors import PilotrunError
-from pilotrun.parsing import terminal_safe
-from pilotrun.report.alerts import DEFAULT_STALL_WINDOWS, Alert, Watcher, thresholds_from_lock
-from pilotrun.report.ledger import format_against
-from pilotrun.report.thresholds import parse_thresholds
+from pilotrun.common.errors import PilotrunError
+from pilotrun.common.parsing import terminal_safe
+from pilotrun.report.projection.ledger import format_against
+from pilotrun.report.verdict.thresholds import parse_thresholds
+from pilotrun.report.watch.alerts import DEFAULT_STALL_WINDOWS, Alert, Watcher, thresholds_from_lock
 from pilotrun.run.recipe_lock import FreezeError, describe_difference, load_lock, lock_differences
 from pilotrun.run.run_folder import RunFolder
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pilotrun.errors import DataError
-from pilotrun.files import sha256_of_file
+from pilotrun.common.errors import DataError
+from pilotrun.common.files import sha256_of_file
 
 TASK_SUFFIX = ".jsonl"
 

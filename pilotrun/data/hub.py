@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from pilotrun.errors import DataError
+from pilotrun.common.errors import DataError
 
 COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 

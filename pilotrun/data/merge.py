@@ -27,6 +27,8 @@ import shutil
 import tempfile
 from typing import Any
 
+from pilotrun.common.errors import DataError
+from pilotrun.common.files import fsync_directory, sha256_of_file
 from pilotrun.data.shards import (
     FORMAT,
     METADATA_FILE,
@@ -39,8 +41,6 @@ from pilotrun.data.shards import (
 )
 from pilotrun.data.stream import SPLITS
 from pilotrun.data.verify import _scan_shard
-from pilotrun.errors import DataError
-from pilotrun.files import fsync_directory, sha256_of_file
 
 LAYOUT = ("each split is the parts' same split concatenated in the order of merged_from (each part's shards in "
           "their own order, so every document stays whole), shards renamed into one sequence")

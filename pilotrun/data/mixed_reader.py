@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from pilotrun.common.errors import DataError
 from pilotrun.data.mixture import (
     MixtureSchedule,
     MixtureSpec,
@@ -32,7 +33,6 @@ from pilotrun.data.mixture import (
 from pilotrun.data.reader import MODES, TokenDataset, TokenSplit, check_data_fits_recipe, open_dataset
 from pilotrun.data.shards import load_manifest, metadata_sha256
 from pilotrun.data.stream import SPLITS
-from pilotrun.errors import DataError
 
 
 class MixedDataset:

@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from pilotrun.errors import DataError
-from pilotrun.files import canonical_sha256
-from pilotrun.parsing import parse_yaml_text, read_text_bounded
+from pilotrun.common.errors import DataError
+from pilotrun.common.files import canonical_sha256
+from pilotrun.common.parsing import parse_yaml_text, read_text_bounded
 
 MIXTURE_SUFFIXES = (".yaml", ".yml")
 SOURCE_KEYS = ("path", "weight", "name")

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from pilotrun.common.errors import DataError
+from pilotrun.common.stop_signals import signal_name
 from pilotrun.data.hub import HubClient
 from pilotrun.data.identity import request_options
 from pilotrun.data.prepare_state import PartialFolder, PrepareInterrupted, StopRequests, peak_resident_mb
@@ -54,8 +56,6 @@ from pilotrun.data.tokenizer import (
     plain,
     resolve_tokenizer,
 )
-from pilotrun.errors import DataError
-from pilotrun.stop_signals import signal_name
 
 # Documents are handed to worker threads in chunks of about this many characters: large enough that the
 # per-call overhead stays small next to encoding, small enough that a small corpus still spreads over workers.

@@ -25,11 +25,11 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-from pilotrun import stop_signals
+from pilotrun.common import stop_signals
+from pilotrun.common.errors import DataError, PilotrunError
+from pilotrun.common.files import fsync_directory, write_text_atomic
+from pilotrun.common.parsing import read_json_file
 from pilotrun.data.shard_hashing import hash_file
-from pilotrun.errors import DataError, PilotrunError
-from pilotrun.files import fsync_directory, write_text_atomic
-from pilotrun.parsing import read_json_file
 
 PROGRESS_FILE = "progress.json"
 PROGRESS_FORMAT = "pilotrun-prepare-progress/1"
@@ -235,7 +235,7 @@ def _remove(path: str) -> None:
 
 
 class StopRequests:
-    """A stop signal (pilotrun/stop_signals.py) asks prepare to stop at the next chunk boundary, after committing
+    """A stop signal (pilotrun/common/stop_signals.py) asks prepare to stop at the next chunk boundary, after committing
     its state; a second one stops at once (KeyboardInterrupt: the last committed state is still there to
     continue from)."""
 

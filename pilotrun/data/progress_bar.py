@@ -3,7 +3,7 @@
 `pilotrun prepare --progress auto|bar|plain|none`, as `pilotrun train --progress`: a tqdm bar redraws its line
 with carriage returns, which a terminal shows as one moving line but a log file (nohup, slurm, the pilot's
 captured output) keeps as one endless line. So `auto` draws the bar only when stderr is a terminal and writes
-plain lines otherwise, at every command's cadence (pilotrun/plain_progress.py); `bar` and `plain` choose
+plain lines otherwise, at every command's cadence (pilotrun/common/progress.py); `bar` and `plain` choose
 either; `none` shows nothing.
 """
 
@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from pilotrun.errors import DataError
-from pilotrun.plain_progress import PlainLine
+from pilotrun.common.errors import DataError
+from pilotrun.common.progress import PlainLine
 
 MODES = ("auto", "bar", "plain", "none")
 

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from pilotrun.common.errors import DataError
+from pilotrun.common.files import sha256_of_file
 from pilotrun.data.shards import TOKENIZER_FILE, check_shard, load_manifest, metadata_sha256
 from pilotrun.data.stream import SPLITS
-from pilotrun.errors import DataError
-from pilotrun.files import sha256_of_file
 
 MODES = ("successive", "repeat_batch")
 

@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from pilotrun.errors import DataError
-from pilotrun.files import canonical_sha256, not_regular
-from pilotrun.parsing import read_json_file
+from pilotrun.common.errors import DataError
+from pilotrun.common.files import canonical_sha256, not_regular
+from pilotrun.common.parsing import read_json_file
 
 METADATA_FILE = "metadata.json"
 TOKENIZER_FILE = "tokenizer.json"

@@ -26,10 +26,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from pilotrun.common.errors import DataError
+from pilotrun.common.files import not_regular, sha256_of_file
 from pilotrun.data.builtin_corpus import builtin_corpus_info, iter_builtin_documents
 from pilotrun.data.hub import HubClient, HuggingFaceHub, resolve_commit
-from pilotrun.errors import DataError
-from pilotrun.files import not_regular, sha256_of_file
 
 FINEWEB_EDU_REPO = "HuggingFaceFW/fineweb-edu"
 FINEWEB_EDU_DEFAULT_CONFIG = "sample-10BT"
@@ -92,7 +92,7 @@ class OpenedSource:
 
     def order_record(self, order_seed: int | None) -> dict[str, Any]:
         """What the manifest records of the reading order (the units and their order's digest)."""
-        from pilotrun.files import canonical_sha256
+        from pilotrun.common.files import canonical_sha256
 
         if order_seed is None or not self.units:
             return {"units": len(self.units or ()) or None, "shuffled": False}

@@ -13,7 +13,7 @@ commits), and its workers outlive a SIGKILLed parent. Here each worker has its o
 never blocks: a feeder thread writes the pipe, so the main process cannot deadlock against a worker busy
 returning a result), at most `depth` chunks are in flight per worker, and a worker dies with its parent: Linux's
 PR_SET_PDEATHSIG (SIGKILL) where available, and everywhere a check of its parent pid while it waits for work.
-Workers ignore every stop signal (pilotrun/stop_signals.py: a terminal sends Ctrl-C's SIGINT and a hangup's SIGHUP
+Workers ignore every stop signal (pilotrun/common/stop_signals.py: a terminal sends Ctrl-C's SIGINT and a hangup's SIGHUP
 to the whole process group), so a stop reaches only the main process, which finishes its chunk, commits and
 then ends the workers itself.
 """
@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from pilotrun import stop_signals
-from pilotrun.errors import DataError
+from pilotrun.common import stop_signals
+from pilotrun.common.errors import DataError
 
 # 'spawn': a fresh interpreter per worker, never a fork of a parent that may already run threads (tokenizers'
 # own pool, tqdm's monitor), which can deadlock in the child.

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from pilotrun.common.errors import DataError
+from pilotrun.common.files import not_regular
 from pilotrun.data.hub import HubClient, HuggingFaceHub, resolve_commit
-from pilotrun.errors import DataError
-from pilotrun.files import not_regular
 
 # End-of-document tokens of common tokenizer families, tried in this order when --eos is not given.
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "[EOS]", "<|end|>")

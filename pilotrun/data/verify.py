@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from pilotrun.common.errors import DataError
+from pilotrun.common.files import sha256_of_file
 from pilotrun.data.shards import METADATA_FILE, TOKENIZER_FILE, load_manifest, read_shard_header
 from pilotrun.data.stream import SPLITS
-from pilotrun.errors import DataError
-from pilotrun.files import sha256_of_file
 
 READ_BLOCK_TOKENS = 1 << 22
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from pilotrun.common.errors import ConfigError
 from pilotrun.config import ModelConfig
-from pilotrun.errors import ConfigError
 
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(

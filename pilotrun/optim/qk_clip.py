@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from pilotrun.common.errors import CheckpointError
 from pilotrun.config import QK_CLIP_HARD_GAMMA
-from pilotrun.errors import CheckpointError
 
 
 @dataclass

@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-from pilotrun.files import temp_path
+from pilotrun.common.files import temp_path
 
 
 class Places:

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pilotrun.errors import PilotrunError
+from pilotrun.common.errors import PilotrunError
 
 LOCK_NAME = "run.lock"
 UNSUPPORTED_ERRNOS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)

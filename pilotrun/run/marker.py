@@ -21,9 +21,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pilotrun.errors import PilotrunError
-from pilotrun.files import sha256_of_file
-from pilotrun.parsing import read_json_file
+from pilotrun.common.errors import PilotrunError
+from pilotrun.common.files import sha256_of_file
+from pilotrun.common.parsing import read_json_file
 from pilotrun.run.record import CHECKPOINTS_DIR
 
 MARKER_NAME = "COMMITTED.json"

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pilotrun.files import canonical_sha256
+from pilotrun.common.files import canonical_sha256
 from pilotrun.run.record import (
     METRICS_JSONL,
     NONFINITE_STRINGS,

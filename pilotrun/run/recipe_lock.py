@@ -2,7 +2,7 @@
 
 `pilotrun freeze` (commands/freeze.py) writes the lock of a judged pilot: its effective recipe, the changes
 made on resume, the data identity, the code identity, the verdict with every rule's figure, and `sha256`, the
-sha256 of the canonical JSON of everything else (pilotrun.files.canonical_json), so the lock identifies itself
+sha256 of the canonical JSON of everything else (pilotrun.common.files.canonical_json), so the lock identifies itself
 and an edited lock is detected when it is loaded.
 
 `pilotrun train --frozen LOCK` takes its recipe from the lock (`--set` may change it); every difference
@@ -21,10 +21,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pilotrun.common.errors import PilotrunError
+from pilotrun.common.files import canonical_sha256, refuse_link, remove_stale_temps, write_text_atomic
+from pilotrun.common.parsing import read_json_file
 from pilotrun.config import MACHINE_KEYS, flatten
-from pilotrun.errors import PilotrunError
-from pilotrun.files import canonical_sha256, refuse_link, remove_stale_temps, write_text_atomic
-from pilotrun.parsing import read_json_file
 
 LOCK_FORMAT = "pilotrun.recipe-lock/1"
 DATA_KEY = "data.metadata_sha256"
@@ -195,7 +195,7 @@ def describe_frozen_status(status: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- projection
-# `freeze --target-steps N` adds two sections to the lock (pilotrun/report/projection.py computes them from the
+# `freeze --target-steps N` adds two sections to the lock (pilotrun/report/projection/long_run.py computes them from the
 # pilot's own record): `projection`, what the pilot's measurements predict for a long run of N updates, and
 # `watch`, the pilot's figures `pilotrun watch` holds a long run to (throughput band, loss envelope, skip and
 # clip bounds, window interval). Both are inside the lock's sha256 like everything else.

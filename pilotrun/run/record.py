@@ -43,9 +43,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pilotrun.errors import PilotrunError
-from pilotrun.files import canonical_json
-from pilotrun.parsing import read_json_file
+from pilotrun.common.errors import PilotrunError
+from pilotrun.common.files import canonical_json
+from pilotrun.common.parsing import read_json_file
 
 RUN_JSON = "run.json"
 METRICS_JSONL = "metrics.jsonl"
@@ -56,7 +56,7 @@ REPORT_DIR = "report"
 EVENTS = ("session_start", "train", "val", "checkpoint", "overflow", "data_restart", "qk_clip", "spike", "rollback",
           "shard_check",  # a shard's sha256 checked in the background on its first read (training/callbacks/shard_check.py)
           "downstream",  # the in-loop multiple-choice tasks' figures (training/callbacks/downstream_eval.py)
-          "evaluation",  # `pilotrun evaluate` on a committed checkpoint, outside any session (report/evaluations.py)
+          "evaluation",  # `pilotrun evaluate` on a committed checkpoint, outside any session (report/record_check/evaluations.py)
           "session_end")
 SESSION_END_REASONS = ("completed", "interrupted", "deadline", "hung", "error", "stopped")
 COUNTER_KEYS = ("step", "tokens_seen", "updates_attempted", "updates_skipped")

@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+from pilotrun.common.errors import ConfigError
 from pilotrun.config import TRACKER_NAMES
-from pilotrun.errors import ConfigError
 from pilotrun.run.export_undo import Places
 from pilotrun.run.mirror import (
     TrackerMirror,

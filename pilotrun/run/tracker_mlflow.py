@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pilotrun.errors import ConfigError
+from pilotrun.common.errors import ConfigError
 from pilotrun.run.mirror import IDENTITY_KEYS, MIRRORED_EVENTS, PROJECT, TrackerMirror, identity_tags
 
 TAG_PREFIX = "pilotrun."

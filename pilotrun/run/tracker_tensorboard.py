@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pilotrun.errors import ConfigError
-from pilotrun.files import plain_folder
+from pilotrun.common.errors import ConfigError
+from pilotrun.common.files import plain_folder
 from pilotrun.run.mirror import MIRRORED_EVENTS, TrackerMirror, exported_events, identity_tags, kept_history
 
 EVENT_FILE_PREFIX = "events.out.tfevents."

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pilotrun.errors import ConfigError
+from pilotrun.common.errors import ConfigError
 from pilotrun.run.mirror import MIRRORED_EVENTS, PROJECT, TrackerMirror, flat_recipe, identity_tags
 
 

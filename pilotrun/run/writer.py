@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pilotrun.files import open_for_write, refuse_link, remove_stale_temps, write_text_atomic
+from pilotrun.common.files import open_for_write, refuse_link, remove_stale_temps, write_text_atomic
 from pilotrun.run.record import (
     CHAIN_KEY,
     EVENTS,

@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pilotrun.errors import ConfigError
-from pilotrun.files import canonical_sha256
+from pilotrun.common.errors import ConfigError
+from pilotrun.common.files import canonical_sha256
 
 T = TypeVar("T")
 

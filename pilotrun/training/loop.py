@@ -33,11 +33,11 @@ from collections.abc import Sequence
 
 import torch
 
+from pilotrun.common.stop_signals import signal_name
 from pilotrun.data.reader import TokenIdError
 from pilotrun.model.diagnostics import collect_step_statistics, reset_step_statistics
 from pilotrun.optim.schedule import set_learning_rates
 from pilotrun.optim.update_hooks import StepStatistics
-from pilotrun.stop_signals import signal_name
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import (
     Callback,
@@ -51,7 +51,7 @@ from pilotrun.training.callbacks.base import (
 from pilotrun.training.precision import apply_update, autocast_context
 from pilotrun.training.replay import replay_spike
 from pilotrun.training.signals import SecondSignal
-from pilotrun.training.spikes import SpikeGate, gathered_values, skip_ahead, upcoming_batches
+from pilotrun.training.spikes.detector import SpikeGate, gathered_values, skip_ahead, upcoming_batches
 
 
 def train_loop(loop: LoopState, callbacks: Sequence[Callback]) -> Ending:

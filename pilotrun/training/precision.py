@@ -24,8 +24,8 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.nn.utils import get_total_norm
 
+from pilotrun.common.errors import ConfigError
 from pilotrun.config import PRECISIONS
-from pilotrun.errors import ConfigError
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
+from pilotrun.common.errors import PilotrunError
+from pilotrun.common.files import open_for_write, plain_folder, refuse_link
 from pilotrun.config import TrainConfig
-from pilotrun.errors import PilotrunError
-from pilotrun.files import open_for_write, plain_folder, refuse_link
 from pilotrun.run.record import CHECKPOINTS_DIR, METRICS_JSONL, REPORT_DIR, RUN_JSON
 from pilotrun.training.checkpoint.checkpointer import Checkpointer
 from pilotrun.training.checkpoint.retention import kept_at_most

@@ -28,7 +28,13 @@ from torch.nn.utils import get_total_norm
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.checkpoint.rng_state import capture_rng_state, restore_rng_state
 from pilotrun.training.precision import autocast_context
-from pilotrun.training.spikes import SpikeDetector, SpikeVerdict, agreed, gathered_values, per_rank_pairs
+from pilotrun.training.spikes.detector import (
+    SpikeDetector,
+    SpikeVerdict,
+    agreed,
+    gathered_values,
+    per_rank_pairs,
+)
 
 
 def compute_update(session: Any, batches: list[int]) -> list[list[float]]:

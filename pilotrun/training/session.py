@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
+from pilotrun.common.errors import CheckpointError, ConfigError, PilotrunError
 from pilotrun.config import RunConfig, config_from_dict, config_to_dict, validate_run_config
 from pilotrun.data.mixed_reader import MixedDataset, MixedLoader, all_splits, check_fits_recipe, open_data
 from pilotrun.data.reader import BatchLoader, TokenDataset
-from pilotrun.errors import CheckpointError, ConfigError, PilotrunError
 from pilotrun.model.accounting import count_parameters, flops_per_token
 from pilotrun.model.transformer import build_model, compile_blocks
 from pilotrun.optim.muon_adamw import build_optimizer
@@ -58,7 +58,7 @@ from pilotrun.training.environment import default_threads, git_state, hardware_i
 from pilotrun.training.notices import restored_state_line, startup_warnings
 from pilotrun.training.precision import build_grad_scaler
 from pilotrun.training.preflight import PreflightError, check_run_folder, checkpoint_bytes_estimate, disk_plan
-from pilotrun.training.spikes import SpikeDetector, skip_data_section
+from pilotrun.training.spikes.detector import SpikeDetector, skip_data_section
 from pilotrun.training.thread_choice import choose_threads, recorded_threads
 
 

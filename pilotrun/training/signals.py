@@ -10,7 +10,7 @@ agrees on it across ranks, closes the window, saves a checkpoint and ends the se
 code 130 (SIGINT), 143 (SIGTERM) or 129 (SIGHUP). A second signal while the first is being honoured raises `SecondSignal` from
 the handler, wherever the main thread is: the session ends at once, without the checkpoint it was waiting for.
 
-The signals and their exit codes are every command's (pilotrun/stop_signals.py), and so is the installer: handlers
+The signals and their exit codes are every command's (pilotrun/common/stop_signals.py), and so is the installer: handlers
 only from the main thread, the previous ones put back when the session ends, so an in-process caller (the API, a
 test) keeps its own handling afterwards.
 """
@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from pilotrun import stop_signals
+from pilotrun.common import stop_signals
 
 
 class SecondSignal(Exception):

@@ -25,7 +25,7 @@ Every event written to metrics.jsonl is handed to the metrics sinks (run/sinks.p
 `train.trackers` (TensorBoard, W&B, MLflow, trackio), and any the caller passes), each guarded so that a failing sink warns once and changes
 neither the training nor the record; writing and mirroring are the "report" phase.
 
-A stop signal (pilotrun/stop_signals.py): the current update is finished, the window is logged, a checkpoint is
+A stop signal (pilotrun/common/stop_signals.py): the current update is finished, the window is logged, a checkpoint is
 saved, then `session_end` with reason "interrupted", and the exit code is 128 + the signal's number: 130 (SIGINT),
 143 (SIGTERM), 129 (SIGHUP), 138 (SIGUSR1), 140 (SIGUSR2). A deadline (`stop_by`, callbacks/deadline.py) ends
 the same way with reason "deadline" and exit code 75. A hang (callbacks/hang_watchdog.py) ends it with reason
@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from pilotrun.common.stop_signals import HUNG_EXIT_CODE, signal_name
 from pilotrun.config import RunConfig
 from pilotrun.data.choice_tasks import read_choice_tasks
 from pilotrun.run.record import HANGS_DIR, PHASES, run_json_digests
@@ -54,11 +55,10 @@ from pilotrun.run.sinks import (
     check_trackers_available,
     tracker_sinks,
 )
-from pilotrun.stop_signals import HUNG_EXIT_CODE, signal_name
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import Callback, Ending, LoopState
 from pilotrun.training.callbacks.checkpointing import CheckpointCallback
-from pilotrun.training.callbacks.deadline import DeadlineCallback
+from pilotrun.training.callbacks.deadline_stop import DeadlineCallback
 from pilotrun.training.callbacks.downstream_eval import DownstreamEvalCallback
 from pilotrun.training.callbacks.evaluation import EvalCallback
 from pilotrun.training.callbacks.hang_watchdog import HangBounds, HangWatchdog, peer_hangs
@@ -66,12 +66,12 @@ from pilotrun.training.callbacks.kill_point import KillPointCallback
 from pilotrun.training.callbacks.launcher_watch import LauncherWatchCallback
 from pilotrun.training.callbacks.profiling import ProfileCallback, ProfileWindow
 from pilotrun.training.callbacks.shard_check import ShardCheckCallback
-from pilotrun.training.callbacks.spike_rollback import SpikeCallback
 from pilotrun.training.callbacks.window_log import RareEventsCallback, WindowLogCallback
 from pilotrun.training.loop import train_loop
 from pilotrun.training.notices import interrupt_acknowledgement
 from pilotrun.training.session import NothingToDo, Session, build_session, tokens_per_update
 from pilotrun.training.signals import SecondSignal, StopSignals
+from pilotrun.training.spikes.rollback import SpikeCallback
 from pilotrun.training.timing import TimeAccount
 
 
@@ -134,7 +134,7 @@ class Trainer:
     `signals`: the session's stop requests (signals.py); `request(signum)` asks it to stop as a signal would
     (pass one to have it heard during the set-up too, installed by the caller).
     `resume`: False, True (`--resume`) or "auto" (`--resume auto`, session.build_session).
-    `stop_by`: a deadline in epoch seconds (pilotrun/deadline.py), `started_at` the command's start on `clock`
+    `stop_by`: a deadline in epoch seconds (pilotrun/common/deadline.py), `started_at` the command's start on `clock`
     (the set-up's seconds stand for a save in the deadline's margin until the session has saved).
     `watchdog`: a started hang watchdog (`train_from_cli` starts one before the set-up); None watches nothing, so
     an in-process caller's process is never ended by a hang."""

@@ -65,7 +65,7 @@ def test_overrides_as_mapping_and_run_config_object():
 def test_errors_speak_the_api_not_the_command_line(tmp_path):
     """A refusal names the keyword a Python caller passes, not the shell option; the error type is kept."""
     import pilotrun
-    from pilotrun.errors import DataError
+    from pilotrun.common.errors import DataError
 
     out = tmp_path / "data"
     pilotrun.prepare(out, tokenizer="bpe:300", train_tokens=3000, shard_tokens=4096)

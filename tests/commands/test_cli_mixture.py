@@ -48,7 +48,7 @@ def test_pilot_takes_a_mixture_file_as_its_data_and_checks_it_first(mixture_sour
     import io
 
     from pilotrun.commands.pilot import _prepare_data
-    from pilotrun.errors import DataError
+    from pilotrun.common.errors import DataError
     from tests.conftest import write_mixture
 
     mixture = write_mixture(tmp_path / "mix.yaml", [(mixture_sources["edu"], 1), (mixture_sources["builtin"], 2)])

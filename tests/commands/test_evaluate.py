@@ -13,10 +13,10 @@ import pytest
 
 from pilotrun.commands.cli import main
 from pilotrun.commands.evaluate import evaluate_checkpoint, parse_tasks
-from pilotrun.errors import PilotrunError
-from pilotrun.files import sha256_of_file
-from pilotrun.report.evaluations import marker_sha256
-from pilotrun.report.summarize import summarize_run
+from pilotrun.common.errors import PilotrunError
+from pilotrun.common.files import sha256_of_file
+from pilotrun.report.record_check.evaluations import marker_sha256
+from pilotrun.report.record_check.summarize import summarize_run
 from pilotrun.run.folder_lock import RunFolderBusy, RunFolderLock
 from pilotrun.run.marker import step_folder
 from pilotrun.run.record import read_metrics_strict, read_run_json

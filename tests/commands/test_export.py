@@ -14,8 +14,8 @@ import torch
 
 from pilotrun.commands.cli import main
 from pilotrun.commands.export import ExportError, load_checkpoint_model, refuse_inexpressible_options
+from pilotrun.common.errors import PilotrunError
 from pilotrun.config import ModelConfig, load_run_config
-from pilotrun.errors import PilotrunError
 from pilotrun.training.trainer import Trainer
 
 transformers = pytest.importorskip("transformers")

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from pilotrun.commands.freeze import freeze_run
-from pilotrun.files import canonical_sha256
+from pilotrun.common.files import canonical_sha256
 from pilotrun.run.recipe_lock import FreezeError, frozen_run_facts
 from tests.report.synthetic import crashed_and_resumed
 from tests.run.test_recipe_lock import _lock
@@ -27,8 +27,8 @@ def test_freeze_run_writes_a_self_identifying_lock_and_refuses_an_existing_out(t
 
 
 def test_summarize_and_verdict_text_name_the_frozen_candidate_and_whether_it_matches(tmp_path):
-    from pilotrun.report.summarize import format_summary, summarize_run
-    from pilotrun.report.verdict import format_verdict, judge
+    from pilotrun.report.record_check.summarize import format_summary, summarize_run
+    from pilotrun.report.verdict.verdict import format_verdict, judge
 
     run = crashed_and_resumed(tmp_path / "r")
     lock = _lock(recipe=run.run["recipe"], data="0" * 64)
@@ -155,7 +155,7 @@ def test_a_2x_longer_run_from_a_lock_is_set_beside_its_projection_in_band_or_wit
 
 @pytest.mark.slow
 def test_the_lock_carries_the_pilots_in_loop_tasks_and_figures_for_the_long_runs_watch(task_run, tmp_path):
-    from pilotrun.report.alerts import Watcher
+    from pilotrun.report.watch.alerts import Watcher
     from pilotrun.run.record import read_metrics_strict
 
     _data, task, run_dir = task_run

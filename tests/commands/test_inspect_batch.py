@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pilotrun.commands.inspect_batch import attempt_for_step, microbatches_for_step
-from pilotrun.errors import ConfigError
+from pilotrun.common.errors import ConfigError
 from pilotrun.run.record import RecordError
 from tests.report.synthetic import SyntheticRun
 

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
+from pilotrun.common.errors import PilotrunError
 from pilotrun.data.choice_tasks import read_choice_task
-from pilotrun.errors import PilotrunError
 
 lm_eval = pytest.importorskip("lm_eval", reason="needs EleutherAI's harness, the eval extra: pip install "
                               "'pilotrun[eval]' (the dev extra includes it)")
@@ -48,7 +48,7 @@ def test_the_harness_scores_every_choice_exactly_as_pilotrun_does(task_run):
 def test_evaluate_with_the_harness_records_its_version_and_the_task_identity(task_run, tmp_path):
     from pilotrun.commands.evaluate import evaluate_checkpoint
     from pilotrun.commands.lm_eval_model import harness_version
-    from pilotrun.report.summarize import summarize_run
+    from pilotrun.report.record_check.summarize import summarize_run
 
     _data, task, source = task_run
     run = tmp_path / "run"

@@ -8,7 +8,7 @@ import pytest
 
 from pilotrun.commands.cli import main
 from pilotrun.commands.pilot import PilotError, configs_dir, freeze_step, run_pilot
-from pilotrun.report.summarize import summarize_run
+from pilotrun.report.record_check.summarize import summarize_run
 
 
 def test_configs_dir_is_the_repository_folder():

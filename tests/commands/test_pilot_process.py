@@ -87,7 +87,7 @@ def test_a_process_that_exits_is_not_reported_stopped():
 
 
 def test_a_hangup_stops_the_pilot_as_the_other_stop_signals_do():
-    # A closed terminal (SIGHUP) is one of every command's stop signals (pilotrun/stop_signals.py): 128 + 1.
+    # A closed terminal (SIGHUP) is one of every command's stop signals (pilotrun/common/stop_signals.py): 128 + 1.
     stops = StopForwarding()
     with pytest.raises(PilotStopped) as raised:
         stops._handle(signal.SIGHUP, None)

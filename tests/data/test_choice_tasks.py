@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from pilotrun.common.errors import DataError
+from pilotrun.common.files import sha256_of_file
 from pilotrun.data.choice_tasks import chance_accuracy, read_choice_task, read_choice_tasks
-from pilotrun.errors import DataError
-from pilotrun.files import sha256_of_file
 from tests.choice_task_fixture import continuation_examples, fineweb_texts, write_task
 
 

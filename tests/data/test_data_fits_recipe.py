@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from pilotrun.commands.cli import main
+from pilotrun.common.errors import DataError
 from pilotrun.data.reader import BatchLoader, TokenIdError, check_data_fits_recipe, open_dataset
 from pilotrun.data.shards import METADATA_FILE, read_shard_header
 from pilotrun.data.verify import verify_data
-from pilotrun.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -137,7 +137,7 @@ def test_a_damaged_id_found_mid_run_stops_with_one_line_and_the_last_checkpoint_
     assert "train_00000.npy" in errors[0] and "offset 420" in errors[0]
     # Found before update 4 ran: the state after update 3 is checkpointed, and the record says how it ended.
     assert Checkpointer(run_dir, keep=3).committed_steps() == [2, 3]
-    from pilotrun.report.summarize import summarize_run
+    from pilotrun.report.record_check.summarize import summarize_run
 
     summary = summarize_run(run_dir)
     assert summary.valid, summary.reasons

@@ -11,8 +11,8 @@ import types
 import pytest
 
 from pilotrun.commands.cli import main
+from pilotrun.common.errors import DataError
 from pilotrun.data.hub import OFFLINE_HINTS, HuggingFaceHub
-from pilotrun.errors import DataError
 
 
 def offline(*args, **kwargs):

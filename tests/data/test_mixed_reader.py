@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from pilotrun.common.errors import DataError
 from pilotrun.data.mixed_reader import MixedDataset, MixedLoader, open_data
 from pilotrun.data.reader import TokenDataset, open_dataset
-from pilotrun.errors import DataError
 from tests.conftest import write_mixture
 
 

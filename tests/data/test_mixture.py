@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pilotrun.common.errors import DataError
 from pilotrun.data.mixture import MixtureSchedule, exact_weights, mixture_identity, parse_mixture
-from pilotrun.errors import DataError
 
 
 @pytest.fixture

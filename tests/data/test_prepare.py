@@ -11,12 +11,12 @@ import pytest
 from tokenizers import Tokenizer
 
 from pilotrun.commands.cli import main
+from pilotrun.common.errors import DataError
 from pilotrun.data import prepare as prepare_module
 from pilotrun.data.prepare import prepare_corpus
 from pilotrun.data.reader import open_dataset
 from pilotrun.data.shards import metadata_sha256
 from pilotrun.data.stream import split_of
-from pilotrun.errors import DataError
 
 from .conftest import FAKE_SHA, LocalHub
 

@@ -9,6 +9,7 @@ import signal
 
 import pytest
 
+from pilotrun.common.errors import DataError
 from pilotrun.data.prepare_state import (
     PROGRESS_FILE,
     PartialFolder,
@@ -16,7 +17,6 @@ from pilotrun.data.prepare_state import (
     differences,
     peak_resident_mb,
 )
-from pilotrun.errors import DataError
 
 
 def test_differences_name_each_changed_leaf():

@@ -6,8 +6,8 @@ import io
 
 import pytest
 
+from pilotrun.common.errors import DataError
 from pilotrun.data.progress_bar import PlainBar, open_bar, progress_mode
-from pilotrun.errors import DataError
 
 
 class _Terminal(io.StringIO):

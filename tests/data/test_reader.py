@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pilotrun.common.errors import DataError
 from pilotrun.data.prepare import prepare_corpus
 from pilotrun.data.reader import BatchLoader, open_dataset
-from pilotrun.errors import DataError
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
+from pilotrun.common.files import sha256_of_file
 from pilotrun.data.reader import BatchLoader, open_dataset
 from pilotrun.data.shard_hashing import ShardHasher, hash_file
-from pilotrun.files import sha256_of_file
 
 
 def _shard(tmp_path, name: str, content: bytes) -> tuple[str, str]:

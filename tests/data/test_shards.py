@@ -8,8 +8,8 @@ import hashlib
 import numpy as np
 import pytest
 
+from pilotrun.common.errors import DataError
 from pilotrun.data.shards import ShardWriter, check_shard, metadata_sha256, pending_name
-from pilotrun.errors import DataError
 
 
 def test_shards_are_cut_at_shard_tokens_and_hashed_as_they_lie_on_disk(tmp_path):

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pilotrun.common.errors import DataError
 from pilotrun.data.sources import open_source, parse_fineweb_spec
-from pilotrun.errors import DataError
 
 from .conftest import FAKE_SHA, LocalHub
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from pilotrun.commands.cli import main
+from pilotrun.common.errors import DataError
 from pilotrun.data.prepare import prepare_corpus
 from pilotrun.data.shards import metadata_sha256
 from pilotrun.data.tokenize_pool import TokenizePool, encoded_in_order
 from pilotrun.data.tokenizer import encode_documents, plain_encoder
-from pilotrun.errors import DataError
 
 from .test_prepare import _tree_bytes
 from .test_prepare_resume import parquet_source, prepare_args, run_child  # noqa: F401 (a fixture)

@@ -7,8 +7,8 @@ import hashlib
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from pilotrun.common.errors import DataError
 from pilotrun.data.tokenizer import encode_documents, plain_encoder, resolve_tokenizer
-from pilotrun.errors import DataError
 
 from .conftest import FAKE_SHA, LocalHub
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from pilotrun.commands.cli import main
+from pilotrun.common.errors import DataError
 from pilotrun.data.prepare import prepare_corpus
 from pilotrun.data.reader import open_dataset
 from pilotrun.data.verify import verify_data
-from pilotrun.errors import DataError
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
+from pilotrun.common.errors import ConfigError
 from pilotrun.config import RunConfig, TrainConfig, validate_run_config
-from pilotrun.errors import ConfigError
 from pilotrun.model.accounting import count_parameters
 from pilotrun.model.presets import MODEL_PRESETS, model_preset
 

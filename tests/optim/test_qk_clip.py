@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pilotrun.common.errors import CheckpointError
 from pilotrun.config import ModelConfig
-from pilotrun.errors import CheckpointError
 from pilotrun.model.diagnostics import collect_step_statistics, reset_step_statistics
 from pilotrun.model.transformer import build_model
 from pilotrun.optim.qk_clip import QKClipCounters, apply_qk_clip

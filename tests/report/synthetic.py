@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pilotrun.report.summarize import summarize_run
-from pilotrun.report.thresholds import Thresholds
-from pilotrun.report.verdict import judge_summary
+from pilotrun.report.record_check.summarize import summarize_run
+from pilotrun.report.verdict.thresholds import Thresholds
+from pilotrun.report.verdict.verdict import judge_summary
 from pilotrun.run.record import RUN_JSON_DIGEST_KEY, chain_genesis, chained_line, run_json_digests
 
 

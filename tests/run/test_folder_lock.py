@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from pilotrun.report.summarize import summarize_run
+from pilotrun.report.record_check.summarize import summarize_run
 from pilotrun.run import folder_lock as run_lock
 from pilotrun.run.folder_lock import LOCK_NAME, RunFolderBusy, RunFolderLock
 from tests.training.checkpoint import checkpoint_faults

@@ -3,7 +3,7 @@ kept history, read from a run folder."""
 
 from __future__ import annotations
 
-from pilotrun.files import canonical_sha256
+from pilotrun.common.files import canonical_sha256
 from pilotrun.run.mirror import kept_history, read_identity, read_verdict, report_files, resume_step
 from pilotrun.run.record import read_metrics_strict, read_run_json
 from tests.run.tracker_runs import ROLLED_BACK, crashed_run, write_verdict
@@ -24,7 +24,7 @@ def test_identity_verdict_and_report_files(tmp_path):
 
 
 def test_kept_history_matches_summarize(tmp_path):
-    from pilotrun.report.summarize import summarize_run
+    from pilotrun.report.record_check.summarize import summarize_run
 
     run = crashed_run(tmp_path / "run")
     events = read_metrics_strict(run)

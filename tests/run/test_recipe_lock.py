@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from pilotrun.files import canonical_sha256
+from pilotrun.common.files import canonical_sha256
 from pilotrun.run.recipe_lock import (
     FreezeError,
     check_against_lock,

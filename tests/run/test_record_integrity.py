@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pilotrun.commands.cli import main
-from pilotrun.report.summarize import format_summary, summarize_run
+from pilotrun.report.record_check.summarize import format_summary, summarize_run
 from tests.report.synthetic import SyntheticRun
 
 ROOT = Path(__file__).resolve().parents[2]

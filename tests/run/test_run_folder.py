@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pilotrun.commands.cli import main
-from pilotrun.report.alerts import Watcher
+from pilotrun.report.watch.alerts import Watcher
 from pilotrun.run.record import RecordError, read_metrics_tolerant
 from pilotrun.run.run_folder import RunFolder
 from tests.report.synthetic import SyntheticRun, crashed_and_resumed
@@ -120,7 +120,7 @@ def test_a_marker_is_read_again_only_once_replaced_and_the_folder_must_be_a_run(
 def test_a_checkpoint_committed_while_summarize_reads_is_not_a_rewritten_log(tmp_path, monkeypatch):
     """The writer appends a checkpoint's line, then commits its marker. A reader that read the log before the
     markers would see a marker naming a line it had not read; the folder reads the markers first."""
-    from pilotrun.report.summarize import summarize_run
+    from pilotrun.report.record_check.summarize import summarize_run
     from pilotrun.run import run_folder
 
     whole = SyntheticRun(tmp_path / "whole")

@@ -10,8 +10,8 @@ import warnings
 import pytest
 
 from pilotrun.commands.cli import main
+from pilotrun.common.errors import ConfigError
 from pilotrun.config import TrainConfig, load_run_config
-from pilotrun.errors import ConfigError
 from pilotrun.run.mirror import kept_history, scalar_fields
 from pilotrun.run.sinks import (
     GuardedSink,

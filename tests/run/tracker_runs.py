@@ -8,8 +8,8 @@ import math
 import time
 from pathlib import Path
 
+from pilotrun.common.files import canonical_sha256
 from pilotrun.config import load_run_config
-from pilotrun.files import canonical_sha256
 from pilotrun.run.mirror import MIRRORED_EVENTS, kept_history, scalar_fields
 from pilotrun.run.record import read_metrics_strict, read_run_json
 from pilotrun.run.sinks import tracker_sinks

@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed import TCPStore
 
-from pilotrun.errors import CheckpointError, ConfigError
+from pilotrun.common.errors import CheckpointError, ConfigError
 from pilotrun.training import distributed as D
 from pilotrun.training.checkpoint.compatibility import reconcile_world_size
 

@@ -188,7 +188,7 @@ def test_only_rank0_writes_the_record_and_its_counters_are_global(runs: dict[str
     assert record["tokens_per_update"] == 128 and record["sessions"][0]["hardware"]["world_size"] == 2
     files = {p.name for p in (runs["two"] / "checkpoints" / "step-00000009").iterdir()}
     assert files == {".metadata", "COMMITTED.json", "__0_0.distcp", "__1_0.distcp"}
-    from pilotrun.report.summarize import summarize_run
+    from pilotrun.report.record_check.summarize import summarize_run
 
     for name in ("two", "killed"):  # the record reconciles, the killed session's extra work rolled back
         summary = summarize_run(runs[name], require_step=9)

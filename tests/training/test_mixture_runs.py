@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from pilotrun.config import load_run_config
-from pilotrun.report.summarize import summarize_run
-from pilotrun.report.verdict import judge
+from pilotrun.report.record_check.summarize import summarize_run
+from pilotrun.report.verdict.verdict import judge
 from pilotrun.run.marker import MARKER_NAME
 from tests.conftest import write_mixture
 from tests.exactness import assert_exactly_equal
@@ -81,7 +81,7 @@ def test_summarize_refuses_per_source_tokens_that_do_not_add_up(seventy_thirty, 
     _, run_dir = seventy_thirty
     copy = tmp_path / "copy"
     shutil.copytree(run_dir, copy)
-    from pilotrun.report.mixture import mixture_problems
+    from pilotrun.report.record_check.mixture_account import mixture_problems
 
     run = json.loads((copy / "run.json").read_text())
     bad = events(copy, "train")
@@ -198,7 +198,7 @@ def test_a_weight_changed_on_resume_is_refused_unless_allowed_then_recorded(seve
                                                                             tmp_path):
     import shutil
 
-    from pilotrun.errors import CheckpointError
+    from pilotrun.common.errors import CheckpointError
     from pilotrun.training.trainer import Trainer
 
     _, straight = seventy_thirty
@@ -244,8 +244,8 @@ def test_the_lock_records_every_source_the_weights_and_the_seed(seventy_thirty, 
 
 
 def test_summarize_and_the_verdict_report_show_each_source_against_its_weight(seventy_thirty):
-    from pilotrun.report.html import render_html
-    from pilotrun.report.summarize import format_summary
+    from pilotrun.report.drawing.html import render_html
+    from pilotrun.report.record_check.summarize import format_summary
 
     _, run_dir = seventy_thirty
     verdict = judge(run_dir)

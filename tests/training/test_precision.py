@@ -9,8 +9,8 @@ import io
 import pytest
 import torch
 
+from pilotrun.common.errors import ConfigError
 from pilotrun.config import ScheduleConfig
-from pilotrun.errors import ConfigError
 from pilotrun.optim.muon_adamw import MuonAdamW
 from pilotrun.optim.schedule import set_learning_rates
 from pilotrun.training.precision import apply_update, autocast_context, build_grad_scaler
@@ -366,8 +366,8 @@ def test_low_precision_needs_no_more_resident_memory_than_fp32_and_levels_off(bu
     import sys
     from pathlib import Path
 
-    from pilotrun.report.summarize import summarize_run
-    from pilotrun.report.verdict import judge_summary
+    from pilotrun.report.record_check.summarize import summarize_run
+    from pilotrun.report.verdict.verdict import judge_summary
 
     root = Path(__file__).resolve().parents[2]
     children = {}

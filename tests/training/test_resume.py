@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 
+from pilotrun.common.errors import CheckpointError
 from pilotrun.config import load_run_config
-from pilotrun.errors import CheckpointError
 from pilotrun.training.checkpoint.checkpointer import Checkpointer
 from tests.exactness import assert_exactly_equal
 

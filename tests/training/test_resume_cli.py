@@ -185,7 +185,7 @@ def test_sigkill_at_random_moments_then_resume_matches(builtin_data_dir, tmp_pat
     assert len(starts) == kills + 1, [(s["session_id"], s["step"], s["resumed_from"]) for s in starts]
     assert all(s["resumed_from"] is not None for s in starts[1:])
     # The hash chain held through every kill (torn tails cut, sessions appended) and the claim is complete.
-    from pilotrun.report.summarize import summarize_run
+    from pilotrun.report.record_check.summarize import summarize_run
 
     summary = summarize_run(run_dir, require_step=N_STEPS)
     assert summary.valid, summary.reasons

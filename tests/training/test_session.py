@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from pilotrun.common.errors import ConfigError
 from pilotrun.config import load_run_config
-from pilotrun.errors import ConfigError
 from pilotrun.training.checkpoint.checkpointer import Checkpointer
 from pilotrun.training.checkpoint.dcp_storage import DCPStorage
 from pilotrun.training.session import (
@@ -102,7 +102,7 @@ def test_resume_with_no_committed_checkpoint_starts_again_at_zero_naming_the_los
     import sys
 
     from pilotrun.commands.pilot_process import wait_until_stopped
-    from pilotrun.report.summarize import format_summary, summarize_run
+    from pilotrun.report.record_check.summarize import format_summary, summarize_run
 
     run_dir = tmp_path / "run"
     first = subprocess.Popen([sys.executable, "-c", STOP_BEFORE_FIRST_CHECKPOINT, "train", "--config", "smoke",
@@ -138,7 +138,7 @@ def test_resume_with_no_committed_checkpoint_starts_again_at_zero_naming_the_los
 
 
 def test_a_restart_claiming_other_lost_work_is_refused_by_summarize(builtin_data_dir, tmp_path):
-    from pilotrun.report.summarize import _check_restart
+    from pilotrun.report.record_check.summarize import _check_restart
     from pilotrun.run.record import Counters
 
     groups = {"a": [{"event": "session_start"}], "b": [{"event": "session_start", "restart": {
@@ -170,7 +170,7 @@ def test_num_threads_0_runs_with_the_default_and_the_session_records_it(builtin_
 
 @pytest.mark.parametrize("kind", ["user", "data"])
 def test_a_folder_that_is_not_a_run_is_refused_untouched_without_a_suggestion_to_delete_it(tmp_path, kind):
-    from pilotrun.errors import ConfigError
+    from pilotrun.common.errors import ConfigError
     from pilotrun.training.session import check_run_dir_is_new
 
     folder = tmp_path / kind

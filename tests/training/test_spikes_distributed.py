@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pilotrun.report.summarize import summarize_run
+from pilotrun.report.record_check.summarize import summarize_run
 from tests.training.test_distributed_trainer import _env
 
 pytestmark = pytest.mark.slow

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from pilotrun.commands.cli import main
+from pilotrun.common.errors import CheckpointError, ConfigError
 from pilotrun.config import config_to_dict, load_run_config
 from pilotrun.data.reader import open_dataset
-from pilotrun.errors import CheckpointError, ConfigError
 from pilotrun.optim.schedule import lr_multiplier
 from pilotrun.run.record import read_metrics_strict, read_run_json
 from pilotrun.training.callbacks.evaluation import evaluate
@@ -275,7 +275,7 @@ def test_existing_run_dir_and_missing_data_are_exit_2(builtin_data_dir, tmp_path
 
 @pytest.mark.slow
 def test_qk_clip_events_mark_first_and_hard_clips_and_agree_with_the_windows(builtin_data_dir, tmp_path):
-    from pilotrun.report.summarize import summarize_run
+    from pilotrun.report.record_check.summarize import summarize_run
 
     # tau below the tiny model's max logits (~0.006-0.01): most heads are clipped, some hard (gamma < 0.5).
     config = smoke_config("optim.qk_clip.tau=0.004", "train.max_steps=5", "train.eval_every=0")

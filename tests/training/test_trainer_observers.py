@@ -18,10 +18,10 @@ import pytest
 
 from pilotrun.commands import api
 from pilotrun.config import load_run_config
-from pilotrun.report.summarize import summarize_run
-from pilotrun.report.thresholds import Thresholds
-from pilotrun.report.time_split import SPLIT_PHASES
-from pilotrun.report.verdict import rule_throughput_steady
+from pilotrun.report.record_check.summarize import summarize_run
+from pilotrun.report.record_check.time_split import SPLIT_PHASES
+from pilotrun.report.verdict.thresholds import Thresholds
+from pilotrun.report.verdict.verdict import rule_throughput_steady
 from pilotrun.run.record import PHASES, dumps_line, read_metrics_strict
 from pilotrun.training.callbacks.profiling import profile_folder
 from pilotrun.training.trainer import Trainer
@@ -316,7 +316,7 @@ def test_a_tracker_whose_package_is_missing_is_refused_before_anything_is_writte
                                                                                 monkeypatch):
     import importlib.util
 
-    from pilotrun.errors import ConfigError
+    from pilotrun.common.errors import ConfigError
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))

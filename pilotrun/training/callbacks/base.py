@@ -33,7 +33,7 @@ from pilotrun.training.timing import TimeAccount, WindowClock
 from pilotrun.training.window import Window
 
 if TYPE_CHECKING:
-    from pilotrun.training.spikes import SpikeVerdict
+    from pilotrun.training.spikes.detector import SpikeVerdict
 
 # The built-in callbacks' places; a new callback picks a number between them.
 PRIORITY_PROFILE = -10  # outermost around the update: it decides which phase the attempt is charged to

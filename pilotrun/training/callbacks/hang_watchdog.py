@@ -50,10 +50,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pilotrun.deadline import parse_duration
-from pilotrun.files import plain_folder, write_text_atomic
+from pilotrun.common.deadline import parse_duration
+from pilotrun.common.files import plain_folder, write_text_atomic
+from pilotrun.common.stop_signals import HUNG_EXIT_CODE
 from pilotrun.run.record import HANGS_DIR
-from pilotrun.stop_signals import HUNG_EXIT_CODE
 from pilotrun.training.callbacks.base import Callback, LoopState
 
 STARTUP_SECONDS = 1800.0  # auto: the set-up and the first stretch of each kind (a compile, a first save)

@@ -31,8 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pilotrun.common.files import plain_folder
 from pilotrun.config import ProfileConfig
-from pilotrun.files import plain_folder
 from pilotrun.training.callbacks.base import PRIORITY_PROFILE, Callback, LoopState
 
 PROFILE_FOLDER = "profile"

@@ -17,9 +17,9 @@ from typing import Any, TextIO
 
 import torch
 
+from pilotrun.common.progress import PlainLine
 from pilotrun.model.diagnostics import attention_diagnostics, block_output_rms, moe_diagnostics
 from pilotrun.optim.muon_adamw import parameter_rms
-from pilotrun.plain_progress import PlainLine
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import (
     PRIORITY_RARE_EVENTS,

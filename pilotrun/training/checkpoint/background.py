@@ -46,8 +46,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from pilotrun.errors import CheckpointError
-from pilotrun.files import fsync_directory, sha256_of_file
+from pilotrun.common.errors import CheckpointError
+from pilotrun.common.files import fsync_directory, sha256_of_file
 from pilotrun.training.checkpoint.dcp_storage import DCPStorage, DistributedCheckpointer
 from pilotrun.training.distributed import broadcast_object
 

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from pilotrun.errors import CheckpointError, PilotrunError
-from pilotrun.files import fsync_directory, open_for_write, sha256_of_file
-from pilotrun.parsing import read_json_file
+from pilotrun.common.errors import CheckpointError, PilotrunError
+from pilotrun.common.files import fsync_directory, open_for_write, sha256_of_file
+from pilotrun.common.parsing import read_json_file
 from pilotrun.run.marker import MARKER_NAME, marker_files_problem, marker_step_problem, step_folder_name
 from pilotrun.run.record import CHECKPOINTS_DIR
 from pilotrun.training.checkpoint.retention import PROTECT_USER, doomed_steps, merge_protected

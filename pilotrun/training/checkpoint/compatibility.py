@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pilotrun.common.errors import CheckpointError
 from pilotrun.config import RESUME_FREE_KEYS, flatten
-from pilotrun.errors import CheckpointError
 
 ABSENT = "<absent>"
 # Software whose version changes floating-point results or random streams (a warning on change).

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-from pilotrun.errors import CheckpointError
+from pilotrun.common.errors import CheckpointError
 
 # (module, name) pairs a DCP `.metadata` pickle may name. Each is a data holder or a pure constructor of one:
 # building it from attacker-chosen arguments allocates an object and does nothing else.

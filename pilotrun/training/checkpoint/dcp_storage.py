@@ -30,8 +30,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from pilotrun.errors import CheckpointError
-from pilotrun.files import fsync_directory, sha256_of_file
+from pilotrun.common.errors import CheckpointError
+from pilotrun.common.files import fsync_directory, sha256_of_file
 from pilotrun.training.checkpoint import checkpointer as checkpoint_policy
 from pilotrun.training.checkpoint.checkpointer import Checkpointer
 from pilotrun.training.checkpoint.dcp_safe_read import read_dcp_metadata, safe_dcp_load

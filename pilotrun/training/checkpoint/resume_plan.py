@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pilotrun.common.errors import CheckpointError, ConfigError
 from pilotrun.config import RunConfig, config_from_dict, config_to_dict, validate_run_config
-from pilotrun.errors import CheckpointError, ConfigError
 from pilotrun.training.checkpoint.compatibility import check_resume_compatibility, reconcile_world_size
 
 HARDWARE_META_KEYS = ("device", "device_name", "world_size", "torch_threads")

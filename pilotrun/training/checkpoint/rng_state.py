@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pilotrun.errors import CheckpointError
+from pilotrun.common.errors import CheckpointError
 
 
 def _python_state() -> dict[str, Any]:

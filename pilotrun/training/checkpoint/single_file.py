@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from pilotrun.errors import CheckpointError
-from pilotrun.files import fsync_directory, open_for_write
+from pilotrun.common.errors import CheckpointError
+from pilotrun.common.files import fsync_directory, open_for_write
 
 
 class _HashingWriter:

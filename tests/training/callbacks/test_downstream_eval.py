@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pilotrun.errors import DataError
+from pilotrun.common.errors import DataError
 from pilotrun.run.mirror import scalar_fields
 from pilotrun.run.record import read_metrics_strict, read_run_json
 from pilotrun.training.callbacks.base import PRIORITY_CHECKPOINT, PRIORITY_EVAL

@@ -10,8 +10,8 @@ import types
 
 import pytest
 
+from pilotrun.common.stop_signals import HUNG_EXIT_CODE
 from pilotrun.run.record import HANGS_DIR
-from pilotrun.stop_signals import HUNG_EXIT_CODE
 from pilotrun.training.callbacks.hang_watchdog import (
     FLOOR_SECONDS,
     MULTIPLE,

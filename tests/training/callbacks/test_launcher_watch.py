@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pilotrun.report.summarize import summarize_run
+from pilotrun.report.record_check.summarize import summarize_run
 from pilotrun.run.folder_lock import live_holder
 from pilotrun.training.callbacks.launcher_watch import (
     EXIT_CODE,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from pilotrun.common.errors import ConfigError
 from pilotrun.config import ModelConfig, OptimConfig, ProfileConfig, RunConfig, validate_run_config
-from pilotrun.errors import ConfigError
 from pilotrun.model.transformer import build_model
 from pilotrun.optim.muon_adamw import build_optimizer
 from pilotrun.training.callbacks.profiling import ProfileWindow, profile_folder

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from pilotrun.commands.cli import main
+from pilotrun.common.files import sha256_of_file
 from pilotrun.data.reader import BatchLoader, open_dataset
 from pilotrun.data.shard_hashing import ShardHasher
-from pilotrun.files import sha256_of_file
 from pilotrun.training.callbacks.shard_check import ShardCheckCallback
 from pilotrun.training.checkpoint.checkpointer import Checkpointer
 

@@ -80,8 +80,8 @@ def test_an_overflow_event_names_the_skip(builtin_data_dir, tmp_path):
 
 # `python -m pilotrun` with the plain lines' interval at 0 (monkeypatched in the child, no hook in production):
 # every window's line is then due, whatever the machine's speed. The cadence itself (the first at once, at most
-# one per interval, the last at the end) is tested with a clock below and in tests/test_plain_progress.py.
-TRAIN_LINE_EVERY_WINDOW = ("import sys; import pilotrun.plain_progress as lines; lines.PLAIN_INTERVAL_SECONDS = 0.0; "
+# one per interval, the last at the end) is tested with a clock below and in tests/common/test_progress.py.
+TRAIN_LINE_EVERY_WINDOW = ("import sys; import pilotrun.common.progress as lines; lines.PLAIN_INTERVAL_SECONDS = 0.0; "
                          "from pilotrun.commands.cli import main; sys.exit(main(sys.argv[1:]))")
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from pilotrun.common.errors import CheckpointError
 from pilotrun.config import load_run_config
-from pilotrun.errors import CheckpointError
-from pilotrun.report.summarize import summarize_run
+from pilotrun.report.record_check.summarize import summarize_run
 from pilotrun.run.marker import MARKER_NAME
 from pilotrun.training.checkpoint import background
 from pilotrun.training.checkpoint.background import (

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pilotrun.errors import CheckpointError
+from pilotrun.common.errors import CheckpointError
 from pilotrun.run.marker import MARKER_NAME, step_folder_name
 from pilotrun.training.checkpoint import checkpointer as checkpoint_module
 from pilotrun.training.checkpoint.checkpointer import Checkpointer
@@ -285,7 +285,7 @@ def test_a_later_checkpoint_that_cannot_be_moved_aside_is_refused_before_trainin
     naming it, every folder as it was; a movable one passes the probe and is back in place."""
     import os as os_module
 
-    from pilotrun.errors import CheckpointError
+    from pilotrun.common.errors import CheckpointError
     from pilotrun.training.checkpoint import checkpointer as module
 
     checkpointer = Checkpointer(tmp_path, keep=5)

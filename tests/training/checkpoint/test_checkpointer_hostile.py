@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from pilotrun.commands.cli import main
-from pilotrun.errors import CheckpointError
+from pilotrun.common.errors import CheckpointError
 from pilotrun.run.marker import MARKER_NAME, step_folder_name
 from pilotrun.training.checkpoint.checkpointer import Checkpointer
 from pilotrun.training.checkpoint.dcp_safe_read import unpickle_dcp_metadata

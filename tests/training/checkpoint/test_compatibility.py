@@ -4,8 +4,8 @@ import copy
 
 import pytest
 
+from pilotrun.common.errors import CheckpointError
 from pilotrun.config import RunConfig, config_to_dict
-from pilotrun.errors import CheckpointError
 from pilotrun.training.checkpoint.compatibility import check_resume_compatibility
 
 

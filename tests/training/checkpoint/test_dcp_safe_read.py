@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from pilotrun.errors import CheckpointError
+from pilotrun.common.errors import CheckpointError
 from pilotrun.training.checkpoint.dcp_safe_read import read_dcp_metadata, safe_dcp_load
 
 

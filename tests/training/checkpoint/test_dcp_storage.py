@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pilotrun.errors import CheckpointError
+from pilotrun.common.errors import CheckpointError
 from pilotrun.training.checkpoint.checkpointer import Checkpointer
 from pilotrun.training.checkpoint.dcp_storage import DCPStorage, DistributedCheckpointer, check_parts
 from pilotrun.training.checkpoint.single_file import TorchSaveStorage

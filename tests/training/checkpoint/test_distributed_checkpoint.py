@@ -16,7 +16,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from pilotrun.errors import CheckpointError
+from pilotrun.common.errors import CheckpointError
 from pilotrun.run.marker import MARKER_NAME
 from pilotrun.training import distributed as D
 from pilotrun.training.checkpoint.checkpointer import Checkpointer

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pilotrun.common.errors import CheckpointError, ConfigError
 from pilotrun.config import RunConfig, apply_overrides, config_from_dict, config_to_dict
-from pilotrun.errors import CheckpointError, ConfigError
 from pilotrun.model.transformer import build_model
 from pilotrun.optim.muon_adamw import build_optimizer
 from pilotrun.optim.partition import partition_parameters, partition_table

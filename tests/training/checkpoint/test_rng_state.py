@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pilotrun.errors import CheckpointError
+from pilotrun.common.errors import CheckpointError
 from pilotrun.training.checkpoint.checkpointer import Checkpointer
 from pilotrun.training.checkpoint.rng_state import capture_rng_state, restore_rng_state
 

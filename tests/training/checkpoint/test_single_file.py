@@ -6,7 +6,7 @@ from pathlib import PurePosixPath
 
 import pytest
 
-from pilotrun.errors import CheckpointError
+from pilotrun.common.errors import CheckpointError
 from pilotrun.training.checkpoint import single_file
 from pilotrun.training.checkpoint.checkpointer import Checkpointer
 from pilotrun.training.checkpoint.single_file import TorchSaveStorage

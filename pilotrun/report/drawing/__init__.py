@@ -1,0 +1,1 @@
+"""Drawing the evidence: the PNG plots and the self-contained report.html."""

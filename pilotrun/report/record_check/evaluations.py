@@ -1,0 +1,134 @@
+"""Evaluations on the record, reconciled: does each claim still stand on the checkpoint it names?
+
+`pilotrun evaluate` (commands/evaluate.py) scores a committed checkpoint and appends an `evaluation` event to
+metrics.jsonl, outside any training session: the checkpoint's step and counters, the sha256 of its
+COMMITTED.json marker (which lists every file's sha256, so it names the weights), its run_id, the harness and
+its version, and the results file it wrote under RUN/evals/ with that file's sha256. The event is on the hash
+chain, so the claim cannot be edited in the log without showing; this module checks the rest:
+
+- the checkpoint is still committed at that step: otherwise the claim no longer stands, a note (keeping the
+  newest checkpoints prunes older ones, which is no fault of the record);
+- its marker is the one evaluated (same sha256, this run's run_id): otherwise the checkpoint was replaced
+  (another run's copied in, or a later commit at the same step after a rollback), a reason;
+- every file of the checkpoint still matches its marker: otherwise it is damaged, a reason;
+- the results file is there with the sha256 the event recorded: otherwise it was edited or removed, a reason.
+
+`--require-eval TASK,...` (with summarize's final checkpoint: the `--require-step` step, else the kept
+history's last step) holds completion to an evaluation of each task on that checkpoint that stands.
+
+In-loop `downstream` events belong to their sessions and are reconciled with them; only `evaluation` events,
+which no session wrote, are left out of the session checks and judged here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from pilotrun.common.files import sha256_of_file
+from pilotrun.run.marker import MARKER_NAME, marker_run_id, step_folder
+from pilotrun.run.run_folder import RunFolder
+
+EVALUATION_EVENT = "evaluation"
+EVALS_DIR = "evals"
+STANDS = "stands"
+
+
+def is_evaluation(event: dict[str, Any]) -> bool:
+    return event.get("event") == EVALUATION_EVENT
+
+
+def marker_sha256(run_dir: str | Path, step: int) -> str | None:
+    """sha256 of the bytes of the checkpoint's COMMITTED.json at `step`, or None when there is none."""
+    path = step_folder(run_dir, step) / MARKER_NAME
+    if path.is_symlink() or not path.is_file():
+        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _where(event: dict[str, Any]) -> str:
+    return f"metrics.jsonl line {event.get('_line')} (evaluation of step {event.get('step')})"
+
+
+def _judge(folder: RunFolder, event: dict[str, Any], damaged: dict[int, list[str]]) -> tuple[str, str | None]:
+    """(status, the problem in words or None) of one evaluation event."""
+    checkpoint, results = event.get("checkpoint"), event.get("results")
+    if not (isinstance(checkpoint, dict) and isinstance(checkpoint.get("step"), int)
+            and isinstance(checkpoint.get("marker_sha256"), str) and isinstance(results, dict)
+            and isinstance(results.get("path"), str) and isinstance(results.get("sha256"), str)):
+        return "malformed", "names no checkpoint (step, marker_sha256) or no results file (path, sha256)"
+    step = checkpoint["step"]
+    if step not in folder.committed_steps():
+        return "checkpoint gone", (f"its checkpoint at step {step} is no longer committed in the run (pruned or "
+                                   "removed): the claim cannot be checked against the weights any more")
+    marker, problem = folder.marker(step)
+    owner = marker_run_id(marker) if marker is not None else None
+    if marker is None:
+        return "checkpoint damaged", f"its checkpoint at step {step}: {problem}"
+    if isinstance(owner, str) and owner != folder.run_id:
+        return "checkpoint replaced", (f"its checkpoint at step {step} is now another run's (marker run_id "
+                                       f"{owner}): not the weights that were evaluated")
+    if marker_sha256(folder.path, step) != checkpoint["marker_sha256"]:
+        return "checkpoint replaced", (f"its checkpoint at step {step} was replaced: the marker's sha256 differs "
+                                       "from the one evaluated (another commit at that step)")
+    if step not in damaged:
+        damaged[step] = folder.checkpoint_problems(step)[0]
+    if damaged[step]:
+        return "checkpoint damaged", f"its checkpoint at step {step} is damaged: {damaged[step][0]}"
+    path = Path(results["path"])
+    if path.is_absolute() or ".." in path.parts or path.parts[:1] != (EVALS_DIR,):
+        return "malformed", f"its results path {results['path']!r} is not a file under {EVALS_DIR}/"
+    full = folder.path / path
+    if full.is_symlink() or not full.is_file():
+        return "results missing", f"its results file {path} is missing"
+    if sha256_of_file(full) != results["sha256"]:
+        return "results edited", f"its results file {path} was edited after the evaluation (sha256 differs)"
+    return STANDS, None
+
+
+def reconcile_evaluations(folder: RunFolder, reasons: list[str], notes: list[str]) -> list[dict[str, Any]]:
+    """One entry per `evaluation` event (module docstring), in file order; what fails is appended to `reasons`
+    (replaced, damaged, edited, missing, malformed) or `notes` (a pruned checkpoint)."""
+    entries, damaged = [], {}
+    for event in folder.metrics.events:
+        if not is_evaluation(event):
+            continue
+        status, problem = _judge(folder, event, damaged)
+        checkpoint = event.get("checkpoint") if isinstance(event.get("checkpoint"), dict) else {}
+        tasks = event.get("tasks") if isinstance(event.get("tasks"), dict) else {}
+        entries.append({"line": event.get("_line"), "step": checkpoint.get("step"),
+                        "marker_sha256": checkpoint.get("marker_sha256"), "harness": event.get("harness"),
+                        "harness_version": event.get("harness_version"),
+                        "results": (event.get("results") or {}).get("path")
+                        if isinstance(event.get("results"), dict) else None,
+                        "tasks": {name: {k: v for k, v in figures.items() if k in ("acc", "acc_norm", "examples")}
+                                  for name, figures in tasks.items() if isinstance(figures, dict)},
+                        "status": status})
+        if problem is not None:
+            (notes if status == "checkpoint gone" else reasons).append(f"{_where(event)}: {problem}")
+    return entries
+
+
+def require_evaluations(entries: list[dict[str, Any]], step: int, tasks: list[str], reasons: list[str]) -> None:
+    """`--require-eval`: each task evaluated on the final checkpoint (`step`) by an evaluation that stands."""
+    standing = {name for e in entries if e["step"] == step and e["status"] == STANDS for name in e["tasks"]}
+    missing = [task for task in tasks if task not in standing]
+    if missing:
+        found = sorted({name for e in entries if e["step"] == step for name in e["tasks"]} - standing)
+        reasons.append(f"--require-eval: no standing evaluation of {', '.join(missing)} on the final checkpoint "
+                       f"(step {step})" + (f"; {', '.join(found)} evaluated there but not standing" if found else
+                                           "; run `pilotrun evaluate RUN --step "
+                                           f"{step} --tasks {','.join(missing)}`"))
+
+
+def format_evaluations(entries: list[dict[str, Any]]) -> list[str]:
+    """The summary's lines: each evaluation with its checkpoint and whether it stands."""
+    lines = []
+    for e in entries:
+        figures = ", ".join(f"{name} acc {f.get('acc', float('nan')):.3f} ({f.get('examples')} examples)"
+                            for name, f in e["tasks"].items() if isinstance(f.get("acc"), int | float))
+        marker = (e.get("marker_sha256") or "")[:12]
+        lines.append(f"evaluation at step {e['step']} (checkpoint marker {marker}..., {e['harness']} "
+                     f"{e['harness_version']}): {figures or 'no figures'}; {e['status']}")
+    return lines

@@ -1,0 +1,1 @@
+"""The verdict and its rules: the rule table, the thresholds, and the judges of stability, resources, evidence, continuity and downstream figures."""

@@ -1,0 +1,88 @@
+"""What a spike is, defined once for everyone who looks for one: the trainer's detector (training/spikes/detector.py, on
+each applied update's loss and gradient norm), the verdict's grad_spikes rule (report/verdict/stability.py, on the
+logged train windows' largest gradient norms) and watch's loss_spike alert (report/watch/alerts.py, on a live run's
+window losses). Torch-free and at the floor, since the trainer and the report both stand on it.
+
+A value is a spike when it is not finite, or when its history holds at least `min_history` values and it lies
+above
+
+    bound = median + factor x scale,   scale = max(spread, floor_share x |median|)
+
+of that history (its last `window` values). Median and spread are robust: a spike does not lift the bound that
+judges the next one, where a mean and standard deviation would be dragged up by the first (OLMo-core's
+skip-step optimizer uses a mean and std over its window instead). The spread is a robust standard deviation,
+measured one of two ways according to what the history is:
+- `level_spread`: MAD_TO_STD x the median absolute deviation of the values themselves. Single updates scatter
+  about a level: over the trainer's window their noise is far larger than the loss's trend.
+- `step_spread`: the same of successive differences, over sqrt 2 since a difference carries two values' noise.
+  Logged windows, each the mean of log_every updates, follow the trend more than they scatter about it: over
+  the 20 windows of a falling loss the MAD of the values measures the descent, not the noise (a loss 3 nats
+  above its trend would sit inside it), while differences leave a smooth trend out.
+The floor keeps a history without spread (identical values, MAD 0) from making every rounding wobble a spike,
+and says per signal how far above its median a value must lie in any case (MIN_SCALE_SHARE).
+
+Where the numbers live: the trainer's factor, window and min_history are the recipe's `train.spike.*`
+(config.py: they decide which updates are applied, so they belong to the recipe and its identity); the logged
+windows' are the verdict's thresholds spike_factor, spike_median_window and spike_min_history
+(report/verdict/thresholds.py), which watch takes from the lock like every threshold; the floor per signal is
+MIN_SCALE_SHARE here, one table for both.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+
+MAD_TO_STD = 1.4826  # the MAD of a normal distribution times this is its standard deviation
+# The scale never falls below this share of the median, per signal. For the loss, only so that a window of
+# identical values (MAD 0) does not make every wobble of rounding a spike. Gradient norms are heavy-tailed:
+# over the CPU stability recipe's 240 updates, 5 batches gave 2x-2.9x the window's median norm, far past 6
+# MADs of its narrow core, and the run went on unharmed, where a poisoned batch gives 7x and more; with this
+# floor a norm must also exceed (1 + factor / 2) times the median (4x at the trainer's default factor 6, 5x at
+# the verdict's default spike_factor 8, the multiple its grad_spikes rule has always asked of a window).
+MIN_SCALE_SHARE = {"loss": 0.01, "grad_norm": 0.5}
+
+
+def level_spread(values: Sequence[float]) -> float:
+    """A robust standard deviation of values scattering about a level: MAD_TO_STD x their median absolute
+    deviation (0.0 for no values)."""
+    if not values:
+        return 0.0
+    median = statistics.median(values)
+    return MAD_TO_STD * statistics.median([abs(v - median) for v in values])
+
+
+def step_spread(values: Sequence[float]) -> float:
+    """A robust standard deviation of values following a trend: MAD_TO_STD x the median absolute deviation of
+    successive differences, over sqrt 2. A trend adds to the differences too, which only makes the estimate, and
+    every bound on it, more cautious. 0.0 with fewer than 3 values (two differences)."""
+    if len(values) < 3:
+        return 0.0
+    diffs = [b - a for a, b in zip(values, values[1:], strict=False)]
+    centre = statistics.median(diffs)
+    return MAD_TO_STD * statistics.median(abs(d - centre) for d in diffs) / math.sqrt(2)
+
+
+def robust_bound(values: Sequence[float], factor: float, floor_share: float = 0.01,
+                 spread: Callable[[Sequence[float]], float] = level_spread) -> tuple[float, float, float]:
+    """(median, scale, bound = median + factor x scale) of a non-empty history; scale = max(spread, floor_share
+    x |median|) (the module's docstring)."""
+    median = statistics.median(values)
+    scale = max(spread(values), floor_share * abs(median))
+    return median, scale, median + factor * scale
+
+
+Bound = tuple[float, float, float]  # (median, scale, bound), as robust_bound gives it
+
+
+def spike_against(value: float, history: Sequence[float], factor: float, floor_share: float, min_history: int,
+                  spread: Callable[[Sequence[float]], float] = level_spread) -> tuple[bool, Bound | None]:
+    """(is `value` a spike, the (median, scale, bound) it was held to, None before `min_history` values). A
+    non-finite value is always one; `history` is the window the caller keeps (its last `window` values)."""
+    if not math.isfinite(value):
+        return True, None
+    if len(history) < max(1, min_history):
+        return False, None
+    found = robust_bound(history, factor, floor_share, spread)
+    return value > found[2], found

@@ -1,0 +1,58 @@
+"""pilotrun/common/deadline.py: `--stop-by` as a time, a duration or SLURM_JOB_END_TIME, fixed at the command's start."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from pilotrun.common.deadline import check_room, parse_duration, parse_time, resolve_stop_by
+
+NOW = 1_800_000_000.0
+
+
+@pytest.mark.parametrize("text, seconds", [("45s", 45), ("90m", 5400), ("2h30m", 9000), ("1d", 86400),
+                                           ("1h0m5s", 3605)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == float(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "90", "m", "1.5h", "30m2h", "soon"])
+def test_not_durations(text):
+    assert parse_duration(text) is None
+
+
+def test_times_with_and_without_a_zone():
+    assert parse_time("@1800000100") == 1_800_000_100.0
+    assert parse_time("2027-01-15T06:00:00+00:00") == datetime.datetime(2027, 1, 15, 6, tzinfo=datetime.UTC).timestamp()
+    local = datetime.datetime(2027, 1, 15, 6).astimezone().timestamp()
+    assert parse_time("2027-01-15T06:00") == local  # no zone: the machine's local time
+    assert parse_time("@soon") is None and parse_time("tomorrow") is None
+
+
+def test_the_flag_wins_over_slurm_and_none_disables_it():
+    slurm = {"SLURM_JOB_END_TIME": str(int(NOW) + 600)}
+    assert resolve_stop_by(None, NOW, slurm) == NOW + 600
+    assert resolve_stop_by("90m", NOW, slurm) == NOW + 5400
+    assert resolve_stop_by("none", NOW, slurm) is None
+    assert resolve_stop_by(None, NOW, {}) is None
+    assert resolve_stop_by(None, NOW, {"SLURM_JOB_END_TIME": " "}) is None
+
+
+@pytest.mark.parametrize("text, environ, named", [
+    ("later", {}, "--stop-by 'later': not a time"),
+    (f"@{int(NOW)}", {}, "already past"),
+    ("0s", {}, "already past"),
+    (None, {"SLURM_JOB_END_TIME": "12:00"}, "SLURM_JOB_END_TIME '@12:00': not a time"),
+    (None, {"SLURM_JOB_END_TIME": str(int(NOW) - 1)}, "SLURM_JOB_END_TIME"),
+])
+def test_refusals_name_what_and_where(text, environ, named):
+    with pytest.raises(ValueError, match=named.replace("(", r"\(")):
+        resolve_stop_by(text, NOW, environ)
+
+
+def test_room_for_one_update():
+    check_room(NOW + 60, NOW, 59.0)
+    check_room(NOW + 60, NOW, None)  # a run without a record yet: nothing to compare
+    with pytest.raises(ValueError, match="less than one update"):
+        check_room(NOW + 60, NOW, 61.0)
