@@ -103,8 +103,8 @@ def _train_args(config: Path, data_dir: Path, run_dir: Path, overrides: list[str
     return train_words(config=config, data=data_dir, run_dir=run_dir, overrides=overrides, resume=resume, extra=kill)
 
 
-def freeze_step(interrupt_at: int, max_steps: int, log_every: int, checkpoint_every: int) -> int | None:
-    """The step the first training process stops itself at (pilot_handshake.FreezePoint): the first step past
+def kill_point_step(interrupt_at: int, max_steps: int, log_every: int, checkpoint_every: int) -> int | None:
+    """The step the first training process stops itself at (callbacks/kill_point.py SelfStopPoint): the first step past
     `interrupt_at` that closes a window (every `log_every`, and at every checkpoint) once a checkpoint exists,
     with updates left; None when no step qualifies."""
     for step in range(max(interrupt_at + 1, checkpoint_every), max_steps):
@@ -122,7 +122,7 @@ def _kill_point(recipe, interrupt_at: int | None) -> tuple[int, int]:
     if t.checkpoint_every <= 0:
         raise PilotError(f"train.checkpoint_every ({t.checkpoint_every}) must be at least 1 so that a checkpoint "
                          "exists before the kill")
-    stop = freeze_step(point, t.max_steps, t.log_every, t.checkpoint_every)
+    stop = kill_point_step(point, t.max_steps, t.log_every, t.checkpoint_every)
     if stop is None:
         raise PilotError(f"the kill cannot land past step {point}: no logged step after it has a committed "
                          f"checkpoint (train.checkpoint_every {t.checkpoint_every}) and updates left before "

@@ -30,8 +30,8 @@ from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import PRIORITY_KILL_POINT, Callback, LoopState
 
 
-class FreezePoint:
-    """When the trainer stops itself for the pilot: `due` after each update, `freeze` once."""
+class SelfStopPoint:
+    """When the trainer stops itself for the pilot: `due` after each update, `stop_self` once."""
 
     def __init__(self, past_step: int | None) -> None:
         self.past_step = past_step
@@ -41,7 +41,7 @@ class FreezePoint:
         return (self.past_step is not None and logged_step is not None and logged_step > self.past_step
                 and checkpoint_committed and step < max_steps)
 
-    def freeze(self) -> None:
+    def stop_self(self) -> None:
         self.past_step = None  # once: a process continued with SIGCONT trains to the end
         sys.stdout.flush()
         sys.stderr.flush()
@@ -54,12 +54,12 @@ class KillPointCallback(Callback):
     priority = PRIORITY_KILL_POINT
     phase = "other"
 
-    def __init__(self, point: FreezePoint) -> None:
+    def __init__(self, point: SelfStopPoint) -> None:
         self.point = point
 
     @classmethod
     def past_step(cls, step: int | None) -> KillPointCallback:
-        return cls(FreezePoint(step))
+        return cls(SelfStopPoint(step))
 
     def due(self, loop: LoopState) -> bool:
         if self.point.past_step is None:  # the same on every rank (the same --stop-past-step): no collective
@@ -73,5 +73,5 @@ class KillPointCallback(Callback):
         return due
 
     def after_update(self, loop: LoopState) -> None:
-        self.point.freeze()
+        self.point.stop_self()
 
