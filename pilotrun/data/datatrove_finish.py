@@ -10,19 +10,17 @@ the engine, its version, the task count, the input order and how the order withi
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
 from typing import Any
 
 from pilotrun.common.errors import DataError
-from pilotrun.data.datatrove_steps import task_folder
 from pilotrun.data.merge import merge_parts
 from pilotrun.data.prepare_state import REPLACED_SUFFIX, PartialFolder, _remove
 from pilotrun.data.shards import METADATA_FILE
 from pilotrun.data.stream import SPLITS
 
 ENGINE = "datatrove"
+TASKS_FOLDER = "tasks"
 LAYOUT = ("each split is task 0's documents, then task 1's, ... (a task's documents in the order of its files "
           "and of the rows within each file, each followed by eos_id), cut into shards of at most shard_tokens "
           "per task")
@@ -30,6 +28,10 @@ ORDER_WITHIN_SPLIT = ("no document shuffle (pilotrun prepare's seeded buffer is 
                       "permuted by the seed (engine.input_order) and dealt to the tasks, so a split's order "
                       "depends on the seed and the task count; the same documents land in each split as with "
                       "pilotrun prepare, in another order")
+
+
+def task_folder(staging: str, rank: int) -> str:
+    return os.path.join(staging, TASKS_FOLDER, f"{rank:05d}")
 
 
 def completion_mark(logs: str, rank: int) -> str:
@@ -134,8 +136,3 @@ def finished_line(out: str, manifest: dict[str, Any]) -> str:
     return (f"prepared {out} with datatrove {manifest['engine']['version']} ({manifest['engine']['tasks']} "
             f"tasks): {counts}, vocab {manifest['tokenizer']['vocab_size']} ({manifest['dtype']}), "
             f"metadata_sha256 {metadata_sha256(manifest)}")
-
-
-def warn(line: str) -> None:
-    with contextlib.suppress(OSError):
-        print(f"pilotrun prepare: {line}", file=sys.stderr)

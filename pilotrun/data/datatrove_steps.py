@@ -25,6 +25,7 @@ from datatrove.pipeline.base import PipelineStep
 
 from pilotrun.common.errors import DataError
 from pilotrun.common.files import fsync_directory
+from pilotrun.data.datatrove_finish import finish_prepare, task_folder
 from pilotrun.data.datatrove_inputs import file_record
 from pilotrun.data.prepare import _chunks
 from pilotrun.data.shards import FORMAT, METADATA_FILE, TOKENIZER_FILE, ShardWriter, manifest_text
@@ -33,11 +34,6 @@ from pilotrun.data.tokenizer import encode_documents, plain_encoder
 
 SPLIT_KEY = "pilotrun_split"
 EMPTY = "empty"  # a blank document: counted and skipped, as `pilotrun prepare` skips it (it would be one EOS)
-TASKS_FOLDER = "tasks"
-
-
-def task_folder(staging: str, rank: int) -> str:
-    return os.path.join(staging, TASKS_FOLDER, f"{rank:05d}")
 
 
 def row_adapter(reader: Any, data: dict, path: str, id_in_file: int | str) -> dict:
@@ -178,8 +174,6 @@ class FinishPrepare(PipelineStep):
         self.out, self.force = out, force
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        from pilotrun.data.datatrove_finish import finish_prepare
-
         manifest = finish_prepare(self.out, self.force)
         print(json.dumps({"prepared": self.out, "splits": {s: {k: manifest["splits"][s][k] for k in
                                                                ("documents", "tokens")} for s in SPLITS}}))
