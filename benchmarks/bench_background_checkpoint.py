@@ -66,7 +66,7 @@ def _size(folder: Path) -> int:
 
 
 def run() -> str:
-    from pilotrun.training.checkpoint.dcp_storage import DistributedCheckpointer
+    from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
 
     objects, state = _build_state()
     dcp_state = _dcp_state(objects, state)

@@ -12,6 +12,8 @@ from pilotrun.common.errors import PilotrunError
 
 # ---------------------------------------------------------------------------------------------- prepare
 def add_prepare(sub: argparse._SubParsersAction) -> None:
+    from pilotrun.data.sources import source_help
+
     p = sub.add_parser(
         "prepare",
         help="turn a text source into token shards + metadata.json",
@@ -21,9 +23,7 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", required=True, help="output folder (refused if it exists, unless --force); built as "
                    "OUT.partial, which the same command continues after an interruption")
-    p.add_argument("--source", default="builtin",
-                   help="builtin | fineweb-edu[:CONFIG][@REVISION] (needs the [hub] extra) | local "
-                   ".parquet/.jsonl/.txt files or a glob")
+    p.add_argument("--source", default="builtin", help=source_help())
     p.add_argument("--tokenizer", default="bpe:4096",
                    help="bpe:VOCAB (train a byte-level BPE on the train split) | hub:NAME[@REVISION] | "
                    "path/to/tokenizer.json")

@@ -47,11 +47,11 @@ from pilotrun.run.writer import MetricsWriter, RunRecord
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.checkpoint.dcp_storage import (
     DCPStorage,
-    DistributedCheckpointer,
     check_parts,
     load_model_and_optimizer_state,
     model_and_optimizer_state,
 )
+from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
 from pilotrun.training.checkpoint.resume_plan import ResumePlan, checkpoint_meta, plan_session
 from pilotrun.training.checkpoint.rng_state import capture_rng_state, restore_rng_state, seed_every_generator
 from pilotrun.training.environment import default_threads, git_state, hardware_info, software_versions

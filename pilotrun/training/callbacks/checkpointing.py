@@ -1,10 +1,10 @@
 """When the loop saves a checkpoint, and the save itself: the "checkpoint" phase.
 
-The policy is here, the storage is not (checkpoint.py writes and commits, dcp_storage.py picks torch.save or
-DCP, background.py writes beside training): a checkpoint is due after every `checkpoint_every`-th applied
-update, and at the session's last round (completed, stopped, interrupted, or before a data error ends it)
-unless the state at that step is already the newest checkpoint, so a session never ends with work that is not
-saved and never saves the same step twice.
+The policy is here, the storage is not (checkpointer.py writes and commits, distributed_checkpointer.py picks
+the storage, background.py writes beside training): a checkpoint is due after every `checkpoint_every`-th
+applied update, and at the session's last round (completed, stopped, interrupted, or before a data error ends
+it) unless the state at that step is already the newest checkpoint, so a session never ends with work that is
+not saved and never saves the same step twice.
 
 Every rank takes part in a save: with several ranks the checkpoint is written collectively (DCP: shards and
 each rank's RNG) and committed by rank 0, after a check that the DDP replicas still agree (DCP stores a

@@ -25,9 +25,9 @@ background save, alike on every rank), so that they never interleave with the tr
 default group from the other thread.
 
 The checkpoint is in DCP's format (storage `torch_dcp`) at any world size, so a background checkpoint of one
-process loads like one of several (dcp_storage.DistributedCheckpointer reads with the storage its marker
-names); the state is the same `session.checkpoint_state(sharded=True)`, so a resume is bit-exact whatever the
-setting.
+process loads like one of several (distributed_checkpointer.DistributedCheckpointer reads with the storage its
+marker names); the state is the same `session.checkpoint_state(sharded=True)`, so a resume is bit-exact
+whatever the setting.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from pilotrun.common.errors import CheckpointError
 from pilotrun.common.files import fsync_directory, sha256_of_file
-from pilotrun.training.checkpoint.dcp_storage import DCPStorage, DistributedCheckpointer
+from pilotrun.training.checkpoint.dcp_storage import DCPStorage
+from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
 from pilotrun.training.distributed import broadcast_object
 
 OUT_OF_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)

@@ -16,7 +16,7 @@ from pilotrun.config import load_run_config
 from pilotrun.run.record import read_metrics_strict
 from pilotrun.training.callbacks import kill_point as pilot_handshake
 from pilotrun.training.callbacks.base import PRIORITY_CHECKPOINT
-from pilotrun.training.callbacks.kill_point import SelfStopPoint, KillPointCallback
+from pilotrun.training.callbacks.kill_point import KillPointCallback, SelfStopPoint
 from pilotrun.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[3]
