@@ -20,7 +20,8 @@ from typing import Any
 
 from pilotrun.common.errors import DataError
 from pilotrun.common.files import canonical_sha256
-from pilotrun.data.sources import expand_local_files, unit_order
+from pilotrun.data.opened_source import unit_order
+from pilotrun.data.source_local import expand_local_files
 
 KINDS = {".parquet": "parquet", ".jsonl": "jsonl"}
 ORDER_RULE = ("files in the order random.Random('pilotrun-unit-order/' + str(seed)).shuffle(files in source "
