@@ -1,4 +1,4 @@
-"""The typed recipe: defaults, YAML + --set merging, and one clear error per bad input."""
+"""A recipe as a command is given it: YAML + --set merging, and one clear error per bad input."""
 
 import pytest
 
@@ -10,14 +10,7 @@ from pilotrun.config import (
     config_to_dict,
     flatten,
     load_run_config,
-    validate_run_config,
 )
-
-
-def test_defaults_validate_and_round_trip():
-    config = RunConfig()
-    validate_run_config(config)
-    assert config_from_dict(config_to_dict(config)) == config
 
 
 def test_yaml_and_overrides_merge(tmp_path):
@@ -67,13 +60,6 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("train: [1, 2\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_run_config(bad)
-
-
-def test_flatten_gives_dotted_keys():
-    flat = flatten(config_to_dict(RunConfig()))
-    assert flat["train.seq_len"] == 32
-    assert flat["optim.muon.lr"] == 3e-3
-    assert "optim.schedule.horizon" in flat
 
 
 def test_an_unknown_set_key_is_blamed_on_the_flag_with_the_nearest_known_key():
@@ -132,19 +118,6 @@ def test_a_set_mistake_is_blamed_on_the_flag_not_the_recipe_file(tmp_path, capsy
     recipe.write_text("model: {d_model: fast}\n")
     assert main(["config", "--config", str(recipe), "--set", "optim.muon.lr=0.01"]) == 2
     assert f"{recipe}: config key 'model.d_model' must be int" in capsys.readouterr().err
-
-
-def test_the_readme_lists_every_key_free_on_resume():
-    from pathlib import Path
-
-    from pilotrun.config import RESUME_FREE_KEYS
-
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("### What a resume may change"):]
-    section = section[:section.index("\n## ")]
-    missing = [k for k in RESUME_FREE_KEYS if f"`{k}`" not in section
-               and f"`{k.rsplit('.', 1)[0]}.*`" not in section]
-    assert not missing
 
 
 def test_a_set_mistake_on_a_frozen_recipe_is_blamed_on_the_flag(tmp_path, capsys):
