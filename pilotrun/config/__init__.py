@@ -2,7 +2,7 @@
 
 knob.py (a field's meaning, single-key rules and what a resume may do with it), model.py, optim.py, train.py
 (the sections by component), run_config.py (the whole recipe, its validation, the resume lists read from the
-knobs), typed.py (dataclasses <-> the nested dict a record holds), recipe.py (YAML, --set, packaged recipes),
+knobs), typed.py (dataclasses <-> the nested dict a record holds), renames.py (the earlier flat names), recipe.py (YAML, --set, packaged recipes),
 describe.py (`pilotrun config`). The names below are the ones the rest of the package imports.
 """
 
@@ -32,6 +32,14 @@ from pilotrun.config.recipe import (
     parse_override,
     resolve_recipe_path,
 )
+from pilotrun.config.renames import (
+    FLAT_NAMES,
+    RECIPE_FORMAT,
+    RECIPE_FORMAT_KEY,
+    current_key,
+    current_recipe,
+    recorded_value,
+)
 from pilotrun.config.run_config import MACHINE_KEYS, RESUME_FREE_KEYS, RunConfig, validate_run_config
 from pilotrun.config.train import (
     CHECKPOINT_MODES,
@@ -41,6 +49,10 @@ from pilotrun.config.train import (
     PRECISIONS,
     SPIKE_POLICIES,
     TRACKER_NAMES,
+    CheckpointConfig,
+    DownstreamConfig,
+    EvalConfig,
+    LogConfig,
     ProfileConfig,
     SpikeConfig,
     TrainConfig,
@@ -48,7 +60,8 @@ from pilotrun.config.train import (
 from pilotrun.config.typed import config_from_dict, config_to_dict, flatten, nearest_hint
 
 __all__ = [
-    "ATTN_IMPLS", "BALANCE_MODES", "CHECKPOINT_MODES", "COMPILE_MODES", "DATA_MODES", "MACHINE_KEYS",
+    "FLAT_NAMES", "RECIPE_FORMAT", "RECIPE_FORMAT_KEY", "CheckpointConfig", "DownstreamConfig", "EvalConfig",
+    "LogConfig", "current_key", "current_recipe", "recorded_value", "ATTN_IMPLS", "BALANCE_MODES", "CHECKPOINT_MODES", "COMPILE_MODES", "DATA_MODES", "MACHINE_KEYS",
     "MOE_IMPLS", "MUON_GRANULARITIES", "MUON_NS_VARIANTS", "MUON_SCALE_MODES", "PARALLELISMS", "PRECISIONS",
     "QK_CLIP_HARD_GAMMA", "RESUME_FREE_KEYS", "ROUTER_OPTIMIZERS", "SCHEDULE_KINDS", "SCORE_FUNCS",
     "SPIKE_POLICIES", "TRACKER_NAMES", "AdamWConfig", "ModelConfig", "MuonConfig", "OptimConfig",

@@ -11,16 +11,18 @@ from typing import Any
 from pilotrun.common.errors import ConfigError
 from pilotrun.common.files import not_regular
 from pilotrun.common.parsing import parse_yaml_text, read_text_bounded, shown
+from pilotrun.config.renames import current_key, current_recipe
 from pilotrun.config.run_config import RunConfig, validate_run_config
 from pilotrun.config.typed import config_from_dict, config_to_dict, flatten, nearest_hint
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """`train.max_steps=200` -> (['train', 'max_steps'], 200); the value is parsed as YAML."""
+    """`train.max_steps=200` -> (['train', 'max_steps'], 200); the value is parsed as YAML. A key under its
+    earlier flat name is read as today's (`train.eval_every` -> ['train', 'eval', 'every'])."""
     if "=" not in text:
         raise ConfigError(f"--set expects key=value, got '{shown(text)}'")
     key, raw = text.split("=", 1)
-    path = key.strip().split(".")
+    path = current_key(key.strip()).split(".")
     if not all(path):
         raise ConfigError(f"--set has an empty key part in '{shown(text)}'")
     value = parse_yaml_text(raw, f"--set {shown(key)}")
@@ -48,7 +50,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     """Apply dotted `key=value` overrides to a nested dict (a copy); section names must exist."""
     import copy
 
-    merged = copy.deepcopy(data)
+    merged = copy.deepcopy(current_recipe(data))
     for text in overrides:
         path, value = parse_override(text)
         node = merged
@@ -88,7 +90,10 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     data = parse_yaml_text(read_text_bounded(path, error=ConfigError), str(path)) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
-    return data
+    try:
+        return current_recipe(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def load_run_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
@@ -104,22 +109,28 @@ def loaded_recipe_from(data: dict[str, Any], overrides: list[str], source: Any) 
     try:
         return loaded_recipe(data)
     except ConfigError as exc:
-        flag = next((t for t in overrides if re.search(rf"(?<![\w.]){re.escape(t.split('=', 1)[0].strip())}"
-                                                       r"(?![\w.])", str(exc))), None)
+        flag = next((t for t in overrides if names_key(str(exc), t.split("=", 1)[0].strip())), None)
         if flag is None and source is None:
             raise
         raise ConfigError(f"--set {shown(flag)}: {exc}" if flag else f"{source}: {exc}") from None
 
 
+def names_key(message: str, key: str) -> bool:
+    """Whether an error message names `key` (under its earlier or its current name) as a whole key."""
+    return any(re.search(rf"(?<![\w.]){re.escape(name)}(?![\w.])", message) for name in (key, current_key(key)))
+
+
 def loaded_recipe(data: dict[str, Any]) -> RunConfig:
-    """The recipe a command was given (a YAML, a lock's, an API caller's; after --set), built and validated, with
-    the alias `train.tensorboard: true` folded into `train.trackers`, so that the trainer reads one list."""
+    """The recipe a command was given (a YAML, a lock's, an API caller's; after --set), built and validated,
+    with the alias `train.log.tensorboard: true` folded into `train.log.trackers`, so that the trainer reads
+    one list."""
     # Only a recipe loaded for a session is folded, never one read back from a record (run.json, a checkpoint,
     # a lock), which keeps its sha256; both keys are machine keys, free on resume and outside a lock's
     # comparison, so the folded form continues any run or lock that said true.
     config = config_from_dict(data)
-    t = config.train
-    if t.tensorboard:
-        t.trackers, t.tensorboard = (t.trackers if "tensorboard" in t.trackers else ["tensorboard", *t.trackers]), False
+    log = config.train.log
+    if log.tensorboard:
+        log.trackers = log.trackers if "tensorboard" in log.trackers else ["tensorboard", *log.trackers]
+        log.tensorboard = False
     validate_run_config(config)
     return config

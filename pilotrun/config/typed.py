@@ -13,6 +13,7 @@ from typing import Any
 
 from pilotrun.common.errors import ConfigError
 from pilotrun.common.parsing import shown
+from pilotrun.config.renames import current_recipe
 from pilotrun.config.run_config import RunConfig
 
 
@@ -22,9 +23,12 @@ def config_to_dict(config: Any) -> dict[str, Any]:
 
 
 def config_from_dict(data: dict[str, Any], cls: type = RunConfig, where: str = "") -> Any:
-    """Build a config dataclass from a nested dict; unknown keys and wrong types raise ConfigError."""
+    """Build a config dataclass from a nested dict; unknown keys and wrong types raise ConfigError. A recipe
+    under its earlier flat names (config/renames.py) is read in today's."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
+    if cls is RunConfig:  # a recipe of any format (a record's, a lock's) is read in today's names
+        data = current_recipe(data)
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted((k for k in data if k not in known), key=str)  # YAML keys may be numbers too

@@ -79,23 +79,23 @@ def test_the_tensorboard_alias_is_folded_when_loaded_and_a_recorded_recipe_keeps
     from pilotrun.config import loaded_recipe
 
     # Loaded for a session (YAML, --set, a lock's recipe, the API): one list, the alias reads back false.
-    folded = load_run_config(None, ["train.tensorboard=true", "train.trackers=[wandb]"])
-    assert (folded.train.trackers, folded.train.tensorboard) == (["tensorboard", "wandb"], False)
+    folded = load_run_config(None, ["train.log.tensorboard=true", "train.log.trackers=[wandb]"])
+    assert (folded.train.log.trackers, folded.train.log.tensorboard) == (["tensorboard", "wandb"], False)
     assert config_to_dict(loaded_recipe(config_to_dict(folded))) == config_to_dict(folded)  # folding is idempotent
     # Read back from a record (run.json, a checkpoint, a lock): byte for byte, so its sha256 is the one recorded,
     # for a recipe that said true as for every recipe that never did.
     for said in (True, False):
         recorded = config_to_dict(RunConfig())
-        recorded["train"]["tensorboard"] = said
+        recorded["train"]["log"]["tensorboard"] = said
         assert config_to_dict(config_from_dict(recorded)) == recorded
         assert canonical_sha256(config_to_dict(config_from_dict(recorded))) == canonical_sha256(recorded)
     # A session loaded from such a record (a lock's recipe) differs from it in machine keys only: free on resume
     # and outside a lock's comparison (tests/run/test_recipe_lock.py, tests/training/checkpoint/test_resume_plan.py).
     recorded = config_to_dict(RunConfig())
-    recorded["train"].update(tensorboard=True, trackers=["wandb"])
+    recorded["train"]["log"].update(tensorboard=True, trackers=["wandb"])
     now, before = flatten(config_to_dict(loaded_recipe(recorded))), flatten(recorded)
     changed = {key for key in now if now[key] != before[key]}
-    assert changed == {"train.tensorboard", "train.trackers"} and changed <= set(MACHINE_KEYS)
+    assert changed == {"train.log.tensorboard", "train.log.trackers"} and changed <= set(MACHINE_KEYS)
 
 
 @pytest.mark.parametrize(("flag", "named"), [

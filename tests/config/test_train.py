@@ -19,9 +19,10 @@ def test_a_bad_train_key_is_one_line():
         "train.device must be auto, cpu or cuda[:N], got 'tpu'"
     assert refusal(lambda t: setattr(t, "skip_data", [[0, 0]])) == \
         "train.skip_data entries are [first_batch >= 0, batches >= 1], got [[0, 0]]"
-    assert refusal(lambda t: setattr(t, "keep_steps", [10, -1])) == "train.keep_steps[1] must be >= 0, got -1"
-    assert refusal(lambda t: setattr(t, "trackers", ["neptune"])) == \
-        "train.trackers: unknown tracker 'neptune' (known: tensorboard, wandb, mlflow, trackio)"
+    assert refusal(lambda t: setattr(t.checkpoint, "keep_steps", [10, -1])) == \
+        "train.checkpoint.keep_steps[1] must be >= 0, got -1"
+    assert refusal(lambda t: setattr(t.log, "trackers", ["neptune"])) == \
+        "train.log.trackers: unknown tracker 'neptune' (known: tensorboard, wandb, mlflow, trackio)"
     assert refusal(lambda t: setattr(t, "loss_scale_init", 0.0)) == \
         "train.loss_scale_init must be positive, got 0.0"
     assert refusal(lambda t: setattr(t, "seq_len", 5000)) == \
