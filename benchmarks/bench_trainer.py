@@ -41,8 +41,8 @@ TARGET = 1.03
 def _config(updates: int):
     from pilotrun.config import load_run_config
 
-    return load_run_config(RECIPE, [f"train.max_steps={updates}", "train.eval_every=0", "train.checkpoint_every=0",
-                                    f"train.log_every={WINDOW}", "train.device=cpu",
+    return load_run_config(RECIPE, [f"train.max_steps={updates}", "train.eval.every=0", "train.checkpoint.every=0",
+                                    f"train.log.every={WINDOW}", "train.device=cpu",
                                     "train.num_threads=1"])
 
 
@@ -237,8 +237,8 @@ def rollback_cost(data_dir: Path, work: Path) -> dict:
             inputs, targets = torch.full_like(inputs, 7), torch.full_like(targets, 4000)
         return inputs, targets
 
-    config = load_run_config(RECIPE, ["train.max_steps=32", "train.eval_every=0", "train.checkpoint_every=20",
-                                      "train.log_every=1", "train.device=cpu", "train.num_threads=1",
+    config = load_run_config(RECIPE, ["train.max_steps=32", "train.eval.every=0", "train.checkpoint.every=20",
+                                      "train.log.every=1", "train.device=cpu", "train.num_threads=1",
                                       "train.spike.policy=rollback", "train.spike.min_history=10",
                                       "train.spike.window=20"])
     reader.BatchLoader.next_batch = poisoned

@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                                            ("model_step_compiled", False, "eager" if dry else "inductor")):
         recorder.section(label, model_step, device, preset, batch, seq, repeats, vocab, recompute, compile_mode)
     config = "configs/smoke.yaml" if dry else "configs/gpu/smoke.yaml"
-    sets = ["train.max_steps=6", "train.checkpoint_every=2"] if dry else ["train.device=cuda"]
+    sets = ["train.max_steps=6", "train.checkpoint.every=2"] if dry else ["train.device=cuda"]
     recorder.section("pilot", pilot, args.out, config, sets, max(recorder.left_s(), 30))
     failed = [name for name, result in recorder.results.items() if result["status"] == "error"]
     print(f"[device_check] wrote {args.out / 'results.md'}; errors in: {', '.join(failed) or 'none'}", flush=True)

@@ -420,7 +420,7 @@ def _run_config(args: argparse.Namespace) -> int:
     import json
 
     from pilotrun.config import load_run_config
-    from pilotrun.config_describe import describe_config, format_config_table
+    from pilotrun.config.describe import describe_config, format_config_table
     from pilotrun.optim.schedule import schedule_warnings
 
     config = load_run_config(args.config, args.overrides)

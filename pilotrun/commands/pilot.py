@@ -119,14 +119,14 @@ def _kill_point(recipe, interrupt_at: int | None) -> tuple[int, int]:
     point = t.max_steps // 2 if interrupt_at is None else interrupt_at
     if not 0 <= point < t.max_steps:
         raise PilotError(f"--interrupt-at {point}: must be between 0 and max_steps - 1 ({t.max_steps - 1})")
-    if t.checkpoint_every <= 0:
-        raise PilotError(f"train.checkpoint_every ({t.checkpoint_every}) must be at least 1 so that a checkpoint "
+    if t.checkpoint.every <= 0:
+        raise PilotError(f"train.checkpoint.every ({t.checkpoint.every}) must be at least 1 so that a checkpoint "
                          "exists before the kill")
-    stop = kill_point_step(point, t.max_steps, t.log_every, t.checkpoint_every)
+    stop = kill_point_step(point, t.max_steps, t.log.every, t.checkpoint.every)
     if stop is None:
         raise PilotError(f"the kill cannot land past step {point}: no logged step after it has a committed "
-                         f"checkpoint (train.checkpoint_every {t.checkpoint_every}) and updates left before "
-                         f"max_steps {t.max_steps}; lower --interrupt-at or train.checkpoint_every")
+                         f"checkpoint (train.checkpoint.every {t.checkpoint.every}) and updates left before "
+                         f"max_steps {t.max_steps}; lower --interrupt-at or train.checkpoint.every")
     return point, stop
 
 
@@ -412,8 +412,8 @@ def _val_warnings_for(recipe, config_path: Path, nproc: int | None):
     from pilotrun.data.reader import val_split_warnings
 
     t = recipe.train
-    return lambda val_tokens: [] if t.eval_every <= 0 else val_split_warnings(
-        val_tokens, t.batch_size, t.seq_len, t.eval_batches, nproc or 1, what=f"the recipe {config_path.name}")
+    return lambda val_tokens: [] if t.eval.every <= 0 else val_split_warnings(
+        val_tokens, t.batch_size, t.seq_len, t.eval.batches, nproc or 1, what=f"the recipe {config_path.name}")
 
 
 def _threads_line(run_dir: Path) -> str:

@@ -302,7 +302,7 @@ def small_val_warnings(val_tokens: int, recipe: str = "stability") -> list[str]:
     from pilotrun.data.reader import val_split_warnings
 
     t = load_run_config(recipe).train
-    return val_split_warnings(val_tokens, t.batch_size, t.seq_len, t.eval_batches,
+    return val_split_warnings(val_tokens, t.batch_size, t.seq_len, t.eval.batches,
                               what=f"the packaged {recipe} recipe")
 
 

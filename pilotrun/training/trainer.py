@@ -9,11 +9,12 @@ The callbacks, in the order they act after an update (callbacks.py has the inter
   profiling.ProfileCallback          torch.profiler around the attempts `train.profile` names ("profile" phase)
   window_log.RareEventsCallback      data restarts, overflows, QK-Clip events
   rollback.SpikeCallback             the `spike` event, and a rollback under train.spike.policy=rollback
-  window_log.WindowLogCallback       the `train` event every `log_every` updates, the progress bar
-  evaluation.EvalCallback            the `val` event every `eval_every` updates ("eval" phase)
-  downstream_eval.DownstreamEvalCallback  the `downstream` event (multiple-choice tasks) every `downstream_every`
-  checkpointing.CheckpointCallback   every `checkpoint_every` updates and at the end ("checkpoint" phase);
-                                     beside training under `train.checkpoint_mode` (not the last save)
+  window_log.WindowLogCallback       the `train` event every `train.log.every` updates, the progress bar
+  evaluation.EvalCallback            the `val` event every `train.eval.every` updates ("eval" phase)
+  downstream_eval.DownstreamEvalCallback  the `downstream` event (multiple-choice tasks) every
+                                     `train.downstream.every`
+  checkpointing.CheckpointCallback   every `train.checkpoint.every` updates and at the end ("checkpoint" phase);
+                                     beside training under `train.checkpoint.mode` (not the last save)
   pilot_handshake.KillPointCallback  the pilot's kill point, when the pilot hands one in (`stop_past_step`)
 the hang watchdog (hang_watchdog.HangWatchdog, `pilotrun train --hang-timeout`, outermost around each update),
 which ends the session `hung` from its own thread when this rank makes no progress within its bound,
@@ -22,7 +23,7 @@ and two that only ask the session to stop (`stop_request`, agreed across ranks b
   launcher.LauncherWatchCallback     torchrun's launcher gone (the parent pid changed, or its death signal)
 
 Every event written to metrics.jsonl is handed to the metrics sinks (run/sinks.py: the live mirrors of
-`train.trackers` (TensorBoard, W&B, MLflow, trackio), and any the caller passes), each guarded so that a failing sink warns once and changes
+`train.log.trackers` (TensorBoard, W&B, MLflow, trackio), and any the caller passes), each guarded so that a failing sink warns once and changes
 neither the training nor the record; writing and mirroring are the "report" phase.
 
 A stop signal (pilotrun/common/stop_signals.py): the current update is finished, the window is logged, a checkpoint is
@@ -46,7 +47,7 @@ from typing import Any
 import torch
 
 from pilotrun.common.stop_signals import HUNG_EXIT_CODE, signal_name
-from pilotrun.config import RunConfig
+from pilotrun.config import DownstreamConfig, RunConfig
 from pilotrun.data.choice_tasks import read_choice_tasks
 from pilotrun.run.record import HANGS_DIR, PHASES, run_json_digests
 from pilotrun.run.sinks import (
@@ -128,7 +129,7 @@ class Trainer:
     """Builds one session (fresh or resumed, session.py), then `run()` trains to `train.max_steps`.
 
     `sinks`: extra metrics sinks (run/sinks.py `MetricsSink`: `write(event)` and `close()`, or a `GuardedSink`)
-    that receive every event as it is recorded, beside the trackers of `train.trackers`. Only rank
+    that receive every event as it is recorded, beside the trackers of `train.log.trackers`. Only rank
     0 writes the record, so only rank 0's sinks receive events; every rank's are closed when `run()` returns.
     `stop_past_step`: the pilot's kill point (pilot_handshake.py); None trains normally.
     `signals`: the session's stop requests (signals.py); `request(signum)` asks it to stop as a signal would
@@ -147,8 +148,8 @@ class Trainer:
                  signals: StopSignals | None = None, stop_by: float | None = None, started_at: float | None = None,
                  clock: Callable[[], float] | None = None, watchdog: HangWatchdog | None = None):
         # A tracker named in the recipe but not installed is refused before anything is written.
-        check_trackers_available(config.train.trackers)
-        self.downstream_tasks = read_choice_tasks(config.train.downstream_tasks)  # a bad task file: refused here
+        check_trackers_available(config.train.log.trackers)
+        self.downstream_tasks = read_choice_tasks(config.train.downstream.tasks)  # a bad task file: refused here
         self.stop_by, self.clock = stop_by, clock if clock is not None else time.time
         self.watchdog, self.session_ended, self.peer_hung = watchdog, False, False
         self.began = time.time()  # a peer's stack file written since is this session's (hang_watchdog.peer_hangs)
@@ -194,9 +195,7 @@ class Trainer:
         window = WindowLogCallback.for_session(loop, progress=self.progress)
         deadline = [] if self.stop_by is None else [
             DeadlineCallback(self.stop_by, setup_seconds=self.clock() - self.started_at, clock=self.clock)]
-        background = t.checkpoint_mode == "background" or (t.checkpoint_mode == "auto"
-                                                           and session.device.type == "cuda")
-        checkpoint = CheckpointCallback(t.checkpoint_every, background=background)
+        checkpoint = CheckpointCallback.for_section(t.checkpoint, session.device.type)
         watched: list[Callback] = []
         if self.watchdog is not None:
             self.watchdog.attach(loop)
@@ -205,15 +204,15 @@ class Trainer:
         return [*watched, ProfileCallback(profiler), RareEventsCallback(), ShardCheckCallback.for_session(loop),
                 SpikeCallback(window.close_window, checkpoint.settle, checkpoint.save_now, window.reopen),
                 window,
-                EvalCallback(t), self._downstream(t), checkpoint,
+                EvalCallback(t.eval), self._downstream(t.downstream), checkpoint,
                 KillPointCallback.past_step(self.stop_past_step), LauncherWatchCallback.for_process(), *deadline]
 
-    def _downstream(self, t) -> DownstreamEvalCallback:
+    def _downstream(self, section: DownstreamConfig) -> DownstreamEvalCallback:
         """The in-loop tasks, read before the session was built (the effective recipe may name others only
         when a resume changed them: those are read now)."""
         read = [task.path for task in self.downstream_tasks]
-        same = read == list(t.downstream_tasks)
-        return DownstreamEvalCallback(t, self.downstream_tasks if same else None)
+        same = read == list(section.tasks)
+        return DownstreamEvalCallback(section, self.downstream_tasks if same else None)
 
     def run(self) -> TrainResult:
         loop = LoopState(self.session, self.account, self.signals, self.out, sinks=self.sinks)
@@ -251,7 +250,7 @@ class Trainer:
     def _start_session(self, loop: LoopState) -> None:
         """Open the TensorBoard mirror, print the plan and the notes, log `session_start` (rank 0 prints)."""
         session, t, world_size = self.session, self.session.config.train, self.session.context.world_size
-        trackers = list(t.trackers)
+        trackers = list(t.log.trackers)
         if trackers and loop.is_main:  # the one process that has the events mirrors them
             with self.account.phase("report"):
                 self.sinks[:0] = tracker_sinks(trackers, session.run_dir)

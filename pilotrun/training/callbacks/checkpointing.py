@@ -1,7 +1,7 @@
 """When the loop saves a checkpoint, and the save itself: the "checkpoint" phase.
 
 The policy is here, the storage is not (checkpointer.py writes and commits, distributed_checkpointer.py picks
-the storage, background.py writes beside training): a checkpoint is due after every `checkpoint_every`-th
+the storage, background.py writes beside training): a checkpoint is due after every `train.checkpoint.every`-th
 applied update, and at the session's last round (completed, stopped, interrupted, or before a data error ends
 it) unless the state at that step is already the newest checkpoint, so a session never ends with work that is
 not saved and never saves the same step twice.
@@ -12,7 +12,7 @@ replicated tensor once); with one process it is the plain torch.save. What it ho
 `session.checkpoint_state`, the same definition a resume reads into. The `checkpoint` event follows the commit,
 so a reader of metrics.jsonl that sees it can trust the folder is there.
 
-Background saves (`train.checkpoint_mode`): a cadence save only stages the state to host memory on the
+Background saves (`train.checkpoint.mode`): a cadence save only stages the state to host memory on the
 loop's thread and returns; DCP writes, hashes and fsyncs it beside training (checkpoint/background.py). It is
 committed at the first round after rank 0's write is done (rank 0 says so, every rank follows: one small
 broadcast per round while a save is in flight), or before the next save, a spike's rollback, or the session's
@@ -36,6 +36,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pilotrun.config import CheckpointConfig
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import PRIORITY_CHECKPOINT, Callback, Ending, LoopState, due_on_cadence
 from pilotrun.training.checkpoint.background import (
@@ -98,6 +99,12 @@ class CheckpointCallback(Callback):
         self.stopped_for_space: str | None = None
         self.disk_stated = False
         self.last_bytes = 0  # the newest committed checkpoint's, measured (rank 0): the next save's expected size
+
+    @classmethod
+    def for_section(cls, section: CheckpointConfig, device_type: str) -> CheckpointCallback:
+        """Built from `train.checkpoint`: its cadence, and its mode (auto: beside training on CUDA)."""
+        background = section.mode == "background" or (section.mode == "auto" and device_type == "cuda")
+        return cls(section.every, background=background)
 
     def due(self, loop: LoopState) -> bool:
         if self.stopped_for_space is not None:

@@ -36,7 +36,7 @@ AT_END_WAIT_SECONDS = 30.0
 def _window_closes(loop: LoopState) -> bool:
     """The update just made closes a `train` window (window_log.WindowLogCallback's cadence)."""
     t = loop.session.config.train
-    return due_on_cadence(loop, t.log_every) or due_on_cadence(loop, t.checkpoint_every)
+    return due_on_cadence(loop, t.log.every) or due_on_cadence(loop, t.checkpoint.every)
 
 
 class ShardCheckCallback(Callback):
