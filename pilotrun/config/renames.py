@@ -33,6 +33,10 @@ FLAT_NAMES = {
     "train.tensorboard": "train.log.tensorboard",
 }
 
+# Keys added after format 1, at the value every format-1 run used: a recipe recorded then reads as the one
+# that ran, so a resume or a lock comparison finds no difference it never made.
+IMPLIED_IN_FORMAT_1 = {"train.checkpoint.storage": "auto"}
+
 
 def current_key(key: str) -> str:
     """A dotted key in today's name: `train.eval_every` -> `train.eval.every`; `recipe.` kept where given."""
@@ -54,6 +58,10 @@ def current_recipe(recipe: Any) -> Any:
         name = old.removeprefix("train.")
         if name in train:
             move_key(train, train.pop(name), old, new)
+    for key, value in IMPLIED_IN_FORMAT_1.items():
+        _, section, name = key.split(".")
+        if isinstance(train.get(section, {}), dict):
+            train.setdefault(section, {}).setdefault(name, value)
     return moved
 
 

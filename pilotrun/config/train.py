@@ -20,6 +20,9 @@ DATA_MODES = ("successive", "repeat_batch")
 PARALLELISMS = ("ddp", "fsdp")
 COMPILE_MODES = ("none", "inductor", "eager")
 CHECKPOINT_MODES = ("auto", "background", "sync")
+# The registered checkpoint storages (training/checkpoint/storages.py, which the config cannot import: it sits
+# above it); tests/training/checkpoint/test_storages.py holds the two lists equal.
+CHECKPOINT_STORAGES = ("auto", "torch_save", "torch_dcp")
 TRACKER_NAMES = ("tensorboard", "wandb", "mlflow", "trackio")  # built-in mirrors (run/sinks.py)
 # What a detected loss spike does (training/spikes/detector.py).
 SPIKE_POLICIES = ("record", "skip", "rollback")
@@ -122,6 +125,10 @@ class CheckpointConfig:
     # When the same state is written, never what it holds.
     mode: str = knob("auto", "cadence saves: background (beside training), sync, or auto (cuda: background)",
                      choices=CHECKPOINT_MODES, on_resume="machine")
+    # How the same state is written; every checkpoint is read with the storage its marker names.
+    storage: str = knob("auto", "auto (torch_dcp for several ranks, torch_save for one), torch_save (one process "
+                        "writes every file) or torch_dcp (torch.distributed.checkpoint, each rank its part)",
+                        choices=CHECKPOINT_STORAGES, on_resume="machine")
     keep: int = knob(3, "newest committed checkpoints kept", at_least=1, on_resume="free")
     keep_every: int = knob(0, "also keep every N-th step's checkpoint for good; 0: none", at_least=0,
                            on_resume="free")

@@ -322,13 +322,13 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
                                            (f" {mixture}" if mixture else ""))
     recorded = read_run_json(run_dir) if resume else {}
 
-    # 3. The plan. torch.save for one process, torch.distributed.checkpoint (collective, per-rank RNG) for
-    # several; the checkpointer's constructor is a barrier, so no rank is still checking the run folder when
-    # rank 0 starts writing. The model is built first (seeded: Python and NumPy too, since their draws must
+    # 3. The plan. The checkpoint storage the recipe names (auto: torch.save for one process,
+    # torch.distributed.checkpoint, collective with per-rank RNG, for several); the checkpointer's constructor
+    # is a barrier, so no rank is still checking the run folder when rank 0 starts writing. The model is built first (seeded: Python and NumPy too, since their draws must
     # match across sessions) because the partition it implies is part of what a resume compares.
     kept = config.train.checkpoint
     checkpointer = DistributedCheckpointer(run_dir, kept.keep, context, keep_every=kept.keep_every,
-                                           keep_steps=kept.keep_steps)
+                                           keep_steps=kept.keep_steps, storage=kept.storage)
     device = torch.device(context.device)
     seed_every_generator(config.train.seed)
     model = build_model(config.model)

@@ -46,6 +46,7 @@ from pilotrun.training.checkpoint.background import (
     out_of_space,
     start_background_save,
 )
+from pilotrun.training.checkpoint.dcp_storage import DCPStorage
 from pilotrun.training.checkpoint.retention import PROTECT_FINAL
 from pilotrun.training.preflight import checkpoint_bytes_estimate, disk_plan, room_problem
 from pilotrun.training.session import checkpoint_state
@@ -72,7 +73,9 @@ def save_checkpoint(loop: LoopState, **extra: Any) -> int:
     started = time.perf_counter()
     if loop.final and loop.ending is None and loop.step >= session.config.train.max_steps:
         session.checkpointer.protect(loop.step, PROTECT_FINAL)  # the completed run's last state, kept for good
-    state, meta = _state_and_meta(loop, sharded=session.context.is_distributed)
+    # The state's form follows the storage that writes it: name-keyed DCP state dicts for DCP (whatever the world
+    # size), the plain torch.save form otherwise; a resume reads it back in the form its marker's storage names.
+    state, meta = _state_and_meta(loop, sharded=session.checkpointer.storage.name == DCPStorage.name)
     path = session.checkpointer.save(loop.step, state, meta)
     size = _committed_bytes(loop, path)
     dist_utils.barrier(session.context)

@@ -64,3 +64,40 @@ def test_an_unknown_or_unfit_storage_is_one_line():
     with pytest.raises(ConfigError, match=r"^checkpoint storage 'torch_save' is written by one process; "
                        r"a run of 2 ranks needs a collective one \(torch_dcp\)$"):
         chosen_storage("torch_save", TWO_RANKS)
+
+
+def test_the_recipe_offers_exactly_the_registered_storages():
+    from pilotrun.config.train import CHECKPOINT_STORAGES
+
+    assert CHECKPOINT_STORAGES == (AUTOMATIC, *STORAGES)
+
+
+def test_a_run_writes_with_the_storage_its_recipe_names_and_resumes_across_storages(builtin_data_dir, tmp_path):
+    """train.checkpoint.storage picks the writer; a resume reads with the storage the marker names, so a
+    run saved with DCP and continued with torch.save ends with the weights of a run that never stopped."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from pilotrun.commands.cli import main
+
+    smoke = str(Path(__file__).resolve().parents[3] / "configs" / "smoke.yaml")
+
+    def train(run_dir, *extra):
+        return main(["train", "--config", smoke, "--data", str(builtin_data_dir), "--run-dir", str(run_dir),
+                     "--set", "train.num_threads=1", "--progress", "none", *extra])
+
+    def marker(run_dir, step):
+        return json.loads((run_dir / "checkpoints" / f"step-{step:08d}" / "COMMITTED.json").read_text())
+
+    assert train(tmp_path / "a", "--set", "train.max_steps=2", "--set", "train.checkpoint.storage=torch_dcp") == 0
+    assert marker(tmp_path / "a", 2)["storage"] == "torch_dcp"
+    assert train(tmp_path / "a", "--resume", "--set", "train.max_steps=4",
+                 "--set", "train.checkpoint.storage=torch_save") == 0
+    assert marker(tmp_path / "a", 4)["storage"] == "torch_save"
+    assert train(tmp_path / "b", "--set", "train.max_steps=4") == 0
+    resumed = torch.load(tmp_path / "a" / "checkpoints" / "step-00000004" / "model.pt", weights_only=True)
+    straight = torch.load(tmp_path / "b" / "checkpoints" / "step-00000004" / "model.pt", weights_only=True)
+    assert resumed.keys() == straight.keys()
+    assert all(torch.equal(resumed[k], straight[k]) for k in straight)
