@@ -9,6 +9,8 @@ cycle in a function body does not make it go away.
 from __future__ import annotations
 
 import ast
+import re
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -202,3 +204,105 @@ def test_folder_graph_is_acyclic_as_a_whole():
                 edges[layer_of(source)].add(layer_of(target))
     order = {layer: i for i, layer in enumerate(LAYERS)}
     assert all(order[b] < order[a] for a, bs in edges.items() for b in bs)
+
+
+# A function longer than this is split, or named below with why it is one piece. Counted in source lines,
+# docstring included, after the code is laid out within the line limit.
+MAX_FUNCTION_LINES = 100
+LONG_FUNCTIONS = {
+}
+# A module past this size is a hint that it holds more than one concern: a warning to read, not a failure.
+MODULE_WARNING_LINES = 800
+
+
+def function_lengths() -> dict[str, int]:
+    lengths = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                key = f"{relative}:{node.name}"
+                lengths[key] = max(lengths.get(key, 0), node.end_lineno - node.lineno + 1)
+    return lengths
+
+
+def test_no_function_over_the_length_cap():
+    lengths = function_lengths()
+    over = {name: n for name, n in lengths.items() if n > MAX_FUNCTION_LINES and name not in LONG_FUNCTIONS}
+    assert over == {}, "functions over the cap: split them, or list them with why in LONG_FUNCTIONS"
+    # The list cannot rot: each exemption names a function that exists and still needs it.
+    stale = {name for name in LONG_FUNCTIONS if lengths.get(name, 0) <= MAX_FUNCTION_LINES}
+    assert stale == set(), "exemptions no longer needed"
+
+
+def test_a_large_module_is_reported():
+    sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert len(sizes) > 50  # the package itself was read
+    for path, n in sorted(sizes.items()):
+        if n > MODULE_WARNING_LINES:
+            warnings.warn(f"{path}: {n} lines; does it still hold one concern?", stacklevel=1)
+
+
+# What a docstring names must exist: a file (a repository path, or a path relative to the package or to one of
+# the folders above the module) and a `module.Name` whose module is one of the package's and whose name
+# starts with a capital (a class or a constant; lower-case words after a dot are as often recipe keys and
+# record fields as functions, so they are not checked).
+DOC_FILE = re.compile(r"(?<![\w./-])((?:[\w-]+/)*[\w-]+\.(?:py|md|cpp|sbatch|yaml))\b")
+DOC_NAME = re.compile(r"(?<![\w.])((?:[a-z_][a-z0-9_]*\.)*[a-z_][a-z0-9_]*)\.([A-Z][A-Za-z0-9_]*)\b")
+
+
+def docstrings_of(path: Path):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            text = ast.get_docstring(node, clean=False)
+            if text:
+                yield node.body[0].lineno, text
+
+
+def top_level_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return names
+
+
+def stale_docstring_references(package: Path, root: Path) -> list[str]:
+    repository = [p for p in root.rglob("*") if p.is_file() and not {".git", ".venv"} & set(p.parts)]
+    basenames = {p.name for p in repository}
+    modules = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in package.rglob("*.py")}
+    stale = []
+    for path in sorted(package.rglob("*.py")):
+        where = path.relative_to(root).as_posix()
+        for line, text in docstrings_of(path):
+            for found in DOC_FILE.finditer(text):
+                name = found.group(1)
+                bases = [root, package, *path.parents]
+                exists = name in basenames if "/" not in name else any((b / name).is_file() for b in bases)
+                if not exists:
+                    stale.append(f"{where}:{line}: no file {name}")
+            for found in DOC_NAME.finditer(text):
+                prefix, name = found.groups()
+                owners = [m for m in modules if m.split(".", 1)[-1] == prefix or m.endswith("." + prefix)]
+                if owners and not any(name in top_level_names(modules[m]) for m in owners):
+                    stale.append(f"{where}:{line}: no {prefix}.{name}")
+    return stale
+
+
+def test_docstrings_name_only_files_and_names_that_exist():
+    assert stale_docstring_references(PACKAGE, ROOT) == []
+
+
+def test_the_reference_check_can_fail(tmp_path):
+    package = tmp_path / "pilotrun"
+    (package / "room").mkdir(parents=True)
+    (package / "room" / "kept.py").write_text('"""Reads room/kept.py and room/gone.py."""\nclass Here:\n    pass\n')
+    (package / "room" / "other.py").write_text('"""See `kept.Here` and `kept.Gone`."""\n')
+    found = stale_docstring_references(package, tmp_path)
+    assert found == ["pilotrun/room/kept.py:1: no file room/gone.py", "pilotrun/room/other.py:1: no kept.Gone"]

@@ -104,7 +104,7 @@ def _train_args(config: Path, data_dir: Path, run_dir: Path, overrides: list[str
 
 
 def kill_point_step(interrupt_at: int, max_steps: int, log_every: int, checkpoint_every: int) -> int | None:
-    """The step the first training process stops itself at (callbacks/kill_point.py SelfStopPoint): the first step past
+    """The step the first training process stops itself at (training/callbacks/kill_point.py SelfStopPoint): the first step past
     `interrupt_at` that closes a window (every `log_every`, and at every checkpoint) once a checkpoint exists,
     with updates left; None when no step qualifies."""
     for step in range(max(interrupt_at + 1, checkpoint_every), max_steps):

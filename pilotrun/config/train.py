@@ -6,7 +6,7 @@ What a resume may do with each key is its knob's `on_resume` (config/knob.py). M
 this machine computes the updates or who watches them, never what an update computes: free on resume, and a
 lock neither holds a long run to the pilot's nor freezes them (a pilot on 2 CPU threads says nothing about the
 thread count of the long run's node). Another thread count may reorder a reduction's additions: a resume on it
-is free but not promised bit-exact, and run.json says so (checkpoint/compatibility.py `not_exact`).
+is free but not promised bit-exact, and run.json says so (training/checkpoint/compatibility.py `not_exact`).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class ProfileConfig:
 @dataclass
 class SpikeConfig:
     """Loss spikes: detected in the loop, answered by policy (training/spikes/detector.py,
-    callbacks/spike_rollback.py)."""
+    training/spikes/rollback.py)."""
 
     policy: str = knob("record", "record (a spike event), skip (not applied, reason spike) or rollback (to "
                        "the last committed checkpoint before it, its documents to their end plus margin skipped)",

@@ -1,6 +1,6 @@
 """The decoder: embedding, L pre-norm blocks (MLA + dense FFN or MoE), final RMSNorm, untied head.
 
-Parameter names follow DeepSeek's inference/model.py names so that the
+Parameter names follow the names of DeepSeek-V3's reference inference model so that the
 optimizer partition and QK-Clip address parameters by name. `build_model(cfg)` is deterministic given the torch
 seed at call time: parameters are created, then initialized in one fixed order.
 """

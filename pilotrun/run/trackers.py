@@ -5,7 +5,7 @@ An entry names the tracker, the modules its extra installs (`pip install 'pilotr
 anything is written), a one-line description for the command line's help, and how to open its mirror of a run
 (`open(run_dir, log_dir)`; `log_dir` is TensorBoard's event folder, None elsewhere). A tracker that exports a
 finished run its own way rather than through its mirror names that in `export`. Every tracker's code is its
-own module, run/tracker_NAME.py, which imports its client only inside its functions: this table imports
+own module, run/tracker_<name>.py, which imports its client only inside its functions: this table imports
 those modules, never a tracker's library, so run/ stays light and torch-free. The help text, the choices of
 `--to`, the package check and the dispatch in run/sinks.py all read this table.
 """

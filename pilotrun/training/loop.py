@@ -1,4 +1,4 @@
-"""The training loop: one honest update after another; everything else is a callback (callbacks.py).
+"""The training loop: one honest update after another; everything else is a callback (callbacks/base.py).
 
 One update (docs/MODEL.md, "one optimizer step"), `train_one_update`:
 
@@ -15,7 +15,7 @@ run and an uninterrupted one agree. Counters are global (all ranks together). Af
 decides whether the session stops (a stop signal on any rank, too many skipped updates in a row, max_steps
 reached), then every due callback acts in its own time phase; on the last round the loop leaves the training
 phase for good first, so that the session's training seconds are exactly the sum of its windows'. The hot
-loop does no host synchronisation beyond the one the skip decision needs: the spike judge (spikes.py) reads
+loop does no host synchronisation beyond the one the skip decision needs: the spike judge (spikes/detector.py) reads
 the update's loss in that same transfer. The skipped ranges (`train.skip_data` and the rollbacks') are stepped
 over before each microbatch.
 
@@ -138,7 +138,7 @@ def state_rollbacks(loop: LoopState) -> int:
 
 
 def skip_ranges(loop: LoopState) -> list[list[int]]:
-    """The global batch ranges the loader steps over: the recipe's and the rollbacks' (spikes.SpikeDetector)."""
+    """The global batch ranges the loader steps over: the recipe's and the rollbacks' (detector.SpikeDetector)."""
     return loop.hook("spike").skip_ranges(loop.session.config.train.skip_data)
 
 
@@ -203,7 +203,7 @@ def train_one_update(loop: LoopState) -> UpdateResult:
 
 
 def spike_gate(loop: LoopState, batches: list[int]) -> SpikeGate:
-    """The spike judge of this attempt (spikes.py), with its replay (replay.py) when `train.spike.replay`."""
+    """The spike judge of this attempt (spikes/detector.py), with its replay (replay.py) when `train.spike.replay`."""
     session, state = loop.session, loop.session.state
     t = session.config.train
     detector = loop.hook("spike")

@@ -92,7 +92,7 @@ def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scale
     whose step takes that argument: MuonAdamW); the figures are then its `last_update_rms`.
 
     `alongside(norm) -> 1-D tensor` (this rank's norm first) is what comes to the host instead of the norm alone:
-    values the caller judges ride along in the one transfer the skip decision makes (spikes.py). `gate(norm,
+    values the caller judges ride along in the one transfer the skip decision makes (spikes/detector.py). `gate(norm,
     the rest of those values) -> reason | None` then decides before the step: a reason skips the update with
     it, parameters and optimizer state untouched. It is consulted only for a finite norm.
 

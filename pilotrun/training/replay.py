@@ -1,6 +1,6 @@
 """The cause of a spike, by replay: the spiking update computed again from the very state it started from.
 
-The replay runs inside the skip decision (spikes.SpikeGate), before the optimizer steps, so the weights,
+The replay runs inside the skip decision (detector.SpikeGate), before the optimizer steps, so the weights,
 optimizer state and expert biases are still those the update started from: no copy of the model is needed and
 no checkpoint has to be walked forward (the in-memory state is the cheaper path the project's exact replay
 allows). It computes the update's forward and backward again on the same batches (the loader's cursor is a

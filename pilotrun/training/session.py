@@ -1,7 +1,7 @@
 """Building one training session, fresh or resumed: everything the loop needs, in the order that keeps it exact.
 
 `build_session` refuses bad input before touching anything, opens the data, plans the resume
-(resume.py decides; this module only executes the plan), builds the model under the run's seed, wraps it
+(checkpoint/resume_plan.py decides; this module only executes the plan), builds the model under the run's seed, wraps it
 (DDP / FSDP2), builds the optimizer, scaler and loaders, restores a checkpoint, and opens the run record:
 run.json (new, or extended by one session) and this session's metrics writer. The loop (loop.py) then
 only trains.

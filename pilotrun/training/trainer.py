@@ -5,7 +5,7 @@
 recipe's sections, runs `train_loop` with the stop signals handled (signals.py), and logs `session_end` with
 the time split (every second of the session in one of timing.PHASES), whatever ended it.
 
-The callbacks, in the order they act after an update (callbacks.py has the interface):
+The callbacks, in the order they act after an update (callbacks/base.py has the interface):
   profiling.ProfileCallback          torch.profiler around the attempts `train.profile` names ("profile" phase)
   window_log.RareEventsCallback      data restarts, overflows, QK-Clip events
   rollback.SpikeCallback             the `spike` event, and a rollback under train.spike.policy=rollback
@@ -15,12 +15,12 @@ The callbacks, in the order they act after an update (callbacks.py has the inter
                                      `train.downstream.every`
   checkpointing.CheckpointCallback   every `train.checkpoint.every` updates and at the end ("checkpoint" phase);
                                      beside training under `train.checkpoint.mode` (not the last save)
-  pilot_handshake.KillPointCallback  the pilot's kill point, when the pilot hands one in (`stop_past_step`)
+  kill_point.KillPointCallback  the pilot's kill point, when the pilot hands one in (`stop_past_step`)
 the hang watchdog (hang_watchdog.HangWatchdog, `pilotrun train --hang-timeout`, outermost around each update),
 which ends the session `hung` from its own thread when this rank makes no progress within its bound,
 and two that only ask the session to stop (`stop_request`, agreed across ranks by the loop):
   shard_check.ShardCheckCallback     a shard whose sha256, checked in the background on its first read, differs
-  launcher.LauncherWatchCallback     torchrun's launcher gone (the parent pid changed, or its death signal)
+  launcher_watch.LauncherWatchCallback     torchrun's launcher gone (the parent pid changed, or its death signal)
 
 Every event written to metrics.jsonl is handed to the metrics sinks (run/sinks.py: the live mirrors of
 `train.log.trackers` (TensorBoard, W&B, MLflow, trackio), and any the caller passes), each guarded so that a failing sink warns once and changes
@@ -28,7 +28,7 @@ neither the training nor the record; writing and mirroring are the "report" phas
 
 A stop signal (pilotrun/common/stop_signals.py): the current update is finished, the window is logged, a checkpoint is
 saved, then `session_end` with reason "interrupted", and the exit code is 128 + the signal's number: 130 (SIGINT),
-143 (SIGTERM), 129 (SIGHUP), 138 (SIGUSR1), 140 (SIGUSR2). A deadline (`stop_by`, callbacks/deadline.py) ends
+143 (SIGTERM), 129 (SIGHUP), 138 (SIGUSR1), 140 (SIGUSR2). A deadline (`stop_by`, callbacks/deadline_stop.py) ends
 the same way with reason "deadline" and exit code 75. A hang (callbacks/hang_watchdog.py) ends it with reason
 "hung", every thread's stack in RUN/hangs/, and exit code 124, without a checkpoint.
 """
@@ -131,7 +131,7 @@ class Trainer:
     `sinks`: extra metrics sinks (run/sinks.py `MetricsSink`: `write(event)` and `close()`, or a `GuardedSink`)
     that receive every event as it is recorded, beside the trackers of `train.log.trackers`. Only rank
     0 writes the record, so only rank 0's sinks receive events; every rank's are closed when `run()` returns.
-    `stop_past_step`: the pilot's kill point (pilot_handshake.py); None trains normally.
+    `stop_past_step`: the pilot's kill point (callbacks/kill_point.py); None trains normally.
     `signals`: the session's stop requests (signals.py); `request(signum)` asks it to stop as a signal would
     (pass one to have it heard during the set-up too, installed by the caller).
     `resume`: False, True (`--resume`) or "auto" (`--resume auto`, session.build_session).

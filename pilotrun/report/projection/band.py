@@ -1,7 +1,7 @@
 """The projection's band: the spread the pilot itself measured, part by part, and which assumption a long run moved
 when its time falls outside.
 
-Each part of the lock's projection (projection.py) carries `band` [low, high] seconds over the projected run and
+Each part of the lock's projection (long_run.py) carries `band` [low, high] seconds over the projected run and
 `band_from`, the measurements and rule it comes from:
 - training: the long run's tokens at the pilot's p90 and p10 steady-window tokens/s, at the CPU share the pilot
   ran at (`training.cpu_share`: the median, p10 and p90 of its steady windows' process CPU seconds per training

@@ -184,7 +184,7 @@ def against_projection(projection: dict[str, Any] | None, ledger: Ledger, overal
     """What happened beside what the lock projected, each as {actual, projected, ratio}: elapsed (the projection
     scaled to the updates kept so far), goodput and training-only tokens/s; and whether the elapsed time lies in
     the projected band, and if not, why: each part outside its own band with the assumption that moved, largest
-    first (projection_band.py; `events`, the run's, give its CPU share and its counts of saves and evaluations),
+    first (band.py; `events`, the run's, give its CPU share and its counts of saves and evaluations),
     or for a lock without the parts' bands, the ledger's parts beside the projection's, the largest difference
     first. None without a projection."""
     if not isinstance(projection, dict):

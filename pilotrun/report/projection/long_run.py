@@ -24,7 +24,7 @@ measurement it comes from (`from`):
   (training / total) and wall-clock tokens/s;
 - every part's `band` [low, high] and `band_from`: the spread the pilot measured of it (start-up across sessions,
   each save's and evaluation's seconds, window-to-window tokens/s at the pilot's CPU share), and the total's band
-  as the sum of the parts' lows .. highs (projection_band.py states the rules).
+  as the sum of the parts' lows .. highs (band.py states the rules).
 
 `watch`: the pilot's throughput band, loss envelope, skip and clip bounds and window interval (alerts.py).
 """

@@ -110,7 +110,7 @@ def thresholds_from_lock(lock: dict[str, Any] | None) -> Thresholds:
 
 def envelope_bound(envelope: dict[str, Any], step: int) -> float | None:
     """The pilot's loss at `step` (linear between its windows; its last windows' median past its end) plus the
-    tolerance (projection.py)."""
+    tolerance (report/projection/long_run.py)."""
     points = envelope.get("points") or []
     if not points:
         return None

@@ -1,7 +1,7 @@
 """Everything a resume decides, decided in one place before anything is touched: `plan_resume` -> ResumePlan.
 
 A session starts fresh or from a committed checkpoint. On resume the checkpoint's recipe is authoritative
-and every difference from the resuming run is classified (compat.py): free (RESUME_FREE_KEYS: cadence, a
+and every difference from the resuming run is classified (compatibility.py): free (RESUME_FREE_KEYS: cadence, a
 longer max_steps), allowed (named with --allow-change), or refused (one CheckpointError listing them all).
 Another world size is reconciled first (compat.reconcile_world_size: allowed only when the global batch is
 unchanged). The plan then carries the effective recipe (the checkpoint's, with the free and allowed changes

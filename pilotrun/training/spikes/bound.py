@@ -22,7 +22,7 @@ The floor keeps a history without spread (identical values, MAD 0) from making e
 and says per signal how far above its median a value must lie in any case (MIN_SCALE_SHARE).
 
 Where the numbers live: the trainer's factor, window and min_history are the recipe's `train.spike.*`
-(config.py: they decide which updates are applied, so they belong to the recipe and its identity); the logged
+(config/train.py: they decide which updates are applied, so they belong to the recipe and its identity); the logged
 windows' are the verdict's thresholds spike_factor, spike_median_window and spike_min_history
 (report/verdict/thresholds.py), which watch takes from the lock like every threshold; the floor per signal is
 MIN_SCALE_SHARE here, one table for both.

@@ -1,5 +1,5 @@
 """Loss spikes, detected in the loop: the decision every rank makes alike over a running window, and what the
-loop hands on to the policy (callbacks/spike_rollback.py) and the record.
+loop hands on to the policy (rollback.py) and the record.
 
 A spike is an update attempt whose loss (the mean cross-entropy of its microbatches over every rank) or global
 gradient norm is a spike of its signal's history, as pilotrun/training/spikes/bound.py defines it once for the trainer,
@@ -74,7 +74,7 @@ class SpikeDetector(UpdateHook):
         self.config = config
         self.history: dict[str, deque[float]] = {s: deque(maxlen=config.window) for s in SIGNALS}
         self.rollbacks = 0
-        # One record per rollback (callbacks/spike_rollback.py, docs/RUN_RECORD.md `skip_data`): the global batch
+        # One record per rollback (rollback.py, docs/RUN_RECORD.md `skip_data`): the global batch
         # range the loader steps over and the documents it holds. The range is what the loader acts on.
         self.skip_data: list[dict[str, Any]] = []
         self.pending: tuple[float, float] | None = None  # the attempt in flight, added once it is applied

@@ -1,6 +1,6 @@
 """What a spike does after its update: the `spike` event, and under `train.spike.policy=rollback` the rollback.
 
-The decision itself is made inside the update (spikes.SpikeGate, every rank alike); this callback records it
+The decision itself is made inside the update (detector.SpikeGate, every rank alike); this callback records it
 and acts on it, right after the rare events and before the window's turn:
 - record: the update was applied; the `spike` event names it with its figures and cause;
 - skip: the update was not applied (reason "spike", counted as skipped: step and schedule stay); the `spike`
@@ -11,7 +11,7 @@ and acts on it, right after the rare events and before the window's turn:
   restores it (weights, optimizer, scaler, counters, cursor, update hooks' state, every RNG), and the data the
   spike came from is stepped over: the spiking update's batches, through the end of every document they read
   (however many updates it spans) and at least `margin` updates' worth after them. The skip is a record in the
-  trainer state (spikes.SpikeDetector.skip_data, beside the rollback count): the global batch range the loader
+  trainer state (detector.SpikeDetector.skip_data, beside the rollback count): the global batch range the loader
   steps over, the documents the spiking batches read (per source of a mixture: first and last document index,
   the token positions they span) and what the skipped batches read (data/skipped_documents.py); run.json's
   `skip_data` is rewritten with it. The updates between the checkpoint and the spike are redone on the same
