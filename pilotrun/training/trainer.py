@@ -34,6 +34,7 @@ the same way with reason "deadline" and exit code 75. A hang (callbacks/hang_wat
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -67,6 +68,7 @@ from pilotrun.training.callbacks.launcher_watch import LauncherWatchCallback
 from pilotrun.training.callbacks.profiling import ProfileCallback, ProfileWindow
 from pilotrun.training.callbacks.shard_check import ShardCheckCallback
 from pilotrun.training.callbacks.window_log import RareEventsCallback, WindowLogCallback
+from pilotrun.training.checkpoint.background import out_of_space, space_error_line
 from pilotrun.training.loop import train_loop
 from pilotrun.training.notices import interrupt_acknowledgement
 from pilotrun.training.session import NothingToDo, Session, build_session, tokens_per_update
@@ -237,6 +239,8 @@ class Trainer:
             if self.session_ended:  # ended `hung` by the watchdog, whose exit this unwinding is
                 raise
             self.session_ended = True
+            if isinstance(exc, Exception) and out_of_space(exc):
+                return self._end_for_space(loop, exc)
             reason, message = "error", f"{type(exc).__name__}: {exc}"
             hung = peer_hangs(session.run_dir, self.began, session.context.rank) if session.context.is_distributed \
                 and isinstance(exc, Exception) else []
@@ -247,6 +251,19 @@ class Trainer:
             session.record.end_session(session.session_id, reason=reason, chain_end=session.metrics.head)
             raise
         return self._end_session(loop, ending)
+
+    def _end_for_space(self, loop: LoopState, exc: Exception) -> TrainResult:
+        """The disk filled under a write of the record or a save (another process filled it): nothing is
+        committed half (every write is temp + rename), so the session stops, exit 1, for a person to free
+        space; its session_end is written where the disk takes it."""
+        session = self.session
+        message = (f"the disk is full ({space_error_line(exc)}); nothing was half committed, the newest committed "
+                   f"checkpoint is step {loop.last_checkpoint_step}: free space, then --resume")
+        with contextlib.suppress(OSError):
+            loop.log("session_end", reason="stopped", message=message, time_split=self.account.time_split())
+            session.record.end_session(session.session_id, reason="stopped", chain_end=session.metrics.head)
+        loop.say(f"session_end: stopped at step {loop.step:,} ({message})")
+        return TrainResult(reason="stopped", exit_code=1, message=message, **session.state.counters().as_dict())
 
     def _start_session(self, loop: LoopState) -> None:
         """Open the TensorBoard mirror, print the plan and the notes, log `session_start` (rank 0 prints)."""

@@ -4,18 +4,26 @@
   slow-save SECONDS MARKER   the session's last save (a stop's) writes MARKER (rank 0), then waits SECONDS
                              before saving: a window in which a test lands a late copy of a stop signal
   stall STEP SECONDS         rank 0 stalls SECONDS before the update after STEP, once (a stuck read that ends)
+  fill-disk STEP             right after the background save of STEP made its folder, another writer fills the
+                             run folder's file system (a small tmpfs) to within LEFT bytes: DCP's write thread
+                             meets a full disk, the record's small appends still fit. On a large file system
+                             (no tmpfs to be had) the storage's streams of that save fail with ENOSPC instead
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
 from pathlib import Path
 
+from torch.distributed.checkpoint.filesystem import FileSystem
+
 import pilotrun.training.callbacks.checkpointing as checkpointing
 import pilotrun.training.loop as loop_module
 from pilotrun.commands.cli import main
+from pilotrun.training.checkpoint.checkpointer import Checkpointer
 
 
 def slow_last_save(seconds: float, marker: Path) -> None:
@@ -44,11 +52,45 @@ def stall_once(step: int, seconds: float) -> None:
     loop_module.train_one_update = stalled
 
 
+LEFT = 256 * 1024
+
+
+def fill_disk_during(step: int) -> None:
+    real = Checkpointer.begin_save
+
+    def begin_then_fill(self, at, meta):
+        temp, meta_json = real(self, at, meta)
+        if at == step:
+            stat = os.statvfs(self.root)
+            if stat.f_blocks * stat.f_frsize >= 2**30:  # never fill a real disk: fail the writes instead
+                fail_writes_under(temp)
+                return temp, meta_json
+            with open(self.root.parent / "filler", "wb") as filler:
+                filler.truncate(0)
+                filler.write(b"\0" * max(0, stat.f_bavail * stat.f_frsize - LEFT))
+        return temp, meta_json
+
+    Checkpointer.begin_save = begin_then_fill
+
+
+def fail_writes_under(folder: Path) -> None:
+    real = FileSystem.create_stream
+
+    def create_stream(self, path, mode):
+        if Path(path).parent == folder:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real(self, path, mode)
+
+    FileSystem.create_stream = create_stream
+
+
 if __name__ == "__main__":
     split = sys.argv.index("--")
     seam, *args = sys.argv[1:split]
     if seam == "slow-save":
         slow_last_save(float(args[0]), Path(args[1]))
+    elif seam == "fill-disk":
+        fill_disk_during(int(args[0]))
     elif seam == "stall":
         stall_once(int(args[0]), float(args[1]))
     else:

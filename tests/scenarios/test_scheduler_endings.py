@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from pilotrun.training.checkpoint.checkpointer import Checkpointer
+from pilotrun.training.checkpoint.dcp_storage import DistributedCheckpointer
 
 pytestmark = pytest.mark.slow
 
@@ -116,3 +117,38 @@ def test_a_stop_signal_moments_after_launch_ends_with_its_code_and_one_line(buil
     end = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     assert end["event"] == "session_end" and end["reason"] == "interrupted" and "SIGUSR1" in end["message"]
     assert Checkpointer(run_dir, keep=100).committed_steps()[-1] == end["step"]
+
+
+def tmpfs_allowed() -> bool:
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1m none /mnt"],
+                           capture_output=True)
+    return probe.returncode == 0
+
+
+def test_a_disk_filled_during_a_background_save_stops_the_session_in_one_line(builtin_data_dir, tmp_path):
+    """Another writer fills the run folder's file system (a 48 MiB tmpfs in a user namespace where one may be
+    mounted, else the save's writes fail with ENOSPC at the storage) right after a background save began:
+    `stopped`, exit 1, no traceback, nothing of that save committed, the previous checkpoint intact."""
+    mount, kept = tmp_path / "fs", tmp_path / "kept"
+    mount.mkdir()
+    train = [sys.executable, str(SEAMS), "fill-disk", "20", "--",
+             *train_args(builtin_data_dir, mount / "run", "--set", "train.max_steps=40",
+                         "--set", "train.checkpoint_mode=background")]
+    script = f'"$@"; code=$?; cp -a {mount / "run"} {kept}; exit $code'
+    if tmpfs_allowed():
+        argv = ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=48m none {mount} && {script}", "sh", *train]
+    else:
+        argv = ["sh", "-c", script, "sh", *train]
+    done = subprocess.run(argv, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out[-3000:]
+    assert "Traceback" not in out and "Exception in thread" not in out, out[-3000:]
+    errors = [line for line in out.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(
+        "error: checkpoint step 20 could not be written, the disk is full (No space left on device"), out[-3000:]
+    end = json.loads((kept / "metrics.jsonl").read_text().splitlines()[-1])
+    assert end["event"] == "session_end" and end["reason"] == "stopped" and "the disk is full" in end["message"]
+    checkpoints = DistributedCheckpointer(kept, keep=100)
+    assert checkpoints.committed_steps() == [10]
+    checkpoints.verify(10)
+    assert not any("00000020" in p.name for p in (kept / "checkpoints").iterdir())  # nor a temp folder left
