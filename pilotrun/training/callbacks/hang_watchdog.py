@@ -180,12 +180,16 @@ class HangWatchdog(Callback):
         self.fired: str | None = None  # the hang file written, once fired
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        self._exited = threading.Event()  # the exit returned (only a seam's does): a halted beat goes on
         self._thread: threading.Thread | None = None
 
     # progress points -------------------------------------------------------------------------------
     def beat(self, kind: str) -> None:
         """A progress point: the stretch running ends (and is measured, but for its kind's first) and one of
-        `kind` begins."""
+        `kind` begins. Once the rank is declared hung its session has ended on the record: a stall that ends
+        after that goes no further than here (no update, event or save of an ended session) until the exit."""
+        if self.fired is not None:
+            self._exited.wait()
         with self._lock:
             now = self.clock()
             ended, lasted = self.kind, now - self.since
@@ -259,6 +263,7 @@ class HangWatchdog(Callback):
             sys.stderr.flush()
         self.sleep(min(GRACE_SECONDS, bound / 2))
         self.exit(HUNG_EXIT_CODE)
+        self._exited.set()
 
     def _record(self, message: str) -> None:
         try:
