@@ -280,7 +280,16 @@ class Trainer:
                  run_json_sha256=run_json_digests(session.record.data), tokens_per_update=session.tokens_per_update,
                  max_steps=t.max_steps, tokens_per_microbatch=session.tokens_per_microbatch,
                  metrics_repaired_bytes=session.metrics.repaired_bytes,
-                 **({"restart": session.restart} if session.restart else {}))
+                 **({"restart": session.restart} if session.restart else {}),
+                 **({"resumed_checkpoint": self._resumed_marker()} if session.plan.resuming and loop.is_main else {}))
+
+    def _resumed_marker(self) -> dict[str, Any]:
+        """What the marker of the checkpoint this session resumed from says of its making: the session that
+        committed it and its counters. The marker is the truth; its own `checkpoint` event may be missing (a kill
+        between the commit and the record), and summarize reconciles the two with this."""
+        meta = self.session.checkpointer.meta(self.session.plan.checkpoint_step)
+        return {"step": self.session.plan.checkpoint_step, "session_id": meta.get("session_id"),
+                "counters": meta.get("counters"), "metrics_chain_head": meta.get("metrics_chain_head")}
 
     def _end_session(self, loop: LoopState, ending: Ending) -> TrainResult:
         session = self.session

@@ -3,6 +3,7 @@
 
   slow-save SECONDS MARKER   the session's last save (a stop's) writes MARKER (rank 0), then waits SECONDS
                              before saving: a window in which a test lands a late copy of a stop signal
+  kill-after-commit STEP     SIGKILL right after the background save of STEP is committed, before its event
   stall STEP SECONDS         rank 0 stalls SECONDS before the update after STEP, once (a stuck read that ends)
   fill-disk STEP             right after the background save of STEP made its folder, another writer fills the
                              run folder's file system (a small tmpfs) to within LEFT bytes: DCP's write thread
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -73,6 +75,18 @@ def fill_disk_during(step: int) -> None:
     Checkpointer.begin_save = begin_then_fill
 
 
+def kill_after_commit(step: int) -> None:
+    real = checkpointing.finish_background_save
+
+    def commit_then_die(checkpointer, pending):
+        path = real(checkpointer, pending)
+        if pending.step == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return path
+
+    checkpointing.finish_background_save = commit_then_die
+
+
 def fail_writes_under(folder: Path) -> None:
     real = FileSystem.create_stream
 
@@ -91,6 +105,8 @@ if __name__ == "__main__":
         slow_last_save(float(args[0]), Path(args[1]))
     elif seam == "fill-disk":
         fill_disk_during(int(args[0]))
+    elif seam == "kill-after-commit":
+        kill_after_commit(int(args[0]))
     elif seam == "stall":
         stall_once(int(args[0]), float(args[1]))
     else:

@@ -152,3 +152,24 @@ def test_a_disk_filled_during_a_background_save_stops_the_session_in_one_line(bu
     assert checkpoints.committed_steps() == [10]
     checkpoints.verify(10)
     assert not any("00000020" in p.name for p in (kept / "checkpoints").iterdir())  # nor a temp folder left
+
+
+def test_a_kill_between_a_commit_and_its_record_is_reconciled_from_the_marker(builtin_data_dir, tmp_path):
+    """SIGKILL right after a background save's commit, before its `checkpoint` event: the next session resumes
+    from it and records what its marker says; summarize names the gap and the run is valid."""
+    run_dir = tmp_path / "run"
+    args = train_args(builtin_data_dir, run_dir, "--set", "train.max_steps=30", "--set",
+                      "train.checkpoint_mode=background")
+    killed = subprocess.run([sys.executable, str(SEAMS), "kill-after-commit", "20", "--", *args], cwd=ROOT,
+                            env=environment(), capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert not any(e["event"] == "checkpoint" and e["step"] == 20 for e in events(run_dir))
+    assert Checkpointer(run_dir, keep=100).committed_steps()[-1] == 20
+    done = subprocess.run([sys.executable, "-m", "pilotrun", *args], cwd=ROOT, env=environment(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = subprocess.run([sys.executable, "-m", "pilotrun", "summarize", str(run_dir)], cwd=ROOT,
+                             env=environment(), capture_output=True, text=True, timeout=300)
+    assert summary.returncode == 0, summary.stdout[-3000:]
+    assert "committed (its marker says so" in summary.stdout and "killed between the commit and its record" \
+        in summary.stdout

@@ -111,14 +111,17 @@ class Summary:
 
 
 def _find_resume_point(index: int, resumed_from: int, start: Counters, order: list[str],
-                       groups: dict[str, list[dict[str, Any]]]) -> tuple[str, Counters, bool] | None:
+                       groups: dict[str, list[dict[str, Any]]]) -> tuple[str, Counters, bool | str] | None:
     """The latest earlier session that recorded committing checkpoint `resumed_from`, its counters, and False.
 
     Failing that, a session killed between committing that checkpoint and logging its `checkpoint` line: every
     checkpoint is saved right after a `train` event closes the window at the same counters (a `val` event may
     come between), so an earlier session that closed a window at exactly the resumed session's starting counters
     (step `resumed_from`) and logged nothing past them is where the checkpoint came from; then the third element
-    is True (a note, not an error)."""
+    is True (a note, not an error). A background save commits after later updates, so a kill there leaves more
+    events: the resumed session's start names the session its checkpoint's marker says committed it, and the
+    counters it holds (`resumed_checkpoint`): matching an earlier session and these counters, that is where the
+    checkpoint came from (the third element "marker", a note too)."""
     for earlier in reversed(order[:index]):
         for event in groups[earlier]:
             if event["event"] == "checkpoint" and event["step"] == resumed_from:
@@ -128,6 +131,10 @@ def _find_resume_point(index: int, resumed_from: int, start: Counters, order: li
         closed_there = any(e["event"] == "train" and Counters.of(e) == start for e in events)
         if closed_there and start.step == resumed_from and Counters.of(events[-1]) == start:
             return earlier, start, True
+    marker = groups[order[index]][0].get("resumed_checkpoint")
+    if isinstance(marker, dict) and marker.get("session_id") in order[:index] and marker.get("step") == resumed_from \
+            and isinstance(marker.get("counters"), dict) and marker["counters"] == start.as_dict():
+        return str(marker["session_id"]), start, "marker"
     return None
 
 
@@ -203,7 +210,11 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
             continue
         found = _find_resume_point(index, resumed_from, start, order, groups)
         parent[sid] = found[:2] if found is not None else None
-        if found is not None and found[2]:
+        if found is not None and found[2] == "marker":
+            notes.append(f"session {sid}: resumed from checkpoint step {resumed_from}, which session {found[0]} "
+                         "committed (its marker says so, as this session recorded at its start) but whose checkpoint "
+                         "event never reached metrics.jsonl: killed between the commit and its record")
+        elif found is not None and found[2]:
             notes.append(f"session {sid}: resumed from checkpoint step {resumed_from}, which session {found[0]} "
                          "committed but did not log (it was killed between the two); its last train window ends at "
                          "exactly these counters")
