@@ -124,7 +124,7 @@ def _train_with(args: argparse.Namespace, signals, started_at: float) -> int:
     if (args.config is None) == (args.frozen is None):
         raise ConfigError("train needs exactly one of --config RECIPE and --frozen LOCK")
     stop_by, _signums = _unattended_settings(args, started_at)
-    hang_bounds = _hang_bounds(args.hang_timeout)
+    hang_bounds = _hang_bounds(args.hang_timeout, args.run_dir)
     from pilotrun.run.recipe_lock import allow_changes_beyond_the_lock
     from pilotrun.training.trainer import train_from_cli
 
@@ -164,13 +164,16 @@ def _unattended_settings(args: argparse.Namespace, now: float, signals_only: boo
     return stop_by, signums
 
 
-def _hang_bounds(text: str):
-    """`--hang-timeout` as the watchdog's bounds (None: off); bad input is one line, exit 2."""
+def _hang_bounds(text: str, run_dir: str):
+    """`--hang-timeout` as the watchdog's bounds (None: off); bad input (a bound below a recorded update
+    included) is one line, exit 2."""
     from pilotrun.common.errors import ConfigError
-    from pilotrun.training.callbacks.hang_watchdog import parse_hang_timeout
+    from pilotrun.training.callbacks.hang_watchdog import check_bounds_fit, parse_hang_timeout
 
     try:
-        return parse_hang_timeout(text)
+        bounds = parse_hang_timeout(text)
+        check_bounds_fit(bounds, run_dir)
+        return bounds
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
