@@ -173,3 +173,35 @@ def test_a_kill_between_a_commit_and_its_record_is_reconciled_from_the_marker(bu
     assert summary.returncode == 0, summary.stdout[-3000:]
     assert "committed (its marker says so" in summary.stdout and "killed between the commit and its record" \
         in summary.stdout
+
+
+def rank_of(pid: int) -> int:
+    variables = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+    return int(next(v for v in variables if v.startswith(b"RANK="))[5:])
+
+
+def test_rank_0_stuck_leaves_rank_1_s_stacks_and_summarize_counts_the_session_hung(builtin_data_dir, tmp_path):
+    """Rank 0 stopped (SIGSTOP) and left: rank 1's watchdog writes its stacks and exits 124; rank 0 records
+    nothing (it is killed, as SLURM's KillWait would). The stack file is the session's ending: summarize counts
+    it hung, not killed."""
+    from pilotrun.report.record_check.summarize import summarize_run
+
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pilotrun",
+         *train_args(builtin_data_dir, run_dir, "--hang-timeout", "5,600")],
+        cwd=ROOT, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    wait_for(lambda: sum(e["event"] == "train" for e in events(run_dir)) >= 12, 300, "12 updates", launcher)
+    ranks = {rank_of(pid): pid for pid in children(launcher.pid)}
+    os.kill(ranks[0], signal.SIGSTOP)
+    wait_for(lambda: not alive(ranks[1]), 120, "rank 1's exit", launcher)
+    stacks = sorted((run_dir / "hangs").iterdir())
+    assert [p.name.rsplit("-", 1)[1] for p in stacks] == ["rank1.txt"]
+    os.kill(ranks[0], signal.SIGKILL)
+    out = launcher.communicate(timeout=120)[0]
+    assert launcher.returncode != 0 and "exitcode: 124" in out, out[-3000:]
+    assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["event"] != "session_end"
+    summary = summarize_run(run_dir)
+    assert [s.end_reason for s in summary.sessions] == ["hung"]
+    assert any("a rank wrote its stacks during it" in note and stacks[0].name in note for note in summary.notes)

@@ -47,6 +47,7 @@ from pilotrun.report.record_check.evaluations import (
     reconcile_evaluations,
     require_evaluations,
 )
+from pilotrun.report.record_check.hang_evidence import hung_without_an_end
 from pilotrun.report.record_check.interruptions import (
     against_mtbf,
     costs,
@@ -75,7 +76,7 @@ from pilotrun.report.record_check.time_split import (
 from pilotrun.run.changes import RecipeChange, recipe_changes_in_history
 from pilotrun.run.folder_lock import live_holder
 from pilotrun.run.recipe_lock import describe_frozen_status, frozen_candidate_status, lock_projection_of
-from pilotrun.run.record import Counters, is_finite_number, record_integrity_problems
+from pilotrun.run.record import HANGS_DIR, Counters, is_finite_number, record_integrity_problems
 from pilotrun.run.run_folder import RunFolder
 
 
@@ -263,6 +264,11 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
         sessions[-1].restart = restart_of(groups[sid])
     if sessions:
         sessions[-1].latest = True
+    starts = {sid: checked[sid]["start_time"] for sid in order}
+    for sid, stacks in hung_without_an_end(Path(run_dir), sessions, starts).items():
+        next(s for s in sessions if s.session_id == sid).end_reason = "hung"
+        notes.append(f"session {sid}: no session_end, but a rank wrote its stacks during it ({HANGS_DIR}/{stacks}): "
+                     "it hung (the stuck rank recorded nothing), counted as hung, not killed")
     # A spike's rollback cuts the kept history at the checkpoint it restored (report/record_check/spike_history.py).
     kept_events, undone = split_rollbacks(kept_events)
     rolled_back_events = sorted(rolled_back_events + undone, key=lambda e: e.get("_line", 0))
