@@ -4,7 +4,8 @@
   slow-save SECONDS MARKER   the session's last save (a stop's) writes MARKER (rank 0), then waits SECONDS
                              before saving: a window in which a test lands a late copy of a stop signal
   kill-after-commit STEP     SIGKILL right after the background save of STEP is committed, before its event
-  stall STEP SECONDS         rank 0 stalls SECONDS before the update after STEP, once (a stuck read that ends)
+  stall STEP RUN_DIR         rank 0 stalls before the update after STEP until its watchdog has written its
+                             stacks to RUN_DIR/hangs/, then goes on (a stuck read that ends just too late)
   fill-disk STEP             right after the background save of STEP made its folder, another writer fills the
                              run folder's file system (a small tmpfs) to within LEFT bytes: DCP's write thread
                              meets a full disk, the record's small appends still fit. On a large file system
@@ -41,14 +42,15 @@ def slow_last_save(seconds: float, marker: Path) -> None:
     checkpointing.save_checkpoint = slow
 
 
-def stall_once(step: int, seconds: float) -> None:
+def stall_until_the_stacks(step: int, run_dir: Path) -> None:
     real = loop_module.train_one_update
     done = []
 
     def stalled(loop):
         if int(os.environ.get("RANK", "0")) == 0 and loop.step == step and not done:
             done.append(1)
-            time.sleep(seconds)
+            while not any((run_dir / "hangs").glob("*-rank0.txt")):
+                time.sleep(0.01)
         return real(loop)
 
     loop_module.train_one_update = stalled
@@ -108,7 +110,7 @@ if __name__ == "__main__":
     elif seam == "kill-after-commit":
         kill_after_commit(int(args[0]))
     elif seam == "stall":
-        stall_once(int(args[0]), float(args[1]))
+        stall_until_the_stacks(int(args[0]), Path(args[1]))
     else:
         raise SystemExit(f"unknown seam {seam!r}")
     sys.exit(main(sys.argv[split + 1:]))

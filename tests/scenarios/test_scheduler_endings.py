@@ -205,3 +205,20 @@ def test_rank_0_stuck_leaves_rank_1_s_stacks_and_summarize_counts_the_session_hu
     summary = summarize_run(run_dir)
     assert [s.end_reason for s in summary.sessions] == ["hung"]
     assert any("a rank wrote its stacks during it" in note and stacks[0].name in note for note in summary.notes)
+
+
+def test_a_stall_that_ends_after_the_watchdog_fired_writes_nothing_after_the_hung_end(builtin_data_dir, tmp_path):
+    """The stall ends the moment the stacks are written: the session is already ended `hung` on the record, and
+    nothing of it follows (no update, event or save) before the exit, 124."""
+    from pilotrun.report.record_check.summarize import summarize_run
+
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, str(SEAMS), "stall", "12", str(run_dir), "--",
+                           *train_args(builtin_data_dir, run_dir, "--hang-timeout", "4,600")],
+                          cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 124, done.stderr[-3000:]
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    ends = [i for i, e in enumerate(lines) if e["event"] == "session_end"]
+    assert len(ends) == 1 and ends[0] == len(lines) - 1 and lines[-1]["reason"] == "hung", lines[-3:]
+    assert lines[-1]["step"] == 12
+    assert summarize_run(run_dir).valid
