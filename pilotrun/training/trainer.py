@@ -49,7 +49,7 @@ import torch
 from pilotrun.common.stop_signals import HUNG_EXIT_CODE, signal_name
 from pilotrun.config import RunConfig
 from pilotrun.data.choice_tasks import read_choice_tasks
-from pilotrun.run.record import HANGS_DIR, PHASES, run_json_digests
+from pilotrun.run.record import HANGS_DIR, PHASES, read_metrics_tolerant, run_json_digests
 from pilotrun.run.sinks import (
     GuardedSink,
     MetricsSink,
@@ -195,7 +195,8 @@ class Trainer:
                                  rank=session.context.rank)
         window = WindowLogCallback.for_session(loop, progress=self.progress)
         deadline = [] if self.stop_by is None else [
-            DeadlineCallback(self.stop_by, setup_seconds=self.clock() - self.started_at, clock=self.clock)]
+            DeadlineCallback(self.stop_by, setup_seconds=self.clock() - self.started_at, clock=self.clock,
+                             recorded_save_seconds=last_recorded_save(session.run_dir))]
         background = t.checkpoint_mode == "background" or (t.checkpoint_mode == "auto"
                                                            and session.device.type == "cuda")
         checkpoint = CheckpointCallback(t.checkpoint_every, background=background)
@@ -233,6 +234,10 @@ class Trainer:
         session = self.session
         self._start_session(loop)
         callbacks = self.callbacks(loop)
+        late = dist_utils.first_across_ranks(session.context, next(
+            (c.too_late_to_start(loop) for c in callbacks if isinstance(c, DeadlineCallback)), None))
+        if late is not None:  # the set-up spent the time a save needs: nothing trained, nothing saved
+            return self._end_session(loop, late)
         try:
             ending = train_loop(loop, callbacks)
         except BaseException as exc:
@@ -316,6 +321,13 @@ class Trainer:
                             time_split=self.account.time_split(), val_loss=loop.last_val_loss)
         session.metrics.fsync()
         session.record.end_session(session.session_id, reason="hung", chain_end=session.metrics.head)
+
+
+def last_recorded_save(run_dir: Path) -> float | None:
+    """The blocking seconds of the run's last recorded save (None: it never saved), the deadline's measure of
+    the save a session owes before its own first."""
+    saves = [e.get("seconds") for e in read_metrics_tolerant(run_dir).events if e.get("event") == "checkpoint"]
+    return next((float(s) for s in reversed(saves) if isinstance(s, int | float) and s >= 0), None)
 
 
 AUTO_HANG_BOUNDS = HangBounds()  # `--hang-timeout auto`
