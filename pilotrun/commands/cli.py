@@ -21,6 +21,7 @@ from pilotrun.commands.cli_data import add_data, add_prepare
 from pilotrun.commands.cli_evaluate import add_evaluate
 from pilotrun.commands.cli_paths import check_path_arguments
 from pilotrun.commands.cli_trackers import add_export_metrics, add_tensorboard
+from pilotrun.common import stop_signals
 from pilotrun.common.errors import PilotrunError
 from pilotrun.common.parsing import terminal_safe
 from pilotrun.version import __version__
@@ -98,13 +99,12 @@ def _run_train(args: argparse.Namespace) -> int:
     from pilotrun.training.signals import StopSignals
 
     started_at = time.time()  # the deadline's budget counts the set-up too
-    # Heard from here on, before any import that takes time (torch's, seconds): a stop signal during the set-up
-    # (a pre-emption warning, SLURM's SIGTERM) is a request to stop with a checkpoint, not the default action
-    # (which ends the process with nothing saved and nothing on the record). torchrun's variables: a launcher
-    # that forwards a copy of its own stop signal (training/signals.py).
+    # Heard before any import that takes time (torch's, seconds): a stop signal in the set-up is a request to stop
+    # with a checkpoint, not a death with nothing on the record. torchrun forwards its own copy (signals.py).
     launcher = all(name in os.environ for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     signals = StopSignals(signums=_unattended_settings(args, started_at, signals_only=True)[1], launcher=launcher)
     with signals.installed():
+        stop_signals.release_early(signals.handle)  # a signal heard since the launch is this session's request
         code = _train_with(args, signals, started_at)
     if (code == 75 or code > 128) and args.stop_past_step is None and os.environ.get("RANK", "0") == "0":
         from pilotrun.commands.next_commands import resume_command
@@ -497,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     # What run.json records as the command: the arguments this call was given (an in-process or API call has
     # its own, not the host process's sys.argv).
     args.invocation = ["pilotrun", *argv] if argv is not None else list(sys.argv)
+    if args.command != "train":  # a stop signal held since `python -m pilotrun` started acts as it would have
+        stop_signals.release_early(None)
     try:
         check_path_arguments(args)  # a file where a folder is expected (or the reverse) named so, before any work
         with _cleanup_on_termination(args.command in TEMP_WRITING_COMMANDS):
@@ -527,8 +529,6 @@ TEMP_WRITING_COMMANDS = ("verdict", "freeze", "export")
 
 @contextlib.contextmanager
 def _cleanup_on_termination(active: bool):
-    from pilotrun.common import stop_signals
-
     def terminate(signum: int, frame: object) -> None:
         raise SystemExit(stop_signals.exit_code_of(signum))
 
