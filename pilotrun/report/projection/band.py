@@ -24,7 +24,7 @@ share of the target done, but start-up, which a session pays once. When the elap
 outside its own band (by more than PART_TOLERANCE of its high) is named, the largest excess first, with the
 assumption that moved: the start-up, the throughput and whether the run's CPU share left the pilot's (a busier
 machine, or a quieter one), the seconds per save or per evaluation, the bookkeeping, time with no session
-running. A lock without these fields is compared as before (ledger.py).
+running. A lock without these fields is compared by the training part's band alone (ledger.py).
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def elapsed_band(projection: dict[str, Any], parts: dict[str, float], elapsed: f
                  run: dict[str, Any]) -> dict[str, Any] | None:
     """The total's band at the updates kept so far, whether `elapsed` lies in it, every part beside its own band
     and, for a miss, why: the parts outside their bands, largest excess first, each with what moved. None for a
-    lock without the parts' bands (ledger.py then compares as before)."""
+    lock without the parts' bands (ledger.py then compares by the training part's band)."""
     if share is None or _band_of_total(projection) is None:
         return None
     rows = []
