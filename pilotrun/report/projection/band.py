@@ -11,7 +11,7 @@ Each part of the lock's projection (projection.py) carries `band` [low, high] se
   start-up, each save's blocking seconds, each evaluation's seconds), by one rule: their min..max, widened to
   at least median / SPREAD_FLOOR .. median x SPREAD_FLOOR where fewer than MIN_SPREAD_SAMPLES were measured
   (one or two sessions do not measure how a start-up varies with the machine's load: a pilot's single
-  start-up and its long run's on the same machine were measured 2x apart); saves and evaluations times their
+  start-up and its long run's on the same machine can lie far apart); saves and evaluations times their
   projected count;
 - overhead (report and bookkeeping per update): the figure scaled by the window-to-window spread of the host
   seconds per update (each steady window's wall less training seconds, per update attempted): its p10 / median
