@@ -72,7 +72,7 @@ def newton_schulz_iterate(update: torch.Tensor, schedule: list[tuple[float, floa
 
     Each step is three matrix products, two of them fused with their sums (addmm / baddbmm): one rounding per
     product-and-sum instead of separate scale, product and add operators, which is both faster and, in bf16,
-    about half as far from the exact iteration.
+    closer to the exact iteration.
     """
     x = update.to(compute_dtype)
     tall = x.size(-2) > x.size(-1)
