@@ -110,7 +110,7 @@ def describe_plan(config: RunConfig, world_size: int, start_step: int = 0, devic
 def describe_compile(mode: str, device_type: str) -> str:
     """What train.compile costs and whether it pays back. On the CPU it does not (BENCHMARKS.md, bench_update):
     the compiled parts are a block's elementwise chains, while the update's time is in the matmuls, the MoE
-    layers' kernels (which stay eager) and the optimizer step (about half the update, not compiled)."""
+    layers' kernels (which stay eager) and the optimizer step (a large share of the update, not compiled)."""
     if mode == "none":
         if device_type == "cpu":
             return ("compile: none (eager). train.compile=inductor would spend seconds compiling each block shape in "

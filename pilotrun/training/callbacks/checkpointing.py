@@ -28,7 +28,7 @@ bytes, else preflight's estimate, and a margin for the record): too little ends 
 written, so that the disk never fills under a write, nor under the record's own appends while a background write
 runs. A save that still fails for a full disk (or quota: something else filled it) ends the session the same
 way. Either way nothing of that save is committed, the previous checkpoint stays the newest, and the session
-ends `stopped` (exit 1) with the reason; any other failure raises as before.
+ends `stopped` (exit 1) with the reason; any other failure raises.
 """
 
 from __future__ import annotations

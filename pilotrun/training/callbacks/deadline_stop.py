@@ -3,15 +3,15 @@
 After each update attempt the callback asks whether the session may go on: going on means one more update and
 its round of callbacks (a log, an evaluation, a cadence save) before the next question, and then the last
 round, with the final save, must still land before the deadline. So the margin it keeps, measured in this
-session, is twice the slowest of the recent updates and rounds, plus the last save's own seconds (a measured
-2-rank run whose margin counted one update, one round and the save committed 0.1 s after its deadline). Before this
-session has saved, the run's last recorded save stands for it (`recorded_save_seconds`, measured); only a run
-that never saved counts its set-up's seconds instead (reading and building the state cost about what writing it
-does, and a fresh start has little to save). A session whose set-up ate the time left, so that not even that
-save fits before the deadline, trains nothing: `too_late_to_start` ends it at once (`deadline`, 75: not in
-this allocation; a requeue starts it in the next).
-The session's first update is left out: it pays the warm-up (the CPU kernels' load, allocator growth, a compile),
-measured at 14-28 s against 0.1 s for the next ones of a 2-rank CPU run, and predicts nothing about them. A first
+session, is twice the slowest of the recent updates and rounds, plus the last save's own seconds: a margin of
+exactly one update, one round and the save leaves nothing for their spread, and the save can commit just past
+the deadline. Before this session has saved, the run's last recorded save stands for it
+(`recorded_save_seconds`, measured); only a run that never saved counts its set-up's seconds instead (reading
+and building the state cost about what writing it does, and a fresh start has little to save). A session whose
+set-up ate the time left, so that not even that save fits before the deadline, trains nothing:
+`too_late_to_start` ends it at once (`deadline`, 75: not in this allocation; a requeue starts it in the next).
+The session's first update is left out: it pays the warm-up (the CPU kernels' load, allocator growth, a
+compile), which can take many times as long as the updates after it, and predicts nothing about them. A first
 update longer than the time left cannot be helped (the stop comes after an update); the command refuses a
 deadline closer than the run's fastest recorded update.
 
