@@ -8,7 +8,7 @@ documents repeated (each copy with a distinct first line) into 8 jsonl files; GP
 fresh Python process (so a peak is that route's own), rounds interleaved so that other load on the machine
 falls on every route alike; the two datatrove runs must give the same metadata_sha256.
 
-Run: `python -m benchmarks.run_all --update bench_datatrove` (about 2 minutes on 2 cores).
+Run: `python -m benchmarks.run_all --update bench_datatrove` (its duration: BENCHMARKS.md, the section's last line).
 """
 
 from __future__ import annotations

@@ -342,8 +342,8 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
 
     if demo and recipe.train.num_threads == 0:
         # The built-in demo runs on whatever machine `make pilot` is typed on, often a small one shared with
-        # other work: measured on a busy 2-core machine, two threads ran the stability recipe ~10x slower than
-        # one (spinning OpenMP threads losing their time slices); one thread keeps it within minutes anywhere.
+        # other work, where two threads can run far slower than one (spinning OpenMP threads losing their time
+        # slices; BENCHMARKS.md, "Intra-op threads"); one thread keeps it within minutes anywhere.
         # A user's own recipe with train.num_threads 0 has its count chosen by the training process itself from
         # what it can use (training/thread_choice.py: the cores free at start, a short timing of its update),
         # recorded in run.json and kept by the resume.

@@ -19,7 +19,7 @@ def test_configs_dir_is_the_repository_folder():
 def test_bad_recipe_for_a_pilot_is_refused_before_writing(tmp_path):
     with pytest.raises(PilotError, match="recipe not found"):
         run_pilot(tmp_path / "w", config=tmp_path / "missing.yaml")
-    with pytest.raises(PilotError, match="checkpoint_every"):
+    with pytest.raises(PilotError, match=r"train\.checkpoint\.every"):
         run_pilot(tmp_path / "w", config=configs_dir() / "smoke.yaml", overrides=["train.checkpoint_every=0"])
     assert not (tmp_path / "w").exists()
 

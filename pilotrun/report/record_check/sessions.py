@@ -143,6 +143,11 @@ def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
     end_event = None
     rolled = dict.fromkeys(COUNTER_KEYS, 0)  # work in this session that its own rollbacks undid (spikes)
     for event in events[1:]:
+        if end_event is not None:  # a session ends once: what follows its end is not its work
+            reasons.append(f"{_where(event)}: {event['event']} after this session's session_end "
+                           f"({end_event.get('reason')} at step {end_event.get('step')}): a session logs nothing "
+                           "after its end, so the record breaks here")
+            break
         now = Counters.of(event)
         if event["event"] == "checkpoint" and event.get("background") is True:
             # Committed after the updates that followed its state: its counters are the state's, behind the

@@ -28,7 +28,7 @@ bytes, else preflight's estimate, and a margin for the record): too little ends 
 written, so that the disk never fills under a write, nor under the record's own appends while a background write
 runs. A save that still fails for a full disk (or quota: something else filled it) ends the session the same
 way. Either way nothing of that save is committed, the previous checkpoint stays the newest, and the session
-ends `stopped` (exit 1) with the reason; any other failure raises as before.
+ends `stopped` (exit 1) with the reason; any other failure raises.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from pilotrun.training.checkpoint.background import (
     close_background,
     finish_background_save,
     out_of_space,
+    space_error_line,
     start_background_save,
 )
 from pilotrun.training.checkpoint.dcp_storage import DCPStorage
@@ -216,7 +217,8 @@ class CheckpointCallback(Callback):
         kept = f"checkpoint step {newest} is still the newest committed" if newest is not None else \
             "no checkpoint was committed"
         what = "could not be written, the disk is full" if written else "was not written, the disk is too full"
-        self.stopped_for_space = (f"checkpoint step {step} {what} ({exc}); nothing of it was committed and {kept}: "
+        said = space_error_line(exc) if isinstance(exc, BaseException) else exc
+        self.stopped_for_space = (f"checkpoint step {step} {what} ({said}); nothing of it was committed and {kept}: "
                                   "free space, then --resume")
         loop.say(f"error: {self.stopped_for_space}")
         loop.ending = Ending("stopped", 1, self.stopped_for_space)

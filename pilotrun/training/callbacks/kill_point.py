@@ -1,18 +1,17 @@
 """The pilot's kill point: a training process that stops itself at a known step, so the pilot's SIGKILL lands there.
 
-`pilotrun pilot` proves that a run continues exactly after a real, unannounced SIGKILL. It used to kill once
-metrics.jsonl showed a step past the midpoint and a committed checkpoint, but the training process does not
-wait for the pilot to read the file: with updates of a few milliseconds (a small recipe, any recipe on a GPU)
-it could commit its final checkpoint before the kill landed, and the resumed session then had nothing left to
-do, so the verdict rightly said the pilot never proved it can continue.
+`pilotrun pilot` proves that a run continues exactly after a real, unannounced SIGKILL. A kill sent from
+outside races the training process, which does not wait for the pilot to read metrics.jsonl: with updates of a
+few milliseconds (a small recipe, any recipe on a GPU) it could commit its final checkpoint before the kill
+landed, and the resumed session would then have nothing left to do, so nothing about continuing would be proved.
 
 So the pilot names the step (`pilotrun train --stop-past-step N`, a hidden option handed to the trainer as a
 parameter) and the trainer's kill-point callback, once a `train` event past that step is logged and a checkpoint
 of this session is committed (and before its last update), flushes its output and sends the process SIGSTOP.
 The pilot sees the stopped state (commands/pilot_process.py `wait_until_stopped`, which reads /proc and
-needs no torch) and sends SIGKILL: the process still dies without any handler, atexit or
-final checkpoint, exactly as before; only the moment is no longer a race. A stopped process that is sent
-SIGCONT instead (someone found it by hand) just carries on.
+needs no torch) and sends SIGKILL: the process dies without any handler, atexit or final checkpoint, at the
+step it stopped at rather than wherever a race would put it. A stopped process that is sent SIGCONT instead
+(someone found it by hand) just carries on.
 
 Under torchrun every rank stops itself at the same update boundary: rank 0, the one that writes the record,
 decides and the decision is shared (one all-reduce per update while the kill point is armed), so no rank runs

@@ -29,7 +29,8 @@ PRIORITY_SHARD_CHECK = PRIORITY_RARE_EVENTS + 1  # beside the rare events: befor
 
 
 # At the session's end (an error included) the val shards the last evaluation read are given this long to be
-# checked; a 32 MiB shard takes a twentieth of a second, so only a stalled disk reaches it.
+# checked; a full-size shard hashes in a small fraction of that (BENCHMARKS.md, "Background shard
+# hashing"), so only a stalled disk reaches it.
 AT_END_WAIT_SECONDS = 30.0
 
 
