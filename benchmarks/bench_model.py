@@ -253,10 +253,12 @@ import json, os, sys, time, torch
 from pilotrun.model.presets import model_preset
 from pilotrun.model.transformer import build_model
 torch.set_num_threads(int(sys.argv[1]))
-preset, vocab, batch, seq, steps = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+preset = sys.argv[2]
+vocab, batch, seq, steps = (int(arg) for arg in sys.argv[3:7])
 recompute = sys.argv[7] == "1"
 torch.manual_seed(0)
-model = build_model(model_preset(preset, vocab_size=vocab, max_seq_len=seq, activation_checkpointing=recompute))
+geometry = model_preset(preset, vocab_size=vocab, max_seq_len=seq, activation_checkpointing=recompute)
+model = build_model(geometry)
 tokens = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
 inputs, targets = tokens[:, :-1], tokens[:, 1:]
 saved = {}
@@ -277,9 +279,10 @@ for _ in range(steps):
     wall.append(time.perf_counter() - w); cpu.append(time.process_time() - c)
 wall.sort(); cpu.sort()
 print(json.dumps({"wall_s": wall[len(wall) // 2], "cpu_s": cpu[len(cpu) // 2],
-                  "peak_rss_mb": peak_resident_mb(),
-                  "rss_after_first_step_mb": rss_before_mb, "saved_for_backward_mb": sum(saved.values()) / 2**20,
-                  "parameters": sum(p.numel() for p in model.parameters()), "load_average": os.getloadavg()[0]}))
+                  "peak_rss_mb": peak_resident_mb(), "rss_after_first_step_mb": rss_before_mb,
+                  "saved_for_backward_mb": sum(saved.values()) / 2**20,
+                  "parameters": sum(p.numel() for p in model.parameters()),
+                  "load_average": os.getloadavg()[0]}))
 """
 
 

@@ -351,6 +351,7 @@ def _measure() -> str:
     met = ns_rate / fwd_bwd_rate >= TARGET_NS_RATE_OVER_FWD_BWD_RATE
 
     ms = 1e3
+    bf16_no_worse = all(o <= t for o, t in zip(peer['ours_bf16'], peer['theirs_bf16'], strict=True))
     lines = [
         "## Optimizer step: Muon + AdamW vs AdamW-only (cpu preset)",
         "",
@@ -422,7 +423,7 @@ def _measure() -> str:
         "",
         f"Targets: the Muon step <= 1.0x torch.optim.Muon's CPU time: {'met' if peer['ratio'] <= 1.0 else 'NOT met'}"
         f" ({peer['ratio']:.3f}x); bf16 Newton-Schulz error no worse than torch's:"
-        f" {'met' if all(o <= t for o, t in zip(peer['ours_bf16'], peer['theirs_bf16'], strict=True)) else 'NOT met'}"
+        f" {'met' if bf16_no_worse else 'NOT met'}"
         " (worst and median).",
         "",
         f"The largest stack the step builds, {peer['stack'][0]} matrices {list(peer['stack'][1:])} (every Muon"

@@ -15,7 +15,7 @@ not by the test suite, which must not fail because a line was reworded.
     .venv/bin/python -m benchmarks.mutation_check            # every mutation, a table and the kill rate
     .venv/bin/python -m benchmarks.mutation_check --json     # the same as JSON
     .venv/bin/python -m benchmarks.mutation_check --only bias_on_skipped_update
-    .venv/bin/python -m benchmarks.mutation_check --stale-only   # which mutations no longer apply (no tests run)
+    .venv/bin/python -m benchmarks.mutation_check --stale-only   # mutations that no longer apply (no tests)
 """
 
 from __future__ import annotations

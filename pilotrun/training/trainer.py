@@ -6,21 +6,21 @@ recipe's sections, runs `train_loop` with the stop signals handled (signals.py),
 the time split (every second of the session in one of timing.PHASES), whatever ended it.
 
 The callbacks, in the order they act after an update (callbacks/base.py has the interface):
-  profiling.ProfileCallback          torch.profiler around the attempts `train.profile` names ("profile" phase)
-  window_log.RareEventsCallback      data restarts, overflows, QK-Clip events
-  rollback.SpikeCallback             the `spike` event, and a rollback under train.spike.policy=rollback
-  window_log.WindowLogCallback       the `train` event every `train.log.every` updates, the progress bar
-  evaluation.EvalCallback            the `val` event every `train.eval.every` updates ("eval" phase)
-  downstream_eval.DownstreamEvalCallback  the `downstream` event (multiple-choice tasks) every
-                                     `train.downstream.every`
-  checkpointing.CheckpointCallback   every `train.checkpoint.every` updates and at the end ("checkpoint" phase);
-                                     beside training under `train.checkpoint.mode` (not the last save)
-  kill_point.KillPointCallback  the pilot's kill point, when the pilot hands one in (`stop_past_step`)
+- profiling.ProfileCallback: torch.profiler around the attempts `train.profile` names ("profile" phase)
+- window_log.RareEventsCallback: data restarts, overflows, QK-Clip events
+- rollback.SpikeCallback: the `spike` event, and a rollback under train.spike.policy=rollback
+- window_log.WindowLogCallback: the `train` event every `train.log.every` updates, the progress bar
+- evaluation.EvalCallback: the `val` event every `train.eval.every` updates ("eval" phase)
+- downstream_eval.DownstreamEvalCallback: the `downstream` event (multiple-choice tasks) every
+  `train.downstream.every`
+- checkpointing.CheckpointCallback: every `train.checkpoint.every` updates and at the end ("checkpoint"
+  phase); beside training under `train.checkpoint.mode` (not the last save)
+- kill_point.KillPointCallback: the pilot's kill point, when the pilot hands one in (`stop_past_step`)
 the hang watchdog (hang_watchdog.HangWatchdog, `pilotrun train --hang-timeout`, outermost around each update),
 which ends the session `hung` from its own thread when this rank makes no progress within its bound,
 and two that only ask the session to stop (`stop_request`, agreed across ranks by the loop):
-  shard_check.ShardCheckCallback     a shard whose sha256, checked in the background on its first read, differs
-  launcher_watch.LauncherWatchCallback     torchrun's launcher gone (the parent pid changed, or its death signal)
+- shard_check.ShardCheckCallback: a shard whose sha256, checked in the background on its first read, differs
+- launcher_watch.LauncherWatchCallback: torchrun's launcher gone (the parent pid changed, or its death signal)
 
 Every event written to metrics.jsonl is handed to the metrics sinks (run/sinks.py: the live mirrors of
 `train.log.trackers` (TensorBoard, W&B, MLflow, trackio), and any the caller passes), each guarded so that a failing sink warns once and changes

@@ -119,7 +119,8 @@ from pilotrun.commands import pilot_process
 WORKER = ("import os, sys, time\\n"
           "while os.getppid() == int(sys.argv[1]): time.sleep(0.01)\\n")
 LAUNCHER = ("import os, subprocess, sys, time\\n"
-            f"w = subprocess.Popen([sys.executable, '-c', {WORKER!r}, str(os.getpid())], start_new_session=True)\\n"
+            f"w = subprocess.Popen([sys.executable, '-c', {WORKER!r}, str(os.getpid())],"
+            " start_new_session=True)\\n"
             "time.sleep(600)\\n")
 pilot_process.torchrun_command = lambda n: [sys.executable, "-c", LAUNCHER]
 pilot_process.train_command = lambda: [sys.executable, "-c", "import time; time.sleep(600)"]

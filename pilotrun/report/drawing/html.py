@@ -156,18 +156,20 @@ figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; border: 1px solid #d0d7de;
 <table>{fact_rows}</table>
 <p>Two throughput figures, measuring different things: the table's <i>training-only</i> figure is every
 token processed in training updates over the seconds spent inside them, warm-up windows included (updates run
-under the profiler, <code>train.profile</code>, are the profile phase's: neither their tokens nor their seconds
-count); the <code>{e(THROUGHPUT_STEADY.name)}</code> rule instead compares the median per-window training-only rate of the
-last third of windows with the first third, leaving out each session's first (warm-up) window and every window
+under the profiler, <code>train.profile</code>, are the profile phase's: neither their tokens nor their
+seconds count); the <code>{e(THROUGHPUT_STEADY.name)}</code> rule instead compares the median per-window
+training-only rate of the last third of windows with the first third, leaving out each session's first (warm-up) window and every window
 with profiled updates, both marked in throughput.png. The <i>wall-clock</i> figure also pays for evaluation,
 checkpoints, profiling, reporting, start-up and the time lost to interruptions.</p>
 <h3>Sessions</h3>
 <table><tr><th>session</th><th>resumed from</th><th>status</th><th>ended</th><th>applied</th><th>skipped</th>
-<th>rolled back</th><th>tokens</th><th>train tok/s</th><th>wall tok/s</th><th>train / eval / checkpoint / profile / report / other (s)</th></tr>
+<th>rolled back</th><th>tokens</th><th>train tok/s</th><th>wall tok/s</th>
+<th>train / eval / checkpoint / profile / report / other (s)</th></tr>
 {session_rows}
 </table>
 <h3>Evaluations of checkpoints (pilotrun evaluate)</h3>
-<table><tr><th>checkpoint step</th><th>its marker's sha256</th><th>harness</th><th>figures</th><th>status</th></tr>
+<table><tr><th>checkpoint step</th><th>its marker's sha256</th><th>harness</th><th>figures</th>
+<th>status</th></tr>
 {evaluation_rows}
 </table>
 <h3>Record problems</h3><ul>{problems}</ul>

@@ -95,9 +95,10 @@ def judge_summary(summary: Summary, thresholds: Thresholds | None = None) -> Ver
     basis = (f"Judged on the pilot's own record: {o.get('updates_applied')} applied updates, {o.get('tokens_seen')} "
              f"tokens, {o.get('sessions')} session(s) with {o.get('resumes')} resume(s).")
     sha = str(candidate["recipe_sha256"])[:16]
+    changes = f" after {len(candidate['changes'])} change(s) on resume" if candidate["changes"] else ""
     supports = (f"The evidence supports the recipe in force at the end (recipe sha256 {sha}), over updates "
                 f"{candidate['supported_from_update']}..{candidate['final_step']}"
-                f"{' after ' + str(len(candidate['changes'])) + ' change(s) on resume' if candidate['changes'] else ''}.")
+                f"{changes}.")
     running = o.get("running")
     if running:  # judged on what is recorded so far: the rules may read differently once the run ends
         basis = (f"Provisional: the run is still going (pid {running.get('pid')} on host {running.get('host')} "
