@@ -309,6 +309,10 @@ def _run_freeze(args: argparse.Namespace) -> int:
           f"{lock['data']['metadata_sha256']}, code {(lock.get('code') or {}).get('commit')})")
     if "projection" in lock:
         print("\n".join(format_projection(lock["projection"])))
+    if "forecast" in lock:
+        from pilotrun.report.projection.forecast_record import format_forecast
+
+        print(format_forecast(lock["forecast"]))
     from pilotrun.commands.next_commands import long_run_commands, recorded_data_dir
 
     train, watch = long_run_commands(args.out, recorded_data_dir(args.run_dir))
