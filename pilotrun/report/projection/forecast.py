@@ -6,18 +6,21 @@ Torch-free (numpy): the lock writes it (commands/freeze.py), watch holds the lon
 says which law and why, with the measurement.
 
 The laws (x: applied updates; eta_i: the LR multiplier of update i, pilotrun/optim/lr_shape.py):
-- `annealing`, the LR-annealing law (Tissue et al. 2024, arXiv 2408.11029): L = L0 + A * S1^-alpha - C * S2,
-  S1 = sum of eta_i * w_i (the forward area), S2 = sum of m_i, m_i = lam * m_(i-1) + max(0, eta_(i-1) - eta_i)
-  (the annealing area, a momentum of the LR's decreases; a warm-up's increases are not annealing);
-- `area`: the same without the annealing term; `steps`: L = L0 + A * x^-alpha, blind to the schedule.
+- `area`, the default: L = A * S1^-alpha, S1 = sum of eta_i * w_i (the forward area of the LR-annealing law of
+  Tissue et al. 2024, arXiv 2408.11029), with no floor;
+- `annealing`, that law whole: L = L0 + A * S1^-alpha - C * S2, S2 = sum of m_i, m_i = lam * m_(i-1) +
+  max(0, eta_(i-1) - eta_i) (the annealing area, a momentum of the LR's decreases; a warm-up's increases are not
+  annealing); `annealing-nofloor` without L0; `area+floor` with it;
+- `steps` (L = A * x^-alpha) and `steps+floor`, blind to the schedule.
+Which is the default and why (measured): DEFAULT_LAW below and docs/FORECAST.md.
 w_i weighs each update's tokens by what they are worth: 1 on the first pass over the training split, then
 exp(-R / R*) where R is the passes already repeated (Muennighoff et al. 2023, arXiv 2305.16264, R* = 15.4: the
 marginal worth of their effective-data formula D' = U + U R* (1 - exp(-R / R*))).
 
-The fit: for each alpha on a grid, the law is linear in (L0, A, C): least squares, with A > 0, C >= 0; the alpha
+The fit: for each alpha on a grid, a law is linear in (L0, A, C): least squares, with A > 0, C >= 0; the alpha
 of least squared error wins. The interval: a residual bootstrap (the pilot's points are the fit plus resampled
 residuals, refitted BOOTSTRAP times), each prediction plus one resampled residual (the long run's own evaluation is
-as noisy as the pilot's), widened by the measured extrapolation factor (EXTRAPOLATION_WIDENING); its 5th and 95th
+as noisy as the pilot's), widened by the drift the pilot measures on itself (holdout_drift); its 5th and 95th
 percentiles. The band watch holds the run to is the same at BAND_LEVEL.
 
 Refused ("no forecast: <why>", never a number): fewer than MIN_POINTS evaluations past the warm-up; a loss that
@@ -45,17 +48,30 @@ BOOTSTRAP = 200
 ALPHAS = np.geomspace(0.02, 3.0, 64)
 ANNEALING_LAMBDA = 0.99
 REPEAT_R_STAR = 15.4
-# The bootstrap's spread says how well the law fits the pilot, not how far it carries: the measured spread of
-# extrapolation errors over 10x horizons (docs/FORECAST.md) is this many times the bootstrap's.
-EXTRAPOLATION_WIDENING = 1.0
+# The bootstrap's spread says how well the law fits the pilot, not how far it carries: the interval also takes
+# the drift the pilot measures on itself (holdout_drift: fitted on its first HOLDOUT_SHARE, the miss on the rest
+# per e-fold of updates), times the e-folds to the target step: x 1 for the 90% interval, x 1.5 for the band.
+HOLDOUT_SHARE = 0.6
+# The band watch holds a run to is never narrower than this share of the prediction either side, the share the
+# pilot's own loss envelope allows (long_run.LOSS_ENVELOPE_SHARE): measured on the benchmark's healthy long runs,
+# a tiny model's loss sits up to ~5% above a power law between the pilot's end and the long run's middle (a
+# plateau before a second fall), then meets it again: a band from the fit alone alerted on every healthy run.
+BAND_MIN_SHARE = 0.05
+WIDEN = {LEVEL: 1.0, BAND_LEVEL: 1.5}
 SCHEDULE_KINDS = ("cosine", "wsd", "constant")
 SCHEDULE_FIELDS = ("kind", "warmup_steps", "horizon", "min_lr_ratio", "decay_fraction")
 LAWS = {
+    "area": "L = A * S1^-alpha (a power law in the LR area S1, no floor)",
+    "area+floor": "L = L0 + A * S1^-alpha",
     "annealing": "L = L0 + A * S1^-alpha - C * S2 (the LR-annealing law, Tissue et al. 2024, arXiv 2408.11029)",
-    "area": "L = L0 + A * S1^-alpha (S1: the LR area)",
-    "steps": "L = L0 + A * x^-alpha (x: applied updates, blind to the schedule)",
+    "annealing-nofloor": "L = A * S1^-alpha - C * S2",
+    "steps": "L = A * x^-alpha (x: applied updates, blind to the schedule)",
+    "steps+floor": "L = L0 + A * x^-alpha",
 }
-DEFAULT_LAW = "annealing"
+# Chosen by measurement (docs/FORECAST.md, benchmarks/bench_forecast.py): fitted to pilots of 100 updates, the
+# laws with a floor L0 put it at the pilot's plateau and miss the long run's further fall by ~11% (median); the
+# floor-free power law in the LR area misses by ~1%. A pilot this short does not identify a floor.
+DEFAULT_LAW = "area"
 
 
 class NoForecast(Exception):
@@ -97,17 +113,27 @@ class Fit:
     residuals: np.ndarray
 
     def parameters(self) -> dict[str, float]:
-        named = {"L0": self.coef[0], "A": self.coef[1], "alpha": self.alpha}
-        if self.law == "annealing":
+        named = {"A": self.coef[1], "alpha": self.alpha}
+        if _has(self.law, "floor"):
+            named["L0"] = self.coef[0]
+        if _has(self.law, "annealing"):
             named.update(C=self.coef[2], lam=ANNEALING_LAMBDA)
         return {k: float(v) for k, v in named.items()}
 
 
-def _columns(law: str, x: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> np.ndarray:
-    """The law's design matrix at every alpha of the grid: (alphas, points, terms)."""
-    base = (x if law == "steps" else s1)[None, :] ** -ALPHAS[:, None]
-    cols = [np.ones_like(base), base] + ([np.broadcast_to(-s2, base.shape)] if law == "annealing" else [])
-    return np.stack(cols, axis=2)
+def _has(law: str, term: str) -> bool:
+    """Whether a law has the floor L0 ("floor") or the annealing term ("annealing")."""
+    if term == "floor":
+        return law == "annealing" or law.endswith("+floor")
+    return law.startswith("annealing")
+
+
+def _columns(law: str, x: np.ndarray, s1: np.ndarray, s2: np.ndarray, annealing: bool) -> np.ndarray:
+    """The law's design matrix at every alpha of the grid: (alphas, points, [1, base, -S2]), a term the law (or
+    this try) lacks as a column of zeros (its coefficient then solves to 0)."""
+    base = (x if law.startswith("steps") else s1)[None, :] ** -ALPHAS[:, None]
+    ones = np.ones_like(base) * float(_has(law, "floor"))
+    return np.stack([ones, base, np.broadcast_to(-s2, base.shape) * float(annealing)], axis=2)
 
 
 def _solve(cols: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -123,14 +149,14 @@ def fit_law(law: str, x: np.ndarray, y: np.ndarray, s1: np.ndarray, s2: np.ndarr
     """The least-squares fit over the alpha grid, A > 0 and C >= 0 (an annealing term that would come out
     negative is dropped: the law then has none); None where no alpha gives a falling curve."""
     best: tuple[float, float, np.ndarray] | None = None
-    for use in ((law,) if law != "annealing" else ("annealing", "area")):
-        coef, sse = _solve(_columns(use, x, s1, s2), y)
-        ok = (coef[:, 1] > 0) & ((coef[:, 2] >= 0) if use == "annealing" else True) & np.isfinite(sse)
+    for annealing in ((True, False) if _has(law, "annealing") else (False,)):
+        coef, sse = _solve(_columns(law, x, s1, s2, annealing), y)
+        ok = (coef[:, 1] > 0) & (coef[:, 2] >= 0) & np.isfinite(sse)
         if not ok.any():
             continue
         i = int(np.argmin(np.where(ok, sse, np.inf)))
         if best is None or sse[i] < best[0]:
-            best = (float(sse[i]), float(ALPHAS[i]), np.concatenate([coef[i], [0.0] * (3 - coef.shape[1])]))
+            best = (float(sse[i]), float(ALPHAS[i]), coef[i])
     if best is None:
         return None
     _, alpha, coef = best
@@ -139,7 +165,7 @@ def fit_law(law: str, x: np.ndarray, y: np.ndarray, s1: np.ndarray, s2: np.ndarr
 
 def law_values(law: str, alpha: float, coef: np.ndarray, x: np.ndarray, s1: np.ndarray, s2: np.ndarray
                ) -> np.ndarray:
-    return coef[0] + coef[1] * (x if law == "steps" else s1) ** -alpha - coef[2] * s2
+    return coef[0] + coef[1] * (x if law.startswith("steps") else s1) ** -alpha - coef[2] * s2
 
 
 # ---------------------------------------------------------------------------------------------- forecast
@@ -170,11 +196,11 @@ def fit_points(points: list[tuple[int, float]], pilot: Setting) -> tuple[np.ndar
 
 
 def _check_fit(fit: Fit | None, y: np.ndarray) -> Fit:
-    if fit is None:
-        raise NoForecast("the pilot's validation loss does not fall along the law (no falling fit)")
     fall = float(y[0] - np.min(y))
+    if fit is None or fall <= 0:
+        raise NoForecast("the pilot's validation loss does not fall (no falling fit)")
     noise = float(np.std(fit.residuals, ddof=min(len(y) - 1, 3)))
-    if fall <= 0 or noise > MAX_NOISE_SHARE * fall:
+    if noise > MAX_NOISE_SHARE * fall:
         raise NoForecast(f"the pilot's validation loss is too noisy to fit: residual sigma {noise:.4g} against a fall "
                          f"of {fall:.4g} over its evaluations (more than {MAX_NOISE_SHARE:g} of it)")
     return fit
@@ -186,7 +212,7 @@ def bootstrap(fit: Fit, x: np.ndarray, feats: tuple, target: tuple, rng: np.rand
     resampled residual (draws x len(target))."""
     s1, s2 = feats
     fitted = law_values(fit.law, fit.alpha, fit.coef, x, s1, s2)
-    n, p = len(x), (3 if fit.law == "annealing" else 2) + 1
+    n, p = len(x), 2 + _has(fit.law, "floor") + _has(fit.law, "annealing")
     scaled = (fit.residuals - fit.residuals.mean()) * math.sqrt(n / max(n - p, 1))
     out = []
     for _ in range(draws):
@@ -197,10 +223,25 @@ def bootstrap(fit: Fit, x: np.ndarray, feats: tuple, target: tuple, rng: np.rand
     return np.array(out)
 
 
+def holdout_drift(fit: Fit, x: np.ndarray, y: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> float:
+    """How far the law drifts per e-fold of updates it extrapolates, measured inside the pilot: fitted on its first
+    HOLDOUT_SHARE of the evaluations, the median miss on the rest over log(last step / last fitted step). 0 where
+    too few evaluations are left to fit on."""
+    n = max(math.ceil(HOLDOUT_SHARE * len(x)), 4)
+    if n >= len(x):
+        return 0.0
+    part = fit_law(fit.law, x[:n], y[:n], s1[:n], s2[:n])
+    if part is None:
+        return 0.0
+    miss = np.abs(law_values(fit.law, part.alpha, part.coef, x[n:], s1[n:], s2[n:]) - y[n:])
+    return float(np.median(miss) / math.log(x[-1] / x[n - 1]))
+
+
 def forecast(points: list[tuple[int, float]], pilot: Setting, target: Setting, at_steps: list[int],
-             law: str = DEFAULT_LAW, seed: int = 0, draws: int = BOOTSTRAP) -> dict[str, Any]:
+             law: str | None = None, seed: int = 0, draws: int = BOOTSTRAP) -> dict[str, Any]:
     """The forecast of the target run's validation loss at `at_steps` (the last is its final value), or raise
-    NoForecast."""
+    NoForecast. `law`: one of LAWS, DEFAULT_LAW when None."""
+    law = law or DEFAULT_LAW
     for setting, who in ((pilot, "pilot"), (target, "long run")):
         if setting.schedule.get("kind") not in SCHEDULE_KINDS:
             raise NoForecast(f"the {who}'s schedule kind {setting.schedule.get('kind')!r} is not modelled "
@@ -212,9 +253,12 @@ def forecast(points: list[tuple[int, float]], pilot: Setting, target: Setting, a
     feats = target.features(steps)
     centre = law_values(law, fit.alpha, fit.coef, *feats)
     preds = bootstrap(fit, x, (s1, s2), feats, np.random.default_rng(seed), draws)
-    spread = (preds - np.median(preds, axis=0)) * EXTRAPOLATION_WIDENING
-    lows = {lv: centre + np.quantile(spread, (1 - lv) / 2, axis=0) for lv in (LEVEL, BAND_LEVEL)}
-    highs = {lv: centre + np.quantile(spread, (1 + lv) / 2, axis=0) for lv in (LEVEL, BAND_LEVEL)}
+    spread = preds - np.median(preds, axis=0)
+    drift = holdout_drift(fit, x, y, s1, s2) * np.log(np.maximum(steps, x[-1]) / x[-1])
+    lows = {lv: centre + np.quantile(spread, (1 - lv) / 2, axis=0) - drift * w for lv, w in WIDEN.items()}
+    highs = {lv: centre + np.quantile(spread, (1 + lv) / 2, axis=0) + drift * w for lv, w in WIDEN.items()}
+    lows[BAND_LEVEL] = np.minimum(lows[BAND_LEVEL], centre * (1 - BAND_MIN_SHARE))
+    highs[BAND_LEVEL] = np.maximum(highs[BAND_LEVEL], centre * (1 + BAND_MIN_SHARE))
     final = float(centre[-1])
     half = (highs[LEVEL][-1] - lows[LEVEL][-1]) / 2
     if not math.isfinite(final) or final <= 0 or half > MAX_HALF_WIDTH * final:
@@ -229,6 +273,7 @@ def forecast(points: list[tuple[int, float]], pilot: Setting, target: Setting, a
             "final": {"step": int(steps[-1]), "value": final, "low": float(lows[LEVEL][-1]),
                       "high": float(highs[LEVEL][-1]), "level": LEVEL, "half_width_share": float(half / final)},
             "interval_from": f"a residual bootstrap of the fit ({draws} refits of the fit plus the pilot's "
-                             f"resampled residuals), each plus one resampled residual, spread x "
-                             f"{EXTRAPOLATION_WIDENING:g} (the measured extrapolation factor); "
-                             f"{LEVEL:.0%} interval, band at {BAND_LEVEL:.0%}"}
+                             f"resampled residuals), each plus one resampled residual, widened by the drift the pilot measures on "
+                             f"itself (fitted on its first {HOLDOUT_SHARE:.0%} of evaluations, the miss on the rest "
+                             "per e-fold of updates) x the e-folds extrapolated; "
+                             f"{LEVEL:.0%} interval; the band at {BAND_LEVEL:.0%}, at least +-{BAND_MIN_SHARE:.0%} of the prediction"}

@@ -2,9 +2,9 @@
 against the forecast's band (its 99% band, wider than the 90% interval the lock states, since a run is held to it at
 every evaluation).
 
-Judged only beyond the pilot's reach (past the pilot's last update, where the pilot's own loss envelope no longer
-says anything) and only on CONSECUTIVE evaluations in a row outside the band (the named warm-up: one evaluation
-outside is the evaluation's own noise as often as the run's). A run the forecast does not apply to (another width,
+Judged only beyond the pilot's reach, after the named warm-up (from WATCH_FROM_PILOT_FACTOR x the pilot's updates:
+forecast_record.watch_from), and only on CONSECUTIVE evaluations in a row outside the band (one evaluation outside
+is the evaluation's own noise as often as the run's). A run the forecast does not apply to (another width,
 data, schedule family or horizon, recipe) hears it once, as a note, and is not held to it; a lock without a
 forecast (older, or "no forecast: <why>") is watched as before.
 """

@@ -11,7 +11,8 @@ import pytest
 from pilotrun.report.projection import forecast as fc
 from pilotrun.report.projection.forecast import NoForecast, Setting, areas, data_weights, multipliers
 
-TRUE = {"L0": 2.0, "A": 3.0, "alpha": 0.5, "C": 0.004}
+TRUE = {"L0": 2.0, "A": 3.0, "alpha": 0.5, "C": 0.004}  # the LR-annealing law's
+AREA = {"L0": 0.0, "A": 9.0, "alpha": 0.07, "C": 0.0}  # the default law's, near what the benchmark's pilots fit
 
 
 def schedule(kind: str, horizon: int, warmup: int = 10) -> dict:
@@ -24,9 +25,10 @@ def truth(setting: Setting, steps: list[int], law: dict = TRUE) -> np.ndarray:
     return law["L0"] + law["A"] * s1[idx] ** -law["alpha"] - law["C"] * s2[idx]
 
 
-def pilot_points(setting: Setting, every: int, sigma: float, rng: np.random.Generator) -> list[tuple[int, float]]:
+def pilot_points(setting: Setting, every: int, sigma: float, rng: np.random.Generator,
+                 law: dict = TRUE) -> list[tuple[int, float]]:
     steps = list(range(every, setting.steps + 1, every))
-    return list(zip(steps, truth(setting, steps) + rng.normal(0, sigma, len(steps)), strict=True))
+    return list(zip(steps, truth(setting, steps, law) + rng.normal(0, sigma, len(steps)), strict=True))
 
 
 PILOT = Setting(schedule("cosine", 200), 200)
@@ -46,6 +48,8 @@ def test_a_noise_free_curve_gives_back_its_parameters():
     assert got["alpha"] == pytest.approx(TRUE["alpha"], rel=0.1)
     assert got["L0"] == pytest.approx(TRUE["L0"], abs=0.1)
     assert got["C"] == pytest.approx(TRUE["C"], rel=0.2)
+    area = fc.fit_law(fc.DEFAULT_LAW, *_xy(pilot_points(PILOT, 10, 0.0, np.random.default_rng(0), AREA)))
+    assert area.parameters() == pytest.approx({"A": AREA["A"], "alpha": AREA["alpha"]}, rel=0.05)
 
 
 def _xy(points):
@@ -55,27 +59,34 @@ def _xy(points):
     return x, y, s1, s2
 
 
-def test_the_forecast_of_a_known_law_lands_on_its_long_run_and_covers_it():
-    inside, errors = 0, []
+@pytest.mark.parametrize("law, drawn", [(fc.DEFAULT_LAW, AREA), ("annealing", TRUE)])
+def test_the_forecast_of_a_known_law_lands_on_its_long_run_and_covers_it(law, drawn):
+    inside, errors, refused = 0, [], 0
     for seed in range(12):
-        points = pilot_points(PILOT, 10, 0.01, np.random.default_rng(seed))
-        out = fc.forecast(points, PILOT, LONG, LONG_STEPS, seed=seed, draws=60)
-        final, real = out["final"], truth(LONG, [2000])[0]
+        points = pilot_points(PILOT, 10, 0.005, np.random.default_rng(seed), drawn)
+        try:
+            out = fc.forecast(points, PILOT, LONG, LONG_STEPS, law=law, seed=seed, draws=60)
+        except NoForecast as why:  # a noise draw the pilot's own hold-out check finds too loose: said, not guessed
+            assert "interval is too wide" in str(why)
+            refused += 1
+            continue
+        final, real = out["final"], truth(LONG, [2000], drawn)[0]
         inside += final["low"] <= real <= final["high"]
         errors.append(abs(final["value"] - real) / real)
-    assert inside >= 9  # a 90% interval: at least 9 of 12 (binomial, p ~ 0.97 when the interval is honest)
+    # A 90% interval: all but 2 of those given (binomial, p ~ 0.9 when the interval is honest).
+    assert refused <= 2 and inside >= 12 - refused - 2
     assert np.median(errors) < 0.02
     assert out["curve"][-1][0] == 2000 and len(out["curve"]) == len(LONG_STEPS)
-    assert out["law"] == fc.DEFAULT_LAW and set(out["parameters"]) >= {"L0", "A", "alpha"}
+    assert out["law"] == law and set(out["parameters"]) >= {"A", "alpha"}
 
 
 def test_the_schedule_matters_a_constant_pilot_forecasts_a_cosine_long_run():
     constant = Setting(schedule("constant", 200), 200)
-    points = pilot_points(constant, 10, 0.0, np.random.default_rng(0))
+    points = pilot_points(constant, 10, 0.0, np.random.default_rng(0), AREA)
     out = fc.forecast(points, constant, LONG, LONG_STEPS, draws=30)
-    # Two laws fitted alike: the schedule-blind one misses the long run's annealing drop.
+    # Two laws fitted alike: the schedule-blind one takes the long run's cosine for the pilot's constant LR.
     blind = fc.forecast(points, constant, LONG, LONG_STEPS, law="steps", draws=30)
-    real = truth(LONG, [2000])[0]
+    real = truth(LONG, [2000], AREA)[0]
     assert abs(out["final"]["value"] - real) < abs(blind["final"]["value"] - real)
 
 
@@ -103,6 +114,6 @@ def test_a_schedule_the_laws_do_not_model_is_refused():
 
 
 def test_non_finite_and_warm_up_evaluations_are_left_out_of_the_fit():
-    points = pilot_points(PILOT, 10, 0.0, np.random.default_rng(0))
+    points = pilot_points(PILOT, 10, 0.0, np.random.default_rng(0), AREA)
     out = fc.forecast(points + [(5, 1.0), (205, float("nan"))], PILOT, LONG, LONG_STEPS, draws=20)
     assert [p[0] for p in out["fitted_on"]["points"]] == list(range(20, 201, 10))

@@ -13,7 +13,7 @@ from pilotrun.report.projection.forecast import areas, multipliers
 from pilotrun.report.record_check.summarize import summarize_run
 from tests.report.synthetic import SyntheticRun
 
-LAW = {"L0": 2.0, "A": 3.0, "alpha": 0.5, "C": 0.004}
+LAW = {"L0": 0.0, "A": 9.0, "alpha": 0.07, "C": 0.0}  # the default law's (forecast.DEFAULT_LAW), no floor
 SCHEDULE = {"kind": "cosine", "warmup_steps": 10, "horizon": 100, "min_lr_ratio": 0.1, "decay_fraction": 0.2,
             "bias_freeze_fraction": 0.03}
 
@@ -40,24 +40,24 @@ def synthetic(run_dir, steps: int, eval_every: int, noise: float = 0.004, shift=
 
 @pytest.fixture(scope="module")
 def lock(tmp_path_factory):
-    pilot = synthetic(tmp_path_factory.mktemp("pilot") / "r", 100, 10)
+    pilot = synthetic(tmp_path_factory.mktemp("pilot") / "r", 200, 10)
     summary = summarize_run(pilot.run_dir)
-    section = fr.lock_forecast(summary, 1000)
+    section = fr.lock_forecast(summary, 2000)
     return {"recipe": pilot.run["recipe"], "data": {"metadata_sha256": "0" * 64}, "forecast": section}
 
 
 def test_the_lock_holds_the_law_its_parameters_the_curve_and_the_final_interval(lock):
     fc = lock["forecast"]
-    assert fc["law"] == "annealing" and set(fc["parameters"]) == {"L0", "A", "alpha", "C", "lam"}
-    assert [row[0] for row in fc["curve"]] == list(range(10, 1001, 10))
+    assert fc["law"] == "area" and set(fc["parameters"]) == {"A", "alpha"}
+    assert [row[0] for row in fc["curve"]] == list(range(10, 2001, 10))
     final = fc["final"]
-    assert final["step"] == 1000 and final["low"] < final["value"] < final["high"]
-    real = law_loss(1000)(1000)
-    # A 100-update pilot pins the law loosely: inside its interval, within a few percent.
+    assert final["step"] == 2000 and final["low"] < final["value"] < final["high"]
+    real = law_loss(2000)(2000)
+    # A 200-update pilot pins the law loosely: inside its interval, within a few percent.
     assert final["low"] <= real <= final["high"] and abs(final["value"] - real) / real < 0.05
     assumes = fc["assumes"]
-    assert assumes["schedule"]["horizon"] == 1000 and assumes["horizon_factor"] == 10
-    assert assumes["passes_over_train_split"] == pytest.approx(1000 * 32 / 10**7)
+    assert assumes["schedule"]["horizon"] == 2000 and assumes["horizon_factor"] == 10
+    assert assumes["passes_over_train_split"] == pytest.approx(2000 * 32 / 10**7)
 
 
 def test_a_pilot_too_short_or_a_target_within_it_gets_no_forecast_never_a_number(tmp_path):
@@ -72,7 +72,7 @@ def test_a_pilot_too_short_or_a_target_within_it_gets_no_forecast_never_a_number
 
 
 def _long(tmp_path, lock, **kwargs):
-    run = synthetic(tmp_path / "long", 1000, 50, **kwargs)
+    run = synthetic(tmp_path / "long", 2000, 100, **kwargs)
     return run, summarize_run(run.run_dir)
 
 
@@ -85,14 +85,14 @@ def test_a_healthy_long_run_is_graded_inside_and_never_leaves_the_band(tmp_path,
 
 
 def test_a_run_that_goes_wrong_leaves_the_band_and_says_where(tmp_path, lock):
-    run, summary = _long(tmp_path, lock, shift=lambda step: 0.4 if step > 150 else 0.0)
+    run, summary = _long(tmp_path, lock, shift=lambda step: 0.6 if step > 300 else 0.0)
     graded = fr.against(lock["forecast"], lock["recipe"], "0" * 64, run.run, summary.kept_events)
-    assert graded["left_band_at"] == 200 and graded["left_share"] == 0.2 and not graded["inside"]
-    assert "OUTSIDE" in fr.describe_against(graded) and "left the band at step 200" in fr.describe_against(graded)
+    assert graded["left_band_at"] == 400 and graded["left_share"] == 0.2 and not graded["inside"]
+    assert "OUTSIDE" in fr.describe_against(graded) and "left the band at step 400" in fr.describe_against(graded)
 
 
 def test_before_the_pilots_reach_the_band_is_not_held(lock):
-    high = [(50, 99.0), (100, 99.0)]
+    high = [(100, 99.0), (200, 99.0)]
     assert fr.left_band_at(lock["forecast"], high) is None
 
 
@@ -146,7 +146,7 @@ def test_the_curve_is_read_between_its_steps(lock):
     row = fr.at_step(fc, 15)
     a, b = fc["curve"][0], fc["curve"][1]
     assert row["predicted"] == pytest.approx((a[1] + b[1]) / 2)
-    assert fr.at_step(fc, 5) is None and fr.at_step(fc, 1001) is None
+    assert fr.at_step(fc, 5) is None and fr.at_step(fc, 2001) is None
 
 
 def test_a_long_runs_curve_is_thinned_to_a_readable_size():
@@ -156,21 +156,21 @@ def test_a_long_runs_curve_is_thinned_to_a_readable_size():
 
 
 def test_summarize_grades_the_forecast_of_the_lock_a_frozen_run_started_from(tmp_path, lock):
-    run = SyntheticRun(tmp_path / "long", max_steps=1000, eval_every=50, checkpoint_every=500,
+    run = SyntheticRun(tmp_path / "long", max_steps=2000, eval_every=100, checkpoint_every=1000,
                        train_split_tokens=10**7)
     run.run["recipe"] = copy.deepcopy(lock["recipe"])
-    run.run["recipe"]["optim"]["schedule"]["horizon"] = 1000
-    run.run["recipe"]["train"].update(max_steps=1000, eval_every=50)
+    run.run["recipe"]["optim"]["schedule"]["horizon"] = 2000
+    run.run["recipe"]["train"].update(max_steps=2000, eval_every=100)
     run.run["frozen"] = {"lock_sha256": "a" * 64, "lock_path": str(tmp_path / "x.lock.json"),
                          "lock_recipe": lock["recipe"], "lock_data_metadata_sha256": "0" * 64,
                          "lock_projection": None, "lock_forecast": lock["forecast"]}
-    run.val_loss = law_loss(1000, 0.004)
+    run.val_loss = law_loss(2000, 0.004)
     run.start_session()
-    run.train_until(1000)
+    run.train_until(2000)
     run.end_session()
     run.write()
     summary = summarize_run(run.run_dir)
     graded = summary.overall["forecast"]
-    assert graded["measured"] == pytest.approx(run.val_loss(1000)) and graded["final_step"] == 1000
-    line = next(line for line in _format(summary).splitlines() if line.startswith("forecast (annealing)"))
+    assert graded["measured"] == pytest.approx(run.val_loss(2000)) and graded["final_step"] == 2000
+    line = next(line for line in _format(summary).splitlines() if line.startswith("forecast (area)"))
     assert f"measured {graded['measured']:.4f}" in line
