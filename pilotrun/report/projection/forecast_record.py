@@ -85,6 +85,19 @@ def lock_forecast(summary: Any, target_steps: int) -> dict[str, Any]:
     return {**made, "assumes": assumes}
 
 
+# The verdict and the pilot's report state the forecast for a long run this many times the pilot (the same schedule
+# kind over its own horizon): the verdict knows no target; `freeze --target-steps N` writes the one for N.
+VERDICT_HORIZON_FACTOR = 10
+
+
+def pilot_forecast(summary: Any) -> dict[str, Any]:
+    """The forecast the verdict states as evidence (never a rule): for VERDICT_HORIZON_FACTOR x the pilot's updates."""
+    steps = int(summary.final.step)
+    if steps <= 0:
+        return {"unavailable": "no forecast: the pilot applied no update"}
+    return lock_forecast(summary, VERDICT_HORIZON_FACTOR * steps)
+
+
 # ---------------------------------------------------------------------------------------------- against a run
 def start_recipe(run: dict[str, Any]) -> dict[str, Any]:
     """The run's recipe as its first session had it (flattened): changes on resume undone."""
