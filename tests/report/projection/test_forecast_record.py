@@ -174,3 +174,31 @@ def test_summarize_grades_the_forecast_of_the_lock_a_frozen_run_started_from(tmp
     assert graded["measured"] == pytest.approx(run.val_loss(2000)) and graded["final_step"] == 2000
     line = next(line for line in _format(summary).splitlines() if line.startswith("forecast (area)"))
     assert f"measured {graded['measured']:.4f}" in line
+
+
+def test_freeze_writes_the_forecast_into_the_lock_and_train_frozen_keeps_it(tmp_path):
+    from pilotrun.commands.freeze import freeze_run
+    from pilotrun.run.recipe_lock import frozen_run_facts, load_lock
+
+    pilot = synthetic(tmp_path / "pilot", 200, 10)
+    code, _, _ = freeze_run(pilot.run_dir, tmp_path / "lock.json", despite_no_go=True, target_steps=2000)
+    lock = load_lock(tmp_path / "lock.json")  # its sha256 covers the forecast like everything else
+    assert code == 0 and lock["forecast"]["final"]["step"] == 2000 and lock["forecast"]["law"] == "area"
+    facts = frozen_run_facts(lock, tmp_path / "lock.json", lock["recipe"], lock["data"]["metadata_sha256"], [])
+    assert facts["lock_forecast"] == lock["forecast"]
+    without = freeze_run(pilot.run_dir, tmp_path / "plain.json", despite_no_go=True)[1]
+    assert "forecast" not in without  # no target, nothing to forecast (the verdict states its 10x one)
+
+
+def test_the_verdict_states_the_forecast_as_evidence_and_never_fails_a_pilot_on_it(tmp_path):
+    from pilotrun.report.verdict.verdict import format_verdict, judge_summary
+
+    pilot = synthetic(tmp_path / "pilot", 200, 10)
+    verdict = judge_summary(summarize_run(pilot.run_dir))
+    assert verdict.forecast["final"]["step"] == 2000 and verdict.to_dict()["forecast"] == verdict.forecast
+    assert "evidence, not a rule: forecast (area" in format_verdict(verdict)
+    short = synthetic(tmp_path / "short", 40, 10)
+    refused = judge_summary(summarize_run(short.run_dir))
+    assert refused.forecast["unavailable"].startswith("no forecast:")
+    assert "forecast" not in {r.name for r in refused.rules}
+    assert "evidence, not a rule: forecast: no forecast: the pilot has 3" in format_verdict(refused)
