@@ -68,6 +68,8 @@ def test_a_pilot_too_short_or_a_target_within_it_gets_no_forecast_never_a_number
     pilot = synthetic(tmp_path / "pilot", 100, 10)
     within = fr.lock_forecast(summarize_run(pilot.run_dir), 80)
     assert within["unavailable"].startswith("no forecast: --target-steps 80 is not beyond")
+    beyond = fr.lock_forecast(summarize_run(pilot.run_dir), 100 * fr.MAX_HORIZON_FACTOR + 1)
+    assert beyond["unavailable"].startswith(f"no forecast: --target-steps {100 * fr.MAX_HORIZON_FACTOR + 1} is 30x")
     assert fr.format_forecast(within) == f"forecast: {within['unavailable']}"
 
 
