@@ -199,6 +199,9 @@ def test_the_verdict_states_the_forecast_as_evidence_and_never_fails_a_pilot_on_
     verdict = judge_summary(summarize_run(pilot.run_dir))
     assert verdict.forecast["final"]["step"] == 2000 and verdict.to_dict()["forecast"] == verdict.forecast
     assert "evidence, not a rule: forecast (area" in format_verdict(verdict)
+    from pilotrun.report.drawing.html import render_html
+
+    assert "<p>Evidence, not a rule: forecast (area" in render_html(verdict, {})
     short = synthetic(tmp_path / "short", 40, 10)
     refused = judge_summary(summarize_run(short.run_dir))
     assert refused.forecast["unavailable"].startswith("no forecast:")
