@@ -75,18 +75,28 @@ def grade_case(case: Case, pilot: Path, long: Path) -> dict:
     watcher = Watcher(long, lock=lock, holder=lambda path: None)
     watcher.check(final=True)
     alerts = [a for a in watcher.raised if a.kind == "forecast"]
-    return {"case": case, "graded": graded, "alert": alerts[0] if alerts else None, "laws": _laws(summary, long_summary),
+    others: dict[str, int] = {}
+    for a in watcher.raised:  # watch's other alerts on the same run, by the step each kind was first raised at
+        if a.kind not in ("forecast", "session_end") and a.step is not None:
+            others.setdefault(a.kind, a.step)
+    overflows = sum(e.get("event") == "overflow" for e in long_summary.kept_events)
+    return {"case": case, "graded": graded, "alert": alerts[0] if alerts else None, "others": others,
+            "overflows": overflows,
+            "laws": _laws(summary, long_summary),
             "notes": [n for n in watcher.new_notes() if "forecast" in n], "lock": lock}
 
 
 def _row(r: dict) -> str:
     g, case = r["graded"] or {}, r["case"]
     if "final_step" not in g:
-        return f"| {case.name} | {g} | | | | | |"
+        return f"| {case.name} | {g} | | | | | | |"
     alert = f"step {r['alert'].extra['first']} (raised at {r['alert'].step})" if r["alert"] else "none"
+    others = ", ".join(f"{kind} at {step}" for kind, step in r["others"].items()) or "none"
+    if case.broken == "fp16_skips":
+        others += f"; {r['overflows']} overflow(s) skipped"
     return (f"| {case.name} | {g['predicted']:.3f} [{g['low']:.3f}, {g['high']:.3f}] | {g['measured']:.3f} | "
             f"{100 * g['error']:+.2f}% | {'yes' if g['inside'] else 'no'} | "
-            f"{100 * (g['high'] - g['low']) / 2 / g['predicted']:.2f}% | {alert} |")
+            f"{100 * (g['high'] - g['low']) / 2 / g['predicted']:.2f}% | {alert} | {others} |")
 
 
 def _law_table(healthy: list[dict]) -> list[str]:
@@ -150,15 +160,18 @@ def run() -> str:
         f"- watch's forecast alert on a healthy run: {false_alerts} of {len(healthy)} (goal 0)",
         f"- broken runs flagged within their first 20% of updates (= tokens): {len(flagged)} of {len(broken)}",
         f"- pilots refused (no forecast): {len(refused)}", "",
-        "| case | predicted [90%] | measured | error | inside | half-width | left the band (watch) |",
-        "|---|---|---|---|---|---|---|", *map(_row, rows), "",
+        "| case | predicted [90%] | measured | error | inside | half-width | left the band (watch) | watch's other "
+        "alerts (first step) |",
+        "|---|---|---|---|---|---|---|---|", *map(_row, rows), "",
         "Each candidate law fitted to the same healthy pilots (the measurement the default law is chosen by):", "",
         *_law_table(healthy), "",
         f"Command: `python -m benchmarks.run_all bench_forecast --update` (it trains what {WORK} lacks with "
         "benchmarks/forecast_runs.py, then grades; `python benchmarks/forecast_runs.py DIR` trains alone).", "",
-        "Broken on purpose (`-lr_xK`): the LR times K (`--allow-change optim.muon.lr --allow-change optim.adamw.lr`) "
-        f"on a resume at {int(0.1 * TARGET)} updates. Not run: a dropped mixture source, fp16 with frequent skips.",
-        "",
+        f"Broken on purpose on a resume at {int(0.1 * TARGET)} updates: `-lr_xK` the LR times K (`--allow-change "
+        "optim.muon.lr --allow-change optim.adamw.lr`); `fp16-...-skips` an fp16 recipe whose loss scale then doubles "
+        "after every good update (`--allow-change train.loss_scale_growth_interval`, set to 1), so that updates "
+        "overflow and are skipped often (on this CPU fp16 never overflowed: see its overflow count; a run whose change "
+        "did not take effect is not broken). Not run: a dropped mixture source.", "",
     ]
     return "\n".join(line for line in lines if line is not None) + "\n"
 

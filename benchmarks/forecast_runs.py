@@ -30,7 +30,7 @@ class Case:
     kind: str
     seed: int
     lr: float = 3.0e-3
-    broken: str | None = None  # "lr_xK": the LR times K with --allow-change on a resume at BREAK_SHARE
+    broken: str | None = None  # what a resume at BREAK_SHARE changes with --allow-change (breakage())
     extra: tuple[str, ...] = field(default=())
 
 
@@ -45,7 +45,8 @@ def healthy_cases() -> list[Case]:
 def broken_cases() -> list[Case]:
     return [Case("cosine-s0-lr_x2", "cosine", 0, broken="lr_x2"), Case("wsd-s1-lr_x2", "wsd", 1, broken="lr_x2"),
             Case("cosine-s1-lr_x10", "cosine", 1, broken="lr_x10"),
-            Case("constant-s2-lr_x10", "constant", 2, broken="lr_x10")]
+            Case("constant-s2-lr_x10", "constant", 2, broken="lr_x10"),
+            Case("fp16-cosine-s2-skips", "cosine", 2, broken="fp16_skips", extra=("train.precision=fp16",))]
 
 
 def _sets(case: Case, steps: int, eval_every: int) -> list[str]:
@@ -96,11 +97,20 @@ def train_long(work: Path, data: Path, case: Case) -> Path:
         return run_dir
     at = int(steps * BREAK_SHARE)
     _train(base + _sets(case, steps, LONG_EVAL_EVERY) + ["--set", f"train.max_steps={at}"], log)
-    changed = int(case.broken.removeprefix("lr_x")) * case.lr
-    _train(base + ["--resume", "--allow-change", "optim.muon.lr", "--allow-change", "optim.adamw.lr"]
-           + _sets(case, steps, LONG_EVAL_EVERY) + ["--set", f"optim.muon.lr={changed}",
-                                                    "--set", f"optim.adamw.lr={changed}"], log)
+    _train(base + ["--resume"] + _sets(case, steps, LONG_EVAL_EVERY) + breakage(case), log)
     return run_dir
+
+
+def breakage(case: Case) -> list[str]:
+    """The resume's change: "lr_xK" the LR times K; "fp16_skips" (an fp16 recipe) its loss scale doubled after
+    every good update, so that about every other update overflows and is skipped. (Switching an fp32 run to fp16 on
+    a resume fails in GradScaler.load_state_dict: the checkpoint holds no scaler state.)"""
+    if case.broken == "fp16_skips":
+        changes = {"train.loss_scale_growth_interval": 1}
+    else:
+        changed = int(str(case.broken).removeprefix("lr_x")) * case.lr
+        changes = {"optim.muon.lr": changed, "optim.adamw.lr": changed}
+    return [part for key, value in changes.items() for part in ("--allow-change", key, "--set", f"{key}={value}")]
 
 
 def generate(work: Path, cases: list[Case], workers: int = 2) -> dict[str, tuple[Path, Path]]:

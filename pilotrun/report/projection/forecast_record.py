@@ -26,7 +26,7 @@ __all__ = ["FORECAST_KEY", "lock_forecast", "not_applicable", "grade", "format_g
 MAX_CURVE_POINTS = 400  # a longer run's evaluation steps are thinned evenly (the final one always kept)
 # Keys the forecast does not depend on: how long and how often (its own target and curve say), the machine, the
 # seed (a seed's spread is within the interval). The evaluation's batches stay: they are the measured loss.
-IGNORED = tuple(k for k in (*MACHINE_KEYS, *RESUME_FREE_KEYS) if "eval_batches" not in k) + (
+IGNORED = tuple(k for k in (*MACHINE_KEYS, *RESUME_FREE_KEYS) if k not in ("train.eval_batches", "train.eval.batches")) + (
     "optim.schedule.horizon", "train.seed")
 # The farthest a forecast reaches: the issue's 10-30x horizons; measured here at 10x (docs/FORECAST.md). Beyond it
 # a floor-free power law keeps falling and the number would be the law's, not the pilot's.
