@@ -40,6 +40,6 @@ def startup_warnings(config: Any, val_tokens: int, world_size: int) -> list[str]
     from pilotrun.optim.schedule import schedule_warnings
 
     t = config.train
-    small_val = val_split_warnings(val_tokens, t.batch_size, t.seq_len, t.eval_batches, world_size) \
-        if t.eval_every > 0 else []
+    small_val = val_split_warnings(val_tokens, t.batch_size, t.seq_len, t.eval.batches, world_size) \
+        if t.eval.every > 0 else []
     return schedule_warnings(config) + small_val

@@ -17,7 +17,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pilotrun.config import MACHINE_KEYS, RESUME_FREE_KEYS, flatten
+from pilotrun.config import (
+    MACHINE_KEYS,
+    RESUME_FREE_KEYS,
+    current_key,
+    current_recipe,
+    flatten,
+    recorded_value,
+)
 from pilotrun.report.projection.forecast import SCHEDULE_FIELDS, NoForecast, Setting, forecast
 from pilotrun.run.recipe_lock import FORECAST_KEY, lock_forecast_of
 from pilotrun.run.record import is_finite_number
@@ -26,7 +33,7 @@ __all__ = ["FORECAST_KEY", "lock_forecast", "not_applicable", "grade", "format_g
 MAX_CURVE_POINTS = 400  # a longer run's evaluation steps are thinned evenly (the final one always kept)
 # Keys the forecast does not depend on: how long and how often (its own target and curve say), the machine, the
 # seed (a seed's spread is within the interval). The evaluation's batches stay: they are the measured loss.
-IGNORED = tuple(k for k in (*MACHINE_KEYS, *RESUME_FREE_KEYS) if k not in ("train.eval_batches", "train.eval.batches")) + (
+IGNORED = tuple(current_key(k) for k in (*MACHINE_KEYS, *RESUME_FREE_KEYS) if current_key(k) != "train.eval.batches") + (
     "optim.schedule.horizon", "train.seed")
 # The farthest a forecast reaches: the issue's 10-30x horizons; measured here at 10x (docs/FORECAST.md). Beyond it
 # a floor-free power law keeps falling and the number would be the law's, not the pilot's.
@@ -44,9 +51,7 @@ def val_points(events: list[dict[str, Any]]) -> list[tuple[int, float]]:
             if e.get("event") == "val" and is_finite_number(e.get("loss")) and isinstance(e.get("step"), int)]
 
 
-def _eval_every(train: dict[str, Any]) -> int | None:
-    every = train.get("eval_every", (train.get("eval") or {}).get("every") if isinstance(train.get("eval"), dict)
-                      else None)
+def _positive(every: Any) -> int | None:
     return every if isinstance(every, int) and every > 0 else None
 
 
@@ -64,7 +69,6 @@ def lock_forecast(summary: Any, target_steps: int) -> dict[str, Any]:
     run = summary.run
     recipe = run.get("recipe") or {}
     schedule = {k: ((recipe.get("optim") or {}).get("schedule") or {}).get(k) for k in SCHEDULE_FIELDS}
-    train = recipe.get("train") or {}
     tpu, train_tokens = run.get("tokens_per_update"), ((run.get("data") or {}).get("train") or {}).get("tokens")
     pilot_steps = int(summary.final.step)
     target_schedule = {**schedule, "horizon": target_steps}
@@ -86,7 +90,7 @@ def lock_forecast(summary: Any, target_steps: int) -> dict[str, Any]:
     try:
         made = forecast(val_points(summary.kept_events), Setting(schedule, max(pilot_steps, 1), tpu, train_tokens),
                         Setting(target_schedule, target_steps, tpu, train_tokens),
-                        eval_steps(_eval_every(train), target_steps))
+                        eval_steps(_positive(recorded_value(recipe, "train.eval.every")), target_steps))
     except NoForecast as why:
         return {"unavailable": f"no forecast: {why}", "assumes": assumes}
     return {**made, "assumes": assumes}
@@ -107,13 +111,14 @@ def pilot_forecast(summary: Any) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------- against a run
 def start_recipe(run: dict[str, Any]) -> dict[str, Any]:
-    """The run's recipe as its first session had it (flattened): changes on resume undone."""
-    flat = flatten(run.get("recipe") or {})
+    """The run's recipe as its first session had it (flattened, in today's key names): changes on resume undone."""
+    flat = flatten(current_recipe(run.get("recipe") or {}))
     firsts: dict[str, Any] = {}
     for kind in ("allowed_changes", "free_changes"):
         for entry in run.get(kind) or []:
-            if isinstance(entry, dict) and str(entry.get("key")) not in firsts:
-                firsts[str(entry.get("key"))] = entry.get("old")
+            key = current_key(str(entry.get("key"))) if isinstance(entry, dict) else None
+            if key is not None and key not in firsts:
+                firsts[key] = entry.get("old")
     return {**flat, **firsts}
 
 
@@ -128,7 +133,7 @@ def _named(key: str) -> str:
 def not_applicable(fc: dict[str, Any], lock_recipe: dict[str, Any], lock_data_sha256: Any,
                    run: dict[str, Any]) -> list[str]:
     """What of `run` differs from what the forecast assumed, each named with both values; [] where it applies."""
-    frozen, now = flatten(lock_recipe or {}), start_recipe(run)
+    frozen, now = flatten(current_recipe(lock_recipe or {})), start_recipe(run)
     differs = [f"{_named(k)} (lock {frozen.get(k)!r}, run {now.get(k)!r})" for k in sorted(set(frozen) | set(now))
                if frozen.get(k) != now.get(k) and k not in IGNORED]
     data = ((run.get("data") or {}).get("train") or {}).get("metadata_sha256")

@@ -190,6 +190,9 @@ def test_freeze_writes_the_forecast_into_the_lock_and_train_frozen_keeps_it(tmp_
     assert facts["lock_forecast"] == lock["forecast"]
     without = freeze_run(pilot.run_dir, tmp_path / "plain.json", despite_no_go=True)[1]
     assert "forecast" not in without  # no target, nothing to forecast (the verdict states its 10x one)
+    from pilotrun.commands.freeze import forecast_lines
+
+    assert forecast_lines(lock)[0].startswith("forecast (area: ") and forecast_lines(without) == []
 
 
 def test_the_verdict_states_the_forecast_as_evidence_and_never_fails_a_pilot_on_it(tmp_path):
