@@ -1,16 +1,16 @@
-"""The forecast graded by real long runs: pilots of configs/smoke.yaml's model on the built-in corpus (100 updates,
-evaluated every 10), each forecasting its long run 10x longer (1,000 updates, the same schedule kind over its own
-horizon, evaluated every 25), and the long runs trained for real (benchmarks/forecast_runs.py): cosine, WSD and
-constant schedules x seeds 0-2, and cosine at twice the LR (10 healthy); two long runs broken on purpose (the LR
-doubled through --allow-change on a resume at 10% of the updates).
+"""The forecast graded by real long runs: pilots of configs/smoke.yaml's model on the built-in corpus (100
+updates, evaluated every 10), each forecasting its long run 10x longer (1,000 updates, the same schedule kind
+over its own horizon, evaluated every 25), and the long runs trained for real (benchmarks/forecast_runs.py):
+cosine, WSD and constant schedules x seeds 0-2, and cosine at twice the LR (10 healthy); two long runs broken
+on purpose (the LR doubled through --allow-change on a resume at 10% of the updates).
 
-Per case: the lock's forecast (forecast_record.lock_forecast, what `freeze --target-steps 1000` writes), graded as
-summarize grades it (forecast_record.against) and watched as `pilotrun watch --against LOCK` watches (Watcher,
-its `forecast` alert). Figures: coverage of the 90% interval, median |relative error| of the final validation
-loss, mean half-width, the first step a run left the band (two evaluations in a row) and watch's alerts; and
-the same fit under each candidate law (forecast.LAWS), which is the measurement docs/FORECAST.md chooses by.
-Goals (issue 50): >= 9 of 10 healthy inside, median error <= 1%, half-width <= 2%, every broken run flagged within
-its first 20% of tokens, no alert on a healthy one.
+Per case: the lock's forecast (forecast_record.lock_forecast, what `freeze --target-steps 1000` writes),
+graded as summarize grades it (forecast_record.against) and watched as `pilotrun watch --against LOCK` watches
+(Watcher, its `forecast` alert). Figures: coverage of the 90% interval, median |relative error| of the final
+validation loss, mean half-width, the first step a run left the band (two evaluations in a row) and watch's
+alerts; and the same fit under each candidate law (forecast.LAWS), which is the measurement docs/FORECAST.md
+chooses by. Goals (issue 50): >= 9 of 10 healthy inside, median error <= 1%, half-width <= 2%, every broken
+run flagged within its first 20% of tokens, no alert on a healthy one.
 
 The runs are trained into WORK and kept: a second invocation grades the same runs without training them again
 (the section says how many it trained and how long that took).
@@ -115,7 +115,8 @@ def _law_table(healthy: list[dict]) -> list[str]:
 
 def _span(pairs: dict) -> tuple[float, float]:
     """(seconds from the first run's first line to the last run's last line, the sum of every session's wall
-    seconds): how long training the runs took, read from their own records (the same whether this invocation or
+    seconds): how long training the runs took, read from their own records (the same whether this invocation
+    or
     an earlier one trained them)."""
     from pilotrun.run.record import read_metrics_strict
 

@@ -1,9 +1,9 @@
-"""The real runs bench_forecast.py grades forecasts on: pilots and their 10x long runs of the tiniest recipe that
-learns (configs/smoke.yaml's model on the built-in corpus), trained by `pilotrun train` in child processes, two at
-a time with one thread each (the machine has 2 cores).
+"""The real runs bench_forecast.py grades forecasts on: pilots and their 10x long runs of the tiniest recipe
+that learns (configs/smoke.yaml's model on the built-in corpus), trained by `pilotrun train` in child
+processes, two at a time with one thread each (the machine has 2 cores).
 
-A case is a pilot of PILOT_STEPS updates on a schedule kind and seed, its long run LONG_FACTOR x longer with the
-same kind over its own horizon, and for a broken case the change made to the long run part way (`broken`).
+A case is a pilot of PILOT_STEPS updates on a schedule kind and seed, its long run LONG_FACTOR x longer with
+the same kind over its own horizon, and for a broken case the change made to the long run part way (`broken`).
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ def train_long(work: Path, data: Path, case: Case) -> Path:
 
 def breakage(case: Case) -> list[str]:
     """The resume's change: "lr_xK" the LR times K; "fp16_skips" (an fp16 recipe) its loss scale doubled after
-    every good update, so that about every other update overflows and is skipped. (Switching an fp32 run to fp16 on
+    every good update, so that about every other update overflows and is skipped. (Switching an fp32 run to
+    fp16 on
     a resume fails in GradScaler.load_state_dict: the checkpoint holds no scaler state.)"""
     if case.broken == "fp16_skips":
         changes = {"train.loss_scale_growth_interval": 1}

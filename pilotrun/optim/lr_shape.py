@@ -1,7 +1,8 @@
-"""The learning-rate shape alone, torch-free: the multiplier of the base LR after `step` applied updates (the shapes
-are described in pilotrun/optim/schedule.py). Kept apart from the optimizer so that the report's forecast
-(pilotrun/report/projection/forecast.py) computes the same schedule a run follows without importing torch.
-`schedule_cfg` is a ScheduleConfig or anything with its fields (kind, warmup_steps, horizon, min_lr_ratio,
+"""The learning-rate shape alone, torch-free: the multiplier of the base LR after `step` applied updates (the
+shapes are described in pilotrun/optim/schedule.py). Kept apart from the optimizer so that the report's
+forecast (pilotrun/report/projection/forecast.py) computes the same schedule a run follows without importing
+torch. `schedule_cfg` is a ScheduleConfig or anything with its fields (kind, warmup_steps, horizon,
+min_lr_ratio,
 decay_fraction)."""
 
 from __future__ import annotations

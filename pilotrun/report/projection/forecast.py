@@ -1,15 +1,16 @@
-"""What validation loss the long run will reach: a schedule-aware law fitted to the pilot's validation losses, its
-prediction at the long run's evaluation steps and schedule, and a 90% interval from what the fit leaves unexplained.
+"""What validation loss the long run will reach: a schedule-aware law fitted to the pilot's validation losses,
+its prediction at the long run's evaluation steps and schedule, and a 90% interval from what the fit leaves
+unexplained.
 
-Torch-free (numpy): the lock writes it (commands/freeze.py), watch holds the long run to its band
-(report/watch/forecast_watch.py), summarize grades it (report/record_check/forecast_grade.py). docs/FORECAST.md
-says which law and why, with the measurement.
+Torch-free (numpy): the lock writes it (commands/freeze.py, through forecast_record.py, which also grades it
+for summarize), watch holds the long run to its band (report/watch/forecast_watch.py). docs/FORECAST.md says
+which law and why, with the measurement.
 
 The laws (x: applied updates; eta_i: the LR multiplier of update i, pilotrun/optim/lr_shape.py):
 - `area`, the default: L = A * S1^-alpha, S1 = sum of eta_i * w_i (the forward area of the LR-annealing law of
   Tissue et al. 2024, arXiv 2408.11029), with no floor;
-- `annealing`, that law whole: L = L0 + A * S1^-alpha - C * S2, S2 = sum of m_i, m_i = lam * m_(i-1) +
-  max(0, eta_(i-1) - eta_i) (the annealing area, a momentum of the LR's decreases; a warm-up's increases are not
+- `annealing`, that law whole: L = L0 + A * S1^-alpha - C * S2, S2 = sum of m_i, m_i = lam * m_(i-1) + max(0,
+  eta_(i-1) - eta_i) (the annealing area, a momentum of the LR's decreases; a warm-up's increases are not
   annealing); `annealing-nofloor` without L0; `area+floor` with it;
 - `steps` (L = A * x^-alpha) and `steps+floor`, blind to the schedule.
 Which is the default and why (measured): DEFAULT_LAW below and docs/FORECAST.md.
@@ -19,12 +20,13 @@ marginal worth of their effective-data formula D' = U + U R* (1 - exp(-R / R*)))
 
 The fit: for each alpha on a grid, a law is linear in (L0, A, C): least squares, with A > 0, C >= 0; the alpha
 of least squared error wins. The interval: a residual bootstrap (the pilot's points are the fit plus resampled
-residuals, refitted BOOTSTRAP times), each prediction plus one resampled residual (the long run's own evaluation is
-as noisy as the pilot's), widened by the drift the pilot measures on itself (holdout_drift); its 5th and 95th
-percentiles. The band watch holds the run to is the same at BAND_LEVEL, never narrower than BAND_MIN_SHARE.
+residuals, refitted BOOTSTRAP times), each prediction plus one resampled residual (the long run's own
+evaluation is as noisy as the pilot's), widened by the drift the pilot measures on itself (holdout_drift); its
+5th and 95th percentiles. The band watch holds the run to is the same at BAND_LEVEL, never narrower than
+BAND_MIN_SHARE.
 
-Refused ("no forecast: <why>", never a number): fewer than MIN_POINTS evaluations past the warm-up; a loss that
-does not fall; residual noise above MAX_NOISE_SHARE of the fall it is fitted to; an interval wider than
+Refused ("no forecast: <why>", never a number): fewer than MIN_POINTS evaluations past the warm-up; a loss
+that does not fall; residual noise above MAX_NOISE_SHARE of the fall it is fitted to; an interval wider than
 MAX_HALF_WIDTH of the value; a schedule kind the laws do not model.
 """
 
@@ -50,16 +52,17 @@ REFINE = 41  # the fine grid's points between the best alpha's neighbours
 ANNEALING_LAMBDA = 0.99
 REPEAT_R_STAR = 15.4
 # The bootstrap's spread says how well the law fits the pilot, not how far it carries: the interval also takes
-# the drift the pilot measures on itself (holdout_drift: fitted on its first HOLDOUT_SHARE, the median miss on the
-# rest per e-fold of updates) times the e-folds to the target step, by these weights. Measured on the benchmark's
-# 10 healthy pilots (docs/FORECAST.md; the same runs the figures are graded on): the whole drift made intervals of
-# +-7-14% around forecasts that missed by at most 4% (5 of 10 refused as too wide); half of it covered 10 of 10.
+# the drift the pilot measures on itself (holdout_drift: fitted on its first HOLDOUT_SHARE, the median miss on
+# the rest per e-fold of updates) times the e-folds to the target step, by these weights. Measured on the
+# benchmark's 10 healthy pilots (docs/FORECAST.md; the same runs the figures are graded on): the whole drift
+# made intervals of +-7-14% around forecasts that missed by at most 4% (5 of 10 refused as too wide); half of
+# it covered 10 of 10.
 HOLDOUT_SHARE = 0.6
 WIDEN = {LEVEL: 0.5, BAND_LEVEL: 1.5}
-# The band watch holds a run to is never narrower than this share of the prediction either side. Measured on the
-# benchmark's healthy long runs: between twice the pilot's updates and the middle of the run a tiny model's loss
-# rose up to 7.6% above the law (a plateau before a second fall, at the same data for every seed), then met it
-# again; +-5% (the pilot's own loss envelope's share) alerted on 3 healthy runs of 10.
+# The band watch holds a run to is never narrower than this share of the prediction either side. Measured on
+# the benchmark's healthy long runs: between twice the pilot's updates and the middle of the run a tiny
+# model's loss rose up to 7.6% above the law (a plateau before a second fall, at the same data for every
+# seed), then met it again; +-5% (the pilot's own loss envelope's share) alerted on 3 healthy runs of 10.
 BAND_MIN_SHARE = 0.08
 SCHEDULE_KINDS = ("cosine", "wsd", "constant")
 SCHEDULE_FIELDS = ("kind", "warmup_steps", "horizon", "min_lr_ratio", "decay_fraction")
@@ -72,8 +75,8 @@ LAWS = {
     "steps+floor": "L = L0 + A * x^-alpha",
 }
 # Chosen by measurement (docs/FORECAST.md, benchmarks/bench_forecast.py): fitted to pilots of 100 updates, the
-# laws with a floor L0 put it at the pilot's plateau and miss the long run's further fall by ~11% (median); the
-# floor-free power law in the LR area misses by ~1%. A pilot this short does not identify a floor.
+# laws with a floor L0 put it at the pilot's plateau and miss the long run's further fall by ~11% (median);
+# the floor-free power law in the LR area misses by ~1%. A pilot this short does not identify a floor.
 DEFAULT_LAW = "area"
 
 
@@ -133,7 +136,8 @@ def _has(law: str, term: str) -> bool:
 
 def _columns(law: str, x: np.ndarray, s1: np.ndarray, s2: np.ndarray, annealing: bool,
              alphas: np.ndarray) -> np.ndarray:
-    """The law's design matrix at every alpha of the grid: (alphas, points, [1, base, -S2]), a term the law (or
+    """The law's design matrix at every alpha of the grid: (alphas, points, [1, base, -S2]), a term the law
+    (or
     this try) lacks as a column of zeros (its coefficient then solves to 0)."""
     base = (x if law.startswith("steps") else s1)[None, :] ** -alphas[:, None]
     ones = np.ones_like(base) * float(_has(law, "floor"))
@@ -150,8 +154,8 @@ def _solve(cols: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def fit_law(law: str, x: np.ndarray, y: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> Fit | None:
-    """The least-squares fit over the alpha grid, then over a fine grid between the best one's neighbours (a 10x
-    extrapolation moves with alpha's third digit), A > 0 and C >= 0 (an annealing term that would come out
+    """The least-squares fit over the alpha grid, then over a fine grid between the best one's neighbours (a
+    10x extrapolation moves with alpha's third digit), A > 0 and C >= 0 (an annealing term that would come out
     negative is dropped: the law then has none); None where no alpha gives a falling curve."""
     best = _best(law, x, y, s1, s2, ALPHAS)
     if best is None:
@@ -238,8 +242,9 @@ def bootstrap(fit: Fit, x: np.ndarray, feats: tuple, target: tuple, rng: np.rand
 
 
 def holdout_drift(fit: Fit, x: np.ndarray, y: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> float:
-    """How far the law drifts per e-fold of updates it extrapolates, measured inside the pilot: fitted on its first
-    HOLDOUT_SHARE of the evaluations, the median miss on the rest over log(last step / last fitted step). 0 where
+    """How far the law drifts per e-fold of updates it extrapolates, measured inside the pilot: fitted on its
+    first HOLDOUT_SHARE of the evaluations, the median miss on the rest over log(last step / last fitted
+    step). 0 where
     too few evaluations are left to fit on."""
     n = max(math.ceil(HOLDOUT_SHARE * len(x)), 4)
     if n >= len(x):

@@ -1,14 +1,15 @@
-"""The forecast between the records: built from a pilot's summary for the lock, held against a long run's record.
+"""The forecast between the records: built from a pilot's summary for the lock, held against a long run's
+record.
 
-- `lock_forecast(summary, target_steps)`: the lock's `forecast` section (forecast.py fits; this module says what
-  it is fitted on and what it assumes): the pilot's validation losses, its schedule, and the long run's: the same
-  schedule kind, warm-up and floor over a horizon of the target steps, evaluated at the recipe's cadence. A pilot
-  that gives none gets {"unavailable": "no forecast: <why>"}, never a number.
+- `lock_forecast(summary, target_steps)`: the lock's `forecast` section (forecast.py fits; this module says
+  what it is fitted on and what it assumes): the pilot's validation losses, its schedule, and the long run's:
+  the same schedule kind, warm-up and floor over a horizon of the target steps, evaluated at the recipe's
+  cadence. A pilot that gives none gets {"unavailable": "no forecast: <why>"}, never a number.
 - `not_applicable(forecast, lock_recipe, lock_data, run)`: what of the long run differs from what the forecast
   assumes (width, data, schedule family or horizon, recipe), each named; a change on resume is not such a
   difference: it is the run leaving the forecast, which the band catches.
-- `at_step(forecast, step)`: the predicted value, the 90% interval and the watch's band at a step (linear between
-  the curve's evaluation steps).
+- `at_step(forecast, step)`: the predicted value, the 90% interval and the watch's band at a step (linear
+  between the curve's evaluation steps).
 - `grade(forecast, points, ...)`: predicted against measured, for summarize and the benchmark.
 """
 
@@ -31,18 +32,20 @@ from pilotrun.run.record import is_finite_number
 
 __all__ = ["FORECAST_KEY", "lock_forecast", "not_applicable", "grade", "format_grade", "format_forecast"]
 MAX_CURVE_POINTS = 400  # a longer run's evaluation steps are thinned evenly (the final one always kept)
-# Keys the forecast does not depend on: how long and how often (its own target and curve say), the machine, the
-# seed (a seed's spread is within the interval). The evaluation's batches stay: they are the measured loss.
+# Keys the forecast does not depend on: how long and how often (its own target and curve say), the machine,
+# the seed (a seed's spread is within the interval). The evaluation's batches stay: they are the measured
+# loss.
 IGNORED = tuple(current_key(k) for k in (*MACHINE_KEYS, *RESUME_FREE_KEYS) if current_key(k) != "train.eval.batches") + (
     "optim.schedule.horizon", "train.seed")
-# The farthest a forecast reaches: the issue's 10-30x horizons; measured here at 10x (docs/FORECAST.md). Beyond it
-# a floor-free power law keeps falling and the number would be the law's, not the pilot's.
+# The farthest a forecast reaches: the issue's 10-30x horizons; measured here at 10x (docs/FORECAST.md).
+# Beyond it a floor-free power law keeps falling and the number would be the law's, not the pilot's.
 MAX_HORIZON_FACTOR = 30
 # How long the band must be left before watch alerts: this many evaluations in a row outside it.
 CONSECUTIVE = 2
-# The named warm-up: the band is held from this many times the pilot's updates on. Just past the pilot's reach the
-# long run's LR is still high where the pilot's had decayed, and the fit says least about that stretch: measured on
-# the benchmark's healthy runs, their loss sat up to 5% above the law until about twice the pilot's updates.
+# The named warm-up: the band is held from this many times the pilot's updates on. Just past the pilot's reach
+# the long run's LR is still high where the pilot's had decayed, and the fit says least about that stretch:
+# measured on the benchmark's healthy runs, their loss sat up to 5% above the law until about twice the
+# pilot's updates.
 WATCH_FROM_PILOT_FACTOR = 2.0
 
 
@@ -64,7 +67,8 @@ def eval_steps(every: int | None, target_steps: int) -> list[int]:
 
 
 def lock_forecast(summary: Any, target_steps: int) -> dict[str, Any]:
-    """The lock's `forecast` section for a long run of `target_steps` updates (module docstring), from a pilot's
+    """The lock's `forecast` section for a long run of `target_steps` updates (module docstring), from a
+    pilot's
     summary (report/record_check/summarize.py's Summary: its run.json, kept events and final counters)."""
     run = summary.run
     recipe = run.get("recipe") or {}
@@ -96,8 +100,9 @@ def lock_forecast(summary: Any, target_steps: int) -> dict[str, Any]:
     return {**made, "assumes": assumes}
 
 
-# The verdict and the pilot's report state the forecast for a long run this many times the pilot (the same schedule
-# kind over its own horizon): the verdict knows no target; `freeze --target-steps N` writes the one for N.
+# The verdict and the pilot's report state the forecast for a long run this many times the pilot (the same
+# schedule kind over its own horizon): the verdict knows no target; `freeze --target-steps N` writes the one
+# for N.
 VERDICT_HORIZON_FACTOR = 10
 
 
@@ -183,7 +188,8 @@ def left_band_at(fc: dict[str, Any], points: list[tuple[int, float]]) -> int | N
 
 
 def grade(fc: dict[str, Any], points: list[tuple[int, float]], tokens_per_update: Any = None) -> dict[str, Any]:
-    """Predicted against measured: the final value where the run reached the forecast's final step, the relative
+    """Predicted against measured: the final value where the run reached the forecast's final step, the
+    relative
     error, inside/outside the 90% interval, and where the band was first left (step and share of the updates)."""
     final = fc["final"]
     measured = next((loss for step, loss in reversed(points) if step == final["step"]), None)
@@ -247,7 +253,8 @@ def against(fc: dict[str, Any] | None, lock_recipe: Any, lock_data_sha256: Any, 
 
 
 def against_own_lock(run: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """summarize's: the forecast of the lock the run was started from (None for a run not started frozen, or from
+    """summarize's: the forecast of the lock the run was started from (None for a run not started frozen, or
+    from
     a lock without one: a lock from before forecasts is read as before)."""
     frozen = run.get("frozen") if isinstance(run.get("frozen"), dict) else {}
     return against(lock_forecast_of(run), frozen.get("lock_recipe"), frozen.get("lock_data_metadata_sha256"), run,

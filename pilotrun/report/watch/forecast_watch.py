@@ -1,12 +1,12 @@
-"""watch's hold on the lock's forecast (pilotrun/report/projection/forecast_record.py): a long run's validation losses
-against the forecast's band (its 99% band, wider than the 90% interval the lock states, since a run is held to it at
-every evaluation).
+"""watch's hold on the lock's forecast (pilotrun/report/projection/forecast_record.py): a long run's
+validation losses against the forecast's band (its 99% band, wider than the 90% interval the lock states,
+since a run is held to it at every evaluation).
 
-Judged only beyond the pilot's reach, after the named warm-up (from WATCH_FROM_PILOT_FACTOR x the pilot's updates:
-forecast_record.watch_from), and only on CONSECUTIVE evaluations in a row outside the band (one evaluation outside
-is the evaluation's own noise as often as the run's). A run the forecast does not apply to (another width,
-data, schedule family or horizon, recipe) hears it once, as a note, and is not held to it; a lock without a
-forecast (older, or "no forecast: <why>") is watched as before.
+Judged only beyond the pilot's reach, after the named warm-up (from WATCH_FROM_PILOT_FACTOR x the pilot's
+updates: forecast_record.watch_from), and only on CONSECUTIVE evaluations in a row outside the band (one
+evaluation outside is the evaluation's own noise as often as the run's). A run the forecast does not apply to
+(another width, data, schedule family or horizon, recipe) hears it once, as a note, and is not held to it; a
+lock without a forecast (older, or "no forecast: <why>") is watched as before.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ class ForecastWatch:
         self.streak = []
 
     def judge(self, run: dict[str, Any], event: dict[str, Any]) -> dict[str, Any] | None:
-        """{"outside": message, "step", "figure", "bound"} while CONSECUTIVE evaluations in a row are outside the
+        """{"outside": message, "step", "figure", "bound"} while CONSECUTIVE evaluations in a row are outside
+        the
         band; {"inside": True} on an evaluation inside it; None where not judged."""
         if self.applies is None:
             differs = not_applicable(self.forecast, self.lock_recipe or {}, self.lock_data, run)

@@ -1,4 +1,5 @@
-"""The forecast's fit, on curves drawn from a known law plus noise: parameters recovered, the interval's coverage,
+"""The forecast's fit, on curves drawn from a known law plus noise: parameters recovered, the interval's
+coverage,
 the repeated-data weights, and every refusal."""
 
 from __future__ import annotations

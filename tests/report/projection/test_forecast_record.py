@@ -1,4 +1,5 @@
-"""The forecast between records, on synthetic pilots and long runs (tests/report/synthetic.py) whose validation
+"""The forecast between records, on synthetic pilots and long runs (tests/report/synthetic.py) whose
+validation
 losses follow a known law: the lock's section, what does not apply, the grade."""
 
 from __future__ import annotations

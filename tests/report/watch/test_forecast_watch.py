@@ -1,4 +1,5 @@
-"""watch against the lock's forecast, on synthetic long runs whose validation losses follow the pilot's law, go wrong
+"""watch against the lock's forecast, on synthetic long runs whose validation losses follow the pilot's law,
+go wrong
 part way, or belong to another recipe (tests/report/projection/test_forecast_record.py builds them)."""
 
 from __future__ import annotations
