@@ -36,8 +36,11 @@ def _lock(pilot: Path):
 
     summary = summarize_run(pilot)
     run = summary.run
-    return summary, {"recipe": run["recipe"], "data": {"metadata_sha256": run["data"]["train"]["metadata_sha256"]},
-                     "forecast": lock_forecast(summary, TARGET)}
+    return summary, {
+        "recipe": run["recipe"],
+        "data": {"metadata_sha256": run["data"]["train"]["metadata_sha256"]},
+        "forecast": lock_forecast(summary, TARGET),
+    }
 
 
 def _laws(summary, long_summary) -> dict[str, dict]:
@@ -47,19 +50,27 @@ def _laws(summary, long_summary) -> dict[str, dict]:
 
     def setting(s):
         r = s.run
-        return Setting(r["recipe"]["optim"]["schedule"], r["recipe"]["train"]["max_steps"], r["tokens_per_update"],
-                       r["data"]["train"]["tokens"])
+        return Setting(
+            r["recipe"]["optim"]["schedule"],
+            r["recipe"]["train"]["max_steps"],
+            r["tokens_per_update"],
+            r["data"]["train"]["tokens"],
+        )
 
     measured = dict(val_points(long_summary.kept_events)).get(TARGET)
     out = {}
     for law in LAWS:
         try:
-            final = forecast(val_points(summary.kept_events), setting(summary), setting(long_summary), [TARGET],
-                             law=law)["final"]
+            final = forecast(
+                val_points(summary.kept_events), setting(summary), setting(long_summary), [TARGET], law=law
+            )["final"]
         except NoForecast:
             continue
-        out[law] = {"error": (final["value"] - measured) / measured, "inside": final["low"] <= measured <= final["high"],
-                    "half": final["half_width_share"]}
+        out[law] = {
+            "error": (final["value"] - measured) / measured,
+            "inside": final["low"] <= measured <= final["high"],
+            "half": final["half_width_share"],
+        }
     return out
 
 
@@ -70,20 +81,33 @@ def grade_case(case: Case, pilot: Path, long: Path) -> dict:
 
     summary, lock = _lock(pilot)
     long_summary = summarize_run(long)
-    graded = against(lock["forecast"], lock["recipe"], lock["data"]["metadata_sha256"], long_summary.run,
-                     long_summary.kept_events)
+    graded = against(
+        lock["forecast"],
+        lock["recipe"],
+        lock["data"]["metadata_sha256"],
+        long_summary.run,
+        long_summary.kept_events,
+    )
     watcher = Watcher(long, lock=lock, holder=lambda path: None)
     watcher.check(final=True)
     alerts = [a for a in watcher.raised if a.kind == "forecast"]
     others: dict[str, int] = {}
-    for a in watcher.raised:  # watch's other alerts on the same run, by the step each kind was first raised at
+    for (
+        a
+    ) in watcher.raised:  # watch's other alerts on the same run, by the step each kind was first raised at
         if a.kind not in ("forecast", "session_end") and a.step is not None:
             others.setdefault(a.kind, a.step)
     overflows = sum(e.get("event") == "overflow" for e in long_summary.kept_events)
-    return {"case": case, "graded": graded, "alert": alerts[0] if alerts else None, "others": others,
-            "overflows": overflows,
-            "laws": _laws(summary, long_summary),
-            "notes": [n for n in watcher.new_notes() if "forecast" in n], "lock": lock}
+    return {
+        "case": case,
+        "graded": graded,
+        "alert": alerts[0] if alerts else None,
+        "others": others,
+        "overflows": overflows,
+        "laws": _laws(summary, long_summary),
+        "notes": [n for n in watcher.new_notes() if "forecast" in n],
+        "lock": lock,
+    }
 
 
 def _row(r: dict) -> str:
@@ -94,22 +118,29 @@ def _row(r: dict) -> str:
     others = ", ".join(f"{kind} at {step}" for kind, step in r["others"].items()) or "none"
     if case.broken == "fp16_skips":
         others += f"; {r['overflows']} overflow(s) skipped"
-    return (f"| {case.name} | {g['predicted']:.3f} [{g['low']:.3f}, {g['high']:.3f}] | {g['measured']:.3f} | "
-            f"{100 * g['error']:+.2f}% | {'yes' if g['inside'] else 'no'} | "
-            f"{100 * (g['high'] - g['low']) / 2 / g['predicted']:.2f}% | {alert} | {others} |")
+    return (
+        f"| {case.name} | {g['predicted']:.3f} [{g['low']:.3f}, {g['high']:.3f}] | {g['measured']:.3f} | "
+        f"{100 * g['error']:+.2f}% | {'yes' if g['inside'] else 'no'} | "
+        f"{100 * (g['high'] - g['low']) / 2 / g['predicted']:.2f}% | {alert} | {others} |"
+    )
 
 
 def _law_table(healthy: list[dict]) -> list[str]:
     from pilotrun.report.projection.forecast import LAWS
 
-    lines = ["| law | pilots fitted | median abs error | inside 90% | mean half-width |", "|---|---|---|---|---|"]
+    lines = [
+        "| law | pilots fitted | median abs error | inside 90% | mean half-width |",
+        "|---|---|---|---|---|",
+    ]
     for law, formula in LAWS.items():
         got = [r["laws"][law] for r in healthy if law in r["laws"]]
         if got:
-            lines.append(f"| {law}: {formula} | {len(got)} | "
-                         f"{100 * statistics.median(abs(g['error']) for g in got):.2f}% | "
-                         f"{sum(g['inside'] for g in got)}/{len(got)} | "
-                         f"{100 * statistics.mean(g['half'] for g in got):.2f}% |")
+            lines.append(
+                f"| {law}: {formula} | {len(got)} | "
+                f"{100 * statistics.median(abs(g['error']) for g in got):.2f}% | "
+                f"{sum(g['inside'] for g in got)}/{len(got)} | "
+                f"{100 * statistics.mean(g['half'] for g in got):.2f}% |"
+            )
     return lines
 
 
@@ -125,8 +156,11 @@ def _span(pairs: dict) -> tuple[float, float]:
         events = read_metrics_strict(folder)
         first.append(events[0]["time"])
         last.append(events[-1]["time"])
-        walls += sum((e.get("time_split") or {}).get("wall_seconds", 0.0) for e in events
-                     if e["event"] == "session_end")
+        walls += sum(
+            (e.get("time_split") or {}).get("wall_seconds", 0.0)
+            for e in events
+            if e["event"] == "session_end"
+        )
     return max(last) - min(first), walls
 
 
@@ -148,31 +182,55 @@ def run() -> str:
     flagged = [r for r in broken if r["alert"] is not None and r["alert"].extra["first"] <= 0.2 * TARGET]
     refused = [r for r in rows if "unavailable" in (r["graded"] or {})]
     lines = [
-        "## Forecast: a pilot's final validation loss against its 10x long run (bench_forecast)", "",
-        f"{len(cases)} pilots of {PILOT_STEPS} updates and their long runs of {TARGET} (configs/smoke.yaml's model, "
-        f"the built-in corpus, one thread each, two at a time); {trained} run(s) trained by this invocation in "
+        "## Forecast: a pilot's final validation loss against its 10x long run (bench_forecast)",
+        "",
+        f"{len(cases)} pilots of {PILOT_STEPS} updates and their long runs of {TARGET} (configs/smoke.yaml's "
+        "model, "
+        f"the built-in corpus, one thread each, two at a time); {trained} run(s) trained by this invocation "
+        "in "
         f"{train_seconds:.0f} s, the others read from {WORK} where an earlier invocation trained them. Their "
-        f"records span {span / 60:.1f} min from the first pilot's first line to the last long run's last line, "
-        f"{walls / 60:.1f} min of sessions' wall time in all (two ran at a time).", "",
-        f"- coverage of the 90% interval: {inside} of {len(healthy)} healthy long runs inside (goal >= 9 of 10)",
-        f"- median |relative error| of the final val loss: {100 * statistics.median(errors):.2f}% (goal <= 1%)"
-        if errors else "- no healthy run graded",
-        f"- mean half-width of the interval: {100 * statistics.mean(halves):.2f}% (goal <= 2%)" if halves else "",
+        f"records span {span / 60:.1f} min from the first pilot's first line to the last long run's last "
+        "line, "
+        f"{walls / 60:.1f} min of sessions' wall time in all (two ran at a time).",
+        "",
+        f"- coverage of the 90% interval: {inside} of {len(healthy)} healthy long runs inside (goal >= 9 of "
+        "10)",
+        f"- median |relative error| of the final val loss: {100 * statistics.median(errors):.2f}% (goal <= "
+        "1%)"
+        if errors
+        else "- no healthy run graded",
+        f"- mean half-width of the interval: {100 * statistics.mean(halves):.2f}% (goal <= 2%)"
+        if halves
+        else "",
         f"- watch's forecast alert on a healthy run: {false_alerts} of {len(healthy)} (goal 0)",
-        f"- broken runs flagged within their first 20% of updates (= tokens): {len(flagged)} of {len(broken)}",
-        f"- pilots refused (no forecast): {len(refused)}", "",
-        "| case | predicted [90%] | measured | error | inside | half-width | left the band (watch) | watch's other "
+        f"- broken runs flagged within their first 20% of updates (= tokens): {len(flagged)} of "
+        f"{len(broken)}",
+        f"- pilots refused (no forecast): {len(refused)}",
+        "",
+        "| case | predicted [90%] | measured | error | inside | half-width | left the band (watch) | watch's "
+        "other "
         "alerts (first step) |",
-        "|---|---|---|---|---|---|---|---|", *map(_row, rows), "",
-        "Each candidate law fitted to the same healthy pilots (the measurement the default law is chosen by):", "",
-        *_law_table(healthy), "",
+        "|---|---|---|---|---|---|---|---|",
+        *map(_row, rows),
+        "",
+        "Each candidate law fitted to the same healthy pilots (the measurement the default law is chosen "
+        "by):",
+        "",
+        *_law_table(healthy),
+        "",
         f"Command: `python -m benchmarks.run_all bench_forecast --update` (it trains what {WORK} lacks with "
-        "benchmarks/forecast_runs.py, then grades; `python benchmarks/forecast_runs.py DIR` trains alone).", "",
-        f"Broken on purpose on a resume at {int(0.1 * TARGET)} updates: `-lr_xK` the LR times K (`--allow-change "
-        "optim.muon.lr --allow-change optim.adamw.lr`); `fp16-...-skips` an fp16 recipe whose loss scale then doubles "
-        "after every good update (`--allow-change train.loss_scale_growth_interval`, set to 1), so that updates "
-        "overflow and are skipped often (on this CPU fp16 never overflowed: see its overflow count; a run whose change "
-        "did not take effect is not broken). Not run: a dropped mixture source.", "",
+        "benchmarks/forecast_runs.py, then grades; `python benchmarks/forecast_runs.py DIR` trains alone).",
+        "",
+        f"Broken on purpose on a resume at {int(0.1 * TARGET)} updates: `-lr_xK` the LR times K "
+        "(`--allow-change "
+        "optim.muon.lr --allow-change optim.adamw.lr`); `fp16-...-skips` an fp16 recipe whose loss scale "
+        "then doubles "
+        "after every good update (`--allow-change train.loss_scale_growth_interval`, set to 1), so that "
+        "updates "
+        "overflow and are skipped often (on this CPU fp16 never overflowed: see its overflow count; a run "
+        "whose change "
+        "did not take effect is not broken). Not run: a dropped mixture source.",
+        "",
     ]
     return "\n".join(line for line in lines if line is not None) + "\n"
 

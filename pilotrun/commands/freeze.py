@@ -9,10 +9,10 @@ After a GO (or with `--despite-no-go`, recorded in the lock) the lock holds:
   (training, checkpoint, evaluation, start-up, expected failures at `--mtbf`, Young's checkpoint interval, total
   wall time, device-hours and cost at `--device-hour-cost`), each part with the band the pilot's measured spread
   gives it and the total's band (pilotrun/report/projection/band.py), and `watch`, the pilot's figures `pilotrun watch
-  --against LOCK` holds the long run to (pilotrun/report/projection/long_run.py), and `forecast`, the validation
-  loss the long run will reach: a schedule-aware law fitted to the pilot's validation losses, its curve at the long
-  run's evaluation steps, the final value with its 90% interval and what it assumes, or "no forecast: <why>"
-  (pilotrun/report/projection/forecast_record.py);
+  --against LOCK` holds the long run to (pilotrun/report/projection/long_run.py), and `forecast`, the
+  validation loss the long run will reach: a schedule-aware law fitted to the pilot's validation losses, its
+  curve at the long run's evaluation steps, the final value with its 90% interval and what it assumes, or
+  "no forecast: <why>" (pilotrun/report/projection/forecast_record.py);
 - `sha256` over everything else, so the lock identifies itself.
 """
 
@@ -166,5 +166,6 @@ def format_projection(projection: dict[str, Any]) -> list[str]:
 
 
 def forecast_lines(lock: dict[str, Any]) -> list[str]:
-    """The lock's forecast as `pilotrun freeze` prints it below the projection (none without --target-steps)."""
+    """The lock's forecast as `pilotrun freeze` prints it below the projection (none without
+    --target-steps)."""
     return [format_forecast(lock[FORECAST_KEY])] if isinstance(lock.get(FORECAST_KEY), dict) else []

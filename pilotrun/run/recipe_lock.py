@@ -204,7 +204,8 @@ def describe_frozen_status(status: dict[str, Any]) -> str:
 # clip bounds, window interval). Both are inside the lock's sha256 like everything else.
 PROJECTION_KEY = "projection"
 WATCH_KEY = "watch"
-# With --target-steps also `forecast` (pilotrun/report/projection/forecast_record.py): the long run's validation loss.
+# With --target-steps also `forecast` (pilotrun/report/projection/forecast_record.py): the long run's
+# validation loss.
 FORECAST_KEY = "forecast"
 
 
@@ -230,8 +231,9 @@ def lock_projection_of(run: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def lock_forecast_of(run: dict[str, Any]) -> dict[str, Any] | None:
-    """The forecast of the lock a run was started from (run.json's copy, else the lock file while it still hashes
-    to the recorded sha256), as lock_projection_of; None for a run not started frozen or a lock without one."""
+    """The forecast of the lock a run was started from (run.json's copy, else the lock file while it still
+    hashes to the recorded sha256), as lock_projection_of; None for a run not started frozen or a lock without
+    one."""
     frozen = run.get("frozen")
     if not isinstance(frozen, dict):
         return None

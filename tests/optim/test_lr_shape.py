@@ -18,8 +18,16 @@ def test_the_trainer_sets_the_same_shape():
     assert schedule.lr_multiplier is lr_multiplier
 
 
-@pytest.mark.parametrize("kind, step, expected", [
-    ("cosine", 0, 0.1), ("cosine", 60, 0.55), ("cosine", 200, 0.1),
-    ("wsd", 50, 1.0), ("wsd", 99, 1.0 - 0.9 * 11 / 22), ("constant", 500, 1.0)])
+@pytest.mark.parametrize(
+    "kind, step, expected",
+    [
+        ("cosine", 0, 0.1),
+        ("cosine", 60, 0.55),
+        ("cosine", 200, 0.1),
+        ("wsd", 50, 1.0),
+        ("wsd", 99, 1.0 - 0.9 * 11 / 22),
+        ("constant", 500, 1.0),
+    ],
+)
 def test_a_recipe_dicts_fields_give_the_multiplier(kind, step, expected):
     assert lr_multiplier(step, shape(kind)) == pytest.approx(expected)

@@ -364,16 +364,18 @@ def plot_downstream(summary: Summary, path: Path) -> Path:
 
 
 def plot_forecast(summary: Summary, path: Path) -> Path:
-    """The pilot's validation losses, the law's curve over a 10x run with its 90% interval and the watch's band
-    (report/projection/forecast_record.py); "no forecast: <why>" where the pilot gives none."""
+    """The pilot's validation losses, the law's curve over a 10x run with its 90% interval and the watch's
+    band (report/projection/forecast_record.py); "no forecast: <why>" where the pilot gives none."""
     fig, ax = _new_axes(PLOT_TITLES["forecast"], "validation cross-entropy (nats)")
     made = pilot_forecast(summary)
     vx, vy = _series([e for e in summary.kept_events if e["event"] == "val"], lambda e: e["loss"])
     if "curve" in made:
         steps, centre, low, high, band_low, band_high = zip(*made["curve"], strict=True)
-        ax.fill_between(steps, band_low, band_high, color="C2", alpha=0.15, label="band watch holds the run to")
+        ax.fill_between(steps, band_low, band_high, color="C2", alpha=0.15,
+                        label="band watch holds the run to")
         ax.fill_between(steps, low, high, color="C2", alpha=0.35, label="90% interval")
-        ax.plot(steps, centre, color="C2", label=f"forecast ({made['law']}: {made['formula'].split(' (')[0]})")
+        ax.plot(steps, centre, color="C2",
+                label=f"forecast ({made['law']}: {made['formula'].split(' (')[0]})")
         final = made["final"]
         ax.errorbar([final["step"]], [final["value"]], yerr=[[final["value"] - final["low"]],
                     [final["high"] - final["value"]]], fmt="s", color="C3",

@@ -69,7 +69,8 @@ SCHEDULE_FIELDS = ("kind", "warmup_steps", "horizon", "min_lr_ratio", "decay_fra
 LAWS = {
     "area": "L = A * S1^-alpha (a power law in the LR area S1, no floor)",
     "area+floor": "L = L0 + A * S1^-alpha",
-    "annealing": "L = L0 + A * S1^-alpha - C * S2 (the LR-annealing law, Tissue et al. 2024, arXiv 2408.11029)",
+    "annealing": "L = L0 + A * S1^-alpha - C * S2 (the LR-annealing law, Tissue et al. 2024, "
+    "arXiv 2408.11029)",
     "annealing-nofloor": "L = A * S1^-alpha - C * S2",
     "steps": "L = A * x^-alpha (x: applied updates, blind to the schedule)",
     "steps+floor": "L = L0 + A * x^-alpha",
@@ -92,14 +93,17 @@ def multipliers(schedule: dict[str, Any], steps: int) -> np.ndarray:
 
 
 def data_weights(steps: int, tokens_per_update: int | None, train_tokens: int | None) -> np.ndarray:
-    """Each update's worth in new-token equivalents: 1 on the first pass, exp(-R / R*) once R passes repeat."""
+    """Each update's worth in new-token equivalents: 1 on the first pass, exp(-R / R*) once R passes
+    repeat."""
     if not tokens_per_update or not train_tokens:
         return np.ones(steps)
     passes = np.arange(1, steps + 1) * tokens_per_update / train_tokens
     return np.exp(-np.maximum(passes - 1.0, 0.0) / REPEAT_R_STAR)
 
 
-def areas(eta: np.ndarray, weights: np.ndarray, lam: float = ANNEALING_LAMBDA) -> tuple[np.ndarray, np.ndarray]:
+def areas(
+    eta: np.ndarray, weights: np.ndarray, lam: float = ANNEALING_LAMBDA
+) -> tuple[np.ndarray, np.ndarray]:
     """(S1, S2) after each number of updates 0..len(eta)."""
     s1 = np.concatenate([[0.0], np.cumsum(eta * weights)])
     drops = np.maximum(np.concatenate([[0.0], eta[:-1] - eta[1:]]), 0.0)
@@ -134,8 +138,9 @@ def _has(law: str, term: str) -> bool:
     return law.startswith("annealing")
 
 
-def _columns(law: str, x: np.ndarray, s1: np.ndarray, s2: np.ndarray, annealing: bool,
-             alphas: np.ndarray) -> np.ndarray:
+def _columns(
+    law: str, x: np.ndarray, s1: np.ndarray, s2: np.ndarray, annealing: bool, alphas: np.ndarray
+) -> np.ndarray:
     """The law's design matrix at every alpha of the grid: (alphas, points, [1, base, -S2]), a term the law
     (or
     this try) lacks as a column of zeros (its coefficient then solves to 0)."""
@@ -166,11 +171,12 @@ def fit_law(law: str, x: np.ndarray, y: np.ndarray, s1: np.ndarray, s2: np.ndarr
     return Fit(law, alpha, coef, y - law_values(law, alpha, coef, x, s1, s2))
 
 
-def _best(law: str, x: np.ndarray, y: np.ndarray, s1: np.ndarray, s2: np.ndarray,
-          alphas: np.ndarray) -> tuple[float, float, np.ndarray] | None:
+def _best(
+    law: str, x: np.ndarray, y: np.ndarray, s1: np.ndarray, s2: np.ndarray, alphas: np.ndarray
+) -> tuple[float, float, np.ndarray] | None:
     """(squared error, alpha, coefficients) of the best alpha of `alphas`, or None."""
     best: tuple[float, float, np.ndarray] | None = None
-    for annealing in ((True, False) if _has(law, "annealing") else (False,)):
+    for annealing in (True, False) if _has(law, "annealing") else (False,):
         coef, sse = _solve(_columns(law, x, s1, s2, annealing, alphas), y)
         ok = (coef[:, 1] > 0) & (coef[:, 2] >= 0) & np.isfinite(sse)
         if not ok.any():
@@ -181,8 +187,9 @@ def _best(law: str, x: np.ndarray, y: np.ndarray, s1: np.ndarray, s2: np.ndarray
     return best
 
 
-def law_values(law: str, alpha: float, coef: np.ndarray, x: np.ndarray, s1: np.ndarray, s2: np.ndarray
-               ) -> np.ndarray:
+def law_values(
+    law: str, alpha: float, coef: np.ndarray, x: np.ndarray, s1: np.ndarray, s2: np.ndarray
+) -> np.ndarray:
     return coef[0] + coef[1] * (x if law.startswith("steps") else s1) ** -alpha - coef[2] * s2
 
 
@@ -190,14 +197,17 @@ def law_values(law: str, alpha: float, coef: np.ndarray, x: np.ndarray, s1: np.n
 @dataclass
 class Setting:
     """A run's schedule and data, for the areas: the pilot's (fitted on) or the long run's (predicted at)."""
+
     schedule: dict[str, Any]
     steps: int
     tokens_per_update: int | None = None
     train_tokens: int | None = None
 
     def features(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        s1, s2 = areas(multipliers(self.schedule, self.steps),
-                       data_weights(self.steps, self.tokens_per_update, self.train_tokens))
+        s1, s2 = areas(
+            multipliers(self.schedule, self.steps),
+            data_weights(self.steps, self.tokens_per_update, self.train_tokens),
+        )
         idx = np.asarray(at, dtype=int)
         return idx.astype(float), s1[idx], s2[idx]
 
@@ -205,11 +215,16 @@ class Setting:
 def fit_points(points: list[tuple[int, float]], pilot: Setting) -> tuple[np.ndarray, np.ndarray]:
     """The pilot's finite evaluations past its warm-up, in step order, refused where too few to fit."""
     warmup = int(pilot.schedule.get("warmup_steps") or 0)
-    kept = sorted((int(s), float(v)) for s, v in points
-                  if isinstance(v, (int, float)) and math.isfinite(v) and warmup < int(s) <= pilot.steps)
+    kept = sorted(
+        (int(s), float(v))
+        for s, v in points
+        if isinstance(v, (int, float)) and math.isfinite(v) and warmup < int(s) <= pilot.steps
+    )
     if len(kept) < MIN_POINTS:
-        raise NoForecast(f"the pilot has {len(kept)} validation evaluation(s) past its warm-up of {warmup} updates; "
-                         f"a fit needs at least {MIN_POINTS} (evaluate more often: train.eval_every)")
+        raise NoForecast(
+            f"the pilot has {len(kept)} validation evaluation(s) past its warm-up of {warmup} updates; "
+            f"a fit needs at least {MIN_POINTS} (evaluate more often: train.eval_every)"
+        )
     return np.array([s for s, _ in kept]), np.array([v for _, v in kept])
 
 
@@ -219,13 +234,16 @@ def _check_fit(fit: Fit | None, y: np.ndarray) -> Fit:
         raise NoForecast("the pilot's validation loss does not fall (no falling fit)")
     noise = float(np.std(fit.residuals, ddof=min(len(y) - 1, 3)))
     if noise > MAX_NOISE_SHARE * fall:
-        raise NoForecast(f"the pilot's validation loss is too noisy to fit: residual sigma {noise:.4g} against a fall "
-                         f"of {fall:.4g} over its evaluations (more than {MAX_NOISE_SHARE:g} of it)")
+        raise NoForecast(
+            f"the pilot's validation loss is too noisy to fit: residual sigma {noise:.4g} against a fall "
+            f"of {fall:.4g} over its evaluations (more than {MAX_NOISE_SHARE:g} of it)"
+        )
     return fit
 
 
-def bootstrap(fit: Fit, x: np.ndarray, feats: tuple, target: tuple, rng: np.random.Generator,
-              draws: int = BOOTSTRAP) -> np.ndarray:
+def bootstrap(
+    fit: Fit, x: np.ndarray, feats: tuple, target: tuple, rng: np.random.Generator, draws: int = BOOTSTRAP
+) -> np.ndarray:
     """Predictions at the target features from refits of the fit plus resampled residuals, each plus one
     resampled residual (draws x len(target))."""
     s1, s2 = feats
@@ -256,15 +274,24 @@ def holdout_drift(fit: Fit, x: np.ndarray, y: np.ndarray, s1: np.ndarray, s2: np
     return float(np.median(miss) / math.log(x[-1] / x[n - 1]))
 
 
-def forecast(points: list[tuple[int, float]], pilot: Setting, target: Setting, at_steps: list[int],
-             law: str | None = None, seed: int = 0, draws: int = BOOTSTRAP) -> dict[str, Any]:
+def forecast(
+    points: list[tuple[int, float]],
+    pilot: Setting,
+    target: Setting,
+    at_steps: list[int],
+    law: str | None = None,
+    seed: int = 0,
+    draws: int = BOOTSTRAP,
+) -> dict[str, Any]:
     """The forecast of the target run's validation loss at `at_steps` (the last is its final value), or raise
     NoForecast. `law`: one of LAWS, DEFAULT_LAW when None."""
     law = law or DEFAULT_LAW
     for setting, who in ((pilot, "pilot"), (target, "long run")):
         if setting.schedule.get("kind") not in SCHEDULE_KINDS:
-            raise NoForecast(f"the {who}'s schedule kind {setting.schedule.get('kind')!r} is not modelled "
-                             f"({', '.join(SCHEDULE_KINDS)})")
+            raise NoForecast(
+                f"the {who}'s schedule kind {setting.schedule.get('kind')!r} is not modelled "
+                f"({', '.join(SCHEDULE_KINDS)})"
+            )
     x, y = fit_points(points, pilot)
     _, s1, s2 = pilot.features(x)
     fit = _check_fit(fit_law(law, x, y, s1, s2), y)
@@ -281,19 +308,39 @@ def forecast(points: list[tuple[int, float]], pilot: Setting, target: Setting, a
     final = float(centre[-1])
     half = (highs[LEVEL][-1] - lows[LEVEL][-1]) / 2
     if not math.isfinite(final) or final <= 0 or half > MAX_HALF_WIDTH * final:
-        raise NoForecast(f"the interval is too wide to be of use: +-{half:.4g} around {final:.4g} (more than "
-                         f"{MAX_HALF_WIDTH:.0%} of it): the pilot's curve does not pin the law down")
-    curve = [[int(s), float(c), float(lo), float(hi), float(blo), float(bhi)] for s, c, lo, hi, blo, bhi in zip(
-        steps, centre, lows[LEVEL], highs[LEVEL], lows[BAND_LEVEL], highs[BAND_LEVEL], strict=True)]
-    return {"law": law, "formula": LAWS[law], "parameters": fit.parameters(),
-            "fitted_on": {"points": [[int(s), float(v)] for s, v in zip(x, y, strict=True)],
-                          "residual_sigma": float(np.std(fit.residuals)), "pilot_steps": pilot.steps},
-            "curve_columns": ["step", "predicted", "low", "high", "band_low", "band_high"], "curve": curve,
-            "final": {"step": int(steps[-1]), "value": final, "low": float(lows[LEVEL][-1]),
-                      "high": float(highs[LEVEL][-1]), "level": LEVEL, "half_width_share": float(half / final)},
-            "interval_from": f"a residual bootstrap of the fit ({draws} refits of the fit plus the pilot's "
-                             f"resampled residuals), each plus one resampled residual, widened by the drift the pilot measures on "
-                             f"itself (fitted on its first {HOLDOUT_SHARE:.0%} of evaluations, the miss on the rest "
-                             "per e-fold of updates) x the e-folds extrapolated; "
-                             f"{LEVEL:.0%} interval; the band at {BAND_LEVEL:.0%}, at least +-{BAND_MIN_SHARE:.0%} "
-                             "of the prediction"}
+        raise NoForecast(
+            f"the interval is too wide to be of use: +-{half:.4g} around {final:.4g} (more than "
+            f"{MAX_HALF_WIDTH:.0%} of it): the pilot's curve does not pin the law down"
+        )
+    curve = [
+        [int(s), float(c), float(lo), float(hi), float(blo), float(bhi)]
+        for s, c, lo, hi, blo, bhi in zip(
+            steps, centre, lows[LEVEL], highs[LEVEL], lows[BAND_LEVEL], highs[BAND_LEVEL], strict=True
+        )
+    ]
+    return {
+        "law": law,
+        "formula": LAWS[law],
+        "parameters": fit.parameters(),
+        "fitted_on": {
+            "points": [[int(s), float(v)] for s, v in zip(x, y, strict=True)],
+            "residual_sigma": float(np.std(fit.residuals)),
+            "pilot_steps": pilot.steps,
+        },
+        "curve_columns": ["step", "predicted", "low", "high", "band_low", "band_high"],
+        "curve": curve,
+        "final": {
+            "step": int(steps[-1]),
+            "value": final,
+            "low": float(lows[LEVEL][-1]),
+            "high": float(highs[LEVEL][-1]),
+            "level": LEVEL,
+            "half_width_share": float(half / final),
+        },
+        "interval_from": f"a residual bootstrap of the fit ({draws} refits of the fit plus the pilot's "
+        f"resampled residuals), each plus one resampled residual, widened by the drift the pilot measures on "
+        f"itself (fitted on its first {HOLDOUT_SHARE:.0%} of evaluations, the miss on the rest "
+        "per e-fold of updates) x the e-folds extrapolated; "
+        f"{LEVEL:.0%} interval; the band at {BAND_LEVEL:.0%}, at least +-{BAND_MIN_SHARE:.0%} "
+        "of the prediction",
+    }

@@ -35,8 +35,9 @@ MAX_CURVE_POINTS = 400  # a longer run's evaluation steps are thinned evenly (th
 # Keys the forecast does not depend on: how long and how often (its own target and curve say), the machine,
 # the seed (a seed's spread is within the interval). The evaluation's batches stay: they are the measured
 # loss.
-IGNORED = tuple(current_key(k) for k in (*MACHINE_KEYS, *RESUME_FREE_KEYS) if current_key(k) != "train.eval.batches") + (
-    "optim.schedule.horizon", "train.seed")
+IGNORED = tuple(
+    current_key(k) for k in (*MACHINE_KEYS, *RESUME_FREE_KEYS) if current_key(k) != "train.eval.batches"
+) + ("optim.schedule.horizon", "train.seed")
 # The farthest a forecast reaches: the issue's 10-30x horizons; measured here at 10x (docs/FORECAST.md).
 # Beyond it a floor-free power law keeps falling and the number would be the law's, not the pilot's.
 MAX_HORIZON_FACTOR = 30
@@ -50,8 +51,11 @@ WATCH_FROM_PILOT_FACTOR = 2.0
 
 
 def val_points(events: list[dict[str, Any]]) -> list[tuple[int, float]]:
-    return [(int(e["step"]), float(e["loss"])) for e in events
-            if e.get("event") == "val" and is_finite_number(e.get("loss")) and isinstance(e.get("step"), int)]
+    return [
+        (int(e["step"]), float(e["loss"]))
+        for e in events
+        if e.get("event") == "val" and is_finite_number(e.get("loss")) and isinstance(e.get("step"), int)
+    ]
 
 
 def _positive(every: Any) -> int | None:
@@ -73,28 +77,46 @@ def lock_forecast(summary: Any, target_steps: int) -> dict[str, Any]:
     run = summary.run
     recipe = run.get("recipe") or {}
     schedule = {k: ((recipe.get("optim") or {}).get("schedule") or {}).get(k) for k in SCHEDULE_FIELDS}
-    tpu, train_tokens = run.get("tokens_per_update"), ((run.get("data") or {}).get("train") or {}).get("tokens")
+    tpu, train_tokens = (
+        run.get("tokens_per_update"),
+        ((run.get("data") or {}).get("train") or {}).get("tokens"),
+    )
     pilot_steps = int(summary.final.step)
     target_schedule = {**schedule, "horizon": target_steps}
     tokens = target_steps * tpu if isinstance(tpu, int) else None
-    assumes = {"width_data_recipe": "the lock's model, data (metadata_sha256) and recipe; only the length, the "
-                                    "cadences, the machine and the seed may differ",
-               "schedule": target_schedule, "target_steps": target_steps, "pilot_steps": pilot_steps,
-               "horizon_factor": target_steps / pilot_steps if pilot_steps else None, "tokens": tokens,
-               "extrapolated_tokens": (target_steps - pilot_steps) * tpu if isinstance(tpu, int) else None,
-               "passes_over_train_split": tokens / train_tokens if tokens and train_tokens else None,
-               "ignored_keys": list(IGNORED)}
+    assumes = {
+        "width_data_recipe": "the lock's model, data (metadata_sha256) and recipe; only the length, the "
+        "cadences, the machine and the seed may differ",
+        "schedule": target_schedule,
+        "target_steps": target_steps,
+        "pilot_steps": pilot_steps,
+        "horizon_factor": target_steps / pilot_steps if pilot_steps else None,
+        "tokens": tokens,
+        "extrapolated_tokens": (target_steps - pilot_steps) * tpu if isinstance(tpu, int) else None,
+        "passes_over_train_split": tokens / train_tokens if tokens and train_tokens else None,
+        "ignored_keys": list(IGNORED),
+    }
     if target_steps <= pilot_steps:
-        return {"unavailable": f"no forecast: --target-steps {target_steps} is not beyond the pilot's "
-                               f"{pilot_steps} updates (its own losses say it)", "assumes": assumes}
+        return {
+            "unavailable": f"no forecast: --target-steps {target_steps} is not beyond the pilot's "
+            f"{pilot_steps} updates (its own losses say it)",
+            "assumes": assumes,
+        }
     if target_steps > MAX_HORIZON_FACTOR * pilot_steps:
-        return {"unavailable": f"no forecast: --target-steps {target_steps} is {target_steps / pilot_steps:.0f}x the "
-                               f"pilot's {pilot_steps} updates, beyond the {MAX_HORIZON_FACTOR}x a forecast reaches "
-                               "(run a longer pilot)", "assumes": assumes}
+        return {
+            "unavailable": f"no forecast: --target-steps {target_steps} is "
+            f"{target_steps / pilot_steps:.0f}x the "
+            f"pilot's {pilot_steps} updates, beyond the {MAX_HORIZON_FACTOR}x a forecast reaches "
+            "(run a longer pilot)",
+            "assumes": assumes,
+        }
     try:
-        made = forecast(val_points(summary.kept_events), Setting(schedule, max(pilot_steps, 1), tpu, train_tokens),
-                        Setting(target_schedule, target_steps, tpu, train_tokens),
-                        eval_steps(_positive(recorded_value(recipe, "train.eval.every")), target_steps))
+        made = forecast(
+            val_points(summary.kept_events),
+            Setting(schedule, max(pilot_steps, 1), tpu, train_tokens),
+            Setting(target_schedule, target_steps, tpu, train_tokens),
+            eval_steps(_positive(recorded_value(recipe, "train.eval.every")), target_steps),
+        )
     except NoForecast as why:
         return {"unavailable": f"no forecast: {why}", "assumes": assumes}
     return {**made, "assumes": assumes}
@@ -107,7 +129,8 @@ VERDICT_HORIZON_FACTOR = 10
 
 
 def pilot_forecast(summary: Any) -> dict[str, Any]:
-    """The forecast the verdict states as evidence (never a rule): for VERDICT_HORIZON_FACTOR x the pilot's updates."""
+    """The forecast the verdict states as evidence (never a rule): for VERDICT_HORIZON_FACTOR x the pilot's
+    updates."""
     steps = int(summary.final.step)
     if steps <= 0:
         return {"unavailable": "no forecast: the pilot applied no update"}
@@ -116,7 +139,8 @@ def pilot_forecast(summary: Any) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------- against a run
 def start_recipe(run: dict[str, Any]) -> dict[str, Any]:
-    """The run's recipe as its first session had it (flattened, in today's key names): changes on resume undone."""
+    """The run's recipe as its first session had it (flattened, in today's key names): changes on resume
+    undone."""
     flat = flatten(current_recipe(run.get("recipe") or {}))
     firsts: dict[str, Any] = {}
     for kind in ("allowed_changes", "free_changes"):
@@ -135,12 +159,17 @@ def _named(key: str) -> str:
     return f"recipe {key}"
 
 
-def not_applicable(fc: dict[str, Any], lock_recipe: dict[str, Any], lock_data_sha256: Any,
-                   run: dict[str, Any]) -> list[str]:
-    """What of `run` differs from what the forecast assumed, each named with both values; [] where it applies."""
+def not_applicable(
+    fc: dict[str, Any], lock_recipe: dict[str, Any], lock_data_sha256: Any, run: dict[str, Any]
+) -> list[str]:
+    """What of `run` differs from what the forecast assumed, each named with both values; [] where it
+    applies."""
     frozen, now = flatten(current_recipe(lock_recipe or {})), start_recipe(run)
-    differs = [f"{_named(k)} (lock {frozen.get(k)!r}, run {now.get(k)!r})" for k in sorted(set(frozen) | set(now))
-               if frozen.get(k) != now.get(k) and k not in IGNORED]
+    differs = [
+        f"{_named(k)} (lock {frozen.get(k)!r}, run {now.get(k)!r})"
+        for k in sorted(set(frozen) | set(now))
+        if frozen.get(k) != now.get(k) and k not in IGNORED
+    ]
     data = ((run.get("data") or {}).get("train") or {}).get("metadata_sha256")
     if lock_data_sha256 is not None and data != lock_data_sha256:
         differs.append(f"data metadata_sha256 (lock {str(lock_data_sha256)[:12]}, run {str(data)[:12]})")
@@ -165,7 +194,8 @@ def at_step(fc: dict[str, Any], step: int) -> dict[str, float] | None:
 
 
 def outside(fc: dict[str, Any], step: int, loss: float) -> str | None:
-    """"above" / "below" where the loss is outside the band at `step` past the warm-up (watch_from), else None."""
+    """ "above" / "below" where the loss is outside the band at `step` past the warm-up (watch_from), else
+    None."""
     row = at_step(fc, step)
     if row is None or step < watch_from(fc):
         return None
@@ -187,25 +217,38 @@ def left_band_at(fc: dict[str, Any], points: list[tuple[int, float]]) -> int | N
     return None
 
 
-def grade(fc: dict[str, Any], points: list[tuple[int, float]], tokens_per_update: Any = None) -> dict[str, Any]:
+def grade(
+    fc: dict[str, Any], points: list[tuple[int, float]], tokens_per_update: Any = None
+) -> dict[str, Any]:
     """Predicted against measured: the final value where the run reached the forecast's final step, the
     relative
-    error, inside/outside the 90% interval, and where the band was first left (step and share of the updates)."""
+    error, inside/outside the 90% interval, and where the band was first left (step and share of the
+    updates)."""
     final = fc["final"]
     measured = next((loss for step, loss in reversed(points) if step == final["step"]), None)
     left = left_band_at(fc, points)
-    out: dict[str, Any] = {"predicted": final["value"], "low": final["low"], "high": final["high"],
-                           "level": final["level"], "final_step": final["step"], "measured": measured,
-                           "left_band_at": left, "law": fc.get("law"),
-                           "left_share": left / final["step"] if left is not None else None,
-                           "last_step": points[-1][0] if points else None}
+    out: dict[str, Any] = {
+        "predicted": final["value"],
+        "low": final["low"],
+        "high": final["high"],
+        "level": final["level"],
+        "final_step": final["step"],
+        "measured": measured,
+        "left_band_at": left,
+        "law": fc.get("law"),
+        "left_share": left / final["step"] if left is not None else None,
+        "last_step": points[-1][0] if points else None,
+    }
     if measured is not None:
-        out.update(error=(final["value"] - measured) / measured, inside=final["low"] <= measured <= final["high"])
+        out.update(
+            error=(final["value"] - measured) / measured, inside=final["low"] <= measured <= final["high"]
+        )
     return out
 
 
-def format_grade(graded: dict[str, Any] | None, differs: list[str] | None = None,
-                 unavailable: str | None = None) -> str | None:
+def format_grade(
+    graded: dict[str, Any] | None, differs: list[str] | None = None, unavailable: str | None = None
+) -> str | None:
     """summarize's line about the forecast."""
     if unavailable:
         return f"forecast: the lock has {unavailable}"
@@ -213,16 +256,22 @@ def format_grade(graded: dict[str, Any] | None, differs: list[str] | None = None
         return f"forecast: does not apply to this run: {'; '.join(differs)}"
     if graded is None:
         return None
-    head = (f"forecast ({graded['law']}): final val loss at step {graded['final_step']} predicted "
-            f"{graded['predicted']:.4f} ({graded['level']:.0%} interval {graded['low']:.4f}-{graded['high']:.4f})")
+    head = (
+        f"forecast ({graded['law']}): final val loss at step {graded['final_step']} predicted "
+        f"{graded['predicted']:.4f} ({graded['level']:.0%} interval {graded['low']:.4f}-{graded['high']:.4f})"
+    )
     if graded["measured"] is None:
         head += f"; not reached yet (last evaluation at step {graded['last_step']})"
     else:
-        head += (f", measured {graded['measured']:.4f}: error {100 * graded['error']:+.2f}% "
-                 f"({'inside' if graded['inside'] else 'OUTSIDE'} the interval)")
+        head += (
+            f", measured {graded['measured']:.4f}: error {100 * graded['error']:+.2f}% "
+            f"({'inside' if graded['inside'] else 'OUTSIDE'} the interval)"
+        )
     if graded["left_band_at"] is not None:
-        head += (f"; left the band at step {graded['left_band_at']} ({graded['left_share']:.0%} of the forecast's "
-                 "updates)")
+        head += (
+            f"; left the band at step {graded['left_band_at']} ({graded['left_share']:.0%} of the forecast's "
+            "updates)"
+        )
     return head + ("" if graded["left_band_at"] is not None else "; never left the band")
 
 
@@ -232,17 +281,25 @@ def format_forecast(fc: dict[str, Any]) -> str:
         return f"forecast: {fc['unavailable']}"
     final, assumes = fc["final"], fc.get("assumes") or {}
     passes = assumes.get("passes_over_train_split")
-    return (f"forecast ({fc['law']}: {fc['formula']}): val loss {final['value']:.4f} at step {final['step']} "
-            f"({final['level']:.0%} interval {final['low']:.4f}-{final['high']:.4f}, +-"
-            f"{100 * final['half_width_share']:.2f}%), fitted on the pilot's {len(fc['fitted_on']['points'])} "
-            f"evaluations to step {assumes.get('pilot_steps')} ({assumes.get('horizon_factor', 0):.3g}x beyond)"
-            + (f", {passes:.3g} passes over the training split" if passes else "")
-            + f"; assumes the {assumes.get('schedule', {}).get('kind')} schedule over {final['step']} updates and "
-              f"{assumes.get('width_data_recipe')}")
+    return (
+        f"forecast ({fc['law']}: {fc['formula']}): val loss {final['value']:.4f} at step {final['step']} "
+        f"({final['level']:.0%} interval {final['low']:.4f}-{final['high']:.4f}, +-"
+        f"{100 * final['half_width_share']:.2f}%), fitted on the pilot's {len(fc['fitted_on']['points'])} "
+        f"evaluations to step {assumes.get('pilot_steps')} ({assumes.get('horizon_factor', 0):.3g}x beyond)"
+        + (f", {passes:.3g} passes over the training split" if passes else "")
+        + f"; assumes the {assumes.get('schedule', {}).get('kind')} schedule over {final['step']} updates "
+        + "and "
+        f"{assumes.get('width_data_recipe')}"
+    )
 
 
-def against(fc: dict[str, Any] | None, lock_recipe: Any, lock_data_sha256: Any, run: dict[str, Any],
-            events: list[dict[str, Any]]) -> dict[str, Any] | None:
+def against(
+    fc: dict[str, Any] | None,
+    lock_recipe: Any,
+    lock_data_sha256: Any,
+    run: dict[str, Any],
+    events: list[dict[str, Any]],
+) -> dict[str, Any] | None:
     """The forecast held against a run's record: {"unavailable"}, {"not_applicable": [...]} or grade()'s."""
     if not isinstance(fc, dict):
         return None
@@ -257,8 +314,9 @@ def against_own_lock(run: dict[str, Any], events: list[dict[str, Any]]) -> dict[
     from
     a lock without one: a lock from before forecasts is read as before)."""
     frozen = run.get("frozen") if isinstance(run.get("frozen"), dict) else {}
-    return against(lock_forecast_of(run), frozen.get("lock_recipe"), frozen.get("lock_data_metadata_sha256"), run,
-                   events)
+    return against(
+        lock_forecast_of(run), frozen.get("lock_recipe"), frozen.get("lock_data_metadata_sha256"), run, events
+    )
 
 
 def describe_against(result: dict[str, Any] | None) -> str | None:

@@ -56,7 +56,8 @@ class Verdict:
     # The recipe the evidence supports (the one in force at the end), its sha256 and the changes on resume.
     candidate: dict[str, Any] = field(default_factory=dict)
     frozen: dict[str, Any] | None = None  # the frozen candidate a run started from, and whether it still matches
-    # What a 10x long run of the recipe would reach (report/projection/forecast_record.py): evidence, not a rule.
+    # What a 10x long run of the recipe would reach (report/projection/forecast_record.py): evidence, not a
+    # rule.
     forecast: dict[str, Any] | None = None
 
     @property
@@ -73,7 +74,8 @@ class Verdict:
                 "rules": [dataclasses.asdict(r) for r in self.rules],
                 "failed": [r.name for r in self.rules if r.status == FAIL],
                 "warnings": [dataclasses.asdict(r) for r in self.warnings], "candidate": self.candidate,
-                "frozen": self.frozen, "forecast": self.forecast, "thresholds": dataclasses.asdict(self.thresholds),
+                "frozen": self.frozen, "forecast": self.forecast,
+                "thresholds": dataclasses.asdict(self.thresholds),
                 "summary": self.summary.to_dict()}
 
 
@@ -112,7 +114,8 @@ def judge_summary(summary: Summary, thresholds: Thresholds | None = None) -> Ver
                      f"{supports} This says the recipe ran without the problems checked here for this long; it does "
                      "not say the final model will be good.")
     return Verdict(decision=decision, rules=rules, statement=statement, thresholds=t, summary=summary,
-                   candidate=candidate, frozen=frozen_candidate_status(summary.run), forecast=pilot_forecast(summary))
+                   candidate=candidate, frozen=frozen_candidate_status(summary.run),
+                   forecast=pilot_forecast(summary))
 
 
 def judge(run: RunFolder | str | Path, thresholds: Thresholds | None = None) -> Verdict:

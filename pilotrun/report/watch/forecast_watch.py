@@ -22,17 +22,26 @@ class ForecastWatch:
     def __init__(self, lock: dict[str, Any] | None, run: dict[str, Any]):
         if lock is not None:
             self.forecast = lock.get(FORECAST_KEY)
-            self.lock_recipe, self.lock_data = lock.get("recipe"), (lock.get("data") or {}).get("metadata_sha256")
+            self.lock_recipe, self.lock_data = (
+                lock.get("recipe"),
+                (lock.get("data") or {}).get("metadata_sha256"),
+            )
         else:
             frozen = run.get("frozen") if isinstance(run.get("frozen"), dict) else {}
             self.forecast = lock_forecast_of(run)
-            self.lock_recipe, self.lock_data = frozen.get("lock_recipe"), frozen.get("lock_data_metadata_sha256")
-        self.applies: bool | None = None if isinstance(self.forecast, dict) and "curve" in self.forecast else False
+            self.lock_recipe, self.lock_data = (
+                frozen.get("lock_recipe"),
+                frozen.get("lock_data_metadata_sha256"),
+            )
+        self.applies: bool | None = (
+            None if isinstance(self.forecast, dict) and "curve" in self.forecast else False
+        )
         self.streak: list[tuple[int, float, str]] = []
         self.notes: list[str] = []
 
     def restart(self) -> None:
-        """A session started: the evaluations after its resume point are redone, so the streak starts again."""
+        """A session started: the evaluations after its resume point are redone, so the streak starts
+        again."""
         self.streak = []
 
     def judge(self, run: dict[str, Any], event: dict[str, Any]) -> dict[str, Any] | None:
@@ -43,8 +52,10 @@ class ForecastWatch:
             differs = not_applicable(self.forecast, self.lock_recipe or {}, self.lock_data, run)
             self.applies = not differs
             if differs:
-                self.notes.append(f"note: the lock's forecast does not apply to this run: {'; '.join(differs)} "
-                                  "(its validation loss is not held to the forecast's band)")
+                self.notes.append(
+                    f"note: the lock's forecast does not apply to this run: {'; '.join(differs)} "
+                    "(its validation loss is not held to the forecast's band)"
+                )
         loss, step = event.get("loss"), event.get("step")
         if not self.applies or not is_finite_number(loss) or not isinstance(step, int):
             return None
@@ -58,7 +69,13 @@ class ForecastWatch:
         row = at_step(self.forecast, step)
         first = self.streak[0][0]
         bound = row["band_high"] if side == "above" else row["band_low"]
-        return {"outside": f"val loss {float(loss):.6g} at step {step} is {side} the forecast's band "
-                           f"({row['band_low']:.6g}-{row['band_high']:.6g}, predicted {row['predicted']:.6g}), "
-                           f"{CONSECUTIVE} evaluations in a row from step {first}: the run is leaving what the "
-                           "pilot forecast", "step": step, "figure": float(loss), "bound": bound, "first": first}
+        return {
+            "outside": f"val loss {float(loss):.6g} at step {step} is {side} the forecast's band "
+            f"({row['band_low']:.6g}-{row['band_high']:.6g}, predicted {row['predicted']:.6g}), "
+            f"{CONSECUTIVE} evaluations in a row from step {first}: the run is leaving what the "
+            "pilot forecast",
+            "step": step,
+            "figure": float(loss),
+            "bound": bound,
+            "first": first,
+        }

@@ -13,11 +13,22 @@ from pilotrun.report.projection import forecast as fc
 from pilotrun.report.projection.forecast import NoForecast, Setting, areas, data_weights, multipliers
 
 TRUE = {"L0": 2.0, "A": 3.0, "alpha": 0.5, "C": 0.004}  # the LR-annealing law's
-AREA = {"L0": 0.0, "A": 9.0, "alpha": 0.07, "C": 0.0}  # the default law's, near what the benchmark's pilots fit
+AREA = {
+    "L0": 0.0,
+    "A": 9.0,
+    "alpha": 0.07,
+    "C": 0.0,
+}  # the default law's, near what the benchmark's pilots fit
 
 
 def schedule(kind: str, horizon: int, warmup: int = 10) -> dict:
-    return {"kind": kind, "warmup_steps": warmup, "horizon": horizon, "min_lr_ratio": 0.1, "decay_fraction": 0.2}
+    return {
+        "kind": kind,
+        "warmup_steps": warmup,
+        "horizon": horizon,
+        "min_lr_ratio": 0.1,
+        "decay_fraction": 0.2,
+    }
 
 
 def truth(setting: Setting, steps: list[int], law: dict = TRUE) -> np.ndarray:
@@ -26,8 +37,9 @@ def truth(setting: Setting, steps: list[int], law: dict = TRUE) -> np.ndarray:
     return law["L0"] + law["A"] * s1[idx] ** -law["alpha"] - law["C"] * s2[idx]
 
 
-def pilot_points(setting: Setting, every: int, sigma: float, rng: np.random.Generator,
-                 law: dict = TRUE) -> list[tuple[int, float]]:
+def pilot_points(
+    setting: Setting, every: int, sigma: float, rng: np.random.Generator, law: dict = TRUE
+) -> list[tuple[int, float]]:
     steps = list(range(every, setting.steps + 1, every))
     return list(zip(steps, truth(setting, steps, law) + rng.normal(0, sigma, len(steps)), strict=True))
 
@@ -39,7 +51,9 @@ LONG_STEPS = list(range(100, 2001, 100))
 
 def test_the_multipliers_are_the_schedules():
     eta = multipliers(schedule("wsd", 100), 100)
-    assert eta[0] == pytest.approx(0.1) and eta[50] == 1.0 and eta[-1] == pytest.approx(0.1 + 0.9 / 20, abs=1e-9)
+    assert (
+        eta[0] == pytest.approx(0.1) and eta[50] == 1.0 and eta[-1] == pytest.approx(0.1 + 0.9 / 20, abs=1e-9)
+    )
     assert np.all(multipliers(schedule("constant", 50), 50)[10:] == 1.0)
 
 
@@ -67,7 +81,9 @@ def test_the_forecast_of_a_known_law_lands_on_its_long_run_and_covers_it(law, dr
         points = pilot_points(PILOT, 10, 0.005, np.random.default_rng(seed), drawn)
         try:
             out = fc.forecast(points, PILOT, LONG, LONG_STEPS, law=law, seed=seed, draws=60)
-        except NoForecast as why:  # a noise draw the pilot's own hold-out check finds too loose: said, not guessed
+        except (
+            NoForecast
+        ) as why:  # a noise draw the pilot's own hold-out check finds too loose: said, not guessed
             assert "interval is too wide" in str(why)
             refused += 1
             continue
@@ -98,11 +114,14 @@ def test_repeated_tokens_are_worth_less_after_the_first_pass():
     assert np.all(data_weights(5, None, None) == 1.0)
 
 
-@pytest.mark.parametrize("points, why", [
-    ([(20, 5.0), (40, 4.0), (60, 3.5)], "a fit needs at least"),
-    ([(s, 5.0 + 0.001 * s) for s in range(20, 220, 20)], "does not fall"),
-    ([(s, 5.0 - 0.001 * s + (0.3 if (s // 20) % 2 else -0.3)) for s in range(20, 220, 20)], "too noisy"),
-])
+@pytest.mark.parametrize(
+    "points, why",
+    [
+        ([(20, 5.0), (40, 4.0), (60, 3.5)], "a fit needs at least"),
+        ([(s, 5.0 + 0.001 * s) for s in range(20, 220, 20)], "does not fall"),
+        ([(s, 5.0 - 0.001 * s + (0.3 if (s // 20) % 2 else -0.3)) for s in range(20, 220, 20)], "too noisy"),
+    ],
+)
 def test_a_pilot_too_short_flat_or_noisy_gets_no_forecast(points, why):
     with pytest.raises(NoForecast, match=why):
         fc.forecast(points, PILOT, LONG, LONG_STEPS, draws=20)

@@ -15,20 +15,34 @@ from pilotrun.report.record_check.summarize import summarize_run
 from tests.report.synthetic import SyntheticRun
 
 LAW = {"L0": 0.0, "A": 9.0, "alpha": 0.07, "C": 0.0}  # the default law's (forecast.DEFAULT_LAW), no floor
-SCHEDULE = {"kind": "cosine", "warmup_steps": 10, "horizon": 100, "min_lr_ratio": 0.1, "decay_fraction": 0.2,
-            "bias_freeze_fraction": 0.03}
+SCHEDULE = {
+    "kind": "cosine",
+    "warmup_steps": 10,
+    "horizon": 100,
+    "min_lr_ratio": 0.1,
+    "decay_fraction": 0.2,
+    "bias_freeze_fraction": 0.03,
+}
 
 
 def law_loss(horizon: int, noise: float = 0.0, shift=lambda step: 0.0):
     s1, s2 = areas(multipliers({**SCHEDULE, "horizon": horizon}, horizon + 1), np.ones(horizon + 1))
     wobble = np.random.default_rng(horizon).normal(0, noise, horizon + 2)
-    return lambda step: float(LAW["L0"] + LAW["A"] * max(s1[step], 0.5) ** -LAW["alpha"] - LAW["C"] * s2[step]
-                              + wobble[step] + shift(step))
+    return lambda step: float(
+        LAW["L0"]
+        + LAW["A"] * max(s1[step], 0.5) ** -LAW["alpha"]
+        - LAW["C"] * s2[step]
+        + wobble[step]
+        + shift(step)
+    )
 
 
-def synthetic(run_dir, steps: int, eval_every: int, noise: float = 0.004, shift=lambda step: 0.0, kind="cosine"):
-    run = SyntheticRun(run_dir, max_steps=steps, eval_every=eval_every, checkpoint_every=steps // 2,
-                       train_split_tokens=10**7)
+def synthetic(
+    run_dir, steps: int, eval_every: int, noise: float = 0.004, shift=lambda step: 0.0, kind="cosine"
+):
+    run = SyntheticRun(
+        run_dir, max_steps=steps, eval_every=eval_every, checkpoint_every=steps // 2, train_split_tokens=10**7
+    )
     run.run["recipe"]["optim"]["schedule"] = {**SCHEDULE, "horizon": steps, "kind": kind}
     run.run["recipe"]["train"]["eval_every"] = eval_every
     run.val_loss = law_loss(steps, noise, shift)
@@ -70,7 +84,9 @@ def test_a_pilot_too_short_or_a_target_within_it_gets_no_forecast_never_a_number
     within = fr.lock_forecast(summarize_run(pilot.run_dir), 80)
     assert within["unavailable"].startswith("no forecast: --target-steps 80 is not beyond")
     beyond = fr.lock_forecast(summarize_run(pilot.run_dir), 100 * fr.MAX_HORIZON_FACTOR + 1)
-    assert beyond["unavailable"].startswith(f"no forecast: --target-steps {100 * fr.MAX_HORIZON_FACTOR + 1} is 30x")
+    assert beyond["unavailable"].startswith(
+        f"no forecast: --target-steps {100 * fr.MAX_HORIZON_FACTOR + 1} is 30x"
+    )
     assert fr.format_forecast(within) == f"forecast: {within['unavailable']}"
 
 
@@ -91,7 +107,9 @@ def test_a_run_that_goes_wrong_leaves_the_band_and_says_where(tmp_path, lock):
     run, summary = _long(tmp_path, lock, shift=lambda step: 0.6 if step > 300 else 0.0)
     graded = fr.against(lock["forecast"], lock["recipe"], "0" * 64, run.run, summary.kept_events)
     assert graded["left_band_at"] == 400 and graded["left_share"] == 0.2 and not graded["inside"]
-    assert "OUTSIDE" in fr.describe_against(graded) and "left the band at step 400" in fr.describe_against(graded)
+    assert "OUTSIDE" in fr.describe_against(graded) and "left the band at step 400" in fr.describe_against(
+        graded
+    )
 
 
 def test_before_the_pilots_reach_the_band_is_not_held(lock):
@@ -99,14 +117,22 @@ def test_before_the_pilots_reach_the_band_is_not_held(lock):
     assert fr.left_band_at(lock["forecast"], high) is None
 
 
-@pytest.mark.parametrize("change, named", [
-    (lambda r: r["recipe"]["model"].update(d_model=128), "width/model model.d_model"),
-    (lambda r: r["recipe"]["optim"]["schedule"].update(kind="wsd"), "schedule family optim.schedule.kind"),
-    (lambda r: r["recipe"]["optim"]["schedule"].update(horizon=3000), "schedule horizon"),
-    (lambda r: r["data"]["train"].update(metadata_sha256="f" * 64), "data metadata_sha256"),
-    (lambda r: r["recipe"]["optim"].update(grad_clip=0.5), "recipe optim.grad_clip"),
-])
-def test_a_run_of_another_width_data_schedule_or_recipe_is_told_it_does_not_apply(tmp_path, lock, change, named):
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (lambda r: r["recipe"]["model"].update(d_model=128), "width/model model.d_model"),
+        (
+            lambda r: r["recipe"]["optim"]["schedule"].update(kind="wsd"),
+            "schedule family optim.schedule.kind",
+        ),
+        (lambda r: r["recipe"]["optim"]["schedule"].update(horizon=3000), "schedule horizon"),
+        (lambda r: r["data"]["train"].update(metadata_sha256="f" * 64), "data metadata_sha256"),
+        (lambda r: r["recipe"]["optim"].update(grad_clip=0.5), "recipe optim.grad_clip"),
+    ],
+)
+def test_a_run_of_another_width_data_schedule_or_recipe_is_told_it_does_not_apply(
+    tmp_path, lock, change, named
+):
     run, summary = _long(tmp_path, lock)
     changed = copy.deepcopy(run.run)
     change(changed)
@@ -126,9 +152,13 @@ def test_a_change_on_resume_is_the_run_leaving_the_forecast_not_another_run(tmp_
 
 def test_a_lock_from_before_forecasts_is_read_as_before(tmp_path, lock):
     run = SyntheticRun(tmp_path / "long", max_steps=60)
-    run.run["frozen"] = {"lock_sha256": "a" * 64, "lock_path": str(tmp_path / "gone.lock.json"),
-                         "lock_recipe": lock["recipe"], "lock_data_metadata_sha256": "0" * 64,
-                         "lock_projection": None}  # what train --frozen wrote before the forecast
+    run.run["frozen"] = {
+        "lock_sha256": "a" * 64,
+        "lock_path": str(tmp_path / "gone.lock.json"),
+        "lock_recipe": lock["recipe"],
+        "lock_data_metadata_sha256": "0" * 64,
+        "lock_projection": None,
+    }  # what train --frozen wrote before the forecast
     run.start_session()
     run.train_until(60)
     run.end_session()
@@ -159,14 +189,20 @@ def test_a_long_runs_curve_is_thinned_to_a_readable_size():
 
 
 def test_summarize_grades_the_forecast_of_the_lock_a_frozen_run_started_from(tmp_path, lock):
-    run = SyntheticRun(tmp_path / "long", max_steps=2000, eval_every=100, checkpoint_every=1000,
-                       train_split_tokens=10**7)
+    run = SyntheticRun(
+        tmp_path / "long", max_steps=2000, eval_every=100, checkpoint_every=1000, train_split_tokens=10**7
+    )
     run.run["recipe"] = copy.deepcopy(lock["recipe"])
     run.run["recipe"]["optim"]["schedule"]["horizon"] = 2000
     run.run["recipe"]["train"].update(max_steps=2000, eval_every=100)
-    run.run["frozen"] = {"lock_sha256": "a" * 64, "lock_path": str(tmp_path / "x.lock.json"),
-                         "lock_recipe": lock["recipe"], "lock_data_metadata_sha256": "0" * 64,
-                         "lock_projection": None, "lock_forecast": lock["forecast"]}
+    run.run["frozen"] = {
+        "lock_sha256": "a" * 64,
+        "lock_path": str(tmp_path / "x.lock.json"),
+        "lock_recipe": lock["recipe"],
+        "lock_data_metadata_sha256": "0" * 64,
+        "lock_projection": None,
+        "lock_forecast": lock["forecast"],
+    }
     run.val_loss = law_loss(2000, 0.004)
     run.start_session()
     run.train_until(2000)
@@ -187,7 +223,9 @@ def test_freeze_writes_the_forecast_into_the_lock_and_train_frozen_keeps_it(tmp_
     code, _, _ = freeze_run(pilot.run_dir, tmp_path / "lock.json", despite_no_go=True, target_steps=2000)
     lock = load_lock(tmp_path / "lock.json")  # its sha256 covers the forecast like everything else
     assert code == 0 and lock["forecast"]["final"]["step"] == 2000 and lock["forecast"]["law"] == "area"
-    facts = frozen_run_facts(lock, tmp_path / "lock.json", lock["recipe"], lock["data"]["metadata_sha256"], [])
+    facts = frozen_run_facts(
+        lock, tmp_path / "lock.json", lock["recipe"], lock["data"]["metadata_sha256"], []
+    )
     assert facts["lock_forecast"] == lock["forecast"]
     without = freeze_run(pilot.run_dir, tmp_path / "plain.json", despite_no_go=True)[1]
     assert "forecast" not in without  # no target, nothing to forecast (the verdict states its 10x one)

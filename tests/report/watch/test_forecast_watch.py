@@ -17,8 +17,11 @@ from tests.report.projection.test_forecast_record import synthetic
 @pytest.fixture(scope="module")
 def lock(tmp_path_factory):
     pilot = synthetic(tmp_path_factory.mktemp("pilot") / "r", 200, 10)
-    return {"recipe": pilot.run["recipe"], "data": {"metadata_sha256": "0" * 64},
-            "forecast": fr.lock_forecast(summarize_run(pilot.run_dir), 2000)}
+    return {
+        "recipe": pilot.run["recipe"],
+        "data": {"metadata_sha256": "0" * 64},
+        "forecast": fr.lock_forecast(summarize_run(pilot.run_dir), 2000),
+    }
 
 
 def watched(run_dir, lock):
@@ -37,8 +40,11 @@ def test_a_run_leaving_the_band_past_the_pilots_reach_is_alerted_after_two_evalu
     run = synthetic(tmp_path / "long", 2000, 100, shift=lambda step: 0.6 if step > 300 else 0.0)
     _, alerts, _ = watched(run.run_dir, lock)
     assert len(alerts) == 1
-    assert alerts[0].step == 500 and alerts[0].extra == {"first": 400} and "above the forecast's band" in \
-        alerts[0].message
+    assert (
+        alerts[0].step == 500
+        and alerts[0].extra == {"first": 400}
+        and "above the forecast's band" in alerts[0].message
+    )
     assert alerts[0].figure > alerts[0].bound
 
 
@@ -60,5 +66,8 @@ def test_a_lock_without_a_forecast_is_watched_as_before(tmp_path, lock):
     del older["forecast"]
     _, alerts, notes = watched(run.run_dir, older)
     assert alerts == [] and not [n for n in notes if "forecast" in n]
-    unavailable = {**older, "forecast": {"unavailable": "no forecast: the pilot has 3 validation evaluation(s)"}}
+    unavailable = {
+        **older,
+        "forecast": {"unavailable": "no forecast: the pilot has 3 validation evaluation(s)"},
+    }
     assert watched(run.run_dir, unavailable)[1] == []
