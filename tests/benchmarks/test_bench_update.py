@@ -65,8 +65,9 @@ FAKE_GPT = textwrap.dedent('''
         def __init__(self, config):
             super().__init__()
             self.config = config
+            embedding = nn.Embedding(config.vocab_size, config.n_embd)
             blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-            self.transformer = nn.ModuleDict({"wte": nn.Embedding(config.vocab_size, config.n_embd), "h": blocks})
+            self.transformer = nn.ModuleDict({"wte": embedding, "h": blocks})
             self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
 
         def init_weights(self):
