@@ -162,8 +162,9 @@ token processed in training updates over the seconds spent inside them, warm-up 
 under the profiler, <code>train.profile</code>, are the profile phase's: neither their tokens nor their
 seconds count); the <code>{e(THROUGHPUT_STEADY.name)}</code> rule instead compares the median per-window
 training-only rate of the last third of windows with the first third, leaving out each session's first
-(warm-up) window and every window with profiled updates, both marked in throughput.png. The <i>wall-clock</i> figure also pays for evaluation,
-checkpoints, profiling, reporting, start-up and the time lost to interruptions.</p>
+(warm-up) window and every window with profiled updates, both marked in throughput.png. The
+<i>wall-clock</i> figure also pays for evaluation, checkpoints, profiling, reporting, start-up and the time
+lost to interruptions.</p>
 <h3>Sessions</h3>
 <table><tr><th>session</th><th>resumed from</th><th>status</th><th>ended</th><th>applied</th><th>skipped</th>
 <th>rolled back</th><th>tokens</th><th>train tok/s</th><th>wall tok/s</th>
