@@ -1,6 +1,6 @@
 """The package's shape, checked from its source: the folders import only the ones before them, no two files
 import each other (function-local imports counted), the run folder's format imports no torch, no test hook
-ships in production, no module outgrows one concern, the loop fits on one screen, and tests mirror the package.
+ships in production, no function outgrows its cap, docstrings name what exists, the loop fits on one screen, and tests mirror the package.
 
 The import graph is read with `ast`, so an import inside a function is an arrow like any other: hiding a
 cycle in a function body does not make it go away.
@@ -23,7 +23,6 @@ PACKAGE = ROOT / "pilotrun"
 # the commands (the lazy API, `python -m pilotrun`).
 LAYERS = ("common", "<floor>", "config", "data", "model", "optim", "run", "training", "report", "commands", "<door>")
 DOOR_MODULES = {"pilotrun", "pilotrun.__main__"}
-MAX_MODULE_LINES = 550
 MAX_LOOP_LINES = 80
 
 
@@ -147,12 +146,6 @@ def test_the_run_folder_format_imports_no_torch_training_or_report():
 def test_no_test_hook_in_production_code():
     hooks = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py") if "PILOTRUN_TEST_" in p.read_text()]
     assert hooks == []
-
-
-def test_no_module_over_the_size_of_one_concern():
-    # moe_kernels.cpp is one compiled extension and not Python; every Python module holds one concern.
-    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
-    assert {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES} == {}
 
 
 def test_the_training_loop_fits_on_one_screen():
