@@ -4,7 +4,8 @@ loop hands on to the policy (callbacks/spike_rollback.py) and the record.
 A spike is an update attempt whose loss (the mean cross-entropy of its microbatches over every rank) or global
 gradient norm is a spike of its signal's history, as pilotrun/training/spikes/bound.py defines it once for the trainer,
 the verdict and watch: above median + `train.spike.factor` x scale of the last `train.spike.window` applied
-updates (scale = 1.4826 MAD of the values, floored per signal at spike_bound.MIN_SCALE_SHARE of the median),
+updates (scale = 1.4826 MAD of the values, for the loss the upper tail's spread where wider, floored per signal
+at spike_bound.MIN_SCALE_SHARE of the median),
 once `min_history` applied updates are in the window, or not finite. An fp16 overflow is the scaler's business
 (precision.py) and is not a spike; the judge is consulted only for a finite gradient norm.
 
@@ -32,9 +33,12 @@ import torch
 from pilotrun.config import SpikeConfig
 from pilotrun.data.skipped_documents import read_documents
 from pilotrun.optim.update_hooks import StepStatistics, UpdateHook
-from pilotrun.training.spikes.bound import MIN_SCALE_SHARE, spike_against
+from pilotrun.training.spikes.bound import MIN_SCALE_SHARE, level_spread, spike_against, tail_spread
 
 SIGNALS = ("loss", "grad_norm")
+# The loss's spread per update follows its upper tail (spike_bound.tail_spread: the batch's noise); the gradient
+# norm's heavy tail is held by its floor share instead, which a planted noise document must still clear.
+SPREADS = {"loss": tail_spread, "grad_norm": level_spread}
 ACTIONS = ("recorded", "skipped", "rollback", "stopped")
 CAUSES = ("batch", "model_state", "not_reproducible")
 
@@ -89,7 +93,7 @@ class SpikeDetector(UpdateHook):
         exceeded, bounds = [], {}
         for signal, value in zip(SIGNALS, (loss, grad_norm), strict=True):
             spiked, found = spike_against(value, list(self.history[signal]), self.config.factor,
-                                          MIN_SCALE_SHARE[signal], self.config.min_history)
+                                          MIN_SCALE_SHARE[signal], self.config.min_history, SPREADS[signal])
             if found is not None:
                 bounds[signal] = dict(zip(("median", "scale", "bound"), found, strict=True))
             if spiked:
