@@ -62,7 +62,7 @@ from pilotrun.report.projection.long_run import (
     window_tokens_per_s,
 )
 from pilotrun.report.record_check.interruptions import FASTER_P, against_mtbf, mtbf_of
-from pilotrun.report.record_check.spike_history import rollback_key, spike_key
+from pilotrun.report.record_check.spike_history import named_skip, rollback_key, spike_key
 from pilotrun.report.record_check.summarize import summarize_run
 from pilotrun.report.record_check.time_split import window_profiled
 from pilotrun.report.verdict.continuity import not_exact_sessions
@@ -241,7 +241,10 @@ class Watcher:
             if not self._first_time(spike_key(event)):
                 return  # a resumed session's redo of a spike already told (report/record_check/spike_history.py)
             replay = event.get("replay") or {}
-            found[key] = Alert("spike", key, f"spike at update {event.get('spike_step')}: {'+'.join(event.get('signals') or [])} "
+            batches = ", ".join(str(b) for b in event.get("batches") or []) or "not recorded"
+            found[key] = Alert("spike", key, f"spike at update {event.get('spike_step')} (batches {batches}: the "
+                               "loader's cursor positions, counted from 0 as train.skip_data and the rollback count "
+                               f"them): {'+'.join(event.get('signals') or [])} "
                                f"(loss {event.get('loss')}, grad norm {event.get('grad_norm')}) -> {event.get('action')}; "
                                f"cause {event.get('cause') or 'not replayed'}"
                                + (f": {replay['explanation']}" if replay.get("explanation") else ""),
@@ -251,8 +254,9 @@ class Watcher:
             if not self._first_time(rollback_key(event)):
                 return
             found[key] = Alert("rollback", key, f"rollback {event.get('rollbacks')} of at most "
-                               f"{event.get('max_rollbacks')}: back to step {event.get('restored_step')}, data skipped "
-                               f"{event.get('skipped')}", step, event.get("rollbacks"), event.get("max_rollbacks"),
+                               f"{event.get('max_rollbacks')} after the spike at update {event.get('spike_step')}: "
+                               f"back to step {event.get('restored_step')}, skipped {named_skip(event.get('skipped'))}",
+                               step, event.get("rollbacks"), event.get("max_rollbacks"),
                                sid, now)
         elif kind == "downstream" and isinstance(event.get("tasks"), dict):
             self._downstream(event, now, found, cleared)

@@ -332,3 +332,23 @@ def test_a_resume_on_another_thread_count_is_said_once_as_a_note_not_an_alert(tm
     watcher._not_exact_notes()  # as when a later session starts: s2's is not said again
     watcher.check(final=True)
     assert watcher.new_notes() == [] and watcher.notes == [note]  # said once
+
+
+def test_a_spike_and_its_rollback_name_the_update_and_its_batches_in_one_numbering(tmp_path):
+    """Updates count from 1, the loader's batches from 0: the alert says which is which, and the rollback's skip is
+    in the same cursor positions (as train.skip_data takes them), not a raw record."""
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(30)
+    run._emit("spike", spike_step=31, signals=["loss"], loss=9.5, grad_norm=1.2, batches=[60, 61], action="rollback",
+              cause="batch", replay=None)
+    run._emit("rollback", spike_step=31, restored_step=20, rollbacks=1, max_rollbacks=3,
+              skipped={"first_batch": 60, "batches": 6, "documents": [{"first": 12, "last": 13, "pass": 0}]})
+    run.write()
+    watcher = Watcher(tmp_path / "r")
+    watcher.check(final=True)
+    said = {a.kind: a.message for a in watcher.raised}
+    assert said["spike"].startswith("spike at update 31 (batches 60, 61: the loader's cursor positions, counted from "
+                                    "0 as train.skip_data and the rollback count them): loss ")
+    assert said["rollback"] == ("rollback 1 of at most 3 after the spike at update 31: back to step 20, skipped "
+                                "batches 60..65: documents 12..13 (pass 0)")
