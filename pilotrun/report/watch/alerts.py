@@ -14,8 +14,10 @@ a rule when it passes again, a killed session when a resume starts). The kinds:
   on CUDA also its tokens per device second (key `throughput_device`), below the pilot's per-device band: the
   device itself got slower (clocks, a neighbour on the GPU), not the host feeding it;
 - `machine_busier` (key `throughput_busy`): a window below the throughput band while the process got less than
-  min_cpu_share_ratio of the pilot's CPU seconds per training second (the lock's `cpu_share`): other load took
-  the machine; the `throughput` alert is kept for a slowdown at an unchanged share;
+  min_cpu_share_ratio of the pilot's CPU seconds per training second (the lock's `cpu_share`), or a smaller share
+  with each CPU second still doing the band's work (tokens per CPU second at least the band's low over the
+  pilot's share): other load took the machine; the `throughput` alert is kept for a recipe that does less per
+  CPU second;
 - `loss_spike`: a window's loss that is a spike of the previous windows of the kept history, as the verdict's
   grad_spikes rule judges the gradient norm (pilotrun/training/spikes/bound.py, over logged windows: the thresholds
   spike_factor, spike_median_window and spike_min_history, the loss's floor share);
@@ -123,6 +125,15 @@ def envelope_bound(envelope: dict[str, Any], step: int) -> float | None:
                 base = l0 + (l1 - l0) * (step - s0) / (s1 - s0) if s1 > s0 else l1
                 break
     return base + max(envelope.get("sigmas", 0) * envelope.get("noise", 0), envelope.get("share", 0) * abs(base))
+
+
+def busier(rate: float, share: float | None, low: float, pilot_share: Any, ratio: float) -> bool:
+    """A window below the band whose process got less of the CPU than the pilot: its share fell below `ratio` of
+    the pilot's, or its tokens per CPU second are still those of the band (at least its low over the pilot's
+    share), so that the rate fell with the share alone. A recipe that got slower does less per CPU second."""
+    if not is_finite_number(pilot_share) or pilot_share <= 0 or share is None or share <= 0:
+        return False
+    return share < ratio * pilot_share or rate / share >= low / pilot_share
 
 
 class Watcher:
@@ -340,15 +351,15 @@ class Watcher:
             return
         pilot_share, share = (band or {}).get("cpu_share"), window_cpu_share(event)
         ratio = self.thresholds.min_cpu_share_ratio
-        if rate < low and key == "throughput" and is_finite_number(pilot_share) and share is not None \
-                and share < ratio * pilot_share:
-            # Slower with a much smaller share of the CPU than the pilot had: other load took the machine.
+        if rate < low and key == "throughput" and busier(rate, share, low, pilot_share, ratio):
+            # Slower with a smaller share of the CPU, each CPU second doing the pilot's work: other load took it.
             found.setdefault("throughput_busy", Alert(
                 "machine_busier", "throughput_busy", f"{what} {rate:.1f} {unit} at step {event['step']} is below the "
                 f"pilot's band ({low:.1f} {unit}) while the process got {share:.2f} CPU seconds per training second "
-                f"against the pilot's {pilot_share:.2f} (below {ratio:g} of it): the machine is busier (other load "
-                "took the CPU), not the recipe slower", event["step"], rate, low, str(event["session_id"]), now,
-                {"cpu_share": share, "pilot_cpu_share": pilot_share}))
+                f"against the pilot's {pilot_share:.2f}, at {rate / share:.0f} tokens per CPU second (the band's low "
+                f"at the pilot's share: {low / pilot_share:.0f}; below {ratio:g} of the share counts too): the "
+                "machine is busier (other load took the CPU), not the recipe slower", event["step"], rate, low,
+                str(event["session_id"]), now, {"cpu_share": share, "pilot_cpu_share": pilot_share}))
             cleared.add(key)
         elif rate < low:
             found.setdefault(key, Alert(

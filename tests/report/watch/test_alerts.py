@@ -352,3 +352,32 @@ def test_a_spike_and_its_rollback_name_the_update_and_its_batches_in_one_numberi
                                     "0 as train.skip_data and the rollback count them): loss ")
     assert said["rollback"] == ("rollback 1 of at most 3 after the spike at update 31: back to step 20, skipped "
                                 "batches 60..65: documents 12..13 (pass 0)")
+
+
+def test_a_share_that_falls_with_the_rate_at_the_same_tokens_per_cpu_second_is_the_machine_busier(tmp_path):
+    """From update 40 each update takes 1.5x the time. With the CPU seconds unchanged the share fell from the
+    pilot's 0.9 to 0.6 (above min_cpu_share_ratio 0.6 of it, 0.54) and the rate with it, each CPU second still
+    training the pilot's tokens: `machine_busier` at the first window after it, no throughput alert. With the CPU
+    seconds up a third (the share fell less than the rate: less done per CPU second): the throughput alert."""
+    from pilotrun.commands.freeze import freeze_run
+    from pilotrun.run.recipe_lock import load_lock
+
+    crashed_and_resumed(tmp_path / "pilot").write()
+    assert freeze_run(tmp_path / "pilot", tmp_path / "lock.json")[0] == 0
+    lock = load_lock(tmp_path / "lock.json")
+    for name, cpu in (("busy", 0.45), ("slower", 0.6)):
+        run = SyntheticRun(tmp_path / name)
+        run.train_seconds_per_update = lambda step: 0.75 if step > 40 else 0.5
+        run.cpu_seconds_per_update = lambda step, cpu=cpu: cpu if step > 40 else 0.45
+        run.start_session()
+        run.train_until(60)
+        run.end_session()
+        run.write()
+        watcher = Watcher(run.run_dir, lock, clock=lambda run=run: run.clock, holder=lambda _: None)
+        alerts = {a.kind: a for a in watcher.check(final=True)[0]}
+        if name == "busy":
+            assert "throughput" not in alerts and alerts["machine_busier"].step == 45, sorted(alerts)
+            assert "got 0.60 CPU seconds per training second against the pilot's 0.90, at 71 tokens per CPU second " \
+                   "(the band's low at the pilot's share: 57;" in alerts["machine_busier"].message
+        else:
+            assert "machine_busier" not in alerts and "throughput" in alerts, sorted(alerts)
