@@ -58,7 +58,7 @@ from pilotrun.training.environment import default_threads, git_state, hardware_i
 from pilotrun.training.notices import restored_state_line, startup_warnings
 from pilotrun.training.precision import build_grad_scaler
 from pilotrun.training.preflight import PreflightError, check_run_folder, checkpoint_bytes_estimate, disk_plan
-from pilotrun.training.spikes.detector import SpikeDetector, skip_data_section
+from pilotrun.training.spikes.detector import SpikeDetector, check_skip_ranges, skip_data_section
 from pilotrun.training.thread_choice import choose_threads, recorded_threads
 
 
@@ -380,6 +380,7 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     else:
         loader = BatchLoader(dataset.split("train"), t.batch_size, t.seq_len, mode=t.data_mode, rank=context.rank,
                              world_size=world_size)
+    check_skip_ranges(t.skip_data, loader)
     state = TrainingState(loader=loader, hooks=[*build_update_hooks(raw_model, config), SpikeDetector(t.spike)],
                           tokens_by_source=[0] * len(dataset.names) if isinstance(dataset, MixedDataset) else None)
     total, active = count_parameters(config.model)

@@ -520,3 +520,18 @@ def test_terminal_escapes_in_a_recorded_session_id_are_printed_escaped(tmp_path)
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         main(["summarize", str(run_dir)])
     assert "s1\\x1b[2J\\x1b]0;owned\\x07\\u202e" in out.getvalue()
+
+
+def test_a_skip_range_longer_than_one_pass_is_one_line_exit_2_and_nothing_written(builtin_data_dir, tmp_path, capsys):
+    """`train.skip_data` of 10^12 batches would be described in run.json pass by pass (gigabytes): refused."""
+    run_dir = tmp_path / "run"
+    code = main(["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--run-dir", str(run_dir),
+                 "--progress", "none", "--set", "train.num_threads=1", "--set",
+                 "train.skip_data=[[0,1000000000000]]"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "train.skip_data range [0, 1000000000000]: 1,000,000,000,000 batches is more than one pass" in err
+    assert not run_dir.exists()
+    assert main(["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--run-dir", str(run_dir),
+                 "--progress", "none", "--set", "train.num_threads=1", "--set", "train.max_steps=1", "--set",
+                 "train.eval_every=0", "--set", "train.skip_data=[[0,100]]"]) == 0  # within one pass: trains

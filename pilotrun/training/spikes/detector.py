@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from pilotrun.common.errors import ConfigError
 from pilotrun.config import SpikeConfig
 from pilotrun.data.skipped_documents import read_documents
 from pilotrun.optim.update_hooks import StepStatistics, UpdateHook
@@ -211,6 +212,27 @@ def upcoming_batches(batch_index: int, count: int, skip_data: list[list[int]]) -
         out.append(batch_index)
         batch_index += 1
     return out
+
+
+def one_pass_batches(loader: Any) -> int:
+    """Global batches that read the training data once: a folder's batches per pass; a mixture's, all its sources'
+    windows over the windows a global batch takes (each source on its own share of them)."""
+    per_epoch = getattr(loader, "batches_per_epoch", None)
+    if per_epoch is not None:
+        return max(1, int(per_epoch))
+    return max(1, sum(loader.windows) // loader.global_batch_windows)
+
+
+def check_skip_ranges(ranges: list[list[int]], loader: Any) -> None:
+    """A `train.skip_data` range longer than one pass over the data would skip every document in it, and run.json
+    describes a range pass by pass (what each pass's batches read): 10^12 batches over a small corpus would be a
+    billion entries, gigabytes written before the first update. Refused as bad input before anything is written."""
+    per_pass = one_pass_batches(loader)
+    for first, count in ranges:
+        if count > per_pass:
+            raise ConfigError(f"train.skip_data range [{first}, {count}]: {count:,} batches is more than one pass over "
+                              f"the training data ({per_pass:,} global batches): it would skip every document; skip "
+                              "at most one pass")
 
 
 def skip_data_section(recipe: list[list[int]], detector: SpikeDetector, loader: Any, eos_id: int
