@@ -535,3 +535,22 @@ def test_a_skip_range_longer_than_one_pass_is_one_line_exit_2_and_nothing_writte
     assert main(["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--run-dir", str(run_dir),
                  "--progress", "none", "--set", "train.num_threads=1", "--set", "train.max_steps=1", "--set",
                  "train.eval_every=0", "--set", "train.skip_data=[[0,100]]"]) == 0  # within one pass: trains
+
+
+def test_a_lock_holding_a_bare_infinity_is_one_line_exit_2_for_watch_and_train(builtin_data_dir, tmp_path, capsys):
+    from pilotrun.commands.freeze import freeze_run
+    from tests.report.synthetic import crashed_and_resumed
+
+    crashed_and_resumed(tmp_path / "pilot").write()
+    assert freeze_run(tmp_path / "pilot", tmp_path / "lock.json", despite_no_go=True)[0] == 0
+    lock = json.loads((tmp_path / "lock.json").read_text())
+    lock["watch"]["throughput"]["low"] = float("inf")
+    (tmp_path / "lock.json").write_text(json.dumps(lock))  # Python writes the bare `Infinity` JSON has not
+    capsys.readouterr()
+    for argv in (["watch", str(tmp_path / "pilot"), "--against", str(tmp_path / "lock.json")],
+                 ["train", "--frozen", str(tmp_path / "lock.json"), "--data", str(builtin_data_dir), "--run-dir",
+                  str(tmp_path / "long"), "--progress", "none"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "holds a bare NaN or Infinity" in err, err
+    assert not (tmp_path / "long").exists()
