@@ -271,6 +271,14 @@ def build_session(config: RunConfig, data_dir: str | Path, run_dir: str | Path, 
         resume = not dist_utils.broadcast_object(context, holds_no_run(run_dir) if context.is_main_process else None)
     if resume and not (run_dir / RUN_JSON).is_file():
         raise CheckpointError(f"--resume: {run_dir / RUN_JSON} not found; nothing to resume (start without --resume)")
+    committed = any((run_dir / CHECKPOINTS_DIR).glob(f"*/{MARKER_NAME}"))
+    if resume and committed and not (run_dir / METRICS_JSONL).exists():
+        # Its checkpoints may say it is complete, but the record every judge reads is gone: neither "nothing to
+        # do" nor a session appended to a new chain would leave a run anyone could check. (Without a committed
+        # checkpoint, a first start killed between run.json and its first line, the run starts at step 0 again.)
+        raise CheckpointError(f"--resume: {run_dir / METRICS_JSONL} not found beside its {RUN_JSON}: the run's "
+                              "record is lost; restore it from a copy (resuming or calling the run complete "
+                              "without it would leave nothing to check the run against)")
     if not resume:
         if from_step is not None:
             raise ConfigError("--from-step needs --resume")

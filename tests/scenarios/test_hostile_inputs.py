@@ -554,3 +554,19 @@ def test_a_lock_holding_a_bare_infinity_is_one_line_exit_2_for_watch_and_train(b
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "holds a bare NaN or Infinity" in err, err
     assert not (tmp_path / "long").exists()
+
+
+def test_resume_auto_on_a_run_whose_metrics_jsonl_was_deleted_is_refused_not_called_complete(builtin_data_dir,
+                                                                                            tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    argv = ["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--run-dir", str(run_dir),
+            "--progress", "none", "--resume", "auto", "--set", "train.num_threads=1", "--set", "train.max_steps=2",
+            "--set", "train.eval_every=0", "--set", "optim.schedule.horizon=2"]
+    assert main(argv) == 0
+    (run_dir / "metrics.jsonl").unlink()
+    before = tree_hashes(run_dir, skip=("run.lock",))
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "metrics.jsonl not found beside its run.json" in err, err
+    assert "nothing to do" not in err and tree_hashes(run_dir, skip=("run.lock",)) == before
