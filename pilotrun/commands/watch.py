@@ -104,6 +104,9 @@ def status_line(watcher: Watcher) -> str:
             + (f"; rules waiting for their evidence, not failed: {waiting}" if waiting else ""))
 
 
+MAX_INTERVAL = 86400.0  # seconds between looks, at most
+
+
 def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bool = False,
               keep_going: bool = False, on_alert: str | None = None, as_json: bool = False,
               interval: float | None = None, stall_windows: float | None = None,
@@ -113,6 +116,9 @@ def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bo
     for flag, value in (("--interval", interval), ("--stall-windows", stall_windows)):
         if value is not None and (not math.isfinite(value) or value <= 0):
             raise PilotrunError(f"{flag} {value}: must be a positive number")
+    if interval is not None and interval > MAX_INTERVAL:
+        # A sleep the OS cannot take (1e308 s overflows it) or a watch that looks once a year watches nothing.
+        raise PilotrunError(f"--interval {interval:g}: at most {MAX_INTERVAL:g} s (a day) between looks")
     stall_windows = stall_windows or DEFAULT_STALL_WINDOWS
     lock, folder = check_lock_matches(run_dir, against) if against is not None else (None, None)
     held = parse_thresholds(list(thresholds), thresholds_from_lock(lock))

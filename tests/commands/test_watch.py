@@ -230,3 +230,11 @@ def test_an_on_alert_command_past_its_timeout_is_named_with_its_wait_and_watch_g
                             f"the chain alert at step {line.split('at step ')[1].split(':')[0]}: it was stopped; "
                             "watch goes on" for line in timeouts), timeouts
     assert len(timeouts) == captured.out.count("ALERT ")  # each alert was delivered, each command waited for
+
+
+def test_an_interval_past_a_day_is_one_line_exit_2_not_a_sleep_that_overflows(tmp_path, capsys):
+    crashed_and_resumed(tmp_path / "pilot").write()
+    for interval in ("1e308", "86401"):
+        assert main(["watch", str(tmp_path / "pilot"), "--follow", "--interval", interval]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "at most 86400 s (a day) between looks" in err[0], err

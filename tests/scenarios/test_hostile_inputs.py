@@ -570,3 +570,4 @@ def test_resume_auto_on_a_run_whose_metrics_jsonl_was_deleted_is_refused_not_cal
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "metrics.jsonl not found beside its run.json" in err, err
     assert "nothing to do" not in err and tree_hashes(run_dir, skip=("run.lock",)) == before
+

@@ -74,7 +74,7 @@ from pilotrun.report.verdict.thresholds import FAIL, THRESHOLD_FIELDS, Threshold
 from pilotrun.run.folder_lock import live_holder
 from pilotrun.run.follow import RecordFollower
 from pilotrun.run.recipe_lock import PROJECTION_KEY, lock_projection_of
-from pilotrun.run.record import is_finite_number
+from pilotrun.run.record import is_finite_number, json_safe
 from pilotrun.run.run_folder import RunFolder
 from pilotrun.training.spikes.bound import MIN_SCALE_SHARE, spike_against, step_spread
 
@@ -100,7 +100,8 @@ class Alert:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
+        # An infinite figure (a loss that overflowed) is said as a string: bare Infinity is not JSON.
+        return json.dumps(json_safe(dataclasses.asdict(self)), sort_keys=True, default=str, allow_nan=False)
 
 
 def thresholds_from_lock(lock: dict[str, Any] | None) -> Thresholds:

@@ -381,3 +381,19 @@ def test_a_share_that_falls_with_the_rate_at_the_same_tokens_per_cpu_second_is_t
                    "(the band's low at the pilot's share: 57;" in alerts["machine_busier"].message
         else:
             assert "machine_busier" not in alerts and "throughput" in alerts, sorted(alerts)
+
+
+def test_an_alert_s_json_line_holds_no_bare_infinity():
+    """watch --json prints each alert as one JSON line: a non-finite figure (an overflowed loss) is a string
+    there, so a strict parser (jq, JSON.parse) reads every line."""
+    import json
+
+    from pilotrun.report.watch.alerts import Alert
+
+    def refuse(constant):
+        raise ValueError(f"bare {constant}")
+
+    line = Alert("spike", "spike:3:9", "spike at update 3", 3, float("inf"), float("nan"), "s1", 1.0,
+                 {"grad_norm": float("-inf")}).to_json()
+    parsed = json.loads(line, parse_constant=refuse)
+    assert (parsed["figure"], parsed["bound"], parsed["extra"]["grad_norm"]) == ("Infinity", "NaN", "-Infinity")
