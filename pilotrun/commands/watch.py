@@ -17,7 +17,10 @@ A folder that is not a run, or a lock for another run's recipe, is bad input: on
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -61,15 +64,29 @@ def check_lock_matches(run: RunFolder | str | Path, lock_path: str | Path) -> tu
     return lock, folder
 
 
+def run_on_alert(command: str, payload: str) -> int:
+    """The --on-alert command's exit code, the alert on its stdin. It runs in a process group of its own, so that
+    at its timeout the whole group is stopped: stopping the shell alone left what it started running after watch
+    had said it was stopped (and after watch itself had exited)."""
+    process = subprocess.Popen(command, shell=True, stdin=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        process.communicate(payload, timeout=ON_ALERT_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+    return process.returncode
+
+
 def _deliver(alert: Alert, as_json: bool, on_alert: str | None) -> None:
     # A message quotes the record (a session id, a spike's cause): escaped, so that the record cannot drive the terminal.
     print(alert.to_json() if as_json else terminal_safe(f"ALERT {alert.kind}: {alert.message}"), flush=True)
     if on_alert:
         try:
-            done = subprocess.run(on_alert, shell=True, input=alert.to_json() + "\n", text=True,
-                                  timeout=ON_ALERT_TIMEOUT_SECONDS, check=False)
-            if done.returncode != 0:
-                print(terminal_safe(f"pilotrun watch: --on-alert command {on_alert!r} exited {done.returncode} for "
+            returncode = run_on_alert(on_alert, alert.to_json() + "\n")
+            if returncode != 0:
+                print(terminal_safe(f"pilotrun watch: --on-alert command {on_alert!r} exited {returncode} for "
                                     f"the {alert.kind} alert; watch goes on"), file=sys.stderr)
         except subprocess.TimeoutExpired:
             print(terminal_safe(f"pilotrun watch: --on-alert command {on_alert!r} did not finish within "
