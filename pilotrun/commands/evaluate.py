@@ -94,6 +94,11 @@ def evaluate_checkpoint(run_dir: str | Path, tasks: str, *, step: int | None = N
     foreign = foreign_run_problem(marker, run.get("run_id"), run_dir)
     if foreign:
         raise CheckpointError(foreign)
+    from pilotrun.training.multiple_choice import choice_beyond_window
+
+    beyond = choice_beyond_window(scorer.encode, files, scorer.max_seq_len, limit)
+    if beyond is not None:  # before any scoring: one line, not a traceback from the forward pass
+        raise ConfigError(beyond)
     marker_digest = marker_sha256(run_dir, found_step)
     if harness == "pilotrun":
         from pilotrun.training.multiple_choice import score_task

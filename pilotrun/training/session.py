@@ -32,7 +32,7 @@ from pilotrun.optim.muon_adamw import build_optimizer
 from pilotrun.optim.partition import partition_parameters, partition_table
 from pilotrun.optim.update_hooks import UpdateHook, build_update_hooks
 from pilotrun.run.folder_lock import LOCK_NAME, RunFolderBusy, RunFolderLock
-from pilotrun.run.marker import MARKER_NAME, step_folder_name
+from pilotrun.run.marker import MARKER_NAME, resume_problem, step_folder_name
 from pilotrun.run.record import (
     CHECKPOINTS_DIR,
     COUNTER_KEYS,
@@ -58,7 +58,7 @@ from pilotrun.training.environment import default_threads, git_state, hardware_i
 from pilotrun.training.notices import restored_state_line, startup_warnings
 from pilotrun.training.precision import build_grad_scaler
 from pilotrun.training.preflight import PreflightError, check_run_folder, checkpoint_bytes_estimate, disk_plan
-from pilotrun.training.spikes.detector import SpikeDetector, check_skip_ranges, skip_data_section
+from pilotrun.training.spikes.detector import SpikeDetector, skip_data_section
 from pilotrun.training.thread_choice import choose_threads, recorded_threads
 
 
@@ -269,16 +269,8 @@ def build_session(config: RunConfig, data_dir: str | Path, run_dir: str | Path, 
     auto = resume == "auto"
     if auto:
         resume = not dist_utils.broadcast_object(context, holds_no_run(run_dir) if context.is_main_process else None)
-    if resume and not (run_dir / RUN_JSON).is_file():
-        raise CheckpointError(f"--resume: {run_dir / RUN_JSON} not found; nothing to resume (start without --resume)")
-    committed = any((run_dir / CHECKPOINTS_DIR).glob(f"*/{MARKER_NAME}"))
-    if resume and committed and not (run_dir / METRICS_JSONL).exists():
-        # Its checkpoints may say it is complete, but the record every judge reads is gone: neither "nothing to
-        # do" nor a session appended to a new chain would leave a run anyone could check. (Without a committed
-        # checkpoint, a first start killed between run.json and its first line, the run starts at step 0 again.)
-        raise CheckpointError(f"--resume: {run_dir / METRICS_JSONL} not found beside its {RUN_JSON}: the run's "
-                              "record is lost; restore it from a copy (resuming or calling the run complete "
-                              "without it would leave nothing to check the run against)")
+    if resume and (problem := resume_problem(run_dir)):
+        raise CheckpointError(problem)
     if not resume:
         if from_step is not None:
             raise ConfigError("--from-step needs --resume")
@@ -388,7 +380,6 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     else:
         loader = BatchLoader(dataset.split("train"), t.batch_size, t.seq_len, mode=t.data_mode, rank=context.rank,
                              world_size=world_size)
-    check_skip_ranges(t.skip_data, loader)
     state = TrainingState(loader=loader, hooks=[*build_update_hooks(raw_model, config), SpikeDetector(t.spike)],
                           tokens_by_source=[0] * len(dataset.names) if isinstance(dataset, MixedDataset) else None)
     total, active = count_parameters(config.model)

@@ -571,3 +571,28 @@ def test_resume_auto_on_a_run_whose_metrics_jsonl_was_deleted_is_refused_not_cal
     assert len(err.splitlines()) == 1 and "metrics.jsonl not found beside its run.json" in err, err
     assert "nothing to do" not in err and tree_hashes(run_dir, skip=("run.lock",)) == before
 
+
+
+def test_a_task_choice_longer_than_the_window_is_refused_at_start_by_train_and_evaluate(builtin_data_dir, tmp_path,
+                                                                                      capsys):
+    """A choice of more tokens than model.max_seq_len cannot be scored (its tokens must all be predicted in one
+    forward pass): refused in one line, exit 2, before train writes anything, and by evaluate before it scores,
+    not a traceback at the first in-loop scoring that every resume would meet again."""
+    long_choice = " ".join(["word"] * 400)
+    task = tmp_path / "long.jsonl"
+    task.write_text(json.dumps({"context": "a", "choices": [long_choice, " b"], "label": 1}) + "\n")
+    base = ["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--progress", "none", "--set",
+            "train.num_threads=1", "--set", "train.max_steps=1", "--set", "train.eval_every=0", "--set",
+            "model.max_seq_len=64"]
+    with_task = ["--set", f"train.downstream_tasks=[{task}]", "--set", "train.downstream_every=1"]
+    capsys.readouterr()
+    assert main([*base, "--run-dir", str(tmp_path / "refused"), *with_task]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "example 1 choice 1 is" in err and "longer than the model's window" in err
+    assert not (tmp_path / "refused").exists()
+    assert main([*base, "--run-dir", str(tmp_path / "run"), "--set", "train.checkpoint_every=1"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "run"), "--tasks", str(task)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "longer than the model's window (model.max_seq_len" in err, err
+    assert not (tmp_path / "run" / "evals").exists()

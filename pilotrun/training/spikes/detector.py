@@ -239,6 +239,7 @@ def skip_data_section(recipe: list[list[int]], detector: SpikeDetector, loader: 
                       ) -> list[dict[str, Any]]:
     """run.json's `skip_data`: every range the loader steps over, the recipe's (described now from the data) and
     the rollbacks' records, each naming the documents its batches read (docs/RUN_RECORD.md)."""
+    check_skip_ranges(recipe, loader)  # before a range is described pass by pass
     given = [{"origin": "recipe", "first_batch": first, "batches": count,
               "read": read_documents(loader, eos_id, first, count)} for first, count in recipe]
     return [*given, *detector.skip_data]
