@@ -225,6 +225,10 @@ def test_one_rollback_skips_a_long_noise_document_to_its_end(noise_data, tmp_pat
     assert skipped["batches"] == last - batch + 1
     assert rollback["skip_data"] == [[batch, last - batch + 1]]
     assert trainer.session.state.loader.batch_index == 24 + last - batch + 1  # every later batch past the noise
+    from pilotrun.commands.inspect_batch import microbatches_for_step
+
+    # inspect-batch names what the last update read: the batch before the cursor, past the skipped noise.
+    assert microbatches_for_step(tmp_path / "run", 24)[0] == [trainer.session.state.loader.batch_index - 1]
     said = [line for line in trainer.out.getvalue().splitlines() if line.startswith("spike at update")]
     assert said[0].startswith(f"spike at update {spike['spike_step']} (batches {batch}): loss ")
     assert " -> rolling back; cause " in said[0] and len(said) == 2
