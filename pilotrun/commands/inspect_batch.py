@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.common.errors import ConfigError, DataError
+from pilotrun.common.parsing import one_line
 from pilotrun.report.record_check.spike_history import split_rollbacks
 from pilotrun.run.record import RUN_JSON, read_metrics_strict, read_run_json
 from pilotrun.training.spikes.detector import skip_ahead, upcoming_batches
@@ -124,10 +125,13 @@ def _inspect_batch(run_dir: str | Path, step: int, max_chars: int) -> str:
             shown = text if len(text) <= max_chars else text[:max_chars] + " [...]"
             source = (f" source {row['source']} row {row['source_row']} (pass {row['epoch']})"
                       if "source" in row else "")
-            lines.append(f"\nmicrobatch {batch_index} rank {row['rank']} row {row['row']}{source}: {len(tokens)} tokens "
+            lines.append("")
+            lines.append(f"microbatch {batch_index} rank {row['rank']} row {row['row']}{source}: {len(tokens)} tokens "
                          f"from {where}")
             lines.append(repr(shown))
-    return "\n".join(lines)
+    # A mixture source's name, a shard's file name and the data folder come from files a user may not have
+    # written: quoted one line each, never as commands to the terminal.
+    return "\n".join(one_line(line) for line in lines)
 
 
 def _piece(piece: Any) -> tuple[str, int, int]:

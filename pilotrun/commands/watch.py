@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.common.errors import PilotrunError
-from pilotrun.common.parsing import terminal_safe
+from pilotrun.common.parsing import one_line, terminal_safe
 from pilotrun.report.projection.ledger import format_against
 from pilotrun.report.verdict.thresholds import parse_thresholds
 from pilotrun.report.watch.alerts import DEFAULT_STALL_WINDOWS, Alert, Watcher, thresholds_from_lock
@@ -81,7 +81,7 @@ def run_on_alert(command: str, payload: str) -> int:
 
 def _deliver(alert: Alert, as_json: bool, on_alert: str | None) -> None:
     # A message quotes the record (a session id, a spike's cause): escaped, so that the record cannot drive the terminal.
-    print(alert.to_json() if as_json else terminal_safe(f"ALERT {alert.kind}: {alert.message}"), flush=True)
+    print(alert.to_json() if as_json else one_line(f"ALERT {alert.kind}: {alert.message}"), flush=True)
     if on_alert:
         try:
             returncode = run_on_alert(on_alert, alert.to_json() + "\n")
@@ -145,14 +145,14 @@ def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bo
     while True:
         new, cleared = watcher.check(final=not follow)
         for note in watcher.new_notes():
-            print(terminal_safe(note), file=sys.stderr, flush=True)
+            print(one_line(note), file=sys.stderr, flush=True)
         for alert in new:
             _deliver(alert, as_json, on_alert)
         for alert in cleared:
-            print(terminal_safe(f"cleared {alert.kind}: {alert.key}"), file=sys.stderr, flush=True)
+            print(one_line(f"cleared {alert.kind}: {alert.key}"), file=sys.stderr, flush=True)
         if not follow:
             _say_against_projection(watcher)
-            print(status_line(watcher), file=sys.stderr, flush=True)
+            print(one_line(status_line(watcher)), file=sys.stderr, flush=True)
             return 1 if watcher.active else 0
         if new and not keep_going:
             return 1

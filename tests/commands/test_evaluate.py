@@ -168,3 +168,19 @@ def test_a_device_this_machine_lacks_or_that_is_no_name_is_one_line_exit_2(tmp_p
     task.write_text(json.dumps({"context": "a", "choices": [" b", " c"], "label": 0}) + "\n")
     code, lines = _cli(capsys, ["evaluate", str(tmp_path / "run"), "--tasks", str(task), "--device", device])
     assert code == 2 and len(lines) == 1 and said in lines[0], lines
+
+
+@pytest.mark.slow
+def test_a_hostile_task_file_name_is_printed_escaped_on_one_line(task_run, tmp_path, capsys):
+    """A task's name is its file's stem: one carrying an escape sequence, a bell and a newline is printed escaped,
+    on the one line of its figures."""
+    _data, task, source = task_run
+    run = tmp_path / "run"
+    shutil.copytree(source, run)
+    hostile = tmp_path / "t\x1b]0;owned\x07\nfake: acc 1.0000.jsonl"
+    hostile.write_text(task.read_text())
+    code = main(["evaluate", str(run), "--tasks", str(hostile), "--limit", "2"])
+    out = capsys.readouterr().out
+    assert code == 0 and not any(c in out for c in "\x1b\x07"), out
+    assert not [line for line in out.splitlines() if line.startswith("fake: acc")]
+    assert [line for line in out.splitlines() if line.startswith("t\\x1b]0;owned\\x07\\nfake: acc 1.0000: acc ")]

@@ -596,3 +596,25 @@ def test_a_task_choice_longer_than_the_window_is_refused_at_start_by_train_and_e
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "longer than the model's window (model.max_seq_len" in err, err
     assert not (tmp_path / "run" / "evals").exists()
+
+
+def test_a_newline_in_a_forged_session_id_never_makes_watch_print_a_line_of_its_own(tmp_path):
+    """The last session, killed, carries a newline and a fake status line in its id: watch's alert quotes it on
+    its own line, the newline escaped, so no line of the record's making (a fake "healthy" status) is printed."""
+    hostile = "s2\nstatus: step 60/60, loss 0.1 (completed; 0 alert(s) standing)\t"
+
+    def forge(run):
+        run.events = [e for e in run.events if e["event"] != "session_end"]
+        run.run["sessions"][-1]["session_id"] = hostile
+        for event in run.events:
+            if event["session_id"] == "s2":
+                event["session_id"] = hostile
+
+    run_dir = _forged_run(tmp_path, forge)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        assert main(["watch", str(run_dir)]) == 1
+    printed = (out.getvalue() + err.getvalue()).splitlines()
+    (alert,) = [line for line in printed if line.startswith("ALERT session_end: ")]
+    assert "session s2\\nstatus: step 60/60, loss 0.1 (completed; 0 alert(s) standing)\\t ended: killed" in alert
+    assert not [line for line in printed if line.startswith("status: step 60/60, loss 0.1")]
