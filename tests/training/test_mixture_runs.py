@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import signal
 import subprocess
@@ -270,3 +271,14 @@ def test_inspect_batch_quotes_a_hostile_source_name_on_its_own_line(mixture_sour
     said = inspect_batch(tmp_path / "run", 2)
     assert not any(c in said for c in "\x1b\x07") and "edu\\x1b]0;owned\\x07\\nmicrobatch 99 fake" in said
     assert not [line for line in said.splitlines() if line.startswith("microbatch 99 fake")]
+
+
+def test_weights_near_a_floats_limit_give_a_finite_val_loss_and_a_valid_record(mixture_sources, tmp_path):
+    from pilotrun.report.record_check.summarize import summarize_run
+
+    mixture = write_mixture(tmp_path / "mix.yaml", [(mixture_sources["edu"], "1.0e+308"),
+                                                    (mixture_sources["builtin"], 1)])
+    train(mixture, tmp_path / "run", "train.max_steps=2", "train.eval_every=2", "optim.schedule.horizon=2")
+    (val,) = events(tmp_path / "run", "val")
+    assert math.isfinite(val["loss"]) and val["loss"] == val["loss_by_source"]["edu"]
+    assert summarize_run(tmp_path / "run").valid
