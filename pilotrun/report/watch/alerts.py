@@ -187,7 +187,7 @@ class Watcher:
         now = self.clock()
         found: dict[str, Alert] = {}
         cleared: set[str] = set()
-        poll = self.follower.poll()
+        poll = self.follower.poll_to_end() if final else self.follower.poll()  # one look reads the whole record
         for reason in poll.breaks:
             key = f"chain:{reason.split(':')[0]}"
             found[key] = Alert("chain", key, reason, time=now)

@@ -397,3 +397,36 @@ def test_an_alert_s_json_line_holds_no_bare_infinity():
                  {"grad_norm": float("-inf")}).to_json()
     parsed = json.loads(line, parse_constant=refuse)
     assert (parsed["figure"], parsed["bound"], parsed["extra"]["grad_norm"]) == ("Infinity", "NaN", "-Infinity")
+
+
+def test_one_look_reads_a_finished_record_past_a_long_line_in_its_middle(tmp_path):
+    """A 9 MB line (more than one bounded poll) in the middle of a finished run's log: one-shot watch reads on to
+    the end, names the line, and sees the run completed, not killed early at the line before it."""
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(run.max_steps)
+    run.end_session()
+    run_dir = run.write()
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    long_line = b'{"event":"note","pad":"' + b"x" * (9 << 20) + b'"}\n'
+    path.write_bytes(b"".join(lines[:3]) + long_line + b"".join(lines[3:]))
+    watcher = Watcher(run_dir, clock=lambda: run.clock, holder=lambda _: None)
+    alerts = watcher.check(final=True)[0]
+    assert watcher.completed, [a.message for a in alerts]
+    assert not [a for a in alerts if a.kind == "session_end"]
+    assert [a for a in alerts if a.kind == "chain" and "line 4: longer than 8 MiB" in a.message]
+
+
+def test_one_look_names_a_long_line_at_the_end_of_a_finished_record(tmp_path):
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(run.max_steps)
+    run.end_session()
+    run_dir = run.write()
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    with open(run_dir / "metrics.jsonl", "ab") as handle:
+        handle.write(b'{"event":"note","pad":"' + b"x" * (9 << 20) + b'"}\n')
+    watcher = Watcher(run_dir, clock=lambda: run.clock, holder=lambda _: None)
+    alerts = watcher.check(final=True)[0]
+    assert [a for a in alerts if a.kind == "chain" and f"line {len(lines) + 1}: longer than 8 MiB" in a.message]
