@@ -469,7 +469,7 @@ class _PreparePass:
             "documents_done": self.documents[TRAIN] + self.documents[VAL],
             "documents": dict(self.documents), "tokens": dict(self.tokens),
             "correlation": self.correlation.state(), "peak_held": self.peak_held,
-            "splits": {split: writer.persist() for split, writer in self.writers.items()},
+            "splits": {split: writer.persist_checked() for split, writer in self.writers.items()},
             "stopped": self.stopped,
         }
         if complete:
