@@ -66,7 +66,7 @@ def _size(folder: Path) -> int:
 
 
 def run() -> str:
-    from pilotrun.training.checkpoint.dcp_storage import DistributedCheckpointer
+    from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
 
     objects, state = _build_state()
     dcp_state = _dcp_state(objects, state)
@@ -117,9 +117,9 @@ def run() -> str:
         "",
         "| save | loop blocked s | whole save s | MB/s of the whole save | vs plain torch.save |",
         "|---|---:|---:|---:|---:|",
-        f"| synchronous (`train.checkpoint_mode=sync`) | {sync:.3f} | {sync:.3f} | {mbs(sync_bytes, sync)} | "
+        f"| synchronous (`train.checkpoint.mode=sync`) | {sync:.3f} | {sync:.3f} | {mbs(sync_bytes, sync)} | "
         f"{plain / sync:.2f}x |",
-        f"| background (`train.checkpoint_mode=background`) | {blocking:.3f} | {total:.3f} | "
+        f"| background (`train.checkpoint.mode=background`) | {blocking:.3f} | {total:.3f} | "
         f"{mbs(background_bytes, total)} | {plain / total:.2f}x |",
         f"| plain torch.save + fsync, one file (no hash, no marker) | | {plain:.3f} | {mbs(plain_bytes, plain)} | "
         "1.00x |",

@@ -42,8 +42,8 @@ def _train(data: Path, run_dir: Path, world_size: int, batch_size: int, sets: tu
          "-m", "pilotrun"]
     command = launcher + [
         "train", "--config", str(ROOT / "configs" / "stability.yaml"), "--data", str(data), "--run-dir", str(run_dir),
-        "--set", f"train.batch_size={batch_size}", "--set", f"train.max_steps={STEPS}", "--set", "train.log_every=5",
-        "--set", "train.eval_every=0", "--set", "train.checkpoint_every=0", "--set", "train.num_threads=1",
+        "--set", f"train.batch_size={batch_size}", "--set", f"train.max_steps={STEPS}", "--set", "train.log.every=5",
+        "--set", "train.eval.every=0", "--set", "train.checkpoint.every=0", "--set", "train.num_threads=1",
     ] + [argument for item in sets for argument in ("--set", item)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -33,8 +33,8 @@ def _real_train_events(data_dir: Path, run_dir: Path) -> tuple[list[dict], float
     from pilotrun.training.timing import TimeAccount
     from pilotrun.training.trainer import Trainer
 
-    config = load_run_config(RECIPE, [f"train.max_steps={UPDATES}", "train.eval_every=0", "train.checkpoint_every=0",
-                                      "train.log_every=2", "train.device=cpu", "train.num_threads=1"])
+    config = load_run_config(RECIPE, [f"train.max_steps={UPDATES}", "train.eval.every=0", "train.checkpoint.every=0",
+                                      "train.log.every=2", "train.device=cpu", "train.num_threads=1"])
     trainer = Trainer(config, data_dir, run_dir, progress=False, out=io.StringIO())
     trainer.account = TimeAccount(clock=time.thread_time)
     result = trainer.run()

@@ -34,8 +34,8 @@ def seconds_per_update(data_dir: Path, run_dir: Path, threads: int) -> tuple[flo
     """(training seconds per update, the threads the session ran with) of one fresh process."""
     command = [sys.executable, "-m", "pilotrun", "train", "--config", "stability", "--data", str(data_dir),
                "--run-dir", str(run_dir), "--progress", "none", "--set", f"train.num_threads={threads}",
-               "--set", f"train.max_steps={UPDATES}", "--set", "train.eval_every=0", "--set",
-               "train.checkpoint_every=0", "--set", "train.log_every=5"]
+               "--set", f"train.max_steps={UPDATES}", "--set", "train.eval.every=0", "--set",
+               "train.checkpoint.every=0", "--set", "train.log.every=5"]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # the recipe decides, not the shell
     subprocess.run(command, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

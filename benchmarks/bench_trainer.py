@@ -13,9 +13,9 @@ Rounds alternate trainer / bare so that load drift hits both alike. The trainer 
 so its time split gives the training-only seconds of each window; the bare loop times each of its updates and
 sums them over the same windows. Both sides run one intra-op thread and read the same clock: the thread's CPU time
 (`time.thread_time`, given to the trainer's TimeAccount as its clock). On a 2-core machine shared with other
-work, wall-clock seconds of single updates moved by -40% to +20% between identical runs (measured while writing
-this), far more than the 3% to be shown; CPU time of the one computing thread does not count the time the
-thread was pre-empted, which is what the harness comparison needs. Both sides compute bit-identical updates
+work, wall-clock seconds of single updates move between identical runs by far more than the 3% to be shown;
+CPU time of the one computing thread does not count the time the thread was pre-empted, which is what the
+harness comparison needs. Both sides compute bit-identical updates
 (same seed, same batches), so window k of one is paired with window k of the other; the median paired ratio
 decides. Target: the trainer at most 3% slower.
 """
@@ -41,8 +41,8 @@ TARGET = 1.03
 def _config(updates: int):
     from pilotrun.config import load_run_config
 
-    return load_run_config(RECIPE, [f"train.max_steps={updates}", "train.eval_every=0", "train.checkpoint_every=0",
-                                    f"train.log_every={WINDOW}", "train.device=cpu",
+    return load_run_config(RECIPE, [f"train.max_steps={updates}", "train.eval.every=0", "train.checkpoint.every=0",
+                                    f"train.log.every={WINDOW}", "train.device=cpu",
                                     "train.num_threads=1"])
 
 
@@ -237,8 +237,8 @@ def rollback_cost(data_dir: Path, work: Path) -> dict:
             inputs, targets = torch.full_like(inputs, 7), torch.full_like(targets, 4000)
         return inputs, targets
 
-    config = load_run_config(RECIPE, ["train.max_steps=32", "train.eval_every=0", "train.checkpoint_every=20",
-                                      "train.log_every=1", "train.device=cpu", "train.num_threads=1",
+    config = load_run_config(RECIPE, ["train.max_steps=32", "train.eval.every=0", "train.checkpoint.every=20",
+                                      "train.log.every=1", "train.device=cpu", "train.num_threads=1",
                                       "train.spike.policy=rollback", "train.spike.min_history=10",
                                       "train.spike.window=20"])
     reader.BatchLoader.next_batch = poisoned

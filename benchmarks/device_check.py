@@ -1,10 +1,10 @@
 """The GPU checks and timings, prepared as one script for the few minutes a session is lent a GPU.
 
-No session so far has had one, so every CUDA path of pilotrun (grouped_mm on sm90, sdpa with the chunked
-max-logit tracker, bf16 autocast, Muon's bf16 Newton-Schulz, torch.compile with inductor, the trainer and the
-pilot on CUDA) is written but unrun. This script runs each as its own section: a failing section records its
-error and the next one still runs, and everything is written to `--out` as it goes (results.json and
-results.md), so a run cut short by the device's time limit still returns what it measured.
+The test suite runs on the CPU and reaches none of pilotrun's CUDA paths (grouped_mm on sm90, sdpa with the
+chunked max-logit tracker, bf16 autocast, Muon's bf16 Newton-Schulz, torch.compile with inductor, the trainer
+and the pilot on CUDA). This script runs each as its own section: a failing section records its error and the
+next one still runs, and everything is written to `--out` as it goes (results.json and results.md), so a run
+cut short by the device's time limit still returns what it measured.
 
 On the device machine (its python3 holds a CUDA torch; pilotrun's other dependencies are there too):
     PYTHONUNBUFFERED=1 PYTHONPATH=. python3 -m benchmarks.device_check --out $OUT --budget-s 480
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                                            ("model_step_compiled", False, "eager" if dry else "inductor")):
         recorder.section(label, model_step, device, preset, batch, seq, repeats, vocab, recompute, compile_mode)
     config = "configs/smoke.yaml" if dry else "configs/gpu/smoke.yaml"
-    sets = ["train.max_steps=6", "train.checkpoint_every=2"] if dry else ["train.device=cuda"]
+    sets = ["train.max_steps=6", "train.checkpoint.every=2"] if dry else ["train.device=cuda"]
     recorder.section("pilot", pilot, args.out, config, sets, max(recorder.left_s(), 30))
     failed = [name for name, result in recorder.results.items() if result["status"] == "error"]
     print(f"[device_check] wrote {args.out / 'results.md'}; errors in: {', '.join(failed) or 'none'}", flush=True)

@@ -78,7 +78,8 @@ def _extras() -> dict[str, list[str]]:
 
 def test_the_extras_are_split_by_feature_and_dev_is_what_the_tests_need():
     extras = _extras()
-    assert set(extras["dev"]) == set(extras["test"]) | set(extras["export"]) | set(extras["trackers"]) | set(extras["eval"])
+    assert set(extras["dev"]) == (set(extras["test"]) | set(extras["export"]) | set(extras["trackers"])
+                                  | set(extras["eval"]) | set(extras["datatrove"]))
     assert set(extras["trackers"]) == set().union(*(extras[t] for t in ("tensorboard", "wandb", "mlflow", "trackio")))
     assert extras["hf"] == extras["export"]  # the older name of the export extra
     for heavy in ("transformers", "tensorboard", "wandb", "mlflow-skinny", "sqlalchemy", "alembic", "trackio"):

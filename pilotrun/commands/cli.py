@@ -21,6 +21,7 @@ from pilotrun.commands.cli_data import add_data, add_prepare
 from pilotrun.commands.cli_evaluate import add_evaluate
 from pilotrun.commands.cli_paths import check_path_arguments
 from pilotrun.commands.cli_trackers import add_export_metrics, add_tensorboard
+from pilotrun.common import stop_signals
 from pilotrun.common.errors import PilotrunError
 from pilotrun.common.parsing import terminal_safe
 from pilotrun.version import __version__
@@ -95,56 +96,67 @@ def _resume_mode(text: str) -> str:
 def _run_train(args: argparse.Namespace) -> int:
     import time
 
-    from pilotrun.common.errors import ConfigError
-    from pilotrun.config import load_run_config
     from pilotrun.training.signals import StopSignals
 
     started_at = time.time()  # the deadline's budget counts the set-up too
-    if (args.config is None) == (args.frozen is None):
-        raise ConfigError("train needs exactly one of --config RECIPE and --frozen LOCK")
-    stop_by, signums = _unattended_settings(args, started_at)
-    hang_bounds = _hang_bounds(args.hang_timeout)
-    # Heard from here on: a pre-emption warning during the set-up (torch's import, a checkpoint's read) is a
-    # request to stop with a checkpoint, not the default action (which ends the process with nothing saved).
-    signals = StopSignals(signums=signums)
+    # Heard before any import that takes time (torch's, seconds): a stop signal in the set-up is a request to stop
+    # with a checkpoint, not a death with nothing on the record. torchrun forwards its own copy (signals.py).
+    launcher = all(name in os.environ for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    signals = StopSignals(signums=_unattended_settings(args, started_at, signals_only=True)[1], launcher=launcher)
     with signals.installed():
-        from pilotrun.config import config_to_dict
-        from pilotrun.run.recipe_lock import allow_changes_beyond_the_lock
-        from pilotrun.training.trainer import train_from_cli
-
-        run_facts, allow_changes = None, args.allow_change
-        if args.frozen is not None:
-            # On --resume the lock is checked again but run.json keeps the facts its first session recorded
-            # (train_from_cli records them only where this session starts the run).
-            config, run_facts = _frozen_config(args)
-            allow_changes = allow_changes_beyond_the_lock(
-                args.allow_change, args.run_dir if args.resume else None, args.data, config_to_dict(config),
-                run_facts["frozen"]["differences"])
-        else:
-            config = load_run_config(args.config, args.overrides)
-        code = train_from_cli(config, args.data, args.run_dir, resume=args.resume, from_step=args.from_step,
-                              allow_changes=allow_changes, command=args.invocation, run_facts=run_facts,
-                              stop_past_step=args.stop_past_step, progress=args.progress, signals=signals,
-                              stop_by=stop_by, started_at=started_at, hang_bounds=hang_bounds)
+        stop_signals.release_early(signals.handle)  # a signal heard since the launch is this session's request
+        code = _train_with(args, signals, started_at)
     if (code == 75 or code > 128) and args.stop_past_step is None and os.environ.get("RANK", "0") == "0":
         from pilotrun.commands.next_commands import resume_command
 
-        launcher = " under the same launcher" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
-        print(f"pilotrun train: stopped with a committed checkpoint; continue the run{launcher} with "
-              f"`{resume_command(args)}`", file=sys.stderr, flush=True)
+        launcher_words = " under the same launcher" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+        saved = "stopped with a committed checkpoint" if signals.count < 2 else \
+            "stopped at once by a second signal, without saving the work since the last checkpoint"
+        print(f"pilotrun train: {saved}; continue the run{launcher_words} with `{resume_command(args)}`",
+              file=sys.stderr, flush=True)
     return code
 
 
-def _unattended_settings(args: argparse.Namespace, now: float) -> tuple[float | None, tuple[int, ...] | None]:
+def _train_with(args: argparse.Namespace, signals, started_at: float) -> int:
+    from pilotrun.common.errors import ConfigError
+    from pilotrun.config import config_to_dict, load_run_config
+
+    if (args.config is None) == (args.frozen is None):
+        raise ConfigError("train needs exactly one of --config RECIPE and --frozen LOCK")
+    stop_by, _signums = _unattended_settings(args, started_at)
+    hang_bounds = _hang_bounds(args.hang_timeout, args.run_dir)
+    from pilotrun.run.recipe_lock import allow_changes_beyond_the_lock
+    from pilotrun.training.trainer import train_from_cli
+
+    run_facts, allow_changes = None, args.allow_change
+    if args.frozen is not None:
+        # On --resume the lock is checked again but run.json keeps the facts its first session recorded
+        # (train_from_cli records them only where this session starts the run).
+        config, run_facts = _frozen_config(args)
+        allow_changes = allow_changes_beyond_the_lock(
+            args.allow_change, args.run_dir if args.resume else None, args.data, config_to_dict(config),
+            run_facts["frozen"]["differences"])
+    else:
+        config = load_run_config(args.config, args.overrides)
+    return train_from_cli(config, args.data, args.run_dir, resume=args.resume, from_step=args.from_step,
+                          allow_changes=allow_changes, command=args.invocation, run_facts=run_facts,
+                          stop_past_step=args.stop_past_step, progress=args.progress, signals=signals,
+                          stop_by=stop_by, started_at=started_at, hang_bounds=hang_bounds)
+
+
+def _unattended_settings(args: argparse.Namespace, now: float, signals_only: bool = False
+                         ) -> tuple[float | None, tuple[int, ...] | None]:
     """`--stop-by` (or SLURM_JOB_END_TIME) as epoch seconds and `--stop-signals` as numbers; bad input is one
     line, exit 2, before anything is written. A deadline closer than one update of a resumed run's record is
-    refused too: the session could train nothing."""
+    refused too: the session could train nothing. `signals_only`: the signals alone (no deadline, no read)."""
     from pilotrun.common import deadline, stop_signals
     from pilotrun.common.errors import ConfigError
 
     try:
-        stop_by = deadline.resolve_stop_by(args.stop_by, now, os.environ)
         signums = stop_signals.parse_signal_names(args.stop_signals) if args.stop_signals is not None else None
+        if signals_only:
+            return None, signums
+        stop_by = deadline.resolve_stop_by(args.stop_by, now, os.environ)
         if stop_by is not None and args.resume:
             deadline.check_room(stop_by, now, _recorded_seconds_per_update(args.run_dir))
     except ValueError as exc:
@@ -152,13 +164,16 @@ def _unattended_settings(args: argparse.Namespace, now: float) -> tuple[float | 
     return stop_by, signums
 
 
-def _hang_bounds(text: str):
-    """`--hang-timeout` as the watchdog's bounds (None: off); bad input is one line, exit 2."""
+def _hang_bounds(text: str, run_dir: str):
+    """`--hang-timeout` as the watchdog's bounds (None: off); bad input (a bound below a recorded update
+    included) is one line, exit 2."""
     from pilotrun.common.errors import ConfigError
-    from pilotrun.training.callbacks.hang_watchdog import parse_hang_timeout
+    from pilotrun.training.callbacks.hang_watchdog import check_bounds_fit, parse_hang_timeout
 
     try:
-        return parse_hang_timeout(text)
+        bounds = parse_hang_timeout(text)
+        check_bounds_fit(bounds, run_dir)
+        return bounds
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -420,7 +435,7 @@ def _run_config(args: argparse.Namespace) -> int:
     import json
 
     from pilotrun.config import load_run_config
-    from pilotrun.config_describe import describe_config, format_config_table
+    from pilotrun.config.describe import describe_config, format_config_table
     from pilotrun.optim.schedule import schedule_warnings
 
     config = load_run_config(args.config, args.overrides)
@@ -482,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     # What run.json records as the command: the arguments this call was given (an in-process or API call has
     # its own, not the host process's sys.argv).
     args.invocation = ["pilotrun", *argv] if argv is not None else list(sys.argv)
+    if args.command != "train":  # a stop signal held since `python -m pilotrun` started acts as it would have
+        stop_signals.release_early(None)
     try:
         check_path_arguments(args)  # a file where a folder is expected (or the reverse) named so, before any work
         with _cleanup_on_termination(args.command in TEMP_WRITING_COMMANDS):
@@ -512,8 +529,6 @@ TEMP_WRITING_COMMANDS = ("verdict", "freeze", "export")
 
 @contextlib.contextmanager
 def _cleanup_on_termination(active: bool):
-    from pilotrun.common import stop_signals
-
     def terminate(signum: int, frame: object) -> None:
         raise SystemExit(stop_signals.exit_code_of(signum))
 

@@ -12,6 +12,8 @@ from pilotrun.common.errors import PilotrunError
 
 # ---------------------------------------------------------------------------------------------- prepare
 def add_prepare(sub: argparse._SubParsersAction) -> None:
+    from pilotrun.data.sources import source_help
+
     p = sub.add_parser(
         "prepare",
         help="turn a text source into token shards + metadata.json",
@@ -21,9 +23,7 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", required=True, help="output folder (refused if it exists, unless --force); built as "
                    "OUT.partial, which the same command continues after an interruption")
-    p.add_argument("--source", default="builtin",
-                   help="builtin | fineweb-edu[:CONFIG][@REVISION] (needs the [hub] extra) | local "
-                   ".parquet/.jsonl/.txt files or a glob")
+    p.add_argument("--source", default="builtin", help=source_help())
     p.add_argument("--tokenizer", default="bpe:4096",
                    help="bpe:VOCAB (train a byte-level BPE on the train split) | hub:NAME[@REVISION] | "
                    "path/to/tokenizer.json")
@@ -43,7 +43,64 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--progress", choices=("auto", "bar", "plain", "none"), default="auto",
                    help="auto: a redrawn bar when stderr is a terminal, else plain (one line every 10 s)")
+    _add_engine_options(p)
     p.set_defaults(handler=_run_prepare)
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "engine", "--engine datatrove: the same folder written by datatrove's readers and executors (the "
+        "[datatrove] extra), for local .parquet or .jsonl files and a given tokenizer; same bytes for any "
+        "--workers; --workers there is how many tasks run at once (0: as many as cores; slurm: no limit)")
+    g.add_argument("--engine", choices=("pilotrun", "datatrove"), default="pilotrun",
+                   help="pilotrun: this process (threads or --workers processes); datatrove: datatrove tasks")
+    g.add_argument("--tasks", type=int, default=None,
+                   help="datatrove: how many tasks the files are dealt to (default: one per file); part of the "
+                   "data's identity: the order within a split depends on it")
+    g.add_argument("--executor", choices=("local", "slurm"), default="local",
+                   help="datatrove: local processes on this machine, or a SLURM job array plus a merge job")
+    g.add_argument("--logs", default=None, help="datatrove: its logging folder: task logs, completion marks, "
+                   "stats, slurm logs (default: OUT.logs)")
+    s = p.add_argument_group("slurm", "--executor slurm: what datatrove's SlurmPipelineExecutor submits")
+    s.add_argument("--slurm-partition", default=None, help="partition of the task array and the merge job")
+    s.add_argument("--slurm-time", default="24:00:00", help="time limit of each job")
+    s.add_argument("--slurm-cpus-per-task", type=int, default=1, help="CPUs per task")
+    s.add_argument("--slurm-mem-per-cpu-gb", type=int, default=2, help="memory per CPU, in GB")
+    s.add_argument("--slurm-qos", default="normal", help="quality of service")
+    s.add_argument("--slurm-job-name", default="pilotrun-prepare", help="job name (the merge: NAME-merge)")
+    s.add_argument("--slurm-env-command", default=None,
+                   help="shell line run before each job, e.g. 'source /path/to/.venv/bin/activate'")
+    s.add_argument("--slurm-max-array-size", type=int, default=1001, help="the cluster's MaxArraySize")
+    s.add_argument("--slurm-sbatch-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="another #SBATCH --KEY=VALUE line (repeatable), e.g. account=myproject")
+
+
+def _run_datatrove(args: argparse.Namespace, whole) -> int:
+    from pilotrun.data.datatrove_finish import finished_line
+    from pilotrun.data.datatrove_prepare import (
+        SlurmOptions,
+        Submitted,
+        prepare_with_datatrove,
+        submitted_line,
+    )
+
+    sbatch = {}
+    for item in args.slurm_sbatch_arg:
+        key, equals, value = item.partition("=")
+        if not key or not equals:
+            raise PilotrunError(f"--slurm-sbatch-arg expects KEY=VALUE, got {item!r}")
+        sbatch[key.lstrip("-")] = value
+    slurm = SlurmOptions(partition=args.slurm_partition, time=args.slurm_time, cpus_per_task=args.slurm_cpus_per_task,
+                         mem_per_cpu_gb=args.slurm_mem_per_cpu_gb, qos=args.slurm_qos, job_name=args.slurm_job_name,
+                         env_command=args.slurm_env_command, max_array_size=args.slurm_max_array_size,
+                         sbatch_args=sbatch)
+    result = prepare_with_datatrove(
+        args.out, args.source, args.tokenizer, eos=args.eos, text_field=args.text_field,
+        train_tokens=whole(args.train_tokens, "--train-tokens"), val_fraction=args.val_fraction,
+        shard_tokens=whole(args.shard_tokens, "--shard-tokens"), seed=args.seed, tasks=args.tasks,
+        workers=args.workers, executor=args.executor, slurm=slurm, logs=args.logs, force=args.force)
+    print(submitted_line(args.out, result) if isinstance(result, Submitted) else finished_line(args.out, result))
+    return 0
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
@@ -57,6 +114,13 @@ def _run_prepare(args: argparse.Namespace) -> int:
             raise PilotrunError(f"{flag} must be a positive whole number, got {value}")
         return int(value)
 
+    if args.engine == "datatrove":
+        return _run_datatrove(args, whole)
+    for flag, value in (("--tasks", args.tasks), ("--logs", args.logs), ("--slurm-partition", args.slurm_partition)):
+        if value is not None:
+            raise PilotrunError(f"{flag} is an option of --engine datatrove")
+    if args.executor != "local":
+        raise PilotrunError("--executor is an option of --engine datatrove")
     try:
         manifest = prepare_corpus(
             args.out, source=args.source, tokenizer=args.tokenizer, eos=args.eos, text_field=args.text_field,

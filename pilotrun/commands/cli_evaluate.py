@@ -11,7 +11,7 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="score a committed checkpoint on multiple-choice tasks, bound to its hashes",
                        description="Score a committed checkpoint (rehashed first) on multiple-choice tasks: local "
                        "task files (JSONL: context, choices, label) scored in-process the way the training loop "
-                       "scores train.downstream_tasks, or with --harness lm-eval EleutherAI's lm-evaluation-harness "
+                       "scores train.downstream.tasks, or with --harness lm-eval EleutherAI's lm-evaluation-harness "
                        "(the [eval] extra) on its own task names too, answered by pilotrun's own model. Writes "
                        "RUN/evals/step-N/<id>.json (results, and the identity: the checkpoint's step and marker "
                        "sha256, the harness version, each task's version and data sha256, shots, limit, seed) and "

@@ -16,9 +16,10 @@ def _add_run_and_event_folder(p: argparse.ArgumentParser) -> None:
 
 # ---------------------------------------------------------------------------------------------- export-metrics
 def add_export_metrics(sub: argparse._SubParsersAction) -> None:
-    from pilotrun.config import TRACKER_NAMES
+    from pilotrun.run.trackers import TRACKERS
 
-    p = sub.add_parser("export-metrics", help="send a finished run to a tracker (tensorboard, wandb, mlflow, trackio)",
+    names = ", ".join(TRACKERS)
+    p = sub.add_parser("export-metrics", help=f"send a finished run to a tracker ({names})",
                        description="Send a run's kept history (each step once), its identity (run_id, recipe "
                        "and data sha256, git commit), and where a verdict was made its decision, rule figures and "
                        "report files, to each tracker named, configured as that tracker is (WANDB_*, "
@@ -26,8 +27,9 @@ def add_export_metrics(sub: argparse._SubParsersAction) -> None:
                        "x = step, float32) in an event folder; a folder holding only event files is overwritten. "
                        "Needs the tracker's extra. Exit 0 sent, 2 bad input.")
     _add_run_and_event_folder(p)
-    p.add_argument("--to", action="append", required=True, choices=TRACKER_NAMES, metavar="TRACKER",
-                   help=f"tracker, repeatable: {', '.join(TRACKER_NAMES)}")
+    p.add_argument("--to", action="append", required=True, choices=tuple(TRACKERS), metavar="TRACKER",
+                   help="tracker, repeatable: " + "; ".join(f"{t.name} ({t.description})"
+                                                            for t in TRACKERS.values()))
     p.set_defaults(handler=_run_export_metrics)
 
 

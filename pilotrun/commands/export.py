@@ -52,7 +52,7 @@ class ExportError(PilotrunError):
 
 # ---------------------------------------------------------------------------------------------- reading
 def _checkpointer(run_dir: Path):
-    from pilotrun.training.checkpoint.dcp_storage import DistributedCheckpointer
+    from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
 
     if not (run_dir / "checkpoints").is_dir():
         raise CheckpointError(f"{run_dir / 'checkpoints'} not found: is {run_dir} a run folder with checkpoints?")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.common.files import canonical_sha256, refuse_link
+from pilotrun.config import RECIPE_FORMAT, RECIPE_FORMAT_KEY, current_recipe
 from pilotrun.report.projection.long_run import project, watch_figures
 from pilotrun.report.verdict.verdict import judge
 from pilotrun.run.changes import recipe_changes_in_history
@@ -61,7 +62,7 @@ def build_lock(verdict: Any, despite_no_go: bool, target_steps: int | None = Non
     run = summary.run
     sessions = {str(s.get("session_id")): s for s in run.get("sessions") or [] if isinstance(s, dict)}
     last = sessions.get(summary.lineage[-1], {}) if summary.lineage else {}
-    recipe = run.get("recipe")
+    recipe = current_recipe(run.get("recipe"))  # in today's names, whatever format the pilot recorded
     data = run.get("data") or {}
     hardware = last.get("hardware") or {}
     lock: dict[str, Any] = {
@@ -71,7 +72,7 @@ def build_lock(verdict: Any, despite_no_go: bool, target_steps: int | None = Non
                   "tokens_seen": summary.overall.get("tokens_seen")},
         "decision": verdict.decision,
         "despite_no_go": bool(despite_no_go and verdict.decision != "GO"),
-        "recipe": recipe,
+        "recipe": recipe, RECIPE_FORMAT_KEY: RECIPE_FORMAT,
         "recipe_sha256": canonical_sha256(recipe),
         "recipe_changes": [dataclasses.asdict(c) for c in recipe_changes_in_history(run, summary.lineage)],
         "tokens_per_update": run.get("tokens_per_update"),

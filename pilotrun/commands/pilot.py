@@ -103,8 +103,8 @@ def _train_args(config: Path, data_dir: Path, run_dir: Path, overrides: list[str
     return train_words(config=config, data=data_dir, run_dir=run_dir, overrides=overrides, resume=resume, extra=kill)
 
 
-def freeze_step(interrupt_at: int, max_steps: int, log_every: int, checkpoint_every: int) -> int | None:
-    """The step the first training process stops itself at (pilot_handshake.FreezePoint): the first step past
+def kill_point_step(interrupt_at: int, max_steps: int, log_every: int, checkpoint_every: int) -> int | None:
+    """The step the first training process stops itself at (callbacks/kill_point.py SelfStopPoint): the first step past
     `interrupt_at` that closes a window (every `log_every`, and at every checkpoint) once a checkpoint exists,
     with updates left; None when no step qualifies."""
     for step in range(max(interrupt_at + 1, checkpoint_every), max_steps):
@@ -119,14 +119,14 @@ def _kill_point(recipe, interrupt_at: int | None) -> tuple[int, int]:
     point = t.max_steps // 2 if interrupt_at is None else interrupt_at
     if not 0 <= point < t.max_steps:
         raise PilotError(f"--interrupt-at {point}: must be between 0 and max_steps - 1 ({t.max_steps - 1})")
-    if t.checkpoint_every <= 0:
-        raise PilotError(f"train.checkpoint_every ({t.checkpoint_every}) must be at least 1 so that a checkpoint "
+    if t.checkpoint.every <= 0:
+        raise PilotError(f"train.checkpoint.every ({t.checkpoint.every}) must be at least 1 so that a checkpoint "
                          "exists before the kill")
-    stop = freeze_step(point, t.max_steps, t.log_every, t.checkpoint_every)
+    stop = kill_point_step(point, t.max_steps, t.log.every, t.checkpoint.every)
     if stop is None:
         raise PilotError(f"the kill cannot land past step {point}: no logged step after it has a committed "
-                         f"checkpoint (train.checkpoint_every {t.checkpoint_every}) and updates left before "
-                         f"max_steps {t.max_steps}; lower --interrupt-at or train.checkpoint_every")
+                         f"checkpoint (train.checkpoint.every {t.checkpoint.every}) and updates left before "
+                         f"max_steps {t.max_steps}; lower --interrupt-at or train.checkpoint.every")
     return point, stop
 
 
@@ -342,8 +342,8 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
 
     if demo and recipe.train.num_threads == 0:
         # The built-in demo runs on whatever machine `make pilot` is typed on, often a small one shared with
-        # other work: measured on a busy 2-core machine, two threads ran the stability recipe ~10x slower than
-        # one (spinning OpenMP threads losing their time slices); one thread keeps it within minutes anywhere.
+        # other work, where two threads can run far slower than one (spinning OpenMP threads losing their time
+        # slices; BENCHMARKS.md, "Intra-op threads"); one thread keeps it within minutes anywhere.
         # A user's own recipe with train.num_threads 0 has its count chosen by the training process itself from
         # what it can use (training/thread_choice.py: the cores free at start, a short timing of its update),
         # recorded in run.json and kept by the resume.
@@ -412,8 +412,8 @@ def _val_warnings_for(recipe, config_path: Path, nproc: int | None):
     from pilotrun.data.reader import val_split_warnings
 
     t = recipe.train
-    return lambda val_tokens: [] if t.eval_every <= 0 else val_split_warnings(
-        val_tokens, t.batch_size, t.seq_len, t.eval_batches, nproc or 1, what=f"the recipe {config_path.name}")
+    return lambda val_tokens: [] if t.eval.every <= 0 else val_split_warnings(
+        val_tokens, t.batch_size, t.seq_len, t.eval.batches, nproc or 1, what=f"the recipe {config_path.name}")
 
 
 def _threads_line(run_dir: Path) -> str:

@@ -88,6 +88,37 @@ def handling(handler: Handler, signums: tuple[int, ...] | None = None) -> Iterat
             signal.signal(signum, before)
 
 
+# Stop signals heard between the interpreter's start and a command's own handling (`held_early`), and whether
+# that holding is installed (only `python -m pilotrun` installs it; an in-process caller's handlers are its own).
+EARLY: list[int] = []
+HELD = {"installed": False}
+
+
+def held_early() -> None:
+    """From the first lines of `python -m pilotrun` (before the command line is even read): a stop signal is kept
+    in `EARLY` instead of ending the process, so that `train`, whose set-up imports torch for seconds, hears one
+    sent at its launch as a request. `release_early` hands what was kept to the command's own handling."""
+    if threading.current_thread() is threading.main_thread():
+        HELD["installed"] = True
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, lambda signum, frame: EARLY.append(signum))
+
+
+def release_early(handler: Handler | None) -> None:
+    """The command's handling takes over: `handler` (train's, already installed) hears each kept signal; without
+    one (another command) the default handling is put back and the kept signals act as they would have."""
+    kept, EARLY[:] = list(EARLY), []
+    if handler is None and HELD["installed"] and threading.current_thread() is threading.main_thread():
+        HELD["installed"] = False
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+    for signum in kept:
+        if handler is not None:
+            handler(signum, None)
+        else:
+            signal.raise_signal(signum)
+
+
 def ignored() -> None:
     """In a worker process: ignore every stop signal, so that one the terminal sends to the whole process group
     reaches the worker's parent alone, which finishes its unit of work and then ends the worker itself."""

@@ -24,9 +24,9 @@ import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-# Modules whose docstrings are mostly prose, chosen by measured characters of docstring per second of
-# parsing (about 0.85M characters in about a second on one core). Sorted; a module missing from an install is
-# skipped (and shows up as a different `text_sha256`).
+# Modules whose docstrings are mostly prose, chosen by characters of docstring per second of parsing (the
+# most text for the least start-up). Sorted; a module missing from an install is skipped (and shows up as a
+# different `text_sha256`).
 DOCSTRING_MODULES = (
     "_pydecimal", "base64", "bdb", "cmd", "codecs", "collections", "concurrent", "configparser", "contextlib",
     "copy", "difflib", "doctest", "email", "fileinput", "fractions", "ftplib", "hmac", "http", "imaplib",
@@ -89,7 +89,7 @@ def _docstrings_in_source_order(source: str) -> list[str]:
 
     def visit_statements(statements: list[ast.stmt]) -> None:
         # Only statement lists are walked (never expressions): docstrings live on modules, classes and
-        # functions, which are statements, possibly nested in if/try/with blocks. This is ~10x faster than
+        # functions, which are statements, possibly nested in if/try/with blocks. This is much faster than
         # visiting every node.
         for statement in statements:
             if isinstance(statement, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
@@ -142,7 +142,7 @@ def _docstring_documents() -> list[str]:
 
 @functools.lru_cache(maxsize=1)
 def builtin_documents() -> tuple[str, ...]:
-    """All documents of the builtin corpus, in their fixed order (cached: ~1 s to gather)."""
+    """All documents of the builtin corpus, in their fixed order (cached: gathering parses source files)."""
     return tuple(_topic_documents() + _docstring_documents())
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pilotrun.data.sources import FINEWEB_EDU_REPO, open_source, parse_fineweb_spec
+from pilotrun.data.sources import describe_source, requested_source
 from pilotrun.data.tokenizer import parse_bpe_spec, resolve_tokenizer
 
 
@@ -23,16 +23,6 @@ def request_options(*, train_tokens: int | None, val_fraction: float, shard_toke
     return {"train_tokens": None if train_tokens is None else int(train_tokens), "val_fraction": float(val_fraction),
             "shard_tokens": int(shard_tokens), "seed": int(seed), "shuffle_buffer": int(shuffle_buffer),
             "shuffle_buffer_bytes": int(shuffle_buffer_bytes), "text_field": text_field, "eos": eos}
-
-
-def requested_source(spec: str, text_field: str = "text") -> dict[str, Any]:
-    """The fields of the manifest's `source` that this `--source` determines (all of them, but for the hub
-    commit a branch or tag resolves to: that is looked up only by a prepare)."""
-    spec = str(spec).strip()
-    if spec == "fineweb-edu" or spec.startswith(("fineweb-edu:", "fineweb-edu@")):
-        config, revision = parse_fineweb_spec(spec)
-        return {"kind": "hub", "dataset": FINEWEB_EDU_REPO, "config": config, "revision_requested": revision, "text_field": text_field}
-    return open_source(spec, text_field).identity
 
 
 def requested_tokenizer(spec: str, eos: str | None = None) -> dict[str, Any]:
@@ -45,21 +35,6 @@ def requested_tokenizer(spec: str, eos: str | None = None) -> dict[str, Any]:
         return {"kind": "hub", "name": name, "revision_requested": revision or "main"}
     identity = resolve_tokenizer(spec, eos).identity  # a file: loaded and hashed, never trained
     return {"kind": "file", "sha256": identity["sha256"]}
-
-
-def describe_source(identity: dict[str, Any]) -> str:
-    kind = identity.get("kind")
-    if kind == "builtin":
-        return (f"builtin (Python {identity.get('python_version')}, {identity.get('documents')} documents, text "
-                f"sha256 {str(identity.get('text_sha256'))[:12]})")
-    if kind == "local":
-        files = identity.get("files") or []
-        named = ", ".join(f"{f.get('name')} (sha256 {str(f.get('sha256'))[:12]})" for f in files[:3])
-        return "local " + named + (f" and {len(files) - 3} more files" if len(files) > 3 else "")
-    if kind == "hub":
-        commit = f" (commit {identity['revision'][:12]})" if identity.get("revision") else ""
-        return f"fineweb-edu:{identity.get('config')}@{identity.get('revision_requested')}{commit}"
-    return str(identity)
 
 
 def describe_tokenizer(identity: dict[str, Any]) -> str:

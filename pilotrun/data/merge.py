@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from pilotrun.common.errors import DataError
@@ -154,10 +155,21 @@ def merge_data(out: str | os.PathLike, parts: list[str | os.PathLike], copy: boo
                placed: dict[str, int] | None = None) -> dict[str, Any]:
     """Merge the data folders `parts` (in reading order) into the new folder `out`; returns its manifest.
     `placed` (optional) receives how many shards were hard-linked and how many copied."""
-    out = os.path.normpath(os.fspath(out))
-    parts = [os.path.normpath(os.fspath(p)) for p in parts]
     if len(parts) < 2:
         raise DataError("data merge needs at least two parts")
+    return merge_parts(out, parts, copy, placed)
+
+
+def merge_parts(out: str | os.PathLike, parts: list[str | os.PathLike], copy: bool = False,
+                placed: dict[str, int] | None = None,
+                amend: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`merge_data` for an engine that writes its output as parts (one or more): `amend` turns the merged
+    manifest into the one written (an engine's own source, layout and record), before the folder is renamed
+    into place, so the folder is never seen with a manifest other than its final one."""
+    out = os.path.normpath(os.fspath(out))
+    parts = [os.path.normpath(os.fspath(p)) for p in parts]
+    if not parts:
+        raise DataError("nothing to merge: no parts")
     parent = _check_out(out, parts)
     manifests = _load_parts(parts)
     _check_compatible(parts, manifests)
@@ -186,6 +198,8 @@ def merge_data(out: str | os.PathLike, parts: list[str | os.PathLike], copy: boo
                                         for s in SPLITS}} for m in manifests],
             "splits": splits,
         }
+        if amend is not None:
+            manifest = amend(manifest)
         _place(os.path.join(parts[0], TOKENIZER_FILE), os.path.join(folder, TOKENIZER_FILE), copy=True)
         with open(os.path.join(folder, METADATA_FILE), "w", encoding="utf-8", newline="\n") as handle:
             handle.write(manifest_text(manifest))

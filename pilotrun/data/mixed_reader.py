@@ -131,7 +131,7 @@ def check_fits_recipe(dataset: TokenDataset | MixedDataset, config: Any, world_s
     """The recipe's batch, window, evaluation and vocabulary fit its data: one folder's or every source's."""
     fits = check_mixture_fits_recipe if isinstance(dataset, MixedDataset) else check_data_fits_recipe
     fits(dataset, batch_size=config.train.batch_size, seq_len=config.train.seq_len, world_size=world_size,
-         evaluates=config.train.eval_every > 0, vocab_size=config.model.vocab_size)
+         evaluates=config.train.eval.every > 0, vocab_size=config.model.vocab_size)
 
 
 class MixedLoader:

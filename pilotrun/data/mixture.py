@@ -19,11 +19,10 @@ rows to the largest remainders (ties broken by a seeded hash of (seed, b, source
 every source's cumulative rows within one row of its weight's share after each batch (the quota property; a
 source owed less than a row per batch can lag one more row at most). Where every source is owed at least a row a
 batch, no quota is ever negative and the account has a closed form (the rows owed after b batches, apportioned
-by largest remainders), so any batch is found at once; otherwise it is accumulated batch by batch (about 20 us a
-batch) and cached. Which of the G rows come from which
-source is a seeded permutation per batch (`row_sources`). Everything is a pure function of (weights, seed,
-G, b) and of where the weights last changed, so the stream is the same at any world size with the same
-global batch, and after any resume. Integer arithmetic only: a weight is taken as the decimal it was
+by largest remainders), so any batch is found at once; otherwise it is accumulated batch by batch and cached.
+Which of the G rows come from which source is a seeded permutation per batch (`row_sources`). Everything is a
+pure function of (weights, seed, G, b) and of where the weights last changed, so the stream is the same at any
+world size with the same global batch, and after any resume. Integer arithmetic only: a weight is taken as the decimal it was
 written as (0.7 is 7/10), so no rounding differs between machines.
 """
 

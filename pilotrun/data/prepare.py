@@ -304,7 +304,7 @@ def small_val_warnings(val_tokens: int, recipe: str = "stability") -> list[str]:
     from pilotrun.data.reader import val_split_warnings
 
     t = load_run_config(recipe).train
-    return val_split_warnings(val_tokens, t.batch_size, t.seq_len, t.eval_batches,
+    return val_split_warnings(val_tokens, t.batch_size, t.seq_len, t.eval.batches,
                               what=f"the packaged {recipe} recipe")
 
 
@@ -393,7 +393,7 @@ def _encoded_in_order(chunks: Iterator[tuple[list[str], list[Any]]], resolved: R
 
     # One encoder shared by the threads: its encode borrows it read-only (and without the GIL), so sharing is
     # safe. It is the very object whose serialization is stored as tokenizer.json (reloading that JSON would
-    # cost ~0.5 s for GPT-2's vocabulary and give the same tokenizer).
+    # cost a parse of the whole vocabulary and give the same tokenizer).
     encoder = plain(resolved.tokenizer)
 
     def encode(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:

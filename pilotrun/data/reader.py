@@ -251,14 +251,14 @@ def val_split_warnings(val_tokens: int, batch_size: int, seq_len: int, eval_batc
     return [f"the val split holds {val_tokens:,} tokens, fewer than one evaluation of {what} reads "
             f"(eval_batches {eval_batches} x batch_size {batch_size} x world_size {world_size} x seq_len {seq_len} "
             f"+ 1 = {needed:,}): each evaluation re-reads val {needed / max(val_tokens, 1):.1f}x; prepare more "
-            "data or a larger --val-fraction, or lower train.eval_batches"]
+            "data or a larger --val-fraction, or lower train.eval.batches"]
 
 
 def check_data_fits_recipe(dataset: TokenDataset, *, batch_size: int, seq_len: int, world_size: int,
                            evaluates: bool, vocab_size: int, train_needed: int | None = None) -> None:
     """Refuse, before a run folder is written, data the recipe cannot use to the end: a train split without one
     global batch, a val split without one evaluation batch when the recipe evaluates (otherwise found only at
-    the first evaluation, `eval_every` updates later), and shards whose largest id is not below the model's
+    the first evaluation, `train.eval.every` updates later), and shards whose largest id is not below the model's
     vocab_size. Largest ids come from the manifest; an older manifest without them costs one read of each
     shard here. `train_needed` replaces the train split's need of one global batch (a mixture's source needs
     one window: it restarts alone)."""
@@ -266,7 +266,7 @@ def check_data_fits_recipe(dataset: TokenDataset, *, batch_size: int, seq_len: i
     for name, required in (("train", train_needed is None), ("val", evaluates)):
         split = dataset.split(name)
         if required and split.num_tokens < needed:
-            purpose = "one training batch" if name == "train" else "one evaluation batch (train.eval_every > 0)"
+            purpose = "one training batch" if name == "train" else "one evaluation batch (train.eval.every > 0)"
             raise DataError(f"{dataset.data_dir}: the {name} split has {split.num_tokens} tokens, fewer than the "
                             f"{needed} of {purpose} of batch_size {batch_size} x world size {world_size} windows "
                             f"of seq_len + 1 = {seq_len + 1} tokens; prepare more data or use smaller batches")

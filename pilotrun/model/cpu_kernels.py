@@ -10,10 +10,10 @@ FusedRouter and FusedExperts are C++ operators with their backward registered as
 direction of the layer's routing and experts runs Python; FusedRouting and FusedCombine are Python autograd
 functions over their kernels (the pieces the reference dispatches combine with PyTorch operators).
 
-On a CPU every small PyTorch operator costs ~5-20 us whatever its size, so at pilot microbatches the reference
-path's ~100 operators per MoE layer cost as much as the expert matmuls (BENCHMARKS.md, bench_model). The kernels are
-compiled on first use with torch's C++ extension builder (g++ and ninja; ~17 s on the 2-core machine; the Makefile's
-set-up builds them once ahead). The build is named by a hash of the kernel source, the compiler flags, the torch
+On a CPU every small PyTorch operator has a fixed cost whatever its size, so at pilot microbatches the reference
+path's ~100 operators per MoE layer cost as much as the expert matmuls (BENCHMARKS.md, bench_model). The kernels
+are compiled on first use with torch's C++ extension builder (g++ and ninja; a build takes a while, so the
+Makefile's set-up builds them once ahead). The build is named by a hash of the kernel source, the compiler flags, the torch
 version and the interpreter (kernel_build_name) and kept inside the virtual environment (kernel_build_directory),
 so two checkouts or two venvs never rebuild over each other's library, and a checkout never loads a library built
 from another source. The operator namespaces (pilotrun_routing, pilotrun_experts) are registered by the library

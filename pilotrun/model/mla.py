@@ -13,9 +13,9 @@ Attention implementations (`attn_impl`):
            pass over Q K^T measures the max logit. Its cost: per query chunk only the visible keys are
            multiplied, so about half of one Q K^T product (plus chunk-diagonal waste) and a mask + amax over
            those logits, forward only, nothing kept for backward; attention forward + backward does ~6
-           products of that size (QK^T, PV, dQ, dK, dV, dP). Measured on the CPU (bench_model, gpu-100m
-           attention shapes): about +11% of one MLA layer's forward + backward -- not a doubling. Eval forwards
-           skip it entirely.
+           products of that size (QK^T, PV, dQ, dK, dV, dP), so it adds a small share of one MLA layer's
+           forward + backward, not a doubling (BENCHMARKS.md, "Cost of the max-logit tracker with sdpa").
+           Eval forwards skip it entirely.
   auto  -- eager on CPU, sdpa on CUDA.
 """
 

@@ -5,10 +5,9 @@ expert) changes with every forward. In fp32 the compiled kernels (cpu_kernels.py
 which keeps nothing per shape. Under CPU autocast the experts run through grouped_mm or per-segment matmuls, and
 where the CPU has AVX512 (BW/VL/DQ for bf16; AVX512-FP16 or AMX for fp16) torch sends bf16/fp16 matmuls to oneDNN,
 which builds and keeps a compiled kernel for every new matmul shape: resident memory then grows for as long as new
-segment lengths keep appearing (tens of updates; ~0.5 MB per shape for oneDNN's fp32 kernels on an AVX2 CPU, an
-estimated 2-3 MB in the bf16 growth once reported on an AVX512 one). Rounding each segment up to a bucket length
-(zero rows, dropped after the matmuls) bounds the shapes a run can issue: 8 lengths up to 64 rows, then 8 per
-doubling, with under an eighth of a segment beyond 64 rows padding (at most 7 rows below).
+segment lengths keep appearing (tens of updates, a kernel kept for every shape). Rounding each segment up to a
+bucket length (zero rows, dropped after the matmuls) bounds the shapes a run can issue: 8 lengths up to 64 rows,
+then 8 per doubling, with under an eighth of a segment beyond 64 rows padding (at most 7 rows below).
 
 Padding rows are zero, so they add nothing to the real rows' outputs or to any gradient; the lengths depend only
 on the routing, so the same inputs give the same result bit for bit. fp32 never pads (its results are unchanged).

@@ -36,8 +36,8 @@ NEWTON_SCHULZ_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 # about [0.5, 1.3]. Hybrid runs 8 quintic iterations then 2 of these (ns_steps does not apply).
 NEWTON_SCHULZ_PINNING_COEFFICIENTS = (2.0, -1.5, 0.5)
 NEWTON_SCHULZ_EPS = 1e-7
-# One stacked Newton-Schulz chain's working set on the CPU (see chunk_matrices): about a core's L2 cache pair
-# on the machine measured (512 KiB L2 per core), where 4 matrices of 128 x 128 ran fastest.
+# One stacked Newton-Schulz chain's working set on the CPU (see chunk_matrices): about two cores' L2 caches
+# of 512 KiB, where chunks of 4 matrices of 128 x 128 run fastest (BENCHMARKS.md, bench_optim).
 NEWTON_SCHULZ_CPU_CHUNK_BYTES = 1 << 20
 NS_DTYPES = ("auto", "float32", "bfloat16")
 
@@ -72,7 +72,7 @@ def newton_schulz_iterate(update: torch.Tensor, schedule: list[tuple[float, floa
 
     Each step is three matrix products, two of them fused with their sums (addmm / baddbmm): one rounding per
     product-and-sum instead of separate scale, product and add operators, which is both faster and, in bf16,
-    about half as far from the exact iteration.
+    closer to the exact iteration.
     """
     x = update.to(compute_dtype)
     tall = x.size(-2) > x.size(-1)
@@ -85,7 +85,7 @@ def newton_schulz_iterate(update: torch.Tensor, schedule: list[tuple[float, floa
         x = x / (torch.linalg.matrix_norm(x, ord="fro", keepdim=True) + NEWTON_SCHULZ_EPS)
     product, multiply_add = (torch.mm, torch.addmm) if x.ndim == 2 else (torch.bmm, torch.baddbmm)
     # Three buffers for the whole iteration (x and `spare` swap each step): the same products as fresh tensors,
-    # without an allocation per product, which measured 2-8% of the small matrices' time.
+    # without an allocation per product, a noticeable share of the small matrices' time.
     gram = x.new_empty((*x.shape[:-1], x.size(-2)))
     polynomial = torch.empty_like(gram)
     spare = torch.empty_like(x)
@@ -363,9 +363,9 @@ def row_block(group: dict[str, Any], p: torch.Tensor) -> int:
 def chunk_matrices(stack: torch.Tensor, compute_dtype: torch.dtype, parts: int = 1) -> int:
     """Matrices per stacked Newton-Schulz chain. On the CPU, as many as keep one chain's working set (the
     iterate, its spare and two Gram-sized buffers) within NEWTON_SCHULZ_CPU_CHUNK_BYTES: one chain over a whole
-    stack streams every product through memory, and measured slower than one chain per matrix (72 matrices
-    128 x 128: 1.24 ms a matrix stacked whole, 0.98 alone, 0.85 by 4). Elsewhere the whole stack (one launch per
-    product), cut into `parts` when DDP ranks share the chunks out."""
+    stack streams every product through memory and runs slower than one chain per matrix, while chunks that fit
+    run faster than either (BENCHMARKS.md, bench_optim). Elsewhere the whole stack (one launch per product), cut
+    into `parts` when DDP ranks share the chunks out."""
     count, short, long = stack.shape
     if stack.device.type == "cpu":
         working_set = compute_dtype.itemsize * (2 * short * long + 2 * short * short)

@@ -1,5 +1,6 @@
 """Recipe changes in a run's history: what `--allow-change` accepted on resume, and from which update, and the
-free changes (a resume-free key such as the evaluation or checkpoint cadence) recorded the same way.
+free changes (a resume-free key such as the evaluation or checkpoint cadence) recorded the same way. A key
+recorded under its earlier flat name is read in today's (config/renames.py).
 
 A change accepted on resume is recorded in run.json's `allowed_changes` with the session that made it; it takes
 effect from that session's first update, so the evidence for the recipe in force at the end of a run is only
@@ -11,6 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from pilotrun.config import current_key
 
 
 @dataclass
@@ -34,7 +37,7 @@ def recipe_changes_in_history(run: dict[str, Any], lineage: list[str], kind: str
         sid = str(entry.get("session_id")) if isinstance(entry, dict) else None
         if sid not in lineage or not isinstance(starts.get(sid), int):
             continue
-        changes.append(RecipeChange(key=str(entry.get("key")), old=entry.get("old"), new=entry.get("new"),
+        changes.append(RecipeChange(key=current_key(str(entry.get("key"))), old=entry.get("old"), new=entry.get("new"),
                                     session_id=sid, from_update=int(starts[sid]) + 1))
     return changes
 

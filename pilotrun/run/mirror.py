@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.common.files import canonical_sha256
+from pilotrun.run.events import EVENT_KINDS
 from pilotrun.run.record import (
     METRICS_JSONL,
     NONFINITE_STRINGS,
@@ -27,7 +28,7 @@ from pilotrun.run.record import (
     record_integrity_problems,
 )
 
-MIRRORED_EVENTS = ("train", "val", "checkpoint", "overflow", "downstream", "evaluation")
+MIRRORED_EVENTS = tuple(name for name, kind in EVENT_KINDS.items() if kind.mirrored)  # run/events.py
 # Identity and clock fields that every event carries: not metrics.
 NOT_SCALARS = frozenset({"event", "time", "session_id"})
 REPORT_FOLDER = "report"  # what `pilotrun verdict` writes: summary.json, report.html, the plots

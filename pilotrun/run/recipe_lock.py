@@ -24,7 +24,7 @@ from typing import Any
 from pilotrun.common.errors import PilotrunError
 from pilotrun.common.files import canonical_sha256, refuse_link, remove_stale_temps, write_text_atomic
 from pilotrun.common.parsing import read_json_file
-from pilotrun.config import MACHINE_KEYS, flatten
+from pilotrun.config import MACHINE_KEYS, current_key, current_recipe, flatten
 
 LOCK_FORMAT = "pilotrun.recipe-lock/1"
 DATA_KEY = "data.metadata_sha256"
@@ -89,7 +89,7 @@ def lock_differences(lock_recipe: dict[str, Any], lock_data_sha256: str, recipe:
     """Every config key (dotted), the data identity, a data mixture's weights and seed (`data.mixture.*`) and
     (when `code` is given) the code identity where the run differs from the lock, sorted by key; each as
     {"key", "lock", "run"} (a key absent on one side shows as None; code shows as describe_code's words)."""
-    frozen, now = flatten(lock_recipe), flatten(recipe)
+    frozen, now = flatten(current_recipe(lock_recipe)), flatten(current_recipe(recipe))  # of any recipe format
     differences = [{"key": key, "lock": frozen.get(key), "run": now.get(key)}
                    for key in sorted(set(frozen) | set(now))
                    if frozen.get(key) != now.get(key) and key not in MACHINE_KEYS]
@@ -106,7 +106,8 @@ def lock_differences(lock_recipe: dict[str, Any], lock_data_sha256: str, recipe:
 
 
 def _normalise(key: str) -> str:
-    return key[len("recipe."):] if key.startswith("recipe.") else key
+    """An --allow-change key without `recipe.`, in today's name (a key under its earlier flat name too)."""
+    return current_key(key[len("recipe."):] if key.startswith("recipe.") else key)
 
 
 def check_against_lock(lock: dict[str, Any], recipe: dict[str, Any], data_sha256: str,
@@ -158,7 +159,7 @@ def frozen_candidate_status(run: dict[str, Any]) -> dict[str, Any] | None:
     differences = lock_differences(frozen.get("lock_recipe") or {}, frozen.get("lock_data_metadata_sha256"),
                                    recipe, data_sha, lock_mixture=frozen.get("lock_data_mixture"),
                                    mixture=(run.get("data") or {}).get("mixture"))
-    allowed = set(frozen.get("allowed") or [])
+    allowed = {_normalise(str(key)) for key in frozen.get("allowed") or []}
     if frozen.get("lock_code") is not None:  # else the lock had no code identity to hold sessions to
         differences += code_differences(frozen["lock_code"], run)
     drift = [d for d in differences if d["key"] not in allowed]
@@ -244,13 +245,13 @@ def allow_changes_beyond_the_lock(allow_change: list[str], resumed_run_dir: str 
         run = read_run_json(resumed_run_dir)
     except PilotrunError:
         return list(allow_change)
-    recorded = flatten(run.get("recipe") or {})
+    recorded = flatten(current_recipe(run.get("recipe") or {}))
     recorded["data.metadata_sha256"] = (run.get("data") or {}).get("metadata_sha256")
     now = {**flatten(recipe), "data.metadata_sha256": data_identity(data)[0]}
     from_lock = {d["key"] for d in lock_differences}
     kept = []
     for key in allow_change:
-        name = key.removeprefix("recipe.")
+        name = _normalise(key)
         if name not in from_lock or (name in now and now[name] != recorded.get(name)):
             kept.append(key)  # the code identity is the lock's alone: the checkpoint's comparison has no such key
     return kept

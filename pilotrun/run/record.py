@@ -4,7 +4,8 @@ A run folder holds `run.json` (rewritten atomically, a handful of times per sess
 (one JSON object a line, appended and flushed). docs/RUN_RECORD.md describes every field; this module owns
 the names that writer and readers share, so they cannot drift apart:
 
-- file names (RUN_JSON, METRICS_JSONL), event kinds (EVENTS), session-end reasons (SESSION_END_REASONS);
+- file names (RUN_JSON, METRICS_JSONL), event kinds (EVENTS, registered in events.py), session-end reasons
+  (SESSION_END_REASONS);
 - `Counters`, the four counters every event carries (step, tokens_seen, updates_attempted,
   updates_skipped), used by the trainer, the writer, summarize and verdict;
 - the time phases a session's `time_split` accounts for (PHASES);
@@ -46,6 +47,8 @@ from typing import Any
 from pilotrun.common.errors import PilotrunError
 from pilotrun.common.files import canonical_json
 from pilotrun.common.parsing import read_json_file
+from pilotrun.run.events import EVENT_KINDS
+from pilotrun.run.values import is_finite_number, is_int
 
 RUN_JSON = "run.json"
 METRICS_JSONL = "metrics.jsonl"
@@ -53,11 +56,7 @@ CHECKPOINTS_DIR = "checkpoints"
 HANGS_DIR = "hangs"  # every thread's stack of a rank that hung (training/callbacks/hang_watchdog.py)
 REPORT_DIR = "report"
 
-EVENTS = ("session_start", "train", "val", "checkpoint", "overflow", "data_restart", "qk_clip", "spike", "rollback",
-          "shard_check",  # a shard's sha256 checked in the background on its first read (training/callbacks/shard_check.py)
-          "downstream",  # the in-loop multiple-choice tasks' figures (training/callbacks/downstream_eval.py)
-          "evaluation",  # `pilotrun evaluate` on a committed checkpoint, outside any session (report/record_check/evaluations.py)
-          "session_end")
+EVENTS = tuple(EVENT_KINDS)  # registered in run/events.py
 SESSION_END_REASONS = ("completed", "interrupted", "deadline", "hung", "error", "stopped")
 COUNTER_KEYS = ("step", "tokens_seen", "updates_attempted", "updates_skipped")
 # Where a session's time goes: a session_end `time_split` carries `<phase>_seconds` for each, beside
@@ -201,21 +200,6 @@ def nonfinite_fields(value: Any, prefix: str = "") -> list[str]:
     return found
 
 
-def is_finite_number(value: Any) -> bool:
-    """A number a figure can be computed from: no bool, no NaN or infinity, and no integer beyond a float's
-    range (math.isfinite would raise OverflowError on one: a forged record is judged, never a traceback)."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 # ---------------------------------------------------------------------------------------------- readers
 def read_run_json(run_dir: str | Path) -> dict[str, Any]:
     """run.json as a dict. A missing folder or file, or an unreadable file, is a RecordError (bad input)."""
@@ -270,7 +254,7 @@ def _event_problem(event: dict[str, Any]) -> str | None:
         return f"event lacks {', '.join(missing)}"
     if event["event"] not in EVENTS:
         return f"unknown event '{event['event']}'"
-    bad = [k for k in COUNTER_KEYS if not _is_int(event[k]) or event[k] < 0]
+    bad = [k for k in COUNTER_KEYS if not is_int(event[k]) or event[k] < 0]
     if bad:
         return f"counter(s) {', '.join(bad)} not a non-negative integer"
     if not isinstance(event["session_id"], str):
@@ -289,21 +273,9 @@ def _event_problem(event: dict[str, Any]) -> str | None:
     return None
 
 
-# The shapes of the fields the readers take apart (alerts, the spike overview, the rollback checks), where
-# present: a line carrying another shape is not the writer's, and is damage named by its field.
-FIELD_SHAPES: dict[str, dict[str, tuple[str, Any]]] = {
-    "spike": {"spike_step": ("an integer", _is_int),
-              "signals": ("a list of names", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
-              "bounds": ("an object", lambda v: isinstance(v, dict)),
-              "batches": ("a list", lambda v: isinstance(v, list)),
-              "action": ("a name", lambda v: isinstance(v, str)),
-              "replay": ("an object or null", lambda v: v is None or isinstance(v, dict)),
-              "cause": ("a name or null", lambda v: v is None or isinstance(v, str))},
-    "rollback": {"restored_step": ("an integer", _is_int), "spike_step": ("an integer", _is_int),
-                 "skipped": ("an object", lambda v: isinstance(v, dict)),
-                 "rolled_back": ("an object", lambda v: isinstance(v, dict)),
-                 "rollbacks": ("an integer", _is_int), "max_rollbacks": ("an integer", _is_int)},
-}
+# The shapes of the fields the readers take apart, per event kind (run/events.py).
+FIELD_SHAPES: dict[str, dict[str, tuple[str, Any]]] = {name: kind.shapes for name, kind in EVENT_KINDS.items()
+                                                       if kind.shapes}
 
 
 # Beyond this an integer is no count, step or byte size pilotrun writes, and float() or an index would overflow.
@@ -312,7 +284,7 @@ LARGEST_INTEGER = 2**63 - 1
 
 def _huge_integer(value: Any, where: str = "") -> str | None:
     """The dotted name of the first integer in `value` beyond LARGEST_INTEGER either way, or None."""
-    if _is_int(value):
+    if is_int(value):
         return (where or "a value") if abs(value) > LARGEST_INTEGER else None
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:

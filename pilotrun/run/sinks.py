@@ -1,6 +1,6 @@
 """Metrics sinks: the hook through which trackers mirror the run record (`MetricsSink`), the guard that keeps a
-failing one from touching the run (`GuardedSink`), and the built-in trackers of `train.trackers` (TensorBoard,
-W&B, MLflow, trackio: run/tracker_*.py), live or after the fact (`pilotrun export-metrics RUN --to TRACKER`).
+failing one from touching the run (`GuardedSink`), and the trackers of `train.trackers` (registered in
+run/trackers.py), live or after the fact (`pilotrun export-metrics RUN --to TRACKER`).
 
 metrics.jsonl stays the record; a sink only mirrors it. The hook any tracker implements is `MetricsSink`:
 `write(event)` receives each event dict right after its line is written to metrics.jsonl (a deep copy, so a
@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pilotrun.common.errors import ConfigError
-from pilotrun.config import TRACKER_NAMES
 from pilotrun.run.export_undo import Places
 from pilotrun.run.mirror import (
     TrackerMirror,
@@ -38,21 +37,8 @@ from pilotrun.run.mirror import (
     read_verdict,
     report_files,
 )
-from pilotrun.run.tracker_mlflow import MlflowSink
-from pilotrun.run.tracker_tensorboard import TensorBoardSink, convert_run_to_tensorboard
-from pilotrun.run.tracker_trackio import TrackioSink
-from pilotrun.run.tracker_wandb import WandbSink
-
-TENSORBOARD_FOLDER = "tensorboard"  # RUN/tensorboard/: where the TensorBoard mirror writes
-
-# tracker -> the modules it imports (the extra `pip install 'pilotrun[NAME]'` installs them). MLflow's local
-# store (the default, RUN/mlflow.db) is SQLite through SQLAlchemy and alembic.
-TRACKER_MODULES: dict[str, tuple[str, ...]] = {
-    "tensorboard": ("tensorboard",),
-    "wandb": ("wandb",),
-    "mlflow": ("mlflow", "sqlalchemy", "alembic"),
-    "trackio": ("trackio",),
-}
+from pilotrun.run.tracker_tensorboard import TensorBoardSink
+from pilotrun.run.trackers import tracker_named
 
 
 class MetricsSink(Protocol):
@@ -103,9 +89,8 @@ def check_trackers_available(names: Iterable[str]) -> None:
     """Refuse, before anything is written, a tracker that is unknown or whose package is not installed: one
     `ConfigError` naming the tracker, the missing package and the extra that installs it."""
     for name in names:
-        if name not in TRACKER_MODULES:
-            raise ConfigError(f"train.trackers: unknown tracker '{name}' (known: {', '.join(TRACKER_NAMES)})")
-        missing = [m for m in TRACKER_MODULES[name] if importlib.util.find_spec(m) is None]
+        packages = tracker_named(name, "train.trackers: ").packages
+        missing = [m for m in packages if importlib.util.find_spec(m) is None]
         if missing:
             raise ConfigError(f"train.trackers: {name} needs the {', '.join(missing)} package"
                               f"{'s' if len(missing) > 1 else ''}: pip install 'pilotrun[{name}]'")
@@ -114,16 +99,7 @@ def check_trackers_available(names: Iterable[str]) -> None:
 def open_tracker(name: str, run_dir: str | Path, log_dir: str | Path | None = None) -> TrackerMirror:
     """One tracker's mirror of the run in `run_dir`, configured as that tracker is (module docstrings of
     run/tracker_*.py); `log_dir` is TensorBoard's event folder (default RUN/tensorboard)."""
-    run_dir = Path(run_dir)
-    if name == "tensorboard":
-        return TensorBoardSink(log_dir if log_dir is not None else run_dir / TENSORBOARD_FOLDER, run_dir=run_dir)
-    if name == "wandb":
-        return WandbSink(run_dir)
-    if name == "mlflow":
-        return MlflowSink(run_dir)
-    if name == "trackio":
-        return TrackioSink(run_dir)
-    raise ConfigError(f"unknown tracker '{name}' (known: {', '.join(TRACKER_NAMES)})")
+    return tracker_named(name).open(Path(run_dir), None if log_dir is None else Path(log_dir))
 
 
 def tracker_sinks(names: Iterable[str], run_dir: str | Path) -> list[GuardedSink]:
@@ -163,8 +139,9 @@ def export_metrics(run_dir: str | Path, name: str, *, log_dir: str | Path | None
     check_trackers_available([name])
     verdict = read_verdict(run_dir)
     files = report_files(run_dir)
-    if name == "tensorboard":
-        out, scalars = convert_run_to_tensorboard(run_dir, log_dir, force=force)
+    own_export = tracker_named(name).export
+    if own_export is not None:  # TensorBoard: the whole run rewritten as one folder of event files
+        out, scalars = own_export(run_dir, log_dir, force=force)
         return {"tracker": name, "events": None, "scalars": scalars, "verdict": verdict is not None,
                 "files": 0, "where": str(out)}
     events = kept_history(exported_events(run_dir))

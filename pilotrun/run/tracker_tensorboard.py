@@ -23,6 +23,7 @@ from pilotrun.common.files import plain_folder
 from pilotrun.run.mirror import MIRRORED_EVENTS, TrackerMirror, exported_events, identity_tags, kept_history
 
 EVENT_FILE_PREFIX = "events.out.tfevents."
+TENSORBOARD_FOLDER = "tensorboard"  # RUN/tensorboard/: where the mirror and the converter write by default
 
 
 def _tensorboard():
@@ -133,6 +134,12 @@ class TensorBoardSink(TrackerMirror):
             self.writer.close()
 
 
+def open_tensorboard(run_dir: Path, log_dir: Path | None) -> TensorBoardSink:
+    """The live mirror of the run in `run_dir`, its event files in `log_dir` (default RUN/tensorboard)."""
+    run_dir = Path(run_dir)
+    return TensorBoardSink(log_dir if log_dir is not None else run_dir / TENSORBOARD_FOLDER, run_dir=run_dir)
+
+
 def event_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.name.startswith(EVENT_FILE_PREFIX))
 
@@ -150,7 +157,7 @@ def convert_run_to_tensorboard(run_dir: str | Path, out: str | Path | None = Non
     run_dir = Path(run_dir)
     if not (run_dir / METRICS_JSONL).is_file():
         raise ConfigError(f"{run_dir / METRICS_JSONL} not found: is {run_dir} a run folder?")
-    out = Path(out) if out is not None else run_dir / "tensorboard"
+    out = Path(out) if out is not None else run_dir / TENSORBOARD_FOLDER
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ConfigError(f"--out {out} is not a folder")
     created = not out.exists()

@@ -133,7 +133,7 @@ def restart_store(environ: dict[str, str], world_size: int, timeout: datetime.ti
     own (env://). torchrun's agent hosts one TCPStore for every restart of its workers, and torch's env://
     store does not separate the restarts' keys: a rank of a restarted group could read a peer's address that the
     previous group published and connect to a process that is gone (gloo: "connectFullMesh failed ...
-    Connection refused", seen on 2 ranks under `--max-restarts`, about one restart in two on a busy machine).
+    Connection refused" after a restart under `--max-restarts`).
     Prefixed by TORCHELASTIC_RESTART_COUNT, each restart's group reads only its own keys."""
     if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "TORCHELASTIC_RESTART_COUNT" not in environ:
         return None

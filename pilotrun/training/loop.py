@@ -151,7 +151,7 @@ def train_one_update(loop: LoopState) -> UpdateResult:
     device, accumulation = session.device, t.gradient_accumulation_steps
     set_learning_rates(optimizer, state.step, cfg.optim.schedule)
     # The update that should close a window also measures the update RMS per group, once a window.
-    measure_rms = (state.step + 1) % t.log_every == 0 or state.step + 1 >= t.max_steps
+    measure_rms = (state.step + 1) % t.log.every == 0 or state.step + 1 >= t.max_steps
     optimizer.zero_grad(set_to_none=True)
     restarted = 0
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # the update's own loss, for the spike judge

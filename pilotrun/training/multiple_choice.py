@@ -102,7 +102,7 @@ def check_downstream_fits(config: Any, data_dir: Any, tasks: Sequence[ChoiceTask
     trainer is built, before anything is written, not by a traceback at the first scoring that every resume
     would meet again. Data that cannot be opened is left to the session's set-up, which names what is wrong."""
     t = config.train
-    if not tasks or t.downstream_every <= 0:
+    if not tasks or t.downstream.every <= 0:
         return
     from pilotrun.data.mixed_reader import open_data
     from pilotrun.data.tokenizer import plain
@@ -112,9 +112,9 @@ def check_downstream_fits(config: Any, data_dir: Any, tasks: Sequence[ChoiceTask
     except PilotrunError:
         return
     beyond = choice_beyond_window(lambda text: tokenizer.encode(text, add_special_tokens=False).ids if text else [],
-                                  tasks, config.model.max_seq_len, t.downstream_limit)
+                                  tasks, config.model.max_seq_len, t.downstream.limit)
     if beyond is not None:
-        raise ConfigError(f"train.downstream_tasks: {beyond}")
+        raise ConfigError(f"train.downstream.tasks: {beyond}")
 
 
 def score_task(scorer: Scorer, task: ChoiceTask, limit: int = 0,

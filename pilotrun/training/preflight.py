@@ -1,5 +1,5 @@
 """Before the first update: what would otherwise be found only at the first checkpoint, after
-`checkpoint_every` updates of work that could not be saved.
+`train.checkpoint.every` updates of work that could not be saved.
 
 - every name the session writes inside the run folder (run.json, metrics.jsonl, checkpoints/, report/,
   profile/, tensorboard/) is not a symbolic link: pilotrun never writes through one, and a link found at the
@@ -121,15 +121,15 @@ def disk_plan(checkpointer: Checkpointer, train: TrainConfig, bytes_each: int, s
     """(the line stating the plan, a warning or None); see the module docstring."""
     committed = checkpointer.committed()
     protected = set(checkpointer.all_protected()) - {c.step for c in committed if c.step > train.max_steps}
-    kept = kept_at_most(train.max_steps, train.checkpoint_every, train.keep_checkpoints, train.keep_every,
-                        protected)
+    policy = train.checkpoint
+    kept = kept_at_most(train.max_steps, policy.every, policy.keep, policy.keep_every, protected)
     already = sum(int(entry.get("bytes", 0)) for c in committed for entry in c.marker.get("files", {}).values()
                   if isinstance(entry, dict) and isinstance(entry.get("bytes"), int))
     free = _free_bytes(checkpointer.root if checkpointer.root.is_dir() else checkpointer.run_dir)
     need = (kept + 1) * bytes_each  # one more: the save being written before the next prune
-    tiers = f"the newest {train.keep_checkpoints}"
-    if train.keep_every:
-        tiers += f", every {train.keep_every}-th step"
+    tiers = f"the newest {policy.keep}"
+    if policy.keep_every:
+        tiers += f", every {policy.keep_every}-th step"
     tiers += f", {len(protected)} protected and the final one" if protected else " and the final one"
     free_text = "unknown" if free is None else _size(free)
     line = (f"checkpoints: {_size(bytes_each)} each ({source}); the retention policy keeps at most {kept} by step "
@@ -139,7 +139,7 @@ def disk_plan(checkpointer: Checkpointer, train: TrainConfig, bytes_each: int, s
     if free is not None and free + already < need:
         warning = (f"the checkpoint policy needs about {_size(need)} but the run folder's file system has "
                    f"{_size(free)} free (+ {_size(already)} of checkpoints already there): the disk fills before step "
-                   f"{train.max_steps:,}; lower train.keep_checkpoints or train.keep_every, or free space")
+                   f"{train.max_steps:,}; lower train.checkpoint.keep or train.checkpoint.keep_every, or free space")
     return line, warning
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from pilotrun.common.errors import CheckpointError, ConfigError, PilotrunError
-from pilotrun.config import RunConfig, config_from_dict, config_to_dict, validate_run_config
+from pilotrun.config import RunConfig, config_from_dict, config_to_dict, renames, validate_run_config
 from pilotrun.data.mixed_reader import MixedDataset, MixedLoader, all_splits, check_fits_recipe, open_data
 from pilotrun.data.reader import BatchLoader, TokenDataset
 from pilotrun.model.accounting import count_parameters, flops_per_token
@@ -47,11 +47,11 @@ from pilotrun.run.writer import MetricsWriter, RunRecord
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.checkpoint.dcp_storage import (
     DCPStorage,
-    DistributedCheckpointer,
     check_parts,
     load_model_and_optimizer_state,
     model_and_optimizer_state,
 )
+from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
 from pilotrun.training.checkpoint.resume_plan import ResumePlan, checkpoint_meta, plan_session
 from pilotrun.training.checkpoint.rng_state import capture_rng_state, restore_rng_state, seed_every_generator
 from pilotrun.training.environment import default_threads, git_state, hardware_info, software_versions
@@ -322,12 +322,13 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
                                            (f" {mixture}" if mixture else ""))
     recorded = read_run_json(run_dir) if resume else {}
 
-    # 3. The plan. torch.save for one process, torch.distributed.checkpoint (collective, per-rank RNG) for
-    # several; the checkpointer's constructor is a barrier, so no rank is still checking the run folder when
-    # rank 0 starts writing. The model is built first (seeded: Python and NumPy too, since their draws must
+    # 3. The plan. The checkpoint storage the recipe names (auto: torch.save for one process,
+    # torch.distributed.checkpoint, collective with per-rank RNG, for several); the checkpointer's constructor
+    # is a barrier, so no rank is still checking the run folder when rank 0 starts writing. The model is built first (seeded: Python and NumPy too, since their draws must
     # match across sessions) because the partition it implies is part of what a resume compares.
-    checkpointer = DistributedCheckpointer(run_dir, config.train.keep_checkpoints, context,
-                                           keep_every=config.train.keep_every, keep_steps=config.train.keep_steps)
+    kept = config.train.checkpoint
+    checkpointer = DistributedCheckpointer(run_dir, kept.keep, context, keep_every=kept.keep_every,
+                                           keep_steps=kept.keep_steps, storage=kept.storage)
     device = torch.device(context.device)
     seed_every_generator(config.train.seed)
     model = build_model(config.model)
@@ -409,7 +410,7 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     val_tokens = min(split.num_tokens for split in all_splits(session.dataset, "val"))
     session.notes.extend(startup_warnings(config, val_tokens, world_size))
     # Before run.json and the first update: a folder that cannot take a checkpoint is refused now, not after
-    # checkpoint_every updates of work that could not be saved.
+    # train.checkpoint.every updates of work that could not be saved.
     refusal = None
     if context.is_main_process:
         try:
@@ -524,6 +525,7 @@ def open_record(session: Session, *, resume: bool, command: list[str]) -> None:
                                   optimizer={"groups": session.partition}, recipe=config_to_dict(config),
                                   data=session.data_section(), enabled=is_main)
     record.data["skip_data"] = run_skip_data(session)  # what the restored state steps over (rewritten at a rollback)
+    record.data[renames.RECIPE_FORMAT_KEY] = renames.RECIPE_FORMAT  # `recipe` in today's names, on any resume too
     record.record_allowed_changes(session.session_id, session.plan.allowed_changes)
     record.record_free_changes(session.session_id, session.plan.free_changes)
     counters = session.state.counters()

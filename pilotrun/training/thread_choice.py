@@ -1,8 +1,8 @@
 """`train.num_threads: 0`: the intra-op thread count chosen from what this process can actually use.
 
 One thread per core is right on a machine of the run's own, and badly wrong on a shared one: spinning OpenMP
-threads that lose their time slices to another job stall every matmul (two threads ran the CPU stability recipe
-about ten times slower than one on this project's busy 2-core machine; BENCHMARKS.md). So, for one process on a
+threads that lose their time slices to another job stall every matmul (on a busy machine two threads can run an
+update many times slower than one; BENCHMARKS.md, "Intra-op threads"). So, for one process on a
 CPU, the candidates are 1, the cores free at start (the idle share of this process's CPUs over a short sample of
 /proc/stat) and every physical core of its affinity, and each is timed on a few updates of the recipe's own model
 and optimizer (a throwaway copy, random tokens), capped in seconds (`MEASURE_SECONDS`), as

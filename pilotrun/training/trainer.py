@@ -9,11 +9,12 @@ The callbacks, in the order they act after an update (callbacks.py has the inter
   profiling.ProfileCallback          torch.profiler around the attempts `train.profile` names ("profile" phase)
   window_log.RareEventsCallback      data restarts, overflows, QK-Clip events
   rollback.SpikeCallback             the `spike` event, and a rollback under train.spike.policy=rollback
-  window_log.WindowLogCallback       the `train` event every `log_every` updates, the progress bar
-  evaluation.EvalCallback            the `val` event every `eval_every` updates ("eval" phase)
-  downstream_eval.DownstreamEvalCallback  the `downstream` event (multiple-choice tasks) every `downstream_every`
-  checkpointing.CheckpointCallback   every `checkpoint_every` updates and at the end ("checkpoint" phase);
-                                     beside training under `train.checkpoint_mode` (not the last save)
+  window_log.WindowLogCallback       the `train` event every `train.log.every` updates, the progress bar
+  evaluation.EvalCallback            the `val` event every `train.eval.every` updates ("eval" phase)
+  downstream_eval.DownstreamEvalCallback  the `downstream` event (multiple-choice tasks) every
+                                     `train.downstream.every`
+  checkpointing.CheckpointCallback   every `train.checkpoint.every` updates and at the end ("checkpoint" phase);
+                                     beside training under `train.checkpoint.mode` (not the last save)
   pilot_handshake.KillPointCallback  the pilot's kill point, when the pilot hands one in (`stop_past_step`)
 the hang watchdog (hang_watchdog.HangWatchdog, `pilotrun train --hang-timeout`, outermost around each update),
 which ends the session `hung` from its own thread when this rank makes no progress within its bound,
@@ -22,7 +23,7 @@ and two that only ask the session to stop (`stop_request`, agreed across ranks b
   launcher.LauncherWatchCallback     torchrun's launcher gone (the parent pid changed, or its death signal)
 
 Every event written to metrics.jsonl is handed to the metrics sinks (run/sinks.py: the live mirrors of
-`train.trackers` (TensorBoard, W&B, MLflow, trackio), and any the caller passes), each guarded so that a failing sink warns once and changes
+`train.log.trackers` (TensorBoard, W&B, MLflow, trackio), and any the caller passes), each guarded so that a failing sink warns once and changes
 neither the training nor the record; writing and mirroring are the "report" phase.
 
 A stop signal (pilotrun/common/stop_signals.py): the current update is finished, the window is logged, a checkpoint is
@@ -34,6 +35,7 @@ the same way with reason "deadline" and exit code 75. A hang (callbacks/hang_wat
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -46,9 +48,9 @@ from typing import Any
 import torch
 
 from pilotrun.common.stop_signals import HUNG_EXIT_CODE, signal_name
-from pilotrun.config import RunConfig
+from pilotrun.config import DownstreamConfig, RunConfig
 from pilotrun.data.choice_tasks import read_choice_tasks
-from pilotrun.run.record import HANGS_DIR, PHASES, run_json_digests
+from pilotrun.run.record import HANGS_DIR, PHASES, read_metrics_tolerant, run_json_digests
 from pilotrun.run.sinks import (
     GuardedSink,
     MetricsSink,
@@ -67,6 +69,7 @@ from pilotrun.training.callbacks.launcher_watch import LauncherWatchCallback
 from pilotrun.training.callbacks.profiling import ProfileCallback, ProfileWindow
 from pilotrun.training.callbacks.shard_check import ShardCheckCallback
 from pilotrun.training.callbacks.window_log import RareEventsCallback, WindowLogCallback
+from pilotrun.training.checkpoint.background import out_of_space, space_error_line
 from pilotrun.training.loop import train_loop
 from pilotrun.training.multiple_choice import check_downstream_fits
 from pilotrun.training.notices import interrupt_acknowledgement
@@ -108,7 +111,7 @@ def describe_plan(config: RunConfig, world_size: int, start_step: int = 0, devic
 def describe_compile(mode: str, device_type: str) -> str:
     """What train.compile costs and whether it pays back. On the CPU it does not (BENCHMARKS.md, bench_update):
     the compiled parts are a block's elementwise chains, while the update's time is in the matmuls, the MoE
-    layers' kernels (which stay eager) and the optimizer step (about half the update, not compiled)."""
+    layers' kernels (which stay eager) and the optimizer step (a large share of the update, not compiled)."""
     if mode == "none":
         if device_type == "cpu":
             return ("compile: none (eager). train.compile=inductor would spend seconds compiling each block shape in "
@@ -129,7 +132,7 @@ class Trainer:
     """Builds one session (fresh or resumed, session.py), then `run()` trains to `train.max_steps`.
 
     `sinks`: extra metrics sinks (run/sinks.py `MetricsSink`: `write(event)` and `close()`, or a `GuardedSink`)
-    that receive every event as it is recorded, beside the trackers of `train.trackers`. Only rank
+    that receive every event as it is recorded, beside the trackers of `train.log.trackers`. Only rank
     0 writes the record, so only rank 0's sinks receive events; every rank's are closed when `run()` returns.
     `stop_past_step`: the pilot's kill point (pilot_handshake.py); None trains normally.
     `signals`: the session's stop requests (signals.py); `request(signum)` asks it to stop as a signal would
@@ -148,8 +151,8 @@ class Trainer:
                  signals: StopSignals | None = None, stop_by: float | None = None, started_at: float | None = None,
                  clock: Callable[[], float] | None = None, watchdog: HangWatchdog | None = None):
         # A tracker named in the recipe but not installed is refused before anything is written.
-        check_trackers_available(config.train.trackers)
-        self.downstream_tasks = read_choice_tasks(config.train.downstream_tasks)  # a bad task file: refused here
+        check_trackers_available(config.train.log.trackers)
+        self.downstream_tasks = read_choice_tasks(config.train.downstream.tasks)  # a bad task file: refused here
         check_downstream_fits(config, data_dir, self.downstream_tasks)  # a choice past the model's window too
         self.stop_by, self.clock = stop_by, clock if clock is not None else time.time
         self.watchdog, self.session_ended, self.peer_hung = watchdog, False, False
@@ -195,10 +198,9 @@ class Trainer:
                                  rank=session.context.rank)
         window = WindowLogCallback.for_session(loop, progress=self.progress)
         deadline = [] if self.stop_by is None else [
-            DeadlineCallback(self.stop_by, setup_seconds=self.clock() - self.started_at, clock=self.clock)]
-        background = t.checkpoint_mode == "background" or (t.checkpoint_mode == "auto"
-                                                           and session.device.type == "cuda")
-        checkpoint = CheckpointCallback(t.checkpoint_every, background=background)
+            DeadlineCallback(self.stop_by, setup_seconds=self.clock() - self.started_at, clock=self.clock,
+                             recorded_save_seconds=last_recorded_save(session.run_dir))]
+        checkpoint = CheckpointCallback.for_section(t.checkpoint, session.device.type)
         watched: list[Callback] = []
         if self.watchdog is not None:
             self.watchdog.attach(loop)
@@ -207,15 +209,15 @@ class Trainer:
         return [*watched, ProfileCallback(profiler), RareEventsCallback(), ShardCheckCallback.for_session(loop),
                 SpikeCallback(window.close_window, checkpoint.settle, checkpoint.save_now, window.reopen),
                 window,
-                EvalCallback(t), self._downstream(t), checkpoint,
+                EvalCallback(t.eval), self._downstream(t.downstream), checkpoint,
                 KillPointCallback.past_step(self.stop_past_step), LauncherWatchCallback.for_process(), *deadline]
 
-    def _downstream(self, t) -> DownstreamEvalCallback:
+    def _downstream(self, section: DownstreamConfig) -> DownstreamEvalCallback:
         """The in-loop tasks, read before the session was built (the effective recipe may name others only
         when a resume changed them: those are read now)."""
         read = [task.path for task in self.downstream_tasks]
-        same = read == list(t.downstream_tasks)
-        return DownstreamEvalCallback(t, self.downstream_tasks if same else None)
+        same = read == list(section.tasks)
+        return DownstreamEvalCallback(section, self.downstream_tasks if same else None)
 
     def run(self) -> TrainResult:
         loop = LoopState(self.session, self.account, self.signals, self.out, sinks=self.sinks)
@@ -233,12 +235,18 @@ class Trainer:
         session = self.session
         self._start_session(loop)
         callbacks = self.callbacks(loop)
+        late = dist_utils.first_across_ranks(session.context, next(
+            (c.too_late_to_start(loop) for c in callbacks if isinstance(c, DeadlineCallback)), None))
+        if late is not None:  # the set-up spent the time a save needs: nothing trained, nothing saved
+            return self._end_session(loop, late)
         try:
             ending = train_loop(loop, callbacks)
         except BaseException as exc:
             if self.session_ended:  # ended `hung` by the watchdog, whose exit this unwinding is
                 raise
             self.session_ended = True
+            if isinstance(exc, Exception) and out_of_space(exc):
+                return self._end_for_space(loop, exc)
             reason, message = "error", f"{type(exc).__name__}: {exc}"
             hung = peer_hangs(session.run_dir, self.began, session.context.rank) if session.context.is_distributed \
                 and isinstance(exc, Exception) else []
@@ -250,10 +258,23 @@ class Trainer:
             raise
         return self._end_session(loop, ending)
 
+    def _end_for_space(self, loop: LoopState, exc: Exception) -> TrainResult:
+        """The disk filled under a write of the record or a save (another process filled it): nothing is
+        committed half (every write is temp + rename), so the session stops, exit 1, for a person to free
+        space; its session_end is written where the disk takes it."""
+        session = self.session
+        message = (f"the disk is full ({space_error_line(exc)}); nothing was half committed, the newest committed "
+                   f"checkpoint is step {loop.last_checkpoint_step}: free space, then --resume")
+        with contextlib.suppress(OSError):
+            loop.log("session_end", reason="stopped", message=message, time_split=self.account.time_split())
+            session.record.end_session(session.session_id, reason="stopped", chain_end=session.metrics.head)
+        loop.say(f"session_end: stopped at step {loop.step:,} ({message})")
+        return TrainResult(reason="stopped", exit_code=1, message=message, **session.state.counters().as_dict())
+
     def _start_session(self, loop: LoopState) -> None:
         """Open the TensorBoard mirror, print the plan and the notes, log `session_start` (rank 0 prints)."""
         session, t, world_size = self.session, self.session.config.train, self.session.context.world_size
-        trackers = list(t.trackers)
+        trackers = list(t.log.trackers)
         if trackers and loop.is_main:  # the one process that has the events mirrors them
             with self.account.phase("report"):
                 self.sinks[:0] = tracker_sinks(trackers, session.run_dir)
@@ -265,7 +286,16 @@ class Trainer:
                  run_json_sha256=run_json_digests(session.record.data), tokens_per_update=session.tokens_per_update,
                  max_steps=t.max_steps, tokens_per_microbatch=session.tokens_per_microbatch,
                  metrics_repaired_bytes=session.metrics.repaired_bytes,
-                 **({"restart": session.restart} if session.restart else {}))
+                 **({"restart": session.restart} if session.restart else {}),
+                 **({"resumed_checkpoint": self._resumed_marker()} if session.plan.resuming and loop.is_main else {}))
+
+    def _resumed_marker(self) -> dict[str, Any]:
+        """What the marker of the checkpoint this session resumed from says of its making: the session that
+        committed it and its counters. The marker is the truth; its own `checkpoint` event may be missing (a kill
+        between the commit and the record), and summarize reconciles the two with this."""
+        meta = self.session.checkpointer.meta(self.session.plan.checkpoint_step)
+        return {"step": self.session.plan.checkpoint_step, "session_id": meta.get("session_id"),
+                "counters": meta.get("counters"), "metrics_chain_head": meta.get("metrics_chain_head")}
 
     def _end_session(self, loop: LoopState, ending: Ending) -> TrainResult:
         session = self.session
@@ -292,6 +322,13 @@ class Trainer:
                             time_split=self.account.time_split(), val_loss=loop.last_val_loss)
         session.metrics.fsync()
         session.record.end_session(session.session_id, reason="hung", chain_end=session.metrics.head)
+
+
+def last_recorded_save(run_dir: Path) -> float | None:
+    """The blocking seconds of the run's last recorded save (None: it never saved), the deadline's measure of
+    the save a session owes before its own first."""
+    saves = [e.get("seconds") for e in read_metrics_tolerant(run_dir).events if e.get("event") == "checkpoint"]
+    return next((float(s) for s in reversed(saves) if isinstance(s, int | float) and s >= 0), None)
 
 
 AUTO_HANG_BOUNDS = HangBounds()  # `--hang-timeout auto`

@@ -1,4 +1,4 @@
-"""pilotrun/commands/api.py: the README's Python example runs as written, and `import pilotrun` does not import torch."""
+"""pilotrun/commands/api.py: the Python example of docs/USING.md runs as written, and `import pilotrun` does not import torch."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def readme_python_example() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "USING.md").read_text()
     section = text.split("## Python API", 1)[1]
     match = re.search(r"```python\n(.*?)```", section, flags=re.S)
-    assert match, "README's Python API section has no python block"
+    assert match, "docs/USING.md's Python API section has no python block"
     return match.group(1)
 
 
@@ -24,7 +24,7 @@ def readme_python_example() -> str:
 def test_readme_example_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
-    exec(compile(readme_python_example(), "README.md", "exec"), namespace)
+    exec(compile(readme_python_example(), "docs/USING.md", "exec"), namespace)
     out = capsys.readouterr().out.splitlines()[-4:]  # after the trainer's plan and session_end lines
     assert out[0] == "completed 4" and out[1] == "True"
     assert out[2].split()[0] in ("GO", "NO-GO")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pilotrun.commands.cli import main
-from pilotrun.commands.pilot import PilotError, configs_dir, freeze_step, run_pilot
+from pilotrun.commands.pilot import PilotError, configs_dir, kill_point_step, run_pilot
 from pilotrun.report.record_check.summarize import summarize_run
 
 
@@ -19,7 +19,7 @@ def test_configs_dir_is_the_repository_folder():
 def test_bad_recipe_for_a_pilot_is_refused_before_writing(tmp_path):
     with pytest.raises(PilotError, match="recipe not found"):
         run_pilot(tmp_path / "w", config=tmp_path / "missing.yaml")
-    with pytest.raises(PilotError, match="checkpoint_every"):
+    with pytest.raises(PilotError, match=r"train\.checkpoint\.every"):
         run_pilot(tmp_path / "w", config=configs_dir() / "smoke.yaml", overrides=["train.checkpoint_every=0"])
     assert not (tmp_path / "w").exists()
 
@@ -134,10 +134,10 @@ train: {batch_size: 4, seq_len: 32, max_steps: 24, log_every: 2, eval_every: 6, 
 
 
 def test_the_kill_step_is_the_first_logged_step_past_the_point_with_a_checkpoint():
-    assert freeze_step(120, 240, 5, 40) == 125  # the shipped recipe: what the end-to-end test sees
-    assert freeze_step(3, 6, 1, 3) == 4
-    assert freeze_step(1, 30, 10, 12) == 12  # no checkpoint before step 12: the first window after it
-    assert freeze_step(5, 6, 1, 3) is None  # nothing left to redo after step 6
+    assert kill_point_step(120, 240, 5, 40) == 125  # the shipped recipe: what the end-to-end test sees
+    assert kill_point_step(3, 6, 1, 3) == 4
+    assert kill_point_step(1, 30, 10, 12) == 12  # no checkpoint before step 12: the first window after it
+    assert kill_point_step(5, 6, 1, 3) is None  # nothing left to redo after step 6
 
 
 def test_an_interrupt_point_the_kill_cannot_reach_is_refused_before_writing(tmp_path):

@@ -64,7 +64,7 @@ def test_outside_the_main_thread_nothing_is_installed():
 
 @pytest.mark.slow
 def test_a_worker_ignores_every_stop_signal():
-    code = ("import os\nfrom pilotrun import stop_signals\nstop_signals.ignored()\n"
+    code = ("import os\nfrom pilotrun.common import stop_signals\nstop_signals.ignored()\n"
             "for signum in stop_signals.STOP_SIGNALS:\n    os.kill(os.getpid(), signum)\nprint('still here')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))

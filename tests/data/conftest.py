@@ -76,3 +76,27 @@ class LocalHub:
     def download_file(self, repo_id: str, filename: str, revision: str) -> str:
         self.calls.append(("download", repo_id, filename, revision))
         return self.files[f"{repo_id}/{filename}"]
+
+
+@pytest.fixture
+def in_process(monkeypatch):
+    """datatrove's local executor run in this process (tests/data/datatrove_helpers.py)."""
+    pytest.importorskip("datatrove")
+    from datatrove.executor import LocalPipelineExecutor
+
+    from tests.data.datatrove_helpers import in_process_run
+
+    monkeypatch.setattr(LocalPipelineExecutor, "run", in_process_run)
+
+
+@pytest.fixture
+def corpus(tmp_path, fineweb_texts) -> Path:
+    """The FineWeb-Edu fixture dealt over three jsonl files, with a blank document (skipped by both engines)."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for index in range(3):
+        rows = [{"text": t} for t in fineweb_texts[index * 50:(index + 1) * 50]]
+        if index == 1:
+            rows.insert(3, {"text": "  \n"})
+        (folder / f"part-{index}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder

@@ -8,7 +8,7 @@ from pilotrun.data.identity import (
     requested_source,
     requested_tokenizer,
 )
-from pilotrun.data.sources import FINEWEB_EDU_REPO
+from pilotrun.data.source_hub import FINEWEB_EDU_REPO
 
 OPTIONS = request_options(train_tokens=None, val_fraction=0.01, shard_tokens=2**24, seed=0, shuffle_buffer=10000,
                           shuffle_buffer_bytes=64 << 20, text_field="text", eos=None)

@@ -1,137 +1,83 @@
-"""Sources: local files and globs (hashed, sorted), the fineweb-edu spec, and clear errors."""
+"""pilotrun/data/sources.py: every registered source kind, each registered whole (its own module, how
+`--source` names it, a claim, an opener, what a spec decides offline, a describer), local files last; and the
+dispatch, the offline request, the describer and `--source`'s help all reading the one table."""
 
 from __future__ import annotations
 
-import hashlib
-import json
+import dataclasses
+import sys
+from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from pilotrun.common.errors import DataError
-from pilotrun.data.sources import open_source, parse_fineweb_spec
+from pilotrun.data import sources
+from pilotrun.data.opened_source import OpenedSource, SourceKind
+from pilotrun.data.sources import SOURCE_KINDS, describe_source, open_source, requested_source, source_help
 
-from .conftest import FAKE_SHA, LocalHub
-
-
-def test_parquet_and_jsonl_fixtures_give_the_same_documents(fineweb_jsonl, fineweb_parquet, fineweb_texts):
-    from_jsonl = list(open_source(str(fineweb_jsonl)).documents())
-    from_parquet = open_source(str(fineweb_parquet))
-    assert from_jsonl == list(from_parquet.documents()) == fineweb_texts
-    record = from_parquet.identity["files"][0]
-    assert record["name"] == fineweb_parquet.name
-    assert record["sha256"] == hashlib.sha256(fineweb_parquet.read_bytes()).hexdigest()
+PARTS = ("claims", "open", "requested", "describe")
 
 
-def test_glob_is_sorted_and_files_are_named_relative(tmp_path):
-    for name in ("b.txt", "a.txt", "sub/c.jsonl"):
-        (tmp_path / name).parent.mkdir(exist_ok=True)
-    (tmp_path / "b.txt").write_text("second")
-    (tmp_path / "a.txt").write_text("first")
-    (tmp_path / "sub" / "c.jsonl").write_text('{"body": "third"}\n\n{"body": "  "}\n{"body": null}\n')
-    source = open_source(str(tmp_path / "**" / "*.*"), text_field="body")
-    assert list(source.documents()) == ["first", "second", "third"]
-    assert source.skipped_empty == 2
-    assert [f["name"] for f in source.identity["files"]] == ["a.txt", "b.txt", "sub/c.jsonl"]
-    assert str(tmp_path) not in json.dumps(source.identity)
+def half_registrations() -> list[str]:
+    """What a kind's registration lacks: a name, a one-line spec, any of its four functions, a module of its
+    own (data/source_*.py); and local files not last (a kind after them would never be asked)."""
+    found, homes = [], {}
+    for kind in sources.SOURCE_KINDS:
+        name = kind.name or "<unnamed>"
+        if not kind.name or not isinstance(kind.spec, str) or not kind.spec.strip() or "\n" in kind.spec:
+            found.append(f"{name}: no name or no one-line spec for --source's help")
+        found += [f"{name}: no {part}" for part in PARTS if not callable(getattr(kind, part))]
+        module = getattr(kind.open, "__module__", "")
+        file = Path(sys.modules[module].__file__) if module in sys.modules else None
+        if file is None or not file.name.startswith("source_") or homes.setdefault(module, name) != name:
+            found.append(f"{name}: not opened from a module of its own (data/source_*.py)")
+    if [kind.name for kind in sources.SOURCE_KINDS][-1:] != ["local"]:
+        found.append("local files are not the last kind asked")
+    return found
 
 
-def test_text_field_errors_name_file_and_line(tmp_path):
-    (tmp_path / "x.jsonl").write_text('{"text": "ok"}\n{"content": "no text"}\n')
-    with pytest.raises(DataError, match=r"x\.jsonl:2: no field 'text'"):
-        list(open_source(str(tmp_path / "x.jsonl")).documents())
-    pq.write_table(pa.table({"content": ["a"]}), tmp_path / "y.parquet")
-    with pytest.raises(DataError, match=r"y\.parquet: no column 'text'.*--text-field"):
-        list(open_source(str(tmp_path / "y.parquet")).documents())
-    (tmp_path / "z.jsonl").write_text("{not json\n")
-    with pytest.raises(DataError, match=r"z\.jsonl:1: not valid JSON"):
-        list(open_source(str(tmp_path / "z.jsonl")).documents())
+def test_every_source_kind_is_registered_whole():
+    assert [(kind.name, kind.spec) for kind in SOURCE_KINDS] == [
+        ("builtin", "builtin"), ("hub", "fineweb-edu[:CONFIG][@REVISION] (needs the [hub] extra)"),
+        ("local", "local .parquet/.jsonl/.txt files or a glob")]
+    assert half_registrations() == []
+    assert source_help() == ("builtin | fineweb-edu[:CONFIG][@REVISION] (needs the [hub] extra) | local "
+                             ".parquet/.jsonl/.txt files or a glob")
 
 
-def test_missing_or_unsupported_inputs(tmp_path):
+def test_a_half_registered_kind_is_named(monkeypatch):
+    local = SOURCE_KINDS[-1]
+    planted = dataclasses.replace(local, name="memory", spec="", describe=None)
+    monkeypatch.setattr(sources, "SOURCE_KINDS", (*SOURCE_KINDS, planted))
+    assert half_registrations() == ["memory: no name or no one-line spec for --source's help",
+                                    "memory: no describe",
+                                    "memory: not opened from a module of its own (data/source_*.py)",
+                                    "local files are not the last kind asked"]
+
+
+def test_a_registered_kind_is_reached_by_every_reader(monkeypatch, capsys):
+    def open_memory(spec, text_field="text", hub=None):
+        return OpenedSource(identity={"kind": "memory", "text": spec[len("memory:"):]},
+                            _iterate=lambda: iter([spec[len("memory:"):]]))
+
+    memory = SourceKind("memory", "memory:TEXT", claims=lambda spec: spec.startswith("memory:"),
+                        open=open_memory,
+                        requested=lambda spec, text_field: open_memory(spec).identity,
+                        describe=lambda identity: f"the text {identity['text']!r}")
+    monkeypatch.setattr(sources, "SOURCE_KINDS", (*SOURCE_KINDS[:-1], memory, SOURCE_KINDS[-1]))
+    assert list(open_source(" memory:one document ").documents()) == ["one document"]
+    assert requested_source("memory:x") == {"kind": "memory", "text": "x"}
+    assert describe_source({"kind": "memory", "text": "x"}) == "the text 'x'"
+    from pilotrun.commands.cli import main
+
+    assert main(["prepare", "--help"]) == 0
+    assert "| memory:TEXT | local" in " ".join(capsys.readouterr().out.split())
+
+
+def test_an_empty_spec_and_an_unknown_kind(tmp_path):
+    for call in (open_source, requested_source):
+        with pytest.raises(DataError, match="^--source is empty$"):
+            call("  ")
     with pytest.raises(DataError, match="no such file"):
-        open_source(str(tmp_path / "nope.parquet"))
-    with pytest.raises(DataError, match="matches no files"):
-        open_source(str(tmp_path / "*.jsonl"))
-    (tmp_path / "table.csv").write_text("text\n")
-    with pytest.raises(DataError, match="not a .parquet, .jsonl or .txt"):
-        open_source(str(tmp_path / "table.csv"))
-    with pytest.raises(DataError, match="is a folder"):
-        open_source(str(tmp_path))
-
-
-def test_fineweb_spec_parsing():
-    assert parse_fineweb_spec("fineweb-edu") == ("sample-10BT", "main")
-    assert parse_fineweb_spec("fineweb-edu:sample-100BT") == ("sample-100BT", "main")
-    assert parse_fineweb_spec("fineweb-edu:default@v1.2.0") == ("default", "v1.2.0")
-    assert parse_fineweb_spec("fineweb-edu@abc") == ("sample-10BT", "abc")
-    for bad in ("fineweb-edu:", "fineweb-edu@", "fineweb-edux"):
-        with pytest.raises(DataError):
-            parse_fineweb_spec(bad)
-
-
-def test_fineweb_rows_come_through_the_seam_at_the_resolved_commit(fineweb_texts):
-    hub = LocalHub(fineweb_texts[:5])
-    source = open_source("fineweb-edu:sample-10BT@v1", hub=hub)
-    assert source.identity["revision"] == FAKE_SHA and source.identity["revision_requested"] == "v1"
-    assert list(source.documents()) == fineweb_texts[:5]
-    assert hub.calls == [("resolve", "HuggingFaceFW/fineweb-edu", "v1", "dataset"),
-                         ("stream", "HuggingFaceFW/fineweb-edu", "sample-10BT", FAKE_SHA)]
-
-
-def test_parquet_row_groups_are_units_read_in_a_seeded_order(tmp_path):
-    texts = [f"doc {i}" for i in range(100)]
-    pq.write_table(pa.table({"text": texts[:60]}), tmp_path / "a.parquet", row_group_size=10)
-    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[60:]))
-    source = open_source(str(tmp_path / "*.*"))
-    assert [u.name for u in source.units] == [f"a.parquet#{g}" for g in range(6)] + ["b.jsonl"]
-    assert [u.start for u in source.units] == [0, 10, 20, 30, 40, 50, 60] and source.expected_documents == 100
-    natural = list(source.positioned(None))
-    assert natural == list(enumerate(texts))
-    mixed = list(source.positioned(order_seed=1))
-    assert sorted(mixed) == natural and mixed != natural
-    assert all(texts[position] == text for position, text in mixed)  # each keeps its source position
-    assert list(source.positioned(order_seed=1)) == mixed and list(source.positioned(order_seed=2)) != mixed
-    record = source.order_record(1)
-    assert record["units"] == 7 and record["shuffled"] and len(record["order_sha256"]) == 64
-    assert source.order_record(None) == {"units": 7, "shuffled": False}
-
-
-def test_parquet_is_read_without_pre_buffering(tmp_path, monkeypatch):
-    pq.write_table(pa.table({"text": ["one", "two"]}), tmp_path / "a.parquet")
-    opened = []
-    original = pq.ParquetFile
-
-    def recording(*args, **kwargs):
-        opened.append(kwargs.get("pre_buffer", True))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(pq, "ParquetFile", recording)
-    assert list(open_source(str(tmp_path / "a.parquet")).documents()) == ["one", "two"]
-    assert opened[-1] is False  # the reading pass (the footer-only open at open_source may use the default)
-
-
-def _texts(tmp_path, table) -> list:
-    pq.write_table(table, tmp_path / "t.parquet")
-    return [text for _, text in open_source(str(tmp_path / "t.parquet"), "text").positioned(None)]
-
-
-def test_a_dictionary_encoded_string_column_is_read(tmp_path):
-    column = pa.array(["one document", "another", "one document"]).dictionary_encode()
-    assert _texts(tmp_path, pa.table({"text": column})) == ["one document", "another", "one document"]
-
-
-def test_invalid_utf8_in_a_string_column_is_one_line_naming_the_rows(tmp_path):
-    column = pa.array([b"fine", b"bad \xff\xfe bytes"], type=pa.binary()).view(pa.string())
-    with pytest.raises(DataError, match=r"t\.parquet: column 'text', row group 0, rows 0\.\.1: not valid UTF-8"):
-        _texts(tmp_path, pa.table({"text": column}))
-
-
-@pytest.mark.parametrize(("column", "named"), [(pa.array([["a", "b"]], pa.list_(pa.string())), "list<"),
-                                               (pa.array([["a"]], pa.large_list(pa.string())), "large_list<"),
-                                               (pa.array([{"t": "a"}], pa.struct([("t", pa.string())])), "struct<")])
-def test_a_text_column_of_lists_or_records_is_one_line_naming_its_type(tmp_path, column, named):
-    pq.write_table(pa.table({"text": column}), tmp_path / "x.parquet")
-    with pytest.raises(DataError, match=rf"x\.parquet: column 'text' has type {named}.*>, not string"):
-        list(open_source(str(tmp_path / "x.parquet")).documents())
+        requested_source(str(tmp_path / "nope.parquet"))
+    assert describe_source({"kind": "ftp", "host": "h"}) == "{'kind': 'ftp', 'host': 'h'}"

@@ -49,16 +49,16 @@ def test_check_against_lock_splits_allowed_from_refused_differences():
 
 def test_a_lock_that_said_train_tensorboard_accepts_the_run_loaded_from_it():
     # `train --frozen LOCK` loads the lock's recipe (config.loaded_recipe), folding the alias into
-    # train.trackers; both keys are machine keys, so nothing is refused and the lock itself is never rewritten.
+    # train.log.trackers; both keys are machine keys, so nothing is refused and the lock itself is never rewritten.
     from pilotrun.config import RunConfig, config_to_dict, loaded_recipe
 
     recipe = config_to_dict(RunConfig())
-    recipe["train"]["tensorboard"] = True
+    recipe["train"]["log"]["tensorboard"] = True
     lock = _lock(recipe)
     run = config_to_dict(loaded_recipe(lock["recipe"]))
-    assert (run["train"]["tensorboard"], run["train"]["trackers"]) == (False, ["tensorboard"])
+    assert (run["train"]["log"]["tensorboard"], run["train"]["log"]["trackers"]) == (False, ["tensorboard"])
     assert check_against_lock(lock, run, "a" * 64, []) == ([], [])
-    assert lock["recipe"]["train"]["tensorboard"] is True  # the lock's recipe is untouched
+    assert lock["recipe"]["train"]["log"]["tensorboard"] is True  # the lock's recipe is untouched
 
 
 def test_frozen_run_facts_refuse_every_unlisted_difference_on_one_line():

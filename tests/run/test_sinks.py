@@ -121,10 +121,10 @@ def test_trackers_config_key():
     # The alias train.tensorboard is folded into train.trackers when the recipe is loaded (config.loaded_recipe):
     # what configured_trackers(train) added at the sinks is now the list itself, and the alias reads back false.
     config = load_run_config(None, ["train.trackers=[wandb, mlflow]", "train.tensorboard=true"])
-    assert (config.train.trackers, config.train.tensorboard) == (["tensorboard", "wandb", "mlflow"], False)
-    assert TrainConfig().trackers == [] and not TrainConfig().tensorboard
+    assert (config.train.log.trackers, config.train.log.tensorboard) == (["tensorboard", "wandb", "mlflow"], False)
+    assert TrainConfig().log.trackers == [] and not TrainConfig().log.tensorboard
     folded = load_run_config(None, ["train.trackers=[wandb, tensorboard]", "train.tensorboard=true"])
-    assert folded.train.trackers == ["wandb", "tensorboard"]  # named already: kept where it was, not twice
+    assert folded.train.log.trackers == ["wandb", "tensorboard"]  # named already: kept where it was, not twice
     with pytest.raises(ConfigError, match="unknown tracker 'neptune'"):
         load_run_config(None, ["train.trackers=[neptune]"])
     with pytest.raises(ConfigError, match="twice"):

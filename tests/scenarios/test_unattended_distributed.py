@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from pilotrun.training.checkpoint.dcp_storage import DistributedCheckpointer
+from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
 from tests.exactness import assert_exactly_equal
 
 pytestmark = pytest.mark.slow

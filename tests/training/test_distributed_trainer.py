@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pilotrun.training.checkpoint.dcp_storage import DistributedCheckpointer
+from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
 
 pytestmark = pytest.mark.slow
 

@@ -115,12 +115,12 @@ def test_the_estimate_matches_what_the_optimizer_holds_after_its_first_step():
 
 def test_the_disk_plan_states_the_bytes_the_count_and_the_free_space_and_warns_when_the_policy_cannot_fit(
         tmp_path, monkeypatch):
-    from pilotrun.config import TrainConfig
+    from pilotrun.config import CheckpointConfig, TrainConfig
     from pilotrun.training import preflight
     from pilotrun.training.checkpoint.checkpointer import Checkpointer
 
     checkpointer = Checkpointer(tmp_path / "run", keep=3, keep_steps=[5])
-    train = TrainConfig(max_steps=1000, checkpoint_every=50, keep_checkpoints=3, keep_every=100, keep_steps=[5])
+    train = TrainConfig(max_steps=1000, checkpoint=CheckpointConfig(every=50, keep=3, keep_every=100, keep_steps=[5]))
     monkeypatch.setattr(preflight, "_free_bytes", lambda folder: 100 << 30)
     line, warning = preflight.disk_plan(checkpointer, train, 1 << 30, "estimated")
     # the newest 3 + steps 100..1000 + step 5 + the final one = 15, and one more being written

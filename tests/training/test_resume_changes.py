@@ -139,15 +139,15 @@ def test_a_free_change_on_resume_is_recorded_and_listed_by_summarize_and_the_ver
     second = run["sessions"][1]["session_id"]
     assert run["allowed_changes"] == []
     assert run["free_changes"] == [
-        {"session_id": second, "key": "train.eval_batches", "old": 2, "new": 1},
-        {"session_id": second, "key": "train.eval_every", "old": 3, "new": 2},
+        {"session_id": second, "key": "train.eval.batches", "old": 2, "new": 1},
+        {"session_id": second, "key": "train.eval.every", "old": 3, "new": 2},
         {"session_id": second, "key": "train.max_steps", "old": 3, "new": 6},
     ]
     capsys.readouterr()
     assert main(["summarize", str(run_dir)]) == 0
-    listed = "free changes on resume: train.eval_batches 2 -> 1 from update 4; train.eval_every 3 -> 2 from update 4"
+    listed = "free changes on resume: train.eval.batches 2 -> 1 from update 4; train.eval.every 3 -> 2 from update 4"
     assert listed in capsys.readouterr().out
     main(["verdict", str(run_dir), "--no-resume-required"])
     (rule,) = [line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("recipe_changes")]
-    assert "PASS" in rule and "free changes (no --allow-change needed): train.eval_batches 2 -> 1 from update 4" \
+    assert "PASS" in rule and "free changes (no --allow-change needed): train.eval.batches 2 -> 1 from update 4" \
         in rule, rule

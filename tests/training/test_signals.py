@@ -56,3 +56,47 @@ def test_once_the_session_is_finished_a_signal_changes_nothing():
     signals.finished = True
     signals.request(15)  # torchrun's SIGTERM to a rank tearing down: no SecondSignal
     assert (signals.received, signals.count) == (15, 1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_copies_of_the_first_signal_arriving_together_are_one_request():
+    clock = Clock()
+    signals = StopSignals(clock=clock)
+    signals.handle(signal.SIGTERM, None)
+    clock.now += 1.5  # SLURM's copy and a forward, moments apart
+    signals.handle(signal.SIGTERM, None)
+    assert (signals.received, signals.count, signals.copies) == (signal.SIGTERM, 1, 1)
+    clock.now += 5.0  # the same signal long after, with no launcher to forward it: a second request
+    with pytest.raises(SecondSignal):
+        signals.handle(signal.SIGTERM, None)
+
+
+def test_under_a_launcher_its_late_forward_is_a_copy_and_the_next_one_a_second_request():
+    clock = Clock()
+    signals = StopSignals(launcher=True, clock=clock)
+    signals.handle(signal.SIGTERM, None)
+    clock.now += 30.0  # torchrun's forward, during the save
+    signals.handle(signal.SIGTERM, None)
+    assert (signals.count, signals.copies) == (1, 1)
+    clock.now += 5.0
+    with pytest.raises(SecondSignal):
+        signals.handle(signal.SIGTERM, None)
+
+
+def test_another_signal_at_once_and_a_request_without_a_signal_are_never_copies():
+    clock = Clock()
+    signals = StopSignals(launcher=True, clock=clock)
+    signals.handle(signal.SIGTERM, None)
+    with pytest.raises(SecondSignal):
+        signals.handle(signal.SIGINT, None)
+    again = StopSignals(launcher=True, clock=clock)
+    again.request(signal.SIGTERM)
+    with pytest.raises(SecondSignal):
+        again.request(signal.SIGTERM)  # an embedding program asks twice: it means it

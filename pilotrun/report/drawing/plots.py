@@ -356,7 +356,7 @@ def plot_downstream(summary: Summary, path: Path) -> Path:
                 ax.plot([entry["step"]], [figures["acc"]], "s", color="black", fillstyle="full" if stands else "none",
                         label=drawn(f"evaluate {name} ({entry['harness']}{'' if stands else ', ' + entry['status']})"))
     if not series and not evaluations:
-        _no_data(ax, "downstream accuracy (train.downstream_tasks, pilotrun evaluate)")
+        _no_data(ax, "downstream accuracy (train.downstream.tasks, pilotrun evaluate)")
     _mark_resumes(ax, summary)
     return _save(fig, ax, path)
 

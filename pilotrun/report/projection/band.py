@@ -11,7 +11,7 @@ Each part of the lock's projection (projection.py) carries `band` [low, high] se
   start-up, each save's blocking seconds, each evaluation's seconds), by one rule: their min..max, widened to
   at least median / SPREAD_FLOOR .. median x SPREAD_FLOOR where fewer than MIN_SPREAD_SAMPLES were measured
   (one or two sessions do not measure how a start-up varies with the machine's load: a pilot's single
-  start-up and its long run's on the same machine were measured 2x apart); saves and evaluations times their
+  start-up and its long run's on the same machine can lie far apart); saves and evaluations times their
   projected count;
 - overhead (report and bookkeeping per update): the figure scaled by the window-to-window spread of the host
   seconds per update (each steady window's wall less training seconds, per update attempted): its p10 / median
@@ -24,7 +24,7 @@ share of the target done, but start-up, which a session pays once. When the elap
 outside its own band (by more than PART_TOLERANCE of its high) is named, the largest excess first, with the
 assumption that moved: the start-up, the throughput and whether the run's CPU share left the pilot's (a busier
 machine, or a quieter one), the seconds per save or per evaluation, the bookkeeping, time with no session
-running. A lock without these fields is compared as before (ledger.py).
+running. A lock without these fields is compared by the training part's band alone (ledger.py).
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def elapsed_band(projection: dict[str, Any], parts: dict[str, float], elapsed: f
                  run: dict[str, Any]) -> dict[str, Any] | None:
     """The total's band at the updates kept so far, whether `elapsed` lies in it, every part beside its own band
     and, for a miss, why: the parts outside their bands, largest excess first, each with what moved. None for a
-    lock without the parts' bands (ledger.py then compares as before)."""
+    lock without the parts' bands (ledger.py then compares by the training part's band)."""
     if share is None or _band_of_total(projection) is None:
         return None
     rows = []

@@ -216,7 +216,7 @@ def against_projection(projection: dict[str, Any] | None, ledger: Ledger, overal
 def _elapsed_band(projection: dict[str, Any], ledger: Ledger, share: float | None) -> dict[str, Any] | None:
     """[low, high] of the elapsed time projected at the updates kept so far (the training part's own band, from
     the pilot's p90 and p10 window speeds, with the rest as projected), whether the elapsed time lies in it,
-    and the parts that explain a miss, largest difference first: a lock from before the parts' bands."""
+    and the parts that explain a miss, largest difference first: for a lock without the parts' bands."""
     training = projection.get("training") or {}
     band, total = training.get("band"), (projection.get("total_wall") or {}).get("seconds")
     if share is None or not (isinstance(band, list) and len(band) == 2 and all(map(is_finite_number, band))

@@ -35,6 +35,7 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Any
 
+from pilotrun.config import recorded_value
 from pilotrun.report.projection.band import (
     cpu_share_band,
     host_spread,
@@ -179,7 +180,8 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
             device_hour_cost: float | None = None) -> dict[str, Any]:
     """The lock's `projection` for a long run of `target_steps` updates (module docstring)."""
     run, o = summary.run, summary.overall
-    train_cfg = (run.get("recipe") or {}).get("train") or {}
+    checkpoint_every = recorded_value(run.get("recipe"), "train.checkpoint.every")  # of any recipe format
+    eval_every = recorded_value(run.get("recipe"), "train.eval.every")
     tpu = run.get("tokens_per_update") or 0
     every = summary.kept_events + summary.rolled_back_events
     rates = [r for r in map(window_tokens_per_s, steady_windows(summary.kept_events)) if r is not None]
@@ -189,8 +191,8 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
     tokens = target_steps * tpu
     train = tokens / median
     (ckpt_cost, ckpt_beside), eval_cost = checkpoint_costs(every), _median_of(every, "val") or 0.0
-    checkpoints = _count(train_cfg.get("checkpoint_every"), target_steps, at_end=True)
-    evals = _count(train_cfg.get("eval_every"), target_steps, at_end=False)
+    checkpoints = _count(checkpoint_every, target_steps, at_end=True)
+    evals = _count(eval_every, target_steps, at_end=False)
     ledger = time_ledger(summary.sessions, summary.kept_events, summary.rolled_back_events, run)
     startups = [s.parts["startup"] for s in ledger.sessions]
     startup = statistics.median(startups) if startups else 0.0
@@ -216,12 +218,12 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
                        "background_each": ckpt_beside,
                        "from": f"median blocking seconds of the pilot's checkpoint events (what the loop waited for; "
                                f"a background save's write beside training, background_each, is not lost) x the "
-                               f"count at checkpoint_every={train_cfg.get('checkpoint_every')} (and the last update)",
+                               f"count at train.checkpoint.every={checkpoint_every} (and the last update)",
                        "band": [checkpoints * ckpt_each[0], checkpoints * ckpt_each[1]], "each_band": ckpt_each,
                        "band_from": f"the count x each save's blocking seconds: {ckpt_rule}"},
         "evaluation": {"seconds": evals * eval_cost, "count": evals, "each": eval_cost,
                        "from": f"median seconds of the pilot's val events x the count at "
-                               f"eval_every={train_cfg.get('eval_every')}",
+                               f"train.eval.every={eval_every}",
                        "band": [evals * eval_each[0], evals * eval_each[1]], "each_band": eval_each,
                        "band_from": f"the count x each evaluation's seconds: {eval_rule}"},
         "startup": {"seconds": startup, "from": "median start-up of the pilot's sessions (time ledger)",
@@ -236,7 +238,7 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
     expected_lost = 0.0
     if mtbf_hours is not None:
         mtbf = mtbf_hours * 3600.0
-        cadence = train_cfg.get("checkpoint_every")
+        cadence = checkpoint_every
         interval = cadence if isinstance(cadence, int) and cadence > 0 else None  # None: only at the end
         interval_seconds = (interval or target_steps) * seconds_per_update
         failures = failure_free / mtbf

@@ -18,8 +18,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from pilotrun.config import QK_CLIP_HARD_GAMMA
 from pilotrun.report.record_check.time_split import derived_time_split, read_time_split, time_split_problem
+from pilotrun.run import events as event_kinds
 from pilotrun.run.record import (
     COUNTER_KEYS,
     SESSION_END_REASONS,
@@ -110,24 +110,6 @@ def _check_window(event: dict[str, Any], since: Counters, now: Counters, tokens_
     return window
 
 
-def _qk_clip_event_problem(event: dict[str, Any], tau: Any) -> str | None:
-    """What is wrong with one `qk_clip` event (docs/RUN_RECORD.md), or None: a head (layer, head >= 0), its max logit S
-    above tau, gamma = tau / S in (0, 1), and the reasons it was logged (first time, or gamma < 0.5)."""
-    layer, head, logit, gamma = event.get("layer"), event.get("head"), event.get("max_logit"), event.get("gamma")
-    if not (isinstance(layer, int) and isinstance(head, int) and layer >= 0 and head >= 0):
-        return f"qk_clip event without a valid layer and head ({layer!r}, {head!r})"
-    if not (is_finite_number(logit) and is_finite_number(gamma) and 0 < gamma < 1):
-        return f"qk_clip event for layer {layer} head {head}: max_logit {logit!r}, gamma {gamma!r} (0 < gamma < 1)"
-    if not (isinstance(event.get("first_time"), bool) and isinstance(event.get("hard"), bool)):
-        return f"qk_clip event for layer {layer} head {head}: first_time and hard must be booleans"
-    if event["hard"] != (gamma < QK_CLIP_HARD_GAMMA) or not (event["first_time"] or event["hard"]):
-        return (f"qk_clip event for layer {layer} head {head}: logged with first_time={event['first_time']}, "
-                f"hard={event['hard']} at gamma {gamma}")
-    if is_finite_number(tau) and tau > 0 and not (logit > tau and abs(gamma * logit - tau) <= 1e-5 * tau):
-        return f"qk_clip event for layer {layer} head {head}: gamma {gamma} x max_logit {logit} != tau {tau}"
-    return None
-
-
 def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
                    reasons: list[str], notes_out: list[str]) -> dict[str, Any]:
     """Validate one session's events; return its start/last counters and sums for reconciliation."""
@@ -154,20 +136,24 @@ def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
     previous = start
     since_train = start
     overflows_since_train = 0
-    tau = (((run.get("recipe") or {}).get("optim") or {}).get("qk_clip") or {}).get("tau")
     first_clips_since_train: list[list[int]] = []
     last_overflow_skipped = start.updates_skipped
     window_sums = dict.fromkeys(("tokens", "profiled_tokens", "train_seconds", "profile_seconds", "wall_seconds"), 0.0)
-    eval_seconds = checkpoint_seconds = 0.0
+    timed = dict.fromkeys(event_kinds.TIMED_PHASES, 0.0)  # seconds by phase, of the events that carry them
     end_event = None
     rolled = dict.fromkeys(COUNTER_KEYS, 0)  # work in this session that its own rollbacks undid (spikes)
     for event in events[1:]:
+        if end_event is not None:  # a session ends once: what follows its end is not its work
+            reasons.append(f"{_where(event)}: {event['event']} after this session's session_end "
+                           f"({end_event.get('reason')} at step {end_event.get('step')}): a session logs nothing "
+                           "after its end, so the record breaks here")
+            break
         now = Counters.of(event)
         if event["event"] == "checkpoint" and event.get("background") is True:
             # Committed after the updates that followed its state: its counters are the state's, behind the
             # events logged meanwhile, and say nothing about the session's progress.
             if is_finite_number(event.get("seconds")):
-                checkpoint_seconds += float(event["seconds"])
+                timed["checkpoint"] += float(event["seconds"])
             continue
         if event["event"] == "rollback":
             # The counters go back to a checkpoint's (summarize checks which); the work before is in a closed
@@ -197,13 +183,15 @@ def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
             if grew != overflows_since_train:
                 reasons.append(f"{_where(event)}: updates_skipped grew by {grew} since the previous train window "
                                f"but {overflows_since_train} overflow event(s) were logged")
+        registered = event_kinds.EVENT_KINDS.get(kind)  # the reader refuses unregistered kinds: always found
+        problem = registered.check(event, run) if registered is not None and registered.check else None
+        if problem:
+            reasons.append(f"{_where(event)}: {problem}")
+        phase = registered.seconds_phase if registered is not None else None
         if kind == "session_start":
             pass  # reported by group_sessions
         elif kind == "qk_clip":
-            problem = _qk_clip_event_problem(event, tau)
-            if problem:
-                reasons.append(f"{_where(event)}: {problem}")
-            elif event["first_time"]:
+            if problem is None and event["first_time"]:
                 first_clips_since_train.append([event["layer"], event["head"]])
         elif kind == "train":
             recorded = (event.get("qk_clip") or {}).get("first_clipped") if isinstance(event.get("qk_clip"), dict) \
@@ -219,10 +207,8 @@ def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
                         window_sums[key] += float(window[key])
             since_train = now
             overflows_since_train = 0
-        elif kind in ("val", "downstream") and is_finite_number(event.get("seconds")):
-            eval_seconds += float(event["seconds"])
-        elif kind == "checkpoint" and is_finite_number(event.get("seconds")):
-            checkpoint_seconds += float(event["seconds"])
+        elif phase is not None and is_finite_number(event.get("seconds")):
+            timed[phase] += float(event["seconds"])
         elif kind == "session_end":
             end_event = event
             if event.get("reason") not in SESSION_END_REASONS:
@@ -246,7 +232,7 @@ def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
     times = [float(e["time"]) for e in events if is_finite_number(e.get("time"))]
     return {"start": start, "last": previous, "end": end_event, "window_sums": window_sums, "count": len(events),
             "start_time": times[0] if times else 0.0, "last_time": times[-1] if times else 0.0,
-            "eval_seconds": eval_seconds, "checkpoint_seconds": checkpoint_seconds, "rolled": rolled,
+            "eval_seconds": timed["eval"], "checkpoint_seconds": timed["checkpoint"], "rolled": rolled,
             "resumed_from": first.get("resumed_from") if first["event"] == "session_start" else None}
 
 

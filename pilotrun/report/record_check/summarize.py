@@ -47,6 +47,7 @@ from pilotrun.report.record_check.evaluations import (
     reconcile_evaluations,
     require_evaluations,
 )
+from pilotrun.report.record_check.hang_evidence import hung_without_an_end
 from pilotrun.report.record_check.interruptions import (
     against_mtbf,
     costs,
@@ -75,7 +76,7 @@ from pilotrun.report.record_check.time_split import (
 from pilotrun.run.changes import RecipeChange, recipe_changes_in_history
 from pilotrun.run.folder_lock import live_holder
 from pilotrun.run.recipe_lock import describe_frozen_status, frozen_candidate_status, lock_projection_of
-from pilotrun.run.record import Counters, is_finite_number, json_safe, record_integrity_problems
+from pilotrun.run.record import HANGS_DIR, Counters, is_finite_number, json_safe, record_integrity_problems
 from pilotrun.run.run_folder import RunFolder
 
 
@@ -111,14 +112,17 @@ class Summary:
 
 
 def _find_resume_point(index: int, resumed_from: int, start: Counters, order: list[str],
-                       groups: dict[str, list[dict[str, Any]]]) -> tuple[str, Counters, bool] | None:
+                       groups: dict[str, list[dict[str, Any]]]) -> tuple[str, Counters, bool | str] | None:
     """The latest earlier session that recorded committing checkpoint `resumed_from`, its counters, and False.
 
     Failing that, a session killed between committing that checkpoint and logging its `checkpoint` line: every
     checkpoint is saved right after a `train` event closes the window at the same counters (a `val` event may
     come between), so an earlier session that closed a window at exactly the resumed session's starting counters
     (step `resumed_from`) and logged nothing past them is where the checkpoint came from; then the third element
-    is True (a note, not an error)."""
+    is True (a note, not an error). A background save commits after later updates, so a kill there leaves more
+    events: the resumed session's start names the session its checkpoint's marker says committed it, and the
+    counters it holds (`resumed_checkpoint`): matching an earlier session and these counters, that is where the
+    checkpoint came from (the third element "marker", a note too)."""
     for earlier in reversed(order[:index]):
         for event in groups[earlier]:
             if event["event"] == "checkpoint" and event["step"] == resumed_from:
@@ -128,6 +132,10 @@ def _find_resume_point(index: int, resumed_from: int, start: Counters, order: li
         closed_there = any(e["event"] == "train" and Counters.of(e) == start for e in events)
         if closed_there and start.step == resumed_from and Counters.of(events[-1]) == start:
             return earlier, start, True
+    marker = groups[order[index]][0].get("resumed_checkpoint")
+    if isinstance(marker, dict) and marker.get("session_id") in order[:index] and marker.get("step") == resumed_from \
+            and isinstance(marker.get("counters"), dict) and marker["counters"] == start.as_dict():
+        return str(marker["session_id"]), start, "marker"
     return None
 
 
@@ -203,7 +211,11 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
             continue
         found = _find_resume_point(index, resumed_from, start, order, groups)
         parent[sid] = found[:2] if found is not None else None
-        if found is not None and found[2]:
+        if found is not None and found[2] == "marker":
+            notes.append(f"session {sid}: resumed from checkpoint step {resumed_from}, which session {found[0]} "
+                         "committed (its marker says so, as this session recorded at its start) but whose checkpoint "
+                         "event never reached metrics.jsonl: killed between the commit and its record")
+        elif found is not None and found[2]:
             notes.append(f"session {sid}: resumed from checkpoint step {resumed_from}, which session {found[0]} "
                          "committed but did not log (it was killed between the two); its last train window ends at "
                          "exactly these counters")
@@ -252,6 +264,11 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
         sessions[-1].restart = restart_of(groups[sid])
     if sessions:
         sessions[-1].latest = True
+    starts = {sid: checked[sid]["start_time"] for sid in order}
+    for sid, stacks in hung_without_an_end(Path(run_dir), sessions, starts).items():
+        next(s for s in sessions if s.session_id == sid).end_reason = "hung"
+        notes.append(f"session {sid}: no session_end, but a rank wrote its stacks during it ({HANGS_DIR}/{stacks}): "
+                     "it hung (the stuck rank recorded nothing), counted as hung, not killed")
     # A spike's rollback cuts the kept history at the checkpoint it restored (report/record_check/spike_history.py).
     kept_events, undone = split_rollbacks(kept_events)
     rolled_back_events = sorted(rolled_back_events + undone, key=lambda e: e.get("_line", 0))

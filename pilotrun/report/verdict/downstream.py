@@ -56,7 +56,7 @@ def judge_downstream(summary: Summary, t: Thresholds) -> Finding:
                  "(sqrt(c(1-c)/n)) PASSes, else WARN; near chance and noisy at pilot scale")
     series = task_series(summary.kept_events)
     if not series:
-        return Finding(PASS, "no in-loop task scored (train.downstream_tasks, train.downstream_every)", threshold,
+        return Finding(PASS, "no in-loop task scored (train.downstream.tasks, train.downstream.every)", threshold,
                        "downstream events of the kept history")
     near = [name for name, points in series.items()
             if points[-1][1]["acc"] - points[-1][1]["chance"] <= guess_noise(points[-1][1]["chance"],

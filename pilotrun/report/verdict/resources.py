@@ -101,8 +101,8 @@ def judge_throughput_steady(summary: Summary, t: Thresholds) -> Finding:
     if have_cpu and devices == {"cpu"} and share_last / share_first < t.min_cpu_share_ratio:
         # The process got much less of the CPU per training second than before: other load took it. Sharing a
         # core also makes each token cost more CPU time (every switch to another task evicts the trainer's
-        # caches; measured here at 1.2x to 4x under two competing processes), so the work per CPU second cannot
-        # acquit the recipe either way; the slowdown is reported, and the recipe's own speed left to a quiet run.
+        # caches), so the work per CPU second cannot acquit the recipe either way; the slowdown is reported, and
+        # the recipe's own speed left to a quiet run.
         return Finding(WARN, f"the machine got busier: {figure}; the process got "
                        f"{share_last / share_first:.2f} of its share of the CPU, so other load took it; its work "
                        "per CPU second fell too (sharing a core evicts its caches), so judge the recipe's own speed "

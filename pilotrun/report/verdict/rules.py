@@ -214,7 +214,7 @@ RECIPE_CHANGES = Rule(
 
 DOWNSTREAM = Rule(
     "downstream",
-    "the in-loop multiple-choice tasks (train.downstream_tasks): each task's last accuracy beside chance, what it "
+    "the in-loop multiple-choice tasks (train.downstream.tasks): each task's last accuracy beside chance, what it "
     "is above chance and a guesser's noise on that many examples (sqrt(c(1-c)/n)). Shown, never failed: at pilot "
     "scale accuracy sits near chance and moves by whole examples, so a task within that noise of chance WARNs "
     "(expected of a small pilot) and one clear of it PASSes; no task scored PASSes.",

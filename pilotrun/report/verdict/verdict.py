@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.common.files import canonical_sha256
+from pilotrun.config import current_recipe
 from pilotrun.report.record_check.summarize import Summary, summarize_run
 from pilotrun.report.verdict.rules import RULES, THROUGHPUT_STEADY
 from pilotrun.report.verdict.thresholds import (
@@ -77,7 +78,7 @@ class Verdict:
 def candidate_of(summary: Summary) -> dict[str, Any]:
     """The recipe the pilot's evidence supports: run.json's (in force at the end), with the changes on resume."""
     changes = recipe_changes_in_history(summary.run, summary.lineage)
-    recipe = summary.run.get("recipe")
+    recipe = current_recipe(summary.run.get("recipe"))  # its identity in today's names, of any recipe format
     final_step = summary.final.step
     return {"recipe_sha256": canonical_sha256(recipe) if isinstance(recipe, dict) else None,
             "changes": [dataclasses.asdict(c) for c in changes],

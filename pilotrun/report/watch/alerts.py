@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pilotrun.config import recorded_value
 from pilotrun.report.projection.long_run import (
     window_cpu_share,
     window_tokens_per_device_second,
@@ -163,8 +164,9 @@ class Watcher:
         self.session_trained = False
         self.world_sizes: dict[str, int] = {}  # session -> its world size (session_start), for per-device rates
         self.max_steps: int | None = None
-        self.cadence = {k: ((self.follower.run.get("recipe") or {}).get("train") or {}).get(k)
-                        for k in ("checkpoint_every", "eval_every")}
+        recipe = self.follower.run.get("recipe")  # of any recipe format
+        self.cadence = {"checkpoint_every": recorded_value(recipe, "train.checkpoint.every"),
+                        "eval_every": recorded_value(recipe, "train.eval.every")}
         self.pending_judgement = False
         self.waiting: dict[str, str] = {}  # rule -> the evidence it waits for, at the last judgement
         self.against_projection: dict[str, Any] | None = None  # summarize's, at the last judgement (ledger.py)

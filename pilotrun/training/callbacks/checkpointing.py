@@ -1,10 +1,10 @@
 """When the loop saves a checkpoint, and the save itself: the "checkpoint" phase.
 
-The policy is here, the storage is not (checkpoint.py writes and commits, dcp_storage.py picks torch.save or
-DCP, background.py writes beside training): a checkpoint is due after every `checkpoint_every`-th applied
-update, and at the session's last round (completed, stopped, interrupted, or before a data error ends it)
-unless the state at that step is already the newest checkpoint, so a session never ends with work that is not
-saved and never saves the same step twice.
+The policy is here, the storage is not (checkpointer.py writes and commits, distributed_checkpointer.py picks
+the storage, background.py writes beside training): a checkpoint is due after every `train.checkpoint.every`-th
+applied update, and at the session's last round (completed, stopped, interrupted, or before a data error ends
+it) unless the state at that step is already the newest checkpoint, so a session never ends with work that is
+not saved and never saves the same step twice.
 
 Every rank takes part in a save: with several ranks the checkpoint is written collectively (DCP: shards and
 each rank's RNG) and committed by rank 0, after a check that the DDP replicas still agree (DCP stores a
@@ -12,7 +12,7 @@ replicated tensor once); with one process it is the plain torch.save. What it ho
 `session.checkpoint_state`, the same definition a resume reads into. The `checkpoint` event follows the commit,
 so a reader of metrics.jsonl that sees it can trust the folder is there.
 
-Background saves (`train.checkpoint_mode`): a cadence save only stages the state to host memory on the
+Background saves (`train.checkpoint.mode`): a cadence save only stages the state to host memory on the
 loop's thread and returns; DCP writes, hashes and fsyncs it beside training (checkpoint/background.py). It is
 committed at the first round after rank 0's write is done (rank 0 says so, every rank follows: one small
 broadcast per round while a save is in flight), or before the next save, a spike's rollback, or the session's
@@ -28,7 +28,7 @@ bytes, else preflight's estimate, and a margin for the record): too little ends 
 written, so that the disk never fills under a write, nor under the record's own appends while a background write
 runs. A save that still fails for a full disk (or quota: something else filled it) ends the session the same
 way. Either way nothing of that save is committed, the previous checkpoint stays the newest, and the session
-ends `stopped` (exit 1) with the reason; any other failure raises as before.
+ends `stopped` (exit 1) with the reason; any other failure raises.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pilotrun.config import CheckpointConfig
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import PRIORITY_CHECKPOINT, Callback, Ending, LoopState, due_on_cadence
 from pilotrun.training.checkpoint.background import (
@@ -43,8 +44,10 @@ from pilotrun.training.checkpoint.background import (
     close_background,
     finish_background_save,
     out_of_space,
+    space_error_line,
     start_background_save,
 )
+from pilotrun.training.checkpoint.dcp_storage import DCPStorage
 from pilotrun.training.checkpoint.retention import PROTECT_FINAL
 from pilotrun.training.preflight import checkpoint_bytes_estimate, disk_plan, room_problem
 from pilotrun.training.session import checkpoint_state
@@ -71,7 +74,9 @@ def save_checkpoint(loop: LoopState, **extra: Any) -> int:
     started = time.perf_counter()
     if loop.final and loop.ending is None and loop.step >= session.config.train.max_steps:
         session.checkpointer.protect(loop.step, PROTECT_FINAL)  # the completed run's last state, kept for good
-    state, meta = _state_and_meta(loop, sharded=session.context.is_distributed)
+    # The state's form follows the storage that writes it: name-keyed DCP state dicts for DCP (whatever the world
+    # size), the plain torch.save form otherwise; a resume reads it back in the form its marker's storage names.
+    state, meta = _state_and_meta(loop, sharded=session.checkpointer.storage.name == DCPStorage.name)
     path = session.checkpointer.save(loop.step, state, meta)
     size = _committed_bytes(loop, path)
     dist_utils.barrier(session.context)
@@ -98,6 +103,12 @@ class CheckpointCallback(Callback):
         self.stopped_for_space: str | None = None
         self.disk_stated = False
         self.last_bytes = 0  # the newest committed checkpoint's, measured (rank 0): the next save's expected size
+
+    @classmethod
+    def for_section(cls, section: CheckpointConfig, device_type: str) -> CheckpointCallback:
+        """Built from `train.checkpoint`: its cadence, and its mode (auto: beside training on CUDA)."""
+        background = section.mode == "background" or (section.mode == "auto" and device_type == "cuda")
+        return cls(section.every, background=background)
 
     def due(self, loop: LoopState) -> bool:
         if self.stopped_for_space is not None:
@@ -206,7 +217,8 @@ class CheckpointCallback(Callback):
         kept = f"checkpoint step {newest} is still the newest committed" if newest is not None else \
             "no checkpoint was committed"
         what = "could not be written, the disk is full" if written else "was not written, the disk is too full"
-        self.stopped_for_space = (f"checkpoint step {step} {what} ({exc}); nothing of it was committed and {kept}: "
+        said = space_error_line(exc) if isinstance(exc, BaseException) else exc
+        self.stopped_for_space = (f"checkpoint step {step} {what} ({said}); nothing of it was committed and {kept}: "
                                   "free space, then --resume")
         loop.say(f"error: {self.stopped_for_space}")
         loop.ending = Ending("stopped", 1, self.stopped_for_space)

@@ -3,11 +3,15 @@
 After each update attempt the callback asks whether the session may go on: going on means one more update and
 its round of callbacks (a log, an evaluation, a cadence save) before the next question, and then the last
 round, with the final save, must still land before the deadline. So the margin it keeps, measured in this
-session, is twice the slowest of the recent updates and rounds, plus the last save's own seconds (a measured
-2-rank run whose margin counted one update, one round and the save committed 0.1 s after its deadline). Before this session has saved, the set-up's seconds stand for a save: reading
-the checkpoint and building the state cost about what writing it does, and a fresh start has little to save.
-The session's first update is left out: it pays the warm-up (the CPU kernels' load, allocator growth, a compile),
-measured at 14-28 s against 0.1 s for the next ones of a 2-rank CPU run, and predicts nothing about them. A first
+session, is twice the slowest of the recent updates and rounds, plus the last save's own seconds: a margin of
+exactly one update, one round and the save leaves nothing for their spread, and the save can commit just past
+the deadline. Before this session has saved, the run's last recorded save stands for it
+(`recorded_save_seconds`, measured); only a run that never saved counts its set-up's seconds instead (reading
+and building the state cost about what writing it does, and a fresh start has little to save). A session whose
+set-up ate the time left, so that not even that save fits before the deadline, trains nothing:
+`too_late_to_start` ends it at once (`deadline`, 75: not in this allocation; a requeue starts it in the next).
+The session's first update is left out: it pays the warm-up (the CPU kernels' load, allocator growth, a
+compile), which can take many times as long as the updates after it, and predicts nothing about them. A first
 update longer than the time left cannot be helped (the stop comes after an update); the command refuses a
 deadline closer than the run's fastest recorded update.
 
@@ -37,10 +41,12 @@ class DeadlineCallback(Callback):
     priority = 50
     phase = "other"
 
-    def __init__(self, stop_by: float, *, setup_seconds: float, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, stop_by: float, *, setup_seconds: float, clock: Callable[[], float] = time.time,
+                 recorded_save_seconds: float | None = None) -> None:
         self.stop_by = stop_by
         self.clock = clock
         self.setup_seconds = max(0.0, setup_seconds)
+        self.recorded_save_seconds = recorded_save_seconds
         self.updates: deque[float] = deque(maxlen=RECENT)
         self.rounds: deque[float] = deque(maxlen=RECENT)
         self.update_ended: float | None = None
@@ -63,8 +69,22 @@ class DeadlineCallback(Callback):
         return self._timed()
 
     def margin(self, loop: LoopState) -> float:
-        save = loop.last_save_seconds if loop.last_save_seconds is not None else self.setup_seconds
-        return 2 * (max(self.updates, default=0.0) + max(self.rounds, default=0.0)) + save
+        return 2 * (max(self.updates, default=0.0) + max(self.rounds, default=0.0)) + self.save_seconds(loop)
+
+    def save_seconds(self, loop: LoopState) -> float:
+        """This session's last save, else the run's last recorded one, else the set-up's seconds."""
+        if loop.last_save_seconds is not None:
+            return loop.last_save_seconds
+        return self.recorded_save_seconds if self.recorded_save_seconds is not None else self.setup_seconds
+
+    def too_late_to_start(self, loop: LoopState) -> Ending | None:
+        """Before the first update: the deadline is closer than the save alone (the set-up spent the rest)."""
+        left = self.stop_by - self.clock()
+        if left > self.save_seconds(loop):
+            return None
+        return Ending("deadline", DEADLINE_EXIT_CODE, f"deadline in {left:.1f} s after the set-up, less than a save "
+                      f"({self.save_seconds(loop):.1f} s): nothing trained, not to be started again before the "
+                      f"deadline; checkpoint step {loop.step} stays the newest")
 
     def stop_request(self, loop: LoopState) -> Ending | None:
         now = self.clock()

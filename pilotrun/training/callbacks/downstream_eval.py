@@ -1,5 +1,5 @@
-"""Downstream evaluation in the loop: the multiple-choice tasks of `train.downstream_tasks` scored every
-`train.downstream_every` applied updates, logged as a `downstream` event; the "eval" phase.
+"""Downstream evaluation in the loop: the multiple-choice tasks of `train.downstream.tasks` scored every
+`train.downstream.every` applied updates, logged as a `downstream` event; the "eval" phase.
 
 Each task's figures (training/multiple_choice.py: acc, acc_norm, chance, acc_above_chance, the examples
 scored, the task file's sha256) go under `tasks.<name>` of one event, so every tracker shows them as
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from pilotrun.config import TrainConfig
+from pilotrun.config import DownstreamConfig
 from pilotrun.data.choice_tasks import ChoiceTask, read_choice_tasks
 from pilotrun.data.tokenizer import plain
 from pilotrun.training.callbacks.base import PRIORITY_EVAL, Callback, LoopState, due_on_cadence
@@ -34,18 +34,19 @@ def session_scorer(session: Session) -> Scorer:
 
 
 class DownstreamEvalCallback(Callback):
-    """Scores every task after every `downstream_every`-th applied update (0, or no task: never)."""
+    """Scores every task after every `every`-th applied update (0, or no task: never); built from its section,
+    `train.downstream`."""
 
     priority = PRIORITY_DOWNSTREAM
     phase = "eval"
 
-    def __init__(self, train: TrainConfig, tasks: list[ChoiceTask] | None = None) -> None:
-        self.train = train
-        self.tasks = tasks if tasks is not None else read_choice_tasks(train.downstream_tasks)
+    def __init__(self, section: DownstreamConfig, tasks: list[ChoiceTask] | None = None) -> None:
+        self.section = section
+        self.tasks = tasks if tasks is not None else read_choice_tasks(section.tasks)
         self._scorer: Scorer | None = None
 
     def due(self, loop: LoopState) -> bool:
-        return bool(self.tasks) and due_on_cadence(loop, self.train.downstream_every)
+        return bool(self.tasks) and due_on_cadence(loop, self.section.every)
 
     def after_update(self, loop: LoopState) -> None:
         if self._scorer is None:
@@ -53,7 +54,7 @@ class DownstreamEvalCallback(Callback):
         started = time.perf_counter()
         figures = {}
         for task in self.tasks:
-            result = score_task(self._scorer, task, self.train.downstream_limit)
+            result = score_task(self._scorer, task, self.section.limit)
             figures[result.pop("task")] = result
-        loop.log("downstream", tasks=figures, limit=self.train.downstream_limit,
+        loop.log("downstream", tasks=figures, limit=self.section.limit,
                  seconds=time.perf_counter() - started)

@@ -1,5 +1,6 @@
-"""Evaluation: the mean cross-entropy of the first `train.eval_batches` batches of the val split (of each source's
-for a mixture), every `train.eval_every` applied updates, logged as a `val` event; the "eval" phase.
+"""Evaluation: the mean cross-entropy of the first `train.eval.batches` batches of the val split (of each
+source's for a mixture), every `train.eval.every` applied updates, logged as a `val` event; the "eval" phase.
+The callback is built from its section, `train.eval`; the batch geometry and precision are the session's.
 
 The same batches every time, so the values are comparable across a run and across its sessions. The model is
 put in eval mode (no per-step statistic or tracker moves), no gradient is kept, the training precision is
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-from pilotrun.config import TrainConfig
+from pilotrun.config import EvalConfig
 from pilotrun.data.mixed_reader import MixedDataset, all_splits
 from pilotrun.data.reader import BatchLoader, TokenSplit
 from pilotrun.training import distributed as dist_utils
@@ -24,14 +25,15 @@ from pilotrun.training.precision import autocast_context
 from pilotrun.training.session import Session
 
 
-def _loss_sum(session: Session, train: TrainConfig, split: TokenSplit) -> float:
-    """This rank's summed cross-entropy over the first `eval_batches` batches of one val split."""
+def _loss_sum(session: Session, batches: int, split: TokenSplit) -> float:
+    """This rank's summed cross-entropy over the first `batches` batches of one val split."""
     context, device, raw_model = session.context, session.device, session.raw_model
+    train = session.config.train
     loader = BatchLoader(split, train.batch_size, train.seq_len, mode="successive", rank=context.rank,
                          world_size=context.world_size)
     total = torch.zeros((), dtype=torch.float64, device=device)
     with torch.no_grad():
-        for _ in range(train.eval_batches):
+        for _ in range(batches):
             inputs, targets = loader.next_batch()
             inputs = inputs.to(device, non_blocking=True)
             targets = targets.to(device, non_blocking=True)
@@ -41,7 +43,7 @@ def _loss_sum(session: Session, train: TrainConfig, split: TokenSplit) -> float:
     return float(total.item())
 
 
-def evaluate(session: Session, train: TrainConfig) -> dict[str, Any]:
+def evaluate(session: Session, section: EvalConfig) -> dict[str, Any]:
     """The `val` event's fields: loss (mean over ranks), batches, tokens, seconds. A mixture evaluates each
     source on its own val split (`loss_by_source`); its `loss` is their mean under the mixture's weights."""
     started = time.perf_counter()
@@ -49,11 +51,12 @@ def evaluate(session: Session, train: TrainConfig) -> dict[str, Any]:
     splits = all_splits(dataset, "val")
     session.raw_model.eval()
     try:
-        sums = {str(index): _loss_sum(session, train, split) / train.eval_batches for index, split in enumerate(splits)}
+        sums = {str(index): _loss_sum(session, section.batches, split) / section.batches
+                for index, split in enumerate(splits)}
     finally:
         session.raw_model.train()
     means = dist_utils.mean_across_ranks(session.context, sums)
-    batches = train.eval_batches * len(splits)
+    batches = section.batches * len(splits)
     fields: dict[str, Any] = {"loss": means["0"], "batches": batches,
                               "tokens": batches * session.tokens_per_microbatch}
     if isinstance(dataset, MixedDataset):
@@ -76,18 +79,18 @@ def weighted_mean(weights: list[float], losses: list[float]) -> float:
 
 
 class EvalCallback(Callback):
-    """Evaluates after every `eval_every`-th applied update (0: never) and keeps the last loss for session_end."""
+    """Evaluates after every `every`-th applied update (0: never) and keeps the last loss for session_end."""
 
     priority = PRIORITY_EVAL
     phase = "eval"
 
-    def __init__(self, train: TrainConfig) -> None:
-        self.train = train
+    def __init__(self, section: EvalConfig) -> None:
+        self.section = section
 
     def due(self, loop: LoopState) -> bool:
-        return due_on_cadence(loop, self.train.eval_every)
+        return due_on_cadence(loop, self.section.every)
 
     def after_update(self, loop: LoopState) -> None:
-        result = evaluate(loop.session, self.train)
+        result = evaluate(loop.session, self.section)
         loop.last_val_loss = result["loss"]
         loop.log("val", **result)

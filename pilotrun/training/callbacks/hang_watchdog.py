@@ -53,7 +53,7 @@ from typing import Any
 from pilotrun.common.deadline import parse_duration
 from pilotrun.common.files import plain_folder, write_text_atomic
 from pilotrun.common.stop_signals import HUNG_EXIT_CODE
-from pilotrun.run.record import HANGS_DIR
+from pilotrun.run.record import HANGS_DIR, read_metrics_tolerant
 from pilotrun.training.callbacks.base import Callback, LoopState
 
 STARTUP_SECONDS = 1800.0  # auto: the set-up and the first stretch of each kind (a compile, a first save)
@@ -127,6 +127,30 @@ def parse_hang_timeout(text: str) -> HangBounds | None:
     return HangBounds(steady=steady, startup=max(startup, steady))
 
 
+def slowest_recorded_update(run_dir: str | Path) -> float | None:
+    """The slowest training seconds per update of the run's recorded `train` windows (None: no record yet)."""
+    rates = []
+    for event in read_metrics_tolerant(Path(run_dir)).events:
+        window = event.get("window") if isinstance(event.get("window"), dict) else {}
+        seconds, attempted = window.get("train_seconds"), window.get("updates_attempted")
+        if event.get("event") == "train" and isinstance(seconds, float) and isinstance(attempted, int) and attempted > 0:
+            rates.append(seconds / attempted)
+    return max(rates, default=None)
+
+
+def check_bounds_fit(bounds: HangBounds | None, run_dir: str | Path) -> None:
+    """A fixed bound below an update this run has already taken would end every session hung after its first
+    updates, with nothing saved, and a scheduler would requeue it for ever: refused (ValueError), as a deadline
+    too close to train anything is."""
+    if bounds is None or bounds.steady is None:
+        return
+    slowest = slowest_recorded_update(run_dir)
+    if slowest is not None and bounds.steady < slowest:
+        raise ValueError(f"--hang-timeout: the bound {bounds.steady:g} s is below an update this run has taken "
+                         f"({slowest:.2f} s, its slowest recorded): every session would end hung; choose auto or "
+                         "a bound well above it")
+
+
 def hang_file_name(rank: int, when: datetime.datetime) -> str:
     """One file per rank and time; names sort by time, the ranks of one hang side by side."""
     return f"{when.strftime('%Y%m%dT%H%M%SZ')}-rank{rank}.txt"
@@ -180,12 +204,16 @@ class HangWatchdog(Callback):
         self.fired: str | None = None  # the hang file written, once fired
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        self._exited = threading.Event()  # the exit returned (only a seam's does): a halted beat goes on
         self._thread: threading.Thread | None = None
 
     # progress points -------------------------------------------------------------------------------
     def beat(self, kind: str) -> None:
         """A progress point: the stretch running ends (and is measured, but for its kind's first) and one of
-        `kind` begins."""
+        `kind` begins. Once the rank is declared hung its session has ended on the record: a stall that ends
+        after that goes no further than here (no update, event or save of an ended session) until the exit."""
+        if self.fired is not None:
+            self._exited.wait()
         with self._lock:
             now = self.clock()
             ended, lasted = self.kind, now - self.since
@@ -259,6 +287,7 @@ class HangWatchdog(Callback):
             sys.stderr.flush()
         self.sleep(min(GRACE_SECONDS, bound / 2))
         self.exit(HUNG_EXIT_CODE)
+        self._exited.set()
 
     def _record(self, message: str) -> None:
         try:

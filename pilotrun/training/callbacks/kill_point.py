@@ -1,18 +1,17 @@
 """The pilot's kill point: a training process that stops itself at a known step, so the pilot's SIGKILL lands there.
 
-`pilotrun pilot` proves that a run continues exactly after a real, unannounced SIGKILL. It used to kill once
-metrics.jsonl showed a step past the midpoint and a committed checkpoint, but the training process does not
-wait for the pilot to read the file: with updates of a few milliseconds (a small recipe, any recipe on a GPU)
-it could commit its final checkpoint before the kill landed, and the resumed session then had nothing left to
-do, so the verdict rightly said the pilot never proved it can continue.
+`pilotrun pilot` proves that a run continues exactly after a real, unannounced SIGKILL. A kill sent from
+outside races the training process, which does not wait for the pilot to read metrics.jsonl: with updates of a
+few milliseconds (a small recipe, any recipe on a GPU) it could commit its final checkpoint before the kill
+landed, and the resumed session would then have nothing left to do, so nothing about continuing would be proved.
 
 So the pilot names the step (`pilotrun train --stop-past-step N`, a hidden option handed to the trainer as a
 parameter) and the trainer's kill-point callback, once a `train` event past that step is logged and a checkpoint
 of this session is committed (and before its last update), flushes its output and sends the process SIGSTOP.
 The pilot sees the stopped state (commands/pilot_process.py `wait_until_stopped`, which reads /proc and
-needs no torch) and sends SIGKILL: the process still dies without any handler, atexit or
-final checkpoint, exactly as before; only the moment is no longer a race. A stopped process that is sent
-SIGCONT instead (someone found it by hand) just carries on.
+needs no torch) and sends SIGKILL: the process dies without any handler, atexit or final checkpoint, at the
+step it stopped at rather than wherever a race would put it. A stopped process that is sent SIGCONT instead
+(someone found it by hand) just carries on.
 
 Under torchrun every rank stops itself at the same update boundary: rank 0, the one that writes the record,
 decides and the decision is shared (one all-reduce per update while the kill point is armed), so no rank runs
@@ -30,8 +29,8 @@ from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import PRIORITY_KILL_POINT, Callback, LoopState
 
 
-class FreezePoint:
-    """When the trainer stops itself for the pilot: `due` after each update, `freeze` once."""
+class SelfStopPoint:
+    """When the trainer stops itself for the pilot: `due` after each update, `stop_self` once."""
 
     def __init__(self, past_step: int | None) -> None:
         self.past_step = past_step
@@ -41,7 +40,7 @@ class FreezePoint:
         return (self.past_step is not None and logged_step is not None and logged_step > self.past_step
                 and checkpoint_committed and step < max_steps)
 
-    def freeze(self) -> None:
+    def stop_self(self) -> None:
         self.past_step = None  # once: a process continued with SIGCONT trains to the end
         sys.stdout.flush()
         sys.stderr.flush()
@@ -54,12 +53,12 @@ class KillPointCallback(Callback):
     priority = PRIORITY_KILL_POINT
     phase = "other"
 
-    def __init__(self, point: FreezePoint) -> None:
+    def __init__(self, point: SelfStopPoint) -> None:
         self.point = point
 
     @classmethod
     def past_step(cls, step: int | None) -> KillPointCallback:
-        return cls(FreezePoint(step))
+        return cls(SelfStopPoint(step))
 
     def due(self, loop: LoopState) -> bool:
         if self.point.past_step is None:  # the same on every rank (the same --stop-past-step): no collective
@@ -73,5 +72,5 @@ class KillPointCallback(Callback):
         return due
 
     def after_update(self, loop: LoopState) -> None:
-        self.point.freeze()
+        self.point.stop_self()
 

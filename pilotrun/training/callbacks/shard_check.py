@@ -29,14 +29,15 @@ PRIORITY_SHARD_CHECK = PRIORITY_RARE_EVENTS + 1  # beside the rare events: befor
 
 
 # At the session's end (an error included) the val shards the last evaluation read are given this long to be
-# checked; a 32 MiB shard takes a twentieth of a second, so only a stalled disk reaches it.
+# checked; a full-size shard hashes in a small fraction of that (BENCHMARKS.md, "Background shard
+# hashing"), so only a stalled disk reaches it.
 AT_END_WAIT_SECONDS = 30.0
 
 
 def _window_closes(loop: LoopState) -> bool:
     """The update just made closes a `train` window (window_log.WindowLogCallback's cadence)."""
     t = loop.session.config.train
-    return due_on_cadence(loop, t.log_every) or due_on_cadence(loop, t.checkpoint_every)
+    return due_on_cadence(loop, t.log.every) or due_on_cadence(loop, t.checkpoint.every)
 
 
 class ShardCheckCallback(Callback):

@@ -1,7 +1,7 @@
 """The loop's record of its own work: the `train` event that closes each window, the progress bar, and the rare
 events that follow an update (a data restart, an fp16 overflow, a QK-Clip event).
 
-Every `log_every` applied updates a `train` event closes the window; it closes too before every checkpoint
+Every `train.log.every` applied updates a `train` event closes the window; it closes too before every checkpoint
 (the window callback comes first), so a checkpoint's counters always coincide with a `train` event, and at the
 session's last round, whatever ends it. The window's figures are read off the device here, in the "other"
 phase; writing the event is the "report" phase (LoopState.log).
@@ -83,8 +83,9 @@ class PlainProgress:
 
 
 class WindowLogCallback(Callback):
-    """Closes the window into a `train` event every `log_every` applied updates, before every checkpoint
-    (`checkpoint_every`) and at the last round; on rank 0 with `progress`, a tqdm bar on stderr follows it."""
+    """Closes the window into a `train` event every `log_every` applied updates (`train.log.every`), before
+    every checkpoint (`train.checkpoint.every`) and at the last round; on rank 0 with `progress`, a tqdm bar
+    on stderr follows it."""
 
     priority = PRIORITY_WINDOW
     phase = "other"
@@ -112,7 +113,7 @@ class WindowLogCallback(Callback):
 
             bar = tqdm(total=t.max_steps, initial=loop.step, file=sys.stderr, unit="step", dynamic_ncols=True,
                        desc="train", mininterval=0.5)
-        return cls(t.log_every, t.checkpoint_every, bar=bar)
+        return cls(t.log.every, t.checkpoint.every, bar=bar)
 
     @contextlib.contextmanager
     def around_update(self, loop: LoopState) -> Iterator[None]:

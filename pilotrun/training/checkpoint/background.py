@@ -25,9 +25,9 @@ background save, alike on every rank), so that they never interleave with the tr
 default group from the other thread.
 
 The checkpoint is in DCP's format (storage `torch_dcp`) at any world size, so a background checkpoint of one
-process loads like one of several (dcp_storage.DistributedCheckpointer reads with the storage its marker
-names); the state is the same `session.checkpoint_state(sharded=True)`, so a resume is bit-exact whatever the
-setting.
+process loads like one of several (distributed_checkpointer.DistributedCheckpointer reads with the storage its
+marker names); the state is the same `session.checkpoint_state(sharded=True)`, so a resume is bit-exact
+whatever the setting.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import threading
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -44,11 +45,13 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import filesystem as dcp_filesystem
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from pilotrun.common.errors import CheckpointError
 from pilotrun.common.files import fsync_directory, sha256_of_file
-from pilotrun.training.checkpoint.dcp_storage import DCPStorage, DistributedCheckpointer
+from pilotrun.training.checkpoint.dcp_storage import DCPStorage
+from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
 from pilotrun.training.distributed import broadcast_object
 
 OUT_OF_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -59,10 +62,41 @@ WRITER_THREADS = max(1, min(4, os.cpu_count() or 1))
 warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
 
 
+# DCP writes a rank's files from threads of its own; one that fails (a full disk) dies with a traceback on stderr
+# and its files' results are simply missing, which DCP does not notice. Its failure is kept here instead, for the
+# writer below to raise as the save's (one line in the session's end, no traceback).
+_WRITER_THREAD_FAILURES: dict[int, BaseException] = {}
+_previous_excepthook = threading.excepthook
+
+
+def _keep_writer_thread_failure(args: Any) -> None:
+    # The thread's target is gone by now (Thread.run drops it); its default name still says it.
+    writer = f"({dcp_filesystem._write_files_from_queue.__name__})"
+    if args.thread is not None and args.thread.name.endswith(writer) and args.exc_value is not None:
+        _WRITER_THREAD_FAILURES[id(args.thread)] = args.exc_value
+        return
+    _previous_excepthook(args)
+
+
+threading.excepthook = _keep_writer_thread_failure
+
+
 class _HashingFileSystemWriter(dcp.FileSystemWriter):
-    """DCP's file writer, whose coordinator hashes the finished folder right after writing .metadata."""
+    """DCP's file writer, whose coordinator hashes the finished folder right after writing .metadata, and whose
+    write fails when a writer thread failed (DCP would go on with that thread's items unwritten)."""
 
     files: dict[str, tuple[str, int]] | None = None
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        _WRITER_THREAD_FAILURES.clear()
+        future = super().write_data(plan, planner)
+        written = len(future.value())
+        if written != len(plan.items):
+            failures = list(_WRITER_THREAD_FAILURES.values())
+            _WRITER_THREAD_FAILURES.clear()
+            raise OSError(errno.EIO, f"{len(plan.items) - written} of {len(plan.items)} items unwritten") \
+                if not failures else failures[0]
+        return future
 
     def finish(self, metadata: Any, results: Any) -> None:
         super().finish(metadata, results)  # every rank's files are written and fsynced before DCP calls this
@@ -187,23 +221,34 @@ def finish_background_save(checkpointer: DistributedCheckpointer, pending: Pendi
     return Path(outcome[1])
 
 
+def space_error_line(exc: BaseException) -> str:
+    """The full disk's own words, found as `out_of_space` finds it (`[Errno 28] No space left on device:
+    PATH`), for a one-line message: DCP's exceptions carry every rank's traceback in their text."""
+    found = _first_out_of_space(exc)
+    if isinstance(found, OSError) and found.strerror:
+        return f"{found.strerror}" + (f": {found.filename}" if found.filename else "")
+    return "No space left on device"
+
+
 def out_of_space(exc: BaseException | None) -> bool:
-    """Whether a save's failure is a full disk (or quota), looked for through the causes and DCP's per-rank
-    failures (CheckpointException.failures wraps each rank's exception)."""
-    seen: set[int] = set()
+    return _first_out_of_space(exc) is not None
+
+
+def _first_out_of_space(exc: BaseException | None) -> BaseException | None:
+    """A save's failure that is a full disk (or quota), looked for through the causes and DCP's per-rank
+    failures (CheckpointException.failures wraps each rank's exception): the OSError itself where there is one,
+    else an exception whose text says so."""
+    seen: list[BaseException] = []
     todo: list[Any] = [exc]
     while todo:
         item = todo.pop()
-        if item is None or id(item) in seen:
+        if item is None or any(item is known for known in seen):
             continue
-        seen.add(id(item))
-        if isinstance(item, OSError) and item.errno in OUT_OF_SPACE_ERRNOS:
-            return True
-        if "No space left on device" in str(item):
-            return True
+        seen.append(item)
         todo += [getattr(item, "__cause__", None), getattr(item, "__context__", None),
                  getattr(item, "exception", None)]
         failures = getattr(item, "failures", None)
         if isinstance(failures, dict):
             todo += list(failures.values())
-    return False
+    errors = [item for item in seen if isinstance(item, OSError) and item.errno in OUT_OF_SPACE_ERRNOS]
+    return next(iter(errors), None) or next((item for item in seen if "No space left on device" in str(item)), None)

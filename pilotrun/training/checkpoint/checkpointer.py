@@ -18,7 +18,8 @@ Storage is a small interface (`write(state, folder) -> {file: (sha256, bytes)}`,
 template) -> state`) so that a torch.distributed.checkpoint storage, where every rank writes its shards into
 the same folder, can replace the single-process torch.save one without touching the policy here.
 
-The single-file storage (torch.save) is single_file.py, the distributed one dcp_storage.py.
+The single-file storage (torch.save) is single_file.py, the distributed one dcp_storage.py; storages.py
+registers them by the name a marker records.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pilotrun.common.errors import CheckpointError
-from pilotrun.config import RESUME_FREE_KEYS, flatten
+from pilotrun.config import RESUME_FREE_KEYS, current_key, current_recipe, flatten
 
 ABSENT = "<absent>"
 # Software whose version changes floating-point results or random streams (a warning on change).
@@ -66,10 +66,11 @@ def _short(value: Any) -> str:
 
 
 def _normalise_key(key: str) -> str:
-    """`--allow-change train.batch_size` and `--allow-change recipe.train.batch_size` mean the same."""
+    """`--allow-change train.batch_size` and `--allow-change recipe.train.batch_size` mean the same; a key under
+    its earlier flat name (`train.eval_every`) means today's (`train.eval.every`)."""
     if key.split(".", 1)[0] in ("model", "optim", "train"):
-        return f"recipe.{key}"
-    return key
+        return f"recipe.{current_key(key)}"
+    return current_key(key)
 
 
 def _display_key(key: str) -> str:
@@ -89,7 +90,7 @@ def _partition_rows(meta: dict[str, Any]) -> dict[str, Any]:
 def _compared_values(meta: dict[str, Any]) -> dict[str, Any]:
     """The refusable facts of one meta, flattened to `key: value`."""
     values: dict[str, Any] = {}
-    recipe = meta.get("recipe")
+    recipe = current_recipe(meta.get("recipe"))  # a checkpoint's of any recipe format, in today's names
     if isinstance(recipe, dict):
         values.update(flatten(recipe, "recipe"))
     data = meta.get("data") if isinstance(meta.get("data"), dict) else {}

@@ -1,6 +1,6 @@
 """Checkpoints through torch.distributed.checkpoint (DCP): every rank writes its own shards, one commit.
 
-The Checkpointer (checkpoint.py) keeps the policy: a temp folder, an atomic rename, a COMMITTED.json marker
+The Checkpointer (checkpointer.py) keeps the policy: a temp folder, an atomic rename, a COMMITTED.json marker
 written last with every file's sha256, pruning. Under data parallelism that policy still runs once, on rank
 0; what changes is the storage. `DCPStorage.write` is collective: rank 0 names the temp folder, every rank
 writes its part of the state into it with `dcp.save` (DDP's replicated tensors are written once, by one
@@ -13,11 +13,8 @@ shared), so the keys named in `per_rank_keys` (default: "rng") are stored once p
 and each rank reads back its own. Everything else in the state is the same on every rank and DCP stores it
 once.
 
-`DistributedCheckpointer` is the Checkpointer for any world size: it writes with DCP when the world has
-more than one rank and with torch.save otherwise, and it reads a checkpoint with the storage that wrote
-it (the marker names it), so a checkpoint written by 2 ranks can be read by 1 process and vice versa; the
-trainer decides whether such a resume is allowed (see
-`pilotrun.training.checkpoint.compatibility.reconcile_world_size`).
+The checkpointer for any world size, which chooses this storage or another and reads a checkpoint with the
+one its marker names, is distributed_checkpointer.py; the storages are registered in storages.py.
 """
 
 from __future__ import annotations
@@ -32,16 +29,8 @@ from torch import nn
 
 from pilotrun.common.errors import CheckpointError
 from pilotrun.common.files import fsync_directory, sha256_of_file
-from pilotrun.training.checkpoint import checkpointer as checkpoint_policy
-from pilotrun.training.checkpoint.checkpointer import Checkpointer
 from pilotrun.training.checkpoint.dcp_safe_read import read_dcp_metadata, safe_dcp_load
-from pilotrun.training.checkpoint.single_file import TorchSaveStorage
-from pilotrun.training.distributed import (
-    SINGLE_PROCESS,
-    DistributedContext,
-    barrier,
-    broadcast_object,
-)
+from pilotrun.training.distributed import SINGLE_PROCESS, DistributedContext, broadcast_object
 
 PER_RANK_SEPARATOR = "__rank"
 METADATA_FILE = ".metadata"
@@ -62,7 +51,8 @@ def _rank_of_file(name: str) -> int | None:
 
 class DCPStorage:
     """A CheckpointStorage for torch.distributed.checkpoint. `write` and `read` are collective: every rank
-    calls them (rank 0 from inside Checkpointer.save / load, the others from DistributedCheckpointer)."""
+    calls them (rank 0 from inside Checkpointer.save / load, the others from DistributedCheckpointer), and
+    `write_started` / `write_finished` tell that checkpointer where a failed save stopped."""
 
     name = "torch_dcp"
 
@@ -175,85 +165,6 @@ class DCPStorage:
                 if top.startswith(prefix) and top[len(prefix):].isdigit():
                     ranks.add(int(top[len(prefix):]))
         return ranks
-
-
-class DistributedCheckpointer(Checkpointer):
-    """The Checkpointer for any world size. Writes: torch.save for one process, DCP for several (the policy
-    and its marker rule run on rank 0 only; the other ranks join the collective write). Reads: with the
-    storage named in the marker, so checkpoints move between world sizes. Hashes are verified on rank 0 and
-    the outcome is shared, so every rank refuses a damaged checkpoint together."""
-
-    def __init__(self, run_dir: str | Path, keep: int, context: DistributedContext = SINGLE_PROCESS, *,
-                 keep_every: int = 0, keep_steps: tuple[int, ...] | list[int] = ()) -> None:
-        self.context = context
-        self.dcp_storage = DCPStorage(context)
-        self.torch_save_storage = TorchSaveStorage()
-        # _recover_interrupted_replacements (called by the base __init__) renames folders: rank 0 only.
-        super().__init__(run_dir, keep, self.dcp_storage if context.is_distributed else self.torch_save_storage,
-                         keep_every=keep_every, keep_steps=keep_steps)
-        barrier(context)
-
-    def _recover_interrupted_replacements(self) -> None:
-        if self.context.is_main_process:
-            super()._recover_interrupted_replacements()
-
-    def save(self, step: int, state: dict[str, Any], meta: dict[str, Any]) -> Path:
-        if not self.context.is_distributed:
-            return super().save(step, state, meta)
-        self.dcp_storage.write_started = self.dcp_storage.write_finished = False
-        if self.context.is_main_process:
-            try:
-                path = super().save(step, state, meta)
-            except BaseException as exc:
-                # A failure inside the DCP collective already raised on every rank; any other failure must be
-                # announced, or the other ranks would wait for a folder name or a commit that never comes.
-                if not self.dcp_storage.write_started or self.dcp_storage.write_finished:
-                    broadcast_object(self.context, ("error", f"{type(exc).__name__}: {exc}"))
-                raise
-            broadcast_object(self.context, ("ok", str(path)))
-            return path
-        self.dcp_storage.write(state, None)
-        outcome = broadcast_object(self.context, None)
-        if outcome[0] != "ok":
-            raise CheckpointError(f"checkpoint save at step {step} failed on rank 0: {outcome[1]}")
-        return Path(outcome[1])
-
-    def verify(self, step: int) -> checkpoint_policy.CommittedCheckpoint:
-        if not self.context.is_distributed:
-            return super().verify(step)
-        outcome: tuple[str, str] = ("ok", "")
-        if self.context.is_main_process:
-            try:
-                super().verify(step)
-            except CheckpointError as exc:
-                outcome = ("error", str(exc))
-        outcome = broadcast_object(self.context, outcome)
-        if outcome[0] != "ok":
-            raise CheckpointError(outcome[1])
-        return next(c for c in self.committed() if c.step == step)
-
-    def storage_name(self, step: int) -> str:
-        """Which storage wrote the committed checkpoint at `step` (its marker says)."""
-        for checkpoint in self.committed():
-            if checkpoint.step == step:
-                return str(checkpoint.marker.get("storage", TorchSaveStorage.name))
-        raise CheckpointError(f"no committed checkpoint at step {step} in {self.root}")
-
-    def load(self, step: int | None = None, template: dict[str, Any] | None = None
-             ) -> tuple[dict[str, Any], dict[str, Any]]:
-        # Rank 0 chooses the step, so that ranks never load different checkpoints from a folder that
-        # changes underneath them.
-        if step is None:
-            steps = self.committed_steps() if self.context.is_main_process else []
-            step = broadcast_object(self.context, steps[-1] if steps else None)
-            if step is None:
-                return super().load(None, template)  # raises the base class's "no committed checkpoint"
-        checkpoint = self.verify(step)
-        storage_name = checkpoint.marker.get("storage", TorchSaveStorage.name)
-        storage = self.dcp_storage if storage_name == DCPStorage.name else self.torch_save_storage
-        state = storage.read(checkpoint.path, sorted(checkpoint.marker["files"]), template)
-        self.notes.extend(getattr(storage, "read_notes", []))
-        return state, checkpoint.marker.get("meta", {})
 
 
 # ---------------------------------------------------------------------------------------------- model + optimizer

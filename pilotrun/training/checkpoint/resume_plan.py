@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pilotrun.common.errors import CheckpointError, ConfigError
-from pilotrun.config import RunConfig, config_from_dict, config_to_dict, validate_run_config
+from pilotrun.config import (
+    RECIPE_FORMAT,
+    RECIPE_FORMAT_KEY,
+    RunConfig,
+    config_from_dict,
+    config_to_dict,
+    current_recipe,
+    validate_run_config,
+)
 from pilotrun.training.checkpoint.compatibility import check_resume_compatibility, reconcile_world_size
 
 HARDWARE_META_KEYS = ("device", "device_name", "world_size", "torch_threads")
@@ -51,7 +59,7 @@ def checkpoint_meta(config: RunConfig, *, data_sha256: str, data_dir: str, world
     tokens_per_update) is added when a checkpoint is written; a resume compares the rest. `mixture` (a data
     mixture's weights and schedule seed) joins the data section, compared as `data.mixture.*` keys."""
     data = {"metadata_sha256": data_sha256, "dir": data_dir, **({"mixture": mixture} if mixture else {})}
-    meta = {"recipe": config_to_dict(config), "data": data,
+    meta = {"recipe": config_to_dict(config), RECIPE_FORMAT_KEY: RECIPE_FORMAT, "data": data,
             "world_size": world_size, "software": software,
             "hardware": {k: hardware.get(k) for k in HARDWARE_META_KEYS},
             "optimizer": {"partition": partition}}
@@ -116,6 +124,7 @@ def plan_resume(config: RunConfig, *, checkpoint_step: int, saved_meta: dict[str
     requested config) and return the plan, or raise CheckpointError listing every refused difference.
     `run_id` (run.json's) must be the checkpoint's run, before anything else is compared."""
     identity_notes = check_run_identity(saved_meta, run_id, checkpoint_step)
+    saved_meta = {**saved_meta, "recipe": current_recipe(saved_meta["recipe"])}  # of any recipe format
     allowed = list(allow_changes)
     saved_meta, notes = reconcile_world_size(saved_meta, current_meta, allowed)
     report = check_resume_compatibility(saved_meta, current_meta, allowed)
@@ -151,7 +160,7 @@ def plan_restart(config: RunConfig, *, recorded: dict[str, Any], current_meta: d
     session starts again at step 0, a new session of the same run (its record names the updates lost). The
     recipe and data are still held to the run's own (run.json's), as a resume holds them to a checkpoint's,
     so that a restart never turns into another run under the same record."""
-    recipe = recorded.get("recipe")
+    recipe = current_recipe(recorded.get("recipe"))  # run.json's, of any recipe format
     data_sha = (recorded.get("data") or {}).get("metadata_sha256")
     if not isinstance(recipe, dict) or not isinstance(data_sha, str):
         raise CheckpointError(f"--resume: no committed checkpoint in {root}, and run.json records no recipe or data "

@@ -1,12 +1,12 @@
 """Which committed checkpoints a save keeps: the retention tiers, decided from steps alone.
 
 Three tiers keep a checkpoint; anything no tier keeps is pruned after the next commit:
-- the newest `keep` up to the step just saved (the resume points; `train.keep_checkpoints`);
-- every `keep_every`-th step, for good (`train.keep_every`; 0: none): the run's history, a later
+- the newest `keep` up to the step just saved (the resume points; `train.checkpoint.keep`);
+- every `keep_every`-th step, for good (`train.checkpoint.keep_every`; 0: none): the run's history, a later
   investigation's or evaluation's starting points;
 - protected steps, never pruned, each with the reason it is protected: the checkpoint a spike's rollback
   restored from (what the rolled-back timeline started from), the final one of a completed run, and the ones the
-  user names (`train.keep_steps`).
+  user names (`train.checkpoint.keep_steps`).
 
 Checkpoints *after* the step just saved belong to a timeline abandoned by a resume from an earlier step
 (`--from-step`): left in place they would be picked as "newest" by the next `--resume`, so they are removed,
@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 
 PROTECT_ROLLBACK = "rollback"  # a spike's rollback restored this step
 PROTECT_FINAL = "final"  # the last checkpoint of a run that reached max_steps
-PROTECT_USER = "keep_steps"  # named by train.keep_steps
+PROTECT_USER = "keep_steps"  # named by train.checkpoint.keep_steps
 
 
 def doomed_steps(committed: Iterable[int], newest: int, keep: int, keep_every: int = 0,

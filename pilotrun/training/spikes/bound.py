@@ -40,10 +40,10 @@ MAD_TO_STD = 1.4826  # the MAD of a normal distribution times this is its standa
 UPPER_DECILE_Z = 1.2816  # a normal's 90th percentile lies this many standard deviations above its median
 # The scale never falls below this share of the median, per signal. For the loss, only so that a window of
 # identical values (MAD 0) does not make every wobble of rounding a spike. Gradient norms are heavy-tailed:
-# over the CPU stability recipe's 240 updates, 5 batches gave 2x-2.9x the window's median norm, far past 6
-# MADs of its narrow core, and the run went on unharmed, where a poisoned batch gives 7x and more; with this
-# floor a norm must also exceed (1 + factor / 2) times the median (4x at the trainer's default factor 6, 5x at
-# the verdict's default spike_factor 8, the multiple its grad_spikes rule has always asked of a window).
+# on the CPU stability recipe a few healthy batches give a few times the window's median norm, far past 6
+# MADs of its narrow core, and the run goes on unharmed, where a poisoned batch gives a larger multiple; with
+# this floor a norm must also exceed (1 + factor / 2) times the median (4x at the trainer's default factor 6,
+# 5x at the verdict's default spike_factor 8, the multiple its grad_spikes rule asks of a window).
 MIN_SCALE_SHARE = {"loss": 0.01, "grad_norm": 0.5}
 
 

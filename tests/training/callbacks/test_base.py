@@ -98,7 +98,7 @@ def test_the_built_in_order_closes_the_window_before_the_checkpoint_and_kills_la
     assert PRIORITY_PROFILE < PRIORITY_RARE_EVENTS < PRIORITY_WINDOW < PRIORITY_EVAL < PRIORITY_CHECKPOINT
     assert PRIORITY_CHECKPOINT < PRIORITY_KILL_POINT
     built_in = [KillPointCallback.past_step(None), CheckpointCallback(5),
-                EvalCallback(SimpleNamespace(eval_every=5)), WindowLogCallback(5, 5), RareEventsCallback(),
+                EvalCallback(SimpleNamespace(every=5)), WindowLogCallback(5, 5), RareEventsCallback(),
                 ProfileCallback(SimpleNamespace())]
     assert [type(c).__name__ for c in in_order(built_in)] == [
         "ProfileCallback", "RareEventsCallback", "WindowLogCallback", "EvalCallback", "CheckpointCallback",

@@ -20,13 +20,13 @@ from tests.training.callbacks.test_base import loop_state
 
 
 def test_due_on_its_cadence_after_an_applied_update_and_never_without_tasks():
-    train = SimpleNamespace(downstream_every=4, downstream_limit=0, downstream_tasks=[])
-    callback = DownstreamEvalCallback(train, tasks=[object()])
+    section = SimpleNamespace(every=4, limit=0, tasks=[])  # train.downstream
+    callback = DownstreamEvalCallback(section, tasks=[object()])
     assert callback.phase == "eval" and PRIORITY_EVAL < PRIORITY_DOWNSTREAM < PRIORITY_CHECKPOINT
     assert callback.due(loop_state(step=8)) and not callback.due(loop_state(step=9))
     assert not callback.due(loop_state(step=8, applied=False))
-    assert not DownstreamEvalCallback(train, tasks=[]).due(loop_state(step=8))
-    assert not DownstreamEvalCallback(SimpleNamespace(downstream_every=0), tasks=[object()]).due(loop_state(step=8))
+    assert not DownstreamEvalCallback(section, tasks=[]).due(loop_state(step=8))
+    assert not DownstreamEvalCallback(SimpleNamespace(every=0), tasks=[object()]).due(loop_state(step=8))
 
 
 def test_a_malformed_task_file_is_refused_before_the_run_folder_is_made(tmp_path, builtin_data_dir):

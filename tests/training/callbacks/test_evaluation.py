@@ -22,11 +22,11 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_evaluation_is_due_on_its_cadence_only_after_an_applied_update():
-    callback = EvalCallback(SimpleNamespace(eval_every=3))
+    callback = EvalCallback(SimpleNamespace(every=3))  # train.eval
     assert callback.phase == "eval"
     assert callback.due(loop_state(step=6)) and not callback.due(loop_state(step=7))
     assert not callback.due(loop_state(step=6, applied=False))
-    assert not EvalCallback(SimpleNamespace(eval_every=0)).due(loop_state(step=6))
+    assert not EvalCallback(SimpleNamespace(every=0)).due(loop_state(step=6))
 
 
 @pytest.mark.slow
@@ -35,12 +35,12 @@ def test_evaluation_reads_the_same_batches_and_is_logged_on_its_cadence(builtin_
         "train.num_threads=1", "train.max_steps=4", "train.eval_every=2", "train.eval_batches=3",
         "train.checkpoint_every=0"])
     session = Trainer(config, builtin_data_dir, tmp_path / "run", progress=False, out=io.StringIO()).session
-    first, second = evaluate(session, config.train), evaluate(session, config.train)
+    first, second = evaluate(session, config.train.eval), evaluate(session, config.train.eval)
     assert first["loss"] == second["loss"] and session.raw_model.training
     assert (first["batches"], first["tokens"]) == (3, 3 * session.tokens_per_microbatch)
     loop = LoopState(session, TimeAccount(), StopSignals(), io.StringIO())
     try:
-        train_loop(loop, [EvalCallback(config.train)])
+        train_loop(loop, [EvalCallback(config.train.eval)])
     finally:
         session.metrics.close()
         session.release_lock()

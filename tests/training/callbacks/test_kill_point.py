@@ -16,7 +16,7 @@ from pilotrun.config import load_run_config
 from pilotrun.run.record import read_metrics_strict
 from pilotrun.training.callbacks import kill_point as pilot_handshake
 from pilotrun.training.callbacks.base import PRIORITY_CHECKPOINT
-from pilotrun.training.callbacks.kill_point import FreezePoint, KillPointCallback
+from pilotrun.training.callbacks.kill_point import KillPointCallback, SelfStopPoint
 from pilotrun.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -53,21 +53,21 @@ def test_the_kill_point_stops_at_the_first_logged_step_past_its_step_once_a_chec
 
 
 def test_the_freeze_is_due_past_the_step_after_a_checkpoint_with_updates_left():
-    point = FreezePoint(3)
+    point = SelfStopPoint(3)
     assert point.due(logged_step=4, checkpoint_committed=True, step=4, max_steps=6)
     assert not point.due(logged_step=3, checkpoint_committed=True, step=3, max_steps=6)  # not past the step yet
     assert not point.due(logged_step=None, checkpoint_committed=True, step=4, max_steps=6)  # nothing logged
     assert not point.due(logged_step=4, checkpoint_committed=False, step=4, max_steps=6)  # nothing committed to resume from
     assert not point.due(logged_step=6, checkpoint_committed=True, step=6, max_steps=6)  # nothing left to redo
-    assert not FreezePoint(None).due(logged_step=4, checkpoint_committed=True, step=4, max_steps=6)
+    assert not SelfStopPoint(None).due(logged_step=4, checkpoint_committed=True, step=4, max_steps=6)
 
 
 @pytest.mark.slow
 def test_freeze_stops_the_process_once_and_sigcont_lets_it_carry_on():
     child = subprocess.Popen([sys.executable, "-c", (
-        "from pilotrun.training.callbacks.kill_point import FreezePoint\n"
-        "point = FreezePoint(1)\n"
-        "point.freeze()\n"
+        "from pilotrun.training.callbacks.kill_point import SelfStopPoint\n"
+        "point = SelfStopPoint(1)\n"
+        "point.stop_self()\n"
         "print('continued', point.past_step, point.due(5, True, 5, 9), flush=True)\n")],
         stdout=subprocess.PIPE, text=True)
     try:

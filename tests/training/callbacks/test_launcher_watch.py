@@ -31,7 +31,7 @@ from pilotrun.training.callbacks.launcher_watch import (
     LauncherWatchCallback,
     run_by_torchrun,
 )
-from pilotrun.training.checkpoint.dcp_storage import DistributedCheckpointer
+from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
 from tests.training.test_distributed_trainer import (
     _descendants,
     _env,

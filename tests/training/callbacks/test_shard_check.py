@@ -139,7 +139,7 @@ def test_the_sessions_last_update_waits_for_the_shards_still_being_hashed(tmp_pa
     hasher = ShardHasher(hash_function=slow_wrong_hash)
     shard = tmp_path / "train_00003.npy"
     hasher.submit("train", shard.name, str(shard), "a" * 64)
-    train = SimpleNamespace(max_steps=7, log_every=5, checkpoint_every=0)
+    train = SimpleNamespace(max_steps=7, log=SimpleNamespace(every=5), checkpoint=SimpleNamespace(every=0))
     loop = SimpleNamespace(step=6, applied=True, session=SimpleNamespace(config=SimpleNamespace(train=train),
                                                                          context=SimpleNamespace(world_size=2)))
     callback = ShardCheckCallback(hasher, rank=1)

@@ -29,7 +29,7 @@ from pilotrun.training.checkpoint.background import (
     out_of_space,
     start_background_save,
 )
-from pilotrun.training.checkpoint.dcp_storage import DistributedCheckpointer
+from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
 from pilotrun.training.trainer import Trainer
 from tests.exactness import assert_exactly_equal
 from tests.training.checkpoint import checkpoint_faults

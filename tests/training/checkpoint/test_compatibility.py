@@ -48,8 +48,8 @@ def test_counters_and_data_dir_may_differ():
 
 
 @pytest.mark.parametrize("key,value", [
-    ("recipe.train.max_steps", 500), ("recipe.train.log_every", 3), ("recipe.train.eval_every", 7),
-    ("recipe.train.checkpoint_every", 11), ("recipe.train.keep_checkpoints", 9),
+    ("recipe.train.max_steps", 500), ("recipe.train.log.every", 3), ("recipe.train.eval.every", 7),
+    ("recipe.train.checkpoint.every", 11), ("recipe.train.checkpoint.keep", 9),
 ])
 def test_free_keys_change_without_ceremony(key, value):
     report = check_resume_compatibility(run_meta(), changed(key, value))

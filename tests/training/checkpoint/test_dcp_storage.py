@@ -9,7 +9,8 @@ import torch
 
 from pilotrun.common.errors import CheckpointError
 from pilotrun.training.checkpoint.checkpointer import Checkpointer
-from pilotrun.training.checkpoint.dcp_storage import DCPStorage, DistributedCheckpointer, check_parts
+from pilotrun.training.checkpoint.dcp_storage import DCPStorage, check_parts
+from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
 from pilotrun.training.checkpoint.single_file import TorchSaveStorage
 from tests.exactness import assert_exactly_equal
 

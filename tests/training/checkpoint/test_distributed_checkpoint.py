@@ -20,11 +20,8 @@ from pilotrun.common.errors import CheckpointError
 from pilotrun.run.marker import MARKER_NAME
 from pilotrun.training import distributed as D
 from pilotrun.training.checkpoint.checkpointer import Checkpointer
-from pilotrun.training.checkpoint.dcp_storage import (
-    DistributedCheckpointer,
-    load_model_and_optimizer_state,
-    model_and_optimizer_state,
-)
+from pilotrun.training.checkpoint.dcp_storage import load_model_and_optimizer_state, model_and_optimizer_state
+from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
 from pilotrun.training.checkpoint.rng_state import capture_rng_state
 from tests.training.test_distributed import _rank_entry, agent_store, run_ranks
 

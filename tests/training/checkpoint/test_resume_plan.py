@@ -87,14 +87,14 @@ def test_a_run_that_said_train_tensorboard_resumes_with_the_trackers_the_command
     from pilotrun.config import loaded_recipe
 
     recorded = config_to_dict(RunConfig())
-    recorded["train"]["tensorboard"] = True
+    recorded["train"]["log"]["tensorboard"] = True
     saved = config_from_dict(recorded)
     assert config_to_dict(saved) == recorded  # read back as recorded: not folded
     for overrides, trackers in ((["train.tensorboard=true"], ["tensorboard"]), ([], [])):
         wanted = loaded_recipe(apply_overrides(config_to_dict(RunConfig()), overrides))
         plan = plan_resume(wanted, checkpoint_step=10, saved_meta=_meta(saved), current_meta=_meta(wanted),
                            allow_changes=[])  # machine keys: free, nothing to allow
-        assert (plan.config.train.tensorboard, plan.config.train.trackers) == (False, trackers)
+        assert (plan.config.train.log.tensorboard, plan.config.train.log.trackers) == (False, trackers)
         assert config_to_dict(plan.config) == config_to_dict(wanted)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from pilotrun.config import RunConfig
+from pilotrun.config.run_config import RunConfig
 
 
 def describe_config(config: RunConfig) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ import pytest
 from pilotrun.commands import cli
 from pilotrun.common.errors import ConfigError
 from pilotrun.config import RunConfig, packaged_configs_dir, resolve_recipe_path
-from pilotrun.config_describe import describe_config
+from pilotrun.config.describe import describe_config
 
 
 def test_every_config_key_has_a_meaning_and_a_type():

@@ -1,4 +1,4 @@
-"""The typed recipe: defaults, YAML + --set merging, and one clear error per bad input."""
+"""A recipe as a command is given it: YAML + --set merging, and one clear error per bad input."""
 
 import pytest
 
@@ -10,14 +10,7 @@ from pilotrun.config import (
     config_to_dict,
     flatten,
     load_run_config,
-    validate_run_config,
 )
-
-
-def test_defaults_validate_and_round_trip():
-    config = RunConfig()
-    validate_run_config(config)
-    assert config_from_dict(config_to_dict(config)) == config
 
 
 def test_yaml_and_overrides_merge(tmp_path):
@@ -69,13 +62,6 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_run_config(bad)
 
 
-def test_flatten_gives_dotted_keys():
-    flat = flatten(config_to_dict(RunConfig()))
-    assert flat["train.seq_len"] == 32
-    assert flat["optim.muon.lr"] == 3e-3
-    assert "optim.schedule.horizon" in flat
-
-
 def test_an_unknown_set_key_is_blamed_on_the_flag_with_the_nearest_known_key():
     with pytest.raises(ConfigError) as refused:
         load_run_config("stability", ["train.max_step=3"])
@@ -93,23 +79,23 @@ def test_the_tensorboard_alias_is_folded_when_loaded_and_a_recorded_recipe_keeps
     from pilotrun.config import loaded_recipe
 
     # Loaded for a session (YAML, --set, a lock's recipe, the API): one list, the alias reads back false.
-    folded = load_run_config(None, ["train.tensorboard=true", "train.trackers=[wandb]"])
-    assert (folded.train.trackers, folded.train.tensorboard) == (["tensorboard", "wandb"], False)
+    folded = load_run_config(None, ["train.log.tensorboard=true", "train.log.trackers=[wandb]"])
+    assert (folded.train.log.trackers, folded.train.log.tensorboard) == (["tensorboard", "wandb"], False)
     assert config_to_dict(loaded_recipe(config_to_dict(folded))) == config_to_dict(folded)  # folding is idempotent
     # Read back from a record (run.json, a checkpoint, a lock): byte for byte, so its sha256 is the one recorded,
     # for a recipe that said true as for every recipe that never did.
     for said in (True, False):
         recorded = config_to_dict(RunConfig())
-        recorded["train"]["tensorboard"] = said
+        recorded["train"]["log"]["tensorboard"] = said
         assert config_to_dict(config_from_dict(recorded)) == recorded
         assert canonical_sha256(config_to_dict(config_from_dict(recorded))) == canonical_sha256(recorded)
     # A session loaded from such a record (a lock's recipe) differs from it in machine keys only: free on resume
     # and outside a lock's comparison (tests/run/test_recipe_lock.py, tests/training/checkpoint/test_resume_plan.py).
     recorded = config_to_dict(RunConfig())
-    recorded["train"].update(tensorboard=True, trackers=["wandb"])
+    recorded["train"]["log"].update(tensorboard=True, trackers=["wandb"])
     now, before = flatten(config_to_dict(loaded_recipe(recorded))), flatten(recorded)
     changed = {key for key in now if now[key] != before[key]}
-    assert changed == {"train.tensorboard", "train.trackers"} and changed <= set(MACHINE_KEYS)
+    assert changed == {"train.log.tensorboard", "train.log.trackers"} and changed <= set(MACHINE_KEYS)
 
 
 @pytest.mark.parametrize(("flag", "named"), [
@@ -132,19 +118,6 @@ def test_a_set_mistake_is_blamed_on_the_flag_not_the_recipe_file(tmp_path, capsy
     recipe.write_text("model: {d_model: fast}\n")
     assert main(["config", "--config", str(recipe), "--set", "optim.muon.lr=0.01"]) == 2
     assert f"{recipe}: config key 'model.d_model' must be int" in capsys.readouterr().err
-
-
-def test_the_readme_lists_every_key_free_on_resume():
-    from pathlib import Path
-
-    from pilotrun.config import RESUME_FREE_KEYS
-
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("### What a resume may change"):]
-    section = section[:section.index("\n## ")]
-    missing = [k for k in RESUME_FREE_KEYS if f"`{k}`" not in section
-               and f"`{k.rsplit('.', 1)[0]}.*`" not in section]
-    assert not missing
 
 
 def test_a_set_mistake_on_a_frozen_recipe_is_blamed_on_the_flag(tmp_path, capsys):
