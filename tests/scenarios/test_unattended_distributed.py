@@ -1,6 +1,6 @@
 """Two gloo ranks under torchrun, the same argv run again and again with SLURM_JOB_END_TIME faked ahead at each
 start: every session ends either with its deadline (reason `deadline`, exit 75, a committed checkpoint at its
-step) or with the run complete, the finished run equals a run that never stopped bit for bit, and one more run
+step, or at step 0 with nothing trained when its set-up left no room for a save) or with the run complete, the finished run equals a run that never stopped bit for bit, and one more run
 exits 0 with nothing to do.
 
 What is asserted holds however many sessions the machine's speed at that moment makes it take: the deadline is
@@ -102,7 +102,10 @@ def test_two_ranks_run_again_and_again_before_each_deadline_then_nothing_to_do(b
     assert [e["reason"] for e in ends] == [o for o in outcomes if o != "refused"]
     assert "deadline" in outcomes  # a session with room for a start-up but not for 300 updates: none jumps to the end
     committed = DistributedCheckpointer(run_dir, keep=20).committed_steps()
-    assert all(end["step"] in committed for end in ends)
+    # A session whose set-up left no room for a save trains nothing (deadline_stop.too_late_to_start): at step 0
+    # there is no checkpoint for it to name, and none is needed.
+    assert all(end["step"] in committed or (end["step"] == 0 and end["reason"] == "deadline") for end in ends), \
+        ([e["step"] for e in ends], committed, outcomes)
     losses = {e["step"]: e["loss"] for e in record if e["event"] == "train"}
     assert losses == {e["step"]: e["loss"] for e in events(straight) if e["event"] == "train"}
     assert sorted(losses) == list(range(1, MAX_STEPS + 1))
