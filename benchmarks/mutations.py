@@ -60,7 +60,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="warmup_starts_at_zero",
-        file="pilotrun/optim/schedule.py",
+        file="pilotrun/optim/lr_shape.py",
         old="        return (step + 1) / warmup\n",
         new="        return step / warmup\n",
         tests=("tests/optim/test_schedule.py",),

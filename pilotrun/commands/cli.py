@@ -310,7 +310,7 @@ def _run_freeze(args: argparse.Namespace) -> int:
     from pilotrun.report.verdict.thresholds import Thresholds, parse_thresholds
 
     thresholds = parse_thresholds(args.threshold, Thresholds(resume_required=not args.no_resume_required))
-    from pilotrun.commands.freeze import format_projection
+    from pilotrun.commands.freeze import forecast_lines, format_projection
 
     code, lock, verdict = freeze_run(args.run_dir, args.out, despite_no_go=args.despite_no_go, thresholds=thresholds,
                                      target_steps=args.target_steps, mtbf_hours=args.mtbf,
@@ -323,7 +323,7 @@ def _run_freeze(args: argparse.Namespace) -> int:
     print(f"frozen{flag}: {args.out} (sha256 {lock['sha256']}; recipe sha256 {lock['recipe_sha256']}, data "
           f"{lock['data']['metadata_sha256']}, code {(lock.get('code') or {}).get('commit')})")
     if "projection" in lock:
-        print("\n".join(format_projection(lock["projection"])))
+        print("\n".join(format_projection(lock["projection"]) + forecast_lines(lock)))
     from pilotrun.commands.next_commands import long_run_commands, recorded_data_dir
 
     train, watch = long_run_commands(args.out, recorded_data_dir(args.run_dir))

@@ -9,7 +9,10 @@ After a GO (or with `--despite-no-go`, recorded in the lock) the lock holds:
   (training, checkpoint, evaluation, start-up, expected failures at `--mtbf`, Young's checkpoint interval, total
   wall time, device-hours and cost at `--device-hour-cost`), each part with the band the pilot's measured spread
   gives it and the total's band (pilotrun/report/projection/band.py), and `watch`, the pilot's figures `pilotrun watch
-  --against LOCK` holds the long run to (pilotrun/report/projection/long_run.py);
+  --against LOCK` holds the long run to (pilotrun/report/projection/long_run.py), and `forecast`, the
+  validation loss the long run will reach: a schedule-aware law fitted to the pilot's validation losses, its
+  curve at the long run's evaluation steps, the final value with its 90% interval and what it assumes, or
+  "no forecast: <why>" (pilotrun/report/projection/forecast_record.py);
 - `sha256` over everything else, so the lock identifies itself.
 """
 
@@ -23,6 +26,7 @@ from typing import Any
 
 from pilotrun.common.files import canonical_sha256, refuse_link
 from pilotrun.config import RECIPE_FORMAT, RECIPE_FORMAT_KEY, current_recipe
+from pilotrun.report.projection.forecast_record import FORECAST_KEY, format_forecast, lock_forecast
 from pilotrun.report.projection.long_run import project, watch_figures
 from pilotrun.report.verdict.verdict import judge
 from pilotrun.run.changes import recipe_changes_in_history
@@ -97,6 +101,7 @@ def build_lock(verdict: Any, despite_no_go: bool, target_steps: int | None = Non
         except (OverflowError, ZeroDivisionError):
             raise FreezeError(f"{options}: the projection is out of a float's range (a figure overflows); "
                               "give a smaller --target-steps or a larger --mtbf") from None
+        lock[FORECAST_KEY] = lock_forecast(summary, target_steps)
         where = nonfinite_at(lock[PROJECTION_KEY], PROJECTION_KEY)
         if where is not None:
             raise FreezeError(f"{options}: the projection's {where} is not a finite number (out of a float's "
@@ -158,3 +163,9 @@ def format_projection(projection: dict[str, Any]) -> list[str]:
         lines.append(f"  cost: {projection['cost']['value']:.2f} ({projection['cost']['from']})")
     lines.append(f"  goodput: {projection['goodput']['value']:.3f} ({projection['goodput']['from']})")
     return lines
+
+
+def forecast_lines(lock: dict[str, Any]) -> list[str]:
+    """The lock's forecast as `pilotrun freeze` prints it below the projection (none without
+    --target-steps)."""
+    return [format_forecast(lock[FORECAST_KEY])] if isinstance(lock.get(FORECAST_KEY), dict) else []

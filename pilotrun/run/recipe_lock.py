@@ -143,7 +143,9 @@ def frozen_run_facts(lock: dict[str, Any], lock_path: str | Path, recipe: dict[s
             **({"lock_data_mixture": lock["data"]["mixture"]} if lock["data"].get("mixture") else {}),
             "allowed": sorted({_normalise(k) for k in allowed}), "differences": accepted,
             # What the lock projected, kept with the run so that summarize compares even after the lock moved.
-            "lock_projection": lock.get(PROJECTION_KEY)}
+            "lock_projection": lock.get(PROJECTION_KEY),
+            # and what it forecast (its validation loss), for summarize to grade and watch to hold it to.
+            **({"lock_forecast": lock[FORECAST_KEY]} if isinstance(lock.get(FORECAST_KEY), dict) else {})}
 
 
 def frozen_candidate_status(run: dict[str, Any]) -> dict[str, Any] | None:
@@ -207,6 +209,9 @@ def describe_frozen_status(status: dict[str, Any]) -> str:
 # clip bounds, window interval). Both are inside the lock's sha256 like everything else.
 PROJECTION_KEY = "projection"
 WATCH_KEY = "watch"
+# With --target-steps also `forecast` (pilotrun/report/projection/forecast_record.py): the long run's
+# validation loss.
+FORECAST_KEY = "forecast"
 
 
 def lock_projection_of(run: dict[str, Any]) -> dict[str, Any] | None:
@@ -228,6 +233,25 @@ def lock_projection_of(run: dict[str, Any]) -> dict[str, Any] | None:
     if lock.get("sha256") != frozen.get("lock_sha256"):
         return None
     return lock.get(PROJECTION_KEY) if isinstance(lock.get(PROJECTION_KEY), dict) else None
+
+
+def lock_forecast_of(run: dict[str, Any]) -> dict[str, Any] | None:
+    """The forecast of the lock a run was started from (run.json's copy, else the lock file while it still
+    hashes to the recorded sha256), as lock_projection_of; None for a run not started frozen or a lock without
+    one."""
+    frozen = run.get("frozen")
+    if not isinstance(frozen, dict):
+        return None
+    if isinstance(frozen.get("lock_forecast"), dict):
+        return frozen["lock_forecast"]
+    path = Path(str(frozen.get("lock_path")))
+    try:
+        lock = load_lock(path) if path.is_file() else None
+    except (FreezeError, OSError):
+        return None
+    if lock is None or lock.get("sha256") != frozen.get("lock_sha256"):
+        return None
+    return lock.get(FORECAST_KEY) if isinstance(lock.get(FORECAST_KEY), dict) else None
 
 
 def allow_changes_beyond_the_lock(allow_change: list[str], resumed_run_dir: str | Path | None, data: str | Path,

@@ -132,7 +132,7 @@ def test_freeze_then_frozen_train_refuses_unlisted_changes_and_records_allowed_o
                  "--set", "train.max_steps=2", "--set", "train.eval_every=0", "--allow-change", "train.max_steps"])
     err = capsys.readouterr().err
     assert code == 2 and not refused_dir.exists()
-    assert err.count("\n") == 1 and "1 difference(s)" in err and "train.eval_every (lock 4, run 0)" in err
+    assert err.count("\n") == 1 and "1 difference(s)" in err and "train.eval.every (lock 4, run 0)" in err
 
     # Listed, it starts; run.json records the lock and the accepted difference.
     long_dir = tmp_path / "long"

@@ -214,8 +214,8 @@ def test_evaluation_moves_no_counter_or_tracker(builtin_data_dir, tmp_path):
     trainer = Trainer(smoke_config(), builtin_data_dir, tmp_path / "run", progress=False)
     before = [t.clone() for t in collect_step_statistics(trainer.session.raw_model)]
     state = trainer.session.state.state_dict()
-    first = evaluate(trainer.session, trainer.config.train)
-    second = evaluate(trainer.session, trainer.config.train)
+    first = evaluate(trainer.session, trainer.config.train.eval)
+    second = evaluate(trainer.session, trainer.config.train.eval)
     after = collect_step_statistics(trainer.session.raw_model)
     assert all(torch.equal(x, y) for x, y in zip(before, after))
     assert trainer.session.state.state_dict() == state and trainer.session.raw_model.training

@@ -101,10 +101,10 @@ def test_evaluation_leaves_every_random_generator_and_the_training_cursor_untouc
     trainer = Trainer(config, builtin_data_dir, tmp_path / "run", progress=False)
     torch.manual_seed(1234)  # a state no earlier code left behind by chance
     before_rng, before_cursor = capture_rng_state(), dict(trainer.session.state.loader.state_dict())
-    first = evaluate(trainer.session, trainer.config.train)
+    first = evaluate(trainer.session, trainer.config.train.eval)
     assert_exactly_equal(capture_rng_state(), before_rng)
     assert trainer.session.state.loader.state_dict() == before_cursor
-    assert evaluate(trainer.session, trainer.config.train)["loss"] == first["loss"]  # the same batches every time
+    assert evaluate(trainer.session, trainer.config.train.eval)["loss"] == first["loss"]  # the same batches every time
 
 
 def test_every_checkpoint_file_is_fsynced_before_the_marker_is_renamed_into_place(tmp_path, monkeypatch):

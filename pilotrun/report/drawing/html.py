@@ -26,6 +26,7 @@ from pilotrun.common.files import (
 )
 from pilotrun.report.drawing.plots import PLOT_TITLES, write_plots
 from pilotrun.report.drawing.run_header import run_identity
+from pilotrun.report.projection.forecast_record import format_forecast
 from pilotrun.report.record_check.time_split import SPLIT_KEYS, SPLIT_PHASES
 from pilotrun.report.verdict.rules import RULES, THROUGHPUT_STEADY
 from pilotrun.report.verdict.thresholds import threshold_meaning
@@ -88,6 +89,8 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
     warnings = ("<ul class='warnings'>" + "".join(f"<li>WARN {e(r.name)}: {e(r.figure)}</li>"
                                                   for r in verdict.warnings) + "</ul>") if verdict.warnings else ""
     frozen = f"\n<p>{e(describe_frozen_status(verdict.frozen))}</p>" if verdict.frozen is not None else ""
+    if verdict.forecast is not None:  # evidence beside the rules, never one of them (forecast_record.py)
+        frozen += f"\n<p>Evidence, not a rule: {e(format_forecast(verdict.forecast))}</p>"
     problems = "".join(f"<li>{e(r)}</li>" for r in summary.reasons) or "<li>none</li>"
     # The trainer's own notes (schedule and val warnings, what a resume restored) travel in run.json's sessions.
     session_notes = [f"session {s.get('session_id')}: {n}" for s in summary.run.get("sessions") or []

@@ -14,12 +14,13 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from pilotrun.common.parsing import terminal_safe
+from pilotrun.report.projection.forecast_record import pilot_forecast
 from pilotrun.report.record_check.summarize import Summary
 from pilotrun.report.record_check.time_split import window_profiled, window_train_tokens
 from pilotrun.run.record import is_finite_number
 
 PLOT_NAMES = ("loss", "lr", "grad_norm", "throughput", "loss_scale", "expert_load", "qk_max_logit",
-              "parameter_groups", "block_output_rms", "time_ledger", "downstream_accuracy")
+              "parameter_groups", "block_output_rms", "time_ledger", "downstream_accuracy", "forecast")
 LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "v", "D", "x", "+", "*", "P")
 PLOT_TITLES = {
@@ -34,6 +35,7 @@ PLOT_TITLES = {
     "block_output_rms": "Residual stream RMS after each block",
     "time_ledger": "Time ledger: where each session's seconds went (goodput = productive / elapsed)",
     "downstream_accuracy": "Downstream accuracy per task (in the loop; evaluations of checkpoints as squares)",
+    "forecast": "Validation loss forecast for a 10x long run (the law fitted to the pilot's evaluations)",
 }
 
 
@@ -361,6 +363,31 @@ def plot_downstream(summary: Summary, path: Path) -> Path:
     return _save(fig, ax, path)
 
 
+def plot_forecast(summary: Summary, path: Path) -> Path:
+    """The pilot's validation losses, the law's curve over a 10x run with its 90% interval and the watch's
+    band (report/projection/forecast_record.py); "no forecast: <why>" where the pilot gives none."""
+    fig, ax = _new_axes(PLOT_TITLES["forecast"], "validation cross-entropy (nats)")
+    made = pilot_forecast(summary)
+    vx, vy = _series([e for e in summary.kept_events if e["event"] == "val"], lambda e: e["loss"])
+    if "curve" in made:
+        steps, centre, low, high, band_low, band_high = zip(*made["curve"], strict=True)
+        ax.fill_between(steps, band_low, band_high, color="C2", alpha=0.15,
+                        label="band watch holds the run to")
+        ax.fill_between(steps, low, high, color="C2", alpha=0.35, label="90% interval")
+        ax.plot(steps, centre, color="C2",
+                label=f"forecast ({made['law']}: {made['formula'].split(' (')[0]})")
+        final = made["final"]
+        ax.errorbar([final["step"]], [final["value"]], yerr=[[final["value"] - final["low"]],
+                    [final["high"] - final["value"]]], fmt="s", color="C3",
+                    label=f"final {final['value']:.4g} ({final['low']:.4g}-{final['high']:.4g})")
+    else:
+        ax.text(0.5, 0.5, drawn(made.get("unavailable")), transform=ax.transAxes, ha="center", va="center",
+                wrap=True, fontsize=9)
+    if vx:
+        ax.plot(vx, vy, "o", color="C1", label="pilot's val")
+    return _save(fig, ax, path)
+
+
 PLOTTERS = {
     "loss": plot_loss,
     "lr": plot_lr,
@@ -373,6 +400,7 @@ PLOTTERS = {
     "block_output_rms": plot_block_output_rms,
     "time_ledger": plot_time_ledger,
     "downstream_accuracy": plot_downstream,
+    "forecast": plot_forecast,
 }
 
 

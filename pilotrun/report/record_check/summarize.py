@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pilotrun.report.projection.forecast_record import against_own_lock, describe_against
 from pilotrun.report.projection.ledger import (
     against_projection,
     format_against,
@@ -312,6 +313,7 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
     ends = overall["session_ends"] = session_ends(sessions, holder is not None)
     overall["interruption_costs"] = costs(sessions, ledger, holder is not None)
     overall["against_mtbf"] = against_mtbf(ends, ledger.elapsed_seconds, mtbf_of(lock_projection_of(run)))
+    overall["forecast"] = against_own_lock(run, kept_events)  # the lock's val-loss forecast, graded (or None)
     return Summary(run_dir=str(run_dir), run_id=run.get("run_id"), valid=not reasons, reasons=reasons, notes=notes,
                    sessions=sessions, lineage=lineage, overall=overall, kept_events=kept_events,
                    rolled_back_events=rolled_back_events, run=run, final=final, folder=folder)
@@ -466,6 +468,9 @@ def format_summary(summary: Summary) -> str:
     against = format_against(o.get("against_projection"))
     if against is not None:
         lines.append(against)
+    forecast = describe_against(o.get("forecast"))
+    if forecast is not None:
+        lines.append(forecast)
     checkpoint = o.get("final_checkpoint")
     if checkpoint is not None:
         lines.append(f"final checkpoint at step {checkpoint['step']}: "

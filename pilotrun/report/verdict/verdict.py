@@ -29,6 +29,7 @@ from typing import Any
 
 from pilotrun.common.files import canonical_sha256
 from pilotrun.config import current_recipe
+from pilotrun.report.projection.forecast_record import format_forecast, pilot_forecast
 from pilotrun.report.record_check.summarize import Summary, summarize_run
 from pilotrun.report.verdict.rules import RULES, THROUGHPUT_STEADY
 from pilotrun.report.verdict.thresholds import (
@@ -56,6 +57,9 @@ class Verdict:
     # The recipe the evidence supports (the one in force at the end), its sha256 and the changes on resume.
     candidate: dict[str, Any] = field(default_factory=dict)
     frozen: dict[str, Any] | None = None  # the frozen candidate a run started from, and whether it still matches
+    # What a 10x long run of the recipe would reach (report/projection/forecast_record.py): evidence, not a
+    # rule.
+    forecast: dict[str, Any] | None = None
 
     @property
     def provisional(self) -> bool:
@@ -71,7 +75,8 @@ class Verdict:
                 "rules": [dataclasses.asdict(r) for r in self.rules],
                 "failed": [r.name for r in self.rules if r.status == FAIL],
                 "warnings": [dataclasses.asdict(r) for r in self.warnings], "candidate": self.candidate,
-                "frozen": self.frozen, "thresholds": dataclasses.asdict(self.thresholds),
+                "frozen": self.frozen, "forecast": self.forecast,
+                "thresholds": dataclasses.asdict(self.thresholds),
                 "summary": self.summary.to_dict()}
 
 
@@ -110,7 +115,8 @@ def judge_summary(summary: Summary, thresholds: Thresholds | None = None) -> Ver
                      f"{supports} This says the recipe ran without the problems checked here for this long; it does "
                      "not say the final model will be good.")
     return Verdict(decision=decision, rules=rules, statement=statement, thresholds=t, summary=summary,
-                   candidate=candidate, frozen=frozen_candidate_status(summary.run))
+                   candidate=candidate, frozen=frozen_candidate_status(summary.run),
+                   forecast=pilot_forecast(summary))
 
 
 def judge(run: RunFolder | str | Path, thresholds: Thresholds | None = None) -> Verdict:
@@ -131,6 +137,8 @@ def format_verdict(verdict: Verdict) -> str:
     lines += ["", f"VERDICT: {verdict.decision}"]
     lines += [f"  WARN {r.name}: {r.figure}" for r in verdict.warnings]
     lines.append(verdict.statement)
+    if verdict.forecast is not None:
+        lines.append(f"evidence, not a rule: {format_forecast(verdict.forecast)}")
     if verdict.frozen is not None:
         lines.append(describe_frozen_status(verdict.frozen))
     return "\n".join(lines)

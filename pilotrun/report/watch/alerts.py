@@ -22,6 +22,8 @@ a rule when it passes again, a killed session when a resume starts). The kinds:
   grad_spikes rule judges the gradient norm (pilotrun/training/spikes/bound.py, over logged windows: the thresholds
   spike_factor, spike_median_window and spike_min_history, the loss's floor share);
 - `loss_envelope`: a window's loss above the pilot's loss at that step plus its tolerance (the lock's envelope);
+- `forecast`: past the pilot's reach, validation losses outside the band of the lock's forecast, two
+  evaluations in a row (forecast_watch.py); a run the forecast does not apply to hears so once, as a note;
 - `rule`: one of the verdict's rules that apply to a run in progress FAILs, judged by the rule table itself
   (rules.py) on summarize's view of the record, with the lock's thresholds when one is given; each rule is judged
   only once the kept history holds the evidence the rule states it needs (its `needs`: a train window, an
@@ -72,6 +74,7 @@ from pilotrun.report.verdict.continuity import not_exact_sessions
 from pilotrun.report.verdict.downstream import below_pilot_problem, fallback_problem, task_series
 from pilotrun.report.verdict.rules import live_rules
 from pilotrun.report.verdict.thresholds import FAIL, THRESHOLD_FIELDS, Thresholds
+from pilotrun.report.watch.forecast_watch import ForecastWatch
 from pilotrun.run.folder_lock import live_holder
 from pilotrun.run.follow import RecordFollower
 from pilotrun.run.recipe_lock import PROJECTION_KEY, lock_projection_of
@@ -177,6 +180,7 @@ class Watcher:
         self.notes: list[str] = []  # facts said once, not alerts (a resume that exactness is not promised across)
         self.notes_taken = 0
         self.noted: set[str] = set()  # sessions whose not_exact resume a note already said
+        self.forecast = ForecastWatch(lock, self.follower.run)  # the lock's val-loss forecast, if any
 
     def _first_time(self, key: str) -> bool:
         """Whether this spike or rollback is new to the watch (not a resumed session's redo of one it told)."""
@@ -237,7 +241,10 @@ class Watcher:
         kind, sid, step = event["event"], str(event["session_id"]), event["step"]
         cleared.add("stall")
         t = float(event["time"]) if is_finite_number(event.get("time")) else now
+        if kind == "val":
+            self._forecast(event, now, found, cleared)
         if kind == "session_start":
+            self.forecast.restart()
             resumed = event.get("resumed_from")
             self.losses = [p for p in self.losses if resumed is not None and p[0] <= resumed]
             self.downstream = {name: [p for p in points if resumed is not None and p[0] <= resumed]
@@ -320,6 +327,18 @@ class Watcher:
             elif bound is not None:
                 cleared.add("loss_envelope")
         self.losses.append((step, float(loss)))
+
+    def _forecast(self, event: dict[str, Any], now: float, found: dict[str, Alert],
+                  cleared: set[str]) -> None:
+        said = self.forecast.judge(self.follower.run, event)
+        self.notes.extend(self.forecast.notes)
+        self.forecast.notes = []
+        if said is not None and "outside" in said:
+            found.setdefault("forecast", Alert("forecast", "forecast", said["outside"], said["step"],
+                                               said["figure"], said["bound"], str(event["session_id"]), now,
+                                               {"first": said["first"]}))
+        elif said is not None:
+            cleared.add("forecast")
 
     def _downstream(self, event: dict[str, Any], now: float, found: dict[str, Alert], cleared: set[str]) -> None:
         pilot = self.watch.get("downstream") if isinstance(self.watch.get("downstream"), dict) else {}

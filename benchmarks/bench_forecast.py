@@ -1,0 +1,239 @@
+"""The forecast graded by real long runs: pilots of configs/smoke.yaml's model on the built-in corpus (100
+updates, evaluated every 10), each forecasting its long run 10x longer (1,000 updates, the same schedule kind
+over its own horizon, evaluated every 25), and the long runs trained for real (benchmarks/forecast_runs.py):
+cosine, WSD and constant schedules x seeds 0-2, and cosine at twice the LR (10 healthy); two long runs broken
+on purpose (the LR doubled through --allow-change on a resume at 10% of the updates).
+
+Per case: the lock's forecast (forecast_record.lock_forecast, what `freeze --target-steps 1000` writes),
+graded as summarize grades it (forecast_record.against) and watched as `pilotrun watch --against LOCK` watches
+(Watcher, its `forecast` alert). Figures: coverage of the 90% interval, median |relative error| of the final
+validation loss, mean half-width, the first step a run left the band (two evaluations in a row) and watch's
+alerts; and the same fit under each candidate law (forecast.LAWS), which is the measurement docs/FORECAST.md
+chooses by. Goals (issue 50): >= 9 of 10 healthy inside, median error <= 1%, half-width <= 2%, every broken
+run flagged within its first 20% of tokens, no alert on a healthy one.
+
+The runs are trained into WORK and kept: a second invocation grades the same runs without training them again
+(the section says how many it trained and how long that took).
+`python -m benchmarks.run_all bench_forecast`
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.forecast_runs import LONG_FACTOR, PILOT_STEPS, Case, broken_cases, generate, healthy_cases
+
+WORK = Path(tempfile.gettempdir()) / "pilotrun-bench-forecast"
+TARGET = PILOT_STEPS * LONG_FACTOR
+
+
+def _lock(pilot: Path):
+    from pilotrun.report.projection.forecast_record import lock_forecast
+    from pilotrun.report.record_check.summarize import summarize_run
+
+    summary = summarize_run(pilot)
+    run = summary.run
+    return summary, {
+        "recipe": run["recipe"],
+        "data": {"metadata_sha256": run["data"]["train"]["metadata_sha256"]},
+        "forecast": lock_forecast(summary, TARGET),
+    }
+
+
+def _laws(summary, long_summary) -> dict[str, dict]:
+    """Each candidate law's final prediction against the long run's measured final loss."""
+    from pilotrun.report.projection.forecast import LAWS, NoForecast, Setting, forecast
+    from pilotrun.report.projection.forecast_record import val_points
+
+    def setting(s):
+        r = s.run
+        return Setting(
+            r["recipe"]["optim"]["schedule"],
+            r["recipe"]["train"]["max_steps"],
+            r["tokens_per_update"],
+            r["data"]["train"]["tokens"],
+        )
+
+    measured = dict(val_points(long_summary.kept_events)).get(TARGET)
+    out = {}
+    for law in LAWS:
+        try:
+            final = forecast(
+                val_points(summary.kept_events), setting(summary), setting(long_summary), [TARGET], law=law
+            )["final"]
+        except NoForecast:
+            continue
+        out[law] = {
+            "error": (final["value"] - measured) / measured,
+            "inside": final["low"] <= measured <= final["high"],
+            "half": final["half_width_share"],
+        }
+    return out
+
+
+def grade_case(case: Case, pilot: Path, long: Path) -> dict:
+    from pilotrun.report.projection.forecast_record import against
+    from pilotrun.report.record_check.summarize import summarize_run
+    from pilotrun.report.watch.alerts import Watcher
+
+    summary, lock = _lock(pilot)
+    long_summary = summarize_run(long)
+    graded = against(
+        lock["forecast"],
+        lock["recipe"],
+        lock["data"]["metadata_sha256"],
+        long_summary.run,
+        long_summary.kept_events,
+    )
+    watcher = Watcher(long, lock=lock, holder=lambda path: None)
+    watcher.check(final=True)
+    alerts = [a for a in watcher.raised if a.kind == "forecast"]
+    others: dict[str, int] = {}
+    for (
+        a
+    ) in watcher.raised:  # watch's other alerts on the same run, by the step each kind was first raised at
+        if a.kind not in ("forecast", "session_end") and a.step is not None:
+            others.setdefault(a.kind, a.step)
+    overflows = sum(e.get("event") == "overflow" for e in long_summary.kept_events)
+    return {
+        "case": case,
+        "graded": graded,
+        "alert": alerts[0] if alerts else None,
+        "others": others,
+        "overflows": overflows,
+        "laws": _laws(summary, long_summary),
+        "notes": [n for n in watcher.new_notes() if "forecast" in n],
+        "lock": lock,
+    }
+
+
+def _row(r: dict) -> str:
+    g, case = r["graded"] or {}, r["case"]
+    if "final_step" not in g:
+        return f"| {case.name} | {g} | | | | | | |"
+    alert = f"step {r['alert'].extra['first']} (raised at {r['alert'].step})" if r["alert"] else "none"
+    others = ", ".join(f"{kind} at {step}" for kind, step in r["others"].items()) or "none"
+    if case.broken == "fp16_skips":
+        others += f"; {r['overflows']} overflow(s) skipped"
+    return (
+        f"| {case.name} | {g['predicted']:.3f} [{g['low']:.3f}, {g['high']:.3f}] | {g['measured']:.3f} | "
+        f"{100 * g['error']:+.2f}% | {'yes' if g['inside'] else 'no'} | "
+        f"{100 * (g['high'] - g['low']) / 2 / g['predicted']:.2f}% | {alert} | {others} |"
+    )
+
+
+def _law_table(healthy: list[dict]) -> list[str]:
+    from pilotrun.report.projection.forecast import LAWS
+
+    lines = [
+        "| law | pilots fitted | median abs error | inside 90% | mean half-width |",
+        "|---|---|---|---|---|",
+    ]
+    for law, formula in LAWS.items():
+        got = [r["laws"][law] for r in healthy if law in r["laws"]]
+        if got:
+            lines.append(
+                f"| {law}: {formula} | {len(got)} | "
+                f"{100 * statistics.median(abs(g['error']) for g in got):.2f}% | "
+                f"{sum(g['inside'] for g in got)}/{len(got)} | "
+                f"{100 * statistics.mean(g['half'] for g in got):.2f}% |"
+            )
+    return lines
+
+
+def _span(pairs: dict) -> tuple[float, float]:
+    """(seconds from the first run's first line to the last run's last line, the sum of every session's wall
+    seconds): how long training the runs took, read from their own records (the same whether this invocation
+    or
+    an earlier one trained them)."""
+    from pilotrun.run.record import read_metrics_strict
+
+    first, last, walls = [], [], 0.0
+    for folder in (f for pair in pairs.values() for f in pair):
+        events = read_metrics_strict(folder)
+        first.append(events[0]["time"])
+        last.append(events[-1]["time"])
+        walls += sum(
+            (e.get("time_split") or {}).get("wall_seconds", 0.0)
+            for e in events
+            if e["event"] == "session_end"
+        )
+    return max(last) - min(first), walls
+
+
+def run() -> str:
+    started = time.time()
+    cases = healthy_cases() + broken_cases()
+    before = sum(1 for _ in (WORK / "runs").glob("*/metrics.jsonl")) if (WORK / "runs").is_dir() else 0
+    pairs = generate(WORK, cases)
+    trained = sum(1 for _ in (WORK / "runs").glob("*/metrics.jsonl")) - before
+    train_seconds = time.time() - started
+    span, walls = _span(pairs)
+    rows = [grade_case(case, *pairs[case.name]) for case in cases]
+    healthy = [r for r in rows if r["case"].broken is None and "final_step" in (r["graded"] or {})]
+    broken = [r for r in rows if r["case"].broken is not None]
+    errors = [abs(r["graded"]["error"]) for r in healthy]
+    halves = [(r["graded"]["high"] - r["graded"]["low"]) / 2 / r["graded"]["predicted"] for r in healthy]
+    inside = sum(r["graded"]["inside"] for r in healthy)
+    false_alerts = sum(r["alert"] is not None for r in healthy)
+    flagged = [r for r in broken if r["alert"] is not None and r["alert"].extra["first"] <= 0.2 * TARGET]
+    refused = [r for r in rows if "unavailable" in (r["graded"] or {})]
+    lines = [
+        "## Forecast: a pilot's final validation loss against its 10x long run (bench_forecast)",
+        "",
+        f"{len(cases)} pilots of {PILOT_STEPS} updates and their long runs of {TARGET} (configs/smoke.yaml's "
+        "model, "
+        f"the built-in corpus, one thread each, two at a time); {trained} run(s) trained by this invocation "
+        "in "
+        f"{train_seconds:.0f} s, the others read from {WORK} where an earlier invocation trained them. Their "
+        f"records span {span / 60:.1f} min from the first pilot's first line to the last long run's last "
+        "line, "
+        f"{walls / 60:.1f} min of sessions' wall time in all (two ran at a time).",
+        "",
+        f"- coverage of the 90% interval: {inside} of {len(healthy)} healthy long runs inside (goal >= 9 of "
+        "10)",
+        f"- median |relative error| of the final val loss: {100 * statistics.median(errors):.2f}% (goal <= "
+        "1%)"
+        if errors
+        else "- no healthy run graded",
+        f"- mean half-width of the interval: {100 * statistics.mean(halves):.2f}% (goal <= 2%)"
+        if halves
+        else "",
+        f"- watch's forecast alert on a healthy run: {false_alerts} of {len(healthy)} (goal 0)",
+        f"- broken runs flagged within their first 20% of updates (= tokens): {len(flagged)} of "
+        f"{len(broken)}",
+        f"- pilots refused (no forecast): {len(refused)}",
+        "",
+        "| case | predicted [90%] | measured | error | inside | half-width | left the band (watch) | watch's "
+        "other "
+        "alerts (first step) |",
+        "|---|---|---|---|---|---|---|---|",
+        *map(_row, rows),
+        "",
+        "Each candidate law fitted to the same healthy pilots (the measurement the default law is chosen "
+        "by):",
+        "",
+        *_law_table(healthy),
+        "",
+        f"Command: `python -m benchmarks.run_all bench_forecast --update` (it trains what {WORK} lacks with "
+        "benchmarks/forecast_runs.py, then grades; `python benchmarks/forecast_runs.py DIR` trains alone).",
+        "",
+        f"Broken on purpose on a resume at {int(0.1 * TARGET)} updates: `-lr_xK` the LR times K "
+        "(`--allow-change "
+        "optim.muon.lr --allow-change optim.adamw.lr`); `fp16-...-skips` an fp16 recipe whose loss scale "
+        "then doubles "
+        "after every good update (`--allow-change train.loss_scale_growth_interval`, set to 1), so that "
+        "updates "
+        "overflow and are skipped often (on this CPU fp16 never overflowed: see its overflow count; a run "
+        "whose change "
+        "did not take effect is not broken). Not run: a dropped mixture source.",
+        "",
+    ]
+    return "\n".join(line for line in lines if line is not None) + "\n"
+
+
+if __name__ == "__main__":
+    print(run())

@@ -1,0 +1,169 @@
+"""The real runs bench_forecast.py grades forecasts on: pilots and their 10x long runs of the tiniest recipe
+that learns (configs/smoke.yaml's model on the built-in corpus), trained by `pilotrun train` in child
+processes, two at a time with one thread each (the machine has 2 cores).
+
+A case is a pilot of PILOT_STEPS updates on a schedule kind and seed, its long run LONG_FACTOR x longer with
+the same kind over its own horizon, and for a broken case the change made to the long run part way (`broken`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = ROOT / "configs" / "smoke.yaml"
+PILOT_STEPS = 100
+LONG_FACTOR = 10
+WARMUP = 10
+# The pilot evaluates often (the fit's points); the long run as a long run would, at a coarser cadence.
+PILOT_EVAL_EVERY, LONG_EVAL_EVERY = 10, 25
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    kind: str
+    seed: int
+    lr: float = 3.0e-3
+    broken: str | None = None  # what a resume at BREAK_SHARE changes with --allow-change (breakage())
+    extra: tuple[str, ...] = field(default=())
+
+
+BREAK_SHARE = 0.1
+
+
+def healthy_cases() -> list[Case]:
+    cases = [
+        Case(f"{kind}-s{seed}", kind, seed) for kind in ("cosine", "wsd", "constant") for seed in (0, 1, 2)
+    ]
+    return cases + [Case("cosine-lr6e-3-s0", "cosine", 0, lr=6.0e-3)]
+
+
+def broken_cases() -> list[Case]:
+    return [
+        Case("cosine-s0-lr_x2", "cosine", 0, broken="lr_x2"),
+        Case("wsd-s1-lr_x2", "wsd", 1, broken="lr_x2"),
+        Case("cosine-s1-lr_x10", "cosine", 1, broken="lr_x10"),
+        Case("constant-s2-lr_x10", "constant", 2, broken="lr_x10"),
+        Case("fp16-cosine-s2-skips", "cosine", 2, broken="fp16_skips", extra=("train.precision=fp16",)),
+    ]
+
+
+def _sets(case: Case, steps: int, eval_every: int) -> list[str]:
+    sets = [
+        f"train.max_steps={steps}",
+        f"optim.schedule.horizon={steps}",
+        f"optim.schedule.kind={case.kind}",
+        f"optim.schedule.warmup_steps={WARMUP}",
+        f"train.eval_every={eval_every}",
+        "train.log_every=10",
+        f"train.checkpoint_every={steps // 2 if steps == PILOT_STEPS else steps // 10}",
+        "train.eval_batches=8",
+        f"train.seed={case.seed}",
+        f"optim.muon.lr={case.lr}",
+        f"optim.adamw.lr={case.lr}",
+        "train.num_threads=1",
+        "train.device=cpu",
+        *case.extra,
+    ]
+    return [part for s in sets for part in ("--set", s)]
+
+
+def _train(args: list[str], log: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with open(log, "a") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "pilotrun", "train", *args], stdout=out, stderr=out, env=env, cwd=ROOT
+        )
+    if done.returncode != 0:
+        raise RuntimeError(f"pilotrun train {' '.join(args)} exited {done.returncode}; see {log}")
+
+
+def prepare(work: Path) -> Path:
+    data = work / "data"
+    if not (data / "metadata.json").is_file():
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        subprocess.run(
+            [sys.executable, "-m", "pilotrun", "prepare", "--out", str(data)],
+            check=True,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=ROOT,
+        )
+    return data
+
+
+def train_pilot(work: Path, data: Path, case: Case) -> Path:
+    run_dir = work / "runs" / f"{case.name}-pilot"
+    if not (run_dir / "metrics.jsonl").is_file():
+        _train(
+            [
+                "--config",
+                str(RECIPE),
+                "--data",
+                str(data),
+                "--run-dir",
+                str(run_dir),
+                *_sets(case, PILOT_STEPS, PILOT_EVAL_EVERY),
+            ],
+            work / f"{case.name}-pilot.log",
+        )
+    return run_dir
+
+
+def train_long(work: Path, data: Path, case: Case) -> Path:
+    """The long run; a broken one trains to BREAK_SHARE of its updates, then resumes with its change."""
+    steps = PILOT_STEPS * LONG_FACTOR
+    run_dir = work / "runs" / f"{case.name}-long"
+    if (run_dir / "metrics.jsonl").is_file():
+        return run_dir
+    base = ["--config", str(RECIPE), "--data", str(data), "--run-dir", str(run_dir)]
+    log = work / f"{case.name}-long.log"
+    if case.broken is None:
+        _train(base + _sets(case, steps, LONG_EVAL_EVERY), log)
+        return run_dir
+    at = int(steps * BREAK_SHARE)
+    _train(base + _sets(case, steps, LONG_EVAL_EVERY) + ["--set", f"train.max_steps={at}"], log)
+    _train(base + ["--resume"] + _sets(case, steps, LONG_EVAL_EVERY) + breakage(case), log)
+    return run_dir
+
+
+def breakage(case: Case) -> list[str]:
+    """The resume's change: "lr_xK" the LR times K; "fp16_skips" (an fp16 recipe) its loss scale doubled after
+    every good update, so that about every other update overflows and is skipped. (Switching an fp32 run to
+    fp16 on
+    a resume fails in GradScaler.load_state_dict: the checkpoint holds no scaler state.)"""
+    if case.broken == "fp16_skips":
+        changes = {"train.loss_scale_growth_interval": 1}
+    else:
+        changed = int(str(case.broken).removeprefix("lr_x")) * case.lr
+        changes = {"optim.muon.lr": changed, "optim.adamw.lr": changed}
+    return [
+        part for key, value in changes.items() for part in ("--allow-change", key, "--set", f"{key}={value}")
+    ]
+
+
+def generate(work: Path, cases: list[Case], workers: int = 2) -> dict[str, tuple[Path, Path]]:
+    """(pilot, long run) folder per case, trained two at a time: pilots first (every forecast needs one)."""
+    data = prepare(work)
+    with ThreadPoolExecutor(workers) as pool:
+        pilots = dict(
+            zip([c.name for c in cases], pool.map(lambda c: train_pilot(work, data, c), cases), strict=True)
+        )
+        longs = dict(
+            zip([c.name for c in cases], pool.map(lambda c: train_long(work, data, c), cases), strict=True)
+        )
+    return {name: (pilots[name], longs[name]) for name in pilots}
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (pilot, long) in generate(out, healthy_cases() + broken_cases()).items():
+        print(name, pilot, long)

@@ -1,0 +1,346 @@
+"""What validation loss the long run will reach: a schedule-aware law fitted to the pilot's validation losses,
+its prediction at the long run's evaluation steps and schedule, and a 90% interval from what the fit leaves
+unexplained.
+
+Torch-free (numpy): the lock writes it (commands/freeze.py, through forecast_record.py, which also grades it
+for summarize), watch holds the long run to its band (report/watch/forecast_watch.py). docs/FORECAST.md says
+which law and why, with the measurement.
+
+The laws (x: applied updates; eta_i: the LR multiplier of update i, pilotrun/optim/lr_shape.py):
+- `area`, the default: L = A * S1^-alpha, S1 = sum of eta_i * w_i (the forward area of the LR-annealing law of
+  Tissue et al. 2024, arXiv 2408.11029), with no floor;
+- `annealing`, that law whole: L = L0 + A * S1^-alpha - C * S2, S2 = sum of m_i, m_i = lam * m_(i-1) + max(0,
+  eta_(i-1) - eta_i) (the annealing area, a momentum of the LR's decreases; a warm-up's increases are not
+  annealing); `annealing-nofloor` without L0; `area+floor` with it;
+- `steps` (L = A * x^-alpha) and `steps+floor`, blind to the schedule.
+Which is the default and why (measured): DEFAULT_LAW below and docs/FORECAST.md.
+w_i weighs each update's tokens by what they are worth: 1 on the first pass over the training split, then
+exp(-R / R*) where R is the passes already repeated (Muennighoff et al. 2023, arXiv 2305.16264, R* = 15.4: the
+marginal worth of their effective-data formula D' = U + U R* (1 - exp(-R / R*))).
+
+The fit: for each alpha on a grid, a law is linear in (L0, A, C): least squares, with A > 0, C >= 0; the alpha
+of least squared error wins. The interval: a residual bootstrap (the pilot's points are the fit plus resampled
+residuals, refitted BOOTSTRAP times), each prediction plus one resampled residual (the long run's own
+evaluation is as noisy as the pilot's), widened by the drift the pilot measures on itself (holdout_drift); its
+5th and 95th percentiles. The band watch holds the run to is the same at BAND_LEVEL, never narrower than
+BAND_MIN_SHARE.
+
+Refused ("no forecast: <why>", never a number): fewer than MIN_POINTS evaluations past the warm-up; a loss
+that does not fall; residual noise above MAX_NOISE_SHARE of the fall it is fitted to; an interval wider than
+MAX_HALF_WIDTH of the value; a schedule kind the laws do not model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from pilotrun.optim.lr_shape import lr_multiplier
+
+LEVEL = 0.90
+BAND_LEVEL = 0.99
+MIN_POINTS = 6
+MAX_NOISE_SHARE = 0.25
+MAX_HALF_WIDTH = 0.10
+BOOTSTRAP = 200
+ALPHAS = np.geomspace(0.02, 3.0, 64)
+REFINE = 41  # the fine grid's points between the best alpha's neighbours
+ANNEALING_LAMBDA = 0.99
+REPEAT_R_STAR = 15.4
+# The bootstrap's spread says how well the law fits the pilot, not how far it carries: the interval also takes
+# the drift the pilot measures on itself (holdout_drift: fitted on its first HOLDOUT_SHARE, the median miss on
+# the rest per e-fold of updates) times the e-folds to the target step, by these weights. Measured on the
+# benchmark's 10 healthy pilots (docs/FORECAST.md; the same runs the figures are graded on): the whole drift
+# made intervals of +-7-14% around forecasts that missed by at most 4% (5 of 10 refused as too wide); half of
+# it covered 10 of 10.
+HOLDOUT_SHARE = 0.6
+WIDEN = {LEVEL: 0.5, BAND_LEVEL: 1.5}
+# The band watch holds a run to is never narrower than this share of the prediction either side. Measured on
+# the benchmark's healthy long runs: between twice the pilot's updates and the middle of the run a tiny
+# model's loss rose up to 7.6% above the law (a plateau before a second fall, at the same data for every
+# seed), then met it again; +-5% (the pilot's own loss envelope's share) alerted on 3 healthy runs of 10.
+BAND_MIN_SHARE = 0.08
+SCHEDULE_KINDS = ("cosine", "wsd", "constant")
+SCHEDULE_FIELDS = ("kind", "warmup_steps", "horizon", "min_lr_ratio", "decay_fraction")
+LAWS = {
+    "area": "L = A * S1^-alpha (a power law in the LR area S1, no floor)",
+    "area+floor": "L = L0 + A * S1^-alpha",
+    "annealing": "L = L0 + A * S1^-alpha - C * S2 (the LR-annealing law, Tissue et al. 2024, "
+    "arXiv 2408.11029)",
+    "annealing-nofloor": "L = A * S1^-alpha - C * S2",
+    "steps": "L = A * x^-alpha (x: applied updates, blind to the schedule)",
+    "steps+floor": "L = L0 + A * x^-alpha",
+}
+# Chosen by measurement (docs/FORECAST.md, benchmarks/bench_forecast.py): fitted to pilots of 100 updates, the
+# laws with a floor L0 put it at the pilot's plateau and miss the long run's further fall by ~11% (median);
+# the floor-free power law in the LR area misses by ~1%. A pilot this short does not identify a floor.
+DEFAULT_LAW = "area"
+
+
+class NoForecast(Exception):
+    """Why the pilot gives no forecast (said as "no forecast: <why>")."""
+
+
+# ---------------------------------------------------------------------------------------------- schedule
+def multipliers(schedule: dict[str, Any], steps: int) -> np.ndarray:
+    """The LR multiplier of each update 1..steps (update i + 1 follows i applied updates)."""
+    cfg = SimpleNamespace(**{k: schedule.get(k) for k in SCHEDULE_FIELDS})
+    return np.array([lr_multiplier(i, cfg) for i in range(steps)], dtype=float)
+
+
+def data_weights(steps: int, tokens_per_update: int | None, train_tokens: int | None) -> np.ndarray:
+    """Each update's worth in new-token equivalents: 1 on the first pass, exp(-R / R*) once R passes
+    repeat."""
+    if not tokens_per_update or not train_tokens:
+        return np.ones(steps)
+    passes = np.arange(1, steps + 1) * tokens_per_update / train_tokens
+    return np.exp(-np.maximum(passes - 1.0, 0.0) / REPEAT_R_STAR)
+
+
+def areas(
+    eta: np.ndarray, weights: np.ndarray, lam: float = ANNEALING_LAMBDA
+) -> tuple[np.ndarray, np.ndarray]:
+    """(S1, S2) after each number of updates 0..len(eta)."""
+    s1 = np.concatenate([[0.0], np.cumsum(eta * weights)])
+    drops = np.maximum(np.concatenate([[0.0], eta[:-1] - eta[1:]]), 0.0)
+    momentum, m = np.empty_like(drops), 0.0
+    for i, drop in enumerate(drops):
+        m = lam * m + drop
+        momentum[i] = m
+    return s1, np.concatenate([[0.0], np.cumsum(momentum)])
+
+
+# ---------------------------------------------------------------------------------------------- fit
+@dataclass
+class Fit:
+    law: str
+    alpha: float
+    coef: np.ndarray  # (L0, A, C); C = 0 for the laws without annealing
+    residuals: np.ndarray
+
+    def parameters(self) -> dict[str, float]:
+        named = {"A": self.coef[1], "alpha": self.alpha}
+        if _has(self.law, "floor"):
+            named["L0"] = self.coef[0]
+        if _has(self.law, "annealing"):
+            named.update(C=self.coef[2], lam=ANNEALING_LAMBDA)
+        return {k: float(v) for k, v in named.items()}
+
+
+def _has(law: str, term: str) -> bool:
+    """Whether a law has the floor L0 ("floor") or the annealing term ("annealing")."""
+    if term == "floor":
+        return law == "annealing" or law.endswith("+floor")
+    return law.startswith("annealing")
+
+
+def _columns(
+    law: str, x: np.ndarray, s1: np.ndarray, s2: np.ndarray, annealing: bool, alphas: np.ndarray
+) -> np.ndarray:
+    """The law's design matrix at every alpha of the grid: (alphas, points, [1, base, -S2]), a term the law
+    (or
+    this try) lacks as a column of zeros (its coefficient then solves to 0)."""
+    base = (x if law.startswith("steps") else s1)[None, :] ** -alphas[:, None]
+    ones = np.ones_like(base) * float(_has(law, "floor"))
+    return np.stack([ones, base, np.broadcast_to(-s2, base.shape) * float(annealing)], axis=2)
+
+
+def _solve(cols: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares at every alpha at once (normal equations, a little ridge against a singular grid point):
+    (coefficients (alphas, terms), squared errors (alphas,))."""
+    gram = np.einsum("anp,anq->apq", cols, cols) + 1e-12 * np.eye(cols.shape[2])
+    coef = np.linalg.solve(gram, np.einsum("anp,n->ap", cols, y)[..., None])[..., 0]
+    sse = np.sum((np.einsum("anp,ap->an", cols, coef) - y) ** 2, axis=1)
+    return coef, sse
+
+
+def fit_law(law: str, x: np.ndarray, y: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> Fit | None:
+    """The least-squares fit over the alpha grid, then over a fine grid between the best one's neighbours (a
+    10x extrapolation moves with alpha's third digit), A > 0 and C >= 0 (an annealing term that would come out
+    negative is dropped: the law then has none); None where no alpha gives a falling curve."""
+    best = _best(law, x, y, s1, s2, ALPHAS)
+    if best is None:
+        return None
+    i = int(np.searchsorted(ALPHAS, best[1]))
+    fine = np.linspace(ALPHAS[max(i - 1, 0)], ALPHAS[min(i + 1, len(ALPHAS) - 1)], REFINE)
+    _, alpha, coef = _best(law, x, y, s1, s2, fine) or best
+    return Fit(law, alpha, coef, y - law_values(law, alpha, coef, x, s1, s2))
+
+
+def _best(
+    law: str, x: np.ndarray, y: np.ndarray, s1: np.ndarray, s2: np.ndarray, alphas: np.ndarray
+) -> tuple[float, float, np.ndarray] | None:
+    """(squared error, alpha, coefficients) of the best alpha of `alphas`, or None."""
+    best: tuple[float, float, np.ndarray] | None = None
+    for annealing in (True, False) if _has(law, "annealing") else (False,):
+        coef, sse = _solve(_columns(law, x, s1, s2, annealing, alphas), y)
+        ok = (coef[:, 1] > 0) & (coef[:, 2] >= 0) & np.isfinite(sse)
+        if not ok.any():
+            continue
+        i = int(np.argmin(np.where(ok, sse, np.inf)))
+        if best is None or sse[i] < best[0]:
+            best = (float(sse[i]), float(alphas[i]), coef[i])
+    return best
+
+
+def law_values(
+    law: str, alpha: float, coef: np.ndarray, x: np.ndarray, s1: np.ndarray, s2: np.ndarray
+) -> np.ndarray:
+    return coef[0] + coef[1] * (x if law.startswith("steps") else s1) ** -alpha - coef[2] * s2
+
+
+# ---------------------------------------------------------------------------------------------- forecast
+@dataclass
+class Setting:
+    """A run's schedule and data, for the areas: the pilot's (fitted on) or the long run's (predicted at)."""
+
+    schedule: dict[str, Any]
+    steps: int
+    tokens_per_update: int | None = None
+    train_tokens: int | None = None
+
+    def features(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        s1, s2 = areas(
+            multipliers(self.schedule, self.steps),
+            data_weights(self.steps, self.tokens_per_update, self.train_tokens),
+        )
+        idx = np.asarray(at, dtype=int)
+        return idx.astype(float), s1[idx], s2[idx]
+
+
+def fit_points(points: list[tuple[int, float]], pilot: Setting) -> tuple[np.ndarray, np.ndarray]:
+    """The pilot's finite evaluations past its warm-up, in step order, refused where too few to fit."""
+    warmup = int(pilot.schedule.get("warmup_steps") or 0)
+    kept = sorted(
+        (int(s), float(v))
+        for s, v in points
+        if isinstance(v, (int, float)) and math.isfinite(v) and warmup < int(s) <= pilot.steps
+    )
+    if len(kept) < MIN_POINTS:
+        raise NoForecast(
+            f"the pilot has {len(kept)} validation evaluation(s) past its warm-up of {warmup} updates; "
+            f"a fit needs at least {MIN_POINTS} (evaluate more often: train.eval_every)"
+        )
+    return np.array([s for s, _ in kept]), np.array([v for _, v in kept])
+
+
+def _check_fit(fit: Fit | None, y: np.ndarray) -> Fit:
+    fall = float(y[0] - np.min(y))
+    if fit is None or fall <= 0:
+        raise NoForecast("the pilot's validation loss does not fall (no falling fit)")
+    noise = float(np.std(fit.residuals, ddof=min(len(y) - 1, 3)))
+    if noise > MAX_NOISE_SHARE * fall:
+        raise NoForecast(
+            f"the pilot's validation loss is too noisy to fit: residual sigma {noise:.4g} against a fall "
+            f"of {fall:.4g} over its evaluations (more than {MAX_NOISE_SHARE:g} of it)"
+        )
+    return fit
+
+
+def bootstrap(
+    fit: Fit, x: np.ndarray, feats: tuple, target: tuple, rng: np.random.Generator, draws: int = BOOTSTRAP
+) -> np.ndarray:
+    """Predictions at the target features from refits of the fit plus resampled residuals, each plus one
+    resampled residual (draws x len(target))."""
+    s1, s2 = feats
+    fitted = law_values(fit.law, fit.alpha, fit.coef, x, s1, s2)
+    n, p = len(x), 2 + _has(fit.law, "floor") + _has(fit.law, "annealing")
+    scaled = (fit.residuals - fit.residuals.mean()) * math.sqrt(n / max(n - p, 1))
+    out = []
+    for _ in range(draws):
+        refit = fit_law(fit.law, x, fitted + rng.choice(scaled, n), s1, s2)
+        if refit is None:
+            continue
+        out.append(law_values(fit.law, refit.alpha, refit.coef, *target) + rng.choice(scaled, len(target[0])))
+    return np.array(out)
+
+
+def holdout_drift(fit: Fit, x: np.ndarray, y: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> float:
+    """How far the law drifts per e-fold of updates it extrapolates, measured inside the pilot: fitted on its
+    first HOLDOUT_SHARE of the evaluations, the median miss on the rest over log(last step / last fitted
+    step). 0 where
+    too few evaluations are left to fit on."""
+    n = max(math.ceil(HOLDOUT_SHARE * len(x)), 4)
+    if n >= len(x):
+        return 0.0
+    part = fit_law(fit.law, x[:n], y[:n], s1[:n], s2[:n])
+    if part is None:
+        return 0.0
+    miss = np.abs(law_values(fit.law, part.alpha, part.coef, x[n:], s1[n:], s2[n:]) - y[n:])
+    return float(np.median(miss) / math.log(x[-1] / x[n - 1]))
+
+
+def forecast(
+    points: list[tuple[int, float]],
+    pilot: Setting,
+    target: Setting,
+    at_steps: list[int],
+    law: str | None = None,
+    seed: int = 0,
+    draws: int = BOOTSTRAP,
+) -> dict[str, Any]:
+    """The forecast of the target run's validation loss at `at_steps` (the last is its final value), or raise
+    NoForecast. `law`: one of LAWS, DEFAULT_LAW when None."""
+    law = law or DEFAULT_LAW
+    for setting, who in ((pilot, "pilot"), (target, "long run")):
+        if setting.schedule.get("kind") not in SCHEDULE_KINDS:
+            raise NoForecast(
+                f"the {who}'s schedule kind {setting.schedule.get('kind')!r} is not modelled "
+                f"({', '.join(SCHEDULE_KINDS)})"
+            )
+    x, y = fit_points(points, pilot)
+    _, s1, s2 = pilot.features(x)
+    fit = _check_fit(fit_law(law, x, y, s1, s2), y)
+    steps = np.asarray(at_steps, dtype=int)
+    feats = target.features(steps)
+    centre = law_values(law, fit.alpha, fit.coef, *feats)
+    preds = bootstrap(fit, x, (s1, s2), feats, np.random.default_rng(seed), draws)
+    spread = preds - np.median(preds, axis=0)
+    drift = holdout_drift(fit, x, y, s1, s2) * np.log(np.maximum(steps, x[-1]) / x[-1])
+    lows = {lv: centre + np.quantile(spread, (1 - lv) / 2, axis=0) - drift * w for lv, w in WIDEN.items()}
+    highs = {lv: centre + np.quantile(spread, (1 + lv) / 2, axis=0) + drift * w for lv, w in WIDEN.items()}
+    lows[BAND_LEVEL] = np.minimum(lows[BAND_LEVEL], centre * (1 - BAND_MIN_SHARE))
+    highs[BAND_LEVEL] = np.maximum(highs[BAND_LEVEL], centre * (1 + BAND_MIN_SHARE))
+    final = float(centre[-1])
+    half = (highs[LEVEL][-1] - lows[LEVEL][-1]) / 2
+    if not math.isfinite(final) or final <= 0 or half > MAX_HALF_WIDTH * final:
+        raise NoForecast(
+            f"the interval is too wide to be of use: +-{half:.4g} around {final:.4g} (more than "
+            f"{MAX_HALF_WIDTH:.0%} of it): the pilot's curve does not pin the law down"
+        )
+    curve = [
+        [int(s), float(c), float(lo), float(hi), float(blo), float(bhi)]
+        for s, c, lo, hi, blo, bhi in zip(
+            steps, centre, lows[LEVEL], highs[LEVEL], lows[BAND_LEVEL], highs[BAND_LEVEL], strict=True
+        )
+    ]
+    return {
+        "law": law,
+        "formula": LAWS[law],
+        "parameters": fit.parameters(),
+        "fitted_on": {
+            "points": [[int(s), float(v)] for s, v in zip(x, y, strict=True)],
+            "residual_sigma": float(np.std(fit.residuals)),
+            "pilot_steps": pilot.steps,
+        },
+        "curve_columns": ["step", "predicted", "low", "high", "band_low", "band_high"],
+        "curve": curve,
+        "final": {
+            "step": int(steps[-1]),
+            "value": final,
+            "low": float(lows[LEVEL][-1]),
+            "high": float(highs[LEVEL][-1]),
+            "level": LEVEL,
+            "half_width_share": float(half / final),
+        },
+        "interval_from": f"a residual bootstrap of the fit ({draws} refits of the fit plus the pilot's "
+        f"resampled residuals), each plus one resampled residual, widened by the drift the pilot measures on "
+        f"itself (fitted on its first {HOLDOUT_SHARE:.0%} of evaluations, the miss on the rest "
+        "per e-fold of updates) x the e-folds extrapolated; "
+        f"{LEVEL:.0%} interval; the band at {BAND_LEVEL:.0%}, at least +-{BAND_MIN_SHARE:.0%} "
+        "of the prediction",
+    }

@@ -1,0 +1,81 @@
+"""watch's hold on the lock's forecast (pilotrun/report/projection/forecast_record.py): a long run's
+validation losses against the forecast's band (its 99% band, wider than the 90% interval the lock states,
+since a run is held to it at every evaluation).
+
+Judged only beyond the pilot's reach, after the named warm-up (from WATCH_FROM_PILOT_FACTOR x the pilot's
+updates: forecast_record.watch_from), and only on CONSECUTIVE evaluations in a row outside the band (one
+evaluation outside is the evaluation's own noise as often as the run's). A run the forecast does not apply to
+(another width, data, schedule family or horizon, recipe) hears it once, as a note, and is not held to it; a
+lock without a forecast (older, or "no forecast: <why>") is watched as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pilotrun.report.projection.forecast_record import CONSECUTIVE, at_step, not_applicable, outside
+from pilotrun.run.recipe_lock import FORECAST_KEY, lock_forecast_of
+from pilotrun.run.record import is_finite_number
+
+
+class ForecastWatch:
+    def __init__(self, lock: dict[str, Any] | None, run: dict[str, Any]):
+        if lock is not None:
+            self.forecast = lock.get(FORECAST_KEY)
+            self.lock_recipe, self.lock_data = (
+                lock.get("recipe"),
+                (lock.get("data") or {}).get("metadata_sha256"),
+            )
+        else:
+            frozen = run.get("frozen") if isinstance(run.get("frozen"), dict) else {}
+            self.forecast = lock_forecast_of(run)
+            self.lock_recipe, self.lock_data = (
+                frozen.get("lock_recipe"),
+                frozen.get("lock_data_metadata_sha256"),
+            )
+        self.applies: bool | None = (
+            None if isinstance(self.forecast, dict) and "curve" in self.forecast else False
+        )
+        self.streak: list[tuple[int, float, str]] = []
+        self.notes: list[str] = []
+
+    def restart(self) -> None:
+        """A session started: the evaluations after its resume point are redone, so the streak starts
+        again."""
+        self.streak = []
+
+    def judge(self, run: dict[str, Any], event: dict[str, Any]) -> dict[str, Any] | None:
+        """{"outside": message, "step", "figure", "bound"} while CONSECUTIVE evaluations in a row are outside
+        the
+        band; {"inside": True} on an evaluation inside it; None where not judged."""
+        if self.applies is None:
+            differs = not_applicable(self.forecast, self.lock_recipe or {}, self.lock_data, run)
+            self.applies = not differs
+            if differs:
+                self.notes.append(
+                    f"note: the lock's forecast does not apply to this run: {'; '.join(differs)} "
+                    "(its validation loss is not held to the forecast's band)"
+                )
+        loss, step = event.get("loss"), event.get("step")
+        if not self.applies or not is_finite_number(loss) or not isinstance(step, int):
+            return None
+        side = outside(self.forecast, step, float(loss))
+        if side is None:
+            self.streak = []
+            return {"inside": True} if at_step(self.forecast, step) is not None else None
+        self.streak = (self.streak + [(step, float(loss), side)])[-CONSECUTIVE:]
+        if len(self.streak) < CONSECUTIVE:
+            return None
+        row = at_step(self.forecast, step)
+        first = self.streak[0][0]
+        bound = row["band_high"] if side == "above" else row["band_low"]
+        return {
+            "outside": f"val loss {float(loss):.6g} at step {step} is {side} the forecast's band "
+            f"({row['band_low']:.6g}-{row['band_high']:.6g}, predicted {row['predicted']:.6g}), "
+            f"{CONSECUTIVE} evaluations in a row from step {first}: the run is leaving what the "
+            "pilot forecast",
+            "step": step,
+            "figure": float(loss),
+            "bound": bound,
+            "first": first,
+        }

@@ -1,0 +1,251 @@
+"""The forecast between records, on synthetic pilots and long runs (tests/report/synthetic.py) whose
+validation
+losses follow a known law: the lock's section, what does not apply, the grade."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from pilotrun.report.projection import forecast_record as fr
+from pilotrun.report.projection.forecast import areas, multipliers
+from pilotrun.report.record_check.summarize import summarize_run
+from tests.report.synthetic import SyntheticRun
+
+LAW = {"L0": 0.0, "A": 9.0, "alpha": 0.07, "C": 0.0}  # the default law's (forecast.DEFAULT_LAW), no floor
+SCHEDULE = {
+    "kind": "cosine",
+    "warmup_steps": 10,
+    "horizon": 100,
+    "min_lr_ratio": 0.1,
+    "decay_fraction": 0.2,
+    "bias_freeze_fraction": 0.03,
+}
+
+
+def law_loss(horizon: int, noise: float = 0.0, shift=lambda step: 0.0):
+    s1, s2 = areas(multipliers({**SCHEDULE, "horizon": horizon}, horizon + 1), np.ones(horizon + 1))
+    wobble = np.random.default_rng(horizon).normal(0, noise, horizon + 2)
+    return lambda step: float(
+        LAW["L0"]
+        + LAW["A"] * max(s1[step], 0.5) ** -LAW["alpha"]
+        - LAW["C"] * s2[step]
+        + wobble[step]
+        + shift(step)
+    )
+
+
+def synthetic(
+    run_dir, steps: int, eval_every: int, noise: float = 0.004, shift=lambda step: 0.0, kind="cosine"
+):
+    run = SyntheticRun(
+        run_dir, max_steps=steps, eval_every=eval_every, checkpoint_every=steps // 2, train_split_tokens=10**7
+    )
+    run.run["recipe"]["optim"]["schedule"] = {**SCHEDULE, "horizon": steps, "kind": kind}
+    run.run["recipe"]["train"]["eval_every"] = eval_every
+    run.val_loss = law_loss(steps, noise, shift)
+    run.start_session()
+    run.train_until(steps)
+    run.end_session()
+    run.write()
+    return run
+
+
+@pytest.fixture(scope="module")
+def lock(tmp_path_factory):
+    pilot = synthetic(tmp_path_factory.mktemp("pilot") / "r", 200, 10)
+    summary = summarize_run(pilot.run_dir)
+    section = fr.lock_forecast(summary, 2000)
+    return {"recipe": pilot.run["recipe"], "data": {"metadata_sha256": "0" * 64}, "forecast": section}
+
+
+def test_the_lock_holds_the_law_its_parameters_the_curve_and_the_final_interval(lock):
+    fc = lock["forecast"]
+    assert fc["law"] == "area" and set(fc["parameters"]) == {"A", "alpha"}
+    assert [row[0] for row in fc["curve"]] == list(range(10, 2001, 10))
+    final = fc["final"]
+    assert final["step"] == 2000 and final["low"] < final["value"] < final["high"]
+    real = law_loss(2000)(2000)
+    # A 200-update pilot pins the law loosely: inside its interval, within a few percent.
+    assert final["low"] <= real <= final["high"] and abs(final["value"] - real) / real < 0.05
+    assumes = fc["assumes"]
+    assert assumes["schedule"]["horizon"] == 2000 and assumes["horizon_factor"] == 10
+    assert assumes["passes_over_train_split"] == pytest.approx(2000 * 32 / 10**7)
+
+
+def test_a_pilot_too_short_or_a_target_within_it_gets_no_forecast_never_a_number(tmp_path):
+    short = synthetic(tmp_path / "short", 40, 10)
+    section = fr.lock_forecast(summarize_run(short.run_dir), 400)
+    assert section["unavailable"].startswith("no forecast: the pilot has 3 validation evaluation(s)")
+    assert "final" not in section and "curve" not in section
+    pilot = synthetic(tmp_path / "pilot", 100, 10)
+    within = fr.lock_forecast(summarize_run(pilot.run_dir), 80)
+    assert within["unavailable"].startswith("no forecast: --target-steps 80 is not beyond")
+    beyond = fr.lock_forecast(summarize_run(pilot.run_dir), 100 * fr.MAX_HORIZON_FACTOR + 1)
+    assert beyond["unavailable"].startswith(
+        f"no forecast: --target-steps {100 * fr.MAX_HORIZON_FACTOR + 1} is 30x"
+    )
+    assert fr.format_forecast(within) == f"forecast: {within['unavailable']}"
+
+
+def _long(tmp_path, lock, **kwargs):
+    run = synthetic(tmp_path / "long", 2000, 100, **kwargs)
+    return run, summarize_run(run.run_dir)
+
+
+def test_a_healthy_long_run_is_graded_inside_and_never_leaves_the_band(tmp_path, lock):
+    run, summary = _long(tmp_path, lock)
+    graded = fr.against(lock["forecast"], lock["recipe"], "0" * 64, run.run, summary.kept_events)
+    assert graded["inside"] and abs(graded["error"]) < 0.05 and graded["left_band_at"] is None
+    line = fr.describe_against(graded)
+    assert "inside the interval" in line and "never left the band" in line and "measured" in line
+
+
+def test_a_run_that_goes_wrong_leaves_the_band_and_says_where(tmp_path, lock):
+    run, summary = _long(tmp_path, lock, shift=lambda step: 0.6 if step > 300 else 0.0)
+    graded = fr.against(lock["forecast"], lock["recipe"], "0" * 64, run.run, summary.kept_events)
+    assert graded["left_band_at"] == 400 and graded["left_share"] == 0.2 and not graded["inside"]
+    assert "OUTSIDE" in fr.describe_against(graded) and "left the band at step 400" in fr.describe_against(
+        graded
+    )
+
+
+def test_before_the_pilots_reach_the_band_is_not_held(lock):
+    high = [(100, 99.0), (200, 99.0)]
+    assert fr.left_band_at(lock["forecast"], high) is None
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (lambda r: r["recipe"]["model"].update(d_model=128), "width/model model.d_model"),
+        (
+            lambda r: r["recipe"]["optim"]["schedule"].update(kind="wsd"),
+            "schedule family optim.schedule.kind",
+        ),
+        (lambda r: r["recipe"]["optim"]["schedule"].update(horizon=3000), "schedule horizon"),
+        (lambda r: r["data"]["train"].update(metadata_sha256="f" * 64), "data metadata_sha256"),
+        (lambda r: r["recipe"]["optim"].update(grad_clip=0.5), "recipe optim.grad_clip"),
+    ],
+)
+def test_a_run_of_another_width_data_schedule_or_recipe_is_told_it_does_not_apply(
+    tmp_path, lock, change, named
+):
+    run, summary = _long(tmp_path, lock)
+    changed = copy.deepcopy(run.run)
+    change(changed)
+    result = fr.against(lock["forecast"], lock["recipe"], "0" * 64, changed, summary.kept_events)
+    assert list(result) == ["not_applicable"] and len(result["not_applicable"]) == 1
+    assert named in result["not_applicable"][0]
+    assert fr.describe_against(result).startswith("forecast: does not apply to this run: ")
+
+
+def test_a_change_on_resume_is_the_run_leaving_the_forecast_not_another_run(tmp_path, lock):
+    run, summary = _long(tmp_path, lock)
+    changed = copy.deepcopy(run.run)
+    changed["recipe"]["optim"]["grad_clip"] = 0.5
+    changed["allowed_changes"] = [{"key": "optim.grad_clip", "old": 1.0, "new": 0.5, "session_id": "s2"}]
+    assert fr.not_applicable(lock["forecast"], lock["recipe"], "0" * 64, changed) == []
+
+
+def test_a_lock_from_before_forecasts_is_read_as_before(tmp_path, lock):
+    run = SyntheticRun(tmp_path / "long", max_steps=60)
+    run.run["frozen"] = {
+        "lock_sha256": "a" * 64,
+        "lock_path": str(tmp_path / "gone.lock.json"),
+        "lock_recipe": lock["recipe"],
+        "lock_data_metadata_sha256": "0" * 64,
+        "lock_projection": None,
+    }  # what train --frozen wrote before the forecast
+    run.start_session()
+    run.train_until(60)
+    run.end_session()
+    run.write()
+    summary = summarize_run(run.run_dir)
+    assert fr.against_own_lock(run.run, summary.kept_events) is None and summary.overall["forecast"] is None
+    assert not [line for line in _format(summary).splitlines() if line.startswith("forecast")]
+
+
+def _format(summary):
+    from pilotrun.report.record_check.summarize import format_summary
+
+    return format_summary(summary)
+
+
+def test_the_curve_is_read_between_its_steps(lock):
+    fc = lock["forecast"]
+    row = fr.at_step(fc, 15)
+    a, b = fc["curve"][0], fc["curve"][1]
+    assert row["predicted"] == pytest.approx((a[1] + b[1]) / 2)
+    assert fr.at_step(fc, 5) is None and fr.at_step(fc, 2001) is None
+
+
+def test_a_long_runs_curve_is_thinned_to_a_readable_size():
+    steps = fr.eval_steps(10, 200_000)
+    assert len(steps) <= fr.MAX_CURVE_POINTS + 1 and steps[-1] == 200_000
+    assert fr.eval_steps(None, 500) == [500]
+
+
+def test_summarize_grades_the_forecast_of_the_lock_a_frozen_run_started_from(tmp_path, lock):
+    run = SyntheticRun(
+        tmp_path / "long", max_steps=2000, eval_every=100, checkpoint_every=1000, train_split_tokens=10**7
+    )
+    run.run["recipe"] = copy.deepcopy(lock["recipe"])
+    run.run["recipe"]["optim"]["schedule"]["horizon"] = 2000
+    run.run["recipe"]["train"].update(max_steps=2000, eval_every=100)
+    run.run["frozen"] = {
+        "lock_sha256": "a" * 64,
+        "lock_path": str(tmp_path / "x.lock.json"),
+        "lock_recipe": lock["recipe"],
+        "lock_data_metadata_sha256": "0" * 64,
+        "lock_projection": None,
+        "lock_forecast": lock["forecast"],
+    }
+    run.val_loss = law_loss(2000, 0.004)
+    run.start_session()
+    run.train_until(2000)
+    run.end_session()
+    run.write()
+    summary = summarize_run(run.run_dir)
+    graded = summary.overall["forecast"]
+    assert graded["measured"] == pytest.approx(run.val_loss(2000)) and graded["final_step"] == 2000
+    line = next(line for line in _format(summary).splitlines() if line.startswith("forecast (area)"))
+    assert f"measured {graded['measured']:.4f}" in line
+
+
+def test_freeze_writes_the_forecast_into_the_lock_and_train_frozen_keeps_it(tmp_path):
+    from pilotrun.commands.freeze import freeze_run
+    from pilotrun.run.recipe_lock import frozen_run_facts, load_lock
+
+    pilot = synthetic(tmp_path / "pilot", 200, 10)
+    code, _, _ = freeze_run(pilot.run_dir, tmp_path / "lock.json", despite_no_go=True, target_steps=2000)
+    lock = load_lock(tmp_path / "lock.json")  # its sha256 covers the forecast like everything else
+    assert code == 0 and lock["forecast"]["final"]["step"] == 2000 and lock["forecast"]["law"] == "area"
+    facts = frozen_run_facts(
+        lock, tmp_path / "lock.json", lock["recipe"], lock["data"]["metadata_sha256"], []
+    )
+    assert facts["lock_forecast"] == lock["forecast"]
+    without = freeze_run(pilot.run_dir, tmp_path / "plain.json", despite_no_go=True)[1]
+    assert "forecast" not in without  # no target, nothing to forecast (the verdict states its 10x one)
+    from pilotrun.commands.freeze import forecast_lines
+
+    assert forecast_lines(lock)[0].startswith("forecast (area: ") and forecast_lines(without) == []
+
+
+def test_the_verdict_states_the_forecast_as_evidence_and_never_fails_a_pilot_on_it(tmp_path):
+    from pilotrun.report.verdict.verdict import format_verdict, judge_summary
+
+    pilot = synthetic(tmp_path / "pilot", 200, 10)
+    verdict = judge_summary(summarize_run(pilot.run_dir))
+    assert verdict.forecast["final"]["step"] == 2000 and verdict.to_dict()["forecast"] == verdict.forecast
+    assert "evidence, not a rule: forecast (area" in format_verdict(verdict)
+    from pilotrun.report.drawing.html import render_html
+
+    assert "<p>Evidence, not a rule: forecast (area" in render_html(verdict, {})
+    short = synthetic(tmp_path / "short", 40, 10)
+    refused = judge_summary(summarize_run(short.run_dir))
+    assert refused.forecast["unavailable"].startswith("no forecast:")
+    assert "forecast" not in {r.name for r in refused.rules}
+    assert "evidence, not a rule: forecast: no forecast: the pilot has 3" in format_verdict(refused)

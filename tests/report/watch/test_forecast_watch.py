@@ -1,0 +1,73 @@
+"""watch against the lock's forecast, on synthetic long runs whose validation losses follow the pilot's law,
+go wrong
+part way, or belong to another recipe (tests/report/projection/test_forecast_record.py builds them)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from pilotrun.report.projection import forecast_record as fr
+from pilotrun.report.record_check.summarize import summarize_run
+from pilotrun.report.watch.alerts import Watcher
+from tests.report.projection.test_forecast_record import synthetic
+
+
+@pytest.fixture(scope="module")
+def lock(tmp_path_factory):
+    pilot = synthetic(tmp_path_factory.mktemp("pilot") / "r", 200, 10)
+    return {
+        "recipe": pilot.run["recipe"],
+        "data": {"metadata_sha256": "0" * 64},
+        "forecast": fr.lock_forecast(summarize_run(pilot.run_dir), 2000),
+    }
+
+
+def watched(run_dir, lock):
+    watcher = Watcher(run_dir, lock=lock, holder=lambda path: None)
+    watcher.check(final=True)
+    return watcher, [a for a in watcher.raised if a.kind == "forecast"], watcher.new_notes()
+
+
+def test_a_healthy_long_run_raises_no_forecast_alert(tmp_path, lock):
+    run = synthetic(tmp_path / "long", 2000, 100)
+    _, alerts, notes = watched(run.run_dir, lock)
+    assert alerts == [] and not [n for n in notes if "forecast" in n]
+
+
+def test_a_run_leaving_the_band_past_the_pilots_reach_is_alerted_after_two_evaluations(tmp_path, lock):
+    run = synthetic(tmp_path / "long", 2000, 100, shift=lambda step: 0.6 if step > 300 else 0.0)
+    _, alerts, _ = watched(run.run_dir, lock)
+    assert len(alerts) == 1
+    assert (
+        alerts[0].step == 500
+        and alerts[0].extra == {"first": 400}
+        and "above the forecast's band" in alerts[0].message
+    )
+    assert alerts[0].figure > alerts[0].bound
+
+
+def test_one_evaluation_outside_is_not_an_alert(tmp_path, lock):
+    run = synthetic(tmp_path / "long", 2000, 100, shift=lambda step: 0.6 if step == 600 else 0.0)
+    assert watched(run.run_dir, lock)[1] == []
+
+
+def test_a_run_the_forecast_does_not_apply_to_hears_it_once_and_is_not_held_to_it(tmp_path, lock):
+    run = synthetic(tmp_path / "long", 2000, 100, kind="wsd", shift=lambda step: 0.4)
+    _, alerts, notes = watched(run.run_dir, lock)
+    said = [n for n in notes if "forecast does not apply" in n]
+    assert alerts == [] and len(said) == 1 and "schedule family optim.schedule.kind" in said[0]
+
+
+def test_a_lock_without_a_forecast_is_watched_as_before(tmp_path, lock):
+    run = synthetic(tmp_path / "long", 2000, 100, shift=lambda step: 0.6 if step > 300 else 0.0)
+    older = copy.deepcopy(lock)
+    del older["forecast"]
+    _, alerts, notes = watched(run.run_dir, older)
+    assert alerts == [] and not [n for n in notes if "forecast" in n]
+    unavailable = {
+        **older,
+        "forecast": {"unavailable": "no forecast: the pilot has 3 validation evaluation(s)"},
+    }
+    assert watched(run.run_dir, unavailable)[1] == []
