@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from pilotrun.common.parsing import one_line
+
 
 def add_evaluate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="score a committed checkpoint on multiple-choice tasks, bound to its hashes",
@@ -44,7 +46,8 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         return 0
     for name, figures in result["tasks"].items():
         acc, norm = figures.get("acc"), figures.get("acc_norm")
-        print(f"{name}: acc {acc:.4f}, acc_norm {norm:.4f} over {figures.get('examples')} examples "
-              f"(step {result['step']}, {result['harness']} {result['harness_version']})")
-    print(f"written: {result['written']}; an evaluation event appended to metrics.jsonl")
+        # A task's name is its file's stem: quoted on one line, never as commands to the terminal.
+        print(one_line(f"{name}: acc {acc:.4f}, acc_norm {norm:.4f} over {figures.get('examples')} examples "
+                       f"(step {result['step']}, {result['harness']} {result['harness_version']})"))
+    print(one_line(f"written: {result['written']}; an evaluation event appended to metrics.jsonl"))
     return 0

@@ -79,6 +79,7 @@ def evaluate_checkpoint(run_dir: str | Path, tasks: str, *, step: int | None = N
         raise ConfigError("--limit and --shots must be >= 0")
     if shots and harness == "pilotrun":
         raise ConfigError("--shots: pilotrun's own scoring is zero-shot; few-shot prompts need --harness lm-eval")
+    check_device(device)
     files, names = parse_tasks(tasks, harness)
     if harness == "lm-eval":
         from pilotrun.commands.lm_eval_model import harness_version, import_lm_eval
@@ -93,6 +94,11 @@ def evaluate_checkpoint(run_dir: str | Path, tasks: str, *, step: int | None = N
     foreign = foreign_run_problem(marker, run.get("run_id"), run_dir)
     if foreign:
         raise CheckpointError(foreign)
+    from pilotrun.training.multiple_choice import choice_beyond_window
+
+    beyond = choice_beyond_window(scorer.encode, files, scorer.max_seq_len, limit)
+    if beyond is not None:  # before any scoring: one line, not a traceback from the forward pass
+        raise ConfigError(beyond)
     marker_digest = marker_sha256(run_dir, found_step)
     if harness == "pilotrun":
         from pilotrun.training.multiple_choice import score_task
@@ -116,6 +122,23 @@ def evaluate_checkpoint(run_dir: str | Path, tasks: str, *, step: int | None = N
                 "task_sources": {t.name: t.path for t in files} | {n: "harness" for n in names}}
     relative = Path(EVALS_DIR) / step_folder_name(found_step) / f"{evaluation_id}.json"
     return _record(run_dir, run, relative, identity, figures, output, counters)
+
+
+def check_device(device: str) -> None:
+    """`--device` names the CPU or a CUDA device this machine has: anything else is bad input, said in one line
+    before the checkpoint is read (torch's own answer is a traceback)."""
+    import torch
+
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"--device {device!r}: not a device name (cpu, cuda or cuda:N)") from None
+    if target.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device!r}: pilotrun evaluates on cpu or cuda[:N]")
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device!r}: CUDA is not available on this machine")
+    if target.type == "cuda" and target.index is not None and target.index >= torch.cuda.device_count():
+        raise ConfigError(f"--device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
 def _scorer(run_dir: Path, step: int | None, data_dir: str | Path | None, device: str):

@@ -2,8 +2,10 @@
 
 The answer is reconstructed, not stored: every attempted update reads exactly
 `gradient_accumulation_steps` global microbatches in order, and the loader's cursor is global, so attempt k
-(1-based) read microbatches (k-1)*A .. k*A-1. Applied update N is the N-th attempt that was not skipped;
-the skipped attempts are exactly the `overflow` events (each records `updates_attempted` after the skip).
+(1-based) read the next A microbatches after attempt k-1's, stepping over every `train.skip_data` range and
+every range a spike's rollback skipped (run.json's skip_data); without skips that is (k-1)*A .. k*A-1. Applied
+update N is the N-th attempt that was not skipped: the skipped attempts are the `overflow` events and the
+spikes skipped by policy (each records `updates_attempted` after the skip), in the history a rollback kept.
 A resumed session repeats, bit for bit, what a crashed one did after its checkpoint, so duplicated overflow
 events of rolled-back work name the same attempts and are counted once.
 
@@ -17,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.common.errors import ConfigError, DataError
+from pilotrun.common.parsing import one_line
+from pilotrun.report.record_check.spike_history import split_rollbacks
 from pilotrun.run.record import RUN_JSON, read_metrics_strict, read_run_json
+from pilotrun.training.spikes.detector import skip_ahead, upcoming_batches
 
 GEOMETRY_KEYS = ("train.batch_size", "train.seq_len", "train.gradient_accumulation_steps", "train.data_mode")
 
@@ -51,10 +56,31 @@ def microbatches_for_step(run_dir: str | Path, step: int) -> tuple[list[int], di
     if changed:
         raise ConfigError(f"{run_dir}: batch geometry changed during the run ({', '.join(changed)}: a batch "
                           "geometry or mixture key); the cursor arithmetic of inspect-batch does not cover that")
-    skipped = {int(e["updates_attempted"]) for e in events if e["event"] == "overflow"}
+    kept, _ = split_rollbacks(events)  # a rollback's undone attempts are numbered again after it
+    skipped = {int(e["updates_attempted"]) for e in kept
+               if e["event"] == "overflow" or (e["event"] == "spike" and e.get("action") == "skipped")}
     accumulation = int(run["recipe"]["train"]["gradient_accumulation_steps"])
-    attempt = attempt_for_step(step, skipped)
-    return list(range((attempt - 1) * accumulation, attempt * accumulation)), run
+    return attempt_batches(attempt_for_step(step, skipped), accumulation, skip_ranges_of(run)), run
+
+
+def skip_ranges_of(run: dict[str, Any]) -> list[list[int]]:
+    """Every [first_batch, batches] range the loader stepped over: run.json's skip_data (the recipe's and each
+    rollback's), or the recipe's train.skip_data in a record from before skip_data was written."""
+    section = run.get("skip_data")
+    if isinstance(section, list):
+        return [[int(r["first_batch"]), int(r["batches"])] for r in section]
+    return [[int(first), int(count)] for first, count in run["recipe"]["train"].get("skip_data") or []]
+
+
+def attempt_batches(attempt: int, accumulation: int, ranges: list[list[int]]) -> list[int]:
+    """The global microbatches attempt `attempt` read, the loader stepping over `ranges` as it did. Every range is
+    applied from the first attempt: a rollback's lies ahead of the cursor of the checkpoint it restored, so the
+    attempts before it read the same batches with or without it."""
+    cursor, batches = 0, []
+    for _ in range(attempt):
+        batches = upcoming_batches(skip_ahead(cursor, ranges), accumulation, ranges)
+        cursor = batches[-1] + 1
+    return batches
 
 
 def inspect_batch(run_dir: str | Path, step: int, max_chars: int = 400) -> str:
@@ -99,10 +125,13 @@ def _inspect_batch(run_dir: str | Path, step: int, max_chars: int) -> str:
             shown = text if len(text) <= max_chars else text[:max_chars] + " [...]"
             source = (f" source {row['source']} row {row['source_row']} (pass {row['epoch']})"
                       if "source" in row else "")
-            lines.append(f"\nmicrobatch {batch_index} rank {row['rank']} row {row['row']}{source}: {len(tokens)} tokens "
+            lines.append("")
+            lines.append(f"microbatch {batch_index} rank {row['rank']} row {row['row']}{source}: {len(tokens)} tokens "
                          f"from {where}")
             lines.append(repr(shown))
-    return "\n".join(lines)
+    # A mixture source's name, a shard's file name and the data folder come from files a user may not have
+    # written: quoted one line each, never as commands to the terminal.
+    return "\n".join(one_line(line) for line in lines)
 
 
 def _piece(piece: Any) -> tuple[str, int, int]:

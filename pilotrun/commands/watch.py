@@ -17,7 +17,10 @@ A folder that is not a run, or a lock for another run's recipe, is bad input: on
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.common.errors import PilotrunError
-from pilotrun.common.parsing import terminal_safe
+from pilotrun.common.parsing import one_line, terminal_safe
 from pilotrun.report.projection.ledger import format_against
 from pilotrun.report.verdict.thresholds import parse_thresholds
 from pilotrun.report.watch.alerts import DEFAULT_STALL_WINDOWS, Alert, Watcher, thresholds_from_lock
@@ -61,15 +64,29 @@ def check_lock_matches(run: RunFolder | str | Path, lock_path: str | Path) -> tu
     return lock, folder
 
 
+def run_on_alert(command: str, payload: str) -> int:
+    """The --on-alert command's exit code, the alert on its stdin. It runs in a process group of its own, so that
+    at its timeout the whole group is stopped: stopping the shell alone left what it started running after watch
+    had said it was stopped (and after watch itself had exited)."""
+    process = subprocess.Popen(command, shell=True, stdin=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        process.communicate(payload, timeout=ON_ALERT_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+    return process.returncode
+
+
 def _deliver(alert: Alert, as_json: bool, on_alert: str | None) -> None:
     # A message quotes the record (a session id, a spike's cause): escaped, so that the record cannot drive the terminal.
-    print(alert.to_json() if as_json else terminal_safe(f"ALERT {alert.kind}: {alert.message}"), flush=True)
+    print(alert.to_json() if as_json else one_line(f"ALERT {alert.kind}: {alert.message}"), flush=True)
     if on_alert:
         try:
-            done = subprocess.run(on_alert, shell=True, input=alert.to_json() + "\n", text=True,
-                                  timeout=ON_ALERT_TIMEOUT_SECONDS, check=False)
-            if done.returncode != 0:
-                print(terminal_safe(f"pilotrun watch: --on-alert command {on_alert!r} exited {done.returncode} for "
+            returncode = run_on_alert(on_alert, alert.to_json() + "\n")
+            if returncode != 0:
+                print(terminal_safe(f"pilotrun watch: --on-alert command {on_alert!r} exited {returncode} for "
                                     f"the {alert.kind} alert; watch goes on"), file=sys.stderr)
         except subprocess.TimeoutExpired:
             print(terminal_safe(f"pilotrun watch: --on-alert command {on_alert!r} did not finish within "
@@ -104,6 +121,9 @@ def status_line(watcher: Watcher) -> str:
             + (f"; rules waiting for their evidence, not failed: {waiting}" if waiting else ""))
 
 
+MAX_INTERVAL = 86400.0  # seconds between looks, at most
+
+
 def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bool = False,
               keep_going: bool = False, on_alert: str | None = None, as_json: bool = False,
               interval: float | None = None, stall_windows: float | None = None,
@@ -113,6 +133,9 @@ def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bo
     for flag, value in (("--interval", interval), ("--stall-windows", stall_windows)):
         if value is not None and (not math.isfinite(value) or value <= 0):
             raise PilotrunError(f"{flag} {value}: must be a positive number")
+    if interval is not None and interval > MAX_INTERVAL:
+        # A sleep the OS cannot take (1e308 s overflows it) or a watch that looks once a year watches nothing.
+        raise PilotrunError(f"--interval {interval:g}: at most {MAX_INTERVAL:g} s (a day) between looks")
     stall_windows = stall_windows or DEFAULT_STALL_WINDOWS
     lock, folder = check_lock_matches(run_dir, against) if against is not None else (None, None)
     held = parse_thresholds(list(thresholds), thresholds_from_lock(lock))
@@ -122,14 +145,14 @@ def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bo
     while True:
         new, cleared = watcher.check(final=not follow)
         for note in watcher.new_notes():
-            print(terminal_safe(note), file=sys.stderr, flush=True)
+            print(one_line(note), file=sys.stderr, flush=True)
         for alert in new:
             _deliver(alert, as_json, on_alert)
         for alert in cleared:
-            print(terminal_safe(f"cleared {alert.kind}: {alert.key}"), file=sys.stderr, flush=True)
+            print(one_line(f"cleared {alert.kind}: {alert.key}"), file=sys.stderr, flush=True)
         if not follow:
             _say_against_projection(watcher)
-            print(status_line(watcher), file=sys.stderr, flush=True)
+            print(one_line(status_line(watcher)), file=sys.stderr, flush=True)
             return 1 if watcher.active else 0
         if new and not keep_going:
             return 1

@@ -40,6 +40,12 @@ def terminal_safe(text: str) -> str:
     return _TERMINAL_UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
+def one_line(text: str) -> str:
+    """`terminal_safe(text)` with its newlines and tabs escaped too: for a line that quotes the record (an alert, a
+    note), where a newline in a forged field would start a line of its own making, a fake "healthy" one."""
+    return terminal_safe(text).replace("\n", "\\n").replace("\t", "\\t")
+
+
 def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
     """A value as it may appear in a refusal: its first `limit` characters and the count of the rest."""
     text = value if isinstance(value, str) else repr(value)

@@ -58,6 +58,12 @@ def chance_accuracy(examples: tuple[ChoiceExample, ...]) -> float:
     return sum(1.0 / len(e.choices) for e in examples) / len(examples) if examples else 0.0
 
 
+# The longest context or choice an example may hold: 1 Mi characters, over 200 times a 4,096-token window of
+# English (about 4 characters a token), far past anything a scored window reads. A 10 MB context took 1.9 GB
+# to tokenize, a 100 MB one aborted the tokenizer (exit 134).
+MAX_TEXT_CHARS = 1 << 20
+
+
 def _example(value: Any, where: str) -> ChoiceExample:
     if not isinstance(value, dict):
         raise DataError(f"{where}: expected a JSON object with context, choices and label")
@@ -69,6 +75,11 @@ def _example(value: Any, where: str) -> ChoiceExample:
     if not (isinstance(label, int) and not isinstance(label, bool) and 0 <= label < len(choices)):
         raise DataError(f"{where}: 'label' must be an integer index into choices (0..{len(choices) - 1}), "
                         f"got {label!r}")
+    longest = max(len(context), *map(len, choices))
+    if longest > MAX_TEXT_CHARS:
+        raise DataError(f"{where}: a text of {longest:,} characters; at most {MAX_TEXT_CHARS:,} (a model scores "
+                        "only the last window of tokens of an example, and the tokenizer needs gigabytes for "
+                        "tens of megabytes of text, or aborts)")
     return ChoiceExample(context, tuple(choices), label)
 
 

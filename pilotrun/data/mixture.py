@@ -70,12 +70,36 @@ def is_mixture_file(path: str | os.PathLike) -> bool:
 
 
 def _weight(value: Any, where: str) -> float:
+    if isinstance(value, str) and _reads_as_number(value):
+        # YAML 1.1 (PyYAML) reads an exponent without a dot or a sign (1e3) as text, where Python reads a number.
+        raise DataError(f"{where}: weight {value!r} was read by YAML as text, not a number (YAML needs a dot and a "
+                        f"signed exponent, 1.0e+3, or plain digits); write {float(value):g}")
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise DataError(f"{where}: weight {value!r} is not a number")
     weight = float(value)
     if not math.isfinite(weight) or weight <= 0:
         raise DataError(f"{where}: weight {value!r} must be a finite number above 0")
     return weight
+
+
+def _reads_as_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _folder_problem(folder: Path) -> str | None:
+    """Why `folder` cannot be a source's data folder: missing, or something else than a folder (a file, a FIFO,
+    a device such as /dev/zero), said as what it is."""
+    if folder.is_dir():
+        return None
+    if not folder.exists():
+        return f"data folder {folder} not found"
+    kind = ("a FIFO" if folder.is_fifo() else "a device" if folder.is_char_device() or folder.is_block_device()
+            else "a socket" if folder.is_socket() else "a file")
+    return f"{folder} is {kind}, not a prepared data folder"
 
 
 def parse_mixture(path: str | os.PathLike) -> MixtureSpec:
@@ -107,8 +131,9 @@ def parse_mixture(path: str | os.PathLike) -> MixtureSpec:
         weight = _weight(entry["weight"], where)
         folder = Path(entry["path"]).expanduser()
         folder = folder if folder.is_absolute() else base / folder
-        if not folder.is_dir():
-            raise DataError(f"{where}: data folder {folder} not found")
+        problem = _folder_problem(folder)
+        if problem is not None:
+            raise DataError(f"{where}: {problem}")
         real = os.path.realpath(folder)
         if real in seen_paths:
             raise DataError(f"{where}: folder {folder} is already mixture entry {seen_paths[real] + 1}: the same "

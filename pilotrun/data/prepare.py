@@ -127,6 +127,8 @@ def prepare_corpus(
     bar_mode = progress_mode(progress)  # decided once: stderr's terminal-ness does not change mid-prepare
     progress = bar_mode != "none"
     out = os.path.normpath(os.fspath(out))
+    if os.path.lexists(out) and not force:  # refused before any recovery: a refused prepare changes nothing
+        raise DataError(f"{out} already exists: choose another --out or pass --force to replace it")
     for line in PartialFolder.recover_replaced(out, force):
         print(f"pilotrun prepare: {line}", file=sys.stderr)
     if os.path.lexists(out):
@@ -467,7 +469,7 @@ class _PreparePass:
             "documents_done": self.documents[TRAIN] + self.documents[VAL],
             "documents": dict(self.documents), "tokens": dict(self.tokens),
             "correlation": self.correlation.state(), "peak_held": self.peak_held,
-            "splits": {split: writer.persist() for split, writer in self.writers.items()},
+            "splits": {split: writer.persist_checked() for split, writer in self.writers.items()},
             "stopped": self.stopped,
         }
         if complete:

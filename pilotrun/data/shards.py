@@ -74,6 +74,7 @@ class ShardWriter:
         self.shards: list[dict[str, Any]] = []
         self.total_tokens = 0
         self.persisted = 0  # tokens of the unfinished shard already in its pending file
+        self.pending_digest = hashlib.sha256()  # of those tokens' bytes, updated as they are appended
         self.obsolete: list[str] = []
 
     def add(self, tokens: np.ndarray) -> None:
@@ -105,6 +106,7 @@ class ShardWriter:
         if self.persisted or os.path.exists(pending):
             self.obsolete.append(pending)
         self.persisted = 0
+        self.pending_digest = hashlib.sha256()
 
     def close(self) -> list[dict[str, Any]]:
         self._flush()
@@ -115,12 +117,20 @@ class ShardWriter:
         """Append the unfinished shard's new tokens to its pending file and fsync it; returns the state that
         `restore` takes back: the completed shards and the pending token count."""
         if self.filled > self.persisted:
+            new = self.buffer[self.persisted:self.filled].tobytes()
             with open(os.path.join(self.folder, pending_name(self.split, len(self.shards))), "ab") as handle:
-                handle.write(self.buffer[self.persisted:self.filled].tobytes())
+                handle.write(new)
                 handle.flush()
                 os.fsync(handle.fileno())
+            self.pending_digest.update(new)
             self.persisted = self.filled
         return {"shards": [dict(s) for s in self.shards], "pending_tokens": int(self.filled)}
+
+    def persist_checked(self) -> dict[str, Any]:
+        """`persist`'s state with the pending tokens' sha256, which `restore` checks: a byte flipped in the pending
+        file would otherwise pass into a shard (the manifest then hashes the damaged shard as written, and `data
+        verify` could not tell)."""
+        return {**self.persist(), "pending_sha256": self.pending_digest.hexdigest()}
 
     def take_obsolete(self) -> list[str]:
         files, self.obsolete = self.obsolete, []
@@ -133,6 +143,7 @@ class ShardWriter:
         count = int(state["pending_tokens"])
         path = os.path.join(self.folder, pending_name(self.split, len(self.shards)))
         self.filled = self.persisted = 0
+        self.pending_digest = hashlib.sha256()
         if count == 0:
             if os.path.exists(path):
                 os.remove(path)
@@ -143,6 +154,13 @@ class ShardWriter:
         with open(path, "r+b") as handle:
             handle.truncate(count * itemsize)
         self.buffer[:count] = np.fromfile(path, dtype=self.dtype, count=count)
+        digest = hashlib.sha256(self.buffer[:count].tobytes())
+        recorded = state.get("pending_sha256")  # absent in a progress file written before it was kept
+        if recorded is not None and digest.hexdigest() != recorded:
+            raise DataError(f"{path}: its {count} pending tokens are not the ones the progress file recorded "
+                            "(sha256 differs): the interrupted prepare's tail is damaged; remove the .partial "
+                            "folder to prepare again")
+        self.pending_digest = digest
         self.filled = self.persisted = count
 
 

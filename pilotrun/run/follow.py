@@ -125,6 +125,20 @@ class RecordFollower:
         self._judge_pending(raw[end + 1:], found)
         return found
 
+    def poll_to_end(self) -> Poll:
+        """Polls until one reads nothing more, as one Poll: for a reader that looks once (one-shot watch), which a
+        single bounded poll would leave before a long line with the rest of the record unread."""
+        found = self.poll()
+        while True:
+            before = (self.offset, self.lines)
+            more = self.poll()
+            found.events += more.events
+            found.breaks += more.breaks
+            found.notes += more.notes
+            found.pending_bytes = more.pending_bytes
+            if (self.offset, self.lines) == before:
+                return found
+
     def _skip_long_line(self, found: Poll) -> None:
         """A line of more than POLL_BYTES is named once, and passed over once its newline is there (the chain
         breaks at the line after it, which follows from it); never waited for in silence."""

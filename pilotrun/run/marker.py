@@ -24,7 +24,7 @@ from typing import Any
 from pilotrun.common.errors import PilotrunError
 from pilotrun.common.files import sha256_of_file
 from pilotrun.common.parsing import read_json_file
-from pilotrun.run.record import CHECKPOINTS_DIR
+from pilotrun.run.record import CHECKPOINTS_DIR, METRICS_JSONL, RUN_JSON
 
 MARKER_NAME = "COMMITTED.json"
 
@@ -149,3 +149,17 @@ def checkpoint_problems(run_dir: str | Path, step: int, run_id: Any = None,
         elif sha256_of_file(path) != expected["sha256"]:
             problems.append(f"{path}: sha256 differs from the marker's")
     return problems, len(marker["files"]), checked_bytes
+
+
+def resume_problem(run_dir: Path) -> str | None:
+    """Why a run folder cannot be resumed for its record, or None: no run.json; or committed checkpoints without
+    the metrics.jsonl every judge reads, where neither "nothing to do" (the checkpoints may say complete) nor a
+    session on a new chain would leave a run anyone could check. Without a committed checkpoint (a first start
+    killed between run.json and its first line) nothing is lost: the run starts at step 0 again."""
+    if not (run_dir / RUN_JSON).is_file():
+        return f"--resume: {run_dir / RUN_JSON} not found; nothing to resume (start without --resume)"
+    if (run_dir / METRICS_JSONL).exists() or not any((run_dir / CHECKPOINTS_DIR).glob(f"*/{MARKER_NAME}")):
+        return None
+    return (f"--resume: {run_dir / METRICS_JSONL} not found beside its {RUN_JSON}: the run's record is lost; "
+            "restore it from a copy (resuming or calling the run complete without it would leave nothing to check "
+            "the run against)")

@@ -57,7 +57,12 @@ def load_lock(path: str | Path) -> dict[str, Any]:
     if not isinstance(lock.get("recipe"), dict) or not isinstance((lock.get("data") or {}).get("metadata_sha256"), str):
         raise FreezeError(f"--frozen {path}: the lock lacks its recipe or data.metadata_sha256")
     body = {k: v for k, v in lock.items() if k != "sha256"}
-    if lock.get("sha256") != canonical_sha256(body):
+    try:
+        digest = canonical_sha256(body)
+    except ValueError:  # a bare NaN or Infinity: no JSON figure, and never in a lock `freeze` wrote
+        raise FreezeError(f"--frozen {path}: it holds a bare NaN or Infinity, which no lock freeze writes (the lock "
+                          "was edited)") from None
+    if lock.get("sha256") != digest:
         raise FreezeError(f"--frozen {path}: its sha256 does not match its content (the lock was edited)")
     return lock
 

@@ -35,11 +35,21 @@ def interrupt_acknowledgement(signal_name: str, step: int, max_steps: int) -> st
 
 
 def startup_warnings(config: Any, val_tokens: int, world_size: int) -> list[str]:
-    """Everything a session warns about before its first update: the LR schedule against train.max_steps and
-    the val split against one evaluation (when evaluation is on)."""
+    """Everything a session warns about before its first update: the LR schedule against train.max_steps, the
+    val split against one evaluation (when evaluation is on) and task files no cadence scores."""
     from pilotrun.optim.schedule import schedule_warnings
 
     t = config.train
     small_val = val_split_warnings(val_tokens, t.batch_size, t.seq_len, t.eval.batches, world_size) \
         if t.eval.every > 0 else []
-    return schedule_warnings(config) + small_val
+    return schedule_warnings(config) + small_val + unscored_tasks_warnings(t)
+
+
+def unscored_tasks_warnings(train: Any) -> list[str]:
+    """Task files named with no cadence to score them: said, since the run would otherwise go on without a word
+    and its record would hold no downstream figure the recipe seemed to ask for."""
+    if not train.downstream.tasks or train.downstream.every > 0:
+        return []
+    return [f"warning: train.downstream.tasks names {len(train.downstream.tasks)} task file(s) but "
+            "train.downstream.every is 0: they are never scored in this run (set train.downstream.every, the updates "
+            "between scorings, or `pilotrun evaluate` a checkpoint)"]

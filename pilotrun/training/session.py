@@ -32,7 +32,7 @@ from pilotrun.optim.muon_adamw import build_optimizer
 from pilotrun.optim.partition import partition_parameters, partition_table
 from pilotrun.optim.update_hooks import UpdateHook, build_update_hooks
 from pilotrun.run.folder_lock import LOCK_NAME, RunFolderBusy, RunFolderLock
-from pilotrun.run.marker import MARKER_NAME, step_folder_name
+from pilotrun.run.marker import MARKER_NAME, resume_problem, step_folder_name
 from pilotrun.run.record import (
     CHECKPOINTS_DIR,
     COUNTER_KEYS,
@@ -269,8 +269,8 @@ def build_session(config: RunConfig, data_dir: str | Path, run_dir: str | Path, 
     auto = resume == "auto"
     if auto:
         resume = not dist_utils.broadcast_object(context, holds_no_run(run_dir) if context.is_main_process else None)
-    if resume and not (run_dir / RUN_JSON).is_file():
-        raise CheckpointError(f"--resume: {run_dir / RUN_JSON} not found; nothing to resume (start without --resume)")
+    if resume and (problem := resume_problem(run_dir)):
+        raise CheckpointError(problem)
     if not resume:
         if from_step is not None:
             raise ConfigError("--from-step needs --resume")

@@ -71,6 +71,7 @@ from pilotrun.training.callbacks.shard_check import ShardCheckCallback
 from pilotrun.training.callbacks.window_log import RareEventsCallback, WindowLogCallback
 from pilotrun.training.checkpoint.background import out_of_space, space_error_line
 from pilotrun.training.loop import train_loop
+from pilotrun.training.multiple_choice import check_downstream_fits
 from pilotrun.training.notices import interrupt_acknowledgement
 from pilotrun.training.session import NothingToDo, Session, build_session, tokens_per_update
 from pilotrun.training.signals import SecondSignal, StopSignals
@@ -152,6 +153,7 @@ class Trainer:
         # A tracker named in the recipe but not installed is refused before anything is written.
         check_trackers_available(config.train.log.trackers)
         self.downstream_tasks = read_choice_tasks(config.train.downstream.tasks)  # a bad task file: refused here
+        check_downstream_fits(config, data_dir, self.downstream_tasks)  # a choice past the model's window too
         self.stop_by, self.clock = stop_by, clock if clock is not None else time.time
         self.watchdog, self.session_ended, self.peer_hung = watchdog, False, False
         self.began = time.time()  # a peer's stack file written since is this session's (hang_watchdog.peer_hangs)

@@ -151,3 +151,36 @@ def test_not_a_run_folder_is_refused(tmp_path, capsys):
     code, lines = _cli(capsys, ["evaluate", str(tmp_path / "nowhere"), "--tasks", str(task)])
     assert code == 2 and len(lines) == 1 and "run folder not found" in lines[0]
     assert not Path(tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize("device, said", [
+    ("cuda", "--device 'cuda': CUDA is not available on this machine"),
+    ("cpu;x", "--device 'cpu;x': not a device name (cpu, cuda or cuda:N)"),
+    ("meta", "--device 'meta': pilotrun evaluates on cpu or cuda[:N]"),
+    ("cpu\x1b[2J", "--device 'cpu\\x1b[2J': not a device name"),
+])
+def test_a_device_this_machine_lacks_or_that_is_no_name_is_one_line_exit_2(tmp_path, capsys, monkeypatch, device,
+                                                                            said):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same answer on a machine with a GPU
+    task = tmp_path / "t.jsonl"
+    task.write_text(json.dumps({"context": "a", "choices": [" b", " c"], "label": 0}) + "\n")
+    code, lines = _cli(capsys, ["evaluate", str(tmp_path / "run"), "--tasks", str(task), "--device", device])
+    assert code == 2 and len(lines) == 1 and said in lines[0], lines
+
+
+@pytest.mark.slow
+def test_a_hostile_task_file_name_is_printed_escaped_on_one_line(task_run, tmp_path, capsys):
+    """A task's name is its file's stem: one carrying an escape sequence, a bell and a newline is printed escaped,
+    on the one line of its figures."""
+    _data, task, source = task_run
+    run = tmp_path / "run"
+    shutil.copytree(source, run)
+    hostile = tmp_path / "t\x1b]0;owned\x07\nfake: acc 1.0000.jsonl"
+    hostile.write_text(task.read_text())
+    code = main(["evaluate", str(run), "--tasks", str(hostile), "--limit", "2"])
+    out = capsys.readouterr().out
+    assert code == 0 and not any(c in out for c in "\x1b\x07"), out
+    assert not [line for line in out.splitlines() if line.startswith("fake: acc")]
+    assert [line for line in out.splitlines() if line.startswith("t\\x1b]0;owned\\x07\\nfake: acc 1.0000: acc ")]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pilotrun.commands.inspect_batch import attempt_for_step, microbatches_for_step
+from pilotrun.commands.inspect_batch import attempt_batches, attempt_for_step, microbatches_for_step
 from pilotrun.common.errors import ConfigError
 from pilotrun.run.record import RecordError
 from tests.report.synthetic import SyntheticRun
@@ -61,3 +61,20 @@ def test_an_edited_log_is_refused_naming_its_line(tmp_path):
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(RecordError, match="damaged record"):
         microbatches_for_step(tmp_path / "r", 2)
+
+
+def test_an_update_after_skipped_data_and_a_skipped_spike_names_the_batches_it_read(tmp_path):
+    """The loader stepped over batches 4..6 (run.json's skip_data, as a recipe range or a rollback leaves it) and
+    attempt 3 was a spike skipped by policy: update 3 is attempt 4, and it read batches 9 and 10, not 6 and 7."""
+    run = SyntheticRun(tmp_path / "r", grad_accum=2, max_steps=12)
+    run.overflow_at = {3}
+    run.start_session()
+    run.train_until(12)
+    run.end_session()
+    skipped = run.find("overflow")
+    skipped["event"], skipped["action"], skipped["spike_step"] = "spike", "skipped", 3
+    run.run["skip_data"] = [{"origin": "recipe", "first_batch": 4, "batches": 3}]
+    run.write()
+    assert microbatches_for_step(tmp_path / "r", 2)[0] == [2, 3]  # attempt 2: before the range
+    assert microbatches_for_step(tmp_path / "r", 3)[0] == [9, 10]  # attempt 3 read 7, 8; attempt 4 9, 10
+    assert attempt_batches(4, 2, []) == [6, 7]  # what the plain arithmetic would have named

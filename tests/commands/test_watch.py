@@ -230,3 +230,43 @@ def test_an_on_alert_command_past_its_timeout_is_named_with_its_wait_and_watch_g
                             f"the chain alert at step {line.split('at step ')[1].split(':')[0]}: it was stopped; "
                             "watch goes on" for line in timeouts), timeouts
     assert len(timeouts) == captured.out.count("ALERT ")  # each alert was delivered, each command waited for
+
+
+def test_an_interval_past_a_day_is_one_line_exit_2_not_a_sleep_that_overflows(tmp_path, capsys):
+    crashed_and_resumed(tmp_path / "pilot").write()
+    for interval in ("1e308", "86401"):
+        assert main(["watch", str(tmp_path / "pilot"), "--follow", "--interval", interval]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "at most 86400 s (a day) between looks" in err[0], err
+
+
+def test_an_on_alert_command_past_its_timeout_is_stopped_with_what_it_started(tmp_path, capsys, monkeypatch):
+    """The command's shell starts a child that would outlive it: at the timeout the command's whole process group
+    is stopped, so nothing it started runs on after watch said it was stopped."""
+    from pilotrun.commands import watch
+
+    run_dir = crashed_and_resumed(tmp_path / "r").write()
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
+    lines[5] = lines[5].replace('"loss":', '"loss":0.5,"was":', 1)
+    (run_dir / "metrics.jsonl").write_text("".join(lines))
+    monkeypatch.setattr(watch, "ON_ALERT_TIMEOUT_SECONDS", 0.5)
+    pids = tmp_path / "pids"
+    assert main(["watch", str(run_dir), "--on-alert", f"sleep 60 & echo $! >> {pids}; wait"]) == 1
+    assert "it was stopped; watch goes on" in capsys.readouterr().err
+    started = [int(pid) for pid in pids.read_text().split()]
+    assert started
+    for pid in started:
+        for _ in range(100):  # the kill is delivered at once; its reaping by init may take a moment
+            if not running(pid):
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"the on-alert command's child {pid} outlived its timeout")
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie, killed and waiting to be reaped, is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False

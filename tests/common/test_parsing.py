@@ -109,3 +109,10 @@ def test_terminal_safe_escapes_what_a_terminal_would_act_on_and_keeps_lines_and_
     from pilotrun.common.parsing import terminal_safe
 
     assert terminal_safe("a\x1b[2Jb\nc\td\x07\x7f\x9b\u202e é") == "a\\x1b[2Jb\nc\td\\x07\\x7f\\x9b\\u202e é"
+
+
+def test_one_line_escapes_newlines_and_tabs_as_well_as_what_a_terminal_acts_on():
+    from pilotrun.common.parsing import one_line
+
+    assert one_line("a\nb\tc\x1b[2J\x07") == "a\\nb\\tc\\x1b[2J\\x07"
+    assert one_line("plain text") == "plain text"

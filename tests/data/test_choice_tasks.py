@@ -73,3 +73,18 @@ def test_the_fineweb_task_is_deterministic_and_its_choices_are_the_true_words_sh
         true = example.choices[example.label]
         assert true.startswith(" ") and len(set(example.choices)) == 4
         assert all(sorted(c.split()) == sorted(true.split()) for c in example.choices)
+
+
+def test_a_context_or_choice_past_the_text_bound_is_refused_before_any_tokenizer_sees_it(tmp_path):
+    from pilotrun.data.choice_tasks import MAX_TEXT_CHARS
+
+    task = tmp_path / "huge.jsonl"
+    task.write_text(json.dumps({"context": "a" * (MAX_TEXT_CHARS + 1), "choices": [" b", " c"], "label": 0}) + "\n"
+                    + json.dumps({"context": "a", "choices": [" b", " c"], "label": 0}) + "\n")
+    with pytest.raises(DataError) as refused:
+        read_choice_task(task)
+    said = str(refused.value)
+    assert said.startswith(f"task file {task} line 1: a text of 1,048,577 characters; at most 1,048,576")
+    assert "\n" not in said
+    task.write_text(json.dumps({"context": "a" * MAX_TEXT_CHARS, "choices": [" b", " c"], "label": 0}) + "\n")
+    assert len(read_choice_task(task).examples[0].context) == MAX_TEXT_CHARS  # at the bound: read

@@ -3,6 +3,7 @@ track the weights to within a row, add up to every global batch, and are a pure,
 
 from __future__ import annotations
 
+import os
 from fractions import Fraction
 
 import pytest
@@ -17,6 +18,7 @@ from pilotrun.data.mixture import MixtureSchedule, exact_weights, mixture_identi
 def folders(tmp_path):
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
+    (tmp_path / "plain.txt").write_text("not a folder")
     return tmp_path
 
 
@@ -42,6 +44,9 @@ def test_a_mixture_file_names_its_sources_relative_to_itself(folders):
     ("[{path: a, weight: lots}, {path: b, weight: 1}]", "weight 'lots' is not a number"),
     ("[{path: a, weight: true}, {path: b, weight: 1}]", "weight True is not a number"),
     ("[{path: a, weight: 1}, {path: missing, weight: 1}]", "entry 2: data folder"),
+    ("[{path: a, weight: 1e3}, {path: b, weight: 1}]", "weight '1e3' was read by YAML as text, not a number"),
+    ("[{path: a, weight: 1}, {path: /dev/zero, weight: 1}]", "entry 2: /dev/zero is a device, not a prepared data"),
+    ("[{path: a, weight: 1}, {path: plain.txt, weight: 1}]", "plain.txt is a file, not a prepared data folder"),
     ("[{path: a, weight: 1}, {path: ./a, weight: 1}]", "the same folder twice"),
     ("[{path: a, weight: 1, colour: red}]", "unknown key(s) ['colour']"),
     ("[{path: a}]", "needs `path` and `weight`"),
@@ -132,3 +137,9 @@ def test_the_closed_form_is_what_the_running_account_accumulates(weights, rows, 
     stepped.memoryless = False
     if resumed.memoryless:
         assert all(resumed.rows_before(b) == stepped.rows_before(b) for b in range(start, start + 60))
+
+
+def test_a_fifo_given_as_a_source_is_named_as_one_and_not_opened(folders):
+    os.mkfifo(folders / "pipe")
+    with pytest.raises(DataError, match="entry 2: .*pipe is a FIFO, not a prepared data folder"):
+        parse_mixture(write(folders, "mixture: [{path: a, weight: 1}, {path: pipe, weight: 1}]\n"))

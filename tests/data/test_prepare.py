@@ -368,3 +368,19 @@ def test_order_correlation_with_source_order_is_recorded_and_lowered_by_the_unit
     assert local["stream"]["order_correlation"] > 0.95 > 0.7 > mixed["stream"]["order_correlation"]
     kept = prepare_corpus(tmp_path / "kept", source=str(source), **{**common, "shuffle_buffer": 0})
     assert kept["stream"]["order_correlation"] == 1.0 and not kept["stream"]["read_order"]["shuffled"]
+
+
+def test_a_refused_prepare_leaves_a_replaced_folder_beside_its_out_untouched(tmp_path, fineweb_jsonl,
+                                                                            gpt2_tokenizer_path):
+    """Refused (the folder exists, no --force): nothing changes, a folder named OUT.partial.replaced included
+    (what an interrupted --force left, or a folder of the user's that bears the name)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mine").write_text("kept")
+    beside = tmp_path / "out.partial.replaced"
+    beside.mkdir()
+    (beside / "also-mine").write_text("kept")
+    with pytest.raises(DataError, match="already exists"):
+        prepare_corpus(out, source=str(fineweb_jsonl), tokenizer=str(gpt2_tokenizer_path), progress=False)
+    assert (beside / "also-mine").read_text() == "kept" and (out / "mine").read_text() == "kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "out.partial.replaced"]

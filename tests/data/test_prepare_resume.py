@@ -276,3 +276,28 @@ def test_two_prepares_into_one_folder_at_once_give_one_result_and_the_other_is_r
     assert _tree_bytes(out) == _tree_bytes(reference_dir)
     assert not (tmp_path / "out.partial").exists()
     assert main(["data", "verify", str(out)]) == 0
+
+
+@pytest.mark.slow
+def test_a_byte_flipped_in_the_pending_tail_is_refused_not_written_into_a_shard(tmp_path, capsys, parquet_source,
+                                                                             gpt2_tokenizer_path):
+    """The unfinished shard's pending file of an interrupted prepare, one byte flipped: the rerun refuses it in
+    one line (its sha256 is recorded with the state), where it used to write the damaged tokens into a shard
+    that the manifest then hashed as it lay, so that `data verify` passed data an uninterrupted prepare differs
+    from."""
+    out = tmp_path / "out"
+    args = prepare_args(out, parquet_source, str(gpt2_tokenizer_path))
+    assert run_child("after-commit", 3, args).returncode == -9
+    partial = tmp_path / "out.partial"
+    state = json.loads((partial / PROGRESS_FILE).read_text())["state"]["splits"]["train"]
+    assert state["pending_tokens"] > 0
+    pending = partial / f"train_{len(state['shards']):05d}.pending"
+    data = bytearray(pending.read_bytes())
+    data[1] ^= 0x01
+    pending.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["prepare", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in err if not line.startswith("pilotrun prepare: continuing")]  # its progress note
+    assert len(errors) == 1 and f"{pending}: its {state['pending_tokens']} pending tokens are not the ones" in errors[0]
+    assert not out.exists()

@@ -44,3 +44,21 @@ def test_shard_writer_persists_only_new_tokens_and_restores_a_recorded_state(tmp
     assert np.load(tmp_path / shards[0]["file"]).tolist() == [0, 1, 2, 3, *range(20, 26)]
     with pytest.raises(DataError, match="fewer than the 9 pending tokens"):
         ShardWriter(str(tmp_path), "train", 10, "uint16").restore({"shards": [], "pending_tokens": 9})
+
+
+def test_a_byte_flipped_in_the_pending_tail_is_refused_at_restore(tmp_path):
+    """The pending file holds as many tokens as recorded, one byte flipped: restoring it would write a damaged
+    shard that the manifest then hashes as it lies. The recorded sha256 refuses it; the intact tail restores."""
+    writer = ShardWriter(str(tmp_path), "train", 10, "uint16")
+    writer.add(np.arange(3, dtype=np.uint16))
+    writer.persist_checked()
+    writer.add(np.arange(3, 6, dtype=np.uint16))
+    state = writer.persist_checked()  # the digest follows the appended tokens, not only the first ones
+    assert state["pending_sha256"] == hashlib.sha256(np.arange(6, dtype=np.uint16).tobytes()).hexdigest()
+    ShardWriter(str(tmp_path), "train", 10, "uint16").restore(state)
+    pending = tmp_path / pending_name("train", 0)
+    data = bytearray(pending.read_bytes())
+    data[5] ^= 0x01
+    pending.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="pending tokens are not the ones the progress file recorded"):
+        ShardWriter(str(tmp_path), "train", 10, "uint16").restore(state)

@@ -520,3 +520,101 @@ def test_terminal_escapes_in_a_recorded_session_id_are_printed_escaped(tmp_path)
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         main(["summarize", str(run_dir)])
     assert "s1\\x1b[2J\\x1b]0;owned\\x07\\u202e" in out.getvalue()
+
+
+def test_a_skip_range_longer_than_one_pass_is_one_line_exit_2_and_nothing_written(builtin_data_dir, tmp_path, capsys):
+    """`train.skip_data` of 10^12 batches would be described in run.json pass by pass (gigabytes): refused."""
+    run_dir = tmp_path / "run"
+    code = main(["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--run-dir", str(run_dir),
+                 "--progress", "none", "--set", "train.num_threads=1", "--set",
+                 "train.skip_data=[[0,1000000000000]]"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "train.skip_data range [0, 1000000000000]: 1,000,000,000,000 batches is more than one pass" in err
+    assert not run_dir.exists()
+    assert main(["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--run-dir", str(run_dir),
+                 "--progress", "none", "--set", "train.num_threads=1", "--set", "train.max_steps=1", "--set",
+                 "train.eval_every=0", "--set", "train.skip_data=[[0,100]]"]) == 0  # within one pass: trains
+
+
+def test_a_lock_holding_a_bare_infinity_is_one_line_exit_2_for_watch_and_train(builtin_data_dir, tmp_path, capsys):
+    from pilotrun.commands.freeze import freeze_run
+    from tests.report.synthetic import crashed_and_resumed
+
+    crashed_and_resumed(tmp_path / "pilot").write()
+    assert freeze_run(tmp_path / "pilot", tmp_path / "lock.json", despite_no_go=True)[0] == 0
+    lock = json.loads((tmp_path / "lock.json").read_text())
+    lock["watch"]["throughput"]["low"] = float("inf")
+    (tmp_path / "lock.json").write_text(json.dumps(lock))  # Python writes the bare `Infinity` JSON has not
+    capsys.readouterr()
+    for argv in (["watch", str(tmp_path / "pilot"), "--against", str(tmp_path / "lock.json")],
+                 ["train", "--frozen", str(tmp_path / "lock.json"), "--data", str(builtin_data_dir), "--run-dir",
+                  str(tmp_path / "long"), "--progress", "none"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "holds a bare NaN or Infinity" in err, err
+    assert not (tmp_path / "long").exists()
+
+
+def test_resume_auto_on_a_run_whose_metrics_jsonl_was_deleted_is_refused_not_called_complete(builtin_data_dir,
+                                                                                            tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    argv = ["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--run-dir", str(run_dir),
+            "--progress", "none", "--resume", "auto", "--set", "train.num_threads=1", "--set", "train.max_steps=2",
+            "--set", "train.eval_every=0", "--set", "optim.schedule.horizon=2"]
+    assert main(argv) == 0
+    (run_dir / "metrics.jsonl").unlink()
+    before = tree_hashes(run_dir, skip=("run.lock",))
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "metrics.jsonl not found beside its run.json" in err, err
+    assert "nothing to do" not in err and tree_hashes(run_dir, skip=("run.lock",)) == before
+
+
+
+def test_a_task_choice_longer_than_the_window_is_refused_at_start_by_train_and_evaluate(builtin_data_dir, tmp_path,
+                                                                                      capsys):
+    """A choice of more tokens than model.max_seq_len cannot be scored (its tokens must all be predicted in one
+    forward pass): refused in one line, exit 2, before train writes anything, and by evaluate before it scores,
+    not a traceback at the first in-loop scoring that every resume would meet again."""
+    long_choice = " ".join(["word"] * 400)
+    task = tmp_path / "long.jsonl"
+    task.write_text(json.dumps({"context": "a", "choices": [long_choice, " b"], "label": 1}) + "\n")
+    base = ["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--progress", "none", "--set",
+            "train.num_threads=1", "--set", "train.max_steps=1", "--set", "train.eval_every=0", "--set",
+            "model.max_seq_len=64"]
+    with_task = ["--set", f"train.downstream_tasks=[{task}]", "--set", "train.downstream_every=1"]
+    capsys.readouterr()
+    assert main([*base, "--run-dir", str(tmp_path / "refused"), *with_task]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "example 1 choice 1 is" in err and "longer than the model's window" in err
+    assert not (tmp_path / "refused").exists()
+    assert main([*base, "--run-dir", str(tmp_path / "run"), "--set", "train.checkpoint_every=1"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "run"), "--tasks", str(task)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "longer than the model's window (model.max_seq_len" in err, err
+    assert not (tmp_path / "run" / "evals").exists()
+
+
+def test_a_newline_in_a_forged_session_id_never_makes_watch_print_a_line_of_its_own(tmp_path):
+    """The last session, killed, carries a newline and a fake status line in its id: watch's alert quotes it on
+    its own line, the newline escaped, so no line of the record's making (a fake "healthy" status) is printed."""
+    hostile = "s2\nstatus: step 60/60, loss 0.1 (completed; 0 alert(s) standing)\t"
+
+    def forge(run):
+        run.events = [e for e in run.events if e["event"] != "session_end"]
+        run.run["sessions"][-1]["session_id"] = hostile
+        for event in run.events:
+            if event["session_id"] == "s2":
+                event["session_id"] = hostile
+
+    run_dir = _forged_run(tmp_path, forge)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        assert main(["watch", str(run_dir)]) == 1
+    printed = (out.getvalue() + err.getvalue()).splitlines()
+    (alert,) = [line for line in printed if line.startswith("ALERT session_end: ")]
+    assert "session s2\\nstatus: step 60/60, loss 0.1 (completed; 0 alert(s) standing)\\t ended: killed" in alert
+    assert not [line for line in printed if line.startswith("status: step 60/60, loss 0.1")]

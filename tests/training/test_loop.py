@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import io
 import signal
+import threading
+import types
 from pathlib import Path
 
 import pytest
+import torch
 
 import pilotrun.training.loop as loop_module
 from pilotrun.config import load_run_config
@@ -197,3 +200,72 @@ def _outcome(reason: str):
     from pilotrun.training.precision import UpdateOutcome
 
     return UpdateOutcome(False, reason, float("inf"), False, 1.0, 0.5)
+
+
+class TwoRankGroup:
+    """Two ranks as two threads in step, standing in for the process group: each collective waits for both
+    ranks' values, as gloo's would, so `stop_requested` takes its decision exactly as under torchrun."""
+
+    def __init__(self) -> None:
+        self.barrier, self.values, self.local = threading.Barrier(2, timeout=30), [None, None], threading.local()
+
+    def exchange(self, value):
+        self.values[self.local.rank] = value
+        self.barrier.wait()
+        seen = list(self.values)
+        self.barrier.wait()
+        return seen
+
+    def all_reduce(self, flat, op):
+        flat.copy_(torch.stack(self.exchange(flat.clone())).amax(0))  # the agreement's only reduction: max
+
+    def all_gather_object(self, out, value):
+        out[:] = self.exchange(value)
+
+
+def deadline_rank(group: TwoRankGroup, rank: int, offset: float, stop_by: float, decided: dict) -> None:
+    """One rank's session on its own injected clock (`offset` seconds ahead of the other's): 0.5 s updates and
+    0.1 s rounds, a deadline callback asked after each update, until the agreed stop."""
+    from pilotrun.training.callbacks.deadline_stop import DeadlineCallback
+    from pilotrun.training.distributed import DistributedContext
+
+    group.local.rank = rank
+    now = [1000.0 + offset]
+    state = types.SimpleNamespace(step=0, consecutive_skips=0)
+    session = types.SimpleNamespace(context=DistributedContext(rank=rank, world_size=2, backend="gloo"), state=state,
+                                    config=types.SimpleNamespace(train=types.SimpleNamespace(max_consecutive_skips=9)))
+    loop = types.SimpleNamespace(session=session, signals=StopSignals(), update=None, last_save_seconds=2.0, step=0)
+    callback = DeadlineCallback(stop_by, setup_seconds=3.0, clock=lambda: now[0])
+    while True:
+        with callback.around_update(loop):
+            now[0] += 0.5
+        state.step = loop.step = state.step + 1
+        asked_here = callback.stop_request(loop)
+        ending = stop_requested(loop, [callback])
+        if ending is not None:
+            decided[rank] = (ending, asked_here is not None, now[0], callback.margin(loop))
+            return
+        now[0] += 0.1
+
+
+def test_two_ranks_stop_for_a_deadline_at_the_same_update_in_the_first_asking_rank_s_words(monkeypatch):
+    """The decision the two-rank deadline run takes, on injected clocks (rank 1's 0.4 s ahead of rank 0's):
+    the rank whose clock first sees the margin reach the deadline stops both at that update, in its words, and
+    the last round with its save lands before the deadline on either clock."""
+    import pilotrun.training.distributed as distributed
+
+    group, decided = TwoRankGroup(), {}
+    monkeypatch.setattr(distributed.dist, "all_reduce", group.all_reduce)
+    monkeypatch.setattr(distributed.dist, "all_gather_object", group.all_gather_object)
+    ranks = [threading.Thread(target=deadline_rank, args=(group, rank, 0.4 * rank, 1030.2, decided))
+             for rank in (0, 1)]
+    for thread in ranks:
+        thread.start()
+    for thread in ranks:
+        thread.join(timeout=60)
+    (ending0, asked0, now0, margin0), (ending1, asked1, now1, margin1) = decided[0], decided[1]
+    assert ending0 == ending1 and (ending0.reason, ending0.exit_code) == ("deadline", 75)
+    assert asked1 and not asked0  # rank 0's clock alone would have gone on: the agreement stopped it
+    assert "checkpoint step 45" in ending0.message and ending0.message.startswith("deadline in 2.9 s")
+    assert now1 + 0.1 + 2.0 < 1030.2 and now0 + 0.1 + 2.0 < 1030.2  # the last round and the save, on either clock
+    assert now1 + margin1 >= 1030.2 > now0 + margin0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import signal
 import subprocess
@@ -253,3 +254,31 @@ def test_summarize_and_the_verdict_report_show_each_source_against_its_weight(se
     assert "data mixture (seed 0)" in text and "  edu: weight 0.7 (share 0.7000), tokens " in text
     html = render_html(verdict, {})
     assert "source builtin: weight (share) / kept tokens (share) / restarts / last val loss" in html
+
+
+def test_inspect_batch_quotes_a_hostile_source_name_on_its_own_line(mixture_sources, tmp_path):
+    """A source `name` from the mixture file carrying an escape sequence, a bell and a newline: inspect-batch
+    prints it escaped, never as commands to the terminal or as a line of its own."""
+    import yaml
+
+    from pilotrun.commands.inspect_batch import inspect_batch
+
+    hostile = "edu\x1b]0;owned\x07\nmicrobatch 99 fake"
+    mixture = tmp_path / "mix.yaml"
+    mixture.write_text(yaml.safe_dump({"mixture": [{"path": str(mixture_sources["edu"]), "weight": 1, "name": hostile},
+                                                   {"path": str(mixture_sources["builtin"]), "weight": 1}]}))
+    train(mixture, tmp_path / "run", "train.max_steps=2", "train.eval_every=0")
+    said = inspect_batch(tmp_path / "run", 2)
+    assert not any(c in said for c in "\x1b\x07") and "edu\\x1b]0;owned\\x07\\nmicrobatch 99 fake" in said
+    assert not [line for line in said.splitlines() if line.startswith("microbatch 99 fake")]
+
+
+def test_weights_near_a_floats_limit_give_a_finite_val_loss_and_a_valid_record(mixture_sources, tmp_path):
+    from pilotrun.report.record_check.summarize import summarize_run
+
+    mixture = write_mixture(tmp_path / "mix.yaml", [(mixture_sources["edu"], "1.0e+308"),
+                                                    (mixture_sources["builtin"], 1)])
+    train(mixture, tmp_path / "run", "train.max_steps=2", "train.eval_every=2", "optim.schedule.horizon=2")
+    (val,) = events(tmp_path / "run", "val")
+    assert math.isfinite(val["loss"]) and val["loss"] == val["loss_by_source"]["edu"]
+    assert summarize_run(tmp_path / "run").valid

@@ -76,3 +76,16 @@ def test_first_sigint_is_acknowledged_at_once(builtin_data_dir, tmp_path, capsys
     assert capsys.readouterr().err.strip() == interrupt_acknowledgement("SIGINT", 0, 4)
     assert trainer.signals.received == signal.SIGINT
     trainer.session.metrics.close()
+
+
+def test_task_files_that_no_cadence_scores_are_warned_about():
+    from pilotrun.training.notices import startup_warnings
+
+    smoke = Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml"
+    unscored = load_run_config(smoke, ["train.downstream_tasks=[a.jsonl, b.jsonl]", "train.downstream_every=0"])
+    said = [w for w in startup_warnings(unscored, 10**6, 1) if "downstream" in w]
+    assert said == ["warning: train.downstream.tasks names 2 task file(s) but train.downstream.every is 0: they "
+                    "are never scored in this run (set train.downstream.every, the updates between scorings, or "
+                    "`pilotrun evaluate` a checkpoint)"]
+    scored = load_run_config(smoke, ["train.downstream_tasks=[a.jsonl]", "train.downstream_every=5"])
+    assert not [w for w in startup_warnings(scored, 10**6, 1) if "downstream" in w]

@@ -26,7 +26,9 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from pilotrun.common.errors import PilotrunError
 from pilotrun.common.files import sha256_of_file
+from pilotrun.common.parsing import read_json_file
 from pilotrun.run.marker import MARKER_NAME, marker_run_id, step_folder
 from pilotrun.run.run_folder import RunFolder
 
@@ -84,7 +86,30 @@ def _judge(folder: RunFolder, event: dict[str, Any], damaged: dict[int, list[str
         return "results missing", f"its results file {path} is missing"
     if sha256_of_file(full) != results["sha256"]:
         return "results edited", f"its results file {path} was edited after the evaluation (sha256 differs)"
+    differs = figures_against_results(event.get("tasks"), full)
+    if differs is not None:
+        return "figures differ", f"its figures are not its results file's ({path}): {differs}"
     return STANDS, None
+
+
+def figures_against_results(tasks: Any, results: Path) -> str | None:
+    """Where the event's figures (each task's acc, acc_norm, examples) differ from the results file it names, or
+    None. The file's sha256 holds the file; only this comparison holds the event to it: an event re-chained with
+    other figures beside an untouched file would otherwise stand."""
+    try:
+        written = read_json_file(results).get("tasks")
+    except (PilotrunError, AttributeError):
+        return "the results file is not the JSON an evaluation writes"
+    if not isinstance(tasks, dict) or not isinstance(written, dict) or set(tasks) != set(written):
+        return f"tasks {sorted(tasks) if isinstance(tasks, dict) else tasks!r} against the file's " \
+               f"{sorted(written) if isinstance(written, dict) else written!r}"
+    for name, figures in sorted(tasks.items()):
+        theirs = written[name] if isinstance(written[name], dict) else {}
+        for key in ("acc", "acc_norm", "examples"):
+            mine = figures.get(key) if isinstance(figures, dict) else None
+            if mine != theirs.get(key):
+                return f"task {name} {key} {mine!r} in the event, {theirs.get(key)!r} in the file"
+    return None
 
 
 def reconcile_evaluations(folder: RunFolder, reasons: list[str], notes: list[str]) -> list[dict[str, Any]]:

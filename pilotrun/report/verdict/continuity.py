@@ -45,8 +45,9 @@ def not_exact_sessions(run: dict[str, Any]) -> dict[str, str]:
 def judge_resumed(summary: Summary, t: Thresholds) -> Finding:
     """At least one resume in the kept history, counters continuous, replayed windows bit-identical. A resume that
     changed what exactness depends on (the thread count, a numerics library, the device: run.json's `not_exact`)
-    is not promised a bit-identical replay: its differing windows are named with that cause, not failed, and it
-    proves no exact continuation (another resume must)."""
+    is not promised a bit-identical replay, so the replay itself is the fact: windows replayed bit-identical show
+    the continuation (WARN naming the change, across which exactness is not promised); windows that differ name
+    the change as their likely cause and prove no continuation (another resume must)."""
     sessions = {s.session_id: s for s in summary.sessions}
     resumes = [sid for sid in summary.lineage if sessions[sid].resumed_from is not None]
     not_exact = not_exact_sessions(summary.run)
@@ -69,7 +70,7 @@ def judge_resumed(summary: Summary, t: Thresholds) -> Finding:
                   "the resume" for key in ("loss", "grad_norm") if key in e and e.get(key) != twin.get(key)]
         if twin["session_id"] in not_exact:
             unpromised += 1
-            excused += [f"{d} (cause: {not_exact[twin['session_id']]})" for d in differ]
+            excused += [f"{d} (likely cause: {not_exact[twin['session_id']]})" for d in differ]
             continue
         compared += 1
         mismatched += differ
@@ -98,6 +99,10 @@ def judge_resumed(summary: Summary, t: Thresholds) -> Finding:
     idle = ", ".join(f"session {sid} from step {sessions[sid].resumed_from}" for sid in resumes)
     if trained_on:
         named = "; ".join(f"session {sid}: {not_exact[sid]}" for sid in trained_on)
+        if unpromised and not excused:
+            return Finding(WARN, f"{len(trained_on)} resume(s) with training after them, each across a change "
+                           f"bit-exactness is not promised across ({named}); {unpromised} replayed window(s) "
+                           "after it, all bit-identical: the replay shows the continuation", threshold, evidence)
         missing = (f"{len(trained_on)} resume(s) with training after them, each across a change bit-exactness is "
                    f"not promised across ({named}); such a resume proves no exact continuation; {replay}")
     else:

@@ -192,7 +192,8 @@ RESUMED = Rule(
     "the kept history includes a resume followed by at least one applied update (a finished run resumed with "
     "nothing left to do proves nothing), counters continuous, replayed windows bit-identical; a resume that "
     "changed the thread count, a numerics library or the device (run.json's not_exact) is not promised a "
-    "bit-identical replay: its differing windows are named with that cause and it proves no exact continuation; "
+    "bit-identical replay, so its replay is the fact: windows replayed bit-identical show the continuation "
+    "(WARN naming the change); windows that differ name the change as their likely cause and prove nothing; "
     "waived by resume_required = false (--no-resume-required), then a missing resume WARNs.",
     continuity.judge_resumed, ("resume_required",), plot="loss", live=False, needs=(RESUME_TRAINED,))
 

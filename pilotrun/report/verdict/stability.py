@@ -9,6 +9,7 @@ import math
 import statistics
 from typing import TYPE_CHECKING
 
+from pilotrun.report.record_check.spike_history import spike_overview
 from pilotrun.report.verdict.evidence import lacks, recipe_value, train_events, window_of
 from pilotrun.report.verdict.thresholds import FAIL, PASS, WARN, Finding, Thresholds
 from pilotrun.run.record import is_finite_number
@@ -147,12 +148,34 @@ def judge_grad_spikes(summary: Summary, t: Thresholds) -> Finding:
     if not history:
         return Finding(FAIL, "no gradient norm recorded: the record lacks this rule's evidence",
                        threshold, evidence)
-    if not spikes:
-        return Finding(PASS, f"no spike; max grad norm {max(history):.4g}", threshold, evidence)
-    listed = ", ".join(f"step {s}: {v:.4g} (bound {b:.4g}, {v / m:.1f}x median)" if m > 0 else
-                       f"step {s}: {v:.4g} (bound {b:.4g})" for s, v, m, b in spikes[:5])
-    status = WARN if len(spikes) <= t.max_grad_spikes else FAIL
-    return Finding(status, f"{len(spikes)} spike(s): {listed}", threshold, evidence)
+    trainers, loss_only = trainer_spikes(summary, {s for s, *_ in spikes})
+    if not spikes and not trainers:
+        return Finding(PASS, f"no gradient-norm spike; max grad norm {max(history):.4g}{loss_only}", threshold,
+                       evidence)
+    listed = ", ".join([*(f"step {s}: {v:.4g} (bound {b:.4g}, {v / m:.1f}x median)" if m > 0 else
+                          f"step {s}: {v:.4g} (bound {b:.4g})" for s, v, m, b in spikes[:5]), *trainers[:5]])
+    status = WARN if len(spikes) + len(trainers) <= t.max_grad_spikes else FAIL
+    return Finding(status, f"{len(spikes) + len(trainers)} spike(s): {listed}{loss_only}", threshold,
+                   evidence + "; the trainer's spike events")
+
+
+def trainer_spikes(summary: Summary, steps: set[int]) -> tuple[list[str], str]:
+    """The trainer's own spikes (its per-update bound, the spikes row's) as this row tells them: those in the
+    gradient norm that no logged window shows (a skipped or rolled-back update leaves none) count here too, and
+    those in the loss alone are named as such, so that this row never says "no spike" beside them."""
+    overview = (summary.overall or {}).get("spikes") or spike_overview(summary.kept_events + summary.rolled_back_events)
+    found, loss_only = [], []
+    for spike in overview.get("list") or []:
+        signals, step = spike.get("signals") or [], spike.get("step")
+        if "grad_norm" in signals and step not in steps:
+            norm = spike.get("grad_norm")
+            found.append(f"update {step}: {norm:.4g} (the trainer's spike, above its per-update bound)"
+                         if is_finite_number(norm) else f"update {step}: not finite (the trainer's spike)")
+        elif "grad_norm" not in signals:
+            loss_only.append(str(step))
+    said = (f"; the trainer's spike(s) at update(s) {', '.join(loss_only[:5])} were in the loss alone (spikes row)"
+            if loss_only else "")
+    return found, said
 
 
 def judge_clip_rate(summary: Summary, t: Thresholds) -> Finding:

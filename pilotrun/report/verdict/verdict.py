@@ -40,6 +40,7 @@ from pilotrun.report.verdict.thresholds import (
 )
 from pilotrun.run.changes import recipe_changes_in_history
 from pilotrun.run.recipe_lock import describe_frozen_status, frozen_candidate_status
+from pilotrun.run.record import json_safe
 from pilotrun.run.run_folder import RunFolder
 
 # The throughput rule judged alone, by the name tests/training/test_trainer_observers.py reaches it with.
@@ -145,4 +146,4 @@ def format_verdict(verdict: Verdict) -> str:
 
 
 def verdict_json(verdict: Verdict) -> str:
-    return json.dumps(verdict.to_dict(), indent=2)
+    return json.dumps(json_safe(verdict.to_dict()), indent=2, allow_nan=False)  # never a bare Infinity

@@ -14,8 +14,10 @@ a rule when it passes again, a killed session when a resume starts). The kinds:
   on CUDA also its tokens per device second (key `throughput_device`), below the pilot's per-device band: the
   device itself got slower (clocks, a neighbour on the GPU), not the host feeding it;
 - `machine_busier` (key `throughput_busy`): a window below the throughput band while the process got less than
-  min_cpu_share_ratio of the pilot's CPU seconds per training second (the lock's `cpu_share`): other load took
-  the machine; the `throughput` alert is kept for a slowdown at an unchanged share;
+  min_cpu_share_ratio of the pilot's CPU seconds per training second (the lock's `cpu_share`), or a smaller share
+  with each CPU second still doing the band's work (tokens per CPU second at least the band's low over the
+  pilot's share): other load took the machine; the `throughput` alert is kept for a recipe that does less per
+  CPU second;
 - `loss_spike`: a window's loss that is a spike of the previous windows of the kept history, as the verdict's
   grad_spikes rule judges the gradient norm (pilotrun/training/spikes/bound.py, over logged windows: the thresholds
   spike_factor, spike_median_window and spike_min_history, the loss's floor share);
@@ -65,7 +67,7 @@ from pilotrun.report.projection.long_run import (
     window_tokens_per_s,
 )
 from pilotrun.report.record_check.interruptions import FASTER_P, against_mtbf, mtbf_of
-from pilotrun.report.record_check.spike_history import rollback_key, spike_key
+from pilotrun.report.record_check.spike_history import named_skip, rollback_key, spike_key
 from pilotrun.report.record_check.summarize import summarize_run
 from pilotrun.report.record_check.time_split import window_profiled
 from pilotrun.report.verdict.continuity import not_exact_sessions
@@ -76,7 +78,7 @@ from pilotrun.report.watch.forecast_watch import ForecastWatch
 from pilotrun.run.folder_lock import live_holder
 from pilotrun.run.follow import RecordFollower
 from pilotrun.run.recipe_lock import PROJECTION_KEY, lock_projection_of
-from pilotrun.run.record import is_finite_number
+from pilotrun.run.record import is_finite_number, json_safe
 from pilotrun.run.run_folder import RunFolder
 from pilotrun.training.spikes.bound import MIN_SCALE_SHARE, spike_against, step_spread
 
@@ -102,7 +104,8 @@ class Alert:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
+        # An infinite figure (a loss that overflowed) is said as a string: bare Infinity is not JSON.
+        return json.dumps(json_safe(dataclasses.asdict(self)), sort_keys=True, default=str, allow_nan=False)
 
 
 def thresholds_from_lock(lock: dict[str, Any] | None) -> Thresholds:
@@ -127,6 +130,15 @@ def envelope_bound(envelope: dict[str, Any], step: int) -> float | None:
                 base = l0 + (l1 - l0) * (step - s0) / (s1 - s0) if s1 > s0 else l1
                 break
     return base + max(envelope.get("sigmas", 0) * envelope.get("noise", 0), envelope.get("share", 0) * abs(base))
+
+
+def busier(rate: float, share: float | None, low: float, pilot_share: Any, ratio: float) -> bool:
+    """A window below the band whose process got less of the CPU than the pilot: its share fell below `ratio` of
+    the pilot's, or its tokens per CPU second are still those of the band (at least its low over the pilot's
+    share), so that the rate fell with the share alone. A recipe that got slower does less per CPU second."""
+    if not is_finite_number(pilot_share) or pilot_share <= 0 or share is None or share <= 0:
+        return False
+    return share < ratio * pilot_share or rate / share >= low / pilot_share
 
 
 class Watcher:
@@ -181,7 +193,7 @@ class Watcher:
         now = self.clock()
         found: dict[str, Alert] = {}
         cleared: set[str] = set()
-        poll = self.follower.poll()
+        poll = self.follower.poll_to_end() if final else self.follower.poll()  # one look reads the whole record
         for reason in poll.breaks:
             key = f"chain:{reason.split(':')[0]}"
             found[key] = Alert("chain", key, reason, time=now)
@@ -250,7 +262,10 @@ class Watcher:
             if not self._first_time(spike_key(event)):
                 return  # a resumed session's redo of a spike already told (report/record_check/spike_history.py)
             replay = event.get("replay") or {}
-            found[key] = Alert("spike", key, f"spike at update {event.get('spike_step')}: {'+'.join(event.get('signals') or [])} "
+            batches = ", ".join(str(b) for b in event.get("batches") or []) or "not recorded"
+            found[key] = Alert("spike", key, f"spike at update {event.get('spike_step')} (batches {batches}: the "
+                               "loader's cursor positions, counted from 0 as train.skip_data and the rollback count "
+                               f"them): {'+'.join(event.get('signals') or [])} "
                                f"(loss {event.get('loss')}, grad norm {event.get('grad_norm')}) -> {event.get('action')}; "
                                f"cause {event.get('cause') or 'not replayed'}"
                                + (f": {replay['explanation']}" if replay.get("explanation") else ""),
@@ -260,8 +275,9 @@ class Watcher:
             if not self._first_time(rollback_key(event)):
                 return
             found[key] = Alert("rollback", key, f"rollback {event.get('rollbacks')} of at most "
-                               f"{event.get('max_rollbacks')}: back to step {event.get('restored_step')}, data skipped "
-                               f"{event.get('skipped')}", step, event.get("rollbacks"), event.get("max_rollbacks"),
+                               f"{event.get('max_rollbacks')} after the spike at update {event.get('spike_step')}: "
+                               f"back to step {event.get('restored_step')}, skipped {named_skip(event.get('skipped'))}",
+                               step, event.get("rollbacks"), event.get("max_rollbacks"),
                                sid, now)
         elif kind == "downstream" and isinstance(event.get("tasks"), dict):
             self._downstream(event, now, found, cleared)
@@ -357,15 +373,15 @@ class Watcher:
             return
         pilot_share, share = (band or {}).get("cpu_share"), window_cpu_share(event)
         ratio = self.thresholds.min_cpu_share_ratio
-        if rate < low and key == "throughput" and is_finite_number(pilot_share) and share is not None \
-                and share < ratio * pilot_share:
-            # Slower with a much smaller share of the CPU than the pilot had: other load took the machine.
+        if rate < low and key == "throughput" and busier(rate, share, low, pilot_share, ratio):
+            # Slower with a smaller share of the CPU, each CPU second doing the pilot's work: other load took it.
             found.setdefault("throughput_busy", Alert(
                 "machine_busier", "throughput_busy", f"{what} {rate:.1f} {unit} at step {event['step']} is below the "
                 f"pilot's band ({low:.1f} {unit}) while the process got {share:.2f} CPU seconds per training second "
-                f"against the pilot's {pilot_share:.2f} (below {ratio:g} of it): the machine is busier (other load "
-                "took the CPU), not the recipe slower", event["step"], rate, low, str(event["session_id"]), now,
-                {"cpu_share": share, "pilot_cpu_share": pilot_share}))
+                f"against the pilot's {pilot_share:.2f}, at {rate / share:.0f} tokens per CPU second (the band's low "
+                f"at the pilot's share: {low / pilot_share:.0f}; below {ratio:g} of the share counts too): the "
+                "machine is busier (other load took the CPU), not the recipe slower", event["step"], rate, low,
+                str(event["session_id"]), now, {"cpu_share": share, "pilot_cpu_share": pilot_share}))
             cleared.add(key)
         elif rate < low:
             found.setdefault(key, Alert(

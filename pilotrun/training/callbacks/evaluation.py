@@ -10,6 +10,7 @@ training exactly as it was (tests/training/test_trainer_guards.py checks each of
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -61,9 +62,20 @@ def evaluate(session: Session, section: EvalConfig) -> dict[str, Any]:
     if isinstance(dataset, MixedDataset):
         weights = dataset.spec.weights
         by_source = {name: means[str(index)] for index, name in enumerate(dataset.names)}
-        fields["loss"] = sum(w * loss for w, loss in zip(weights, by_source.values(), strict=True)) / sum(weights)
+        fields["loss"] = weighted_mean(weights, list(by_source.values()))
         fields["loss_by_source"] = by_source
     return {**fields, "seconds": time.perf_counter() - started}
+
+
+def weighted_mean(weights: list[float], losses: list[float]) -> float:
+    """The mixture's loss: each source's under its weight. Weights near a float's limit (1e308 beside 1, which a
+    mixture file may hold) overflow the weighted sum to inf, where the mean is finite: then each weight is first
+    taken as its share of the total. Finite sums keep the plain formula, so their figures are those of before."""
+    mean = sum(w * loss for w, loss in zip(weights, losses, strict=True)) / sum(weights)
+    if math.isfinite(mean) or not all(math.isfinite(loss) for loss in losses):
+        return mean
+    total = sum(weights)
+    return sum((w / total) * loss for w, loss in zip(weights, losses, strict=True))
 
 
 class EvalCallback(Callback):

@@ -4,7 +4,8 @@ loop hands on to the policy (rollback.py) and the record.
 A spike is an update attempt whose loss (the mean cross-entropy of its microbatches over every rank) or global
 gradient norm is a spike of its signal's history, as pilotrun/training/spikes/bound.py defines it once for the trainer,
 the verdict and watch: above median + `train.spike.factor` x scale of the last `train.spike.window` applied
-updates (scale = 1.4826 MAD of the values, floored per signal at spike_bound.MIN_SCALE_SHARE of the median),
+updates (scale = 1.4826 MAD of the values, for the loss the upper tail's spread where wider, floored per signal
+at spike_bound.MIN_SCALE_SHARE of the median),
 once `min_history` applied updates are in the window, or not finite. An fp16 overflow is the scaler's business
 (precision.py) and is not a spike; the judge is consulted only for a finite gradient norm.
 
@@ -29,12 +30,16 @@ from typing import Any
 
 import torch
 
+from pilotrun.common.errors import ConfigError
 from pilotrun.config import SpikeConfig
 from pilotrun.data.skipped_documents import read_documents
 from pilotrun.optim.update_hooks import StepStatistics, UpdateHook
-from pilotrun.training.spikes.bound import MIN_SCALE_SHARE, spike_against
+from pilotrun.training.spikes.bound import MIN_SCALE_SHARE, level_spread, spike_against, tail_spread
 
 SIGNALS = ("loss", "grad_norm")
+# The loss's spread per update follows its upper tail (spike_bound.tail_spread: the batch's noise); the gradient
+# norm's heavy tail is held by its floor share instead, which a planted noise document must still clear.
+SPREADS = {"loss": tail_spread, "grad_norm": level_spread}
 ACTIONS = ("recorded", "skipped", "rollback", "stopped")
 CAUSES = ("batch", "model_state", "not_reproducible")
 
@@ -89,7 +94,7 @@ class SpikeDetector(UpdateHook):
         exceeded, bounds = [], {}
         for signal, value in zip(SIGNALS, (loss, grad_norm), strict=True):
             spiked, found = spike_against(value, list(self.history[signal]), self.config.factor,
-                                          MIN_SCALE_SHARE[signal], self.config.min_history)
+                                          MIN_SCALE_SHARE[signal], self.config.min_history, SPREADS[signal])
             if found is not None:
                 bounds[signal] = dict(zip(("median", "scale", "bound"), found, strict=True))
             if spiked:
@@ -209,10 +214,32 @@ def upcoming_batches(batch_index: int, count: int, skip_data: list[list[int]]) -
     return out
 
 
+def one_pass_batches(loader: Any) -> int:
+    """Global batches that read the training data once: a folder's batches per pass; a mixture's, all its sources'
+    windows over the windows a global batch takes (each source on its own share of them)."""
+    per_epoch = getattr(loader, "batches_per_epoch", None)
+    if per_epoch is not None:
+        return max(1, int(per_epoch))
+    return max(1, sum(loader.windows) // loader.global_batch_windows)
+
+
+def check_skip_ranges(ranges: list[list[int]], loader: Any) -> None:
+    """A `train.skip_data` range longer than one pass over the data would skip every document in it, and run.json
+    describes a range pass by pass (what each pass's batches read): 10^12 batches over a small corpus would be a
+    billion entries, gigabytes written before the first update. Refused as bad input before anything is written."""
+    per_pass = one_pass_batches(loader)
+    for first, count in ranges:
+        if count > per_pass:
+            raise ConfigError(f"train.skip_data range [{first}, {count}]: {count:,} batches is more than one pass over "
+                              f"the training data ({per_pass:,} global batches): it would skip every document; skip "
+                              "at most one pass")
+
+
 def skip_data_section(recipe: list[list[int]], detector: SpikeDetector, loader: Any, eos_id: int
                       ) -> list[dict[str, Any]]:
     """run.json's `skip_data`: every range the loader steps over, the recipe's (described now from the data) and
     the rollbacks' records, each naming the documents its batches read (docs/RUN_RECORD.md)."""
+    check_skip_ranges(recipe, loader)  # before a range is described pass by pass
     given = [{"origin": "recipe", "first_batch": first, "batches": count,
               "read": read_documents(loader, eos_id, first, count)} for first, count in recipe]
     return [*given, *detector.skip_data]

@@ -63,12 +63,29 @@ class SpikeCallback(Callback):
         verdict = loop.update.spike
         loop.log("spike", policy=loop.session.config.train.spike.policy,
                  **verdict.fields(loop.session.tokens_per_microbatch))
+        loop.say(spike_line(verdict))
         if verdict.action == "rollback":
             if self.settle_checkpoint is not None:
                 self.settle_checkpoint(loop)
             roll_back(loop, verdict, self.close_window, self.reopen_window)
             if self.commit is not None:
                 self.commit(loop)  # after the event: a checkpoint never holds a skip the record does not tell
+
+
+def spike_line(verdict: SpikeVerdict) -> str:
+    """The log's line for a spike as it happens: what exceeded which bound, the batches (the loader's cursor
+    positions, as train.skip_data and the rollback line count them) and what the policy did."""
+    figures = []
+    for signal, value in (("loss", verdict.loss), ("grad_norm", verdict.grad_norm)):
+        bound = verdict.bounds.get(signal, {}).get("bound")
+        above = signal in verdict.signals
+        limit = "" if bound is None else f" > bound {bound:.4g}" if above else f" (bound {bound:.4g})"
+        figures.append(f"{signal.replace('_', ' ')} {value:.4g}{limit}")
+    cause = (verdict.replay or {}).get("cause")
+    said = {"recorded": "recorded, applied", "skipped": "skipped", "rollback": "rolling back",
+            "stopped": "stopping the run"}[verdict.action]
+    return (f"spike at update {verdict.step} (batches {', '.join(map(str, verdict.batches))}): {'; '.join(figures)}"
+            f" -> {said}" + (f"; cause {cause}" if cause else "") + (f"; {verdict.note}" if verdict.note else ""))
 
 
 def skipped_range(loop: LoopState, verdict: SpikeVerdict) -> dict[str, Any]:

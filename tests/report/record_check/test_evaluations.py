@@ -135,3 +135,23 @@ def test_the_report_shows_each_evaluation_with_its_checkpoint_and_plots_it(evalu
     assert page.count("fineweb_next acc ") >= len(entries) and (folder / "downstream_accuracy.png").is_file()
     rule = next(r for r in verdict.rules if r.name == "downstream")
     assert rule.status in ("PASS", "WARN") and "fineweb_next acc" in rule.figure
+
+
+def test_an_evaluation_event_re_chained_with_other_figures_than_its_results_file_is_named(evaluated, tmp_path):
+    """The results file untouched (its sha256 holds), the event's accuracy changed and its line chained again: the
+    event is held to the file it names, and does not stand."""
+    from pilotrun.run.record import chained_line, unchained_body
+
+    run = _copy(evaluated, tmp_path)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    previous = unchained_body(lines[-2])[1]
+    event = json.loads(unchained_body(lines[-1])[0])
+    assert event["event"] == "evaluation" and event["checkpoint"]["step"] == 40
+    event["tasks"]["fineweb_next"]["acc"] = 0.99
+    lines[-1] = chained_line(previous, event)[0]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    summary = summarize_run(run)
+    assert summary.overall["evaluations"][1]["status"] == "figures differ", summary.reasons
+    assert any("evaluation of step 40" in r and "task fineweb_next acc 0.99 in the event" in r
+               for r in summary.reasons), summary.reasons
+    assert not summary.valid

@@ -142,3 +142,24 @@ def test_a_resume_on_another_thread_count_names_it_as_the_cause_and_proves_no_ex
     rule = {r.name: r for r in judge(tmp_path / "b").rules}["resumed"]
     assert rule.status == PASS and "1 resume(s) with training after them: session s3 from step 40" in rule.figure
     assert "cause: hardware.torch_threads 1 -> 2 from update 21" in rule.figure
+
+
+def test_a_resume_on_another_thread_count_replayed_bit_identical_warns_naming_the_change(tmp_path):
+    """The replay is the fact: a resume on 2 threads after 1 whose replayed windows are all bit-identical has
+    shown the continuation (WARN naming the change, exactness not promised across it), not a NO-GO; one window
+    that differs makes it FAIL with the change named as the likely cause."""
+    run = crashed_and_resumed(tmp_path / "r")
+    entry = next(e for e in run.run["sessions"] if e["session_id"] == "s2")
+    entry["not_exact"] = {"from_update": 21, "changes": [{"key": "hardware.torch_threads", "old": 1, "new": 2}]}
+    run.write()
+    verdict = judge(tmp_path / "r")
+    rule = {r.name: r for r in verdict.rules}["resumed"]
+    assert rule.status == WARN and verdict.decision == "GO"
+    assert "session s2: hardware.torch_threads 1 -> 2 from update 21" in rule.figure
+    assert "3 replayed window(s) after it, all bit-identical: the replay shows the continuation" in rule.figure
+    run.find("train", session="s1", step=25)["loss"] += 1e-12
+    run.write()
+    verdict = judge(tmp_path / "r")
+    rule = {r.name: r for r in verdict.rules}["resumed"]
+    assert rule.status == FAIL and verdict.decision == "NO-GO"
+    assert "likely cause: hardware.torch_threads 1 -> 2 from update 21" in rule.figure

@@ -189,3 +189,29 @@ def test_loss_rise_at_end_warns_with_too_few_windows(tmp_path):
     run.write()
     found = RULES_BY_NAME["loss_rise_at_end"].apply(summarize_run(tmp_path / "r"), Thresholds())
     assert found.status == WARN and found.figure.startswith("only 5 finite train window(s)")
+
+
+def test_grad_spikes_tells_the_trainers_spikes_the_spikes_row_warns_about(tmp_path):
+    """The trainer's per-update spikes (the spikes row): one in the loss alone is named beside "no gradient-norm
+    spike", never a bare "no spike"; one in the gradient norm that no logged window shows (its update skipped)
+    counts as a spike of this row too."""
+    def with_spikes(signals):
+        def build(builder, run_dir, **kw):
+            run = builder(run_dir, **kw)
+            run.start_session()
+            run.train_until(30)
+            run._emit("spike", spike_step=31, signals=signals, loss=7.1, grad_norm=1.2, batches=[30],
+                      action="skipped", cause="batch", replay=None)
+            run.train_until(run.max_steps)
+            run.end_session()
+            return run
+        return build
+
+    _, rules = verdict_of(tmp_path / "loss", build=with_spikes(["loss"]))
+    row = rules["grad_spikes"]
+    assert rules["spikes"].status == WARN and "update 31" in rules["spikes"].figure
+    assert row.status == PASS and row.figure.startswith("no gradient-norm spike; max grad norm ")
+    assert "the trainer's spike(s) at update(s) 31 were in the loss alone (spikes row)" in row.figure
+    _, rules = verdict_of(tmp_path / "norm", build=with_spikes(["grad_norm"]))
+    row = rules["grad_spikes"]
+    assert row.status == WARN and row.figure.startswith("1 spike(s): update 31: 1.2 (the trainer's spike")

@@ -332,3 +332,101 @@ def test_a_resume_on_another_thread_count_is_said_once_as_a_note_not_an_alert(tm
     watcher._not_exact_notes()  # as when a later session starts: s2's is not said again
     watcher.check(final=True)
     assert watcher.new_notes() == [] and watcher.notes == [note]  # said once
+
+
+def test_a_spike_and_its_rollback_name_the_update_and_its_batches_in_one_numbering(tmp_path):
+    """Updates count from 1, the loader's batches from 0: the alert says which is which, and the rollback's skip is
+    in the same cursor positions (as train.skip_data takes them), not a raw record."""
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(30)
+    run._emit("spike", spike_step=31, signals=["loss"], loss=9.5, grad_norm=1.2, batches=[60, 61], action="rollback",
+              cause="batch", replay=None)
+    run._emit("rollback", spike_step=31, restored_step=20, rollbacks=1, max_rollbacks=3,
+              skipped={"first_batch": 60, "batches": 6, "documents": [{"first": 12, "last": 13, "pass": 0}]})
+    run.write()
+    watcher = Watcher(tmp_path / "r")
+    watcher.check(final=True)
+    said = {a.kind: a.message for a in watcher.raised}
+    assert said["spike"].startswith("spike at update 31 (batches 60, 61: the loader's cursor positions, counted from "
+                                    "0 as train.skip_data and the rollback count them): loss ")
+    assert said["rollback"] == ("rollback 1 of at most 3 after the spike at update 31: back to step 20, skipped "
+                                "batches 60..65: documents 12..13 (pass 0)")
+
+
+def test_a_share_that_falls_with_the_rate_at_the_same_tokens_per_cpu_second_is_the_machine_busier(tmp_path):
+    """From update 40 each update takes 1.5x the time. With the CPU seconds unchanged the share fell from the
+    pilot's 0.9 to 0.6 (above min_cpu_share_ratio 0.6 of it, 0.54) and the rate with it, each CPU second still
+    training the pilot's tokens: `machine_busier` at the first window after it, no throughput alert. With the CPU
+    seconds up a third (the share fell less than the rate: less done per CPU second): the throughput alert."""
+    from pilotrun.commands.freeze import freeze_run
+    from pilotrun.run.recipe_lock import load_lock
+
+    crashed_and_resumed(tmp_path / "pilot").write()
+    assert freeze_run(tmp_path / "pilot", tmp_path / "lock.json")[0] == 0
+    lock = load_lock(tmp_path / "lock.json")
+    for name, cpu in (("busy", 0.45), ("slower", 0.6)):
+        run = SyntheticRun(tmp_path / name)
+        run.train_seconds_per_update = lambda step: 0.75 if step > 40 else 0.5
+        run.cpu_seconds_per_update = lambda step, cpu=cpu: cpu if step > 40 else 0.45
+        run.start_session()
+        run.train_until(60)
+        run.end_session()
+        run.write()
+        watcher = Watcher(run.run_dir, lock, clock=lambda run=run: run.clock, holder=lambda _: None)
+        alerts = {a.kind: a for a in watcher.check(final=True)[0]}
+        if name == "busy":
+            assert "throughput" not in alerts and alerts["machine_busier"].step == 45, sorted(alerts)
+            assert "got 0.60 CPU seconds per training second against the pilot's 0.90, at 71 tokens per CPU second " \
+                   "(the band's low at the pilot's share: 57;" in alerts["machine_busier"].message
+        else:
+            assert "machine_busier" not in alerts and "throughput" in alerts, sorted(alerts)
+
+
+def test_an_alert_s_json_line_holds_no_bare_infinity():
+    """watch --json prints each alert as one JSON line: a non-finite figure (an overflowed loss) is a string
+    there, so a strict parser (jq, JSON.parse) reads every line."""
+    import json
+
+    from pilotrun.report.watch.alerts import Alert
+
+    def refuse(constant):
+        raise ValueError(f"bare {constant}")
+
+    line = Alert("spike", "spike:3:9", "spike at update 3", 3, float("inf"), float("nan"), "s1", 1.0,
+                 {"grad_norm": float("-inf")}).to_json()
+    parsed = json.loads(line, parse_constant=refuse)
+    assert (parsed["figure"], parsed["bound"], parsed["extra"]["grad_norm"]) == ("Infinity", "NaN", "-Infinity")
+
+
+def test_one_look_reads_a_finished_record_past_a_long_line_in_its_middle(tmp_path):
+    """A 9 MB line (more than one bounded poll) in the middle of a finished run's log: one-shot watch reads on to
+    the end, names the line, and sees the run completed, not killed early at the line before it."""
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(run.max_steps)
+    run.end_session()
+    run_dir = run.write()
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    long_line = b'{"event":"note","pad":"' + b"x" * (9 << 20) + b'"}\n'
+    path.write_bytes(b"".join(lines[:3]) + long_line + b"".join(lines[3:]))
+    watcher = Watcher(run_dir, clock=lambda: run.clock, holder=lambda _: None)
+    alerts = watcher.check(final=True)[0]
+    assert watcher.completed, [a.message for a in alerts]
+    assert not [a for a in alerts if a.kind == "session_end"]
+    assert [a for a in alerts if a.kind == "chain" and "line 4: longer than 8 MiB" in a.message]
+
+
+def test_one_look_names_a_long_line_at_the_end_of_a_finished_record(tmp_path):
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(run.max_steps)
+    run.end_session()
+    run_dir = run.write()
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    with open(run_dir / "metrics.jsonl", "ab") as handle:
+        handle.write(b'{"event":"note","pad":"' + b"x" * (9 << 20) + b'"}\n')
+    watcher = Watcher(run_dir, clock=lambda: run.clock, holder=lambda _: None)
+    alerts = watcher.check(final=True)[0]
+    assert [a for a in alerts if a.kind == "chain" and f"line {len(lines) + 1}: longer than 8 MiB" in a.message]

@@ -48,3 +48,15 @@ def test_evaluation_reads_the_same_batches_and_is_logged_on_its_cadence(builtin_
     assert [e["step"] for e in vals] == [2, 4] and loop.last_val_loss == vals[-1]["loss"]
     assert vals[0]["loss"] != first["loss"]  # the model trained in between
     assert loop.account.time_split()["eval_seconds"] > 0
+
+
+def test_a_mixtures_loss_is_finite_for_weights_near_a_floats_limit_and_unchanged_otherwise():
+    import math
+
+    from pilotrun.training.callbacks.evaluation import weighted_mean
+
+    assert weighted_mean([0.7, 0.3], [5.0, 7.0]) == (0.7 * 5.0 + 0.3 * 7.0) / 1.0  # the plain formula's bits
+    assert weighted_mean([2.0, 1.0], [5.0, 7.0]) == (2.0 * 5.0 + 1.0 * 7.0) / 3.0
+    huge = weighted_mean([1.0e308, 1.0], [6.0, 7.0])
+    assert math.isfinite(huge) and huge == 6.0  # 1 beside 1e308 weighs nothing a float can hold
+    assert math.isnan(weighted_mean([1.0, 1.0], [math.nan, 7.0]))  # a non-finite source loss stays what it is

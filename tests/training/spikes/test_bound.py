@@ -14,6 +14,7 @@ from pilotrun.training.spikes.bound import (
     robust_bound,
     spike_against,
     step_spread,
+    tail_spread,
 )
 
 
@@ -55,3 +56,16 @@ def test_nothing_is_judged_before_min_history_and_a_non_finite_value_always_is_a
     spiked, found = spike_against(1.07, [1.0] * 5, 6.0, 0.01, 5)
     assert spiked and found == (1.0, 0.01, 1.0 + 6 * 0.01)
     assert spike_against(1.06, [1.0] * 5, 6.0, 0.01, 5)[0] is False  # at the bound is not above it
+
+
+def test_the_tail_spread_widens_for_a_heavy_upper_tail_and_not_for_one_spike():
+    core = [6.0 + 0.01 * (i % 5 - 2) for i in range(50)]  # a narrow core: level spread 0.0148
+    assert level_spread(core) <= tail_spread(core) < 1.1 * level_spread(core)  # as wide, for a tail no heavier
+    assert tail_spread(core[:9]) == level_spread(core[:9])
+    heavy = core[:42] + [6.4, 6.5, 6.6, 6.7, 6.8, 6.5, 6.6, 6.9]  # one update in six on a hard batch
+    spread = (sorted(heavy)[44] - statistics.median(heavy)) / 1.2816
+    assert tail_spread(heavy) == spread > 10 * level_spread(heavy)
+    assert not spike_against(7.2, heavy, 6.0, 0.01, 20, tail_spread)[0]  # held by the tail, not the core's MAD
+    assert spike_against(7.2, heavy, 6.0, 0.01, 20, level_spread)[0]
+    spiked = core[:48] + [12.0, 13.0]  # two spikes in the window move its 90th percentile by one core value
+    assert tail_spread(spiked) == tail_spread(core) and spike_against(9.0, spiked, 6.0, 0.01, 20, tail_spread)[0]

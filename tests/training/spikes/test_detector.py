@@ -142,3 +142,14 @@ def test_run_json_describes_the_recipes_ranges_and_keeps_the_rollbacks_records(b
                      "read": read_documents(loader, dataset.eos_id, 2, 3)}
     (read,) = given["read"]
     assert read["pass"] == 0 and read["tokens"] == [2 * 128, 5 * 128 + 1] and read["documents"][0] <= read["documents"][1]
+
+
+def test_the_loss_is_held_to_its_upper_tail_the_gradient_norm_to_its_floor():
+    """A window of healthy updates whose losses have a heavy upper tail (one batch in six of harder text, as a
+    small batch gives): the next hard batch is no spike, a noise document's loss still is."""
+    found = SpikeDetector(SpikeConfig(window=50, min_history=20, factor=6.0))
+    for i in range(50):
+        found.pending = (6.0 + 0.01 * (i % 5 - 2) + (0.6 if i % 6 == 0 else 0.0), 1.0 + 0.01 * (i % 3))
+        found.after_update(i, None)
+    assert found.judge(7.4, 1.0)[0] == [] and found.judge(9.5, 1.0)[0] == ["loss"]
+    assert found.judge(6.0, 4.1)[0] == ["grad_norm"]

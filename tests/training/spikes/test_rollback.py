@@ -111,6 +111,10 @@ def test_record_names_the_poisoned_batch_and_its_replay_changes_nothing(builtin_
     assert "grad_norm" in spike["signals"] and spike["grad_norm"] > spike["bounds"]["grad_norm"]["bound"]
     assert spike["cause"] == "batch" and spike["replay"]["bitwise"] is True
     assert spike["replay"]["same_batch"] == spike["per_rank"] and spike["replay"]["next_batches"] == [POISON + 1]
+    said = [line for line in replayed.out.getvalue().splitlines() if line.startswith("spike at update")]
+    assert len(said) == 1 and said[0].startswith(f"spike at update {POISON + 1} (batches {POISON}): loss ")
+    assert f"grad norm {spike['grad_norm']:.4g} > bound {spike['bounds']['grad_norm']['bound']:.4g}" in said[0]
+    assert said[0].endswith(" -> recorded, applied; cause batch")
     plain, _ = train(builtin_data_dir, tmp_path / "plain", "train.spike.replay=false")
     assert events(tmp_path / "plain", "spike")[0]["replay"] is None
     assert losses(tmp_path / "replayed") == losses(tmp_path / "plain")
@@ -221,6 +225,14 @@ def test_one_rollback_skips_a_long_noise_document_to_its_end(noise_data, tmp_pat
     assert skipped["batches"] == last - batch + 1
     assert rollback["skip_data"] == [[batch, last - batch + 1]]
     assert trainer.session.state.loader.batch_index == 24 + last - batch + 1  # every later batch past the noise
+    from pilotrun.commands.inspect_batch import microbatches_for_step
+
+    # inspect-batch names what the last update read: the batch before the cursor, past the skipped noise.
+    assert microbatches_for_step(tmp_path / "run", 24)[0] == [trainer.session.state.loader.batch_index - 1]
+    said = [line for line in trainer.out.getvalue().splitlines() if line.startswith("spike at update")]
+    assert said[0].startswith(f"spike at update {spike['spike_step']} (batches {batch}): loss ")
+    assert " -> rolling back; cause " in said[0] and len(said) == 2
+    assert said[1].startswith(f"spike at update {spike['spike_step']}: rolled back to step ")
     # The record: one rollback, the noise document named (index and where it lies), and the batches skipped.
     (record,) = json.loads((tmp_path / "run" / "run.json").read_text())["skip_data"]
     assert record["origin"] == "rollback" and record["spike_step"] == spike["spike_step"]
