@@ -1,15 +1,16 @@
 """Background checkpoints against synchronous ones: what the loop waits for, the whole save, and the write's
 throughput against a plain torch.save of the same state.
 
-The state is the trainer's for the GPU pilot model (the `gpu-100m` preset at vocab 32,768, its Muon+AdamW state
-after one real step, scaler, counters, RNG), on the CPU. Side by side, alternating, in one process:
+The state is the trainer's for the GPU pilot model (the `gpu-100m` preset at vocab 32,768, its Muon+AdamW
+state after one real step, scaler, counters, RNG), on the CPU. Side by side, alternating, in one process:
 
-- synchronous: `DistributedCheckpointer.save` as one process saves (torch.save per part, sha256, fsync, rename,
-  marker): the loop waits for all of it;
+- synchronous: `DistributedCheckpointer.save` as one process saves (torch.save per part, sha256, fsync,
+  rename, marker): the loop waits for all of it;
 - background: `start_background_save` (the copy to host memory: what the loop waits for), then the write, its
-  hashes and fsyncs in DCP's thread, then `finish_background_save`'s commit on the loop's thread (rename, marker:
-  also waited for). Blocking = the copy + the commit; total = start to committed. Nothing trains beside the
-  write here: on a CPU-only run the write would share the cores with training, on a GPU run it does not;
+  hashes and fsyncs in DCP's thread, then `finish_background_save`'s commit on the loop's thread (rename,
+  marker: also waited for). Blocking = the copy + the commit; total = start to committed. Nothing trains
+  beside the write here: on a CPU-only run the write would share the cores with training, on a GPU run it does
+  not;
 - plain torch.save of the same state to one file, then fsync: the write alone.
 
 Goals: background blocking <= 0.2x the synchronous save; background total <= 1.3x the synchronous save.
@@ -106,35 +107,47 @@ def run() -> str:
     def mbs(count: int, seconds: float) -> str:
         return f"{count / 1e6 / seconds:,.0f}"
 
-    return "\n".join([
-        "## Background checkpoints: what the loop waits for",
-        "",
-        f"State: `gpu-100m` at vocab 32,768 with Muon+AdamW state after one step, on the CPU: {mb:,.1f} MB "
-        f"(torch.save storage), {background_bytes / 1e6:,.1f} MB (DCP, the background storage). Median of "
-        f"{REPEATS} alternating repeats on {os.environ.get('PILOTRUN_BENCH_DIR') or tempfile.gettempdir()}; "
-        f"{os.cpu_count()} CPU cores, 1-minute load average {load_before:.1f} before and {load_after:.1f} after. "
-        "Nothing trains beside the background write here (on a CPU-only run it would share the cores).",
-        "",
-        "| save | loop blocked s | whole save s | MB/s of the whole save | vs plain torch.save |",
-        "|---|---:|---:|---:|---:|",
-        f"| synchronous (`train.checkpoint.mode=sync`) | {sync:.3f} | {sync:.3f} | {mbs(sync_bytes, sync)} | "
-        f"{plain / sync:.2f}x |",
-        f"| background (`train.checkpoint.mode=background`) | {blocking:.3f} | {total:.3f} | "
-        f"{mbs(background_bytes, total)} | {plain / total:.2f}x |",
-        f"| plain torch.save + fsync, one file (no hash, no marker) | | {plain:.3f} | {mbs(plain_bytes, plain)} | "
-        "1.00x |",
-        "",
-        f"Goals: loop blocked by a background save <= {BLOCKING_GOAL}x a synchronous save: **{met(blocking_ratio <= BLOCKING_GOAL)}** "
-        f"({blocking_ratio:.3f}x); the background save's whole time <= {TOTAL_GOAL}x the synchronous one: "
-        f"**{met(total_ratio <= TOTAL_GOAL)}** ({total_ratio:.2f}x). Throughput against plain torch.save (how close "
-        f"the hashing and fsyncs come to the write itself): synchronous {plain / sync:.2f}x, background "
-        f"{plain / total:.2f}x. All synchronous (s): {', '.join(f'{v:.3f}' for v in sync_s)}; background blocked "
-        f"(s): {', '.join(f'{v:.3f}' for v in blocking_s)}; background whole (s): "
-        f"{', '.join(f'{v:.3f}' for v in total_s)}; plain (s): {', '.join(f'{v:.3f}' for v in plain_s)}.",
-        "",
-        "Command: `python -m benchmarks.run_all bench_background_checkpoint`",
-        "",
-    ])
+    return "\n".join(
+        [
+            "## Background checkpoints: what the loop waits for",
+            "",
+            f"State: `gpu-100m` at vocab 32,768 with Muon+AdamW state after one step, on the CPU: {mb:,.1f} "
+            "MB "
+            f"(torch.save storage), {background_bytes / 1e6:,.1f} MB (DCP, the background storage). Median "
+            "of "
+            f"{REPEATS} alternating repeats on "
+            f"{os.environ.get('PILOTRUN_BENCH_DIR') or tempfile.gettempdir()}; "
+            f"{os.cpu_count()} CPU cores, 1-minute load average {load_before:.1f} before and "
+            f"{load_after:.1f} after. "
+            "Nothing trains beside the background write here (on a CPU-only run it would share the cores).",
+            "",
+            "| save | loop blocked s | whole save s | MB/s of the whole save | vs plain torch.save |",
+            "|---|---:|---:|---:|---:|",
+            f"| synchronous (`train.checkpoint.mode=sync`) | {sync:.3f} | {sync:.3f} | "
+            f"{mbs(sync_bytes, sync)} | "
+            f"{plain / sync:.2f}x |",
+            f"| background (`train.checkpoint.mode=background`) | {blocking:.3f} | {total:.3f} | "
+            f"{mbs(background_bytes, total)} | {plain / total:.2f}x |",
+            f"| plain torch.save + fsync, one file (no hash, no marker) | | {plain:.3f} | "
+            f"{mbs(plain_bytes, plain)} | "
+            "1.00x |",
+            "",
+            f"Goals: loop blocked by a background save <= {BLOCKING_GOAL}x a synchronous save: "
+            f"**{met(blocking_ratio <= BLOCKING_GOAL)}** "
+            f"({blocking_ratio:.3f}x); the background save's whole time <= {TOTAL_GOAL}x the synchronous "
+            "one: "
+            f"**{met(total_ratio <= TOTAL_GOAL)}** ({total_ratio:.2f}x). Throughput against plain torch.save "
+            "(how close "
+            f"the hashing and fsyncs come to the write itself): synchronous {plain / sync:.2f}x, background "
+            f"{plain / total:.2f}x. All synchronous (s): {', '.join(f'{v:.3f}' for v in sync_s)}; background "
+            "blocked "
+            f"(s): {', '.join(f'{v:.3f}' for v in blocking_s)}; background whole (s): "
+            f"{', '.join(f'{v:.3f}' for v in total_s)}; plain (s): {', '.join(f'{v:.3f}' for v in plain_s)}.",
+            "",
+            "Command: `python -m benchmarks.run_all bench_background_checkpoint`",
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -121,32 +121,41 @@ def run() -> str:
     ratio = raw_s / save_s
     met = "met" if ratio >= TARGET_RATIO else "NOT met"
     cores = os.cpu_count()
-    return "\n".join([
-        "## Checkpoint write throughput and time to resume",
-        "",
-        f"State: `gpu-100m` model at vocab 32,768 with Muon+AdamW state after one step, scaler, counters and RNG: "
-        f"{mb:,.1f} MB. Median of {REPEATS} alternating repeats; raw = the same byte count written to one file "
-        f"and fsynced, on the same disk ({os.environ.get('PILOTRUN_BENCH_DIR') or tempfile.gettempdir()}). "
-        f"{cores} CPU cores; 1-minute load average {load_before:.1f} before and {load_after:.1f} after the write "
-        "runs (other work on the machine competes for the CPU that sha256 needs, not for the disk).",
-        "",
-        "| measure | wall s | MB/s | vs raw | CPU s (this process) |",
-        "|---|---:|---:|---:|---:|",
-        f"| raw write + fsync (one file) | {raw_s:.3f} | {mb / raw_s:,.0f} | 1.00x | "
-        f"{statistics.median(raw_cpu):.2f} |",
-        f"| `Checkpointer.save` (sha256 + fsync + rename + marker) | {save_s:.3f} | {mb / save_s:,.0f} | "
-        f"{ratio:.2f}x | {statistics.median(save_cpu):.2f} |",
-        f"| pruning one old checkpoint (rmtree; part of a save once `keep` is reached) | {prune_seconds:.3f} | | | |",
-        f"| sha256 of the same bytes alone, one thread | {sha256_seconds:.3f} | {mb / sha256_seconds:,.0f} | | |",
-        f"| `Checkpointer.load` (sha256 verify + torch.load) | {load_s:.3f} | {mb / load_s:,.0f} | | |",
-        f"| resume: load + restore model, optimizer, scaler, RNG | {resume_s:.3f} | {mb / resume_s:,.0f} | | |",
-        "",
-        f"Target: checkpoint write throughput >= {TARGET_RATIO}x raw: **{met}** ({ratio:.2f}x). "
-        f"All raw runs (s): {', '.join(f'{s:.3f}' for s in raw_seconds)}; all saves (s): "
-        f"{', '.join(f'{s:.3f}' for s in save_seconds)}.",
-        "",
-        "Command: `python -m benchmarks.run_all bench_checkpoint`",
-    ])
+    return "\n".join(
+        [
+            "## Checkpoint write throughput and time to resume",
+            "",
+            "State: `gpu-100m` model at vocab 32,768 with Muon+AdamW state after one step, scaler, counters "
+            "and RNG: "
+            f"{mb:,.1f} MB. Median of {REPEATS} alternating repeats; raw = the same byte count written to "
+            "one file "
+            "and fsynced, on the same disk "
+            f"({os.environ.get('PILOTRUN_BENCH_DIR') or tempfile.gettempdir()}). "
+            f"{cores} CPU cores; 1-minute load average {load_before:.1f} before and {load_after:.1f} after "
+            "the write "
+            "runs (other work on the machine competes for the CPU that sha256 needs, not for the disk).",
+            "",
+            "| measure | wall s | MB/s | vs raw | CPU s (this process) |",
+            "|---|---:|---:|---:|---:|",
+            f"| raw write + fsync (one file) | {raw_s:.3f} | {mb / raw_s:,.0f} | 1.00x | "
+            f"{statistics.median(raw_cpu):.2f} |",
+            f"| `Checkpointer.save` (sha256 + fsync + rename + marker) | {save_s:.3f} | {mb / save_s:,.0f} | "
+            f"{ratio:.2f}x | {statistics.median(save_cpu):.2f} |",
+            "| pruning one old checkpoint (rmtree; part of a save once `keep` is reached) | "
+            f"{prune_seconds:.3f} | | | |",
+            f"| sha256 of the same bytes alone, one thread | {sha256_seconds:.3f} | "
+            f"{mb / sha256_seconds:,.0f} | | |",
+            f"| `Checkpointer.load` (sha256 verify + torch.load) | {load_s:.3f} | {mb / load_s:,.0f} | | |",
+            f"| resume: load + restore model, optimizer, scaler, RNG | {resume_s:.3f} | {mb / resume_s:,.0f} "
+            "| | |",
+            "",
+            f"Target: checkpoint write throughput >= {TARGET_RATIO}x raw: **{met}** ({ratio:.2f}x). "
+            f"All raw runs (s): {', '.join(f'{s:.3f}' for s in raw_seconds)}; all saves (s): "
+            f"{', '.join(f'{s:.3f}' for s in save_seconds)}.",
+            "",
+            "Command: `python -m benchmarks.run_all bench_checkpoint`",
+        ]
+    )
 
 
 if __name__ == "__main__":

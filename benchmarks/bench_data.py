@@ -40,10 +40,10 @@ GPT2 = FIXTURES / "tokenizers" / "gpt2" / "tokenizer.json"
 TARGET_CHARACTERS = 16_000_000
 REPEATS = 3  # interleaved rounds of ~1 minute each on 2 cores at this corpus size
 # Parquet memory: the base file holds a quarter of the throughput corpus (~4M characters, ~1,460 documents) in
-# row groups of this many rows; the 16x file (~64M characters, ~14M tokens) takes ~15 s on 2 cores. The bounded
-# parts must already be full at 1x, or the ratios would show them filling up rather than the file's size: the
-# shuffle buffer (MEMORY_SHUFFLE_BUFFER documents < the base's) and one shard per split (MEMORY_SHARD_TOKENS <
-# the base's ~0.9M tokens).
+# row groups of this many rows; the 16x file (~64M characters, ~14M tokens) takes ~15 s on 2 cores. The
+# bounded parts must already be full at 1x, or the ratios would show them filling up rather than the file's
+# size: the shuffle buffer (MEMORY_SHUFFLE_BUFFER documents < the base's) and one shard per split
+# (MEMORY_SHARD_TOKENS < the base's ~0.9M tokens).
 MEMORY_FACTORS = (1, 4, 16)
 PROCESS_WORKERS = 2  # `prepare --workers 2`: tokenizing processes, against the default threads (--workers 0)
 MEMORY_ROW_GROUP_ROWS = 256
@@ -69,8 +69,11 @@ def _texts_and_tokenizer(work: Path) -> tuple[list[str], str, str]:
     tokenizer, _ = train_bpe(4096, iter(base))
     path = work / "bpe4096.json"
     tokenizer.save(str(path))
-    return texts, str(path), (f"builtin corpus x {copies} (../shared/fixtures absent), a byte-level BPE of 4096 "
-                              "trained on it")
+    return (
+        texts,
+        str(path),
+        (f"builtin corpus x {copies} (../shared/fixtures absent), a byte-level BPE of 4096 trained on it"),
+    )
 
 
 def copies_for(base: list[str]) -> int:
@@ -103,7 +106,9 @@ def _throughputs(texts: list[str], tokenizer_path: str, work: Path) -> dict:
         del encodings
         out = work / f"prepared-{round_index}"
         started = time.perf_counter()
-        manifest = prepare_corpus(out, source=str(source), tokenizer=tokenizer_path, workers=0, progress=False)
+        manifest = prepare_corpus(
+            out, source=str(source), tokenizer=tokenizer_path, workers=0, progress=False
+        )
         prepare_times.append(time.perf_counter() - started)
         prepare_tokens = manifest["splits"]["train"]["tokens"] + manifest["splits"]["val"]["tokens"]
         # The same prepare with PROCESS_WORKERS tokenizing processes (spawned, each loading the tokenizer):
@@ -132,10 +137,12 @@ def _parquet_memory(texts: list[str], tokenizer_path: str, work: Path) -> dict:
     import pyarrow.parquet as pq
 
     base = texts[: len(texts) // 4]
-    code = ("import json, sys; from pilotrun.data.prepare import prepare_corpus; "
-            "prepare_corpus(sys.argv[1], source=sys.argv[2], tokenizer=sys.argv[3], workers=0, progress=False, "
-            f"shuffle_buffer={MEMORY_SHUFFLE_BUFFER}, shard_tokens={MEMORY_SHARD_TOKENS}); "
-            "print(open(sys.argv[1] + '/build_info.json').read())")
+    code = (
+        "import json, sys; from pilotrun.data.prepare import prepare_corpus; "
+        "prepare_corpus(sys.argv[1], source=sys.argv[2], tokenizer=sys.argv[3], workers=0, progress=False, "
+        f"shuffle_buffer={MEMORY_SHUFFLE_BUFFER}, shard_tokens={MEMORY_SHARD_TOKENS}); "
+        "print(open(sys.argv[1] + '/build_info.json').read())"
+    )
     results = []
     for factor in MEMORY_FACTORS:
         path = work / f"memory-{factor}x.parquet"
@@ -173,21 +180,27 @@ def _stability_model_and_step(vocab_size: int):
         config.model.vocab_size = vocab_size
         model = build_model(config.model)
         optimizer = build_optimizer(model, config.optim)
-        description = ("the stability recipe's real model and optimizer (pilotrun.model + pilotrun.optim: Muon + "
-                       "AdamW), fp32: forward + backward + grad-norm clip + optimizer step")
+        description = (
+            "the stability recipe's real model and optimizer (pilotrun.model + pilotrun.optim: Muon + "
+            "AdamW), fp32: forward + backward + grad-norm clip + optimizer step"
+        )
 
         def loss_of(inputs, targets):
             return model(inputs, targets).loss
     else:  # a comparable dense decoder built here, same width, depth and batch
         d = config.model.d_model
-        layer = torch.nn.TransformerEncoderLayer(d, config.model.n_heads, 4 * d, batch_first=True, norm_first=True)
+        layer = torch.nn.TransformerEncoderLayer(
+            d, config.model.n_heads, 4 * d, batch_first=True, norm_first=True
+        )
         body = torch.nn.TransformerEncoder(layer, config.model.n_layers)
         embed, head = torch.nn.Embedding(vocab_size, d), torch.nn.Linear(d, vocab_size)
         model = torch.nn.ModuleList([embed, body, head])
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         mask = torch.nn.Transformer.generate_square_subsequent_mask(seq_len)
-        description = ("a comparable torch decoder built in the benchmark (pilotrun.model/optim not importable): "
-                       "forward + backward + AdamW step")
+        description = (
+            "a comparable torch decoder built in the benchmark (pilotrun.model/optim not importable): "
+            "forward + backward + AdamW step"
+        )
 
         def loss_of(inputs, targets):
             logits = head(body(embed(inputs), mask=mask, is_causal=True))
@@ -209,7 +222,9 @@ def _batch_read_vs_step(work: Path) -> dict:
 
     data_dir = work / "builtin"
     # Several small shards so that some windows cross a shard boundary, as on a big corpus.
-    prepare_corpus(data_dir, source="builtin", tokenizer="bpe:4096", shard_tokens=50_000, workers=1, progress=False)
+    prepare_corpus(
+        data_dir, source="builtin", tokenizer="bpe:4096", shard_tokens=50_000, workers=1, progress=False
+    )
     dataset = open_dataset(data_dir)
     description, step, batch_size, seq_len = _stability_model_and_step(dataset.vocab_size)
     loader = BatchLoader(dataset.split("train"), batch_size, seq_len)
@@ -246,20 +261,28 @@ def run() -> str:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     raw_rate, raw_tokens, prepare_rate, prepare_tokens, workers = (
-        rates["raw_rate"], rates["raw_tokens"], rates["prepare_rate"], rates["prepare_tokens"], rates["workers"])
+        rates["raw_rate"],
+        rates["raw_tokens"],
+        rates["prepare_rate"],
+        rates["prepare_tokens"],
+        rates["workers"],
+    )
     ratio = prepare_rate / raw_rate
     share = read["read_median_s"] / read["step_median_s"]
     characters = sum(len(t) for t in texts)
     smallest = memory["rows"][0]["peak_rss_mb"]
     largest_ratio = max(row["peak_rss_mb"] / smallest for row in memory["rows"])
-    memory_rows = [f"| {row['factor']}x | {row['file_mb']:.1f} MB, {row['row_groups']} row groups | {row['tokens']:,} | "
-                   f"{row['seconds']:.1f} s | {row['peak_rss_mb']:.0f} MiB | {row['peak_rss_mb'] / smallest:.2f} |"
-                   for row in memory["rows"]]
+    memory_rows = [
+        f"| {row['factor']}x | {row['file_mb']:.1f} MB, {row['row_groups']} row groups | {row['tokens']:,} | "
+        f"{row['seconds']:.1f} s | {row['peak_rss_mb']:.0f} MiB | {row['peak_rss_mb'] / smallest:.2f} |"
+        for row in memory["rows"]
+    ]
     lines = [
         "## Data: prepare throughput and batch read cost",
         "",
         f"Texts: {what}; {len(texts)} documents, {characters:,} characters. Cores: {os.cpu_count()} "
-        f"(prepare `--workers 0` = {workers} tokenizing threads; raw `encode_batch` on its own thread pool over all "
+        f"(prepare `--workers 0` = {workers} tokenizing threads; raw `encode_batch` on its own thread pool "
+        "over all "
         f"cores). Median of {REPEATS} interleaved rounds (seconds per round: raw encode_batch "
         f"{', '.join(f'{t:.2f}' for t in rates['raw_times'])}; prepare "
         f"{', '.join(f'{t:.2f}' for t in rates['prepare_times'])}; prepare --workers {PROCESS_WORKERS} "
@@ -272,45 +295,56 @@ def run() -> str:
         f"{raw_rate:,.0f} | 1.00 |",
         f"| raw `tokenizers` `encode_batch_fast` (same ids without character offsets; what prepare calls) | "
         f"{raw_tokens:,} | {rates['fast_rate']:,.0f} | {rates['fast_rate'] / raw_rate:.2f} |",
-        f"| `prepare_corpus` (read jsonl, hash source, shuffle, split, tokenize, write + hash shards, manifest) | "
+        "| `prepare_corpus` (read jsonl, hash source, shuffle, split, tokenize, write + hash shards, "
+        "manifest) | "
         f"{prepare_tokens:,} | {prepare_rate:,.0f} | {ratio:.2f} |",
-        f"| `prepare_corpus` `--workers {PROCESS_WORKERS}` ({PROCESS_WORKERS} tokenizing processes; same bytes) | "
+        f"| `prepare_corpus` `--workers {PROCESS_WORKERS}` ({PROCESS_WORKERS} tokenizing processes; same "
+        "bytes) | "
         f"{prepare_tokens:,} | {rates['process_rate']:,.0f} | {rates['process_rate'] / raw_rate:.2f} |",
         "",
         f"Tokenizing processes against threads: `--workers {PROCESS_WORKERS}` / `--workers 0` = "
-        f"**{rates['process_rate'] / prepare_rate:.2f}x** tokens/s on {os.cpu_count()} cores (the processes start "
-        "fresh interpreters, load the tokenizer each and pickle every chunk both ways; they pay where the main "
+        f"**{rates['process_rate'] / prepare_rate:.2f}x** tokens/s on {os.cpu_count()} cores (the processes "
+        "start "
+        "fresh interpreters, load the tokenizer each and pickle every chunk both ways; they pay where the "
+        "main "
         "thread's GIL-bound share, not the cores, is the limit, i.e. with many cores).",
         "",
-        f"Target: prepare >= 0.95x raw encode_batch. **{'met' if ratio >= 0.95 else 'NOT met'}** ({ratio:.3f}x; "
-        f"{prepare_rate / rates['fast_rate']:.3f}x of raw encode_batch_fast). Prepare's figure includes its fixed "
-        "costs (loading and hashing the tokenizer, hashing the source) and the main thread's reading, splitting "
+        f"Target: prepare >= 0.95x raw encode_batch. **{'met' if ratio >= 0.95 else 'NOT met'}** "
+        f"({ratio:.3f}x; "
+        f"{prepare_rate / rates['fast_rate']:.3f}x of raw encode_batch_fast). Prepare's figure includes its "
+        "fixed "
+        "costs (loading and hashing the tokenizer, hashing the source) and the main thread's reading, "
+        "splitting "
         "and writing, which share the same cores with the tokenizing threads.",
         "",
         f"Peak resident memory of prepare on one parquet file (a fresh process each; VmHWM from the "
         f"build_info.json prepare writes; base: {memory['characters']:,} characters in row groups of "
         f"{MEMORY_ROW_GROUP_ROWS} documents, repeated with distinct first lines; `--shuffle-buffer "
-        f"{MEMORY_SHUFFLE_BUFFER} --shard-tokens {MEMORY_SHARD_TOKENS}`, so that the bounded parts are full at 1x "
+        f"{MEMORY_SHUFFLE_BUFFER} --shard-tokens {MEMORY_SHARD_TOKENS}`, so that the bounded parts are full "
+        "at 1x "
         "already; all cores):",
         "",
         "| size | file | tokens | prepare wall time | peak RSS | ratio to 1x |",
         "|---|---:|---:|---:|---:|---:|",
         *memory_rows,
         "",
-        f"Target: peak memory independent of the file's size. **{'met' if largest_ratio < 1.25 else 'NOT met'}** "
+        "Target: peak memory independent of the file's size. "
+        f"**{'met' if largest_ratio < 1.25 else 'NOT met'}** "
         f"(largest ratio {largest_ratio:.2f}x for {MEMORY_FACTORS[-1]}x the file; bound: 1.25x).",
         "",
         f"Batch read vs training step ({read['batch']} tokens per batch; step = {read['description']}):",
         "",
         "| measurement | median | p99 |",
         "|---|---:|---:|",
-        f"| `BatchLoader.next_batch()` (memory-mapped shards, 3,000 reads incl. {read['restarts']} exhaustion "
+        f"| `BatchLoader.next_batch()` (memory-mapped shards, 3,000 reads incl. {read['restarts']} "
+        "exhaustion "
         f"restarts) | {read['read_median_s'] * 1e6:,.1f} µs | {read['read_p99_s'] * 1e6:,.1f} µs |",
         f"| one CPU training step ({torch.get_num_threads()} torch threads, 6 steps after 2 warm-up) | "
         f"{read['step_median_s'] * 1e3:,.1f} ms | |",
         f"| read / step | {share * 100:.3f} % | |",
         "",
-        f"Target: a batch read costs < 1% of a step. **{'met' if share < 0.01 else 'NOT met'}** ({share * 100:.3f} %).",
+        f"Target: a batch read costs < 1% of a step. **{'met' if share < 0.01 else 'NOT met'}** "
+        f"({share * 100:.3f} %).",
         "",
         "Command: `python -m benchmarks.run_all bench_data`",
     ]

@@ -8,7 +8,8 @@ documents repeated (each copy with a distinct first line) into 8 jsonl files; GP
 fresh Python process (so a peak is that route's own), rounds interleaved so that other load on the machine
 falls on every route alike; the two datatrove runs must give the same metadata_sha256.
 
-Run: `python -m benchmarks.run_all --update bench_datatrove` (its duration: BENCHMARKS.md, the section's last line).
+Run: `python -m benchmarks.run_all --update bench_datatrove` (its duration: BENCHMARKS.md, the section's last
+line).
 """
 
 from __future__ import annotations
@@ -58,7 +59,11 @@ print(json.dumps({"seconds": seconds, "metadata_sha256": metadata_sha256(manifes
 def _corpus(work: Path) -> tuple[str, int, int]:
     with open(FINEWEB_JSONL, encoding="utf-8") as handle:
         base = [json.loads(line)["text"] for line in handle if line.strip()]
-    rows = [f"copy {copy} of document {index}\n{text}" for copy in range(COPIES) for index, text in enumerate(base)]
+    rows = [
+        f"copy {copy} of document {index}\n{text}"
+        for copy in range(COPIES)
+        for index, text in enumerate(base)
+    ]
     folder = work / "corpus"
     folder.mkdir()
     for part in range(FILES):
@@ -73,8 +78,13 @@ def _measure(work: Path, source: str) -> dict[str, list[dict]]:
     for round_index in range(ROUNDS):
         for index, (name, engine, workers) in enumerate(ROUTES):
             out = work / f"out-{round_index}-{index}"
-            done = subprocess.run([sys.executable, "-c", CHILD, engine, str(workers), str(out), source, str(GPT2)],
-                                  capture_output=True, text=True, env=env, check=False)
+            done = subprocess.run(
+                [sys.executable, "-c", CHILD, engine, str(workers), str(out), source, str(GPT2)],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=False,
+            )
             if done.returncode != 0:
                 raise RuntimeError(f"{name}: {done.stderr.strip()[-2000:]}")
             results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -85,7 +95,8 @@ def _measure(work: Path, source: str) -> dict[str, list[dict]]:
 
 def run() -> str:
     if not (FINEWEB_JSONL.exists() and GPT2.exists()):
-        return "## Data: the datatrove route against pilotrun prepare\n\nSkipped: the shared fixtures are absent."
+        return ("## Data: the datatrove route against pilotrun prepare\n\nSkipped: the shared fixtures are "
+                "absent.")
     work = Path(tempfile.mkdtemp(prefix="bench-datatrove-"))
     try:
         source, documents, characters = _corpus(work)
@@ -103,25 +114,39 @@ def run() -> str:
         rows.append(f"| {name} | {tokens:,} | {tokens / seconds:,.0f} | {base / seconds:.2f} | "
                     f"{rounds} | {max(r['peak_mb'] for r in runs):.0f} MiB | "
                     f"{max(r['children_peak_mb'] for r in runs):.0f} MiB |")
-    return "\n".join([
-        "## Data: the datatrove route against pilotrun prepare",
-        "",
-        f"Corpus: the 150 FineWeb-Edu fixture documents x {COPIES} (distinct first lines), {documents:,} documents, "
-        f"{characters:,} characters in {FILES} jsonl files; GPT-2 tokenizer; val_fraction 0.01, default shard size. "
-        f"{os.cpu_count()} cores. Each run a fresh process; median of {ROUNDS} interleaved rounds. tokens/s is the "
-        "whole command's wall clock (the datatrove route includes its executor's start, the per-task hashing of the "
-        "input files and the merge, which rereads every shard). Peak: VmHWM of the command's own process; "
-        "largest descendant: RUSAGE_CHILDREN's ru_maxrss (prepare's tokenizing processes; for datatrove its "
-        "manager and forkserver: the pool workers are the forkserver's children, so their peak may be missing "
-        "from it, and the --workers 2 figure is a lower bound for a task's memory; with --workers 1 the tasks run "
-        "in the command's own process, its peak RSS).",
-        "",
-        "| route | tokens | tokens/s | speed vs threads | seconds per round | peak RSS | largest descendant |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-        *rows,
-        "",
-        f"The datatrove route with --workers 1 and --workers 2 gave the same metadata_sha256: **{'yes' if same else 'NO'}**. "
-        "On 2 shared cores the datatrove route pays for what it adds (a manager and forkserver process, per-task "
-        "interpreters importing datatrove, hashing inputs, the merge's reread); it is built for many cores and many "
-        "machines, where its tasks need no coordination beyond the final merge.",
-    ])
+    return "\n".join(
+        [
+            "## Data: the datatrove route against pilotrun prepare",
+            "",
+            f"Corpus: the 150 FineWeb-Edu fixture documents x {COPIES} (distinct first lines), {documents:,} "
+            "documents, "
+            f"{characters:,} characters in {FILES} jsonl files; GPT-2 tokenizer; val_fraction 0.01, default "
+            "shard size. "
+            f"{os.cpu_count()} cores. Each run a fresh process; median of {ROUNDS} interleaved rounds. "
+            "tokens/s is the "
+            "whole command's wall clock (the datatrove route includes its executor's start, the per-task "
+            "hashing of the "
+            "input files and the merge, which rereads every shard). Peak: VmHWM of the command's own "
+            "process; "
+            "largest descendant: RUSAGE_CHILDREN's ru_maxrss (prepare's tokenizing processes; for datatrove "
+            "its "
+            "manager and forkserver: the pool workers are the forkserver's children, so their peak may be "
+            "missing "
+            "from it, and the --workers 2 figure is a lower bound for a task's memory; with --workers 1 the "
+            "tasks run "
+            "in the command's own process, its peak RSS).",
+            "",
+            "| route | tokens | tokens/s | speed vs threads | seconds per round | peak RSS | largest "
+            "descendant |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+            *rows,
+            "",
+            "The datatrove route with --workers 1 and --workers 2 gave the same metadata_sha256: "
+            f"**{'yes' if same else 'NO'}**. "
+            "On 2 shared cores the datatrove route pays for what it adds (a manager and forkserver process, "
+            "per-task "
+            "interpreters importing datatrove, hashing inputs, the merge's reread); it is built for many "
+            "cores and many "
+            "machines, where its tasks need no coordination beyond the final merge.",
+        ]
+    )

@@ -36,15 +36,37 @@ STEPS = 20
 TARGET_WEAK_EFFICIENCY = 0.7
 
 
-def _train(data: Path, run_dir: Path, world_size: int, batch_size: int, sets: tuple[str, ...] = ()) -> dict[str, float]:
+def _train(
+    data: Path, run_dir: Path, world_size: int, batch_size: int, sets: tuple[str, ...] = ()
+) -> dict[str, float]:
     launcher = [sys.executable, "-m", "pilotrun"] if world_size == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
          "-m", "pilotrun"]
-    command = launcher + [
-        "train", "--config", str(ROOT / "configs" / "stability.yaml"), "--data", str(data), "--run-dir", str(run_dir),
-        "--set", f"train.batch_size={batch_size}", "--set", f"train.max_steps={STEPS}", "--set", "train.log.every=5",
-        "--set", "train.eval.every=0", "--set", "train.checkpoint.every=0", "--set", "train.num_threads=1",
-    ] + [argument for item in sets for argument in ("--set", item)]
+    command = (
+        launcher
+        + [
+            "train",
+            "--config",
+            str(ROOT / "configs" / "stability.yaml"),
+            "--data",
+            str(data),
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            f"train.batch_size={batch_size}",
+            "--set",
+            f"train.max_steps={STEPS}",
+            "--set",
+            "train.log.every=5",
+            "--set",
+            "train.eval.every=0",
+            "--set",
+            "train.checkpoint.every=0",
+            "--set",
+            "train.num_threads=1",
+        ]
+        + [argument for item in sets for argument in ("--set", item)]
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
@@ -163,32 +185,43 @@ def run() -> str:
     met = "met" if weak >= TARGET_WEAK_EFFICIENCY else "NOT met"
     return (
         "## Data-parallel scaling, 1 -> 2 ranks on the CPU (DDP, gloo)\n\n"
-        f"`pilotrun train` on configs/stability.yaml's model (seq_len 64, fp32, {STEPS} updates, one thread per "
+        f"`pilotrun train` on configs/stability.yaml's model (seq_len 64, fp32, {STEPS} updates, one thread "
+        "per "
         "rank), training tokens/s from each run's own metrics.jsonl (windows after the first). Best of "
         f"{REPEATS} alternating rounds.\n\n"
-        "| configuration | train tokens/s (best) | each round (load average before it) | vs 1 process |\n|---|---:|---|---:|\n"
+        "| configuration | train tokens/s (best) | each round (load average before it) | vs 1 process "
+        "|\n|---|---:|---|---:|\n"
         f"{rows}\n\n"
         f"- Weak scaling efficiency (global batch doubles): {weak:.2f} of ideal (ideal 1.00). "
         f"Target >= {TARGET_WEAK_EFFICIENCY}: **{met}**.\n"
         f"- Strong scaling (same global batch of 8): speedup {strong:.2f}x (ideal 2.00x).\n"
-        "- Newton-Schulz shared out (the default, `optim.muon.distribute_newton_schulz`: each rank orthogonalizes "
-        "half of the Muon matrices, one all_gather shares them; the same update bit for bit) against every rank "
-        f"orthogonalizing every matrix, measured side by side: weak {weak:.2f} vs {weak_replicated:.2f}, strong "
+        "- Newton-Schulz shared out (the default, `optim.muon.distribute_newton_schulz`: each rank "
+        "orthogonalizes "
+        "half of the Muon matrices, one all_gather shares them; the same update bit for bit) against every "
+        "rank "
+        f"orthogonalizing every matrix, measured side by side: weak {weak:.2f} vs {weak_replicated:.2f}, "
+        "strong "
         f"{strong:.2f}x vs {strong_replicated:.2f}x.\n"
-        f"- Communication: one gloo all-reduce of the model's {parameters:,} fp32 gradients between 2 processes "
+        f"- Communication: one gloo all-reduce of the model's {parameters:,} fp32 gradients between 2 "
+        "processes "
         f"took {allreduce * 1e3:.1f} ms (best of 20), against {1e3 * update_seconds:.0f} ms of training per "
         "update for 1 process at batch 8 (its tokens / its tokens/s): "
         f"{allreduce / update_seconds:.1%} of an update. Whatever the shortfall from ideal above this share "
-        "is, it is not the all-reduce; two compute processes on a 2-core machine share its memory bandwidth and "
+        "is, it is not the all-reduce; two compute processes on a 2-core machine share its memory bandwidth "
+        "and "
         "caches and any other load on it (not separately measured here).\n"
-        f"- Replicated work: one Muon+AdamW step of this model took {optimizer_step * 1e3:.0f} ms on one thread "
+        f"- Replicated work: one Muon+AdamW step of this model took {optimizer_step * 1e3:.0f} ms on one "
+        "thread "
         f"(best of 5), {optimizer_step / update_seconds:.0%} of a 1-process update. DDP runs the whole "
-        "optimizer step on every rank, so it does not shrink when the per-rank batch halves (except the Newton-Schulz "
-        "part, now shared out, see above). If everything else halved, strong scaling would be update / ((update - step) / 2 + step + all-reduce) = "
+        "optimizer step on every rank, so it does not shrink when the per-rank batch halves (except the "
+        "Newton-Schulz "
+        "part, now shared out, see above). If everything else halved, strong scaling would be update / "
+        "((update - step) / 2 + step + all-reduce) = "
         f"{predicted_strong:.2f}x; the measured {strong:.2f}x falls short of that too, and the rest "
         "(fixed per-microbatch costs of small batches, two processes on two cores) is not separated here.\n\n"
         "These figures are only as good as the machine was idle: with 2 cores, every other runnable process "
-        "(a load average above 0) takes from the 2 ranks' cores, twice as hard as from the 1 process, so on a "
+        "(a load average above 0) takes from the 2 ranks' cores, twice as hard as from the 1 process, so on "
+        "a "
         "shared machine the scaling figures swing from run to run; rerun on an idle machine before trusting "
         "them.\n\n"
         "Limits: 2 CPU cores on one machine (2 ranks leave no core for anything else), gloo all-reduce over "

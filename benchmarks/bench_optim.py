@@ -35,10 +35,10 @@ WARMUP = 2
 PEER_PAIRS = 30  # alternating pilotrun / torch.optim.Muon steps: their difference is a few percent at most
 # Target of the whole step (Muon + AdamW) against torch.optim.Muon + torch.optim.AdamW doing the same work.
 TARGET_STEP_OVER_TORCH = 1.0
-# Target: Newton-Schulz is nothing but matmuls, so an implementation without waste should run it at a FLOP rate
-# no lower than the model's own forward+backward (a mixed workload of matmuls, norms, routing and softmax) on
-# the same thread. Its absolute share of the step is a property of the shapes and the batch (FLOP model above),
-# not of the implementation, and is reported, not targeted.
+# Target: Newton-Schulz is nothing but matmuls, so an implementation without waste should run it at a FLOP
+# rate no lower than the model's own forward+backward (a mixed workload of matmuls, norms, routing and
+# softmax) on the same thread. Its absolute share of the step is a property of the shapes and the batch (FLOP
+# model above), not of the implementation, and is reported, not targeted.
 TARGET_NS_RATE_OVER_FWD_BWD_RATE = 1.0
 
 # CPU time of this process, one torch thread: the CPU cores are shared with other jobs, and CPU time stays
@@ -88,8 +88,9 @@ def _ns_flops(optimizer) -> tuple[float, float]:
 
 def torch_muon_with_fp32_newton_schulz():
     """torch.optim.Muon's own step with its Newton-Schulz function's single cast `grad.bfloat16()` changed to
-    `grad.float()` (its source, edited as text at run time, everything else torch's): torch has no fp32 option,
-    and this is the fp32 peer pilotrun's CPU default must be compared with. Returns a context manager."""
+    `grad.float()` (its source, edited as text at run time, everything else torch's): torch has no fp32
+    option, and this is the fp32 peer pilotrun's CPU default must be compared with. Returns a context
+    manager."""
     import contextlib
     import inspect
     import textwrap
@@ -98,7 +99,9 @@ def torch_muon_with_fp32_newton_schulz():
 
     source = textwrap.dedent(inspect.getsource(torch_muon._zeropower_via_newtonschulz))
     if source.count("grad.bfloat16()") != 1:
-        raise RuntimeError("torch.optim.Muon's Newton-Schulz changed: its bfloat16 cast is not where expected")
+        raise RuntimeError(
+            "torch.optim.Muon's Newton-Schulz changed: its bfloat16 cast is not where expected"
+        )
     namespace = dict(vars(torch_muon))
     exec(source.replace("grad.bfloat16()", "grad.float()"), namespace)  # noqa: S102 (torch's own source)
 
@@ -130,13 +133,13 @@ def newton_schulz_fp64_reference(matrix: torch.Tensor, steps: int = 5) -> torch.
 
 
 def compare_with_torch_muon(model) -> dict:
-    """pilotrun's Muon step (Muon groups only, fp32 NS) against torch.optim.Muon (fp32 NS) on the same matrices
-    and gradients, matched conventions: Nesterov momentum 0.95, 5 quintic steps, the same coefficients,
-    weight decay 0.1 decoupled, update scale 0.2 sqrt(max(A, B)) (torch's adjust_lr_fn="match_rms_adamw"). Each
-    routed-expert stack [E, A, B] is E separate 2-D parameters for torch (it takes 2-D only), one 3-D parameter
-    for pilotrun (orthogonalised per slice, the same matrices). Momentum forms differ (torch's EMA, pilotrun's
-    sum): Newton-Schulz normalises its input, so the direction is the same to rounding. Alternating steps,
-    CPU time, the median of per-pair ratios."""
+    """pilotrun's Muon step (Muon groups only, fp32 NS) against torch.optim.Muon (fp32 NS) on the same
+    matrices and gradients, matched conventions: Nesterov momentum 0.95, 5 quintic steps, the same
+    coefficients, weight decay 0.1 decoupled, update scale 0.2 sqrt(max(A, B)) (torch's
+    adjust_lr_fn="match_rms_adamw"). Each routed-expert stack [E, A, B] is E separate 2-D parameters for torch
+    (it takes 2-D only), one 3-D parameter for pilotrun (orthogonalised per slice, the same matrices).
+    Momentum forms differ (torch's EMA, pilotrun's sum): Newton-Schulz normalises its input, so the direction
+    is the same to rounding. Alternating steps, CPU time, the median of per-pair ratios."""
     groups = [dict(g, params=list(g["params"])) for g in build_optimizer(model, OptimConfig()).param_groups
               if g["use_muon"]]
     ours_params = [p.detach().clone().requires_grad_(True) for g in groups for p in g["params"]]
@@ -151,8 +154,15 @@ def compare_with_torch_muon(model) -> dict:
             leaf = matrix.clone().requires_grad_(True)
             leaf.grad = grad.clone()
             theirs_params.append(leaf)
-    theirs = torch.optim.Muon(theirs_params, lr=3e-3, weight_decay=0.1, momentum=0.95, nesterov=True, ns_steps=5,
-                              adjust_lr_fn="match_rms_adamw")
+    theirs = torch.optim.Muon(
+        theirs_params,
+        lr=3e-3,
+        weight_decay=0.1,
+        momentum=0.95,
+        nesterov=True,
+        ns_steps=5,
+        adjust_lr_fn="match_rms_adamw",
+    )
     start_weights = torch.cat([q.detach().reshape(-1) for q in ours_params])
     ratios, ours_times, theirs_times = [], [], []
     with torch_muon_with_fp32_newton_schulz():
@@ -168,13 +178,14 @@ def compare_with_torch_muon(model) -> dict:
                 ours_times.append(ours_time)
                 theirs_times.append(theirs_time)
                 ratios.append(ours_time / theirs_time)
-    # Both took the same steps from the same weights and gradients: how far apart did they end, relative to how
-    # far they moved?
+    # Both took the same steps from the same weights and gradients: how far apart did they end, relative to
+    # how far they moved?
     ours_now = torch.cat([q.detach().reshape(-1) for q in ours_params])
     theirs_now = torch.cat([q.detach().reshape(-1) for q in theirs_params])
     agreement = float((ours_now - theirs_now).abs().max() / (ours_now - start_weights).abs().max())
 
-    # Newton-Schulz alone, bf16 vs an fp64 reference, on every Muon matrix's gradient (relative Frobenius error).
+    # Newton-Schulz alone, bf16 vs an fp64 reference, on every Muon matrix's gradient (relative Frobenius
+    # error).
     matrices = [m for q in ours_params for m in q.grad.reshape(-1, *q.shape[-2:])]
     import torch.optim._muon as torch_muon
 
@@ -192,7 +203,8 @@ def compare_with_torch_muon(model) -> dict:
     ours_fp32 = worst_error(lambda m: muon_module.newton_schulz_orthogonalize(m, 5, torch.float32))
 
     # The largest stack the step builds (every Muon matrix of the most common short-side-first shape, across
-    # parameters and groups): one chain over the whole stack, the chunks pilotrun runs, one 2-D chain per matrix.
+    # parameters and groups): one chain over the whole stack, the chunks pilotrun runs, one 2-D chain per
+    # matrix.
     by_shape: dict[tuple, list] = {}
     for matrix in matrices:
         wide = matrix if matrix.shape[0] <= matrix.shape[1] else matrix.T
@@ -202,9 +214,12 @@ def compare_with_torch_muon(model) -> dict:
     schedule = muon_module.newton_schulz_schedule(5, "quintic")
     ways = {
         "whole": lambda: muon_module.newton_schulz_iterate(stack, schedule, torch.float32),
-        "chunked": lambda: [muon_module.newton_schulz_iterate(part, schedule, torch.float32)
-                            for part in stack.split(chunk)],
-        "looped": lambda: [muon_module.newton_schulz_iterate(m, schedule, torch.float32) for m in stack.unbind(0)],
+        "chunked": lambda: [
+            muon_module.newton_schulz_iterate(part, schedule, torch.float32) for part in stack.split(chunk)
+        ],
+        "looped": lambda: [
+            muon_module.newton_schulz_iterate(m, schedule, torch.float32) for m in stack.unbind(0)
+        ],
     }
     way_times = {name: [] for name in ways}
     for index in range(WARMUP + PEER_PAIRS // 3):
@@ -215,20 +230,27 @@ def compare_with_torch_muon(model) -> dict:
             if index >= WARMUP:
                 way_times[name].append(clock() - start)
     return {
-        "ours": statistics.median(ours_times), "theirs": statistics.median(theirs_times),
-        "ratio": statistics.median(ratios), "agreement": agreement, "matrices": len(matrices), "stack": tuple(stack.shape),
-        "ours_bf16": ours_bf16, "theirs_bf16": theirs_bf16, "ours_fp32": ours_fp32,
-        "chunk": chunk, **{name: statistics.median(seconds) for name, seconds in way_times.items()},
+        "ours": statistics.median(ours_times),
+        "theirs": statistics.median(theirs_times),
+        "ratio": statistics.median(ratios),
+        "agreement": agreement,
+        "matrices": len(matrices),
+        "stack": tuple(stack.shape),
+        "ours_bf16": ours_bf16,
+        "theirs_bf16": theirs_bf16,
+        "ours_fp32": ours_fp32,
+        "chunk": chunk,
+        **{name: statistics.median(seconds) for name, seconds in way_times.items()},
     }
 
 
 def compare_full_step_with_torch(model) -> dict:
-    """pilotrun's whole optimizer step (MuonAdamW over the real partition, default settings: fp32 Newton-Schulz on
-    the CPU) against a reference of equal work in the same process: torch.optim.Muon (fp32 Newton-Schulz, as in
-    compare_with_torch_muon) on the same Muon matrices, each routed-expert slice a 2-D parameter, plus
-    torch.optim.AdamW (the CPU default, single-tensor) on the same AdamW parameters, each group with pilotrun's
-    hyperparameters. Each takes its own copies of the weights and gradients. Rounds alternate which goes first;
-    CPU time; the median of per-round ratios."""
+    """pilotrun's whole optimizer step (MuonAdamW over the real partition, default settings: fp32
+    Newton-Schulz on the CPU) against a reference of equal work in the same process: torch.optim.Muon (fp32
+    Newton-Schulz, as in compare_with_torch_muon) on the same Muon matrices, each routed-expert slice a 2-D
+    parameter, plus torch.optim.AdamW (the CPU default, single-tensor) on the same AdamW parameters, each
+    group with pilotrun's hyperparameters. Each takes its own copies of the weights and gradients. Rounds
+    alternate which goes first; CPU time; the median of per-round ratios."""
     groups = build_optimizer(model, OptimConfig()).param_groups
 
     def copies(params, grads=None):
@@ -245,10 +267,19 @@ def compare_full_step_with_torch(model) -> dict:
         if g["use_muon"]:
             slices = [m for p in g["params"] for m in p.detach().reshape(-1, *p.shape[-2:]).unbind(0)]
             grads = [m for p in g["params"] for m in p.grad.reshape(-1, *p.shape[-2:]).unbind(0)]
-            muon_groups.append({"params": copies(slices, grads), "lr": g["lr"], "weight_decay": g["weight_decay"]})
+            muon_groups.append(
+                {"params": copies(slices, grads), "lr": g["lr"], "weight_decay": g["weight_decay"]}
+            )
         else:
-            adamw_groups.append({"params": copies(g["params"]), "lr": g["lr"], "weight_decay": g["weight_decay"],
-                                 "betas": g["betas"], "eps": g["eps"]})
+            adamw_groups.append(
+                {
+                    "params": copies(g["params"]),
+                    "lr": g["lr"],
+                    "weight_decay": g["weight_decay"],
+                    "betas": g["betas"],
+                    "eps": g["eps"],
+                }
+            )
     muon_cfg = OptimConfig().muon
     torch_muon = torch.optim.Muon(muon_groups, momentum=muon_cfg.momentum, nesterov=muon_cfg.nesterov,
                                   ns_steps=muon_cfg.ns_steps, adjust_lr_fn="match_rms_adamw")
@@ -337,7 +368,9 @@ def _measure() -> str:
     all_params = [p for p in model.parameters() if p.requires_grad]
     torch_adamw = torch.optim.AdamW(all_params, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
     torch_adamw_seconds = _median_seconds(torch_adamw.step)
-    torch_adamw_foreach = torch.optim.AdamW(all_params, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
+    torch_adamw_foreach = torch.optim.AdamW(
+        all_params, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1, foreach=True
+    )
     torch_adamw_foreach_seconds = _median_seconds(torch_adamw_foreach.step)
     ours_adamw_only = MuonAdamW([{"params": all_params, "use_muon": False, "lr": 3e-3, "weight_decay": 0.1}])
     ours_adamw_only_seconds = _median_seconds(ours_adamw_only.step)
@@ -355,20 +388,26 @@ def _measure() -> str:
     lines = [
         "## Optimizer step: Muon + AdamW vs AdamW-only (cpu preset)",
         "",
-        f"Model: `cpu` preset at vocab {VOCAB}, {n_total:,} weights ({n_muon:,} in Muon groups, the stacked experts"
-        f" orthogonalised per expert slice). Gradients from one forward/backward of a {BATCH}x{SEQ} batch (the"
+        f"Model: `cpu` preset at vocab {VOCAB}, {n_total:,} weights ({n_muon:,} in Muon groups, the stacked "
+        "experts"
+        f" orthogonalised per expert slice). Gradients from one forward/backward of a {BATCH}x{SEQ} batch "
+        "(the"
         f" stability recipe's microbatch), held fixed. Times are CPU seconds of one torch thread"
-        f" (`time.process_time`; robust to other jobs on the machine), median of {REPEATS} steps after {WARMUP}"
+        f" (`time.process_time`; robust to other jobs on the machine), median of {REPEATS} steps after "
+        f"{WARMUP}"
         " warm-up steps.",
         "",
         "| measurement | CPU ms per step | vs torch AdamW (default) |",
         "|---|---:|---:|",
         f"| Muon + AdamW (pilotrun MuonAdamW, real partition) | {muon_seconds * ms:.1f} |"
         f" {muon_seconds / torch_adamw_seconds:.2f}x |",
-        f"| of which Newton-Schulz ({ns_clock['calls'] // steps} stacked chains per step) | {ns_seconds * ms:.1f} |"
-        f" {ns_share:.0%} of the same steps ({wrapped_step_seconds * ms:.1f} ms mean, timed in a separate run of"
+        f"| of which Newton-Schulz ({ns_clock['calls'] // steps} stacked chains per step) | "
+        f"{ns_seconds * ms:.1f} |"
+        f" {ns_share:.0%} of the same steps ({wrapped_step_seconds * ms:.1f} ms mean, timed in a separate "
+        "run of"
         f" {steps} with Newton-Schulz instrumented; the row above is the median of uninstrumented steps) |",
-        f"| AdamW-only, torch.optim.AdamW (CPU default: single-tensor) | {torch_adamw_seconds * ms:.1f} | 1.00x |",
+        f"| AdamW-only, torch.optim.AdamW (CPU default: single-tensor) | {torch_adamw_seconds * ms:.1f} | "
+        "1.00x |",
         f"| AdamW-only, torch.optim.AdamW(foreach=True) | {torch_adamw_foreach_seconds * ms:.1f} |"
         f" {torch_adamw_foreach_seconds / torch_adamw_seconds:.2f}x |",
         f"| AdamW-only, pilotrun MuonAdamW with one AdamW group | {ours_adamw_only_seconds * ms:.1f} |"
@@ -378,33 +417,44 @@ def _measure() -> str:
         f"| forward + backward of a {BATCH}x{LONG_SEQ} batch | {fwd_bwd_long_seconds * ms:.1f} |"
         f" {fwd_bwd_long_seconds / torch_adamw_seconds:.2f}x |",
         "",
-        f"Muon + AdamW step / forward+backward: {muon_seconds / fwd_bwd_seconds:.2f} at {BATCH * SEQ} tokens per"
-        f" update, {muon_seconds / fwd_bwd_long_seconds:.2f} at {BATCH * LONG_SEQ} tokens (the step does not depend"
+        f"Muon + AdamW step / forward+backward: {muon_seconds / fwd_bwd_seconds:.2f} at {BATCH * SEQ} tokens "
+        "per"
+        f" update, {muon_seconds / fwd_bwd_long_seconds:.2f} at {BATCH * LONG_SEQ} tokens (the step does not "
+        "depend"
         " on the tokens; this is a single-microbatch update, without gradient accumulation).",
         "",
         f"FLOP model: Newton-Schulz does {ns_flops / 1e9:.2f} GFLOP per step, forward+backward of the Muon"
         f" matrices about {muon_fwd_bwd_flops / 1e9:.2f} GFLOP at {BATCH * SEQ} tokens (ratio"
-        f" {ns_flops / muon_fwd_bwd_flops:.2f}). NS cost is fixed per update while forward+backward grows with"
+        f" {ns_flops / muon_fwd_bwd_flops:.2f}). NS cost is fixed per update while forward+backward grows "
+        "with"
         " the tokens per update, so for these shapes the same model gives"
         f" {ns_flops / (muon_fwd_bwd_flops * 262144 / (BATCH * SEQ)):.2%} at 262,144 tokens per update"
         " (128 x 2048): Muon's overhead is a small-batch cost.",
         "",
-        f"Achieved rates on one torch thread: Newton-Schulz {ns_rate / 1e9:.1f} GFLOP/s, the model's forward+backward"
+        f"Achieved rates on one torch thread: Newton-Schulz {ns_rate / 1e9:.1f} GFLOP/s, the model's "
+        "forward+backward"
         f" {fwd_bwd_rate / 1e9:.1f} GFLOP/s ({model_fwd_bwd_flops / 1e9:.2f} GFLOP by"
         " `accounting.flops_per_token`).",
         "",
-        f"Target: Newton-Schulz runs at >= {TARGET_NS_RATE_OVER_FWD_BWD_RATE:.1f}x the forward+backward FLOP rate"
-        f" (no waste around its matmuls). Measured {ns_rate / fwd_bwd_rate:.2f}x: {'met' if met else 'NOT met'}.",
+        f"Target: Newton-Schulz runs at >= {TARGET_NS_RATE_OVER_FWD_BWD_RATE:.1f}x the forward+backward FLOP "
+        "rate"
+        f" (no waste around its matmuls). Measured {ns_rate / fwd_bwd_rate:.2f}x: "
+        f"{'met' if met else 'NOT met'}.",
         "",
         "### Muon against torch.optim.Muon (the same matrices and gradients)",
         "",
         f"The Muon step alone on the {peer['matrices']} Muon matrices above (each routed-expert stack as its"
         " experts' matrices), fp32 Newton-Schulz on both sides: torch.optim.Muon of the installed torch, its"
-        " Newton-Schulz function's one `bfloat16()` cast replaced by `float()` at run time (torch offers no fp32"
-        " option; everything else is torch's code), against pilotrun MuonAdamW with `ns_dtype: float32`. Matched"
-        " conventions: Nesterov momentum 0.95, 5 quintic steps with the same coefficients, decoupled weight decay"
-        " 0.1, update scale 0.2 sqrt(max(A, B)) (torch's `adjust_lr_fn=\"match_rms_adamw\"`); torch's momentum"
-        " is an EMA, pilotrun's a sum, the same direction after Newton-Schulz's normalisation. Alternating steps,"
+        " Newton-Schulz function's one `bfloat16()` cast replaced by `float()` at run time (torch offers no "
+        "fp32"
+        " option; everything else is torch's code), against pilotrun MuonAdamW with `ns_dtype: float32`. "
+        "Matched"
+        " conventions: Nesterov momentum 0.95, 5 quintic steps with the same coefficients, decoupled weight "
+        "decay"
+        " 0.1, update scale 0.2 sqrt(max(A, B)) (torch's `adjust_lr_fn=\"match_rms_adamw\"`); torch's "
+        "momentum"
+        " is an EMA, pilotrun's a sum, the same direction after Newton-Schulz's normalisation. Alternating "
+        "steps,"
         f" CPU time of the process, one torch thread, {PEER_PAIRS} pairs after {WARMUP} warm-up pairs.",
         "",
         "| measurement | pilotrun | torch.optim.Muon | ratio |",
@@ -417,30 +467,41 @@ def _measure() -> str:
         f"| the same, median over the gradients | {peer['ours_bf16'][1]:.2e} | {peer['theirs_bf16'][1]:.2e} |"
         f" {peer['ours_bf16'][1] / peer['theirs_bf16'][1]:.2f}x |",
         "",
-        f"Weights after the same {WARMUP + PEER_PAIRS} steps: max |pilotrun - torch| = {peer['agreement']:.1e}"
+        f"Weights after the same {WARMUP + PEER_PAIRS} steps: max |pilotrun - torch| = "
+        f"{peer['agreement']:.1e}"
         " of the largest change either made (they agree to rounding). pilotrun's fp32 Newton-Schulz is"
         f" {peer['ours_fp32'][0]:.1e} from the fp64 iteration (worst matrix).",
         "",
-        f"Targets: the Muon step <= 1.0x torch.optim.Muon's CPU time: {'met' if peer['ratio'] <= 1.0 else 'NOT met'}"
+        "Targets: the Muon step <= 1.0x torch.optim.Muon's CPU time: "
+        f"{'met' if peer['ratio'] <= 1.0 else 'NOT met'}"
         f" ({peer['ratio']:.3f}x); bf16 Newton-Schulz error no worse than torch's:"
         f" {'met' if bf16_no_worse else 'NOT met'}"
         " (worst and median).",
         "",
-        f"The largest stack the step builds, {peer['stack'][0]} matrices {list(peer['stack'][1:])} (every Muon"
-        " matrix of that shape, tall ones transposed, across parameters and groups), orthogonalized as one stacked"
-        f" chain (`bmm` / `baddbmm`) took {peer['whole'] * ms:.1f} ms, in pilotrun's chunks of {peer['chunk']}"
-        f" {peer['chunked'] * ms:.1f} ms, as one 2-D chain per matrix {peer['looped'] * ms:.1f} ms (CPU, medians of"
-        f" {PEER_PAIRS // 3} rounds in rotating order; chunked/looped {peer['chunked'] / peer['looped']:.2f}x,"
-        f" whole/looped {peer['whole'] / peer['looped']:.2f}x). On the CPU one chain over a whole stack streams"
+        f"The largest stack the step builds, {peer['stack'][0]} matrices {list(peer['stack'][1:])} (every "
+        "Muon"
+        " matrix of that shape, tall ones transposed, across parameters and groups), orthogonalized as one "
+        "stacked"
+        f" chain (`bmm` / `baddbmm`) took {peer['whole'] * ms:.1f} ms, in pilotrun's chunks of "
+        f"{peer['chunk']}"
+        f" {peer['chunked'] * ms:.1f} ms, as one 2-D chain per matrix {peer['looped'] * ms:.1f} ms (CPU, "
+        "medians of"
+        f" {PEER_PAIRS // 3} rounds in rotating order; chunked/looped "
+        f"{peer['chunked'] / peer['looped']:.2f}x,"
+        f" whole/looped {peer['whole'] / peer['looped']:.2f}x). On the CPU one chain over a whole stack "
+        "streams"
         " every product through memory; the chunks keep a chain's working set near the L2 cache"
         " (`NEWTON_SCHULZ_CPU_CHUNK_BYTES`). Every matrix gets the bits of its own 2-D chain on this CPU"
         " (tests/optim).",
         "",
         "### The whole optimizer step against torch.optim.Muon + torch.optim.AdamW",
         "",
-        f"pilotrun MuonAdamW over the real partition with its default settings (fp32 Newton-Schulz on the CPU) against"
-        f" a reference of equal work in the same process: torch.optim.Muon (fp32 Newton-Schulz, as above) on the"
-        f" same {whole['muon_matrices']} Muon matrices plus torch.optim.AdamW (single-tensor, the CPU default) on the"
+        "pilotrun MuonAdamW over the real partition with its default settings (fp32 Newton-Schulz on the "
+        "CPU) against"
+        " a reference of equal work in the same process: torch.optim.Muon (fp32 Newton-Schulz, as above) on "
+        "the"
+        f" same {whole['muon_matrices']} Muon matrices plus torch.optim.AdamW (single-tensor, the CPU "
+        "default) on the"
         f" same {whole['adamw_tensors']} AdamW tensors, each group with pilotrun's hyperparameters. Rounds"
         f" alternate which goes first; CPU time of the process, one torch thread; {PEER_PAIRS} rounds after"
         f" {WARMUP} warm-up rounds.",
@@ -452,9 +513,12 @@ def _measure() -> str:
         f" {whole['theirs'] * ms:.1f} | {whole['ratio']:.3f}x |",
         "",
         f"Target: the optimizer step <= {TARGET_STEP_OVER_TORCH:.1f}x the reference:"
-        f" {'met' if whole['ratio'] <= TARGET_STEP_OVER_TORCH else 'NOT met'} ({whole['ratio']:.3f}x). Both spend"
-        " most of the step in the same fp32 matmuls (Newton-Schulz, above), which run at this core's matmul rate"
-        " either way; pilotrun's margin is what it saves around them (stacked chains, fused multiply-adds, one"
+        f" {'met' if whole['ratio'] <= TARGET_STEP_OVER_TORCH else 'NOT met'} ({whole['ratio']:.3f}x). Both "
+        "spend"
+        " most of the step in the same fp32 matmuls (Newton-Schulz, above), which run at this core's matmul "
+        "rate"
+        " either way; pilotrun's margin is what it saves around them (stacked chains, fused multiply-adds, "
+        "one"
         " foreach call per AdamW operation).",
         "",
         "Command: `python -m benchmarks.run_all bench_optim`",

@@ -1,13 +1,14 @@
 """The hash chain's cost per train event, against a CPU update of the stability recipe.
 
-Every metrics.jsonl line carries a sha256 chaining it to the line before (pilotrun/run/record.py), so each event
-costs one more hash of its text than a plain JSON line. The events timed are real: the train events of a
-short run of the stability recipe (its model, batch and MoE diagnostics, so each line is as long as a pilot's),
-written again through MetricsWriter (the chained line) and through the same dumps + write + flush without the
-chain, alternating event by event into two files on the same disk. The difference of the medians is the
-chain's cost per event; the update it is compared with is the same run's training-only seconds per update
-(its own windows). Both are CPU time of this thread (`time.thread_time`), which does not count the time the
-thread waited for a core on a shared machine. Target: the chain's cost per train event under 1% of an update.
+Every metrics.jsonl line carries a sha256 chaining it to the line before (pilotrun/run/record.py), so each
+event costs one more hash of its text than a plain JSON line. The events timed are real: the train events of a
+short run of the stability recipe (its model, batch and MoE diagnostics, so each line is as long as a
+pilot's), written again through MetricsWriter (the chained line) and through the same dumps + write + flush
+without the chain, alternating event by event into two files on the same disk. The difference of the medians
+is the chain's cost per event; the update it is compared with is the same run's training-only seconds per
+update (its own windows). Both are CPU time of this thread (`time.thread_time`), which does not count the time
+the thread waited for a core on a shared machine. Target: the chain's cost per train event under 1% of an
+update.
 """
 
 from __future__ import annotations
@@ -33,8 +34,17 @@ def _real_train_events(data_dir: Path, run_dir: Path) -> tuple[list[dict], float
     from pilotrun.training.timing import TimeAccount
     from pilotrun.training.trainer import Trainer
 
-    config = load_run_config(RECIPE, [f"train.max_steps={UPDATES}", "train.eval.every=0", "train.checkpoint.every=0",
-                                      "train.log.every=2", "train.device=cpu", "train.num_threads=1"])
+    config = load_run_config(
+        RECIPE,
+        [
+            f"train.max_steps={UPDATES}",
+            "train.eval.every=0",
+            "train.checkpoint.every=0",
+            "train.log.every=2",
+            "train.device=cpu",
+            "train.num_threads=1",
+        ],
+    )
     trainer = Trainer(config, data_dir, run_dir, progress=False, out=io.StringIO())
     trainer.account = TimeAccount(clock=time.thread_time)
     result = trainer.run()
@@ -64,7 +74,9 @@ def run() -> str:
         chained_times, plain_times = [], []
         for repeat in range(REPEATS):
             event = events[repeat % len(events)]
-            fields = {k: v for k, v in event.items() if k not in ("event", "time", "session_id", *COUNTER_KEYS)}
+            fields = {
+                k: v for k, v in event.items() if k not in ("event", "time", "session_id", *COUNTER_KEYS)
+            }
             counters = Counters.of(event)
             order = (0, 1) if repeat % 2 == 0 else (1, 0)
             for side in order:
@@ -72,8 +84,13 @@ def run() -> str:
                 if side == 0:
                     chained.log("train", counters, **fields)
                 else:
-                    record = {"event": "train", "time": time.time(), "session_id": "bench", **counters.as_dict(),
-                              **fields}
+                    record = {
+                        "event": "train",
+                        "time": time.time(),
+                        "session_id": "bench",
+                        **counters.as_dict(),
+                        **fields,
+                    }
                     plain.write(dumps_line(record) + "\n")
                     plain.flush()
                 (chained_times if side == 0 else plain_times).append(time.thread_time() - started)
@@ -84,29 +101,36 @@ def run() -> str:
     cost_us = chained_us - plain_us
     share = cost_us * 1e-6 / update_seconds
     met = "met" if share < TARGET else "NOT met"
-    return "\n".join([
-        "## Run record: the hash chain's cost per train event",
-        "",
-        f"Events: the {len(events)} train events of a {UPDATES}-update run of configs/stability.yaml (log_every 2; "
-        f"{min(line_bytes):,}-{max(line_bytes):,} bytes a line), each written {REPEATS // len(events)} times "
-        "through `MetricsWriter.log` (chained) and through the same JSON line without the chain, alternating; "
-        "CPU time of this thread, medians.",
-        "",
-        "| measurement | per train event |",
-        "|---|---:|",
-        f"| JSON line, write + flush, no chain | {plain_us:.1f} µs |",
-        f"| `MetricsWriter.log` (the same + sha256 chain) | {chained_us:.1f} µs |",
-        f"| the chain's cost (difference) | {cost_us:.1f} µs |",
-        f"| one CPU update of the stability recipe (the same run's training-only seconds) | "
-        f"{update_seconds * 1e3:.1f} ms |",
-        "",
-        f"Target: the chain's cost per train event under {TARGET:.0%} of an update: **{met}** ({share:.4%}). A "
-        "train event is written once per log window (every 5 to 10 updates in the recipes), so per update the "
-        "share is smaller still.",
-        "",
-        "Command: `python -m benchmarks.run_all bench_record`",
-        "",
-    ])
+    return "\n".join(
+        [
+            "## Run record: the hash chain's cost per train event",
+            "",
+            f"Events: the {len(events)} train events of a {UPDATES}-update run of configs/stability.yaml "
+            "(log_every 2; "
+            f"{min(line_bytes):,}-{max(line_bytes):,} bytes a line), each written {REPEATS // len(events)} "
+            "times "
+            "through `MetricsWriter.log` (chained) and through the same JSON line without the chain, "
+            "alternating; "
+            "CPU time of this thread, medians.",
+            "",
+            "| measurement | per train event |",
+            "|---|---:|",
+            f"| JSON line, write + flush, no chain | {plain_us:.1f} µs |",
+            f"| `MetricsWriter.log` (the same + sha256 chain) | {chained_us:.1f} µs |",
+            f"| the chain's cost (difference) | {cost_us:.1f} µs |",
+            f"| one CPU update of the stability recipe (the same run's training-only seconds) | "
+            f"{update_seconds * 1e3:.1f} ms |",
+            "",
+            f"Target: the chain's cost per train event under {TARGET:.0%} of an update: **{met}** "
+            f"({share:.4%}). A "
+            "train event is written once per log window (every 5 to 10 updates in the recipes), so per "
+            "update the "
+            "share is smaller still.",
+            "",
+            "Command: `python -m benchmarks.run_all bench_record`",
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,18 @@ def _build(run_dir: Path, max_steps: int, log_every: int, every: int):
         sys.path.insert(0, str(ROOT))
     from tests.report.synthetic import SyntheticRun
 
-    run = SyntheticRun(run_dir, max_steps=max_steps, log_every=log_every, eval_every=every, checkpoint_every=every,
-                       moe_layers=3, experts=8, attn_layers=4, heads=4, train_split_tokens=400_000)
+    run = SyntheticRun(
+        run_dir,
+        max_steps=max_steps,
+        log_every=log_every,
+        eval_every=every,
+        checkpoint_every=every,
+        moe_layers=3,
+        experts=8,
+        attn_layers=4,
+        heads=4,
+        train_split_tokens=400_000,
+    )
     run.start_session()
     run.train_until(max_steps // 2 + log_every + 3)  # killed a few updates past a logged window
     run.kill()
@@ -65,7 +75,9 @@ def run() -> str:
             _build(run_dir, max_steps, log_every, every)
             lines = sum(1 for _ in open(run_dir / "metrics.jsonl"))
             size_mb = (run_dir / "metrics.jsonl").stat().st_size / 2**20
-            t_sum, summary = _best(lambda run_dir=run_dir, steps=max_steps: summarize_run(run_dir, require_step=steps))
+            t_sum, summary = _best(
+                lambda run_dir=run_dir, steps=max_steps: summarize_run(run_dir, require_step=steps)
+            )
             assert summary.valid, summary.reasons
             t_verdict, verdict = _best(lambda summary=summary: judge_summary(summary))
             t_report, _ = _best(lambda verdict=verdict: write_report(verdict))
@@ -74,22 +86,28 @@ def run() -> str:
         shutil.rmtree(work, ignore_errors=True)
     cpu_total = sum(rows[0][4:7])
     met = cpu_total <= TARGET_SECONDS
-    table = ["| record | updates | events | metrics.jsonl MB | summarize s | verdict s | report s | total s | "
-             "summarize events/s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    table = [
+        "| record | updates | events | metrics.jsonl MB | summarize s | verdict s | report s | total s | "
+        "summarize events/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, steps, lines, mb, ts, tv, tr in rows:
         table.append(f"| {name} | {steps:,} | {lines:,} | {mb:.2f} | {ts:.3f} | {tv:.4f} | {tr:.2f} | "
                      f"{ts + tv + tr:.2f} | {lines / ts:,.0f} |")
-    return "\n".join([
-        "## Evidence stage: summarize, verdict and report",
-        "",
-        "Synthetic records with one kill and one resume (see the module docstring); best of "
-        f"{REPEATS} per stage.",
-        "",
-        *table,
-        "",
-        f"Target: the CPU pilot's evidence stage <= {TARGET_SECONDS:.0f} s (5% of the 10-minute `make pilot` budget): "
-        f"measured {cpu_total:.2f} s, {cpu_total / 600:.1%} of 600 s: **{'met' if met else 'NOT met'}**. "
-        f"The report (7 PNGs) dominates; summarize grows with the number of events.",
-        "",
-        "`python -m benchmarks.run_all bench_report`",
-    ])
+    return "\n".join(
+        [
+            "## Evidence stage: summarize, verdict and report",
+            "",
+            "Synthetic records with one kill and one resume (see the module docstring); best of "
+            f"{REPEATS} per stage.",
+            "",
+            *table,
+            "",
+            f"Target: the CPU pilot's evidence stage <= {TARGET_SECONDS:.0f} s (5% of the 10-minute `make "
+            "pilot` budget): "
+            f"measured {cpu_total:.2f} s, {cpu_total / 600:.1%} of 600 s: **{'met' if met else 'NOT met'}**. "
+            f"The report (7 PNGs) dominates; summarize grows with the number of events.",
+            "",
+            "`python -m benchmarks.run_all bench_report`",
+        ]
+    )

@@ -3,21 +3,21 @@
 Both sides train the same model (the CPU stability recipe's shapes, same seed, so the same initial weights)
 with the same combined Muon+AdamW optimizer on the same batches (the same BatchLoader over the built-in
 corpus), and both do everything an update needs (docs/MODEL.md, "One optimizer step"): LR from the schedule,
-forward, backward, apply_update (clip + step), QK-Clip and the expert-bias update, statistics reset. The
-bare loop does nothing else; the trainer adds its counters, window accumulators, signal check and the time accounting, and its
-logging, which the time split charges to "other". The figure compared is the trainer's own training-only
-seconds (its `train` windows, which sum to session_end's time_split) against the bare loop's seconds for the
-same updates, both on the same clock (below).
+forward, backward, apply_update (clip + step), QK-Clip and the expert-bias update, statistics reset. The bare
+loop does nothing else; the trainer adds its counters, window accumulators, signal check and the time
+accounting, and its logging, which the time split charges to "other". The figure compared is the trainer's own
+training-only seconds (its `train` windows, which sum to session_end's time_split) against the bare loop's
+seconds for the same updates, both on the same clock (below).
 
-Rounds alternate trainer / bare so that load drift hits both alike. The trainer logs every WINDOW updates,
-so its time split gives the training-only seconds of each window; the bare loop times each of its updates and
-sums them over the same windows. Both sides run one intra-op thread and read the same clock: the thread's CPU time
-(`time.thread_time`, given to the trainer's TimeAccount as its clock). On a 2-core machine shared with other
-work, wall-clock seconds of single updates move between identical runs by far more than the 3% to be shown;
-CPU time of the one computing thread does not count the time the thread was pre-empted, which is what the
-harness comparison needs. Both sides compute bit-identical updates
-(same seed, same batches), so window k of one is paired with window k of the other; the median paired ratio
-decides. Target: the trainer at most 3% slower.
+Rounds alternate trainer / bare so that load drift hits both alike. The trainer logs every WINDOW updates, so
+its time split gives the training-only seconds of each window; the bare loop times each of its updates and
+sums them over the same windows. Both sides run one intra-op thread and read the same clock: the thread's CPU
+time (`time.thread_time`, given to the trainer's TimeAccount as its clock). On a 2-core machine shared with
+other work, wall-clock seconds of single updates move between identical runs by far more than the 3% to be
+shown; CPU time of the one computing thread does not count the time the thread was pre-empted, which is what
+the harness comparison needs. Both sides compute bit-identical updates (same seed, same batches), so window k
+of one is paired with window k of the other; the median paired ratio decides. Target: the trainer at most 3%
+slower.
 """
 
 from __future__ import annotations
@@ -41,9 +41,17 @@ TARGET = 1.03
 def _config(updates: int):
     from pilotrun.config import load_run_config
 
-    return load_run_config(RECIPE, [f"train.max_steps={updates}", "train.eval.every=0", "train.checkpoint.every=0",
-                                    f"train.log.every={WINDOW}", "train.device=cpu",
-                                    "train.num_threads=1"])
+    return load_run_config(
+        RECIPE,
+        [
+            f"train.max_steps={updates}",
+            "train.eval.every=0",
+            "train.checkpoint.every=0",
+            f"train.log.every={WINDOW}",
+            "train.device=cpu",
+            "train.num_threads=1",
+        ],
+    )
 
 
 def trainer_update_seconds(data_dir: Path, work: Path, updates: int, index: int) -> list[float]:
@@ -135,7 +143,8 @@ def run() -> str:
         bare_times: list[float] = []
         rounds = []
         for index in range(ROUNDS):
-            trainer = trainer_update_seconds(data_dir, work, UPDATES, index)[1:]  # drop each run's first window
+            # drop each run's first window
+            trainer = trainer_update_seconds(data_dir, work, UPDATES, index)[1:]
             bare_updates = bare_update_seconds(data_dir, UPDATES)
             bare = [sum(bare_updates[k:k + WINDOW]) for k in range(0, UPDATES, WINDOW)][1:]
             trainer_times += trainer
@@ -144,7 +153,8 @@ def run() -> str:
             rounds.append((sum(trainer), sum(bare)))
 
     ratio = statistics.median(paired)
-    # 95% confidence interval of the median from order statistics (distribution-free): ranks n/2 -+ 0.98 sqrt(n).
+    # 95% confidence interval of the median from order statistics (distribution-free): ranks n/2 -+ 0.98
+    # sqrt(n).
     ordered = sorted(paired)
     half_width = int(math.ceil(0.98 * math.sqrt(len(ordered))))
     low = ordered[max(0, len(ordered) // 2 - half_width)]
@@ -156,11 +166,15 @@ def run() -> str:
     lines = [
         "## Trainer harness overhead (training-only time per update vs a bare loop)",
         "",
-        f"CPU stability recipe shapes (d_model 128, 4 layers, 8 routed experts; batch 8 x 64, fp32), {ROUNDS} "
-        f"alternating rounds of {UPDATES} updates per side in windows of {WINDOW} (the first window of each run "
-        "dropped), 1 torch thread, CPU seconds of the computing thread. Trainer: training-only seconds of each "
+        "CPU stability recipe shapes (d_model 128, 4 layers, 8 routed experts; batch 8 x 64, fp32), "
+        f"{ROUNDS} "
+        f"alternating rounds of {UPDATES} updates per side in windows of {WINDOW} (the first window of each "
+        "run "
+        "dropped), 1 torch thread, CPU seconds of the computing thread. Trainer: training-only seconds of "
+        "each "
         f"window from its own time split (log_every {WINDOW}); bare loop: the same update work (schedule, "
-        "forward, backward, clip + step, QK-Clip, expert bias) with no counters, logging or accounting, timed "
+        "forward, backward, clip + step, QK-Clip, expert bias) with no counters, logging or accounting, "
+        "timed "
         "per update and summed over the same windows.",
         "",
         "| round | trainer s/update | bare loop s/update | ratio |",
@@ -173,10 +187,13 @@ def run() -> str:
         f"| all | {total_trainer / (n * ROUNDS):.4f} | {total_bare / (n * ROUNDS):.4f} | "
         f"{total_trainer / total_bare:.3f} |",
         "",
-        f"Median of the {len(paired)} paired per-window ratios: {ratio:.3f}, 95% confidence interval {low:.3f} "
+        f"Median of the {len(paired)} paired per-window ratios: {ratio:.3f}, 95% confidence interval "
+        f"{low:.3f} "
         f"to {high:.3f} (single windows: 25th-75th percentile {statistics.quantiles(paired, n=4)[0]:.3f} to "
-        f"{statistics.quantiles(paired, n=4)[2]:.3f}, the noise of one window on this machine). Target: trainer "
-        f"at most {100 * (TARGET - 1):.0f}% slower (median paired ratio <= {TARGET}): {'met' if met else 'NOT met'}"
+        f"{statistics.quantiles(paired, n=4)[2]:.3f}, the noise of one window on this machine). Target: "
+        "trainer "
+        f"at most {100 * (TARGET - 1):.0f}% slower (median paired ratio <= {TARGET}): "
+        f"{'met' if met else 'NOT met'}"
         f"{'' if high <= TARGET else caveat}.",
         "",
         "Command: `python -m benchmarks.run_all bench_trainer`",
@@ -220,8 +237,9 @@ def detection_seconds(calls: int = DETECTION_CALLS) -> tuple[float, float]:
 
 
 def rollback_cost(data_dir: Path, work: Path) -> dict:
-    """One rollback in the stability recipe: a poisoned microbatch (the test seam of tests/training/spike_faults.py,
-    inlined) at update 27, checkpoints every 20; the figures its record gives."""
+    """One rollback in the stability recipe: a poisoned microbatch (the test seam of
+    tests/training/spike_faults.py, inlined) at update 27, checkpoints every 20; the figures its record
+    gives."""
     import io
 
     from pilotrun.config import load_run_config
@@ -253,14 +271,25 @@ def rollback_cost(data_dir: Path, work: Path) -> dict:
     events = read_metrics_strict(work / "rollback")
     rollbacks = [e for e in events if e["event"] == "rollback"]
     spikes = [e for e in events if e["event"] == "spike"]
-    windows = [e["window"]["train_seconds"] for e in events if e["event"] == "train" and e["window"]["updates_applied"]]
+    windows = [
+        e["window"]["train_seconds"]
+        for e in events
+        if e["event"] == "train" and e["window"]["updates_applied"]
+    ]
     if result.reason != "completed" or len(rollbacks) != 1:
         raise RuntimeError(f"benchmark rollback run: {result}, {len(rollbacks)} rollback(s)")
     per_update = statistics.median(windows)
     rollback, spike = rollbacks[0], spikes[-1]
-    return {"per_update": per_update, "restore": rollback["seconds"], "replay": spike["replay"]["seconds"],
-            "redo": rollback["redo_updates"], "spike_step": rollback["spike_step"],
-            "restored_step": rollback["restored_step"], "skipped": rollback["skipped"], "cause": spike["cause"]}
+    return {
+        "per_update": per_update,
+        "restore": rollback["seconds"],
+        "replay": spike["replay"]["seconds"],
+        "redo": rollback["redo_updates"],
+        "spike_step": rollback["spike_step"],
+        "restored_step": rollback["restored_step"],
+        "skipped": rollback["skipped"],
+        "cause": spike["cause"],
+    }
 
 
 def spikes_section() -> str:
@@ -275,28 +304,39 @@ def spikes_section() -> str:
         cost = rollback_cost(work / "data", work)
     share = (added - replaced) / bare
     spent = cost["restore"] + cost["replay"] + cost["redo"] * cost["per_update"]
-    return "\n".join([
-        "### Spike detection and rollback cost",
-        "",
-        f"Detection adds {1e6 * added:.1f} us per update and replaces {1e6 * replaced:.1f} us (the norm brought to the "
-        f"host alone), thread CPU time over {DETECTION_CALLS} calls with a full window of {50} applied updates: "
-        f"{1e6 * (added - replaced):.1f} us net, {100 * share:.4f}% of a CPU update of the stability recipe "
-        f"({bare:.4f} s, the bare loop's median, 1 thread). Target < {100 * SPIKE_TARGET:.1f}%: "
-        f"{'met' if share < SPIKE_TARGET else 'NOT met'}. No host synchronisation is added: the loss rides in the "
-        "transfer of the norm (one `.tolist()` in place of one `float()`).",
-        "",
-        f"One rollback (stability recipe, poisoned microbatch at update {cost['spike_step']}, checkpoints every 20, "
-        f"cause found by replay: {cost['cause']}): back to step {cost['restored_step']}, {cost['redo']} updates "
-        f"redone, {cost['skipped']['batches']} batches ({cost['skipped']['tokens']:,} tokens) skipped; the replay "
-        f"(same batch, then the next) {cost['replay']:.3f} s, the restore {cost['restore']:.3f} s, the redone "
-        f"updates {cost['redo']} x {cost['per_update']:.3f} s; in all {spent:.2f} s, "
-        f"{spent / cost['per_update']:.1f} updates' worth. A rollback costs the updates since the last checkpoint: "
-        "checkpoint_every bounds it.",
-        "",
-        "Command: `python -m benchmarks.bench_trainer --spikes` (this section alone; `python -m benchmarks.run_all "
-        "bench_trainer` runs both)",
-    ])
-
+    return "\n".join(
+        [
+            "### Spike detection and rollback cost",
+            "",
+            f"Detection adds {1e6 * added:.1f} us per update and replaces {1e6 * replaced:.1f} us (the norm "
+            "brought to the "
+            f"host alone), thread CPU time over {DETECTION_CALLS} calls with a full window of {50} applied "
+            "updates: "
+            f"{1e6 * (added - replaced):.1f} us net, {100 * share:.4f}% of a CPU update of the stability "
+            "recipe "
+            f"({bare:.4f} s, the bare loop's median, 1 thread). Target < {100 * SPIKE_TARGET:.1f}%: "
+            f"{'met' if share < SPIKE_TARGET else 'NOT met'}. No host synchronisation is added: the loss "
+            "rides in the "
+            "transfer of the norm (one `.tolist()` in place of one `float()`).",
+            "",
+            f"One rollback (stability recipe, poisoned microbatch at update {cost['spike_step']}, "
+            "checkpoints every 20, "
+            f"cause found by replay: {cost['cause']}): back to step {cost['restored_step']}, {cost['redo']} "
+            "updates "
+            f"redone, {cost['skipped']['batches']} batches ({cost['skipped']['tokens']:,} tokens) skipped; "
+            "the replay "
+            f"(same batch, then the next) {cost['replay']:.3f} s, the restore {cost['restore']:.3f} s, the "
+            "redone "
+            f"updates {cost['redo']} x {cost['per_update']:.3f} s; in all {spent:.2f} s, "
+            f"{spent / cost['per_update']:.1f} updates' worth. A rollback costs the updates since the last "
+            "checkpoint: "
+            "checkpoint_every bounds it.",
+            "",
+            "Command: `python -m benchmarks.bench_trainer --spikes` (this section alone; `python -m "
+            "benchmarks.run_all "
+            "bench_trainer` runs both)",
+        ]
+    )
 
 
 # ------------------------------------------------------------------------------------------ shard hashing
@@ -379,9 +419,11 @@ def shard_hashing_section() -> str:
         hashing_session(work / "data", work, -1, True)  # warm-up of both paths, not measured
         hashing_session(work / "data", work, -2, False)
         for index in range(HASH_ROUNDS):
-            for hashing in (True, False) if index % 2 == 0 else (False, True):  # alternate which side goes first
+            # alternate which side goes first
+            for hashing in (True, False) if index % 2 == 0 else (False, True):
                 windows, checks = hashing_session(work / "data", work, index, hashing)
-                (on if hashing else off).append(windows[1:])  # the first window (warm-up, small shard) dropped
+                # the first window (warm-up, small shard) dropped
+                (on if hashing else off).append(windows[1:])
                 big = [e for e in checks if e["bytes"] > 2 * BIG_SHARD_TOKENS - 1]
                 hash_cpu += [e["cpu_seconds"] for e in big]
                 hash_wall += [e["seconds"] for e in big]
@@ -389,25 +431,30 @@ def shard_hashing_section() -> str:
     per_round = [sum(a) / sum(b) for a, b in zip(on, off, strict=True)]
     ratio = statistics.median(per_round)
     hashed_window = statistics.median(a[0] / b[0] for a, b in zip(on, off, strict=True))
-    quiet_windows = statistics.median(x / y for a, b in zip(on, off, strict=True) for x, y in zip(a[1:], b[1:]))
+    quiet_windows = statistics.median(
+        x / y for a, b in zip(on, off, strict=True) for x, y in zip(a[1:], b[1:])
+    )
     update = statistics.median(sum(b) / n for b in off)
     cpu = statistics.median(hash_cpu)
     updates_per_shard = BIG_SHARD_TOKENS // (8 * 64)
     bound_session = cpu / (n * update)
     bound_amortized = cpu / (updates_per_shard * update)
     # The side-by-side ratio's round-to-round spread on a shared 2-core machine is several percent, more than
-    # the 1% to be shown; the hashing thread's own CPU time is an upper bound on what it can take from training
-    # (GIL waits and a shared core included), so the target is judged on that bound.
+    # the 1% to be shown; the hashing thread's own CPU time is an upper bound on what it can take from
+    # training (GIL waits and a shared core included), so the target is judged on that bound.
     met = bound_session < HASH_TARGET
     lines = [
         "### Background shard hashing: cost to a CPU update of the stability recipe",
         "",
-        f"Trainer sessions of {UPDATES} updates, the shard check on (the real trainer) and off (the same callbacks "
-        f"without ShardCheckCallback), {HASH_ROUNDS} rounds alternating which side runs first, 1 torch thread, "
+        f"Trainer sessions of {UPDATES} updates, the shard check on (the real trainer) and off (the same "
+        "callbacks "
+        f"without ShardCheckCallback), {HASH_ROUNDS} rounds alternating which side runs first, 1 torch "
+        "thread, "
         "training-only CPU seconds of the computing thread per window of "
         f"{WINDOW} (the first window dropped). Data: the builtin corpus with its train split cut into a "
         f"{FIRST_SHARD_TOKENS:,}-token shard and one of prepare's default size ({BIG_SHARD_TOKENS:,} tokens, "
-        f"{2 * BIG_SHARD_TOKENS / 2**20:.0f} MiB), first read at update {FIRST_SHARD_TOKENS // 512 + 1}, so that "
+        f"{2 * BIG_SHARD_TOKENS / 2**20:.0f} MiB), first read at update {FIRST_SHARD_TOKENS // 512 + 1}, so "
+        "that "
         "every `on` session hashes a full-size shard while its second window trains.",
         "",
         "| round | on s/update | off s/update | on / off |",
@@ -417,14 +464,19 @@ def shard_hashing_section() -> str:
         lines.append(f"| {index} | {sum(a) / n:.4f} | {sum(b) / n:.4f} | {sum(a) / sum(b):.3f} |")
     lines += [
         "",
-        f"Median per-session ratio on / off: {ratio:.3f} (rounds {min(per_round):.3f} to {max(per_round):.3f}: "
+        f"Median per-session ratio on / off: {ratio:.3f} (rounds {min(per_round):.3f} to "
+        f"{max(per_round):.3f}: "
         "this machine's noise, wider than the 1% to be shown); the window during which the "
-        f"{2 * BIG_SHARD_TOKENS / 2**20:.0f} MiB shard was hashed: {hashed_window:.3f}; the windows after it: "
+        f"{2 * BIG_SHARD_TOKENS / 2**20:.0f} MiB shard was hashed: {hashed_window:.3f}; the windows after "
+        "it: "
         f"{quiet_windows:.3f} (paired medians). "
         f"The hashing thread spent {cpu:.3f} s CPU ({statistics.median(hash_wall):.3f} s wall) per full-size "
-        f"shard, median of {len(hash_cpu)}. Were it to take all of that from the training core (no spare core), "
-        f"it would cost **{100 * bound_session:.2f}%** of each of these {n} updates ({update:.4f} s each), and "
-        f"{100 * bound_amortized:.4f}% amortized over the {updates_per_shard:,} updates of 512 tokens that read "
+        f"shard, median of {len(hash_cpu)}. Were it to take all of that from the training core (no spare "
+        "core), "
+        f"it would cost **{100 * bound_session:.2f}%** of each of these {n} updates ({update:.4f} s each), "
+        "and "
+        f"{100 * bound_amortized:.4f}% amortized over the {updates_per_shard:,} updates of 512 tokens that "
+        "read "
         f"one such shard. The training thread's CPU time does not count time it waits for the GIL or a core; "
         "the hashing thread's own CPU time bounds both. Target: < "
         f"{100 * HASH_TARGET:.0f}% of an update, judged on that bound over the session's updates: "

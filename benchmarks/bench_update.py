@@ -1,23 +1,24 @@
-"""One whole update (forward + backward + optimizer step) of pilotrun's model against a reference of equal active
-work built from torch's own modules, eager and compiled, side by side in one process.
+"""One whole update (forward + backward + optimizer step) of pilotrun's model against a reference of equal
+active work built from torch's own modules, eager and compiled, side by side in one process.
 
 The reference: a dense GPT of pre-norm blocks (torch.nn.RMSNorm, q/k/v/o projections and
 F.scaled_dot_product_attention, a SwiGLU MLP), trained with torch.optim.Muon on its hidden matrices and
 torch.optim.AdamW (foreach) on the embedding, the head and the norm gains. Its MLP width is chosen so that its
 matmul parameters equal pilotrun's active matmul parameters (`accounting.active_matmul_parameters`: what one
-token multiplies by), so both do the same matmul work per token; the FLOP per token of each is stated beside it.
-It has no rotary embedding (elementwise work, a few percent at most).
+token multiplies by), so both do the same matmul work per token; the FLOP per token of each is stated beside
+it. It has no rotary embedding (elementwise work, a few percent at most).
 
 Each variant keeps its own model and optimizer; the rounds interleave them and rotate their order (so that a
-busier moment of the shared machine does not fall on one variant), and each phase is timed in CPU seconds of this
-process on one torch thread (`time.process_time`: other jobs on the machine take wall time, not this process's
-CPU time). The first updates of a compiled variant pay its compilation: their excess over the eager variant's
-update is the compile cost, and the updates after which it pays back follow from the per-update saving.
+busier moment of the shared machine does not fall on one variant), and each phase is timed in CPU seconds of
+this process on one torch thread (`time.process_time`: other jobs on the machine take wall time, not this
+process's CPU time). The first updates of a compiled variant pay its compilation: their excess over the eager
+variant's update is the compile cost, and the updates after which it pays back follow from the per-update
+saving.
 
-With `--nanochat PATH` (a checkout of nanochat; optional, never required) two more variants join the same rounds:
-"nanochat as shipped" (`torch.compile` of its model, its own optimizers, whose step functions it compiles itself)
-and "nanochat eager" (its model uncompiled, the same optimizers), built by benchmarks/nanochat_adapter.py at the
-same work per token.
+With `--nanochat PATH` (a checkout of nanochat; optional, never required) two more variants join the same
+rounds: "nanochat as shipped" (`torch.compile` of its model, its own optimizers, whose step functions it
+compiles itself) and "nanochat eager" (its model uncompiled, the same optimizers), built by
+benchmarks/nanochat_adapter.py at the same work per token.
 
 `python -m benchmarks.run_all bench_update` (`python -m benchmarks.bench_update --json` for the figures alone;
 `--sizes stability` for the small size only).
@@ -45,8 +46,8 @@ from pilotrun.optim.muon_adamw import build_optimizer
 
 VOCAB = 4096
 clock = time.process_time
-# Goals of the update's speed: pilotrun's update no slower than the reference's at equal work, its optimizer step
-# no slower, and compilation >= 1.3x faster than eager where a run is long enough to pay it back.
+# Goals of the update's speed: pilotrun's update no slower than the reference's at equal work, its optimizer
+# step no slower, and compilation >= 1.3x faster than eager where a run is long enough to pay it back.
 TARGET_UPDATE_OVER_REFERENCE = 1.0
 TARGET_STEP_OVER_REFERENCE = 1.0
 TARGET_COMPILED_SPEEDUP = 1.3
@@ -82,7 +83,9 @@ class ReferenceBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, d_model = x.shape
         h = self.attn_norm(x)
-        q, k, v = (w(h).view(batch, seq, self.n_heads, -1).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        q, k, v = (
+            w(h).view(batch, seq, self.n_heads, -1).transpose(1, 2) for w in (self.wq, self.wk, self.wv)
+        )
         attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.wo(attended.transpose(1, 2).reshape(batch, seq, d_model))
         h = self.mlp_norm(x)
@@ -109,14 +112,16 @@ class ReferenceGPT(nn.Module):
 
 
 def reference_hidden_width(matmul_parameters: int, d_model: int, n_layers: int, vocab: int) -> int:
-    """The SwiGLU width at which the reference's matmul parameters (per layer 4 d^2 + 3 d h, plus the head) equal
-    the given count, rounded to a multiple of 8."""
+    """The SwiGLU width at which the reference's matmul parameters (per layer 4 d^2 + 3 d h, plus the head)
+    equal the given count, rounded to a multiple of 8."""
     per_layer = (matmul_parameters - d_model * vocab) / n_layers - 4 * d_model * d_model
     return max(8, int(round(per_layer / (3 * d_model) / 8)) * 8)
 
 
 def reference_matmul_parameters(model: ReferenceGPT) -> int:
-    return sum(p.numel() for name, p in model.named_parameters() if p.ndim == 2 and not name.startswith("embed"))
+    return sum(
+        p.numel() for name, p in model.named_parameters() if p.ndim == 2 and not name.startswith("embed")
+    )
 
 
 def reference_flops_per_token(model: ReferenceGPT, seq: int) -> float:
@@ -127,9 +132,9 @@ def reference_flops_per_token(model: ReferenceGPT, seq: int) -> float:
 
 def newton_schulz_flops(matrices: list[torch.Tensor]) -> float:
     """Newton-Schulz FLOP of one step over these Muon parameters (a 3-D stack counted per slice): 5 quintic
-    iterations of X X^T, the polynomial and its product with X on the short side A of each [A, B] matrix, 5 (4 A^2 B
-    + 2 A^3). An MoE orthogonalises every expert's matrices each step, the ones a token did not use included: the
-    step's work follows the total parameters, the forward's the active ones."""
+    iterations of X X^T, the polynomial and its product with X on the short side A of each [A, B] matrix, 5 (4
+    A^2 B + 2 A^3). An MoE orthogonalises every expert's matrices each step, the ones a token did not use
+    included: the step's work follows the total parameters, the forward's the active ones."""
     total = 0.0
     for p in matrices:
         a, b = sorted(p.shape[-2:])
@@ -139,13 +144,19 @@ def newton_schulz_flops(matrices: list[torch.Tensor]) -> float:
 
 def reference_optimizers(model: ReferenceGPT, optim: OptimConfig) -> list[torch.optim.Optimizer]:
     """torch.optim.Muon on every hidden matrix, torch.optim.AdamW (foreach) on the rest, with pilotrun's
-    hyperparameters (Muon's update scaled to AdamW's RMS, as pilotrun's default scale does; its Newton-Schulz in
-    fp32 as pilotrun's on the CPU, through bench_optim's patch of torch's single bf16 cast)."""
+    hyperparameters (Muon's update scaled to AdamW's RMS, as pilotrun's default scale does; its Newton-Schulz
+    in fp32 as pilotrun's on the CPU, through bench_optim's patch of torch's single bf16 cast)."""
     hidden = [p for name, p in model.named_parameters() if p.ndim == 2 and name.startswith("layers.")]
     rest = [p for name, p in model.named_parameters() if not (p.ndim == 2 and name.startswith("layers."))]
-    muon = torch.optim.Muon(hidden, lr=optim.muon.lr, weight_decay=optim.muon.weight_decay,
-                            momentum=optim.muon.momentum, nesterov=optim.muon.nesterov, ns_steps=optim.muon.ns_steps,
-                            adjust_lr_fn="match_rms_adamw")
+    muon = torch.optim.Muon(
+        hidden,
+        lr=optim.muon.lr,
+        weight_decay=optim.muon.weight_decay,
+        momentum=optim.muon.momentum,
+        nesterov=optim.muon.nesterov,
+        ns_steps=optim.muon.ns_steps,
+        adjust_lr_fn="match_rms_adamw",
+    )
     adamw = torch.optim.AdamW(rest, lr=optim.adamw.lr, betas=tuple(optim.adamw.betas), eps=optim.adamw.eps,
                               weight_decay=optim.adamw.weight_decay, foreach=True)
     return [muon, adamw]
@@ -155,7 +166,13 @@ class Variant:
     """One model and its optimizers, with its phases timed per update."""
 
     def __init__(self, name: str, model: nn.Module, optimizers: list, loss_of, tokens: torch.Tensor):
-        self.name, self.model, self.optimizers, self.loss_of, self.tokens = name, model, optimizers, loss_of, tokens
+        self.name, self.model, self.optimizers, self.loss_of, self.tokens = (
+            name,
+            model,
+            optimizers,
+            loss_of,
+            tokens,
+        )
         self.forward_backward: list[float] = []
         self.step: list[float] = []
         self.first_updates = 0.0
@@ -189,14 +206,17 @@ def reference_loss(model, tokens):
     return model(tokens[:, :-1], tokens[:, 1:])
 
 
-def build_variants(size: Size, nanochat: nanochat_adapter.Nanochat | None = None) -> tuple[list[Variant], dict]:
+def build_variants(
+    size: Size, nanochat: nanochat_adapter.Nanochat | None = None
+) -> tuple[list[Variant], dict]:
     cfg = model_preset(size.preset, vocab_size=VOCAB, init_std=0.02, **size.changes)
     tokens = torch.randint(0, VOCAB, (size.batch, size.seq + 1), generator=torch.Generator().manual_seed(0))
     optim = OptimConfig()
     matmul = active_matmul_parameters(cfg)
     hidden = reference_hidden_width(matmul, cfg.d_model, cfg.n_layers, VOCAB)
     variants = []
-    # compile_blocks resets dynamo's caches: the compiled pilotrun model is built before any other compiled model.
+    # compile_blocks resets dynamo's caches: the compiled pilotrun model is built before any other compiled
+    # model.
     for compiled in (False, True):
         torch.manual_seed(0)
         model = build_model(cfg)
@@ -206,25 +226,37 @@ def build_variants(size: Size, nanochat: nanochat_adapter.Nanochat | None = None
         optimizer = build_optimizer(model, optim)
         variants.append(Variant(f"pilotrun {'compiled' if compiled else 'eager'}", model, [optimizer],
                                 pilotrun_loss, tokens))
-    pilotrun_ns = newton_schulz_flops([p for g in optimizer.param_groups if g["use_muon"] for p in g["params"]])
+    pilotrun_ns = newton_schulz_flops(
+        [p for g in optimizer.param_groups if g["use_muon"] for p in g["params"]]
+    )
     for compiled in (False, True):
         torch.manual_seed(0)
         reference = ReferenceGPT(VOCAB, cfg.d_model, cfg.n_layers, cfg.n_heads, hidden)
         model = torch.compile(reference) if compiled else reference
         variants.append(Variant(f"reference {'compiled' if compiled else 'eager'}", model,
                                 reference_optimizers(reference, optim), reference_loss, tokens))
-    shape = {"size": size.name, "d_model": cfg.d_model, "layers": cfg.n_layers, "batch": size.batch, "seq": size.seq,
-             "pilotrun_active_matmul_parameters": matmul, "reference_matmul_parameters":
-             reference_matmul_parameters(reference), "reference_hidden": hidden,
-             "pilotrun_flops_per_token": flops_per_token(cfg, size.seq),
-             "reference_flops_per_token": reference_flops_per_token(reference, size.seq),
-             "pilotrun_parameters": sum(p.numel() for p in variants[0].model.parameters()),
-             "reference_parameters": sum(p.numel() for p in reference.parameters()),
-             "pilotrun_newton_schulz_flops": pilotrun_ns, "reference_newton_schulz_flops": newton_schulz_flops(
-                 [p for name, p in reference.named_parameters() if p.ndim == 2 and name.startswith("layers.")])}
+    shape = {
+        "size": size.name,
+        "d_model": cfg.d_model,
+        "layers": cfg.n_layers,
+        "batch": size.batch,
+        "seq": size.seq,
+        "pilotrun_active_matmul_parameters": matmul,
+        "reference_matmul_parameters": reference_matmul_parameters(reference),
+        "reference_hidden": hidden,
+        "pilotrun_flops_per_token": flops_per_token(cfg, size.seq),
+        "reference_flops_per_token": reference_flops_per_token(reference, size.seq),
+        "pilotrun_parameters": sum(p.numel() for p in variants[0].model.parameters()),
+        "reference_parameters": sum(p.numel() for p in reference.parameters()),
+        "pilotrun_newton_schulz_flops": pilotrun_ns,
+        "reference_newton_schulz_flops": newton_schulz_flops(
+            [p for name, p in reference.named_parameters() if p.ndim == 2 and name.startswith("layers.")]
+        ),
+    }
     if nanochat is not None:
-        # As shipped first: its first updates then pay the compilation of nanochat's optimizer step functions too
-        # (module-level, shared by both variants), so its compile cost is all that compiling costs nanochat.
+        # As shipped first: its first updates then pay the compilation of nanochat's optimizer step functions
+        # too (module-level, shared by both variants), so its compile cost is all that compiling costs
+        # nanochat.
         for name in ("nanochat as shipped", "nanochat eager"):
             torch.manual_seed(0)
             model, optimizers, extra = nanochat_adapter.build(
@@ -245,7 +277,8 @@ COMPILED_PAIRS = (("pilotrun compiled", "pilotrun eager"), ("reference compiled"
 
 def measure(size: Size, nanochat: nanochat_adapter.Nanochat | None = None) -> dict:
     variants, shape = build_variants(size, nanochat)
-    with torch_muon_with_fp32_newton_schulz():  # pilotrun's CPU default orthogonalises in fp32: the same for both
+    # pilotrun's CPU default orthogonalises in fp32: the same for both
+    with torch_muon_with_fp32_newton_schulz():
         return time_variants(variants, shape, size)
 
 
@@ -270,54 +303,87 @@ def time_variants(variants: list[Variant], shape: dict, size: Size) -> dict:
 
 
 def markdown(results: list[dict]) -> str:
-    lines = ["## The whole update against a reference of equal work (torch modules, torch.optim.Muon)", "",
-             "Per update, CPU ms of one torch thread, median over interleaved rounds (order rotated each round). The"
-             " reference is a dense SwiGLU GPT of torch modules with torch.optim.Muon + AdamW(foreach), its MLP width"
-             " set so that its matmul parameters equal pilotrun's active ones; compiled = `train.compile=inductor`"
-             " for pilotrun (each decoder block compiled), `torch.compile(model)` for the reference.", ""]
+    lines = [
+        "## The whole update against a reference of equal work (torch modules, torch.optim.Muon)",
+        "",
+        "Per update, CPU ms of one torch thread, median over interleaved rounds (order rotated each round). "
+        "The"
+        " reference is a dense SwiGLU GPT of torch modules with torch.optim.Muon + AdamW(foreach), its MLP "
+        "width"
+        " set so that its matmul parameters equal pilotrun's active ones; compiled = `train.compile=inductor`"
+        " for pilotrun (each decoder block compiled), `torch.compile(model)` for the reference.",
+        "",
+    ]
     for result in results:
         f = result["figures"]
-        lines += [f"### {result['size']}: d {result['d_model']}, {result['layers']} layers, batch {result['batch']}"
-                  f" x seq {result['seq']}, {result['rounds']} rounds", "",
-                  f"Matmul parameters per token: pilotrun {result['pilotrun_active_matmul_parameters']:,} active,"
-                  f" reference {result['reference_matmul_parameters']:,} (MLP width {result['reference_hidden']});"
-                  f" FLOP per token {result['pilotrun_flops_per_token']:,.0f} vs"
-                  f" {result['reference_flops_per_token']:,.0f}. Total parameters {result['pilotrun_parameters']:,}"
-                  f" vs {result['reference_parameters']:,}; Newton-Schulz per optimizer step"
-                  f" {result['pilotrun_newton_schulz_flops'] / 1e9:.2f} vs"
-                  f" {result['reference_newton_schulz_flops'] / 1e9:.2f} GFLOP (the step's work follows the total"
-                  " parameters: every expert is orthogonalised each step).", ""] + nanochat_shape(result) + [
-                  "| variant | update ms | fwd+bwd ms | optimizer step ms | step share | compiled speedup |"
-                  " compile s | pays back after |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += (
+            [
+                f"### {result['size']}: d {result['d_model']}, {result['layers']} layers, batch "
+                f"{result['batch']}"
+                f" x seq {result['seq']}, {result['rounds']} rounds",
+                "",
+                f"Matmul parameters per token: pilotrun {result['pilotrun_active_matmul_parameters']:,} "
+                "active,"
+                f" reference {result['reference_matmul_parameters']:,} (MLP width "
+                f"{result['reference_hidden']});"
+                f" FLOP per token {result['pilotrun_flops_per_token']:,.0f} vs"
+                f" {result['reference_flops_per_token']:,.0f}. Total parameters "
+                f"{result['pilotrun_parameters']:,}"
+                f" vs {result['reference_parameters']:,}; Newton-Schulz per optimizer step"
+                f" {result['pilotrun_newton_schulz_flops'] / 1e9:.2f} vs"
+                f" {result['reference_newton_schulz_flops'] / 1e9:.2f} GFLOP (the step's work follows the "
+                "total"
+                " parameters: every expert is orthogonalised each step).",
+                "",
+            ]
+            + nanochat_shape(result)
+            + [
+                "| variant | update ms | fwd+bwd ms | optimizer step ms | step share | compiled speedup |"
+                " compile s | pays back after |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|",
+            ]
+        )
         for name, v in f.items():
             speed = f"{v['speedup']:.2f}x" if "speedup" in v else ""
             # The compile cost is a difference of two first-update timings; where the compiled side's came out
             # no slower, the cost is below what two warm-up updates can resolve, not negative.
             unresolved = "compile_s" in v and v["compile_s"] <= 0
-            compile_s = ("" if "compile_s" not in v else "under the noise" if unresolved else f"{v['compile_s']:.1f}")
+            compile_s = (
+                "" if "compile_s" not in v else "under the noise" if unresolved else f"{v['compile_s']:.1f}"
+            )
             payback = ("" if "compile_s" not in v else "never (slower)" if v["payback_updates"] is None
                        else "at once" if unresolved else f"{v['payback_updates']:,.0f} updates")
-            lines.append(f"| {name} | {v['update_ms']:.1f} | {v['forward_backward_ms']:.1f} | {v['step_ms']:.1f} |"
-                         f" {v['step_ms'] / v['update_ms']:.0%} | {speed} | {compile_s} | {payback} |")
+            lines.append(
+                f"| {name} | {v['update_ms']:.1f} | {v['forward_backward_ms']:.1f} | {v['step_ms']:.1f} |"
+                f" {v['step_ms'] / v['update_ms']:.0%} | {speed} | {compile_s} | {payback} |"
+            )
         ours, ref = f["pilotrun eager"], f["reference eager"]
         best_ref = min(f["reference eager"]["update_ms"], f["reference compiled"]["update_ms"])
         best_ours = min(ours["update_ms"], f["pilotrun compiled"]["update_ms"])
         update_ratio = best_ours / best_ref
         step_ratio = ours["step_ms"] / ref["step_ms"]
         flops_ratio = result["reference_newton_schulz_flops"] / result["pilotrun_newton_schulz_flops"]
-        lines += ["", f"pilotrun / reference, each at its faster setting: update {update_ratio:.2f}x (goal <="
-                  f" {TARGET_UPDATE_OVER_REFERENCE:.1f}x: {'met' if update_ratio <= TARGET_UPDATE_OVER_REFERENCE else 'NOT met'});"
-                  f" eager forward+backward {ours['forward_backward_ms'] / ref['forward_backward_ms']:.2f}x; eager"
-                  f" optimizer step {step_ratio:.2f}x, per Newton-Schulz FLOP"
-                  f" {step_ratio * flops_ratio:.2f}x"
-                  f" (goal <= {TARGET_STEP_OVER_REFERENCE:.1f}x:"
-                  f" {'met' if step_ratio <= TARGET_STEP_OVER_REFERENCE else 'NOT met'}); pilotrun compiled over eager"
-                  f" {f['pilotrun compiled']['speedup']:.2f}x (goal >= {TARGET_COMPILED_SPEEDUP:.1f}x:"
-                  f" {'met' if f['pilotrun compiled']['speedup'] >= TARGET_COMPILED_SPEEDUP else 'NOT met'})."]
+        lines += [
+            "",
+            f"pilotrun / reference, each at its faster setting: update {update_ratio:.2f}x (goal <="
+            f" {TARGET_UPDATE_OVER_REFERENCE:.1f}x: "
+            f"{'met' if update_ratio <= TARGET_UPDATE_OVER_REFERENCE else 'NOT met'});"
+            f" eager forward+backward {ours['forward_backward_ms'] / ref['forward_backward_ms']:.2f}x; eager"
+            f" optimizer step {step_ratio:.2f}x, per Newton-Schulz FLOP"
+            f" {step_ratio * flops_ratio:.2f}x"
+            f" (goal <= {TARGET_STEP_OVER_REFERENCE:.1f}x:"
+            f" {'met' if step_ratio <= TARGET_STEP_OVER_REFERENCE else 'NOT met'}); pilotrun compiled over "
+            "eager"
+            f" {f['pilotrun compiled']['speedup']:.2f}x (goal >= {TARGET_COMPILED_SPEEDUP:.1f}x:"
+            f" {'met' if f['pilotrun compiled']['speedup'] >= TARGET_COMPILED_SPEEDUP else 'NOT met'}).",
+        ]
         lines += nanochat_ratios(f) + [""]
-    lines += ["Command: `python -m benchmarks.run_all bench_update` (figures as JSON: `python -m"
-              " benchmarks.bench_update --json`; with nanochat: `python -m benchmarks.bench_update --nanochat PATH`).",
-              ""]
+    lines += [
+        "Command: `python -m benchmarks.run_all bench_update` (figures as JSON: `python -m"
+        " benchmarks.bench_update --json`; with nanochat: `python -m benchmarks.bench_update --nanochat "
+        "PATH`).",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -326,34 +392,50 @@ def nanochat_shape(result: dict) -> list[str]:
     if "nanochat_hidden" not in result:
         return []
     commit = f" at {result['nanochat_commit']}" if result["nanochat_commit"] else ""
-    return [f"nanochat (the checkout given by `--nanochat`{commit}): its GPT with its MLP width set to"
-            f" {result['nanochat_hidden']} (shipped: relu^2 at {result['nanochat_shipped_hidden']}, which its config"
-            " cannot change: the adapter replaces the two MLP projections with its own Linear class at that width"
-            " before its `init_weights`), every layer attending to the full causal context, compute dtype"
-            f" {result['nanochat_compute_dtype']}; matmul parameters per token {result['nanochat_matmul_parameters']:,},"
-            f" FLOP per token {result['nanochat_flops_per_token']:,.0f}, total parameters"
-            f" {result['nanochat_parameters']:,}, Newton-Schulz per optimizer step"
-            f" {result['nanochat_newton_schulz_flops'] / 1e9:.2f} GFLOP; its optimizers as its own set-up returns"
-            f" them ({', '.join(result['nanochat_optimizers'])}: the same in both variants, whatever of their step"
-            " its own code compiles compiled). As shipped = `torch.compile(model, dynamic=False)`, as its training"
-            " script does (its compile s includes its optimizer's compilation, which the eager variant then reuses);"
-            " eager = the model uncompiled.", ""]
+    return [
+        f"nanochat (the checkout given by `--nanochat`{commit}): its GPT with its MLP width set to"
+        f" {result['nanochat_hidden']} (shipped: relu^2 at {result['nanochat_shipped_hidden']}, which its "
+        "config"
+        " cannot change: the adapter replaces the two MLP projections with its own Linear class at that width"
+        " before its `init_weights`), every layer attending to the full causal context, compute dtype"
+        f" {result['nanochat_compute_dtype']}; matmul parameters per token "
+        f"{result['nanochat_matmul_parameters']:,},"
+        f" FLOP per token {result['nanochat_flops_per_token']:,.0f}, total parameters"
+        f" {result['nanochat_parameters']:,}, Newton-Schulz per optimizer step"
+        f" {result['nanochat_newton_schulz_flops'] / 1e9:.2f} GFLOP; its optimizers as its own set-up returns"
+        f" them ({', '.join(result['nanochat_optimizers'])}: the same in both variants, whatever of their "
+        "step"
+        " its own code compiles compiled). As shipped = `torch.compile(model, dynamic=False)`, as its "
+        "training"
+        " script does (its compile s includes its optimizer's compilation, which the eager variant then "
+        "reuses);"
+        " eager = the model uncompiled.",
+        "",
+    ]
 
 
 def nanochat_ratios(f: dict) -> list[str]:
-    """pilotrun at its faster setting over nanochat as shipped, per phase: what the speed goal is stated against."""
+    """pilotrun at its faster setting over nanochat as shipped, per phase: what the speed goal is stated
+    against."""
     if "nanochat as shipped" not in f:
         return []
     name = min(("pilotrun eager", "pilotrun compiled"), key=lambda n: f[n]["update_ms"])
     ours, theirs = f[name], f["nanochat as shipped"]
-    return ["", f"pilotrun ({name.split()[1]}, its faster setting) / nanochat as shipped: update"
-            f" {ours['update_ms'] / theirs['update_ms']:.2f}x (goal <= {TARGET_UPDATE_OVER_REFERENCE:.1f}x:"
-            f" {'met' if ours['update_ms'] <= TARGET_UPDATE_OVER_REFERENCE * theirs['update_ms'] else 'NOT met'});"
-            f" forward+backward {ours['forward_backward_ms'] / theirs['forward_backward_ms']:.2f}x; optimizer step"
-            f" {ours['step_ms'] / theirs['step_ms']:.2f}x."]
+    return [
+        "",
+        f"pilotrun ({name.split()[1]}, its faster setting) / nanochat as shipped: update"
+        f" {ours['update_ms'] / theirs['update_ms']:.2f}x (goal <= {TARGET_UPDATE_OVER_REFERENCE:.1f}x:"
+        " "
+        f"{'met' if ours['update_ms'] <= TARGET_UPDATE_OVER_REFERENCE * theirs['update_ms'] else 'NOT met'});"
+        f" forward+backward {ours['forward_backward_ms'] / theirs['forward_backward_ms']:.2f}x; optimizer "
+        "step"
+        f" {ours['step_ms'] / theirs['step_ms']:.2f}x.",
+    ]
 
 
-def run(sizes: tuple[str, ...] = ("stability", "large"), nanochat: nanochat_adapter.Nanochat | None = None) -> str:
+def run(
+    sizes: tuple[str, ...] = ("stability", "large"), nanochat: nanochat_adapter.Nanochat | None = None
+) -> str:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -366,14 +448,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="stability,large", help="comma-separated: stability, large")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of Markdown")
-    parser.add_argument("--nanochat", metavar="PATH", help="a checkout of nanochat to compare with (optional)")
+    parser.add_argument(
+        "--nanochat", metavar="PATH", help="a checkout of nanochat to compare with (optional)"
+    )
     args = parser.parse_args(argv)
     sizes = tuple(s for s in args.sizes.split(",") if s)
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
         parser.exit(2, f"bench_update: unknown size {', '.join(unknown)} (known: {', '.join(SIZES)})\n")
     torch.set_num_threads(1)
-    try:  # a checkout whose API does not match is refused before or while its model is built, before any output
+    # a checkout whose API does not match is refused before or while its model is built, before any output
+    try:
         nanochat = nanochat_adapter.load(args.nanochat) if args.nanochat else None
         text = json.dumps([measure(SIZES[name], nanochat) for name in sizes], indent=1) if args.json else run(
             sizes, nanochat)

@@ -71,7 +71,8 @@ class Recorder:
 
 
 def timed(device: torch.device, function, repeats: int) -> float:
-    """Median seconds of `function()` after two warm-up calls: CUDA events on a GPU, perf_counter on the CPU."""
+    """Median seconds of `function()` after two warm-up calls: CUDA events on a GPU, perf_counter on the
+    CPU."""
     for _ in range(2):
         function()
     samples = []
@@ -101,8 +102,8 @@ def environment(device: torch.device) -> dict:
 
 
 def moe_layer(device: torch.device, tokens: int, repeats: int, shapes: dict) -> dict:
-    """gpu-100m's MoE layer (grouped and sorted dispatch) against a dense SwiGLU of the same active width, bf16
-    autocast, forward + backward; the grouped_mm probe; grouped vs sorted outputs."""
+    """gpu-100m's MoE layer (grouped and sorted dispatch) against a dense SwiGLU of the same active width,
+    bf16 autocast, forward + backward; the grouped_mm probe; grouped vs sorted outputs."""
     from pilotrun.model.moe import MoE, SwiGLU, grouped_matmul_works
 
     figures = {"grouped_mm_works_bf16": grouped_matmul_works(device, torch.bfloat16),
@@ -138,7 +139,9 @@ def moe_layer(device: torch.device, tokens: int, repeats: int, shapes: dict) -> 
     figures["grouped_vs_sorted_equal"] = bool(torch.equal(grouped_out, sorted_out))
     times = {name: timed(device, step(layer), repeats) for name, layer in layers.items()}
     figures.update({f"{name}_ms": round(t * 1e3, 3) for name, t in times.items()})
-    figures.update({f"{name}_vs_dense": round(times[name] / times["dense"], 3) for name in ("grouped", "sorted")})
+    figures.update(
+        {f"{name}_vs_dense": round(times[name] / times["dense"], 3) for name in ("grouped", "sorted")}
+    )
     return figures
 
 
@@ -175,8 +178,11 @@ def attention(device: torch.device, batch: int, seq: int, repeats: int) -> dict:
         return go
 
     with_tracker, without = timed(device, run(True), repeats), timed(device, run(False), repeats)
-    figures.update(sdpa_with_tracker_ms=round(with_tracker * 1e3, 3), sdpa_without_tracker_ms=round(without * 1e3, 3),
-                   tracker_overhead=round(with_tracker / without - 1, 3))
+    figures.update(
+        sdpa_with_tracker_ms=round(with_tracker * 1e3, 3),
+        sdpa_without_tracker_ms=round(without * 1e3, 3),
+        tracker_overhead=round(with_tracker / without - 1, 3),
+    )
     return figures
 
 
@@ -218,10 +224,17 @@ def model_step(device: torch.device, preset: str, batch: int, seq: int, repeats:
     seconds = timed(device, update, repeats)
     per_token = flops_per_token(cfg, seq)
     achieved = per_token * batch * seq / seconds
-    figures = {"preset": preset, "batch_x_seq": f"{batch}x{seq}", "activation_checkpointing": recompute,
-               "compile": compile_mode, "compile_seconds": compile_seconds, "step_ms": round(seconds * 1e3, 2),
-               "tokens_per_s": round(batch * seq / seconds), "achieved_tflops": round(achieved / 1e12, 1),
-               "parameters": sum(p.numel() for p in model.parameters())}
+    figures = {
+        "preset": preset,
+        "batch_x_seq": f"{batch}x{seq}",
+        "activation_checkpointing": recompute,
+        "compile": compile_mode,
+        "compile_seconds": compile_seconds,
+        "step_ms": round(seconds * 1e3, 2),
+        "tokens_per_s": round(batch * seq / seconds),
+        "achieved_tflops": round(achieved / 1e12, 1),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
     if device.type == "cuda":
         peak, basis = device_peak_flops(torch.cuda.get_device_name(device), "bf16")
         figures.update(mfu=round(achieved / peak, 4) if peak else None, peak_basis=basis,
@@ -237,23 +250,41 @@ def _subprocess_limit(budget_left_s: float, floor_s: float) -> float | None:
 def run_command(command: list[str], timeout_s: float) -> dict:
     began = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, timeout=_subprocess_limit(timeout_s, 1))
-    return {"command": " ".join(command), "exit_code": result.returncode, "seconds": round(time.perf_counter() - began, 1),
-            "output_tail": (result.stdout + result.stderr)[-2500:]}
+    return {
+        "command": " ".join(command),
+        "exit_code": result.returncode,
+        "seconds": round(time.perf_counter() - began, 1),
+        "output_tail": (result.stdout + result.stderr)[-2500:],
+    }
 
 
 def pilot(out: Path, config: str, sets: list[str], timeout_s: float) -> dict:
     """The whole pilot (prepare, train, kill, resume, summarize, verdict) with a recipe on this device."""
-    command = [sys.executable, "-m", "pilotrun", "pilot", "--workdir", str(out / "pilot-work"), "--config", config]
+    command = [
+        sys.executable,
+        "-m",
+        "pilotrun",
+        "pilot",
+        "--workdir",
+        str(out / "pilot-work"),
+        "--config",
+        config,
+    ]
     for item in sets:
         command += ["--set", item]
     figures = run_command(command, timeout_s)
     if figures["exit_code"] not in (0, 1):
         raise RuntimeError(f"pilot exited {figures['exit_code']}: {figures['output_tail'][-800:]}")
-    # What this section checks is the machinery on the device (a valid record, an exact resume); a smoke recipe
-    # of a few updates is expected to fail learning rules such as loss_decreased or clip_rate. The rules are read
-    # from `pilotrun verdict --json` on the pilot's run folder, never from the pilot's printed text.
-    judged = subprocess.run([sys.executable, "-m", "pilotrun", "verdict", str(out / "pilot-work" / "run"), "--json"],
-                            capture_output=True, text=True, timeout=_subprocess_limit(timeout_s, 60))
+    # What this section checks is the machinery on the device (a valid record, an exact resume); a smoke
+    # recipe of a few updates is expected to fail learning rules such as loss_decreased or clip_rate. The
+    # rules are read from `pilotrun verdict --json` on the pilot's run folder, never from the pilot's printed
+    # text.
+    judged = subprocess.run(
+        [sys.executable, "-m", "pilotrun", "verdict", str(out / "pilot-work" / "run"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=_subprocess_limit(timeout_s, 60),
+    )
     if judged.returncode not in (0, 1):
         raise RuntimeError(f"verdict --json exited {judged.returncode}: {judged.stderr[-800:]}")
     verdict = json.loads(judged.stdout)
@@ -262,7 +293,8 @@ def pilot(out: Path, config: str, sets: list[str], timeout_s: float) -> dict:
         if rule["name"] in ("record_valid", "resumed", "throughput_steady"):
             figures[rule["name"]] = f"{rule['status']} {rule['figure']}"
     # On CUDA every train window should carry the device seconds of its updates (CUDA timing events): the
-    # verdict's contention check reads them. Report how many windows have them and their share of the train time.
+    # verdict's contention check reads them. Report how many windows have them and their share of the train
+    # time.
     from pilotrun.run.record import read_metrics_strict
 
     windows = [e["window"] for e in read_metrics_strict(out / "pilot-work" / "run") if e["event"] == "train"]
@@ -277,13 +309,19 @@ def pilot(out: Path, config: str, sets: list[str], timeout_s: float) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for results.json and results.md")
-    parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting sections after this long")
+    parser.add_argument(
+        "--budget-s", type=float, default=480.0, help="stop starting sections after this long"
+    )
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--cpu-dry-run", action="store_true", help="run every section on the CPU with small shapes")
+    parser.add_argument(
+        "--cpu-dry-run", action="store_true", help="run every section on the CPU with small shapes"
+    )
     args = parser.parse_args(argv)
     dry = args.cpu_dry_run
     if not dry and not torch.cuda.is_available():
-        print("device_check: no CUDA device (use --cpu-dry-run to check the script on a CPU)", file=sys.stderr)
+        print(
+            "device_check: no CUDA device (use --cpu-dry-run to check the script on a CPU)", file=sys.stderr
+        )
         return 2
     device = torch.device("cpu" if dry else "cuda")
     recorder = Recorder(args.out, args.budget_s)
@@ -295,14 +333,22 @@ def main(argv: list[str] | None = None) -> int:
     recorder.section("moe_layer", moe_layer, device, 256 if dry else 8192, repeats, big)
     recorder.section("attention", attention, device, 1 if dry else 4, 64 if dry else 2048, repeats)
     preset, batch, seq, vocab = ("tiny", 2, 32, 256) if dry else ("gpu-100m", 8, 1024, 32768)
-    for label, recompute, compile_mode in (("model_step", False, "none"), ("model_step_recompute", True, "none"),
-                                           ("model_step_compiled", False, "eager" if dry else "inductor")):
-        recorder.section(label, model_step, device, preset, batch, seq, repeats, vocab, recompute, compile_mode)
+    for label, recompute, compile_mode in (
+        ("model_step", False, "none"),
+        ("model_step_recompute", True, "none"),
+        ("model_step_compiled", False, "eager" if dry else "inductor"),
+    ):
+        recorder.section(
+            label, model_step, device, preset, batch, seq, repeats, vocab, recompute, compile_mode
+        )
     config = "configs/smoke.yaml" if dry else "configs/gpu/smoke.yaml"
     sets = ["train.max_steps=6", "train.checkpoint.every=2"] if dry else ["train.device=cuda"]
     recorder.section("pilot", pilot, args.out, config, sets, max(recorder.left_s(), 30))
     failed = [name for name, result in recorder.results.items() if result["status"] == "error"]
-    print(f"[device_check] wrote {args.out / 'results.md'}; errors in: {', '.join(failed) or 'none'}", flush=True)
+    print(
+        f"[device_check] wrote {args.out / 'results.md'}; errors in: {', '.join(failed) or 'none'}",
+        flush=True,
+    )
     return 1 if failed else 0
 
 

@@ -38,8 +38,15 @@ def copy_tracked_files(destination: Path) -> None:
     """The checkout's tracked files (and untracked, not ignored ones): what CI would test. A tracked symbolic
     link (configs/ -> pilotrun/configs) is copied as the link itself, so it resolves inside the copy; skipping
     it would leave the tests without the recipes they load through it."""
-    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-                            capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for relative in filter(None, listed):
         source = ROOT / relative
         target = destination / relative
@@ -128,12 +135,19 @@ def check_mutation(mutation: Mutation, timeout_s: float, baselines: dict[tuple[s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--only", nargs="*", default=None, help="names of the mutations to check (default: all)")
-    parser.add_argument("--timeout-s", type=float, default=900.0, help="limit for one run of a mutation's tests")
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="names of the mutations to check (default: all)"
+    )
+    parser.add_argument(
+        "--timeout-s", type=float, default=900.0, help="limit for one run of a mutation's tests"
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.add_argument("--stale-only", action="store_true",
-                        help="only list the mutations that no longer apply to this checkout (no tests run); exit 1 "
-                             "when any does")
+    parser.add_argument(
+        "--stale-only",
+        action="store_true",
+        help="only list the mutations that no longer apply to this checkout (no tests run); exit 1 "
+        "when any does",
+    )
     args = parser.parse_args(argv)
     if args.stale_only:
         problems = stale_mutations(ROOT, MUTATIONS)
@@ -154,15 +168,21 @@ def main(argv: list[str] | None = None) -> int:
         result = check_mutation(mutation, args.timeout_s, baselines)
         results.append({**result, "file": mutation.file, "why": mutation.why})
         if not args.json:
-            print(f"[{index}/{len(chosen)}] {result['status']:>15}  {mutation.name}: {mutation.why}", flush=True)
+            print(
+                f"[{index}/{len(chosen)}] {result['status']:>15}  {mutation.name}: {mutation.why}", flush=True
+            )
     killed = sum(r["status"] == "killed" for r in results)
     summary = {"mutations": len(results), "killed": killed,
                "kill_rate": killed / len(results) if results else None, "results": results}
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(f"killed {killed} of {len(results)} planted bugs"
-              + "".join(f"\n  {r['status']}: {r['name']} ({r['detail']})" for r in results if r["status"] != "killed"))
+        print(
+            f"killed {killed} of {len(results)} planted bugs"
+            + "".join(
+                f"\n  {r['status']}: {r['name']} ({r['detail']})" for r in results if r["status"] != "killed"
+            )
+        )
     return 0 if killed == len(results) else 1
 
 

@@ -1,15 +1,16 @@
-"""bench_update's optional third comparison: nanochat's GPT and its own optimizers, imported from a checkout of
-nanochat that the user names by path (`--nanochat PATH`). Nothing of nanochat lives in this repository; without
-the flag the benchmark never imports it.
+"""bench_update's optional third comparison: nanochat's GPT and its own optimizers, imported from a checkout
+of nanochat that the user names by path (`--nanochat PATH`). Nothing of nanochat lives in this repository;
+without the flag the benchmark never imports it.
 
-The adapter builds nanochat's model as its training script does (its config, `init_weights`, then its optimizer
-set-up) with the benchmark's d_model, layers, heads, vocabulary and sequence length, every layer attending to the
-full causal context (window pattern "L", as the other two models do) and as many key/value heads as query heads.
-nanochat's config has no MLP width: its MLP is relu^2 at 4x d_model. So that it does the same matmul work per
-token as pilotrun, the adapter replaces each block's two MLP projections with ones of nanochat's own Linear class
-at the width where its matmul parameters equal pilotrun's active ones, before `init_weights`, so nanochat's own
-initialisation applies to them. On the CPU nanochat picks fp32 as its compute dtype itself; nothing else of it is
-patched. A checkout whose API does not match is refused with one line naming what is missing.
+The adapter builds nanochat's model as its training script does (its config, `init_weights`, then its
+optimizer set-up) with the benchmark's d_model, layers, heads, vocabulary and sequence length, every layer
+attending to the full causal context (window pattern "L", as the other two models do) and as many key/value
+heads as query heads. nanochat's config has no MLP width: its MLP is relu^2 at 4x d_model. So that it does the
+same matmul work per token as pilotrun, the adapter replaces each block's two MLP projections with ones of
+nanochat's own Linear class at the width where its matmul parameters equal pilotrun's active ones, before
+`init_weights`, so nanochat's own initialisation applies to them. On the CPU nanochat picks fp32 as its
+compute dtype itself; nothing else of it is patched. A checkout whose API does not match is refused with one
+line naming what is missing.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class Nanochat:
 
 
 def load(path: str | Path) -> Nanochat:
-    """Import nanochat.gpt from the checkout at `path` (and nowhere else), checking the API the adapter uses."""
+    """Import nanochat.gpt from the checkout at `path` (and nowhere else), checking the API the adapter
+    uses."""
     root = Path(path).resolve()
     where = f"--nanochat {path}"
     if not (root / "nanochat" / "gpt.py").is_file():
@@ -61,7 +63,9 @@ def load(path: str | Path) -> Nanochat:
             gpt = importlib.import_module("nanochat.gpt")
     except Exception as error:  # any failure of a foreign checkout's import is the user's input, not our bug
         first = (str(error).splitlines() or [""])[0]
-        raise NanochatError(f"{where}: importing nanochat.gpt failed: {type(error).__name__}: {first}") from None
+        raise NanochatError(
+            f"{where}: importing nanochat.gpt failed: {type(error).__name__}: {first}"
+        ) from None
     finally:
         sys.path.remove(str(root))
     if root not in Path(gpt.__file__).resolve().parents:
@@ -84,15 +88,21 @@ def load(path: str | Path) -> Nanochat:
 def checkout_commit(root: Path) -> str | None:
     """The checkout's commit where it is a git work tree (for the record), else None."""
     try:
-        done = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, timeout=10, check=False)
+        done = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() or None if done.returncode == 0 else None
 
 
 def matmul_parameters(model: nn.Module) -> int:
-    """The parameters a token multiplies by: nanochat's own count where it has one, else every Linear weight."""
+    """The parameters a token multiplies by: nanochat's own count where it has one, else every Linear
+    weight."""
     if hasattr(model, "num_matmul_params"):
         return int(model.num_matmul_params())
     return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
@@ -110,11 +120,18 @@ def mlps(model: nn.Module, where: str) -> list[nn.Module]:
 
 def build(nanochat: Nanochat, *, d_model: int, n_layers: int, n_heads: int, vocab: int, seq: int,
           target_matmul: int) -> tuple[nn.Module, list[torch.optim.Optimizer], dict]:
-    """nanochat's model, MLP width set so that its matmul parameters come nearest `target_matmul` (a multiple of
-    8), initialised by its own `init_weights`, with the optimizers its own set-up returns; and its shape."""
+    """nanochat's model, MLP width set so that its matmul parameters come nearest `target_matmul` (a multiple
+    of 8), initialised by its own `init_weights`, with the optimizers its own set-up returns; and its
+    shape."""
     gpt, where = nanochat.gpt, f"--nanochat {nanochat.path}"
     fields = {field.name for field in dataclasses.fields(gpt.GPTConfig)}
-    changes = {"sequence_len": seq, "vocab_size": vocab, "n_layer": n_layers, "n_head": n_heads, "n_embd": d_model}
+    changes = {
+        "sequence_len": seq,
+        "vocab_size": vocab,
+        "n_layer": n_layers,
+        "n_head": n_heads,
+        "n_embd": d_model,
+    }
     changes.update({"n_kv_head": n_heads} if "n_kv_head" in fields else {})
     changes.update({"window_pattern": "L"} if "window_pattern" in fields else {})
     with contextlib.redirect_stdout(sys.stderr):
@@ -133,11 +150,16 @@ def build(nanochat: Nanochat, *, d_model: int, n_layers: int, n_heads: int, voca
         optimizers = setup()
     optimizers = list(optimizers) if isinstance(optimizers, list | tuple) else [optimizers]
     matmul = matmul_parameters(model)
-    shape = {"nanochat_hidden": hidden, "nanochat_shipped_hidden": 4 * d_model, "nanochat_matmul_parameters": matmul,
-             "nanochat_flops_per_token": 6 * matmul + 6 * n_layers * 2 * d_model * (seq + 1) / 2,
-             "nanochat_parameters": sum(p.numel() for p in model.parameters()),
-             "nanochat_compute_dtype": nanochat.compute_dtype, "nanochat_commit": nanochat.commit,
-             "nanochat_optimizers": [type(o).__name__ for o in optimizers]}
+    shape = {
+        "nanochat_hidden": hidden,
+        "nanochat_shipped_hidden": 4 * d_model,
+        "nanochat_matmul_parameters": matmul,
+        "nanochat_flops_per_token": 6 * matmul + 6 * n_layers * 2 * d_model * (seq + 1) / 2,
+        "nanochat_parameters": sum(p.numel() for p in model.parameters()),
+        "nanochat_compute_dtype": nanochat.compute_dtype,
+        "nanochat_commit": nanochat.commit,
+        "nanochat_optimizers": [type(o).__name__ for o in optimizers],
+    }
     return model, optimizers, shape
 
 

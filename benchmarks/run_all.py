@@ -1,11 +1,12 @@
 """`make bench`: run every benchmarks/bench_*.py side by side in one process and write BENCHMARKS.md.
 
-Each benchmark module has `run() -> str`, returning a Markdown section (heading `## ...`) with the ratios
-it measured and the command that reproduces it. `python -m benchmarks.run_all bench_data` runs one (printed only; with `--update`, its section
-in BENCHMARKS.md is replaced and the header names it as measured apart from the full run). Every section ends with its duration and the machine's load
-average before and after it, since these figures are measured on shared machines. `--nanochat PATH` (`make bench
-NANOCHAT=PATH`) hands a checkout of nanochat to the benchmarks that compare with it (a `run` with a `nanochat`
-parameter); without it nothing of nanochat is imported.
+Each benchmark module has `run() -> str`, returning a Markdown section (heading `## ...`) with the ratios it
+measured and the command that reproduces it. `python -m benchmarks.run_all bench_data` runs one (printed only;
+with `--update`, its section in BENCHMARKS.md is replaced and the header names it as measured apart from the
+full run). Every section ends with its duration and the machine's load average before and after it, since
+these figures are measured on shared machines. `--nanochat PATH` (`make bench NANOCHAT=PATH`) hands a checkout
+of nanochat to the benchmarks that compare with it (a `run` with a `nanochat` parameter); without it nothing
+of nanochat is imported.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def section_footer(name: str, seconds: float, load_before: tuple, load_after: tu
 
 def replace_sections(text: str, measured: dict[str, str]) -> str:
     """BENCHMARKS.md with each named module's section replaced by a new measurement (a section runs from its
-    `## ` heading to the next one; it is the module's by its `_bench_x took` footer), and a header line that says
-    which sections were measured after the full run, so no reader takes them for one side-by-side run."""
+    `## ` heading to the next one; it is the module's by its `_bench_x took` footer), and a header line that
+    says which sections were measured after the full run, so no reader takes them for one side-by-side run."""
     head, *parts = text.split("\n## ")
     parts = ["## " + part for part in parts]
     for name, section in measured.items():
@@ -52,12 +53,16 @@ def replace_sections(text: str, measured: dict[str, str]) -> str:
             parts[owned[0]] = section
         else:
             parts.append(section)
-    marker = "Sections measured on their own after the full run (`python -m benchmarks.run_all --update NAME`): "
+    marker = (
+        "Sections measured on their own after the full run (`python -m benchmarks.run_all --update NAME`): "
+    )
     earlier = {name.strip() for line in head.splitlines() if line.startswith(marker)
                for name in line[len(marker):].rstrip(".").split(",")}
     note = marker + ", ".join(sorted(earlier | set(measured))) + "."
     lines = [line for line in head.splitlines() if not line.startswith(marker)]
-    return "\n".join(lines).rstrip() + "\n\n" + note + "\n\n" + "\n".join(part.rstrip() + "\n" for part in parts)
+    return (
+        "\n".join(lines).rstrip() + "\n\n" + note + "\n\n" + "\n".join(part.rstrip() + "\n" for part in parts)
+    )
 
 
 def split_arguments(argv: list[str]) -> tuple[list[str], bool, str | None]:
@@ -107,7 +112,8 @@ def main(argv: list[str]) -> int:
         "# Benchmarks\n\n"
         "Written by `make bench` (`python -m benchmarks.run_all`) in one run on one machine; every ratio is\n"
         "measured side by side in that run. Do not edit by hand: rerun the command.\n\n"
-        f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, Python {platform.python_version()},"
+        f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, Python "
+        f"{platform.python_version()},"
         f" torch {torch.__version__}, {platform.platform()}.\n\n"
     )
     (ROOT / "BENCHMARKS.md").write_text(header + "\n".join(sections))

@@ -27,7 +27,9 @@ def describe(extras: str, pyproject: Path = PYPROJECT) -> list[str]:
     optional = project.get("optional-dependencies", {})
     for extra in wanted:
         if extra not in optional:
-            raise SystemExit(f"[make] unknown extra '{extra}' (pyproject.toml has: {', '.join(sorted(optional))})")
+            raise SystemExit(
+                f"[make] unknown extra '{extra}' (pyproject.toml has: {', '.join(sorted(optional))})"
+            )
         lines.append(f"[make]   [{extra}]: {names(optional[extra])}")
     return lines
 

@@ -24,7 +24,9 @@ CHOICES = 4
 
 def require_fixture(path: Path) -> Path:
     if not path.exists():
-        pytest.skip(f"shared test fixture {path} is absent (expected ../shared/fixtures beside the repository)")
+        pytest.skip(
+            f"shared test fixture {path} is absent (expected ../shared/fixtures beside the repository)"
+        )
     return path
 
 
@@ -86,11 +88,26 @@ def task_recipe(task: Path, steps: int = 40, every: int = 20, seed: int = 0, ext
     and committing a checkpoint at the same steps."""
     from pilotrun.config import load_run_config
 
-    return load_run_config(REPO_ROOT / "configs" / "smoke.yaml", [
-        "train.num_threads=1", f"train.max_steps={steps}", f"train.checkpoint_every={every}", "train.log_every=10",
-        "train.eval_every=0", "train.keep_checkpoints=5", f"train.seed={seed}", "train.seq_len=64",
-        "train.batch_size=8", f"train.downstream_tasks=[{task}]", f"train.downstream_every={every}",
-        f"optim.schedule.horizon={steps}", "optim.muon.lr=0.01", "optim.adamw.lr=0.01", *extra])
+    return load_run_config(
+        REPO_ROOT / "configs" / "smoke.yaml",
+        [
+            "train.num_threads=1",
+            f"train.max_steps={steps}",
+            f"train.checkpoint_every={every}",
+            "train.log_every=10",
+            "train.eval_every=0",
+            "train.keep_checkpoints=5",
+            f"train.seed={seed}",
+            "train.seq_len=64",
+            "train.batch_size=8",
+            f"train.downstream_tasks=[{task}]",
+            f"train.downstream_every={every}",
+            f"optim.schedule.horizon={steps}",
+            "optim.muon.lr=0.01",
+            "optim.adamw.lr=0.01",
+            *extra,
+        ],
+    )
 
 
 def train_task_run(data: Path, task: Path, run_dir: Path, **recipe) -> Path:

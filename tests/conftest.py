@@ -2,11 +2,11 @@
 that makes `make test-fast` fast: a test that starts a pilotrun, torchrun or Python child process is marked
 `slow`.
 
-The two tiers: `make test` runs everything (CI); `make test-fast` (`-m "not slow"`) is the inner loop, in-process
-tests of a few updates at most. A test is `slow` when it crosses a process boundary on purpose (a signal, a
-SIGKILL, torchrun, the console script) or trains for more than a few seconds; the marker is on the test or its
-module. The first half of that is checked, not trusted: outside a `slow` test, starting such a child fails the
-test, naming what it started, also when a fixture the test needs starts it.
+The two tiers: `make test` runs everything (CI); `make test-fast` (`-m "not slow"`) is the inner loop,
+in-process tests of a few updates at most. A test is `slow` when it crosses a process boundary on purpose (a
+signal, a SIGKILL, torchrun, the console script) or trains for more than a few seconds; the marker is on the
+test or its module. The first half of that is checked, not trusted: outside a `slow` test, starting such a
+child fails the test, naming what it started, also when a fixture the test needs starts it.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def pytest_runtest_teardown(item, nextitem):
 
 @pytest.fixture(scope="session")
 def builtin_data_dir(tmp_path_factory):
-    """The built-in offline corpus prepared with the default byte-level BPE (4,096 tokens): read-only for tests."""
+    """The built-in offline corpus prepared with the default byte-level BPE (4,096 tokens): read-only for
+    tests."""
     from pilotrun.data.prepare import prepare_corpus
 
     out = tmp_path_factory.mktemp("data") / "builtin"
@@ -100,27 +101,62 @@ def builtin_data_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def mixture_sources(tmp_path_factory):
-    """Prepared folders for data mixtures (read-only for tests): `builtin` (the built-in corpus, its own 512-token
-    BPE), `edu` (the FineWeb-Edu fixture, prepared with builtin's tokenizer.json: one tokenizer file for both),
-    `tiny` (a few lines of text, the same tokenizer: a source too small for its weight) and `other` (the built-in
-    corpus under another vocabulary)."""
+    """Prepared folders for data mixtures (read-only for tests): `builtin` (the built-in corpus, its own
+    512-token BPE), `edu` (the FineWeb-Edu fixture, prepared with builtin's tokenizer.json: one tokenizer file
+    for both), `tiny` (a few lines of text, the same tokenizer: a source too small for its weight) and `other`
+    (the built-in corpus under another vocabulary)."""
     from pilotrun.data.prepare import prepare_corpus
 
-    fineweb = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "fineweb-edu" / "fineweb_edu_sample10bt_150docs.jsonl"
+    fineweb = (
+        Path(__file__).resolve().parents[1].parent
+        / "shared"
+        / "fixtures"
+        / "fineweb-edu"
+        / "fineweb_edu_sample10bt_150docs.jsonl"
+    )
     if not fineweb.exists():
-        pytest.skip(f"shared test fixture {fineweb} is absent (expected ../shared/fixtures beside the repository)")
+        pytest.skip(
+            f"shared test fixture {fineweb} is absent (expected ../shared/fixtures beside the repository)"
+        )
     root = tmp_path_factory.mktemp("mixture_sources")
-    prepare_corpus(root / "builtin", source="builtin", tokenizer="bpe:512", train_tokens=20_000, val_fraction=0.05,
-                   workers=1, progress=False)
+    prepare_corpus(
+        root / "builtin",
+        source="builtin",
+        tokenizer="bpe:512",
+        train_tokens=20_000,
+        val_fraction=0.05,
+        workers=1,
+        progress=False,
+    )
     tokenizer = str(root / "builtin" / "tokenizer.json")
-    prepare_corpus(root / "edu", source=str(fineweb), tokenizer=tokenizer, train_tokens=40_000, val_fraction=0.1,
-                   workers=1, progress=False)
+    prepare_corpus(
+        root / "edu",
+        source=str(fineweb),
+        tokenizer=tokenizer,
+        train_tokens=40_000,
+        val_fraction=0.1,
+        workers=1,
+        progress=False,
+    )
     lines = root / "tiny.jsonl"
-    lines.write_text("".join(json.dumps({"text": f"Line {i} of a very small source about the river and the mill."})
-                             + "\n" for i in range(40)))
-    prepare_corpus(root / "tiny", source=str(lines), tokenizer=tokenizer, val_fraction=0.3, workers=1, progress=False)
-    prepare_corpus(root / "other", source="builtin", tokenizer="bpe:300", train_tokens=5_000, val_fraction=0.05,
-                   workers=1, progress=False)
+    lines.write_text(
+        "".join(
+            json.dumps({"text": f"Line {i} of a very small source about the river and the mill."}) + "\n"
+            for i in range(40)
+        )
+    )
+    prepare_corpus(
+        root / "tiny", source=str(lines), tokenizer=tokenizer, val_fraction=0.3, workers=1, progress=False
+    )
+    prepare_corpus(
+        root / "other",
+        source="builtin",
+        tokenizer="bpe:300",
+        train_tokens=5_000,
+        val_fraction=0.05,
+        workers=1,
+        progress=False,
+    )
     return {name: root / name for name in ("builtin", "edu", "tiny", "other")}
 
 
@@ -135,9 +171,9 @@ def write_mixture(path, entries, seed=None):
 
 @pytest.fixture(scope="session")
 def task_run(tmp_path_factory):
-    """A run that learned the FineWeb-Edu multiple-choice task (tests/choice_task_fixture.py): 40 updates, the task
-    scored in the loop and a checkpoint committed at steps 20 and 40. (data, task file, run folder): read-only
-    for tests (copy the run folder to change it)."""
+    """A run that learned the FineWeb-Edu multiple-choice task (tests/choice_task_fixture.py): 40 updates, the
+    task scored in the loop and a checkpoint committed at steps 20 and 40. (data, task file, run folder):
+    read-only for tests (copy the run folder to change it)."""
     from tests.choice_task_fixture import fineweb_task, prepare_fineweb, train_task_run
 
     root = tmp_path_factory.mktemp("task-run")

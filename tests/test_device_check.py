@@ -18,7 +18,9 @@ def test_device_check_dry_run_completes_every_section(tmp_path, capsys):
     assert all(result["status"] == "ok" for result in results.values()), results
     assert results["attention"]["tracked_max_logit_equal"] is True
     assert results["model_step_recompute"]["activation_checkpointing"] is True
-    assert results["pilot"]["record_valid"].startswith("PASS") and results["pilot"]["resumed"].startswith("PASS")
+    assert results["pilot"]["record_valid"].startswith("PASS") and results["pilot"]["resumed"].startswith(
+        "PASS"
+    )
     windows = results["pilot"]["windows_with_device_seconds"]  # CUDA timing events: none on the CPU
     assert windows.startswith("0 of ") and int(windows.split(" of ")[1]) > 0
     assert (tmp_path / "results.md").read_text().startswith("# device_check results")

@@ -61,8 +61,8 @@ def test_every_relative_link_resolves_inside_the_repository(page):
 
 
 def test_the_docs_name_no_path_outside_the_repository():
-    """A path in docs/'s prose is read from the repository's root, so one that climbs out (`../shared/...`) names
-    a file a clone does not have; a link's target is the link test's."""
+    """A path in docs/'s prose is read from the repository's root, so one that climbs out (`../shared/...`)
+    names a file a clone does not have; a link's target is the link test's."""
     outside = [f"{page.name}: {path}" for page in PAGES[1:]
                for path in re.findall(r"(?:\.\./)+[\w./-]*", LINK.sub("", page.read_text(encoding="utf-8")))]
     assert outside == []

@@ -45,9 +45,11 @@ def test_a_stale_mutation_is_named_with_its_reason(tmp_path):
 
 
 def test_the_scratch_copy_keeps_tracked_links_so_the_tests_find_their_recipes(tmp_path):
-    # The trainer tests load configs/smoke.yaml; configs/ is a tracked link to pilotrun/configs. A copy without
-    # it fails every baseline, and `make mutation` then kills nothing.
+    # The trainer tests load configs/smoke.yaml; configs/ is a tracked link to pilotrun/configs. A copy
+    # without it fails every baseline, and `make mutation` then kills nothing.
     copy_tracked_files(tmp_path)
     assert (tmp_path / "configs").is_symlink()
     assert (tmp_path / "configs" / "smoke.yaml").resolve().is_relative_to(tmp_path.resolve())
-    assert (tmp_path / "configs" / "smoke.yaml").read_bytes() == (ROOT / "configs" / "smoke.yaml").read_bytes()
+    assert (tmp_path / "configs" / "smoke.yaml").read_bytes() == (
+        ROOT / "configs" / "smoke.yaml"
+    ).read_bytes()

@@ -1,5 +1,6 @@
 """A built wheel works on its own: installed into a fresh virtual environment it has the recipes, and
-`pilotrun pilot --help` and `pilotrun config --config stability` run from a folder that is not the checkout."""
+`pilotrun pilot --help` and `pilotrun config --config stability` run from a folder that is not the
+checkout."""
 
 from __future__ import annotations
 
@@ -51,22 +52,32 @@ def test_wheel_installs_with_recipes_and_runs_outside_the_checkout(tmp_path):
         assert f"pilotrun/configs/{recipe}.yaml" in names
         assert f"pilotrun/configs/gpu/{recipe}.yaml" in names
     python = fresh_venv_seeing_current_packages(tmp_path / "venv")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+        check=True,
+        capture_output=True,
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     where = subprocess.run([str(python), "-c", "import pilotrun; print(pilotrun.__file__)"], cwd=elsewhere,
                            capture_output=True, text=True, check=True).stdout.strip()
     assert Path(where).is_relative_to(tmp_path / "venv")  # the wheel's copy, not the checkout
     script = tmp_path / "venv" / "bin" / "pilotrun"
-    assert subprocess.run([str(script), "pilot", "--help"], cwd=elsewhere, capture_output=True).returncode == 0
+    assert (
+        subprocess.run([str(script), "pilot", "--help"], cwd=elsewhere, capture_output=True).returncode == 0
+    )
     shown = subprocess.run([str(script), "config", "--config", "stability", "--json"], cwd=elsewhere,
                            capture_output=True, text=True)
     assert shown.returncode == 0, shown.stderr
     rows = {r["key"]: r["value"] for r in json.loads(shown.stdout)}
     assert rows["train.max_steps"] == 240 and rows["optim.schedule.horizon"] == 240
-    recipe_dir = subprocess.run([str(python), "-c", "from pilotrun.commands.pilot import configs_dir; "
-                                 "print(configs_dir())"], cwd=elsewhere, capture_output=True, text=True, check=True)
+    recipe_dir = subprocess.run(
+        [str(python), "-c", "from pilotrun.commands.pilot import configs_dir; print(configs_dir())"],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert Path(recipe_dir.stdout.strip()).is_relative_to(tmp_path / "venv")
 
 
@@ -80,9 +91,19 @@ def test_the_extras_are_split_by_feature_and_dev_is_what_the_tests_need():
     extras = _extras()
     assert set(extras["dev"]) == (set(extras["test"]) | set(extras["export"]) | set(extras["trackers"])
                                   | set(extras["eval"]) | set(extras["datatrove"]))
-    assert set(extras["trackers"]) == set().union(*(extras[t] for t in ("tensorboard", "wandb", "mlflow", "trackio")))
+    assert set(extras["trackers"]) == set().union(
+        *(extras[t] for t in ("tensorboard", "wandb", "mlflow", "trackio"))
+    )
     assert extras["hf"] == extras["export"]  # the older name of the export extra
-    for heavy in ("transformers", "tensorboard", "wandb", "mlflow-skinny", "sqlalchemy", "alembic", "trackio"):
+    for heavy in (
+        "transformers",
+        "tensorboard",
+        "wandb",
+        "mlflow-skinny",
+        "sqlalchemy",
+        "alembic",
+        "trackio",
+    ):
         assert not any(r.startswith(heavy) for r in extras["test"]), heavy
 
 
@@ -95,10 +116,14 @@ def test_make_pilot_installs_the_base_alone_and_make_test_the_dev_extra():
     describe_extras = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(describe_extras)
     # `make -n` prints the commands without running them: nothing is installed here.
-    pilot = subprocess.run(["make", "-n", "-B", "pilot"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    pilot = subprocess.run(
+        ["make", "-n", "-B", "pilot"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     assert 'pip install -q -e "."' in pilot and "scripts/describe_extras.py \"base\"" in pilot
     assert "touch .venv/.installed-base" in pilot
-    test = subprocess.run(["make", "-n", "-B", "test"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    test = subprocess.run(
+        ["make", "-n", "-B", "test"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     assert 'pip install -q -e ".[dev]"' in test and "touch .venv/.installed-dev" in test
     said = describe_extras.describe("base")
     assert said == ["[make] 4/5 installing pilotrun (editable), no extra",

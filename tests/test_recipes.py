@@ -67,7 +67,8 @@ def test_acceptance_recipe_exercises_the_full_machinery(builtin_data_dir, tmp_pa
     trainer, result, events = run_recipe("acceptance", builtin_data_dir, tmp_path / "run")
     assert result.reason == "completed" and result.step == 80
     trains = [e for e in events if e["event"] == "train"]
-    assert all(e["window"]["microbatches"] == 2 * e["window"]["updates_attempted"] for e in trains)  # accumulation
+    # accumulation
+    assert all(e["window"]["microbatches"] == 2 * e["window"]["updates_attempted"] for e in trains)
     assert trains[-1]["loss"] < 1.0 < trains[0]["loss"]  # it memorises the repeated batch
     final_qk = trains[-1]["qk_clip"]
     assert final_qk["cumulative_interventions"] > 0 and final_qk["updates_with_clip"] > 0  # QK-Clip acted

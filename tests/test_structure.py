@@ -1,9 +1,10 @@
 """The package's shape, checked from its source: the folders import only the ones before them, no two files
 import each other (function-local imports counted), the run folder's format imports no torch, no test hook
-ships in production, no function outgrows its cap, docstrings name what exists, the loop fits on one screen, and tests mirror the package.
+ships in production, no function outgrows its cap, docstrings name what exists, the loop fits on one screen,
+and tests mirror the package.
 
-The import graph is read with `ast`, so an import inside a function is an arrow like any other: hiding a
-cycle in a function body does not make it go away.
+The import graph is read with `ast`, so an import inside a function is an arrow like any other: hiding a cycle
+in a function body does not make it go away.
 """
 
 from __future__ import annotations
@@ -21,7 +22,19 @@ PACKAGE = ROOT / "pilotrun"
 # errors, stop signals, progress, the deadline clock) is the floor everything stands on, the recipe's config
 # and the version stand on it; `pilotrun/__init__.py` and `__main__.py` are the front door, which may reach
 # the commands (the lazy API, `python -m pilotrun`).
-LAYERS = ("common", "<floor>", "config", "data", "model", "optim", "run", "training", "report", "commands", "<door>")
+LAYERS = (
+    "common",
+    "<floor>",
+    "config",
+    "data",
+    "model",
+    "optim",
+    "run",
+    "training",
+    "report",
+    "commands",
+    "<door>",
+)
 DOOR_MODULES = {"pilotrun", "pilotrun.__main__"}
 MAX_LOOP_LINES = 80
 
@@ -137,8 +150,9 @@ def test_the_run_folder_format_imports_no_torch_training_or_report():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             for imported in names:
-                if imported.split(".")[0] == "torch" or imported.startswith(("pilotrun.training", "pilotrun.report",
-                                                                              "pilotrun.commands")):
+                if imported.split(".")[0] == "torch" or imported.startswith(
+                    ("pilotrun.training", "pilotrun.report", "pilotrun.commands")
+                ):
                     offenders.append(f"{path.name}: {imported}")
     assert offenders == []
 
@@ -150,7 +164,9 @@ def test_no_test_hook_in_production_code():
 
 def test_the_training_loop_fits_on_one_screen():
     tree = ast.parse((PACKAGE / "training" / "loop.py").read_text())
-    loops = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "train_loop"]
+    loops = [
+        node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "train_loop"
+    ]
     assert len(loops) == 1
     assert loops[0].end_lineno - loops[0].lineno + 1 <= MAX_LOOP_LINES
 
@@ -161,16 +177,18 @@ def canonical_spellings(source: str) -> int:
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "dumps":
             keywords = {k.arg: k.value for k in node.keywords}
-            sorted_keys = isinstance(keywords.get("sort_keys"), ast.Constant) and keywords["sort_keys"].value is True
+            sorted_keys = (
+                isinstance(keywords.get("sort_keys"), ast.Constant) and keywords["sort_keys"].value is True
+            )
             compact = "separators" in keywords and ast.literal_eval(keywords["separators"]) == (",", ":")
             count += sorted_keys and compact
     return count
 
 
 def test_one_canonical_json():
-    """Identity hashes are taken over one serialisation (pilotrun.common.files.canonical_json): a second spelling
-    would let two readers disagree on the same value's hash. (A metrics.jsonl line is compact but keeps its
-    fields in written order: a line format, not an identity.)"""
+    """Identity hashes are taken over one serialisation (pilotrun.common.files.canonical_json): a second
+    spelling would let two readers disagree on the same value's hash. (A metrics.jsonl line is compact but
+    keeps its fields in written order: a line format, not an identity.)"""
     spelled = {str(p.relative_to(ROOT)): canonical_spellings(p.read_text()) for p in PACKAGE.rglob("*.py")}
     assert {path: n for path, n in spelled.items() if n} == {"pilotrun/common/files.py": 1}
     assert canonical_spellings('json.dumps(x, separators=(",", ":"), sort_keys=True)') == 1
@@ -307,7 +325,12 @@ def test_docstrings_name_only_files_and_names_that_exist():
 def test_the_reference_check_can_fail(tmp_path):
     package = tmp_path / "pilotrun"
     (package / "room").mkdir(parents=True)
-    (package / "room" / "kept.py").write_text('"""Reads room/kept.py and room/gone.py."""\nclass Here:\n    pass\n')
+    (package / "room" / "kept.py").write_text(
+        '"""Reads room/kept.py and room/gone.py."""\nclass Here:\n    pass\n'
+    )
     (package / "room" / "other.py").write_text('"""See `kept.Here` and `kept.Gone`."""\n')
     found = stale_docstring_references(package, tmp_path)
-    assert found == ["pilotrun/room/kept.py:1: no file room/gone.py", "pilotrun/room/other.py:1: no kept.Gone"]
+    assert found == [
+        "pilotrun/room/kept.py:1: no file room/gone.py",
+        "pilotrun/room/other.py:1: no kept.Gone",
+    ]

@@ -21,7 +21,8 @@ def test_python_programs_are_told_from_other_commands():
 def test_a_fast_test_cannot_start_a_python_child():
     with pytest.raises(AssertionError, match="not marked slow"):
         subprocess.run([sys.executable, "-c", "pass"], check=True)
-    assert subprocess.run(["git", "--version"], capture_output=True).returncode == 0  # other commands are fine
+    # other commands are fine
+    assert subprocess.run(["git", "--version"], capture_output=True).returncode == 0
 
 
 def test_a_fast_test_cannot_start_a_multiprocessing_worker():

@@ -1,17 +1,17 @@
 """The Python API for notebooks and scripts: the commands as functions that return objects, not exit codes.
 
-    import pilotrun
-    pilotrun.prepare("data/edu", source="builtin", tokenizer="bpe:1024")
-    result = pilotrun.train("configs/smoke.yaml", data="data/edu", run_dir="runs/a", overrides=["train.max_steps=4"])
+    import pilotrun pilotrun.prepare("data/edu", source="builtin", tokenizer="bpe:1024") result =
+    pilotrun.train("configs/smoke.yaml", data="data/edu", run_dir="runs/a", overrides=["train.max_steps=4"])
     summary = pilotrun.summarize("runs/a")          # .valid, .reasons, .overall
     verdict = pilotrun.verdict("runs/a")            # .decision "GO" / "NO-GO", .rules; writes runs/a/report/
     model = pilotrun.load_model("runs/a")           # the newest checkpoint's model, eval mode, CPU
     pilotrun.export("runs/a", "hf/a")               # a transformers DeepSeek-V3 folder
 
 Each function is a thin call into the package, like the command it mirrors; bad input raises
-`pilotrun.common.errors.PilotrunError` (the CLI's exit 2) with the command's one-line message in this API's words: a
-message that says "pass --force" to a person at a shell says "pass force=True" to a Python caller. `import pilotrun` stays
-cheap: these names are resolved on first use (see `pilotrun/__init__.py`), and torch is imported only then.
+`pilotrun.common.errors.PilotrunError` (the CLI's exit 2) with the command's one-line message in this API's
+words: a message that says "pass --force" to a person at a shell says "pass force=True" to a Python caller.
+`import pilotrun` stays cheap: these names are resolved on first use (see `pilotrun/__init__.py`), and torch
+is imported only then.
 """
 
 from __future__ import annotations
@@ -29,12 +29,29 @@ F = TypeVar("F", bound=Callable[..., Any])
 # What each command-line option is called in this API, per function (an option the API does not have keeps
 # its command-line spelling, which is then still the honest name of the thing).
 API_WORDS: dict[str, dict[str, str]] = {
-    "prepare": {"--force": "force=True", "--out": "out", "--source": "source=", "--tokenizer": "tokenizer=",
-                "--train-tokens": "train_tokens=", "--val-fraction": "val_fraction=", "--shard-tokens":
-                "shard_tokens=", "--shuffle-buffer": "shuffle_buffer=", "--workers": "workers=", "--eos": "eos=",
-                "--text-field": "text_field=", "--seed": "seed="},
-    "train": {"--resume": "resume=True", "--allow-change": "allow_changes=[...]", "--from-step": "from_step=",
-              "--set": "overrides=", "--config": "config", "--run-dir": "run_dir", "--data": "data="},
+    "prepare": {
+        "--force": "force=True",
+        "--out": "out",
+        "--source": "source=",
+        "--tokenizer": "tokenizer=",
+        "--train-tokens": "train_tokens=",
+        "--val-fraction": "val_fraction=",
+        "--shard-tokens": "shard_tokens=",
+        "--shuffle-buffer": "shuffle_buffer=",
+        "--workers": "workers=",
+        "--eos": "eos=",
+        "--text-field": "text_field=",
+        "--seed": "seed=",
+    },
+    "train": {
+        "--resume": "resume=True",
+        "--allow-change": "allow_changes=[...]",
+        "--from-step": "from_step=",
+        "--set": "overrides=",
+        "--config": "config",
+        "--run-dir": "run_dir",
+        "--data": "data=",
+    },
     "summarize": {"--require-step": "require_step=", "--require-eval": "require_eval=[...]"},
     "verdict": {"--threshold": "thresholds={...}", "--no-resume-required": "resume_required=False"},
     "export": {"--out": "out", "--step": "step=", "--data": "data="},
@@ -65,7 +82,9 @@ def speaks_api(function: F) -> F:
 
 
 @speaks_api
-def prepare(out: str | Path, source: str = "builtin", tokenizer: str = "bpe:4096", **options: Any) -> dict[str, Any]:
+def prepare(
+    out: str | Path, source: str = "builtin", tokenizer: str = "bpe:4096", **options: Any
+) -> dict[str, Any]:
     """`pilotrun prepare`: write a data folder; returns its manifest (metadata.json). `options` are
     prepare_corpus's keywords (train_tokens, val_fraction, shard_tokens, seed, shuffle_buffer, workers, eos,
     text_field, force, progress)."""
@@ -100,9 +119,17 @@ def train(config: str | Path | Any = None, *, data: str | Path, run_dir: str | P
     from pilotrun.training.trainer import Trainer
 
     run_config = _run_config(config, overrides)
-    trainer = Trainer(run_config, data, run_dir, resume=resume, from_step=from_step,
-                      allow_changes=list(allow_changes), command=["pilotrun.train", str(config)], progress=progress,
-                      sinks=list(sinks))
+    trainer = Trainer(
+        run_config,
+        data,
+        run_dir,
+        resume=resume,
+        from_step=from_step,
+        allow_changes=list(allow_changes),
+        command=["pilotrun.train", str(config)],
+        progress=progress,
+        sinks=list(sinks),
+    )
     return trainer.run()
 
 

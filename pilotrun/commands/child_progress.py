@@ -30,16 +30,17 @@ class ChildInterrupted(PilotrunError):
 
 def read_complete_events(path: Path) -> list[dict]:
     """The complete events of a metrics.jsonl being written, through the record's tolerant reader (a partial
-    last line is a note there, not an event): one read of the whole file, for a look after the child is done."""
+    last line is a note there, not an event): one read of the whole file, for a look after the child is
+    done."""
     if not path.is_file():
         return []
     return read_metrics_tolerant(path.parent).events
 
 
 class GrowingEvents:
-    """The complete events of a child's metrics.jsonl so far, read incrementally: each poll reads only the bytes
-    appended since the last (a line being written waits for its newline). The pilot judges nothing here, so
-    the follower reads no run.json (the child may not have written it yet) and checks no chain."""
+    """The complete events of a child's metrics.jsonl so far, read incrementally: each poll reads only the
+    bytes appended since the last (a line being written waits for its newline). The pilot judges nothing here,
+    so the follower reads no run.json (the child may not have written it yet) and checks no chain."""
 
     def __init__(self, metrics: Path) -> None:
         self.follower = RecordFollower(metrics.parent, chained=False)
@@ -48,7 +49,8 @@ class GrowingEvents:
     def read(self) -> list[dict[str, Any]]:
         before = self.follower.offset
         found = self.follower.poll()
-        if self.follower.offset < before:  # the file was rewritten: the follower reads it again from the start
+        # the file was rewritten: the follower reads it again from the start
+        if self.follower.offset < before:
             self.events = []
         self.events.extend(found.events)
         return self.events
@@ -56,10 +58,10 @@ class GrowingEvents:
 
 def progress_figures(events: list[dict], max_steps: int, sessions_before: int = 0
                      ) -> dict[str, float | int | None] | None:
-    """step, loss, wall tokens/s and ETA seconds of the newest session in `events`; None before its first train
-    window, and None while the record holds no more than `sessions_before` sessions (a resumed child's record
-    starts with the killed session's windows, which are not its progress). The ETA divides the updates left by
-    this session's rate of updates per wall-clock second."""
+    """step, loss, wall tokens/s and ETA seconds of the newest session in `events`; None before its first
+    train window, and None while the record holds no more than `sessions_before` sessions (a resumed child's
+    record starts with the killed session's windows, which are not its progress). The ETA divides the updates
+    left by this session's rate of updates per wall-clock second."""
     starts = [i for i, e in enumerate(events) if e.get("event") == "session_start"]
     if len(starts) <= sessions_before and sessions_before:
         return None
@@ -84,12 +86,18 @@ def format_progress(figures: dict, max_steps: int) -> str:
 
 
 class ProgressLine:
-    """One line rewritten in place on a terminal; elsewhere (a log, a pipe) or with `mode="plain"`, plain lines
-    at every command's cadence (pilotrun/common/progress.py): the first figures at once, then at most one line per
-    `interval` seconds, and the last when the child is done."""
+    """One line rewritten in place on a terminal; elsewhere (a log, a pipe) or with `mode="plain"`, plain
+    lines at every command's cadence (pilotrun/common/progress.py): the first figures at once, then at most
+    one line per `interval` seconds, and the last when the child is done."""
 
-    def __init__(self, out: TextIO, prefix: str = "[pilot] ", interval: float | None = None, mode: str = "auto",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        out: TextIO,
+        prefix: str = "[pilot] ",
+        interval: float | None = None,
+        mode: str = "auto",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.out, self.prefix = out, prefix
         self.tty = mode != "plain" and bool(getattr(out, "isatty", lambda: False)())
         self.plain = PlainLine(out, interval, clock)
@@ -122,23 +130,30 @@ def wait_with_progress(process: subprocess.Popen, metrics: Path, max_steps: int,
                        poll_seconds: float, timeout_seconds: float,
                        stop_when: Callable[[list[dict]], bool] | None = None, resume_line: str | None = None,
                        sessions_before: int = 0) -> list[dict]:
-    """Poll until the child exits (or `stop_when(events)` holds), showing its progress; returns the events last
-    read. On timeout the child is killed and TimeoutError raised. On Ctrl-C (which the terminal also sends to the
-    child, in the same process group) it waits for the child to finish its update and checkpoint, then raises
-    ChildInterrupted naming `resume_line`, the command that continues the run; a second Ctrl-C propagates at
-    once."""
+    """Poll until the child exits (or `stop_when(events)` holds), showing its progress; returns the events
+    last read. On timeout the child is killed and TimeoutError raised. On Ctrl-C (which the terminal also
+    sends to the child, in the same process group) it waits for the child to finish its update and checkpoint,
+    then raises ChildInterrupted naming `resume_line`, the command that continues the run; a second Ctrl-C
+    propagates at once."""
     started = time.monotonic()
     try:
         return _poll(process, metrics, max_steps, line, poll_seconds, timeout_seconds, stop_when, started,
                      sessions_before)
     except KeyboardInterrupt:
         line.finish()
-        print(f"{line.prefix}Ctrl-C: the training process is finishing its update and saving a checkpoint; Ctrl-C "
-              "again stops it now without one", file=line.out, flush=True)
+        print(
+            f"{line.prefix}Ctrl-C: the training process is finishing its update and saving a checkpoint; "
+            "Ctrl-C "
+            "again stops it now without one",
+            file=line.out,
+            flush=True,
+        )
         code = process.wait()
         how = f"`{resume_line}`" if resume_line else "its own `pilotrun train` command with --resume"
-        raise ChildInterrupted(f"interrupted: the training process stopped with exit code {code}; its run folder "
-                               f"{metrics.parent} continues with {how}") from None
+        raise ChildInterrupted(
+            f"interrupted: the training process stopped with exit code {code}; its run folder "
+            f"{metrics.parent} continues with {how}"
+        ) from None
     finally:
         line.finish()
 

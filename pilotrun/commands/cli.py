@@ -32,55 +32,92 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
         help="train from a recipe; --resume continues exactly",
-        description="Train a model from a YAML recipe on a prepared data folder, writing run.json, metrics.jsonl "
+        description="Train a model from a YAML recipe on a prepared data folder, writing run.json, "
+                    "metrics.jsonl "
         "and checkpoints into the run folder. An existing run folder is refused without --resume. "
         "Under torchrun it runs data-parallel. Exit 0 when max_steps is reached, 2 for bad input or an "
-        "incompatible resume, 1 when it stopped itself (train.max_consecutive_skips skipped updates in a row), "
-        "128 + the signal's number after a stop signal (130 SIGINT, 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1, 140 SIGUSR2): "
-        "the current update is finished, a checkpoint is saved and session_end records reason 'interrupted' before "
-        "exiting; 75 when it stopped, likewise saved, before the --stop-by deadline (reason 'deadline'). Every one "
+        "incompatible resume, 1 when it stopped itself (train.max_consecutive_skips skipped updates in a "
+        "row), "
+        "128 + the signal's number after a stop signal (130 SIGINT, 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1, "
+        "140 SIGUSR2): "
+        "the current update is finished, a checkpoint is saved and session_end records reason 'interrupted' "
+        "before "
+        "exiting; 75 when it stopped, likewise saved, before the --stop-by deadline (reason 'deadline'). "
+        "Every one "
         "of those is resumable: `--resume auto` continues. It prints tokens_per_update and the planned "
         "tokens before it starts, and a progress line (step, loss, training-only tokens/s, ETA) on stderr.",
     )
-    p.add_argument("--config", default=None,
-                   help="YAML recipe: a path, or a packaged recipe by name (stability, acceptance, overfit, smoke, "
-                   "gpu/...); `pilotrun config --config F` lists every key with its value, default and meaning. "
-                   "Required unless --frozen gives the recipe")
-    p.add_argument("--frozen", default=None, metavar="LOCK",
-                   help="take the recipe from a recipe lock written by `pilotrun freeze`: any difference from the "
-                   "lock (config keys after --set, the data's metadata_sha256) not named with --allow-change is "
-                   "refused with the list; run.json records the lock's sha256 and the accepted differences")
-    p.add_argument("--data", required=True, help="data folder written by `pilotrun prepare`, or a mixture file "
-                   "(YAML `mixture: [{path: DIR, weight: W}, ...]`, optional `seed`) of several")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="YAML recipe: a path, or a packaged recipe by name (stability, acceptance, overfit, smoke, "
+        "gpu/...); `pilotrun config --config F` lists every key with its value, default and meaning. "
+        "Required unless --frozen gives the recipe",
+    )
+    p.add_argument(
+        "--frozen",
+        default=None,
+        metavar="LOCK",
+        help="take the recipe from a recipe lock written by `pilotrun freeze`: any difference from the "
+        "lock (config keys after --set, the data's metadata_sha256) not named with --allow-change is "
+        "refused with the list; run.json records the lock's sha256 and the accepted differences",
+    )
+    p.add_argument(
+        "--data",
+        required=True,
+        help="data folder written by `pilotrun prepare`, or a mixture file "
+        "(YAML `mixture: [{path: DIR, weight: W}, ...]`, optional `seed`) of several",
+    )
     p.add_argument("--run-dir", required=True, help="run folder (run.json, metrics.jsonl, checkpoints/)")
-    p.add_argument("--resume", nargs="?", const=True, default=False, type=_resume_mode, metavar="auto",
-                   help="continue from the newest committed checkpoint; `--resume auto`: the same command for every "
-                   "start (a scheduler's requeue, torchrun's restarts): starts the run where the folder holds none, "
-                   "resumes from the newest checkpoint that verifies (naming any newer one passed over; none "
-                   "verifying is refused), exits 0 with 'nothing to do' when the run is complete")
-    p.add_argument("--stop-by", default=None, metavar="TIME|DURATION",
-                   help="end the session with a committed checkpoint before this deadline (exit 75): a time "
-                   "(2026-12-04T06:00, @EPOCH), a duration from now (90m, 2h30m) or none; default: "
-                   "SLURM_JOB_END_TIME when set. The margin kept is measured in the session (twice the slowest recent "
-                   "update and round of logging and evaluation, plus the last save)")
-    p.add_argument("--stop-signals", default=None, metavar="SIG,...",
-                   help="the signals that stop the session with a checkpoint (exit 128 + the signal's number); "
-                   "default SIGINT,SIGTERM,SIGHUP,SIGUSR1,SIGUSR2 (SIGUSR1/2: a scheduler's pre-emption warning); "
-                   "a machine setting, free to change on any resume")
-    p.add_argument("--hang-timeout", default="auto", metavar="auto|off|STEADY[,STARTUP]",
-                   help="the hang watchdog: a rank without progress past its bound writes every thread's stack to "
-                   "RUN/hangs/, ends the session 'hung' and exits 124; auto (default): 10x this session's slowest "
-                   "update, evaluation or save, 5 min to 30 min, the set-up and each first one 30 min; or fixed "
-                   "seconds/durations (10m or 10m,1h); off. Sets the process group's timeout; free to change on resume")
-    p.add_argument("--from-step", type=int, default=None, help="with --resume: continue from this checkpoint step")
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_resume_mode,
+        metavar="auto",
+        help="continue from the newest committed checkpoint; `--resume auto`: the same command for every "
+        "start (a scheduler's requeue, torchrun's restarts): starts the run where the folder holds none, "
+        "resumes from the newest checkpoint that verifies (naming any newer one passed over; none "
+        "verifying is refused), exits 0 with 'nothing to do' when the run is complete",
+    )
+    p.add_argument(
+        "--stop-by",
+        default=None,
+        metavar="TIME|DURATION",
+        help="end the session with a committed checkpoint before this deadline (exit 75): a time "
+        "(2026-12-04T06:00, @EPOCH), a duration from now (90m, 2h30m) or none; default: "
+        "SLURM_JOB_END_TIME when set. The margin kept is measured in the session (twice the slowest recent "
+        "update and round of logging and evaluation, plus the last save)",
+    )
+    p.add_argument(
+        "--stop-signals",
+        default=None,
+        metavar="SIG,...",
+        help="the signals that stop the session with a checkpoint (exit 128 + the signal's number); "
+        "default SIGINT,SIGTERM,SIGHUP,SIGUSR1,SIGUSR2 (SIGUSR1/2: a scheduler's pre-emption warning); "
+        "a machine setting, free to change on any resume",
+    )
+    p.add_argument(
+        "--hang-timeout",
+        default="auto",
+        metavar="auto|off|STEADY[,STARTUP]",
+        help="the hang watchdog: a rank without progress past its bound writes every thread's stack to "
+        "RUN/hangs/, ends the session 'hung' and exits 124; auto (default): 10x this session's slowest "
+        "update, evaluation or save, 5 min to 30 min, the set-up and each first one 30 min; or fixed "
+        "seconds/durations (10m or 10m,1h); off. Sets the process group's timeout; free to change on resume",
+    )
+    p.add_argument(
+        "--from-step", type=int, default=None, help="with --resume: continue from this checkpoint step"
+    )
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set train.max_steps=200 (repeatable; to shorten a run "
                    "set optim.schedule.horizon too, or the LR never decays); keys: `pilotrun config`")
     p.add_argument("--allow-change", action="append", default=[], metavar="KEY",
                    help="with --resume: accept a named recipe difference and record it in run.json; with "
                    "--frozen: accept a named difference from the lock (repeatable)")
-    # The pilot's kill point (training/callbacks/kill_point.py): `pilotrun pilot` hands it to its first training
-    # process; not for users, so not listed.
+    # The pilot's kill point (training/callbacks/kill_point.py): `pilotrun pilot` hands it to its first
+    # training process; not for users, so not listed.
     p.add_argument("--stop-past-step", type=int, default=None, metavar="N", help=argparse.SUPPRESS)
     p.add_argument("--progress", choices=("auto", "bar", "plain", "none"), default="auto",
                    help="auto: a redrawn bar when stderr is a terminal, else plain (one line per log window)")
@@ -99,12 +136,16 @@ def _run_train(args: argparse.Namespace) -> int:
     from pilotrun.training.signals import StopSignals
 
     started_at = time.time()  # the deadline's budget counts the set-up too
-    # Heard before any import that takes time (torch's, seconds): a stop signal in the set-up is a request to stop
-    # with a checkpoint, not a death with nothing on the record. torchrun forwards its own copy (signals.py).
+    # Heard before any import that takes time (torch's, seconds): a stop signal in the set-up is a request to
+    # stop with a checkpoint, not a death with nothing on the record. torchrun forwards its own copy
+    # (signals.py).
     launcher = all(name in os.environ for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    signals = StopSignals(signums=_unattended_settings(args, started_at, signals_only=True)[1], launcher=launcher)
+    signals = StopSignals(
+        signums=_unattended_settings(args, started_at, signals_only=True)[1], launcher=launcher
+    )
     with signals.installed():
-        stop_signals.release_early(signals.handle)  # a signal heard since the launch is this session's request
+        # a signal heard since the launch is this session's request
+        stop_signals.release_early(signals.handle)
         code = _train_with(args, signals, started_at)
     if (code == 75 or code > 128) and args.stop_past_step is None and os.environ.get("RANK", "0") == "0":
         from pilotrun.commands.next_commands import resume_command
@@ -153,7 +194,9 @@ def _unattended_settings(args: argparse.Namespace, now: float, signals_only: boo
     from pilotrun.common.errors import ConfigError
 
     try:
-        signums = stop_signals.parse_signal_names(args.stop_signals) if args.stop_signals is not None else None
+        signums = (
+            stop_signals.parse_signal_names(args.stop_signals) if args.stop_signals is not None else None
+        )
         if signals_only:
             return None, signums
         stop_by = deadline.resolve_stop_by(args.stop_by, now, os.environ)
@@ -179,15 +222,21 @@ def _hang_bounds(text: str, run_dir: str):
 
 
 def _recorded_seconds_per_update(run_dir: str) -> float | None:
-    """The fastest training-only seconds per update of the run's `train` windows (None: no record yet): a deadline
-    closer than that is certainly too close, while a slow first update (warm-up, kernels loading) says little."""
+    """The fastest training-only seconds per update of the run's `train` windows (None: no record yet): a
+    deadline closer than that is certainly too close, while a slow first update (warm-up, kernels loading)
+    says little."""
     from pilotrun.run.record import read_metrics_tolerant
 
     rates = []
     for event in read_metrics_tolerant(run_dir).events:
         window = event.get("window") if isinstance(event.get("window"), dict) else {}
         seconds, attempted = window.get("train_seconds"), window.get("updates_attempted")
-        if event.get("event") == "train" and isinstance(seconds, float) and isinstance(attempted, int) and attempted > 0:
+        if (
+            event.get("event") == "train"
+            and isinstance(seconds, float)
+            and isinstance(attempted, int)
+            and attempted > 0
+        ):
             rates.append(seconds / attempted)
     return min(rates, default=None)
 
@@ -200,7 +249,9 @@ def _frozen_config(args: argparse.Namespace):
     from pilotrun.training.environment import git_state
 
     lock = load_lock(args.frozen)
-    config = loaded_recipe_from(apply_overrides(lock["recipe"], args.overrides), args.overrides, f"--frozen {args.frozen}")
+    config = loaded_recipe_from(
+        apply_overrides(lock["recipe"], args.overrides), args.overrides, f"--frozen {args.frozen}"
+    )
     data_sha256, mixture = data_identity(args.data)
     facts = frozen_run_facts(lock, args.frozen, config_to_dict(config), data_sha256, args.allow_change,
                              code=git_state(), mixture=mixture)
@@ -232,9 +283,13 @@ def _add_summarize(sub: argparse._SubParsersAction) -> None:
                        "updates, tokens, passes and time. Exit 0 when valid, 1 with every reason listed.")
     p.add_argument("run_dir", help="run folder")
     p.add_argument("--require-step", type=int, default=None, help="demand a session_end at this step")
-    p.add_argument("--require-eval", default="", metavar="TASK,...",
-                   help="demand an evaluation (`pilotrun evaluate`) of each task on the final checkpoint (the "
-                   "--require-step step, else the last kept step) whose checkpoint and results still match")
+    p.add_argument(
+        "--require-eval",
+        default="",
+        metavar="TASK,...",
+        help="demand an evaluation (`pilotrun evaluate`) of each task on the final checkpoint (the "
+        "--require-step step, else the last kept step) whose checkpoint and results still match",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(handler=_run_summarize)
 
@@ -252,18 +307,26 @@ def _run_summarize(args: argparse.Namespace) -> int:
 def _add_verdict(sub: argparse._SubParsersAction) -> None:
     from pilotrun.report.verdict.rules import rules_help
 
-    p = sub.add_parser("verdict", help="GO / NO-GO for the pilot, with a drawn report",
-                       formatter_class=_RawDescriptionDefaultsHelpFormatter,
-                       description="Apply the documented pilot rules to the run folder R (the --run-dir given to "
-                       "`pilotrun train`) and write R/report/ (summary.json, plots, report.html). "
-                       "Exit 0 for GO, 1 for NO-GO.\n\n" + rules_help())
+    p = sub.add_parser(
+        "verdict",
+        help="GO / NO-GO for the pilot, with a drawn report",
+        formatter_class=_RawDescriptionDefaultsHelpFormatter,
+        description="Apply the documented pilot rules to the run folder R (the --run-dir given to "
+        "`pilotrun train`) and write R/report/ (summary.json, plots, report.html). "
+        "Exit 0 for GO, 1 for NO-GO.\n\n" + rules_help(),
+    )
     p.add_argument("run_dir", metavar="R", help="run folder written by `pilotrun train --run-dir R`")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
     p.add_argument("--no-resume-required", action="store_true",
                    help="waive the rule that the pilot must have come through a resume")
-    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a rule threshold (repeatable); every NAME, with its default and meaning, is listed "
-                   "under the rule that reads it above")
+    p.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a rule threshold (repeatable); every NAME, with its default and meaning, is listed "
+        "under the rule that reads it above",
+    )
     p.set_defaults(handler=_run_verdict)
 
 
@@ -285,21 +348,28 @@ def _run_verdict(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- freeze
 def _add_freeze(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("freeze", help="freeze a GO pilot's candidate into a recipe lock",
-                       description="Judge the pilot (as `verdict` does) and write a recipe lock: the recipe in force "
-                       "at the pilot's end with its changes on resume, the data identity (metadata_sha256), the "
-                       "code identity (git commit, dirty flag, diff hash) and software of its last session, every "
-                       "rule's figure, and the sha256 of the canonical JSON of all of it. `pilotrun train --frozen "
-                       "LOCK` starts the long run from it. Exit 0 written, 1 NO-GO (nothing written) unless "
-                       "--despite-no-go (then recorded in the lock), 2 bad input (an existing --out included).")
+    p = sub.add_parser(
+        "freeze",
+        help="freeze a GO pilot's candidate into a recipe lock",
+        description="Judge the pilot (as `verdict` does) and write a recipe lock: the recipe in force "
+        "at the pilot's end with its changes on resume, the data identity (metadata_sha256), the "
+        "code identity (git commit, dirty flag, diff hash) and software of its last session, every "
+        "rule's figure, and the sha256 of the canonical JSON of all of it. `pilotrun train --frozen "
+        "LOCK` starts the long run from it. Exit 0 written, 1 NO-GO (nothing written) unless "
+        "--despite-no-go (then recorded in the lock), 2 bad input (an existing --out included).",
+    )
     p.add_argument("run_dir", help="the pilot's run folder")
     p.add_argument("--out", required=True, help="the lock file to write (never overwritten)")
-    p.add_argument("--despite-no-go", action="store_true", help="write the lock of a NO-GO pilot, saying so in it")
+    p.add_argument(
+        "--despite-no-go", action="store_true", help="write the lock of a NO-GO pilot, saying so in it"
+    )
     p.add_argument("--target-steps", type=int, default=None, metavar="N",
                    help="project a long run of N updates of the recipe on the pilot's hardware into the lock")
     p.add_argument("--mtbf", type=float, default=None, metavar="HOURS",
                    help="mean time between failures: expected redone work and Young's checkpoint interval")
-    p.add_argument("--device-hour-cost", type=float, default=None, metavar="X", help="price of one device-hour")
+    p.add_argument(
+        "--device-hour-cost", type=float, default=None, metavar="X", help="price of one device-hour"
+    )
     p.add_argument("--no-resume-required", action="store_true", help="as for verdict")
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE", help="as for verdict")
     p.set_defaults(handler=_run_freeze)
@@ -312,12 +382,21 @@ def _run_freeze(args: argparse.Namespace) -> int:
     thresholds = parse_thresholds(args.threshold, Thresholds(resume_required=not args.no_resume_required))
     from pilotrun.commands.freeze import forecast_lines, format_projection
 
-    code, lock, verdict = freeze_run(args.run_dir, args.out, despite_no_go=args.despite_no_go, thresholds=thresholds,
-                                     target_steps=args.target_steps, mtbf_hours=args.mtbf,
-                                     device_hour_cost=args.device_hour_cost)
+    code, lock, verdict = freeze_run(
+        args.run_dir,
+        args.out,
+        despite_no_go=args.despite_no_go,
+        thresholds=thresholds,
+        target_steps=args.target_steps,
+        mtbf_hours=args.mtbf,
+        device_hour_cost=args.device_hour_cost,
+    )
     if code != 0:
-        print(f"not frozen: the pilot is {verdict.decision} ({verdict.statement}); pass --despite-no-go to freeze it "
-              "anyway, recorded in the lock")
+        print(
+            f"not frozen: the pilot is {verdict.decision} ({verdict.statement}); pass --despite-no-go to "
+            "freeze it "
+            "anyway, recorded in the lock"
+        )
         return code
     flag = " DESPITE NO-GO" if lock["despite_no_go"] else ""
     print(f"frozen{flag}: {args.out} (sha256 {lock['sha256']}; recipe sha256 {lock['recipe_sha256']}, data "
@@ -333,29 +412,48 @@ def _run_freeze(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- watch
 def _add_watch(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("watch", help="alerts on a live long run; never writes into it",
-                       description="Read a run record as it grows (hash chain checked line by line, a torn last "
-                       "line left for the writer) and alert, with the step, the figure and the bound, on: a stall "
-                       "(no line for K window intervals of the run's own), throughput below the pilot's band, a "
-                       "loss spike or a loss outside the pilot's envelope, a verdict rule that applies to a live run "
-                       "failing (skip and clip rates, QK-Clip, experts ...), a broken chain, a session ended in "
-                       "error or killed with no resume started. Never writes into the run folder, never takes its "
-                       "lock. Exit 0 healthy or completed, 1 alert, 2 bad input.")
+    p = sub.add_parser(
+        "watch",
+        help="alerts on a live long run; never writes into it",
+        description="Read a run record as it grows (hash chain checked line by line, a torn last "
+        "line left for the writer) and alert, with the step, the figure and the bound, on: a stall "
+        "(no line for K window intervals of the run's own), throughput below the pilot's band, a "
+        "loss spike or a loss outside the pilot's envelope, a verdict rule that applies to a live run "
+        "failing (skip and clip rates, QK-Clip, experts ...), a broken chain, a session ended in "
+        "error or killed with no resume started. Never writes into the run folder, never takes its "
+        "lock. Exit 0 healthy or completed, 1 alert, 2 bad input.",
+    )
     p.add_argument("run_dir", metavar="RUN", help="run folder")
-    p.add_argument("--against", default=None, metavar="LOCK",
-                   help="the recipe lock the run was started from (`pilotrun freeze`): the pilot's band, envelope "
-                   "and bounds")
-    p.add_argument("--follow", action="store_true", help="keep watching until the run completes or an alert fires")
-    p.add_argument("--keep-going", action="store_true",
-                   help="with --follow: watch on after an alert; exit 1 at the end unless every alert cleared")
-    p.add_argument("--on-alert", default=None, metavar="CMD", help="run CMD once per alert, the alert as JSON on stdin")
+    p.add_argument(
+        "--against",
+        default=None,
+        metavar="LOCK",
+        help="the recipe lock the run was started from (`pilotrun freeze`): the pilot's band, envelope "
+        "and bounds",
+    )
+    p.add_argument(
+        "--follow", action="store_true", help="keep watching until the run completes or an alert fires"
+    )
+    p.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="with --follow: watch on after an alert; exit 1 at the end unless every alert cleared",
+    )
+    p.add_argument(
+        "--on-alert", default=None, metavar="CMD", help="run CMD once per alert, the alert as JSON on stdin"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object per alert")
     p.add_argument("--interval", type=float, default=None, metavar="S",
                    help="seconds between looks (default: a fifth of the run's window interval, 0.05 to 5)")
     p.add_argument("--stall-windows", type=float, default=None, metavar="K",
                    help="a stall is no line for K window intervals (default 3)")
-    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a rule threshold, as for verdict (default: the lock's, else verdict's defaults)")
+    p.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a rule threshold, as for verdict (default: the lock's, else verdict's defaults)",
+    )
     p.set_defaults(handler=_run_watch)
 
 
@@ -371,12 +469,15 @@ def _run_watch(args: argparse.Namespace) -> int:
 def _add_pilot(sub: argparse._SubParsersAction) -> None:
     from pilotrun.commands.pilot import add_pilot_arguments
 
-    p = sub.add_parser("pilot", help="the whole rehearsal of a candidate (default: the built-in demo on a CPU)",
-                       description="Prepare or take the data, train the recipe (under torchrun with "
-                       "--nproc-per-node), kill every training process past a step, resume, summarize --require-step "
-                       "and print the verdict with the report's path; --freeze writes the lock of a GO. Exit 0 GO, "
-                       "1 NO-GO, 2 bad input or a failed child (its log named), 130 / 143 / 129 after SIGINT / SIGTERM / "
-                       "SIGHUP.")
+    p = sub.add_parser(
+        "pilot",
+        help="the whole rehearsal of a candidate (default: the built-in demo on a CPU)",
+        description="Prepare or take the data, train the recipe (under torchrun with "
+        "--nproc-per-node), kill every training process past a step, resume, summarize --require-step "
+        "and print the verdict with the report's path; --freeze writes the lock of a GO. Exit 0 GO, "
+        "1 NO-GO, 2 bad input or a failed child (its log named), 130 / 143 / 129 after SIGINT / SIGTERM / "
+        "SIGHUP.",
+    )
     add_pilot_arguments(p)
     p.set_defaults(handler=_run_pilot)
 
@@ -389,16 +490,21 @@ def _run_pilot(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- export
 def _add_export(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="a checkpoint as a Hugging Face DeepSeek-V3 folder (safetensors)",
-                       description="Write a committed checkpoint (rehashed first) as model.safetensors, a "
-                       "transformers config.json for DeepseekV3ForCausalLM and the data folder's tokenizer, so that "
-                       "AutoModelForCausalLM.from_pretrained(DIR) loads it. Options transformers cannot express are "
-                       "refused, naming the key. Needs the [export] extra. Exit 0 written, 2 bad input or damaged "
-                       "checkpoint.")
+    p = sub.add_parser(
+        "export",
+        help="a checkpoint as a Hugging Face DeepSeek-V3 folder (safetensors)",
+        description="Write a committed checkpoint (rehashed first) as model.safetensors, a "
+        "transformers config.json for DeepseekV3ForCausalLM and the data folder's tokenizer, so that "
+        "AutoModelForCausalLM.from_pretrained(DIR) loads it. Options transformers cannot express are "
+        "refused, naming the key. Needs the [export] extra. Exit 0 written, 2 bad input or damaged "
+        "checkpoint.",
+    )
     p.add_argument("run_dir", help="run folder")
     p.add_argument("--out", required=True, help="output folder (new or empty)")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest committed)")
-    p.add_argument("--data", default=None, help="the run's data folder if it moved (default: the recorded path)")
+    p.add_argument(
+        "--data", default=None, help="the run's data folder if it moved (default: the recorded path)"
+    )
     p.add_argument("--json", action="store_true", help="print what was exported as JSON")
     p.set_defaults(handler=_run_export)
 
@@ -419,10 +525,13 @@ def _run_export(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- config
 def _add_config(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("config", help="every config key with its value, default, type and meaning; validates",
-                       description="Load a recipe (defaults <- YAML file <- --set overrides), validate it and print "
-                       "every key with its value, default, type and one-line meaning; '*' marks a value that "
-                       "differs from the default. Exit 0 valid, 2 bad input.")
+    p = sub.add_parser(
+        "config",
+        help="every config key with its value, default, type and meaning; validates",
+        description="Load a recipe (defaults <- YAML file <- --set overrides), validate it and print "
+        "every key with its value, default, type and one-line meaning; '*' marks a value that "
+        "differs from the default. Exit 0 valid, 2 bad input.",
+    )
     p.add_argument("--config", default=None,
                    help="YAML recipe path or packaged name (none: the built-in defaults alone)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -447,7 +556,8 @@ def _run_config(args: argparse.Namespace) -> int:
 
 
 class _DefaultsHelpFormatter(argparse.HelpFormatter):
-    """Appends '(default: X)' to every option that has a meaningful default (not None, False or an empty list)."""
+    """Appends '(default: X)' to every option that has a meaningful default (not None, False or an empty
+    list)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -459,7 +569,8 @@ class _DefaultsHelpFormatter(argparse.HelpFormatter):
 
 
 class _RawDescriptionDefaultsHelpFormatter(_DefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults shown as everywhere, and a description whose line breaks are kept (the verdict's rule list)."""
+    """Defaults shown as everywhere, and a description whose line breaks are kept (the verdict's rule
+    list)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -482,8 +593,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"pilotrun {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (add_prepare, add_data, _add_train, _add_inspect_batch, _add_summarize, _add_verdict, _add_freeze,
-                _add_watch, _add_pilot, add_evaluate, _add_export, add_tensorboard, add_export_metrics, _add_config):
+    for add in (
+        add_prepare,
+        add_data,
+        _add_train,
+        _add_inspect_batch,
+        _add_summarize,
+        _add_verdict,
+        _add_freeze,
+        _add_watch,
+        _add_pilot,
+        add_evaluate,
+        _add_export,
+        add_tensorboard,
+        add_export_metrics,
+        _add_config,
+    ):
         add(sub)
     return parser
 
@@ -492,7 +617,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, --version (0) or bad arguments (2, one line): a code, not an exception
+    # --help, --version (0) or bad arguments (2, one line): a code, not an exception
+    except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     # What run.json records as the command: the arguments this call was given (an in-process or API call has
     # its own, not the host process's sys.argv).
@@ -500,7 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "train":  # a stop signal held since `python -m pilotrun` started acts as it would have
         stop_signals.release_early(None)
     try:
-        check_path_arguments(args)  # a file where a folder is expected (or the reverse) named so, before any work
+        # a file where a folder is expected (or the reverse) named so, before any work
+        check_path_arguments(args)
         with _cleanup_on_termination(args.command in TEMP_WRITING_COMMANDS):
             return int(args.handler(args) or 0)
     except KeyboardInterrupt:
@@ -522,8 +649,8 @@ def main(argv: list[str] | None = None) -> int:
 
 # Commands that write an output as temp + rename without a signal handler of their own (train, prepare and
 # pilot have theirs). A stop signal would end them without unwinding (SIGTERM, SIGHUP), leaving the temp (a
-# whole model for export); raised as SystemExit with the stop's exit code they unwind, and each writer's cleanup
-# removes its temp.
+# whole model for export); raised as SystemExit with the stop's exit code they unwind, and each writer's
+# cleanup removes its temp.
 TEMP_WRITING_COMMANDS = ("verdict", "freeze", "export")
 
 

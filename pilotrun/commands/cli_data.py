@@ -17,29 +17,46 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "prepare",
         help="turn a text source into token shards + metadata.json",
-        description="Prepare an identifiable token stream: read a source, shuffle in a bounded seeded buffer, "
+        description="Prepare an identifiable token stream: read a source, shuffle in a bounded seeded "
+                    "buffer, "
         "split train/val by a hash of each document's text, tokenize (EOS after every document) and write "
         ".npy shards with a metadata.json manifest. The same inputs give byte-identical output.",
     )
-    p.add_argument("--out", required=True, help="output folder (refused if it exists, unless --force); built as "
-                   "OUT.partial, which the same command continues after an interruption")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="output folder (refused if it exists, unless --force); built as "
+        "OUT.partial, which the same command continues after an interruption",
+    )
     p.add_argument("--source", default="builtin", help=source_help())
     p.add_argument("--tokenizer", default="bpe:4096",
                    help="bpe:VOCAB (train a byte-level BPE on the train split) | hub:NAME[@REVISION] | "
                    "path/to/tokenizer.json")
-    p.add_argument("--eos", default=None, help="name the end-of-document token (none: found in the tokenizer)")
+    p.add_argument(
+        "--eos", default=None, help="name the end-of-document token (none: found in the tokenizer)"
+    )
     p.add_argument("--text-field", default="text", help="column/field holding the text (parquet, jsonl)")
-    p.add_argument("--train-tokens", type=float, default=None,
-                   help="stop after the complete document that reaches at least N training tokens (none: the whole "
-                   "source)")
+    p.add_argument(
+        "--train-tokens",
+        type=float,
+        default=None,
+        help="stop after the complete document that reaches at least N training tokens (none: the whole "
+        "source)",
+    )
     p.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents sent to val")
     p.add_argument("--shard-tokens", type=float, default=2**24, help="tokens per shard file")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
-    p.add_argument("--shuffle-buffer", type=int, default=10000, help="most documents the shuffle buffer holds")
+    p.add_argument(
+        "--shuffle-buffer", type=int, default=10000, help="most documents the shuffle buffer holds"
+    )
     p.add_argument("--shuffle-buffer-bytes", type=float, default=64 << 20,
                    help="most bytes of text the shuffle buffer holds (long documents count for their size)")
-    p.add_argument("--workers", type=int, default=0,
-                   help="0: tokenizing threads on all cores, 1: no thread, N >= 2: N tokenizing processes; same output")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="0: tokenizing threads on all cores, 1: no thread, N >= 2: N tokenizing processes; same output",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--progress", choices=("auto", "bar", "plain", "none"), default="auto",
                    help="auto: a redrawn bar when stderr is a terminal, else plain (one line every 10 s)")
@@ -54,9 +71,13 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
         "--workers; --workers there is how many tasks run at once (0: as many as cores; slurm: no limit)")
     g.add_argument("--engine", choices=("pilotrun", "datatrove"), default="pilotrun",
                    help="pilotrun: this process (threads or --workers processes); datatrove: datatrove tasks")
-    g.add_argument("--tasks", type=int, default=None,
-                   help="datatrove: how many tasks the files are dealt to (default: one per file); part of the "
-                   "data's identity: the order within a split depends on it")
+    g.add_argument(
+        "--tasks",
+        type=int,
+        default=None,
+        help="datatrove: how many tasks the files are dealt to (default: one per file); part of the "
+        "data's identity: the order within a split depends on it",
+    )
     g.add_argument("--executor", choices=("local", "slurm"), default="local",
                    help="datatrove: local processes on this machine, or a SLURM job array plus a merge job")
     g.add_argument("--logs", default=None, help="datatrove: its logging folder: task logs, completion marks, "
@@ -90,16 +111,25 @@ def _run_datatrove(args: argparse.Namespace, whole) -> int:
         if not key or not equals:
             raise PilotrunError(f"--slurm-sbatch-arg expects KEY=VALUE, got {item!r}")
         sbatch[key.lstrip("-")] = value
-    slurm = SlurmOptions(partition=args.slurm_partition, time=args.slurm_time, cpus_per_task=args.slurm_cpus_per_task,
-                         mem_per_cpu_gb=args.slurm_mem_per_cpu_gb, qos=args.slurm_qos, job_name=args.slurm_job_name,
-                         env_command=args.slurm_env_command, max_array_size=args.slurm_max_array_size,
-                         sbatch_args=sbatch)
+    slurm = SlurmOptions(
+        partition=args.slurm_partition,
+        time=args.slurm_time,
+        cpus_per_task=args.slurm_cpus_per_task,
+        mem_per_cpu_gb=args.slurm_mem_per_cpu_gb,
+        qos=args.slurm_qos,
+        job_name=args.slurm_job_name,
+        env_command=args.slurm_env_command,
+        max_array_size=args.slurm_max_array_size,
+        sbatch_args=sbatch,
+    )
     result = prepare_with_datatrove(
         args.out, args.source, args.tokenizer, eos=args.eos, text_field=args.text_field,
         train_tokens=whole(args.train_tokens, "--train-tokens"), val_fraction=args.val_fraction,
         shard_tokens=whole(args.shard_tokens, "--shard-tokens"), seed=args.seed, tasks=args.tasks,
         workers=args.workers, executor=args.executor, slurm=slurm, logs=args.logs, force=args.force)
-    print(submitted_line(args.out, result) if isinstance(result, Submitted) else finished_line(args.out, result))
+    print(
+        submitted_line(args.out, result) if isinstance(result, Submitted) else finished_line(args.out, result)
+    )
     return 0
 
 
@@ -116,25 +146,43 @@ def _run_prepare(args: argparse.Namespace) -> int:
 
     if args.engine == "datatrove":
         return _run_datatrove(args, whole)
-    for flag, value in (("--tasks", args.tasks), ("--logs", args.logs), ("--slurm-partition", args.slurm_partition)):
+    for flag, value in (
+        ("--tasks", args.tasks),
+        ("--logs", args.logs),
+        ("--slurm-partition", args.slurm_partition),
+    ):
         if value is not None:
             raise PilotrunError(f"{flag} is an option of --engine datatrove")
     if args.executor != "local":
         raise PilotrunError("--executor is an option of --engine datatrove")
     try:
         manifest = prepare_corpus(
-            args.out, source=args.source, tokenizer=args.tokenizer, eos=args.eos, text_field=args.text_field,
-            train_tokens=whole(args.train_tokens, "--train-tokens"), val_fraction=args.val_fraction,
-            shard_tokens=whole(args.shard_tokens, "--shard-tokens"), seed=args.seed, shuffle_buffer=args.shuffle_buffer,
+            args.out,
+            source=args.source,
+            tokenizer=args.tokenizer,
+            eos=args.eos,
+            text_field=args.text_field,
+            train_tokens=whole(args.train_tokens, "--train-tokens"),
+            val_fraction=args.val_fraction,
+            shard_tokens=whole(args.shard_tokens, "--shard-tokens"),
+            seed=args.seed,
+            shuffle_buffer=args.shuffle_buffer,
             shuffle_buffer_bytes=whole(args.shuffle_buffer_bytes, "--shuffle-buffer-bytes"),
-            workers=args.workers, force=args.force, progress=args.progress,
+            workers=args.workers,
+            force=args.force,
+            progress=args.progress,
         )
-    except PrepareInterrupted as exc:  # committed in OUT.partial: one line saying how to continue, no traceback
+    # committed in OUT.partial: one line saying how to continue, no traceback
+    except PrepareInterrupted as exc:
         print(f"pilotrun prepare: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:  # a second Ctrl-C: the last committed state is still there
-        print(f"pilotrun prepare: interrupted; {args.out}.partial keeps the shards committed so far: run the same "
-              "command again to continue", file=sys.stderr)
+        print(
+            f"pilotrun prepare: interrupted; {args.out}.partial keeps the shards committed so far: run the "
+            "same "
+            "command again to continue",
+            file=sys.stderr,
+        )
         return 130
     print(prepared_line(args.out, manifest))
     return 0
@@ -145,18 +193,26 @@ def add_data(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("data", help="verify or merge prepared data folders",
                        description="Tools for prepared data folders.")
     data_sub = p.add_subparsers(dest="data_command", required=True, metavar="{verify,merge}")
-    v = data_sub.add_parser("verify", help="rehash every shard against metadata.json",
-                            description="Rehash every shard against metadata.json and check shapes, dtypes and "
-                            "totals. Exit 0 when intact, 1 when damaged (each bad file named).")
+    v = data_sub.add_parser(
+        "verify",
+        help="rehash every shard against metadata.json",
+        description="Rehash every shard against metadata.json and check shapes, dtypes and "
+        "totals. Exit 0 when intact, 1 when damaged (each bad file named).",
+    )
     v.add_argument("dir", help="data folder written by `pilotrun prepare`")
     v.set_defaults(handler=_run_data_verify)
-    m = data_sub.add_parser("merge", help="one data folder from folders prepared separately",
-                            description="Merge folders prepared with the same tokenizer.json and options: shards "
-                            "hard-linked (or copied), rehashed, renamed into one sequence; splits concatenated in the "
-                            "order given. Exit 0 merged, 2 refused (one line naming the difference, nothing written).")
+    m = data_sub.add_parser(
+        "merge",
+        help="one data folder from folders prepared separately",
+        description="Merge folders prepared with the same tokenizer.json and options: shards "
+        "hard-linked (or copied), rehashed, renamed into one sequence; splits concatenated in the "
+        "order given. Exit 0 merged, 2 refused (one line naming the difference, nothing written).",
+    )
     m.add_argument("--out", required=True, help="the merged data folder (must not exist)")
     m.add_argument("--copy", action="store_true", help="copy shards instead of hard-linking them")
-    m.add_argument("parts", nargs="+", metavar="PART", help="data folders, in the order their tokens are read")
+    m.add_argument(
+        "parts", nargs="+", metavar="PART", help="data folders, in the order their tokens are read"
+    )
     m.set_defaults(handler=_run_data_merge)
 
 

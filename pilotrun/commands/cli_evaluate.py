@@ -8,19 +8,26 @@ from pilotrun.common.parsing import one_line
 
 
 def add_evaluate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("evaluate", help="score a committed checkpoint on multiple-choice tasks, bound to its hashes",
-                       description="Score a committed checkpoint (rehashed first) on multiple-choice tasks: local "
-                       "task files (JSONL: context, choices, label) scored in-process the way the training loop "
-                       "scores train.downstream.tasks, or with --harness lm-eval EleutherAI's lm-evaluation-harness "
-                       "(the [eval] extra) on its own task names too, answered by pilotrun's own model. Writes "
-                       "RUN/evals/step-N/<id>.json (results, and the identity: the checkpoint's step and marker "
-                       "sha256, the harness version, each task's version and data sha256, shots, limit, seed) and "
-                       "appends an `evaluation` event to metrics.jsonl, which summarize reconciles with the "
-                       "checkpoint. Never writes into a checkpoint; a run held by a live session is refused. Exit "
-                       "0 written, 2 bad input.")
+    p = sub.add_parser(
+        "evaluate",
+        help="score a committed checkpoint on multiple-choice tasks, bound to its hashes",
+        description="Score a committed checkpoint (rehashed first) on multiple-choice tasks: local "
+        "task files (JSONL: context, choices, label) scored in-process the way the training loop "
+        "scores train.downstream.tasks, or with --harness lm-eval EleutherAI's lm-evaluation-harness "
+        "(the [eval] extra) on its own task names too, answered by pilotrun's own model. Writes "
+        "RUN/evals/step-N/<id>.json (results, and the identity: the checkpoint's step and marker "
+        "sha256, the harness version, each task's version and data sha256, shots, limit, seed) and "
+        "appends an `evaluation` event to metrics.jsonl, which summarize reconciles with the "
+        "checkpoint. Never writes into a checkpoint; a run held by a live session is refused. Exit "
+        "0 written, 2 bad input.",
+    )
     p.add_argument("run_dir", help="run folder")
-    p.add_argument("--tasks", required=True, metavar="T,...",
-                   help="comma-separated task files (.jsonl) and, with --harness lm-eval, the harness's task names")
+    p.add_argument(
+        "--tasks",
+        required=True,
+        metavar="T,...",
+        help="comma-separated task files (.jsonl) and, with --harness lm-eval, the harness's task names",
+    )
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest committed)")
     p.add_argument("--harness", default="pilotrun", choices=("pilotrun", "lm-eval"),
                    help="pilotrun (task files, the in-loop scoring; default) or lm-eval")
@@ -28,7 +35,9 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shots", type=int, default=0, help="lm-eval: few-shot examples in each prompt")
     p.add_argument("--seed", type=int, default=0, help="lm-eval: the seed of its few-shot sampling")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    p.add_argument("--data", default=None, help="the run's data folder if it moved (default: the recorded path)")
+    p.add_argument(
+        "--data", default=None, help="the run's data folder if it moved (default: the recorded path)"
+    )
     p.add_argument("--json", action="store_true", help="print the event as JSON")
     p.set_defaults(handler=_run_evaluate)
 

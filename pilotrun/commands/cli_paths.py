@@ -14,23 +14,35 @@ from pathlib import Path
 from pilotrun.common.files import refuse_wrong_kind
 
 # (command, subcommand or None) -> {argparse dest: (kind, how the message names it: the option, or what a
-# positional argument is)}. "recipe": a file, or the name
-# of a packaged recipe (`--config stability` stays valid beside a folder named stability). "data": a data folder or
-# a mixture file (data/mixture.py), either kind.
+# positional argument is)}. "recipe": a file, or the name of a packaged recipe (`--config stability` stays
+# valid beside a folder named stability). "data": a data folder or a mixture file (data/mixture.py), either
+# kind.
 PATH_ARGUMENTS: dict[tuple[str, str | None], dict[str, tuple[str, str]]] = {
     ("prepare", None): {"out": ("folder", "--out"), "source": ("file", "--source")},
     ("data", "verify"): {"dir": ("folder", "data folder")},
     ("data", "merge"): {"out": ("folder", "--out"), "parts": ("folder", "part")},
-    ("train", None): {"config": ("recipe", "--config"), "frozen": ("file", "--frozen"), "data": ("data", "--data"),
-                      "run_dir": ("folder", "--run-dir")},
+    ("train", None): {
+        "config": ("recipe", "--config"),
+        "frozen": ("file", "--frozen"),
+        "data": ("data", "--data"),
+        "run_dir": ("folder", "--run-dir"),
+    },
     ("inspect-batch", None): {"run_dir": ("folder", "run folder")},
     ("summarize", None): {"run_dir": ("folder", "run folder")},
     ("verdict", None): {"run_dir": ("folder", "run folder")},
     ("freeze", None): {"run_dir": ("folder", "run folder"), "out": ("file", "--out")},
     ("watch", None): {"run_dir": ("folder", "run folder"), "against": ("file", "--against")},
-    ("pilot", None): {"workdir": ("folder", "--workdir"), "config": ("recipe", "--config"),
-                      "data": ("data", "--data"), "freeze": ("file", "--freeze")},
-    ("export", None): {"run_dir": ("folder", "run folder"), "out": ("folder", "--out"), "data": ("data", "--data")},
+    ("pilot", None): {
+        "workdir": ("folder", "--workdir"),
+        "config": ("recipe", "--config"),
+        "data": ("data", "--data"),
+        "freeze": ("file", "--freeze"),
+    },
+    ("export", None): {
+        "run_dir": ("folder", "run folder"),
+        "out": ("folder", "--out"),
+        "data": ("data", "--data"),
+    },
     ("export-metrics", None): {"run_dir": ("folder", "run folder"), "out": ("folder", "--out")},
     ("config", None): {"config": ("recipe", "--config")},
 }
@@ -57,5 +69,6 @@ def check_path_arguments(args: argparse.Namespace) -> None:
                 continue
             if kind == "recipe" and Path(path).is_dir() and _is_packaged_recipe(path):
                 continue
-            # --source is a path only where one is there (else builtin, a hub name or a glob): a folder is refused
+            # --source is a path only where one is there (else builtin, a hub name or a glob): a folder is
+            # refused
             refuse_wrong_kind(path, "file" if kind == "recipe" else kind, what)

@@ -10,22 +10,30 @@ import argparse
 def _add_run_and_event_folder(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", help="run folder")
     p.add_argument("--out", default=None, help="tensorboard: event folder (default: R/tensorboard)")
-    p.add_argument("--force", action="store_true", help="tensorboard: replace the event files of a folder that "
-                   "also holds other files (those are left alone)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="tensorboard: replace the event files of a folder that "
+        "also holds other files (those are left alone)",
+    )
 
 
-# ---------------------------------------------------------------------------------------------- export-metrics
+# ----------------------------------------------------------------------------------------------
+# export-metrics
 def add_export_metrics(sub: argparse._SubParsersAction) -> None:
     from pilotrun.run.trackers import TRACKERS
 
     names = ", ".join(TRACKERS)
-    p = sub.add_parser("export-metrics", help=f"send a finished run to a tracker ({names})",
-                       description="Send a run's kept history (each step once), its identity (run_id, recipe "
-                       "and data sha256, git commit), and where a verdict was made its decision, rule figures and "
-                       "report files, to each tracker named, configured as that tracker is (WANDB_*, "
-                       "MLFLOW_TRACKING_URI, TRACKIO_DIR ...). TensorBoard gets classic scalars (tag EVENT/FIELD, "
-                       "x = step, float32) in an event folder; a folder holding only event files is overwritten. "
-                       "Needs the tracker's extra. Exit 0 sent, 2 bad input.")
+    p = sub.add_parser(
+        "export-metrics",
+        help=f"send a finished run to a tracker ({names})",
+        description="Send a run's kept history (each step once), its identity (run_id, recipe "
+        "and data sha256, git commit), and where a verdict was made its decision, rule figures and "
+        "report files, to each tracker named, configured as that tracker is (WANDB_*, "
+        "MLFLOW_TRACKING_URI, TRACKIO_DIR ...). TensorBoard gets classic scalars (tag EVENT/FIELD, "
+        "x = step, float32) in an event folder; a folder holding only event files is overwritten. "
+        "Needs the tracker's extra. Exit 0 sent, 2 bad input.",
+    )
     _add_run_and_event_folder(p)
     p.add_argument("--to", action="append", required=True, choices=tuple(TRACKERS), metavar="TRACKER",
                    help="tracker, repeatable: " + "; ".join(f"{t.name} ({t.description})"
@@ -35,10 +43,13 @@ def add_export_metrics(sub: argparse._SubParsersAction) -> None:
 
 # ---------------------------------------------------------------------------------------------- tensorboard
 def add_tensorboard(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("tensorboard", help="alias of `export-metrics R --to tensorboard`",
-                       description="An alias: `pilotrun tensorboard R [--out DIR] [--force]` is `pilotrun "
-                       "export-metrics R --to tensorboard [--out DIR] [--force]` (see `pilotrun export-metrics "
-                       "--help`), kept for the commands already written with it.")
+    p = sub.add_parser(
+        "tensorboard",
+        help="alias of `export-metrics R --to tensorboard`",
+        description="An alias: `pilotrun tensorboard R [--out DIR] [--force]` is `pilotrun "
+        "export-metrics R --to tensorboard [--out DIR] [--force]` (see `pilotrun export-metrics "
+        "--help`), kept for the commands already written with it.",
+    )
     _add_run_and_event_folder(p)
     # The parse of the alias is the parse of export-metrics: the same command name, tracker and handler.
     p.set_defaults(command="export-metrics", to=["tensorboard"], handler=_run_export_metrics)
@@ -51,7 +62,8 @@ def _run_export_metrics(args: argparse.Namespace) -> int:
     for name in dict.fromkeys(args.to):
         done = export_metrics(args.run_dir, name, log_dir=args.out, force=args.force)
         events = f"{done['events']} events, " if done["events"] is not None else ""
-        extra = (", the verdict" if done["verdict"] else "") + (f", {done['files']} report files" if done["files"]
-                                                                else "")
+        extra = (", the verdict" if done["verdict"] else "") + (
+            f", {done['files']} report files" if done["files"] else ""
+        )
         print(f"{name}: {events}{done['scalars']} scalars{extra} -> {done['where']}")
     return 0

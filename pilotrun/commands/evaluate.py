@@ -1,4 +1,5 @@
-"""`pilotrun evaluate RUN [--step N] --tasks T,...`: score a committed checkpoint, bound to its hashes, on the chain.
+"""`pilotrun evaluate RUN [--step N] --tasks T,...`: score a committed checkpoint, bound to its hashes, on the
+chain.
 
 Tasks are local multiple-choice task files (data/choice_tasks.py) or, with `--harness lm-eval`, the evaluation
 harness's own task names too (commands/lm_eval_model.py). `--harness pilotrun` (the default) scores task files
@@ -15,9 +16,9 @@ What it writes, and only once everything is measured:
 
 It reads the checkpoint and never writes into it. It never takes the run folder's lock from a trainer: a run
 held by a live session is refused before anything is read, and the lock is taken only for the append (a
-session that started meanwhile makes it refuse, with nothing written). Bad input (an unknown task, a
-malformed task file, a step with no committed checkpoint, a missing extra, a checkpoint of another run) is one
-line and exit 2, before anything is written.
+session that started meanwhile makes it refuse, with nothing written). Bad input (an unknown task, a malformed
+task file, a step with no committed checkpoint, a missing extra, a checkpoint of another run) is one line and
+exit 2, before anything is written.
 """
 
 from __future__ import annotations
@@ -51,8 +52,10 @@ def parse_tasks(spec: str, harness: str) -> tuple[list[ChoiceTask], list[str]]:
         elif harness == "lm-eval":
             names.append(item)
         else:
-            raise PilotrunError(f"--tasks: unknown task {item!r}: not a task file ({TASK_SUFFIX}); a task of the "
-                                "evaluation harness needs --harness lm-eval")
+            raise PilotrunError(
+                f"--tasks: unknown task {item!r}: not a task file ({TASK_SUFFIX}); a task of the "
+                "evaluation harness needs --harness lm-eval"
+            )
     if not files and not names:
         raise PilotrunError("--tasks: no task named")
     every = [t.name for t in files] + names
@@ -64,13 +67,24 @@ def parse_tasks(spec: str, harness: str) -> tuple[list[ChoiceTask], list[str]]:
 def _refuse_live(run_dir: Path) -> None:
     holder = live_holder(run_dir)
     if holder is not None:
-        raise PilotrunError(f"run folder {run_dir} is held by a live session ({describe_holder(holder)}): evaluate "
-                            "never writes into a running run; evaluate once the session has ended")
+        raise PilotrunError(
+            f"run folder {run_dir} is held by a live session ({describe_holder(holder)}): evaluate "
+            "never writes into a running run; evaluate once the session has ended"
+        )
 
 
-def evaluate_checkpoint(run_dir: str | Path, tasks: str, *, step: int | None = None, harness: str = "pilotrun",
-                        data_dir: str | Path | None = None, limit: int = 0, shots: int = 0, seed: int = 0,
-                        device: str = "cpu") -> dict[str, Any]:
+def evaluate_checkpoint(
+    run_dir: str | Path,
+    tasks: str,
+    *,
+    step: int | None = None,
+    harness: str = "pilotrun",
+    data_dir: str | Path | None = None,
+    limit: int = 0,
+    shots: int = 0,
+    seed: int = 0,
+    device: str = "cpu",
+) -> dict[str, Any]:
     """The whole command (module docstring); returns the event's fields and where the results were written."""
     run_dir = Path(run_dir)
     if harness not in HARNESSES:
@@ -78,7 +92,9 @@ def evaluate_checkpoint(run_dir: str | Path, tasks: str, *, step: int | None = N
     if limit < 0 or shots < 0:
         raise ConfigError("--limit and --shots must be >= 0")
     if shots and harness == "pilotrun":
-        raise ConfigError("--shots: pilotrun's own scoring is zero-shot; few-shot prompts need --harness lm-eval")
+        raise ConfigError(
+            "--shots: pilotrun's own scoring is zero-shot; few-shot prompts need --harness lm-eval"
+        )
     check_device(device)
     files, names = parse_tasks(tasks, harness)
     if harness == "lm-eval":
@@ -125,8 +141,8 @@ def evaluate_checkpoint(run_dir: str | Path, tasks: str, *, step: int | None = N
 
 
 def check_device(device: str) -> None:
-    """`--device` names the CPU or a CUDA device this machine has: anything else is bad input, said in one line
-    before the checkpoint is read (torch's own answer is a traceback)."""
+    """`--device` names the CPU or a CUDA device this machine has: anything else is bad input, said in one
+    line before the checkpoint is read (torch's own answer is a traceback)."""
     import torch
 
     try:
@@ -178,7 +194,9 @@ def _record(run_dir: Path, run: dict[str, Any], relative: Path, identity: dict[s
                  "harness": identity["harness"], "harness_version": identity["harness_version"],
                  "shots": identity["shots"], "limit": identity["limit"], "seed": identity["seed"],
                  "tasks": figures, "results": {"path": str(relative), "sha256": sha256_of_file(path)}}
-        writer = MetricsWriter(run_dir, f"evaluate-{identity['evaluation_id']}", run_id=str(run.get("run_id")))
+        writer = MetricsWriter(
+            run_dir, f"evaluate-{identity['evaluation_id']}", run_id=str(run.get("run_id"))
+        )
         try:
             writer.log("evaluation", counters, **event)
         finally:

@@ -13,14 +13,15 @@ read, and that vLLM / lm-eval take as a DeepSeek-V3 checkpoint):
 
 The checkpoint's files are rehashed against its marker before anything is read, for both storages (the
 single-process torch.save parts and torch.distributed.checkpoint folders written under torchrun, loaded here
-on one process into plain tensors). Options transformers' DeepSeek-V3 cannot express are refused with one
-line naming the key: its router is sigmoid-only, its group score is always the sum of the top two biased
-scores, and its latent RMSNorms use a fixed eps of 1e-6.
+on one process into plain tensors). Options transformers' DeepSeek-V3 cannot express are refused with one line
+naming the key: its router is sigmoid-only, its group score is always the sum of the top two biased scores,
+and its latent RMSNorms use a fixed eps of 1e-6.
 
 RoPE layout: pilotrun rotates adjacent pairs (x[2i], x[2i+1]) -- DeepSeek's interleaved layout -- and
 transformers' `rope_interleave=True` rotates the same pairs but writes the result de-interleaved. It does so
 for queries and keys alike, and a dot product is unchanged when both vectors are permuted the same way, so
-attention is identical and no weight needs permuting (the logits comparison in tests/commands/test_export.py checks it).
+attention is identical and no weight needs permuting (the logits comparison in tests/commands/test_export.py
+checks it).
 
 Nothing is written into DIR until every file is complete: the folder is assembled beside it and renamed.
 """
@@ -55,7 +56,9 @@ def _checkpointer(run_dir: Path):
     from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
 
     if not (run_dir / "checkpoints").is_dir():
-        raise CheckpointError(f"{run_dir / 'checkpoints'} not found: is {run_dir} a run folder with checkpoints?")
+        raise CheckpointError(
+            f"{run_dir / 'checkpoints'} not found: is {run_dir} a run folder with checkpoints?"
+        )
     return DistributedCheckpointer(run_dir, keep=1)
 
 
@@ -96,7 +99,9 @@ def load_checkpoint_model(run_dir: str | Path, step: int | None = None):
         model.load_state_dict(model_state)
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0]
-        raise CheckpointError(f"checkpoint {checkpoint.path}: its model does not match its recipe: {first}") from None
+        raise CheckpointError(
+            f"checkpoint {checkpoint.path}: its model does not match its recipe: {first}"
+        ) from None
     model.eval()
     return model, config, meta, step, checkpoint.marker
 
@@ -125,23 +130,31 @@ def refuse_inexpressible_options(model_cfg: ModelConfig) -> None:
     m = model_cfg
     has_moe = m.n_layers > m.n_dense_layers
     if m.norm_eps != TRANSFORMERS_NORM_EPS:
-        raise ExportError(f"model.norm_eps={m.norm_eps}: transformers' DeepSeek-V3 fixes the eps of its latent "
-                          f"RMSNorms (q_a_layernorm, kv_a_layernorm) at {TRANSFORMERS_NORM_EPS}; cannot export")
+        raise ExportError(
+            f"model.norm_eps={m.norm_eps}: transformers' DeepSeek-V3 fixes the eps of its latent "
+            f"RMSNorms (q_a_layernorm, kv_a_layernorm) at {TRANSFORMERS_NORM_EPS}; cannot export"
+        )
     if not has_moe:
         return
     if m.score_func != "sigmoid":
-        raise ExportError(f"model.score_func={m.score_func}: transformers' DeepSeek-V3 router is sigmoid only; "
-                          "cannot export")
+        raise ExportError(
+            f"model.score_func={m.score_func}: transformers' DeepSeek-V3 router is sigmoid only; "
+            "cannot export"
+        )
     if m.force_balanced_routing:
         raise ExportError("model.force_balanced_routing=true is a debug routing transformers does not have; "
                           "cannot export")
     if m.n_routed_experts // m.n_expert_groups < 2:
-        raise ExportError(f"model.n_expert_groups={m.n_expert_groups}: transformers scores each group by its top "
-                          "two experts, which needs at least 2 experts per group; cannot export")
+        raise ExportError(
+            f"model.n_expert_groups={m.n_expert_groups}: transformers scores each group by its top "
+            "two experts, which needs at least 2 experts per group; cannot export"
+        )
     if m.n_expert_groups > 1 and not uses_expert_bias(m.balance):
-        raise ExportError(f"model.n_expert_groups={m.n_expert_groups} with model.balance={m.balance}: without the "
-                          "aux-free bias pilotrun scores a group by its best expert, transformers by its top two; "
-                          "cannot export")
+        raise ExportError(
+            f"model.n_expert_groups={m.n_expert_groups} with model.balance={m.balance}: without the "
+            "aux-free bias pilotrun scores a group by its best expert, transformers by its top two; "
+            "cannot export"
+        )
 
 
 def hf_config(model: torch.nn.Module, eos_id: int | None) -> dict[str, Any]:
@@ -149,7 +162,8 @@ def hf_config(model: torch.nn.Module, eos_id: int | None) -> dict[str, Any]:
     m: ModelConfig = model.cfg
     refuse_inexpressible_options(m)
     moe_layers = model.moe_layers()
-    # The route scale as the model resolved it (0 in the recipe means Moonlight's formula, resolved by the model).
+    # The route scale as the model resolved it (0 in the recipe means Moonlight's formula, resolved by the
+    # model).
     route_scale = float(moe_layers[0].gate.route_scale) if moe_layers else 1.0
     return {
         "architectures": ["DeepseekV3ForCausalLM"],
@@ -174,7 +188,8 @@ def hf_config(model: torch.nn.Module, eos_id: int | None) -> dict[str, Any]:
         "topk_group": m.n_limited_groups,
         "routed_scaling_factor": route_scale,
         "norm_topk_prob": bool(m.route_norm),
-        "scoring_func": "sigmoid",  # read by DeepSeek's own modeling code and vLLM; transformers is sigmoid-only
+        # read by DeepSeek's own modeling code and vLLM; transformers is sigmoid-only
+        "scoring_func": "sigmoid",
         "topk_method": "noaux_tc",  # likewise: top-k over scores + e_score_correction_bias, group-limited
         "hidden_act": "silu",
         "max_position_embeddings": m.max_seq_len,
@@ -198,12 +213,16 @@ def hf_config(model: torch.nn.Module, eos_id: int | None) -> dict[str, Any]:
 
 
 def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's tensors under DeepSeek-V3 hub names (the names transformers' DeepseekV3 modules give them), contiguous fp32 CPU copies."""
+    """The model's tensors under DeepSeek-V3 hub names (the names transformers' DeepseekV3 modules give them),
+    contiguous fp32 CPU copies."""
     from pilotrun.model.balancing import uses_expert_bias
 
     m: ModelConfig = model.cfg
-    out: dict[str, torch.Tensor] = {"model.embed_tokens.weight": model.embed.weight,
-                                    "model.norm.weight": model.norm.weight, "lm_head.weight": model.head.weight}
+    out: dict[str, torch.Tensor] = {
+        "model.embed_tokens.weight": model.embed.weight,
+        "model.norm.weight": model.norm.weight,
+        "lm_head.weight": model.head.weight,
+    }
     for index, block in enumerate(model.layers):
         prefix = f"model.layers.{index}."
         attn = block.attn
@@ -256,12 +275,16 @@ def _tokenizer_files(data_dir: Path, expected_metadata_sha256: str | None) -> tu
     from pilotrun.data.mixed_reader import open_data
 
     if not data_dir.exists():  # a folder, or a mixture file (whose sources share one tokenizer)
-        raise DataError(f"data folder {data_dir} (recorded by the checkpoint) not found: pass --data with its "
-                        "current location")
+        raise DataError(
+            f"data folder {data_dir} (recorded by the checkpoint) not found: pass --data with its "
+            "current location"
+        )
     dataset = open_data(data_dir)
     if expected_metadata_sha256 and dataset.metadata_sha256 != expected_metadata_sha256:
-        raise DataError(f"{data_dir}: metadata_sha256 {dataset.metadata_sha256[:12]} differs from the "
-                        f"checkpoint's {expected_metadata_sha256[:12]}: not the data this model was trained on")
+        raise DataError(
+            f"{data_dir}: metadata_sha256 {dataset.metadata_sha256[:12]} differs from the "
+            f"checkpoint's {expected_metadata_sha256[:12]}: not the data this model was trained on"
+        )
     eos_text = dataset.load_tokenizer().id_to_token(dataset.eos_id)
     return Path(dataset.tokenizer_path), dataset.eos_id, eos_text
 
@@ -270,7 +293,9 @@ def _import_safetensors():
     try:
         from safetensors.torch import save_file
     except ImportError:
-        raise ConfigError("pilotrun export needs the safetensors package: pip install 'pilotrun[export]'") from None
+        raise ConfigError(
+            "pilotrun export needs the safetensors package: pip install 'pilotrun[export]'"
+        ) from None
     return save_file
 
 
@@ -288,9 +313,15 @@ def export_run(run_dir: str | Path, out_dir: str | Path, step: int | None = None
     tokenizer_path, eos_id, eos_text = _tokenizer_files(source, data.get("metadata_sha256"))
     hf = hf_config(model, eos_id)
     tensors = hf_state_dict(model)
-    info = {"run_dir": str(run_dir.resolve()), "run_id": meta.get("run_id"), "step": step,
-            "storage": marker.get("storage", "torch_save"), "data_metadata_sha256": data.get("metadata_sha256"),
-            "checkpoint_files": marker.get("files", {}), "recipe": meta.get("recipe")}
+    info = {
+        "run_dir": str(run_dir.resolve()),
+        "run_id": meta.get("run_id"),
+        "step": step,
+        "storage": marker.get("storage", "torch_save"),
+        "data_metadata_sha256": data.get("metadata_sha256"),
+        "checkpoint_files": marker.get("files", {}),
+        "recipe": meta.get("recipe"),
+    }
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     for line in remove_stale_temps(out_dir.parent, out_dir.name):  # a killed export's whole-model temp folder
@@ -306,8 +337,9 @@ def export_run(run_dir: str | Path, out_dir: str | Path, step: int | None = None
         except Exception as error:  # safetensors' own error type (a full disk, a quota): one line, exit 2
             if isinstance(error, OSError) or type(error).__name__ != "SafetensorError":
                 raise
-            raise ExportError(f"--out {out_dir}: the model could not be written ({' '.join(str(error).split())})"
-                              ) from None
+            raise ExportError(
+                f"--out {out_dir}: the model could not be written ({' '.join(str(error).split())})"
+            ) from None
         # safetensors creates its file private (0600); the export is one folder whose files share one mode,
         # the one this process's umask gives any file (config.json's), so whoever may read the config may
         # read the model it describes.
@@ -315,9 +347,15 @@ def export_run(run_dir: str | Path, out_dir: str | Path, step: int | None = None
         _write_json(temp / "generation_config.json", {"eos_token_id": eos_id, "bos_token_id": None,
                                                       "pad_token_id": None})
         shutil.copyfile(tokenizer_path, temp / "tokenizer.json")
-        _write_json(temp / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
-                                                     "eos_token": eos_text, "model_max_length": config.model.max_seq_len,
-                                                     "clean_up_tokenization_spaces": False})
+        _write_json(
+            temp / "tokenizer_config.json",
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": eos_text,
+                "model_max_length": config.model.max_seq_len,
+                "clean_up_tokenization_spaces": False,
+            },
+        )
         _write_json(temp / EXPORT_INFO_FILE, info)
         if out_dir.exists():
             out_dir.rmdir()  # empty (checked above)

@@ -1,4 +1,5 @@
-"""`pilotrun freeze`: judge a pilot and write its candidate's lock (the format lives in pilotrun/run/recipe_lock.py).
+"""`pilotrun freeze`: judge a pilot and write its candidate's lock (the format lives in
+pilotrun/run/recipe_lock.py).
 
 After a GO (or with `--despite-no-go`, recorded in the lock) the lock holds:
 - the effective recipe (run.json's, the one in force at the pilot's end) and the changes made on resume;
@@ -6,13 +7,13 @@ After a GO (or with `--despite-no-go`, recorded in the lock) the lock holds:
 - the code identity (git commit, dirty flag, diff hash) and software of the pilot's last kept session;
 - the verdict: decision, statement, every rule with its figure, threshold and evidence, the thresholds;
 - with `--target-steps N`: `projection`, what the pilot's measurements predict for a long run of N updates
-  (training, checkpoint, evaluation, start-up, expected failures at `--mtbf`, Young's checkpoint interval, total
-  wall time, device-hours and cost at `--device-hour-cost`), each part with the band the pilot's measured spread
-  gives it and the total's band (pilotrun/report/projection/band.py), and `watch`, the pilot's figures `pilotrun watch
-  --against LOCK` holds the long run to (pilotrun/report/projection/long_run.py), and `forecast`, the
-  validation loss the long run will reach: a schedule-aware law fitted to the pilot's validation losses, its
-  curve at the long run's evaluation steps, the final value with its 90% interval and what it assumes, or
-  "no forecast: <why>" (pilotrun/report/projection/forecast_record.py);
+  (training, checkpoint, evaluation, start-up, expected failures at `--mtbf`, Young's checkpoint interval,
+  total wall time, device-hours and cost at `--device-hour-cost`), each part with the band the pilot's
+  measured spread gives it and the total's band (pilotrun/report/projection/band.py), and `watch`, the pilot's
+  figures `pilotrun watch --against LOCK` holds the long run to (pilotrun/report/projection/long_run.py), and
+  `forecast`, the validation loss the long run will reach: a schedule-aware law fitted to the pilot's
+  validation losses, its curve at the long run's evaluation steps, the final value with its 90% interval and
+  what it assumes, or "no forecast: <why>" (pilotrun/report/projection/forecast_record.py);
 - `sha256` over everything else, so the lock identifies itself.
 """
 
@@ -42,12 +43,15 @@ def check_projection_options(target_steps: int | None, mtbf_hours: float | None,
         if value is not None and (not math.isfinite(value) or value <= 0):
             raise FreezeError(f"{flag} {value}: must be a positive finite number")
     if target_steps is None and (mtbf_hours is not None or device_hour_cost is not None):
-        raise FreezeError("--mtbf and --device-hour-cost need --target-steps (they price a projected long run)")
+        raise FreezeError(
+            "--mtbf and --device-hour-cost need --target-steps (they price a projected long run)"
+        )
 
 
 def nonfinite_at(value: Any, where: str) -> str | None:
-    """The dotted name of the first figure in `value` that JSON cannot hold (an infinite or NaN float), or None.
-    A lock is strict JSON: a projection pushed past a float's range is refused, never written as Infinity."""
+    """The dotted name of the first figure in `value` that JSON cannot hold (an infinite or NaN float), or
+    None. A lock is strict JSON: a projection pushed past a float's range is refused, never written as
+    Infinity."""
     if isinstance(value, float):
         return None if math.isfinite(value) else where
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
@@ -58,8 +62,13 @@ def nonfinite_at(value: Any, where: str) -> str | None:
     return None
 
 
-def build_lock(verdict: Any, despite_no_go: bool, target_steps: int | None = None, mtbf_hours: float | None = None,
-               device_hour_cost: float | None = None) -> dict[str, Any]:
+def build_lock(
+    verdict: Any,
+    despite_no_go: bool,
+    target_steps: int | None = None,
+    mtbf_hours: float | None = None,
+    device_hour_cost: float | None = None,
+) -> dict[str, Any]:
     """The lock of a judged pilot (a `pilotrun.report.verdict.verdict.Verdict`), its `sha256` included; with
     `target_steps`, its projection and the figures watch needs."""
     summary = verdict.summary
@@ -71,31 +80,46 @@ def build_lock(verdict: Any, despite_no_go: bool, target_steps: int | None = Non
     hardware = last.get("hardware") or {}
     lock: dict[str, Any] = {
         "format": LOCK_FORMAT,
-        "pilot": {"run_id": run.get("run_id"), "run_dir": str(Path(summary.run_dir).resolve()),
-                  "final_step": summary.overall.get("updates_applied"),
-                  "tokens_seen": summary.overall.get("tokens_seen")},
+        "pilot": {
+            "run_id": run.get("run_id"),
+            "run_dir": str(Path(summary.run_dir).resolve()),
+            "final_step": summary.overall.get("updates_applied"),
+            "tokens_seen": summary.overall.get("tokens_seen"),
+        },
         "decision": verdict.decision,
         "despite_no_go": bool(despite_no_go and verdict.decision != "GO"),
-        "recipe": recipe, RECIPE_FORMAT_KEY: RECIPE_FORMAT,
+        "recipe": recipe,
+        RECIPE_FORMAT_KEY: RECIPE_FORMAT,
         "recipe_sha256": canonical_sha256(recipe),
         "recipe_changes": [dataclasses.asdict(c) for c in recipe_changes_in_history(run, summary.lineage)],
         "tokens_per_update": run.get("tokens_per_update"),
-        "data": {"metadata_sha256": (data.get("train") or {}).get("metadata_sha256"), "source": data.get("source"),
-                 "tokenizer": data.get("tokenizer"), "train_tokens": (data.get("train") or {}).get("tokens"),
-                 # A mixture's sources (each metadata_sha256), weights and schedule seed: a folder's lock has none.
-                 **({key: data[key] for key in ("sources", "mixture")} if data.get("mixture") else {})},
+        "data": {
+            "metadata_sha256": (data.get("train") or {}).get("metadata_sha256"),
+            "source": data.get("source"),
+            "tokenizer": data.get("tokenizer"),
+            "train_tokens": (data.get("train") or {}).get("tokens"),
+            # A mixture's sources (each metadata_sha256), weights and schedule seed: a folder's lock has
+            # none.
+            **({key: data[key] for key in ("sources", "mixture")} if data.get("mixture") else {}),
+        },
         "code": last.get("git"),
         "software": last.get("software"),
         "hardware": {k: hardware.get(k) for k in ("device", "device_name", "world_size")},
-        "verdict": {"decision": verdict.decision, "statement": verdict.statement,
-                    "rules": [dataclasses.asdict(r) for r in verdict.rules],
-                    "thresholds": dataclasses.asdict(verdict.thresholds)},
+        "verdict": {
+            "decision": verdict.decision,
+            "statement": verdict.statement,
+            "rules": [dataclasses.asdict(r) for r in verdict.rules],
+            "thresholds": dataclasses.asdict(verdict.thresholds),
+        },
     }
     # The watcher's figures are the pilot's own, whether or not a long run's length is projected.
     lock[WATCH_KEY] = watch_figures(summary, lock["verdict"]["thresholds"])
     if target_steps is not None:
-        options = (f"--target-steps {target_steps}" + (f" --mtbf {mtbf_hours}" if mtbf_hours is not None else "")
-                   + (f" --device-hour-cost {device_hour_cost}" if device_hour_cost is not None else ""))
+        options = (
+            f"--target-steps {target_steps}"
+            + (f" --mtbf {mtbf_hours}" if mtbf_hours is not None else "")
+            + (f" --device-hour-cost {device_hour_cost}" if device_hour_cost is not None else "")
+        )
         try:
             lock[PROJECTION_KEY] = project(summary, target_steps, mtbf_hours, device_hour_cost)
         except (OverflowError, ZeroDivisionError):
@@ -108,8 +132,10 @@ def build_lock(verdict: Any, despite_no_go: bool, target_steps: int | None = Non
                               "range); give values nearer a real long run (fewer updates, a longer MTBF)")
     where = nonfinite_at(lock, "lock")
     if where is not None:  # the pilot's own figures: summarize judges the record they came from
-        raise FreezeError(f"{summary.run_dir}: the lock's {where} is not a finite number (NaN or infinite), which "
-                          "a lock (strict JSON) cannot hold")
+        raise FreezeError(
+            f"{summary.run_dir}: the lock's {where} is not a finite number (NaN or infinite), which "
+            "a lock (strict JSON) cannot hold"
+        )
     lock["sha256"] = canonical_sha256(lock)
     return lock
 
@@ -129,8 +155,10 @@ def freeze_run(run_dir: str | Path, out: str | Path, despite_no_go: bool = False
     verdict = judge(run_dir, thresholds)
     if verdict.provisional:
         running = verdict.summary.overall["running"]
-        raise FreezeError(f"{run_dir}: the run is still going (pid {running.get('pid')} on host {running.get('host')}); "
-                          "a lock freezes a finished pilot: wait for it to end")
+        raise FreezeError(
+            f"{run_dir}: the run is still going (pid {running.get('pid')} on host {running.get('host')}); "
+            "a lock freezes a finished pilot: wait for it to end"
+        )
     if verdict.summary.run.get("recipe") is None:
         raise FreezeError(f"{run_dir}: run.json has no recipe to freeze")
     lock = build_lock(verdict, despite_no_go, target_steps, mtbf_hours, device_hour_cost)
@@ -150,15 +178,21 @@ def format_projection(projection: dict[str, Any]) -> list[str]:
         if key in projection:
             part = projection[key]
             band = part.get("band")
-            spread = f"; band {band[0]:.4g}-{band[1]:.4g} s" if isinstance(band, list) and len(band) == 2 else ""
-            lines.append(f"  {key}: {part['seconds'] / 3600:.4g} h ({part['seconds']:.1f} s{spread}) from "
-                         f"{part['from']}" + (f"; band: {part['band_from']}" if part.get("band_from") else ""))
+            spread = (
+                f"; band {band[0]:.4g}-{band[1]:.4g} s" if isinstance(band, list) and len(band) == 2 else ""
+            )
+            lines.append(
+                f"  {key}: {part['seconds'] / 3600:.4g} h ({part['seconds']:.1f} s{spread}) from "
+                f"{part['from']}" + (f"; band: {part['band_from']}" if part.get("band_from") else "")
+            )
     if "checkpoint_interval" in projection:
         c = projection["checkpoint_interval"]
         lines.append(f"  checkpoint interval minimising expected loss: {c['young_seconds']:.1f} s = "
                      f"{c['young_updates']:.0f} updates ({c['from']}); the recipe checkpoints "
                      + (f"every {c['recipe_updates']} updates" if c["recipe_updates"] else "only at the end"))
-    lines.append(f"  device-hours: {projection['device_hours']['value']:.4g} ({projection['device_hours']['from']})")
+    lines.append(
+        f"  device-hours: {projection['device_hours']['value']:.4g} ({projection['device_hours']['from']})"
+    )
     if "cost" in projection:
         lines.append(f"  cost: {projection['cost']['value']:.2f} ({projection['cost']['from']})")
     lines.append(f"  goodput: {projection['goodput']['value']:.3f} ({projection['goodput']['from']})")

@@ -1,16 +1,17 @@
 """Spike forensics: which tokens did update N read? `pilotrun inspect-batch R --step N`.
 
-The answer is reconstructed, not stored: every attempted update reads exactly
-`gradient_accumulation_steps` global microbatches in order, and the loader's cursor is global, so attempt k
-(1-based) read the next A microbatches after attempt k-1's, stepping over every `train.skip_data` range and
-every range a spike's rollback skipped (run.json's skip_data); without skips that is (k-1)*A .. k*A-1. Applied
-update N is the N-th attempt that was not skipped: the skipped attempts are the `overflow` events and the
-spikes skipped by policy (each records `updates_attempted` after the skip), in the history a rollback kept.
-A resumed session repeats, bit for bit, what a crashed one did after its checkpoint, so duplicated overflow
-events of rolled-back work name the same attempts and are counted once.
+The answer is reconstructed, not stored: every attempted update reads exactly `gradient_accumulation_steps`
+global microbatches in order, and the loader's cursor is global, so attempt k (1-based) read the next A
+microbatches after attempt k-1's, stepping over every `train.skip_data` range and every range a spike's
+rollback skipped (run.json's skip_data); without skips that is (k-1)*A .. k*A-1. Applied update N is the N-th
+attempt that was not skipped: the skipped attempts are the `overflow` events and the spikes skipped by policy
+(each records `updates_attempted` after the skip), in the history a rollback kept. A resumed session repeats,
+bit for bit, what a crashed one did after its checkpoint, so duplicated overflow events of rolled-back work
+name the same attempts and are counted once.
 
-The loader's `describe_batch(batch_index)` then names, per row, the shard file, offset and length it read (for a
-data mixture also the row's source and its row and pass in that source: data/mixed_reader.py), and the tokenizer saved in the data folder decodes them, with no network.
+The loader's `describe_batch(batch_index)` then names, per row, the shard file, offset and length it read (for
+a data mixture also the row's source and its row and pass in that source: data/mixed_reader.py), and the
+tokenizer saved in the data folder decodes them, with no network.
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ def microbatches_for_step(run_dir: str | Path, step: int) -> tuple[list[int], di
     changed = [c["key"] for c in run.get("allowed_changes", []) if c.get("key") in GEOMETRY_KEYS
                or str(c.get("key")).startswith("data.mixture.")]
     if changed:
-        raise ConfigError(f"{run_dir}: batch geometry changed during the run ({', '.join(changed)}: a batch "
-                          "geometry or mixture key); the cursor arithmetic of inspect-batch does not cover that")
+        raise ConfigError(
+            f"{run_dir}: batch geometry changed during the run ({', '.join(changed)}: a batch "
+            "geometry or mixture key); the cursor arithmetic of inspect-batch does not cover that"
+        )
     kept, _ = split_rollbacks(events)  # a rollback's undone attempts are numbered again after it
     skipped = {int(e["updates_attempted"]) for e in kept
                if e["event"] == "overflow" or (e["event"] == "spike" and e.get("action") == "skipped")}
@@ -73,9 +76,9 @@ def skip_ranges_of(run: dict[str, Any]) -> list[list[int]]:
 
 
 def attempt_batches(attempt: int, accumulation: int, ranges: list[list[int]]) -> list[int]:
-    """The global microbatches attempt `attempt` read, the loader stepping over `ranges` as it did. Every range is
-    applied from the first attempt: a rollback's lies ahead of the cursor of the checkpoint it restored, so the
-    attempts before it read the same batches with or without it."""
+    """The global microbatches attempt `attempt` read, the loader stepping over `ranges` as it did. Every
+    range is applied from the first attempt: a rollback's lies ahead of the cursor of the checkpoint it
+    restored, so the attempts before it read the same batches with or without it."""
     cursor, batches = 0, []
     for _ in range(attempt):
         batches = upcoming_batches(skip_ahead(cursor, ranges), accumulation, ranges)
@@ -86,10 +89,13 @@ def attempt_batches(attempt: int, accumulation: int, ranges: list[list[int]]) ->
 def inspect_batch(run_dir: str | Path, step: int, max_chars: int = 400) -> str:
     try:
         return _inspect_batch(run_dir, step, max_chars)
-    except (KeyError, TypeError, ValueError, IndexError) as exc:  # a field of run.json / an event missing or mistyped
-        raise DataError(f"{run_dir}: the run record is damaged (run.json or metrics.jsonl: missing or malformed "
-                        f"{type(exc).__name__} {' '.join(str(exc).split())[:120]}); `pilotrun summarize` lists every "
-                        "problem") from None
+    # a field of run.json / an event missing or mistyped
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise DataError(
+            f"{run_dir}: the run record is damaged (run.json or metrics.jsonl: missing or malformed "
+            f"{type(exc).__name__} {' '.join(str(exc).split())[:120]}); `pilotrun summarize` lists every "
+            "problem"
+        ) from None
 
 
 def _inspect_batch(run_dir: str | Path, step: int, max_chars: int) -> str:
@@ -109,8 +115,14 @@ def _inspect_batch(run_dir: str | Path, step: int, max_chars: int) -> str:
                                                         mode=t["data_mode"], rank=0, world_size=world_size)
         splits = dataset.splits("train")
     else:
-        loader = BatchLoader(dataset.split("train"), int(t["batch_size"]), int(t["seq_len"]), mode=t["data_mode"],
-                             rank=0, world_size=world_size)
+        loader = BatchLoader(
+            dataset.split("train"),
+            int(t["batch_size"]),
+            int(t["seq_len"]),
+            mode=t["data_mode"],
+            rank=0,
+            world_size=world_size,
+        )
         splits = [dataset.split("train")]
     tokenizer = dataset.load_tokenizer()
     lines = [f"run {run.get('run_id')}: update {step} read {len(indices)} microbatch(es) {indices} "
@@ -126,8 +138,10 @@ def _inspect_batch(run_dir: str | Path, step: int, max_chars: int) -> str:
             source = (f" source {row['source']} row {row['source_row']} (pass {row['epoch']})"
                       if "source" in row else "")
             lines.append("")
-            lines.append(f"microbatch {batch_index} rank {row['rank']} row {row['row']}{source}: {len(tokens)} tokens "
-                         f"from {where}")
+            lines.append(
+                f"microbatch {batch_index} rank {row['rank']} row {row['row']}{source}: {len(tokens)} tokens "
+                f"from {where}"
+            )
             lines.append(repr(shown))
     # A mixture source's name, a shard's file name and the data folder come from files a user may not have
     # written: quoted one line each, never as commands to the terminal.

@@ -24,9 +24,17 @@ def shell_line(words: Sequence[str | Path]) -> str:
     return shlex.join(str(w) for w in words)
 
 
-def train_words(*, data: str | Path, run_dir: str | Path, config: str | Path | None = None,
-                frozen: str | Path | None = None, overrides: Sequence[str] = (), allow_changes: Sequence[str] = (),
-                resume: bool | str = False, extra: Sequence[str] = ()) -> list[str]:
+def train_words(
+    *,
+    data: str | Path,
+    run_dir: str | Path,
+    config: str | Path | None = None,
+    frozen: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    allow_changes: Sequence[str] = (),
+    resume: bool | str = False,
+    extra: Sequence[str] = (),
+) -> list[str]:
     """`pilotrun train` with exactly one of `config` and `frozen` (the arguments after `pilotrun`)."""
     words = ["train", *(["--config", str(config)] if frozen is None else ["--frozen", str(frozen)]),
              "--data", str(data), "--run-dir", str(run_dir)]
@@ -54,10 +62,14 @@ def resume_command(args: argparse.Namespace) -> str:
     return shell_line(["pilotrun", *words])
 
 
-def long_run_commands(lock: str | Path, data: str | Path | None, run_dir: str | Path = "runs/long") -> list[str]:
+def long_run_commands(
+    lock: str | Path, data: str | Path | None, run_dir: str | Path = "runs/long"
+) -> list[str]:
     """The frozen long run and its watch. `--resume auto`: the same line starts the run and continues it after
     any stop (it is what a scheduler's requeue reruns), and it never refuses a folder it already started."""
-    train = train_words(frozen=lock, data=data if data is not None else "DATA", run_dir=run_dir, resume="auto")
+    train = train_words(
+        frozen=lock, data=data if data is not None else "DATA", run_dir=run_dir, resume="auto"
+    )
     return [shell_line(["pilotrun", *train]), shell_line(["pilotrun", "watch", run_dir, "--against", lock,
                                                           "--follow"])]
 

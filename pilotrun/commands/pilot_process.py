@@ -1,21 +1,21 @@
 """The pilot's training children: one `pilotrun train` process, or torchrun with its workers, as one tree.
 
-The rehearsal's interruption has to be what a lost machine does to a job: every process of it dies at once, with
-no handler, atexit or final checkpoint. Under torchrun that is not one process: the launcher starts each worker
-in a session of its own, so killing the launcher (or its process group) alone leaves the workers running. So
-the tree is read from /proc (every descendant of the launcher) before the kill and each process in it gets
-SIGKILL, and the pilot then checks by pid that none is left.
+The rehearsal's interruption has to be what a lost machine does to a job: every process of it dies at once,
+with no handler, atexit or final checkpoint. Under torchrun that is not one process: the launcher starts each
+worker in a session of its own, so killing the launcher (or its process group) alone leaves the workers
+running. So the tree is read from /proc (every descendant of the launcher) before the kill and each process in
+it gets SIGKILL, and the pilot then checks by pid that none is left.
 
-Each child is started in a session of its own, so a Ctrl-C at the terminal reaches the pilot alone, and the pilot
-passes exactly one stop signal on (`StopForwarding`): a child that received the terminal's SIGINT and then the
-pilot's own would take the second as "stop at once, without a checkpoint". Under torchrun the signal goes to the
-workers themselves, which finish their update and checkpoint together (any rank's stop stops all).
+Each child is started in a session of its own, so a Ctrl-C at the terminal reaches the pilot alone, and the
+pilot passes exactly one stop signal on (`StopForwarding`): a child that received the terminal's SIGINT and
+then the pilot's own would take the second as "stop at once, without a checkpoint". Under torchrun the signal
+goes to the workers themselves, which finish their update and checkpoint together (any rank's stop stops all).
 
-A child must not outlive the pilot: a pilot killed outright (SIGKILL, the OOM killer) runs no handler that could
-stop it. So each child asks the kernel, before it starts, for SIGTERM when its parent dies (Linux's
-PR_SET_PDEATHSIG): a lone `pilotrun train` then stops as on any SIGTERM (a committed checkpoint, exit 143), and
-torchrun forwards it to its workers, which also watch their launcher's pid themselves (the launcher watch).
-A pilot that died before the child asked is seen at once (the parent pid is no longer the pilot's).
+A child must not outlive the pilot: a pilot killed outright (SIGKILL, the OOM killer) runs no handler that
+could stop it. So each child asks the kernel, before it starts, for SIGTERM when its parent dies (Linux's
+PR_SET_PDEATHSIG): a lone `pilotrun train` then stops as on any SIGTERM (a committed checkpoint, exit 143),
+and torchrun forwards it to its workers, which also watch their launcher's pid themselves (the launcher
+watch). A pilot that died before the child asked is seen at once (the parent pid is no longer the pilot's).
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ def descendants(pid: int) -> list[int]:
     found: list[int] = []
     frontier = {pid}
     while frontier:
-        children = sorted(child for child, parent in parents.items() if parent in frontier and child not in found)
+        children = sorted(
+            child for child, parent in parents.items() if parent in frontier and child not in found
+        )
         found += children
         frontier = set(children)
     return found
@@ -87,8 +89,8 @@ def is_alive(pid: int) -> bool:
 
 
 def wait_until_stopped(pid: int, timeout_seconds: float, poll_seconds: float = 0.005) -> bool:
-    """Whether process `pid` reached the stopped state ('T' in /proc/PID/stat) within the timeout. False at once
-    where /proc is missing (not Linux) or the process has gone: the caller then kills without waiting."""
+    """Whether process `pid` reached the stopped state ('T' in /proc/PID/stat) within the timeout. False at
+    once where /proc is missing (not Linux) or the process has gone: the caller then kills without waiting."""
     stat = Path(f"/proc/{pid}/stat")
     deadline = time.monotonic() + timeout_seconds
     while True:
@@ -111,29 +113,46 @@ def train_command() -> list[str]:
 
 def torchrun_command(nproc_per_node: int) -> list[str]:
     """torchrun for one node, on a free local port (the rehearsal's ranks share one machine)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",
-            "-m", "pilotrun"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc_per_node}",
+        "-m",
+        "pilotrun",
+    ]
 
 
 class TrainingChild:
-    """One `pilotrun train` of the rehearsal: a process, or torchrun and `nproc` workers, its output in `log`."""
+    """One `pilotrun train` of the rehearsal: a process, or torchrun and `nproc` workers, its output in
+    `log`."""
 
     def __init__(self, train_args: list[str], log: Path, nproc: int | None = None) -> None:
         self.nproc, self.log = nproc, log
         launcher = torchrun_command(nproc) if nproc else train_command()
         env = dict(os.environ)
         if nproc:
-            env.setdefault("OMP_NUM_THREADS", "1")  # torchrun sets it and warns; the recipe's num_threads rules
+            # torchrun sets it and warns; the recipe's num_threads rules
+            env.setdefault("OMP_NUM_THREADS", "1")
         with open(log, "w") as out:
-            self.process = subprocess.Popen(launcher + train_args, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                            start_new_session=True, preexec_fn=parent_death_signal())
+            self.process = subprocess.Popen(
+                launcher + train_args,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=parent_death_signal(),
+            )
         self.pid = self.process.pid
 
     def cause(self) -> str:
-        """The one line of the child's log that says why it failed: its `pilotrun: error:` line (bad input), else
-        a traceback's last line (the exception), else the last line it wrote."""
+        """The one line of the child's log that says why it failed: its `pilotrun: error:` line (bad input),
+        else a traceback's last line (the exception), else the last line it wrote."""
         try:
-            lines = [line.strip() for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
+            lines = [
+                line.strip() for line in self.log.read_text(errors="replace").splitlines() if line.strip()
+            ]
         except OSError:
             return "its log could not be read"
         for line in reversed(lines):
@@ -173,7 +192,8 @@ class TrainingChild:
             time.sleep(0.01)
 
     def kill_tree(self) -> list[int]:
-        """SIGKILL the launcher and every descendant at once; returns the pids killed, none of them alive after."""
+        """SIGKILL the launcher and every descendant at once; returns the pids killed, none of them alive
+        after."""
         pids = self.tree()
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -195,8 +215,8 @@ class TrainingChild:
 
 
 class StopForwarding:
-    """A stop signal (pilotrun/common/stop_signals.py) during the rehearsal: passed on to the running child (once per signal received), or, with
-    no child running, raised as `PilotStopped` where the pilot stands."""
+    """A stop signal (pilotrun/common/stop_signals.py) during the rehearsal: passed on to the running child
+    (once per signal received), or, with no child running, raised as `PilotStopped` where the pilot stands."""
 
     def __init__(self) -> None:
         self.signum: int | None = None

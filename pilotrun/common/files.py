@@ -3,15 +3,15 @@
 One place for the things crash safety and identity rest on: a file's sha256 (how damage is found), the one
 canonical JSON of the project (what every identity hash is taken over: a data manifest's metadata_sha256,
 run.json's digests, a frozen lock's sha256, the recipe all ranks compare), an atomic text write (temp file,
-fsync, rename: a crash leaves the old file or the new one, never half of either), and an fsync of a folder
-(so that a rename inside it survives a power loss).
+fsync, rename: a crash leaves the old file or the new one, never half of either), and an fsync of a folder (so
+that a rename inside it survives a power loss).
 
 And confinement: pilotrun writes only inside the folders it was given, never through a symbolic link. A link
 where pilotrun writes (RUN/report, RUN/run.lock, a plot, a temp file's name) could point at a user's file
 outside the run, which a write would truncate or replace; `refuse_link` and `plain_folder` refuse it by name
-before anything is written, and `open_for_write` opens with O_NOFOLLOW so that a link planted between the check
-and the open is refused by the kernel. The folder a user names (--run-dir, --out) may itself be a link (their
-choice of where the run lives); what pilotrun creates inside it never is.
+before anything is written, and `open_for_write` opens with O_NOFOLLOW so that a link planted between the
+check and the open is refused by the kernel. The folder a user names (--run-dir, --out) may itself be a link
+(their choice of where the run lives); what pilotrun creates inside it never is.
 
 Every output is written as temp + rename, the temp named `.NAME.tmp-PID` beside its target: removed on any
 failure (KeyboardInterrupt and a SIGTERM turned into SystemExit included); what a SIGKILL leaves is found by
@@ -44,9 +44,12 @@ def sha256_of_file(path: str | Path) -> str:
 
 
 def canonical_json(obj: Any) -> bytes:
-    """Sorted keys, no whitespace, UTF-8 (not ASCII escapes), and no NaN or infinity (JSON has none; an identity
-    that held one could not be recomputed by another reader): the same value always gives the same bytes."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    """Sorted keys, no whitespace, UTF-8 (not ASCII escapes), and no NaN or infinity (JSON has none; an
+    identity that held one could not be recomputed by another reader): the same value always gives the same
+    bytes."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
+        "utf-8"
+    )
 
 
 def canonical_sha256(obj: Any) -> str:
@@ -81,16 +84,18 @@ def refuse_link(path: str | Path) -> None:
             target = os.readlink(path)
         except OSError:
             target = "?"
-        raise LinkRefused(f"{path} is a symbolic link (to {target}); refused: pilotrun never writes through a "
-                          "link (remove it, or choose another folder)")
+        raise LinkRefused(
+            f"{path} is a symbolic link (to {target}); refused: pilotrun never writes through a "
+            "link (remove it, or choose another folder)"
+        )
 
 
 def refuse_wrong_kind(path: str | Path, kind: str, what: str = "") -> None:
     """Refuse `path` by name when it is there as the other kind than `kind` ("file" or "folder"): "is a file,
-    not a folder" or "is a folder, not a file", never "does not exist" (the user named something that is there,
-    of the wrong kind) and never a traceback; so is a path whose parent is a file. A missing path passes: the
-    caller knows what a missing one means (an output to make, an input to name). `what`: the argument, e.g.
-    "--data", put before the path."""
+    not a folder" or "is a folder, not a file", never "does not exist" (the user named something that is
+    there, of the wrong kind) and never a traceback; so is a path whose parent is a file. A missing path
+    passes: the caller knows what a missing one means (an output to make, an input to name). `what`: the
+    argument, e.g. "--data", put before the path."""
     path = Path(path)
     label = f"{what} {path}" if what else str(path)
     if kind == "folder" and path.exists() and not path.is_dir():
@@ -200,7 +205,8 @@ def stale_temps(folder: str | Path, name: str | None = None) -> list[Path]:
 
 
 def remove_stale_temps(folder: str | Path, name: str | None = None) -> list[str]:
-    """Remove `stale_temps(folder, name)`; returns one line per removal, naming it (for the command to print)."""
+    """Remove `stale_temps(folder, name)`; returns one line per removal, naming it (for the command to
+    print)."""
     lines = []
     for path in stale_temps(folder, name):
         if path.is_dir() and not path.is_symlink():
@@ -241,7 +247,8 @@ def swap_in_folder(temp: str | Path, final: str | Path) -> None:
 
 def recover_folder(final: str | Path) -> list[str]:
     """What a killed writer of the folder `final` left beside it, cleaned: stale temps of it removed, and an
-    older copy moved aside by `swap_in_folder` put back when `final` is missing (else removed). One line each."""
+    older copy moved aside by `swap_in_folder` put back when `final` is missing (else removed). One line
+    each."""
     final = Path(final)
     lines = remove_stale_temps(final.parent, final.name)
     pattern = re.compile(rf"^\.{re.escape(final.name)}\.replaced-(\d+)$")

@@ -31,7 +31,8 @@ SHOWN_CHARS = 60
 
 # What a terminal would act on rather than show: C0 controls but newline and tab (an escape starts a sequence
 # that moves the cursor, retitles the window or rewrites what was printed), DEL, C1 controls and the Unicode
-# marks that reorder text. A recorded field (a session id, a message) is data, never a command to the terminal.
+# marks that reorder text. A recorded field (a session id, a message) is data, never a command to the
+# terminal.
 _TERMINAL_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
@@ -41,8 +42,9 @@ def terminal_safe(text: str) -> str:
 
 
 def one_line(text: str) -> str:
-    """`terminal_safe(text)` with its newlines and tabs escaped too: for a line that quotes the record (an alert, a
-    note), where a newline in a forged field would start a line of its own making, a fake "healthy" one."""
+    """`terminal_safe(text)` with its newlines and tabs escaped too: for a line that quotes the record (an
+    alert, a note), where a newline in a forged field would start a line of its own making, a fake "healthy"
+    one."""
     return terminal_safe(text).replace("\n", "\\n").replace("\t", "\\t")
 
 
@@ -84,7 +86,8 @@ def parse_json_text(text: str, where: str, error: type[PilotrunError] = Pilotrun
 
 def read_text_bounded(path: str | Path, where: str | None = None, error: type[PilotrunError] = PilotrunError,
                       max_bytes: int = MAX_TEXT_BYTES) -> str:
-    """A UTF-8 text file of at most `max_bytes`, or `error` naming it (missing, a folder, too big, not UTF-8)."""
+    """A UTF-8 text file of at most `max_bytes`, or `error` naming it (missing, a folder, too big, not
+    UTF-8)."""
     path = Path(path)
     where = where or str(path)
     try:
@@ -117,8 +120,9 @@ class BoundedSafeLoader(yaml.SafeLoader):
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
-            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not accepted in a pilotrun file",
-                                              event.start_mark)
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not accepted in a pilotrun file", event.start_mark
+            )
         self._depth = getattr(self, "_depth", 0) + 1
         try:
             if self._depth > MAX_DEPTH:
@@ -130,7 +134,8 @@ class BoundedSafeLoader(yaml.SafeLoader):
 
 
 def yaml_error_line(exc: yaml.YAMLError) -> str:
-    """PyYAML's message spans several lines (context, a quoted excerpt, a caret); one line: problem and place."""
+    """PyYAML's message spans several lines (context, a quoted excerpt, a caret); one line: problem and
+    place."""
     problem = getattr(exc, "problem", None)
     mark = getattr(exc, "problem_mark", None)
     if problem and mark is not None:

@@ -19,9 +19,10 @@ _NOTHING = object()  # the figures of no line yet
 
 
 class PlainLine:
-    """`offer(figures, render)` new figures; `close()` at the end. `render(now)` makes the line's text when it is
-    written (so that a line written at close says the time of the close); `figures` is what makes two offers the
-    same (a line already written for them is not written again). `interval` None: PLAIN_INTERVAL_SECONDS."""
+    """`offer(figures, render)` new figures; `close()` at the end. `render(now)` makes the line's text when it
+    is written (so that a line written at close says the time of the close); `figures` is what makes two
+    offers the same (a line already written for them is not written again). `interval` None:
+    PLAIN_INTERVAL_SECONDS."""
 
     def __init__(self, out: TextIO, interval: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:

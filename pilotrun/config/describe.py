@@ -35,12 +35,15 @@ def describe_config(config: RunConfig) -> list[dict[str, Any]]:
 
 
 def format_config_table(rows: list[dict[str, Any]]) -> str:
-    """Plain-text table of `describe_config` rows; keys whose value differs from the default are marked '*'."""
+    """Plain-text table of `describe_config` rows; keys whose value differs from the default are marked
+    '*'."""
     width = max(len(r["key"]) for r in rows)
     lines = []
     for r in rows:
         mark = "*" if r["value"] != r["default"] else " "
         value = yaml.safe_dump(r["value"], default_flow_style=True).strip().removesuffix("\n...").strip()
         default = yaml.safe_dump(r["default"], default_flow_style=True).strip().removesuffix("\n...").strip()
-        lines.append(f"{mark} {r['key']:<{width}}  {value:<14} (default {default}, {r['type']})  {r['meaning']}")
+        lines.append(
+            f"{mark} {r['key']:<{width}}  {value:<14} (default {default}, {r['type']})  {r['meaning']}"
+        )
     return "\n".join(lines)

@@ -117,7 +117,9 @@ def loaded_recipe_from(data: dict[str, Any], overrides: list[str], source: Any) 
 
 def names_key(message: str, key: str) -> bool:
     """Whether an error message names `key` (under its earlier or its current name) as a whole key."""
-    return any(re.search(rf"(?<![\w.]){re.escape(name)}(?![\w.])", message) for name in (key, current_key(key)))
+    return any(
+        re.search(rf"(?<![\w.]){re.escape(name)}(?![\w.])", message) for name in (key, current_key(key))
+    )
 
 
 def loaded_recipe(data: dict[str, Any]) -> RunConfig:

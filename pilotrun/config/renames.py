@@ -1,10 +1,10 @@
 """The recipe's earlier flat names and the sections that own them now: one table, read wherever a key enters.
 
-Recipe format 1 held every training key flat in `train` (`train.eval_every`); format 2 gives each component its
-section (`train.eval.every`), which the component is built from. A YAML recipe, a `--set` or `--allow-change`
-key, a lock's recipe, run.json's recorded recipe and a checkpoint's are read through this table, so that every
-earlier recipe, run, checkpoint and lock loads, resumes and compares as the same recipe in today's names.
-run.json and a lock say which format they hold (`recipe_format`; absent: 1).
+Recipe format 1 held every training key flat in `train` (`train.eval_every`); format 2 gives each component
+its section (`train.eval.every`), which the component is built from. A YAML recipe, a `--set` or
+`--allow-change` key, a lock's recipe, run.json's recorded recipe and a checkpoint's are read through this
+table, so that every earlier recipe, run, checkpoint and lock loads, resumes and compares as the same recipe
+in today's names. run.json and a lock say which format they hold (`recipe_format`; absent: 1).
 """
 
 from __future__ import annotations
@@ -69,16 +69,20 @@ def move_key(train: dict[str, Any], value: Any, old: str, new: str) -> None:
     _, section, name = new.split(".")
     target = train.setdefault(section, {})
     if not isinstance(target, dict):
-        raise ConfigError(f"config key '{old}' is the earlier name of '{new}', but train.{section} is not a section")
+        raise ConfigError(
+            f"config key '{old}' is the earlier name of '{new}', but train.{section} is not a section"
+        )
     if name in target:
-        raise ConfigError(f"config keys '{old}' and '{new}' are one key under its earlier and its current name: "
-                          "give it once")
+        raise ConfigError(
+            f"config keys '{old}' and '{new}' are one key under its earlier and its current name: "
+            "give it once"
+        )
     target[name] = value
 
 
 def recorded_value(recipe: Any, dotted: str) -> Any:
-    """The value at today's dotted key of a recorded recipe of any format (run.json's, a lock's), or None where
-    the record lacks it (never a default: a reader of a record judges what was recorded)."""
+    """The value at today's dotted key of a recorded recipe of any format (run.json's, a lock's), or None
+    where the record lacks it (never a default: a reader of a record judges what was recorded)."""
     node: Any = recipe
     if isinstance(recipe, dict) and isinstance(recipe.get("train"), dict):
         flat = {new: old for old, new in FLAT_NAMES.items()}.get(dotted)

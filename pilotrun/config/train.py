@@ -61,9 +61,12 @@ class SpikeConfig:
     """Loss spikes: detected in the loop, answered by policy (training/spikes/detector.py,
     training/spikes/rollback.py)."""
 
-    policy: str = knob("record", "record (a spike event), skip (not applied, reason spike) or rollback (to "
-                       "the last committed checkpoint before it, its documents to their end plus margin skipped)",
-                       choices=SPIKE_POLICIES)
+    policy: str = knob(
+        "record",
+        "record (a spike event), skip (not applied, reason spike) or rollback (to "
+        "the last committed checkpoint before it, its documents to their end plus margin skipped)",
+        choices=SPIKE_POLICIES,
+    )
     window: int = knob(50, "applied updates whose losses and gradient norms the running bound is taken over",
                        at_least=3)
     factor: float = knob(6.0, "spike: not finite or > median + factor x floored 1.4826 MAD of window "
@@ -88,8 +91,12 @@ class LogConfig:
                                "wandb, mlflow, trackio (each needs its extra, pilotrun[NAME]; a failing one "
                                "warns once)", factory=list, choices=TRACKER_NAMES, unique=True,
                                on_resume="machine")
-    tensorboard: bool = knob(False, "alias: true is read as `tensorboard` in train.log.trackers (folded in when "
-                             "the recipe is loaded, so it reads back false)", on_resume="machine")
+    tensorboard: bool = knob(
+        False,
+        "alias: true is read as `tensorboard` in train.log.trackers (folded in when "
+        "the recipe is loaded, so it reads back false)",
+        on_resume="machine",
+    )
 
 
 @dataclass
@@ -104,11 +111,15 @@ class EvalConfig:
 @dataclass
 class DownstreamConfig:
     """Multiple-choice tasks scored in the loop (training/callbacks/downstream_eval.py). They watch the model
-    without changing an update; their files' paths differ between machines, and the lock names the pilot's tasks
-    by sha256 (its watch section) for the long run's watch to compare: machine settings."""
+    without changing an update; their files' paths differ between machines, and the lock names the pilot's
+    tasks by sha256 (its watch section) for the long run's watch to compare: machine settings."""
 
-    tasks: list[str] = knob(meaning="multiple-choice task files (JSONL: context, choices, label) scored in the "
-                            "loop (training/multiple_choice.py)", factory=list, on_resume="machine")
+    tasks: list[str] = knob(
+        meaning="multiple-choice task files (JSONL: context, choices, label) scored in the "
+        "loop (training/multiple_choice.py)",
+        factory=list,
+        on_resume="machine",
+    )
     every: int = knob(0, "updates between scorings of train.downstream.tasks; 0: none", at_least=0,
                       on_resume="machine")
     limit: int = knob(0, "first examples of each downstream task scored in the loop; 0: all", at_least=0,
@@ -126,9 +137,13 @@ class CheckpointConfig:
     mode: str = knob("auto", "cadence saves: background (beside training), sync, or auto (cuda: background)",
                      choices=CHECKPOINT_MODES, on_resume="machine")
     # How the same state is written; every checkpoint is read with the storage its marker names.
-    storage: str = knob("auto", "auto (torch_dcp for several ranks, torch_save for one), torch_save (one process "
-                        "writes every file) or torch_dcp (torch.distributed.checkpoint, each rank its part)",
-                        choices=CHECKPOINT_STORAGES, on_resume="machine")
+    storage: str = knob(
+        "auto",
+        "auto (torch_dcp for several ranks, torch_save for one), torch_save (one process "
+        "writes every file) or torch_dcp (torch.distributed.checkpoint, each rank its part)",
+        choices=CHECKPOINT_STORAGES,
+        on_resume="machine",
+    )
     keep: int = knob(3, "newest committed checkpoints kept", at_least=1, on_resume="free")
     keep_every: int = knob(0, "also keep every N-th step's checkpoint for good; 0: none", at_least=0,
                            on_resume="free")

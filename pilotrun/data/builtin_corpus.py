@@ -1,16 +1,16 @@
 """The `builtin` source: real English prose that every Python install carries, for offline pilots and tests.
 
 Two parts, both read without executing any of the code they come from:
-1. `pydoc_data.topics.topics`, the interpreter's bundled copy of the language reference topics (a plain dict of
-   strings; importing that one module has no side effects).
+1. `pydoc_data.topics.topics`, the interpreter's bundled copy of the language reference topics (a plain dict
+   of strings; importing that one module has no side effects).
 2. Docstrings of a fixed list of standard-library modules, read by parsing their source files with `ast`.
    Importing arbitrary stdlib modules is not safe (tkinter opens displays, `antigravity` opens a browser,
    `this` prints), so nothing here imports them.
 
 Everything is gathered in a fixed sorted order and cut into documents by fixed rules, so the corpus is the
 same on every machine with the same Python version. The manifest records that version, the documents,
-characters and a sha256 of the whole text, so a machine whose standard library differs (a distribution
-that strips a module) is visible as a different corpus identity rather than silently different data.
+characters and a sha256 of the whole text, so a machine whose standard library differs (a distribution that
+strips a module) is visible as a different corpus identity rather than silently different data.
 """
 
 from __future__ import annotations

@@ -70,16 +70,20 @@ def _example(value: Any, where: str) -> ChoiceExample:
     context, choices, label = value.get("context"), value.get("choices"), value.get("label")
     if not isinstance(context, str):
         raise DataError(f"{where}: 'context' must be a string")
-    if not (isinstance(choices, list) and len(choices) >= 2 and all(isinstance(c, str) and c for c in choices)):
+    if not (
+        isinstance(choices, list) and len(choices) >= 2 and all(isinstance(c, str) and c for c in choices)
+    ):
         raise DataError(f"{where}: 'choices' must be a list of at least two non-empty strings")
     if not (isinstance(label, int) and not isinstance(label, bool) and 0 <= label < len(choices)):
         raise DataError(f"{where}: 'label' must be an integer index into choices (0..{len(choices) - 1}), "
                         f"got {label!r}")
     longest = max(len(context), *map(len, choices))
     if longest > MAX_TEXT_CHARS:
-        raise DataError(f"{where}: a text of {longest:,} characters; at most {MAX_TEXT_CHARS:,} (a model scores "
-                        "only the last window of tokens of an example, and the tokenizer needs gigabytes for "
-                        "tens of megabytes of text, or aborts)")
+        raise DataError(
+            f"{where}: a text of {longest:,} characters; at most {MAX_TEXT_CHARS:,} (a model scores "
+            "only the last window of tokens of an example, and the tokenizer needs gigabytes for "
+            "tens of megabytes of text, or aborts)"
+        )
     return ChoiceExample(context, tuple(choices), label)
 
 
@@ -87,7 +91,9 @@ def read_choice_task(path: str | Path) -> ChoiceTask:
     """Read and check a task file (module docstring); DataError naming the file and line on any problem."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"task file {path}: not found" if not path.exists() else f"task file {path}: not a file")
+        raise DataError(
+            f"task file {path}: not found" if not path.exists() else f"task file {path}: not a file"
+        )
     if path.suffix != TASK_SUFFIX:
         raise DataError(f"task file {path}: expected a {TASK_SUFFIX} file of multiple-choice examples")
     try:

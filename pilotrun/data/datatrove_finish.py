@@ -1,4 +1,5 @@
-"""The last step of `prepare --engine datatrove`: every task's folder merged into `--out`, or a refusal by name.
+"""The last step of `prepare --engine datatrove`: every task's folder merged into `--out`, or a refusal by
+name.
 
 A task is complete when its folder `tasks/NNNNN/` exists under its final name (written whole, then renamed)
 and datatrove's completion mark `completions/NNNNN` is in the logs folder; anything less is refused, naming
@@ -21,9 +22,11 @@ from pilotrun.data.stream import SPLITS
 
 ENGINE = "datatrove"
 TASKS_FOLDER = "tasks"
-LAYOUT = ("each split is task 0's documents, then task 1's, ... (a task's documents in the order of its files "
-          "and of the rows within each file, each followed by eos_id), cut into shards of at most shard_tokens "
-          "per task")
+LAYOUT = (
+    "each split is task 0's documents, then task 1's, ... (a task's documents in the order of its files "
+    "and of the rows within each file, each followed by eos_id), cut into shards of at most shard_tokens "
+    "per task"
+)
 ORDER_WITHIN_SPLIT = ("no document shuffle (pilotrun prepare's seeded buffer is not applied): the files are "
                       "permuted by the seed (engine.input_order) and dealt to the tasks, so a split's order "
                       "depends on the seed and the task count; the same documents land in each split as with "
@@ -43,15 +46,23 @@ def task_log(logs: str, rank: int) -> str:
 
 
 def incomplete_tasks(staging: str, logs: str, tasks: int) -> list[int]:
-    return [rank for rank in range(tasks) if not (os.path.isfile(completion_mark(logs, rank)) and
-                                                  os.path.isfile(os.path.join(task_folder(staging, rank), METADATA_FILE)))]
+    return [
+        rank
+        for rank in range(tasks)
+        if not (
+            os.path.isfile(completion_mark(logs, rank))
+            and os.path.isfile(os.path.join(task_folder(staging, rank), METADATA_FILE))
+        )
+    ]
 
 
 def incomplete_line(logs: str, incomplete: list[int], tasks: int) -> str:
     named = []
     for rank in incomplete[:5]:
         log = task_log(logs, rank)
-        named.append(f"task {rank} (log {log})" if os.path.isfile(log) else f"task {rank} (not started: no log)")
+        named.append(
+            f"task {rank} (log {log})" if os.path.isfile(log) else f"task {rank} (not started: no log)"
+        )
     more = f" and {len(incomplete) - 5} more" if len(incomplete) > 5 else ""
     return f"{len(incomplete)} of {tasks} tasks have no complete output: {', '.join(named)}{more}"
 
@@ -111,7 +122,8 @@ def _set_aside(out: str, force: bool) -> str | None:
 
 
 def amended(merged: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
-    """The merged manifest as the whole input's: its files in source order (name, bytes, sha256), the engine."""
+    """The merged manifest as the whole input's: its files in source order (name, bytes, sha256), the
+    engine."""
     records = {f["name"]: f for part in merged["merged_from"] for f in part["source"]["files"]}
     names = request["source"]["files"]
     if sorted(records) != sorted(names):
@@ -132,7 +144,9 @@ def finished_line(out: str, manifest: dict[str, Any]) -> str:
     from pilotrun.data.shards import metadata_sha256
 
     splits = manifest["splits"]
-    counts = ", ".join(f"{s} {splits[s]['tokens']} tokens in {splits[s]['documents']} documents" for s in SPLITS)
+    counts = ", ".join(
+        f"{s} {splits[s]['tokens']} tokens in {splits[s]['documents']} documents" for s in SPLITS
+    )
     return (f"prepared {out} with datatrove {manifest['engine']['version']} ({manifest['engine']['tasks']} "
             f"tasks): {counts}, vocab {manifest['tokenizer']['vocab_size']} ({manifest['dtype']}), "
             f"metadata_sha256 {metadata_sha256(manifest)}")

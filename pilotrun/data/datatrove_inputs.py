@@ -47,8 +47,13 @@ class DatatroveInputs:
 
     def identity(self) -> dict[str, Any]:
         """What the request records of the input before any file is hashed (the manifest adds the hashes)."""
-        return {"kind": "local", "format": self.kind, "files": list(self.names), "text_field": self.text_field,
-                "bytes": [os.path.getsize(os.path.join(self.folder, n)) for n in self.names]}
+        return {
+            "kind": "local",
+            "format": self.kind,
+            "files": list(self.names),
+            "text_field": self.text_field,
+            "bytes": [os.path.getsize(os.path.join(self.folder, n)) for n in self.names],
+        }
 
     def order_record(self, tasks: int) -> dict[str, Any]:
         ordered = self.ordered_names()
@@ -59,18 +64,24 @@ class DatatroveInputs:
 def resolve_inputs(spec: str, text_field: str, seed: int) -> DatatroveInputs:
     spec = str(spec).strip()
     if spec == "builtin" or spec.startswith("fineweb-edu"):
-        raise DataError(f"--engine datatrove reads local .parquet or .jsonl files, not '{spec}': download the "
-                        "dataset's parquet files first (FineWeb-Edu: `hf download HuggingFaceFW/fineweb-edu "
-                        "--repo-type dataset --include 'sample/10BT/*'`) and pass a glob, or use --engine pilotrun")
+        raise DataError(
+            f"--engine datatrove reads local .parquet or .jsonl files, not '{spec}': download the "
+            "dataset's parquet files first (FineWeb-Edu: `hf download HuggingFaceFW/fineweb-edu "
+            "--repo-type dataset --include 'sample/10BT/*'`) and pass a glob, or use --engine pilotrun"
+        )
     files = expand_local_files(spec)
     kinds = {KINDS.get(os.path.splitext(path)[1]) for path in files}
     if None in kinds:
         odd = next(p for p in files if os.path.splitext(p)[1] not in KINDS)
-        raise DataError(f"--engine datatrove: '{odd}' is not a .parquet or .jsonl file (datatrove has no reader "
-                        "for one-document .txt files: use --engine pilotrun)")
+        raise DataError(
+            f"--engine datatrove: '{odd}' is not a .parquet or .jsonl file (datatrove has no reader "
+            "for one-document .txt files: use --engine pilotrun)"
+        )
     if len(kinds) > 1:
-        raise DataError(f"--engine datatrove reads one kind of file per run, '{spec}' matches both .parquet and "
-                        ".jsonl files: prepare each kind apart and `pilotrun data merge` them")
+        raise DataError(
+            f"--engine datatrove reads one kind of file per run, '{spec}' matches both .parquet and "
+            ".jsonl files: prepare each kind apart and `pilotrun data merge` them"
+        )
     kind = kinds.pop()
     folder = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in files])
     names = [os.path.relpath(os.path.abspath(p), folder) for p in files]

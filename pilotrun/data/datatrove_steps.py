@@ -37,15 +37,17 @@ EMPTY = "empty"  # a blank document: counted and skipped, as `pilotrun prepare` 
 
 
 def row_adapter(reader: Any, data: dict, path: str, id_in_file: int | str) -> dict:
-    """A row as a datatrove document, refusing what `pilotrun prepare` refuses (no text field, text that is not
-    a string). An empty or missing text becomes one space rather than being dropped by the reader, so that
+    """A row as a datatrove document, refusing what `pilotrun prepare` refuses (no text field, text that is
+    not a string). An empty or missing text becomes one space rather than being dropped by the reader, so that
     every row reaches the writer, which counts the rows of each file against the file's own count."""
     if reader.text_key not in data:
         raise DataError(f"{path}: row {id_in_file}: no field '{reader.text_key}' (fields: "
                         f"{', '.join(sorted(map(str, data)))}); choose one with --text-field")
     text = data[reader.text_key]
     if text is not None and not isinstance(text, str):
-        raise DataError(f"{path}: row {id_in_file}: field '{reader.text_key}' is {type(text).__name__}, not text")
+        raise DataError(
+            f"{path}: row {id_in_file}: field '{reader.text_key}' is {type(text).__name__}, not text"
+        )
     return {"text": text or " ", "id": f"{path}#{id_in_file}", "metadata": {}}
 
 
@@ -117,14 +119,17 @@ class WriteTaskShards(PipelineStep):
 
     def _file_records(self, rank: int, world_size: int, rows: dict[str, int]) -> list[dict[str, Any]]:
         """Each of the task's files hashed and its rows counted: a row the reader skipped (a line that is not
-        JSON, a file cut short by a decoding error: datatrove logs these and goes on) is refused here, by file."""
+        JSON, a file cut short by a decoding error: datatrove logs these and goes on) is refused here, by
+        file."""
         records = []
         folder, kind = self.plan["folder"], self.plan["kind"]
         for name in self.plan["ordered_names"][rank::world_size]:
             record = file_record(os.path.join(folder, name), name, kind)
             if rows.get(name, 0) != record["rows"]:
-                raise DataError(f"{os.path.join(folder, name)}: the reader gave {rows.get(name, 0)} of its "
-                                f"{record['rows']} rows (the task log names the rows it skipped): not prepared")
+                raise DataError(
+                    f"{os.path.join(folder, name)}: the reader gave {rows.get(name, 0)} of its "
+                    f"{record['rows']} rows (the task log names the rows it skipped): not prepared"
+                )
             records.append(record)
         return records
 
@@ -150,10 +155,12 @@ class WriteTaskShards(PipelineStep):
 
 
 def _texts_with_splits(data: DocumentsPipeline, rows: dict[str, int]) -> Iterator[tuple[str, str]]:
-    """(text, split) per document, counting the rows of each file (by its name relative to the input folder)."""
+    """(text, split) per document, counting the rows of each file (by its name relative to the input
+    folder)."""
     document: Document
     for document in data:
-        name = document.id.rsplit("#", 1)[0]  # row_adapter's id: the path as listed in the paths file, "#", row
+        # row_adapter's id: the path as listed in the paths file, "#", row
+        name = document.id.rsplit("#", 1)[0]
         rows[name] = rows.get(name, 0) + 1
         yield document.text, document.metadata[SPLIT_KEY]
 

@@ -97,8 +97,11 @@ class HuggingFaceHub:
 
 
 def resolve_commit(hub: HubClient, repo_id: str, revision: str, repo_type: str) -> str:
-    """Resolve and check: whatever the client returns must be a full commit SHA, or the record means nothing."""
+    """Resolve and check: whatever the client returns must be a full commit SHA, or the record means
+    nothing."""
     sha = hub.resolve_revision(repo_id, revision, repo_type)
     if not isinstance(sha, str) or not COMMIT_SHA.match(sha):
-        raise DataError(f"revision '{revision}' of {repo_type} {repo_id} resolved to {sha!r}, not a commit SHA")
+        raise DataError(
+            f"revision '{revision}' of {repo_type} {repo_id} resolved to {sha!r}, not a commit SHA"
+        )
     return sha

@@ -17,12 +17,28 @@ from pilotrun.data.sources import describe_source, requested_source
 from pilotrun.data.tokenizer import parse_bpe_spec, resolve_tokenizer
 
 
-def request_options(*, train_tokens: int | None, val_fraction: float, shard_tokens: int, seed: int,
-                    shuffle_buffer: int, shuffle_buffer_bytes: int, text_field: str, eos: str | None) -> dict[str, Any]:
+def request_options(
+    *,
+    train_tokens: int | None,
+    val_fraction: float,
+    shard_tokens: int,
+    seed: int,
+    shuffle_buffer: int,
+    shuffle_buffer_bytes: int,
+    text_field: str,
+    eos: str | None,
+) -> dict[str, Any]:
     """The manifest's `options`: what prepare records and what a reuse is compared on, in one form."""
-    return {"train_tokens": None if train_tokens is None else int(train_tokens), "val_fraction": float(val_fraction),
-            "shard_tokens": int(shard_tokens), "seed": int(seed), "shuffle_buffer": int(shuffle_buffer),
-            "shuffle_buffer_bytes": int(shuffle_buffer_bytes), "text_field": text_field, "eos": eos}
+    return {
+        "train_tokens": None if train_tokens is None else int(train_tokens),
+        "val_fraction": float(val_fraction),
+        "shard_tokens": int(shard_tokens),
+        "seed": int(seed),
+        "shuffle_buffer": int(shuffle_buffer),
+        "shuffle_buffer_bytes": int(shuffle_buffer_bytes),
+        "text_field": text_field,
+        "eos": eos,
+    }
 
 
 def requested_tokenizer(spec: str, eos: str | None = None) -> dict[str, Any]:

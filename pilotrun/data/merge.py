@@ -3,21 +3,23 @@ node), so that a corpus too large for one prepare is still one identified, verif
 
 What the parts must share, or the merge is refused (DataError, nothing written): tokenizer.json's bytes
 (sha256), hence vocabulary, dtype and EOS; and the options (`--val-fraction` above all: the split rule is a
-function of the text and val_fraction, so with one fraction identical texts share a split across parts too, and
-with two it would not be one rule). What stays per part: the shuffle and its seed (the merged stream is each
-part's stream in turn, never interleaved), a `--train-tokens` cap, and the count of documents in each.
+function of the text and val_fraction, so with one fraction identical texts share a split across parts too,
+and with two it would not be one rule). What stays per part: the shuffle and its seed (the merged stream is
+each part's stream in turn, never interleaved), a `--train-tokens` cap, and the count of documents in each.
 
-Each split of the merged folder is the parts' splits concatenated in the order the parts are given. Concatenated,
-not interleaved by shard: a shard may end inside a document (prepare cuts the token stream anywhere), so only a
-part's own shards in their own order keep every document whole and followed by its EOS. Shards are renamed into
-one sequence (`train_00000.npy` ...), each entry recording the part and file it came from, so that names cannot
-clash; each is hard-linked (same file system; `copy=True` or another file system: copied) and then read once
-from the merged folder, checked against its part's manifest (sha256, header, largest id) and counted (EOS ids =
-documents, ends with EOS), so a damaged part is refused and the result passes `pilotrun data verify`.
+Each split of the merged folder is the parts' splits concatenated in the order the parts are given.
+Concatenated, not interleaved by shard: a shard may end inside a document (prepare cuts the token stream
+anywhere), so only a part's own shards in their own order keep every document whole and followed by its EOS.
+Shards are renamed into one sequence (`train_00000.npy` ...), each entry recording the part and file it came
+from, so that names cannot clash; each is hard-linked (same file system; `copy=True` or another file system:
+copied) and then read once from the merged folder, checked against its part's manifest (sha256, header,
+largest id) and counted (EOS ids = documents, ends with EOS), so a damaged part is refused and the result
+passes `pilotrun data verify`.
 
-The merged manifest has no paths: the parts are recorded by identity (metadata_sha256, source, stream, counts),
-so the same parts merged in the same order give the same `metadata_sha256` wherever they lie. It is built as a
-hidden temporary folder beside `out` and renamed into place when complete; a refusal or failure leaves nothing.
+The merged manifest has no paths: the parts are recorded by identity (metadata_sha256, source, stream,
+counts), so the same parts merged in the same order give the same `metadata_sha256` wherever they lie. It is
+built as a hidden temporary folder beside `out` and renamed into place when complete; a refusal or failure
+leaves nothing.
 """
 
 from __future__ import annotations
@@ -43,8 +45,10 @@ from pilotrun.data.shards import (
 from pilotrun.data.stream import SPLITS
 from pilotrun.data.verify import _scan_shard
 
-LAYOUT = ("each split is the parts' same split concatenated in the order of merged_from (each part's shards in "
-          "their own order, so every document stays whole), shards renamed into one sequence")
+LAYOUT = (
+    "each split is the parts' same split concatenated in the order of merged_from (each part's shards in "
+    "their own order, so every document stays whole), shards renamed into one sequence"
+)
 # Must agree across parts, with the name a refusal uses for each.
 SHARED_TOKENIZER_FIELDS = (("sha256", "tokenizer (sha256 of tokenizer.json)"), ("vocab_size", "vocab_size"),
                            ("eos_id", "EOS id"), ("eos_token", "EOS token"))
@@ -54,7 +58,9 @@ def _differ(what: str, parts: list[str], values: list[Any]) -> None:
     first = values[0]
     for part, value in zip(parts[1:], values[1:]):
         if value != first:
-            raise DataError(f"parts differ in {what}: {parts[0]} has {first!r}, {part} has {value!r}: not merged")
+            raise DataError(
+                f"parts differ in {what}: {parts[0]} has {first!r}, {part} has {value!r}: not merged"
+            )
 
 
 def _load_parts(parts: list[str]) -> list[dict[str, Any]]:
@@ -65,15 +71,21 @@ def _load_parts(parts: list[str]) -> list[dict[str, Any]]:
         manifest = load_manifest(part)
         identity = metadata_sha256(manifest)
         if identity in seen:
-            raise DataError(f"parts {seen[identity]} and {part} are the same data (metadata_sha256 {identity}): "
-                            "each would be read twice")
+            raise DataError(
+                f"parts {seen[identity]} and {part} are the same data (metadata_sha256 {identity}): "
+                "each would be read twice"
+            )
         seen[identity] = part
         unknown = sorted(set(manifest["splits"]) - set(SPLITS))
         if unknown:
             raise DataError(f"part {part} has splits {unknown} besides {list(SPLITS)}: not merged")
         tokenizer_path = os.path.join(part, TOKENIZER_FILE)
-        if not os.path.isfile(tokenizer_path) or sha256_of_file(tokenizer_path) != manifest["tokenizer"].get("sha256"):
-            raise DataError(f"{tokenizer_path} is missing or not the tokenizer its manifest names: not merged")
+        if not os.path.isfile(tokenizer_path) or sha256_of_file(tokenizer_path) != manifest["tokenizer"].get(
+            "sha256"
+        ):
+            raise DataError(
+                f"{tokenizer_path} is missing or not the tokenizer its manifest names: not merged"
+            )
         manifests.append(manifest)
     return manifests
 
@@ -122,16 +134,32 @@ def _merge_split(split: str, parts: list[str], manifests: list[dict[str, Any]], 
             if sha != shard["sha256"]:
                 raise DataError(f"{where}: sha256 differs from its manifest (damaged): not merged")
             if shard.get("max_token_id") not in (None, largest):
-                raise DataError(f"{where}: largest id {largest}, its manifest records {shard['max_token_id']}")
+                raise DataError(
+                    f"{where}: largest id {largest}, its manifest records {shard['max_token_id']}"
+                )
             eos_count += shard_eos
             last = shard_last if shard_last is not None else last
             part_tokens += shard["tokens"]
-            shards.append({"file": target_name, "tokens": shard["tokens"], "sha256": sha, "max_token_id": largest,
-                           "part": index, "part_file": name})
-        if part_tokens != record["tokens"] or eos_count != record["documents"] or (part_tokens and last != eos_id):
-            raise DataError(f"part {part}: its {split} shards hold {part_tokens} tokens and {eos_count} EOS ids, "
-                            f"its manifest says {record['tokens']} tokens in {record['documents']} documents "
-                            f"(or the split does not end with EOS): run `pilotrun data verify {part}`")
+            shards.append(
+                {
+                    "file": target_name,
+                    "tokens": shard["tokens"],
+                    "sha256": sha,
+                    "max_token_id": largest,
+                    "part": index,
+                    "part_file": name,
+                }
+            )
+        if (
+            part_tokens != record["tokens"]
+            or eos_count != record["documents"]
+            or (part_tokens and last != eos_id)
+        ):
+            raise DataError(
+                f"part {part}: its {split} shards hold {part_tokens} tokens and {eos_count} EOS ids, "
+                f"its manifest says {record['tokens']} tokens in {record['documents']} documents "
+                f"(or the split does not end with EOS): run `pilotrun data verify {part}`"
+            )
         documents += record["documents"]
         tokens += record["tokens"]
     return {"documents": documents, "tokens": tokens, "shards": shards}
@@ -178,8 +206,19 @@ def merge_parts(out: str | os.PathLike, parts: list[str | os.PathLike], copy: bo
     # mkdtemp: a fresh real folder (never an existing path or a symbolic link) that only this process writes.
     folder = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.merge-", dir=parent)
     try:
-        splits = {split: _merge_split(split, parts, manifests, folder, copy, int(first["tokenizer"]["eos_id"]),
-                                      first["dtype"], placed) for split in SPLITS}
+        splits = {
+            split: _merge_split(
+                split,
+                parts,
+                manifests,
+                folder,
+                copy,
+                int(first["tokenizer"]["eos_id"]),
+                first["dtype"],
+                placed,
+            )
+            for split in SPLITS
+        }
         if splits["train"]["tokens"] == 0:
             raise DataError("the parts hold no training tokens: not merged")
         manifest = {
@@ -205,7 +244,8 @@ def merge_parts(out: str | os.PathLike, parts: list[str | os.PathLike], copy: bo
             handle.write(manifest_text(manifest))
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(folder, 0o777 & ~_umask())  # mkdtemp makes it 0700; a data folder is as readable as prepare's
+        # mkdtemp makes it 0700; a data folder is as readable as prepare's
+        os.chmod(folder, 0o777 & ~_umask())
         fsync_directory(folder)
         if os.path.lexists(out):  # appeared while merging: never replace it
             raise DataError(f"--out {out} appeared while merging: not replaced")
@@ -227,7 +267,10 @@ def merged_line(out: str, manifest: dict[str, Any], placed: dict[str, int]) -> s
     """What `pilotrun data merge` prints: the totals, how the shards were placed, the merged identity."""
     splits = manifest["splits"]
     how = ", ".join(f"{count} {kind}" for kind, count in sorted(placed.items())) or "no shards"
-    return (f"merged {len(manifest['merged_from'])} parts into {out}: train {splits['train']['tokens']} tokens in "
-            f"{splits['train']['documents']} documents, val {splits['val']['tokens']} tokens in "
-            f"{splits['val']['documents']} documents ({how}, each rehashed), metadata_sha256 "
-            f"{metadata_sha256(manifest)}")
+    return (
+        f"merged {len(manifest['merged_from'])} parts into {out}: train {splits['train']['tokens']} tokens "
+        "in "
+        f"{splits['train']['documents']} documents, val {splits['val']['tokens']} tokens in "
+        f"{splits['val']['documents']} documents ({how}, each rehashed), metadata_sha256 "
+        f"{metadata_sha256(manifest)}"
+    )

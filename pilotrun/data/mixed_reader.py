@@ -45,23 +45,33 @@ class MixedDataset:
         first = datasets[0]
         for source, dataset in zip(spec.sources[1:], datasets[1:], strict=True):
             for what, ours, theirs in (
-                    ("tokenizer sha256", first.metadata["tokenizer"].get("sha256"),
-                     dataset.metadata["tokenizer"].get("sha256")),
-                    ("vocab_size", first.vocab_size, dataset.vocab_size), ("eos_id", first.eos_id, dataset.eos_id)):
+                (
+                    "tokenizer sha256",
+                    first.metadata["tokenizer"].get("sha256"),
+                    dataset.metadata["tokenizer"].get("sha256"),
+                ),
+                ("vocab_size", first.vocab_size, dataset.vocab_size),
+                ("eos_id", first.eos_id, dataset.eos_id),
+            ):
                 if ours != theirs:
-                    raise DataError(f"{spec.file}: sources {spec.sources[0].name} ({spec.sources[0].path}) and "
-                                    f"{source.name} ({source.path}) differ in {what} ({ours} vs {theirs}): a mixture "
-                                    "needs one tokenizer; prepare every source with the same --tokenizer")
+                    raise DataError(
+                        f"{spec.file}: sources {spec.sources[0].name} ({spec.sources[0].path}) and "
+                        f"{source.name} ({source.path}) differ in {what} ({ours} vs {theirs}): a mixture "
+                        "needs one tokenizer; prepare every source with the same --tokenizer"
+                    )
         shas = [d.metadata_sha256 for d in datasets]
         for index, sha in enumerate(shas):
             if sha in shas[:index]:
                 other = spec.sources[shas.index(sha)]
-                raise DataError(f"{spec.file}: sources {other.name} ({other.path}) and {spec.sources[index].name} "
-                                f"({spec.sources[index].path}) are the same data (metadata_sha256 {sha[:12]}): the "
-                                "same folder twice")
+                raise DataError(
+                    f"{spec.file}: sources {other.name} ({other.path}) and {spec.sources[index].name} "
+                    f"({spec.sources[index].path}) are the same data (metadata_sha256 {sha[:12]}): the "
+                    "same folder twice"
+                )
         self.metadata_sha256 = mixture_identity(shas)
         self.vocab_size, self.eos_id = first.vocab_size, first.eos_id
-        self.metadata = first.metadata  # tokenizer and options of the first source (the same tokenizer in all)
+        # tokenizer and options of the first source (the same tokenizer in all)
+        self.metadata = first.metadata
         self.tokenizer_path = first.tokenizer_path
 
     def load_tokenizer(self):
@@ -77,8 +87,13 @@ class MixedDataset:
     def sources_section(self) -> list[dict[str, Any]]:
         rows = []
         for source, dataset in zip(self.spec.sources, self.datasets, strict=True):
-            row: dict[str, Any] = {"name": source.name, "dir": os.path.realpath(source.path), "weight": source.weight,
-                                   "metadata_sha256": dataset.metadata_sha256, "source": dataset.metadata.get("source")}
+            row: dict[str, Any] = {
+                "name": source.name,
+                "dir": os.path.realpath(source.path),
+                "weight": source.weight,
+                "metadata_sha256": dataset.metadata_sha256,
+                "source": dataset.metadata.get("source"),
+            }
             for split in SPLITS:
                 row[split] = {"tokens": int(dataset.split(split).num_tokens),
                               "documents": int(dataset.split(split).documents)}
@@ -91,14 +106,15 @@ def open_data(path: str | os.PathLike) -> TokenDataset | MixedDataset:
     if not is_mixture_file(path):
         return open_dataset(path)
     spec = parse_mixture(path)
-    if len(spec.sources) == 1:  # the mixture of one folder is that folder: the same record, cursor and identity
+    # the mixture of one folder is that folder: the same record, cursor and identity
+    if len(spec.sources) == 1:
         return open_dataset(spec.sources[0].path)
     return MixedDataset(spec, [open_dataset(source.path) for source in spec.sources])
 
 
 def data_identity(path: str | os.PathLike) -> tuple[str, dict[str, Any] | None]:
-    """(metadata_sha256, the mixture's weights and seed or None) of what `--data` names, from the manifests alone
-    (what a frozen run is compared with its lock on before anything is opened)."""
+    """(metadata_sha256, the mixture's weights and seed or None) of what `--data` names, from the manifests
+    alone (what a frozen run is compared with its lock on before anything is opened)."""
     if not is_mixture_file(path):
         return metadata_sha256(load_manifest(path)), None
     spec = parse_mixture(path)
@@ -120,9 +136,11 @@ def check_mixture_fits_recipe(dataset: MixedDataset, *, batch_size: int, seq_len
     below the vocabulary (reader.check_data_fits_recipe)."""
     for source, member in zip(dataset.spec.sources, dataset.datasets, strict=True):
         if member.split("train").num_tokens < seq_len + 1:
-            raise DataError(f"source {source.name} ({source.path}): the train split has "
-                            f"{member.split('train').num_tokens} tokens, fewer than one window of seq_len + 1 = "
-                            f"{seq_len + 1}")
+            raise DataError(
+                f"source {source.name} ({source.path}): the train split has "
+                f"{member.split('train').num_tokens} tokens, fewer than one window of seq_len + 1 = "
+                f"{seq_len + 1}"
+            )
         check_data_fits_recipe(member, batch_size=batch_size, seq_len=seq_len, world_size=world_size,
                                evaluates=evaluates, vocab_size=vocab_size, train_needed=seq_len + 1)
 
@@ -137,16 +155,31 @@ def check_fits_recipe(dataset: TokenDataset | MixedDataset, config: Any, world_s
 class MixedLoader:
     """The global cursor over a mixture (module docstring); the interface of reader.BatchLoader."""
 
-    def __init__(self, dataset: MixedDataset, batch_size: int, seq_len: int, mode: str = "successive", rank: int = 0,
-                 world_size: int = 1) -> None:
+    def __init__(
+        self,
+        dataset: MixedDataset,
+        batch_size: int,
+        seq_len: int,
+        mode: str = "successive",
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
         if mode not in MODES:
             raise DataError(f"data mode must be one of {MODES}, got '{mode}'")
         if batch_size < 1 or seq_len < 1 or world_size < 1 or not 0 <= rank < world_size:
-            raise DataError(f"batch_size {batch_size}, seq_len {seq_len}, rank {rank} of world size {world_size}: "
-                            "not a batch geometry")
+            raise DataError(
+                f"batch_size {batch_size}, seq_len {seq_len}, rank {rank} of world size {world_size}: "
+                "not a batch geometry"
+            )
         self.dataset, self.names = dataset, dataset.names
         self.splits = dataset.splits("train")
-        self.batch_size, self.seq_len, self.mode, self.rank, self.world_size = batch_size, seq_len, mode, rank, world_size
+        self.batch_size, self.seq_len, self.mode, self.rank, self.world_size = (
+            batch_size,
+            seq_len,
+            mode,
+            rank,
+            world_size,
+        )
         self.global_batch_windows = batch_size * world_size
         self.windows = [(split.num_tokens - 1) // seq_len for split in self.splits]
         self.schedule = MixtureSchedule(dataset.spec.weights, dataset.spec.seed, self.global_batch_windows)
@@ -163,7 +196,9 @@ class MixedLoader:
 
     def rows_served(self, batch_index: int | None = None) -> list[int]:
         """Rows each source served before `batch_index` (default: the cursor) in successive mode."""
-        return self.schedule.rows_before(self._effective_batch(self.batch_index if batch_index is None else batch_index))
+        return self.schedule.rows_before(
+            self._effective_batch(self.batch_index if batch_index is None else batch_index)
+        )
 
     @property
     def epoch(self) -> int:
@@ -177,7 +212,8 @@ class MixedLoader:
         return self.epoch
 
     def rows_of(self, batch_index: int) -> list[tuple[int, int, int]]:
-        """(source, source row, global row) for every row of global batch `batch_index`, in global row order."""
+        """(source, source row, global row) for every row of global batch `batch_index`, in global row
+        order."""
         batch = self._effective_batch(batch_index)
         before = self.schedule.rows_before(batch)
         taken = [0] * len(self.names)
@@ -193,7 +229,8 @@ class MixedLoader:
         return epoch, window * self.seq_len
 
     def next_batch(self):
-        """(inputs, targets): int64 CPU tensors [batch_size, seq_len] of this rank's rows of the next global batch."""
+        """(inputs, targets): int64 CPU tensors [batch_size, seq_len] of this rank's rows of the next global
+        batch."""
         import torch
 
         batch_index = self.batch_index
@@ -211,7 +248,9 @@ class MixedLoader:
         restarted = sum(a - b for a, b in zip(self.passes(after), self.passes(before), strict=True))
         self.last_batch_restarted = restarted if self.mode == "successive" or batch_index == 0 else 0
         self.batch_index = batch_index + 1
-        return torch.from_numpy(np.ascontiguousarray(out[:, :-1])), torch.from_numpy(np.ascontiguousarray(out[:, 1:]))
+        return torch.from_numpy(np.ascontiguousarray(out[:, :-1])), torch.from_numpy(
+            np.ascontiguousarray(out[:, 1:])
+        )
 
     def check_upcoming_batches(self, count: int) -> None:
         """Check the ids of the next `count` global batches, every rank's rows, without moving the cursor."""
@@ -221,8 +260,8 @@ class MixedLoader:
                 self.splits[source].check_ids(self.splits[source].read(start, self.seq_len + 1), start)
 
     def describe_batch(self, batch_index: int) -> list[dict[str, Any]]:
-        """Every row of global batch `batch_index`, all ranks: its source, its row in that source and where the
-        tokens came from (pure)."""
+        """Every row of global batch `batch_index`, all ranks: its source, its row in that source and where
+        the tokens came from (pure)."""
         if batch_index < 0:
             raise ValueError(f"batch_index must be >= 0, got {batch_index}")
         described = []
@@ -240,13 +279,19 @@ class MixedLoader:
         rows = self.rows_served() if self.mode == "successive" else None
         return {
             # Each source's own cursor: the rows it has served and its restarts (derived; checked on load).
-            "sources": None if rows is None else [{"rows": r, "restarts": p} for r, p in
-                                                  zip(rows, self.passes(rows), strict=True)],
-            "batch_index": int(self.batch_index), "epoch": int(self.epoch), "restarts": int(self.restarts),
-            "last_batch_restarted": int(self.last_batch_restarted), "last_batch_rows": list(self.last_batch_rows),
-            "seq_len": int(self.seq_len), "global_batch_windows": int(self.global_batch_windows),
+            "sources": None
+            if rows is None
+            else [{"rows": r, "restarts": p} for r, p in zip(rows, self.passes(rows), strict=True)],
+            "batch_index": int(self.batch_index),
+            "epoch": int(self.epoch),
+            "restarts": int(self.restarts),
+            "last_batch_restarted": int(self.last_batch_restarted),
+            "last_batch_rows": list(self.last_batch_rows),
+            "seq_len": int(self.seq_len),
+            "global_batch_windows": int(self.global_batch_windows),
             "split_tokens": [int(split.num_tokens) for split in self.splits],
-            "repeat_batch": int(self.mode == "repeat_batch"), "schedule": self.schedule.state(),
+            "repeat_batch": int(self.mode == "repeat_batch"),
+            "schedule": self.schedule.state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -267,13 +312,22 @@ class MixedLoader:
         recorded = state.get("sources")
         if isinstance(recorded, list) and self.mode == "successive" and \
                 [int(source["rows"]) for source in recorded] != schedule.rows_before(batch_index):
-            raise DataError(f"mixture cursor at batch {batch_index}: the sources' recorded rows "
-                            f"{[source['rows'] for source in recorded]} are not what its schedule gives (another "
-                            "schedule or other sources): refused")
-        if [float(w) for w in saved["weights"]] != self.schedule.weights or int(saved["seed"]) != self.schedule.seed:
+            raise DataError(
+                f"mixture cursor at batch {batch_index}: the sources' recorded rows "
+                f"{[source['rows'] for source in recorded]} are not what its schedule gives (another "
+                "schedule or other sources): refused"
+            )
+        if [float(w) for w in saved["weights"]] != self.schedule.weights or int(
+            saved["seed"]
+        ) != self.schedule.seed:
             at = self._effective_batch(batch_index)
-            schedule = MixtureSchedule(self.schedule.weights, self.schedule.seed, self.global_batch_windows, at,
-                                       schedule.rows_before(at))
+            schedule = MixtureSchedule(
+                self.schedule.weights,
+                self.schedule.seed,
+                self.global_batch_windows,
+                at,
+                schedule.rows_before(at),
+            )
         self.schedule = schedule
         self.batch_index = batch_index
         self.last_batch_restarted = int(state.get("last_batch_restarted", 0))

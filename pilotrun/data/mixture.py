@@ -1,4 +1,5 @@
-"""A data mixture: several prepared folders with weights, and the seeded schedule that decides each global batch.
+"""A data mixture: several prepared folders with weights, and the seeded schedule that decides each global
+batch.
 
 `--data` takes a prepared folder or a mixture file (YAML):
 
@@ -12,18 +13,18 @@ the same data: the mixture's identity (`mixture_identity`) is a sha256 over the 
 order; the weights and the seed are recorded beside it and compared on resume as their own keys. A name (the
 folder's base name unless given) labels a source in the record and the report.
 
-The schedule (`MixtureSchedule`) works in whole rows (windows of `seq_len + 1` tokens) of a global batch of
-G = batch_size * world_size rows. Batch b gives each source its quota of the rows still owed to it:
-quota_i = (rows the weights owe source i after b + 1 batches) - (rows it has had), floors first, the remaining
-rows to the largest remainders (ties broken by a seeded hash of (seed, b, source)). The running account keeps
-every source's cumulative rows within one row of its weight's share after each batch (the quota property; a
-source owed less than a row per batch can lag one more row at most). Where every source is owed at least a row a
+The schedule (`MixtureSchedule`) works in whole rows (windows of `seq_len + 1` tokens) of a global batch of G
+= batch_size * world_size rows. Batch b gives each source its quota of the rows still owed to it: quota_i =
+(rows the weights owe source i after b + 1 batches) - (rows it has had), floors first, the remaining rows to
+the largest remainders (ties broken by a seeded hash of (seed, b, source)). The running account keeps every
+source's cumulative rows within one row of its weight's share after each batch (the quota property; a source
+owed less than a row per batch can lag one more row at most). Where every source is owed at least a row a
 batch, no quota is ever negative and the account has a closed form (the rows owed after b batches, apportioned
 by largest remainders), so any batch is found at once; otherwise it is accumulated batch by batch and cached.
 Which of the G rows come from which source is a seeded permutation per batch (`row_sources`). Everything is a
 pure function of (weights, seed, G, b) and of where the weights last changed, so the stream is the same at any
-world size with the same global batch, and after any resume. Integer arithmetic only: a weight is taken as the decimal it was
-written as (0.7 is 7/10), so no rounding differs between machines.
+world size with the same global batch, and after any resume. Integer arithmetic only: a weight is taken as the
+decimal it was written as (0.7 is 7/10), so no rounding differs between machines.
 """
 
 from __future__ import annotations
@@ -71,9 +72,12 @@ def is_mixture_file(path: str | os.PathLike) -> bool:
 
 def _weight(value: Any, where: str) -> float:
     if isinstance(value, str) and _reads_as_number(value):
-        # YAML 1.1 (PyYAML) reads an exponent without a dot or a sign (1e3) as text, where Python reads a number.
-        raise DataError(f"{where}: weight {value!r} was read by YAML as text, not a number (YAML needs a dot and a "
-                        f"signed exponent, 1.0e+3, or plain digits); write {float(value):g}")
+        # YAML 1.1 (PyYAML) reads an exponent without a dot or a sign (1e3) as text, where Python reads a
+        # number.
+        raise DataError(
+            f"{where}: weight {value!r} was read by YAML as text, not a number (YAML needs a dot and a "
+            f"signed exponent, 1.0e+3, or plain digits); write {float(value):g}"
+        )
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise DataError(f"{where}: weight {value!r} is not a number")
     weight = float(value)
@@ -91,14 +95,21 @@ def _reads_as_number(text: str) -> bool:
 
 
 def _folder_problem(folder: Path) -> str | None:
-    """Why `folder` cannot be a source's data folder: missing, or something else than a folder (a file, a FIFO,
-    a device such as /dev/zero), said as what it is."""
+    """Why `folder` cannot be a source's data folder: missing, or something else than a folder (a file, a
+    FIFO, a device such as /dev/zero), said as what it is."""
     if folder.is_dir():
         return None
     if not folder.exists():
         return f"data folder {folder} not found"
-    kind = ("a FIFO" if folder.is_fifo() else "a device" if folder.is_char_device() or folder.is_block_device()
-            else "a socket" if folder.is_socket() else "a file")
+    kind = (
+        "a FIFO"
+        if folder.is_fifo()
+        else "a device"
+        if folder.is_char_device() or folder.is_block_device()
+        else "a socket"
+        if folder.is_socket()
+        else "a file"
+    )
     return f"{folder} is {kind}, not a prepared data folder"
 
 
@@ -108,8 +119,10 @@ def parse_mixture(path: str | os.PathLike) -> MixtureSpec:
     data = parse_yaml_text(read_text_bounded(path, error=DataError), path, DataError)
     if not isinstance(data, dict) or set(data) - {"mixture", "seed"}:
         extra = sorted(set(data) - {"mixture", "seed"}) if isinstance(data, dict) else None
-        raise DataError(f"{path}: a mixture file is a mapping with `mixture: [{{path: DIR, weight: W}}, ...]` and an "
-                        f"optional `seed`" + (f"; unknown key(s) {extra}" if extra else ""))
+        raise DataError(
+            f"{path}: a mixture file is a mapping with `mixture: [{{path: DIR, weight: W}}, ...]` and an "
+            f"optional `seed`" + (f"; unknown key(s) {extra}" if extra else "")
+        )
     entries = data.get("mixture")
     if not isinstance(entries, list) or not entries:
         raise DataError(f"{path}: `mixture` must be a non-empty list of {{path: DIR, weight: W}}")
@@ -136,13 +149,16 @@ def parse_mixture(path: str | os.PathLike) -> MixtureSpec:
             raise DataError(f"{where}: {problem}")
         real = os.path.realpath(folder)
         if real in seen_paths:
-            raise DataError(f"{where}: folder {folder} is already mixture entry {seen_paths[real] + 1}: the same "
-                            "folder twice (give it one entry with the summed weight)")
+            raise DataError(
+                f"{where}: folder {folder} is already mixture entry {seen_paths[real] + 1}: the same "
+                "folder twice (give it one entry with the summed weight)"
+            )
         seen_paths[real] = index
         name = entry.get("name", folder.resolve().name)
         if not isinstance(name, str) or not name or name in {s.name for s in sources}:
-            raise DataError(f"{where}: source name {name!r} is empty or already used; give each source a distinct "
-                            "`name`")
+            raise DataError(
+                f"{where}: source name {name!r} is empty or already used; give each source a distinct `name`"
+            )
         sources.append(SourceSpec(name=name, path=str(folder), weight=weight))
     total = sum(s.weight for s in sources)
     if not math.isfinite(total) or total <= 0:
@@ -152,8 +168,8 @@ def parse_mixture(path: str | os.PathLike) -> MixtureSpec:
 
 def mixture_identity(source_sha256s: list[str]) -> str:
     """The identity of a mixture's data: its sources' metadata_sha256 in order (weights and seed are recorded
-    and compared apart, so a weight change is a recipe change, not other data). One source is its own identity,
-    so a mixture of one folder is that folder."""
+    and compared apart, so a weight change is a recipe change, not other data). One source is its own
+    identity, so a mixture of one folder is that folder."""
     if len(source_sha256s) == 1:
         return source_sha256s[0]
     return canonical_sha256({"mixture_sources": list(source_sha256s)})
@@ -194,9 +210,12 @@ class MixtureSchedule:
         self.seed, self.rows_per_batch, self.start_batch = int(seed), int(rows_per_batch), int(start_batch)
         self.start_rows = [int(r) for r in (start_rows or [0] * len(weights))]
         if len(self.start_rows) != len(weights):
-            raise DataError(f"the schedule has {len(weights)} sources, its start counts {len(self.start_rows)}")
-        # Every source owed at least a row a batch: no quota is ever below zero, so the rows before batch b are the
-        # largest-remainder apportionment of the rows owed at b alone (`_closed_form`), whatever came before.
+            raise DataError(
+                f"the schedule has {len(weights)} sources, its start counts {len(self.start_rows)}"
+            )
+        # Every source owed at least a row a batch: no quota is ever below zero, so the rows before batch b
+        # are the largest-remainder apportionment of the rows owed at b alone (`_closed_form`), whatever came
+        # before.
         self.memoryless = all(rows_per_batch * w >= self.total_weight for w in self.integer_weights)
         # Cumulative rows before batch start_batch + j, row j; grown on demand (the general case).
         self._cumulative = np.zeros((1024, len(weights)), dtype=np.int64)
@@ -204,14 +223,17 @@ class MixtureSchedule:
         self._known = 1
 
     def _counts_after(self, batch: int, had: list[int]) -> list[int]:
-        """Rows per source of batch `batch`, given `had` rows before it (the module docstring's apportionment)."""
+        """Rows per source of batch `batch`, given `had` rows before it (the module docstring's
+        apportionment)."""
         total, weights, rows = self.total_weight, self.integer_weights, self.rows_per_batch
         batches = batch + 1 - self.start_batch
         owed = [(start * total + batches * rows * w) - h * total for start, w, h in
                 zip(self.start_rows, weights, had, strict=True)]  # quota_i * total, exactly
         counts = [max(0, q // total) for q in owed]
         left = rows - sum(counts)
-        order = sorted(range(len(counts)), key=lambda i: (-(owed[i] - counts[i] * total), _mix(self.seed, batch, i)))
+        order = sorted(
+            range(len(counts)), key=lambda i: (-(owed[i] - counts[i] * total), _mix(self.seed, batch, i))
+        )
         while left > 0:
             for i in order[:left]:
                 counts[i] += 1
@@ -225,13 +247,16 @@ class MixtureSchedule:
 
     def _closed_form(self, batch: int) -> list[int]:
         """Rows before `batch` when every quota is a row or more: what `_counts_after` accumulates to, since
-        each step gives source i the floor or the ceiling of what it is owed, ranked by the same remainders."""
+        each step gives source i the floor or the ceiling of what it is owed, ranked by the same
+        remainders."""
         total, batches = self.total_weight, batch - self.start_batch
         owed = [start * total + batches * self.rows_per_batch * w for start, w in
                 zip(self.start_rows, self.integer_weights, strict=True)]
         rows = [q // total for q in owed]
         left = self.rows_per_batch * batches + sum(self.start_rows) - sum(rows)
-        order = sorted(range(len(rows)), key=lambda i: (-(owed[i] - rows[i] * total), _mix(self.seed, batch - 1, i)))
+        order = sorted(
+            range(len(rows)), key=lambda i: (-(owed[i] - rows[i] * total), _mix(self.seed, batch - 1, i))
+        )
         for i in order[:left]:
             rows[i] += 1
         return rows
@@ -240,8 +265,10 @@ class MixtureSchedule:
         """Cumulative rows per source before global batch `batch` (batch >= start_batch)."""
         offset = batch - self.start_batch
         if offset < 0:
-            raise DataError(f"global batch {batch} comes before this schedule's start at batch {self.start_batch} "
-                            "(the weights changed there)")
+            raise DataError(
+                f"global batch {batch} comes before this schedule's start at batch {self.start_batch} "
+                "(the weights changed there)"
+            )
         if self.memoryless:
             return list(self.start_rows) if offset == 0 else self._closed_form(batch)
         while self._known <= offset:

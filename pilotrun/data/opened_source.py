@@ -79,8 +79,13 @@ class OpenedSource:
         if order_seed is None or not self.units:
             return {"units": len(self.units or ()) or None, "shuffled": False}
         order = [self.units[i].name for i in unit_order(len(self.units), order_seed)]
-        return {"units": len(order), "shuffled": True, "rule": UNIT_ORDER_RULE, "order_sha256": canonical_sha256(order),
-                "first_units": order[:8]}
+        return {
+            "units": len(order),
+            "shuffled": True,
+            "rule": UNIT_ORDER_RULE,
+            "order_sha256": canonical_sha256(order),
+            "first_units": order[:8],
+        }
 
 
 @dataclass(frozen=True)

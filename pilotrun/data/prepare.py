@@ -4,15 +4,16 @@ Pipeline (one pass, streaming; a trained BPE adds one earlier pass over the same
 
     source documents (local units in a seeded order) -> seeded shuffle buffer bounded in documents and bytes
     -> split by text hash -> chunks -> tokenize (threads in this process, or `--workers N` >= 2 worker
-    processes: tokenize_pool.py; results consumed in chunk order) -> per-split shard writers -> committed in DIR.partial/progress.json -> metadata.json -> renamed to DIR
+    processes: tokenize_pool.py; results consumed in chunk order) -> per-split shard writers -> committed in
+    DIR.partial/progress.json -> metadata.json -> renamed to DIR
 
 Determinism: the chunking, the order of results and every decision (split, the `--train-tokens` stop) depend
 only on the stream, never on the number of workers or on timing, so output is byte-identical for any
-`--workers`, and for a prepare interrupted any number of times and rerun (prepare_state.py). Memory is bounded by
-the options, not the input: the shuffle buffer, a few chunks in flight per worker, one shard buffer per
-split and one parquet batch. The folder is built as the visible `DIR.partial` and renamed into place only
-when complete, so an interrupted prepare never leaves a folder that looks finished. What depends on the
-machine (peak resident memory, seconds, workers) goes to build_info.json beside the manifest, never into it.
+`--workers`, and for a prepare interrupted any number of times and rerun (prepare_state.py). Memory is bounded
+by the options, not the input: the shuffle buffer, a few chunks in flight per worker, one shard buffer per
+split and one parquet batch. The folder is built as the visible `DIR.partial` and renamed into place only when
+complete, so an interrupted prepare never leaves a folder that looks finished. What depends on the machine
+(peak resident memory, seconds, workers) goes to build_info.json beside the manifest, never into it.
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ MAX_SHARD_TOKENS = 2**30  # 2 GiB (uint16) or 4 GiB (uint32) per in-memory shard
 SPLIT_RULE = "val when int(sha256(utf-8 text)[:8], big-endian) / 2**64 < val_fraction, else train"
 BUILD_INFO_FILE = "build_info.json"  # machine-dependent figures: outside the manifest and its sha256
 DEFAULT_SHUFFLE_BUFFER_BYTES = 64 << 20
-LAYOUT = "each split is its documents in stream order, each followed by eos_id, cut into shards of shard_tokens"
+LAYOUT = (
+    "each split is its documents in stream order, each followed by eos_id, cut into shards of shard_tokens"
+)
 
 
 def default_workers() -> int:
@@ -79,7 +82,8 @@ def default_workers() -> int:
 def _check_options(train_tokens: Any, val_fraction: float, shard_tokens: Any, shuffle_buffer: int,
                    shuffle_buffer_bytes: int, workers: int) -> None:
     for flag, value in (("--shard-tokens", shard_tokens), ("--train-tokens", train_tokens)):
-        if isinstance(value, float) and not math.isfinite(value):  # int() of inf/nan raises a bare Overflow/ValueError
+        # int() of inf/nan raises a bare Overflow/ValueError
+        if isinstance(value, float) and not math.isfinite(value):
             raise DataError(f"{flag} must be a positive integer, got {value}")
     if not 0.0 <= float(val_fraction) < 1.0:
         raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
@@ -117,11 +121,11 @@ def prepare_corpus(
 ) -> dict[str, Any]:
     """Prepare `source` into the data folder `out`; returns the manifest (what metadata.json holds).
 
-    An interrupted prepare of the same `out` (its `out.partial` folder) is continued when the inputs match, and
-    refused (DataError naming the differences) when they do not. A stop signal (SIGINT / SIGTERM / SIGHUP) commits
-    the state at the next chunk and raises PrepareInterrupted (exit code 130 / 143 / 129). `hub` replaces the network seam (tests pass a
-    client serving local rows); None uses the real hub. `progress`: "auto" (or True), "bar", "plain", "none"
-    (or False) for the console (progress_bar.py).
+    An interrupted prepare of the same `out` (its `out.partial` folder) is continued when the inputs match,
+    and refused (DataError naming the differences) when they do not. A stop signal (SIGINT / SIGTERM / SIGHUP)
+    commits the state at the next chunk and raises PrepareInterrupted (exit code 130 / 143 / 129). `hub`
+    replaces the network seam (tests pass a client serving local rows); None uses the real hub. `progress`:
+    "auto" (or True), "bar", "plain", "none" (or False) for the console (progress_bar.py).
     """
     _check_options(train_tokens, val_fraction, shard_tokens, shuffle_buffer, shuffle_buffer_bytes, workers)
     bar_mode = progress_mode(progress)  # decided once: stderr's terminal-ness does not change mid-prepare
@@ -137,7 +141,11 @@ def prepare_corpus(
         _check_replaceable(out)
     started = time.perf_counter()
     train_tokens = None if train_tokens is None else int(train_tokens)
-    shard_tokens, shuffle_buffer, shuffle_buffer_bytes = int(shard_tokens), int(shuffle_buffer), int(shuffle_buffer_bytes)
+    shard_tokens, shuffle_buffer, shuffle_buffer_bytes = (
+        int(shard_tokens),
+        int(shuffle_buffer),
+        int(shuffle_buffer_bytes),
+    )
     val_fraction = float(val_fraction)
     # 0: tokenizing threads on all cores in this process (no start-up, no pickling: best on a few cores);
     # 1: no thread at all (the reference path); N >= 2: N worker processes, past the GIL-bound main thread.
@@ -149,9 +157,16 @@ def prepare_corpus(
     order_seed = int(seed) if buffer.active else None  # --shuffle-buffer 0 keeps the source order entirely
     import tokenizers
 
-    options = request_options(train_tokens=train_tokens, val_fraction=val_fraction, shard_tokens=shard_tokens,
-                              seed=seed, shuffle_buffer=shuffle_buffer, shuffle_buffer_bytes=shuffle_buffer_bytes,
-                              text_field=text_field, eos=eos)
+    options = request_options(
+        train_tokens=train_tokens,
+        val_fraction=val_fraction,
+        shard_tokens=shard_tokens,
+        seed=seed,
+        shuffle_buffer=shuffle_buffer,
+        shuffle_buffer_bytes=shuffle_buffer_bytes,
+        text_field=text_field,
+        eos=eos,
+    )
     software = {"python": platform.python_version(), "tokenizers": tokenizers.__version__}
     request = {"source": opened.identity, "tokenizer": str(tokenizer).strip(), "options": options,
                "software": software}
@@ -182,8 +197,11 @@ def prepare_corpus(
             _write_text(os.path.join(partial.path, TOKENIZER_FILE), resolved.json_text)
             partial.commit({"request": request, "tokenizer": resolved.identity, "state": None})
         elif progress and state is not None:
-            print(f"pilotrun prepare: continuing {partial.path} from document {state['documents_done']:,} "
-                  f"({sum(len(state['splits'][s]['shards']) for s in SPLITS)} shards committed)", file=sys.stderr)
+            print(
+                f"pilotrun prepare: continuing {partial.path} from document {state['documents_done']:,} "
+                f"({sum(len(state['splits'][s]['shards']) for s in SPLITS)} shards committed)",
+                file=sys.stderr,
+            )
         if state is None or not state["complete"]:
             run = _PreparePass(partial, {"request": request, "tokenizer": resolved.identity}, resolved,
                                shard_tokens, train_tokens, (workers, processes), bar_mode, opened)
@@ -194,12 +212,24 @@ def prepare_corpus(
         _write_text(os.path.join(partial.path, TOKENIZER_FILE), resolved.json_text)
         _write_text(os.path.join(partial.path, METADATA_FILE), manifest_text(manifest))
         peak_mb = peak_resident_mb()
-        _write_text(os.path.join(partial.path, BUILD_INFO_FILE), json.dumps({
-            "peak_rss_mb": round(peak_mb, 1), "seconds": round(time.perf_counter() - started, 3),
-            "workers": workers, "tokenize": "processes" if processes else "threads",
-            "worker_peak_rss_mb": round(children_peak_mb(), 1) if processes else None, "continued_from_document": None if recorded is None else
-            recorded["state"] and recorded["state"]["documents_done"],
-            "note": "measured on this machine: not part of the data's identity (metadata_sha256)"}, indent=2) + "\n")
+        _write_text(
+            os.path.join(partial.path, BUILD_INFO_FILE),
+            json.dumps(
+                {
+                    "peak_rss_mb": round(peak_mb, 1),
+                    "seconds": round(time.perf_counter() - started, 3),
+                    "workers": workers,
+                    "tokenize": "processes" if processes else "threads",
+                    "worker_peak_rss_mb": round(children_peak_mb(), 1) if processes else None,
+                    "continued_from_document": None
+                    if recorded is None
+                    else recorded["state"] and recorded["state"]["documents_done"],
+                    "note": "measured on this machine: not part of the data's identity (metadata_sha256)",
+                },
+                indent=2,
+            )
+            + "\n",
+        )
         partial.keep_only({TOKENIZER_FILE, METADATA_FILE, BUILD_INFO_FILE,
                            *(s["file"] for split in SPLITS for s in manifest["splits"][split]["shards"])})
         partial.finish(force)
@@ -210,7 +240,8 @@ def prepare_corpus(
     except (PrepareInterrupted, KeyboardInterrupt):
         raise  # the committed state stays in the partial folder, to be continued
     except BaseException:
-        # A refused or failed prepare that committed no shard leaves nothing behind; committed shards are kept.
+        # A refused or failed prepare that committed no shard leaves nothing behind; committed shards are
+        # kept.
         if partial.created and not _any_shard_committed(partial):
             partial.close()
             partial.discard()
@@ -231,8 +262,8 @@ def _any_shard_committed(partial: PartialFolder) -> bool:
 
 def _tokenizer_of(spec: str, eos: str | None, training_texts, hub: HubClient | None, progress: bool,
                   partial: PartialFolder, recorded: dict[str, Any] | None) -> ResolvedTokenizer:
-    """The tokenizer; on a continued prepare a trained BPE is the one stored in the partial folder (training it
-    again would repeat a pass), and any other is resolved again and must match the recorded identity."""
+    """The tokenizer; on a continued prepare a trained BPE is the one stored in the partial folder (training
+    it again would repeat a pass), and any other is resolved again and must match the recorded identity."""
     if recorded is not None and str(spec).strip().startswith("bpe:"):
         from tokenizers import Tokenizer
 
@@ -253,15 +284,28 @@ def _tokenizer_of(spec: str, eos: str | None, training_texts, hub: HubClient | N
     return resolved
 
 
-def _manifest(state: dict[str, Any], opened: OpenedSource, order_seed: int | None, resolved: ResolvedTokenizer,
-              options: dict[str, Any], software: dict[str, str], source: str, val_fraction: float,
-              train_tokens: int | None, val_warnings: Callable[[int], list[str]]) -> dict[str, Any]:
+def _manifest(
+    state: dict[str, Any],
+    opened: OpenedSource,
+    order_seed: int | None,
+    resolved: ResolvedTokenizer,
+    options: dict[str, Any],
+    software: dict[str, str],
+    source: str,
+    val_fraction: float,
+    train_tokens: int | None,
+    val_warnings: Callable[[int], list[str]],
+) -> dict[str, Any]:
     splits, stopped = state["result"], state["stopped"]
     if splits[TRAIN]["tokens"] == 0:
         raise DataError(f"source '{source}' gave no training documents (val_fraction={val_fraction})")
     if train_tokens is not None and not stopped:
-        print(f"pilotrun prepare: warning: the source ended at {splits[TRAIN]['tokens']} training tokens, fewer "
-              f"than --train-tokens {train_tokens} (the manifest records the real count)", file=sys.stderr)
+        print(
+            f"pilotrun prepare: warning: the source ended at {splits[TRAIN]['tokens']} training tokens, "
+            "fewer "
+            f"than --train-tokens {train_tokens} (the manifest records the real count)",
+            file=sys.stderr,
+        )
     for warning in val_warnings(splits[VAL]["tokens"]):
         print(f"pilotrun prepare: warning: {warning}", file=sys.stderr)
     return {
@@ -291,10 +335,14 @@ def prepared_line(out: str, manifest: dict[str, Any]) -> str:
     from pilotrun.data.shards import metadata_sha256
 
     splits = manifest["splits"]
-    return (f"prepared {out}: train {splits['train']['tokens']} tokens in {splits['train']['documents']} documents, "
-            f"val {splits['val']['tokens']} tokens in {splits['val']['documents']} documents, "
-            f"vocab {manifest['tokenizer']['vocab_size']} ({manifest['dtype']}), order correlation with the source "
-            f"{manifest['stream']['order_correlation']}, metadata_sha256 {metadata_sha256(manifest)}")
+    return (
+        f"prepared {out}: train {splits['train']['tokens']} tokens in {splits['train']['documents']} "
+        "documents, "
+        f"val {splits['val']['tokens']} tokens in {splits['val']['documents']} documents, "
+        f"vocab {manifest['tokenizer']['vocab_size']} ({manifest['dtype']}), order correlation with the "
+        "source "
+        f"{manifest['stream']['order_correlation']}, metadata_sha256 {metadata_sha256(manifest)}"
+    )
 
 
 def small_val_warnings(val_tokens: int, recipe: str = "stability") -> list[str]:
@@ -328,7 +376,8 @@ def _remove_abandoned_partials(parent: str, name: str) -> None:
 
 
 def _check_replaceable(out: str) -> None:
-    """--force replaces a data folder (or an empty folder), never an arbitrary folder or file named by mistake."""
+    """--force replaces a data folder (or an empty folder), never an arbitrary folder or file named by
+    mistake."""
     if os.path.isdir(out) and not os.path.islink(out):
         if not os.listdir(out) or os.path.isfile(os.path.join(out, METADATA_FILE)):
             return
@@ -375,15 +424,20 @@ def _tokenizers_single_threaded() -> Iterator[None]:
             os.environ["TOKENIZERS_PARALLELISM"] = previous
 
 
-def _encoded_in_order(chunks: Iterator[tuple[list[str], list[Any]]], resolved: ResolvedTokenizer,
-                      workers: int, processes: bool = False) -> Iterator[tuple[list[Any], np.ndarray, np.ndarray]]:
+def _encoded_in_order(
+    chunks: Iterator[tuple[list[str], list[Any]]],
+    resolved: ResolvedTokenizer,
+    workers: int,
+    processes: bool = False,
+) -> Iterator[tuple[list[Any], np.ndarray, np.ndarray]]:
     """(extras, tokens, lengths) per chunk, in the order the chunks were read, whatever the worker count.
 
     By default workers are threads: `tokenizers` releases the GIL for the whole batch encode (the Rust side
     does all the work), so `workers` threads keep that many cores busy, with no process start-up, no re-import
     of the caller's main module (spawn) and no pickling of text. What holds the GIL (reading, JSON, the split
     hash, the id-list to array conversion) caps them on many cores; `processes` moves the encoding and the
-    conversion into worker processes (tokenize_pool.py), leaving the main process only the GIL-bound reading."""
+    conversion into worker processes (tokenize_pool.py), leaving the main process only the GIL-bound
+    reading."""
     if processes:
         from pilotrun.data.tokenize_pool import encoded_in_order
 
@@ -445,7 +499,9 @@ class _PreparePass:
                  opened: OpenedSource) -> None:
         self.partial, self.header, self.resolved = partial, header, resolved
         self.train_tokens, self.workers, self.progress, self.opened = train_tokens, workers, progress, opened
-        self.writers = {split: ShardWriter(partial.path, split, shard_tokens, resolved.dtype) for split in SPLITS}
+        self.writers = {
+            split: ShardWriter(partial.path, split, shard_tokens, resolved.dtype) for split in SPLITS
+        }
         self.documents = dict.fromkeys(SPLITS, 0)
         self.tokens = dict.fromkeys(SPLITS, 0)
         self.correlation = OrderCorrelation()
@@ -456,7 +512,9 @@ class _PreparePass:
         """Back to a committed state (its shards checked on disk); returns the documents already written."""
         for split in SPLITS:
             for shard in state["splits"][split]["shards"]:
-                check_shard(os.path.join(self.partial.path, shard["file"]), self.resolved.dtype, shard["tokens"])
+                check_shard(
+                    os.path.join(self.partial.path, shard["file"]), self.resolved.dtype, shard["tokens"]
+                )
             self.writers[split].restore(state["splits"][split])
         self.documents, self.tokens = dict(state["documents"]), dict(state["tokens"])
         self.correlation = OrderCorrelation(state["correlation"])
@@ -520,8 +578,12 @@ class _PreparePass:
                 written = documents[TRAIN] + documents[VAL]
                 bar.update(bar_position(tokens[TRAIN], written) - bar.n)
                 elapsed = max(time.perf_counter() - started, 1e-9)
-                bar.set_postfix(docs=written, docs_per_s=f"{(written - done) / elapsed:.0f}", val_tok=tokens[VAL],
-                                refresh=False)
+                bar.set_postfix(
+                    docs=written,
+                    docs_per_s=f"{(written - done) / elapsed:.0f}",
+                    val_tok=tokens[VAL],
+                    refresh=False,
+                )
                 if self.stopped:
                     break
                 if stops.signum is not None:
@@ -535,7 +597,9 @@ class _PreparePass:
         for split in SPLITS:
             shards = self.writers[split].close()
             if sum(s["tokens"] for s in shards) != tokens[split]:
-                raise AssertionError(f"internal: {split} shards hold a different token count than was written")
+                raise AssertionError(
+                    f"internal: {split} shards hold a different token count than was written"
+                )
         return self.commit(complete=True)
 
     def _stop_line(self, stops: StopRequests) -> str:

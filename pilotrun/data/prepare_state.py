@@ -34,7 +34,8 @@ from pilotrun.data.shard_hashing import hash_file
 PROGRESS_FILE = "progress.json"
 PROGRESS_FORMAT = "pilotrun-prepare-progress/1"
 PARTIAL_SUFFIX = ".partial"
-OWN_MARK = "prepare.partial.json"  # written first into a partial folder prepare makes; not in the finished folder
+# written first into a partial folder prepare makes; not in the finished folder
+OWN_MARK = "prepare.partial.json"
 
 
 class PrepareInterrupted(PilotrunError):
@@ -75,14 +76,18 @@ class PartialFolder:
         if not os.path.isdir(self.path):
             os.makedirs(self.path)
             self.created = True
-            # Prepare's own mark, before anything else goes in: a folder of this name without it (and without a
-            # progress file) is someone else's, and is never emptied or written into.
-            write_text_atomic(os.path.join(self.path, OWN_MARK), json.dumps({"format": PROGRESS_FORMAT,
-                                                                             "out": os.path.basename(self.out)}) + "\n")
+            # Prepare's own mark, before anything else goes in: a folder of this name without it (and without
+            # a progress file) is someone else's, and is never emptied or written into.
+            write_text_atomic(
+                os.path.join(self.path, OWN_MARK),
+                json.dumps({"format": PROGRESS_FORMAT, "out": os.path.basename(self.out)}) + "\n",
+            )
         elif not os.path.lexists(os.path.join(self.path, PROGRESS_FILE)) and not self._marked():
-            raise DataError(f"{self.path} exists but is not the folder of an interrupted pilotrun prepare (it has "
-                            f"neither {PROGRESS_FILE} nor {OWN_MARK}): not touching it; move it away or choose "
-                            "another --out")
+            raise DataError(
+                f"{self.path} exists but is not the folder of an interrupted pilotrun prepare (it has "
+                f"neither {PROGRESS_FILE} nor {OWN_MARK}): not touching it; move it away or choose "
+                "another --out"
+            )
         self._lock = os.open(self.path, os.O_RDONLY)
         try:
             import fcntl
@@ -94,20 +99,25 @@ class PartialFolder:
             self.close()
             holder = self._mark().get("holder") or {}
             who = f" (pid {holder.get('pid')} on host {holder.get('host')})" if holder else ""
-            raise DataError(f"{self.path} is held by another pilotrun prepare still running{who}; wait for it or "
-                            "stop it first") from None
-        if os.stat(self.path).st_ino != os.fstat(self._lock).st_ino:  # finished and renamed by the holder meanwhile
+            raise DataError(
+                f"{self.path} is held by another pilotrun prepare still running{who}; wait for it or "
+                "stop it first"
+            ) from None
+        # finished and renamed by the holder meanwhile
+        if os.stat(self.path).st_ino != os.fstat(self._lock).st_ino:
             self.close()
-            raise DataError(f"{self.path}: another pilotrun prepare of --out {self.out} finished while this one "
-                            "waited for its folder; nothing was written")
+            raise DataError(
+                f"{self.path}: another pilotrun prepare of --out {self.out} finished while this one "
+                "waited for its folder; nothing was written"
+            )
         # The holder, for a second prepare of the same --out to name (the lock itself is the flock above).
         write_text_atomic(os.path.join(self.path, OWN_MARK), json.dumps({
             "format": PROGRESS_FORMAT, "out": os.path.basename(self.out),
             "holder": {"pid": os.getpid(), "host": socket.gethostname()}}) + "\n")
         progress = self.read_progress()
         if progress is None and not self.created:
-            # An attempt stopped before its first commit: nothing in the folder is recorded, so nothing is kept
-            # but the mark that makes it prepare's.
+            # An attempt stopped before its first commit: nothing in the folder is recorded, so nothing is
+            # kept but the mark that makes it prepare's.
             for entry in os.listdir(self.path):
                 if entry != OWN_MARK:
                     _remove(os.path.join(self.path, entry))
@@ -141,12 +151,14 @@ class PartialFolder:
     def refuse_changes(self, recorded: dict[str, Any], current: dict[str, Any]) -> None:
         found = differences(recorded, current)
         if found:
-            raise DataError(f"{self.path} holds an interrupted prepare of other inputs ({'; '.join(found)}): run "
-                            f"the command it was started with to continue it, or remove {self.path} to start over")
+            raise DataError(
+                f"{self.path} holds an interrupted prepare of other inputs ({'; '.join(found)}): run "
+                f"the command it was started with to continue it, or remove {self.path} to start over"
+            )
 
     def refuse_changed_shards(self, state: dict[str, Any] | None, splits: tuple[str, ...]) -> None:
-        """Every shard the progress file committed, rehashed against the sha256 it committed, before anything is
-        added: a shard swapped for another or with a byte flipped would otherwise be listed in the manifest
+        """Every shard the progress file committed, rehashed against the sha256 it committed, before anything
+        is added: a shard swapped for another or with a byte flipped would otherwise be listed in the manifest
         under a hash it does not have. One changed or missing is refused by name: what changed it is not
         prepare's to guess, and the files are left as they are."""
         for split in splits:
@@ -154,13 +166,20 @@ class PartialFolder:
                 path = os.path.join(self.path, str(shard.get("file")))
                 digest = hash_file(path)[0] if os.path.isfile(path) and not os.path.islink(path) else None
                 if digest != shard.get("sha256"):
-                    what = "is missing" if digest is None else (f"has sha256 {digest[:16]}..., not the "
-                                                                f"{str(shard.get('sha256'))[:16]}... committed")
+                    what = (
+                        "is missing"
+                        if digest is None
+                        else (
+                            f"has sha256 {digest[:16]}..., not the "
+                            f"{str(shard.get('sha256'))[:16]}... committed"
+                        )
+                    )
                     raise DataError(f"{path}: a committed shard of this interrupted prepare {what}: it was "
                                     f"changed after it was written; remove {self.path} to start over")
 
     def commit(self, record: dict[str, Any], obsolete: list[str] = ()) -> None:
-        """Record `record` as the progress (written last, atomically), then delete files it no longer needs."""
+        """Record `record` as the progress (written last, atomically), then delete files it no longer
+        needs."""
         write_text_atomic(os.path.join(self.path, PROGRESS_FILE),
                           json.dumps({"format": PROGRESS_FORMAT, **record}, sort_keys=True, indent=1) + "\n")
         for path in obsolete:
@@ -175,8 +194,8 @@ class PartialFolder:
                 _remove(os.path.join(self.path, entry))
 
     def finish(self, force: bool) -> None:
-        """Rename the finished folder to `out` (an old one, with --force, is removed only afterwards), then drop
-        the progress file: a kill between the two leaves a complete folder with one extra file."""
+        """Rename the finished folder to `out` (an old one, with --force, is removed only afterwards), then
+        drop the progress file: a kill between the two leaves a complete folder with one extra file."""
         replaced = None
         if os.path.lexists(self.out):
             if not force:
@@ -216,8 +235,10 @@ def recover_replaced(out: str, force: bool = False) -> list[str]:
     replaced = out + REPLACED_SUFFIX
     if not os.path.isdir(replaced) or os.path.islink(replaced):
         if force and os.path.isdir(out):
-            return [f"--force: {out} stays whole until the new folder is complete, then moves to {replaced} for "
-                    "the swap (put back by the next prepare if this one is killed there)"]
+            return [
+                f"--force: {out} stays whole until the new folder is complete, then moves to {replaced} for "
+                "the swap (put back by the next prepare if this one is killed there)"
+            ]
         return []
     if not os.path.lexists(out):
         os.rename(replaced, out)
@@ -235,9 +256,9 @@ def _remove(path: str) -> None:
 
 
 class StopRequests:
-    """A stop signal (pilotrun/common/stop_signals.py) asks prepare to stop at the next chunk boundary, after committing
-    its state; a second one stops at once (KeyboardInterrupt: the last committed state is still there to
-    continue from)."""
+    """A stop signal (pilotrun/common/stop_signals.py) asks prepare to stop at the next chunk boundary, after
+    committing its state; a second one stops at once (KeyboardInterrupt: the last committed state is still
+    there to continue from)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None

@@ -34,8 +34,8 @@ def progress_mode(progress: bool | str, stream: TextIO | None = None) -> str:
 
 class PlainBar:
     """The part of tqdm's interface prepare uses (`n`, `total`, `update`, `set_postfix`, `close`) as plain
-    lines (PlainLine): the first figures at once, then at most one line per `interval` seconds, and the last at
-    close."""
+    lines (PlainLine): the first figures at once, then at most one line per `interval` seconds, and the last
+    at close."""
 
     def __init__(self, total: int | None, unit: str, desc: str, out: TextIO,
                  interval: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:

@@ -2,21 +2,21 @@
 
 `open_dataset` checks, before any training starts, that every shard named by the manifest exists with the
 manifest's dtype, shape and file size, and that the shard totals add up to each split's total; the first
-problem stops it with a `DataError` naming the file. (`pilotrun data verify` goes further and rehashes.)
-A training session instead hashes each shard in the background when it first reads it: `TokenSplit.watch_first_reads`
-is the hook, data/shard_hashing.py the hashing.
+problem stops it with a `DataError` naming the file. (`pilotrun data verify` goes further and rehashes.) A
+training session instead hashes each shard in the background when it first reads it:
+`TokenSplit.watch_first_reads` is the hook, data/shard_hashing.py the hashing.
 
-Window layout (fixed; `describe_batch` and inspect-batch rely on it): window `w` of a split is the
-`seq_len + 1` tokens starting at token `w * seq_len`. Consecutive windows overlap by one token, so every token
-after the first is a target exactly once per epoch; windows run across document and shard boundaries. The
-split holds `(num_tokens - 1) // seq_len` windows; `G = batch_size * world_size` windows make one global
-batch; the incomplete tail (fewer than G windows) is dropped at each epoch's end.
+Window layout (fixed; `describe_batch` and inspect-batch rely on it): window `w` of a split is the `seq_len +
+1` tokens starting at token `w * seq_len`. Consecutive windows overlap by one token, so every token after the
+first is a target exactly once per epoch; windows run across document and shard boundaries. The split holds
+`(num_tokens - 1) // seq_len` windows; `G = batch_size * world_size` windows make one global batch; the
+incomplete tail (fewer than G windows) is dropped at each epoch's end.
 
-Global batch `b` (counted from 0 over the whole run) is batch `k = b mod batches_per_epoch` of epoch
-`b div batches_per_epoch` and consists of windows `k*G .. k*G + G - 1`; rank `r` takes windows
-`k*G + r*batch_size + j` for `j < batch_size`. So a rank's rows are a pure function of (b, r, world_size), and
-the cursor state is just `b` (plus the geometry it is valid for). In `repeat_batch` mode every call serves
-global batch 0 again, while `b` still counts calls.
+Global batch `b` (counted from 0 over the whole run) is batch `k = b mod batches_per_epoch` of epoch `b div
+batches_per_epoch` and consists of windows `k*G .. k*G + G - 1`; rank `r` takes windows `k*G + r*batch_size +
+j` for `j < batch_size`. So a rank's rows are a pure function of (b, r, world_size), and the cursor state is
+just `b` (plus the geometry it is valid for). In `repeat_batch` mode every call serves global batch 0 again,
+while `b` still counts calls.
 """
 
 from __future__ import annotations
@@ -48,14 +48,17 @@ class TokenSplit:
         self.data_dir = data_dir
         self.dtype = np.dtype(dtype)
         self.vocab_size = vocab_size  # every id read must be below it (next_batch's guard); None: unchecked
-        self.max_token_ids: list[int | None] = []  # per shard, as the manifest records it (None: not recorded)
-        self.sha256s: list[str | None] = []  # per shard, the manifest's hash of the file (what a reader checks)
+        # per shard, as the manifest records it (None: not recorded)
+        self.max_token_ids: list[int | None] = []
+        # per shard, the manifest's hash of the file (what a reader checks)
+        self.sha256s: list[str | None] = []
         self.files: list[str] = []
         # Shards not yet read since watch_first_reads: empty (one falsy test per read) when nobody watches.
         self._unread: set[int] = set()
         self._on_first_read: Callable[[TokenSplit, int], None] | None = None
         self._arrays: list[np.ndarray] = []
-        self._counts: dict[tuple[int, int], int] = {}  # (shard, token): how often it occurs in the whole shard
+        # (shard, token): how often it occurs in the whole shard
+        self._counts: dict[tuple[int, int], int] = {}
         starts = [0]
         for shard in record.get("shards", []):
             file = shard.get("file")
@@ -97,9 +100,10 @@ class TokenSplit:
         return pieces
 
     def watch_first_reads(self, on_first_read: Callable[[TokenSplit, int], None] | None) -> None:
-        """From now on, call `on_first_read(split, shard_index)` the first time `read` takes tokens from each shard
-        (None stops watching). The open does not rehash shards (too slow for large data); a watcher can check a
-        shard's hash when training first reaches it, which costs the hot path one set lookup per read."""
+        """From now on, call `on_first_read(split, shard_index)` the first time `read` takes tokens from each
+        shard (None stops watching). The open does not rehash shards (too slow for large data); a watcher can
+        check a shard's hash when training first reaches it, which costs the hot path one set lookup per
+        read."""
         self._on_first_read = on_first_read
         self._unread = set(range(len(self.files))) if on_first_read is not None else set()
 
@@ -111,7 +115,8 @@ class TokenSplit:
                     self._on_first_read(self, index)
 
     def largest_token_id(self, index: int) -> int:
-        """Shard `index`'s largest id: the manifest's record, or (an older manifest without one) one pass over it."""
+        """Shard `index`'s largest id: the manifest's record, or (an older manifest without one) one pass over
+        it."""
         recorded = self.max_token_ids[index]
         if recorded is not None:
             return int(recorded)
@@ -119,16 +124,18 @@ class TokenSplit:
         return int(array.max()) if len(array) else -1
 
     def check_ids(self, tokens: np.ndarray, start: int) -> None:
-        """Refuse tokens [start, start + len(tokens)) if one is not a vocabulary id, naming shard and offset: a
-        shard damaged after its manifest was written can still hold one, and the embedding would fail with a
+        """Refuse tokens [start, start + len(tokens)) if one is not a vocabulary id, naming shard and offset:
+        a shard damaged after its manifest was written can still hold one, and the embedding would fail with a
         bare IndexError (or, on a GPU, a device-side assert) in the middle of a run."""
         if self.vocab_size is None or not len(tokens) or int(tokens.max()) < self.vocab_size:
             return
         position = start + int(np.argmax(tokens >= self.vocab_size))
         (file, offset, _), = self.locate(position, 1)
-        raise TokenIdError(f"shard {os.path.join(self.data_dir, file)} holds token id {int(tokens[position - start])} "
-                           f"at offset {offset}, outside the vocabulary of {self.vocab_size}: the shard is "
-                           "damaged (run `pilotrun data verify`)")
+        raise TokenIdError(
+            f"shard {os.path.join(self.data_dir, file)} holds token id {int(tokens[position - start])} "
+            f"at offset {offset}, outside the vocabulary of {self.vocab_size}: the shard is "
+            "damaged (run `pilotrun data verify`)"
+        )
 
     def locate(self, start: int, length: int) -> list[tuple[str, int, int]]:
         """The (shard_file, offset, length) pieces that hold tokens [start, start + length)."""
@@ -174,9 +181,9 @@ class TokenSplit:
         return None
 
     def count(self, token: int, start: int, stop: int, chunk: int = 1 << 22) -> int:
-        """How many positions in [start, stop) hold `token` (as `find`: straight from the shards). A whole shard's
-        count is kept, so that counting from the split's start again (a document's index: the EOS ids before it)
-        reads only the shard the position is in."""
+        """How many positions in [start, stop) hold `token` (as `find`: straight from the shards). A whole
+        shard's count is kept, so that counting from the split's start again (a document's index: the EOS ids
+        before it) reads only the shard the position is in."""
         start, stop = max(0, start), min(stop, self.num_tokens)
         total = 0
         for index, offset, take in self._pieces(start, max(0, stop - start)):
@@ -208,7 +215,9 @@ class TokenDataset:
         for name in SPLITS:
             if name not in manifest["splits"]:
                 raise DataError(f"{data_dir}: the manifest has no '{name}' split")
-            self._splits[name] = TokenSplit(name, data_dir, manifest["splits"][name], self.dtype, self.vocab_size)
+            self._splits[name] = TokenSplit(
+                name, data_dir, manifest["splits"][name], self.dtype, self.vocab_size
+            )
         self.tokenizer_path = os.path.join(data_dir, TOKENIZER_FILE)
         if not os.path.isfile(self.tokenizer_path):
             raise DataError(f"{self.tokenizer_path} is missing")
@@ -233,8 +242,9 @@ def windows_needed_tokens(batch_size: int, seq_len: int, world_size: int) -> int
 
 
 def tokens_per_evaluation(batch_size: int, seq_len: int, eval_batches: int, world_size: int = 1) -> int:
-    """Distinct val tokens one evaluation reads: `eval_batches` global batches of windows `seq_len` apart, each
-    window reading seq_len + 1 tokens (inputs and shifted targets); the reader restarts val when it runs out."""
+    """Distinct val tokens one evaluation reads: `eval_batches` global batches of windows `seq_len` apart,
+    each window reading seq_len + 1 tokens (inputs and shifted targets); the reader restarts val when it runs
+    out."""
     return eval_batches * batch_size * world_size * seq_len + 1
 
 
@@ -248,28 +258,35 @@ def val_split_warnings(val_tokens: int, batch_size: int, seq_len: int, eval_batc
     if val_tokens == 0:
         return [f"the val split is empty: no evaluation of {what} is possible (it needs {needed:,} tokens); "
                 "prepare more data or a larger --val-fraction"]
-    return [f"the val split holds {val_tokens:,} tokens, fewer than one evaluation of {what} reads "
-            f"(eval_batches {eval_batches} x batch_size {batch_size} x world_size {world_size} x seq_len {seq_len} "
-            f"+ 1 = {needed:,}): each evaluation re-reads val {needed / max(val_tokens, 1):.1f}x; prepare more "
-            "data or a larger --val-fraction, or lower train.eval.batches"]
+    return [
+        f"the val split holds {val_tokens:,} tokens, fewer than one evaluation of {what} reads "
+        f"(eval_batches {eval_batches} x batch_size {batch_size} x world_size {world_size} x seq_len "
+        f"{seq_len} "
+        f"+ 1 = {needed:,}): each evaluation re-reads val {needed / max(val_tokens, 1):.1f}x; prepare more "
+        "data or a larger --val-fraction, or lower train.eval.batches"
+    ]
 
 
 def check_data_fits_recipe(dataset: TokenDataset, *, batch_size: int, seq_len: int, world_size: int,
                            evaluates: bool, vocab_size: int, train_needed: int | None = None) -> None:
-    """Refuse, before a run folder is written, data the recipe cannot use to the end: a train split without one
-    global batch, a val split without one evaluation batch when the recipe evaluates (otherwise found only at
-    the first evaluation, `train.eval.every` updates later), and shards whose largest id is not below the model's
-    vocab_size. Largest ids come from the manifest; an older manifest without them costs one read of each
-    shard here. `train_needed` replaces the train split's need of one global batch (a mixture's source needs
-    one window: it restarts alone)."""
+    """Refuse, before a run folder is written, data the recipe cannot use to the end: a train split without
+    one global batch, a val split without one evaluation batch when the recipe evaluates (otherwise found only
+    at the first evaluation, `train.eval.every` updates later), and shards whose largest id is not below the
+    model's vocab_size. Largest ids come from the manifest; an older manifest without them costs one read of
+    each shard here. `train_needed` replaces the train split's need of one global batch (a mixture's source
+    needs one window: it restarts alone)."""
     needed = windows_needed_tokens(batch_size, seq_len, world_size)
     for name, required in (("train", train_needed is None), ("val", evaluates)):
         split = dataset.split(name)
         if required and split.num_tokens < needed:
-            purpose = "one training batch" if name == "train" else "one evaluation batch (train.eval.every > 0)"
-            raise DataError(f"{dataset.data_dir}: the {name} split has {split.num_tokens} tokens, fewer than the "
-                            f"{needed} of {purpose} of batch_size {batch_size} x world size {world_size} windows "
-                            f"of seq_len + 1 = {seq_len + 1} tokens; prepare more data or use smaller batches")
+            purpose = (
+                "one training batch" if name == "train" else "one evaluation batch (train.eval.every > 0)"
+            )
+            raise DataError(
+                f"{dataset.data_dir}: the {name} split has {split.num_tokens} tokens, fewer than the "
+                f"{needed} of {purpose} of batch_size {batch_size} x world size {world_size} windows "
+                f"of seq_len + 1 = {seq_len + 1} tokens; prepare more data or use smaller batches"
+            )
     # The data's own vocabulary is never larger than the model's (the trainer refuses that): ids must be below
     # both, and below the data's is what the per-batch guard checks too.
     limit, limit_name = min((vocab_size, "model.vocab_size"), (dataset.vocab_size, "the data's vocab_size"))
@@ -278,8 +295,10 @@ def check_data_fits_recipe(dataset: TokenDataset, *, batch_size: int, seq_len: i
         for index, file in enumerate(split.files):
             largest = split.largest_token_id(index)
             if largest >= limit:
-                raise DataError(f"shard {os.path.join(dataset.data_dir, file)} holds token id {largest}, not below "
-                                f"{limit_name} {limit}: the shard is damaged (run `pilotrun data verify`)")
+                raise DataError(
+                    f"shard {os.path.join(dataset.data_dir, file)} holds token id {largest}, not below "
+                    f"{limit_name} {limit}: the shard is damaged (run `pilotrun data verify`)"
+                )
 
 
 def open_dataset(data_dir: str | os.PathLike) -> TokenDataset:
@@ -290,8 +309,15 @@ def open_dataset(data_dir: str | os.PathLike) -> TokenDataset:
 class BatchLoader:
     """Sequential global cursor over one split; see the module docstring for the exact layout."""
 
-    def __init__(self, split: TokenSplit, batch_size: int, seq_len: int, mode: str = "successive", rank: int = 0,
-                 world_size: int = 1) -> None:
+    def __init__(
+        self,
+        split: TokenSplit,
+        batch_size: int,
+        seq_len: int,
+        mode: str = "successive",
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
         if mode not in MODES:
             raise DataError(f"data mode must be one of {MODES}, got '{mode}'")
         if batch_size < 1 or seq_len < 1:
@@ -335,7 +361,8 @@ class BatchLoader:
 
     # ------------------------------------------------------------------ reading
     def next_batch(self):
-        """(inputs, targets): int64 CPU tensors [batch_size, seq_len] of this rank's rows of the next global batch."""
+        """(inputs, targets): int64 CPU tensors [batch_size, seq_len] of this rank's rows of the next global
+        batch."""
         import torch
 
         batch_index = self.batch_index
@@ -393,13 +420,17 @@ class BatchLoader:
         expected = self.state_dict()
         for key in ("seq_len", "global_batch_windows", "split_tokens", "repeat_batch"):
             if int(state.get(key, -1)) != expected[key]:
-                raise DataError(f"{self.split.name} cursor was saved with {key}={state.get(key)}, this loader has "
-                                f"{expected[key]}: not the same data or batch geometry")
+                raise DataError(
+                    f"{self.split.name} cursor was saved with {key}={state.get(key)}, this loader has "
+                    f"{expected[key]}: not the same data or batch geometry"
+                )
         batch_index = int(state["batch_index"])
         if batch_index < 0:
             raise DataError(f"{self.split.name} cursor has a negative batch_index {batch_index}")
         self.batch_index = batch_index
         self.last_batch_restarted = bool(int(state.get("last_batch_restarted", 0)))
         if int(state.get("epoch", self.epoch)) != self.epoch:
-            raise DataError(f"{self.split.name} cursor state is inconsistent: epoch {state.get('epoch')} at batch "
-                            f"{batch_index}, expected {self.epoch}")
+            raise DataError(
+                f"{self.split.name} cursor state is inconsistent: epoch {state.get('epoch')} at batch "
+                f"{batch_index}, expected {self.epoch}"
+            )

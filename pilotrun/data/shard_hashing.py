@@ -33,7 +33,8 @@ CHUNK_BYTES = 1 << 20
 
 
 class WatchedSplit(Protocol):
-    """What the hasher needs of a split (reader.TokenSplit): its name, folder, shard files and their hashes."""
+    """What the hasher needs of a split (reader.TokenSplit): its name, folder, shard files and their
+    hashes."""
 
     name: str
     data_dir: str
@@ -63,7 +64,8 @@ class ShardHash:
         return self.error is None and self.found == self.expected
 
     def describe(self) -> str:
-        """The one line that names a damaged shard: expected and found hash prefixes, or why it was unreadable."""
+        """The one line that names a damaged shard: expected and found hash prefixes, or why it was
+        unreadable."""
         if self.error is not None:
             return f"shard {self.path} could not be read to check its sha256: {self.error}"
         return (f"shard {self.path} is damaged: sha256 {self.found[:16]}... found, the manifest says "
@@ -71,12 +73,23 @@ class ShardHash:
 
     def event_fields(self) -> dict[str, Any]:
         """The fields of its `shard_check` event (docs/RUN_RECORD.md)."""
-        return {"split": self.split, "file": self.file, "matched": self.matched, "expected": self.expected,
-                "found": self.found, "bytes": self.bytes, "seconds": self.seconds, "cpu_seconds": self.cpu_seconds,
-                "hashed_at": self.hashed_at, "error": self.error}
+        return {
+            "split": self.split,
+            "file": self.file,
+            "matched": self.matched,
+            "expected": self.expected,
+            "found": self.found,
+            "bytes": self.bytes,
+            "seconds": self.seconds,
+            "cpu_seconds": self.cpu_seconds,
+            "hashed_at": self.hashed_at,
+            "error": self.error,
+        }
 
 
-def hash_file(path: str, stop: threading.Event | None = None, chunk_bytes: int = CHUNK_BYTES) -> tuple[str | None, int]:
+def hash_file(
+    path: str, stop: threading.Event | None = None, chunk_bytes: int = CHUNK_BYTES
+) -> tuple[str | None, int]:
     """(sha256 hex digest, bytes read) of a file, read in chunks into one reused buffer; (None, bytes so far)
     when `stop` is set between two chunks."""
     digest = hashlib.sha256()
@@ -97,8 +110,11 @@ def hash_file(path: str, stop: threading.Event | None = None, chunk_bytes: int =
 class ShardHasher:
     """The background check of first-read shards (module docstring). One per session and rank."""
 
-    def __init__(self, chunk_bytes: int = CHUNK_BYTES,
-                 hash_function: Callable[[str, threading.Event, int], tuple[str | None, int]] = hash_file) -> None:
+    def __init__(
+        self,
+        chunk_bytes: int = CHUNK_BYTES,
+        hash_function: Callable[[str, threading.Event, int], tuple[str | None, int]] = hash_file,
+    ) -> None:
         self.chunk_bytes = chunk_bytes
         self._hash = hash_function
         self._queue: queue.Queue[tuple[str, str, str, str] | None] = queue.Queue()
@@ -120,7 +136,9 @@ class ShardHasher:
     def _first_read(self, split: WatchedSplit, index: int) -> None:
         expected = split.sha256s[index]
         if isinstance(expected, str):
-            self.submit(split.name, split.files[index], os.path.join(split.data_dir, split.files[index]), expected)
+            self.submit(
+                split.name, split.files[index], os.path.join(split.data_dir, split.files[index]), expected
+            )
 
     def submit(self, split: str, file: str, path: str, expected: str) -> bool:
         """Queue one shard (once: a second submit of the same path is ignored); False when not queued."""
@@ -182,8 +200,8 @@ class ShardHasher:
         return new
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until every submitted shard is hashed (True), or `timeout` seconds pass / the hasher is closed
-        (False)."""
+        """Block until every submitted shard is hashed (True), or `timeout` seconds pass / the hasher is
+        closed (False)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._done:
             while len(self._finished) < len(self._submitted):

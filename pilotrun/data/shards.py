@@ -1,15 +1,16 @@
 """Shard files and the manifest's canonical form: what both the writer (prepare) and the readers rely on.
 
-A shard is a 1-D `.npy` array (format version 1.0, C order) of `uint16` or `uint32` token ids. The writer fills
-one in-memory shard of at most `shard_tokens` ids (bounded memory), writes it in one go and hashes the exact
-bytes it wrote, so the manifest's sha256 is of the file as it lies on disk.
+A shard is a 1-D `.npy` array (format version 1.0, C order) of `uint16` or `uint32` token ids. The writer
+fills one in-memory shard of at most `shard_tokens` ids (bounded memory), writes it in one go and hashes the
+exact bytes it wrote, so the manifest's sha256 is of the file as it lies on disk.
 
 For an interruptible prepare the writer can `persist()` its unfinished shard: the tokens added since the last
-call are appended to `<split>_<index>.pending` and fsynced (only the new ones: a split's pending file is written
-once over, not at every checkpoint), and `restore()` takes a writer back to a recorded state: the completed
-shards and that many pending tokens (the file is cut back to them, so tokens added after the checkpoint, by a
-process that was then killed, are dropped). A pending file is obsolete once its shard is complete; the caller
-deletes it (`take_obsolete`) only after recording the new state, so a crash always finds the state it recorded.
+call are appended to `<split>_<index>.pending` and fsynced (only the new ones: a split's pending file is
+written once over, not at every checkpoint), and `restore()` takes a writer back to a recorded state: the
+completed shards and that many pending tokens (the file is cut back to them, so tokens added after the
+checkpoint, by a process that was then killed, are dropped). A pending file is obsolete once its shard is
+complete; the caller deletes it (`take_obsolete`) only after recording the new state, so a crash always finds
+the state it recorded.
 
 `metadata_sha256` is the sha256 of the canonical JSON (sorted keys, no whitespace, UTF-8): it identifies the
 data regardless of the folder it sits in or how metadata.json happens to be formatted.
@@ -65,7 +66,8 @@ class _HashingFile:
 
 
 class ShardWriter:
-    """Appends token arrays for one split and cuts them into shards of exactly `shard_tokens` (last: fewer)."""
+    """Appends token arrays for one split and cuts them into shards of exactly `shard_tokens` (last:
+    fewer)."""
 
     def __init__(self, folder: str, split: str, shard_tokens: int, dtype: str) -> None:
         self.folder, self.split, self.shard_tokens, self.dtype = folder, split, int(shard_tokens), dtype
@@ -127,9 +129,9 @@ class ShardWriter:
         return {"shards": [dict(s) for s in self.shards], "pending_tokens": int(self.filled)}
 
     def persist_checked(self) -> dict[str, Any]:
-        """`persist`'s state with the pending tokens' sha256, which `restore` checks: a byte flipped in the pending
-        file would otherwise pass into a shard (the manifest then hashes the damaged shard as written, and `data
-        verify` could not tell)."""
+        """`persist`'s state with the pending tokens' sha256, which `restore` checks: a byte flipped in the
+        pending file would otherwise pass into a shard (the manifest then hashes the damaged shard as written,
+        and `data verify` could not tell)."""
         return {**self.persist(), "pending_sha256": self.pending_digest.hexdigest()}
 
     def take_obsolete(self) -> list[str]:
@@ -157,9 +159,11 @@ class ShardWriter:
         digest = hashlib.sha256(self.buffer[:count].tobytes())
         recorded = state.get("pending_sha256")  # absent in a progress file written before it was kept
         if recorded is not None and digest.hexdigest() != recorded:
-            raise DataError(f"{path}: its {count} pending tokens are not the ones the progress file recorded "
-                            "(sha256 differs): the interrupted prepare's tail is damaged; remove the .partial "
-                            "folder to prepare again")
+            raise DataError(
+                f"{path}: its {count} pending tokens are not the ones the progress file recorded "
+                "(sha256 differs): the interrupted prepare's tail is damaged; remove the .partial "
+                "folder to prepare again"
+            )
         self.pending_digest = digest
         self.filled = self.persisted = count
 
@@ -210,7 +214,9 @@ def check_shard(path: str, expected_dtype: str, expected_tokens: int) -> ShardHe
         raise DataError(f"shard {path} has shape {header.shape}, the manifest says ({expected_tokens},)")
     if header.file_bytes != header.expected_bytes:
         state = "truncated" if header.file_bytes < header.expected_bytes else "longer than its header says"
-        raise DataError(f"shard {path} is {state}: {header.file_bytes} bytes, expected {header.expected_bytes}")
+        raise DataError(
+            f"shard {path} is {state}: {header.file_bytes} bytes, expected {header.expected_bytes}"
+        )
     return header
 
 
@@ -233,19 +239,23 @@ def _is_count(value: Any) -> bool:
 
 
 def check_manifest_fields(manifest: dict[str, Any], path: str) -> None:
-    """Every field a reader relies on, with its type, so that a damaged or hand-edited manifest is one DataError
-    naming the field instead of a KeyError or TypeError deep inside a reader."""
+    """Every field a reader relies on, with its type, so that a damaged or hand-edited manifest is one
+    DataError naming the field instead of a KeyError or TypeError deep inside a reader."""
     for key in ("splits", "tokenizer", "dtype"):
         if key not in manifest:
             raise DataError(f"{path}: the manifest lacks '{key}'")
     if manifest["dtype"] not in SHARD_DTYPES:
-        raise DataError(f"{path}: unsupported token dtype {manifest['dtype']!r} (expected one of {SHARD_DTYPES})")
+        raise DataError(
+            f"{path}: unsupported token dtype {manifest['dtype']!r} (expected one of {SHARD_DTYPES})"
+        )
     tokenizer = manifest["tokenizer"]
     if not isinstance(tokenizer, dict):
         raise DataError(f"{path}: 'tokenizer' must be an object, got {type(tokenizer).__name__}")
     for key in ("vocab_size", "eos_id"):
         if not _is_count(tokenizer.get(key)):
-            raise DataError(f"{path}: tokenizer.{key} must be a whole number >= 0, got {tokenizer.get(key)!r}")
+            raise DataError(
+                f"{path}: tokenizer.{key} must be a whole number >= 0, got {tokenizer.get(key)!r}"
+            )
     if not 0 <= tokenizer["eos_id"] < tokenizer["vocab_size"]:
         raise DataError(f"{path}: tokenizer.eos_id {tokenizer['eos_id']} is outside the vocabulary of "
                         f"{tokenizer['vocab_size']}")

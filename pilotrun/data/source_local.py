@@ -36,7 +36,9 @@ def expand_local_files(spec: str) -> list[str]:
         if odd is not None:
             raise DataError(f"--source '{spec}' is {odd}")
         if not os.path.isfile(spec):
-            raise DataError(f"--source '{spec}' is a folder: give a file or a glob such as '{spec}/*.parquet'")
+            raise DataError(
+                f"--source '{spec}' is a folder: give a file or a glob such as '{spec}/*.parquet'"
+            )
         files = [spec]
     for path in files:
         if not path.endswith(LOCAL_SUFFIXES):
@@ -48,7 +50,10 @@ def open_local(spec: str, text_field: str = "text", hub: HubClient | None = None
     files = expand_local_files(spec)
     common = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in files])
     names = [os.path.relpath(os.path.abspath(p), common) for p in files]
-    records = [{"name": name, "bytes": os.path.getsize(p), "sha256": sha256_of_file(p)} for name, p in zip(names, files)]
+    records = [
+        {"name": name, "bytes": os.path.getsize(p), "sha256": sha256_of_file(p)}
+        for name, p in zip(names, files)
+    ]
     units: list[ReadUnit] = []
     for path, name in zip(files, names):
         start = units[-1].start + units[-1].rows if units else 0
@@ -125,7 +130,8 @@ def _read_jsonl(path: str, text_field: str) -> Iterator[str | None]:
 
 def _read_parquet(path: str, text_field: str, group: int | None) -> Iterator[str | None]:
     """One row group (all of them for None) in batches, without pre-buffering: Arrow's default reads a whole
-    file's column chunks ahead, so memory followed the file's size; here it follows one batch and its pages."""
+    file's column chunks ahead, so memory followed the file's size; here it follows one batch and its
+    pages."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -146,14 +152,20 @@ def _read_parquet(path: str, text_field: str, group: int | None) -> Iterator[str
     groups = range(parquet.metadata.num_row_groups) if group is None else (group,)
     for index in groups:
         row = 0
-        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[index], columns=[text_field],
-                                          use_threads=False):
+        for batch in parquet.iter_batches(
+            batch_size=PARQUET_BATCH_ROWS, row_groups=[index], columns=[text_field], use_threads=False
+        ):
             try:
                 texts = batch.column(0).to_pylist()
             except (UnicodeDecodeError, ValueError) as exc:  # a writer that did not validate UTF-8
-                reason = exc.reason if isinstance(exc, UnicodeDecodeError) else " ".join(str(exc).split())[:120]
-                raise DataError(f"{path}: column '{text_field}', row group {index}, rows {row}..{row + batch.num_rows - 1}: "
-                                f"not valid UTF-8 text ({reason})") from None
+                reason = (
+                    exc.reason if isinstance(exc, UnicodeDecodeError) else " ".join(str(exc).split())[:120]
+                )
+                raise DataError(
+                    f"{path}: column '{text_field}', row group {index}, rows "
+                    f"{row}..{row + batch.num_rows - 1}: "
+                    f"not valid UTF-8 text ({reason})"
+                ) from None
             row += batch.num_rows
             yield from texts
 

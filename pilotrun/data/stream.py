@@ -1,19 +1,20 @@
 """Shuffle and split: the two steps between reading documents and tokenizing them.
 
 The shuffle is a seeded, bounded buffer: it holds at most `max_documents` documents and at most `max_bytes`
-bytes of text (`sys.getsizeof` of each str: what the buffer really costs, so long documents cannot inflate it),
-so memory does not grow with the corpus; before each incoming document is added, uniformly drawn occupants are
-emitted until it fits. Its randomness comes from `random.Random(seed)` alone, so the order depends only on
-(source order, the two bounds, seed). A buffer too small for one document still holds that one.
+bytes of text (`sys.getsizeof` of each str: what the buffer really costs, so long documents cannot inflate
+it), so memory does not grow with the corpus; before each incoming document is added, uniformly drawn
+occupants are emitted until it fits. Its randomness comes from `random.Random(seed)` alone, so the order
+depends only on (source order, the two bounds, seed). A buffer too small for one document still holds that
+one.
 
 The order correlation (Pearson's r between each written document's output index and its position in the
 source's own order) says how much of the source order survives: near 1 for a buffer that only mixes
 neighbours, near 0 for a full shuffle. It is computed from exact integer sums, so it is the same on every run
 and can be carried across an interrupted prepare.
 
-The split is a function of the document's text only (a sha256 of its UTF-8 bytes mapped to [0, 1)), not of
-its position or the seed: identical texts always share a split, and a re-prepare with another seed or
-buffer never moves a validation document into training.
+The split is a function of the document's text only (a sha256 of its UTF-8 bytes mapped to [0, 1)), not of its
+position or the seed: identical texts always share a split, and a re-prepare with another seed or buffer never
+moves a validation document into training.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ TRAIN, VAL = "train", "val"
 SPLITS = (TRAIN, VAL)
 
 
-def shuffled(documents: Iterable[str], buffer_size: int, seed: int, buffer_bytes: int | None = None) -> Iterator[str]:
+def shuffled(
+    documents: Iterable[str], buffer_size: int, seed: int, buffer_bytes: int | None = None
+) -> Iterator[str]:
     """Bounded-buffer shuffle of texts; `buffer_size` <= 1 keeps the source order."""
     buffer = ShuffleBuffer(buffer_size, buffer_bytes, seed)
     for text, _ in buffer.shuffle((text, text) for text in documents):
@@ -39,7 +42,8 @@ def shuffled(documents: Iterable[str], buffer_size: int, seed: int, buffer_bytes
 
 
 class ShuffleBuffer:
-    """The bounded shuffle over (item, text) pairs; `shuffle` yields (item, documents held at its emission)."""
+    """The bounded shuffle over (item, text) pairs; `shuffle` yields (item, documents held at its
+    emission)."""
 
     def __init__(self, max_documents: int, max_bytes: int | None, seed: int) -> None:
         self.max_documents, self.max_bytes, self.seed = int(max_documents), max_bytes, seed
@@ -88,7 +92,9 @@ class OrderCorrelation:
 
     def __init__(self, state: dict[str, int] | None = None) -> None:
         state = state or {}
-        self.n, self.sum_p, self.sum_pp, self.sum_ip = (int(state.get(k, 0)) for k in ("n", "sum_p", "sum_pp", "sum_ip"))
+        self.n, self.sum_p, self.sum_pp, self.sum_ip = (
+            int(state.get(k, 0)) for k in ("n", "sum_p", "sum_pp", "sum_ip")
+        )
 
     def add(self, positions: Iterable[int]) -> None:
         for position in positions:

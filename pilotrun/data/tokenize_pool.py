@@ -1,21 +1,21 @@
 """Tokenizing in worker processes: prepare's `--workers N` (N >= 2), for machines where the main process's
 GIL-bound share (reading, JSON, the split hash) would cap tokenizing threads.
 
-The main process keeps everything that decides the output: reading, the seeded shuffle, the split, the chunking,
-the `--train-tokens` stop and the shard writers. Workers only turn a chunk of texts into (ids with EOS after each
-document, lengths), exactly as `encode_documents` does in the main process, from the same tokenizer JSON text
-that the data folder stores; chunk `i` goes to worker `i mod N` and results are taken back in chunk order, so
-the output is byte-identical whatever N (and to the in-process paths).
+The main process keeps everything that decides the output: reading, the seeded shuffle, the split, the
+chunking, the `--train-tokens` stop and the shard writers. Workers only turn a chunk of texts into (ids with
+EOS after each document, lengths), exactly as `encode_documents` does in the main process, from the same
+tokenizer JSON text that the data folder stores; chunk `i` goes to worker `i mod N` and results are taken back
+in chunk order, so the output is byte-identical whatever N (and to the in-process paths).
 
 Why not `multiprocessing.Pool`: its `imap` pulls the whole input iterator ahead on a feeder thread (read-ahead
 and so memory would follow the corpus, and the source would be read on a thread other than the one that
 commits), and its workers outlive a SIGKILLed parent. Here each worker has its own task queue (whose `put`
 never blocks: a feeder thread writes the pipe, so the main process cannot deadlock against a worker busy
-returning a result), at most `depth` chunks are in flight per worker, and a worker dies with its parent: Linux's
-PR_SET_PDEATHSIG (SIGKILL) where available, and everywhere a check of its parent pid while it waits for work.
-Workers ignore every stop signal (pilotrun/common/stop_signals.py: a terminal sends Ctrl-C's SIGINT and a hangup's SIGHUP
-to the whole process group), so a stop reaches only the main process, which finishes its chunk, commits and
-then ends the workers itself.
+returning a result), at most `depth` chunks are in flight per worker, and a worker dies with its parent:
+Linux's PR_SET_PDEATHSIG (SIGKILL) where available, and everywhere a check of its parent pid while it waits
+for work. Workers ignore every stop signal (pilotrun/common/stop_signals.py: a terminal sends Ctrl-C's SIGINT
+and a hangup's SIGHUP to the whole process group), so a stop reaches only the main process, which finishes its
+chunk, commits and then ends the workers itself.
 """
 
 from __future__ import annotations
@@ -112,9 +112,11 @@ class TokenizePool:
                 break
             except queue.Empty:
                 if not process.is_alive():
-                    raise DataError(f"tokenizing worker {process.name} (pid {process.pid}) exited with code "
-                                    f"{process.exitcode} (killed, or out of memory?): run the same command again "
-                                    "to continue from the last commit") from None
+                    raise DataError(
+                        f"tokenizing worker {process.name} (pid {process.pid}) exited with code "
+                        f"{process.exitcode} (killed, or out of memory?): run the same command again "
+                        "to continue from the last commit"
+                    ) from None
         self.in_flight -= 1
         if outcome[0] == "error":
             raise DataError(f"tokenizing worker {process.name}: {outcome[1]}")
@@ -122,7 +124,8 @@ class TokenizePool:
 
     def encoded_in_order(self, chunks: Iterator[tuple[list[str], list[Any]]]
                          ) -> Iterator[tuple[list[Any], np.ndarray, np.ndarray]]:
-        """(extras, tokens, lengths) per chunk in the order read; at most `depth` chunks in flight per worker."""
+        """(extras, tokens, lengths) per chunk in the order read; at most `depth` chunks in flight per
+        worker."""
         n = len(self.workers)
         pending: collections.deque = collections.deque()  # (worker index, extras), in chunk order
         for sent, (texts, extras) in enumerate(chunks):
@@ -138,8 +141,8 @@ class TokenizePool:
 
     def close(self) -> None:
         """Stop every worker: none outlives the pass. After a complete pass each gets a stop message; a pass
-        that ended early (the --train-tokens stop, a stop request, an error) kills them, since the chunks still
-        in flight are not wanted."""
+        that ended early (the --train-tokens stop, a stop request, an error) kills them, since the chunks
+        still in flight are not wanted."""
         for process, tasks, _ in self.workers:
             if self.in_flight:
                 process.kill()
@@ -169,7 +172,8 @@ def children_peak_mb() -> float:
 
 def encoded_in_order(chunks: Iterator[tuple[list[str], list[Any]]], json_text: str, eos_id: int, dtype: str,
                      workers: int) -> Iterator[tuple[list[Any], np.ndarray, np.ndarray]]:
-    """Prepare's process path: a pool for this pass only, stopped when the generator is closed or exhausted."""
+    """Prepare's process path: a pool for this pass only, stopped when the generator is closed or
+    exhausted."""
     pool = TokenizePool(json_text, eos_id, dtype, workers)
     try:
         yield from pool.encoded_in_order(chunks)

@@ -75,7 +75,9 @@ def parse_bpe_spec(spec: str) -> int:
     return vocab
 
 
-def train_bpe(vocab_size: int, texts: Iterator[str], progress: bool = False) -> tuple[Tokenizer, dict[str, int]]:
+def train_bpe(
+    vocab_size: int, texts: Iterator[str], progress: bool = False
+) -> tuple[Tokenizer, dict[str, int]]:
     """A GPT-2-style byte-level BPE: ByteLevel pre-tokenizer (GPT-2 split regex), no normalizer."""
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -118,8 +120,10 @@ def find_eos(tokenizer: Tokenizer, eos: str | None, where: str) -> tuple[str, in
         token_id = tokenizer.token_to_id(name)
         if token_id is not None:
             return name, int(token_id)
-    raise DataError(f"tokenizer {where} has no end-of-document token (looked for {', '.join(EOS_CANDIDATES)}); "
-                    "name one with --eos TOKEN")
+    raise DataError(
+        f"tokenizer {where} has no end-of-document token (looked for {', '.join(EOS_CANDIDATES)}); "
+        "name one with --eos TOKEN"
+    )
 
 
 def resolve_tokenizer(
@@ -152,7 +156,8 @@ def resolve_tokenizer(
         identity = {"kind": "hub", "name": name, "revision_requested": revision, "revision": sha}
         where = f"{name}@{sha}"
     else:
-        # A folder (a model folder, an export) stands for its tokenizer.json: the same file, the same identity.
+        # A folder (a model folder, an export) stands for its tokenizer.json: the same file, the same
+        # identity.
         path = os.path.join(spec, "tokenizer.json") if os.path.isdir(spec) else spec
         if not os.path.isfile(path):
             # A folder is a valid kind here: say what it lacks, not that it does not exist.
@@ -201,7 +206,9 @@ def plain_encoder(json_text: str) -> Tokenizer:
     return plain(Tokenizer.from_str(json_text))
 
 
-def encode_documents(tokenizer: Tokenizer, texts: list[str], eos_id: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+def encode_documents(
+    tokenizer: Tokenizer, texts: list[str], eos_id: int, dtype: str
+) -> tuple[np.ndarray, np.ndarray]:
     """Concatenated ids with EOS after every document, and each document's length (EOS included)."""
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # same ids, no offsets
     try:
@@ -209,8 +216,10 @@ def encode_documents(tokenizer: Tokenizer, texts: list[str], eos_id: int, dtype:
     except Exception as exc:  # the tokenizers library raises a bare Exception (a WordLevel without [UNK] ...)
         if type(exc) is not Exception:
             raise  # a TypeError for a non-text document is a caller's bug, named as itself
-        raise DataError(f"the tokenizer cannot encode the documents: {' '.join(str(exc).split())[:160]} (a "
-                        "word-level or unigram tokenizer needs an unknown token for words it lacks)") from None
+        raise DataError(
+            f"the tokenizer cannot encode the documents: {' '.join(str(exc).split())[:160]} (a "
+            "word-level or unigram tokenizer needs an unknown token for words it lacks)"
+        ) from None
     ids: list[int] = []
     lengths = np.empty(len(encodings), dtype=np.int64)
     for index, encoding in enumerate(encodings):

@@ -100,8 +100,10 @@ def verify_data(data_dir: str | os.PathLike) -> list[str]:
                 problems.append(f"{path}: shape {header.shape}, the manifest says ({expected_tokens},)")
                 split_ok = False
             if header.file_bytes != header.expected_bytes:
-                problems.append(f"{path}: {header.file_bytes} bytes, its header implies {header.expected_bytes} "
-                                "(truncated or extended)")
+                problems.append(
+                    f"{path}: {header.file_bytes} bytes, its header implies {header.expected_bytes} "
+                    "(truncated or extended)"
+                )
                 split_ok = False
             sha, eos_count, largest, last = _scan_shard(path, header.dtype, eos_id)
             if sha != shard.get("sha256"):
@@ -115,9 +117,12 @@ def verify_data(data_dir: str | os.PathLike) -> list[str]:
             split_eos += eos_count
             split_last = last if last is not None else split_last
         if split_tokens != int(record.get("tokens", -1)):
-            problems.append(f"{os.path.join(data_dir, METADATA_FILE)}: {split} shards list {split_tokens} tokens, "
-                            f"the split total says {record.get('tokens')}")
-        if split_ok:  # content claims are only meaningful when every shard of the split is readable and intact
+            problems.append(
+                f"{os.path.join(data_dir, METADATA_FILE)}: {split} shards list {split_tokens} tokens, "
+                f"the split total says {record.get('tokens')}"
+            )
+        # content claims are only meaningful when every shard of the split is readable and intact
+        if split_ok:
             documents = int(record.get("documents", -1))
             if split_eos != documents:
                 problems.append(f"{data_dir}: the {split} split holds {split_eos} EOS ids ({eos_id}) but "
@@ -132,7 +137,8 @@ def verify_data(data_dir: str | os.PathLike) -> list[str]:
 
 
 def report_verification(data_dir: str) -> int:
-    """`pilotrun data verify`: each problem on its own line and exit 1, or one line saying intact and exit 0."""
+    """`pilotrun data verify`: each problem on its own line and exit 1, or one line saying intact and exit
+    0."""
     from pilotrun.data.shards import metadata_sha256
 
     problems = verify_data(data_dir)

@@ -1,17 +1,18 @@
 """Parameter counts and a FLOPs-per-token estimate, from the config alone (no model needed).
 
 Counts follow the parameter names and shapes of transformer.py; "active" parameters are those one token uses:
-everything except the routed experts it did not choose (K of E routed experts, all shared experts, the router).
-The tests check both against the built model's tensors, and the FLOPs against torch's FlopCounterMode.
+everything except the routed experts it did not choose (K of E routed experts, all shared experts, the
+router). The tests check both against the built model's tensors, and the FLOPs against torch's
+FlopCounterMode.
 
-FLOPs per token (training, forward + backward), the figure MFU divides by:
-    6 * (active matmul parameters)  +  6 * L * H * (d_qk + d_v) * keys_attended
+FLOPs per token (training, forward + backward), the figure MFU divides by: 6 * (active matmul parameters)  +
+6 * L * H * (d_qk + d_v) * keys_attended
 - active matmul parameters = active parameters minus the embedding (a lookup, not a matmul) and the RMSNorm
   gains; the LM head and the router do count. Backward = 2x forward for every matmul (input and weight grads).
 - attention: per query and head, Q.K^T costs 2*d_qk and P.V costs 2*d_v per attended key. With causal=True
-  (the default, what the attention actually needs) a query at position t attends t+1 keys, (T+1)/2 on
-  average; causal=False counts the full T as PaLM-style MFU figures and dense implementations do.
-Elementwise work (norms, RoPE, softmax, SiLU, routing) is left out, as is conventional.
+  (the default, what the attention actually needs) a query at position t attends t+1 keys, (T+1)/2 on average;
+  causal=False counts the full T as PaLM-style MFU figures and dense implementations do. Elementwise work
+  (norms, RoPE, softmax, SiLU, routing) is left out, as is conventional.
 """
 
 from __future__ import annotations
@@ -53,12 +54,14 @@ def count_parameters(cfg: ModelConfig) -> tuple[int, int]:
 
 
 def norm_parameters(cfg: ModelConfig) -> int:
-    per_layer = 2 * cfg.d_model + cfg.kv_lora_rank + cfg.q_lora_rank  # q_norm only exists when q_lora_rank > 0
+    # q_norm only exists when q_lora_rank > 0
+    per_layer = 2 * cfg.d_model + cfg.kv_lora_rank + cfg.q_lora_rank
     return cfg.n_layers * per_layer + cfg.d_model
 
 
 def active_matmul_parameters(cfg: ModelConfig) -> int:
-    """Active parameters that take part in a matmul: everything active except the embedding and RMSNorm gains."""
+    """Active parameters that take part in a matmul: everything active except the embedding and RMSNorm
+    gains."""
     _, active = count_parameters(cfg)
     return active - cfg.vocab_size * cfg.d_model - norm_parameters(cfg)
 

@@ -2,7 +2,8 @@
 
 - Auxiliary-loss-free balancing: a per-expert bias b (fp32 buffer) is added to the router scores for the
   *selection* only; after each applied optimizer update the trainer calls `update_expert_bias`, which moves
-  every b_i by gamma * sign(mean(c) - c_i) and re-centres the step (keeping |b| bounded), c = the step's counts.
+  every b_i by gamma * sign(mean(c) - c_i) and re-centres the step (keeping |b| bounded), c = the step's
+  counts.
 - Sequence-wise (and batch-wise) auxiliary loss: alpha * mean_b sum_i f_{b,i} P_{b,i} (V3 eq. 17-20).
 - Router z-loss: beta * mean_t logsumexp(z_t)^2 (ST-MoE), optional.
 """
@@ -22,11 +23,12 @@ def uses_expert_bias(balance: str) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def default_route_scale(n_experts: int, top_k: int, samples: int = 1 << 17) -> float:
-    """Moonlight App. C: route_scale = E_z[1 / sqrt(sum_k p_k^2)], p = renormalized top-K of sigmoid(z), z ~ N(0, I_E).
+    """Moonlight App. C: route_scale = E_z[1 / sqrt(sum_k p_k^2)], p = renormalized top-K of sigmoid(z), z ~
+    N(0, I_E).
 
     It makes the routed output's RMS comparable to one dense FFN's. Monte Carlo with its own fixed generator
-    (independent of the global seed, so building a model never depends on how many draws came before);
-    its values are E=4,K=2: 1.398, E=8,K=2: 1.409, E=64,K=6: 2.446 (Moonlight's figure).
+    (independent of the global seed, so building a model never depends on how many draws came before); its
+    values are E=4,K=2: 1.398, E=8,K=2: 1.409, E=64,K=6: 2.446 (Moonlight's figure).
     """
     generator = torch.Generator().manual_seed(12345)
     total = 0.0
@@ -91,7 +93,9 @@ def update_expert_bias(model: torch.nn.Module, tokens_per_expert: torch.Tensor, 
     """
     moe_layers = model.moe_layers()
     if tokens_per_expert.shape[0] != len(moe_layers):
-        raise ValueError(f"tokens_per_expert has {tokens_per_expert.shape[0]} rows for {len(moe_layers)} MoE layers")
+        raise ValueError(
+            f"tokens_per_expert has {tokens_per_expert.shape[0]} rows for {len(moe_layers)} MoE layers"
+        )
     if speed == 0:
         return
     for layer_index, moe in enumerate(moe_layers):

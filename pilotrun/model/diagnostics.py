@@ -1,9 +1,11 @@
-"""Per-step model statistics for the trainer: expert loads, router health, aux-free bias, max attention logits.
+"""Per-step model statistics for the trainer: expert loads, router health, aux-free bias, max attention
+logits.
 
-The forward passes accumulate (training mode only) into buffers of each MoE and MLA
-module; `collect_step_statistics` packs them into two tensors that the trainer all-reduces (SUM for the counts,
-MAX for the logits) before the QK-Clip and the bias update, and `reset_step_statistics` clears them after each
-optimizer step. `moe_diagnostics` turns the (global) counts into the JSON-ready dict that metrics.jsonl records.
+The forward passes accumulate (training mode only) into buffers of each MoE and MLA module;
+`collect_step_statistics` packs them into two tensors that the trainer all-reduces (SUM for the counts, MAX
+for the logits) before the QK-Clip and the bias update, and `reset_step_statistics` clears them after each
+optimizer step. `moe_diagnostics` turns the (global) counts into the JSON-ready dict that metrics.jsonl
+records.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ def collect_step_statistics(model: torch.nn.Module) -> tuple[torch.Tensor, torch
     moe_layers = model.moe_layers()
     attention_layers = model.attention_layers()
     if moe_layers:
-        tokens_per_expert = torch.stack([moe.tokens_per_expert.detach().float() for moe in moe_layers]).clone()
+        tokens_per_expert = torch.stack(
+            [moe.tokens_per_expert.detach().float() for moe in moe_layers]
+        ).clone()
     else:
         device = attention_layers[0].qk_max_logit.device
         tokens_per_expert = torch.zeros(0, max(model.cfg.n_routed_experts, 0), device=device)
@@ -55,22 +59,31 @@ def block_output_rms(model: torch.nn.Module) -> list[float | None]:
 
 
 def expert_load_figures(counts: torch.Tensor) -> dict[str, float | int]:
-    """Figures for one layer's counts c [E]: imbalance max/mean (= 1 + MaxVio), MaxVio, MinVio, CV, dead experts,
-    normalized load entropy (1 = perfectly balanced). With no tokens counted every figure is 0 except dead."""
+    """Figures for one layer's counts c [E]: imbalance max/mean (= 1 + MaxVio), MaxVio, MinVio, CV, dead
+    experts, normalized load entropy (1 = perfectly balanced). With no tokens counted every figure is 0 except
+    dead."""
     counts = counts.double()
     total = float(counts.sum())
     n_experts = counts.numel()
     dead = int((counts == 0).sum())
     if total <= 0:
-        return {"imbalance": 0.0, "would_drop_cf1": 0.0, "would_drop_cf1_25": 0.0, "maxvio": 0.0, "minvio": 0.0,
-                "cv": 0.0, "dead": dead, "load_entropy": 0.0}
+        return {
+            "imbalance": 0.0,
+            "would_drop_cf1": 0.0,
+            "would_drop_cf1_25": 0.0,
+            "maxvio": 0.0,
+            "minvio": 0.0,
+            "cv": 0.0,
+            "dead": dead,
+            "load_entropy": 0.0,
+        }
     mean = total / n_experts
     share = counts / total
     entropy = float(-(share[share > 0] * share[share > 0].log()).sum())
     return {
         "imbalance": float(counts.max()) / mean,
-        # `would_drop` at capacity factor kappa: the share of routed slots a capacity-factor-kappa router would drop (we drop
-        # none): sum_i max(0, c_i - ceil(kappa * mean)) / sum_i c_i.
+        # `would_drop` at capacity factor kappa: the share of routed slots a capacity-factor-kappa router
+        # would drop (we drop none): sum_i max(0, c_i - ceil(kappa * mean)) / sum_i c_i.
         "would_drop_cf1": float((counts - math.ceil(mean)).clamp_min(0).sum()) / total,
         "would_drop_cf1_25": float((counts - math.ceil(1.25 * mean)).clamp_min(0).sum()) / total,
         "maxvio": float(counts.max()) / mean - 1.0,
@@ -86,7 +99,8 @@ def _finite_or_none(value: float) -> float | None:
 
 
 def moe_diagnostics(model: torch.nn.Module, tokens_per_expert: torch.Tensor) -> dict:
-    """JSON-ready router/balance figures for one step (tokens_per_expert: the step's global [L_moe, E] counts).
+    """JSON-ready router/balance figures for one step (tokens_per_expert: the step's global [L_moe, E]
+    counts).
 
     Load figures come from the given counts and the bias from the model; the router figures are means over
     this rank's own training forwards since the last reset (not all-reduced). Per-layer lists:
@@ -95,19 +109,30 @@ def moe_diagnostics(model: torch.nn.Module, tokens_per_expert: torch.Tensor) -> 
     score_spread (mean over tokens of std over experts of s), speed_to_spread (bias_update_speed /
     score_spread, ~<= 0.1 is safe), topk_mass (mean selected score mass before normalization), route_margin
     (mean gap between the K-th and (K+1)-th biased choice score), bias_flip_rate (share of tokens whose expert
-    set the aux-free bias changed),
-    router_logit_absmax, bias_min, bias_max, bias_std. Scalars: max_imbalance, dead_experts (total),
-    bias_abs_max.
+    set the aux-free bias changed), router_logit_absmax, bias_min, bias_max, bias_std. Scalars: max_imbalance,
+    dead_experts (total), bias_abs_max.
     """
     moe_layers = model.moe_layers()
     counts = tokens_per_expert.detach().double().cpu()
     per_layer = [expert_load_figures(counts[index]) for index in range(len(moe_layers))]
-    router: dict[str, list] = {key: [] for key in ("router_entropy", "balance_term", "score_spread",
-                                                   "speed_to_spread", "topk_mass", "route_margin", "bias_flip_rate",
-                                                   "router_logit_absmax")}
+    router: dict[str, list] = {
+        key: []
+        for key in (
+            "router_entropy",
+            "balance_term",
+            "score_spread",
+            "speed_to_spread",
+            "topk_mass",
+            "route_margin",
+            "bias_flip_rate",
+            "router_logit_absmax",
+        )
+    }
     bias_min, bias_max, bias_std, bias_abs_max = [], [], [], 0.0
     for moe in moe_layers:
-        sums = dict(zip(ROUTER_STATISTICS, moe.router_statistics.detach().double().cpu().tolist(), strict=True))
+        sums = dict(
+            zip(ROUTER_STATISTICS, moe.router_statistics.detach().double().cpu().tolist(), strict=True)
+        )
         tokens, batches = sums["tokens"], sums["microbatches"]
         uniform_entropy = math.log(moe.n_routed_experts) if moe.n_routed_experts > 1 else None
         spread = sums["score_spread"] / tokens if tokens > 0 else None

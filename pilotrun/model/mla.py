@@ -61,8 +61,9 @@ class MLA(nn.Module):
         self.attn_impl = attn_impl
         # The paper's softmax denominator sqrt(d_n + d_r) (V3 eq. 10); no YaRN mscale in these configs.
         self.softmax_scale = self.qk_head_dim**-0.5
-        # Pad v up to d_qk for sdpa so the flash backend (equal head dims) can be chosen, then slice the output.
-        # None: on CUDA only (where flash exists); True/False force it (tests exercise the padded path on CPU).
+        # Pad v up to d_qk for sdpa so the flash backend (equal head dims) can be chosen, then slice the
+        # output. None: on CUDA only (where flash exists); True/False force it (tests exercise the padded path
+        # on CPU).
         self.pad_value_for_flash: bool | None = None
         if q_lora_rank == 0:
             self.wq = nn.Linear(d_model, n_heads * self.qk_head_dim, bias=False)
@@ -139,8 +140,8 @@ class MLA(nn.Module):
 
         Query rows go in chunks; a chunk multiplies only the keys it can see: the keys before it (all visible,
         no mask needed) and its own diagonal block (masked). Memory stays at B*H*chunk*T and the work is about
-        half of a full Q K^T. The scale is applied to the [H] maxima, not to every logit: rounding is monotone,
-        so max(fl(scale * s)) == fl(scale * max(s)) exactly, the value eager attention records.
+        half of a full Q K^T. The scale is applied to the [H] maxima, not to every logit: rounding is
+        monotone, so max(fl(scale * s)) == fl(scale * max(s)) exactly, the value eager attention records.
         """
         q, k = q.detach(), k.detach()
         seq = q.shape[2]

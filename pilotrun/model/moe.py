@@ -1,33 +1,35 @@
 """DeepSeekMoE feed-forward: shared experts + routed experts behind a sigmoid (or softmax) router.
 
-The router runs in fp32 with autocast off; the aux-free bias chooses experts
-but never weights them; routed experts are stored stacked [E, out, in] so that Muon can orthogonalize each
-slice in one batch and unrouted experts still get a (zero) gradient instead of None.
+The router runs in fp32 with autocast off; the aux-free bias chooses experts but never weights them; routed
+experts are stored stacked [E, out, in] so that Muon can orthogonalize each slice in one batch and unrouted
+experts still get a (zero) gradient instead of None.
 
 Dispatch implementations (`moe_impl`), which all compute y_t = sum_k w_{t,k} FFN_{S_t[k]}(u_t):
   grouped   -- the sorted layout below, but each projection is one `grouped_mm` over all segments with offsets
                cumsum(counts) (no host sync): one operator instead of one matmul per expert. Used where torch
-               provides grouped_mm for the device and dtype (probed once, see `grouped_matmul_works`); elsewhere
-               it runs `sorted`. On the CPU its forward equals sorted's bit for bit; gradients to rounding (the
-               BLAS sees other layouts), tests/model/test_moe.py. On the CPU in fp32 without autocast,
-               with `cpu_kernels`, it runs as one compiled operator each way instead (forward_fused), the same
-               arithmetic without the per-segment views and autograd nodes, and the shared experts with it.
-               In bf16/fp16 on the CPU each segment is padded to one of a few lengths (segment_buckets.py; so are
-               `sorted`'s and `loop`'s): a per-shape kernel cache then stops growing after the first updates.
+               provides grouped_mm for the device and dtype (probed once, see `grouped_matmul_works`);
+               elsewhere it runs `sorted`. On the CPU its forward equals sorted's bit for bit; gradients to
+               rounding (the BLAS sees other layouts), tests/model/test_moe.py. On the CPU in fp32 without
+               autocast, with `cpu_kernels`, it runs as one compiled operator each way instead
+               (forward_fused), the same arithmetic without the per-segment views and autograd nodes, and the
+               shared experts with it. In bf16/fp16 on the CPU each segment is padded to one of a few lengths
+               (segment_buckets.py; so are `sorted`'s and `loop`'s): a per-shape kernel cache then stops
+               growing after the first updates.
   sorted    -- stable argsort of the chosen expert ids, one gather, one matmul chain per contiguous expert
                segment (one host sync per layer for the segment sizes), fp32 weighting, one index_add_.
   loop      -- DeepSeek's inference loop: per expert, find its tokens with `where` and add its output.
-  dense_ref -- every expert on every token, weighted by a [N, E] matrix that is zero off the selection.
-               E times the compute; kept as the obviously-correct oracle for tests.
+  dense_ref -- every expert on every token, weighted by a [N, E] matrix that is zero off the selection. E
+  times the compute; kept as the obviously-correct oracle for tests.
 
-CPU kernels (`cpu_kernels`, default on): on the CPU the router's matmul, top-k, gate normalization, balance term,
-statistics, sort by expert and weighted combine run as compiled kernels (cpu_kernels.py, moe_kernels.cpp), and so
-do the grouped dispatch's routed experts together with the shared experts, because there ~100 small PyTorch
-operators per layer cost as much as the expert matmuls at pilot microbatches (BENCHMARKS.md). The layer is then
-two operators each way, the router and the experts, whose backward are C++ autograd nodes. Under torch.compile the
-layer then runs eagerly between the block's compiled parts (MoE.forward), keeping them. Elsewhere (CUDA, autocast
-for the experts, a dispatch mode, group-limited routing, no compiler) the reference operators below run, and are
-what torch.compile traces; both give the same layer output bit for bit on the CPU.
+CPU kernels (`cpu_kernels`, default on): on the CPU the router's matmul, top-k, gate normalization, balance
+term, statistics, sort by expert and weighted combine run as compiled kernels (cpu_kernels.py,
+moe_kernels.cpp), and so do the grouped dispatch's routed experts together with the shared experts, because
+there ~100 small PyTorch operators per layer cost as much as the expert matmuls at pilot microbatches
+(BENCHMARKS.md). The layer is then two operators each way, the router and the experts, whose backward are C++
+autograd nodes. Under torch.compile the layer then runs eagerly between the block's compiled parts
+(MoE.forward), keeping them. Elsewhere (CUDA, autocast for the experts, a dispatch mode, group-limited
+routing, no compiler) the reference operators below run, and are what torch.compile traces; both give the same
+layer output bit for bit on the CPU.
 
 Because the dispatches' gradients agree only to rounding, `model.moe_impl` and `model.cpu_kernels` are not
 resume-free keys (config.RESUME_FREE_KEYS): a resume across a change of either needs `--allow-change`.
@@ -56,10 +58,12 @@ from pilotrun.model.segment_buckets import PaddedSegments, bucket_rows, pads_seg
 
 
 def count_per_expert(indices: torch.Tensor, n_experts: int) -> torch.Tensor:
-    """How many (token, slot) pairs chose each expert, int64 [E]. A scatter_add into a fixed-size vector rather
-    than `bincount`, whose output length depends on the data and breaks torch.compile graphs."""
+    """How many (token, slot) pairs chose each expert, int64 [E]. A scatter_add into a fixed-size vector
+    rather than `bincount`, whose output length depends on the data and breaks torch.compile graphs."""
     flat = indices.reshape(-1)
-    return torch.zeros(n_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+    return torch.zeros(n_experts, dtype=torch.int64, device=flat.device).scatter_add_(
+        0, flat, torch.ones_like(flat)
+    )
 
 
 class SortedLayout(NamedTuple):
@@ -86,7 +90,8 @@ class Routing:
     layout: SortedLayout | None = None
     scores: torch.Tensor | None = None  # [N, E], reference path only
     statistics: torch.Tensor | None = None  # fused path: ROUTER_STATISTICS sums, then the |logit| maximum
-    balance_loss: torch.Tensor | None = None  # fused path: seq_aux_alpha * balance_value where the mode has it, else 0
+    # fused path: seq_aux_alpha * balance_value where the mode has it, else 0
+    balance_loss: torch.Tensor | None = None
     recorded: bool = False  # the fused kernel already added this routing to the step's statistics
 
 
@@ -99,8 +104,8 @@ def grouped_matmul_works(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether GROUPED_MM runs on this device and dtype and equals one matmul per segment there.
 
     Probed once per (device, dtype) with ragged segments, an empty one included, because support differs by
-    platform (CUDA kernels want bf16 on recent GPUs and have alignment rules; the CPU takes every dtype), and a
-    wrong answer must fall back to the segment loop rather than train on it.
+    platform (CUDA kernels want bf16 on recent GPUs and have alignment rules; the CPU takes every dtype), and
+    a wrong answer must fall back to the segment loop rather than train on it.
     """
     if GROUPED_MM is None:
         return False
@@ -168,14 +173,15 @@ class Router(nn.Module):
                                                                                    torch.Tensor]:
         """The reference routing: logits -> (indices, gate weights, scores), with PyTorch operators.
 
-        force_balanced (the debug switch `model.force_balanced_routing`): token t takes experts (t*K + k) mod E
-        instead of its top-k, so every expert gets the same load, and the gate weights are gathered from the
+        force_balanced (the debug switch `model.force_balanced_routing`): token t takes experts (t*K + k) mod
+        E instead of its top-k, so every expert gets the same load, and the gate weights are gathered from the
         scores as usual: the best case for dispatch throughput, and a way to tell routing bugs from others."""
         with torch.autocast(device_type=logits.device.type, enabled=False):
             if self.score_func == "sigmoid":
                 scores = torch.sigmoid(logits)
             else:
-                scores = torch.softmax(logits, dim=-1)  # over all experts, before top-k (DeepSeek, not Mixtral)
+                # over all experts, before top-k (DeepSeek, not Mixtral)
+                scores = torch.softmax(logits, dim=-1)
             with torch.no_grad():
                 indices = self.biased_choice(scores).topk(self.top_k, dim=-1, sorted=True).indices
                 if force_balanced:
@@ -199,7 +205,8 @@ class Router(nn.Module):
         return choice
 
     def limit_to_best_groups(self, choice: torch.Tensor) -> torch.Tensor:
-        """Keep the n_limited_groups groups with the best group score; the rest become -inf (V3 node-limited)."""
+        """Keep the n_limited_groups groups with the best group score; the rest become -inf (V3
+        node-limited)."""
         tokens = choice.shape[0]
         grouped = choice.view(tokens, self.n_groups, self.n_experts // self.n_groups)
         if self.use_bias:
@@ -229,13 +236,16 @@ class GroupedExperts(nn.Module):
         return list(zip(self.w1.unbind(0), self.w2.unbind(0), self.w3.unbind(0)))
 
     @staticmethod
-    def expert_forward(weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    def expert_forward(
+        weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor], x: torch.Tensor
+    ) -> torch.Tensor:
         w1, w2, w3 = weights
         return torch.matmul(F.silu(torch.matmul(x, w1.t())) * torch.matmul(x, w3.t()), w2.t())
 
     @staticmethod
     def pads(x: torch.Tensor) -> bool:
-        """Whether the experts' matmuls of x's forward take padded segments (segment_buckets.pads_segments)."""
+        """Whether the experts' matmuls of x's forward take padded segments
+        (segment_buckets.pads_segments)."""
         device = x.device.type
         return pads_segments(x.device, torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device)
                              else x.dtype)
@@ -253,7 +263,8 @@ class GroupedExperts(nn.Module):
                        layout: SortedLayout | None = None, fused_combine: bool = False) -> torch.Tensor:
         layout = layout if layout is not None else sorted_layout(indices, self.n_experts)
         counts = layout.counts.tolist()  # the one host sync per layer
-        gathered = x.index_select(0, layout.token_of_slot)  # backward: one index_add (cheaper than indexing's)
+        # backward: one index_add (cheaper than indexing's)
+        gathered = x.index_select(0, layout.token_of_slot)
         weights_per_expert = self.expert_weights()
         pad = self.pads(x)
         outputs = [self.segment_forward(weights_per_expert[expert], segment, pad)
@@ -265,19 +276,25 @@ class GroupedExperts(nn.Module):
                         layout: SortedLayout | None = None, fused_combine: bool = False) -> torch.Tensor:
         compute_dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) \
             else torch.promote_types(x.dtype, self.w1.dtype)
-        # grouped_mm's tracing (fake tensor) kernel accepts bf16 only, so torch.compile traces the segment loop
-        # for other dtypes (inductor fuses that anyway).
+        # grouped_mm's tracing (fake tensor) kernel accepts bf16 only, so torch.compile traces the segment
+        # loop for other dtypes (inductor fuses that anyway).
         traced_unsupported = torch.compiler.is_compiling() and compute_dtype != torch.bfloat16
         if traced_unsupported or not grouped_matmul_works(x.device, compute_dtype):
             return self.forward_sorted(x, indices, weights, layout, fused_combine)
         layout = layout if layout is not None else sorted_layout(indices, self.n_experts)
         # Where each expert's segment ends: stays on the device, so no host sync.
         offsets = layout.counts.cumsum(0).to(torch.int32)
-        # grouped_mm is not on autocast's lists: cast explicitly, as autocast does for the matmuls of `sorted`,
-        # once per use, so that the two input gradients are summed in x's dtype as there (no-ops in fp32).
+        # grouped_mm is not on autocast's lists: cast explicitly, as autocast does for the matmuls of
+        # `sorted`, once per use, so that the two input gradients are summed in x's dtype as there (no-ops in
+        # fp32).
         gathered = x.index_select(0, layout.token_of_slot)
-        padded = PaddedSegments(layout.counts.tolist(), x.device) if pads_segments(x.device, compute_dtype) else None
-        if padded is not None:  # CPU bf16/fp16: a few matmul shapes, not one per segment length (segment_buckets.py)
+        padded = (
+            PaddedSegments(layout.counts.tolist(), x.device)
+            if pads_segments(x.device, compute_dtype)
+            else None
+        )
+        # CPU bf16/fp16: a few matmul shapes, not one per segment length (segment_buckets.py)
+        if padded is not None:
             gathered, offsets = padded.pad(gathered), padded.offsets(x.device)
         w1, w2, w3 = (w.to(compute_dtype).transpose(-2, -1) for w in (self.w1, self.w2, self.w3))
         hidden = (F.silu(GROUPED_MM(gathered.to(compute_dtype), w1, offs=offsets))
@@ -290,8 +307,8 @@ class GroupedExperts(nn.Module):
                       shared: SwiGLU | None = None) -> torch.Tensor:
         """forward_grouped's computation as one compiled CPU operator each way (cpu_kernels.FusedExperts): the
         gather, every expert's SwiGLU on its segment and the combine, without per-segment tensors or autograd
-        nodes; with `shared`, plus that SwiGLU on every token (the layer's shared experts, added in the combine as
-        the layer adds them). The caller checks cpu_kernels.fused_experts_apply."""
+        nodes; with `shared`, plus that SwiGLU on every token (the layer's shared experts, added in the
+        combine as the layer adds them). The caller checks cpu_kernels.fused_experts_apply."""
         shared_weights = (shared.w1.weight, shared.w2.weight, shared.w3.weight) if shared is not None else ()
         return FusedExperts.apply(x, weights, self.w1, self.w2, self.w3, layout.order, layout.token_of_slot,
                                   layout.counts, *shared_weights)
@@ -320,13 +337,16 @@ class GroupedExperts(nn.Module):
         for expert in range(self.n_experts):
             if counts[expert] == 0:
                 continue
-            token, slot = torch.where(indices == expert)  # each token picks an expert at most once: unique rows
+            # each token picks an expert at most once: unique rows
+            token, slot = torch.where(indices == expert)
             contribution = (self.segment_forward(weights_per_expert[expert], x[token], pad).to(weights.dtype)
                             * weights[token, slot].unsqueeze(-1))
             output = output.index_add(0, token, contribution)
         return output
 
-    def forward_dense_reference(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def forward_dense_reference(
+        self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         hidden = F.silu(torch.einsum("nd,efd->enf", x, self.w1)) * torch.einsum("nd,efd->enf", x, self.w3)
         every_output = torch.einsum("enf,edf->end", hidden, self.w2)  # [E, N, d]
         gate = torch.zeros(x.shape[0], self.n_experts, device=x.device, dtype=weights.dtype)
@@ -336,18 +356,33 @@ class GroupedExperts(nn.Module):
 
 @torch.compiler.disable
 def run_eagerly(function, *args):
-    """function(*args) outside torch.compile's graph: Dynamo breaks the graph here and the call runs eagerly."""
+    """function(*args) outside torch.compile's graph: Dynamo breaks the graph here and the call runs
+    eagerly."""
     return function(*args)
 
 
 class MoE(nn.Module):
     """Shared experts + routed experts; returns the FFN output and this layer's auxiliary loss."""
 
-    def __init__(self, d_model: int, moe_hidden: int, n_routed_experts: int, n_shared_experts: int, top_k: int,
-                 score_func: str = "sigmoid", route_norm: bool = True, route_scale: float = 0.0,
-                 n_expert_groups: int = 1, n_limited_groups: int = 1, balance: str = "aux_free+seq",
-                 seq_aux_alpha: float = 1e-4, z_loss_beta: float = 0.0, moe_impl: str = "grouped",
-                 cpu_kernels: bool = True, force_balanced_routing: bool = False):
+    def __init__(
+        self,
+        d_model: int,
+        moe_hidden: int,
+        n_routed_experts: int,
+        n_shared_experts: int,
+        top_k: int,
+        score_func: str = "sigmoid",
+        route_norm: bool = True,
+        route_scale: float = 0.0,
+        n_expert_groups: int = 1,
+        n_limited_groups: int = 1,
+        balance: str = "aux_free+seq",
+        seq_aux_alpha: float = 1e-4,
+        z_loss_beta: float = 0.0,
+        moe_impl: str = "grouped",
+        cpu_kernels: bool = True,
+        force_balanced_routing: bool = False,
+    ):
         super().__init__()
         if route_scale == 0.0:  # 0 = default: Moonlight's formula for sigmoid routers, 1.0 for softmax
             route_scale = default_route_scale(n_routed_experts, top_k) if score_func == "sigmoid" else 1.0
@@ -373,8 +408,9 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if torch.compiler.is_compiling() and self.kernels_may_apply(x):
-            # Traced, the layer would lose its CPU kernels (opaque to Dynamo) for ~100 reference operators and a
-            # host sync on the segment sizes; run eagerly instead, with them, between the block's compiled parts.
+            # Traced, the layer would lose its CPU kernels (opaque to Dynamo) for ~100 reference operators and
+            # a host sync on the segment sizes; run eagerly instead, with them, between the block's compiled
+            # parts.
             return run_eagerly(self.forward_layer, x)
         return self.forward_layer(x)
 
@@ -389,7 +425,11 @@ class MoE(nn.Module):
         flat = x.reshape(batch * seq, d_model)
         record = self.training and not recomputing()  # counted once, not again in an activation recompute
         routing = self.route(flat, batch, record)
-        if self.moe_impl == "grouped" and routing.fused and self.experts_kernel_applies(flat, routing.weights):
+        if (
+            self.moe_impl == "grouped"
+            and routing.fused
+            and self.experts_kernel_applies(flat, routing.weights)
+        ):
             # The shared experts run inside the experts operator: no separate SwiGLU, add or gradient sums.
             output = self.experts.forward_fused(flat, routing.weights, routing.layout, self.shared_experts)
         else:
@@ -403,16 +443,20 @@ class MoE(nn.Module):
 
     def route(self, flat: torch.Tensor, batch: int, record: bool = False) -> Routing:
         """Router logits, then the choice, gate weights and balance term: by the fused CPU kernel where it
-        applies (which then also adds the routing to the step's statistics when `record`, and scales the balance
-        loss), else by the reference operators (Router.select, balancing.balance_loss_terms).
+        applies (which then also adds the routing to the step's statistics when `record`, and scales the
+        balance loss), else by the reference operators (Router.select, balancing.balance_loss_terms).
 
-        The balance term is computed in every mode (for the diagnostics), over each packed row (one
-        row = one sequence) or, for balance="batch", over the whole microbatch."""
+        The balance term is computed in every mode (for the diagnostics), over each packed row (one row = one
+        sequence) or, for balance="batch", over the whole microbatch."""
         groups = 1 if self.balance == "batch" else batch
         gate = self.gate
         # The router's dtype (Router.logits): fp32, or fp64 in oracle tests, whatever autocast would choose.
         dtype = torch.promote_types(flat.dtype, torch.float32)
-        if self.cpu_kernels and not self.force_balanced_routing and fused_routing_applies(flat, gate.n_groups, dtype):
+        if (
+            self.cpu_kernels
+            and not self.force_balanced_routing
+            and fused_routing_applies(flat, gate.n_groups, dtype)
+        ):
             tokens = flat if flat.dtype == dtype else flat.to(dtype)
             weight = gate.weight if gate.weight.dtype == dtype else gate.weight.to(dtype)
             bias = gate.expert_bias if gate.expert_bias.dtype == dtype else gate.expert_bias.to(dtype)
@@ -427,24 +471,30 @@ class MoE(nn.Module):
         logits = gate.logits(flat)
         indices, weights, scores = gate.select(logits, self.force_balanced_routing)
         experts, top_k = self.n_routed_experts, self.top_k
-        term = balance_loss_terms(scores.view(groups, -1, experts), indices.view(groups, -1, top_k), experts, top_k,
-                                  self.score_func)
+        term = balance_loss_terms(
+            scores.view(groups, -1, experts), indices.view(groups, -1, top_k), experts, top_k, self.score_func
+        )
         return Routing(indices, weights, logits, term.mean(), fused=False, scores=scores)
 
     def experts_kernel_applies(self, flat: torch.Tensor, gate_weights: torch.Tensor) -> bool:
-        """Whether the experts operator takes this forward's grouped dispatch (cpu_kernels.fused_experts_apply),
-        shared experts included: their weights must be fp32 too."""
+        """Whether the experts operator takes this forward's grouped dispatch
+        (cpu_kernels.fused_experts_apply), shared experts included: their weights must be fp32 too."""
         shared = self.shared_experts
         return fused_experts_apply(flat, gate_weights, self.experts.w1) and (
             shared is None or shared.w1.weight.dtype == shared.w2.weight.dtype == shared.w3.weight.dtype
             == torch.float32)
 
     def dispatch(self, flat: torch.Tensor, routing: Routing) -> torch.Tensor:
-        """The routed experts' combined output with PyTorch operators (the shared experts are the caller's)."""
+        """The routed experts' combined output with PyTorch operators (the shared experts are the
+        caller's)."""
         if self.moe_impl == "grouped":
-            return self.experts.forward_grouped(flat, routing.indices, routing.weights, routing.layout, routing.fused)
+            return self.experts.forward_grouped(
+                flat, routing.indices, routing.weights, routing.layout, routing.fused
+            )
         if self.moe_impl == "sorted":
-            return self.experts.forward_sorted(flat, routing.indices, routing.weights, routing.layout, routing.fused)
+            return self.experts.forward_sorted(
+                flat, routing.indices, routing.weights, routing.layout, routing.fused
+            )
         if self.moe_impl == "loop":
             return self.experts.forward_loop(flat, routing.indices, routing.weights)
         if self.moe_impl == "dense_ref":
@@ -452,7 +502,8 @@ class MoE(nn.Module):
         raise ValueError(f"unknown moe_impl '{self.moe_impl}'")
 
     def balance_loss_weight(self) -> float:
-        """alpha where the balance mode puts the balance term in the loss (aux_free+seq, seq, batch), else 0."""
+        """alpha where the balance mode puts the balance term in the loss (aux_free+seq, seq, batch), else
+        0."""
         return self.seq_aux_alpha if self.balance in ("aux_free+seq", "seq", "batch") else 0.0
 
     def auxiliary_loss(self, routing: Routing) -> torch.Tensor:
@@ -477,7 +528,9 @@ class MoE(nn.Module):
         if routing.statistics is not None:  # the fused kernel summed them already
             self.tokens_per_expert.add_(routing.layout.counts)
             self.router_statistics.add_(routing.statistics[:-1].to(self.router_statistics.dtype))
-            self.router_logit_absmax.copy_(torch.maximum(self.router_logit_absmax, routing.statistics[-1].float()))
+            self.router_logit_absmax.copy_(
+                torch.maximum(self.router_logit_absmax, routing.statistics[-1].float())
+            )
             return
         indices, logits = routing.indices, routing.logits
         self.tokens_per_expert.add_(count_per_expert(indices, self.n_routed_experts).float())
@@ -496,13 +549,16 @@ class MoE(nn.Module):
             torch.ones((), device=scores.device, dtype=scores.dtype),
         ])
         self.router_statistics.add_(sums.to(self.router_statistics.dtype))
-        self.router_logit_absmax.copy_(torch.maximum(self.router_logit_absmax, logits.detach().abs().max().float()))
+        self.router_logit_absmax.copy_(
+            torch.maximum(self.router_logit_absmax, logits.detach().abs().max().float())
+        )
 
-
-    def choice_figures(self, scores: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Routing diagnostics, summed over tokens: the route margin (K-th minus (K+1)-th biased choice score, over the experts
-        the routing could pick; 0 where none is left out) and how many tokens the bias moved to another expert
-        set than the top-k of the unbiased scores (0 without a bias)."""
+    def choice_figures(
+        self, scores: torch.Tensor, indices: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Routing diagnostics, summed over tokens: the route margin (K-th minus (K+1)-th biased choice score,
+        over the experts the routing could pick; 0 where none is left out) and how many tokens the bias moved
+        to another expert set than the top-k of the unbiased scores (0 without a bias)."""
         gate, top_k = self.gate, self.top_k
         choice = gate.biased_choice(scores)
         margin = scores.new_zeros(())
@@ -518,5 +574,13 @@ class MoE(nn.Module):
 
 
 # What MoE.router_statistics sums over a step's training forwards (diagnostics turns them into means).
-ROUTER_STATISTICS = ("tokens", "entropy", "score_spread", "topk_mass", "balance_term", "route_margin", "bias_flips",
-                     "microbatches")
+ROUTER_STATISTICS = (
+    "tokens",
+    "entropy",
+    "score_spread",
+    "topk_mass",
+    "balance_term",
+    "route_margin",
+    "bias_flips",
+    "microbatches",
+)

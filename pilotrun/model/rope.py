@@ -1,8 +1,8 @@
 """Decoupled rotary position embedding for MLA.
 
-Only the d_r rotary slice of each query head and the one shared rotary key are rotated; the d_n "content"
-dims never see a position. Pairs are adjacent (x[2i], x[2i+1]) -- DeepSeek's official interleaved layout,
-which released checkpoints use -- and the rotation runs in fp32 whatever the activation dtype, then casts back.
+Only the d_r rotary slice of each query head and the one shared rotary key are rotated; the d_n "content" dims
+never see a position. Pairs are adjacent (x[2i], x[2i+1]) -- DeepSeek's official interleaved layout, which
+released checkpoints use -- and the rotation runs in fp32 whatever the activation dtype, then casts back.
 """
 
 from __future__ import annotations

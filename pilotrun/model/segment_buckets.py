@@ -1,25 +1,26 @@
 """Expert segments rounded up to a few lengths for the low-precision matmuls on the CPU.
 
 The routed experts multiply one segment of rows per expert, and a segment's length (the slots routed to that
-expert) changes with every forward. In fp32 the compiled kernels (cpu_kernels.py) multiply the segments with MKL,
-which keeps nothing per shape. Under CPU autocast the experts run through grouped_mm or per-segment matmuls, and
-where the CPU has AVX512 (BW/VL/DQ for bf16; AVX512-FP16 or AMX for fp16) torch sends bf16/fp16 matmuls to oneDNN,
-which builds and keeps a compiled kernel for every new matmul shape: resident memory then grows for as long as new
-segment lengths keep appearing (tens of updates, a kernel kept for every shape). Rounding each segment up to a
-bucket length (zero rows, dropped after the matmuls) bounds the shapes a run can issue: 8 lengths up to 64 rows,
-then 8 per doubling, with under an eighth of a segment beyond 64 rows padding (at most 7 rows below).
+expert) changes with every forward. In fp32 the compiled kernels (cpu_kernels.py) multiply the segments with
+MKL, which keeps nothing per shape. Under CPU autocast the experts run through grouped_mm or per-segment
+matmuls, and where the CPU has AVX512 (BW/VL/DQ for bf16; AVX512-FP16 or AMX for fp16) torch sends bf16/fp16
+matmuls to oneDNN, which builds and keeps a compiled kernel for every new matmul shape: resident memory then
+grows for as long as new segment lengths keep appearing (tens of updates, a kernel kept for every shape).
+Rounding each segment up to a bucket length (zero rows, dropped after the matmuls) bounds the shapes a run can
+issue: 8 lengths up to 64 rows, then 8 per doubling, with under an eighth of a segment beyond 64 rows padding
+(at most 7 rows below).
 
-Padding rows are zero, so they add nothing to the real rows' outputs or to any gradient; the lengths depend only
-on the routing, so the same inputs give the same result bit for bit. fp32 never pads (its results are unchanged).
-Under torch.compile tracing nothing is padded (the lengths would need a host read in the graph).
+Padding rows are zero, so they add nothing to the real rows' outputs or to any gradient; the lengths depend
+only on the routing, so the same inputs give the same result bit for bit. fp32 never pads (its results are
+unchanged). Under torch.compile tracing nothing is padded (the lengths would need a host read in the graph).
 """
 
 from __future__ import annotations
 
 import torch
 
-# Segments up to BUCKET_FLOOR rows round up to a multiple of BUCKET_STEP; longer ones to BUCKETS_PER_DOUBLING steps
-# per doubling (8: under an eighth padded, ~4% on average).
+# Segments up to BUCKET_FLOOR rows round up to a multiple of BUCKET_STEP; longer ones to BUCKETS_PER_DOUBLING
+# steps per doubling (8: under an eighth padded, ~4% on average).
 BUCKET_STEP = 8
 BUCKET_FLOOR = 64
 BUCKETS_PER_DOUBLING = 8
@@ -28,7 +29,8 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 def bucket_rows(count: int) -> int:
     """The padded length of a segment of `count` rows: 0 stays 0; up to 64, the next multiple of 8; above, the
-    next multiple of an eighth of the power of two below it (65..128 -> steps of 8, 129..256 -> steps of 16)."""
+    next multiple of an eighth of the power of two below it (65..128 -> steps of 8, 129..256 -> steps of
+    16)."""
     if count <= 0:
         return 0
     if count <= BUCKET_FLOOR:
@@ -39,7 +41,8 @@ def bucket_rows(count: int) -> int:
 
 
 def pads_segments(device: torch.device, compute_dtype: torch.dtype) -> bool:
-    """Whether the expert segments are padded: bf16/fp16 matmuls on the CPU, not while torch.compile traces."""
+    """Whether the expert segments are padded: bf16/fp16 matmuls on the CPU, not while torch.compile
+    traces."""
     return device.type == "cpu" and compute_dtype in LOW_PRECISION and not torch.compiler.is_compiling()
 
 

@@ -1,8 +1,8 @@
 """The decoder: embedding, L pre-norm blocks (MLA + dense FFN or MoE), final RMSNorm, untied head.
 
-Parameter names follow the names of DeepSeek-V3's reference inference model so that the
-optimizer partition and QK-Clip address parameters by name. `build_model(cfg)` is deterministic given the torch
-seed at call time: parameters are created, then initialized in one fixed order.
+Parameter names follow the names of DeepSeek-V3's reference inference model so that the optimizer partition
+and QK-Clip address parameters by name. `build_model(cfg)` is deterministic given the torch seed at call time:
+parameters are created, then initialized in one fixed order.
 """
 
 from __future__ import annotations
@@ -37,19 +37,36 @@ class Block(nn.Module):
                         cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.attn_impl, cfg.norm_eps)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.is_moe = layer_index >= cfg.n_dense_layers
-        # The block output RMS diagnostic: sum of squares and element count of this block's outputs over the training
-        # forwards since the last reset (per rank; diagnostics.block_output_rms turns them into the RMS).
+        # The block output RMS diagnostic: sum of squares and element count of this block's outputs over the
+        # training forwards since the last reset (per rank; diagnostics.block_output_rms turns them into the
+        # RMS).
         self.register_buffer("output_square_sum", torch.zeros((), dtype=torch.float64), persistent=False)
         self.register_buffer("output_elements", torch.zeros((), dtype=torch.float64), persistent=False)
         if self.is_moe:
-            self.ffn: nn.Module = MoE(cfg.d_model, cfg.moe_hidden, cfg.n_routed_experts, cfg.n_shared_experts,
-                                      cfg.top_k, cfg.score_func, cfg.route_norm, cfg.route_scale,
-                                      cfg.n_expert_groups, cfg.n_limited_groups, cfg.balance, cfg.seq_aux_alpha,
-                                      cfg.z_loss_beta, cfg.moe_impl, cfg.cpu_kernels, cfg.force_balanced_routing)
+            self.ffn: nn.Module = MoE(
+                cfg.d_model,
+                cfg.moe_hidden,
+                cfg.n_routed_experts,
+                cfg.n_shared_experts,
+                cfg.top_k,
+                cfg.score_func,
+                cfg.route_norm,
+                cfg.route_scale,
+                cfg.n_expert_groups,
+                cfg.n_limited_groups,
+                cfg.balance,
+                cfg.seq_aux_alpha,
+                cfg.z_loss_beta,
+                cfg.moe_impl,
+                cfg.cpu_kernels,
+                cfg.force_balanced_routing,
+            )
         else:
             self.ffn = SwiGLU(cfg.d_model, cfg.dense_hidden)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         x = x + self.attn(self.attn_norm(x), cos, sin)
         aux_loss = None
         if self.is_moe:
@@ -105,8 +122,9 @@ class Transformer(nn.Module):
 
 @torch.no_grad()
 def initialize_parameters(model: Transformer) -> None:
-    """"deepseek" initialization: every matrix, the embedding and the router ~ N(0, init_std^2); RMSNorm gains 1;
-    the expert bias 0. Never zero the router: equal scores make top-k pick experts 0..K-1 for every token."""
+    """"deepseek" initialization: every matrix, the embedding and the router ~ N(0, init_std^2); RMSNorm gains
+    1; the expert bias 0. Never zero the router: equal scores make top-k pick experts 0..K-1 for every
+    token."""
     std = model.cfg.init_std
     for name, parameter in model.named_parameters():
         if name.endswith("norm.weight"):

@@ -27,8 +27,8 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from pilotrun.config import MUON_NS_VARIANTS, OptimConfig
 
-# Keller Jordan's quintic coefficients (KJ-muon zeropower_via_newtonschulz5; Moonlight eq. 2): they maximise the
-# slope at zero, so small singular values grow fast; the result has singular values in roughly [0.5, 1.3],
+# Keller Jordan's quintic coefficients (KJ-muon zeropower_via_newtonschulz5; Moonlight eq. 2): they maximise
+# the slope at zero, so small singular values grow fast; the result has singular values in roughly [0.5, 1.3],
 # not exactly 1, which is fine for an update direction.
 NEWTON_SCHULZ_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 # The "hybrid" variant's last iterations (DeepSeek-V4): p(x) = 2x - 1.5x^3 + 0.5x^5 has p(1) = 1 and
@@ -42,19 +42,23 @@ NEWTON_SCHULZ_CPU_CHUNK_BYTES = 1 << 20
 NS_DTYPES = ("auto", "float32", "bfloat16")
 
 
-def newton_schulz_orthogonalize(update: torch.Tensor, steps: int = 5,
-                                compute_dtype: torch.dtype = torch.float32, variant: str = "quintic") -> torch.Tensor:
+def newton_schulz_orthogonalize(
+    update: torch.Tensor, steps: int = 5, compute_dtype: torch.dtype = torch.float32, variant: str = "quintic"
+) -> torch.Tensor:
     """Approximate orthogonalisation of a matrix [A, B] or a batch of matrices [E, A, B].
 
     Returns a tensor of the input's shape in fp32 (a transposed view for a tall input). Iterates on the short
-    side (a tall matrix is transposed first) so the Gram matrix is min(A, B)^2. A zero input gives a zero output:
-    the epsilon in the Frobenius normalisation keeps 0/0 away. A batch runs as one batched iteration (bmm and
-    baddbmm), which on the CPU measured as fast as one 2-D iteration per matrix or faster (bench_optim).
+    side (a tall matrix is transposed first) so the Gram matrix is min(A, B)^2. A zero input gives a zero
+    output: the epsilon in the Frobenius normalisation keeps 0/0 away. A batch runs as one batched iteration
+    (bmm and baddbmm), which on the CPU measured as fast as one 2-D iteration per matrix or faster
+    (bench_optim).
     """
     if update.ndim not in (2, 3):
         raise ValueError(f"Newton-Schulz expects a 2-D matrix or a 3-D batch of matrices, got shape "
                          f"{tuple(update.shape)}")
-    return newton_schulz_iterate(update, newton_schulz_schedule(steps, variant), compute_dtype).to(torch.float32)
+    return newton_schulz_iterate(update, newton_schulz_schedule(steps, variant), compute_dtype).to(
+        torch.float32
+    )
 
 
 def newton_schulz_schedule(steps: int, variant: str) -> list[tuple[float, float, float]]:
@@ -77,15 +81,16 @@ def newton_schulz_iterate(update: torch.Tensor, schedule: list[tuple[float, floa
     x = update.to(compute_dtype)
     tall = x.size(-2) > x.size(-1)
     if tall:
-        # The short side first, as one contiguous copy, so that NS(G) and NS(G^T)^T run the very same matmuls on
-        # the very same memory layout (bit for bit); the result is handed back as a transposed view, no copy.
+        # The short side first, as one contiguous copy, so that NS(G) and NS(G^T)^T run the very same matmuls
+        # on the very same memory layout (bit for bit); the result is handed back as a transposed view, no
+        # copy.
         x = x.mT.contiguous()
         x.div_(torch.linalg.matrix_norm(x, ord="fro", keepdim=True) + NEWTON_SCHULZ_EPS)
     else:
         x = x / (torch.linalg.matrix_norm(x, ord="fro", keepdim=True) + NEWTON_SCHULZ_EPS)
     product, multiply_add = (torch.mm, torch.addmm) if x.ndim == 2 else (torch.bmm, torch.baddbmm)
-    # Three buffers for the whole iteration (x and `spare` swap each step): the same products as fresh tensors,
-    # without an allocation per product, a noticeable share of the small matrices' time.
+    # Three buffers for the whole iteration (x and `spare` swap each step): the same products as fresh
+    # tensors, without an allocation per product, a noticeable share of the small matrices' time.
     gram = x.new_empty((*x.shape[:-1], x.size(-2)))
     polynomial = torch.empty_like(gram)
     spare = torch.empty_like(x)
@@ -119,7 +124,9 @@ def resolve_ns_dtype(ns_dtype: str, device: torch.device) -> torch.dtype:
         return torch.float32
     if ns_dtype == "bfloat16":
         return torch.bfloat16
-    raise ValueError(f"unknown ns_dtype '{ns_dtype}' (expected one of {NS_DTYPES}); fp16 is never used for NS")
+    raise ValueError(
+        f"unknown ns_dtype '{ns_dtype}' (expected one of {NS_DTYPES}); fp16 is never used for NS"
+    )
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -135,13 +142,21 @@ class MuonAdamW(torch.optim.Optimizer):
         super().__init__(list(param_groups), defaults)
         for group in self.param_groups:
             if group["use_muon"]:
-                for key, default in (("momentum", 0.95), ("nesterov", True), ("ns_steps", 5),
-                                     ("scale_mode", "moonlight"), ("ns_dtype", "auto"), ("ns_variant", "quintic")):
+                for key, default in (
+                    ("momentum", 0.95),
+                    ("nesterov", True),
+                    ("ns_steps", 5),
+                    ("scale_mode", "moonlight"),
+                    ("ns_dtype", "auto"),
+                    ("ns_variant", "quintic"),
+                ):
                     group.setdefault(key, default)
                 for p in group["params"]:
                     if p.ndim not in (2, 3):
-                        raise ValueError(f"Muon group '{group.get('name', '?')}' holds a tensor of shape "
-                                         f"{tuple(p.shape)}; Muon takes only 2-D matrices or 3-D expert stacks")
+                        raise ValueError(
+                            f"Muon group '{group.get('name', '?')}' holds a tensor of shape "
+                            f"{tuple(p.shape)}; Muon takes only 2-D matrices or 3-D expert stacks"
+                        )
             else:
                 group.setdefault("betas", (0.9, 0.95))
                 group.setdefault("eps", 1e-8)
@@ -150,12 +165,12 @@ class MuonAdamW(torch.optim.Optimizer):
         self.newton_schulz_ranks: tuple[int, int] | None = None  # see distribute_orthogonalization
 
     def distribute_orthogonalization(self, rank: int, world_size: int) -> None:
-        """Under DDP (every rank holds the same averaged gradients and so the same momentum): let each rank run
-        Newton-Schulz for its share of the Muon matrices, balanced by cost, and exchange the results with one
-        all_gather per step, instead of every rank orthogonalizing every matrix. The same inputs give the same
-        bits on any rank, so the update is the one each rank would have computed alone, bit for bit; only the
-        replicated work shrinks. All ranks must call step() together (DDP's applied-update decision is global).
-        FSDP2's sharded (DTensor) parameters keep their own path. world_size 1 turns it off."""
+        """Under DDP (every rank holds the same averaged gradients and so the same momentum): let each rank
+        run Newton-Schulz for its share of the Muon matrices, balanced by cost, and exchange the results with
+        one all_gather per step, instead of every rank orthogonalizing every matrix. The same inputs give the
+        same bits on any rank, so the update is the one each rank would have computed alone, bit for bit; only
+        the replicated work shrinks. All ranks must call step() together (DDP's applied-update decision is
+        global). FSDP2's sharded (DTensor) parameters keep their own path. world_size 1 turns it off."""
         self.newton_schulz_ranks = (rank, world_size) if world_size > 1 else None
 
     @torch.no_grad()
@@ -179,8 +194,8 @@ class MuonAdamW(torch.optim.Optimizer):
 
         muon = [(group, p) for group in self.param_groups if group["use_muon"] for p in group["params"]]
         if any(isinstance(p, DTensor) for _, p in muon):
-            # FSDP2's row-sharded matrices: one at a time, each gathered whole on every rank; only one direction
-            # and one orthogonalized update exist at any moment.
+            # FSDP2's row-sharded matrices: one at a time, each gathered whole on every rank; only one
+            # direction and one orthogonalized update exist at any moment.
             for group, p in muon:
                 orthogonal = self._orthogonalize_one(group, p, self._muon_direction(group, p))
                 self._muon_apply(group, p, orthogonal, squares_of(group))
@@ -190,12 +205,16 @@ class MuonAdamW(torch.optim.Optimizer):
             if not group["use_muon"]:
                 self._adamw_group_step(group, squares_of(group))
         if measure_update_rms:
-            self.last_update_rms = {name: root_mean_square(squares) for name, squares in measured.items() if squares}
+            self.last_update_rms = {
+                name: root_mean_square(squares) for name, squares in measured.items() if squares
+            }
         return loss
 
-    def _muon_direction(self, group: dict[str, Any], p: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Update the momentum buffer; return the fp32 direction U that Newton-Schulz orthogonalizes (written into
-        `out` when given, for Nesterov's direction, the one that is a new tensor)."""
+    def _muon_direction(
+        self, group: dict[str, Any], p: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Update the momentum buffer; return the fp32 direction U that Newton-Schulz orthogonalizes (written
+        into `out` when given, for Nesterov's direction, the one that is a new tensor)."""
         # A missing gradient counts as zeros (momentum and decay still act), so Muon never
         # silently freezes a matrix the way stock AdamW does for grad=None.
         grad = p.grad if p.grad is not None else torch.zeros_like(p)
@@ -214,17 +233,18 @@ class MuonAdamW(torch.optim.Optimizer):
         return torch.add(grad, buffer, alpha=group["momentum"], out=out)
 
     def _muon_stacked_step(self, muon: list[tuple[dict[str, Any], torch.Tensor]], squares_of) -> None:
-        """Muon for plain tensors, batched across parameters. Every matrix Newton-Schulz sees (a whole parameter,
-        an expert slice, a head's row block) joins the stack of its short-side-first shape and Newton-Schulz
-        settings, whatever its group; the directions are written into the stacks, each stack is orthogonalized
-        in chunks of one stacked matmul chain (bmm / baddbmm) each, and the updates are applied from it.
+        """Muon for plain tensors, batched across parameters. Every matrix Newton-Schulz sees (a whole
+        parameter, an expert slice, a head's row block) joins the stack of its short-side-first shape and
+        Newton-Schulz settings, whatever its group; the directions are written into the stacks, each stack is
+        orthogonalized in chunks of one stacked matmul chain (bmm / baddbmm) each, and the updates are applied
+        from it.
 
         On this CPU a stacked chain gives each matrix the bits its own 2-D chain gives (tests/optim), so the
         update is the per-matrix one; what changes is the number of chains (28 a step at the stability size
         instead of 41, its 85 matrices of 128 x 128 in chunks of 4) and of operator calls, and on a GPU the
-        number of kernel launches. Holds every direction at once (one fp32 copy of the Muon weights, as large as
-        the momentum buffers). Under DDP with distribute_orthogonalization, each rank orthogonalizes its share
-        of the chunks (one all_gather)."""
+        number of kernel launches. Holds every direction at once (one fp32 copy of the Muon weights, as large
+        as the momentum buffers). Under DDP with distribute_orthogonalization, each rank orthogonalizes its
+        share of the chunks (one all_gather)."""
         stacks: dict[tuple, list[tuple[dict[str, Any], torch.Tensor, int, int, int]]] = {}
         for group, p in muon:
             rows, cols = row_block(group, p) or p.size(-2), p.size(-1)
@@ -239,7 +259,8 @@ class MuonAdamW(torch.optim.Optimizer):
             offset = 0
             for group, p, count, rows, cols in members:
                 slot = stack[offset:offset + count]
-                if rows > cols or not group["nesterov"]:  # tall: short side first, a transposing copy as 2-D NS makes
+                # tall: short side first, a transposing copy as 2-D NS makes
+                if rows > cols or not group["nesterov"]:
                     matrices = self._muon_direction(group, p).reshape(count, rows, cols)
                     slot.copy_(matrices.mT if rows > cols else matrices)
                 else:  # already short side first: Nesterov's direction straight into its slot
@@ -253,15 +274,18 @@ class MuonAdamW(torch.optim.Optimizer):
             offset = 0
             for group, p, count, rows, cols in members:
                 whole = stack[offset:offset + count]
-                self._muon_apply(group, p, (whole.mT if rows > cols else whole).reshape(p.shape), squares_of(group))
+                self._muon_apply(
+                    group, p, (whole.mT if rows > cols else whole).reshape(p.shape), squares_of(group)
+                )
                 offset += count
 
     @staticmethod
     def _orthogonalize_one(group: dict[str, Any], p: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
-        """NS5 of one direction: the whole matrix, fp32 (per_head: each head's row block as its own matrix)."""
+        """NS5 of one direction: the whole matrix, fp32 (per_head: each head's row block as its own
+        matrix)."""
         ns_dtype = resolve_ns_dtype(group["ns_dtype"], direction.device)
-        # FSDP2 shards each matrix by rows; NS needs the whole matrix. Every rank gathers it and runs the same NS
-        # on the same values (_muon_apply keeps its own rows).
+        # FSDP2 shards each matrix by rows; NS needs the whole matrix. Every rank gathers it and runs the same
+        # NS on the same values (_muon_apply keeps its own rows).
         whole = direction.full_tensor() if isinstance(direction, DTensor) else direction
         block = row_block(group, p)
         matrices = whole.reshape(-1, block, whole.shape[-1]) if block else whole
@@ -271,7 +295,8 @@ class MuonAdamW(torch.optim.Optimizer):
     def _orthogonalize_chunks(self, chunks: list[tuple[torch.Tensor, tuple[int, torch.dtype, str]]]) -> None:
         """Newton-Schulz of each stacked chunk (short side first), written back over it. Under DDP with
         distribute_orthogonalization each chunk is computed by one rank (cost-balanced) and shared by one
-        all_gather; the same inputs give the same bits on any rank, so every rank ends with the same stacks."""
+        all_gather; the same inputs give the same bits on any rank, so every rank ends with the same
+        stacks."""
         if self.newton_schulz_ranks is None:
             for chunk, (steps, ns_dtype, variant) in chunks:
                 # positional arguments: tests and bench_optim count and time this function by wrapping it
@@ -294,13 +319,16 @@ class MuonAdamW(torch.optim.Optimizer):
             chunk.copy_(gathered[owner][offsets[owner]:offsets[owner] + chunk.numel()].view(chunk.shape))
             offsets[owner] += chunk.numel()
 
-    def _muon_apply(self, group: dict[str, Any], p: torch.Tensor, whole: torch.Tensor, squares: list | None) -> None:
+    def _muon_apply(
+        self, group: dict[str, Any], p: torch.Tensor, whole: torch.Tensor, squares: list | None
+    ) -> None:
         lr, weight_decay = group["lr"], group["weight_decay"]
         # per_head: the scale of one head's block, the matrix Newton-Schulz saw (Moonlight 2.2 warns that
         # per-head matrices get too large updates without the shape-dependent scale)
         scale = muon_update_scale(row_block(group, p) or p.size(-2), p.size(-1), group["scale_mode"])
         orthogonal = whole
-        if isinstance(p, DTensor):  # keep this rank's rows of the whole matrix (src_data_rank=None: no scatter)
+        # keep this rank's rows of the whole matrix (src_data_rank=None: no scatter)
+        if isinstance(p, DTensor):
             orthogonal = distribute_tensor(whole, p.device_mesh, p.placements, src_data_rank=None)
         if squares is not None:  # the whole matrix on every rank: no collective needed
             squares.append((whole.float().square().sum() * scale**2, whole.numel()))
@@ -310,10 +338,11 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def _adamw_group_step(self, group: dict[str, Any], squares: list | None) -> None:
         # Operation for operation the single-tensor path of torch.optim.AdamW (torch/optim/adam.py,
-        # decoupled_weight_decay=True, amsgrad=False), so that the two agree bit for bit, each operation applied
-        # to the whole group at once (torch._foreach_*): on the CPU a foreach operation runs the same per-tensor
-        # kernel in one C++ loop (no fused kernel exists there), so the bits stay the single-tensor path's and
-        # only the per-parameter Python dispatch goes. torch's fused AdamW computes in another order (other bits).
+        # decoupled_weight_decay=True, amsgrad=False), so that the two agree bit for bit, each operation
+        # applied to the whole group at once (torch._foreach_*): on the CPU a foreach operation runs the same
+        # per-tensor kernel in one C++ loop (no fused kernel exists there), so the bits stay the single-tensor
+        # path's and only the per-parameter Python dispatch goes. torch's fused AdamW computes in another
+        # order (other bits).
         lr, weight_decay, eps = group["lr"], group["weight_decay"], group["eps"]
         beta1, beta2 = group["betas"]
         params = [p for p in group["params"] if p.grad is not None]  # as torch.optim.AdamW: no gradient, no
@@ -343,9 +372,13 @@ class MuonAdamW(torch.optim.Optimizer):
         denoms = torch._foreach_sqrt(exp_avg_sqs)
         torch._foreach_div_(denoms, [correction**0.5 for correction in bias_corrections2])
         torch._foreach_add_(denoms, eps)
-        torch._foreach_addcdiv_(params, exp_avgs, denoms, [-(lr / correction) for correction in bias_corrections1])
+        torch._foreach_addcdiv_(
+            params, exp_avgs, denoms, [-(lr / correction) for correction in bias_corrections1]
+        )
         if squares is not None:
-            for p, exp_avg, denom, correction in zip(params, exp_avgs, denoms, bias_corrections1, strict=True):
+            for p, exp_avg, denom, correction in zip(
+                params, exp_avgs, denoms, bias_corrections1, strict=True
+            ):
                 square_sum = (exp_avg / denom).float().square().sum() / correction**2
                 if isinstance(square_sum, DTensor):  # a sharded parameter: sum over every rank's shard
                     square_sum = square_sum.full_tensor()
@@ -362,10 +395,10 @@ def row_block(group: dict[str, Any], p: torch.Tensor) -> int:
 
 def chunk_matrices(stack: torch.Tensor, compute_dtype: torch.dtype, parts: int = 1) -> int:
     """Matrices per stacked Newton-Schulz chain. On the CPU, as many as keep one chain's working set (the
-    iterate, its spare and two Gram-sized buffers) within NEWTON_SCHULZ_CPU_CHUNK_BYTES: one chain over a whole
-    stack streams every product through memory and runs slower than one chain per matrix, while chunks that fit
-    run faster than either (BENCHMARKS.md, bench_optim). Elsewhere the whole stack (one launch per product), cut
-    into `parts` when DDP ranks share the chunks out."""
+    iterate, its spare and two Gram-sized buffers) within NEWTON_SCHULZ_CPU_CHUNK_BYTES: one chain over a
+    whole stack streams every product through memory and runs slower than one chain per matrix, while chunks
+    that fit run faster than either (BENCHMARKS.md, bench_optim). Elsewhere the whole stack (one launch per
+    product), cut into `parts` when DDP ranks share the chunks out."""
     count, short, long = stack.shape
     if stack.device.type == "cpu":
         working_set = compute_dtype.itemsize * (2 * short * long + 2 * short * short)
@@ -374,8 +407,8 @@ def chunk_matrices(stack: torch.Tensor, compute_dtype: torch.dtype, parts: int =
 
 
 def balanced_owners(costs: list[int], world_size: int) -> list[int]:
-    """The rank that orthogonalizes each matrix: largest cost first, each to the least-loaded rank so far (ties
-    to the lower rank). A pure function of the costs, so every rank computes the same assignment."""
+    """The rank that orthogonalizes each matrix: largest cost first, each to the least-loaded rank so far
+    (ties to the lower rank). A pure function of the costs, so every rank computes the same assignment."""
     loads = [0] * world_size
     owners = [0] * len(costs)
     for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
@@ -386,14 +419,15 @@ def balanced_owners(costs: list[int], world_size: int) -> list[int]:
 
 
 def root_mean_square(squares: list[tuple[torch.Tensor, int]]) -> float:
-    """sqrt(sum of squares / element count) over a group's (square sum, numel) pairs: one host sync per group."""
+    """sqrt(sum of squares / element count) over a group's (square sum, numel) pairs: one host sync per
+    group."""
     total = torch.stack([square_sum.to(torch.float64).cpu() for square_sum, _ in squares]).sum()
     return math.sqrt(float(total) / sum(count for _, count in squares))
 
 
 def parameter_rms(optimizer: torch.optim.Optimizer) -> dict[str, float]:
-    """The `weight_rms` diagnostic per group: the RMS of each named parameter group's weights (all ranks' shards under
-    FSDP2, so every rank must call it)."""
+    """The `weight_rms` diagnostic per group: the RMS of each named parameter group's weights (all ranks'
+    shards under FSDP2, so every rank must call it)."""
     figures = {}
     for group in optimizer.param_groups:
         squares = []

@@ -72,8 +72,10 @@ def classify_parameter(name: str, param: torch.Tensor, router_optimizer: str) ->
             return group
     if param.ndim < 2:  # a bias or other vector has no spectral norm to steer: AdamW
         return "other_vectors"
-    raise ValueError(f"partition: no rule assigns parameter '{name}' of shape {tuple(param.shape)} to Muon or "
-                     "AdamW; add it to pilotrun/optim/partition.py explicitly")
+    raise ValueError(
+        f"partition: no rule assigns parameter '{name}' of shape {tuple(param.shape)} to Muon or "
+        "AdamW; add it to pilotrun/optim/partition.py explicitly"
+    )
 
 
 def partition_parameters(model: torch.nn.Module, optim_cfg: OptimConfig) -> list[dict[str, Any]]:
@@ -104,7 +106,12 @@ def partition_parameters(model: torch.nn.Module, optim_cfg: OptimConfig) -> list
             weight_decay = adamw.weight_decay
             if group_name == "norms" and not optim_cfg.wd_norms:  # optim.wd_norms: false exempts the gains
                 weight_decay = 0.0
-            group = {"lr": adamw.lr, "weight_decay": weight_decay, "betas": tuple(adamw.betas), "eps": adamw.eps}
+            group = {
+                "lr": adamw.lr,
+                "weight_decay": weight_decay,
+                "betas": tuple(adamw.betas),
+                "eps": adamw.eps,
+            }
         group.update({"params": params, "param_names": names, "name": group_name, "use_muon": use_muon,
                       "base_lr": group["lr"]})
         if use_muon and optim_cfg.muon.granularity == "per_head":
@@ -115,7 +122,8 @@ def partition_parameters(model: torch.nn.Module, optim_cfg: OptimConfig) -> list
 
 def head_row_block(model: torch.nn.Module, name: str) -> int:
     """`per_head` granularity: the rows of one head in an MLA projection whose rows are laid out head by head
-    (wq / wq_b: d_nope + d_rope per head; wkv_b: d_nope + d_v per head), else 0 (the parameter is one matrix)."""
+    (wq / wq_b: d_nope + d_rope per head; wkv_b: d_nope + d_v per head), else 0 (the parameter is one
+    matrix)."""
     module_name, _, leaf = name.rpartition(".")
     projection = module_name.rpartition(".")[2]
     if leaf != "weight" or projection not in ("wq", "wq_b", "wkv_b"):

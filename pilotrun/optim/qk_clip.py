@@ -1,8 +1,9 @@
 """QK-Clip for Multi-head Latent Attention (the "Clip" of MuonClip; Kimi K2 2.1; docs/MODEL.md, "QK-Clip").
 
-After an APPLIED update only, every head h whose max attention logit S_h (the softmax input, scale
-included, measured over the step's training forwards) exceeds tau gets gamma_h = tau / max(S_h, tau), and its
-head-specific query/key weights are rescaled so that every logit of that head is multiplied by exactly gamma_h:
+After an APPLIED update only, every head h whose max attention logit S_h (the softmax input, scale included,
+measured over the step's training forwards) exceeds tau gets gamma_h = tau / max(S_h, tau), and its
+head-specific query/key weights are rescaled so that every logit of that head is multiplied by exactly
+gamma_h:
 
     wq (or wq_b) rows of head h, content part  [0, d_n)        *= sqrt(gamma_h)   (W^UQ_h)
     wq (or wq_b) rows of head h, rotary part   [d_n, d_n+d_r)  *= gamma_h         (W^QR_h)
@@ -15,9 +16,9 @@ would be undone by the RMSNorms) and wo. Optimizer state is not modified (K2 mod
 gamma = tau / max(S, tau) is 1 for small or negative S, so a negative max logit can never produce a negative
 factor and a NaN square root (the Megatron-LM PR #7517 bug). A layer whose measurement contains NaN or +inf is
 skipped and reported, never clipped with gamma 0 or NaN; a -inf entry means "no logit measured" and is left
-alone. Rows are head-major in both projections (the model views q as [.., H, d_qk] and wkv_b's output as
-[.., H, d_n + d_v]), so row h * rows_per_head + i belongs to head h; the clip multiplies each weight by one
-per-row factor column (1.0 for rows left alone).
+alone. Rows are head-major in both projections (the model views q as [.., H, d_qk] and wkv_b's output as [..,
+H, d_n + d_v]), so row h * rows_per_head + i belongs to head h; the clip multiplies each weight by one per-row
+factor column (1.0 for rows left alone).
 """
 
 from __future__ import annotations
@@ -79,7 +80,9 @@ def apply_qk_clip(model: torch.nn.Module, qk_max_logit: torch.Tensor, tau: float
     for layer_index, attn in enumerate(layers):
         row = logits[layer_index]
         if row.size(0) != attn.n_heads:
-            raise ValueError(f"qk_max_logit row {layer_index} has {row.size(0)} heads, the layer has {attn.n_heads}")
+            raise ValueError(
+                f"qk_max_logit row {layer_index} has {row.size(0)} heads, the layer has {attn.n_heads}"
+            )
         if torch.isnan(row).any() or torch.isposinf(row).any():
             skipped.append(layer_index)
             continue
@@ -112,16 +115,24 @@ HARD_CLIP_GAMMA = QK_CLIP_HARD_GAMMA
 def qk_clip_events(result: QKClipResult, qk_max_logit: torch.Tensor,
                    first_clipped: list[tuple[int, int]]) -> list[dict]:
     """The fields of one `qk_clip` metrics event per head this pass clipped for the first time in the run
-    (`first_clipped`, from QKClipCounters.update) or with gamma < HARD_CLIP_GAMMA: layer, head, the max logit S
-    that triggered it, gamma = tau / S, and which of the two reasons hold. In (layer, head) order."""
+    (`first_clipped`, from QKClipCounters.update) or with gamma < HARD_CLIP_GAMMA: layer, head, the max logit
+    S that triggered it, gamma = tau / S, and which of the two reasons hold. In (layer, head) order."""
     first = set(first_clipped)
     logits = qk_max_logit.detach().to(device="cpu", dtype=torch.float32)
     events = []
     for layer, head in result.clipped.nonzero().tolist():
         gamma = float(result.gamma[layer, head])
         if (layer, head) in first or gamma < HARD_CLIP_GAMMA:
-            events.append({"layer": layer, "head": head, "max_logit": float(logits[layer, head]), "gamma": gamma,
-                           "first_time": (layer, head) in first, "hard": gamma < HARD_CLIP_GAMMA})
+            events.append(
+                {
+                    "layer": layer,
+                    "head": head,
+                    "max_logit": float(logits[layer, head]),
+                    "gamma": gamma,
+                    "first_time": (layer, head) in first,
+                    "hard": gamma < HARD_CLIP_GAMMA,
+                }
+            )
     return events
 
 
@@ -140,7 +151,9 @@ class QKClipCounters:
         `qk_clip` event, so the record shows when a head first needed clipping)."""
         clipped = result.clipped.to(torch.int64)
         if clipped.shape != self.cumulative.shape:
-            raise ValueError(f"QK-Clip result shape {tuple(clipped.shape)} != counters {tuple(self.cumulative.shape)}")
+            raise ValueError(
+                f"QK-Clip result shape {tuple(clipped.shape)} != counters {tuple(self.cumulative.shape)}"
+            )
         first_time = ((self.cumulative == 0) & result.clipped).nonzero().tolist()
         self.cumulative += clipped
         self.updates_with_clip += int(result.n_heads_clipped > 0)
@@ -158,8 +171,10 @@ class QKClipCounters:
     def load_state_dict(self, state: dict) -> None:
         cumulative = torch.tensor(state["cumulative"], dtype=torch.int64)
         if cumulative.shape != self.cumulative.shape:
-            raise CheckpointError(f"QK-Clip counters in the checkpoint have shape {tuple(cumulative.shape)}, the "
-                                  f"model needs {tuple(self.cumulative.shape)} (attention layers, heads)")
+            raise CheckpointError(
+                f"QK-Clip counters in the checkpoint have shape {tuple(cumulative.shape)}, the "
+                f"model needs {tuple(self.cumulative.shape)} (attention layers, heads)"
+            )
         self.cumulative = cumulative
         self.updates_with_clip = int(state["updates_with_clip"])
         self.nonfinite_layer_skips = int(state.get("nonfinite_layer_skips", 0))

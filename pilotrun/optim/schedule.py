@@ -37,8 +37,8 @@ def set_learning_rates(optimizer: torch.optim.Optimizer, step: int, schedule_cfg
 
 
 def expert_bias_speed(step: int, speed: float, schedule_cfg: ScheduleConfig) -> float:
-    """The aux-free bias update speed gamma for update number `step` (0-based, as the LR): `speed`, or 0 in the
-    final `bias_freeze_fraction` of the horizon, so that the routing settles before training ends
+    """The aux-free bias update speed gamma for update number `step` (0-based, as the LR): `speed`, or 0 in
+    the final `bias_freeze_fraction` of the horizon, so that the routing settles before training ends
     (DeepSeek-V3 sets gamma = 0 for the last 500B of 14.8T tokens, Moonlight in its cooldown)."""
     frozen_steps = round(schedule_cfg.bias_freeze_fraction * schedule_cfg.horizon)
     return 0.0 if frozen_steps > 0 and step >= schedule_cfg.horizon - frozen_steps else speed
@@ -50,19 +50,23 @@ def final_lr_multiplier(config: RunConfig) -> float:
 
 
 def schedule_warnings(config: RunConfig) -> list[str]:
-    """What a person shortening or lengthening a run with `--set train.max_steps=N` needs to hear: the schedule
-    runs on its own horizon (so that a resume may raise max_steps exactly), so a max_steps that differs from it
-    either stops before the LR has decayed or holds the final LR for the remaining updates. Empty when they agree
-    or the schedule is constant."""
+    """What a person shortening or lengthening a run with `--set train.max_steps=N` needs to hear: the
+    schedule runs on its own horizon (so that a resume may raise max_steps exactly), so a max_steps that
+    differs from it either stops before the LR has decayed or holds the final LR for the remaining updates.
+    Empty when they agree or the schedule is constant."""
     schedule, max_steps = config.optim.schedule, config.train.max_steps
     if schedule.kind == "constant" or max_steps == schedule.horizon:
         return []
     final = final_lr_multiplier(config)
     lrs = f"muon lr {config.optim.muon.lr * final:.3g}, adamw lr {config.optim.adamw.lr * final:.3g}"
     if max_steps < schedule.horizon:
-        return [f"train.max_steps={max_steps} < optim.schedule.horizon={schedule.horizon}: the {schedule.kind} "
-                f"schedule will not finish; the last update runs at {final:.3g}x the base LR ({lrs}), not "
-                f"{schedule.min_lr_ratio:g}x. To shorten a run, set both: --set train.max_steps={max_steps} "
-                f"--set optim.schedule.horizon={max_steps}"]
-    return [f"train.max_steps={max_steps} > optim.schedule.horizon={schedule.horizon}: the last "
-            f"{max_steps - schedule.horizon} updates run at the schedule's final {final:.3g}x the base LR ({lrs})"]
+        return [
+            f"train.max_steps={max_steps} < optim.schedule.horizon={schedule.horizon}: the {schedule.kind} "
+            f"schedule will not finish; the last update runs at {final:.3g}x the base LR ({lrs}), not "
+            f"{schedule.min_lr_ratio:g}x. To shorten a run, set both: --set train.max_steps={max_steps} "
+            f"--set optim.schedule.horizon={max_steps}"
+        ]
+    return [
+        f"train.max_steps={max_steps} > optim.schedule.horizon={schedule.horizon}: the last "
+        f"{max_steps - schedule.horizon} updates run at the schedule's final {final:.3g}x the base LR ({lrs})"
+    ]

@@ -36,7 +36,8 @@ class StepStatistics:
 
 
 class UpdateHook:
-    """Base of the after-update hooks. `name` keys its state in the checkpoint and its metrics in the event."""
+    """Base of the after-update hooks. `name` keys its state in the checkpoint and its metrics in the
+    event."""
 
     name = ""
 

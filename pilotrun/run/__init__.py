@@ -1,1 +1,2 @@
-"""The run folder's format, torch-free: the record, checkpoint markers, the frozen lock, recipe changes, sinks."""
+"""The run folder's format, torch-free: the record, checkpoint markers, the frozen lock, recipe changes,
+sinks."""

@@ -1,13 +1,15 @@
-"""What a failed `export-metrics` leaves where pilotrun chose the place a tracker writes (W&B's RUN/wandb, MLflow's
-RUN/mlflow.db and RUN/mlflow-artifacts: their defaults under the run folder): exactly what was there before it.
+"""What a failed `export-metrics` leaves where pilotrun chose the place a tracker writes (W&B's RUN/wandb,
+MLflow's RUN/mlflow.db and RUN/mlflow-artifacts: their defaults under the run folder): exactly what was there
+before it.
 
 `Places.take(paths)` notes each place before the export: a file that exists is copied aside (beside it, so the
-copy costs the file's size on the same disk: on a full disk that copy is what fails, before anything is sent), a
-folder that exists has every path under it listed (and where each symbolic link pointed). `restore()` after a
-failure puts each back: a place the export created is removed, a file is written back from its copy in place (the
-same inode, so that a tracker client still holding it open reads the restored bytes), and under a folder every
-path the export added is removed and every link it moved is pointed back. `discard()` after success removes the
-copies. A file the export changed inside a folder that existed (a tracker's log appended to) is not restored.
+copy costs the file's size on the same disk: on a full disk that copy is what fails, before anything is sent),
+a folder that exists has every path under it listed (and where each symbolic link pointed). `restore()` after
+a failure puts each back: a place the export created is removed, a file is written back from its copy in place
+(the same inode, so that a tracker client still holding it open reads the restored bytes), and under a folder
+every path the export added is removed and every link it moved is pointed back. `discard()` after success
+removes the copies. A file the export changed inside a folder that existed (a tracker's log appended to) is
+not restored.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ class Places:
                 if not os.path.lexists(path):
                     places.absent.append(path)
                 elif path.is_dir() and not path.is_symlink():
-                    places.listed[path] = {p: os.readlink(p) if p.is_symlink() else None for p in path.rglob("*")}
+                    places.listed[path] = {
+                        p: os.readlink(p) if p.is_symlink() else None for p in path.rglob("*")
+                    }
                 else:
                     copy = temp_path(path)
                     places.copies[path] = copy
@@ -53,7 +57,8 @@ class Places:
                 path.unlink()
             done.append(f"{path.name} removed")
         for path, copy in self.copies.items():
-            shutil.copyfile(copy, path)  # truncated first: the bytes it grew by are freed before any is written
+            # truncated first: the bytes it grew by are freed before any is written
+            shutil.copyfile(copy, path)
             copy.unlink()
             done.append(f"{path.name} restored")
         for folder, before in self.listed.items():

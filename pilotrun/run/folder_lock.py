@@ -93,8 +93,10 @@ def open_lock_file(run_dir: Path, create: bool) -> Any:
     `create`): a link there would make the session truncate and rewrite whatever file it points to."""
     path = run_dir / LOCK_NAME
     if path.is_symlink():
-        raise PilotrunError(f"{path}: a symbolic link; refused (pilotrun never writes through a link). Remove "
-                            "the link; the run folder's lock is a plain file")
+        raise PilotrunError(
+            f"{path}: a symbolic link; refused (pilotrun never writes through a link). Remove "
+            "the link; the run folder's lock is a plain file"
+        )
     flags = (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(path, flags, 0o644)  # a link swapped in after the check fails here (ELOOP)
     return os.fdopen(fd, "r+b" if create else "rb")
@@ -153,7 +155,8 @@ def _remove_empty_folders(folders: list[Path]) -> None:
         try:
             folder.rmdir()
         except OSError:
-            return  # not empty (someone else's file, or another session's): its parents are not ours to remove
+            # not empty (someone else's file, or another session's): its parents are not ours to remove
+            return
 
 
 def _open_and_lock(run_dir: Path) -> tuple[Any, str | None]:
@@ -168,14 +171,18 @@ def _open_and_lock(run_dir: Path) -> tuple[Any, str | None]:
         except BlockingIOError:
             holder = describe_holder(read_holder(handle))
             handle.close()
-            raise RunFolderBusy(f"run folder {run_dir} is in use by {holder} (it holds {run_dir / LOCK_NAME}); "
-                                "wait for it to end, or stop it, before training into this folder") from None
+            raise RunFolderBusy(
+                f"run folder {run_dir} is in use by {holder} (it holds {run_dir / LOCK_NAME}); "
+                "wait for it to end, or stop it, before training into this folder"
+            ) from None
         except OSError as exc:
             if exc.errno not in UNSUPPORTED_ERRNOS:
                 handle.close()
                 raise
-            note = (f"the filesystem of {run_dir} does not support file locks ({exc.strerror}): this session "
-                    "runs unlocked, and a second writer on the same folder would not be refused")
+            note = (
+                f"the filesystem of {run_dir} does not support file locks ({exc.strerror}): this session "
+                "runs unlocked, and a second writer on the same folder would not be refused"
+            )
             print(f"warning: {note}", file=sys.stderr, flush=True)
             return handle, note
         try:
@@ -186,16 +193,27 @@ def _open_and_lock(run_dir: Path) -> tuple[Any, str | None]:
         if current is not None and (current.st_dev, current.st_ino) == (mine.st_dev, mine.st_ino):
             return handle, None
         handle.close()
-    raise RunFolderBusy(f"run folder {run_dir}: its lock file {run_dir / LOCK_NAME} keeps being replaced; another "
-                        "process is starting in this folder")
+    raise RunFolderBusy(
+        f"run folder {run_dir}: its lock file {run_dir / LOCK_NAME} keeps being replaced; another "
+        "process is starting in this folder"
+    )
 
 
 class RunFolderLock:
     """`acquire` takes the lock or raises RunFolderBusy; `release` lets it go (the kernel does so at exit)."""
 
-    def __init__(self, run_dir: Path, handle: Any, created_folder: bool, note: str | None = None,
-                 previous_text: bytes = b"", *, created_parents: tuple[Path, ...] = (), created_file: bool = False,
-                 names_before: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        handle: Any,
+        created_folder: bool,
+        note: str | None = None,
+        previous_text: bytes = b"",
+        *,
+        created_parents: tuple[Path, ...] = (),
+        created_file: bool = False,
+        names_before: frozenset[str] = frozenset(),
+    ) -> None:
         self.run_dir = run_dir
         self._handle = handle
         self.created_folder = created_folder  # this session made the run folder (a fresh run)
@@ -225,17 +243,26 @@ class RunFolderLock:
             names_before = frozenset(p.name for p in run_dir.iterdir())
         except OSError as exc:
             _remove_empty_folders(missing)
-            raise PilotrunError(f"run folder {run_dir}: cannot create its lock file ({exc.strerror or exc})") from None
+            raise PilotrunError(
+                f"run folder {run_dir}: cannot create its lock file ({exc.strerror or exc})"
+            ) from None
         created_file = LOCK_NAME not in names_before
         try:
             handle, note = _open_and_lock(run_dir)
         except BaseException:
-            # Refused (another holder, a lock file that cannot be made): the parents this attempt made go again
-            # when empty. The lock file stays: a holder has it open.
+            # Refused (another holder, a lock file that cannot be made): the parents this attempt made go
+            # again when empty. The lock file stays: a holder has it open.
             _remove_empty_folders(missing)
             raise
-        lock = cls(run_dir, handle, created, note, created_parents=tuple(missing[1:]), created_file=created_file,
-                   names_before=names_before)
+        lock = cls(
+            run_dir,
+            handle,
+            created,
+            note,
+            created_parents=tuple(missing[1:]),
+            created_file=created_file,
+            names_before=names_before,
+        )
         if note is not None:
             return lock
         handle.seek(0)
@@ -262,7 +289,8 @@ class RunFolderLock:
                 return
             if self.created_file:
                 # Unlinked while still held: a process that opened this file and takes the lock after us finds
-                # the name gone (or another file under it) and starts over on the current one (_open_and_lock).
+                # the name gone (or another file under it) and starts over on the current one
+                # (_open_and_lock).
                 (self.run_dir / LOCK_NAME).unlink(missing_ok=True)
                 self._close()
                 return

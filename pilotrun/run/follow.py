@@ -5,8 +5,8 @@ moment may find its last line torn: the writer is halfway through it. `RecordFol
 of the last complete line it has read and, at each `poll`, reads only what lies beyond it; a line without its
 newline is left for the next poll (it is the writer's, not damage). Each complete line is parsed by the
 record's own parser (`parse_metrics_bytes`) and chained on from the previous line's value with the record's
-own chain functions, so an edited, removed or reordered line is found as soon as it is read, without
-rereading the log.
+own chain functions, so an edited, removed or reordered line is found as soon as it is read, without rereading
+the log.
 
 Two things a live log can do that a finished one cannot:
 - a resumed session cuts a torn tail (a crash mid-write) before it appends: the file then holds fewer bytes
@@ -15,10 +15,10 @@ Two things a live log can do that a finished one cannot:
 - a new session's `session_start` may follow a torn fragment on the same line (record.py recovers it): the
   parser's note is passed on.
 
-The follower reads through a `RunFolder` (run_folder.py), the one reader of the run folder: the folder reads the
-bytes appended since its last read, the follower takes them from there in pieces of at most POLL_BYTES, and the
-rules judged on the same folder (`summarize_run(folder)`) read none of them again. It only opens files for
-reading: it never writes into the run folder and never takes its lock.
+The follower reads through a `RunFolder` (run_folder.py), the one reader of the run folder: the folder reads
+the bytes appended since its last read, the follower takes them from there in pieces of at most POLL_BYTES,
+and the rules judged on the same folder (`summarize_run(folder)`) read none of them again. It only opens files
+for reading: it never writes into the run folder and never takes its lock.
 """
 
 from __future__ import annotations
@@ -61,7 +61,9 @@ class RecordFollower:
         line, which may start before the child has written run.json): no run.json read, no chain checked."""
         self.chained = chained
         # A folder that is not a run: RecordError (bad input), unless only its events are wanted.
-        self.folder = RunFolder.of(run) if chained or isinstance(run, RunFolder) else RunFolder(run, run_json=False)
+        self.folder = (
+            RunFolder.of(run) if chained or isinstance(run, RunFolder) else RunFolder(run, run_json=False)
+        )
         self.run_dir = self.folder.path
         run_id = self.folder.run_id if chained else ""
         if not isinstance(run_id, str):
@@ -70,11 +72,13 @@ class RecordFollower:
         self.path = self.run_dir / METRICS_JSONL
         self.offset = 0  # bytes of complete lines read so far
         self.lines = 0  # complete lines read so far
-        self.head = chain_genesis(run_id)  # the chain value of the last complete line (the genesis before any)
+        # the chain value of the last complete line (the genesis before any)
+        self.head = chain_genesis(run_id)
         self.broken = False  # once the chain broke, later lines are chained from what they say, not rejudged
         self.named_pending: int | None = None  # the number of an incomplete line already named as not UTF-8
         self.rewrites = self.folder.rewrites  # the folder's rewrites this follower has named
-        self.identity = _folder_identity(self.run_dir)  # the folder watched: another one at its path is not read
+        # the folder watched: another one at its path is not read
+        self.identity = _folder_identity(self.run_dir)
         self.replaced_named = False
 
     @property
@@ -92,8 +96,10 @@ class RecordFollower:
             if not self.replaced_named:
                 what = (f"a symbolic link to {os.readlink(self.run_dir)}" if os.path.islink(self.run_dir) else
                         "gone" if now is None else "another folder")
-                found.breaks.append(f"{self.run_dir}: the run folder was replaced after watching began (it is now "
-                                    f"{what}); nothing is read through it")
+                found.breaks.append(
+                    f"{self.run_dir}: the run folder was replaced after watching began (it is now "
+                    f"{what}); nothing is read through it"
+                )
                 self.replaced_named = True
             return found
         if os.path.lexists(self.path) and (self.path.is_symlink() or not self.path.is_file()):
@@ -101,8 +107,10 @@ class RecordFollower:
             return found
         self.folder.read_metrics()  # only what was appended since the folder's last read
         if self.folder.rewrites != self.rewrites:
-            found.breaks.append(f"metrics.jsonl: {self.folder.rewrite_reason}; everything is read again from its "
-                                "start, chained afresh")
+            found.breaks.append(
+                f"metrics.jsonl: {self.folder.rewrite_reason}; everything is read again from its "
+                "start, chained afresh"
+            )
             self.rewrites = self.folder.rewrites
             self._restart()
             return found
@@ -126,8 +134,8 @@ class RecordFollower:
         return found
 
     def poll_to_end(self) -> Poll:
-        """Polls until one reads nothing more, as one Poll: for a reader that looks once (one-shot watch), which a
-        single bounded poll would leave before a long line with the rest of the record unread."""
+        """Polls until one reads nothing more, as one Poll: for a reader that looks once (one-shot watch),
+        which a single bounded poll would leave before a long line with the rest of the record unread."""
         found = self.poll()
         while True:
             before = (self.offset, self.lines)
@@ -145,16 +153,18 @@ class RecordFollower:
         number = self.lines + 1
         newline = self.folder.metrics_newline_after(self.offset)
         if self.named_pending != number:
-            found.breaks.append(f"metrics.jsonl line {number}: longer than {POLL_BYTES >> 20} MiB (the writer's lines "
-                                "are kilobytes); not parsed, passed over")
+            found.breaks.append(
+                f"metrics.jsonl line {number}: longer than {POLL_BYTES >> 20} MiB (the writer's lines "
+                "are kilobytes); not parsed, passed over"
+            )
             self.named_pending = number
         if newline is not None:
             self.lines += 1
             self.offset = newline + 1
 
     def _judge_pending(self, pending: bytes, found: Poll) -> None:
-        """An incomplete last line waits for its newline, but an invalid byte inside it (not a character cut at
-        its end) is damage no later write can mend: named by its line number, once."""
+        """An incomplete last line waits for its newline, but an invalid byte inside it (not a character cut
+        at its end) is damage no later write can mend: named by its line number, once."""
         if not pending or self.named_pending == self.lines + 1:
             return
         problem = not_utf8_problem(pending, self.lines + 1, unterminated=True)
@@ -185,13 +195,16 @@ class RecordFollower:
         where = f"metrics.jsonl line {number} ({event.get('event')}, step {event.get('step')})"
         split = unchained_body(text)
         if split is None:
-            found.breaks.append(f"{where}: no hash chain field; the line was not written by pilotrun's writer, "
-                                "or edited")
+            found.breaks.append(
+                f"{where}: no hash chain field; the line was not written by pilotrun's writer, or edited"
+            )
         else:
             body, value = split
             if chain_link(self.head, body) != value:
-                found.breaks.append(f"{where}: hash chain broken: it does not follow from the line before it "
-                                    "(this line was edited, or lines before it were removed, added or reordered)")
+                found.breaks.append(
+                    f"{where}: hash chain broken: it does not follow from the line before it "
+                    "(this line was edited, or lines before it were removed, added or reordered)"
+                )
             self.head = value
         found.events.append(event)
 

@@ -1,14 +1,14 @@
 """A checkpoint's commit marker, read and checked without torch.
 
 Every committed checkpoint folder `checkpoints/step-00000100/` carries COMMITTED.json, written last by the
-checkpointer (training/checkpoint/checkpointer.py): the step, every file's sha256 and byte count, and the caller's meta. A
-folder without it was never committed. This module holds the marker's names and the rules for trusting one,
-so that the checkpointer (which loads), and summarize and the verdict (which only need to know whether the
-run can be continued from a step) apply the same rules; the readers here import no torch.
+checkpointer (training/checkpoint/checkpointer.py): the step, every file's sha256 and byte count, and the
+caller's meta. A folder without it was never committed. This module holds the marker's names and the rules for
+trusting one, so that the checkpointer (which loads), and summarize and the verdict (which only need to know
+whether the run can be continued from a step) apply the same rules; the readers here import no torch.
 
-A marker's file names must be plain names inside the step folder: a name with a separator or `..` would
-make a reader open and hash a file outside the run. A step folder, marker or file that is a symbolic link
-is refused for the same reason (a link can point into another run).
+A marker's file names must be plain names inside the step folder: a name with a separator or `..` would make a
+reader open and hash a file outside the run. A step folder, marker or file that is a symbolic link is refused
+for the same reason (a link can point into another run).
 
 A marker names the run that wrote it (`run_id`, also in its meta): a checkpoint copied in from a sibling run
 (another seed, the same recipe) has valid files and a valid marker, and only its run_id tells it apart. A
@@ -102,7 +102,10 @@ def read_marker(run_dir: str | Path, step: int) -> tuple[dict[str, Any] | None, 
     marker_path = folder / MARKER_NAME
     for link in (root, folder, marker_path):
         if link.is_symlink():
-            return None, f"{link}: a symbolic link; refused (checkpoints are plain folders and files in the run)"
+            return (
+                None,
+                f"{link}: a symbolic link; refused (checkpoints are plain folders and files in the run)",
+            )
     if not folder.is_dir():
         return None, f"{folder}: no checkpoint folder"
     if not marker_path.is_file():
@@ -152,14 +155,18 @@ def checkpoint_problems(run_dir: str | Path, step: int, run_id: Any = None,
 
 
 def resume_problem(run_dir: Path) -> str | None:
-    """Why a run folder cannot be resumed for its record, or None: no run.json; or committed checkpoints without
-    the metrics.jsonl every judge reads, where neither "nothing to do" (the checkpoints may say complete) nor a
-    session on a new chain would leave a run anyone could check. Without a committed checkpoint (a first start
-    killed between run.json and its first line) nothing is lost: the run starts at step 0 again."""
+    """Why a run folder cannot be resumed for its record, or None: no run.json; or committed checkpoints
+    without the metrics.jsonl every judge reads, where neither "nothing to do" (the checkpoints may say
+    complete) nor a session on a new chain would leave a run anyone could check. Without a committed
+    checkpoint (a first start killed between run.json and its first line) nothing is lost: the run starts at
+    step 0 again."""
     if not (run_dir / RUN_JSON).is_file():
         return f"--resume: {run_dir / RUN_JSON} not found; nothing to resume (start without --resume)"
     if (run_dir / METRICS_JSONL).exists() or not any((run_dir / CHECKPOINTS_DIR).glob(f"*/{MARKER_NAME}")):
         return None
-    return (f"--resume: {run_dir / METRICS_JSONL} not found beside its {RUN_JSON}: the run's record is lost; "
-            "restore it from a copy (resuming or calling the run complete without it would leave nothing to check "
-            "the run against)")
+    return (
+        f"--resume: {run_dir / METRICS_JSONL} not found beside its {RUN_JSON}: the run's record is lost; "
+        "restore it from a copy (resuming or calling the run complete without it would leave nothing to "
+        "check "
+        "the run against)"
+    )

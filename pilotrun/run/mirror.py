@@ -1,12 +1,13 @@
-"""What every tracker mirror sends, whatever the tracker: the scalars of an event, the run's identity, the kept
-history after a resume, the verdict's figures and the report's files. Torch-free, like the rest of run/.
+"""What every tracker mirror sends, whatever the tracker: the scalars of an event, the run's identity, the
+kept history after a resume, the verdict's figures and the report's files. Torch-free, like the rest of run/.
 
-`TrackerMirror` is the base each tracker module builds on (run/tracker_*.py): it turns the record's events into
-four calls a tracker implements — `start(identity, resume_step)`, `log(step, scalars, wall_time)`,
+`TrackerMirror` is the base each tracker module builds on (run/tracker_*.py): it turns the record's events
+into four calls a tracker implements — `start(identity, resume_step)`, `log(step, scalars, wall_time)`,
 `log_verdict(verdict)`, `log_files(files)` — and `close()`. A `session_start` that resumes from a checkpoint
 at step S means the steps after S that earlier sessions logged were rolled back and are about to be redone:
 `resume_step` = S, so the tracker can drop them (TensorBoard purges them, W&B rewinds the run to S) or, where
-it keeps every point it was sent (MLflow, trackio), at least receive the redone value after the rolled-back one.
+it keeps every point it was sent (MLflow, trackio), at least receive the redone value after the rolled-back
+one.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def scalar_fields(event: dict[str, Any]) -> Iterator[tuple[str, float]]:
             return
         if isinstance(value, int | float):
             yield path, float(value)
-        elif isinstance(value, str) and value in NONFINITE_STRINGS:  # the record's spelling of a non-finite float
+        # the record's spelling of a non-finite float
+        elif isinstance(value, str) and value in NONFINITE_STRINGS:
             yield path, NONFINITE_STRINGS[value]
         elif isinstance(value, dict):
             for key, item in value.items():
@@ -54,7 +56,8 @@ def scalar_fields(event: dict[str, Any]) -> Iterator[tuple[str, float]]:
                 yield from walk(item, f"{path}/{index}")
 
     for key, value in event.items():
-        if key not in NOT_SCALARS and not key.startswith("_"):  # "_line" and the like: the reader's, not the record's
+        # "_line" and the like: the reader's, not the record's
+        if key not in NOT_SCALARS and not key.startswith("_"):
             yield from walk(value, f"{name}/{key}")
 
 
@@ -68,15 +71,19 @@ def resume_step(event: dict[str, Any]) -> int | None:
 def exported_events(run_dir: str | Path) -> list[dict[str, Any]]:
     """The events of a run folder a tracker may be sent, or RecordError naming the damage: a tracker shows a
     record to people who will not see its metrics.jsonl, so a record summarize calls damaged (an unreadable
-    line, a broken hash chain, run.json rewritten) is refused whole, never exported as if it were intact. A bare
-    log with no run.json beside it (an event folder's source) is checked line by line only."""
+    line, a broken hash chain, run.json rewritten) is refused whole, never exported as if it were intact. A
+    bare log with no run.json beside it (an event folder's source) is checked line by line only."""
     run_dir = Path(run_dir)
     parsed = read_metrics_tolerant(run_dir)
     reasons = list(parsed.damage)
     if (run_dir / RUN_JSON).is_file():
         reasons += record_integrity_problems(read_run_json(run_dir), parsed)
     if reasons:
-        more = f" (and {len(reasons) - 1} more; pilotrun summarize {run_dir} lists them)" if len(reasons) > 1 else ""
+        more = (
+            f" (and {len(reasons) - 1} more; pilotrun summarize {run_dir} lists them)"
+            if len(reasons) > 1
+            else ""
+        )
         raise RecordError(f"{run_dir / METRICS_JSONL}: damaged record, not exported: {reasons[0]}{more}")
     return parsed.events
 
@@ -118,7 +125,8 @@ IDENTITY_KEYS = ("run_id", "recipe_sha256", "data_metadata_sha256", "git_commit"
 
 
 def identity_tags(identity: dict[str, Any]) -> dict[str, str]:
-    """The identity as flat strings (tags, params, text): the four keys every tracker carries, then the rest."""
+    """The identity as flat strings (tags, params, text): the four keys every tracker carries, then the
+    rest."""
     keys = IDENTITY_KEYS + ("git_dirty", "session_id", "sessions")
     return {key: str(identity.get(key)) for key in keys}
 
@@ -209,12 +217,13 @@ class TrackerMirror:
 
     def export_places(self) -> list[Path]:
         """The files and folders this tracker writes where pilotrun chose the place (its default under the run
-        folder, when its own setting names no other): a failed export leaves them as they were (export_undo.py)."""
+        folder, when its own setting names no other): a failed export leaves them as they were
+        (export_undo.py)."""
         return []
 
     def undo_export(self) -> str | None:
-        """After a failed export, what the tracker itself can take back of it outside `export_places` (a run the
-        export created in the tracker's own store), in words; None: nothing."""
+        """After a failed export, what the tracker itself can take back of it outside `export_places` (a run
+        the export created in the tracker's own store), in words; None: nothing."""
         return None
 
     def store(self) -> str:

@@ -2,16 +2,16 @@
 
 `pilotrun freeze` (commands/freeze.py) writes the lock of a judged pilot: its effective recipe, the changes
 made on resume, the data identity, the code identity, the verdict with every rule's figure, and `sha256`, the
-sha256 of the canonical JSON of everything else (pilotrun.common.files.canonical_json), so the lock identifies itself
-and an edited lock is detected when it is loaded.
+sha256 of the canonical JSON of everything else (pilotrun.common.files.canonical_json), so the lock identifies
+itself and an edited lock is detected when it is loaded.
 
 `pilotrun train --frozen LOCK` takes its recipe from the lock (`--set` may change it); every difference
-between the resulting recipe or the data's metadata_sha256 and the lock must be named with
-`--allow-change KEY`, else it is refused with the list (`lock_differences`, `check_against_lock`). The
-run's run.json then holds a `frozen` section (`frozen_run_facts`): the lock's sha256 and path, the lock's
-recipe and data identity, and the accepted differences. `frozen_candidate_status` reads it back for
-summarize and verdict: which candidate the run runs, and whether it still matches (a later resume may have
-changed the recipe; the lock file may have been edited or removed).
+between the resulting recipe or the data's metadata_sha256 and the lock must be named with `--allow-change
+KEY`, else it is refused with the list (`lock_differences`, `check_against_lock`). The run's run.json then
+holds a `frozen` section (`frozen_run_facts`): the lock's sha256 and path, the lock's recipe and data
+identity, and the accepted differences. `frozen_candidate_status` reads it back for summarize and verdict:
+which candidate the run runs, and whether it still matches (a later resume may have changed the recipe; the
+lock file may have been edited or removed).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pilotrun.config import MACHINE_KEYS, current_key, current_recipe, flatten
 
 LOCK_FORMAT = "pilotrun.recipe-lock/1"
 DATA_KEY = "data.metadata_sha256"
-# The code identity (commit and the diff of the code that runs, pilotrun.training.environment.git_state): a long
-# run on other code than its pilot's is another candidate unless `--allow-change code` says it is meant.
+# The code identity (commit and the diff of the code that runs, pilotrun.training.environment.git_state): a
+# long run on other code than its pilot's is another candidate unless `--allow-change code` says it is meant.
 CODE_KEY = "code"
 
 
@@ -54,14 +54,18 @@ def load_lock(path: str | Path) -> dict[str, Any]:
     lock = read_json_file(path, f"--frozen {path}", FreezeError)
     if not isinstance(lock, dict) or lock.get("format") != LOCK_FORMAT:
         raise FreezeError(f"--frozen {path}: not a recipe lock (expected format '{LOCK_FORMAT}')")
-    if not isinstance(lock.get("recipe"), dict) or not isinstance((lock.get("data") or {}).get("metadata_sha256"), str):
+    if not isinstance(lock.get("recipe"), dict) or not isinstance(
+        (lock.get("data") or {}).get("metadata_sha256"), str
+    ):
         raise FreezeError(f"--frozen {path}: the lock lacks its recipe or data.metadata_sha256")
     body = {k: v for k, v in lock.items() if k != "sha256"}
     try:
         digest = canonical_sha256(body)
     except ValueError:  # a bare NaN or Infinity: no JSON figure, and never in a lock `freeze` wrote
-        raise FreezeError(f"--frozen {path}: it holds a bare NaN or Infinity, which no lock freeze writes (the lock "
-                          "was edited)") from None
+        raise FreezeError(
+            f"--frozen {path}: it holds a bare NaN or Infinity, which no lock freeze writes (the lock "
+            "was edited)"
+        ) from None
     if lock.get("sha256") != digest:
         raise FreezeError(f"--frozen {path}: its sha256 does not match its content (the lock was edited)")
     return lock
@@ -89,7 +93,8 @@ def lock_differences(lock_recipe: dict[str, Any], lock_data_sha256: str, recipe:
     """Every config key (dotted), the data identity, a data mixture's weights and seed (`data.mixture.*`) and
     (when `code` is given) the code identity where the run differs from the lock, sorted by key; each as
     {"key", "lock", "run"} (a key absent on one side shows as None; code shows as describe_code's words)."""
-    frozen, now = flatten(current_recipe(lock_recipe)), flatten(current_recipe(recipe))  # of any recipe format
+    # of any recipe format
+    frozen, now = flatten(current_recipe(lock_recipe)), flatten(current_recipe(recipe))
     differences = [{"key": key, "lock": frozen.get(key), "run": now.get(key)}
                    for key in sorted(set(frozen) | set(now))
                    if frozen.get(key) != now.get(key) and key not in MACHINE_KEYS]
@@ -97,8 +102,11 @@ def lock_differences(lock_recipe: dict[str, Any], lock_data_sha256: str, recipe:
         differences.append({"key": DATA_KEY, "lock": lock_data_sha256, "run": data_sha256})
     old = flatten(lock_mixture, "data.mixture") if isinstance(lock_mixture, dict) else {}
     new = flatten(mixture, "data.mixture") if isinstance(mixture, dict) else {}
-    differences += [{"key": key, "lock": old.get(key), "run": new.get(key)} for key in sorted(set(old) | set(new))
-                    if old.get(key) != new.get(key)]
+    differences += [
+        {"key": key, "lock": old.get(key), "run": new.get(key)}
+        for key in sorted(set(old) | set(new))
+        if old.get(key) != new.get(key)
+    ]
     # A lock without a code identity (written before code was recorded) holds nothing to compare with.
     if code is not None and lock_code is not None and not same_code(lock_code, code):
         differences.append({"key": CODE_KEY, "lock": describe_code(lock_code), "run": describe_code(code)})
@@ -127,15 +135,24 @@ def describe_difference(d: dict[str, Any]) -> str:
     return f"{d['key']} (lock {json.dumps(d['lock'])}, run {json.dumps(d['run'])})"
 
 
-def frozen_run_facts(lock: dict[str, Any], lock_path: str | Path, recipe: dict[str, Any], data_sha256: str,
-                     allowed: list[str] | tuple[str, ...], code: Any = None, mixture: Any = None) -> dict[str, Any]:
+def frozen_run_facts(
+    lock: dict[str, Any],
+    lock_path: str | Path,
+    recipe: dict[str, Any],
+    data_sha256: str,
+    allowed: list[str] | tuple[str, ...],
+    code: Any = None,
+    mixture: Any = None,
+) -> dict[str, Any]:
     """run.json's `frozen` section for a run started from `lock`; refuses (FreezeError) every difference
     not named in `allowed`, listing them all on one line. With `code` (the run's git_state) the code
     identity is compared too, and the lock's is kept so that later sessions can be compared with it."""
     accepted, refused = check_against_lock(lock, recipe, data_sha256, allowed, code, mixture)
     if refused:
-        raise FreezeError(f"--frozen {lock_path}: {len(refused)} difference(s) from the frozen candidate not named "
-                          f"with --allow-change: {'; '.join(describe_difference(d) for d in refused)}")
+        raise FreezeError(
+            f"--frozen {lock_path}: {len(refused)} difference(s) from the frozen candidate not named "
+            f"with --allow-change: {'; '.join(describe_difference(d) for d in refused)}"
+        )
     return {"lock_sha256": lock["sha256"], "lock_path": str(Path(lock_path).resolve()),
             "pilot_run_id": (lock.get("pilot") or {}).get("run_id"), "lock_decision": lock.get("decision"),
             "lock_despite_no_go": lock.get("despite_no_go"), "lock_recipe": copy.deepcopy(lock["recipe"]),
@@ -187,8 +204,13 @@ def code_differences(lock_code: Any, run: dict[str, Any]) -> list[dict[str, Any]
     found = []
     for session in run.get("sessions") or []:
         if isinstance(session, dict) and "git" in session and not same_code(lock_code, session.get("git")):
-            found.append({"key": CODE_KEY, "lock": describe_code(lock_code),
-                          "run": f"{describe_code(session.get('git'))} in session {session.get('session_id')}"})
+            found.append(
+                {
+                    "key": CODE_KEY,
+                    "lock": describe_code(lock_code),
+                    "run": f"{describe_code(session.get('git'))} in session {session.get('session_id')}",
+                }
+            )
     return found
 
 
@@ -203,10 +225,10 @@ def describe_frozen_status(status: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- projection
-# `freeze --target-steps N` adds two sections to the lock (pilotrun/report/projection/long_run.py computes them from the
-# pilot's own record): `projection`, what the pilot's measurements predict for a long run of N updates, and
-# `watch`, the pilot's figures `pilotrun watch` holds a long run to (throughput band, loss envelope, skip and
-# clip bounds, window interval). Both are inside the lock's sha256 like everything else.
+# `freeze --target-steps N` adds two sections to the lock (pilotrun/report/projection/long_run.py computes
+# them from the pilot's own record): `projection`, what the pilot's measurements predict for a long run of N
+# updates, and `watch`, the pilot's figures `pilotrun watch` holds a long run to (throughput band, loss
+# envelope, skip and clip bounds, window interval). Both are inside the lock's sha256 like everything else.
 PROJECTION_KEY = "projection"
 WATCH_KEY = "watch"
 # With --target-steps also `forecast` (pilotrun/report/projection/forecast_record.py): the long run's
@@ -216,8 +238,8 @@ FORECAST_KEY = "forecast"
 
 def lock_projection_of(run: dict[str, Any]) -> dict[str, Any] | None:
     """The projection of the lock a run was started from: run.json's copy (`frozen.lock_projection`), else the
-    lock file itself while it still hashes to the recorded sha256; None for a run not started frozen, or from a
-    lock without a projection."""
+    lock file itself while it still hashes to the recorded sha256; None for a run not started frozen, or from
+    a lock without a projection."""
     frozen = run.get("frozen")
     if not isinstance(frozen, dict):
         return None
@@ -254,12 +276,17 @@ def lock_forecast_of(run: dict[str, Any]) -> dict[str, Any] | None:
     return lock.get(FORECAST_KEY) if isinstance(lock.get(FORECAST_KEY), dict) else None
 
 
-def allow_changes_beyond_the_lock(allow_change: list[str], resumed_run_dir: str | Path | None, data: str | Path,
-                                  recipe: dict[str, Any], lock_differences: list[dict]) -> list[str]:
-    """The --allow-change keys the resume check is given on a frozen run (`resumed_run_dir`: None for a new run):
-    a key that only names a difference from the lock, which the run already has (its record holds the same value),
-    is the lock's business; handed to the checkpoint's comparison too, it would be noted as 'no such difference'
-    on every resume of the same command."""
+def allow_changes_beyond_the_lock(
+    allow_change: list[str],
+    resumed_run_dir: str | Path | None,
+    data: str | Path,
+    recipe: dict[str, Any],
+    lock_differences: list[dict],
+) -> list[str]:
+    """The --allow-change keys the resume check is given on a frozen run (`resumed_run_dir`: None for a new
+    run): a key that only names a difference from the lock, which the run already has (its record holds the
+    same value), is the lock's business; handed to the checkpoint's comparison too, it would be noted as 'no
+    such difference' on every resume of the same command."""
     from pilotrun.data.mixed_reader import data_identity
     from pilotrun.run.record import read_run_json
 
@@ -277,5 +304,6 @@ def allow_changes_beyond_the_lock(allow_change: list[str], resumed_run_dir: str 
     for key in allow_change:
         name = _normalise(key)
         if name not in from_lock or (name in now and now[name] != recorded.get(name)):
-            kept.append(key)  # the code identity is the lock's alone: the checkpoint's comparison has no such key
+            # the code identity is the lock's alone: the checkpoint's comparison has no such key
+            kept.append(key)
     return kept

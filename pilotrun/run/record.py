@@ -67,8 +67,23 @@ PHASES = ("train", "eval", "checkpoint", "profile", "report", "other")
 WINDOW_COUNT_KEYS = ("updates_applied", "updates_attempted", "updates_skipped", "microbatches", "tokens")
 NONFINITE_STRINGS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 # Free-text fields where the word "NaN" is text, not a number.
-TEXT_KEYS = {"event", "session_id", "reason", "message", "path", "mfu", "device", "device_name", "chain", "note",
-             "explanation", "reproduce", "cause", "action", "policy"}
+TEXT_KEYS = {
+    "event",
+    "session_id",
+    "reason",
+    "message",
+    "path",
+    "mfu",
+    "device",
+    "device_name",
+    "chain",
+    "note",
+    "explanation",
+    "reproduce",
+    "cause",
+    "action",
+    "policy",
+}
 # The hash chain over metrics.jsonl (module docstring). CHAIN_KEY is the last field of every line.
 CHAIN_KEY = "chain"
 CHAIN_GENESIS_PREFIX = b"pilotrun metrics.jsonl chain of run "
@@ -169,7 +184,8 @@ def unchained_body(text: str) -> tuple[str, str] | None:
 
 
 def run_json_digests(data: dict[str, Any]) -> dict[str, str]:
-    """sha256 per digested section of run.json (RUN_JSON_DIGESTED) as it stands, session end fields left out."""
+    """sha256 per digested section of run.json (RUN_JSON_DIGESTED) as it stands, session end fields left
+    out."""
     digests = {}
     for key in RUN_JSON_DIGESTED:
         if key not in data:
@@ -204,7 +220,8 @@ def nonfinite_fields(value: Any, prefix: str = "") -> list[str]:
 def read_run_json(run_dir: str | Path) -> dict[str, Any]:
     """run.json as a dict. A missing folder or file, or an unreadable file, is a RecordError (bad input)."""
     run_dir = Path(run_dir)
-    if run_dir.exists() and not run_dir.is_dir():  # named as what it is, not "not found" (files.refuse_wrong_kind)
+    # named as what it is, not "not found" (files.refuse_wrong_kind)
+    if run_dir.exists() and not run_dir.is_dir():
         raise RecordError(f"run folder {run_dir} is a file, not a folder")
     if not run_dir.is_dir():
         raise RecordError(f"run folder not found: {run_dir}")
@@ -224,7 +241,8 @@ class ParsedMetrics:
 
     events: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # torn lines a crash explains: reported, not fatal
-    damage: list[str] = field(default_factory=list)  # unreadable lines nothing explains: the record is invalid
+    # unreadable lines nothing explains: the record is invalid
+    damage: list[str] = field(default_factory=list)
     missing: bool = False  # no metrics.jsonl at all
     texts: list[str] = field(default_factory=list, repr=False)  # each event's exact text, for the hash chain
 
@@ -258,8 +276,10 @@ def _event_problem(event: dict[str, Any]) -> str | None:
     if bad:
         return f"counter(s) {', '.join(bad)} not a non-negative integer"
     if not isinstance(event["session_id"], str):
-        return f"session_id is {str(event['session_id'])[:20]!r} ({type(event['session_id']).__name__}), not a string"
-    # Every reader takes `time` as seconds (stall, intervals, the time ledger): a line without one is not the writer's.
+        return (f"session_id is {str(event['session_id'])[:20]!r} ({type(event['session_id']).__name__}), "
+                f"not a string")
+    # Every reader takes `time` as seconds (stall, intervals, the time ledger): a line without one is not the
+    # writer's.
     if "time" not in event:
         return "event lacks time"
     if not is_finite_number(event["time"]):
@@ -269,7 +289,8 @@ def _event_problem(event: dict[str, Any]) -> str | None:
         return f"{huge}: an integer too large for a float or an index (the writer never writes one)"
     for key, (shape, fits) in FIELD_SHAPES.get(event["event"], {}).items():
         if key in event and not fits(event[key]):
-            return f"{event['event']} field {key} is {type(event[key]).__name__} {str(event[key])[:30]!r}, not {shape}"
+            return (f"{event['event']} field {key} is {type(event[key]).__name__} {str(event[key])[:30]!r}, "
+                    f"not {shape}")
     return None
 
 
@@ -278,7 +299,8 @@ FIELD_SHAPES: dict[str, dict[str, tuple[str, Any]]] = {name: kind.shapes for nam
                                                        if kind.shapes}
 
 
-# Beyond this an integer is no count, step or byte size pilotrun writes, and float() or an index would overflow.
+# Beyond this an integer is no count, step or byte size pilotrun writes, and float() or an index would
+# overflow.
 LARGEST_INTEGER = 2**63 - 1
 
 
@@ -295,15 +317,17 @@ def _huge_integer(value: Any, where: str = "") -> str | None:
 
 
 def not_utf8_problem(raw_line: bytes, number: int, *, unterminated: bool = False) -> str | None:
-    """Why line `number` of metrics.jsonl is not UTF-8, naming it, or None. An `unterminated` last line (a writer
-    mid-line, or killed there) may end partway through a character, which a tear explains; an invalid byte
-    before its end is damage like on any other line (the writer only ever writes UTF-8)."""
+    """Why line `number` of metrics.jsonl is not UTF-8, naming it, or None. An `unterminated` last line (a
+    writer mid-line, or killed there) may end partway through a character, which a tear explains; an invalid
+    byte before its end is damage like on any other line (the writer only ever writes UTF-8)."""
     try:
         raw_line.decode("utf-8")
     except UnicodeDecodeError as exc:
-        if unterminated and exc.reason == "unexpected end of data":  # the first bad byte starts a cut character
+        # the first bad byte starts a cut character
+        if unterminated and exc.reason == "unexpected end of data":
             return None
-        return f"metrics.jsonl line {number}: not UTF-8 (byte 0x{raw_line[exc.start]:02x} at column {exc.start + 1})"
+        return (f"metrics.jsonl line {number}: not UTF-8 (byte 0x{raw_line[exc.start]:02x} at column "
+                f"{exc.start + 1})")
     return None
 
 
@@ -329,8 +353,10 @@ def parse_metrics_bytes(raw: bytes) -> ParsedMetrics:
             continue
         event = _parse_object(text)
         if event is None and is_last and not ends_with_newline:
-            parsed.notes.append(f"metrics.jsonl line {number}: torn last line ({len(raw_line)} bytes, a crash "
-                                "mid-write); ignored")
+            parsed.notes.append(
+                f"metrics.jsonl line {number}: torn last line ({len(raw_line)} bytes, a crash "
+                "mid-write); ignored"
+            )
             continue
         object_text = text
         if event is None:
@@ -357,21 +383,25 @@ def parse_metrics_bytes(raw: bytes) -> ParsedMetrics:
 def chain_breaks(parsed: ParsedMetrics, run_id: str) -> list[str]:
     """One reason per line whose hash chain does not follow from the line before it (or, for the first line,
     from run.json's run_id). An edited line breaks itself; a removed line breaks the line after the gap; two
-    swapped lines break both and the line after them. A line already unreadable (damage) is not in `parsed`, so the one after it
-    breaks too."""
+    swapped lines break both and the line after them. A line already unreadable (damage) is not in `parsed`,
+    so the one after it breaks too."""
     reasons = []
     previous = chain_genesis(run_id)
     for event, text in zip(parsed.events, parsed.texts, strict=True):
         split = unchained_body(text)
         where = f"metrics.jsonl line {event['_line']} ({event.get('event')}, step {event.get('step')})"
         if split is None:
-            reasons.append(f"{where}: no hash chain field; the line was not written by pilotrun's writer, or edited")
+            reasons.append(
+                f"{where}: no hash chain field; the line was not written by pilotrun's writer, or edited"
+            )
             continue
         body, value = split
         if chain_link(previous, body) != value:
             first = "run.json's run_id" if event is parsed.events[0] else "the line before it"
-            reasons.append(f"{where}: hash chain broken: it does not follow from {first} (this line was edited, "
-                           "or lines before it were removed, added or reordered)")
+            reasons.append(
+                f"{where}: hash chain broken: it does not follow from {first} (this line was edited, "
+                "or lines before it were removed, added or reordered)"
+            )
         previous = value
     return reasons
 
@@ -383,10 +413,11 @@ def record_integrity_problems(run: dict[str, Any], parsed: ParsedMetrics,
 
     - every line follows from the one before it (`chain_breaks`);
     - each run.json session starts where the chain stood when it opened (`chain_start`: the line before its
-      first line) and, if it ended, its last line is the `chain_end` it recorded: lines removed at the end
-      of a session, or a whole session removed, show here;
-    - each committed checkpoint's `metrics_chain_head` is a line of the log (`checkpoint_heads`: step -> head),
-      and a checkpoint whose marker names another run (`checkpoint_owners`: step -> run_id) is named as such;
+      first line) and, if it ended, its last line is the `chain_end` it recorded: lines removed at the end of
+      a session, or a whole session removed, show here;
+    - each committed checkpoint's `metrics_chain_head` is a line of the log (`checkpoint_heads`: step ->
+      head), and a checkpoint whose marker names another run (`checkpoint_owners`: step -> run_id) is named as
+      such;
     - run.json's sections equal the digests the latest session_start recorded (a rewritten recipe shows)."""
     run_id = run.get("run_id")
     if not isinstance(run_id, str):
@@ -406,8 +437,10 @@ def record_integrity_problems(run: dict[str, Any], parsed: ParsedMetrics,
         start, end = entry.get("chain_start"), entry.get("chain_end")
         if sid not in span:
             if end is not None:
-                reasons.append(f"run.json session {sid}: ended (chain_end recorded) but metrics.jsonl holds none "
-                               "of its lines (removed)")
+                reasons.append(
+                    f"run.json session {sid}: ended (chain_end recorded) but metrics.jsonl holds none "
+                    "of its lines (removed)"
+                )
             continue
         first, last = span[sid]
         if start is None:
@@ -416,12 +449,16 @@ def record_integrity_problems(run: dict[str, Any], parsed: ParsedMetrics,
         else:
             before = genesis if first == 0 else own[first - 1]
             if start != before:
-                reasons.append(f"run.json session {sid}: its recorded chain_start is not the line before its first "
-                               f"line (metrics.jsonl line {events[first]['_line']}): lines before it were removed, "
-                               "added or rewritten")
+                reasons.append(
+                    f"run.json session {sid}: its recorded chain_start is not the line before its first "
+                    f"line (metrics.jsonl line {events[first]['_line']}): lines before it were removed, "
+                    "added or rewritten"
+                )
         if end is not None and values.get(end) != last:
-            reasons.append(f"run.json session {sid}: its recorded chain_end is not its last line in metrics.jsonl "
-                           f"(line {events[last]['_line']}): lines at its end were removed, or the log rewritten")
+            reasons.append(
+                f"run.json session {sid}: its recorded chain_end is not its last line in metrics.jsonl "
+                f"(line {events[last]['_line']}): lines at its end were removed, or the log rewritten"
+            )
     owners = checkpoint_owners or {}
     for step, head in sorted((checkpoint_heads or {}).items()):
         owner = owners.get(step)
@@ -430,9 +467,11 @@ def record_integrity_problems(run: dict[str, Any], parsed: ParsedMetrics,
                            "checkpoint of another run was put into this folder")
         elif head is not None and head not in values and head != genesis:
             found = f"{head[:12]}..." if isinstance(head, str) else repr(head)[:20]
-            reasons.append(f"checkpoint step {step}: its marker's metrics_chain_head ({found}) is none of the "
-                           f"{len(values)} lines of metrics.jsonl: the log up to that checkpoint was rewritten, or "
-                           "the checkpoint comes from another copy of this run")
+            reasons.append(
+                f"checkpoint step {step}: its marker's metrics_chain_head ({found}) is none of the "
+                f"{len(values)} lines of metrics.jsonl: the log up to that checkpoint was rewritten, or "
+                "the checkpoint comes from another copy of this run"
+            )
     starts = [e for e in events if e.get("event") == "session_start"]
     if starts:
         latest = starts[-1]
@@ -444,8 +483,10 @@ def record_integrity_problems(run: dict[str, Any], parsed: ParsedMetrics,
             now = run_json_digests(run)
             changed = sorted(k for k in set(recorded) | set(now) if recorded.get(k) != now.get(k))
             if changed:
-                reasons.append(f"run.json: {', '.join(changed)} differ(s) from what the latest session recorded at "
-                               f"its start (metrics.jsonl line {latest['_line']}): run.json was edited after the fact")
+                reasons.append(
+                    f"run.json: {', '.join(changed)} differ(s) from what the latest session recorded at "
+                    f"its start (metrics.jsonl line {latest['_line']}): run.json was edited after the fact"
+                )
     return reasons
 
 

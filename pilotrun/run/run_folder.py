@@ -1,4 +1,5 @@
-"""One reader of a run folder (torch-free): run.json, metrics.jsonl and the checkpoint markers, each read once.
+"""One reader of a run folder (torch-free): run.json, metrics.jsonl and the checkpoint markers, each read
+once.
 
 `summarize`, `verdict` and `watch` judge the same three things: run.json (the run's identity, recipe and
 sessions), metrics.jsonl (the hash-chained log) and each committed checkpoint's COMMITTED.json marker. A
@@ -11,8 +12,8 @@ A finished run is read once and for all. A live run grows, and `watch` follows i
 - `read_metrics()` reads only what metrics.jsonl holds beyond its complete lines read so far (an incomplete
   last line is read again next time: the writer is halfway through it, or a resumed session cuts it before
   appending); it does not open the file when its size, inode and modification time are what they were. A file
-  shorter than the complete lines read was rewritten: everything is read again from its start and
-  `rewrites` counts it (run/follow.py names it as a break of the record);
+  shorter than the complete lines read was rewritten: everything is read again from its start and `rewrites`
+  counts it (run/follow.py names it as a break of the record);
 - `refresh()` reads run.json again only when it was replaced (the writer rewrites it by an atomic rename, so
   its inode, size or time changes) and lists the checkpoint folders again; a marker is read again only when
   its file was replaced (a checkpoint committed again at the same step after a rollback);
@@ -20,8 +21,8 @@ A finished run is read once and for all. A live run grows, and `watch` follows i
   markers first, metrics.jsonl after them. The trainer writes a line before the marker or the run.json entry
   that names it (a checkpoint's chain head, a session's chain_start and chain_end), so a log read after them
   holds every line they name; read before them, a checkpoint committed in between would name a line not yet
-  read and the record would look rewritten. When run.json was replaced while the log was read (a session
-  began or ended), it is read again.
+  read and the record would look rewritten. When run.json was replaced while the log was read (a session began
+  or ended), it is read again.
 
 `metrics` is what `read_metrics_tolerant` would return for the bytes read (record.py's parser over all of
 them, damage and notes collected, never raised). The folder only ever opens files for reading.
@@ -50,7 +51,8 @@ FileKey = tuple[int, int, int, int]
 
 
 def file_key(path: Path) -> FileKey | None:
-    """(inode, size, modification and change time in ns) of the file `path` names, or None when there is none."""
+    """(inode, size, modification and change time in ns) of the file `path` names, or None when there is
+    none."""
     try:
         stat = path.stat()
     except OSError:
@@ -65,12 +67,13 @@ class RunFolder:
     metrics.jsonl is read at first need, the markers at first need each."""
 
     def __init__(self, path: str | Path, *, run_json: bool = True):
-        """`run_json` False: the log only (`run` stays empty, and bytes already read are not read again to look
-        for an in-place edit), for a reader of a session's progress that may start before the session has written
-        run.json."""
+        """`run_json` False: the log only (`run` stays empty, and bytes already read are not read again to
+        look for an in-place edit), for a reader of a session's progress that may start before the session has
+        written run.json."""
         self.path = Path(path)
         self.run: dict[str, Any] = read_run_json(self.path) if run_json else {}
-        self._verify_read = run_json  # re-read the bytes before the offset to find an in-place edit (watch, judges)
+        # re-read the bytes before the offset to find an in-place edit (watch, judges)
+        self._verify_read = run_json
         self._run_key = file_key(self.path / RUN_JSON)
         self._raw = bytearray()  # metrics.jsonl as read: its complete lines, then the incomplete tail if any
         self._complete = 0  # bytes of complete lines in _raw
@@ -81,7 +84,9 @@ class RunFolder:
         self.rewrites = 0  # times metrics.jsonl was found shorter than the complete lines read before
         self.rewritten_from: tuple[int, int] = (0, 0)
         self.rewrite_reason = ""  # what the last rewrite was: truncated, replaced, or a line edited in place
-        self._verify_at = 0  # where the next piece of the lines read is compared with the file  # (bytes found, bytes of complete lines read) at the last
+        # where the next piece of the lines read is compared with the file  # (bytes found, bytes of complete
+        # lines read) at the last
+        self._verify_at = 0
         self._steps: list[int] | None = None
         self._markers: dict[int, tuple[FileKey | None, tuple[dict[str, Any] | None, str | None]]] = {}
 
@@ -118,7 +123,8 @@ class RunFolder:
             if file_key(self.path / RUN_JSON) == self._run_key:
                 return
 
-    # -------------------------------------------------------------------------------------------- metrics.jsonl
+    # --------------------------------------------------------------------------------------------
+    # metrics.jsonl
     def read_metrics(self) -> None:
         """Read what metrics.jsonl holds beyond the complete lines read so far (module docstring)."""
         path = self.path / METRICS_JSONL
@@ -138,8 +144,10 @@ class RunFolder:
                 if size < self._complete or changed is not None:  # lines read before are gone: never repaired
                     self.rewrites += 1
                     self.rewritten_from = (size, self._complete)
-                    self.rewrite_reason = changed or (f"the file holds {size} bytes but {self._complete} bytes of "
-                                                      "complete lines were read before: it was truncated")
+                    self.rewrite_reason = changed or (
+                        f"the file holds {size} bytes but {self._complete} bytes of "
+                        "complete lines were read before: it was truncated"
+                    )
                     self._raw.clear()
                     self._complete = 0
                 handle.seek(self._complete)
@@ -186,11 +194,13 @@ class RunFolder:
         return None
 
     def metrics_bytes(self, offset: int, limit: int) -> bytes:
-        """At most `limit` bytes of metrics.jsonl from `offset`, as read so far (run/follow.py consumes them)."""
+        """At most `limit` bytes of metrics.jsonl from `offset`, as read so far (run/follow.py consumes
+        them)."""
         return bytes(self._raw[offset:offset + limit])
 
     def metrics_newline_after(self, offset: int) -> int | None:
-        """Where the next newline of metrics.jsonl lies from `offset`, in what was read so far (None: none yet)."""
+        """Where the next newline of metrics.jsonl lies from `offset`, in what was read so far (None: none
+        yet)."""
         found = self._raw.find(b"\n", offset, self._complete)
         return found if found >= 0 else None
 
@@ -214,7 +224,8 @@ class RunFolder:
 
     # -------------------------------------------------------------------------------------------- checkpoints
     def committed_steps(self) -> list[int]:
-        """Steps of the committed checkpoint folders (a marker present), ascending; listed once per refresh."""
+        """Steps of the committed checkpoint folders (a marker present), ascending; listed once per
+        refresh."""
         if self._steps is None:
             self._steps = committed_checkpoint_steps(self.path)
         return list(self._steps)
@@ -231,8 +242,8 @@ class RunFolder:
         return found
 
     def checkpoint_heads(self) -> tuple[dict[int, Any], dict[int, str | None]]:
-        """step -> the metrics chain head each committed checkpoint's marker recorded (None where it has none),
-        and step -> the run_id its marker names (None for a marker older than run identity)."""
+        """step -> the metrics chain head each committed checkpoint's marker recorded (None where it has
+        none), and step -> the run_id its marker names (None for a marker older than run identity)."""
         heads, owners = {}, {}
         for step in self.committed_steps():
             marker, _problem = self.marker(step)

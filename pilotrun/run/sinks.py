@@ -1,5 +1,5 @@
-"""Metrics sinks: the hook through which trackers mirror the run record (`MetricsSink`), the guard that keeps a
-failing one from touching the run (`GuardedSink`), and the trackers of `train.trackers` (registered in
+"""Metrics sinks: the hook through which trackers mirror the run record (`MetricsSink`), the guard that keeps
+a failing one from touching the run (`GuardedSink`), and the trackers of `train.trackers` (registered in
 run/trackers.py), live or after the fact (`pilotrun export-metrics RUN --to TRACKER`).
 
 metrics.jsonl stays the record; a sink only mirrors it. The hook any tracker implements is `MetricsSink`:
@@ -7,8 +7,8 @@ metrics.jsonl stays the record; a sink only mirrors it. The hook any tracker imp
 sink cannot change what was recorded), and `close()` at the end of the session. Wrap every sink in
 `GuardedSink`: a sink that raises (a full disk, a tracker's server down) warns once and is switched off, and
 training goes on with the record untouched. The trainer checks `check_trackers_available(names)` before it
-writes anything (a missing package is a `ConfigError`: one line, exit 2) and opens `tracker_sinks(names,
-RUN)` on rank 0; `Trainer(..., sinks=[...])` / `pilotrun.train(..., sinks=[...])` add any others (wrapped in a
+writes anything (a missing package is a `ConfigError`: one line, exit 2) and opens `tracker_sinks(names, RUN)`
+on rank 0; `Trainer(..., sinks=[...])` / `pilotrun.train(..., sinks=[...])` add any others (wrapped in a
 GuardedSink unless they already are). The time they take is the session's "report" phase.
 
 Scalars: every number in an event becomes the tag `EVENT/PATH` (nested dicts and lists joined by "/", e.g.
@@ -169,10 +169,22 @@ def export_metrics(run_dir: str | Path, name: str, *, log_dir: str | Path | None
         if not disk_full(exc):
             raise
         done = ", ".join(u for u in undone if u)
-        left = (f"nothing of this export was kept ({done})" if done else
-                f"what it sent before stays in {sink.store()}, the tracker's own store (not a place pilotrun chose)")
-        raise ConfigError(f"export-metrics --to {name}: writing {getattr(exc, 'filename', None) or sink.store()} "
-                          f"failed ({_why(exc)}); {left}") from None
+        left = (
+            f"nothing of this export was kept ({done})"
+            if done
+            else f"what it sent before stays in {sink.store()}, the tracker's own store (not a place "
+                 "pilotrun chose)"
+        )
+        raise ConfigError(
+            f"export-metrics --to {name}: writing {getattr(exc, 'filename', None) or sink.store()} "
+            f"failed ({_why(exc)}); {left}"
+        ) from None
     places.discard()
-    return {"tracker": name, "events": len(events), "scalars": sink.scalars_written, "verdict": verdict is not None,
-            "files": len(files), "where": getattr(sink, "where", "")}
+    return {
+        "tracker": name,
+        "events": len(events),
+        "scalars": sink.scalars_written,
+        "verdict": verdict is not None,
+        "files": len(files),
+        "where": getattr(sink, "where", ""),
+    }

@@ -77,7 +77,9 @@ class MlflowSink(TrackerMirror):
             client.log_batch(self.mlflow_run_id, params=params)
         if resume_step is not None:
             current = client.get_run(self.mlflow_run_id).data.tags.get(f"{TAG_PREFIX}resumed_at_steps")
-            tags[f"{TAG_PREFIX}resumed_at_steps"] = f"{current},{resume_step}" if current else str(resume_step)
+            tags[f"{TAG_PREFIX}resumed_at_steps"] = (
+                f"{current},{resume_step}" if current else str(resume_step)
+            )
         client.log_batch(self.mlflow_run_id, tags=[self._tag(key, value) for key, value in tags.items()])
         self.where = f"{uri} run {self.mlflow_run_id}"
 
@@ -89,8 +91,11 @@ class MlflowSink(TrackerMirror):
 
     def log_verdict(self, verdict: dict[str, Any], step: int) -> None:
         self.log(step, verdict["scalars"], None)
-        tags = {f"{TAG_PREFIX}verdict": verdict["decision"], f"{TAG_PREFIX}verdict_statement": verdict["statement"],
-                **{f"{TAG_PREFIX}{key}": value for key, value in verdict["status"].items()}}
+        tags = {
+            f"{TAG_PREFIX}verdict": verdict["decision"],
+            f"{TAG_PREFIX}verdict_statement": verdict["statement"],
+            **{f"{TAG_PREFIX}{key}": value for key, value in verdict["status"].items()},
+        }
         self.client.log_batch(self.mlflow_run_id, tags=[self._tag(key, value) for key, value in tags.items()])
 
     def log_files(self, files: list[Path]) -> None:
@@ -98,13 +103,16 @@ class MlflowSink(TrackerMirror):
             self.client.log_artifact(self.mlflow_run_id, str(path), "report")
 
     def export_places(self) -> list[Path]:
-        """The local store pilotrun chooses when MLFLOW_TRACKING_URI names none: RUN/mlflow.db and its artifacts."""
-        return [] if os.environ.get("MLFLOW_TRACKING_URI") else [self.run_dir / STORE, self.run_dir / ARTIFACTS]
+        """The local store pilotrun chooses when MLFLOW_TRACKING_URI names none: RUN/mlflow.db and its
+        artifacts."""
+        return (
+            [] if os.environ.get("MLFLOW_TRACKING_URI") else [self.run_dir / STORE, self.run_dir / ARTIFACTS]
+        )
 
     def undo_export(self) -> str | None:
-        """MLflow keeps one store per URI for the life of the process, its database open: after the local store was
-        put back as it was (export_undo.py), that store is let go, so that a later use in this process opens the
-        file as it is now, not the one a failed export wrote."""
+        """MLflow keeps one store per URI for the life of the process, its database open: after the local
+        store was put back as it was (export_undo.py), that store is let go, so that a later use in this
+        process opens the file as it is now, not the one a failed export wrote."""
         with contextlib.suppress(Exception):  # MLflow's own cache, reached where this MLflow version keeps it
             from mlflow.tracking._tracking_service.utils import _get_store, _tracking_store_registry
 

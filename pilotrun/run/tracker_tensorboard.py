@@ -1,6 +1,7 @@
-"""TensorBoard: the record's scalars as classic `simple_value` summaries, written with the tensorboard package's
-own event-file writer and protobufs (no torch), so that TensorBoard, `EventAccumulator(...).Scalars(tag)` and
-the scripts built on it read them; and `pilotrun tensorboard RUN` / `export-metrics --to tensorboard`.
+"""TensorBoard: the record's scalars as classic `simple_value` summaries, written with the tensorboard
+package's own event-file writer and protobufs (no torch), so that TensorBoard,
+`EventAccumulator(...).Scalars(tag)` and the scripts built on it read them; and `pilotrun tensorboard RUN` /
+`export-metrics --to tensorboard`.
 
 Values are float32 (what a classic scalar holds); metrics.jsonl keeps the full-precision float. A resumed
 session writes a `SessionLog(START)` event at the step after its checkpoint, TensorBoard's own mark of a
@@ -31,8 +32,9 @@ def _tensorboard():
         from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
         from tensorboard.summary.writer.record_writer import RecordWriter
     except ImportError:
-        raise ConfigError("TensorBoard output needs the tensorboard package: pip install 'pilotrun[tensorboard]'"
-                          ) from None
+        raise ConfigError(
+            "TensorBoard output needs the tensorboard package: pip install 'pilotrun[tensorboard]'"
+        ) from None
     return RecordWriter, event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
 
 
@@ -44,8 +46,8 @@ class EventFile:
 
     The package's EventFileWriter writes from a thread of its own, where a failure (a read-only or full disk)
     is a traceback printed by that thread that no caller can catch or name. Here every write happens where the
-    event is given, so that a failure is an OSError the caller handles: the live mirror's guard switches it off
-    with one warning, and the converter removes its half-written file and names the folder."""
+    event is given, so that a failure is an OSError the caller handles: the live mirror's guard switches it
+    off with one warning, and the converter removes its half-written file and names the folder."""
 
     def __init__(self, log_dir: Path, record_writer: Any, event_pb2: Any) -> None:
         self._event_pb2 = event_pb2
@@ -84,7 +86,9 @@ class TensorBoardSink(TrackerMirror):
         if run_dir is None:
             run_dir = log_dir.parent
         super().__init__(run_dir, events)
-        self._writer_class, self._event_pb2, self._summary_pb2, self._tensor_pb2, self._shape_pb2 = _tensorboard()
+        self._writer_class, self._event_pb2, self._summary_pb2, self._tensor_pb2, self._shape_pb2 = (
+            _tensorboard()
+        )
         self.log_dir = log_dir
         self.writer: Any = None  # opened by the session's first event: nothing is written before the run is
         self.last_step = 0
@@ -102,7 +106,9 @@ class TensorBoardSink(TrackerMirror):
         now = time.time()
         if resume_step is not None:
             session_log = self._event_pb2.SessionLog(status=self._event_pb2.SessionLog.START)
-            self.writer.add_event(self._event_pb2.Event(wall_time=now, step=resume_step + 1, session_log=session_log))
+            self.writer.add_event(
+                self._event_pb2.Event(wall_time=now, step=resume_step + 1, session_log=session_log)
+            )
         if identity:
             text = "\n".join(f"- {key}: `{value}`" for key, value in identity_tags(identity).items())
             self._write_text("run/identity", text, max(resume_step or 0, 0), now)
@@ -118,15 +124,22 @@ class TensorBoardSink(TrackerMirror):
 
     def log(self, step: int, scalars: dict[str, float], wall_time: float | None) -> None:
         pb = self._summary_pb2
-        summary = pb.Summary(value=[pb.Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()])
-        self.writer.add_event(self._event_pb2.Event(wall_time=wall_time if wall_time is not None else time.time(),
-                                                    step=step, summary=summary))
+        summary = pb.Summary(
+            value=[pb.Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()]
+        )
+        self.writer.add_event(
+            self._event_pb2.Event(
+                wall_time=wall_time if wall_time is not None else time.time(), step=step, summary=summary
+            )
+        )
         self.last_step = max(self.last_step, step)
         self.writer.flush()  # live: a TensorBoard watching the folder sees each event as it is recorded
 
     def log_verdict(self, verdict: dict[str, Any], step: int) -> None:
         self.log(step, verdict["scalars"], None)
-        self._write_text("verdict/statement", f"**{verdict['decision']}**: {verdict['statement']}", step, time.time())
+        self._write_text(
+            "verdict/statement", f"**{verdict['decision']}**: {verdict['statement']}", step, time.time()
+        )
         self.writer.flush()
 
     def close(self) -> None:
@@ -164,8 +177,10 @@ def convert_run_to_tensorboard(run_dir: str | Path, out: str | Path | None = Non
     previous = event_files(out) if out.is_dir() else []
     others = sorted(p.name for p in out.iterdir() if p not in previous) if out.is_dir() else []
     if others and not force:
-        raise ConfigError(f"--out {out} holds files other than TensorBoard event files ({', '.join(others[:3])}): "
-                          "choose another folder, or --force to replace only its event files")
+        raise ConfigError(
+            f"--out {out} holds files other than TensorBoard event files ({', '.join(others[:3])}): "
+            "choose another folder, or --force to replace only its event files"
+        )
     events = kept_history(exported_events(run_dir))
     sink = TensorBoardSink(out, run_dir=run_dir)  # not guarded: here a failure is the command's error
     try:
@@ -183,8 +198,10 @@ def convert_run_to_tensorboard(run_dir: str | Path, out: str | Path | None = Non
             sink.writer.path.unlink(missing_ok=True)
         if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()
-        raise ConfigError(f"--out {out}: writing TensorBoard events failed ({exc.strerror or exc}); nothing was "
-                          f"written, {len(previous)} previous event file(s) kept") from None
+        raise ConfigError(
+            f"--out {out}: writing TensorBoard events failed ({exc.strerror or exc}); nothing was "
+            f"written, {len(previous)} previous event file(s) kept"
+        ) from None
     for old in previous:
         old.unlink()
     return out, sink.scalars_written

@@ -1,14 +1,14 @@
 """trackio: one trackio run per pilotrun run, named by the run_id, so every session of the run resumes it.
 
-Configured as trackio is: its local store is `TRACKIO_DIR` (default ~/.cache/huggingface/trackio; `trackio show`
-reads it), `TRACKIO_SPACE_ID` / `TRACKIO_SERVER_URL` send it elsewhere; the project is `TRACKIO_PROJECT`
-(default "pilotrun"). Scalars go in with `step` = the record's step, as JSON numbers (float64), one row per step (a
-step's events are sent together when the next step begins). trackio keeps
-every point it is sent, so after a resume a rolled-back step has two points, the redone (kept) one last;
-`export-metrics` of a finished run sends each step once. The identity and the recipe are the run's config
-(given again at each resume: trackio replaces a run's config with the one its latest init names), the
-verdict's decision and figures go into the config and, as numbers, the log at the last step; the report is one
-artifact of type "report". trackio's console lines are kept out of the training's output.
+Configured as trackio is: its local store is `TRACKIO_DIR` (default ~/.cache/huggingface/trackio; `trackio
+show` reads it), `TRACKIO_SPACE_ID` / `TRACKIO_SERVER_URL` send it elsewhere; the project is `TRACKIO_PROJECT`
+(default "pilotrun"). Scalars go in with `step` = the record's step, as JSON numbers (float64), one row per
+step (a step's events are sent together when the next step begins). trackio keeps every point it is sent, so
+after a resume a rolled-back step has two points, the redone (kept) one last; `export-metrics` of a finished
+run sends each step once. The identity and the recipe are the run's config (given again at each resume:
+trackio replaces a run's config with the one its latest init names), the verdict's decision and figures go
+into the config and, as numbers, the log at the last step; the report is one artifact of type "report".
+trackio's console lines are kept out of the training's output.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ def _trackio():
     try:
         import trackio
     except ImportError:
-        raise ConfigError("trackio output needs the trackio package: pip install 'pilotrun[trackio]'") from None
+        raise ConfigError(
+            "trackio output needs the trackio package: pip install 'pilotrun[trackio]'"
+        ) from None
     return trackio
 
 
@@ -86,8 +88,13 @@ class TrackioSink(TrackerMirror):
         # trackio takes a run's config at init and stores it with the rows logged after: finish this init,
         # resume the run with the verdict in its config, then log the verdict's figures.
         self.flush()
-        self.config.update({"verdict/decision": verdict["decision"], "verdict/statement": verdict["statement"],
-                            **verdict["status"]})
+        self.config.update(
+            {
+                "verdict/decision": verdict["decision"],
+                "verdict/statement": verdict["statement"],
+                **verdict["status"],
+            }
+        )
         name = self.run.name
         with _quiet():
             self.run.finish()
@@ -115,8 +122,9 @@ class TrackioSink(TrackerMirror):
         return str(self.trackio.SQLiteStorage.get_project_db_path(self.project))
 
     def undo_export(self) -> str | None:
-        """trackio's store is its own (TRACKIO_DIR), not a place pilotrun chose; a run this export created there is
-        removed with trackio's own storage call (a run that was there before keeps what the export added)."""
+        """trackio's store is its own (TRACKIO_DIR), not a place pilotrun chose; a run this export created
+        there is removed with trackio's own storage call (a run that was there before keeps what the export
+        added)."""
         if not self.created:
             return None
         try:

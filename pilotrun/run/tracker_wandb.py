@@ -48,7 +48,8 @@ class WandbSink(TrackerMirror):
             self.run = wandb.init(id=run_id, resume="allow", config=config, **common)
         else:
             self.run = wandb.init(resume_from=f"{run_id}?_step={resume_step}", **common)
-            self.run.config.update(config, allow_val_change=True)  # a resume may change the recipe's free keys
+            # a resume may change the recipe's free keys
+            self.run.config.update(config, allow_val_change=True)
         self.where = str(getattr(self.run, "dir", "") or "")
 
     def log(self, step: int, scalars: dict[str, float], wall_time: float | None) -> None:

@@ -1,9 +1,10 @@
-"""The run record's writer: metrics.jsonl appended one hash-chained line at a time, run.json rewritten atomically.
+"""The run record's writer: metrics.jsonl appended one hash-chained line at a time, run.json rewritten
+atomically.
 
 The format (names, chain, readers) is pilotrun/run/record.py; this module only writes it. Only rank 0 writes;
-other ranks get `enabled=False` writers that do nothing, so the trainer calls them unconditionally. A torn last
-line left by a killed process is cut before a resumed session appends, and the chain continues from the last
-complete line.
+other ranks get `enabled=False` writers that do nothing, so the trainer calls them unconditionally. A torn
+last line left by a killed process is cut before a resumed session appends, and the chain continues from the
+last complete line.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ class MetricsWriter:
             run_id = str(read_run_json(run_dir).get("run_id", "")) if enabled and run_json.is_file() else ""
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            refuse_link(self.path)  # before the torn-tail repair, which truncates: never a file outside the run
+            # before the torn-tail repair, which truncates: never a file outside the run
+            refuse_link(self.path)
         self.repaired_bytes = repair_torn_tail(self.path) if enabled else 0
         self.head: str | None = last_chain_value(self.path, run_id) if enabled else None
         self._file = open_for_write(self.path, "a") if enabled else None
@@ -133,8 +135,16 @@ class RunRecord:
     def create(cls, run_dir: str | Path, *, run_id: str, tokens_per_update: int, model: dict[str, Any],
                optimizer: dict[str, Any], recipe: dict[str, Any], data: dict[str, Any],
                enabled: bool = True) -> RunRecord:
-        record = {"run_id": run_id, "tokens_per_update": int(tokens_per_update), "model": model,
-                  "optimizer": optimizer, "recipe": recipe, "data": data, "allowed_changes": [], "sessions": []}
+        record = {
+            "run_id": run_id,
+            "tokens_per_update": int(tokens_per_update),
+            "model": model,
+            "optimizer": optimizer,
+            "recipe": recipe,
+            "data": data,
+            "allowed_changes": [],
+            "sessions": [],
+        }
         return cls(run_dir, record, enabled)
 
     @classmethod
@@ -162,8 +172,8 @@ class RunRecord:
             self.data["allowed_changes"].append({"session_id": session_id, **change})
 
     def record_free_changes(self, session_id: str, changes: list[dict[str, Any]]) -> None:
-        """The resume-free keys (config.RESUME_FREE_KEYS) this session changed: free, yet on the record, so that
-        the run's recipe history is whole (run.json's `recipe` holds only the values in force now)."""
+        """The resume-free keys (config.RESUME_FREE_KEYS) this session changed: free, yet on the record, so
+        that the run's recipe history is whole (run.json's `recipe` holds only the values in force now)."""
         for change in changes:
             self.data.setdefault("free_changes", []).append({"session_id": session_id, **change})
 

@@ -70,7 +70,9 @@ def _read_int_env(environ: dict[str, str], name: str) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ConfigError(f"environment variable {name}='{raw}' is not an integer (set by torchrun)") from None
+        raise ConfigError(
+            f"environment variable {name}='{raw}' is not an integer (set by torchrun)"
+        ) from None
 
 
 def resolve_device(device_preference: str, local_rank: int = 0) -> str:
@@ -104,8 +106,10 @@ def init_distributed(device_preference: str = "auto", timeout_minutes: float = 3
         raise ConfigError(f"torchrun environment is inconsistent: RANK={rank}, WORLD_SIZE={world_size}")
     if world_size > 1 and device_preference.startswith("cuda:"):
         # A fixed GPU index would put every rank of a node on that one GPU.
-        raise ConfigError(f"train.device={device_preference} under torchrun with {world_size} ranks would put every "
-                          "rank on one GPU; use train.device=auto or cuda (each rank takes cuda:LOCAL_RANK)")
+        raise ConfigError(
+            f"train.device={device_preference} under torchrun with {world_size} ranks would put every "
+            "rank on one GPU; use train.device=auto or cuda (each rank takes cuda:LOCAL_RANK)"
+        )
     device = resolve_device(device_preference, local_rank)
     if world_size == 1:
         return DistributedContext(rank=0, world_size=1, local_rank=local_rank, device=device)
@@ -131,10 +135,10 @@ def init_distributed(device_preference: str = "auto", timeout_minutes: float = 3
 def restart_store(environ: dict[str, str], world_size: int, timeout: datetime.timedelta) -> Any:
     """The process group's store under torchrun's agent, one key space per restart of the group; None: torch's
     own (env://). torchrun's agent hosts one TCPStore for every restart of its workers, and torch's env://
-    store does not separate the restarts' keys: a rank of a restarted group could read a peer's address that the
-    previous group published and connect to a process that is gone (gloo: "connectFullMesh failed ...
-    Connection refused" after a restart under `--max-restarts`).
-    Prefixed by TORCHELASTIC_RESTART_COUNT, each restart's group reads only its own keys."""
+    store does not separate the restarts' keys: a rank of a restarted group could read a peer's address that
+    the previous group published and connect to a process that is gone (gloo: "connectFullMesh failed ...
+    Connection refused" after a restart under `--max-restarts`). Prefixed by TORCHELASTIC_RESTART_COUNT, each
+    restart's group reads only its own keys."""
     if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "TORCHELASTIC_RESTART_COUNT" not in environ:
         return None
     store = dist.TCPStore(environ["MASTER_ADDR"], _read_int_env(environ, "MASTER_PORT"), world_size,
@@ -184,7 +188,9 @@ def all_reduce_packed(context: DistributedContext, tensors: dict[str, torch.Tens
     if not context.is_distributed or not tensors:
         return {name: t.detach().clone() for name, t in tensors.items()}
     device = _collective_device(context)
-    flat = torch.cat([t.detach().reshape(-1).to(device=device, dtype=torch.float64) for t in tensors.values()])
+    flat = torch.cat(
+        [t.detach().reshape(-1).to(device=device, dtype=torch.float64) for t in tensors.values()]
+    )
     reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
     dist.all_reduce(flat, op=reduce_op)
     out: dict[str, torch.Tensor] = {}
@@ -222,8 +228,9 @@ def mean_across_ranks(context: DistributedContext, values: dict[str, float]) -> 
     global batch, so the mean of the means is the global mean."""
     if not context.is_distributed:
         return dict(values)
-    summed = all_reduce_packed(context, {k: torch.tensor(float(v), dtype=torch.float64) for k, v in values.items()},
-                               "sum")
+    summed = all_reduce_packed(
+        context, {k: torch.tensor(float(v), dtype=torch.float64) for k, v in values.items()}, "sum"
+    )
     return {k: float(v.item()) / context.world_size for k, v in summed.items()}
 
 
@@ -231,7 +238,9 @@ def any_across_ranks(context: DistributedContext, flag: bool) -> bool:
     """True on every rank when it is true on any (stop requests, a skip decision that must be shared)."""
     if not context.is_distributed:
         return bool(flag)
-    return bool(all_reduce_packed(context, {"flag": torch.tensor(1.0 if flag else 0.0)}, "max")["flag"].item() > 0)
+    return bool(
+        all_reduce_packed(context, {"flag": torch.tensor(1.0 if flag else 0.0)}, "max")["flag"].item() > 0
+    )
 
 
 def first_across_ranks(context: DistributedContext, value: Any) -> Any:
@@ -255,7 +264,9 @@ def check_same_on_all_ranks(context: DistributedContext, name: str, value: Any) 
     gathered: list[Any] = [None] * context.world_size
     dist.all_gather_object(gathered, value)
     if any(v != gathered[0] for v in gathered):
-        raise ConfigError(f"ranks disagree on {name}: " + ", ".join(f"rank {i}: {v!r}" for i, v in enumerate(gathered)))
+        raise ConfigError(
+            f"ranks disagree on {name}: " + ", ".join(f"rank {i}: {v!r}" for i, v in enumerate(gathered))
+        )
 
 
 class ReplicasDivergedError(RuntimeError):
@@ -264,8 +275,8 @@ class ReplicasDivergedError(RuntimeError):
 
 
 def check_replicas_identical(context: DistributedContext, model: nn.Module) -> int:
-    """Under DDP every rank holds the whole model and must hold the same one; nothing in DDP checks that, and a
-    checkpoint stores replicated tensors once, so a rank that had drifted would be lost without a trace.
+    """Under DDP every rank holds the whole model and must hold the same one; nothing in DDP checks that, and
+    a checkpoint stores replicated tensors once, so a rank that had drifted would be lost without a trace.
     Compares a fingerprint of every tensor in the state dict (parameters and persistent buffers such as the
     expert biases): its float64 sum and sum of squares, all-gathered. Returns the number of tensors checked;
     raises ReplicasDivergedError naming the first tensor that differs. A no-op for one process and for FSDP2
@@ -274,8 +285,12 @@ def check_replicas_identical(context: DistributedContext, model: nn.Module) -> i
         return 0
     state = unwrap_model(model).state_dict()
     names = sorted(state)
-    fingerprint = torch.stack([torch.stack([state[n].detach().double().sum(), state[n].detach().double().square().sum()])
-                               for n in names]).to(_collective_device(context))
+    fingerprint = torch.stack(
+        [
+            torch.stack([state[n].detach().double().sum(), state[n].detach().double().square().sum()])
+            for n in names
+        ]
+    ).to(_collective_device(context))
     gathered = [torch.empty_like(fingerprint) for _ in range(context.world_size)]
     dist.all_gather(gathered, fingerprint)
     for rank, other in enumerate(gathered):
@@ -286,7 +301,9 @@ def check_replicas_identical(context: DistributedContext, model: nn.Module) -> i
     return len(names)
 
 
-def check_same_run_on_all_ranks(context: DistributedContext, recipe: dict[str, Any], data_identity: str) -> None:
+def check_same_run_on_all_ranks(
+    context: DistributedContext, recipe: dict[str, Any], data_identity: str
+) -> None:
     """Every rank must train the same recipe on the same data. On several nodes each reads its own copy of the
     config and the data folder, and a stale copy on one node would give replicas that differ silently; this
     compares the data's metadata_sha256 and a sha256 of the canonical recipe, and refuses with one line."""
@@ -303,11 +320,11 @@ def wrap_model(model: nn.Module, context: DistributedContext, parallelism: str =
 
     DDP must not broadcast buffers at each forward: the model accumulates per-rank step statistics
     (tokens_per_expert, qk_max_logit) in buffers across microbatches, and a broadcast from rank 0 would
-    overwrite the other ranks' counts before they are all-reduced. The persistent buffers (expert biases)
-    stay equal without it, because every rank updates them from the same all-reduced counts.
+    overwrite the other ranks' counts before they are all-reduced. The persistent buffers (expert biases) stay
+    equal without it, because every rank updates them from the same all-reduced counts.
 
-    Build the optimizer after wrapping (session.build_session does): FSDP2 replaces each parameter by a sharded
-    DTensor, and an optimizer built before would hold, and update, the unsharded originals.
+    Build the optimizer after wrapping (session.build_session does): FSDP2 replaces each parameter by a
+    sharded DTensor, and an optimizer built before would hold, and update, the unsharded originals.
     """
     if parallelism not in ("ddp", "fsdp"):
         raise ConfigError(f"train.parallelism must be ddp or fsdp, got '{parallelism}'")
@@ -316,8 +333,10 @@ def wrap_model(model: nn.Module, context: DistributedContext, parallelism: str =
     if parallelism == "fsdp" and precision == "fp16":
         # GradScaler checks each rank's gradient *shard* for inf/NaN and backs its scale off on its own, so
         # under FSDP2 the ranks' loss scales could drift apart: refused rather than silently different.
-        raise ConfigError("train.parallelism=fsdp with train.precision=fp16 is not supported (the loss scaler's "
-                          "overflow check would see only each rank's gradient shard); use bf16 or fp32, or ddp")
+        raise ConfigError(
+            "train.parallelism=fsdp with train.precision=fp16 is not supported (the loss scaler's "
+            "overflow check would see only each rank's gradient shard); use bf16 or fp32, or ddp"
+        )
     if parallelism == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -335,7 +354,9 @@ def _fully_shard_model(model: nn.Module, context: DistributedContext) -> nn.Modu
     try:
         from torch.distributed.fsdp import fully_shard
     except ImportError:  # torch < 2.6 kept it under _composable
-        raise ConfigError("train.parallelism=fsdp needs torch.distributed.fsdp.fully_shard (torch >= 2.6)") from None
+        raise ConfigError(
+            "train.parallelism=fsdp needs torch.distributed.fsdp.fully_shard (torch >= 2.6)"
+        ) from None
     from torch.distributed.device_mesh import init_device_mesh
 
     device_type = "cuda" if context.device.startswith("cuda") else "cpu"

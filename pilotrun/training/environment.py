@@ -22,11 +22,11 @@ import torch
 
 from pilotrun.version import __version__
 
-# Dense peak FLOP/s per device by compute precision. "fp32" is the non-tensor-core FP32 rate (PyTorch's default
-# for float32 matmuls, `allow_tf32=False`); "tf32" applies when TF32 matmuls are switched on.
-# Sources (NVIDIA data sheets; the sparsity figures there are twice these): A100 80GB data sheet (2021);
-# H100 Tensor Core GPU data sheet (SXM and PCIe columns); H200 data sheet (same compute as H100 SXM);
-# V100 data sheet (SXM2); L4 and L40S data sheets; A10 data sheet; T4 data sheet.
+# Dense peak FLOP/s per device by compute precision. "fp32" is the non-tensor-core FP32 rate (PyTorch's
+# default for float32 matmuls, `allow_tf32=False`); "tf32" applies when TF32 matmuls are switched on. Sources
+# (NVIDIA data sheets; the sparsity figures there are twice these): A100 80GB data sheet (2021); H100 Tensor
+# Core GPU data sheet (SXM and PCIe columns); H200 data sheet (same compute as H100 SXM); V100 data sheet
+# (SXM2); L4 and L40S data sheets; A10 data sheet; T4 data sheet.
 TERA = 1e12
 DEVICE_PEAK_FLOPS: dict[str, dict[str, float]] = {
     "NVIDIA A100": {"fp32": 19.5 * TERA, "tf32": 156 * TERA, "bf16": 312 * TERA, "fp16": 312 * TERA},
@@ -64,7 +64,9 @@ def match_device_peak(device_name: str) -> str | None:
     return None
 
 
-def device_peak_flops(device_name: str, precision: str, tf32_enabled: bool = False) -> tuple[float | None, str]:
+def device_peak_flops(
+    device_name: str, precision: str, tf32_enabled: bool = False
+) -> tuple[float | None, str]:
     """(peak FLOP/s of one device, the basis in words); (None, reason) when unknown."""
     key = match_device_peak(device_name)
     if key is None:
@@ -85,7 +87,8 @@ CODE_PATHS = ("pilotrun", "pyproject.toml")
 
 
 def git_state(repo_dir: str | Path | None = None, paths: tuple[str, ...] = CODE_PATHS) -> dict[str, Any]:
-    """Commit, dirty flag and sha256 of the uncommitted changes of the code that runs (`paths` of the checkout).
+    """Commit, dirty flag and sha256 of the uncommitted changes of the code that runs (`paths` of the
+    checkout).
 
     The hash covers `git diff HEAD --binary` of those paths plus the names of their untracked, non-ignored
     files, so two sessions with the same commit and hash ran the same code. Outside a git checkout all three
@@ -119,22 +122,31 @@ def resolve_device(requested: str) -> torch.device:
 def physical_cores() -> int:
     """The physical cores this process may run on (its CPU affinity, hyperthread siblings counted once), from
     /sys where Linux has it; else the logical CPUs."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cpus = (
+        sorted(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else list(range(os.cpu_count() or 1))
+    )
     cores = set()
     for cpu in cpus:
         topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
         try:
-            cores.add(((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip()))
+            cores.add(
+                (
+                    (topology / "physical_package_id").read_text().strip(),
+                    (topology / "core_id").read_text().strip(),
+                )
+            )
         except OSError:
             cores.add(("cpu", str(cpu)))
     return max(1, len(cores))
 
 
 def default_threads(local_ranks: int) -> int:
-    """`train.num_threads: 0`: one intra-op thread per physical core, the cores divided among the ranks of this
-    machine (torch's own default counts every logical CPU for every rank: oversubscribed under torchrun, and
-    its spinning OpenMP threads lose whole time slices on a machine that also runs other work; BENCHMARKS.md,
-    the thread section, has the measurement)."""
+    """`train.num_threads: 0`: one intra-op thread per physical core, the cores divided among the ranks of
+    this machine (torch's own default counts every logical CPU for every rank: oversubscribed under torchrun,
+    and its spinning OpenMP threads lose whole time slices on a machine that also runs other work;
+    BENCHMARKS.md, the thread section, has the measurement)."""
     return max(1, physical_cores() // max(1, local_ranks))
 
 

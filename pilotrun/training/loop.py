@@ -10,13 +10,13 @@ One update (docs/MODEL.md, "one optimizer step"), `train_one_update`:
     if applied: the update hooks (QK-Clip, expert-bias update), step += 1
     else:       updates_skipped += 1
 
-Nothing else moves `step`: an fp16 overflow must move neither the step nor the schedule, so that a resumed
-run and an uninterrupted one agree. Counters are global (all ranks together). After each update the loop
-decides whether the session stops (a stop signal on any rank, too many skipped updates in a row, max_steps
-reached), then every due callback acts in its own time phase; on the last round the loop leaves the training
-phase for good first, so that the session's training seconds are exactly the sum of its windows'. The hot
-loop does no host synchronisation beyond the one the skip decision needs: the spike judge (spikes/detector.py) reads
-the update's loss in that same transfer. The skipped ranges (`train.skip_data` and the rollbacks') are stepped
+Nothing else moves `step`: an fp16 overflow must move neither the step nor the schedule, so that a resumed run
+and an uninterrupted one agree. Counters are global (all ranks together). After each update the loop decides
+whether the session stops (a stop signal on any rank, too many skipped updates in a row, max_steps reached),
+then every due callback acts in its own time phase; on the last round the loop leaves the training phase for
+good first, so that the session's training seconds are exactly the sum of its windows'. The hot loop does no
+host synchronisation beyond the one the skip decision needs: the spike judge (spikes/detector.py) reads the
+update's loss in that same transfer. The skipped ranges (`train.skip_data` and the rollbacks') are stepped
 over before each microbatch.
 
 Before each update the ids of its batches are looked at (every rank's rows, so all ranks agree). A damaged
@@ -55,8 +55,9 @@ from pilotrun.training.spikes.detector import SpikeGate, gathered_values, skip_a
 
 
 def train_loop(loop: LoopState, callbacks: Sequence[Callback]) -> Ending:
-    """Train to `train.max_steps` or until stopped; returns how the session ended (errors propagate, after every
-    callback's `at_end`). A second stop signal ends it at once, without the checkpoint the first waits for."""
+    """Train to `train.max_steps` or until stopped; returns how the session ended (errors propagate, after
+    every callback's `at_end`). A second stop signal ends it at once, without the checkpoint the first waits
+    for."""
     session, account, state = loop.session, loop.account, loop.session.state
     t = session.config.train
     callbacks = in_order(callbacks)
@@ -86,8 +87,11 @@ def train_loop(loop: LoopState, callbacks: Sequence[Callback]) -> Ending:
             run_due(loop, callbacks)
             reset_step_statistics(session.raw_model)
     except SecondSignal as second:
-        loop.ending = Ending("interrupted", loop.signals.exit_code(second.signum), f"second {signal_name(second.signum)}: "
-                             f"stopped at once, no checkpoint for step {state.step}")
+        loop.ending = Ending(
+            "interrupted",
+            loop.signals.exit_code(second.signum),
+            f"second {signal_name(second.signum)}: stopped at once, no checkpoint for step {state.step}",
+        )
     except BaseException:
         account.switch("other")
         run_at_end(loop, callbacks, failing=True)
@@ -98,25 +102,33 @@ def train_loop(loop: LoopState, callbacks: Sequence[Callback]) -> Ending:
 
 
 def finished_anyway(asked: Ending | None, step: int, max_steps: int) -> Ending | None:
-    """A deadline or a stop signal that lands on the last update stops nothing: the run is complete, and saying
-    `deadline` (75) or `interrupted` would have a scheduler start it again only to be told there is nothing to do.
-    A spike's or the skips' stop (exit 1) stays what it is: that update's outcome still needs a look."""
+    """A deadline or a stop signal that lands on the last update stops nothing: the run is complete, and
+    saying `deadline` (75) or `interrupted` would have a scheduler start it again only to be told there is
+    nothing to do. A spike's or the skips' stop (exit 1) stays what it is: that update's outcome still needs a
+    look."""
     if asked is None or step < max_steps or asked.reason not in ("deadline", "interrupted"):
         return asked
-    return Ending("completed", 0, f"reached max_steps={max_steps} ({asked.reason} asked for at the last update: "
-                  "nothing left to stop)")
+    return Ending(
+        "completed",
+        0,
+        f"reached max_steps={max_steps} ({asked.reason} asked for at the last update: nothing left to stop)",
+    )
 
 
 def stop_requested(loop: LoopState, callbacks: Sequence[Callback] = ()) -> Ending | None:
-    """A stop signal or a callback's stop request on any rank (after the update in flight), told alike on every
-    rank in the first asking rank's words; else a spike policy's stop or too many skipped updates in a row."""
+    """A stop signal or a callback's stop request on any rank (after the update in flight), told alike on
+    every rank in the first asking rank's words; else a spike policy's stop or too many skipped updates in a
+    row."""
     session, state = loop.session, loop.session.state
     t = session.config.train
     asked = None
     if loop.signals.received is not None:
         signum = loop.signals.received
-        asked = Ending("interrupted", loop.signals.exit_code(signum), f"{signal_name(signum)} received: finished the update, "
-                       f"saved checkpoint step {state.step}")
+        asked = Ending(
+            "interrupted",
+            loop.signals.exit_code(signum),
+            f"{signal_name(signum)} received: finished the update, saved checkpoint step {state.step}",
+        )
     for callback in callbacks:
         asked = asked or callback.stop_request(loop)
     asked = dist_utils.first_across_ranks(session.context, asked)
@@ -128,8 +140,13 @@ def stop_requested(loop: LoopState, callbacks: Sequence[Callback] = ()) -> Endin
                       f"{spike.grad_norm:.4g}) after {state_rollbacks(loop)} rollback(s): {spike.note}")
     too_many_skips = state.consecutive_skips >= t.max_consecutive_skips
     if too_many_skips:
-        return Ending("stopped", 1, f"{state.consecutive_skips} consecutive skipped updates "
-                      f"(train.max_consecutive_skips={t.max_consecutive_skips}); last reason: {loop.update.outcome.reason}")
+        return Ending(
+            "stopped",
+            1,
+            f"{state.consecutive_skips} consecutive skipped updates "
+            f"(train.max_consecutive_skips={t.max_consecutive_skips}); last reason: "
+            f"{loop.update.outcome.reason}",
+        )
     return None
 
 
@@ -138,7 +155,8 @@ def state_rollbacks(loop: LoopState) -> int:
 
 
 def skip_ranges(loop: LoopState) -> list[list[int]]:
-    """The global batch ranges the loader steps over: the recipe's and the rollbacks' (detector.SpikeDetector)."""
+    """The global batch ranges the loader steps over: the recipe's and the rollbacks'
+    (detector.SpikeDetector)."""
     return loop.hook("spike").skip_ranges(loop.session.config.train.skip_data)
 
 
@@ -154,7 +172,8 @@ def train_one_update(loop: LoopState) -> UpdateResult:
     measure_rms = (state.step + 1) % t.log.every == 0 or state.step + 1 >= t.max_steps
     optimizer.zero_grad(set_to_none=True)
     restarted = 0
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # the update's own loss, for the spike judge
+    # the update's own loss, for the spike judge
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     batches = []
     for micro in range(accumulation):
         loader.batch_index = skip_ahead(loader.batch_index, skip_ranges(loop))
@@ -178,9 +197,15 @@ def train_one_update(loop: LoopState) -> UpdateResult:
     statistics = StepStatistics(*dist_utils.all_reduce_step_statistics(
         session.context, *collect_step_statistics(session.raw_model)))
     gate = spike_gate(loop, batches)
-    outcome = apply_update(model, optimizer, scaler, cfg.optim.grad_clip, measure_update_rms=measure_rms,
-                           alongside=lambda norm: gathered_values(norm, loss_sum, accumulation, session.context),
-                           gate=gate)
+    outcome = apply_update(
+        model,
+        optimizer,
+        scaler,
+        cfg.optim.grad_clip,
+        measure_update_rms=measure_rms,
+        alongside=lambda norm: gathered_values(norm, loss_sum, accumulation, session.context),
+        gate=gate,
+    )
     hook_events: list[dict] = []
     if outcome.applied:
         for hook in state.hooks:
@@ -203,13 +228,16 @@ def train_one_update(loop: LoopState) -> UpdateResult:
 
 
 def spike_gate(loop: LoopState, batches: list[int]) -> SpikeGate:
-    """The spike judge of this attempt (spikes/detector.py), with its replay (replay.py) when `train.spike.replay`."""
+    """The spike judge of this attempt (spikes/detector.py), with its replay (replay.py) when
+    `train.spike.replay`."""
     session, state = loop.session, loop.session.state
     t = session.config.train
     detector = loop.hook("spike")
     replay = None
     if t.spike.replay:
         def replay(verdict):
-            following = upcoming_batches(state.loader.batch_index, t.gradient_accumulation_steps, skip_ranges(loop))
+            following = upcoming_batches(
+                state.loader.batch_index, t.gradient_accumulation_steps, skip_ranges(loop)
+            )
             return replay_spike(loop, verdict, detector, following)
     return SpikeGate(detector, state.step + 1, batches, loop.last_checkpoint_step is not None, replay)

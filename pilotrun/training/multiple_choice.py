@@ -51,7 +51,9 @@ class Scorer:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids) if text else []
 
-    def loglikelihood(self, context_ids: Sequence[int], continuation_ids: Sequence[int]) -> tuple[float, bool]:
+    def loglikelihood(
+        self, context_ids: Sequence[int], continuation_ids: Sequence[int]
+    ) -> tuple[float, bool]:
         """(sum of the continuation's token log-probabilities, whether each was the model's greedy choice)."""
         if not continuation_ids:
             raise ValueError("an empty continuation has no likelihood to score")
@@ -83,24 +85,29 @@ def first_best(values: Sequence[float]) -> int:
 def choice_beyond_window(encode: Callable[[str], list[int]], tasks: Sequence[ChoiceTask], max_seq_len: int,
                          limit: int = 0) -> str | None:
     """Why these tasks cannot be scored by a model of `max_seq_len`, or None: the first choice longer than the
-    window (its log-likelihood needs every one of its tokens predicted in one forward pass; a longer context is
-    cut from the front, a choice cannot be). Checked before a run or an evaluation starts, not at its first
+    window (its log-likelihood needs every one of its tokens predicted in one forward pass; a longer context
+    is cut from the front, a choice cannot be). Checked before a run or an evaluation starts, not at its first
     scoring."""
     for task in tasks:
         for index, example in enumerate(task.first(limit)):
             for number, choice in enumerate(example.choices):
                 length = len(encode(choice))
                 if length > max_seq_len:
-                    return (f"task {task.name!r} ({task.path}) example {index + 1} choice {number + 1} is {length} "
-                            f"tokens, longer than the model's window (model.max_seq_len {max_seq_len}): it cannot "
-                            "be scored; shorten or drop it")
+                    return (
+                        f"task {task.name!r} ({task.path}) example {index + 1} choice {number + 1} is "
+                        f"{length} "
+                        f"tokens, longer than the model's window (model.max_seq_len {max_seq_len}): it "
+                        "cannot "
+                        "be scored; shorten or drop it"
+                    )
     return None
 
 
 def check_downstream_fits(config: Any, data_dir: Any, tasks: Sequence[ChoiceTask]) -> None:
-    """The in-loop downstream tasks can be scored by this model: a choice longer than its window is refused as the
-    trainer is built, before anything is written, not by a traceback at the first scoring that every resume
-    would meet again. Data that cannot be opened is left to the session's set-up, which names what is wrong."""
+    """The in-loop downstream tasks can be scored by this model: a choice longer than its window is refused as
+    the trainer is built, before anything is written, not by a traceback at the first scoring that every
+    resume would meet again. Data that cannot be opened is left to the session's set-up, which names what is
+    wrong."""
     t = config.train
     if not tasks or t.downstream.every <= 0:
         return
@@ -111,8 +118,12 @@ def check_downstream_fits(config: Any, data_dir: Any, tasks: Sequence[ChoiceTask
         tokenizer = plain(open_data(data_dir).load_tokenizer())
     except PilotrunError:
         return
-    beyond = choice_beyond_window(lambda text: tokenizer.encode(text, add_special_tokens=False).ids if text else [],
-                                  tasks, config.model.max_seq_len, t.downstream.limit)
+    beyond = choice_beyond_window(
+        lambda text: tokenizer.encode(text, add_special_tokens=False).ids if text else [],
+        tasks,
+        config.model.max_seq_len,
+        t.downstream.limit,
+    )
     if beyond is not None:
         raise ConfigError(f"train.downstream.tasks: {beyond}")
 
@@ -130,7 +141,9 @@ def score_task(scorer: Scorer, task: ChoiceTask, limit: int = 0,
         with torch.no_grad():
             for index, example in enumerate(examples):
                 context_ids = scorer.encode(example.context)
-                scores = [scorer.loglikelihood(context_ids, scorer.encode(choice))[0] for choice in example.choices]
+                scores = [
+                    scorer.loglikelihood(context_ids, scorer.encode(choice))[0] for choice in example.choices
+                ]
                 per_char = [s / max(1, len(c)) for s, c in zip(scores, example.choices)]
                 right += first_best(scores) == example.label
                 right_norm += first_best(per_char) == example.label

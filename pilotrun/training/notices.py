@@ -1,7 +1,8 @@
 """One-line notices a person sees when a training session starts, resumes or is interrupted.
 
 Each is a plain function of facts the trainer already holds, so the trainer calls it in one line and tests
-check the facts, not the wording: `restored_state_line` (what a resume restored) and `interrupt_acknowledgement` (the answer to Ctrl-C).
+check the facts, not the wording: `restored_state_line` (what a resume restored) and
+`interrupt_acknowledgement` (the answer to Ctrl-C).
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ def restored_state_line(checkpoint: Path, trainer_state: dict[str, Any], rng_not
     scale = scaler_state.get("scale") if scaler_state else None
     scaler = f"loss scale {float(scale):g}" if scale is not None else "no loss scaler (fp32/bf16)"
     rng = "all generators" if not rng_notes else f"generators with {len(rng_notes)} note(s)"
-    return (f"restored {checkpoint}: step {int(trainer_state['step']):,}, tokens_seen "
-            f"{int(trainer_state['tokens_seen']):,}, updates attempted {int(trainer_state['updates_attempted']):,} "
-            f"(skipped {int(trainer_state['updates_skipped']):,}), RNG {rng}, data cursor batch "
-            f"{int(loader.get('batch_index', 0)):,} epoch {int(loader.get('epoch', 0))}, {scaler}, model and "
-            "optimizer state")
+    return (
+        f"restored {checkpoint}: step {int(trainer_state['step']):,}, tokens_seen "
+        f"{int(trainer_state['tokens_seen']):,}, updates attempted "
+        f"{int(trainer_state['updates_attempted']):,} "
+        f"(skipped {int(trainer_state['updates_skipped']):,}), RNG {rng}, data cursor batch "
+        f"{int(loader.get('batch_index', 0)):,} epoch {int(loader.get('epoch', 0))}, {scaler}, model and "
+        "optimizer state"
+    )
 
 
 def interrupt_acknowledgement(signal_name: str, step: int, max_steps: int) -> str:
@@ -31,7 +35,8 @@ def interrupt_acknowledgement(signal_name: str, step: int, max_steps: int) -> st
     update = min(step + 1, max_steps)
     key = "Ctrl-C" if signal_name == "SIGINT" else signal_name
     heard = "Ctrl-C (SIGINT)" if signal_name == "SIGINT" else signal_name
-    return f"{heard} received: finishing update {update:,}, then saving a checkpoint; {key} again stops now without one"
+    return (f"{heard} received: finishing update {update:,}, then saving a checkpoint; {key} again stops now "
+            f"without one")
 
 
 def startup_warnings(config: Any, val_tokens: int, world_size: int) -> list[str]:
@@ -46,10 +51,13 @@ def startup_warnings(config: Any, val_tokens: int, world_size: int) -> list[str]
 
 
 def unscored_tasks_warnings(train: Any) -> list[str]:
-    """Task files named with no cadence to score them: said, since the run would otherwise go on without a word
-    and its record would hold no downstream figure the recipe seemed to ask for."""
+    """Task files named with no cadence to score them: said, since the run would otherwise go on without a
+    word and its record would hold no downstream figure the recipe seemed to ask for."""
     if not train.downstream.tasks or train.downstream.every > 0:
         return []
-    return [f"warning: train.downstream.tasks names {len(train.downstream.tasks)} task file(s) but "
-            "train.downstream.every is 0: they are never scored in this run (set train.downstream.every, the updates "
-            "between scorings, or `pilotrun evaluate` a checkpoint)"]
+    return [
+        f"warning: train.downstream.tasks names {len(train.downstream.tasks)} task file(s) but "
+        "train.downstream.every is 0: they are never scored in this run (set train.downstream.every, the "
+        "updates "
+        "between scorings, or `pilotrun evaluate` a checkpoint)"
+    ]

@@ -64,10 +64,10 @@ class UpdateOutcome:
     """What happened to one attempted update.
 
     applied: the optimizer stepped. reason: "ok", "overflow" (fp16 scaler found inf/NaN and backed off),
-    "nonfinite_grad" (non-finite gradient norm without a backoff) or the gate's reason ("spike"). grad_norm: global L2 norm of the
-    (unscaled) gradients before clipping; it is inf or NaN on a skipped update, which is not a real value
-    and must not be logged as one. clipped: clipping scaled the gradients down (only when applied).
-    loss_scale_before / loss_scale_after: the scaler's scale around this update (1.0 when disabled).
+    "nonfinite_grad" (non-finite gradient norm without a backoff) or the gate's reason ("spike"). grad_norm:
+    global L2 norm of the (unscaled) gradients before clipping; it is inf or NaN on a skipped update, which is
+    not a real value and must not be logged as one. clipped: clipping scaled the gradients down (only when
+    applied). loss_scale_before / loss_scale_after: the scaler's scale around this update (1.0 when disabled).
     """
 
     applied: bool
@@ -91,10 +91,11 @@ def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scale
     `measure_update_rms` asks the optimizer's step to measure each group's update RMS as well (an optimizer
     whose step takes that argument: MuonAdamW); the figures are then its `last_update_rms`.
 
-    `alongside(norm) -> 1-D tensor` (this rank's norm first) is what comes to the host instead of the norm alone:
-    values the caller judges ride along in the one transfer the skip decision makes (spikes/detector.py). `gate(norm,
-    the rest of those values) -> reason | None` then decides before the step: a reason skips the update with
-    it, parameters and optimizer state untouched. It is consulted only for a finite norm.
+    `alongside(norm) -> 1-D tensor` (this rank's norm first) is what comes to the host instead of the norm
+    alone: values the caller judges ride along in the one transfer the skip decision makes
+    (spikes/detector.py). `gate(norm, the rest of those values) -> reason | None` then decides before the
+    step: a reason skips the update with it, parameters and optimizer state untouched. It is consulted only
+    for a finite norm.
 
     Gradients must have been accumulated with `scaler.scale(loss).backward()` (a plain backward when the
     scaler is disabled). Does not zero the gradients.

@@ -65,8 +65,10 @@ def _probe(folder: Path) -> None:
             handle.flush()
             os.fsync(handle.fileno())
     except OSError as exc:
-        raise PreflightError(f"{folder} is not writable ({exc.strerror or exc}); refused before the first update, "
-                             "where a checkpoint could never be saved") from None
+        raise PreflightError(
+            f"{folder} is not writable ({exc.strerror or exc}); refused before the first update, "
+            "where a checkpoint could never be saved"
+        ) from None
     finally:
         with contextlib.suppress(OSError):
             probe.unlink()
@@ -93,9 +95,11 @@ def check_run_folder(run_dir: str | Path, checkpoint_bytes: int) -> None:
         _probe(checkpoints)
         free = _free_bytes(checkpoints)
         if free is not None and free < checkpoint_bytes:
-            raise PreflightError(f"{checkpoints}: {free / 2**20:,.1f} MiB free on its disk, one checkpoint of this "
-                                 f"model and optimizer needs about {checkpoint_bytes / 2**20:,.1f} MiB; refused "
-                                 "before the first update (free space, or another --run-dir)")
+            raise PreflightError(
+                f"{checkpoints}: {free / 2**20:,.1f} MiB free on its disk, one checkpoint of this "
+                f"model and optimizer needs about {checkpoint_bytes / 2**20:,.1f} MiB; refused "
+                "before the first update (free space, or another --run-dir)"
+            )
     except BaseException:
         if created and checkpoints.is_dir() and not checkpoints.is_symlink():
             with contextlib.suppress(OSError):
@@ -112,8 +116,11 @@ def room_problem(folder: Path, checkpoint_bytes: int) -> str | None:
     free = _free_bytes(folder if folder.is_dir() else folder.parent)
     if free is None or free >= checkpoint_bytes + RECORD_MARGIN_BYTES:
         return None
-    return (f"{_size(free)} free on the run folder's file system, a checkpoint takes about {_size(checkpoint_bytes)} "
-            f"(+ {_size(RECORD_MARGIN_BYTES)} kept for the record)")
+    return (
+        f"{_size(free)} free on the run folder's file system, a checkpoint takes about "
+        f"{_size(checkpoint_bytes)} "
+        f"(+ {_size(RECORD_MARGIN_BYTES)} kept for the record)"
+    )
 
 
 def disk_plan(checkpointer: Checkpointer, train: TrainConfig, bytes_each: int, source: str
@@ -123,8 +130,12 @@ def disk_plan(checkpointer: Checkpointer, train: TrainConfig, bytes_each: int, s
     protected = set(checkpointer.all_protected()) - {c.step for c in committed if c.step > train.max_steps}
     policy = train.checkpoint
     kept = kept_at_most(train.max_steps, policy.every, policy.keep, policy.keep_every, protected)
-    already = sum(int(entry.get("bytes", 0)) for c in committed for entry in c.marker.get("files", {}).values()
-                  if isinstance(entry, dict) and isinstance(entry.get("bytes"), int))
+    already = sum(
+        int(entry.get("bytes", 0))
+        for c in committed
+        for entry in c.marker.get("files", {}).values()
+        if isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
+    )
     free = _free_bytes(checkpointer.root if checkpointer.root.is_dir() else checkpointer.run_dir)
     need = (kept + 1) * bytes_each  # one more: the save being written before the next prune
     tiers = f"the newest {policy.keep}"
@@ -132,14 +143,21 @@ def disk_plan(checkpointer: Checkpointer, train: TrainConfig, bytes_each: int, s
         tiers += f", every {policy.keep_every}-th step"
     tiers += f", {len(protected)} protected and the final one" if protected else " and the final one"
     free_text = "unknown" if free is None else _size(free)
-    line = (f"checkpoints: {_size(bytes_each)} each ({source}); the retention policy keeps at most {kept} by step "
-            f"{train.max_steps:,} ({tiers}), {_size(need)} with the one being written; {free_text} free on the run "
-            "folder's file system")
+    line = (
+        f"checkpoints: {_size(bytes_each)} each ({source}); the retention policy keeps at most {kept} by "
+        "step "
+        f"{train.max_steps:,} ({tiers}), {_size(need)} with the one being written; {free_text} free on the "
+        "run "
+        "folder's file system"
+    )
     warning = None
     if free is not None and free + already < need:
-        warning = (f"the checkpoint policy needs about {_size(need)} but the run folder's file system has "
-                   f"{_size(free)} free (+ {_size(already)} of checkpoints already there): the disk fills before step "
-                   f"{train.max_steps:,}; lower train.checkpoint.keep or train.checkpoint.keep_every, or free space")
+        warning = (
+            f"the checkpoint policy needs about {_size(need)} but the run folder's file system has "
+            f"{_size(free)} free (+ {_size(already)} of checkpoints already there): the disk fills before "
+            "step "
+            f"{train.max_steps:,}; lower train.checkpoint.keep or train.checkpoint.keep_every, or free space"
+        )
     return line, warning
 
 

@@ -90,14 +90,24 @@ def replay_spike(loop: Any, verdict: SpikeVerdict, detector: SpikeDetector, next
         loader.batch_index, loader.last_batch_restarted = cursor, restarted
         restore_rng_state(rng)
     ranks = [r for r, (a, b) in enumerate(zip(verdict.per_rank, same, strict=True)) if a != b]
-    said = {"batch": f"deterministic: recurs{' bit for bit' if bitwise else ''} on batches {verdict.batches} and "
-                     f"not on the next ones {next_batches}: the data is the cause",
-            "model_state": "deterministic: recurs on its batches and on the next ones too: the model state is the cause",
-            "not_reproducible": f"not reproduced by the replay (rank(s) {ranks} computed other figures): the "
-                                "hardware or a kernel with undefined behaviour is suspect"}[cause]
-    return {"cause": cause, "bitwise": bitwise, "same_batch": same, "next_batches": next_batches if recurs else None,
-            "next_batch": following, "ranks_differing": ranks, "explanation": said,
-            "seconds": time.perf_counter() - started}
+    said = {
+        "batch": f"deterministic: recurs{' bit for bit' if bitwise else ''} on batches {verdict.batches} and "
+        f"not on the next ones {next_batches}: the data is the cause",
+        "model_state": "deterministic: recurs on its batches and on the next ones too: the model state is "
+                       "the cause",
+        "not_reproducible": f"not reproduced by the replay (rank(s) {ranks} computed other figures): the "
+        "hardware or a kernel with undefined behaviour is suspect",
+    }[cause]
+    return {
+        "cause": cause,
+        "bitwise": bitwise,
+        "same_batch": same,
+        "next_batches": next_batches if recurs else None,
+        "next_batch": following,
+        "ranks_differing": ranks,
+        "explanation": said,
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def _loss_norm(pairs: list[list[float]]) -> tuple[float, float]:

@@ -1,14 +1,15 @@
-"""Building one training session, fresh or resumed: everything the loop needs, in the order that keeps it exact.
+"""Building one training session, fresh or resumed: everything the loop needs, in the order that keeps it
+exact.
 
 `build_session` refuses bad input before touching anything, opens the data, plans the resume
-(checkpoint/resume_plan.py decides; this module only executes the plan), builds the model under the run's seed, wraps it
-(DDP / FSDP2), builds the optimizer, scaler and loaders, restores a checkpoint, and opens the run record:
-run.json (new, or extended by one session) and this session's metrics writer. The loop (loop.py) then
-only trains.
+(checkpoint/resume_plan.py decides; this module only executes the plan), builds the model under the run's
+seed, wraps it (DDP / FSDP2), builds the optimizer, scaler and loaders, restores a checkpoint, and opens the
+run record: run.json (new, or extended by one session) and this session's metrics writer. The loop (loop.py)
+then only trains.
 
-The order matters for exact continuation: every generator is seeded before the model is built (so a
-fresh model's weights are the same in every session that builds one), and the restored RNG state
-replaces whatever building consumed.
+The order matters for exact continuation: every generator is seeded before the model is built (so a fresh
+model's weights are the same in every session that builds one), and the restored RNG state replaces whatever
+building consumed.
 """
 
 from __future__ import annotations
@@ -81,8 +82,9 @@ def tokens_per_update(config: RunConfig, world_size: int) -> int:
 
 
 class NothingToDo(PilotrunError):
-    """`--resume auto` of a run whose newest verified checkpoint is at (or past) max_steps: the run is complete,
-    the command exits 0 and writes nothing, so a scheduler that reruns it blindly learns it is done."""
+    """`--resume auto` of a run whose newest verified checkpoint is at (or past) max_steps: the run is
+    complete, the command exits 0 and writes nothing, so a scheduler that reruns it blindly learns it is
+    done."""
 
     exit_code = 0
 
@@ -90,13 +92,15 @@ class NothingToDo(PilotrunError):
 def holds_no_run(run_dir: Path) -> bool:
     """`--resume auto`: the folder holds no run yet. Besides a new or empty folder, one left by a first start
     killed during its set-up (before run.json: the lock file, and the checkpoints/ folder the pre-flight check
-    creates, with nothing committed in it, and the stacks of a start that hung) holds none either, so a rerun of
-    the same command starts the run."""
+    creates, with nothing committed in it, and the stacks of a start that hung) holds none either, so a rerun
+    of the same command starts the run."""
     if (run_dir / RUN_JSON).is_file():
         return False
     if not run_dir.exists():
         return True
-    if not run_dir.is_dir() or any(p.name not in (LOCK_NAME, CHECKPOINTS_DIR, HANGS_DIR) for p in run_dir.iterdir()):
+    if not run_dir.is_dir() or any(
+        p.name not in (LOCK_NAME, CHECKPOINTS_DIR, HANGS_DIR) for p in run_dir.iterdir()
+    ):
         return False
     checkpoints = run_dir / CHECKPOINTS_DIR
     return not checkpoints.exists() or (checkpoints.is_dir() and not checkpoints.is_symlink()
@@ -113,12 +117,16 @@ def check_run_dir_is_new(run_dir: Path, auto: bool = False) -> None:
         if run_dir.is_dir() and not {RUN_JSON, METRICS_JSONL, CHECKPOINTS_DIR} & set(names):
             # A user's folder, a data folder, `/`: never a suggestion to delete it.
             shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-            raise ConfigError(f"--run-dir {run_dir} is not a run folder (it holds {shown}, and no {RUN_JSON}): "
-                              "a new run starts only in a new or empty folder and a run folder is never made of "
-                              "another; choose a new --run-dir")
-        raise ConfigError(f"run folder {run_dir} already exists: pass --resume to continue it (from its newest "
-                          "committed checkpoint, or from step 0 when it has none), choose a new --run-dir, or delete "
-                          "the folder to start this run over")
+            raise ConfigError(
+                f"--run-dir {run_dir} is not a run folder (it holds {shown}, and no {RUN_JSON}): "
+                "a new run starts only in a new or empty folder and a run folder is never made of "
+                "another; choose a new --run-dir"
+            )
+        raise ConfigError(
+            f"run folder {run_dir} already exists: pass --resume to continue it (from its newest "
+            "committed checkpoint, or from step 0 when it has none), choose a new --run-dir, or delete "
+            "the folder to start this run over"
+        )
 
 
 def resolve_vocab(config: RunConfig, data_vocab: int) -> RunConfig:
@@ -128,8 +136,10 @@ def resolve_vocab(config: RunConfig, data_vocab: int) -> RunConfig:
         data["model"]["vocab_size"] = int(data_vocab)
         return config_from_dict(data)
     if config.model.vocab_size < data_vocab:
-        raise ConfigError(f"model.vocab_size ({config.model.vocab_size}) is smaller than the data's vocabulary "
-                          f"({data_vocab}); set it to 0 to take the data's")
+        raise ConfigError(
+            f"model.vocab_size ({config.model.vocab_size}) is smaller than the data's vocabulary "
+            f"({data_vocab}); set it to 0 to take the data's"
+        )
     return config
 
 
@@ -146,7 +156,8 @@ class TrainingState:
     updates_skipped: int = 0
     consecutive_skips: int = 0
     data_restarts: int = 0
-    tokens_by_source: list[int] | None = None  # a mixture's tokens_seen per source (they add up to tokens_seen)
+    # a mixture's tokens_seen per source (they add up to tokens_seen)
+    tokens_by_source: list[int] | None = None
 
     def count_sources(self) -> None:
         """Add the batch the loader just served to the per-source tokens (a mixture's; a folder has none)."""
@@ -159,8 +170,12 @@ class TrainingState:
         return Counters(self.step, self.tokens_seen, self.updates_attempted, self.updates_skipped)
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {**self.counters().as_dict(), "consecutive_skips": self.consecutive_skips,
-                                 "data_restarts": self.data_restarts, "train_loader": self.loader.state_dict()}
+        state: dict[str, Any] = {
+            **self.counters().as_dict(),
+            "consecutive_skips": self.consecutive_skips,
+            "data_restarts": self.data_restarts,
+            "train_loader": self.loader.state_dict(),
+        }
         if self.tokens_by_source is not None:
             state["tokens_by_source"] = list(self.tokens_by_source)
         for hook in self.hooks:
@@ -176,7 +191,9 @@ class TrainingState:
         if self.tokens_by_source is not None:
             self.tokens_by_source = [int(t) for t in state["tokens_by_source"]]
         for hook in self.hooks:
-            if hook.state_dict() is not None and (hook.name in state or not getattr(hook, "state_optional", False)):
+            if hook.state_dict() is not None and (
+                hook.name in state or not getattr(hook, "state_optional", False)
+            ):
                 hook.load_state_dict(state[hook.name])
 
 
@@ -228,13 +245,24 @@ class Session:
             progress = {"counters": counters.as_dict(), "session_id": self.session_id,
                         "run_id": self.record.data.get("run_id") if self.record else None,
                         "tokens_per_update": self.tokens_per_update}
-        return checkpoint_meta(config, data_sha256=self.dataset.metadata_sha256, data_dir=str(self.data_dir.resolve()),
-                               world_size=self.context.world_size, software=self.software, hardware=self.hardware,
-                               partition=partition, progress=progress, mixture=mixture_of(self.dataset))
+        return checkpoint_meta(
+            config,
+            data_sha256=self.dataset.metadata_sha256,
+            data_dir=str(self.data_dir.resolve()),
+            world_size=self.context.world_size,
+            software=self.software,
+            hardware=self.hardware,
+            partition=partition,
+            progress=progress,
+            mixture=mixture_of(self.dataset),
+        )
 
     def data_section(self) -> dict[str, Any]:
         meta = self.dataset.metadata
-        section: dict[str, Any] = {"dir": str(self.data_dir.resolve()), "metadata_sha256": self.dataset.metadata_sha256}
+        section: dict[str, Any] = {
+            "dir": str(self.data_dir.resolve()),
+            "metadata_sha256": self.dataset.metadata_sha256,
+        }
         for name in ("train", "val"):
             splits = all_splits(self.dataset, name)
             # One manifest identifies both splits: its sha256 is each split's identity too (a mixture's: its
@@ -259,8 +287,9 @@ class Session:
 def build_session(config: RunConfig, data_dir: str | Path, run_dir: str | Path, *, resume: bool | str,
                   from_step: int | None, allow_changes: list[str] | tuple[str, ...], command: list[str],
                   context: dist_utils.DistributedContext) -> Session:
-    """`resume`: False (a new run), True (`--resume`) or "auto" (`--resume auto`: start the run where the folder
-    holds none, else resume from the newest checkpoint that verifies, or say there is nothing to do)."""
+    """`resume`: False (a new run), True (`--resume`) or "auto" (`--resume auto`: start the run where the
+    folder holds none, else resume from the newest checkpoint that verifies, or say there is nothing to
+    do)."""
     run_dir, data_dir = Path(run_dir), Path(data_dir)
     validate_run_config(config)
     torch.set_num_threads(config.train.num_threads or default_threads(local_ranks()))
@@ -268,7 +297,9 @@ def build_session(config: RunConfig, data_dir: str | Path, run_dir: str | Path, 
     # 1. Refuse before touching anything. Rank 0 decides what `auto` means here, so that every rank agrees.
     auto = resume == "auto"
     if auto:
-        resume = not dist_utils.broadcast_object(context, holds_no_run(run_dir) if context.is_main_process else None)
+        resume = not dist_utils.broadcast_object(
+            context, holds_no_run(run_dir) if context.is_main_process else None
+        )
     if resume and (problem := resume_problem(run_dir)):
         raise CheckpointError(problem)
     if not resume:
@@ -277,14 +308,24 @@ def build_session(config: RunConfig, data_dir: str | Path, run_dir: str | Path, 
         if not (run_dir / LOCK_NAME).is_file():  # a run folder's lock names a session still running, below
             check_run_dir_is_new(run_dir, auto)
 
-    # One writer per run folder, from here until the session ends (pilotrun/run/folder_lock.py); checked again under the
-    # lock, since another fresh session may have started writing between the check above and the lock.
+    # One writer per run folder, from here until the session ends (pilotrun/run/folder_lock.py); checked again
+    # under the lock, since another fresh session may have started writing between the check above and the
+    # lock.
     lock = take_run_lock(run_dir, context)
     try:
         if not resume:
             check_run_dir_is_new(run_dir, auto)
-        session = _build_locked_session(config, data_dir, run_dir, resume=resume, from_step=from_step,
-                                        allow_changes=allow_changes, command=command, context=context, auto=auto)
+        session = _build_locked_session(
+            config,
+            data_dir,
+            run_dir,
+            resume=resume,
+            from_step=from_step,
+            allow_changes=allow_changes,
+            command=command,
+            context=context,
+            auto=auto,
+        )
     except BaseException:
         if lock is not None:
             lock.release(refused=True)  # a refused session leaves nothing behind, not even a holder line
@@ -309,9 +350,18 @@ def take_run_lock(run_dir: Path, context: dist_utils.DistributedContext) -> RunF
     return lock
 
 
-def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, resume: bool, from_step: int | None,
-                          allow_changes: list[str] | tuple[str, ...], command: list[str],
-                          context: dist_utils.DistributedContext, auto: bool = False) -> Session:
+def _build_locked_session(
+    config: RunConfig,
+    data_dir: Path,
+    run_dir: Path,
+    *,
+    resume: bool,
+    from_step: int | None,
+    allow_changes: list[str] | tuple[str, ...],
+    command: list[str],
+    context: dist_utils.DistributedContext,
+    auto: bool = False,
+) -> Session:
     world_size = context.world_size
     # 2. Data: its identity and vocabulary decide the model's vocab_size when the recipe leaves it at 0.
     dataset = open_data(data_dir)
@@ -323,9 +373,10 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     recorded = read_run_json(run_dir) if resume else {}
 
     # 3. The plan. The checkpoint storage the recipe names (auto: torch.save for one process,
-    # torch.distributed.checkpoint, collective with per-rank RNG, for several); the checkpointer's constructor
-    # is a barrier, so no rank is still checking the run folder when rank 0 starts writing. The model is built first (seeded: Python and NumPy too, since their draws must
-    # match across sessions) because the partition it implies is part of what a resume compares.
+    #    torch.distributed.checkpoint, collective with per-rank RNG, for several); the checkpointer's
+    #    constructor is a barrier, so no rank is still checking the run folder when rank 0 starts writing. The
+    #    model is built first (seeded: Python and NumPy too, since their draws must match across sessions)
+    #    because the partition it implies is part of what a resume compares.
     kept = config.train.checkpoint
     checkpointer = DistributedCheckpointer(run_dir, kept.keep, context, keep_every=kept.keep_every,
                                            keep_steps=kept.keep_steps, storage=kept.storage)
@@ -333,8 +384,14 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     seed_every_generator(config.train.seed)
     model = build_model(config.model)
     check_fits_recipe(dataset, config, world_size)  # before timing thread counts on this recipe's update
-    threads = choose_threads(config, local_ranks=local_ranks(), world_size=world_size, device_type=device.type,
-                             recorded=recorded_threads(recorded))  # before the hardware section a resume compares
+    threads = choose_threads(
+        config,
+        local_ranks=local_ranks(),
+        world_size=world_size,
+        device_type=device.type,
+        # before the hardware section a resume compares
+        recorded=recorded_threads(recorded),
+    )
     torch.set_num_threads(threads.threads)
     software = software_versions()
     hardware = hardware_info(device, world_size, config.train.precision)
@@ -347,11 +404,20 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
                                mixture=mixture_of(dataset))
 
     run_id = recorded.get("run_id")
-    plan = plan_session(config, resume=resume, from_step=from_step, committed_steps=checkpointer.committed_steps,
-                        read_meta=checkpointer.meta, current_meta=meta_of_this_run, allow_changes=allow_changes,
-                        root=str(checkpointer.root), agree=lambda step: dist_utils.broadcast_object(context, step),
-                        run_id=run_id if isinstance(run_id, str) else None, recorded=recorded,
-                        verify=checkpointer.verify if auto else None)
+    plan = plan_session(
+        config,
+        resume=resume,
+        from_step=from_step,
+        committed_steps=checkpointer.committed_steps,
+        read_meta=checkpointer.meta,
+        current_meta=meta_of_this_run,
+        allow_changes=allow_changes,
+        root=str(checkpointer.root),
+        agree=lambda step: dist_utils.broadcast_object(context, step),
+        run_id=run_id if isinstance(run_id, str) else None,
+        recorded=recorded,
+        verify=checkpointer.verify if auto else None,
+    )
     if plan.resuming and context.is_main_process:
         checkpointer.check_later_removable(plan.checkpoint_step)  # before any update is trained
     if auto and plan.resuming and plan.checkpoint_step >= plan.config.train.max_steps:
@@ -360,7 +426,8 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
     if config_to_dict(plan.config) != config_to_dict(config):  # defensive: the check compares every key
         torch.manual_seed(plan.config.train.seed)
         model = build_model(plan.config.model)
-        check_fits_recipe(dataset, plan.config, world_size)  # an allowed change, before the run folder is written
+        # an allowed change, before the run folder is written
+        check_fits_recipe(dataset, plan.config, world_size)
     config = plan.config
 
     # 4. Model, wrapper, optimizer, scaler, loader. Wrap before building the optimizer: FSDP2's fully_shard
@@ -379,10 +446,19 @@ def _build_locked_session(config: RunConfig, data_dir: Path, run_dir: Path, *, r
         loader: BatchLoader | MixedLoader = MixedLoader(dataset, t.batch_size, t.seq_len, mode=t.data_mode,
                                                         rank=context.rank, world_size=world_size)
     else:
-        loader = BatchLoader(dataset.split("train"), t.batch_size, t.seq_len, mode=t.data_mode, rank=context.rank,
-                             world_size=world_size)
-    state = TrainingState(loader=loader, hooks=[*build_update_hooks(raw_model, config), SpikeDetector(t.spike)],
-                          tokens_by_source=[0] * len(dataset.names) if isinstance(dataset, MixedDataset) else None)
+        loader = BatchLoader(
+            dataset.split("train"),
+            t.batch_size,
+            t.seq_len,
+            mode=t.data_mode,
+            rank=context.rank,
+            world_size=world_size,
+        )
+    state = TrainingState(
+        loader=loader,
+        hooks=[*build_update_hooks(raw_model, config), SpikeDetector(t.spike)],
+        tokens_by_source=[0] * len(dataset.names) if isinstance(dataset, MixedDataset) else None,
+    )
     total, active = count_parameters(config.model)
     peak = hardware.get("peak_flops_per_s")
     session = Session(
@@ -431,18 +507,23 @@ def disk_notes(checkpointer: DistributedCheckpointer, config: RunConfig, optimiz
     estimate from the model and the optimizer."""
     committed = checkpointer.committed()
     files = committed[-1].marker.get("files", {}) if committed else {}
-    measured = sum(e["bytes"] for e in files.values() if isinstance(e, dict) and isinstance(e.get("bytes"), int))
+    measured = sum(
+        e["bytes"] for e in files.values() if isinstance(e, dict) and isinstance(e.get("bytes"), int)
+    )
     source = (f"measured: step {committed[-1].step}" if measured else
               "estimated from the model and the optimizer before the first save")
-    line, warning = disk_plan(checkpointer, config.train, measured or checkpoint_bytes_estimate(optimizer), source)
+    line, warning = disk_plan(
+        checkpointer, config.train, measured or checkpoint_bytes_estimate(optimizer), source
+    )
     return [line] + ([f"warning: {warning}"] if warning else [])
 
 
 def checkpoint_state(session: Session, *, sharded: bool) -> dict[str, Any]:
     """What a checkpoint holds, defined once for the save (these are the values written) and for the load (the
     same structure is the template the storage reads into): the model and the optimizer (plain state dicts for
-    one process, the torch.save format; name-keyed DCP state dicts, DTensor shards under FSDP2, when `sharded`),
-    the loss scaler, the trainer state (counters, loader cursor, update hooks' state) and every RNG."""
+    one process, the torch.save format; name-keyed DCP state dicts, DTensor shards under FSDP2, when
+    `sharded`), the loss scaler, the trainer state (counters, loader cursor, update hooks' state) and every
+    RNG."""
     if sharded:
         model_state, optimizer_state = model_and_optimizer_state(session.model, session.optimizer)
     else:
@@ -474,7 +555,9 @@ def read_checkpoint(session: Session, step: int) -> dict[str, Any]:
 
 def group_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
     """Every param group's settings (base LR, weight decay, momentum, betas, ...) without its tensors."""
-    return [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+    return [
+        {key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups
+    ]
 
 
 def restore_group_settings(optimizer: torch.optim.Optimizer, settings: list[dict[str, Any]]) -> None:
@@ -500,7 +583,9 @@ def lost_work(run_dir: Path) -> dict[str, Any]:
 
 def run_skip_data(session: Session) -> list[dict[str, Any]]:
     detector = next(hook for hook in session.state.hooks if isinstance(hook, SpikeDetector))
-    return skip_data_section(session.config.train.skip_data, detector, session.state.loader, session.dataset.eos_id)
+    return skip_data_section(
+        session.config.train.skip_data, detector, session.state.loader, session.dataset.eos_id
+    )
 
 
 def open_record(session: Session, *, resume: bool, command: list[str]) -> None:
@@ -524,26 +609,42 @@ def open_record(session: Session, *, resume: bool, command: list[str]) -> None:
                                   tokens_per_update=session.tokens_per_update, model=session.model_section(),
                                   optimizer={"groups": session.partition}, recipe=config_to_dict(config),
                                   data=session.data_section(), enabled=is_main)
-    record.data["skip_data"] = run_skip_data(session)  # what the restored state steps over (rewritten at a rollback)
-    record.data[renames.RECIPE_FORMAT_KEY] = renames.RECIPE_FORMAT  # `recipe` in today's names, on any resume too
+    # what the restored state steps over (rewritten at a rollback)
+    record.data["skip_data"] = run_skip_data(session)
+    # `recipe` in today's names, on any resume too
+    record.data[renames.RECIPE_FORMAT_KEY] = renames.RECIPE_FORMAT
     record.record_allowed_changes(session.session_id, session.plan.allowed_changes)
     record.record_free_changes(session.session_id, session.plan.free_changes)
     counters = session.state.counters()
     if session.plan.restart:
         session.restart = lost_work(session.run_dir)
     # The writer first: it cuts a torn tail and finds the chain head this session's lines continue from.
-    metrics = MetricsWriter(session.run_dir, session.session_id, enabled=is_main, run_id=str(record.data["run_id"]))
-    record.add_session({
-        "session_id": session.session_id, "start_step": counters.step, "start_tokens_seen": counters.tokens_seen,
-        "resumed_from": session.resumed_from, "git": git_state(), "command": command,
-        "hardware": session.hardware, "software": session.software,
-        "started_at": datetime.datetime.now(datetime.UTC).isoformat(), "notes": list(session.notes),
-        "chain_start": metrics.head, **({"restart": session.restart} if session.restart else {}),
-        # From this session's first update on, a replay of the run is not promised bit for bit (the verdict's
-        # replay comparison names these changes as the cause where replayed windows differ).
-        **({"not_exact": {"from_update": counters.step + 1, "changes": session.plan.not_exact}}
-           if session.plan.not_exact else {}),
-    })
+    metrics = MetricsWriter(
+        session.run_dir, session.session_id, enabled=is_main, run_id=str(record.data["run_id"])
+    )
+    record.add_session(
+        {
+            "session_id": session.session_id,
+            "start_step": counters.step,
+            "start_tokens_seen": counters.tokens_seen,
+            "resumed_from": session.resumed_from,
+            "git": git_state(),
+            "command": command,
+            "hardware": session.hardware,
+            "software": session.software,
+            "started_at": datetime.datetime.now(datetime.UTC).isoformat(),
+            "notes": list(session.notes),
+            "chain_start": metrics.head,
+            **({"restart": session.restart} if session.restart else {}),
+            # From this session's first update on, a replay of the run is not promised bit for bit (the
+            # verdict's replay comparison names these changes as the cause where replayed windows differ).
+            **(
+                {"not_exact": {"from_update": counters.step + 1, "changes": session.plan.not_exact}}
+                if session.plan.not_exact
+                else {}
+            ),
+        }
+    )
     record.save()
     session.record = record
     session.metrics = metrics

@@ -1,14 +1,15 @@
-"""A stop signal while training (SIGINT, SIGTERM, SIGHUP, a scheduler's SIGUSR1 / SIGUSR2, or the set chosen with
-`--stop-signals`): the first is a request to stop at the next update boundary, the second stops now.
+"""A stop signal while training (SIGINT, SIGTERM, SIGHUP, a scheduler's SIGUSR1 / SIGUSR2, or the set chosen
+with `--stop-signals`): the first is a request to stop at the next update boundary, the second stops now.
 
 `pilotrun train` installs the handlers before its set-up begins, so a signal during start-up is a request too:
 the session stops after its first update with a committed checkpoint.
 
-The first signal only sets `received` (and prints its acknowledgement at once, so that a user who pressed Ctrl-C
-knows it was heard while the update in flight and the checkpoint finish); the loop reads it after each update,
-agrees on it across ranks, closes the window, saves a checkpoint and ends the session "interrupted" with exit
-code 130 (SIGINT), 143 (SIGTERM) or 129 (SIGHUP). A second signal while the first is being honoured raises `SecondSignal` from
-the handler, wherever the main thread is: the session ends at once, without the checkpoint it was waiting for.
+The first signal only sets `received` (and prints its acknowledgement at once, so that a user who pressed
+Ctrl-C knows it was heard while the update in flight and the checkpoint finish); the loop reads it after each
+update, agrees on it across ranks, closes the window, saves a checkpoint and ends the session "interrupted"
+with exit code 130 (SIGINT), 143 (SIGTERM) or 129 (SIGHUP). A second signal while the first is being honoured
+raises `SecondSignal` from the handler, wherever the main thread is: the session ends at once, without the
+checkpoint it was waiting for.
 
 Copies of one request are not a second one. SLURM ends a job step (a time limit without `--signal`, `scancel`,
 pre-emption) by sending SIGTERM to every process of the step, and torchrun, which gets its own, forwards it to
@@ -17,9 +18,9 @@ be seconds later (during the save the first asked for). So the same signal again
 first is a copy, and under a launcher so is one more of it, whenever it comes; a different stop signal, or the
 same one once more after that (a person's second Ctrl-C), is a second request.
 
-The signals and their exit codes are every command's (pilotrun/common/stop_signals.py), and so is the installer: handlers
-only from the main thread, the previous ones put back when the session ends, so an in-process caller (the API, a
-test) keeps its own handling afterwards.
+The signals and their exit codes are every command's (pilotrun/common/stop_signals.py), and so is the
+installer: handlers only from the main thread, the previous ones put back when the session ends, so an
+in-process caller (the API, a test) keeps its own handling afterwards.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from typing import Any
 
 from pilotrun.common import stop_signals
 
-# Copies of one stop request arrive together: a scheduler's signal to every process and the launcher's forward of
-# its own copy, both sent at once (the launcher's a Python handler later, on a busy machine).
+# Copies of one stop request arrive together: a scheduler's signal to every process and the launcher's forward
+# of its own copy, both sent at once (the launcher's a Python handler later, on a busy machine).
 COPY_SECONDS = 2.0
 
 
@@ -48,8 +49,8 @@ class StopSignals:
     """What the session was asked by signal: `received` is the first stop signal (None: none yet).
 
     `on_first(signum)` runs inside the handler of the first signal (the trainer prints its acknowledgement
-    there); `request(signum)` is the same request made without a signal (an embedding program, a test), never a
-    copy. `launcher`: the process runs under torchrun, which forwards a copy of the stop signal it gets."""
+    there); `request(signum)` is the same request made without a signal (an embedding program, a test), never
+    a copy. `launcher`: the process runs under torchrun, which forwards a copy of the stop signal it gets."""
 
     def __init__(self, on_first: Callable[[int], None] | None = None, signums: tuple[int, ...] | None = None,
                  launcher: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
@@ -64,8 +65,8 @@ class StopSignals:
 
     def request(self, signum: int) -> None:
         if self.finished:
-            # Under torchrun the first rank to exit with a non-zero code (a stop's) has the launcher SIGTERM the
-            # others, which are only tearing down by then: that must not turn their resumable exit into a
+            # Under torchrun the first rank to exit with a non-zero code (a stop's) has the launcher SIGTERM
+            # the others, which are only tearing down by then: that must not turn their resumable exit into a
             # second-signal traceback.
             return
         self.count += 1

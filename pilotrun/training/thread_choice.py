@@ -1,17 +1,17 @@
 """`train.num_threads: 0`: the intra-op thread count chosen from what this process can actually use.
 
 One thread per core is right on a machine of the run's own, and badly wrong on a shared one: spinning OpenMP
-threads that lose their time slices to another job stall every matmul (on a busy machine two threads can run an
-update many times slower than one; BENCHMARKS.md, "Intra-op threads"). So, for one process on a
-CPU, the candidates are 1, the cores free at start (the idle share of this process's CPUs over a short sample of
-/proc/stat) and every physical core of its affinity, and each is timed on a few updates of the recipe's own model
-and optimizer (a throwaway copy, random tokens), capped in seconds (`MEASURE_SECONDS`), as
+threads that lose their time slices to another job stall every matmul (on a busy machine two threads can run
+an update many times slower than one; BENCHMARKS.md, "Intra-op threads"). So, for one process on a CPU, the
+candidates are 1, the cores free at start (the idle share of this process's CPUs over a short sample of
+/proc/stat) and every physical core of its affinity, and each is timed on a few updates of the recipe's own
+model and optimizer (a throwaway copy, random tokens), capped in seconds (`MEASURE_SECONDS`), as
 benchmarks/bench_threads.py does offline. The fastest wins; a near tie goes to fewer threads, which leaves the
 machine's other work its cores.
 
 The choice is made once per run: a resume with `train.num_threads: 0` keeps the thread count its run recorded
-(run.json, sessions[].hardware.threads), so that a run is not timed one way and then another. A thread count set
-in the recipe (or by `--set`) is used as given and nothing is measured; under several ranks or on CUDA the
+(run.json, sessions[].hardware.threads), so that a run is not timed one way and then another. A thread count
+set in the recipe (or by `--set`) is used as given and nothing is measured; under several ranks or on CUDA the
 default of training/environment.py (the cores divided among the machine's ranks) is used, not measured (ranks
 would time each other). The thread count changes only how work is split among threads, never a result
 (tests/training/test_resume_threads.py), and the timing leaves the run's generators as it found them.
@@ -39,11 +39,13 @@ SAMPLE_SECONDS = 0.1  # how long the CPUs' idle time is sampled at start
 @dataclass
 class ThreadChoice:
     threads: int
-    how: str  # set (the recipe), recorded (the run's own, on resume), measured, or default (not measured: why)
+    # set (the recipe), recorded (the run's own, on resume), measured, or default (not measured: why)
+    how: str
     why: str = ""
     cores: int | None = None  # physical cores of the affinity, divided among the machine's ranks
     free_cpus: float | None = None  # idle CPUs of the affinity at start
-    seconds_per_update: dict[int, float] = field(default_factory=dict)  # measured: candidate -> median seconds
+    # measured: candidate -> median seconds
+    seconds_per_update: dict[int, float] = field(default_factory=dict)
 
     def record(self) -> dict[str, Any]:
         """What run.json's session hardware records under `threads`."""
@@ -55,14 +57,20 @@ class ThreadChoice:
         """The plan's line: how many threads and where the number comes from."""
         if self.how == "measured":
             timed = ", ".join(f"{k}: {v:.3g} s" for k, v in sorted(self.seconds_per_update.items()))
-            return (f"threads: {self.threads}, measured on the recipe's update (seconds per update by threads: "
-                    f"{timed}; {self.cores} core(s) in this process's affinity, {self.free_cpus:.1f} CPU(s) free "
-                    "at start); --set train.num_threads=N fixes it")
+            return (
+                f"threads: {self.threads}, measured on the recipe's update (seconds per update by threads: "
+                f"{timed}; {self.cores} core(s) in this process's affinity, {self.free_cpus:.1f} CPU(s) free "
+                "at start); --set train.num_threads=N fixes it"
+            )
         return f"threads: {self.threads} ({self.why})"
 
 
-def free_cpus(cpus: list[int], sample_seconds: float = SAMPLE_SECONDS,
-              read_stat: Callable[[], str] | None = None, sleep: Callable[[float], None] = time.sleep) -> float | None:
+def free_cpus(
+    cpus: list[int],
+    sample_seconds: float = SAMPLE_SECONDS,
+    read_stat: Callable[[], str] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float | None:
     """Idle CPUs among `cpus` over a short sample of /proc/stat (idle and iowait time); None off Linux."""
     def idle_and_total() -> dict[int, tuple[int, int]]:
         text = read_stat() if read_stat is not None else open("/proc/stat").read()
@@ -93,13 +101,15 @@ def candidates(cores: int, free: float | None) -> list[int]:
 
 def measure(config: Any, threads: list[int], budget_seconds: float = MEASURE_SECONDS,
             clock: Callable[[], float] = time.perf_counter) -> dict[int, float]:
-    """Median seconds per update of the recipe's model and optimizer (a throwaway copy on the CPU, random tokens)
-    at each thread count; {} when one update alone would take the budget's share of a candidate."""
+    """Median seconds per update of the recipe's model and optimizer (a throwaway copy on the CPU, random
+    tokens) at each thread count; {} when one update alone would take the budget's share of a candidate."""
     with torch.random.fork_rng(devices=[]):  # the run's generators are left where they are
         return _measure(config, threads, budget_seconds, clock)
 
 
-def _measure(config: Any, threads: list[int], budget_seconds: float, clock: Callable[[], float]) -> dict[int, float]:
+def _measure(
+    config: Any, threads: list[int], budget_seconds: float, clock: Callable[[], float]
+) -> dict[int, float]:
     from pilotrun.model.transformer import build_model
     from pilotrun.optim.muon_adamw import build_optimizer
     from pilotrun.training.precision import autocast_context
@@ -149,7 +159,8 @@ def _measure(config: Any, threads: list[int], budget_seconds: float, clock: Call
 def choose_threads(config: Any, *, local_ranks: int, world_size: int, device_type: str,
                    recorded: int | None = None, measure_fn: Callable[..., dict[int, float]] = measure,
                    free_fn: Callable[[list[int]], float | None] | None = None) -> ThreadChoice:
-    """The session's thread count (module docstring). `recorded`: the count the run's earlier sessions chose."""
+    """The session's thread count (module docstring). `recorded`: the count the run's earlier sessions
+    chose."""
     if config.train.num_threads > 0:
         return ThreadChoice(config.train.num_threads, "set", "train.num_threads in the recipe")
     cores = default_threads(local_ranks)
@@ -158,17 +169,31 @@ def choose_threads(config: Any, *, local_ranks: int, world_size: int, device_typ
                             "resume; --set train.num_threads=N changes it", cores)
     if world_size > 1 or device_type != "cpu":
         why = "several ranks" if world_size > 1 else f"device {device_type}"
-        return ThreadChoice(cores, "default", f"one per physical core, divided among this machine's ranks; not "
-                            f"measured ({why})", cores)
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        return ThreadChoice(
+            cores,
+            "default",
+            f"one per physical core, divided among this machine's ranks; not measured ({why})",
+            cores,
+        )
+    cpus = (
+        sorted(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else list(range(os.cpu_count() or 1))
+    )
     free = (free_fn or free_cpus)(cpus)
     options = candidates(cores, free)
     if len(options) == 1:
-        return ThreadChoice(options[0], "default", f"the only candidate: {cores} core(s) in this process's affinity",
-                            cores, free)
+        return ThreadChoice(
+            options[0],
+            "default",
+            f"the only candidate: {cores} core(s) in this process's affinity",
+            cores,
+            free,
+        )
     try:
         timed = measure_fn(config, options)
-    except (RuntimeError, ValueError):  # the copy could not run here (a precision the CPU lacks): the cores free
+    # the copy could not run here (a precision the CPU lacks): the cores free
+    except (RuntimeError, ValueError):
         timed = {}
     if not timed:
         fallback = cores if free is None else max(1, min(cores, int(free + 0.5)))

@@ -1,27 +1,27 @@
 """Time accounting: every second of a session belongs to exactly one of train, eval, checkpoint, profile,
 report, other.
 
-A single stopwatch always runs and charges elapsed time to the current phase; `phase("eval")` switches
-to another phase for a block and back afterwards. Because the phases partition the session, their sums
-equal the wall clock exactly. `profile` = the update attempts run under torch.profiler (`train.profile`),
-opening and writing the profiler's files included: they are slower than others and are kept out of the
-training seconds; `report` = writing events to metrics.jsonl, mirroring them to the metrics sinks, and the
-in-run reports (progress bar); `other` = setup and the rest between phases (building a window's figures).
+A single stopwatch always runs and charges elapsed time to the current phase; `phase("eval")` switches to
+another phase for a block and back afterwards. Because the phases partition the session, their sums equal the
+wall clock exactly. `profile` = the update attempts run under torch.profiler (`train.profile`), opening and
+writing the profiler's files included: they are slower than others and are kept out of the training seconds;
+`report` = writing events to metrics.jsonl, mirroring them to the metrics sinks, and the in-run reports
+(progress bar); `other` = setup and the rest between phases (building a window's figures).
 
 Why a switching stopwatch and not a timer around each update: the training phase is left only at window
-boundaries (logging, eval, checkpoint), so the hot loop does no timing work at all; and on CUDA the
-device is synchronized only when leaving the training phase, so queued kernels are charged to training
-instead of to whatever comes next, without a per-step host sync.
+boundaries (logging, eval, checkpoint), so the hot loop does no timing work at all; and on CUDA the device is
+synchronized only when leaving the training phase, so queued kernels are charged to training instead of to
+whatever comes next, without a per-step host sync.
 
-Throughput is then reported twice, side by side: training-only (tokens / train seconds) and wall-clock
-(tokens / all seconds of the window).
+Throughput is then reported twice, side by side: training-only (tokens / train seconds) and wall-clock (tokens
+/ all seconds of the window).
 
 Beside the wall clock the same switches read the process's CPU time (all its threads), charged to the same
-phases. A window whose training seconds grew while its CPU seconds per token did not was slowed by other
-work on the machine, not by the run itself; the verdict's throughput rule tells the two apart with it. Each
-window also records what other processes did to the run's threads (`machine_counters`): the process's
-involuntary context switches (a thread descheduled for another task) and the CPU seconds the rest of the machine
-used meanwhile, so that threads starved by other work are not mistaken for a recipe whose work per token grew
+phases. A window whose training seconds grew while its CPU seconds per token did not was slowed by other work
+on the machine, not by the run itself; the verdict's throughput rule tells the two apart with it. Each window
+also records what other processes did to the run's threads (`machine_counters`): the process's involuntary
+context switches (a thread descheduled for another task) and the CPU seconds the rest of the machine used
+meanwhile, so that threads starved by other work are not mistaken for a recipe whose work per token grew
 (spinning OpenMP threads burn CPU while they wait for a descheduled sibling, so the work per CPU second falls
 on a busy machine too).
 """
@@ -40,8 +40,12 @@ DEVICE_PHASES = ("train", "profile")  # the phases that queue device work
 
 
 class TimeAccount:
-    def __init__(self, synchronize: Callable[[], None] | None = None, clock: Callable[[], float] = time.perf_counter,
-                 cpu_clock: Callable[[], float] = time.process_time):
+    def __init__(
+        self,
+        synchronize: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        cpu_clock: Callable[[], float] = time.process_time,
+    ):
         self._clock = clock
         self._cpu_clock = cpu_clock
         self._synchronize = synchronize  # e.g. torch.cuda.synchronize; None on CPU
@@ -63,7 +67,8 @@ class TimeAccount:
         return self._phase
 
     def switch(self, phase: str) -> str:
-        """Charge the running segment to the current phase and start a segment of `phase`; returns the old one."""
+        """Charge the running segment to the current phase and start a segment of `phase`; returns the old
+        one."""
         if phase not in PHASES:
             raise ValueError(f"unknown time phase '{phase}'")
         if self._phase in DEVICE_PHASES and phase != self._phase and self._synchronize is not None:
@@ -109,7 +114,8 @@ def machine_counters() -> tuple[int, float | None]:
     switches = int(resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw)
     try:
         with open("/proc/stat") as stat:
-            values = [int(v) for v in stat.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+            # user nice system idle iowait irq softirq steal
+            values = [int(v) for v in stat.readline().split()[1:9]]
         return switches, (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return switches, None
@@ -120,9 +126,12 @@ class WindowClock:
     `close_window`, `cpu_seconds` holds the process CPU seconds of that window's training phase,
     `profile_seconds` the seconds its profiled update attempts took (inside its wall seconds, not its train
     seconds), `involuntary_switches` the times its threads were descheduled for other tasks, and
-    `other_cpu_seconds` the CPU seconds the rest of the machine used during the window (None where unknown)."""
+    `other_cpu_seconds` the CPU seconds the rest of the machine used during the window (None where
+    unknown)."""
 
-    def __init__(self, account: TimeAccount, machine: Callable[[], tuple[int, float | None]] = machine_counters):
+    def __init__(
+        self, account: TimeAccount, machine: Callable[[], tuple[int, float | None]] = machine_counters
+    ):
         self.account = account
         self.machine = machine
         self._last = account.snapshot()
@@ -148,8 +157,14 @@ class WindowClock:
         return train, wall
 
 
-def throughput(tokens: int, train_seconds: float, wall_seconds: float, flops_per_token: float | None,
-               peak_flops_per_s: float | None, train_tokens: int | None = None) -> dict[str, float | str | None]:
+def throughput(
+    tokens: int,
+    train_seconds: float,
+    wall_seconds: float,
+    flops_per_token: float | None,
+    peak_flops_per_s: float | None,
+    train_tokens: int | None = None,
+) -> dict[str, float | str | None]:
     """Training-only and wall-clock tokens/s, achieved FLOP/s (training-only), MFU against a known peak.
 
     `train_tokens` are the tokens processed in the training phase (default: all `tokens`); the tokens of

@@ -1,9 +1,10 @@
-"""One training session from start to end: build it (session.py), train it (loop.py and its callbacks), end it.
+"""One training session from start to end: build it (session.py), train it (loop.py and its callbacks), end
+it.
 
 `Trainer` is what `pilotrun train` and the Python API call. It builds the session (fresh or resumed), then
-`run()`: prints the plan and the session's notes, logs `session_start`, assembles the loop's callbacks from the
-recipe's sections, runs `train_loop` with the stop signals handled (signals.py), and logs `session_end` with
-the time split (every second of the session in one of timing.PHASES), whatever ended it.
+`run()`: prints the plan and the session's notes, logs `session_start`, assembles the loop's callbacks from
+the recipe's sections, runs `train_loop` with the stop signals handled (signals.py), and logs `session_end`
+with the time split (every second of the session in one of timing.PHASES), whatever ended it.
 
 The callbacks, in the order they act after an update (callbacks/base.py has the interface):
 - profiling.ProfileCallback: torch.profiler around the attempts `train.profile` names ("profile" phase)
@@ -15,22 +16,24 @@ The callbacks, in the order they act after an update (callbacks/base.py has the 
   `train.downstream.every`
 - checkpointing.CheckpointCallback: every `train.checkpoint.every` updates and at the end ("checkpoint"
   phase); beside training under `train.checkpoint.mode` (not the last save)
-- kill_point.KillPointCallback: the pilot's kill point, when the pilot hands one in (`stop_past_step`)
-the hang watchdog (hang_watchdog.HangWatchdog, `pilotrun train --hang-timeout`, outermost around each update),
-which ends the session `hung` from its own thread when this rank makes no progress within its bound,
-and two that only ask the session to stop (`stop_request`, agreed across ranks by the loop):
+- kill_point.KillPointCallback: the pilot's kill point, when the pilot hands one in (`stop_past_step`) the
+  hang watchdog (hang_watchdog.HangWatchdog, `pilotrun train --hang-timeout`, outermost around each update),
+  which ends the session `hung` from its own thread when this rank makes no progress within its bound, and two
+  that only ask the session to stop (`stop_request`, agreed across ranks by the loop):
 - shard_check.ShardCheckCallback: a shard whose sha256, checked in the background on its first read, differs
 - launcher_watch.LauncherWatchCallback: torchrun's launcher gone (the parent pid changed, or its death signal)
 
 Every event written to metrics.jsonl is handed to the metrics sinks (run/sinks.py: the live mirrors of
-`train.log.trackers` (TensorBoard, W&B, MLflow, trackio), and any the caller passes), each guarded so that a failing sink warns once and changes
-neither the training nor the record; writing and mirroring are the "report" phase.
+`train.log.trackers` (TensorBoard, W&B, MLflow, trackio), and any the caller passes), each guarded so that a
+failing sink warns once and changes neither the training nor the record; writing and mirroring are the
+"report" phase.
 
-A stop signal (pilotrun/common/stop_signals.py): the current update is finished, the window is logged, a checkpoint is
-saved, then `session_end` with reason "interrupted", and the exit code is 128 + the signal's number: 130 (SIGINT),
-143 (SIGTERM), 129 (SIGHUP), 138 (SIGUSR1), 140 (SIGUSR2). A deadline (`stop_by`, callbacks/deadline_stop.py) ends
-the same way with reason "deadline" and exit code 75. A hang (callbacks/hang_watchdog.py) ends it with reason
-"hung", every thread's stack in RUN/hangs/, and exit code 124, without a checkpoint.
+A stop signal (pilotrun/common/stop_signals.py): the current update is finished, the window is logged, a
+checkpoint is saved, then `session_end` with reason "interrupted", and the exit code is 128 + the signal's
+number: 130 (SIGINT), 143 (SIGTERM), 129 (SIGHUP), 138 (SIGUSR1), 140 (SIGUSR2). A deadline (`stop_by`,
+callbacks/deadline_stop.py) ends the same way with reason "deadline" and exit code 75. A hang
+(callbacks/hang_watchdog.py) ends it with reason "hung", every thread's stack in RUN/hangs/, and exit code
+124, without a checkpoint.
 """
 
 from __future__ import annotations
@@ -90,8 +93,11 @@ class TrainResult:
     message: str = ""
 
 
-def describe_plan(config: RunConfig, world_size: int, start_step: int = 0, device_type: str = "cpu") -> list[str]:
-    """The lines printed before training starts: tokens per update, the planned tokens and the compile choice."""
+def describe_plan(
+    config: RunConfig, world_size: int, start_step: int = 0, device_type: str = "cpu"
+) -> list[str]:
+    """The lines printed before training starts: tokens per update, the planned tokens and the compile
+    choice."""
     t = config.train
     per_update = tokens_per_update(config, world_size)
     lines = [
@@ -102,61 +108,94 @@ def describe_plan(config: RunConfig, world_size: int, start_step: int = 0, devic
     ]
     if start_step:
         remaining = max(0, t.max_steps - start_step)
-        lines.append(f"resuming at step {start_step:,}: {remaining:,} updates ({remaining * per_update:,} tokens) "
-                     "remain")
+        lines.append(
+            f"resuming at step {start_step:,}: {remaining:,} updates ({remaining * per_update:,} tokens) "
+            "remain"
+        )
     lines.append(describe_compile(t.compile, device_type))
     return lines
 
 
 def describe_compile(mode: str, device_type: str) -> str:
-    """What train.compile costs and whether it pays back. On the CPU it does not (BENCHMARKS.md, bench_update):
-    the compiled parts are a block's elementwise chains, while the update's time is in the matmuls, the MoE
-    layers' kernels (which stay eager) and the optimizer step (a large share of the update, not compiled)."""
+    """What train.compile costs and whether it pays back. On the CPU it does not (BENCHMARKS.md,
+    bench_update): the compiled parts are a block's elementwise chains, while the update's time is in the
+    matmuls, the MoE layers' kernels (which stay eager) and the optimizer step (a large share of the update,
+    not compiled)."""
     if mode == "none":
         if device_type == "cpu":
-            return ("compile: none (eager). train.compile=inductor would spend seconds compiling each block shape in "
-                    "the first update and gains about 1.0x per update on the CPU (BENCHMARKS.md, bench_update): it "
-                    "does not pay back")
-        return ("compile: none (eager). train.compile=inductor spends the first update compiling each block shape; "
-                "worth it only for a run long enough to repay that")
+            return (
+                "compile: none (eager). train.compile=inductor would spend seconds compiling each block "
+                "shape in "
+                "the first update and gains about 1.0x per update on the CPU (BENCHMARKS.md, bench_update): "
+                "it "
+                "does not pay back"
+            )
+        return (
+            "compile: none (eager). train.compile=inductor spends the first update compiling each block "
+            "shape; "
+            "worth it only for a run long enough to repay that"
+        )
     if mode == "eager":
-        return "compile: eager (Dynamo traces each block, no code generation: a check that the model compiles)"
+        return (
+            "compile: eager (Dynamo traces each block, no code generation: a check that the model compiles)"
+        )
     if device_type == "cpu":
-        return ("compile: inductor, each block compiled in the first update (seconds per block shape); on the CPU it "
-                "gains about 1.0x per update and does not pay back (BENCHMARKS.md, bench_update): "
-                "train.compile=none is as fast without the wait")
-    return "compile: inductor, each block compiled in the first update (the first update is slower by that time)"
+        return (
+            "compile: inductor, each block compiled in the first update (seconds per block shape); on the "
+            "CPU it "
+            "gains about 1.0x per update and does not pay back (BENCHMARKS.md, bench_update): "
+            "train.compile=none is as fast without the wait"
+        )
+    return (
+        "compile: inductor, each block compiled in the first update (the first update is slower by that time)"
+    )
 
 
 class Trainer:
     """Builds one session (fresh or resumed, session.py), then `run()` trains to `train.max_steps`.
 
-    `sinks`: extra metrics sinks (run/sinks.py `MetricsSink`: `write(event)` and `close()`, or a `GuardedSink`)
-    that receive every event as it is recorded, beside the trackers of `train.log.trackers`. Only rank
-    0 writes the record, so only rank 0's sinks receive events; every rank's are closed when `run()` returns.
-    `stop_past_step`: the pilot's kill point (callbacks/kill_point.py); None trains normally.
+    `sinks`: extra metrics sinks (run/sinks.py `MetricsSink`: `write(event)` and `close()`, or a
+    `GuardedSink`) that receive every event as it is recorded, beside the trackers of `train.log.trackers`.
+    Only rank 0 writes the record, so only rank 0's sinks receive events; every rank's are closed when `run()`
+    returns. `stop_past_step`: the pilot's kill point (callbacks/kill_point.py); None trains normally.
     `signals`: the session's stop requests (signals.py); `request(signum)` asks it to stop as a signal would
-    (pass one to have it heard during the set-up too, installed by the caller).
-    `resume`: False, True (`--resume`) or "auto" (`--resume auto`, session.build_session).
-    `stop_by`: a deadline in epoch seconds (pilotrun/common/deadline.py), `started_at` the command's start on `clock`
-    (the set-up's seconds stand for a save in the deadline's margin until the session has saved).
-    `watchdog`: a started hang watchdog (`train_from_cli` starts one before the set-up); None watches nothing, so
-    an in-process caller's process is never ended by a hang."""
+    (pass one to have it heard during the set-up too, installed by the caller). `resume`: False, True
+    (`--resume`) or "auto" (`--resume auto`, session.build_session). `stop_by`: a deadline in epoch seconds
+    (pilotrun/common/deadline.py), `started_at` the command's start on `clock` (the set-up's seconds stand for
+    a save in the deadline's margin until the session has saved). `watchdog`: a started hang watchdog
+    (`train_from_cli` starts one before the set-up); None watches nothing, so an in-process caller's process
+    is never ended by a hang."""
 
-    def __init__(self, config: RunConfig, data_dir: str | Path, run_dir: str | Path, *, resume: bool | str = False,
-                 from_step: int | None = None, allow_changes: list[str] | tuple[str, ...] = (),
-                 command: list[str] | None = None, progress: bool | str = True,
-                 context: dist_utils.DistributedContext | None = None, out=None,
-                 sinks: list[MetricsSink] | tuple[MetricsSink, ...] = (), stop_past_step: int | None = None,
-                 signals: StopSignals | None = None, stop_by: float | None = None, started_at: float | None = None,
-                 clock: Callable[[], float] | None = None, watchdog: HangWatchdog | None = None):
+    def __init__(
+        self,
+        config: RunConfig,
+        data_dir: str | Path,
+        run_dir: str | Path,
+        *,
+        resume: bool | str = False,
+        from_step: int | None = None,
+        allow_changes: list[str] | tuple[str, ...] = (),
+        command: list[str] | None = None,
+        progress: bool | str = True,
+        context: dist_utils.DistributedContext | None = None,
+        out=None,
+        sinks: list[MetricsSink] | tuple[MetricsSink, ...] = (),
+        stop_past_step: int | None = None,
+        signals: StopSignals | None = None,
+        stop_by: float | None = None,
+        started_at: float | None = None,
+        clock: Callable[[], float] | None = None,
+        watchdog: HangWatchdog | None = None,
+    ):
         # A tracker named in the recipe but not installed is refused before anything is written.
         check_trackers_available(config.train.log.trackers)
-        self.downstream_tasks = read_choice_tasks(config.train.downstream.tasks)  # a bad task file: refused here
+        # a bad task file: refused here
+        self.downstream_tasks = read_choice_tasks(config.train.downstream.tasks)
         check_downstream_fits(config, data_dir, self.downstream_tasks)  # a choice past the model's window too
         self.stop_by, self.clock = stop_by, clock if clock is not None else time.time
         self.watchdog, self.session_ended, self.peer_hung = watchdog, False, False
-        self.began = time.time()  # a peer's stack file written since is this session's (hang_watchdog.peer_hangs)
+        # a peer's stack file written since is this session's (hang_watchdog.peer_hangs)
+        self.began = time.time()
         self.started_at = started_at if started_at is not None else self.clock()
         self.account = TimeAccount()  # everything until the loop starts is "other" (setup)
         self.progress = progress
@@ -170,8 +209,11 @@ class Trainer:
             # charged to training, not to whatever phase comes next.
             self.account.synchronize_with(torch.cuda.synchronize)
         self.sinks: list[GuardedSink] = [
-            sink if isinstance(sink, GuardedSink) else GuardedSink(type(sink).__name__, lambda sink=sink: sink)
-            for sink in sinks]
+            sink
+            if isinstance(sink, GuardedSink)
+            else GuardedSink(type(sink).__name__, lambda sink=sink: sink)
+            for sink in sinks
+        ]
         self.stop_past_step = stop_past_step
         self.signals = signals if signals is not None else StopSignals()
         self.signals.on_first = self._acknowledge
@@ -206,11 +248,20 @@ class Trainer:
             self.watchdog.attach(loop)
             self.watchdog.on_hang = lambda message: self._record_hang(loop, message)
             watched.append(self.watchdog)
-        return [*watched, ProfileCallback(profiler), RareEventsCallback(), ShardCheckCallback.for_session(loop),
-                SpikeCallback(window.close_window, checkpoint.settle, checkpoint.save_now, window.reopen),
-                window,
-                EvalCallback(t.eval), self._downstream(t.downstream), checkpoint,
-                KillPointCallback.past_step(self.stop_past_step), LauncherWatchCallback.for_process(), *deadline]
+        return [
+            *watched,
+            ProfileCallback(profiler),
+            RareEventsCallback(),
+            ShardCheckCallback.for_session(loop),
+            SpikeCallback(window.close_window, checkpoint.settle, checkpoint.save_now, window.reopen),
+            window,
+            EvalCallback(t.eval),
+            self._downstream(t.downstream),
+            checkpoint,
+            KillPointCallback.past_step(self.stop_past_step),
+            LauncherWatchCallback.for_process(),
+            *deadline,
+        ]
 
     def _downstream(self, section: DownstreamConfig) -> DownstreamEvalCallback:
         """The in-loop tasks, read before the session was built (the effective recipe may name others only
@@ -248,12 +299,20 @@ class Trainer:
             if isinstance(exc, Exception) and out_of_space(exc):
                 return self._end_for_space(loop, exc)
             reason, message = "error", f"{type(exc).__name__}: {exc}"
-            hung = peer_hangs(session.run_dir, self.began, session.context.rank) if session.context.is_distributed \
-                and isinstance(exc, Exception) else []
+            hung = (
+                peer_hangs(session.run_dir, self.began, session.context.rank)
+                if session.context.is_distributed and isinstance(exc, Exception)
+                else []
+            )
             if hung:  # the collective broke because a rank hung and left: the session hung
                 self.peer_hung = True
-                reason, message = "hung", f"another rank hung (stacks in {', '.join(map(str, hung))}); here: {message}"
-            loop.log("session_end", reason=reason, message=message[:2000], time_split=self.account.time_split())
+                reason, message = (
+                    "hung",
+                    f"another rank hung (stacks in {', '.join(map(str, hung))}); here: {message}",
+                )
+            loop.log(
+                "session_end", reason=reason, message=message[:2000], time_split=self.account.time_split()
+            )
             session.record.end_session(session.session_id, reason=reason, chain_end=session.metrics.head)
             raise
         return self._end_session(loop, ending)
@@ -263,13 +322,17 @@ class Trainer:
         committed half (every write is temp + rename), so the session stops, exit 1, for a person to free
         space; its session_end is written where the disk takes it."""
         session = self.session
-        message = (f"the disk is full ({space_error_line(exc)}); nothing was half committed, the newest committed "
-                   f"checkpoint is step {loop.last_checkpoint_step}: free space, then --resume")
+        message = (
+            f"the disk is full ({space_error_line(exc)}); nothing was half committed, the newest committed "
+            f"checkpoint is step {loop.last_checkpoint_step}: free space, then --resume"
+        )
         with contextlib.suppress(OSError):
             loop.log("session_end", reason="stopped", message=message, time_split=self.account.time_split())
             session.record.end_session(session.session_id, reason="stopped", chain_end=session.metrics.head)
         loop.say(f"session_end: stopped at step {loop.step:,} ({message})")
-        return TrainResult(reason="stopped", exit_code=1, message=message, **session.state.counters().as_dict())
+        return TrainResult(
+            reason="stopped", exit_code=1, message=message, **session.state.counters().as_dict()
+        )
 
     def _start_session(self, loop: LoopState) -> None:
         """Open the TensorBoard mirror, print the plan and the notes, log `session_start` (rank 0 prints)."""
@@ -282,17 +345,27 @@ class Trainer:
             loop.say(line)
         for note in session.notes:
             loop.say(f"note: {note}")
-        loop.log("session_start", resumed_from=session.resumed_from, world_size=world_size,
-                 run_json_sha256=run_json_digests(session.record.data), tokens_per_update=session.tokens_per_update,
-                 max_steps=t.max_steps, tokens_per_microbatch=session.tokens_per_microbatch,
-                 metrics_repaired_bytes=session.metrics.repaired_bytes,
-                 **({"restart": session.restart} if session.restart else {}),
-                 **({"resumed_checkpoint": self._resumed_marker()} if session.plan.resuming and loop.is_main else {}))
+        loop.log(
+            "session_start",
+            resumed_from=session.resumed_from,
+            world_size=world_size,
+            run_json_sha256=run_json_digests(session.record.data),
+            tokens_per_update=session.tokens_per_update,
+            max_steps=t.max_steps,
+            tokens_per_microbatch=session.tokens_per_microbatch,
+            metrics_repaired_bytes=session.metrics.repaired_bytes,
+            **({"restart": session.restart} if session.restart else {}),
+            **(
+                {"resumed_checkpoint": self._resumed_marker()}
+                if session.plan.resuming and loop.is_main
+                else {}
+            ),
+        )
 
     def _resumed_marker(self) -> dict[str, Any]:
         """What the marker of the checkpoint this session resumed from says of its making: the session that
-        committed it and its counters. The marker is the truth; its own `checkpoint` event may be missing (a kill
-        between the commit and the record), and summarize reconciles the two with this."""
+        committed it and its counters. The marker is the truth; its own `checkpoint` event may be missing (a
+        kill between the commit and the record), and summarize reconciles the two with this."""
         meta = self.session.checkpointer.meta(self.session.plan.checkpoint_step)
         return {"step": self.session.plan.checkpoint_step, "session_id": meta.get("session_id"),
                 "counters": meta.get("counters"), "metrics_chain_head": meta.get("metrics_chain_head")}
@@ -327,7 +400,9 @@ class Trainer:
 def last_recorded_save(run_dir: Path) -> float | None:
     """The blocking seconds of the run's last recorded save (None: it never saved), the deadline's measure of
     the save a session owes before its own first."""
-    saves = [e.get("seconds") for e in read_metrics_tolerant(run_dir).events if e.get("event") == "checkpoint"]
+    saves = [
+        e.get("seconds") for e in read_metrics_tolerant(run_dir).events if e.get("event") == "checkpoint"
+    ]
     return next((float(s) for s in reversed(saves) if isinstance(s, int | float) and s >= 0), None)
 
 
@@ -335,11 +410,13 @@ AUTO_HANG_BOUNDS = HangBounds()  # `--hang-timeout auto`
 
 
 def start_watchdog(bounds: HangBounds | None, run_dir: str | Path) -> HangWatchdog | None:
-    """This rank's hang watchdog, started (None when `--hang-timeout off`). The rank is torchrun's (RANK), read
-    before the process group exists so that its creation is watched too."""
+    """This rank's hang watchdog, started (None when `--hang-timeout off`). The rank is torchrun's (RANK),
+    read before the process group exists so that its creation is watched too."""
     if bounds is None:
         return None
-    rank = int(os.environ["RANK"]) if dist_utils.launched_by_torchrun() and os.environ["RANK"].isdigit() else 0
+    rank = (
+        int(os.environ["RANK"]) if dist_utils.launched_by_torchrun() and os.environ["RANK"].isdigit() else 0
+    )
     return HangWatchdog(bounds, run_dir, rank).start()
 
 
@@ -381,18 +458,26 @@ def train_from_cli(config: RunConfig, data_dir: str, run_dir: str, resume: bool 
             print(done, flush=True)
         return 0
     except SecondSignal as second:
-        print(f"second {signal_name(second.signum)} during the set-up: stopped at once", file=sys.stderr, flush=True)
+        print(
+            f"second {signal_name(second.signum)} during the set-up: stopped at once",
+            file=sys.stderr,
+            flush=True,
+        )
         return signals.exit_code(second.signum)
     except Exception:
         if trainer is None or not trainer.peer_hung:
             raise
-        print(f"pilotrun: hung: another rank made no progress (RUN/{HANGS_DIR}/); exiting with {HUNG_EXIT_CODE}",
-              file=sys.stderr, flush=True)
+        print(
+            f"pilotrun: hung: another rank made no progress (RUN/{HANGS_DIR}/); exiting with "
+            f"{HUNG_EXIT_CODE}",
+            file=sys.stderr,
+            flush=True,
+        )
         return HUNG_EXIT_CODE
     finally:
-        # The DDP/FSDP wrapper (DDP's reducer) uses the process group: free it, reference cycles included, before
-        # the group is destroyed rather than after, when the function's frame goes (a 2-rank gloo run was once
-        # seen hanging in rank 1's teardown after its session_end with the other order).
+        # The DDP/FSDP wrapper (DDP's reducer) uses the process group: free it, reference cycles included,
+        # before the group is destroyed rather than after, when the function's frame goes (a 2-rank gloo run
+        # was once seen hanging in rank 1's teardown after its session_end with the other order).
         del trainer
         gc.collect()
         if context is not None:

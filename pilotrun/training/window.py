@@ -101,10 +101,21 @@ class WindowFigures:
     other_cpu_seconds: float | None = None  # CPU seconds the rest of the machine used during the window
 
 
-def train_event_fields(window: WindowFigures, *, lr: float, base_lr: float | None, epoch: int, data_restarts: int,
-                       throughput: dict[str, Any], moe: dict[str, Any], attention: dict[str, Any],
-                       hook_metrics: dict[str, dict[str, Any]], memory: dict[str, Any],
-                       block_output_rms: list[float | None], weight_rms: dict[str, float]) -> dict[str, Any]:
+def train_event_fields(
+    window: WindowFigures,
+    *,
+    lr: float,
+    base_lr: float | None,
+    epoch: int,
+    data_restarts: int,
+    throughput: dict[str, Any],
+    moe: dict[str, Any],
+    attention: dict[str, Any],
+    hook_metrics: dict[str, dict[str, Any]],
+    memory: dict[str, Any],
+    block_output_rms: list[float | None],
+    weight_rms: dict[str, float],
+) -> dict[str, Any]:
     """The fields of a `train` event (the writer adds event, time, session_id and the counters).
 
     `hook_metrics` are the update hooks' window metrics by hook name: `qk_clip`'s join the attention
@@ -113,23 +124,44 @@ def train_event_fields(window: WindowFigures, *, lr: float, base_lr: float | Non
     applied = window.updates_applied > 0
     moe_section = {**moe, **hook_metrics.get("moe", {})} if moe else {}
     return {
-        "window": {"updates_applied": window.updates_applied, "updates_attempted": window.updates_attempted,
-                   "updates_skipped": window.updates_skipped, "clipped": window.clipped,
-                   "microbatches": window.microbatches, "tokens": window.tokens,
-                   "train_seconds": window.train_seconds, "wall_seconds": window.wall_seconds,
-                   "cpu_seconds": window.cpu_seconds, "profiled_attempts": window.profiled_attempts,
-                   "profiled_tokens": window.profiled_tokens, "profile_seconds": window.profile_seconds,
-                   "device_seconds": window.device_seconds, "involuntary_switches": window.involuntary_switches,
-                   "other_cpu_seconds": window.other_cpu_seconds},
-        "loss": window.loss, "aux_loss": window.aux_loss, "lr": lr,
+        "window": {
+            "updates_applied": window.updates_applied,
+            "updates_attempted": window.updates_attempted,
+            "updates_skipped": window.updates_skipped,
+            "clipped": window.clipped,
+            "microbatches": window.microbatches,
+            "tokens": window.tokens,
+            "train_seconds": window.train_seconds,
+            "wall_seconds": window.wall_seconds,
+            "cpu_seconds": window.cpu_seconds,
+            "profiled_attempts": window.profiled_attempts,
+            "profiled_tokens": window.profiled_tokens,
+            "profile_seconds": window.profile_seconds,
+            "device_seconds": window.device_seconds,
+            "involuntary_switches": window.involuntary_switches,
+            "other_cpu_seconds": window.other_cpu_seconds,
+        },
+        "loss": window.loss,
+        "aux_loss": window.aux_loss,
+        "lr": lr,
         "lr_multiplier": lr / base_lr if base_lr else None,
-        "grad_norm": window.grad_norm, "grad_norm_max": window.grad_norm_max if applied else None,
-        "loss_scale": window.loss_scale, "epoch": epoch, "data_restarts": data_restarts,
-        "throughput": throughput, "moe": moe_section,
-        "qk_clip": {"max_logit": attention.get("max_logit"), "max_logit_per_head": attention.get("max_logit_per_head"),
-                    **hook_metrics.get("qk_clip", {})},
+        "grad_norm": window.grad_norm,
+        "grad_norm_max": window.grad_norm_max if applied else None,
+        "loss_scale": window.loss_scale,
+        "epoch": epoch,
+        "data_restarts": data_restarts,
+        "throughput": throughput,
+        "moe": moe_section,
+        "qk_clip": {
+            "max_logit": attention.get("max_logit"),
+            "max_logit_per_head": attention.get("max_logit_per_head"),
+            **hook_metrics.get("qk_clip", {}),
+        },
         "memory": memory,
         "activations": {"block_output_rms": block_output_rms},
-        "optimizer": {"weight_rms": weight_rms, "update_rms": window.update_rms,
-                      "update_rms_step": window.update_rms_step},
+        "optimizer": {
+            "weight_rms": weight_rms,
+            "update_rms": window.update_rms,
+            "update_rms_step": window.update_rms_step,
+        },
     }

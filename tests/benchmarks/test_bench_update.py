@@ -1,7 +1,7 @@
-"""bench_update's optional comparison with a nanochat checkout: a path that is not one is refused with one line
-(exit 2, nothing measured), and a checkout of nanochat's API shape (a minimal stand-in written here, no network)
-joins the same interleaved rounds as "nanochat eager" and "nanochat as shipped", at pilotrun's matmul work per
-token, with its ratios in the Markdown."""
+"""bench_update's optional comparison with a nanochat checkout: a path that is not one is refused with one
+line (exit 2, nothing measured), and a checkout of nanochat's API shape (a minimal stand-in written here, no
+network) joins the same interleaved rounds as "nanochat eager" and "nanochat as shipped", at pilotrun's matmul
+work per token, with its ratios in the Markdown."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import torch
 
 from benchmarks import bench_update, nanochat_adapter
 
-# The API shape the adapter relies on, as nanochat's gpt.py has it: a GPTConfig dataclass, a GPT whose blocks sit
-# in transformer.h with an MLP of c_fc and c_proj (4x wide, no width in the config), init_weights, a forward that
-# returns the loss given targets, and setup_optimizer.
+# The API shape the adapter relies on, as nanochat's gpt.py has it: a GPTConfig dataclass, a GPT whose blocks
+# sit in transformer.h with an MLP of c_fc and c_proj (4x wide, no width in the config), init_weights, a
+# forward that returns the loss given targets, and setup_optimizer.
 FAKE_GPT = textwrap.dedent('''
     from dataclasses import dataclass
     import torch
@@ -119,7 +119,9 @@ def test_a_checkout_missing_part_of_the_api_is_refused_naming_it(tmp_path, capsy
     err = refusal(capsys, ["--sizes", "stability", "--nanochat", str(tmp_path / "no_setup")])
     assert err.endswith(": nanochat.gpt.GPT has no setup_optimizer or setup_optimizers\n")
     fake_checkout(tmp_path / "no_field", FAKE_GPT.replace("    n_embd: int = 32\n", ""))
-    assert refusal(capsys, ["--nanochat", str(tmp_path / "no_field")]).endswith("GPTConfig has no field n_embd\n")
+    assert refusal(capsys, ["--nanochat", str(tmp_path / "no_field")]).endswith(
+        "GPTConfig has no field n_embd\n"
+    )
     fake_checkout(tmp_path / "broken", "raise RuntimeError('needs CUDA')\n")
     err = refusal(capsys, ["--nanochat", str(tmp_path / "broken")])
     assert err.endswith("importing nanochat.gpt failed: RuntimeError: needs CUDA\n")
@@ -127,14 +129,17 @@ def test_a_checkout_missing_part_of_the_api_is_refused_naming_it(tmp_path, capsy
                   .replace("self.mlp(", "self.ffn("))
     nanochat = nanochat_adapter.load(tmp_path / "no_mlp")
     with pytest.raises(nanochat_adapter.NanochatError, match="blocks have no mlp.c_fc and mlp.c_proj"):
-        nanochat_adapter.build(nanochat, d_model=32, n_layers=2, n_heads=2, vocab=256, seq=16, target_matmul=10**4)
+        nanochat_adapter.build(
+            nanochat, d_model=32, n_layers=2, n_heads=2, vocab=256, seq=16, target_matmul=10**4
+        )
 
 
 def test_the_model_matches_the_matmul_work_asked_for_and_is_nanochats_own_init(tmp_path, capsys):
     nanochat = nanochat_adapter.load(fake_checkout(tmp_path))
     model, optimizers, shape = nanochat_adapter.build(nanochat, d_model=32, n_layers=2, n_heads=2, vocab=256,
                                                       seq=16, target_matmul=40_000)
-    # attention 2 x 32^2 + head 32 x 256 = 10,240; the MLP's 2 x 2 x 32 x h nearest the remaining 29,760: h 232
+    # attention 2 x 32^2 + head 32 x 256 = 10,240; the MLP's 2 x 2 x 32 x h nearest the remaining 29,760: h
+    # 232
     assert shape["nanochat_hidden"] == 232 and shape["nanochat_shipped_hidden"] == 128
     assert shape["nanochat_matmul_parameters"] == 10_240 + 4 * 32 * 232 == model.num_matmul_params()
     assert shape["nanochat_flops_per_token"] == 6 * 39_936 + 6 * 2 * 2 * 32 * 17 / 2
@@ -145,7 +150,8 @@ def test_the_model_matches_the_matmul_work_asked_for_and_is_nanochats_own_init(t
 
 
 def test_the_nanochat_variants_run_in_the_same_rounds_and_phases(tmp_path, monkeypatch, capsys):
-    # Compilation is what the benchmark measures, not what this test checks: each compile is the identity here.
+    # Compilation is what the benchmark measures, not what this test checks: each compile is the identity
+    # here.
     monkeypatch.setattr(bench_update, "compile_blocks", lambda model, backend: None)
     monkeypatch.setattr(torch, "compile", lambda model, **options: model)
     nanochat = nanochat_adapter.load(fake_checkout(tmp_path))
@@ -162,9 +168,14 @@ def test_the_nanochat_variants_run_in_the_same_rounds_and_phases(tmp_path, monke
     assert "pilotrun (" in text and ") / nanochat as shipped: update " in text and "optimizer step " in text
     assert f"MLP width set to {result['nanochat_hidden']}" in text
     assert "| nanochat as shipped |" in text and "| nanochat eager |" in text
-    # A compiled side whose first updates came out no slower: its cost is below what they resolve, never negative.
+    # A compiled side whose first updates came out no slower: its cost is below what they resolve, never
+    # negative.
     figures["pilotrun compiled"].update(compile_s=-0.7, payback_updates=-6.0)
-    row = next(line for line in bench_update.markdown([result]).splitlines() if line.startswith("| pilotrun compiled"))
+    row = next(
+        line
+        for line in bench_update.markdown([result]).splitlines()
+        if line.startswith("| pilotrun compiled")
+    )
     assert row.endswith("| under the noise | at once |") and "-" not in row.split("|", 2)[2], row
     capsys.readouterr()
 

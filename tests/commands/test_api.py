@@ -1,4 +1,5 @@
-"""pilotrun/commands/api.py: the Python example of docs/USING.md runs as written, and `import pilotrun` does not import torch."""
+"""pilotrun/commands/api.py: the Python example of docs/USING.md runs as written, and `import pilotrun` does
+not import torch."""
 
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ def test_import_pilotrun_stays_torch_free():
             "assert 'torch' not in sys.modules; print(sorted(pilotrun.API))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(sorted(["prepare", "train", "summarize", "verdict", "load_model", "export"]))
+    assert done.stdout.strip() == str(
+        sorted(["prepare", "train", "summarize", "verdict", "load_model", "export"])
+    )
 
 
 def test_train_is_the_api_function_even_after_the_training_modules_load():

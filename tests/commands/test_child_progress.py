@@ -101,8 +101,14 @@ def test_ctrl_c_waits_for_the_child_then_reports_exit_130(tmp_path, monkeypatch)
 
     monkeypatch.setattr(child_progress.time, "sleep", interrupted_sleep)
     with pytest.raises(child_progress.ChildInterrupted) as caught:
-        wait_with_progress(child, tmp_path / "metrics.jsonl", 40, ProgressLine(io.StringIO()), poll_seconds=0.01,
-                           timeout_seconds=60)
+        wait_with_progress(
+            child,
+            tmp_path / "metrics.jsonl",
+            40,
+            ProgressLine(io.StringIO()),
+            poll_seconds=0.01,
+            timeout_seconds=60,
+        )
     assert child.returncode == 0  # waited for the child to end by itself, not killed
     assert caught.value.exit_code == 130
 
@@ -128,9 +134,9 @@ def _torn_pieces(text: bytes) -> list[bytes]:
 
 @pytest.mark.parametrize("cut", [_whole_lines, _torn_pieces])
 def test_the_poll_reads_each_byte_of_the_record_once(tmp_path, monkeypatch, cut):
-    """Every byte goes through the follower's reader, counted; the whole-file reader is not used while polling.
-    A complete line is read once; only a line still being written (no newline yet) is read again at the next
-    poll, until its newline arrives (run/follow.py)."""
+    """Every byte goes through the follower's reader, counted; the whole-file reader is not used while
+    polling. A complete line is read once; only a line still being written (no newline yet) is read again at
+    the next poll, until its newline arrives (run/follow.py)."""
     from pilotrun.commands import child_progress
     from pilotrun.run import run_folder
 
@@ -159,7 +165,9 @@ def test_the_poll_reads_each_byte_of_the_record_once(tmp_path, monkeypatch, cut)
             return data
 
     monkeypatch.setattr(run_folder, "open", lambda path, mode="r": Counted(open(path, mode)), raising=False)
-    monkeypatch.setattr(child_progress, "read_metrics_tolerant", lambda run_dir: pytest.fail("whole file read"))
+    monkeypatch.setattr(
+        child_progress, "read_metrics_tolerant", lambda run_dir: pytest.fail("whole file read")
+    )
     sizes = []
 
     def append_next(events):  # between two polls the child appends its next piece
@@ -178,7 +186,8 @@ def test_the_poll_reads_each_byte_of_the_record_once(tmp_path, monkeypatch, cut)
     if cut is _whole_lines:
         assert sum(read_sizes) == len(text)  # each byte once
     assert [{k: v for k, v in e.items() if k != "_line"} for e in events] == events_of_two_sessions()
-    assert out.getvalue().splitlines()[-1] == format_progress(progress_figures(events, 40), 40)  # the last, at the end
+    # the last, at the end
+    assert out.getvalue().splitlines()[-1] == format_progress(progress_figures(events, 40), 40)
 
 
 def test_a_rewritten_record_is_read_again_from_its_start(tmp_path):

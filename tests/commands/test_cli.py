@@ -33,9 +33,24 @@ def test_python_dash_m_matches_console_script(builtin_data_dir, tmp_path):
     runs = {}
     for name, launcher in (("module", [sys.executable, "-m", "pilotrun"]), ("script", [str(script)])):
         run_dir = tmp_path / name
-        result = subprocess.run([*launcher, "train", "--config", str(smoke), "--data", str(builtin_data_dir),
-                                 "--run-dir", str(run_dir), "--set", "train.num_threads=1", "--set", "train.max_steps=3"],
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            [
+                *launcher,
+                "train",
+                "--config",
+                str(smoke),
+                "--data",
+                str(builtin_data_dir),
+                "--run-dir",
+                str(run_dir),
+                "--set",
+                "train.num_threads=1",
+                "--set",
+                "train.max_steps=3",
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert result.returncode == 0, result.stderr[-2000:]
         events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         recipe = json.loads((run_dir / "run.json").read_text())["recipe"]
@@ -74,8 +89,9 @@ def test_output_cut_short_by_its_reader_ends_quietly(tmp_path):
     assert done.stderr.strip() == "rc=0", done.stderr
 
 
-# `python -m pilotrun ARGS` in a child where importing torch (or numpy) fails: the help of every command is argument
-# parsing alone, which a machine without the training stack (or a shell completing a command) can afford.
+# `python -m pilotrun ARGS` in a child where importing torch (or numpy) fails: the help of every command is
+# argument parsing alone, which a machine without the training stack (or a shell completing a command) can
+# afford.
 WITHOUT_HEAVY_IMPORTS = """
 import runpy, sys
 BLOCKED = ("torch", "numpy")

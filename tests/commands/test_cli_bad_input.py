@@ -43,8 +43,23 @@ def run_cli(capsys, argv: list[str]) -> tuple[int, list[str]]:
 @pytest.fixture(scope="module")
 def small_run(builtin_data_dir, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("bad-input") / "run"
-    assert main(["train", "--config", SMOKE, "--data", str(builtin_data_dir), "--run-dir", str(run_dir), *THREADS,
-                 "--set", "train.max_steps=4"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                SMOKE,
+                "--data",
+                str(builtin_data_dir),
+                "--run-dir",
+                str(run_dir),
+                *THREADS,
+                "--set",
+                "train.max_steps=4",
+            ]
+        )
+        == 0
+    )
     return run_dir
 
 
@@ -74,20 +89,42 @@ def _damage_run(run_dir: Path, kind: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind,command,expected", [
-    ("torn-run-json", "resume", 2), ("torn-run-json", "inspect", 2), ("torn-run-json", "summarize", 2),
-    ("metrics-folder", "resume", 2), ("metrics-folder", "inspect", 2), ("metrics-folder", "summarize", 1),
-    ("metrics-folder", "verdict", 1), ("metrics-not-utf8", "inspect", 2), ("metrics-not-utf8", "summarize", 1),
-    ("run-json-no-recipe", "inspect", 2), ("report-is-a-file", "verdict", 2),
-])
-def test_a_damaged_run_folder_is_refused_in_one_line(builtin_data_dir, small_run, tmp_path, capsys, kind, command,
-                                                     expected):
+@pytest.mark.parametrize(
+    "kind,command,expected",
+    [
+        ("torn-run-json", "resume", 2),
+        ("torn-run-json", "inspect", 2),
+        ("torn-run-json", "summarize", 2),
+        ("metrics-folder", "resume", 2),
+        ("metrics-folder", "inspect", 2),
+        ("metrics-folder", "summarize", 1),
+        ("metrics-folder", "verdict", 1),
+        ("metrics-not-utf8", "inspect", 2),
+        ("metrics-not-utf8", "summarize", 1),
+        ("run-json-no-recipe", "inspect", 2),
+        ("report-is-a-file", "verdict", 2),
+    ],
+)
+def test_a_damaged_run_folder_is_refused_in_one_line(
+    builtin_data_dir, small_run, tmp_path, capsys, kind, command, expected
+):
     run_dir = _copy(small_run, tmp_path)
     _damage_run(run_dir, kind)
     before = tree_hashes(run_dir)
     argv = {
-        "resume": ["train", "--config", SMOKE, "--data", str(builtin_data_dir), "--run-dir", str(run_dir), *THREADS,
-                   "--resume", "--set", "train.max_steps=6"],
+        "resume": [
+            "train",
+            "--config",
+            SMOKE,
+            "--data",
+            str(builtin_data_dir),
+            "--run-dir",
+            str(run_dir),
+            *THREADS,
+            "--resume",
+            "--set",
+            "train.max_steps=6",
+        ],
         "inspect": ["inspect-batch", str(run_dir), "--step", "2"],
         "summarize": ["summarize", str(run_dir), "--json"],
         "verdict": ["verdict", str(run_dir), "--json"],
@@ -127,8 +164,12 @@ def _invalid_byte_on(run_dir: Path, where: str) -> int:
 def test_every_reader_names_the_non_utf8_line_by_its_number(small_run, tmp_path, capsys, where, command):
     run_dir = _copy(small_run, tmp_path)
     number = _invalid_byte_on(run_dir, where)
-    argv = {"summarize": ["summarize", str(run_dir)], "verdict": ["verdict", str(run_dir)],
-            "watch": ["watch", str(run_dir)], "inspect-batch": ["inspect-batch", str(run_dir), "--step", "2"]}[command]
+    argv = {
+        "summarize": ["summarize", str(run_dir)],
+        "verdict": ["verdict", str(run_dir)],
+        "watch": ["watch", str(run_dir)],
+        "inspect-batch": ["inspect-batch", str(run_dir), "--step", "2"],
+    }[command]
     code = main(argv)
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err
@@ -168,7 +209,9 @@ def test_a_full_disk_during_prepare_leaves_nothing_behind(tmp_path, capsys, monk
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_full_disk_during_a_force_replace_keeps_the_old_data(builtin_data_dir, tmp_path, capsys, monkeypatch):
+def test_a_full_disk_during_a_force_replace_keeps_the_old_data(
+    builtin_data_dir, tmp_path, capsys, monkeypatch
+):
     out = tmp_path / "data"
     shutil.copytree(builtin_data_dir, out)
     before = tree_hashes(out)
@@ -192,8 +235,18 @@ def test_config_refusals_are_one_line(builtin_data_dir, tmp_path, capsys):
     }
     for name, (content, fragment) in cases.items():
         (tmp_path / name).write_bytes(content)
-        code, err = run_cli(capsys, ["train", "--config", str(tmp_path / name), "--data", str(builtin_data_dir),
-                                     "--run-dir", str(run_dir)])
+        code, err = run_cli(
+            capsys,
+            [
+                "train",
+                "--config",
+                str(tmp_path / name),
+                "--data",
+                str(builtin_data_dir),
+                "--run-dir",
+                str(run_dir),
+            ],
+        )
         assert code == 2 and len(err) == 1 and fragment in err[0], (name, err)
         assert not run_dir.exists()
     code, err = run_cli(capsys, ["train", "--config", SMOKE, "--data", str(builtin_data_dir), "--run-dir",
@@ -208,8 +261,18 @@ def test_bad_arguments_are_one_line_exit_2(capsys, argv):
     assert code == 2 and len(err) == 1 and "error" in err[0]
 
 
-@pytest.mark.parametrize("mutation", ["no-eos", "dtype", "splits-list", "tokenizer-string", "shard-not-object",
-                                      "tokens-string", "manifest-is-a-folder"])
+@pytest.mark.parametrize(
+    "mutation",
+    [
+        "no-eos",
+        "dtype",
+        "splits-list",
+        "tokenizer-string",
+        "shard-not-object",
+        "tokens-string",
+        "manifest-is-a-folder",
+    ],
+)
 def test_a_mistyped_manifest_is_refused_by_verify_and_train(builtin_data_dir, tmp_path, capsys, mutation):
     data = tmp_path / "data"
     shutil.copytree(builtin_data_dir, data)
@@ -233,7 +296,9 @@ def test_a_mistyped_manifest_is_refused_by_verify_and_train(builtin_data_dir, tm
         (data / "metadata.json").write_text(json.dumps(manifest))
     code, err = run_cli(capsys, ["data", "verify", str(data)])
     assert code == 1
-    code, err = run_cli(capsys, ["train", "--config", SMOKE, "--data", str(data), "--run-dir", str(tmp_path / "r")])
+    code, err = run_cli(
+        capsys, ["train", "--config", SMOKE, "--data", str(data), "--run-dir", str(tmp_path / "r")]
+    )
     assert code == 2 and len(err) == 1 and "metadata.json" in err[0]
     assert not (tmp_path / "r").exists()
 
@@ -282,12 +347,24 @@ def test_read_only_folders_are_one_line(builtin_data_dir, small_run, tmp_path, c
     locked.mkdir()
     before = tree_hashes(tmp_path)
     _read_only(monkeypatch, locked)
-    # The report is built beside report/ (RUN/.report.tmp-PID) and swapped in: a read-only run folder stops it.
+    # The report is built beside report/ (RUN/.report.tmp-PID) and swapped in: a read-only run folder stops
+    # it.
     _read_only_run = run_dir
     cases = [
         (["prepare", "--out", str(locked / "data"), "--tokenizer", "bpe:300"], str(locked)),
-        (["train", "--config", SMOKE, "--data", str(builtin_data_dir), "--run-dir", str(locked / "run"), *THREADS],
-         str(locked / "run")),
+        (
+            [
+                "train",
+                "--config",
+                SMOKE,
+                "--data",
+                str(builtin_data_dir),
+                "--run-dir",
+                str(locked / "run"),
+                *THREADS,
+            ],
+            str(locked / "run"),
+        ),
     ]
     for argv, fragment in cases:
         code, err = run_cli(capsys, argv)

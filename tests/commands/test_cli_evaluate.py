@@ -1,5 +1,5 @@
-"""pilotrun/commands/cli_evaluate.py: `pilotrun evaluate`'s arguments reach the command; its output names each task's
-figures and what was written."""
+"""pilotrun/commands/cli_evaluate.py: `pilotrun evaluate`'s arguments reach the command; its output names each
+task's figures and what was written."""
 
 from __future__ import annotations
 
@@ -9,8 +9,18 @@ from pilotrun.commands.cli import build_parser, main
 
 def test_the_arguments_and_their_defaults():
     args = build_parser().parse_args(["evaluate", "runs/x", "--tasks", "a.jsonl,hellaswag"])
-    assert (args.run_dir, args.tasks, args.step, args.harness, args.limit, args.shots, args.seed, args.device,
-            args.data, args.json) == ("runs/x", "a.jsonl,hellaswag", None, "pilotrun", 0, 0, 0, "cpu", None, False)
+    assert (
+        args.run_dir,
+        args.tasks,
+        args.step,
+        args.harness,
+        args.limit,
+        args.shots,
+        args.seed,
+        args.device,
+        args.data,
+        args.json,
+    ) == ("runs/x", "a.jsonl,hellaswag", None, "pilotrun", 0, 0, 0, "cpu", None, False)
 
 
 def test_the_handler_prints_each_task_and_what_was_written(monkeypatch, capsys):
@@ -18,8 +28,13 @@ def test_the_handler_prints_each_task_and_what_was_written(monkeypatch, capsys):
 
     def fake(run_dir, tasks, **options):
         calls.append((run_dir, tasks, options))
-        return {"tasks": {"t": {"acc": 0.5, "acc_norm": 0.25, "examples": 8}}, "step": 20, "harness": "lm-eval",
-                "harness_version": "0.4.13", "written": "runs/x/evals/step-00000020/e.json"}
+        return {
+            "tasks": {"t": {"acc": 0.5, "acc_norm": 0.25, "examples": 8}},
+            "step": 20,
+            "harness": "lm-eval",
+            "harness_version": "0.4.13",
+            "written": "runs/x/evals/step-00000020/e.json",
+        }
 
     monkeypatch.setattr(evaluate_module, "evaluate_checkpoint", fake)
     assert main(["evaluate", "runs/x", "--tasks", "t.jsonl", "--step", "20", "--harness", "lm-eval",

@@ -9,7 +9,10 @@ import pytest
 from tests.commands.test_cli_bad_input import SMOKE, THREADS, run_cli, tree_hashes
 
 BAD = {
-    "zero": ("{edu}, weight: 0}}, {{path: {builtin}, weight: 1}}", "weight 0 must be a finite number above 0"),
+    "zero": (
+        "{edu}, weight: 0}}, {{path: {builtin}, weight: 1}}",
+        "weight 0 must be a finite number above 0",
+    ),
     "negative": ("{edu}, weight: -0.5}}, {{path: {builtin}, weight: 1}}", "weight -0.5 must be"),
     "nan": ("{edu}, weight: .nan}}, {{path: {builtin}, weight: 1}}", "weight nan must be"),
     "text": ("{edu}, weight: heavy}}, {{path: {builtin}, weight: 1}}", "weight 'heavy' is not a number"),
@@ -51,7 +54,9 @@ def test_pilot_takes_a_mixture_file_as_its_data_and_checks_it_first(mixture_sour
     from pilotrun.common.errors import DataError
     from tests.conftest import write_mixture
 
-    mixture = write_mixture(tmp_path / "mix.yaml", [(mixture_sources["edu"], 1), (mixture_sources["builtin"], 2)])
+    mixture = write_mixture(
+        tmp_path / "mix.yaml", [(mixture_sources["edu"], 1), (mixture_sources["builtin"], 2)]
+    )
     out = io.StringIO()
     assert _prepare_data(tmp_path / "work", mixture, "builtin", "bpe:512", out) == mixture
     assert "using the data mixture" in out.getvalue() and not (tmp_path / "work").exists()

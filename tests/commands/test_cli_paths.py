@@ -23,7 +23,8 @@ CASES = [
     (["data", "merge", "--out", "{new}", "{missing}", "X"], FOLDER),
     (["train", "--config", "X", "--data", "{missing}", "--run-dir", "{new}"], FILE),
     (["train", "--frozen", "X", "--data", "{missing}", "--run-dir", "{new}"], FILE),
-    # train --data takes a folder or a mixture file: a file is read as a mixture (tests/commands/test_cli_mixture.py)
+    # train --data takes a folder or a mixture file: a file is read as a mixture
+    # (tests/commands/test_cli_mixture.py)
     (["train", "--config", "smoke", "--data", "{missing}", "--run-dir", "X"], FOLDER),
     (["train", "--config", "smoke", "--data", "{missing}", "--run-dir", "X", "--resume"], FOLDER),
     (["inspect-batch", "X", "--step", "1"], FOLDER),
@@ -48,7 +49,10 @@ CASES = [
 
 def _case_id(case) -> str:
     argv, expected = case
-    return "-".join(a.strip("-") for a in argv[: argv.index("X") + 1] if not a.startswith("{")) + f"-wants-{expected}"
+    return (
+        "-".join(a.strip("-") for a in argv[: argv.index("X") + 1] if not a.startswith("{"))
+        + f"-wants-{expected}"
+    )
 
 
 def _wrong_kind(tmp_path: Path, expected: str) -> Path:
@@ -67,7 +71,9 @@ def _wrong_kind(tmp_path: Path, expected: str) -> Path:
 def test_a_path_of_the_wrong_kind_is_named_as_such(tmp_path, capsys, argv, expected):
     wrong = _wrong_kind(tmp_path, expected)
     before = tree_hashes(tmp_path)
-    filled = [str(wrong) if a == "X" else str(tmp_path / a.strip("{}")) if a.startswith("{") else a for a in argv]
+    filled = [
+        str(wrong) if a == "X" else str(tmp_path / a.strip("{}")) if a.startswith("{") else a for a in argv
+    ]
     code, err = run_cli(capsys, filled)
     said = "is a file, not a folder" if expected == FOLDER else "is a folder, not a file"
     assert code == 2 and len(err) == 1 and err[0].startswith("pilotrun: error:"), err
@@ -91,6 +97,8 @@ def test_a_packaged_recipe_name_is_not_taken_for_a_folder_of_that_name(tmp_path,
 
 def test_a_tokenizer_folder_without_a_tokenizer_json_says_so(tmp_path, capsys):
     (tmp_path / "model").mkdir()
-    code, err = run_cli(capsys, ["prepare", "--out", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "model")])
+    code, err = run_cli(
+        capsys, ["prepare", "--out", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "model")]
+    )
     assert code == 2 and len(err) == 1 and "a folder without a tokenizer.json" in err[0]
     assert not (tmp_path / "out").exists()

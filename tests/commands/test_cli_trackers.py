@@ -17,11 +17,15 @@ def test_tensorboard_and_export_metrics_write_the_same_kept_scalars(tmp_path, ca
     run = crashed_and_resumed(tmp_path / "r")
     run.write()
     assert main(["tensorboard", str(tmp_path / "r"), "--out", str(tmp_path / "a")]) == 0
-    assert main(["export-metrics", str(tmp_path / "r"), "--to", "tensorboard", "--out", str(tmp_path / "b")]) == 0
+    assert (
+        main(["export-metrics", str(tmp_path / "r"), "--to", "tensorboard", "--out", str(tmp_path / "b")])
+        == 0
+    )
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1].startswith("tensorboard: ") and " scalars" in out[-1]
     a, b = scalars(tmp_path / "a"), scalars(tmp_path / "b")
-    assert a == b and [s for s, _ in a["train/loss"]] == sorted({s for s, _ in a["train/loss"]})  # each step once
+    # each step once
+    assert a == b and [s for s, _ in a["train/loss"]] == sorted({s for s, _ in a["train/loss"]})
 
 
 def test_the_tensorboard_command_is_an_alias_of_export_metrics_to_tensorboard(capsys):
@@ -34,7 +38,9 @@ def test_the_tensorboard_command_is_an_alias_of_export_metrics_to_tensorboard(ca
         assert vars(alias) == vars(export)  # the same command, tracker, folder, flags and handler
     assert main(["tensorboard", "--help"]) == 0
     shown = "".join(capsys.readouterr().out.split())  # argparse wraps at any space or hyphen
-    assert "Analias:`pilotruntensorboardR[--outDIR][--force]`is`pilotrunexport-metricsR--totensorboard" in shown
+    assert (
+        "Analias:`pilotruntensorboardR[--outDIR][--force]`is`pilotrunexport-metricsR--totensorboard" in shown
+    )
 
 
 def test_an_unknown_tracker_is_refused_by_the_parser(tmp_path, capsys):

@@ -1,5 +1,5 @@
-"""pilotrun/commands/evaluate.py: `pilotrun evaluate` gives the in-loop figures for the same checkpoint, writes
-its results and identity under RUN/evals/, puts an `evaluation` event on the chain, never writes into a
+"""pilotrun/commands/evaluate.py: `pilotrun evaluate` gives the in-loop figures for the same checkpoint,
+writes its results and identity under RUN/evals/, puts an `evaluation` event on the chain, never writes into a
 checkpoint or a live run; bad input is one line, exit 2, nothing written."""
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ def test_task_files_are_read_and_a_harness_name_needs_the_harness(tmp_path):
 
 
 @pytest.mark.slow
-def test_evaluate_gives_the_in_loop_figures_of_the_same_checkpoint_and_puts_them_on_the_chain(task_run, tmp_path):
+def test_evaluate_gives_the_in_loop_figures_of_the_same_checkpoint_and_puts_them_on_the_chain(
+    task_run, tmp_path
+):
     _data, task, source = task_run
     run = tmp_path / "run"
     shutil.copytree(source, run)
@@ -54,10 +56,18 @@ def test_evaluate_gives_the_in_loop_figures_of_the_same_checkpoint_and_puts_them
     assert (event["step"], event["checkpoint"]["step"]) == (20, 20)
     assert event["checkpoint"]["marker_sha256"] == marker_sha256(run, 20)
     written = run / event["results"]["path"]
-    assert written.parent == run / "evals" / "step-00000020" and sha256_of_file(written) == event["results"]["sha256"]
+    assert (
+        written.parent == run / "evals" / "step-00000020"
+        and sha256_of_file(written) == event["results"]["sha256"]
+    )
     identity = json.loads(written.read_text())["identity"]
     assert identity["checkpoint"]["marker_sha256"] == marker_sha256(run, 20)
-    assert (identity["harness"], identity["shots"], identity["limit"], identity["seed"]) == ("pilotrun", 0, 0, 0)
+    assert (identity["harness"], identity["shots"], identity["limit"], identity["seed"]) == (
+        "pilotrun",
+        0,
+        0,
+        0,
+    )
     assert identity["task_sources"] == {"fineweb_next": str(task)}
     assert summarize_run(run).valid
 
@@ -138,9 +148,13 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(task_run, tmp_path, ca
     before = tree_hashes(run)
     code, lines = _cli(capsys, ["evaluate", str(run), *argv])
     assert code == 2 and len(lines) == 1, lines
-    expected = {"unknown task": "unknown task 'no_such_task'", "malformed task": "broken.jsonl line 1",
-                "no checkpoint at step": "--step 30: no committed checkpoint", "missing extra": "pilotrun[eval]",
-                "missing task file": "absent.jsonl: not found"}[case]
+    expected = {
+        "unknown task": "unknown task 'no_such_task'",
+        "malformed task": "broken.jsonl line 1",
+        "no checkpoint at step": "--step 30: no committed checkpoint",
+        "missing extra": "pilotrun[eval]",
+        "missing task file": "absent.jsonl: not found",
+    }[case]
     assert expected in lines[0]
     assert tree_hashes(run) == before
 
@@ -159,8 +173,9 @@ def test_not_a_run_folder_is_refused(tmp_path, capsys):
     ("meta", "--device 'meta': pilotrun evaluates on cpu or cuda[:N]"),
     ("cpu\x1b[2J", "--device 'cpu\\x1b[2J': not a device name"),
 ])
-def test_a_device_this_machine_lacks_or_that_is_no_name_is_one_line_exit_2(tmp_path, capsys, monkeypatch, device,
-                                                                            said):
+def test_a_device_this_machine_lacks_or_that_is_no_name_is_one_line_exit_2(
+    tmp_path, capsys, monkeypatch, device, said
+):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same answer on a machine with a GPU
@@ -172,8 +187,8 @@ def test_a_device_this_machine_lacks_or_that_is_no_name_is_one_line_exit_2(tmp_p
 
 @pytest.mark.slow
 def test_a_hostile_task_file_name_is_printed_escaped_on_one_line(task_run, tmp_path, capsys):
-    """A task's name is its file's stem: one carrying an escape sequence, a bell and a newline is printed escaped,
-    on the one line of its figures."""
+    """A task's name is its file's stem: one carrying an escape sequence, a bell and a newline is printed
+    escaped, on the one line of its figures."""
     _data, task, source = task_run
     run = tmp_path / "run"
     shutil.copytree(source, run)
@@ -183,4 +198,6 @@ def test_a_hostile_task_file_name_is_printed_escaped_on_one_line(task_run, tmp_p
     out = capsys.readouterr().out
     assert code == 0 and not any(c in out for c in "\x1b\x07"), out
     assert not [line for line in out.splitlines() if line.startswith("fake: acc")]
-    assert [line for line in out.splitlines() if line.startswith("t\\x1b]0;owned\\x07\\nfake: acc 1.0000: acc ")]
+    assert [
+        line for line in out.splitlines() if line.startswith("t\\x1b]0;owned\\x07\\nfake: acc 1.0000: acc ")
+    ]

@@ -1,6 +1,7 @@
-"""pilotrun/commands/export.py: a trained checkpoint, exported, loaded by the real `transformers` DeepSeek-V3 on the CPU,
-gives pilotrun's logits (fp32, max abs diff < 1e-5); torch.save and DCP checkpoints export the same tensors;
-inexpressible options, damaged checkpoints and occupied output folders are refused with exit 2."""
+"""pilotrun/commands/export.py: a trained checkpoint, exported, loaded by the real `transformers` DeepSeek-V3
+on the CPU, gives pilotrun's logits (fp32, max abs diff < 1e-5); torch.save and DCP checkpoints export the
+same tensors; inexpressible options, damaged checkpoints and occupied output folders are refused with exit
+2."""
 
 from __future__ import annotations
 
@@ -51,7 +52,9 @@ def exported(request, builtin_data_dir, tmp_path_factory):
 
 
 def load_hf(out: Path, attn: str = "eager"):
-    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation=attn)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        out, dtype=torch.float32, attn_implementation=attn
+    )
     return model.eval()
 
 

@@ -19,7 +19,9 @@ def test_freeze_run_writes_a_self_identifying_lock_and_refuses_an_existing_out(t
     code, lock, verdict = freeze_run(tmp_path / "r", tmp_path / "lock.json")
     assert code == 0 and verdict.decision == "GO"
     written = json.loads((tmp_path / "lock.json").read_text())
-    assert written == lock and written["sha256"] == canonical_sha256({k: v for k, v in lock.items() if k != "sha256"})
+    assert written == lock and written["sha256"] == canonical_sha256(
+        {k: v for k, v in lock.items() if k != "sha256"}
+    )
     assert written["recipe_sha256"] == verdict.candidate["recipe_sha256"]
     assert {r["name"]: r["status"] for r in written["verdict"]["rules"]}["resumed"] == "PASS"
     with pytest.raises(FreezeError, match="already exists"):
@@ -43,15 +45,18 @@ def test_summarize_and_verdict_text_name_the_frozen_candidate_and_whether_it_mat
 
     run.run["recipe"]["optim"]["grad_clip"] = 0.5  # a later resume changed the recipe the lock froze
     run.write()
-    drifted = (f"{head}: NO LONGER MATCHES: differences not allowed at its start: optim.grad_clip (lock 1.0, run "
-               "0.5); lock file unchanged")
+    drifted = (
+        f"{head}: NO LONGER MATCHES: differences not allowed at its start: optim.grad_clip (lock 1.0, run "
+        "0.5); lock file unchanged"
+    )
     assert drifted in format_summary(summarize_run(tmp_path / "r")).splitlines()
     assert format_verdict(judge(tmp_path / "r")).splitlines()[-1] == drifted
 
 
 @pytest.mark.slow
-def test_a_long_run_on_other_code_than_the_pilots_is_refused_until_allowed_and_recorded(builtin_data_dir, tmp_path,
-                                                                                        capsys):
+def test_a_long_run_on_other_code_than_the_pilots_is_refused_until_allowed_and_recorded(
+    builtin_data_dir, tmp_path, capsys
+):
     """`train --frozen` compares the code that runs with the lock's: another commit is another candidate."""
     from pilotrun.commands.cli import main
     from pilotrun.config import config_to_dict, load_run_config
@@ -60,18 +65,34 @@ def test_a_long_run_on_other_code_than_the_pilots_is_refused_until_allowed_and_r
 
     recipe = config_to_dict(load_run_config(ROOT / "configs" / "smoke.yaml", ["train.max_steps=2"]))
     pilot_code = {"commit": "e" * 40, "dirty": False, "diff_sha256": "0" * 64}
-    lock = {"format": "pilotrun.recipe-lock/1", "recipe": recipe, "pilot": {"run_id": "run-p"}, "decision": "GO",
-            "despite_no_go": False, "code": pilot_code,
-            "data": {"metadata_sha256": metadata_sha256(load_manifest(builtin_data_dir))}}
+    lock = {
+        "format": "pilotrun.recipe-lock/1",
+        "recipe": recipe,
+        "pilot": {"run_id": "run-p"},
+        "decision": "GO",
+        "despite_no_go": False,
+        "code": pilot_code,
+        "data": {"metadata_sha256": metadata_sha256(load_manifest(builtin_data_dir))},
+    }
     lock["sha256"] = canonical_sha256(lock)
     lock_path = tmp_path / "recipe.lock.json"
     lock_path.write_text(json.dumps(lock))
-    base = ["train", "--frozen", str(lock_path), "--data", str(builtin_data_dir), "--set", "train.num_threads=1"]
+    base = [
+        "train",
+        "--frozen",
+        str(lock_path),
+        "--data",
+        str(builtin_data_dir),
+        "--set",
+        "train.num_threads=1",
+    ]
     capsys.readouterr()
     assert main([*base, "--run-dir", str(tmp_path / "refused")]) == 2
     err = capsys.readouterr().err
     assert 'code (lock "commit eeeeeeeeeeee clean"' in err and not (tmp_path / "refused").exists()
-    assert main([*base, "--run-dir", str(tmp_path / "long"), "--allow-change", "code"]) == 0, capsys.readouterr().err
+    assert main([*base, "--run-dir", str(tmp_path / "long"), "--allow-change", "code"]) == 0, (
+        capsys.readouterr().err
+    )
     frozen = json.loads((tmp_path / "long" / "run.json").read_text())["frozen"]
     assert frozen["allowed"] == ["code"] and frozen["lock_code"] == pilot_code
     from pilotrun.run.recipe_lock import describe_code
@@ -112,19 +133,38 @@ def test_bad_projection_options_are_one_line_exit_2_and_write_nothing(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_2x_longer_run_from_a_lock_is_set_beside_its_projection_in_band_or_with_the_reason(builtin_data_dir,
-                                                                                              tmp_path, capsys):
-    """The projection's own test on a real CPU run: a pilot of 16 updates frozen with --target-steps 32, then the
-    long run of 32 updates from the lock. How close it lands depends on the machine's load, so the figure is
-    reported (summarize's --json, printed here), never held to a time; what is asserted is that summarize
+def test_a_2x_longer_run_from_a_lock_is_set_beside_its_projection_in_band_or_with_the_reason(
+    builtin_data_dir, tmp_path, capsys
+):
+    """The projection's own test on a real CPU run: a pilot of 16 updates frozen with --target-steps 32, then
+    the long run of 32 updates from the lock. How close it lands depends on the machine's load, so the figure
+    is reported (summarize's --json, printed here), never held to a time; what is asserted is that summarize
     places the elapsed time in the projected band (the sum of the parts' bands, the spread the pilot measured)
     or names the parts outside their own bands."""
     from pilotrun.commands.cli import main
 
     common = ["--data", str(builtin_data_dir), "--set", "train.num_threads=1", "--set", "train.log_every=2"]
-    assert main(["train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--run-dir", str(tmp_path / "pilot"),
-                 *common, "--set", "train.max_steps=16", "--set", "train.checkpoint_every=8", "--set",
-                 "train.eval_every=8", "--set", "optim.schedule.horizon=32"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                str(ROOT / "configs" / "smoke.yaml"),
+                "--run-dir",
+                str(tmp_path / "pilot"),
+                *common,
+                "--set",
+                "train.max_steps=16",
+                "--set",
+                "train.checkpoint_every=8",
+                "--set",
+                "train.eval_every=8",
+                "--set",
+                "optim.schedule.horizon=32",
+            ]
+        )
+        == 0
+    )
     lock_path = tmp_path / "lock.json"
     assert main(["freeze", str(tmp_path / "pilot"), "--out", str(lock_path), "--target-steps", "32",
                  "--despite-no-go"]) == 0
@@ -148,9 +188,12 @@ def test_a_2x_longer_run_from_a_lock_is_set_beside_its_projection_in_band_or_wit
     assert "against the lock's projection (projection for 32 updates" in said
     assert ("in the projected band" if band["inside"] else "outside the projected band: elapsed") in said
     with capsys.disabled():
-        print(f"\n2x run from a lock: elapsed {compared['elapsed_seconds']['ratio']:.2f}x projected, goodput "
-              f"{compared['goodput']['ratio']:.2f}x, tok/s {compared['train_tokens_per_s']['ratio']:.2f}x; band "
-              f"{band['low']:.3g}-{band['high']:.3g} s, {'inside' if band['inside'] else band['why']}")
+        print(
+            f"\n2x run from a lock: elapsed {compared['elapsed_seconds']['ratio']:.2f}x projected, goodput "
+            f"{compared['goodput']['ratio']:.2f}x, tok/s {compared['train_tokens_per_s']['ratio']:.2f}x; "
+            "band "
+            f"{band['low']:.3g}-{band['high']:.3g} s, {'inside' if band['inside'] else band['why']}"
+        )
 
 
 @pytest.mark.slow
@@ -164,7 +207,12 @@ def test_the_lock_carries_the_pilots_in_loop_tasks_and_figures_for_the_long_runs
     scored = [e for e in read_metrics_strict(run_dir) if e["event"] == "downstream"]
     pilot = lock["watch"]["downstream"]["fineweb_next"]
     last = scored[-1]["tasks"]["fineweb_next"]
-    assert (pilot["acc"], pilot["step"], pilot["sha256"], pilot["examples"]) == (last["acc"], 40, last["sha256"], 40)
+    assert (pilot["acc"], pilot["step"], pilot["sha256"], pilot["examples"]) == (
+        last["acc"],
+        40,
+        last["sha256"],
+        40,
+    )
     assert pilot["series"] == [[e["step"], e["tasks"]["fineweb_next"]["acc"]] for e in scored]
     rule = next(r for r in verdict.rules if r.name == "downstream")
     assert rule.status in ("PASS", "WARN") and "fineweb_next acc" in rule.figure

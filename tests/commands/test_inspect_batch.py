@@ -64,8 +64,9 @@ def test_an_edited_log_is_refused_naming_its_line(tmp_path):
 
 
 def test_an_update_after_skipped_data_and_a_skipped_spike_names_the_batches_it_read(tmp_path):
-    """The loader stepped over batches 4..6 (run.json's skip_data, as a recipe range or a rollback leaves it) and
-    attempt 3 was a spike skipped by policy: update 3 is attempt 4, and it read batches 9 and 10, not 6 and 7."""
+    """The loader stepped over batches 4..6 (run.json's skip_data, as a recipe range or a rollback leaves it)
+    and attempt 3 was a spike skipped by policy: update 3 is attempt 4, and it read batches 9 and 10, not 6
+    and 7."""
     run = SyntheticRun(tmp_path / "r", grad_accum=2, max_steps=12)
     run.overflow_at = {3}
     run.start_session()

@@ -22,7 +22,11 @@ def test_a_local_task_becomes_a_harness_task_of_the_same_examples(tmp_path):
     path.write_text(json.dumps({"context": "a", "choices": [" b", " c"], "label": 0}) + "\n")
     config = local_task_config(read_choice_task(path), tmp_path / "cache")
     assert config["dataset_kwargs"]["data_files"] == {"test": str(path.resolve())}
-    assert (config["doc_to_text"], config["doc_to_choice"], config["doc_to_target"]) == ("context", "choices", "label")
+    assert (config["doc_to_text"], config["doc_to_choice"], config["doc_to_target"]) == (
+        "context",
+        "choices",
+        "label",
+    )
     assert config["target_delimiter"] == "" and config["output_type"] == "multiple_choice"
 
 

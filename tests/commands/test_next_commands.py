@@ -32,20 +32,88 @@ def run_printed(words: list[str]) -> int:
 
 
 def test_a_resume_command_repeats_the_recipe_flags_and_drops_what_was_for_one_session():
-    args = build_parser().parse_args(["train", "--config", "my recipe.yaml", "--data", "d", "--run-dir", "r",
-                                      "--set", "train.max_steps=80", "--set", "optim.schedule.horizon=80",
-                                      "--allow-change", "optim.muon.lr", "--from-step", "3", "--stop-by", "2h"])
+    args = build_parser().parse_args(
+        [
+            "train",
+            "--config",
+            "my recipe.yaml",
+            "--data",
+            "d",
+            "--run-dir",
+            "r",
+            "--set",
+            "train.max_steps=80",
+            "--set",
+            "optim.schedule.horizon=80",
+            "--allow-change",
+            "optim.muon.lr",
+            "--from-step",
+            "3",
+            "--stop-by",
+            "2h",
+        ]
+    )
     words = shlex.split(resume_command(args))
-    assert words == ["pilotrun", "train", "--config", "my recipe.yaml", "--data", "d", "--run-dir", "r", "--set",
-                     "train.max_steps=80", "--set", "optim.schedule.horizon=80", "--stop-by", "2h", "--resume"]
-    frozen = build_parser().parse_args(["train", "--frozen", "l.json", "--data", "d", "--run-dir", "r", "--set",
-                                        "train.max_steps=9", "--allow-change", "train.max_steps", "--resume", "auto"])
-    assert shlex.split(resume_command(frozen))[3:] == ["l.json", "--data", "d", "--run-dir", "r", "--set",
-                                                       "train.max_steps=9", "--allow-change", "train.max_steps",
-                                                       "--resume", "auto"]
+    assert words == [
+        "pilotrun",
+        "train",
+        "--config",
+        "my recipe.yaml",
+        "--data",
+        "d",
+        "--run-dir",
+        "r",
+        "--set",
+        "train.max_steps=80",
+        "--set",
+        "optim.schedule.horizon=80",
+        "--stop-by",
+        "2h",
+        "--resume",
+    ]
+    frozen = build_parser().parse_args(
+        [
+            "train",
+            "--frozen",
+            "l.json",
+            "--data",
+            "d",
+            "--run-dir",
+            "r",
+            "--set",
+            "train.max_steps=9",
+            "--allow-change",
+            "train.max_steps",
+            "--resume",
+            "auto",
+        ]
+    )
+    assert shlex.split(resume_command(frozen))[3:] == [
+        "l.json",
+        "--data",
+        "d",
+        "--run-dir",
+        "r",
+        "--set",
+        "train.max_steps=9",
+        "--allow-change",
+        "train.max_steps",
+        "--resume",
+        "auto",
+    ]
     train, watch = long_run_commands("a lock.json", "data/edu", "runs/long")
-    assert shlex.split(train) == ["pilotrun", "train", "--frozen", "a lock.json", "--data", "data/edu", "--run-dir",
-                                  "runs/long", "--resume", "auto"]
+    assert shlex.split(train) == [
+        "pilotrun",
+        "train",
+        "--frozen",
+        "a lock.json",
+        "--data",
+        "data/edu",
+        "--run-dir",
+        "runs/long",
+        "--resume",
+        "auto",
+    ]
     assert shlex.split(watch) == ["pilotrun", "watch", "runs/long", "--against", "a lock.json", "--follow"]
 
 
@@ -67,12 +135,28 @@ def _stop_after_first_checkpoint(run_dir: Path) -> threading.Thread:
 
 
 @pytest.mark.slow
-def test_the_printed_resume_freeze_long_run_and_watch_commands_run_as_printed(builtin_data_dir, tmp_path, capsys):
+def test_the_printed_resume_freeze_long_run_and_watch_commands_run_as_printed(
+    builtin_data_dir, tmp_path, capsys
+):
     run_dir = tmp_path / "my run"
-    recipe = ["--set", "train.num_threads=1", "--set", "train.max_steps=60", "--set", "optim.schedule.horizon=60",
-              "--set", "train.checkpoint_every=2", "--set", "train.eval_every=0", "--set", "train.log_every=2"]
+    recipe = [
+        "--set",
+        "train.num_threads=1",
+        "--set",
+        "train.max_steps=60",
+        "--set",
+        "optim.schedule.horizon=60",
+        "--set",
+        "train.checkpoint_every=2",
+        "--set",
+        "train.eval_every=0",
+        "--set",
+        "train.log_every=2",
+    ]
     thread = _stop_after_first_checkpoint(run_dir)
-    code = main(["train", "--config", SMOKE, "--data", str(builtin_data_dir), "--run-dir", str(run_dir), *recipe])
+    code = main(
+        ["train", "--config", SMOKE, "--data", str(builtin_data_dir), "--run-dir", str(run_dir), *recipe]
+    )
     thread.join()
     err = capsys.readouterr().err
     assert code == 143, err[-2000:]
@@ -89,18 +173,33 @@ def test_the_printed_resume_freeze_long_run_and_watch_commands_run_as_printed(bu
     assert main(["freeze", str(run_dir), "--out", str(lock), "--despite-no-go"]) == 0
     long_run, watch = printed_commands(capsys.readouterr().out)
     long_dir = Path(long_run[long_run.index("--run-dir") + 1])
-    long_run[long_run.index("--run-dir") + 1] = str(tmp_path / "long")  # runs/long, here inside the test's folder
+    # runs/long, here inside the test's folder
+    long_run[long_run.index("--run-dir") + 1] = str(tmp_path / "long")
     watch[2] = str(tmp_path / "long")
     assert long_dir == Path("runs/long") and long_run[long_run.index("--data") + 1] == str(builtin_data_dir)
     assert run_printed(long_run) == 0
     assert run_printed(long_run) == 0  # the same line again: the run is complete, nothing to do
-    assert run_printed(watch) in (0, 1)  # it watched: healthy, or an alert (this tiny recipe clips every update)
+    # it watched: healthy, or an alert (this tiny recipe clips every update)
+    assert run_printed(watch) in (0, 1)
     assert "error" not in capsys.readouterr().err
 
     # A frozen run resumed with the command that started it says nothing about an --allow-change that only the
     # lock's comparison uses.
-    frozen = ["train", "--frozen", str(lock), "--data", str(builtin_data_dir), "--run-dir", str(tmp_path / "f"),
-              "--set", "train.max_steps=62", "--allow-change", "train.max_steps", "--set", "train.num_threads=1"]
+    frozen = [
+        "train",
+        "--frozen",
+        str(lock),
+        "--data",
+        str(builtin_data_dir),
+        "--run-dir",
+        str(tmp_path / "f"),
+        "--set",
+        "train.max_steps=62",
+        "--allow-change",
+        "train.max_steps",
+        "--set",
+        "train.num_threads=1",
+    ]
     assert main(frozen) == 0
     capsys.readouterr()
     assert main([*frozen, "--resume", "auto"]) == 0

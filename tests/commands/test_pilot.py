@@ -1,4 +1,5 @@
-"""pilot: the whole rehearsal with the shipped recipe (stability, 240 updates), a real SIGKILL and a resume."""
+"""pilot: the whole rehearsal with the shipped recipe (stability, 240 updates), a real SIGKILL and a
+resume."""
 
 import io
 import json
@@ -91,10 +92,13 @@ def test_pilot_never_replaces_a_run_folder_it_did_not_create(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_the_kill_lands_at_the_first_logged_step_past_the_midpoint_however_fast_the_updates(tmp_path):
-    # The smoke recipe's updates take milliseconds, far less than the pilot's poll: a kill decided from outside
-    # alone could land after the final checkpoint (the resumed session would have nothing to do). The trainer
-    # stops itself past the midpoint, so the kill point is exact: step 4 logged, step 3 committed, 4-6 redone.
-    result = run_pilot(tmp_path / "work", config=configs_dir() / "smoke.yaml", out=io.StringIO(), poll_seconds=0.5)
+    # The smoke recipe's updates take milliseconds, far less than the pilot's poll: a kill decided from
+    # outside alone could land after the final checkpoint (the resumed session would have nothing to do). The
+    # trainer stops itself past the midpoint, so the kill point is exact: step 4 logged, step 3 committed, 4-6
+    # redone.
+    result = run_pilot(
+        tmp_path / "work", config=configs_dir() / "smoke.yaml", out=io.StringIO(), poll_seconds=0.5
+    )
     assert (result.killed_at_step, result.committed_checkpoint) == (4, 3)
     summary = summarize_run(result.run_dir, require_step=6)
     assert summary.valid, summary.reasons
@@ -116,7 +120,8 @@ def test_the_kill_point_option_is_accepted_but_not_listed(capsys):
     assert "stop-past-step" not in capsys.readouterr().out
 
 
-# ---------------------------------------------------------------------------------------------- the user's candidate
+# ---------------------------------------------------------------------------------------------- the user's
+# candidate
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
 SMALL_RECIPE = """\
 # A smoke-sized candidate of a user's own, outside the repository: GO on 24 updates of real text.
@@ -151,13 +156,17 @@ def test_an_interrupt_point_the_kill_cannot_reach_is_refused_before_writing(tmp_
 def test_cli_pilot_data_and_source_together_are_refused(tmp_path, capsys):
     from pilotrun.commands.cli import main
 
-    assert main(["pilot", "--workdir", str(tmp_path / "w"), "--data", str(tmp_path), "--source", "builtin"]) == 2
+    assert (
+        main(["pilot", "--workdir", str(tmp_path / "w"), "--data", str(tmp_path), "--source", "builtin"]) == 2
+    )
     assert "one or the other" in capsys.readouterr().err and not (tmp_path / "w").exists()
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (FIXTURES / "fineweb-edu").is_dir(), reason="the FineWeb-Edu fixture (../shared/fixtures) "
-                    "is not on this machine")
+@pytest.mark.skipif(
+    not (FIXTURES / "fineweb-edu").is_dir(),
+    reason="the FineWeb-Edu fixture (../shared/fixtures) is not on this machine",
+)
 def test_a_recipe_outside_the_repository_on_prepared_fineweb_edu_is_go_and_frozen(tmp_path):
     from pilotrun.data.prepare import prepare_corpus
 
@@ -169,8 +178,14 @@ def test_a_recipe_outside_the_repository_on_prepared_fineweb_edu_is_go_and_froze
     recipe.write_text(SMALL_RECIPE)
     before = sorted(p.name for p in data.iterdir())
     out = io.StringIO()
-    result = run_pilot(tmp_path / "work", config=recipe, data=data, freeze=tmp_path / "candidate.lock.json", out=out,
-                       poll_seconds=0.05)
+    result = run_pilot(
+        tmp_path / "work",
+        config=recipe,
+        data=data,
+        freeze=tmp_path / "candidate.lock.json",
+        out=out,
+        poll_seconds=0.05,
+    )
     assert (result.decision, result.exit_code) == ("GO", 0), out.getvalue()[-3000:]
     assert (result.killed_at_step, result.committed_checkpoint) == (14, 12)
     assert sorted(p.name for p in data.iterdir()) == before  # the user's data folder is only read
@@ -226,11 +241,34 @@ def test_sigint_to_the_pilot_stops_its_child_and_exits_130_with_one_line(builtin
 
     root = Path(__file__).resolve().parents[2]
     workdir = tmp_path / "w"
-    command = [sys.executable, "-m", "pilotrun", "pilot", "--workdir", str(workdir), "--config", "smoke", "--data",
-               str(builtin_data_dir), "--set", "train.num_threads=1", "--set", "train.max_steps=5000",
-               "--set", "optim.schedule.horizon=5000", "--interrupt-at", "4900"]
-    pilot = subprocess.Popen(command, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "pilotrun",
+        "pilot",
+        "--workdir",
+        str(workdir),
+        "--config",
+        "smoke",
+        "--data",
+        str(builtin_data_dir),
+        "--set",
+        "train.num_threads=1",
+        "--set",
+        "train.max_steps=5000",
+        "--set",
+        "optim.schedule.horizon=5000",
+        "--interrupt-at",
+        "4900",
+    ]
+    pilot = subprocess.Popen(
+        command,
+        cwd=root,
+        env=dict(os.environ, PYTHONPATH=str(root)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 240  # a hang guard, not a timing assertion
         while time.monotonic() < deadline and pilot.poll() is None:
@@ -247,8 +285,9 @@ def test_sigint_to_the_pilot_stops_its_child_and_exits_130_with_one_line(builtin
             pilot.wait()
     assert pilot.returncode == 130, stderr[-2000:]
     lines = stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("pilotrun pilot: stopped by SIGINT while training the first "
-                                                   "session (step "), stderr
+    assert len(lines) == 1 and lines[0].startswith(
+        "pilotrun pilot: stopped by SIGINT while training the first session (step "
+    ), stderr
     assert "--resume" in lines[0] and str(workdir / "run") in lines[0]
     # The continue command carries every --set the pilot was given: without them it would load another recipe.
     assert "--set train.max_steps=5000 --set optim.schedule.horizon=5000" in lines[0]
@@ -273,8 +312,13 @@ def test_the_printed_continue_command_is_the_resumed_childs_own(tmp_path):
     assert printed == ["pilotrun", *_train_args(recipe, data, run, overrides, resume=True)]
     assert printed[-5:] == ["--set", "train.max_steps=80", "--set", "optim.schedule.horizon=80", "--resume"]
     under_torchrun = str(_interrupted(stops, "while training", run, 80, recipe, data, overrides, nproc=2))
-    assert shlex.split(under_torchrun.split("`")[1])[:5] == ["torchrun", "--standalone", "--nproc-per-node=2", "-m",
-                                                             "pilotrun"]
+    assert shlex.split(under_torchrun.split("`")[1])[:5] == [
+        "torchrun",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "pilotrun",
+    ]
 
 
 @pytest.mark.slow
@@ -284,13 +328,17 @@ def test_a_failed_child_is_quoted_not_only_named_by_its_log(builtin_data_dir, tm
                  "--set", "model.vocab_size=10", "--set", "train.num_threads=1"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
-    assert err[0].startswith("pilotrun: error: the first training process exited (code 2) before it could be "
-                             "interrupted past step 3: model.vocab_size (10) is smaller than the data's vocabulary")
+    assert err[0].startswith(
+        "pilotrun: error: the first training process exited (code 2) before it could be "
+        "interrupted past step 3: model.vocab_size (10) is smaller than the data's vocabulary"
+    )
     assert err[0].endswith(f"(its output: {workdir / 'train-1.log'})")
 
 
 @pytest.mark.slow  # prepares the built-in corpus (seconds), no child
-def test_the_prepare_inside_a_pilot_checks_the_val_split_against_the_users_recipe(tmp_path, capsys, monkeypatch):
+def test_the_prepare_inside_a_pilot_checks_the_val_split_against_the_users_recipe(
+    tmp_path, capsys, monkeypatch
+):
     import pilotrun.commands.pilot as pilot
 
     class NoTraining:  # the check under test happens before any training: stop there
@@ -303,8 +351,12 @@ def test_the_prepare_inside_a_pilot_checks_the_val_split_against_the_users_recip
     err = capsys.readouterr().err
     assert code == 2 and "no training in this test" in err
     (warning,) = [line for line in err.splitlines() if "fewer than one evaluation" in line]
-    assert "of the recipe smoke.yaml reads (eval_batches 20 x batch_size 4 x world_size 1 x seq_len 32 + 1 = " \
-           "2,561)" in warning and "packaged" not in warning
+    assert (
+        "of the recipe smoke.yaml reads (eval_batches 20 x batch_size 4 x world_size 1 x seq_len 32 + 1 = "
+        "2,561)"
+        in warning
+        and "packaged" not in warning
+    )
 
 
 def test_a_second_pilot_keeps_the_first_and_never_moves_a_run_a_lock_names(builtin_data_dir, tmp_path, capsys,
@@ -325,7 +377,9 @@ def test_a_second_pilot_keeps_the_first_and_never_moves_a_run_a_lock_names(built
     assert main(command) == 2
     out = capsys.readouterr().out
     assert f"kept the previous pilot run as {workdir / 'run-1'} (its logs beside it)" in out
-    assert (workdir / "run-1" / "run.json").read_text() == "{}" and (workdir / "run-1" / "checkpoints").is_dir()
+    assert (workdir / "run-1" / "run.json").read_text() == "{}" and (
+        workdir / "run-1" / "checkpoints"
+    ).is_dir()
     assert (workdir / "run-1-train-1.log").read_text() == "first pilot" and not (workdir / "run").exists()
 
     # A lock in the workdir frozen from W/run: refused in one line, nothing moved.

@@ -1,6 +1,6 @@
-"""pilotrun/commands/pilot_process.py: the training tree found by pid and killed at once, even where a descendant
-runs in a session of its own (as torchrun's workers do), and the stop signals the pilot passes on. The real
-torchrun tree is killed in tests/commands/test_pilot.py."""
+"""pilotrun/commands/pilot_process.py: the training tree found by pid and killed at once, even where a
+descendant runs in a session of its own (as torchrun's workers do), and the stop signals the pilot passes on.
+The real torchrun tree is killed in tests/commands/test_pilot.py."""
 
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ from pilotrun.commands.pilot_process import (
 )
 
 # A launcher that starts a worker in a session of its own and waits, as torchrun does.
-LAUNCHER = ("import subprocess, sys, time\n"
-            "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
-            "time.sleep(600)\n")
+LAUNCHER = (
+    "import subprocess, sys, time\n"
+    "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
+    "time.sleep(600)\n"
+)
 
 
 def _child(tmp_path, monkeypatch, nproc=None) -> TrainingChild:
@@ -49,7 +51,8 @@ def test_the_whole_tree_dies_at_once_with_a_worker_in_its_own_session(tmp_path, 
             child.process.kill()
     assert set(killed) == {child.pid, *workers}
     assert child.poll() == -signal.SIGKILL
-    assert not [pid for pid in killed if is_alive(pid)]  # the worker too, though killing the launcher spares it
+    # the worker too, though killing the launcher spares it
+    assert not [pid for pid in killed if is_alive(pid)]
 
 
 def test_a_stop_with_no_child_running_is_raised_where_the_pilot_stands():
@@ -87,7 +90,8 @@ def test_a_process_that_exits_is_not_reported_stopped():
 
 
 def test_a_hangup_stops_the_pilot_as_the_other_stop_signals_do():
-    # A closed terminal (SIGHUP) is one of every command's stop signals (pilotrun/common/stop_signals.py): 128 + 1.
+    # A closed terminal (SIGHUP) is one of every command's stop signals (pilotrun/common/stop_signals.py): 128
+    # + 1.
     stops = StopForwarding()
     with pytest.raises(PilotStopped) as raised:
         stops._handle(signal.SIGHUP, None)
@@ -109,9 +113,9 @@ def test_a_childs_cause_is_the_one_line_of_its_log_that_says_why(tmp_path, log, 
     assert child.cause() == cause
 
 
-# A pilot that starts its child as the pilot does, says the tree's pids and waits. The child stands in for torchrun
-# with one worker in a session of its own that watches its launcher's pid, as pilotrun's workers do (the launcher
-# watch); or, with no nproc, for a lone `pilotrun train`.
+# A pilot that starts its child as the pilot does, says the tree's pids and waits. The child stands in for
+# torchrun with one worker in a session of its own that watches its launcher's pid, as pilotrun's workers do
+# (the launcher watch); or, with no nproc, for a lone `pilotrun train`.
 PILOT = """
 import json, os, sys, time
 from pathlib import Path
@@ -144,8 +148,13 @@ def test_every_child_stops_when_the_pilot_is_sigkilled_alone(tmp_path, nproc):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    pilot = subprocess.Popen([sys.executable, "-c", PILOT, str(tmp_path / "child.log"), str(nproc)],
-                             stdout=subprocess.PIPE, text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    pilot = subprocess.Popen(
+        [sys.executable, "-c", PILOT, str(tmp_path / "child.log"), str(nproc)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
     tree: list[int] = []
     try:
         tree = json.loads(pilot.stdout.readline())
@@ -165,9 +174,9 @@ def test_every_child_stops_when_the_pilot_is_sigkilled_alone(tmp_path, nproc):
 
 @pytest.mark.slow
 def test_a_real_two_rank_pilot_sigkilled_alone_leaves_no_launcher_or_worker(builtin_data_dir, tmp_path):
-    """The same with the real tree: `pilotrun pilot --nproc-per-node 2` (torchrun and two workers, each worker in a
-    session of its own) SIGKILLed alone while it trains; torchrun gets the parent-death signal and passes it on,
-    the workers also watch their launcher, and no process of the tree is left."""
+    """The same with the real tree: `pilotrun pilot --nproc-per-node 2` (torchrun and two workers, each worker
+    in a session of its own) SIGKILLed alone while it trains; torchrun gets the parent-death signal and passes
+    it on, the workers also watch their launcher, and no process of the tree is left."""
     import json
     import os
     from pathlib import Path
@@ -176,9 +185,28 @@ def test_a_real_two_rank_pilot_sigkilled_alone_leaves_no_launcher_or_worker(buil
 
     root = Path(__file__).resolve().parents[2]
     workdir = tmp_path / "w"
-    command = [sys.executable, "-m", "pilotrun", "pilot", "--workdir", str(workdir), "--config", "smoke", "--data",
-               str(builtin_data_dir), "--nproc-per-node", "2", "--set", "train.num_threads=1",
-               "--set", "train.max_steps=5000", "--set", "optim.schedule.horizon=5000", "--interrupt-at", "4900"]
+    command = [
+        sys.executable,
+        "-m",
+        "pilotrun",
+        "pilot",
+        "--workdir",
+        str(workdir),
+        "--config",
+        "smoke",
+        "--data",
+        str(builtin_data_dir),
+        "--nproc-per-node",
+        "2",
+        "--set",
+        "train.num_threads=1",
+        "--set",
+        "train.max_steps=5000",
+        "--set",
+        "optim.schedule.horizon=5000",
+        "--interrupt-at",
+        "4900",
+    ]
     pilot = subprocess.Popen(command, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     tree: list[int] = []
@@ -194,7 +222,8 @@ def test_a_real_two_rank_pilot_sigkilled_alone_leaves_no_launcher_or_worker(buil
         tree = descendants(pilot.pid)
         commands = [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode() for pid in tree]
         assert sum("torch.distributed.run" in c or "torchrun" in c for c in commands) == 1, commands
-        assert sum(" train " in c for c in commands) >= 2, commands  # the two workers (and torchrun's own argv)
+        # the two workers (and torchrun's own argv)
+        assert sum(" train " in c for c in commands) >= 2, commands
         pilot.kill()
         pilot.wait()
         deadline = time.monotonic() + 120

@@ -45,17 +45,21 @@ def pilot_call(workdir: Path, *options: str) -> int:
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, str]]:
-    """Every file under `folder`: its modification time and content hash (nothing changed = an equal snapshot)."""
+    """Every file under `folder`: its modification time and content hash (nothing changed = an equal
+    snapshot)."""
     return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def prepared_workdir(tmp_path: Path, tokenizer: Path = GPT2) -> Path:
-    """A workdir whose data the pilot prepared from the JSONL fixture, with its earlier run folder beside it."""
+    """A workdir whose data the pilot prepared from the JSONL fixture, with its earlier run folder beside
+    it."""
     from pilotrun.data.prepare import prepare_corpus
 
     workdir = tmp_path / "w"
-    prepare_corpus(workdir / "data", source=str(JSONL), tokenizer=str(tokenizer), progress=False, **PREPARE_OPTIONS)
+    prepare_corpus(
+        workdir / "data", source=str(JSONL), tokenizer=str(tokenizer), progress=False, **PREPARE_OPTIONS
+    )
     (workdir / "run").mkdir()
     (workdir / "run" / "metrics.jsonl").write_text("{}\n")
     (workdir / pilot.PILOT_MARKER).write_text("made by the pilot\n")
@@ -73,19 +77,31 @@ def test_a_second_call_with_the_same_inputs_reuses_the_data_and_says_so(tmp_path
     assert captured.err.strip().endswith(STAND_IN) and len(trainings) == 2  # reached its training both times
     reuse = [line for line in captured.out.splitlines() if "data already prepared" in line]
     assert reuse == [line for line in captured.out.splitlines() if str(workdir / "data") in line]
-    assert len(reuse) == 1 and reuse[0].startswith(f"[pilot] reusing the data already prepared in {workdir / 'data'}: "
-                                                   "the same source, tokenizer and options")
+    assert len(reuse) == 1 and reuse[0].startswith(
+        f"[pilot] reusing the data already prepared in {workdir / 'data'}: "
+        "the same source, tokenizer and options"
+    )
     assert "preparing" not in captured.out
     assert snapshot(workdir / "data") == data
 
 
-@pytest.mark.parametrize(("options", "named"), [
-    (["--source", str(JSONL), "--tokenizer", "bpe:512"], "tokenizer: prepared with a tokenizer file with sha256 "),
-    (["--source", str(PARQUET), "--tokenizer", str(GPT2)], "source: prepared from local "
-                                                           "fineweb_edu_sample10bt_150docs.jsonl"),
-    ([], "this call asks for builtin (Python "),  # the defaults: the built-in corpus and bpe:2048
-])
-def test_other_inputs_are_refused_in_one_line_before_anything_changes(tmp_path, capsys, trainings, options, named):
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (
+            ["--source", str(JSONL), "--tokenizer", "bpe:512"],
+            "tokenizer: prepared with a tokenizer file with sha256 ",
+        ),
+        (
+            ["--source", str(PARQUET), "--tokenizer", str(GPT2)],
+            "source: prepared from local fineweb_edu_sample10bt_150docs.jsonl",
+        ),
+        ([], "this call asks for builtin (Python "),  # the defaults: the built-in corpus and bpe:2048
+    ],
+)
+def test_other_inputs_are_refused_in_one_line_before_anything_changes(
+    tmp_path, capsys, trainings, options, named
+):
     workdir = prepared_workdir(tmp_path)
     before = snapshot(workdir)
     capsys.readouterr()  # the setup's own prepare (its small-val warning) is not the pilot's output
@@ -145,10 +161,28 @@ def test_a_whole_pilot_into_a_log_file_has_plain_lines_and_no_carriage_return(tm
     root = Path(__file__).resolve().parents[2]
     log = tmp_path / "pilot.log"
     with open(log, "w") as handle:
-        code = subprocess.call([sys.executable, "-m", "pilotrun", "pilot", "--workdir", str(tmp_path / "w"),
-                                "--config", "smoke", "--set", "train.num_threads=1", "--source", str(JSONL),
-                                "--tokenizer", str(GPT2)], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
-                               stdout=handle, stderr=subprocess.STDOUT)
+        code = subprocess.call(
+            [
+                sys.executable,
+                "-m",
+                "pilotrun",
+                "pilot",
+                "--workdir",
+                str(tmp_path / "w"),
+                "--config",
+                "smoke",
+                "--set",
+                "train.num_threads=1",
+                "--source",
+                str(JSONL),
+                "--tokenizer",
+                str(GPT2),
+            ],
+            cwd=root,
+            env=dict(os.environ, PYTHONPATH=str(root)),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
     text = log.read_text()
     assert code in (0, 1) and "VERDICT: " in text, text[-3000:]
     assert "\r" not in text

@@ -1,5 +1,5 @@
-"""`pilotrun train`'s last line after a stop: it says whether the work was saved. A second signal stops at once
-without the checkpoint the first asked for, and the line says so (training/signals.py)."""
+"""`pilotrun train`'s last line after a stop: it says whether the work was saved. A second signal stops at
+once without the checkpoint the first asked for, and the line says so (training/signals.py)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,18 @@ from pilotrun.training.signals import SecondSignal
 SMOKE = Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml"
 
 
-@pytest.mark.parametrize("requests, said", [
-    (1, "pilotrun train: stopped with a committed checkpoint; continue the run with `"),
-    (2, "pilotrun train: stopped at once by a second signal, without saving the work since the last checkpoint; "
-        "continue the run with `"),
-])
+@pytest.mark.parametrize(
+    "requests, said",
+    [
+        (1, "pilotrun train: stopped with a committed checkpoint; continue the run with `"),
+        (
+            2,
+            "pilotrun train: stopped at once by a second signal, without saving the work since the last "
+            "checkpoint; "
+            "continue the run with `",
+        ),
+    ],
+)
 def test_the_last_line_says_whether_the_stop_saved(tmp_path, monkeypatch, capsys, requests, said):
     def stopped(*args, signals, **kwargs):
         try:
@@ -31,7 +38,9 @@ def test_the_last_line_says_whether_the_stop_saved(tmp_path, monkeypatch, capsys
 
     monkeypatch.setattr(trainer_module, "train_from_cli", stopped)
     monkeypatch.delenv("RANK", raising=False)
-    code = main(["train", "--config", str(SMOKE), "--data", str(tmp_path), "--run-dir", str(tmp_path / "run")])
+    code = main(
+        ["train", "--config", str(SMOKE), "--data", str(tmp_path), "--run-dir", str(tmp_path / "run")]
+    )
     assert code == 130
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith(said)

@@ -46,7 +46,10 @@ def test_an_edited_line_raises_the_chain_alert_and_on_alert_gets_each_alert_as_j
     printed = _alerts(capsys.readouterr().out)
     assert code == 1
     chain = [a for a in printed if a["kind"] == "chain"]
-    assert chain and f"metrics.jsonl line {number + 1} (train, step 45): hash chain broken" in chain[0]["message"]
+    assert (
+        chain
+        and f"metrics.jsonl line {number + 1} (train, step 45): hash chain broken" in chain[0]["message"]
+    )
     assert _alerts(received.read_text()) == printed  # once per alert, each valid JSON on stdin
     assert _hashes(run_dir) == before
 
@@ -108,9 +111,25 @@ def test_a_live_run_stopped_with_sigstop_is_a_stall_within_two_windows_and_then_
     steps = ["train.max_steps=300", "optim.schedule.horizon=300", "train.log_every=10", "train.eval_every=0",
              "train.checkpoint_every=0", "train.num_threads=1"]
     trainer = subprocess.Popen(
-        [sys.executable, "-m", "pilotrun", "train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data",
-         str(builtin_data_dir), "--run-dir", str(run_dir), *[a for s in steps for a in ("--set", s)]],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "pilotrun",
+            "train",
+            "--config",
+            str(ROOT / "configs" / "smoke.yaml"),
+            "--data",
+            str(builtin_data_dir),
+            "--run-dir",
+            str(run_dir),
+            *[a for s in steps for a in ("--set", s)],
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     watcher = None
     try:
         def train_lines() -> int:
@@ -120,8 +139,9 @@ def test_a_live_run_stopped_with_sigstop_is_a_stall_within_two_windows_and_then_
         deadline = time.monotonic() + 300  # hang guards only: every wait ends on what the processes write
         while train_lines() < 3 and time.monotonic() < deadline and trainer.poll() is None:
             time.sleep(0.02)
-        # The tiny smoke model is neither balanced nor unclipped after a few dozen updates: those rules' bounds
-        # are relaxed so that the healthy part of the run is judged healthy; the stall is what is tested.
+        # The tiny smoke model is neither balanced nor unclipped after a few dozen updates: those rules'
+        # bounds are relaxed so that the healthy part of the run is judged healthy; the stall is what is
+        # tested.
         watcher = subprocess.Popen(
             [sys.executable, "-m", "pilotrun", "watch", str(run_dir), "--follow", "--keep-going", "--json",
              "--stall-windows", "1.5", "--threshold", "max_clip_rate=1", "--threshold", "max_imbalance=100"],
@@ -179,8 +199,8 @@ def test_one_look_at_a_healthy_live_run_prints_one_status_line(tmp_path, capsys)
 
 
 def test_one_look_before_the_first_window_shows_the_rules_waiting_not_failed(tmp_path, capsys):
-    """A live session that has not closed its first window: exit 0, no alert, and the status line names each rule
-    still waiting with what it waits for."""
+    """A live session that has not closed its first window: exit 0, no alert, and the status line names each
+    rule still waiting with what it waits for."""
     from pilotrun.run.folder_lock import RunFolderLock
 
     run = SyntheticRun(tmp_path / "r")
@@ -204,13 +224,24 @@ def test_one_look_before_the_first_window_shows_the_rules_waiting_not_failed(tmp
 def test_a_resume_on_another_thread_count_is_one_note_on_stderr_and_no_alert(tmp_path, capsys):
     run = crashed_and_resumed(tmp_path / "r")
     entry = next(e for e in run.run["sessions"] if e["session_id"] == "s2")
-    entry["not_exact"] = {"from_update": 21, "changes": [{"key": "hardware.torch_threads", "old": 1, "new": 2}]}
+    entry["not_exact"] = {
+        "from_update": 21,
+        "changes": [{"key": "hardware.torch_threads", "old": 1, "new": 2}],
+    }
     run_dir = run.write()
     main(["watch", str(run_dir), "--json"])
     captured = capsys.readouterr()
     notes = [line for line in captured.err.splitlines() if line.startswith("note: ")]
-    assert notes == [line for line in notes if "session s2 resumed across hardware.torch_threads 1 -> 2 from update "
-                     "21: bit-exact continuation is not promised from there" in line] and len(notes) == 1
+    assert (
+        notes
+        == [
+            line
+            for line in notes
+            if "session s2 resumed across hardware.torch_threads 1 -> 2 from update "
+            "21: bit-exact continuation is not promised from there" in line
+        ]
+        and len(notes) == 1
+    )
     assert "torch_threads" not in captured.out  # not an alert
 
 
@@ -226,9 +257,12 @@ def test_an_on_alert_command_past_its_timeout_is_named_with_its_wait_and_watch_g
     assert main(["watch", str(run_dir), "--on-alert", "sleep 30"]) == 1
     captured = capsys.readouterr()
     timeouts = [line for line in captured.err.splitlines() if "--on-alert" in line]
-    assert timeouts and all(line == f"pilotrun watch: --on-alert command 'sleep 30' did not finish within 0.2 s for "
-                            f"the chain alert at step {line.split('at step ')[1].split(':')[0]}: it was stopped; "
-                            "watch goes on" for line in timeouts), timeouts
+    assert timeouts and all(
+        line == f"pilotrun watch: --on-alert command 'sleep 30' did not finish within 0.2 s for "
+        f"the chain alert at step {line.split('at step ')[1].split(':')[0]}: it was stopped; "
+        "watch goes on"
+        for line in timeouts
+    ), timeouts
     assert len(timeouts) == captured.out.count("ALERT ")  # each alert was delivered, each command waited for
 
 
@@ -241,8 +275,8 @@ def test_an_interval_past_a_day_is_one_line_exit_2_not_a_sleep_that_overflows(tm
 
 
 def test_an_on_alert_command_past_its_timeout_is_stopped_with_what_it_started(tmp_path, capsys, monkeypatch):
-    """The command's shell starts a child that would outlive it: at the timeout the command's whole process group
-    is stopped, so nothing it started runs on after watch said it was stopped."""
+    """The command's shell starts a child that would outlive it: at the timeout the command's whole process
+    group is stopped, so nothing it started runs on after watch said it was stopped."""
     from pilotrun.commands import watch
 
     run_dir = crashed_and_resumed(tmp_path / "r").write()

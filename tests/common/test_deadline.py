@@ -1,4 +1,5 @@
-"""pilotrun/common/deadline.py: `--stop-by` as a time, a duration or SLURM_JOB_END_TIME, fixed at the command's start."""
+"""pilotrun/common/deadline.py: `--stop-by` as a time, a duration or SLURM_JOB_END_TIME, fixed at the
+command's start."""
 
 from __future__ import annotations
 
@@ -24,7 +25,10 @@ def test_not_durations(text):
 
 def test_times_with_and_without_a_zone():
     assert parse_time("@1800000100") == 1_800_000_100.0
-    assert parse_time("2027-01-15T06:00:00+00:00") == datetime.datetime(2027, 1, 15, 6, tzinfo=datetime.UTC).timestamp()
+    assert (
+        parse_time("2027-01-15T06:00:00+00:00")
+        == datetime.datetime(2027, 1, 15, 6, tzinfo=datetime.UTC).timestamp()
+    )
     local = datetime.datetime(2027, 1, 15, 6).astimezone().timestamp()
     assert parse_time("2027-01-15T06:00") == local  # no zone: the machine's local time
     assert parse_time("@soon") is None and parse_time("tomorrow") is None

@@ -1,4 +1,5 @@
-"""The file primitives every writer stands on: the canonical JSON of identities, file hashes, atomic writes."""
+"""The file primitives every writer stands on: the canonical JSON of identities, file hashes, atomic
+writes."""
 
 import hashlib
 import json
@@ -116,7 +117,11 @@ def test_refuse_wrong_kind_names_the_kind_and_lets_a_missing_path_pass(tmp_path)
         refuse_wrong_kind(tmp_path / "d", "file")
     with pytest.raises(PilotrunError, match=r"/f/run/x: .*/f is a file, not a folder$"):
         refuse_wrong_kind(tmp_path / "f" / "run" / "x", "folder")
-    for path, kind in ((tmp_path / "f", "file"), (tmp_path / "d", "folder"), (tmp_path / "d" / "new", "folder")):
+    for path, kind in (
+        (tmp_path / "f", "file"),
+        (tmp_path / "d", "folder"),
+        (tmp_path / "d" / "new", "folder"),
+    ):
         assert refuse_wrong_kind(path, kind) is None  # the right kind, or missing under a folder: passes
 
 
@@ -138,7 +143,9 @@ def test_a_device_or_a_fifo_is_named_for_what_it_is_as_config_source_tokenizer_a
     else:
         path = Path("/dev/zero")
         what = "a character device, not a regular file"
-    assert not_regular(path) == what and not_regular(tmp_path) is None and not_regular(tmp_path / "none") is None
+    assert (
+        not_regular(path) == what and not_regular(tmp_path) is None and not_regular(tmp_path / "none") is None
+    )
     for call in (lambda: resolve_recipe_path(path), lambda: open_source(str(path)),
                  lambda: resolve_tokenizer(str(path)), lambda: check_shard(str(path), "uint16", 10)):
         with pytest.raises(PilotrunError) as refused:

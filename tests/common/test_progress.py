@@ -1,5 +1,5 @@
-"""pilotrun/common/progress.py: the one plain progress line of prepare, train and the pilot: the first figures at
-once, then at most one line per interval, the last at close, never the same figures twice, never a carriage
+"""pilotrun/common/progress.py: the one plain progress line of prepare, train and the pilot: the first figures
+at once, then at most one line per interval, the last at close, never the same figures twice, never a carriage
 return."""
 
 from __future__ import annotations

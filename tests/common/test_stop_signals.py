@@ -1,4 +1,5 @@
-"""pilotrun/common/stop_signals.py: one set of stop signals, one exit-code convention, one installer for every command."""
+"""pilotrun/common/stop_signals.py: one set of stop signals, one exit-code convention, one installer for every
+command."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def test_exit_codes_are_the_documented_ones():
     assert exit_code_of(signal.SIGINT) == 130 and exit_code_of(signal.SIGTERM) == 143
     assert exit_code_of(signal.SIGHUP) == 129  # a closed terminal: honoured like SIGTERM, 128 + 1
     assert exit_code_of(signal.SIGUSR1) == 138 and exit_code_of(signal.SIGUSR2) == 140  # pre-emption warnings
-    assert exit_code_of(signal.SIGALRM) == 143  # not a stop signal: a stop asked under its name ends as SIGTERM
+    # not a stop signal: a stop asked under its name ends as SIGTERM
+    assert exit_code_of(signal.SIGALRM) == 143
     assert exit_code_of(signal.SIGQUIT, (signal.SIGQUIT,)) == 128 + signal.SIGQUIT  # a command's chosen set
     assert all(exit_code_of(s) == 128 + s for s in STOP_SIGNALS)
     assert signal_name(signal.SIGINT) == "SIGINT"
@@ -64,8 +66,10 @@ def test_outside_the_main_thread_nothing_is_installed():
 
 @pytest.mark.slow
 def test_a_worker_ignores_every_stop_signal():
-    code = ("import os\nfrom pilotrun.common import stop_signals\nstop_signals.ignored()\n"
-            "for signum in stop_signals.STOP_SIGNALS:\n    os.kill(os.getpid(), signum)\nprint('still here')\n")
+    code = (
+        "import os\nfrom pilotrun.common import stop_signals\nstop_signals.ignored()\n"
+        "for signum in stop_signals.STOP_SIGNALS:\n    os.kill(os.getpid(), signum)\nprint('still here')\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert (done.returncode, done.stdout) == (0, "still here\n"), done.stderr

@@ -16,7 +16,16 @@ def test_every_config_key_has_a_meaning_and_a_type():
     rows = describe_config(RunConfig())
     assert len(rows) > 60
     assert [r["key"] for r in rows if not r["meaning"].strip()] == []
-    assert {r["type"] for r in rows} <= {"int", "float", "str", "bool", "list[float]", "list[int]", "list[str]", "list[list[int]]"}
+    assert {r["type"] for r in rows} <= {
+        "int",
+        "float",
+        "str",
+        "bool",
+        "list[float]",
+        "list[int]",
+        "list[str]",
+        "list[list[int]]",
+    }
     assert len({r["key"] for r in rows}) == len(rows)
 
 
@@ -30,8 +39,15 @@ def test_config_command_json_shows_value_and_default(capsys):
     assert rows["optim.schedule.horizon"]["meaning"]
 
 
-@pytest.mark.parametrize("argv", [["config", "--set", "train.max_steps=x"], ["config", "--set", "train.nope=1"],
-                                  ["config", "--config", "no-such-recipe"], ["config", "--set", "train.seq_len=0"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["config", "--set", "train.max_steps=x"],
+        ["config", "--set", "train.nope=1"],
+        ["config", "--config", "no-such-recipe"],
+        ["config", "--set", "train.seq_len=0"],
+    ],
+)
 def test_config_command_refuses_bad_input_with_one_line(argv, capsys):
     assert cli.main(argv) == 2
     captured = capsys.readouterr()
@@ -48,7 +64,8 @@ def test_packaged_recipes_resolve_by_name_from_any_folder(tmp_path, monkeypatch)
     assert resolve_recipe_path("gpu/stability") == packaged_configs_dir() / "gpu" / "stability.yaml"
     own = tmp_path / "stability"
     own.write_text("train: {max_steps: 3}\n")
-    assert resolve_recipe_path("stability").resolve() == own.resolve()  # a real file always wins over a packaged name
+    # a real file always wins over a packaged name
+    assert resolve_recipe_path("stability").resolve() == own.resolve()
     with pytest.raises(ConfigError, match="packaged recipes by name"):
         resolve_recipe_path(os.path.join("missing", "x.yaml"))
 
@@ -63,8 +80,11 @@ def test_every_option_with_a_default_shows_it_in_help():
         for action in current._actions:
             if isinstance(action, argparse._SubParsersAction):
                 stack.extend(action.choices.values())
-            elif action.option_strings and not any(action.default is v for v in (None, argparse.SUPPRESS, False)) \
-                    and action.default != []:
+            elif (
+                action.option_strings
+                and not any(action.default is v for v in (None, argparse.SUPPRESS, False))
+                and action.default != []
+            ):
                 assert "%(default)" in formatter._get_help_string(action), action.option_strings
                 checked += 1
     assert checked >= 10

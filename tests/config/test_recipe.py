@@ -16,7 +16,9 @@ from pilotrun.config import (
 def test_yaml_and_overrides_merge(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text("train:\n  max_steps: 7\n  seq_len: 16\noptim:\n  muon:\n    lr: 0.01\n")
-    config = load_run_config(path, ["train.max_steps=9", "optim.adamw.betas=[0.8, 0.9]", "train.precision=bf16"])
+    config = load_run_config(
+        path, ["train.max_steps=9", "optim.adamw.betas=[0.8, 0.9]", "train.precision=bf16"]
+    )
     assert config.train.max_steps == 9
     assert config.train.seq_len == 16
     assert config.optim.muon.lr == 0.01
@@ -81,16 +83,18 @@ def test_the_tensorboard_alias_is_folded_when_loaded_and_a_recorded_recipe_keeps
     # Loaded for a session (YAML, --set, a lock's recipe, the API): one list, the alias reads back false.
     folded = load_run_config(None, ["train.log.tensorboard=true", "train.log.trackers=[wandb]"])
     assert (folded.train.log.trackers, folded.train.log.tensorboard) == (["tensorboard", "wandb"], False)
-    assert config_to_dict(loaded_recipe(config_to_dict(folded))) == config_to_dict(folded)  # folding is idempotent
-    # Read back from a record (run.json, a checkpoint, a lock): byte for byte, so its sha256 is the one recorded,
-    # for a recipe that said true as for every recipe that never did.
+    # folding is idempotent
+    assert config_to_dict(loaded_recipe(config_to_dict(folded))) == config_to_dict(folded)
+    # Read back from a record (run.json, a checkpoint, a lock): byte for byte, so its sha256 is the one
+    # recorded, for a recipe that said true as for every recipe that never did.
     for said in (True, False):
         recorded = config_to_dict(RunConfig())
         recorded["train"]["log"]["tensorboard"] = said
         assert config_to_dict(config_from_dict(recorded)) == recorded
         assert canonical_sha256(config_to_dict(config_from_dict(recorded))) == canonical_sha256(recorded)
-    # A session loaded from such a record (a lock's recipe) differs from it in machine keys only: free on resume
-    # and outside a lock's comparison (tests/run/test_recipe_lock.py, tests/training/checkpoint/test_resume_plan.py).
+    # A session loaded from such a record (a lock's recipe) differs from it in machine keys only: free on
+    # resume and outside a lock's comparison (tests/run/test_recipe_lock.py,
+    # tests/training/checkpoint/test_resume_plan.py).
     recorded = config_to_dict(RunConfig())
     recorded["train"]["log"].update(tensorboard=True, trackers=["wandb"])
     now, before = flatten(config_to_dict(loaded_recipe(recorded))), flatten(recorded)
@@ -128,8 +132,24 @@ def test_a_set_mistake_on_a_frozen_recipe_is_blamed_on_the_flag(tmp_path, capsys
 
     lock = tmp_path / "lock.json"
     lock.write_text(json.dumps(_lock(recipe=config_to_dict(load_run_config("smoke")))))
-    assert main(["train", "--frozen", str(lock), "--data", str(tmp_path / "d"), "--run-dir", str(tmp_path / "r"),
-                 "--set", "optim.muon.lr=fast"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--frozen",
+                str(lock),
+                "--data",
+                str(tmp_path / "d"),
+                "--run-dir",
+                str(tmp_path / "r"),
+                "--set",
+                "optim.muon.lr=fast",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["pilotrun: error: --set optim.muon.lr=fast: config key 'optim.muon.lr' must be float, got fast"]
+    assert err == [
+        "pilotrun: error: --set optim.muon.lr=fast: config key 'optim.muon.lr' must be float, got fast"
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lock.json"]

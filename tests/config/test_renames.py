@@ -18,10 +18,21 @@ from pilotrun.config import (
 
 # A recipe as recipe format 1 recorded it (run.json, a checkpoint, a lock on main before the sections): every
 # training key flat.
-FORMAT_1_TRAIN = {"log_every": 2, "eval_every": 7, "eval_batches": 3, "downstream_tasks": ["t.jsonl"],
-                  "downstream_every": 5, "downstream_limit": 9, "checkpoint_every": 11, "checkpoint_mode": "sync",
-                  "keep_checkpoints": 4, "keep_every": 20, "keep_steps": [6], "trackers": ["wandb"],
-                  "tensorboard": False}
+FORMAT_1_TRAIN = {
+    "log_every": 2,
+    "eval_every": 7,
+    "eval_batches": 3,
+    "downstream_tasks": ["t.jsonl"],
+    "downstream_every": 5,
+    "downstream_limit": 9,
+    "checkpoint_every": 11,
+    "checkpoint_mode": "sync",
+    "keep_checkpoints": 4,
+    "keep_every": 20,
+    "keep_steps": [6],
+    "trackers": ["wandb"],
+    "tensorboard": False,
+}
 
 
 def format_1_recipe() -> dict:
@@ -62,7 +73,13 @@ def test_a_yaml_and_a_set_of_the_earlier_names_load_as_today(tmp_path):
     path.write_text("train:\n  eval_every: 6\n  keep_checkpoints: 5\n  tensorboard: true\n")
     config = load_run_config(path, ["train.log_every=4", "train.eval.batches=2", "train.checkpoint_every=8"])
     t = config.train
-    assert (t.eval.every, t.checkpoint.keep, t.log.every, t.eval.batches, t.checkpoint.every) == (6, 5, 4, 2, 8)
+    assert (t.eval.every, t.checkpoint.keep, t.log.every, t.eval.batches, t.checkpoint.every) == (
+        6,
+        5,
+        4,
+        2,
+        8,
+    )
     assert (t.log.trackers, t.log.tensorboard) == (["tensorboard"], False)
     # The newer name given after the older one wins, as any later --set does.
     assert load_run_config(path, ["train.eval.every=9"]).train.eval.every == 9
@@ -73,8 +90,10 @@ def test_a_key_under_both_names_is_refused_naming_the_file(tmp_path):
     path.write_text("train:\n  eval_every: 6\n  eval: {every: 7}\n")
     with pytest.raises(ConfigError) as refused:
         load_run_config(path)
-    assert str(refused.value) == (f"{path}: config keys 'train.eval_every' and 'train.eval.every' are one key "
-                                  "under its earlier and its current name: give it once")
+    assert str(refused.value) == (
+        f"{path}: config keys 'train.eval_every' and 'train.eval.every' are one key "
+        "under its earlier and its current name: give it once"
+    )
 
 
 def test_a_bad_value_under_an_earlier_name_is_blamed_on_its_flag():

@@ -26,7 +26,8 @@ HAND_KEPT_RESUME_FREE_KEYS = (
 )
 
 
-# Machine keys added since the lists were kept by hand: the checkpoint storage (how the same state is written).
+# Machine keys added since the lists were kept by hand: the checkpoint storage (how the same state is
+# written).
 ADDED_MACHINE_KEYS = ("train.checkpoint.storage",)
 
 
@@ -48,7 +49,9 @@ def test_the_docs_list_every_key_free_on_resume():
     readme = (Path(__file__).resolve().parents[2] / "docs" / "UNATTENDED.md").read_text()
     section = readme[readme.index("### What a resume may change"):]
     section = section[:section.index("\n## ")]
-    missing = [k for k in RESUME_FREE_KEYS if f"`{k}`" not in section and f"`{k.rsplit('.', 1)[0]}.*`" not in section]
+    missing = [
+        k for k in RESUME_FREE_KEYS if f"`{k}`" not in section and f"`{k.rsplit('.', 1)[0]}.*`" not in section
+    ]
     assert not missing
 
 

@@ -24,7 +24,9 @@ FAKE_SHA = "0123456789abcdef0123456789abcdef01234567"
 
 def _require(path: Path) -> Path:
     if not path.exists():
-        pytest.skip(f"shared test fixture {path} is absent (expected ../shared/fixtures beside the repository)")
+        pytest.skip(
+            f"shared test fixture {path} is absent (expected ../shared/fixtures beside the repository)"
+        )
     return path
 
 
@@ -69,9 +71,18 @@ class LocalHub:
     def stream_rows(self, repo_id: str, config: str, revision: str) -> Iterator[dict[str, Any]]:
         self.calls.append(("stream", repo_id, config, revision))
         for index, text in enumerate(self.texts):
-            yield {"text": text, "id": f"<urn:uuid:{index}>", "dump": "CC-MAIN-2024-10", "url": f"https://x/{index}",
-                   "file_path": "s3://x", "language": "en", "language_score": 0.97, "token_count": len(text) // 4,
-                   "score": 3.1, "int_score": 3}
+            yield {
+                "text": text,
+                "id": f"<urn:uuid:{index}>",
+                "dump": "CC-MAIN-2024-10",
+                "url": f"https://x/{index}",
+                "file_path": "s3://x",
+                "language": "en",
+                "language_score": 0.97,
+                "token_count": len(text) // 4,
+                "score": 3.1,
+                "int_score": 3,
+            }
 
     def download_file(self, repo_id: str, filename: str, revision: str) -> str:
         self.calls.append(("download", repo_id, filename, revision))
@@ -91,7 +102,8 @@ def in_process(monkeypatch):
 
 @pytest.fixture
 def corpus(tmp_path, fineweb_texts) -> Path:
-    """The FineWeb-Edu fixture dealt over three jsonl files, with a blank document (skipped by both engines)."""
+    """The FineWeb-Edu fixture dealt over three jsonl files, with a blank document (skipped by both
+    engines)."""
     folder = tmp_path / "corpus"
     folder.mkdir()
     for index in range(3):

@@ -12,7 +12,8 @@ from pilotrun.data.datatrove_prepare import prepare_with_datatrove
 
 
 def in_process_run(self):
-    """LocalPipelineExecutor.run without its manager process: each incomplete task in turn, in this process."""
+    """LocalPipelineExecutor.run without its manager process: each incomplete task in turn, in this
+    process."""
     pipeline = self.pipeline
     for rank in self.get_incomplete_ranks():
         self.pipeline = copy.deepcopy(pipeline)

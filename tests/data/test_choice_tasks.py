@@ -1,4 +1,5 @@
-"""pilotrun/data/choice_tasks.py: task files read in order, identified by sha256, refused with the line named."""
+"""pilotrun/data/choice_tasks.py: task files read in order, identified by sha256, refused with the line
+named."""
 
 from __future__ import annotations
 
@@ -18,9 +19,14 @@ def _write(path, lines):
 
 
 def test_a_task_is_its_examples_in_file_order_named_by_stem_and_identified_by_sha256(tmp_path):
-    path = _write(tmp_path / "tiny.jsonl", [json.dumps({"context": "a", "choices": [" b", " c"], "label": 1}), "",
-                                            json.dumps({"context": "d", "choices": [" e", " f", " g"], "label": 0,
-                                                        "source": "kept out"})])
+    path = _write(
+        tmp_path / "tiny.jsonl",
+        [
+            json.dumps({"context": "a", "choices": [" b", " c"], "label": 1}),
+            "",
+            json.dumps({"context": "d", "choices": [" e", " f", " g"], "label": 0, "source": "kept out"}),
+        ],
+    )
     task = read_choice_task(path)
     assert (task.name, task.sha256) == ("tiny", sha256_of_file(path))
     assert [e.label for e in task.examples] == [1, 0] and task.examples[1].choices == (" e", " f", " g")
@@ -29,17 +35,28 @@ def test_a_task_is_its_examples_in_file_order_named_by_stem_and_identified_by_sh
     assert chance_accuracy(task.examples) == (1 / 2 + 1 / 3) / 2
 
 
-@pytest.mark.parametrize("line, named", [
-    ("not json", "line 2: not JSON"),
-    ("[1, 2]", "line 2: expected a JSON object"),
-    (json.dumps({"choices": [" a", " b"], "label": 0}), "line 2: 'context' must be a string"),
-    (json.dumps({"context": "x", "choices": [" a"], "label": 0}), "line 2: 'choices' must be a list of at least two"),
-    (json.dumps({"context": "x", "choices": [" a", ""], "label": 0}), "line 2: 'choices'"),
-    (json.dumps({"context": "x", "choices": [" a", " b"], "label": 2}), "line 2: 'label' must be an integer index"),
-    (json.dumps({"context": "x", "choices": [" a", " b"], "label": True}), "line 2: 'label'"),
-])
+@pytest.mark.parametrize(
+    "line, named",
+    [
+        ("not json", "line 2: not JSON"),
+        ("[1, 2]", "line 2: expected a JSON object"),
+        (json.dumps({"choices": [" a", " b"], "label": 0}), "line 2: 'context' must be a string"),
+        (
+            json.dumps({"context": "x", "choices": [" a"], "label": 0}),
+            "line 2: 'choices' must be a list of at least two",
+        ),
+        (json.dumps({"context": "x", "choices": [" a", ""], "label": 0}), "line 2: 'choices'"),
+        (
+            json.dumps({"context": "x", "choices": [" a", " b"], "label": 2}),
+            "line 2: 'label' must be an integer index",
+        ),
+        (json.dumps({"context": "x", "choices": [" a", " b"], "label": True}), "line 2: 'label'"),
+    ],
+)
 def test_a_malformed_line_is_refused_naming_file_and_line(tmp_path, line, named):
-    path = _write(tmp_path / "bad.jsonl", [json.dumps({"context": "a", "choices": [" b", " c"], "label": 0}), line])
+    path = _write(
+        tmp_path / "bad.jsonl", [json.dumps({"context": "a", "choices": [" b", " c"], "label": 0}), line]
+    )
     with pytest.raises(DataError, match=named) as caught:
         read_choice_task(path)
     assert str(path) in str(caught.value) and "\n" not in str(caught.value)
@@ -79,8 +96,12 @@ def test_a_context_or_choice_past_the_text_bound_is_refused_before_any_tokenizer
     from pilotrun.data.choice_tasks import MAX_TEXT_CHARS
 
     task = tmp_path / "huge.jsonl"
-    task.write_text(json.dumps({"context": "a" * (MAX_TEXT_CHARS + 1), "choices": [" b", " c"], "label": 0}) + "\n"
-                    + json.dumps({"context": "a", "choices": [" b", " c"], "label": 0}) + "\n")
+    task.write_text(
+        json.dumps({"context": "a" * (MAX_TEXT_CHARS + 1), "choices": [" b", " c"], "label": 0})
+        + "\n"
+        + json.dumps({"context": "a", "choices": [" b", " c"], "label": 0})
+        + "\n"
+    )
     with pytest.raises(DataError) as refused:
         read_choice_task(task)
     said = str(refused.value)

@@ -36,8 +36,9 @@ def _one_line_exit_2(capsys, argv: list[str]) -> str:
 
 
 def _poke_token(data_dir: Path, file: str, offset: int, value: int, record_max: bool | None) -> None:
-    """Write `value` at `offset` of a shard and fix its sha256 in the manifest (damage that passes the hashes);
-    record_max: True records the new max_token_id, False leaves the old one, None removes the field."""
+    """Write `value` at `offset` of a shard and fix its sha256 in the manifest (damage that passes the
+    hashes); record_max: True records the new max_token_id, False leaves the old one, None removes the
+    field."""
     path = data_dir / file
     header = read_shard_header(str(path))
     tokens = np.memmap(path, dtype=header.dtype, mode="r+", offset=header.data_offset, shape=header.shape)
@@ -73,7 +74,9 @@ def test_a_val_split_shorter_than_one_evaluation_batch_is_refused_before_the_run
     assert "val split" in err and str(val_tokens) in err
     assert not (tmp_path / "run").exists()
     # Without evaluation the same geometry is fine; an exact fit (G * seq_len + 1 tokens) is too.
-    check_data_fits_recipe(dataset, batch_size=batch, seq_len=32, world_size=1, evaluates=False, vocab_size=4096)
+    check_data_fits_recipe(
+        dataset, batch_size=batch, seq_len=32, world_size=1, evaluates=False, vocab_size=4096
+    )
     fit = val_tokens - 1
     check_data_fits_recipe(dataset, batch_size=1, seq_len=fit, world_size=1, evaluates=True, vocab_size=4096)
     BatchLoader(dataset.split("val"), 1, fit).next_batch()  # the loader agrees that it is one batch
@@ -115,14 +118,16 @@ def test_the_loader_guard_names_shard_and_offset_of_a_damaged_id(builtin_data_di
     ahead = BatchLoader(dataset.split("train"), 2, 32, rank=0, world_size=2)
     ahead.check_upcoming_batches(1)  # batch 0: tokens 0..128
     with pytest.raises(TokenIdError, match="offset 200"):
-        ahead.check_upcoming_batches(2)  # rank 1's rows of batch 1 (tokens 192..257) hold it; rank 0 sees it too
+        # rank 1's rows of batch 1 (tokens 192..257) hold it; rank 0 sees it too
+        ahead.check_upcoming_batches(2)
     assert ahead.batch_index == 0
     assert any("max_token_id" in problem for problem in verify_data(data))
 
 
 @pytest.mark.slow
-def test_a_damaged_id_found_mid_run_stops_with_one_line_and_the_last_checkpoint_kept(builtin_data_dir, tmp_path,
-                                                                                      capsys):
+def test_a_damaged_id_found_mid_run_stops_with_one_line_and_the_last_checkpoint_kept(
+    builtin_data_dir, tmp_path, capsys
+):
     from pilotrun.training.checkpoint.checkpointer import Checkpointer
 
     data = tmp_path / "data"
@@ -130,9 +135,12 @@ def test_a_damaged_id_found_mid_run_stops_with_one_line_and_the_last_checkpoint_
     # Batch b of 4 rows x 32 reads tokens 128*b .. 128*b + 128: offset 420 is first read by update 4.
     _poke_token(data, "train_00000.npy", 420, 4096, record_max=False)
     run_dir = tmp_path / "run"
-    code = main(train_argv(data, run_dir, "train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=0"))
+    code = main(
+        train_argv(data, run_dir, "train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=0")
+    )
     err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if line.startswith("pilotrun:")]  # the progress bar shares stderr
+    # the progress bar shares stderr
+    errors = [line for line in err.splitlines() if line.startswith("pilotrun:")]
     assert code == 2 and "Traceback" not in err and len(errors) == 1
     assert "train_00000.npy" in errors[0] and "offset 420" in errors[0]
     # Found before update 4 ran: the state after update 3 is checkpointed, and the record says how it ended.

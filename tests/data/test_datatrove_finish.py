@@ -49,8 +49,9 @@ def test_a_failed_task_is_named_with_its_log_and_a_rerun_redoes_only_the_unfinis
 
 
 
-def test_a_rerun_with_other_options_is_refused_naming_the_difference(in_process, monkeypatch, corpus, tmp_path,
-                                                                     gpt2_tokenizer_path):
+def test_a_rerun_with_other_options_is_refused_naming_the_difference(
+    in_process, monkeypatch, corpus, tmp_path, gpt2_tokenizer_path
+):
     monkeypatch.setattr(datatrove_steps.WriteTaskShards, "_write_manifest", _raise_injected)
     with pytest.raises(DataError):
         _prepare(corpus, tmp_path / "dt", gpt2_tokenizer_path, tasks=2)

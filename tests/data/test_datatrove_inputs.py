@@ -81,13 +81,21 @@ def test_file_record_counts_non_blank_lines_across_read_chunks(monkeypatch, tmp_
     data = b'{"text": "a"}\n\n  \n{"text": "b"}\r\n{"text": "c"}'
     (tmp_path / "f.jsonl").write_bytes(data)
     record = file_record(str(tmp_path / "f.jsonl"), "f.jsonl", "jsonl")
-    assert record == {"name": "f.jsonl", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "rows": 3}
+    assert record == {
+        "name": "f.jsonl",
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "rows": 3,
+    }
 
 
 def test_files_are_dealt_to_tasks_in_a_seeded_order(corpus):  # noqa: F811
     inputs = resolve_inputs(str(corpus / "*.jsonl"), "text", seed=0)
     assert inputs.names == ["part-0.jsonl", "part-1.jsonl", "part-2.jsonl"]
     assert sorted(inputs.ordered_names()) == inputs.names
-    assert inputs.task_names(0, 2) + inputs.task_names(1, 2) == inputs.ordered_names()[0::2] + inputs.ordered_names()[1::2]
+    assert (
+        inputs.task_names(0, 2) + inputs.task_names(1, 2)
+        == inputs.ordered_names()[0::2] + inputs.ordered_names()[1::2]
+    )
     assert resolve_inputs(str(corpus / "*.jsonl"), "text", seed=0).order == inputs.order
     assert inputs.order_record(2)["tasks"] == 2 and inputs.identity()["files"] == inputs.names

@@ -1,6 +1,6 @@
-"""`pilotrun prepare --engine datatrove`: the same documents and counts per split as `pilotrun prepare`, a folder
-that verifies and trains, the same bytes for any --workers, and what the SLURM executor submits (an sbatch shim
-on PATH records each submission)."""
+"""`pilotrun prepare --engine datatrove`: the same documents and counts per split as `pilotrun prepare`, a
+folder that verifies and trains, the same bytes for any --workers, and what the SLURM executor submits (an
+sbatch shim on PATH records each submission)."""
 
 from __future__ import annotations
 
@@ -31,14 +31,19 @@ def test_counts_and_source_equal_pilotrun_prepare_and_the_folder_verifies(in_pro
             assert manifest["splits"][split][count] == reference["splits"][split][count], (split, count)
     assert manifest["splits"]["val"]["documents"] > 0
     assert manifest["source"] == reference["source"]  # the files with their sha256, as prepare names them
-    assert manifest["stream"]["empty_documents_skipped"] == reference["stream"]["empty_documents_skipped"] == 1
+    assert (
+        manifest["stream"]["empty_documents_skipped"] == reference["stream"]["empty_documents_skipped"] == 1
+    )
     assert manifest["engine"]["name"] == "datatrove" and manifest["engine"]["tasks"] == 2
     assert manifest["engine"]["version"].startswith("0.10")
     assert manifest["engine"]["input_order"]["files"] == 3 and "order_within_split" in manifest["engine"]
     assert manifest["split_rule"] == reference["split_rule"]
     assert verify_data(tmp_path / "dt") == []
     assert json.loads((tmp_path / "dt" / "metadata.json").read_text()) == manifest
-    assert not (tmp_path / "dt.partial").exists() and (tmp_path / "dt.logs" / "logs" / "task_00001.log").is_file()
+    assert (
+        not (tmp_path / "dt.partial").exists()
+        and (tmp_path / "dt.logs" / "logs" / "task_00001.log").is_file()
+    )
 
 
 def test_parquet_input_gives_prepare_s_counts(in_process, tmp_path, fineweb_parquet, gpt2_tokenizer_path):
@@ -71,13 +76,39 @@ def test_slurm_submits_a_task_array_and_a_merge_that_depends_on_it(monkeypatch, 
     monkeypatch.setenv("SHIM_RECORD", str(record))
     monkeypatch.delenv("SLURM_ARRAY_TASK_ID", raising=False)
     out = tmp_path / "dt"
-    code = main(["prepare", "--engine", "datatrove", "--executor", "slurm", "--out", str(out), "--source",
-                 str(corpus / "*.jsonl"), "--tokenizer", str(gpt2_tokenizer_path), "--tasks", "3", "--workers", "2",
-                 "--slurm-partition", "cpu", "--slurm-time", "02:00:00", "--slurm-sbatch-arg", "account=proj",
-                 "--slurm-env-command", "source /opt/venv/bin/activate"])
+    code = main(
+        [
+            "prepare",
+            "--engine",
+            "datatrove",
+            "--executor",
+            "slurm",
+            "--out",
+            str(out),
+            "--source",
+            str(corpus / "*.jsonl"),
+            "--tokenizer",
+            str(gpt2_tokenizer_path),
+            "--tasks",
+            "3",
+            "--workers",
+            "2",
+            "--slurm-partition",
+            "cpu",
+            "--slurm-time",
+            "02:00:00",
+            "--slurm-sbatch-arg",
+            "account=proj",
+            "--slurm-env-command",
+            "source /opt/venv/bin/activate",
+        ]
+    )
     said = capsys.readouterr().out
     assert code == 0 and "3 tasks as SLURM job array 1001" in said and "merge as job 1003" in said
-    jobs = {int(p.name): ((p / "args").read_text().split("\n"), (p / "script").read_text()) for p in record.iterdir()}
+    jobs = {
+        int(p.name): ((p / "args").read_text().split("\n"), (p / "script").read_text())
+        for p in record.iterdir()
+    }
     logs = tmp_path / "dt.logs"
     array_args, array_script = jobs[1]
     assert "#SBATCH --array=0-2%2" in array_script and "#SBATCH --partition=cpu" in array_script
@@ -89,7 +120,11 @@ def test_slurm_submits_a_task_array_and_a_merge_that_depends_on_it(monkeypatch, 
     merge_args, merge_script = next((a, s) for a, s in jobs.values() if "pilotrun-prepare-merge" in s)
     assert "--dependency=afterok:1001" in merge_args and "#SBATCH --array=0-0" in merge_script
     assert f"launch_pickled_pipeline {logs / 'merge' / 'executor.pik'}" in merge_script
-    assert (logs / "executor.pik").is_file() and json.loads((logs / "ranks_to_run.json").read_text()) == [0, 1, 2]
+    assert (logs / "executor.pik").is_file() and json.loads((logs / "ranks_to_run.json").read_text()) == [
+        0,
+        1,
+        2,
+    ]
     assert not out.exists() and (tmp_path / "dt.partial" / "input_files.txt").is_file()
 
 
@@ -98,9 +133,13 @@ def test_local_executor_gives_the_same_bytes_for_any_workers_and_the_folder_trai
                                                                                    gpt2_tokenizer_path):
     one = _prepare(corpus, tmp_path / "w1", gpt2_tokenizer_path, tasks=3, workers=1)
     two = _prepare(corpus, tmp_path / "w2", gpt2_tokenizer_path, tasks=3, workers=2)
-    assert (tmp_path / "w1" / "metadata.json").read_bytes() == (tmp_path / "w2" / "metadata.json").read_bytes()
+    assert (tmp_path / "w1" / "metadata.json").read_bytes() == (
+        tmp_path / "w2" / "metadata.json"
+    ).read_bytes()
     for shard in two["splits"]["train"]["shards"] + two["splits"]["val"]["shards"]:
-        assert (tmp_path / "w1" / shard["file"]).read_bytes() == (tmp_path / "w2" / shard["file"]).read_bytes()
+        assert (tmp_path / "w1" / shard["file"]).read_bytes() == (
+            tmp_path / "w2" / shard["file"]
+        ).read_bytes()
     assert metadata_sha256(one) == metadata_sha256(two) and verify_data(tmp_path / "w2") == []
     from tests.data.test_data_fits_recipe import train_argv
 

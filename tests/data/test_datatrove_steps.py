@@ -33,5 +33,9 @@ def test_row_adapter_refuses_what_prepare_refuses_and_keeps_blank_rows_for_the_c
         row_adapter(reader, {"body": "x"}, "f.jsonl", 3)
     with pytest.raises(DataError, match="field 'text' is int, not text"):
         row_adapter(reader, {"text": 7}, "f.jsonl", 0)
-    assert row_adapter(reader, {"text": None}, "f.jsonl", 4) == {"text": " ", "id": "f.jsonl#4", "metadata": {}}
+    assert row_adapter(reader, {"text": None}, "f.jsonl", 4) == {
+        "text": " ",
+        "id": "f.jsonl#4",
+        "metadata": {},
+    }
     assert row_adapter(reader, {"text": "hi"}, "a#b.jsonl", 5)["id"] == "a#b.jsonl#5"

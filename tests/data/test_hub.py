@@ -51,7 +51,9 @@ def test_offline_hub_errors_are_one_line_with_the_local_alternative(offline_hub_
 
 
 @pytest.mark.parametrize("argv", [["--source", "fineweb-edu"], ["--tokenizer", "hub:gpt2"]])
-def test_prepare_offline_exits_2_with_one_line_and_writes_nothing(offline_hub_libraries, tmp_path, capsys, argv):
+def test_prepare_offline_exits_2_with_one_line_and_writes_nothing(
+    offline_hub_libraries, tmp_path, capsys, argv
+):
     out = tmp_path / "data"
     assert main(["prepare", "--out", str(out), *argv]) == 2
     captured = capsys.readouterr()

@@ -10,8 +10,16 @@ from pilotrun.data.identity import (
 )
 from pilotrun.data.source_hub import FINEWEB_EDU_REPO
 
-OPTIONS = request_options(train_tokens=None, val_fraction=0.01, shard_tokens=2**24, seed=0, shuffle_buffer=10000,
-                          shuffle_buffer_bytes=64 << 20, text_field="text", eos=None)
+OPTIONS = request_options(
+    train_tokens=None,
+    val_fraction=0.01,
+    shard_tokens=2**24,
+    seed=0,
+    shuffle_buffer=10000,
+    shuffle_buffer_bytes=64 << 20,
+    text_field="text",
+    eos=None,
+)
 
 
 def hub_manifest(**options) -> dict:
@@ -24,20 +32,41 @@ def hub_manifest(**options) -> dict:
 
 
 def test_options_are_recorded_in_one_normalised_form():
-    assert request_options(train_tokens=2e9, val_fraction=0, shard_tokens=1024.0, seed=3, shuffle_buffer=0,
-                           shuffle_buffer_bytes=0, text_field="body", eos="</s>") == {
-        "train_tokens": 2_000_000_000, "val_fraction": 0.0, "shard_tokens": 1024, "seed": 3, "shuffle_buffer": 0,
-        "shuffle_buffer_bytes": 0, "text_field": "body", "eos": "</s>"}
+    assert request_options(
+        train_tokens=2e9,
+        val_fraction=0,
+        shard_tokens=1024.0,
+        seed=3,
+        shuffle_buffer=0,
+        shuffle_buffer_bytes=0,
+        text_field="body",
+        eos="</s>",
+    ) == {
+        "train_tokens": 2_000_000_000,
+        "val_fraction": 0.0,
+        "shard_tokens": 1024,
+        "seed": 3,
+        "shuffle_buffer": 0,
+        "shuffle_buffer_bytes": 0,
+        "text_field": "body",
+        "eos": "</s>",
+    }
 
 
 def test_hub_requests_are_compared_as_requested_without_the_network():
     # No hub client is given and none is reached: the commit a branch resolved to is what the manifest keeps.
-    assert requested_source("fineweb-edu:sample-10BT") == {"kind": "hub", "dataset": FINEWEB_EDU_REPO,
-                                                           "config": "sample-10BT", "revision_requested": "main",
-                                                           "text_field": "text"}
+    assert requested_source("fineweb-edu:sample-10BT") == {
+        "kind": "hub",
+        "dataset": FINEWEB_EDU_REPO,
+        "config": "sample-10BT",
+        "revision_requested": "main",
+        "text_field": "text",
+    }
     assert requested_tokenizer("hub:gpt2") == {"kind": "hub", "name": "gpt2", "revision_requested": "main"}
     assert requested_tokenizer("bpe:2048") == {"kind": "bpe", "requested_vocab_size": 2048}
-    assert prepared_differences(hub_manifest(), "fineweb-edu:sample-10BT@main", "hub:gpt2@main", OPTIONS) == []
+    assert (
+        prepared_differences(hub_manifest(), "fineweb-edu:sample-10BT@main", "hub:gpt2@main", OPTIONS) == []
+    )
 
 
 def test_each_difference_is_named_with_both_sides():

@@ -1,6 +1,6 @@
-"""`pilotrun data merge`: parts prepared separately become one folder that verifies and reads back as the parts'
-splits in turn; parts that differ (tokenizer, vocab, dtype, EOS, options), a damaged part, an existing or
-symbolic-link --out are refused with one line, exit 2, and nothing written."""
+"""`pilotrun data merge`: parts prepared separately become one folder that verifies and reads back as the
+parts' splits in turn; parts that differ (tokenizer, vocab, dtype, EOS, options), a damaged part, an existing
+or symbolic-link --out are refused with one line, exit 2, and nothing written."""
 
 from __future__ import annotations
 
@@ -32,7 +32,9 @@ def sources(tmp_path_factory) -> list[Path]:
     """The fixture documents in three disjoint jsonl files (as one would split a corpus by file)."""
     if not FINEWEB_JSONL.exists() or not GPT2_TOKENIZER.exists():
         pytest.skip(f"shared test fixtures under {FINEWEB_JSONL.parents[1]} are absent")
-    texts = [json.loads(line)["text"] for line in FINEWEB_JSONL.read_text(encoding="utf-8").splitlines() if line]
+    texts = [
+        json.loads(line)["text"] for line in FINEWEB_JSONL.read_text(encoding="utf-8").splitlines() if line
+    ]
     folder = tmp_path_factory.mktemp("source")
     paths = []
     for index in range(3):
@@ -121,14 +123,17 @@ def test_parts_with_another_tokenizer_vocab_eos_or_options_are_refused(tmp_path,
 
 
 def test_a_part_whose_manifest_claims_differ_is_refused_by_field(tmp_path, capsys, parts):
-    """The vocab, dtype and EOS checks (same tokenizer bytes, a hand-edited manifest), named in one line each."""
+    """The vocab, dtype and EOS checks (same tokenizer bytes, a hand-edited manifest), named in one line
+    each."""
     for field, value, what in (("vocab_size", 60000, "vocab_size"), ("eos_id", 0, "EOS id")):
         edited = tmp_path / f"edited-{field}"
         shutil.copytree(parts[1], edited)
         manifest = json.loads((edited / "metadata.json").read_text())
         manifest["tokenizer"][field] = value
         (edited / "metadata.json").write_text(json.dumps(manifest))
-        assert f"parts differ in {what}: " in _refused(tmp_path, capsys, tmp_path / "merged", [parts[0], edited])
+        assert f"parts differ in {what}: " in _refused(
+            tmp_path, capsys, tmp_path / "merged", [parts[0], edited]
+        )
     edited = tmp_path / "edited-dtype"
     shutil.copytree(parts[1], edited)
     manifest = json.loads((edited / "metadata.json").read_text())

@@ -87,7 +87,9 @@ def test_a_small_source_restarts_alone(mixture_sources, tmp_path):
 
 
 def test_sources_with_another_tokenizer_are_refused_naming_both(mixture_sources, tmp_path):
-    path = write_mixture(tmp_path / "mix.yaml", [(mixture_sources["builtin"], 1), (mixture_sources["other"], 1)])
+    path = write_mixture(
+        tmp_path / "mix.yaml", [(mixture_sources["builtin"], 1), (mixture_sources["other"], 1)]
+    )
     with pytest.raises(DataError) as caught:
         open_data(path)
     said = str(caught.value)
@@ -97,7 +99,9 @@ def test_sources_with_another_tokenizer_are_refused_naming_both(mixture_sources,
 def test_the_same_data_under_two_paths_is_refused(mixture_sources, tmp_path):
     (tmp_path / "again").symlink_to(mixture_sources["edu"])  # another path, the same folder
     with pytest.raises(DataError, match="the same folder twice"):
-        open_data(write_mixture(tmp_path / "mix.yaml", [(mixture_sources["edu"], 1), (tmp_path / "again", 1)]))
+        open_data(
+            write_mixture(tmp_path / "mix.yaml", [(mixture_sources["edu"], 1), (tmp_path / "again", 1)])
+        )
 
 
 def test_a_mixture_of_one_folder_is_that_folder(mixture_sources, tmp_path):

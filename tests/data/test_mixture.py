@@ -29,29 +29,42 @@ def write(folder, text):
 
 
 def test_a_mixture_file_names_its_sources_relative_to_itself(folders):
-    spec = parse_mixture(write(folders, "mixture:\n  - {path: a, weight: 0.7}\n  - {path: b, weight: 0.3, name: B}\n"
-                                        "seed: 5\n"))
+    spec = parse_mixture(
+        write(folders, "mixture:\n  - {path: a, weight: 0.7}\n  - {path: b, weight: 0.3, name: B}\nseed: 5\n")
+    )
     assert [(s.name, s.weight) for s in spec.sources] == [("a", 0.7), ("B", 0.3)]
     assert spec.sources[0].path == str(folders / "a") and spec.seed == 5
     assert parse_mixture(write(folders, "mixture: [{path: a, weight: 2}]\n")).seed == 0
 
 
-@pytest.mark.parametrize("entries,said", [
-    ("[{path: a, weight: 0}, {path: b, weight: 1}]", "weight 0 must be a finite number above 0"),
-    ("[{path: a, weight: -1}, {path: b, weight: 1}]", "weight -1 must be"),
-    ("[{path: a, weight: .nan}, {path: b, weight: 1}]", "weight nan must be"),
-    ("[{path: a, weight: .inf}, {path: b, weight: 1}]", "weight inf must be"),
-    ("[{path: a, weight: lots}, {path: b, weight: 1}]", "weight 'lots' is not a number"),
-    ("[{path: a, weight: true}, {path: b, weight: 1}]", "weight True is not a number"),
-    ("[{path: a, weight: 1}, {path: missing, weight: 1}]", "entry 2: data folder"),
-    ("[{path: a, weight: 1e3}, {path: b, weight: 1}]", "weight '1e3' was read by YAML as text, not a number"),
-    ("[{path: a, weight: 1}, {path: /dev/zero, weight: 1}]", "entry 2: /dev/zero is a device, not a prepared data"),
-    ("[{path: a, weight: 1}, {path: plain.txt, weight: 1}]", "plain.txt is a file, not a prepared data folder"),
-    ("[{path: a, weight: 1}, {path: ./a, weight: 1}]", "the same folder twice"),
-    ("[{path: a, weight: 1, colour: red}]", "unknown key(s) ['colour']"),
-    ("[{path: a}]", "needs `path` and `weight`"),
-    ("[]", "non-empty list"),
-])
+@pytest.mark.parametrize(
+    "entries,said",
+    [
+        ("[{path: a, weight: 0}, {path: b, weight: 1}]", "weight 0 must be a finite number above 0"),
+        ("[{path: a, weight: -1}, {path: b, weight: 1}]", "weight -1 must be"),
+        ("[{path: a, weight: .nan}, {path: b, weight: 1}]", "weight nan must be"),
+        ("[{path: a, weight: .inf}, {path: b, weight: 1}]", "weight inf must be"),
+        ("[{path: a, weight: lots}, {path: b, weight: 1}]", "weight 'lots' is not a number"),
+        ("[{path: a, weight: true}, {path: b, weight: 1}]", "weight True is not a number"),
+        ("[{path: a, weight: 1}, {path: missing, weight: 1}]", "entry 2: data folder"),
+        (
+            "[{path: a, weight: 1e3}, {path: b, weight: 1}]",
+            "weight '1e3' was read by YAML as text, not a number",
+        ),
+        (
+            "[{path: a, weight: 1}, {path: /dev/zero, weight: 1}]",
+            "entry 2: /dev/zero is a device, not a prepared data",
+        ),
+        (
+            "[{path: a, weight: 1}, {path: plain.txt, weight: 1}]",
+            "plain.txt is a file, not a prepared data folder",
+        ),
+        ("[{path: a, weight: 1}, {path: ./a, weight: 1}]", "the same folder twice"),
+        ("[{path: a, weight: 1, colour: red}]", "unknown key(s) ['colour']"),
+        ("[{path: a}]", "needs `path` and `weight`"),
+        ("[]", "non-empty list"),
+    ],
+)
 def test_bad_mixtures_are_one_line_naming_the_entry(folders, entries, said):
     path = write(folders, f"mixture: {entries}\n")
     with pytest.raises(DataError) as caught:
@@ -133,7 +146,10 @@ def test_the_closed_form_is_what_the_running_account_accumulates(weights, rows, 
     # And from where a weight change started a new schedule.
     had = recursive.rows_before(start)
     later = [w * 2 + 0.1 for w in weights]
-    resumed, stepped = MixtureSchedule(later, seed, rows, start, had), MixtureSchedule(later, seed, rows, start, had)
+    resumed, stepped = (
+        MixtureSchedule(later, seed, rows, start, had),
+        MixtureSchedule(later, seed, rows, start, had),
+    )
     stepped.memoryless = False
     if resumed.memoryless:
         assert all(resumed.rows_before(b) == stepped.rows_before(b) for b in range(start, start + 60))

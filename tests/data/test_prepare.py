@@ -1,4 +1,5 @@
-"""prepare_corpus on real data (150 FineWeb-Edu documents, the real GPT-2 tokenizer) and the built-in corpus."""
+"""prepare_corpus on real data (150 FineWeb-Edu documents, the real GPT-2 tokenizer) and the built-in
+corpus."""
 
 from __future__ import annotations
 
@@ -40,10 +41,19 @@ def plain_gpt2(path: Path) -> Tokenizer:
     return tokenizer
 
 
-def test_exact_token_counts_and_eos_after_every_document(tmp_path, fineweb_jsonl, fineweb_texts, gpt2_tokenizer_path):
+def test_exact_token_counts_and_eos_after_every_document(
+    tmp_path, fineweb_jsonl, fineweb_texts, gpt2_tokenizer_path
+):
     out = tmp_path / "edu"
-    manifest = prepare_corpus(out, source=str(fineweb_jsonl), tokenizer=str(gpt2_tokenizer_path), val_fraction=0.1,
-                              shuffle_buffer=0, workers=1, progress=False)
+    manifest = prepare_corpus(
+        out,
+        source=str(fineweb_jsonl),
+        tokenizer=str(gpt2_tokenizer_path),
+        val_fraction=0.1,
+        shuffle_buffer=0,
+        workers=1,
+        progress=False,
+    )
     gpt2 = plain_gpt2(gpt2_tokenizer_path)
     # Independent count: the tokenizer's own one-at-a-time output, plus one EOS per document.
     expected = {"train": [], "val": []}
@@ -117,8 +127,13 @@ def test_train_tokens_stops_after_the_document_that_reaches_it(tmp_path, fineweb
     cut = prepare_corpus(tmp_path / "cut", train_tokens=target, **common)
     assert cut["splits"]["train"]["documents"] == 10
     assert cut["splits"]["train"]["tokens"] == int(cumulative[9]) >= target
-    assert np.array_equal(all_tokens(tmp_path / "cut", "train"), all_tokens(tmp_path / "full", "train")[:cumulative[9]])
-    assert cut["stream"]["stopped_at_train_tokens"] is True and full["stream"]["stopped_at_train_tokens"] is False
+    assert np.array_equal(
+        all_tokens(tmp_path / "cut", "train"), all_tokens(tmp_path / "full", "train")[: cumulative[9]]
+    )
+    assert (
+        cut["stream"]["stopped_at_train_tokens"] is True
+        and full["stream"]["stopped_at_train_tokens"] is False
+    )
     exact = prepare_corpus(tmp_path / "exact", train_tokens=int(cumulative[9]), **common)
     assert exact["splits"]["train"]["documents"] == 10  # exactly reaching N also stops there
     # Val holds exactly the val documents that came before the stop in the stream.
@@ -132,15 +147,26 @@ def test_uint32_when_the_vocabulary_exceeds_65536(tmp_path):
     words = [f"w{i:05d}" for i in range(70_000)]
     tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    trainer = trainers.WordLevelTrainer(vocab_size=80_000, special_tokens=["[UNK]", "</s>"], show_progress=False)
-    tokenizer.train_from_iterator([" ".join(words[i:i + 1000]) for i in range(0, 70_000, 1000)], trainer=trainer)
+    trainer = trainers.WordLevelTrainer(
+        vocab_size=80_000, special_tokens=["[UNK]", "</s>"], show_progress=False
+    )
+    tokenizer.train_from_iterator(
+        [" ".join(words[i : i + 1000]) for i in range(0, 70_000, 1000)], trainer=trainer
+    )
     assert tokenizer.get_vocab_size() > 65_536
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     texts = [" ".join(words[-200:]), " ".join(words[65_000:65_300])]
     (tmp_path / "a.txt").write_text(texts[0])
     (tmp_path / "b.txt").write_text(texts[1])
-    manifest = prepare_corpus(tmp_path / "out", source=str(tmp_path / "*.txt"), tokenizer=str(tmp_path / "tokenizer.json"),
-                              val_fraction=0.0, shuffle_buffer=0, workers=1, progress=False)
+    manifest = prepare_corpus(
+        tmp_path / "out",
+        source=str(tmp_path / "*.txt"),
+        tokenizer=str(tmp_path / "tokenizer.json"),
+        val_fraction=0.0,
+        shuffle_buffer=0,
+        workers=1,
+        progress=False,
+    )
     assert manifest["dtype"] == "uint32" and manifest["tokenizer"]["eos_token"] == "</s>"
     tokens = all_tokens(tmp_path / "out", "train")
     assert tokens.dtype == np.uint32 and tokens.max() > 65_535
@@ -151,8 +177,11 @@ def test_uint32_when_the_vocabulary_exceeds_65536(tmp_path):
 
 
 def _tree_bytes(folder: Path) -> dict[str, bytes]:
-    """Every file of a data folder but build_info.json (peak memory, seconds: this machine's figures, not data)."""
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != prepare_module.BUILD_INFO_FILE}
+    """Every file of a data folder but build_info.json (peak memory, seconds: this machine's figures, not
+    data)."""
+    return {
+        p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != prepare_module.BUILD_INFO_FILE
+    }
 
 
 @pytest.mark.slow
@@ -163,7 +192,8 @@ def test_byte_identical_across_reruns_and_worker_counts(tmp_path, fineweb_parque
     prepare_corpus(tmp_path / "w1_again", workers=1, **common)
     prepare_corpus(tmp_path / "w2", workers=2, **common)
     reference = _tree_bytes(tmp_path / "w1")
-    assert len([n for n in reference if n.startswith("train_")]) >= 4  # several shards, documents cut across them
+    # several shards, documents cut across them
+    assert len([n for n in reference if n.startswith("train_")]) >= 4
     assert _tree_bytes(tmp_path / "w1_again") == reference
     assert _tree_bytes(tmp_path / "w2") == reference
     text = (tmp_path / "w1" / "metadata.json").read_text()
@@ -201,7 +231,9 @@ def test_manifest_whitespace_does_not_change_metadata_sha256(tmp_path, fineweb_j
     assert open_dataset(tmp_path / "out").metadata_sha256 != before
 
 
-def test_existing_folder_is_refused_without_force_and_replaced_with_it(tmp_path, fineweb_jsonl, gpt2_tokenizer_path):
+def test_existing_folder_is_refused_without_force_and_replaced_with_it(
+    tmp_path, fineweb_jsonl, gpt2_tokenizer_path
+):
     out = tmp_path / "out"
     common = dict(source=str(fineweb_jsonl), tokenizer=str(gpt2_tokenizer_path), workers=1, progress=False)
     first = prepare_corpus(out, train_tokens=1000, **common)
@@ -213,7 +245,9 @@ def test_existing_folder_is_refused_without_force_and_replaced_with_it(tmp_path,
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary or replaced folder left behind
 
 
-def test_force_never_replaces_a_folder_that_is_not_a_data_folder(tmp_path, fineweb_jsonl, gpt2_tokenizer_path):
+def test_force_never_replaces_a_folder_that_is_not_a_data_folder(
+    tmp_path, fineweb_jsonl, gpt2_tokenizer_path
+):
     precious = tmp_path / "home"
     precious.mkdir()
     (precious / "thesis.tex").write_text("keep me")
@@ -222,13 +256,21 @@ def test_force_never_replaces_a_folder_that_is_not_a_data_folder(tmp_path, finew
                        progress=False)
     assert (precious / "thesis.tex").read_text() == "keep me"
     (tmp_path / "empty").mkdir()
-    prepare_corpus(tmp_path / "empty", source=str(fineweb_jsonl), tokenizer=str(gpt2_tokenizer_path), force=True,
-                   train_tokens=1000, workers=1, progress=False)
+    prepare_corpus(
+        tmp_path / "empty",
+        source=str(fineweb_jsonl),
+        tokenizer=str(gpt2_tokenizer_path),
+        force=True,
+        train_tokens=1000,
+        workers=1,
+        progress=False,
+    )
     assert (tmp_path / "empty" / "metadata.json").exists()
 
 
-def test_interrupted_prepare_leaves_a_visible_partial_folder_not_a_finished_one(tmp_path, fineweb_jsonl,
-                                                                              gpt2_tokenizer_path, monkeypatch):
+def test_interrupted_prepare_leaves_a_visible_partial_folder_not_a_finished_one(
+    tmp_path, fineweb_jsonl, gpt2_tokenizer_path, monkeypatch
+):
     calls = {"n": 0}
     original = prepare_module.ShardWriter.add
 
@@ -269,15 +311,23 @@ def test_folders_left_by_a_killed_prepare_are_cleaned_up(tmp_path, fineweb_jsonl
 
 
 def test_fineweb_edu_through_the_hub_seam(tmp_path, fineweb_jsonl, fineweb_texts, gpt2_tokenizer_path):
-    # No network: LocalHub serves the fixture texts as FineWeb-Edu rows and the GPT-2 tokenizer as gpt2's file.
+    # No network: LocalHub serves the fixture texts as FineWeb-Edu rows and the GPT-2 tokenizer as gpt2's
+    # file.
     hub = LocalHub(fineweb_texts, files={"gpt2/tokenizer.json": str(gpt2_tokenizer_path)})
     manifest = prepare_corpus(tmp_path / "hub", source="fineweb-edu@main", tokenizer="hub:gpt2", hub=hub,
                               shuffle_buffer=0, val_fraction=0.1, workers=1, progress=False)
-    assert manifest["source"] == {"kind": "hub", "dataset": "HuggingFaceFW/fineweb-edu", "config": "sample-10BT",
-                                  "split": "train", "revision_requested": "main", "revision": FAKE_SHA,
-                                  "text_field": "text"}
+    assert manifest["source"] == {
+        "kind": "hub",
+        "dataset": "HuggingFaceFW/fineweb-edu",
+        "config": "sample-10BT",
+        "split": "train",
+        "revision_requested": "main",
+        "revision": FAKE_SHA,
+        "text_field": "text",
+    }
     assert manifest["tokenizer"]["kind"] == "hub" and manifest["tokenizer"]["revision"] == FAKE_SHA
-    assert ("stream", "HuggingFaceFW/fineweb-edu", "sample-10BT", FAKE_SHA) in hub.calls  # streamed at the SHA
+    # streamed at the SHA
+    assert ("stream", "HuggingFaceFW/fineweb-edu", "sample-10BT", FAKE_SHA) in hub.calls
     assert ("download", "gpt2", "tokenizer.json", FAKE_SHA) in hub.calls
     # Same tokens as preparing the same texts from the local file.
     local = prepare_corpus(tmp_path / "local", source=str(fineweb_jsonl), tokenizer=str(gpt2_tokenizer_path),
@@ -305,8 +355,21 @@ def test_bad_options_are_data_errors(tmp_path):
 
 def test_cli_prepare_then_verify(tmp_path, capsys, fineweb_jsonl, gpt2_tokenizer_path):
     out = tmp_path / "cli"
-    args = ["prepare", "--out", str(out), "--source", str(fineweb_jsonl), "--tokenizer", str(gpt2_tokenizer_path),
-            "--train-tokens", "2e4", "--shard-tokens", "1e4", "--workers", "1"]
+    args = [
+        "prepare",
+        "--out",
+        str(out),
+        "--source",
+        str(fineweb_jsonl),
+        "--tokenizer",
+        str(gpt2_tokenizer_path),
+        "--train-tokens",
+        "2e4",
+        "--shard-tokens",
+        "1e4",
+        "--workers",
+        "1",
+    ]
     assert main(args) == 0
     assert "metadata_sha256" in capsys.readouterr().out
     assert main(["data", "verify", str(out)]) == 0
@@ -337,7 +400,8 @@ def test_an_endless_source_streams_with_bounded_read_ahead(tmp_path, fineweb_tex
                               progress=False)
     used = manifest["splits"]["train"]["documents"] + manifest["splits"]["val"]["documents"]
     assert manifest["splits"]["train"]["tokens"] >= 200_000 and manifest["stream"]["stopped_at_train_tokens"]
-    # Read-ahead: the shuffle buffer plus at most 8 chunks per worker of ~64k characters (~25 of these rows each).
+    # Read-ahead: the shuffle buffer plus at most 8 chunks per worker of ~64k characters (~25 of these rows
+    # each).
     assert EndlessHub.pulled - used <= 100 + 8 * 2 * 40
 
 
@@ -350,9 +414,14 @@ def test_order_correlation_with_source_order_is_recorded_and_lowered_by_the_unit
     folder = tmp_path / "parts"
     folder.mkdir()
     for index in range(5):
-        pq.write_table(pa.table({"text": fineweb_texts[index * 30:(index + 1) * 30]}), folder / f"p{index}.parquet",
-                       row_group_size=10)
-    common = dict(tokenizer=str(gpt2_tokenizer_path), val_fraction=0.0, shuffle_buffer=8, workers=1, progress=False)
+        pq.write_table(
+            pa.table({"text": fineweb_texts[index * 30 : (index + 1) * 30]}),
+            folder / f"p{index}.parquet",
+            row_group_size=10,
+        )
+    common = dict(
+        tokenizer=str(gpt2_tokenizer_path), val_fraction=0.0, shuffle_buffer=8, workers=1, progress=False
+    )
     mixed = prepare_corpus(tmp_path / "mixed", source=str(folder / "*.parquet"), **common)
     gpt2 = Tokenizer.from_file(str(gpt2_tokenizer_path))
     texts = [gpt2.decode(d.tolist()) for d in documents_of(all_tokens(tmp_path / "mixed", "train"), 50256)]

@@ -63,7 +63,9 @@ def test_prepare_warns_when_its_val_split_is_smaller_than_one_evaluation(tmp_pat
     from pilotrun.commands.cli import main
 
     for i in range(40):  # 40 one-line documents: a tenth of them is far less than one stability evaluation
-        (tmp_path / f"d{i:02d}.txt").write_text(f"Document {i} talks about the weather and the hills near town {i}.")
+        (tmp_path / f"d{i:02d}.txt").write_text(
+            f"Document {i} talks about the weather and the hills near town {i}."
+        )
     out = tmp_path / "data"
     assert main(["prepare", "--out", str(out), "--source", str(tmp_path / "*.txt"), "--tokenizer", "bpe:300",
                  "--val-fraction", "0.1"]) == 0
@@ -96,7 +98,9 @@ def test_prepare_into_a_file_writes_plain_progress_lines_and_no_carriage_return(
     assert "docs 150" in lines[-1]
 
 
-def test_prepare_progress_none_is_silent_and_bar_redraws(tmp_path, capsys, fineweb_jsonl, gpt2_tokenizer_path):
+def test_prepare_progress_none_is_silent_and_bar_redraws(
+    tmp_path, capsys, fineweb_jsonl, gpt2_tokenizer_path
+):
     from pilotrun.commands.cli import main
 
     common = ["--source", str(fineweb_jsonl), "--tokenizer", str(gpt2_tokenizer_path), "--workers", "1"]

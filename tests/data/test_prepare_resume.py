@@ -1,7 +1,7 @@
 """An interrupted prepare continues: SIGKILL at several points (inside a shard, around a commit, while the
 manifest is written) and a rerun of the same command give the same bytes as a prepare that never stopped, with
-strictly fewer documents tokenized by the rerun; SIGINT/SIGTERM/SIGHUP stop with one line and exit 130/143/129; a rerun
-with another tokenizer or option is refused with the difference named."""
+strictly fewer documents tokenized by the rerun; SIGINT/SIGTERM/SIGHUP stop with one line and exit
+130/143/129; a rerun with another tokenizer or option is refused with the difference named."""
 
 from __future__ import annotations
 
@@ -58,14 +58,21 @@ def counted_prepare(monkeypatch, args: list[str]) -> tuple[int, int]:
 
 def run_child(point: str, n: int, args: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, str(CHILD), point, str(n), "--", *args], capture_output=True, text=True,
-                          env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(CHILD), point, str(n), "--", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 @pytest.fixture
 def reference(tmp_path, monkeypatch, parquet_source, gpt2_tokenizer_path):
     out = tmp_path / "reference"
-    code, documents = counted_prepare(monkeypatch, prepare_args(out, parquet_source, str(gpt2_tokenizer_path)))
+    code, documents = counted_prepare(
+        monkeypatch, prepare_args(out, parquet_source, str(gpt2_tokenizer_path))
+    )
     assert code == 0 and documents == 150
     manifest = json.loads((out / "metadata.json").read_text())
     assert len(manifest["splits"]["train"]["shards"]) >= 10  # enough shards for kills between them
@@ -73,9 +80,12 @@ def reference(tmp_path, monkeypatch, parquet_source, gpt2_tokenizer_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point, n", [("encode", 4), ("before-commit", 3), ("after-commit", 2), ("manifest", 1)])
-def test_sigkill_then_rerun_is_byte_identical_and_tokenizes_less(tmp_path, monkeypatch, parquet_source,
-                                                                 gpt2_tokenizer_path, reference, point, n):
+@pytest.mark.parametrize(
+    "point, n", [("encode", 4), ("before-commit", 3), ("after-commit", 2), ("manifest", 1)]
+)
+def test_sigkill_then_rerun_is_byte_identical_and_tokenizes_less(
+    tmp_path, monkeypatch, parquet_source, gpt2_tokenizer_path, reference, point, n
+):
     reference_dir, full_documents = reference
     out = tmp_path / "out"
     args = prepare_args(out, parquet_source, str(gpt2_tokenizer_path))
@@ -95,7 +105,9 @@ def test_sigkill_then_rerun_is_byte_identical_and_tokenizes_less(tmp_path, monke
 
 
 @pytest.mark.slow
-def test_killed_twice_still_byte_identical(tmp_path, monkeypatch, parquet_source, gpt2_tokenizer_path, reference):
+def test_killed_twice_still_byte_identical(
+    tmp_path, monkeypatch, parquet_source, gpt2_tokenizer_path, reference
+):
     out = tmp_path / "out"
     args = prepare_args(out, parquet_source, str(gpt2_tokenizer_path))
     assert run_child("after-commit", 2, args).returncode == -9
@@ -139,7 +151,8 @@ def test_a_changed_tokenizer_file_is_refused(tmp_path, capsys, parquet_source, g
     assert "tokenizer.sha256: now" in capsys.readouterr().err
 
 
-# SIGHUP (a closed terminal, a dropped ssh session) stops prepare as SIGTERM does: every command's stop signals.
+# SIGHUP (a closed terminal, a dropped ssh session) stops prepare as SIGTERM does: every command's stop
+# signals.
 @pytest.mark.slow
 @pytest.mark.parametrize("point, code, name", [("sigint", 130, "SIGINT"), ("sigterm", 143, "SIGTERM"),
                                                ("sighup", 129, "SIGHUP")])
@@ -180,7 +193,9 @@ def test_a_trained_bpe_is_not_trained_again(tmp_path, monkeypatch, parquet_sourc
 def test_train_tokens_stop_resumes_exactly(tmp_path, monkeypatch, parquet_source, gpt2_tokenizer_path):
     extra = ("--train-tokens", "30000")
     reference_dir = tmp_path / "reference"
-    assert main(["prepare", *prepare_args(reference_dir, parquet_source, str(gpt2_tokenizer_path), *extra)]) == 0
+    assert (
+        main(["prepare", *prepare_args(reference_dir, parquet_source, str(gpt2_tokenizer_path), *extra)]) == 0
+    )
     args = prepare_args(tmp_path / "out", parquet_source, str(gpt2_tokenizer_path), *extra)
     assert run_child("after-commit", 2, args).returncode == -9
     code, _ = counted_prepare(monkeypatch, args)
@@ -200,8 +215,16 @@ def test_a_streamed_hub_source_continues_too(tmp_path, monkeypatch, fineweb_text
     from .conftest import LocalHub
 
     hub = LocalHub(fineweb_texts, files={"gpt2/tokenizer.json": str(gpt2_tokenizer_path)})
-    common = dict(source="fineweb-edu@main", tokenizer="hub:gpt2", hub=hub, shard_tokens=5000, val_fraction=0.1,
-                  shuffle_buffer=16, workers=1, progress=False)
+    common = dict(
+        source="fineweb-edu@main",
+        tokenizer="hub:gpt2",
+        hub=hub,
+        shard_tokens=5000,
+        val_fraction=0.1,
+        shuffle_buffer=16,
+        workers=1,
+        progress=False,
+    )
     prepare_corpus(tmp_path / "reference", **common)
     original, calls = PartialFolder.commit, {"n": 0}
 
@@ -254,37 +277,45 @@ def test_a_committed_shard_changed_in_the_partial_folder_is_refused_by_name_befo
 
 
 @pytest.mark.slow
-def test_two_prepares_into_one_folder_at_once_give_one_result_and_the_other_is_refused(tmp_path, parquet_source,
-                                                                                        gpt2_tokenizer_path, reference):
-    """Two real `pilotrun prepare` processes started together on the same --out: one prepares, the other exits 2
-    naming the first (or, started after the first had finished, refusing the finished folder), and the folder is
-    byte for byte the one a lone prepare writes."""
+def test_two_prepares_into_one_folder_at_once_give_one_result_and_the_other_is_refused(
+    tmp_path, parquet_source, gpt2_tokenizer_path, reference
+):
+    """Two real `pilotrun prepare` processes started together on the same --out: one prepares, the other exits
+    2 naming the first (or, started after the first had finished, refusing the finished folder), and the
+    folder is byte for byte the one a lone prepare writes."""
     reference_dir, _ = reference
     out = tmp_path / "out"
     command = [sys.executable, "-m", "pilotrun", "prepare",
                *prepare_args(out, parquet_source, str(gpt2_tokenizer_path))]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    both = [subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for _ in range(2)]
+    both = [
+        subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     results = [(process.pid, *process.communicate(timeout=300), process.returncode) for process in both]
     codes = sorted(code for *_, code in results)
     assert codes == [0, 2], [(code, err[-1500:]) for _, _, err, code in results]
     (winner, *_), (_, _, refusal, _) = sorted(results, key=lambda result: result[-1])
     lines = refusal.strip().splitlines()
     assert len(lines) == 1, refusal
-    assert f"held by another pilotrun prepare still running (pid {winner} " in lines[0] or "exists" in lines[0], lines
+    assert (
+        f"held by another pilotrun prepare still running (pid {winner} " in lines[0] or "exists" in lines[0]
+    ), lines
     assert _tree_bytes(out) == _tree_bytes(reference_dir)
     assert not (tmp_path / "out.partial").exists()
     assert main(["data", "verify", str(out)]) == 0
 
 
 @pytest.mark.slow
-def test_a_byte_flipped_in_the_pending_tail_is_refused_not_written_into_a_shard(tmp_path, capsys, parquet_source,
-                                                                             gpt2_tokenizer_path):
-    """The unfinished shard's pending file of an interrupted prepare, one byte flipped: the rerun refuses it in
-    one line (its sha256 is recorded with the state), where it used to write the damaged tokens into a shard
-    that the manifest then hashed as it lay, so that `data verify` passed data an uninterrupted prepare differs
-    from."""
+def test_a_byte_flipped_in_the_pending_tail_is_refused_not_written_into_a_shard(
+    tmp_path, capsys, parquet_source, gpt2_tokenizer_path
+):
+    """The unfinished shard's pending file of an interrupted prepare, one byte flipped: the rerun refuses it
+    in one line (its sha256 is recorded with the state), where it used to write the damaged tokens into a
+    shard that the manifest then hashed as it lay, so that `data verify` passed data an uninterrupted prepare
+    differs from."""
     out = tmp_path / "out"
     args = prepare_args(out, parquet_source, str(gpt2_tokenizer_path))
     assert run_child("after-commit", 3, args).returncode == -9
@@ -298,6 +329,10 @@ def test_a_byte_flipped_in_the_pending_tail_is_refused_not_written_into_a_shard(
     capsys.readouterr()
     assert main(["prepare", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    errors = [line for line in err if not line.startswith("pilotrun prepare: continuing")]  # its progress note
-    assert len(errors) == 1 and f"{pending}: its {state['pending_tokens']} pending tokens are not the ones" in errors[0]
+    # its progress note
+    errors = [line for line in err if not line.startswith("pilotrun prepare: continuing")]
+    assert (
+        len(errors) == 1
+        and f"{pending}: its {state['pending_tokens']} pending tokens are not the ones" in errors[0]
+    )
     assert not out.exists()

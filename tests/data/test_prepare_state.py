@@ -1,5 +1,5 @@
-"""The partial folder of an interruptible prepare: differences named, the lock, commits written last, leftovers
-cleared, the rename into place, the stop requests, and the peak-memory reading."""
+"""The partial folder of an interruptible prepare: differences named, the lock, commits written last,
+leftovers cleared, the rename into place, the stop requests, and the peak-memory reading."""
 
 from __future__ import annotations
 
@@ -20,8 +20,16 @@ from pilotrun.data.prepare_state import (
 
 
 def test_differences_name_each_changed_leaf():
-    recorded = {"tokenizer": "bpe:300", "options": {"seed": 7, "shard_tokens": 5000}, "source": {"files": [1]}}
-    current = {"tokenizer": "bpe:400", "options": {"seed": 7, "shard_tokens": 6000, "new": True}, "source": {"files": [1]}}
+    recorded = {
+        "tokenizer": "bpe:300",
+        "options": {"seed": 7, "shard_tokens": 5000},
+        "source": {"files": [1]},
+    }
+    current = {
+        "tokenizer": "bpe:400",
+        "options": {"seed": 7, "shard_tokens": 6000, "new": True},
+        "source": {"files": [1]},
+    }
     assert differences(recorded, current) == ['options.new: now true, recorded null',
                                               'options.shard_tokens: now 6000, recorded 5000',
                                               'tokenizer: now "bpe:400", recorded "bpe:300"']
@@ -32,7 +40,9 @@ def test_a_second_prepare_of_the_same_folder_is_refused_while_the_first_holds_it
     first = PartialFolder(str(tmp_path / "out"))
     assert first.open() is None and first.created
     second = PartialFolder(str(tmp_path / "out"))
-    with pytest.raises(DataError, match=f"held by another pilotrun prepare still running \\(pid {os.getpid()} on host "):
+    with pytest.raises(
+        DataError, match=f"held by another pilotrun prepare still running \\(pid {os.getpid()} on host "
+    ):
         second.open()
     first.close()
     assert second.open() is None and not second.created  # released: the folder can be taken again
@@ -79,7 +89,8 @@ def test_commit_then_obsolete_files_go_and_finish_keeps_only_the_data(tmp_path):
     partial.finish(force=False)
     partial.close()
     assert sorted(os.listdir(tmp_path)) == ["out"]
-    assert sorted(os.listdir(tmp_path / "out")) == ["metadata.json", "train_00000.npy"]  # progress.json dropped
+    # progress.json dropped
+    assert sorted(os.listdir(tmp_path / "out")) == ["metadata.json", "train_00000.npy"]
 
 
 def test_finish_with_force_replaces_the_old_folder_only_after_the_rename(tmp_path):
@@ -148,9 +159,13 @@ def test_a_partial_folder_prepare_did_not_make_is_refused_untouched_and_its_own_
     (theirs / "notes").mkdir(parents=True)
     (theirs / "notes" / "draft.txt").write_text("mine")
     (theirs / "shard.bin").write_bytes(b"\x00\x01")
-    with pytest.raises(DataError, match="is not the folder of an interrupted pilotrun prepare .* not touching it"):
+    with pytest.raises(
+        DataError, match="is not the folder of an interrupted pilotrun prepare .* not touching it"
+    ):
         PartialFolder(str(out)).open()
-    assert (theirs / "notes" / "draft.txt").read_text() == "mine" and (theirs / "shard.bin").read_bytes() == b"\x00\x01"
+    assert (theirs / "notes" / "draft.txt").read_text() == "mine" and (
+        theirs / "shard.bin"
+    ).read_bytes() == b"\x00\x01"
     assert sorted(p.name for p in theirs.iterdir()) == ["notes", "shard.bin"]
 
     mine = PartialFolder(str(tmp_path / "other"))

@@ -34,7 +34,8 @@ def test_plain_lines_come_at_once_then_once_per_interval_and_at_close():
         bar.set_postfix(docs=10 * step, docs_per_s="5", refresh=False)
     bar.close()
     assert out.getvalue().splitlines() == [
-        "prepare (train tokens): 100/1,000 tok (10%), 2 s, ETA 18 s, docs 10, docs_per_s 5",  # the first chunk
+        # the first chunk
+        "prepare (train tokens): 100/1,000 tok (10%), 2 s, ETA 18 s, docs 10, docs_per_s 5",
         "prepare (train tokens): 600/1,000 tok (60%), 12 s, ETA 8 s, docs 60, docs_per_s 5",  # 10 s later
         "prepare (train tokens): 800/1,000 tok (80%), 16 s, ETA 4 s, docs 80, docs_per_s 5",  # at close
     ]

@@ -1,5 +1,5 @@
-"""Shard files: cut at exactly shard_tokens, hashed as written, and the unfinished shard persisted and restored
-for an interruptible prepare."""
+"""Shard files: cut at exactly shard_tokens, hashed as written, and the unfinished shard persisted and
+restored for an interruptible prepare."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def test_shard_writer_persists_only_new_tokens_and_restores_a_recorded_state(tmp
 
 def test_a_byte_flipped_in_the_pending_tail_is_refused_at_restore(tmp_path):
     """The pending file holds as many tokens as recorded, one byte flipped: restoring it would write a damaged
-    shard that the manifest then hashes as it lies. The recorded sha256 refuses it; the intact tail restores."""
+    shard that the manifest then hashes as it lies. The recorded sha256 refuses it; the intact tail
+    restores."""
     writer = ShardWriter(str(tmp_path), "train", 10, "uint16")
     writer.add(np.arange(3, dtype=np.uint16))
     writer.persist_checked()

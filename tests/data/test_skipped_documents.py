@@ -1,6 +1,6 @@
 """Which documents global batches read, checked by brute force against the concatenated shards: the batch that
-holds the end of the documents a spiking batch reads (a folder's and a mixture's, per source), their indices and
-token positions, and what a range of batches reads across an epoch's end."""
+holds the end of the documents a spiking batch reads (a folder's and a mixture's, per source), their indices
+and token positions, and what a range of batches reads across an epoch's end."""
 
 from __future__ import annotations
 
@@ -47,13 +47,14 @@ def test_count_rfind_and_find_match_the_concatenated_shards(small_data):
         assert split.count(eos, start, stop) == len(hits)  # a whole shard's count, kept, gives the same
         assert split.find(eos, start, stop) == (start + int(hits[0]) if len(hits) else None)
         assert split.rfind(eos, start, stop, chunk=97) == (start + int(hits[-1]) if len(hits) else None)
-    assert document_index(split, eos, split.num_tokens - 1) == split.documents - 1  # the last one ends the split
+    # the last one ends the split
+    assert document_index(split, eos, split.num_tokens - 1) == split.documents - 1
 
 
 def test_a_folder_batch_is_skipped_to_the_batch_holding_the_end_of_its_documents(small_data):
-    """For every batch of an epoch and the next: the documents a batch reads end at the first EOS at or after its
-    last target (within its epoch: the dropped tail ends there), the batch returned is the one whose targets hold
-    that end, and the documents are named by index and the positions they span."""
+    """For every batch of an epoch and the next: the documents a batch reads end at the first EOS at or after
+    its last target (within its epoch: the dropped tail ends there), the batch returned is the one whose
+    targets hold that end, and the documents are named by index and the positions they span."""
     dataset = open_dataset(small_data)
     split, eos = dataset.split("train"), dataset.eos_id
     everything = tokens_of(split)
@@ -87,18 +88,29 @@ def test_what_a_range_of_batches_reads_is_named_per_epoch(small_data):
     loader = BatchLoader(split, batch_size=2, seq_len=16)
     span, per_epoch = 2 * 16, loader.batches_per_epoch
     first = per_epoch - 2
-    assert segments(loader, first, first + 3) == [(0, 0, first * span, per_epoch * span + 1), (0, 1, 0, 2 * span + 1)]
+    assert segments(loader, first, first + 3) == [
+        (0, 0, first * span, per_epoch * span + 1),
+        (0, 1, 0, 2 * span + 1),
+    ]
     read = read_documents(loader, eos, first, 4)
-    assert read == [{"pass": 0, "tokens": [first * span, per_epoch * span + 1],
-                     "documents": [brute_index(everything, eos, first * span),
-                                   brute_index(everything, eos, per_epoch * span)]},
-                    {"pass": 1, "tokens": [0, 2 * span + 1], "documents": [0, brute_index(everything, eos, 2 * span)]}]
+    assert read == [
+        {
+            "pass": 0,
+            "tokens": [first * span, per_epoch * span + 1],
+            "documents": [
+                brute_index(everything, eos, first * span),
+                brute_index(everything, eos, per_epoch * span),
+            ],
+        },
+        {"pass": 1, "tokens": [0, 2 * span + 1], "documents": [0, brute_index(everything, eos, 2 * span)]},
+    ]
 
 
 def test_a_mixture_names_the_source_and_skips_to_the_batch_holding_each_sources_document_end(mixture_sources,
                                                                                               tmp_path):
-    """Brute force over the batches' rows: for each source a spiking batch reads, the batch returned is at least
-    the first one whose rows of that source hold the end of its documents there (and exactly the latest of them)."""
+    """Brute force over the batches' rows: for each source a spiking batch reads, the batch returned is at
+    least the first one whose rows of that source hold the end of its documents there (and exactly the latest
+    of them)."""
     dataset = open_data(write_mixture(tmp_path / "mix.yaml", [(mixture_sources["edu"], 0.7),
                                                              (mixture_sources["builtin"], 0.3)]))
     loader = MixedLoader(dataset, batch_size=4, seq_len=32)
@@ -118,8 +130,12 @@ def test_a_mixture_names_the_source_and_skips_to_the_batch_holding_each_sources_
             hits = np.flatnonzero(tokens[last_target:windows_end] == eos)
             end = last_target + int(hits[0]) + 1 if len(hits) else windows_end
             later = b
-            while not any(row["source_index"] == source and row["epoch"] in passes
-                          and row["start"] + 1 <= end - 1 <= row["start"] + 32 for row in loader.describe_batch(later)):
+            while not any(
+                row["source_index"] == source
+                and row["epoch"] in passes
+                and row["start"] + 1 <= end - 1 <= row["start"] + 32
+                for row in loader.describe_batch(later)
+            ):
                 if end - 1 <= last_target:
                     break
                 later += 1

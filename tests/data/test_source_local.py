@@ -86,13 +86,20 @@ def test_a_dictionary_encoded_string_column_is_read(tmp_path):
 
 def test_invalid_utf8_in_a_string_column_is_one_line_naming_the_rows(tmp_path):
     column = pa.array([b"fine", b"bad \xff\xfe bytes"], type=pa.binary()).view(pa.string())
-    with pytest.raises(DataError, match=r"t\.parquet: column 'text', row group 0, rows 0\.\.1: not valid UTF-8"):
+    with pytest.raises(
+        DataError, match=r"t\.parquet: column 'text', row group 0, rows 0\.\.1: not valid UTF-8"
+    ):
         _texts(tmp_path, pa.table({"text": column}))
 
 
-@pytest.mark.parametrize(("column", "named"), [(pa.array([["a", "b"]], pa.list_(pa.string())), "list<"),
-                                               (pa.array([["a"]], pa.large_list(pa.string())), "large_list<"),
-                                               (pa.array([{"t": "a"}], pa.struct([("t", pa.string())])), "struct<")])
+@pytest.mark.parametrize(
+    ("column", "named"),
+    [
+        (pa.array([["a", "b"]], pa.list_(pa.string())), "list<"),
+        (pa.array([["a"]], pa.large_list(pa.string())), "large_list<"),
+        (pa.array([{"t": "a"}], pa.struct([("t", pa.string())])), "struct<"),
+    ],
+)
 def test_a_text_column_of_lists_or_records_is_one_line_naming_its_type(tmp_path, column, named):
     pq.write_table(pa.table({"text": column}), tmp_path / "x.parquet")
     with pytest.raises(DataError, match=rf"x\.parquet: column 'text' has type {named}.*>, not string"):

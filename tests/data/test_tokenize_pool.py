@@ -1,5 +1,6 @@
-"""Worker-process tokenizing (`prepare --workers N`, N >= 2): the same bytes as the in-process paths for any N,
-interrupted and continued included; workers end with their pass, with an error, and with a SIGKILLed parent."""
+"""Worker-process tokenizing (`prepare --workers N`, N >= 2): the same bytes as the in-process paths for any
+N, interrupted and continued included; workers end with their pass, with an error, and with a SIGKILLed
+parent."""
 
 from __future__ import annotations
 
@@ -125,7 +126,8 @@ def test_sigkilled_with_workers_then_rerun_is_byte_identical_and_leaves_no_worke
     reference = tmp_path / "reference"
     assert main(["prepare", *prepare_args(reference, parquet_source, str(gpt2_tokenizer_path))]) == 0
     out, pids_file = tmp_path / "out", tmp_path / "pids"
-    args = [*prepare_args(out, parquet_source, str(gpt2_tokenizer_path)), "--workers", "2"]  # the last one wins
+    # the last one wins
+    args = [*prepare_args(out, parquet_source, str(gpt2_tokenizer_path)), "--workers", "2"]
     monkeypatch.setenv("PREPARE_CHILD_PIDS", str(pids_file))
     killed = run_child("chunk", 5, args)
     assert killed.returncode == -9, killed.stderr

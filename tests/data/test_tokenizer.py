@@ -17,7 +17,11 @@ def test_gpt2_file_identity_and_eos(gpt2_tokenizer_path):
     resolved = resolve_tokenizer(str(gpt2_tokenizer_path))
     identity = resolved.identity
     assert identity["kind"] == "file" and identity["name"] == "tokenizer.json"
-    assert (identity["eos_token"], identity["eos_id"], identity["vocab_size"]) == ("<|endoftext|>", 50256, 50257)
+    assert (identity["eos_token"], identity["eos_id"], identity["vocab_size"]) == (
+        "<|endoftext|>",
+        50256,
+        50257,
+    )
     assert identity["sha256"] == hashlib.sha256(resolved.json_text.encode()).hexdigest()
     assert resolved.dtype == "uint16"
     assert Tokenizer.from_str(resolved.json_text).encode("Hello world").ids == [15496, 995]

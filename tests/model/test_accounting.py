@@ -8,7 +8,8 @@ from pilotrun.model.accounting import count_parameters, flops_per_token
 from pilotrun.model.presets import model_preset
 from pilotrun.model.transformer import build_model
 
-PRESET_SIZES = [  # the presets' documented sizes: (geometry, vocab, q_lora_rank, total, active), both in millions
+# the presets' documented sizes: (geometry, vocab, q_lora_rank, total, active), both in millions
+PRESET_SIZES = [
     ("tiny", 256, 0, 0.17, 0.14),
     ("cpu", 512, 64, 1.86, 0.98),  # the spec's tiny-smoke geometry
     ("gpu-100m", 32768, 0, 104.7, 55.1),
@@ -45,7 +46,8 @@ def test_counts_match_the_spec_table(preset, vocab, q_lora_rank, total_m, active
 
 def test_gpu_100m_non_embedding_and_gpt2_vocab_figures_from_the_spec():
     total, active = count_parameters(model_preset("gpu-100m", vocab_size=32768))
-    assert abs((total - 2 * 32768 * 512) / 1e6 - 71.1) < 0.1  # "71.1M non-embedding": total less embed and head
+    # "71.1M non-embedding": total less embed and head
+    assert abs((total - 2 * 32768 * 512) / 1e6 - 71.1) < 0.1
     total_gpt2, _ = count_parameters(model_preset("gpu-100m", vocab_size=50257))
     assert abs(total_gpt2 / 1e6 - 122.6) < 0.1
 

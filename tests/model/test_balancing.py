@@ -52,7 +52,9 @@ def test_counts_over_three_microbatches_equal_one_concatenated_batch():
     assert torch.equal(accumulated, collect_step_statistics(model)[0])
 
 
-def control_loop(router_std: float, speed: float, steps: int = 300, tokens: int = 4096, seed: int = 0) -> tuple[list[float], float]:
+def control_loop(
+    router_std: float, speed: float, steps: int = 300, tokens: int = 4096, seed: int = 0
+) -> tuple[list[float], float]:
     """Spec test 10: a standalone router (E=8, K=2, d=64) with frozen random weights, fresh random inputs each
     step and a fixed +2 added to expert 0's logit (through a constant 65th input feature). Each step routes,
     counts and applies the library's bias update. Returns the per-step MaxVio and the final b_0."""
@@ -119,6 +121,11 @@ def test_sequence_aux_loss_reaches_the_router_and_upstream_but_not_the_experts()
     grads = {name: p.grad for name, p in model.named_parameters()}
     assert grads["layers.1.ffn.gate.weight"].abs().sum() > 0
     assert grads["layers.0.attn.wq.weight"].abs().sum() > 0  # through u_t into earlier layers
-    for name in ("layers.1.ffn.experts.w1", "layers.1.ffn.experts.w2", "layers.1.ffn.shared_experts.w1.weight",
-                 "layers.1.ffn.shared_experts.w2.weight", "head.weight"):
+    for name in (
+        "layers.1.ffn.experts.w1",
+        "layers.1.ffn.experts.w2",
+        "layers.1.ffn.shared_experts.w1.weight",
+        "layers.1.ffn.shared_experts.w2.weight",
+        "head.weight",
+    ):
         assert grads[name] is None or torch.equal(grads[name], torch.zeros_like(grads[name])), name

@@ -1,9 +1,9 @@
 """The compiled CPU kernels against the reference PyTorch operators of moe.py. Routing and combine
 (moe_kernels.cpp): the same choices, sort, gate weights and layer output bit for bit; balance term, statistics
-and gradients to rounding (they sum in other orders). The router operator: torch's linear and the routing kernel's
-outputs bit for bit, gradients to rounding, gradcheck in fp64. Routed and shared experts: the grouped dispatch's
-output (plus the shared SwiGLU) bit for bit, gradients to rounding, gradcheck in fp64, on the exported BLAS and on
-the at::mm path. Inference mode, dispatch modes and a missing build keep working."""
+and gradients to rounding (they sum in other orders). The router operator: torch's linear and the routing
+kernel's outputs bit for bit, gradients to rounding, gradcheck in fp64. Routed and shared experts: the grouped
+dispatch's output (plus the shared SwiGLU) bit for bit, gradients to rounding, gradcheck in fp64, on the
+exported BLAS and on the at::mm path. Inference mode, dispatch modes and a missing build keep working."""
 
 import os
 import shutil
@@ -24,7 +24,8 @@ from pilotrun.model.cpu_kernels import (
 )
 from pilotrun.model.moe import GroupedExperts, MoE, sorted_layout
 
-# ninja is a project dependency (the loader finds the wheel's binary), so only a missing compiler excuses a skip.
+# ninja is a project dependency (the loader finds the wheel's binary), so only a missing compiler excuses a
+# skip.
 COMPILER = shutil.which("c++")
 pytestmark = pytest.mark.skipif(not COMPILER, reason="no C++ compiler: the reference routing runs")
 
@@ -69,8 +70,15 @@ def test_a_second_different_build_is_refused_in_a_process_that_loaded_one(monkey
 
 def make_moe(fused: bool, dtype=torch.float64, seed=0, **changes) -> MoE:
     torch.manual_seed(seed)
-    settings = dict(d_model=16, moe_hidden=24, n_routed_experts=6, n_shared_experts=1, top_k=2, seq_aux_alpha=0.5,
-                    cpu_kernels=fused)
+    settings = dict(
+        d_model=16,
+        moe_hidden=24,
+        n_routed_experts=6,
+        n_shared_experts=1,
+        top_k=2,
+        seq_aux_alpha=0.5,
+        cpu_kernels=fused,
+    )
     settings.update(changes)
     moe = MoE(**settings)
     with torch.no_grad():
@@ -97,13 +105,17 @@ def forward_backward(moe: MoE, x: torch.Tensor):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_fused_routing_equals_the_reference(score_func, route_norm, balance, dtype):
     x = torch.randn(3, 11, 16, dtype=dtype)
-    settings = dict(score_func=score_func, route_norm=route_norm, balance=balance, route_scale=1.7, z_loss_beta=1e-2)
+    settings = dict(
+        score_func=score_func, route_norm=route_norm, balance=balance, route_scale=1.7, z_loss_beta=1e-2
+    )
     fused = forward_backward(make_moe(True, dtype, **settings), x)
     reference = forward_backward(make_moe(False, dtype, **settings), x)
-    tolerance = 1e-7 if dtype == torch.float64 else 1e-4  # the gradients: the routing's summation orders differ
+    # the gradients: the routing's summation orders differ
+    tolerance = 1e-7 if dtype == torch.float64 else 1e-4
     assert fused[0].fused and not reference[0].fused
     assert torch.equal(fused[0].indices, reference[0].indices)
-    layout = sorted_layout(reference[0].indices, 6)  # the kernel's counting sort is argsort(stable=True)'s order
+    # the kernel's counting sort is argsort(stable=True)'s order
+    layout = sorted_layout(reference[0].indices, 6)
     assert all(torch.equal(a, b) for a, b in zip(fused[0].layout, layout, strict=True))
     assert torch.equal(fused[0].weights, reference[0].weights)  # same scores, same arithmetic
     # The reference counts the balance fractions in fp32 (balancing.balance_loss_terms), hence 1e-7 in fp64.
@@ -111,9 +123,13 @@ def test_fused_routing_equals_the_reference(score_func, route_norm, balance, dty
     assert torch.equal(fused[1], reference[1])  # so the layer's output is the reference's, bit for bit
     assert torch.allclose(fused[2], reference[2], rtol=tolerance, atol=1e-12)
     input_tolerance = 1e-10 if dtype == torch.float64 else 1e-5  # relative to the largest input gradient
-    assert torch.allclose(fused[3], reference[3], rtol=0, atol=input_tolerance * reference[3].abs().max().item())
+    assert torch.allclose(
+        fused[3], reference[3], rtol=0, atol=input_tolerance * reference[3].abs().max().item()
+    )
     for name, grad in reference[4].items():
-        assert torch.allclose(fused[4][name], grad, rtol=0, atol=tolerance * max(grad.abs().max().item(), 1.0)), name
+        assert torch.allclose(
+            fused[4][name], grad, rtol=0, atol=tolerance * max(grad.abs().max().item(), 1.0)
+        ), name
     assert reference[4]["gate.weight"].abs().max() > 0
 
 
@@ -146,7 +162,10 @@ def test_fused_combine_forward_and_routed_gradient_equal_the_reference_bit_for_b
     assert torch.equal(result_grads[0], expected_grads[0])
     assert torch.allclose(result_grads[1], expected_grads[1], rtol=1e-5, atol=1e-6)
 
-    routed64, weights64 = routed.detach().double().requires_grad_(), weights.detach().double().requires_grad_()
+    routed64, weights64 = (
+        routed.detach().double().requires_grad_(),
+        weights.detach().double().requires_grad_(),
+    )
     assert torch.autograd.gradcheck(
         lambda r, w: FusedCombine.apply(r, w, layout.order, layout.token_of_slot, 40), (routed64, weights64))
 
@@ -181,8 +200,8 @@ def test_group_limited_routing_and_the_switch_keep_the_reference_path():
 
 @pytest.fixture(params=[True, False], ids=["exported_blas", "at_mm"])
 def blas_path(request):
-    """Both matmul paths of the experts kernel: the BLAS torch exports (MKL here) and at::mm on views (what a torch
-    build without that export gets)."""
+    """Both matmul paths of the experts kernel: the BLAS torch exports (MKL here) and at::mm on views (what a
+    torch build without that export gets)."""
     cpu_kernels_loaded()
     uses_blas = torch.ops.pilotrun_experts.use_exported_blas(request.param)
     assert uses_blas == request.param  # this machine's torch exports sgemm_/dgemm_
@@ -191,8 +210,8 @@ def blas_path(request):
 
 
 def experts_outputs_and_grads(moe: MoE, x: torch.Tensor, fused: bool):
-    """The routed experts alone (forward_fused or the PyTorch grouped dispatch) on the kernel's routing, and the
-    gradients of x, the gate weights and the expert weights."""
+    """The routed experts alone (forward_fused or the PyTorch grouped dispatch) on the kernel's routing, and
+    the gradients of x, the gate weights and the expert weights."""
     x = x.clone().requires_grad_(True)
     moe.zero_grad(set_to_none=True)
     routing = moe.route(x, 3)
@@ -245,7 +264,9 @@ def test_fused_experts_pass_gradcheck(blas_path):
 def test_the_layer_uses_the_fused_experts_only_where_they_apply(monkeypatch):
     calls = []
     original = GroupedExperts.forward_fused
-    monkeypatch.setattr(GroupedExperts, "forward_fused", lambda self, *args: calls.append(1) or original(self, *args))
+    monkeypatch.setattr(
+        GroupedExperts, "forward_fused", lambda self, *args: calls.append(1) or original(self, *args)
+    )
     x = torch.randn(2, 8, 16)
     make_moe(True, torch.float32)(x)
     assert len(calls) == 1
@@ -272,8 +293,9 @@ def test_the_router_operator_equals_the_linear_and_the_routing_kernel(sigmoid, r
     weight = (torch.randn(6, 16, generator=generator, dtype=dtype) * 0.4).requires_grad_()
     bias = torch.randn(6, generator=generator, dtype=dtype) * 0.05
     buffers = [torch.zeros(6), torch.zeros(8), torch.zeros(())]
-    logits, weights, balance, balance_loss, *routing = FusedRouter.apply(x, weight, bias, 2, sigmoid, route_norm, 1.7,
-                                                                         3, 0.5, False, *buffers)
+    logits, weights, balance, balance_loss, *routing = FusedRouter.apply(
+        x, weight, bias, 2, sigmoid, route_norm, 1.7, 3, 0.5, False, *buffers
+    )
     expected_logits, (expected_weights, expected_balance, *expected_routing) = reference_router(
         x, weight, bias, 2, sigmoid, route_norm, 1.7, 3)
     assert torch.equal(logits, expected_logits)  # the BLAS call torch's linear makes
@@ -285,11 +307,17 @@ def test_the_router_operator_equals_the_linear_and_the_routing_kernel(sigmoid, r
     z_upstream = torch.randn(logits.shape, generator=generator, dtype=dtype)
 
     def loss(logit_values, gate_weights, balance_value, scaled_balance):
-        return (logit_values * z_upstream).sum() + (gate_weights * upstream).sum() + 3 * balance_value + scaled_balance
+        return (
+            (logit_values * z_upstream).sum()
+            + (gate_weights * upstream).sum()
+            + 3 * balance_value
+            + scaled_balance
+        )
 
     ours = torch.autograd.grad(loss(logits, weights, balance, balance_loss), (x, weight))
-    theirs = torch.autograd.grad(loss(expected_logits, expected_weights, expected_balance, 0.5 * expected_balance),
-                                 (x, weight))
+    theirs = torch.autograd.grad(
+        loss(expected_logits, expected_weights, expected_balance, 0.5 * expected_balance), (x, weight)
+    )
     tolerance = 1e-12 if dtype == torch.float64 else 1e-5
     for a, b in zip(ours, theirs, strict=True):
         assert torch.allclose(a, b, rtol=0, atol=tolerance * b.abs().max().item())
@@ -328,9 +356,12 @@ def test_statistics_recorded_by_the_router_operator_equal_the_reference_in_fp64(
 
 @pytest.mark.skipif(not moe_module.grouped_matmul_works(torch.device("cpu"), torch.float32),
                     reason="this torch has no CPU grouped_mm to compare with")
-@pytest.mark.parametrize("d_model,hidden,shared,tokens", [(16, 24, 1, 33), (16, 24, 2, 40), (128, 128, 1, 513)])
-def test_shared_experts_inside_the_operator_equal_the_grouped_dispatch_plus_the_swiglu(blas_path, d_model, hidden,
-                                                                                     shared, tokens):
+@pytest.mark.parametrize(
+    "d_model,hidden,shared,tokens", [(16, 24, 1, 33), (16, 24, 2, 40), (128, 128, 1, 513)]
+)
+def test_shared_experts_inside_the_operator_equal_the_grouped_dispatch_plus_the_swiglu(
+    blas_path, d_model, hidden, shared, tokens
+):
     moe = make_moe(True, torch.float32, d_model=d_model, moe_hidden=hidden, n_shared_experts=shared)
     x = torch.randn(tokens, d_model, generator=torch.Generator().manual_seed(6))
     results = []
@@ -341,8 +372,9 @@ def test_shared_experts_inside_the_operator_equal_the_grouped_dispatch_plus_the_
         if fused:
             output = moe.experts.forward_fused(inputs, routing.weights, routing.layout, moe.shared_experts)
         else:
-            output = (moe.experts.forward_grouped(inputs, routing.indices, routing.weights, routing.layout, True)
-                      + moe.shared_experts(inputs))
+            output = moe.experts.forward_grouped(
+                inputs, routing.indices, routing.weights, routing.layout, True
+            ) + moe.shared_experts(inputs)
         upstream = torch.randn(output.shape, generator=torch.Generator().manual_seed(7))
         parameters = [moe.experts.w1, moe.experts.w2, moe.experts.w3, *moe.shared_experts.parameters(),
                       moe.gate.weight]
@@ -356,12 +388,25 @@ def test_shared_experts_inside_the_operator_equal_the_grouped_dispatch_plus_the_
 def test_fused_experts_with_shared_experts_pass_gradcheck(blas_path):
     generator = torch.Generator().manual_seed(12)
     tokens, top_k, experts, width, hidden, shared_hidden = 6, 2, 4, 5, 6, 7
-    layout = sorted_layout(torch.rand(tokens, experts, generator=generator).topk(top_k, dim=-1).indices, experts)
-    shapes = [(tokens, width), (tokens, top_k), (experts, hidden, width), (experts, width, hidden),
-              (experts, hidden, width), (shared_hidden, width), (width, shared_hidden), (shared_hidden, width)]
-    inputs = [torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_() for shape in shapes]
+    layout = sorted_layout(
+        torch.rand(tokens, experts, generator=generator).topk(top_k, dim=-1).indices, experts
+    )
+    shapes = [
+        (tokens, width),
+        (tokens, top_k),
+        (experts, hidden, width),
+        (experts, width, hidden),
+        (experts, hidden, width),
+        (shared_hidden, width),
+        (width, shared_hidden),
+        (shared_hidden, width),
+    ]
+    inputs = [
+        torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_() for shape in shapes
+    ]
     assert torch.autograd.gradcheck(
-        lambda x, w, w1, w2, w3, s1, s2, s3: FusedExperts.apply(x, w, w1, w2, w3, *layout, s1, s2, s3), inputs)
+        lambda x, w, w1, w2, w3, s1, s2, s3: FusedExperts.apply(x, w, w1, w2, w3, *layout, s1, s2, s3), inputs
+    )
 
 
 @pytest.mark.parametrize("shared", [0, 1, 2])
@@ -372,10 +417,15 @@ def test_the_default_layer_equals_the_pytorch_layer_bit_for_bit_in_fp32(shared):
         moe = make_moe(fused, torch.float32, n_shared_experts=shared)
         moe.train()
         outputs.append(forward_backward(moe, x))
-    (routing, output, aux, input_grad, grads), (_, expected, expected_aux, expected_input_grad, expected_grads) = outputs
+    (
+        (routing, output, aux, input_grad, grads),
+        (_, expected, expected_aux, expected_input_grad, expected_grads),
+    ) = outputs
     assert routing.fused and torch.equal(output, expected)
     assert torch.allclose(aux, expected_aux, rtol=1e-5, atol=0)
-    assert torch.allclose(input_grad, expected_input_grad, rtol=0, atol=1e-5 * expected_input_grad.abs().max().item())
+    assert torch.allclose(
+        input_grad, expected_input_grad, rtol=0, atol=1e-5 * expected_input_grad.abs().max().item()
+    )
     for name, grad in expected_grads.items():
         assert torch.allclose(grads[name], grad, rtol=0, atol=1e-5 * max(grad.abs().max().item(), 1.0)), name
 
@@ -492,7 +542,9 @@ def test_a_second_checkout_of_the_same_source_loads_the_build_without_rebuilding
     probe = "import pilotrun.model.cpu_kernels as k; print(k.__file__); print(k.cpu_kernels_loaded())"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(checkout)}, cwd=tmp_path)
-    assert done.stdout.split() == [str(checkout / "pilotrun" / "model" / "cpu_kernels.py"), "True"], done.stderr
+    assert done.stdout.split() == [str(checkout / "pilotrun" / "model" / "cpu_kernels.py"), "True"], (
+        done.stderr
+    )
     assert "building the CPU MoE kernels" not in done.stderr
     assert (library.stat().st_mtime_ns, library.read_bytes()) == before
     assert str(checkout) not in (library.parent / "build.ninja").read_text()

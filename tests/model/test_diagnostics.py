@@ -49,7 +49,9 @@ def test_counters_only_in_training_mode_and_sum_over_microbatches():
         model(tokens(seed))
     counts, logits = collect_step_statistics(model)
     assert torch.equal(counts, per_batch[0][0] + per_batch[1][0] + per_batch[2][0])
-    assert torch.equal(logits, torch.maximum(torch.maximum(per_batch[0][1], per_batch[1][1]), per_batch[2][1]))
+    assert torch.equal(
+        logits, torch.maximum(torch.maximum(per_batch[0][1], per_batch[1][1]), per_batch[2][1])
+    )
     assert torch.equal(counts.sum(dim=1), torch.full((2,), 3 * 4 * 32 * 2.0))  # N tokens x K per layer
 
     # The counts equal an independent recomputation of the (biased) top-k selection of layer 1's router.
@@ -61,7 +63,9 @@ def test_counters_only_in_training_mode_and_sum_over_microbatches():
     handle.remove()
     x = captured["x"].reshape(-1, CFG.d_model)
     chosen = (torch.sigmoid(x @ moe.gate.weight.t()) + moe.gate.expert_bias).topk(2, dim=-1).indices
-    assert torch.equal(collect_step_statistics(model)[0][0], torch.bincount(chosen.reshape(-1), minlength=4).float())
+    assert torch.equal(
+        collect_step_statistics(model)[0][0], torch.bincount(chosen.reshape(-1), minlength=4).float()
+    )
 
     # collect returns copies: later forwards do not change what was collected.
     snapshot = collect_step_statistics(model)[0]
@@ -74,9 +78,13 @@ def test_load_figures_match_their_definitions():
     figures = expert_load_figures(torch.tensor([6.0, 2.0, 0.0, 0.0]))
     assert figures["imbalance"] == 3.0 and figures["maxvio"] == 2.0 and figures["minvio"] == 1.0
     assert figures["dead"] == 2
-    assert math.isclose(figures["load_entropy"], -(0.75 * math.log(0.75) + 0.25 * math.log(0.25)) / math.log(4))
+    assert math.isclose(
+        figures["load_entropy"], -(0.75 * math.log(0.75) + 0.25 * math.log(0.25)) / math.log(4)
+    )
     balanced = expert_load_figures(torch.full((4,), 5.0))
-    assert balanced["imbalance"] == 1.0 and balanced["cv"] == 0.0 and math.isclose(balanced["load_entropy"], 1.0)
+    assert (
+        balanced["imbalance"] == 1.0 and balanced["cv"] == 0.0 and math.isclose(balanced["load_entropy"], 1.0)
+    )
     assert balanced["would_drop_cf1"] == 0.0 and balanced["would_drop_cf1_25"] == 0.0
     # counts 10, 2, 4, 0: mean 4; capacity 4 drops 6 of 16 slots, capacity ceil(1.25 * 4) = 5 drops 5
     skewed = expert_load_figures(torch.tensor([10.0, 2.0, 4.0, 0.0]))
@@ -134,7 +142,9 @@ def test_router_figures_equal_their_definitions_over_two_microbatches(cpu_kernel
     bias = torch.tensor([0.004, -0.004, 0.002, 0.0])  # about the score spread at init: it moves some tokens
     moe.gate.expert_bias.copy_(bias)
     inputs = []
-    handle = moe.register_forward_pre_hook(lambda module, args: inputs.append(args[0].detach().reshape(-1, 64)))
+    handle = moe.register_forward_pre_hook(
+        lambda module, args: inputs.append(args[0].detach().reshape(-1, 64))
+    )
     for seed in (1, 2):
         model(tokens(seed))
     handle.remove()
@@ -152,11 +162,15 @@ def test_router_figures_equal_their_definitions_over_two_microbatches(cpu_kernel
     assert math.isclose(figures["router_entropy"][0], entropy.item(), rel_tol=1e-5)
     assert math.isclose(figures["score_spread"][0], spread.item(), rel_tol=1e-5)
     assert math.isclose(figures["speed_to_spread"][0], 1e-3 / spread.item(), rel_tol=1e-5)
-    assert math.isclose(figures["topk_mass"][0], scores.gather(1, indices).sum(-1).mean().item(), rel_tol=1e-5)
+    assert math.isclose(
+        figures["topk_mass"][0], scores.gather(1, indices).sum(-1).mean().item(), rel_tol=1e-5
+    )
     assert math.isclose(figures["router_logit_absmax"][0], logits.abs().max().item(), rel_tol=1e-6)
     best = (scores + bias.double()).topk(3, dim=-1).values  # top_k 2 of 4 experts: the 2nd against the 3rd
     assert math.isclose(figures["route_margin"][0], (best[:, 1] - best[:, 2]).mean().item(), rel_tol=1e-5)
-    flipped = (scores.topk(2, dim=-1).indices.sort(-1).values != indices.sort(-1).values).any(-1).double().mean()
+    flipped = (
+        (scores.topk(2, dim=-1).indices.sort(-1).values != indices.sort(-1).values).any(-1).double().mean()
+    )
     assert 0 < flipped.item() < 1 and math.isclose(figures["bias_flip_rate"][0], flipped.item(), rel_tol=1e-9)
     assert 0.9 < figures["balance_term"][0] < 1.2
 

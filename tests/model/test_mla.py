@@ -106,7 +106,13 @@ def absorbed_attention(mla: MLA, x, cos, sin) -> torch.Tensor:
     from pilotrun.model.rope import apply_rope
 
     batch, seq, _ = x.shape
-    h, d_n, d_r, d_v, r = mla.n_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank
+    h, d_n, d_r, d_v, r = (
+        mla.n_heads,
+        mla.qk_nope_head_dim,
+        mla.qk_rope_head_dim,
+        mla.v_head_dim,
+        mla.kv_lora_rank,
+    )
     q = mla.wq(x) if mla.q_lora_rank == 0 else mla.wq_b(mla.q_norm(mla.wq_a(x)))
     q = q.view(batch, seq, h, d_n + d_r)
     q_content, q_rotary = q[..., :d_n], apply_rope(q[..., d_n:], cos, sin)

@@ -132,7 +132,9 @@ def test_dense_reference_equals_the_per_token_oracle_in_fp64():
     moe = make_moe(impl="dense_ref")
     x = torch.randn(2, 9, 16, dtype=torch.float64)
     output, _ = moe(x)
-    assert torch.allclose(output.reshape(18, 16), per_token_oracle(moe, x.reshape(18, 16)), rtol=0, atol=1e-12)
+    assert torch.allclose(
+        output.reshape(18, 16), per_token_oracle(moe, x.reshape(18, 16)), rtol=0, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("impl", ["grouped", "sorted", "loop"])
@@ -193,9 +195,9 @@ def outputs_and_grads_under(moe: MoE, x: torch.Tensor, autocast_dtype=None):
                     reason="this torch has no CPU grouped_mm")
 @pytest.mark.parametrize("autocast_dtype", [None, torch.bfloat16, torch.float16])
 def test_grouped_dispatch_equals_sorted_bit_for_bit_where_the_blas_layout_allows(autocast_dtype):
-    # Same layout, same per-segment matmuls: the outputs agree exactly. In fp32 the backward's weight and input
-    # gradients go through differently transposed BLAS calls, so they agree to rounding only; under autocast
-    # (both sides cast each matmul input once per use) every gradient is bit-identical too.
+    # Same layout, same per-segment matmuls: the outputs agree exactly. In fp32 the backward's weight and
+    # input gradients go through differently transposed BLAS calls, so they agree to rounding only; under
+    # autocast (both sides cast each matmul input once per use) every gradient is bit-identical too.
     x = torch.randn(3, 21, 16)
     sorted_result = outputs_and_grads_under(make_moe(torch.float32, impl="sorted"), x, autocast_dtype)
     grouped_result = outputs_and_grads_under(make_moe(torch.float32, impl="grouped"), x, autocast_dtype)
@@ -241,7 +243,8 @@ def test_grouped_matmul_probe_rejects_a_missing_or_wrong_kernel(monkeypatch):
         moe_module.grouped_matmul_works.cache_clear()
         assert not moe_module.grouped_matmul_works(torch.device("cpu"), torch.float32)
     finally:
-        moe_module.grouped_matmul_works.cache_clear()  # the real kernel is probed afresh after monkeypatch undoes
+        # the real kernel is probed afresh after monkeypatch undoes
+        moe_module.grouped_matmul_works.cache_clear()
 
 
 def test_a_routing_kernel_that_cannot_be_built_warns_and_leaves_the_reference_routing(monkeypatch):
@@ -286,9 +289,10 @@ def test_force_balanced_routing_gives_every_expert_the_same_load_and_scores_as_w
 
 
 class MatmulShapes(TorchDispatchMode):
-    """The (rows, inner, columns) of every non-empty matmul the CPU runs: mm/addmm/bmm as called, and grouped_mm
-    as the one mm per group its CPU implementation runs (rows grouped forward and for the input gradient, the inner
-    dimension grouped for the weight gradient). Empty products compute nothing and reach no BLAS."""
+    """The (rows, inner, columns) of every non-empty matmul the CPU runs: mm/addmm/bmm as called, and
+    grouped_mm as the one mm per group its CPU implementation runs (rows grouped forward and for the input
+    gradient, the inner dimension grouped for the weight gradient). Empty products compute nothing and reach
+    no BLAS."""
 
     def __init__(self):
         super().__init__()
@@ -317,7 +321,8 @@ def distinct_matmul_shapes_over_routings(impl: str, dtype: torch.dtype, routings
     """Forward and backward of one MoE layer under CPU autocast over `routings` inputs that route 128 tokens
     differently each time (a random skew toward some experts), counting the distinct matmul shapes."""
     moe = make_moe(torch.float32, impl=impl, cpu_kernels=False)
-    moe_module.grouped_matmul_works(torch.device("cpu"), dtype)  # its one-off probe is not the layer's matmuls
+    # its one-off probe is not the layer's matmuls
+    moe_module.grouped_matmul_works(torch.device("cpu"), dtype)
     generator = torch.Generator().manual_seed(1)
     counter = MatmulShapes()
     for _ in range(routings):
@@ -333,10 +338,11 @@ def distinct_matmul_shapes_over_routings(impl: str, dtype: torch.dtype, routings
 @pytest.mark.parametrize("impl", ["grouped", "sorted", "loop"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_experts_issue_few_matmul_shapes_however_the_routing_varies(impl, dtype, monkeypatch):
-    # Where the CPU multiplies bf16/fp16 with oneDNN, every new matmul shape builds and keeps a kernel: one shape per
-    # segment length grew resident memory for tens of updates. With bucketed segments (segment_buckets.py) the 40
-    # routings of 128 tokens over 6 experts issue at most 16 row counts (8..128) x 4 matmul shapes (d -> F, F -> d,
-    # and the two weight gradients'), plus the router's fixed ones (64 here); exact segments issue 385.
+    # Where the CPU multiplies bf16/fp16 with oneDNN, every new matmul shape builds and keeps a kernel: one
+    # shape per segment length grew resident memory for tens of updates. With bucketed segments
+    # (segment_buckets.py) the 40 routings of 128 tokens over 6 experts issue at most 16 row counts (8..128) x
+    # 4 matmul shapes (d -> F, F -> d, and the two weight gradients'), plus the router's fixed ones (64 here);
+    # exact segments issue 385.
     padded = distinct_matmul_shapes_over_routings(impl, dtype)
     assert padded <= 16 * 4 + 4
     monkeypatch.setattr(moe_module, "pads_segments", lambda device, compute_dtype: False)
@@ -344,14 +350,17 @@ def test_low_precision_experts_issue_few_matmul_shapes_however_the_routing_varie
 
 
 @pytest.mark.parametrize("impl", ["grouped", "sorted", "loop"])
-def test_padded_low_precision_experts_are_deterministic_and_match_exact_segments_to_rounding(impl, monkeypatch):
+def test_padded_low_precision_experts_are_deterministic_and_match_exact_segments_to_rounding(
+    impl, monkeypatch
+):
     x = torch.randn(2, 50, 16)
     first = outputs_and_grads_under(make_moe(torch.float32, impl=impl, cpu_kernels=False), x, torch.bfloat16)
     again = outputs_and_grads_under(make_moe(torch.float32, impl=impl, cpu_kernels=False), x, torch.bfloat16)
     assert all(torch.equal(ours, theirs) for ours, theirs in zip(first, again))  # bit for bit: resume-exact
     monkeypatch.setattr(moe_module, "pads_segments", lambda device, compute_dtype: False)
     exact = outputs_and_grads_under(make_moe(torch.float32, impl=impl, cpu_kernels=False), x, torch.bfloat16)
-    for ours, theirs in zip(first, exact):  # zero rows change no sum; a BLAS may block other lengths otherwise
+    # zero rows change no sum; a BLAS may block other lengths otherwise
+    for ours, theirs in zip(first, exact):
         assert (ours.float() - theirs.float()).abs().max() <= 1e-2 * theirs.float().abs().max()
 
 

@@ -1,4 +1,5 @@
-"""RoPE: relative-position property, interleaved pairing equals a complex-number rotation, content dims untouched."""
+"""RoPE: relative-position property, interleaved pairing equals a complex-number rotation, content dims
+untouched."""
 
 import torch
 
@@ -32,8 +33,12 @@ def test_dot_products_depend_only_on_relative_position():
     q = torch.randn(1, 40, 2, 8)
     k = torch.randn(1, 40, 2, 8)
     cos, sin = build_rope_table(8, 64, 10000.0)
-    plain = torch.einsum("bihd,bjhd->bhij", apply_rope(q, cos[:40], sin[:40]), apply_rope(k, cos[:40], sin[:40]))
-    shifted = torch.einsum("bihd,bjhd->bhij", apply_rope(q, cos[7:47], sin[7:47]), apply_rope(k, cos[7:47], sin[7:47]))
+    plain = torch.einsum(
+        "bihd,bjhd->bhij", apply_rope(q, cos[:40], sin[:40]), apply_rope(k, cos[:40], sin[:40])
+    )
+    shifted = torch.einsum(
+        "bihd,bjhd->bhij", apply_rope(q, cos[7:47], sin[7:47]), apply_rope(k, cos[7:47], sin[7:47])
+    )
     assert torch.allclose(plain, shifted, rtol=0, atol=1e-5)
     unrotated = torch.einsum("bihd,bjhd->bhij", q, k)
     assert not torch.allclose(plain, unrotated, atol=1e-2)  # the rotation did something
@@ -56,8 +61,11 @@ def test_only_the_rotary_slices_of_queries_and_keys_are_rotated():
     x = torch.randn(1, 12, 32)
     cos, sin = build_rope_table(4, 12, 10000.0)
     q, k, v = mla.project_queries_keys_values(x, cos, sin)
-    q0, k0, v0 = mla.project_queries_keys_values(x, torch.ones_like(cos), torch.zeros_like(sin))  # no rotation
-    assert torch.equal(q[..., :8], q0[..., :8]) and torch.equal(k[..., :8], k0[..., :8]) and torch.equal(v, v0)
+    # no rotation
+    q0, k0, v0 = mla.project_queries_keys_values(x, torch.ones_like(cos), torch.zeros_like(sin))
+    assert (
+        torch.equal(q[..., :8], q0[..., :8]) and torch.equal(k[..., :8], k0[..., :8]) and torch.equal(v, v0)
+    )
     assert not torch.allclose(q[..., 8:], q0[..., 8:]) and not torch.allclose(k[..., 8:], k0[..., 8:])
     # One rotary key shared by every head.
     assert torch.equal(k[:, 0, :, 8:], k[:, 1, :, 8:])

@@ -1,5 +1,5 @@
-"""Bucket lengths of the low-precision expert segments: few, never shorter than the segment, little padding; the
-padded layout puts every row back where it was."""
+"""Bucket lengths of the low-precision expert segments: few, never shorter than the segment, little padding;
+the padded layout puts every row back where it was."""
 
 import pytest
 import torch
@@ -10,8 +10,28 @@ from pilotrun.model.segment_buckets import PaddedSegments, bucket_rows, pads_seg
 def test_bucket_lengths_are_few_and_cover_every_segment_with_little_padding():
     lengths = {bucket_rows(count) for count in range(0, 4097)}
     # 0, 8, 16, ..., 64, then 8 per doubling up to 4096: a run's shapes are bounded whatever the routing does.
-    assert sorted(lengths)[:20] == [0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128, 144, 160,
-                                    176]
+    assert sorted(lengths)[:20] == [
+        0,
+        8,
+        16,
+        24,
+        32,
+        40,
+        48,
+        56,
+        64,
+        72,
+        80,
+        88,
+        96,
+        104,
+        112,
+        120,
+        128,
+        144,
+        160,
+        176,
+    ]
     assert len(lengths) == 9 + 8 * 6
     for count in range(1, 4097):
         padded = bucket_rows(count)
@@ -37,7 +57,8 @@ def test_padded_segments_put_each_row_back_and_pad_with_zeros():
         start += count
     assert torch.equal(segments.unpad(padded), rows)
     weights = torch.randn(112, 5)
-    (segments.unpad(padded * 3) * weights[:sum(counts)]).sum().backward()  # the gradient skips the padding rows
+    # the gradient skips the padding rows
+    (segments.unpad(padded * 3) * weights[:sum(counts)]).sum().backward()
     assert torch.equal(rows.grad, 3 * weights[:sum(counts)])
 
 

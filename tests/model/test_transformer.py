@@ -196,7 +196,8 @@ def test_torch_compile_traces_the_model_and_matches_eager_bit_for_bit(moe_impl):
     # the test checks that the model is compilable and that compiled training forwards still count, in seconds
     # rather than the minutes inductor's C++ build takes on 2 cores. Traced in fp32, `grouped` runs the sorted
     # segment loop (grouped_mm traces in bf16 only): same forward bit for bit, fp32 gradients to rounding.
-    # Without the CPU kernels (with them the MoE layers run eagerly: the next test), so that the MoE is traced.
+    # Without the CPU kernels (with them the MoE layers run eagerly: the next test), so that the MoE is
+    # traced.
     import torch._dynamo
 
     inputs, targets = batch(b=2, t=16)
@@ -217,15 +218,17 @@ def test_torch_compile_traces_the_model_and_matches_eager_bit_for_bit(moe_impl):
             assert (p.grad - q.grad).abs().max() <= 1e-6 * p.grad.abs().max(), name
         else:
             assert torch.equal(p.grad, q.grad), name
-    assert torch.equal(eager_model.layers[1].ffn.tokens_per_expert, compiled_model.layers[1].ffn.tokens_per_expert)
+    assert torch.equal(
+        eager_model.layers[1].ffn.tokens_per_expert, compiled_model.layers[1].ffn.tokens_per_expert
+    )
     assert torch.equal(eager_model.layers[0].attn.qk_max_logit, compiled_model.layers[0].attn.qk_max_logit)
     torch._dynamo.reset()
 
 
 @pytest.mark.slow
 def test_compiled_model_keeps_the_cpu_kernels_bit_for_bit(monkeypatch):
-    # Under torch.compile the MoE layers run eagerly with their kernels (the rest is traced): with the tracing-only
-    # backend the compiled model computes exactly what the eager one does, kernels included.
+    # Under torch.compile the MoE layers run eagerly with their kernels (the rest is traced): with the
+    # tracing-only backend the compiled model computes exactly what the eager one does, kernels included.
     import torch._dynamo
 
     from pilotrun.model import cpu_kernels
@@ -234,7 +237,9 @@ def test_compiled_model_keeps_the_cpu_kernels_bit_for_bit(monkeypatch):
         pytest.skip("the CPU kernels cannot be built on this machine (no compiler)")
     calls = []
     kernel = cpu_kernels.FusedExperts.apply
-    monkeypatch.setattr(cpu_kernels.FusedExperts, "apply", staticmethod(lambda *a: calls.append(1) or kernel(*a)))
+    monkeypatch.setattr(
+        cpu_kernels.FusedExperts, "apply", staticmethod(lambda *a: calls.append(1) or kernel(*a))
+    )
     inputs, targets = batch(b=2, t=16)
     cfg = dataclasses.replace(TINY, moe_impl="grouped", cpu_kernels=True)
     models = []
@@ -259,8 +264,8 @@ def test_compiled_model_keeps_the_cpu_kernels_bit_for_bit(monkeypatch):
 
 
 def run_and_collect(model, tokens, targets, microbatches: int = 2):
-    """Two microbatches of forward + backward, as the trainer accumulates them: the losses, every gradient, and
-    the per-step statistics the forwards recorded (expert counts, router sums, max attention logits)."""
+    """Two microbatches of forward + backward, as the trainer accumulates them: the losses, every gradient,
+    and the per-step statistics the forwards recorded (expert counts, router sums, max attention logits)."""
     model.train()
     model.zero_grad(set_to_none=True)
     saved_bytes = []
@@ -295,18 +300,21 @@ def test_activation_checkpointing_gives_the_same_step_bit_for_bit_and_counts_onc
     results = {}
     for recompute in (False, True):
         torch.manual_seed(0)
-        model = build_model(tiny(activation_checkpointing=recompute, attn_impl=attn_impl, cpu_kernels=cpu_kernels,
-                                 n_layers=3))
+        model = build_model(
+            tiny(activation_checkpointing=recompute, attn_impl=attn_impl, cpu_kernels=cpu_kernels, n_layers=3)
+        )
         with torch.utils.checkpoint.set_checkpoint_early_stop(early_stop):
             results[recompute] = run_and_collect(model, tokens, targets)
     plain, recomputed = results[False], results[True]
     assert all(torch.equal(a, b) for a, b in zip(plain[0], recomputed[0], strict=True))
     for name, grad in plain[1].items():
         assert torch.equal(recomputed[1][name], grad), name
-    # The recomputed forwards ran (backward needed them) but did not count: the statistics equal a plain step's.
+    # The recomputed forwards ran (backward needed them) but did not count: the statistics equal a plain
+    # step's.
     for ours, theirs in zip(recomputed[2], plain[2], strict=True):
         assert torch.equal(ours, theirs)
-    assert plain[2][0].sum() == 2 * 4 * 24 * TINY.top_k  # two microbatches of 4 x 24 tokens, top-2: counted once
+    # two microbatches of 4 x 24 tokens, top-2: counted once
+    assert plain[2][0].sum() == 2 * 4 * 24 * TINY.top_k
     # And it is checkpointing: autograd keeps far fewer bytes for backward.
     assert recomputed[3] < 0.5 * plain[3], (recomputed[3], plain[3])
 

@@ -20,11 +20,12 @@ from pilotrun.optim.muon_adamw import (
 NS_SHAPES = [(64, 64), (64, 256), (256, 64), (160, 512), (1408, 512)]
 
 
-# Smallest normalised input singular value x = sigma / ||G||_F that five quintic steps lift to >= 0.5 (found by
-# bisection on the scalar map x -> a x + b x^3 + c x^5 applied 5 times). Below it a direction is not
-# orthogonalised in 5 steps, by design (the coefficients trade exactness for speed). Rectangular Gaussian matrices have no such directions; a
-# square 64x64 one often has one or two (in about half of all seeds its smallest output singular value is
-# below 0.5), so the band is asserted for every direction that 5 steps can reach.
+# Smallest normalised input singular value x = sigma / ||G||_F that five quintic steps lift to >= 0.5 (found
+# by bisection on the scalar map x -> a x + b x^3 + c x^5 applied 5 times). Below it a direction is not
+# orthogonalised in 5 steps, by design (the coefficients trade exactness for speed). Rectangular Gaussian
+# matrices have no such directions; a square 64x64 one often has one or two (in about half of all seeds its
+# smallest output singular value is below 0.5), so the band is asserted for every direction that 5 steps can
+# reach.
 NS5_REACH = 1.0671e-3
 
 
@@ -53,8 +54,8 @@ def test_newton_schulz_tall_equals_transpose_of_wide():
 
 @pytest.mark.parametrize("shape", [(64, 128), (192, 64), (128, 128)])
 def test_bf16_newton_schulz_is_no_further_from_the_fp64_iteration_than_torch_muons(shape):
-    # The polynomial's sums fused with their products round once per step, as torch.optim.Muon's addmm form does;
-    # the separate scale-product-add form measured ~1.5x further from the exact iteration in bf16.
+    # The polynomial's sums fused with their products round once per step, as torch.optim.Muon's addmm form
+    # does; the separate scale-product-add form measured ~1.5x further from the exact iteration in bf16.
     from torch.optim._muon import _zeropower_via_newtonschulz
 
     a, b, c = NEWTON_SCHULZ_COEFFICIENTS
@@ -128,7 +129,9 @@ def test_muon_step_reproduces_the_formula(nesterov):
     for g in grads:
         param.grad = g.clone()
         opt.step()
-    expected = _muon_reference_two_steps(w0, grads, lr, wd, mu, nesterov, muon_update_scale(24, 40, "moonlight"))
+    expected = _muon_reference_two_steps(
+        w0, grads, lr, wd, mu, nesterov, muon_update_scale(24, 40, "moonlight")
+    )
     # The reference groups lr*s*O differently from add_(O, alpha=-lr*s), so agreement is to fp32 rounding;
     # test_muon_first_step_exact_bits pins the exact operations.
     torch.testing.assert_close(param.detach(), expected, rtol=1e-6, atol=1e-7)
@@ -136,7 +139,9 @@ def test_muon_step_reproduces_the_formula(nesterov):
     assert torch.equal(param.grad, grads[-1])
 
 
-@pytest.mark.parametrize("scale_mode, scale", [("moonlight", 0.2 * math.sqrt(32)), ("keller", math.sqrt(32 / 16))])
+@pytest.mark.parametrize(
+    "scale_mode, scale", [("moonlight", 0.2 * math.sqrt(32)), ("keller", math.sqrt(32 / 16))]
+)
 def test_muon_first_step_exact_bits(scale_mode, scale):
     # One step from zero momentum: U = G(1 + mu) (nesterov) and the update is computed with exactly these ops.
     generator = torch.Generator().manual_seed(5)
@@ -187,7 +192,8 @@ def test_muon_3d_experts_equal_per_slice_loop():
 
 
 def test_keller_ema_momentum_gives_the_same_direction():
-    # Keller's lerp form: M_ema <- lerp(M_ema, G, 1-beta); U = lerp(G, M_ema, beta) = (1-beta)(G + beta*M_sum).
+    # Keller's lerp form: M_ema <- lerp(M_ema, G, 1-beta); U = lerp(G, M_ema, beta) = (1-beta)(G +
+    # beta*M_sum).
     generator = torch.Generator().manual_seed(8)
     beta = 0.95
     grads = [torch.randn(16, 48, generator=generator) for _ in range(3)]
@@ -265,8 +271,8 @@ def _random_grads(params, generator):
 
 
 def _restored_through_bytes(params_a, opt_a, fresh):
-    """`fresh` (another optimizer's parameters and optimizer) given the weights and optimizer state of `params_a`
-    and `opt_a` through torch.save and a weights_only load, as a checkpoint carries them."""
+    """`fresh` (another optimizer's parameters and optimizer) given the weights and optimizer state of
+    `params_a` and `opt_a` through torch.save and a weights_only load, as a checkpoint carries them."""
     buffer = io.BytesIO()
     torch.save({"params": [p.detach() for p in params_a], "opt": opt_a.state_dict()}, buffer)
     buffer.seek(0)
@@ -285,7 +291,8 @@ def test_state_dict_round_trip_is_bit_exact():
     for _ in range(3):
         _random_grads(params_a, generator)
         opt_a.step()
-    params_b, opt_b = _restored_through_bytes(params_a, opt_a, _mixed_optimizer(99))  # other weights, restored
+    # other weights, restored
+    params_b, opt_b = _restored_through_bytes(params_a, opt_a, _mixed_optimizer(99))
     reloaded = opt_b.state_dict()
     original = opt_a.state_dict()
     assert reloaded["param_groups"] == original["param_groups"]
@@ -355,8 +362,12 @@ def test_measured_update_rms_is_the_rms_of_each_groups_update_over_lr():
                     torch.nn.Parameter(torch.randn(3, 16, 24, generator=generator))]
         vectors = [torch.nn.Parameter(torch.randn(40, generator=generator)),
                    torch.nn.Parameter(torch.randn(8, 5, generator=generator))]
-        opt = MuonAdamW([{"params": matrices, "use_muon": True, "lr": 2e-3, "weight_decay": 0.1, "name": "muon"},
-                         {"params": vectors, "use_muon": False, "lr": 3e-3, "weight_decay": 0.1, "name": "adamw"}])
+        opt = MuonAdamW(
+            [
+                {"params": matrices, "use_muon": True, "lr": 2e-3, "weight_decay": 0.1, "name": "muon"},
+                {"params": vectors, "use_muon": False, "lr": 3e-3, "weight_decay": 0.1, "name": "adamw"},
+            ]
+        )
         opt.measure_update_rms = measure
         for p in matrices + vectors:
             p.grad = torch.randn(p.shape, generator=generator)
@@ -375,7 +386,9 @@ def test_measured_update_rms_is_the_rms_of_each_groups_update_over_lr():
     # The update of the second step, its decoupled decay undone: p2 = p1 (1 - lr wd) - lr u.
     for name, params, previous, lr in (("muon", plain_matrices, first[:2], 2e-3),
                                        ("adamw", plain_vectors, first[2:], 3e-3)):
-        update = torch.cat([((q * (1 - lr * 0.1) - p.detach()) / lr).flatten() for p, q in zip(params, previous)])
+        update = torch.cat(
+            [((q * (1 - lr * 0.1) - p.detach()) / lr).flatten() for p, q in zip(params, previous)]
+        )
         assert opt.last_update_rms[name] == pytest.approx(float(update.pow(2).mean().sqrt()), rel=1e-4), name
     # Measuring does not change the step: the same weights bit for bit.
     assert all(torch.equal(p, q) for p, q in zip(matrices + vectors, plain_matrices + plain_vectors))
@@ -397,8 +410,8 @@ def test_balanced_owners_spread_newton_schulz_work_evenly_and_deterministically(
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("shape", NS_SHAPES)
 def test_hybrid_newton_schulz_pins_every_singular_value_near_one(shape, seed):
-    # The optional `hybrid` Newton-Schulz variant: 8 quintic then 2 pinning iterations. Even the square matrices
-    # whose smallest directions 5 quintic steps cannot reach come out orthogonal.
+    # The optional `hybrid` Newton-Schulz variant: 8 quintic then 2 pinning iterations. Even the square
+    # matrices whose smallest directions 5 quintic steps cannot reach come out orthogonal.
     gradient = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
     singular_values = torch.linalg.svdvals(newton_schulz_orthogonalize(gradient, variant="hybrid").double())
     assert 0.99 <= float(singular_values.min()) and float(singular_values.max()) <= 1.01
@@ -410,13 +423,17 @@ def test_hybrid_variant_reaches_the_optimizer_and_gives_update_rms_point_two():
     from pilotrun.optim.partition import partition_parameters
 
     param = torch.nn.Parameter(torch.zeros(96, 160))
-    opt = MuonAdamW([{"params": [param], "use_muon": True, "lr": 1e-3, "weight_decay": 0.0, "ns_variant": "hybrid"}])
+    opt = MuonAdamW(
+        [{"params": [param], "use_muon": True, "lr": 1e-3, "weight_decay": 0.0, "ns_variant": "hybrid"}]
+    )
     param.grad = torch.randn(96, 160, generator=torch.Generator().manual_seed(4))
     opt.step()
     # An exactly orthogonal O has RMS 1/sqrt(max(A, B)), so the moonlight scale makes the update RMS 0.2.
     assert float(param.detach().pow(2).mean().sqrt()) / 1e-3 == pytest.approx(0.2, rel=2e-3)
     model = build_model(ModelConfig(vocab_size=64))
-    groups = partition_parameters(model, OptimConfig(muon=dataclasses.replace(OptimConfig().muon, ns_variant="hybrid")))
+    groups = partition_parameters(
+        model, OptimConfig(muon=dataclasses.replace(OptimConfig().muon, ns_variant="hybrid"))
+    )
     assert all(group["ns_variant"] == "hybrid" for group in groups if group["use_muon"])
     with pytest.raises(ValueError, match="unknown Newton-Schulz variant"):
         newton_schulz_orthogonalize(torch.ones(4, 4), variant="cubic")
@@ -458,8 +475,8 @@ def test_per_head_granularity_orthogonalizes_each_heads_row_block_on_its_own():
 
 
 
-# The stacked step: matrices of one short-side-first shape share one Newton-Schulz chain, across parameters and
-# groups (wide [24, 40] and tall [40, 24] matrices, a 3-D expert stack's slices, per-head row blocks).
+# The stacked step: matrices of one short-side-first shape share one Newton-Schulz chain, across parameters
+# and groups (wide [24, 40] and tall [40, 24] matrices, a 3-D expert stack's slices, per-head row blocks).
 STACKING_SHAPES = [(24, 40), (40, 24), (3, 24, 40), (48, 40), (24, 40), (40, 24), (16, 40), (30,)]
 
 
@@ -485,7 +502,9 @@ def _per_matrix_muon(start, grads_per_step, groups):
             for grads in grads_per_step:
                 buffer = torch.add(grads[i], buffer, alpha=mu)
                 direction = grads[i].add(buffer, alpha=mu) if group.get("nesterov", True) else buffer
-                orthogonal = torch.stack([newton_schulz_orthogonalize(m) for m in direction.reshape(-1, rows, cols)])
+                orthogonal = torch.stack(
+                    [newton_schulz_orthogonalize(m) for m in direction.reshape(-1, rows, cols)]
+                )
                 scale = muon_update_scale(rows, cols, "moonlight")
                 weight.mul_(1 - group["lr"] * group["weight_decay"])
                 weight.add_(orthogonal.reshape(weight.shape), alpha=-group["lr"] * scale)
@@ -510,8 +529,8 @@ def test_stacked_step_equals_the_per_matrix_step(monkeypatch, chunk_bytes):
         for p, g in zip(params, grads, strict=True):
             p.grad = g.clone()
         opt.step()
-    # 9 matrices of shape [24, 40] or [40, 24] (tall ones transposed; whole, expert slices, head blocks; from both
-    # groups) and one [16, 40]: two stacks, each orthogonalized by as many chains as it has chunks.
+    # 9 matrices of shape [24, 40] or [40, 24] (tall ones transposed; whole, expert slices, head blocks; from
+    # both groups) and one [16, 40]: two stacks, each orthogonalized by as many chains as it has chunks.
     assert sorted({shape[1:] for shape in chains}) == [(16, 40), (24, 40)]
     assert sum(shape[0] for shape in chains) == 3 * 10
     assert len(chains) == 3 * {1: 10, 1 << 40: 2}.get(chunk_bytes, len(chains) // 3)

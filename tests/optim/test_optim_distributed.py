@@ -48,7 +48,9 @@ def _train(model, rows: slice, context, distribute_newton_schulz: bool = False) 
         model(tokens[:, :-1], tokens[:, 1:]).loss.backward()
         tokens_per_expert, qk_max_logit = collect_step_statistics(raw)
         if context is not None:
-            tokens_per_expert, qk_max_logit = D.all_reduce_step_statistics(context, tokens_per_expert, qk_max_logit)
+            tokens_per_expert, qk_max_logit = D.all_reduce_step_statistics(
+                context, tokens_per_expert, qk_max_logit
+            )
         outcome = apply_update(model, optimizer, scaler, GRAD_CLIP)
         assert outcome.applied
         record["grad_norm"].append(outcome.grad_norm)
@@ -90,15 +92,20 @@ def test_two_ranks_match_one_process(tmp_path: Path) -> None:
     initial = {k: v.clone() for k, v in reference_model.state_dict().items()}
     reference = _train(reference_model, slice(0, 4), None)
     assert all(reference["was_clipped"])
-    assert any(bool(c.any()) for c in reference["clipped"]) and not all(bool(c.all()) for c in reference["clipped"])
+    assert any(bool(c.any()) for c in reference["clipped"]) and not all(
+        bool(c.all()) for c in reference["clipped"]
+    )
     for parallelism in PARALLELISMS:
         ranks = [torch.load(tmp_path / f"{parallelism}-rank{r}.pt", weights_only=False) for r in (0, 1)]
         for record in ranks:
             assert record["was_clipped"] == reference["was_clipped"]
-            assert [torch.equal(a, b) for a, b in zip(record["clipped"], reference["clipped"])] == [True] * STEPS
+            assert [torch.equal(a, b) for a, b in zip(record["clipped"], reference["clipped"])] == [
+                True
+            ] * STEPS
             assert record["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-5)
         for name, expected in reference["weights"].items():
-            # replicas agree bit for bit; against one process only up to the gradient reduction's summation order
+            # replicas agree bit for bit; against one process only up to the gradient reduction's summation
+            # order
             assert torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]), (parallelism, name)
             torch.testing.assert_close(ranks[0]["weights"][name], expected, rtol=1e-4, atol=1e-6,
                                        msg=f"{parallelism} {name}")

@@ -53,7 +53,9 @@ def test_clipped_heads_hit_tau_and_the_rest_is_untouched(q_lora_rank, layer):
     after_logits = _max_logits(model, tokens)
     gamma = tau / before_logits.clamp(min=tau)
     # The rerun's max logit of a clipped head is exactly gamma * S (every logit of the head scales by gamma).
-    torch.testing.assert_close(after_logits[expected_mask], (gamma * measured)[expected_mask], rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        after_logits[expected_mask], (gamma * measured)[expected_mask], rtol=1e-5, atol=0
+    )
     assert (after_logits[expected_mask] <= tau * (1 + 1e-5)).all()
     unclipped = ~expected_mask
     unclipped[layer + 1:] = False
@@ -73,13 +75,19 @@ def test_clipped_heads_hit_tau_and_the_rest_is_untouched(q_lora_rank, layer):
             assert torch.equal(kv_after[head, d_n:], kv_before[head, d_n:])  # value rows never move
             if expected_mask[layer_index, head]:
                 root = g**0.5
-                torch.testing.assert_close(q_after[head, :d_n], q_before[head, :d_n] * root, rtol=1e-6, atol=0)
+                torch.testing.assert_close(
+                    q_after[head, :d_n], q_before[head, :d_n] * root, rtol=1e-6, atol=0
+                )
                 torch.testing.assert_close(q_after[head, d_n:], q_before[head, d_n:] * g, rtol=1e-6, atol=0)
-                torch.testing.assert_close(kv_after[head, :d_n], kv_before[head, :d_n] * root, rtol=1e-6, atol=0)
+                torch.testing.assert_close(
+                    kv_after[head, :d_n], kv_before[head, :d_n] * root, rtol=1e-6, atol=0
+                )
             else:
                 assert torch.equal(q_after[head], q_before[head])
                 assert torch.equal(kv_after[head], kv_before[head])
-    touched = {f"layers.{layer}.attn.{n}" for n in (("wq_b.weight" if q_lora_rank else "wq.weight"), "wkv_b.weight")}
+    touched = {
+        f"layers.{layer}.attn.{n}" for n in (("wq_b.weight" if q_lora_rank else "wq.weight"), "wkv_b.weight")
+    }
     for name in before:
         if name not in touched:  # wkv_a (incl. the shared rotary key), wq_a, norms, wo, FFN, embed, head
             assert torch.equal(after[name], before[name]), name
@@ -158,10 +166,23 @@ def test_event_fields_for_first_time_and_hard_clips():
     result = apply_qk_clip(model, logits, tau=1.0)
     events = qk_clip_events(result, logits, counters.update(result))
     assert events == [  # both heads are new; (1, 2) is also hard: gamma = 1/3
-        {"layer": 0, "head": 0, "max_logit": 1.5, "gamma": pytest.approx(1 / 1.5, rel=1e-7), "first_time": True,
-         "hard": False},
-        {"layer": 1, "head": 2, "max_logit": 3.0, "gamma": pytest.approx(1 / 3, rel=1e-7), "first_time": True,
-         "hard": True}]
+        {
+            "layer": 0,
+            "head": 0,
+            "max_logit": 1.5,
+            "gamma": pytest.approx(1 / 1.5, rel=1e-7),
+            "first_time": True,
+            "hard": False,
+        },
+        {
+            "layer": 1,
+            "head": 2,
+            "max_logit": 3.0,
+            "gamma": pytest.approx(1 / 3, rel=1e-7),
+            "first_time": True,
+            "hard": True,
+        },
+    ]
     # Clipped again: only the hard one is logged again, and a new mild clip is logged once.
     logits[0, 3] = 1.2
     result = apply_qk_clip(model, logits, tau=1.0)

@@ -1,4 +1,5 @@
-"""The LR schedule is a pure function of applied updates and its own horizon, never of max_steps or attempts."""
+"""The LR schedule is a pure function of applied updates and its own horizon, never of max_steps or
+attempts."""
 
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ def test_constant_and_zero_warmup():
 
 
 def test_schedule_does_not_depend_on_max_steps_or_attempts():
-    # The multiplier is a function of (applied step, schedule) only: its signature admits nothing else, and its
-    # values are the closed forms of the module docstring, written out here independently.
+    # The multiplier is a function of (applied step, schedule) only: its signature admits nothing else, and
+    # its values are the closed forms of the module docstring, written out here independently.
     assert list(inspect.signature(lr_multiplier).parameters) == ["step", "schedule_cfg"]
     cfg = ScheduleConfig(kind="cosine", warmup_steps=4, horizon=44, min_lr_ratio=0.1)
     assert [lr_multiplier(s, cfg) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
@@ -63,11 +64,23 @@ def test_trainer_learning_rate_follows_applied_updates_not_max_steps(builtin_dat
     smoke = Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml"
     logged = []
     for max_steps in (4, 8):
-        config = load_run_config(smoke, ["train.num_threads=1", f"train.max_steps={max_steps}", "train.log_every=1",
-                                         "train.eval_every=0", "train.checkpoint_every=0",
-                                         "optim.schedule.horizon=8", "optim.schedule.warmup_steps=2"])
+        config = load_run_config(
+            smoke,
+            [
+                "train.num_threads=1",
+                f"train.max_steps={max_steps}",
+                "train.log_every=1",
+                "train.eval_every=0",
+                "train.checkpoint_every=0",
+                "optim.schedule.horizon=8",
+                "optim.schedule.warmup_steps=2",
+            ],
+        )
         Trainer(config, builtin_data_dir, tmp_path / f"run-{max_steps}", progress=False).run()
-        events = [json.loads(line) for line in (tmp_path / f"run-{max_steps}" / "metrics.jsonl").read_text().splitlines()]
+        events = [
+            json.loads(line)
+            for line in (tmp_path / f"run-{max_steps}" / "metrics.jsonl").read_text().splitlines()
+        ]
         logged.append({e["step"]: e["lr"] for e in events if e["event"] == "train"})
     short, long = logged
     assert sorted(short) == [1, 2, 3, 4] and all(long[step] == lr for step, lr in short.items())
@@ -97,6 +110,9 @@ def test_expert_bias_stops_moving_in_the_final_fraction_of_the_horizon():
     speeds = [expert_bias_speed(step, 1e-3, cfg) for step in range(110)]
     assert speeds[:97] == [1e-3] * 97  # updates 0..96 move the bias
     assert speeds[97:] == [0.0] * 13  # the last 3 of the horizon and everything past it do not
-    assert [expert_bias_speed(s, 1e-3, ScheduleConfig(horizon=100, bias_freeze_fraction=0.0)) for s in (0, 99, 150)] \
-        == [1e-3] * 3
-    assert expert_bias_speed(9, 1e-3, ScheduleConfig(horizon=10, bias_freeze_fraction=0.03)) == 1e-3  # 0.3 -> 0 steps
+    assert [
+        expert_bias_speed(s, 1e-3, ScheduleConfig(horizon=100, bias_freeze_fraction=0.0))
+        for s in (0, 99, 150)
+    ] == [1e-3] * 3
+    # 0.3 -> 0 steps
+    assert expert_bias_speed(9, 1e-3, ScheduleConfig(horizon=10, bias_freeze_fraction=0.03)) == 1e-3

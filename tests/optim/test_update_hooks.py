@@ -1,4 +1,5 @@
-"""The after-update hooks do exactly what the direct calls do, report their window once, and keep their state."""
+"""The after-update hooks do exactly what the direct calls do, report their window once, and keep their
+state."""
 
 from __future__ import annotations
 
@@ -60,8 +61,14 @@ def test_disabled_qk_clip_hook_touches_nothing_but_still_reports_zeros():
     hook = QKClipHook(model, config.model.n_heads, enabled=False, tau=1e-6)
     assert hook.after_update(0, statistics) == []
     assert all(torch.equal(before[k], v) for k, v in _weights(model).items())
-    assert hook.window_metrics() == {"heads_clipped": 0, "min_gamma": 1.0, "first_clipped": [], "updates_with_clip": 0,
-                                     "cumulative_interventions": 0, "nonfinite_layer_skips": 0}
+    assert hook.window_metrics() == {
+        "heads_clipped": 0,
+        "min_gamma": 1.0,
+        "first_clipped": [],
+        "updates_with_clip": 0,
+        "cumulative_interventions": 0,
+        "nonfinite_layer_skips": 0,
+    }
 
 
 def test_expert_bias_hook_equals_the_direct_update_and_reports_the_speed_of_its_last_update():

@@ -37,14 +37,28 @@ class SyntheticRun:
         self.run: dict[str, Any] = {
             "run_id": "synthetic-run",
             "tokens_per_update": self.tokens_per_update,
-            "model": {"parameters": 1000, "active_parameters": 800, "flops_per_token": 6000,
-                      "config": {"n_layers": attn_layers, "n_dense_layers": attn_layers - moe_layers}},
+            "model": {
+                "parameters": 1000,
+                "active_parameters": 800,
+                "flops_per_token": 6000,
+                "config": {"n_layers": attn_layers, "n_dense_layers": attn_layers - moe_layers},
+            },
             "optimizer": {"groups": []},
-            "recipe": {"train": {"max_steps": max_steps, "batch_size": batch_size, "seq_len": seq_len,
-                                 "gradient_accumulation_steps": grad_accum, "memory_budget_gb": memory_budget_gb},
-                       "optim": {"grad_clip": grad_clip, "qk_clip": {"enabled": True, "tau": 100.0}},
-                       "model": {}},
-            "data": {"train": {"tokens": train_split_tokens, "metadata_sha256": "0" * 64}, "val": {"tokens": 500}},
+            "recipe": {
+                "train": {
+                    "max_steps": max_steps,
+                    "batch_size": batch_size,
+                    "seq_len": seq_len,
+                    "gradient_accumulation_steps": grad_accum,
+                    "memory_budget_gb": memory_budget_gb,
+                },
+                "optim": {"grad_clip": grad_clip, "qk_clip": {"enabled": True, "tau": 100.0}},
+                "model": {},
+            },
+            "data": {
+                "train": {"tokens": train_split_tokens, "metadata_sha256": "0" * 64},
+                "val": {"tokens": 500},
+            },
             "allowed_changes": [],
             "sessions": [],
         }
@@ -55,7 +69,8 @@ class SyntheticRun:
         self.clock = 1_700_000_000.0
         self.session_id: str | None = None
         self.session_index = 0
-        self.overflow_at: set[int] = set()  # attempt numbers (updates_attempted after the attempt) that overflow
+        # attempt numbers (updates_attempted after the attempt) that overflow
+        self.overflow_at: set[int] = set()
         # Per-window figures, each a function of the step at the end of the window; tests replace them.
         self.loss = lambda step: 2.0 + 5.0 * math.exp(-step / 20.0)
         self.val_loss = lambda step: 2.1 + 5.0 * math.exp(-step / 20.0)
@@ -75,7 +90,9 @@ class SyntheticRun:
         self.other_cpu_seconds_per_update: Callable[[int], float] | None = None
         self.involuntary_switches_per_update: Callable[[int], int] | None = None
         self.rss_mb = lambda step: 500.0
-        self.tokens_per_expert = lambda step, layer: [100.0 + 5 * ((e + layer) % 2) for e in range(self.experts)]
+        self.tokens_per_expert = lambda step, layer: [
+            100.0 + 5 * ((e + layer) % 2) for e in range(self.experts)
+        ]
         self.qk_clip_updates = lambda step: 0
         self.max_logit = lambda step, layer: 20.0 + layer
         self.loss_scale = 65536.0
@@ -84,22 +101,42 @@ class SyntheticRun:
     # ---------------------------------------------------------------------------------------------- sessions
     def _emit(self, event: str, **fields: Any) -> dict[str, Any]:
         self.clock += 0.01
-        record = {"event": event, "time": self.clock, "session_id": self.session_id, **self.counters, **fields}
+        record = {
+            "event": event,
+            "time": self.clock,
+            "session_id": self.session_id,
+            **self.counters,
+            **fields,
+        }
         self.events.append(record)
         return record
 
     def start_session(self, resumed_from: int | None = None) -> None:
         self.session_index += 1
         self.session_id = f"s{self.session_index}"
-        self.run["sessions"].append({"session_id": self.session_id, "start_step": self.counters["step"],
-                                     "start_tokens_seen": self.counters["tokens_seen"], "resumed_from": resumed_from,
-                                     "git": {"commit": "0" * 40, "dirty": False, "diff_sha256": None},
-                                     "command": ["pilotrun", "train"], "hardware": {"world_size": 1, "device": "cpu"},
-                                     "software": {}, "started_at": self.clock})
+        self.run["sessions"].append(
+            {
+                "session_id": self.session_id,
+                "start_step": self.counters["step"],
+                "start_tokens_seen": self.counters["tokens_seen"],
+                "resumed_from": resumed_from,
+                "git": {"commit": "0" * 40, "dirty": False, "diff_sha256": None},
+                "command": ["pilotrun", "train"],
+                "hardware": {"world_size": 1, "device": "cpu"},
+                "software": {},
+                "started_at": self.clock,
+            }
+        )
         self._session_clock_start = self.clock
         self._time_split = {"train_seconds": 0.0, "eval_seconds": 0.0, "checkpoint_seconds": 0.0}
-        self._emit("session_start", resumed_from=resumed_from, world_size=1, tokens_per_update=self.tokens_per_update,
-                   max_steps=self.max_steps, tokens_per_microbatch=self.tokens_per_microbatch)
+        self._emit(
+            "session_start",
+            resumed_from=resumed_from,
+            world_size=1,
+            tokens_per_update=self.tokens_per_update,
+            max_steps=self.max_steps,
+            tokens_per_microbatch=self.tokens_per_microbatch,
+        )
         self.clock += self.startup_seconds(self.session_index)
         self._reset_window()
 
@@ -115,27 +152,58 @@ class SyntheticRun:
         self.qk_cumulative += w.pop("qk_updates")
         norm = self.grad_norm(step)
         self._emit(
-            "train", window=dict(w), loss=self.loss(step), aux_loss=0.001, lr=1e-3, grad_norm=norm,
-            grad_norm_max=norm, loss_scale=self.loss_scale, epoch=0, data_restarts=0,
-            throughput={"train_tokens_per_s": w["tokens"] / w["train_seconds"],
-                        "wall_tokens_per_s": w["tokens"] / w["wall_seconds"], "achieved_flops_per_s": 1.0,
-                        "mfu": "unknown"},
-            moe={"tokens_per_expert": [self.tokens_per_expert(step, layer) for layer in range(self.moe_layers)],
-                 "imbalance": [1.0] * self.moe_layers, "max_imbalance": 1.0, "dead_experts": 0,
-                 "router_entropy": [0.9] * self.moe_layers, "bias_abs_max": 0.01},
-            qk_clip={"max_logit": [self.max_logit(step, layer) for layer in range(self.attn_layers)],
-                     "heads_clipped": 0, "first_clipped": [], "updates_with_clip": self.qk_cumulative,
-                     "cumulative_interventions": self.qk_cumulative},
-            memory={"rss_mb": self.rss_mb(step), "peak_rss_mb": self.rss_mb(step), "cuda_max_allocated_mb": 0.0},
-            activations={"block_output_rms": [0.5 + 0.01 * step * (layer + 1) for layer in range(self.attn_layers)]},
-            optimizer={"weight_rms": {"attention": 0.02 + 1e-4 * step, "embedding": 0.006},
-                       "update_rms": {"attention": 0.2, "embedding": 0.5 * math.exp(-step / 30.0)},
-                       "update_rms_step": step},
+            "train",
+            window=dict(w),
+            loss=self.loss(step),
+            aux_loss=0.001,
+            lr=1e-3,
+            grad_norm=norm,
+            grad_norm_max=norm,
+            loss_scale=self.loss_scale,
+            epoch=0,
+            data_restarts=0,
+            throughput={
+                "train_tokens_per_s": w["tokens"] / w["train_seconds"],
+                "wall_tokens_per_s": w["tokens"] / w["wall_seconds"],
+                "achieved_flops_per_s": 1.0,
+                "mfu": "unknown",
+            },
+            moe={
+                "tokens_per_expert": [
+                    self.tokens_per_expert(step, layer) for layer in range(self.moe_layers)
+                ],
+                "imbalance": [1.0] * self.moe_layers,
+                "max_imbalance": 1.0,
+                "dead_experts": 0,
+                "router_entropy": [0.9] * self.moe_layers,
+                "bias_abs_max": 0.01,
+            },
+            qk_clip={
+                "max_logit": [self.max_logit(step, layer) for layer in range(self.attn_layers)],
+                "heads_clipped": 0,
+                "first_clipped": [],
+                "updates_with_clip": self.qk_cumulative,
+                "cumulative_interventions": self.qk_cumulative,
+            },
+            memory={
+                "rss_mb": self.rss_mb(step),
+                "peak_rss_mb": self.rss_mb(step),
+                "cuda_max_allocated_mb": 0.0,
+            },
+            activations={
+                "block_output_rms": [0.5 + 0.01 * step * (layer + 1) for layer in range(self.attn_layers)]
+            },
+            optimizer={
+                "weight_rms": {"attention": 0.02 + 1e-4 * step, "embedding": 0.006},
+                "update_rms": {"attention": 0.2, "embedding": 0.5 * math.exp(-step / 30.0)},
+                "update_rms_step": step,
+            },
         )
         self._reset_window()
 
     def train_until(self, target_step: int) -> None:
-        """Attempt updates until `step` reaches target_step, logging, evaluating and checkpointing on schedule."""
+        """Attempt updates until `step` reaches target_step, logging, evaluating and checkpointing on
+        schedule."""
         while self.counters["step"] < target_step:
             c, w = self.counters, self._window
             c["updates_attempted"] += 1
@@ -151,7 +219,9 @@ class SyntheticRun:
             w["wall_seconds"] += seconds + host_seconds
             w["cpu_seconds"] += self.cpu_seconds_per_update(c["step"] + 1)
             if self.other_cpu_seconds_per_update is not None:
-                w["other_cpu_seconds"] = w.get("other_cpu_seconds", 0.0) + self.other_cpu_seconds_per_update(c["step"] + 1)
+                w["other_cpu_seconds"] = w.get("other_cpu_seconds", 0.0) + self.other_cpu_seconds_per_update(
+                    c["step"] + 1
+                )
                 w["involuntary_switches"] = (w.get("involuntary_switches", 0)
                                              + self.involuntary_switches_per_update(c["step"] + 1))
             if c["updates_attempted"] in self.overflow_at:
@@ -197,7 +267,8 @@ class SyntheticRun:
         self._reset_window()
 
     def pause(self, seconds: float) -> None:
-        """Time with no session running (a crash noticed late, a queue): the clock moves, nothing is written."""
+        """Time with no session running (a crash noticed late, a queue): the clock moves, nothing is
+        written."""
         self.clock += seconds
 
     def resume(self, from_step: int | None = None) -> None:
@@ -209,10 +280,10 @@ class SyntheticRun:
 
     # ---------------------------------------------------------------------------------------------- output
     def write(self, torn_tail: str = "") -> Path:
-        """run.json, metrics.jsonl and the checkpoints, hash-chained as the real writer chains them (record.py):
-        each line's chain value, each session's chain_start / chain_end, the digests of run.json in the
-        latest session_start and each checkpoint marker's chain head, computed over the events as they are
-        now (a test may have edited them)."""
+        """run.json, metrics.jsonl and the checkpoints, hash-chained as the real writer chains them
+        (record.py): each line's chain value, each session's chain_start / chain_end, the digests of run.json
+        in the latest session_start and each checkpoint marker's chain head, computed over the events as they
+        are now (a test may have edited them)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         entries = {entry["session_id"]: entry for entry in self.run["sessions"]}
         starts = [e for e in self.events if e["event"] == "session_start"]
@@ -238,7 +309,8 @@ class SyntheticRun:
         return self.run_dir
 
     def write_checkpoint(self, step: int, counters: dict[str, int]) -> Path:
-        """A committed checkpoint folder as the checkpointer leaves it: one file and the marker with its sha256."""
+        """A committed checkpoint folder as the checkpointer leaves it: one file and the marker with its
+        sha256."""
         folder = self.run_dir / "checkpoints" / f"step-{step:08d}"
         folder.mkdir(parents=True, exist_ok=True)
         payload = json.dumps({"synthetic_state": counters}).encode()
@@ -253,7 +325,11 @@ class SyntheticRun:
     def find(self, event: str, session: str | None = None, step: int | None = None) -> dict[str, Any]:
         """The first event of that kind (optionally in a session, at a step), for tests to edit."""
         for record in self.events:
-            if record["event"] == event and session in (None, record["session_id"]) and step in (None, record["step"]):
+            if (
+                record["event"] == event
+                and session in (None, record["session_id"])
+                and step in (None, record["step"])
+            ):
                 return record
         raise KeyError((event, session, step))
 
@@ -265,8 +341,16 @@ class SyntheticRun:
         event = {key: window_end[key] for key in ("session_id", "step", "tokens_seen", "updates_attempted",
                                                   "updates_skipped")}
         gamma = 100.0 / logit
-        event.update(event="qk_clip", time=window_end["time"] - 0.001, layer=layer, head=head, max_logit=logit,
-                     gamma=gamma, first_time=first_time, hard=gamma < 0.5)
+        event.update(
+            event="qk_clip",
+            time=window_end["time"] - 0.001,
+            layer=layer,
+            head=head,
+            max_logit=logit,
+            gamma=gamma,
+            first_time=first_time,
+            hard=gamma < 0.5,
+        )
         self.events.insert(self.events.index(window_end), event)
         if first_time:
             window_end["qk_clip"]["first_clipped"].append([layer, head])

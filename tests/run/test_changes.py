@@ -1,4 +1,5 @@
-"""Recipe changes in a run's history: only the kept sessions' changes, each from its session's first update."""
+"""Recipe changes in a run's history: only the kept sessions' changes, each from its session's first
+update."""
 
 from pilotrun.run.changes import RecipeChange, recipe_changes_in_history
 

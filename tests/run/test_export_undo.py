@@ -12,7 +12,9 @@ from pilotrun.run.export_undo import Places
 from tests.run.tracker_runs import tree
 
 
-def test_a_place_the_export_made_goes_a_file_is_written_back_in_place_and_a_folder_loses_what_was_added(tmp_path):
+def test_a_place_the_export_made_goes_a_file_is_written_back_in_place_and_a_folder_loses_what_was_added(
+    tmp_path,
+):
     store, folder, made = tmp_path / "store.db", tmp_path / "logs", tmp_path / "new"
     store.write_bytes(b"before")
     (folder / "old").mkdir(parents=True)

@@ -35,8 +35,16 @@ RECIPE = ["--set", "train.num_threads=1", "--set", "train.max_steps=4", "--set",
 
 def _command(data: Path, run_dir: Path, *extra: str, launcher: list[str] | None = None) -> list[str]:
     return (launcher or [sys.executable, "-m", "pilotrun"]) + [
-        "train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(data), "--run-dir", str(run_dir),
-        *RECIPE, *extra]
+        "train",
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--data",
+        str(data),
+        "--run-dir",
+        str(run_dir),
+        *RECIPE,
+        *extra,
+    ]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -46,9 +54,10 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _start_held_session(data: Path, run_dir: Path, hold: Path, step: int) -> subprocess.Popen:
-    """A session kept inside its checkpoint write of `step` (after the rename, before the marker) for as long as
-    `hold` exists (a fault the test injects into the child, tests/training/checkpoint/checkpoint_faults.py), so the session
-    holds its lock however slow or fast the machine is. Deleting `hold` lets it finish."""
+    """A session kept inside its checkpoint write of `step` (after the rename, before the marker) for as long
+    as `hold` exists (a fault the test injects into the child,
+    tests/training/checkpoint/checkpoint_faults.py), so the session holds its lock however slow or fast the
+    machine is. Deleting `hold` lets it finish."""
     hold.write_text(str(step))
     launcher = checkpoint_faults.command("--hold-file", str(hold))
     process = subprocess.Popen(_command(data, run_dir, launcher=launcher), cwd=ROOT, env=_env(),
@@ -60,11 +69,15 @@ def _start_held_session(data: Path, run_dir: Path, hold: Path, step: int) -> sub
             return process
         time.sleep(0.05)
     process.kill()
-    raise AssertionError(f"the session never reached its checkpoint write of step {step}: {process.communicate()[1]}")
+    raise AssertionError(
+        f"the session never reached its checkpoint write of step {step}: {process.communicate()[1]}"
+    )
 
 
 @pytest.mark.slow
-def test_a_second_writer_is_refused_naming_the_holder_and_the_first_record_stays_valid(builtin_data_dir, tmp_path):
+def test_a_second_writer_is_refused_naming_the_holder_and_the_first_record_stays_valid(
+    builtin_data_dir, tmp_path
+):
     run_dir, hold = tmp_path / "run", tmp_path / "hold"
     first = _start_held_session(builtin_data_dir, run_dir, hold, step=2)
     try:
@@ -90,8 +103,17 @@ def test_a_second_writer_is_refused_naming_the_holder_and_the_first_record_stays
 @pytest.mark.slow
 def test_two_fresh_sessions_started_together_one_trains_the_other_is_refused(builtin_data_dir, tmp_path):
     run_dir = tmp_path / "run"
-    processes = [subprocess.Popen(_command(builtin_data_dir, run_dir), cwd=ROOT, env=_env(),
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    processes = [
+        subprocess.Popen(
+            _command(builtin_data_dir, run_dir),
+            cwd=ROOT,
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     results = [(p.wait(timeout=300), p.stderr.read()) for p in processes]
     assert sorted(code for code, _ in results) == [0, 2], results
     refusal = next(err for code, err in results if code == 2).strip().splitlines()
@@ -170,11 +192,21 @@ def _lock_held_without_a_holder_line(run_dir: Path):
 def test_a_holder_line_written_just_after_the_lock_is_still_named(tmp_path):
     run_dir = tmp_path / "run"
     with _lock_held_without_a_holder_line(run_dir) as handle:
-        late_line = threading.Timer(0.3, lambda: (handle.write(json.dumps(
-            {"pid": 424242, "host": "late-host", "since": "2026-12-01T00:00:00+00:00"}) + "\n"), handle.flush()))
+        late_line = threading.Timer(
+            0.3,
+            lambda: (
+                handle.write(
+                    json.dumps({"pid": 424242, "host": "late-host", "since": "2026-12-01T00:00:00+00:00"})
+                    + "\n"
+                ),
+                handle.flush(),
+            ),
+        )
         late_line.start()
         try:
-            with pytest.raises(RunFolderBusy, match="in use by pid 424242 on host late-host since 2026-12-01"):
+            with pytest.raises(
+                RunFolderBusy, match="in use by pid 424242 on host late-host since 2026-12-01"
+            ):
                 RunFolderLock.acquire(run_dir)
         finally:
             late_line.join()

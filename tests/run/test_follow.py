@@ -60,8 +60,10 @@ def test_a_line_already_read_edited_in_place_is_named_at_the_next_poll(tmp_path,
         breaks = follower.poll().breaks
         if breaks:
             break
-    assert breaks[0] == (f"metrics.jsonl: metrics.jsonl line {number} changed after it was read (edited in place); "
-                         "everything is read again from its start, chained afresh"), breaks
+    assert breaks[0] == (
+        f"metrics.jsonl: metrics.jsonl line {number} changed after it was read (edited in place); "
+        "everything is read again from its start, chained afresh"
+    ), breaks
     again = follower.poll().breaks
     assert any(f"metrics.jsonl line {number}" in b for b in again), again
 
@@ -136,8 +138,14 @@ def test_a_run_folder_swapped_for_a_link_is_named_once_and_not_read_through(tmp_
     os.rename(run_dir, tmp_path / "moved")
     os.symlink(other, run_dir)
     first = follower.poll()
-    assert first.breaks == [f"{run_dir}: the run folder was replaced after watching began (it is now a symbolic "
-                            f"link to {other}); nothing is read through it"] and not first.events
+    assert (
+        first.breaks
+        == [
+            f"{run_dir}: the run folder was replaced after watching began (it is now a symbolic "
+            f"link to {other}); nothing is read through it"
+        ]
+        and not first.events
+    )
     assert follower.poll().breaks == []
 
 

@@ -61,7 +61,10 @@ def test_a_marker_for_another_step_or_naming_a_file_outside_is_not_trusted(tmp_p
     (folder / MARKER_NAME).write_text(json.dumps(dict(marker, step=6)))
     assert read_marker(tmp_path, 5)[1].endswith("lacks 'files' or records another step")
     assert marker_files_problem({"../other-run/model.pt": {"sha256": "0", "bytes": 1}}).startswith("lists")
-    assert marker_files_problem({"model.pt": {"sha256": "0"}}) == "entry 'model.pt' lacks a sha256 string and a byte count"
+    assert (
+        marker_files_problem({"model.pt": {"sha256": "0"}})
+        == "entry 'model.pt' lacks a sha256 string and a byte count"
+    )
     assert marker_files_problem({"model.pt": {"sha256": "0", "bytes": 1}}) is None
 
 

@@ -29,8 +29,12 @@ def test_kept_history_matches_summarize(tmp_path):
     run = crashed_run(tmp_path / "run")
     events = read_metrics_strict(run)
     assert [resume_step(e) for e in events if e["event"] == "session_start"] == [None, 20]
-    kept = [(e["event"], e["step"], e.get("loss")) for e in kept_history(events) if e["event"] in ("train", "val")]
+    kept = [
+        (e["event"], e["step"], e.get("loss")) for e in kept_history(events) if e["event"] in ("train", "val")
+    ]
     summary = [(e["event"], e["step"], e.get("loss")) for e in summarize_run(run).kept_events
                if e["event"] in ("train", "val")]
     assert kept == summary
-    assert len([s for _, s, _ in kept]) == len({(k, s) for k, s, _ in kept}) and {s for _, s, _ in kept} & set(ROLLED_BACK)
+    assert len([s for _, s, _ in kept]) == len({(k, s) for k, s, _ in kept}) and {
+        s for _, s, _ in kept
+    } & set(ROLLED_BACK)

@@ -49,7 +49,8 @@ def test_check_against_lock_splits_allowed_from_refused_differences():
 
 def test_a_lock_that_said_train_tensorboard_accepts_the_run_loaded_from_it():
     # `train --frozen LOCK` loads the lock's recipe (config.loaded_recipe), folding the alias into
-    # train.log.trackers; both keys are machine keys, so nothing is refused and the lock itself is never rewritten.
+    # train.log.trackers; both keys are machine keys, so nothing is refused and the lock itself is never
+    # rewritten.
     from pilotrun.config import RunConfig, config_to_dict, loaded_recipe
 
     recipe = config_to_dict(RunConfig())
@@ -69,7 +70,10 @@ def test_frozen_run_facts_refuse_every_unlisted_difference_on_one_line():
     assert "\n" not in message and "2 difference(s)" in message
     assert "train.batch_size (lock 8, run 16)" in message and "data.metadata_sha256" in message
     facts = frozen_run_facts(_lock(), "l.json", recipe, "a" * 64, ["optim.muon.lr", "train.batch_size"])
-    assert facts["lock_sha256"] == _lock()["sha256"] and facts["allowed"] == ["optim.muon.lr", "train.batch_size"]
+    assert facts["lock_sha256"] == _lock()["sha256"] and facts["allowed"] == [
+        "optim.muon.lr",
+        "train.batch_size",
+    ]
     assert [d["key"] for d in facts["differences"]] == ["optim.muon.lr", "train.batch_size"]
 
 
@@ -98,7 +102,9 @@ def test_frozen_candidate_status_reports_drift_after_the_start(tmp_path):
     # A later resume changed the LR: the run no longer runs the frozen candidate.
     run["recipe"] = _with(recipe, "optim.muon.lr", 0.001)
     status = frozen_candidate_status(run)
-    assert status["matches"] is False and status["drift"] == [{"key": "optim.muon.lr", "lock": 0.003, "run": 0.001}]
+    assert status["matches"] is False and status["drift"] == [
+        {"key": "optim.muon.lr", "lock": 0.003, "run": 0.001}
+    ]
     run["recipe"] = recipe
     lock_path.unlink()
     assert frozen_candidate_status(run)["lock_file"] == "missing" and frozen_candidate_status(run)["matches"]
@@ -119,8 +125,11 @@ def test_other_code_is_refused_unless_allowed_and_the_allowance_is_recorded():
     lock = _lock_with_code()
     new_commit = dict(CODE, commit="e" * 40)
     _, refused = check_against_lock(lock, RECIPE, "a" * 64, [], code=new_commit)
-    assert refused == [{"key": "code", "lock": "commit cccccccccccc clean", "run": "commit eeeeeeeeeeee clean"}]
-    # The same commit with uncommitted changes is other code too; the same diff on both sides is the same code.
+    assert refused == [
+        {"key": "code", "lock": "commit cccccccccccc clean", "run": "commit eeeeeeeeeeee clean"}
+    ]
+    # The same commit with uncommitted changes is other code too; the same diff on both sides is the same
+    # code.
     dirty = dict(CODE, dirty=True, diff_sha256="f" * 64)
     assert check_against_lock(lock, RECIPE, "a" * 64, [], code=dirty)[1][0]["run"] == \
         "commit cccccccccccc dirty (diff ffffffff)"

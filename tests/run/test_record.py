@@ -39,7 +39,8 @@ def test_strict_reader_refuses_damage_the_tolerant_reader_lists(tmp_path):
     log.log("train", Counters(step=1, tokens_seen=8, updates_attempted=1), loss=float("nan"))
     log.close()
     events = read_metrics_strict(tmp_path)
-    assert [e["_line"] for e in events] == [1, 2] and math.isnan(events[1]["loss"])  # NaN read back as a float
+    # NaN read back as a float
+    assert [e["_line"] for e in events] == [1, 2] and math.isnan(events[1]["loss"])
     path = tmp_path / "metrics.jsonl"
     path.write_text(path.read_text() + "not json\n" + '{"event":"train"}\n')
     tolerant = read_metrics_tolerant(tmp_path)
@@ -58,7 +59,9 @@ def test_missing_metrics_file_is_damage_to_the_tolerant_reader_and_empty_to_the_
 
 
 def test_counters_read_from_an_event_and_ordered_by_work():
-    earlier = Counters.of({"step": 2, "tokens_seen": 16, "updates_attempted": 3, "updates_skipped": 1, "x": 0})
+    earlier = Counters.of(
+        {"step": 2, "tokens_seen": 16, "updates_attempted": 3, "updates_skipped": 1, "x": 0}
+    )
     later = Counters(step=3, tokens_seen=24, updates_attempted=4, updates_skipped=1)
     assert earlier.as_dict() == {"step": 2, "tokens_seen": 16, "updates_attempted": 3, "updates_skipped": 1}
     assert later.covers(earlier) and not earlier.covers(later)
@@ -77,4 +80,6 @@ def test_an_invalid_byte_is_damage_on_the_last_line_too_and_only_a_cut_character
     assert torn.damage == [] and torn.notes[0].startswith("metrics.jsonl line 2: torn last line")
     for ending in (b"", b"\n"):  # an invalid byte inside the last line, with and without its newline
         path.write_bytes(cut[:start + 10] + b"\xff" + cut[start + 10:] + ending)
-        assert read_metrics_tolerant(tmp_path).damage == ["metrics.jsonl line 2: not UTF-8 (byte 0xff at column 11)"]
+        assert read_metrics_tolerant(tmp_path).damage == [
+            "metrics.jsonl line 2: not UTF-8 (byte 0xff at column 11)"
+        ]

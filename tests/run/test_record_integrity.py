@@ -1,10 +1,10 @@
-"""The run record cannot be edited unnoticed (record.py's hash chain, checked by summarize), on records the real
-trainer wrote: a run of 8 updates, then a resume that goes on to 12.
+"""The run record cannot be edited unnoticed (record.py's hash chain, checked by summarize), on records the
+real trainer wrote: a run of 8 updates, then a resume that goes on to 12.
 
 Each edit a person could make with a text editor is detected and named: one loss changed with every counter
-kept consistent, a line deleted, two lines swapped, the last lines cut, run.json's recipe changed. A crash's torn
-last line is cut by the next session without breaking the chain. `--require-step` needs a completed session
-end and an intact committed checkpoint at that step, and the latest session is labelled.
+kept consistent, a line deleted, two lines swapped, the last lines cut, run.json's recipe changed. A crash's
+torn last line is cut by the next session without breaking the chain. `--require-step` needs a completed
+session end and an intact committed checkpoint at that step, and the latest session is labelled.
 """
 
 from __future__ import annotations
@@ -83,15 +83,20 @@ def test_one_loss_edited_with_the_counters_kept_is_named_by_its_line(real_run, t
     lines = _lines(run_dir)
     index = _index(lines, "train", 6)
     event = json.loads(lines[index])
-    edited = lines[index].replace(f'"loss":{json.dumps(event["loss"])}', f'"loss":{json.dumps(event["loss"] - 0.5)}')
+    edited = lines[index].replace(
+        f'"loss":{json.dumps(event["loss"])}', f'"loss":{json.dumps(event["loss"] - 0.5)}'
+    )
     assert edited != lines[index]
     lines[index] = edited
     _write_lines(run_dir, lines)
     summary = summarize_run(run_dir)
     assert not summary.valid
     broken = [r for r in summary.reasons if "hash chain broken" in r]
-    assert len(broken) == 1 and broken[0].startswith(f"metrics.jsonl line {index + 1} (train, step 6)"), summary.reasons
-    assert all("went backwards" not in r and "grew by" not in r for r in summary.reasons)  # the counters agree
+    assert len(broken) == 1 and broken[0].startswith(f"metrics.jsonl line {index + 1} (train, step 6)"), (
+        summary.reasons
+    )
+    # the counters agree
+    assert all("went backwards" not in r and "grew by" not in r for r in summary.reasons)
 
 
 def test_a_deleted_line_breaks_the_chain_at_the_line_after_the_gap(real_run, tmp_path):
@@ -167,7 +172,9 @@ def test_require_step_needs_a_completed_end_and_an_intact_final_checkpoint(real_
     victim.write_bytes(bytes(data))
     summary = summarize_run(run_dir, require_step=12)
     assert not summary.valid and not summary.overall["final_checkpoint"]["intact"]
-    assert any(r.startswith("--require-step 12: final checkpoint:") and str(victim) in r for r in summary.reasons)
+    assert any(
+        r.startswith("--require-step 12: final checkpoint:") and str(victim) in r for r in summary.reasons
+    )
     shutil.rmtree(folder)
     summary = summarize_run(run_dir, require_step=12)
     assert any(r.startswith("--require-step 12: final checkpoint:") and "no checkpoint folder" in r
@@ -184,7 +191,9 @@ def test_require_step_refuses_a_session_that_ended_in_error_without_a_checkpoint
     summary = summarize_run(run.run_dir, require_step=30)
     assert not summary.valid
     assert any("has reason 'error', not 'completed'" in r for r in summary.reasons), summary.reasons
-    assert any("final checkpoint:" in r and "step-00000030: no checkpoint folder" in r for r in summary.reasons)
+    assert any(
+        "final checkpoint:" in r and "step-00000030: no checkpoint folder" in r for r in summary.reasons
+    )
     assert summarize_run(run.run_dir).valid  # the record itself is consistent: only the claim is refused
 
 
@@ -197,4 +206,6 @@ def test_summarize_exits_1_and_json_names_the_broken_line(real_run, tmp_path, ca
     capsys.readouterr()
     assert main(["summarize", str(run_dir), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
-    assert not data["valid"] and any(r.startswith(f"metrics.jsonl line {index + 1} ") for r in data["reasons"])
+    assert not data["valid"] and any(
+        r.startswith(f"metrics.jsonl line {index + 1} ") for r in data["reasons"]
+    )

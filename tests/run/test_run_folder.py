@@ -1,5 +1,5 @@
-"""pilotrun/run/run_folder.py: run.json, metrics.jsonl and the markers read once, by summarize, verdict and watch
-alike; a live log read by what it grew, parsed as the tolerant reader parses the whole file."""
+"""pilotrun/run/run_folder.py: run.json, metrics.jsonl and the markers read once, by summarize, verdict and
+watch alike; a live log read by what it grew, parsed as the tolerant reader parses the whole file."""
 
 from __future__ import annotations
 
@@ -43,7 +43,9 @@ def opens(monkeypatch):
     return counts
 
 
-@pytest.mark.parametrize("command", [["summarize"], ["verdict"], ["watch"], ["summarize", "--require-step", "60"]])
+@pytest.mark.parametrize(
+    "command", [["summarize"], ["verdict"], ["watch"], ["summarize", "--require-step", "60"]]
+)
 def test_summarize_verdict_and_watch_read_run_json_and_metrics_jsonl_once(tmp_path, opens, capsys, command):
     run_dir = crashed_and_resumed(tmp_path / "r").write()  # three committed checkpoints: 20, 40, 60
     opens.clear()
@@ -70,7 +72,10 @@ def test_one_watch_poll_reads_each_file_once_and_nothing_when_nothing_changed(tm
     watcher.check(final=True)
     # The synthetic writer writes step 20's marker again beside the new one at 40: each is read once.
     assert opens == {"run.json": 1, "metrics.jsonl": 1, "COMMITTED.json": 2}
-    assert watcher.events[-1]["step"] == 45 and watcher.folder.run["sessions"][-1]["session_id"] == run.session_id
+    assert (
+        watcher.events[-1]["step"] == 45
+        and watcher.folder.run["sessions"][-1]["session_id"] == run.session_id
+    )
     opens.clear()
     watcher.check(final=True)
     assert opens == {}  # nothing was written: no file opened

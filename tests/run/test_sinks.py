@@ -118,13 +118,18 @@ def test_export_metrics_refuses_a_non_run_and_an_unknown_tracker(tmp_path, capsy
 
 
 def test_trackers_config_key():
-    # The alias train.tensorboard is folded into train.trackers when the recipe is loaded (config.loaded_recipe):
-    # what configured_trackers(train) added at the sinks is now the list itself, and the alias reads back false.
+    # The alias train.tensorboard is folded into train.trackers when the recipe is loaded
+    # (config.loaded_recipe): what configured_trackers(train) added at the sinks is now the list itself, and
+    # the alias reads back false.
     config = load_run_config(None, ["train.trackers=[wandb, mlflow]", "train.tensorboard=true"])
-    assert (config.train.log.trackers, config.train.log.tensorboard) == (["tensorboard", "wandb", "mlflow"], False)
+    assert (config.train.log.trackers, config.train.log.tensorboard) == (
+        ["tensorboard", "wandb", "mlflow"],
+        False,
+    )
     assert TrainConfig().log.trackers == [] and not TrainConfig().log.tensorboard
     folded = load_run_config(None, ["train.trackers=[wandb, tensorboard]", "train.tensorboard=true"])
-    assert folded.train.log.trackers == ["wandb", "tensorboard"]  # named already: kept where it was, not twice
+    # named already: kept where it was, not twice
+    assert folded.train.log.trackers == ["wandb", "tensorboard"]
     with pytest.raises(ConfigError, match="unknown tracker 'neptune'"):
         load_run_config(None, ["train.trackers=[neptune]"])
     with pytest.raises(ConfigError, match="twice"):

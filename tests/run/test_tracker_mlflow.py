@@ -93,10 +93,12 @@ def test_export_metrics_sends_each_step_once_with_the_verdict_and_the_report(tmp
 
 
 @pytest.mark.slow
-def test_exporting_onto_a_full_disk_exits_2_and_leaves_the_local_store_as_it_was(tmp_path, capsys, monkeypatch):
-    """ENOSPC at MLflow's write midway through the export: exit 2, one line naming the tracker and RUN/mlflow.db;
-    no store left where the export made it, and an earlier export's store byte for byte (the database written
-    back from its copy, the artifacts the failed export added removed)."""
+def test_exporting_onto_a_full_disk_exits_2_and_leaves_the_local_store_as_it_was(
+    tmp_path, capsys, monkeypatch
+):
+    """ENOSPC at MLflow's write midway through the export: exit 2, one line naming the tracker and
+    RUN/mlflow.db; no store left where the export made it, and an earlier export's store byte for byte (the
+    database written back from its copy, the artifacts the failed export added removed)."""
     from pilotrun.run.tracker_mlflow import MlflowSink
     from tests.run.tracker_runs import full_disk_after, tree
 
@@ -105,7 +107,8 @@ def test_exporting_onto_a_full_disk_exits_2_and_leaves_the_local_store_as_it_was
     with monkeypatch.context() as patch:
         full_disk_after(MlflowSink, "log", 10, patch)
         assert main(["export-metrics", str(run_dir), "--to", "mlflow"]) == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if "mlflow.store" not in line]  # MLflow's own
+    # MLflow's own
+    err = [line for line in capsys.readouterr().err.splitlines() if "mlflow.store" not in line]
     assert len(err) == 1 and err[0].startswith(f"pilotrun: error: export-metrics --to mlflow: writing "
                                                f"{run_dir / 'mlflow.db'} failed (No space left on device); "
                                                "nothing of this export was kept"), err

@@ -31,7 +31,9 @@ def scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
 
     accumulator = EventAccumulator(str(log_dir))
     accumulator.Reload()
-    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
+    return {
+        tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]
+    }
 
 
 def text(log_dir, tag: str) -> str:
@@ -43,7 +45,9 @@ def text(log_dir, tag: str) -> str:
 
 
 def as_float32(points: dict) -> dict:
-    return {tag: [(step, float(np.float32(value))) for step, value in values] for tag, values in points.items()}
+    return {
+        tag: [(step, float(np.float32(value))) for step, value in values] for tag, values in points.items()
+    }
 
 
 def equal(a: dict, b: dict) -> bool:
@@ -60,7 +64,9 @@ def live(builtin_data_dir, tmp_path_factory):
 @pytest.mark.slow
 def test_live_mirror_reads_back_as_classic_scalars(live):
     read = scalars(live / "tensorboard")
-    assert {"train/loss", "train/tokens_seen", "val/loss", "checkpoint/step", "train/moe/maxvio/0"} <= set(read)
+    assert {"train/loss", "train/tokens_seen", "val/loss", "checkpoint/step", "train/moe/maxvio/0"} <= set(
+        read
+    )
     assert equal(read, as_float32(expected(live)))
     losses = [e["loss"] for e in read_metrics_strict(live) if e["event"] == "train"]
     assert [v for _, v in read["train/loss"]] == [float(np.float32(x)) for x in losses]
@@ -91,7 +97,8 @@ def test_rolled_back_steps_show_once_with_the_kept_value_live_and_exported(tmp_p
     mirror_session_by_session(run, ["tensorboard"])
     want = as_float32(expected(run))
     every = expected(run, kept=False)
-    assert len(every["train/loss"]) > len(want["train/loss"])  # the record itself holds the redone steps twice
+    # the record itself holds the redone steps twice
+    assert len(every["train/loss"]) > len(want["train/loss"])
     live_read = scalars(run / "tensorboard")
     assert equal(live_read, want)
     steps = [s for s, _ in live_read["train/loss"]]
@@ -134,10 +141,14 @@ def test_exporting_a_damaged_record_is_refused_naming_the_line_and_writes_nothin
         assert main(["export-metrics", str(run), "--to", tracker, "--out", str(tmp_path / "tb")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "damaged record, not exported: metrics.jsonl line 6" in err[0], err
-    assert not (tmp_path / "tb").exists() and not (run / "mlflow.db").exists() and not (run / "mlruns").exists()
+    assert (
+        not (tmp_path / "tb").exists() and not (run / "mlflow.db").exists() and not (run / "mlruns").exists()
+    )
 
 
-def test_exporting_onto_a_full_disk_leaves_the_previous_event_files_and_no_half_file(tmp_path, capsys, monkeypatch):
+def test_exporting_onto_a_full_disk_leaves_the_previous_event_files_and_no_half_file(
+    tmp_path, capsys, monkeypatch
+):
     from pilotrun.run import tracker_tensorboard
 
     run = crashed_run(tmp_path / "run")
@@ -155,7 +166,9 @@ def test_exporting_onto_a_full_disk_leaves_the_previous_event_files_and_no_half_
     capsys.readouterr()
     assert main(["export-metrics", str(run), "--to", "tensorboard", "--out", str(tmp_path / "tb")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "No space left on device" in err[0] and "1 previous event file(s) kept" in err[0], err
+    assert (
+        len(err) == 1 and "No space left on device" in err[0] and "1 previous event file(s) kept" in err[0]
+    ), err
     assert _tree(tmp_path / "tb") == before
     written.clear()
     assert main(["export-metrics", str(run), "--to", "tensorboard", "--out", str(tmp_path / "new")]) == 2
@@ -164,8 +177,8 @@ def test_exporting_onto_a_full_disk_leaves_the_previous_event_files_and_no_half_
 
 def test_a_read_only_event_folder_switches_the_live_mirror_off_with_one_warning_and_no_thread_traceback(
         tmp_path, monkeypatch):
-    """A folder that refuses the new event file (read-only, immutable) fails where the session's first event is
-    given: the guard warns once and the session goes on; no writer thread prints a traceback of its own."""
+    """A folder that refuses the new event file (read-only, immutable) fails where the session's first event
+    is given: the guard warns once and the session goes on; no writer thread prints a traceback of its own."""
     import threading
 
     from pilotrun.run import tracker_tensorboard

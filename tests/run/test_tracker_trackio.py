@@ -1,7 +1,7 @@
-"""pilotrun/run/tracker_trackio.py on trackio's local store (TRACKIO_DIR), read back with trackio's own storage
-API: metrics equal metrics.jsonl's values exactly, the identity in the run's config, one trackio run for all
-sessions with the kept value last at each rolled-back step; export-metrics sends each step once, with the
-verdict and the report as an artifact."""
+"""pilotrun/run/tracker_trackio.py on trackio's local store (TRACKIO_DIR), read back with trackio's own
+storage API: metrics equal metrics.jsonl's values exactly, the identity in the run's config, one trackio run
+for all sessions with the kept value last at each rolled-back step; export-metrics sends each step once, with
+the verdict and the report as an artifact."""
 
 from __future__ import annotations
 
@@ -92,8 +92,9 @@ def test_export_metrics_sends_each_step_once_with_the_verdict_and_the_report(tmp
 def test_exporting_onto_a_full_disk_exits_2_naming_the_store_and_removes_a_run_it_created(tmp_path, capsys,
                                                                                        monkeypatch):
     """ENOSPC at trackio's write midway through the export: exit 2 with one line naming the tracker and the
-    project's database in TRACKIO_DIR. trackio's store is not a place pilotrun chose, but a run the export created
-    there is removed (trackio's own call); a run that was there before keeps what was sent, and the line says so."""
+    project's database in TRACKIO_DIR. trackio's store is not a place pilotrun chose, but a run the export
+    created there is removed (trackio's own call); a run that was there before keeps what was sent, and the
+    line says so."""
     from trackio.sqlite_storage import SQLiteStorage
 
     from pilotrun.run.tracker_trackio import TrackioSink
@@ -106,8 +107,10 @@ def test_exporting_onto_a_full_disk_exits_2_naming_the_store_and_removes_a_run_i
         full_disk_after(TrackioSink, "flush", 10, patch)
         assert main(["export-metrics", str(run_dir), "--to", "trackio"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"pilotrun: error: export-metrics --to trackio: writing {database} failed (No space left on "
-                   "device); nothing of this export was kept (the trackio run synthetic-run it created removed)"]
+    assert err == [
+        f"pilotrun: error: export-metrics --to trackio: writing {database} failed (No space left on "
+        "device); nothing of this export was kept (the trackio run synthetic-run it created removed)"
+    ]
     assert SQLiteStorage.get_runs("pilotrun-full-disk") == []
     assert main(["export-metrics", str(run_dir), "--to", "trackio"]) == 0
     capsys.readouterr()
@@ -115,6 +118,7 @@ def test_exporting_onto_a_full_disk_exits_2_naming_the_store_and_removes_a_run_i
         full_disk_after(TrackioSink, "flush", 10, patch)
         assert main(["export-metrics", str(run_dir), "--to", "trackio"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.endswith(f"what it sent before stays in {database}, the tracker's own store (not a place pilotrun "
-                         "chose)")
+    assert line.endswith(
+        f"what it sent before stays in {database}, the tracker's own store (not a place pilotrun chose)"
+    )
     assert SQLiteStorage.get_runs("pilotrun-full-disk") == ["synthetic-run"]

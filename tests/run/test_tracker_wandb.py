@@ -1,5 +1,5 @@
-"""pilotrun/run/tracker_wandb.py, offline: the run files W&B writes (RUN/wandb/offline-run-*/run-ID.wandb), read
-back record by record with the wandb package's own protobuf records, hold metrics.jsonl's values exactly
+"""pilotrun/run/tracker_wandb.py, offline: the run files W&B writes (RUN/wandb/offline-run-*/run-ID.wandb),
+read back record by record with the wandb package's own protobuf records, hold metrics.jsonl's values exactly
 (float64), the identity as config, and after a resume W&B's rewind to the checkpoint's step, so that each step
 shows once with the kept value; export-metrics adds the verdict (summary) and the report (an artifact)."""
 
@@ -95,7 +95,9 @@ def read_runs(run_dir: Path):
             elif kind == "summary":
                 session["summary"].update({key(i): json.loads(i.value_json) for i in record.summary.update})
             elif kind == "artifact":
-                session["artifacts"].append((record.artifact.type, [c.path for c in record.artifact.manifest.contents]))
+                session["artifacts"].append(
+                    (record.artifact.type, [c.path for c in record.artifact.manifest.contents])
+                )
         out.append(session)
     return out
 
@@ -146,7 +148,8 @@ def test_live_run_reads_back_exactly_with_the_identity(builtin_data_dir, tmp_pat
 
 def test_resume_rewinds_so_rolled_back_steps_show_once(tmp_path):
     run = crashed_run(tmp_path / "run")
-    mirror_session_by_session(run, ["wandb"], pause=1.1)  # W&B names an offline session's folder by the second
+    # W&B names an offline session's folder by the second
+    mirror_session_by_session(run, ["wandb"], pause=1.1)
     sessions = read_runs(run)
     assert len(sessions) == 2 and (sessions[1]["config"]["_wandb"]["branch_point"] ==
                                    {"run_id": "synthetic-run", "step": 20})
@@ -183,8 +186,10 @@ def test_exporting_onto_a_full_disk_exits_2_and_leaves_run_wandb_as_it_was(tmp_p
         full_disk_after(WandbSink, "log", 10, patch)
         assert main(["export-metrics", str(run), "--to", "wandb"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"pilotrun: error: export-metrics --to wandb: writing {run / 'wandb'} "
-                                               "failed (No space left on device); nothing of this export was kept")
+    assert len(err) == 1 and err[0].startswith(
+        f"pilotrun: error: export-metrics --to wandb: writing {run / 'wandb'} "
+        "failed (No space left on device); nothing of this export was kept"
+    )
     assert not (run / "wandb").exists()
     assert main(["export-metrics", str(run), "--to", "wandb"]) == 0
     before = tree(run / "wandb")
@@ -193,7 +198,8 @@ def test_exporting_onto_a_full_disk_exits_2_and_leaves_run_wandb_as_it_was(tmp_p
         full_disk_after(WandbSink, "log", 10, patch)
         assert main(["export-metrics", str(run), "--to", "wandb"]) == 2
     after = tree(run / "wandb")
-    # The paths and links as before; the earlier run's own logs may still be closing (W&B's service writes them).
+    # The paths and links as before; the earlier run's own logs may still be closing (W&B's service writes
+    # them).
     assert sorted(after) == sorted(before)
     assert {k: v for k, v in after.items() if isinstance(v, tuple)} == {
         k: v for k, v in before.items() if isinstance(v, tuple)}

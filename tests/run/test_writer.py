@@ -24,8 +24,12 @@ def test_metrics_line_is_flushed_and_carries_required_fields(tmp_path):
     assert len(lines) == 1
     record = json.loads(lines[0])
     assert record["event"] == "train" and record["session_id"] == "s1"
-    assert (record["step"], record["tokens_seen"], record["updates_attempted"], record["updates_skipped"]) == (
-        3, 384, 4, 1)
+    assert (
+        record["step"],
+        record["tokens_seen"],
+        record["updates_attempted"],
+        record["updates_skipped"],
+    ) == (3, 384, 4, 1)
     assert record["loss"] == loss  # full precision: exact float round trip
     assert isinstance(record["time"], float)
     log.close()
@@ -45,7 +49,8 @@ def test_disabled_log_writes_nothing(tmp_path):
 
 def test_torn_tail_is_cut_and_appends_start_on_a_fresh_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    first = '{"event":"train","session_id":"s1","step":1,"tokens_seen":8,"updates_attempted":1,"updates_skipped":0,"time":1.0}'
+    first = ('{"event":"train","session_id":"s1","step":1,"tokens_seen":8,"updates_attempted":1,'
+             '"updates_skipped":0,"time":1.0}')
     path.write_text(first + '\n{"event":"tra')
     # the partial line is not parsed
     assert read_metrics_strict(tmp_path) == [{**json.loads(first), "_line": 1}]

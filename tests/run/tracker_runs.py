@@ -20,13 +20,20 @@ ROLLED_BACK = range(21, 34)
 
 
 def live_run(data_dir: Path, run_dir: Path, names: list[str]) -> Path:
-    """Four steps of the smoke recipe (val and checkpoint at 2 and 4), mirrored live into `names` as the recipe's
-    `train.trackers` asks (the trainer opens them)."""
+    """Four steps of the smoke recipe (val and checkpoint at 2 and 4), mirrored live into `names` as the
+    recipe's `train.trackers` asks (the trainer opens them)."""
     from pilotrun.training.trainer import Trainer
 
-    config = load_run_config(ROOT / "configs" / "smoke.yaml", ["train.num_threads=1", "train.max_steps=4",
-                                                                "train.eval_every=2", "train.checkpoint_every=2",
-                                                                f"train.trackers=[{', '.join(names)}]"])
+    config = load_run_config(
+        ROOT / "configs" / "smoke.yaml",
+        [
+            "train.num_threads=1",
+            "train.max_steps=4",
+            "train.eval_every=2",
+            "train.checkpoint_every=2",
+            f"train.trackers=[{', '.join(names)}]",
+        ],
+    )
     result = Trainer(config, data_dir, run_dir, progress=False).run()
     assert result.exit_code == 0
     return run_dir
@@ -111,7 +118,8 @@ def write_verdict(run_dir: Path) -> dict:
 
 
 def tree(folder: Path) -> dict[str, object] | None:
-    """Every path under `folder` with its bytes (a link: where it points), or None where there is no folder."""
+    """Every path under `folder` with its bytes (a link: where it points), or None where there is no
+    folder."""
     if not folder.exists():
         return None
     return {str(p.relative_to(folder)): (("link", str(p.readlink())) if p.is_symlink() else

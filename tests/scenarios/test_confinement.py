@@ -1,7 +1,7 @@
 """Confinement through the real commands (cli.main in process): a link where verdict, freeze or export writes
 is refused by name with the outside file or folder unchanged (hashed before and after); a verdict that fails
-halfway (a full disk at the third plot) leaves the older report whole and no temp; what a killed freeze left is
-named and removed by the next freeze."""
+halfway (a full disk at the third plot) leaves the older report whole and no temp; what a killed freeze left
+is named and removed by the next freeze."""
 
 from __future__ import annotations
 
@@ -39,8 +39,23 @@ def _tree(root: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def finished_run(builtin_data_dir, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("confined") / "run"
-    code, err = _run(["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--run-dir", str(run_dir),
-                      "--set", "train.num_threads=1", "--set", "train.max_steps=2", "--set", "train.eval_every=0"])
+    code, err = _run(
+        [
+            "train",
+            "--config",
+            str(SMOKE),
+            "--data",
+            str(builtin_data_dir),
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            "train.num_threads=1",
+            "--set",
+            "train.max_steps=2",
+            "--set",
+            "train.eval_every=0",
+        ]
+    )
     assert code == 0, err
     return run_dir
 
@@ -91,14 +106,19 @@ def test_freeze_refuses_a_link_at_out_and_names_a_killed_freezes_temp(run_copy, 
     outside = tmp_path / "users-file"
     outside.write_text("keep me")
     (tmp_path / "linked.lock.json").symlink_to(outside)
-    code, err = _run(["freeze", str(run_copy), "--out", str(tmp_path / "linked.lock.json"), "--despite-no-go"])
+    code, err = _run(
+        ["freeze", str(run_copy), "--out", str(tmp_path / "linked.lock.json"), "--despite-no-go"]
+    )
     assert code == 2 and "is a symbolic link" in err.strip().splitlines()[-1]
     assert outside.read_text() == "keep me"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     leftover = tmp_path / f".recipe.lock.json.tmp-{dead}"
     leftover.write_text("{half a lock")
-    code, err = _run(["freeze", str(run_copy), "--out", str(tmp_path / "recipe.lock.json"), "--despite-no-go"])
+    code, err = _run(
+        ["freeze", str(run_copy), "--out", str(tmp_path / "recipe.lock.json"), "--despite-no-go"]
+    )
     assert code == 0, err
     assert not leftover.exists() and str(leftover) in err
 

@@ -305,10 +305,28 @@ def test_damaged_committed_json(sandbox, data):
     path.write_bytes(damage)
     try:
         before = tree_hashes(sandbox, skip=("run",))
-        resume, _ = run_command(["train", "--config", str(sandbox / "recipe.yaml"), "--data", str(sandbox / "data"),
-                                 "--run-dir", str(sandbox / "run"), "--resume", "--set", "train.num_threads=1",
-                                 "--set", "train.max_steps=4", "--set", "train.checkpoint_every=2",
-                                 "--set", "train.eval_every=2", "--set", "train.eval_batches=1"])
+        resume, _ = run_command(
+            [
+                "train",
+                "--config",
+                str(sandbox / "recipe.yaml"),
+                "--data",
+                str(sandbox / "data"),
+                "--run-dir",
+                str(sandbox / "run"),
+                "--resume",
+                "--set",
+                "train.num_threads=1",
+                "--set",
+                "train.max_steps=4",
+                "--set",
+                "train.checkpoint_every=2",
+                "--set",
+                "train.eval_every=2",
+                "--set",
+                "train.eval_batches=1",
+            ]
+        )
         assert tree_hashes(sandbox, skip=("run",)) == before  # the run folder is the command's own output
         assert resume in (0, 2)
         parsed = _parses_as_object(damage)
@@ -364,30 +382,76 @@ BILLION_LAUGHS += "train:\n  seed: *i\n"
 
 
 def _train_argv(sandbox: Path, *extra: str, config: Path | None = None) -> list[str]:
-    return ["train", "--config", str(config or sandbox / "recipe.yaml"), "--data", str(sandbox / "data"),
-            "--run-dir", str(sandbox / "run"), "--set", "train.num_threads=1", "--set", "train.max_steps=4",
-            "--set", "train.checkpoint_every=2", "--set", "train.eval_every=2", "--set", "train.eval_batches=1",
-            *extra]
+    return [
+        "train",
+        "--config",
+        str(config or sandbox / "recipe.yaml"),
+        "--data",
+        str(sandbox / "data"),
+        "--run-dir",
+        str(sandbox / "run"),
+        "--set",
+        "train.num_threads=1",
+        "--set",
+        "train.max_steps=4",
+        "--set",
+        "train.checkpoint_every=2",
+        "--set",
+        "train.eval_every=2",
+        "--set",
+        "train.eval_batches=1",
+        *extra,
+    ]
 
 
 EDGE_CASES = {
     # name: (file to damage relative to the sandbox, its new bytes or None, argv builder)
-    "deep_marker": ("run/checkpoints/step-00000004/COMMITTED.json", DEEP_JSON.encode(),
-                    lambda s: _train_argv(s, "--resume")),
+    "deep_marker": (
+        "run/checkpoints/step-00000004/COMMITTED.json",
+        DEEP_JSON.encode(),
+        lambda s: _train_argv(s, "--resume"),
+    ),
     "deep_run_json": ("run/run.json", DEEP_JSON.encode(), lambda s: ["summarize", str(s / "run")]),
     "deep_run_json_resume": ("run/run.json", DEEP_JSON.encode(), lambda s: _train_argv(s, "--resume")),
-    "deep_metadata": ("data/metadata.json", DEEP_JSON.encode(), lambda s: ["data", "verify", str(s / "data")]),
+    "deep_metadata": (
+        "data/metadata.json",
+        DEEP_JSON.encode(),
+        lambda s: ["data", "verify", str(s / "data")],
+    ),
     "deep_metadata_train": ("data/metadata.json", DEEP_JSON.encode(), lambda s: _train_argv(s, "--resume")),
-    "deep_lock": ("frozen.lock.json", DEEP_JSON.encode(),
-                  lambda s: ["train", "--frozen", str(s / "frozen.lock.json"), "--data", str(s / "data"),
-                             "--run-dir", str(s / "long")]),
-    "billion_laughs": ("laughs.yaml", BILLION_LAUGHS.encode(),
-                       lambda s: _train_argv(s, config=s / "laughs.yaml")),
-    "deep_yaml": ("deep.yaml", ("train: " + "[" * 100_000 + "]" * 100_000 + "\n").encode(),
-                  lambda s: _train_argv(s, config=s / "deep.yaml")),
-    "deep_yaml_block": ("deep.yaml", "".join(f"{' ' * i}k:\n" for i in range(0, 3000)).encode(),
-                        lambda s: _train_argv(s, config=s / "deep.yaml")),
-    "long_int_set": (None, None, lambda s: _train_argv(s, "--resume", "--set", "train.max_steps=" + "9" * 10_000)),
+    "deep_lock": (
+        "frozen.lock.json",
+        DEEP_JSON.encode(),
+        lambda s: [
+            "train",
+            "--frozen",
+            str(s / "frozen.lock.json"),
+            "--data",
+            str(s / "data"),
+            "--run-dir",
+            str(s / "long"),
+        ],
+    ),
+    "billion_laughs": (
+        "laughs.yaml",
+        BILLION_LAUGHS.encode(),
+        lambda s: _train_argv(s, config=s / "laughs.yaml"),
+    ),
+    "deep_yaml": (
+        "deep.yaml",
+        ("train: " + "[" * 100_000 + "]" * 100_000 + "\n").encode(),
+        lambda s: _train_argv(s, config=s / "deep.yaml"),
+    ),
+    "deep_yaml_block": (
+        "deep.yaml",
+        "".join(f"{' ' * i}k:\n" for i in range(0, 3000)).encode(),
+        lambda s: _train_argv(s, config=s / "deep.yaml"),
+    ),
+    "long_int_set": (
+        None,
+        None,
+        lambda s: _train_argv(s, "--resume", "--set", "train.max_steps=" + "9" * 10_000),
+    ),
     "deep_folder_lock": ("run/run.lock", DEEP_JSON.encode(), lambda s: ["summarize", str(s / "run")]),
 }
 
@@ -436,10 +500,12 @@ def test_a_run_lock_linked_to_a_binary_file_is_refused_and_the_file_unchanged(sa
         restore(sandbox, "run/metrics.jsonl", written="run")
 
 
-# ------------------------------------------------------------------------------------------------ forged records
+# ------------------------------------------------------------------------------------------------ forged
+# records
 def _forged_run(tmp_path: Path, forge) -> Path:
     """A pilot-shaped synthetic record, one event forged by `forge(run)` (which returns nothing) before it is
-    written and chained: a forgery that kept the chain whole, so that only the field itself can give it away."""
+    written and chained: a forgery that kept the chain whole, so that only the field itself can give it
+    away."""
     from tests.report.synthetic import crashed_and_resumed
 
     run = crashed_and_resumed(tmp_path / "r")
@@ -449,10 +515,25 @@ def _forged_run(tmp_path: Path, forge) -> Path:
 
 def _spike_after(run, **fields):
     window = run.find("train", step=30)
-    event = {k: window[k] for k in ("session_id", "step", "tokens_seen", "updates_attempted", "updates_skipped",
-                                    "time")}
-    event.update({"event": "spike", "spike_step": 30, "signals": ["loss"], "action": "recorded", "cause": None,
-                  "loss": 5.0, "grad_norm": 3.0, "bounds": {}, "batches": [], "replay": None}, **fields)
+    event = {
+        k: window[k]
+        for k in ("session_id", "step", "tokens_seen", "updates_attempted", "updates_skipped", "time")
+    }
+    event.update(
+        {
+            "event": "spike",
+            "spike_step": 30,
+            "signals": ["loss"],
+            "action": "recorded",
+            "cause": None,
+            "loss": 5.0,
+            "grad_norm": 3.0,
+            "bounds": {},
+            "batches": [],
+            "replay": None,
+        },
+        **fields,
+    )
     run.events.insert(run.events.index(window) + 1, event)
 
 
@@ -461,9 +542,14 @@ FORGED = {
     "time_string": (lambda run: run.find("train", step=30).update(time="soon"), "time is 'soon' (str)"),
     "time_list": (lambda run: run.find("train", step=30).update(time=[1.0]), "time is '[1.0]' (list)"),
     "huge_loss": (lambda run: run.find("train", step=30).update(loss=10**400), "loss: an integer too large"),
-    "huge_window": (lambda run: run.find("train", step=30)["window"].update(train_seconds=-10**400),
-                    "window.train_seconds: an integer too large"),
-    "huge_val_seconds": (lambda run: run.find("val", step=30).update(seconds=2**64), "seconds: an integer too"),
+    "huge_window": (
+        lambda run: run.find("train", step=30)["window"].update(train_seconds=-(10**400)),
+        "window.train_seconds: an integer too large",
+    ),
+    "huge_val_seconds": (
+        lambda run: run.find("val", step=30).update(seconds=2**64),
+        "seconds: an integer too",
+    ),
     "session_id_int": (lambda run: run.find("val", step=30).update(session_id=7), "session_id is '7' (int)"),
     "spike_signals": (lambda run: _spike_after(run, signals=[1]), "spike field signals is list"),
     "spike_replay": (lambda run: _spike_after(run, replay="x"), "spike field replay is str"),
@@ -485,7 +571,10 @@ def test_a_forged_line_is_named_by_summarize_verdict_and_watch_never_a_traceback
             code = main([command, str(run_dir)])
         assert code == 1, (command, stdout.getvalue()[-2000:])
         lines = [line for line in stdout.getvalue().splitlines() if named in line]
-        assert lines and all("metrics.jsonl line " in line for line in lines), (command, stdout.getvalue()[-2000:])
+        assert lines and all("metrics.jsonl line " in line for line in lines), (
+            command,
+            stdout.getvalue()[-2000:],
+        )
     assert tree_hashes(run_dir, skip=("report",)) == before
 
 
@@ -522,7 +611,9 @@ def test_terminal_escapes_in_a_recorded_session_id_are_printed_escaped(tmp_path)
     assert "s1\\x1b[2J\\x1b]0;owned\\x07\\u202e" in out.getvalue()
 
 
-def test_a_skip_range_longer_than_one_pass_is_one_line_exit_2_and_nothing_written(builtin_data_dir, tmp_path, capsys):
+def test_a_skip_range_longer_than_one_pass_is_one_line_exit_2_and_nothing_written(
+    builtin_data_dir, tmp_path, capsys
+):
     """`train.skip_data` of 10^12 batches would be described in run.json pass by pass (gigabytes): refused."""
     run_dir = tmp_path / "run"
     code = main(["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--run-dir", str(run_dir),
@@ -537,7 +628,9 @@ def test_a_skip_range_longer_than_one_pass_is_one_line_exit_2_and_nothing_writte
                  "train.eval_every=0", "--set", "train.skip_data=[[0,100]]"]) == 0  # within one pass: trains
 
 
-def test_a_lock_holding_a_bare_infinity_is_one_line_exit_2_for_watch_and_train(builtin_data_dir, tmp_path, capsys):
+def test_a_lock_holding_a_bare_infinity_is_one_line_exit_2_for_watch_and_train(
+    builtin_data_dir, tmp_path, capsys
+):
     from pilotrun.commands.freeze import freeze_run
     from tests.report.synthetic import crashed_and_resumed
 
@@ -547,9 +640,20 @@ def test_a_lock_holding_a_bare_infinity_is_one_line_exit_2_for_watch_and_train(b
     lock["watch"]["throughput"]["low"] = float("inf")
     (tmp_path / "lock.json").write_text(json.dumps(lock))  # Python writes the bare `Infinity` JSON has not
     capsys.readouterr()
-    for argv in (["watch", str(tmp_path / "pilot"), "--against", str(tmp_path / "lock.json")],
-                 ["train", "--frozen", str(tmp_path / "lock.json"), "--data", str(builtin_data_dir), "--run-dir",
-                  str(tmp_path / "long"), "--progress", "none"]):
+    for argv in (
+        ["watch", str(tmp_path / "pilot"), "--against", str(tmp_path / "lock.json")],
+        [
+            "train",
+            "--frozen",
+            str(tmp_path / "lock.json"),
+            "--data",
+            str(builtin_data_dir),
+            "--run-dir",
+            str(tmp_path / "long"),
+            "--progress",
+            "none",
+        ],
+    ):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "holds a bare NaN or Infinity" in err, err
@@ -559,9 +663,27 @@ def test_a_lock_holding_a_bare_infinity_is_one_line_exit_2_for_watch_and_train(b
 def test_resume_auto_on_a_run_whose_metrics_jsonl_was_deleted_is_refused_not_called_complete(builtin_data_dir,
                                                                                             tmp_path, capsys):
     run_dir = tmp_path / "run"
-    argv = ["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--run-dir", str(run_dir),
-            "--progress", "none", "--resume", "auto", "--set", "train.num_threads=1", "--set", "train.max_steps=2",
-            "--set", "train.eval_every=0", "--set", "optim.schedule.horizon=2"]
+    argv = [
+        "train",
+        "--config",
+        str(SMOKE),
+        "--data",
+        str(builtin_data_dir),
+        "--run-dir",
+        str(run_dir),
+        "--progress",
+        "none",
+        "--resume",
+        "auto",
+        "--set",
+        "train.num_threads=1",
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        "train.eval_every=0",
+        "--set",
+        "optim.schedule.horizon=2",
+    ]
     assert main(argv) == 0
     (run_dir / "metrics.jsonl").unlink()
     before = tree_hashes(run_dir, skip=("run.lock",))
@@ -573,11 +695,12 @@ def test_resume_auto_on_a_run_whose_metrics_jsonl_was_deleted_is_refused_not_cal
 
 
 
-def test_a_task_choice_longer_than_the_window_is_refused_at_start_by_train_and_evaluate(builtin_data_dir, tmp_path,
-                                                                                      capsys):
-    """A choice of more tokens than model.max_seq_len cannot be scored (its tokens must all be predicted in one
-    forward pass): refused in one line, exit 2, before train writes anything, and by evaluate before it scores,
-    not a traceback at the first in-loop scoring that every resume would meet again."""
+def test_a_task_choice_longer_than_the_window_is_refused_at_start_by_train_and_evaluate(
+    builtin_data_dir, tmp_path, capsys
+):
+    """A choice of more tokens than model.max_seq_len cannot be scored (its tokens must all be predicted in
+    one forward pass): refused in one line, exit 2, before train writes anything, and by evaluate before it
+    scores, not a traceback at the first in-loop scoring that every resume would meet again."""
     long_choice = " ".join(["word"] * 400)
     task = tmp_path / "long.jsonl"
     task.write_text(json.dumps({"context": "a", "choices": [long_choice, " b"], "label": 1}) + "\n")
@@ -588,7 +711,11 @@ def test_a_task_choice_longer_than_the_window_is_refused_at_start_by_train_and_e
     capsys.readouterr()
     assert main([*base, "--run-dir", str(tmp_path / "refused"), *with_task]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "example 1 choice 1 is" in err and "longer than the model's window" in err
+    assert (
+        len(err.splitlines()) == 1
+        and "example 1 choice 1 is" in err
+        and "longer than the model's window" in err
+    )
     assert not (tmp_path / "refused").exists()
     assert main([*base, "--run-dir", str(tmp_path / "run"), "--set", "train.checkpoint_every=1"]) == 0
     capsys.readouterr()
@@ -599,8 +726,9 @@ def test_a_task_choice_longer_than_the_window_is_refused_at_start_by_train_and_e
 
 
 def test_a_newline_in_a_forged_session_id_never_makes_watch_print_a_line_of_its_own(tmp_path):
-    """The last session, killed, carries a newline and a fake status line in its id: watch's alert quotes it on
-    its own line, the newline escaped, so no line of the record's making (a fake "healthy" status) is printed."""
+    """The last session, killed, carries a newline and a fake status line in its id: watch's alert quotes it
+    on its own line, the newline escaped, so no line of the record's making (a fake "healthy" status) is
+    printed."""
     hostile = "s2\nstatus: step 60/60, loss 0.1 (completed; 0 alert(s) standing)\t"
 
     def forge(run):
@@ -616,5 +744,7 @@ def test_a_newline_in_a_forged_session_id_never_makes_watch_print_a_line_of_its_
         assert main(["watch", str(run_dir)]) == 1
     printed = (out.getvalue() + err.getvalue()).splitlines()
     (alert,) = [line for line in printed if line.startswith("ALERT session_end: ")]
-    assert "session s2\\nstatus: step 60/60, loss 0.1 (completed; 0 alert(s) standing)\\t ended: killed" in alert
+    assert (
+        "session s2\\nstatus: step 60/60, loss 0.1 (completed; 0 alert(s) standing)\\t ended: killed" in alert
+    )
     assert not [line for line in printed if line.startswith("status: step 60/60, loss 0.1")]

@@ -1,6 +1,6 @@
-"""A run folder and a lock written by the code before the recipe's sections (recipe format 1, every training key
-flat: `train.eval_every`), kept in main_era/ as that code wrote them: today's code resumes the run bit for bit,
-sees no recipe difference that is only a new name, and holds a long run to the lock.
+"""A run folder and a lock written by the code before the recipe's sections (recipe format 1, every training
+key flat: `train.eval_every`), kept in main_era/ as that code wrote them: today's code resumes the run bit for
+bit, sees no recipe difference that is only a new name, and holds a long run to the lock.
 
 main_era/ was made with the code of commit 5783b2d: `pilotrun prepare --out data --source builtin --tokenizer
 bpe:300`, then `pilotrun train --config smoke --data data --run-dir run` with FORMAT_1_SETS and

@@ -20,8 +20,16 @@ def _train(data_dir, run_dir, *overrides, **kwargs):
 
 @pytest.mark.slow
 def test_fp16_record_with_overflow_skips_is_valid(builtin_data_dir, tmp_path):
-    _train(builtin_data_dir, tmp_path / "run", "train.precision=fp16", "train.loss_scale_init=16777216",
-           "train.max_steps=4", "train.gradient_accumulation_steps=2", "train.log_every=2", "train.eval_every=0")
+    _train(
+        builtin_data_dir,
+        tmp_path / "run",
+        "train.precision=fp16",
+        "train.loss_scale_init=16777216",
+        "train.max_steps=4",
+        "train.gradient_accumulation_steps=2",
+        "train.log_every=2",
+        "train.eval_every=0",
+    )
     summary = summarize_run(tmp_path / "run", require_step=4)
     assert summary.valid, summary.reasons
     o = summary.overall

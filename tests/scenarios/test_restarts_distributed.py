@@ -1,8 +1,8 @@
-"""Two gloo ranks under torchrun's own agent, a rank faulty through a test seam (tests/training/faulty_rank.py):
-a worker SIGKILLed mid-run, or one stalled until the hang watchdog fires. With `--max-restarts 1` torchrun
-restarts the group, `--resume auto` continues from the newest committed checkpoint, and the finished run equals
-one that never stopped, bit for bit (every update's loss, the final weights torch.equal), with each session on
-the record under its reason."""
+"""Two gloo ranks under torchrun's own agent, a rank faulty through a test seam
+(tests/training/faulty_rank.py): a worker SIGKILLed mid-run, or one stalled until the hang watchdog fires.
+With `--max-restarts 1` torchrun restarts the group, `--resume auto` continues from the newest committed
+checkpoint, and the finished run equals one that never stopped, bit for bit (every update's loss, the final
+weights torch.equal), with each session on the record under its reason."""
 
 from __future__ import annotations
 
@@ -27,13 +27,45 @@ FAULT_AT = 25  # before the update after step 25: checkpoint 20 is the newest co
 
 
 def command(data: Path, run_dir: Path, *launcher: str, fault: list[str] | None = None) -> list[str]:
-    program = [str(ROOT / "tests" / "training" / "faulty_rank.py"), *fault, "--"] if fault else ["-m", "pilotrun"]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *launcher, *program,
-            "train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(data), "--run-dir", str(run_dir),
-            "--resume", "auto", "--progress", "none", "--set", f"train.max_steps={MAX_STEPS}",
-            "--set", f"optim.schedule.horizon={MAX_STEPS}", "--set", "train.batch_size=2", "--set", "train.eval_every=0",
-            "--set", "train.checkpoint_every=10", "--set", "train.keep_checkpoints=20", "--set", "train.num_threads=1",
-            "--hang-timeout", "20,600"]
+    program = (
+        [str(ROOT / "tests" / "training" / "faulty_rank.py"), *fault, "--"] if fault else ["-m", "pilotrun"]
+    )
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        *launcher,
+        *program,
+        "train",
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--data",
+        str(data),
+        "--run-dir",
+        str(run_dir),
+        "--resume",
+        "auto",
+        "--progress",
+        "none",
+        "--set",
+        f"train.max_steps={MAX_STEPS}",
+        "--set",
+        f"optim.schedule.horizon={MAX_STEPS}",
+        "--set",
+        "train.batch_size=2",
+        "--set",
+        "train.eval_every=0",
+        "--set",
+        "train.checkpoint_every=10",
+        "--set",
+        "train.keep_checkpoints=20",
+        "--set",
+        "train.num_threads=1",
+        "--hang-timeout",
+        "20,600",
+    ]
 
 
 def run(argv: list[str]) -> subprocess.CompletedProcess:
@@ -67,8 +99,9 @@ def assert_same_as_straight(run_dir: Path, straight: Path) -> None:
     assert_exactly_equal(final_weights(run_dir), final_weights(straight), "final weights")
 
 
-def test_a_worker_sigkilled_mid_run_is_restarted_by_torchrun_and_the_run_continues_exactly(builtin_data_dir,
-                                                                                              tmp_path, straight):
+def test_a_worker_sigkilled_mid_run_is_restarted_by_torchrun_and_the_run_continues_exactly(
+    builtin_data_dir, tmp_path, straight
+):
     run_dir = tmp_path / "run"
     done = run(command(builtin_data_dir, run_dir, "--max-restarts", "1",
                        fault=["kill", "1", str(FAULT_AT), str(tmp_path / "killed-once")]))
@@ -77,14 +110,15 @@ def test_a_worker_sigkilled_mid_run_is_restarted_by_torchrun_and_the_run_continu
     sessions = json.loads((run_dir / "run.json").read_text())["sessions"]
     assert [s["resumed_from"] for s in sessions] == [None, 20]
     ends = [e for e in events(run_dir) if e["event"] == "session_end"]
-    # Rank 0 learns of its peer's death in the gradients' all-reduce: its session ends as an error, at the step
-    # it had reached; the restarted group's session completes.
+    # Rank 0 learns of its peer's death in the gradients' all-reduce: its session ends as an error, at the
+    # step it had reached; the restarted group's session completes.
     assert [e["reason"] for e in ends] == ["error", "completed"] and ends[0]["step"] == FAULT_AT
     assert_same_as_straight(run_dir, straight)
 
 
-def test_a_stalled_rank_is_ended_hung_on_every_rank_and_torchrun_restarts_it_exactly(builtin_data_dir, tmp_path,
-                                                                                      straight):
+def test_a_stalled_rank_is_ended_hung_on_every_rank_and_torchrun_restarts_it_exactly(
+    builtin_data_dir, tmp_path, straight
+):
     run_dir = tmp_path / "run"
     done = run(command(builtin_data_dir, run_dir, "--max-restarts", "1",
                        fault=["stall", "1", str(FAULT_AT), str(tmp_path / "stalled-once")]))
@@ -98,9 +132,12 @@ def test_a_stalled_rank_is_ended_hung_on_every_rank_and_torchrun_restarts_it_exa
     assert "in train_one_update" in waiting  # rank 0 waits in the update's collective for rank 1
     ends = [e for e in events(run_dir) if e["event"] == "session_end"]
     assert [e["reason"] for e in ends] == ["hung", "completed"] and ends[0]["step"] == FAULT_AT
-    # Rank 0 fired itself (rank 1 waits before it exits), or its collective broke first and it found rank 1's file.
-    assert re.search(r"^rank 0: no progress for \d+ s in update after step 25 \(bound 20 s", ends[0]["message"]) or \
-        "another rank hung" in ends[0]["message"]
+    # Rank 0 fired itself (rank 1 waits before it exits), or its collective broke first and it found rank 1's
+    # file.
+    assert (
+        re.search(r"^rank 0: no progress for \d+ s in update after step 25 \(bound 20 s", ends[0]["message"])
+        or "another rank hung" in ends[0]["message"]
+    )
     sessions = json.loads((run_dir / "run.json").read_text())["sessions"]
     assert [s.get("end_reason") for s in sessions] == ["hung", "completed"]
     assert [s["resumed_from"] for s in sessions] == [None, 20]

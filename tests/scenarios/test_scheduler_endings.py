@@ -1,7 +1,7 @@
 """How a scheduler ends a job, with real processes: SLURM's SIGTERM to every process of a two-rank torchrun
 step (torchrun's forwarded copy landing during the save), and a stop signal moments after launch, during the
-set-up. Each ends with the stop's exit code, a committed checkpoint at the stop step and one session_end on the
-record; every process is gone well within SLURM's KillWait (30 s by default)."""
+set-up. Each ends with the stop's exit code, a committed checkpoint at the stop step and one session_end on
+the record; every process is gone well within SLURM's KillWait (30 s by default)."""
 
 from __future__ import annotations
 
@@ -27,10 +27,32 @@ SLOW_SAVE = 3.0  # the seam's wait inside the stop's save, for torchrun's late c
 
 
 def train_args(data: Path, run_dir: Path, *extra: str) -> list[str]:
-    return ["train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(data), "--run-dir",
-            str(run_dir), "--resume", "auto", "--progress", "none", "--set", "train.max_steps=5000",
-            "--set", "optim.schedule.horizon=5000", "--set", "train.batch_size=2", "--set", "train.eval.every=0",
-            "--set", "train.checkpoint.every=10", "--set", "train.num_threads=1", *extra]
+    return [
+        "train",
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--data",
+        str(data),
+        "--run-dir",
+        str(run_dir),
+        "--resume",
+        "auto",
+        "--progress",
+        "none",
+        "--set",
+        "train.max_steps=5000",
+        "--set",
+        "optim.schedule.horizon=5000",
+        "--set",
+        "train.batch_size=2",
+        "--set",
+        "train.eval.every=0",
+        "--set",
+        "train.checkpoint.every=10",
+        "--set",
+        "train.num_threads=1",
+        *extra,
+    ]
 
 
 def environment() -> dict[str, str]:
@@ -89,8 +111,11 @@ def test_slurm_sigterm_to_every_process_and_torchrun_forward_during_the_save_is_
     wait_for(lambda: not any(map(alive, [launcher.pid, *workers])), KILL_WAIT, "end", launcher)
     gone = time.monotonic() - started
     out = launcher.communicate(timeout=60)[0]
-    ends = [e for e in events(run_dir) + [json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])]
-            if e["event"] == "session_end"]
+    ends = [
+        e
+        for e in events(run_dir) + [json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])]
+        if e["event"] == "session_end"
+    ]
     assert len(ends) == 1 and ends[0]["reason"] == "interrupted", out[-3000:]
     assert ends[0]["message"].startswith("SIGTERM received: finished the update, saved checkpoint step")
     stop_step = ends[0]["step"]
@@ -108,9 +133,17 @@ def test_a_stop_signal_moments_after_launch_ends_with_its_code_and_one_line(buil
     import, the set-up): each stops with a committed checkpoint, exit 138, one line, no traceback."""
     delays = (0.5, 1.5, 3.0)
     launched = time.monotonic()
-    processes = [subprocess.Popen([sys.executable, "-m", "pilotrun", *train_args(builtin_data_dir, tmp_path / f"{d}")],
-                                  cwd=ROOT, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True) for d in delays]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pilotrun", *train_args(builtin_data_dir, tmp_path / f"{d}")],
+            cwd=ROOT,
+            env=environment(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for d in delays
+    ]
     for delay, process in zip(delays, processes, strict=True):
         time.sleep(max(0.0, launched + delay - time.monotonic()))
         process.send_signal(signal.SIGUSR1)
@@ -120,7 +153,9 @@ def test_a_stop_signal_moments_after_launch_ends_with_its_code_and_one_line(buil
         assert "Traceback" not in err and err.count("pilotrun train: stopped") == 1, err[-3000:]
         run_dir = tmp_path / f"{delay}"
         end = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
-        assert end["event"] == "session_end" and end["reason"] == "interrupted" and "SIGUSR1" in end["message"]
+        assert (
+            end["event"] == "session_end" and end["reason"] == "interrupted" and "SIGUSR1" in end["message"]
+        )
         assert Checkpointer(run_dir, keep=100).committed_steps()[-1] == end["step"]
 
 
@@ -141,7 +176,15 @@ def test_a_disk_filled_during_a_background_save_stops_the_session_in_one_line(bu
                          "--set", "train.checkpoint.mode=background")]
     script = f'"$@"; code=$?; cp -a {mount / "run"} {kept}; exit $code'
     if tmpfs_allowed():
-        argv = ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=48m none {mount} && {script}", "sh", *train]
+        argv = [
+            "unshare",
+            "-rm",
+            "sh",
+            "-c",
+            f"mount -t tmpfs -o size=48m none {mount} && {script}",
+            "sh",
+            *train,
+        ]
     else:
         argv = ["sh", "-c", script, "sh", *train]
     done = subprocess.run(argv, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=300)
@@ -150,9 +193,12 @@ def test_a_disk_filled_during_a_background_save_stops_the_session_in_one_line(bu
     assert "Traceback" not in out and "Exception in thread" not in out, out[-3000:]
     errors = [line for line in out.splitlines() if "error:" in line]
     assert len(errors) == 1 and errors[0].startswith(
-        "error: checkpoint step 20 could not be written, the disk is full (No space left on device"), out[-3000:]
+        "error: checkpoint step 20 could not be written, the disk is full (No space left on device"
+    ), out[-3000:]
     end = json.loads((kept / "metrics.jsonl").read_text().splitlines()[-1])
-    assert end["event"] == "session_end" and end["reason"] == "stopped" and "the disk is full" in end["message"]
+    assert (
+        end["event"] == "session_end" and end["reason"] == "stopped" and "the disk is full" in end["message"]
+    )
     checkpoints = DistributedCheckpointer(kept, keep=100)
     assert checkpoints.committed_steps() == [10]
     checkpoints.verify(10)
@@ -185,18 +231,33 @@ def rank_of(pid: int) -> int:
     return int(next(v for v in variables if v.startswith(b"RANK="))[5:])
 
 
-def test_rank_0_stuck_leaves_rank_1_s_stacks_and_summarize_counts_the_session_hung(builtin_data_dir, tmp_path):
+def test_rank_0_stuck_leaves_rank_1_s_stacks_and_summarize_counts_the_session_hung(
+    builtin_data_dir, tmp_path
+):
     """Rank 0 stopped (SIGSTOP) and left: rank 1's watchdog writes its stacks and exits 124; rank 0 records
-    nothing (it is killed, as SLURM's KillWait would). The stack file is the session's ending: summarize counts
-    it hung, not killed."""
+    nothing (it is killed, as SLURM's KillWait would). The stack file is the session's ending: summarize
+    counts it hung, not killed."""
     from pilotrun.report.record_check.summarize import summarize_run
 
     run_dir = tmp_path / "run"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pilotrun",
-         *train_args(builtin_data_dir, run_dir, "--hang-timeout", "5,600")],
-        cwd=ROOT, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "pilotrun",
+            *train_args(builtin_data_dir, run_dir, "--hang-timeout", "5,600"),
+        ],
+        cwd=ROOT,
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     wait_for(lambda: sum(e["event"] == "train" for e in events(run_dir)) >= 12, 300, "12 updates", launcher)
     ranks = {rank_of(pid): pid for pid in children(launcher.pid)}
     os.kill(ranks[0], signal.SIGSTOP)
@@ -207,16 +268,22 @@ def test_rank_0_stuck_leaves_rank_1_s_stacks_and_summarize_counts_the_session_hu
     out = launcher.communicate(timeout=120)[0]
     # Rank 1 ends itself 124; which failure torchrun reports first (rank 1's 124 or rank 0 killed by torchrun)
     # depends on the machine's load, so rank 1's exit is read from its own last line.
-    assert launcher.returncode != 0 and "pilotrun: hung: rank 1" in out and "exiting with 124" in out, out[-3000:]
+    assert launcher.returncode != 0 and "pilotrun: hung: rank 1" in out and "exiting with 124" in out, out[
+        -3000:
+    ]
     assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["event"] != "session_end"
     summary = summarize_run(run_dir)
     assert [s.end_reason for s in summary.sessions] == ["hung"]
-    assert any("a rank wrote its stacks during it" in note and stacks[0].name in note for note in summary.notes)
+    assert any(
+        "a rank wrote its stacks during it" in note and stacks[0].name in note for note in summary.notes
+    )
 
 
-def test_a_stall_that_ends_after_the_watchdog_fired_writes_nothing_after_the_hung_end(builtin_data_dir, tmp_path):
-    """The stall ends the moment the stacks are written: the session is already ended `hung` on the record, and
-    nothing of it follows (no update, event or save) before the exit, 124."""
+def test_a_stall_that_ends_after_the_watchdog_fired_writes_nothing_after_the_hung_end(
+    builtin_data_dir, tmp_path
+):
+    """The stall ends the moment the stacks are written: the session is already ended `hung` on the record,
+    and nothing of it follows (no update, event or save) before the exit, 124."""
     from pilotrun.report.record_check.summarize import summarize_run
 
     run_dir = tmp_path / "run"

@@ -72,11 +72,16 @@ def test_the_script_requeues_a_pre_empted_run_and_stops_when_it_is_complete(buil
     assert log.read_text() == "requeue 4242\n"
 
     stopped = json.loads(metrics.read_text().splitlines()[-1])["step"]
-    env["EXTRA"] = env["EXTRA"].replace("max_steps=400", f"max_steps={stopped + 3}")  # the requeued job, less to do
-    again = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    # the requeued job, less to do
+    env["EXTRA"] = env["EXTRA"].replace("max_steps=400", f"max_steps={stopped + 3}")
+    again = subprocess.run(
+        ["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert session_ends(run_dir)[-1] == "completed" and log.read_text() == "requeue 4242\n"
 
-    done = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        ["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0 and "nothing to do" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     assert log.read_text() == "requeue 4242\n"

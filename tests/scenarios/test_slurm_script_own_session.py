@@ -48,8 +48,14 @@ def test_a_failed_start_after_another_jobs_interrupted_session_asks_a_person(tmp
     log, run_dir = tmp_path / "requeued.log", tmp_path / "run"
     fake_slurm(tmp_path / "bin", log)
     earlier_job_interrupted(run_dir)
-    done = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=script_env(tmp_path, tmp_path / "moved", run_dir),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        ["bash", str(SCRIPT)],
+        cwd=tmp_path,
+        env=script_env(tmp_path, tmp_path / "moved", run_dir),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-3000:]
     assert "this job's session ended: none" in out and not log.exists(), out[-3000:]
@@ -64,8 +70,14 @@ def test_a_stack_file_of_this_job_without_an_ending_is_requeued_as_hung(tmp_path
     (bin_dir / "srun").write_text(f'#!/bin/bash\nmkdir -p {run_dir}/hangs && echo stacks > '
                                   f'{run_dir}/hangs/20990101T000000Z-rank1.txt\nexit 1\n')
     real.chmod(0o755)
-    done = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=script_env(tmp_path, tmp_path / "moved", run_dir),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        ["bash", str(SCRIPT)],
+        cwd=tmp_path,
+        env=script_env(tmp_path, tmp_path / "moved", run_dir),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0 and "this job's session ended: hung" in out, out[-3000:]
     assert log.read_text() == "requeue 4343\n"

@@ -1,10 +1,10 @@
 """Left alone: the same `pilotrun train ... --resume auto` command run again and again until it exits 0.
 
 Each interruption (a pre-emption signal at start-up, in an update, an evaluation or a save; a deadline) ends
-with a committed checkpoint and its resumable exit code; the finished run equals one that never stopped, bit for
-bit (the losses of every update exactly, the final weights torch.equal); a complete run says "nothing to do";
-a damaged newest checkpoint is passed over and named, all damaged is refused. In-process (main()), so that the
-signal reaches this process's own handlers at the moment a monkeypatched seam chooses.
+with a committed checkpoint and its resumable exit code; the finished run equals one that never stopped, bit
+for bit (the losses of every update exactly, the final weights torch.equal); a complete run says "nothing to
+do"; a damaged newest checkpoint is passed over and named, all damaged is refused. In-process (main()), so
+that the signal reaches this process's own handlers at the moment a monkeypatched seam chooses.
 """
 
 from __future__ import annotations
@@ -37,10 +37,32 @@ MAX_STEPS = 8
 
 
 def argv(data_dir: Path, run_dir: Path, *extra: str) -> list[str]:
-    return ["train", "--config", str(SMOKE), "--data", str(data_dir), "--run-dir", str(run_dir), "--resume", "auto",
-            "--progress", "none", "--set", f"train.max_steps={MAX_STEPS}", "--set", "optim.schedule.horizon=8",
-            "--set", "train.eval_every=3", "--set", "train.checkpoint_every=3", "--set", "train.keep_checkpoints=10",
-            "--set", "train.num_threads=1", *extra]
+    return [
+        "train",
+        "--config",
+        str(SMOKE),
+        "--data",
+        str(data_dir),
+        "--run-dir",
+        str(run_dir),
+        "--resume",
+        "auto",
+        "--progress",
+        "none",
+        "--set",
+        f"train.max_steps={MAX_STEPS}",
+        "--set",
+        "optim.schedule.horizon=8",
+        "--set",
+        "train.eval_every=3",
+        "--set",
+        "train.checkpoint_every=3",
+        "--set",
+        "train.keep_checkpoints=10",
+        "--set",
+        "train.num_threads=1",
+        *extra,
+    ]
 
 
 def events(run_dir: Path) -> list[dict]:
@@ -102,8 +124,9 @@ def test_a_new_folder_is_started_and_a_complete_run_has_nothing_to_do(builtin_da
 
 
 @pytest.mark.parametrize("moment", ["start-up", "update", "evaluation", "save"])
-def test_a_pre_emption_signal_at_any_moment_saves_and_auto_resume_is_exact(builtin_data_dir, tmp_path, straight,
-                                                                            monkeypatch, moment):
+def test_a_pre_emption_signal_at_any_moment_saves_and_auto_resume_is_exact(
+    builtin_data_dir, tmp_path, straight, monkeypatch, moment
+):
     run_dir = tmp_path / "run"
     if moment == "start-up":
         kill_self_on_call(trainer_module, "build_session", monkeypatch)
@@ -124,10 +147,11 @@ def test_a_pre_emption_signal_at_any_moment_saves_and_auto_resume_is_exact(built
     assert_same_as_straight(run_dir, straight)
 
 
-def test_a_stalled_update_is_ended_hung_with_its_stacks_and_auto_resume_is_exact(builtin_data_dir, tmp_path, straight,
-                                                                                 monkeypatch, capsys):
-    """The fifth update stalls (a seam) until the watchdog's own thread fires; its exit (a seam: os._exit would end
-    pytest) releases the stall, which leaves as the process would have, with the hung code."""
+def test_a_stalled_update_is_ended_hung_with_its_stacks_and_auto_resume_is_exact(
+    builtin_data_dir, tmp_path, straight, monkeypatch, capsys
+):
+    """The fifth update stalls (a seam) until the watchdog's own thread fires; its exit (a seam: os._exit
+    would end pytest) releases the stall, which leaves as the process would have, with the hung code."""
     run_dir, released, exits = tmp_path / "run", threading.Event(), []
 
     def exit_(code):
@@ -205,7 +229,9 @@ def test_a_damaged_newest_checkpoint_is_passed_over_and_named(builtin_data_dir, 
     assert_same_as_straight(run_dir, straight)
 
 
-def test_every_checkpoint_damaged_is_refused_naming_each_and_nothing_changes(builtin_data_dir, tmp_path, capsys):
+def test_every_checkpoint_damaged_is_refused_naming_each_and_nothing_changes(
+    builtin_data_dir, tmp_path, capsys
+):
     run_dir = tmp_path / "run"
     assert main(argv(builtin_data_dir, run_dir, "--set", "train.max_steps=4")) == 0  # checkpoints 3, 4
     for folder in (run_dir / "checkpoints").iterdir():
@@ -231,8 +257,9 @@ def test_every_checkpoint_damaged_is_refused_naming_each_and_nothing_changes(bui
     (["--hang-timeout", "0"], "is not a positive duration"),
     (["--hang-timeout", "1m,2m,3m"], "auto, off, STEADY or STEADY,STARTUP"),
 ])
-def test_bad_unattended_settings_are_one_line_exit_2_and_nothing_written(builtin_data_dir, tmp_path, capsys, extra,
-                                                                          named):
+def test_bad_unattended_settings_are_one_line_exit_2_and_nothing_written(
+    builtin_data_dir, tmp_path, capsys, extra, named
+):
     run_dir = tmp_path / "run"
     assert main(argv(builtin_data_dir, run_dir, *extra)) == 2
     err = capsys.readouterr().err.strip()
@@ -247,7 +274,9 @@ def test_slurm_job_end_time_is_the_default_deadline(builtin_data_dir, tmp_path, 
     assert not (tmp_path / "run").exists()
 
 
-def test_a_deadline_shorter_than_one_recorded_update_is_refused(builtin_data_dir, straight, capsys, monkeypatch):
+def test_a_deadline_shorter_than_one_recorded_update_is_refused(
+    builtin_data_dir, straight, capsys, monkeypatch
+):
     import pilotrun.commands.cli as cli
 
     monkeypatch.setattr(cli, "_recorded_seconds_per_update", lambda run_dir: 3600.0)

@@ -1,15 +1,16 @@
-"""Two gloo ranks under torchrun, the same argv run again and again with SLURM_JOB_END_TIME faked ahead at each
-start: every session ends either with its deadline (reason `deadline`, exit 75, a committed checkpoint at its
-step, or at step 0 with nothing trained when its set-up left no room for a save) or with the run complete, the finished run equals a run that never stopped bit for bit, and one more run
-exits 0 with nothing to do.
+"""Two gloo ranks under torchrun, the same argv run again and again with SLURM_JOB_END_TIME faked ahead at
+each start: every session ends either with its deadline (reason `deadline`, exit 75, a committed checkpoint at
+its step, or at step 0 with nothing trained when its set-up left no room for a save) or with the run complete,
+the finished run equals a run that never stopped bit for bit, and one more run exits 0 with nothing to do.
 
 What is asserted holds however many sessions the machine's speed at that moment makes it take: the deadline is
 not measured from this machine's speed but doubled at each session from a first one too short for the whole
 run, so a slow or busy machine only adds sessions. A session started so late that its deadline is already past
 (or too close for one update) is refused, writing nothing, and the next one has twice the time. Whether a
-session commits before its deadline is not asserted: on a busy machine a stall can land an update late, which no
-margin rules out; the decision against the deadline is tested with injected clocks, two ranks' included, in
-tests/training/test_loop.py, tests/scenarios/test_unattended.py and tests/training/callbacks/test_deadline_stop.py."""
+session commits before its deadline is not asserted: on a busy machine a stall can land an update late, which
+no margin rules out; the decision against the deadline is tested with injected clocks, two ranks' included, in
+tests/training/test_loop.py, tests/scenarios/test_unattended.py and
+tests/training/callbacks/test_deadline_stop.py."""
 
 from __future__ import annotations
 
@@ -31,19 +32,48 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_STEPS = 300
-# The first session's seconds ahead: past a Python start-up (the deadline is read as the command starts), short
-# of the whole run (measured 18 s from launch to the end on a quiet 2-core machine, 5 s of it before the first
-# update). Each session after it has twice its predecessor's time, so the sessions needed grow only as the log of
-# the machine's slowdown.
+# The first session's seconds ahead: past a Python start-up (the deadline is read as the command starts),
+# short of the whole run (measured 18 s from launch to the end on a quiet 2-core machine, 5 s of it before the
+# first update). Each session after it has twice its predecessor's time, so the sessions needed grow only as
+# the log of the machine's slowdown.
 FIRST_AHEAD = 8.0
 
 
 def command(data: Path, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pilotrun",
-            "train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(data), "--run-dir", str(run_dir),
-            "--resume", "auto", "--progress", "none", "--set", f"train.max_steps={MAX_STEPS}",
-            "--set", "optim.schedule.horizon=300", "--set", "train.batch_size=2", "--set", "train.eval_every=0",
-            "--set", "train.checkpoint_every=50", "--set", "train.keep_checkpoints=20", "--set", "train.num_threads=1"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "pilotrun",
+        "train",
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--data",
+        str(data),
+        "--run-dir",
+        str(run_dir),
+        "--resume",
+        "auto",
+        "--progress",
+        "none",
+        "--set",
+        f"train.max_steps={MAX_STEPS}",
+        "--set",
+        "optim.schedule.horizon=300",
+        "--set",
+        "train.batch_size=2",
+        "--set",
+        "train.eval_every=0",
+        "--set",
+        "train.checkpoint_every=50",
+        "--set",
+        "train.keep_checkpoints=20",
+        "--set",
+        "train.num_threads=1",
+    ]
 
 
 def run(argv: list[str], end_time: int | None, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -64,12 +94,14 @@ def record_digest(run_dir: Path) -> dict[str, str]:
 
 def outcome(result: subprocess.CompletedProcess, before: dict[str, str], run_dir: Path) -> str:
     """What one session did, with what holds for it: `completed` (exit 0); `deadline` (torchrun reports the
-    workers' own codes and exits 1 itself; the first rank out with 75 makes torchrun SIGTERM the other, already
-    past the barrier after session_end: each says 75 or that SIGTERM, -15); `refused` (each rank exits 2 on a
-    deadline already past or closer than one update, and the record is as it was)."""
+    workers' own codes and exits 1 itself; the first rank out with 75 makes torchrun SIGTERM the other,
+    already past the barrier after session_end: each says 75 or that SIGTERM, -15); `refused` (each rank exits
+    2 on a deadline already past or closer than one update, and the record is as it was)."""
     if result.returncode == 0:
         return "completed"
-    codes = dict(re.findall(r"rank\s*:\s*(\d) \(local_rank: \d\)\s*\n\s*exitcode\s*:\s*(-?\d+)", result.stderr))
+    codes = dict(
+        re.findall(r"rank\s*:\s*(\d) \(local_rank: \d\)\s*\n\s*exitcode\s*:\s*(-?\d+)", result.stderr)
+    )
     assert set(codes) == {"0", "1"}, result.stderr[-3000:]
     if set(codes.values()) == {"2"}:
         assert re.search(r"already past|less than one update", result.stderr), result.stderr[-3000:]
@@ -100,12 +132,14 @@ def test_two_ranks_run_again_and_again_before_each_deadline_then_nothing_to_do(b
     record = events(run_dir)
     ends = [e for e in record if e["event"] == "session_end"]
     assert [e["reason"] for e in ends] == [o for o in outcomes if o != "refused"]
-    assert "deadline" in outcomes  # a session with room for a start-up but not for 300 updates: none jumps to the end
+    # a session with room for a start-up but not for 300 updates: none jumps to the end
+    assert "deadline" in outcomes
     committed = DistributedCheckpointer(run_dir, keep=20).committed_steps()
-    # A session whose set-up left no room for a save trains nothing (deadline_stop.too_late_to_start): at step 0
-    # there is no checkpoint for it to name, and none is needed.
-    assert all(end["step"] in committed or (end["step"] == 0 and end["reason"] == "deadline") for end in ends), \
-        ([e["step"] for e in ends], committed, outcomes)
+    # A session whose set-up left no room for a save trains nothing (deadline_stop.too_late_to_start): at step
+    # 0 there is no checkpoint for it to name, and none is needed.
+    assert all(
+        end["step"] in committed or (end["step"] == 0 and end["reason"] == "deadline") for end in ends
+    ), ([e["step"] for e in ends], committed, outcomes)
     losses = {e["step"]: e["loss"] for e in record if e["event"] == "train"}
     assert losses == {e["step"]: e["loss"] for e in events(straight) if e["event"] == "train"}
     assert sorted(losses) == list(range(1, MAX_STEPS + 1))

@@ -45,7 +45,9 @@ def _train_child(data_dir, run_dir, cpu, *extra):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")
-def test_pilot_on_a_machine_made_busy_halfway_is_go_with_the_contention_warning(builtin_data_dir, tmp_path, capsys):
+def test_pilot_on_a_machine_made_busy_halfway_is_go_with_the_contention_warning(
+    builtin_data_dir, tmp_path, capsys
+):
     cpu = min(os.sched_getaffinity(0))
     run_dir = tmp_path / "run"
     _train_child(builtin_data_dir, run_dir, cpu, "--set", "train.max_steps=20")

@@ -1,5 +1,5 @@
-"""verdict and freeze on records the real trainer wrote: each FAIL path of the verdict once on a real tiny run,
-and the freeze -> frozen train -> refused change -> allowed change round trip.
+"""verdict and freeze on records the real trainer wrote: each FAIL path of the verdict once on a real tiny
+run, and the freeze -> frozen train -> refused change -> allowed change round trip.
 
 The runs are the smoke model on the built-in corpus, one thread, a few updates each (seconds). Its tiny MoE
 layer is never balanced in 20 updates and a seconds-long run's throughput on a shared test machine says
@@ -14,8 +14,14 @@ import pytest
 from pilotrun.commands.cli import main
 
 SMOKE = Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml"
-COMMON = ["train.num_threads=1", "train.checkpoint_every=4", "train.eval_every=4", "optim.schedule.horizon=20",
-          "optim.grad_clip=10", "model.bias_update_speed=0.01"]
+COMMON = [
+    "train.num_threads=1",
+    "train.checkpoint_every=4",
+    "train.eval_every=4",
+    "optim.schedule.horizon=20",
+    "optim.grad_clip=10",
+    "model.bias_update_speed=0.01",
+]
 TINY = ["--threshold", "max_imbalance=3", "--threshold", "min_throughput_ratio=0"]
 
 
@@ -95,7 +101,9 @@ def test_real_damaged_final_checkpoint_fails(pilot_run, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_real_run_with_lr_zero_and_an_idle_resume_fails_learning_and_resume(builtin_data_dir, tmp_path, capsys):
+def test_real_run_with_lr_zero_and_an_idle_resume_fails_learning_and_resume(
+    builtin_data_dir, tmp_path, capsys
+):
     """An LR of ~0 (loss down ~0.1%) is 'not learning'; resuming the finished run with nothing left to do adds
     a resume but no update after it, which is no resume evidence."""
     run_dir = tmp_path / "run"
@@ -110,15 +118,22 @@ def test_real_run_with_lr_zero_and_an_idle_resume_fails_learning_and_resume(buil
 
 
 @pytest.mark.slow
-def test_freeze_then_frozen_train_refuses_unlisted_changes_and_records_allowed_ones(pilot_run, builtin_data_dir,
-                                                                                   tmp_path, capsys):
+def test_freeze_then_frozen_train_refuses_unlisted_changes_and_records_allowed_ones(
+    pilot_run, builtin_data_dir, tmp_path, capsys
+):
     lock_path = tmp_path / "recipe.lock.json"
     assert main(["freeze", str(pilot_run), "--out", str(lock_path), *TINY]) == 0
     lock = json.loads(lock_path.read_text())
     record = json.loads((pilot_run / "run.json").read_text())
     assert lock["decision"] == "GO" and lock["despite_no_go"] is False
-    assert lock["recipe"] == record["recipe"] and lock["data"]["metadata_sha256"] == record["data"]["metadata_sha256"]
-    assert lock["code"] == record["sessions"][-1]["git"] and lock["software"] == record["sessions"][-1]["software"]
+    assert (
+        lock["recipe"] == record["recipe"]
+        and lock["data"]["metadata_sha256"] == record["data"]["metadata_sha256"]
+    )
+    assert (
+        lock["code"] == record["sessions"][-1]["git"]
+        and lock["software"] == record["sessions"][-1]["software"]
+    )
     assert lock["verdict"]["thresholds"]["max_imbalance"] == 3.0
     assert [c["key"] for c in lock["recipe_changes"]] == ["optim.grad_clip"]
     # A lock is never overwritten.
@@ -128,23 +143,58 @@ def test_freeze_then_frozen_train_refuses_unlisted_changes_and_records_allowed_o
 
     # An unlisted difference is refused, listed, before anything is written.
     refused_dir = tmp_path / "refused"
-    code = main(["train", "--frozen", str(lock_path), "--data", str(builtin_data_dir), "--run-dir", str(refused_dir),
-                 "--set", "train.max_steps=2", "--set", "train.eval_every=0", "--allow-change", "train.max_steps"])
+    code = main(
+        [
+            "train",
+            "--frozen",
+            str(lock_path),
+            "--data",
+            str(builtin_data_dir),
+            "--run-dir",
+            str(refused_dir),
+            "--set",
+            "train.max_steps=2",
+            "--set",
+            "train.eval_every=0",
+            "--allow-change",
+            "train.max_steps",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and not refused_dir.exists()
     assert err.count("\n") == 1 and "1 difference(s)" in err and "train.eval.every (lock 4, run 0)" in err
 
     # Listed, it starts; run.json records the lock and the accepted difference.
     long_dir = tmp_path / "long"
-    assert main(["train", "--frozen", str(lock_path), "--data", str(builtin_data_dir), "--run-dir", str(long_dir),
-                 "--set", "train.max_steps=2", "--allow-change", "train.max_steps"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--frozen",
+                str(lock_path),
+                "--data",
+                str(builtin_data_dir),
+                "--run-dir",
+                str(long_dir),
+                "--set",
+                "train.max_steps=2",
+                "--allow-change",
+                "train.max_steps",
+            ]
+        )
+        == 0
+    )
     frozen = json.loads((long_dir / "run.json").read_text())["frozen"]
     assert frozen["lock_sha256"] == lock["sha256"]
     assert frozen["differences"] == [{"key": "train.max_steps", "lock": 20, "run": 2}]
     capsys.readouterr()
     main(["summarize", str(long_dir), "--json"])
     status = json.loads(capsys.readouterr().out)["overall"]["frozen_candidate"]
-    assert status["matches"] is True and status["lock_file"] == "unchanged" and status["lock_sha256"] == lock["sha256"]
+    assert (
+        status["matches"] is True
+        and status["lock_file"] == "unchanged"
+        and status["lock_sha256"] == lock["sha256"]
+    )
     _, data, _ = _verdict_json(capsys, long_dir, "--no-resume-required")
     assert data["frozen"]["matches"] is True
 

@@ -1,8 +1,8 @@
-"""A test seam, run under torchrun in place of `-m pilotrun`: `python faulty_rank.py FAULT RANK STEP [MARKER] -- ARGS`
-runs `pilotrun ARGS` with rank RANK faulty before the update after STEP: FAULT `stall` sleeps (a rank stuck in a
-read, a dead link, a deadlock), `kill` SIGKILLs the rank (an OOM kill, a node's process lost). With MARKER, a file
-path, only the first process to reach the fault has it (it creates MARKER): the group torchrun restarts runs
-through. Ships in no production path: only tests start it."""
+"""A test seam, run under torchrun in place of `-m pilotrun`: `python faulty_rank.py FAULT RANK STEP [MARKER]
+-- ARGS` runs `pilotrun ARGS` with rank RANK faulty before the update after STEP: FAULT `stall` sleeps (a rank
+stuck in a read, a dead link, a deadlock), `kill` SIGKILLs the rank (an OOM kill, a node's process lost). With
+MARKER, a file path, only the first process to reach the fault has it (it creates MARKER): the group torchrun
+restarts runs through. Ships in no production path: only tests start it."""
 
 from __future__ import annotations
 

@@ -35,7 +35,9 @@ def _set(monkeypatch: Any, owner: Any, name: str, value: Any) -> None:
         setattr(owner, name, value)
 
 
-def poison_batches(first: int, *, storm: bool = False, rank: int | None = None, monkeypatch: Any = None) -> None:
+def poison_batches(
+    first: int, *, storm: bool = False, rank: int | None = None, monkeypatch: Any = None
+) -> None:
     original = reader.BatchLoader.next_batch
 
     def next_batch(self):

@@ -39,7 +39,8 @@ def agent_store() -> TCPStore:
 def _rank_entry(rank: int, world_size: int, port: int, function: Callable[..., None], args: tuple) -> None:
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                       "TORCHELASTIC_USE_AGENT_STORE": "True"})  # connect to the test's store, as under torchrun
+                       # connect to the test's store, as under torchrun
+                       "TORCHELASTIC_USE_AGENT_STORE": "True"})
     torch.set_num_threads(1)
     function(rank, *args)
 
@@ -106,13 +107,16 @@ def _collectives_worker(rank: int, out_dir: str) -> None:
     context = D.init_distributed("cpu")
     try:
         assert context.world_size == 2 and context.rank == rank and context.backend == "gloo"
-        # rank 0 / rank 1 counts; rank 1 has a NaN max logit in layer 1 head 0, rank 0 an inf in layer 0 head 1
+        # rank 0 / rank 1 counts; rank 1 has a NaN max logit in layer 1 head 0, rank 0 an inf in layer 0 head
+        # 1
         tokens = torch.tensor([[1.0, 5.0, 0.0], [7.0, 0.0, 2.0]]) * (rank + 1)
         qk = torch.tensor([[1.5, float("inf")], [0.25, -float("inf")]]) if rank == 0 else \
             torch.tensor([[2.5, 3.0], [float("nan"), -float("inf")]])
         big = torch.tensor([2.0**24 - 1.0], dtype=torch.float64) * (rank + 1)
         t, q = D.all_reduce_step_statistics(context, tokens, qk)
-        packed = D.all_reduce_packed(context, {"big": big, "ints": torch.tensor([rank, 10], dtype=torch.int64)}, "sum")
+        packed = D.all_reduce_packed(
+            context, {"big": big, "ints": torch.tensor([rank, 10], dtype=torch.int64)}, "sum"
+        )
         mean = D.mean_across_ranks(context, {"loss": 1.0 + rank, "other": 4.0 * rank})
         anyflag = D.any_across_ranks(context, rank == 1)
         noneflag = D.any_across_ranks(context, False)
@@ -138,17 +142,33 @@ def _collectives_worker(rank: int, out_dir: str) -> None:
             drift = str(exc)
         D.check_same_run_on_all_ranks(context, {"train": {"seq_len": 32}}, "sha-data")
         same_run = []
-        for recipe, data in (({"train": {"seq_len": 32}}, f"sha-{rank}"), ({"train": {"seq_len": 32 + rank}}, "d")):
+        for recipe, data in (
+            ({"train": {"seq_len": 32}}, f"sha-{rank}"),
+            ({"train": {"seq_len": 32 + rank}}, "d"),
+        ):
             try:
                 D.check_same_run_on_all_ranks(context, recipe, data)
                 same_run.append("")
             except ConfigError as exc:
                 same_run.append(str(exc))
-        torch.save({"same_run": same_run, "tokens": t, "qk": q, "inputs_unchanged": torch.equal(tokens[0], torch.tensor([1.0, 5.0, 0.0])
-                                                                          * (rank + 1)),
-                    "packed": packed, "mean": mean, "any": anyflag, "none": noneflag, "chosen": chosen,
-                    "disagreement": disagreement, "written": written,
-                    "checked": checked, "drift": drift}, Path(out_dir) / f"rank{rank}.pt")
+        torch.save(
+            {
+                "same_run": same_run,
+                "tokens": t,
+                "qk": q,
+                "inputs_unchanged": torch.equal(tokens[0], torch.tensor([1.0, 5.0, 0.0]) * (rank + 1)),
+                "packed": packed,
+                "mean": mean,
+                "any": anyflag,
+                "none": noneflag,
+                "chosen": chosen,
+                "disagreement": disagreement,
+                "written": written,
+                "checked": checked,
+                "drift": drift,
+            },
+            Path(out_dir) / f"rank{rank}.pt",
+        )
     finally:
         D.shutdown_distributed(context)
 
@@ -200,7 +220,9 @@ def _global_batches() -> list[torch.Tensor]:
     return [torch.randn(4, 6, generator=generator) for _ in range(3)]  # 3 microbatches of 4 global rows
 
 
-def _train_two_steps(model: nn.Module, batches_for_this_rank: list[torch.Tensor], sync_last_only: bool) -> None:
+def _train_two_steps(
+    model: nn.Module, batches_for_this_rank: list[torch.Tensor], sync_last_only: bool
+) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(2):
         for i, x in enumerate(batches_for_this_rank):
@@ -224,7 +246,9 @@ def _wrap_worker(rank: int, out_dir: str, parallelism: str) -> None:
             weights = {k: v.full_tensor() for k, v in base.state_dict().items()}
         else:
             weights = {k: v.clone() for k, v in base.state_dict().items()}
-        torch.save({"weights": weights, "input_sum": base.input_sum.clone()}, Path(out_dir) / f"rank{rank}.pt")
+        torch.save(
+            {"weights": weights, "input_sum": base.input_sum.clone()}, Path(out_dir) / f"rank{rank}.pt"
+        )
     finally:
         D.shutdown_distributed(context)
 
@@ -262,7 +286,8 @@ def test_fsdp_with_fp16_is_refused_with_the_reason() -> None:
         D.wrap_model(nn.Linear(1, 1), two_ranks, "fsdp", precision="fp16")
 
 
-# ---------------------------------------------------------------------------------------------- world-size change
+# ---------------------------------------------------------------------------------------------- world-size
+# change
 def _meta(world_size: int, batch_size: int) -> dict:
     return {"world_size": world_size, "recipe": {"train": {"batch_size": batch_size, "seq_len": 32},
                                                  "model": {"d_model": 64}}}
@@ -303,7 +328,11 @@ def test_under_torchrun_s_agent_each_restart_of_the_group_has_its_own_keys():
     assert D.restart_store({"TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_RESTART_COUNT": "1"}, 2,
                            timeout) is None
     agent = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timeout)  # the agent's one store
-    environ = {"TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(agent.port)}
+    environ = {
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(agent.port),
+    }
     first = D.restart_store({**environ, "TORCHELASTIC_RESTART_COUNT": "0"}, 2, timeout)
     second = D.restart_store({**environ, "TORCHELASTIC_RESTART_COUNT": "1"}, 2, timeout)
     first.set("rank_0", "address of the group that died")

@@ -3,8 +3,8 @@
 One module-scoped set of runs on the built-in corpus, compared several ways:
 - 2 ranks x batch 2 against 1 process x batch 4 (the same global batch and the same tokens): losses agree
   within 1e-5 relative (the gradient is summed over ranks in another order, so not bit for bit);
-- a 2-rank run SIGKILLed inside a checkpoint write, then resumed with --resume, against an uninterrupted 2-rank
-  run: every loss after the resume and the final checkpoint's weights are identical, bit for bit;
+- a 2-rank run SIGKILLed inside a checkpoint write, then resumed with --resume, against an uninterrupted
+  2-rank run: every loss after the resume and the final checkpoint's weights are identical, bit for bit;
 - the world-size change rule: refused by default with the reason; allowed with the same global batch;
 - only rank 0 writes the record, and its counters are global.
 """
@@ -41,10 +41,23 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def _train_command(data: Path, run_dir: Path, world_size: int, batch_size: int, *extra: str,
                    faults: tuple[str, ...] = ()) -> list[str]:
-    # `faults`: checkpoint faults for every rank (tests/training/checkpoint/checkpoint_faults.py), run in place of pilotrun.
-    module = ["-m", "tests.training.checkpoint.checkpoint_faults", *faults, "--"] if faults else ["-m", "pilotrun"]
-    launcher = [sys.executable, *module] if world_size == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}", *module]
+    # `faults`: checkpoint faults for every rank (tests/training/checkpoint/checkpoint_faults.py), run in
+    # place of pilotrun.
+    module = (
+        ["-m", "tests.training.checkpoint.checkpoint_faults", *faults, "--"] if faults else ["-m", "pilotrun"]
+    )
+    launcher = (
+        [sys.executable, *module]
+        if world_size == 1
+        else [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={world_size}",
+            *module,
+        ]
+    )
     return launcher + ["train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(data),
                        "--run-dir", str(run_dir), *RECIPE, "--set", f"train.batch_size={batch_size}", *extra]
 
@@ -121,8 +134,13 @@ def runs(builtin_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     # The killed run: every checkpoint write pauses 3 s between the shards and the commit; once step 3 is
     # committed and step 6's write has begun, SIGKILL the whole process group (torchrun and both ranks).
     with open(root / "killed.log", "w") as log:
-        killed = subprocess.Popen(_train_command(builtin_data_dir, out["killed"], 2, 2, faults=("--write-delay", "3")),
-                                  cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+        killed = subprocess.Popen(
+            _train_command(builtin_data_dir, out["killed"], 2, 2, faults=("--write-delay", "3")),
+            cwd=ROOT,
+            env=_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     checkpoints = out["killed"] / "checkpoints"
     deadline = time.time() + 240
     try:
@@ -212,12 +230,14 @@ def test_world_size_change_is_refused_with_the_reason(runs: dict[str, Path], tmp
                                                       capsys: pytest.CaptureFixture) -> None:
     run_dir = tmp_path / "copy"
     shutil.copytree(runs["two"], run_dir)
-    code, err = _in_process(_train_command(runs["data"], run_dir, 1, 2, "--resume", "--set", "train.max_steps=10"),
-                            capsys)
+    code, err = _in_process(
+        _train_command(runs["data"], run_dir, 1, 2, "--resume", "--set", "train.max_steps=10"), capsys
+    )
     assert code == 2
     assert "written by 2 rank(s), this run has 1" in err and "train.batch_size=4" in err
-    code, err = _in_process(_train_command(runs["data"], run_dir, 1, 2, "--resume", "--allow-change", "world_size"),
-                            capsys)
+    code, err = _in_process(
+        _train_command(runs["data"], run_dir, 1, 2, "--resume", "--allow-change", "world_size"), capsys
+    )
     assert code == 2 and "global batch is 2 x 2 = 4" in err
     assert len(_events(run_dir)) == len(_events(runs["two"]))  # refusals wrote nothing
 
@@ -236,7 +256,9 @@ def test_allowed_world_size_change_continues_the_same_data(runs: dict[str, Path]
     for step, loss in changed.items():
         assert loss == pytest.approx(reference[step], rel=1e-5), step
     record = json.loads((run_dir / "run.json").read_text())
-    assert any(c["key"] == "world_size" and c["old"] == 2 and c["new"] == 1 for c in record["allowed_changes"])
+    assert any(
+        c["key"] == "world_size" and c["old"] == 2 and c["new"] == 1 for c in record["allowed_changes"]
+    )
     assert any("world size changed 2 -> 1" in note for note in record["sessions"][-1]["notes"])
     assert record["tokens_per_update"] == 128
 
@@ -280,11 +302,12 @@ def test_fp16_skip_decisions_are_agreed_by_both_ranks(runs: dict[str, Path], tmp
     assert last["updates_attempted"] == 4 + len(skipped)
 
 
-def test_activation_checkpointing_and_replicated_newton_schulz_give_the_same_two_rank_run(runs: dict[str, Path],
-                                                                                         tmp_path: Path) -> None:
-    """Two switches that must not change a DDP run's numbers: activation checkpointing (each block recomputed in
-    backward under DDP's hooks) and Newton-Schulz replicated on every rank instead of shared out (the default
-    the fixture's run used). Both give the fixture's 2-rank losses and final weights bit for bit."""
+def test_activation_checkpointing_and_replicated_newton_schulz_give_the_same_two_rank_run(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Two switches that must not change a DDP run's numbers: activation checkpointing (each block recomputed
+    in backward under DDP's hooks) and Newton-Schulz replicated on every rank instead of shared out (the
+    default the fixture's run used). Both give the fixture's 2-rank losses and final weights bit for bit."""
     for name, extra in (("recompute", ["--set", "model.activation_checkpointing=true"]),
                         ("replicated_ns", ["--set", "optim.muon.distribute_newton_schulz=false"])):
         run_dir = tmp_path / name

@@ -36,7 +36,8 @@ def test_git_state_tracks_commit_dirty_and_diff_hash(tmp_path):
     assert dirty["commit"] == clean["commit"] and dirty["dirty"] is True
     assert dirty["diff_sha256"] != clean["diff_sha256"]
     (repo / "a.py").write_text("x = 3\n")
-    assert git_state(repo, paths=(".",))["diff_sha256"] != dirty["diff_sha256"]  # a different edit, a different hash
+    # a different edit, a different hash
+    assert git_state(repo, paths=(".",))["diff_sha256"] != dirty["diff_sha256"]
     (repo / "a.py").write_text("x = 1\n")
     (repo / "new.py").write_text("")
     untracked = git_state(repo, paths=(".",))

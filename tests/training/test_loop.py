@@ -24,8 +24,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def session_of(data_dir, run_dir, *overrides: str):
-    config = load_run_config(ROOT / "configs" / "smoke.yaml", [
-        "train.num_threads=1", "train.max_steps=4", "train.eval_every=0", "train.checkpoint_every=0", *overrides])
+    config = load_run_config(
+        ROOT / "configs" / "smoke.yaml",
+        [
+            "train.num_threads=1",
+            "train.max_steps=4",
+            "train.eval_every=0",
+            "train.checkpoint_every=0",
+            *overrides,
+        ],
+    )
     return Trainer(config, data_dir, run_dir, progress=False, out=io.StringIO()).session
 
 
@@ -149,7 +157,10 @@ def test_a_deadline_or_a_signal_on_the_last_update_is_a_completed_run_a_spikes_s
         assert finished_anyway(asked, 3, 4) is asked  # before the last update: it stops the run
         ending = finished_anyway(asked, 4, 4)
         assert (ending.reason, ending.exit_code) == ("completed", 0)
-        assert ending.message == f"reached max_steps=4 ({asked.reason} asked for at the last update: nothing left to stop)"
+        assert (
+            ending.message
+            == f"reached max_steps=4 ({asked.reason} asked for at the last update: nothing left to stop)"
+        )
     assert finished_anyway(spike, 4, 4) is spike and finished_anyway(None, 4, 4) is None
 
 
@@ -207,7 +218,11 @@ class TwoRankGroup:
     ranks' values, as gloo's would, so `stop_requested` takes its decision exactly as under torchrun."""
 
     def __init__(self) -> None:
-        self.barrier, self.values, self.local = threading.Barrier(2, timeout=30), [None, None], threading.local()
+        self.barrier, self.values, self.local = (
+            threading.Barrier(2, timeout=30),
+            [None, None],
+            threading.local(),
+        )
 
     def exchange(self, value):
         self.values[self.local.rank] = value
@@ -232,9 +247,14 @@ def deadline_rank(group: TwoRankGroup, rank: int, offset: float, stop_by: float,
     group.local.rank = rank
     now = [1000.0 + offset]
     state = types.SimpleNamespace(step=0, consecutive_skips=0)
-    session = types.SimpleNamespace(context=DistributedContext(rank=rank, world_size=2, backend="gloo"), state=state,
-                                    config=types.SimpleNamespace(train=types.SimpleNamespace(max_consecutive_skips=9)))
-    loop = types.SimpleNamespace(session=session, signals=StopSignals(), update=None, last_save_seconds=2.0, step=0)
+    session = types.SimpleNamespace(
+        context=DistributedContext(rank=rank, world_size=2, backend="gloo"),
+        state=state,
+        config=types.SimpleNamespace(train=types.SimpleNamespace(max_consecutive_skips=9)),
+    )
+    loop = types.SimpleNamespace(
+        session=session, signals=StopSignals(), update=None, last_save_seconds=2.0, step=0
+    )
     callback = DeadlineCallback(stop_by, setup_seconds=3.0, clock=lambda: now[0])
     while True:
         with callback.around_update(loop):
@@ -267,5 +287,6 @@ def test_two_ranks_stop_for_a_deadline_at_the_same_update_in_the_first_asking_ra
     assert ending0 == ending1 and (ending0.reason, ending0.exit_code) == ("deadline", 75)
     assert asked1 and not asked0  # rank 0's clock alone would have gone on: the agreement stopped it
     assert "checkpoint step 45" in ending0.message and ending0.message.startswith("deadline in 2.9 s")
-    assert now1 + 0.1 + 2.0 < 1030.2 and now0 + 0.1 + 2.0 < 1030.2  # the last round and the save, on either clock
+    # the last round and the save, on either clock
+    assert now1 + 0.1 + 2.0 < 1030.2 and now0 + 0.1 + 2.0 < 1030.2
     assert now1 + margin1 >= 1030.2 > now0 + margin0

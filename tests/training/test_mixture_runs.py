@@ -50,7 +50,9 @@ def events(run_dir: Path, kind: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def seventy_thirty(mixture_sources, tmp_path_factory):
     root = tmp_path_factory.mktemp("mixture_run")
-    mixture = write_mixture(root / "mix.yaml", [(mixture_sources["edu"], 0.7), (mixture_sources["builtin"], 0.3)])
+    mixture = write_mixture(
+        root / "mix.yaml", [(mixture_sources["edu"], 0.7), (mixture_sources["builtin"], 0.3)]
+    )
     train(mixture, root / "run")
     return mixture, root / "run"
 
@@ -62,10 +64,16 @@ def test_tokens_per_source_add_up_to_tokens_seen_and_match_the_weights_to_the_ro
         seen = event["tokens_seen_by_source"]
         assert sum(seen.values()) == event["tokens_seen"]
         assert sum(event["tokens_by_source"].values()) == event["window"]["tokens"]
-        assert abs(seen["edu"] - 0.7 * event["tokens_seen"]) < row and abs(seen["builtin"] - 0.3 * event["tokens_seen"]) < row
+        assert (
+            abs(seen["edu"] - 0.7 * event["tokens_seen"]) < row
+            and abs(seen["builtin"] - 0.3 * event["tokens_seen"]) < row
+        )
     vals = events(run_dir, "val")
     assert vals and all(set(v["loss_by_source"]) == {"edu", "builtin"} for v in vals)
-    assert all(v["loss"] == (0.7 * v["loss_by_source"]["edu"] + 0.3 * v["loss_by_source"]["builtin"]) / 1.0 for v in vals)
+    assert all(
+        v["loss"] == (0.7 * v["loss_by_source"]["edu"] + 0.3 * v["loss_by_source"]["builtin"]) / 1.0
+        for v in vals
+    )
     run = json.loads((run_dir / "run.json").read_text())
     assert [s["name"] for s in run["data"]["sources"]] == ["edu", "builtin"]
     assert run["data"]["mixture"] == {"weights": [0.7, 0.3], "seed": 0}
@@ -91,7 +99,9 @@ def test_summarize_refuses_per_source_tokens_that_do_not_add_up(seventy_thirty, 
 
 
 def test_a_small_source_restarts_alone_and_the_verdict_names_its_passes(mixture_sources, tmp_path):
-    mixture = write_mixture(tmp_path / "mix.yaml", [(mixture_sources["edu"], 0.1), (mixture_sources["tiny"], 0.9)])
+    mixture = write_mixture(
+        tmp_path / "mix.yaml", [(mixture_sources["edu"], 0.1), (mixture_sources["tiny"], 0.9)]
+    )
     train(mixture, tmp_path / "run", "train.eval_every=0", "train.max_steps=16", "optim.schedule.horizon=16",
           "train.checkpoint_every=8")  # tiny: 25 windows, asked for 58 rows
     last = events(tmp_path / "run", "train")[-1]
@@ -113,9 +123,19 @@ def test_a_mixture_of_one_folder_writes_the_record_of_that_folder(mixture_source
 
 
 def _command(mixture: Path, run_dir: Path, world_size: int, batch_size: int, *extra: str) -> list[str]:
-    launcher = [sys.executable, "-m", "pilotrun"] if world_size == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}", "-m",
-         "pilotrun"]
+    launcher = (
+        [sys.executable, "-m", "pilotrun"]
+        if world_size == 1
+        else [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={world_size}",
+            "-m",
+            "pilotrun",
+        ]
+    )
     sets = [arg for key in SETTINGS for arg in ("--set", key)]
     return launcher + ["train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(mixture),
                        "--run-dir", str(run_dir), "--progress", "none", *sets, "--set",
@@ -128,8 +148,14 @@ def _env() -> dict[str, str]:
 
 def test_the_same_global_batches_on_one_and_two_gloo_ranks(seventy_thirty, tmp_path):
     mixture, one_rank = seventy_thirty
-    done = subprocess.run(_command(mixture, tmp_path / "two", 2, 2), cwd=ROOT, env=_env(), capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        _command(mixture, tmp_path / "two", 2, 2),
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     one, two = events(one_rank, "train"), events(tmp_path / "two", "train")
     assert [e["tokens_seen_by_source"] for e in one] == [e["tokens_seen_by_source"] for e in two]
@@ -147,8 +173,13 @@ def test_the_same_global_batches_on_one_and_two_gloo_ranks(seventy_thirty, tmp_p
 def test_a_sigkill_and_resume_is_bit_exact(seventy_thirty, tmp_path):
     mixture, straight = seventy_thirty
     run_dir = tmp_path / "killed"
-    process = subprocess.Popen(_command(mixture, run_dir, 1, 4), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        _command(mixture, run_dir, 1, 4),
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 300
     while not (run_dir / "checkpoints" / "step-00000004" / MARKER_NAME).exists() and process.poll() is None:
         assert time.monotonic() < deadline, "no checkpoint at step 4 within 300 s"
@@ -157,8 +188,14 @@ def test_a_sigkill_and_resume_is_bit_exact(seventy_thirty, tmp_path):
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert not events(run_dir, "session_end")  # killed, not ended
-    done = subprocess.run(_command(mixture, run_dir, 1, 4, "--resume"), cwd=ROOT, env=_env(), capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        _command(mixture, run_dir, 1, 4, "--resume"),
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     want = {e["step"]: (e["loss"], e["tokens_seen_by_source"]) for e in events(straight, "train")}
     for event in events(run_dir, "train"):
@@ -205,7 +242,9 @@ def test_a_weight_changed_on_resume_is_refused_unless_allowed_then_recorded(seve
     _, straight = seventy_thirty
     run_dir = tmp_path / "run"
     shutil.copytree(straight, run_dir)
-    even = write_mixture(tmp_path / "even.yaml", [(mixture_sources["edu"], 0.5), (mixture_sources["builtin"], 0.5)])
+    even = write_mixture(
+        tmp_path / "even.yaml", [(mixture_sources["edu"], 0.5), (mixture_sources["builtin"], 0.5)]
+    )
     with pytest.raises(CheckpointError, match=r"data\.mixture\.weights: \[0\.7, 0\.3\] -> \[0\.5, 0\.5\]"):
         Trainer(recipe(), even, run_dir, resume=True, from_step=4, progress=False, out=io.StringIO())
     trainer = train(even, run_dir, resume=True, from_step=4, allow_changes=["data.mixture.weights"])
@@ -234,9 +273,15 @@ def test_the_lock_records_every_source_the_weights_and_the_seed(seventy_thirty, 
                                                                        run["data"]["sources"]]
     sha, same = data_identity(mixture)
     assert sha == lock["data"]["metadata_sha256"]
-    assert frozen_run_facts(lock, tmp_path / "lock.json", run["recipe"], sha, [], mixture=same)["differences"] == []
-    sha, heavier = data_identity(write_mixture(tmp_path / "m.yaml", [(mixture_sources["edu"], 0.9),
-                                                                     (mixture_sources["builtin"], 0.1)], seed=3))
+    assert (
+        frozen_run_facts(lock, tmp_path / "lock.json", run["recipe"], sha, [], mixture=same)["differences"]
+        == []
+    )
+    sha, heavier = data_identity(
+        write_mixture(
+            tmp_path / "m.yaml", [(mixture_sources["edu"], 0.9), (mixture_sources["builtin"], 0.1)], seed=3
+        )
+    )
     with pytest.raises(FreezeError, match=r"data\.mixture\.seed .*data\.mixture\.weights"):
         frozen_run_facts(lock, tmp_path / "lock.json", run["recipe"], sha, [], mixture=heavier)
     facts = frozen_run_facts(lock, tmp_path / "lock.json", run["recipe"], sha,
@@ -265,8 +310,16 @@ def test_inspect_batch_quotes_a_hostile_source_name_on_its_own_line(mixture_sour
 
     hostile = "edu\x1b]0;owned\x07\nmicrobatch 99 fake"
     mixture = tmp_path / "mix.yaml"
-    mixture.write_text(yaml.safe_dump({"mixture": [{"path": str(mixture_sources["edu"]), "weight": 1, "name": hostile},
-                                                   {"path": str(mixture_sources["builtin"]), "weight": 1}]}))
+    mixture.write_text(
+        yaml.safe_dump(
+            {
+                "mixture": [
+                    {"path": str(mixture_sources["edu"]), "weight": 1, "name": hostile},
+                    {"path": str(mixture_sources["builtin"]), "weight": 1},
+                ]
+            }
+        )
+    )
     train(mixture, tmp_path / "run", "train.max_steps=2", "train.eval_every=0")
     said = inspect_batch(tmp_path / "run", 2)
     assert not any(c in said for c in "\x1b\x07") and "edu\\x1b]0;owned\\x07\\nmicrobatch 99 fake" in said

@@ -1,5 +1,5 @@
-"""pilotrun/training/multiple_choice.py: a choice's score is the sum of its tokens' log-probabilities after the
-context; acc and acc_norm as the harness defines them; the training left as it was."""
+"""pilotrun/training/multiple_choice.py: a choice's score is the sum of its tokens' log-probabilities after
+the context; acc and acc_norm as the harness defines them; the training left as it was."""
 
 from __future__ import annotations
 

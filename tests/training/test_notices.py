@@ -1,5 +1,5 @@
-"""Start, resume and interrupt notices: the schedule against max_steps, a val split smaller than one evaluation,
-what a resume restored, and the immediate answer to a first SIGINT."""
+"""Start, resume and interrupt notices: the schedule against max_steps, a val split smaller than one
+evaluation, what a resume restored, and the immediate answer to a first SIGINT."""
 
 from __future__ import annotations
 
@@ -82,10 +82,14 @@ def test_task_files_that_no_cadence_scores_are_warned_about():
     from pilotrun.training.notices import startup_warnings
 
     smoke = Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml"
-    unscored = load_run_config(smoke, ["train.downstream_tasks=[a.jsonl, b.jsonl]", "train.downstream_every=0"])
+    unscored = load_run_config(
+        smoke, ["train.downstream_tasks=[a.jsonl, b.jsonl]", "train.downstream_every=0"]
+    )
     said = [w for w in startup_warnings(unscored, 10**6, 1) if "downstream" in w]
-    assert said == ["warning: train.downstream.tasks names 2 task file(s) but train.downstream.every is 0: they "
-                    "are never scored in this run (set train.downstream.every, the updates between scorings, or "
-                    "`pilotrun evaluate` a checkpoint)"]
+    assert said == [
+        "warning: train.downstream.tasks names 2 task file(s) but train.downstream.every is 0: they "
+        "are never scored in this run (set train.downstream.every, the updates between scorings, or "
+        "`pilotrun evaluate` a checkpoint)"
+    ]
     scored = load_run_config(smoke, ["train.downstream_tasks=[a.jsonl]", "train.downstream_every=5"])
     assert not [w for w in startup_warnings(scored, 10**6, 1) if "downstream" in w]

@@ -48,7 +48,9 @@ def _build(seed: int = 0):
 
 def _batch(seed: int):
     generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 32, (4, 8), generator=generator), torch.randint(0, 32, (4, 8), generator=generator)
+    return torch.randint(0, 32, (4, 8), generator=generator), torch.randint(
+        0, 32, (4, 8), generator=generator
+    )
 
 
 def _backward(model, scaler, precision, seed):
@@ -241,7 +243,8 @@ def test_grad_scaler_state_round_trips_and_continues_identically():
     assert scaler_a.state_dict() == scaler_b.state_dict()
 
 
-# ---- on the real model, with the real partition and optimizer ------------------------------------------------
+# ---- on the real model, with the real partition and optimizer
+# ------------------------------------------------
 
 def _real_model_and_optimizer():
     from pilotrun.config import ModelConfig, OptimConfig
@@ -308,8 +311,9 @@ def test_real_model_fp16_overflow_and_injected_inf_skip_every_group():
 
 
 def test_skipped_attempts_change_nothing_about_the_applied_updates():
-    """Two runs over the same five clean batches, one of them with failed attempts (NaN gradients) interleaved:
-    the LR of every applied update and the final weights and optimizer state are identical, bit for bit."""
+    """Two runs over the same five clean batches, one of them with failed attempts (NaN gradients)
+    interleaved: the LR of every applied update and the final weights and optimizer state are identical, bit
+    for bit."""
     schedule = ScheduleConfig(kind="cosine", warmup_steps=2, horizon=6)
 
     def run(skip_before: set[int]):
@@ -339,10 +343,13 @@ def test_skipped_attempts_change_nothing_about_the_applied_updates():
 
 
 def onednn_takes_low_precision_matmuls() -> dict[str, bool]:
-    """Whether torch sends this CPU's bf16 / fp16 matmuls to oneDNN (torch's own checks: AVX512 BW/VL/DQ for bf16,
-    AVX512-FP16 or AMX-FP16 for fp16), where a kernel is built and kept per matmul shape."""
+    """Whether torch sends this CPU's bf16 / fp16 matmuls to oneDNN (torch's own checks: AVX512 BW/VL/DQ for
+    bf16, AVX512-FP16 or AMX-FP16 for fp16), where a kernel is built and kept per matmul shape."""
     checks = {"bf16": "_is_mkldnn_bf16_supported", "fp16": "_is_mkldnn_fp16_supported"}
-    return {precision: bool(getattr(torch.ops.mkldnn, name, lambda: False)()) for precision, name in checks.items()}
+    return {
+        precision: bool(getattr(torch.ops.mkldnn, name, lambda: False)())
+        for precision, name in checks.items()
+    }
 
 
 @pytest.mark.slow
@@ -351,15 +358,15 @@ def test_low_precision_needs_no_more_resident_memory_than_fp32_and_levels_off(bu
     allocator's heap left by an earlier run in the same process would hide a growth), read from the windows'
     rss_mb. Bounds: from update 10 to 80 the RSS grows at most 10% (the first updates warm the allocator and
     the kernels up: +2% here), and bf16 / fp16 end within 15% of fp32 (their own copies of a tiny model's
-    weights are a few MB). The growth once reported on an AVX512 CPU (+50% from update 10 to 80, 2.4x fp32's RSS,
-    the memory rule's growth 1.84x on a 40-update pilot) fails both.
+    weights are a few MB). The growth once reported on an AVX512 CPU (+50% from update 10 to 80, 2.4x fp32's
+    RSS, the memory rule's growth 1.84x on a 40-update pilot) fails both.
 
-    What it proves depends on the CPU (onednn_takes_low_precision_matmuls). Where torch sends bf16/fp16 matmuls
-    to oneDNN, it checks the fix of that growth's cause: one oneDNN kernel kept per matmul shape, and a new
-    shape per expert segment length (the segments are now padded to a few lengths, model/segment_buckets.py,
-    tests/model/test_moe.py counts the shapes). Where it does not (an AVX2 CPU such as CI's), low precision runs
-    without oneDNN and the test proves only that nothing else grows: the autocast cast cache, the loss
-    scaler, the per-update statistics, the allocator."""
+    What it proves depends on the CPU (onednn_takes_low_precision_matmuls). Where torch sends bf16/fp16
+    matmuls to oneDNN, it checks the fix of that growth's cause: one oneDNN kernel kept per matmul shape, and
+    a new shape per expert segment length (the segments are now padded to a few lengths,
+    model/segment_buckets.py, tests/model/test_moe.py counts the shapes). Where it does not (an AVX2 CPU such
+    as CI's), low precision runs without oneDNN and the test proves only that nothing else grows: the autocast
+    cast cache, the loss scaler, the per-update statistics, the allocator."""
     import json
     import os
     import subprocess
@@ -372,14 +379,38 @@ def test_low_precision_needs_no_more_resident_memory_than_fp32_and_levels_off(bu
     root = Path(__file__).resolve().parents[2]
     children = {}
     for precision in ("fp32", "bf16", "fp16"):  # side by side: each process measures only its own memory
-        command = [sys.executable, "-m", "pilotrun", "train", "--config", str(root / "configs" / "smoke.yaml"),
-                   "--data", str(builtin_data_dir), "--run-dir", str(tmp_path / precision)]
-        for setting in ("train.max_steps=80", "optim.schedule.horizon=80", "train.checkpoint_every=0",
-                        "train.eval_every=0", "train.log_every=1", "train.num_threads=1", "train.batch_size=2",
-                        "train.seq_len=16", f"train.precision={precision}"):
+        command = [
+            sys.executable,
+            "-m",
+            "pilotrun",
+            "train",
+            "--config",
+            str(root / "configs" / "smoke.yaml"),
+            "--data",
+            str(builtin_data_dir),
+            "--run-dir",
+            str(tmp_path / precision),
+        ]
+        for setting in (
+            "train.max_steps=80",
+            "optim.schedule.horizon=80",
+            "train.checkpoint_every=0",
+            "train.eval_every=0",
+            "train.log_every=1",
+            "train.num_threads=1",
+            "train.batch_size=2",
+            "train.seq_len=16",
+            f"train.precision={precision}",
+        ):
             command += ["--set", setting]
-        children[precision] = subprocess.Popen(command, cwd=root, env=dict(os.environ), stdout=subprocess.DEVNULL,
-                                               stderr=subprocess.PIPE, text=True)
+        children[precision] = subprocess.Popen(
+            command,
+            cwd=root,
+            env=dict(os.environ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     rss: dict[str, dict[int, float]] = {}
     for precision, child in children.items():
         _, err = child.communicate(timeout=540)
@@ -393,4 +424,9 @@ def test_low_precision_needs_no_more_resident_memory_than_fp32_and_levels_off(bu
     for precision, by_step in rss.items():
         assert by_step[80] <= 1.10 * by_step[10], (precision, by_step[10], by_step[80], onednn)
     for precision in ("bf16", "fp16"):
-        assert rss[precision][80] <= 1.15 * rss["fp32"][80], (precision, rss[precision][80], rss["fp32"][80], onednn)
+        assert rss[precision][80] <= 1.15 * rss["fp32"][80], (
+            precision,
+            rss[precision][80],
+            rss["fp32"][80],
+            onednn,
+        )

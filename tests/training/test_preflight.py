@@ -38,7 +38,9 @@ def _last_line(err: str) -> str:
     return err.strip().splitlines()[-1]
 
 
-def test_a_disk_without_room_for_one_checkpoint_is_refused_before_training(builtin_data_dir, tmp_path, monkeypatch):
+def test_a_disk_without_room_for_one_checkpoint_is_refused_before_training(
+    builtin_data_dir, tmp_path, monkeypatch
+):
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: usage(10 << 20, 10 << 20, 1024))
     run_dir = tmp_path / "run"
@@ -67,8 +69,12 @@ def test_a_checkpoints_folder_that_takes_no_write_is_refused_before_training(bui
     assert not run_dir.exists()
 
 
-@pytest.mark.parametrize("name", ["report", "checkpoints", "metrics.jsonl", "run.json", "tensorboard", "profile"])
-def test_a_link_where_the_session_writes_is_refused_and_its_target_unchanged(builtin_data_dir, tmp_path, name):
+@pytest.mark.parametrize(
+    "name", ["report", "checkpoints", "metrics.jsonl", "run.json", "tensorboard", "profile"]
+)
+def test_a_link_where_the_session_writes_is_refused_and_its_target_unchanged(
+    builtin_data_dir, tmp_path, name
+):
     outside = tmp_path / "users-file"
     outside.write_bytes(b"the user's own bytes\n" * 100)
     before = hashlib.sha256(outside.read_bytes()).hexdigest()
@@ -76,7 +82,8 @@ def test_a_link_where_the_session_writes_is_refused_and_its_target_unchanged(bui
     run_dir.mkdir()
     (run_dir / name).symlink_to(outside)
     code, err = _train(builtin_data_dir, run_dir)
-    # A folder holding anything is not new: a fresh train refuses it first; the link is what is named either way.
+    # A folder holding anything is not new: a fresh train refuses it first; the link is what is named either
+    # way.
     assert code == 2
     assert hashlib.sha256(outside.read_bytes()).hexdigest() == before
     assert sorted(p.name for p in run_dir.iterdir()) == [name]
@@ -92,8 +99,22 @@ def test_a_link_in_a_resumed_run_folder_is_refused_before_training(builtin_data_
     (run_dir / "report").symlink_to(outside, target_is_directory=True)
     err = io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        code = main(["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--run-dir", str(run_dir),
-                     "--resume", "--set", "train.num_threads=1", "--set", "train.max_steps=3"])
+        code = main(
+            [
+                "train",
+                "--config",
+                str(SMOKE),
+                "--data",
+                str(builtin_data_dir),
+                "--run-dir",
+                str(run_dir),
+                "--resume",
+                "--set",
+                "train.num_threads=1",
+                "--set",
+                "train.max_steps=3",
+            ]
+        )
     assert code == 2
     line = _last_line(err.getvalue())
     assert f"{run_dir / 'report'} is a symbolic link" in line, line
@@ -120,11 +141,15 @@ def test_the_disk_plan_states_the_bytes_the_count_and_the_free_space_and_warns_w
     from pilotrun.training.checkpoint.checkpointer import Checkpointer
 
     checkpointer = Checkpointer(tmp_path / "run", keep=3, keep_steps=[5])
-    train = TrainConfig(max_steps=1000, checkpoint=CheckpointConfig(every=50, keep=3, keep_every=100, keep_steps=[5]))
+    train = TrainConfig(
+        max_steps=1000, checkpoint=CheckpointConfig(every=50, keep=3, keep_every=100, keep_steps=[5])
+    )
     monkeypatch.setattr(preflight, "_free_bytes", lambda folder: 100 << 30)
     line, warning = preflight.disk_plan(checkpointer, train, 1 << 30, "estimated")
     # the newest 3 + steps 100..1000 + step 5 + the final one = 15, and one more being written
-    assert line.startswith("checkpoints: 1.00 GiB each (estimated); the retention policy keeps at most 15 by step")
+    assert line.startswith(
+        "checkpoints: 1.00 GiB each (estimated); the retention policy keeps at most 15 by step"
+    )
     assert "16.00 GiB with the one being written; 100.00 GiB free" in line and warning is None
     monkeypatch.setattr(preflight, "_free_bytes", lambda folder: 10 << 30)
     _, warning = preflight.disk_plan(checkpointer, train, 1 << 30, "estimated")

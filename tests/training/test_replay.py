@@ -1,5 +1,5 @@
-"""The replay that names a spike's cause, on the real trainer: a gradient corrupted once (after the backward, as a
-faulty device would) is not reproduced by the replay and is classified so, with the rank named; an update
+"""The replay that names a spike's cause, on the real trainer: a gradient corrupted once (after the backward,
+as a faulty device would) is not reproduced by the replay and is classified so, with the rank named; an update
 replayed from the state it started from reproduces its loss and gradient norm bit for bit."""
 
 from __future__ import annotations
@@ -20,10 +20,20 @@ ROOT = Path(__file__).resolve().parents[2]
 def make_trainer(data_dir, run_dir, *extra):
     from pilotrun.training.trainer import Trainer
 
-    config = load_run_config(ROOT / "configs" / "smoke.yaml", [
-        "train.num_threads=1", "train.max_steps=14", "train.checkpoint_every=0", "train.eval_every=0",
-        "train.log_every=1", "optim.schedule.horizon=14", "train.spike.min_history=8", "train.spike.window=20",
-        *extra])
+    config = load_run_config(
+        ROOT / "configs" / "smoke.yaml",
+        [
+            "train.num_threads=1",
+            "train.max_steps=14",
+            "train.checkpoint_every=0",
+            "train.eval_every=0",
+            "train.log_every=1",
+            "optim.schedule.horizon=14",
+            "train.spike.min_history=8",
+            "train.spike.window=20",
+            *extra,
+        ],
+    )
     return Trainer(config, data_dir, run_dir, progress=False, out=io.StringIO())
 
 
@@ -58,8 +68,9 @@ def test_an_update_computed_again_gives_the_same_figures_bit_for_bit(builtin_dat
 @pytest.mark.slow
 def test_a_broken_model_state_recurs_on_the_next_batches_too_and_is_named_so(builtin_data_dir, tmp_path,
                                                                              monkeypatch):
-    """After the 11th update the final norm's gain is multiplied by 40 (a state gone bad, as a diverged run's is):
-    the 12th attempt spikes, and its replay spikes on its own batches and on the next ones: "model_state"."""
+    """After the 11th update the final norm's gain is multiplied by 40 (a state gone bad, as a diverged run's
+    is): the 12th attempt spikes, and its replay spikes on its own batches and on the next ones:
+    "model_state"."""
     import torch
 
     import pilotrun.training.loop as loop_module
@@ -75,7 +86,9 @@ def test_a_broken_model_state_recurs_on_the_next_batches_too_and_is_named_so(bui
         return outcome
 
     monkeypatch.setattr(loop_module, "apply_update", apply_then_break)
-    trainer = make_trainer(builtin_data_dir, tmp_path / "run", "train.spike.policy=record", "train.max_steps=12")
+    trainer = make_trainer(
+        builtin_data_dir, tmp_path / "run", "train.spike.policy=record", "train.max_steps=12"
+    )
     trainer.run()
     spikes = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
               if json.loads(line)["event"] == "spike"]

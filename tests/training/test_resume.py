@@ -1,13 +1,13 @@
-"""Exact continuation in one process (case 1; cases 2 and 3 are test_resume_cli.py), and resume refusals through
-the Trainer.
+"""Exact continuation in one process (case 1; cases 2 and 3 are test_resume_cli.py), and resume refusals
+through the Trainer.
 
 Run A trains N updates straight. Run B trains K updates (its end-of-run checkpoint), then a fresh Trainer
-resumes it with max_steps=N and continues. Per-step losses, final weights (expert biases included),
-optimizer and scaler state, loader positions, trainer counters and the next draws of every RNG must be
-identical: torch.equal and exact float equality, no tolerances. The recipe makes the mechanisms under test
-act: QK-Clip's tau is below the tiny model's max logits so heads are clipped most updates, the aux-free
-expert bias moves every update, and in fp16 the loss scale starts just under the overflow point and grows
-every update, so skipped updates and scale changes straddle the checkpoint.
+resumes it with max_steps=N and continues. Per-step losses, final weights (expert biases included), optimizer
+and scaler state, loader positions, trainer counters and the next draws of every RNG must be identical:
+torch.equal and exact float equality, no tolerances. The recipe makes the mechanisms under test act: QK-Clip's
+tau is below the tiny model's max logits so heads are clipped most updates, the aux-free expert bias moves
+every update, and in fp16 the loss scale starts just under the overflow point and grows every update, so
+skipped updates and scale changes straddle the checkpoint.
 """
 
 from __future__ import annotations
@@ -65,7 +65,9 @@ def train_losses(run_dir: Path) -> dict[int, list[float]]:
 
 
 def event_count(run_dir: Path, name: str) -> int:
-    return sum(json.loads(line)["event"] == name for line in (run_dir / "metrics.jsonl").read_text().splitlines())
+    return sum(
+        json.loads(line)["event"] == name for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    )
 
 
 def make_trainer(config, data_dir, run_dir, **kwargs):
@@ -88,9 +90,9 @@ def qk_counters(trainer):
 @pytest.fixture
 def training_draws_random_numbers(monkeypatch):
     """The recipe's training draws no random numbers after the model is built, so without this the "next
-    draws" check would hold even if the checkpoint's RNG state were never restored (the fresh trainer's seeding
-    alone would reproduce it). Each microbatch here draws from every generator, as dropout or random sampling
-    would, so the RNG state after N updates depends on the updates done before the checkpoint."""
+    draws" check would hold even if the checkpoint's RNG state were never restored (the fresh trainer's
+    seeding alone would reproduce it). Each microbatch here draws from every generator, as dropout or random
+    sampling would, so the RNG state after N updates depends on the updates done before the checkpoint."""
     from pilotrun.data import reader
 
     original = reader.BatchLoader.next_batch
@@ -106,7 +108,9 @@ def training_draws_random_numbers(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
-def test_resume_in_process_is_bit_identical(builtin_data_dir, tmp_path, precision, training_draws_random_numbers):
+def test_resume_in_process_is_bit_identical(
+    builtin_data_dir, tmp_path, precision, training_draws_random_numbers
+):
     # A: straight to N.
     seed_global_generators(1234)
     run_a = make_trainer(acting_recipe(precision, N_STEPS), builtin_data_dir, tmp_path / "a")
@@ -133,7 +137,10 @@ def test_resume_in_process_is_bit_identical(builtin_data_dir, tmp_path, precisio
     assert qk_counters(run_a).updates_with_clip >= N_STEPS - 1
     assert all(bool(layer.gate.expert_bias.abs().sum() > 0) for layer in run_a.session.raw_model.moe_layers())
     if precision == "fp16":
-        assert run_a.session.state.updates_skipped > 0 and event_count(tmp_path / "a", "overflow") == run_a.session.state.updates_skipped
+        assert (
+            run_a.session.state.updates_skipped > 0
+            and event_count(tmp_path / "a", "overflow") == run_a.session.state.updates_skipped
+        )
 
     losses_a, losses_b = train_losses(tmp_path / "a"), train_losses(tmp_path / "b")
     assert sorted(losses_a) == sorted(losses_b) == list(range(1, N_STEPS + 1))
@@ -163,7 +170,9 @@ def test_resume_from_an_earlier_step_and_a_damaged_newest(builtin_data_dir, tmp_
     straight = make_trainer(acting_recipe("fp32", 6), builtin_data_dir, tmp_path / "a")
     straight.run()
     seed_global_generators(7)
-    make_trainer(acting_recipe("fp32", 6, ("train.checkpoint_every=2",)), builtin_data_dir, tmp_path / "b").run()
+    make_trainer(
+        acting_recipe("fp32", 6, ("train.checkpoint_every=2",)), builtin_data_dir, tmp_path / "b"
+    ).run()
     checkpointer = Checkpointer(tmp_path / "b", keep=3)
     assert checkpointer.committed_steps() == [2, 4, 6]
     victim = tmp_path / "b" / "checkpoints" / "step-00000006" / "model.pt"
@@ -210,7 +219,9 @@ def folder_snapshot(run_dir: Path) -> dict[str, bytes]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("override,named", INCOMPATIBLE_CHANGES)
-def test_each_incompatible_change_is_refused_naming_it(builtin_data_dir, short_run, tmp_path, override, named):
+def test_each_incompatible_change_is_refused_naming_it(
+    builtin_data_dir, short_run, tmp_path, override, named
+):
     run_dir = tmp_path / "run"
     shutil.copytree(short_run, run_dir)
     before = folder_snapshot(run_dir)
@@ -230,7 +241,9 @@ def test_allowed_change_is_applied_and_recorded(builtin_data_dir, short_run, tmp
     assert trainer.config.optim.muon.lr == 0.001 and trainer.config.train.max_steps == 3
     trainer.run()
     record = json.loads((run_dir / "run.json").read_text())
-    assert [(c["key"], c["old"], c["new"]) for c in record["allowed_changes"]] == [("optim.muon.lr", 0.003, 0.001)]
+    assert [(c["key"], c["old"], c["new"]) for c in record["allowed_changes"]] == [
+        ("optim.muon.lr", 0.003, 0.001)
+    ]
     assert record["recipe"]["optim"]["muon"]["lr"] == 0.001  # the effective recipe, restored + allowed change
 
 
@@ -248,15 +261,20 @@ def test_other_data_is_refused(short_run, tmp_path):
 
 @pytest.mark.slow
 def test_compiled_run_resumes_bit_for_bit_and_trains_like_eager(builtin_data_dir, tmp_path):
-    # train.compile=inductor with the CPU kernels (the MoE layers stay eager between the compiled parts): straight
-    # to N, and to K then resumed to N in a fresh trainer (which compiles again), give the same losses and state
-    # bit for bit; inductor's fused code rounds otherwise than eager, so against eager the losses agree closely.
+    # train.compile=inductor with the CPU kernels (the MoE layers stay eager between the compiled parts):
+    # straight to N, and to K then resumed to N in a fresh trainer (which compiles again), give the same
+    # losses and state bit for bit; inductor's fused code rounds otherwise than eager, so against eager the
+    # losses agree closely.
     compiled = ("train.compile=inductor",)
     losses, states = {}, {}
     for name, steps, resume in (("a", N_STEPS, False), ("b", K_STEPS, False), ("b", N_STEPS, True),
                                 ("eager", N_STEPS, False)):
-        trainer = make_trainer(acting_recipe("fp32", steps, () if name == "eager" else compiled), builtin_data_dir,
-                               tmp_path / name, resume=resume)
+        trainer = make_trainer(
+            acting_recipe("fp32", steps, () if name == "eager" else compiled),
+            builtin_data_dir,
+            tmp_path / name,
+            resume=resume,
+        )
         assert trainer.run().reason == "completed"
         blocks = [block._compiled_call_impl is not None for block in trainer.session.raw_model.layers]
         assert all(blocks) if name != "eager" else not any(blocks)

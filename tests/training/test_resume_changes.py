@@ -74,8 +74,11 @@ def make_trainer(config, data_dir, run_dir, **kwargs):
 
 
 def losses(run_dir: Path) -> dict[int, float]:
-    return {e["step"]: e["loss"] for e in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-            if e["event"] == "train"}
+    return {
+        e["step"]: e["loss"]
+        for e in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        if e["event"] == "train"
+    }
 
 
 def _setting(key: str, value) -> str:
@@ -95,8 +98,9 @@ def first_part(builtin_data_dir, tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("key", list(CHANGES))
-def test_allowed_change_on_resume_equals_switching_in_process(builtin_data_dir, tmp_path, monkeypatch, first_part,
-                                                               key):
+def test_allowed_change_on_resume_equals_switching_in_process(
+    builtin_data_dir, tmp_path, monkeypatch, first_part, key
+):
     import pilotrun.training.loop as loop_module
 
     value, switch = CHANGES[key]
@@ -115,26 +119,47 @@ def test_allowed_change_on_resume_equals_switching_in_process(builtin_data_dir, 
     monkeypatch.setattr(loop_module, "set_learning_rates", original)
 
     shutil.copytree(k_run, tmp_path / "b")
-    resumed = make_trainer(recipe(N_STEPS, (_setting(key, value),)), builtin_data_dir, tmp_path / "b", resume=True,
-                           allow_changes=[key])
+    resumed = make_trainer(
+        recipe(N_STEPS, (_setting(key, value),)),
+        builtin_data_dir,
+        tmp_path / "b",
+        resume=True,
+        allow_changes=[key],
+    )
     resumed.run()
 
     assert losses(tmp_path / "b") == losses(tmp_path / "a")
-    assert_exactly_equal(straight.session.raw_model.state_dict(), resumed.session.raw_model.state_dict(), "weights")
+    assert_exactly_equal(
+        straight.session.raw_model.state_dict(), resumed.session.raw_model.state_dict(), "weights"
+    )
     assert unchanged_losses[N_STEPS] != losses(tmp_path / "a")[N_STEPS]  # the change did matter
 
 
 @pytest.mark.slow
-def test_a_free_change_on_resume_is_recorded_and_listed_by_summarize_and_the_verdict(builtin_data_dir, tmp_path,
-                                                                                      capsys):
+def test_a_free_change_on_resume_is_recorded_and_listed_by_summarize_and_the_verdict(
+    builtin_data_dir, tmp_path, capsys
+):
     from pilotrun.commands.cli import main
 
     run_dir = tmp_path / "run"
     base = ["train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(builtin_data_dir),
             "--run-dir", str(run_dir), "--set", "train.num_threads=1", "--set", "train.max_steps=3"]
     assert main(base) == 0
-    assert main([*base, "--set", "train.max_steps=6", "--set", "train.eval_every=2", "--set", "train.eval_batches=1",
-                 "--resume"]) == 0
+    assert (
+        main(
+            [
+                *base,
+                "--set",
+                "train.max_steps=6",
+                "--set",
+                "train.eval_every=2",
+                "--set",
+                "train.eval_batches=1",
+                "--resume",
+            ]
+        )
+        == 0
+    )
     run = json.loads((run_dir / "run.json").read_text())
     second = run["sessions"][1]["session_id"]
     assert run["allowed_changes"] == []
@@ -145,9 +170,14 @@ def test_a_free_change_on_resume_is_recorded_and_listed_by_summarize_and_the_ver
     ]
     capsys.readouterr()
     assert main(["summarize", str(run_dir)]) == 0
-    listed = "free changes on resume: train.eval.batches 2 -> 1 from update 4; train.eval.every 3 -> 2 from update 4"
+    listed = ("free changes on resume: train.eval.batches 2 -> 1 from update 4; train.eval.every 3 -> 2 from "
+              "update 4")
     assert listed in capsys.readouterr().out
     main(["verdict", str(run_dir), "--no-resume-required"])
-    (rule,) = [line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("recipe_changes")]
-    assert "PASS" in rule and "free changes (no --allow-change needed): train.eval.batches 2 -> 1 from update 4" \
-        in rule, rule
+    (rule,) = [
+        line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("recipe_changes")
+    ]
+    assert (
+        "PASS" in rule
+        and "free changes (no --allow-change needed): train.eval.batches 2 -> 1 from update 4" in rule
+    ), rule

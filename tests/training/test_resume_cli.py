@@ -40,7 +40,14 @@ RECIPE = [
 def train_command(data_dir: Path, run_dir: Path, *extra: str, resume: bool = False,
                   launcher: list[str] | None = None) -> list[str]:
     command = (launcher or [sys.executable, "-m", "pilotrun"]) + [
-        "train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(data_dir), "--run-dir", str(run_dir)]
+        "train",
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--data",
+        str(data_dir),
+        "--run-dir",
+        str(run_dir),
+    ]
     for item in RECIPE:
         command += ["--set", item]
     if resume:
@@ -48,9 +55,17 @@ def train_command(data_dir: Path, run_dir: Path, *extra: str, resume: bool = Fal
     return command + list(extra)
 
 
-def run_train(data_dir: Path, run_dir: Path, *extra: str, resume: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run(train_command(data_dir, run_dir, *extra, resume=resume), capture_output=True, text=True,
-                          timeout=300, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+def run_train(
+    data_dir: Path, run_dir: Path, *extra: str, resume: bool = False
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        train_command(data_dir, run_dir, *extra, resume=resume),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
 
 
 def events(run_dir: Path) -> list[dict]:
@@ -74,7 +89,8 @@ def straight_run(builtin_data_dir, tmp_path_factory):
     assert result.returncode == 0, result.stderr
     losses = {step: values[0] for step, values in losses_by_step(run_dir).items()}
     assert sorted(losses) == list(range(1, N_STEPS + 1))
-    assert sum(e["event"] == "overflow" for e in events(run_dir)) > 0  # the scaler's skips are part of the test
+    # the scaler's skips are part of the test
+    assert sum(e["event"] == "overflow" for e in events(run_dir)) > 0
     state, _ = Checkpointer(run_dir, keep=2).load()
     return losses, state, run_dir
 
@@ -93,7 +109,9 @@ def assert_matches_straight(run_dir: Path, straight_run) -> None:
 @pytest.mark.slow
 def test_cli_resume_matches_a_straight_run(builtin_data_dir, tmp_path, straight_run):
     run_dir = tmp_path / "run"
-    first = run_train(builtin_data_dir, run_dir, "--set", "train.max_steps=3", "--set", "train.precision=fp16")
+    first = run_train(
+        builtin_data_dir, run_dir, "--set", "train.max_steps=3", "--set", "train.precision=fp16"
+    )
     assert first.returncode == 0, first.stderr
     second = run_train(builtin_data_dir, run_dir, "--set", f"train.max_steps={N_STEPS}", "--set",
                        "train.precision=fp16", resume=True)
@@ -110,7 +128,9 @@ def _committed(run_dir: Path) -> list[int]:
     root = run_dir / "checkpoints"
     if not root.is_dir():
         return []
-    return sorted(int(f.name[5:]) for f in root.iterdir() if f.name.startswith("step-") and (f / MARKER_NAME).exists())
+    return sorted(
+        int(f.name[5:]) for f in root.iterdir() if f.name.startswith("step-") and (f / MARKER_NAME).exists()
+    )
 
 
 def _unfinished_writes(run_dir: Path) -> set[str]:
@@ -118,8 +138,12 @@ def _unfinished_writes(run_dir: Path) -> set[str]:
     root = run_dir / "checkpoints"
     if not root.is_dir():
         return set()
-    return {folder.name for folder in root.iterdir()
-            if folder.name.startswith(".tmp-") or (folder.name.startswith("step-") and not (folder / MARKER_NAME).exists())}
+    return {
+        folder.name
+        for folder in root.iterdir()
+        if folder.name.startswith(".tmp-")
+        or (folder.name.startswith("step-") and not (folder / MARKER_NAME).exists())
+    }
 
 
 def _wait(predicate, process: subprocess.Popen, timeout_s: float = 120.0) -> bool:
@@ -146,8 +170,14 @@ def test_sigkill_at_random_moments_then_resume_matches(builtin_data_dir, tmp_pat
         during_write = attempt == 1  # the second session is killed inside a checkpoint write
         # The second session's folder is renamed and its marker waits 2 s: the kill lands before it.
         launcher = checkpoint_faults.command("--commit-delay", "2") if during_write else None
-        process = subprocess.Popen(train_command(builtin_data_dir, run_dir, *extra, resume=resume, launcher=launcher),
-                                   cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen(
+            train_command(builtin_data_dir, run_dir, *extra, resume=resume, launcher=launcher),
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             if attempt < 3:
                 start_steps = set(_committed(run_dir))
@@ -159,7 +189,9 @@ def test_sigkill_at_random_moments_then_resume_matches(builtin_data_dir, tmp_pat
                 else:
                     # After at least one new commit (so the next session has something to resume), at a random
                     # moment of the following updates.
-                    reached = _wait(lambda before=start_steps: bool(set(_committed(run_dir)) - before), process)
+                    reached = _wait(
+                        lambda before=start_steps: bool(set(_committed(run_dir)) - before), process
+                    )
                     time.sleep(chooser.uniform(0.0, 0.4))
                 if reached and process.poll() is None:
                     uncommitted_before_kill = bool(_unfinished_writes(run_dir) - leftovers)
@@ -192,11 +224,22 @@ def test_sigkill_at_random_moments_then_resume_matches(builtin_data_dir, tmp_pat
 
 
 @pytest.mark.slow
-def test_cli_refuses_an_incompatible_resume_and_names_a_damaged_file(builtin_data_dir, tmp_path, straight_run):
+def test_cli_refuses_an_incompatible_resume_and_names_a_damaged_file(
+    builtin_data_dir, tmp_path, straight_run
+):
     run_dir = tmp_path / "run"
     shutil.copytree(straight_run[2], run_dir)
-    refused = run_train(builtin_data_dir, run_dir, "--set", "train.max_steps=12", "--set", "train.precision=fp16",
-                        "--set", "train.batch_size=2", resume=True)
+    refused = run_train(
+        builtin_data_dir,
+        run_dir,
+        "--set",
+        "train.max_steps=12",
+        "--set",
+        "train.precision=fp16",
+        "--set",
+        "train.batch_size=2",
+        resume=True,
+    )
     assert refused.returncode == 2
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1 and "train.batch_size: 4 -> 2" in lines[0] and "Traceback" not in refused.stderr
@@ -205,9 +248,13 @@ def test_cli_refuses_an_incompatible_resume_and_names_a_damaged_file(builtin_dat
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x01
     victim.write_bytes(bytes(data))
-    damaged = run_train(builtin_data_dir, run_dir, "--set", "train.max_steps=12", "--set", "train.precision=fp16",
-                        resume=True)
+    damaged = run_train(
+        builtin_data_dir, run_dir, "--set", "train.max_steps=12", "--set", "train.precision=fp16", resume=True
+    )
     assert damaged.returncode == 2
-    assert f"step-{N_STEPS:08d}/optimizer.pt" in damaged.stderr and f"--from-step {N_STEPS - 2}" in damaged.stderr
+    assert (
+        f"step-{N_STEPS:08d}/optimizer.pt" in damaged.stderr
+        and f"--from-step {N_STEPS - 2}" in damaged.stderr
+    )
     assert len(damaged.stderr.strip().splitlines()) == 1
     # (--from-step past a damaged checkpoint continuing exactly is tested in process, in test_resume.py.)

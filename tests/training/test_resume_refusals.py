@@ -1,7 +1,7 @@
-"""A refused `pilotrun train --resume` leaves the run folder exactly as it was, through the real command line (in
-process): every resume refusal is one line on stderr and exit 2, and the folder's file list and bytes are the
-same before and after (no lock file, no holder line, no empty checkpoints/ folder, no metrics line). Also a
-checkpoint marker whose step is not an integer (JSON Infinity, NaN, 1e999, 4.0) is refused as summarize
+"""A refused `pilotrun train --resume` leaves the run folder exactly as it was, through the real command line
+(in process): every resume refusal is one line on stderr and exit 2, and the folder's file list and bytes are
+the same before and after (no lock file, no holder line, no empty checkpoints/ folder, no metrics line). Also
+a checkpoint marker whose step is not an integer (JSON Infinity, NaN, 1e999, 4.0) is refused as summarize
 --require-step refuses it."""
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def _set_marker_step(run_dir: Path, literal: str) -> None:
     path = run_dir / "checkpoints" / "step-00000004" / "COMMITTED.json"
     marker = json.loads(path.read_text())
     assert marker["step"] == 4
-    marker["step"] = "STEP"  # only the top-level step (its meta records the step too): the literal as JSON text
+    # only the top-level step (its meta records the step too): the literal as JSON text
+    marker["step"] = "STEP"
     path.write_text(json.dumps(marker, indent=1).replace('"step": "STEP"', f'"step": {literal}'))
 
 
@@ -69,9 +70,17 @@ def _prepare(kind: str, run_dir: Path, other: Path, data: Path, tmp_path: Path) 
     return resume
 
 
-RESUME_REFUSALS = ["other-runs-checkpoint", "changed-recipe", "changed-recipe-no-lock-file", "no-such-checkpoint",
-                   "damaged-checkpoint-file", "metrics-folder-no-checkpoints", "bad-marker", "missing-data",
-                   "locked-folder"]
+RESUME_REFUSALS = [
+    "other-runs-checkpoint",
+    "changed-recipe",
+    "changed-recipe-no-lock-file",
+    "no-such-checkpoint",
+    "damaged-checkpoint-file",
+    "metrics-folder-no-checkpoints",
+    "bad-marker",
+    "missing-data",
+    "locked-folder",
+]
 
 
 @pytest.mark.slow
@@ -113,6 +122,8 @@ def test_a_marker_step_that_is_not_an_integer_is_refused_on_resume_as_summarize_
 
 
 def test_a_refused_fresh_run_removes_the_parent_folders_it_made(builtin_data_dir, tmp_path, capsys):
-    code, err = run_cli(capsys, _train(builtin_data_dir, tmp_path / "a" / "b" / "run", "--set", "model.vocab_size=100"))
+    code, err = run_cli(
+        capsys, _train(builtin_data_dir, tmp_path / "a" / "b" / "run", "--set", "model.vocab_size=100")
+    )
     assert code == 2 and len(err) == 1 and "model.vocab_size" in err[0]
     assert list(tmp_path.iterdir()) == []

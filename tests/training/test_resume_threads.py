@@ -1,9 +1,9 @@
 """The thread count is a machine setting, not recipe: a run resumed on 2 threads after 1 continues free of
---allow-change. It is not promised to replay the 1-thread run bit for bit: on some CPUs the thread count decides
-the order of a reduction's additions (a matmul's, the gradient norm's), so the last bit of a sum may differ. The
-resume records the change in run.json (`not_exact`: the update from which bit-exactness is not promised), and
-what holds on every machine is asserted: the same data in the same order, the same counters, the updates before
-the change identical, a finite loss after it."""
+--allow-change. It is not promised to replay the 1-thread run bit for bit: on some CPUs the thread count
+decides the order of a reduction's additions (a matmul's, the gradient norm's), so the last bit of a sum may
+differ. The resume records the change in run.json (`not_exact`: the update from which bit-exactness is not
+promised), and what holds on every machine is asserted: the same data in the same order, the same counters,
+the updates before the change identical, a finite loss after it."""
 
 from __future__ import annotations
 
@@ -19,7 +19,12 @@ from pilotrun.config import MACHINE_KEYS, RESUME_FREE_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "configs" / "smoke.yaml"
-COMMON = {"train.log_every": 1, "train.eval_every": 0, "train.checkpoint_every": 0, "optim.schedule.horizon": 12}
+COMMON = {
+    "train.log_every": 1,
+    "train.eval_every": 0,
+    "train.checkpoint_every": 0,
+    "optim.schedule.horizon": 12,
+}
 
 
 def windows(run_dir: Path) -> dict[int, dict]:

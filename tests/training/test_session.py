@@ -1,5 +1,6 @@
-"""pilotrun/training/session.py: what a checkpoint holds (one definition for the save and the load), reading it
-back into a session, and the session's small rules (tokens per update, the vocabulary, a new run folder)."""
+"""pilotrun/training/session.py: what a checkpoint holds (one definition for the save and the load), reading
+it back into a session, and the session's small rules (tokens per update, the vocabulary, a new run
+folder)."""
 
 from __future__ import annotations
 
@@ -53,8 +54,9 @@ def test_checkpoint_state_holds_every_part_an_exact_resume_needs(session):
 def test_read_checkpoint_puts_back_what_checkpoint_state_saved(session, storage):
     saved_weights = {k: v.clone() for k, v in session.raw_model.state_dict().items()}
     session.state.step, session.state.tokens_seen = 3, 384
-    Checkpointer(session.run_dir, keep=2, storage=storage).save(3, checkpoint_state(session, sharded=storage is not None),
-                                                                 {"step": 3})
+    Checkpointer(session.run_dir, keep=2, storage=storage).save(
+        3, checkpoint_state(session, sharded=storage is not None), {"step": 3}
+    )
     with torch.no_grad():
         for parameter in session.raw_model.parameters():
             parameter.add_(1.0)
@@ -80,12 +82,14 @@ def test_a_fresh_run_needs_a_new_or_empty_folder(tmp_path):
     (tmp_path / "empty" / "run.lock").write_text("")  # a refused attempt's lock file does not count
     check_run_dir_is_new(tmp_path / "empty")
     (tmp_path / "empty" / "run.json").write_text("{}")
-    with pytest.raises(ConfigError, match="already exists: pass --resume .* or from step 0 when it has none.* delete"):
+    with pytest.raises(
+        ConfigError, match="already exists: pass --resume .* or from step 0 when it has none.* delete"
+    ):
         check_run_dir_is_new(tmp_path / "empty")
 
 
-# The first training process stops itself where its first checkpoint would be written, so the SIGKILL that follows
-# lands before any checkpoint exists (deterministically: no race with the save).
+# The first training process stops itself where its first checkpoint would be written, so the SIGKILL that
+# follows lands before any checkpoint exists (deterministically: no race with the save).
 STOP_BEFORE_FIRST_CHECKPOINT = (
     "import os, signal, sys\n"
     "from pilotrun.training.callbacks import checkpointing\n"
@@ -95,7 +99,9 @@ STOP_BEFORE_FIRST_CHECKPOINT = (
 
 
 @pytest.mark.slow
-def test_resume_with_no_committed_checkpoint_starts_again_at_zero_naming_the_lost_updates(builtin_data_dir, tmp_path):
+def test_resume_with_no_committed_checkpoint_starts_again_at_zero_naming_the_lost_updates(
+    builtin_data_dir, tmp_path
+):
     import json
     import os
     import subprocess
@@ -105,10 +111,28 @@ def test_resume_with_no_committed_checkpoint_starts_again_at_zero_naming_the_los
     from pilotrun.report.record_check.summarize import format_summary, summarize_run
 
     run_dir = tmp_path / "run"
-    first = subprocess.Popen([sys.executable, "-c", STOP_BEFORE_FIRST_CHECKPOINT, "train", "--config", "smoke",
-                              "--data", str(builtin_data_dir), "--run-dir", str(run_dir), "--set", "train.num_threads=1",
-                              "--progress", "none"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            STOP_BEFORE_FIRST_CHECKPOINT,
+            "train",
+            "--config",
+            "smoke",
+            "--data",
+            str(builtin_data_dir),
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            "train.num_threads=1",
+            "--progress",
+            "none",
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         assert wait_until_stopped(first.pid, timeout_seconds=240)  # a hang guard
     finally:
@@ -126,7 +150,11 @@ def test_resume_with_no_committed_checkpoint_starts_again_at_zero_naming_the_los
 
     run = json.loads((run_dir / "run.json").read_text())
     killed, restarted = run["sessions"]
-    assert restarted["restart"] == {"lost_updates": 3, "lost_tokens": 3 * 128, "after_session": killed["session_id"]}
+    assert restarted["restart"] == {
+        "lost_updates": 3,
+        "lost_tokens": 3 * 128,
+        "after_session": killed["session_id"],
+    }
     summary = summarize_run(run_dir, require_step=6)
     assert summary.valid, summary.reasons
     assert [s.status for s in summary.sessions] == ["rolled back", "kept"]
@@ -150,7 +178,9 @@ def test_a_restart_claiming_other_lost_work_is_refused_by_summarize(builtin_data
 
 
 @pytest.mark.slow
-def test_num_threads_0_runs_with_the_default_and_the_session_records_it(builtin_data_dir, tmp_path, monkeypatch):
+def test_num_threads_0_runs_with_the_default_and_the_session_records_it(
+    builtin_data_dir, tmp_path, monkeypatch
+):
     from pilotrun.training import session as session_module
 
     before = torch.get_num_threads()
@@ -175,12 +205,16 @@ def test_a_folder_that_is_not_a_run_is_refused_untouched_without_a_suggestion_to
 
     folder = tmp_path / kind
     folder.mkdir()
-    names = ["notes.txt"] if kind == "user" else ["metadata.json", "train_00000.npy", "val_00000.npy", "x.json"]
+    names = (
+        ["notes.txt"] if kind == "user" else ["metadata.json", "train_00000.npy", "val_00000.npy", "x.json"]
+    )
     for name in names:
         (folder / name).write_text("mine")
     with pytest.raises(ConfigError) as refused:
         check_run_dir_is_new(folder)
     message = str(refused.value)
-    assert f"--run-dir {folder} is not a run folder (it holds {names[0]}" in message and "delete" not in message
+    assert (
+        f"--run-dir {folder} is not a run folder (it holds {names[0]}" in message and "delete" not in message
+    )
     assert sorted(p.name for p in folder.iterdir()) == sorted(names)
     assert all((folder / name).read_text() == "mine" for name in names)

@@ -1,4 +1,5 @@
-"""pilotrun/training/signals.py: a first SIGINT/SIGTERM is a request, a second stops now; handlers come and go.
+"""pilotrun/training/signals.py: a first SIGINT/SIGTERM is a request, a second stops now; handlers come and
+go.
 
 The exit codes (130, 143, 129) are every command's: tests/common/test_stop_signals.py."""
 
@@ -30,7 +31,8 @@ def test_handlers_are_installed_for_the_block_and_the_previous_ones_restored():
     signals = StopSignals()
     with signals.installed():
         assert signal.getsignal(signal.SIGTERM) == signals.handle
-        assert signal.getsignal(signal.SIGHUP) == signals.handle  # every command's stop signals (common/stop_signals.py)
+        # every command's stop signals (common/stop_signals.py)
+        assert signal.getsignal(signal.SIGHUP) == signals.handle
         os.kill(os.getpid(), signal.SIGTERM)  # a real signal, handled by the request
         assert signals.received == signal.SIGTERM
     assert {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} == before

@@ -2,10 +2,10 @@
 
 One 2-rank run with policy skip meets two spikes that start on rank 1 alone: a poisoned microbatch in rank 1's
 rows (its loss, and through the all-reduce the global gradient norm, jump) and, later, rank 1's gradient
-corrupted once after the all-reduce (only its norm jumps). Both ranks skip both updates: had they decided apart,
-the DDP replicas would differ and the checkpoint's replica check would refuse to save (or a collective hang).
-The first spike's replay recurs on its batch and not on the next: "batch"; the second is not reproduced, with
-rank 1 named.
+corrupted once after the all-reduce (only its norm jumps). Both ranks skip both updates: had they decided
+apart, the DDP replicas would differ and the checkpoint's replica check would refuse to save (or a collective
+hang). The first spike's replay recurs on its batch and not on the next: "batch"; the second is not
+reproduced, with rank 1 named.
 
 The factor is 4, not the default 6: a poisoned microbatch on one rank of two lifts the global gradient norm to
 about 3.9x the window's median, under the default's floor of 4x (spike_bound.MIN_SCALE_SHARE), and above 3x.
@@ -35,10 +35,21 @@ def test_two_ranks_decide_alike_and_the_corrupted_rank_is_named(builtin_data_dir
                "--corrupt-rank", "1", "--corrupt-call", "21", "--",
                "train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(builtin_data_dir),
                "--run-dir", str(run_dir)]
-    for setting in ("train.batch_size=2", "train.max_steps=24", "train.checkpoint_every=8", "train.eval_every=0",
-                    "train.log_every=1", "train.num_threads=1", "optim.schedule.horizon=24", "optim.muon.lr=0.02",
-                    "optim.adamw.lr=0.01", "train.spike.min_history=8", "train.spike.window=20", "train.spike.factor=4",
-                    "train.spike.policy=skip"):
+    for setting in (
+        "train.batch_size=2",
+        "train.max_steps=24",
+        "train.checkpoint_every=8",
+        "train.eval_every=0",
+        "train.log_every=1",
+        "train.num_threads=1",
+        "optim.schedule.horizon=24",
+        "optim.muon.lr=0.02",
+        "optim.adamw.lr=0.01",
+        "train.spike.min_history=8",
+        "train.spike.window=20",
+        "train.spike.factor=4",
+        "train.spike.policy=skip",
+    ):
         command += ["--set", setting]
     done = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]

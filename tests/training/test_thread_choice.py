@@ -1,5 +1,5 @@
-"""train.num_threads 0: the thread count chosen from the process's affinity, the cores free at start and a short
-measured comparison on the recipe's own update; recorded once and kept on resume; skipped when set."""
+"""train.num_threads 0: the thread count chosen from the process's affinity, the cores free at start and a
+short measured comparison on the recipe's own update; recorded once and kept on resume; skipped when set."""
 
 from __future__ import annotations
 
@@ -28,8 +28,15 @@ def _never(*args, **kwargs):
 def test_a_set_count_a_recorded_one_and_several_ranks_are_not_measured():
     assert choose_threads(_recipe("train.num_threads=3"), local_ranks=1, world_size=1, device_type="cpu",
                           measure_fn=_never, free_fn=_never).record()["how"] == "set"
-    kept = choose_threads(_recipe(), local_ranks=1, world_size=1, device_type="cpu", recorded=1, measure_fn=_never,
-                          free_fn=_never)
+    kept = choose_threads(
+        _recipe(),
+        local_ranks=1,
+        world_size=1,
+        device_type="cpu",
+        recorded=1,
+        measure_fn=_never,
+        free_fn=_never,
+    )
     assert (kept.threads, kept.how) == (1, "recorded") and "kept on resume" in kept.describe()
     ranks = choose_threads(_recipe(), local_ranks=2, world_size=2, device_type="cpu", measure_fn=_never,
                            free_fn=_never)
@@ -51,7 +58,9 @@ def test_the_fastest_measured_count_wins(monkeypatch, timed, chosen):
                             free_fn=lambda cpus: 0.4)
     assert asked == [[1, 2]] and (choice.threads, choice.how) == (chosen, "measured")
     record = choice.record()
-    assert record["seconds_per_update"] == {str(k): v for k, v in timed.items()} and record["free_cpus"] == 0.4
+    assert (
+        record["seconds_per_update"] == {str(k): v for k, v in timed.items()} and record["free_cpus"] == 0.4
+    )
     assert choice.describe().startswith(f"threads: {chosen}, measured on the recipe's update")
 
 
@@ -64,8 +73,14 @@ def test_too_slow_to_measure_falls_back_to_the_cores_free_at_start(monkeypatch):
 
 def test_candidates_and_the_free_cpus_of_the_affinity():
     assert candidates(8, 2.7) == [1, 3, 8] and candidates(2, 0.0) == [1, 2] and candidates(1, None) == [1]
-    stats = iter(["cpu  1 1 1 1 1 1 1 1\ncpu0 0 0 100 100 0 0 0 0\ncpu1 0 0 100 100 0 0 0 0\ncpu2 0 0 0 0 0 0 0 0\n",
-                  "cpu  1 1 1 1 1 1 1 1\ncpu0 0 0 175 125 0 0 0 0\ncpu1 0 0 100 200 0 0 0 0\ncpu2 0 0 9 9 0 0 0 0\n"])
+    stats = iter(
+        [
+            "cpu  1 1 1 1 1 1 1 1\ncpu0 0 0 100 100 0 0 0 0\ncpu1 0 0 100 100 0 0 0 0\ncpu2 0 0 0 0 0 0 0 "
+            "0\n",
+            "cpu  1 1 1 1 1 1 1 1\ncpu0 0 0 175 125 0 0 0 0\ncpu1 0 0 100 200 0 0 0 0\ncpu2 0 0 9 9 0 0 0 "
+            "0\n",
+        ]
+    )
     # cpu0 was idle a quarter of the sample, cpu1 all of it; cpu2 is outside the affinity.
     assert free_cpus([0, 1], read_stat=lambda: next(stats), sleep=lambda s: None) == 1.25
 
@@ -87,19 +102,32 @@ def test_the_recorded_count_is_the_first_chosen_one():
 
 
 @pytest.mark.slow
-def test_a_run_states_its_choice_in_the_plan_records_it_and_keeps_it_on_resume(builtin_data_dir, tmp_path, capsys):
+def test_a_run_states_its_choice_in_the_plan_records_it_and_keeps_it_on_resume(
+    builtin_data_dir, tmp_path, capsys
+):
     from pilotrun.commands.cli import main
 
     run_dir = tmp_path / "run"
-    base = ["train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(builtin_data_dir), "--run-dir",
-            str(run_dir), "--set", "train.max_steps=3"]
+    base = [
+        "train",
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--data",
+        str(builtin_data_dir),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "train.max_steps=3",
+    ]
     assert main(base) == 0
     assert main([*base, "--set", "train.max_steps=5", "--resume"]) == 0
     assert main([*base, "--set", "train.max_steps=6", "--set", "train.num_threads=1", "--resume"]) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: threads: ")]
     sessions = json.loads((run_dir / "run.json").read_text())["sessions"]
     first, second, third = (s["hardware"]["threads"] for s in sessions)
-    assert first["how"] in ("measured", "default") and notes[0].startswith(f"note: threads: {first['threads']}")
+    assert first["how"] in ("measured", "default") and notes[0].startswith(
+        f"note: threads: {first['threads']}"
+    )
     assert (second["how"], second["threads"]) == ("recorded", first["threads"])
     assert sessions[1]["hardware"]["torch_threads"] == first["threads"]
     assert (third["how"], third["threads"]) == ("set", 1) and len(notes) == 3

@@ -34,8 +34,15 @@ def test_phases_partition_the_wall_clock_exactly():
     account.switch("other")
     clock.now += 0.25
     split = account.time_split()
-    assert split == {"train_seconds": 8.0, "eval_seconds": 2.0, "checkpoint_seconds": 0.5, "profile_seconds": 4.0,
-                     "report_seconds": 0.5, "other_seconds": 1.25, "wall_seconds": 16.25}
+    assert split == {
+        "train_seconds": 8.0,
+        "eval_seconds": 2.0,
+        "checkpoint_seconds": 0.5,
+        "profile_seconds": 4.0,
+        "report_seconds": 0.5,
+        "other_seconds": 1.25,
+        "wall_seconds": 16.25,
+    }
     assert sum(v for k, v in split.items() if k != "wall_seconds") == split["wall_seconds"]
     # The device is synchronized only when leaving a phase that queues device work (train, profile), never per
     # step: train -> eval, -> checkpoint, -> profile; profile -> report, -> train; train -> report, -> other.
@@ -68,16 +75,24 @@ def test_unknown_phase_is_refused():
 def test_throughput_reports_mfu_only_against_a_known_peak():
     figures = throughput(tokens=1000, train_seconds=2.0, wall_seconds=4.0, flops_per_token=6.0,
                          peak_flops_per_s=None)
-    assert figures == {"train_tokens_per_s": 500.0, "wall_tokens_per_s": 250.0, "achieved_flops_per_s": 3000.0,
-                       "mfu": "unknown"}
+    assert figures == {
+        "train_tokens_per_s": 500.0,
+        "wall_tokens_per_s": 250.0,
+        "achieved_flops_per_s": 3000.0,
+        "mfu": "unknown",
+    }
     assert throughput(1000, 2.0, 4.0, 6.0, 30000.0)["mfu"] == 0.1
 
 
 def test_throughput_counts_only_the_training_phase_tokens_in_training_only_figures():
     # 400 of the window's 1000 tokens were processed under the profiler, outside the 2 training seconds.
     figures = throughput(1000, 2.0, 4.0, 6.0, 36000.0, train_tokens=600)
-    assert figures == {"train_tokens_per_s": 300.0, "wall_tokens_per_s": 250.0, "achieved_flops_per_s": 1800.0,
-                       "mfu": 0.05}
+    assert figures == {
+        "train_tokens_per_s": 300.0,
+        "wall_tokens_per_s": 250.0,
+        "achieved_flops_per_s": 1800.0,
+        "mfu": 0.05,
+    }
     # A window trained only under the profiler has no training-only figure (not 0 tok/s).
     figures = throughput(1000, 0.001, 4.0, 6.0, 36000.0, train_tokens=0)
     assert figures == {"train_tokens_per_s": None, "wall_tokens_per_s": 250.0, "achieved_flops_per_s": None,

@@ -40,7 +40,10 @@ def train(config, data_dir, run_dir, **kwargs):
 def strict_lines(run_dir: Path) -> list[dict]:
     """Every line of metrics.jsonl as strict JSON (a bare NaN/Infinity constant fails the test)."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}")) for line in lines]
+    return [
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+        for line in lines
+    ]
 
 
 @pytest.mark.slow
@@ -49,7 +52,11 @@ def test_smoke_run_record_is_complete_and_true(builtin_data_dir, tmp_path, capsy
     config = smoke_config()
     trainer, result = train(config, builtin_data_dir, run_dir, command=["pilotrun", "train", "test"])
     out = capsys.readouterr().out
-    assert "tokens_per_update = batch_size * seq_len * gradient_accumulation_steps * world_size = 4 * 32 * 1 * 1 = 128" in out
+    assert (
+        "tokens_per_update = batch_size * seq_len * gradient_accumulation_steps * world_size = 4 * 32 * 1 * "
+        "1 = 128"
+        in out
+    )
     assert "planned tokens = max_steps * tokens_per_update = 6 * 128 = 768" in out
     assert (result.reason, result.exit_code, result.step, result.tokens_seen) == ("completed", 0, 6, 768)
 
@@ -57,8 +64,13 @@ def test_smoke_run_record_is_complete_and_true(builtin_data_dir, tmp_path, capsy
     dataset = open_dataset(builtin_data_dir)
     assert run["tokens_per_update"] == 128
     assert run["recipe"] == config_to_dict(trainer.config)
-    assert run["recipe"]["model"]["vocab_size"] == dataset.vocab_size  # 0 in the recipe: resolved from the data
-    assert run["data"]["train"]["metadata_sha256"] == run["data"]["val"]["metadata_sha256"] == dataset.metadata_sha256
+    # 0 in the recipe: resolved from the data
+    assert run["recipe"]["model"]["vocab_size"] == dataset.vocab_size
+    assert (
+        run["data"]["train"]["metadata_sha256"]
+        == run["data"]["val"]["metadata_sha256"]
+        == dataset.metadata_sha256
+    )
     assert run["data"]["train"]["tokens"] == dataset.split("train").num_tokens
     assert run["data"]["val"]["documents"] == dataset.split("val").documents
     model_params = sum(p.numel() for p in trainer.session.raw_model.parameters())
@@ -68,12 +80,17 @@ def test_smoke_run_record_is_complete_and_true(builtin_data_dir, tmp_path, capsy
     assert sum(g["count"] for g in groups) == model_params
     assert {g["optimizer"] for g in groups} == {"muon", "adamw"}
     (session,) = run["sessions"]
-    assert session["start_step"] == 0 and session["start_tokens_seen"] == 0 and session["resumed_from"] is None
+    assert (
+        session["start_step"] == 0 and session["start_tokens_seen"] == 0 and session["resumed_from"] is None
+    )
     assert session["command"] == ["pilotrun", "train", "test"]
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
-    if head.returncode == 0:  # the recorded commit is this checkout's HEAD or (others commit meanwhile) an ancestor
-        ancestor = subprocess.run(["git", "-C", str(ROOT), "merge-base", "--is-ancestor", session["git"]["commit"],
-                                   "HEAD"], capture_output=True)
+    # the recorded commit is this checkout's HEAD or (others commit meanwhile) an ancestor
+    if head.returncode == 0:
+        ancestor = subprocess.run(
+            ["git", "-C", str(ROOT), "merge-base", "--is-ancestor", session["git"]["commit"], "HEAD"],
+            capture_output=True,
+        )
         assert ancestor.returncode == 0
         assert isinstance(session["git"]["dirty"], bool) and len(session["git"]["diff_sha256"]) == 64
     assert session["hardware"]["world_size"] == 1 and session["hardware"]["device"] == "cpu"
@@ -102,12 +119,21 @@ def test_smoke_run_record_is_complete_and_true(builtin_data_dir, tmp_path, capsy
     end = events[-1]
     assert end["reason"] == "completed" and end["step"] == 6
     split = end["time_split"]
-    parts = (split["train_seconds"] + split["eval_seconds"] + split["checkpoint_seconds"] + split["profile_seconds"]
-             + split["report_seconds"] + split["other_seconds"])
+    parts = (
+        split["train_seconds"]
+        + split["eval_seconds"]
+        + split["checkpoint_seconds"]
+        + split["profile_seconds"]
+        + split["report_seconds"]
+        + split["other_seconds"]
+    )
     assert parts == pytest.approx(split["wall_seconds"], rel=1e-9)
-    assert split["profile_seconds"] == 0.0 and split["report_seconds"] > 0  # nothing profiled; events were written
+    # nothing profiled; events were written
+    assert split["profile_seconds"] == 0.0 and split["report_seconds"] > 0
     assert all(e["window"]["profiled_attempts"] == 0 for e in trains)
-    assert split["train_seconds"] == pytest.approx(sum(e["window"]["train_seconds"] for e in trains), rel=1e-9)
+    assert split["train_seconds"] == pytest.approx(
+        sum(e["window"]["train_seconds"] for e in trains), rel=1e-9
+    )
     checkpoint = [e for e in events if e["event"] == "checkpoint"][-1]
     assert checkpoint["step"] == 6 and Path(checkpoint["path"]).is_dir() and checkpoint["bytes"] > 0
 
@@ -122,7 +148,8 @@ def test_fp16_overflow_skips_count_apart_from_applied_updates(builtin_data_dir, 
     overflows = [e for e in events if e["event"] == "overflow"]
     assert result.step == 4 and result.updates_skipped == len(overflows) >= 1
     assert result.updates_attempted == result.step + result.updates_skipped
-    assert result.tokens_seen == result.updates_attempted * 2 * 4 * 32  # every microbatch counts, applied or not
+    # every microbatch counts, applied or not
+    assert result.tokens_seen == result.updates_attempted * 2 * 4 * 32
     for index, event in enumerate(overflows, start=1):
         assert event["reason"] == "overflow" and event["updates_skipped"] == index
         assert event["loss_scale_after"] == event["loss_scale_before"] / 2
@@ -141,7 +168,9 @@ def test_exhausted_training_split_restarts_and_is_logged(tmp_path):
     from pilotrun.data.prepare import prepare_corpus
 
     corpus = tmp_path / "tiny.txt"
-    corpus.write_text("\n\n".join(f"Document number {i} says something short about item {i * 7}." for i in range(60)))
+    corpus.write_text(
+        "\n\n".join(f"Document number {i} says something short about item {i * 7}." for i in range(60))
+    )
     data_dir = tmp_path / "data"
     prepare_corpus(data_dir, source=str(corpus), tokenizer="bpe:300", val_fraction=0.3, progress=False)
     train_tokens = open_dataset(data_dir).split("train").num_tokens
@@ -252,8 +281,19 @@ def test_plan_states_what_compiling_costs_and_whether_it_pays_back(mode, device_
     ("model.top_k=9", "model.top_k"),
 ])
 def test_bad_config_is_one_line_and_exit_2(builtin_data_dir, tmp_path, capsys, override, fragment):
-    code = main(["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--run-dir", str(tmp_path / "r"),
-                 "--set", override])
+    code = main(
+        [
+            "train",
+            "--config",
+            str(SMOKE),
+            "--data",
+            str(builtin_data_dir),
+            "--run-dir",
+            str(tmp_path / "r"),
+            "--set",
+            override,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and fragment in err
     assert err.startswith("pilotrun: error: ") and err.count("\n") == 1 and "Traceback" not in err
@@ -267,9 +307,24 @@ def test_existing_run_dir_and_missing_data_are_exit_2(builtin_data_dir, tmp_path
     (run_dir / "something").write_text("keep me")
     code = main(["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--run-dir", str(run_dir)])
     err = capsys.readouterr().err  # a user's folder is not a run: no suggestion to resume it or to delete it
-    assert code == 2 and "is not a run folder" in err and "choose a new --run-dir" in err and "--resume" not in err
+    assert (
+        code == 2
+        and "is not a run folder" in err
+        and "choose a new --run-dir" in err
+        and "--resume" not in err
+    )
     assert (run_dir / "something").read_text() == "keep me"
-    code = main(["train", "--config", str(SMOKE), "--data", str(tmp_path / "nodata"), "--run-dir", str(tmp_path / "s")])
+    code = main(
+        [
+            "train",
+            "--config",
+            str(SMOKE),
+            "--data",
+            str(tmp_path / "nodata"),
+            "--run-dir",
+            str(tmp_path / "s"),
+        ]
+    )
     assert code == 2 and "nodata" in capsys.readouterr().err
 
 
@@ -284,10 +339,14 @@ def test_qk_clip_events_mark_first_and_hard_clips_and_agree_with_the_windows(bui
     clips = [e for e in events if e["event"] == "qk_clip"]
     firsts = [(e["layer"], e["head"]) for e in clips if e["first_time"]]
     assert firsts and len(firsts) == len(set(firsts))  # each head's first clip is logged once
-    windows_first = [tuple(pair) for e in events if e["event"] == "train" for pair in e["qk_clip"]["first_clipped"]]
+    windows_first = [
+        tuple(pair) for e in events if e["event"] == "train" for pair in e["qk_clip"]["first_clipped"]
+    ]
     assert sorted(firsts) == sorted(windows_first)
     for event in clips:
-        assert event["max_logit"] > 0.004 and event["gamma"] * event["max_logit"] == pytest.approx(0.004, rel=1e-6)
+        assert event["max_logit"] > 0.004 and event["gamma"] * event["max_logit"] == pytest.approx(
+            0.004, rel=1e-6
+        )
         assert event["hard"] == (event["gamma"] < 0.5) and (event["first_time"] or event["hard"])
         # Logged after the update it follows: the counters include it, and a train window closes at that step.
         assert any(e["event"] == "train" and e["step"] == event["step"] for e in events)
@@ -297,18 +356,31 @@ def test_qk_clip_events_mark_first_and_hard_clips_and_agree_with_the_windows(bui
 
 @pytest.mark.slow
 def test_the_expert_bias_freezes_in_the_final_fraction_of_the_schedule(builtin_data_dir, tmp_path):
-    # horizon 10 with a 0.3 freeze: updates 0-6 move the aux-free bias, updates 7-9 must leave it exactly as is.
-    config = smoke_config("train.max_steps=7", "optim.schedule.horizon=10", "optim.schedule.bias_freeze_fraction=0.3",
-                          "train.eval_every=0", "train.checkpoint_every=0")
+    # horizon 10 with a 0.3 freeze: updates 0-6 move the aux-free bias, updates 7-9 must leave it exactly as
+    # is.
+    config = smoke_config(
+        "train.max_steps=7",
+        "optim.schedule.horizon=10",
+        "optim.schedule.bias_freeze_fraction=0.3",
+        "train.eval_every=0",
+        "train.checkpoint_every=0",
+    )
     trainer, _ = train(config, builtin_data_dir, tmp_path / "run")
     moving = [moe.gate.expert_bias.clone() for moe in trainer.session.raw_model.moe_layers()]
     assert all(bias.abs().sum() > 0 for bias in moving)
-    resumed = smoke_config("train.max_steps=10", "optim.schedule.horizon=10", "optim.schedule.bias_freeze_fraction=0.3",
-                           "train.eval_every=0", "train.checkpoint_every=0")
+    resumed = smoke_config(
+        "train.max_steps=10",
+        "optim.schedule.horizon=10",
+        "optim.schedule.bias_freeze_fraction=0.3",
+        "train.eval_every=0",
+        "train.checkpoint_every=0",
+    )
     trainer, result = train(resumed, builtin_data_dir, tmp_path / "run", resume=True)
     assert result.step == 10
-    assert all(torch.equal(moe.gate.expert_bias, bias) for moe, bias in zip(trainer.session.raw_model.moe_layers(), moving,
-                                                                              strict=True))
+    assert all(
+        torch.equal(moe.gate.expert_bias, bias)
+        for moe, bias in zip(trainer.session.raw_model.moe_layers(), moving, strict=True)
+    )
     speeds = [e["moe"]["bias_update_speed"] for e in strict_lines(tmp_path / "run") if e["event"] == "train"]
     assert speeds == [config.model.bias_update_speed] * 7 + [0.0] * 3
 
@@ -329,7 +401,9 @@ def test_activation_checkpointing_trains_bit_identically(builtin_data_dir, tmp_p
 
 @pytest.mark.slow
 def test_train_events_carry_weight_and_update_rms_per_group(builtin_data_dir, tmp_path):
-    config = smoke_config("train.max_steps=5", "train.log_every=2", "train.eval_every=0", "train.checkpoint_every=3")
+    config = smoke_config(
+        "train.max_steps=5", "train.log_every=2", "train.eval_every=0", "train.checkpoint_every=3"
+    )
     trainer, _ = train(config, builtin_data_dir, tmp_path / "run")
     groups = {group["name"] for group in trainer.session.optimizer.param_groups if group["params"]}
     trains = [e for e in strict_lines(tmp_path / "run") if e["event"] == "train"]
@@ -344,7 +418,9 @@ def test_train_events_carry_weight_and_update_rms_per_group(builtin_data_dir, tm
             continue
         assert set(figures["update_rms"]) == groups and figures["update_rms_step"] == event["step"]
         assert 0.1 < figures["update_rms"]["attention"] < 0.3  # Muon, moonlight scale: ~0.2
-    embedding = next(g for g in trainer.session.optimizer.param_groups if g["name"] == "embedding")["params"][0]
+    embedding = next(g for g in trainer.session.optimizer.param_groups if g["name"] == "embedding")["params"][
+        0
+    ]
     assert trains[-1]["optimizer"]["weight_rms"]["embedding"] == pytest.approx(
         float(embedding.detach().pow(2).mean().sqrt()), rel=1e-6)
 
@@ -352,9 +428,9 @@ def test_train_events_carry_weight_and_update_rms_per_group(builtin_data_dir, tm
 @pytest.mark.slow
 @pytest.mark.parametrize("recompute", [False, True])
 def test_compiled_blocks_train_like_eager_ones(builtin_data_dir, tmp_path, recompute):
-    # backend "eager": Dynamo traces every block (graph capture, guards) without inductor's C++ build, which takes
-    # minutes on 2 cores. `sorted` dispatch and no CPU kernels on both sides: traced graphs use the reference
-    # operators, so eager must too for a bit-for-bit comparison.
+    # backend "eager": Dynamo traces every block (graph capture, guards) without inductor's C++ build, which
+    # takes minutes on 2 cores. `sorted` dispatch and no CPU kernels on both sides: traced graphs use the
+    # reference operators, so eager must too for a bit-for-bit comparison.
     results = {}
     for mode in ("none", "eager"):
         config = smoke_config("train.max_steps=3", "train.eval_every=0", "train.checkpoint_every=0",

@@ -64,9 +64,17 @@ def test_skipped_updates_move_neither_the_expert_bias_nor_qk_clip(builtin_data_d
     _patch_apply_update_everywhere(monkeypatch, apply_update_with_three_nonfinite_gradients)
     skipping = Trainer(_one_repeated_batch_config(), builtin_data_dir, tmp_path / "skipping", progress=False)
     result = skipping.run()
-    assert (result.reason, result.step, result.updates_attempted, result.updates_skipped) == ("completed", 2, 5, 3)
+    assert (result.reason, result.step, result.updates_attempted, result.updates_skipped) == (
+        "completed",
+        2,
+        5,
+        3,
+    )
 
-    clean_state, skipping_state = clean.session.raw_model.state_dict(), skipping.session.raw_model.state_dict()
+    clean_state, skipping_state = (
+        clean.session.raw_model.state_dict(),
+        skipping.session.raw_model.state_dict(),
+    )
     biases = [name for name in clean_state if name.endswith("expert_bias")]
     assert biases, "the smoke model has MoE layers with an expert bias"
     assert any(clean_state[name].abs().sum() > 0 for name in biases)  # the bias did move on applied updates
@@ -77,13 +85,34 @@ def test_skipped_updates_move_neither_the_expert_bias_nor_qk_clip(builtin_data_d
 
 
 @pytest.mark.slow
-def test_too_many_consecutive_skips_stop_the_run_with_exit_1_and_a_checkpoint(builtin_data_dir, tmp_path, capsys):
+def test_too_many_consecutive_skips_stop_the_run_with_exit_1_and_a_checkpoint(
+    builtin_data_dir, tmp_path, capsys
+):
     # fp16 with a loss scale no gradient survives: every attempt overflows.
     run_dir = tmp_path / "run"
-    code = main(["train", "--config", str(SMOKE), "--data", str(builtin_data_dir), "--run-dir", str(run_dir),
-                 *[arg for key_value in ("train.num_threads=1", "train.precision=fp16", "train.loss_scale_init=1e38",
-                                         "train.loss_scale_growth_interval=1000", "train.max_consecutive_skips=3",
-                                         "train.max_steps=5") for arg in ("--set", key_value)]])
+    code = main(
+        [
+            "train",
+            "--config",
+            str(SMOKE),
+            "--data",
+            str(builtin_data_dir),
+            "--run-dir",
+            str(run_dir),
+            *[
+                arg
+                for key_value in (
+                    "train.num_threads=1",
+                    "train.precision=fp16",
+                    "train.loss_scale_init=1e38",
+                    "train.loss_scale_growth_interval=1000",
+                    "train.max_consecutive_skips=3",
+                    "train.max_steps=5",
+                )
+                for arg in ("--set", key_value)
+            ],
+        ]
+    )
     capsys.readouterr()
     assert code == 1
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -96,7 +125,9 @@ def test_too_many_consecutive_skips_stop_the_run_with_exit_1_and_a_checkpoint(bu
 
 
 @pytest.mark.slow
-def test_evaluation_leaves_every_random_generator_and_the_training_cursor_untouched(builtin_data_dir, tmp_path):
+def test_evaluation_leaves_every_random_generator_and_the_training_cursor_untouched(
+    builtin_data_dir, tmp_path
+):
     config = load_run_config(SMOKE, ["train.num_threads=1", "train.eval_batches=3"])
     trainer = Trainer(config, builtin_data_dir, tmp_path / "run", progress=False)
     torch.manual_seed(1234)  # a state no earlier code left behind by chance
@@ -104,7 +135,8 @@ def test_evaluation_leaves_every_random_generator_and_the_training_cursor_untouc
     first = evaluate(trainer.session, trainer.config.train.eval)
     assert_exactly_equal(capture_rng_state(), before_rng)
     assert trainer.session.state.loader.state_dict() == before_cursor
-    assert evaluate(trainer.session, trainer.config.train.eval)["loss"] == first["loss"]  # the same batches every time
+    # the same batches every time
+    assert evaluate(trainer.session, trainer.config.train.eval)["loss"] == first["loss"]
 
 
 def test_every_checkpoint_file_is_fsynced_before_the_marker_is_renamed_into_place(tmp_path, monkeypatch):

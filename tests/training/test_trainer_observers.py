@@ -34,10 +34,30 @@ RECIPE = ["train.num_threads=1", "train.max_steps=10", "optim.schedule.horizon=1
 PROFILED = ["train.profile.start_step=8", "train.profile.steps=2", "train.profile.top_operators=500"]
 # What differs between two identical runs: identity, clocks, the figures measured from clocks or the OS, and a
 # checkpoint's size (its files hold the run's own recipe and identity, which differ in length between runs).
-VARYING = {"time", "session_id", "chain", "_line", "path", "run_json_sha256", "throughput", "memory", "time_split",
-           "seconds", "train_seconds", "wall_seconds", "cpu_seconds", "profile_seconds", "bytes", "involuntary_switches",
-           "other_cpu_seconds", "blocking_seconds", "background_seconds", "total_seconds", "waited_seconds",
-           "hashed_at"}  # a shard check's wall time, like `time`
+VARYING = {
+    "time",
+    "session_id",
+    "chain",
+    "_line",
+    "path",
+    "run_json_sha256",
+    "throughput",
+    "memory",
+    "time_split",
+    "seconds",
+    "train_seconds",
+    "wall_seconds",
+    "cpu_seconds",
+    "profile_seconds",
+    "bytes",
+    "involuntary_switches",
+    "other_cpu_seconds",
+    "blocking_seconds",
+    "background_seconds",
+    "total_seconds",
+    "waited_seconds",
+    "hashed_at",
+}  # a shard check's wall time, like `time`
 
 
 def config(*overrides: str):
@@ -45,7 +65,8 @@ def config(*overrides: str):
 
 
 def stable(value, also: frozenset[str] = frozenset()):
-    """An event with the fields that vary between identical runs (and those named in `also`) removed, recursively."""
+    """An event with the fields that vary between identical runs (and those named in `also`) removed,
+    recursively."""
     if isinstance(value, dict):
         return {k: stable(v, also) for k, v in value.items() if k not in VARYING and k not in also}
     if isinstance(value, list):
@@ -110,8 +131,13 @@ def mirrored_run(builtin_data_dir, tmp_path_factory):
     failing, recording = FailingSink(), RecordingSink()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = api.train(config(), data=builtin_data_dir, run_dir=run_dir, overrides=["train.tensorboard=true"],
-                           sinks=[failing, recording])
+        result = api.train(
+            config(),
+            data=builtin_data_dir,
+            run_dir=run_dir,
+            overrides=["train.tensorboard=true"],
+            sinks=[failing, recording],
+        )
     return run_dir, result, failing, recording, [w for w in caught if issubclass(w.category, RuntimeWarning)]
 
 
@@ -127,7 +153,10 @@ def test_profiled_run_writes_trace_and_table_and_trains_exactly_as_an_unprofiled
     assert (table["start_step"], table["update_attempts"], table["device"]) == (8, 2, "cpu")
     # torch.optim records one range per optimizer step: exactly the two profiled updates, not the other eight.
     assert sum(row["calls"] for row in table["operators"] if row["name"].startswith("Optimizer.step#")) == 2
-    assert any(e.get("name") == "aten::mm" for e in json.loads((folder / "trace-rank0.json").read_text())["traceEvents"])
+    assert any(
+        e.get("name") == "aten::mm"
+        for e in json.loads((folder / "trace-rank0.json").read_text())["traceEvents"]
+    )
     assert f"profile: 3 file(s) in {folder}" in out
     # Profiling observes: every loss, counter and statistic equals the plain run's (only the marks differ).
     marks = frozenset({"profiled_attempts", "profiled_tokens"})
@@ -140,10 +169,16 @@ def test_profiled_attempts_are_the_profile_phase_and_the_phases_add_up_to_the_wa
     trains = [e for e in events if e["event"] == "train"]
     split = [e for e in events if e["event"] == "session_end"][-1]["time_split"]
     assert split["profile_seconds"] > 0 and split["report_seconds"] > 0
-    assert sum(split[f"{phase}_seconds"] for phase in PHASES) == pytest.approx(split["wall_seconds"], rel=1e-9)
+    assert sum(split[f"{phase}_seconds"] for phase in PHASES) == pytest.approx(
+        split["wall_seconds"], rel=1e-9
+    )
     # The windows partition the training seconds and the profile seconds alike.
-    assert split["train_seconds"] == pytest.approx(sum(e["window"]["train_seconds"] for e in trains), rel=1e-9)
-    assert split["profile_seconds"] == pytest.approx(sum(e["window"]["profile_seconds"] for e in trains), rel=1e-9)
+    assert split["train_seconds"] == pytest.approx(
+        sum(e["window"]["train_seconds"] for e in trains), rel=1e-9
+    )
+    assert split["profile_seconds"] == pytest.approx(
+        sum(e["window"]["profile_seconds"] for e in trains), rel=1e-9
+    )
     profiled = {e["step"]: e["window"] for e in trains if e["window"]["profiled_attempts"]}
     assert sorted(profiled) == [8, 9]
     for step, window in profiled.items():
@@ -177,8 +212,10 @@ def test_throughput_rule_leaves_the_profiled_windows_out(profiled_run):
     summary = summarize_run(run_dir)
     result = rule_throughput_steady(summary, Thresholds())
     # Ten windows: the session's first (warm-up) and the two profiled ones are left out, seven compared.
-    assert result.evidence.startswith("training-only tokens/s of 7 train windows (each session's first left out, "
-                                      "and 2 with profiled updates)")
+    assert result.evidence.startswith(
+        "training-only tokens/s of 7 train windows (each session's first left out, "
+        "and 2 with profiled updates)"
+    )
 
     def with_profiled_windows(change) -> dict:
         edited = copy.deepcopy(summary)
@@ -217,7 +254,9 @@ def test_live_tensorboard_scalars_equal_the_recorded_values_exactly(mirrored_run
     assert result.reason == "completed" and result.step == 10
     events = read_metrics_strict(run_dir)
     scalars = read_back(run_dir / "tensorboard")
-    assert {"train/loss", "val/loss", "train/grad_norm", "train/moe/maxvio/0", "checkpoint/step"} <= set(scalars)
+    assert {"train/loss", "val/loss", "train/grad_norm", "train/moe/maxvio/0", "checkpoint/step"} <= set(
+        scalars
+    )
     # TensorBoard's classic scalars hold float32: each value is the recorded one rounded to float32, exactly.
     assert same(scalars, as_float32(expected(run_dir)))
     assert [value for _, value in scalars["train/loss"]] == [float(np.float32(e["loss"])) for e in events
@@ -235,7 +274,9 @@ def test_a_failing_sink_warns_once_and_changes_neither_training_nor_the_record(m
     mirrored, plain = read_metrics_strict(run_dir), read_metrics_strict(plain_run)
     assert [e["event"] for e in mirrored] == [e["event"] for e in plain]
     assert stable(mirrored) == stable(plain)
-    assert [e["loss"] for e in mirrored if e["event"] == "train"] == [e["loss"] for e in plain if e["event"] == "train"]
+    assert [e["loss"] for e in mirrored if e["event"] == "train"] == [
+        e["loss"] for e in plain if e["event"] == "train"
+    ]
 
 
 def test_a_sink_passed_through_the_api_receives_every_event_as_recorded(mirrored_run):
@@ -245,12 +286,15 @@ def test_a_sink_passed_through_the_api_receives_every_event_as_recorded(mirrored
     assert recording.events[0]["event"] == "session_start" and recording.events[-1]["event"] == "session_end"
     assert recording.closed and not failing.closed  # a sink switched off is not called again, close included
     split = recording.events[-1]["time_split"]
-    assert sum(split[f"{phase}_seconds"] for phase in PHASES) == pytest.approx(split["wall_seconds"], rel=1e-9)
+    assert sum(split[f"{phase}_seconds"] for phase in PHASES) == pytest.approx(
+        split["wall_seconds"], rel=1e-9
+    )
 
 
 # ---------------------------------------------------------------------------------------------- cut short
 class StopAtStep:
-    """A sink that asks the trainer to stop (as its SIGTERM handler does) when it sees the train event of `step`."""
+    """A sink that asks the trainer to stop (as its SIGTERM handler does) when it sees the train event of
+    `step`."""
 
     def __init__(self, step: int):
         self.step, self.trainer = step, None
@@ -278,7 +322,9 @@ def test_a_signal_inside_the_profiler_window_still_writes_what_it_saw(builtin_da
     events = read_metrics_strict(tmp_path / "run")
     split = events[-1]["time_split"]
     assert events[-1]["reason"] == "interrupted"
-    assert sum(split[f"{phase}_seconds"] for phase in PHASES) == pytest.approx(split["wall_seconds"], rel=1e-9)
+    assert sum(split[f"{phase}_seconds"] for phase in PHASES) == pytest.approx(
+        split["wall_seconds"], rel=1e-9
+    )
     windows = [e["window"] for e in events if e["event"] == "train"]
     assert [w["profiled_attempts"] for w in windows] == [0, 1, 1, 1]
     # Writing the files came after the last window closed: in the session's profile seconds, in no window's.
@@ -287,7 +333,9 @@ def test_a_signal_inside_the_profiler_window_still_writes_what_it_saw(builtin_da
 
 
 @pytest.mark.slow
-def test_an_error_inside_the_profiler_window_still_writes_what_it_saw(builtin_data_dir, tmp_path, monkeypatch):
+def test_an_error_inside_the_profiler_window_still_writes_what_it_saw(
+    builtin_data_dir, tmp_path, monkeypatch
+):
     from pilotrun.training import loop as loop_module
 
     trainer = Trainer(config("train.profile.start_step=2", "train.profile.steps=5"), builtin_data_dir,
@@ -309,7 +357,9 @@ def test_an_error_inside_the_profiler_window_still_writes_what_it_saw(builtin_da
     assert end["event"] == "session_end" and end["reason"] == "error" and "planted failure" in end["message"]
     split = end["time_split"]
     assert split["profile_seconds"] > 0
-    assert sum(split[f"{phase}_seconds"] for phase in PHASES) == pytest.approx(split["wall_seconds"], rel=1e-9)
+    assert sum(split[f"{phase}_seconds"] for phase in PHASES) == pytest.approx(
+        split["wall_seconds"], rel=1e-9
+    )
 
 
 def test_a_tracker_whose_package_is_missing_is_refused_before_anything_is_written(builtin_data_dir, tmp_path,
@@ -319,7 +369,11 @@ def test_a_tracker_whose_package_is_missing_is_refused_before_anything_is_writte
     from pilotrun.common.errors import ConfigError
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"train.trackers: wandb needs the wandb package: pip install 'pilotrun\[wandb\]'"):
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    with pytest.raises(
+        ConfigError, match=r"train.trackers: wandb needs the wandb package: pip install 'pilotrun\[wandb\]'"
+    ):
         Trainer(config("train.trackers=[wandb]"), builtin_data_dir, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()

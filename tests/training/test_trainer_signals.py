@@ -23,7 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "configs" / "smoke.yaml"
 
 
-def _wait_for_train_events(run_dir: Path, count: int, process: subprocess.Popen, timeout: float = 180.0) -> None:
+def _wait_for_train_events(
+    run_dir: Path, count: int, process: subprocess.Popen, timeout: float = 180.0
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -36,15 +38,37 @@ def _wait_for_train_events(run_dir: Path, count: int, process: subprocess.Popen,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum, exit_code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
-def test_signal_finishes_the_update_saves_and_exits_with_the_documented_code(builtin_data_dir, tmp_path, signum,
-                                                                              exit_code):
+@pytest.mark.parametrize(
+    "signum, exit_code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)]
+)
+def test_signal_finishes_the_update_saves_and_exits_with_the_documented_code(
+    builtin_data_dir, tmp_path, signum, exit_code
+):
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "pilotrun", "train", "--config", str(SMOKE), "--data", str(builtin_data_dir),
-               "--run-dir", str(run_dir), "--set", "train.max_steps=100000", "--set", "train.checkpoint_every=0",
-               "--set", "train.eval_every=0", "--set", "train.num_threads=1"]
+    command = [
+        sys.executable,
+        "-m",
+        "pilotrun",
+        "train",
+        "--config",
+        str(SMOKE),
+        "--data",
+        str(builtin_data_dir),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "train.max_steps=100000",
+        "--set",
+        "train.checkpoint_every=0",
+        "--set",
+        "train.eval_every=0",
+        "--set",
+        "train.num_threads=1",
+    ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     _wait_for_train_events(run_dir, 2, process)
     process.send_signal(signum)
     out, err = process.communicate(timeout=180)
@@ -93,7 +117,9 @@ def test_inspect_batch_names_the_windows_and_decodes_them(builtin_data_dir, tmp_
     metrics.write_text("\n".join(lines) + "\n")
     assert main(["inspect-batch", str(run_dir), "--step", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"metrics.jsonl line {first_train + 1} " in err[0] and "hash chain broken" in err[0]
+    assert (
+        len(err) == 1 and f"metrics.jsonl line {first_train + 1} " in err[0] and "hash chain broken" in err[0]
+    )
 
 
 def test_attempt_arithmetic_skips_the_overflowed_attempts():

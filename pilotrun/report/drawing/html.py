@@ -53,7 +53,9 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
     e = html.escape
     colour = STATUS_COLOURS["PASS" if verdict.decision == "GO" else "FAIL"]
     precision = ((summary.run.get("recipe") or {}).get("train") or {}).get("precision")
-    shown = {name: path for name, path in plots.items() if name != "loss_scale" or precision in ("fp16", None)}
+    shown = {
+        name: path for name, path in plots.items() if name != "loss_scale" or precision in ("fp16", None)
+    }
 
     plot_of = {rule.name: rule.plot for rule in RULES}
 
@@ -62,8 +64,11 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
         return f"<a href='#plot-{plot}'>{e(name)}</a>" if plot in shown else e(name)
 
     rule_rows = "\n".join(
-        f"<tr><td>{rule_cell(r.name)}</td><td style='color:{STATUS_COLOURS[r.status]};font-weight:bold'>{r.status}</td>"
-        f"<td>{e(r.figure)}</td><td>{e(r.threshold)}</td><td>{e(r.evidence)}</td></tr>" for r in verdict.rules)
+        f"<tr><td>{rule_cell(r.name)}</td><td "
+        f"style='color:{STATUS_COLOURS[r.status]};font-weight:bold'>{r.status}</td>"
+        f"<td>{e(r.figure)}</td><td>{e(r.threshold)}</td><td>{e(r.evidence)}</td></tr>"
+        for r in verdict.rules
+    )
     session_rows = "\n".join(
         f"<tr><td>{e(s.session_id)}</td><td>{'-' if s.resumed_from is None else s.resumed_from}</td>"
         f"<td>{e(s.status)}</td><td>{e(s.end_reason or 'killed (no session_end)')}</td>"
@@ -71,7 +76,8 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
         f"<td>{s.tokens_processed:,}</td><td>{_fmt(s.train_tokens_per_s)}</td><td>{_fmt(s.wall_tokens_per_s)}</td>"
         f"<td>{' / '.join(f'{getattr(s, k):.1f}' for k in SPLIT_PHASES)} "
         f"of {s.wall_seconds:.1f}{'' if s.time_source == 'session_end' else ' (from events)'}</td></tr>"
-        for s in summary.sessions)
+        for s in summary.sessions
+    )
     images = []
     for name, path in shown.items():
         data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
@@ -79,50 +85,89 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
                       f"src='data:image/png;base64,{data}'><figcaption>{e(PLOT_TITLES.get(name, name))} "
                       f"({e(Path(path).name)})</figcaption></figure>")
     if len(shown) < len(plots):
-        images.append(f"<p>loss_scale.png is left out of this page: a {e(str(precision))} run has no loss scaling "
-                      "(the scale stays 1.0 and no update is skipped for overflow); the file is in the folder.</p>")
+        images.append(
+            f"<p>loss_scale.png is left out of this page: a {e(str(precision))} run has no loss scaling "
+            "(the scale stays 1.0 and no update is skipped for overflow); the file is in the folder.</p>"
+        )
     failed = [r for r in verdict.rules if r.status == "FAIL"]
     failed_items = "".join(f"<li><b>{rule_cell(r.name)}</b>: {e(r.figure)} (needs {e(r.threshold)})</li>"
                            for r in failed)
     headline = f"<ul class='failed'>{failed_items}</ul>" if failed else ""
-    identity_rows = "\n".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in run_identity(summary.run))
-    warnings = ("<ul class='warnings'>" + "".join(f"<li>WARN {e(r.name)}: {e(r.figure)}</li>"
-                                                  for r in verdict.warnings) + "</ul>") if verdict.warnings else ""
+    identity_rows = "\n".join(
+        f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in run_identity(summary.run)
+    )
+    warnings = (
+        (
+            "<ul class='warnings'>"
+            + "".join(f"<li>WARN {e(r.name)}: {e(r.figure)}</li>" for r in verdict.warnings)
+            + "</ul>"
+        )
+        if verdict.warnings
+        else ""
+    )
     frozen = f"\n<p>{e(describe_frozen_status(verdict.frozen))}</p>" if verdict.frozen is not None else ""
     if verdict.forecast is not None:  # evidence beside the rules, never one of them (forecast_record.py)
         frozen += f"\n<p>Evidence, not a rule: {e(format_forecast(verdict.forecast))}</p>"
     problems = "".join(f"<li>{e(r)}</li>" for r in summary.reasons) or "<li>none</li>"
-    # The trainer's own notes (schedule and val warnings, what a resume restored) travel in run.json's sessions.
+    # The trainer's own notes (schedule and val warnings, what a resume restored) travel in run.json's
+    # sessions.
     session_notes = [f"session {s.get('session_id')}: {n}" for s in summary.run.get("sessions") or []
                      for n in s.get("notes") or []]
     notes = "".join(f"<li>{e(n)}</li>" for n in [*summary.notes, *session_notes]) or "<li>none</li>"
     t = o.get("time_split") or {}
     facts = [
         ("updates applied / max_steps", f"{_fmt(o.get('updates_applied'))} / {_fmt(o.get('max_steps'))}"),
-        ("updates attempted / skipped", f"{_fmt(o.get('updates_attempted'))} / {_fmt(o.get('updates_skipped'))}"),
+        (
+            "updates attempted / skipped",
+            f"{_fmt(o.get('updates_attempted'))} / {_fmt(o.get('updates_skipped'))}",
+        ),
         ("updates rolled back and redone", _fmt(o.get("updates_rolled_back"))),
         ("tokens seen / planned", f"{_fmt(o.get('tokens_seen'))} / {_fmt(o.get('tokens_planned'))}"),
         ("passes over the training split", _fmt(o.get("passes_over_train_split"), 3)),
-        ("training-only throughput (tokens processed in training / train seconds)", f"{_fmt(o.get('train_tokens_per_s'))} tok/s"),
-        ("effective wall-clock throughput (kept tokens / wall seconds of all sessions)",
-         f"{_fmt(o.get('wall_tokens_per_s'))} tok/s"),
-        ("time: train / eval / checkpoint / profile / report / other / wall (s)",
-         " / ".join(_fmt(t.get(k)) for k in SPLIT_KEYS)),
+        (
+            "training-only throughput (tokens processed in training / train seconds)",
+            f"{_fmt(o.get('train_tokens_per_s'))} tok/s",
+        ),
+        (
+            "effective wall-clock throughput (kept tokens / wall seconds of all sessions)",
+            f"{_fmt(o.get('wall_tokens_per_s'))} tok/s",
+        ),
+        (
+            "time: train / eval / checkpoint / profile / report / other / wall (s)",
+            " / ".join(_fmt(t.get(k)) for k in SPLIT_KEYS),
+        ),
         ("sessions (kept history)", f"{o.get('sessions')} ({' -> '.join(summary.lineage)})"),
-        ("goodput (productive training / elapsed, the time ledger)",
-         f"{_fmt(100 * o['goodput'])}%" if o.get("goodput") is not None else "n/a"),
+        (
+            "goodput (productive training / elapsed, the time ledger)",
+            f"{_fmt(100 * o['goodput'])}%" if o.get("goodput") is not None else "n/a",
+        ),
     ]
-    for row in (o.get("mixture") or {}).get("sources") or []:  # a data mixture: each source against its weight
+    # a data mixture: each source against its weight
+    for row in (o.get("mixture") or {}).get("sources") or []:
         share = "n/a" if row.get("share_seen") is None else f"{100 * row['share_seen']:.2f}%"
-        facts.append((f"source {row.get('name')}: weight (share) / kept tokens (share) / restarts / last val loss",
-                      f"{row.get('weight')} ({100 * row.get('share_asked', 0):.2f}%) / {row.get('tokens_seen')} "
-                      f"({share}) / {row.get('restarts')} / {_fmt(row.get('val_loss'), 4)}"))
+        facts.append(
+            (
+                f"source {row.get('name')}: weight (share) / kept tokens (share) / restarts / last val loss",
+                f"{row.get('weight')} ({100 * row.get('share_asked', 0):.2f}%) / {row.get('tokens_seen')} "
+                f"({share}) / {row.get('restarts')} / {_fmt(row.get('val_loss'), 4)}",
+            )
+        )
     held_to = dataclasses.asdict(verdict.thresholds)
     meanings = "\n".join(
         f"<dt>{rule_cell(rule.name)}</dt><dd>{e(rule.meaning)}"
-        + ("<ul>" + "".join(f"<li><code>{e(name)}</code> = {e(str(held_to[name]))}: {e(threshold_meaning(name))}</li>"
-                            for name in rule.thresholds) + "</ul>" if rule.thresholds else "") + "</dd>"
-        for rule in RULES)
+        + (
+            "<ul>"
+            + "".join(
+                f"<li><code>{e(name)}</code> = {e(str(held_to[name]))}: {e(threshold_meaning(name))}</li>"
+                for name in rule.thresholds
+            )
+            + "</ul>"
+            if rule.thresholds
+            else ""
+        )
+        + "</dd>"
+        for rule in RULES
+    )
     fact_rows = "\n".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in facts)
     evaluation_rows = "\n".join(
         f"<tr><td>{e(str(x.get('step')))}</td><td><code>{e(str(x.get('marker_sha256'))[:16])}</code></td>"

@@ -34,15 +34,17 @@ PLOT_TITLES = {
     "parameter_groups": "Weight RMS and update RMS / lr per parameter group",
     "block_output_rms": "Residual stream RMS after each block",
     "time_ledger": "Time ledger: where each session's seconds went (goodput = productive / elapsed)",
-    "downstream_accuracy": "Downstream accuracy per task (in the loop; evaluations of checkpoints as squares)",
+    "downstream_accuracy": "Downstream accuracy per task (in the loop; evaluations of checkpoints as "
+                           "squares)",
     "forecast": "Validation loss forecast for a 10x long run (the law fitted to the pilot's evaluations)",
 }
 
 
 def drawn(value: Any) -> str:
     """A recorded string (a session id, a group or task name) as a plot may draw it: a control character or a
-    terminal escape written as its Python escape, as the text output prints it (the font has no glyph for them),
-    and a dollar sign escaped, so that a name can never switch the label into matplotlib's math mode."""
+    terminal escape written as its Python escape, as the text output prints it (the font has no glyph for
+    them), and a dollar sign escaped, so that a name can never switch the label into matplotlib's math
+    mode."""
     return terminal_safe(str(value)).replace("$", r"\$")
 
 
@@ -70,7 +72,11 @@ def _new_axes(title: str, ylabel: str, height: float = 3.6):
 
 
 def _mark_resumes(ax, summary: Summary) -> None:
-    steps = [s.start["step"] for s in summary.sessions if s.session_id in summary.lineage and s.resumed_from is not None]
+    steps = [
+        s.start["step"]
+        for s in summary.sessions
+        if s.session_id in summary.lineage and s.resumed_from is not None
+    ]
     for index, step in enumerate(steps):
         ax.axvline(step, color="grey", linestyle=":", linewidth=1.2, label="resume" if index == 0 else None)
 
@@ -109,7 +115,8 @@ def plot_loss(summary: Summary, path: Path) -> Path:
 
 
 def plot_lr(summary: Summary, path: Path) -> Path:
-    # The trainer logs the LR of the optimizer's first parameter group; every group follows the same multiplier.
+    # The trainer logs the LR of the optimizer's first parameter group; every group follows the same
+    # multiplier.
     groups = (summary.run.get("optimizer") or {}).get("groups") or []
     first = drawn(groups[0].get("group", "?")) if groups and isinstance(groups[0], dict) else "?"
     fig, ax = _new_axes(PLOT_TITLES["lr"], f"learning rate of group '{first}'")
@@ -136,7 +143,9 @@ def plot_grad_norm(summary: Summary, path: Path) -> Path:
         ax.plot(cx, cy, "v", color="C3", markersize=5, label="window with clipped updates")
     grad_clip = ((summary.run.get("recipe") or {}).get("optim") or {}).get("grad_clip")
     if is_finite_number(grad_clip) and grad_clip > 0:
-        ax.axhline(grad_clip, color="C3", linestyle="--", linewidth=0.8, label=f"clip threshold {grad_clip:g}")
+        ax.axhline(
+            grad_clip, color="C3", linestyle="--", linewidth=0.8, label=f"clip threshold {grad_clip:g}"
+        )
     if ys and min(ys) > 0:
         ax.set_yscale("log")
     if not xs:
@@ -186,9 +195,16 @@ def plot_loss_scale(summary: Summary, path: Path) -> Path:
     fig, ax = _new_axes(PLOT_TITLES["loss_scale"], "loss scale")
     precision = ((summary.run.get("recipe") or {}).get("train") or {}).get("precision")
     if precision in ("fp32", "bf16"):  # the file is still written so every report folder has the same set
-        ax.text(0.5, 0.5, f"{precision}: no loss scaling (the scale stays 1.0), so no update can be skipped for "
-                "overflow.\nThis plot matters for fp16 runs only.", ha="center", va="center",
-                transform=ax.transAxes, fontsize=9)
+        ax.text(
+            0.5,
+            0.5,
+            f"{precision}: no loss scaling (the scale stays 1.0), so no update can be skipped for "
+            "overflow.\nThis plot matters for fp16 runs only.",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+            fontsize=9,
+        )
         return _save(fig, ax, path)
     xs, ys = _series(_train(summary), lambda e: e["loss_scale"])
     ax.plot(xs, ys, color="C4", label="loss scale (end of window)")
@@ -200,7 +216,9 @@ def plot_loss_scale(summary: Summary, path: Path) -> Path:
         ax.set_yscale("log")
     if not xs:
         _no_data(ax, "loss scale")
-    ax.text(0.01, 0.02, f"{len(skips)} skipped update(s) in the kept history", transform=ax.transAxes, fontsize=8)
+    ax.text(
+        0.01, 0.02, f"{len(skips)} skipped update(s) in the kept history", transform=ax.transAxes, fontsize=8
+    )
     _mark_resumes(ax, summary)
     return _save(fig, ax, path)
 
@@ -219,7 +237,9 @@ def plot_expert_load(summary: Summary, path: Path) -> Path:
     for layer, ax in enumerate(axes):
         rows = []
         for e in events:
-            counts = e["moe"]["tokens_per_expert"][layer] if len(e["moe"]["tokens_per_expert"]) > layer else []
+            counts = (
+                e["moe"]["tokens_per_expert"][layer] if len(e["moe"]["tokens_per_expert"]) > layer else []
+            )
             numbers = [float(c) if is_finite_number(c) else 0.0 for c in counts]
             mean = sum(numbers) / len(numbers) if numbers else 0.0
             rows.append([c / mean if mean > 0 else 0.0 for c in numbers])
@@ -237,8 +257,13 @@ def plot_expert_load(summary: Summary, path: Path) -> Path:
 
 
 def _plot_per_layer(ax, summary: Summary, section: str, key: str, label: str) -> int:
-    """One line per layer of the per-layer list `event[section][key]` of the train events; returns how many."""
-    events = [e for e in _train(summary) if isinstance(e.get(section), dict) and isinstance(e[section].get(key), list)]
+    """One line per layer of the per-layer list `event[section][key]` of the train events; returns how
+    many."""
+    events = [
+        e
+        for e in _train(summary)
+        if isinstance(e.get(section), dict) and isinstance(e[section].get(key), list)
+    ]
     layers = max((len(e[section][key]) for e in events), default=0)
     for layer in range(layers):
         xs, ys = _series(events, lambda e, layer=layer: e[section][key][layer])
@@ -260,9 +285,14 @@ def plot_qk_max_logit(summary: Summary, path: Path) -> Path:
             ax.text(0.99, 0.97, f"QK-Clip tau {qk['tau']:g} is above this range (largest logit {peak:.3g})",
                     ha="right", va="top", transform=ax.transAxes, fontsize=8, color="C3")
         else:
-            ax.axhline(qk["tau"], color="C3", linestyle="--", linewidth=0.8, label=f"QK-Clip tau {qk['tau']:g}")
-    # The qk_clip events as lines: a head clipped for the first time, or hard (gamma < 0.5), at the logit that did it.
-    clips = [e for e in summary.kept_events if e["event"] == "qk_clip" and is_finite_number(e.get("max_logit"))]
+            ax.axhline(
+                qk["tau"], color="C3", linestyle="--", linewidth=0.8, label=f"QK-Clip tau {qk['tau']:g}"
+            )
+    # The qk_clip events as lines: a head clipped for the first time, or hard (gamma < 0.5), at the logit that
+    # did it.
+    clips = [
+        e for e in summary.kept_events if e["event"] == "qk_clip" and is_finite_number(e.get("max_logit"))
+    ]
     for marker, label, chosen in (("o", "first clip of a head", [e for e in clips if e.get("first_time")]),
                                   ("x", "hard clip (gamma < 0.5)", [e for e in clips if e.get("hard")])):
         if chosen:
@@ -275,21 +305,33 @@ def plot_qk_max_logit(summary: Summary, path: Path) -> Path:
 
 
 def plot_parameter_groups(summary: Summary, path: Path) -> Path:
-    """Two panels: each group's weight RMS (Moonlight watches it grow without weight decay), and the RMS of its
-    update direction (Muon in moonlight mode holds it near 0.2 by construction, AdamW's moves with the gradients)."""
+    """Two panels: each group's weight RMS (Moonlight watches it grow without weight decay), and the RMS of
+    its update direction (Muon in moonlight mode holds it near 0.2 by construction, AdamW's moves with the
+    gradients)."""
     events = [e for e in _train(summary) if isinstance(e.get("optimizer"), dict)]
     fig = Figure(figsize=(8, 6.4), dpi=100)
     weight_ax, update_ax = fig.subplots(2, 1, sharex=True)
-    for ax, key, label in ((weight_ax, "weight_rms", "weight RMS"), (update_ax, "update_rms", "update RMS / lr")):
+    for ax, key, label in (
+        (weight_ax, "weight_rms", "weight RMS"),
+        (update_ax, "update_rms", "update RMS / lr"),
+    ):
         groups = sorted({name for e in events if isinstance(e["optimizer"].get(key), dict)
                          for name in e["optimizer"][key]})
         every = max(len(groups), len(events) // 6, 1)  # markers staggered: each group's sit at other steps
         for index, group in enumerate(groups):
             xs, ys = _series(events, lambda e, group=group, key=key: e["optimizer"][key][group])
             # Colour, line style and marker all vary, so groups that overlap stay distinguishable.
-            ax.plot(xs, ys, label=drawn(group), color=f"C{index % 10}", linestyle=LINESTYLES[index % len(LINESTYLES)],
-                    marker=MARKERS[index % len(MARKERS)], markevery=(index % every, every), markersize=5,
-                    fillstyle="none")
+            ax.plot(
+                xs,
+                ys,
+                label=drawn(group),
+                color=f"C{index % 10}",
+                linestyle=LINESTYLES[index % len(LINESTYLES)],
+                marker=MARKERS[index % len(MARKERS)],
+                markevery=(index % every, every),
+                markersize=5,
+                fillstyle="none",
+            )
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         if groups:
@@ -339,8 +381,8 @@ def plot_time_ledger(summary: Summary, path: Path) -> Path:
 
 
 def plot_downstream(summary: Summary, path: Path) -> Path:
-    """Each in-loop task's accuracy over steps with its chance level, and each `pilotrun evaluate` figure at the
-    step of the checkpoint it measured (hollow where the evaluation no longer stands)."""
+    """Each in-loop task's accuracy over steps with its chance level, and each `pilotrun evaluate` figure at
+    the step of the checkpoint it measured (hollow where the evaluation no longer stands)."""
     from pilotrun.report.verdict.downstream import task_series
 
     fig, ax = _new_axes(PLOT_TITLES["downstream_accuracy"], "accuracy")
@@ -355,8 +397,16 @@ def plot_downstream(summary: Summary, path: Path) -> Path:
         for name, figures in entry["tasks"].items():
             if is_finite_number(figures.get("acc")) and isinstance(entry.get("step"), int):
                 stands = entry["status"] == "stands"
-                ax.plot([entry["step"]], [figures["acc"]], "s", color="black", fillstyle="full" if stands else "none",
-                        label=drawn(f"evaluate {name} ({entry['harness']}{'' if stands else ', ' + entry['status']})"))
+                ax.plot(
+                    [entry["step"]],
+                    [figures["acc"]],
+                    "s",
+                    color="black",
+                    fillstyle="full" if stands else "none",
+                    label=drawn(
+                        f"evaluate {name} ({entry['harness']}{'' if stands else ', ' + entry['status']})"
+                    ),
+                )
     if not series and not evaluations:
         _no_data(ax, "downstream accuracy (train.downstream.tasks, pilotrun evaluate)")
     _mark_resumes(ax, summary)

@@ -36,8 +36,9 @@ def _describe_source(source: Any) -> str:
         return f"{source.get('dataset')}:{source.get('config')}@{str(source.get('revision'))[:12]} (hub)"
     if kind == "local":
         files = source.get("files") or []
-        names = ", ".join(str(f.get("name")) for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3
-                                                                      else "")
+        names = ", ".join(str(f.get("name")) for f in files[:3]) + (
+            f" and {len(files) - 3} more" if len(files) > 3 else ""
+        )
         return f"local files: {names}"
     return str(kind or NOT_RECORDED) + (f" ({source.get('documents'):,} documents)"
                                         if isinstance(source.get("documents"), int) else "")
@@ -58,8 +59,11 @@ def run_identity(run: dict[str, Any]) -> list[tuple[str, str]]:
     first = sessions[0] if sessions else {}
     model, data = run.get("model") or {}, run.get("data") or {}
     total, active = model.get("parameters"), model.get("active_parameters")
-    size = (f"{total:,} total, {active:,} active per token" if isinstance(total, int) and isinstance(active, int)
-            else NOT_RECORDED)
+    size = (
+        f"{total:,} total, {active:,} active per token"
+        if isinstance(total, int) and isinstance(active, int)
+        else NOT_RECORDED
+    )
     commits = []
     for s in sessions:
         git = s.get("git") or {}
@@ -78,10 +82,22 @@ def run_identity(run: dict[str, Any]) -> list[tuple[str, str]]:
         ("tokenizer", _describe_tokenizer(data.get("tokenizer"), data.get("vocab_size"))),
         ("data metadata_sha256", str(data.get("metadata_sha256") or NOT_RECORDED)),
         ("git commit", ", ".join(commits) or NOT_RECORDED),
-        ("software", f"torch {software.get('torch', '?')}, python {software.get('python', '?')}, "
-                     f"pilotrun {software.get('pilotrun', '?')}" if software else NOT_RECORDED),
-        ("hardware", f"{device} ({hardware.get('device', '?')}), world size {world}" if hardware else NOT_RECORDED),
-        ("sessions", f"{len(sessions)}: " + ", ".join(
-            f"{s.get('session_id')} from step {s.get('start_step', 0)}" for s in sessions) if sessions
-         else NOT_RECORDED),
+        (
+            "software",
+            f"torch {software.get('torch', '?')}, python {software.get('python', '?')}, "
+            f"pilotrun {software.get('pilotrun', '?')}"
+            if software
+            else NOT_RECORDED,
+        ),
+        (
+            "hardware",
+            f"{device} ({hardware.get('device', '?')}), world size {world}" if hardware else NOT_RECORDED,
+        ),
+        (
+            "sessions",
+            f"{len(sessions)}: "
+            + ", ".join(f"{s.get('session_id')} from step {s.get('start_step', 0)}" for s in sessions)
+            if sessions
+            else NOT_RECORDED,
+        ),
     ]

@@ -1,23 +1,23 @@
-"""The projection's band: the spread the pilot itself measured, part by part, and which assumption a long run moved
-when its time falls outside.
+"""The projection's band: the spread the pilot itself measured, part by part, and which assumption a long run
+moved when its time falls outside.
 
 Each part of the lock's projection (long_run.py) carries `band` [low, high] seconds over the projected run and
 `band_from`, the measurements and rule it comes from:
-- training: the long run's tokens at the pilot's p90 and p10 steady-window tokens/s, at the CPU share the pilot
-  ran at (`training.cpu_share`: the median, p10 and p90 of its steady windows' process CPU seconds per training
-  second; a run's share from `low` = p10 x (1 - CPU_SHARE_MARGIN) to `high` = p90 x (1 + CPU_SHARE_MARGIN) is
-  "the same share": the band assumes it);
+- training: the long run's tokens at the pilot's p90 and p10 steady-window tokens/s, at the CPU share the
+  pilot ran at (`training.cpu_share`: the median, p10 and p90 of its steady windows' process CPU seconds per
+  training second; a run's share from `low` = p10 x (1 - CPU_SHARE_MARGIN) to `high` = p90 x (1 +
+  CPU_SHARE_MARGIN) is "the same share": the band assumes it);
 - start-up, checkpoint saves and evaluations, durations the pilot measured a few times each (each session's
   start-up, each save's blocking seconds, each evaluation's seconds), by one rule: their min..max, widened to
   at least median / SPREAD_FLOOR .. median x SPREAD_FLOOR where fewer than MIN_SPREAD_SAMPLES were measured
-  (one or two sessions do not measure how a start-up varies with the machine's load: a pilot's single
-  start-up and its long run's on the same machine can lie far apart); saves and evaluations times their
-  projected count;
+  (one or two sessions do not measure how a start-up varies with the machine's load: a pilot's single start-up
+  and its long run's on the same machine can lie far apart); saves and evaluations times their projected
+  count;
 - overhead (report and bookkeeping per update): the figure scaled by the window-to-window spread of the host
   seconds per update (each steady window's wall less training seconds, per update attempted): its p10 / median
   .. p90 / median, never narrower than the figure itself;
-- failures (with --mtbf): 0 (none happen) .. the expected cost.
-The total's band is the sum of the parts' lows .. the sum of their highs (`total_wall.band`).
+- failures (with --mtbf): 0 (none happen) .. the expected cost. The total's band is the sum of the parts' lows
+  .. the sum of their highs (`total_wall.band`).
 
 Against a long run (summarize, watch), the band is taken at the updates kept so far: every part scaled by the
 share of the target done, but start-up, which a session pays once. When the elapsed time leaves it, each part
@@ -40,8 +40,8 @@ MIN_SPREAD_SAMPLES = 3
 SPREAD_FLOOR = 2.5
 # A run's CPU share within the pilot's p10 x (1 - margin) .. p90 x (1 + margin) is the share the band assumes.
 CPU_SHARE_MARGIN = 0.2
-# A part within this share of its band's high is inside it: a part projected as one figure (overhead, a duration
-# measured the same every time) is never met to the last digit by the record's clock.
+# A part within this share of its band's high is inside it: a part projected as one figure (overhead, a
+# duration measured the same every time) is never met to the last digit by the record's clock.
 PART_TOLERANCE = 0.01
 
 # The projection's parts beside the ledger's: (name, projection keys, ledger parts, scales with the updates).
@@ -58,7 +58,8 @@ PART_PAIRS = (
 
 
 def steady_windows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The train events whose window is steady: not a session's first window, not profiled, with training time."""
+    """The train events whose window is steady: not a session's first window, not profiled, with training
+    time."""
     seen: set[Any] = set()
     steady = []
     for event in events:
@@ -94,7 +95,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def measured_spread(values: list[float]) -> tuple[list[float], str]:
-    """[low, high] of a duration the pilot measured `values` of, and the rule that gave it (module docstring)."""
+    """[low, high] of a duration the pilot measured `values` of, and the rule that gave it (module
+    docstring)."""
     if not values:
         return [0.0, 0.0], "none measured"
     low, high, n = min(values), max(values), len(values)
@@ -107,20 +109,29 @@ def measured_spread(values: list[float]) -> tuple[list[float], str]:
 
 
 def cpu_share_band(events: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The CPU share the pilot's steady windows ran at (the training band's assumption), or None without one."""
+    """The CPU share the pilot's steady windows ran at (the training band's assumption), or None without
+    one."""
     shares = [s for s in map(window_cpu_share, steady_windows(events)) if s is not None]
     if not shares:
         return None
     p10, p90 = percentile(shares, 0.1), percentile(shares, 0.9)
-    return {"median": statistics.median(shares), "p10": p10, "p90": p90, "low": p10 * (1 - CPU_SHARE_MARGIN),
-            "high": p90 * (1 + CPU_SHARE_MARGIN), "windows": len(shares),
-            "from": "process CPU seconds per training second of the pilot's steady windows; a run from low = p10 x "
-                    f"{1 - CPU_SHARE_MARGIN:g} to high = p90 x {1 + CPU_SHARE_MARGIN:g} runs at the pilot's share"}
+    return {
+        "median": statistics.median(shares),
+        "p10": p10,
+        "p90": p90,
+        "low": p10 * (1 - CPU_SHARE_MARGIN),
+        "high": p90 * (1 + CPU_SHARE_MARGIN),
+        "windows": len(shares),
+        "from": "process CPU seconds per training second of the pilot's steady windows; a run from low = p10 "
+                "x "
+        f"{1 - CPU_SHARE_MARGIN:g} to high = p90 x {1 + CPU_SHARE_MARGIN:g} runs at the pilot's share",
+    }
 
 
 def host_spread(events: list[dict[str, Any]]) -> tuple[float, float, int]:
-    """(p10 / median, p90 / median, windows) of the steady windows' host seconds per update attempted (the loop's
-    work beside training: most of the overhead), clamped to include 1; (1, 1, 0) without such windows."""
+    """(p10 / median, p90 / median, windows) of the steady windows' host seconds per update attempted (the
+    loop's work beside training: most of the overhead), clamped to include 1; (1, 1, 0) without such
+    windows."""
     rates = []
     for event in steady_windows(events):
         window = event["window"]
@@ -169,9 +180,9 @@ def observed(events: list[dict[str, Any]] | None, sessions: int, overall: dict[s
 
 def elapsed_band(projection: dict[str, Any], parts: dict[str, float], elapsed: float, share: float | None,
                  run: dict[str, Any]) -> dict[str, Any] | None:
-    """The total's band at the updates kept so far, whether `elapsed` lies in it, every part beside its own band
-    and, for a miss, why: the parts outside their bands, largest excess first, each with what moved. None for a
-    lock without the parts' bands (ledger.py then compares by the training part's band)."""
+    """The total's band at the updates kept so far, whether `elapsed` lies in it, every part beside its own
+    band and, for a miss, why: the parts outside their bands, largest excess first, each with what moved. None
+    for a lock without the parts' bands (ledger.py then compares by the training part's band)."""
     if share is None or _band_of_total(projection) is None:
         return None
     rows = []
@@ -201,13 +212,29 @@ def elapsed_band(projection: dict[str, Any], parts: dict[str, float], elapsed: f
     if not inside:
         side = "above" if elapsed > high else "below"
         moved = [p["moved"] for p in rows if p["outside"]]
-        why = f"elapsed {elapsed:.4g} s is {side} the band {low:.4g}-{high:.4g} s: " + ("; ".join(moved) if moved else (
-            "no part is outside its own band; the largest differences: " + "; ".join(
-                f"{p['part']} {p['actual']:.4g} s against {p['projected']:.4g} s projected ({p['difference']:+.4g} s)"
-                for p in rows[:3])))
-    return {"low": low, "high": high, "inside": inside, "parts": rows, "why": why, "run": run,
-            "from": "the sum of the parts' bands at the updates kept so far (each part's band scaled by the share of "
-                    "the target done, start-up once): the spread the pilot measured (lock's band_from)"}
+        why = f"elapsed {elapsed:.4g} s is {side} the band {low:.4g}-{high:.4g} s: " + (
+            "; ".join(moved)
+            if moved
+            else (
+                "no part is outside its own band; the largest differences: "
+                + "; ".join(
+                    f"{p['part']} {p['actual']:.4g} s against {p['projected']:.4g} s projected "
+                    f"({p['difference']:+.4g} s)"
+                    for p in rows[:3]
+                )
+            )
+        )
+    return {
+        "low": low,
+        "high": high,
+        "inside": inside,
+        "parts": rows,
+        "why": why,
+        "run": run,
+        "from": "the sum of the parts' bands at the updates kept so far (each part's band scaled by the "
+                "share of "
+        "the target done, start-up once): the spread the pilot measured (lock's band_from)",
+    }
 
 
 def _band_of_total(projection: dict[str, Any]) -> list[float] | None:
@@ -224,7 +251,9 @@ def _moved(name: str, row: dict[str, Any], part: Any, projection: dict[str, Any]
     said = f"{_g(row['actual'])} s against {_g(row['low'])}-{_g(row['high'])} s projected"
     part = part if isinstance(part, dict) else {}
     if name == "training":
-        redone = f", {_g(row['redone'])} s of it redone (rolled back, trained again)" if row.get("redone") else ""
+        redone = (
+            f", {_g(row['redone'])} s of it redone (rolled back, trained again)" if row.get("redone") else ""
+        )
         return f"training {said}{redone}" + _throughput_moved(projection, run)
     if name in ("checkpoint", "evaluation"):
         count = run["checkpoints" if name == "checkpoint" else "evaluations"]
@@ -249,8 +278,10 @@ def _throughput_moved(projection: dict[str, Any], run: dict[str, Any]) -> str:
     said = []
     rates, rate = projection.get("train_tokens_per_s") or {}, run.get("train_tokens_per_s")
     if is_finite_number(rate) and is_finite_number(rates.get("p10")) and is_finite_number(rates.get("p90")):
-        said.append(f"training-only {_g(rate)} tok/s against the pilot's {_g(rates['p10'])}-{_g(rates['p90'])} "
-                    "(p10-p90)")
+        said.append(
+            f"training-only {_g(rate)} tok/s against the pilot's {_g(rates['p10'])}-{_g(rates['p90'])} "
+            "(p10-p90)"
+        )
     pilot, share = (projection.get("training") or {}).get("cpu_share"), run.get("cpu_share")
     if isinstance(pilot, dict) and is_finite_number(share) and all(
             is_finite_number(pilot.get(k)) for k in ("median", "low", "high")):
@@ -260,6 +291,8 @@ def _throughput_moved(projection: dict[str, Any], run: dict[str, Any]) -> str:
         elif share > pilot["high"]:
             said.append(f"{against}: the machine was quieter than the pilot's")
         else:
-            said.append(f"{against} (within {pilot['low']:.2f}-{pilot['high']:.2f}: the process got the share the "
-                        "pilot had)")
+            said.append(
+                f"{against} (within {pilot['low']:.2f}-{pilot['high']:.2f}: the process got the share the "
+                "pilot had)"
+            )
     return f" ({'; '.join(said)})" if said else ""

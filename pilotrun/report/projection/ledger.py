@@ -1,27 +1,27 @@
-"""The time ledger of a whole run (goodput): where every second from the first session's start to the last event
-went, over all sessions, and how that compares with what the frozen candidate's lock projected.
+"""The time ledger of a whole run (goodput): where every second from the first session's start to the last
+event went, over all sessions, and how that compares with what the frozen candidate's lock projected.
 
 Each session spans from its clock's start to its last line. Its clock's start is the trainer's own
-(`session_end.time - time_split.wall_seconds`, the TimeAccount started before anything else of the session);
-a session killed before its session_end has no such figure, so its start is the earliest it recorded
-(run.json's `started_at`, else its session_start line), and it ends at its last line: whatever it did after
-that line is lost with it and shows as dead time. Within a span the session's time split (time_split.py)
-already puts every second in one phase; the ledger splits two of those further:
+(`session_end.time - time_split.wall_seconds`, the TimeAccount started before anything else of the session); a
+session killed before its session_end has no such figure, so its start is the earliest it recorded (run.json's
+`started_at`, else its session_start line), and it ends at its last line: whatever it did after that line is
+lost with it and shows as dead time. Within a span the session's time split (time_split.py) already puts every
+second in one phase; the ledger splits two of those further:
 - train: `productive` (the training seconds of the kept history's train windows) and `redone` (the rest: the
   windows a resume rolled back, and training after a session's last window that an interruption cut off);
 - other: `startup` (from the session's clock start to the start of its first train window: loading, building,
-  restoring a checkpoint; on CUDA the first update's compile stays in its window's training seconds, the record
-  has no finer clock) and `other` (bookkeeping between phases). A session with no update is all start-up.
-  `replay` is carved out of other too: the seconds the `spike` events say their replays took and the `rollback`
-  events their restores (both run in the "other" phase).
-Between sessions, `dead` is the time from one session's last line to the next one's start (a crash noticed
-late, a queue, the process's own start before its clock). So the parts telescope to the elapsed time exactly
-(float rounding of unix seconds aside); only clocks that disagree (an NTP step) could make a dead part
-negative, and that is noted. Goodput = productive / elapsed.
+  restoring a checkpoint; on CUDA the first update's compile stays in its window's training seconds, the
+  record has no finer clock) and `other` (bookkeeping between phases). A session with no update is all
+  start-up. `replay` is carved out of other too: the seconds the `spike` events say their replays took and the
+  `rollback` events their restores (both run in the "other" phase). Between sessions, `dead` is the time from
+  one session's last line to the next one's start (a crash noticed late, a queue, the process's own start
+  before its clock). So the parts telescope to the elapsed time exactly (float rounding of unix seconds
+  aside); only clocks that disagree (an NTP step) could make a dead part negative, and that is noted. Goodput
+  = productive / elapsed.
 
-Checkpoint time is split in two: what the loop waited for (the `checkpoint` part, lost time like any other part)
-and what background saves wrote beside training (`checkpoint_split.background_seconds`, from their `checkpoint`
-events). The second overlaps the training seconds, so it is not a part and never lowers goodput.
+Checkpoint time is split in two: what the loop waited for (the `checkpoint` part, lost time like any other
+part) and what background saves wrote beside training (`checkpoint_split.background_seconds`, from their
+`checkpoint` events). The second overlaps the training seconds, so it is not a part and never lowers goodput.
 """
 
 from __future__ import annotations
@@ -37,15 +37,32 @@ from pilotrun.report.record_check.time_split import read_time_split
 from pilotrun.run.record import is_finite_number
 
 # The ledger's parts, in the order they are printed and drawn.
-PARTS = ("productive", "redone", "checkpoint", "eval", "startup", "profile", "replay", "report", "other", "dead")
+PARTS = (
+    "productive",
+    "redone",
+    "checkpoint",
+    "eval",
+    "startup",
+    "profile",
+    "replay",
+    "report",
+    "other",
+    "dead",
+)
 PART_MEANINGS = {
     "productive": "training seconds of the updates that were kept",
-    "redone": "training seconds of updates rolled back by an interruption or a spike's rollback (trained again)",
-    "replay": "replaying spiking updates to name their cause, and restoring a checkpoint for a spike's rollback",
-    "checkpoint": "the loop waiting for checkpoints (a synchronous save's whole write; a background save's copy to "
-    "host memory, and any wait for its write)", "eval": "evaluation", "startup": "a session's clock start to its first "
-    "train window (loading, building, restoring)", "profile": "update attempts under the profiler",
-    "report": "writing the record and the progress display", "other": "bookkeeping between phases",
+    "redone": "training seconds of updates rolled back by an interruption or a spike's rollback (trained "
+              "again)",
+    "replay": "replaying spiking updates to name their cause, and restoring a checkpoint for a spike's "
+              "rollback",
+    "checkpoint": "the loop waiting for checkpoints (a synchronous save's whole write; a background save's "
+                  "copy to "
+    "host memory, and any wait for its write)",
+    "eval": "evaluation",
+    "startup": "a session's clock start to its first train window (loading, building, restoring)",
+    "profile": "update attempts under the profiler",
+    "report": "writing the record and the progress display",
+    "other": "bookkeeping between phases",
     "dead": "no session running: one session's last line to the next one's start",
 }
 
@@ -96,15 +113,24 @@ def _train_seconds(events: list[dict[str, Any]]) -> float:
 def _first_window_start(events: list[dict[str, Any]]) -> float | None:
     """When the session's first train window began: its line's time less the window's wall seconds."""
     for e in events:
-        if e.get("event") == "train" and isinstance(e.get("window"), dict) and is_finite_number(e.get("time")) \
-                and is_finite_number(e["window"].get("wall_seconds")):
+        if (
+            e.get("event") == "train"
+            and isinstance(e.get("window"), dict)
+            and is_finite_number(e.get("time"))
+            and is_finite_number(e["window"].get("wall_seconds"))
+        ):
             return float(e["time"]) - float(e["window"]["wall_seconds"])
     return None
 
 
-def time_ledger(sessions: list[Any], kept_events: list[dict[str, Any]], rolled_back_events: list[dict[str, Any]],
-                run: dict[str, Any]) -> Ledger:
-    """The run's ledger from summarize's pieces (its SessionSummary list and the kept / rolled-back events)."""
+def time_ledger(
+    sessions: list[Any],
+    kept_events: list[dict[str, Any]],
+    rolled_back_events: list[dict[str, Any]],
+    run: dict[str, Any],
+) -> Ledger:
+    """The run's ledger from summarize's pieces (its SessionSummary list and the kept / rolled-back
+    events)."""
     kept = _session_events(kept_events)
     every = _session_events(kept_events + rolled_back_events)
     started_at = {str(s.get("session_id")): _parse_iso(s.get("started_at")) for s in run.get("sessions") or []
@@ -134,14 +160,19 @@ def time_ledger(sessions: list[Any], kept_events: list[dict[str, Any]], rolled_b
         other = span - train - sum(named.values())
         first_window = _first_window_start(events)
         startup = other if first_window is None else min(max(0.0, first_window - start), max(0.0, other))
-        replay = min(replay_seconds(events), max(0.0, other - startup))  # recorded by spike and rollback events
+        # recorded by spike and rollback events
+        replay = min(replay_seconds(events), max(0.0, other - startup))
         parts = {"productive": productive, "redone": train - productive, **named, "startup": startup,
                  "replay": replay, "other": other - startup - replay}
         dead = 0.0 if previous_last is None else start - previous_last
         if dead < 0:
-            notes.append(f"session {s.session_id}: starts {-dead:.3f} s before the previous session's last line "
-                         "(clocks that disagree); its dead part is negative so that the parts still add up")
-        ledgers.append(SessionLedger(s.session_id, start, last, dead, source, {k: parts[k] for k in PARTS[:-1]}))
+            notes.append(
+                f"session {s.session_id}: starts {-dead:.3f} s before the previous session's last line "
+                "(clocks that disagree); its dead part is negative so that the parts still add up"
+            )
+        ledgers.append(
+            SessionLedger(s.session_id, start, last, dead, source, {k: parts[k] for k in PARTS[:-1]})
+        )
         previous_last = last
     totals = dict.fromkeys(PARTS, 0.0)
     for entry in ledgers:
@@ -161,7 +192,9 @@ def ledger_problem(ledger: Ledger) -> str | None:
     """Why the parts do not add up to the elapsed time (to float rounding of unix seconds), or None."""
     total = sum(ledger.parts.values())
     if abs(total - ledger.elapsed_seconds) > max(1e-5, 1e-9 * abs(ledger.elapsed_seconds)):
-        return f"time ledger: parts add up to {total!r} s but the elapsed time is {ledger.elapsed_seconds!r} s"
+        return (
+            f"time ledger: parts add up to {total!r} s but the elapsed time is {ledger.elapsed_seconds!r} s"
+        )
     return None
 
 
@@ -174,19 +207,21 @@ def format_ledger(ledger: dict[str, Any]) -> str:
     split = ledger.get("checkpoint_split") or {}
     beside = (f"; checkpoints also wrote {split['background_seconds']:.1f} s beside training (not lost)"
               if split.get("background_seconds") else "")
-    return (f"time ledger: elapsed {ledger['elapsed_seconds']:.1f} s (first session's start to the last event, "
-            f"{len(ledger['sessions'])} session(s)): {shares}; goodput {good} (productive / elapsed){beside}")
+    return (
+        f"time ledger: elapsed {ledger['elapsed_seconds']:.1f} s (first session's start to the last event, "
+        f"{len(ledger['sessions'])} session(s)): {shares}; goodput {good} (productive / elapsed){beside}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- vs the lock
 def against_projection(projection: dict[str, Any] | None, ledger: Ledger, overall: dict[str, Any],
                        events: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
-    """What happened beside what the lock projected, each as {actual, projected, ratio}: elapsed (the projection
-    scaled to the updates kept so far), goodput and training-only tokens/s; and whether the elapsed time lies in
-    the projected band, and if not, why: each part outside its own band with the assumption that moved, largest
-    first (band.py; `events`, the run's, give its CPU share and its counts of saves and evaluations),
-    or for a lock without the parts' bands, the ledger's parts beside the projection's, the largest difference
-    first. None without a projection."""
+    """What happened beside what the lock projected, each as {actual, projected, ratio}: elapsed (the
+    projection scaled to the updates kept so far), goodput and training-only tokens/s; and whether the elapsed
+    time lies in the projected band, and if not, why: each part outside its own band with the assumption that
+    moved, largest first (band.py; `events`, the run's, give its CPU share and its counts of saves and
+    evaluations), or for a lock without the parts' bands, the ledger's parts beside the projection's, the
+    largest difference first. None without a projection."""
     if not isinstance(projection, dict):
         return None
     target = projection.get("target_steps")
@@ -202,11 +237,17 @@ def against_projection(projection: dict[str, Any] | None, ledger: Ledger, overal
     }
     compared: dict[str, Any] = {}
     for key, (actual, projected) in pairs.items():
-        ratio = actual / projected if is_finite_number(actual) and is_finite_number(projected) and projected else None
+        ratio = (
+            actual / projected
+            if is_finite_number(actual) and is_finite_number(projected) and projected
+            else None
+        )
         compared[key] = {"actual": actual, "projected": projected,
                          "ratio": ratio if ratio is None or math.isfinite(ratio) else None}
-    compared["basis"] = (f"projection for {target} updates; elapsed compared at the {steps} update(s) kept so far "
-                         "(the projected total scaled by updates)")
+    compared["basis"] = (
+        f"projection for {target} updates; elapsed compared at the {steps} update(s) kept so far "
+        "(the projected total scaled by updates)"
+    )
     run = observed(events, len(ledger.sessions), overall)
     compared["band"] = (elapsed_band(projection, ledger.parts, ledger.elapsed_seconds, share, run)
                         or _elapsed_band(projection, ledger, share))
@@ -214,9 +255,9 @@ def against_projection(projection: dict[str, Any] | None, ledger: Ledger, overal
 
 
 def _elapsed_band(projection: dict[str, Any], ledger: Ledger, share: float | None) -> dict[str, Any] | None:
-    """[low, high] of the elapsed time projected at the updates kept so far (the training part's own band, from
-    the pilot's p90 and p10 window speeds, with the rest as projected), whether the elapsed time lies in it,
-    and the parts that explain a miss, largest difference first: for a lock without the parts' bands."""
+    """[low, high] of the elapsed time projected at the updates kept so far (the training part's own band,
+    from the pilot's p90 and p10 window speeds, with the rest as projected), whether the elapsed time lies in
+    it, and the parts that explain a miss, largest difference first: for a lock without the parts' bands."""
     training = projection.get("training") or {}
     band, total = training.get("band"), (projection.get("total_wall") or {}).get("seconds")
     if share is None or not (isinstance(band, list) and len(band) == 2 and all(map(is_finite_number, band))
@@ -230,18 +271,31 @@ def _elapsed_band(projection: dict[str, Any], ledger: Ledger, share: float | Non
         projected *= share if scales else 1.0
         actual = sum(ledger.parts.get(k, 0.0) for k in ledger_keys)
         if projected or actual:
-            parts.append({"part": name, "actual": actual, "projected": projected, "difference": actual - projected})
+            parts.append(
+                {"part": name, "actual": actual, "projected": projected, "difference": actual - projected}
+            )
     parts.sort(key=lambda p: -abs(p["difference"]))
     inside = low <= ledger.elapsed_seconds <= high
     why = None
     if not inside:
         side = "above" if ledger.elapsed_seconds > high else "below"
-        why = f"elapsed {ledger.elapsed_seconds:.4g} s is {side} the band {low:.4g}-{high:.4g} s: " + "; ".join(
-            f"{p['part']} {p['actual']:.4g} s against {p['projected']:.4g} s projected ({p['difference']:+.4g} s)"
-            for p in parts[:3])
-    return {"low": low, "high": high, "inside": inside, "parts": parts, "why": why,
-            "from": "the projected total at the updates kept so far, its training part taken at the pilot's p90 "
-                    "and p10 training-only tokens/s"}
+        why = (
+            f"elapsed {ledger.elapsed_seconds:.4g} s is {side} the band {low:.4g}-{high:.4g} s: "
+            + "; ".join(
+                f"{p['part']} {p['actual']:.4g} s against {p['projected']:.4g} s projected "
+                f"({p['difference']:+.4g} s)"
+                for p in parts[:3]
+            )
+        )
+    return {
+        "low": low,
+        "high": high,
+        "inside": inside,
+        "parts": parts,
+        "why": why,
+        "from": "the projected total at the updates kept so far, its training part taken at the pilot's p90 "
+        "and p10 training-only tokens/s",
+    }
 
 
 def format_against(compared: dict[str, Any] | None) -> str | None:

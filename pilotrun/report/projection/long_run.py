@@ -16,15 +16,15 @@ measurement it comes from (`from`):
 - failures, with --mtbf: the expected number of failures over the failure-free time, each costing on average
   half a checkpoint interval of work redone plus a start-up (first order: failures are rare within one
   interval). The checkpoint interval that minimises the expected loss is Young's, sqrt(2 x C x MTBF) for a
-  (blocking) checkpoint cost C (J. W. Young, "A first order approximation to the optimum checkpoint interval", 1974);
-  Daly's higher-order estimate sqrt(2 C M) - C (J. T. Daly, "A higher order estimate of the optimum checkpoint
-  interval for restart dumps", 2006) is given beside it. Dead time between sessions (how soon someone or
-  something restarts a failed run) is not measured by a pilot and not projected;
+  (blocking) checkpoint cost C (J. W. Young, "A first order approximation to the optimum checkpoint interval",
+  1974); Daly's higher-order estimate sqrt(2 C M) - C (J. T. Daly, "A higher order estimate of the optimum
+  checkpoint interval for restart dumps", 2006) is given beside it. Dead time between sessions (how soon
+  someone or something restarts a failed run) is not measured by a pilot and not projected;
 - total wall time, device-hours (x world_size) and, with --device-hour-cost, the cost; the projected goodput
   (training / total) and wall-clock tokens/s;
-- every part's `band` [low, high] and `band_from`: the spread the pilot measured of it (start-up across sessions,
-  each save's and evaluation's seconds, window-to-window tokens/s at the pilot's CPU share), and the total's band
-  as the sum of the parts' lows .. highs (band.py states the rules).
+- every part's `band` [low, high] and `band_from`: the spread the pilot measured of it (start-up across
+  sessions, each save's and evaluation's seconds, window-to-window tokens/s at the pilot's CPU share), and the
+  total's band as the sum of the parts' lows .. highs (band.py states the rules).
 
 `watch`: the pilot's throughput band, loss envelope, skip and clip bounds and window interval (alerts.py).
 """
@@ -97,8 +97,8 @@ def _band(rates: list[float], source: str) -> dict[str, Any]:
 
 
 def loss_noise(losses: list[float]) -> float:
-    """The loss's window-to-window noise (spike_bound.step_spread, as stability.loss_noise) from 3 windows on, 0.0
-    before: the envelope then rests on its share of the loss alone."""
+    """The loss's window-to-window noise (spike_bound.step_spread, as stability.loss_noise) from 3 windows on,
+    0.0 before: the envelope then rests on its share of the loss alone."""
     return step_spread(losses)
 
 
@@ -128,18 +128,33 @@ def watch_figures(summary: Summary, thresholds: dict[str, Any]) -> dict[str, Any
     gaps = _intervals(summary.kept_events)
     shares = [s for s in map(window_cpu_share, steady) if s is not None]
     return {
-        "throughput": {**_band(rates, "training-only tokens/s of the pilot's steady windows (each session's first "
-                                      "and every profiled window left out); low = the slowest less the margin"),
-                       "cpu_share": statistics.median(shares) if shares else None},
-        "device_throughput": _band(device_rates, "training-only tokens per device second (CUDA timing events) of "
-                                                 "the same steady windows, per device; low = the slowest less the "
-                                                 "margin; no windows on a CPU pilot, which has no device time"),
-        "loss_envelope": {"points": points, "noise": loss_noise([p[1] for p in points]),
-                          "sigmas": LOSS_ENVELOPE_SIGMAS, "share": LOSS_ENVELOPE_SHARE,
-                          "from": "the pilot's kept train windows (step, loss); the bound at a step is the pilot's "
-                                  "loss there (its last past its end) plus the larger of sigmas x noise and share x "
-                                  "loss"},
-        "skip_rate": {"pilot": skipped / attempted if attempted else None, "bound": thresholds.get("max_skip_rate")},
+        "throughput": {
+            **_band(
+                rates,
+                "training-only tokens/s of the pilot's steady windows (each session's first "
+                "and every profiled window left out); low = the slowest less the margin",
+            ),
+            "cpu_share": statistics.median(shares) if shares else None,
+        },
+        "device_throughput": _band(
+            device_rates,
+            "training-only tokens per device second (CUDA timing events) of "
+            "the same steady windows, per device; low = the slowest less the "
+            "margin; no windows on a CPU pilot, which has no device time",
+        ),
+        "loss_envelope": {
+            "points": points,
+            "noise": loss_noise([p[1] for p in points]),
+            "sigmas": LOSS_ENVELOPE_SIGMAS,
+            "share": LOSS_ENVELOPE_SHARE,
+            "from": "the pilot's kept train windows (step, loss); the bound at a step is the pilot's "
+            "loss there (its last past its end) plus the larger of sigmas x noise and share x "
+            "loss",
+        },
+        "skip_rate": {
+            "pilot": skipped / attempted if attempted else None,
+            "bound": thresholds.get("max_skip_rate"),
+        },
         "clip_rate": {"bound": thresholds.get("max_clip_rate")},
         "window_interval_seconds": statistics.median(gaps) if gaps else None,
         # the pilot's in-loop tasks and their figures: the long run's watch compares its own on the same files
@@ -157,16 +172,22 @@ def _median_of(events: list[dict[str, Any]], kind: str, field: str = "seconds") 
 
 
 def blocking_seconds(events: list[dict[str, Any]]) -> list[float]:
-    """Each save's seconds it blocked the loop; a record from before `blocking_seconds` blocked for `seconds`."""
-    return [float(e.get("blocking_seconds", e.get("seconds"))) for e in events if e.get("event") == "checkpoint"
-            and is_finite_number(e.get("blocking_seconds", e.get("seconds")))]
+    """Each save's seconds it blocked the loop; a record from before `blocking_seconds` blocked for
+    `seconds`."""
+    return [
+        float(e.get("blocking_seconds", e.get("seconds")))
+        for e in events
+        if e.get("event") == "checkpoint" and is_finite_number(e.get("blocking_seconds", e.get("seconds")))
+    ]
 
 
 def checkpoint_costs(events: list[dict[str, Any]]) -> tuple[float, float]:
     """(the median seconds a save blocked the loop, the median seconds a background save's write ran beside
     training; 0 without background saves)."""
     blocking = blocking_seconds(events)
-    beside = _median_of([e for e in events if e.get("background") is True], "checkpoint", "background_seconds")
+    beside = _median_of(
+        [e for e in events if e.get("background") is True], "checkpoint", "background_seconds"
+    )
     return (statistics.median(blocking) if blocking else 0.0), beside or 0.0
 
 
@@ -186,7 +207,10 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
     every = summary.kept_events + summary.rolled_back_events
     rates = [r for r in map(window_tokens_per_s, steady_windows(summary.kept_events)) if r is not None]
     if not rates or not tpu:
-        return {"target_steps": target_steps, "unavailable": "the pilot has no steady train window to project from"}
+        return {
+            "target_steps": target_steps,
+            "unavailable": "the pilot has no steady train window to project from",
+        }
     median, p10, p90 = statistics.median(rates), percentile(rates, 0.1), percentile(rates, 0.9)
     tokens = target_steps * tpu
     train = tokens / median
@@ -206,34 +230,60 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
     failure_free = startup + train + checkpoints * ckpt_cost + evals * eval_cost + overhead
     seconds_per_update = failure_free / target_steps
     out: dict[str, Any] = {
-        "target_steps": target_steps, "tokens": tokens,
-        "train_tokens_per_s": {"median": median, "p10": p10, "p90": p90, "windows": len(rates),
-                               "from": "training-only tokens/s of the pilot's steady windows"},
-        "training": {"seconds": train, "band": [tokens / p90, tokens / p10],
-                     "from": f"{target_steps} x {tpu} tokens / the median (band: p90, p10) tokens/s",
-                     "band_from": f"the tokens at the p90 and p10 of the pilot's {len(rates)} steady windows' "
-                                  "tokens/s, at the pilot's CPU share (cpu_share)",
-                     "cpu_share": cpu_share_band(summary.kept_events)},
-        "checkpoint": {"seconds": checkpoints * ckpt_cost, "count": checkpoints, "each": ckpt_cost,
-                       "background_each": ckpt_beside,
-                       "from": f"median blocking seconds of the pilot's checkpoint events (what the loop waited for; "
-                               f"a background save's write beside training, background_each, is not lost) x the "
-                               f"count at train.checkpoint.every={checkpoint_every} (and the last update)",
-                       "band": [checkpoints * ckpt_each[0], checkpoints * ckpt_each[1]], "each_band": ckpt_each,
-                       "band_from": f"the count x each save's blocking seconds: {ckpt_rule}"},
-        "evaluation": {"seconds": evals * eval_cost, "count": evals, "each": eval_cost,
-                       "from": f"median seconds of the pilot's val events x the count at "
-                               f"train.eval.every={eval_every}",
-                       "band": [evals * eval_each[0], evals * eval_each[1]], "each_band": eval_each,
-                       "band_from": f"the count x each evaluation's seconds: {eval_rule}"},
-        "startup": {"seconds": startup, "from": "median start-up of the pilot's sessions (time ledger)",
-                    "measured": startups, "band": startup_band,
-                    "band_from": f"each pilot session's start-up (measured): {startup_rule}"},
-        "overhead": {"seconds": overhead, "per_update": overhead_rate,
-                     "from": "the pilot's report + other seconds per update attempted (time ledger)",
-                     "band": [overhead * host_low, overhead * host_high],
-                     "band_from": f"the figure x the p10 / median .. p90 / median of the host seconds per update (wall less "
-                                  f"training) of the pilot's {host_windows} steady windows"},
+        "target_steps": target_steps,
+        "tokens": tokens,
+        "train_tokens_per_s": {
+            "median": median,
+            "p10": p10,
+            "p90": p90,
+            "windows": len(rates),
+            "from": "training-only tokens/s of the pilot's steady windows",
+        },
+        "training": {
+            "seconds": train,
+            "band": [tokens / p90, tokens / p10],
+            "from": f"{target_steps} x {tpu} tokens / the median (band: p90, p10) tokens/s",
+            "band_from": f"the tokens at the p90 and p10 of the pilot's {len(rates)} steady windows' "
+            "tokens/s, at the pilot's CPU share (cpu_share)",
+            "cpu_share": cpu_share_band(summary.kept_events),
+        },
+        "checkpoint": {
+            "seconds": checkpoints * ckpt_cost,
+            "count": checkpoints,
+            "each": ckpt_cost,
+            "background_each": ckpt_beside,
+            "from": f"median blocking seconds of the pilot's checkpoint events (what the loop waited for; "
+            f"a background save's write beside training, background_each, is not lost) x the "
+            f"count at train.checkpoint.every={checkpoint_every} (and the last update)",
+            "band": [checkpoints * ckpt_each[0], checkpoints * ckpt_each[1]],
+            "each_band": ckpt_each,
+            "band_from": f"the count x each save's blocking seconds: {ckpt_rule}",
+        },
+        "evaluation": {
+            "seconds": evals * eval_cost,
+            "count": evals,
+            "each": eval_cost,
+            "from": f"median seconds of the pilot's val events x the count at train.eval.every={eval_every}",
+            "band": [evals * eval_each[0], evals * eval_each[1]],
+            "each_band": eval_each,
+            "band_from": f"the count x each evaluation's seconds: {eval_rule}",
+        },
+        "startup": {
+            "seconds": startup,
+            "from": "median start-up of the pilot's sessions (time ledger)",
+            "measured": startups,
+            "band": startup_band,
+            "band_from": f"each pilot session's start-up (measured): {startup_rule}",
+        },
+        "overhead": {
+            "seconds": overhead,
+            "per_update": overhead_rate,
+            "from": "the pilot's report + other seconds per update attempted (time ledger)",
+            "band": [overhead * host_low, overhead * host_high],
+            "band_from": "the figure x the p10 / median .. p90 / median of the host seconds per update "
+                         "(wall less "
+            f"training) of the pilot's {host_windows} steady windows",
+        },
     }
     expected_lost = 0.0
     if mtbf_hours is not None:
@@ -247,30 +297,49 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
         expected_lost = failures * per_failure
         young = math.sqrt(2 * ckpt_cost * mtbf)
         out["failures"] = {
-            "mtbf_hours": mtbf_hours, "expected": failures,
+            "mtbf_hours": mtbf_hours,
+            "expected": failures,
             "redone_seconds": failures * (interval_seconds / 2 + ckpt_beside),
-            "restart_seconds": failures * startup, "seconds": expected_lost,
+            "restart_seconds": failures * startup,
+            "seconds": expected_lost,
             "from": "failure-free time / MTBF failures, each redoing half a checkpoint interval "
-                    f"({interval or target_steps} updates x {seconds_per_update:.4g} s), the background write in "
-                    f"flight ({ckpt_beside:.4g} s) and one start-up; dead time before a restart is not projected",
-            "band": [0.0, expected_lost], "band_from": "none happen .. the expected cost"}
+            f"({interval or target_steps} updates x {seconds_per_update:.4g} s), the background write in "
+            f"flight ({ckpt_beside:.4g} s) and one start-up; dead time before a restart is not projected",
+            "band": [0.0, expected_lost],
+            "band_from": "none happen .. the expected cost",
+        }
         out["checkpoint_interval"] = {
-            "young_seconds": young, "young_updates": young / seconds_per_update,
-            "daly_seconds": max(0.0, young - ckpt_cost), "recipe_updates": interval or None,
-            "from": "Young (1974): sqrt(2 x checkpoint cost x MTBF), with the pilot's median blocking checkpoint "
-                    f"seconds {ckpt_cost:.4g} (what a save costs the loop) and MTBF {mtbf_hours} h; Daly (2006): the "
-                    "same less the cost"}
+            "young_seconds": young,
+            "young_updates": young / seconds_per_update,
+            "daly_seconds": max(0.0, young - ckpt_cost),
+            "recipe_updates": interval or None,
+            "from": "Young (1974): sqrt(2 x checkpoint cost x MTBF), with the pilot's median blocking "
+                    "checkpoint "
+            f"seconds {ckpt_cost:.4g} (what a save costs the loop) and MTBF {mtbf_hours} h; Daly (2006): the "
+            "same less the cost",
+        }
     total = failure_free + expected_lost
     world = _world_size(run, summary)
-    out["total_wall"] = {"seconds": total, "from": "start-up + training + checkpoints + evaluations + overhead"
-                         + (" + expected failures" if mtbf_hours is not None else ""),
-                         **total_band({k: out[k] for k in ("training", "checkpoint", "evaluation", "startup",
-                                                           "overhead", "failures") if k in out})}
+    out["total_wall"] = {
+        "seconds": total,
+        "from": "start-up + training + checkpoints + evaluations + overhead"
+        + (" + expected failures" if mtbf_hours is not None else ""),
+        **total_band(
+            {
+                k: out[k]
+                for k in ("training", "checkpoint", "evaluation", "startup", "overhead", "failures")
+                if k in out
+            }
+        ),
+    }
     out["device_hours"] = {"value": total / 3600.0 * world, "world_size": world,
                            "from": "total wall hours x the pilot's world_size"}
     if device_hour_cost is not None:
-        out["cost"] = {"value": out["device_hours"]["value"] * device_hour_cost, "per_device_hour": device_hour_cost,
-                       "from": "device-hours x the price given"}
+        out["cost"] = {
+            "value": out["device_hours"]["value"] * device_hour_cost,
+            "per_device_hour": device_hour_cost,
+            "from": "device-hours x the price given",
+        }
     out["goodput"] = {"value": train / total if total > 0 else None, "from": "training / total wall"}
     out["wall_tokens_per_s"] = {"value": tokens / total if total > 0 else None, "from": "tokens / total wall"}
     hardware = (_last_session(run, summary) or {}).get("hardware") or {}

@@ -62,8 +62,10 @@ def _judge(folder: RunFolder, event: dict[str, Any], damaged: dict[int, list[str
         return "malformed", "names no checkpoint (step, marker_sha256) or no results file (path, sha256)"
     step = checkpoint["step"]
     if step not in folder.committed_steps():
-        return "checkpoint gone", (f"its checkpoint at step {step} is no longer committed in the run (pruned or "
-                                   "removed): the claim cannot be checked against the weights any more")
+        return "checkpoint gone", (
+            f"its checkpoint at step {step} is no longer committed in the run (pruned or "
+            "removed): the claim cannot be checked against the weights any more"
+        )
     marker, problem = folder.marker(step)
     owner = marker_run_id(marker) if marker is not None else None
     if marker is None:
@@ -72,8 +74,10 @@ def _judge(folder: RunFolder, event: dict[str, Any], damaged: dict[int, list[str
         return "checkpoint replaced", (f"its checkpoint at step {step} is now another run's (marker run_id "
                                        f"{owner}): not the weights that were evaluated")
     if marker_sha256(folder.path, step) != checkpoint["marker_sha256"]:
-        return "checkpoint replaced", (f"its checkpoint at step {step} was replaced: the marker's sha256 differs "
-                                       "from the one evaluated (another commit at that step)")
+        return "checkpoint replaced", (
+            f"its checkpoint at step {step} was replaced: the marker's sha256 differs "
+            "from the one evaluated (another commit at that step)"
+        )
     if step not in damaged:
         damaged[step] = folder.checkpoint_problems(step)[0]
     if damaged[step]:
@@ -93,9 +97,9 @@ def _judge(folder: RunFolder, event: dict[str, Any], damaged: dict[int, list[str
 
 
 def figures_against_results(tasks: Any, results: Path) -> str | None:
-    """Where the event's figures (each task's acc, acc_norm, examples) differ from the results file it names, or
-    None. The file's sha256 holds the file; only this comparison holds the event to it: an event re-chained with
-    other figures beside an untouched file would otherwise stand."""
+    """Where the event's figures (each task's acc, acc_norm, examples) differ from the results file it names,
+    or None. The file's sha256 holds the file; only this comparison holds the event to it: an event re-chained
+    with other figures beside an untouched file would otherwise stand."""
     try:
         written = read_json_file(results).get("tasks")
     except (PilotrunError, AttributeError):
@@ -122,29 +126,46 @@ def reconcile_evaluations(folder: RunFolder, reasons: list[str], notes: list[str
         status, problem = _judge(folder, event, damaged)
         checkpoint = event.get("checkpoint") if isinstance(event.get("checkpoint"), dict) else {}
         tasks = event.get("tasks") if isinstance(event.get("tasks"), dict) else {}
-        entries.append({"line": event.get("_line"), "step": checkpoint.get("step"),
-                        "marker_sha256": checkpoint.get("marker_sha256"), "harness": event.get("harness"),
-                        "harness_version": event.get("harness_version"),
-                        "results": (event.get("results") or {}).get("path")
-                        if isinstance(event.get("results"), dict) else None,
-                        "tasks": {name: {k: v for k, v in figures.items() if k in ("acc", "acc_norm", "examples")}
-                                  for name, figures in tasks.items() if isinstance(figures, dict)},
-                        "status": status})
+        entries.append(
+            {
+                "line": event.get("_line"),
+                "step": checkpoint.get("step"),
+                "marker_sha256": checkpoint.get("marker_sha256"),
+                "harness": event.get("harness"),
+                "harness_version": event.get("harness_version"),
+                "results": (event.get("results") or {}).get("path")
+                if isinstance(event.get("results"), dict)
+                else None,
+                "tasks": {
+                    name: {k: v for k, v in figures.items() if k in ("acc", "acc_norm", "examples")}
+                    for name, figures in tasks.items()
+                    if isinstance(figures, dict)
+                },
+                "status": status,
+            }
+        )
         if problem is not None:
             (notes if status == "checkpoint gone" else reasons).append(f"{_where(event)}: {problem}")
     return entries
 
 
-def require_evaluations(entries: list[dict[str, Any]], step: int, tasks: list[str], reasons: list[str]) -> None:
+def require_evaluations(
+    entries: list[dict[str, Any]], step: int, tasks: list[str], reasons: list[str]
+) -> None:
     """`--require-eval`: each task evaluated on the final checkpoint (`step`) by an evaluation that stands."""
     standing = {name for e in entries if e["step"] == step and e["status"] == STANDS for name in e["tasks"]}
     missing = [task for task in tasks if task not in standing]
     if missing:
         found = sorted({name for e in entries if e["step"] == step for name in e["tasks"]} - standing)
-        reasons.append(f"--require-eval: no standing evaluation of {', '.join(missing)} on the final checkpoint "
-                       f"(step {step})" + (f"; {', '.join(found)} evaluated there but not standing" if found else
-                                           "; run `pilotrun evaluate RUN --step "
-                                           f"{step} --tasks {','.join(missing)}`"))
+        reasons.append(
+            f"--require-eval: no standing evaluation of {', '.join(missing)} on the final checkpoint "
+            f"(step {step})"
+            + (
+                f"; {', '.join(found)} evaluated there but not standing"
+                if found
+                else f"; run `pilotrun evaluate RUN --step {step} --tasks {','.join(missing)}`"
+            )
+        )
 
 
 def format_evaluations(entries: list[dict[str, Any]]) -> list[str]:

@@ -1,7 +1,8 @@
 """A session that hung on a rank other than 0 may leave no session_end: with rank 0 the stuck one (a stopped
 process, a dead read), only the waiting rank's watchdog fires, writes its stacks to RUN/hangs/ and exits, and
-torchrun ends rank 0 with nothing recorded. The stack file is the evidence: one written while a session without
-a session_end ran (its name carries the UTC time it was written) says the session hung, not that it was killed.
+torchrun ends rank 0 with nothing recorded. The stack file is the evidence: one written while a session
+without a session_end ran (its name carries the UTC time it was written) says the session hung, not that it
+was killed.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ def stack_files(run_dir: Path) -> list[tuple[float, str]]:
 
 
 def hung_without_an_end(run_dir: Path, sessions: list[Any], starts: dict[str, float]) -> dict[str, str]:
-    """session id -> the stack file that shows it hung, for each session with no session_end during which (from
-    its first event to the next session's) a rank wrote its stacks. `starts`: session id -> its first event's
-    time. The file's name has whole seconds: it counts from the second the session started."""
+    """session id -> the stack file that shows it hung, for each session with no session_end during which
+    (from its first event to the next session's) a rank wrote its stacks. `starts`: session id -> its first
+    event's time. The file's name has whole seconds: it counts from the second the session started."""
     stacks, found = stack_files(run_dir), {}
     for index, summary in enumerate(sessions):
         if summary.end_reason is not None:

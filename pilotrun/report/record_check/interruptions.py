@@ -3,11 +3,12 @@
 Every start of `pilotrun train` is a session on the record, and every session ends under one reason
 (docs/RUN_RECORD.md): `completed`, `interrupted` (a stop signal: a pre-emption, a person, a launcher gone),
 `deadline` (ended itself before `--stop-by`), `hung` (the hang watchdog), `error`, `stopped` (the run stopped
-itself: skips, spikes, a damaged shard), or none: `killed` (no session_end; SIGKILL, a node lost), or `running`
-(the latest session while a process still holds the run folder).
+itself: skips, spikes, a damaged shard), or none: `killed` (no session_end; SIGKILL, a node lost), or
+`running` (the latest session while a process still holds the run folder).
 
-Interruptions are the unplanned ends the next session restarts from, what an MTBF counts: `interrupted`, `hung`,
-`error` and `killed`. A deadline is planned (the allocation's end), so it is counted but not as an interruption.
+Interruptions are the unplanned ends the next session restarts from, what an MTBF counts: `interrupted`,
+`hung`, `error` and `killed`. A deadline is planned (the allocation's end), so it is counted but not as an
+interruption.
 
 What an end cost (`costs`): the training it lost (the ledger's `redone` part of that session), the dead time
 until the next session started and the next session's start-up, from the time ledger (ledger.py).
@@ -32,7 +33,8 @@ FASTER_P = 0.01
 
 
 def session_end_of(summary: Any, running: bool) -> str:
-    """The reason a session (report/sessions.SessionSummary) ended, `killed` or `running` without a session_end."""
+    """The reason a session (report/sessions.SessionSummary) ended, `killed` or `running` without a
+    session_end."""
     if summary.end_reason:
         return str(summary.end_reason)
     return "running" if summary.latest and running else "killed"
@@ -97,10 +99,18 @@ def against_mtbf(ends: dict[str, int], elapsed_seconds: float, mtbf_hours: Any) 
     hours = elapsed_seconds / 3600.0
     expected = hours / float(mtbf_hours)
     p = poisson_at_least(count, expected)
-    return {"interruptions": count, "elapsed_hours": hours, "mtbf_hours": float(mtbf_hours), "expected": expected,
-            "hours_between": hours / count if count else None, "p_at_least": p, "faster": count > 0 and p < FASTER_P,
-            "from": f"interruptions ({', '.join(INTERRUPTIONS)}) in the run's elapsed time, against a Poisson count "
-                    f"of mean elapsed / MTBF; faster when P(at least as many) < {FASTER_P:g}"}
+    return {
+        "interruptions": count,
+        "elapsed_hours": hours,
+        "mtbf_hours": float(mtbf_hours),
+        "expected": expected,
+        "hours_between": hours / count if count else None,
+        "p_at_least": p,
+        "faster": count > 0 and p < FASTER_P,
+        "from": f"interruptions ({', '.join(INTERRUPTIONS)}) in the run's elapsed time, against a Poisson "
+                "count "
+        f"of mean elapsed / MTBF; faster when P(at least as many) < {FASTER_P:g}",
+    }
 
 
 def mtbf_of(projection: Any) -> Any:
@@ -113,13 +123,18 @@ def format_interruptions(ends: dict[str, int], cost: dict[str, dict[str, float]]
                          mtbf: dict[str, Any] | None) -> str:
     """One line for `summarize`."""
     counted = ", ".join(f"{reason} {n}" for reason, n in ends.items()) or "none"
-    priced = "; ".join(f"{reason} cost {c['seconds']:.1f} s (redone {c['redone_seconds']:.1f}, dead "
-                       f"{c['dead_seconds']:.1f}, restart {c['restart_seconds']:.1f})" for reason, c in cost.items())
+    priced = "; ".join(
+        f"{reason} cost {c['seconds']:.1f} s (redone {c['redone_seconds']:.1f}, dead "
+        f"{c['dead_seconds']:.1f}, restart {c['restart_seconds']:.1f})"
+        for reason, c in cost.items()
+    )
     line = f"sessions by end: {counted}" + (f"; {priced}" if priced else "")
     if mtbf is not None:
         every = "n/a" if mtbf["hours_between"] is None else f"{mtbf['hours_between']:.3g} h"
-        line += (f"; {mtbf['interruptions']} interruption(s) in {mtbf['elapsed_hours']:.3g} h (one every {every}) "
-                 f"against the lock's MTBF {mtbf['mtbf_hours']:g} h (expected {mtbf['expected']:.3g}, "
-                 f"P(at least as many) {mtbf['p_at_least']:.3g}"
-                 + (": restarting faster than the lock expects)" if mtbf["faster"] else ")"))
+        line += (
+            f"; {mtbf['interruptions']} interruption(s) in {mtbf['elapsed_hours']:.3g} h (one every {every}) "
+            f"against the lock's MTBF {mtbf['mtbf_hours']:g} h (expected {mtbf['expected']:.3g}, "
+            f"P(at least as many) {mtbf['p_at_least']:.3g}"
+            + (": restarting faster than the lock expects)" if mtbf["faster"] else ")")
+        )
     return line

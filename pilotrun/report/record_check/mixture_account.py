@@ -1,16 +1,17 @@
 """A data mixture's account in the report: per-source tokens reconciled with the run's counters, the realised
 mixture against the weights, the validation loss and the passes of each source.
 
-A mixed run's `train` events carry `tokens_by_source` (the window's tokens per source), `tokens_seen_by_source`
-(cumulative) and `restarts_by_source`; its `val` events `loss_by_source`; run.json's data section `sources` (name,
-weight, metadata_sha256, split tokens) and `mixture` (weights, seed). Summarize holds them to the counters: in
-every train event the sources add up to tokens_seen and the window's to its tokens, exactly, and each source's
-cumulative figure follows from the previous event of its session plus the window (after a spike's rollback: from
-the train event at the counters it restored). A run on one folder has none of these fields and nothing here
-applies to it.
+A mixed run's `train` events carry `tokens_by_source` (the window's tokens per source),
+`tokens_seen_by_source` (cumulative) and `restarts_by_source`; its `val` events `loss_by_source`; run.json's
+data section `sources` (name, weight, metadata_sha256, split tokens) and `mixture` (weights, seed). Summarize
+holds them to the counters: in every train event the sources add up to tokens_seen and the window's to its
+tokens, exactly, and each source's cumulative figure follows from the previous event of its session plus the
+window (after a spike's rollback: from the train event at the counters it restored). A run on one folder has
+none of these fields and nothing here applies to it.
 
 Passes per source: a source's pass is its train split's windows (data/mixed_reader.py: it restarts alone), so
-its passes are its kept tokens over (windows * seq_len); the data_passes rule names the source read most often.
+its passes are its kept tokens over (windows * seq_len); the data_passes rule names the source read most
+often.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ def sources_of(run: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _ints(values: Any) -> dict[str, int] | None:
-    if not isinstance(values, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values.values()):
+    if not isinstance(values, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in values.values()
+    ):
         return None
     return values
 
@@ -43,7 +46,8 @@ def mixture_problems(run: dict[str, Any], events: list[dict[str, Any]]) -> list[
     previous: dict[str, dict[str, int]] = {}
     at: dict[tuple[Any, ...], dict[str, int]] = {}  # the sources' tokens_seen at each train event's counters
     for event in events:
-        if event.get("event") == "rollback":  # the session goes on from the restored checkpoint's (a train event's)
+        # the session goes on from the restored checkpoint's (a train event's)
+        if event.get("event") == "rollback":
             restored = at.get(tuple(event.get(k) for k in COUNTER_KEYS))
             if restored is None:
                 previous.pop(str(event.get("session_id")), None)
@@ -58,15 +62,21 @@ def mixture_problems(run: dict[str, Any], events: list[dict[str, Any]]) -> list[
                             f"{names} of run.json")
             continue
         if sum(seen.values()) != event.get("tokens_seen"):
-            problems.append(f"{where}: the sources' tokens_seen add up to {sum(seen.values())}, not tokens_seen "
-                            f"{event.get('tokens_seen')}")
+            problems.append(
+                f"{where}: the sources' tokens_seen add up to {sum(seen.values())}, not tokens_seen "
+                f"{event.get('tokens_seen')}"
+            )
         tokens = (event.get("window") or {}).get("tokens") if isinstance(event.get("window"), dict) else None
         if sum(window.values()) != tokens:
-            problems.append(f"{where}: the window's tokens by source add up to {sum(window.values())}, not its "
-                            f"tokens {tokens}")
+            problems.append(
+                f"{where}: the window's tokens by source add up to {sum(window.values())}, not its "
+                f"tokens {tokens}"
+            )
         before = previous.get(str(event.get("session_id")))
         if before is not None and any(before[n] + window[n] != seen[n] for n in names):
-            problems.append(f"{where}: a source's tokens_seen does not follow from the previous window plus this one")
+            problems.append(
+                f"{where}: a source's tokens_seen does not follow from the previous window plus this one"
+            )
         previous[str(event.get("session_id"))] = seen
         at[tuple(event.get(k) for k in COUNTER_KEYS)] = seen
     return problems
@@ -89,12 +99,19 @@ def mixture_overview(run: dict[str, Any], kept_events: list[dict[str, Any]]) -> 
     for source, weight in zip(sources, weights, strict=True):
         name = source.get("name")
         tokens = seen.get(name, 0)
-        rows.append({"name": name, "weight": weight, "share_asked": weight / total_weight, "tokens_seen": tokens,
-                     "share_seen": tokens / total_tokens if total_tokens else None,
-                     "tokens_asked": total_tokens * weight / total_weight,
-                     "restarts": ((last_train or {}).get("restarts_by_source") or {}).get(name),
-                     "val_loss": (last_val or {}).get("loss_by_source", {}).get(name),
-                     "metadata_sha256": source.get("metadata_sha256")})
+        rows.append(
+            {
+                "name": name,
+                "weight": weight,
+                "share_asked": weight / total_weight,
+                "tokens_seen": tokens,
+                "share_seen": tokens / total_tokens if total_tokens else None,
+                "tokens_asked": total_tokens * weight / total_weight,
+                "restarts": ((last_train or {}).get("restarts_by_source") or {}).get(name),
+                "val_loss": (last_val or {}).get("loss_by_source", {}).get(name),
+                "metadata_sha256": source.get("metadata_sha256"),
+            }
+        )
     mixture = (run.get("data") or {}).get("mixture") or {}
     return {"tokens_seen": total_tokens, "seed": mixture.get("seed"), "sources": rows}
 
@@ -107,13 +124,17 @@ def format_mixture(overview: dict[str, Any] | None) -> str | None:
     for row in overview["sources"]:
         share = "n/a" if row["share_seen"] is None else f"{row['share_seen']:.4f}"
         val = "" if row["val_loss"] is None else f"; val loss {row['val_loss']:.4f}"
-        lines.append(f"  {row['name']}: weight {row['weight']:g} (share {row['share_asked']:.4f}), tokens "
-                     f"{row['tokens_seen']} (share {share}; the weights ask {row['tokens_asked']:.1f}), restarts "
-                     f"{row['restarts']}{val}")
+        lines.append(
+            f"  {row['name']}: weight {row['weight']:g} (share {row['share_asked']:.4f}), tokens "
+            f"{row['tokens_seen']} (share {share}; the weights ask {row['tokens_asked']:.1f}), restarts "
+            f"{row['restarts']}{val}"
+        )
     return "\n".join(lines)
 
 
-def source_passes(run: dict[str, Any], kept_events: list[dict[str, Any]], seq_len: int) -> list[dict[str, Any]]:
+def source_passes(
+    run: dict[str, Any], kept_events: list[dict[str, Any]], seq_len: int
+) -> list[dict[str, Any]]:
     """Each source's passes over its train split, most-read first ([] for one folder or without figures)."""
     overview = mixture_overview(run, kept_events)
     if overview is None or seq_len <= 0:
@@ -125,6 +146,13 @@ def source_passes(run: dict[str, Any], kept_events: list[dict[str, Any]], seq_le
         if not isinstance(split_tokens, int) or split_tokens <= seq_len:
             continue
         pass_tokens = ((split_tokens - 1) // seq_len) * seq_len
-        found.append({"name": row["name"], "passes": row["tokens_seen"] / pass_tokens, "pass_tokens": pass_tokens,
-                      "restarts": row["restarts"] or 0, "tokens_seen": row["tokens_seen"]})
+        found.append(
+            {
+                "name": row["name"],
+                "passes": row["tokens_seen"] / pass_tokens,
+                "pass_tokens": pass_tokens,
+                "restarts": row["restarts"] or 0,
+                "tokens_seen": row["tokens_seen"],
+            }
+        )
     return sorted(found, key=lambda r: -max(r["passes"], float(r["restarts"])))

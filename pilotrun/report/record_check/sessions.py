@@ -1,15 +1,16 @@
 """One session of a run: its events checked against each other and summed, and its summary.
 
-Within a session: counters never go backwards (but at a `rollback`, where they become the restored checkpoint's,
-after a closed window; a background save's `checkpoint` event carries its state's counters, behind the events
-logged while it was written, and is left out of this order); `updates_skipped` grows by exactly one per `overflow` event or skipped `spike` event
-(checked at each train window and at the session's end); each `train` window's applied/attempted/skipped equal
-the growth of step/updates_attempted/updates_skipped since the previous `train` event (or the session start),
-applied + skipped = attempted, `window.tokens` = microbatches x tokens_per_microbatch, and the growth of
-`tokens_seen` equals `window.tokens`; at a `completed`/`stopped` `session_end` every counter is covered by the
-windows; its `time_split` is an account of its wall clock (time_split.py); each `qk_clip` event is consistent
-with tau and with its window; no number is non-finite. Every failure is one reason naming the line, event and
-numbers. What spans sessions (the resume chain, the lineage, the totals) is summarize.py's.
+Within a session: counters never go backwards (but at a `rollback`, where they become the restored
+checkpoint's, after a closed window; a background save's `checkpoint` event carries its state's counters,
+behind the events logged while it was written, and is left out of this order); `updates_skipped` grows by
+exactly one per `overflow` event or skipped `spike` event (checked at each train window and at the session's
+end); each `train` window's applied/attempted/skipped equal the growth of
+step/updates_attempted/updates_skipped since the previous `train` event (or the session start), applied +
+skipped = attempted, `window.tokens` = microbatches x tokens_per_microbatch, and the growth of `tokens_seen`
+equals `window.tokens`; at a `completed`/`stopped` `session_end` every counter is covered by the windows; its
+`time_split` is an account of its wall clock (time_split.py); each `qk_clip` event is consistent with tau and
+with its window; no number is non-finite. Every failure is one reason naming the line, event and numbers. What
+spans sessions (the resume chain, the lineage, the totals) is summarize.py's.
 """
 
 from __future__ import annotations
@@ -58,11 +59,13 @@ class SessionSummary:
     wall_tokens_per_s: float | None
     events: int
     latest: bool = False  # the last session in the log: the one a report of "the run now" is about
-    restart: dict[str, Any] | None = None  # resumed with no checkpoint: began again at 0, naming the work lost
+    # resumed with no checkpoint: began again at 0, naming the work lost
+    restart: dict[str, Any] | None = None
 
 
 def _where(event: dict[str, Any]) -> str:
-    return f"line {event.get('_line', '?')} ({event.get('event')}, session {event.get('session_id')}, step {event.get('step')})"
+    return (f"line {event.get('_line', '?')} ({event.get('event')}, session {event.get('session_id')}, step "
+            f"{event.get('step')})")
 
 
 def group_sessions(events: list[dict[str, Any]], reasons: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -74,7 +77,9 @@ def group_sessions(events: list[dict[str, Any]], reasons: list[str]) -> dict[str
         if sid != previous_id and sid in sessions:
             reasons.append(f"{_where(event)}: session {sid} continues after another session started "
                            "(two writers on one run, or a session counted twice)")
-        if event["event"] == "session_start" and any(e["event"] == "session_start" for e in sessions.get(sid, [])):
+        if event["event"] == "session_start" and any(
+            e["event"] == "session_start" for e in sessions.get(sid, [])
+        ):
             reasons.append(f"{_where(event)}: session {sid} started twice; its work would be double-counted")
         sessions.setdefault(sid, []).append(event)
         previous_id = sid
@@ -88,25 +93,47 @@ def _check_window(event: dict[str, Any], since: Counters, now: Counters, tokens_
     if not isinstance(window, dict) or any(not isinstance(window.get(k), int) for k in WINDOW_COUNT_KEYS):
         reasons.append(f"{where}: train event lacks integer window counters {', '.join(WINDOW_COUNT_KEYS)}")
         return None
-    applied, attempted, skipped = window["updates_applied"], window["updates_attempted"], window["updates_skipped"]
+    applied, attempted, skipped = (
+        window["updates_applied"],
+        window["updates_attempted"],
+        window["updates_skipped"],
+    )
     checks = (
-        (applied == now.step - since.step, f"window.updates_applied={applied} but step grew by {now.step - since.step}"),
-        (attempted == now.updates_attempted - since.updates_attempted,
-         f"window.updates_attempted={attempted} but updates_attempted grew by "
-         f"{now.updates_attempted - since.updates_attempted}"),
-        (skipped == now.updates_skipped - since.updates_skipped,
-         f"window.updates_skipped={skipped} but updates_skipped grew by {now.updates_skipped - since.updates_skipped}"),
+        (
+            applied == now.step - since.step,
+            f"window.updates_applied={applied} but step grew by {now.step - since.step}",
+        ),
+        (
+            attempted == now.updates_attempted - since.updates_attempted,
+            f"window.updates_attempted={attempted} but updates_attempted grew by "
+            f"{now.updates_attempted - since.updates_attempted}",
+        ),
+        (
+            skipped == now.updates_skipped - since.updates_skipped,
+            f"window.updates_skipped={skipped} but updates_skipped grew by "
+            f"{now.updates_skipped - since.updates_skipped}",
+        ),
         (applied <= attempted, f"window applied ({applied}) exceeds attempted ({attempted})"),
-        (applied + skipped == attempted, f"window applied ({applied}) + skipped ({skipped}) != attempted ({attempted})"),
-        (window["tokens"] == now.tokens_seen - since.tokens_seen,
-         f"window.tokens={window['tokens']} but tokens_seen grew by {now.tokens_seen - since.tokens_seen}"),
+        (
+            applied + skipped == attempted,
+            f"window applied ({applied}) + skipped ({skipped}) != attempted ({attempted})",
+        ),
+        (
+            window["tokens"] == now.tokens_seen - since.tokens_seen,
+            f"window.tokens={window['tokens']} but tokens_seen grew by {now.tokens_seen - since.tokens_seen}",
+        ),
     )
     for ok, message in checks:
         if not ok:
             reasons.append(f"{where}: {message}")
-    if tokens_per_microbatch is not None and window["tokens"] != window["microbatches"] * tokens_per_microbatch:
-        reasons.append(f"{where}: window.tokens={window['tokens']} != microbatches ({window['microbatches']}) x "
-                       f"tokens_per_microbatch ({tokens_per_microbatch})")
+    if (
+        tokens_per_microbatch is not None
+        and window["tokens"] != window["microbatches"] * tokens_per_microbatch
+    ):
+        reasons.append(
+            f"{where}: window.tokens={window['tokens']} != microbatches ({window['microbatches']}) x "
+            f"tokens_per_microbatch ({tokens_per_microbatch})"
+        )
     return window
 
 
@@ -127,26 +154,34 @@ def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
             tokens_per_microbatch = None
     repaired = first.get("metrics_repaired_bytes")
     if isinstance(repaired, int) and repaired > 0:
-        notes_out.append(f"{_where(first)}: before appending, the runlog cut a torn last line of {repaired} bytes "
-                         "(the previous session was killed mid-write)")
+        notes_out.append(
+            f"{_where(first)}: before appending, the runlog cut a torn last line of {repaired} bytes "
+            "(the previous session was killed mid-write)"
+        )
     tpu = first.get("tokens_per_update")
     if first["event"] == "session_start" and tpu != run.get("tokens_per_update"):
-        reasons.append(f"{_where(first)}: tokens_per_update {tpu} differs from run.json's {run.get('tokens_per_update')}")
+        reasons.append(
+            f"{_where(first)}: tokens_per_update {tpu} differs from run.json's {run.get('tokens_per_update')}"
+        )
 
     previous = start
     since_train = start
     overflows_since_train = 0
     first_clips_since_train: list[list[int]] = []
     last_overflow_skipped = start.updates_skipped
-    window_sums = dict.fromkeys(("tokens", "profiled_tokens", "train_seconds", "profile_seconds", "wall_seconds"), 0.0)
+    window_sums = dict.fromkeys(
+        ("tokens", "profiled_tokens", "train_seconds", "profile_seconds", "wall_seconds"), 0.0
+    )
     timed = dict.fromkeys(event_kinds.TIMED_PHASES, 0.0)  # seconds by phase, of the events that carry them
     end_event = None
     rolled = dict.fromkeys(COUNTER_KEYS, 0)  # work in this session that its own rollbacks undid (spikes)
     for event in events[1:]:
         if end_event is not None:  # a session ends once: what follows its end is not its work
-            reasons.append(f"{_where(event)}: {event['event']} after this session's session_end "
-                           f"({end_event.get('reason')} at step {end_event.get('step')}): a session logs nothing "
-                           "after its end, so the record breaks here")
+            reasons.append(
+                f"{_where(event)}: {event['event']} after this session's session_end "
+                f"({end_event.get('reason')} at step {end_event.get('step')}): a session logs nothing "
+                "after its end, so the record breaks here"
+            )
             break
         now = Counters.of(event)
         if event["event"] == "checkpoint" and event.get("background") is True:
@@ -168,21 +203,27 @@ def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
             continue
         for key in COUNTER_KEYS:
             if getattr(now, key) < getattr(previous, key):
-                reasons.append(f"{_where(event)}: {key} went backwards ({getattr(previous, key)} -> {getattr(now, key)})")
+                reasons.append(
+                    f"{_where(event)}: {key} went backwards ({getattr(previous, key)} -> {getattr(now, key)})"
+                )
         kind = event["event"]
         if kind == "overflow" or (kind == "spike" and event.get("skipped") is True):  # a skip's own event
             overflows_since_train += 1
             if now.updates_skipped <= last_overflow_skipped:
-                reasons.append(f"{_where(event)}: updates_skipped ({now.updates_skipped}) did not grow with this "
-                               "overflow event")
+                reasons.append(
+                    f"{_where(event)}: updates_skipped ({now.updates_skipped}) did not grow with this "
+                    "overflow event"
+                )
             last_overflow_skipped = now.updates_skipped
         if kind in ("train", "session_end"):
             # Skips are counted once per overflow event. Compared at window boundaries, not event by event:
             # a data_restart logged in the same update as a skip may already carry the skip in its counters.
             grew = now.updates_skipped - since_train.updates_skipped
             if grew != overflows_since_train:
-                reasons.append(f"{_where(event)}: updates_skipped grew by {grew} since the previous train window "
-                               f"but {overflows_since_train} overflow event(s) were logged")
+                reasons.append(
+                    f"{_where(event)}: updates_skipped grew by {grew} since the previous train window "
+                    f"but {overflows_since_train} overflow event(s) were logged"
+                )
         registered = event_kinds.EVENT_KINDS.get(kind)  # the reader refuses unregistered kinds: always found
         problem = registered.check(event, run) if registered is not None and registered.check else None
         if problem:
@@ -194,11 +235,16 @@ def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
             if problem is None and event["first_time"]:
                 first_clips_since_train.append([event["layer"], event["head"]])
         elif kind == "train":
-            recorded = (event.get("qk_clip") or {}).get("first_clipped") if isinstance(event.get("qk_clip"), dict) \
+            recorded = (
+                (event.get("qk_clip") or {}).get("first_clipped")
+                if isinstance(event.get("qk_clip"), dict)
                 else None
+            )
             if isinstance(recorded, list) and sorted(recorded) != sorted(first_clips_since_train):
-                reasons.append(f"{_where(event)}: the window's qk_clip.first_clipped {recorded} differs from the "
-                               f"first-time qk_clip events logged in it {first_clips_since_train}")
+                reasons.append(
+                    f"{_where(event)}: the window's qk_clip.first_clipped {recorded} differs from the "
+                    f"first-time qk_clip events logged in it {first_clips_since_train}"
+                )
             first_clips_since_train = []
             window = _check_window(event, since_train, now, tokens_per_microbatch, reasons)
             if window is not None:
@@ -212,32 +258,54 @@ def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
         elif kind == "session_end":
             end_event = event
             if event.get("reason") not in SESSION_END_REASONS:
-                reasons.append(f"{_where(event)}: session_end reason {event.get('reason')!r} is not one of {SESSION_END_REASONS}")
+                reasons.append(
+                    f"{_where(event)}: session_end reason {event.get('reason')!r} is not one of "
+                    f"{SESSION_END_REASONS}"
+                )
             split_problem = time_split_problem(event.get("time_split"))
             if split_problem:
                 reasons.append(f"{_where(event)}: {split_problem}")
             if now != since_train and event.get("reason") in ("interrupted", "deadline", "hung", "error"):
-                notes_out.append(f"{_where(event)}: ended ({event.get('reason')}) with work after its last train "
-                                 f"window (step {since_train.step} -> {now.step}); a resume rolls it back")
+                notes_out.append(
+                    f"{_where(event)}: ended ({event.get('reason')}) with work after its last train "
+                    f"window (step {since_train.step} -> {now.step}); a resume rolls it back"
+                )
             elif now != since_train:
-                reasons.append(f"{_where(event)}: the session ends at step {now.step}, tokens_seen {now.tokens_seen}, "
-                               f"attempted {now.updates_attempted} but its train windows account only for step "
-                               f"{since_train.step}, tokens_seen {since_train.tokens_seen}, attempted "
-                               f"{since_train.updates_attempted}")
+                reasons.append(
+                    f"{_where(event)}: the session ends at step {now.step}, tokens_seen {now.tokens_seen}, "
+                    f"attempted {now.updates_attempted} but its train windows account only for step "
+                    f"{since_train.step}, tokens_seen {since_train.tokens_seen}, attempted "
+                    f"{since_train.updates_attempted}"
+                )
         previous = now
     for event in events:
         bad = nonfinite_fields({k: v for k, v in event.items() if not k.startswith("_")})
         if bad:
             reasons.append(f"{_where(event)}: non-finite value in {', '.join(bad)}")
     times = [float(e["time"]) for e in events if is_finite_number(e.get("time"))]
-    return {"start": start, "last": previous, "end": end_event, "window_sums": window_sums, "count": len(events),
-            "start_time": times[0] if times else 0.0, "last_time": times[-1] if times else 0.0,
-            "eval_seconds": timed["eval"], "checkpoint_seconds": timed["checkpoint"], "rolled": rolled,
-            "resumed_from": first.get("resumed_from") if first["event"] == "session_start" else None}
+    return {
+        "start": start,
+        "last": previous,
+        "end": end_event,
+        "window_sums": window_sums,
+        "count": len(events),
+        "start_time": times[0] if times else 0.0,
+        "last_time": times[-1] if times else 0.0,
+        "eval_seconds": timed["eval"],
+        "checkpoint_seconds": timed["checkpoint"],
+        "rolled": rolled,
+        "resumed_from": first.get("resumed_from") if first["event"] == "session_start" else None,
+    }
 
 
-def session_summary(sid: str, index: int, info: dict[str, Any], link: tuple[str, Counters] | None, status: str,
-                     kept_end: Counters) -> SessionSummary:
+def session_summary(
+    sid: str,
+    index: int,
+    info: dict[str, Any],
+    link: tuple[str, Counters] | None,
+    status: str,
+    kept_end: Counters,
+) -> SessionSummary:
     start, last, end = info["start"], info["last"], info["end"]
     sums = info["window_sums"]
     times = read_time_split(end.get("time_split") if end is not None else None)
@@ -250,16 +318,25 @@ def session_summary(sid: str, index: int, info: dict[str, Any], link: tuple[str,
     rolled = info.get("rolled") or dict.fromkeys(COUNTER_KEYS, 0)  # undone by the session's own rollbacks
     tokens = last.tokens_seen - start.tokens_seen + rolled["tokens_seen"]
     return SessionSummary(
-        session_id=sid, index=index, resumed_from=info["resumed_from"], parent_session=link[0] if link else None,
-        end_reason=end.get("reason") if end is not None else None, status=status,
-        start=dataclasses.asdict(start), last=dataclasses.asdict(last),
+        session_id=sid,
+        index=index,
+        resumed_from=info["resumed_from"],
+        parent_session=link[0] if link else None,
+        end_reason=end.get("reason") if end is not None else None,
+        status=status,
+        start=dataclasses.asdict(start),
+        last=dataclasses.asdict(last),
         updates_applied=last.step - start.step + rolled["step"],
         updates_attempted=last.updates_attempted - start.updates_attempted + rolled["updates_attempted"],
         updates_skipped=last.updates_skipped - start.updates_skipped + rolled["updates_skipped"],
-        tokens_processed=tokens, updates_rolled_back=last.step - kept_end.step + rolled["step"],
+        tokens_processed=tokens,
+        updates_rolled_back=last.step - kept_end.step + rolled["step"],
         tokens_rolled_back=last.tokens_seen - kept_end.tokens_seen + rolled["tokens_seen"],
         time_source=source,
         train_tokens_per_s=(sums["tokens"] - sums["profiled_tokens"]) / sums["train_seconds"]
-        if sums["train_seconds"] > 0 else None,
+        if sums["train_seconds"] > 0
+        else None,
         wall_tokens_per_s=tokens / times["wall_seconds"] if times["wall_seconds"] > 0 else None,
-        events=info["count"], **times)
+        events=info["count"],
+        **times,
+    )

@@ -1,16 +1,17 @@
 """`pilotrun summarize`: validate metrics.jsonl against run.json and reconcile every session.
 
 Validation (each failure is one reason naming the line, event and numbers):
-- within a session (sessions.py): counters add up window by window, skips match overflow events, the time split
-  is an account of the wall clock (time_split.py), no number is non-finite;
+- within a session (sessions.py): counters add up window by window, skips match overflow events, the time
+  split is an account of the wall clock (time_split.py), no number is non-finite;
 - sessions are not interleaved and no session is started twice; run.json and metrics.jsonl agree on each
   session's start;
 - a resumed session starts exactly at the counters of a committed checkpoint an earlier session recorded;
   starting anywhere else would count the rolled-back work twice (or lose work);
-- the hash chain of metrics.jsonl (record.py): every line follows from the one before it, each session
-  starts and ends where run.json says the chain stood, each checkpoint's recorded chain head is a line, and
+- the hash chain of metrics.jsonl (record.py): every line follows from the one before it, each session starts
+  and ends where run.json says the chain stood, each checkpoint's recorded chain head is a line, and
   run.json's sections equal the digests the latest session_start recorded;
-- a data mixture's tokens per source add up to tokens_seen in every train window (report/record_check/mixture_account.py);
+- a data mixture's tokens per source add up to tokens_seen in every train window
+  (report/record_check/mixture_account.py);
 - `--require-step N`: a `completed` session_end at step N in the kept history, and the checkpoint at N
   committed with every file matching its marker's sha256;
 - every `evaluation` event (`pilotrun evaluate`) names a committed checkpoint of this run whose files still
@@ -22,8 +23,9 @@ a path, which it opens), and the verdict and watch hand it the folder they alrea
 
 Reconciliation: the kept history (lineage) is found by walking back from the last session through the
 checkpoints each session resumed from. A session's work after the checkpoint its successor resumed from is
-rolled back, and a session nobody resumed from is rolled back entirely; so is the work a spike's rollback undid
-(report/record_check/spike_history.py); rolled-back work is reported but never counted in the run's totals.
+rolled back, and a session nobody resumed from is rolled back entirely; so is the work a spike's rollback
+undid (report/record_check/spike_history.py); rolled-back work is reported but never counted in the run's
+totals.
 """
 
 from __future__ import annotations
@@ -95,8 +97,10 @@ class Summary:
     kept_events: list[dict[str, Any]] = field(default_factory=list, repr=False)
     rolled_back_events: list[dict[str, Any]] = field(default_factory=list, repr=False)
     run: dict[str, Any] = field(default_factory=dict, repr=False)
-    final: Counters = field(default_factory=Counters)  # the kept history's counters at its end (what the rules count)
-    # The folder it was read from, for the rules that look at checkpoints again (continuity.py): nothing is reread.
+    # the kept history's counters at its end (what the rules count)
+    final: Counters = field(default_factory=Counters)
+    # The folder it was read from, for the rules that look at checkpoints again (continuity.py): nothing is
+    # reread.
     folder: RunFolder | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -118,12 +122,12 @@ def _find_resume_point(index: int, resumed_from: int, start: Counters, order: li
 
     Failing that, a session killed between committing that checkpoint and logging its `checkpoint` line: every
     checkpoint is saved right after a `train` event closes the window at the same counters (a `val` event may
-    come between), so an earlier session that closed a window at exactly the resumed session's starting counters
-    (step `resumed_from`) and logged nothing past them is where the checkpoint came from; then the third element
-    is True (a note, not an error). A background save commits after later updates, so a kill there leaves more
-    events: the resumed session's start names the session its checkpoint's marker says committed it, and the
-    counters it holds (`resumed_checkpoint`): matching an earlier session and these counters, that is where the
-    checkpoint came from (the third element "marker", a note too)."""
+    come between), so an earlier session that closed a window at exactly the resumed session's starting
+    counters (step `resumed_from`) and logged nothing past them is where the checkpoint came from; then the
+    third element is True (a note, not an error). A background save commits after later updates, so a kill
+    there leaves more events: the resumed session's start names the session its checkpoint's marker says
+    committed it, and the counters it holds (`resumed_checkpoint`): matching an earlier session and these
+    counters, that is where the checkpoint came from (the third element "marker", a note too)."""
     for earlier in reversed(order[:index]):
         for event in groups[earlier]:
             if event["event"] == "checkpoint" and event["step"] == resumed_from:
@@ -134,17 +138,31 @@ def _find_resume_point(index: int, resumed_from: int, start: Counters, order: li
         if closed_there and start.step == resumed_from and Counters.of(events[-1]) == start:
             return earlier, start, True
     marker = groups[order[index]][0].get("resumed_checkpoint")
-    if isinstance(marker, dict) and marker.get("session_id") in order[:index] and marker.get("step") == resumed_from \
-            and isinstance(marker.get("counters"), dict) and marker["counters"] == start.as_dict():
+    if (
+        isinstance(marker, dict)
+        and marker.get("session_id") in order[:index]
+        and marker.get("step") == resumed_from
+        and isinstance(marker.get("counters"), dict)
+        and marker["counters"] == start.as_dict()
+    ):
         return str(marker["session_id"]), start, "marker"
     return None
 
 
-# What the verdict's rules read from run.json. A record without one of them is invalid: a rule never falls back
-# to a default the run may not have used.
-RUN_JSON_REQUIRED = ("recipe.train.max_steps", "recipe.train.memory_budget_gb", "recipe.optim.grad_clip",
-                     "recipe.optim.qk_clip.enabled", "recipe.optim.qk_clip.tau", "model.config.n_layers",
-                     "model.config.n_dense_layers", "data.train.metadata_sha256", "allowed_changes", "sessions")
+# What the verdict's rules read from run.json. A record without one of them is invalid: a rule never falls
+# back to a default the run may not have used.
+RUN_JSON_REQUIRED = (
+    "recipe.train.max_steps",
+    "recipe.train.memory_budget_gb",
+    "recipe.optim.grad_clip",
+    "recipe.optim.qk_clip.enabled",
+    "recipe.optim.qk_clip.tau",
+    "model.config.n_layers",
+    "model.config.n_dense_layers",
+    "data.train.metadata_sha256",
+    "allowed_changes",
+    "sessions",
+)
 
 
 def run_json_missing_fields(run: dict[str, Any]) -> list[str]:
@@ -162,14 +180,18 @@ def run_json_missing_fields(run: dict[str, Any]) -> list[str]:
 def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
                   require_eval: list[str] | tuple[str, ...] = ()) -> Summary:
     """Validate and reconcile the run folder (module docstring): a RunFolder, or a path opened here once.
-    `require_eval`: tasks that must have a standing evaluation of the final checkpoint (report/record_check/evaluations.py)."""
+    `require_eval`: tasks that must have a standing evaluation of the final checkpoint
+    (report/record_check/evaluations.py)."""
     folder = RunFolder.of(run)
-    folder.snapshot()  # a run still writing is read as one consistent moment of it, never half before, half after
+    # a run still writing is read as one consistent moment of it, never half before, half after
+    folder.snapshot()
     run_dir, run, log = folder.path, folder.run, folder.metrics
     reasons = list(log.damage)
     notes = list(log.notes)
     if not isinstance(run.get("tokens_per_update"), int) or run["tokens_per_update"] <= 0:
-        reasons.append(f"run.json: tokens_per_update is {run.get('tokens_per_update')!r}, not a positive integer")
+        reasons.append(
+            f"run.json: tokens_per_update is {run.get('tokens_per_update')!r}, not a positive integer"
+        )
     reasons.extend(run_json_missing_fields(run))
     heads, owners = folder.checkpoint_heads()
     reasons.extend(record_integrity_problems(run, log, heads, owners))
@@ -182,7 +204,9 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
             reasons.append(f"metrics.jsonl: session {sid} is not listed in run.json's sessions")
     for sid in declared:
         if sid not in groups:
-            notes.append(f"run.json: session {sid} has no events in metrics.jsonl (killed before its first line?)")
+            notes.append(
+                f"run.json: session {sid} has no events in metrics.jsonl (killed before its first line?)"
+            )
     if [s for s in declared if s in groups] != order:
         reasons.append("metrics.jsonl: sessions appear in a different order than in run.json")
     if not order:
@@ -197,7 +221,9 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
         for key, value in (("start_step", start.step), ("start_tokens_seen", start.tokens_seen),
                            ("resumed_from", checked[sid]["resumed_from"])):
             if key in entry and entry[key] != value:
-                reasons.append(f"run.json session {sid}: {key}={entry[key]!r} but its session_start says {value!r}")
+                reasons.append(
+                    f"run.json session {sid}: {key}={entry[key]!r} but its session_start says {value!r}"
+                )
 
     # Resume chain: each resumed session starts exactly at a committed checkpoint's counters.
     parent: dict[str, tuple[str, Counters] | None] = {}
@@ -206,32 +232,42 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
         if resumed_from is None:
             parent[sid] = None
             if start != Counters():
-                reasons.append(f"session {sid}: starts at {dataclasses.asdict(start)} without resuming from a "
-                               "checkpoint (a fresh start must begin at zero)")
+                reasons.append(
+                    f"session {sid}: starts at {dataclasses.asdict(start)} without resuming from a "
+                    "checkpoint (a fresh start must begin at zero)"
+                )
             _check_restart(sid, index, order, groups, checked, reasons, notes)
             continue
         found = _find_resume_point(index, resumed_from, start, order, groups)
         parent[sid] = found[:2] if found is not None else None
         if found is not None and found[2] == "marker":
-            notes.append(f"session {sid}: resumed from checkpoint step {resumed_from}, which session {found[0]} "
-                         "committed (its marker says so, as this session recorded at its start) but whose checkpoint "
-                         "event never reached metrics.jsonl: killed between the commit and its record")
+            notes.append(
+                f"session {sid}: resumed from checkpoint step {resumed_from}, which session {found[0]} "
+                "committed (its marker says so, as this session recorded at its start) but whose checkpoint "
+                "event never reached metrics.jsonl: killed between the commit and its record"
+            )
         elif found is not None and found[2]:
-            notes.append(f"session {sid}: resumed from checkpoint step {resumed_from}, which session {found[0]} "
-                         "committed but did not log (it was killed between the two); its last train window ends at "
-                         "exactly these counters")
+            notes.append(
+                f"session {sid}: resumed from checkpoint step {resumed_from}, which session {found[0]} "
+                "committed but did not log (it was killed between the two); its last train window ends at "
+                "exactly these counters"
+            )
         if found is None:
-            reasons.append(f"session {sid}: resumed from checkpoint step {resumed_from}, but no earlier session "
-                           "recorded committing that checkpoint")
+            reasons.append(
+                f"session {sid}: resumed from checkpoint step {resumed_from}, but no earlier session "
+                "recorded committing that checkpoint"
+            )
         elif found[1] != start:
             ckpt = found[1]
             what = ("the rolled-back work would be counted twice" if start.tokens_seen > ckpt.tokens_seen
                     or start.updates_attempted > ckpt.updates_attempted else "work would go missing")
-            reasons.append(f"session {sid}: starts at step {start.step}, tokens_seen {start.tokens_seen}, attempted "
-                           f"{start.updates_attempted}, skipped {start.updates_skipped}, but the checkpoint at step "
-                           f"{resumed_from} (session {found[0]}) recorded step {ckpt.step}, tokens_seen "
-                           f"{ckpt.tokens_seen}, attempted {ckpt.updates_attempted}, skipped {ckpt.updates_skipped}: "
-                           f"{what}")
+            reasons.append(
+                f"session {sid}: starts at step {start.step}, tokens_seen {start.tokens_seen}, attempted "
+                f"{start.updates_attempted}, skipped {start.updates_skipped}, but the checkpoint at step "
+                f"{resumed_from} (session {found[0]}) recorded step {ckpt.step}, tokens_seen "
+                f"{ckpt.tokens_seen}, attempted {ckpt.updates_attempted}, skipped {ckpt.updates_skipped}: "
+                f"{what}"
+            )
 
     # Lineage: walk back from the last session; each session is cut where its successor resumed.
     lineage: list[str] = []
@@ -255,7 +291,9 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
             cut = cut_at.get(sid)
             kept_end = cut if cut is not None else last
             for event in groups[sid]:
-                (kept_events if cut is None or cut.covers(Counters.of(event)) else rolled_back_events).append(event)
+                (kept_events if cut is None or cut.covers(Counters.of(event)) else rolled_back_events).append(
+                    event
+                )
             status = "kept" if kept_end == last else "partly rolled back"
         else:
             kept_end = start
@@ -268,9 +306,12 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
     starts = {sid: checked[sid]["start_time"] for sid in order}
     for sid, stacks in hung_without_an_end(Path(run_dir), sessions, starts).items():
         next(s for s in sessions if s.session_id == sid).end_reason = "hung"
-        notes.append(f"session {sid}: no session_end, but a rank wrote its stacks during it ({HANGS_DIR}/{stacks}): "
-                     "it hung (the stuck rank recorded nothing), counted as hung, not killed")
-    # A spike's rollback cuts the kept history at the checkpoint it restored (report/record_check/spike_history.py).
+        notes.append(
+            f"session {sid}: no session_end, but a rank wrote its stacks during it ({HANGS_DIR}/{stacks}): "
+            "it hung (the stuck rank recorded nothing), counted as hung, not killed"
+        )
+    # A spike's rollback cuts the kept history at the checkpoint it restored
+    # (report/record_check/spike_history.py).
     kept_events, undone = split_rollbacks(kept_events)
     rolled_back_events = sorted(rolled_back_events + undone, key=lambda e: e.get("_line", 0))
     reasons.extend(rollback_problems(log.events))
@@ -291,11 +332,13 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
     if mixture is not None:  # a run on one folder has no mixture and no such key
         overall["mixture"] = mixture
     overall["frozen_candidate"] = frozen_candidate_status(run)  # None unless started with train --frozen
-    overall["recipe_changes"] = {kind: [dataclasses.asdict(c) for c in recipe_changes_in_history(run, lineage, kind)]
-                                 for kind in ("allowed", "free")}
+    overall["recipe_changes"] = {
+        kind: [dataclasses.asdict(c) for c in recipe_changes_in_history(run, lineage, kind)]
+        for kind in ("allowed", "free")
+    }
     # A session that has not ended may simply be running: the folder's lock says so (read, never taken).
     holder = live_holder(run_dir)
-    overall["running"] = ({k: holder.get(k) for k in ("pid", "host", "since")} if holder is not None else None)
+    overall["running"] = {k: holder.get(k) for k in ("pid", "host", "since")} if holder is not None else None
     if holder is not None and overall["ended"] == NO_SESSION_END:
         overall["ended"] = f"running ({describe_running(overall['running'])})"
     # The time ledger over every session (goodput), and beside the lock's projection where the run has one.
@@ -314,9 +357,21 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
     overall["interruption_costs"] = costs(sessions, ledger, holder is not None)
     overall["against_mtbf"] = against_mtbf(ends, ledger.elapsed_seconds, mtbf_of(lock_projection_of(run)))
     overall["forecast"] = against_own_lock(run, kept_events)  # the lock's val-loss forecast, graded (or None)
-    return Summary(run_dir=str(run_dir), run_id=run.get("run_id"), valid=not reasons, reasons=reasons, notes=notes,
-                   sessions=sessions, lineage=lineage, overall=overall, kept_events=kept_events,
-                   rolled_back_events=rolled_back_events, run=run, final=final, folder=folder)
+    return Summary(
+        run_dir=str(run_dir),
+        run_id=run.get("run_id"),
+        valid=not reasons,
+        reasons=reasons,
+        notes=notes,
+        sessions=sessions,
+        lineage=lineage,
+        overall=overall,
+        kept_events=kept_events,
+        rolled_back_events=rolled_back_events,
+        run=run,
+        final=final,
+        folder=folder,
+    )
 
 
 def restart_of(events: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -341,12 +396,16 @@ def _check_restart(sid: str, index: int, order: list[str], groups: dict[str, lis
         return
     lost = (restart.get("lost_updates"), restart.get("lost_tokens"), restart.get("after_session"))
     if lost != (before.step, before.tokens_seen, order[index - 1]):
-        reasons.append(f"session {sid}: its restart names {lost[0]} update(s), {lost[1]} tokens lost after session "
-                       f"{lost[2]}, but session {order[index - 1]} ended at step {before.step}, tokens_seen "
-                       f"{before.tokens_seen}")
+        reasons.append(
+            f"session {sid}: its restart names {lost[0]} update(s), {lost[1]} tokens lost after session "
+            f"{lost[2]}, but session {order[index - 1]} ended at step {before.step}, tokens_seen "
+            f"{before.tokens_seen}"
+        )
         return
-    notes.append(f"session {sid}: resumed with no committed checkpoint, so it started again at step 0; the "
-                 f"{before.step} update(s) ({before.tokens_seen} tokens) before it are lost, counted as rolled back")
+    notes.append(
+        f"session {sid}: resumed with no committed checkpoint, so it started again at step 0; the "
+        f"{before.step} update(s) ({before.tokens_seen} tokens) before it are lost, counted as rolled back"
+    )
 
 
 def _require_step(folder: RunFolder, step: int, kept_events: list[dict[str, Any]], final: Counters,
@@ -357,11 +416,15 @@ def _require_step(folder: RunFolder, step: int, kept_events: list[dict[str, Any]
     ends = [e for e in kept_events if e["event"] == "session_end" and e["step"] == step]
     if not ends:
         killed = kept_events and kept_events[-1]["event"] != "session_end"
-        reasons.append(f"--require-step {step}: no session_end at step {step} in the kept history (it ends at step "
-                       f"{final.step}{', killed without session_end' if killed else ''})")
+        reasons.append(
+            f"--require-step {step}: no session_end at step {step} in the kept history (it ends at step "
+            f"{final.step}{', killed without session_end' if killed else ''})"
+        )
     elif ends[-1].get("reason") != "completed":
-        reasons.append(f"--require-step {step}: the session_end at step {step} (line {ends[-1].get('_line')}) has "
-                       f"reason {ends[-1].get('reason')!r}, not 'completed'")
+        reasons.append(
+            f"--require-step {step}: the session_end at step {step} (line {ends[-1].get('_line')}) has "
+            f"reason {ends[-1].get('reason')!r}, not 'completed'"
+        )
     problems, files, size = folder.checkpoint_problems(step)
     checkpoint_reasons = [f"--require-step {step}: final checkpoint: {problem}" for problem in problems]
     reasons.extend(checkpoint_reasons)
@@ -369,8 +432,14 @@ def _require_step(folder: RunFolder, step: int, kept_events: list[dict[str, Any]
             "reasons": checkpoint_reasons}
 
 
-def _overall(run: dict[str, Any], groups: dict[str, list[dict[str, Any]]], order: list[str],
-             sessions: list[SessionSummary], final: Counters, kept_events: list[dict[str, Any]]) -> dict[str, Any]:
+def _overall(
+    run: dict[str, Any],
+    groups: dict[str, list[dict[str, Any]]],
+    order: list[str],
+    sessions: list[SessionSummary],
+    final: Counters,
+    kept_events: list[dict[str, Any]],
+) -> dict[str, Any]:
     tpu = run.get("tokens_per_update") if isinstance(run.get("tokens_per_update"), int) else None
     max_steps = None
     for sid in reversed(order):
@@ -395,19 +464,25 @@ def _overall(run: dict[str, Any], groups: dict[str, list[dict[str, Any]]], order
         "max_steps": max_steps,
         "tokens_planned": planned,
         "tokens_fraction_of_plan": final.tokens_seen / planned if planned else None,
-        "passes_over_train_split": final.tokens_seen / train_split_tokens if is_finite_number(train_split_tokens)
-        and train_split_tokens > 0 else None,
+        "passes_over_train_split": final.tokens_seen / train_split_tokens
+        if is_finite_number(train_split_tokens) and train_split_tokens > 0
+        else None,
         "updates_rolled_back": sum(s.updates_rolled_back for s in sessions),
         "tokens_rolled_back": sum(s.tokens_rolled_back for s in sessions),
         "sessions": len(order),
         "resumes": sum(1 for s in sessions if s.resumed_from is not None),
         "ended": last_kept.get("reason") if last_kept.get("event") == "session_end" else NO_SESSION_END,
         "time_split": time_split,
-        # Training-only: every token the hardware processed in the training phase (rolled-back work included, profiled
-    # attempts not) per training second.
-        "train_tokens_per_s": train_tokens / time_split["train_seconds"] if time_split["train_seconds"] > 0 else None,
+        # Training-only: every token the hardware processed in the training phase (rolled-back work included,
+        # profiled
+        # attempts not) per training second.
+        "train_tokens_per_s": train_tokens / time_split["train_seconds"]
+        if time_split["train_seconds"] > 0
+        else None,
         # Effective wall-clock: tokens that count per second of every session's wall clock (losses included).
-        "wall_tokens_per_s": final.tokens_seen / time_split["wall_seconds"] if time_split["wall_seconds"] > 0 else None,
+        "wall_tokens_per_s": final.tokens_seen / time_split["wall_seconds"]
+        if time_split["wall_seconds"] > 0
+        else None,
     }
 
 
@@ -431,7 +506,9 @@ def format_summary(summary: Summary) -> str:
     lines += ["", header, "-" * len(header)]
     for name, s in zip(names, summary.sessions, strict=True):
         split = "/".join(f"{getattr(s, k):.1f}" for k in SPLIT_PHASES)
-        start = "restart" if s.restart is not None else str(s.resumed_from if s.resumed_from is not None else "-")
+        start = (
+            "restart" if s.restart is not None else str(s.resumed_from if s.resumed_from is not None else "-")
+        )
         end = s.end_reason or ("running" if s.latest and running else "killed")
         if end == "completed" and s.resumed_from is not None and s.updates_attempted == 0:
             end = "nothing to do"  # resumed at max_steps: a session that had no update left to run
@@ -446,16 +523,22 @@ def format_summary(summary: Summary) -> str:
     lines += [
         "",
         f"latest session: {latest.session_id} ({latest.end_reason or unended} at step "
-        f"{latest.last['step']}; {latest.status})" if latest else "latest session: none",
+        f"{latest.last['step']}; {latest.status})"
+        if latest
+        else "latest session: none",
         f"kept history: {' -> '.join(summary.lineage) or '(none)'}",
-        f"updates applied {o['updates_applied']} of max_steps {o['max_steps']}; attempted {o['updates_attempted']}, "
+        f"updates applied {o['updates_applied']} of max_steps {o['max_steps']}; attempted "
+        f"{o['updates_attempted']}, "
         f"skipped {o['updates_skipped']}; rolled back and redone {o['updates_rolled_back']}",
         f"tokens seen {o['tokens_seen']} of planned {o['tokens_planned']} "
-        f"({_pct(o['tokens_fraction_of_plan'])}); passes over the training split {_fmt(o['passes_over_train_split'], 3)}; "
+        f"({_pct(o['tokens_fraction_of_plan'])}); passes over the training split "
+        f"{_fmt(o['passes_over_train_split'], 3)}; "
         f"rolled-back tokens {o['tokens_rolled_back']}",
-        f"throughput: training-only {_fmt(o['train_tokens_per_s'])} tok/s (tokens processed in training / train "
+        f"throughput: training-only {_fmt(o['train_tokens_per_s'])} tok/s (tokens processed in training / "
+        "train "
         "seconds), "
-        f"effective wall-clock {_fmt(o['wall_tokens_per_s'])} tok/s (kept tokens / all sessions' wall seconds)",
+        f"effective wall-clock {_fmt(o['wall_tokens_per_s'])} tok/s (kept tokens / all sessions' wall "
+        "seconds)",
         "time: " + ", ".join(f"{k.removesuffix('_seconds')} {t[k]:.1f} s" for k in SPLIT_KEYS),
     ]
     spikes = describe_spikes(o.get("spikes"))
@@ -464,7 +547,9 @@ def format_summary(summary: Summary) -> str:
     if o.get("time_ledger") is not None:
         lines.append(format_ledger(o["time_ledger"]))
     if o.get("session_ends") is not None:
-        lines.append(format_interruptions(o["session_ends"], o.get("interruption_costs") or {}, o.get("against_mtbf")))
+        lines.append(
+            format_interruptions(o["session_ends"], o.get("interruption_costs") or {}, o.get("against_mtbf"))
+        )
     against = format_against(o.get("against_projection"))
     if against is not None:
         lines.append(against)
@@ -480,7 +565,10 @@ def format_summary(summary: Summary) -> str:
     if mixture is not None:
         lines.append(mixture)
     lines.extend(format_evaluations(o.get("evaluations") or []))
-    for kind, what in (("allowed", "changed on resume with --allow-change"), ("free", "free changes on resume")):
+    for kind, what in (
+        ("allowed", "changed on resume with --allow-change"),
+        ("free", "free changes on resume"),
+    ):
         changes = [RecipeChange(**c) for c in (o.get("recipe_changes") or {}).get(kind, [])]
         if changes:
             lines.append(f"{what}: {'; '.join(c.describe() for c in changes)}")

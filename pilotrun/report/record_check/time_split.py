@@ -1,6 +1,7 @@
 """The time ledger of a session: every second belongs to exactly one phase (train, eval, checkpoint, profile,
-report, other), and the phases add up to its wall clock. Read from a session_end's `time_split`, or derived from
-the events a killed session did write; and which of a window's tokens go with the training phase's seconds.
+report, other), and the phases add up to its wall clock. Read from a session_end's `time_split`, or derived
+from the events a killed session did write; and which of a window's tokens go with the training phase's
+seconds.
 
 Every throughput figure and rule reads these, so the training-only rate never mixes in the profiler's updates.
 """
@@ -33,8 +34,8 @@ def read_time_split(split: Any) -> dict[str, float] | None:
 
 def time_split_problem(split: Any) -> str | None:
     """Why a session_end's time split is not an account of its wall clock, or None. Every second of a session
-    belongs to exactly one phase, so the phases add up to the wall clock (to float rounding: a millisecond, or a
-    millionth of a long session)."""
+    belongs to exactly one phase, so the phases add up to the wall clock (to float rounding: a millisecond, or
+    a millionth of a long session)."""
     times = read_time_split(split)
     if times is None:
         if isinstance(split, dict) and any(k in split for k in SPLIT_KEYS):
@@ -45,8 +46,11 @@ def time_split_problem(split: Any) -> str | None:
         return f"time_split has negative seconds in {', '.join(negative)}"
     total, wall = sum(times[k] for k in SPLIT_PHASES), times["wall_seconds"]
     if abs(total - wall) > max(1e-3, 1e-6 * wall):
-        return (f"time_split phases add up to {total!r} s ({' + '.join(f'{k} {times[k]!r}' for k in SPLIT_PHASES)}) "
-                f"but wall_seconds is {wall!r}")
+        return (
+            f"time_split phases add up to {total!r} s "
+            f"({' + '.join(f'{k} {times[k]!r}' for k in SPLIT_PHASES)}) "
+            f"but wall_seconds is {wall!r}"
+        )
     return None
 
 
@@ -66,7 +70,9 @@ def window_train_tokens(window: dict[str, Any]) -> float | None:
     return float(tokens) - (float(profiled) if is_finite_number(profiled) else 0.0)
 
 
-def derived_time_split(train: float, eval_: float, checkpoint: float, profile: float, wall: float) -> dict[str, float]:
+def derived_time_split(
+    train: float, eval_: float, checkpoint: float, profile: float, wall: float
+) -> dict[str, float]:
     """The split of a session killed before its session_end, from the events it did write (its wall clock ends
     at its last line); the report phase is not in the events, so it stays inside other."""
     times = {"train_seconds": train, "eval_seconds": eval_, "checkpoint_seconds": checkpoint,

@@ -1,14 +1,14 @@
 """What a run folder says about continuing the run, and the verdict's judges of it: its resumes, its final
-checkpoint and its recipe changes on resume. Each returns a Finding; the rule table (rules.py) names it and says
-what it means.
+checkpoint and its recipe changes on resume. Each returns a Finding; the rule table (rules.py) names it and
+says what it means.
 
 These are the facts behind the verdict's "can it continue" rules, read without torch: the checkpoint's
 COMMITTED.json marker (written last by the checkpointer) lists every file with its sha256 and size, so the
-final checkpoint is checked by rehashing its files against the marker, exactly what a resume would do
-before loading them.
+final checkpoint is checked by rehashing its files against the marker, exactly what a resume would do before
+loading them.
 
-Recipe changes accepted on resume are read with `pilotrun.run.changes.recipe_changes_in_history`. The markers are
-the ones the summary's run folder already read (pilotrun/run/run_folder.py).
+Recipe changes accepted on resume are read with `pilotrun.run.changes.recipe_changes_in_history`. The markers
+are the ones the summary's run folder already read (pilotrun/run/run_folder.py).
 """
 
 from __future__ import annotations
@@ -30,31 +30,39 @@ def _window_key(e: dict[str, Any]) -> tuple:
 
 
 def not_exact_sessions(run: dict[str, Any]) -> dict[str, str]:
-    """session_id -> what that resume changed across which bit-exactness is not promised (run.json's `not_exact`:
-    the thread count, a numerics software version, the device), in words."""
+    """session_id -> what that resume changed across which bit-exactness is not promised (run.json's
+    `not_exact`: the thread count, a numerics software version, the device), in words."""
     out = {}
     for entry in run.get("sessions") or []:
         found = entry.get("not_exact") if isinstance(entry, dict) else None
         if isinstance(found, dict) and found.get("changes"):
-            changes = ", ".join(f"{c.get('key')} {c.get('old')!r} -> {c.get('new')!r}" for c in found["changes"]
-                                if isinstance(c, dict))
+            changes = ", ".join(
+                f"{c.get('key')} {c.get('old')!r} -> {c.get('new')!r}"
+                for c in found["changes"]
+                if isinstance(c, dict)
+            )
             out[str(entry.get("session_id"))] = f"{changes} from update {found.get('from_update')}"
     return out
 
 
 def judge_resumed(summary: Summary, t: Thresholds) -> Finding:
-    """At least one resume in the kept history, counters continuous, replayed windows bit-identical. A resume that
-    changed what exactness depends on (the thread count, a numerics library, the device: run.json's `not_exact`)
-    is not promised a bit-identical replay, so the replay itself is the fact: windows replayed bit-identical show
-    the continuation (WARN naming the change, across which exactness is not promised); windows that differ name
-    the change as their likely cause and prove no continuation (another resume must)."""
+    """At least one resume in the kept history, counters continuous, replayed windows bit-identical. A resume
+    that changed what exactness depends on (the thread count, a numerics library, the device: run.json's
+    `not_exact`) is not promised a bit-identical replay, so the replay itself is the fact: windows replayed
+    bit-identical show the continuation (WARN naming the change, across which exactness is not promised);
+    windows that differ name the change as their likely cause and prove no continuation (another resume
+    must)."""
     sessions = {s.session_id: s for s in summary.sessions}
     resumes = [sid for sid in summary.lineage if sessions[sid].resumed_from is not None]
     not_exact = not_exact_sessions(summary.run)
     # A resume is evidence only when training went on from it: at least one kept update after the restart.
-    trained_on = [sid for sid in resumes if sessions[sid].updates_applied - sessions[sid].updates_rolled_back > 0]
+    trained_on = [
+        sid for sid in resumes if sessions[sid].updates_applied - sessions[sid].updates_rolled_back > 0
+    ]
     continued = [sid for sid in trained_on if sid not in not_exact]
-    threshold = ">= 1 resume followed by >= 1 applied update, counters continuous; replayed windows bit-identical"
+    threshold = (
+        ">= 1 resume followed by >= 1 applied update, counters continuous; replayed windows bit-identical"
+    )
     kept = {_window_key(e): e for e in summary.kept_events if e["event"] in ("train", "val")}
     # A session that changed the recipe on resume computes other figures after its first update by design.
     changed = {c.session_id for c in recipe_changes_in_history(summary.run, summary.lineage)}
@@ -66,8 +74,12 @@ def judge_resumed(summary: Summary, t: Thresholds) -> Finding:
         if twin["session_id"] in changed:
             not_comparable += 1
             continue
-        differ = [f"{e['event']} step {e['step']} {key} {e.get(key)!r} before the kill vs {twin.get(key)!r} after "
-                  "the resume" for key in ("loss", "grad_norm") if key in e and e.get(key) != twin.get(key)]
+        differ = [
+            f"{e['event']} step {e['step']} {key} {e.get(key)!r} before the kill vs {twin.get(key)!r} after "
+            "the resume"
+            for key in ("loss", "grad_norm")
+            if key in e and e.get(key) != twin.get(key)
+        ]
         if twin["session_id"] in not_exact:
             unpromised += 1
             excused += [f"{d} (likely cause: {not_exact[twin['session_id']]})" for d in differ]
@@ -100,14 +112,25 @@ def judge_resumed(summary: Summary, t: Thresholds) -> Finding:
     if trained_on:
         named = "; ".join(f"session {sid}: {not_exact[sid]}" for sid in trained_on)
         if unpromised and not excused:
-            return Finding(WARN, f"{len(trained_on)} resume(s) with training after them, each across a change "
-                           f"bit-exactness is not promised across ({named}); {unpromised} replayed window(s) "
-                           "after it, all bit-identical: the replay shows the continuation", threshold, evidence)
-        missing = (f"{len(trained_on)} resume(s) with training after them, each across a change bit-exactness is "
-                   f"not promised across ({named}); such a resume proves no exact continuation; {replay}")
+            return Finding(
+                WARN,
+                f"{len(trained_on)} resume(s) with training after them, each across a change "
+                f"bit-exactness is not promised across ({named}); {unpromised} replayed window(s) "
+                "after it, all bit-identical: the replay shows the continuation",
+                threshold,
+                evidence,
+            )
+        missing = (
+            f"{len(trained_on)} resume(s) with training after them, each across a change bit-exactness is "
+            f"not promised across ({named}); such a resume proves no exact continuation; {replay}"
+        )
     else:
-        missing = (f"{len(resumes)} resume(s) ({idle}) but no update applied after any of them: a run resumed with "
-                   "nothing left to do proves nothing" if resumes else "no resume in the kept history")
+        missing = (
+            f"{len(resumes)} resume(s) ({idle}) but no update applied after any of them: a run resumed with "
+            "nothing left to do proves nothing"
+            if resumes
+            else "no resume in the kept history"
+        )
     if not t.resume_required:
         return Finding(WARN, f"{missing}; waived (--no-resume-required)", threshold, evidence)
     return Finding(FAIL, f"{missing}: the pilot never proved it can continue", threshold, evidence)
@@ -116,17 +139,22 @@ def judge_resumed(summary: Summary, t: Thresholds) -> Finding:
 def judge_final_checkpoint(summary: Summary, t: Thresholds) -> Finding:
     """The run can be continued from where it ended: its final checkpoint is committed and intact."""
     final_step = summary.final.step
-    threshold = ("the checkpoint at the final step is committed, this run's (its marker's run_id), and its files "
-                 "match the marker's sha256")
+    threshold = (
+        "the checkpoint at the final step is committed, this run's (its marker's run_id), and its files "
+        "match the marker's sha256"
+    )
     evidence = "checkpoints/ marker and files, rehashed"
     checked = summary.overall.get("final_checkpoint")
-    if isinstance(checked, dict) and checked.get("step") == final_step:  # summarize --require-step rehashed it
+    # summarize --require-step rehashed it
+    if isinstance(checked, dict) and checked.get("step") == final_step:
         problems, files, size = checked["problems"], checked["files"], checked["bytes"]
     else:
         problems, files, size = summary.folder.checkpoint_problems(final_step)
     if problems:
         committed = summary.folder.committed_steps()
-        newest = f"; newest committed: step {committed[-1]}" if committed else "; no committed checkpoint at all"
+        newest = (
+            f"; newest committed: step {committed[-1]}" if committed else "; no committed checkpoint at all"
+        )
         listed = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
         return Finding(FAIL, f"cannot continue from step {final_step}: {listed}{newest}",
                        threshold, evidence)
@@ -152,9 +180,11 @@ def base_lr_not_applied(summary: Summary, from_update: int) -> str | None:
             continue
         used = lr / multiplier
         if abs(used - expected) > 1e-6 * expected:
-            return (f"but the window ending at update {e['step']} ran a peak LR of {used:.6g} in group "
-                    f"{groups[0].get('group')} ({kind}), not the recipe's optim.{kind}.lr = {expected:g}: the "
-                    "recorded recipe is not the one that ran")
+            return (
+                f"but the window ending at update {e['step']} ran a peak LR of {used:.6g} in group "
+                f"{groups[0].get('group')} ({kind}), not the recipe's optim.{kind}.lr = {expected:g}: the "
+                "recorded recipe is not the one that ran"
+            )
     return None
 
 
@@ -166,8 +196,10 @@ def judge_recipe_changes(summary: Summary, t: Thresholds) -> Finding:
     free = f"; free changes (no --allow-change needed): {free}" if free else ""
     final_step = summary.final.step
     threshold = "named, with the update each took effect from (a change WARNs; it does not block GO)"
-    evidence = ("run.json allowed_changes and free_changes of the kept sessions; the recipe in run.json is the one "
-                "in force at the end")
+    evidence = (
+        "run.json allowed_changes and free_changes of the kept sessions; the recipe in run.json is the one "
+        "in force at the end"
+    )
     if not changes:
         return Finding(PASS, f"none: all {final_step} updates ran the final recipe{free}", threshold,
                        evidence)

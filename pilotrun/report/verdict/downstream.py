@@ -56,17 +56,25 @@ def judge_downstream(summary: Summary, t: Thresholds) -> Finding:
                  "(sqrt(c(1-c)/n)) PASSes, else WARN; near chance and noisy at pilot scale")
     series = task_series(summary.kept_events)
     if not series:
-        return Finding(PASS, "no in-loop task scored (train.downstream.tasks, train.downstream.every)", threshold,
-                       "downstream events of the kept history")
+        return Finding(
+            PASS,
+            "no in-loop task scored (train.downstream.tasks, train.downstream.every)",
+            threshold,
+            "downstream events of the kept history",
+        )
     near = [name for name, points in series.items()
             if points[-1][1]["acc"] - points[-1][1]["chance"] <= guess_noise(points[-1][1]["chance"],
                                                                             points[-1][1]["examples"])]
     figure = "; ".join(_describe(name, points) for name, points in series.items())
     evidence = f"downstream events of the kept history ({sum(len(p) for p in series.values())} task scorings)"
     if near:
-        return Finding(WARN, f"{figure}. Within a guesser's noise of chance: {', '.join(near)} (expected of a small "
-                       "pilot: it says nothing against the recipe, nor would a higher figure say much for it)",
-                       threshold, evidence)
+        return Finding(
+            WARN,
+            f"{figure}. Within a guesser's noise of chance: {', '.join(near)} (expected of a small "
+            "pilot: it says nothing against the recipe, nor would a higher figure say much for it)",
+            threshold,
+            evidence,
+        )
     return Finding(PASS, figure, threshold, evidence)
 
 
@@ -80,9 +88,14 @@ def fallback_problem(points: list[tuple[int, dict[str, Any]]]) -> tuple[str, flo
     risen = best["acc"] - best["chance"] > RISEN_NOISES * noise
     if risen and last["acc"] - last["chance"] <= noise:
         bound = last["chance"] + noise
-        return (f"acc {last['acc']:.3f} at step {step} fell back toward chance {last['chance']:.3f} (within "
-                f"+-{noise:.3f}, a guesser's noise on {last['examples']} examples) after {best['acc']:.3f} at step "
-                f"{best_step}", last["acc"], bound)
+        return (
+            f"acc {last['acc']:.3f} at step {step} fell back toward chance {last['chance']:.3f} (within "
+            f"+-{noise:.3f}, a guesser's noise on {last['examples']} examples) after {best['acc']:.3f} at "
+            "step "
+            f"{best_step}",
+            last["acc"],
+            bound,
+        )
     return None
 
 
@@ -97,9 +110,14 @@ def below_pilot_problem(points: list[tuple[int, dict[str, Any]]], pilot: dict[st
         return None
     bound = pilot["acc"] - RISEN_NOISES * guess_noise(last["chance"], last["examples"])
     if last["acc"] < bound:
-        return (f"acc {last['acc']:.3f} at step {step} is below the pilot's {pilot['acc']:.3f} at its step "
-                f"{pilot.get('step')} on the same task file by more than {RISEN_NOISES:g} guesser's noises (bound "
-                f"{bound:.3f})", last["acc"], bound)
+        return (
+            f"acc {last['acc']:.3f} at step {step} is below the pilot's {pilot['acc']:.3f} at its step "
+            f"{pilot.get('step')} on the same task file by more than {RISEN_NOISES:g} guesser's noises "
+            "(bound "
+            f"{bound:.3f})",
+            last["acc"],
+            bound,
+        )
     return None
 
 

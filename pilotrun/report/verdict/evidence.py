@@ -50,9 +50,10 @@ def lacks(dotted: str, threshold: str) -> Finding:
 
 @dataclass(frozen=True)
 class Need:
-    """One piece of evidence a rule's judge reads (each rule states its own: rules.py). A run in progress is judged
-    on a rule only once its kept history holds each of the rule's needs: before that the rule is waiting (the run
-    has not reached it), not failing. A finished pilot is judged on every rule: what it lacks then, it lacks."""
+    """One piece of evidence a rule's judge reads (each rule states its own: rules.py). A run in progress is
+    judged on a rule only once its kept history holds each of the rule's needs: before that the rule is
+    waiting (the run has not reached it), not failing. A finished pilot is judged on every rule: what it lacks
+    then, it lacks."""
     what: str  # in words, as watch shows a waiting rule
     held: Callable[[Summary], bool]
 
@@ -82,7 +83,8 @@ def _applied(s: Summary) -> bool:
 
 
 def _past_warmup(s: Summary) -> bool:
-    """The kept windows' second half (what clip_rate reads) starts after the warm-up, where clipping is expected."""
+    """The kept windows' second half (what clip_rate reads) starts after the warm-up, where clipping is
+    expected."""
     warmup = recipe_value(s, "optim.schedule.warmup_steps")
     windows = train_events(s)
     return not isinstance(warmup, int) or bool(windows) and windows[-1]["step"] >= 2 * warmup
@@ -139,7 +141,10 @@ def pass_tokens(summary: Summary) -> tuple[int, str] | None:
     split_tokens = ((summary.run.get("data") or {}).get("train") or {}).get("tokens")
     seq_len = recipe_value(summary, "train.seq_len")
     per_batch = _latest(summary, "tokens_per_microbatch", ("session_start",))  # batch_size * seq_len * world
-    if not all(isinstance(x, int) and x > 0 for x in (split_tokens, seq_len, per_batch)) or per_batch % seq_len:
+    if (
+        not all(isinstance(x, int) and x > 0 for x in (split_tokens, seq_len, per_batch))
+        or per_batch % seq_len
+    ):
         return None
     batches = ((split_tokens - 1) // seq_len) // (per_batch // seq_len)
     if batches == 0:
@@ -156,25 +161,44 @@ def judge_data_passes(summary: Summary, t: Thresholds) -> Finding:
     if mode == "repeat_batch":
         # The loader serves its first batch forever: every update after the first re-reads it, by design.
         microbatches = _latest(summary, "tokens_per_microbatch", ("session_start",))
-        reads = f"{tokens // microbatches} times" if isinstance(microbatches, int) and microbatches > 0 else "again"
-        return Finding(WARN, f"data_mode repeat_batch: one batch read {reads}; an overfitting check, its loss "
-                       "says nothing of fresh data", threshold, "run.json recipe; kept tokens_seen")
+        reads = (
+            f"{tokens // microbatches} times"
+            if isinstance(microbatches, int) and microbatches > 0
+            else "again"
+        )
+        return Finding(
+            WARN,
+            f"data_mode repeat_batch: one batch read {reads}; an overfitting check, its loss "
+            "says nothing of fresh data",
+            threshold,
+            "run.json recipe; kept tokens_seen",
+        )
     if sources_of(summary.run):
         return _mixture_passes(summary, t, threshold, mode)
     sized = pass_tokens(summary)
     if sized is None:
-        return Finding(FAIL, "run.json or the session start lacks the split's tokens, seq_len or "
-                       "tokens_per_microbatch: the passes cannot be counted", threshold, "run.json; session_start")
+        return Finding(
+            FAIL,
+            "run.json or the session start lacks the split's tokens, seq_len or "
+            "tokens_per_microbatch: the passes cannot be counted",
+            threshold,
+            "run.json; session_start",
+        )
     size, how = sized
     passes = tokens / size
     # The loader's own count: restarts of the cursor, cumulative and restored with each checkpoint.
     restarts = _latest(summary, "data_restarts", ("train", "data_restart")) or 0
     evidence = f"kept tokens_seen {tokens} / {size} tokens a pass; {how}; data_restarts of the kept history"
-    passes = max(passes, float(restarts))  # a cursor moved past batches it never trained on still re-read them
+    # a cursor moved past batches it never trained on still re-read them
+    passes = max(passes, float(restarts))
     figure = f"{passes:.1f} passes over the training split ({restarts} restart{'s' if restarts != 1 else ''})"
     if restarts == 0 and passes <= 1:
-        return Finding(PASS, f"{passes:.2g} of one pass over the training split (0 restarts): no token read twice",
-                       threshold, evidence)
+        return Finding(
+            PASS,
+            f"{passes:.2g} of one pass over the training split (0 restarts): no token read twice",
+            threshold,
+            evidence,
+        )
     return _repeated_passes(figure, passes, mode, t, threshold, evidence)
 
 
@@ -184,27 +208,46 @@ def _mixture_passes(summary: Summary, t: Thresholds, threshold: str, mode: Any) 
     seq_len = recipe_value(summary, "train.seq_len")
     found = source_passes(summary.run, summary.kept_events, seq_len if isinstance(seq_len, int) else 0)
     if not found:
-        return Finding(FAIL, "run.json or the train windows lack the sources' split tokens or tokens_seen_by_source: "
-                       "the passes cannot be counted", threshold, "run.json data.sources; train events")
+        return Finding(
+            FAIL,
+            "run.json or the train windows lack the sources' split tokens or tokens_seen_by_source: "
+            "the passes cannot be counted",
+            threshold,
+            "run.json data.sources; train events",
+        )
     worst = found[0]
     passes = max(worst["passes"], float(worst["restarts"]))
     listed = ", ".join(f"{r['name']} {max(r['passes'], float(r['restarts'])):.2g} ({r['restarts']} restarts)"
                        for r in found)
     evidence = (f"per source: kept tokens_seen_by_source over the source's windows x seq_len ({listed}); "
                 "run.json data.sources")
-    figure = f"source {worst['name']}: {passes:.1f} passes over its training split ({worst['restarts']} restarts)"
+    figure = (
+        f"source {worst['name']}: {passes:.1f} passes over its training split ({worst['restarts']} restarts)"
+    )
     if worst["restarts"] == 0 and passes <= 1:
-        return Finding(PASS, f"every source read at most once; most read: {worst['name']} {passes:.2g} of a pass",
-                       threshold, evidence)
+        return Finding(
+            PASS,
+            f"every source read at most once; most read: {worst['name']} {passes:.2g} of a pass",
+            threshold,
+            evidence,
+        )
     return _repeated_passes(figure, passes, mode, t, threshold, evidence)
 
 
-def _repeated_passes(figure: str, passes: float, mode: Any, t: Thresholds, threshold: str, evidence: str) -> Finding:
-    """data_passes once some tokens were read twice (a folder's or a mixture's most-read source): judged only under
-    successive reading; past max_train_passes the loss measures memorised text."""
+def _repeated_passes(
+    figure: str, passes: float, mode: Any, t: Thresholds, threshold: str, evidence: str
+) -> Finding:
+    """data_passes once some tokens were read twice (a folder's or a mixture's most-read source): judged only
+    under successive reading; past max_train_passes the loss measures memorised text."""
     if mode != "successive":
         return lacks("train.data_mode", threshold)
     if passes > t.max_train_passes:
-        return Finding(FAIL, f"{figure}: past {t.max_train_passes:g} the loss measures memorised text, not the "
-                       "long run's", threshold, evidence)
-    return Finding(WARN, f"{figure}: part of the loss is measured on tokens already trained on", threshold, evidence)
+        return Finding(
+            FAIL,
+            f"{figure}: past {t.max_train_passes:g} the loss measures memorised text, not the long run's",
+            threshold,
+            evidence,
+        )
+    return Finding(
+        WARN, f"{figure}: part of the loss is measured on tokens already trained on", threshold, evidence
+    )

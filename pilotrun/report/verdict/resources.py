@@ -1,6 +1,6 @@
 """The verdict's judges of what the run costs its machine: steady training-only throughput (a busier machine
-told apart from a slower recipe) and memory within its budget, without a leak. Each returns a Finding; the rule
-table (rules.py) names it and says what it means.
+told apart from a slower recipe) and memory within its budget, without a leak. Each returns a Finding; the
+rule table (rules.py) names it and says what it means.
 """
 
 from __future__ import annotations
@@ -38,20 +38,31 @@ def judge_throughput_steady(summary: Summary, t: Thresholds) -> Finding:
             # window says nothing about the recipe's steady speed.
             profiled += 1
             continue
-        if is_finite_number(w.get("tokens")) and is_finite_number(w.get("train_seconds")) and w["train_seconds"] > 0:
+        if (
+            is_finite_number(w.get("tokens"))
+            and is_finite_number(w.get("train_seconds"))
+            and w["train_seconds"] > 0
+        ):
             rates.append(w["tokens"] / w["train_seconds"])
             cpu = w.get("cpu_seconds")
             cpu_rates.append(w["tokens"] / cpu if is_finite_number(cpu) and cpu > 0 else None)
             device = w.get("device_seconds")
             device_rates.append(w["tokens"] / device if is_finite_number(device) and device > 0 else None)
-            wall = w.get("wall_seconds") if is_finite_number(w.get("wall_seconds")) and w["wall_seconds"] > 0 else None
+            wall = (
+                w.get("wall_seconds")
+                if is_finite_number(w.get("wall_seconds")) and w["wall_seconds"] > 0
+                else None
+            )
             other, switched = w.get("other_cpu_seconds"), w.get("involuntary_switches")
             others.append(other / wall if wall and is_finite_number(other) else None)
             switches.append(switched / wall if wall and is_finite_number(switched) else None)
-    threshold = (f"last-third / first-third median of training-only tok/s >= {t.min_throughput_ratio} (tok per "
-                 "process CPU second on a CPU, per device second on CUDA, held to the same bound separates a busier "
-                 f"machine, and so does, on a CPU, the process's share of the CPU falling below {t.min_cpu_share_ratio} "
-                 "of what it was)")
+    threshold = (
+        f"last-third / first-third median of training-only tok/s >= {t.min_throughput_ratio} (tok per "
+        "process CPU second on a CPU, per device second on CUDA, held to the same bound separates a busier "
+        "machine, and so does, on a CPU, the process's share of the CPU falling below "
+        f"{t.min_cpu_share_ratio} "
+        "of what it was)"
+    )
     evidence = f"training-only tokens/s of {len(rates)} train windows (each session's first left out"
     evidence += f", and {profiled} with profiled updates)" if profiled else ")"
     if len(rates) < 6:
@@ -67,15 +78,19 @@ def judge_throughput_steady(summary: Summary, t: Thresholds) -> Finding:
         cpu_ratio = cpu_last / cpu_first
         share_first = statistics.median(c / r for c, r in zip(rates[:third], cpu_rates[:third], strict=True))
         share_last = statistics.median(c / r for c, r in zip(rates[-third:], cpu_rates[-third:], strict=True))
-        figure += (f"; per process CPU second {cpu_first:.1f} -> {cpu_last:.1f} tok (ratio {cpu_ratio:.2f}), CPU "
-                   f"seconds per training second {share_first:.2f} -> {share_last:.2f}")
+        figure += (
+            f"; per process CPU second {cpu_first:.1f} -> {cpu_last:.1f} tok (ratio {cpu_ratio:.2f}), CPU "
+            f"seconds per training second {share_first:.2f} -> {share_last:.2f}"
+        )
         evidence += "; window.cpu_seconds"
     have_device = all(r is not None for r in device_rates)
     if have_device:
         device_first = statistics.median(device_rates[:third])
         device_last = statistics.median(device_rates[-third:])
         device_ratio = device_last / device_first
-        figure += f"; per device second {device_first:.1f} -> {device_last:.1f} tok (ratio {device_ratio:.2f})"
+        figure += (
+            f"; per device second {device_first:.1f} -> {device_last:.1f} tok (ratio {device_ratio:.2f})"
+        )
         evidence += "; window.device_seconds (CUDA timing events)"
     machine = _lost_to_other_work(others, switches, third, t)
     if machine is not None:
@@ -86,11 +101,16 @@ def judge_throughput_steady(summary: Summary, t: Thresholds) -> Finding:
     devices = _session_devices(summary)
     if machine is not None and machine[1] and devices == {"cpu"}:
         # Before the work per token is looked at: threads that lose their time slices to other processes spin
-        # while they wait for each other (OpenMP), so each token costs more CPU on a busy machine too, and that
-        # rise says nothing about the recipe.
-        return Finding(WARN, f"the machine got busier, not the recipe slower: {figure}: this run's threads lost "
-                       "CPU to other processes; judge the recipe's own speed on a quiet machine (or with fewer "
-                       "threads, train.num_threads)", threshold, evidence)
+        # while they wait for each other (OpenMP), so each token costs more CPU on a busy machine too, and
+        # that rise says nothing about the recipe.
+        return Finding(
+            WARN,
+            f"the machine got busier, not the recipe slower: {figure}: this run's threads lost "
+            "CPU to other processes; judge the recipe's own speed on a quiet machine (or with fewer "
+            "threads, train.num_threads)",
+            threshold,
+            evidence,
+        )
     on_cuda = bool(devices) and all(d.startswith("cuda") for d in devices)
     if (have_cpu and devices == {"cpu"} and cpu_ratio >= t.min_throughput_ratio) or \
             (have_device and on_cuda and device_ratio >= t.min_throughput_ratio):
@@ -101,12 +121,17 @@ def judge_throughput_steady(summary: Summary, t: Thresholds) -> Finding:
     if have_cpu and devices == {"cpu"} and share_last / share_first < t.min_cpu_share_ratio:
         # The process got much less of the CPU per training second than before: other load took it. Sharing a
         # core also makes each token cost more CPU time (every switch to another task evicts the trainer's
-        # caches), so the work per CPU second cannot acquit the recipe either way; the slowdown is reported, and
-        # the recipe's own speed left to a quiet run.
-        return Finding(WARN, f"the machine got busier: {figure}; the process got "
-                       f"{share_last / share_first:.2f} of its share of the CPU, so other load took it; its work "
-                       "per CPU second fell too (sharing a core evicts its caches), so judge the recipe's own speed "
-                       "on a quiet machine", threshold, evidence)
+        # caches), so the work per CPU second cannot acquit the recipe either way; the slowdown is reported,
+        # and the recipe's own speed left to a quiet run.
+        return Finding(
+            WARN,
+            f"the machine got busier: {figure}; the process got "
+            f"{share_last / share_first:.2f} of its share of the CPU, so other load took it; its work "
+            "per CPU second fell too (sharing a core evicts its caches), so judge the recipe's own speed "
+            "on a quiet machine",
+            threshold,
+            evidence,
+        )
     if on_cuda and not have_device:
         figure += "; device time not recorded, so contention cannot be told apart"
     elif not on_cuda and not have_cpu:
@@ -120,17 +145,20 @@ def judge_throughput_steady(summary: Summary, t: Thresholds) -> Finding:
 
 def _lost_to_other_work(others: list[float | None], switches: list[float | None], third: int,
                         t: Thresholds) -> tuple[str, bool] | None:
-    """(the figures, whether they show the run's threads losing CPU to other processes: the rest of the machine
-    using at least min_other_cpus_rise more CPUs, or the threads descheduled min_switch_ratio times as often, in
-    the last third as in the first); None where the windows do not record them."""
+    """(the figures, whether they show the run's threads losing CPU to other processes: the rest of the
+    machine using at least min_other_cpus_rise more CPUs, or the threads descheduled min_switch_ratio times as
+    often, in the last third as in the first); None where the windows do not record them."""
     if any(v is None for v in others + switches):
         return None
     other_first, other_last = statistics.median(others[:third]), statistics.median(others[-third:])
     switch_first, switch_last = statistics.median(switches[:third]), statistics.median(switches[-third:])
     lost = (other_last - other_first >= t.min_other_cpus_rise
             or switch_last / max(switch_first, 1.0) >= t.min_switch_ratio)
-    return (f"other processes used {other_first:.2f} -> {other_last:.2f} CPUs, this run's threads descheduled "
-            f"for them {switch_first:.0f} -> {switch_last:.0f} times per second", lost)
+    return (
+        f"other processes used {other_first:.2f} -> {other_last:.2f} CPUs, this run's threads descheduled "
+        f"for them {switch_first:.0f} -> {switch_last:.0f} times per second",
+        lost,
+    )
 
 
 def judge_memory(summary: Summary, t: Thresholds) -> Finding:
@@ -151,7 +179,9 @@ def judge_memory(summary: Summary, t: Thresholds) -> Finding:
     for sid, values in by_session.items():
         if len(values) >= 3 and values[0] > 0:
             growth.append((values[-1] / values[0], sid))
-    budget_text = f"peak <= {budget_gb:g} GB" if budget_gb > 0 else "no budget set (train.memory_budget_gb = 0)"
+    budget_text = (
+        f"peak <= {budget_gb:g} GB" if budget_gb > 0 else "no budget set (train.memory_budget_gb = 0)"
+    )
     threshold = f"{budget_text}; RSS growth within a session <= {t.max_memory_growth}x"
     if not peaks:
         return Finding(FAIL, "memory not recorded: the record lacks this rule's evidence", threshold,

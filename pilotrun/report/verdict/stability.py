@@ -1,6 +1,7 @@
-"""The verdict's judges of whether the loss behaves: it stays finite, falls by more than its own noise, does not
-rise again over the end of the run, val tracks train, the gradient norm does not spike, and clipping, skipped updates, expert load and QK-Clip stay
-within their bounds. Each returns a Finding; the rule table (rules.py) names it and says what it means.
+"""The verdict's judges of whether the loss behaves: it stays finite, falls by more than its own noise, does
+not rise again over the end of the run, val tracks train, the gradient norm does not spike, and clipping,
+skipped updates, expert load and QK-Clip stay within their bounds. Each returns a Finding; the rule table
+(rules.py) names it and says what it means.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ if TYPE_CHECKING:
 
 
 def judge_losses_finite(summary: Summary, t: Thresholds) -> Finding:
-    losses = [(e["event"], e["step"], e.get("loss")) for e in summary.kept_events if e["event"] in ("train", "val")]
+    losses = [
+        (e["event"], e["step"], e.get("loss")) for e in summary.kept_events if e["event"] in ("train", "val")
+    ]
     bad = [(kind, step, loss) for kind, step, loss in losses if not is_finite_number(loss)]
     evidence = f"{len(losses)} train/val loss values of the kept history"
     if not losses:
@@ -43,8 +46,10 @@ def loss_noise(losses: list[float], min_windows: int = 4) -> float | None:
 
 def judge_loss_decreased(summary: Summary, t: Thresholds) -> Finding:
     losses = [float(e["loss"]) for e in train_events(summary) if is_finite_number(e.get("loss"))]
-    threshold = (f"drop > {t.loss_drop_sigmas:g} sigma of the window noise and >= {t.min_loss_drop_floor:.0%} "
-                 f"(WARN below {t.min_loss_drop:.0%}); first vs last {t.loss_window_fraction:.0%} of windows")
+    threshold = (
+        f"drop > {t.loss_drop_sigmas:g} sigma of the window noise and >= {t.min_loss_drop_floor:.0%} "
+        f"(WARN below {t.min_loss_drop:.0%}); first vs last {t.loss_window_fraction:.0%} of windows"
+    )
     if len(losses) < 2:
         return Finding(FAIL, f"only {len(losses)} finite train window(s)", threshold,
                        "train windows")
@@ -59,7 +64,9 @@ def judge_loss_decreased(summary: Summary, t: Thresholds) -> Finding:
     figure = f"mean train loss {first:.4f} -> {last:.4f} ({drop:+.2%} drop); {noise_text}"
     if drop <= 0 or drop < t.min_loss_drop_floor or sigmas <= t.loss_drop_sigmas:
         status = FAIL
-        why = "the drop is within the loss's own noise" if drop >= t.min_loss_drop_floor else "too small a drop"
+        why = (
+            "the drop is within the loss's own noise" if drop >= t.min_loss_drop_floor else "too small a drop"
+        )
         figure = f"not learning ({why}): {figure}"
     else:
         status = PASS if drop >= t.min_loss_drop else WARN
@@ -69,15 +76,23 @@ def judge_loss_decreased(summary: Summary, t: Thresholds) -> Finding:
 
 def judge_loss_rise_at_end(summary: Summary, t: Thresholds) -> Finding:
     """The end of the run against the best level the loss held before it: medians, so that a spike or two in
-    either part moves neither, and the noise from successive differences, so that a noisy plateau never FAILs."""
+    either part moves neither, and the noise from successive differences, so that a noisy plateau never
+    FAILs."""
     losses = [(e["step"], float(e["loss"])) for e in train_events(summary) if is_finite_number(e.get("loss"))]
     k = max(3, round(len(losses) * t.loss_rise_window_fraction))
-    threshold = (f"median of the last {t.loss_rise_window_fraction:.0%} of windows (>= 3) <= the best median of as "
-                 f"many consecutive windows before + max({t.loss_rise_sigmas:g} sigma, {t.min_loss_rise:.0%})")
+    threshold = (
+        f"median of the last {t.loss_rise_window_fraction:.0%} of windows (>= 3) <= the best median of as "
+        f"many consecutive windows before + max({t.loss_rise_sigmas:g} sigma, {t.min_loss_rise:.0%})"
+    )
     evidence = f"{len(losses)} finite train windows; noise from all successive pairs"
     if len(losses) < 2 * k:
-        return Finding(WARN, f"only {len(losses)} finite train window(s): too few to compare the last {k} with as "
-                       "many before them", threshold, evidence)
+        return Finding(
+            WARN,
+            f"only {len(losses)} finite train window(s): too few to compare the last {k} with as "
+            "many before them",
+            threshold,
+            evidence,
+        )
     values = [loss for _, loss in losses]
     end = statistics.median(values[-k:])
     before = values[:-k]
@@ -88,9 +103,11 @@ def judge_loss_rise_at_end(summary: Summary, t: Thresholds) -> Finding:
     rise = end - best
     share = rise / abs(best) if best != 0 else 0.0
     sigmas = rise / standard_error if standard_error > 0 else math.inf if rise > 0 else 0.0
-    figure = (f"median train loss {end:.4f} over the last {k} windows (steps {losses[-k][0]}-{losses[-1][0]}) vs "
-              f"the best {best:.4f} (steps {losses[at][0]}-{losses[at + k - 1][0]}): {rise:+.4f} ({share:+.2%}), "
-              f"{sigmas:.1f} sigma of window noise {noise:.4g}")
+    figure = (
+        f"median train loss {end:.4f} over the last {k} windows (steps {losses[-k][0]}-{losses[-1][0]}) vs "
+        f"the best {best:.4f} (steps {losses[at][0]}-{losses[at + k - 1][0]}): {rise:+.4f} ({share:+.2%}), "
+        f"{sigmas:.1f} sigma of window noise {noise:.4g}"
+    )
     if rise > 0 and sigmas > t.loss_rise_sigmas and share > t.min_loss_rise:
         return Finding(FAIL, f"the loss rises at the end: {figure}", threshold, evidence)
     return Finding(PASS, figure, threshold, evidence)
@@ -100,7 +117,9 @@ def judge_val_tracks_train(summary: Summary, t: Thresholds) -> Finding:
     train = [(e["step"], float(e["loss"])) for e in train_events(summary) if is_finite_number(e.get("loss"))]
     vals = [(e["step"], float(e["loss"])) for e in summary.kept_events
             if e["event"] == "val" and is_finite_number(e.get("loss"))]
-    threshold = f"gap growth <= {t.max_val_gap_growth} nats and last val <= best val x {1 + t.max_val_rise:.2f}"
+    threshold = (
+        f"gap growth <= {t.max_val_gap_growth} nats and last val <= best val x {1 + t.max_val_rise:.2f}"
+    )
     pairs = []
     for step, val in vals:
         before = [loss for s, loss in train if s <= step]
@@ -120,15 +139,21 @@ def judge_val_tracks_train(summary: Summary, t: Thresholds) -> Finding:
     best = min(v for _, v, _ in pairs)
     rise = (v1 - best) / abs(best) if best != 0 else 0.0
     status = FAIL if growth > t.max_val_gap_growth or rise > t.max_val_rise else PASS
-    figure = (f"val {v0:.4f} -> {v1:.4f} (steps {s0} -> {s1}), val-train gap {v0 - tr0:+.4f} -> {v1 - tr1:+.4f} "
-              f"(growth {growth:+.4f}), last val {rise:+.1%} vs best")
-    return Finding(status, figure, threshold,
-                   f"{len(pairs)} val events vs the latest train window; gap over the {len(late)} from step {s0}")
+    figure = (
+        f"val {v0:.4f} -> {v1:.4f} (steps {s0} -> {s1}), val-train gap {v0 - tr0:+.4f} -> {v1 - tr1:+.4f} "
+        f"(growth {growth:+.4f}), last val {rise:+.1%} vs best"
+    )
+    return Finding(
+        status,
+        figure,
+        threshold,
+        f"{len(pairs)} val events vs the latest train window; gap over the {len(late)} from step {s0}",
+    )
 
 
 def judge_grad_spikes(summary: Summary, t: Thresholds) -> Finding:
-    """A window whose largest gradient norm is a spike of the previous windows' (training/spikes/bound.py: median +
-    spike_factor x max(step spread, MIN_SCALE_SHARE of the median), over logged windows)."""
+    """A window whose largest gradient norm is a spike of the previous windows' (training/spikes/bound.py:
+    median + spike_factor x max(step spread, MIN_SCALE_SHARE of the median), over logged windows)."""
     history: list[float] = []
     spikes = []
     share = MIN_SCALE_SHARE["grad_norm"]
@@ -150,8 +175,9 @@ def judge_grad_spikes(summary: Summary, t: Thresholds) -> Finding:
                        threshold, evidence)
     trainers, loss_only = trainer_spikes(summary, {s for s, *_ in spikes})
     if not spikes and not trainers:
-        return Finding(PASS, f"no gradient-norm spike; max grad norm {max(history):.4g}{loss_only}", threshold,
-                       evidence)
+        return Finding(
+            PASS, f"no gradient-norm spike; max grad norm {max(history):.4g}{loss_only}", threshold, evidence
+        )
     listed = ", ".join([*(f"step {s}: {v:.4g} (bound {b:.4g}, {v / m:.1f}x median)" if m > 0 else
                           f"step {s}: {v:.4g} (bound {b:.4g})" for s, v, m, b in spikes[:5]), *trainers[:5]])
     status = WARN if len(spikes) + len(trainers) <= t.max_grad_spikes else FAIL
@@ -161,9 +187,11 @@ def judge_grad_spikes(summary: Summary, t: Thresholds) -> Finding:
 
 def trainer_spikes(summary: Summary, steps: set[int]) -> tuple[list[str], str]:
     """The trainer's own spikes (its per-update bound, the spikes row's) as this row tells them: those in the
-    gradient norm that no logged window shows (a skipped or rolled-back update leaves none) count here too, and
-    those in the loss alone are named as such, so that this row never says "no spike" beside them."""
-    overview = (summary.overall or {}).get("spikes") or spike_overview(summary.kept_events + summary.rolled_back_events)
+    gradient norm that no logged window shows (a skipped or rolled-back update leaves none) count here too,
+    and those in the loss alone are named as such, so that this row never says "no spike" beside them."""
+    overview = (summary.overall or {}).get("spikes") or spike_overview(
+        summary.kept_events + summary.rolled_back_events
+    )
     found, loss_only = [], []
     for spike in overview.get("list") or []:
         signals, step = spike.get("signals") or [], spike.get("step")
@@ -173,8 +201,12 @@ def trainer_spikes(summary: Summary, steps: set[int]) -> tuple[list[str], str]:
                          if is_finite_number(norm) else f"update {step}: not finite (the trainer's spike)")
         elif "grad_norm" not in signals:
             loss_only.append(str(step))
-    said = (f"; the trainer's spike(s) at update(s) {', '.join(loss_only[:5])} were in the loss alone (spikes row)"
-            if loss_only else "")
+    said = (
+        f"; the trainer's spike(s) at update(s) {', '.join(loss_only[:5])} were in the loss alone (spikes "
+        "row)"
+        if loss_only
+        else ""
+    )
     return found, said
 
 
@@ -228,16 +260,21 @@ def judge_experts(summary: Summary, t: Thresholds) -> Finding:
     layers = len(tail[-1]["moe"]["tokens_per_expert"])
     dead, imbalances = 0, []
     for layer in range(layers):
-        rows = [e["moe"]["tokens_per_expert"][layer] for e in tail if len(e["moe"]["tokens_per_expert"]) > layer]
+        rows = [
+            e["moe"]["tokens_per_expert"][layer] for e in tail if len(e["moe"]["tokens_per_expert"]) > layer
+        ]
         totals = [sum(float(r[i]) for r in rows) for i in range(len(rows[0]))]
         mean = statistics.fmean(totals)
         dead += sum(1 for c in totals if c == 0)
         imbalances.append(max(totals) / mean if mean > 0 else math.inf)
     worst = max(imbalances)
     status = FAIL if dead > t.max_dead_experts or worst > t.max_imbalance else PASS
-    return Finding(status,
-                   f"{dead} dead expert(s); max/mean load per layer {', '.join(f'{x:.2f}' for x in imbalances)}",
-                   threshold, f"tokens_per_expert summed over the last {k} of {len(events)} train windows")
+    return Finding(
+        status,
+        f"{dead} dead expert(s); max/mean load per layer {', '.join(f'{x:.2f}' for x in imbalances)}",
+        threshold,
+        f"tokens_per_expert summed over the last {k} of {len(events)} train windows",
+    )
 
 
 def judge_qk_clip(summary: Summary, t: Thresholds) -> Finding:
@@ -255,16 +292,21 @@ def judge_qk_clip(summary: Summary, t: Thresholds) -> Finding:
                        "recipe")
     # updates_with_clip is cumulative over the run (restored with the checkpoint), so the last kept window's
     # value counts every update of the kept history on which any head was rescaled.
-    counts = [e["qk_clip"].get("updates_with_clip") if isinstance(e.get("qk_clip"), dict) else None for e in events]
+    counts = [
+        e["qk_clip"].get("updates_with_clip") if isinstance(e.get("qk_clip"), dict) else None for e in events
+    ]
     applied = summary.final.step
     if not events or not isinstance(counts[-1], int) or applied == 0:
         return Finding(FAIL, "QK-Clip counts not recorded: the record lacks this rule's evidence",
                        threshold, "train windows")
     rate = counts[-1] / applied
     first = next((e for e in summary.kept_events if e["event"] == "qk_clip" and e.get("first_time")), None)
-    first_text = (f"; first clip at step {first['step']} (layer {first.get('layer')}, head {first.get('head')}, "
-                  f"max logit {first.get('max_logit'):.4g})" if first and is_finite_number(first.get("max_logit"))
-                  else "")
+    first_text = (
+        f"; first clip at step {first['step']} (layer {first.get('layer')}, head {first.get('head')}, "
+        f"max logit {first.get('max_logit'):.4g})"
+        if first and is_finite_number(first.get("max_logit"))
+        else ""
+    )
     return Finding(PASS if rate <= t.max_qk_clip_rate else FAIL,
                    f"QK-Clip rescaled heads on {counts[-1]} of {applied} applied updates ({rate:.1%}){peak}"
                    f"{first_text}", threshold,

@@ -1,22 +1,21 @@
-"""`pilotrun verdict`: GO or NO-GO for a pilot, from the documented rules (rules.py) over the kept history of the
-run.
+"""`pilotrun verdict`: GO or NO-GO for a pilot, from the documented rules (rules.py) over the kept history of
+the run.
 
-Each rule gives PASS, WARN or FAIL with the figure it measured; the pilot is GO when no rule FAILs. WARN
-means the evidence is thin or borderline (shown, not blocking). The rules judge the pilot's own record:
-a GO says "this recipe ran without the listed problems for these updates", never that the final model
-will be good.
+Each rule gives PASS, WARN or FAIL with the figure it measured; the pilot is GO when no rule FAILs. WARN means
+the evidence is thin or borderline (shown, not blocking). The rules judge the pilot's own record: a GO says
+"this recipe ran without the listed problems for these updates", never that the final model will be good.
 
 Only the kept history counts (summarize's reconciliation): windows a crashed session logged after the
-checkpoint its successor resumed from are rolled back. They are still useful once: where the resumed
-session replayed the same window (same step range and counters), its loss must be bit-identical to the
-rolled-back one, which is direct evidence of exact continuation.
+checkpoint its successor resumed from are rolled back. They are still useful once: where the resumed session
+replayed the same window (same step range and counters), its loss must be bit-identical to the rolled-back
+one, which is direct evidence of exact continuation.
 
 What each rule checks, the thresholds it reads with their defaults and meanings, and the plot that shows its
-evidence are the rule table's (rules.py; `pilotrun verdict --help` prints it). A rule that finds the evidence it
-needs missing from the record FAILs. GO means no rule FAILed; the WARNs are printed under the GO line.
+evidence are the rule table's (rules.py; `pilotrun verdict --help` prints it). A rule that finds the evidence
+it needs missing from the record FAILs. GO means no rule FAILed; the WARNs are printed under the GO line.
 
-`judge(run)` summarizes with `--require-step max_steps`: a pilot that has not finished is not valid. It opens the
-run folder once (pilotrun/run/run_folder.py); both summaries read from it.
+`judge(run)` summarizes with `--require-step max_steps`: a pilot that has not finished is not valid. It opens
+the run folder once (pilotrun/run/run_folder.py); both summaries read from it.
 """
 
 from __future__ import annotations
@@ -56,7 +55,8 @@ class Verdict:
     summary: Summary = field(repr=False)
     # The recipe the evidence supports (the one in force at the end), its sha256 and the changes on resume.
     candidate: dict[str, Any] = field(default_factory=dict)
-    frozen: dict[str, Any] | None = None  # the frozen candidate a run started from, and whether it still matches
+    # the frozen candidate a run started from, and whether it still matches
+    frozen: dict[str, Any] | None = None
     # What a 10x long run of the recipe would reach (report/projection/forecast_record.py): evidence, not a
     # rule.
     forecast: dict[str, Any] | None = None
@@ -81,7 +81,8 @@ class Verdict:
 
 
 def candidate_of(summary: Summary) -> dict[str, Any]:
-    """The recipe the pilot's evidence supports: run.json's (in force at the end), with the changes on resume."""
+    """The recipe the pilot's evidence supports: run.json's (in force at the end), with the changes on
+    resume."""
     changes = recipe_changes_in_history(summary.run, summary.lineage)
     recipe = current_recipe(summary.run.get("recipe"))  # its identity in today's names, of any recipe format
     final_step = summary.final.step
@@ -98,8 +99,11 @@ def judge_summary(summary: Summary, thresholds: Thresholds | None = None) -> Ver
     o = summary.overall
     decision = "NO-GO" if failed else "GO"
     candidate = candidate_of(summary)
-    basis = (f"Judged on the pilot's own record: {o.get('updates_applied')} applied updates, {o.get('tokens_seen')} "
-             f"tokens, {o.get('sessions')} session(s) with {o.get('resumes')} resume(s).")
+    basis = (
+        f"Judged on the pilot's own record: {o.get('updates_applied')} applied updates, "
+        f"{o.get('tokens_seen')} "
+        f"tokens, {o.get('sessions')} session(s) with {o.get('resumes')} resume(s)."
+    )
     sha = str(candidate["recipe_sha256"])[:16]
     changes = f" after {len(candidate['changes'])} change(s) on resume" if candidate["changes"] else ""
     supports = (f"The evidence supports the recipe in force at the end (recipe sha256 {sha}), over updates "
@@ -107,21 +111,26 @@ def judge_summary(summary: Summary, thresholds: Thresholds | None = None) -> Ver
                 f"{changes}.")
     running = o.get("running")
     if running:  # judged on what is recorded so far: the rules may read differently once the run ends
-        basis = (f"Provisional: the run is still going (pid {running.get('pid')} on host {running.get('host')} "
-                 f"since {running.get('since')}); judged on the record so far. {basis}")
+        basis = (
+            f"Provisional: the run is still going (pid {running.get('pid')} on host {running.get('host')} "
+            f"since {running.get('since')}); judged on the record so far. {basis}"
+        )
     if failed:
         statement = f"NO-GO: {', '.join(failed)} failed. {basis}"
     else:
-        statement = (f"GO: no rule failed{' (warnings: ' + ', '.join(warned) + ')' if warned else ''}. {basis} "
-                     f"{supports} This says the recipe ran without the problems checked here for this long; it does "
-                     "not say the final model will be good.")
+        statement = (
+            f"GO: no rule failed{' (warnings: ' + ', '.join(warned) + ')' if warned else ''}. {basis} "
+            f"{supports} This says the recipe ran without the problems checked here for this long; it does "
+            "not say the final model will be good."
+        )
     return Verdict(decision=decision, rules=rules, statement=statement, thresholds=t, summary=summary,
                    candidate=candidate, frozen=frozen_candidate_status(summary.run),
                    forecast=pilot_forecast(summary))
 
 
 def judge(run: RunFolder | str | Path, thresholds: Thresholds | None = None) -> Verdict:
-    """Judge a finished pilot: the record must also hold a session_end at its max_steps (the last session's)."""
+    """Judge a finished pilot: the record must also hold a session_end at its max_steps (the last
+    session's)."""
     folder = RunFolder.of(run)
     summary = summarize_run(folder)
     max_steps = summary.overall.get("max_steps")

@@ -6,14 +6,15 @@ the session lands in the phase of the concern that spent it. When the session en
 callback's `at_end` runs in the same order. A callback that must wrap the update attempt itself (the profiler,
 the window's device timers) returns a context manager from `around_update`; all others leave it alone.
 
-The order is part of the record's meaning: the window closes (a `train` event) before a checkpoint is taken, so
-a checkpoint's counters always coincide with a `train` event, which is what `summarize` reconciles a resumed
-session against; the pilot's kill point comes last, once the checkpoint it waits for is committed.
+The order is part of the record's meaning: the window closes (a `train` event) before a checkpoint is taken,
+so a checkpoint's counters always coincide with a `train` event, which is what `summarize` reconciles a
+resumed session against; the pilot's kill point comes last, once the checkpoint it waits for is committed.
 
-`LoopState` is the one object the loop and its callbacks share (OLMo-core's trainer state): the session (model,
-optimizer, counters, record), the time account, the current window, what the last update did, and the few
-facts callbacks hand on to each other (the step of the last checkpoint, of the last `train` event, the last
-validation loss). New concerns (watching, spike handling) attach as further callbacks; the loop does not change.
+`LoopState` is the one object the loop and its callbacks share (OLMo-core's trainer state): the session
+(model, optimizer, counters, record), the time account, the current window, what the last update did, and the
+few facts callbacks hand on to each other (the step of the last checkpoint, of the last `train` event, the
+last validation loss). New concerns (watching, spike handling) attach as further callbacks; the loop does not
+change.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ if TYPE_CHECKING:
 
 # The built-in callbacks' places; a new callback picks a number between them.
 PRIORITY_PROFILE = -10  # outermost around the update: it decides which phase the attempt is charged to
-PRIORITY_RARE_EVENTS = 0  # data restarts, overflows, QK-Clip events: logged right after the update they follow
-PRIORITY_SPIKE = 5  # the spike event, and a rollback (which closes the window itself) before the window's turn
+# data restarts, overflows, QK-Clip events: logged right after the update they follow
+PRIORITY_RARE_EVENTS = 0
+# the spike event, and a rollback (which closes the window itself) before the window's turn
+PRIORITY_SPIKE = 5
 PRIORITY_WINDOW = 10  # the `train` event and the progress bar
 PRIORITY_EVAL = 20
 PRIORITY_CHECKPOINT = 30  # after the window: a checkpoint's counters are those of a `train` event
@@ -53,7 +56,8 @@ class UpdateResult:
     outcome: UpdateOutcome
     restarted: int = 0
     hook_events: list[dict[str, Any]] = field(default_factory=list)
-    spike: SpikeVerdict | None = None  # the attempt was a spike (spikes.py): its figures and the policy's action
+    # the attempt was a spike (spikes.py): its figures and the policy's action
+    spike: SpikeVerdict | None = None
 
     @property
     def applied(self) -> bool:
@@ -112,15 +116,16 @@ class LoopState:
 
     @property
     def checkpoint_committed_here(self) -> bool:
-        """A checkpoint was committed in this session (steps only grow, so any save moves past the resume's)."""
+        """A checkpoint was committed in this session (steps only grow, so any save moves past the
+        resume's)."""
         return self.last_checkpoint_step != self.session.resumed_from
 
     def hook(self, name: str) -> UpdateHook:
         return next(hook for hook in self.session.state.hooks if hook.name == name)
 
     def log(self, event: str, counters: Any = None, **fields: Any) -> None:
-        """Record one event (rank 0) and hand it to the sinks; both are the "report" phase. `counters`: those the
-        event is about when they are not the current ones (a background checkpoint's, committed later)."""
+        """Record one event (rank 0) and hand it to the sinks; both are the "report" phase. `counters`: those
+        the event is about when they are not the current ones (a background checkpoint's, committed later)."""
         with self.account.phase("report"):
             counters = counters if counters is not None else self.session.state.counters()
             record = self.session.metrics.log(event, counters, **fields)
@@ -156,7 +161,8 @@ class Callback:
         """The session ends (completed, stopped, interrupted or an error): release what the callback holds."""
 
     def around_update(self, loop: LoopState) -> contextlib.AbstractContextManager[Any]:
-        """A context the update attempt runs in (entered in priority order, so a lower priority is outside)."""
+        """A context the update attempt runs in (entered in priority order, so a lower priority is
+        outside)."""
         return contextlib.nullcontext()
 
     def stop_request(self, loop: LoopState) -> Ending | None:
@@ -171,7 +177,9 @@ def in_order(callbacks: Iterable[Callback]) -> list[Callback]:
     ordered = sorted(callbacks, key=lambda callback: callback.priority)  # stable: equal priorities keep order
     unknown = [type(c).__name__ for c in ordered if c.phase not in PHASES]
     if unknown:
-        raise ValueError(f"callbacks with an unknown time phase: {', '.join(unknown)} (phases: {', '.join(PHASES)})")
+        raise ValueError(
+            f"callbacks with an unknown time phase: {', '.join(unknown)} (phases: {', '.join(PHASES)})"
+        )
     return ordered
 
 
@@ -184,8 +192,8 @@ def run_due(loop: LoopState, callbacks: Sequence[Callback]) -> None:
 
 
 def run_at_end(loop: LoopState, callbacks: Sequence[Callback], *, failing: bool = False) -> None:
-    """Every callback's `at_end`, in order. After an error, a callback's own failure is swallowed: what it holds
-    is worth releasing, but the session's error is the one to report."""
+    """Every callback's `at_end`, in order. After an error, a callback's own failure is swallowed: what it
+    holds is worth releasing, but the session's error is the one to report."""
     for callback in callbacks:
         if failing:
             with contextlib.suppress(Exception):

@@ -1,34 +1,35 @@
 """When the loop saves a checkpoint, and the save itself: the "checkpoint" phase.
 
 The policy is here, the storage is not (checkpointer.py writes and commits, distributed_checkpointer.py picks
-the storage, background.py writes beside training): a checkpoint is due after every `train.checkpoint.every`-th
-applied update, and at the session's last round (completed, stopped, interrupted, or before a data error ends
-it) unless the state at that step is already the newest checkpoint, so a session never ends with work that is
-not saved and never saves the same step twice.
+the storage, background.py writes beside training): a checkpoint is due after every
+`train.checkpoint.every`-th applied update, and at the session's last round (completed, stopped, interrupted,
+or before a data error ends it) unless the state at that step is already the newest checkpoint, so a session
+never ends with work that is not saved and never saves the same step twice.
 
 Every rank takes part in a save: with several ranks the checkpoint is written collectively (DCP: shards and
 each rank's RNG) and committed by rank 0, after a check that the DDP replicas still agree (DCP stores a
 replicated tensor once); with one process it is the plain torch.save. What it holds is
-`session.checkpoint_state`, the same definition a resume reads into. The `checkpoint` event follows the commit,
-so a reader of metrics.jsonl that sees it can trust the folder is there.
+`session.checkpoint_state`, the same definition a resume reads into. The `checkpoint` event follows the
+commit, so a reader of metrics.jsonl that sees it can trust the folder is there.
 
-Background saves (`train.checkpoint.mode`): a cadence save only stages the state to host memory on the
-loop's thread and returns; DCP writes, hashes and fsyncs it beside training (checkpoint/background.py). It is
+Background saves (`train.checkpoint.mode`): a cadence save only stages the state to host memory on the loop's
+thread and returns; DCP writes, hashes and fsyncs it beside training (checkpoint/background.py). It is
 committed at the first round after rank 0's write is done (rank 0 says so, every rank follows: one small
 broadcast per round while a save is in flight), or before the next save, a spike's rollback, or the session's
 end, whichever comes first. Besides the cadence, a spike's rollback commits the step it restored again
-(`save_now`, synchronous), with the skip it added in the trainer state. Its `checkpoint` event is logged then, carrying the counters of the state it saved
-(which may be behind the events logged meanwhile: `background: true` tells summarize so), `seconds` and
-`blocking_seconds` for what the loop waited, `background_seconds` for what ran beside training, and, when
-the save had to wait for the one before it, `waited_for_step` and `waited_seconds`. The last round's save
-(completion, a stop signal, a deadline, a hang) is synchronous, after the one in flight is committed.
+(`save_now`, synchronous), with the skip it added in the trainer state. Its `checkpoint` event is logged then,
+carrying the counters of the state it saved (which may be behind the events logged meanwhile: `background:
+true` tells summarize so), `seconds` and `blocking_seconds` for what the loop waited, `background_seconds` for
+what ran beside training, and, when the save had to wait for the one before it, `waited_for_step` and
+`waited_seconds`. The last round's save (completion, a stop signal, a deadline, a hang) is synchronous, after
+the one in flight is committed.
 
 Before each save rank 0 compares the free space with what the save will write (the last checkpoint's measured
 bytes, else preflight's estimate, and a margin for the record): too little ends the session before anything is
-written, so that the disk never fills under a write, nor under the record's own appends while a background write
-runs. A save that still fails for a full disk (or quota: something else filled it) ends the session the same
-way. Either way nothing of that save is committed, the previous checkpoint stays the newest, and the session
-ends `stopped` (exit 1) with the reason; any other failure raises.
+written, so that the disk never fills under a write, nor under the record's own appends while a background
+write runs. A save that still fails for a full disk (or quota: something else filled it) ends the session the
+same way. Either way nothing of that save is committed, the previous checkpoint stays the newest, and the
+session ends `stopped` (exit 1) with the reason; any other failure raises.
 """
 
 from __future__ import annotations
@@ -69,13 +70,16 @@ def _committed_bytes(loop: LoopState, path: Any) -> int:
 
 def save_checkpoint(loop: LoopState, **extra: Any) -> int:
     """Save and commit the state at the current step, then log the `checkpoint` event (every rank calls it);
-    `extra`: more fields for the event (a wait for the background save before it). Returns its bytes (rank 0)."""
+    `extra`: more fields for the event (a wait for the background save before it). Returns its bytes (rank
+    0)."""
     session = loop.session
     started = time.perf_counter()
     if loop.final and loop.ending is None and loop.step >= session.config.train.max_steps:
-        session.checkpointer.protect(loop.step, PROTECT_FINAL)  # the completed run's last state, kept for good
-    # The state's form follows the storage that writes it: name-keyed DCP state dicts for DCP (whatever the world
-    # size), the plain torch.save form otherwise; a resume reads it back in the form its marker's storage names.
+        # the completed run's last state, kept for good
+        session.checkpointer.protect(loop.step, PROTECT_FINAL)
+    # The state's form follows the storage that writes it: name-keyed DCP state dicts for DCP (whatever the
+    # world size), the plain torch.save form otherwise; a resume reads it back in the form its marker's
+    # storage names.
     state, meta = _state_and_meta(loop, sharded=session.checkpointer.storage.name == DCPStorage.name)
     path = session.checkpointer.save(loop.step, state, meta)
     size = _committed_bytes(loop, path)
@@ -102,7 +106,8 @@ class CheckpointCallback(Callback):
         self.write_done = False  # agreed this round: the pending save's write has finished on rank 0
         self.stopped_for_space: str | None = None
         self.disk_stated = False
-        self.last_bytes = 0  # the newest committed checkpoint's, measured (rank 0): the next save's expected size
+        # the newest committed checkpoint's, measured (rank 0): the next save's expected size
+        self.last_bytes = 0
 
     @classmethod
     def for_section(cls, section: CheckpointConfig, device_type: str) -> CheckpointCallback:
@@ -137,8 +142,10 @@ class CheckpointCallback(Callback):
         if self._no_room(loop):
             return
         if waited:
-            loop.say(f"checkpoint step {loop.step}: waited {waited['waited_seconds']:.2f} s for the background "
-                     f"save of step {waited['waited_for_step']} to finish (at most one is in flight)")
+            loop.say(
+                f"checkpoint step {loop.step}: waited {waited['waited_seconds']:.2f} s for the background "
+                f"save of step {waited['waited_for_step']} to finish (at most one is in flight)"
+            )
         try:
             if self.background and not loop.final:
                 self._start(loop, waited or {})
@@ -151,9 +158,10 @@ class CheckpointCallback(Callback):
             self._stop_for_space(loop, loop.step, exc)
 
     def save_now(self, loop: LoopState) -> None:
-        """Commit the current step now, outside the cadence, synchronously, after the save in flight (every rank):
-        a spike's rollback commits the step it restored again, with the skip and the count it added. A disk
-        without room stops the session as for any save (the older copy of the step stays the committed one)."""
+        """Commit the current step now, outside the cadence, synchronously, after the save in flight (every
+        rank): a spike's rollback commits the step it restored again, with the skip and the count it added. A
+        disk without room stops the session as for any save (the older copy of the step stays the committed
+        one)."""
         with loop.account.phase("checkpoint"):
             self.settle(loop)
             if self.stopped_for_space is not None or self._no_room(loop):
@@ -200,8 +208,8 @@ class CheckpointCallback(Callback):
 
     def _no_room(self, loop: LoopState) -> bool:
         """Before a save: rank 0 compares the free space with what the save will write (the last checkpoint's
-        measured bytes, else the estimate); too little ends the session now, before the disk fills under a write
-        (and under the record's own appends beside a background one). Every rank follows rank 0."""
+        measured bytes, else the estimate); too little ends the session now, before the disk fills under a
+        write (and under the record's own appends beside a background one). Every rank follows rank 0."""
         session = loop.session
         problem = None
         if loop.is_main:
@@ -216,10 +224,14 @@ class CheckpointCallback(Callback):
         newest = loop.last_checkpoint_step
         kept = f"checkpoint step {newest} is still the newest committed" if newest is not None else \
             "no checkpoint was committed"
-        what = "could not be written, the disk is full" if written else "was not written, the disk is too full"
+        what = (
+            "could not be written, the disk is full" if written else "was not written, the disk is too full"
+        )
         said = space_error_line(exc) if isinstance(exc, BaseException) else exc
-        self.stopped_for_space = (f"checkpoint step {step} {what} ({said}); nothing of it was committed and {kept}: "
-                                  "free space, then --resume")
+        self.stopped_for_space = (
+            f"checkpoint step {step} {what} ({said}); nothing of it was committed and {kept}: "
+            "free space, then --resume"
+        )
         loop.say(f"error: {self.stopped_for_space}")
         loop.ending = Ending("stopped", 1, self.stopped_for_space)
         loop.final = True
@@ -241,12 +253,15 @@ class CheckpointCallback(Callback):
         pending = self.pending
         if pending is not None and pending.done() and pending.future.exception() is not None \
                 and out_of_space(pending.future.exception()):
-            return Ending("stopped", 1, f"checkpoint step {pending.step} could not be written, the disk is full")
+            return Ending(
+                "stopped", 1, f"checkpoint step {pending.step} could not be written, the disk is full"
+            )
         return None
 
     def at_end(self, loop: LoopState) -> None:
         """The session ends: the save still in flight is committed (one process), or left uncommitted when the
-        session fails under several ranks (the others may be gone; its temp folder is removed by the next save)."""
+        session fails under several ranks (the others may be gone; its temp folder is removed by the next
+        save)."""
         try:
             if self.pending is None:
                 return

@@ -1,4 +1,5 @@
-"""The deadline (`--stop-by`, pilotrun/common/deadline.py): end the session with a committed checkpoint before it.
+"""The deadline (`--stop-by`, pilotrun/common/deadline.py): end the session with a committed checkpoint before
+it.
 
 After each update attempt the callback asks whether the session may go on: going on means one more update and
 its round of callbacks (a log, an evaluation, a cadence save) before the next question, and then the last
@@ -17,8 +18,8 @@ deadline closer than the run's fastest recorded update.
 
 It asks to stop through `stop_request`; the loop agrees across ranks (the first rank that asks stops every
 rank at the same update), closes the window, saves, and ends the session with reason `deadline` and
-`DEADLINE_EXIT_CODE` (75): stopped, resumable, as a requeue script reads it. Ranks' clocks may differ a little;
-the agreement makes the earliest one decide, which is the safe side.
+`DEADLINE_EXIT_CODE` (75): stopped, resumable, as a requeue script reads it. Ranks' clocks may differ a
+little; the agreement makes the earliest one decide, which is the safe side.
 """
 
 from __future__ import annotations
@@ -82,15 +83,24 @@ class DeadlineCallback(Callback):
         left = self.stop_by - self.clock()
         if left > self.save_seconds(loop):
             return None
-        return Ending("deadline", DEADLINE_EXIT_CODE, f"deadline in {left:.1f} s after the set-up, less than a save "
-                      f"({self.save_seconds(loop):.1f} s): nothing trained, not to be started again before the "
-                      f"deadline; checkpoint step {loop.step} stays the newest")
+        return Ending(
+            "deadline",
+            DEADLINE_EXIT_CODE,
+            f"deadline in {left:.1f} s after the set-up, less than a save "
+            f"({self.save_seconds(loop):.1f} s): nothing trained, not to be started again before the "
+            f"deadline; checkpoint step {loop.step} stays the newest",
+        )
 
     def stop_request(self, loop: LoopState) -> Ending | None:
         now = self.clock()
         margin = self.margin(loop)
         if now + margin < self.stop_by:
             return None
-        return Ending("deadline", DEADLINE_EXIT_CODE, f"deadline in {self.stop_by - now:.1f} s, within this "
-                      f"session's margin of {margin:.1f} s (twice the slowest recent update and round, and the last save): "
-                      f"saved checkpoint step {loop.step}")
+        return Ending(
+            "deadline",
+            DEADLINE_EXIT_CODE,
+            f"deadline in {self.stop_by - now:.1f} s, within this "
+            f"session's margin of {margin:.1f} s (twice the slowest recent update and round, and the last "
+            "save): "
+            f"saved checkpoint step {loop.step}",
+        )

@@ -3,13 +3,13 @@
 
 Each task's figures (training/multiple_choice.py: acc, acc_norm, chance, acc_above_chance, the examples
 scored, the task file's sha256) go under `tasks.<name>` of one event, so every tracker shows them as
-`downstream/tasks/<name>/acc`, the report plots them and watch follows them. The scoring is the one
-`pilotrun evaluate` runs on a committed checkpoint: a callback at the same step as a checkpoint (priority after
-the val loss, before the checkpoint) gives the figures `evaluate` gives for that checkpoint, bit for bit.
+`downstream/tasks/<name>/acc`, the report plots them and watch follows them. The scoring is the one `pilotrun
+evaluate` runs on a committed checkpoint: a callback at the same step as a checkpoint (priority after the val
+loss, before the checkpoint) gives the figures `evaluate` gives for that checkpoint, bit for bit.
 
 Like the val loss, it leaves the training exactly as it was: eval mode and back, no gradient, no random draw,
-the training loader untouched. Every rank scores (an FSDP model's forward needs them all); rank 0 logs.
-The task files are read and checked when the trainer is built, before anything is written.
+the training loader untouched. Every rank scores (an FSDP model's forward needs them all); rank 0 logs. The
+task files are read and checked when the trainer is built, before anything is written.
 """
 
 from __future__ import annotations

@@ -68,9 +68,10 @@ def evaluate(session: Session, section: EvalConfig) -> dict[str, Any]:
 
 
 def weighted_mean(weights: list[float], losses: list[float]) -> float:
-    """The mixture's loss: each source's under its weight. Weights near a float's limit (1e308 beside 1, which a
-    mixture file may hold) overflow the weighted sum to inf, where the mean is finite: then each weight is first
-    taken as its share of the total. Finite sums keep the plain formula, so their figures are those of before."""
+    """The mixture's loss: each source's under its weight. Weights near a float's limit (1e308 beside 1, which
+    a mixture file may hold) overflow the weighted sum to inf, where the mean is finite: then each weight is
+    first taken as its share of the total. Finite sums keep the plain formula, so their figures are those of
+    before."""
     mean = sum(w * loss for w, loss in zip(weights, losses, strict=True)) / sum(weights)
     if math.isfinite(mean) or not all(math.isfinite(loss) for loss in losses):
         return mean

@@ -5,35 +5,38 @@ A collective that one rank never joins (a dead NCCL link, a stuck file read on o
 whole job without an error: every other rank waits in the collective until the process group's timeout, and a
 job left alone burns its allocation. The watchdog is a daemon thread on every rank, fed by the loop's progress
 points: the start and the end of each update attempt (`around_update`, outermost), and the time account's
-switches into and out of evaluation and checkpointing (an evaluation and a save are progress, and can be long).
-Between two progress points the rank is in one stretch of a kind: `startup` (from the command's start to the
-first update), `update`, `eval`, `checkpoint`, `other` (the callbacks' round between updates) or `teardown`.
+switches into and out of evaluation and checkpointing (an evaluation and a save are progress, and can be
+long). Between two progress points the rank is in one stretch of a kind: `startup` (from the command's start
+to the first update), `update`, `eval`, `checkpoint`, `other` (the callbacks' round between updates) or
+`teardown`.
 
 The bound on a stretch is its kind's: `MULTIPLE` times the slowest stretch of that kind measured in this
 session, never below `FLOOR_SECONDS`, never above the start-up bound (`auto`), or the bound the user fixed
-(`--hang-timeout SECONDS`). The first stretch of each kind is not measured and is bounded by the start-up bound
-(`STARTUP_SECONDS`, or the second figure of `--hang-timeout STEADY,STARTUP`): it pays the warm-up (kernels
-loading, allocator growth, a compile, a first checkpoint read or write) and predicts nothing about the next.
+(`--hang-timeout SECONDS`). The first stretch of each kind is not measured and is bounded by the start-up
+bound (`STARTUP_SECONDS`, or the second figure of `--hang-timeout STEADY,STARTUP`): it pays the warm-up
+(kernels loading, allocator growth, a compile, a first checkpoint read or write) and predicts nothing about
+the next.
 
 Past the bound, from the watchdog's thread (the main thread is the one stuck): every thread's stack (Python
 frames, from `sys._current_frames`) goes to `RUN/hangs/<UTC time>-rank<R>.txt`, written as temp + rename; on
 rank 0 `on_hang(message)` ends the session `hung` on the record (the trainer's; bounded by `RECORD_SECONDS`, a
 record on a stuck file system must not keep the process alive); then `os._exit(HUNG_EXIT_CODE)`: no unwinding,
-which would wait in the same collective. torchrun (`--max-restarts`) or the requeue script then starts the same
-command again and `--resume auto` continues from the newest committed checkpoint; the work since that checkpoint
-is lost (a stuck job cannot save). Every rank watches itself: a rank stuck alone and the ranks waiting on it all
-stop within about one update of each other, each with its own stack file. A rank that fires waits
-`GRACE_SECONDS` before it exits, so that the ranks waiting on it fire too: its exit would break their collective
-with an error (gloo: "connection closed by peer"). Should it break first anyway, the waiting rank finds the
-stuck rank's stack file of this session (`peer_hangs`) and ends the session `hung` too, naming it, with the
-same exit code.
+which would wait in the same collective. torchrun (`--max-restarts`) or the requeue script then starts the
+same command again and `--resume auto` continues from the newest committed checkpoint; the work since that
+checkpoint is lost (a stuck job cannot save). Every rank watches itself: a rank stuck alone and the ranks
+waiting on it all stop within about one update of each other, each with its own stack file. A rank that fires
+waits `GRACE_SECONDS` before it exits, so that the ranks waiting on it fire too: its exit would break their
+collective with an error (gloo: "connection closed by peer"). Should it break first anyway, the waiting rank
+finds the stuck rank's stack file of this session (`peer_hangs`) and ends the session `hung` too, naming it,
+with the same exit code.
 
 The process group's timeout is fixed when the group is created (it cannot change later), so it is derived from
-the largest bound the watchdog can use, plus a margin (`process_group_seconds`): the watchdog always fires first,
-with the stacks, before a collective gives up with an error. With the watchdog off it is torch's 30 minutes.
+the largest bound the watchdog can use, plus a margin (`process_group_seconds`): the watchdog always fires
+first, with the stacks, before a collective gives up with an error. With the watchdog off it is torch's 30
+minutes.
 
-A thread that holds the GIL forever (a C extension that never releases it) stops the watchdog's thread too; that
-hang is left to the process group's timeout.
+A thread that holds the GIL forever (a C extension that never releases it) stops the watchdog's thread too;
+that hang is left to the process group's timeout.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ MULTIPLE = 10.0  # auto: a stretch may take this many times its kind's slowest m
 FLOOR_SECONDS = 300.0  # auto: never less (a busy machine, a slow file system's hiccup)
 PROCESS_GROUP_MARGIN = 60.0  # the process group's timeout exceeds the largest bound by at least this
 RECORD_SECONDS = 30.0  # the longest the hung session's record may take before the process exits regardless
-GRACE_SECONDS = 10.0  # a hung rank waits this long (at most half its bound) before it exits: see the docstring
+# a hung rank waits this long (at most half its bound) before it exits: see the docstring
+GRACE_SECONDS = 10.0
 PRIORITY_HANG = -20  # outside the profiler: an update attempt's progress points bracket all of it
 KINDS = ("startup", "update", "eval", "checkpoint", "other", "teardown")
 PHASE_KINDS = {"eval": "eval", "checkpoint": "checkpoint"}  # time-account phases that are their own stretch
@@ -133,22 +137,29 @@ def slowest_recorded_update(run_dir: str | Path) -> float | None:
     for event in read_metrics_tolerant(Path(run_dir)).events:
         window = event.get("window") if isinstance(event.get("window"), dict) else {}
         seconds, attempted = window.get("train_seconds"), window.get("updates_attempted")
-        if event.get("event") == "train" and isinstance(seconds, float) and isinstance(attempted, int) and attempted > 0:
+        if (
+            event.get("event") == "train"
+            and isinstance(seconds, float)
+            and isinstance(attempted, int)
+            and attempted > 0
+        ):
             rates.append(seconds / attempted)
     return max(rates, default=None)
 
 
 def check_bounds_fit(bounds: HangBounds | None, run_dir: str | Path) -> None:
     """A fixed bound below an update this run has already taken would end every session hung after its first
-    updates, with nothing saved, and a scheduler would requeue it for ever: refused (ValueError), as a deadline
-    too close to train anything is."""
+    updates, with nothing saved, and a scheduler would requeue it for ever: refused (ValueError), as a
+    deadline too close to train anything is."""
     if bounds is None or bounds.steady is None:
         return
     slowest = slowest_recorded_update(run_dir)
     if slowest is not None and bounds.steady < slowest:
-        raise ValueError(f"--hang-timeout: the bound {bounds.steady:g} s is below an update this run has taken "
-                         f"({slowest:.2f} s, its slowest recorded): every session would end hung; choose auto or "
-                         "a bound well above it")
+        raise ValueError(
+            f"--hang-timeout: the bound {bounds.steady:g} s is below an update this run has taken "
+            f"({slowest:.2f} s, its slowest recorded): every session would end hung; choose auto or "
+            "a bound well above it"
+        )
 
 
 def hang_file_name(rank: int, when: datetime.datetime) -> str:
@@ -157,7 +168,8 @@ def hang_file_name(rank: int, when: datetime.datetime) -> str:
 
 
 def thread_stacks() -> str:
-    """Every thread's Python stack, named, the main thread's first, the innermost frame last (traceback's order)."""
+    """Every thread's Python stack, named, the main thread's first, the innermost frame last (traceback's
+    order)."""
     names = {thread.ident: thread for thread in threading.enumerate()}
     main = threading.main_thread().ident
     parts = []
@@ -196,7 +208,8 @@ class HangWatchdog(Callback):
         smallest = min(bounds.startup, bounds.steady or FLOOR_SECONDS)
         self.poll_seconds = poll_seconds if poll_seconds is not None else max(0.05, min(1.0, smallest / 20))
         self.out, self.sleep = out, sleep
-        self.on_hang: Callable[[str], None] | None = None  # rank 0's record of the hung session (the trainer's)
+        # rank 0's record of the hung session (the trainer's)
+        self.on_hang: Callable[[str], None] | None = None
         self.step: Callable[[], int | None] = lambda: None
         self.kind, self.since = "startup", clock()
         self.measured: dict[str, float] = {}  # kind -> its slowest stretch after the first
@@ -223,7 +236,8 @@ class HangWatchdog(Callback):
             self.kind, self.since = kind, now
 
     def phase_switched(self, phase: str) -> None:
-        """The time account's listener: into evaluation or checkpointing, and out of them back to the round."""
+        """The time account's listener: into evaluation or checkpointing, and out of them back to the
+        round."""
         if phase == "report":
             return  # logging an event, within whatever stretch it belongs to
         kind = PHASE_KINDS.get(phase)
@@ -276,7 +290,11 @@ class HangWatchdog(Callback):
                    f"{f' after step {step}' if step is not None else ''} (bound {bound:.0f} s, "
                    f"{self.bounds.describe()}); every thread's stack in {path}")
         self.fired = str(path)
-        print(f"pilotrun: hung: {message}; exiting with {HUNG_EXIT_CODE}", file=self.out or sys.stderr, flush=True)
+        print(
+            f"pilotrun: hung: {message}; exiting with {HUNG_EXIT_CODE}",
+            file=self.out or sys.stderr,
+            flush=True,
+        )
         if self.on_hang is not None:
             recorder = threading.Thread(target=self._record, args=(message,), name="pilotrun-hang-record",
                                         daemon=True)
@@ -293,15 +311,21 @@ class HangWatchdog(Callback):
         try:
             assert self.on_hang is not None
             self.on_hang(message)
-        except Exception as exc:  # the exit comes regardless: a record that cannot be written is said, not fatal
-            print(f"pilotrun: hung: the record could not be ended: {type(exc).__name__}: {exc}", file=sys.stderr,
-                  flush=True)
+        # the exit comes regardless: a record that cannot be written is said, not fatal
+        except Exception as exc:
+            print(
+                f"pilotrun: hung: the record could not be ended: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def write_stacks(self, kind: str, idle: float, bound: float) -> Path:
         folder = plain_folder(self.run_dir / HANGS_DIR)
         path = folder / hang_file_name(self.rank, self.now())
-        header = (f"pilotrun hang: rank {self.rank}, pid {os.getpid()}, no progress for {idle:.1f} s in {kind} "
-                  f"(bound {bound:.1f} s; {self.bounds.describe()}); step {self.step()}\n\n")
+        header = (
+            f"pilotrun hang: rank {self.rank}, pid {os.getpid()}, no progress for {idle:.1f} s in {kind} "
+            f"(bound {bound:.1f} s; {self.bounds.describe()}); step {self.step()}\n\n"
+        )
         write_text_atomic(path, header + thread_stacks())
         return path
 

@@ -1,22 +1,24 @@
-"""The pilot's kill point: a training process that stops itself at a known step, so the pilot's SIGKILL lands there.
+"""The pilot's kill point: a training process that stops itself at a known step, so the pilot's SIGKILL lands
+there.
 
 `pilotrun pilot` proves that a run continues exactly after a real, unannounced SIGKILL. A kill sent from
 outside races the training process, which does not wait for the pilot to read metrics.jsonl: with updates of a
 few milliseconds (a small recipe, any recipe on a GPU) it could commit its final checkpoint before the kill
-landed, and the resumed session would then have nothing left to do, so nothing about continuing would be proved.
+landed, and the resumed session would then have nothing left to do, so nothing about continuing would be
+proved.
 
 So the pilot names the step (`pilotrun train --stop-past-step N`, a hidden option handed to the trainer as a
-parameter) and the trainer's kill-point callback, once a `train` event past that step is logged and a checkpoint
-of this session is committed (and before its last update), flushes its output and sends the process SIGSTOP.
-The pilot sees the stopped state (commands/pilot_process.py `wait_until_stopped`, which reads /proc and
-needs no torch) and sends SIGKILL: the process dies without any handler, atexit or final checkpoint, at the
-step it stopped at rather than wherever a race would put it. A stopped process that is sent SIGCONT instead
-(someone found it by hand) just carries on.
+parameter) and the trainer's kill-point callback, once a `train` event past that step is logged and a
+checkpoint of this session is committed (and before its last update), flushes its output and sends the process
+SIGSTOP. The pilot sees the stopped state (commands/pilot_process.py `wait_until_stopped`, which reads /proc
+and needs no torch) and sends SIGKILL: the process dies without any handler, atexit or final checkpoint, at
+the step it stopped at rather than wherever a race would put it. A stopped process that is sent SIGCONT
+instead (someone found it by hand) just carries on.
 
 Under torchrun every rank stops itself at the same update boundary: rank 0, the one that writes the record,
 decides and the decision is shared (one all-reduce per update while the kill point is armed), so no rank runs
-ahead into a collective the others never join; the pilot then finds every worker stopped and kills the launcher
-and all of them at once, as a lost node would be.
+ahead into a collective the others never join; the pilot then finds every worker stopped and kills the
+launcher and all of them at once, as a lost node would be.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class SelfStopPoint:
         self.past_step = past_step
 
     def due(self, logged_step: int | None, checkpoint_committed: bool, step: int, max_steps: int) -> bool:
-        """A train event past the step is logged, a checkpoint of this session is committed, updates remain."""
+        """A train event past the step is logged, a checkpoint of this session is committed, updates
+        remain."""
         return (self.past_step is not None and logged_step is not None and logged_step > self.past_step
                 and checkpoint_committed and step < max_steps)
 
@@ -48,7 +51,8 @@ class SelfStopPoint:
 
 
 class KillPointCallback(Callback):
-    """The pilot's kill point as a loop callback: last in order, so the checkpoint it waits for is committed."""
+    """The pilot's kill point as a loop callback: last in order, so the checkpoint it waits for is
+    committed."""
 
     priority = PRIORITY_KILL_POINT
     phase = "other"
@@ -63,8 +67,9 @@ class KillPointCallback(Callback):
     def due(self, loop: LoopState) -> bool:
         if self.point.past_step is None:  # the same on every rank (the same --stop-past-step): no collective
             return False
-        due = loop.ending is None and self.point.due(loop.logged_step, loop.checkpoint_committed_here, loop.step,
-                                                     loop.session.config.train.max_steps)
+        due = loop.ending is None and self.point.due(
+            loop.logged_step, loop.checkpoint_committed_here, loop.step, loop.session.config.train.max_steps
+        )
         context = loop.session.context
         if context.is_distributed:
             # Rank 0's decision on every rank: the ranks stop at one update boundary or not at all.

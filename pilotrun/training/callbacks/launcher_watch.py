@@ -15,15 +15,17 @@ never be taken for the user's second Ctrl-C (signals.py counts those). The pid c
 sends the parent-death signal when the *thread* that started the worker ends, which need not be the launcher
 process, and a flag whose parent is still there is such a case (or someone else's signal) and is ignored.
 
-What still works once the launcher is gone: the launcher hosts the c10d TCPStore, which the process group
-used to rendezvous. Under gloo every collective the save uses (the replica check, DCP's gathers, the barrier)
-and the group's teardown go rank to rank over the connections made at start; a real 2-rank torchrun run whose
-launcher was SIGKILLed committed its checkpoint and exited (tests/training/callbacks/test_launcher_watch.py). Nothing in the
-checkpoint path creates a process group or asks the store. NCCL was not tried without its store.
+What still works once the launcher is gone: the launcher hosts the c10d TCPStore, which the process group used
+to rendezvous. Under gloo every collective the save uses (the replica check, DCP's gathers, the barrier) and
+the group's teardown go rank to rank over the connections made at start; a real 2-rank torchrun run whose
+launcher was SIGKILLed committed its checkpoint and exited (tests/training/callbacks/test_launcher_watch.py).
+Nothing in the checkpoint path creates a process group or asks the store. NCCL was not tried without its
+store.
 
 The exit code is 143, SIGTERM's: for whoever waits on a worker (a wrapper that reaps orphans, a node agent),
 losing the launcher is an outside request to stop from which `--resume` continues exactly, and scripts (and
-`pilotrun pilot`) already read 143 as "interrupted, resumable". The session's message says it was the launcher.
+`pilotrun pilot`) already read 143 as "interrupted, resumable". The session's message says it was the
+launcher.
 """
 
 from __future__ import annotations
@@ -86,8 +88,9 @@ class LauncherWatchCallback(Callback):
 
     @classmethod
     def for_process(cls, environ: Mapping[str, str] | None = None) -> LauncherWatchCallback:
-        """The watch for this process: its parent now, when torchrun started it; else one that watches nothing.
-        Arms the parent-death signal where it can (Linux, main thread, the signal not already taken)."""
+        """The watch for this process: its parent now, when torchrun started it; else one that watches
+        nothing. Arms the parent-death signal where it can (Linux, main thread, the signal not already
+        taken)."""
         if not run_by_torchrun(environ):
             return cls(None)
         watch = cls(os.getppid(), prctl=_prctl())

@@ -1,19 +1,19 @@
 """A torch.profiler window over a few updates, written into the run folder (`train.profile`).
 
 The loop's `ProfileCallback` owns one `ProfileWindow` and calls `before_update(next_step)` before each update
-attempt it profiles and `after_update()` after it (and `close()` when the session ends, so a window cut short by
-the end of the run, a signal or an error still writes what it captured). The window opens at the attempt that would make step
-`train.profile.start_step` and closes after `train.profile.steps` attempts; a session that starts past that
-step never profiles. Nothing is done, and nothing imported, while `steps` is 0.
+attempt it profiles and `after_update()` after it (and `close()` when the session ends, so a window cut short
+by the end of the run, a signal or an error still writes what it captured). The window opens at the attempt
+that would make step `train.profile.start_step` and closes after `train.profile.steps` attempts; a session
+that starts past that step never profiles. Nothing is done, and nothing imported, while `steps` is 0.
 
 What is written, into RUN/profile/step-<start>/ (per rank under torchrun: the file names carry the rank):
   trace-rank<R>.json          Chrome trace (chrome://tracing, https://ui.perfetto.dev)
   top_operators-rank<R>.txt   torch's operator table, the `top_operators` most expensive rows
-  top_operators-rank<R>.json  the same rows as numbers (microseconds), for scripts
-The files are written into a temp folder and renamed, so a crash never leaves a half-written trace behind.
+  top_operators-rank<R>.json  the same rows as numbers (microseconds), for scripts The files are written into
+  a temp folder and renamed, so a crash never leaves a half-written trace behind.
 
-Profiled updates are slower than others (the profiler records every operator), so the caller must charge
-them to their own time phase and leave them out of throughput figures; `active` says when that applies. The
+Profiled updates are slower than others (the profiler records every operator), so the caller must charge them
+to their own time phase and leave them out of throughput figures; `active` says when that applies. The
 callback runs each such attempt in the "profile" phase, together with the profiler's start and the writing of
 its files, and counts it in the window (`profiled_attempts`, `profiled_microbatches`), so that neither the
 training seconds nor any training-only throughput figure includes it. Every rank profiles the same attempts
@@ -71,7 +71,12 @@ class ProfileWindow:
 
     def before_update(self, next_step: int) -> bool:
         """Call before an update attempt that, if applied, makes step `next_step`. Returns `active`."""
-        if self.enabled and not self.finished and self._profiler is None and next_step == self.config.start_step:
+        if (
+            self.enabled
+            and not self.finished
+            and self._profiler is None
+            and next_step == self.config.start_step
+        ):
             self._start()
         return self.active
 
@@ -125,8 +130,10 @@ class ProfileWindow:
         sort_key = "self_device_time_total" if self.device_type == "cuda" else "self_cpu_time_total"
         averages = profiler.key_averages(group_by_input_shape=self.config.record_shapes)
         table = averages.table(sort_by=sort_key, row_limit=self.config.top_operators)
-        header = (f"torch.profiler: {self._attempts} update attempt(s) from the one making step "
-                  f"{self.config.start_step}, rank {self.rank}, device {self.device_type}; sorted by {sort_key}\n")
+        header = (
+            f"torch.profiler: {self._attempts} update attempt(s) from the one making step "
+            f"{self.config.start_step}, rank {self.rank}, device {self.device_type}; sorted by {sort_key}\n"
+        )
         (folder / f"top_operators-{suffix}.txt").write_text(header + table + "\n")
         rows = top_operator_rows(averages, self.config.top_operators, self.device_type)
         (folder / f"top_operators-{suffix}.json").write_text(json.dumps(
@@ -138,7 +145,8 @@ class ProfileWindow:
 
 
 def top_operator_rows(averages: Any, limit: int, device_type: str) -> list[dict[str, Any]]:
-    """The `limit` operators with the most self time (device time on CUDA, else CPU time), as plain numbers."""
+    """The `limit` operators with the most self time (device time on CUDA, else CPU time), as plain
+    numbers."""
     def self_device(event: Any) -> float:
         return float(getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0.0)))
 

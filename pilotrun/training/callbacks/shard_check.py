@@ -61,7 +61,8 @@ class ShardCheckCallback(Callback):
 
     def stop_request(self, loop: LoopState) -> Ending | None:
         if _window_closes(loop) or loop.step >= loop.session.config.train.max_steps:
-            self.hasher.wait()  # the window's shards are checked before it closes (and before the session ends)
+            # the window's shards are checked before it closes (and before the session ends)
+            self.hasher.wait()
         damaged = self.hasher.mismatch
         if damaged is None:
             return None
@@ -69,9 +70,9 @@ class ShardCheckCallback(Callback):
         return Ending("stopped", 1, damaged.describe() + where)
 
     def due(self, loop: LoopState) -> bool:
-        # Only where a window closes, after waiting for the shards read in it: the events then stand at the same
-        # place in the record of every identical run, however fast the hashing thread was (a record that moved
-        # with the thread's timing would differ from a resumed run's and from a run without observers).
+        # Only where a window closes, after waiting for the shards read in it: the events then stand at the
+        # same place in the record of every identical run, however fast the hashing thread was (a record that
+        # moved with the thread's timing would differ from a resumed run's and from a run without observers).
         return _window_closes(loop) or loop.final
 
     def after_update(self, loop: LoopState) -> None:

@@ -1,10 +1,10 @@
-"""The loop's record of its own work: the `train` event that closes each window, the progress bar, and the rare
-events that follow an update (a data restart, an fp16 overflow, a QK-Clip event).
+"""The loop's record of its own work: the `train` event that closes each window, the progress bar, and the
+rare events that follow an update (a data restart, an fp16 overflow, a QK-Clip event).
 
-Every `train.log.every` applied updates a `train` event closes the window; it closes too before every checkpoint
-(the window callback comes first), so a checkpoint's counters always coincide with a `train` event, and at the
-session's last round, whatever ends it. The window's figures are read off the device here, in the "other"
-phase; writing the event is the "report" phase (LoopState.log).
+Every `train.log.every` applied updates a `train` event closes the window; it closes too before every
+checkpoint (the window callback comes first), so a checkpoint's counters always coincide with a `train` event,
+and at the session's last round, whatever ends it. The window's figures are read off the device here, in the
+"other" phase; writing the event is the "report" phase (LoopState.log).
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ def _float(value: Any) -> float:
 
 
 class RareEventsCallback(Callback):
-    """`data_restart` per exhaustion restart of the training split, `overflow` per skipped update and each update
-    hook's events (QK-Clip's `qk_clip`), logged after the update they follow, so their counters include it."""
+    """`data_restart` per exhaustion restart of the training split, `overflow` per skipped update and each
+    update hook's events (QK-Clip's `qk_clip`), logged after the update they follow, so their counters include
+    it."""
 
     priority = PRIORITY_RARE_EVENTS
     phase = "other"
@@ -102,7 +103,9 @@ class WindowLogCallback(Callback):
         False or "none"."""
         t = loop.session.config.train
         bar = None
-        mode = {True: "auto", False: "none"}.get(progress, progress) if isinstance(progress, bool) else progress
+        mode = (
+            {True: "auto", False: "none"}.get(progress, progress) if isinstance(progress, bool) else progress
+        )
         if mode == "auto":
             # Carriage-return redraws in a log file (nohup, slurm) are one endless line: plain lines there.
             mode = "bar" if sys.stderr.isatty() else "plain"
@@ -136,7 +139,8 @@ class WindowLogCallback(Callback):
         loop.window = Window(loop.session.device)
 
     def reopen(self, loop: LoopState) -> None:
-        """A spike's rollback restored the counters: the next window opens from them (a mixture's by source too)."""
+        """A spike's rollback restored the counters: the next window opens from them (a mixture's by source
+        too)."""
         loop.window = Window(loop.session.device)
         if loop.session.state.tokens_by_source is not None:
             self.sources_at_open = list(loop.session.state.tokens_by_source)
@@ -149,7 +153,8 @@ class WindowLogCallback(Callback):
 
     def source_fields(self, loop: LoopState) -> dict[str, Any]:
         """A mixture's window by source: `tokens_by_source` (the window's tokens, adding up to its tokens),
-        `tokens_seen_by_source` (cumulative, adding up to tokens_seen) and `restarts_by_source`; {} for a folder."""
+        `tokens_seen_by_source` (cumulative, adding up to tokens_seen) and `restarts_by_source`; {} for a
+        folder."""
         state = loop.session.state
         if state.tokens_by_source is None:
             return {}
@@ -170,28 +175,60 @@ class WindowLogCallback(Callback):
         raw, optimizer, clock = session.raw_model, session.optimizer, loop.window_clock
         tokens = window.microbatches * session.tokens_per_microbatch
         profiled_tokens = window.profiled_microbatches * session.tokens_per_microbatch
-        local = {"loss": _float(window.ce_sum) / window.microbatches, "aux": _float(window.aux_sum) / window.microbatches}
+        local = {
+            "loss": _float(window.ce_sum) / window.microbatches,
+            "aux": _float(window.aux_sum) / window.microbatches,
+        }
         means = dist_utils.mean_across_ranks(session.context, local)
         figures = WindowFigures(
-            updates_applied=window.applied, updates_attempted=window.attempted, updates_skipped=window.skipped,
-            clipped=window.clipped, microbatches=window.microbatches, tokens=tokens, train_seconds=train_seconds,
-            wall_seconds=wall_seconds, cpu_seconds=clock.cpu_seconds, loss=means["loss"], aux_loss=means["aux"],
-            grad_norm=window.grad_norm, grad_norm_max=window.grad_norm_max, loss_scale=window.loss_scale,
-            update_rms=window.update_rms, update_rms_step=window.update_rms_step,
-            profiled_attempts=window.profiled_attempts, profiled_tokens=profiled_tokens,
-            profile_seconds=clock.profile_seconds, device_seconds=window.device_seconds(),
-            involuntary_switches=clock.involuntary_switches, other_cpu_seconds=clock.other_cpu_seconds)
-        speed = throughput(tokens, train_seconds, wall_seconds, session.flops_per_token, session.peak_flops_per_s,
-                           train_tokens=tokens - profiled_tokens)
+            updates_applied=window.applied,
+            updates_attempted=window.attempted,
+            updates_skipped=window.skipped,
+            clipped=window.clipped,
+            microbatches=window.microbatches,
+            tokens=tokens,
+            train_seconds=train_seconds,
+            wall_seconds=wall_seconds,
+            cpu_seconds=clock.cpu_seconds,
+            loss=means["loss"],
+            aux_loss=means["aux"],
+            grad_norm=window.grad_norm,
+            grad_norm_max=window.grad_norm_max,
+            loss_scale=window.loss_scale,
+            update_rms=window.update_rms,
+            update_rms_step=window.update_rms_step,
+            profiled_attempts=window.profiled_attempts,
+            profiled_tokens=profiled_tokens,
+            profile_seconds=clock.profile_seconds,
+            device_seconds=window.device_seconds(),
+            involuntary_switches=clock.involuntary_switches,
+            other_cpu_seconds=clock.other_cpu_seconds,
+        )
+        speed = throughput(
+            tokens,
+            train_seconds,
+            wall_seconds,
+            session.flops_per_token,
+            session.peak_flops_per_s,
+            train_tokens=tokens - profiled_tokens,
+        )
         group = optimizer.param_groups[0]
         fields = train_event_fields(
-            figures, lr=float(group["lr"]), base_lr=float(group["base_lr"]) if group.get("base_lr") else None,
-            epoch=int(session.state.loader.epoch), data_restarts=session.state.data_restarts, throughput=speed,
-            moe=moe_diagnostics(raw, window.tokens_per_expert) if window.tokens_per_expert is not None else {},
+            figures,
+            lr=float(group["lr"]),
+            base_lr=float(group["base_lr"]) if group.get("base_lr") else None,
+            epoch=int(session.state.loader.epoch),
+            data_restarts=session.state.data_restarts,
+            throughput=speed,
+            moe=moe_diagnostics(raw, window.tokens_per_expert)
+            if window.tokens_per_expert is not None
+            else {},
             attention=attention_diagnostics(window.qk_max_logit) if window.qk_max_logit is not None else {},
             hook_metrics={hook.name: hook.window_metrics() for hook in session.state.hooks},
-            memory=memory_snapshot(session.device), block_output_rms=block_output_rms(raw),
-            weight_rms=parameter_rms(optimizer))
+            memory=memory_snapshot(session.device),
+            block_output_rms=block_output_rms(raw),
+            weight_rms=parameter_rms(optimizer),
+        )
         fields.update(self.source_fields(loop))
         loop.log("train", **fields)
         loop.logged_step = loop.step

@@ -62,9 +62,9 @@ WRITER_THREADS = max(1, min(4, os.cpu_count() or 1))
 warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
 
 
-# DCP writes a rank's files from threads of its own; one that fails (a full disk) dies with a traceback on stderr
-# and its files' results are simply missing, which DCP does not notice. Its failure is kept here instead, for the
-# writer below to raise as the save's (one line in the session's end, no traceback).
+# DCP writes a rank's files from threads of its own; one that fails (a full disk) dies with a traceback on
+# stderr and its files' results are simply missing, which DCP does not notice. Its failure is kept here
+# instead, for the writer below to raise as the save's (one line in the session's end, no traceback).
 _WRITER_THREAD_FAILURES: dict[int, BaseException] = {}
 _previous_excepthook = threading.excepthook
 
@@ -82,8 +82,8 @@ threading.excepthook = _keep_writer_thread_failure
 
 
 class _HashingFileSystemWriter(dcp.FileSystemWriter):
-    """DCP's file writer, whose coordinator hashes the finished folder right after writing .metadata, and whose
-    write fails when a writer thread failed (DCP would go on with that thread's items unwritten)."""
+    """DCP's file writer, whose coordinator hashes the finished folder right after writing .metadata, and
+    whose write fails when a writer thread failed (DCP would go on with that thread's items unwritten)."""
 
     files: dict[str, tuple[str, int]] | None = None
 
@@ -143,12 +143,18 @@ def _async_group(checkpointer: DistributedCheckpointer) -> Any:
 def _stager(checkpointer: DistributedCheckpointer) -> DefaultStager:
     """The checkpointer's one stager: it keeps a host copy of every tensor it staged (keyed by the tensor's
     storage) and copies into it again at the next save, so only the first save allocates (and, on CUDA, pins)
-    host memory: one copy of the state, for the session. Reusing it is safe because at most one save is in flight:
-    the previous write is finished before the next save stages."""
+    host memory: one copy of the state, for the session. Reusing it is safe because at most one save is in
+    flight: the previous write is finished before the next save stages."""
     stager = getattr(checkpointer, "_background_stager", None)
     if stager is None:
-        stager = DefaultStager(StagingOptions(use_pinned_memory=torch.cuda.is_available(), use_shared_memory=False,
-                                              use_async_staging=False, use_non_blocking_copy=False))
+        stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=torch.cuda.is_available(),
+                use_shared_memory=False,
+                use_async_staging=False,
+                use_non_blocking_copy=False,
+            )
+        )
         checkpointer._background_stager = stager  # type: ignore[attr-defined]
     return stager
 
@@ -204,10 +210,12 @@ def finish_background_save(checkpointer: DistributedCheckpointer, pending: Pendi
             if failure is not None:
                 raise failure
             if pending.writer.files is None or pending.temp is None or pending.meta_json is None:
-                raise CheckpointError(f"checkpoint step {pending.step}: the background write finished without "
-                                      "hashing its files")
-            path = checkpointer.commit_written(pending.step, pending.temp, pending.writer.files, pending.meta_json,
-                                               DCPStorage.name)
+                raise CheckpointError(
+                    f"checkpoint step {pending.step}: the background write finished without hashing its files"
+                )
+            path = checkpointer.commit_written(
+                pending.step, pending.temp, pending.writer.files, pending.meta_json, DCPStorage.name
+            )
             outcome = ("ok", str(path))
         except BaseException as exc:
             if pending.temp is not None:
@@ -217,7 +225,9 @@ def finish_background_save(checkpointer: DistributedCheckpointer, pending: Pendi
     if context.is_distributed:
         outcome = broadcast_object(context, outcome)
     if outcome[0] != "ok":
-        raise CheckpointError(f"background checkpoint save at step {pending.step} failed: {outcome[1]}") from failure
+        raise CheckpointError(
+            f"background checkpoint save at step {pending.step} failed: {outcome[1]}"
+        ) from failure
     return Path(outcome[1])
 
 
@@ -236,8 +246,8 @@ def out_of_space(exc: BaseException | None) -> bool:
 
 def _first_out_of_space(exc: BaseException | None) -> BaseException | None:
     """A save's failure that is a full disk (or quota), looked for through the causes and DCP's per-rank
-    failures (CheckpointException.failures wraps each rank's exception): the OSError itself where there is one,
-    else an exception whose text says so."""
+    failures (CheckpointException.failures wraps each rank's exception): the OSError itself where there is
+    one, else an exception whose text says so."""
     seen: list[BaseException] = []
     todo: list[Any] = [exc]
     while todo:
@@ -251,4 +261,6 @@ def _first_out_of_space(exc: BaseException | None) -> BaseException | None:
         if isinstance(failures, dict):
             todo += list(failures.values())
     errors = [item for item in seen if isinstance(item, OSError) and item.errno in OUT_OF_SPACE_ERRNOS]
-    return next(iter(errors), None) or next((item for item in seen if "No space left on device" in str(item)), None)
+    return next(iter(errors), None) or next(
+        (item for item in seen if "No space left on device" in str(item)), None
+    )

@@ -98,8 +98,11 @@ class Checkpointer:
         if folder.is_symlink() or marker_path.is_symlink():
             # A link can point into another run: loading through it reads that run, pruning would delete it.
             link = folder if folder.is_symlink() else marker_path
-            return {"files": {}, DAMAGED_KEY: f"checkpoint {link} is a symbolic link; refused (checkpoints are "
-                                              "plain folders and files inside the run)"}
+            return {
+                "files": {},
+                DAMAGED_KEY: f"checkpoint {link} is a symbolic link; refused (checkpoints are "
+                "plain folders and files inside the run)",
+            }
         if not marker_path.is_file():
             return None
         # The marker is written through a temp file and a rename, so a torn marker means outside damage. It
@@ -153,7 +156,8 @@ class Checkpointer:
         return [found[step] for step in sorted(found)]
 
     def committed_steps(self) -> list[int]:
-        """Steps of every committed checkpoint, ascending (markers are read; file hashes are checked by load)."""
+        """Steps of every committed checkpoint, ascending (markers are read; file hashes are checked by
+        load)."""
         return [c.step for c in self.committed()]
 
     def uncommitted_folders(self) -> list[Path]:
@@ -166,11 +170,14 @@ class Checkpointer:
         return sorted(leftovers)
 
     def verify(self, step: int) -> CommittedCheckpoint:
-        """The committed checkpoint at `step` with every listed file rehashed; CheckpointError names a bad one."""
+        """The committed checkpoint at `step` with every listed file rehashed; CheckpointError names a bad
+        one."""
         by_step = {c.step: c for c in self.committed()}
         if step not in by_step:
             available = ", ".join(str(s) for s in sorted(by_step)) or "none"
-            raise CheckpointError(f"no committed checkpoint at step {step} in {self.root} (committed: {available})")
+            raise CheckpointError(
+                f"no committed checkpoint at step {step} in {self.root} (committed: {available})"
+            )
         checkpoint = by_step[step]
         earlier = [s for s in sorted(by_step) if s < step]
         hint = f"; resume from an earlier one with --from-step {earlier[-1]}" if earlier else ""
@@ -187,15 +194,18 @@ class Checkpointer:
             if size != entry["bytes"]:
                 raise CheckpointError(f"checkpoint file {path} has {size} bytes, its marker records "
                                       f"{entry['bytes']}: the file is damaged{hint}")
-        # Rehash the files concurrently (hashlib releases the GIL): resume time is bound by sha256, not the disk.
+        # Rehash the files concurrently (hashlib releases the GIL): resume time is bound by sha256, not the
+        # disk.
         names = sorted(files, key=lambda name: -files[name]["bytes"])
         workers = max(1, min(8, os.cpu_count() or 1, len(names)))
         with ThreadPoolExecutor(max_workers=workers) as pool:
             digests = dict(zip(names, pool.map(lambda name: sha256_of_file(checkpoint.path / name), names)))
         for file_name in sorted(files):
             if digests[file_name] != files[file_name]["sha256"]:
-                raise CheckpointError(f"checkpoint file {checkpoint.path / file_name} does not match its recorded "
-                                      f"sha256: the file is damaged{hint}")
+                raise CheckpointError(
+                    f"checkpoint file {checkpoint.path / file_name} does not match its recorded "
+                    f"sha256: the file is damaged{hint}"
+                )
         return checkpoint
 
     def load(self, step: int | None = None, template: dict[str, Any] | None = None
@@ -250,8 +260,14 @@ class Checkpointer:
         temp.mkdir()
         return temp, meta_json
 
-    def commit_written(self, step: int, temp: Path, files: dict[str, tuple[str, int]], meta_json: dict[str, Any],
-                       storage_name: str) -> Path:
+    def commit_written(
+        self,
+        step: int,
+        temp: Path,
+        files: dict[str, tuple[str, int]],
+        meta_json: dict[str, Any],
+        storage_name: str,
+    ) -> Path:
         """A save's last part, once every file in `temp` is durable and hashed: rename, marker, prune."""
         final = self.root / step_folder_name(step)
         replaced = None
@@ -264,23 +280,29 @@ class Checkpointer:
             os.rename(final, replaced)
         os.rename(temp, final)
         fsync_directory(self.root)
-        self._commit(final, {
-            "format": FORMAT_VERSION,
-            "step": step,
-            "storage": storage_name,
-            "files": {name: {"sha256": digest, "bytes": size} for name, (digest, size) in sorted(files.items())},
-            "committed_at": time.time(),
-            "run_id": meta_json.get("run_id"),  # whose checkpoint this is: a resume refuses another run's
-            "meta": meta_json,
-            "protected": {str(s): reason for s, reason in sorted(self.all_protected().items())},
-        })
+        self._commit(
+            final,
+            {
+                "format": FORMAT_VERSION,
+                "step": step,
+                "storage": storage_name,
+                "files": {
+                    name: {"sha256": digest, "bytes": size} for name, (digest, size) in sorted(files.items())
+                },
+                "committed_at": time.time(),
+                "run_id": meta_json.get("run_id"),  # whose checkpoint this is: a resume refuses another run's
+                "meta": meta_json,
+                "protected": {str(s): reason for s, reason in sorted(self.all_protected().items())},
+            },
+        )
         if replaced is not None:
             shutil.rmtree(replaced, ignore_errors=True)
         self._prune(step)
         return final
 
     def protect(self, step: int, reason: str) -> None:
-        """Never prune the checkpoint at `step` (recorded in every later marker, so later sessions keep it too)."""
+        """Never prune the checkpoint at `step` (recorded in every later marker, so later sessions keep it
+        too)."""
         self.protected.setdefault(step, reason)
 
     def all_protected(self) -> dict[int, str]:
@@ -325,8 +347,8 @@ class Checkpointer:
         """Before a session resumed from `step` trains: every committed checkpoint after it (an abandoned
         timeline, removed at the first save, or moved aside when that very step is saved again) must be
         movable and its marker removable; else CheckpointError now, not after the updates were trained into a
-        temporary folder that can never be committed. Probed by moving each aside and back, as a save replacing
-        it does (a crash in between is put right by _recover_interrupted_replacements)."""
+        temporary folder that can never be committed. Probed by moving each aside and back, as a save
+        replacing it does (a crash in between is put right by _recover_interrupted_replacements)."""
         for checkpoint in self.committed():
             if checkpoint.step <= step or checkpoint.path.is_symlink():
                 continue
@@ -338,14 +360,16 @@ class Checkpointer:
                 os.rename(marker, probe)
                 os.rename(probe, marker)
             except OSError as exc:
-                raise CheckpointError(f"{checkpoint.path}: a checkpoint after the resumed step {step} cannot be "
-                                      f"moved aside or removed ({exc.strerror or exc}); make it writable (or move it "
-                                      f"away) before resuming from step {step}") from None
+                raise CheckpointError(
+                    f"{checkpoint.path}: a checkpoint after the resumed step {step} cannot be "
+                    f"moved aside or removed ({exc.strerror or exc}); make it writable (or move it "
+                    f"away) before resuming from step {step}"
+                ) from None
 
     def _prune(self, newest_step: int) -> None:
-        """Remove what no retention tier keeps (retention.py), and every checkpoint *after* `newest_step`: those
-        belong to a timeline abandoned by a resume from an earlier step (--from-step), and left in place they
-        would be picked as "newest" by the next --resume."""
+        """Remove what no retention tier keeps (retention.py), and every checkpoint *after* `newest_step`:
+        those belong to a timeline abandoned by a resume from an earlier step (--from-step), and left in place
+        they would be picked as "newest" by the next --resume."""
         committed = self.committed()
         doomed_at = set(doomed_steps([c.step for c in committed], newest_step, self.keep, self.keep_every,
                                      self.all_protected()))

@@ -1,23 +1,23 @@
-"""May this checkpoint be resumed by this run? Every difference found, classified, before anything is restored.
+"""May this checkpoint be resumed by this run? Every difference found, classified, before anything is
+restored.
 
 The checkpoint's meta and the resuming run's meta are compared section by section:
 
-- `recipe` (the effective {model, optim, train} config): every flattened key. Keys in RESUME_FREE_KEYS
-  (a longer max_steps, log/eval/checkpoint cadence) change freely; any other difference (model config,
-  optimizer hyperparameters, batch/sequence/accumulation, precision, seed, ...) is refused unless named
-  in `allowed` (the CLI's --allow-change KEY), and then returned so that run.json records it.
+- `recipe` (the effective {model, optim, train} config): every flattened key. Keys in RESUME_FREE_KEYS (a
+  longer max_steps, log/eval/checkpoint cadence) change freely; any other difference (model config, optimizer
+  hyperparameters, batch/sequence/accumulation, precision, seed, ...) is refused unless named in `allowed`
+  (the CLI's --allow-change KEY), and then returned so that run.json records it.
 - `world_size` (training geometry), `data.metadata_sha256` (the dataset's identity), a mixture's
-  `data.mixture.weights` and `data.mixture.seed` (data/mixture.py) and
-  `optimizer.partition` (which parameters each optimizer owns; their hyperparameters are recipe keys):
-  refused unless allowed, like recipe keys.
+  `data.mixture.weights` and `data.mixture.seed` (data/mixture.py) and `optimizer.partition` (which parameters
+  each optimizer owns; their hyperparameters are recipe keys): refused unless allowed, like recipe keys.
 - `software` versions that change numerics (torch, CUDA, cuDNN, NumPy, Python), the `hardware` device and the
   intra-op thread count: a warning, because the run can continue but exact continuation can no longer be
   promised; each is also returned (`not_exact`) so that run.json records the update from which it is not. The
   thread count splits the work of a kernel among threads, and on some CPUs the split decides the order of a
   reduction's additions (a matmul's, a norm's), so another count may change the last bit of a sum.
 
-All refused differences are reported together in one CheckpointError, so a user fixes them in one go.
-Model keys that change tensor shapes cannot be allowed: the saved weights would not fit the new model.
+All refused differences are reported together in one CheckpointError, so a user fixes them in one go. Model
+keys that change tensor shapes cannot be allowed: the saved weights would not fit the new model.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ def _short(value: Any) -> str:
 
 
 def _normalise_key(key: str) -> str:
-    """`--allow-change train.batch_size` and `--allow-change recipe.train.batch_size` mean the same; a key under
-    its earlier flat name (`train.eval_every`) means today's (`train.eval.every`)."""
+    """`--allow-change train.batch_size` and `--allow-change recipe.train.batch_size` mean the same; a key
+    under its earlier flat name (`train.eval_every`) means today's (`train.eval.every`)."""
     if key.split(".", 1)[0] in ("model", "optim", "train"):
         return f"recipe.{current_key(key)}"
     return current_key(key)
@@ -96,7 +96,8 @@ def _compared_values(meta: dict[str, Any]) -> dict[str, Any]:
     data = meta.get("data") if isinstance(meta.get("data"), dict) else {}
     values[DATA_KEY] = data.get("metadata_sha256", data.get("train", {}).get("metadata_sha256")
                                 if isinstance(data.get("train"), dict) else None)
-    if isinstance(data.get("mixture"), dict):  # a mixture's weights and seed: recipe decisions, compared as such
+    # a mixture's weights and seed: recipe decisions, compared as such
+    if isinstance(data.get("mixture"), dict):
         values.update(flatten(data["mixture"], "data.mixture"))
     values[WORLD_SIZE_KEY] = meta.get("world_size")
     return {k: v for k, v in values.items() if v is not None}
@@ -168,19 +169,28 @@ def check_resume_compatibility(saved_meta: dict[str, Any], current_meta: dict[st
                 continue  # a checkpoint written before the thread count was part of its meta: unknown
             if old != new and not (old is None and new is None):
                 report.not_exact.append({"key": f"{section}.{name}", "old": old, "new": new})
-                report.warnings.append(f"{why} {section}.{name} changed ({_short(old)} -> {_short(new)}): the "
-                                       "run continues, but bit-exact continuation cannot be promised")
+                report.warnings.append(
+                    f"{why} {section}.{name} changed ({_short(old)} -> {_short(new)}): the "
+                    "run continues, but bit-exact continuation cannot be promised"
+                )
 
     if refused:
         refused_keys = [_normalise_key(line.split(":", 1)[0]) for line in refused]
         shape_changed = any(k in SHAPE_MODEL_KEYS for k in refused_keys)
         # Suggest --allow-change only for a key that can be allowed (a partition difference that follows
         # from a shape change cannot be fixed by allowing it).
-        allowable = [k for k in refused_keys if k not in SHAPE_MODEL_KEYS and not (shape_changed and k == PARTITION_KEY)]
+        allowable = [
+            k
+            for k in refused_keys
+            if k not in SHAPE_MODEL_KEYS and not (shape_changed and k == PARTITION_KEY)
+        ]
         hint = (f"; accept a named difference with --allow-change KEY (e.g. --allow-change "
                 f"{_display_key(allowable[0])})") if allowable else ""
-        raise CheckpointError(f"cannot resume: {len(refused)} incompatible difference(s) from the checkpoint: "
-                              + "; ".join(refused) + hint)
+        raise CheckpointError(
+            f"cannot resume: {len(refused)} incompatible difference(s) from the checkpoint: "
+            + "; ".join(refused)
+            + hint
+        )
     for key in sorted(allowed_keys - matched_allowed):
         report.warnings.append(f"--allow-change {_display_key(key)}: no such difference, nothing to allow")
     return report
@@ -212,27 +222,46 @@ def reconcile_world_size(saved_meta: dict[str, Any], current_meta: dict[str, Any
     allowed_keys = {key.split(".")[-1] if key.startswith("recipe.") else key for key in allowed}
     if "world_size" not in allowed_keys:
         if global_batch is not None and global_batch % new_world == 0:
-            how = (f"to continue anyway with the same global batch, set train.batch_size={global_batch // new_world} "
-                   f"(so batch_size * world_size stays {global_batch}) and pass --allow-change world_size: the data "
-                   "continues exactly from the global cursor, but the losses will differ from an uninterrupted "
-                   "run by rounding (the gradient is reduced in another order)")
+            how = (
+                "to continue anyway with the same global batch, set "
+                f"train.batch_size={global_batch // new_world} "
+                f"(so batch_size * world_size stays {global_batch}) and pass --allow-change world_size: the "
+                "data "
+                "continues exactly from the global cursor, but the losses will differ from an uninterrupted "
+                "run by rounding (the gradient is reduced in another order)"
+            )
         else:
-            how = (f"the global batch of {global_batch} sequences cannot be split evenly over {new_world} ranks, "
-                   f"so resume on {old_world} rank(s)")
-        raise CheckpointError(f"cannot resume: the checkpoint was written by {old_world} rank(s), this run has "
-                              f"{new_world}; bit-exact continuation needs the same world size; {how}")
+            how = (
+                f"the global batch of {global_batch} sequences cannot be split evenly over {new_world} "
+                "ranks, "
+                f"so resume on {old_world} rank(s)"
+            )
+        raise CheckpointError(
+            f"cannot resume: the checkpoint was written by {old_world} rank(s), this run has "
+            f"{new_world}; bit-exact continuation needs the same world size; {how}"
+        )
     if not isinstance(new_batch, int) or new_batch * new_world != global_batch:
         raise CheckpointError(
-            f"cannot resume on {new_world} rank(s) with train.batch_size={new_batch}: the checkpoint's global "
-            f"batch is {old_batch} x {old_world} = {global_batch} sequences and a world-size change must keep it "
+            f"cannot resume on {new_world} rank(s) with train.batch_size={new_batch}: the checkpoint's "
+            "global "
+            f"batch is {old_batch} x {old_world} = {global_batch} sequences and a world-size change must "
+            "keep it "
             f"(the data cursor counts global batches); set train.batch_size="
-            + (f"{global_batch // new_world}" if global_batch is not None and global_batch % new_world == 0
-               else "<none fits>"))
+            + (
+                f"{global_batch // new_world}"
+                if global_batch is not None and global_batch % new_world == 0
+                else "<none fits>"
+            )
+        )
     adjusted = dict(saved_meta)
     recipe = {section: dict(values) for section, values in saved_meta.get("recipe", {}).items()}
     recipe["train"]["batch_size"] = new_batch
     adjusted["recipe"] = recipe
-    note = (f"world size changed {old_world} -> {new_world} (allowed): train.batch_size {old_batch} -> {new_batch} "
-            f"keeps the global batch at {global_batch} sequences and the data stream continues exactly; the losses "
-            "are not bit-identical to an uninterrupted run (the gradient is reduced in another order)")
+    note = (
+        f"world size changed {old_world} -> {new_world} (allowed): train.batch_size {old_batch} -> "
+        f"{new_batch} "
+        f"keeps the global batch at {global_batch} sequences and the data stream continues exactly; the "
+        "losses "
+        "are not bit-identical to an uninterrupted run (the gradient is reduced in another order)"
+    )
     return adjusted, [note]

@@ -68,7 +68,8 @@ class RestrictedMetadataUnpickler(pickle.Unpickler):
 
 
 def unpickle_dcp_metadata(data: bytes, where: Path) -> Metadata:
-    """The Metadata object of a `.metadata` file's bytes, or CheckpointError naming the file and the reason."""
+    """The Metadata object of a `.metadata` file's bytes, or CheckpointError naming the file and the
+    reason."""
     try:
         metadata = RestrictedMetadataUnpickler(io.BytesIO(data)).load()
     except Exception as exc:  # UnpicklingError, EOFError, TypeError from a damaged stream: all mean "refuse"
@@ -90,7 +91,9 @@ class SafeFileSystemReader(FileSystemReader):
             with self.fs.create_stream(path, "rb") as handle:
                 data = handle.read()
         except OSError as exc:
-            raise CheckpointError(f"checkpoint metadata {path} cannot be read: {exc.strerror or exc}") from None
+            raise CheckpointError(
+                f"checkpoint metadata {path} cannot be read: {exc.strerror or exc}"
+            ) from None
         metadata = unpickle_dcp_metadata(data, path)
         for info in (metadata.storage_data or {}).values():
             # DCP opens each item's file by this name: confine it to the step folder like the marker's names.
@@ -108,8 +111,10 @@ def _load_bytes_weights_only(read_item: ReadItem, value: io.BytesIO) -> Any:
     try:
         return torch.load(value, weights_only=True)
     except Exception:  # weights_only refuses any global beyond tensors and plain values; torch's text is long
-        raise CheckpointError(f"checkpoint entry '{read_item.dest_index.fqn}' refused: it is not made of tensors "
-                              "and plain values only (a weights-only load failed)") from None
+        raise CheckpointError(
+            f"checkpoint entry '{read_item.dest_index.fqn}' refused: it is not made of tensors "
+            "and plain values only (a weights-only load failed)"
+        ) from None
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -156,7 +161,9 @@ def safe_dcp_load(folder: Path, template: dict[str, Any] | None, no_dist: bool) 
         dcp.load(template, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=no_dist)
         return template
     except CheckpointException as wrapped:  # a BaseException: unwrap the first rank's cause into one line
-        causes = [failure[0] if isinstance(failure, tuple) else failure for failure in wrapped.failures.values()]
+        causes = [
+            failure[0] if isinstance(failure, tuple) else failure for failure in wrapped.failures.values()
+        ]
         for cause in causes:
             if isinstance(cause, CheckpointError):
                 raise CheckpointError(str(cause)) from None

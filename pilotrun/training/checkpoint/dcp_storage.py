@@ -56,11 +56,14 @@ class DCPStorage:
 
     name = "torch_dcp"
 
-    def __init__(self, context: DistributedContext = SINGLE_PROCESS, per_rank_keys: tuple[str, ...] = ("rng",)):
+    def __init__(
+        self, context: DistributedContext = SINGLE_PROCESS, per_rank_keys: tuple[str, ...] = ("rng",)
+    ):
         self.context = context
         self.per_rank_keys = per_rank_keys
         # Let DistributedCheckpointer tell where rank 0 failed: before the collective write (the other ranks
-        # wait for a folder name), inside it (DCP raises on every rank) or after it (they wait for the commit).
+        # wait for a folder name), inside it (DCP raises on every rank) or after it (they wait for the
+        # commit).
         self.write_started = False
         self.write_finished = False
 
@@ -114,9 +117,10 @@ class DCPStorage:
 
     # ------------------------------------------------------------------------------------------ read
     def read(self, folder: Path, files: list[str], template: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Load into `template` (DCP loads in place: tensors keep their device, dtype and sharding) or, without
-        one, everything as plain tensors. Each rank gets its own per-rank entries; a rank that has none (the
-        checkpoint came from fewer ranks) gets rank (R mod saved ranks)'s, and `read_notes` says so."""
+        """Load into `template` (DCP loads in place: tensors keep their device, dtype and sharding) or,
+        without one, everything as plain tensors. Each rank gets its own per-rank entries; a rank that has
+        none (the checkpoint came from fewer ranks) gets rank (R mod saved ranks)'s, and `read_notes` says
+        so."""
         self.read_notes: list[str] = []
         saved_ranks = sorted(self._saved_ranks(folder))
         source_rank = self.context.rank
@@ -128,7 +132,9 @@ class DCPStorage:
         try:
             if template is None:
                 with warnings.catch_warnings():  # "assuming ... a single process": intended
-                    warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+                    warnings.filterwarnings(
+                        "ignore", message="torch.distributed is disabled", category=UserWarning
+                    )
                     loaded = safe_dcp_load(folder, None, no_dist)
                 flat = {k: v for k, v in loaded.items() if PER_RANK_SEPARATOR not in k}
                 for key in self.per_rank_keys:
@@ -141,7 +147,9 @@ class DCPStorage:
                     flat[_per_rank_key(key, source_rank)] = template[key]
             with warnings.catch_warnings():
                 # One process reading a checkpoint written by several is intended (a world-size change).
-                warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+                warnings.filterwarnings(
+                    "ignore", message="torch.distributed is disabled", category=UserWarning
+                )
                 safe_dcp_load(folder, flat, no_dist)
         except CheckpointError:
             raise
@@ -167,7 +175,8 @@ class DCPStorage:
         return ranks
 
 
-# ---------------------------------------------------------------------------------------------- model + optimizer
+# ---------------------------------------------------------------------------------------------- model +
+# optimizer
 def model_and_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """State dicts keyed by parameter name (not by position), that DCP can save and load in place: plain
     tensors under DDP or a single process, DTensor shards under FSDP2. The optimizer state is created

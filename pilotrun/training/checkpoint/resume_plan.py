@@ -1,7 +1,7 @@
 """Everything a resume decides, decided in one place before anything is touched: `plan_resume` -> ResumePlan.
 
-A session starts fresh or from a committed checkpoint. On resume the checkpoint's recipe is authoritative
-and every difference from the resuming run is classified (compatibility.py): free (RESUME_FREE_KEYS: cadence, a
+A session starts fresh or from a committed checkpoint. On resume the checkpoint's recipe is authoritative and
+every difference from the resuming run is classified (compatibility.py): free (RESUME_FREE_KEYS: cadence, a
 longer max_steps), allowed (named with --allow-change), or refused (one CheckpointError listing them all).
 Another world size is reconciled first (compat.reconcile_world_size: allowed only when the global batch is
 unchanged). The plan then carries the effective recipe (the checkpoint's, with the free and allowed changes
@@ -52,9 +52,18 @@ class ResumePlan:
         return self.checkpoint_step is not None
 
 
-def checkpoint_meta(config: RunConfig, *, data_sha256: str, data_dir: str, world_size: int,
-                    software: dict[str, Any], hardware: dict[str, Any], partition: list[dict[str, Any]],
-                    progress: dict[str, Any] | None = None, mixture: dict[str, Any] | None = None) -> dict[str, Any]:
+def checkpoint_meta(
+    config: RunConfig,
+    *,
+    data_sha256: str,
+    data_dir: str,
+    world_size: int,
+    software: dict[str, Any],
+    hardware: dict[str, Any],
+    partition: list[dict[str, Any]],
+    progress: dict[str, Any] | None = None,
+    mixture: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The facts a checkpoint records about its run. `progress` (counters, session_id, run_id,
     tokens_per_update) is added when a checkpoint is written; a resume compares the rest. `mixture` (a data
     mixture's weights and schedule seed) joins the data section, compared as `data.mixture.*` keys."""
@@ -108,12 +117,16 @@ def check_run_identity(saved_meta: dict[str, Any], run_id: str | None, checkpoin
     if run_id is None:
         return []
     if not isinstance(theirs, str):
-        return [f"checkpoint step {checkpoint_step} records no run_id (written before checkpoints named their "
-                f"run); accepted as run {run_id}'s own"]
+        return [
+            f"checkpoint step {checkpoint_step} records no run_id (written before checkpoints named their "
+            f"run); accepted as run {run_id}'s own"
+        ]
     if theirs != run_id:
-        raise CheckpointError(f"--resume: checkpoint step {checkpoint_step} belongs to run {theirs}, not to this "
-                              f"run folder's run {run_id} (run.json); a checkpoint of another run is never "
-                              "resumed (no --allow-change admits it); start a new --run-dir from it instead")
+        raise CheckpointError(
+            f"--resume: checkpoint step {checkpoint_step} belongs to run {theirs}, not to this "
+            f"run folder's run {run_id} (run.json); a checkpoint of another run is never "
+            "resumed (no --allow-change admits it); start a new --run-dir from it instead"
+        )
     return []
 
 
@@ -141,11 +154,16 @@ def plan_resume(config: RunConfig, *, checkpoint_step: int, saved_meta: dict[str
 
 def kept_skip_ranges(changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The checkpoint's `train.skip_data` ranges stay in force on resume, whatever the command's recipe names
-    (it may add ranges): a run's recorded skips are stepped over as it recorded them. (Runs from before rollbacks
-    kept their own records hold them there, a checkpoint before them included.) A change adding nothing goes."""
+    (it may add ranges): a run's recorded skips are stepped over as it recorded them. (Runs from before
+    rollbacks kept their own records hold them there, a checkpoint before them included.) A change adding
+    nothing goes."""
     out = []
     for change in changes:
-        if change["key"] == "train.skip_data" and isinstance(change["old"], list) and isinstance(change["new"], list):
+        if (
+            change["key"] == "train.skip_data"
+            and isinstance(change["old"], list)
+            and isinstance(change["new"], list)
+        ):
             merged = [*change["old"], *(r for r in change["new"] if r not in change["old"])]
             if merged == change["old"]:
                 continue
@@ -163,8 +181,10 @@ def plan_restart(config: RunConfig, *, recorded: dict[str, Any], current_meta: d
     recipe = current_recipe(recorded.get("recipe"))  # run.json's, of any recipe format
     data_sha = (recorded.get("data") or {}).get("metadata_sha256")
     if not isinstance(recipe, dict) or not isinstance(data_sha, str):
-        raise CheckpointError(f"--resume: no committed checkpoint in {root}, and run.json records no recipe or data "
-                              "identity to start again from; start a new --run-dir")
+        raise CheckpointError(
+            f"--resume: no committed checkpoint in {root}, and run.json records no recipe or data "
+            "identity to start again from; start a new --run-dir"
+        )
     saved_data = dict(current_meta["data"], metadata_sha256=data_sha)
     if isinstance((recorded.get("data") or {}).get("mixture"), dict):
         saved_data["mixture"] = recorded["data"]["mixture"]
@@ -175,10 +195,17 @@ def plan_restart(config: RunConfig, *, recorded: dict[str, Any], current_meta: d
         set_dotted(restored, change["key"], change["new"])
     effective = config_from_dict(restored)
     validate_run_config(effective)
-    note = (f"--resume: no committed checkpoint in {root}: nothing to restore, so this session starts again from "
-            "step 0; the earlier sessions' updates are lost (the record counts them as rolled back)")
-    return ResumePlan(config=effective, free_changes=report.free_changes, allowed_changes=report.allowed_changes,
-                      notes=[note, *report.warnings], restart=True)
+    note = (
+        f"--resume: no committed checkpoint in {root}: nothing to restore, so this session starts again from "
+        "step 0; the earlier sessions' updates are lost (the record counts them as rolled back)"
+    )
+    return ResumePlan(
+        config=effective,
+        free_changes=report.free_changes,
+        allowed_changes=report.allowed_changes,
+        notes=[note, *report.warnings],
+        restart=True,
+    )
 
 
 def choose_verified(steps: list[int], verify: Callable[[int], Any], root: str) -> tuple[int, list[str]]:
@@ -195,16 +222,28 @@ def choose_verified(steps: list[int], verify: Callable[[int], Any], root: str) -
         notes = [f"--resume auto: passed over the newest committed checkpoint(s) that do not verify: "
                  f"{'; '.join(passed)}; continuing from step {step}"] if passed else []
         return step, notes
-    raise CheckpointError(f"--resume auto: none of the {len(steps)} committed checkpoint(s) in {root} verifies, "
-                          f"so there is nothing exact to continue from and the run is not started again at step 0: "
-                          f"{'; '.join(passed)}")
+    raise CheckpointError(
+        f"--resume auto: none of the {len(steps)} committed checkpoint(s) in {root} verifies, "
+        f"so there is nothing exact to continue from and the run is not started again at step 0: "
+        f"{'; '.join(passed)}"
+    )
 
 
-def plan_session(config: RunConfig, *, resume: bool, from_step: int | None, committed_steps: Callable[[], list[int]],
-                 read_meta: Callable[[int], dict[str, Any]], current_meta: Callable[[], dict[str, Any]],
-                 allow_changes: list[str] | tuple[str, ...], root: str,
-                 agree: Callable[[int], int] = lambda step: step, run_id: str | None = None,
-                 recorded: dict[str, Any] | None = None, verify: Callable[[int], Any] | None = None) -> ResumePlan:
+def plan_session(
+    config: RunConfig,
+    *,
+    resume: bool,
+    from_step: int | None,
+    committed_steps: Callable[[], list[int]],
+    read_meta: Callable[[int], dict[str, Any]],
+    current_meta: Callable[[], dict[str, Any]],
+    allow_changes: list[str] | tuple[str, ...],
+    root: str,
+    agree: Callable[[int], int] = lambda step: step,
+    run_id: str | None = None,
+    recorded: dict[str, Any] | None = None,
+    verify: Callable[[int], Any] | None = None,
+) -> ResumePlan:
     """The plan for a fresh or a resumed session. `agree` makes every rank use rank 0's choice of
     checkpoint (a broadcast under torchrun); `run_id` is run.json's, which the checkpoint must belong to.
     `recorded` (run.json) lets a --resume with no committed checkpoint start again from step 0 (plan_restart).
@@ -214,15 +253,22 @@ def plan_session(config: RunConfig, *, resume: bool, from_step: int | None, comm
         return plan_fresh(from_step, config)
     steps = committed_steps()
     if not steps and from_step is None and recorded:
-        return plan_restart(config, recorded=recorded, current_meta=current_meta(), allow_changes=allow_changes,
-                            root=root)
+        return plan_restart(
+            config, recorded=recorded, current_meta=current_meta(), allow_changes=allow_changes, root=root
+        )
     notes: list[str] = []
     if verify is not None and from_step is None and steps:
         from_step, notes = choose_verified(steps, verify, root)
     chosen = agree(choose_checkpoint(steps, from_step, root))
     if chosen not in steps:
         raise CheckpointError(f"--from-step {chosen}: no committed checkpoint at that step in {root}")
-    plan = plan_resume(config, checkpoint_step=chosen, saved_meta=read_meta(chosen), current_meta=current_meta(),
-                       allow_changes=allow_changes, run_id=run_id)
+    plan = plan_resume(
+        config,
+        checkpoint_step=chosen,
+        saved_meta=read_meta(chosen),
+        current_meta=current_meta(),
+        allow_changes=allow_changes,
+        run_id=run_id,
+    )
     plan.notes[:0] = notes
     return plan

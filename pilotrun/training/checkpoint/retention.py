@@ -5,8 +5,8 @@ Three tiers keep a checkpoint; anything no tier keeps is pruned after the next c
 - every `keep_every`-th step, for good (`train.checkpoint.keep_every`; 0: none): the run's history, a later
   investigation's or evaluation's starting points;
 - protected steps, never pruned, each with the reason it is protected: the checkpoint a spike's rollback
-  restored from (what the rolled-back timeline started from), the final one of a completed run, and the ones the
-  user names (`train.checkpoint.keep_steps`).
+  restored from (what the rolled-back timeline started from), the final one of a completed run, and the ones
+  the user names (`train.checkpoint.keep_steps`).
 
 Checkpoints *after* the step just saved belong to a timeline abandoned by a resume from an earlier step
 (`--from-step`): left in place they would be picked as "newest" by the next `--resume`, so they are removed,
@@ -52,8 +52,8 @@ def kept_at_most(max_steps: int, checkpoint_every: int, keep: int, keep_every: i
                  protected: Iterable[int] = ()) -> int:
     """An upper bound on the committed checkpoints the tiers hold together once the run reaches `max_steps`:
     the newest `keep`, the `keep_every` multiples up to `max_steps` (the cadence's saves land on them only
-    where the two cadences meet, but a resume or stop can save any step), the protected steps and the final one.
-    A spike's rollback can protect one more each time; they are not foreseeable and not counted."""
+    where the two cadences meet, but a resume or stop can save any step), the protected steps and the final
+    one. A spike's rollback can protect one more each time; they are not foreseeable and not counted."""
     every_tier = 0
     if keep_every > 0:
         cadence = checkpoint_every if checkpoint_every > 0 else keep_every
@@ -63,8 +63,8 @@ def kept_at_most(max_steps: int, checkpoint_every: int, keep: int, keep_every: i
 
 
 def merge_protected(into: dict[int, str], recorded: object) -> None:
-    """Add a marker's `protected` table ({"step": reason}, JSON keys are strings) to `into`; anything that is not
-    such a table is ignored (a marker of an older version has none)."""
+    """Add a marker's `protected` table ({"step": reason}, JSON keys are strings) to `into`; anything that is
+    not such a table is ignored (a marker of an older version has none)."""
     if not isinstance(recorded, dict):
         return
     for key, reason in recorded.items():

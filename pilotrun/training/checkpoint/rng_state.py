@@ -1,9 +1,9 @@
 """Every random number generator a training step can draw from, captured and restored exactly.
 
-Exact continuation (a resumed run equals one that never stopped) needs the *next* draw after a resume to equal the next draw of
-a run that never stopped, for every generator: Python's `random`, NumPy's global generator, torch's CPU
-generator and each CUDA device's generator. `capture_rng_state()` returns them as a state dict made only
-of tensors, ints, floats, strings and None: what `torch.load(weights_only=True)` accepts and what
+Exact continuation (a resumed run equals one that never stopped) needs the *next* draw after a resume to equal
+the next draw of a run that never stopped, for every generator: Python's `random`, NumPy's global generator,
+torch's CPU generator and each CUDA device's generator. `capture_rng_state()` returns them as a state dict
+made only of tensors, ints, floats, strings and None: what `torch.load(weights_only=True)` accepts and what
 torch.distributed.checkpoint can store, so the same dict travels through either storage.
 """
 
@@ -28,8 +28,13 @@ def _python_state() -> dict[str, Any]:
 def _numpy_state() -> dict[str, Any]:
     # The legacy global generator (np.random.*); Generator objects owned by other code travel in their owners.
     kind, key, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
-    return {"kind": str(kind), "key": torch.from_numpy(np.asarray(key, dtype=np.int64).copy()), "pos": int(pos),
-            "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)}
+    return {
+        "kind": str(kind),
+        "key": torch.from_numpy(np.asarray(key, dtype=np.int64).copy()),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached_gaussian),
+    }
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -80,17 +85,19 @@ def restore_rng_state(state: dict[str, Any]) -> list[str]:
         else:
             count = torch.cuda.device_count()
             if count != len(saved_cuda):
-                notes.append(f"checkpoint holds RNG states for {len(saved_cuda)} CUDA device(s), this machine has "
-                             f"{count}; restored the first {min(count, len(saved_cuda))}")
+                notes.append(
+                    f"checkpoint holds RNG states for {len(saved_cuda)} CUDA device(s), this machine has "
+                    f"{count}; restored the first {min(count, len(saved_cuda))}"
+                )
             for index in range(min(count, len(saved_cuda))):
                 torch.cuda.set_rng_state(saved_cuda[index].clone(), device=index)
     return notes
 
 
 def seed_every_generator(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's generators (CPU and every CUDA device) from the recipe's seed, so that
-    two fresh runs start from the same RNG state, and a resumed run (which restores the checkpoint's) draws
-    exactly what a run that never stopped draws."""
+    """Seed Python's, NumPy's and torch's generators (CPU and every CUDA device) from the recipe's seed, so
+    that two fresh runs start from the same RNG state, and a resumed run (which restores the checkpoint's)
+    draws exactly what a run that never stopped draws."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)

@@ -28,9 +28,9 @@ class _HashingWriter:
     """A file wrapper that hashes bytes as they are written, so the sha256 costs no second read.
 
     Each chunk is hashed in a helper thread while this thread writes the same chunk to the file (hashlib and
-    file writes both release the GIL, so on a machine where sha256 is about as slow as the disk the two overlap
-    instead of adding up), and `write` returns only when both are done: torch.save may hand out a memoryview
-    of a temporary buffer (a CUDA tensor's CPU copy) that is freed once `write` returns.
+    file writes both release the GIL, so on a machine where sha256 is about as slow as the disk the two
+    overlap instead of adding up), and `write` returns only when both are done: torch.save may hand out a
+    memoryview of a temporary buffer (a CUDA tensor's CPU copy) that is freed once `write` returns.
     torch.save's zip writer writes strictly sequentially (the tests compare the hash with a reread).
     """
 
@@ -97,7 +97,8 @@ TENSOR_PLACEHOLDER = "__pilotrun_tensor__"
 
 
 def _split_tensors(value: Any, tensors: list[torch.Tensor]) -> Any:
-    """`value` with every tensor replaced by {TENSOR_PLACEHOLDER: index into `tensors`} (appended in order)."""
+    """`value` with every tensor replaced by {TENSOR_PLACEHOLDER: index into `tensors`} (appended in
+    order)."""
     if isinstance(value, torch.Tensor):
         tensors.append(value)
         return {TENSOR_PLACEHOLDER: len(tensors) - 1}
@@ -123,13 +124,13 @@ def _join_tensors(value: Any, tensors: list[torch.Tensor]) -> Any:
 
 
 class TorchSaveStorage:
-    """Single process, torch.save files. Each top-level key K (model, optimizer, ...) becomes `K.pt`, so that a
-    damaged file is named by what it holds. A part holding more than `shard_bytes` of tensors is split: `K.pt`
-    keeps the structure (tensors replaced by placeholders) and `K.000.pt`, `K.001.pt`, ... hold its tensors in
-    order, about `shard_bytes` each. Every file is written, hashed and fsynced concurrently, because sha256
-    runs at roughly disk speed on one core: one big file would be bound by a single hashing core.
-    Loaded with weights_only=True: a checkpoint is tensors, numbers, strings, lists and dicts, nothing that
-    runs code when read. (Storage shared between tensors is not preserved across shards; state dicts of
+    """Single process, torch.save files. Each top-level key K (model, optimizer, ...) becomes `K.pt`, so that
+    a damaged file is named by what it holds. A part holding more than `shard_bytes` of tensors is split:
+    `K.pt` keeps the structure (tensors replaced by placeholders) and `K.000.pt`, `K.001.pt`, ... hold its
+    tensors in order, about `shard_bytes` each. Every file is written, hashed and fsynced concurrently,
+    because sha256 runs at roughly disk speed on one core: one big file would be bound by a single hashing
+    core. Loaded with weights_only=True: a checkpoint is tensors, numbers, strings, lists and dicts, nothing
+    that runs code when read. (Storage shared between tensors is not preserved across shards; state dicts of
     untied models and optimizers hold none.)"""
 
     name = "torch_save"

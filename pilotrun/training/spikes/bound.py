@@ -1,7 +1,8 @@
-"""What a spike is, defined once for everyone who looks for one: the trainer's detector (training/spikes/detector.py, on
-each applied update's loss and gradient norm), the verdict's grad_spikes rule (report/verdict/stability.py, on the
-logged train windows' largest gradient norms) and watch's loss_spike alert (report/watch/alerts.py, on a live run's
-window losses). Torch-free and at the floor, since the trainer and the report both stand on it.
+"""What a spike is, defined once for everyone who looks for one: the trainer's detector
+(training/spikes/detector.py, on each applied update's loss and gradient norm), the verdict's grad_spikes rule
+(report/verdict/stability.py, on the logged train windows' largest gradient norms) and watch's loss_spike
+alert (report/watch/alerts.py, on a live run's window losses). Torch-free and at the floor, since the trainer
+and the report both stand on it.
 
 A value is a spike when it is not finite, or when its history holds at least `min_history` values and it lies
 above
@@ -19,13 +20,13 @@ measured one of two ways according to what the history is:
 - `step_spread`: the same of successive differences, over sqrt 2 since a difference carries two values' noise.
   Logged windows, each the mean of log_every updates, follow the trend more than they scatter about it: over
   the 20 windows of a falling loss the MAD of the values measures the descent, not the noise (a loss 3 nats
-  above its trend would sit inside it), while differences leave a smooth trend out.
-The floor keeps a history without spread (identical values, MAD 0) from making every rounding wobble a spike,
-and says per signal how far above its median a value must lie in any case (MIN_SCALE_SHARE).
+  above its trend would sit inside it), while differences leave a smooth trend out. The floor keeps a history
+  without spread (identical values, MAD 0) from making every rounding wobble a spike, and says per signal how
+  far above its median a value must lie in any case (MIN_SCALE_SHARE).
 
 Where the numbers live: the trainer's factor, window and min_history are the recipe's `train.spike.*`
-(config/train.py: they decide which updates are applied, so they belong to the recipe and its identity); the logged
-windows' are the verdict's thresholds spike_factor, spike_median_window and spike_min_history
+(config/train.py: they decide which updates are applied, so they belong to the recipe and its identity); the
+logged windows' are the verdict's thresholds spike_factor, spike_median_window and spike_min_history
 (report/verdict/thresholds.py), which watch takes from the lock like every threshold; the floor per signal is
 MIN_SCALE_SHARE here, one table for both.
 """
@@ -57,11 +58,12 @@ def level_spread(values: Sequence[float]) -> float:
 
 
 def tail_spread(values: Sequence[float]) -> float:
-    """`level_spread`, or the spread the upper tail shows when it is heavier: the 90th percentile's distance above
-    the median over a normal's (1.2816 standard deviations), once 10 values are in. One update's loss on a small
-    batch is not normal: a batch of unusual text lies far above the rest more often than the core's MAD says
-    (a CPU run of 1,000 healthy 128-token updates reached 5.75 of those spreads, 4.2 of this one). The 90th
-    percentile of a window moves little for one or two spikes in it, so a spike still does not lift its bound."""
+    """`level_spread`, or the spread the upper tail shows when it is heavier: the 90th percentile's distance
+    above the median over a normal's (1.2816 standard deviations), once 10 values are in. One update's loss on
+    a small batch is not normal: a batch of unusual text lies far above the rest more often than the core's
+    MAD says (a CPU run of 1,000 healthy 128-token updates reached 5.75 of those spreads, 4.2 of this one).
+    The 90th percentile of a window moves little for one or two spikes in it, so a spike still does not lift
+    its bound."""
     spread = level_spread(values)
     if len(values) < 10:
         return spread
@@ -71,8 +73,8 @@ def tail_spread(values: Sequence[float]) -> float:
 
 def step_spread(values: Sequence[float]) -> float:
     """A robust standard deviation of values following a trend: MAD_TO_STD x the median absolute deviation of
-    successive differences, over sqrt 2. A trend adds to the differences too, which only makes the estimate, and
-    every bound on it, more cautious. 0.0 with fewer than 3 values (two differences)."""
+    successive differences, over sqrt 2. A trend adds to the differences too, which only makes the estimate,
+    and every bound on it, more cautious. 0.0 with fewer than 3 values (two differences)."""
     if len(values) < 3:
         return 0.0
     diffs = [b - a for a, b in zip(values, values[1:], strict=False)]
@@ -82,8 +84,8 @@ def step_spread(values: Sequence[float]) -> float:
 
 def robust_bound(values: Sequence[float], factor: float, floor_share: float = 0.01,
                  spread: Callable[[Sequence[float]], float] = level_spread) -> tuple[float, float, float]:
-    """(median, scale, bound = median + factor x scale) of a non-empty history; scale = max(spread, floor_share
-    x |median|) (the module's docstring)."""
+    """(median, scale, bound = median + factor x scale) of a non-empty history; scale = max(spread,
+    floor_share x |median|) (the module's docstring)."""
     median = statistics.median(values)
     scale = max(spread(values), floor_share * abs(median))
     return median, scale, median + factor * scale

@@ -2,12 +2,12 @@
 loop hands on to the policy (rollback.py) and the record.
 
 A spike is an update attempt whose loss (the mean cross-entropy of its microbatches over every rank) or global
-gradient norm is a spike of its signal's history, as pilotrun/training/spikes/bound.py defines it once for the trainer,
-the verdict and watch: above median + `train.spike.factor` x scale of the last `train.spike.window` applied
-updates (scale = 1.4826 MAD of the values, for the loss the upper tail's spread where wider, floored per signal
-at spike_bound.MIN_SCALE_SHARE of the median),
-once `min_history` applied updates are in the window, or not finite. An fp16 overflow is the scaler's business
-(precision.py) and is not a spike; the judge is consulted only for a finite gradient norm.
+gradient norm is a spike of its signal's history, as pilotrun/training/spikes/bound.py defines it once for the
+trainer, the verdict and watch: above median + `train.spike.factor` x scale of the last `train.spike.window`
+applied updates (scale = 1.4826 MAD of the values, for the loss the upper tail's spread where wider, floored
+per signal at spike_bound.MIN_SCALE_SHARE of the median), once `min_history` applied updates are in the
+window, or not finite. An fp16 overflow is the scaler's business (precision.py) and is not a spike; the judge
+is consulted only for a finite gradient norm.
 
 No host synchronisation of its own: the skip decision already brings the gradient norm to the host
 (precision.apply_update), and the update's loss rides along in the same transfer (`alongside`). Under torchrun
@@ -37,8 +37,9 @@ from pilotrun.optim.update_hooks import StepStatistics, UpdateHook
 from pilotrun.training.spikes.bound import MIN_SCALE_SHARE, level_spread, spike_against, tail_spread
 
 SIGNALS = ("loss", "grad_norm")
-# The loss's spread per update follows its upper tail (spike_bound.tail_spread: the batch's noise); the gradient
-# norm's heavy tail is held by its floor share instead, which a planted noise document must still clear.
+# The loss's spread per update follows its upper tail (spike_bound.tail_spread: the batch's noise); the
+# gradient norm's heavy tail is held by its floor share instead, which a planted noise document must still
+# clear.
 SPREADS = {"loss": tail_spread, "grad_norm": level_spread}
 ACTIONS = ("recorded", "skipped", "rollback", "stopped")
 CAUSES = ("batch", "model_state", "not_reproducible")
@@ -61,19 +62,30 @@ class SpikeVerdict:
 
     def fields(self, tokens_per_microbatch: int) -> dict[str, Any]:
         """The `spike` event's fields (docs/RUN_RECORD.md)."""
-        return {"spike_step": self.step, "loss": self.loss, "grad_norm": self.grad_norm, "signals": self.signals,
-                "bounds": self.bounds, "per_rank": self.per_rank, "batches": self.batches,
-                "tokens": len(self.batches) * tokens_per_microbatch, "action": self.action,
-                "skipped": self.action != "recorded", "note": self.note, "replay": self.replay,
-                "cause": (self.replay or {}).get("cause")}
+        return {
+            "spike_step": self.step,
+            "loss": self.loss,
+            "grad_norm": self.grad_norm,
+            "signals": self.signals,
+            "bounds": self.bounds,
+            "per_rank": self.per_rank,
+            "batches": self.batches,
+            "tokens": len(self.batches) * tokens_per_microbatch,
+            "action": self.action,
+            "skipped": self.action != "recorded",
+            "note": self.note,
+            "replay": self.replay,
+            "cause": (self.replay or {}).get("cause"),
+        }
 
 
 class SpikeDetector(UpdateHook):
-    """The window of applied updates' (loss, grad norm), the number of rollbacks so far and the data they skip,
-    in the checkpoint's trainer state: a resume skips exactly what the run it continues skipped."""
+    """The window of applied updates' (loss, grad norm), the number of rollbacks so far and the data they
+    skip, in the checkpoint's trainer state: a resume skips exactly what the run it continues skipped."""
 
     name = "spike"
-    state_optional = True  # a checkpoint written before spikes were detected has none: start with an empty window
+    # a checkpoint written before spikes were detected has none: start with an empty window
+    state_optional = True
 
     def __init__(self, config: SpikeConfig) -> None:
         self.config = config
@@ -85,8 +97,8 @@ class SpikeDetector(UpdateHook):
         self.pending: tuple[float, float] | None = None  # the attempt in flight, added once it is applied
 
     def skip_ranges(self, recipe: list[list[int]]) -> list[list[int]]:
-        """Every [first_batch, batches] range the loader steps over: the recipe's `train.skip_data` (a user's, or
-        a run's from before rollbacks kept their own) and this run's rollbacks'."""
+        """Every [first_batch, batches] range the loader steps over: the recipe's `train.skip_data` (a user's,
+        or a run's from before rollbacks kept their own) and this run's rollbacks'."""
         return [*recipe, *([int(r["first_batch"]), int(r["batches"])] for r in self.skip_data)]
 
     def judge(self, loss: float, grad_norm: float) -> tuple[list[str], dict[str, dict[str, float]]]:
@@ -125,7 +137,9 @@ class SpikeDetector(UpdateHook):
         self.pending = None
 
 
-def gathered_values(norm: torch.Tensor, loss_sum: torch.Tensor, microbatches: int, context: Any) -> torch.Tensor:
+def gathered_values(
+    norm: torch.Tensor, loss_sum: torch.Tensor, microbatches: int, context: Any
+) -> torch.Tensor:
     """What apply_update brings to the host with the gradient norm (`alongside`): [this rank's norm, then
     (norm, loss) of every rank]. One transfer; under torchrun one all_gather before it."""
     pair = torch.stack([norm.detach().reshape(()).to(torch.float64),
@@ -182,8 +196,10 @@ class SpikeGate:
         elif config.policy == "rollback":
             if self.detector.rollbacks >= config.max_rollbacks:
                 verdict.action = "stopped"
-                verdict.note = (f"train.spike.max_rollbacks={config.max_rollbacks} rollbacks done: the run stops "
-                                "instead of rolling back again")
+                verdict.note = (
+                    f"train.spike.max_rollbacks={config.max_rollbacks} rollbacks done: the run stops "
+                    "instead of rolling back again"
+                )
             elif not self.can_roll_back:
                 verdict.action = "skipped"
                 verdict.note = "no committed checkpoint to roll back to: the update is skipped instead"
@@ -194,7 +210,8 @@ class SpikeGate:
 
 
 def skip_ahead(batch_index: int, skip_data: list[list[int]]) -> int:
-    """The cursor position a loader at `batch_index` reads next, past every `train.skip_data` range it is in."""
+    """The cursor position a loader at `batch_index` reads next, past every `train.skip_data` range it is
+    in."""
     moved = True
     while moved:
         moved = False
@@ -215,8 +232,8 @@ def upcoming_batches(batch_index: int, count: int, skip_data: list[list[int]]) -
 
 
 def one_pass_batches(loader: Any) -> int:
-    """Global batches that read the training data once: a folder's batches per pass; a mixture's, all its sources'
-    windows over the windows a global batch takes (each source on its own share of them)."""
+    """Global batches that read the training data once: a folder's batches per pass; a mixture's, all its
+    sources' windows over the windows a global batch takes (each source on its own share of them)."""
     per_epoch = getattr(loader, "batches_per_epoch", None)
     if per_epoch is not None:
         return max(1, int(per_epoch))
@@ -224,21 +241,24 @@ def one_pass_batches(loader: Any) -> int:
 
 
 def check_skip_ranges(ranges: list[list[int]], loader: Any) -> None:
-    """A `train.skip_data` range longer than one pass over the data would skip every document in it, and run.json
-    describes a range pass by pass (what each pass's batches read): 10^12 batches over a small corpus would be a
-    billion entries, gigabytes written before the first update. Refused as bad input before anything is written."""
+    """A `train.skip_data` range longer than one pass over the data would skip every document in it, and
+    run.json describes a range pass by pass (what each pass's batches read): 10^12 batches over a small corpus
+    would be a billion entries, gigabytes written before the first update. Refused as bad input before
+    anything is written."""
     per_pass = one_pass_batches(loader)
     for first, count in ranges:
         if count > per_pass:
-            raise ConfigError(f"train.skip_data range [{first}, {count}]: {count:,} batches is more than one pass over "
-                              f"the training data ({per_pass:,} global batches): it would skip every document; skip "
-                              "at most one pass")
+            raise ConfigError(
+                f"train.skip_data range [{first}, {count}]: {count:,} batches is more than one pass over "
+                f"the training data ({per_pass:,} global batches): it would skip every document; skip "
+                "at most one pass"
+            )
 
 
 def skip_data_section(recipe: list[list[int]], detector: SpikeDetector, loader: Any, eos_id: int
                       ) -> list[dict[str, Any]]:
-    """run.json's `skip_data`: every range the loader steps over, the recipe's (described now from the data) and
-    the rollbacks' records, each naming the documents its batches read (docs/RUN_RECORD.md)."""
+    """run.json's `skip_data`: every range the loader steps over, the recipe's (described now from the data)
+    and the rollbacks' records, each naming the documents its batches read (docs/RUN_RECORD.md)."""
     check_skip_ranges(recipe, loader)  # before a range is described pass by pass
     given = [{"origin": "recipe", "first_batch": first, "batches": count,
               "read": read_documents(loader, eos_id, first, count)} for first, count in recipe]

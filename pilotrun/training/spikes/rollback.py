@@ -1,4 +1,5 @@
-"""What a spike does after its update: the `spike` event, and under `train.spike.policy=rollback` the rollback.
+"""What a spike does after its update: the `spike` event, and under `train.spike.policy=rollback` the
+rollback.
 
 The decision itself is made inside the update (detector.SpikeGate, every rank alike); this callback records it
 and acts on it, right after the rare events and before the window's turn:
@@ -11,19 +12,19 @@ and acts on it, right after the rare events and before the window's turn:
   restores it (weights, optimizer, scaler, counters, cursor, update hooks' state, every RNG), and the data the
   spike came from is stepped over: the spiking update's batches, through the end of every document they read
   (however many updates it spans) and at least `margin` updates' worth after them. The skip is a record in the
-  trainer state (detector.SpikeDetector.skip_data, beside the rollback count): the global batch range the loader
-  steps over, the documents the spiking batches read (per source of a mixture: first and last document index,
-  the token positions they span) and what the skipped batches read (data/skipped_documents.py); run.json's
-  `skip_data` is rewritten with it. The updates between the checkpoint and the spike are redone on the same
-  data, bit for bit; at the skipped range the cursor jumps. A `rollback` event carries the restored counters
-  (the kept history goes on from there: summarize treats the work after the checkpoint as rolled back, as for a
-  resume from an earlier step), the skipped range by cursor position, token count (never counted as seen) and
-  documents, the updates to redo, and every range in force: a fresh run given them
-  (`--set train.skip_data=...`, the event's `reproduce`) trains the same updates.
-  Last, the restored step is committed again, with the new record and count in its trainer state: a session
-  killed after that resumes past the spike's data, as the run that was not killed goes on (killed before it, the
-  resumed session attempts the spiking update again from the older copy and rolls back the same way).
-The cap: the spike that would need rollback number `max_rollbacks + 1` stops the run ("stopped") instead.
+  trainer state (detector.SpikeDetector.skip_data, beside the rollback count): the global batch range the
+  loader steps over, the documents the spiking batches read (per source of a mixture: first and last document
+  index, the token positions they span) and what the skipped batches read (data/skipped_documents.py);
+  run.json's `skip_data` is rewritten with it. The updates between the checkpoint and the spike are redone on
+  the same data, bit for bit; at the skipped range the cursor jumps. A `rollback` event carries the restored
+  counters (the kept history goes on from there: summarize treats the work after the checkpoint as rolled
+  back, as for a resume from an earlier step), the skipped range by cursor position, token count (never
+  counted as seen) and documents, the updates to redo, and every range in force: a fresh run given them
+  (`--set train.skip_data=...`, the event's `reproduce`) trains the same updates. Last, the restored step is
+  committed again, with the new record and count in its trainer state: a session killed after that resumes
+  past the spike's data, as the run that was not killed goes on (killed before it, the resumed session
+  attempts the spiking update again from the older copy and rolls back the same way). The cap: the spike that
+  would need rollback number `max_rollbacks + 1` stops the run ("stopped") instead.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ from pilotrun.training.window import Window
 
 
 class SpikeCallback(Callback):
-    """Logs each spike and carries out a rollback. `close_window` and `reopen_window` are the window callback's
-    (window_log.py), `commit` the checkpoint callback's synchronous save of the current step (checkpointing.py)."""
+    """Logs each spike and carries out a rollback. `close_window` and `reopen_window` are the window
+    callback's (window_log.py), `commit` the checkpoint callback's synchronous save of the current step
+    (checkpointing.py)."""
 
     priority = PRIORITY_SPIKE
     phase = "other"
@@ -84,15 +86,19 @@ def spike_line(verdict: SpikeVerdict) -> str:
     cause = (verdict.replay or {}).get("cause")
     said = {"recorded": "recorded, applied", "skipped": "skipped", "rollback": "rolling back",
             "stopped": "stopping the run"}[verdict.action]
-    return (f"spike at update {verdict.step} (batches {', '.join(map(str, verdict.batches))}): {'; '.join(figures)}"
-            f" -> {said}" + (f"; cause {cause}" if cause else "") + (f"; {verdict.note}" if verdict.note else ""))
+    return (
+        f"spike at update {verdict.step} (batches {', '.join(map(str, verdict.batches))}): "
+        f"{'; '.join(figures)}"
+        f" -> {said}" + (f"; cause {cause}" if cause else "") + (f"; {verdict.note}" if verdict.note else "")
+    )
 
 
 def skipped_range(loop: LoopState, verdict: SpikeVerdict) -> dict[str, Any]:
-    """The data a rollback steps over: the spiking update's batches and every document they read, to its end (the
-    reader finds the EOS that ends them), and at least `margin` updates' worth after the spiking update's own.
-    A long bad document spans many updates: skipping only the spiking batches and a fixed margin would meet the
-    rest of it at once, spike again and use up the rollbacks; skipped to its end, one rollback clears it."""
+    """The data a rollback steps over: the spiking update's batches and every document they read, to its end
+    (the reader finds the EOS that ends them), and at least `margin` updates' worth after the spiking update's
+    own. A long bad document spans many updates: skipping only the spiking batches and a fixed margin would
+    meet the rest of it at once, spike again and use up the rollbacks; skipped to its end, one rollback clears
+    it."""
     session = loop.session
     t = session.config.train
     loader, eos_id = session.state.loader, session.dataset.eos_id
@@ -111,7 +117,8 @@ def roll_back(loop: LoopState, verdict: SpikeVerdict, close_window: Any, reopen_
     session, state = loop.session, loop.session.state
     started = time.perf_counter()
     target = loop.last_checkpoint_step
-    session.checkpointer.protect(target, PROTECT_ROLLBACK)  # what the kept timeline goes on from: never pruned
+    # what the kept timeline goes on from: never pruned
+    session.checkpointer.protect(target, PROTECT_ROLLBACK)
     detector = loop.hook("spike")
     rollbacks, skip_data = detector.rollbacks + 1, list(detector.skip_data)
     before = state.counters()
@@ -129,8 +136,14 @@ def roll_back(loop: LoopState, verdict: SpikeVerdict, close_window: Any, reopen_
         reopen_window(loop)  # the next window counts from the restored counters
     # The count and the skips survive the restore: they are the run's, not the checkpoint's.
     detector.rollbacks = rollbacks
-    detector.skip_data = [*skip_data, {"origin": "rollback", "spike_step": verdict.step,
-                                       **{k: skipped[k] for k in ("first_batch", "batches", "documents", "read")}}]
+    detector.skip_data = [
+        *skip_data,
+        {
+            "origin": "rollback",
+            "spike_step": verdict.step,
+            **{k: skipped[k] for k in ("first_batch", "batches", "documents", "read")},
+        },
+    ]
     t = session.config.train
     ranges = detector.skip_ranges(t.skip_data)
     after = state.counters()
@@ -144,7 +157,9 @@ def roll_back(loop: LoopState, verdict: SpikeVerdict, close_window: Any, reopen_
     if session.record is not None:
         session.record.data["skip_data"] = run_skip_data(session)
         session.record.save()
-    named = "; ".join(f"{d.get('source', 'documents')} {d['first']}..{d['last']}" for d in skipped["documents"])
+    named = "; ".join(
+        f"{d.get('source', 'documents')} {d['first']}..{d['last']}" for d in skipped["documents"]
+    )
     loop.say(f"spike at update {verdict.step}: rolled back to step {target}, skipping batches "
              f"{skipped['first_batch']}..{skipped['first_batch'] + skipped['batches'] - 1} "
              f"({skipped['tokens']:,} tokens; the spiking batches' documents to their end: {named}); "

@@ -41,7 +41,8 @@ def test_throughput_marks_each_sessions_warm_up_window(tmp_path, drawn):
     summary = summarize_run(tmp_path / "r")
     plot_throughput(summary, tmp_path / "throughput.png")
     (marker,) = _lines(drawn[-1], WARM_UP_LABEL)
-    # Windows end every 5 updates: s1's first at 5; s2 resumed from checkpoint 20, its first window ends at 25.
+    # Windows end every 5 updates: s1's first at 5; s2 resumed from checkpoint 20, its first window ends at
+    # 25.
     firsts = {}
     for event in summary.kept_events:
         if event["event"] == "train":
@@ -81,7 +82,16 @@ def _identical_groups(run_dir, names):
 
 
 def test_parameter_groups_that_overlap_stay_distinguishable(tmp_path, drawn):
-    names = ["attention", "dense_ffn", "embedding", "head", "norms", "routed_experts", "router", "shared_experts"]
+    names = [
+        "attention",
+        "dense_ffn",
+        "embedding",
+        "head",
+        "norms",
+        "routed_experts",
+        "router",
+        "shared_experts",
+    ]
     _identical_groups(tmp_path / "r", names).write()  # the worst case: every group on the same values
     plot_parameter_groups(summarize_run(tmp_path / "r"), tmp_path / "groups.png")
     for ax in drawn[-1].axes:
@@ -110,7 +120,10 @@ def test_lr_plot_names_the_group_whose_rate_it_draws(tmp_path, drawn):
     (ax,) = drawn[-1].axes
     assert ax.get_ylabel() == "learning rate of group 'attention'"
     (line,) = _lines(drawn[-1], "group 'attention'")
-    assert "the first of 2" in line.get_label() and "the other 1 groups follow the same multiplier" in line.get_label()
+    assert (
+        "the first of 2" in line.get_label()
+        and "the other 1 groups follow the same multiplier" in line.get_label()
+    )
 
 
 @pytest.mark.slow
@@ -129,7 +142,10 @@ def test_a_no_go_page_names_each_failed_figure_under_the_decision_below_the_iden
     page = (write_report(verdict) / "report.html").read_text()
     identity_at = page.index("<table class=\"identity\">")
     decision_at = page.index("<p class=\"decision\">NO-GO</p>")
-    item = ("<li><b><a href='#plot-loss'>loss_decreased</a></b>: not learning (too small a drop): mean train loss "
-            "3.0000 -&gt; 3.0000")
+    item = (
+        "<li><b><a href='#plot-loss'>loss_decreased</a></b>: not learning (too small a drop): mean train "
+        "loss "
+        "3.0000 -&gt; 3.0000"
+    )
     assert identity_at < decision_at < page.index(item) < page.index("<h2>Rules</h2>")
     assert "<figure id='plot-loss'>" in page  # the headline's link lands on the plot of that figure

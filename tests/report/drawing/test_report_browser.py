@@ -36,7 +36,9 @@ def chromium() -> str:
         found = shutil.which(name)
         if found:
             return found
-    pytest.skip("no chromium on PATH (Debian: apt-get install -y chromium); the browser check needs a real one")
+    pytest.skip(
+        "no chromium on PATH (Debian: apt-get install -y chromium); the browser check needs a real one"
+    )
 
 
 def headless(browser: str, *args: str) -> subprocess.CompletedProcess:
@@ -62,5 +64,7 @@ def test_every_image_of_the_report_loads_in_a_browser(tmp_path):
     assert json.loads(attributes["data-broken"].replace("&quot;", '"')) == []
     assert attributes["data-links-ok"] == "true"
     screenshot = tmp_path / "report.png"
-    shot = headless(browser, f"--screenshot={screenshot}", "--window-size=1200,2400", (report / "report.html").as_uri())
+    shot = headless(
+        browser, f"--screenshot={screenshot}", "--window-size=1200,2400", (report / "report.html").as_uri()
+    )
     assert shot.returncode == 0 and screenshot.stat().st_size > 10_000, shot.stderr[-2000:]

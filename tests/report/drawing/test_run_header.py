@@ -10,7 +10,9 @@ from pilotrun.report.verdict.rules import RULE_PLOTS, RULES
 
 
 def test_recipe_name_from_the_recorded_command():
-    assert recipe_name(["pilotrun", "train", "--config", "configs/stability.yaml", "--data", "d"]) == "stability"
+    assert (
+        recipe_name(["pilotrun", "train", "--config", "configs/stability.yaml", "--data", "d"]) == "stability"
+    )
     assert recipe_name(["pilotrun", "train", "--config=gpu/smoke.yaml"]) == "smoke"
     assert recipe_name(["pilotrun", "train", "--frozen", "lock.json"]) == "frozen candidate lock.json"
     assert recipe_name(["pilotrun", "train"]) == NOT_RECORDED
@@ -21,12 +23,21 @@ def test_identity_rows_come_from_run_json():
     run = {
         "model": {"parameters": 1234, "active_parameters": 1000},
         "recipe": {"train": {"precision": "bf16"}},
-        "data": {"metadata_sha256": "ab" * 32, "vocab_size": 2048,
-                 "source": {"kind": "builtin", "documents": 435}, "tokenizer": {"kind": "bpe"}},
+        "data": {
+            "metadata_sha256": "ab" * 32,
+            "vocab_size": 2048,
+            "source": {"kind": "builtin", "documents": 435},
+            "tokenizer": {"kind": "bpe"},
+        },
         "sessions": [
-            {"session_id": "s1", "start_step": 0, "command": ["pilotrun", "train", "--config", "x/stability.yaml"],
-             "git": {"commit": "c" * 40, "dirty": True}, "software": {"torch": "2.13.0", "python": "3.11.7"},
-             "hardware": {"device": "cpu", "device_name": "x86_64", "world_size": 1}},
+            {
+                "session_id": "s1",
+                "start_step": 0,
+                "command": ["pilotrun", "train", "--config", "x/stability.yaml"],
+                "git": {"commit": "c" * 40, "dirty": True},
+                "software": {"torch": "2.13.0", "python": "3.11.7"},
+                "hardware": {"device": "cpu", "device_name": "x86_64", "world_size": 1},
+            },
             {"session_id": "s2", "start_step": 20, "git": {"commit": "c" * 40, "dirty": True}},
         ],
     }

@@ -1,6 +1,7 @@
 """pilotrun/report/projection/band.py: the projection's band carries the spread the pilot measured (start-up,
-checkpoint saves, evaluations, window-to-window throughput at its CPU share), and a long run outside it is told
-which assumption moved. Every record here is synthetic (tests/report/synthetic.py): its clock is made by hand."""
+checkpoint saves, evaluations, window-to-window throughput at its CPU share), and a long run outside it is
+told which assumption moved. Every record here is synthetic (tests/report/synthetic.py): its clock is made by
+hand."""
 
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ TARGET = 400
 
 
 def _shaped(run: SyntheticRun) -> SyntheticRun:
-    """The issue's shape: a CPU run of about 20 s for 400 updates, its windows cycling through three speeds and
-    three host loads, the process getting 0.9 CPU seconds per training second, start-ups of a third of a second."""
+    """The issue's shape: a CPU run of about 20 s for 400 updates, its windows cycling through three speeds
+    and three host loads, the process getting 0.9 CPU seconds per training second, start-ups of a third of a
+    second."""
     run.run["recipe"]["train"].update(checkpoint_every=run.checkpoint_every, eval_every=run.eval_every)
     run.train_seconds_per_update = lambda step: (0.040, 0.0415, 0.043)[(step - 1) // 5 % 3]
     run.host_seconds_per_update = lambda step: (0.003, 0.002, 0.0025)[(step - 1) // 5 % 3]
@@ -44,7 +46,8 @@ def projection(tmp_path_factory):
 
 
 def _long_run(tmp_path, projection, change=None):
-    """A frozen run of 400 updates in one session with the pilot's figures (after `change(run)`), its summary."""
+    """A frozen run of 400 updates in one session with the pilot's figures (after `change(run)`), its
+    summary."""
     run = _shaped(SyntheticRun(tmp_path / "long", max_steps=TARGET))
     run.startup_seconds = lambda session: 0.33
     if change is not None:
@@ -61,8 +64,14 @@ def _long_run(tmp_path, projection, change=None):
 
 def _old_lock(projection):
     """The same projection as a lock from before the parts' bands held it: the training band only."""
-    old = {k: ({kk: vv for kk, vv in v.items() if kk not in ("band_from", "each_band", "measured", "cpu_share")}
-               if isinstance(v, dict) else v) for k, v in projection.items()}
+    old = {
+        k: (
+            {kk: vv for kk, vv in v.items() if kk not in ("band_from", "each_band", "measured", "cpu_share")}
+            if isinstance(v, dict)
+            else v
+        )
+        for k, v in projection.items()
+    }
     for key in ("checkpoint", "evaluation", "startup", "overhead", "total_wall"):
         old[key].pop("band")
     return old
@@ -71,17 +80,21 @@ def _old_lock(projection):
 def test_the_lock_states_each_parts_band_and_where_it_came_from(projection):
     p = projection
     startup = p["startup"]
-    # 0.30 s and 0.36 s, and the synthetic clock's ticks around the start line (one for the killed session, whose
-    # start is run.json's started_at; two for the one that ended, whose clock starts a tick before its line)
+    # 0.30 s and 0.36 s, and the synthetic clock's ticks around the start line (one for the killed session,
+    # whose start is run.json's started_at; two for the one that ended, whose clock starts a tick before its
+    # line)
     assert startup["measured"] == pytest.approx([0.31, 0.38], abs=1e-4)
     middle = (0.31 + 0.38) / 2
     assert startup["band"] == pytest.approx([middle / SPREAD_FLOOR, middle * SPREAD_FLOOR], abs=1e-4)
     assert "fewer than 3 measured" in startup["band_from"]
     assert p["checkpoint"]["each_band"] == pytest.approx([0.05, 0.05])
-    assert p["checkpoint"]["band"] == pytest.approx([20 * 0.05, 20 * 0.05])  # 3 saves measured: their min..max
+    # 3 saves measured: their min..max
+    assert p["checkpoint"]["band"] == pytest.approx([20 * 0.05, 20 * 0.05])
     assert p["evaluation"]["band"] == pytest.approx([40 * 0.02, 40 * 0.02])
     # the host seconds per update of the steady windows: 0.0025 in the middle, 0.002 and 0.003 at p10 and p90
-    assert p["overhead"]["band"] == pytest.approx([p["overhead"]["seconds"] * 0.8, p["overhead"]["seconds"] * 1.2])
+    assert p["overhead"]["band"] == pytest.approx(
+        [p["overhead"]["seconds"] * 0.8, p["overhead"]["seconds"] * 1.2]
+    )
     assert p["training"]["seconds"] == pytest.approx(TARGET * 0.0415)
     assert p["training"]["band"] == pytest.approx([TARGET * 0.040, TARGET * 0.043])
     share = p["training"]["cpu_share"]
@@ -89,14 +102,16 @@ def test_the_lock_states_each_parts_band_and_where_it_came_from(projection):
     parts = ("training", "checkpoint", "evaluation", "startup", "overhead")
     assert p["total_wall"]["band"] == pytest.approx([sum(p[k]["band"][0] for k in parts),
                                                      sum(p[k]["band"][1] for k in parts)])
-    assert all(p[k].get("band_from") for k in parts) and "sum of the parts' lows" in p["total_wall"]["band_from"]
+    assert (
+        all(p[k].get("band_from") for k in parts) and "sum of the parts' lows" in p["total_wall"]["band_from"]
+    )
     assert p["total_wall"]["band"][0] < p["total_wall"]["seconds"] < p["total_wall"]["band"][1]
 
 
 def test_the_issues_run_at_1_04x_with_a_slow_start_up_lands_inside_the_band(tmp_path, projection):
-    """A start-up of 0.67 s against the pilot's ~0.35 s and training near the pilot's slower windows: 1.04x the
-    projected time. The old band (the training band alone) put it outside, blaming the start-up; the pilot's own
-    start-up spread covers it."""
+    """A start-up of 0.67 s against the pilot's ~0.35 s and training near the pilot's slower windows: 1.04x
+    the projected time. The old band (the training band alone) put it outside, blaming the start-up; the
+    pilot's own start-up spread covers it."""
     def slow_start(run):
         run.startup_seconds = lambda session: 0.65  # 0.67 s with the start line's 0.02
         run.train_seconds_per_update = lambda step: 0.0425  # between the pilot's median and slowest windows
@@ -135,8 +150,10 @@ def test_a_slower_run_at_the_pilots_cpu_share_says_the_share_did_not_move(tmp_pa
     def slower(run):
         run.train_seconds_per_update = lambda step: 0.08
     _summary, compared = _long_run(tmp_path, projection, slower)
-    assert "CPU share 0.90 against the pilot's 0.90 (within 0.72-1.08: the process got the share the pilot had)" \
+    assert (
+        "CPU share 0.90 against the pilot's 0.90 (within 0.72-1.08: the process got the share the pilot had)"
         in compared["band"]["why"]
+    )
 
 
 def test_a_run_with_slow_checkpoints_names_the_checkpoints_first(tmp_path, projection):
@@ -165,7 +182,11 @@ def test_the_spread_rule_and_the_total_of_the_parts():
 
 
 def test_a_lock_without_the_parts_bands_gets_no_new_band():
-    old = {"target_steps": 10, "total_wall": {"seconds": 5.0}, "training": {"seconds": 4.0, "band": [3.0, 5.0]}}
+    old = {
+        "target_steps": 10,
+        "total_wall": {"seconds": 5.0},
+        "training": {"seconds": 4.0, "band": [3.0, 5.0]},
+    }
     assert elapsed_band(old, {}, 5.0, 1.0, observed(None, 1, {})) is None
 
 
@@ -177,11 +198,14 @@ def test_mid_run_the_band_scales_with_the_updates_but_the_start_up_is_paid_once(
     band = elapsed_band(projection, {"productive": 50.0, "startup": 12.0}, 62.0, 0.5, run)
     assert (band["low"], band["high"], band["inside"]) == (55.0, 72.5, True)
     band = elapsed_band(projection, {"productive": 50.0, "startup": 12.0, "dead": 30.0}, 92.0, 0.5, run)
-    assert band["inside"] is False and band["why"].endswith(": dead time 30 s with no session running, none projected")
+    assert band["inside"] is False and band["why"].endswith(
+        ": dead time 30 s with no session running, none projected"
+    )
 
 
 def test_a_run_faster_than_the_band_on_a_quieter_machine_says_so():
-    """The other way round: a pilot on a busy machine (CPU share 0.45), its long run getting the whole core."""
+    """The other way round: a pilot on a busy machine (CPU share 0.45), its long run getting the whole
+    core."""
     projection = {"target_steps": 100, "total_wall": {"seconds": 100.0, "band": [90.0, 110.0]},
                   "train_tokens_per_s": {"median": 100.0, "p10": 90.0, "p90": 110.0},
                   "training": {"seconds": 100.0, "band": [90.0, 110.0],
@@ -190,7 +214,10 @@ def test_a_run_faster_than_the_band_on_a_quieter_machine_says_so():
     run["cpu_share"] = 0.98
     band = elapsed_band(projection, {"productive": 60.0, "redone": 5.0}, 65.0, 1.0, run)
     assert band["inside"] is False and band["low"] == 90.0
-    assert band["why"] == ("elapsed 65 s is below the band 90-110 s: training 65 s against 90-110 s projected, 5 s of "
-                           "it redone (rolled back, trained again) (training-only 154 tok/s against the pilot's 90-110 (p10-p90); "
-                           "throughput at CPU share 0.98 against the pilot's 0.45: the machine was quieter than the "
-                           "pilot's)")
+    assert band["why"] == (
+        "elapsed 65 s is below the band 90-110 s: training 65 s against 90-110 s projected, 5 s of "
+        "it redone (rolled back, trained again) (training-only 154 tok/s against the pilot's 90-110 "
+        "(p10-p90); "
+        "throughput at CPU share 0.98 against the pilot's 0.45: the machine was quieter than the "
+        "pilot's)"
+    )

@@ -1,5 +1,5 @@
-"""pilotrun/report/projection/ledger.py: the run's time ledger over every session adds up to its elapsed time, whatever
-interrupted it, and its redone part is the rolled-back updates' training time."""
+"""pilotrun/report/projection/ledger.py: the run's time ledger over every session adds up to its elapsed time,
+whatever interrupted it, and its redone part is the rolled-back updates' training time."""
 
 from __future__ import annotations
 
@@ -105,7 +105,9 @@ def test_the_elapsed_band_is_the_training_band_with_the_rest_as_projected():
     # rest = 200 - 100 = 100; at half the updates: (100 + 80) / 2 .. (100 + 125) / 2
     assert (band["low"], band["high"], band["inside"], band["why"]) == (90.0, 112.5, True, None)
     ledger.elapsed_seconds = 60.0
-    assert against_projection(_projection_of_100(), ledger, {"updates_applied": 50})["band"]["inside"] is False
+    assert (
+        against_projection(_projection_of_100(), ledger, {"updates_applied": 50})["band"]["inside"] is False
+    )
 
 
 def test_a_miss_says_why_with_the_part_that_differs_most_first():

@@ -1,5 +1,5 @@
-"""pilotrun/report/projection/long_run.py: the lock's projection is the pilot's own measurements' arithmetic, and the
-watcher's figures are the pilot's."""
+"""pilotrun/report/projection/long_run.py: the lock's projection is the pilot's own measurements' arithmetic,
+and the watcher's figures are the pilot's."""
 
 from __future__ import annotations
 
@@ -39,11 +39,15 @@ def test_the_projection_is_the_pilots_measurements_times_the_long_runs_counts(tm
     attempted = sum(s.updates_attempted for s in summary.sessions)
     per_update = (ledger.parts["report"] + ledger.parts["other"]) / attempted
     assert p["overhead"]["seconds"] == pytest.approx(1000 * per_update)
-    failure_free = sum(p[k]["seconds"] for k in ("startup", "training", "checkpoint", "evaluation", "overhead"))
+    failure_free = sum(
+        p[k]["seconds"] for k in ("startup", "training", "checkpoint", "evaluation", "overhead")
+    )
     failures = p["failures"]
     assert failures["expected"] == pytest.approx(failure_free / 3600.0)
     interval = 20 * failure_free / 1000  # 20 updates at the projected seconds per update
-    assert failures["seconds"] == pytest.approx(failures["expected"] * (interval / 2 + p["startup"]["seconds"]))
+    assert failures["seconds"] == pytest.approx(
+        failures["expected"] * (interval / 2 + p["startup"]["seconds"])
+    )
     assert p["total_wall"]["seconds"] == pytest.approx(failure_free + failures["seconds"])
     young = p["checkpoint_interval"]
     assert young["young_seconds"] == pytest.approx(math.sqrt(2 * 0.3 * 3600.0))
@@ -92,13 +96,19 @@ def test_a_checkpoint_costs_what_it_blocked_the_loop_and_a_failure_also_loses_th
         if event["event"] == "checkpoint":  # as background saves record them: 0.05 s staged, 0.25 s beside
             event.update(seconds=0.05, blocking_seconds=0.05, background=True, background_seconds=0.25)
     p = project(summary, 1000, mtbf_hours=1.0)
-    assert p["checkpoint"]["each"] == pytest.approx(0.05) and p["checkpoint"]["background_each"] == pytest.approx(0.25)
+    assert p["checkpoint"]["each"] == pytest.approx(0.05) and p["checkpoint"][
+        "background_each"
+    ] == pytest.approx(0.25)
     assert p["checkpoint"]["seconds"] == pytest.approx(50 * 0.05)
     assert p["checkpoint_interval"]["young_seconds"] == pytest.approx(math.sqrt(2 * 0.05 * 3600.0))
-    failure_free = sum(p[k]["seconds"] for k in ("startup", "training", "checkpoint", "evaluation", "overhead"))
+    failure_free = sum(
+        p[k]["seconds"] for k in ("startup", "training", "checkpoint", "evaluation", "overhead")
+    )
     interval = 20 * failure_free / 1000
     failures = p["failures"]
-    assert failures["seconds"] == pytest.approx(failures["expected"] * (interval / 2 + 0.25 + p["startup"]["seconds"]))
+    assert failures["seconds"] == pytest.approx(
+        failures["expected"] * (interval / 2 + 0.25 + p["startup"]["seconds"])
+    )
     assert "blocking" in p["checkpoint"]["from"] and "blocking" in p["checkpoint_interval"]["from"]
 
 

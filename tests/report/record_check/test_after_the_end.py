@@ -1,5 +1,6 @@
-"""summarize: a session logs nothing after its session_end; events that follow it (a stall that ended after the
-watchdog declared the session hung) are named as a break of the record, not counted as the session's work."""
+"""summarize: a session logs nothing after its session_end; events that follow it (a stall that ended after
+the watchdog declared the session hung) are named as a break of the record, not counted as the session's
+work."""
 
 from __future__ import annotations
 

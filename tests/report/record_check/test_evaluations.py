@@ -1,5 +1,5 @@
-"""pilotrun/report/record_check/evaluations.py: each evaluation stands on the checkpoint and results file it names, or is
-named; --require-eval holds completion to standing evaluations of the final checkpoint."""
+"""pilotrun/report/record_check/evaluations.py: each evaluation stands on the checkpoint and results file it
+names, or is named; --require-eval holds completion to standing evaluations of the final checkpoint."""
 
 from __future__ import annotations
 
@@ -67,7 +67,9 @@ def test_an_edited_results_file_or_a_damaged_checkpoint_is_named(evaluated, tmp_
         handle.write(b"\0")
     summary = summarize_run(run)
     assert not summary.valid
-    assert any("evaluation of step 40" in r and "was edited after the evaluation" in r for r in summary.reasons)
+    assert any(
+        "evaluation of step 40" in r and "was edited after the evaluation" in r for r in summary.reasons
+    )
     assert any("evaluation of step 20" in r and "damaged" in r for r in summary.reasons)
 
 
@@ -78,16 +80,20 @@ def test_a_pruned_checkpoint_leaves_a_note_and_require_eval_names_what_is_missin
     assert summary.valid, summary.reasons
     assert any("evaluation of step 20" in n and "no longer committed" in n for n in summary.notes)
     missing = summarize_run(run, require_step=40, require_eval=["fineweb_next", "hellaswag"])
-    assert missing.reasons == ["--require-eval: no standing evaluation of hellaswag on the final checkpoint (step "
-                               "40); run `pilotrun evaluate RUN --step 40 --tasks hellaswag`"]
+    assert missing.reasons == [
+        "--require-eval: no standing evaluation of hellaswag on the final checkpoint (step "
+        "40); run `pilotrun evaluate RUN --step 40 --tasks hellaswag`"
+    ]
 
 
 def test_require_eval_without_an_evaluation_of_the_final_checkpoint_is_invalid(task_run):
     _data, _task, run_dir = task_run
     summary = summarize_run(run_dir, require_step=40, require_eval=["fineweb_next"])
     assert not summary.valid
-    assert summary.reasons == ["--require-eval: no standing evaluation of fineweb_next on the final checkpoint (step "
-                               "40); run `pilotrun evaluate RUN --step 40 --tasks fineweb_next`"]
+    assert summary.reasons == [
+        "--require-eval: no standing evaluation of fineweb_next on the final checkpoint (step "
+        "40); run `pilotrun evaluate RUN --step 40 --tasks fineweb_next`"
+    ]
 
 
 def test_require_eval_names_an_evaluation_that_no_longer_stands():
@@ -97,12 +103,15 @@ def test_require_eval_names_an_evaluation_that_no_longer_stands():
     require_evaluations(entries, 40, ["arc"], reasons)
     assert reasons == ["--require-eval: no standing evaluation of arc on the final checkpoint (step 40); arc "
                        "evaluated there but not standing"]
-    assert format_evaluations(entries) == ["evaluation at step 40 (checkpoint marker ab..., lm-eval 0.4): arc acc "
-                                           "0.300 (None examples); results edited"]
+    assert format_evaluations(entries) == [
+        "evaluation at step 40 (checkpoint marker ab..., lm-eval 0.4): arc acc "
+        "0.300 (None examples); results edited"
+    ]
 
 
-def test_a_session_resumed_after_an_evaluation_continues_the_chain_and_the_evaluation_still_stands(evaluated, task_run,
-                                                                                                  tmp_path):
+def test_a_session_resumed_after_an_evaluation_continues_the_chain_and_the_evaluation_still_stands(
+    evaluated, task_run, tmp_path
+):
     import io
 
     from pilotrun.report.watch.alerts import Watcher
@@ -111,13 +120,18 @@ def test_a_session_resumed_after_an_evaluation_continues_the_chain_and_the_evalu
 
     data, task, _ = task_run
     run = _copy(evaluated, tmp_path)
-    assert not [a for a in Watcher(run, holder=lambda _: None).check(final=True)[0] if a.kind == "session_end"]
+    assert not [
+        a for a in Watcher(run, holder=lambda _: None).check(final=True)[0] if a.kind == "session_end"
+    ]
     recipe = task_recipe(task, steps=60, extra=("optim.schedule.horizon=40",))
     assert Trainer(recipe, data, run, resume=True, allow_changes=["train.max_steps"], progress=False,
                    out=io.StringIO()).run().exit_code == 0
     summary = summarize_run(run, require_step=60)
     assert summary.valid, summary.reasons
-    assert [(e["step"], e["status"]) for e in summary.overall["evaluations"]] == [(20, "stands"), (40, "stands")]
+    assert [(e["step"], e["status"]) for e in summary.overall["evaluations"]] == [
+        (20, "stands"),
+        (40, "stands"),
+    ]
 
 
 def test_the_report_shows_each_evaluation_with_its_checkpoint_and_plots_it(evaluated, tmp_path):
@@ -137,9 +151,11 @@ def test_the_report_shows_each_evaluation_with_its_checkpoint_and_plots_it(evalu
     assert rule.status in ("PASS", "WARN") and "fineweb_next acc" in rule.figure
 
 
-def test_an_evaluation_event_re_chained_with_other_figures_than_its_results_file_is_named(evaluated, tmp_path):
-    """The results file untouched (its sha256 holds), the event's accuracy changed and its line chained again: the
-    event is held to the file it names, and does not stand."""
+def test_an_evaluation_event_re_chained_with_other_figures_than_its_results_file_is_named(
+    evaluated, tmp_path
+):
+    """The results file untouched (its sha256 holds), the event's accuracy changed and its line chained again:
+    the event is held to the file it names, and does not stand."""
     from pilotrun.run.record import chained_line, unchained_body
 
     run = _copy(evaluated, tmp_path)

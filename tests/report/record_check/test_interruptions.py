@@ -1,5 +1,6 @@
-"""pilotrun/report/record_check/interruptions.py: sessions counted by how they ended, what each unplanned end cost in the time
-ledger, and the run's interruptions beside the lock's MTBF; through summarize, on synthetic records."""
+"""pilotrun/report/record_check/interruptions.py: sessions counted by how they ended, what each unplanned end
+cost in the time ledger, and the run's interruptions beside the lock's MTBF; through summarize, on synthetic
+records."""
 
 from __future__ import annotations
 
@@ -21,7 +22,12 @@ def every_kind_of_end(run_dir, mtbf_hours=None):
     run.start_session()
     run.train_until(33)
     run.end_session("hung")
-    for pause, until, end in ((12.0, 45, "interrupted"), (30.0, 52, None), (60.0, 58, "deadline"), (5.0, 60, "completed")):
+    for pause, until, end in (
+        (12.0, 45, "interrupted"),
+        (30.0, 52, None),
+        (60.0, 58, "deadline"),
+        (5.0, 60, "completed"),
+    ):
         run.pause(pause)
         run.resume()
         run.train_until(until)
@@ -39,15 +45,19 @@ def test_summarize_counts_sessions_per_reason_and_prices_each_unplanned_end(tmp_
     cost = o["interruption_costs"]
     assert set(cost) == {"interrupted", "deadline", "hung", "killed"}
     ledger = {entry["session_id"]: entry for entry in o["time_ledger"]["sessions"]}
-    # The hung session's cost: its training after checkpoint 20 (redone), the dead time before s2, s2's start-up.
+    # The hung session's cost: its training after checkpoint 20 (redone), the dead time before s2, s2's
+    # start-up.
     assert cost["hung"]["redone_seconds"] == ledger["s1"]["parts"]["redone"] > 0
     assert cost["hung"]["dead_seconds"] == ledger["s2"]["dead_before"] == pytest.approx(12.0, abs=0.1)
     assert cost["hung"]["restart_seconds"] == ledger["s2"]["parts"]["startup"]
     assert cost["killed"]["dead_seconds"] >= 60.0  # and its lost partial window since its last line
-    assert cost["hung"]["seconds"] == pytest.approx(sum(cost["hung"][k] for k in
-                                                        ("redone_seconds", "dead_seconds", "restart_seconds")))
+    assert cost["hung"]["seconds"] == pytest.approx(
+        sum(cost["hung"][k] for k in ("redone_seconds", "dead_seconds", "restart_seconds"))
+    )
     # Every dead second of the ledger is some end's cost.
-    assert math.fsum(c["dead_seconds"] for c in cost.values()) == pytest.approx(o["time_ledger"]["parts"]["dead"])
+    assert math.fsum(c["dead_seconds"] for c in cost.values()) == pytest.approx(
+        o["time_ledger"]["parts"]["dead"]
+    )
     assert o["against_mtbf"] is None  # not started from a lock with an MTBF
     text = format_summary(summary)
     assert "sessions by end: completed 1, interrupted 1, deadline 1, hung 1, killed 1; " in text
@@ -71,7 +81,8 @@ def test_the_poisson_tail_on_both_sides_of_the_mean():
     assert poisson_at_least(0, 3.0) == 1.0 and poisson_at_least(1, 0.0) == 0.0
     assert poisson_at_least(1, 2.0) == pytest.approx(1 - math.exp(-2.0))
     assert poisson_at_least(3, 0.5) == pytest.approx(1 - math.exp(-0.5) * (1 + 0.5 + 0.125))
-    assert 0 < poisson_at_least(60, 5.0) < 1e-30  # far past the mean, still a probability, not a rounding error
+    # far past the mean, still a probability, not a rounding error
+    assert 0 < poisson_at_least(60, 5.0) < 1e-30
     assert poisson_at_least(1000, 1000.0) == pytest.approx(0.5, abs=0.02)
 
 
@@ -80,4 +91,8 @@ def test_no_mtbf_or_no_time_is_no_comparison():
     assert against_mtbf(ends, 3600.0, None) is None and against_mtbf(ends, 0.0, 5.0) is None
     assert against_mtbf(ends, 3600.0, True) is None and against_mtbf(ends, 3600.0, float("nan")) is None
     assert against_mtbf({"completed": 1}, 3600.0, 5.0)["faster"] is False
-    assert mtbf_of({"failures": {"mtbf_hours": 4}}) == 4 and mtbf_of(None) is None and mtbf_of({"failures": 1}) is None
+    assert (
+        mtbf_of({"failures": {"mtbf_hours": 4}}) == 4
+        and mtbf_of(None) is None
+        and mtbf_of({"failures": 1}) is None
+    )

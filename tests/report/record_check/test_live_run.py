@@ -43,8 +43,12 @@ def test_an_unended_session_whose_folder_is_held_is_running(tmp_path):
             freeze_run(tmp_path / "r", tmp_path / "lock.json")
         assert not (tmp_path / "lock.json").exists()
         # Reading it left the folder as it was: nothing but the lock file the holder itself took.
-        assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["checkpoints", "metrics.jsonl", "run.json",
-                                                                      "run.lock"]
+        assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [
+            "checkpoints",
+            "metrics.jsonl",
+            "run.json",
+            "run.lock",
+        ]
     finally:
         lock.release()
     assert not judge_summary(summarize_run(tmp_path / "r")).provisional
@@ -52,8 +56,9 @@ def test_an_unended_session_whose_folder_is_held_is_running(tmp_path):
 
 def test_summarize_in_a_loop_while_the_run_appends_never_reads_a_false_invalid(tmp_path):
     """A writer thread appends the log line by line, as the trainer does, committing each checkpoint's marker
-    after the line it names and before its checkpoint line; summarize reads the folder again and again meanwhile.
-    Every read is a consistent moment of the run: valid, never "the log up to that checkpoint was rewritten"."""
+    after the line it names and before its checkpoint line; summarize reads the folder again and again
+    meanwhile. Every read is a consistent moment of the run: valid, never "the log up to that checkpoint was
+    rewritten"."""
     import threading
 
     from tests.report.synthetic import SyntheticRun

@@ -10,15 +10,29 @@ from pilotrun.report.record_check.mixture_account import (
     source_passes,
 )
 
-RUN = {"data": {"sources": [{"name": "web", "weight": 0.75, "metadata_sha256": "a" * 64, "train": {"tokens": 641}},
-                            {"name": "math", "weight": 0.25, "metadata_sha256": "b" * 64, "train": {"tokens": 65}}],
-                "mixture": {"weights": [0.75, 0.25], "seed": 4}}}
+RUN = {
+    "data": {
+        "sources": [
+            {"name": "web", "weight": 0.75, "metadata_sha256": "a" * 64, "train": {"tokens": 641}},
+            {"name": "math", "weight": 0.25, "metadata_sha256": "b" * 64, "train": {"tokens": 65}},
+        ],
+        "mixture": {"weights": [0.75, 0.25], "seed": 4},
+    }
+}
 
 
 def window(line, step, seen, by_source, tokens, sid="s1"):
-    return {"event": "train", "_line": line, "step": step, "session_id": sid, "tokens_seen": seen,
-            "window": {"tokens": tokens}, "tokens_by_source": by_source,
-            "tokens_seen_by_source": dict(by_source) if step == 1 else None, "restarts_by_source": {"web": 0, "math": 2}}
+    return {
+        "event": "train",
+        "_line": line,
+        "step": step,
+        "session_id": sid,
+        "tokens_seen": seen,
+        "window": {"tokens": tokens},
+        "tokens_by_source": by_source,
+        "tokens_seen_by_source": dict(by_source) if step == 1 else None,
+        "restarts_by_source": {"web": 0, "math": 2},
+    }
 
 
 def good_events():
@@ -47,16 +61,25 @@ def test_sources_that_do_not_add_up_are_named_with_the_line():
 
 
 def test_after_a_rollback_a_source_follows_from_the_train_event_at_the_restored_counters():
-    """A spike's rollback restores the counters of step 1's checkpoint: the next window follows from step 1's."""
+    """A spike's rollback restores the counters of step 1's checkpoint: the next window follows from step
+    1's."""
     first, second, _ = good_events()
     counters = {"updates_attempted": 1, "updates_skipped": 0}
     first.update(counters)
     second.update(updates_attempted=2, updates_skipped=0)
-    rollback = {"event": "rollback", "_line": 3, "session_id": "s1", "step": 1, "tokens_seen": 128, **counters}
+    rollback = {
+        "event": "rollback",
+        "_line": 3,
+        "session_id": "s1",
+        "step": 1,
+        "tokens_seen": 128,
+        **counters,
+    }
     redone = window(4, 2, 256, {"web": 64, "math": 64}, 128)
     redone.update(updates_attempted=2, updates_skipped=0, tokens_seen_by_source={"web": 160, "math": 96})
     assert mixture_problems(RUN, [first, second, rollback, redone]) == []
-    unknown = {**rollback, "tokens_seen": 0, "step": 0, "updates_attempted": 0}  # no train event at those counters
+    # no train event at those counters
+    unknown = {**rollback, "tokens_seen": 0, "step": 0, "updates_attempted": 0}
     assert mixture_problems(RUN, [first, second, unknown, redone]) == []  # nothing to follow from: not judged
     assert "does not follow" in mixture_problems(RUN, [first, second, redone])[0]
 
@@ -68,7 +91,9 @@ def test_the_realised_mixture_against_the_weights():
     assert (web["tokens_seen"], web["share_seen"], web["tokens_asked"]) == (192, 0.75, 192.0)
     assert math["val_loss"] == 2.0 and math["restarts"] == 2
     text = format_mixture(overview)
-    assert "math: weight 0.25 (share 0.2500), tokens 64 (share 0.2500; the weights ask 64.0), restarts 2" in text
+    assert (
+        "math: weight 0.25 (share 0.2500), tokens 64 (share 0.2500; the weights ask 64.0), restarts 2" in text
+    )
 
 
 def test_passes_are_counted_per_source_most_read_first():

@@ -138,5 +138,7 @@ def test_a_first_clip_missing_from_its_window_is_rejected(tmp_path):
     run.find("train", step=10)["qk_clip"]["first_clipped"] = []
     run.write()
     summary = summarize_run(tmp_path / "r")
-    assert any("qk_clip.first_clipped [] differs from the first-time qk_clip events logged in it [[1, 0]]" in r
-               for r in summary.reasons), summary.reasons
+    assert any(
+        "qk_clip.first_clipped [] differs from the first-time qk_clip events logged in it [[1, 0]]" in r
+        for r in summary.reasons
+    ), summary.reasons

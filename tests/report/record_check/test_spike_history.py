@@ -1,5 +1,5 @@
-"""Spikes and rollbacks as the record tells them, on hand-made events: the cut a rollback makes, the check that it
-restored a checkpoint's counters, the overview, the ledger's replay seconds and the spikes rule."""
+"""Spikes and rollbacks as the record tells them, on hand-made events: the cut a rollback makes, the check
+that it restored a checkpoint's counters, the overview, the ledger's replay seconds and the spikes rule."""
 
 from __future__ import annotations
 
@@ -52,32 +52,43 @@ def test_overview_ledger_seconds_and_line():
 
 
 def test_the_line_names_the_skipped_documents_and_reads_older_records_by_their_batches():
-    """A rollback's `skipped` names the spiking batches' documents (per source of a mixture); one written before
-    rollbacks named documents has the batches only, and is read as such."""
+    """A rollback's `skipped` names the spiking batches' documents (per source of a mixture); one written
+    before rollbacks named documents has the batches only, and is read as such."""
     skipped = {"first_batch": 14, "batches": 16, "tokens": 2048,
                "documents": [{"source": "web", "pass": 0, "first": 40, "last": 41, "tokens": [1700, 3753]}]}
     record = [*RECORD[:5], {**RECORD[5], "skipped": skipped}]
-    assert "rollbacks 1 (batches 14..29: web documents 40..41 (pass 0)), data skipped by them 2048 tokens" in \
-        describe_spikes(spike_overview(record))
+    assert (
+        "rollbacks 1 (batches 14..29: web documents 40..41 (pass 0)), data skipped by them 2048 tokens"
+        in describe_spikes(spike_overview(record))
+    )
     older = [*RECORD[:5], {**RECORD[5], "skipped": {"first_batch": 16, "batches": 3, "tokens": 30}}]
-    assert "rollbacks 1 (batches 16..18), data skipped by them 30 tokens" in describe_spikes(spike_overview(older))
+    assert "rollbacks 1 (batches 16..18), data skipped by them 30 tokens" in describe_spikes(
+        spike_overview(older)
+    )
     assert "rollbacks 1 (skip not recorded)" in describe_spikes(spike_overview(RECORD))
 
 
 def test_the_rule_warns_on_any_spike_and_fails_past_its_bounds():
-    summary = SimpleNamespace(overall={"spikes": spike_overview(RECORD)}, kept_events=[], rolled_back_events=[])
+    summary = SimpleNamespace(
+        overall={"spikes": spike_overview(RECORD)}, kept_events=[], rolled_back_events=[]
+    )
     assert judge_spikes(summary, Thresholds()).status == "WARN"
     assert judge_spikes(summary, Thresholds(max_spike_rollbacks=0)).status == "FAIL"
     quiet = SimpleNamespace(overall={}, kept_events=RECORD[:3], rolled_back_events=[])
     assert judge_spikes(quiet, Thresholds()).status == "PASS"
-    unreproduced = [{**RECORD[3], "cause": "not_reproducible", "_line": n, "updates_attempted": n} for n in (4, 8)]
-    twice = SimpleNamespace(overall={"spikes": spike_overview(unreproduced)}, kept_events=[], rolled_back_events=[])
+    unreproduced = [
+        {**RECORD[3], "cause": "not_reproducible", "_line": n, "updates_attempted": n} for n in (4, 8)
+    ]
+    twice = SimpleNamespace(
+        overall={"spikes": spike_overview(unreproduced)}, kept_events=[], rolled_back_events=[]
+    )
     assert judge_spikes(twice, Thresholds()).status == "FAIL"
 
 
 def test_a_resumed_sessions_redo_of_a_spike_and_its_rollback_counts_once():
-    """Killed after the rollback and resumed from the checkpoint at step 4, the run attempts update 6 again from the
-    same state on the same data: the same spike and rollback are logged again, one spike of the run all the same."""
+    """Killed after the rollback and resumed from the checkpoint at step 4, the run attempts update 6 again
+    from the same state on the same data: the same spike and rollback are logged again, one spike of the run
+    all the same."""
     redone = [{**e, "_line": e["_line"] + 10, "session_id": "b"} for e in RECORD[2:6]]
     overview = spike_overview(RECORD + redone)
     assert overview["spikes"] == 1 and overview["rollbacks"] == 1 and overview["skipped_tokens"] == 30

@@ -18,7 +18,12 @@ def test_valid_crashed_and_resumed_run_is_reconciled(tmp_path):
     assert summary.lineage == ["s1", "s2"]
     s1, s2 = summary.sessions
     # s1 reached step 30 (logged) before the kill; s2 resumed from the checkpoint at step 20.
-    assert (s1.status, s1.end_reason, s1.updates_applied, s1.updates_rolled_back) == ("partly rolled back", None, 30, 10)
+    assert (s1.status, s1.end_reason, s1.updates_applied, s1.updates_rolled_back) == (
+        "partly rolled back",
+        None,
+        30,
+        10,
+    )
     assert (s2.status, s2.end_reason, s2.resumed_from, s2.updates_applied) == ("kept", "completed", 20, 40)
     assert s1.time_source == "events" and s2.time_source == "session_end"
     o = summary.overall
@@ -29,7 +34,9 @@ def test_valid_crashed_and_resumed_run_is_reconciled(tmp_path):
     assert o["passes_over_train_split"] == 60 * run.tokens_per_update / 5000
     assert o["resumes"] == 1 and o["ended"] == "completed"
     # Rolled-back windows (steps 25 and 30 of s1) are not in the kept history.
-    kept_s1_steps = [e["step"] for e in summary.kept_events if e["session_id"] == "s1" and e["event"] == "train"]
+    kept_s1_steps = [
+        e["step"] for e in summary.kept_events if e["session_id"] == "s1" and e["event"] == "train"
+    ]
     assert kept_s1_steps == [5, 10, 15, 20]
     assert sorted(e["step"] for e in summary.rolled_back_events if e["event"] == "train") == [25, 30]
     # Time split sums every session; throughput is labelled and computed from the windows.
@@ -125,7 +132,9 @@ def test_missing_session_end_at_required_step(tmp_path):
     assert summarize_run(tmp_path / "r").valid
     summary = summarize_run(tmp_path / "r", require_step=60)
     assert not summary.valid
-    assert any("no session_end at step 60" in r and "killed without session_end" in r for r in summary.reasons)
+    assert any(
+        "no session_end at step 60" in r and "killed without session_end" in r for r in summary.reasons
+    )
     complete = crashed_and_resumed(tmp_path / "c")
     complete.write()
     assert not summarize_run(tmp_path / "c", require_step=50).valid
@@ -210,7 +219,9 @@ def test_a_checkpoint_committed_but_not_logged_is_a_note_when_its_window_matches
     killed_between_commit_and_log(tmp_path)
     summary = summarize_run(tmp_path / "r")
     assert summary.valid, summary.reasons
-    assert any("committed but did not log" in note and "step 40" in note for note in summary.notes), summary.notes
+    assert any("committed but did not log" in note and "step 40" in note for note in summary.notes), (
+        summary.notes
+    )
     assert summary.overall["updates_applied"] == 60 and summary.overall["resumes"] == 1
 
 

@@ -82,7 +82,11 @@ def test_a_killed_session_derives_its_profile_seconds_from_its_windows(tmp_path)
     run.train_until(40)
     run.end_session()
     windows = [e["window"] for e in run.events if e["event"] == "train" and e["session_id"] == "s1"]
-    windows[1]["profiled_attempts"], windows[1]["profiled_tokens"], windows[1]["profile_seconds"] = 1, 32, 0.75
+    windows[1]["profiled_attempts"], windows[1]["profiled_tokens"], windows[1]["profile_seconds"] = (
+        1,
+        32,
+        0.75,
+    )
     run.write()
     summary = summarize_run(run.run_dir)
     assert summary.valid, summary.reasons

@@ -1,5 +1,5 @@
-"""continuity.py: the pilot must have resumed (replayed windows bit-identical), end on an intact checkpoint, and
-name every recipe change with the update it took effect from."""
+"""continuity.py: the pilot must have resumed (replayed windows bit-identical), end on an intact checkpoint,
+and name every recipe change with the update it took effect from."""
 
 
 
@@ -49,7 +49,9 @@ def test_resume_with_nothing_left_to_do_is_not_resume_evidence(tmp_path):
 
 def test_recipe_change_on_resume_is_named_with_its_step_and_the_supported_recipe(tmp_path):
     run = crashed_and_resumed(tmp_path / "r")
-    run.run["allowed_changes"].append({"session_id": "s2", "key": "optim.muon.lr", "old": 0.003, "new": 0.001})
+    run.run["allowed_changes"].append(
+        {"session_id": "s2", "key": "optim.muon.lr", "old": 0.003, "new": 0.001}
+    )
     run.run["allowed_changes"].append({"session_id": "gone", "key": "optim.adamw.lr", "old": 1, "new": 2})
     run.write()
     verdict = judge(tmp_path / "r")
@@ -79,7 +81,11 @@ def test_final_checkpoint_damaged_or_missing_fails_can_continue(tmp_path):
         path.unlink()
     damaged.parent.rmdir()
     rule = {r.name: r for r in judge(tmp_path / "r").rules}["final_checkpoint"]
-    assert rule.status == FAIL and "no checkpoint folder" in rule.figure and "newest committed: step 40" in rule.figure
+    assert (
+        rule.status == FAIL
+        and "no checkpoint folder" in rule.figure
+        and "newest committed: step 40" in rule.figure
+    )
 
 
 def test_replayed_windows_under_a_changed_recipe_are_not_compared(tmp_path):
@@ -88,16 +94,21 @@ def test_replayed_windows_under_a_changed_recipe_are_not_compared(tmp_path):
     run.run["allowed_changes"].append({"session_id": "s2", "key": "optim.grad_clip", "old": 1.0, "new": 0.5})
     run.write()
     rule = {r.name: r for r in judge(tmp_path / "r").rules}["resumed"]
-    assert rule.status == PASS and "no replayed window to compare; 3 replayed under a changed recipe" in rule.figure
+    assert (
+        rule.status == PASS
+        and "no replayed window to compare; 3 replayed under a changed recipe" in rule.figure
+    )
 
 
 def test_recipe_change_that_did_not_reach_the_optimizer_fails(tmp_path):
-    """run.json says Muon's LR became 0.001 from update 21, but the windows' lr / lr_multiplier (the base LR the
-    optimizer used) stayed at 0.003: the recorded recipe is not what ran."""
+    """run.json says Muon's LR became 0.001 from update 21, but the windows' lr / lr_multiplier (the base LR
+    the optimizer used) stayed at 0.003: the recorded recipe is not what ran."""
     run = crashed_and_resumed(tmp_path / "r")
     run.run["optimizer"]["groups"] = [{"group": "attention", "optimizer": "muon", "lr": 0.001}]
     run.run["recipe"]["optim"]["muon"] = {"lr": 0.001}
-    run.run["allowed_changes"].append({"session_id": "s2", "key": "optim.muon.lr", "old": 0.003, "new": 0.001})
+    run.run["allowed_changes"].append(
+        {"session_id": "s2", "key": "optim.muon.lr", "old": 0.003, "new": 0.001}
+    )
     for event in run.events:
         if event["event"] == "train":
             event["lr"], event["lr_multiplier"] = 0.003 * 0.5, 0.5
@@ -114,17 +125,22 @@ def test_recipe_change_that_did_not_reach_the_optimizer_fails(tmp_path):
 def test_a_resume_on_another_thread_count_names_it_as_the_cause_and_proves_no_exact_continuation(tmp_path):
     """The thread count may decide the order of a reduction's additions: a resume on other threads is recorded
     (run.json's not_exact) as the update from which bit-exactness is not promised. Its replayed windows that
-    differ name that cause instead of failing as broken exactness, and it is no proof of exact continuation."""
+    differ name that cause instead of failing as broken exactness, and it is no proof of exact
+    continuation."""
     run = crashed_and_resumed(tmp_path / "r")
     run.find("train", session="s1", step=25)["loss"] += 1e-12  # the last bit, as another thread split gives
     entry = next(e for e in run.run["sessions"] if e["session_id"] == "s2")
-    entry["not_exact"] = {"from_update": 21, "changes": [{"key": "hardware.torch_threads", "old": 1, "new": 2}]}
+    entry["not_exact"] = {
+        "from_update": 21,
+        "changes": [{"key": "hardware.torch_threads", "old": 1, "new": 2}],
+    }
     run.write()
     rule = {r.name: r for r in judge(tmp_path / "r").rules}["resumed"]
     assert rule.status == FAIL and "such a resume proves no exact continuation" in rule.figure
     assert "cause: hardware.torch_threads 1 -> 2 from update 21" in rule.figure
     assert "train step 25 loss" in rule.figure and "never proved it can continue" in rule.figure
-    # Beside a resume on the same threads (the pilot's own), the run has proved it: PASS, the cause still named.
+    # Beside a resume on the same threads (the pilot's own), the run has proved it: PASS, the cause still
+    # named.
     run = SyntheticRun(tmp_path / "b")
     run.start_session()
     run.train_until(33)
@@ -137,10 +153,15 @@ def test_a_resume_on_another_thread_count_names_it_as_the_cause_and_proves_no_ex
     run.end_session()
     run.find("train", session="s1", step=25)["loss"] += 1e-12
     entry = next(e for e in run.run["sessions"] if e["session_id"] == "s2")
-    entry["not_exact"] = {"from_update": 21, "changes": [{"key": "hardware.torch_threads", "old": 1, "new": 2}]}
+    entry["not_exact"] = {
+        "from_update": 21,
+        "changes": [{"key": "hardware.torch_threads", "old": 1, "new": 2}],
+    }
     run.write()
     rule = {r.name: r for r in judge(tmp_path / "b").rules}["resumed"]
-    assert rule.status == PASS and "1 resume(s) with training after them: session s3 from step 40" in rule.figure
+    assert (
+        rule.status == PASS and "1 resume(s) with training after them: session s3 from step 40" in rule.figure
+    )
     assert "cause: hardware.torch_threads 1 -> 2 from update 21" in rule.figure
 
 
@@ -150,13 +171,18 @@ def test_a_resume_on_another_thread_count_replayed_bit_identical_warns_naming_th
     that differs makes it FAIL with the change named as the likely cause."""
     run = crashed_and_resumed(tmp_path / "r")
     entry = next(e for e in run.run["sessions"] if e["session_id"] == "s2")
-    entry["not_exact"] = {"from_update": 21, "changes": [{"key": "hardware.torch_threads", "old": 1, "new": 2}]}
+    entry["not_exact"] = {
+        "from_update": 21,
+        "changes": [{"key": "hardware.torch_threads", "old": 1, "new": 2}],
+    }
     run.write()
     verdict = judge(tmp_path / "r")
     rule = {r.name: r for r in verdict.rules}["resumed"]
     assert rule.status == WARN and verdict.decision == "GO"
     assert "session s2: hardware.torch_threads 1 -> 2 from update 21" in rule.figure
-    assert "3 replayed window(s) after it, all bit-identical: the replay shows the continuation" in rule.figure
+    assert (
+        "3 replayed window(s) after it, all bit-identical: the replay shows the continuation" in rule.figure
+    )
     run.find("train", session="s1", step=25)["loss"] += 1e-12
     run.write()
     verdict = judge(tmp_path / "r")

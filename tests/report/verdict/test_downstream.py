@@ -1,5 +1,5 @@
-"""pilotrun/report/verdict/downstream.py: the downstream rule shows the figures and never fails; the fall-back and
-below-the-pilot judgements watch alerts on; the pilot's figures a lock carries."""
+"""pilotrun/report/verdict/downstream.py: the downstream rule shows the figures and never fails; the fall-back
+and below-the-pilot judgements watch alerts on; the pilot's figures a lock carries."""
 
 from __future__ import annotations
 
@@ -18,8 +18,14 @@ from pilotrun.report.verdict.thresholds import PASS, WARN, Thresholds
 
 
 def scored(step: int, acc: float, examples: int = 40, chance: float = 0.25, sha: str = "abc") -> dict:
-    return {"event": "downstream", "step": step, "session_id": "s",
-            "tasks": {"next": {"acc": acc, "acc_norm": acc, "chance": chance, "examples": examples, "sha256": sha}}}
+    return {
+        "event": "downstream",
+        "step": step,
+        "session_id": "s",
+        "tasks": {
+            "next": {"acc": acc, "acc_norm": acc, "chance": chance, "examples": examples, "sha256": sha}
+        },
+    }
 
 
 def summary_of(*events) -> SimpleNamespace:
@@ -56,7 +62,8 @@ def test_below_the_pilot_only_on_the_same_task_file_at_or_past_the_pilots_step()
     pilot = {"acc": 0.6, "step": 40, "sha256": "abc"}
     points = task_series([scored(40, 0.4)])["next"]
     assert "below the pilot's 0.600" in below_pilot_problem(points, pilot)[0]
-    assert below_pilot_problem(task_series([scored(30, 0.4)])["next"], pilot) is None  # before the pilot's step
+    # before the pilot's step
+    assert below_pilot_problem(task_series([scored(30, 0.4)])["next"], pilot) is None
     assert below_pilot_problem(task_series([scored(40, 0.4, sha="other")])["next"], pilot) is None
     assert below_pilot_problem(task_series([scored(40, 0.55)])["next"], pilot) is None  # within the noise
     assert below_pilot_problem(points, None) is None
@@ -64,7 +71,16 @@ def test_below_the_pilot_only_on_the_same_task_file_at_or_past_the_pilots_step()
 
 def test_the_pilots_figures_are_its_last_per_task_with_the_series():
     figures = pilot_figures(summary_of(scored(20, 0.3), scored(40, 0.55)))
-    assert figures == {"next": {"sha256": "abc", "examples": 40, "chance": 0.25, "acc": 0.55, "acc_norm": 0.55,
-                                "step": 40, "series": [[20, 0.3], [40, 0.55]]}}
+    assert figures == {
+        "next": {
+            "sha256": "abc",
+            "examples": 40,
+            "chance": 0.25,
+            "acc": 0.55,
+            "acc_norm": 0.55,
+            "step": 40,
+            "series": [[20, 0.3], [40, 0.55]],
+        }
+    }
     assert task_series([{"event": "downstream", "step": 1, "tasks": {"x": {"acc": float("nan"), "chance": 0.5,
                                                                           "examples": 2}}}]) == {}

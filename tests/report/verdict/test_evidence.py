@@ -27,7 +27,8 @@ def test_the_readers_take_the_kept_history_and_the_recorded_recipe(tmp_path):
     summary = summarize_run(tmp_path / "r")
     trains = train_events(summary)
     assert trains and all(e["event"] == "train" for e in trains)
-    assert trains == [e for e in summary.kept_events if e["event"] == "train"]  # never the rolled-back windows
+    # never the rolled-back windows
+    assert trains == [e for e in summary.kept_events if e["event"] == "train"]
     assert window_of(trains[0])["updates_applied"] > 0 and window_of({"event": "val"}) == {}
     assert recipe_value(summary, "optim.grad_clip") == 1.0
     assert recipe_value(summary, "optim.nope.deeper") is None  # missing is None, never a default
@@ -89,7 +90,8 @@ def test_data_passes_counts_the_pass_the_loader_reads_not_the_whole_split(tmp_pa
     """Tokens over the split's size read 4.8 passes and hide the fifth; the loader read five."""
     run = crashed_and_resumed(tmp_path / "r")
     _read_over(run, 5)
-    run.run["data"]["train"]["tokens"] += run.run["recipe"]["train"]["seq_len"]  # one window more: no whole batch
+    # one window more: no whole batch
+    run.run["data"]["train"]["tokens"] += run.run["recipe"]["train"]["seq_len"]
     run.write()
     summary = summarize_run(tmp_path / "r")
     assert summary.overall["passes_over_train_split"] < 5

@@ -14,7 +14,10 @@ def test_throughput_steady_fails_when_it_decays(tmp_path):
         run.train_seconds_per_update = lambda step: 0.5 * (1 + step / 10.0)
         run.cpu_seconds_per_update = lambda step: 0.45 * (1 + step / 10.0)
     _, rules = verdict_of(tmp_path, change)
-    assert rules["throughput_steady"].status == FAIL and "the run itself slowed" in rules["throughput_steady"].figure
+    assert (
+        rules["throughput_steady"].status == FAIL
+        and "the run itself slowed" in rules["throughput_steady"].figure
+    )
 
 
 def test_throughput_steady_warns_when_only_the_machine_got_busier(tmp_path):
@@ -28,11 +31,12 @@ def test_throughput_steady_warns_when_only_the_machine_got_busier(tmp_path):
 
 def test_throughput_warns_when_the_process_lost_its_cpu_share_even_if_each_token_cost_more(tmp_path):
     """Two competing processes on the trainer's core: it gets a third of the CPU per training second, and each
-    token also costs it more CPU time (every switch evicts its caches). Neither figure alone acquits the recipe,
-    but the lost share says other load took the CPU: a WARN naming both, not a FAIL."""
+    token also costs it more CPU time (every switch evicts its caches). Neither figure alone acquits the
+    recipe, but the lost share says other load took the CPU: a WARN naming both, not a FAIL."""
     def shared_core(run):
         run.train_seconds_per_update = lambda step: 2.0 if step > 40 else 0.5
-        run.cpu_seconds_per_update = lambda step: 0.9 if step > 40 else 0.45  # twice the CPU per token, half the share
+        # twice the CPU per token, half the share
+        run.cpu_seconds_per_update = lambda step: 0.9 if step > 40 else 0.45
     verdict, rules = verdict_of(tmp_path, shared_core)
     rule = rules["throughput_steady"]
     assert rule.status == WARN and verdict.decision == "GO", rule.figure
@@ -42,7 +46,8 @@ def test_throughput_warns_when_the_process_lost_its_cpu_share_even_if_each_token
 
 
 def test_throughput_fails_when_the_share_held_and_each_token_cost_more(tmp_path):
-    def slower_recipe(run):  # the CPU share stays at 0.9 while each update takes four times the CPU and the wall
+    # the CPU share stays at 0.9 while each update takes four times the CPU and the wall
+    def slower_recipe(run):
         run.train_seconds_per_update = lambda step: 2.0 if step > 40 else 0.5
         run.cpu_seconds_per_update = lambda step: 1.8 if step > 40 else 0.45
     _, rules = verdict_of(tmp_path, slower_recipe)
@@ -70,9 +75,9 @@ def test_throughput_contention_is_not_inferred_without_cpu_time_or_on_cuda(tmp_p
 
 
 def test_throughput_on_cuda_tells_abusier_machine_by_the_device_seconds(tmp_path):
-    """On CUDA each window records the device seconds of its updates (timing events): when the wall time grew but
-    the device did the same work per token, the machine got busier (WARN); when the device seconds grew with
-    it, the run slowed (FAIL)."""
+    """On CUDA each window records the device seconds of its updates (timing events): when the wall time grew
+    but the device did the same work per token, the machine got busier (WARN); when the device seconds grew
+    with it, the run slowed (FAIL)."""
     def build(name, device_seconds_per_update):
         run = crashed_and_resumed(tmp_path / name, make_run=lambda d, **kw: changed(SyntheticRun(d, **kw),
                                                                                   busier_machine))
@@ -81,7 +86,9 @@ def test_throughput_on_cuda_tells_abusier_machine_by_the_device_seconds(tmp_path
         for event in run.events:
             if event["event"] == "train":
                 window = event["window"]
-                window["device_seconds"] = window["updates_attempted"] * device_seconds_per_update(event["step"])
+                window["device_seconds"] = window["updates_attempted"] * device_seconds_per_update(
+                    event["step"]
+                )
         run.write()
         return {r.name: r for r in judge_summary(summarize_run(run.run_dir)).rules}["throughput_steady"]
 
@@ -104,10 +111,10 @@ def test_memory_fails_on_growth_and_on_budget(tmp_path):
 
 
 def _spinning_threads_on_a_busy_machine(others_busy: bool):
-    """Two threads; from update 40 on another job wants the cores. Each update takes five times the wall time and
-    four times the CPU (threads waiting on a descheduled sibling spin), while the share of the CPU barely moves:
-    by the work per token alone the run would look slower itself. `others_busy`: the windows also show the rest
-    of the machine using about a CPU more and the threads descheduled far more often."""
+    """Two threads; from update 40 on another job wants the cores. Each update takes five times the wall time
+    and four times the CPU (threads waiting on a descheduled sibling spin), while the share of the CPU barely
+    moves: by the work per token alone the run would look slower itself. `others_busy`: the windows also show
+    the rest of the machine using about a CPU more and the threads descheduled far more often."""
     def change(run):
         run.train_seconds_per_update = lambda step: 2.5 if step > 40 else 0.5
         run.cpu_seconds_per_update = lambda step: 3.6 if step > 40 else 0.9
@@ -121,8 +128,13 @@ def test_threads_that_lost_the_cpu_to_other_processes_warn_naming_the_machine_no
     verdict, rules = verdict_of(tmp_path, _spinning_threads_on_a_busy_machine(others_busy=True))
     rule = rules["throughput_steady"]
     assert rule.status == WARN and verdict.decision == "GO", rule.figure
-    assert rule.figure.startswith("the machine got busier, not the recipe slower: ") and "(ratio 0.20)" in rule.figure
-    assert "other processes used 0.08 -> 0.99 CPUs" in rule.figure and "8 -> 152 times per second" in rule.figure
+    assert (
+        rule.figure.startswith("the machine got busier, not the recipe slower: ")
+        and "(ratio 0.20)" in rule.figure
+    )
+    assert (
+        "other processes used 0.08 -> 0.99 CPUs" in rule.figure and "8 -> 152 times per second" in rule.figure
+    )
     assert "lost CPU to other processes" in rule.figure and "the run itself slowed" not in rule.figure
     assert "window.involuntary_switches" in rule.evidence
 
@@ -130,5 +142,10 @@ def test_threads_that_lost_the_cpu_to_other_processes_warn_naming_the_machine_no
 def test_the_same_slowdown_with_the_machine_quiet_is_the_recipes(tmp_path):
     verdict, rules = verdict_of(tmp_path, _spinning_threads_on_a_busy_machine(others_busy=False))
     rule = rules["throughput_steady"]
-    assert rule.status == FAIL and verdict.decision == "NO-GO" and "the run itself slowed" in rule.figure, rule.figure
-    assert "other processes used 0.08 -> 0.02 CPUs, this run's threads descheduled for them 8 -> 2 times" in rule.figure
+    assert rule.status == FAIL and verdict.decision == "NO-GO" and "the run itself slowed" in rule.figure, (
+        rule.figure
+    )
+    assert (
+        "other processes used 0.08 -> 0.02 CPUs, this run's threads descheduled for them 8 -> 2 times"
+        in rule.figure
+    )

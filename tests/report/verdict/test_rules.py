@@ -1,6 +1,6 @@
-"""rules.py: the rule table is one account of the verdict's rules. Every threshold has a meaning and a rule that
-reads it, every plot a rule links to is one plots.py writes, `verdict --help` lists every rule and threshold
-from the table, and the verdict judges the table's rules in its order."""
+"""rules.py: the rule table is one account of the verdict's rules. Every threshold has a meaning and a rule
+that reads it, every plot a rule links to is one plots.py writes, `verdict --help` lists every rule and
+threshold from the table, and the verdict judges the table's rules in its order."""
 
 from __future__ import annotations
 
@@ -130,10 +130,18 @@ def _rule_name_literals(path: Path, names: set[str]) -> list[tuple[int, str, boo
         if not (isinstance(node, ast.Constant) and node.value in names):
             continue
         parent = parents[node]
-        declared = (isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id == "Rule"
-                    and parent.args and parent.args[0] is node)
+        declared = (
+            isinstance(parent, ast.Call)
+            and isinstance(parent.func, ast.Name)
+            and parent.func.id == "Rule"
+            and parent.args
+            and parent.args[0] is node
+        )
         record_key = isinstance(parent, ast.Subscript | ast.Compare) or (
-            isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute) and parent.func.attr == "get")
+            isinstance(parent, ast.Call)
+            and isinstance(parent.func, ast.Attribute)
+            and parent.func.attr == "get"
+        )
         if not record_key:
             found.append((node.lineno, node.value, declared))
     return found
@@ -158,15 +166,20 @@ def test_no_rule_name_is_written_twice():
 
 @pytest.mark.parametrize("lines", [1, 2, 6])
 def test_a_rule_that_fails_for_evidence_a_run_has_not_reached_yet_states_it_as_a_need(tmp_path, lines):
-    """Every rule, on a healthy run cut after its first lines (a session start; one window; a resumed session's
-    start): any FAIL comes from a rule still waiting for one of its needs (evidence.Need), so a new rule that reads
-    something a young run lacks cannot alert on it. The complete record waits for nothing. (The synthetic run
-    clips every update to 10, its warm-up as the recipe states it.)"""
+    """Every rule, on a healthy run cut after its first lines (a session start; one window; a resumed
+    session's start): any FAIL comes from a rule still waiting for one of its needs (evidence.Need), so a new
+    rule that reads something a young run lacks cannot alert on it. The complete record waits for nothing.
+    (The synthetic run clips every update to 10, its warm-up as the recipe states it.)"""
     full = crashed_and_resumed(tmp_path / "full")
     full.run["recipe"]["optim"]["schedule"] = {"warmup_steps": 10}
     run = SyntheticRun(tmp_path / "r")
-    run.run, run.events = full.run, full.events[:lines] if lines < 6 else \
-        [e for e in full.events if e["session_id"] == "s1" and e["step"] <= 5] + [full.find("session_start", "s2")]
+    run.run, run.events = (
+        full.run,
+        full.events[:lines]
+        if lines < 6
+        else [e for e in full.events if e["session_id"] == "s1" and e["step"] <= 5]
+        + [full.find("session_start", "s2")],
+    )
     run.write()
     summary = summarize_run(run.run_dir)
     for rule in RULES:
@@ -181,5 +194,7 @@ def test_every_rule_states_its_needs_in_words():
     from pilotrun.report.verdict.evidence import Need
 
     for rule in RULES:
-        assert isinstance(rule.needs, tuple) and all(isinstance(n, Need) and n.what for n in rule.needs), rule.name
+        assert isinstance(rule.needs, tuple) and all(isinstance(n, Need) and n.what for n in rule.needs), (
+            rule.name
+        )
     assert [n.what for n in RULES_BY_NAME["losses_finite"].needs] == ["a train window"]

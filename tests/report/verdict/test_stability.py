@@ -30,7 +30,10 @@ def test_loss_decreased_fails_when_flat_and_warns_when_small(tmp_path):
         run.loss = lambda step: 3.0
     _, rules = verdict_of(tmp_path / "flat", flat)
     assert rules["loss_decreased"].status == FAIL
-    assert rules["loss_decreased"].figure.startswith("not learning") and "+0.00% drop" in rules["loss_decreased"].figure
+    assert (
+        rules["loss_decreased"].figure.startswith("not learning")
+        and "+0.00% drop" in rules["loss_decreased"].figure
+    )
 
     def small(run):
         run.loss = lambda step: 3.0 - 0.001 * step  # a real (noise-free) drop of 1.6%: learning, slowly
@@ -51,7 +54,9 @@ def test_loss_decreased_judges_the_drop_against_the_loss_noise(tmp_path):
         run.loss = lambda step: 3.0 - 0.003 * step + 0.2 * _noise(step)
     _, rules = verdict_of(tmp_path / "noisy", within_noise)
     figure = rules["loss_decreased"].figure
-    assert rules["loss_decreased"].status == FAIL and "(+2.92% drop)" in figure and "drop = 0.5 sigma" in figure
+    assert (
+        rules["loss_decreased"].status == FAIL and "(+2.92% drop)" in figure and "drop = 0.5 sigma" in figure
+    )
 
     def clear(run):  # the same noise on a real descent
         run.loss = lambda step: 2.0 + 5.0 * math.exp(-step / 20.0) + 0.3 * _noise(step)
@@ -67,7 +72,10 @@ def test_val_tracks_train_fails_when_val_diverges(tmp_path):
     def widening(run):
         run.val_loss = lambda step: 3.0  # flat while training loss keeps falling: the gap widens
     _, rules = verdict_of(tmp_path / "gap", widening)
-    assert rules["val_tracks_train"].status == FAIL and "last val +0.0% vs best" in rules["val_tracks_train"].figure
+    assert (
+        rules["val_tracks_train"].status == FAIL
+        and "last val +0.0% vs best" in rules["val_tracks_train"].figure
+    )
     _, rules = verdict_of(tmp_path / "none", eval_every=0)
     assert rules["val_tracks_train"].status == WARN
 
@@ -162,7 +170,8 @@ def test_loss_rise_at_end_passes_a_healthy_noisy_run_and_a_noisy_plateau(tmp_pat
 
 
 def test_loss_rise_at_end_fails_a_loss_that_falls_then_climbs_back(tmp_path):
-    def fall_then_rise(run):  # falls to update 23, then climbs 0.0015 a step (+0.33 by the end) under +-0.1 of noise
+    # falls to update 23, then climbs 0.0015 a step (+0.33 by the end) under +-0.1 of noise
+    def fall_then_rise(run):
         run.loss = lambda step: 3.0 + 0.0015 * abs(step - 23) * (1 if step > 23 else 40) + 0.1 * _noise(step)
     verdict, rules = verdict_of(tmp_path, fall_then_rise, max_steps=240)
     found = rules["loss_rise_at_end"]
@@ -172,7 +181,8 @@ def test_loss_rise_at_end_fails_a_loss_that_falls_then_climbs_back(tmp_path):
 
 
 def test_loss_rise_at_end_needs_both_the_sigmas_and_the_share(tmp_path):
-    def small_rise(run):  # noise-free, so far beyond any sigma, but 1% above the best level: a plateau's wander
+    # noise-free, so far beyond any sigma, but 1% above the best level: a plateau's wander
+    def small_rise(run):
         run.loss = lambda step: 3.0 + (0.03 if step > 180 else 0.0)
     _, rules = verdict_of(tmp_path / "small", small_rise, max_steps=240)
     assert rules["loss_rise_at_end"].status == PASS
@@ -192,9 +202,9 @@ def test_loss_rise_at_end_warns_with_too_few_windows(tmp_path):
 
 
 def test_grad_spikes_tells_the_trainers_spikes_the_spikes_row_warns_about(tmp_path):
-    """The trainer's per-update spikes (the spikes row): one in the loss alone is named beside "no gradient-norm
-    spike", never a bare "no spike"; one in the gradient norm that no logged window shows (its update skipped)
-    counts as a spike of this row too."""
+    """The trainer's per-update spikes (the spikes row): one in the loss alone is named beside "no
+    gradient-norm spike", never a bare "no spike"; one in the gradient norm that no logged window shows (its
+    update skipped) counts as a spike of this row too."""
     def with_spikes(signals):
         def build(builder, run_dir, **kw):
             run = builder(run_dir, **kw)

@@ -1,5 +1,5 @@
-"""verdict: the healthy synthetic pilot passes every rule; the decision, its statement and the CLI. Each rule's FAIL
-case is in the test file of the module that judges it."""
+"""verdict: the healthy synthetic pilot passes every rule; the decision, its statement and the CLI. Each
+rule's FAIL case is in the test file of the module that judges it."""
 
 import json
 
@@ -48,7 +48,8 @@ def test_cli_verdict_go_nogo_json_and_bad_threshold(tmp_path, capsys):
     assert main(["verdict", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert "VERDICT: GO" in out and f"report: {tmp_path / 'r' / 'report' / 'report.html'}" in out
-    # (A WARN does not block: see test_resumed_fails_without_resume_unless_waived.) A 2x throughput bound fails.
+    # (A WARN does not block: see test_resumed_fails_without_resume_unless_waived.) A 2x throughput bound
+    # fails.
     assert main(["verdict", str(tmp_path / "r"), "--json", "--threshold", "min_throughput_ratio=2"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["decision"] == "NO-GO" and data["thresholds"]["min_throughput_ratio"] == 2.0
@@ -81,7 +82,9 @@ def test_missing_evidence_fails_the_rule_that_needs_it(tmp_path):
 
 @pytest.mark.slow
 def test_cli_verdict_json_lists_warnings_and_the_candidate(tmp_path, capsys):
-    run = crashed_and_resumed(tmp_path / "r", make_run=lambda d, **kw: changed(SyntheticRun(d, **kw), busier_machine))
+    run = crashed_and_resumed(
+        tmp_path / "r", make_run=lambda d, **kw: changed(SyntheticRun(d, **kw), busier_machine)
+    )
     run.write()
     assert main(["verdict", str(tmp_path / "r"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -1,4 +1,5 @@
-"""pilotrun/report/watch/alerts.py: each alert's condition on a record, with a handed-in clock and lock holder."""
+"""pilotrun/report/watch/alerts.py: each alert's condition on a record, with a handed-in clock and lock
+holder."""
 
 from __future__ import annotations
 
@@ -59,15 +60,20 @@ def _overflowing(run):
 
 
 def test_the_envelope_follows_the_pilot_and_holds_its_last_level_past_its_end():
-    envelope = {"points": [[0, 10.0], [10, 6.0], [20, 4.0], [30, 4.0]], "noise": 0.1, "sigmas": 5, "share": 0.0}
+    envelope = {
+        "points": [[0, 10.0], [10, 6.0], [20, 4.0], [30, 4.0]],
+        "noise": 0.1,
+        "sigmas": 5,
+        "share": 0.0,
+    }
     assert envelope_bound(envelope, 5) == pytest.approx(8.0 + 0.5)
     assert envelope_bound(envelope, 1000) == pytest.approx(4.0 + 0.5)
     assert envelope_bound({"points": []}, 3) is None
 
 
 def _cuda_pilot_and_run(tmp_path, slow_device_from: int):
-    """A 'CUDA' pilot of 40 updates and a long run whose device seconds per update double from a step on, while
-    its wall-clock training time stays the pilot's: only the per-device band can see it."""
+    """A 'CUDA' pilot of 40 updates and a long run whose device seconds per update double from a step on,
+    while its wall-clock training time stays the pilot's: only the per-device band can see it."""
     from pilotrun.report.projection.long_run import watch_figures
     from pilotrun.report.record_check.summarize import summarize_run
 
@@ -158,7 +164,9 @@ def test_against_a_lock_a_task_below_the_pilots_figure_is_an_alert(tmp_path):
     lock = {"watch": {"downstream": {"next": {"acc": 0.6, "step": 40, "sha256": "abc"}}}}
     new, _ = Watcher(tmp_path / "r", lock=lock, holder=lambda _: {"pid": 1}, clock=lambda: run.clock).check()
     below = [a for a in new if a.kind == "downstream"]
-    assert [a.key for a in below] == ["downstream_pilot:next"] and "below the pilot's 0.600" in below[0].message
+    assert [a.key for a in below] == ["downstream_pilot:next"] and "below the pilot's 0.600" in below[
+        0
+    ].message
 
 
 def _hung_then_resumed(tmp_path, mtbf_hours=None):
@@ -220,7 +228,11 @@ def test_a_run_watched_before_its_first_train_window_gets_no_rule_alert_each_rul
     assert [a for a in new if a.kind == "rule"] == []
     assert watcher.waiting["losses_finite"] == "a train window"
     assert watcher.waiting["skip_rate"] == "a train window"
-    assert set(watcher.waiting) == {r.name for r in watcher.rules} - {"data_passes", "downstream", "recipe_changes"}
+    assert set(watcher.waiting) == {r.name for r in watcher.rules} - {
+        "data_passes",
+        "downstream",
+        "recipe_changes",
+    }
     run.train_until(20)
     run.write()
     watcher.check(final=True)
@@ -232,8 +244,8 @@ def test_a_run_watched_before_its_first_train_window_gets_no_rule_alert_each_rul
 
 
 def _prefix(full: SyntheticRun, k: int, run_dir) -> SyntheticRun:
-    """The record as the trainer had written it after its first `k` lines: run.json's sessions that had started
-    (not yet closed where their end is still to come), the checkpoints committed by then."""
+    """The record as the trainer had written it after its first `k` lines: run.json's sessions that had
+    started (not yet closed where their end is still to come), the checkpoints committed by then."""
     run = full.copy()
     run.run_dir, run.events = run_dir, run.events[:k]
     started = {e["session_id"] for e in run.events if e["event"] == "session_start"}
@@ -250,9 +262,9 @@ def _prefix(full: SyntheticRun, k: int, run_dir) -> SyntheticRun:
 def test_a_record_growing_line_by_line_raises_a_rule_only_once_its_evidence_exists(tmp_path):
     """The pilot's shape (killed at 33, resumed from 20) with warm-up clipping (every update to 10 clipped, a
     warm-up of 10) and overflow skips, watched after each of its lines: a rule is judged only once the record
-    holds what it reads, and then exactly as the rule table judges it. So no alert ever says the record lacks a
-    rule's evidence, the warm-up's clipping never alerts (clip_rate waits for a second half past the warm-up),
-    and the complete record's alerts are every watched rule that FAILs on it, none waiting."""
+    holds what it reads, and then exactly as the rule table judges it. So no alert ever says the record lacks
+    a rule's evidence, the warm-up's clipping never alerts (clip_rate waits for a second half past the
+    warm-up), and the complete record's alerts are every watched rule that FAILs on it, none waiting."""
     from pilotrun.report.record_check.summarize import summarize_run
     from pilotrun.report.verdict.thresholds import FAIL, Thresholds
     from pilotrun.report.verdict.verdict import judge_summary
@@ -270,13 +282,23 @@ def test_a_record_growing_line_by_line_raises_a_rule_only_once_its_evidence_exis
         alerts = {a.key: a for a in watcher.check(final=True)[0] if a.kind == "rule"}
         summary = summarize_run(run_dir)
         judged = [r for r in watcher.rules if r.name not in watcher.waiting]
-        assert set(alerts) == {f"rule:{r.name}" for r in judged if r.apply(summary, Thresholds()).status == FAIL}, k
+        assert set(alerts) == {
+            f"rule:{r.name}" for r in judged if r.apply(summary, Thresholds()).status == FAIL
+        }, k
         assert not any("evidence" in a.message or "no loss" in a.message or "no update" in a.message
                        for a in alerts.values()), (k, alerts)
         raised |= set(alerts)
         waited |= set(watcher.waiting)
     assert raised == {"rule:skip_rate"}
-    assert {"losses_finite", "skip_rate", "grad_spikes", "clip_rate", "memory", "experts", "qk_clip"} <= waited
+    assert {
+        "losses_finite",
+        "skip_rate",
+        "grad_spikes",
+        "clip_rate",
+        "memory",
+        "experts",
+        "qk_clip",
+    } <= waited
     assert watcher.waiting == {}
     watched = {r.name for r in watcher.rules}
     failed = {r.name for r in judge_summary(summarize_run(run_dir)).rules if r.status == FAIL} & watched
@@ -311,11 +333,14 @@ def test_a_slowdown_with_a_smaller_cpu_share_is_the_machine_busier_and_at_the_sa
 
 def test_a_resume_on_another_thread_count_is_said_once_as_a_note_not_an_alert(tmp_path):
     """run.json's not_exact for the resumed session: watch notes, once, that bit-exact continuation is not
-    promised from update 21 and why (the thread count 1 -> 2); it raises no alert for it. A session on the same
-    threads gets no note."""
+    promised from update 21 and why (the thread count 1 -> 2); it raises no alert for it. A session on the
+    same threads gets no note."""
     full = crashed_and_resumed(tmp_path / "full")
     entry = next(e for e in full.run["sessions"] if e["session_id"] == "s2")
-    entry["not_exact"] = {"from_update": 21, "changes": [{"key": "hardware.torch_threads", "old": 1, "new": 2}]}
+    entry["not_exact"] = {
+        "from_update": 21,
+        "changes": [{"key": "hardware.torch_threads", "old": 1, "new": 2}],
+    }
     plain = crashed_and_resumed(tmp_path / "plain").write()
     watcher = Watcher(plain, clock=lambda: full.clock, holder=lambda _: None)
     watcher.check(final=True)
@@ -324,10 +349,12 @@ def test_a_resume_on_another_thread_count_is_said_once_as_a_note_not_an_alert(tm
     watcher = Watcher(full.run_dir, clock=lambda: full.clock, holder=lambda _: None)
     new, _ = watcher.check(final=True)
     (note,) = watcher.new_notes()
-    assert note == ("note: session s2 resumed across hardware.torch_threads 1 -> 2 from update 21: bit-exact "
-                    "continuation is not promised from there (the run goes on; its figures need not match an "
-                    "uninterrupted run's bit for bit, and the verdict's resumed rule counts no exact continuation "
-                    "from it)")
+    assert note == (
+        "note: session s2 resumed across hardware.torch_threads 1 -> 2 from update 21: bit-exact "
+        "continuation is not promised from there (the run goes on; its figures need not match an "
+        "uninterrupted run's bit for bit, and the verdict's resumed rule counts no exact continuation "
+        "from it)"
+    )
     assert all("torch_threads" not in a.message for a in new)
     watcher._not_exact_notes()  # as when a later session starts: s2's is not said again
     watcher.check(final=True)
@@ -335,30 +362,44 @@ def test_a_resume_on_another_thread_count_is_said_once_as_a_note_not_an_alert(tm
 
 
 def test_a_spike_and_its_rollback_name_the_update_and_its_batches_in_one_numbering(tmp_path):
-    """Updates count from 1, the loader's batches from 0: the alert says which is which, and the rollback's skip is
-    in the same cursor positions (as train.skip_data takes them), not a raw record."""
+    """Updates count from 1, the loader's batches from 0: the alert says which is which, and the rollback's
+    skip is in the same cursor positions (as train.skip_data takes them), not a raw record."""
     run = SyntheticRun(tmp_path / "r")
     run.start_session()
     run.train_until(30)
-    run._emit("spike", spike_step=31, signals=["loss"], loss=9.5, grad_norm=1.2, batches=[60, 61], action="rollback",
-              cause="batch", replay=None)
+    run._emit(
+        "spike",
+        spike_step=31,
+        signals=["loss"],
+        loss=9.5,
+        grad_norm=1.2,
+        batches=[60, 61],
+        action="rollback",
+        cause="batch",
+        replay=None,
+    )
     run._emit("rollback", spike_step=31, restored_step=20, rollbacks=1, max_rollbacks=3,
               skipped={"first_batch": 60, "batches": 6, "documents": [{"first": 12, "last": 13, "pass": 0}]})
     run.write()
     watcher = Watcher(tmp_path / "r")
     watcher.check(final=True)
     said = {a.kind: a.message for a in watcher.raised}
-    assert said["spike"].startswith("spike at update 31 (batches 60, 61: the loader's cursor positions, counted from "
-                                    "0 as train.skip_data and the rollback count them): loss ")
-    assert said["rollback"] == ("rollback 1 of at most 3 after the spike at update 31: back to step 20, skipped "
-                                "batches 60..65: documents 12..13 (pass 0)")
+    assert said["spike"].startswith(
+        "spike at update 31 (batches 60, 61: the loader's cursor positions, counted from "
+        "0 as train.skip_data and the rollback count them): loss "
+    )
+    assert said["rollback"] == (
+        "rollback 1 of at most 3 after the spike at update 31: back to step 20, skipped "
+        "batches 60..65: documents 12..13 (pass 0)"
+    )
 
 
 def test_a_share_that_falls_with_the_rate_at_the_same_tokens_per_cpu_second_is_the_machine_busier(tmp_path):
     """From update 40 each update takes 1.5x the time. With the CPU seconds unchanged the share fell from the
     pilot's 0.9 to 0.6 (above min_cpu_share_ratio 0.6 of it, 0.54) and the rate with it, each CPU second still
-    training the pilot's tokens: `machine_busier` at the first window after it, no throughput alert. With the CPU
-    seconds up a third (the share fell less than the rate: less done per CPU second): the throughput alert."""
+    training the pilot's tokens: `machine_busier` at the first window after it, no throughput alert. With the
+    CPU seconds up a third (the share fell less than the rate: less done per CPU second): the throughput
+    alert."""
     from pilotrun.commands.freeze import freeze_run
     from pilotrun.run.recipe_lock import load_lock
 
@@ -377,8 +418,11 @@ def test_a_share_that_falls_with_the_rate_at_the_same_tokens_per_cpu_second_is_t
         alerts = {a.kind: a for a in watcher.check(final=True)[0]}
         if name == "busy":
             assert "throughput" not in alerts and alerts["machine_busier"].step == 45, sorted(alerts)
-            assert "got 0.60 CPU seconds per training second against the pilot's 0.90, at 71 tokens per CPU second " \
-                   "(the band's low at the pilot's share: 57;" in alerts["machine_busier"].message
+            assert (
+                "got 0.60 CPU seconds per training second against the pilot's 0.90, at 71 tokens per CPU "
+                "second "
+                "(the band's low at the pilot's share: 57;" in alerts["machine_busier"].message
+            )
         else:
             assert "machine_busier" not in alerts and "throughput" in alerts, sorted(alerts)
 
@@ -396,12 +440,16 @@ def test_an_alert_s_json_line_holds_no_bare_infinity():
     line = Alert("spike", "spike:3:9", "spike at update 3", 3, float("inf"), float("nan"), "s1", 1.0,
                  {"grad_norm": float("-inf")}).to_json()
     parsed = json.loads(line, parse_constant=refuse)
-    assert (parsed["figure"], parsed["bound"], parsed["extra"]["grad_norm"]) == ("Infinity", "NaN", "-Infinity")
+    assert (parsed["figure"], parsed["bound"], parsed["extra"]["grad_norm"]) == (
+        "Infinity",
+        "NaN",
+        "-Infinity",
+    )
 
 
 def test_one_look_reads_a_finished_record_past_a_long_line_in_its_middle(tmp_path):
-    """A 9 MB line (more than one bounded poll) in the middle of a finished run's log: one-shot watch reads on to
-    the end, names the line, and sees the run completed, not killed early at the line before it."""
+    """A 9 MB line (more than one bounded poll) in the middle of a finished run's log: one-shot watch reads on
+    to the end, names the line, and sees the run completed, not killed early at the line before it."""
     run = SyntheticRun(tmp_path / "r")
     run.start_session()
     run.train_until(run.max_steps)
@@ -429,4 +477,6 @@ def test_one_look_names_a_long_line_at_the_end_of_a_finished_record(tmp_path):
         handle.write(b'{"event":"note","pad":"' + b"x" * (9 << 20) + b'"}\n')
     watcher = Watcher(run_dir, clock=lambda: run.clock, holder=lambda _: None)
     alerts = watcher.check(final=True)[0]
-    assert [a for a in alerts if a.kind == "chain" and f"line {len(lines) + 1}: longer than 8 MiB" in a.message]
+    assert [
+        a for a in alerts if a.kind == "chain" and f"line {len(lines) + 1}: longer than 8 MiB" in a.message
+    ]

@@ -1,4 +1,5 @@
-"""pilotrun/training/callbacks/base.py: the Callback interface, its order and phases, and the loop state they share."""
+"""pilotrun/training/callbacks/base.py: the Callback interface, its order and phases, and the loop state they
+share."""
 
 from __future__ import annotations
 
@@ -45,8 +46,12 @@ class FakeClock:
 
 
 def fake_session(step: int = 0, resumed_from: int | None = None):
-    return SimpleNamespace(device=torch.device("cpu"), resumed_from=resumed_from, state=SimpleNamespace(step=step),
-                           context=SimpleNamespace(is_main_process=True))
+    return SimpleNamespace(
+        device=torch.device("cpu"),
+        resumed_from=resumed_from,
+        state=SimpleNamespace(step=step),
+        context=SimpleNamespace(is_main_process=True),
+    )
 
 
 def loop_state(step: int = 0, applied: bool = True, resumed_from: int | None = None) -> LoopState:

@@ -1,5 +1,6 @@
-"""pilotrun/training/callbacks/checkpointing.py: the checkpoint callback owns its cadence (every N applied updates, and the
-last round's save unless that step is already the newest) and saves what `checkpoint_state` defines."""
+"""pilotrun/training/callbacks/checkpointing.py: the checkpoint callback owns its cadence (every N applied
+updates, and the last round's save unless that step is already the newest) and saves what `checkpoint_state`
+defines."""
 
 from __future__ import annotations
 
@@ -40,9 +41,14 @@ def test_the_cadence_and_the_last_round():
 
 
 @pytest.mark.slow
-def test_a_session_saves_on_its_cadence_and_at_its_last_step_each_after_a_train_event(builtin_data_dir, tmp_path):
+def test_a_session_saves_on_its_cadence_and_at_its_last_step_each_after_a_train_event(
+    builtin_data_dir, tmp_path
+):
     run_dir = tmp_path / "run"
-    assert Trainer(recipe(), builtin_data_dir, run_dir, progress=False, out=io.StringIO()).run().reason == "completed"
+    assert (
+        Trainer(recipe(), builtin_data_dir, run_dir, progress=False, out=io.StringIO()).run().reason
+        == "completed"
+    )
     assert Checkpointer(run_dir, keep=5).committed_steps() == [4, 8, 10]
     events = [e for e in read_metrics_strict(run_dir) if e["event"] in ("train", "checkpoint")]
     assert [(e["event"], e["step"]) for e in events] == [

@@ -31,6 +31,8 @@ def test_a_session_whose_set_up_spent_the_time_left_trains_nothing():
     callback = DeadlineCallback(clock.now + 1.0, setup_seconds=5.0, clock=clock, recorded_save_seconds=3.0)
     ending = callback.too_late_to_start(loop_at(36))
     assert (ending.reason, ending.exit_code) == ("deadline", DEADLINE_EXIT_CODE)
-    assert ending.message.startswith("deadline in 1.0 s after the set-up, less than a save (3.0 s): nothing trained")
+    assert ending.message.startswith(
+        "deadline in 1.0 s after the set-up, less than a save (3.0 s): nothing trained"
+    )
     roomy = DeadlineCallback(clock.now + 60.0, setup_seconds=5.0, clock=clock, recorded_save_seconds=3.0)
     assert roomy.too_late_to_start(loop_at(36)) is None

@@ -1,4 +1,5 @@
-"""training/callbacks/deadline_stop.py: the margin is measured in the session, and the stop comes before the deadline."""
+"""training/callbacks/deadline_stop.py: the margin is measured in the session, and the stop comes before the
+deadline."""
 
 from __future__ import annotations
 

@@ -63,7 +63,10 @@ def test_scoring_in_the_loop_leaves_the_training_bit_for_bit_as_it_was(builtin_d
 
     task = fineweb_task(tmp_path / "tasks", count=4)
     runs = {}
-    for name, extra in (("plain", []), ("scored", [f"train.downstream_tasks=[{task}]", "train.downstream_every=2"])):
+    for name, extra in (
+        ("plain", []),
+        ("scored", [f"train.downstream_tasks=[{task}]", "train.downstream_every=2"]),
+    ):
         config = load_run_config(REPO_ROOT / "configs" / "smoke.yaml", ["train.num_threads=1", *extra])
         trainer = Trainer(config, builtin_data_dir, tmp_path / name, progress=False, out=io.StringIO())
         trainer.run()

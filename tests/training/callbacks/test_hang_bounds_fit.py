@@ -41,4 +41,6 @@ def test_train_refuses_it_in_one_line_before_any_set_up(tmp_path, capsys):
                  "--resume", "auto", "--hang-timeout", "0.001"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
-    assert err[0].startswith("pilotrun: error: --hang-timeout: the bound 0.001 s is below an update this run has")
+    assert err[0].startswith(
+        "pilotrun: error: --hang-timeout: the bound 0.001 s is below an update this run has"
+    )

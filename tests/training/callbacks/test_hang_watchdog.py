@@ -1,5 +1,6 @@
-"""The hang watchdog's bounds, its progress points, and what it does when one is passed (a fake clock and exit),
-plus its own thread firing on a real stall (no wall-clock assertion: the test waits for the exit it injects)."""
+"""The hang watchdog's bounds, its progress points, and what it does when one is passed (a fake clock and
+exit), plus its own thread firing on a real stall (no wall-clock assertion: the test waits for the exit it
+injects)."""
 
 from __future__ import annotations
 
@@ -39,8 +40,16 @@ WHEN = datetime.datetime(2026, 12, 3, 23, 0, 5, tzinfo=datetime.UTC)
 
 def watchdog(tmp_path, bounds=None, rank=0):
     clock, exits = Clock(), []
-    dog = HangWatchdog(bounds or HangBounds(), tmp_path / "run", rank, clock=clock, exit=exits.append, now=lambda: WHEN,
-                       sleep=lambda seconds: None, out=types.SimpleNamespace(write=lambda text: None, flush=lambda: None))
+    dog = HangWatchdog(
+        bounds or HangBounds(),
+        tmp_path / "run",
+        rank,
+        clock=clock,
+        exit=exits.append,
+        now=lambda: WHEN,
+        sleep=lambda seconds: None,
+        out=types.SimpleNamespace(write=lambda text: None, flush=lambda: None),
+    )
     return dog, clock, exits
 
 
@@ -49,7 +58,8 @@ def test_parse_auto_off_and_fixed_bounds():
     assert parse_hang_timeout("OFF") is None
     assert parse_hang_timeout("90") == HangBounds(90.0, STARTUP_SECONDS)
     assert parse_hang_timeout("10m,1h") == HangBounds(600.0, 3600.0)
-    assert parse_hang_timeout("2h") == HangBounds(7200.0, 7200.0)  # the start-up bound is never below the steady one
+    # the start-up bound is never below the steady one
+    assert parse_hang_timeout("2h") == HangBounds(7200.0, 7200.0)
     assert parse_hang_timeout("1h,10m") == HangBounds(3600.0, 3600.0)
 
 

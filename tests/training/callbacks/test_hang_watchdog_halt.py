@@ -1,5 +1,6 @@
 """Once the watchdog declares its rank hung (the session ended on the record), a main thread whose stall ends
-afterwards goes no further than its next progress point until the exit: nothing of an ended session follows."""
+afterwards goes no further than its next progress point until the exit: nothing of an ended session
+follows."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def test_a_stall_that_ends_after_the_watchdog_fired_stops_at_its_next_progress_p
     firing.start()
     while dog.fired is None:
         firing.join(0.01)
-    beat = threading.Thread(target=lambda: (dog.beat("other"), released.set()))  # the stall ended: a progress point
+    # the stall ended: a progress point
+    beat = threading.Thread(target=lambda: (dog.beat("other"), released.set()))
     beat.start()
     assert not released.wait(0.5) and exits == [124]  # held: the exit is under way
     exit_now.set()  # the exit returns (a seam's; os._exit never does): the held progress point goes on

@@ -1,6 +1,6 @@
-"""pilotrun/training/callbacks/kill_point.py: when a training process stops itself for the pilot's kill, and how the
-pilot sees that it has stopped (commands/pilot_process.wait_until_stopped). The whole handshake runs end to end in
-tests/commands/test_pilot.py."""
+"""pilotrun/training/callbacks/kill_point.py: when a training process stops itself for the pilot's kill, and
+how the pilot sees that it has stopped (commands/pilot_process.wait_until_stopped). The whole handshake runs
+end to end in tests/commands/test_pilot.py."""
 
 from __future__ import annotations
 
@@ -31,15 +31,18 @@ def test_the_kill_point_is_handed_in():
 @pytest.mark.slow
 def test_the_kill_point_stops_at_the_first_logged_step_past_its_step_once_a_checkpoint_committed(
         builtin_data_dir, tmp_path, monkeypatch):
-    """A real session with the kill point at step 4, windows every 4 updates and checkpoints every 3 (each also
-    closing a window): step 3 is logged and committed but not past 4, step 4 is logged but not past it, so the
-    freeze comes at step 6, the first logged step past 4, with its checkpoint committed in the same round. The
-    SIGSTOP is recorded instead of sent, so the session carries on as after SIGCONT, and freezes only once."""
+    """A real session with the kill point at step 4, windows every 4 updates and checkpoints every 3 (each
+    also closing a window): step 3 is logged and committed but not past 4, step 4 is logged but not past it,
+    so the freeze comes at step 6, the first logged step past 4, with its checkpoint committed in the same
+    round. The SIGSTOP is recorded instead of sent, so the session carries on as after SIGCONT, and freezes
+    only once."""
     frozen = []
     trainer = None
 
     def recording_kill(pid, signum):
-        frozen.append((signum, trainer.session.state.step, trainer.session.checkpointer.committed_steps()[-1]))
+        frozen.append(
+            (signum, trainer.session.state.step, trainer.session.checkpointer.committed_steps()[-1])
+        )
 
     monkeypatch.setattr(pilot_handshake.os, "kill", recording_kill)
     config = load_run_config(ROOT / "configs" / "smoke.yaml", [
@@ -55,10 +58,13 @@ def test_the_kill_point_stops_at_the_first_logged_step_past_its_step_once_a_chec
 def test_the_freeze_is_due_past_the_step_after_a_checkpoint_with_updates_left():
     point = SelfStopPoint(3)
     assert point.due(logged_step=4, checkpoint_committed=True, step=4, max_steps=6)
-    assert not point.due(logged_step=3, checkpoint_committed=True, step=3, max_steps=6)  # not past the step yet
+    # not past the step yet
+    assert not point.due(logged_step=3, checkpoint_committed=True, step=3, max_steps=6)
     assert not point.due(logged_step=None, checkpoint_committed=True, step=4, max_steps=6)  # nothing logged
-    assert not point.due(logged_step=4, checkpoint_committed=False, step=4, max_steps=6)  # nothing committed to resume from
-    assert not point.due(logged_step=6, checkpoint_committed=True, step=6, max_steps=6)  # nothing left to redo
+    # nothing committed to resume from
+    assert not point.due(logged_step=4, checkpoint_committed=False, step=4, max_steps=6)
+    # nothing left to redo
+    assert not point.due(logged_step=6, checkpoint_committed=True, step=6, max_steps=6)
     assert not SelfStopPoint(None).due(logged_step=4, checkpoint_committed=True, step=4, max_steps=6)
 
 

@@ -1,10 +1,11 @@
-"""pilotrun/training/callbacks/launcher_watch.py: a rank whose torchrun launcher is gone stops at the next update, checkpointed.
+"""pilotrun/training/callbacks/launcher_watch.py: a rank whose torchrun launcher is gone stops at the next
+update, checkpointed.
 
 The callback alone (fast): a parent that is not the recorded launcher asks for an "interrupted" ending naming
 the launcher and the step; the parent-death signal only sets a flag, and a flag whose parent is still the
 launcher is no loss. Then the kernel's side in real processes, and the whole story under torchrun (slow): the
-launcher alone SIGKILLed mid-run, both workers checkpoint, record "interrupted", release the lock and exit;
-a `--resume` under a new torchrun ends with the weights of an uninterrupted run, bit for bit.
+launcher alone SIGKILLed mid-run, both workers checkpoint, record "interrupted", release the lock and exit; a
+`--resume` under a new torchrun ends with the weights of an uninterrupted run, bit for bit.
 """
 
 from __future__ import annotations
@@ -133,8 +134,8 @@ def test_a_refused_request_or_a_taken_signal_leaves_only_the_pid_comparison() ->
         signal.signal(PARENT_DEATH_SIGNAL, previous)
 
 
-# The kernel's side: a middle process starts a watcher and is SIGKILLed; the watcher, armed with the real prctl,
-# reports what it saw. The watcher waits on a pipe, not a clock: it is told when to look.
+# The kernel's side: a middle process starts a watcher and is SIGKILLed; the watcher, armed with the real
+# prctl, reports what it saw. The watcher waits on a pipe, not a clock: it is told when to look.
 WATCHER = textwrap.dedent("""
     import json, os, sys
     from pilotrun.training.callbacks.launcher_watch import LauncherWatchCallback, _prctl
@@ -171,11 +172,15 @@ def test_the_kernels_parent_death_signal_reaches_the_flag_when_the_parent_is_kil
         middle.kill()
         middle.stdin.close()  # a watcher still waiting reads the end of its input and exits
     assert seen["armed"] and seen["signalled"]
-    assert f"launcher (pid {middle.pid}) is gone (seen by parent-death signal and parent pid" in seen["message"]
+    assert (
+        f"launcher (pid {middle.pid}) is gone (seen by parent-death signal and parent pid" in seen["message"]
+    )
 
 
-# ---------------------------------------------------------------------------------------------- under torchrun
-STEPS = 40  # the update takes ~0.15 s on a free core: the kill lands well before the end even on a fast machine
+# ---------------------------------------------------------------------------------------------- under
+# torchrun
+# the update takes ~0.15 s on a free core: the kill lands well before the end even on a fast machine
+STEPS = 40
 
 
 def _recipe(data: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -202,8 +207,8 @@ def _train_events_logged(run_dir: Path) -> int:
 
 
 def _kill_the_launcher_alone(launcher: subprocess.Popen, run_dir: Path, log_path: Path) -> None:
-    """Once a train event is logged, SIGKILL the launcher and wait until every worker has exited (a hang guard:
-    workers still running after 180 s dump their stacks into the log and the test fails with them)."""
+    """Once a train event is logged, SIGKILL the launcher and wait until every worker has exited (a hang
+    guard: workers still running after 180 s dump their stacks into the log and the test fails with them)."""
     workers: dict[int, str | None] = {}
     try:
         deadline = time.monotonic() + 240
@@ -212,12 +217,15 @@ def _kill_the_launcher_alone(launcher: subprocess.Popen, run_dir: Path, log_path
         assert _train_events_logged(run_dir) > 0, log_path.read_text()[-3000:]
         workers = {pid: _start_time(pid) for pid in _descendants(launcher.pid)}
         assert len(workers) >= 2, workers
-        os.kill(launcher.pid, signal.SIGKILL)  # the launcher alone: torchrun's workers are in sessions of their own
+        # the launcher alone: torchrun's workers are in sessions of their own
+        os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait(30)
         deadline = time.monotonic() + 180
         alive = list(workers)
         while alive and time.monotonic() < deadline:
-            alive = [pid for pid, started in workers.items() if started is not None and _start_time(pid) == started]
+            alive = [
+                pid for pid, started in workers.items() if started is not None and _start_time(pid) == started
+            ]
             time.sleep(0.05)
         if alive:
             for pid in alive:

@@ -1,4 +1,5 @@
-"""pilotrun/training/callbacks/profiling.py driven directly around tiny-model updates on the CPU (no trainer)."""
+"""pilotrun/training/callbacks/profiling.py driven directly around tiny-model updates on the CPU (no
+trainer)."""
 
 from __future__ import annotations
 
@@ -101,4 +102,8 @@ def test_profile_keys_are_yaml_settable(tmp_path):
     path = Path(tmp_path / "r.yaml")
     path.write_text("train:\n  profile: {start_step: 5, steps: 3}\n")
     config = load_run_config(path, ["train.profile.top_operators=10"])
-    assert (config.train.profile.start_step, config.train.profile.steps, config.train.profile.top_operators) == (5, 3, 10)
+    assert (
+        config.train.profile.start_step,
+        config.train.profile.steps,
+        config.train.profile.top_operators,
+    ) == (5, 3, 10)

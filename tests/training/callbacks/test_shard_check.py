@@ -1,5 +1,6 @@
-"""pilotrun/training/callbacks/shard_check.py: a shard damaged after prepare stops `pilotrun train` at an update boundary,
-with a checkpoint and one line naming it; an intact run records every shard it read as verified."""
+"""pilotrun/training/callbacks/shard_check.py: a shard damaged after prepare stops `pilotrun train` at an
+update boundary, with a checkpoint and one line naming it; an intact run records every shard it read as
+verified."""
 
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ def _events(run_dir: Path) -> list[dict]:
 
 
 def _flip_early_token(shard: Path, position: int, vocab_size: int) -> None:
-    """Flip the lowest bit of the token at `position`: still a vocabulary id (the vocabulary's size is even), so
-    the reader's id guard lets it through and only the hash can tell."""
+    """Flip the lowest bit of the token at `position`: still a vocabulary id (the vocabulary's size is even),
+    so the reader's id guard lets it through and only the hash can tell."""
     data_offset = np.load(shard, mmap_mode="r").offset
     raw = bytearray(shard.read_bytes())
     byte = data_offset + 2 * position  # uint16, little-endian: the low byte first
@@ -113,7 +114,9 @@ def test_an_intact_run_records_every_shard_it_read_as_verified_and_a_resume_chec
 
     events = _events(run_dir)
     sessions = [e["session_id"] for e in events if e["event"] == "session_start"]
-    assert len(sessions) == 2 and all(e["reason"] == "completed" for e in events if e["event"] == "session_end")
+    assert len(sessions) == 2 and all(
+        e["reason"] == "completed" for e in events if e["event"] == "session_end"
+    )
     manifest = json.loads((data_dir / "metadata.json").read_text())
     expected = {(name, shard["file"]): shard["sha256"] for name, split in manifest["splits"].items()
                 for shard in split["shards"]}
@@ -140,11 +143,15 @@ def test_the_sessions_last_update_waits_for_the_shards_still_being_hashed(tmp_pa
     shard = tmp_path / "train_00003.npy"
     hasher.submit("train", shard.name, str(shard), "a" * 64)
     train = SimpleNamespace(max_steps=7, log=SimpleNamespace(every=5), checkpoint=SimpleNamespace(every=0))
-    loop = SimpleNamespace(step=6, applied=True, session=SimpleNamespace(config=SimpleNamespace(train=train),
-                                                                         context=SimpleNamespace(world_size=2)))
+    loop = SimpleNamespace(
+        step=6,
+        applied=True,
+        session=SimpleNamespace(config=SimpleNamespace(train=train), context=SimpleNamespace(world_size=2)),
+    )
     callback = ShardCheckCallback(hasher, rank=1)
     try:
-        assert callback.stop_request(loop) is None  # no window closes at 6: the hash is still running, no wait
+        # no window closes at 6: the hash is still running, no wait
+        assert callback.stop_request(loop) is None
         loop.step = 7
         threading.Timer(0.05, release.set).start()
         ending = callback.stop_request(loop)  # the last update: blocks until the hash is done
@@ -152,4 +159,6 @@ def test_the_sessions_last_update_waits_for_the_shards_still_being_hashed(tmp_pa
         release.set()
         hasher.close()
     assert (ending.reason, ending.exit_code) == ("stopped", 1)
-    assert str(shard) in ending.message and "(rank 1)" in ending.message and "aaaaaaaaaaaaaaaa" in ending.message
+    assert (
+        str(shard) in ending.message and "(rank 1)" in ending.message and "aaaaaaaaaaaaaaaa" in ending.message
+    )

@@ -1,4 +1,5 @@
-"""pilotrun/training/callbacks/window_log.py: when a window closes into a `train` event, and the rare events after an update."""
+"""pilotrun/training/callbacks/window_log.py: when a window closes into a `train` event, and the rare events
+after an update."""
 
 from __future__ import annotations
 
@@ -65,10 +66,17 @@ def test_train_events_partition_the_session_into_windows(builtin_data_dir, tmp_p
 
 @pytest.mark.slow
 def test_an_overflow_event_names_the_skip(builtin_data_dir, tmp_path):
-    session = Trainer(load_run_config(ROOT / "configs" / "smoke.yaml", ["train.num_threads=1"]), builtin_data_dir,
-                      tmp_path / "run", progress=False, out=io.StringIO()).session
+    session = Trainer(
+        load_run_config(ROOT / "configs" / "smoke.yaml", ["train.num_threads=1"]),
+        builtin_data_dir,
+        tmp_path / "run",
+        progress=False,
+        out=io.StringIO(),
+    ).session
     loop = LoopState(session, TimeAccount(), StopSignals(), io.StringIO())
-    loop.update = UpdateResult(UpdateOutcome(False, "overflow", float("inf"), False, 1024.0, 512.0), restarted=1)
+    loop.update = UpdateResult(
+        UpdateOutcome(False, "overflow", float("inf"), False, 1024.0, 512.0), restarted=1
+    )
     RareEventsCallback().after_update(loop)
     session.metrics.close()
     session.release_lock()
@@ -78,11 +86,14 @@ def test_an_overflow_event_names_the_skip(builtin_data_dir, tmp_path):
     assert session.state.data_restarts == 1
 
 
-# `python -m pilotrun` with the plain lines' interval at 0 (monkeypatched in the child, no hook in production):
-# every window's line is then due, whatever the machine's speed. The cadence itself (the first at once, at most
-# one per interval, the last at the end) is tested with a clock below and in tests/common/test_progress.py.
-TRAIN_LINE_EVERY_WINDOW = ("import sys; import pilotrun.common.progress as lines; lines.PLAIN_INTERVAL_SECONDS = 0.0; "
-                         "from pilotrun.commands.cli import main; sys.exit(main(sys.argv[1:]))")
+# `python -m pilotrun` with the plain lines' interval at 0 (monkeypatched in the child, no hook in
+# production): every window's line is then due, whatever the machine's speed. The cadence itself (the first at
+# once, at most one per interval, the last at the end) is tested with a clock below and in
+# tests/common/test_progress.py.
+TRAIN_LINE_EVERY_WINDOW = (
+    "import sys; import pilotrun.common.progress as lines; lines.PLAIN_INTERVAL_SECONDS = 0.0; "
+    "from pilotrun.commands.cli import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 @pytest.mark.slow
@@ -94,10 +105,27 @@ def test_progress_written_to_a_file_is_one_plain_line_per_window(builtin_data_di
 
     log = tmp_path / "train.log"
     with open(log, "w") as err:
-        done = subprocess.run([sys.executable, "-c", TRAIN_LINE_EVERY_WINDOW, "train", "--config", "smoke", "--data",
-                               str(builtin_data_dir), "--run-dir", str(tmp_path / "run"), "--set",
-                               "train.num_threads=1"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                              stdout=subprocess.DEVNULL, stderr=err, timeout=300)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                TRAIN_LINE_EVERY_WINDOW,
+                "train",
+                "--config",
+                "smoke",
+                "--data",
+                str(builtin_data_dir),
+                "--run-dir",
+                str(tmp_path / "run"),
+                "--set",
+                "train.num_threads=1",
+            ],
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            timeout=300,
+        )
     assert done.returncode == 0
     text = log.read_text()
     assert "\r" not in text

@@ -2,11 +2,13 @@
 
 In-process, pass pytest's `monkeypatch` (undone after the test); in a process the test starts, run
 
-    python -m tests.training.checkpoint.checkpoint_faults [--write-delay S] [--commit-delay S] [--hold-file PATH] -- ARGS
+    python -m tests.training.checkpoint.checkpoint_faults [--write-delay S] [--commit-delay S] [--hold-file
+    PATH] -- ARGS
 
 which installs the faults and then runs `pilotrun ARGS` (pilotrun.commands.cli.main), so a test can SIGKILL a
-session inside a checkpoint write deterministically, under torchrun too (`-m tests.training.checkpoint.checkpoint_faults`
-in place of `-m pilotrun`). The faults wrap the checkpointer's own seams:
+session inside a checkpoint write deterministically, under torchrun too (`-m
+tests.training.checkpoint.checkpoint_faults` in place of `-m pilotrun`). The faults wrap the checkpointer's
+own seams:
 
 - write delay: sleep after each file TorchSaveStorage writes, and after DCPStorage's collective write (shards
   written and hashed, before rank 0 renames and commits);
@@ -109,8 +111,14 @@ def hold_background_write(hold_file: str | Path, monkeypatch: Any = None) -> Non
 
 
 def command(*faults: str, launcher: list[str] | None = None) -> list[str]:
-    """The command line that runs `pilotrun` with `faults` (e.g. "--write-delay", "3"); append its arguments."""
-    return (launcher or [sys.executable]) + ["-m", "tests.training.checkpoint.checkpoint_faults", *faults, "--"]
+    """The command line that runs `pilotrun` with `faults` (e.g. "--write-delay", "3"); append its
+    arguments."""
+    return (launcher or [sys.executable]) + [
+        "-m",
+        "tests.training.checkpoint.checkpoint_faults",
+        *faults,
+        "--",
+    ]
 
 
 def main(argv: list[str]) -> int:

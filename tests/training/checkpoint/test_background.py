@@ -1,8 +1,9 @@
 """pilotrun/training/checkpoint/background.py and the checkpoint callback's background saves
 (`train.checkpoint_mode=background`): the state is staged before the call returns (the loop may change it at
 once), the write commits behind the same marker, a run with background saves equals one with synchronous saves
-bit for bit (1 process and 2 gloo ranks), a SIGKILL inside the background write leaves no marker and the resume
-is bit-exact, a save due while one writes waits and says so, and a full disk ends the session cleanly."""
+bit for bit (1 process and 2 gloo ranks), a SIGKILL inside the background write leaves no marker and the
+resume is bit-exact, a save due while one writes waits and says so, and a full disk ends the session
+cleanly."""
 
 from __future__ import annotations
 
@@ -38,10 +39,21 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def recipe(mode: str, *overrides: str):
-    return load_run_config(ROOT / "configs" / "smoke.yaml", [
-        "train.num_threads=1", "train.max_steps=6", "train.log_every=2", "train.checkpoint_every=2",
-        "train.eval_every=0", "train.keep_checkpoints=5", "optim.schedule.horizon=10", "optim.qk_clip.tau=0.005",
-        f"train.checkpoint_mode={mode}", *overrides])
+    return load_run_config(
+        ROOT / "configs" / "smoke.yaml",
+        [
+            "train.num_threads=1",
+            "train.max_steps=6",
+            "train.log_every=2",
+            "train.checkpoint_every=2",
+            "train.eval_every=0",
+            "train.keep_checkpoints=5",
+            "optim.schedule.horizon=10",
+            "optim.qk_clip.tau=0.005",
+            f"train.checkpoint_mode={mode}",
+            *overrides,
+        ],
+    )
 
 
 def events(run_dir: Path) -> list[dict]:
@@ -62,12 +74,17 @@ def train(config, data_dir: Path, run_dir: Path, **kwargs):
     return result, out.getvalue()
 
 
-# ---------------------------------------------------------------------------------------------- the save itself
+# ---------------------------------------------------------------------------------------------- the save
+# itself
 def test_the_state_is_staged_before_the_call_returns_and_commits_behind_the_marker(tmp_path):
     checkpointer = DistributedCheckpointer(tmp_path / "run", keep=2)
     weights = torch.randn(64, 64)
     before = weights.clone()
-    state = {"model": {"w": weights}, "trainer": {"step": 3, "cursor": [1, 2]}, "rng": torch.arange(4, dtype=torch.uint8)}
+    state = {
+        "model": {"w": weights},
+        "trainer": {"step": 3, "cursor": [1, 2]},
+        "rng": torch.arange(4, dtype=torch.uint8),
+    }
     pending = start_background_save(checkpointer, 3, state, {"run_id": "r"})
     weights.add_(1.0)  # the loop trains on at once
     state["trainer"]["cursor"].append(3)
@@ -138,7 +155,8 @@ def test_background_saves_equal_synchronous_ones_bit_for_bit_and_record_what_the
     assert "checkpoints:" in said and "each (measured by this save)" in said
     summary = summarize_run(background_dir, require_step=6)
     assert summary.valid, summary.reasons
-    # A resume from a background checkpoint continues bit for bit: step 4 -> 6 again, against the straight run.
+    # A resume from a background checkpoint continues bit for bit: step 4 -> 6 again, against the straight
+    # run.
     resumed = tmp_path / "resumed"
     train(recipe("background", "train.max_steps=4"), builtin_data_dir, resumed)
     assert train(recipe("background"), builtin_data_dir, resumed, resume=True)[0].reason == "completed"
@@ -171,13 +189,17 @@ def test_a_save_due_while_one_writes_waits_for_it_says_so_and_both_commit_in_ord
     assert saved[0].get("waited_for_step") is None and saved[1]["waited_for_step"] == 2
     assert saved[1]["waited_seconds"] >= 0
     assert "checkpoint step 4: waited" in said and "for the background save of step 2" in said
-    markers = [json.loads((run_dir / "checkpoints" / f"step-0000000{s}" / MARKER_NAME).read_text()) for s in (2, 4)]
+    markers = [
+        json.loads((run_dir / "checkpoints" / f"step-0000000{s}" / MARKER_NAME).read_text()) for s in (2, 4)
+    ]
     assert markers[0]["committed_at"] <= markers[1]["committed_at"]
     assert summarize_run(run_dir, require_step=6).valid
 
 
 @pytest.mark.slow
-def test_a_full_disk_during_a_background_write_ends_the_session_cleanly(builtin_data_dir, tmp_path, monkeypatch):
+def test_a_full_disk_during_a_background_write_ends_the_session_cleanly(
+    builtin_data_dir, tmp_path, monkeypatch
+):
     """The disk fills inside the write of step 4 (simulated in-process: the writer raises ENOSPC)."""
     write_data = background._HashingFileSystemWriter.write_data
 
@@ -212,8 +234,10 @@ def small_tmpfs(path: Path, size: str):
     except OSError:
         mounted = False
     if not mounted:
-        pytest.skip("mounting a tmpfs needs privileges this machine does not give (the in-process ENOSPC test "
-                    "covers the same path)")
+        pytest.skip(
+            "mounting a tmpfs needs privileges this machine does not give (the in-process ENOSPC test "
+            "covers the same path)"
+        )
     try:
         yield path
     finally:
@@ -222,16 +246,18 @@ def small_tmpfs(path: Path, size: str):
 
 @pytest.mark.slow
 def test_a_real_small_tmpfs_ends_the_session_cleanly_before_the_disk_fills(builtin_data_dir, tmp_path):
-    """The run folder on a 12 MiB tmpfs: step 2's checkpoint (about 7.5 MiB) fits, step 4's beside it does not.
-    The save of step 4 is refused by the room check before it writes (a real ENOSPC under a background write
-    would race the record's own appends, which is what the check prevents); the in-process test above has the
-    write itself fail."""
+    """The run folder on a 12 MiB tmpfs: step 2's checkpoint (about 7.5 MiB) fits, step 4's beside it does
+    not. The save of step 4 is refused by the room check before it writes (a real ENOSPC under a background
+    write would race the record's own appends, which is what the check prevents); the in-process test above
+    has the write itself fail."""
     with small_tmpfs(tmp_path / "small", "12m") as small:
         _assert_ended_cleanly_at_full_disk(builtin_data_dir, small / "run", "train.keep_checkpoints=1")
 
 
 @pytest.mark.slow
-def test_sigkill_inside_a_background_write_leaves_no_marker_and_the_resume_is_bit_exact(builtin_data_dir, tmp_path):
+def test_sigkill_inside_a_background_write_leaves_no_marker_and_the_resume_is_bit_exact(
+    builtin_data_dir, tmp_path
+):
     straight = tmp_path / "straight"
     train(recipe("sync"), builtin_data_dir, straight)
     run_dir, hold = tmp_path / "run", tmp_path / "hold"
@@ -243,8 +269,14 @@ def test_sigkill_inside_a_background_write_leaves_no_marker_and_the_resume_is_bi
                  "train.eval_every=0", "train.keep_checkpoints=5", "optim.schedule.horizon=10",
                  "optim.qk_clip.tau=0.005", "train.checkpoint_mode=background"):
         command += ["--set", item]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
     reached = Path(f"{hold}.reached")
     try:
         while not reached.exists() and process.poll() is None:
@@ -280,7 +312,9 @@ def test_two_gloo_ranks_with_background_saves_equal_synchronous_ones_bit_for_bit
     runs = {}
     for mode in ("sync", "background"):
         runs[mode] = tmp_path / mode
-        done = _run(_train_command(builtin_data_dir, runs[mode], 2, 2, "--set", f"train.checkpoint_mode={mode}"))
+        done = _run(
+            _train_command(builtin_data_dir, runs[mode], 2, 2, "--set", f"train.checkpoint_mode={mode}")
+        )
         assert done.returncode == 0, done.stderr[-3000:]
     assert _losses_by_step(runs["background"]) == _losses_by_step(runs["sync"])
     for name, value in _final_weights(runs["sync"]).items():

@@ -1,4 +1,5 @@
-"""Checkpointer policy and torch.save storage: commit marker, hashes, pruning, damaged and uncommitted folders."""
+"""Checkpointer policy and torch.save storage: commit marker, hashes, pruning, damaged and uncommitted
+folders."""
 
 import hashlib
 import json
@@ -221,7 +222,8 @@ checkpointer.save(int(sys.argv[2]), {"model": {"w": torch.full((1000,), float(sy
 
 
 def _wait_for(predicate, timeout_s: float = 300.0) -> None:
-    # Only a guard against a hang: the child imports torch first, which takes tens of seconds on a busy machine.
+    # Only a guard against a hang: the child imports torch first, which takes tens of seconds on a busy
+    # machine.
     import time
 
     deadline = time.monotonic() + timeout_s
@@ -245,7 +247,9 @@ def test_sigkill_during_a_write_leaves_nothing_loadable_half_written(tmp_path, p
     writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(tmp_path), "2", fault], cwd=ROOT)
     try:
         if phase == "writing_files":
-            _wait_for(lambda: any(p.name.startswith(".tmp-") and (p / "model.pt").exists() for p in root.iterdir()))
+            _wait_for(
+                lambda: any(p.name.startswith(".tmp-") and (p / "model.pt").exists() for p in root.iterdir())
+            )
         else:
             _wait_for(lambda: (root / "step-00000002").is_dir())
         writer.send_signal(signal.SIGKILL)
@@ -302,8 +306,11 @@ def test_a_later_checkpoint_that_cannot_be_moved_aside_is_refused_before_trainin
         return real(src, dst, *args, **kwargs)
 
     monkeypatch.setattr(module.os, "rename", immutable)
-    with pytest.raises(CheckpointError, match=r"step-00000004: a checkpoint after the resumed step 3 cannot be moved "
-                                              r"aside or removed \(Operation not permitted\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"step-00000004: a checkpoint after the resumed step 3 cannot be moved "
+        r"aside or removed \(Operation not permitted\)",
+    ):
         checkpointer.check_later_removable(3)
     checkpointer.check_later_removable(4)  # nothing after step 4
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before

@@ -80,7 +80,9 @@ def _newest_step_dir(run_dir: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_a_dcp_metadata_pickle_payload_is_refused_and_never_runs(builtin_data_dir, trained_run, tmp_path, capsys):
+def test_a_dcp_metadata_pickle_payload_is_refused_and_never_runs(
+    builtin_data_dir, trained_run, tmp_path, capsys
+):
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run, run_dir)
     target = tmp_path / "payload-ran"
@@ -92,7 +94,9 @@ def test_a_dcp_metadata_pickle_payload_is_refused_and_never_runs(builtin_data_di
     assert ".metadata" in line and "refused" in line
 
 
-def test_export_of_a_crafted_dcp_checkpoint_is_refused_and_the_payload_never_runs(trained_run, tmp_path, capsys):
+def test_export_of_a_crafted_dcp_checkpoint_is_refused_and_the_payload_never_runs(
+    trained_run, tmp_path, capsys
+):
     """Export reads a DCP checkpoint's model on one process: through the same restricted reader as resume."""
     pytest.importorskip("safetensors")
     run_dir = tmp_path / "run"
@@ -107,7 +111,9 @@ def test_export_of_a_crafted_dcp_checkpoint_is_refused_and_the_payload_never_run
 
 
 @pytest.mark.slow
-def test_the_verdict_never_hashes_a_file_a_marker_names_outside_its_step_folder(trained_run, tmp_path, capsys):
+def test_the_verdict_never_hashes_a_file_a_marker_names_outside_its_step_folder(
+    trained_run, tmp_path, capsys
+):
     """The verdict's final-checkpoint rule rehashes a marker's files without loading them; a name that leaves
     the step folder is refused there too, not opened."""
     run_dir = tmp_path / "run"
@@ -141,8 +147,11 @@ def test_a_dcp_bytes_entry_payload_is_refused_and_never_runs(tmp_path):
 def test_a_real_dcp_checkpoint_still_reads_through_the_restricted_reader(tmp_path):
     folder = tmp_path / "dcp"
     folder.mkdir()
-    state = {"model": {"w": torch.randn(3, 4), "b": torch.zeros(2, dtype=torch.bfloat16)},
-             "trainer": {"step": 7, "losses": [1.5, 2.25], "name": "x"}, "rng": {"cpu": torch.get_rng_state()}}
+    state = {
+        "model": {"w": torch.randn(3, 4), "b": torch.zeros(2, dtype=torch.bfloat16)},
+        "trainer": {"step": 7, "losses": [1.5, 2.25], "name": "x"},
+        "rng": {"cpu": torch.get_rng_state()},
+    }
     DCPStorage().write(state, folder)
     loaded = DCPStorage().read(folder, sorted(p.name for p in folder.iterdir()))
     assert torch.equal(loaded["model"]["w"], state["model"]["w"])
@@ -165,7 +174,9 @@ def test_the_restricted_unpickler_refuses_any_other_global(tmp_path):
         unpickle_dcp_metadata(b"\x80\x04garbage", tmp_path / ".metadata")
 
 
-def test_a_marker_naming_a_file_outside_the_step_folder_is_refused(builtin_data_dir, trained_run, tmp_path, capsys):
+def test_a_marker_naming_a_file_outside_the_step_folder_is_refused(
+    builtin_data_dir, trained_run, tmp_path, capsys
+):
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run, run_dir)
     outside = tmp_path / "outside.txt"
@@ -173,18 +184,24 @@ def test_a_marker_naming_a_file_outside_the_step_folder_is_refused(builtin_data_
     step_dir = _newest_step_dir(run_dir)
     marker = json.loads((step_dir / MARKER_NAME).read_text())
     data = outside.read_bytes()
-    marker["files"] = {"../../../outside.txt": {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}}
+    marker["files"] = {
+        "../../../outside.txt": {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    }
     (step_dir / MARKER_NAME).write_text(json.dumps(marker))
     line = _refused_in_one_line(capsys, train_argv(builtin_data_dir, run_dir, "--resume", "--set",
                                                    "train.max_steps=6"))
     assert "../../../outside.txt" in line and "plain file name" in line
     marker["files"] = {"/etc/passwd": {"sha256": "0" * 64, "bytes": 1}}
     (step_dir / MARKER_NAME).write_text(json.dumps(marker))
-    assert "plain file name" in _refused_in_one_line(capsys, train_argv(builtin_data_dir, run_dir, "--resume"))
+    assert "plain file name" in _refused_in_one_line(
+        capsys, train_argv(builtin_data_dir, run_dir, "--resume")
+    )
 
 
 @pytest.mark.slow
-def test_a_symlinked_step_folder_is_refused_and_never_pruned_through(builtin_data_dir, trained_run, tmp_path, capsys):
+def test_a_symlinked_step_folder_is_refused_and_never_pruned_through(
+    builtin_data_dir, trained_run, tmp_path, capsys
+):
     other = tmp_path / "other-run"
     shutil.copytree(trained_run, other)
     other_marker = _newest_step_dir(other) / MARKER_NAME
@@ -206,7 +223,9 @@ def test_a_symlinked_step_folder_is_refused_and_never_pruned_through(builtin_dat
     capsys.readouterr()
 
 
-def test_a_linked_checkpoints_folder_is_refused_and_never_pruned(builtin_data_dir, trained_run, tmp_path, capsys):
+def test_a_linked_checkpoints_folder_is_refused_and_never_pruned(
+    builtin_data_dir, trained_run, tmp_path, capsys
+):
     other = tmp_path / "other-run"
     shutil.copytree(trained_run, other)
     before = sorted(str(p.relative_to(other)) for p in other.rglob("*"))

@@ -1,4 +1,5 @@
-"""Resume compatibility: free keys pass, every other difference is refused by name, allowed ones are returned."""
+"""Resume compatibility: free keys pass, every other difference is refused by name, allowed ones are
+returned."""
 
 import copy
 
@@ -14,12 +15,26 @@ def run_meta() -> dict:
         "recipe": config_to_dict(RunConfig()),
         "data": {"dir": "/data/edu", "metadata_sha256": "a" * 64},
         "world_size": 1,
-        "optimizer": {"partition": [
-            {"group": "muon_matrices", "parameters": ["layers.0.attn.wq.weight"], "count": 1, "optimizer": "muon",
-             "lr": 0.003, "weight_decay": 0.1},
-            {"group": "adamw_other", "parameters": ["embed.weight", "head.weight"], "count": 2,
-             "optimizer": "adamw", "lr": 0.003, "weight_decay": 0.1},
-        ]},
+        "optimizer": {
+            "partition": [
+                {
+                    "group": "muon_matrices",
+                    "parameters": ["layers.0.attn.wq.weight"],
+                    "count": 1,
+                    "optimizer": "muon",
+                    "lr": 0.003,
+                    "weight_decay": 0.1,
+                },
+                {
+                    "group": "adamw_other",
+                    "parameters": ["embed.weight", "head.weight"],
+                    "count": 2,
+                    "optimizer": "adamw",
+                    "lr": 0.003,
+                    "weight_decay": 0.1,
+                },
+            ]
+        },
         "software": {"python": "3.11.9", "torch": "2.13.0+cpu", "numpy": "2.4.6", "pilotrun": "0.1.0"},
         "hardware": {"device": "cpu", "device_name": "x86_64", "cpu_count": 2},
         "counters": {"step": 10, "tokens_seen": 1280},
@@ -119,7 +134,9 @@ def test_allowing_one_change_still_refuses_the_others():
 
 def test_shape_changing_model_keys_cannot_be_allowed():
     with pytest.raises(CheckpointError, match="model.n_layers: 2 -> 3 .cannot be allowed"):
-        check_resume_compatibility(run_meta(), changed("recipe.model.n_layers", 3), allowed=["model.n_layers"])
+        check_resume_compatibility(
+            run_meta(), changed("recipe.model.n_layers", 3), allowed=["model.n_layers"]
+        )
 
 
 def test_numerics_software_and_hardware_changes_are_warnings():
@@ -134,8 +151,8 @@ def test_numerics_software_and_hardware_changes_are_warnings():
 
 
 def test_another_thread_count_is_where_bit_exactness_is_no_longer_promised():
-    """The thread count may decide the order of a reduction's additions: a warning, and a `not_exact` change that
-    run.json records. A checkpoint that never recorded its thread count is not held to one."""
+    """The thread count may decide the order of a reduction's additions: a warning, and a `not_exact` change
+    that run.json records. A checkpoint that never recorded its thread count is not held to one."""
     saved = run_meta()
     saved["hardware"]["torch_threads"] = 1
     current = run_meta()

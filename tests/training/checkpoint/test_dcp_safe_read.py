@@ -1,4 +1,5 @@
-"""pilotrun/training/checkpoint/dcp_safe_read.py: a DCP folder is read without running anything stored in it."""
+"""pilotrun/training/checkpoint/dcp_safe_read.py: a DCP folder is read without running anything stored in
+it."""
 
 from __future__ import annotations
 

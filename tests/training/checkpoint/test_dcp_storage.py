@@ -1,6 +1,7 @@
-"""pilotrun/training/checkpoint/dcp_storage.py in one process: the DCP storage's round trip with per-rank keys, the
-checkpointer for any world size reading with the storage its marker names, and a damaged marker's missing part.
-The collective paths (two ranks, FSDP2) are in test_distributed_checkpoint.py and test_distributed_trainer.py."""
+"""pilotrun/training/checkpoint/dcp_storage.py in one process: the DCP storage's round trip with per-rank
+keys, the checkpointer for any world size reading with the storage its marker names, and a damaged marker's
+missing part. The collective paths (two ranks, FSDP2) are in test_distributed_checkpoint.py and
+test_distributed_trainer.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""pilotrun/training/checkpoint/dcp_storage.py: collective DCP checkpoints on two gloo ranks, committed by the marker rule."""
+"""pilotrun/training/checkpoint/dcp_storage.py: collective DCP checkpoints on two gloo ranks, committed by the
+marker rule."""
 
 from __future__ import annotations
 
@@ -32,9 +33,11 @@ pytestmark = pytest.mark.slow
 def _state_for_rank(rank: int, step: int) -> dict:
     torch.manual_seed(1000 + rank)  # per-rank generator positions, as after a few steps of dropout-like draws
     torch.rand(step)
-    return {"model": {"w": torch.arange(12.0).reshape(3, 4) * step, "b": torch.full((4,), float(step))},
-            "trainer": {"step": step, "tokens_seen": 512 * step, "loader": {"train": {"batch_index": 3 * step}}},
-            "rng": capture_rng_state()}
+    return {
+        "model": {"w": torch.arange(12.0).reshape(3, 4) * step, "b": torch.full((4,), float(step))},
+        "trainer": {"step": step, "tokens_seen": 512 * step, "loader": {"train": {"batch_index": 3 * step}}},
+        "rng": capture_rng_state(),
+    }
 
 
 def _template() -> dict:
@@ -56,10 +59,20 @@ def _save_load_worker(rank: int, root: str) -> None:
         torch.manual_seed(7)  # move the generator away, so the restored state is really restored
         state, meta = checkpointer.load(template=_template())
         state_no_template, _ = checkpointer.load(step=2)
-        torch.save({"state": state, "expected": expected, "meta": meta, "steps": checkpointer.committed_steps(),
-                    "no_template": state_no_template}, run_dir / f"result{rank}.pt")
+        torch.save(
+            {
+                "state": state,
+                "expected": expected,
+                "meta": meta,
+                "steps": checkpointer.committed_steps(),
+                "no_template": state_no_template,
+            },
+            run_dir / f"result{rank}.pt",
+        )
 
-        single, _ = DistributedCheckpointer(Path(root) / "single", keep=2, context=context).load(template=_template())
+        single, _ = DistributedCheckpointer(Path(root) / "single", keep=2, context=context).load(
+            template=_template()
+        )
         torch.save(single, Path(root) / f"single_read{rank}.pt")
 
         damaged = Path(root) / "damaged"
@@ -138,13 +151,19 @@ def test_two_ranks_save_sharded_commit_once_and_load_their_own_rng(two_rank_copy
                                                                              "__1_0.distcp"]
     for rank, result in enumerate(results):
         assert result["steps"] == [2, 3] and result["meta"] == {"world_size": 2, "step": 3}
-        assert result["state"]["trainer"] == {"step": 3, "tokens_seen": 1536, "loader": {"train": {"batch_index": 9}}}
+        assert result["state"]["trainer"] == {
+            "step": 3,
+            "tokens_seen": 1536,
+            "loader": {"train": {"batch_index": 9}},
+        }
         for key in ("w", "b"):
             assert torch.equal(result["state"]["model"][key], result["expected"]["model"][key])
         assert torch.equal(result["state"]["rng"]["torch_cpu"], result["expected"]["rng"]["torch_cpu"])
         assert result["state"]["rng"]["numpy"]["pos"] == result["expected"]["rng"]["numpy"]["pos"]
         assert torch.equal(result["no_template"]["model"]["w"], torch.arange(12.0).reshape(3, 4) * 2)
-        assert torch.equal(result["no_template"]["rng"]["torch_cpu"], _state_for_rank(rank, 2)["rng"]["torch_cpu"])
+        assert torch.equal(
+            result["no_template"]["rng"]["torch_cpu"], _state_for_rank(rank, 2)["rng"]["torch_cpu"]
+        )
     assert not torch.equal(results[0]["state"]["rng"]["torch_cpu"], results[1]["state"]["rng"]["torch_cpu"])
 
 
@@ -188,8 +207,13 @@ def _slow_second_save_worker(rank: int, run_dir: str) -> None:
 
 def test_ranks_killed_during_a_save_leave_no_committed_checkpoint(tmp_path: Path) -> None:
     store = agent_store()
-    context = mp.start_processes(_rank_entry, args=(2, store.port, _slow_second_save_worker, (str(tmp_path),)),
-                                 nprocs=2, join=False, start_method="spawn")
+    context = mp.start_processes(
+        _rank_entry,
+        args=(2, store.port, _slow_second_save_worker, (str(tmp_path),)),
+        nprocs=2,
+        join=False,
+        start_method="spawn",
+    )
     root = tmp_path / "checkpoints"
     deadline = time.time() + 300  # a hang guard only: two spawned ranks import torch and open gloo first
     try:
@@ -215,7 +239,8 @@ def test_ranks_killed_during_a_save_leave_no_committed_checkpoint(tmp_path: Path
     assert checkpointer.uncommitted_folders() == [] and checkpointer.committed_steps() == [1, 5]
 
 
-# ---------------------------------------------------------------------------------------------- model + optimizer
+# ---------------------------------------------------------------------------------------------- model +
+# optimizer
 class _Blocks(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -258,7 +283,9 @@ def _exact_resume_worker(rank: int, run_dir: str) -> None:
             state, _ = checkpointer.load(template={"model": model_template, "optimizer": optimizer_template})
             load_model_and_optimizer_state(model, optimizer, state["model"], state["optimizer"])
             resumed = first + _train(model, optimizer, rank, range(3, 6))
-            (Path(run_dir) / f"{parallelism}_losses{rank}.txt").write_text(f"{uninterrupted!r}\n{resumed!r}\n")
+            (Path(run_dir) / f"{parallelism}_losses{rank}.txt").write_text(
+                f"{uninterrupted!r}\n{resumed!r}\n"
+            )
     finally:
         D.shutdown_distributed(context)
 

@@ -25,18 +25,37 @@ def _config(*overrides: str) -> RunConfig:
 
 
 def _meta(config: RunConfig, world_size: int = 1, sha: str = "a" * 64) -> dict:
-    return checkpoint_meta(config, data_sha256=sha, data_dir="/data", world_size=world_size,
-                           software={"torch": "2"}, hardware={"device": "cpu", "device_name": "x", "extra": 1},
-                           partition=[{"group": "g", "parameters": ["w"], "count": 4, "optimizer": "muon"}])
+    return checkpoint_meta(
+        config,
+        data_sha256=sha,
+        data_dir="/data",
+        world_size=world_size,
+        software={"torch": "2"},
+        hardware={"device": "cpu", "device_name": "x", "extra": 1},
+        partition=[{"group": "g", "parameters": ["w"], "count": 4, "optimizer": "muon"}],
+    )
 
 
 def test_checkpoint_meta_keeps_the_compared_hardware_keys_and_adds_progress_when_given():
     config = _config()
     meta = _meta(config)
-    assert meta["hardware"] == {"device": "cpu", "device_name": "x", "world_size": None, "torch_threads": None}
+    assert meta["hardware"] == {
+        "device": "cpu",
+        "device_name": "x",
+        "world_size": None,
+        "torch_threads": None,
+    }
     assert "counters" not in meta and meta["recipe"] == config_to_dict(config)
-    with_progress = checkpoint_meta(config, data_sha256="s", data_dir="/d", world_size=2, software={}, hardware={},
-                                    partition=[], progress={"counters": {"step": 3}, "session_id": "s1"})
+    with_progress = checkpoint_meta(
+        config,
+        data_sha256="s",
+        data_dir="/d",
+        world_size=2,
+        software={},
+        hardware={},
+        partition=[],
+        progress={"counters": {"step": 3}, "session_id": "s1"},
+    )
     assert with_progress["counters"] == {"step": 3} and with_progress["session_id"] == "s1"
 
 
@@ -70,20 +89,24 @@ def test_plan_takes_the_checkpoints_recipe_with_free_and_allowed_changes_applied
 
 
 def test_the_checkpoints_skip_ranges_stay_in_force_and_a_resume_may_add_more():
-    """A run's train.skip_data ranges (a user's, or an older run's rollbacks kept as batch ranges in its recipe) are
-    stepped over after a resume too, whatever the command's recipe names; a range it adds joins them."""
+    """A run's train.skip_data ranges (a user's, or an older run's rollbacks kept as batch ranges in its
+    recipe) are stepped over after a resume too, whatever the command's recipe names; a range it adds joins
+    them."""
     saved = _config("train.skip_data=[[16,3]]")
     plain = plan_resume(_config(), checkpoint_step=14, saved_meta=_meta(saved), current_meta=_meta(_config()),
                         allow_changes=[])
     assert plain.config.train.skip_data == [[16, 3]] and plain.free_changes == []
     more = _config("train.skip_data=[[40,2]]")
-    added = plan_resume(more, checkpoint_step=14, saved_meta=_meta(saved), current_meta=_meta(more), allow_changes=[])
+    added = plan_resume(
+        more, checkpoint_step=14, saved_meta=_meta(saved), current_meta=_meta(more), allow_changes=[]
+    )
     assert added.config.train.skip_data == [[16, 3], [40, 2]]
     assert added.free_changes == [{"key": "train.skip_data", "old": [[16, 3]], "new": [[16, 3], [40, 2]]}]
 
 
 def test_a_run_that_said_train_tensorboard_resumes_with_the_trackers_the_command_loads_now():
-    # A checkpoint recorded before the alias was folded; the command's recipe is loaded folded (or without it).
+    # A checkpoint recorded before the alias was folded; the command's recipe is loaded folded (or without
+    # it).
     from pilotrun.config import loaded_recipe
 
     recorded = config_to_dict(RunConfig())
@@ -101,7 +124,9 @@ def test_a_run_that_said_train_tensorboard_resumes_with_the_trackers_the_command
 def test_plan_refuses_an_unallowed_change_before_anything_is_built():
     saved, wanted = _config("train.seed=1"), _config("train.seed=2")
     with pytest.raises(CheckpointError, match="train.seed: 1 -> 2"):
-        plan_resume(wanted, checkpoint_step=10, saved_meta=_meta(saved), current_meta=_meta(wanted), allow_changes=[])
+        plan_resume(
+            wanted, checkpoint_step=10, saved_meta=_meta(saved), current_meta=_meta(wanted), allow_changes=[]
+        )
 
 
 def test_plan_reconciles_world_size_first():
@@ -122,17 +147,34 @@ def test_plan_session_fresh_and_resumed_paths():
                          current_meta=never, allow_changes=[], root="ck")
     assert not fresh.resuming and fresh.config is config
     with pytest.raises(ConfigError, match="--from-step needs --resume"):
-        plan_session(config, resume=False, from_step=3, committed_steps=never, read_meta=never, current_meta=never,
-                     allow_changes=[], root="ck")
+        plan_session(
+            config,
+            resume=False,
+            from_step=3,
+            committed_steps=never,
+            read_meta=never,
+            current_meta=never,
+            allow_changes=[],
+            root="ck",
+        )
     read: list[int] = []
     resumed = plan_session(config, resume=True, from_step=None, committed_steps=lambda: [5, 7],
                            read_meta=lambda step: read.append(step) or _meta(config),
                            current_meta=lambda: _meta(config), allow_changes=[], root="ck")
-    assert resumed.checkpoint_step == 7 and read == [7] and resumed.free_changes == resumed.allowed_changes == []
+    assert (
+        resumed.checkpoint_step == 7 and read == [7] and resumed.free_changes == resumed.allowed_changes == []
+    )
 
 
-@pytest.mark.parametrize("overrides", [(), ("optim.router_optimizer=muon",), ("optim.muon.granularity=per_head",),
-                                       ("optim.wd_norms=false", "model.q_lora_rank=16")])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        (),
+        ("optim.router_optimizer=muon",),
+        ("optim.muon.granularity=per_head",),
+        ("optim.wd_norms=false", "model.q_lora_rank=16"),
+    ],
+)
 def test_partition_table_from_the_model_alone_equals_the_optimizers(overrides):
     config = _config("model.vocab_size=256", *overrides)
     torch.manual_seed(0)
@@ -161,6 +203,9 @@ def test_auto_refuses_when_none_verifies_rather_than_start_at_step_0():
     def verify(step):
         raise CheckpointError(f"step-{step} damaged")
 
-    with pytest.raises(CheckpointError, match=r"none of the 2 committed .* in R verifies.*step 20 \(step-20 damaged\); "
-                       r"step 10 \(step-10 damaged\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"none of the 2 committed .* in R verifies.*step 20 \(step-20 damaged\); "
+        r"step 10 \(step-10 damaged\)",
+    ):
         choose_verified([10, 20], verify, "R")

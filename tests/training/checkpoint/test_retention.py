@@ -1,6 +1,6 @@
-"""pilotrun/training/checkpoint/retention.py and the checkpointer's pruning by it: the newest K, every N-th step
-for good, protected steps never pruned (and remembered across sessions through the markers), and the count the
-disk plan sizes."""
+"""pilotrun/training/checkpoint/retention.py and the checkpointer's pruning by it: the newest K, every N-th
+step for good, protected steps never pruned (and remembered across sessions through the markers), and the
+count the disk plan sizes."""
 
 from __future__ import annotations
 
@@ -68,7 +68,8 @@ def test_the_checkpointer_prunes_by_the_tiers_and_protection_outlives_the_sessio
     assert first.committed_steps() == [1, 3, 4, 6, 7]
     marker = json.loads((tmp_path / "checkpoints" / "step-00000007" / MARKER_NAME).read_text())
     assert marker["protected"] == {"1": "keep_steps", "3": PROTECT_ROLLBACK}
-    # A later session with plain settings still keeps what the markers protect; step 4 is no longer kept for good.
+    # A later session with plain settings still keeps what the markers protect; step 4 is no longer kept for
+    # good.
     later = Checkpointer(tmp_path, keep=1)
     for step in range(8, 11):
         _save(later, step)

@@ -72,7 +72,9 @@ def test_the_recipe_offers_exactly_the_registered_storages():
     assert CHECKPOINT_STORAGES == (AUTOMATIC, *STORAGES)
 
 
-def test_a_run_writes_with_the_storage_its_recipe_names_and_resumes_across_storages(builtin_data_dir, tmp_path):
+def test_a_run_writes_with_the_storage_its_recipe_names_and_resumes_across_storages(
+    builtin_data_dir, tmp_path
+):
     """train.checkpoint.storage picks the writer; a resume reads with the storage the marker names, so a
     run saved with DCP and continued with torch.save ends with the weights of a run that never stopped."""
     import json
@@ -91,7 +93,10 @@ def test_a_run_writes_with_the_storage_its_recipe_names_and_resumes_across_stora
     def marker(run_dir, step):
         return json.loads((run_dir / "checkpoints" / f"step-{step:08d}" / "COMMITTED.json").read_text())
 
-    assert train(tmp_path / "a", "--set", "train.max_steps=2", "--set", "train.checkpoint.storage=torch_dcp") == 0
+    assert (
+        train(tmp_path / "a", "--set", "train.max_steps=2", "--set", "train.checkpoint.storage=torch_dcp")
+        == 0
+    )
     assert marker(tmp_path / "a", 2)["storage"] == "torch_dcp"
     assert train(tmp_path / "a", "--resume", "--set", "train.max_steps=4",
                  "--set", "train.checkpoint.storage=torch_save") == 0

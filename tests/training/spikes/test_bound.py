@@ -1,5 +1,6 @@
-"""training/spikes/bound.py: the one definition of a spike (median + factor x max(spread, floor)), its two spreads, and
-the cases every caller relies on: before min_history nothing is judged, a non-finite value always is a spike."""
+"""training/spikes/bound.py: the one definition of a spike (median + factor x max(spread, floor)), its two
+spreads, and the cases every caller relies on: before min_history nothing is judged, a non-finite value always
+is a spike."""
 
 from __future__ import annotations
 
@@ -60,12 +61,16 @@ def test_nothing_is_judged_before_min_history_and_a_non_finite_value_always_is_a
 
 def test_the_tail_spread_widens_for_a_heavy_upper_tail_and_not_for_one_spike():
     core = [6.0 + 0.01 * (i % 5 - 2) for i in range(50)]  # a narrow core: level spread 0.0148
-    assert level_spread(core) <= tail_spread(core) < 1.1 * level_spread(core)  # as wide, for a tail no heavier
+    # as wide, for a tail no heavier
+    assert level_spread(core) <= tail_spread(core) < 1.1 * level_spread(core)
     assert tail_spread(core[:9]) == level_spread(core[:9])
     heavy = core[:42] + [6.4, 6.5, 6.6, 6.7, 6.8, 6.5, 6.6, 6.9]  # one update in six on a hard batch
     spread = (sorted(heavy)[44] - statistics.median(heavy)) / 1.2816
     assert tail_spread(heavy) == spread > 10 * level_spread(heavy)
-    assert not spike_against(7.2, heavy, 6.0, 0.01, 20, tail_spread)[0]  # held by the tail, not the core's MAD
+    # held by the tail, not the core's MAD
+    assert not spike_against(7.2, heavy, 6.0, 0.01, 20, tail_spread)[0]
     assert spike_against(7.2, heavy, 6.0, 0.01, 20, level_spread)[0]
     spiked = core[:48] + [12.0, 13.0]  # two spikes in the window move its 90th percentile by one core value
-    assert tail_spread(spiked) == tail_spread(core) and spike_against(9.0, spiked, 6.0, 0.01, 20, tail_spread)[0]
+    assert (
+        tail_spread(spiked) == tail_spread(core) and spike_against(9.0, spiked, 6.0, 0.01, 20, tail_spread)[0]
+    )

@@ -1,6 +1,6 @@
-"""The spike judge without training (the bound itself: tests/training/spikes/test_bound.py): the window of applied
-updates, non-finite values, the policies' actions (the rollback cap, no checkpoint to roll back to), the skip
-ranges, and the checkpointed state."""
+"""The spike judge without training (the bound itself: tests/training/spikes/test_bound.py): the window of
+applied updates, non-finite values, the policies' actions (the rollback cap, no checkpoint to roll back to),
+the skip ranges, and the checkpointed state."""
 
 from __future__ import annotations
 
@@ -73,7 +73,8 @@ def test_state_round_trips_and_an_older_checkpoint_without_it_starts_empty():
     again.load_state_dict(None)
     assert again.state_dict() == {"loss": [], "grad_norm": [], "rollbacks": 0, "skip_data": "[]"}
     assert SpikeDetector.state_optional
-    # A checkpoint from before rollbacks kept their records: its ranges are its recipe's, and still stepped over.
+    # A checkpoint from before rollbacks kept their records: its ranges are its recipe's, and still stepped
+    # over.
     older = {"loss": [3.0], "grad_norm": [1.0], "rollbacks": 1}
     again.load_state_dict(older)
     assert again.rollbacks == 1 and again.skip_data == []
@@ -106,7 +107,9 @@ def test_the_gate_answers_by_policy(policy, rollbacks, can, action, reason):
 
 def test_the_gate_replays_before_it_answers():
     seen = []
-    gate = SpikeGate(detector(), 6, [5], True, replay=lambda verdict: seen.append(verdict) or {"cause": "batch"})
+    gate = SpikeGate(
+        detector(), 6, [5], True, replay=lambda verdict: seen.append(verdict) or {"cause": "batch"}
+    )
     gate(50.0, [50.0, 3.0])
     assert seen == [gate.verdict] and gate.verdict.fields(1)["cause"] == "batch"
 
@@ -127,8 +130,9 @@ def test_skip_ranges_are_stepped_over():
 
 
 def test_run_json_describes_the_recipes_ranges_and_keeps_the_rollbacks_records(builtin_data_dir):
-    """run.json's skip_data: a range the recipe names (a user's, or an older run's rollback kept as batches only)
-    is described from the data when a session opens; a rollback's record is written as the trainer state holds it."""
+    """run.json's skip_data: a range the recipe names (a user's, or an older run's rollback kept as batches
+    only) is described from the data when a session opens; a rollback's record is written as the trainer state
+    holds it."""
     from pilotrun.data.reader import BatchLoader, open_dataset
     from pilotrun.data.skipped_documents import read_documents
 
@@ -141,7 +145,11 @@ def test_run_json_describes_the_recipes_ranges_and_keeps_the_rollbacks_records(b
     assert given == {"origin": "recipe", "first_batch": 2, "batches": 3,
                      "read": read_documents(loader, dataset.eos_id, 2, 3)}
     (read,) = given["read"]
-    assert read["pass"] == 0 and read["tokens"] == [2 * 128, 5 * 128 + 1] and read["documents"][0] <= read["documents"][1]
+    assert (
+        read["pass"] == 0
+        and read["tokens"] == [2 * 128, 5 * 128 + 1]
+        and read["documents"][0] <= read["documents"][1]
+    )
 
 
 def test_the_loss_is_held_to_its_upper_tail_the_gradient_norm_to_its_floor():

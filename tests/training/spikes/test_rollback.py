@@ -1,12 +1,13 @@
-"""Spikes in a real (smoke-sized) training run: a poisoned batch (tests/training/spike_faults.py) makes a spike at
-its update; each policy answers it and the record reconciles.
+"""Spikes in a real (smoke-sized) training run: a poisoned batch (tests/training/spike_faults.py) makes a
+spike at its update; each policy answers it and the record reconciles.
 
 - record: the spike event names the update, the batch and the cause ("batch": it recurs bit for bit on its
   batch, not on the next); the replay changes nothing: the run equals one without replay, bit for bit;
 - skip: one skipped update with reason spike (a `spike` event, no `overflow`), the step and schedule unmoved;
-- rollback: the continued run equals, bit for bit (weights, optimizer, every kept loss), a reference run told to
-  skip the same data from the start with the `train.skip_data` the rollback event records; the updates between
-  the checkpoint and the spike are redone with the same losses; summarize counts the undone work as rolled back;
+- rollback: the continued run equals, bit for bit (weights, optimizer, every kept loss), a reference run told
+  to skip the same data from the start with the `train.skip_data` the rollback event records; the updates
+  between the checkpoint and the spike are redone with the same losses; summarize counts the undone work as
+  rolled back;
 - a spike storm hits train.spike.max_rollbacks and the run stops ("stopped", exit 1) with a checkpoint;
 - a long noise document (real data, no poison: it spans ~15 updates) spikes once: the rollback skips it to its
   end, and the run completes (skipping only the spiking update and the margin met the rest of it three times);
@@ -36,9 +37,10 @@ POISON = 16  # cursor position of the poisoned microbatch: update 17 reads it (a
 
 @pytest.fixture(scope="module")
 def noise_data(tmp_path_factory):
-    """Short built-in documents (about 15 updates' worth) in their order, then a 3,000-character noise document
-    (random letters, digits and symbols: some 1,900 tokens, 15 updates of 128 tokens), then more documents.
-    Returns (data folder, the noise document's first token, the position just past its EOS, its index)."""
+    """Short built-in documents (about 15 updates' worth) in their order, then a 3,000-character noise
+    document (random letters, digits and symbols: some 1,900 tokens, 15 updates of 128 tokens), then more
+    documents. Returns (data folder, the noise document's first token, the position just past its EOS, its
+    index)."""
     import random
 
     import numpy as np
@@ -61,8 +63,13 @@ def noise_data(tmp_path_factory):
     with open(folder / "corpus.jsonl", "w") as f:
         for text in [*before, noise, *docs]:
             f.write(json.dumps({"text": text}) + "\n")
-    prepare_corpus(folder / "data", source=str(folder / "corpus.jsonl"), tokenizer="bpe:4096", shuffle_buffer=1,
-                   progress=False)
+    prepare_corpus(
+        folder / "data",
+        source=str(folder / "corpus.jsonl"),
+        tokenizer="bpe:4096",
+        shuffle_buffer=1,
+        progress=False,
+    )
     dataset = open_dataset(folder / "data")
     split = dataset.split("train")
     ends = np.flatnonzero(split.read(0, split.num_tokens) == dataset.eos_id)
@@ -102,18 +109,26 @@ def weights(trainer) -> dict:
 
 
 @pytest.mark.slow
-def test_record_names_the_poisoned_batch_and_its_replay_changes_nothing(builtin_data_dir, tmp_path, monkeypatch):
+def test_record_names_the_poisoned_batch_and_its_replay_changes_nothing(
+    builtin_data_dir, tmp_path, monkeypatch
+):
     poison_batches(POISON, monkeypatch=monkeypatch)
     replayed, result = train(builtin_data_dir, tmp_path / "replayed")
     assert result.reason == "completed" and result.updates_skipped == 0
     (spike,) = events(tmp_path / "replayed", "spike")
-    assert spike["spike_step"] == POISON + 1 and spike["batches"] == [POISON] and spike["action"] == "recorded"
+    assert (
+        spike["spike_step"] == POISON + 1 and spike["batches"] == [POISON] and spike["action"] == "recorded"
+    )
     assert "grad_norm" in spike["signals"] and spike["grad_norm"] > spike["bounds"]["grad_norm"]["bound"]
     assert spike["cause"] == "batch" and spike["replay"]["bitwise"] is True
-    assert spike["replay"]["same_batch"] == spike["per_rank"] and spike["replay"]["next_batches"] == [POISON + 1]
+    assert spike["replay"]["same_batch"] == spike["per_rank"] and spike["replay"]["next_batches"] == [
+        POISON + 1
+    ]
     said = [line for line in replayed.out.getvalue().splitlines() if line.startswith("spike at update")]
     assert len(said) == 1 and said[0].startswith(f"spike at update {POISON + 1} (batches {POISON}): loss ")
-    assert f"grad norm {spike['grad_norm']:.4g} > bound {spike['bounds']['grad_norm']['bound']:.4g}" in said[0]
+    assert (
+        f"grad norm {spike['grad_norm']:.4g} > bound {spike['bounds']['grad_norm']['bound']:.4g}" in said[0]
+    )
     assert said[0].endswith(" -> recorded, applied; cause batch")
     plain, _ = train(builtin_data_dir, tmp_path / "plain", "train.spike.replay=false")
     assert events(tmp_path / "plain", "spike")[0]["replay"] is None
@@ -134,7 +149,8 @@ def test_skip_counts_one_skipped_update_with_reason_spike(builtin_data_dir, tmp_
     assert result.reason == "completed" and result.step == 24
     assert result.updates_skipped == 1 and result.updates_attempted == 25
     (spike,) = events(tmp_path / "run", "spike")
-    assert spike["action"] == "skipped" and spike["skipped"] is True and spike["step"] == POISON  # step unmoved
+    # step unmoved
+    assert spike["action"] == "skipped" and spike["skipped"] is True and spike["step"] == POISON
     assert spike["updates_skipped"] == 1 and events(tmp_path / "run", "overflow") == []
     summary = summarize_run(tmp_path / "run")
     assert summary.valid, summary.reasons
@@ -142,7 +158,9 @@ def test_skip_counts_one_skipped_update_with_reason_spike(builtin_data_dir, tmp_
 
 
 @pytest.mark.slow
-def test_rollback_continues_exactly_as_a_run_told_to_skip_the_same_data(builtin_data_dir, tmp_path, monkeypatch):
+def test_rollback_continues_exactly_as_a_run_told_to_skip_the_same_data(
+    builtin_data_dir, tmp_path, monkeypatch
+):
     poison_batches(POISON, monkeypatch=monkeypatch)
     rolled, result = train(builtin_data_dir, tmp_path / "rolled", "train.spike.policy=rollback")
     assert result.reason == "completed" and result.step == 24
@@ -159,13 +177,18 @@ def test_rollback_continues_exactly_as_a_run_told_to_skip_the_same_data(builtin_
     (record,) = json.loads((tmp_path / "rolled" / "run.json").read_text())["skip_data"]
     assert record["origin"] == "rollback" and record["spike_step"] == POISON + 1
     assert (record["first_batch"], record["batches"]) == (POISON, 1 + margin)
-    assert record["documents"] == rollback["skipped"]["documents"] and record["read"] == rollback["skipped"]["read"]
+    assert (
+        record["documents"] == rollback["skipped"]["documents"]
+        and record["read"] == rollback["skipped"]["read"]
+    )
     # The updates between the checkpoint and the spike were redone on the same data: the same losses.
     rolled_losses = losses(tmp_path / "rolled")
     for step in range(13, POISON + 1):
         assert rolled_losses[step][0] == rolled_losses[step][1]
 
-    reference, ref_result = train(builtin_data_dir, tmp_path / "reference", rollback["reproduce"].removeprefix("--set "))
+    reference, ref_result = train(
+        builtin_data_dir, tmp_path / "reference", rollback["reproduce"].removeprefix("--set ")
+    )
     assert ref_result.reason == "completed" and events(tmp_path / "reference", "spike") == []
     ref_losses = losses(tmp_path / "reference")
     assert sorted(ref_losses) == sorted(rolled_losses) == list(range(1, 25))
@@ -184,7 +207,9 @@ def test_rollback_continues_exactly_as_a_run_told_to_skip_the_same_data(builtin_
     rule = next(r for r in judge_summary(summary).rules if r.name == "spikes")
     assert rule.status == "WARN"
     # The restored checkpoint and the completed run's final one are protected from pruning, for good.
-    marker = json.loads((tmp_path / "rolled" / "checkpoints" / "step-00000024" / "COMMITTED.json").read_text())
+    marker = json.loads(
+        (tmp_path / "rolled" / "checkpoints" / "step-00000024" / "COMMITTED.json").read_text()
+    )
     assert marker["protected"] == {"12": "rollback", "24": "final"}
 
 
@@ -224,7 +249,8 @@ def test_one_rollback_skips_a_long_noise_document_to_its_end(noise_data, tmp_pat
     assert skipped["first_batch"] == batch and skipped["documents_through_batch"] == last
     assert skipped["batches"] == last - batch + 1
     assert rollback["skip_data"] == [[batch, last - batch + 1]]
-    assert trainer.session.state.loader.batch_index == 24 + last - batch + 1  # every later batch past the noise
+    # every later batch past the noise
+    assert trainer.session.state.loader.batch_index == 24 + last - batch + 1
     from pilotrun.commands.inspect_batch import microbatches_for_step
 
     # inspect-batch names what the last update read: the batch before the cursor, past the skipped noise.
@@ -256,8 +282,9 @@ def test_one_rollback_skips_a_long_noise_document_to_its_end(noise_data, tmp_pat
 
 @pytest.mark.slow
 def test_a_rollback_on_a_mixture_names_each_source_it_skips(mixture_sources, tmp_path, monkeypatch):
-    """A mixture's spiking batch reads rows of several sources: the rollback steps over each one's documents to
-    their end, and the record names them per source (the batches are global: every source's rows in them go)."""
+    """A mixture's spiking batch reads rows of several sources: the rollback steps over each one's documents
+    to their end, and the record names them per source (the batches are global: every source's rows in them
+    go)."""
     import torch
 
     from pilotrun.data.mixed_reader import MixedLoader
@@ -268,10 +295,14 @@ def test_a_rollback_on_a_mixture_names_each_source_it_skips(mixture_sources, tmp
     def poisoned(self):  # as spike_faults.poison_batches does for a folder, with ids inside this vocabulary
         index = self.batch_index
         inputs, targets = original(self)
-        return (torch.full_like(inputs, 7), torch.full_like(targets, 500)) if index == 9 else (inputs, targets)
+        return (
+            (torch.full_like(inputs, 7), torch.full_like(targets, 500)) if index == 9 else (inputs, targets)
+        )
 
     monkeypatch.setattr(MixedLoader, "next_batch", poisoned)
-    mixture = write_mixture(tmp_path / "mix.yaml", [(mixture_sources["edu"], 0.7), (mixture_sources["builtin"], 0.3)])
+    mixture = write_mixture(
+        tmp_path / "mix.yaml", [(mixture_sources["edu"], 0.7), (mixture_sources["builtin"], 0.3)]
+    )
     trainer, result = train(mixture, tmp_path / "run", "train.spike.policy=rollback", "train.max_steps=14",
                             "train.spike.min_history=4", "optim.schedule.horizon=14")
     assert result.reason == "completed" and result.step == 14
@@ -281,8 +312,9 @@ def test_a_rollback_on_a_mixture_names_each_source_it_skips(mixture_sources, tmp
     assert record["first_batch"] == 9 and record["batches"] == rollback["skipped"]["batches"] >= 3
     loader = trainer.session.state.loader
     rows = {row["source"] for row in loader.describe_batch(9)}
-    assert {d["source"] for d in record["documents"]} == rows and {r["source"] for r in record["read"]} == set(
-        loader.names)
+    assert {d["source"] for d in record["documents"]} == rows and {
+        r["source"] for r in record["read"]
+    } == set(loader.names)
     assert all(d["first"] <= d["last"] and d["tokens"][0] < d["tokens"][1] for d in record["documents"])
     summary = summarize_run(tmp_path / "run")
     assert summary.valid, summary.reasons
@@ -290,9 +322,10 @@ def test_a_rollback_on_a_mixture_names_each_source_it_skips(mixture_sources, tmp
 
 @pytest.mark.slow
 def test_an_older_runs_batch_ranges_are_read_and_resumed(builtin_data_dir, tmp_path, monkeypatch):
-    """A run from before rollbacks kept their own records: its ranges are batch ranges in the checkpoint's recipe and
-    its detector state has no skip_data. Resumed before the range with a command that names none, it steps over
-    the range as the run without interruption does, bit for bit, and run.json describes the range's documents."""
+    """A run from before rollbacks kept their own records: its ranges are batch ranges in the checkpoint's
+    recipe and its detector state has no skip_data. Resumed before the range with a command that names none,
+    it steps over the range as the run without interruption does, bit for bit, and run.json describes the
+    range's documents."""
     from pilotrun.training.spikes.detector import SpikeDetector
     from pilotrun.training.trainer import Trainer
 
@@ -301,7 +334,9 @@ def test_an_older_runs_batch_ranges_are_read_and_resumed(builtin_data_dir, tmp_p
         k: v for k, v in older(self).items() if k != "skip_data"})  # the older checkpoint format
     train(builtin_data_dir, tmp_path / "older", "train.skip_data=[[16,3]]", "train.max_steps=12")
     monkeypatch.undo()
-    resumed = Trainer(recipe(), builtin_data_dir, tmp_path / "older", resume=True, progress=False, out=io.StringIO())
+    resumed = Trainer(
+        recipe(), builtin_data_dir, tmp_path / "older", resume=True, progress=False, out=io.StringIO()
+    )
     resumed.run()
     straight, _ = train(builtin_data_dir, tmp_path / "straight", "train.skip_data=[[16,3]]")
     assert_exactly_equal(weights(straight), weights(resumed))
@@ -315,29 +350,39 @@ def test_an_older_runs_batch_ranges_are_read_and_resumed(builtin_data_dir, tmp_p
 
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["skip", "rollback"])
-def test_a_poisoned_run_resumed_after_its_spike_continues_exactly(builtin_data_dir, tmp_path, monkeypatch, policy):
-    """The detector's window and rollback count travel in the checkpoint: resumed after the spike's answer, the
-    run judges and trains as one that never stopped."""
+def test_a_poisoned_run_resumed_after_its_spike_continues_exactly(
+    builtin_data_dir, tmp_path, monkeypatch, policy
+):
+    """The detector's window and rollback count travel in the checkpoint: resumed after the spike's answer,
+    the run judges and trains as one that never stopped."""
     from pilotrun.training.trainer import Trainer
 
     poison_batches(POISON, monkeypatch=monkeypatch)
     straight, _ = train(builtin_data_dir, tmp_path / "a", f"train.spike.policy={policy}")
-    first = Trainer(recipe(f"train.spike.policy={policy}", "train.max_steps=20"), builtin_data_dir, tmp_path / "b",
-                    progress=False, out=io.StringIO())
+    first = Trainer(
+        recipe(f"train.spike.policy={policy}", "train.max_steps=20"),
+        builtin_data_dir,
+        tmp_path / "b",
+        progress=False,
+        out=io.StringIO(),
+    )
     first.run()
     resumed = Trainer(recipe(f"train.spike.policy={policy}"), builtin_data_dir, tmp_path / "b", resume=True,
                       progress=False, out=io.StringIO())
     resumed.run()
     assert_exactly_equal(weights(straight), weights(resumed))
     detector = next(h for h in resumed.session.state.hooks if h.name == "spike")
-    assert detector.state_dict() == next(h for h in straight.session.state.hooks if h.name == "spike").state_dict()
+    assert (
+        detector.state_dict()
+        == next(h for h in straight.session.state.hooks if h.name == "spike").state_dict()
+    )
     assert summarize_run(tmp_path / "b").valid
 
 
 def snapshot_around_the_rollbacks_commit(monkeypatch, run_dir: Path, before: Path, after: Path) -> None:
     """The rollback's commit (the checkpoint callback's `save_now`) copies the run folder just before and just
-    after it: each copy is the folder a SIGKILL at that moment leaves (every line of the record is flushed as it is
-    written)."""
+    after it: each copy is the folder a SIGKILL at that moment leaves (every line of the record is flushed as
+    it is written)."""
     import shutil
 
     from pilotrun.training.callbacks.checkpointing import CheckpointCallback
@@ -362,22 +407,35 @@ def counted(run_dir: Path):
     o = summary.overall
     watcher = Watcher(run_dir)
     watcher.check(final=True)
-    return {"decision": verdict.decision, "rules": [(r.name, r.status, r.figure) for r in verdict.rules],
-            "spikes": {k: v for k, v in o["spikes"].items() if k not in ("list", "rollback_list")},
-            "listed": [{k: v for k, v in s.items() if k != "line"} for s in o["spikes"]["list"]],
-            "counts": {k: o[k] for k in ("updates_applied", "updates_attempted", "updates_skipped", "tokens_seen",
-                                         "updates_rolled_back")},
-            "alerts": sorted((a.kind, a.message) for a in watcher.raised)}
+    return {
+        "decision": verdict.decision,
+        "rules": [(r.name, r.status, r.figure) for r in verdict.rules],
+        "spikes": {k: v for k, v in o["spikes"].items() if k not in ("list", "rollback_list")},
+        "listed": [{k: v for k, v in s.items() if k != "line"} for s in o["spikes"]["list"]],
+        "counts": {
+            k: o[k]
+            for k in (
+                "updates_applied",
+                "updates_attempted",
+                "updates_skipped",
+                "tokens_seen",
+                "updates_rolled_back",
+            )
+        },
+        "alerts": sorted((a.kind, a.message) for a in watcher.raised),
+    }
 
 
 @pytest.mark.slow
-def test_a_run_killed_right_after_a_rollback_resumes_as_the_uninterrupted_run(builtin_data_dir, tmp_path, monkeypatch):
-    """SIGKILLed right after the rollback committed the restored step again (with the skip and the count in its
-    trainer state), the resumed run goes on past the spike's data: the same kept losses and weights, bit for bit,
-    one spike and one rollback on file, and the verdict, summarize and watch count exactly what they count for
-    the run that was not killed. Killed between the rollback's event and that commit, the resumed session starts
-    from the older copy, attempts the spiking update again and logs its spike and rollback a second time: it
-    trains exactly the same, and the record counts the spike and the rollback once."""
+def test_a_run_killed_right_after_a_rollback_resumes_as_the_uninterrupted_run(
+    builtin_data_dir, tmp_path, monkeypatch
+):
+    """SIGKILLed right after the rollback committed the restored step again (with the skip and the count in
+    its trainer state), the resumed run goes on past the spike's data: the same kept losses and weights, bit
+    for bit, one spike and one rollback on file, and the verdict, summarize and watch count exactly what they
+    count for the run that was not killed. Killed between the rollback's event and that commit, the resumed
+    session starts from the older copy, attempts the spiking update again and logs its spike and rollback a
+    second time: it trains exactly the same, and the record counts the spike and the rollback once."""
     from pilotrun.training.trainer import Trainer
 
     poison_batches(POISON, monkeypatch=monkeypatch)
@@ -390,7 +448,9 @@ def test_a_run_killed_right_after_a_rollback_resumes_as_the_uninterrupted_run(bu
     straight.run()
     before, after = tmp_path / "before", tmp_path / "after"
     snapshot_around_the_rollbacks_commit(monkeypatch, tmp_path / "run", before, after)
-    Trainer(recipe(*both), builtin_data_dir, tmp_path / "run", resume=True, progress=False, out=io.StringIO()).run()
+    Trainer(
+        recipe(*both), builtin_data_dir, tmp_path / "run", resume=True, progress=False, out=io.StringIO()
+    ).run()
     monkeypatch.undo()
     poison_batches(POISON, monkeypatch=monkeypatch)
     assert [e["event"] for e in events(before)][-3:] == ["spike", "train", "rollback"]
@@ -399,19 +459,27 @@ def test_a_run_killed_right_after_a_rollback_resumes_as_the_uninterrupted_run(bu
     straight_record = json.loads((tmp_path / "straight" / "run.json").read_text())["skip_data"]
     straight_counts = counted(tmp_path / "straight")
     for killed in (after, before):
-        resumed = Trainer(recipe(*both), builtin_data_dir, killed, resume=True, progress=False, out=io.StringIO())
+        resumed = Trainer(
+            recipe(*both), builtin_data_dir, killed, resume=True, progress=False, out=io.StringIO()
+        )
         resumed.run()
         assert_exactly_equal(weights(straight), weights(resumed))
-        assert {s: v[-1] for s, v in losses(killed).items()} == {s: v[-1] for s, v in losses(tmp_path / "straight").items()}
+        assert {s: v[-1] for s, v in losses(killed).items()} == {
+            s: v[-1] for s, v in losses(tmp_path / "straight").items()
+        }
         assert json.loads((killed / "run.json").read_text())["skip_data"] == straight_record
         killed_counts = counted(killed)
         assert killed_counts["spikes"]["spikes"] == killed_counts["spikes"]["rollbacks"] == 1
-        assert [kind for kind, _ in killed_counts["alerts"] if kind in ("spike", "rollback")] == ["rollback", "spike"]
+        assert [kind for kind, _ in killed_counts["alerts"] if kind in ("spike", "rollback")] == [
+            "rollback",
+            "spike",
+        ]
         redone = killed is before  # killed before the commit: the spiking attempt was made again
         assert len(events(killed, "spike")) == len(events(killed, "rollback")) == 1 + redone
         # What the interruption itself cost is the interrupted run's own: one more session (a resume more, one
         # window fewer past a session's first to compare throughput, another process's memory), and where the
-        # attempt was redone, its updates rolled back twice. Every other figure and status is the uninterrupted run's.
+        # attempt was redone, its updates rolled back twice. Every other figure and status is the
+        # uninterrupted run's.
         assert killed_counts["counts"]["updates_rolled_back"] == (
             straight_counts["counts"]["updates_rolled_back"] + 4 * redone)
         own = ("resumed", "throughput_steady", "memory")
