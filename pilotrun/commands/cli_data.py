@@ -96,6 +96,21 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="another #SBATCH --KEY=VALUE line (repeatable), e.g. account=myproject")
 
 
+# Options of the pilotrun engine that datatrove's route has no use for: each task keeps its files' order (no
+# shuffle buffer) and datatrove writes its own logs (no progress line), so a value other than the default
+# would be silently ignored.
+PILOTRUN_ENGINE_DEFAULTS = {"shuffle_buffer": 10000, "shuffle_buffer_bytes": 64 << 20, "progress": "auto"}
+
+
+def _refuse_pilotrun_engine_options(args: argparse.Namespace) -> None:
+    for name, default in PILOTRUN_ENGINE_DEFAULTS.items():
+        if getattr(args, name) != default:
+            flag = "--" + name.replace("_", "-")
+            raise PilotrunError(f"{flag} has no effect with --engine datatrove (each task keeps its "
+                                "files' order and datatrove writes its own logs: docs/DATA_AT_SCALE.md); "
+                                "leave it out")
+
+
 def _run_datatrove(args: argparse.Namespace, whole) -> int:
     from pilotrun.data.datatrove_finish import finished_line
     from pilotrun.data.datatrove_prepare import (
@@ -145,6 +160,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
         return int(value)
 
     if args.engine == "datatrove":
+        _refuse_pilotrun_engine_options(args)
         return _run_datatrove(args, whole)
     for flag, value in (
         ("--tasks", args.tasks),

@@ -74,6 +74,15 @@ def test_datatrove_options_are_refused_with_the_pilotrun_engine(capsys, tmp_path
     assert "--tasks is an option of --engine datatrove" in err and not (tmp_path / "out.partial").exists()
 
 
+@pytest.mark.parametrize("flag,value", [("--shuffle-buffer", "5"), ("--shuffle-buffer-bytes", "1000"),
+                                        ("--progress", "plain")])
+def test_pilotrun_engine_options_are_refused_with_datatrove(capsys, tmp_path, flag, value):
+    err = _refused_one_line(capsys, ["prepare", "--engine", "datatrove", "--out", str(tmp_path / "out"),
+                                     "--source", "x.jsonl", "--tokenizer", "gpt2", flag, value])
+    assert f"{flag} has no effect with --engine datatrove" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 
 
 def test_file_record_counts_non_blank_lines_across_read_chunks(monkeypatch, tmp_path):
