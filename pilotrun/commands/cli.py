@@ -160,7 +160,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
 def _train_with(args: argparse.Namespace, signals, started_at: float) -> int:
     from pilotrun.common.errors import ConfigError
-    from pilotrun.config import config_to_dict, load_run_config
+    from pilotrun.config import check_allow_change_keys, config_to_dict, load_run_config
 
     if (args.config is None) == (args.frozen is None):
         raise ConfigError("train needs exactly one of --config RECIPE and --frozen LOCK")
@@ -171,6 +171,8 @@ def _train_with(args: argparse.Namespace, signals, started_at: float) -> int:
 
     run_facts, allow_changes = None, args.allow_change
     if args.frozen is not None:
+        # before the lock is compared: a typo'd key would leave its difference refused, unnamed
+        check_allow_change_keys(args.allow_change)
         # On --resume the lock is checked again but run.json keeps the facts its first session recorded
         # (train_from_cli records them only where this session starts the run).
         config, run_facts = _frozen_config(args)
