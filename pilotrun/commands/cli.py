@@ -407,7 +407,7 @@ def _run_freeze(args: argparse.Namespace) -> int:
         print("\n".join(format_projection(lock["projection"]) + forecast_lines(lock)))
     from pilotrun.commands.next_commands import long_run_commands, recorded_data_dir
 
-    train, watch = long_run_commands(args.out, recorded_data_dir(args.run_dir))
+    train, watch = long_run_commands(args.out, recorded_data_dir(args.run_dir), lock_content=lock)
     print(f"the long run: `{train}`; watch it with `{watch}`")
     return 0
 

@@ -238,3 +238,13 @@ def test_projection_options_past_a_floats_range_are_one_line_exit_2_and_write_no
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and named in err[0] and f"--target-steps {flags[1]}" in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+def test_freeze_with_target_steps_prints_the_long_run_of_that_length(tmp_path, capsys):
+    from pilotrun.commands.cli import main
+
+    crashed_and_resumed(tmp_path / "r").write()
+    assert main(["freeze", str(tmp_path / "r"), "--out", str(tmp_path / "lock.json"), "--target-steps",
+                 "2000"]) == 0
+    printed = capsys.readouterr().out
+    assert "--set train.max_steps=2000" in printed and "--allow-change train.max_steps" in printed
