@@ -247,10 +247,12 @@ def _frozen_config(args: argparse.Namespace):
     """The recipe of a lock after --set, and run.json's `frozen` section; refuses unlisted differences."""
     from pilotrun.config import apply_overrides, config_to_dict, loaded_recipe_from
     from pilotrun.data.mixed_reader import data_identity
-    from pilotrun.run.recipe_lock import frozen_run_facts, load_lock
+    from pilotrun.run.recipe_lock import check_resumed_lock, frozen_run_facts, load_lock
     from pilotrun.training.environment import git_state
 
     lock = load_lock(args.frozen)
+    if args.resume:  # the wrong folder or lock is asked about before the lock's differences are listed
+        check_resumed_lock(lock, args.frozen, args.run_dir)
     config = loaded_recipe_from(
         apply_overrides(lock["recipe"], args.overrides), args.overrides, f"--frozen {args.frozen}"
     )
