@@ -425,7 +425,8 @@ def _add_watch(sub: argparse._SubParsersAction) -> None:
         "loss spike or a loss outside the pilot's envelope, a verdict rule that applies to a live run "
         "failing (skip and clip rates, QK-Clip, experts ...), a broken chain, a session ended in "
         "error or killed with no resume started. Never writes into the run folder, never takes its "
-        "lock. Exit 0 healthy or completed, 1 alert, 2 bad input.",
+        "lock. Exit 0 healthy or completed, 1 alert (with --follow: one still standing at the end), 2 bad "
+        "input.",
     )
     p.add_argument("run_dir", metavar="RUN", help="run folder")
     p.add_argument(
@@ -436,13 +437,24 @@ def _add_watch(sub: argparse._SubParsersAction) -> None:
         "and bounds",
     )
     p.add_argument(
-        "--follow", action="store_true", help="keep watching until the run completes or an alert fires"
+        "--follow",
+        action="store_true",
+        help="wait for a run still starting, then watch until it completes, past alerts; exit 1 at the end "
+        "unless every alert cleared",
+    )
+    p.add_argument(
+        "--stop-at-alert",
+        dest="keep_going",
+        action="store_false",
+        help="with --follow: stop at the first alert (exit 1)",
     )
     p.add_argument(
         "--keep-going",
+        dest="keep_going",
         action="store_true",
-        help="with --follow: watch on after an alert; exit 1 at the end unless every alert cleared",
+        help="with --follow: watch on after an alert (the default)",
     )
+    p.set_defaults(keep_going=True)
     p.add_argument(
         "--on-alert", default=None, metavar="CMD", help="run CMD once per alert, the alert as JSON on stdin"
     )
