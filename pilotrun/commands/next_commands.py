@@ -67,7 +67,9 @@ def projected_length(lock: dict[str, Any] | None) -> tuple[list[str], list[str]]
     """(`--set`s, `--allow-change`s) that make the long run the one a lock's projection (`freeze
     --target-steps N`) priced: N updates, and a schedule horizon of N where the pilot's recipe tied its
     horizon to its max_steps (a cosine that decays fully over the pilot would otherwise end at update 200 of
-    2,000). Nothing without a projection or when N is the pilot's own length."""
+    2,000) or where its horizon ends before N (the rest of the run at the floor LR, the expert bias frozen);
+    the lock's forecast assumes that horizon too (report/projection/forecast_record.py). Nothing without a
+    projection or when N is the pilot's own length."""
 
     def section(node: Any, name: str) -> dict[str, Any]:
         value = node.get(name) if isinstance(node, dict) else None
@@ -79,7 +81,8 @@ def projected_length(lock: dict[str, Any] | None) -> tuple[list[str], list[str]]
     if not isinstance(target, int) or target == steps:
         return [], []
     keys = ["train.max_steps"]
-    if section(section(recipe, "optim"), "schedule").get("horizon") == steps:
+    horizon = section(section(recipe, "optim"), "schedule").get("horizon")
+    if horizon == steps or (isinstance(horizon, int) and horizon < target):
         keys.append("optim.schedule.horizon")
     return [f"{key}={target}" for key in keys], keys
 
