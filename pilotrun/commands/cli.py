@@ -160,7 +160,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
 def _train_with(args: argparse.Namespace, signals, started_at: float) -> int:
     from pilotrun.common.errors import ConfigError
-    from pilotrun.config import config_to_dict, load_run_config
+    from pilotrun.config import check_allow_change_keys, config_to_dict, load_run_config
 
     if (args.config is None) == (args.frozen is None):
         raise ConfigError("train needs exactly one of --config RECIPE and --frozen LOCK")
@@ -171,6 +171,8 @@ def _train_with(args: argparse.Namespace, signals, started_at: float) -> int:
 
     run_facts, allow_changes = None, args.allow_change
     if args.frozen is not None:
+        # before the lock is compared: a typo'd key would leave its difference refused, unnamed
+        check_allow_change_keys(args.allow_change)
         # On --resume the lock is checked again but run.json keeps the facts its first session recorded
         # (train_from_cli records them only where this session starts the run).
         config, run_facts = _frozen_config(args)
@@ -245,10 +247,12 @@ def _frozen_config(args: argparse.Namespace):
     """The recipe of a lock after --set, and run.json's `frozen` section; refuses unlisted differences."""
     from pilotrun.config import apply_overrides, config_to_dict, loaded_recipe_from
     from pilotrun.data.mixed_reader import data_identity
-    from pilotrun.run.recipe_lock import frozen_run_facts, load_lock
+    from pilotrun.run.recipe_lock import check_resumed_lock, frozen_run_facts, load_lock
     from pilotrun.training.environment import git_state
 
     lock = load_lock(args.frozen)
+    if args.resume:  # the wrong folder or lock is asked about before the lock's differences are listed
+        check_resumed_lock(lock, args.frozen, args.run_dir)
     config = loaded_recipe_from(
         apply_overrides(lock["recipe"], args.overrides), args.overrides, f"--frozen {args.frozen}"
     )
@@ -405,7 +409,7 @@ def _run_freeze(args: argparse.Namespace) -> int:
         print("\n".join(format_projection(lock["projection"]) + forecast_lines(lock)))
     from pilotrun.commands.next_commands import long_run_commands, recorded_data_dir
 
-    train, watch = long_run_commands(args.out, recorded_data_dir(args.run_dir))
+    train, watch = long_run_commands(args.out, recorded_data_dir(args.run_dir), lock_content=lock)
     print(f"the long run: `{train}`; watch it with `{watch}`")
     return 0
 
@@ -421,7 +425,8 @@ def _add_watch(sub: argparse._SubParsersAction) -> None:
         "loss spike or a loss outside the pilot's envelope, a verdict rule that applies to a live run "
         "failing (skip and clip rates, QK-Clip, experts ...), a broken chain, a session ended in "
         "error or killed with no resume started. Never writes into the run folder, never takes its "
-        "lock. Exit 0 healthy or completed, 1 alert, 2 bad input.",
+        "lock. Exit 0 healthy or completed, 1 alert (with --follow: one still standing at the end), 2 bad "
+        "input.",
     )
     p.add_argument("run_dir", metavar="RUN", help="run folder")
     p.add_argument(
@@ -432,13 +437,24 @@ def _add_watch(sub: argparse._SubParsersAction) -> None:
         "and bounds",
     )
     p.add_argument(
-        "--follow", action="store_true", help="keep watching until the run completes or an alert fires"
+        "--follow",
+        action="store_true",
+        help="wait for a run still starting, then watch until it completes, past alerts; exit 1 at the end "
+        "unless every alert cleared",
+    )
+    p.add_argument(
+        "--stop-at-alert",
+        dest="keep_going",
+        action="store_false",
+        help="with --follow: stop at the first alert (exit 1)",
     )
     p.add_argument(
         "--keep-going",
+        dest="keep_going",
         action="store_true",
-        help="with --follow: watch on after an alert; exit 1 at the end unless every alert cleared",
+        help="with --follow: watch on after an alert (the default)",
     )
+    p.set_defaults(keep_going=True)
     p.add_argument(
         "--on-alert", default=None, metavar="CMD", help="run CMD once per alert, the alert as JSON on stdin"
     )

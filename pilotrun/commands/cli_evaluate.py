@@ -54,9 +54,11 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         print(json.dumps(result, sort_keys=True, default=str))
         return 0
     for name, figures in result["tasks"].items():
-        acc, norm = figures.get("acc"), figures.get("acc_norm")
+        acc, norm, chance = figures.get("acc"), figures.get("acc_norm"), figures.get("chance")
+        # an accuracy read against guessing's: 0.26 is nothing on 4 choices, something on 10
+        against = f" (chance {chance:.4f})" if isinstance(chance, int | float) else ""
         # A task's name is its file's stem: quoted on one line, never as commands to the terminal.
-        print(one_line(f"{name}: acc {acc:.4f}, acc_norm {norm:.4f} over {figures.get('examples')} examples "
-                       f"(step {result['step']}, {result['harness']} {result['harness_version']})"))
+        print(one_line(f"{name}: acc {acc:.4f}, acc_norm {norm:.4f}{against} over {figures.get('examples')} "
+                       f"examples (step {result['step']}, {result['harness']} {result['harness_version']})"))
     print(one_line(f"written: {result['written']}; an evaluation event appended to metrics.jsonl"))
     return 0

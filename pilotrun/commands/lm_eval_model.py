@@ -152,6 +152,9 @@ def run_harness(scorer: Scorer, names: list[str], files: list[ChoiceTask], *, sh
             "version": (out.get("versions") or {}).get(name),
             "sha256": file_hash.get(name, hashes.get(name)),
             "shots": (out.get("n-shot") or {}).get(name),
+            # guessing's accuracy, from each scored example's number of choices (data/choice_tasks.py)
+            "chance": sum(1.0 / len(row) for row in samples[name]) / len(samples[name])
+            if samples[name] and all(samples[name]) else None,
         }
     output = {k: out.get(k) for k in ("results", "versions", "n-shot", "n-samples", "configs", "task_hashes")}
     return {"tasks": tasks, "output": json.loads(json.dumps(output, default=str)), "samples": samples}

@@ -18,6 +18,7 @@ import argparse
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 
 def shell_line(words: Sequence[str | Path]) -> str:
@@ -62,13 +63,41 @@ def resume_command(args: argparse.Namespace) -> str:
     return shell_line(["pilotrun", *words])
 
 
+def projected_length(lock: dict[str, Any] | None) -> tuple[list[str], list[str]]:
+    """(`--set`s, `--allow-change`s) that make the long run the one a lock's projection (`freeze
+    --target-steps N`) priced: N updates, and a schedule horizon of N where the pilot's recipe tied its
+    horizon to its max_steps (a cosine that decays fully over the pilot would otherwise end at update 200 of
+    2,000) or where its horizon ends before N (the rest of the run at the floor LR, the expert bias frozen);
+    the lock's forecast assumes that horizon too (report/projection/forecast_record.py). Nothing without a
+    projection or when N is the pilot's own length."""
+
+    def section(node: Any, name: str) -> dict[str, Any]:
+        value = node.get(name) if isinstance(node, dict) else None
+        return value if isinstance(value, dict) else {}
+
+    target = section(lock, "projection").get("target_steps")
+    recipe = section(lock, "recipe")
+    steps = section(recipe, "train").get("max_steps")
+    if not isinstance(target, int) or target == steps:
+        return [], []
+    keys = ["train.max_steps"]
+    horizon = section(section(recipe, "optim"), "schedule").get("horizon")
+    if horizon == steps or (isinstance(horizon, int) and horizon < target):
+        keys.append("optim.schedule.horizon")
+    return [f"{key}={target}" for key in keys], keys
+
+
 def long_run_commands(
-    lock: str | Path, data: str | Path | None, run_dir: str | Path = "runs/long"
+    lock: str | Path, data: str | Path | None, run_dir: str | Path = "runs/long",
+    lock_content: dict[str, Any] | None = None,
 ) -> list[str]:
     """The frozen long run and its watch. `--resume auto`: the same line starts the run and continues it after
-    any stop (it is what a scheduler's requeue reruns), and it never refuses a folder it already started."""
+    any stop (it is what a scheduler's requeue reruns), and it never refuses a folder it already started.
+    `lock_content`: the lock itself, whose projection sets the run's length (`projected_length`)."""
+    overrides, allow = projected_length(lock_content)
     train = train_words(
-        frozen=lock, data=data if data is not None else "DATA", run_dir=run_dir, resume="auto"
+        frozen=lock, data=data if data is not None else "DATA", run_dir=run_dir, overrides=overrides,
+        allow_changes=allow, resume="auto"
     )
     return [shell_line(["pilotrun", *train]), shell_line(["pilotrun", "watch", run_dir, "--against", lock,
                                                           "--follow"])]

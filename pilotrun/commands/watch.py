@@ -1,4 +1,5 @@
-"""`pilotrun watch RUN [--against LOCK] [--follow] [--keep-going] [--on-alert CMD] [--json] [--interval S]`.
+"""`pilotrun watch RUN [--against LOCK] [--follow] [--stop-at-alert] [--on-alert CMD] [--json] [--interval S]`
+(and `--stall-windows`, `--threshold`).
 
 Reads a run as it grows and prints its alerts (pilotrun/report/watch/alerts.py); the run folder is opened once
 (pilotrun/run/run_folder.py) and its record read through pilotrun/run/follow.py, which only opens files for
@@ -8,10 +9,15 @@ names a resume across which bit-exact continuation is not promised (run.json's `
 applies from and the change). `--on-alert CMD` runs CMD (through the shell, in watch's own working folder,
 never the run's) once per alert with the alert as JSON on its stdin.
 
-Exit codes: without --follow, one look: 0 when no alert stands, 1 when one does. With --follow it watches
-until the run completes (0) or an alert is raised (1); with --keep-going it watches until the run completes
-and exits 0 when every alert raised has cleared by then (a stall that ended, a rule that passes again), else
-1. A folder that is not a run, or a lock for another run's recipe, is bad input: one line, exit 2.
+With --follow it waits for a run still starting (its folder or run.json not written yet: said once) and
+watches until the run completes; an alert is a line and an --on-alert call, and watching goes on (a warm-up
+alert that clears long before the end is no reason to stop watching). `--stop-at-alert` ends it at the first
+alert instead (exit 1); `--keep-going` names the default.
+
+Exit codes: without --follow, one look: 0 when no alert stands, 1 when one does. With --follow, at the
+run's end: 0 when every alert raised has cleared by then (a stall that ended, a rule that passes again),
+else 1; with --stop-at-alert, 1 at the first alert. A folder that is not a run, or a lock for another run's
+recipe, is bad input: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from pilotrun.report.projection.ledger import format_against
 from pilotrun.report.verdict.thresholds import parse_thresholds
 from pilotrun.report.watch.alerts import DEFAULT_STALL_WINDOWS, Alert, Watcher, thresholds_from_lock
 from pilotrun.run.recipe_lock import FreezeError, describe_difference, load_lock, lock_differences
+from pilotrun.run.record import RUN_JSON
 from pilotrun.run.run_folder import RunFolder
 
 ON_ALERT_TIMEOUT_SECONDS = 60.0
@@ -153,10 +160,24 @@ def status_line(watcher: Watcher) -> str:
 
 
 MAX_INTERVAL = 86400.0  # seconds between looks, at most
+START_POLL_SECONDS = 1.0  # between looks for a run still starting
+
+
+def wait_for_start(run_dir: str | Path, interval: float | None) -> None:
+    """--follow of a run still starting: `train` writes its folder and run.json after its set-up (a
+    scheduler's job may not have started at all), so until run.json is there watch waits, saying so once. A
+    path that is a file is bad input at once (RunFolder names it)."""
+    path = Path(run_dir) / RUN_JSON
+    said = False
+    while not path.is_file() and not Path(run_dir).is_file():
+        if not said:
+            print(one_line(f"waiting for {run_dir} to start: no {RUN_JSON} yet"), file=sys.stderr, flush=True)
+            said = True
+        time.sleep(interval if interval is not None else START_POLL_SECONDS)
 
 
 def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bool = False,
-              keep_going: bool = False, on_alert: str | None = None, as_json: bool = False,
+              keep_going: bool = True, on_alert: str | None = None, as_json: bool = False,
               interval: float | None = None, stall_windows: float | None = None,
               thresholds: list[str] | tuple[str, ...] = (), watcher: Watcher | None = None) -> int:
     """Watch once, or follow (module docstring); `thresholds` are NAME=VALUE overrides of the rules'
@@ -168,6 +189,8 @@ def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bo
         # A sleep the OS cannot take (1e308 s overflows it) or a watch that looks once a year watches nothing.
         raise PilotrunError(f"--interval {interval:g}: at most {MAX_INTERVAL:g} s (a day) between looks")
     stall_windows = stall_windows or DEFAULT_STALL_WINDOWS
+    if follow and watcher is None:
+        wait_for_start(run_dir, interval)
     lock, folder = check_lock_matches(run_dir, against) if against is not None else (None, None)
     held = parse_thresholds(list(thresholds), thresholds_from_lock(lock))
     watcher = watcher or Watcher(
@@ -210,6 +233,8 @@ def watch_run(run_dir: str | Path, against: str | Path | None = None, follow: bo
                 file=sys.stderr,
                 flush=True,
             )
+            # the one look's line at the end too: where it stands, what still waits
+            print(one_line(status_line(watcher)), file=sys.stderr, flush=True)
             return 1 if watcher.active else 0
         window, _ = watcher.window_interval()
         time.sleep(interval if interval is not None else min(5.0, max(0.05, window / 5)) if window else 0.5)

@@ -24,6 +24,7 @@ from pilotrun.config.optim import (
 )
 from pilotrun.config.recipe import (
     apply_overrides,
+    check_allow_change_keys,
     check_override_keys,
     load_run_config,
     load_yaml,
@@ -101,6 +102,7 @@ __all__ = [
     "SpikeConfig",
     "TrainConfig",
     "apply_overrides",
+    "check_allow_change_keys",
     "check_override_keys",
     "config_from_dict",
     "config_to_dict",

@@ -46,6 +46,28 @@ def check_override_keys(overrides: list[str]) -> None:
                                   f"{nearest_hint(key, sorted(leaves))} (`pilotrun config` lists every key)")
 
 
+# What `--allow-change` may name besides a config key: the data's identity, a mixture's weights and seed, the
+# training geometry, the optimizers' partition (training/checkpoint/compatibility.py) and the code identity a
+# lock records (run/recipe_lock.py).
+ALLOWABLE_BEYOND_THE_RECIPE = ("data.metadata_sha256", "data.mixture.weights", "data.mixture.seed",
+                               "world_size", "optimizer.partition", "code")
+
+
+def check_allow_change_keys(keys: list[str] | tuple[str, ...]) -> None:
+    """Each `--allow-change` key names something a resume or a lock compares: a typo is refused with the
+    nearest known key, where it would otherwise be read as 'no such difference' or leave the difference
+    refused."""
+    leaves = set(flatten(config_to_dict(RunConfig())))
+    known = leaves | set(ALLOWABLE_BEYOND_THE_RECIPE)
+    for key in keys:
+        name = current_key(key.removeprefix("recipe."))
+        if name not in known:
+            raise ConfigError(
+                f"--allow-change {shown(key)}: no such key{nearest_hint(name, sorted(known))} (a config key "
+                f"of `pilotrun config`, or {', '.join(ALLOWABLE_BEYOND_THE_RECIPE)})"
+            )
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply dotted `key=value` overrides to a nested dict (a copy); section names must exist."""
     import copy

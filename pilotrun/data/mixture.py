@@ -41,6 +41,7 @@ import numpy as np
 from pilotrun.common.errors import DataError
 from pilotrun.common.files import canonical_sha256
 from pilotrun.common.parsing import parse_yaml_text, read_text_bounded
+from pilotrun.config.typed import nearest_hint
 
 MIXTURE_SUFFIXES = (".yaml", ".yml")
 SOURCE_KEYS = ("path", "weight", "name")
@@ -121,7 +122,8 @@ def parse_mixture(path: str | os.PathLike) -> MixtureSpec:
         extra = sorted(set(data) - {"mixture", "seed"}) if isinstance(data, dict) else None
         raise DataError(
             f"{path}: a mixture file is a mapping with `mixture: [{{path: DIR, weight: W}}, ...]` and an "
-            f"optional `seed`" + (f"; unknown key(s) {extra}" if extra else "")
+            f"optional `seed`"
+            + (f"; unknown key(s) {extra}{nearest_hint(str(extra[0]), ('mixture', 'seed'))}" if extra else "")
         )
     entries = data.get("mixture")
     if not isinstance(entries, list) or not entries:
@@ -134,11 +136,13 @@ def parse_mixture(path: str | os.PathLike) -> MixtureSpec:
     seen_paths: dict[str, int] = {}
     for index, entry in enumerate(entries):
         where = f"{path}: mixture entry {index + 1}"
+        # an unknown key first: `weigth` is a typo of `weight`, which is then missing too
+        unknown = sorted(set(entry) - set(SOURCE_KEYS), key=str) if isinstance(entry, dict) else []
+        if unknown:
+            raise DataError(f"{where}: unknown key(s) {unknown}{nearest_hint(str(unknown[0]), SOURCE_KEYS)} "
+                            f"(known: {', '.join(SOURCE_KEYS)})")
         if not isinstance(entry, dict) or "path" not in entry or "weight" not in entry:
             raise DataError(f"{where}: each entry needs `path` and `weight`")
-        unknown = sorted(set(entry) - set(SOURCE_KEYS))
-        if unknown:
-            raise DataError(f"{where}: unknown key(s) {unknown} (known: {', '.join(SOURCE_KEYS)})")
         if not isinstance(entry["path"], str) or not entry["path"].strip():
             raise DataError(f"{where}: path {entry['path']!r} is not a folder name")
         weight = _weight(entry["weight"], where)

@@ -149,9 +149,12 @@ def frozen_run_facts(
     identity is compared too, and the lock's is kept so that later sessions can be compared with it."""
     accepted, refused = check_against_lock(lock, recipe, data_sha256, allowed, code, mixture)
     if refused:
+        # other data than the pilot's is most often the wrong --data (or lock): asked before it is allowed
+        question = ("; the data is not the one the pilot was frozen on: is --data the right folder, and this "
+                    "the right lock?") if any(d["key"] == DATA_KEY for d in refused) else ""
         raise FreezeError(
             f"--frozen {lock_path}: {len(refused)} difference(s) from the frozen candidate not named "
-            f"with --allow-change: {'; '.join(describe_difference(d) for d in refused)}"
+            f"with --allow-change: {'; '.join(describe_difference(d) for d in refused)}{question}"
         )
     return {"lock_sha256": lock["sha256"], "lock_path": str(Path(lock_path).resolve()),
             "pilot_run_id": (lock.get("pilot") or {}).get("run_id"), "lock_decision": lock.get("decision"),
@@ -163,6 +166,30 @@ def frozen_run_facts(
             "lock_projection": lock.get(PROJECTION_KEY),
             # and what it forecast (its validation loss), for summarize to grade and watch to hold it to.
             **({"lock_forecast": lock[FORECAST_KEY]} if isinstance(lock.get(FORECAST_KEY), dict) else {})}
+
+
+def check_resumed_lock(lock: dict[str, Any], lock_path: str | Path, run_dir: str | Path) -> None:
+    """A frozen run is resumed under the lock it was started from (run.json's `frozen.lock_sha256`): another
+    lock, or a run folder not started from a lock, is the wrong folder or the wrong lock, asked as such
+    (FreezeError) before any difference could be offered to --allow-change. Nothing to check where the folder
+    holds no run yet (`--resume auto` starts it)."""
+    from pilotrun.run.record import RUN_JSON, read_run_json
+
+    if not (Path(run_dir) / RUN_JSON).is_file():
+        return
+    try:
+        frozen = read_run_json(run_dir).get("frozen")
+    except PilotrunError:
+        return  # a damaged run.json is refused, with its damage named, by the resume itself
+    if isinstance(frozen, dict) and frozen.get("lock_sha256") == lock.get("sha256"):
+        return
+    started = (f"from another lock (sha256 {str(frozen.get('lock_sha256'))[:16]}, {frozen.get('lock_path')})"
+               if isinstance(frozen, dict) else "from a recipe (--config), not from a lock")
+    raise FreezeError(
+        f"--frozen {lock_path} (sha256 {str(lock.get('sha256'))[:16]}): run folder {run_dir} was started "
+        f"{started}: is {run_dir} the right run folder, and this the right lock? Resume a run with the lock "
+        "it started from; this lock's long run needs a new --run-dir"
+    )
 
 
 def frozen_candidate_status(run: dict[str, Any]) -> dict[str, Any] | None:

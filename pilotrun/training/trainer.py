@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from pilotrun.common.stop_signals import HUNG_EXIT_CODE, signal_name
-from pilotrun.config import DownstreamConfig, RunConfig
+from pilotrun.config import DownstreamConfig, RunConfig, check_allow_change_keys
 from pilotrun.data.choice_tasks import read_choice_tasks
 from pilotrun.run.record import HANGS_DIR, PHASES, read_metrics_tolerant, run_json_digests
 from pilotrun.run.sinks import (
@@ -187,6 +187,7 @@ class Trainer:
         clock: Callable[[], float] | None = None,
         watchdog: HangWatchdog | None = None,
     ):
+        check_allow_change_keys(allow_changes)  # a typo'd key: refused with the nearest known key
         # A tracker named in the recipe but not installed is refused before anything is written.
         check_trackers_available(config.train.log.trackers)
         # a bad task file: refused here

@@ -384,3 +384,16 @@ def test_a_run_folder_path_through_a_file_is_one_line(builtin_data_dir, tmp_path
                                  str(blocker / "run"), *THREADS])
     assert code == 2 and len(err) == 1 and str(blocker) in err[0]
     assert blocker.read_text() == "x"
+
+
+def test_a_typo_in_an_allow_change_key_is_refused_with_the_nearest_key_and_nothing_changed(
+    builtin_data_dir, small_run, tmp_path, capsys
+):
+    run_dir = _copy(small_run, tmp_path)
+    before = tree_hashes(run_dir)
+    argv = ["train", "--config", SMOKE, "--data", str(builtin_data_dir), "--run-dir", str(run_dir), *THREADS,
+            "--resume", "--set", "train.max_steps=6", "--allow-change", "optim.muon.lrr"]
+    code, err = run_cli(capsys, argv)
+    assert code == 2 and len(err) == 1
+    assert "--allow-change optim.muon.lrr: no such key; did you mean 'optim.muon.lr'?" in err[0]
+    assert tree_hashes(run_dir) == before

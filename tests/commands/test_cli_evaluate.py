@@ -46,3 +46,13 @@ def test_the_handler_prints_each_task_and_what_was_written(monkeypatch, capsys):
     assert "written: runs/x/evals/step-00000020/e.json" in out
     assert main(["evaluate", "runs/x", "--tasks", "t.jsonl", "--json"]) == 0
     assert '"step": 20' in capsys.readouterr().out
+
+
+def test_the_printed_line_reads_each_accuracy_against_its_chance_level(monkeypatch, capsys):
+    result = {"tasks": {"t": {"acc": 0.5, "acc_norm": 0.25, "examples": 8, "chance": 0.25}}, "step": 20,
+              "harness": "pilotrun", "harness_version": "1.0", "written": "runs/x/evals/e.json"}
+    monkeypatch.setattr(evaluate_module, "evaluate_checkpoint", lambda run_dir, tasks, **options: result)
+    assert main(["evaluate", "runs/x", "--tasks", "t.jsonl"]) == 0
+    assert "t: acc 0.5000, acc_norm 0.2500 (chance 0.2500) over 8 examples (step 20, pilotrun 1.0)" in (
+        capsys.readouterr().out
+    )

@@ -238,3 +238,29 @@ def test_projection_options_past_a_floats_range_are_one_line_exit_2_and_write_no
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and named in err[0] and f"--target-steps {flags[1]}" in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+def test_freeze_with_target_steps_prints_the_long_run_of_that_length(tmp_path, capsys):
+    from pilotrun.commands.cli import main
+
+    crashed_and_resumed(tmp_path / "r").write()
+    assert main(["freeze", str(tmp_path / "r"), "--out", str(tmp_path / "lock.json"), "--target-steps",
+                 "2000"]) == 0
+    printed = capsys.readouterr().out
+    assert "--set train.max_steps=2000" in printed and "--allow-change train.max_steps" in printed
+
+
+def test_resuming_a_run_folder_under_another_lock_asks_whether_it_is_the_right_folder(tmp_path, capsys):
+    from pilotrun.commands.cli import main
+
+    crashed_and_resumed(tmp_path / "r").write()
+    assert main(["freeze", str(tmp_path / "r"), "--out", str(tmp_path / "lock.json")]) == 0
+    other = tmp_path / "other-long"
+    other.mkdir()
+    (other / "run.json").write_text(json.dumps({"run_id": "x", "frozen": {"lock_sha256": "f" * 64}}))
+    capsys.readouterr()
+    code = main(["train", "--frozen", str(tmp_path / "lock.json"), "--data", str(tmp_path / "d"), "--run-dir",
+                 str(other), "--resume"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "is " + str(other) + " the right run folder" in err[0], err
+    assert "--allow-change" not in err[0]

@@ -46,6 +46,7 @@ def test_the_harness_scores_every_choice_exactly_as_pilotrun_does(task_run):
     figures = ran["tasks"]["fineweb_next"]
     assert (figures["acc"], figures["acc_norm"], figures["examples"]) == (own["acc"], own["acc_norm"], 40)
     assert figures["sha256"] == task.sha256 and figures["version"] == 1.0 and figures["shots"] == 0
+    assert figures["chance"] == own["chance"]  # guessing's accuracy, from the examples' choices
 
 
 @pytest.mark.slow

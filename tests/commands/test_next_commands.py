@@ -206,3 +206,21 @@ def test_the_printed_resume_freeze_long_run_and_watch_commands_run_as_printed(
     assert main([*frozen, "--set", "train.max_steps=64", "--resume"]) == 0
     assert "no such difference" not in capsys.readouterr().err
     assert json.loads((tmp_path / "f" / "run.json").read_text())["recipe"]["train"]["max_steps"] == 64
+
+
+def test_the_long_run_command_has_the_projected_length_and_the_horizon_where_the_recipe_ties_them():
+    def lock(target, steps, horizon):
+        return {"projection": {"target_steps": target},
+                "recipe": {"train": {"max_steps": steps}, "optim": {"schedule": {"horizon": horizon}}}}
+
+    train, _ = long_run_commands("l.json", "d", "runs/long", lock_content=lock(2000, 200, 200))
+    assert shlex.split(train)[8:] == ["--set", "train.max_steps=2000", "--set", "optim.schedule.horizon=2000",
+                                      "--allow-change", "train.max_steps", "--allow-change",
+                                      "optim.schedule.horizon", "--resume", "auto"]
+    train, _ = long_run_commands("l.json", "d", "runs/long", lock_content=lock(2000, 200, 5000))
+    assert shlex.split(train)[8:] == ["--set", "train.max_steps=2000", "--allow-change", "train.max_steps",
+                                      "--resume", "auto"]  # an untied horizon past N is the recipe's own
+    train, _ = long_run_commands("l.json", "d", "runs/long", lock_content=lock(2000, 200, 1000))
+    assert "optim.schedule.horizon=2000" in shlex.split(train)  # one that would end before the run does not
+    for same in (lock(200, 200, 200), {"recipe": {"train": {"max_steps": 200}}}):
+        assert shlex.split(long_run_commands("l.json", "d", lock_content=same)[0])[8:] == ["--resume", "auto"]

@@ -304,3 +304,34 @@ def running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
+
+
+def test_follow_waits_for_a_run_still_starting_and_ends_with_the_status_line(tmp_path, capsys, monkeypatch):
+    from pilotrun.commands import watch
+
+    run_dir = tmp_path / "starting"
+    looks = []
+
+    def sleep(_seconds):  # the run's set-up ends while watch waits: its record appears
+        looks.append(_seconds)
+        if len(looks) == 2:
+            crashed_and_resumed(run_dir).write()
+
+    monkeypatch.setattr(watch.time, "sleep", sleep)
+    assert main(["watch", str(run_dir), "--follow"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if "waiting" in line] == [f"waiting for {run_dir} to start: no run.json yet"]
+    assert err[-2].startswith(f"completed: {run_dir}") and err[-1].startswith("status: "), err
+
+
+def test_follow_keeps_going_past_an_alert_and_exits_1_at_the_end_while_it_stands(tmp_path, capsys):
+    run_dir = crashed_and_resumed(tmp_path / "r").write()
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
+    lines[5] = lines[5].replace('"loss":', '"loss":0.5,"was":', 1)
+    (run_dir / "metrics.jsonl").write_text("".join(lines))
+    assert main(["watch", str(run_dir), "--follow"]) == 1
+    captured = capsys.readouterr()
+    assert "ALERT " in captured.out and f"completed: {run_dir}" in captured.err
+    assert main(["watch", str(run_dir), "--follow", "--stop-at-alert"]) == 1
+    captured = capsys.readouterr()
+    assert "ALERT " in captured.out and "completed:" not in captured.err

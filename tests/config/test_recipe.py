@@ -6,6 +6,7 @@ from pilotrun.common.errors import ConfigError
 from pilotrun.config import (
     MACHINE_KEYS,
     RunConfig,
+    check_allow_change_keys,
     config_from_dict,
     config_to_dict,
     flatten,
@@ -153,3 +154,13 @@ def test_a_set_mistake_on_a_frozen_recipe_is_blamed_on_the_flag(tmp_path, capsys
         "pilotrun: error: --set optim.muon.lr=fast: config key 'optim.muon.lr' must be float, got fast"
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lock.json"]
+
+
+def test_an_unknown_allow_change_key_is_refused_with_the_nearest_known_key():
+    check_allow_change_keys(["train.max_steps", "recipe.optim.muon.lr", "train.eval_every", "world_size",
+                             "data.metadata_sha256", "data.mixture.weights", "code", "optimizer.partition"])
+    with pytest.raises(ConfigError, match=r"--allow-change train.max_step: no such key; did you mean "
+                                          r"'train.max_steps'\?"):
+        check_allow_change_keys(["train.max_step"])
+    with pytest.raises(ConfigError, match=r"did you mean 'data.mixture.weights'\?"):
+        check_allow_change_keys(["data.mixture.weigths"])

@@ -62,6 +62,10 @@ def test_a_mixture_file_names_its_sources_relative_to_itself(folders):
         ("[{path: a, weight: 1}, {path: ./a, weight: 1}]", "the same folder twice"),
         ("[{path: a, weight: 1, colour: red}]", "unknown key(s) ['colour']"),
         ("[{path: a}]", "needs `path` and `weight`"),
+        (
+            "[{path: a, weigth: 1}]",
+            "unknown key(s) ['weigth']; did you mean 'weight'? (known: path, weight, name)",
+        ),
         ("[]", "non-empty list"),
     ],
 )
@@ -70,6 +74,11 @@ def test_bad_mixtures_are_one_line_naming_the_entry(folders, entries, said):
     with pytest.raises(DataError) as caught:
         parse_mixture(path)
     assert said in str(caught.value) and str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_typo_of_the_top_level_key_is_named_with_the_nearest_one(folders):
+    with pytest.raises(DataError, match=r"unknown key\(s\) \['mixtures'\]; did you mean 'mixture'\?"):
+        parse_mixture(write(folders, "mixtures: [{path: a, weight: 1}]\n"))
 
 
 def test_a_weight_total_that_is_not_positive_is_refused(folders):

@@ -9,6 +9,7 @@ from pilotrun.common.files import canonical_sha256
 from pilotrun.run.recipe_lock import (
     FreezeError,
     check_against_lock,
+    check_resumed_lock,
     frozen_candidate_status,
     frozen_run_facts,
     load_lock,
@@ -75,6 +76,31 @@ def test_frozen_run_facts_refuse_every_unlisted_difference_on_one_line():
         "train.batch_size",
     ]
     assert [d["key"] for d in facts["differences"]] == ["optim.muon.lr", "train.batch_size"]
+
+
+def test_other_data_than_the_locks_asks_whether_data_and_lock_are_the_right_ones():
+    with pytest.raises(FreezeError, match=r"data.metadata_sha256 .*: is --data the right folder, and "
+                                          r"this the right lock\?"):
+        frozen_run_facts(_lock(), "l.json", RECIPE, "b" * 64, [])
+
+
+def test_a_run_resumed_under_another_lock_or_none_asks_whether_this_is_the_right_run_folder(tmp_path):
+    check_resumed_lock(_lock(), "l.json", tmp_path / "new")  # no run yet: --resume auto starts it
+    run_dir = tmp_path / "long"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(json.dumps({"frozen": frozen_run_facts(_lock(), "l.json", RECIPE,
+                                                                             "a" * 64, [])}))
+    check_resumed_lock(_lock(), "l.json", run_dir)  # its own lock
+    other = _lock(data="b" * 64)
+    with pytest.raises(FreezeError) as caught:
+        check_resumed_lock(other, "other.json", run_dir)
+    message = str(caught.value)
+    assert f"was started from another lock (sha256 {_lock()['sha256'][:16]}" in message
+    assert "is " + str(run_dir) + " the right run folder, and this the right lock?" in message
+    assert "--allow-change" not in message
+    (run_dir / "run.json").write_text(json.dumps({"run_id": "r"}))
+    with pytest.raises(FreezeError, match=r"from a recipe \(--config\), not from a lock"):
+        check_resumed_lock(_lock(), "l.json", run_dir)
 
 
 def test_load_lock_detects_an_edited_lock(tmp_path):

@@ -23,12 +23,14 @@ which no session wrote, are left out of the session checks and judged here.
 from __future__ import annotations
 
 import hashlib
+import shlex
 from pathlib import Path
 from typing import Any
 
 from pilotrun.common.errors import PilotrunError
 from pilotrun.common.files import sha256_of_file
 from pilotrun.common.parsing import read_json_file
+from pilotrun.data.choice_tasks import TASK_SUFFIX
 from pilotrun.run.marker import MARKER_NAME, marker_run_id, step_folder
 from pilotrun.run.run_folder import RunFolder
 
@@ -150,22 +152,45 @@ def reconcile_evaluations(folder: RunFolder, reasons: list[str], notes: list[str
 
 
 def require_evaluations(
-    entries: list[dict[str, Any]], step: int, tasks: list[str], reasons: list[str]
+    entries: list[dict[str, Any]],
+    step: int,
+    tasks: list[str],
+    reasons: list[str],
+    run_dir: str | Path = "RUN",
+    task_files: list[str] | tuple[str, ...] = (),
 ) -> None:
-    """`--require-eval`: each task evaluated on the final checkpoint (`step`) by an evaluation that stands."""
+    """`--require-eval`: each task evaluated on the final checkpoint (`step`) by an evaluation that stands.
+    A task file given by its path is required by its stem (the name evaluate records); the suggested
+    command names the run folder (`run_dir`), a missing task file by its path (given, or among `task_files`,
+    the recipe's downstream tasks), and `--harness lm-eval` when a task is no file but the harness's name."""
     standing = {name for e in entries if e["step"] == step and e["status"] == STANDS for name in e["tasks"]}
-    missing = [task for task in tasks if task not in standing]
-    if missing:
-        found = sorted({name for e in entries if e["step"] == step for name in e["tasks"]} - standing)
-        reasons.append(
-            f"--require-eval: no standing evaluation of {', '.join(missing)} on the final checkpoint "
-            f"(step {step})"
-            + (
-                f"; {', '.join(found)} evaluated there but not standing"
-                if found
-                else f"; run `pilotrun evaluate RUN --step {step} --tasks {','.join(missing)}`"
-            )
+    paths = {Path(path).stem: path for path in task_files}
+    named: dict[str, str] = {}  # the name evaluate records -> what its --tasks takes
+    stems = []
+    for task in tasks:
+        if task.endswith(TASK_SUFFIX) or "/" in task or "\\" in task:
+            named[Path(task).stem] = task
+            stems.append(f"{task} as {Path(task).stem}")
+        else:
+            named[task] = paths.get(task, task)
+    missing = [name for name in named if name not in standing]
+    if not missing:
+        return
+    found = sorted({name for e in entries if e["step"] == step for name in e["tasks"]} - standing)
+    specs = [named[name] for name in missing]
+    # a name that is no task file is the evaluation harness's own task, which only lm-eval scores
+    harness = " --harness lm-eval" if any(named[name] == name for name in missing) else ""
+    reasons.append(
+        f"--require-eval: no standing evaluation of {', '.join(missing)} on the final checkpoint "
+        f"(step {step})"
+        + (f" (a task file is named by its stem: {', '.join(stems)})" if stems else "")
+        + (
+            f"; {', '.join(found)} evaluated there but not standing"
+            if found
+            else f"; run `pilotrun evaluate {shlex.quote(str(run_dir))} --step {step} "
+            f"--tasks {shlex.quote(','.join(specs))}{harness}`"
         )
+    )
 
 
 def format_evaluations(entries: list[dict[str, Any]]) -> list[str]:

@@ -177,6 +177,15 @@ def run_json_missing_fields(run: dict[str, Any]) -> list[str]:
     return reasons
 
 
+def _downstream_tasks(run: dict[str, Any]) -> list[str]:
+    """The recipe's downstream task files (train.downstream.tasks): where `--require-eval` finds a task that
+    is named by its stem."""
+    train = (run.get("recipe") or {}).get("train") if isinstance(run.get("recipe"), dict) else None
+    downstream = train.get("downstream") if isinstance(train, dict) else None
+    tasks = downstream.get("tasks") if isinstance(downstream, dict) else None
+    return [str(t) for t in tasks] if isinstance(tasks, list) else []
+
+
 def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
                   require_eval: list[str] | tuple[str, ...] = ()) -> Summary:
     """Validate and reconcile the run folder (module docstring): a RunFolder, or a path opened here once.
@@ -326,7 +335,7 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
     overall["evaluations"] = reconcile_evaluations(folder, reasons, notes)
     if require_eval:
         require_evaluations(overall["evaluations"], require_step if require_step is not None else final.step,
-                            list(require_eval), reasons)
+                            list(require_eval), reasons, run_dir=run_dir, task_files=_downstream_tasks(run))
     overall["spikes"] = spike_overview(kept_events + rolled_back_events)
     mixture = mixture_overview(run, kept_events)
     if mixture is not None:  # a run on one folder has no mixture and no such key

@@ -186,6 +186,12 @@ def check_resume_compatibility(saved_meta: dict[str, Any], current_meta: dict[st
         ]
         hint = (f"; accept a named difference with --allow-change KEY (e.g. --allow-change "
                 f"{_display_key(allowable[0])})") if allowable else ""
+        if DATA_KEY in refused_keys:
+            # Other data under the same run is most often the wrong --run-dir or --data (or another lock's
+            # run): asked, not offered as a change to allow, which would resume the run on that data.
+            hint = ("; the data is not the one this run was trained on: is this the right run folder, and "
+                    "--data (or the lock) the one it was started with? A new run on this data needs a new "
+                    "--run-dir")
         raise CheckpointError(
             f"cannot resume: {len(refused)} incompatible difference(s) from the checkpoint: "
             + "; ".join(refused)

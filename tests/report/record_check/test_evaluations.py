@@ -82,17 +82,18 @@ def test_a_pruned_checkpoint_leaves_a_note_and_require_eval_names_what_is_missin
     missing = summarize_run(run, require_step=40, require_eval=["fineweb_next", "hellaswag"])
     assert missing.reasons == [
         "--require-eval: no standing evaluation of hellaswag on the final checkpoint (step "
-        "40); run `pilotrun evaluate RUN --step 40 --tasks hellaswag`"
+        f"40); run `pilotrun evaluate {run} --step 40 --tasks hellaswag --harness lm-eval`"
     ]
 
 
 def test_require_eval_without_an_evaluation_of_the_final_checkpoint_is_invalid(task_run):
-    _data, _task, run_dir = task_run
+    _data, task, run_dir = task_run
     summary = summarize_run(run_dir, require_step=40, require_eval=["fineweb_next"])
     assert not summary.valid
+    # the task is named by its stem; the command names its file, from the recipe's downstream tasks
     assert summary.reasons == [
         "--require-eval: no standing evaluation of fineweb_next on the final checkpoint (step "
-        "40); run `pilotrun evaluate RUN --step 40 --tasks fineweb_next`"
+        f"40); run `pilotrun evaluate {run_dir} --step 40 --tasks {task}`"
     ]
 
 
@@ -171,3 +172,24 @@ def test_an_evaluation_event_re_chained_with_other_figures_than_its_results_file
     assert any("evaluation of step 40" in r and "task fineweb_next acc 0.99 in the event" in r
                for r in summary.reasons), summary.reasons
     assert not summary.valid
+
+
+def test_require_eval_suggests_a_command_that_runs_for_a_harness_task_and_a_task_file_given_by_path():
+    entries = [{"step": 40, "status": "stands", "tasks": {"arc": {"acc": 0.3}}}]
+    reasons: list[str] = []
+    require_evaluations(entries, 40, ["hellaswag"], reasons, run_dir="runs/long")
+    assert reasons == ["--require-eval: no standing evaluation of hellaswag on the final checkpoint "
+                       "(step 40); run `pilotrun evaluate runs/long --step 40 --tasks hellaswag "
+                       "--harness lm-eval`"]
+    reasons = []
+    require_evaluations(entries, 40, ["tasks/mine.jsonl", "arc"], reasons, run_dir="runs/my long")
+    assert reasons == ["--require-eval: no standing evaluation of mine on the final checkpoint (step 40) "
+                       "(a task file is named by its stem: tasks/mine.jsonl as mine); run `pilotrun evaluate "
+                       "'runs/my long' --step 40 --tasks tasks/mine.jsonl`"]
+    standing = [{"step": 40, "status": "stands", "tasks": {"mine": {"acc": 0.3}}}]
+    reasons = []
+    require_evaluations(standing, 40, ["tasks/mine.jsonl"], reasons, run_dir="runs/long")
+    assert reasons == []  # the path is accepted: its stem is the name the evaluation recorded
+    reasons = []
+    require_evaluations(entries, 40, ["mine"], reasons, run_dir="r", task_files=["tasks/mine.jsonl"])
+    assert reasons[0].endswith("run `pilotrun evaluate r --step 40 --tasks tasks/mine.jsonl`")

@@ -116,6 +116,17 @@ def test_every_difference_is_listed_at_once():
     assert "max_steps" not in message
 
 
+def test_other_data_asks_whether_this_is_the_right_run_folder_instead_of_offering_to_allow_it():
+    current = run_meta()
+    current["data"]["metadata_sha256"] = "c" * 64
+    current["recipe"]["optim"]["schedule"]["horizon"] = 77  # as another run's recipe would differ too
+    with pytest.raises(CheckpointError) as caught:
+        check_resume_compatibility(run_meta(), current)
+    message = str(caught.value)
+    assert "data.metadata_sha256" in message and "is this the right run folder" in message
+    assert "--allow-change" not in message
+
+
 def test_allowed_change_is_accepted_and_returned_for_the_record():
     current = changed("recipe.optim.muon.lr", 0.01)
     current["recipe"]["train"]["max_steps"] = 400
