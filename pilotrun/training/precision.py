@@ -59,6 +59,16 @@ def build_grad_scaler(precision: str, device_type: str, init_scale: float = 6553
                                 enabled=precision == "fp16")
 
 
+def restore_grad_scaler(scaler: torch.amp.GradScaler, saved: dict) -> bool:
+    """Load a checkpoint's scaler state; returns False where there was none to load. A checkpoint written
+    without fp16 holds an empty state (a disabled scaler has none), and a resume that switches to fp16 (an
+    allowed change) starts its scaler afresh at the recipe's `train.loss_scale_init` instead of failing."""
+    if not saved and scaler.is_enabled():
+        return False
+    scaler.load_state_dict(saved)
+    return True
+
+
 @dataclass
 class UpdateOutcome:
     """What happened to one attempted update.

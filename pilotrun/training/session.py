@@ -57,7 +57,7 @@ from pilotrun.training.checkpoint.resume_plan import ResumePlan, checkpoint_meta
 from pilotrun.training.checkpoint.rng_state import capture_rng_state, restore_rng_state, seed_every_generator
 from pilotrun.training.environment import default_threads, git_state, hardware_info, software_versions
 from pilotrun.training.notices import restored_state_line, startup_warnings
-from pilotrun.training.precision import build_grad_scaler
+from pilotrun.training.precision import build_grad_scaler, restore_grad_scaler
 from pilotrun.training.preflight import PreflightError, check_run_folder, checkpoint_bytes_estimate, disk_plan
 from pilotrun.training.spikes.detector import SpikeDetector, skip_data_section
 from pilotrun.training.thread_choice import choose_threads, recorded_threads
@@ -476,7 +476,9 @@ def _build_locked_session(
         settings = group_settings(optimizer)  # the effective recipe's, allowed changes included
         restored = read_checkpoint(session, plan.checkpoint_step)
         restore_group_settings(optimizer, settings)
-        scaler.load_state_dict(restored["scaler"])
+        if not restore_grad_scaler(scaler, restored["scaler"]):
+            session.notes.append(f"loss scale: the checkpoint was written without fp16; starting at "
+                                 f"train.loss_scale_init ({scaler.get_scale():g})")
         state.load_state_dict(restored["trainer"])
         rng_notes = restore_rng_state(restored["rng"])
         session.notes.extend(rng_notes)

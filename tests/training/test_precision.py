@@ -430,3 +430,35 @@ def test_low_precision_needs_no_more_resident_memory_than_fp32_and_levels_off(bu
             rss["fp32"][80],
             onednn,
         )
+
+
+def test_a_scaler_state_saved_without_fp16_starts_an_fp16_scaler_afresh():
+    """A checkpoint of an fp32 or bf16 run holds an empty scaler state; a resume switched to fp16 starts at
+    the recipe's initial scale, and a real fp16 state still loads exactly."""
+    from pilotrun.training.precision import build_grad_scaler, restore_grad_scaler
+
+    saved_without = build_grad_scaler("fp32", "cpu").state_dict()
+    assert saved_without == {}
+    fresh = build_grad_scaler("fp16", "cpu", init_scale=1024.0)
+    assert restore_grad_scaler(fresh, saved_without) is False
+    assert fresh.get_scale() == 1024.0
+    source = build_grad_scaler("fp16", "cpu", init_scale=256.0)
+    target = build_grad_scaler("fp16", "cpu", init_scale=1024.0)
+    assert restore_grad_scaler(target, source.state_dict()) is True
+    assert target.get_scale() == 256.0
+    # A disabled scaler ignores any state, as torch's own does.
+    assert restore_grad_scaler(build_grad_scaler("bf16", "cpu"), source.state_dict()) is True
+
+
+def test_an_fp32_run_resumed_in_fp16_trains_on(builtin_data_dir, tmp_path):
+    from pathlib import Path
+
+    from pilotrun.commands.cli import main
+
+    smoke = str(Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml")
+    base = ["train", "--config", smoke, "--data", str(builtin_data_dir), "--run-dir", str(tmp_path / "r"),
+            "--set", "train.num_threads=1", "--progress", "none"]
+    assert main([*base, "--set", "train.max_steps=2"]) == 0
+    assert main([*base, "--resume", "--set", "train.max_steps=4", "--set", "train.precision=fp16",
+                 "--allow-change", "train.precision"]) == 0
+    assert (tmp_path / "r" / "checkpoints" / "step-00000004" / "COMMITTED.json").is_file()

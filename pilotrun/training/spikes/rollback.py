@@ -37,6 +37,7 @@ from pilotrun.data.skipped_documents import read_documents, spiking_documents
 from pilotrun.training.callbacks.base import PRIORITY_SPIKE, Callback, LoopState
 from pilotrun.training.checkpoint.retention import PROTECT_ROLLBACK
 from pilotrun.training.checkpoint.rng_state import restore_rng_state
+from pilotrun.training.precision import restore_grad_scaler
 from pilotrun.training.session import group_settings, read_checkpoint, restore_group_settings, run_skip_data
 from pilotrun.training.spikes.detector import SpikeVerdict
 from pilotrun.training.window import Window
@@ -129,7 +130,7 @@ def roll_back(loop: LoopState, verdict: SpikeVerdict, close_window: Any, reopen_
     settings = group_settings(session.optimizer)  # the effective recipe's (allowed changes included)
     restored = read_checkpoint(session, target)
     restore_group_settings(session.optimizer, settings)
-    session.scaler.load_state_dict(restored["scaler"])
+    restore_grad_scaler(session.scaler, restored["scaler"])
     state.load_state_dict(restored["trainer"])
     restore_rng_state(restored["rng"])
     if reopen_window is not None:
