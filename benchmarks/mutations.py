@@ -144,8 +144,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="scaler_not_restored_on_resume",
         file="pilotrun/training/session.py",
-        old='        scaler.load_state_dict(restored["scaler"])\n',
-        new="",
+        old='        if not restore_grad_scaler(scaler, restored["scaler"]):\n',
+        new="        if False:\n",
         tests=(RESUME,),
         why="a resume starts the fp16 loss scale afresh",
     ),
