@@ -227,20 +227,9 @@ def _recorded_seconds_per_update(run_dir: str) -> float | None:
     """The fastest training-only seconds per update of the run's `train` windows (None: no record yet): a
     deadline closer than that is certainly too close, while a slow first update (warm-up, kernels loading)
     says little."""
-    from pilotrun.run.record import read_metrics_tolerant
+    from pilotrun.run.record import recorded_seconds_per_update
 
-    rates = []
-    for event in read_metrics_tolerant(run_dir).events:
-        window = event.get("window") if isinstance(event.get("window"), dict) else {}
-        seconds, attempted = window.get("train_seconds"), window.get("updates_attempted")
-        if (
-            event.get("event") == "train"
-            and isinstance(seconds, float)
-            and isinstance(attempted, int)
-            and attempted > 0
-        ):
-            rates.append(seconds / attempted)
-    return min(rates, default=None)
+    return min(recorded_seconds_per_update(run_dir), default=None)
 
 
 def _frozen_config(args: argparse.Namespace):

@@ -536,6 +536,19 @@ def read_metrics_tolerant(run_dir: str | Path) -> ParsedMetrics:
     return parse_metrics_bytes(raw)
 
 
+def recorded_seconds_per_update(run_dir: str | Path) -> list[float]:
+    """The training-only seconds per update of each recorded `train` window, in record order (empty: no record
+    yet): what the start-up checks measure a bound or a deadline against."""
+    rates = []
+    for event in read_metrics_tolerant(run_dir).events:
+        window = event.get("window") if isinstance(event.get("window"), dict) else {}
+        seconds, attempted = window.get("train_seconds"), window.get("updates_attempted")
+        counted = isinstance(seconds, float) and isinstance(attempted, int) and attempted > 0
+        if event.get("event") == "train" and counted:
+            rates.append(seconds / attempted)
+    return rates
+
+
 def read_metrics_strict(run_dir: str | Path, run_id: str | None = None) -> list[dict[str, Any]]:
     """For tools that must not act on a damaged record (inspect-batch, tests): the events, or RecordError
     naming the first damaged line. A torn last line (a crash mid-write, or a line being written right now)

@@ -56,7 +56,7 @@ from typing import Any
 from pilotrun.common.deadline import parse_duration
 from pilotrun.common.files import plain_folder, write_text_atomic
 from pilotrun.common.stop_signals import HUNG_EXIT_CODE
-from pilotrun.run.record import HANGS_DIR, read_metrics_tolerant
+from pilotrun.run.record import HANGS_DIR, recorded_seconds_per_update
 from pilotrun.training.callbacks.base import Callback, LoopState
 
 STARTUP_SECONDS = 1800.0  # auto: the set-up and the first stretch of each kind (a compile, a first save)
@@ -133,18 +133,7 @@ def parse_hang_timeout(text: str) -> HangBounds | None:
 
 def slowest_recorded_update(run_dir: str | Path) -> float | None:
     """The slowest training seconds per update of the run's recorded `train` windows (None: no record yet)."""
-    rates = []
-    for event in read_metrics_tolerant(Path(run_dir)).events:
-        window = event.get("window") if isinstance(event.get("window"), dict) else {}
-        seconds, attempted = window.get("train_seconds"), window.get("updates_attempted")
-        if (
-            event.get("event") == "train"
-            and isinstance(seconds, float)
-            and isinstance(attempted, int)
-            and attempted > 0
-        ):
-            rates.append(seconds / attempted)
-    return max(rates, default=None)
+    return max(recorded_seconds_per_update(run_dir), default=None)
 
 
 def check_bounds_fit(bounds: HangBounds | None, run_dir: str | Path) -> None:
