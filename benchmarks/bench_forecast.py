@@ -24,7 +24,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.forecast_runs import LONG_FACTOR, PILOT_STEPS, Case, broken_cases, generate, healthy_cases
+from benchmarks.forecast_runs import (
+    BRANCHES,
+    LONG_FACTOR,
+    PILOT_STEPS,
+    Case,
+    broken_cases,
+    generate,
+    generate_branches,
+    healthy_cases,
+)
 
 WORK = Path(tempfile.gettempdir()) / "pilotrun-bench-forecast"
 TARGET = PILOT_STEPS * LONG_FACTOR
@@ -43,10 +52,17 @@ def _lock(pilot: Path):
     }
 
 
-def _laws(summary, long_summary) -> dict[str, dict]:
-    """Each candidate law's final prediction against the long run's measured final loss."""
+# The laws also fitted with the pilot's cooldown branches (forecast_runs.BRANCHES): their annealing term is
+# what the branches' LR decay would pin.
+WITH_BRANCHES = ("area", "annealing-nofloor", "annealing")
+
+
+def _laws(summary, long_summary, branches: list[Path]) -> dict[str, dict]:
+    """Each candidate law's final prediction against the long run's measured final loss, alone and (for
+    WITH_BRANCHES) with the pilot's cooldown branches."""
     from pilotrun.report.projection.forecast import LAWS, NoForecast, Setting, forecast
-    from pilotrun.report.projection.forecast_record import val_points
+    from pilotrun.report.projection.forecast_record import branch_input, val_points
+    from pilotrun.report.record_check.summarize import summarize_run
 
     def setting(s):
         r = s.run
@@ -58,15 +74,23 @@ def _laws(summary, long_summary) -> dict[str, dict]:
         )
 
     measured = dict(val_points(long_summary.kept_events)).get(TARGET)
+    fitted = tuple(branch_input(summary, summarize_run(b)) for b in branches)
+    tries = [(law, law, ()) for law in LAWS]
+    tries += [(f"{law} + {len(fitted)} cooldown branches", law, fitted) for law in WITH_BRANCHES if fitted]
     out = {}
-    for law in LAWS:
+    for name, law, with_branches in tries:
         try:
             final = forecast(
-                val_points(summary.kept_events), setting(summary), setting(long_summary), [TARGET], law=law
+                val_points(summary.kept_events),
+                setting(summary),
+                setting(long_summary),
+                [TARGET],
+                law=law,
+                branches=with_branches,
             )["final"]
         except NoForecast:
             continue
-        out[law] = {
+        out[name] = {
             "error": (final["value"] - measured) / measured,
             "inside": final["low"] <= measured <= final["high"],
             "half": final["half_width_share"],
@@ -74,7 +98,7 @@ def _laws(summary, long_summary) -> dict[str, dict]:
     return out
 
 
-def grade_case(case: Case, pilot: Path, long: Path) -> dict:
+def grade_case(case: Case, pilot: Path, long: Path, branches: list[Path]) -> dict:
     from pilotrun.report.projection.forecast_record import against
     from pilotrun.report.record_check.summarize import summarize_run
     from pilotrun.report.watch.alerts import Watcher
@@ -104,7 +128,7 @@ def grade_case(case: Case, pilot: Path, long: Path) -> dict:
         "alert": alerts[0] if alerts else None,
         "others": others,
         "overflows": overflows,
-        "laws": _laws(summary, long_summary),
+        "laws": _laws(summary, long_summary, branches),
         "notes": [n for n in watcher.new_notes() if "forecast" in n],
         "lock": lock,
     }
@@ -132,11 +156,13 @@ def _law_table(healthy: list[dict]) -> list[str]:
         "| law | pilots fitted | median abs error | inside 90% | mean half-width |",
         "|---|---|---|---|---|",
     ]
-    for law, formula in LAWS.items():
+    names = {law: f"{law}: {formula}" for law, formula in LAWS.items()}
+    names.update((name, name) for r in healthy for name in r["laws"] if name not in names)
+    for law, label in names.items():
         got = [r["laws"][law] for r in healthy if law in r["laws"]]
         if got:
             lines.append(
-                f"| {law}: {formula} | {len(got)} | "
+                f"| {label} | {len(got)} | "
                 f"{100 * statistics.median(abs(g['error']) for g in got):.2f}% | "
                 f"{sum(g['inside'] for g in got)}/{len(got)} | "
                 f"{100 * statistics.mean(g['half'] for g in got):.2f}% |"
@@ -164,15 +190,38 @@ def _span(pairs: dict) -> tuple[float, float]:
     return max(last) - min(first), walls
 
 
+def _branch_words() -> str:
+    return ", ".join(f"{k} updates from step {at} down to the LR floor" for at, k in BRANCHES)
+
+
+def _branch_wall(branches: dict[str, list[Path]]) -> float:
+    """The branches' own sessions' wall seconds (each folder also holds the pilot's history it branched
+    from)."""
+    import json
+
+    from pilotrun.run.record import read_metrics_strict
+
+    total = 0.0
+    for folder in (f for paths in branches.values() for f in paths):
+        own = json.loads((folder / "run.json").read_text())["sessions"][-1]["session_id"]
+        total += sum(
+            (e.get("time_split") or {}).get("wall_seconds", 0.0)
+            for e in read_metrics_strict(folder)
+            if e["event"] == "session_end" and e.get("session_id") == own
+        )
+    return total
+
+
 def run() -> str:
     started = time.time()
     cases = healthy_cases() + broken_cases()
     before = sum(1 for _ in (WORK / "runs").glob("*/metrics.jsonl")) if (WORK / "runs").is_dir() else 0
     pairs = generate(WORK, cases)
+    branches = generate_branches(WORK, cases)
     trained = sum(1 for _ in (WORK / "runs").glob("*/metrics.jsonl")) - before
     train_seconds = time.time() - started
     span, walls = _span(pairs)
-    rows = [grade_case(case, *pairs[case.name]) for case in cases]
+    rows = [grade_case(case, *pairs[case.name], branches[case.name]) for case in cases]
     healthy = [r for r in rows if r["case"].broken is None and "final_step" in (r["graded"] or {})]
     broken = [r for r in rows if r["case"].broken is not None]
     errors = [abs(r["graded"]["error"]) for r in healthy]
@@ -191,7 +240,11 @@ def run() -> str:
         f"{train_seconds:.0f} s, the others read from {WORK} where an earlier invocation trained them. Their "
         f"records span {span / 60:.1f} min from the first pilot's first line to the last long run's last "
         "line, "
-        f"{walls / 60:.1f} min of sessions' wall time in all (two ran at a time).",
+        f"{walls / 60:.1f} min of sessions' wall time in all (two ran at a time). Each pilot's cooldown "
+        f"branches ({_branch_words()}) cost {sum(k for _, k in BRANCHES)} updates, "
+        f"{sum(k for _, k in BRANCHES) / PILOT_STEPS:.2f}x the pilot's own; all "
+        f"{sum(map(len, branches.values()))} took {_branch_wall(branches) / 60:.1f} min of sessions' wall "
+        "time.",
         "",
         f"- coverage of the 90% interval: {inside} of {len(healthy)} healthy long runs inside (goal >= 9 of "
         "10)",

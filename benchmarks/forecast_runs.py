@@ -9,6 +9,7 @@ the same kind over its own horizon, and for a broken case the change made to the
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,9 @@ class Case:
 
 
 BREAK_SHARE = 0.1
+# Cooldown branches from the pilot's mid checkpoint (train.checkpoint_every = PILOT_STEPS // 2): (at, length).
+BRANCHES = ((50, 10), (50, 25))
+BRANCH_EVAL_EVERY = 5
 
 
 def healthy_cases() -> list[Case]:
@@ -99,8 +103,12 @@ def prepare(work: Path) -> Path:
     return data
 
 
+def _pilot_dir(work: Path, case: Case) -> Path:
+    return work / "runs" / f"{case.name}-pilot"
+
+
 def train_pilot(work: Path, data: Path, case: Case) -> Path:
-    run_dir = work / "runs" / f"{case.name}-pilot"
+    run_dir = _pilot_dir(work, case)
     if not (run_dir / "metrics.jsonl").is_file():
         _train(
             [
@@ -149,6 +157,50 @@ def breakage(case: Case) -> list[str]:
     ]
 
 
+def cooldown_schedule(pilot: dict, at: int, length: int) -> dict:
+    """The branch's schedule: WSD over a horizon of at + length whose linear decay passes through the pilot's
+    own LR multiplier at `at` (pilot: its schedule's fields) and reaches the floor `length` updates later: the
+    LR goes on from where the pilot left it, down to the floor quickly. A pilot at its peak LR (WSD's stable
+    phase, constant) decays from `at`; a cosine pilot part way down from the point before `at` where a line
+    through its LR at `at` leaves the peak."""
+    from pilotrun.report.projection.forecast import multipliers
+
+    floor = float(pilot.get("min_lr_ratio") or 0.0)
+    now = float(multipliers(pilot, at + 1)[at])
+    share = min(max((1.0 - now) / (1.0 - floor), 0.0), 0.9) if floor < 1 else 0.0
+    start = max(int(pilot.get("warmup_steps") or 0), round(at - share * length / (1.0 - share)))
+    horizon = at + length
+    return {"kind": "wsd", "horizon": horizon, "decay_fraction": (horizon - start) / horizon}
+
+
+def train_branch(work: Path, data: Path, case: Case, pilot: Path, at: int, length: int) -> Path:
+    """A cooldown branch of the pilot: its folder copied without later checkpoints, resumed from its committed
+    checkpoint at `at` (`--resume --from-step`, a rollback on the chain: the branch is the pilot's run, the
+    same run_id, to `at`) with the schedule changed to cooldown_schedule (--allow-change) and trained `length`
+    updates, evaluated every BRANCH_EVAL_EVERY."""
+    run_dir = work / "runs" / f"{case.name}-pilot-cool{at}+{length}"
+    if (run_dir / "metrics.jsonl").is_file():
+        return run_dir
+    run_dir.mkdir(parents=True)
+    for name in ("run.json", "metrics.jsonl"):
+        shutil.copy2(pilot / name, run_dir / name)
+    ckpt = f"step-{at:08d}"
+    shutil.copytree(pilot / "checkpoints" / ckpt, run_dir / "checkpoints" / ckpt)
+    import json
+
+    schedule = json.loads((pilot / "run.json").read_text())["recipe"]["optim"]["schedule"]
+    changes = {f"optim.schedule.{k}": v for k, v in cooldown_schedule(schedule, at, length).items()}
+    args = ["--config", str(RECIPE), "--data", str(data), "--run-dir", str(run_dir), "--resume"]
+    args += ["--from-step", str(at), *_sets(case, PILOT_STEPS, PILOT_EVAL_EVERY)]
+    args += ["--set", f"train.max_steps={at + length}", "--set", f"train.eval_every={BRANCH_EVAL_EVERY}"]
+    args += ["--set", f"train.checkpoint_every={length}"]
+    args += [
+        part for key, value in changes.items() for part in ("--allow-change", key, "--set", f"{key}={value}")
+    ]
+    _train(args, work / f"{case.name}-pilot-cool{at}+{length}.log")
+    return run_dir
+
+
 def generate(work: Path, cases: list[Case], workers: int = 2) -> dict[str, tuple[Path, Path]]:
     """(pilot, long run) folder per case, trained two at a time: pilots first (every forecast needs one)."""
     data = prepare(work)
@@ -160,6 +212,20 @@ def generate(work: Path, cases: list[Case], workers: int = 2) -> dict[str, tuple
             zip([c.name for c in cases], pool.map(lambda c: train_long(work, data, c), cases), strict=True)
         )
     return {name: (pilots[name], longs[name]) for name in pilots}
+
+
+def generate_branches(work: Path, cases: list[Case], workers: int = 2) -> dict[str, list[Path]]:
+    """Each case's cooldown branches (BRANCHES) from its trained pilot, two at a time."""
+    data = prepare(work)
+    jobs = [(c, at, length) for c in cases for at, length in BRANCHES]
+    with ThreadPoolExecutor(workers) as pool:
+        done = list(
+            pool.map(lambda job: train_branch(work, data, job[0], _pilot_dir(work, job[0]), *job[1:]), jobs)
+        )
+    out: dict[str, list[Path]] = {c.name: [] for c in cases}
+    for (case, _, _), path in zip(jobs, done, strict=True):
+        out[case.name].append(path)
+    return out
 
 
 if __name__ == "__main__":

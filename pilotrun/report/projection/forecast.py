@@ -202,12 +202,19 @@ class Setting:
     steps: int
     tokens_per_update: int | None = None
     train_tokens: int | None = None
+    # A branch of the pilot: (the pilot's step it branched at, its own schedule from there on); `schedule` is
+    # then the pilot's, which the branch followed up to that step.
+    then: tuple[int, dict[str, Any]] | None = None
+
+    def eta(self) -> np.ndarray:
+        eta = multipliers(self.schedule, self.steps)
+        if self.then is not None:
+            at, schedule = self.then
+            eta[at:] = multipliers(schedule, self.steps)[at:]
+        return eta
 
     def features(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        s1, s2 = areas(
-            multipliers(self.schedule, self.steps),
-            data_weights(self.steps, self.tokens_per_update, self.train_tokens),
-        )
+        s1, s2 = areas(self.eta(), data_weights(self.steps, self.tokens_per_update, self.train_tokens))
         idx = np.asarray(at, dtype=int)
         return idx.astype(float), s1[idx], s2[idx]
 
@@ -226,6 +233,22 @@ def fit_points(points: list[tuple[int, float]], pilot: Setting) -> tuple[np.ndar
             f"a fit needs at least {MIN_POINTS} (evaluate more often: train.eval_every)"
         )
     return np.array([s for s, _ in kept]), np.array([v for _, v in kept])
+
+
+def _with_branches(pilot: tuple, branches: tuple) -> tuple[np.ndarray, ...]:
+    """The pilot's (x, y, S1, S2) with each branch's evaluations past its branch point appended (its earlier
+    ones are the pilot's own)."""
+    parts = [pilot]
+    for points, setting in branches:
+        at = setting.then[0] if setting.then else 0
+        kept = sorted(
+            (int(s), float(v)) for s, v in points if at < int(s) <= setting.steps and math.isfinite(v)
+        )
+        if kept:
+            bx = np.array([s for s, _ in kept])
+            _, b1, b2 = setting.features(bx)
+            parts.append((bx, np.array([v for _, v in kept]), b1, b2))
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))
 
 
 def _check_fit(fit: Fit | None, y: np.ndarray) -> Fit:
@@ -282,9 +305,12 @@ def forecast(
     law: str | None = None,
     seed: int = 0,
     draws: int = BOOTSTRAP,
+    branches: tuple[tuple[list[tuple[int, float]], Setting], ...] = (),
 ) -> dict[str, Any]:
     """The forecast of the target run's validation loss at `at_steps` (the last is its final value), or raise
-    NoForecast. `law`: one of LAWS, DEFAULT_LAW when None."""
+    NoForecast. `law`: one of LAWS, DEFAULT_LAW when None. `branches`: short runs from the pilot's checkpoints
+    on another schedule (a cooldown), each (its validation points, its Setting with `then`), fitted with the
+    pilot's points; the drift that widens the interval is measured on the pilot's points alone."""
     law = law or DEFAULT_LAW
     for setting, who in ((pilot, "pilot"), (target, "long run")):
         if setting.schedule.get("kind") not in SCHEDULE_KINDS:
@@ -294,13 +320,16 @@ def forecast(
             )
     x, y = fit_points(points, pilot)
     _, s1, s2 = pilot.features(x)
+    pilot_only = (x, y, s1, s2)
+    x, y, s1, s2 = _with_branches(pilot_only, branches)
     fit = _check_fit(fit_law(law, x, y, s1, s2), y)
     steps = np.asarray(at_steps, dtype=int)
     feats = target.features(steps)
     centre = law_values(law, fit.alpha, fit.coef, *feats)
     preds = bootstrap(fit, x, (s1, s2), feats, np.random.default_rng(seed), draws)
     spread = preds - np.median(preds, axis=0)
-    drift = holdout_drift(fit, x, y, s1, s2) * np.log(np.maximum(steps, x[-1]) / x[-1])
+    last = pilot_only[0][-1]
+    drift = holdout_drift(fit, *pilot_only) * np.log(np.maximum(steps, last) / last)
     lows = {lv: centre + np.quantile(spread, (1 - lv) / 2, axis=0) - drift * w for lv, w in WIDEN.items()}
     highs = {lv: centre + np.quantile(spread, (1 + lv) / 2, axis=0) + drift * w for lv, w in WIDEN.items()}
     lows[BAND_LEVEL] = np.minimum(lows[BAND_LEVEL], centre * (1 - BAND_MIN_SHARE))

@@ -30,7 +30,16 @@ from pilotrun.report.projection.forecast import SCHEDULE_FIELDS, NoForecast, Set
 from pilotrun.run.recipe_lock import FORECAST_KEY, lock_forecast_of
 from pilotrun.run.record import is_finite_number
 
-__all__ = ["FORECAST_KEY", "lock_forecast", "not_applicable", "grade", "format_grade", "format_forecast"]
+__all__ = [
+    "FORECAST_KEY",
+    "NoForecast",
+    "branch_input",
+    "lock_forecast",
+    "not_applicable",
+    "grade",
+    "format_grade",
+    "format_forecast",
+]
 MAX_CURVE_POINTS = 400  # a longer run's evaluation steps are thinned evenly (the final one always kept)
 # Keys the forecast does not depend on: how long and how often (its own target and curve say), the machine,
 # the seed (a seed's spread is within the interval). The evaluation's batches stay: they are the measured
@@ -120,6 +129,29 @@ def lock_forecast(summary: Any, target_steps: int) -> dict[str, Any]:
     except NoForecast as why:
         return {"unavailable": f"no forecast: {why}", "assumes": assumes}
     return {**made, "assumes": assumes}
+
+
+def branch_input(pilot: Any, branch: Any) -> tuple[list[tuple[int, float]], Setting]:
+    """A cooldown branch's fit input (forecast()'s `branches`), from the pilot's summary and the branch's: the
+    branch is the pilot's run (the same run_id) resumed in its own folder from one of the pilot's checkpoints
+    (its last session's resumed_from) with another schedule; NoForecast where it is not one."""
+    prun, brun = pilot.run, branch.run
+    sessions = brun.get("sessions") or []
+    at = sessions[-1].get("resumed_from") if sessions else None
+    if brun.get("run_id") != prun.get("run_id") or not isinstance(at, int):
+        raise NoForecast(
+            f"the branch (run {brun.get('run_id')}) is not a resume of the pilot's run {prun.get('run_id')} "
+            "from one of its checkpoints"
+        )
+    if at >= int(pilot.final.step) or int(branch.final.step) <= at:
+        raise NoForecast(f"the branch from step {at} adds no update inside the pilot's {pilot.final.step}")
+    schedules = [
+        {k: ((r.get("recipe") or {}).get("optim") or {}).get("schedule", {}).get(k) for k in SCHEDULE_FIELDS}
+        for r in (prun, brun)
+    ]
+    tpu, tokens = prun.get("tokens_per_update"), ((prun.get("data") or {}).get("train") or {}).get("tokens")
+    setting = Setting(schedules[0], int(branch.final.step), tpu, tokens, then=(at, schedules[1]))
+    return val_points(branch.kept_events), setting
 
 
 # The verdict and the pilot's report state the forecast for a long run this many times the pilot (the same
