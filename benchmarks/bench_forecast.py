@@ -26,6 +26,7 @@ from pathlib import Path
 
 from benchmarks.forecast_runs import (
     BRANCHES,
+    BREAK_SHARE,
     LONG_FACTOR,
     PILOT_STEPS,
     Case,
@@ -130,6 +131,7 @@ def grade_case(case: Case, pilot: Path, long: Path, branches: list[Path]) -> dic
         "overflows": overflows,
         "laws": _laws(summary, long_summary, branches),
         "notes": [n for n in watcher.new_notes() if "forecast" in n],
+        "rise": _largest_rise(lock, long_summary),
         "lock": lock,
     }
 
@@ -137,7 +139,7 @@ def grade_case(case: Case, pilot: Path, long: Path, branches: list[Path]) -> dic
 def _row(r: dict) -> str:
     g, case = r["graded"] or {}, r["case"]
     if "final_step" not in g:
-        return f"| {case.name} | {g} | | | | | | |"
+        return f"| {case.name} | {g.get('unavailable') or g} | | | | | | |"
     alert = f"step {r['alert'].extra['first']} (raised at {r['alert'].step})" if r["alert"] else "none"
     others = ", ".join(f"{kind} at {step}" for kind, step in r["others"].items()) or "none"
     if case.broken == "fp16_skips":
@@ -188,6 +190,57 @@ def _span(pairs: dict) -> tuple[float, float]:
             if e["event"] == "session_end"
         )
     return max(last) - min(first), walls
+
+
+def _mixture_note(pairs: dict) -> str:
+    """What the dropped source did to the losses watch sees, against the healthy mixture run at the same
+    evaluations (from the break to 20% of the updates)."""
+    from pilotrun.report.record_check.summarize import summarize_run
+
+    def by_step(folder: Path) -> dict[int, dict]:
+        return {
+            e["step"]: e
+            for e in summarize_run(folder).kept_events
+            if e.get("event") == "val" and BREAK_SHARE * TARGET < e["step"] <= 0.2 * TARGET
+        }
+
+    names = ("mixture-cosine-s0", "mixture-cosine-s0-drop_code")
+    healthy, dropped = (by_step(pairs[name][1]) for name in names)
+    steps = sorted(set(healthy) & set(dropped))
+    if not steps:
+        return "The mixture runs have no evaluation to compare."
+
+    def change(field) -> str:
+        return ", ".join(f"{100 * (field(dropped[t]) / field(healthy[t]) - 1):+.1f}%" for t in steps)
+
+    return (
+        f"Against the healthy mixture run at steps {', '.join(map(str, steps))}: its val loss (the mean "
+        f"under the weights in force, what watch reads) {change(lambda e: e['loss'])}; the dropped code "
+        f"source's own {change(lambda e: e['loss_by_source']['code'])}; the built-in corpus's "
+        f"{change(lambda e: e['loss_by_source']['builtin'])}."
+    )
+
+
+def _largest_rise(lock: dict, long_summary) -> tuple[float, int] | None:
+    """(the largest share two evaluations in a row rose above the law refitted to the pilot's and the run's
+    own evaluations before each, the first step of the two): what forecast.RISE_SHARE is chosen by."""
+    from pilotrun.report.projection.forecast import Setting, refitted_at
+    from pilotrun.report.projection.forecast_record import val_points
+
+    fc = lock["forecast"]
+    rise = fc.get("rise")
+    if not rise:
+        return None
+    tpu, tokens = rise["tokens_per_update"], rise["train_tokens"]
+    pilot = Setting(rise["pilot_schedule"], rise["from_step"], tpu, tokens)
+    run = Setting(fc["assumes"]["schedule"], TARGET, tpu, tokens)
+    points = val_points(long_summary.kept_events)
+    shares = [
+        (loss / refitted_at(fc["law"], fc["fitted_on"]["points"], pilot, points[:i], run, step) - 1, step)
+        for i, (step, loss) in enumerate(points)
+        if rise["from_step"] < step <= TARGET
+    ]
+    return max(((min(a[0], b[0]), a[1]) for a, b in zip(shares, shares[1:])), key=lambda pair: pair[0])
 
 
 def _branch_words() -> str:
@@ -266,6 +319,14 @@ def run() -> str:
         "|---|---|---|---|---|---|---|---|",
         *map(_row, rows),
         "",
+        "The rise check (forecast.RISE_SHARE, from the pilot's last update on): the largest share each long "
+        "run rose above the law refitted to the pilot's and its own evaluations before each, two "
+        "evaluations in a row (the first of the two): "
+        + "; ".join(
+            f"{r['case'].name} {100 * r['rise'][0]:+.2f}% at {r['rise'][1]}" for r in rows if r["rise"]
+        )
+        + ".",
+        "",
         "Each candidate law fitted to the same healthy pilots (the measurement the default law is chosen "
         "by):",
         "",
@@ -282,7 +343,10 @@ def run() -> str:
         "updates "
         "overflow and are skipped often (on this CPU fp16 never overflowed: see its overflow count; a run "
         "whose change "
-        "did not take effect is not broken). Not run: a dropped mixture source.",
+        "did not take effect is not broken); `mixture-...-drop_code` a mixture of the built-in corpus and "
+        "the standard library's code (forecast_runs.prepare_mixture, 0.5 each) resumed with the code's "
+        "weight at 0.001, no row of a batch (`--allow-change data.mixture.weights`). "
+        + _mixture_note(pairs),
         "",
     ]
     return "\n".join(line for line in lines if line is not None) + "\n"

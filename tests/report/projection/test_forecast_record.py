@@ -282,3 +282,18 @@ def test_a_cooldown_branch_is_read_as_the_pilots_run_resumed_from_its_checkpoint
     past = _summary("run-a", 120, cooled, [{}, {"resumed_from": 100}], [(120, 6.8)])
     with pytest.raises(fr.NoForecast, match="adds no update inside the pilot's 100"):
         fr.branch_input(pilot, past)
+
+
+def test_a_rise_above_the_runs_own_refitted_course_is_where_it_left(tmp_path, lock):
+    assert lock["forecast"]["rise"]["share"] == fr.RISE_SHARE and lock["forecast"]["rise"]["from_step"] == 200
+    run, summary = _long(tmp_path, lock, shift=lambda step: 0.3 if step > 200 else 0.0)
+    graded = fr.against(lock["forecast"], lock["recipe"], "0" * 64, run.run, summary.kept_events)
+    assert graded["left_band_at"] == 300 and graded["left_share"] == 0.15
+    older = copy.deepcopy(lock["forecast"])  # a lock written before the rise check: the band alone, as before
+    del older["rise"]
+    assert fr.against(older, lock["recipe"], "0" * 64, run.run, summary.kept_events)["left_band_at"] is None
+    points = fr.val_points(summary.kept_events)
+    at = [i for i, (s, _) in enumerate(points) if s == 300][0]
+    rise = fr.risen(lock["forecast"], points[:at], 300, points[at][1])
+    assert rise["bound"] == rise["predicted"] * (1 + fr.RISE_SHARE) and points[at][1] > rise["bound"]
+    assert fr.risen(lock["forecast"], points[:at], 200, 99.0) is None  # within the pilot's reach
