@@ -89,6 +89,9 @@ DEFAULT_LAW = "area"
 # benchmark's runs (docs/FORECAST.md): healthy long runs rose at most 2.4% above it two evaluations in a row,
 # those whose LR was made 10x at 10% of their updates 4.8% and 5.3% at once; between them.
 RISE_SHARE = 0.035
+# At most this many of the run's own evaluations refit the law at each evaluation: watch and summarize refit
+# at every one of a long run's evaluations.
+MAX_OWN_POINTS = 200
 
 
 class NoForecast(Exception):
@@ -410,6 +413,8 @@ def refitted_at(
     warm-up (at the run's own schedule), at `step`; None where no falling fit is found."""
     warmup = int(run.schedule.get("warmup_steps") or 0)
     own = sorted((s, v) for s, v in own_points if warmup < s < step and math.isfinite(v))
+    if len(own) > MAX_OWN_POINTS:  # a long run's many evaluations, thinned evenly (its latest always kept)
+        own = own[::-1][:: math.ceil(len(own) / MAX_OWN_POINTS)][::-1]
     px = np.array([s for s, _ in pilot_points], dtype=int)
     ox = np.array([s for s, _ in own] + [step], dtype=int)
     _, p1, p2 = pilot.features(px)

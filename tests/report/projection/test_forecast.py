@@ -175,3 +175,16 @@ def test_a_cooldown_branch_pins_the_annealing_term_a_constant_pilot_cannot():
     early = ((_branch_points(branch, 5, NOFLOOR)[:20], branch),)
     same = fc.forecast(points, pilot, long_run, LONG_STEPS, law="annealing-nofloor", draws=20, branches=early)
     assert same["final"]["value"] == alone["final"]["value"]
+
+
+def test_the_refit_on_a_long_runs_own_evaluations_thins_them_and_keeps_the_latest(monkeypatch):
+    pilot_fit = pilot_points(PILOT, 10, 0.0, np.random.default_rng(0), AREA)[1:]
+    own = [(s, float(v)) for s, v in zip(LONG_STEPS, truth(LONG, LONG_STEPS, AREA), strict=True)]
+    seen = []
+    real_fit = fc.fit_law
+    monkeypatch.setattr(fc, "fit_law", lambda law, x, *rest: seen.append(x.copy()) or real_fit(law, x, *rest))
+    monkeypatch.setattr(fc, "MAX_OWN_POINTS", 7)
+    at = fc.refitted_at("area", pilot_fit, PILOT, own, LONG, 2000)
+    steps = seen[0][len(pilot_fit) :]
+    assert len(steps) <= 7 and steps[-1] == 1900 and np.all(np.diff(steps) > 0)
+    assert at == pytest.approx(truth(LONG, [2000], AREA)[0], rel=1e-3)
