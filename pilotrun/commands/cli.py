@@ -24,6 +24,7 @@ from pilotrun.commands.cli_trackers import add_export_metrics, add_tensorboard
 from pilotrun.common import stop_signals
 from pilotrun.common.errors import PilotrunError
 from pilotrun.common.parsing import terminal_safe
+from pilotrun.common.strict_json import strict_dumps
 from pilotrun.version import __version__
 
 
@@ -515,13 +516,12 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_export(args: argparse.Namespace) -> int:
-    import json
 
     from pilotrun.commands.export import export_run
 
     result = export_run(args.run_dir, args.out, step=args.step, data_dir=args.data)
     if args.json:
-        print(json.dumps(result, sort_keys=True))
+        print(strict_dumps(result, sort_keys=True))
     else:
         print(f"exported step {result['step']} ({result['storage']}) to {result['out']}: "
               f"{result['parameters']} parameters in {result['tensors']} tensors")
@@ -546,7 +546,6 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_config(args: argparse.Namespace) -> int:
-    import json
 
     from pilotrun.config import load_run_config
     from pilotrun.config.describe import describe_config, format_config_table
@@ -554,7 +553,7 @@ def _run_config(args: argparse.Namespace) -> int:
 
     config = load_run_config(args.config, args.overrides)
     rows = describe_config(config)
-    print(json.dumps(rows, indent=1) if args.json else format_config_table(rows))
+    print(strict_dumps(rows, indent=1) if args.json else format_config_table(rows))
     for warning in schedule_warnings(config):  # what `train` would say at its start, said before any run
         print(f"pilotrun config: warning: {warning}", file=sys.stderr)
     return 0

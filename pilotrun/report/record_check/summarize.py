@@ -31,11 +31,11 @@ totals.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pilotrun.common.strict_json import strict_dumps
 from pilotrun.report.projection.forecast_record import against_own_lock, describe_against
 from pilotrun.report.projection.ledger import (
     against_projection,
@@ -79,7 +79,7 @@ from pilotrun.report.record_check.time_split import (
 from pilotrun.run.changes import RecipeChange, recipe_changes_in_history
 from pilotrun.run.folder_lock import live_holder
 from pilotrun.run.recipe_lock import describe_frozen_status, frozen_candidate_status, lock_projection_of
-from pilotrun.run.record import HANGS_DIR, Counters, is_finite_number, json_safe, record_integrity_problems
+from pilotrun.run.record import HANGS_DIR, Counters, is_finite_number, record_integrity_problems
 from pilotrun.run.run_folder import RunFolder
 
 
@@ -599,4 +599,4 @@ def _pct(value: float | None) -> str:
 
 
 def summary_json(summary: Summary) -> str:
-    return json.dumps(json_safe(summary.to_dict()), indent=2, allow_nan=False)  # never a bare Infinity
+    return strict_dumps(summary.to_dict(), indent=2)  # never a bare Infinity
