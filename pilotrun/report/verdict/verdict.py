@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.common.files import canonical_sha256
+from pilotrun.common.parsing import printable_lines
 from pilotrun.common.strict_json import strict_dumps
 from pilotrun.config import current_recipe
 from pilotrun.report.projection.forecast_record import format_forecast, pilot_forecast
@@ -150,7 +151,7 @@ def format_verdict(verdict: Verdict) -> str:
         lines.append(f"evidence, not a rule: {format_forecast(verdict.forecast)}")
     if verdict.frozen is not None:
         lines.append(describe_frozen_status(verdict.frozen))
-    return "\n".join(lines)
+    return printable_lines(lines)
 
 
 def verdict_json(verdict: Verdict) -> str:
