@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 
 from pilotrun.commands.cli_data import add_data, add_prepare
@@ -146,14 +147,22 @@ def _run_train(args: argparse.Namespace) -> int:
     )
     with signals.installed():
         # a signal heard since the launch is this session's request
-        stop_signals.release_early(signals.handle)
-        code = _train_with(args, signals, started_at)
+        stop_signals.release_early(signals.handle, signals.signums)
+        try:
+            code = _train_with(args, signals, started_at)
+        except KeyboardInterrupt:  # Ctrl-C outside --stop-signals before the loop (the loop's own is ended)
+            print("pilotrun train: SIGINT (Ctrl-C), not one of --stop-signals, during the set-up: stopped at "
+                  "once, nothing trained in this session", file=sys.stderr, flush=True)
+            return 128 + signal.SIGINT
     if (code == 75 or code > 128) and args.stop_past_step is None and os.environ.get("RANK", "0") == "0":
         from pilotrun.commands.next_commands import resume_command
 
         launcher_words = " under the same launcher" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
         saved = "stopped with a committed checkpoint" if signals.count < 2 else \
             "stopped at once by a second signal, without saving the work since the last checkpoint"
+        if signals.received is None and code == 128 + signal.SIGINT:  # Python's own Ctrl-C: no stop signal
+            saved = ("stopped at once by SIGINT (Ctrl-C), not one of --stop-signals, without saving the work "
+                     "since the last checkpoint")
         print(f"pilotrun train: {saved}; continue the run{launcher_words} with `{resume_command(args)}`",
               file=sys.stderr, flush=True)
     return code
