@@ -110,3 +110,12 @@ def test_config_json_is_strict(capsys, monkeypatch):
     monkeypatch.setattr(describe, "describe_config", with_infinite_default)
     assert main(["config", "--config", "stability", "--json"]) == 0
     assert strict(capsys.readouterr().out)[-1] == {"key": "made.up", "value": "Infinity", "default": "NaN"}
+
+
+def test_watch_json_of_a_record_holding_inf_and_nan_is_strict(tmp_path, capsys):
+    """One JSON object a line per alert (an alert's own non-finite figure:
+    tests/report/watch/test_alerts.py)."""
+    run_dir = nonfinite_run(tmp_path / "r")
+    assert main(["watch", str(run_dir), "--json"]) == 1
+    alerts = [strict(line) for line in capsys.readouterr().out.splitlines()]
+    assert alerts and any(a["key"] == "rule:losses_finite" for a in alerts)
