@@ -9,7 +9,7 @@ reproduced, with rank 1 named.
 
 The factor is 4, not the default 6, and each rank's batch 8 x 32 (512 tokens an update): a poisoned microbatch
 on one rank of two lifts the global gradient norm to about 6x the window's median there (3.9x at 2 x 32 a
-rank, inside the 5-7x healthy norms of a 128-token update reach, under that batch's floor:
+rank: inside the 5-7x that healthy norms reach at 128 tokens an update, and under that batch's floor,
 spike_bound.grad_norm_floor_share), above the 3x floor of factor 4 at 512 tokens.
 """
 
