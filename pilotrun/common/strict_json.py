@@ -3,8 +3,8 @@
 Python's json module writes a non-finite float as `Infinity`, `-Infinity` or `NaN`, which no strict JSON
 parser reads (jq, JavaScript's JSON.parse, Go's encoding/json): a script reading `--json` output or a
 record would fail on the very run that went wrong (a loss that overflowed, a mixture weight of 1e308).
-Every JSON text pilotrun prints or writes goes through `strict_dumps`: a non-finite float is said as the
-string "Infinity", "-Infinity" or "NaN" (the record's readers turn them back, run/record.py
+Every `--json` output, the run record (run.json, metrics.jsonl) and the report's summary.json go through
+`strict_dumps`: a non-finite float is said as the string "Infinity", "-Infinity" or "NaN" (the record's readers turn them back, run/record.py
 `restore_nonfinite`), and `allow_nan=False` makes any value this missed an error here rather than invalid
 JSON downstream.
 """
