@@ -1,12 +1,12 @@
-"""Strict JSON for everything pilotrun writes or prints: never a bare Infinity or NaN.
+"""Strict JSON for what pilotrun prints and its record: never a bare Infinity or NaN.
 
 Python's json module writes a non-finite float as `Infinity`, `-Infinity` or `NaN`, which no strict JSON
 parser reads (jq, JavaScript's JSON.parse, Go's encoding/json): a script reading `--json` output or a
 record would fail on the very run that went wrong (a loss that overflowed, a mixture weight of 1e308).
 Every `--json` output, the run record (run.json, metrics.jsonl) and the report's summary.json go through
-`strict_dumps`: a non-finite float is said as the string "Infinity", "-Infinity" or "NaN" (the record's readers turn them back, run/record.py
-`restore_nonfinite`), and `allow_nan=False` makes any value this missed an error here rather than invalid
-JSON downstream.
+`strict_dumps`: a non-finite float is said as the string "Infinity", "-Infinity" or "NaN" (the record's
+readers turn them back, run/record.py `restore_nonfinite`), and `allow_nan=False` makes any value this
+missed an error here rather than invalid JSON downstream.
 """
 
 from __future__ import annotations
