@@ -53,6 +53,7 @@ import torch
 from pilotrun.common.stop_signals import HUNG_EXIT_CODE, signal_name
 from pilotrun.config import DownstreamConfig, RunConfig, check_allow_change_keys
 from pilotrun.data.choice_tasks import read_choice_tasks
+from pilotrun.run.hang_evidence import unrecorded_hangs
 from pilotrun.run.record import HANGS_DIR, PHASES, read_metrics_tolerant, run_json_digests
 from pilotrun.run.sinks import (
     GuardedSink,
@@ -60,6 +61,7 @@ from pilotrun.run.sinks import (
     check_trackers_available,
     tracker_sinks,
 )
+from pilotrun.run.start_costs import last_recorded_save
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import Callback, Ending, LoopState
 from pilotrun.training.callbacks.checkpointing import CheckpointCallback
@@ -346,6 +348,9 @@ class Trainer:
             loop.say(line)
         for note in session.notes:
             loop.say(f"note: {note}")
+        # read before this session's first line: a stack file is an earlier session's if written before it
+        hangs = unrecorded_hangs(session.run_dir, read_metrics_tolerant(session.run_dir).events, self.began) \
+            if loop.is_main else []
         loop.log(
             "session_start",
             resumed_from=session.resumed_from,
@@ -355,6 +360,8 @@ class Trainer:
             max_steps=t.max_steps,
             tokens_per_microbatch=session.tokens_per_microbatch,
             metrics_repaired_bytes=session.metrics.repaired_bytes,
+            # the command's start to here: what a later start's deadline check counts as its set-up
+            setup_seconds=max(0.0, self.clock() - self.started_at),
             **({"restart": session.restart} if session.restart else {}),
             **(
                 {"resumed_checkpoint": self._resumed_marker()}
@@ -362,6 +369,10 @@ class Trainer:
                 else {}
             ),
         )
+        for hang in hangs:  # the stuck rank 0 recorded no ending: the record says it now
+            loop.log("hang_found", hung_session=hang.session_id, rank=hang.rank, stack_file=hang.path())
+            loop.say(f"note: session {hang.session_id} has no session_end, but rank {hang.rank} wrote its "
+                     f"stacks during it ({hang.path()}): it hung; recorded as hang_found")
 
     def _resumed_marker(self) -> dict[str, Any]:
         """What the marker of the checkpoint this session resumed from says of its making: the session that
@@ -396,15 +407,6 @@ class Trainer:
                             time_split=self.account.time_split(), val_loss=loop.last_val_loss)
         session.metrics.fsync()
         session.record.end_session(session.session_id, reason="hung", chain_end=session.metrics.head)
-
-
-def last_recorded_save(run_dir: Path) -> float | None:
-    """The blocking seconds of the run's last recorded save (None: it never saved), the deadline's measure of
-    the save a session owes before its own first."""
-    saves = [
-        e.get("seconds") for e in read_metrics_tolerant(run_dir).events if e.get("event") == "checkpoint"
-    ]
-    return next((float(s) for s in reversed(saves) if isinstance(s, int | float) and s >= 0), None)
 
 
 AUTO_HANG_BOUNDS = HangBounds()  # `--hang-timeout auto`
