@@ -190,8 +190,9 @@ def _train_with(args: argparse.Namespace, signals, started_at: float) -> int:
 def _unattended_settings(args: argparse.Namespace, now: float, signals_only: bool = False
                          ) -> tuple[float | None, tuple[int, ...] | None]:
     """`--stop-by` (or SLURM_JOB_END_TIME) as epoch seconds and `--stop-signals` as numbers; bad input is one
-    line, exit 2, before anything is written. A deadline closer than one update of a resumed run's record is
-    refused too: the session could train nothing. `signals_only`: the signals alone (no deadline, no read)."""
+    line, exit 2, before anything is written. A deadline closer than a resumed run's record says a session
+    needs to keep it (its set-up, one update, a save) is refused too, in one line with its own code
+    (deadline.TooLateToStart, 79). `signals_only`: the signals alone (no deadline, no read)."""
     from pilotrun.common import deadline, stop_signals
     from pilotrun.common.errors import ConfigError
 
@@ -203,7 +204,13 @@ def _unattended_settings(args: argparse.Namespace, now: float, signals_only: boo
             return None, signums
         stop_by = deadline.resolve_stop_by(args.stop_by, now, os.environ)
         if stop_by is not None and args.resume:
-            deadline.check_room(stop_by, now, _recorded_seconds_per_update(args.run_dir))
+            from pilotrun.run.start_costs import last_recorded_save, recorded_setup_seconds
+
+            deadline.check_room(stop_by, now, _recorded_seconds_per_update(args.run_dir),
+                                setup_seconds=min(recorded_setup_seconds(args.run_dir), default=None),
+                                save_seconds=last_recorded_save(args.run_dir))
+    except deadline.TooLateToStart:
+        raise  # its own exit code, not bad input's
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return stop_by, signums

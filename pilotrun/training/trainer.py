@@ -313,9 +313,9 @@ class Trainer:
                     "hung",
                     f"another rank hung (stacks in {', '.join(map(str, hung))}); here: {message}",
                 )
-            loop.log(
-                "session_end", reason=reason, message=message[:2000], time_split=self.account.time_split()
-            )
+            # the code the process ends with: an exception's traceback is Python's 1
+            loop.log("session_end", reason=reason, message=message[:2000],
+                     time_split=self.account.time_split(), exit_code=HUNG_EXIT_CODE if self.peer_hung else 1)
             session.record.end_session(session.session_id, reason=reason, chain_end=session.metrics.head)
             raise
         return self._end_session(loop, ending)
@@ -330,7 +330,8 @@ class Trainer:
             f"checkpoint is step {loop.last_checkpoint_step}: free space, then --resume"
         )
         with contextlib.suppress(OSError):
-            loop.log("session_end", reason="stopped", message=message, time_split=self.account.time_split())
+            loop.log("session_end", reason="stopped", message=message, time_split=self.account.time_split(),
+                     exit_code=1)
             session.record.end_session(session.session_id, reason="stopped", chain_end=session.metrics.head)
         loop.say(f"session_end: stopped at step {loop.step:,} ({message})")
         return TrainResult(
@@ -387,7 +388,7 @@ class Trainer:
         self.session_ended = True
         split = self.account.time_split()
         loop.log("session_end", reason=ending.reason, message=ending.message, time_split=split,
-                 val_loss=loop.last_val_loss)
+                 val_loss=loop.last_val_loss, exit_code=ending.exit_code)
         session.record.end_session(session.session_id, reason=ending.reason, chain_end=session.metrics.head)
         phases = ", ".join(f"{phase} {split[f'{phase}_seconds']:.1f} s" for phase in PHASES)
         loop.say(f"session_end: {ending.reason} at step {loop.step:,} ({ending.message}); {phases} of "
@@ -404,7 +405,8 @@ class Trainer:
             return
         self.session_ended = True
         session.metrics.log("session_end", session.state.counters(), reason="hung", message=message[:2000],
-                            time_split=self.account.time_split(), val_loss=loop.last_val_loss)
+                            time_split=self.account.time_split(), val_loss=loop.last_val_loss,
+                            exit_code=HUNG_EXIT_CODE)
         session.metrics.fsync()
         session.record.end_session(session.session_id, reason="hung", chain_end=session.metrics.head)
 
