@@ -11,10 +11,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pilotrun.run.record import read_metrics_tolerant
+from pilotrun.run.record import read_metrics_tolerant, seconds_per_update_of
 from pilotrun.run.values import is_finite_number
 
 
@@ -44,6 +45,22 @@ def setup_seconds_of(events: list[dict[str, Any]]) -> list[float]:
     return found
 
 
+@dataclass(frozen=True)
+class StartCosts:
+    """What the record says, read once: the seconds per update of each train window, the set-up of each
+    session that trained, and the last save's seconds (None: it never saved)."""
+
+    seconds_per_update: list[float]
+    setup_seconds: list[float]
+    last_save: float | None
+
+
+def read_start_costs(run_dir: str | Path) -> StartCosts:
+    """The run's start costs from one read of metrics.jsonl (all empty for a run with no record yet)."""
+    events = read_metrics_tolerant(run_dir).events
+    return StartCosts(seconds_per_update_of(events), setup_seconds_of(events), last_save_of(events))
+
+
 def recorded_setup_seconds(run_dir: str | Path) -> list[float]:
     """The set-up seconds of each earlier session of the run that trained (empty: none recorded)."""
     return setup_seconds_of(read_metrics_tolerant(run_dir).events)
@@ -51,7 +68,9 @@ def recorded_setup_seconds(run_dir: str | Path) -> list[float]:
 
 def last_recorded_save(run_dir: str | Path) -> float | None:
     """The blocking seconds of the run's last recorded save (None: it never saved)."""
-    saves = [
-        e.get("seconds") for e in read_metrics_tolerant(run_dir).events if e.get("event") == "checkpoint"
-    ]
+    return last_save_of(read_metrics_tolerant(run_dir).events)
+
+
+def last_save_of(events: list[dict[str, Any]]) -> float | None:
+    saves = [e.get("seconds") for e in events if e.get("event") == "checkpoint"]
     return next((float(s) for s in reversed(saves) if isinstance(s, int | float) and s >= 0), None)

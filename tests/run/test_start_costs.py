@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import json
 
-from pilotrun.run.start_costs import last_recorded_save, recorded_setup_seconds, setup_seconds_of
+from pilotrun.run.start_costs import (
+    StartCosts,
+    last_recorded_save,
+    read_start_costs,
+    recorded_setup_seconds,
+    setup_seconds_of,
+)
 
 
 def window(time: float, wall: float, sid: str = "a") -> dict:
@@ -34,4 +40,6 @@ def test_read_from_a_run_folder(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(text)
     assert recorded_setup_seconds(tmp_path) == [3.0]
     assert last_recorded_save(tmp_path) == 0.5
+    assert read_start_costs(tmp_path) == StartCosts([], [3.0], 0.5)  # the window holds no update
     assert recorded_setup_seconds(tmp_path / "none") == [] and last_recorded_save(tmp_path / "none") is None
+    assert read_start_costs(tmp_path / "none") == StartCosts([], [], None)

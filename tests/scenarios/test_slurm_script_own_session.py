@@ -90,11 +90,10 @@ def run_script(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProce
 
 def needed_seconds(run_dir: Path) -> float:
     """What the start check counts from the record: the fastest set-up and update, and the last save."""
-    from pilotrun.run.record import recorded_seconds_per_update
-    from pilotrun.run.start_costs import last_recorded_save, recorded_setup_seconds
+    from pilotrun.run.start_costs import read_start_costs
 
-    return (min(recorded_setup_seconds(run_dir)) + min(recorded_seconds_per_update(run_dir))
-            + (last_recorded_save(run_dir) or 0.0))
+    recorded = read_start_costs(run_dir)
+    return min(recorded.setup_seconds) + min(recorded.seconds_per_update) + (recorded.last_save or 0.0)
 
 
 def test_a_planned_stop_is_said_so_after_torchrun_s_report_and_a_start_too_late_asks_a_person(

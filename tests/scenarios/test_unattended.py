@@ -277,9 +277,10 @@ def test_slurm_job_end_time_is_the_default_deadline(builtin_data_dir, tmp_path, 
 def test_a_deadline_shorter_than_one_recorded_update_is_refused(
     builtin_data_dir, straight, capsys, monkeypatch
 ):
-    import pilotrun.commands.cli as cli
+    import pilotrun.run.start_costs as start_costs
 
-    monkeypatch.setattr(cli, "_recorded_seconds_per_update", lambda run_dir: 3600.0)
+    slow = start_costs.StartCosts([3600.0], [], None)
+    monkeypatch.setattr(start_costs, "read_start_costs", lambda run_dir: slow)
     before = folder_digest(straight)
     # its own code (not bad input's 2): not to be retried in this allocation
     assert main(argv(builtin_data_dir, straight, "--stop-by", "30m")) == TOO_LATE_EXIT_CODE
@@ -294,7 +295,10 @@ def test_a_deadline_closer_than_the_set_up_an_update_and_a_save_is_refused(
     """The start check counts the run's recorded set-up (here made an hour) before its update and its save."""
     import pilotrun.run.start_costs as start_costs
 
-    monkeypatch.setattr(start_costs, "recorded_setup_seconds", lambda run_dir: [3600.0, 4000.0])
+    recorded = start_costs.read_start_costs(straight)
+    assert recorded.seconds_per_update and recorded.last_save is not None
+    monkeypatch.setattr(start_costs, "read_start_costs", lambda run_dir: start_costs.StartCosts(
+        recorded.seconds_per_update, [3600.0, 4000.0], recorded.last_save))
     before = folder_digest(straight)
     assert main(argv(builtin_data_dir, straight, "--stop-by", "30m")) == TOO_LATE_EXIT_CODE
     err = capsys.readouterr().err.strip().splitlines()

@@ -56,8 +56,8 @@ from typing import Any
 from pilotrun.common.deadline import parse_duration
 from pilotrun.common.files import plain_folder, write_text_atomic
 from pilotrun.common.stop_signals import HUNG_EXIT_CODE
-from pilotrun.run.record import HANGS_DIR, recorded_seconds_per_update
-from pilotrun.run.start_costs import recorded_setup_seconds
+from pilotrun.run.record import HANGS_DIR
+from pilotrun.run.start_costs import StartCosts
 from pilotrun.training.callbacks.base import Callback, LoopState
 
 STARTUP_SECONDS = 1800.0  # auto: the set-up and the first stretch of each kind (a compile, a first save)
@@ -138,20 +138,15 @@ def parse_hang_timeout(text: str) -> HangBounds | None:
     return HangBounds(steady=steady, startup=max(startup, steady))
 
 
-def slowest_recorded_update(run_dir: str | Path) -> float | None:
-    """The slowest training seconds per update of the run's recorded `train` windows (None: no record yet)."""
-    return max(recorded_seconds_per_update(run_dir), default=None)
-
-
-def check_bounds_fit(bounds: HangBounds | None, run_dir: str | Path) -> None:
+def check_bounds_fit(bounds: HangBounds | None, recorded: StartCosts) -> None:
     """A fixed bound that a healthy session would pass ends every session hung with nothing saved, and a
     scheduler requeues it for ever: refused (ValueError), as a deadline too close to train anything is. The
     steady bound against the slowest update the run has recorded, the start-up bound against its slowest
     recorded set-up; with nothing recorded, each against its floor (`STEADY_FLOOR_SECONDS`,
-    `STARTUP_FLOOR_SECONDS`)."""
+    `STARTUP_FLOOR_SECONDS`). `recorded`: the run's record (start_costs.read_start_costs)."""
     if bounds is None or bounds.steady is None:
         return
-    slowest = slowest_recorded_update(run_dir)
+    slowest = max(recorded.seconds_per_update, default=None)
     if slowest is not None and bounds.steady < slowest:
         raise ValueError(
             f"--hang-timeout: the bound {bounds.steady:g} s is below an update this run has taken "
@@ -164,7 +159,7 @@ def check_bounds_fit(bounds: HangBounds | None, run_dir: str | Path) -> None:
             "run has recorded no update to measure it against: a healthy update would read as a hang; choose "
             "auto or a bound well above an update of this recipe"
         )
-    setups = recorded_setup_seconds(run_dir)
+    setups = recorded.setup_seconds
     if setups and bounds.startup < max(setups):
         raise ValueError(
             f"--hang-timeout: the start-up bound {bounds.startup:g} s is below a set-up this run has taken "
