@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -90,7 +91,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         help="end the session with a committed checkpoint before this deadline (exit 75): a time "
         "(2026-12-04T06:00, @EPOCH), a duration from now (90m, 2h30m) or none; default: "
         "SLURM_JOB_END_TIME when set. The margin kept is measured in the session (twice the slowest recent "
-        "update and round of logging and evaluation, plus the last save)",
+        "update and round of logging and evaluation, plus the last save). A resumed run's start that cannot "
+        "keep it (the record's set-up, one update and a save) is refused, exit 79: not in this allocation",
     )
     p.add_argument(
         "--stop-signals",
@@ -107,7 +109,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         help="the hang watchdog: a rank without progress past its bound writes every thread's stack to "
         "RUN/hangs/, ends the session 'hung' and exits 124; auto (default): 10x this session's slowest "
         "update, evaluation or save, 5 min to 30 min, the set-up and each first one 30 min; or fixed "
-        "seconds/durations (10m or 10m,1h); off. Sets the process group's timeout; free to change on resume",
+        "seconds/durations (10m or 10m,1h; refused below the run's recorded update and set-up, or with none "
+        "recorded below 1 s and a 60 s start-up); off. Sets the process group's timeout; free to change on "
+        "resume",
     )
     p.add_argument(
         "--from-step", type=int, default=None, help="with --resume: continue from this checkpoint step"
@@ -174,8 +178,12 @@ def _train_with(args: argparse.Namespace, signals, started_at: float) -> int:
 
     if (args.config is None) == (args.frozen is None):
         raise ConfigError("train needs exactly one of --config RECIPE and --frozen LOCK")
-    stop_by, _signums = _unattended_settings(args, started_at)
-    hang_bounds = _hang_bounds(args.hang_timeout, args.run_dir)
+    from pilotrun.run import start_costs
+
+    # the record, read once where a check needs it (a long run's metrics.jsonl takes seconds to parse)
+    recorded = functools.cache(lambda: start_costs.read_start_costs(args.run_dir))
+    stop_by, _signums = _unattended_settings(args, started_at, recorded=recorded)
+    hang_bounds = _hang_bounds(args.hang_timeout, recorded)
     from pilotrun.run.recipe_lock import allow_changes_beyond_the_lock
     from pilotrun.training.trainer import train_from_cli
 
@@ -197,11 +205,13 @@ def _train_with(args: argparse.Namespace, signals, started_at: float) -> int:
                           stop_by=stop_by, started_at=started_at, hang_bounds=hang_bounds)
 
 
-def _unattended_settings(args: argparse.Namespace, now: float, signals_only: bool = False
+def _unattended_settings(args: argparse.Namespace, now: float, signals_only: bool = False, recorded=None
                          ) -> tuple[float | None, tuple[int, ...] | None]:
     """`--stop-by` (or SLURM_JOB_END_TIME) as epoch seconds and `--stop-signals` as numbers; bad input is one
-    line, exit 2, before anything is written. A deadline closer than one update of a resumed run's record is
-    refused too: the session could train nothing. `signals_only`: the signals alone (no deadline, no read)."""
+    line, exit 2, before anything is written. A deadline closer than a resumed run's record says a session
+    needs to keep it (its set-up, one update, a save) is refused too, in one line with its own code
+    (deadline.TooLateToStart, 79). `signals_only`: the signals alone (no deadline, no read). `recorded()`:
+    the run's start costs (run/start_costs.py)."""
     from pilotrun.common import deadline, stop_signals
     from pilotrun.common.errors import ConfigError
 
@@ -213,33 +223,31 @@ def _unattended_settings(args: argparse.Namespace, now: float, signals_only: boo
             return None, signums
         stop_by = deadline.resolve_stop_by(args.stop_by, now, os.environ)
         if stop_by is not None and args.resume:
-            deadline.check_room(stop_by, now, _recorded_seconds_per_update(args.run_dir))
+            # each the least the record says the session needs: its fastest update and set-up, the last save
+            costs = recorded()
+            deadline.check_room(stop_by, now, min(costs.seconds_per_update, default=None),
+                                setup_seconds=min(costs.setup_seconds, default=None),
+                                save_seconds=costs.last_save)
+    except deadline.TooLateToStart:
+        raise  # its own exit code, not bad input's
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return stop_by, signums
 
 
-def _hang_bounds(text: str, run_dir: str):
-    """`--hang-timeout` as the watchdog's bounds (None: off); bad input (a bound below a recorded update
-    included) is one line, exit 2."""
+def _hang_bounds(text: str, recorded):
+    """`--hang-timeout` as the watchdog's bounds (None: off); bad input (a bound below what the run's record,
+    `recorded()`, says a healthy session takes included) is one line, exit 2."""
     from pilotrun.common.errors import ConfigError
     from pilotrun.training.callbacks.hang_watchdog import check_bounds_fit, parse_hang_timeout
 
     try:
         bounds = parse_hang_timeout(text)
-        check_bounds_fit(bounds, run_dir)
+        if bounds is not None and bounds.steady is not None:  # auto derives its bounds from the session
+            check_bounds_fit(bounds, recorded())
         return bounds
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-
-
-def _recorded_seconds_per_update(run_dir: str) -> float | None:
-    """The fastest training-only seconds per update of the run's `train` windows (None: no record yet): a
-    deadline closer than that is certainly too close, while a slow first update (warm-up, kernels loading)
-    says little."""
-    from pilotrun.run.record import recorded_seconds_per_update
-
-    return min(recorded_seconds_per_update(run_dir), default=None)
 
 
 def _frozen_config(args: argparse.Namespace):

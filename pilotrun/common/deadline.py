@@ -10,8 +10,10 @@ environment) is the deadline when set, as Megatron's CI derives `--exit-duration
 The deadline is fixed when the command starts, before any set-up: a budget counted from after set-up lands the
 final save after the allocation died. The loop's deadline callback (training/callbacks/deadline_stop.py) then
 stops in time by a margin it measures in the session. A deadline that cannot be understood, or is already
-past, is bad input (exit 2) before anything is written; `check_room` refuses one shorter than one update of
-the run's record.
+past, is bad input (exit 2) before anything is written; `check_room` refuses, before anything is written
+too, a start whose deadline is closer than the run's record says the session needs to keep it (its set-up,
+one update and a save), with its own exit code, `TOO_LATE_EXIT_CODE` (79): the same command would be
+refused again in this allocation, and a scheduler should not retry it there.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from __future__ import annotations
 import datetime
 import re
 from collections.abc import Mapping
+
+from pilotrun.common.errors import PilotrunError
+from pilotrun.common.stop_signals import TOO_LATE_EXIT_CODE
 
 SLURM_END_VARIABLE = "SLURM_JOB_END_TIME"
 DURATION_PATTERN = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
@@ -74,11 +79,33 @@ def resolve_stop_by(text: str | None, now: float, environ: Mapping[str, str]) ->
     return deadline
 
 
-def check_room(deadline: float, now: float, seconds_per_update: float | None) -> None:
-    """A deadline closer than one update of this run (its fastest, as its record measured) leaves no update to
-    do: refused."""
-    if seconds_per_update is not None and deadline - now < seconds_per_update:
-        raise ValueError(
-            f"--stop-by: {deadline - now:.1f} s remain before the deadline, less than one update of "
-            f"this run (its fastest took {seconds_per_update:.1f} s): nothing could be trained"
+class TooLateToStart(PilotrunError, ValueError):
+    """A start that cannot keep its deadline: not in this allocation (`TOO_LATE_EXIT_CODE`, not 2: the
+    command was right, the allocation's time is what ran short). A ValueError too, as the deadline's other
+    refusals are."""
+
+    exit_code = TOO_LATE_EXIT_CODE
+
+
+def check_room(deadline: float, now: float, seconds_per_update: float | None, *,
+               setup_seconds: float | None = None, save_seconds: float | None = None) -> None:
+    """Refuses (TooLateToStart) a start that cannot keep its deadline, as the run's record measured it: this
+    session must set up (its fastest recorded set-up), train one update (its fastest) and save (the last
+    save's seconds) before it. The set-up and the update at their fastest, so that a refusal
+    is all but certain, not a guess; nothing recorded (a fresh run) is never refused."""
+    if seconds_per_update is None:
+        return
+    left = deadline - now
+    if left < seconds_per_update:
+        raise TooLateToStart(
+            f"--stop-by: {left:.1f} s remain before the deadline, less than one update of "
+            f"this run (its fastest took {seconds_per_update:.1f} s): nothing could be trained; not started "
+            f"in this allocation (exit {TOO_LATE_EXIT_CODE})"
+        )
+    setup, save = setup_seconds or 0.0, save_seconds or 0.0
+    if left < setup + seconds_per_update + save:
+        raise TooLateToStart(
+            f"--stop-by: {left:.1f} s remain before the deadline, less than this session needs to keep it: "
+            f"its set-up ({setup:.1f} s, the run's fastest), one update ({seconds_per_update:.1f} s) and a "
+            f"save ({save:.1f} s, the last): not started in this allocation (exit {TOO_LATE_EXIT_CODE})"
         )

@@ -13,8 +13,9 @@ on any resume.
 Exit codes that mean "stopped with a committed checkpoint, resumable" (a requeue script tells them from a
 failure): 128 + a stop signal's number, and `DEADLINE_EXIT_CODE` (75, sysexits' EX_TEMPFAIL, "try again
 later") for a session that ended itself before `--stop-by`; `HUNG_EXIT_CODE` (124) for a rank that made no
-progress within its hang bound (resumable from the newest checkpoint, the work since it lost). 0 is done, 1 a
-run that stopped itself, 2 bad input.
+progress within its hang bound (resumable from the newest checkpoint, the work since it lost);
+`TOO_LATE_EXIT_CODE` (79) for a start refused because it cannot keep its deadline (resumable, but not in the
+same allocation). 0 is done, 1 a run that stopped itself, 2 bad input.
 
 `handling(handler)` installs a handler for every stop signal for the duration of a block and puts the previous
 handlers back afterwards, so an in-process caller (the API, a test) keeps its own handling. Python delivers
@@ -37,6 +38,10 @@ DEADLINE_EXIT_CODE = 75
 # "timed out". Resumable like the codes above, but from the newest committed checkpoint: a stuck job cannot
 # save.
 HUNG_EXIT_CODE = 124
+# A start refused because it cannot keep its deadline (common/deadline.py check_room): nothing written, and
+# the same command in the same allocation would be refused again; resumable in the next allocation. Outside
+# sysexits' range (64-78), so it means nothing else.
+TOO_LATE_EXIT_CODE = 79
 # Signals no process can handle, and those that mean a fault rather than a request: never stop signals.
 UNHANDLEABLE = {signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL,
                 signal.SIGCHLD}

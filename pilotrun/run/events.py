@@ -66,6 +66,8 @@ SPIKE_SHAPES = {"spike_step": _INTEGER,
                 "action": ("a name", lambda v: isinstance(v, str)),
                 "replay": ("an object or null", lambda v: v is None or isinstance(v, dict)),
                 "cause": ("a name or null", lambda v: v is None or isinstance(v, str))}
+HANG_FOUND_SHAPES = {"hung_session": ("a session id", lambda v: isinstance(v, str)), "rank": _INTEGER,
+                     "stack_file": ("a path under hangs/", lambda v: isinstance(v, str))}
 ROLLBACK_SHAPES = {"restored_step": _INTEGER, "spike_step": _INTEGER, "skipped": _OBJECT,
                    "rolled_back": _OBJECT, "rollbacks": _INTEGER, "max_rollbacks": _INTEGER}
 
@@ -77,6 +79,9 @@ def _registered(*kinds: EventKind) -> dict[str, EventKind]:
 # In the order docs/RUN_RECORD.md describes them.
 EVENT_KINDS: dict[str, EventKind] = _registered(
     EventKind("session_start", mirrored=False, seconds_phase=None, shapes={}, check=None),
+    # an earlier session without a session_end that a rank's stack file shows hung, found at a session's start
+    # (run/hang_evidence.py)
+    EventKind("hang_found", mirrored=False, seconds_phase=None, shapes=HANG_FOUND_SHAPES, check=None),
     EventKind("train", mirrored=True, seconds_phase=None, shapes={}, check=None),
     EventKind("val", mirrored=True, seconds_phase="eval", shapes={}, check=None),
     EventKind("checkpoint", mirrored=True, seconds_phase="checkpoint", shapes={}, check=None),

@@ -525,8 +525,13 @@ def read_metrics_tolerant(run_dir: str | Path) -> ParsedMetrics:
 def recorded_seconds_per_update(run_dir: str | Path) -> list[float]:
     """The training-only seconds per update of each recorded `train` window, in record order (empty: no record
     yet): what the start-up checks measure a bound or a deadline against."""
+    return seconds_per_update_of(read_metrics_tolerant(run_dir).events)
+
+
+def seconds_per_update_of(events: list[dict[str, Any]]) -> list[float]:
+    """recorded_seconds_per_update's figures from events already read."""
     rates = []
-    for event in read_metrics_tolerant(run_dir).events:
+    for event in events:
         window = event.get("window") if isinstance(event.get("window"), dict) else {}
         seconds, attempted = window.get("train_seconds"), window.get("updates_attempted")
         counted = isinstance(seconds, float) and isinstance(attempted, int) and attempted > 0

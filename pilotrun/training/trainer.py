@@ -54,6 +54,7 @@ import torch
 from pilotrun.common.stop_signals import HUNG_EXIT_CODE, signal_name
 from pilotrun.config import DownstreamConfig, RunConfig, check_allow_change_keys
 from pilotrun.data.choice_tasks import read_choice_tasks
+from pilotrun.run.hang_evidence import unrecorded_hangs
 from pilotrun.run.record import HANGS_DIR, PHASES, read_metrics_tolerant, run_json_digests
 from pilotrun.run.sinks import (
     GuardedSink,
@@ -61,6 +62,7 @@ from pilotrun.run.sinks import (
     check_trackers_available,
     tracker_sinks,
 )
+from pilotrun.run.start_costs import last_recorded_save
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import Callback, Ending, LoopState
 from pilotrun.training.callbacks.checkpointing import CheckpointCallback
@@ -317,9 +319,9 @@ class Trainer:
                     "hung",
                     f"another rank hung (stacks in {', '.join(map(str, hung))}); here: {message}",
                 )
-            loop.log(
-                "session_end", reason=reason, message=message[:2000], time_split=self.account.time_split()
-            )
+            # the code the process ends with: an exception's traceback is Python's 1
+            loop.log("session_end", reason=reason, message=message[:2000],
+                     time_split=self.account.time_split(), exit_code=HUNG_EXIT_CODE if self.peer_hung else 1)
             session.record.end_session(session.session_id, reason=reason, chain_end=session.metrics.head)
             raise
         return self._end_session(loop, ending)
@@ -334,7 +336,8 @@ class Trainer:
             f"checkpoint is step {loop.last_checkpoint_step}: free space, then --resume"
         )
         with contextlib.suppress(OSError):
-            loop.log("session_end", reason="stopped", message=message, time_split=self.account.time_split())
+            loop.log("session_end", reason="stopped", message=message, time_split=self.account.time_split(),
+                     exit_code=1)
             session.record.end_session(session.session_id, reason="stopped", chain_end=session.metrics.head)
         loop.say(f"session_end: stopped at step {loop.step:,} ({message})")
         return TrainResult(
@@ -352,6 +355,9 @@ class Trainer:
             loop.say(line)
         for note in session.notes:
             loop.say(f"note: {note}")
+        # read before this session's first line: a stack file is an earlier session's if written before it
+        hangs = unrecorded_hangs(session.run_dir, read_metrics_tolerant(session.run_dir).events, self.began) \
+            if loop.is_main else []
         loop.log(
             "session_start",
             resumed_from=session.resumed_from,
@@ -361,6 +367,8 @@ class Trainer:
             max_steps=t.max_steps,
             tokens_per_microbatch=session.tokens_per_microbatch,
             metrics_repaired_bytes=session.metrics.repaired_bytes,
+            # the command's start to here: what a later start's deadline check counts as its set-up
+            setup_seconds=max(0.0, self.clock() - self.started_at),
             **({"restart": session.restart} if session.restart else {}),
             **(
                 {"resumed_checkpoint": self._resumed_marker()}
@@ -368,6 +376,10 @@ class Trainer:
                 else {}
             ),
         )
+        for hang in hangs:  # the stuck rank 0 recorded no ending: the record says it now
+            loop.log("hang_found", hung_session=hang.session_id, rank=hang.rank, stack_file=hang.path())
+            loop.say(f"note: session {hang.session_id} has no session_end, but rank {hang.rank} wrote its "
+                     f"stacks during it ({hang.path()}): it hung; recorded as hang_found")
 
     def _resumed_marker(self) -> dict[str, Any]:
         """What the marker of the checkpoint this session resumed from says of its making: the session that
@@ -382,7 +394,7 @@ class Trainer:
         self.session_ended = True
         split = self.account.time_split()
         loop.log("session_end", reason=ending.reason, message=ending.message, time_split=split,
-                 val_loss=loop.last_val_loss)
+                 val_loss=loop.last_val_loss, exit_code=ending.exit_code)
         session.record.end_session(session.session_id, reason=ending.reason, chain_end=session.metrics.head)
         phases = ", ".join(f"{phase} {split[f'{phase}_seconds']:.1f} s" for phase in PHASES)
         loop.say(f"session_end: {ending.reason} at step {loop.step:,} ({ending.message}); {phases} of "
@@ -399,7 +411,8 @@ class Trainer:
             return
         self.session_ended = True
         session.metrics.log("session_end", session.state.counters(), reason="hung", message=message[:2000],
-                            time_split=self.account.time_split(), val_loss=loop.last_val_loss)
+                            time_split=self.account.time_split(), val_loss=loop.last_val_loss,
+                            exit_code=HUNG_EXIT_CODE)
         session.metrics.fsync()
         session.record.end_session(session.session_id, reason="hung", chain_end=session.metrics.head)
 
@@ -415,15 +428,6 @@ def interrupted_at_once(loop: LoopState) -> Ending:
     return Ending("interrupted", 128 + signal.SIGINT,
                   "SIGINT (Ctrl-C), not one of this session's stop signals (--stop-signals): stopped at "
                   f"once, no checkpoint for step {loop.step:,}; {left}")
-
-
-def last_recorded_save(run_dir: Path) -> float | None:
-    """The blocking seconds of the run's last recorded save (None: it never saved), the deadline's measure of
-    the save a session owes before its own first."""
-    saves = [
-        e.get("seconds") for e in read_metrics_tolerant(run_dir).events if e.get("event") == "checkpoint"
-    ]
-    return next((float(s) for s in reversed(saves) if isinstance(s, int | float) and s >= 0), None)
 
 
 AUTO_HANG_BOUNDS = HangBounds()  # `--hang-timeout auto`

@@ -7,7 +7,8 @@ import datetime
 
 import pytest
 
-from pilotrun.common.deadline import check_room, parse_duration, parse_time, resolve_stop_by
+from pilotrun.common.deadline import TooLateToStart, check_room, parse_duration, parse_time, resolve_stop_by
+from pilotrun.common.stop_signals import TOO_LATE_EXIT_CODE
 
 NOW = 1_800_000_000.0
 
@@ -60,3 +61,23 @@ def test_room_for_one_update():
     check_room(NOW + 60, NOW, None)  # a run without a record yet: nothing to compare
     with pytest.raises(ValueError, match="less than one update"):
         check_room(NOW + 60, NOW, 61.0)
+
+
+def test_a_start_needs_its_set_up_one_update_and_a_save_before_the_deadline():
+    """On an injected clock (NOW): 10 s of set-up, 2 s an update, 5 s the last save need 17 s."""
+    costs = {"setup_seconds": 10.0, "save_seconds": 5.0}
+    check_room(NOW + 17.0, NOW, 2.0, **costs)
+    named = r"16\.9 s remain .* set-up \(10\.0 s.*update \(2\.0 s.*save \(5\.0 s"
+    with pytest.raises(TooLateToStart, match=named):
+        check_room(NOW + 16.9, NOW, 2.0, **costs)
+    check_room(NOW + 12.0, NOW, 2.0, setup_seconds=10.0)  # a run that never saved: no save to count
+    with pytest.raises(TooLateToStart, match="not started in this allocation"):
+        check_room(NOW + 11.9, NOW, 2.0, setup_seconds=10.0)
+    check_room(NOW + 1.0, NOW, None, **costs)  # nothing recorded: nothing to compare
+
+
+def test_a_start_too_late_has_its_own_exit_code_not_bad_input_s():
+    with pytest.raises(TooLateToStart) as refused:
+        check_room(NOW + 60, NOW, 61.0)
+    assert refused.value.exit_code == TOO_LATE_EXIT_CODE == 79
+    assert TOO_LATE_EXIT_CODE not in (0, 1, 2, 75, 124) and not 128 < TOO_LATE_EXIT_CODE < 160

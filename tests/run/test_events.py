@@ -44,13 +44,13 @@ def half_registrations() -> list[str]:
 
 
 def test_every_event_kind_is_registered_whole():
-    assert tuple(EVENT_KINDS) == ("session_start", "train", "val", "checkpoint", "overflow", "data_restart",
-                                  "qk_clip", "spike", "rollback", "shard_check", "downstream", "evaluation",
-                                  "session_end")
+    assert tuple(EVENT_KINDS) == ("session_start", "hang_found", "train", "val", "checkpoint", "overflow",
+                                  "data_restart", "qk_clip", "spike", "rollback", "shard_check", "downstream",
+                                  "evaluation", "session_end")
     assert mirror.MIRRORED_EVENTS == ("train", "val", "checkpoint", "overflow", "downstream", "evaluation")
     assert {n: k.seconds_phase for n, k in EVENT_KINDS.items() if k.seconds_phase} == {
         "val": "eval", "checkpoint": "checkpoint", "downstream": "eval"}
-    assert sorted(record.FIELD_SHAPES) == ["rollback", "spike"]
+    assert sorted(record.FIELD_SHAPES) == ["hang_found", "rollback", "spike"]
     assert [n for n, k in EVENT_KINDS.items() if k.check] == ["qk_clip"]
     assert half_registrations() == []
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -141,4 +142,46 @@ def test_a_stalled_rank_is_ended_hung_on_every_rank_and_torchrun_restarts_it_exa
     sessions = json.loads((run_dir / "run.json").read_text())["sessions"]
     assert [s.get("end_reason") for s in sessions] == ["hung", "completed"]
     assert [s["resumed_from"] for s in sessions] == [None, 20]
+    assert_same_as_straight(run_dir, straight)
+
+
+def test_rank_0_stuck_is_recorded_hung_by_the_next_start_and_the_rerun_finishes_exactly(
+    builtin_data_dir, tmp_path, straight
+):
+    """Rank 0 SIGSTOPped (its watchdog stopped with it): rank 1's watchdog writes its stacks and exits 124,
+    rank 0 records nothing and is killed (as SLURM's KillWait would). The same argv run again records, before
+    it trains, that the first session hung (`hang_found`: the session, rank 1, the stack file), and finishes
+    the run bit for bit as one that never stopped."""
+    from tests.scenarios.test_scheduler_endings import alive, children, rank_of, wait_for
+    from tests.scenarios.test_scheduler_endings import events as events_so_far
+
+    run_dir = tmp_path / "run"
+    argv = command(builtin_data_dir, run_dir) + ["--hang-timeout", "5,600"]  # the last given is the one taken
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    launcher = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+    wait_for(lambda: sum(e["event"] == "train" for e in events_so_far(run_dir)) >= 12, 300, "12 updates",
+             launcher)
+    ranks = {rank_of(pid): pid for pid in children(launcher.pid)}
+    os.kill(ranks[0], signal.SIGSTOP)
+    wait_for(lambda: not alive(ranks[1]), 120, "rank 1's exit", launcher)
+    os.kill(ranks[0], signal.SIGKILL)
+    out = launcher.communicate(timeout=120)[0]
+    assert launcher.returncode != 0 and "exiting with 124" in out, out[-3000:]
+    (stacks,) = sorted((run_dir / "hangs").iterdir())
+    first = events(run_dir)[0]["session_id"]
+    assert not any(e["event"] == "session_end" for e in events(run_dir))
+
+    done = run(argv)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = [e for e in events(run_dir) if e["event"] == "hang_found"]
+    assert [(e["hung_session"], e["rank"], e["stack_file"]) for e in found] == [
+        (first, 1, f"hangs/{stacks.name}")]
+    kinds = [(e["event"], e["session_id"]) for e in events(run_dir)]
+    at = kinds.index(("hang_found", found[0]["session_id"]))
+    assert kinds[at - 1] == ("session_start", found[0]["session_id"]) and found[0]["session_id"] != first
+    assert f"note: session {first} has no session_end, but rank 1 wrote its stacks" in done.stdout
+    summary = run([sys.executable, "-m", "pilotrun", "summarize", str(run_dir), "--json"])
+    assert summary.returncode == 0, summary.stdout[-3000:]
+    assert json.loads(summary.stdout)["overall"]["session_ends"]["hung"] == 1
     assert_same_as_straight(run_dir, straight)

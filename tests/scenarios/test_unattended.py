@@ -25,7 +25,7 @@ import pilotrun.training.callbacks.checkpointing as checkpointing
 import pilotrun.training.loop as loop_module
 import pilotrun.training.trainer as trainer_module
 from pilotrun.commands.cli import main
-from pilotrun.common.stop_signals import DEADLINE_EXIT_CODE, HUNG_EXIT_CODE
+from pilotrun.common.stop_signals import DEADLINE_EXIT_CODE, HUNG_EXIT_CODE, TOO_LATE_EXIT_CODE
 from pilotrun.training.callbacks.evaluation import EvalCallback
 from pilotrun.training.callbacks.hang_watchdog import HangWatchdog
 from pilotrun.training.checkpoint.checkpointer import Checkpointer
@@ -277,10 +277,31 @@ def test_slurm_job_end_time_is_the_default_deadline(builtin_data_dir, tmp_path, 
 def test_a_deadline_shorter_than_one_recorded_update_is_refused(
     builtin_data_dir, straight, capsys, monkeypatch
 ):
-    import pilotrun.commands.cli as cli
+    import pilotrun.run.start_costs as start_costs
 
-    monkeypatch.setattr(cli, "_recorded_seconds_per_update", lambda run_dir: 3600.0)
+    slow = start_costs.StartCosts([3600.0], [], None)
+    monkeypatch.setattr(start_costs, "read_start_costs", lambda run_dir: slow)
     before = folder_digest(straight)
-    assert main(argv(builtin_data_dir, straight, "--stop-by", "30m")) == 2
-    assert "less than one update of this run" in capsys.readouterr().err
+    # its own code (not bad input's 2): not to be retried in this allocation
+    assert main(argv(builtin_data_dir, straight, "--stop-by", "30m")) == TOO_LATE_EXIT_CODE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "less than one update of this run" in err[0]
+    assert folder_digest(straight) == before
+
+
+def test_a_deadline_closer_than_the_set_up_an_update_and_a_save_is_refused(
+    builtin_data_dir, straight, capsys, monkeypatch
+):
+    """The start check counts the run's recorded set-up (here made an hour) before its update and its save."""
+    import pilotrun.run.start_costs as start_costs
+
+    recorded = start_costs.read_start_costs(straight)
+    assert recorded.seconds_per_update and recorded.last_save is not None
+    monkeypatch.setattr(start_costs, "read_start_costs", lambda run_dir: start_costs.StartCosts(
+        recorded.seconds_per_update, [3600.0, 4000.0], recorded.last_save))
+    before = folder_digest(straight)
+    assert main(argv(builtin_data_dir, straight, "--stop-by", "30m")) == TOO_LATE_EXIT_CODE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "set-up (3600.0 s, the run's fastest)" in err[0], err
+    assert "not started in this allocation (exit 79)" in err[0]
     assert folder_digest(straight) == before

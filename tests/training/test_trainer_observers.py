@@ -56,8 +56,9 @@ VARYING = {
     "background_seconds",
     "total_seconds",
     "waited_seconds",
-    "hashed_at",
-}  # a shard check's wall time, like `time`
+    "hashed_at",  # a shard check's wall time, like `time`
+    "setup_seconds",  # a session_start's: the command's start to the line
+}
 
 
 def config(*overrides: str):

@@ -35,6 +35,7 @@ from pilotrun.report.projection.band import PART_PAIRS, elapsed_band, observed
 from pilotrun.report.record_check.spike_history import replay_seconds
 from pilotrun.report.record_check.time_split import read_time_split
 from pilotrun.run.record import is_finite_number
+from pilotrun.run.start_costs import first_window_start
 
 # The ledger's parts, in the order they are printed and drawn.
 PARTS = (
@@ -111,16 +112,10 @@ def _train_seconds(events: list[dict[str, Any]]) -> float:
 
 
 def _first_window_start(events: list[dict[str, Any]]) -> float | None:
-    """When the session's first train window began: its line's time less the window's wall seconds."""
-    for e in events:
-        if (
-            e.get("event") == "train"
-            and isinstance(e.get("window"), dict)
-            and is_finite_number(e.get("time"))
-            and is_finite_number(e["window"].get("wall_seconds"))
-        ):
-            return float(e["time"]) - float(e["window"]["wall_seconds"])
-    return None
+    """When the session's first train window began: its line's time less the window's wall seconds (the same
+    reading as the start checks' set-up, run/start_costs.py)."""
+    starts = (first_window_start(e) for e in events if e.get("event") == "train")
+    return next((start for start in starts if start is not None), None)
 
 
 def time_ledger(

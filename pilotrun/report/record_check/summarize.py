@@ -51,7 +51,6 @@ from pilotrun.report.record_check.evaluations import (
     reconcile_evaluations,
     require_evaluations,
 )
-from pilotrun.report.record_check.hang_evidence import hung_without_an_end
 from pilotrun.report.record_check.interruptions import (
     against_mtbf,
     costs,
@@ -79,8 +78,9 @@ from pilotrun.report.record_check.time_split import (
 )
 from pilotrun.run.changes import RecipeChange, recipe_changes_in_history
 from pilotrun.run.folder_lock import live_holder
+from pilotrun.run.hang_evidence import hung_without_an_end, recorded_hangs
 from pilotrun.run.recipe_lock import describe_frozen_status, frozen_candidate_status, lock_projection_of
-from pilotrun.run.record import HANGS_DIR, Counters, is_finite_number, record_integrity_problems
+from pilotrun.run.record import Counters, is_finite_number, record_integrity_problems
 from pilotrun.run.run_folder import RunFolder
 
 
@@ -115,6 +115,28 @@ class Summary:
             "overall": dict(self.overall),
             "sessions": [dataclasses.asdict(s) for s in self.sessions],
         }
+
+
+def _count_hangs(run_dir: Path, sessions: list[SessionSummary], starts: dict[str, float],
+                 events: list[dict[str, Any]]) -> list[str]:
+    """Sessions without a session_end that a rank's stack file shows hung (run/hang_evidence.py: the files, or
+    the `hang_found` event a later session's start recorded) are counted hung, each with a note."""
+    ended = [(s.session_id, s.end_reason is not None) for s in sessions]
+    by_files = hung_without_an_end(run_dir, ended, starts)
+    recorded = recorded_hangs(events)
+    notes = []
+    for summary in sessions:
+        evidence = by_files.get(summary.session_id) or recorded.get(summary.session_id)
+        if summary.end_reason is not None or evidence is None:
+            continue
+        summary.end_reason = "hung"
+        told = "; a later session's start recorded it (hang_found)" if summary.session_id in recorded else ""
+        notes.append(
+            f"session {summary.session_id}: no session_end, but a rank wrote its stacks during it "
+            f"({evidence.path()}, rank {evidence.rank}{told}): it hung (the stuck rank recorded nothing), "
+            "counted as hung, not killed"
+        )
+    return notes
 
 
 def _find_resume_point(index: int, resumed_from: int, start: Counters, order: list[str],
@@ -314,12 +336,7 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
     if sessions:
         sessions[-1].latest = True
     starts = {sid: checked[sid]["start_time"] for sid in order}
-    for sid, stacks in hung_without_an_end(Path(run_dir), sessions, starts).items():
-        next(s for s in sessions if s.session_id == sid).end_reason = "hung"
-        notes.append(
-            f"session {sid}: no session_end, but a rank wrote its stacks during it ({HANGS_DIR}/{stacks}): "
-            "it hung (the stuck rank recorded nothing), counted as hung, not killed"
-        )
+    notes.extend(_count_hangs(Path(run_dir), sessions, starts, [e for sid in order for e in groups[sid]]))
     # A spike's rollback cuts the kept history at the checkpoint it restored
     # (report/record_check/spike_history.py).
     kept_events, undone = split_rollbacks(kept_events)

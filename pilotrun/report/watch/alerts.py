@@ -40,7 +40,8 @@ again, a rule when it passes again, a killed session when a resume starts). The 
   or, against a lock, below the pilot's figure on the same task file at or past the pilot's step; cleared when
   it is not;
 - `hung`: a session the hang watchdog ended (reason `hung`: no progress on some rank past its bound, every
-  thread's stack in RUN/hangs/), raised once per such session (so --on-alert hears of each, also when torchrun
+  thread's stack in RUN/hangs/), or one a later session's start found hung (`hang_found`: rank 0 was the stuck
+  one and recorded no ending), raised once per such session (so --on-alert hears of each, also when torchrun
   or the requeue restarts it at once) and cleared by the next train window;
 - `restarts`: the run's interruptions (interrupted, hung, error, killed sessions: interruptions.py) are more
   than the lock's MTBF makes likely (`freeze --mtbf`; the lock given, else the one the run was started from):
@@ -146,6 +147,15 @@ def busier(rate: float, share: float | None, low: float, pilot_share: Any, ratio
     if not is_finite_number(pilot_share) or pilot_share <= 0 or share is None or share <= 0:
         return False
     return share < ratio * pilot_share or rate / share >= low / pilot_share
+
+
+def hang_found_alert(event: dict[str, Any], now: float) -> Alert:
+    """A session whose stuck rank 0 recorded no ending, found hung by a later session's start."""
+    hung, sid = event["hung_session"], event.get("session_id")
+    return Alert("hung", f"hung:{hung}",
+                 f"session {hung} hung (no session_end: rank {event.get('rank')} wrote its stacks, "
+                 f"{event.get('stack_file')}; found by session {sid}'s start)",
+                 event.get("step"), "hung", "progress within the hang bound", sid, now)
 
 
 class Watcher:
@@ -330,6 +340,8 @@ class Watcher:
                     sid,
                     now,
                 )
+        elif kind == "hang_found" and isinstance(event.get("hung_session"), str):
+            found[f"hung:{event['hung_session']}"] = hang_found_alert(event, now)
         elif kind == "train":
             # trained on
             cleared.update(k for k in self.active if k.startswith(("spike:", "rollback:", "hung:")))

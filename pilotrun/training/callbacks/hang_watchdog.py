@@ -56,7 +56,8 @@ from typing import Any
 from pilotrun.common.deadline import parse_duration
 from pilotrun.common.files import plain_folder, write_text_atomic
 from pilotrun.common.stop_signals import HUNG_EXIT_CODE
-from pilotrun.run.record import HANGS_DIR, recorded_seconds_per_update
+from pilotrun.run.record import HANGS_DIR
+from pilotrun.run.start_costs import StartCosts
 from pilotrun.training.callbacks.base import Callback, LoopState
 
 STARTUP_SECONDS = 1800.0  # auto: the set-up and the first stretch of each kind (a compile, a first save)
@@ -66,6 +67,12 @@ PROCESS_GROUP_MARGIN = 60.0  # the process group's timeout exceeds the largest b
 RECORD_SECONDS = 30.0  # the longest the hung session's record may take before the process exits regardless
 # a hung rank waits this long (at most half its bound) before it exits: see the docstring
 GRACE_SECONDS = 10.0
+# A fixed bound with nothing recorded to measure it against is refused below these: a healthy update (a
+# Python garbage collection, a record's fsync, a busy machine's scheduling) can pause a rank for a good part
+# of a second, and a set-up (torch's import, the process group, the data and the model) takes tens of seconds
+# on a cluster's shared file system. Once the record holds an update and a set-up, those measure the bounds.
+STEADY_FLOOR_SECONDS = 1.0
+STARTUP_FLOOR_SECONDS = 60.0
 PRIORITY_HANG = -20  # outside the profiler: an update attempt's progress points bracket all of it
 KINDS = ("startup", "update", "eval", "checkpoint", "other", "teardown")
 PHASE_KINDS = {"eval": "eval", "checkpoint": "checkpoint"}  # time-account phases that are their own stretch
@@ -131,23 +138,40 @@ def parse_hang_timeout(text: str) -> HangBounds | None:
     return HangBounds(steady=steady, startup=max(startup, steady))
 
 
-def slowest_recorded_update(run_dir: str | Path) -> float | None:
-    """The slowest training seconds per update of the run's recorded `train` windows (None: no record yet)."""
-    return max(recorded_seconds_per_update(run_dir), default=None)
-
-
-def check_bounds_fit(bounds: HangBounds | None, run_dir: str | Path) -> None:
-    """A fixed bound below an update this run has already taken would end every session hung after its first
-    updates, with nothing saved, and a scheduler would requeue it for ever: refused (ValueError), as a
-    deadline too close to train anything is."""
+def check_bounds_fit(bounds: HangBounds | None, recorded: StartCosts) -> None:
+    """A fixed bound that a healthy session would pass ends every session hung with nothing saved, and a
+    scheduler requeues it for ever: refused (ValueError), as a deadline too close to train anything is. The
+    steady bound against the slowest update the run has recorded, the start-up bound against its slowest
+    recorded set-up; with nothing recorded, each against its floor (`STEADY_FLOOR_SECONDS`,
+    `STARTUP_FLOOR_SECONDS`). `recorded`: the run's record (start_costs.read_start_costs)."""
     if bounds is None or bounds.steady is None:
         return
-    slowest = slowest_recorded_update(run_dir)
+    slowest = max(recorded.seconds_per_update, default=None)
     if slowest is not None and bounds.steady < slowest:
         raise ValueError(
             f"--hang-timeout: the bound {bounds.steady:g} s is below an update this run has taken "
             f"({slowest:.2f} s, its slowest recorded): every session would end hung; choose auto or "
             "a bound well above it"
+        )
+    if slowest is None and bounds.steady < STEADY_FLOOR_SECONDS:
+        raise ValueError(
+            f"--hang-timeout: the bound {bounds.steady:g} s is below {STEADY_FLOOR_SECONDS:g} s, and this "
+            "run has recorded no update to measure it against: a healthy update would read as a hang; choose "
+            "auto or a bound well above an update of this recipe"
+        )
+    setups = recorded.setup_seconds
+    if setups and bounds.startup < max(setups):
+        raise ValueError(
+            f"--hang-timeout: the start-up bound {bounds.startup:g} s is below a set-up this run has taken "
+            f"({max(setups):.1f} s, its slowest recorded): every session would end hung before its first "
+            "update; choose auto or a start-up bound well above it (STEADY,STARTUP)"
+        )
+    if not setups and bounds.startup < STARTUP_FLOOR_SECONDS:
+        raise ValueError(
+            f"--hang-timeout: the start-up bound {bounds.startup:g} s is below {STARTUP_FLOOR_SECONDS:g} s, "
+            "and this run has recorded no set-up to measure it against: importing torch, opening the "
+            "process group and building the model take tens of seconds on a cluster; choose auto or a "
+            "start-up bound of minutes (STEADY,STARTUP)"
         )
 
 

@@ -190,6 +190,24 @@ def test_a_hung_session_is_an_alert_raised_once_even_when_restarted_at_once(tmp_
     assert watcher.check() == ([], [])  # not raised again
 
 
+def test_a_hang_found_by_the_next_start_is_the_hung_session_s_alert(tmp_path):
+    """Rank 0 was the stuck one: the session has no session_end, and the next start's hang_found names it."""
+    run = SyntheticRun(tmp_path / "r")
+    run.start_session()
+    run.train_until(33)
+    run.kill()
+    run.pause(5.0)
+    run.resume()
+    run._emit("hang_found", hung_session="s1", rank=1, stack_file="hangs/20261207T000000Z-rank1.txt")
+    run.train_until(38)
+    watcher = Watcher(run.write(), clock=lambda: run.clock, holder=lambda _: {"pid": 1})
+    new, _ = watcher.check()
+    assert [(a.kind, a.key, a.session_id) for a in new] == [("hung", "hung:s1", "s2")]
+    assert "session s1 hung (no session_end: rank 1 wrote its stacks, hangs/20261207T000000Z-rank1.txt" \
+        in new[0].message
+    assert watcher.check() == ([], [])  # not raised again
+
+
 @pytest.mark.parametrize("mtbf_hours, alert", [(10.0, True), (0.001, False)])
 def test_interruptions_more_than_the_lock_s_mtbf_makes_likely_are_an_alert(tmp_path, mtbf_hours, alert):
     run = SyntheticRun(tmp_path / "r")

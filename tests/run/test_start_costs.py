@@ -1,0 +1,45 @@
+"""pilotrun/run/start_costs.py: a session's set-up, from its command's start to its first train window, read
+from the record; the run's last save."""
+
+from __future__ import annotations
+
+import json
+
+from pilotrun.run.start_costs import (
+    StartCosts,
+    last_recorded_save,
+    read_start_costs,
+    recorded_setup_seconds,
+    setup_seconds_of,
+)
+
+
+def window(time: float, wall: float, sid: str = "a") -> dict:
+    return {"event": "train", "time": time, "session_id": sid, "window": {"wall_seconds": wall}}
+
+
+def test_set_up_runs_from_the_command_s_start_to_the_first_window():
+    events = [
+        {"event": "session_start", "time": 100.0, "session_id": "a", "setup_seconds": 7.5},
+        window(110.0, 4.0), window(120.0, 10.0),  # the first window began at 106: 6 s after the line
+        {"event": "session_end", "time": 121.0, "session_id": "a"},
+        {"event": "session_start", "time": 200.0, "session_id": "b"},  # written before setup_seconds
+        window(203.25, 1.0, "b"),
+        {"event": "session_start", "time": 300.0, "session_id": "c", "setup_seconds": 3.0},  # never trained
+    ]
+    assert setup_seconds_of(events) == [13.5, 2.25]
+
+
+def test_read_from_a_run_folder(tmp_path):
+    lines = [{"event": "session_start", "time": 10.0, "session_id": "a", "setup_seconds": 1.0},
+             window(14.0, 2.0),
+             {"event": "checkpoint", "time": 15.0, "session_id": "a", "seconds": 0.75},
+             {"event": "checkpoint", "time": 16.0, "session_id": "a", "seconds": 0.5}]
+    counters = {"step": 0, "tokens_seen": 0, "updates_attempted": 0, "updates_skipped": 0}
+    text = "".join(json.dumps({**line, **counters}) + "\n" for line in lines)
+    (tmp_path / "metrics.jsonl").write_text(text)
+    assert recorded_setup_seconds(tmp_path) == [3.0]
+    assert last_recorded_save(tmp_path) == 0.5
+    assert read_start_costs(tmp_path) == StartCosts([], [3.0], 0.5)  # the window holds no update
+    assert recorded_setup_seconds(tmp_path / "none") == [] and last_recorded_save(tmp_path / "none") is None
+    assert read_start_costs(tmp_path / "none") == StartCosts([], [], None)
