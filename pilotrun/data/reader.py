@@ -235,6 +235,14 @@ class TokenDataset:
         return Tokenizer.from_file(self.tokenizer_path)
 
 
+def batches_per_pass(split_tokens: int, seq_len: int, windows_per_batch: int) -> int:
+    """Global batches of `windows_per_batch` windows that one pass over a split of `split_tokens` tokens
+    serves (the incomplete tail dropped): the loaders' pass, and what the plan and the verdict count passes
+    in (a mixture's source restarts alone, by its windows: `windows_per_batch` 1)."""
+    windows = (split_tokens - 1) // seq_len if split_tokens > seq_len else 0
+    return windows // windows_per_batch
+
+
 def windows_needed_tokens(batch_size: int, seq_len: int, world_size: int) -> int:
     """Tokens a split needs for one global batch in the window layout above: G windows of seq_len + 1 tokens
     that overlap by one, so G * seq_len + 1."""
@@ -327,8 +335,7 @@ class BatchLoader:
         self.split, self.batch_size, self.seq_len, self.mode = split, batch_size, seq_len, mode
         self.rank, self.world_size = rank, world_size
         self.global_batch_windows = batch_size * world_size
-        windows = (split.num_tokens - 1) // seq_len if split.num_tokens > seq_len else 0
-        self.batches_per_epoch = windows // self.global_batch_windows
+        self.batches_per_epoch = batches_per_pass(split.num_tokens, seq_len, self.global_batch_windows)
         if self.batches_per_epoch == 0:
             raise DataError(
                 f"the {split.name} split has {split.num_tokens} tokens: fewer than one global batch of "
