@@ -288,11 +288,15 @@ def _add_summarize(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_summarize(args: argparse.Namespace) -> int:
+    from pilotrun.commands.card import write_card
     from pilotrun.report.record_check.summarize import format_summary, summarize_run, summary_json
 
     required = [task.strip() for task in args.require_eval.split(",") if task.strip()]
     summary = summarize_run(args.run_dir, require_step=args.require_step, require_eval=required)
     print(summary_json(summary) if args.json else terminal_safe(format_summary(summary)))
+    card = write_card(summary, "pilotrun summarize")
+    if card is not None and not args.json:  # --json keeps stdout one JSON document
+        print(terminal_safe(f"report card: {card}"))
     return 0 if summary.valid else 1
 
 

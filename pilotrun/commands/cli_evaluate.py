@@ -45,11 +45,14 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
 def _run_evaluate(args: argparse.Namespace) -> int:
     import json
 
+    from pilotrun.commands.card import refresh_card
     from pilotrun.commands.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(args.run_dir, args.tasks, step=args.step, harness=args.harness,
                                  data_dir=args.data, limit=args.limit, shots=args.shots, seed=args.seed,
                                  device=args.device)
+    # the report card again, with this evaluation in it (summarize writes it the same way)
+    card = refresh_card(args.run_dir, "pilotrun evaluate")
     if args.json:
         print(json.dumps(result, sort_keys=True, default=str))
         return 0
@@ -60,5 +63,6 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         # A task's name is its file's stem: quoted on one line, never as commands to the terminal.
         print(one_line(f"{name}: acc {acc:.4f}, acc_norm {norm:.4f}{against} over {figures.get('examples')} "
                        f"examples (step {result['step']}, {result['harness']} {result['harness_version']})"))
-    print(one_line(f"written: {result['written']}; an evaluation event appended to metrics.jsonl"))
+    print(one_line(f"written: {result['written']}; an evaluation event appended to metrics.jsonl"
+                   + (f"; report card: {card}" if card is not None else "")))
     return 0
