@@ -30,16 +30,10 @@ from pilotrun.data.mixture import (
     mixture_identity,
     parse_mixture,
 )
-from pilotrun.data.reader import (
-    MODES,
-    TokenDataset,
-    TokenSplit,
-    batches_per_pass,
-    check_data_fits_recipe,
-    open_dataset,
-)
+from pilotrun.data.reader import MODES, TokenDataset, TokenSplit, check_data_fits_recipe, open_dataset
 from pilotrun.data.shards import load_manifest, metadata_sha256
 from pilotrun.data.stream import SPLITS
+from pilotrun.data.windows import batches_per_pass
 
 
 class MixedDataset:

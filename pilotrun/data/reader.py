@@ -31,6 +31,7 @@ from pilotrun.common.errors import DataError
 from pilotrun.common.files import sha256_of_file
 from pilotrun.data.shards import TOKENIZER_FILE, check_shard, load_manifest, metadata_sha256
 from pilotrun.data.stream import SPLITS
+from pilotrun.data.windows import batches_per_pass
 
 MODES = ("successive", "repeat_batch")
 
@@ -233,14 +234,6 @@ class TokenDataset:
         from tokenizers import Tokenizer
 
         return Tokenizer.from_file(self.tokenizer_path)
-
-
-def batches_per_pass(split_tokens: int, seq_len: int, windows_per_batch: int) -> int:
-    """Global batches of `windows_per_batch` windows that one pass over a split of `split_tokens` tokens
-    serves (the incomplete tail dropped): the loaders' pass, and what the plan and the verdict count passes
-    in (a mixture's source restarts alone, by its windows: `windows_per_batch` 1)."""
-    windows = (split_tokens - 1) // seq_len if split_tokens > seq_len else 0
-    return windows // windows_per_batch
 
 
 def windows_needed_tokens(batch_size: int, seq_len: int, world_size: int) -> int:

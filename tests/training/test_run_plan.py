@@ -13,7 +13,8 @@ import pytest
 
 from pilotrun.config import load_run_config
 from pilotrun.data.mixed_reader import open_data
-from pilotrun.data.reader import batches_per_pass, open_dataset
+from pilotrun.data.reader import open_dataset
+from pilotrun.data.windows import batches_per_pass
 from pilotrun.model.accounting import count_parameters, flops_per_token
 from pilotrun.report.record_check.mixture_account import source_passes
 from pilotrun.report.record_check.summarize import summarize_run

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pilotrun.data.reader import batches_per_pass
+from pilotrun.data.windows import batches_per_pass
 from pilotrun.run.record import COUNTER_KEYS
 
 TRAIN_FIELDS = ("tokens_by_source", "tokens_seen_by_source")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pilotrun.data.reader import batches_per_pass
+from pilotrun.data.windows import batches_per_pass
 from pilotrun.report.record_check.mixture_account import source_passes, sources_of
 from pilotrun.report.verdict.thresholds import FAIL, PASS, WARN, Finding, Thresholds
 
