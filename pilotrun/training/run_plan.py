@@ -10,9 +10,10 @@ left with its end.
 Passes are counted as the loaders read: one pass over a folder's training split is `batches_per_pass` global
 batches (data/reader.py, the incomplete tail dropped), the same figure the verdict's data_passes rule divides
 by; a mixture's source restarts alone by its windows, and the rows each source serves up to the planned
-update are the mixture's own schedule (data/mixture.py's `rows_before`), so the plan names what the run will
-read, not an estimate from the weights. Batches a rollback or `train.skip_data` steps over are read in
-addition, and are not in the plan.
+update are the mixture's own schedule (data/mixture.py's `rows_planned`), so the plan names what the run will
+read, not an estimate from the weights (to the row; within a row per source where a source is owed less than a
+row a batch, which the schedule would have to walk batch by batch: 10 s for 200,000 batches). Batches a
+rollback or `train.skip_data` steps over are read in addition, and are not in the plan.
 
 The wall time left: from the lock's projection (its `total_wall` for its target, scaled to the updates left)
 when the run was started from a lock that has one, else from the record of the earlier sessions (the median
@@ -42,7 +43,7 @@ def data_plan(loader: BatchLoader | MixedLoader, run: dict[str, Any], max_steps:
         return {**planned, "passes": None,
                 "why": f"data_mode repeat_batch: one batch read {planned['global_batches']} times"}
     if isinstance(loader, MixedLoader):
-        rows = loader.rows_served(planned["global_batches"])
+        rows, exact = loader.schedule.rows_planned(planned["global_batches"])
         sources = []
         for source, served, windows in zip(run["data"]["sources"], rows, loader.windows, strict=True):
             sources.append({"name": source["name"], "weight": source["weight"],
@@ -50,9 +51,10 @@ def data_plan(loader: BatchLoader | MixedLoader, run: dict[str, Any], max_steps:
                             "pass_tokens": windows * loader.seq_len, "tokens": served * loader.seq_len,
                             "passes": served / windows})
         passes = max(s["passes"] for s in sources)
+        how = "" if exact else " (within a row of each: a source owed under a row a batch)"
         return {**planned, "passes": passes, "sources": sources, "seed": run["data"]["mixture"]["seed"],
-                "why": "per source: its rows up to the planned update by the mixture's schedule, over its "
-                "windows; passes: the most-read source's"}
+                "exact": exact, "why": f"per source: its rows up to the planned update by the mixture's "
+                f"schedule{how}, over its windows; passes: the most-read source's"}
     per_batch = loader.global_batch_windows * loader.seq_len
     pass_tokens = loader.batches_per_epoch * per_batch
     return {**planned, "passes": planned["tokens"] / pass_tokens, "pass_tokens": pass_tokens,

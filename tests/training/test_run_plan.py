@@ -81,6 +81,7 @@ def test_a_mixtures_plan_names_each_sources_tokens_as_the_run_then_reads_them(mi
     run_dir = tmp_path / "run"
     out, _ = train(mixture, run_dir, "train.max_steps=5", "train.gradient_accumulation_steps=2")
     plan = read_run_json(run_dir)["plan"]["data"]
+    assert plan["exact"]  # every source owed a row a batch or more: the schedule's rows, not walked
     last = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
             if json.loads(line)["event"] == "train"][-1]
     assert {s["name"]: s["tokens"] for s in plan["sources"]} == last["tokens_seen_by_source"]

@@ -134,6 +134,11 @@ def test_a_frozen_run_with_a_resume_and_an_evaluation(builtin_data_dir, tmp_path
     assert table["free changes on resume"][0].startswith("train.max_steps 4 -> 6 from update 5")
     sessions = section(card, "Sessions and interruptions")
     assert "2 session(s), 1 resume(s)" in sessions
+    # the resumed session's plan named the lock and what it accepted
+    plan = summary.run["plan"]
+    assert plan["session_id"] == summary.lineage[-1] and plan["start_step"] == 4
+    assert plan["lock"] == {"lock_sha256": frozen["lock_sha256"], "pilot_run_id": frozen["pilot_run_id"],
+                            "allowed": ["train.max_steps"], "differences": frozen["differences"]}
     # summarize writes the same card but for who wrote it
     assert main(["summarize", str(long)]) == 0
     assert (long / CARD_NAME).read_text() == report_card(summary)
