@@ -59,7 +59,7 @@ def data_plan(loader: BatchLoader | MixedLoader, run: dict[str, Any], max_steps:
     pass_tokens = loader.batches_per_epoch * per_batch
     return {**planned, "passes": planned["tokens"] / pass_tokens, "pass_tokens": pass_tokens,
             "train_tokens": run["data"]["train"]["tokens"],
-            "why": f"one pass = {loader.batches_per_epoch} global batches of {per_batch} tokens"}
+            "why": f"one pass = {loader.batches_per_epoch:,} global batches of {per_batch:,} tokens"}
 
 
 def wall_plan(run: dict[str, Any], start_step: int, max_steps: int, seconds_per_update: list[float],
@@ -116,7 +116,7 @@ def run_plan(run: dict[str, Any], loader: BatchLoader | MixedLoader, *, session_
 def _duration(seconds: float) -> str:
     minutes = round(seconds / 60)
     if minutes < 1:
-        return f"{seconds:.0f} s"
+        return f"{seconds:.3g} s"
     return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
 
 

@@ -125,3 +125,19 @@ def test_the_block_names_the_locks_accepted_differences_and_a_repeated_batch():
     assert lines[2] == ("plan: lock abababababab (pilot run-1); accepted differences: train.max_steps 200 -> "
                         "2000")
     assert lines[3] == f"plan: wall time {UNKNOWN_WALL}"
+
+
+def test_the_wall_line_gives_the_time_left_its_band_and_its_end():
+    wall = wall_plan({"frozen": {"lock_projection": {"target_steps": 100, "total_wall": {
+        "seconds": 4500.0, "band": [3600.0, 7200.0]}}}}, 0, 100, [], now=0.0)
+    plan = {"model": {"parameters": 1, "active_parameters": 1, "flops_per_token": 6.0},
+            "data": {"tokens": 8, "updates": 1, "global_batches": 1, "passes": 0.5, "train_tokens": 17,
+                     "why": "one pass = 2 global batches of 8 tokens"}, "lock": None, "wall": wall}
+    assert plan_lines(plan)[1] == ("plan: 8 tokens in 1 updates = 0.5 passes over the training split (17 "
+                                   "tokens; one pass = 2 global batches of 8 tokens)")
+    assert plan_lines(plan)[2] == (
+        "plan: wall time left 1 h 15 min (band 1 h 00 min .. 2 h 00 min), ending about "
+        "1970-01-01T01:15:00+00:00 (the lock's projection: total_wall 4500 s for its 100 updates, scaled to "
+        "the 100 left)")
+    wall["seconds"], wall["band"] = 0.18, None
+    assert plan_lines(plan)[2].startswith("plan: wall time left 0.18 s, ending about")

@@ -114,21 +114,32 @@ def loss_section(summary: Summary) -> list[str]:
     return ["## Losses", *_table(rows)]
 
 
+def _scores(f: dict[str, Any]) -> str:
+    return " | ".join(_n(f.get(k)) for k in ("acc", "acc_norm", "chance", "examples"))
+
+
 def evaluation_section(summary: Summary) -> list[str]:
     entries = summary.overall.get("evaluations") or []
+    lines = ["## Evaluations"]
     if not entries:
-        return ["## Evaluations", "No evaluation on the record: `pilotrun evaluate RUN --tasks ...` scores a "
-                "committed checkpoint and writes this card again (summarize overall.evaluations is empty)."]
-    lines = ["## Evaluations", "From summarize overall.evaluations (each an `evaluation` event of "
-             "metrics.jsonl, its results file under evals/):", "",
-             "| task | acc | acc_norm | chance | examples | step | checkpoint marker | harness | stands | "
-             "line |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for e in entries:
-        for name, f in e["tasks"].items():
-            lines.append(f"| {name} | {_n(f.get('acc'))} | {_n(f.get('acc_norm'))} | {_n(f.get('chance'))} | "
-                         f"{_n(f.get('examples'))} | {_n(e.get('step'))} | "
-                         f"{str(e.get('marker_sha256'))[:12]} | {e.get('harness')} "
-                         f"{e.get('harness_version')} | {e.get('status')} | {e.get('line')} |")
+        lines.append("No evaluation on the record: `pilotrun evaluate RUN --tasks ...` scores a committed "
+                     "checkpoint and writes this card again (summarize overall.evaluations is empty).")
+    else:
+        lines += ["From summarize overall.evaluations (each an `evaluation` event of metrics.jsonl, its "
+                  "results file under evals/):", "",
+                  "| task | acc | acc_norm | chance | examples | step | checkpoint marker | harness | stands "
+                  "| line |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for e in entries:
+            where = (f"{_n(e.get('step'))} | {str(e.get('marker_sha256'))[:12]} | {e.get('harness')} "
+                     f"{e.get('harness_version')} | {e.get('status')} | {e.get('line')}")
+            lines += [f"| {name} | {_scores(f)} | {where} |" for name, f in e["tasks"].items()]
+    downstream = next((e for e in reversed(summary.kept_events) if e.get("event") == "downstream"), None)
+    tasks = (downstream or {}).get("tasks")
+    if isinstance(tasks, dict) and tasks:
+        lines += ["", "In-loop tasks (train.downstream): the last kept `downstream` event, metrics.jsonl "
+                  f"line {downstream.get('_line')} at step {_n(downstream.get('step'))}, bound to no "
+                  "checkpoint:", "", "| task | acc | acc_norm | chance | examples |", "|---|---|---|---|---|"]
+        lines += [f"| {name} | {_scores(f)} |" for name, f in tasks.items() if isinstance(f, dict)]
     return lines
 
 

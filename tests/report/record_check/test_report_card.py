@@ -142,3 +142,16 @@ def test_a_frozen_run_with_a_resume_and_an_evaluation(builtin_data_dir, tmp_path
     # summarize writes the same card but for who wrote it
     assert main(["summarize", str(long)]) == 0
     assert (long / CARD_NAME).read_text() == report_card(summary)
+
+
+def test_the_in_loop_tasks_are_shown_from_the_last_kept_downstream_event(tmp_path):
+    crashed_and_resumed(tmp_path / "r").write()
+    summary = summarize_run(tmp_path / "r")
+    task = {"acc": 0.375, "acc_norm": 0.25, "chance": 0.25, "examples": 8, "sha256": "ab" * 32}
+    earlier = {"event": "downstream", "step": 40, "_line": 77, "tasks": {"t": {**task, "acc": 0.5}}}
+    summary.kept_events += [earlier, {"event": "downstream", "step": 60, "_line": 99, "tasks": {"t": task}}]
+    evaluations = section(report_card(summary), "Evaluations")
+    assert evaluations.startswith("No evaluation on the record")
+    assert ("the last kept `downstream` event, metrics.jsonl line 99 at step 60, bound to no checkpoint"
+            in evaluations)
+    assert "| t | 0.375 | 0.25 | 0.25 | 8 |" in evaluations.splitlines()
