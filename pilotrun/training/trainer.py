@@ -82,7 +82,7 @@ from pilotrun.training.checkpoint.background import out_of_space, space_error_li
 from pilotrun.training.loop import train_loop
 from pilotrun.training.multiple_choice import check_downstream_fits
 from pilotrun.training.notices import interrupt_acknowledgement
-from pilotrun.training.run_plan import plan_lines, run_plan
+from pilotrun.training.run_plan import RECENT_BYTES, plan_lines, run_plan
 from pilotrun.training.session import NothingToDo, Session, build_session, tokens_per_update
 from pilotrun.training.signals import SecondSignal, StopSignals
 from pilotrun.training.spikes.rollback import SpikeCallback
@@ -380,7 +380,8 @@ class Trainer:
             plan = run_plan(session.record.data, session.state.loader, session_id=session.session_id,
                             start_step=session.state.step, max_steps=t.max_steps,
                             accumulation=t.gradient_accumulation_steps,
-                            seconds_per_update=recorded_seconds_per_update(session.run_dir), now=time.time())
+                            seconds_per_update=recorded_seconds_per_update(session.run_dir, RECENT_BYTES),
+                            now=time.time())
             session.record.data["plan"] = plan
             session.record.save()
         return plan_lines(plan)
