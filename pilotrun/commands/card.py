@@ -9,13 +9,18 @@ from typing import Any
 from pilotrun.common.errors import PilotrunError
 from pilotrun.common.parsing import terminal_safe
 
+NOT_WRITTEN_INVALID = ("report card: not written: the record is invalid (its problems above), and a "
+                       "damaged record is left as it was found; a report card there is an earlier one")
+
 
 def write_card(summary: Any, written_by: str) -> str | None:
-    """The report card of the summary just made (report/record_check/report_card.py), or None: a folder
-    that cannot take it (read-only, a link where the card goes) is one line on stderr; the command's outcome
-    stands."""
+    """The report card of the summary just made (report/record_check/report_card.py), or None: for a valid
+    record only (an invalid one is evidence, left untouched: the caller says so); a folder that cannot take
+    it (read-only, a link where the card goes) is one line on stderr; the command's outcome stands."""
     from pilotrun.report.record_check.report_card import write_report_card
 
+    if not summary.valid:
+        return None
     try:
         return str(write_report_card(summary, written_by))
     except (OSError, PilotrunError) as exc:

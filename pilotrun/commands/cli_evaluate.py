@@ -64,5 +64,6 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         print(one_line(f"{name}: acc {acc:.4f}, acc_norm {norm:.4f}{against} over {figures.get('examples')} "
                        f"examples (step {result['step']}, {result['harness']} {result['harness_version']})"))
     print(one_line(f"written: {result['written']}; an evaluation event appended to metrics.jsonl"
-                   + (f"; report card: {card}" if card is not None else "")))
+                   + (f"; report card: {card}" if card is not None else
+                      "; report card not written (`pilotrun summarize RUN` says why)")))
     return 0

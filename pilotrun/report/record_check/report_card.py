@@ -1,12 +1,14 @@
 """The report card: one Markdown file in the run folder (CARD_NAME) that a researcher can paste into notes.
 
-`pilotrun summarize` writes it (and `pilotrun evaluate` writes it again after its evaluation), from the
-summary it has just made: nothing here is measured or computed again. Each figure is the summary's (or
-run.json's, or one kept metrics.jsonl line's) and its row says which field or line it comes from: the model
-and its parameters, tokens and passes against the plan, the final and best losses, the evaluations with their
-chance level and checkpoint, the hardware and the time ledger (goodput), the lock and what was allowed to
-change, the interruptions, and the validity of the record. A figure the record does not hold is written "n/a"
-and a missing section says what is missing (no evaluation, not started from a lock).
+`pilotrun summarize` writes it for a valid record (and `pilotrun evaluate` writes it again after its
+evaluation), from the summary it has just made: nothing here is measured or computed again. An invalid record
+gets none: it is left exactly as found, and its problems are summarize's output. Each figure is the summary's
+(or run.json's, or one kept metrics.jsonl line's) and its row says which field or line it comes from: the
+model and its parameters, tokens and passes against the plan, the final and best losses, the evaluations with
+their chance level and checkpoint, the hardware and the time ledger (goodput), the lock and what was allowed
+to change, the interruptions, and the validity of the record. A figure the record does not hold is written
+"n/a" and a missing section says what is missing (no evaluation, not started from a lock). The header names
+the log's last line and its chain value, so a card older than the record shows it.
 """
 
 from __future__ import annotations
@@ -252,9 +254,13 @@ def validity_section(summary: Summary) -> list[str]:
 
 def report_card(summary: Summary, written_by: str = "pilotrun summarize") -> str:
     """The card's Markdown (module docstring)."""
+    events = summary.folder.metrics.events if summary.folder is not None else summary.kept_events
+    last = events[-1] if events else {}
     header = [f"# Report card: {summary.run_id}",
-              f"Written by `{written_by}` from {summary.run_dir}/run.json and metrics.jsonl; every figure "
-              "names the field or line it comes from (`summarize --json` has the same fields)."]
+              f"Written by `{written_by}` from {summary.run_dir}/run.json and metrics.jsonl up to line "
+              f"{last.get('_line')} (its chain value {str(last.get('chain'))[:16]}...: a card whose line is "
+              "no longer the log's last is older than the record); every figure names the field or line it "
+              "comes from (`summarize --json` has the same fields)."]
     parts = [header, model_section(summary), data_section(summary), loss_section(summary),
              evaluation_section(summary), time_section(summary), lock_section(summary),
              interruption_section(summary), validity_section(summary)]

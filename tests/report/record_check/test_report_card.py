@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pilotrun.commands.card import NOT_WRITTEN_INVALID
 from pilotrun.commands.cli import main
 from pilotrun.report.record_check.report_card import CARD_NAME, report_card
 from pilotrun.report.record_check.summarize import summarize_run
@@ -63,14 +64,14 @@ def test_the_cards_figures_are_the_summarys_and_a_run_without_evaluation_or_lock
     assert f"{len(summary.sessions)} session(s), 1 resume(s)" in sessions
     assert "| killed |" in sessions and "| completed |" in sessions
     assert "The record is VALID" in section(card, "Validity of the record")
-    # --json keeps stdout one JSON document, and writes the card all the same
+    # --json, the scripts' reading, prints one JSON document and writes nothing
     os.remove(tmp_path / "r" / CARD_NAME)
     assert main(["summarize", str(tmp_path / "r"), "--json"]) == 0
     json.loads(capsys.readouterr().out)
-    assert (tmp_path / "r" / CARD_NAME).read_text() == card
+    assert not (tmp_path / "r" / CARD_NAME).exists()
 
 
-def test_an_invalid_record_gets_a_card_listing_its_problems_and_a_link_is_refused(tmp_path, capsys):
+def test_an_invalid_record_gets_no_card_and_a_link_where_the_card_goes_is_refused(tmp_path, capsys):
     crashed_and_resumed(tmp_path / "r").write()
     metrics = tmp_path / "r" / "metrics.jsonl"
     lines = metrics.read_text().splitlines(keepends=True)
@@ -78,15 +79,18 @@ def test_an_invalid_record_gets_a_card_listing_its_problems_and_a_link_is_refuse
     edited["tokens_seen"] += 1  # an edited line: the hash chain and the counters name it
     lines[3] = json.dumps(edited) + "\n"
     metrics.write_text("".join(lines))
+    before = sorted(p.name for p in (tmp_path / "r").iterdir())
     assert main(["summarize", str(tmp_path / "r")]) == 1
-    validity = section((tmp_path / "r" / CARD_NAME).read_text(), "Validity of the record")
+    assert capsys.readouterr().out.splitlines()[-1] == NOT_WRITTEN_INVALID
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == before  # a damaged record is left as found
     summary = summarize_run(tmp_path / "r")
+    validity = section(report_card(summary), "Validity of the record")
     assert validity.startswith(f"The record is INVALID: summarize lists {len(summary.reasons)} problem(s):")
     assert f"- {summary.reasons[0]}" in validity
-    capsys.readouterr()
-    os.remove(tmp_path / "r" / CARD_NAME)
-    os.symlink(tmp_path / "elsewhere.md", tmp_path / "r" / CARD_NAME)
-    assert main(["summarize", str(tmp_path / "r")]) == 1  # the summary's own outcome stands
+
+    crashed_and_resumed(tmp_path / "v").write()
+    os.symlink(tmp_path / "elsewhere.md", tmp_path / "v" / CARD_NAME)
+    assert main(["summarize", str(tmp_path / "v")]) == 0  # the summary's own outcome stands
     err = capsys.readouterr().err
     assert "report card not written:" in err and "symbolic link" in err, err
     assert not (tmp_path / "elsewhere.md").exists()
