@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import statistics
+import types
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from pilotrun.report.record_check.mixture_account import source_passes
 from pilotrun.report.record_check.summarize import summarize_run
 from pilotrun.report.verdict.evidence import pass_tokens
 from pilotrun.run.record import read_run_json, recorded_seconds_per_update
-from pilotrun.training.run_plan import UNKNOWN_WALL, plan_lines, wall_plan
+from pilotrun.training.run_plan import UNKNOWN_WALL, data_plan, plan_lines, wall_plan
 from pilotrun.training.trainer import Trainer
 from tests.conftest import write_mixture
 
@@ -141,3 +142,10 @@ def test_the_wall_line_gives_the_time_left_its_band_and_its_end():
         "the 100 left)")
     wall["seconds"], wall["band"] = 0.18, None
     assert plan_lines(plan)[2].startswith("plan: wall time left 0.18 s, ending about")
+
+
+def test_a_repeated_batch_plans_no_passes():
+    loader = types.SimpleNamespace(mode="repeat_batch")
+    plan = data_plan(loader, {"tokens_per_update": 128}, max_steps=5, accumulation=2)
+    assert plan == {"tokens": 640, "updates": 5, "global_batches": 10, "passes": None,
+                    "why": "data_mode repeat_batch: one batch read 10 times"}

@@ -159,3 +159,26 @@ def test_the_in_loop_tasks_are_shown_from_the_last_kept_downstream_event(tmp_pat
     assert ("the last kept `downstream` event, metrics.jsonl line 99 at step 60, bound to no checkpoint"
             in evaluations)
     assert "| t | 0.375 | 0.25 | 0.25 | 8 |" in evaluations.splitlines()
+
+
+@pytest.mark.slow
+def test_a_mixtures_card_gives_each_sources_weight_tokens_and_passes_as_the_summary_does(mixture_sources,
+                                                                                         tmp_path, capsys):
+    from pilotrun.report.record_check.mixture_account import source_passes
+    from tests.conftest import write_mixture
+
+    mixture = write_mixture(tmp_path / "mix.yaml", [(mixture_sources["edu"], 0.7),
+                                                    (mixture_sources["builtin"], 0.3)])
+    run_dir = tmp_path / "run"
+    assert _train(mixture, run_dir, "--config", str(SMOKE), "--set", "train.num_threads=1", "--set",
+                  "train.max_steps=4") == 0
+    assert main(["summarize", str(run_dir)]) == 0
+    card = (run_dir / CARD_NAME).read_text()
+    summary = summarize_run(run_dir)
+    assert card == report_card(summary)
+    passes = {r["name"]: r["passes"] for r in source_passes(summary.run, summary.kept_events, 32)}
+    table = section(card, "Tokens and passes").splitlines()
+    for row in summary.overall["mixture"]["sources"]:
+        assert (f"| {row['name']} | {row['weight']:.4g} | {row['tokens_seen']:,} | "
+                f"{100 * row['share_seen']:.1f}% | {passes[row['name']]:.3g} | "
+                f"{row['val_loss']:.4g} |") in table
