@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from pilotrun.common.parsing import one_line
+from pilotrun.common.strict_json import strict_dumps
 
 
 def add_evaluate(sub: argparse._SubParsersAction) -> None:
@@ -43,8 +44,6 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
-    import json
-
     from pilotrun.commands.card import refresh_card
     from pilotrun.commands.evaluate import evaluate_checkpoint
 
@@ -54,7 +53,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     # the report card again, with this evaluation in it (summarize writes it the same way)
     card = refresh_card(args.run_dir, "pilotrun evaluate")
     if args.json:
-        print(json.dumps(result, sort_keys=True, default=str))
+        print(strict_dumps(result, sort_keys=True, default=str))
         return 0
     for name, figures in result["tasks"].items():
         acc, norm, chance = figures.get("acc"), figures.get("acc_norm"), figures.get("chance")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pilotrun.common.parsing import one_line
 from pilotrun.data.windows import batches_per_pass
 from pilotrun.run.record import COUNTER_KEYS
 
@@ -125,8 +126,9 @@ def format_mixture(overview: dict[str, Any] | None) -> str | None:
     for row in overview["sources"]:
         share = "n/a" if row["share_seen"] is None else f"{row['share_seen']:.4f}"
         val = "" if row["val_loss"] is None else f"; val loss {row['val_loss']:.4f}"
+        name = one_line(str(row["name"]))  # a source's name is data: it never breaks the line
         lines.append(
-            f"  {row['name']}: weight {row['weight']:g} (share {row['share_asked']:.4f}), tokens "
+            f"  {name}: weight {row['weight']:g} (share {row['share_asked']:.4f}), tokens "
             f"{row['tokens_seen']} (share {share}; the weights ask {row['tokens_asked']:.1f}), restarts "
             f"{row['restarts']}{val}"
         )

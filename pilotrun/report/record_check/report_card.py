@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.common.files import write_text_atomic
+from pilotrun.common.parsing import printable_lines
 from pilotrun.report.projection.forecast_record import val_points
 from pilotrun.report.record_check.interruptions import session_end_of
 from pilotrun.report.record_check.mixture_account import source_passes
@@ -40,6 +41,11 @@ def _n(value: Any, digits: int = 4) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}g}"
     return str(value)
+
+
+def _cell(value: Any) -> str:
+    """A recorded name in a table cell: a `|` in it would end the cell."""
+    return str(value).replace("|", "\\|")
 
 
 def _table(rows: list[tuple[str, str, str]]) -> list[str]:
@@ -92,8 +98,9 @@ def data_section(summary: Summary) -> list[str]:
                   "the verdict's data_passes counts them):", "",
                   "| source | weight | tokens seen | share | passes | last val loss |",
                   "|---|---|---|---|---|---|"]
-        lines += [f"| {r['name']} | {_n(r['weight'])} | {_n(r['tokens_seen'])} | {_pct(r['share_seen'])} | "
-                  f"{_n(passes.get(r['name']), 3)} | {_n(r['val_loss'])} |" for r in mixture["sources"]]
+        lines += [f"| {_cell(r['name'])} | {_n(r['weight'])} | {_n(r['tokens_seen'])} | "
+                  f"{_pct(r['share_seen'])} | {_n(passes.get(r['name']), 3)} | {_n(r['val_loss'])} |"
+                  for r in mixture["sources"]]
     return lines
 
 
@@ -134,14 +141,14 @@ def evaluation_section(summary: Summary) -> list[str]:
         for e in entries:
             where = (f"{_n(e.get('step'))} | {str(e.get('marker_sha256'))[:12]} | {e.get('harness')} "
                      f"{e.get('harness_version')} | {e.get('status')} | {e.get('line')}")
-            lines += [f"| {name} | {_scores(f)} | {where} |" for name, f in e["tasks"].items()]
+            lines += [f"| {_cell(name)} | {_scores(f)} | {where} |" for name, f in e["tasks"].items()]
     downstream = next((e for e in reversed(summary.kept_events) if e.get("event") == "downstream"), None)
     tasks = (downstream or {}).get("tasks")
     if isinstance(tasks, dict) and tasks:
         lines += ["", "In-loop tasks (train.downstream): the last kept `downstream` event, metrics.jsonl "
                   f"line {downstream.get('_line')} at step {_n(downstream.get('step'))}, bound to no "
                   "checkpoint:", "", "| task | acc | acc_norm | chance | examples |", "|---|---|---|---|---|"]
-        lines += [f"| {name} | {_scores(f)} |" for name, f in tasks.items() if isinstance(f, dict)]
+        lines += [f"| {_cell(name)} | {_scores(f)} |" for name, f in tasks.items() if isinstance(f, dict)]
     return lines
 
 
@@ -220,8 +227,8 @@ def interruption_section(summary: Summary) -> list[str]:
              "| session | resumed from | end | status | updates applied | wall s |",
              "|---|---|---|---|---|---|"]
     for s in summary.sessions:
-        lines.append(f"| {s.session_id} | {_n(s.resumed_from)} | {session_end_of(s, running)} | {s.status} | "
-                     f"{_n(s.updates_applied)} | {_n(s.wall_seconds)} |")
+        lines.append(f"| {_cell(s.session_id)} | {_n(s.resumed_from)} | {session_end_of(s, running)} | "
+                     f"{s.status} | {_n(s.updates_applied)} | {_n(s.wall_seconds)} |")
     costs = o.get("interruption_costs") or {}
     if costs:
         priced = "; ".join(
@@ -264,7 +271,8 @@ def report_card(summary: Summary, written_by: str = "pilotrun summarize") -> str
     parts = [header, model_section(summary), data_section(summary), loss_section(summary),
              evaluation_section(summary), time_section(summary), lock_section(summary),
              interruption_section(summary), validity_section(summary)]
-    return "\n\n".join("\n".join(part) for part in parts) + "\n"
+    # each line as the terminal's printable lines are: a recorded field cannot start a line of its own making
+    return "\n\n".join(printable_lines(part) for part in parts) + "\n"
 
 
 def write_report_card(summary: Summary, written_by: str = "pilotrun summarize") -> Path:

@@ -159,6 +159,11 @@ def test_the_in_loop_tasks_are_shown_from_the_last_kept_downstream_event(tmp_pat
     assert ("the last kept `downstream` event, metrics.jsonl line 99 at step 60, bound to no checkpoint"
             in evaluations)
     assert "| t | 0.375 | 0.25 | 0.25 | 8 |" in evaluations.splitlines()
+    # a recorded name cannot end a cell or start a line of its own making
+    summary.kept_events[-1]["tasks"] = {"a|b\n| fake | 1.0 |": task}
+    lines = section(report_card(summary), "Evaluations").splitlines()
+    assert "| a\\|b\\n\\| fake \\| 1.0 \\| | 0.375 | 0.25 | 0.25 | 8 |" in lines
+    assert not any(line.startswith("| fake") for line in lines)
 
 
 @pytest.mark.slow
