@@ -291,7 +291,8 @@ def _run_inspect_batch(args: argparse.Namespace) -> int:
 def _add_summarize(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("summarize", help="validate and reconcile a run record",
                        description="Validate metrics.jsonl against run.json across every session and report "
-                       "updates, tokens, passes and time. Exit 0 when valid, 1 with every reason listed.")
+                       "updates, tokens, passes and time; a valid record's report card goes to "
+                       "RUN/report.md. Exit 0 when valid, 1 with every reason listed.")
     p.add_argument("run_dir", help="run folder")
     p.add_argument("--require-step", type=int, default=None, help="demand a session_end at this step")
     p.add_argument(
@@ -301,16 +302,23 @@ def _add_summarize(sub: argparse._SubParsersAction) -> None:
         help="demand an evaluation (`pilotrun evaluate`) of each task on the final checkpoint (the "
         "--require-step step, else the last kept step) whose checkpoint and results still match",
     )
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON (and write no report card)")
     p.set_defaults(handler=_run_summarize)
 
 
 def _run_summarize(args: argparse.Namespace) -> int:
+    from pilotrun.commands.card import NOT_WRITTEN_INVALID, write_card
     from pilotrun.report.record_check.summarize import format_summary, summarize_run, summary_json
 
     required = [task.strip() for task in args.require_eval.split(",") if task.strip()]
     summary = summarize_run(args.run_dir, require_step=args.require_step, require_eval=required)
     print(summary_json(summary) if args.json else terminal_safe(format_summary(summary)))
+    if not args.json:  # --json is the scripts' reading: one JSON document, nothing written
+        card = write_card(summary, "pilotrun summarize")
+        if card is not None:
+            print(terminal_safe(f"report card: {card}"))
+        elif not summary.valid:
+            print(NOT_WRITTEN_INVALID)
     return 0 if summary.valid else 1
 
 

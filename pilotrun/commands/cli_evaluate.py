@@ -44,11 +44,14 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
+    from pilotrun.commands.card import refresh_card
     from pilotrun.commands.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(args.run_dir, args.tasks, step=args.step, harness=args.harness,
                                  data_dir=args.data, limit=args.limit, shots=args.shots, seed=args.seed,
                                  device=args.device)
+    # the report card again, with this evaluation in it (summarize writes it the same way)
+    card = refresh_card(args.run_dir, "pilotrun evaluate")
     if args.json:
         print(strict_dumps(result, sort_keys=True, default=str))
         return 0
@@ -59,5 +62,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         # A task's name is its file's stem: quoted on one line, never as commands to the terminal.
         print(one_line(f"{name}: acc {acc:.4f}, acc_norm {norm:.4f}{against} over {figures.get('examples')} "
                        f"examples (step {result['step']}, {result['harness']} {result['harness_version']})"))
-    print(one_line(f"written: {result['written']}; an evaluation event appended to metrics.jsonl"))
+    print(one_line(f"written: {result['written']}; an evaluation event appended to metrics.jsonl"
+                   + (f"; report card: {card}" if card is not None else
+                      "; report card not written (`pilotrun summarize RUN` says why)")))
     return 0

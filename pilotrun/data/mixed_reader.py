@@ -33,6 +33,7 @@ from pilotrun.data.mixture import (
 from pilotrun.data.reader import MODES, TokenDataset, TokenSplit, check_data_fits_recipe, open_dataset
 from pilotrun.data.shards import load_manifest, metadata_sha256
 from pilotrun.data.stream import SPLITS
+from pilotrun.data.windows import batches_per_pass
 
 
 class MixedDataset:
@@ -181,7 +182,7 @@ class MixedLoader:
             world_size,
         )
         self.global_batch_windows = batch_size * world_size
-        self.windows = [(split.num_tokens - 1) // seq_len for split in self.splits]
+        self.windows = [batches_per_pass(split.num_tokens, seq_len, 1) for split in self.splits]
         self.schedule = MixtureSchedule(dataset.spec.weights, dataset.spec.seed, self.global_batch_windows)
         self.batch_index = 0
         self.last_batch_restarted = 0  # source restarts during the last served batch (all ranks)

@@ -284,6 +284,18 @@ class MixtureSchedule:
             self._known += 1
         return [int(x) for x in self._cumulative[offset]]
 
+    def rows_planned(self, batch: int) -> tuple[list[int], bool]:
+        """Rows per source before `batch`, and whether they are exact, without walking every batch before
+        it (the plan at a session's start): exact where the schedule is memoryless or has walked that far;
+        else the apportionment of the rows owed at `batch` alone (`_closed_form`), within a row of each
+        source's exact count, since every batch keeps each source's cumulative rows within a row of what it
+        is owed."""
+        if batch < self.start_batch:
+            return self.rows_before(batch), True  # refused there by name
+        if self.memoryless or batch - self.start_batch < self._known:
+            return self.rows_before(batch), True
+        return self._closed_form(batch), False
+
     def counts(self, batch: int) -> list[int]:
         """Rows per source of global batch `batch`."""
         before, after = self.rows_before(batch), self.rows_before(batch + 1)

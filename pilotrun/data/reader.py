@@ -31,6 +31,7 @@ from pilotrun.common.errors import DataError
 from pilotrun.common.files import sha256_of_file
 from pilotrun.data.shards import TOKENIZER_FILE, check_shard, load_manifest, metadata_sha256
 from pilotrun.data.stream import SPLITS
+from pilotrun.data.windows import batches_per_pass
 
 MODES = ("successive", "repeat_batch")
 
@@ -327,8 +328,7 @@ class BatchLoader:
         self.split, self.batch_size, self.seq_len, self.mode = split, batch_size, seq_len, mode
         self.rank, self.world_size = rank, world_size
         self.global_batch_windows = batch_size * world_size
-        windows = (split.num_tokens - 1) // seq_len if split.num_tokens > seq_len else 0
-        self.batches_per_epoch = windows // self.global_batch_windows
+        self.batches_per_epoch = batches_per_pass(split.num_tokens, seq_len, self.global_batch_windows)
         if self.batches_per_epoch == 0:
             raise DataError(
                 f"the {split.name} split has {split.num_tokens} tokens: fewer than one global batch of "

@@ -522,10 +522,29 @@ def read_metrics_tolerant(run_dir: str | Path) -> ParsedMetrics:
     return parse_metrics_bytes(raw)
 
 
-def recorded_seconds_per_update(run_dir: str | Path) -> list[float]:
+def _tail_events(run_dir: str | Path, tail_bytes: int) -> list[dict[str, Any]]:
+    """The complete events in the last `tail_bytes` bytes of metrics.jsonl (the line cut at the start left
+    out); none where the file cannot be read."""
+    path = Path(run_dir) / METRICS_JSONL
+    try:
+        with open(path, "rb") as handle:
+            start = max(0, handle.seek(0, os.SEEK_END) - tail_bytes)
+            handle.seek(start)
+            raw = handle.read()
+    except OSError:
+        return []
+    if start > 0:
+        raw = raw[raw.find(b"\n") + 1:] if b"\n" in raw else b""
+    return parse_metrics_bytes(raw).events
+
+
+def recorded_seconds_per_update(run_dir: str | Path, tail_bytes: int | None = None) -> list[float]:
     """The training-only seconds per update of each recorded `train` window, in record order (empty: no record
-    yet): what the start-up checks measure a bound or a deadline against."""
-    return seconds_per_update_of(read_metrics_tolerant(run_dir).events)
+    yet): what the start-up checks measure a bound or a deadline against. `tail_bytes`: only the windows in
+    the log's last that many bytes (the plan's recent rate, read in the same time however long the run)."""
+    whole = tail_bytes is None
+    return seconds_per_update_of(read_metrics_tolerant(run_dir).events if whole
+                                 else _tail_events(run_dir, tail_bytes))
 
 
 def seconds_per_update_of(events: list[dict[str, Any]]) -> list[float]:

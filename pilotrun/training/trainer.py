@@ -55,7 +55,13 @@ from pilotrun.common.stop_signals import HUNG_EXIT_CODE, signal_name
 from pilotrun.config import DownstreamConfig, RunConfig, check_allow_change_keys
 from pilotrun.data.choice_tasks import read_choice_tasks
 from pilotrun.run.hang_evidence import unrecorded_hangs
-from pilotrun.run.record import HANGS_DIR, PHASES, read_metrics_tolerant, run_json_digests
+from pilotrun.run.record import (
+    HANGS_DIR,
+    PHASES,
+    read_metrics_tolerant,
+    recorded_seconds_per_update,
+    run_json_digests,
+)
 from pilotrun.run.sinks import (
     GuardedSink,
     MetricsSink,
@@ -79,6 +85,7 @@ from pilotrun.training.checkpoint.background import out_of_space, space_error_li
 from pilotrun.training.loop import train_loop
 from pilotrun.training.multiple_choice import check_downstream_fits
 from pilotrun.training.notices import interrupt_acknowledgement
+from pilotrun.training.run_plan import RECENT_BYTES, plan_lines, run_plan
 from pilotrun.training.session import NothingToDo, Session, build_session, tokens_per_update
 from pilotrun.training.signals import SecondSignal, StopSignals
 from pilotrun.training.spikes.rollback import SpikeCallback
@@ -353,6 +360,9 @@ class Trainer:
                 self.sinks[:0] = tracker_sinks(trackers, session.run_dir)
         for line in describe_plan(session.config, world_size, session.state.step, session.device.type):
             loop.say(line)
+        if loop.is_main:
+            for line in self._record_plan():
+                loop.say(line)
         for note in session.notes:
             loop.say(f"note: {note}")
         # read before this session's first line: a stack file is an earlier session's if written before it
@@ -380,6 +390,19 @@ class Trainer:
             loop.log("hang_found", hung_session=hang.session_id, rank=hang.rank, stack_file=hang.path())
             loop.say(f"note: session {hang.session_id} has no session_end, but rank {hang.rank} wrote its "
                      f"stacks during it ({hang.path()}): it hung; recorded as hang_found")
+
+    def _record_plan(self) -> list[str]:
+        """run.json's `plan` (run_plan.py), written before the first update; returns its block for the log."""
+        session, t = self.session, self.session.config.train
+        with self.account.phase("report"):
+            plan = run_plan(session.record.data, session.state.loader, session_id=session.session_id,
+                            start_step=session.state.step, max_steps=t.max_steps,
+                            accumulation=t.gradient_accumulation_steps,
+                            seconds_per_update=recorded_seconds_per_update(session.run_dir, RECENT_BYTES),
+                            now=time.time())
+            session.record.data["plan"] = plan
+            session.record.save()
+        return plan_lines(plan)
 
     def _resumed_marker(self) -> dict[str, Any]:
         """What the marker of the checkpoint this session resumed from says of its making: the session that

@@ -168,3 +168,23 @@ def test_a_fifo_given_as_a_source_is_named_as_one_and_not_opened(folders):
     os.mkfifo(folders / "pipe")
     with pytest.raises(DataError, match="entry 2: .*pipe is a FIFO, not a prepared data folder"):
         parse_mixture(write(folders, "mixture: [{path: a, weight: 1}, {path: pipe, weight: 1}]\n"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    weights=st.lists(st.sampled_from([0.01, 0.05, 0.2, 1.0, 3.0]), min_size=2, max_size=4),
+    rows=st.integers(1, 8),
+    seed=st.integers(0, 1000),
+    batch=st.integers(1, 600),
+)
+def test_the_planned_rows_are_the_schedules_exactly_or_within_a_row(weights, rows, seed, batch):
+    planned, exact = MixtureSchedule(weights, seed, rows).rows_planned(batch)
+    walked = MixtureSchedule(weights, seed, rows)
+    truth = walked.rows_before(batch)
+    assert exact == walked.memoryless
+    if exact:
+        assert planned == truth
+    else:
+        assert sum(planned) == sum(truth) == batch * rows
+        assert max(abs(p - t) for p, t in zip(planned, truth, strict=True)) <= 1
+    assert walked.rows_planned(batch) == (truth, True)  # a schedule that has walked there knows

@@ -12,6 +12,7 @@ from pilotrun.run.record import (
     json_safe,
     read_metrics_strict,
     read_metrics_tolerant,
+    recorded_seconds_per_update,
 )
 from pilotrun.run.writer import MetricsWriter
 
@@ -83,3 +84,18 @@ def test_an_invalid_byte_is_damage_on_the_last_line_too_and_only_a_cut_character
         assert read_metrics_tolerant(tmp_path).damage == [
             "metrics.jsonl line 2: not UTF-8 (byte 0xff at column 11)"
         ]
+
+
+def test_the_recorded_rate_of_the_whole_log_or_of_its_last_bytes_only(tmp_path):
+    log = MetricsWriter(tmp_path, "s1")
+    log.log("session_start", Counters())
+    for step in range(1, 6):
+        log.log("train", Counters(step=2 * step, tokens_seen=16 * step, updates_attempted=2 * step),
+                window={"train_seconds": float(step), "updates_attempted": 2})
+    log.close()
+    assert recorded_seconds_per_update(tmp_path) == [0.5, 1.0, 1.5, 2.0, 2.5]
+    lines = (tmp_path / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    # the last two lines and a cut piece of the one before: the piece is left out, not read as damage
+    assert recorded_seconds_per_update(tmp_path, len(lines[-1]) + len(lines[-2]) + 5) == [2.0, 2.5]
+    assert recorded_seconds_per_update(tmp_path, 1 << 20) == recorded_seconds_per_update(tmp_path)
+    assert recorded_seconds_per_update(tmp_path / "none", 1 << 20) == []

@@ -139,7 +139,7 @@ def reconcile_evaluations(folder: RunFolder, reasons: list[str], notes: list[str
                 if isinstance(event.get("results"), dict)
                 else None,
                 "tasks": {
-                    name: {k: v for k, v in figures.items() if k in ("acc", "acc_norm", "examples")}
+                    name: {k: v for k, v in figures.items() if k in ("acc", "acc_norm", "examples", "chance")}
                     for name, figures in tasks.items()
                     if isinstance(figures, dict)
                 },

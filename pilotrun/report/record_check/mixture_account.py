@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from pilotrun.common.parsing import one_line
+from pilotrun.data.windows import batches_per_pass
 from pilotrun.run.record import COUNTER_KEYS
 
 TRAIN_FIELDS = ("tokens_by_source", "tokens_seen_by_source")
@@ -147,7 +148,7 @@ def source_passes(
         split_tokens = (by_name[row["name"]].get("train") or {}).get("tokens")
         if not isinstance(split_tokens, int) or split_tokens <= seq_len:
             continue
-        pass_tokens = ((split_tokens - 1) // seq_len) * seq_len
+        pass_tokens = batches_per_pass(split_tokens, seq_len, 1) * seq_len
         found.append(
             {
                 "name": row["name"],

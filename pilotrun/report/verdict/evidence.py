@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pilotrun.data.windows import batches_per_pass
 from pilotrun.report.record_check.mixture_account import source_passes, sources_of
 from pilotrun.report.verdict.thresholds import FAIL, PASS, WARN, Finding, Thresholds
 
@@ -146,7 +147,7 @@ def pass_tokens(summary: Summary) -> tuple[int, str] | None:
         or per_batch % seq_len
     ):
         return None
-    batches = ((split_tokens - 1) // seq_len) // (per_batch // seq_len)
+    batches = batches_per_pass(split_tokens, seq_len, per_batch // seq_len)
     if batches == 0:
         return None
     return batches * per_batch, (f"one pass = {batches} global batches of {per_batch} tokens of the split's "
