@@ -57,7 +57,13 @@ from pilotrun.report.verdict.tuning import (
     noise_yardstick,
 )
 from pilotrun.run.marker import committed_checkpoint_steps
-from pilotrun.run.record import RUN_JSON, read_metrics_tolerant, read_run_json, recorded_seconds_per_update
+from pilotrun.run.record import (
+    RUN_JSON,
+    json_safe,
+    read_metrics_tolerant,
+    read_run_json,
+    recorded_seconds_per_update,
+)
 
 CHECKS = ("lr", "batch")
 DEFAULT_BUDGET = 3.0  # the checks' updates, at the recipe's batch, as a multiple of the pilot's own
@@ -307,7 +313,8 @@ def run_checks(plan: TunePlan, data: str | Path | None = None, nproc: int | None
     from pilotrun.report.drawing.tune_plots import write_tune_plots
 
     write_tune_plots(result, tune_dir)
-    write_text_atomic(tune_dir / TUNE_JSON, json.dumps(result, indent=1, allow_nan=False) + "\n")
+    # a branch that diverged has an infinite gain: written by its name, as the record writes a non-finite loss
+    write_text_atomic(tune_dir / TUNE_JSON, json.dumps(json_safe(result), indent=1, allow_nan=False) + "\n")
     return result
 
 
