@@ -30,7 +30,8 @@ def add_tune(sub: argparse._SubParsersAction) -> None:
                    help="the most the checks may cost, in the pilot's own updates (default 3)")
     p.add_argument("--data", default=None, help="the pilot's data folder if it moved (default: the recorded)")
     p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
-                   help="run each branch under torchrun with N processes (as the pilot ran)")
+                   help="run each branch under torchrun with N processes (default: as the pilot's last "
+                        "session ran)")
     p.set_defaults(handler=_run_tune)
 
 

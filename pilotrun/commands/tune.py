@@ -243,6 +243,14 @@ def pilot_yardstick(run_dir: Path) -> float | None:
     return noise_yardstick([e["loss"] for e in train], int(statistics.median(window_tokens)), val_tokens[-1])
 
 
+def _pilot_ranks(run: dict[str, Any]) -> int | None:
+    """The ranks the pilot's last session ran on, where more than one: its branches run under torchrun the
+    same way (a resume on another world size is refused)."""
+    last = (run.get("sessions") or [{}])[-1]
+    world = ((last.get("hardware") or {}) if isinstance(last, dict) else {}).get("world_size")
+    return world if isinstance(world, int) and world > 1 else None
+
+
 def _run_branch(plan: TunePlan, branch: Branch, recipe_file: Path, data: Path, sessions: set[str],
                 nproc: int | None, out: TextIO) -> float:
     folder = plan.run_dir / TUNE_DIR / branch.name
@@ -298,6 +306,7 @@ def run_checks(plan: TunePlan, data: str | Path | None = None, nproc: int | None
     recipe_file = tune_dir / RECIPE_FILE
     write_text_atomic(recipe_file, json.dumps(run["recipe"], indent=1) + "\n")
     sessions = pilot_session_ids(plan.run_dir)
+    nproc = nproc if nproc is not None else _pilot_ranks(run)
     losses = {b.name: _run_branch(plan, b, recipe_file, data_dir, sessions, nproc, out)
               for b in plan.branches}
     measured = pilot_yardstick(plan.run_dir)
