@@ -267,7 +267,12 @@ def _run_branch(plan: TunePlan, branch: Branch, recipe_file: Path, data: Path, s
                         overrides=[*branch.overrides, *cadence_overrides(branch)], allow_changes=branch.allow,
                         resume=True, extra=["--from-step", str(branch.from_step), "--progress", "none"])
     child = TrainingChild(words, plan.run_dir / TUNE_DIR / "logs" / f"{branch.name}.log", nproc=nproc)
-    if child.wait() != 0:
+    code = child.wait()
+    if code == 1:  # the branch stopped itself (a loss that left finite numbers, too many spike rollbacks)
+        print(f"[tune] {branch.name}: stopped itself ({child.cause()}): counted as diverged", file=out,
+              flush=True)
+        return math.inf
+    if code != 0:
         raise TuneError(f"branch {branch.name} failed: {child.cause()} (its log: {child.log})")
     loss = branch_val_loss(folder, sessions, branch.last_step)
     if loss is None:

@@ -10,6 +10,7 @@ tune.json's content into RUN/tune/ and, by the verdict, into RUN/report/.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -45,9 +46,14 @@ def _save(fig: Figure, ax, path: Path, ticks: list[float]) -> Path:
     return path
 
 
+def _finite(pairs: list) -> list[tuple[float, float]]:
+    """The (x, loss) pairs whose loss is a finite number (a diverged branch's is infinite, or its name)."""
+    return sorted((x, v) for x, v in pairs if isinstance(v, int | float) and math.isfinite(v))
+
+
 def plot_tune_lr(found: dict[str, Any], yardstick: float, path: Path) -> Path:
     fig, ax = _axes(TUNE_PLOT_TITLES["tune_lr"], "factor on the recipe's Muon and AdamW learning rates")
-    pairs = sorted((f, v) for f, v in found["losses"])
+    pairs = _finite(found["losses"])
     ax.plot([f for f, _ in pairs], [v for _, v in pairs], marker="o", color="C0",
             label=f"from step {found['from_steps'][0]}, {found['updates']} updates")
     ax.axvline(1.0, color="grey", linestyle=":", label="the recipe's")
@@ -60,7 +66,7 @@ def plot_tune_batch(found: dict[str, Any], yardstick: float, path: Path) -> Path
     fig, ax = _axes(TUNE_PLOT_TITLES["tune_batch"], "multiple of the recipe's global batch (same tokens)")
     ticks: set[float] = set()
     for index, point in enumerate(found["points"]):
-        pairs = sorted((m, v) for m, v in point["losses"])
+        pairs = _finite(point["losses"])
         ticks.update(m for m, _ in pairs)
         ax.plot([m for m, _ in pairs], [v for _, v in pairs], marker="o", color=f"C{index}",
                 label=f"from step {point['step']}: critical {factor_name(point['critical'])}x")

@@ -8,7 +8,7 @@ from pilotrun.report.drawing.tune_plots import write_run_tune_plots, write_tune_
 
 RESULT = {
     "yardstick": 0.01,
-    "lr": {"losses": [[0.5, 3.1], [1.0, 3.0], [2.0, 3.05]], "best_loss": 3.0, "from_steps": [8],
+    "lr": {"losses": [[0.5, 3.1], [1.0, 3.0], [2.0, "Infinity"]], "best_loss": 3.0, "from_steps": [8],
            "updates": 4},
     "batch": {"critical": 2.0, "points": [{"step": 4, "critical": 2.0, "best_loss": 3.0,
                                            "losses": [[0.5, 3.0], [1.0, 3.0], [2.0, 3.005], [4.0, 3.1]]}]},

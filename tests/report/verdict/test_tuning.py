@@ -116,3 +116,12 @@ def test_the_verdict_reads_the_findings_as_evidence_lines(tmp_path):
     assert read_tune_result(tmp_path)["lr"]["updates"] == 8
     assert tune_evidence_lines(tmp_path) == [
         "lr check (from step [40], 8 updates a branch): the recipe's learning rates look too high"]
+
+
+def test_a_diverged_branch_is_never_the_best():
+    losses = sweep(1.0)
+    losses[2.0] = math.inf
+    found = judge_lr(losses, NOISE)
+    assert found["best_factor"] == 1.0 and found["within_one_step"] is True
+    assert found["sensitivity"] == pytest.approx(0.2)  # across the finite ones
+    assert critical_batch({0.5: 3.0, 1.0: 3.0, 2.0: math.inf, 4.0: math.inf}, NOISE)["band"] == [1.0, 2.0]
