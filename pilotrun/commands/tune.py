@@ -84,6 +84,7 @@ class TunePlan:
     branches: list[Branch] = field(default_factory=list)
     pilot_updates: int = 0
     seconds_per_update: float | None = None
+    startup_seconds: float | None = None  # the pilot's median session start-up, which each branch pays again
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -92,9 +93,13 @@ class TunePlan:
         return sum(round(b.updates * (b.value if b.kind == "batch" else 1.0)) for b in self.branches)
 
     def cost_line(self, budget: float) -> str:
-        seconds = (f", about {self.cost_updates * self.seconds_per_update:.0f} s of training projected from "
-                   f"the pilot's {self.seconds_per_update:.3g} s per update (each branch's start-up on top)"
-                   if self.seconds_per_update else "")
+        per_update = self.seconds_per_update
+        seconds = (f", about {self.cost_updates * per_update:.0f} s of training projected from the pilot's "
+                   f"{per_update:.3g} s per update" if per_update else "")
+        if self.startup_seconds is not None:
+            count = len(self.branches)
+            seconds += (f" and {count * self.startup_seconds:.0f} s of start-up ({count} x the pilot's "
+                        f"{self.startup_seconds:.2g} s a session, the interpreter's launch not counted)")
         return (f"{len(self.branches)} branches of {self.updates} updates cost {self.cost_updates} updates "
                 f"at the recipe's batch = {self.cost_updates / self.pilot_updates:.2f}x the pilot's "
                 f"{self.pilot_updates} (budget {budget:g}x){seconds}")
@@ -225,10 +230,31 @@ def plan_checks(run_dir: str | Path, checks: tuple[str, ...], updates: int | Non
     plan.run_dir, plan.pilot_updates = run_dir, max_steps
     rates = recorded_seconds_per_update(run_dir)
     plan.seconds_per_update = statistics.median(rates) if rates else None
+    plan.startup_seconds = pilot_startup_seconds(run_dir)
     if plan.cost_updates > budget * max_steps:
         raise TuneError(f"the checks would cost more than the budget: {plan.cost_line(budget)}; pass fewer "
                         "--updates or a larger --budget")
     return plan
+
+
+def pilot_startup_seconds(run_dir: Path) -> float | None:
+    """The median seconds from a pilot session's clock start (its session_end's time less its recorded wall
+    seconds) to its first train window: loading, building, restoring, which each branch, a session of its
+    own, pays again (the interpreter's own launch comes before that clock and is not in it)."""
+    first_window: dict[str, float] = {}
+    startups = []
+    for event in read_metrics_tolerant(run_dir).events:
+        sid, when = str(event.get("session_id")), event.get("time")
+        if not isinstance(when, float):
+            continue
+        if event.get("event") == "train" and sid not in first_window:
+            window = (event.get("window") or {}).get("wall_seconds")
+            first_window[sid] = when - (window if isinstance(window, float) else 0.0)
+        ended = event.get("event") == "session_end"
+        wall = (event.get("time_split") or {}).get("wall_seconds") if ended else None
+        if isinstance(wall, float) and sid in first_window:
+            startups.append(max(0.0, first_window[sid] - (when - wall)))
+    return statistics.median(startups) if startups else None
 
 
 def pilot_yardstick(run_dir: Path) -> float | None:

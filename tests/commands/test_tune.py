@@ -15,7 +15,7 @@ import pytest
 from pilotrun.commands.cli import main
 from pilotrun.commands.freeze import freeze_run
 from pilotrun.commands.next_commands import train_words
-from pilotrun.commands.tune import TuneError, parse_checks, plan_checks, tune
+from pilotrun.commands.tune import TuneError, parse_checks, pilot_startup_seconds, plan_checks, tune
 from pilotrun.commands.tune_branch import make_branch_folder
 from pilotrun.report.verdict.thresholds import Thresholds
 
@@ -52,6 +52,16 @@ def test_the_plan_branches_past_warm_up_and_states_its_cost(pilot):
     assert plan.cost_updates == 48
     assert "12 branches of 4 updates cost 48 updates at the recipe's batch = 4.00x the pilot's 12" in (
         plan.cost_line(4.0))
+
+
+def test_the_start_up_each_branch_pays_again_is_the_pilots_as_its_time_ledger_counts_it(pilot):
+    from pilotrun.report.record_check.summarize import summarize_run
+
+    ledger = summarize_run(pilot).overall["time_ledger"]
+    (session,) = ledger["sessions"]
+    assert pilot_startup_seconds(pilot) == pytest.approx(session["parts"]["startup"], abs=1e-6)
+    plan = plan_checks(pilot, ("lr",))
+    assert f"and {5 * pilot_startup_seconds(pilot):.0f} s of start-up (5 x the pilot's" in plan.cost_line(3.0)
 
 
 def test_the_budget_holds_the_checks_at_three_times_the_pilot(pilot):
