@@ -420,3 +420,20 @@ def test_a_bad_check_is_refused_before_the_pilot_starts(tmp_path, capsys):
     assert main(["pilot", "--workdir", str(tmp_path / "w"), "--check", "speed"]) == 2
     assert "the checks are lr, batch" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.slow
+def test_a_pilot_with_the_lr_check_has_its_finding_in_the_verdict_and_the_report(builtin_data_dir, tmp_path):
+    out = io.StringIO()
+    result = run_pilot(tmp_path / "work", config="smoke", data=builtin_data_dir, out=out, poll_seconds=0.05,
+                       overrides=["train.max_steps=24", "optim.schedule.horizon=24", "train.eval.every=4",
+                                  "train.checkpoint.every=4", "train.checkpoint.keep=10"], check=("lr",))
+    text = out.getvalue()
+    assert text.index("[tune] 5 branches of") < text.index("VERDICT:")  # the cost, stated before the branches
+    report = json.loads((result.report_dir / "summary.json").read_text())
+    finding = json.loads((result.run_dir / "tune" / "tune.json").read_text())["lr"]["line"]
+    assert report["tuning"] == [f"lr check (from step [12], 12 updates a branch): {finding}"]
+    assert "evidence, not a rule: lr check" in text
+    assert (result.report_dir / "tune_lr.png").is_file()
+    phases = list(result.phase_seconds)
+    assert phases.index("checks") == phases.index("resume") + 1 == phases.index("report") - 1
