@@ -119,8 +119,14 @@ def _read_pilot(run_dir: Path) -> dict[str, Any]:
                         "`pilotrun train --run-dir` or `pilotrun pilot` wrote)")
     run = read_run_json(run_dir)
     recipe = run.get("recipe")
-    if not isinstance(recipe, dict) or not isinstance(recipe.get("train"), dict):
-        raise TuneError(f"{run_dir / RUN_JSON} holds no recipe: not a pilot's run folder")
+    needed = ("optim.schedule.warmup_steps", "optim.muon.lr", "optim.adamw.lr", "train.max_steps",
+              "train.batch_size")
+    for key in needed:
+        value: Any = recipe
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TuneError(f"{run_dir / RUN_JSON} holds no recipe with {key}: not a pilot's run folder")
     return run
 
 

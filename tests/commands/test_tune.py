@@ -78,6 +78,13 @@ def test_not_a_pilot_is_refused_in_one_line(tmp_path, capsys):
     assert "is not a pilot's run folder: it has no run.json" in lines[0]
 
 
+def test_a_run_json_without_a_recipe_is_refused_in_one_line(tmp_path, capsys):
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "x", "recipe": {"train": {"max_steps": 4}}}))
+    code, lines = _refusal(capsys, ["tune", str(tmp_path)])
+    assert code == 2 and len(lines) == 1
+    assert "holds no recipe with optim.schedule.warmup_steps: not a pilot's run folder" in lines[0]
+
+
 def test_a_pilot_without_a_checkpoint_past_warm_up_is_refused_in_one_line(pilot, tmp_path, capsys):
     bare = tmp_path / "bare"
     bare.mkdir()
