@@ -432,7 +432,7 @@ def test_a_pilot_with_the_lr_check_has_its_finding_in_the_verdict_and_the_report
     assert text.index("[tune] 5 branches of") < text.index("VERDICT:")  # the cost, stated before the branches
     report = json.loads((result.report_dir / "summary.json").read_text())
     finding = json.loads((result.run_dir / "tune" / "tune.json").read_text())["lr"]["line"]
-    assert report["tuning"] == [f"lr check (from step [12], 12 updates a branch): {finding}"]
+    assert report["tuning"] == [f"lr check (from step 12, 12 updates a branch): {finding}"]
     assert "evidence, not a rule: lr check" in text
     assert (result.report_dir / "tune_lr.png").is_file()
     phases = list(result.phase_seconds)

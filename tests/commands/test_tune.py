@@ -134,7 +134,7 @@ def test_a_whole_check_lands_in_the_record_the_verdict_the_report_and_the_lock(p
 
     judged = verdict(pilot, resume_required=False)
     assert [line.split(":")[0] for line in judged.tuning] == [
-        "lr check (from step [8], 4 updates a branch)", "batch check (from step [4, 8], 4 updates a branch)"]
+        "lr check (from step 8, 4 updates a branch)", "batch check (from steps 4 and 8, 4 updates a branch)"]
     assert (pilot / "report" / "tune_lr.png").is_file()
     assert "Evidence, not a rule: lr check" in (pilot / "report" / "report.html").read_text()
     code, lock, _ = freeze_run(pilot, tmp_path / "recipe.lock.json", despite_no_go=True,

@@ -139,6 +139,8 @@ def tune_evidence_lines(run_dir: str | Path) -> list[str]:
     for check in ("lr", "batch"):
         found = result.get(check)
         if isinstance(found, dict) and isinstance(found.get("line"), str):
-            lines.append(f"{check} check (from step {found.get('from_steps')}, "
+            steps = [str(s) for s in found.get("from_steps") or []]
+            where = " and ".join([", ".join(steps[:-1]), steps[-1]] if len(steps) > 1 else steps)
+            lines.append(f"{check} check (from step{'s' if len(steps) > 1 else ''} {where}, "
                          f"{found.get('updates')} updates a branch): {found['line']}")
     return lines

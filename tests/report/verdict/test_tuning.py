@@ -115,7 +115,7 @@ def test_the_verdict_reads_the_findings_as_evidence_lines(tmp_path):
         {"lr": {"line": "the recipe's learning rates look too high", "from_steps": [40], "updates": 8}}))
     assert read_tune_result(tmp_path)["lr"]["updates"] == 8
     assert tune_evidence_lines(tmp_path) == [
-        "lr check (from step [40], 8 updates a branch): the recipe's learning rates look too high"]
+        "lr check (from step 40, 8 updates a branch): the recipe's learning rates look too high"]
 
 
 def test_a_diverged_branch_is_never_the_best():
