@@ -23,6 +23,7 @@ from pilotrun.commands.cli_data import add_data, add_prepare
 from pilotrun.commands.cli_evaluate import add_evaluate
 from pilotrun.commands.cli_paths import check_path_arguments
 from pilotrun.commands.cli_trackers import add_export_metrics, add_tensorboard
+from pilotrun.commands.cli_tune import add_tune
 from pilotrun.common import stop_signals
 from pilotrun.common.errors import PilotrunError
 from pilotrun.common.parsing import terminal_safe
@@ -632,6 +633,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_freeze,
         _add_watch,
         _add_pilot,
+        add_tune,
         add_evaluate,
         _add_export,
         add_tensorboard,

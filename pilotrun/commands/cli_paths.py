@@ -30,6 +30,7 @@ PATH_ARGUMENTS: dict[tuple[str, str | None], dict[str, tuple[str, str]]] = {
     ("inspect-batch", None): {"run_dir": ("folder", "run folder")},
     ("summarize", None): {"run_dir": ("folder", "run folder")},
     ("verdict", None): {"run_dir": ("folder", "run folder")},
+    ("tune", None): {"run_dir": ("folder", "run folder"), "data": ("data", "--data")},
     ("freeze", None): {"run_dir": ("folder", "run folder"), "out": ("file", "--out")},
     ("watch", None): {"run_dir": ("folder", "run folder"), "against": ("file", "--against")},
     ("pilot", None): {

@@ -14,6 +14,8 @@ After a GO (or with `--despite-no-go`, recorded in the lock) the lock holds:
   `forecast`, the validation loss the long run will reach: a schedule-aware law fitted to the pilot's
   validation losses, its curve at the long run's evaluation steps, the final value with its 90% interval and
   what it assumes, or "no forecast: <why>" (pilotrun/report/projection/forecast_record.py);
+- `tuning`, where `pilotrun tune` ran on the pilot before it was frozen: what its learning-rate and batch
+  checks found (report/verdict/tuning.py);
 - `sha256` over everything else, so the lock identifies itself.
 """
 
@@ -29,9 +31,11 @@ from pilotrun.common.files import canonical_sha256, refuse_link
 from pilotrun.config import RECIPE_FORMAT, RECIPE_FORMAT_KEY, current_recipe
 from pilotrun.report.projection.forecast_record import FORECAST_KEY, format_forecast, lock_forecast
 from pilotrun.report.projection.long_run import project, watch_figures
+from pilotrun.report.verdict.tuning import read_tune_result
 from pilotrun.report.verdict.verdict import judge
 from pilotrun.run.changes import recipe_changes_in_history
 from pilotrun.run.recipe_lock import LOCK_FORMAT, PROJECTION_KEY, WATCH_KEY, FreezeError, write_lock
+from pilotrun.run.record import json_safe
 
 
 def check_projection_options(target_steps: int | None, mtbf_hours: float | None,
@@ -114,6 +118,9 @@ def build_lock(
     }
     # The watcher's figures are the pilot's own, whether or not a long run's length is projected.
     lock[WATCH_KEY] = watch_figures(summary, lock["verdict"]["thresholds"])
+    tuning = tuning_of(summary.run_dir, summary.run.get("run_id"))
+    if tuning is not None:
+        lock[TUNING_KEY] = tuning
     if target_steps is not None:
         options = (
             f"--target-steps {target_steps}"
@@ -197,6 +204,26 @@ def format_projection(projection: dict[str, Any]) -> list[str]:
         lines.append(f"  cost: {projection['cost']['value']:.2f} ({projection['cost']['from']})")
     lines.append(f"  goodput: {projection['goodput']['value']:.3f} ({projection['goodput']['from']})")
     return lines
+
+
+TUNING_KEY = "tuning"
+
+
+def tuning_of(run_dir: str | Path, run_id: Any) -> dict[str, Any] | None:
+    """What `pilotrun tune` found on this pilot (RUN/tune/tune.json of the same run_id), as the lock keeps it:
+    each check's finding and figures, without the branches (their folders hold them); None where no check
+    ran."""
+    result = read_tune_result(run_dir)
+    if result is None or result.get("run_id") != run_id:
+        return None
+    keys = {"lr": ("best_factor", "within_one_step", "direction", "gain", "sensitivity", "from_steps",
+                   "line"),
+            "batch": ("critical", "band", "direction", "from_steps", "line")}
+    kept: dict[str, Any] = {"updates": result.get("updates"), "yardstick": result.get("yardstick")}
+    for check, names in keys.items():
+        if isinstance(result.get(check), dict):
+            kept[check] = {name: result[check].get(name) for name in names}
+    return json_safe(kept)  # a loss that did not stay finite is kept by its name ("Infinity")
 
 
 def forecast_lines(lock: dict[str, Any]) -> list[str]:

@@ -13,7 +13,8 @@
    torchrun every rank stops itself at the same update and the launcher and every worker are killed at once
    (pilot_process.py);
 4. resume it with `--resume` as a second process (tree), which must reach max_steps;
-5. summarize with `--require-step max_steps`, then the verdict and its report; with `--freeze LOCK`, a GO is
+5. with `--check lr,batch`, the learning-rate and batch checks (commands/tune.py) on the finished run;
+6. summarize with `--require-step max_steps`, then the verdict and its report; with `--freeze LOCK`, a GO is
    frozen into a recipe lock (commands/freeze.py). Exit 0 GO, 1 NO-GO, 128 + the signal's number after a stop
    signal (130 SIGINT, 143 SIGTERM, 129 SIGHUP: pilotrun/common/stop_signals.py).
 
@@ -325,6 +326,7 @@ def run_pilot(
     freeze: str | Path | None = None,
     progress: str = "auto",
     reprepare: bool = False,
+    check: tuple[str, ...] = (),
 ) -> PilotResult:
     from pilotrun.common.errors import ConfigError
     from pilotrun.config import load_run_config, resolve_recipe_path
@@ -373,6 +375,7 @@ def run_pilot(
                 timeout_seconds,
                 demo=config is None,
                 reprepare=reprepare,
+                check=check,
             )
         except PilotStopped as stopped:
             stops.signum = stopped.signum
@@ -413,7 +416,8 @@ def _resume_line(config: Path, data_dir: Path, run_dir: Path, overrides: list[st
 def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, overrides: list[str], recipe,
               data, source: str, tokenizer: str, point: int, stop: int, nproc: int | None, freeze,
               progress: str, stops: StopForwarding, out: TextIO, poll_seconds: float,
-              timeout_seconds: float, demo: bool, reprepare: bool = False) -> PilotResult:
+              timeout_seconds: float, demo: bool, reprepare: bool = False,
+              check: tuple[str, ...] = ()) -> PilotResult:
     from pilotrun.data.prepare_state import PrepareInterrupted
 
     started = time.monotonic()
@@ -529,7 +533,24 @@ def _rehearse(workdir: Path, run_dir: Path, marker: Path, config_path: Path, ove
             f"(its output: {second.log})"
         )
     phases["resume"] = time.monotonic() - phase_start
+    if check:
+        _run_checks(run_dir, check, data_dir, nproc, out, phases)
     return _judge(run_dir, max_steps, freeze, out, started, phases, killed_at, checkpoint, killed, data_dir)
+
+
+def _run_checks(run_dir: Path, check: tuple[str, ...], data_dir: Path | None, nproc: int | None, out: TextIO,
+                phases: dict[str, float]) -> None:
+    """`--check lr,batch`: `pilotrun tune` on the finished pilot, before the verdict, so that its findings are
+    in the verdict, the report and a `--freeze` lock. A pilot the checks cannot branch (too short, no
+    checkpoint past warm-up kept) is said in one line and judged as it is."""
+    from pilotrun.commands.tune import TuneError, tune
+
+    phase_start = time.monotonic()
+    try:
+        tune(run_dir, check, data=data_dir, nproc=nproc, out=out)
+    except TuneError as exc:
+        _say(out, f"checks not run: {exc}")
+    phases["checks"] = time.monotonic() - phase_start
 
 
 def _val_warnings_for(recipe, config_path: Path, nproc: int | None):
@@ -661,6 +682,9 @@ def add_pilot_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
                    help="train under torchrun with N processes (gloo on the CPU); the kill takes every one")
     p.add_argument("--freeze", default=None, metavar="LOCK", help="after a GO, write the recipe lock to LOCK")
+    p.add_argument("--check", default=None, metavar="lr,batch",
+                   help="after the resumed run, check the learning rates and the batch by branches from the "
+                        "pilot's checkpoints (`pilotrun tune`), at up to 3x the pilot's updates")
     p.add_argument(
         "--progress",
         choices=("auto", "plain"),
@@ -671,6 +695,8 @@ def add_pilot_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_pilot_from_cli(args: argparse.Namespace) -> int:
+    from pilotrun.commands.tune import parse_checks
+
     if args.data is not None and (args.source is not None or args.tokenizer is not None):
         raise PilotError(
             "--data names a prepared folder; --source and --tokenizer prepare one: give one or the other"
@@ -685,7 +711,8 @@ def run_pilot_from_cli(args: argparse.Namespace) -> int:
                          tokenizer=args.tokenizer or DEFAULT_TOKENIZER, data=args.data,
                          source=args.source or DEFAULT_SOURCE, interrupt_at=args.interrupt_at,
                          nproc_per_node=args.nproc_per_node, freeze=args.freeze, progress=args.progress,
-                         reprepare=args.reprepare).exit_code
+                         reprepare=args.reprepare,
+                         check=parse_checks(args.check) if args.check else ()).exit_code
     except PilotInterrupted as exc:
         print(str(exc), file=sys.stderr, flush=True)
         return exc.exit_code

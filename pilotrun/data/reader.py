@@ -403,6 +403,26 @@ class BatchLoader:
                 })
         return rows
 
+    def _same_window_index(self, saved_index: int, saved_windows: int) -> int:
+        """The global batch index that starts at the window where a cursor saved with another global batch
+        (`saved_windows` windows; a resume that changed train.batch_size, allowed on resume) would read next,
+        in the same epoch: the run goes on through the very tokens it would have read, in bigger or smaller
+        batches. Refused where no batch of this size starts there."""
+        if saved_windows < 1:
+            raise DataError(f"{self.split.name} cursor was saved with global_batch_windows={saved_windows}")
+        if self.mode == "repeat_batch":
+            return saved_index
+        windows = (self.split.num_tokens - 1) // self.seq_len
+        epoch, batch = divmod(saved_index, windows // saved_windows)
+        window = batch * saved_windows
+        new_batch, offset = divmod(window, self.global_batch_windows)
+        if offset or new_batch >= self.batches_per_epoch:
+            raise DataError(
+                f"{self.split.name} cursor was saved with global batches of {saved_windows} windows at "
+                f"window {window} of epoch {epoch}: no global batch of {self.global_batch_windows} windows "
+                "starts there, so the data cannot continue where it stopped with this batch geometry")
+        return epoch * self.batches_per_epoch + new_batch
+
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, int]:
         return {
@@ -418,7 +438,7 @@ class BatchLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         expected = self.state_dict()
-        for key in ("seq_len", "global_batch_windows", "split_tokens", "repeat_batch"):
+        for key in ("seq_len", "split_tokens", "repeat_batch"):
             if int(state.get(key, -1)) != expected[key]:
                 raise DataError(
                     f"{self.split.name} cursor was saved with {key}={state.get(key)}, this loader has "
@@ -427,6 +447,9 @@ class BatchLoader:
         batch_index = int(state["batch_index"])
         if batch_index < 0:
             raise DataError(f"{self.split.name} cursor has a negative batch_index {batch_index}")
+        saved_windows = int(state.get("global_batch_windows", -1))
+        if saved_windows != self.global_batch_windows:
+            batch_index = self._same_window_index(batch_index, saved_windows)
         self.batch_index = batch_index
         self.last_batch_restarted = bool(int(state.get("last_batch_restarted", 0)))
         if int(state.get("epoch", self.epoch)) != self.epoch:

@@ -392,3 +392,48 @@ def test_a_second_pilot_keeps_the_first_and_never_moves_a_run_a_lock_names(built
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"the recipe lock {lock} was frozen from" in err[0]
     assert sorted(p.name for p in workdir.iterdir()) == before
+
+
+def test_the_pilots_checks_run_before_the_verdict_and_a_pilot_they_cannot_branch_is_still_judged(
+        monkeypatch, tmp_path):
+    from pilotrun.commands import pilot as pilot_module
+    from pilotrun.commands import tune as tune_module
+
+    calls = []
+
+    def fake_tune(run_dir, checks, **options):
+        calls.append((run_dir, checks, options["data"], options["nproc"]))
+        if checks == ("batch",):
+            raise tune_module.TuneError("run is too short to branch")
+        return {}
+
+    monkeypatch.setattr(tune_module, "tune", fake_tune)
+    out, phases = io.StringIO(), {}
+    pilot_module._run_checks(tmp_path, ("lr", "batch"), tmp_path / "data", None, out, phases)
+    pilot_module._run_checks(tmp_path, ("batch",), None, 2, out, phases)
+    assert calls == [(tmp_path, ("lr", "batch"), tmp_path / "data", None), (tmp_path, ("batch",), None, 2)]
+    assert out.getvalue() == "[pilot] checks not run: run is too short to branch\n"
+    assert "checks" in phases
+
+
+def test_a_bad_check_is_refused_before_the_pilot_starts(tmp_path, capsys):
+    assert main(["pilot", "--workdir", str(tmp_path / "w"), "--check", "speed"]) == 2
+    assert "the checks are lr, batch" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.slow
+def test_a_pilot_with_the_lr_check_has_its_finding_in_the_verdict_and_the_report(builtin_data_dir, tmp_path):
+    out = io.StringIO()
+    result = run_pilot(tmp_path / "work", config="smoke", data=builtin_data_dir, out=out, poll_seconds=0.05,
+                       overrides=["train.max_steps=24", "optim.schedule.horizon=24", "train.eval.every=4",
+                                  "train.checkpoint.every=4", "train.checkpoint.keep=10"], check=("lr",))
+    text = out.getvalue()
+    assert text.index("[tune] 5 branches of") < text.index("VERDICT:")  # the cost, stated before the branches
+    report = json.loads((result.report_dir / "summary.json").read_text())
+    finding = json.loads((result.run_dir / "tune" / "tune.json").read_text())["lr"]["line"]
+    assert report["tuning"] == [f"lr check (from step 12, 12 updates a branch): {finding}"]
+    assert "evidence, not a rule: lr check" in text
+    assert (result.report_dir / "tune_lr.png").is_file()
+    phases = list(result.phase_seconds)
+    assert phases.index("checks") == phases.index("resume") + 1 == phases.index("report") - 1

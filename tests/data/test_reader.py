@@ -259,3 +259,25 @@ def concatenated_cached(data_dir):
     if key not in _cache:
         _cache[key] = concatenated(data_dir, "train")
     return _cache[key]
+
+
+def test_a_cursor_saved_with_another_global_batch_continues_at_the_same_window(small_data):
+    split = open_dataset(small_data).split("train")
+    walked = BatchLoader(split, batch_size=4, seq_len=32)
+    for _ in range(3):
+        walked.next_batch()
+    halves = BatchLoader(split, batch_size=2, seq_len=32)
+    halves.load_state_dict(walked.state_dict())
+    doubles = BatchLoader(split, batch_size=8, seq_len=32)
+    doubles.load_state_dict(BatchLoader(split, batch_size=4, seq_len=32).state_dict())
+    # The next 8 windows, whichever batch size reads them: batch 3 of 4 windows is windows 12..15.
+    expected = torch.cat([walked.next_batch()[0], walked.next_batch()[0]])
+    assert halves.batch_index == 6
+    assert torch.equal(torch.cat([halves.next_batch()[0] for _ in range(4)]), expected)
+    walked_from_start = BatchLoader(split, batch_size=4, seq_len=32)
+    assert torch.equal(doubles.next_batch()[0],
+                       torch.cat([walked_from_start.next_batch()[0], walked_from_start.next_batch()[0]]))
+    odd = BatchLoader(split, batch_size=4, seq_len=32)
+    odd.next_batch()
+    with pytest.raises(DataError, match="no global batch of 8 windows starts there"):
+        BatchLoader(split, batch_size=8, seq_len=32).load_state_dict(odd.state_dict())

@@ -26,6 +26,7 @@ from pilotrun.common.files import (
 from pilotrun.common.strict_json import strict_dumps
 from pilotrun.report.drawing.plots import PLOT_TITLES, write_plots
 from pilotrun.report.drawing.run_header import run_identity
+from pilotrun.report.drawing.tune_plots import TUNE_PLOT_TITLES, write_run_tune_plots
 from pilotrun.report.projection.forecast_record import format_forecast
 from pilotrun.report.record_check.time_split import SPLIT_KEYS, SPLIT_PHASES
 from pilotrun.report.verdict.rules import RULES, THROUGHPUT_STEADY
@@ -79,10 +80,11 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
         for s in summary.sessions
     )
     images = []
+    titles = {**PLOT_TITLES, **TUNE_PLOT_TITLES}
     for name, path in shown.items():
         data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
         images.append(f"<figure id='plot-{e(name)}'><img alt='{e(name)}' data-file='{e(Path(path).name)}' "
-                      f"src='data:image/png;base64,{data}'><figcaption>{e(PLOT_TITLES.get(name, name))} "
+                      f"src='data:image/png;base64,{data}'><figcaption>{e(titles.get(name, name))} "
                       f"({e(Path(path).name)})</figcaption></figure>")
     if len(shown) < len(plots):
         images.append(
@@ -108,6 +110,7 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
     frozen = f"\n<p>{e(describe_frozen_status(verdict.frozen))}</p>" if verdict.frozen is not None else ""
     if verdict.forecast is not None:  # evidence beside the rules, never one of them (forecast_record.py)
         frozen += f"\n<p>Evidence, not a rule: {e(format_forecast(verdict.forecast))}</p>"
+    frozen += "".join(f"\n<p>Evidence, not a rule: {e(line)}</p>" for line in verdict.tuning)
     problems = "".join(f"<li>{e(r)}</li>" for r in summary.reasons) or "<li>none</li>"
     # The trainer's own notes (schedule and val warnings, what a resume restored) travel in run.json's
     # sessions.
@@ -246,6 +249,7 @@ def write_report(verdict: Verdict, run_dir: str | Path | None = None) -> Path:
     temp.mkdir()
     try:
         plots = write_plots(verdict.summary, temp)
+        plots.update(write_run_tune_plots(verdict.summary.run_dir, temp))  # where `pilotrun tune` ran
         write_text_atomic(temp / "summary.json", strict_dumps(verdict.to_dict(), indent=2) + "\n")
         write_text_atomic(temp / "report.html", render_html(verdict, plots))
         fsync_directory(temp)

@@ -19,6 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from pilotrun.config import current_key
 from pilotrun.report.record_check.time_split import derived_time_split, read_time_split, time_split_problem
 from pilotrun.run import events as event_kinds
 from pilotrun.run.record import (
@@ -137,6 +138,27 @@ def _check_window(event: dict[str, Any], since: Counters, now: Counters, tokens_
     return window
 
 
+# The recipe keys whose change on resume (--allow-change) changes tokens_per_update.
+BATCH_KEYS = ("train.batch_size", "train.gradient_accumulation_steps")
+
+
+def tokens_per_update_of(run: dict[str, Any], sid: str) -> Any:
+    """The tokens per update session `sid` ran with: run.json's (the latest session's), taken back through the
+    batch changes later sessions made on resume (`allowed_changes`), each a ratio of its old to new value."""
+    value = run.get("tokens_per_update")
+    order = [str(s.get("session_id")) for s in run.get("sessions") or [] if isinstance(s, dict)]
+    if sid not in order or not isinstance(value, int):
+        return value
+    for change in reversed(run.get("allowed_changes") or []):
+        if not isinstance(change, dict) or current_key(str(change.get("key"))) not in BATCH_KEYS:
+            continue
+        later = str(change.get("session_id")) in order[order.index(sid) + 1:]
+        old, new = change.get("old"), change.get("new")
+        if later and isinstance(old, int) and isinstance(new, int) and new > 0 and value * old % new == 0:
+            value = value * old // new
+    return value
+
+
 def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
                    reasons: list[str], notes_out: list[str]) -> dict[str, Any]:
     """Validate one session's events; return its start/last counters and sums for reconciliation."""
@@ -159,10 +181,11 @@ def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
             "(the previous session was killed mid-write)"
         )
     tpu = first.get("tokens_per_update")
-    if first["event"] == "session_start" and tpu != run.get("tokens_per_update"):
-        reasons.append(
-            f"{_where(first)}: tokens_per_update {tpu} differs from run.json's {run.get('tokens_per_update')}"
-        )
+    expected = tokens_per_update_of(run, sid)
+    if first["event"] == "session_start" and tpu != expected:
+        reasons.append(f"{_where(first)}: tokens_per_update {tpu} differs from run.json's {expected}"
+                       + ("" if expected == run.get("tokens_per_update") else
+                          " (its value before the batch changes allowed on resume)"))
 
     previous = start
     since_train = start

@@ -38,6 +38,7 @@ from pilotrun.report.verdict.thresholds import (
     RuleResult,
     Thresholds,
 )
+from pilotrun.report.verdict.tuning import tune_evidence_lines
 from pilotrun.run.changes import recipe_changes_in_history
 from pilotrun.run.recipe_lock import describe_frozen_status, frozen_candidate_status
 from pilotrun.run.run_folder import RunFolder
@@ -60,6 +61,8 @@ class Verdict:
     # What a 10x long run of the recipe would reach (report/projection/forecast_record.py): evidence, not a
     # rule.
     forecast: dict[str, Any] | None = None
+    # What the learning-rate and batch checks found (`pilotrun tune`, tuning.py): evidence, not a rule.
+    tuning: list[str] = field(default_factory=list)
 
     @property
     def provisional(self) -> bool:
@@ -75,7 +78,7 @@ class Verdict:
                 "rules": [dataclasses.asdict(r) for r in self.rules],
                 "failed": [r.name for r in self.rules if r.status == FAIL],
                 "warnings": [dataclasses.asdict(r) for r in self.warnings], "candidate": self.candidate,
-                "frozen": self.frozen, "forecast": self.forecast,
+                "frozen": self.frozen, "forecast": self.forecast, "tuning": self.tuning,
                 "thresholds": dataclasses.asdict(self.thresholds),
                 "summary": self.summary.to_dict()}
 
@@ -125,7 +128,7 @@ def judge_summary(summary: Summary, thresholds: Thresholds | None = None) -> Ver
         )
     return Verdict(decision=decision, rules=rules, statement=statement, thresholds=t, summary=summary,
                    candidate=candidate, frozen=frozen_candidate_status(summary.run),
-                   forecast=pilot_forecast(summary))
+                   forecast=pilot_forecast(summary), tuning=tune_evidence_lines(summary.run_dir))
 
 
 def judge(run: RunFolder | str | Path, thresholds: Thresholds | None = None) -> Verdict:
@@ -149,6 +152,7 @@ def format_verdict(verdict: Verdict) -> str:
     lines.append(verdict.statement)
     if verdict.forecast is not None:
         lines.append(f"evidence, not a rule: {format_forecast(verdict.forecast)}")
+    lines += [f"evidence, not a rule: {line}" for line in verdict.tuning]
     if verdict.frozen is not None:
         lines.append(describe_frozen_status(verdict.frozen))
     return printable_lines(lines)

@@ -142,3 +142,16 @@ def test_a_first_clip_missing_from_its_window_is_rejected(tmp_path):
         "qk_clip.first_clipped [] differs from the first-time qk_clip events logged in it [[1, 0]]" in r
         for r in summary.reasons
     ), summary.reasons
+
+
+def test_a_sessions_tokens_per_update_is_taken_back_through_later_batch_changes():
+    from pilotrun.report.record_check.sessions import tokens_per_update_of
+
+    run = {"tokens_per_update": 64, "sessions": [{"session_id": sid} for sid in ("a", "b", "c")],
+           "allowed_changes": [{"key": "train.batch_size", "old": 4, "new": 2, "session_id": "c"},
+                               {"key": "optim.muon.lr", "old": 0.1, "new": 0.2, "session_id": "b"}]}
+    assert [tokens_per_update_of(run, sid) for sid in ("a", "b", "c")] == [128, 128, 64]
+    run["allowed_changes"].append({"key": "train.gradient_accumulation_steps", "old": 1, "new": 4,
+                                   "session_id": "c"})
+    run["tokens_per_update"] = 256
+    assert [tokens_per_update_of(run, sid) for sid in ("a", "c")] == [128, 256]

@@ -1,0 +1,390 @@
+"""`pilotrun tune RUN --check lr,batch`: does the pilot's recipe use a learning rate and a batch near the best
+it could, measured by short branches from the pilot's own committed checkpoints.
+
+A command of its own that reads a finished pilot's folder (and `pilotrun pilot --check` calls it after its
+resumed run): the checks need the whole pilot (its committed checkpoints past warm-up, its record's noise and
+seconds per update), so they are a step after the pilot, and can be run again, or later, on any pilot folder
+without running the pilot again.
+
+1. plan: from RUN/run.json (the effective recipe, the data folder) and the committed checkpoints, the
+   checkpoints to branch from, the updates per branch and every branch; the cost (updates and seconds
+   projected from the pilot's recorded seconds per update) is stated before anything runs and refused above
+   `budget` times the pilot's own updates;
+2. each branch (commands/tune_branch.py) is a `pilotrun train --resume --from-step N` into RUN/tune/NAME with
+   its allowed change, in a process of its own; a branch already complete is reused, an interrupted one run
+   again from its checkpoint;
+3. the findings (report/verdict/tuning.py) go to RUN/tune/tune.json (written last, atomically) and its plots
+   beside it; `pilotrun verdict RUN` then shows them as evidence and draws them in the report, and `freeze`
+   carries them into the lock.
+
+The learning-rate branches multiply both the Muon and the AdamW rate by each factor of LR_FACTORS. The batch
+branches change the global batch by train.gradient_accumulation_steps where it can (the cursor geometry and
+the per-device memory stay), else by train.batch_size (with train.eval.batches scaled so that every branch
+evaluates on the same validation windows), and each reads the same tokens: a branch at m times the batch runs
+1/m of the updates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from pilotrun.commands.next_commands import train_words
+from pilotrun.commands.pilot_process import TrainingChild
+from pilotrun.commands.tune_branch import (
+    Branch,
+    branch_val_loss,
+    cadence_overrides,
+    make_branch_folder,
+    pilot_session_ids,
+)
+from pilotrun.common.errors import PilotrunError
+from pilotrun.common.files import write_text_atomic
+from pilotrun.report.verdict.tuning import (
+    BATCH_MULTIPLES,
+    LR_FACTORS,
+    TUNE_DIR,
+    TUNE_JSON,
+    factor_name,
+    judge_batch,
+    judge_lr,
+    noise_yardstick,
+)
+from pilotrun.run.marker import committed_checkpoint_steps
+from pilotrun.run.record import (
+    RUN_JSON,
+    json_safe,
+    read_metrics_tolerant,
+    read_run_json,
+    recorded_seconds_per_update,
+)
+
+CHECKS = ("lr", "batch")
+DEFAULT_BUDGET = 3.0  # the checks' updates, at the recipe's batch, as a multiple of the pilot's own
+RECIPE_FILE = "recipe.json"  # the pilot's effective recipe, which every branch is started with
+
+
+class TuneError(PilotrunError):
+    """The checks cannot run on this folder (not a pilot, no checkpoint to branch from, over budget)."""
+
+
+@dataclass
+class TunePlan:
+    run_dir: Path
+    checks: tuple[str, ...]
+    updates: int
+    lr_step: int | None
+    batch_steps: list[int]
+    branches: list[Branch] = field(default_factory=list)
+    pilot_updates: int = 0
+    seconds_per_update: float | None = None
+    startup_seconds: float | None = None  # the pilot's median session start-up, which each branch pays again
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def cost_updates(self) -> int:
+        """Updates at the recipe's batch that the branches cost (a branch at m times the batch: m each)."""
+        return sum(round(b.updates * (b.value if b.kind == "batch" else 1.0)) for b in self.branches)
+
+    def cost_line(self, budget: float) -> str:
+        per_update = self.seconds_per_update
+        seconds = (f", about {self.cost_updates * per_update:.0f} s of training projected from the pilot's "
+                   f"{per_update:.3g} s per update" if per_update else "")
+        if self.startup_seconds is not None:
+            count = len(self.branches)
+            seconds += (f" and {count * self.startup_seconds:.0f} s of start-up ({count} x the pilot's "
+                        f"{self.startup_seconds:.2g} s a session, the interpreter's launch not counted)")
+        return (f"{len(self.branches)} branches of {self.updates} updates cost {self.cost_updates} updates "
+                f"at the recipe's batch = {self.cost_updates / self.pilot_updates:.2f}x the pilot's "
+                f"{self.pilot_updates} (budget {budget:g}x){seconds}")
+
+
+def parse_checks(text: str) -> tuple[str, ...]:
+    checks = tuple(c.strip() for c in text.split(",") if c.strip())
+    unknown = [c for c in checks if c not in CHECKS]
+    if unknown or not checks:
+        raise TuneError(f"--check {text!r}: the checks are {', '.join(CHECKS)} (comma-separated)")
+    return checks
+
+
+def _read_pilot(run_dir: Path) -> dict[str, Any]:
+    if not (run_dir / RUN_JSON).is_file():
+        raise TuneError(f"{run_dir} is not a pilot's run folder: it has no {RUN_JSON} (pass the folder "
+                        "`pilotrun train --run-dir` or `pilotrun pilot` wrote)")
+    run = read_run_json(run_dir)
+    recipe = run.get("recipe")
+    needed = ("optim.schedule.warmup_steps", "optim.muon.lr", "optim.adamw.lr", "train.max_steps",
+              "train.batch_size")
+    for key in needed:
+        value: Any = recipe
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TuneError(f"{run_dir / RUN_JSON} holds no recipe with {key}: not a pilot's run folder")
+    return run
+
+
+def _batch_change(train: dict[str, Any], multiple: float) -> tuple[list[str], list[str]] | None:
+    """(--set, --allow-change) that make the global batch `multiple` times the recipe's; None: cannot."""
+    accumulation, batch = int(train.get("gradient_accumulation_steps", 1)), int(train["batch_size"])
+    if multiple >= 1:
+        key, value = "train.gradient_accumulation_steps", round(accumulation * multiple)
+        return [f"{key}={value}"], [key]
+    if accumulation % round(1 / multiple) == 0:
+        key, value = "train.gradient_accumulation_steps", round(accumulation * multiple)
+        return [f"{key}={value}"], [key]
+    if batch % round(1 / multiple) == 0:
+        eval_batches = round(int((train.get("eval") or {}).get("batches", 1)) / multiple)
+        return ([f"train.batch_size={round(batch * multiple)}", f"train.eval.batches={eval_batches}"],
+                ["train.batch_size"])
+    return None
+
+
+def _lr_branches(recipe: dict[str, Any], step: int, updates: int) -> list[Branch]:
+    muon, adamw = recipe["optim"]["muon"]["lr"], recipe["optim"]["adamw"]["lr"]
+    branches = []
+    for factor in LR_FACTORS:
+        change = ([f"optim.muon.lr={muon * factor!r}", f"optim.adamw.lr={adamw * factor!r}"]
+                  if factor != 1.0 else [])
+        allow = ["optim.muon.lr", "optim.adamw.lr"] if change else []
+        branches.append(Branch("lr" if factor != 1.0 else "base", factor, step, updates, change, allow))
+    return branches
+
+
+def _batch_branches(recipe: dict[str, Any], steps: list[int], updates: int,
+                    notes: list[str]) -> list[Branch]:
+    branches = []
+    for step in steps:
+        for multiple in BATCH_MULTIPLES:
+            if multiple == 1.0:
+                branches.append(Branch("base", 1.0, step, updates))
+                continue
+            change = _batch_change(recipe["train"], multiple)
+            if change is None:
+                notes.append(f"batch {factor_name(multiple)}x left out: neither the recipe's "
+                             "gradient_accumulation_steps nor its batch_size divides by "
+                             f"{round(1 / multiple)}")
+                continue
+            branches.append(Branch("batch", multiple, step, round(updates / multiple), *change))
+    return branches
+
+
+def _choose_points(eligible: list[int], middle: float,
+                   checks: tuple[str, ...]) -> tuple[int | None, list[int]]:
+    """The LR check's checkpoint (nearest the pilot's middle past warm-up) and the batch check's (that one and
+    the farthest from it: two points of the pilot's span)."""
+    lr_step = min(eligible, key=lambda s: (abs(s - middle), s))
+    batch_steps = sorted({lr_step, max(eligible, key=lambda s: (abs(s - lr_step), s))})
+    return (lr_step if "lr" in checks else None), (batch_steps if "batch" in checks else [])
+
+
+def _unique(branches: list[Branch]) -> list[Branch]:
+    seen, kept = set(), []
+    for branch in branches:
+        if branch.name not in seen:
+            seen.add(branch.name)
+            kept.append(branch)
+    return kept
+
+
+def _branches_for(recipe: dict[str, Any], checks: tuple[str, ...], past: list[int], updates: int,
+                  max_steps: int, warmup: int) -> TunePlan | None:
+    eligible = [s for s in past if s + updates <= max_steps]
+    if not eligible:
+        return None
+    lr_step, batch_steps = _choose_points(eligible, (warmup + max_steps) / 2, checks)
+    notes: list[str] = []
+    branches = _lr_branches(recipe, lr_step, updates) if lr_step is not None else []
+    branches += _batch_branches(recipe, batch_steps, updates, notes)
+    return TunePlan(Path(), checks, updates, lr_step, batch_steps, _unique(branches), notes=notes)
+
+
+def plan_checks(run_dir: str | Path, checks: tuple[str, ...], updates: int | None = None,
+                budget: float = DEFAULT_BUDGET) -> TunePlan:
+    """Every branch of the checks, or a TuneError that says what the pilot lacks."""
+    run_dir = Path(run_dir)
+    run = _read_pilot(run_dir)
+    recipe = run["recipe"]
+    warmup = int(recipe["optim"]["schedule"].get("warmup_steps", 0))
+    committed = committed_checkpoint_steps(run_dir)
+    max_steps = max([int(recipe["train"]["max_steps"]), *committed] or [0])
+    past = [s for s in committed if warmup < s < max_steps]
+    if not past:
+        raise TuneError(f"{run_dir} has no committed checkpoint past warm-up (step > {warmup}) and before "
+                        f"its last update {max_steps} (it has: {', '.join(map(str, committed)) or 'none'}): "
+                        "the checks branch from one; keep more checkpoints (train.checkpoint.keep) or run "
+                        "longer")
+    if updates is not None and (updates < 4 or updates % 4):
+        raise TuneError(f"--updates {updates}: must be a multiple of 4 (a 4x batch runs a quarter of them)")
+    candidates = [updates] if updates is not None else range((max_steps - past[0]) // 4 * 4, 0, -4)
+    plan = None
+    for k in candidates:
+        plan = _branches_for(recipe, checks, past, k, max_steps, warmup)
+        if plan is not None and (updates is not None or plan.cost_updates <= budget * max_steps):
+            break
+        plan = None
+    if plan is None:
+        raise TuneError(f"{run_dir} is too short to branch: no committed checkpoint past warm-up leaves "
+                        f"{updates or 4} updates before its last update {max_steps} within a budget of "
+                        f"{budget:g}x its updates; run the pilot longer or keep more checkpoints")
+    plan.run_dir, plan.pilot_updates = run_dir, max_steps
+    rates = recorded_seconds_per_update(run_dir)
+    plan.seconds_per_update = statistics.median(rates) if rates else None
+    plan.startup_seconds = pilot_startup_seconds(run_dir)
+    if plan.cost_updates > budget * max_steps:
+        raise TuneError(f"the checks would cost more than the budget: {plan.cost_line(budget)}; pass fewer "
+                        "--updates or a larger --budget")
+    return plan
+
+
+def pilot_startup_seconds(run_dir: Path) -> float | None:
+    """The median seconds from a pilot session's clock start (its session_end's time less its recorded wall
+    seconds) to its first train window: loading, building, restoring, which each branch, a session of its
+    own, pays again (the interpreter's own launch comes before that clock and is not in it)."""
+    first_window: dict[str, float] = {}
+    startups = []
+    for event in read_metrics_tolerant(run_dir).events:
+        sid, when = str(event.get("session_id")), event.get("time")
+        if not isinstance(when, float):
+            continue
+        if event.get("event") == "train" and sid not in first_window:
+            window = (event.get("window") or {}).get("wall_seconds")
+            first_window[sid] = when - (window if isinstance(window, float) else 0.0)
+        ended = event.get("event") == "session_end"
+        wall = (event.get("time_split") or {}).get("wall_seconds") if ended else None
+        if isinstance(wall, float) and sid in first_window:
+            startups.append(max(0.0, first_window[sid] - (when - wall)))
+    return statistics.median(startups) if startups else None
+
+
+def pilot_yardstick(run_dir: Path) -> float | None:
+    """The pilot's noise on the scale of one evaluation (report/verdict/tuning.py noise_yardstick)."""
+    events = read_metrics_tolerant(run_dir).events
+    train = [e for e in events if e.get("event") == "train" and isinstance(e.get("loss"), float)]
+    val_tokens = [e["tokens"] for e in events if e.get("event") == "val" and isinstance(e.get("tokens"), int)]
+    window_tokens = [(e.get("window") or {}).get("tokens") for e in train]
+    window_tokens = [t for t in window_tokens if isinstance(t, int) and t > 0]
+    if not train or not val_tokens or not window_tokens:
+        return None
+    return noise_yardstick([e["loss"] for e in train], int(statistics.median(window_tokens)), val_tokens[-1])
+
+
+def _pilot_ranks(run: dict[str, Any]) -> int | None:
+    """The ranks the pilot's last session ran on, where more than one: its branches run under torchrun the
+    same way (a resume on another world size is refused)."""
+    last = (run.get("sessions") or [{}])[-1]
+    world = ((last.get("hardware") or {}) if isinstance(last, dict) else {}).get("world_size")
+    return world if isinstance(world, int) and world > 1 else None
+
+
+def _run_branch(plan: TunePlan, branch: Branch, recipe_file: Path, data: Path, sessions: set[str],
+                nproc: int | None, out: TextIO) -> float:
+    folder = plan.run_dir / TUNE_DIR / branch.name
+    loss = branch_val_loss(folder, sessions, branch.last_step)
+    if loss is not None:
+        print(f"[tune] {branch.name}: already done, val loss {loss:.4f}", file=out, flush=True)
+        return loss
+    if folder.exists():
+        print(f"[tune] {branch.name}: an interrupted branch, run again from its checkpoint", file=out,
+              flush=True)
+        shutil.rmtree(folder)
+    make_branch_folder(plan.run_dir, folder, branch.from_step)
+    words = train_words(config=recipe_file, data=data, run_dir=folder,
+                        overrides=[*branch.overrides, *cadence_overrides(branch)], allow_changes=branch.allow,
+                        resume=True, extra=["--from-step", str(branch.from_step), "--progress", "none"])
+    child = TrainingChild(words, plan.run_dir / TUNE_DIR / "logs" / f"{branch.name}.log", nproc=nproc)
+    code = child.wait()
+    if code == 1:  # the branch stopped itself (a loss that left finite numbers, too many spike rollbacks)
+        print(f"[tune] {branch.name}: stopped itself ({child.cause()}): counted as diverged", file=out,
+              flush=True)
+        return math.inf
+    if code != 0:
+        raise TuneError(f"branch {branch.name} failed: {child.cause()} (its log: {child.log})")
+    loss = branch_val_loss(folder, sessions, branch.last_step)
+    if loss is None:
+        raise TuneError(f"branch {branch.name} ended without a validation loss at step {branch.last_step}")
+    print(f"[tune] {branch.name}: val loss {loss:.4f}", file=out, flush=True)
+    return loss
+
+
+def _findings(plan: TunePlan, losses: dict[str, float], yardstick: float) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    by = {(b.kind if b.kind != "base" else k, b.value, b.from_step): losses[b.name]
+          for b in plan.branches for k in ("lr", "batch")}
+    if plan.lr_step is not None:
+        lr = {f: by[("lr", f, plan.lr_step)] for f in LR_FACTORS}
+        found["lr"] = {**judge_lr(lr, yardstick), "losses": [[f, v] for f, v in lr.items()],
+                       "from_steps": [plan.lr_step], "updates": plan.updates}
+    if plan.batch_steps:
+        points = [{"step": s, "losses": {m: by[("batch", m, s)] for m in BATCH_MULTIPLES
+                                         if ("batch", m, s) in by}} for s in plan.batch_steps]
+        judged = judge_batch(points, yardstick)
+        for point, source in zip(judged["points"], points, strict=True):
+            point["losses"] = [[m, v] for m, v in source["losses"].items()]
+        found["batch"] = {**judged, "from_steps": plan.batch_steps, "updates": plan.updates}
+    return found
+
+
+def run_checks(plan: TunePlan, data: str | Path | None = None, nproc: int | None = None,
+               budget: float = DEFAULT_BUDGET, out: TextIO = sys.stdout) -> dict[str, Any]:
+    """Run every branch of `plan` (reusing complete ones), judge, write RUN/tune/tune.json and its plots."""
+    run = read_run_json(plan.run_dir)
+    data_dir = Path(data) if data is not None else Path(str((run.get("data") or {}).get("dir", "")))
+    if not (data_dir / "metadata.json").is_file() and not data_dir.is_file():
+        raise TuneError(f"the pilot's data folder {data_dir} is not there: pass --data DIR")
+    tune_dir = plan.run_dir / TUNE_DIR
+    (tune_dir / "logs").mkdir(parents=True, exist_ok=True)
+    recipe_file = tune_dir / RECIPE_FILE
+    write_text_atomic(recipe_file, json.dumps(run["recipe"], indent=1) + "\n")
+    sessions = pilot_session_ids(plan.run_dir)
+    nproc = nproc if nproc is not None else _pilot_ranks(run)
+    losses = {b.name: _run_branch(plan, b, recipe_file, data_dir, sessions, nproc, out)
+              for b in plan.branches}
+    measured = pilot_yardstick(plan.run_dir)
+    yardstick = measured if measured is not None else 0.0
+    result = {"run_id": run.get("run_id"), "checks": list(plan.checks), "updates": plan.updates,
+              "cost": {"updates": plan.cost_updates, "pilot_updates": plan.pilot_updates, "budget": budget,
+                       "seconds_per_update": plan.seconds_per_update, "line": plan.cost_line(budget)},
+              "yardstick": yardstick, "yardstick_measured": measured is not None, "notes": plan.notes,
+              "branches": {b.name: {"kind": b.kind, "value": b.value, "from_step": b.from_step,
+                                    "updates": b.updates, "set": b.overrides, "allow_change": b.allow,
+                                    "val_loss": losses[b.name]} for b in plan.branches},
+              **_findings(plan, losses, yardstick)}
+    from pilotrun.report.drawing.tune_plots import write_tune_plots
+
+    write_tune_plots(result, tune_dir)
+    # a branch that diverged has an infinite gain: written by its name, as the record writes a non-finite loss
+    write_text_atomic(tune_dir / TUNE_JSON, json.dumps(json_safe(result), indent=1, allow_nan=False) + "\n")
+    return result
+
+
+def format_findings(result: dict[str, Any]) -> list[str]:
+    lines = [f"yardstick (the pilot's noise on one evaluation): {result['yardstick']:.4g}"
+             + ("" if result.get("yardstick_measured") else " (too few windows to measure: 0)")]
+    for check in CHECKS:
+        if check in result:
+            lines.append(f"{check}: {result[check]['line']}")
+    lines += [f"note: {n}" for n in result.get("notes") or []]
+    return lines
+
+
+def tune(run_dir: str | Path, checks: tuple[str, ...] = CHECKS, updates: int | None = None,
+         budget: float = DEFAULT_BUDGET, data: str | Path | None = None, nproc: int | None = None,
+         out: TextIO = sys.stdout) -> dict[str, Any]:
+    """Plan, state the cost, run, judge: the command's whole work; returns tune.json's content."""
+    if not math.isfinite(budget) or budget <= 0:
+        raise TuneError(f"--budget {budget}: must be a positive multiple of the pilot's updates")
+    plan = plan_checks(run_dir, checks, updates, budget)
+    print(f"[tune] {plan.cost_line(budget)}", file=out, flush=True)
+    for note in plan.notes:
+        print(f"[tune] note: {note}", file=out, flush=True)
+    result = run_checks(plan, data=data, nproc=nproc, budget=budget, out=out)
+    for line in format_findings(result):
+        print(f"[tune] {line}", file=out, flush=True)
+    return result
