@@ -26,7 +26,6 @@ evaluates on the same validation windows), and each reads the same tokens: a bra
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import statistics
@@ -46,6 +45,7 @@ from pilotrun.commands.tune_branch import (
 )
 from pilotrun.common.errors import PilotrunError
 from pilotrun.common.files import write_text_atomic
+from pilotrun.common.strict_json import strict_dumps
 from pilotrun.report.verdict.tuning import (
     BATCH_MULTIPLES,
     LR_FACTORS,
@@ -59,7 +59,6 @@ from pilotrun.report.verdict.tuning import (
 from pilotrun.run.marker import committed_checkpoint_steps
 from pilotrun.run.record import (
     RUN_JSON,
-    json_safe,
     read_metrics_tolerant,
     read_run_json,
     recorded_seconds_per_update,
@@ -341,7 +340,7 @@ def run_checks(plan: TunePlan, data: str | Path | None = None, nproc: int | None
     tune_dir = plan.run_dir / TUNE_DIR
     (tune_dir / "logs").mkdir(parents=True, exist_ok=True)
     recipe_file = tune_dir / RECIPE_FILE
-    write_text_atomic(recipe_file, json.dumps(run["recipe"], indent=1) + "\n")
+    write_text_atomic(recipe_file, strict_dumps(run["recipe"], indent=1) + "\n")
     sessions = pilot_session_ids(plan.run_dir)
     nproc = nproc if nproc is not None else _pilot_ranks(run)
     losses = {b.name: _run_branch(plan, b, recipe_file, data_dir, sessions, nproc, out)
@@ -360,7 +359,7 @@ def run_checks(plan: TunePlan, data: str | Path | None = None, nproc: int | None
 
     write_tune_plots(result, tune_dir)
     # a branch that diverged has an infinite gain: written by its name, as the record writes a non-finite loss
-    write_text_atomic(tune_dir / TUNE_JSON, json.dumps(json_safe(result), indent=1, allow_nan=False) + "\n")
+    write_text_atomic(tune_dir / TUNE_JSON, strict_dumps(result, indent=1) + "\n")
     return result
 
 
