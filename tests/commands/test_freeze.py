@@ -53,6 +53,32 @@ def test_summarize_and_verdict_text_name_the_frozen_candidate_and_whether_it_mat
     assert format_verdict(judge(tmp_path / "r")).splitlines()[-1] == drifted
 
 
+def test_a_long_runs_verdict_says_it_judged_the_long_runs_record_and_from_which_lock(tmp_path):
+    from pilotrun.report.drawing.html import write_report
+    from pilotrun.report.verdict.verdict import judge
+
+    run = crashed_and_resumed(tmp_path / "r")
+    run.write()
+    pilot = judge(tmp_path / "r")
+    run_id = run.run["run_id"]
+    assert f"Judged on the pilot's own record (run {run_id}): " in pilot.statement
+    lock = _lock(recipe=run.run["recipe"], data="0" * 64)
+    lock_path = tmp_path / "lock.json"
+    lock_path.write_text(json.dumps(lock))
+    run.run["frozen"] = frozen_run_facts(lock, lock_path, run.run["recipe"], "0" * 64, [])
+    run.write()
+    long_run = judge(tmp_path / "r")
+    assert "pilot's own record" not in long_run.statement
+    assert (f"Judged on this long run's own record (run {run_id}, started from the frozen candidate of lock "
+            f"sha256 {lock['sha256'][:16]}, frozen from pilot run run-p), not the pilot's: "
+            ) in long_run.statement
+    # the figures after it are the same record's, whichever kind of run it is
+    assert long_run.statement.split("not the pilot's: ")[1][:40] == pilot.statement.split("): ")[1][:40]
+    html = (write_report(long_run, tmp_path / "r") / "report.html").read_text()
+    assert f"judges this run's own record (a long run from the frozen candidate of lock sha256 " \
+           f"{lock['sha256'][:16]})" in " ".join(html.split())
+
+
 @pytest.mark.slow
 def test_a_long_run_on_other_code_than_the_pilots_is_refused_until_allowed_and_recorded(
     builtin_data_dir, tmp_path, capsys

@@ -106,6 +106,9 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
         else ""
     )
     frozen = f"\n<p>{e(describe_frozen_status(verdict.frozen))}</p>" if verdict.frozen is not None else ""
+    lock = str((verdict.frozen or {}).get("lock_sha256"))[:16]
+    record_kind = ("a pilot" if verdict.frozen is None
+                   else f"a long run from the frozen candidate of lock sha256 {lock}")
     if verdict.forecast is not None:  # evidence beside the rules, never one of them (forecast_record.py)
         frozen += f"\n<p>Evidence, not a rule: {e(format_forecast(verdict.forecast))}</p>"
     problems = "".join(f"<li>{e(r)}</li>" for r in summary.reasons) or "<li>none</li>"
@@ -226,7 +229,8 @@ lost to interruptions.</p>
 <h2>Plots</h2>
 {''.join(images)}
 <p><small>Written by <code>pilotrun verdict</code> from {e(summary.run_dir)}/run.json and metrics.jsonl.
-The verdict judges the pilot's own record; it does not predict the final model's quality.</small></p>
+The verdict judges this run's own record ({e(record_kind)}); it does not predict the final model's quality.
+</small></p>
 </body></html>
 """
 
