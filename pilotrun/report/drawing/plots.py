@@ -2,8 +2,10 @@
 
 Every plot is drawn from the kept history; where a crashed session's rolled-back windows exist they are
 shown faintly on the loss plot, and each resume is a dotted vertical line, so a reader sees exactly where
-the run was interrupted and what was redone. A plot whose data the record lacks is still written, saying
-so, so that the report always has the same set of files.
+the run was interrupted and what was redone. The run's loud moments are marked where they explain a curve
+(marks.py): on the loss plot every data pass boundary, spike, rollback and recipe change at resume; on the
+LR plot the recipe changes and rollbacks; on the gradient-norm plot the spikes and rollbacks. A plot whose
+data the record lacks is still written, saying so, so that the report always has the same set of files.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from pilotrun.common.parsing import terminal_safe
+from pilotrun.report.drawing.marks import draw_marks, drawn, run_marks
 from pilotrun.report.projection.forecast_record import pilot_forecast
 from pilotrun.report.record_check.summarize import Summary
 from pilotrun.report.record_check.time_split import window_profiled, window_train_tokens
@@ -38,14 +40,6 @@ PLOT_TITLES = {
                            "squares)",
     "forecast": "Validation loss forecast for a 10x long run (the law fitted to the pilot's evaluations)",
 }
-
-
-def drawn(value: Any) -> str:
-    """A recorded string (a session id, a group or task name) as a plot may draw it: a control character or a
-    terminal escape written as its Python escape, as the text output prints it (the font has no glyph for
-    them), and a dollar sign escaped, so that a name can never switch the label into matplotlib's math
-    mode."""
-    return terminal_safe(str(value)).replace("$", r"\$")
 
 
 def _series(events: list[dict[str, Any]], getter) -> tuple[list[int], list[float]]:
@@ -111,6 +105,7 @@ def plot_loss(summary: Summary, path: Path) -> Path:
     if not xs:
         _no_data(ax, "loss")
     _mark_resumes(ax, summary)
+    draw_marks(ax, run_marks(summary))
     return _save(fig, ax, path)
 
 
@@ -126,6 +121,7 @@ def plot_lr(summary: Summary, path: Path) -> Path:
     if not xs:
         _no_data(ax, "learning rate")
     _mark_resumes(ax, summary)
+    draw_marks(ax, run_marks(summary), ("recipe_change", "rollback"))
     return _save(fig, ax, path)
 
 
@@ -151,6 +147,7 @@ def plot_grad_norm(summary: Summary, path: Path) -> Path:
     if not xs:
         _no_data(ax, "gradient norm")
     _mark_resumes(ax, summary)
+    draw_marks(ax, run_marks(summary), ("spike", "rollback"))
     return _save(fig, ax, path)
 
 
