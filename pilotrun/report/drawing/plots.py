@@ -354,8 +354,28 @@ def plot_block_output_rms(summary: Summary, path: Path) -> Path:
     return _save(fig, ax, path)
 
 
+# More sessions than this and the time ledger's labels stand upright (each then takes a line's height of the
+# axis, not its text's width).
+UPRIGHT_SESSION_LABELS_ABOVE = 8
+
+
+def session_label(number: int, session_id: Any) -> str:
+    """A session as the time ledger's axis names it: its number in the run and when it started (a session id
+    is the UTC start stamp and a random tail, `YYYYMMDD-HHMMSS-xxxxxxxx`: month-day hour:minute), or the id's
+    first 13 characters where it is not of that form."""
+    text = str(session_id)
+    stamp = text.split("-")
+    if len(stamp) >= 2 and len(stamp[0]) == 8 and len(stamp[1]) == 6 and (stamp[0] + stamp[1]).isdigit():
+        when = f"{stamp[0][4:6]}-{stamp[0][6:]} {stamp[1][:2]}:{stamp[1][2:4]}"
+    else:
+        when = text[:13]
+    return drawn(f"{number}: {when}")
+
+
 def plot_time_ledger(summary: Summary, path: Path) -> Path:
-    """One stacked bar per session: its ledger parts (ledger.py), the dead time before it included."""
+    """One stacked bar per session: its ledger parts (ledger.py), the dead time before it included. Each bar
+    is named by its number and start (session_label), upright past UPRIGHT_SESSION_LABELS_ABOVE sessions, so
+    that the names never overlap however many sessions a long run has."""
     from pilotrun.report.projection.ledger import PARTS
 
     ledger = summary.overall.get("time_ledger") or {}
@@ -364,12 +384,15 @@ def plot_time_ledger(summary: Summary, path: Path) -> Path:
     if not sessions:
         _no_data(ax, "sessions with events")
         return _save(fig, ax, path)
-    names = [drawn(str(s["session_id"])[:16]) for s in sessions]
+    positions = list(range(len(sessions)))
+    upright = len(sessions) > UPRIGHT_SESSION_LABELS_ABOVE
+    ax.set_xticks(positions, [session_label(n + 1, s["session_id"]) for n, s in enumerate(sessions)],
+                  rotation=90 if upright else 0, fontsize=7 if upright else 8)
     bottoms = [0.0] * len(sessions)
     for part in PARTS:
         heights = [s["dead_before"] if part == "dead" else s["parts"][part] for s in sessions]
         if any(h > 0 for h in heights):
-            ax.bar(names, heights, bottom=bottoms, label=part)
+            ax.bar(positions, heights, bottom=bottoms, label=part)
             bottoms = [b + max(h, 0.0) for b, h in zip(bottoms, heights, strict=True)]
     good = ledger.get("goodput")
     ax.set_xlabel(f"session (goodput {100 * good:.1f}% of {ledger.get('elapsed_seconds', 0):.1f} s elapsed)"
