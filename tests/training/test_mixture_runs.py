@@ -116,9 +116,28 @@ def test_a_small_source_restarts_alone_and_the_verdict_names_its_passes(mixture_
     assert len(said) == last["restarts_by_source"]["tiny"]
     from pilotrun.report.drawing.marks import run_marks
 
-    marks = run_marks(summarize_run(tmp_path / "run"))
+    summary = summarize_run(tmp_path / "run")
+    marks = run_marks(summary)
     assert [m.step for m in marks] == [e["step"] for e in events(tmp_path / "run", "data_restart")]
     assert {m.label for m in marks} == {"source tiny again"}
+    # passes per source wherever passes are reported: each over its own split, never the pooled figure
+    by_source = summary.overall["passes_by_source"]
+    seq_len = summary.run["recipe"]["train"]["seq_len"]
+    splits = {s["name"]: s["train"]["tokens"] for s in summary.run["data"]["sources"]}
+    seen = last["tokens_seen_by_source"]
+    one_pass = {name: ((splits[name] - 1) // seq_len) * seq_len for name in splits}
+    assert by_source == {name: seen[name] / one_pass[name] for name in ("tiny", "edu")}
+    assert list(by_source) == ["tiny", "edu"] and by_source["tiny"] > 1 > by_source["edu"]
+    from pilotrun.report.record_check.summarize import format_summary
+
+    text = format_summary(summary)
+    assert (f"passes over each source's training split tiny {by_source['tiny']:.3g}, edu "
+            f"{by_source['edu']:.3g}") in text and "passes over the training split" not in text
+    from pilotrun.report.projection.forecast_record import lock_forecast
+
+    tokens = 160 * summary.run["tokens_per_update"]
+    projected = lock_forecast(summary, 160)["assumes"]["passes_by_source"]  # 10x the pilot's 16 updates
+    assert projected == {"tiny": tokens * 0.9 / one_pass["tiny"], "edu": tokens * 0.1 / one_pass["edu"]}
     finding = next(r for r in judge(tmp_path / "run").rules if r.name == "data_passes")
     assert finding.status in ("WARN", "FAIL") and "source tiny" in finding.figure
 
