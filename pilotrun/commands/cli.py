@@ -183,6 +183,10 @@ def _train_with(args: argparse.Namespace, signals, started_at: float) -> int:
             args.allow_change, args.run_dir if args.resume else None, args.data, config_to_dict(config),
             run_facts["frozen"]["differences"])
     else:
+        if args.resume:
+            from pilotrun.run.recipe_lock import check_resumed_recipe
+
+            check_resumed_recipe(args.config, args.run_dir)  # a frozen run resumed without its lock: asked
         config = load_run_config(args.config, args.overrides)
     return train_from_cli(config, args.data, args.run_dir, resume=args.resume, from_step=args.from_step,
                           allow_changes=allow_changes, command=args.invocation, run_facts=run_facts,

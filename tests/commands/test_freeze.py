@@ -290,3 +290,34 @@ def test_resuming_a_run_folder_under_another_lock_asks_whether_it_is_the_right_f
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "is " + str(other) + " the right run folder" in err[0], err
     assert "--allow-change" not in err[0]
+
+
+@pytest.mark.parametrize("resume", [["--resume"], ["--resume", "auto"]])
+def test_resuming_a_frozen_run_with_a_recipe_instead_of_its_lock_asks_whether_it_is_the_right_folder(
+        tmp_path, capsys, resume):
+    from pilotrun.commands.cli import main
+    from tests.commands.test_cli_bad_input import tree_state
+
+    crashed_and_resumed(tmp_path / "r").write()
+    assert main(["freeze", str(tmp_path / "r"), "--out", str(tmp_path / "lock.json")]) == 0
+    lock = json.loads((tmp_path / "lock.json").read_text())
+    long_run = tmp_path / "long"
+    long_run.mkdir()
+    (long_run / "run.json").write_text(json.dumps(
+        {"run_id": "x", "frozen": {"lock_sha256": lock["sha256"], "lock_path": str(tmp_path / "lock.json")}}))
+    before = tree_state(long_run)
+    capsys.readouterr()
+    code = main(["train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(tmp_path / "d"),
+                 "--run-dir", str(long_run), *resume])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    path = tmp_path / "lock.json"
+    assert (f"run folder {long_run} was started from the lock {path} (sha256 {lock['sha256'][:16]}), not "
+            f"from a recipe: is {long_run} the right run folder, and this the right recipe? Resume a long "
+            f"run with the lock it started from (--frozen {path})") in err[0]
+    assert "--allow-change" not in err[0] and tree_state(long_run) == before
+    # a run started from a recipe resumes with its recipe as before: asked nothing of the kind
+    (long_run / "run.json").write_text(json.dumps({"run_id": "x"}))
+    main(["train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(tmp_path / "d"),
+          "--run-dir", str(long_run), *resume])
+    assert "right recipe" not in capsys.readouterr().err
