@@ -90,3 +90,31 @@ def test_a_plot_draws_only_the_kinds_it_shows():
     lines, spans, texts, legend = _drawn(MARKS, ("spike", "rollback"))
     assert lines == [12] and spans == [(8, 12)] and [x for x, _ in texts] == [8, 12]
     assert sorted(legend) == ["rolled back (undone and redone)", "spike"]
+
+
+def test_the_loss_lr_and_grad_norm_plots_draw_the_marks_they_show(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    from pilotrun.report.drawing.plots import plot_grad_norm, plot_loss, plot_lr
+
+    saved = []
+    real = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda self, *a, **k: (saved.append(self), real(self, *a, **k))[1])
+    kept = [_event("train", 5, 1, loss=3.0, lr=0.01, grad_norm=1.0),
+            _event("data_restart", 6, 2, epoch=1, data_restarts=1),
+            _event("rollback", 8, 3, restored_step=8, spike_step=12),
+            _event("spike", 11, 4, spike_step=12, batches=[12], action="rollback"),
+            _event("train", 20, 5, loss=2.5, lr=0.01, grad_norm=1.0)]
+    run = {"sessions": [{"session_id": "s1", "start_step": 0}, {"session_id": "s2", "start_step": 15}],
+           "allowed_changes": [{"session_id": "s2", "key": "optim.muon.lr", "old": 0.02, "new": 0.01}]}
+    summary = _summary(kept, run=run)
+    for plot in (plot_loss, plot_lr, plot_grad_norm):
+        plot(summary, tmp_path / f"{plot.__name__}.png")
+    labels = [sorted((round(t.get_position()[0]), t.get_text()) for t in figure.axes[0].texts)
+              for figure in saved]
+    assert labels == [
+        [(6, "pass 2"), (8, "rollback to 8"), (12, "spike (rollback)"), (15, "changed optim.muon.lr")],
+        [(8, "rollback to 8"), (15, "changed optim.muon.lr")],
+        [(8, "rollback to 8"), (12, "spike (rollback)")],
+    ]
