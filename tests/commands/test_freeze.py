@@ -75,6 +75,7 @@ def test_a_long_runs_verdict_says_it_judged_the_long_runs_record_and_from_which_
     # the figures after it are the same record's, whichever kind of run it is
     assert long_run.statement.split("not the pilot's: ")[1][:40] == pilot.statement.split("): ")[1][:40]
     html = (write_report(long_run, tmp_path / "r") / "report.html").read_text()
+    assert f"<h1>Long-run verdict for run <code>{run_id}</code></h1>" in html
     assert f"judges this run's own record (a long run from the frozen candidate of lock sha256 " \
            f"{lock['sha256'][:16]})" in " ".join(html.split())
 

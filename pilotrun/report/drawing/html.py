@@ -107,6 +107,7 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
     )
     frozen = f"\n<p>{e(describe_frozen_status(verdict.frozen))}</p>" if verdict.frozen is not None else ""
     lock = str((verdict.frozen or {}).get("lock_sha256"))[:16]
+    kind_title = "Pilot" if verdict.frozen is None else "Long-run"
     record_kind = ("a pilot" if verdict.frozen is None
                    else f"a long run from the frozen candidate of lock sha256 {lock}")
     if verdict.forecast is not None:  # evidence beside the rules, never one of them (forecast_record.py)
@@ -191,7 +192,7 @@ th {{ background: #f6f8fa; }}
 .decision {{ font-size: 2em; font-weight: bold; color: {colour}; }}
 figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; border: 1px solid #d0d7de; }}
 </style></head><body>
-<h1>Pilot verdict for run <code>{e(str(summary.run_id))}</code></h1>
+<h1>{kind_title} verdict for run <code>{e(str(summary.run_id))}</code></h1>
 <table class="identity">{identity_rows}</table>
 <p class="decision">{e(verdict.decision)}</p>
 {headline}
