@@ -1,16 +1,19 @@
 """The forecast graded by real long runs: pilots of configs/smoke.yaml's model on the built-in corpus (100
 updates, evaluated every 10), each forecasting its long run 10x longer (1,000 updates, the same schedule kind
 over its own horizon, evaluated every 25), and the long runs trained for real (benchmarks/forecast_runs.py):
-cosine, WSD and constant schedules x seeds 0-2, and cosine at twice the LR (10 healthy); two long runs broken
-on purpose (the LR doubled through --allow-change on a resume at 10% of the updates).
+cosine, WSD and constant schedules x seeds 0-2, cosine at twice the LR, and a cosine run on a mixture of two
+sources (11 healthy); long runs broken on purpose on a resume at 10% of the updates (the LR x2 and x10 through
+--allow-change, fp16 made to skip, the mixture's second source dropped); two cooldown branches per pilot
+(forecast_runs.train_branch).
 
 Per case: the lock's forecast (forecast_record.lock_forecast, what `freeze --target-steps 1000` writes),
 graded as summarize grades it (forecast_record.against) and watched as `pilotrun watch --against LOCK` watches
 (Watcher, its `forecast` alert). Figures: coverage of the 90% interval, median |relative error| of the final
 validation loss, mean half-width, the first step a run left the band (two evaluations in a row) and watch's
-alerts; and the same fit under each candidate law (forecast.LAWS), which is the measurement docs/FORECAST.md
-chooses by. Goals (issue 50): >= 9 of 10 healthy inside, median error <= 1%, half-width <= 2%, every broken
-run flagged within its first 20% of tokens, no alert on a healthy one.
+alerts; the largest rise above the run's own refitted course (what forecast.RISE_SHARE is chosen by); the
+same fit under each candidate law (forecast.LAWS), alone and with the cooldown branches; and the law chosen on
+half of the healthy pilots, graded on the other half. Goals: >= 9 of 10 healthy inside, median error <= 1%,
+half-width <= 2%, every broken run flagged within its first 20% of tokens, no alert on a healthy one.
 
 The runs are trained into WORK and kept: a second invocation grades the same runs without training them again
 (the section says how many it trained and how long that took).
@@ -19,12 +22,23 @@ The runs are trained into WORK and kept: a second invocation grades the same run
 
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.forecast_runs import LONG_FACTOR, PILOT_STEPS, Case, broken_cases, generate, healthy_cases
+from benchmarks.forecast_runs import (
+    BRANCHES,
+    BREAK_SHARE,
+    LONG_FACTOR,
+    PILOT_STEPS,
+    Case,
+    broken_cases,
+    generate,
+    generate_branches,
+    healthy_cases,
+)
 
 WORK = Path(tempfile.gettempdir()) / "pilotrun-bench-forecast"
 TARGET = PILOT_STEPS * LONG_FACTOR
@@ -43,10 +57,17 @@ def _lock(pilot: Path):
     }
 
 
-def _laws(summary, long_summary) -> dict[str, dict]:
-    """Each candidate law's final prediction against the long run's measured final loss."""
+# The laws also fitted with the pilot's cooldown branches (forecast_runs.BRANCHES): their annealing term is
+# what the branches' LR decay would pin.
+WITH_BRANCHES = ("area", "annealing-nofloor", "annealing")
+
+
+def _laws(summary, long_summary, branches: list[Path]) -> dict[str, dict]:
+    """Each candidate law's final prediction against the long run's measured final loss, alone and (for
+    WITH_BRANCHES) with the pilot's cooldown branches."""
     from pilotrun.report.projection.forecast import LAWS, NoForecast, Setting, forecast
-    from pilotrun.report.projection.forecast_record import val_points
+    from pilotrun.report.projection.forecast_record import branch_input, val_points
+    from pilotrun.report.record_check.summarize import summarize_run
 
     def setting(s):
         r = s.run
@@ -58,15 +79,23 @@ def _laws(summary, long_summary) -> dict[str, dict]:
         )
 
     measured = dict(val_points(long_summary.kept_events)).get(TARGET)
+    fitted = tuple(branch_input(summary, summarize_run(b)) for b in branches)
+    tries = [(law, law, ()) for law in LAWS]
+    tries += [(f"{law} + {len(fitted)} cooldown branches", law, fitted) for law in WITH_BRANCHES if fitted]
     out = {}
-    for law in LAWS:
+    for name, law, with_branches in tries:
         try:
             final = forecast(
-                val_points(summary.kept_events), setting(summary), setting(long_summary), [TARGET], law=law
+                val_points(summary.kept_events),
+                setting(summary),
+                setting(long_summary),
+                [TARGET],
+                law=law,
+                branches=with_branches,
             )["final"]
         except NoForecast:
             continue
-        out[law] = {
+        out[name] = {
             "error": (final["value"] - measured) / measured,
             "inside": final["low"] <= measured <= final["high"],
             "half": final["half_width_share"],
@@ -74,7 +103,7 @@ def _laws(summary, long_summary) -> dict[str, dict]:
     return out
 
 
-def grade_case(case: Case, pilot: Path, long: Path) -> dict:
+def grade_case(case: Case, pilot: Path, long: Path, branches: list[Path]) -> dict:
     from pilotrun.report.projection.forecast_record import against
     from pilotrun.report.record_check.summarize import summarize_run
     from pilotrun.report.watch.alerts import Watcher
@@ -104,8 +133,9 @@ def grade_case(case: Case, pilot: Path, long: Path) -> dict:
         "alert": alerts[0] if alerts else None,
         "others": others,
         "overflows": overflows,
-        "laws": _laws(summary, long_summary),
+        "laws": _laws(summary, long_summary, branches),
         "notes": [n for n in watcher.new_notes() if "forecast" in n],
+        "rise": _largest_rise(lock, long_summary),
         "lock": lock,
     }
 
@@ -113,7 +143,7 @@ def grade_case(case: Case, pilot: Path, long: Path) -> dict:
 def _row(r: dict) -> str:
     g, case = r["graded"] or {}, r["case"]
     if "final_step" not in g:
-        return f"| {case.name} | {g} | | | | | | |"
+        return f"| {case.name} | {g.get('unavailable') or g} | | | | | | |"
     alert = f"step {r['alert'].extra['first']} (raised at {r['alert'].step})" if r["alert"] else "none"
     others = ", ".join(f"{kind} at {step}" for kind, step in r["others"].items()) or "none"
     if case.broken == "fp16_skips":
@@ -132,15 +162,67 @@ def _law_table(healthy: list[dict]) -> list[str]:
         "| law | pilots fitted | median abs error | inside 90% | mean half-width |",
         "|---|---|---|---|---|",
     ]
-    for law, formula in LAWS.items():
+    names = {law: f"{law}: {formula}" for law, formula in LAWS.items()}
+    names.update((name, name) for r in healthy for name in r["laws"] if name not in names)
+    for law, label in names.items():
         got = [r["laws"][law] for r in healthy if law in r["laws"]]
         if got:
             lines.append(
-                f"| {law}: {formula} | {len(got)} | "
+                f"| {label} | {len(got)} | "
                 f"{100 * statistics.median(abs(g['error']) for g in got):.2f}% | "
                 f"{sum(g['inside'] for g in got)}/{len(got)} | "
                 f"{100 * statistics.mean(g['half'] for g in got):.2f}% |"
             )
+    return lines
+
+
+def _choose(half: list[dict]) -> str:
+    """The law of least median |error| on these pilots, a refused forecast counted as an infinite error; of
+    equal ones, the one refused least."""
+    laws = {name for r in half for name in r["laws"]}
+    return min(sorted(laws), key=lambda law: (round(_median_error(half, law), 6), _refused(half, law)))
+
+
+def _refused(rows: list[dict], law: str) -> int:
+    return sum(law not in r["laws"] for r in rows)
+
+
+def _median_error(rows: list[dict], law: str) -> float:
+    return statistics.median(abs(r["laws"][law]["error"]) if law in r["laws"] else math.inf for r in rows)
+
+
+def _held_out(healthy: list[dict]) -> list[str]:
+    """The law chosen on one half of the healthy pilots (every other case in forecast_runs' order, so that
+    each half holds every schedule kind) and graded on the other, both ways."""
+    halves = (healthy[0::2], healthy[1::2])
+    lines = [
+        "| chosen on | law chosen | its median abs error there | graded on | median abs error | inside 90% "
+        "| mean half-width | refused |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    from pilotrun.report.projection.forecast import DEFAULT_LAW
+
+    for (chosen_on, graded_on), law, compared in [
+        (pair, pick, i == 1)
+        for pair in (halves, halves[::-1])
+        for i, pick in enumerate(dict.fromkeys((_choose(pair[0]), DEFAULT_LAW)))
+    ]:
+        there = _median_error(chosen_on, law)
+        got = [r["laws"][law] for r in graded_on if law in r["laws"]]
+        names = ", ".join(r["case"].name for r in chosen_on)
+        graded = ", ".join(r["case"].name for r in graded_on)
+        lines.append(
+            f"| {names} | {law}{' (the default, for comparison)' if compared else ''} | "
+            f"{100 * there:.2f}% | {graded} | "
+            + (
+                f"{100 * statistics.median(abs(g['error']) for g in got):.2f}% | "
+                f"{sum(g['inside'] for g in got)}/{len(got)} | "
+                f"{100 * statistics.mean(g['half'] for g in got):.2f}% | "
+                if got
+                else "| | | "
+            )
+            + f"{len(graded_on) - len(got)} |"
+        )
     return lines
 
 
@@ -164,15 +246,93 @@ def _span(pairs: dict) -> tuple[float, float]:
     return max(last) - min(first), walls
 
 
+def _mixture_note(pairs: dict) -> str:
+    """What the dropped source did to the losses watch sees, against the healthy mixture run at the same
+    evaluations (from the break to 20% of the updates)."""
+    from pilotrun.report.record_check.summarize import summarize_run
+
+    def by_step(folder: Path) -> dict[int, dict]:
+        return {
+            e["step"]: e
+            for e in summarize_run(folder).kept_events
+            if e.get("event") == "val" and BREAK_SHARE * TARGET < e["step"] <= 0.2 * TARGET
+        }
+
+    names = ("mixture-cosine-s0", "mixture-cosine-s0-drop_code")
+    healthy, dropped = (by_step(pairs[name][1]) for name in names)
+    steps = sorted(set(healthy) & set(dropped))
+    if not steps:
+        return "The mixture runs have no evaluation to compare."
+
+    def change(field) -> str:
+        return ", ".join(f"{100 * (field(dropped[t]) / field(healthy[t]) - 1):+.1f}%" for t in steps)
+
+    return (
+        f"Against the healthy mixture run at steps {', '.join(map(str, steps))}: its val loss (the mean "
+        f"under the weights in force, what watch reads) {change(lambda e: e['loss'])}; the dropped code "
+        f"source's own {change(lambda e: e['loss_by_source']['code'])}; the built-in corpus's "
+        f"{change(lambda e: e['loss_by_source']['builtin'])}."
+    )
+
+
+def _largest_rise(lock: dict, long_summary) -> tuple[float, int] | None:
+    """(the largest share two evaluations in a row rose above the law refitted to the pilot's and the run's
+    own evaluations before each, the first step of the two): what forecast.RISE_SHARE is chosen by."""
+    from pilotrun.report.projection.forecast import Setting, refitted_at
+    from pilotrun.report.projection.forecast_record import val_points
+
+    fc = lock["forecast"]
+    rise = fc.get("rise")
+    if not rise:
+        return None
+    tpu, tokens = rise["tokens_per_update"], rise["train_tokens"]
+    pilot = Setting(rise["pilot_schedule"], rise["from_step"], tpu, tokens)
+    run = Setting(fc["assumes"]["schedule"], TARGET, tpu, tokens)
+    points = val_points(long_summary.kept_events)
+    shares = [
+        (loss / refitted_at(fc["law"], fc["fitted_on"]["points"], pilot, points[:i], run, step) - 1, step)
+        for i, (step, loss) in enumerate(points)
+        if rise["from_step"] < step <= TARGET
+    ]
+    return max(((min(a[0], b[0]), a[1]) for a, b in zip(shares, shares[1:])), key=lambda pair: pair[0])
+
+
+def _met(yes: bool) -> str:
+    return "met" if yes else "**missed**"
+
+
+def _branch_words() -> str:
+    return ", ".join(f"{k} updates from step {at} down to the LR floor" for at, k in BRANCHES)
+
+
+def _branch_wall(branches: dict[str, list[Path]]) -> float:
+    """The branches' own sessions' wall seconds (each folder also holds the pilot's history it branched
+    from)."""
+    import json
+
+    from pilotrun.run.record import read_metrics_strict
+
+    total = 0.0
+    for folder in (f for paths in branches.values() for f in paths):
+        own = json.loads((folder / "run.json").read_text())["sessions"][-1]["session_id"]
+        total += sum(
+            (e.get("time_split") or {}).get("wall_seconds", 0.0)
+            for e in read_metrics_strict(folder)
+            if e["event"] == "session_end" and e.get("session_id") == own
+        )
+    return total
+
+
 def run() -> str:
     started = time.time()
     cases = healthy_cases() + broken_cases()
     before = sum(1 for _ in (WORK / "runs").glob("*/metrics.jsonl")) if (WORK / "runs").is_dir() else 0
     pairs = generate(WORK, cases)
+    branches = generate_branches(WORK, cases)
     trained = sum(1 for _ in (WORK / "runs").glob("*/metrics.jsonl")) - before
     train_seconds = time.time() - started
-    span, walls = _span(pairs)
-    rows = [grade_case(case, *pairs[case.name]) for case in cases]
+    _, walls = _span(pairs)
+    rows = [grade_case(case, *pairs[case.name], branches[case.name]) for case in cases]
     healthy = [r for r in rows if r["case"].broken is None and "final_step" in (r["graded"] or {})]
     broken = [r for r in rows if r["case"].broken is not None]
     errors = [abs(r["graded"]["error"]) for r in healthy]
@@ -186,25 +346,30 @@ def run() -> str:
         "",
         f"{len(cases)} pilots of {PILOT_STEPS} updates and their long runs of {TARGET} (configs/smoke.yaml's "
         "model, "
-        f"the built-in corpus, one thread each, two at a time); {trained} run(s) trained by this invocation "
-        "in "
-        f"{train_seconds:.0f} s, the others read from {WORK} where an earlier invocation trained them. Their "
-        f"records span {span / 60:.1f} min from the first pilot's first line to the last long run's last "
-        "line, "
-        f"{walls / 60:.1f} min of sessions' wall time in all (two ran at a time).",
+        f"the built-in corpus, the mixture cases on it and the standard library's code, one thread each, two "
+        f"at a time); {trained} run(s) trained by this invocation in {train_seconds:.0f} s, the others read "
+        f"from {WORK} where earlier invocations trained them (on a machine shared with other work, load "
+        "6-10): "
+        f"{walls / 60:.1f} min of sessions' wall time in all (two ran at a time). Each pilot's cooldown "
+        f"branches ({_branch_words()}) cost {sum(k for _, k in BRANCHES)} updates, "
+        f"{sum(k for _, k in BRANCHES) / PILOT_STEPS:.2f}x the pilot's own; all "
+        f"{sum(map(len, branches.values()))} took {_branch_wall(branches) / 60:.1f} min of sessions' wall "
+        "time.",
         "",
         f"- coverage of the 90% interval: {inside} of {len(healthy)} healthy long runs inside (goal >= 9 of "
-        "10)",
+        f"10: {_met(inside >= 0.9 * len(healthy))})",
         f"- median |relative error| of the final val loss: {100 * statistics.median(errors):.2f}% (goal <= "
-        "1%)"
+        f"1%: {_met(statistics.median(errors) <= 0.01)})"
         if errors
         else "- no healthy run graded",
-        f"- mean half-width of the interval: {100 * statistics.mean(halves):.2f}% (goal <= 2%)"
+        f"- mean half-width of the interval: {100 * statistics.mean(halves):.2f}% (goal <= 2%: "
+        f"{_met(statistics.mean(halves) <= 0.02)})"
         if halves
         else "",
-        f"- watch's forecast alert on a healthy run: {false_alerts} of {len(healthy)} (goal 0)",
+        f"- watch's forecast alert on a healthy run: {false_alerts} of {len(healthy)} (goal 0: "
+        f"{_met(false_alerts == 0)})",
         f"- broken runs flagged within their first 20% of updates (= tokens): {len(flagged)} of "
-        f"{len(broken)}",
+        f"{len(broken)} (goal every one: {_met(len(flagged) == len(broken))})",
         f"- pilots refused (no forecast): {len(refused)}",
         "",
         "| case | predicted [90%] | measured | error | inside | half-width | left the band (watch) | watch's "
@@ -213,10 +378,24 @@ def run() -> str:
         "|---|---|---|---|---|---|---|---|",
         *map(_row, rows),
         "",
+        "The rise check (forecast.RISE_SHARE, from the pilot's last update on): the largest share each long "
+        "run rose above the law refitted to the pilot's and its own evaluations before each, two "
+        "evaluations in a row (the first of the two): "
+        + "; ".join(
+            f"{r['case'].name} {100 * r['rise'][0]:+.2f}% at {r['rise'][1]}" for r in rows if r["rise"]
+        )
+        + ".",
+        "",
         "Each candidate law fitted to the same healthy pilots (the measurement the default law is chosen "
         "by):",
         "",
         *_law_table(healthy),
+        "",
+        "The law chosen on half of those pilots (least median |error|, a refusal counted as infinite; of "
+        "equal ones, the one refused least) and "
+        "graded on the other half, both ways:",
+        "",
+        *_held_out(healthy),
         "",
         f"Command: `python -m benchmarks.run_all bench_forecast --update` (it trains what {WORK} lacks with "
         "benchmarks/forecast_runs.py, then grades; `python benchmarks/forecast_runs.py DIR` trains alone).",
@@ -229,7 +408,10 @@ def run() -> str:
         "updates "
         "overflow and are skipped often (on this CPU fp16 never overflowed: see its overflow count; a run "
         "whose change "
-        "did not take effect is not broken). Not run: a dropped mixture source.",
+        "did not take effect is not broken); `mixture-...-drop_code` a mixture of the built-in corpus and "
+        "the standard library's code (forecast_runs.prepare_mixture, 0.5 each) resumed with the code's "
+        "weight at 0.001, no row of a batch (`--allow-change data.mixture.weights`). "
+        + _mixture_note(pairs),
         "",
     ]
     return "\n".join(line for line in lines if line is not None) + "\n"

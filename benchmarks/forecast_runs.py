@@ -9,6 +9,7 @@ the same kind over its own horizon, and for a broken case the change made to the
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -31,17 +32,25 @@ class Case:
     seed: int
     lr: float = 3.0e-3
     broken: str | None = None  # what a resume at BREAK_SHARE changes with --allow-change (breakage())
+    mixture: bool = False  # trained on prepare_mixture's two sources instead of the built-in corpus alone
     extra: tuple[str, ...] = field(default=())
 
 
 BREAK_SHARE = 0.1
+MIXTURE_DROPPED = 0.001
+# Cooldown branches from the pilot's mid checkpoint (train.checkpoint_every = PILOT_STEPS // 2): (at, length).
+BRANCHES = ((50, 10), (50, 25))
+BRANCH_EVAL_EVERY = 5
 
 
 def healthy_cases() -> list[Case]:
     cases = [
         Case(f"{kind}-s{seed}", kind, seed) for kind in ("cosine", "wsd", "constant") for seed in (0, 1, 2)
     ]
-    return cases + [Case("cosine-lr6e-3-s0", "cosine", 0, lr=6.0e-3)]
+    return cases + [
+        Case("cosine-lr6e-3-s0", "cosine", 0, lr=6.0e-3),
+        Case("mixture-cosine-s0", "cosine", 0, mixture=True),
+    ]
 
 
 def broken_cases() -> list[Case]:
@@ -51,6 +60,7 @@ def broken_cases() -> list[Case]:
         Case("cosine-s1-lr_x10", "cosine", 1, broken="lr_x10"),
         Case("constant-s2-lr_x10", "constant", 2, broken="lr_x10"),
         Case("fp16-cosine-s2-skips", "cosine", 2, broken="fp16_skips", extra=("train.precision=fp16",)),
+        Case("mixture-cosine-s0-drop_code", "cosine", 0, broken="drop_code", mixture=True),
     ]
 
 
@@ -99,8 +109,69 @@ def prepare(work: Path) -> Path:
     return data
 
 
+def _pilot_dir(work: Path, case: Case) -> Path:
+    return work / "runs" / f"{case.name}-pilot"
+
+
+CODE_CHARACTERS = 1_400_000  # about the built-in corpus's size
+
+
+def _stdlib_code(out: Path) -> None:
+    """A second source unlike the built-in corpus (the standard library's docstrings and pydoc topics): the
+    code of the standard library's modules with their docstrings taken out, one text file a module."""
+    import ast
+    import sysconfig
+
+    out.mkdir(parents=True, exist_ok=True)
+    chars = 0
+    for module in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        try:
+            tree = ast.parse(module.read_text(errors="ignore"))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)
+            if isinstance(node, kinds) and ast.get_docstring(node, clean=False) is not None:
+                node.body = node.body[1:] or [ast.Pass()]
+        text = ast.unparse(tree)
+        (out / f"{module.stem}.txt").write_text(text)
+        chars += len(text)
+        if chars > CODE_CHARACTERS:
+            break
+
+
+def prepare_mixture(work: Path, data: Path) -> tuple[Path, Path]:
+    """(the mixture file, the same sources with the code dropped): the built-in corpus and the standard
+    library's code (prepared with the built-in corpus's tokenizer) at equal weights; dropped, the code's
+    weight is MIXTURE_DROPPED, which gives it no row of a batch (weights must stay positive)."""
+    code = work / "data-code"
+    if not (code / "metadata.json").is_file():
+        _stdlib_code(work / "code-texts")
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        subprocess.run(
+            [sys.executable, "-m", "pilotrun", "prepare", "--out", str(code), "--progress", "none",
+             "--source", str(work / "code-texts" / "*.txt"), "--tokenizer", str(data / "tokenizer.json"),
+             "--val-fraction", "0.06"],
+            check=True, env=env, stdout=subprocess.DEVNULL, cwd=ROOT,
+        )
+    files = []
+    for name, weight in (("mixture.yaml", 0.5), ("mixture-dropped.yaml", MIXTURE_DROPPED)):
+        path = work / name
+        path.write_text(
+            f"mixture:\n  - {{path: {data}, weight: 0.5, name: builtin}}\n"
+            f"  - {{path: {code}, weight: {weight}, name: code}}\nseed: 0\n"
+        )
+        files.append(path)
+    return files[0], files[1]
+
+
+def _data_of(work: Path, data: Path, case: Case, dropped: bool = False) -> Path:
+    return prepare_mixture(work, data)[dropped] if case.mixture else data
+
+
 def train_pilot(work: Path, data: Path, case: Case) -> Path:
-    run_dir = work / "runs" / f"{case.name}-pilot"
+    data = _data_of(work, data, case)
+    run_dir = _pilot_dir(work, case)
     if not (run_dir / "metrics.jsonl").is_file():
         _train(
             [
@@ -123,13 +194,15 @@ def train_long(work: Path, data: Path, case: Case) -> Path:
     run_dir = work / "runs" / f"{case.name}-long"
     if (run_dir / "metrics.jsonl").is_file():
         return run_dir
-    base = ["--config", str(RECIPE), "--data", str(data), "--run-dir", str(run_dir)]
+    base = ["--config", str(RECIPE), "--data", str(_data_of(work, data, case)), "--run-dir", str(run_dir)]
     log = work / f"{case.name}-long.log"
     if case.broken is None:
         _train(base + _sets(case, steps, LONG_EVAL_EVERY), log)
         return run_dir
     at = int(steps * BREAK_SHARE)
     _train(base + _sets(case, steps, LONG_EVAL_EVERY) + ["--set", f"train.max_steps={at}"], log)
+    if case.broken == "drop_code":
+        base[3] = str(_data_of(work, data, case, dropped=True))
     _train(base + ["--resume"] + _sets(case, steps, LONG_EVAL_EVERY) + breakage(case), log)
     return run_dir
 
@@ -138,7 +211,10 @@ def breakage(case: Case) -> list[str]:
     """The resume's change: "lr_xK" the LR times K; "fp16_skips" (an fp16 recipe) its loss scale doubled after
     every good update, so that about every other update overflows and is skipped. (Switching an fp32 run to
     fp16 on
-    a resume fails in GradScaler.load_state_dict: the checkpoint holds no scaler state.)"""
+    a resume fails in GradScaler.load_state_dict: the checkpoint holds no scaler state.) "drop_code": the
+    mixture's code source given no row (train_long resumes on prepare_mixture's second file)."""
+    if case.broken == "drop_code":
+        return ["--allow-change", "data.mixture.weights"]
     if case.broken == "fp16_skips":
         changes = {"train.loss_scale_growth_interval": 1}
     else:
@@ -147,6 +223,51 @@ def breakage(case: Case) -> list[str]:
     return [
         part for key, value in changes.items() for part in ("--allow-change", key, "--set", f"{key}={value}")
     ]
+
+
+def cooldown_schedule(pilot: dict, at: int, length: int) -> dict:
+    """The branch's schedule: WSD over a horizon of at + length whose linear decay passes through the pilot's
+    own LR multiplier at `at` (pilot: its schedule's fields) and reaches the floor `length` updates later: the
+    LR goes on from where the pilot left it, down to the floor quickly. A pilot at its peak LR (WSD's stable
+    phase, constant) decays from `at`; a cosine pilot part way down from the point before `at` where a line
+    through its LR at `at` leaves the peak."""
+    from pilotrun.report.projection.forecast import multipliers
+
+    floor = float(pilot.get("min_lr_ratio") or 0.0)
+    now = float(multipliers(pilot, at + 1)[at])
+    share = min(max((1.0 - now) / (1.0 - floor), 0.0), 0.9) if floor < 1 else 0.0
+    start = max(int(pilot.get("warmup_steps") or 0), round(at - share * length / (1.0 - share)))
+    horizon = at + length
+    return {"kind": "wsd", "horizon": horizon, "decay_fraction": (horizon - start) / horizon}
+
+
+def train_branch(work: Path, data: Path, case: Case, pilot: Path, at: int, length: int) -> Path:
+    """A cooldown branch of the pilot: its folder copied without later checkpoints, resumed from its committed
+    checkpoint at `at` (`--resume --from-step`, a rollback on the chain: the branch is the pilot's run, the
+    same run_id, to `at`) with the schedule changed to cooldown_schedule (--allow-change) and trained `length`
+    updates, evaluated every BRANCH_EVAL_EVERY."""
+    run_dir = work / "runs" / f"{case.name}-pilot-cool{at}+{length}"
+    if (run_dir / "metrics.jsonl").is_file():
+        return run_dir
+    run_dir.mkdir(parents=True)
+    for name in ("run.json", "metrics.jsonl"):
+        shutil.copy2(pilot / name, run_dir / name)
+    ckpt = f"step-{at:08d}"
+    shutil.copytree(pilot / "checkpoints" / ckpt, run_dir / "checkpoints" / ckpt)
+    import json
+
+    schedule = json.loads((pilot / "run.json").read_text())["recipe"]["optim"]["schedule"]
+    changes = {f"optim.schedule.{k}": v for k, v in cooldown_schedule(schedule, at, length).items()}
+    args = ["--config", str(RECIPE), "--data", str(_data_of(work, data, case)), "--run-dir", str(run_dir)]
+    args.append("--resume")
+    args += ["--from-step", str(at), *_sets(case, PILOT_STEPS, PILOT_EVAL_EVERY)]
+    args += ["--set", f"train.max_steps={at + length}", "--set", f"train.eval_every={BRANCH_EVAL_EVERY}"]
+    args += ["--set", f"train.checkpoint_every={length}"]
+    args += [
+        part for key, value in changes.items() for part in ("--allow-change", key, "--set", f"{key}={value}")
+    ]
+    _train(args, work / f"{case.name}-pilot-cool{at}+{length}.log")
+    return run_dir
 
 
 def generate(work: Path, cases: list[Case], workers: int = 2) -> dict[str, tuple[Path, Path]]:
@@ -160,6 +281,20 @@ def generate(work: Path, cases: list[Case], workers: int = 2) -> dict[str, tuple
             zip([c.name for c in cases], pool.map(lambda c: train_long(work, data, c), cases), strict=True)
         )
     return {name: (pilots[name], longs[name]) for name in pilots}
+
+
+def generate_branches(work: Path, cases: list[Case], workers: int = 2) -> dict[str, list[Path]]:
+    """Each case's cooldown branches (BRANCHES) from its trained pilot, two at a time."""
+    data = prepare(work)
+    jobs = [(c, at, length) for c in cases for at, length in BRANCHES]
+    with ThreadPoolExecutor(workers) as pool:
+        done = list(
+            pool.map(lambda job: train_branch(work, data, job[0], _pilot_dir(work, job[0]), *job[1:]), jobs)
+        )
+    out: dict[str, list[Path]] = {c.name: [] for c in cases}
+    for (case, _, _), path in zip(jobs, done, strict=True):
+        out[case.name].append(path)
+    return out
 
 
 if __name__ == "__main__":

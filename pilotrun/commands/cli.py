@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 
 from pilotrun.commands.cli_data import add_data, add_prepare
@@ -24,6 +25,7 @@ from pilotrun.commands.cli_trackers import add_export_metrics, add_tensorboard
 from pilotrun.common import stop_signals
 from pilotrun.common.errors import PilotrunError
 from pilotrun.common.parsing import terminal_safe
+from pilotrun.common.strict_json import strict_dumps
 from pilotrun.version import __version__
 
 
@@ -148,14 +150,22 @@ def _run_train(args: argparse.Namespace) -> int:
     )
     with signals.installed():
         # a signal heard since the launch is this session's request
-        stop_signals.release_early(signals.handle)
-        code = _train_with(args, signals, started_at)
+        stop_signals.release_early(signals.handle, signals.signums)
+        try:
+            code = _train_with(args, signals, started_at)
+        except KeyboardInterrupt:  # Ctrl-C outside --stop-signals before the loop (the loop's own is ended)
+            print("pilotrun train: SIGINT (Ctrl-C), not one of --stop-signals, during the set-up: stopped at "
+                  "once, nothing trained in this session", file=sys.stderr, flush=True)
+            return 128 + signal.SIGINT
     if (code == 75 or code > 128) and args.stop_past_step is None and os.environ.get("RANK", "0") == "0":
         from pilotrun.commands.next_commands import resume_command
 
         launcher_words = " under the same launcher" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
         saved = "stopped with a committed checkpoint" if signals.count < 2 else \
             "stopped at once by a second signal, without saving the work since the last checkpoint"
+        if signals.received is None and code == 128 + signal.SIGINT:  # Python's own Ctrl-C: no stop signal
+            saved = ("stopped at once by SIGINT (Ctrl-C), not one of --stop-signals, without saving the work "
+                     "since the last checkpoint")
         print(f"pilotrun train: {saved}; continue the run{launcher_words} with `{resume_command(args)}`",
               file=sys.stderr, flush=True)
     return code
@@ -522,13 +532,12 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_export(args: argparse.Namespace) -> int:
-    import json
 
     from pilotrun.commands.export import export_run
 
     result = export_run(args.run_dir, args.out, step=args.step, data_dir=args.data)
     if args.json:
-        print(json.dumps(result, sort_keys=True))
+        print(strict_dumps(result, sort_keys=True))
     else:
         print(f"exported step {result['step']} ({result['storage']}) to {result['out']}: "
               f"{result['parameters']} parameters in {result['tensors']} tensors")
@@ -553,7 +562,6 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_config(args: argparse.Namespace) -> int:
-    import json
 
     from pilotrun.config import load_run_config
     from pilotrun.config.describe import describe_config, format_config_table
@@ -561,7 +569,7 @@ def _run_config(args: argparse.Namespace) -> int:
 
     config = load_run_config(args.config, args.overrides)
     rows = describe_config(config)
-    print(json.dumps(rows, indent=1) if args.json else format_config_table(rows))
+    print(strict_dumps(rows, indent=1) if args.json else format_config_table(rows))
     for warning in schedule_warnings(config):  # what `train` would say at its start, said before any run
         print(f"pilotrun config: warning: {warning}", file=sys.stderr)
     return 0

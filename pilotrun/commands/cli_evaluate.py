@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from pilotrun.common.parsing import one_line
+from pilotrun.common.strict_json import strict_dumps
 
 
 def add_evaluate(sub: argparse._SubParsersAction) -> None:
@@ -43,15 +44,13 @@ def add_evaluate(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
-    import json
-
     from pilotrun.commands.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(args.run_dir, args.tasks, step=args.step, harness=args.harness,
                                  data_dir=args.data, limit=args.limit, shots=args.shots, seed=args.seed,
                                  device=args.device)
     if args.json:
-        print(json.dumps(result, sort_keys=True, default=str))
+        print(strict_dumps(result, sort_keys=True, default=str))
         return 0
     for name, figures in result["tasks"].items():
         acc, norm, chance = figures.get("acc"), figures.get("acc_norm"), figures.get("chance")

@@ -48,6 +48,13 @@ def one_line(text: str) -> str:
     return terminal_safe(text).replace("\n", "\\n").replace("\t", "\\t")
 
 
+def printable_lines(lines: list[str]) -> str:
+    """Lines a report builds from recorded fields, joined for the terminal: each one `one_line`, so that a
+    field holding a newline (a forged session id, a source's name) cannot start a line of its own making, nor
+    an escape sequence act on the terminal; the report's own line breaks are the joins."""
+    return "\n".join(one_line(line) for line in lines)
+
+
 def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
     """A value as it may appear in a refusal: its first `limit` characters and the count of the rest."""
     text = value if isinstance(value, str) else repr(value)

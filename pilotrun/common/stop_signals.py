@@ -112,17 +112,20 @@ def held_early() -> None:
             signal.signal(signum, lambda signum, frame: EARLY.append(signum))
 
 
-def release_early(handler: Handler | None) -> None:
-    """The command's handling takes over: `handler` (train's, already installed) hears each kept signal;
-    without one (another command) the default handling is put back and the kept signals act as they would
-    have."""
+def release_early(handler: Handler | None, signums: tuple[int, ...] | None = None) -> None:
+    """The command's handling takes over: `handler` (train's, already installed for `signums`, its
+    `--stop-signals`; None: every stop signal) hears each kept signal it handles; the default handling is put
+    back for every other one (all of them for a command without a handler), and those kept act as they would
+    have: a SIGINT left out of `--stop-signals` is Python's KeyboardInterrupt again, not a Ctrl-C the holding
+    swallows."""
     kept, EARLY[:] = list(EARLY), []
-    if handler is None and HELD["installed"] and threading.current_thread() is threading.main_thread():
+    handled = () if handler is None else (signums or STOP_SIGNALS)
+    if HELD["installed"] and threading.current_thread() is threading.main_thread():
         HELD["installed"] = False
-        for signum in STOP_SIGNALS:
+        for signum in (s for s in STOP_SIGNALS if s not in handled):
             signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
     for signum in kept:
-        if handler is not None:
+        if signum in handled:
             handler(signum, None)
         else:
             signal.raise_signal(signum)

@@ -13,7 +13,6 @@ with the local executor, as a SLURM job depending on the task array with the slu
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from datatrove.pipeline.base import PipelineStep
 
 from pilotrun.common.errors import DataError
 from pilotrun.common.files import fsync_directory
+from pilotrun.common.strict_json import strict_dumps
 from pilotrun.data.datatrove_finish import finish_prepare, task_folder
 from pilotrun.data.datatrove_inputs import file_record
 from pilotrun.data.prepare import _chunks
@@ -182,6 +182,6 @@ class FinishPrepare(PipelineStep):
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         manifest = finish_prepare(self.out, self.force)
-        print(json.dumps({"prepared": self.out, "splits": {s: {k: manifest["splits"][s][k] for k in
+        print(strict_dumps({"prepared": self.out, "splits": {s: {k: manifest["splits"][s][k] for k in
                                                                ("documents", "tokens")} for s in SPLITS}}))
         return iter(())

@@ -47,6 +47,7 @@ from typing import Any
 from pilotrun.common.errors import PilotrunError
 from pilotrun.common.files import canonical_json
 from pilotrun.common.parsing import read_json_file
+from pilotrun.common.strict_json import json_safe, strict_dumps
 from pilotrun.run.events import EVENT_KINDS
 from pilotrun.run.values import is_finite_number, is_int
 
@@ -122,23 +123,8 @@ class Counters:
 
 
 # ---------------------------------------------------------------------------------------------- JSON form
-def json_safe(value: Any) -> Any:
-    """Recursively replace non-finite floats by strings and tuples by lists; everything else is kept.
-
-    Finite floats are left as Python floats, whose JSON form (repr) round-trips exactly: the loss is
-    written at full precision.
-    """
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return value
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value
-
-
+# Non-finite floats are written as strings by common/strict_json.py (json_safe, strict_dumps: every JSON
+# pilotrun prints or writes) and read back here.
 def restore_nonfinite(value: Any, key: str = "") -> Any:
     """Turn the writer's "NaN"/"Infinity"/"-Infinity" strings back into floats (recursively)."""
     if isinstance(value, str) and key not in TEXT_KEYS and value in NONFINITE_STRINGS:
@@ -151,7 +137,7 @@ def restore_nonfinite(value: Any, key: str = "") -> Any:
 
 
 def dumps_line(record: dict[str, Any]) -> str:
-    return json.dumps(json_safe(record), allow_nan=False, separators=(",", ":"))
+    return strict_dumps(record, separators=(",", ":"))
 
 
 def chain_genesis(run_id: str) -> str:

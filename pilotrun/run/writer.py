@@ -10,7 +10,6 @@ last complete line.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import threading
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.common.files import open_for_write, refuse_link, remove_stale_temps, write_text_atomic
+from pilotrun.common.strict_json import strict_dumps
 from pilotrun.run.record import (
     CHAIN_KEY,
     EVENTS,
@@ -26,7 +26,6 @@ from pilotrun.run.record import (
     Counters,
     RecordError,
     chained_line,
-    json_safe,
     last_chain_value,
     read_run_json,
 )
@@ -34,7 +33,7 @@ from pilotrun.run.record import (
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
     """run.json and friends: a crash at any moment leaves the old file or the new one, never half of one."""
-    write_text_atomic(path, json.dumps(json_safe(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
+    write_text_atomic(path, strict_dumps(data, indent=2, sort_keys=False) + "\n")
 
 
 

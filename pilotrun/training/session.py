@@ -456,7 +456,8 @@ def _build_locked_session(
         )
     state = TrainingState(
         loader=loader,
-        hooks=[*build_update_hooks(raw_model, config), SpikeDetector(t.spike)],
+        hooks=[*build_update_hooks(raw_model, config),
+               SpikeDetector(t.spike, tokens_per_update(config, world_size))],
         tokens_by_source=[0] * len(dataset.names) if isinstance(dataset, MixedDataset) else None,
     )
     total, active = count_parameters(config.model)

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -296,6 +297,11 @@ class Trainer:
         except BaseException as exc:
             if self.session_ended:  # ended `hung` by the watchdog, whose exit this unwinding is
                 raise
+            if isinstance(exc, KeyboardInterrupt):
+                result = self._end_session(loop, interrupted_at_once(loop))
+                if session.context.is_distributed:
+                    raise  # the other ranks wait in a collective: the launcher ends them
+                return result
             self.session_ended = True
             if isinstance(exc, Exception) and out_of_space(exc):
                 return self._end_for_space(loop, exc)
@@ -399,6 +405,19 @@ class Trainer:
                             time_split=self.account.time_split(), val_loss=loop.last_val_loss)
         session.metrics.fsync()
         session.record.end_session(session.session_id, reason="hung", chain_end=session.metrics.head)
+
+
+def interrupted_at_once(loop: LoopState) -> Ending:
+    """Ctrl-C where SIGINT is not one of the session's stop signals (`--stop-signals`): Python's own handler
+    raised KeyboardInterrupt wherever the main thread was, so the update in flight is lost and nothing is
+    saved; the person asked for the stop, so the session is `interrupted` (exit 130, as a second signal ends
+    one), not an error, and says what is left to resume from."""
+    kept = loop.last_checkpoint_step
+    left = (f"the newest committed checkpoint is step {kept:,}" if kept is not None
+            else "nothing of this run is saved (no checkpoint committed yet)")
+    return Ending("interrupted", 128 + signal.SIGINT,
+                  "SIGINT (Ctrl-C), not one of this session's stop signals (--stop-signals): stopped at "
+                  f"once, no checkpoint for step {loop.step:,}; {left}")
 
 
 def last_recorded_save(run_dir: Path) -> float | None:

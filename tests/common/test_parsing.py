@@ -116,3 +116,10 @@ def test_one_line_escapes_newlines_and_tabs_as_well_as_what_a_terminal_acts_on()
 
     assert one_line("a\nb\tc\x1b[2J\x07") == "a\\nb\\tc\\x1b[2J\\x07"
     assert one_line("plain text") == "plain text"
+
+
+def test_printable_lines_keeps_each_line_one_line():
+    from pilotrun.common.parsing import printable_lines
+
+    text = printable_lines(["run r: INVALID", "session s\nrun r: VALID\x1b[2J", "tab\there"])
+    assert text.split("\n") == ["run r: INVALID", "session s\\nrun r: VALID\\x1b[2J", "tab\\there"]

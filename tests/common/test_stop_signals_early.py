@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 from pilotrun.common import stop_signals
 
 
@@ -42,3 +44,23 @@ def test_without_the_holding_an_in_process_callers_handlers_are_left_alone():
         assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
     finally:
         signal.signal(signal.SIGTERM, mine)
+
+
+def test_a_signal_left_out_of_the_commands_set_gets_its_default_handling_back():
+    """`train --stop-signals SIGTERM`: SIGINT is not train's, so the holding gives it back to Python (a Ctrl-C
+    raises KeyboardInterrupt) instead of swallowing it; one held since the launch acts now."""
+    before = {s: signal.getsignal(s) for s in stop_signals.STOP_SIGNALS}
+    try:
+        stop_signals.held_early()
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)  # train's own, installed first
+        signal.raise_signal(signal.SIGINT)
+        heard = []
+        with pytest.raises(KeyboardInterrupt):
+            stop_signals.release_early(lambda signum, frame: heard.append(signum), (signal.SIGTERM,))
+        assert heard == [] and signal.getsignal(signal.SIGINT) == signal.default_int_handler
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.default_int_handler)
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+        stop_signals.HELD["installed"] = False

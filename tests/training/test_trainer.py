@@ -466,3 +466,32 @@ def test_compile_mode_is_validated():
         smoke_config("train.compile=fast")
     with pytest.raises(ConfigError, match="YAML reads yes/no/on/off/true/false as booleans"):
         smoke_config("train.compile=off")
+
+
+def test_a_keyboard_interrupt_in_an_update_ends_the_session_interrupted_not_in_error(
+    builtin_data_dir, tmp_path, monkeypatch
+):
+    """Python's own Ctrl-C (SIGINT outside the stop signals, or the console script's default handling) raised
+    in the middle of update 6: the session ends `interrupted`, exit 130, its message naming the newest
+    committed checkpoint; the update in flight is not applied and nothing is written for it."""
+    from pilotrun.training import loop as loop_module
+
+    original, calls = loop_module.train_one_update, [0]
+
+    def interrupted(loop):
+        calls[0] += 1
+        if calls[0] == 6:
+            raise KeyboardInterrupt
+        return original(loop)
+
+    monkeypatch.setattr(loop_module, "train_one_update", interrupted)
+    config = smoke_config("train.max_steps=20", "train.checkpoint_every=4", "train.eval_every=0",
+                          "train.log_every=1")
+    trainer, result = train(config, builtin_data_dir, tmp_path / "run")
+    assert (result.reason, result.exit_code, result.step) == ("interrupted", 130, 5)
+    end = strict_lines(tmp_path / "run")[-1]
+    assert end["event"] == "session_end" and end["reason"] == "interrupted" and end["step"] == 5
+    assert end["message"] == ("SIGINT (Ctrl-C), not one of this session's stop signals (--stop-signals): "
+                              "stopped at once, no checkpoint for step 5; the newest committed checkpoint is "
+                              "step 4")
+    assert read_run_json(tmp_path / "run")["sessions"][-1]["end_reason"] == "interrupted"

@@ -16,6 +16,7 @@ import pytest
 from pilotrun.commands.cli import main
 from pilotrun.commands.inspect_batch import attempt_for_step
 from pilotrun.data.reader import BatchLoader, open_dataset
+from pilotrun.report.record_check.summarize import summarize_run
 from pilotrun.run.record import read_metrics_strict
 from pilotrun.training.checkpoint.checkpointer import Checkpointer
 
@@ -84,6 +85,48 @@ def test_signal_finishes_the_update_saves_and_exits_with_the_documented_code(
     assert last_train["step"] == end["step"] and last_train["tokens_seen"] == end["tokens_seen"]
     assert end["tokens_seen"] == end["step"] * 128  # the update in flight was finished, not abandoned
     assert "session_end: interrupted" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpoint_every", [0, 2])
+def test_ctrl_c_outside_the_stop_signals_is_an_interruption_said_in_one_line(
+    builtin_data_dir, tmp_path, checkpoint_every
+):
+    """`--stop-signals SIGTERM` leaves SIGINT to Python: a Ctrl-C raises KeyboardInterrupt mid-update. The
+    session ends `interrupted` (the person asked), not `error`: exit 130, one line naming what was and was not
+    saved, no traceback; the record stays valid, the last committed checkpoint (or none) what a resume
+    finds."""
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "pilotrun", "train", "--config", str(SMOKE), "--data",
+               str(builtin_data_dir), "--run-dir", str(run_dir), "--stop-signals", "SIGTERM", "--set",
+               "train.max_steps=100000", "--set", f"train.checkpoint_every={checkpoint_every}", "--set",
+               "train.eval_every=0",
+               "--set", "train.num_threads=1", "--set", "train.log_every=1", "--progress", "none"]
+    process = subprocess.Popen(command, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_train_events(run_dir, 5, process)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=180)
+    assert process.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err + out
+    (line,) = [line for line in err.splitlines() if line.startswith("pilotrun train:")]
+    assert line.startswith("pilotrun train: stopped at once by SIGINT (Ctrl-C), not one of --stop-signals, "
+                           "without saving the work since the last checkpoint; continue the run with `")
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    end = events[-1]
+    assert end["event"] == "session_end" and end["reason"] == "interrupted"
+    committed = Checkpointer(run_dir, keep=1).committed_steps()
+    said = "SIGINT (Ctrl-C), not one of this session's stop signals (--stop-signals): stopped at once"
+    assert end["message"].startswith(f"{said}, no checkpoint for step {end['step']:,}; ")
+    if checkpoint_every:
+        assert committed
+        assert end["message"].endswith(f"the newest committed checkpoint is step {committed[-1]:,}")
+    else:
+        assert committed == []
+        assert end["message"].endswith("nothing of this run is saved (no checkpoint committed yet)")
+    assert f"session_end: interrupted at step {end['step']:,} (SIGINT (Ctrl-C)" in out
+    summary = summarize_run(run_dir)
+    assert summary.sessions[-1].end_reason == "interrupted" and not any("error" in r for r in summary.reasons)
 
 
 @pytest.mark.slow

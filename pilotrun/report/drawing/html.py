@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import html
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from pilotrun.common.files import (
     temp_path,
     write_text_atomic,
 )
+from pilotrun.common.strict_json import strict_dumps
 from pilotrun.report.drawing.plots import PLOT_TITLES, write_plots
 from pilotrun.report.drawing.run_header import run_identity
 from pilotrun.report.projection.forecast_record import format_forecast
@@ -251,7 +251,7 @@ def write_report(verdict: Verdict, run_dir: str | Path | None = None) -> Path:
     temp.mkdir()
     try:
         plots = write_plots(verdict.summary, temp)
-        write_text_atomic(temp / "summary.json", json.dumps(verdict.to_dict(), indent=2) + "\n")
+        write_text_atomic(temp / "summary.json", strict_dumps(verdict.to_dict(), indent=2) + "\n")
         write_text_atomic(temp / "report.html", render_html(verdict, plots))
         fsync_directory(temp)
         swap_in_folder(temp, out)

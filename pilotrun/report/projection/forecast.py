@@ -32,6 +32,9 @@ MAX_HALF_WIDTH of the value; a schedule kind the laws do not model.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
 import math
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -79,6 +82,16 @@ LAWS = {
 # laws with a floor L0 put it at the pilot's plateau and miss the long run's further fall by ~11% (median);
 # the floor-free power law in the LR area misses by ~1%. A pilot this short does not identify a floor.
 DEFAULT_LAW = "area"
+
+
+# The long run's own check (forecast_record.risen): the law refitted to the pilot's evaluations and the run's
+# own ones so far predicts its next; an evaluation more than this share above that is a rise. Measured on the
+# benchmark's runs (docs/FORECAST.md): healthy long runs rose at most 2.4% above it two evaluations in a row,
+# those whose LR was made 10x at 10% of their updates 4.8% and 5.3% at once; between them.
+RISE_SHARE = 0.035
+# At most this many of the run's own evaluations refit the law at each evaluation: watch and summarize refit
+# at every one of a long run's evaluations.
+MAX_OWN_POINTS = 200
 
 
 class NoForecast(Exception):
@@ -202,14 +215,34 @@ class Setting:
     steps: int
     tokens_per_update: int | None = None
     train_tokens: int | None = None
+    # A branch of the pilot: (the pilot's step it branched at, its own schedule from there on); `schedule` is
+    # then the pilot's, which the branch followed up to that step.
+    then: tuple[int, dict[str, Any]] | None = None
+
+    def eta(self) -> np.ndarray:
+        eta = multipliers(self.schedule, self.steps)
+        if self.then is not None:
+            at, schedule = self.then
+            eta[at:] = multipliers(schedule, self.steps)[at:]
+        return eta
 
     def features(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        s1, s2 = areas(
-            multipliers(self.schedule, self.steps),
-            data_weights(self.steps, self.tokens_per_update, self.train_tokens),
-        )
+        s1, s2 = _areas_of(json.dumps(dataclasses.asdict(self), sort_keys=True, default=str))
         idx = np.asarray(at, dtype=int)
         return idx.astype(float), s1[idx], s2[idx]
+
+
+@functools.lru_cache(maxsize=64)
+def _areas_of(setting_json: str) -> tuple[np.ndarray, np.ndarray]:
+    """A Setting's (S1, S2) at every step, kept: watch and the grade refit at each of a long run's evaluations
+    on the same setting, whose areas are a loop over all its updates."""
+    setting = Setting(**json.loads(setting_json))
+    if setting.then is not None:
+        setting.then = (int(setting.then[0]), setting.then[1])
+    weights = data_weights(setting.steps, setting.tokens_per_update, setting.train_tokens)
+    s1, s2 = areas(setting.eta(), weights)
+    s1.flags.writeable = s2.flags.writeable = False
+    return s1, s2
 
 
 def fit_points(points: list[tuple[int, float]], pilot: Setting) -> tuple[np.ndarray, np.ndarray]:
@@ -226,6 +259,22 @@ def fit_points(points: list[tuple[int, float]], pilot: Setting) -> tuple[np.ndar
             f"a fit needs at least {MIN_POINTS} (evaluate more often: train.eval_every)"
         )
     return np.array([s for s, _ in kept]), np.array([v for _, v in kept])
+
+
+def _with_branches(pilot: tuple, branches: tuple) -> tuple[np.ndarray, ...]:
+    """The pilot's (x, y, S1, S2) with each branch's evaluations past its branch point appended (its earlier
+    ones are the pilot's own)."""
+    parts = [pilot]
+    for points, setting in branches:
+        at = setting.then[0] if setting.then else 0
+        kept = sorted(
+            (int(s), float(v)) for s, v in points if at < int(s) <= setting.steps and math.isfinite(v)
+        )
+        if kept:
+            bx = np.array([s for s, _ in kept])
+            _, b1, b2 = setting.features(bx)
+            parts.append((bx, np.array([v for _, v in kept]), b1, b2))
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))
 
 
 def _check_fit(fit: Fit | None, y: np.ndarray) -> Fit:
@@ -282,9 +331,12 @@ def forecast(
     law: str | None = None,
     seed: int = 0,
     draws: int = BOOTSTRAP,
+    branches: tuple[tuple[list[tuple[int, float]], Setting], ...] = (),
 ) -> dict[str, Any]:
     """The forecast of the target run's validation loss at `at_steps` (the last is its final value), or raise
-    NoForecast. `law`: one of LAWS, DEFAULT_LAW when None."""
+    NoForecast. `law`: one of LAWS, DEFAULT_LAW when None. `branches`: short runs from the pilot's checkpoints
+    on another schedule (a cooldown), each (its validation points, its Setting with `then`), fitted with the
+    pilot's points; the drift that widens the interval is measured on the pilot's points alone."""
     law = law or DEFAULT_LAW
     for setting, who in ((pilot, "pilot"), (target, "long run")):
         if setting.schedule.get("kind") not in SCHEDULE_KINDS:
@@ -294,13 +346,16 @@ def forecast(
             )
     x, y = fit_points(points, pilot)
     _, s1, s2 = pilot.features(x)
+    pilot_only = (x, y, s1, s2)
+    x, y, s1, s2 = _with_branches(pilot_only, branches)
     fit = _check_fit(fit_law(law, x, y, s1, s2), y)
     steps = np.asarray(at_steps, dtype=int)
     feats = target.features(steps)
     centre = law_values(law, fit.alpha, fit.coef, *feats)
     preds = bootstrap(fit, x, (s1, s2), feats, np.random.default_rng(seed), draws)
     spread = preds - np.median(preds, axis=0)
-    drift = holdout_drift(fit, x, y, s1, s2) * np.log(np.maximum(steps, x[-1]) / x[-1])
+    last = pilot_only[0][-1]
+    drift = holdout_drift(fit, *pilot_only) * np.log(np.maximum(steps, last) / last)
     lows = {lv: centre + np.quantile(spread, (1 - lv) / 2, axis=0) - drift * w for lv, w in WIDEN.items()}
     highs = {lv: centre + np.quantile(spread, (1 + lv) / 2, axis=0) + drift * w for lv, w in WIDEN.items()}
     lows[BAND_LEVEL] = np.minimum(lows[BAND_LEVEL], centre * (1 - BAND_MIN_SHARE))
@@ -344,3 +399,29 @@ def forecast(
         f"{LEVEL:.0%} interval; the band at {BAND_LEVEL:.0%}, at least +-{BAND_MIN_SHARE:.0%} "
         "of the prediction",
     }
+
+
+def refitted_at(
+    law: str,
+    pilot_points: list[tuple[int, float]],
+    pilot: Setting,
+    own_points: list[tuple[int, float]],
+    run: Setting,
+    step: int,
+) -> float | None:
+    """The law refitted to the pilot's fitted points and the run's own evaluations before `step` past its
+    warm-up (at the run's own schedule), at `step`; None where no falling fit is found."""
+    warmup = int(run.schedule.get("warmup_steps") or 0)
+    own = sorted((s, v) for s, v in own_points if warmup < s < step and math.isfinite(v))
+    if len(own) > MAX_OWN_POINTS:  # a long run's many evaluations, thinned evenly (its latest always kept)
+        own = own[::-1][:: math.ceil(len(own) / MAX_OWN_POINTS)][::-1]
+    px = np.array([s for s, _ in pilot_points], dtype=int)
+    ox = np.array([s for s, _ in own] + [step], dtype=int)
+    _, p1, p2 = pilot.features(px)
+    _, o1, o2 = run.features(ox)
+    y = np.array([v for _, v in pilot_points] + [v for _, v in own])
+    x, s1, s2 = (np.concatenate([a, b[:-1]]) for a, b in ((px, ox), (p1, o1), (p2, o2)))
+    fit = fit_law(law, x, y, s1, s2)
+    if fit is None:
+        return None
+    return float(law_values(law, fit.alpha, fit.coef, ox[-1:], o1[-1:], o2[-1:])[0])

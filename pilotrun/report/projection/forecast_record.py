@@ -26,12 +26,30 @@ from pilotrun.config import (
     flatten,
     recorded_value,
 )
-from pilotrun.report.projection.forecast import SCHEDULE_FIELDS, NoForecast, Setting, forecast
+from pilotrun.report.projection.forecast import (
+    RISE_SHARE,
+    SCHEDULE_FIELDS,
+    NoForecast,
+    Setting,
+    forecast,
+    refitted_at,
+)
 from pilotrun.report.record_check.mixture_account import format_source_passes, projected_passes_by_source
 from pilotrun.run.recipe_lock import FORECAST_KEY, lock_forecast_of
 from pilotrun.run.record import is_finite_number
 
-__all__ = ["FORECAST_KEY", "lock_forecast", "not_applicable", "grade", "format_grade", "format_forecast"]
+__all__ = [
+    "FORECAST_KEY",
+    "NoForecast",
+    "RISE_SHARE",
+    "branch_input",
+    "lock_forecast",
+    "not_applicable",
+    "risen",
+    "grade",
+    "format_grade",
+    "format_forecast",
+]
 MAX_CURVE_POINTS = 400  # a longer run's evaluation steps are thinned evenly (the final one always kept)
 # Keys the forecast does not depend on: how long and how often (its own target and curve say), the machine,
 # the seed (a seed's spread is within the interval). The evaluation's batches stay: they are the measured
@@ -122,7 +140,37 @@ def lock_forecast(summary: Any, target_steps: int) -> dict[str, Any]:
         )
     except NoForecast as why:
         return {"unavailable": f"no forecast: {why}", "assumes": assumes}
-    return {**made, "assumes": assumes}
+    rise = {
+        "share": RISE_SHARE,
+        "from_step": pilot_steps,
+        "pilot_schedule": schedule,
+        "tokens_per_update": tpu,
+        "train_tokens": train_tokens,
+    }
+    return {**made, "assumes": assumes, "rise": rise}
+
+
+def branch_input(pilot: Any, branch: Any) -> tuple[list[tuple[int, float]], Setting]:
+    """A cooldown branch's fit input (forecast()'s `branches`), from the pilot's summary and the branch's: the
+    branch is the pilot's run (the same run_id) resumed in its own folder from one of the pilot's checkpoints
+    (its last session's resumed_from) with another schedule; NoForecast where it is not one."""
+    prun, brun = pilot.run, branch.run
+    sessions = brun.get("sessions") or []
+    at = sessions[-1].get("resumed_from") if sessions else None
+    if brun.get("run_id") != prun.get("run_id") or not isinstance(at, int):
+        raise NoForecast(
+            f"the branch (run {brun.get('run_id')}) is not a resume of the pilot's run {prun.get('run_id')} "
+            "from one of its checkpoints"
+        )
+    if at >= int(pilot.final.step) or int(branch.final.step) <= at:
+        raise NoForecast(f"the branch from step {at} adds no update inside the pilot's {pilot.final.step}")
+    schedules = [
+        {k: ((r.get("recipe") or {}).get("optim") or {}).get("schedule", {}).get(k) for k in SCHEDULE_FIELDS}
+        for r in (prun, brun)
+    ]
+    tpu, tokens = prun.get("tokens_per_update"), ((prun.get("data") or {}).get("train") or {}).get("tokens")
+    setting = Setting(schedules[0], int(branch.final.step), tpu, tokens, then=(at, schedules[1]))
+    return val_points(branch.kept_events), setting
 
 
 # The verdict and the pilot's report state the forecast for a long run this many times the pilot (the same
@@ -210,11 +258,36 @@ def watch_from(fc: dict[str, Any]) -> float:
     return WATCH_FROM_PILOT_FACTOR * ((fc.get("assumes") or {}).get("pilot_steps") or 0)
 
 
+def risen(
+    fc: dict[str, Any], own: list[tuple[int, float]], step: int, loss: float
+) -> dict[str, float] | None:
+    """{"predicted", "bound"} where the loss at `step`, past the pilot's reach, is more than the lock's rise
+    share above the law refitted to the pilot's points and the run's own evaluations before it (`own`: the
+    run's (step, loss) so far); None where it is not, or the lock has no rise check (a lock from before
+    it)."""
+    rise, assumes = fc.get("rise"), fc.get("assumes") or {}
+    if not isinstance(rise, dict) or step <= int(rise.get("from_step") or 0):
+        return None
+    target = int(assumes.get("target_steps") or 0)
+    if step > target:
+        return None
+    tpu, tokens = rise.get("tokens_per_update"), rise.get("train_tokens")
+    pilot = Setting(rise["pilot_schedule"], int(rise["from_step"]), tpu, tokens)
+    run = Setting(assumes.get("schedule") or {}, target, tpu, tokens)
+    points = [(int(s), float(v)) for s, v in (fc.get("fitted_on") or {}).get("points") or []]
+    predicted = refitted_at(fc.get("law") or "area", points, pilot, own, run, step)
+    if predicted is None or loss <= predicted * (1 + float(rise["share"])):
+        return None
+    return {"predicted": predicted, "bound": predicted * (1 + float(rise["share"]))}
+
+
 def left_band_at(fc: dict[str, Any], points: list[tuple[int, float]]) -> int | None:
-    """The first step of CONSECUTIVE evaluations in a row outside the band, or None."""
+    """The first step of CONSECUTIVE evaluations in a row outside the band or risen above the run's own
+    refitted curve, or None."""
     run_of = 0
     for i, (step, loss) in enumerate(points):
-        run_of = run_of + 1 if outside(fc, step, loss) else 0
+        out = outside(fc, step, loss) or risen(fc, points[:i], step, loss)
+        run_of = run_of + 1 if out else 0
         if run_of >= CONSECUTIVE:
             return points[i - CONSECUTIVE + 1][0]
     return None

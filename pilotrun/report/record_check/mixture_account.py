@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pilotrun.common.parsing import one_line
 from pilotrun.run.record import COUNTER_KEYS
 
 TRAIN_FIELDS = ("tokens_by_source", "tokens_seen_by_source")
@@ -124,8 +125,9 @@ def format_mixture(overview: dict[str, Any] | None) -> str | None:
     for row in overview["sources"]:
         share = "n/a" if row["share_seen"] is None else f"{row['share_seen']:.4f}"
         val = "" if row["val_loss"] is None else f"; val loss {row['val_loss']:.4f}"
+        name = one_line(str(row["name"]))  # a source's name is data: it never breaks the line
         lines.append(
-            f"  {row['name']}: weight {row['weight']:g} (share {row['share_asked']:.4f}), tokens "
+            f"  {name}: weight {row['weight']:g} (share {row['share_asked']:.4f}), tokens "
             f"{row['tokens_seen']} (share {share}; the weights ask {row['tokens_asked']:.1f}), restarts "
             f"{row['restarts']}{val}"
         )
@@ -191,5 +193,5 @@ def projected_passes_by_source(run: dict[str, Any], tokens: int | None) -> dict[
 
 
 def format_source_passes(passes: dict[str, float]) -> str:
-    """`name X, name Y` (3 significant figures), most-read first."""
-    return ", ".join(f"{name} {value:.3g}" for name, value in passes.items())
+    """`name X, name Y` (3 significant figures), most-read first; a name is data, one line each."""
+    return ", ".join(f"{one_line(str(name))} {value:.3g}" for name, value in passes.items())

@@ -31,11 +31,12 @@ totals.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pilotrun.common.parsing import one_line, printable_lines
+from pilotrun.common.strict_json import strict_dumps
 from pilotrun.report.projection.forecast_record import against_own_lock, describe_against
 from pilotrun.report.projection.ledger import (
     against_projection,
@@ -85,7 +86,7 @@ from pilotrun.report.record_check.time_split import (
 from pilotrun.run.changes import RecipeChange, recipe_changes_in_history
 from pilotrun.run.folder_lock import live_holder
 from pilotrun.run.recipe_lock import describe_frozen_status, frozen_candidate_status, lock_projection_of
-from pilotrun.run.record import HANGS_DIR, Counters, is_finite_number, json_safe, record_integrity_problems
+from pilotrun.run.record import HANGS_DIR, Counters, is_finite_number, record_integrity_problems
 from pilotrun.run.run_folder import RunFolder
 
 
@@ -515,7 +516,8 @@ def format_summary(summary: Summary) -> str:
     o = summary.overall
     running = o.get("running")
     lines = [f"run {summary.run_id} ({summary.run_dir}): {'VALID' if summary.valid else 'INVALID'}"]
-    names = [s.session_id + (" (latest)" if s.latest else "") for s in summary.sessions]
+    # escaped before the column is sized: printable_lines below leaves an escaped name as it is
+    names = [one_line(s.session_id) + (" (latest)" if s.latest else "") for s in summary.sessions]
     width = max([len("session"), *map(len, names)])
     header = (f"{'session':<{width}} {'from':>7} {'status':<18} {'end':<13} {'applied':>8} {'skipped':>7} "
               f"{'rolled back':>11} {'tokens':>11} {'train tok/s':>11} {'wall tok/s':>10} "
@@ -579,7 +581,7 @@ def format_summary(summary: Summary) -> str:
                         if checkpoint["intact"] else "DAMAGED or missing"))
     mixture = format_mixture(o.get("mixture"))
     if mixture is not None:
-        lines.append(mixture)
+        lines.extend(mixture.split("\n"))  # its names one_line'd there: each break is the formatter's
     lines.extend(format_evaluations(o.get("evaluations") or []))
     for kind, what in (
         ("allowed", "changed on resume with --allow-change"),
@@ -594,7 +596,7 @@ def format_summary(summary: Summary) -> str:
         lines.append(f"note: {note}")
     for reason in summary.reasons:
         lines.append(f"INVALID: {reason}")
-    return "\n".join(lines)
+    return printable_lines(lines)
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -616,4 +618,4 @@ def _pct(value: float | None) -> str:
 
 
 def summary_json(summary: Summary) -> str:
-    return json.dumps(json_safe(summary.to_dict()), indent=2, allow_nan=False)  # never a bare Infinity
+    return strict_dumps(summary.to_dict(), indent=2)  # never a bare Infinity

@@ -22,12 +22,13 @@ the run folder once (pilotrun/run/run_folder.py); both summaries read from it.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pilotrun.common.files import canonical_sha256
+from pilotrun.common.parsing import printable_lines
+from pilotrun.common.strict_json import strict_dumps
 from pilotrun.config import current_recipe
 from pilotrun.report.projection.forecast_record import format_forecast, pilot_forecast
 from pilotrun.report.record_check.summarize import Summary, summarize_run
@@ -40,7 +41,6 @@ from pilotrun.report.verdict.thresholds import (
 )
 from pilotrun.run.changes import recipe_changes_in_history
 from pilotrun.run.recipe_lock import describe_frozen_status, frozen_candidate_status
-from pilotrun.run.record import json_safe
 from pilotrun.run.run_folder import RunFolder
 
 # The throughput rule judged alone, by the name tests/training/test_trainer_observers.py reaches it with.
@@ -165,8 +165,8 @@ def format_verdict(verdict: Verdict) -> str:
         lines.append(f"evidence, not a rule: {format_forecast(verdict.forecast)}")
     if verdict.frozen is not None:
         lines.append(describe_frozen_status(verdict.frozen))
-    return "\n".join(lines)
+    return printable_lines(lines)
 
 
 def verdict_json(verdict: Verdict) -> str:
-    return json.dumps(json_safe(verdict.to_dict()), indent=2, allow_nan=False)  # never a bare Infinity
+    return strict_dumps(verdict.to_dict(), indent=2)  # never a bare Infinity

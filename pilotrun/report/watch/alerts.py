@@ -56,7 +56,6 @@ promised bit-exact continuation from the update named there, and the note says w
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -64,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pilotrun.common.strict_json import strict_dumps
 from pilotrun.config import recorded_value
 from pilotrun.report.projection.long_run import (
     window_cpu_share,
@@ -82,7 +82,7 @@ from pilotrun.report.watch.forecast_watch import ForecastWatch
 from pilotrun.run.folder_lock import live_holder
 from pilotrun.run.follow import RecordFollower
 from pilotrun.run.recipe_lock import PROJECTION_KEY, lock_projection_of
-from pilotrun.run.record import is_finite_number, json_safe
+from pilotrun.run.record import is_finite_number
 from pilotrun.run.run_folder import RunFolder
 from pilotrun.training.spikes.bound import MIN_SCALE_SHARE, spike_against, step_spread
 
@@ -109,7 +109,7 @@ class Alert:
 
     def to_json(self) -> str:
         # An infinite figure (a loss that overflowed) is said as a string: bare Infinity is not JSON.
-        return json.dumps(json_safe(dataclasses.asdict(self)), sort_keys=True, default=str, allow_nan=False)
+        return strict_dumps(dataclasses.asdict(self), sort_keys=True, default=str)
 
 
 def thresholds_from_lock(lock: dict[str, Any] | None) -> Thresholds:

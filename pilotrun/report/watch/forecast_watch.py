@@ -4,16 +4,19 @@ since a run is held to it at every evaluation).
 
 Judged only beyond the pilot's reach, after the named warm-up (from WATCH_FROM_PILOT_FACTOR x the pilot's
 updates: forecast_record.watch_from), and only on CONSECUTIVE evaluations in a row outside the band (one
-evaluation outside is the evaluation's own noise as often as the run's). A run the forecast does not apply to
-(another width, data, schedule family or horizon, recipe) hears it once, as a note, and is not held to it; a
-lock without a forecast (older, or "no forecast: <why>") is watched as before.
+evaluation outside is the evaluation's own noise as often as the run's). From the pilot's last update on, an
+evaluation also counts as out where it has risen (forecast_record.risen) above the law refitted to the pilot's
+and the run's own evaluations before it: a band that follows the run's own course, narrower than the
+forecast's (a lock written before it has no `rise` and is held to the band alone). A run the forecast does not
+apply to (another width, data, schedule family or horizon, recipe) hears it once, as a note, and is not held
+to it; a lock without a forecast (older, or "no forecast: <why>") is watched as before.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pilotrun.report.projection.forecast_record import CONSECUTIVE, at_step, not_applicable, outside
+from pilotrun.report.projection.forecast_record import CONSECUTIVE, at_step, not_applicable, outside, risen
 from pilotrun.run.recipe_lock import FORECAST_KEY, lock_forecast_of
 from pilotrun.run.record import is_finite_number
 
@@ -37,6 +40,7 @@ class ForecastWatch:
             None if isinstance(self.forecast, dict) and "curve" in self.forecast else False
         )
         self.streak: list[tuple[int, float, str]] = []
+        self.own: dict[int, float] = {}  # the run's evaluations so far, by step (a redone one replaces its)
         self.notes: list[str] = []
 
     def restart(self) -> None:
@@ -59,15 +63,30 @@ class ForecastWatch:
         loss, step = event.get("loss"), event.get("step")
         if not self.applies or not is_finite_number(loss) or not isinstance(step, int):
             return None
+        own = sorted((s, v) for s, v in self.own.items() if s < step)
+        self.own[step] = float(loss)
         side = outside(self.forecast, step, float(loss))
-        if side is None:
+        rise = None if side else risen(self.forecast, own, step, float(loss))
+        if side is None and rise is None:
             self.streak = []
             return {"inside": True} if at_step(self.forecast, step) is not None else None
-        self.streak = (self.streak + [(step, float(loss), side)])[-CONSECUTIVE:]
+        self.streak = (self.streak + [(step, float(loss), side or "risen")])[-CONSECUTIVE:]
         if len(self.streak) < CONSECUTIVE:
             return None
-        row = at_step(self.forecast, step)
         first = self.streak[0][0]
+        if rise is not None:
+            return {
+                "outside": f"val loss {float(loss):.6g} at step {step} is more than "
+                f"{self.forecast['rise']['share']:.1%} above {rise['predicted']:.6g}, what the forecast's "
+                f"law refitted to the pilot's and this run's own evaluations before it predicts, "
+                f"{CONSECUTIVE} evaluations in a row (outside the band or risen) from step {first}: the run "
+                "is leaving its own course",
+                "step": step,
+                "figure": float(loss),
+                "bound": rise["bound"],
+                "first": first,
+            }
+        row = at_step(self.forecast, step)
         bound = row["band_high"] if side == "above" else row["band_low"]
         return {
             "outside": f"val loss {float(loss):.6g} at step {step} is {side} the forecast's band "

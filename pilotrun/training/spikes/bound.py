@@ -44,8 +44,30 @@ UPPER_DECILE_Z = 1.2816  # a normal's 90th percentile lies this many standard de
 # on the CPU stability recipe a few healthy batches give a few times the window's median norm, far past 6
 # MADs of its narrow core, and the run goes on unharmed, where a poisoned batch gives a larger multiple; with
 # this floor a norm must also exceed (1 + factor / 2) times the median (4x at the trainer's default factor 6,
-# 5x at the verdict's default spike_factor 8, the multiple its grad_spikes rule asks of a window).
+# 5x at the verdict's default spike_factor 8, the multiple its grad_spikes rule asks of a window). The
+# trainer's, per update, grows on batches of fewer tokens (grad_norm_floor_share below).
 MIN_SCALE_SHARE = {"loss": 0.01, "grad_norm": 0.5}
+# The tokens per update at which the gradient norm's share above was measured (the CPU stability recipe,
+# 8 x 64). A gradient over fewer tokens is a noisier estimate: its norm's spread about the median grows as one
+# over the square root of the tokens (a mean over fewer samples), so on fewer tokens the floor grows by that
+# factor. Measured on healthy CPU runs (BENCHMARKS.md "Spike false alarms"): at 128 tokens per update a norm
+# reached 5.4x the window's median and at 64 tokens 7.1x, where the 4x floor called 3 and 5 false spikes per
+# 1,000 updates; with the scaled floor (7x at 128 tokens, 9.5x at 64) none. The price, measured too: noise
+# documents planted late in such runs moved the norm 1.1-6.2x, inside the healthy range, and the 4x floor
+# caught 4 of 11 of them beside 12 false spikes; the scaled floor catches none of those, and still
+# the early one the rollback tests plant (9.9x). Never lowered below this share: a larger batch keeps the 4x
+# that its healthy runs never reached.
+GRAD_NORM_SHARE_TOKENS = 512
+
+
+def grad_norm_floor_share(tokens_per_update: int | None) -> float:
+    """The gradient norm's floor share for updates over `tokens_per_update` tokens: MIN_SCALE_SHARE's,
+    times sqrt(GRAD_NORM_SHARE_TOKENS / tokens) where the update has fewer tokens (None: the share as it
+    is)."""
+    share = MIN_SCALE_SHARE["grad_norm"]
+    if not tokens_per_update or tokens_per_update >= GRAD_NORM_SHARE_TOKENS:
+        return share
+    return share * math.sqrt(GRAD_NORM_SHARE_TOKENS / tokens_per_update)
 
 
 def level_spread(values: Sequence[float]) -> float:

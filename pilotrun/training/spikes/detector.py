@@ -5,7 +5,8 @@ A spike is an update attempt whose loss (the mean cross-entropy of its microbatc
 gradient norm is a spike of its signal's history, as pilotrun/training/spikes/bound.py defines it once for the
 trainer, the verdict and watch: above median + `train.spike.factor` x scale of the last `train.spike.window`
 applied updates (scale = 1.4826 MAD of the values, for the loss the upper tail's spread where wider, floored
-per signal at spike_bound.MIN_SCALE_SHARE of the median), once `min_history` applied updates are in the
+per signal at spike_bound.MIN_SCALE_SHARE of the median, the gradient norm's raised for a batch of fewer
+than 512 tokens: spike_bound.grad_norm_floor_share), once `min_history` applied updates are in the
 window, or not finite. An fp16 overflow is the scaler's business (precision.py) and is not a spike; the judge
 is consulted only for a finite gradient norm.
 
@@ -34,7 +35,13 @@ from pilotrun.common.errors import ConfigError
 from pilotrun.config import SpikeConfig
 from pilotrun.data.skipped_documents import read_documents
 from pilotrun.optim.update_hooks import StepStatistics, UpdateHook
-from pilotrun.training.spikes.bound import MIN_SCALE_SHARE, level_spread, spike_against, tail_spread
+from pilotrun.training.spikes.bound import (
+    MIN_SCALE_SHARE,
+    grad_norm_floor_share,
+    level_spread,
+    spike_against,
+    tail_spread,
+)
 
 SIGNALS = ("loss", "grad_norm")
 # The loss's spread per update follows its upper tail (spike_bound.tail_spread: the batch's noise); the
@@ -87,8 +94,10 @@ class SpikeDetector(UpdateHook):
     # a checkpoint written before spikes were detected has none: start with an empty window
     state_optional = True
 
-    def __init__(self, config: SpikeConfig) -> None:
+    def __init__(self, config: SpikeConfig, tokens_per_update: int | None = None) -> None:
         self.config = config
+        # the gradient norm's floor follows the batch's noise (spike_bound.grad_norm_floor_share)
+        self.floor_shares = {**MIN_SCALE_SHARE, "grad_norm": grad_norm_floor_share(tokens_per_update)}
         self.history: dict[str, deque[float]] = {s: deque(maxlen=config.window) for s in SIGNALS}
         self.rollbacks = 0
         # One record per rollback (rollback.py, docs/RUN_RECORD.md `skip_data`): the global batch
@@ -106,7 +115,7 @@ class SpikeDetector(UpdateHook):
         exceeded, bounds = [], {}
         for signal, value in zip(SIGNALS, (loss, grad_norm), strict=True):
             spiked, found = spike_against(value, list(self.history[signal]), self.config.factor,
-                                          MIN_SCALE_SHARE[signal], self.config.min_history, SPREADS[signal])
+                                          self.floor_shares[signal], self.config.min_history, SPREADS[signal])
             if found is not None:
                 bounds[signal] = dict(zip(("median", "scale", "bound"), found, strict=True))
             if spiked:

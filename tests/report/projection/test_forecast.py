@@ -137,3 +137,54 @@ def test_non_finite_and_warm_up_evaluations_are_left_out_of_the_fit():
     points = pilot_points(PILOT, 10, 0.0, np.random.default_rng(0), AREA)
     out = fc.forecast(points + [(5, 1.0), (205, float("nan"))], PILOT, LONG, LONG_STEPS, draws=20)
     assert [p[0] for p in out["fitted_on"]["points"]] == list(range(20, 201, 10))
+
+
+NOFLOOR = {"L0": 0.0, "A": 9.0, "alpha": 0.07, "C": 0.004}  # an annealing term and no floor
+
+
+def _branch_points(branch: Setting, every: int, law: dict) -> list[tuple[int, float]]:
+    s1, s2 = areas(branch.eta(), np.ones(branch.steps))
+    steps = range(every, branch.steps + 1, every)
+    return [(s, law["L0"] + law["A"] * s1[s] ** -law["alpha"] - law["C"] * s2[s]) for s in steps]
+
+
+def test_a_branch_follows_the_pilots_schedule_to_its_branch_point_then_its_own():
+    pilot = Setting(schedule("constant", 200), 200)
+    branch = Setting(pilot.schedule, 150, then=(100, {**schedule("wsd", 150), "decay_fraction": 50 / 150}))
+    eta = branch.eta()
+    assert np.array_equal(eta[:100], multipliers(pilot.schedule, 100)) and eta[100] == 1.0
+    assert eta[101] < 1.0 and eta[-1] == pytest.approx(0.1 + 0.9 / 50)
+
+
+def test_a_cooldown_branch_pins_the_annealing_term_a_constant_pilot_cannot():
+    pilot = Setting(schedule("constant", 200), 200)
+    points = pilot_points(pilot, 10, 0.0, np.random.default_rng(0), NOFLOOR)
+    branch = Setting(pilot.schedule, 150, then=(100, {**schedule("wsd", 150), "decay_fraction": 50 / 150}))
+    with_branch = ((_branch_points(branch, 5, NOFLOOR), branch),)
+    long_run = Setting(schedule("wsd", 2000), 2000)
+    real = truth(long_run, [2000], NOFLOOR)[0]
+    alone = fc.forecast(points, pilot, long_run, LONG_STEPS, law="annealing-nofloor", draws=20)
+    pinned = fc.forecast(
+        points, pilot, long_run, LONG_STEPS, law="annealing-nofloor", draws=20, branches=with_branch
+    )
+    # The constant pilot's LR never falls (S2 = 0): its own points say nothing of C; the branch's decay does.
+    assert alone["parameters"]["C"] == 0.0
+    assert pinned["parameters"]["C"] == pytest.approx(NOFLOOR["C"], rel=0.05)
+    assert abs(pinned["final"]["value"] - real) < abs(alone["final"]["value"] - real)
+    # The branch's points before its branch point are the pilot's own, not fitted twice.
+    early = ((_branch_points(branch, 5, NOFLOOR)[:20], branch),)
+    same = fc.forecast(points, pilot, long_run, LONG_STEPS, law="annealing-nofloor", draws=20, branches=early)
+    assert same["final"]["value"] == alone["final"]["value"]
+
+
+def test_the_refit_on_a_long_runs_own_evaluations_thins_them_and_keeps_the_latest(monkeypatch):
+    pilot_fit = pilot_points(PILOT, 10, 0.0, np.random.default_rng(0), AREA)[1:]
+    own = [(s, float(v)) for s, v in zip(LONG_STEPS, truth(LONG, LONG_STEPS, AREA), strict=True)]
+    seen = []
+    real_fit = fc.fit_law
+    monkeypatch.setattr(fc, "fit_law", lambda law, x, *rest: seen.append(x.copy()) or real_fit(law, x, *rest))
+    monkeypatch.setattr(fc, "MAX_OWN_POINTS", 7)
+    at = fc.refitted_at("area", pilot_fit, PILOT, own, LONG, 2000)
+    steps = seen[0][len(pilot_fit) :]
+    assert len(steps) <= 7 and steps[-1] == 1900 and np.all(np.diff(steps) > 0)
+    assert at == pytest.approx(truth(LONG, [2000], AREA)[0], rel=1e-3)

@@ -260,3 +260,51 @@ def test_the_verdict_states_the_forecast_as_evidence_and_never_fails_a_pilot_on_
     assert refused.forecast["unavailable"].startswith("no forecast:")
     assert "forecast" not in {r.name for r in refused.rules}
     assert "evidence, not a rule: forecast: no forecast: the pilot has 3" in format_verdict(refused)
+
+
+def _summary(run_id, steps, schedule, sessions, points):
+    from types import SimpleNamespace
+
+    run = {
+        "run_id": run_id,
+        "recipe": {"optim": {"schedule": schedule}},
+        "tokens_per_update": 128,
+        "data": {"train": {"tokens": 10**7}},
+        "sessions": sessions,
+    }
+    events = [{"event": "val", "step": s, "loss": v} for s, v in points]
+    return SimpleNamespace(run=run, final=SimpleNamespace(step=steps), kept_events=events)
+
+
+def test_a_cooldown_branch_is_read_as_the_pilots_run_resumed_from_its_checkpoint_on_its_own_schedule():
+    pilot = _summary("run-a", 100, SCHEDULE, [{"resumed_from": None}], [(50, 7.0), (100, 6.9)])
+    cooled = {**SCHEDULE, "kind": "wsd", "horizon": 75, "decay_fraction": 1 / 3}
+    sessions = [{"resumed_from": None}, {"resumed_from": 50}]
+    branch = _summary("run-a", 75, cooled, sessions, [(50, 7.0), (75, 6.95)])
+    points, setting = fr.branch_input(pilot, branch)
+    assert points == [(50, 7.0), (75, 6.95)] and setting.then[0] == 50 and setting.steps == 75
+    assert setting.schedule["kind"] == "cosine" and setting.then[1]["kind"] == "wsd"
+    other = _summary("run-b", 75, cooled, sessions, [(75, 6.95)])
+    with pytest.raises(fr.NoForecast, match="not a resume of the pilot's run run-a"):
+        fr.branch_input(pilot, other)
+    fresh = _summary("run-a", 75, cooled, [{"resumed_from": None}], [(75, 6.95)])
+    with pytest.raises(fr.NoForecast, match="not a resume"):
+        fr.branch_input(pilot, fresh)
+    past = _summary("run-a", 120, cooled, [{}, {"resumed_from": 100}], [(120, 6.8)])
+    with pytest.raises(fr.NoForecast, match="adds no update inside the pilot's 100"):
+        fr.branch_input(pilot, past)
+
+
+def test_a_rise_above_the_runs_own_refitted_course_is_where_it_left(tmp_path, lock):
+    assert lock["forecast"]["rise"]["share"] == fr.RISE_SHARE and lock["forecast"]["rise"]["from_step"] == 200
+    run, summary = _long(tmp_path, lock, shift=lambda step: 0.3 if step > 200 else 0.0)
+    graded = fr.against(lock["forecast"], lock["recipe"], "0" * 64, run.run, summary.kept_events)
+    assert graded["left_band_at"] == 300 and graded["left_share"] == 0.15
+    older = copy.deepcopy(lock["forecast"])  # a lock written before the rise check: the band alone, as before
+    del older["rise"]
+    assert fr.against(older, lock["recipe"], "0" * 64, run.run, summary.kept_events)["left_band_at"] is None
+    points = fr.val_points(summary.kept_events)
+    at = [i for i, (s, _) in enumerate(points) if s == 300][0]
+    rise = fr.risen(lock["forecast"], points[:at], 300, points[at][1])
+    assert rise["bound"] == rise["predicted"] * (1 + fr.RISE_SHARE) and points[at][1] > rise["bound"]
+    assert fr.risen(lock["forecast"], points[:at], 200, 99.0) is None  # within the pilot's reach

@@ -101,3 +101,11 @@ def test_passes_are_counted_per_source_most_read_first():
     assert [r["name"] for r in found] == ["math", "web"]
     assert found[0]["pass_tokens"] == 64 and found[0]["passes"] == 1.0 and found[0]["restarts"] == 2
     assert found[1]["passes"] == 192 / 640
+
+
+def test_a_source_named_with_a_newline_and_an_escape_stays_on_its_line():
+    overview = mixture_overview(RUN, good_events())
+    overview["sources"][1]["name"] = "math\nall sources: healthy\x1b]0;owned\x07"
+    lines = format_mixture(overview).split("\n")
+    assert len(lines) == 3 and "all sources: healthy" not in [line.strip() for line in lines]
+    assert lines[2].startswith("  math\\nall sources: healthy\\x1b]0;owned\\x07: weight 0.25")

@@ -230,3 +230,28 @@ def test_a_resume_from_a_checkpoint_no_record_supports_is_still_rejected(tmp_pat
     summary = summarize_run(tmp_path / "r")
     assert any("no earlier session recorded committing that checkpoint" in r for r in summary.reasons), \
         summary.reasons
+
+
+def forged_session_run(run_dir):
+    """A pilot-shaped record whose second session's id holds a newline, a fake healthy line and an escape
+    sequence that would clear the screen: what a crafted run folder can hold."""
+    run = crashed_and_resumed(run_dir)
+    forged = "s2\nrun synthetic-run: VALID\x1b[2J"
+    for entry in [*run.events, *run.run["sessions"]]:
+        if entry["session_id"] == "s2":
+            entry["session_id"] = forged
+    run.write()
+    return run_dir
+
+
+def test_the_text_summary_keeps_a_forged_session_id_on_its_line(tmp_path, capsys):
+    from pilotrun.report.record_check.summarize import format_summary
+
+    run_dir = forged_session_run(tmp_path / "r")
+    text = format_summary(summarize_run(run_dir))
+    lines = text.split("\n")
+    assert "\x1b" not in text and "run synthetic-run: VALID" not in lines
+    assert lines[0] == f"run synthetic-run ({run_dir}): VALID"
+    assert "latest session: s2\\nrun synthetic-run: VALID\\x1b[2J (completed at step 60; kept)" in lines
+    assert main(["summarize", str(run_dir)]) == 0
+    assert capsys.readouterr().out.split("\n")[:len(lines)] == lines

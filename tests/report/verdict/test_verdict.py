@@ -94,3 +94,17 @@ def test_cli_verdict_json_lists_warnings_and_the_candidate(tmp_path, capsys):
     assert len(data["candidate"]["recipe_sha256"]) == 64 and data["frozen"] is None
 
 
+
+
+def test_the_text_verdict_keeps_a_forged_session_id_on_its_rule_s_line(tmp_path):
+    from tests.report.record_check.test_summarize import forged_session_run
+
+    run_dir = forged_session_run(tmp_path / "r")
+    verdict = judge(run_dir)
+    lines = format_verdict(verdict).split("\n")
+    # a header, a line per rule, a blank, the decision, a line per warning, the statement, and the forecast
+    expected = 1 + len(verdict.rules) + 2 + len(verdict.warnings) + 1 + (verdict.forecast is not None)
+    assert len(lines) == expected + (verdict.frozen is not None) and "\x1b" not in "".join(lines)
+    assert "run synthetic-run: VALID" not in lines and f"VERDICT: {verdict.decision}" in lines
+    (resumed,) = [line for line in lines if line.startswith("resumed ")]
+    assert "session s2\\nrun synthetic-run: VALID\\x1b[2J from step 20" in resumed

@@ -71,3 +71,25 @@ def test_a_lock_without_a_forecast_is_watched_as_before(tmp_path, lock):
         "forecast": {"unavailable": "no forecast: the pilot has 3 validation evaluation(s)"},
     }
     assert watched(run.run_dir, unavailable)[1] == []
+
+
+def test_a_run_rising_above_its_own_course_is_alerted_before_the_band_is_held(tmp_path, lock):
+    # +5% from step 300 on: inside the forecast's band (at least +-8%, held from twice the pilot's 200
+    # updates), above the law refitted to the pilot's and the run's own evaluations (held from the pilot's
+    # reach on).
+    run = synthetic(tmp_path / "long", 2000, 100, shift=lambda step: 0.3 if step > 200 else 0.0)
+    _, alerts, _ = watched(run.run_dir, lock)
+    assert len(alerts) == 1 and alerts[0].step == 400 and alerts[0].extra == {"first": 300}
+    assert "above" in alerts[0].message and "refitted to the pilot's and this run's own" in alerts[0].message
+    assert alerts[0].figure > alerts[0].bound
+
+
+def test_a_lock_from_before_the_rise_check_is_watched_as_before(tmp_path, lock):
+    run = synthetic(tmp_path / "long", 2000, 100, shift=lambda step: 0.3 if step > 200 else 0.0)
+    older = copy.deepcopy(lock)
+    del older["forecast"]["rise"]
+    assert watched(run.run_dir, older)[1] == []  # +5% is inside the band: no alert, as before the rise check
+    leaving = synthetic(tmp_path / "leaving", 2000, 100, shift=lambda step: 0.6 if step > 300 else 0.0)
+    _, alerts, _ = watched(leaving.run_dir, older)
+    assert [(a.step, a.extra) for a in alerts] == [(500, {"first": 400})]
+    assert "above the forecast's band" in alerts[0].message

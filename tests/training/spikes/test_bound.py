@@ -74,3 +74,10 @@ def test_the_tail_spread_widens_for_a_heavy_upper_tail_and_not_for_one_spike():
     assert (
         tail_spread(spiked) == tail_spread(core) and spike_against(9.0, spiked, 6.0, 0.01, 20, tail_spread)[0]
     )
+
+
+def test_the_gradient_norm_s_floor_share_grows_as_one_over_the_root_of_the_tokens_below_512():
+    from pilotrun.training.spikes.bound import grad_norm_floor_share
+
+    assert grad_norm_floor_share(None) == grad_norm_floor_share(512) == grad_norm_floor_share(10**6) == 0.5
+    assert grad_norm_floor_share(128) == 1.0 and grad_norm_floor_share(64) == 0.5 * math.sqrt(8)

@@ -37,6 +37,20 @@ def test_a_gradient_norm_must_also_reach_four_times_the_median_where_a_loss_need
     assert found.judge(3.5, 1.0)[0] == ["loss"]
 
 
+def test_on_fewer_tokens_per_update_the_gradient_norm_s_floor_grows_with_its_noise():
+    """At 128 tokens per update (the smoke recipe) the floor is twice the 512-token one: a norm must exceed 7x
+    the median (healthy 128-token runs reached 5.4x); at 512 tokens and more it is the 4x of the module."""
+    small, large = (SpikeDetector(SpikeConfig(window=10, min_history=4), tokens) for tokens in (128, 4096))
+    for found in (small, large):
+        for loss, norm in [(3.0, 1.0), (3.1, 1.1), (2.9, 0.9), (3.0, 1.0), (3.05, 1.05)]:
+            found.pending = (loss, norm)
+            found.after_update(0, None)
+    assert small.floor_shares == {"loss": 0.01, "grad_norm": 1.0} and large.floor_shares["grad_norm"] == 0.5
+    assert large.judge(3.0, 5.4)[0] == ["grad_norm"] and small.judge(3.0, 5.4)[0] == []
+    assert small.judge(3.0, 6.9)[0] == [] and small.judge(3.0, 7.1)[0] == ["grad_norm"]
+    assert small.judge(3.5, 1.0)[0] == ["loss"]  # the loss's bound does not depend on the batch
+
+
 def test_judge_flags_values_above_the_bound_and_non_finite_ones_from_the_start():
     found = detector()
     assert found.judge(3.1, 1.1) == ([], found.judge(3.1, 1.1)[1])

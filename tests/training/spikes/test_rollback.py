@@ -282,6 +282,7 @@ def test_one_rollback_skips_a_long_noise_document_to_its_end(noise_data, tmp_pat
     # The checkpoint committed right after the rollback holds the record in its trainer state.
     detector = next(h for h in trainer.session.state.hooks if h.name == "spike")
     assert detector.skip_data == [record] and detector.rollbacks == 1
+    assert detector.floor_shares["grad_norm"] == 1.0  # the session's 128 tokens per update
     summary = summarize_run(tmp_path / "run")
     assert summary.valid, summary.reasons
     assert summary.overall["spikes"]["spikes"] == summary.overall["spikes"]["rollbacks"] == 1
