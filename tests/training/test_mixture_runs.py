@@ -128,6 +128,12 @@ def test_a_small_source_restarts_alone_and_the_verdict_names_its_passes(mixture_
     one_pass = {name: ((splits[name] - 1) // seq_len) * seq_len for name in splits}
     assert by_source == {name: seen[name] / one_pass[name] for name in ("tiny", "edu")}
     assert list(by_source) == ["tiny", "edu"] and by_source["tiny"] > 1 > by_source["edu"]
+    from pilotrun.report.drawing.html import render_html
+
+    html = render_html(judge(tmp_path / "run"), {})
+    assert (f"<tr><th>passes over each source&#x27;s training split</th><td>tiny {by_source['tiny']:.3g}, "
+            f"edu {by_source['edu']:.3g}</td></tr>") in html
+    assert "<th>passes over the training split</th>" not in html  # the pooled row, gone
     from pilotrun.report.record_check.summarize import format_summary
 
     text = format_summary(summary)

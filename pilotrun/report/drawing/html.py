@@ -27,6 +27,7 @@ from pilotrun.common.strict_json import strict_dumps
 from pilotrun.report.drawing.plots import PLOT_TITLES, write_plots
 from pilotrun.report.drawing.run_header import run_identity
 from pilotrun.report.projection.forecast_record import format_forecast
+from pilotrun.report.record_check.mixture_account import format_source_passes
 from pilotrun.report.record_check.time_split import SPLIT_KEYS, SPLIT_PHASES
 from pilotrun.report.verdict.rules import RULES, THROUGHPUT_STEADY
 from pilotrun.report.verdict.thresholds import threshold_meaning
@@ -127,6 +128,9 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
         ),
         ("updates rolled back and redone", _fmt(o.get("updates_rolled_back"))),
         ("tokens seen / planned", f"{_fmt(o.get('tokens_seen'))} / {_fmt(o.get('tokens_planned'))}"),
+        # a mixture: each source over its own split (a pooled figure hides a small source read many times)
+        ("passes over each source's training split", format_source_passes(o["passes_by_source"]))
+        if o.get("passes_by_source") else
         ("passes over the training split", _fmt(o.get("passes_over_train_split"), 3)),
         (
             "training-only throughput (tokens processed in training / train seconds)",
