@@ -20,6 +20,36 @@ from pathlib import Path
 import pytest
 import torch
 
+# The shared test fixtures (the FineWeb-Edu documents, the GPT-2 tokenizer) live beside the clone, not in it.
+# A test needs them when it uses one of these fixtures (directly or through another fixture), or is marked
+# `shared_fixtures` (it reads them itself); without the folder each such test skips.
+SHARED_FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
+SHARED_FIXTURE_USERS = frozenset(
+    {"mixture_sources", "task_run", "fineweb_jsonl", "fineweb_parquet", "gpt2_tokenizer_path"}
+)
+
+
+def needs_shared_fixtures(item) -> bool:
+    """Whether a collected test needs ../shared/fixtures: a fixture that reads them in its closure, or the
+    `shared_fixtures` mark."""
+    used = set(getattr(item, "fixturenames", ()))
+    return bool(used & SHARED_FIXTURE_USERS) or item.get_closest_marker("shared_fixtures") is not None
+
+
+def shared_fixtures_line(items, folder: Path = SHARED_FIXTURES) -> str:
+    """The session's header line on the shared fixtures, printed right after collection (before any test
+    runs), so that a missing folder is said up front and not only by the skips at the end."""
+    needing = sum(1 for item in items if needs_shared_fixtures(item))
+    if folder.is_dir():
+        return f"shared fixtures: {folder} is present ({needing} of the {len(items)} collected tests use it)"
+    return (f"shared fixtures: MISSING {folder} (../shared/fixtures beside the clone): {needing} of the "
+            f"{len(items)} collected tests need it and will skip")
+
+
+def pytest_report_collectionfinish(config, start_path, items):
+    return [shared_fixtures_line(items)]
+
+
 # Children that are themselves a run of Python (pilotrun's console script and torchrun are Python programs). A
 # `git` child (the code identity a session records) is a few milliseconds and is not what the rule is about.
 PYTHON_PROGRAMS = ("python", "pilotrun", "torchrun")
@@ -107,13 +137,7 @@ def mixture_sources(tmp_path_factory):
     (the built-in corpus under another vocabulary)."""
     from pilotrun.data.prepare import prepare_corpus
 
-    fineweb = (
-        Path(__file__).resolve().parents[1].parent
-        / "shared"
-        / "fixtures"
-        / "fineweb-edu"
-        / "fineweb_edu_sample10bt_150docs.jsonl"
-    )
+    fineweb = SHARED_FIXTURES / "fineweb-edu" / "fineweb_edu_sample10bt_150docs.jsonl"
     if not fineweb.exists():
         pytest.skip(
             f"shared test fixture {fineweb} is absent (expected ../shared/fixtures beside the repository)"

@@ -130,3 +130,21 @@ def test_make_pilot_installs_the_base_alone_and_make_test_the_dev_extra():
                     "[make]   base: torch, numpy, tokenizers, pyarrow, pyyaml, matplotlib, tqdm, ninja"]
     assert describe_extras.describe("dev,hub")[-1] == "[make]   [hub]: datasets, huggingface_hub"
     assert "transformers" in describe_extras.describe("export")[-1]
+
+
+def test_the_readme_says_what_make_test_installs_lm_eval_and_its_dependencies_included():
+    """`make test` installs `dev`; the README's install text names every extra that `dev` is made of and says
+    that lm-eval brings its own dependencies, naming them (a few hundred MB a reader would otherwise meet
+    unannounced)."""
+    extras = _extras()
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    start = readme.index("`make test` installs the `dev` extra")
+    said = readme[start:readme.index("Other extras", start)]
+    parts = [name for name in ("test", "export", "trackers", "datatrove", "eval", "hub")
+             if set(extras[name]) <= set(extras["dev"])]
+    assert parts == ["test", "export", "trackers", "datatrove", "eval"]
+    for name in parts:
+        assert f"`{name}`" in said, name
+    assert "lm-eval" in said and "brings its own dependencies" in said
+    for dependency in ("datasets", "evaluate", "scikit-learn", "sacrebleu", "rouge-score"):
+        assert dependency in said, dependency

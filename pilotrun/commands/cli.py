@@ -49,7 +49,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "exiting; 75 when it stopped, likewise saved, before the --stop-by deadline (reason 'deadline'). "
         "Every one "
         "of those is resumable: `--resume auto` continues. It prints tokens_per_update and the planned "
-        "tokens before it starts, and a progress line (step, loss, training-only tokens/s, ETA) on stderr.",
+        "tokens before it starts, and progress on stderr: a redrawn bar on a terminal, else one line per log "
+        "window (step, loss, training-only tokens/s, ETA at this session's wall-clock rate). A data pass "
+        "boundary, a spike, a rollback and a recipe change at resume are each a line when they happen.",
     )
     p.add_argument(
         "--config",
@@ -127,7 +129,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     # training process; not for users, so not listed.
     p.add_argument("--stop-past-step", type=int, default=None, metavar="N", help=argparse.SUPPRESS)
     p.add_argument("--progress", choices=("auto", "bar", "plain", "none"), default="auto",
-                   help="auto: a redrawn bar when stderr is a terminal, else plain (one line per log window)")
+                   help="auto: a redrawn bar when stderr is a terminal, else plain (one line per log window, "
+                   "train.log.every, with an ETA)")
     p.set_defaults(handler=_run_train)
 
 
@@ -199,6 +202,10 @@ def _train_with(args: argparse.Namespace, signals, started_at: float) -> int:
             args.allow_change, args.run_dir if args.resume else None, args.data, config_to_dict(config),
             run_facts["frozen"]["differences"])
     else:
+        if args.resume:
+            from pilotrun.run.recipe_lock import check_resumed_recipe
+
+            check_resumed_recipe(args.config, args.run_dir)  # a frozen run resumed without its lock: asked
         config = load_run_config(args.config, args.overrides)
     return train_from_cli(config, args.data, args.run_dir, resume=args.resume, from_step=args.from_step,
                           allow_changes=allow_changes, command=args.invocation, run_facts=run_facts,

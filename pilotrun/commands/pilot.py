@@ -689,8 +689,9 @@ def add_pilot_arguments(p: argparse.ArgumentParser) -> None:
         "--progress",
         choices=("auto", "plain"),
         default="auto",
-        help="auto: a line redrawn on a terminal, plain lines elsewhere; plain: one line per window (the "
-        "prepare's progress too)",
+        help="auto: a line redrawn on a terminal, plain lines elsewhere; plain: plain lines, the first at "
+        "once, then at most one every 10 s, and the last (the prepare's progress too; each training child's "
+        "own log has one line per log window)",
     )
 
 

@@ -1,11 +1,12 @@
-"""Progress as plain lines, what a log file can hold: prepare's, train's and the pilot's, one cadence.
+"""Progress as plain lines, what a log file can hold: prepare's and the pilot's at one cadence, train's one
+per window (an interval of 0: training/callbacks/window_log.PlainProgress).
 
 A redrawn bar (tqdm, the pilot's line on a terminal) rewrites its line with carriage returns, which a terminal
 shows as one moving line but a log file (nohup, slurm, the pilot's captured output) keeps as one endless line.
 Off a terminal every command writes `PlainLine`s instead: the first figures at once (a start is visible), then
-at most one line per `PLAIN_INTERVAL_SECONDS` (a 2-hour prepare or a day of training is a few hundred lines of
-log, not one per window), and the last figures at close when they were not the last line written (the end is
-visible). The same figures are never written twice.
+at most one line per `PLAIN_INTERVAL_SECONDS` (a 2-hour prepare is a few hundred lines of log), and the last
+figures at close when they were not the last line written (the end is visible). The same figures are never
+written twice.
 """
 
 from __future__ import annotations

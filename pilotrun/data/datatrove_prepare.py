@@ -186,6 +186,9 @@ def _open_staging(out: str, request: dict[str, Any], resolved, inputs: Datatrove
             )
         partial.commit({"request": request, "tokenizer": resolved.identity, "state": None, "logs": logs})
         forget_marks_without_output(partial.path, logs, request["tasks"])
+    except BaseException:
+        partial.put_back_untouched()  # refused before its commit: the staging folder as it found it
+        raise
     finally:
         partial.close()
     return partial.path

@@ -245,6 +245,7 @@ def prepare_corpus(
         if partial.created and not _any_shard_committed(partial):
             partial.close()
             partial.discard()
+        partial.put_back_untouched()  # a rerun refused before its first commit: the folder as it found it
         raise
     finally:
         partial.close()

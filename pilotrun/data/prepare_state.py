@@ -27,7 +27,7 @@ from typing import Any
 
 from pilotrun.common import stop_signals
 from pilotrun.common.errors import DataError, PilotrunError
-from pilotrun.common.files import fsync_directory, write_text_atomic
+from pilotrun.common.files import fsync_directory, write_bytes_atomic, write_text_atomic
 from pilotrun.common.parsing import read_json_file
 from pilotrun.data.shard_hashing import hash_file
 
@@ -67,7 +67,11 @@ class PartialFolder:
         self.out = out
         self.path = out + PARTIAL_SUFFIX
         self.created = False
+        self.committed = False  # this prepare committed progress (after which a stop is not a refusal)
         self._lock: int | None = None
+        # The mark's bytes (None: there was none) and the mark's and folder's (atime, mtime) before this
+        # prepare wrote itself in as the holder: a refused rerun puts them back (put_back_untouched).
+        self._found: tuple[bytes | None, tuple[tuple[int, int], ...]] | None = None
 
     def open(self) -> dict[str, Any] | None:
         """Create (or lock the existing) folder; returns its progress record, None when there is none yet."""
@@ -111,6 +115,8 @@ class PartialFolder:
                 "waited for its folder; nothing was written"
             )
         # The holder, for a second prepare of the same --out to name (the lock itself is the flock above).
+        if not self.created:
+            self._found = self._as_found()
         write_text_atomic(os.path.join(self.path, OWN_MARK), json.dumps({
             "format": PROGRESS_FORMAT, "out": os.path.basename(self.out),
             "holder": {"pid": os.getpid(), "host": socket.gethostname()}}) + "\n")
@@ -122,6 +128,34 @@ class PartialFolder:
                 if entry != OWN_MARK:
                     _remove(os.path.join(self.path, entry))
         return progress
+
+    def _as_found(self) -> tuple[bytes | None, tuple[tuple[int, int], ...]] | None:
+        mark = os.path.join(self.path, OWN_MARK)
+        try:
+            text = open(mark, "rb").read() if os.path.isfile(mark) and not os.path.islink(mark) else None
+            paths = [self.path] + ([mark] if text is not None else [])
+            stats = [os.stat(path, follow_symlinks=False) for path in paths]
+        except OSError:
+            return None
+        return text, tuple((s.st_atime_ns, s.st_mtime_ns) for s in stats)
+
+    def put_back_untouched(self) -> None:
+        """A rerun refused before it committed anything (other inputs, a changed shard): its holder mark goes
+        and the one it found comes back with its times and the folder's, so a refused command leaves the
+        partial folder as it found it, bytes and times."""
+        if self.created or self.committed or self._found is None:
+            return
+        text, times = self._found
+        mark = os.path.join(self.path, OWN_MARK)
+        try:
+            if text is None:
+                os.remove(mark)
+            else:
+                write_bytes_atomic(mark, text)
+                os.utime(mark, ns=times[1], follow_symlinks=False)
+            os.utime(self.path, ns=times[0], follow_symlinks=False)
+        except OSError:
+            pass  # the refusal is what the user needs to read; a time left new is not worth hiding it for
 
     def _mark(self) -> dict[str, Any]:
         """Prepare's own mark in the folder ({} where there is none, or another's)."""
@@ -180,6 +214,7 @@ class PartialFolder:
     def commit(self, record: dict[str, Any], obsolete: list[str] = ()) -> None:
         """Record `record` as the progress (written last, atomically), then delete files it no longer
         needs."""
+        self.committed = True
         write_text_atomic(os.path.join(self.path, PROGRESS_FILE),
                           json.dumps({"format": PROGRESS_FORMAT, **record}, sort_keys=True, indent=1) + "\n")
         for path in obsolete:

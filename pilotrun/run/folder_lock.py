@@ -88,6 +88,15 @@ def _rewrite(handle: Any, text: str | bytes) -> None:
     handle.flush()
 
 
+def _times(*paths: Path) -> tuple[tuple[int, int], ...] | None:
+    """(atime_ns, mtime_ns) of each path (not following a link), or None where one cannot be read."""
+    try:
+        stats = [os.stat(path, follow_symlinks=False) for path in paths]
+    except OSError:
+        return None
+    return tuple((s.st_atime_ns, s.st_mtime_ns) for s in stats)
+
+
 def open_lock_file(run_dir: Path, create: bool) -> Any:
     """RUN/run.lock opened without following a symbolic link (binary, read and write; or read-only without
     `create`): a link there would make the session truncate and rewrite whatever file it points to."""
@@ -213,6 +222,7 @@ class RunFolderLock:
         created_parents: tuple[Path, ...] = (),
         created_file: bool = False,
         names_before: frozenset[str] = frozenset(),
+        times_before: tuple[tuple[int, int], ...] | None = None,
     ) -> None:
         self.run_dir = run_dir
         self._handle = handle
@@ -224,6 +234,9 @@ class RunFolderLock:
         self.created_parents = created_parents
         self.created_file = created_file
         self.names_before = names_before
+        # (atime, mtime) in ns of the run folder and of its lock file (where there was one) before this
+        # session wrote there: a refused session puts them back, leaving the folder as it found it.
+        self.times_before = times_before
 
     @property
     def path(self) -> Path:
@@ -247,6 +260,7 @@ class RunFolderLock:
                 f"run folder {run_dir}: cannot create its lock file ({exc.strerror or exc})"
             ) from None
         created_file = LOCK_NAME not in names_before
+        times_before = None if created else _times(run_dir, *([] if created_file else [run_dir / LOCK_NAME]))
         try:
             handle, note = _open_and_lock(run_dir)
         except BaseException:
@@ -262,6 +276,7 @@ class RunFolderLock:
             created_parents=tuple(missing[1:]),
             created_file=created_file,
             names_before=names_before,
+            times_before=times_before,
         )
         if note is not None:
             return lock
@@ -292,10 +307,25 @@ class RunFolderLock:
                 # the name gone (or another file under it) and starts over on the current one
                 # (_open_and_lock).
                 (self.run_dir / LOCK_NAME).unlink(missing_ok=True)
+                self._put_times_back()
                 self._close()
                 return
             _rewrite(self._handle, self.previous_text)
+            self._put_times_back()
         self._close()
+
+    def _put_times_back(self) -> None:
+        """The lock file's and the run folder's times as this session found them (a refused session wrote its
+        holder line and took it back: the folder reads as untouched, bytes and times)."""
+        if self.times_before is None:
+            return
+        folder_times, *lock_times = self.times_before
+        try:
+            if lock_times and not self.created_file:
+                os.utime(self._handle.fileno(), ns=lock_times[0])
+            os.utime(self.run_dir, ns=folder_times, follow_symlinks=False)
+        except OSError:
+            pass  # times are what a reader sees, not what a resume needs: the bytes are already back
 
     def _new_names(self) -> list[str]:
         try:

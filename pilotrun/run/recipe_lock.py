@@ -192,6 +192,28 @@ def check_resumed_lock(lock: dict[str, Any], lock_path: str | Path, run_dir: str
     )
 
 
+def check_resumed_recipe(config_path: str | Path, run_dir: str | Path) -> None:
+    """The other side of check_resumed_lock: a run started from a lock, resumed with `--config` (a recipe, not
+    its lock), would go on without the lock's checks while its record still names the lock: the wrong folder
+    or the wrong command, asked as such (FreezeError), naming the lock to resume it with."""
+    from pilotrun.run.record import RUN_JSON, read_run_json
+
+    if not (Path(run_dir) / RUN_JSON).is_file():
+        return
+    try:
+        frozen = read_run_json(run_dir).get("frozen")
+    except PilotrunError:
+        return  # a damaged run.json is refused, with its damage named, by the resume itself
+    if not isinstance(frozen, dict):
+        return
+    raise FreezeError(
+        f"--config {config_path}: run folder {run_dir} was started from the lock {frozen.get('lock_path')} "
+        f"(sha256 {str(frozen.get('lock_sha256'))[:16]}), not from a recipe: is {run_dir} the right run "
+        f"folder, and this the right recipe? Resume a long run with the lock it started from (--frozen "
+        f"{frozen.get('lock_path')}); this recipe's run needs a new --run-dir"
+    )
+
+
 def frozen_candidate_status(run: dict[str, Any]) -> dict[str, Any] | None:
     """Which frozen candidate a run runs and whether it still matches; None for a run not started frozen.
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.data.reader import val_split_warnings
+from pilotrun.run.changes import RecipeChange
 
 
 def restored_state_line(checkpoint: Path, trainer_state: dict[str, Any], rng_notes: list[str],
@@ -28,6 +29,35 @@ def restored_state_line(checkpoint: Path, trainer_state: dict[str, Any], rng_not
         f"{int(loader.get('batch_index', 0)):,} epoch {int(loader.get('epoch', 0))}, {scaler}, model and "
         "optimizer state"
     )
+
+
+def recipe_change_lines(free_changes: list[dict[str, Any]], allowed_changes: list[dict[str, Any]],
+                        step: int) -> list[str]:
+    """One line per recipe value a resume changed, said where the session starts (the record keeps them in
+    run.json's allowed_changes and free_changes, the plots mark them): the key, old -> new, the first update
+    that uses the new value, and why it was accepted."""
+    lines = []
+    for changes, why in ((allowed_changes, "allowed by --allow-change"),
+                         (free_changes, "a key a resume may change freely")):
+        for change in changes:
+            described = RecipeChange(key=str(change["key"]), old=change["old"], new=change["new"],
+                                     session_id="", from_update=step + 1).describe()
+            lines.append(f"recipe change at resume: {described} ({why})")
+    return lines
+
+
+def data_pass_line(step: int, tokens_seen: int, passes: dict[str, int] | int) -> str:
+    """The training split read again from its start: the loss from here on is partly measured on tokens the
+    model has already trained on (a drop there is the data, not the recipe). `passes`: the pass that begins
+    (2 at the first re-read) for a data folder, or {source: the pass it begins} for the sources of a mixture
+    that restarted."""
+    if isinstance(passes, int):
+        what = f"the training split's pass {passes} begins"
+    else:
+        named = ", ".join(f"'{name}' (pass {number})" for name, number in passes.items()) or "a source"
+        what = f"the mixture reads {named} again from its start"
+    return (f"data: {what} at step {step:,} (tokens_seen {tokens_seen:,}); the training loss from here is "
+            "partly on tokens already trained on")
 
 
 def interrupt_acknowledgement(signal_name: str, step: int, max_steps: int) -> str:

@@ -84,7 +84,7 @@ from pilotrun.training.callbacks.window_log import RareEventsCallback, WindowLog
 from pilotrun.training.checkpoint.background import out_of_space, space_error_line
 from pilotrun.training.loop import train_loop
 from pilotrun.training.multiple_choice import check_downstream_fits
-from pilotrun.training.notices import interrupt_acknowledgement
+from pilotrun.training.notices import interrupt_acknowledgement, recipe_change_lines
 from pilotrun.training.run_plan import RECENT_BYTES, plan_lines, run_plan
 from pilotrun.training.session import NothingToDo, Session, build_session, tokens_per_update
 from pilotrun.training.signals import SecondSignal, StopSignals
@@ -359,6 +359,9 @@ class Trainer:
             with self.account.phase("report"):
                 self.sinks[:0] = tracker_sinks(trackers, session.run_dir)
         for line in describe_plan(session.config, world_size, session.state.step, session.device.type):
+            loop.say(line)
+        for line in recipe_change_lines(session.plan.free_changes, session.plan.allowed_changes,
+                                        session.state.step):
             loop.say(line)
         if loop.is_main:
             for line in self._record_plan():

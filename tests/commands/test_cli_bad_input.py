@@ -33,6 +33,14 @@ def tree_hashes(root: Path) -> dict[str, str]:
     return out
 
 
+def tree_state(root: Path) -> dict[str, tuple[str, int]]:
+    """tree_hashes with each entry's modification time (ns), the folder itself included: a command that wrote
+    a file and put its bytes back still shows, by its time or its folder's."""
+    hashes = {".": "dir", **tree_hashes(root)}
+    return {name: (kind, os.stat(root / name, follow_symlinks=False).st_mtime_ns)
+            for name, kind in hashes.items()}
+
+
 def run_cli(capsys, argv: list[str]) -> tuple[int, list[str]]:
     code = main(argv)
     captured = capsys.readouterr()

@@ -53,6 +53,33 @@ def test_summarize_and_verdict_text_name_the_frozen_candidate_and_whether_it_mat
     assert format_verdict(judge(tmp_path / "r")).splitlines()[-1] == drifted
 
 
+def test_a_long_runs_verdict_says_it_judged_the_long_runs_record_and_from_which_lock(tmp_path):
+    from pilotrun.report.drawing.html import write_report
+    from pilotrun.report.verdict.verdict import judge
+
+    run = crashed_and_resumed(tmp_path / "r")
+    run.write()
+    pilot = judge(tmp_path / "r")
+    run_id = run.run["run_id"]
+    assert f"Judged on the pilot's own record (run {run_id}): " in pilot.statement
+    lock = _lock(recipe=run.run["recipe"], data="0" * 64)
+    lock_path = tmp_path / "lock.json"
+    lock_path.write_text(json.dumps(lock))
+    run.run["frozen"] = frozen_run_facts(lock, lock_path, run.run["recipe"], "0" * 64, [])
+    run.write()
+    long_run = judge(tmp_path / "r")
+    assert "pilot's own record" not in long_run.statement
+    assert (f"Judged on this long run's own record (run {run_id}, started from the frozen candidate of lock "
+            f"sha256 {lock['sha256'][:16]}, frozen from pilot run run-p), not the pilot's: "
+            ) in long_run.statement
+    # the figures after it are the same record's, whichever kind of run it is
+    assert long_run.statement.split("not the pilot's: ")[1][:40] == pilot.statement.split("): ")[1][:40]
+    html = (write_report(long_run, tmp_path / "r") / "report.html").read_text()
+    assert f"<h1>Long-run verdict for run <code>{run_id}</code></h1>" in html
+    assert f"judges this run's own record (a long run from the frozen candidate of lock sha256 " \
+           f"{lock['sha256'][:16]})" in " ".join(html.split())
+
+
 @pytest.mark.slow
 def test_a_long_run_on_other_code_than_the_pilots_is_refused_until_allowed_and_recorded(
     builtin_data_dir, tmp_path, capsys
@@ -264,3 +291,34 @@ def test_resuming_a_run_folder_under_another_lock_asks_whether_it_is_the_right_f
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "is " + str(other) + " the right run folder" in err[0], err
     assert "--allow-change" not in err[0]
+
+
+@pytest.mark.parametrize("resume", [["--resume"], ["--resume", "auto"]])
+def test_resuming_a_frozen_run_with_a_recipe_instead_of_its_lock_asks_whether_it_is_the_right_folder(
+        tmp_path, capsys, resume):
+    from pilotrun.commands.cli import main
+    from tests.commands.test_cli_bad_input import tree_state
+
+    crashed_and_resumed(tmp_path / "r").write()
+    assert main(["freeze", str(tmp_path / "r"), "--out", str(tmp_path / "lock.json")]) == 0
+    lock = json.loads((tmp_path / "lock.json").read_text())
+    long_run = tmp_path / "long"
+    long_run.mkdir()
+    (long_run / "run.json").write_text(json.dumps(
+        {"run_id": "x", "frozen": {"lock_sha256": lock["sha256"], "lock_path": str(tmp_path / "lock.json")}}))
+    before = tree_state(long_run)
+    capsys.readouterr()
+    code = main(["train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(tmp_path / "d"),
+                 "--run-dir", str(long_run), *resume])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    path = tmp_path / "lock.json"
+    assert (f"run folder {long_run} was started from the lock {path} (sha256 {lock['sha256'][:16]}), not "
+            f"from a recipe: is {long_run} the right run folder, and this the right recipe? Resume a long "
+            f"run with the lock it started from (--frozen {path})") in err[0]
+    assert "--allow-change" not in err[0] and tree_state(long_run) == before
+    # a run started from a recipe resumes with its recipe as before: asked nothing of the kind
+    (long_run / "run.json").write_text(json.dumps({"run_id": "x"}))
+    main(["train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(tmp_path / "d"),
+          "--run-dir", str(long_run), *resume])
+    assert "right recipe" not in capsys.readouterr().err

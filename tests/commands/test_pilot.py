@@ -163,6 +163,7 @@ def test_cli_pilot_data_and_source_together_are_refused(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.shared_fixtures
 @pytest.mark.skipif(
     not (FIXTURES / "fineweb-edu").is_dir(),
     reason="the FineWeb-Edu fixture (../shared/fixtures) is not on this machine",

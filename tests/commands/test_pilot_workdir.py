@@ -23,8 +23,10 @@ PARQUET = FIXTURES / "fineweb-edu" / "fineweb_edu_sample10bt_150docs.parquet"
 GPT2 = FIXTURES / "tokenizers" / "gpt2" / "tokenizer.json"
 STAND_IN = "stand-in: this test stops the pilot where its first training would start"
 
-pytestmark = pytest.mark.skipif(not JSONL.is_file() or not GPT2.is_file(), reason="the FineWeb-Edu and GPT-2 "
-                                "fixtures (../shared/fixtures) are not on this machine")
+pytestmark = [pytest.mark.shared_fixtures,
+              pytest.mark.skipif(not JSONL.is_file() or not GPT2.is_file(),
+                                 reason="the FineWeb-Edu and GPT-2 fixtures (../shared/fixtures) are not on "
+                                 "this machine")]
 
 
 @pytest.fixture

@@ -80,6 +80,7 @@ def test_missing_empty_wrong_suffix_not_utf8_and_duplicate_names_are_refused(tmp
         read_choice_tasks([str(one), str(two)])
 
 
+@pytest.mark.shared_fixtures
 def test_the_fineweb_task_is_deterministic_and_its_choices_are_the_true_words_shuffled(tmp_path):
     first = write_task(tmp_path / "one" / "t.jsonl", continuation_examples(fineweb_texts(), 12))
     second = write_task(tmp_path / "two" / "t.jsonl", continuation_examples(fineweb_texts(), 12))

@@ -18,6 +18,7 @@ from pilotrun.data.datatrove_prepare import SlurmOptions, prepare_with_datatrove
 from pilotrun.data.prepare import prepare_corpus  # noqa: E402
 from pilotrun.data.shards import metadata_sha256  # noqa: E402
 from pilotrun.data.verify import verify_data  # noqa: E402
+from tests.commands.test_cli_bad_input import tree_state  # noqa: E402
 from tests.data.datatrove_helpers import prepare_fixture as _prepare  # noqa: E402
 
 
@@ -76,8 +77,7 @@ def test_slurm_submits_a_task_array_and_a_merge_that_depends_on_it(monkeypatch, 
     monkeypatch.setenv("SHIM_RECORD", str(record))
     monkeypatch.delenv("SLURM_ARRAY_TASK_ID", raising=False)
     out = tmp_path / "dt"
-    code = main(
-        [
+    command = [
             "prepare",
             "--engine",
             "datatrove",
@@ -102,7 +102,7 @@ def test_slurm_submits_a_task_array_and_a_merge_that_depends_on_it(monkeypatch, 
             "--slurm-env-command",
             "source /opt/venv/bin/activate",
         ]
-    )
+    code = main(command)
     said = capsys.readouterr().out
     assert code == 0 and "3 tasks as SLURM job array 1001" in said and "merge as job 1003" in said
     jobs = {
@@ -126,6 +126,13 @@ def test_slurm_submits_a_task_array_and_a_merge_that_depends_on_it(monkeypatch, 
         2,
     ]
     assert not out.exists() and (tmp_path / "dt.partial" / "input_files.txt").is_file()
+    # the same --out with other inputs is refused, and the staging folder is left as it was, bytes and times
+    staged, submitted = tree_state(tmp_path / "dt.partial"), sorted(record.iterdir())
+    other = [*command[:command.index("--tasks") + 1], "2", *command[command.index("--tasks") + 2:]]
+    assert main(other) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds an interrupted prepare of other inputs" in err[0], err
+    assert tree_state(tmp_path / "dt.partial") == staged and sorted(record.iterdir()) == submitted
 
 
 @pytest.mark.slow

@@ -19,6 +19,8 @@ from pilotrun.data.shards import metadata_sha256
 
 from .conftest import FINEWEB_JSONL, GPT2_TOKENIZER
 
+pytestmark = pytest.mark.shared_fixtures  # every test here merges parts prepared from them
+
 
 def _prepare(out: Path, source: Path, tokenizer: Path | str, *extra: str) -> Path:
     assert main(["prepare", "--out", str(out), "--source", str(source), "--tokenizer", str(tokenizer),

@@ -18,6 +18,7 @@ import pytest
 from pilotrun.commands.cli import main
 from pilotrun.data import prepare as prepare_module
 from pilotrun.data.prepare_state import PROGRESS_FILE
+from tests.commands.test_cli_bad_input import tree_state
 
 from .test_prepare import _tree_bytes
 
@@ -124,6 +125,7 @@ def test_a_changed_tokenizer_or_option_is_refused_with_the_difference(tmp_path, 
     args = prepare_args(out, parquet_source, str(gpt2_tokenizer_path))
     assert run_child("after-commit", 2, args).returncode == -9
     progress_before = (tmp_path / "out.partial" / PROGRESS_FILE).read_bytes()
+    folder_before = tree_state(tmp_path / "out.partial")  # bytes and times, the holder's mark included
     capsys.readouterr()
     assert main(["prepare", *prepare_args(out, parquet_source, "bpe:300")]) == 2
     err = capsys.readouterr().err
@@ -132,6 +134,7 @@ def test_a_changed_tokenizer_or_option_is_refused_with_the_difference(tmp_path, 
     assert main(["prepare", *prepare_args(out, parquet_source, str(gpt2_tokenizer_path), "--seed", "8")]) == 2
     assert "options.seed: now 8, recorded 7" in capsys.readouterr().err
     assert (tmp_path / "out.partial" / PROGRESS_FILE).read_bytes() == progress_before  # nothing touched
+    assert tree_state(tmp_path / "out.partial") == folder_before  # not even the holder's mark, taken back
     assert main(["prepare", *args]) == 0  # the original command still continues it
 
 
@@ -268,12 +271,14 @@ def test_a_committed_shard_changed_in_the_partial_folder_is_refused_by_name_befo
         first.unlink()
     holder_note = "prepare.partial.json"  # the lock's note of who holds the folder: rewritten by each holder
     before = {k: v for k, v in _tree_bytes(partial).items() if k != holder_note}
+    untouched = tree_state(partial)  # and a refused rerun takes its note back: bytes and times as they were
     capsys.readouterr()
     assert main(["prepare", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{first}: a committed shard of this interrupted prepare" in err[0], err
     assert ("is missing" if damage == "remove" else "not the") in err[0]
     assert {k: v for k, v in _tree_bytes(partial).items() if k != holder_note} == before and not out.exists()
+    assert tree_state(partial) == untouched
 
 
 @pytest.mark.slow

@@ -102,10 +102,48 @@ def test_a_small_source_restarts_alone_and_the_verdict_names_its_passes(mixture_
     mixture = write_mixture(
         tmp_path / "mix.yaml", [(mixture_sources["edu"], 0.1), (mixture_sources["tiny"], 0.9)]
     )
-    train(mixture, tmp_path / "run", "train.eval_every=0", "train.max_steps=16", "optim.schedule.horizon=16",
-          "train.checkpoint_every=8")  # tiny: 25 windows, asked for 58 rows
+    # tiny: 25 windows, asked for 58 rows
+    trainer = train(mixture, tmp_path / "run", "train.eval_every=0", "train.max_steps=16",
+                    "optim.schedule.horizon=16", "train.checkpoint_every=8")
     last = events(tmp_path / "run", "train")[-1]
     assert last["restarts_by_source"]["edu"] == 0 and last["restarts_by_source"]["tiny"] >= 1
+    # each restart said in the log when it happens, naming the source and the pass it begins
+    said = [line for line in trainer.out.getvalue().splitlines() if line.startswith("data: ")]
+    assert said == [f"data: the mixture reads 'tiny' (pass {number}) again from its start at step "
+                    f"{e['step']:,} (tokens_seen {e['tokens_seen']:,}); the training loss from here is "
+                    "partly on tokens already trained on"
+                    for number, e in enumerate(events(tmp_path / "run", "data_restart"), start=2)]
+    assert len(said) == last["restarts_by_source"]["tiny"]
+    from pilotrun.report.drawing.marks import run_marks
+
+    summary = summarize_run(tmp_path / "run")
+    marks = run_marks(summary)
+    assert [m.step for m in marks] == [e["step"] for e in events(tmp_path / "run", "data_restart")]
+    assert {m.label for m in marks} == {"source tiny again"}
+    # passes per source wherever passes are reported: each over its own split, never the pooled figure
+    by_source = summary.overall["passes_by_source"]
+    seq_len = summary.run["recipe"]["train"]["seq_len"]
+    splits = {s["name"]: s["train"]["tokens"] for s in summary.run["data"]["sources"]}
+    seen = last["tokens_seen_by_source"]
+    one_pass = {name: ((splits[name] - 1) // seq_len) * seq_len for name in splits}
+    assert by_source == {name: seen[name] / one_pass[name] for name in ("tiny", "edu")}
+    assert list(by_source) == ["tiny", "edu"] and by_source["tiny"] > 1 > by_source["edu"]
+    from pilotrun.report.drawing.html import render_html
+
+    html = render_html(judge(tmp_path / "run"), {})
+    assert (f"<tr><th>passes over each source&#x27;s training split</th><td>tiny {by_source['tiny']:.3g}, "
+            f"edu {by_source['edu']:.3g}</td></tr>") in html
+    assert "<th>passes over the training split</th>" not in html  # the pooled row, gone
+    from pilotrun.report.record_check.summarize import format_summary
+
+    text = format_summary(summary)
+    assert (f"passes over each source's training split tiny {by_source['tiny']:.3g}, edu "
+            f"{by_source['edu']:.3g}") in text and "passes over the training split" not in text
+    from pilotrun.report.projection.forecast_record import lock_forecast
+
+    tokens = 160 * summary.run["tokens_per_update"]
+    projected = lock_forecast(summary, 160)["assumes"]["passes_by_source"]  # 10x the pilot's 16 updates
+    assert projected == {"tiny": tokens * 0.9 / one_pass["tiny"], "edu": tokens * 0.1 / one_pass["edu"]}
     finding = next(r for r in judge(tmp_path / "run").rules if r.name == "data_passes")
     assert finding.status in ("WARN", "FAIL") and "source tiny" in finding.figure
 
@@ -248,6 +286,8 @@ def test_a_weight_changed_on_resume_is_refused_unless_allowed_then_recorded(seve
     with pytest.raises(CheckpointError, match=r"data\.mixture\.weights: \[0\.7, 0\.3\] -> \[0\.5, 0\.5\]"):
         Trainer(recipe(), even, run_dir, resume=True, from_step=4, progress=False, out=io.StringIO())
     trainer = train(even, run_dir, resume=True, from_step=4, allow_changes=["data.mixture.weights"])
+    assert ("recipe change at resume: data.mixture.weights [0.7, 0.3] -> [0.5, 0.5] from update 5 (allowed "
+            "by --allow-change)") in trainer.out.getvalue().splitlines()
     run = json.loads((run_dir / "run.json").read_text())
     change = run["allowed_changes"][-1]
     assert change["key"] == "data.mixture.weights" and change["new"] == [0.5, 0.5]

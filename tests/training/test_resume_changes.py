@@ -145,6 +145,7 @@ def test_a_free_change_on_resume_is_recorded_and_listed_by_summarize_and_the_ver
     base = ["train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(builtin_data_dir),
             "--run-dir", str(run_dir), "--set", "train.num_threads=1", "--set", "train.max_steps=3"]
     assert main(base) == 0
+    capsys.readouterr()
     assert (
         main(
             [
@@ -160,6 +161,10 @@ def test_a_free_change_on_resume_is_recorded_and_listed_by_summarize_and_the_ver
         )
         == 0
     )
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("recipe change")]
+    assert said == [f"recipe change at resume: {key} from update 4 (a key a resume may change freely)"
+                    for key in ("train.eval.batches 2 -> 1", "train.eval.every 3 -> 2",
+                                "train.max_steps 3 -> 6")]
     run = json.loads((run_dir / "run.json").read_text())
     second = run["sessions"][1]["session_id"]
     assert run["allowed_changes"] == []

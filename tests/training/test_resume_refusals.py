@@ -1,6 +1,7 @@
 """A refused `pilotrun train --resume` leaves the run folder exactly as it was, through the real command line
-(in process): every resume refusal is one line on stderr and exit 2, and the folder's file list and bytes are
-the same before and after (no lock file, no holder line, no empty checkpoints/ folder, no metrics line). Also
+(in process): every resume refusal is one line on stderr and exit 2, and the folder's file list, bytes and
+modification times (every file's and folder's) are the same before and after (no lock file, no holder line,
+not even taken back, no empty checkpoints/ folder, no metrics line). Also
 a checkpoint marker whose step is not an integer (JSON Infinity, NaN, 1e999, 4.0) is refused as summarize
 --require-step refuses it."""
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pilotrun.commands.cli import main
-from tests.commands.test_cli_bad_input import run_cli, tree_hashes
+from tests.commands.test_cli_bad_input import run_cli, tree_hashes, tree_state
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -67,6 +68,10 @@ def _prepare(kind: str, run_dir: Path, other: Path, data: Path, tmp_path: Path) 
         (run_dir / "metrics.jsonl").mkdir()
     elif kind == "bad-marker":
         _set_marker_step(run_dir, "Infinity")
+    elif kind == "fresh-run-into-it":  # the same command without --resume
+        return ["--set", "train.max_steps=6"]
+    elif kind == "unknown-allow-change":
+        resume += ["--allow-change", "optim.muon.lrr"]
     return resume
 
 
@@ -80,6 +85,8 @@ RESUME_REFUSALS = [
     "bad-marker",
     "missing-data",
     "locked-folder",
+    "fresh-run-into-it",
+    "unknown-allow-change",
 ]
 
 
@@ -90,7 +97,7 @@ def test_a_refused_resume_leaves_the_run_folder_as_it_was(builtin_data_dir, runs
     shutil.copytree(runs[0], run_dir)
     data = tmp_path / "no-data" if kind == "missing-data" else builtin_data_dir
     extra = _prepare(kind, run_dir, runs[1], data, tmp_path)
-    before = tree_hashes(run_dir)
+    before = tree_state(run_dir)
     holder = None
     if kind == "locked-folder":  # another open file description of run.lock, locked: a live session's lock
         holder = os.open(run_dir / "run.lock", os.O_RDWR)
@@ -101,7 +108,7 @@ def test_a_refused_resume_leaves_the_run_folder_as_it_was(builtin_data_dir, runs
         if holder is not None:
             os.close(holder)
     assert code == 2 and len(err) == 1 and err[0].startswith("pilotrun: error:"), err
-    assert tree_hashes(run_dir) == before
+    assert tree_state(run_dir) == before
 
 
 @pytest.mark.parametrize("literal", ["Infinity", "NaN", "-Infinity", "1e999", "4.0", "true", '"4"'])

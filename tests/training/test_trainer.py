@@ -6,6 +6,7 @@ intra-op thread so that repeated runs are bit-identical.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import subprocess
@@ -177,10 +178,21 @@ def test_exhausted_training_split_restarts_and_is_logged(tmp_path):
     batches_per_epoch = ((train_tokens - 1) // 32) // 4
     steps = batches_per_epoch + 2
     config = smoke_config(f"train.max_steps={steps}", "train.eval_every=0", "train.checkpoint_every=0")
-    _, result = train(config, data_dir, tmp_path / "run")
+    out = io.StringIO()
+    _, result = train(config, data_dir, tmp_path / "run", out=out)
     events = strict_lines(tmp_path / "run")
     restarts = [e for e in events if e["event"] == "data_restart"]
     assert len(restarts) == 1 and restarts[0]["epoch"] == 1 and restarts[0]["data_restarts"] == 1
+    # said in the log when it happens, at the event's step and tokens
+    said = [line for line in out.getvalue().splitlines() if line.startswith("data: ")]
+    assert said == [f"data: the training split's pass 2 begins at step {restarts[0]['step']:,} (tokens_seen "
+                    f"{restarts[0]['tokens_seen']:,}); the training loss from here is partly on tokens "
+                    "already trained on"]
+    # and marked on the plots at that step, read back from the record
+    from pilotrun.report.drawing.marks import Mark, run_marks
+    from pilotrun.report.record_check.summarize import summarize_run
+
+    assert run_marks(summarize_run(tmp_path / "run")) == [Mark("pass", restarts[0]["step"], "pass 2")]
     assert restarts[0]["updates_attempted"] == batches_per_epoch + 1  # the first batch of the second pass
     trains = [e for e in events if e["event"] == "train"]
     assert trains[-1]["data_restarts"] == 1 and trains[-1]["epoch"] == 1

@@ -28,6 +28,7 @@ from pilotrun.report.drawing.plots import PLOT_TITLES, write_plots
 from pilotrun.report.drawing.run_header import run_identity
 from pilotrun.report.drawing.tune_plots import TUNE_PLOT_TITLES, write_run_tune_plots
 from pilotrun.report.projection.forecast_record import format_forecast
+from pilotrun.report.record_check.mixture_account import format_source_passes
 from pilotrun.report.record_check.time_split import SPLIT_KEYS, SPLIT_PHASES
 from pilotrun.report.verdict.rules import RULES, THROUGHPUT_STEADY
 from pilotrun.report.verdict.thresholds import threshold_meaning
@@ -108,6 +109,10 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
         else ""
     )
     frozen = f"\n<p>{e(describe_frozen_status(verdict.frozen))}</p>" if verdict.frozen is not None else ""
+    lock = str((verdict.frozen or {}).get("lock_sha256"))[:16]
+    kind_title = "Pilot" if verdict.frozen is None else "Long-run"
+    record_kind = ("a pilot" if verdict.frozen is None
+                   else f"a long run from the frozen candidate of lock sha256 {lock}")
     if verdict.forecast is not None:  # evidence beside the rules, never one of them (forecast_record.py)
         frozen += f"\n<p>Evidence, not a rule: {e(format_forecast(verdict.forecast))}</p>"
     frozen += "".join(f"\n<p>Evidence, not a rule: {e(line)}</p>" for line in verdict.tuning)
@@ -126,6 +131,9 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
         ),
         ("updates rolled back and redone", _fmt(o.get("updates_rolled_back"))),
         ("tokens seen / planned", f"{_fmt(o.get('tokens_seen'))} / {_fmt(o.get('tokens_planned'))}"),
+        # a mixture: each source over its own split (a pooled figure hides a small source read many times)
+        ("passes over each source's training split", format_source_passes(o["passes_by_source"]))
+        if o.get("passes_by_source") else
         ("passes over the training split", _fmt(o.get("passes_over_train_split"), 3)),
         (
             "training-only throughput (tokens processed in training / train seconds)",
@@ -191,7 +199,7 @@ th {{ background: #f6f8fa; }}
 .decision {{ font-size: 2em; font-weight: bold; color: {colour}; }}
 figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; border: 1px solid #d0d7de; }}
 </style></head><body>
-<h1>Pilot verdict for run <code>{e(str(summary.run_id))}</code></h1>
+<h1>{kind_title} verdict for run <code>{e(str(summary.run_id))}</code></h1>
 <table class="identity">{identity_rows}</table>
 <p class="decision">{e(verdict.decision)}</p>
 {headline}
@@ -229,7 +237,8 @@ lost to interruptions.</p>
 <h2>Plots</h2>
 {''.join(images)}
 <p><small>Written by <code>pilotrun verdict</code> from {e(summary.run_dir)}/run.json and metrics.jsonl.
-The verdict judges the pilot's own record; it does not predict the final model's quality.</small></p>
+The verdict judges this run's own record ({e(record_kind)}); it does not predict the final model's quality.
+</small></p>
 </body></html>
 """
 

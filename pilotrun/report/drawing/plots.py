@@ -2,8 +2,10 @@
 
 Every plot is drawn from the kept history; where a crashed session's rolled-back windows exist they are
 shown faintly on the loss plot, and each resume is a dotted vertical line, so a reader sees exactly where
-the run was interrupted and what was redone. A plot whose data the record lacks is still written, saying
-so, so that the report always has the same set of files.
+the run was interrupted and what was redone. The run's loud moments are marked where they explain a curve
+(marks.py): on the loss plot every data pass boundary, spike, rollback and recipe change at resume; on the
+LR plot the recipe changes and rollbacks; on the gradient-norm plot the spikes and rollbacks. A plot whose
+data the record lacks is still written, saying so, so that the report always has the same set of files.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from pilotrun.common.parsing import terminal_safe
+from pilotrun.report.drawing.marks import draw_marks, drawn, run_marks
 from pilotrun.report.projection.forecast_record import pilot_forecast
 from pilotrun.report.record_check.summarize import Summary
 from pilotrun.report.record_check.time_split import window_profiled, window_train_tokens
@@ -38,14 +40,6 @@ PLOT_TITLES = {
                            "squares)",
     "forecast": "Validation loss forecast for a 10x long run (the law fitted to the pilot's evaluations)",
 }
-
-
-def drawn(value: Any) -> str:
-    """A recorded string (a session id, a group or task name) as a plot may draw it: a control character or a
-    terminal escape written as its Python escape, as the text output prints it (the font has no glyph for
-    them), and a dollar sign escaped, so that a name can never switch the label into matplotlib's math
-    mode."""
-    return terminal_safe(str(value)).replace("$", r"\$")
 
 
 def _series(events: list[dict[str, Any]], getter) -> tuple[list[int], list[float]]:
@@ -111,6 +105,7 @@ def plot_loss(summary: Summary, path: Path) -> Path:
     if not xs:
         _no_data(ax, "loss")
     _mark_resumes(ax, summary)
+    draw_marks(ax, run_marks(summary))
     return _save(fig, ax, path)
 
 
@@ -126,6 +121,7 @@ def plot_lr(summary: Summary, path: Path) -> Path:
     if not xs:
         _no_data(ax, "learning rate")
     _mark_resumes(ax, summary)
+    draw_marks(ax, run_marks(summary), ("recipe_change", "rollback"))
     return _save(fig, ax, path)
 
 
@@ -151,6 +147,7 @@ def plot_grad_norm(summary: Summary, path: Path) -> Path:
     if not xs:
         _no_data(ax, "gradient norm")
     _mark_resumes(ax, summary)
+    draw_marks(ax, run_marks(summary), ("spike", "rollback"))
     return _save(fig, ax, path)
 
 
@@ -357,8 +354,28 @@ def plot_block_output_rms(summary: Summary, path: Path) -> Path:
     return _save(fig, ax, path)
 
 
+# More sessions than this and the time ledger's labels stand upright (each then takes a line's height of the
+# axis, not its text's width).
+UPRIGHT_SESSION_LABELS_ABOVE = 8
+
+
+def session_label(number: int, session_id: Any) -> str:
+    """A session as the time ledger's axis names it: its number in the run and when it started (a session id
+    is the UTC start stamp and a random tail, `YYYYMMDD-HHMMSS-xxxxxxxx`: month-day hour:minute), or the id's
+    first 13 characters where it is not of that form."""
+    text = str(session_id)
+    stamp = text.split("-")
+    if len(stamp) >= 2 and len(stamp[0]) == 8 and len(stamp[1]) == 6 and (stamp[0] + stamp[1]).isdigit():
+        when = f"{stamp[0][4:6]}-{stamp[0][6:]} {stamp[1][:2]}:{stamp[1][2:4]}"
+    else:
+        when = text[:13]
+    return drawn(f"{number}: {when}")
+
+
 def plot_time_ledger(summary: Summary, path: Path) -> Path:
-    """One stacked bar per session: its ledger parts (ledger.py), the dead time before it included."""
+    """One stacked bar per session: its ledger parts (ledger.py), the dead time before it included. Each bar
+    is named by its number and start (session_label), upright past UPRIGHT_SESSION_LABELS_ABOVE sessions, so
+    that the names never overlap however many sessions a long run has."""
     from pilotrun.report.projection.ledger import PARTS
 
     ledger = summary.overall.get("time_ledger") or {}
@@ -367,12 +384,15 @@ def plot_time_ledger(summary: Summary, path: Path) -> Path:
     if not sessions:
         _no_data(ax, "sessions with events")
         return _save(fig, ax, path)
-    names = [drawn(str(s["session_id"])[:16]) for s in sessions]
+    positions = list(range(len(sessions)))
+    upright = len(sessions) > UPRIGHT_SESSION_LABELS_ABOVE
+    ax.set_xticks(positions, [session_label(n + 1, s["session_id"]) for n, s in enumerate(sessions)],
+                  rotation=90 if upright else 0, fontsize=7 if upright else 8)
     bottoms = [0.0] * len(sessions)
     for part in PARTS:
         heights = [s["dead_before"] if part == "dead" else s["parts"][part] for s in sessions]
         if any(h > 0 for h in heights):
-            ax.bar(names, heights, bottom=bottoms, label=part)
+            ax.bar(positions, heights, bottom=bottoms, label=part)
             bottoms = [b + max(h, 0.0) for b, h in zip(bottoms, heights, strict=True)]
     good = ledger.get("goodput")
     ax.set_xlabel(f"session (goodput {100 * good:.1f}% of {ledger.get('elapsed_seconds', 0):.1f} s elapsed)"

@@ -34,6 +34,7 @@ from pilotrun.report.projection.forecast import (
     forecast,
     refitted_at,
 )
+from pilotrun.report.record_check.mixture_account import format_source_passes, projected_passes_by_source
 from pilotrun.run.recipe_lock import FORECAST_KEY, lock_forecast_of
 from pilotrun.run.record import is_finite_number
 
@@ -112,6 +113,8 @@ def lock_forecast(summary: Any, target_steps: int) -> dict[str, Any]:
         "tokens": tokens,
         "extrapolated_tokens": (target_steps - pilot_steps) * tpu if isinstance(tpu, int) else None,
         "passes_over_train_split": tokens / train_tokens if tokens and train_tokens else None,
+        # a mixture: each source over its own split at the weights (pooled, a small source's re-reads hide)
+        "passes_by_source": projected_passes_by_source(run, tokens),
         "ignored_keys": list(IGNORED),
     }
     if target_steps <= pilot_steps:
@@ -353,13 +356,15 @@ def format_forecast(fc: dict[str, Any]) -> str:
     if "unavailable" in fc:
         return f"forecast: {fc['unavailable']}"
     final, assumes = fc["final"], fc.get("assumes") or {}
-    passes = assumes.get("passes_over_train_split")
+    passes, by_source = assumes.get("passes_over_train_split"), assumes.get("passes_by_source")
+    passes_text = (f", passes over each source's training split {format_source_passes(by_source)}"
+                   if by_source else f", {passes:.3g} passes over the training split" if passes else "")
     return (
         f"forecast ({fc['law']}: {fc['formula']}): val loss {final['value']:.4f} at step {final['step']} "
         f"({final['level']:.0%} interval {final['low']:.4f}-{final['high']:.4f}, +-"
         f"{100 * final['half_width_share']:.2f}%), fitted on the pilot's {len(fc['fitted_on']['points'])} "
         f"evaluations to step {assumes.get('pilot_steps')} ({assumes.get('horizon_factor', 0):.3g}x beyond)"
-        + (f", {passes:.3g} passes over the training split" if passes else "")
+        + passes_text
         + f"; assumes the {assumes.get('schedule', {}).get('kind')} schedule over {final['step']} updates "
         + "and "
         f"{assumes.get('width_data_recipe')}"

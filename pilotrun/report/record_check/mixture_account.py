@@ -145,10 +145,9 @@ def source_passes(
     by_name = {s.get("name"): s for s in sources_of(run)}
     found = []
     for row in overview["sources"]:
-        split_tokens = (by_name[row["name"]].get("train") or {}).get("tokens")
-        if not isinstance(split_tokens, int) or split_tokens <= seq_len:
+        pass_tokens = _source_pass_tokens(by_name[row["name"]], seq_len)
+        if pass_tokens is None:
             continue
-        pass_tokens = batches_per_pass(split_tokens, seq_len, 1) * seq_len
         found.append(
             {
                 "name": row["name"],
@@ -159,3 +158,41 @@ def source_passes(
             }
         )
     return sorted(found, key=lambda r: -max(r["passes"], float(r["restarts"])))
+
+
+def _source_pass_tokens(source: dict[str, Any], seq_len: int) -> int | None:
+    """The tokens of one pass over a source's train split (whole windows of seq_len), None where unknown."""
+    split_tokens = (source.get("train") or {}).get("tokens")
+    if not isinstance(split_tokens, int) or isinstance(split_tokens, bool) or split_tokens <= seq_len <= 0:
+        return None
+    return batches_per_pass(split_tokens, seq_len, 1) * seq_len
+
+
+def passes_by_source(run: dict[str, Any], kept_events: list[dict[str, Any]]) -> dict[str, float] | None:
+    """{source: passes over its own train split} of the kept history, most-read first; None for one folder
+    (a mixture's passes pooled over all its sources hide a small source read many times)."""
+    seq_len = ((run.get("recipe") or {}).get("train") or {}).get("seq_len")
+    found = source_passes(run, kept_events, seq_len if isinstance(seq_len, int) else 0)
+    return {row["name"]: row["passes"] for row in found} if sources_of(run) else None
+
+
+def projected_passes_by_source(run: dict[str, Any], tokens: int | None) -> dict[str, float] | None:
+    """{source: passes over its own train split} that `tokens` training tokens would read at the mixture's
+    weights, most-read first; None for one folder or where the figures are missing."""
+    sources = sources_of(run)
+    seq_len = ((run.get("recipe") or {}).get("train") or {}).get("seq_len")
+    if not sources or not tokens or not isinstance(seq_len, int):
+        return None
+    weights = [float(s.get("weight") or 0.0) for s in sources]
+    total = sum(weights)
+    found = {}
+    for source, weight in zip(sources, weights, strict=True):
+        pass_tokens = _source_pass_tokens(source, seq_len)
+        if pass_tokens is not None and total > 0:
+            found[str(source.get("name"))] = tokens * weight / total / pass_tokens
+    return dict(sorted(found.items(), key=lambda item: -item[1])) or None
+
+
+def format_source_passes(passes: dict[str, float]) -> str:
+    """`name X, name Y` (3 significant figures), most-read first; a name is data, one line each."""
+    return ", ".join(f"{one_line(str(name))} {value:.3g}" for name, value in passes.items())

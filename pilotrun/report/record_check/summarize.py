@@ -58,7 +58,13 @@ from pilotrun.report.record_check.interruptions import (
     mtbf_of,
     session_ends,
 )
-from pilotrun.report.record_check.mixture_account import format_mixture, mixture_overview, mixture_problems
+from pilotrun.report.record_check.mixture_account import (
+    format_mixture,
+    format_source_passes,
+    mixture_overview,
+    mixture_problems,
+    passes_by_source,
+)
 from pilotrun.report.record_check.sessions import (
     SessionSummary,
     check_session,
@@ -358,6 +364,8 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
     mixture = mixture_overview(run, kept_events)
     if mixture is not None:  # a run on one folder has no mixture and no such key
         overall["mixture"] = mixture
+        # each source restarts alone: its passes are over its own split (the pooled figure hides a small one)
+        overall["passes_by_source"] = passes_by_source(run, kept_events)
     overall["frozen_candidate"] = frozen_candidate_status(run)  # None unless started with train --frozen
     overall["recipe_changes"] = {
         kind: [dataclasses.asdict(c) for c in recipe_changes_in_history(run, lineage, kind)]
@@ -559,8 +567,7 @@ def format_summary(summary: Summary) -> str:
         f"{o['updates_attempted']}, "
         f"skipped {o['updates_skipped']}; rolled back and redone {o['updates_rolled_back']}",
         f"tokens seen {o['tokens_seen']} of planned {o['tokens_planned']} "
-        f"({_pct(o['tokens_fraction_of_plan'])}); passes over the training split "
-        f"{_fmt(o['passes_over_train_split'], 3)}; "
+        f"({_pct(o['tokens_fraction_of_plan'])}); {_passes_text(o)}; "
         f"rolled-back tokens {o['tokens_rolled_back']}",
         f"throughput: training-only {_fmt(o['train_tokens_per_s'])} tok/s (tokens processed in training / "
         "train "
@@ -611,6 +618,16 @@ def format_summary(summary: Summary) -> str:
 
 def _fmt(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _passes_text(o: dict[str, Any]) -> str:
+    """The passes over the training data: one folder's split, or each source's own split of a mixture."""
+    by_source = o.get("passes_by_source")
+    if by_source:
+        return f"passes over each source's training split {format_source_passes(by_source)}"
+    if "passes_by_source" in o:
+        return "passes over each source's training split n/a (the sources' split tokens are not recorded)"
+    return f"passes over the training split {_fmt(o['passes_over_train_split'], 3)}"
 
 
 def _pct(value: float | None) -> str:

@@ -2,7 +2,8 @@
 the run.
 
 Each rule gives PASS, WARN or FAIL with the figure it measured; the pilot is GO when no rule FAILs. WARN means
-the evidence is thin or borderline (shown, not blocking). The rules judge the pilot's own record: a GO says
+the evidence is thin or borderline (shown, not blocking). The rules judge the run's own record (a pilot's, or
+a long run's started from a frozen candidate, and the statement says which): a GO says
 "this recipe ran without the listed problems for these updates", never that the final model will be good.
 
 Only the kept history counts (summarize's reconciliation): windows a crashed session logged after the
@@ -94,6 +95,22 @@ def candidate_of(summary: Summary) -> dict[str, Any]:
             "supported_from_update": changes[-1].from_update if changes else 1, "final_step": final_step}
 
 
+def judged_on(summary: Summary, frozen: dict[str, Any] | None) -> str:
+    """What the verdict judged, in words: the run's own record (its id), and which kind of run it is: a
+    pilot, or a long run started from a frozen candidate (the lock's sha256 and the pilot it was frozen from),
+    so that a long run's verdict never reads as the pilot's."""
+    o = summary.overall
+    run_id = summary.run.get("run_id")
+    figures = (f"{o.get('updates_applied')} applied updates, {o.get('tokens_seen')} tokens, "
+               f"{o.get('sessions')} session(s) with {o.get('resumes')} resume(s)")
+    if frozen is None:
+        return f"Judged on the pilot's own record (run {run_id}): {figures}."
+    lock = str(frozen.get("lock_sha256"))[:16]
+    return (f"Judged on this long run's own record (run {run_id}, started from the frozen candidate of lock "
+            f"sha256 {lock}, frozen from pilot run {frozen.get('pilot_run_id')}), not the pilot's: "
+            f"{figures}.")
+
+
 def judge_summary(summary: Summary, thresholds: Thresholds | None = None) -> Verdict:
     t = thresholds or Thresholds()
     rules = [rule.apply(summary, t) for rule in RULES]
@@ -102,11 +119,8 @@ def judge_summary(summary: Summary, thresholds: Thresholds | None = None) -> Ver
     o = summary.overall
     decision = "NO-GO" if failed else "GO"
     candidate = candidate_of(summary)
-    basis = (
-        f"Judged on the pilot's own record: {o.get('updates_applied')} applied updates, "
-        f"{o.get('tokens_seen')} "
-        f"tokens, {o.get('sessions')} session(s) with {o.get('resumes')} resume(s)."
-    )
+    frozen = frozen_candidate_status(summary.run)
+    basis = judged_on(summary, frozen)
     sha = str(candidate["recipe_sha256"])[:16]
     changes = f" after {len(candidate['changes'])} change(s) on resume" if candidate["changes"] else ""
     supports = (f"The evidence supports the recipe in force at the end (recipe sha256 {sha}), over updates "
@@ -127,7 +141,7 @@ def judge_summary(summary: Summary, thresholds: Thresholds | None = None) -> Ver
             "not say the final model will be good."
         )
     return Verdict(decision=decision, rules=rules, statement=statement, thresholds=t, summary=summary,
-                   candidate=candidate, frozen=frozen_candidate_status(summary.run),
+                   candidate=candidate, frozen=frozen,
                    forecast=pilot_forecast(summary), tuning=tune_evidence_lines(summary.run_dir))
 
 

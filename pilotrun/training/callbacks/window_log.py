@@ -29,6 +29,7 @@ from pilotrun.training.callbacks.base import (
     due_on_cadence,
 )
 from pilotrun.training.environment import memory_snapshot
+from pilotrun.training.notices import data_pass_line
 from pilotrun.training.timing import throughput
 from pilotrun.training.window import Window, WindowFigures, train_event_fields
 
@@ -45,6 +46,15 @@ class RareEventsCallback(Callback):
     priority = PRIORITY_RARE_EVENTS
     phase = "other"
 
+    def __init__(self) -> None:
+        self.passes_before: list[int] | None = None  # a mixture's restarts by source before the update
+
+    @contextlib.contextmanager
+    def around_update(self, loop: LoopState) -> Iterator[None]:
+        if loop.session.state.tokens_by_source is not None:
+            self.passes_before = source_restarts(loop.session.state)
+        yield
+
     def due(self, loop: LoopState) -> bool:
         update = loop.update
         return update is not None and bool(update.restarted or not update.applied or update.hook_events)
@@ -54,6 +64,8 @@ class RareEventsCallback(Callback):
         for _ in range(update.restarted):
             state.data_restarts += 1
             loop.log("data_restart", epoch=int(state.loader.epoch), data_restarts=state.data_restarts)
+        if update.restarted:
+            loop.say(data_pass_line(loop.step, state.tokens_seen, self.passes_begun(loop)))
         outcome = update.outcome
         if not outcome.applied and outcome.reason != "spike":  # a spike's skip is its `spike` event
             loop.log("overflow", reason=outcome.reason, loss_scale_before=outcome.loss_scale_before,
@@ -61,23 +73,54 @@ class RareEventsCallback(Callback):
         for fields in update.hook_events:
             loop.log("qk_clip", **fields)
 
+    def passes_begun(self, loop: LoopState) -> dict[str, int] | int:
+        """The pass that begins: the split's (a data folder), or each restarted source's (a mixture)."""
+        state = loop.session.state
+        if state.tokens_by_source is None:
+            return int(state.loader.epoch) + 1
+        now, before = source_restarts(state), self.passes_before or []
+        names = loop.session.dataset.names
+        return {names[i]: count + 1 for i, count in enumerate(now) if i >= len(before) or count > before[i]}
+
+
+def source_restarts(state: Any) -> list[int]:
+    """A mixture's restarts by source, from its tokens by source (the `train` event's restarts_by_source)."""
+    return state.loader.passes([t // state.loader.seq_len for t in state.tokens_by_source])
+
+
+def eta_text(seconds: float | None) -> str:
+    """A remaining time as a person reads it in a log: seconds, minutes or hours; '-' when not known yet."""
+    if seconds is None:
+        return "-"
+    if seconds < 100:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 100 * 60 else f"{seconds / 3600:.1f} h"
+
 
 class PlainProgress:
     """The progress bar's interface (n, update, set_postfix_str, close) as plain lines (PlainLine), what a log
-    file can hold: the first window at once, then at most one line per `interval` seconds, and the last at the
-    session's end."""
+    file can hold: one line per window (the researcher's own cadence, train.log.every, as the record's `train`
+    events), each with an ETA at this session's wall-clock rate (its updates so far over its seconds so far:
+    evaluations and checkpoints included, as the remaining updates will have them)."""
 
-    def __init__(self, total: int, initial: int, out: TextIO, interval: float | None = None,
+    def __init__(self, total: int, initial: int, out: TextIO,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.total, self.n = total, initial
-        self.line = PlainLine(out, interval, clock)
+        self.total, self.n, self.initial = total, initial, initial
+        self.clock = clock
+        self.started = clock()
+        self.line = PlainLine(out, 0.0, clock)
 
     def update(self, count: int) -> None:
         self.n += count
 
+    def eta_seconds(self, now: float) -> float | None:
+        done, elapsed = self.n - self.initial, now - self.started
+        return (self.total - self.n) * elapsed / done if done > 0 and elapsed > 0 else None
+
     def set_postfix_str(self, text: str, refresh: bool = True) -> None:
-        line = f"train: step {self.n}/{self.total} {text}"
-        self.line.offer(line, lambda now: line)
+        figures = (self.n, text)
+        self.line.offer(figures, lambda now: f"train: step {self.n}/{self.total} {text} "
+                                             f"ETA {eta_text(self.eta_seconds(now))}")
 
     def close(self) -> None:
         self.line.close()
@@ -162,7 +205,7 @@ class WindowLogCallback(Callback):
         opened = self.sources_at_open or [0] * len(names)
         now = list(state.tokens_by_source)
         self.sources_at_open = now
-        restarts = state.loader.passes([t // state.loader.seq_len for t in now])
+        restarts = source_restarts(state)
         return {"tokens_by_source": {n: b - a for n, a, b in zip(names, opened, now, strict=True)},
                 "tokens_seen_by_source": dict(zip(names, now, strict=True)),
                 "restarts_by_source": dict(zip(names, restarts, strict=True))}

@@ -149,3 +149,38 @@ def test_a_no_go_page_names_each_failed_figure_under_the_decision_below_the_iden
     )
     assert identity_at < decision_at < page.index(item) < page.index("<h2>Rules</h2>")
     assert "<figure id='plot-loss'>" in page  # the headline's link lands on the plot of that figure
+
+
+def _ledger_summary(count: int):
+    from pilotrun.report.projection.ledger import PARTS
+    from pilotrun.report.record_check.summarize import Summary
+
+    sessions = [{"session_id": f"202612{7 + n // 10:02d}-{10 + n:02d}{n:02d}05-{n:08x}", "dead_before": 30.0,
+                 "parts": {part: 10.0 * (index + 1) for index, part in enumerate(PARTS)}}
+                for n in range(count)]
+    ledger = {"sessions": sessions, "goodput": 0.8, "elapsed_seconds": 1000.0 * count}
+    return Summary(run_dir="r", run_id="r", valid=True, reasons=[], notes=[], sessions=[], lineage=[],
+                   overall={"time_ledger": ledger})
+
+
+@pytest.mark.parametrize("count", [6, 20])
+def test_the_time_ledgers_session_labels_stand_apart_at_6_and_20_sessions(tmp_path, drawn, count):
+    """The labels' laid-out boxes (matplotlib's own layout, not the image's pixels): one per bar, at the bar,
+    none overlapping another, all inside the figure."""
+    from pilotrun.report.drawing.plots import plot_time_ledger
+
+    plot_time_ledger(_ledger_summary(count), tmp_path / "time_ledger.png")
+    figure = drawn[-1]
+    ax = figure.axes[0]
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(figure).get_renderer()  # the Agg renderer the PNG was laid out with
+    labels = [label for label in ax.get_xticklabels() if label.get_text()]
+    assert list(ax.get_xticks()) == list(range(count)) and len(labels) == count
+    assert labels[0].get_text() == "1: 12-07 10:00" and labels[count - 1].get_text().startswith(f"{count}: ")
+    boxes = [label.get_window_extent(renderer) for label in labels]
+    assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:])), [(round(b.x0), round(b.x1)) for b in boxes]
+    page = figure.bbox
+    assert all(page.x0 <= b.x0 and b.x1 <= page.x1 and page.y0 <= b.y0 for b in boxes)
+    bars = sorted({round(patch.get_x() + patch.get_width() / 2, 6) for patch in ax.patches})
+    assert bars == list(range(count))  # each label under its own bar

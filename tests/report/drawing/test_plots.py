@@ -93,6 +93,8 @@ def test_a_session_id_with_terminal_escapes_is_drawn_escaped_with_no_missing_gly
         plots.plot_lr(summary, tmp_path / "lr.png")
         plots.plot_parameter_groups(summary, tmp_path / "groups.png")
     assert [str(w.message) for w in caught if "Glyph" in str(w.message)] == []
-    assert "s\\x1b[31m1\\x07" in texts  # the time ledger's bar, named as summarize prints it
+    # the time ledger's bar, named by its number and (an id not of the stamp's form) the id as summarize
+    # prints it
+    assert "1: s\\x1b[31m1\\x07" in texts
     assert any("attn\\$x\\$\\x1b" in text for text in texts)  # the LR plot's label of the first group
     assert not any("\x1b" in text or "\x07" in text for text in texts)

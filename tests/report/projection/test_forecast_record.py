@@ -75,6 +75,17 @@ def test_the_lock_holds_the_law_its_parameters_the_curve_and_the_final_interval(
     assert assumes["passes_over_train_split"] == pytest.approx(2000 * 32 / 10**7)
 
 
+def test_a_mixtures_forecast_states_each_sources_passes_never_the_pooled_figure(lock):
+    one_folder = fr.format_forecast(lock["forecast"])
+    assert f", {2000 * 32 / 10**7:.3g} passes over the training split;" in one_folder
+    assert lock["forecast"]["assumes"]["passes_by_source"] is None  # one folder: no sources
+    mixed = copy.deepcopy(lock["forecast"])
+    mixed["assumes"]["passes_by_source"] = {"tiny": 2.5, "edu": 0.0663}
+    said = fr.format_forecast(mixed)
+    assert ", passes over each source's training split tiny 2.5, edu 0.0663;" in said
+    assert "passes over the training split" not in said
+
+
 def test_a_pilot_too_short_or_a_target_within_it_gets_no_forecast_never_a_number(tmp_path):
     short = synthetic(tmp_path / "short", 40, 10)
     section = fr.lock_forecast(summarize_run(short.run_dir), 400)

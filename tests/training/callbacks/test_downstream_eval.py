@@ -57,6 +57,7 @@ def test_the_tasks_are_scored_on_the_cadence_into_the_record_the_trackers_and_th
 
 
 @pytest.mark.slow
+@pytest.mark.shared_fixtures
 def test_scoring_in_the_loop_leaves_the_training_bit_for_bit_as_it_was(builtin_data_dir, tmp_path):
     from pilotrun.config import load_run_config
     from tests.choice_task_fixture import REPO_ROOT, fineweb_task

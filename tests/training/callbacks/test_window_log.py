@@ -86,15 +86,6 @@ def test_an_overflow_event_names_the_skip(builtin_data_dir, tmp_path):
     assert session.state.data_restarts == 1
 
 
-# `python -m pilotrun` with the plain lines' interval at 0 (monkeypatched in the child, no hook in
-# production): every window's line is then due, whatever the machine's speed. The cadence itself (the first at
-# once, at most one per interval, the last at the end) is tested with a clock below and in
-# tests/common/test_progress.py.
-TRAIN_LINE_EVERY_WINDOW = (
-    "import sys; import pilotrun.common.progress as lines; lines.PLAIN_INTERVAL_SECONDS = 0.0; "
-    "from pilotrun.commands.cli import main; sys.exit(main(sys.argv[1:]))"
-)
-
 
 @pytest.mark.slow
 def test_progress_written_to_a_file_is_one_plain_line_per_window(builtin_data_dir, tmp_path):
@@ -108,8 +99,8 @@ def test_progress_written_to_a_file_is_one_plain_line_per_window(builtin_data_di
         done = subprocess.run(
             [
                 sys.executable,
-                "-c",
-                TRAIN_LINE_EVERY_WINDOW,
+                "-m",
+                "pilotrun",
                 "train",
                 "--config",
                 "smoke",
@@ -132,32 +123,46 @@ def test_progress_written_to_a_file_is_one_plain_line_per_window(builtin_data_di
     lines = [line for line in text.splitlines() if line.startswith("train: step ")]
     windows = [e["step"] for e in read_metrics_strict(tmp_path / "run") if e["event"] == "train"]
     assert [int(line.split()[2].split("/")[0]) for line in lines] == windows == [1, 2, 3, 4, 5, 6]
-    assert all(line.split()[2].endswith("/6") and " loss=" in line for line in lines)
+    assert all(line.split()[2].endswith("/6") and " loss=" in line and " ETA " in line for line in lines)
+    assert lines[-1].endswith(" ETA 0 s")  # the last window: nothing left
 
 
 def test_plain_progress_is_the_bar_interface_as_lines():
     from pilotrun.training.callbacks.window_log import PlainProgress
 
+    now = [100.0]
     out = io.StringIO()
-    bar = PlainProgress(total=10, initial=4, out=out)
+    bar = PlainProgress(total=10, initial=4, out=out, clock=lambda: now[0])
+    now[0] = 106.0
     bar.update(2)
     bar.set_postfix_str("loss=1.0000", refresh=True)
     bar.close()
-    assert out.getvalue() == "train: step 6/10 loss=1.0000\n"
+    assert out.getvalue() == "train: step 6/10 loss=1.0000 ETA 12 s\n"  # 4 updates left at 3 s each
 
 
-def test_plain_progress_comes_at_once_then_once_per_interval_and_at_the_end():
+def test_plain_progress_is_one_line_per_window_each_with_its_eta_however_close_the_windows():
+    """The promise of `--progress plain` and of a log file: one line per window (train.log.every), each with
+    the ETA at this session's wall-clock rate, however fast the windows come; nothing twice at the end."""
     from pilotrun.training.callbacks.window_log import PlainProgress
 
     now = [0.0]
     out = io.StringIO()
-    bar = PlainProgress(total=10, initial=0, out=out, interval=10.0, clock=lambda: now[0])
-    for step in range(1, 10):  # a window per update, four seconds apart
-        now[0] = 4.0 * step
+    bar = PlainProgress(total=10, initial=0, out=out, clock=lambda: now[0])
+    for step in range(1, 10):  # a window per update, four seconds apart, then one 0.5 s after the previous
+        now[0] = 4.0 * step if step < 9 else 32.5
         bar.update(1)
         bar.set_postfix_str(f"loss={10 - step}.0000", refresh=True)
     bar.close()
-    assert out.getvalue().splitlines() == ["train: step 1/10 loss=9.0000",  # the first window, at once
-                                           "train: step 4/10 loss=6.0000",  # 12 s later: at most one per 10 s
-                                           "train: step 7/10 loss=3.0000",
-                                           "train: step 9/10 loss=1.0000"]  # the last, at the end
+    lines = out.getvalue().splitlines()
+    assert lines[:3] == ["train: step 1/10 loss=9.0000 ETA 36 s",  # 9 updates left at 4 s each
+                         "train: step 2/10 loss=8.0000 ETA 32 s",
+                         "train: step 3/10 loss=7.0000 ETA 28 s"]
+    assert lines[-1] == f"train: step 9/10 loss=1.0000 ETA {32.5 / 9:.0f} s"  # 0.5 s later: still its line
+    assert len(lines) == 9
+
+
+def test_an_eta_reads_in_seconds_minutes_or_hours():
+    from pilotrun.training.callbacks.window_log import eta_text
+
+    assert [eta_text(s) for s in (None, 0.4, 99.4, 100.0, 5990.0, 6000.0, 86400.0)] == [
+        "-", "0 s", "99 s", "1.7 min", "99.8 min", "1.7 h", "24.0 h"]

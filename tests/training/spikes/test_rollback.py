@@ -259,6 +259,13 @@ def test_one_rollback_skips_a_long_noise_document_to_its_end(noise_data, tmp_pat
     assert said[0].startswith(f"spike at update {spike['spike_step']} (batches {batch}): loss ")
     assert " -> rolling back; cause " in said[0] and len(said) == 2
     assert said[1].startswith(f"spike at update {spike['spike_step']}: rolled back to step ")
+    # and both marked on the report's plots, read back from the record: the spike, the span it undid
+    from pilotrun.report.drawing.marks import Mark, run_marks
+
+    assert run_marks(summarize_run(tmp_path / "run")) == [
+        Mark("rollback", rollback["restored_step"], f"rollback to {rollback['restored_step']}",
+             end=spike["spike_step"]),
+        Mark("spike", spike["spike_step"], "spike (rollback)")]
     # The record: one rollback, the noise document named (index and where it lies), and the batches skipped.
     (record,) = json.loads((tmp_path / "run" / "run.json").read_text())["skip_data"]
     assert record["origin"] == "rollback" and record["spike_step"] == spike["spike_step"]
