@@ -601,6 +601,7 @@ def _wait_stopped_child(child: TrainingChild, timeout_seconds: float) -> None:
 
 def _judge(run_dir: Path, max_steps: int, freeze, out: TextIO, started: float, phases: dict[str, float],
            killed_at: int, checkpoint: int, killed: list[int], data_dir: Path | None = None) -> PilotResult:
+    from pilotrun.commands.card import write_card
     from pilotrun.report.drawing.html import write_report
     from pilotrun.report.record_check.summarize import format_summary, summarize_run
     from pilotrun.report.verdict.verdict import format_verdict, judge_summary
@@ -613,6 +614,9 @@ def _judge(run_dir: Path, max_steps: int, freeze, out: TextIO, started: float, p
     report_dir = write_report(verdict)
     print(format_verdict(verdict), file=out, flush=True)
     print(f"report: {report_dir / 'report.html'}", file=out)
+    card = write_card(summary, "pilotrun pilot")  # the pilot's run has its card as any summarized run does
+    if card is not None:
+        print(f"report card: {card}", file=out)
     lock = None
     if freeze is not None:
         if verdict.decision == "GO":

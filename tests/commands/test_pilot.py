@@ -62,6 +62,9 @@ def test_pilot_with_the_shipped_recipe_end_to_end_is_go(tmp_path):
         "recipe"]["train"]["num_threads"] == 1
     assert f"report: {result.report_dir / 'report.html'}" in text
     assert (result.report_dir / "report.html").stat().st_size > 0
+    # The pilot's run has its report card, written from the summary the verdict judged.
+    card = result.run_dir / "report.md"
+    assert f"report card: {card}" in text and "pilotrun pilot" in card.read_text()
     assert list(result.phase_seconds) == ["prepare", "train_until_kill", "resume", "report"]
     assert sum(result.phase_seconds.values()) <= result.seconds
 
