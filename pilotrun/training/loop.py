@@ -52,6 +52,7 @@ from pilotrun.training.precision import apply_update, autocast_context
 from pilotrun.training.replay import replay_spike
 from pilotrun.training.signals import SecondSignal
 from pilotrun.training.spikes.detector import SpikeGate, gathered_values, skip_ahead, upcoming_batches
+from pilotrun.training.spikes.restore_point import model_state_restore_point
 
 
 def train_loop(loop: LoopState, callbacks: Sequence[Callback]) -> Ending:
@@ -240,4 +241,8 @@ def spike_gate(loop: LoopState, batches: list[int]) -> SpikeGate:
                 state.loader.batch_index, t.gradient_accumulation_steps, skip_ranges(loop)
             )
             return replay_spike(loop, verdict, detector, following)
-    return SpikeGate(detector, state.step + 1, batches, loop.last_checkpoint_step is not None, replay)
+    def restore_point(verdict):
+        return model_state_restore_point(session, loop.last_checkpoint_step, verdict.batches)
+
+    return SpikeGate(detector, state.step + 1, batches, loop.last_checkpoint_step is not None, replay,
+                     restore_point)
