@@ -85,6 +85,12 @@ def test_three_noise_documents_three_rollbacks_each_past_its_document(three_nois
         assert meta["batch_index"] <= skipped["first_batch"] <= start // SPAN
     said = [line for line in trainer.out.getvalue().splitlines() if "rolled back to step" in line]
     assert len(said) == 3 and all("cause model_state: the documents read since checkpoint" in s for s in said)
+    # The record reconciles: the work after each restored checkpoint counts as rolled back.
+    from pilotrun.report.record_check.summarize import summarize_run
+
+    summary = summarize_run(run)
+    assert summary.valid, summary.reasons
+    assert summary.overall["spikes"]["spikes"] == summary.overall["spikes"]["rollbacks"] == 3
 
 
 @pytest.mark.slow
