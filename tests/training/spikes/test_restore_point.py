@@ -159,3 +159,48 @@ def test_a_checkpoint_inside_a_document_sends_the_rollback_to_one_before_it(thre
                     f"{first + 1}): no rollback can step over them")
     line = model_state_restore_point(session_over(data, {4: first - 1, 5: None}), 5, [after])
     assert line.startswith("the newest committed checkpoint (step 5) does not record its data cursor")
+
+
+@pytest.mark.slow
+def test_killed_around_a_model_state_rollbacks_commit_the_resumed_run_is_the_uninterrupted_one(
+    three_noise_data, tmp_path, monkeypatch
+):
+    """The first noise document's rollback restores step 6 from the newest checkpoint 12 and commits step 6
+    again, pruning 12 (a later timeline). Killed just after that commit, the resume goes on from step 6 past
+    the documents; killed just before it, the resume starts from step 12, attempts the spiking update again
+    and rolls back to the same checkpoint over the same data. Both train the uninterrupted run's weights bit
+    for bit, its kept losses and its skip_data, and the record counts one spike and one rollback."""
+    import io
+
+    from pilotrun.training.trainer import Trainer
+    from tests.exactness import assert_exactly_equal
+    from tests.training.spikes.test_rollback import (
+        counted,
+        losses,
+        recipe,
+        snapshot_around_the_rollbacks_commit,
+        weights,
+    )
+
+    data, _ = three_noise_data
+    short = ("train.spike.policy=rollback", "train.max_steps=26", "optim.schedule.horizon=80")
+    straight, _ = train(data, tmp_path / "straight", *short)
+    (rollback,) = events(tmp_path / "straight", "rollback")
+    assert rollback["restored_step"] == 6 and rollback["restore"]["newest_checkpoint"] == 12
+    before, after = tmp_path / "before", tmp_path / "after"
+    snapshot_around_the_rollbacks_commit(monkeypatch, tmp_path / "run", before, after)
+    train(data, tmp_path / "run", *short)
+    monkeypatch.undo()
+    assert [e["event"] for e in events(after)][-4:] == ["spike", "train", "rollback", "checkpoint"]
+    record = (tmp_path / "straight" / "run.json").read_text()
+    for killed in (after, before):
+        resumed = Trainer(recipe(*short), data, killed, resume=True, progress=False, out=io.StringIO())
+        assert resumed.run().reason == "completed"
+        assert resumed.session.resumed_from == (6 if killed is after else 12)
+        assert_exactly_equal(weights(straight), weights(resumed))
+        assert {s: v[-1] for s, v in losses(killed).items()} == {
+            s: v[-1] for s, v in losses(tmp_path / "straight").items()}
+        assert (json.loads((killed / "run.json").read_text())["skip_data"]
+                == json.loads(record)["skip_data"])
+        kept = counted(killed)
+        assert kept["spikes"]["spikes"] == kept["spikes"]["rollbacks"] == 1
