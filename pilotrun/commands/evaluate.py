@@ -13,6 +13,8 @@ What it writes, and only once everything is measured:
 - an `evaluation` event appended to metrics.jsonl (the same identity, the figures, the results file's path and
   sha256), in an evaluation's own session id: the claim joins the run's hash chain. summarize reconciles it
   with the checkpoint and the file (report/record_check/evaluations.py).
+A figure that is not a finite number (an accuracy over no example, a harness's NaN) is null in both, so that
+the event and its file still match; the file is strict JSON (common/strict_json.py): no bare NaN or Infinity.
 
 It reads the checkpoint and never writes into it. It never takes the run folder's lock from a trainer: a run
 held by a live session is refused before anything is read, and the lock is taken only for the append (a
@@ -23,13 +25,14 @@ exit 2, before anything is written.
 
 from __future__ import annotations
 
-import json
+import math
 import uuid
 from pathlib import Path
 from typing import Any
 
 from pilotrun.common.errors import CheckpointError, ConfigError, PilotrunError
 from pilotrun.common.files import sha256_of_file, write_text_atomic
+from pilotrun.common.strict_json import strict_dumps
 from pilotrun.data.choice_tasks import TASK_SUFFIX, ChoiceTask, read_choice_task
 from pilotrun.report.record_check.evaluations import EVALS_DIR, marker_sha256
 from pilotrun.run.folder_lock import RunFolderLock, describe_holder, live_holder
@@ -183,12 +186,13 @@ def _record(run_dir: Path, run: dict[str, Any], relative: Path, identity: dict[s
     """Write the results file and append the event, under the run folder's lock (module docstring)."""
     from pilotrun.run.writer import MetricsWriter
 
+    figures = finite_or_null(figures)  # the event and the file carry the same figures
     lock = RunFolderLock.acquire(run_dir)  # a session started meanwhile: RunFolderBusy, nothing written
     try:
         path = run_dir / relative
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps({"identity": identity, "tasks": figures, "harness_output": output},
-                                           indent=2, sort_keys=True, default=str) + "\n")
+        results = {"identity": identity, "tasks": figures, "harness_output": output}
+        write_text_atomic(path, strict_dumps(results, indent=2, sort_keys=True, default=str) + "\n")
         event = {"checkpoint": {"step": identity["checkpoint"]["step"],
                                 "marker_sha256": identity["checkpoint"]["marker_sha256"]},
                  "harness": identity["harness"], "harness_version": identity["harness_version"],
@@ -204,3 +208,17 @@ def _record(run_dir: Path, run: dict[str, Any], relative: Path, identity: dict[s
     finally:
         lock.release()
     return {**event, "step": identity["checkpoint"]["step"], "written": str(path)}
+
+
+def finite_or_null(value: Any) -> Any:
+    """The figures with every float that is not finite as None (recursively): an accuracy that could not be
+    measured is recorded as null, in the event and in its results file alike. Written as strict JSON's
+    "NaN" string instead, the event (whose reader turns the string back into a float) would hold NaN, which
+    equals nothing, and never match its own file."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_null(v) for v in value]
+    return value

@@ -52,6 +52,7 @@ from pilotrun.training.precision import apply_update, autocast_context
 from pilotrun.training.replay import replay_spike
 from pilotrun.training.signals import SecondSignal
 from pilotrun.training.spikes.detector import SpikeGate, gathered_values, skip_ahead, upcoming_batches
+from pilotrun.training.spikes.restore_point import model_state_restore_point
 
 
 def train_loop(loop: LoopState, callbacks: Sequence[Callback]) -> Ending:
@@ -229,7 +230,8 @@ def train_one_update(loop: LoopState) -> UpdateResult:
 
 def spike_gate(loop: LoopState, batches: list[int]) -> SpikeGate:
     """The spike judge of this attempt (spikes/detector.py), with its replay (replay.py) when
-    `train.spike.replay`."""
+    `train.spike.replay`, and the restore point a rollback on a `model_state` cause takes
+    (spikes/restore_point.py)."""
     session, state = loop.session, loop.session.state
     t = session.config.train
     detector = loop.hook("spike")
@@ -240,4 +242,12 @@ def spike_gate(loop: LoopState, batches: list[int]) -> SpikeGate:
                 state.loader.batch_index, t.gradient_accumulation_steps, skip_ranges(loop)
             )
             return replay_spike(loop, verdict, detector, following)
-    return SpikeGate(detector, state.step + 1, batches, loop.last_checkpoint_step is not None, replay)
+
+    def restore_point(verdict):
+        # rank 0's choice on every rank: a background save committing meanwhile may prune an older checkpoint
+        # that another rank's read of the folder still lists
+        found = model_state_restore_point(session, loop.last_checkpoint_step, verdict.batches)
+        return dist_utils.broadcast_object(session.context, found)
+
+    return SpikeGate(detector, state.step + 1, batches, loop.last_checkpoint_step is not None, replay,
+                     restore_point)

@@ -244,7 +244,10 @@ class Session:
         if counters is not None:
             progress = {"counters": counters.as_dict(), "session_id": self.session_id,
                         "run_id": self.record.data.get("run_id") if self.record else None,
-                        "tokens_per_update": self.tokens_per_update}
+                        "tokens_per_update": self.tokens_per_update,
+                        # where the data stood: a model_state rollback places its checkpoints by it
+                        # (training/spikes/restore_point.py) without loading their tensors
+                        "batch_index": int(self.state.loader.batch_index)}
         return checkpoint_meta(
             config,
             data_sha256=self.dataset.metadata_sha256,

@@ -197,9 +197,21 @@ def format_evaluations(entries: list[dict[str, Any]]) -> list[str]:
     """The summary's lines: each evaluation with its checkpoint and whether it stands."""
     lines = []
     for e in entries:
-        figures = ", ".join(f"{name} acc {f.get('acc', float('nan')):.3f} ({f.get('examples')} examples)"
-                            for name, f in e["tasks"].items() if isinstance(f.get("acc"), int | float))
+        figures = ", ".join(filter(None, (_task_figure(name, f) for name, f in e["tasks"].items())))
         marker = (e.get("marker_sha256") or "")[:12]
         lines.append(f"evaluation at step {e['step']} (checkpoint marker {marker}..., {e['harness']} "
                      f"{e['harness_version']}): {figures or 'no figures'}; {e['status']}")
     return lines
+
+
+def _task_figure(name: str, figures: Any) -> str | None:
+    """One task's part of the summary line; an accuracy that was not a finite number is recorded as null
+    (commands/evaluate.py) and said so; a task without an accuracy is left out."""
+    if not isinstance(figures, dict) or "acc" not in figures:
+        return None
+    acc = figures["acc"]
+    if acc is None:
+        return f"{name} acc null (not a finite number) ({figures.get('examples')} examples)"
+    if not isinstance(acc, int | float):
+        return None
+    return f"{name} acc {acc:.3f} ({figures.get('examples')} examples)"

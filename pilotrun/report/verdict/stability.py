@@ -14,7 +14,7 @@ from pilotrun.report.record_check.spike_history import spike_overview
 from pilotrun.report.verdict.evidence import lacks, recipe_value, train_events, window_of
 from pilotrun.report.verdict.thresholds import FAIL, PASS, WARN, Finding, Thresholds
 from pilotrun.run.record import is_finite_number
-from pilotrun.training.spikes.bound import MIN_SCALE_SHARE, spike_against, step_spread
+from pilotrun.training.spikes.bound import grad_norm_floor_share, spike_against, step_spread
 
 if TYPE_CHECKING:
     from pilotrun.report.record_check.summarize import Summary
@@ -153,10 +153,13 @@ def judge_val_tracks_train(summary: Summary, t: Thresholds) -> Finding:
 
 def judge_grad_spikes(summary: Summary, t: Thresholds) -> Finding:
     """A window whose largest gradient norm is a spike of the previous windows' (training/spikes/bound.py:
-    median + spike_factor x max(step spread, MIN_SCALE_SHARE of the median), over logged windows)."""
+    median + spike_factor x max(step spread, floor share x the median), over logged windows). The floor share
+    is the trainer's detector's for the run's tokens per update (bound.grad_norm_floor_share): a window's
+    largest norm is one update's, as noisy as the batch it was computed on."""
     history: list[float] = []
     spikes = []
-    share = MIN_SCALE_SHARE["grad_norm"]
+    tokens = summary.run.get("tokens_per_update")
+    share = grad_norm_floor_share(tokens if type(tokens) is int and tokens > 0 else None)
     for e in train_events(summary):
         value = e.get("grad_norm_max", e.get("grad_norm"))
         if not is_finite_number(value):
@@ -167,8 +170,8 @@ def judge_grad_spikes(summary: Summary, t: Thresholds) -> Finding:
             spikes.append((e["step"], float(value), found[0], found[2]))
         history.append(float(value))
     threshold = (f"<= {t.max_grad_spikes} spike(s) > median + {t.spike_factor:g} x max(step spread, "
-                 f"{share:g} x median) of the previous {t.spike_median_window} windows "
-                 f"(>= {1 + t.spike_factor * share:g}x the median)")
+                 f"{share:.3g} x median) of the previous {t.spike_median_window} windows "
+                 f"(>= {1 + t.spike_factor * share:.3g}x the median)")
     evidence = f"grad_norm_max of {len(history)} train windows"
     if not history:
         return Finding(FAIL, "no gradient norm recorded: the record lacks this rule's evidence",

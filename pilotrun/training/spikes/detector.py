@@ -66,6 +66,8 @@ class SpikeVerdict:
     action: str = "recorded"  # one of ACTIONS
     note: str = ""
     replay: dict[str, Any] | None = None  # replay.py: the cause and the replayed figures
+    # On a `model_state` cause, the checkpoint the rollback restores and what it steps over (restore_point.py)
+    restore_point: Any = None
 
     def fields(self, tokens_per_microbatch: int) -> dict[str, Any]:
         """The `spike` event's fields (docs/RUN_RECORD.md)."""
@@ -184,6 +186,8 @@ class SpikeGate:
     batches: list[int]
     can_roll_back: bool
     replay: Callable[[SpikeVerdict], dict[str, Any]] | None = None
+    # restore_point.model_state_restore_point for this session: a RestorePoint, or the line saying why none
+    restore_point: Callable[[SpikeVerdict], Any] | None = None
     verdict: SpikeVerdict | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -214,8 +218,22 @@ class SpikeGate:
                 verdict.note = "no committed checkpoint to roll back to: the update is skipped instead"
             else:
                 verdict.action = "rollback"
+                self.place_restore(verdict)
         self.verdict = verdict
         return None if verdict.action == "recorded" else "spike"
+
+
+    def place_restore(self, verdict: SpikeVerdict) -> None:
+        """On a `model_state` cause, the checkpoint from before the documents read since the newest one
+        (restore_point.py); with none early enough the run stops, its line the note. Decided here, with the
+        action, so that the loop's stop check sees it."""
+        if self.restore_point is None or (verdict.replay or {}).get("cause") != "model_state":
+            return
+        point = self.restore_point(verdict)
+        if isinstance(point, str):
+            verdict.action, verdict.note = "stopped", point
+        else:
+            verdict.restore_point = point
 
 
 def skip_ahead(batch_index: int, skip_data: list[list[int]]) -> int:

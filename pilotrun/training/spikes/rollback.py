@@ -40,6 +40,7 @@ from pilotrun.training.checkpoint.rng_state import restore_rng_state
 from pilotrun.training.precision import restore_grad_scaler
 from pilotrun.training.session import group_settings, read_checkpoint, restore_group_settings, run_skip_data
 from pilotrun.training.spikes.detector import SpikeVerdict
+from pilotrun.training.spikes.restore_point import RestorePoint
 from pilotrun.training.window import Window
 
 
@@ -70,7 +71,7 @@ class SpikeCallback(Callback):
         if verdict.action == "rollback":
             if self.settle_checkpoint is not None:
                 self.settle_checkpoint(loop)
-            roll_back(loop, verdict, self.close_window, self.reopen_window)
+            roll_back(loop, verdict, self.close_window, self.reopen_window, verdict.restore_point)
             if self.commit is not None:
                 self.commit(loop)  # after the event: a checkpoint never holds a skip the record does not tell
 
@@ -94,17 +95,22 @@ def spike_line(verdict: SpikeVerdict) -> str:
     )
 
 
-def skipped_range(loop: LoopState, verdict: SpikeVerdict) -> dict[str, Any]:
+def skipped_range(loop: LoopState, verdict: SpikeVerdict, point: RestorePoint | None = None
+                  ) -> dict[str, Any]:
     """The data a rollback steps over: the spiking update's batches and every document they read, to its end
     (the reader finds the EOS that ends them), and at least `margin` updates' worth after the spiking update's
     own. A long bad document spans many updates: skipping only the spiking batches and a fixed margin would
     meet the rest of it at once, spike again and use up the rollbacks; skipped to its end, one rollback clears
-    it."""
+    it. On a `model_state` cause (`point`, restore_point.py) the range starts at the first batch of the
+    suspect documents read since the newest checkpoint and runs through their end."""
     session = loop.session
     t = session.config.train
     loader, eos_id = session.state.loader, session.dataset.eos_id
-    first = verdict.batches[0]
-    through, documents = spiking_documents(loader, verdict.batches, eos_id)
+    if point is None:
+        first = verdict.batches[0]
+        through, documents = spiking_documents(loader, verdict.batches, eos_id)
+    else:
+        first, through, documents = point.first_batch, point.through, point.documents
     batches = max(verdict.batches[-1] - first + 1 + t.spike.margin * t.gradient_accumulation_steps,
                   through - first + 1)
     return {"first_batch": first, "batches": batches, "tokens": batches * session.tokens_per_microbatch,
@@ -113,11 +119,13 @@ def skipped_range(loop: LoopState, verdict: SpikeVerdict) -> dict[str, Any]:
             "documents": documents, "read": read_documents(loader, eos_id, first, batches)}
 
 
-def roll_back(loop: LoopState, verdict: SpikeVerdict, close_window: Any, reopen_window: Any = None) -> None:
-    """Restore the last committed checkpoint and step over the spike's data (module docstring). Every rank."""
+def roll_back(loop: LoopState, verdict: SpikeVerdict, close_window: Any, reopen_window: Any = None,
+              point: RestorePoint | None = None) -> None:
+    """Restore the last committed checkpoint, or on a `model_state` cause the one `point` names, and step over
+    the spike's data (module docstring). Every rank."""
     session, state = loop.session, loop.session.state
     started = time.perf_counter()
-    target = loop.last_checkpoint_step
+    target = loop.last_checkpoint_step if point is None else point.step
     # what the kept timeline goes on from: never pruned
     session.checkpointer.protect(target, PROTECT_ROLLBACK)
     detector = loop.hook("spike")
@@ -125,7 +133,7 @@ def roll_back(loop: LoopState, verdict: SpikeVerdict, close_window: Any, reopen_
     before = state.counters()
     close_window(loop)  # the work about to be rolled back, on the record as it happened
     loop.window = Window(session.device)
-    skipped = skipped_range(loop, verdict)
+    skipped = skipped_range(loop, verdict, point)
 
     settings = group_settings(session.optimizer)  # the effective recipe's (allowed changes included)
     restored = read_checkpoint(session, target)
@@ -154,7 +162,7 @@ def roll_back(loop: LoopState, verdict: SpikeVerdict, close_window: Any, reopen_
                           - after.updates_attempted, "tokens": before.tokens_seen - after.tokens_seen},
              rollbacks=rollbacks, max_rollbacks=t.spike.max_rollbacks, skip_data=ranges,
              reproduce="--set train.skip_data=" + json.dumps(ranges, separators=(",", ":")),
-             seconds=time.perf_counter() - started)
+             **restore_fields(point), seconds=time.perf_counter() - started)
     if session.record is not None:
         session.record.data["skip_data"] = run_skip_data(session)
         session.record.save()
@@ -163,5 +171,21 @@ def roll_back(loop: LoopState, verdict: SpikeVerdict, close_window: Any, reopen_
     )
     loop.say(f"spike at update {verdict.step}: rolled back to step {target}, skipping batches "
              f"{skipped['first_batch']}..{skipped['first_batch'] + skipped['batches'] - 1} "
-             f"({skipped['tokens']:,} tokens; the spiking batches' documents to their end: {named}); "
+             f"({skipped['tokens']:,} tokens; {whose(point)}: {named}); "
              f"rollback {rollbacks} of at most {t.spike.max_rollbacks}")
+
+
+def restore_fields(point: RestorePoint | None) -> dict[str, Any]:
+    """The rollback event's `restore` on a `model_state` cause: why it restored an older checkpoint than the
+    newest (none on a `batch` cause, which restores the newest)."""
+    if point is None:
+        return {}
+    return {"restore": {"cause": "model_state", "newest_checkpoint": point.newest_step,
+                        "suspect_first_batch": point.first_batch}}
+
+
+def whose(point: RestorePoint | None) -> str:
+    """Which documents the rollback line says it steps over."""
+    if point is None:
+        return "the spiking batches' documents to their end"
+    return f"cause model_state: the documents read since checkpoint step {point.newest_step} to their end"

@@ -193,3 +193,46 @@ def test_require_eval_suggests_a_command_that_runs_for_a_harness_task_and_a_task
     reasons = []
     require_evaluations(entries, 40, ["mine"], reasons, run_dir="r", task_files=["tasks/mine.jsonl"])
     assert reasons[0].endswith("run `pilotrun evaluate r --step 40 --tasks tasks/mine.jsonl`")
+
+
+def test_an_accuracy_that_is_not_a_number_is_null_in_the_event_and_its_file_and_they_still_match(
+    task_run, tmp_path, monkeypatch
+):
+    """A task scored to NaN (an accuracy over no example, a harness's NaN): the results file is strict JSON
+    with null there, the event says null too, the evaluation stands; an event re-chained with a number there
+    instead is still named."""
+    import pilotrun.training.multiple_choice as multiple_choice
+    from pilotrun.run.record import chained_line, unchained_body
+
+    _data, task, source = task_run
+    run = _copy(source, tmp_path)
+    real = multiple_choice.score_task
+
+    def not_a_number(*args, **kwargs):
+        return {**real(*args, **kwargs), "acc": float("nan"), "acc_above_chance": float("inf")}
+
+    monkeypatch.setattr(multiple_choice, "score_task", not_a_number)
+    evaluate_checkpoint(run, str(task), step=40)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    event = json.loads(unchained_body(lines[-1])[0])
+    written = (run / event["results"]["path"]).read_text()
+
+    def refuse(constant):
+        raise AssertionError(f"bare {constant} in the results file")
+
+    figures = json.loads(written, parse_constant=refuse)["tasks"]["fineweb_next"]
+    assert figures["acc"] is None and figures["acc_above_chance"] is None
+    assert event["tasks"]["fineweb_next"]["acc"] is None and event["tasks"]["fineweb_next"]["acc_norm"] >= 0
+    summary = summarize_run(run)
+    assert summary.valid, summary.reasons
+    assert summary.overall["evaluations"][-1]["status"] == "stands"
+    from pilotrun.report.verdict.verdict import judge_summary
+
+    assert "fineweb_next acc null (not a finite number) (" in format_summary(summary)
+    assert judge_summary(summary).rules  # read, no traceback
+    event["tasks"]["fineweb_next"]["acc"] = 0.5
+    lines[-1] = chained_line(unchained_body(lines[-2])[1], event)[0]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    summary = summarize_run(run)
+    assert summary.overall["evaluations"][-1]["status"] == "figures differ" and not summary.valid
+    assert any("task fineweb_next acc 0.5 in the event, None in the file" in r for r in summary.reasons)

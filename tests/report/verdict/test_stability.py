@@ -225,3 +225,22 @@ def test_grad_spikes_tells_the_trainers_spikes_the_spikes_row_warns_about(tmp_pa
     _, rules = verdict_of(tmp_path / "norm", build=with_spikes(["grad_norm"]))
     row = rules["grad_spikes"]
     assert row.status == WARN and row.figure.startswith("1 spike(s): update 31: 1.2 (the trainer's spike")
+
+
+@pytest.mark.parametrize(("grad_accum", "multiple"), [(1, 1 + 8 * 0.5 * math.sqrt(8)), (2, 9.0), (8, 5.0)])
+def test_grad_spikes_holds_a_window_to_the_detectors_floor_for_its_batch(tmp_path, grad_accum, multiple):
+    """64, 128 and 512 tokens per update (4 x 16 tokens a microbatch): the row's floor is the trainer's
+    detector's (spikes/bound.grad_norm_floor_share, sqrt(512 / tokens) x 0.5 below 512 tokens), so a norm
+    just above that multiple of the median is a spike and one just under it is not."""
+    from pilotrun.training.spikes.bound import grad_norm_floor_share
+
+    tokens = 64 * grad_accum
+    assert 1 + 8 * grad_norm_floor_share(tokens) == pytest.approx(multiple)
+    for factor, status in ((multiple * 1.01, WARN), (multiple * 0.99, PASS)):
+        def one(run, value=factor):
+            run.grad_norm = lambda step: value if step == 40 else 1.0
+        _, rules = verdict_of(tmp_path / f"{factor:.3f}", one, batch_size=4, seq_len=16,
+                              grad_accum=grad_accum)
+        row = rules["grad_spikes"]
+        assert row.status == status, row.figure
+        assert row.threshold.endswith(f"(>= {multiple:.3g}x the median)")

@@ -215,9 +215,13 @@ def test_rollback_continues_exactly_as_a_run_told_to_skip_the_same_data(
 
 @pytest.mark.slow
 def test_a_spike_storm_hits_the_rollback_cap_and_stops(builtin_data_dir, tmp_path, monkeypatch):
+    # Without the replay, no cause is named and each rollback restores the newest checkpoint. With it, every
+    # batch from POISON on is poisoned, so the spike recurs on the next batches and the cause is model_state:
+    # the rollback then restores an earlier checkpoint (restore_point.py), and in this short run the poison
+    # met again from there is not called a spike again: the cap would not be reached.
     poison_batches(POISON, storm=True, monkeypatch=monkeypatch)
     trainer, result = train(builtin_data_dir, tmp_path / "run", "train.spike.policy=rollback",
-                            "train.spike.max_rollbacks=2", "train.spike.margin=0")
+                            "train.spike.max_rollbacks=2", "train.spike.margin=0", "train.spike.replay=false")
     assert result.reason == "stopped" and result.exit_code == 1 and "max_rollbacks=2" in result.message
     assert len(events(tmp_path / "run", "rollback")) == 2
     assert [e["action"] for e in events(tmp_path / "run", "spike")][-1] == "stopped"
@@ -246,11 +250,19 @@ def test_one_rollback_skips_a_long_noise_document_to_its_end(noise_data, tmp_pat
     (batch,) = spike["batches"]
     assert first <= batch <= first + 1 and spike["action"] == "rollback"  # on the noise, as soon as it starts
     skipped = rollback["skipped"]
-    assert skipped["first_batch"] == batch and skipped["documents_through_batch"] == last
-    assert skipped["batches"] == last - batch + 1
-    assert rollback["skip_data"] == [[batch, last - batch + 1]]
+    # The replay finds the next batches (more noise) spiking too: cause model_state, so the rollback starts
+    # the skip where the documents read since the newest checkpoint began (restore_point.py), before the
+    # noise, and restores a checkpoint from before that.
+    assert spike["cause"] == "model_state"
+    skip = rollback["restore"]["suspect_first_batch"]
+    assert rollback["restore"] == {"cause": "model_state", "newest_checkpoint": 12,
+                                   "suspect_first_batch": skip}
+    assert skip <= first and rollback["restored_step"] == 6
+    assert skipped["first_batch"] == skip and skipped["documents_through_batch"] == last
+    assert skipped["batches"] == last - skip + 1
+    assert rollback["skip_data"] == [[skip, last - skip + 1]]
     # every later batch past the noise
-    assert trainer.session.state.loader.batch_index == 24 + last - batch + 1
+    assert trainer.session.state.loader.batch_index == 24 + last - skip + 1
     from pilotrun.commands.inspect_batch import microbatches_for_step
 
     # inspect-batch names what the last update read: the batch before the cursor, past the skipped noise.
@@ -258,7 +270,8 @@ def test_one_rollback_skips_a_long_noise_document_to_its_end(noise_data, tmp_pat
     said = [line for line in trainer.out.getvalue().splitlines() if line.startswith("spike at update")]
     assert said[0].startswith(f"spike at update {spike['spike_step']} (batches {batch}): loss ")
     assert " -> rolling back; cause " in said[0] and len(said) == 2
-    assert said[1].startswith(f"spike at update {spike['spike_step']}: rolled back to step ")
+    assert said[1].startswith(f"spike at update {spike['spike_step']}: rolled back to step 6, ")
+    assert "cause model_state: the documents read since checkpoint step 12 to their end: " in said[1]
     # and both marked on the report's plots, read back from the record: the spike, the span it undid
     from pilotrun.report.drawing.marks import Mark, run_marks
 
@@ -269,16 +282,17 @@ def test_one_rollback_skips_a_long_noise_document_to_its_end(noise_data, tmp_pat
     # The record: one rollback, the noise document named (index and where it lies), and the batches skipped.
     (record,) = json.loads((tmp_path / "run" / "run.json").read_text())["skip_data"]
     assert record["origin"] == "rollback" and record["spike_step"] == spike["spike_step"]
-    assert (record["first_batch"], record["batches"]) == (batch, last - batch + 1)
+    assert (record["first_batch"], record["batches"]) == (skip, last - skip + 1)
     (cause,) = record["documents"]
     assert "source" not in cause and cause["pass"] == 0 and cause["last"] == noise
-    assert cause["first"] == (noise if batch * span >= start else noise - 1)
-    assert cause["tokens"][1] == end and cause["tokens"][0] <= batch * span
+    assert cause["first"] < noise  # the document the newest checkpoint lay in, and the noise after it
+    assert cause["tokens"][1] == end and skip * span <= cause["tokens"][0] < (skip + 1) * span
     (read,) = record["read"]
-    assert read["tokens"] == [batch * span, (last + 1) * span + 1] and read["documents"][0] == cause["first"]
+    # the first skipped batch starts in the document before the one the checkpoint lay in
+    assert read["tokens"] == [skip * span, (last + 1) * span + 1] and read["documents"][0] < cause["first"]
     assert read["documents"][1] >= noise  # the last skipped batch holds the noise's EOS (and what follows it)
-    assert record == {"origin": "rollback", "spike_step": spike["spike_step"], "first_batch": batch,
-                      "batches": last - batch + 1, "documents": skipped["documents"], "read": skipped["read"]}
+    assert record == {"origin": "rollback", "spike_step": spike["spike_step"], "first_batch": skip,
+                      "batches": last - skip + 1, "documents": skipped["documents"], "read": skipped["read"]}
     # The checkpoint committed right after the rollback holds the record in its trainer state.
     detector = next(h for h in trainer.session.state.hooks if h.name == "spike")
     assert detector.skip_data == [record] and detector.rollbacks == 1
