@@ -32,12 +32,15 @@ whatever the setting.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import hashlib
 import os
 import shutil
 import threading
 import time
 import warnings
+from collections.abc import Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +55,7 @@ from pilotrun.common.errors import CheckpointError
 from pilotrun.common.files import fsync_directory, sha256_of_file
 from pilotrun.training.checkpoint.dcp_storage import DCPStorage
 from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
+from pilotrun.training.checkpoint.host_staging import HostCopyStager, stages
 from pilotrun.training.distributed import broadcast_object
 
 OUT_OF_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -81,11 +85,63 @@ def _keep_writer_thread_failure(args: Any) -> None:
 threading.excepthook = _keep_writer_thread_failure
 
 
+class _HashingStream:
+    """A file DCP writes into, hashed as it is written: the marker's sha256 without reading the file again."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        self.digest.update(data)  # hashlib releases the GIL for large buffers, as the write does
+        written = self.raw.write(data)
+        self.size += written
+        return written
+
+    def __getattr__(self, name: str) -> Any:  # tell, fileno, flush, close: the file's own
+        return getattr(self.raw, name)
+
+
+class _HashingFileSystem(dcp_filesystem.FileSystem):
+    """DCP's local file system, whose written files are hashed while they are written, and whose renames (the
+    .metadata written as a temp file, then renamed) carry the hash to the new name. `hashed` holds
+    {file name: (sha256, bytes)} of the files this process wrote."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hashed: dict[str, tuple[str, int]] = {}
+        self._lock = threading.Lock()  # DCP writes several files at once, one per thread
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[Any, None, None]:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with super().create_stream(path, mode) as stream:
+            hashing = _HashingStream(stream)
+            yield hashing
+        with self._lock:
+            self.hashed[Path(path).name] = (hashing.digest.hexdigest(), hashing.size)
+
+    def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        super().rename(path, new_path)
+        with self._lock:
+            if Path(path).name in self.hashed:
+                self.hashed[Path(new_path).name] = self.hashed.pop(Path(path).name)
+
+
 class _HashingFileSystemWriter(dcp.FileSystemWriter):
-    """DCP's file writer, whose coordinator hashes the finished folder right after writing .metadata, and
-    whose write fails when a writer thread failed (DCP would go on with that thread's items unwritten)."""
+    """DCP's file writer, whose files are hashed as they are written (_HashingFileSystem), whose coordinator
+    lists every file's hash right after writing .metadata, and whose write fails when a writer thread failed
+    (DCP would go on with that thread's items unwritten)."""
 
     files: dict[str, tuple[str, int]] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fs = _HashingFileSystem()
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         _WRITER_THREAD_FAILURES.clear()
@@ -101,11 +157,16 @@ class _HashingFileSystemWriter(dcp.FileSystemWriter):
     def finish(self, metadata: Any, results: Any) -> None:
         super().finish(metadata, results)  # every rank's files are written and fsynced before DCP calls this
         folder = Path(str(self.path))
-        names = sorted(path.name for path in folder.iterdir() if path.is_file())
-        workers = max(1, min(8, os.cpu_count() or 1, len(names)))
+        hashed = dict(self.fs.hashed)
+        # Another rank's files (several processes) were hashed by that process; read those here, off the loop.
+        others = sorted(path.name for path in folder.iterdir() if path.is_file() and path.name not in hashed)
+        workers = max(1, min(8, os.cpu_count() or 1, len(others)))
         with ThreadPoolExecutor(max_workers=workers) as pool:  # hashlib releases the GIL: files in parallel
-            digests = list(pool.map(lambda name: sha256_of_file(folder / name), names))
-        self.files = {name: (digest, (folder / name).stat().st_size) for name, digest in zip(names, digests)}
+            digests = list(pool.map(lambda name: sha256_of_file(folder / name), others))
+        for name, digest in zip(others, digests):
+            hashed[name] = (digest, (folder / name).stat().st_size)
+        names = {path.name for path in folder.iterdir() if path.is_file()}
+        self.files = {name: hashed[name] for name in sorted(names)}
         fsync_directory(folder)
 
 
@@ -140,14 +201,20 @@ def _async_group(checkpointer: DistributedCheckpointer) -> Any:
     return group
 
 
-def _stager(checkpointer: DistributedCheckpointer) -> DefaultStager:
-    """The checkpointer's one stager: it keeps a host copy of every tensor it staged (keyed by the tensor's
-    storage) and copies into it again at the next save, so only the first save allocates (and, on CUDA, pins)
-    host memory: one copy of the state, for the session. Reusing it is safe because at most one save is in
-    flight: the previous write is finished before the next save stages."""
+def _stager(checkpointer: DistributedCheckpointer, flat: dict[str, Any]) -> Any:
+    """The checkpointer's one stager: it keeps a host copy of every tensor it staged and copies into it again
+    at the next save, so only the first save allocates (and, on CUDA, pins) host memory: one copy of the
+    state, for the session. Plain tensors are copied by host_staging.HostCopyStager (one memcpy each, off the
+    loop's intra-op threads); a state of tensor subclasses (DTensor shards) by DCP's own stager. Reusing it
+    is safe because at most one save is in flight: the previous write is finished before the next save
+    stages."""
+    kind = "host" if stages(flat) else "dcp"
     stager = getattr(checkpointer, "_background_stager", None)
+    if stager is not None and getattr(checkpointer, "_background_stager_kind", None) != kind:
+        close_background(checkpointer)
+        stager = None
     if stager is None:
-        stager = DefaultStager(
+        stager = HostCopyStager() if kind == "host" else DefaultStager(
             StagingOptions(
                 use_pinned_memory=torch.cuda.is_available(),
                 use_shared_memory=False,
@@ -156,11 +223,13 @@ def _stager(checkpointer: DistributedCheckpointer) -> DefaultStager:
             )
         )
         checkpointer._background_stager = stager  # type: ignore[attr-defined]
+        checkpointer._background_stager_kind = kind  # type: ignore[attr-defined]
     return stager
 
 
 def close_background(checkpointer: DistributedCheckpointer) -> None:
-    """Release the host copy the stager keeps (the session's saves are done)."""
+    """Release the host copy the stager keeps (the session's saves are done), once the last prune is done."""
+    checkpointer.wait_for_prune()
     stager = getattr(checkpointer, "_background_stager", None)
     if stager is not None:
         stager.close()
@@ -190,7 +259,7 @@ def start_background_save(checkpointer: DistributedCheckpointer, step: int, stat
                                       thread_count=WRITER_THREADS)
     flat = checkpointer.dcp_storage.flat_state(state)
     future = dcp.async_save(flat, storage_writer=writer, process_group=_async_group(checkpointer),
-                            async_stager=_stager(checkpointer), no_dist=not context.is_distributed)
+                            async_stager=_stager(checkpointer, flat), no_dist=not context.is_distributed)
     return PendingSave(step, future, writer, temp, meta_json, started, time.perf_counter() - started)
 
 
@@ -214,8 +283,10 @@ def finish_background_save(checkpointer: DistributedCheckpointer, pending: Pendi
                     f"checkpoint step {pending.step}: the background write finished without hashing its files"
                 )
             path = checkpointer.commit_written(
-                pending.step, pending.temp, pending.writer.files, pending.meta_json, DCPStorage.name
+                pending.step, pending.temp, pending.writer.files, pending.meta_json, DCPStorage.name,
+                prune=False,
             )
+            checkpointer.prune_in_background(pending.step)
             outcome = ("ok", str(path))
         except BaseException as exc:
             if pending.temp is not None:
