@@ -7,13 +7,19 @@ A background save goes, on every rank:
        to the other ranks; every rank hands its state to `dcp.async_save`, whose stager copies every tensor
        (and deep-copies every other value) to host memory before it returns: this copy is all the loop waits
        for, and the training may change its tensors the moment it returns. The stager is kept for the
-       session and copies into the same host buffers each time (`_stager`; closed at the session's end);
-    2. (DCP's thread) every rank writes its files and fsyncs them; the coordinator (rank 0) then writes
-       .metadata (fsynced) in `finish`, which DCP calls only once every rank's files are written, and there
-       hashes every file of the folder (_HashingFileSystemWriter): the hashes the marker needs, off the loop;
+       session and copies into the same host buffers each time, one memcpy per tensor, never split over the
+       loop's intra-op threads (host_staging.py; `_stager`; closed at the session's end);
+    2. (DCP's thread, and the writer threads it starts, all at a lower priority than the training's:
+       common/thread_priority.py) every rank writes its files, hashing each as it writes it
+       (_HashingFileSystem: no file is read back), and fsyncs them; the coordinator (rank 0) then writes
+       .metadata (fsynced, hashed the same way) in `finish`, which DCP calls only once every rank's files are
+       written, and there collects every file's hash (another rank's files it reads and hashes there): the
+       hashes the marker needs, off the loop;
     3. (loop thread, at the next safe point: an agreed round of the checkpoint callback once rank 0's future
        is done, the next save, a rollback, or the session's end) every rank takes its future's result and
-       rank 0 commits exactly as a synchronous save does: rename, COMMITTED.json last, prune.
+       rank 0 commits exactly as a synchronous save does: rename, COMMITTED.json last; the prune of older
+       checkpoints then runs in a thread of its own (Checkpointer.prune_in_background), joined before the
+       next save, load or listing.
 
 A crash at any moment before 3 leaves a temp folder without a marker (never loaded, removed by the next
 save); the marker is written only after every rank's files are durable and hashed, because DCP runs
@@ -53,6 +59,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from pilotrun.common.errors import CheckpointError
 from pilotrun.common.files import fsync_directory, sha256_of_file
+from pilotrun.common.thread_priority import yield_to_training
 from pilotrun.training.checkpoint.dcp_storage import DCPStorage
 from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
 from pilotrun.training.checkpoint.host_staging import HostCopyStager, stages
@@ -144,6 +151,9 @@ class _HashingFileSystemWriter(dcp.FileSystemWriter):
         self.fs = _HashingFileSystem()
 
     def write_data(self, plan: Any, planner: Any) -> Any:
+        # DCP's thread for this save (a fresh one each save): it, the file writers it starts and the hashing
+        # after them yield the CPU to the training threads (common/thread_priority.py).
+        yield_to_training()
         _WRITER_THREAD_FAILURES.clear()
         future = super().write_data(plan, planner)
         written = len(future.value())

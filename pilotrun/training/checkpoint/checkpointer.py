@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from pilotrun.common.errors import CheckpointError, PilotrunError
 from pilotrun.common.files import fsync_directory, open_for_write, sha256_of_file
 from pilotrun.common.parsing import read_json_file
+from pilotrun.common.thread_priority import yield_to_training
 from pilotrun.run.marker import MARKER_NAME, marker_files_problem, marker_step_problem, step_folder_name
 from pilotrun.run.record import CHECKPOINTS_DIR
 from pilotrun.training.checkpoint.retention import PROTECT_USER, doomed_steps, merge_protected
@@ -319,6 +320,7 @@ class Checkpointer:
         self.wait_for_prune()
 
         def prune() -> None:
+            yield_to_training()  # its own thread: the removal takes the CPU the training leaves
             try:
                 self._prune(newest_step)
             except BaseException as exc:  # raised where the loop next waits for it

@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 import torch
 
 from pilotrun.common.errors import CheckpointError
+from pilotrun.common.thread_priority import BACKGROUND_NICENESS
 from pilotrun.config import load_run_config
 from pilotrun.report.record_check.summarize import summarize_run
 from pilotrun.run.marker import MARKER_NAME
@@ -110,6 +112,23 @@ def test_the_files_are_hashed_as_they_are_written_and_never_read_again(tmp_path,
     assert set(marker["files"]) == {p.name for p in path.iterdir() if p.name != MARKER_NAME}
     assert ".metadata" in marker["files"]
     checkpointer.verify(1)  # the hashes taken while writing match the files on disk
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_the_write_runs_in_threads_that_yield_the_cpu_to_the_loop(tmp_path, monkeypatch):
+    writers: list[int] = []
+    write = background._HashingStream.write
+
+    def noting(self, data):
+        writers.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return write(self, data)
+
+    monkeypatch.setattr(background._HashingStream, "write", noting)
+    checkpointer = DistributedCheckpointer(tmp_path / "run", keep=2)
+    state = {"model": {"w": torch.randn(64, 64), "v": torch.randn(64, 64)}}
+    finish_background_save(checkpointer, start_background_save(checkpointer, 1, state, {}))
+    loop = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert writers and all(nice == min(19, loop + BACKGROUND_NICENESS) for nice in writers)
 
 
 def test_the_prune_runs_beside_the_loop_and_the_next_save_waits_for_it(tmp_path, monkeypatch):
