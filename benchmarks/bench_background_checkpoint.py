@@ -67,8 +67,9 @@ def _trainer_beside():
     return update
 
 
-def _throughput_beside_write(checkpointer, step: int, state, update) -> tuple[float, float, int]:
-    """(steady updates/s, updates/s while a background write runs, updates during the write)."""
+def _throughput_beside_write(checkpointer, step: int, state, update) -> tuple[float, float, int, float]:
+    """(steady updates/s, updates/s while a background write runs, updates during the write, training time
+    the save cost: what the loop waited for plus the updates the write's share of the CPU held back)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(TRAINING_THREADS)
     try:
@@ -77,7 +78,7 @@ def _throughput_beside_write(checkpointer, step: int, state, update) -> tuple[fl
         torch.set_num_threads(previous)
 
 
-def _rates(checkpointer, step: int, state, update) -> tuple[float, float, int]:
+def _rates(checkpointer, step: int, state, update) -> tuple[float, float, int, float]:
     from pilotrun.training.checkpoint.background import finish_background_save, start_background_save
 
     started = time.perf_counter()
@@ -89,9 +90,12 @@ def _rates(checkpointer, step: int, state, update) -> tuple[float, float, int]:
     while not pending.done():
         update()
         count += 1
-    beside = count / (time.perf_counter() - started) if count else 0.0
+    elapsed = time.perf_counter() - started
+    beside = count / elapsed if count else 0.0
+    committing = time.perf_counter()
     finish_background_save(checkpointer, pending)
-    return steady, beside, count
+    blocked = pending.staged_seconds + time.perf_counter() - committing
+    return steady, beside, count, blocked + max(0.0, elapsed - count / steady)
 
 
 def _dcp_state(objects, state):
@@ -136,7 +140,8 @@ def _measure(work: Path) -> dict:
     # Warm-up of both paths; the first background save also allocates the host copy its stager keeps.
     checkpointer.save(0, state, {"bench": True})
     _background(checkpointer, 1, dcp_state)
-    found: dict = {key: [] for key in ("sync", "blocking", "total", "plain", "steady", "beside", "updates")}
+    found: dict = {key: [] for key in ("sync", "blocking", "total", "plain", "steady", "beside", "updates",
+                                       "lost")}
     step = 2
     for _ in range(REPEATS):
         started = time.perf_counter()
@@ -150,7 +155,8 @@ def _measure(work: Path) -> dict:
         found["plain"].append(_plain(state, work / "plain.pt"))
         found["plain_bytes"] = (work / "plain.pt").stat().st_size
         (work / "plain.pt").unlink()
-        steady, beside, count = _throughput_beside_write(checkpointer, step + 2, dcp_state, update)
+        steady, beside, count, lost = _throughput_beside_write(checkpointer, step + 2, dcp_state, update)
+        found["lost"].append(lost)
         found["steady"].append(steady)
         found["beside"].append(beside)
         found["updates"].append(count)
@@ -210,6 +216,9 @@ def _report(found: dict, load_before: float, load_after: float) -> list[str]:
         f"{', '.join(str(n) for n in found['updates'])} updates, against "
         f"{', '.join(f'{s:.2f}' for s in found['steady'])} steady; the `tiny` preset, batch 8 x 64, "
         f"{TRAINING_THREADS} thread). "
+        f"Training time a save costs (the wait, plus the updates the write held back: elapsed beside the "
+        f"write minus updates done / steady rate): synchronous {_seconds(found['sync'])} s, background "
+        f"{_seconds(found['lost'])} s. "
         f"All synchronous (s): {_seconds(found['sync'])}; background blocked (s): "
         f"{_seconds(found['blocking'])}; background whole (s): {_seconds(found['total'])}; plain (s): "
         f"{_seconds(found['plain'])}.",
