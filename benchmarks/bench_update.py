@@ -15,6 +15,11 @@ process's CPU time). The first updates of a compiled variant pay its compilation
 variant's update is the compile cost, and the updates after which it pays back follow from the per-update
 saving.
 
+A second yardstick joins the same rounds: "MoE reference eager" (benchmarks/moe_reference.py), an MoE of torch
+modules with pilotrun's total matrices one for one (MLA's projections, the routed and shared experts, each
+expert matrix a 2-D weight) and torch.optim.Muon on them: the same Newton-Schulz work per step as pilotrun,
+which the dense reference (equal ACTIVE work) does not have.
+
 With `--nanochat PATH` (a checkout of nanochat; optional, never required) two more variants join the same
 rounds: "nanochat as shipped" (`torch.compile` of its model, its own optimizers, whose step functions it
 compiles itself) and "nanochat eager" (its model uncompiled, the same optimizers), built by
@@ -36,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks import nanochat_adapter
+from benchmarks import moe_reference, nanochat_adapter
 from benchmarks.bench_optim import torch_muon_with_fp32_newton_schulz
 from pilotrun.config import OptimConfig
 from pilotrun.model.accounting import active_matmul_parameters, flops_per_token
@@ -142,12 +147,15 @@ def newton_schulz_flops(matrices: list[torch.Tensor]) -> float:
     return total
 
 
-def reference_optimizers(model: ReferenceGPT, optim: OptimConfig) -> list[torch.optim.Optimizer]:
-    """torch.optim.Muon on every hidden matrix, torch.optim.AdamW (foreach) on the rest, with pilotrun's
-    hyperparameters (Muon's update scaled to AdamW's RMS, as pilotrun's default scale does; its Newton-Schulz
-    in fp32 as pilotrun's on the CPU, through bench_optim's patch of torch's single bf16 cast)."""
-    hidden = [p for name, p in model.named_parameters() if p.ndim == 2 and name.startswith("layers.")]
-    rest = [p for name, p in model.named_parameters() if not (p.ndim == 2 and name.startswith("layers."))]
+def reference_optimizers(model: nn.Module, optim: OptimConfig,
+                         hidden: list[torch.Tensor] | None = None) -> list[torch.optim.Optimizer]:
+    """torch.optim.Muon on every hidden matrix (default: every 2-D weight in the layers), torch.optim.AdamW
+    (foreach) on the rest, with pilotrun's hyperparameters (Muon's update scaled to AdamW's RMS, as pilotrun's
+    default scale does; its Newton-Schulz in fp32 as pilotrun's on the CPU, through bench_optim's patch of
+    torch's single bf16 cast)."""
+    if hidden is None:
+        hidden = [p for name, p in model.named_parameters() if p.ndim == 2 and name.startswith("layers.")]
+    rest = [p for p in model.parameters() if not any(p is h for h in hidden)]
     muon = torch.optim.Muon(
         hidden,
         lr=optim.muon.lr,
@@ -235,6 +243,14 @@ def build_variants(
         model = torch.compile(reference) if compiled else reference
         variants.append(Variant(f"reference {'compiled' if compiled else 'eager'}", model,
                                 reference_optimizers(reference, optim), reference_loss, tokens))
+    torch.manual_seed(0)
+    moe = moe_reference.ReferenceMoE(cfg)
+    moe_matrices = moe_reference.muon_matrices(moe)
+    variants.append(Variant("MoE reference eager", moe, reference_optimizers(moe, optim, moe_matrices),
+                            reference_loss, tokens))
+    ours = [p for g in optimizer.param_groups if g["use_muon"] for p in g["params"]]
+    if moe_reference.muon_shapes(moe_matrices) != moe_reference.muon_shapes(ours):
+        raise AssertionError("the MoE reference's Muon matrices are not pilotrun's")  # it would be unfair
     shape = {
         "size": size.name,
         "d_model": cfg.d_model,
@@ -252,6 +268,8 @@ def build_variants(
         "reference_newton_schulz_flops": newton_schulz_flops(
             [p for name, p in reference.named_parameters() if p.ndim == 2 and name.startswith("layers.")]
         ),
+        "moe_reference_parameters": sum(p.numel() for p in moe.parameters()),
+        "moe_reference_newton_schulz_flops": newton_schulz_flops(moe_matrices),
     }
     if nanochat is not None:
         # As shipped first: its first updates then pay the compilation of nanochat's optimizer step functions
@@ -377,7 +395,7 @@ def markdown(results: list[dict]) -> str:
             f" {f['pilotrun compiled']['speedup']:.2f}x (goal >= {TARGET_COMPILED_SPEEDUP:.1f}x:"
             f" {'met' if f['pilotrun compiled']['speedup'] >= TARGET_COMPILED_SPEEDUP else 'NOT met'}).",
         ]
-        lines += nanochat_ratios(f) + [""]
+        lines += moe_ratios(result) + nanochat_ratios(f) + [""]
     lines += [
         "Command: `python -m benchmarks.run_all bench_update` (figures as JSON: `python -m"
         " benchmarks.bench_update --json`; with nanochat: `python -m benchmarks.bench_update --nanochat "
@@ -385,6 +403,25 @@ def markdown(results: list[dict]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def moe_ratios(result: dict) -> list[str]:
+    """pilotrun against the MoE of identical total matrices (benchmarks/moe_reference.py), both eager."""
+    f = result["figures"]
+    if "MoE reference eager" not in f:
+        return []
+    ours, theirs = f["pilotrun eager"], f["MoE reference eager"]
+    update_ratio = ours["update_ms"] / theirs["update_ms"]
+    return [
+        "",
+        f"pilotrun eager / the MoE reference of identical total matrices (eager: torch modules, per-expert "
+        f"2-D weights, torch.optim.Muon; {result['moe_reference_parameters']:,} parameters, Newton-Schulz "
+        f"{result['moe_reference_newton_schulz_flops'] / 1e9:.2f} GFLOP per step, as pilotrun's): update "
+        f"{update_ratio:.2f}x (goal <= {TARGET_UPDATE_OVER_REFERENCE:.1f}x: "
+        f"{'met' if update_ratio <= TARGET_UPDATE_OVER_REFERENCE else 'NOT met'}); forward+backward "
+        f"{ours['forward_backward_ms'] / theirs['forward_backward_ms']:.2f}x; optimizer step "
+        f"{ours['step_ms'] / theirs['step_ms']:.2f}x.",
+    ]
 
 
 def nanochat_shape(result: dict) -> list[str]:

@@ -9,7 +9,7 @@ from pilotrun.config.knob import knob, need
 
 SCHEDULE_KINDS = ("cosine", "wsd", "constant")
 MUON_SCALE_MODES = ("moonlight", "keller")
-MUON_NS_VARIANTS = ("quintic", "hybrid")
+MUON_NS_VARIANTS = ("quintic", "hybrid", "polar_express")
 MUON_GRANULARITIES = ("param", "per_head")
 ROUTER_OPTIMIZERS = ("adamw", "muon")
 
@@ -23,8 +23,9 @@ class MuonConfig:
     ns_steps: int = knob(5, "Newton-Schulz iterations per orthogonalization", at_least=1)
     scale_mode: str = knob("moonlight", "update scaling: moonlight (match AdamW RMS) or keller",
                            choices=MUON_SCALE_MODES)
-    ns_variant: str = knob("quintic", "Newton-Schulz coefficients: quintic, or hybrid (8 quintic + 2 "
-                           "pinning)", choices=MUON_NS_VARIANTS)
+    ns_variant: str = knob("quintic", "Newton-Schulz coefficients: quintic, hybrid (8 quintic + 2 "
+                           "pinning), or polar_express (per-iteration minimax quintics: ns_steps of them; "
+                           "4 come as close to orthogonal as 5 quintic)", choices=MUON_NS_VARIANTS)
     # "per_head" is an ablation; DECISION D9 keeps "param".
     granularity: str = knob("param", "orthogonalize per parameter (per expert slice) or per_head",
                             choices=MUON_GRANULARITIES)

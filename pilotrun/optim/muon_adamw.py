@@ -26,6 +26,7 @@ import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from pilotrun.config import MUON_NS_VARIANTS, OptimConfig
+from pilotrun.optim.polar_express import polar_express_coefficients
 
 # Keller Jordan's quintic coefficients (KJ-muon zeropower_via_newtonschulz5; Moonlight eq. 2): they maximise
 # the slope at zero, so small singular values grow fast; the result has singular values in roughly [0.5, 1.3],
@@ -62,7 +63,10 @@ def newton_schulz_orthogonalize(
 
 
 def newton_schulz_schedule(steps: int, variant: str) -> list[tuple[float, float, float]]:
-    """The (a, b, c) coefficients of each iteration: `steps` quintic ones, or hybrid's fixed 8 + 2."""
+    """The (a, b, c) coefficients of each iteration: `steps` quintic ones, hybrid's fixed 8 + 2, or the first
+    `steps` of polar_express's sequence (polar_express.py)."""
+    if variant == "polar_express":
+        return list(polar_express_coefficients(steps))
     if variant == "quintic":
         return [NEWTON_SCHULZ_COEFFICIENTS] * steps
     if variant == "hybrid":

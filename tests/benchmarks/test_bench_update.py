@@ -158,7 +158,7 @@ def test_the_nanochat_variants_run_in_the_same_rounds_and_phases(tmp_path, monke
     result = bench_update.measure(TINY, nanochat)
     figures = result["figures"]
     assert list(figures) == ["pilotrun eager", "pilotrun compiled", "reference eager", "reference compiled",
-                             "nanochat as shipped", "nanochat eager"]
+                             "MoE reference eager", "nanochat as shipped", "nanochat eager"]
     assert len(figures["nanochat eager"]) == 4  # the eager one has no compile figures
     assert set(figures["nanochat as shipped"]) >= {"update_ms", "forward_backward_ms", "step_ms", "speedup",
                                                    "compile_s", "payback_updates"}
@@ -168,6 +168,10 @@ def test_the_nanochat_variants_run_in_the_same_rounds_and_phases(tmp_path, monke
     assert "pilotrun (" in text and ") / nanochat as shipped: update " in text and "optimizer step " in text
     assert f"MLP width set to {result['nanochat_hidden']}" in text
     assert "| nanochat as shipped |" in text and "| nanochat eager |" in text
+    # Both yardsticks side by side: the MoE of identical total matrices beside nanochat's equal active work.
+    assert "| MoE reference eager |" in text and "pilotrun eager / the MoE reference of identical" in text
+    assert result["moe_reference_newton_schulz_flops"] == result["pilotrun_newton_schulz_flops"]
+    assert result["moe_reference_parameters"] == result["pilotrun_parameters"]
     # A compiled side whose first updates came out no slower: its cost is below what they resolve, never
     # negative.
     figures["pilotrun compiled"].update(compile_s=-0.7, payback_updates=-6.0)
@@ -183,3 +187,26 @@ def test_the_nanochat_variants_run_in_the_same_rounds_and_phases(tmp_path, monke
 def test_without_the_flag_nanochat_is_not_named():
     result = {"figures": {}}
     assert bench_update.nanochat_shape(result) == [] and bench_update.nanochat_ratios(result["figures"]) == []
+
+
+def test_the_moe_reference_has_pilotruns_matrices_one_for_one():
+    from benchmarks import moe_reference
+    from pilotrun.config import OptimConfig
+    from pilotrun.model.presets import model_preset
+    from pilotrun.model.transformer import build_model
+    from pilotrun.optim.muon_adamw import build_optimizer
+
+    for cfg in (model_preset("tiny", vocab_size=256), model_preset("cpu", vocab_size=256, q_lora_rank=0)):
+        model = build_model(cfg)
+        optimizer = build_optimizer(model, OptimConfig())
+        ours = [p for g in optimizer.param_groups if g["use_muon"] for p in g["params"]]
+        reference = moe_reference.ReferenceMoE(cfg)
+        assert moe_reference.muon_shapes(moe_reference.muon_matrices(reference)) == \
+            moe_reference.muon_shapes(ours)
+        assert sum(p.numel() for p in reference.parameters()) == sum(p.numel() for p in model.parameters())
+        tokens = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(0))
+        loss = reference(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        # Every matrix but a routed expert that no token chose takes part in the update.
+        assert torch.isfinite(loss)
+        assert all(p.grad is not None for name, p in reference.named_parameters() if ".experts." not in name)

@@ -7,13 +7,19 @@ A background save goes, on every rank:
        to the other ranks; every rank hands its state to `dcp.async_save`, whose stager copies every tensor
        (and deep-copies every other value) to host memory before it returns: this copy is all the loop waits
        for, and the training may change its tensors the moment it returns. The stager is kept for the
-       session and copies into the same host buffers each time (`_stager`; closed at the session's end);
-    2. (DCP's thread) every rank writes its files and fsyncs them; the coordinator (rank 0) then writes
-       .metadata (fsynced) in `finish`, which DCP calls only once every rank's files are written, and there
-       hashes every file of the folder (_HashingFileSystemWriter): the hashes the marker needs, off the loop;
+       session and copies into the same host buffers each time, one memcpy per tensor, never split over the
+       loop's intra-op threads (host_staging.py; `_stager`; closed at the session's end);
+    2. (DCP's thread, and the writer threads it starts, all at a lower priority than the training's:
+       common/thread_priority.py) every rank writes its files, hashing each as it writes it
+       (_HashingFileSystem: no file is read back), and fsyncs them; the coordinator (rank 0) then writes
+       .metadata (fsynced, hashed the same way) in `finish`, which DCP calls only once every rank's files are
+       written, and there collects every file's hash (another rank's files it reads and hashes there): the
+       hashes the marker needs, off the loop;
     3. (loop thread, at the next safe point: an agreed round of the checkpoint callback once rank 0's future
        is done, the next save, a rollback, or the session's end) every rank takes its future's result and
-       rank 0 commits exactly as a synchronous save does: rename, COMMITTED.json last, prune.
+       rank 0 commits exactly as a synchronous save does: rename, COMMITTED.json last; the prune of older
+       checkpoints then runs in a thread of its own (Checkpointer.prune_in_background), joined before the
+       next save, load or listing.
 
 A crash at any moment before 3 leaves a temp folder without a marker (never loaded, removed by the next
 save); the marker is written only after every rank's files are durable and hashed, because DCP runs
@@ -32,12 +38,15 @@ whatever the setting.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import hashlib
 import os
 import shutil
 import threading
 import time
 import warnings
+from collections.abc import Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,12 +59,14 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from pilotrun.common.errors import CheckpointError
 from pilotrun.common.files import fsync_directory, sha256_of_file
+from pilotrun.common.thread_priority import yield_to_training
 from pilotrun.training.checkpoint.dcp_storage import DCPStorage
 from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
+from pilotrun.training.checkpoint.host_staging import HostCopyStager, stages
 from pilotrun.training.distributed import broadcast_object
 
 OUT_OF_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-# Files per rank DCP writes (and the coordinator hashes) in parallel: sha256 and the writes release the GIL.
+# Files per rank DCP writes, and hashes as it writes them, in parallel: sha256 and the writes release the GIL.
 WRITER_THREADS = max(1, min(4, os.cpu_count() or 1))
 # One process writes with no_dist: DCP warns that it assumes a single process, from its own thread (where a
 # catch_warnings around the call does not reach). That is the intent here.
@@ -81,13 +92,68 @@ def _keep_writer_thread_failure(args: Any) -> None:
 threading.excepthook = _keep_writer_thread_failure
 
 
+class _HashingStream:
+    """A file DCP writes into, hashed as it is written: the marker's sha256 without reading the file again."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        self.digest.update(data)  # hashlib releases the GIL for large buffers, as the write does
+        written = self.raw.write(data)
+        self.size += written
+        return written
+
+    def __getattr__(self, name: str) -> Any:  # tell, fileno, flush, close: the file's own
+        return getattr(self.raw, name)
+
+
+class _HashingFileSystem(dcp_filesystem.FileSystem):
+    """DCP's local file system, whose written files are hashed while they are written, and whose renames (the
+    .metadata written as a temp file, then renamed) carry the hash to the new name. `hashed` holds
+    {file name: (sha256, bytes)} of the files this process wrote."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hashed: dict[str, tuple[str, int]] = {}
+        self._lock = threading.Lock()  # DCP writes several files at once, one per thread
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[Any, None, None]:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with super().create_stream(path, mode) as stream:
+            hashing = _HashingStream(stream)
+            yield hashing
+        with self._lock:
+            self.hashed[Path(path).name] = (hashing.digest.hexdigest(), hashing.size)
+
+    def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        super().rename(path, new_path)
+        with self._lock:
+            if Path(path).name in self.hashed:
+                self.hashed[Path(new_path).name] = self.hashed.pop(Path(path).name)
+
+
 class _HashingFileSystemWriter(dcp.FileSystemWriter):
-    """DCP's file writer, whose coordinator hashes the finished folder right after writing .metadata, and
-    whose write fails when a writer thread failed (DCP would go on with that thread's items unwritten)."""
+    """DCP's file writer, whose files are hashed as they are written (_HashingFileSystem), whose coordinator
+    lists every file's hash right after writing .metadata, and whose write fails when a writer thread failed
+    (DCP would go on with that thread's items unwritten)."""
 
     files: dict[str, tuple[str, int]] | None = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fs = _HashingFileSystem()
+
     def write_data(self, plan: Any, planner: Any) -> Any:
+        # DCP's thread for this save (a fresh one each save): it, the file writers it starts and the hashing
+        # after them yield the CPU to the training threads (common/thread_priority.py).
+        yield_to_training()
         _WRITER_THREAD_FAILURES.clear()
         future = super().write_data(plan, planner)
         written = len(future.value())
@@ -101,11 +167,16 @@ class _HashingFileSystemWriter(dcp.FileSystemWriter):
     def finish(self, metadata: Any, results: Any) -> None:
         super().finish(metadata, results)  # every rank's files are written and fsynced before DCP calls this
         folder = Path(str(self.path))
-        names = sorted(path.name for path in folder.iterdir() if path.is_file())
-        workers = max(1, min(8, os.cpu_count() or 1, len(names)))
+        hashed = dict(self.fs.hashed)
+        # Another rank's files (several processes) were hashed by that process; read those here, off the loop.
+        others = sorted(path.name for path in folder.iterdir() if path.is_file() and path.name not in hashed)
+        workers = max(1, min(8, os.cpu_count() or 1, len(others)))
         with ThreadPoolExecutor(max_workers=workers) as pool:  # hashlib releases the GIL: files in parallel
-            digests = list(pool.map(lambda name: sha256_of_file(folder / name), names))
-        self.files = {name: (digest, (folder / name).stat().st_size) for name, digest in zip(names, digests)}
+            digests = list(pool.map(lambda name: sha256_of_file(folder / name), others))
+        for name, digest in zip(others, digests):
+            hashed[name] = (digest, (folder / name).stat().st_size)
+        names = {path.name for path in folder.iterdir() if path.is_file()}
+        self.files = {name: hashed[name] for name in sorted(names)}
         fsync_directory(folder)
 
 
@@ -140,14 +211,20 @@ def _async_group(checkpointer: DistributedCheckpointer) -> Any:
     return group
 
 
-def _stager(checkpointer: DistributedCheckpointer) -> DefaultStager:
-    """The checkpointer's one stager: it keeps a host copy of every tensor it staged (keyed by the tensor's
-    storage) and copies into it again at the next save, so only the first save allocates (and, on CUDA, pins)
-    host memory: one copy of the state, for the session. Reusing it is safe because at most one save is in
-    flight: the previous write is finished before the next save stages."""
+def _stager(checkpointer: DistributedCheckpointer, flat: dict[str, Any]) -> Any:
+    """The checkpointer's one stager: it keeps a host copy of every tensor it staged and copies into it again
+    at the next save, so only the first save allocates (and, on CUDA, pins) host memory: one copy of the
+    state, for the session. Plain tensors are copied by host_staging.HostCopyStager (one memcpy each, off the
+    loop's intra-op threads); a state of tensor subclasses (DTensor shards) by DCP's own stager. Reusing it
+    is safe because at most one save is in flight: the previous write is finished before the next save
+    stages."""
+    kind = "host" if stages(flat) else "dcp"
     stager = getattr(checkpointer, "_background_stager", None)
+    if stager is not None and getattr(checkpointer, "_background_stager_kind", None) != kind:
+        close_background(checkpointer)
+        stager = None
     if stager is None:
-        stager = DefaultStager(
+        stager = HostCopyStager() if kind == "host" else DefaultStager(
             StagingOptions(
                 use_pinned_memory=torch.cuda.is_available(),
                 use_shared_memory=False,
@@ -156,11 +233,13 @@ def _stager(checkpointer: DistributedCheckpointer) -> DefaultStager:
             )
         )
         checkpointer._background_stager = stager  # type: ignore[attr-defined]
+        checkpointer._background_stager_kind = kind  # type: ignore[attr-defined]
     return stager
 
 
 def close_background(checkpointer: DistributedCheckpointer) -> None:
-    """Release the host copy the stager keeps (the session's saves are done)."""
+    """Release the host copy the stager keeps (the session's saves are done), once the last prune is done."""
+    checkpointer.wait_for_prune()
     stager = getattr(checkpointer, "_background_stager", None)
     if stager is not None:
         stager.close()
@@ -190,7 +269,7 @@ def start_background_save(checkpointer: DistributedCheckpointer, step: int, stat
                                       thread_count=WRITER_THREADS)
     flat = checkpointer.dcp_storage.flat_state(state)
     future = dcp.async_save(flat, storage_writer=writer, process_group=_async_group(checkpointer),
-                            async_stager=_stager(checkpointer), no_dist=not context.is_distributed)
+                            async_stager=_stager(checkpointer, flat), no_dist=not context.is_distributed)
     return PendingSave(step, future, writer, temp, meta_json, started, time.perf_counter() - started)
 
 
@@ -214,8 +293,10 @@ def finish_background_save(checkpointer: DistributedCheckpointer, pending: Pendi
                     f"checkpoint step {pending.step}: the background write finished without hashing its files"
                 )
             path = checkpointer.commit_written(
-                pending.step, pending.temp, pending.writer.files, pending.meta_json, DCPStorage.name
+                pending.step, pending.temp, pending.writer.files, pending.meta_json, DCPStorage.name,
+                prune=False,
             )
+            checkpointer.prune_in_background(pending.step)
             outcome = ("ok", str(path))
         except BaseException as exc:
             if pending.temp is not None:

@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from typing import Any, Protocol
 from pilotrun.common.errors import CheckpointError, PilotrunError
 from pilotrun.common.files import fsync_directory, open_for_write, sha256_of_file
 from pilotrun.common.parsing import read_json_file
+from pilotrun.common.thread_priority import yield_to_training
 from pilotrun.run.marker import MARKER_NAME, marker_files_problem, marker_step_problem, step_folder_name
 from pilotrun.run.record import CHECKPOINTS_DIR
 from pilotrun.training.checkpoint.retention import PROTECT_USER, doomed_steps, merge_protected
@@ -89,6 +91,10 @@ class Checkpointer:
         self.protected: dict[int, str] = {int(step): PROTECT_USER for step in keep_steps}
         self.storage = storage or TorchSaveStorage()
         self.notes: list[str] = []  # what the policy did on its own (cleanups, recoveries), for the run log
+        # A background save's prune, running beside the loop (prune_in_background); joined before anything
+        # else lists, writes or loads checkpoints.
+        self._pruning: threading.Thread | None = None
+        self._prune_failure: BaseException | None = None
         # Reading never renames or deletes anything (a reader may run beside the writing trainer); repairs of
         # interrupted saves happen in save(), in the one process that writes.
 
@@ -138,6 +144,8 @@ class Checkpointer:
                                   "inside the run)")
 
     def committed(self) -> list[CommittedCheckpoint]:
+        if self._pruning is not None and self._pruning is not threading.current_thread():
+            self.wait_for_prune()  # never list folders a prune is removing (in this process)
         self._refuse_linked_root()
         found: dict[int, CommittedCheckpoint] = {}
         for step, folder in self._step_folders():
@@ -211,6 +219,7 @@ class Checkpointer:
     def load(self, step: int | None = None, template: dict[str, Any] | None = None
              ) -> tuple[dict[str, Any], dict[str, Any]]:
         """(state, meta) of the committed checkpoint at `step` (default: the newest), files verified first."""
+        self.wait_for_prune()
         if step is None:
             steps = self.committed_steps()
             if not steps:
@@ -248,6 +257,7 @@ class Checkpointer:
         into; returns it with the meta as JSON. (A background save writes between this and commit_written.)"""
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
+        self.wait_for_prune()
         try:
             meta_json = json.loads(json.dumps(meta, allow_nan=True))
         except (TypeError, ValueError) as exc:
@@ -267,8 +277,10 @@ class Checkpointer:
         files: dict[str, tuple[str, int]],
         meta_json: dict[str, Any],
         storage_name: str,
+        prune: bool = True,
     ) -> Path:
-        """A save's last part, once every file in `temp` is durable and hashed: rename, marker, prune."""
+        """A save's last part, once every file in `temp` is durable and hashed: rename, marker, prune (unless
+        `prune` is False: the caller prunes later, with prune_in_background)."""
         final = self.root / step_folder_name(step)
         replaced = None
         if final.exists():
@@ -297,8 +309,34 @@ class Checkpointer:
         )
         if replaced is not None:
             shutil.rmtree(replaced, ignore_errors=True)
-        self._prune(step)
+        if prune:
+            self._prune(step)
         return final
+
+    def prune_in_background(self, newest_step: int) -> None:
+        """The prune after a commit, in a thread of its own, so that the loop does not wait for the removal
+        of older checkpoints (gigabytes each): it runs while the loop trains, and the next save or load waits
+        for it first (wait_for_prune). A crash halfway leaves what _prune leaves: markers go first."""
+        self.wait_for_prune()
+
+        def prune() -> None:
+            yield_to_training()  # its own thread: the removal takes the CPU the training leaves
+            try:
+                self._prune(newest_step)
+            except BaseException as exc:  # raised where the loop next waits for it
+                self._prune_failure = exc
+
+        self._pruning = threading.Thread(target=prune, name=f"pilotrun-prune-{newest_step}")
+        self._pruning.start()
+
+    def wait_for_prune(self) -> None:
+        """Join the prune running beside the loop (if any); its failure is raised here."""
+        pruning, self._pruning = self._pruning, None
+        if pruning is not None:
+            pruning.join()
+        failure, self._prune_failure = self._prune_failure, None
+        if failure is not None:
+            raise failure
 
     def protect(self, step: int, reason: str) -> None:
         """Never prune the checkpoint at `step` (recorded in every later marker, so later sessions keep it

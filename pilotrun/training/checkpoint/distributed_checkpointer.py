@@ -98,7 +98,8 @@ class DistributedCheckpointer(Checkpointer):
     def load(self, step: int | None = None, template: dict[str, Any] | None = None
              ) -> tuple[dict[str, Any], dict[str, Any]]:
         # Rank 0 chooses the step, so that ranks never load different checkpoints from a folder that
-        # changes underneath them.
+        # changes underneath them (nor while its own prune still removes older ones).
+        self.wait_for_prune()
         if step is None:
             steps = self.committed_steps() if self.context.is_main_process else []
             step = broadcast_object(self.context, steps[-1] if steps else None)

@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 import torch
 
 from pilotrun.common.errors import CheckpointError
+from pilotrun.common.thread_priority import BACKGROUND_NICENESS
 from pilotrun.config import load_run_config
 from pilotrun.report.record_check.summarize import summarize_run
 from pilotrun.run.marker import MARKER_NAME
@@ -95,6 +97,77 @@ def test_the_state_is_staged_before_the_call_returns_and_commits_behind_the_mark
     loaded, meta = checkpointer.load(3)
     assert torch.equal(loaded["model"]["w"], before) and loaded["trainer"] == {"step": 3, "cursor": [1, 2]}
     assert meta == {"run_id": "r"} and checkpointer.storage_name(3) == "torch_dcp"
+
+
+def test_the_files_are_hashed_as_they_are_written_and_never_read_again(tmp_path, monkeypatch):
+    """One process: every file of the folder (the data and .metadata) has its sha256 from the write itself;
+    the writer reads none of them back (the marker's hashes still match a rehash)."""
+    read_back: list[str] = []
+    monkeypatch.setattr(background, "sha256_of_file", lambda path: read_back.append(str(path)) or "x")
+    checkpointer = DistributedCheckpointer(tmp_path / "run", keep=2)
+    state = {"model": {"w": torch.randn(128, 64), "b": torch.randn(64)}, "trainer": {"step": 1}}
+    path = finish_background_save(checkpointer, start_background_save(checkpointer, 1, state, {}))
+    assert read_back == []
+    marker = json.loads((path / MARKER_NAME).read_text())
+    assert set(marker["files"]) == {p.name for p in path.iterdir() if p.name != MARKER_NAME}
+    assert ".metadata" in marker["files"]
+    checkpointer.verify(1)  # the hashes taken while writing match the files on disk
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_the_write_runs_in_threads_that_yield_the_cpu_to_the_loop(tmp_path, monkeypatch):
+    writers: list[int] = []
+    write = background._HashingStream.write
+
+    def noting(self, data):
+        writers.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return write(self, data)
+
+    monkeypatch.setattr(background._HashingStream, "write", noting)
+    checkpointer = DistributedCheckpointer(tmp_path / "run", keep=2)
+    state = {"model": {"w": torch.randn(64, 64), "v": torch.randn(64, 64)}}
+    finish_background_save(checkpointer, start_background_save(checkpointer, 1, state, {}))
+    loop = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert writers and all(nice == min(19, loop + BACKGROUND_NICENESS) for nice in writers)
+
+
+def test_the_prune_runs_beside_the_loop_and_the_next_save_waits_for_it(tmp_path, monkeypatch):
+    checkpointer = DistributedCheckpointer(tmp_path / "run", keep=1)
+    release, pruning = threading.Event(), threading.Event()
+    prune = type(checkpointer)._prune
+
+    def held_prune(self, newest_step):
+        pruning.set()
+        release.wait(60)
+        return prune(self, newest_step)
+
+    monkeypatch.setattr(type(checkpointer), "_prune", held_prune)
+    state = {"model": {"w": torch.randn(16, 16)}}
+    release.set()
+    finish_background_save(checkpointer, start_background_save(checkpointer, 1, state, {}))
+    release.clear()
+    pruning.clear()
+    finish_background_save(checkpointer, start_background_save(checkpointer, 2, state, {}))
+    assert pruning.wait(60)
+    # Committed, and the loop is back, while the prune of step 1 still waits: step 1 is still there.
+    assert (checkpointer.root / "step-00000002" / MARKER_NAME).is_file()
+    assert (checkpointer.root / "step-00000001" / MARKER_NAME).is_file()
+    release.set()
+    checkpointer.wait_for_prune()
+    assert checkpointer.committed_steps() == [2]
+
+
+def test_a_failed_background_prune_is_raised_where_the_loop_next_waits(tmp_path, monkeypatch):
+    checkpointer = DistributedCheckpointer(tmp_path / "run", keep=1)
+
+    def failing_prune(self, newest_step):
+        raise PermissionError(errno.EACCES, "Permission denied", "step-00000001")
+
+    monkeypatch.setattr(type(checkpointer), "_prune", failing_prune)
+    finish_background_save(checkpointer, start_background_save(checkpointer, 1, {"w": torch.ones(2)}, {}))
+    with pytest.raises(PermissionError):
+        start_background_save(checkpointer, 2, {"w": torch.ones(2)}, {})
+    checkpointer.wait_for_prune()  # raised once, then nothing is pending
 
 
 def test_a_failed_background_write_leaves_no_folder_and_is_told_as_a_full_disk(tmp_path, monkeypatch):
