@@ -9,6 +9,10 @@ spike at its update; each policy answers it and the record reconciles.
   between the checkpoint and the spike are redone with the same losses; summarize counts the undone work as
   rolled back;
 - a spike storm hits train.spike.max_rollbacks and the run stops ("stopped", exit 1) with a checkpoint;
+- with the replay on, the same constant storm after a model_state rollback to step 6 is met from a model whose
+  gradient norm on it is under the bound, then fitted (its loss falls, its norm shrinks): no spike, the run
+  completes; against a bound it clears (train.spike.factor=3) it is caught again after the rollback and stops
+  at the cap;
 - a long noise document (real data, no poison: it spans ~15 updates) spikes once: the rollback skips it to its
   end, and the run completes (skipping only the spiking update and the margin met the rest of it three times);
 - a rollback on a mixture skips each source's documents to their end and names the sources;
@@ -215,10 +219,11 @@ def test_rollback_continues_exactly_as_a_run_told_to_skip_the_same_data(
 
 @pytest.mark.slow
 def test_a_spike_storm_hits_the_rollback_cap_and_stops(builtin_data_dir, tmp_path, monkeypatch):
-    # Without the replay, no cause is named and each rollback restores the newest checkpoint. With it, every
-    # batch from POISON on is poisoned, so the spike recurs on the next batches and the cause is model_state:
-    # the rollback then restores an earlier checkpoint (restore_point.py), and in this short run the poison
-    # met again from there is not called a spike again: the cap would not be reached.
+    # Without the replay, no cause is named and each rollback restores the newest checkpoint (step 12), whose
+    # model meets the poison again with a gradient norm over the bound. With the replay the cause is
+    # model_state and the rollback goes back to step 6, where the first poisoned update is under the bound
+    # (test_a_constant_poison_met_again_after_a_model_state_rollback_is_fitted_not_flagged); the storm the
+    # rule catches with the replay on is the next test's.
     poison_batches(POISON, storm=True, monkeypatch=monkeypatch)
     trainer, result = train(builtin_data_dir, tmp_path / "run", "train.spike.policy=rollback",
                             "train.spike.max_rollbacks=2", "train.spike.margin=0", "train.spike.replay=false")
@@ -232,6 +237,82 @@ def test_a_spike_storm_hits_the_rollback_cap_and_stops(builtin_data_dir, tmp_pat
     rule = next(r for r in judge_summary(summary).rules if r.name == "spikes")
     assert rule.status == "FAIL"
 
+
+
+def kept(run_dir: Path, field: str) -> dict[int, float]:
+    """Per step, the figure of the update the run kept (the last train event of that step)."""
+    return {e["step"]: e[field] for e in events(run_dir, "train") if e["window"]["updates_applied"]}
+
+
+@pytest.mark.slow
+def test_a_constant_poison_met_again_after_a_model_state_rollback_is_fitted_not_flagged(
+    builtin_data_dir, tmp_path, monkeypatch
+):
+    """The storm with the replay on, as the rule judges it. Every batch from POISON on reads the same
+    degenerate window. From the model of step 16 the first one spikes (gradient norm just over the bound),
+    the replay calls the cause model_state and the rollback restores step 6 and skips batches 8..17. Update 9
+    back reads poison (batch 18) from the model of step 8, whose gradient norm on it is a poison's (over 4x
+    the clean median) but under the bound, even under the bound that flagged the first one: the window judging
+    it is not why. Applied, it enters the window, and the model fits the constant window: its loss falls on
+    every update to below any loss on the text, its gradient norm shrinks. No update is a spike by
+    the rule."""
+    import statistics
+
+    from pilotrun.commands.inspect_batch import microbatches_for_step
+
+    poison_batches(POISON, storm=True, monkeypatch=monkeypatch)
+    run = tmp_path / "run"
+    _, result = train(builtin_data_dir, run, "train.spike.policy=rollback", "train.spike.max_rollbacks=2",
+                      "train.spike.margin=0")
+    assert result.reason == "completed" and result.step == 24
+    (spike,) = events(run, "spike")
+    (rollback,) = events(run, "rollback")
+    assert spike["spike_step"] == POISON + 1 and spike["cause"] == "model_state"
+    assert rollback["restored_step"] == 6 and rollback["skip_data"] == [[8, 10]]
+    assert microbatches_for_step(run, 8)[0] == [7] and microbatches_for_step(run, 9)[0] == [18]
+    norms, kept_losses = kept(run, "grad_norm"), kept(run, "loss")
+    clean = statistics.median(norms[step] for step in range(1, 9))
+    first = norms[9]
+    assert 4 * clean < first < spike["bounds"]["grad_norm"]["bound"] < spike["grad_norm"]
+    assert all(norms[step] < first for step in range(10, 25))
+    poisoned = [kept_losses[step] for step in range(9, 25)]
+    assert all(later < earlier for earlier, later in zip(poisoned, poisoned[1:]))
+    assert poisoned[-1] < min(kept_losses[step] for step in range(1, 9))
+    summary = summarize_run(run)
+    assert summary.valid, summary.reasons
+    assert summary.overall["spikes"]["spikes"] == 1 and summary.overall["spikes"]["rollbacks"] == 1
+
+
+@pytest.mark.slow
+def test_with_the_replay_a_storm_over_the_bound_is_caught_after_its_rollback_and_stops_at_the_cap(
+    builtin_data_dir, tmp_path, monkeypatch
+):
+    """The same storm against a bound it clears from either model (train.spike.factor=3: 4x the median
+    gradient norm at this batch's floor share, the poison's 4.7x to 7.3x): with the replay on, the spike at
+    update 17 (cause model_state) rolls back to step 6, the first poisoned update back (update 9, batch 18) is
+    caught again, and with train.spike.max_rollbacks=1 the run stops there in one line (exit 1), its
+    checkpoint committed."""
+    poison_batches(POISON, storm=True, monkeypatch=monkeypatch)
+    run = tmp_path / "run"
+    trainer, result = train(builtin_data_dir, run, "train.spike.policy=rollback",
+                            "train.spike.max_rollbacks=1", "train.spike.margin=0", "train.spike.factor=3")
+    assert result.reason == "stopped" and result.exit_code == 1
+    assert "max_rollbacks=1 rollbacks done" in result.message and "\n" not in result.message
+    first, again = events(run, "spike")
+    (rollback,) = events(run, "rollback")
+    assert (first["spike_step"], first["cause"], first["action"]) == (POISON + 1, "model_state", "rollback")
+    assert rollback["restored_step"] == 6 and rollback["skip_data"] == [[8, 10]]
+    assert (again["spike_step"], again["batches"], again["action"]) == (9, [18], "stopped")
+    assert again["cause"] == "model_state" and "grad_norm" in again["signals"]
+    assert trainer.session.checkpointer.committed_steps()[-1] == result.step == 8
+    summary = summarize_run(run)
+    assert summary.valid, summary.reasons
+    assert summary.overall["ended"] == "stopped"
+    verdict = judge_summary(summary)
+    # Two spikes and one rollback are within the spikes rule's thresholds (it WARNs); the stop is a NO-GO.
+    rule = next(r for r in verdict.rules if r.name == "spikes")
+    assert rule.status == "WARN" and rule.figure.startswith("2 spike(s), 1 rollback(s), ")
+    assert verdict.decision == "NO-GO", [r.name for r in verdict.rules if r.status == "FAIL"]
 
 @pytest.mark.slow
 def test_one_rollback_skips_a_long_noise_document_to_its_end(noise_data, tmp_path):
