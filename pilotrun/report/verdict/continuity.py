@@ -45,6 +45,20 @@ def not_exact_sessions(run: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def redone_on_other_data(summary: Summary) -> list[tuple[int, int]]:
+    """(restored_step, spike_step] of each kept rollback whose cause was the model's state: it restored a
+    checkpoint from before the suspect documents and skipped them, so its redone updates read other batches
+    than the ones rolled back by design, and their windows are no replay to compare."""
+    spans = []
+    for e in summary.kept_events:
+        restore = e.get("restore") if e["event"] == "rollback" else None
+        if isinstance(restore, dict) and restore.get("cause") == "model_state":
+            restored, spiked = e.get("restored_step"), e.get("spike_step")
+            if isinstance(restored, int) and isinstance(spiked, int):
+                spans.append((restored, spiked))
+    return spans
+
+
 def judge_resumed(summary: Summary, t: Thresholds) -> Finding:
     """At least one resume in the kept history, counters continuous, replayed windows bit-identical. A resume
     that changed what exactness depends on (the thread count, a numerics library, the device: run.json's
@@ -67,9 +81,13 @@ def judge_resumed(summary: Summary, t: Thresholds) -> Finding:
     # A session that changed the recipe on resume computes other figures after its first update by design.
     changed = {c.session_id for c in recipe_changes_in_history(summary.run, summary.lineage)}
     compared, not_comparable, mismatched, unpromised, excused = 0, 0, [], 0, []
+    other_data, skipped_spans = 0, redone_on_other_data(summary)
     for e in summary.rolled_back_events:
         twin = kept.get(_window_key(e)) if e["event"] in ("train", "val") else None
         if twin is None:
+            continue
+        if any(restored < twin["step"] <= spiked for restored, spiked in skipped_spans):
+            other_data += 1
             continue
         if twin["session_id"] in changed:
             not_comparable += 1
@@ -90,6 +108,9 @@ def judge_resumed(summary: Summary, t: Thresholds) -> Finding:
               else "no replayed window to compare")
     if not_comparable:
         replay += f"; {not_comparable} replayed under a changed recipe, not compared"
+    if other_data:
+        replay += (f"; {other_data} redone past a model_state rollback's skip (other data by design), "
+                   "not compared")
     if unpromised:
         replay += (f"; {unpromised} replayed after a change across which bit-exactness is not promised, "
                    f"{len(excused)} figure(s) differ" + (f", first: {excused[0]}" if excused else ""))

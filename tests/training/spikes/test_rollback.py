@@ -281,6 +281,13 @@ def test_a_constant_poison_met_again_after_a_model_state_rollback_is_fitted_not_
     summary = summarize_run(run)
     assert summary.valid, summary.reasons
     assert summary.overall["spikes"]["spikes"] == 1 and summary.overall["spikes"]["rollbacks"] == 1
+    # The updates redone after the skip read other batches by design: the resumed rule does not take them
+    # for a replay that differs (it has no resume to judge here, and says only that).
+    resumed = next(r for r in judge_summary(summary).rules if r.name == "resumed")
+    assert "differ" not in resumed.figure and "no resume in the kept history" in resumed.figure
+    from pilotrun.report.verdict.continuity import redone_on_other_data
+
+    assert redone_on_other_data(summary) == [(6, POISON + 1)]
 
 
 @pytest.mark.slow
