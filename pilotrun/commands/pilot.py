@@ -246,7 +246,7 @@ def _reused(data_dir: Path, source: str, tokenizer: str) -> str:
     )
 
 
-def _check_run_dir(run_dir: Path, marker: Path) -> None:
+def _check_run_dir(run_dir: Path, marker: Path, freeze: str | Path | None = None) -> None:
     if os.path.lexists(run_dir):
         # Only a run folder this command made (its marker beside it, a real folder, not a link) is ever moved.
         if run_dir.is_symlink() or not run_dir.is_dir() or not marker.is_file() or marker.is_symlink():
@@ -254,7 +254,7 @@ def _check_run_dir(run_dir: Path, marker: Path) -> None:
                 f"{run_dir} exists and was not created by `pilotrun pilot` (no {marker}): move it "
                 "away or choose another --workdir"
             )
-        lock = _lock_naming(run_dir)
+        lock = _lock_naming(run_dir, freeze)
         if lock is not None:
             raise PilotError(
                 f"{run_dir} is the pilot run the recipe lock {lock} was frozen from: a new pilot in this "
@@ -263,14 +263,29 @@ def _check_run_dir(run_dir: Path, marker: Path) -> None:
             )
 
 
-def _lock_naming(run_dir: Path) -> Path | None:
-    """A recipe lock in the workdir (`pilot --freeze` writes one there by choice) whose pilot is `run_dir`."""
+def _lock_naming(run_dir: Path, freeze: str | Path | None = None) -> Path | None:
+    """A recipe lock whose pilot is `run_dir`, looked for where pilots put their locks: the workdir, the
+    folder that holds it (the README's layout: `--workdir runs/pilot --freeze runs/recipe.lock.json`) and the
+    folder of this call's `--freeze`. A lock elsewhere cannot be found; it still names its run folder."""
+    folders = [run_dir.parent, run_dir.parent.parent] + ([Path(freeze).parent] if freeze is not None else [])
+    seen: set[Path] = set()
+    for folder in folders:
+        if folder.resolve() in seen or not folder.is_dir():
+            continue
+        seen.add(folder.resolve())
+        found = _lock_in_folder(folder, str(run_dir.resolve()))
+        if found is not None:
+            return found
+    return None
+
+
+def _lock_in_folder(folder: Path, where: str) -> Path | None:
+    """The first recipe lock among `folder`'s JSON files whose pilot run folder is `where`."""
     import json
 
     from pilotrun.run.recipe_lock import LOCK_FORMAT
 
-    where = str(run_dir.resolve())
-    for path in sorted(run_dir.parent.iterdir()):
+    for path in sorted(folder.iterdir()):
         if (
             path.suffix != ".json"
             or path.is_symlink()
@@ -350,7 +365,7 @@ def run_pilot(
     point, stop = _kill_point(recipe, interrupt_at)
     run_dir = workdir / "run"
     marker = workdir / PILOT_MARKER  # beside the run folder: train refuses a run folder that is not empty
-    _check_run_dir(run_dir, marker)
+    _check_run_dir(run_dir, marker, freeze)
     stops = StopForwarding()
     with stops.installed():
         try:

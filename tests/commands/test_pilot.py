@@ -397,6 +397,21 @@ def test_a_second_pilot_keeps_the_first_and_never_moves_a_run_a_lock_names(built
     assert len(err) == 1 and f"the recipe lock {lock} was frozen from" in err[0]
     assert sorted(p.name for p in workdir.iterdir()) == before
 
+    # The README's layout keeps the lock beside the workdir (`--workdir runs/pilot --freeze
+    # runs/recipe.lock.json`), and a later pilot may freeze elsewhere: either lock is found, nothing moved.
+    for folder in (tmp_path, tmp_path / "locks"):
+        folder.mkdir(exist_ok=True)
+        outside = folder / "recipe.lock.json"
+        outside.write_text(lock.read_text())
+        lock.unlink()
+        freeze = ["--freeze", str(tmp_path / "locks" / "second.lock.json")] if folder != tmp_path else []
+        assert main(command + freeze) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"the recipe lock {outside} was frozen from" in err[0]
+        assert sorted(p.name for p in workdir.iterdir()) == sorted(set(before) - {"candidate.json"})
+        lock.write_text(outside.read_text())
+        outside.unlink()
+
 
 def test_the_pilots_checks_run_before_the_verdict_and_a_pilot_they_cannot_branch_is_still_judged(
         monkeypatch, tmp_path):
