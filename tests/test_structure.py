@@ -229,7 +229,6 @@ LONG_FUNCTIONS = {
     # The long run's projection, part by part, each a few lines of the same figures.
     "pilotrun/report/projection/long_run.py:project": "the projection's parts over the same figures",
     # The numbered set-up steps a session takes in order; each step is a call, the order is the content.
-    "pilotrun/training/session.py:_build_locked_session": "the session's numbered set-up steps, in order",
     "pilotrun/data/prepare.py:prepare_corpus": "prepare's numbered steps, in order",
     "pilotrun/commands/pilot.py:_rehearse": "the pilot's rehearsal steps, in order",
     "pilotrun/report/verdict/resources.py:judge_throughput_steady": "one rule's evidence and its wording",

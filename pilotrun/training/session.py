@@ -353,6 +353,140 @@ def take_run_lock(run_dir: Path, context: dist_utils.DistributedContext) -> RunF
     return lock
 
 
+def _open_session_data(config: RunConfig, data_dir: Path, context: dist_utils.DistributedContext
+                       ) -> tuple[TokenDataset | MixedDataset, Path, RunConfig]:
+    """Step 2, the data: its identity and vocabulary decide the model's vocab_size when the recipe leaves it
+    at 0, and every rank must read and mix alike."""
+    dataset = open_data(data_dir)
+    data_dir = Path(dataset.data_dir)  # a mixture file of one folder names that folder
+    config = resolve_vocab(config, dataset.vocab_size)
+    mixture = mixture_of(dataset)  # every rank must mix alike too, not only read the same sources
+    dist_utils.check_same_run_on_all_ranks(context, config_to_dict(config), dataset.metadata_sha256 +
+                                           (f" {mixture}" if mixture else ""))
+    return dataset, data_dir, config
+
+
+def _checkpointer_and_model(config: RunConfig, dataset: TokenDataset | MixedDataset, run_dir: Path,
+                            context: dist_utils.DistributedContext) -> tuple[DistributedCheckpointer, Any]:
+    """The checkpoint storage the recipe names (auto: torch.save for one process,
+    torch.distributed.checkpoint, collective with per-rank RNG, for several); the checkpointer's constructor
+    is a barrier, so no rank is still checking the run folder when rank 0 starts writing. The model is built
+    first (seeded: Python and NumPy too, since their draws must match across sessions) because the partition
+    it implies is part of what a resume compares."""
+    kept = config.train.checkpoint
+    checkpointer = DistributedCheckpointer(run_dir, kept.keep, context, keep_every=kept.keep_every,
+                                           keep_steps=kept.keep_steps, storage=kept.storage)
+    seed_every_generator(config.train.seed)
+    model = build_model(config.model)
+    # before timing thread counts on this recipe's update
+    check_fits_recipe(dataset, config, context.world_size)
+    return checkpointer, model
+
+
+def _machine_sections(config: RunConfig, device: torch.device, context: dist_utils.DistributedContext,
+                      recorded: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The session's thread count (set on torch here), and the software and hardware sections a resume
+    compares; returns the thread choice's note with them."""
+    threads = choose_threads(
+        config,
+        local_ranks=local_ranks(),
+        world_size=context.world_size,
+        device_type=device.type,
+        # before the hardware section a resume compares
+        recorded=recorded_threads(recorded),
+    )
+    torch.set_num_threads(threads.threads)
+    software = software_versions()
+    hardware = hardware_info(device, context.world_size, config.train.precision)
+    hardware.update(torch_threads=threads.threads, threads=threads.record(), distributed=context.describe())
+    return threads.describe(), software, hardware
+
+
+def _check_plan_and_rebuild(plan: ResumePlan, config: RunConfig, model: Any,
+                            dataset: TokenDataset | MixedDataset, checkpointer: DistributedCheckpointer,
+                            run_dir: Path,
+                            context: dist_utils.DistributedContext, *, auto: bool, run_id: Any) -> Any:
+    """After the plan: a resumed checkpoint must stay removable later, `auto` on a complete run has nothing to
+    do, and an allowed change to the recipe rebuilds the model under it; returns the model to train."""
+    if plan.resuming and context.is_main_process:
+        checkpointer.check_later_removable(plan.checkpoint_step)  # before any update is trained
+    if auto and plan.resuming and plan.checkpoint_step >= plan.config.train.max_steps:
+        raise NothingToDo(f"nothing to do: run {run_id} is complete (checkpoint step {plan.checkpoint_step} "
+                          f"reached train.max_steps={plan.config.train.max_steps}) in {run_dir}")
+    if config_to_dict(plan.config) != config_to_dict(config):  # defensive: the check compares every key
+        torch.manual_seed(plan.config.train.seed)
+        model = build_model(plan.config.model)
+        # an allowed change, before the run folder is written
+        check_fits_recipe(dataset, plan.config, context.world_size)
+    return model
+
+
+def _batch_loader(dataset: TokenDataset | MixedDataset, config: RunConfig,
+                  context: dist_utils.DistributedContext) -> BatchLoader | MixedLoader:
+    """This rank's share of the training batches: a mixture's loader, or one folder's train split."""
+    t = config.train
+    if isinstance(dataset, MixedDataset):
+        return MixedLoader(dataset, t.batch_size, t.seq_len, mode=t.data_mode,
+                           rank=context.rank, world_size=context.world_size)
+    return BatchLoader(
+        dataset.split("train"),
+        t.batch_size,
+        t.seq_len,
+        mode=t.data_mode,
+        rank=context.rank,
+        world_size=context.world_size,
+    )
+
+
+def _wrap_and_build_optimizer(model: Any, config: RunConfig, device: torch.device,
+                              context: dist_utils.DistributedContext) -> tuple[Any, Any, Any, Any]:
+    """Step 4's model, wrapper, optimizer and scaler. Wrap before building the optimizer: FSDP2's fully_shard
+    replaces every parameter with a sharded DTensor parameter, and an optimizer built earlier would hold the
+    old, gradient-less tensors. Returns (raw model, wrapped model, optimizer, scaler)."""
+    raw_model = model.to(device)
+    t = config.train
+    if t.compile != "none":
+        compile_blocks(raw_model, t.compile)
+    wrapped = dist_utils.wrap_model(raw_model, context, t.parallelism, t.precision)
+    optimizer = build_optimizer(raw_model, config.optim)
+    if config.optim.muon.distribute_newton_schulz and t.parallelism == "ddp":
+        optimizer.distribute_orthogonalization(context.rank, context.world_size)
+    scaler = build_grad_scaler(t.precision, device.type, t.loss_scale_init, t.loss_scale_growth_interval)
+    return raw_model, wrapped, optimizer, scaler
+
+
+def _restore_checkpoint(session: Session) -> None:
+    """Step 5, on resume: weights, optimizer, scaler, counters, cursor, hook state and every RNG."""
+    optimizer, scaler, step = session.optimizer, session.scaler, session.plan.checkpoint_step
+    settings = group_settings(optimizer)  # the effective recipe's, allowed changes included
+    restored = read_checkpoint(session, step)
+    restore_group_settings(optimizer, settings)
+    if not restore_grad_scaler(scaler, restored["scaler"]):
+        session.notes.append(f"loss scale: the checkpoint was written without fp16; starting at "
+                             f"train.loss_scale_init ({scaler.get_scale():g})")
+    session.state.load_state_dict(restored["trainer"])
+    rng_notes = restore_rng_state(restored["rng"])
+    session.notes.extend(rng_notes)
+    session.notes.append(restored_state_line(session.checkpointer.root / step_folder_name(step),
+                                             restored["trainer"], rng_notes, restored["scaler"]))
+
+
+def _refuse_an_unwritable_run_folder(session: Session) -> None:
+    """Before run.json and the first update: a folder that cannot take a checkpoint is refused now, not after
+    train.checkpoint.every updates of work that could not be saved. Rank 0 checks; every rank refuses
+    alike."""
+    refusal = None
+    if session.context.is_main_process:
+        try:
+            check_run_folder(session.run_dir, checkpoint_bytes_estimate(session.optimizer))
+            session.notes.extend(disk_notes(session.checkpointer, session.config, session.optimizer))
+        except PilotrunError as exc:
+            refusal = str(exc)
+    refusal = dist_utils.broadcast_object(session.context, refusal)
+    if refusal is not None:
+        raise PreflightError(refusal)
+
+
 def _build_locked_session(
     config: RunConfig,
     data_dir: Path,
@@ -366,39 +500,14 @@ def _build_locked_session(
     auto: bool = False,
 ) -> Session:
     world_size = context.world_size
-    # 2. Data: its identity and vocabulary decide the model's vocab_size when the recipe leaves it at 0.
-    dataset = open_data(data_dir)
-    data_dir = Path(dataset.data_dir)  # a mixture file of one folder names that folder
-    config = resolve_vocab(config, dataset.vocab_size)
-    mixture = mixture_of(dataset)  # every rank must mix alike too, not only read the same sources
-    dist_utils.check_same_run_on_all_ranks(context, config_to_dict(config), dataset.metadata_sha256 +
-                                           (f" {mixture}" if mixture else ""))
+    # 2. Data.
+    dataset, data_dir, config = _open_session_data(config, data_dir, context)
     recorded = read_run_json(run_dir) if resume else {}
 
-    # 3. The plan. The checkpoint storage the recipe names (auto: torch.save for one process,
-    #    torch.distributed.checkpoint, collective with per-rank RNG, for several); the checkpointer's
-    #    constructor is a barrier, so no rank is still checking the run folder when rank 0 starts writing. The
-    #    model is built first (seeded: Python and NumPy too, since their draws must match across sessions)
-    #    because the partition it implies is part of what a resume compares.
-    kept = config.train.checkpoint
-    checkpointer = DistributedCheckpointer(run_dir, kept.keep, context, keep_every=kept.keep_every,
-                                           keep_steps=kept.keep_steps, storage=kept.storage)
+    # 3. The plan, from the checkpoints, the model's partition and this machine.
+    checkpointer, model = _checkpointer_and_model(config, dataset, run_dir, context)
     device = torch.device(context.device)
-    seed_every_generator(config.train.seed)
-    model = build_model(config.model)
-    check_fits_recipe(dataset, config, world_size)  # before timing thread counts on this recipe's update
-    threads = choose_threads(
-        config,
-        local_ranks=local_ranks(),
-        world_size=world_size,
-        device_type=device.type,
-        # before the hardware section a resume compares
-        recorded=recorded_threads(recorded),
-    )
-    torch.set_num_threads(threads.threads)
-    software = software_versions()
-    hardware = hardware_info(device, world_size, config.train.precision)
-    hardware.update(torch_threads=threads.threads, threads=threads.record(), distributed=context.describe())
+    threads_note, software, hardware = _machine_sections(config, device, context, recorded)
 
     def meta_of_this_run() -> dict[str, Any]:
         return checkpoint_meta(config, data_sha256=dataset.metadata_sha256, data_dir=str(data_dir.resolve()),
@@ -421,44 +530,15 @@ def _build_locked_session(
         recorded=recorded,
         verify=checkpointer.verify if auto else None,
     )
-    if plan.resuming and context.is_main_process:
-        checkpointer.check_later_removable(plan.checkpoint_step)  # before any update is trained
-    if auto and plan.resuming and plan.checkpoint_step >= plan.config.train.max_steps:
-        raise NothingToDo(f"nothing to do: run {run_id} is complete (checkpoint step {plan.checkpoint_step} "
-                          f"reached train.max_steps={plan.config.train.max_steps}) in {run_dir}")
-    if config_to_dict(plan.config) != config_to_dict(config):  # defensive: the check compares every key
-        torch.manual_seed(plan.config.train.seed)
-        model = build_model(plan.config.model)
-        # an allowed change, before the run folder is written
-        check_fits_recipe(dataset, plan.config, world_size)
+    model = _check_plan_and_rebuild(plan, config, model, dataset, checkpointer, run_dir, context,
+                                    auto=auto, run_id=run_id)
     config = plan.config
 
-    # 4. Model, wrapper, optimizer, scaler, loader. Wrap before building the optimizer: FSDP2's fully_shard
-    # replaces every parameter with a sharded DTensor parameter, and an optimizer built earlier would hold
-    # the old, gradient-less tensors.
-    raw_model = model.to(device)
+    # 4. Model, wrapper, optimizer, scaler, loader.
+    raw_model, wrapped, optimizer, scaler = _wrap_and_build_optimizer(model, config, device, context)
     t = config.train
-    if t.compile != "none":
-        compile_blocks(raw_model, t.compile)
-    wrapped = dist_utils.wrap_model(raw_model, context, t.parallelism, t.precision)
-    optimizer = build_optimizer(raw_model, config.optim)
-    if config.optim.muon.distribute_newton_schulz and t.parallelism == "ddp":
-        optimizer.distribute_orthogonalization(context.rank, world_size)
-    scaler = build_grad_scaler(t.precision, device.type, t.loss_scale_init, t.loss_scale_growth_interval)
-    if isinstance(dataset, MixedDataset):
-        loader: BatchLoader | MixedLoader = MixedLoader(dataset, t.batch_size, t.seq_len, mode=t.data_mode,
-                                                        rank=context.rank, world_size=world_size)
-    else:
-        loader = BatchLoader(
-            dataset.split("train"),
-            t.batch_size,
-            t.seq_len,
-            mode=t.data_mode,
-            rank=context.rank,
-            world_size=world_size,
-        )
     state = TrainingState(
-        loader=loader,
+        loader=_batch_loader(dataset, config, context),
         hooks=[*build_update_hooks(raw_model, config),
                SpikeDetector(t.spike, tokens_per_update(config, world_size))],
         tokens_by_source=[0] * len(dataset.names) if isinstance(dataset, MixedDataset) else None,
@@ -473,36 +553,15 @@ def _build_locked_session(
         flops_per_token=float(flops_per_token(config.model, t.seq_len)),
         peak_flops_per_s=peak * world_size if peak else None,
         tokens_per_microbatch=t.batch_size * t.seq_len * world_size,
-        tokens_per_update=tokens_per_update(config, world_size), notes=[threads.describe(), *plan.notes])
+        tokens_per_update=tokens_per_update(config, world_size), notes=[threads_note, *plan.notes])
 
-    # 5. Restore: weights, optimizer, scaler, counters, cursor, hook state and every RNG.
+    # 5. Restore, then the notes and the run folder's check before anything is written.
     if plan.resuming:
-        settings = group_settings(optimizer)  # the effective recipe's, allowed changes included
-        restored = read_checkpoint(session, plan.checkpoint_step)
-        restore_group_settings(optimizer, settings)
-        if not restore_grad_scaler(scaler, restored["scaler"]):
-            session.notes.append(f"loss scale: the checkpoint was written without fp16; starting at "
-                                 f"train.loss_scale_init ({scaler.get_scale():g})")
-        state.load_state_dict(restored["trainer"])
-        rng_notes = restore_rng_state(restored["rng"])
-        session.notes.extend(rng_notes)
-        session.notes.append(restored_state_line(checkpointer.root / step_folder_name(plan.checkpoint_step),
-                                                 restored["trainer"], rng_notes, restored["scaler"]))
+        _restore_checkpoint(session)
     session.notes.extend(checkpointer.notes)
     val_tokens = min(split.num_tokens for split in all_splits(session.dataset, "val"))
     session.notes.extend(startup_warnings(config, val_tokens, world_size))
-    # Before run.json and the first update: a folder that cannot take a checkpoint is refused now, not after
-    # train.checkpoint.every updates of work that could not be saved.
-    refusal = None
-    if context.is_main_process:
-        try:
-            check_run_folder(run_dir, checkpoint_bytes_estimate(optimizer))
-            session.notes.extend(disk_notes(checkpointer, session.config, optimizer))
-        except PilotrunError as exc:
-            refusal = str(exc)
-    refusal = dist_utils.broadcast_object(context, refusal)
-    if refusal is not None:
-        raise PreflightError(refusal)
+    _refuse_an_unwritable_run_folder(session)
     open_record(session, resume=resume, command=command)
     return session
 
