@@ -215,17 +215,11 @@ def _downstream_tasks(run: dict[str, Any]) -> list[str]:
     return [str(t) for t in tasks] if isinstance(tasks, list) else []
 
 
-def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
-                  require_eval: list[str] | tuple[str, ...] = ()) -> Summary:
-    """Validate and reconcile the run folder (module docstring): a RunFolder, or a path opened here once.
-    `require_eval`: tasks that must have a standing evaluation of the final checkpoint
-    (report/record_check/evaluations.py)."""
-    folder = RunFolder.of(run)
-    # a run still writing is read as one consistent moment of it, never half before, half after
-    folder.snapshot()
-    run_dir, run, log = folder.path, folder.run, folder.metrics
-    reasons = list(log.damage)
-    notes = list(log.notes)
+def _run_json_problems(folder: RunFolder) -> list[str]:
+    """run.json's own checks and the record's integrity (the hash chain, the checkpoints' chain heads,
+    run.json's digests)."""
+    run, log = folder.run, folder.metrics
+    reasons = []
     if not isinstance(run.get("tokens_per_update"), int) or run["tokens_per_update"] <= 0:
         reasons.append(
             f"run.json: tokens_per_update is {run.get('tokens_per_update')!r}, not a positive integer"
@@ -233,24 +227,30 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
     reasons.extend(run_json_missing_fields(run))
     heads, owners = folder.checkpoint_heads()
     reasons.extend(record_integrity_problems(run, log, heads, owners))
+    return reasons
+
+
+def _check_declared_sessions(run: dict[str, Any], order: list[str], reasons: list[str],
+                             notes: list[str]) -> None:
+    """run.json's sessions and metrics.jsonl's name the same sessions, in the same order."""
     declared = [str(s.get("session_id")) for s in run.get("sessions") or [] if isinstance(s, dict)]
-    # `pilotrun evaluate`'s events belong to no session: reconciled with their checkpoints (evaluations.py).
-    groups = group_sessions([e for e in log.events if not is_evaluation(e)], reasons)
-    order = list(groups)
     for sid in order:
         if sid not in declared:
             reasons.append(f"metrics.jsonl: session {sid} is not listed in run.json's sessions")
     for sid in declared:
-        if sid not in groups:
+        if sid not in order:
             notes.append(
                 f"run.json: session {sid} has no events in metrics.jsonl (killed before its first line?)"
             )
-    if [s for s in declared if s in groups] != order:
+    if [s for s in declared if s in order] != order:
         reasons.append("metrics.jsonl: sessions appear in a different order than in run.json")
     if not order:
         reasons.append("metrics.jsonl: no events")
 
-    checked = {sid: check_session(sid, groups[sid], run, reasons, notes) for sid in order}
+
+def _check_declared_starts(run: dict[str, Any], order: list[str], checked: dict[str, dict[str, Any]],
+                           reasons: list[str]) -> None:
+    """Each session's start as run.json records it equals its session_start's."""
     declared_by_id = {str(s.get("session_id")): s for s in run.get("sessions") or [] if isinstance(s, dict)}
     for sid in order:
         entry, start = declared_by_id.get(sid), checked[sid]["start"]
@@ -263,7 +263,50 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
                     f"run.json session {sid}: {key}={entry[key]!r} but its session_start says {value!r}"
                 )
 
-    # Resume chain: each resumed session starts exactly at a committed checkpoint's counters.
+
+def _resume_link(sid: str, index: int, order: list[str], groups: dict[str, list[dict[str, Any]]],
+                 checked: dict[str, dict[str, Any]], reasons: list[str],
+                 notes: list[str]) -> tuple[str, Counters] | None:
+    """A resumed session's link to the checkpoint it starts from: the session that committed it and its
+    counters (None when none did), with a reason where its start differs from them."""
+    start, resumed_from = checked[sid]["start"], checked[sid]["resumed_from"]
+    found = _find_resume_point(index, resumed_from, start, order, groups)
+    if found is not None and found[2] == "marker":
+        notes.append(
+            f"session {sid}: resumed from checkpoint step {resumed_from}, which session {found[0]} "
+            "committed (its marker says so, as this session recorded at its start) but whose checkpoint "
+            "event never reached metrics.jsonl: killed between the commit and its record"
+        )
+    elif found is not None and found[2]:
+        notes.append(
+            f"session {sid}: resumed from checkpoint step {resumed_from}, which session {found[0]} "
+            "committed but did not log (it was killed between the two); its last train window ends at "
+            "exactly these counters"
+        )
+    if found is None:
+        reasons.append(
+            f"session {sid}: resumed from checkpoint step {resumed_from}, but no earlier session "
+            "recorded committing that checkpoint"
+        )
+    elif found[1] != start:
+        ckpt = found[1]
+        what = ("the rolled-back work would be counted twice" if start.tokens_seen > ckpt.tokens_seen
+                or start.updates_attempted > ckpt.updates_attempted else "work would go missing")
+        reasons.append(
+            f"session {sid}: starts at step {start.step}, tokens_seen {start.tokens_seen}, attempted "
+            f"{start.updates_attempted}, skipped {start.updates_skipped}, but the checkpoint at step "
+            f"{resumed_from} (session {found[0]}) recorded step {ckpt.step}, tokens_seen "
+            f"{ckpt.tokens_seen}, attempted {ckpt.updates_attempted}, skipped {ckpt.updates_skipped}: "
+            f"{what}"
+        )
+    return found[:2] if found is not None else None
+
+
+def _resume_chain(order: list[str], groups: dict[str, list[dict[str, Any]]],
+                  checked: dict[str, dict[str, Any]], reasons: list[str],
+                  notes: list[str]) -> dict[str, tuple[str, Counters] | None]:
+    """Each resumed session starts exactly at a committed checkpoint's counters; a fresh one at zero (or a
+    restart that names what it loses). Returns each session's parent link."""
     parent: dict[str, tuple[str, Counters] | None] = {}
     for index, sid in enumerate(order):
         start, resumed_from = checked[sid]["start"], checked[sid]["resumed_from"]
@@ -276,38 +319,14 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
                 )
             _check_restart(sid, index, order, groups, checked, reasons, notes)
             continue
-        found = _find_resume_point(index, resumed_from, start, order, groups)
-        parent[sid] = found[:2] if found is not None else None
-        if found is not None and found[2] == "marker":
-            notes.append(
-                f"session {sid}: resumed from checkpoint step {resumed_from}, which session {found[0]} "
-                "committed (its marker says so, as this session recorded at its start) but whose checkpoint "
-                "event never reached metrics.jsonl: killed between the commit and its record"
-            )
-        elif found is not None and found[2]:
-            notes.append(
-                f"session {sid}: resumed from checkpoint step {resumed_from}, which session {found[0]} "
-                "committed but did not log (it was killed between the two); its last train window ends at "
-                "exactly these counters"
-            )
-        if found is None:
-            reasons.append(
-                f"session {sid}: resumed from checkpoint step {resumed_from}, but no earlier session "
-                "recorded committing that checkpoint"
-            )
-        elif found[1] != start:
-            ckpt = found[1]
-            what = ("the rolled-back work would be counted twice" if start.tokens_seen > ckpt.tokens_seen
-                    or start.updates_attempted > ckpt.updates_attempted else "work would go missing")
-            reasons.append(
-                f"session {sid}: starts at step {start.step}, tokens_seen {start.tokens_seen}, attempted "
-                f"{start.updates_attempted}, skipped {start.updates_skipped}, but the checkpoint at step "
-                f"{resumed_from} (session {found[0]}) recorded step {ckpt.step}, tokens_seen "
-                f"{ckpt.tokens_seen}, attempted {ckpt.updates_attempted}, skipped {ckpt.updates_skipped}: "
-                f"{what}"
-            )
+        parent[sid] = _resume_link(sid, index, order, groups, checked, reasons, notes)
+    return parent
 
-    # Lineage: walk back from the last session; each session is cut where its successor resumed.
+
+def _lineage(order: list[str], parent: dict[str, tuple[str, Counters] | None]
+             ) -> tuple[list[str], dict[str, Counters | None]]:
+    """The kept history: walk back from the last session; each session is cut where its successor
+    resumed."""
     lineage: list[str] = []
     cut_at: dict[str, Counters | None] = {}
     sid = order[-1] if order else None
@@ -319,6 +338,14 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
             break
         cut_at[link[0]] = link[1]
         sid = link[0]
+    return lineage, cut_at
+
+
+def _kept_and_rolled_back(order: list[str], groups: dict[str, list[dict[str, Any]]],
+                          checked: dict[str, dict[str, Any]], parent: dict[str, tuple[str, Counters] | None],
+                          lineage: list[str], cut_at: dict[str, Counters | None]
+                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[SessionSummary]]:
+    """Every event kept or rolled back by the lineage's cuts, and each session's summary with its status."""
     kept_events: list[dict[str, Any]] = []
     rolled_back_events: list[dict[str, Any]] = []
     sessions: list[SessionSummary] = []
@@ -341,25 +368,12 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
         sessions[-1].restart = restart_of(groups[sid])
     if sessions:
         sessions[-1].latest = True
-    starts = {sid: checked[sid]["start_time"] for sid in order}
-    notes.extend(_count_hangs(Path(run_dir), sessions, starts, [e for sid in order for e in groups[sid]]))
-    # A spike's rollback cuts the kept history at the checkpoint it restored
-    # (report/record_check/spike_history.py).
-    kept_events, undone = split_rollbacks(kept_events)
-    rolled_back_events = sorted(rolled_back_events + undone, key=lambda e: e.get("_line", 0))
-    reasons.extend(rollback_problems(log.events))
-    reasons.extend(mixture_problems(run, log.events))  # a mixture's tokens per source add up exactly
+    return kept_events, rolled_back_events, sessions
 
-    final = Counters.of(kept_events[-1]) if kept_events else Counters()
-    final_checkpoint = None
-    if require_step is not None:
-        final_checkpoint = _require_step(folder, require_step, kept_events, final, reasons)
-    overall = _overall(run, groups, order, sessions, final, kept_events)
-    overall["final_checkpoint"] = final_checkpoint  # None unless --require-step asked for it
-    overall["evaluations"] = reconcile_evaluations(folder, reasons, notes)
-    if require_eval:
-        require_evaluations(overall["evaluations"], require_step if require_step is not None else final.step,
-                            list(require_eval), reasons, run_dir=run_dir, task_files=_downstream_tasks(run))
+
+def _add_record_sections(overall: dict[str, Any], run: dict[str, Any], lineage: list[str],
+                         kept_events: list[dict[str, Any]], rolled_back_events: list[dict[str, Any]]) -> None:
+    """The overview's spikes, data mixture, frozen candidate and recipe changes."""
     overall["spikes"] = spike_overview(kept_events + rolled_back_events)
     mixture = mixture_overview(run, kept_events)
     if mixture is not None:  # a run on one folder has no mixture and no such key
@@ -371,6 +385,14 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
         kind: [dataclasses.asdict(c) for c in recipe_changes_in_history(run, lineage, kind)]
         for kind in ("allowed", "free")
     }
+
+
+def _add_time_sections(overall: dict[str, Any], run_dir: Path, run: dict[str, Any],
+                       sessions: list[SessionSummary], kept_events: list[dict[str, Any]],
+                       rolled_back_events: list[dict[str, Any]], reasons: list[str],
+                       notes: list[str]) -> None:
+    """Whether the run is still running, its time ledger beside the lock's projection, its interruptions
+    and its forecast graded."""
     # A session that has not ended may simply be running: the folder's lock says so (read, never taken).
     holder = live_holder(run_dir)
     overall["running"] = {k: holder.get(k) for k in ("pid", "host", "since")} if holder is not None else None
@@ -392,6 +414,51 @@ def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
     overall["interruption_costs"] = costs(sessions, ledger, holder is not None)
     overall["against_mtbf"] = against_mtbf(ends, ledger.elapsed_seconds, mtbf_of(lock_projection_of(run)))
     overall["forecast"] = against_own_lock(run, kept_events)  # the lock's val-loss forecast, graded (or None)
+
+
+def summarize_run(run: RunFolder | str | Path, require_step: int | None = None,
+                  require_eval: list[str] | tuple[str, ...] = ()) -> Summary:
+    """Validate and reconcile the run folder (module docstring): a RunFolder, or a path opened here once.
+    `require_eval`: tasks that must have a standing evaluation of the final checkpoint
+    (report/record_check/evaluations.py)."""
+    folder = RunFolder.of(run)
+    # a run still writing is read as one consistent moment of it, never half before, half after
+    folder.snapshot()
+    run_dir, run, log = folder.path, folder.run, folder.metrics
+    reasons = list(log.damage)
+    notes = list(log.notes)
+    reasons.extend(_run_json_problems(folder))
+    # `pilotrun evaluate`'s events belong to no session: reconciled with their checkpoints (evaluations.py).
+    groups = group_sessions([e for e in log.events if not is_evaluation(e)], reasons)
+    order = list(groups)
+    _check_declared_sessions(run, order, reasons, notes)
+    checked = {sid: check_session(sid, groups[sid], run, reasons, notes) for sid in order}
+    _check_declared_starts(run, order, checked, reasons)
+    parent = _resume_chain(order, groups, checked, reasons, notes)
+    lineage, cut_at = _lineage(order, parent)
+    kept_events, rolled_back_events, sessions = _kept_and_rolled_back(order, groups, checked, parent,
+                                                                      lineage, cut_at)
+    starts = {sid: checked[sid]["start_time"] for sid in order}
+    notes.extend(_count_hangs(Path(run_dir), sessions, starts, [e for sid in order for e in groups[sid]]))
+    # A spike's rollback cuts the kept history at the checkpoint it restored
+    # (report/record_check/spike_history.py).
+    kept_events, undone = split_rollbacks(kept_events)
+    rolled_back_events = sorted(rolled_back_events + undone, key=lambda e: e.get("_line", 0))
+    reasons.extend(rollback_problems(log.events))
+    reasons.extend(mixture_problems(run, log.events))  # a mixture's tokens per source add up exactly
+
+    final = Counters.of(kept_events[-1]) if kept_events else Counters()
+    final_checkpoint = None
+    if require_step is not None:
+        final_checkpoint = _require_step(folder, require_step, kept_events, final, reasons)
+    overall = _overall(run, groups, order, sessions, final, kept_events)
+    overall["final_checkpoint"] = final_checkpoint  # None unless --require-step asked for it
+    overall["evaluations"] = reconcile_evaluations(folder, reasons, notes)
+    if require_eval:
+        require_evaluations(overall["evaluations"], require_step if require_step is not None else final.step,
+                            list(require_eval), reasons, run_dir=run_dir, task_files=_downstream_tasks(run))
+    _add_record_sections(overall, run, lineage, kept_events, rolled_back_events)
+    _add_time_sections(overall, run_dir, run, sessions, kept_events, rolled_back_events, reasons, notes)
     return Summary(
         run_dir=str(run_dir),
         run_id=run.get("run_id"),
