@@ -180,8 +180,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="time_split_sum_not_checked",
         file="pilotrun/report/record_check/sessions.py",
-        old="            if split_problem:\n",
-        new="            if False:\n",
+        old="    if split_problem:\n",
+        new="    if False:\n",
         tests=("tests/report/record_check/test_time_split.py",),
         why="a session_end whose phases do not add up to its wall clock is accepted",
     ),

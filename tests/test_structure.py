@@ -222,7 +222,6 @@ def test_folder_graph_is_acyclic_as_a_whole():
 MAX_FUNCTION_LINES = 100
 LONG_FUNCTIONS = {
     # One pass over the record whose many running sums the checks share; next to split by event kind.
-    "pilotrun/report/record_check/sessions.py:check_session": "one pass over a session's events, shared sums",
     # A page template: its length is the page's, not logic's.
     "pilotrun/report/drawing/html.py:render_html": "the report page's template",
     # The long run's projection, part by part, each a few lines of the same figures.

@@ -159,13 +159,9 @@ def tokens_per_update_of(run: dict[str, Any], sid: str) -> Any:
     return value
 
 
-def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
-                   reasons: list[str], notes_out: list[str]) -> dict[str, Any]:
-    """Validate one session's events; return its start/last counters and sums for reconciliation."""
-    first = events[0]
-    if first["event"] != "session_start":
-        reasons.append(f"{_where(first)}: session {sid} does not begin with session_start")
-    start = Counters.of(first)
+def _tokens_per_microbatch(first: dict[str, Any], run: dict[str, Any]) -> int | None:
+    """The tokens per microbatch the session start records; for a record without it, the recipe's batch_size x
+    seq_len x world_size (None when the recipe lacks them)."""
     tokens_per_microbatch = first.get("tokens_per_microbatch") if first["event"] == "session_start" else None
     if not isinstance(tokens_per_microbatch, int):
         train = (run.get("recipe") or {}).get("train") or {}
@@ -174,6 +170,15 @@ def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
             tokens_per_microbatch = train["batch_size"] * train["seq_len"] * world
         else:
             tokens_per_microbatch = None
+    return tokens_per_microbatch
+
+
+def _check_session_start(sid: str, first: dict[str, Any], run: dict[str, Any], reasons: list[str],
+                         notes_out: list[str]) -> None:
+    """The session's first event: a session_start, its torn-line repair noted, its tokens_per_update
+    run.json's (taken back through later batch changes)."""
+    if first["event"] != "session_start":
+        reasons.append(f"{_where(first)}: session {sid} does not begin with session_start")
     repaired = first.get("metrics_repaired_bytes")
     if isinstance(repaired, int) and repaired > 0:
         notes_out.append(
@@ -187,18 +192,152 @@ def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
                        + ("" if expected == run.get("tokens_per_update") else
                           " (its value before the batch changes allowed on resume)"))
 
-    previous = start
-    since_train = start
-    overflows_since_train = 0
-    first_clips_since_train: list[list[int]] = []
-    last_overflow_skipped = start.updates_skipped
-    window_sums = dict.fromkeys(
+
+@dataclass
+class _SessionPass:
+    """The running sums of one pass over a session's events, shared by the checks of each event kind."""
+
+    start: Counters
+    tokens_per_microbatch: int | None
+    previous: Counters = dataclasses.field(init=False)
+    since_train: Counters = dataclasses.field(init=False)  # the counters at the last closed train window
+    overflows_since_train: int = 0
+    first_clips_since_train: list[list[int]] = dataclasses.field(default_factory=list)
+    last_overflow_skipped: int = dataclasses.field(init=False)
+    window_sums: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(
         ("tokens", "profiled_tokens", "train_seconds", "profile_seconds", "wall_seconds"), 0.0
+    ))
+    # seconds by phase, of the events that carry them
+    timed: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(
+        event_kinds.TIMED_PHASES, 0.0
+    ))
+    end_event: dict[str, Any] | None = None
+    # work in this session that its own rollbacks undid (spikes)
+    rolled: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(COUNTER_KEYS, 0))
+
+    def __post_init__(self) -> None:
+        self.previous = self.since_train = self.start
+        self.last_overflow_skipped = self.start.updates_skipped
+
+
+def _take_rollback(event: dict[str, Any], now: Counters, walk: _SessionPass, reasons: list[str]) -> None:
+    """The counters go back to a checkpoint's (summarize checks which); the work before is in a closed
+    window, and the rolled-back part of it is counted beside the counters."""
+    if walk.previous != walk.since_train:
+        reasons.append(f"{_where(event)}: rollback with work after the last train window (step "
+                       f"{walk.since_train.step} -> {walk.previous.step}) that no window accounts for")
+    for key in COUNTER_KEYS:
+        walk.rolled[key] += getattr(walk.previous, key) - getattr(now, key)
+    walk.previous = walk.since_train = now
+    walk.last_overflow_skipped, walk.overflows_since_train = now.updates_skipped, 0
+
+
+def _check_counters_and_skips(event: dict[str, Any], now: Counters, walk: _SessionPass,
+                              reasons: list[str]) -> None:
+    """Counters never go backwards, and updates_skipped grows by one per skip's own event."""
+    previous = walk.previous
+    for key in COUNTER_KEYS:
+        if getattr(now, key) < getattr(previous, key):
+            reasons.append(
+                f"{_where(event)}: {key} went backwards ({getattr(previous, key)} -> {getattr(now, key)})"
+            )
+    kind = event["event"]
+    if kind == "overflow" or (kind == "spike" and event.get("skipped") is True):  # a skip's own event
+        walk.overflows_since_train += 1
+        if now.updates_skipped <= walk.last_overflow_skipped:
+            reasons.append(
+                f"{_where(event)}: updates_skipped ({now.updates_skipped}) did not grow with this "
+                "overflow event"
+            )
+        walk.last_overflow_skipped = now.updates_skipped
+    if kind in ("train", "session_end"):
+        # Skips are counted once per overflow event. Compared at window boundaries, not event by event:
+        # a data_restart logged in the same update as a skip may already carry the skip in its counters.
+        grew = now.updates_skipped - walk.since_train.updates_skipped
+        if grew != walk.overflows_since_train:
+            reasons.append(
+                f"{_where(event)}: updates_skipped grew by {grew} since the previous train window "
+                f"but {walk.overflows_since_train} overflow event(s) were logged"
+            )
+
+
+def _close_train_window(event: dict[str, Any], now: Counters, walk: _SessionPass, reasons: list[str]) -> None:
+    """A `train` event: its first-time qk_clip list matches the window's events, its window adds up, and its
+    figures join the session's sums."""
+    recorded = (
+        (event.get("qk_clip") or {}).get("first_clipped")
+        if isinstance(event.get("qk_clip"), dict)
+        else None
     )
-    timed = dict.fromkeys(event_kinds.TIMED_PHASES, 0.0)  # seconds by phase, of the events that carry them
-    end_event = None
-    rolled = dict.fromkeys(COUNTER_KEYS, 0)  # work in this session that its own rollbacks undid (spikes)
-    for event in events[1:]:
+    if isinstance(recorded, list) and sorted(recorded) != sorted(walk.first_clips_since_train):
+        reasons.append(
+            f"{_where(event)}: the window's qk_clip.first_clipped {recorded} differs from the "
+            f"first-time qk_clip events logged in it {walk.first_clips_since_train}"
+        )
+    walk.first_clips_since_train = []
+    window = _check_window(event, walk.since_train, now, walk.tokens_per_microbatch, reasons)
+    if window is not None:
+        for key in walk.window_sums:
+            if is_finite_number(window.get(key)):
+                walk.window_sums[key] += float(window[key])
+    walk.since_train = now
+    walk.overflows_since_train = 0
+
+
+def _check_session_end(event: dict[str, Any], now: Counters, since_train: Counters, reasons: list[str],
+                       notes_out: list[str]) -> None:
+    """A `session_end`: a known reason, a time split that accounts for the wall clock, and every counter
+    covered by the windows (a note, not a reason, where the session was cut short)."""
+    if event.get("reason") not in SESSION_END_REASONS:
+        reasons.append(
+            f"{_where(event)}: session_end reason {event.get('reason')!r} is not one of "
+            f"{SESSION_END_REASONS}"
+        )
+    split_problem = time_split_problem(event.get("time_split"))
+    if split_problem:
+        reasons.append(f"{_where(event)}: {split_problem}")
+    if now != since_train and event.get("reason") in ("interrupted", "deadline", "hung", "error"):
+        notes_out.append(
+            f"{_where(event)}: ended ({event.get('reason')}) with work after its last train "
+            f"window (step {since_train.step} -> {now.step}); a resume rolls it back"
+        )
+    elif now != since_train:
+        reasons.append(
+            f"{_where(event)}: the session ends at step {now.step}, tokens_seen {now.tokens_seen}, "
+            f"attempted {now.updates_attempted} but its train windows account only for step "
+            f"{since_train.step}, tokens_seen {since_train.tokens_seen}, attempted "
+            f"{since_train.updates_attempted}"
+        )
+
+
+def _check_event_kind(event: dict[str, Any], now: Counters, run: dict[str, Any], walk: _SessionPass,
+                      reasons: list[str], notes_out: list[str]) -> None:
+    """The event kind's own check (its registration), then what its kind adds to the session's pass."""
+    kind = event["event"]
+    registered = event_kinds.EVENT_KINDS.get(kind)  # the reader refuses unregistered kinds: always found
+    problem = registered.check(event, run) if registered is not None and registered.check else None
+    if problem:
+        reasons.append(f"{_where(event)}: {problem}")
+    phase = registered.seconds_phase if registered is not None else None
+    if kind == "session_start":
+        pass  # reported by group_sessions
+    elif kind == "qk_clip":
+        if problem is None and event["first_time"]:
+            walk.first_clips_since_train.append([event["layer"], event["head"]])
+    elif kind == "train":
+        _close_train_window(event, now, walk, reasons)
+    elif phase is not None and is_finite_number(event.get("seconds")):
+        walk.timed[phase] += float(event["seconds"])
+    elif kind == "session_end":
+        walk.end_event = event
+        _check_session_end(event, now, walk.since_train, reasons, notes_out)
+
+
+def _walk_session_events(events: list[dict[str, Any]], run: dict[str, Any], walk: _SessionPass,
+                         reasons: list[str], notes_out: list[str]) -> None:
+    """One pass over the events after the session's start, in order, into `walk`'s sums."""
+    for event in events:
+        end_event = walk.end_event
         if end_event is not None:  # a session ends once: what follows its end is not its work
             reasons.append(
                 f"{_where(event)}: {event['event']} after this session's session_end "
@@ -211,112 +350,39 @@ def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
             # Committed after the updates that followed its state: its counters are the state's, behind the
             # events logged meanwhile, and say nothing about the session's progress.
             if is_finite_number(event.get("seconds")):
-                timed["checkpoint"] += float(event["seconds"])
+                walk.timed["checkpoint"] += float(event["seconds"])
             continue
         if event["event"] == "rollback":
-            # The counters go back to a checkpoint's (summarize checks which); the work before is in a closed
-            # window, and the rolled-back part of it is counted beside the counters.
-            if previous != since_train:
-                reasons.append(f"{_where(event)}: rollback with work after the last train window (step "
-                               f"{since_train.step} -> {previous.step}) that no window accounts for")
-            for key in COUNTER_KEYS:
-                rolled[key] += getattr(previous, key) - getattr(now, key)
-            previous = since_train = now
-            last_overflow_skipped, overflows_since_train = now.updates_skipped, 0
+            _take_rollback(event, now, walk, reasons)
             continue
-        for key in COUNTER_KEYS:
-            if getattr(now, key) < getattr(previous, key):
-                reasons.append(
-                    f"{_where(event)}: {key} went backwards ({getattr(previous, key)} -> {getattr(now, key)})"
-                )
-        kind = event["event"]
-        if kind == "overflow" or (kind == "spike" and event.get("skipped") is True):  # a skip's own event
-            overflows_since_train += 1
-            if now.updates_skipped <= last_overflow_skipped:
-                reasons.append(
-                    f"{_where(event)}: updates_skipped ({now.updates_skipped}) did not grow with this "
-                    "overflow event"
-                )
-            last_overflow_skipped = now.updates_skipped
-        if kind in ("train", "session_end"):
-            # Skips are counted once per overflow event. Compared at window boundaries, not event by event:
-            # a data_restart logged in the same update as a skip may already carry the skip in its counters.
-            grew = now.updates_skipped - since_train.updates_skipped
-            if grew != overflows_since_train:
-                reasons.append(
-                    f"{_where(event)}: updates_skipped grew by {grew} since the previous train window "
-                    f"but {overflows_since_train} overflow event(s) were logged"
-                )
-        registered = event_kinds.EVENT_KINDS.get(kind)  # the reader refuses unregistered kinds: always found
-        problem = registered.check(event, run) if registered is not None and registered.check else None
-        if problem:
-            reasons.append(f"{_where(event)}: {problem}")
-        phase = registered.seconds_phase if registered is not None else None
-        if kind == "session_start":
-            pass  # reported by group_sessions
-        elif kind == "qk_clip":
-            if problem is None and event["first_time"]:
-                first_clips_since_train.append([event["layer"], event["head"]])
-        elif kind == "train":
-            recorded = (
-                (event.get("qk_clip") or {}).get("first_clipped")
-                if isinstance(event.get("qk_clip"), dict)
-                else None
-            )
-            if isinstance(recorded, list) and sorted(recorded) != sorted(first_clips_since_train):
-                reasons.append(
-                    f"{_where(event)}: the window's qk_clip.first_clipped {recorded} differs from the "
-                    f"first-time qk_clip events logged in it {first_clips_since_train}"
-                )
-            first_clips_since_train = []
-            window = _check_window(event, since_train, now, tokens_per_microbatch, reasons)
-            if window is not None:
-                for key in window_sums:
-                    if is_finite_number(window.get(key)):
-                        window_sums[key] += float(window[key])
-            since_train = now
-            overflows_since_train = 0
-        elif phase is not None and is_finite_number(event.get("seconds")):
-            timed[phase] += float(event["seconds"])
-        elif kind == "session_end":
-            end_event = event
-            if event.get("reason") not in SESSION_END_REASONS:
-                reasons.append(
-                    f"{_where(event)}: session_end reason {event.get('reason')!r} is not one of "
-                    f"{SESSION_END_REASONS}"
-                )
-            split_problem = time_split_problem(event.get("time_split"))
-            if split_problem:
-                reasons.append(f"{_where(event)}: {split_problem}")
-            if now != since_train and event.get("reason") in ("interrupted", "deadline", "hung", "error"):
-                notes_out.append(
-                    f"{_where(event)}: ended ({event.get('reason')}) with work after its last train "
-                    f"window (step {since_train.step} -> {now.step}); a resume rolls it back"
-                )
-            elif now != since_train:
-                reasons.append(
-                    f"{_where(event)}: the session ends at step {now.step}, tokens_seen {now.tokens_seen}, "
-                    f"attempted {now.updates_attempted} but its train windows account only for step "
-                    f"{since_train.step}, tokens_seen {since_train.tokens_seen}, attempted "
-                    f"{since_train.updates_attempted}"
-                )
-        previous = now
+        _check_counters_and_skips(event, now, walk, reasons)
+        _check_event_kind(event, now, run, walk, reasons, notes_out)
+        walk.previous = now
+
+
+def check_session(sid: str, events: list[dict[str, Any]], run: dict[str, Any],
+                   reasons: list[str], notes_out: list[str]) -> dict[str, Any]:
+    """Validate one session's events; return its start/last counters and sums for reconciliation."""
+    first = events[0]
+    walk = _SessionPass(start=Counters.of(first), tokens_per_microbatch=_tokens_per_microbatch(first, run))
+    _check_session_start(sid, first, run, reasons, notes_out)
+    _walk_session_events(events[1:], run, walk, reasons, notes_out)
     for event in events:
         bad = nonfinite_fields({k: v for k, v in event.items() if not k.startswith("_")})
         if bad:
             reasons.append(f"{_where(event)}: non-finite value in {', '.join(bad)}")
     times = [float(e["time"]) for e in events if is_finite_number(e.get("time"))]
     return {
-        "start": start,
-        "last": previous,
-        "end": end_event,
-        "window_sums": window_sums,
+        "start": walk.start,
+        "last": walk.previous,
+        "end": walk.end_event,
+        "window_sums": walk.window_sums,
         "count": len(events),
         "start_time": times[0] if times else 0.0,
         "last_time": times[-1] if times else 0.0,
-        "eval_seconds": timed["eval"],
-        "checkpoint_seconds": timed["checkpoint"],
-        "rolled": rolled,
+        "eval_seconds": walk.timed["eval"],
+        "checkpoint_seconds": walk.timed["checkpoint"],
+        "rolled": walk.rolled,
         "resumed_from": first.get("resumed_from") if first["event"] == "session_start" else None,
     }
 
