@@ -7,9 +7,10 @@ seconds per update), so they are a step after the pilot, and can be run again, o
 without running the pilot again.
 
 1. plan: from RUN/run.json (the effective recipe, the data folder) and the committed checkpoints, the
-   checkpoints to branch from, the updates per branch and every branch; the cost (updates and seconds
-   projected from the pilot's recorded seconds per update) is stated before anything runs and refused above
-   `budget` times the pilot's own updates;
+   checkpoints to branch from, the updates per branch and every branch; the cost (updates, and seconds
+   projected from the pilot's record and each branch's launch: commands/tune_cost.py) is stated before
+   anything runs, and K is the most that fits `budget` times the pilot's own updates and wall seconds (a
+   check that fits only in updates is refused, or run with its overrun stated where the user allows it);
 2. each branch (commands/tune_branch.py) is a `pilotrun train --resume --from-step N` into RUN/tune/NAME with
    its allowed change, in a process of its own; a branch already complete is reused, an interrupted one run
    again from its checkpoint;
@@ -43,6 +44,7 @@ from pilotrun.commands.tune_branch import (
     make_branch_folder,
     pilot_session_ids,
 )
+from pilotrun.commands.tune_cost import PilotTimings, read_pilot_timings
 from pilotrun.common.errors import PilotrunError
 from pilotrun.common.files import write_text_atomic
 from pilotrun.common.strict_json import strict_dumps
@@ -61,7 +63,6 @@ from pilotrun.run.record import (
     RUN_JSON,
     read_metrics_tolerant,
     read_run_json,
-    recorded_seconds_per_update,
 )
 
 CHECKS = ("lr", "batch")
@@ -82,8 +83,8 @@ class TunePlan:
     batch_steps: list[int]
     branches: list[Branch] = field(default_factory=list)
     pilot_updates: int = 0
-    seconds_per_update: float | None = None
-    startup_seconds: float | None = None  # the pilot's median session start-up, which each branch pays again
+    timings: PilotTimings = field(default_factory=lambda: PilotTimings(None, None, None, None))
+    overrun: bool = False  # over the budget in seconds, run because the user allowed it
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -91,17 +92,38 @@ class TunePlan:
         """Updates at the recipe's batch that the branches cost (a branch at m times the batch: m each)."""
         return sum(round(b.updates * (b.value if b.kind == "batch" else 1.0)) for b in self.branches)
 
+    @property
+    def cost_seconds(self) -> float | None:
+        """Projected wall seconds: the updates at the pilot's rate, and each branch's launch and start-up."""
+        return self.timings.projected_seconds(self.cost_updates, len(self.branches))
+
+    def fits(self, budget: float) -> bool:
+        """Within `budget` times the pilot's updates and, where the record says them, its wall seconds."""
+        return (self.cost_updates <= budget * self.pilot_updates
+                and self.timings.fits(self.cost_updates, len(self.branches), budget))
+
     def cost_line(self, budget: float) -> str:
-        per_update = self.seconds_per_update
-        seconds = (f", about {self.cost_updates * per_update:.0f} s of training projected from the pilot's "
-                   f"{per_update:.3g} s per update" if per_update else "")
-        if self.startup_seconds is not None:
-            count = len(self.branches)
-            seconds += (f" and {count * self.startup_seconds:.0f} s of start-up ({count} x the pilot's "
-                        f"{self.startup_seconds:.2g} s a session, the interpreter's launch not counted)")
         return (f"{len(self.branches)} branches of {self.updates} updates cost {self.cost_updates} updates "
                 f"at the recipe's batch = {self.cost_updates / self.pilot_updates:.2f}x the pilot's "
-                f"{self.pilot_updates} (budget {budget:g}x){seconds}")
+                f"{self.pilot_updates}{self._seconds_part(budget)}")
+
+    def _seconds_part(self, budget: float) -> str:
+        t, count, projected = self.timings, len(self.branches), self.cost_seconds
+        if projected is None:
+            return f" (budget {budget:g}x, in updates only: the record has no seconds per update)"
+        training = self.cost_updates * t.seconds_per_update
+        parts = (f"{training:.0f} s of training at the pilot's {t.seconds_per_update:.3g} s per update"
+                 f" and {count * (t.startup_seconds or 0.0):.0f} s of start-up ({count} x the pilot's "
+                 f"{t.startup_seconds or 0.0:.2g} s a session) and {count * (t.launch_seconds or 0.0):.0f} s "
+                 f"of launch ({count} x {t.launch_seconds or 0.0:.2g} s measured for a process that imports "
+                 "the trainer)")
+        if not t.pilot_seconds:
+            return (f" (budget {budget:g}x, in updates only: the record has no session's wall seconds), "
+                    f"about {projected:.0f} s projected: {parts}")
+        over = (f": OVER the budget by {projected / t.pilot_seconds - budget:.2f}x, run as --allow-overrun "
+                "asked" if self.overrun else "")
+        return (f"; projected {projected:.0f} s = {projected / t.pilot_seconds:.2f}x the pilot's own "
+                f"{t.pilot_seconds:.0f} s (budget {budget:g}x{over}): {parts}")
 
 
 def parse_checks(text: str) -> tuple[str, ...]:
@@ -205,8 +227,12 @@ def _branches_for(recipe: dict[str, Any], checks: tuple[str, ...], past: list[in
 
 
 def plan_checks(run_dir: str | Path, checks: tuple[str, ...], updates: int | None = None,
-                budget: float = DEFAULT_BUDGET) -> TunePlan:
-    """Every branch of the checks, or a TuneError that says what the pilot lacks."""
+                budget: float = DEFAULT_BUDGET, allow_overrun: bool = False,
+                launch_seconds: float | None = None) -> TunePlan:
+    """Every branch of the checks, or a TuneError that says what the pilot lacks. K is the most updates a
+    branch that fit `budget` times the pilot's updates and its wall seconds (projected from its record and
+    `launch_seconds`, measured now where None); where only the seconds do not fit even at the smallest K,
+    `allow_overrun` runs the most that fits in updates, its overrun stated."""
     run_dir = Path(run_dir)
     run = _read_pilot(run_dir)
     recipe = run["recipe"]
@@ -222,44 +248,41 @@ def plan_checks(run_dir: str | Path, checks: tuple[str, ...], updates: int | Non
     if updates is not None and (updates < 4 or updates % 4):
         raise TuneError(f"--updates {updates}: must be a multiple of 4 (a 4x batch runs a quarter of them)")
     candidates = [updates] if updates is not None else range((max_steps - past[0]) // 4 * 4, 0, -4)
-    plan = None
+    plans = []
     for k in candidates:
         plan = _branches_for(recipe, checks, past, k, max_steps, warmup)
-        if plan is not None and (updates is not None or plan.cost_updates <= budget * max_steps):
-            break
-        plan = None
-    if plan is None:
+        if plan is not None:
+            plan.run_dir, plan.pilot_updates = run_dir, max_steps
+            plans.append(plan)
+    timings = read_pilot_timings(run_dir, launch_seconds) if plans else None
+    for plan in plans:
+        plan.timings = timings or plan.timings
+    return _within_budget(run_dir, plans, max_steps, updates, budget, allow_overrun)
+
+
+def _within_budget(run_dir: Path, plans: list[TunePlan], max_steps: int, updates: int | None, budget: float,
+                   allow_overrun: bool) -> TunePlan:
+    """The plan with the most updates a branch that fits the budget (`plans` by updates, most first)."""
+    in_updates = [p for p in plans if p.cost_updates <= budget * p.pilot_updates]
+    if updates is not None and plans and not in_updates:
+        raise TuneError(f"the checks would cost more than the budget: {plans[0].cost_line(budget)}; pass "
+                        "fewer --updates or a larger --budget")
+    if not in_updates:
         raise TuneError(f"{run_dir} is too short to branch: no committed checkpoint past warm-up leaves "
                         f"{updates or 4} updates before its last update {max_steps} within a budget of "
                         f"{budget:g}x its updates; run the pilot longer or keep more checkpoints")
-    plan.run_dir, plan.pilot_updates = run_dir, max_steps
-    rates = recorded_seconds_per_update(run_dir)
-    plan.seconds_per_update = statistics.median(rates) if rates else None
-    plan.startup_seconds = pilot_startup_seconds(run_dir)
-    if plan.cost_updates > budget * max_steps:
-        raise TuneError(f"the checks would cost more than the budget: {plan.cost_line(budget)}; pass fewer "
-                        "--updates or a larger --budget")
+    fitting = [p for p in in_updates if p.fits(budget)]
+    if fitting:
+        return fitting[0]
+    if not allow_overrun:
+        smallest = in_updates[-1]
+        which = "at --updates" if updates is not None else "even at the fewest,"
+        raise TuneError(f"the checks do not fit {budget:g}x the pilot's wall seconds {which} "
+                        f"{smallest.updates} updates a branch: {smallest.cost_line(budget)}; pass a larger "
+                        "--budget, or --allow-overrun to run them anyway")
+    plan = in_updates[0]
+    plan.overrun = True
     return plan
-
-
-def pilot_startup_seconds(run_dir: Path) -> float | None:
-    """The median seconds from a pilot session's clock start (its session_end's time less its recorded wall
-    seconds) to its first train window: loading, building, restoring, which each branch, a session of its
-    own, pays again (the interpreter's own launch comes before that clock and is not in it)."""
-    first_window: dict[str, float] = {}
-    startups = []
-    for event in read_metrics_tolerant(run_dir).events:
-        sid, when = str(event.get("session_id")), event.get("time")
-        if not isinstance(when, float):
-            continue
-        if event.get("event") == "train" and sid not in first_window:
-            window = (event.get("window") or {}).get("wall_seconds")
-            first_window[sid] = when - (window if isinstance(window, float) else 0.0)
-        ended = event.get("event") == "session_end"
-        wall = (event.get("time_split") or {}).get("wall_seconds") if ended else None
-        if isinstance(wall, float) and sid in first_window:
-            startups.append(max(0.0, first_window[sid] - (when - wall)))
-    return statistics.median(startups) if startups else None
 
 
 def pilot_yardstick(run_dir: Path) -> float | None:
@@ -349,7 +372,11 @@ def run_checks(plan: TunePlan, data: str | Path | None = None, nproc: int | None
     yardstick = measured if measured is not None else 0.0
     result = {"run_id": run.get("run_id"), "checks": list(plan.checks), "updates": plan.updates,
               "cost": {"updates": plan.cost_updates, "pilot_updates": plan.pilot_updates, "budget": budget,
-                       "seconds_per_update": plan.seconds_per_update, "line": plan.cost_line(budget)},
+                       "seconds_per_update": plan.timings.seconds_per_update, "seconds": plan.cost_seconds,
+                       "pilot_seconds": plan.timings.pilot_seconds,
+                       "startup_seconds": plan.timings.startup_seconds,
+                       "launch_seconds": plan.timings.launch_seconds, "overrun": plan.overrun,
+                       "line": plan.cost_line(budget)},
               "yardstick": yardstick, "yardstick_measured": measured is not None, "notes": plan.notes,
               "branches": {b.name: {"kind": b.kind, "value": b.value, "from_step": b.from_step,
                                     "updates": b.updates, "set": b.overrides, "allow_change": b.allow,
@@ -375,11 +402,12 @@ def format_findings(result: dict[str, Any]) -> list[str]:
 
 def tune(run_dir: str | Path, checks: tuple[str, ...] = CHECKS, updates: int | None = None,
          budget: float = DEFAULT_BUDGET, data: str | Path | None = None, nproc: int | None = None,
+         allow_overrun: bool = False, launch_seconds: float | None = None,
          out: TextIO = sys.stdout) -> dict[str, Any]:
     """Plan, state the cost, run, judge: the command's whole work; returns tune.json's content."""
     if not math.isfinite(budget) or budget <= 0:
         raise TuneError(f"--budget {budget}: must be a positive multiple of the pilot's updates")
-    plan = plan_checks(run_dir, checks, updates, budget)
+    plan = plan_checks(run_dir, checks, updates, budget, allow_overrun, launch_seconds)
     print(f"[tune] {plan.cost_line(budget)}", file=out, flush=True)
     for note in plan.notes:
         print(f"[tune] note: {note}", file=out, flush=True)

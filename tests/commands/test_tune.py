@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from pilotrun.commands import tune_cost
 from pilotrun.commands.cli import main
 from pilotrun.commands.freeze import freeze_run
 from pilotrun.commands.next_commands import train_words
-from pilotrun.commands.tune import TuneError, parse_checks, pilot_startup_seconds, plan_checks, tune
+from pilotrun.commands.tune import TuneError, parse_checks, plan_checks, tune
 from pilotrun.commands.tune_branch import make_branch_folder
+from pilotrun.commands.tune_cost import pilot_startup_seconds
 from pilotrun.report.verdict.thresholds import Thresholds
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,11 +36,21 @@ def pilot(builtin_data_dir, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.fixture
+def budget_in_updates(monkeypatch):
+    """These tests are of the budget in updates and of a whole check: the record's wall seconds are left out
+    (and no launch is measured) so that K does not depend on how fast this machine ran the pilot; the budget
+    in seconds is tested on a synthetic record (test_tune_cost.py)."""
+    monkeypatch.setattr(tune_cost, "pilot_wall_seconds", lambda run_dir: None)
+    monkeypatch.setattr(tune_cost, "measure_launch_seconds", lambda: 0.0)
+
+
 def _refusal(capsys, argv: list[str]) -> tuple[int, list[str]]:
     code = main(argv)
     return code, capsys.readouterr().err.strip().splitlines()
 
 
+@pytest.mark.usefixtures("budget_in_updates")
 def test_the_plan_branches_past_warm_up_and_states_its_cost(pilot):
     plan = plan_checks(pilot, ("lr", "batch"), budget=4.0)
     assert (plan.updates, plan.lr_step, plan.batch_steps) == (4, 8, [4, 8])
@@ -54,6 +66,7 @@ def test_the_plan_branches_past_warm_up_and_states_its_cost(pilot):
         plan.cost_line(4.0))
 
 
+@pytest.mark.usefixtures("budget_in_updates")
 def test_the_start_up_each_branch_pays_again_is_the_pilots_as_its_time_ledger_counts_it(pilot):
     from pilotrun.report.record_check.summarize import summarize_run
 
@@ -64,6 +77,7 @@ def test_the_start_up_each_branch_pays_again_is_the_pilots_as_its_time_ledger_co
     assert f"and {5 * pilot_startup_seconds(pilot):.0f} s of start-up (5 x the pilot's" in plan.cost_line(3.0)
 
 
+@pytest.mark.usefixtures("budget_in_updates")
 def test_the_budget_holds_the_checks_at_three_times_the_pilot(pilot):
     with pytest.raises(TuneError, match="too short to branch"):
         plan_checks(pilot, ("lr", "batch"))  # 48 updates > 3 x 12
@@ -116,6 +130,7 @@ def _hashes(folder: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("budget_in_updates")
 def test_a_whole_check_lands_in_the_record_the_verdict_the_report_and_the_lock(pilot, tmp_path):
     before = _hashes(pilot)
     out = io.StringIO()
