@@ -12,8 +12,10 @@ without running the pilot again.
    anything runs, and K is the most that fits `budget` times the pilot's own updates and wall seconds (a
    check that fits only in updates is refused, or run with its overrun stated where the user allows it);
 2. each branch (commands/tune_branch.py) is a `pilotrun train --resume --from-step N` into RUN/tune/NAME with
-   its allowed change, in a process of its own; a branch already complete is reused, an interrupted one run
-   again from its checkpoint;
+   its allowed change, a session of its own; the branches run one after another in one process
+   (commands/tune_child.py), which pays the interpreter's launch and the imports once, or each under torchrun
+   where the pilot ran on several ranks; a branch already complete is reused, an interrupted one run again
+   from its checkpoint;
 3. the findings (report/verdict/tuning.py) go to RUN/tune/tune.json (written last, atomically) and its plots
    beside it; `pilotrun verdict RUN` then shows them as evidence and draws them in the report, and `freeze`
    carries them into the lock.
@@ -27,16 +29,18 @@ evaluates on the same validation windows), and each reads the same tokens: a bra
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from pilotrun.commands.next_commands import train_words
-from pilotrun.commands.pilot_process import TrainingChild
+from pilotrun.commands.pilot_process import TrainingChild, log_cause
 from pilotrun.commands.tune_branch import (
     Branch,
     branch_val_loss,
@@ -85,6 +89,7 @@ class TunePlan:
     pilot_updates: int = 0
     timings: PilotTimings = field(default_factory=lambda: PilotTimings(None, None, None, None))
     overrun: bool = False  # over the budget in seconds, run because the user allowed it
+    shared: bool = True  # the branches share one process (its launch paid once); False: each under torchrun
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -95,12 +100,16 @@ class TunePlan:
     @property
     def cost_seconds(self) -> float | None:
         """Projected wall seconds: the updates at the pilot's rate, and each branch's launch and start-up."""
-        return self.timings.projected_seconds(self.cost_updates, len(self.branches))
+        return self.timings.projected_seconds(self.cost_updates, len(self.branches), self.processes)
+
+    @property
+    def processes(self) -> int:
+        return 1 if self.shared else len(self.branches)
 
     def fits(self, budget: float) -> bool:
         """Within `budget` times the pilot's updates and, where the record says them, its wall seconds."""
         return (self.cost_updates <= budget * self.pilot_updates
-                and self.timings.fits(self.cost_updates, len(self.branches), budget))
+                and self.timings.fits(self.cost_updates, len(self.branches), self.processes, budget))
 
     def cost_line(self, budget: float) -> str:
         return (f"{len(self.branches)} branches of {self.updates} updates cost {self.cost_updates} updates "
@@ -112,11 +121,12 @@ class TunePlan:
         if projected is None:
             return f" (budget {budget:g}x, in updates only: the record has no seconds per update)"
         training = self.cost_updates * t.seconds_per_update
+        shared = "the branches share one process" if self.shared else "a process a branch, under torchrun"
+        startup, launch, processes = t.startup_seconds or 0.0, t.launch_seconds or 0.0, self.processes
         parts = (f"{training:.0f} s of training at the pilot's {t.seconds_per_update:.3g} s per update"
-                 f" and {count * (t.startup_seconds or 0.0):.0f} s of start-up ({count} x the pilot's "
-                 f"{t.startup_seconds or 0.0:.2g} s a session) and {count * (t.launch_seconds or 0.0):.0f} s "
-                 f"of launch ({count} x {t.launch_seconds or 0.0:.2g} s measured for a process that imports "
-                 "the trainer)")
+                 f" and {count * startup:.0f} s of start-up ({count} x the pilot's {startup:.2g} s a session)"
+                 f" and {processes * launch:.0f} s of launch ({processes} x {launch:.2g} s measured for a "
+                 f"process that imports the trainer: {shared})")
         if not t.pilot_seconds:
             return (f" (budget {budget:g}x, in updates only: the record has no session's wall seconds), "
                     f"about {projected:.0f} s projected: {parts}")
@@ -228,7 +238,7 @@ def _branches_for(recipe: dict[str, Any], checks: tuple[str, ...], past: list[in
 
 def plan_checks(run_dir: str | Path, checks: tuple[str, ...], updates: int | None = None,
                 budget: float = DEFAULT_BUDGET, allow_overrun: bool = False,
-                launch_seconds: float | None = None) -> TunePlan:
+                launch_seconds: float | None = None, nproc: int | None = None) -> TunePlan:
     """Every branch of the checks, or a TuneError that says what the pilot lacks. K is the most updates a
     branch that fit `budget` times the pilot's updates and its wall seconds (projected from its record and
     `launch_seconds`, measured now where None); where only the seconds do not fit even at the smallest K,
@@ -253,6 +263,7 @@ def plan_checks(run_dir: str | Path, checks: tuple[str, ...], updates: int | Non
         plan = _branches_for(recipe, checks, past, k, max_steps, warmup)
         if plan is not None:
             plan.run_dir, plan.pilot_updates = run_dir, max_steps
+            plan.shared = not (nproc if nproc is not None else _pilot_ranks(run))
             plans.append(plan)
     timings = read_pilot_timings(run_dir, launch_seconds) if plans else None
     for plan in plans:
@@ -305,34 +316,95 @@ def _pilot_ranks(run: dict[str, Any]) -> int | None:
     return world if isinstance(world, int) and world > 1 else None
 
 
-def _run_branch(plan: TunePlan, branch: Branch, recipe_file: Path, data: Path, sessions: set[str],
-                nproc: int | None, out: TextIO) -> float:
+def _prepare_branch(plan: TunePlan, branch: Branch, recipe_file: Path, data: Path, sessions: set[str],
+                    out: TextIO) -> tuple[float | None, list[str]]:
+    """(its loss, []) for a branch already complete; else (None, the `pilotrun train` words that run it),
+    its folder assembled (an interrupted one's replaced)."""
     folder = plan.run_dir / TUNE_DIR / branch.name
     loss = branch_val_loss(folder, sessions, branch.last_step)
     if loss is not None:
         print(f"[tune] {branch.name}: already done, val loss {loss:.4f}", file=out, flush=True)
-        return loss
+        return loss, []
     if folder.exists():
         print(f"[tune] {branch.name}: an interrupted branch, run again from its checkpoint", file=out,
               flush=True)
         shutil.rmtree(folder)
     make_branch_folder(plan.run_dir, folder, branch.from_step)
-    words = train_words(config=recipe_file, data=data, run_dir=folder,
-                        overrides=[*branch.overrides, *cadence_overrides(branch)], allow_changes=branch.allow,
-                        resume=True, extra=["--from-step", str(branch.from_step), "--progress", "none"])
-    child = TrainingChild(words, plan.run_dir / TUNE_DIR / "logs" / f"{branch.name}.log", nproc=nproc)
-    code = child.wait()
+    return None, train_words(config=recipe_file, data=data, run_dir=folder,
+                             overrides=[*branch.overrides, *cadence_overrides(branch)],
+                             allow_changes=branch.allow, resume=True,
+                             extra=["--from-step", str(branch.from_step), "--progress", "none"])
+
+
+def _branch_result(plan: TunePlan, branch: Branch, sessions: set[str], code: int, out: TextIO) -> float:
+    """The branch's loss from its finished training's exit code and folder."""
+    log = _branch_log(plan, branch)
     if code == 1:  # the branch stopped itself (a loss that left finite numbers, too many spike rollbacks)
-        print(f"[tune] {branch.name}: stopped itself ({child.cause()}): counted as diverged", file=out,
+        print(f"[tune] {branch.name}: stopped itself ({log_cause(log)}): counted as diverged", file=out,
               flush=True)
         return math.inf
     if code != 0:
-        raise TuneError(f"branch {branch.name} failed: {child.cause()} (its log: {child.log})")
-    loss = branch_val_loss(folder, sessions, branch.last_step)
+        raise TuneError(f"branch {branch.name} failed: {log_cause(log)} (its log: {log})")
+    loss = branch_val_loss(plan.run_dir / TUNE_DIR / branch.name, sessions, branch.last_step)
     if loss is None:
         raise TuneError(f"branch {branch.name} ended without a validation loss at step {branch.last_step}")
     print(f"[tune] {branch.name}: val loss {loss:.4f}", file=out, flush=True)
     return loss
+
+
+def _branch_log(plan: TunePlan, branch: Branch) -> Path:
+    return plan.run_dir / TUNE_DIR / "logs" / f"{branch.name}.log"
+
+
+def _run_shared(plan: TunePlan, pending: dict[str, tuple[Branch, list[str]]], sessions: set[str],
+                out: TextIO) -> dict[str, float]:
+    """The pending branches one after another in one process (commands/tune_child.py), each result taken as
+    its exit code is written; the process is ended where a branch fails."""
+    logs = plan.run_dir / TUNE_DIR / "logs"
+    plan_file, codes_file = logs / "shared.json", logs / "shared-codes.json"
+    codes_file.unlink(missing_ok=True)
+    write_text_atomic(plan_file, strict_dumps({"codes": str(codes_file), "branches": [
+        {"name": name, "words": words, "log": str(_branch_log(plan, branch))}
+        for name, (branch, words) in pending.items()]}, indent=1) + "\n")
+    child = TrainingChild([str(plan_file)], logs / "shared.log",
+                          launcher=[sys.executable, "-m", "pilotrun.commands.tune_child"])
+    losses: dict[str, float] = {}
+    try:
+        while len(losses) < len(pending):
+            ended = child.poll() is not None
+            codes = json.loads(codes_file.read_text()) if codes_file.is_file() else {}
+            for name in [n for n in pending if n in codes and n not in losses]:
+                losses[name] = _branch_result(plan, pending[name][0], sessions, codes[name], out)
+            if ended and len(losses) < len(pending):
+                raise TuneError(f"the branches' process ended (exit {child.poll()}) before every branch ran: "
+                                f"{log_cause(child.log)} (its log: {child.log})")
+            time.sleep(0.2)
+    finally:
+        if child.poll() is None:
+            child.process.terminate()
+        child.wait()
+    return losses
+
+
+def _run_branches(plan: TunePlan, recipe_file: Path, data: Path, sessions: set[str], nproc: int | None,
+                  out: TextIO) -> dict[str, float]:
+    """Every branch's loss: complete ones reused; the rest in one shared process, or each under torchrun
+    where the pilot ran on several ranks."""
+    losses: dict[str, float] = {}
+    pending: dict[str, tuple[Branch, list[str]]] = {}
+    for branch in plan.branches:
+        loss, words = _prepare_branch(plan, branch, recipe_file, data, sessions, out)
+        if loss is not None:
+            losses[branch.name] = loss
+        else:
+            pending[branch.name] = (branch, words)
+    if pending and nproc:
+        for name, (branch, words) in pending.items():
+            code = TrainingChild(words, _branch_log(plan, branch), nproc=nproc).wait()
+            losses[name] = _branch_result(plan, branch, sessions, code, out)
+    elif pending:
+        losses.update(_run_shared(plan, pending, sessions, out))
+    return {b.name: losses[b.name] for b in plan.branches}
 
 
 def _findings(plan: TunePlan, losses: dict[str, float], yardstick: float) -> dict[str, Any]:
@@ -366,8 +438,7 @@ def run_checks(plan: TunePlan, data: str | Path | None = None, nproc: int | None
     write_text_atomic(recipe_file, strict_dumps(run["recipe"], indent=1) + "\n")
     sessions = pilot_session_ids(plan.run_dir)
     nproc = nproc if nproc is not None else _pilot_ranks(run)
-    losses = {b.name: _run_branch(plan, b, recipe_file, data_dir, sessions, nproc, out)
-              for b in plan.branches}
+    losses = _run_branches(plan, recipe_file, data_dir, sessions, nproc, out)
     measured = pilot_yardstick(plan.run_dir)
     yardstick = measured if measured is not None else 0.0
     result = {"run_id": run.get("run_id"), "checks": list(plan.checks), "updates": plan.updates,
@@ -407,7 +478,7 @@ def tune(run_dir: str | Path, checks: tuple[str, ...] = CHECKS, updates: int | N
     """Plan, state the cost, run, judge: the command's whole work; returns tune.json's content."""
     if not math.isfinite(budget) or budget <= 0:
         raise TuneError(f"--budget {budget}: must be a positive multiple of the pilot's updates")
-    plan = plan_checks(run_dir, checks, updates, budget, allow_overrun, launch_seconds)
+    plan = plan_checks(run_dir, checks, updates, budget, allow_overrun, launch_seconds, nproc)
     print(f"[tune] {plan.cost_line(budget)}", file=out, flush=True)
     for note in plan.notes:
         print(f"[tune] note: {note}", file=out, flush=True)

@@ -29,21 +29,18 @@ class PilotTimings:
     pilot_seconds: float | None  # the pilot's own wall seconds, all its sessions together
     launch_seconds: float | None  # an interpreter's launch and the trainer's import, per branch process
 
-    @property
-    def branch_startup(self) -> float:
-        """Seconds each branch pays before its first update: its launch and its session's start-up."""
-        return (self.startup_seconds or 0.0) + (self.launch_seconds or 0.0)
-
-    def projected_seconds(self, updates: int, branches: int) -> float | None:
-        """The checks' projected wall seconds; None where the record has no seconds per update."""
+    def projected_seconds(self, updates: int, branches: int, processes: int) -> float | None:
+        """The checks' projected wall seconds, the branches run in `processes` processes; None where the
+        record has no seconds per update."""
         if not self.seconds_per_update:
             return None
-        return updates * self.seconds_per_update + branches * self.branch_startup
+        return (updates * self.seconds_per_update + branches * (self.startup_seconds or 0.0)
+                + processes * (self.launch_seconds or 0.0))
 
-    def fits(self, updates: int, branches: int, budget: float) -> bool:
+    def fits(self, updates: int, branches: int, processes: int, budget: float) -> bool:
         """Whether the projected seconds are within `budget` times the pilot's (true where either is
         unknown: the budget then holds in updates only)."""
-        projected = self.projected_seconds(updates, branches)
+        projected = self.projected_seconds(updates, branches, processes)
         return projected is None or not self.pilot_seconds or projected <= budget * self.pilot_seconds
 
 

@@ -11,15 +11,18 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from pilotrun.commands import tune_cost
 from pilotrun.commands.cli import main
 from pilotrun.commands.freeze import freeze_run
 from pilotrun.commands.next_commands import train_words
 from pilotrun.commands.tune import TuneError, parse_checks, plan_checks, tune
-from pilotrun.commands.tune_branch import make_branch_folder
+from pilotrun.commands.tune_branch import branch_train_losses, make_branch_folder, pilot_session_ids
 from pilotrun.commands.tune_cost import pilot_startup_seconds
 from pilotrun.report.verdict.thresholds import Thresholds
+from pilotrun.run.marker import step_folder
+from pilotrun.run.record import read_metrics_tolerant
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -141,6 +144,15 @@ def test_a_whole_check_lands_in_the_record_the_verdict_the_report_and_the_lock(p
     written = json.loads((pilot / "tune" / "tune.json").read_text())
     assert written["lr"]["line"] == result["lr"]["line"] and written["batch"]["from_steps"] == [4, 8]
     assert len(written["branches"]) == 12
+    # The branches shared one process, one after another: the ones that change nothing, run after others
+    # there, are still the pilot's own continuation, losses and weights bit for bit.
+    for name, start, end in (("base-1x-from-8", 8, 12), ("base-1x-from-4", 4, 8)):
+        assert branch_train_losses(pilot / "tune" / name, pilot_session_ids(pilot)) == {
+            e["step"]: e["loss"] for e in read_metrics_tolerant(pilot).events
+            if e.get("event") == "train" and start < e["step"] <= end}
+        mine = torch.load(step_folder(pilot / "tune" / name, end) / "model.pt", weights_only=True)
+        theirs = torch.load(step_folder(pilot, end) / "model.pt", weights_only=True)
+        assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
     for name in written["branches"]:
         assert main(["summarize", str(pilot / "tune" / name)]) == 0  # each branch is a valid run record
     assert (pilot / "tune" / "tune_lr.png").is_file() and (pilot / "tune" / "tune_batch.png").is_file()
