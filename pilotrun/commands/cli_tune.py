@@ -15,8 +15,11 @@ def add_tune(sub: argparse._SubParsersAction) -> None:
         "--check batch runs 1/2, 2 and 4 times the recipe's global batch on the same tokens from two "
         "checkpoints. Compared on validation loss with the pilot's own noise as the yardstick: whether the "
         "recipe's learning rates are within one step of the best seen (else the better factor), the "
-        "sensitivity, and the critical batch with its band. The cost is printed before anything runs and "
-        "refused above --budget times the pilot's updates. Writes RUN/tune/tune.json and a plot per check; "
+        "sensitivity, and the critical batch with its band. The cost is printed before anything runs: "
+        "updates, and wall seconds projected from the pilot's record and each branch's launch and start-up; "
+        "K is the most that fits --budget times the pilot's updates and its wall seconds, and a check that "
+        "does not fit the seconds even at the fewest updates is refused unless --allow-overrun. "
+        "Writes RUN/tune/tune.json and a plot per check; "
         "`pilotrun verdict RUN` shows them as evidence and `freeze` records them in the lock. The pilot's "
         "own files are only read. Exit 0 done, 2 bad input (not a pilot, no checkpoint to branch from, over "
         "budget).",
@@ -27,7 +30,11 @@ def add_tune(sub: argparse._SubParsersAction) -> None:
                    help="updates per branch at the recipe's batch, a multiple of 4 (default: the most the "
                         "budget and the pilot's checkpoints allow)")
     p.add_argument("--budget", type=float, default=3.0, metavar="X",
-                   help="the most the checks may cost, in the pilot's own updates (default 3)")
+                   help="the most the checks may cost, as a multiple of the pilot's own updates and of its "
+                        "wall seconds (default 3)")
+    p.add_argument("--allow-overrun", action="store_true",
+                   help="where the checks fit the budget in updates but not in projected seconds, run them "
+                        "anyway at the most updates that fit, the overrun stated (default: refuse)")
     p.add_argument("--data", default=None, help="the pilot's data folder if it moved (default: the recorded)")
     p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
                    help="run each branch under torchrun with N processes (default: as the pilot's last "
@@ -39,5 +46,5 @@ def _run_tune(args: argparse.Namespace) -> int:
     from pilotrun.commands.tune import parse_checks, tune
 
     tune(args.run_dir, parse_checks(args.check), updates=args.updates, budget=args.budget, data=args.data,
-         nproc=args.nproc_per_node)
+         nproc=args.nproc_per_node, allow_overrun=args.allow_overrun)
     return 0

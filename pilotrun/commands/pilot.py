@@ -703,7 +703,8 @@ def add_pilot_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--freeze", default=None, metavar="LOCK", help="after a GO, write the recipe lock to LOCK")
     p.add_argument("--check", default=None, metavar="lr,batch",
                    help="after the resumed run, check the learning rates and the batch by branches from the "
-                        "pilot's checkpoints (`pilotrun tune`), at up to 3x the pilot's updates")
+                        "pilot's checkpoints (`pilotrun tune`), at up to 3x the pilot's updates and wall "
+                        "seconds")
     p.add_argument(
         "--progress",
         choices=("auto", "plain"),

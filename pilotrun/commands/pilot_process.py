@@ -124,13 +124,30 @@ def torchrun_command(nproc_per_node: int) -> list[str]:
     ]
 
 
+def log_cause(log: Path) -> str:
+    """The one line of a training's log that says why it failed: its `pilotrun: error:` line (bad input),
+    else a traceback's last line (the exception), else the last line it wrote."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "its log could not be read"
+    for line in reversed(lines):
+        if line.startswith("pilotrun: error: "):
+            return line.removeprefix("pilotrun: error: ")
+    if any(line.startswith("Traceback (most recent call last)") for line in lines):
+        return lines[-1]
+    return lines[-1] if lines else "it wrote nothing"
+
+
 class TrainingChild:
     """One `pilotrun train` of the rehearsal: a process, or torchrun and `nproc` workers, its output in
     `log`."""
 
-    def __init__(self, train_args: list[str], log: Path, nproc: int | None = None) -> None:
+    def __init__(self, train_args: list[str], log: Path, nproc: int | None = None,
+                 launcher: list[str] | None = None) -> None:
         self.nproc, self.log = nproc, log
-        launcher = torchrun_command(nproc) if nproc else train_command()
+        # `launcher`: another command than `pilotrun` (the checks' branches in one process: tune_child.py)
+        launcher = launcher or (torchrun_command(nproc) if nproc else train_command())
         env = dict(os.environ)
         if nproc:
             # torchrun sets it and warns; the recipe's num_threads rules
@@ -147,20 +164,7 @@ class TrainingChild:
         self.pid = self.process.pid
 
     def cause(self) -> str:
-        """The one line of the child's log that says why it failed: its `pilotrun: error:` line (bad input),
-        else a traceback's last line (the exception), else the last line it wrote."""
-        try:
-            lines = [
-                line.strip() for line in self.log.read_text(errors="replace").splitlines() if line.strip()
-            ]
-        except OSError:
-            return "its log could not be read"
-        for line in reversed(lines):
-            if line.startswith("pilotrun: error: "):
-                return line.removeprefix("pilotrun: error: ")
-        if any(line.startswith("Traceback (most recent call last)") for line in lines):
-            return lines[-1]
-        return lines[-1] if lines else "it wrote nothing"
+        return log_cause(self.log)
 
     def poll(self) -> int | None:
         return self.process.poll()

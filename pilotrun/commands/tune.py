@@ -7,12 +7,15 @@ seconds per update), so they are a step after the pilot, and can be run again, o
 without running the pilot again.
 
 1. plan: from RUN/run.json (the effective recipe, the data folder) and the committed checkpoints, the
-   checkpoints to branch from, the updates per branch and every branch; the cost (updates and seconds
-   projected from the pilot's recorded seconds per update) is stated before anything runs and refused above
-   `budget` times the pilot's own updates;
+   checkpoints to branch from, the updates per branch and every branch; the cost (updates, and seconds
+   projected from the pilot's record and each branch's launch: commands/tune_cost.py) is stated before
+   anything runs, and K is the most that fits `budget` times the pilot's own updates and wall seconds (a
+   check that fits only in updates is refused, or run with its overrun stated where the user allows it);
 2. each branch (commands/tune_branch.py) is a `pilotrun train --resume --from-step N` into RUN/tune/NAME with
-   its allowed change, in a process of its own; a branch already complete is reused, an interrupted one run
-   again from its checkpoint;
+   its allowed change, a session of its own; the branches run one after another in one process
+   (commands/tune_child.py), which pays the interpreter's launch and the imports once, or each under torchrun
+   where the pilot ran on several ranks; a branch already complete is reused, an interrupted one run again
+   from its checkpoint;
 3. the findings (report/verdict/tuning.py) go to RUN/tune/tune.json (written last, atomically) and its plots
    beside it; `pilotrun verdict RUN` then shows them as evidence and draws them in the report, and `freeze`
    carries them into the lock.
@@ -26,16 +29,18 @@ evaluates on the same validation windows), and each reads the same tokens: a bra
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from pilotrun.commands.next_commands import train_words
-from pilotrun.commands.pilot_process import TrainingChild
+from pilotrun.commands.pilot_process import TrainingChild, log_cause
 from pilotrun.commands.tune_branch import (
     Branch,
     branch_val_loss,
@@ -43,6 +48,7 @@ from pilotrun.commands.tune_branch import (
     make_branch_folder,
     pilot_session_ids,
 )
+from pilotrun.commands.tune_cost import PilotTimings, read_pilot_timings
 from pilotrun.common.errors import PilotrunError
 from pilotrun.common.files import write_text_atomic
 from pilotrun.common.strict_json import strict_dumps
@@ -61,7 +67,6 @@ from pilotrun.run.record import (
     RUN_JSON,
     read_metrics_tolerant,
     read_run_json,
-    recorded_seconds_per_update,
 )
 
 CHECKS = ("lr", "batch")
@@ -82,8 +87,9 @@ class TunePlan:
     batch_steps: list[int]
     branches: list[Branch] = field(default_factory=list)
     pilot_updates: int = 0
-    seconds_per_update: float | None = None
-    startup_seconds: float | None = None  # the pilot's median session start-up, which each branch pays again
+    timings: PilotTimings = field(default_factory=lambda: PilotTimings(None, None, None, None))
+    overrun: bool = False  # over the budget in seconds, run because the user allowed it
+    shared: bool = True  # the branches share one process (its launch paid once); False: each under torchrun
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -91,17 +97,43 @@ class TunePlan:
         """Updates at the recipe's batch that the branches cost (a branch at m times the batch: m each)."""
         return sum(round(b.updates * (b.value if b.kind == "batch" else 1.0)) for b in self.branches)
 
+    @property
+    def cost_seconds(self) -> float | None:
+        """Projected wall seconds: the updates at the pilot's rate, and each branch's launch and start-up."""
+        return self.timings.projected_seconds(self.cost_updates, len(self.branches), self.processes)
+
+    @property
+    def processes(self) -> int:
+        return 1 if self.shared else len(self.branches)
+
+    def fits(self, budget: float) -> bool:
+        """Within `budget` times the pilot's updates and, where the record says them, its wall seconds."""
+        return (self.cost_updates <= budget * self.pilot_updates
+                and self.timings.fits(self.cost_updates, len(self.branches), self.processes, budget))
+
     def cost_line(self, budget: float) -> str:
-        per_update = self.seconds_per_update
-        seconds = (f", about {self.cost_updates * per_update:.0f} s of training projected from the pilot's "
-                   f"{per_update:.3g} s per update" if per_update else "")
-        if self.startup_seconds is not None:
-            count = len(self.branches)
-            seconds += (f" and {count * self.startup_seconds:.0f} s of start-up ({count} x the pilot's "
-                        f"{self.startup_seconds:.2g} s a session, the interpreter's launch not counted)")
         return (f"{len(self.branches)} branches of {self.updates} updates cost {self.cost_updates} updates "
                 f"at the recipe's batch = {self.cost_updates / self.pilot_updates:.2f}x the pilot's "
-                f"{self.pilot_updates} (budget {budget:g}x){seconds}")
+                f"{self.pilot_updates}{self._seconds_part(budget)}")
+
+    def _seconds_part(self, budget: float) -> str:
+        t, count, projected = self.timings, len(self.branches), self.cost_seconds
+        if projected is None:
+            return f" (budget {budget:g}x, in updates only: the record has no seconds per update)"
+        training = self.cost_updates * t.seconds_per_update
+        shared = "the branches share one process" if self.shared else "a process a branch, under torchrun"
+        startup, launch, processes = t.startup_seconds or 0.0, t.launch_seconds or 0.0, self.processes
+        parts = (f"{training:.0f} s of training at the pilot's {t.seconds_per_update:.3g} s per update"
+                 f" and {count * startup:.0f} s of start-up ({count} x the pilot's {startup:.2g} s a session)"
+                 f" and {processes * launch:.0f} s of launch ({processes} x {launch:.2g} s measured for a "
+                 f"process that imports the trainer: {shared})")
+        if not t.pilot_seconds:
+            return (f" (budget {budget:g}x, in updates only: the record has no session's wall seconds), "
+                    f"about {projected:.0f} s projected: {parts}")
+        over = (f": OVER the budget by {projected / t.pilot_seconds - budget:.2f}x, run as --allow-overrun "
+                "asked" if self.overrun else "")
+        return (f"; projected {projected:.0f} s = {projected / t.pilot_seconds:.2f}x the pilot's own "
+                f"{t.pilot_seconds:.0f} s (budget {budget:g}x{over}): {parts}")
 
 
 def parse_checks(text: str) -> tuple[str, ...]:
@@ -205,8 +237,12 @@ def _branches_for(recipe: dict[str, Any], checks: tuple[str, ...], past: list[in
 
 
 def plan_checks(run_dir: str | Path, checks: tuple[str, ...], updates: int | None = None,
-                budget: float = DEFAULT_BUDGET) -> TunePlan:
-    """Every branch of the checks, or a TuneError that says what the pilot lacks."""
+                budget: float = DEFAULT_BUDGET, allow_overrun: bool = False,
+                launch_seconds: float | None = None, nproc: int | None = None) -> TunePlan:
+    """Every branch of the checks, or a TuneError that says what the pilot lacks. K is the most updates a
+    branch that fit `budget` times the pilot's updates and its wall seconds (projected from its record and
+    `launch_seconds`, measured now where None); where only the seconds do not fit even at the smallest K,
+    `allow_overrun` runs the most that fits in updates, its overrun stated."""
     run_dir = Path(run_dir)
     run = _read_pilot(run_dir)
     recipe = run["recipe"]
@@ -222,44 +258,42 @@ def plan_checks(run_dir: str | Path, checks: tuple[str, ...], updates: int | Non
     if updates is not None and (updates < 4 or updates % 4):
         raise TuneError(f"--updates {updates}: must be a multiple of 4 (a 4x batch runs a quarter of them)")
     candidates = [updates] if updates is not None else range((max_steps - past[0]) // 4 * 4, 0, -4)
-    plan = None
+    plans = []
     for k in candidates:
         plan = _branches_for(recipe, checks, past, k, max_steps, warmup)
-        if plan is not None and (updates is not None or plan.cost_updates <= budget * max_steps):
-            break
-        plan = None
-    if plan is None:
+        if plan is not None:
+            plan.run_dir, plan.pilot_updates = run_dir, max_steps
+            plan.shared = not (nproc if nproc is not None else _pilot_ranks(run))
+            plans.append(plan)
+    timings = read_pilot_timings(run_dir, launch_seconds) if plans else None
+    for plan in plans:
+        plan.timings = timings or plan.timings
+    return _within_budget(run_dir, plans, max_steps, updates, budget, allow_overrun)
+
+
+def _within_budget(run_dir: Path, plans: list[TunePlan], max_steps: int, updates: int | None, budget: float,
+                   allow_overrun: bool) -> TunePlan:
+    """The plan with the most updates a branch that fits the budget (`plans` by updates, most first)."""
+    in_updates = [p for p in plans if p.cost_updates <= budget * p.pilot_updates]
+    if updates is not None and plans and not in_updates:
+        raise TuneError(f"the checks would cost more than the budget: {plans[0].cost_line(budget)}; pass "
+                        "fewer --updates or a larger --budget")
+    if not in_updates:
         raise TuneError(f"{run_dir} is too short to branch: no committed checkpoint past warm-up leaves "
                         f"{updates or 4} updates before its last update {max_steps} within a budget of "
                         f"{budget:g}x its updates; run the pilot longer or keep more checkpoints")
-    plan.run_dir, plan.pilot_updates = run_dir, max_steps
-    rates = recorded_seconds_per_update(run_dir)
-    plan.seconds_per_update = statistics.median(rates) if rates else None
-    plan.startup_seconds = pilot_startup_seconds(run_dir)
-    if plan.cost_updates > budget * max_steps:
-        raise TuneError(f"the checks would cost more than the budget: {plan.cost_line(budget)}; pass fewer "
-                        "--updates or a larger --budget")
+    fitting = [p for p in in_updates if p.fits(budget)]
+    if fitting:
+        return fitting[0]
+    if not allow_overrun:
+        smallest = in_updates[-1]
+        which = "at --updates" if updates is not None else "even at the fewest,"
+        raise TuneError(f"the checks do not fit {budget:g}x the pilot's wall seconds {which} "
+                        f"{smallest.updates} updates a branch: {smallest.cost_line(budget)}; pass a larger "
+                        "--budget, or --allow-overrun to run them anyway")
+    plan = in_updates[0]
+    plan.overrun = True
     return plan
-
-
-def pilot_startup_seconds(run_dir: Path) -> float | None:
-    """The median seconds from a pilot session's clock start (its session_end's time less its recorded wall
-    seconds) to its first train window: loading, building, restoring, which each branch, a session of its
-    own, pays again (the interpreter's own launch comes before that clock and is not in it)."""
-    first_window: dict[str, float] = {}
-    startups = []
-    for event in read_metrics_tolerant(run_dir).events:
-        sid, when = str(event.get("session_id")), event.get("time")
-        if not isinstance(when, float):
-            continue
-        if event.get("event") == "train" and sid not in first_window:
-            window = (event.get("window") or {}).get("wall_seconds")
-            first_window[sid] = when - (window if isinstance(window, float) else 0.0)
-        ended = event.get("event") == "session_end"
-        wall = (event.get("time_split") or {}).get("wall_seconds") if ended else None
-        if isinstance(wall, float) and sid in first_window:
-            startups.append(max(0.0, first_window[sid] - (when - wall)))
-    return statistics.median(startups) if startups else None
 
 
 def pilot_yardstick(run_dir: Path) -> float | None:
@@ -282,34 +316,95 @@ def _pilot_ranks(run: dict[str, Any]) -> int | None:
     return world if isinstance(world, int) and world > 1 else None
 
 
-def _run_branch(plan: TunePlan, branch: Branch, recipe_file: Path, data: Path, sessions: set[str],
-                nproc: int | None, out: TextIO) -> float:
+def _prepare_branch(plan: TunePlan, branch: Branch, recipe_file: Path, data: Path, sessions: set[str],
+                    out: TextIO) -> tuple[float | None, list[str]]:
+    """(its loss, []) for a branch already complete; else (None, the `pilotrun train` words that run it),
+    its folder assembled (an interrupted one's replaced)."""
     folder = plan.run_dir / TUNE_DIR / branch.name
     loss = branch_val_loss(folder, sessions, branch.last_step)
     if loss is not None:
         print(f"[tune] {branch.name}: already done, val loss {loss:.4f}", file=out, flush=True)
-        return loss
+        return loss, []
     if folder.exists():
         print(f"[tune] {branch.name}: an interrupted branch, run again from its checkpoint", file=out,
               flush=True)
         shutil.rmtree(folder)
     make_branch_folder(plan.run_dir, folder, branch.from_step)
-    words = train_words(config=recipe_file, data=data, run_dir=folder,
-                        overrides=[*branch.overrides, *cadence_overrides(branch)], allow_changes=branch.allow,
-                        resume=True, extra=["--from-step", str(branch.from_step), "--progress", "none"])
-    child = TrainingChild(words, plan.run_dir / TUNE_DIR / "logs" / f"{branch.name}.log", nproc=nproc)
-    code = child.wait()
+    return None, train_words(config=recipe_file, data=data, run_dir=folder,
+                             overrides=[*branch.overrides, *cadence_overrides(branch)],
+                             allow_changes=branch.allow, resume=True,
+                             extra=["--from-step", str(branch.from_step), "--progress", "none"])
+
+
+def _branch_result(plan: TunePlan, branch: Branch, sessions: set[str], code: int, out: TextIO) -> float:
+    """The branch's loss from its finished training's exit code and folder."""
+    log = _branch_log(plan, branch)
     if code == 1:  # the branch stopped itself (a loss that left finite numbers, too many spike rollbacks)
-        print(f"[tune] {branch.name}: stopped itself ({child.cause()}): counted as diverged", file=out,
+        print(f"[tune] {branch.name}: stopped itself ({log_cause(log)}): counted as diverged", file=out,
               flush=True)
         return math.inf
     if code != 0:
-        raise TuneError(f"branch {branch.name} failed: {child.cause()} (its log: {child.log})")
-    loss = branch_val_loss(folder, sessions, branch.last_step)
+        raise TuneError(f"branch {branch.name} failed: {log_cause(log)} (its log: {log})")
+    loss = branch_val_loss(plan.run_dir / TUNE_DIR / branch.name, sessions, branch.last_step)
     if loss is None:
         raise TuneError(f"branch {branch.name} ended without a validation loss at step {branch.last_step}")
     print(f"[tune] {branch.name}: val loss {loss:.4f}", file=out, flush=True)
     return loss
+
+
+def _branch_log(plan: TunePlan, branch: Branch) -> Path:
+    return plan.run_dir / TUNE_DIR / "logs" / f"{branch.name}.log"
+
+
+def _run_shared(plan: TunePlan, pending: dict[str, tuple[Branch, list[str]]], sessions: set[str],
+                out: TextIO) -> dict[str, float]:
+    """The pending branches one after another in one process (commands/tune_child.py), each result taken as
+    its exit code is written; the process is ended where a branch fails."""
+    logs = plan.run_dir / TUNE_DIR / "logs"
+    plan_file, codes_file = logs / "shared.json", logs / "shared-codes.json"
+    codes_file.unlink(missing_ok=True)
+    write_text_atomic(plan_file, strict_dumps({"codes": str(codes_file), "branches": [
+        {"name": name, "words": words, "log": str(_branch_log(plan, branch))}
+        for name, (branch, words) in pending.items()]}, indent=1) + "\n")
+    child = TrainingChild([str(plan_file)], logs / "shared.log",
+                          launcher=[sys.executable, "-m", "pilotrun.commands.tune_child"])
+    losses: dict[str, float] = {}
+    try:
+        while len(losses) < len(pending):
+            ended = child.poll() is not None
+            codes = json.loads(codes_file.read_text()) if codes_file.is_file() else {}
+            for name in [n for n in pending if n in codes and n not in losses]:
+                losses[name] = _branch_result(plan, pending[name][0], sessions, codes[name], out)
+            if ended and len(losses) < len(pending):
+                raise TuneError(f"the branches' process ended (exit {child.poll()}) before every branch ran: "
+                                f"{log_cause(child.log)} (its log: {child.log})")
+            time.sleep(0.2)
+    finally:
+        if child.poll() is None:
+            child.process.terminate()
+        child.wait()
+    return losses
+
+
+def _run_branches(plan: TunePlan, recipe_file: Path, data: Path, sessions: set[str], nproc: int | None,
+                  out: TextIO) -> dict[str, float]:
+    """Every branch's loss: complete ones reused; the rest in one shared process, or each under torchrun
+    where the pilot ran on several ranks."""
+    losses: dict[str, float] = {}
+    pending: dict[str, tuple[Branch, list[str]]] = {}
+    for branch in plan.branches:
+        loss, words = _prepare_branch(plan, branch, recipe_file, data, sessions, out)
+        if loss is not None:
+            losses[branch.name] = loss
+        else:
+            pending[branch.name] = (branch, words)
+    if pending and nproc:
+        for name, (branch, words) in pending.items():
+            code = TrainingChild(words, _branch_log(plan, branch), nproc=nproc).wait()
+            losses[name] = _branch_result(plan, branch, sessions, code, out)
+    elif pending:
+        losses.update(_run_shared(plan, pending, sessions, out))
+    return {b.name: losses[b.name] for b in plan.branches}
 
 
 def _findings(plan: TunePlan, losses: dict[str, float], yardstick: float) -> dict[str, Any]:
@@ -343,13 +438,16 @@ def run_checks(plan: TunePlan, data: str | Path | None = None, nproc: int | None
     write_text_atomic(recipe_file, strict_dumps(run["recipe"], indent=1) + "\n")
     sessions = pilot_session_ids(plan.run_dir)
     nproc = nproc if nproc is not None else _pilot_ranks(run)
-    losses = {b.name: _run_branch(plan, b, recipe_file, data_dir, sessions, nproc, out)
-              for b in plan.branches}
+    losses = _run_branches(plan, recipe_file, data_dir, sessions, nproc, out)
     measured = pilot_yardstick(plan.run_dir)
     yardstick = measured if measured is not None else 0.0
     result = {"run_id": run.get("run_id"), "checks": list(plan.checks), "updates": plan.updates,
               "cost": {"updates": plan.cost_updates, "pilot_updates": plan.pilot_updates, "budget": budget,
-                       "seconds_per_update": plan.seconds_per_update, "line": plan.cost_line(budget)},
+                       "seconds_per_update": plan.timings.seconds_per_update, "seconds": plan.cost_seconds,
+                       "pilot_seconds": plan.timings.pilot_seconds,
+                       "startup_seconds": plan.timings.startup_seconds,
+                       "launch_seconds": plan.timings.launch_seconds, "overrun": plan.overrun,
+                       "line": plan.cost_line(budget)},
               "yardstick": yardstick, "yardstick_measured": measured is not None, "notes": plan.notes,
               "branches": {b.name: {"kind": b.kind, "value": b.value, "from_step": b.from_step,
                                     "updates": b.updates, "set": b.overrides, "allow_change": b.allow,
@@ -375,11 +473,12 @@ def format_findings(result: dict[str, Any]) -> list[str]:
 
 def tune(run_dir: str | Path, checks: tuple[str, ...] = CHECKS, updates: int | None = None,
          budget: float = DEFAULT_BUDGET, data: str | Path | None = None, nproc: int | None = None,
+         allow_overrun: bool = False, launch_seconds: float | None = None,
          out: TextIO = sys.stdout) -> dict[str, Any]:
     """Plan, state the cost, run, judge: the command's whole work; returns tune.json's content."""
     if not math.isfinite(budget) or budget <= 0:
         raise TuneError(f"--budget {budget}: must be a positive multiple of the pilot's updates")
-    plan = plan_checks(run_dir, checks, updates, budget)
+    plan = plan_checks(run_dir, checks, updates, budget, allow_overrun, launch_seconds, nproc)
     print(f"[tune] {plan.cost_line(budget)}", file=out, flush=True)
     for note in plan.notes:
         print(f"[tune] note: {note}", file=out, flush=True)

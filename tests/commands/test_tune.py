@@ -11,13 +11,18 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
+from pilotrun.commands import tune_cost
 from pilotrun.commands.cli import main
 from pilotrun.commands.freeze import freeze_run
 from pilotrun.commands.next_commands import train_words
-from pilotrun.commands.tune import TuneError, parse_checks, pilot_startup_seconds, plan_checks, tune
-from pilotrun.commands.tune_branch import make_branch_folder
+from pilotrun.commands.tune import TuneError, parse_checks, plan_checks, tune
+from pilotrun.commands.tune_branch import branch_train_losses, make_branch_folder, pilot_session_ids
+from pilotrun.commands.tune_cost import pilot_startup_seconds
 from pilotrun.report.verdict.thresholds import Thresholds
+from pilotrun.run.marker import step_folder
+from pilotrun.run.record import read_metrics_tolerant
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -34,11 +39,21 @@ def pilot(builtin_data_dir, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.fixture
+def budget_in_updates(monkeypatch):
+    """These tests are of the budget in updates and of a whole check: the record's wall seconds are left out
+    (and no launch is measured) so that K does not depend on how fast this machine ran the pilot; the budget
+    in seconds is tested on a synthetic record (test_tune_cost.py)."""
+    monkeypatch.setattr(tune_cost, "pilot_wall_seconds", lambda run_dir: None)
+    monkeypatch.setattr(tune_cost, "measure_launch_seconds", lambda: 0.0)
+
+
 def _refusal(capsys, argv: list[str]) -> tuple[int, list[str]]:
     code = main(argv)
     return code, capsys.readouterr().err.strip().splitlines()
 
 
+@pytest.mark.usefixtures("budget_in_updates")
 def test_the_plan_branches_past_warm_up_and_states_its_cost(pilot):
     plan = plan_checks(pilot, ("lr", "batch"), budget=4.0)
     assert (plan.updates, plan.lr_step, plan.batch_steps) == (4, 8, [4, 8])
@@ -54,6 +69,7 @@ def test_the_plan_branches_past_warm_up_and_states_its_cost(pilot):
         plan.cost_line(4.0))
 
 
+@pytest.mark.usefixtures("budget_in_updates")
 def test_the_start_up_each_branch_pays_again_is_the_pilots_as_its_time_ledger_counts_it(pilot):
     from pilotrun.report.record_check.summarize import summarize_run
 
@@ -64,6 +80,7 @@ def test_the_start_up_each_branch_pays_again_is_the_pilots_as_its_time_ledger_co
     assert f"and {5 * pilot_startup_seconds(pilot):.0f} s of start-up (5 x the pilot's" in plan.cost_line(3.0)
 
 
+@pytest.mark.usefixtures("budget_in_updates")
 def test_the_budget_holds_the_checks_at_three_times_the_pilot(pilot):
     with pytest.raises(TuneError, match="too short to branch"):
         plan_checks(pilot, ("lr", "batch"))  # 48 updates > 3 x 12
@@ -116,6 +133,7 @@ def _hashes(folder: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("budget_in_updates")
 def test_a_whole_check_lands_in_the_record_the_verdict_the_report_and_the_lock(pilot, tmp_path):
     before = _hashes(pilot)
     out = io.StringIO()
@@ -126,6 +144,15 @@ def test_a_whole_check_lands_in_the_record_the_verdict_the_report_and_the_lock(p
     written = json.loads((pilot / "tune" / "tune.json").read_text())
     assert written["lr"]["line"] == result["lr"]["line"] and written["batch"]["from_steps"] == [4, 8]
     assert len(written["branches"]) == 12
+    # The branches shared one process, one after another: the ones that change nothing, run after others
+    # there, are still the pilot's own continuation, losses and weights bit for bit.
+    for name, start, end in (("base-1x-from-8", 8, 12), ("base-1x-from-4", 4, 8)):
+        assert branch_train_losses(pilot / "tune" / name, pilot_session_ids(pilot)) == {
+            e["step"]: e["loss"] for e in read_metrics_tolerant(pilot).events
+            if e.get("event") == "train" and start < e["step"] <= end}
+        mine = torch.load(step_folder(pilot / "tune" / name, end) / "model.pt", weights_only=True)
+        theirs = torch.load(step_folder(pilot, end) / "model.pt", weights_only=True)
+        assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
     for name in written["branches"]:
         assert main(["summarize", str(pilot / "tune" / name)]) == 0  # each branch is a valid run record
     assert (pilot / "tune" / "tune_lr.png").is_file() and (pilot / "tune" / "tune_batch.png").is_file()
