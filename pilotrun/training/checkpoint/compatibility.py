@@ -81,10 +81,12 @@ def _partition_rows(meta: dict[str, Any]) -> dict[str, Any]:
     rows = meta.get("optimizer", {}).get("partition") if isinstance(meta.get("optimizer"), dict) else None
     if rows is None:
         rows = meta.get("partition")
-    if rows is None:
+    if not isinstance(rows, list):
         return {}
-    # Keyed by group name so that a reordering is not reported as every group changing.
-    return {str(row.get("group", index)): row for index, row in enumerate(rows)}
+    # Keyed by group name so that a reordering is not reported as every group changing; a row that is not
+    # an object (a damaged marker) is an empty group of its own, so the difference is refused, not raised.
+    return {str(row.get("group", index)) if isinstance(row, dict) else f"#{index} (damaged)":
+            row if isinstance(row, dict) else {} for index, row in enumerate(rows)}
 
 
 def _compared_values(meta: dict[str, Any]) -> dict[str, Any]:

@@ -102,6 +102,19 @@ def test_partition_change_is_refused_naming_the_group():
         check_resume_compatibility(run_meta(), current)
 
 
+@pytest.mark.parametrize("damage", [None, 3, "text"])
+def test_a_damaged_partition_row_in_a_marker_is_refused_naming_it_not_raised(damage):
+    # A committed marker edited or damaged on disk: a partition row that is no object is a difference to
+    # refuse in one line, never an AttributeError out of the comparison.
+    saved = run_meta()
+    saved["optimizer"]["partition"][1] = damage
+    with pytest.raises(CheckpointError, match=r"optimizer\.partition: group #1 \(damaged\) removed; group adamw_other added"):
+        check_resume_compatibility(saved, run_meta())
+    saved["optimizer"]["partition"] = damage
+    with pytest.raises(CheckpointError, match=r"optimizer\.partition: group adamw_other added; group muon_matrices added"):
+        check_resume_compatibility(saved, run_meta())
+
+
 def test_every_difference_is_listed_at_once():
     current = changed("recipe.train.batch_size", 8)
     current["world_size"] = 4
