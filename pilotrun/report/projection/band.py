@@ -217,11 +217,7 @@ def elapsed_band(projection: dict[str, Any], parts: dict[str, float], elapsed: f
             if moved
             else (
                 "no part is outside its own band; the largest differences: "
-                + "; ".join(
-                    f"{p['part']} {p['actual']:.4g} s against {p['projected']:.4g} s projected "
-                    f"({p['difference']:+.4g} s)"
-                    for p in rows[:3]
-                )
+                + largest_differences(rows)
             )
         )
     return {
@@ -296,3 +292,10 @@ def _throughput_moved(projection: dict[str, Any], run: dict[str, Any]) -> str:
                 "pilot had)"
             )
     return f" ({'; '.join(said)})" if said else ""
+
+
+def largest_differences(parts: list[dict[str, Any]], count: int = 3) -> str:
+    """The first `count` parts (sorted by the caller, largest difference first) as `part actual against
+    projected (difference)`: how a band's `why` names what moved."""
+    return "; ".join(f"{p['part']} {p['actual']:.4g} s against {p['projected']:.4g} s projected "
+                     f"({p['difference']:+.4g} s)" for p in parts[:count])

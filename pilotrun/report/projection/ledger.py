@@ -31,7 +31,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pilotrun.report.projection.band import PART_PAIRS, elapsed_band, observed
+from pilotrun.report.projection.band import PART_PAIRS, elapsed_band, largest_differences, observed
 from pilotrun.report.record_check.spike_history import replay_seconds
 from pilotrun.report.record_check.time_split import read_time_split
 from pilotrun.run.record import is_finite_number
@@ -276,11 +276,7 @@ def _elapsed_band(projection: dict[str, Any], ledger: Ledger, share: float | Non
         side = "above" if ledger.elapsed_seconds > high else "below"
         why = (
             f"elapsed {ledger.elapsed_seconds:.4g} s is {side} the band {low:.4g}-{high:.4g} s: "
-            + "; ".join(
-                f"{p['part']} {p['actual']:.4g} s against {p['projected']:.4g} s projected "
-                f"({p['difference']:+.4g} s)"
-                for p in parts[:3]
-            )
+            + largest_differences(parts)
         )
     return {
         "low": low,
