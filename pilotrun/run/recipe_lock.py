@@ -168,20 +168,26 @@ def frozen_run_facts(
             **({"lock_forecast": lock[FORECAST_KEY]} if isinstance(lock.get(FORECAST_KEY), dict) else {})}
 
 
+def _recorded_frozen(run_dir: str | Path) -> tuple[bool, Any]:
+    """(whether the folder holds a readable run.json, its `frozen`): nothing to check where it holds no run
+    yet (`--resume auto` starts it) or a damaged one (the resume itself refuses it, naming the damage)."""
+    from pilotrun.run.record import RUN_JSON, read_run_json
+
+    if not (Path(run_dir) / RUN_JSON).is_file():
+        return False, None
+    try:
+        return True, read_run_json(run_dir).get("frozen")
+    except PilotrunError:
+        return False, None
+
+
 def check_resumed_lock(lock: dict[str, Any], lock_path: str | Path, run_dir: str | Path) -> None:
     """A frozen run is resumed under the lock it was started from (run.json's `frozen.lock_sha256`): another
     lock, or a run folder not started from a lock, is the wrong folder or the wrong lock, asked as such
     (FreezeError) before any difference could be offered to --allow-change. Nothing to check where the folder
     holds no run yet (`--resume auto` starts it)."""
-    from pilotrun.run.record import RUN_JSON, read_run_json
-
-    if not (Path(run_dir) / RUN_JSON).is_file():
-        return
-    try:
-        frozen = read_run_json(run_dir).get("frozen")
-    except PilotrunError:
-        return  # a damaged run.json is refused, with its damage named, by the resume itself
-    if isinstance(frozen, dict) and frozen.get("lock_sha256") == lock.get("sha256"):
+    readable, frozen = _recorded_frozen(run_dir)
+    if not readable or isinstance(frozen, dict) and frozen.get("lock_sha256") == lock.get("sha256"):
         return
     started = (f"from another lock (sha256 {str(frozen.get('lock_sha256'))[:16]}, {frozen.get('lock_path')})"
                if isinstance(frozen, dict) else "from a recipe (--config), not from a lock")
@@ -196,15 +202,8 @@ def check_resumed_recipe(config_path: str | Path, run_dir: str | Path) -> None:
     """The other side of check_resumed_lock: a run started from a lock, resumed with `--config` (a recipe, not
     its lock), would go on without the lock's checks while its record still names the lock: the wrong folder
     or the wrong command, asked as such (FreezeError), naming the lock to resume it with."""
-    from pilotrun.run.record import RUN_JSON, read_run_json
-
-    if not (Path(run_dir) / RUN_JSON).is_file():
-        return
-    try:
-        frozen = read_run_json(run_dir).get("frozen")
-    except PilotrunError:
-        return  # a damaged run.json is refused, with its damage named, by the resume itself
-    if not isinstance(frozen, dict):
+    readable, frozen = _recorded_frozen(run_dir)
+    if not readable or not isinstance(frozen, dict):
         return
     raise FreezeError(
         f"--config {config_path}: run folder {run_dir} was started from the lock {frozen.get('lock_path')} "
