@@ -97,23 +97,10 @@ class ReferenceBlock(nn.Module):
         return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
 
 
-class ReferenceGPT(nn.Module):
+class ReferenceGPT(moe_reference.BlockStackLM):
     def __init__(self, vocab: int, d_model: int, n_layers: int, n_heads: int, hidden: int):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, d_model)
-        self.layers = nn.ModuleList(ReferenceBlock(d_model, n_heads, hidden) for _ in range(n_layers))
-        self.norm = nn.RMSNorm(d_model)
-        self.head = nn.Linear(d_model, vocab, bias=False)
-        for p in self.parameters():
-            if p.ndim == 2:
-                nn.init.normal_(p, std=0.02)
-
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
-        for layer in self.layers:
-            x = layer(x)
-        logits = self.head(self.norm(x))
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        super().__init__(vocab, d_model,
+                         lambda: (ReferenceBlock(d_model, n_heads, hidden) for _ in range(n_layers)))
 
 
 def reference_hidden_width(matmul_parameters: int, d_model: int, n_layers: int, vocab: int) -> int:

@@ -1,6 +1,6 @@
 """bench_update's second yardstick: an MoE of torch modules whose matrices are pilotrun's, one for one.
 
-The dense reference (bench_update.ReferenceGPT) does pilotrun's ACTIVE matmul work per token, but its
+The dense reference (bench_update.ReferenceGPT, on the same BlockStackLM frame) does pilotrun's ACTIVE matmul work per token, but its
 optimizer orthogonalises only its active matrices, while an MoE's Muon orthogonalises every expert at every
 step. This one has the same total matrices: per layer MLA's projections of pilotrun's shapes (wq_a, wq_b or
 wq, wkv_a, wkv_b, wo, with pilotrun's RMSNorms on the latent vectors; no rotary embedding, elementwise work),
@@ -96,15 +96,17 @@ class MoEBlock(nn.Module):
         return x + self.ffn(self.ffn_norm(x))
 
 
-class ReferenceMoE(nn.Module):
-    def __init__(self, cfg):
+class BlockStackLM(nn.Module):
+    """The frame both references share: an embedding, the blocks `make_blocks()` builds (called after the
+    embedding, so that both draw their initial weights in the same order as when each wrote its own frame), a
+    final RMSNorm and an untied head, every 2-D weight drawn from N(0, 0.02); the loss is cross-entropy."""
+
+    def __init__(self, vocab: int, d_model: int, make_blocks) -> None:
         super().__init__()
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(
-            MoEBlock(cfg, dense=index < cfg.n_dense_layers) for index in range(cfg.n_layers)
-        )
-        self.norm = nn.RMSNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.embed = nn.Embedding(vocab, d_model)
+        self.layers = nn.ModuleList(make_blocks())
+        self.norm = nn.RMSNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
         for p in self.parameters():
             if p.ndim == 2:
                 nn.init.normal_(p, std=0.02)
@@ -115,6 +117,12 @@ class ReferenceMoE(nn.Module):
             x = layer(x)
         logits = self.head(self.norm(x))
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class ReferenceMoE(BlockStackLM):
+    def __init__(self, cfg):
+        super().__init__(cfg.vocab_size, cfg.d_model, lambda: (
+            MoEBlock(cfg, dense=index < cfg.n_dense_layers) for index in range(cfg.n_layers)))
 
 
 def muon_matrices(model: nn.Module) -> list[torch.Tensor]:
