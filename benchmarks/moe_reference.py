@@ -1,7 +1,7 @@
 """bench_update's second yardstick: an MoE of torch modules whose matrices are pilotrun's, one for one.
 
-The dense reference (bench_update.ReferenceGPT, on the same BlockStackLM frame) does pilotrun's ACTIVE matmul work per token, but its
-optimizer orthogonalises only its active matrices, while an MoE's Muon orthogonalises every expert at every
+The dense reference (bench_update.ReferenceGPT, on the same BlockStackLM frame) does pilotrun's ACTIVE
+matmul work per token, but its optimizer orthogonalises only its active matrices, while an MoE's Muon orthogonalises every expert at every
 step. This one has the same total matrices: per layer MLA's projections of pilotrun's shapes (wq_a, wq_b or
 wq, wkv_a, wkv_b, wo, with pilotrun's RMSNorms on the latent vectors; no rotary embedding, elementwise work),
 a dense SwiGLU in the first `n_dense_layers`, and after them a router, `n_routed_experts` SwiGLU experts (each
