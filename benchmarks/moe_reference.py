@@ -1,16 +1,16 @@
 """bench_update's second yardstick: an MoE of torch modules whose matrices are pilotrun's, one for one.
 
-The dense reference (bench_update.ReferenceGPT, on the same BlockStackLM frame) does pilotrun's ACTIVE
-matmul work per token, but its optimizer orthogonalises only its active matrices, while an MoE's Muon orthogonalises every expert at every
-step. This one has the same total matrices: per layer MLA's projections of pilotrun's shapes (wq_a, wq_b or
-wq, wkv_a, wkv_b, wo, with pilotrun's RMSNorms on the latent vectors; no rotary embedding, elementwise work),
-a dense SwiGLU in the first `n_dense_layers`, and after them a router, `n_routed_experts` SwiGLU experts (each
-matrix its own 2-D parameter, as torch.optim.Muon requires) of width `moe_hidden` with top-k sigmoid routing,
-and the shared experts as one SwiGLU of width n_shared_experts x moe_hidden. Its optimizers are
-bench_update.reference_optimizers' (torch.optim.Muon on every hidden matrix, the router with AdamW as
-pilotrun's default puts it), so Newton-Schulz does exactly pilotrun's work per step, and the forward the same
-active work per token. The routing runs one expert at a time over the tokens routed to it (index_add_), the
-plain eager form.
+The dense reference (bench_update.ReferenceGPT, on the same BlockStackLM frame) does pilotrun's ACTIVE matmul
+work per token, but its optimizer orthogonalises only its active matrices, while an MoE's Muon orthogonalises
+every expert at every step. This one has the same total matrices: per layer MLA's projections of pilotrun's
+shapes (wq_a, wq_b or wq, wkv_a, wkv_b, wo, with pilotrun's RMSNorms on the latent vectors; no rotary
+embedding, elementwise work), a dense SwiGLU in the first `n_dense_layers`, and after them a router,
+`n_routed_experts` SwiGLU experts (each matrix its own 2-D parameter, as torch.optim.Muon requires) of width
+`moe_hidden` with top-k sigmoid routing, and the shared experts as one SwiGLU of width n_shared_experts x
+moe_hidden. Its optimizers are bench_update.reference_optimizers' (torch.optim.Muon on every hidden matrix,
+the router with AdamW as pilotrun's default puts it), so Newton-Schulz does exactly pilotrun's work per step,
+and the forward the same active work per token. The routing runs one expert at a time over the tokens routed
+to it (index_add_), the plain eager form.
 """
 
 from __future__ import annotations
