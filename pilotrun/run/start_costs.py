@@ -61,16 +61,7 @@ def read_start_costs(run_dir: str | Path) -> StartCosts:
     return StartCosts(seconds_per_update_of(events), setup_seconds_of(events), last_save_of(events))
 
 
-def recorded_setup_seconds(run_dir: str | Path) -> list[float]:
-    """The set-up seconds of each earlier session of the run that trained (empty: none recorded)."""
-    return setup_seconds_of(read_metrics_tolerant(run_dir).events)
-
-
-def last_recorded_save(run_dir: str | Path) -> float | None:
-    """The blocking seconds of the run's last recorded save (None: it never saved)."""
-    return last_save_of(read_metrics_tolerant(run_dir).events)
-
-
 def last_save_of(events: list[dict[str, Any]]) -> float | None:
+    """The blocking seconds of the run's last recorded save among `events` (None: it never saved)."""
     saves = [e.get("seconds") for e in events if e.get("event") == "checkpoint"]
     return next((float(s) for s in reversed(saves) if isinstance(s, int | float) and s >= 0), None)

@@ -68,7 +68,7 @@ from pilotrun.run.sinks import (
     check_trackers_available,
     tracker_sinks,
 )
-from pilotrun.run.start_costs import last_recorded_save
+from pilotrun.run.start_costs import last_save_of
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import Callback, Ending, LoopState
 from pilotrun.training.callbacks.checkpointing import CheckpointCallback
@@ -204,6 +204,7 @@ class Trainer:
         self.downstream_tasks = read_choice_tasks(config.train.downstream.tasks)
         check_downstream_fits(config, data_dir, self.downstream_tasks)  # a choice past the model's window too
         self.stop_by, self.clock = stop_by, clock if clock is not None else time.time
+        self.recorded_save_seconds: float | None = None  # the run's last save, read at the session's start
         self.watchdog, self.session_ended, self.peer_hung = watchdog, False, False
         # a peer's stack file written since is this session's (hang_watchdog.peer_hangs)
         self.began = time.time()
@@ -252,7 +253,7 @@ class Trainer:
         window = WindowLogCallback.for_session(loop, progress=self.progress)
         deadline = [] if self.stop_by is None else [
             DeadlineCallback(self.stop_by, setup_seconds=self.clock() - self.started_at, clock=self.clock,
-                             recorded_save_seconds=last_recorded_save(session.run_dir))]
+                             recorded_save_seconds=self.recorded_save_seconds)]
         checkpoint = CheckpointCallback.for_section(t.checkpoint, session.device.type)
         watched: list[Callback] = []
         if self.watchdog is not None:
@@ -368,9 +369,12 @@ class Trainer:
                 loop.say(line)
         for note in session.notes:
             loop.say(f"note: {note}")
-        # read before this session's first line: a stack file is an earlier session's if written before it
-        hangs = unrecorded_hangs(session.run_dir, read_metrics_tolerant(session.run_dir).events, self.began) \
-            if loop.is_main else []
+        # The earlier sessions' record, read once before this session's first line: a stack file is an earlier
+        # session's if written before it, and the last save is the one this session's deadline margin owes.
+        earlier = read_metrics_tolerant(session.run_dir).events if loop.is_main or self.stop_by is not None \
+            else []
+        hangs = unrecorded_hangs(session.run_dir, earlier, self.began) if loop.is_main else []
+        self.recorded_save_seconds = last_save_of(earlier)
         loop.log(
             "session_start",
             resumed_from=session.resumed_from,

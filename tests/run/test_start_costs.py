@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 
+from pilotrun.run.record import read_metrics_tolerant
 from pilotrun.run.start_costs import (
     StartCosts,
-    last_recorded_save,
+    last_save_of,
     read_start_costs,
-    recorded_setup_seconds,
     setup_seconds_of,
 )
 
@@ -38,8 +38,10 @@ def test_read_from_a_run_folder(tmp_path):
     counters = {"step": 0, "tokens_seen": 0, "updates_attempted": 0, "updates_skipped": 0}
     text = "".join(json.dumps({**line, **counters}) + "\n" for line in lines)
     (tmp_path / "metrics.jsonl").write_text(text)
-    assert recorded_setup_seconds(tmp_path) == [3.0]
-    assert last_recorded_save(tmp_path) == 0.5
+    recorded = read_metrics_tolerant(tmp_path).events
+    assert setup_seconds_of(recorded) == [3.0]
+    assert last_save_of(recorded) == 0.5
     assert read_start_costs(tmp_path) == StartCosts([], [3.0], 0.5)  # the window holds no update
-    assert recorded_setup_seconds(tmp_path / "none") == [] and last_recorded_save(tmp_path / "none") is None
+    none = read_metrics_tolerant(tmp_path / "none").events
+    assert setup_seconds_of(none) == [] and last_save_of(none) is None
     assert read_start_costs(tmp_path / "none") == StartCosts([], [], None)
