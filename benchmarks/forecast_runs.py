@@ -9,7 +9,6 @@ the same kind over its own horizon, and for a broken case the change made to the
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -249,12 +248,11 @@ def train_branch(work: Path, data: Path, case: Case, pilot: Path, at: int, lengt
     run_dir = work / "runs" / f"{case.name}-pilot-cool{at}+{length}"
     if (run_dir / "metrics.jsonl").is_file():
         return run_dir
-    run_dir.mkdir(parents=True)
-    for name in ("run.json", "metrics.jsonl"):
-        shutil.copy2(pilot / name, run_dir / name)
-    ckpt = f"step-{at:08d}"
-    shutil.copytree(pilot / "checkpoints" / ckpt, run_dir / "checkpoints" / ckpt)
     import json
+
+    from pilotrun.commands.tune_branch import make_branch_folder
+
+    make_branch_folder(pilot, run_dir, at)  # the folder `pilotrun tune` gives each of its branches
 
     schedule = json.loads((pilot / "run.json").read_text())["recipe"]["optim"]["schedule"]
     changes = {f"optim.schedule.{k}": v for k, v in cooldown_schedule(schedule, at, length).items()}
