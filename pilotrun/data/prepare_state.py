@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -73,8 +74,10 @@ class PartialFolder:
         # prepare wrote itself in as the holder: a refused rerun puts them back (put_back_untouched).
         self._found: tuple[bytes | None, tuple[tuple[int, int], ...]] | None = None
 
-    def open(self) -> dict[str, Any] | None:
-        """Create (or lock the existing) folder; returns its progress record, None when there is none yet."""
+    def open(self, wait_seconds: float = 2.0) -> dict[str, Any] | None:
+        """Create (or lock the existing) folder; returns its progress record, None when there is none yet.
+
+        `wait_seconds`: how long a refused prepare waits for the holder to write its name into the mark."""
         if os.path.islink(self.path) or (os.path.lexists(self.path) and not os.path.isdir(self.path)):
             raise DataError(f"{self.path} is in the way (not a folder of an interrupted prepare): remove it")
         if not os.path.isdir(self.path):
@@ -101,7 +104,7 @@ class PartialFolder:
             pass
         except BlockingIOError:
             self.close()
-            holder = self._mark().get("holder") or {}
+            holder = self._holder_named(wait_seconds)
             who = f" (pid {holder.get('pid')} on host {holder.get('host')})" if holder else ""
             raise DataError(
                 f"{self.path} is held by another pilotrun prepare still running{who}; wait for it or "
@@ -156,6 +159,16 @@ class PartialFolder:
             os.utime(self.path, ns=times[0], follow_symlinks=False)
         except OSError:
             pass  # the refusal is what the user needs to read; a time left new is not worth hiding it for
+
+    def _holder_named(self, wait_seconds: float) -> dict[str, Any]:
+        """The holder the mark names, waiting up to `wait_seconds` for it: the holder writes its name just
+        after taking the lock, so a prepare refused in between would otherwise name nobody."""
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            holder = self._mark().get("holder") or {}
+            if holder or time.monotonic() >= deadline or not os.path.isdir(self.path):
+                return holder
+            time.sleep(0.02)
 
     def _mark(self) -> dict[str, Any]:
         """Prepare's own mark in the folder ({} where there is none, or another's)."""

@@ -49,6 +49,38 @@ def test_a_second_prepare_of_the_same_folder_is_refused_while_the_first_holds_it
     second.close()
 
 
+def test_a_prepare_refused_before_the_holder_wrote_its_name_waits_for_the_name(tmp_path):
+    """The holder takes the lock and only then writes its name into the mark: a second prepare refused in that
+    gap waits for the name rather than naming nobody (the race two real prepares started together can hit)."""
+    import fcntl
+    import threading
+
+    from pilotrun.data.prepare_state import OWN_MARK, PROGRESS_FORMAT
+
+    folder = tmp_path / "out.partial"
+    folder.mkdir()
+    (folder / OWN_MARK).write_text(json.dumps({"format": PROGRESS_FORMAT, "out": "out"}))
+    held = os.open(folder, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # locked, the name not yet written
+
+    def name_the_holder():
+        (folder / OWN_MARK).write_text(json.dumps({
+            "format": PROGRESS_FORMAT, "out": "out", "holder": {"pid": 4242, "host": "node7"}}))
+
+    writer = threading.Timer(0.3, name_the_holder)
+    writer.start()
+    try:
+        with pytest.raises(DataError, match=r"still running \(pid 4242 on host node7\)"):
+            PartialFolder(str(tmp_path / "out")).open(wait_seconds=60)
+        # no name ever written, no wait: the refusal still comes, naming nobody
+        (folder / OWN_MARK).write_text(json.dumps({"format": PROGRESS_FORMAT, "out": "out"}))
+        with pytest.raises(DataError, match="prepare still running; wait for it"):
+            PartialFolder(str(tmp_path / "out")).open(wait_seconds=0)
+    finally:
+        writer.join()
+        os.close(held)
+
+
 def test_an_uncommitted_attempt_is_cleared_and_a_committed_one_returned(tmp_path):
     from pilotrun.data.prepare_state import OWN_MARK
 
