@@ -62,9 +62,15 @@ def build_grad_scaler(precision: str, device_type: str, init_scale: float = 6553
 def restore_grad_scaler(scaler: torch.amp.GradScaler, saved: dict) -> bool:
     """Load a checkpoint's scaler state; returns False where there was none to load. A checkpoint written
     without fp16 holds an empty state (a disabled scaler has none), and a resume that switches to fp16 (an
-    allowed change) starts its scaler afresh at the recipe's `train.loss_scale_init` instead of failing."""
+    allowed change) starts its scaler afresh at the recipe's `train.loss_scale_init` instead of failing.
+
+    The scale and its growth tracker come from the checkpoint; the growth interval stays the one this scaler
+    was built with (the recipe's `train.loss_scale_growth_interval`): torch's state dict carries the interval
+    too, and loading it whole would quietly undo a change of it allowed on resume."""
     if not saved and scaler.is_enabled():
         return False
+    if scaler.is_enabled() and "growth_interval" in saved:
+        saved = {**saved, "growth_interval": scaler.get_growth_interval()}
     scaler.load_state_dict(saved)
     return True
 

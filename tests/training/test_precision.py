@@ -13,7 +13,7 @@ from pilotrun.common.errors import ConfigError
 from pilotrun.config import ScheduleConfig
 from pilotrun.optim.muon_adamw import MuonAdamW
 from pilotrun.optim.schedule import set_learning_rates
-from pilotrun.training.precision import apply_update, autocast_context, build_grad_scaler
+from pilotrun.training.precision import apply_update, autocast_context, build_grad_scaler, restore_grad_scaler
 
 
 class TinyNet(torch.nn.Module):
@@ -462,3 +462,20 @@ def test_an_fp32_run_resumed_in_fp16_trains_on(builtin_data_dir, tmp_path):
     assert main([*base, "--resume", "--set", "train.max_steps=4", "--set", "train.precision=fp16",
                  "--allow-change", "train.precision"]) == 0
     assert (tmp_path / "r" / "checkpoints" / "step-00000004" / "COMMITTED.json").is_file()
+
+
+def test_a_restored_scaler_keeps_the_growth_interval_it_was_built_with():
+    """The scale and its tracker come from the checkpoint; the interval is the recipe's, so a resume that
+    changes train.loss_scale_growth_interval (an allowed change) runs with the new one, not the saved one."""
+    saved_scaler = build_grad_scaler("fp16", "cpu", init_scale=2.0**20, growth_interval=2000)
+    saved_scaler.scale(torch.ones(()))  # the scale exists from the first scaled loss on
+    saved_scaler.update(2.0**20 * 2)  # a scale of its own, so that the restore is seen to take it
+    saved = saved_scaler.state_dict()
+    resumed = build_grad_scaler("fp16", "cpu", init_scale=1.0, growth_interval=1)
+    assert restore_grad_scaler(resumed, saved)
+    assert resumed.get_growth_interval() == 1
+    assert resumed.get_scale() == saved_scaler.get_scale() == 2.0**21
+    assert resumed.state_dict()["_growth_tracker"] == saved["_growth_tracker"]
+    unchanged = build_grad_scaler("fp16", "cpu", init_scale=1.0, growth_interval=2000)
+    restore_grad_scaler(unchanged, saved)
+    assert unchanged.state_dict() == saved  # no change asked: the state is the checkpoint's, exactly
