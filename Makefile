@@ -48,9 +48,9 @@ test: $(STAMP) lint
 	$(VENV)/bin/python -m pytest -q -rs -n 2 --dist loadfile  # -rs: name every skipped test and why
 
 # The inner loop: every test not marked `slow` (no child process, no training beyond a few updates), in
-# under 3 minutes on 2 cores. `make test` runs everything, and is what CI runs.
+# under 3 minutes on 2 cores (both used, as `make test` does). `make test` runs everything, and is what CI runs.
 test-fast: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m "not slow" -rs
+	$(VENV)/bin/python -m pytest -q -m "not slow" -rs -n 2 --dist loadfile
 
 # `make bench NANOCHAT=PATH` adds nanochat (a checkout of it, never required) to the benchmarks that compare with it.
 NANOCHAT ?=
