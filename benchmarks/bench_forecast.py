@@ -65,19 +65,11 @@ WITH_BRANCHES = ("area", "annealing-nofloor", "annealing")
 def _laws(summary, long_summary, branches: list[Path]) -> dict[str, dict]:
     """Each candidate law's final prediction against the long run's measured final loss, alone and (for
     WITH_BRANCHES) with the pilot's cooldown branches."""
-    from pilotrun.report.projection.forecast import LAWS, NoForecast, Setting, forecast
+    from pilotrun.report.projection.forecast import LAWS, NoForecast, forecast
     from pilotrun.report.projection.forecast_record import branch_input, val_points
     from pilotrun.report.record_check.summarize import summarize_run
 
-    def setting(s):
-        r = s.run
-        return Setting(
-            r["recipe"]["optim"]["schedule"],
-            r["recipe"]["train"]["max_steps"],
-            r["tokens_per_update"],
-            r["data"]["train"]["tokens"],
-        )
-
+    setting = _setting
     measured = dict(val_points(long_summary.kept_events)).get(TARGET)
     fitted = tuple(branch_input(summary, summarize_run(b)) for b in branches)
     tries = [(law, law, ()) for law in LAWS]
@@ -97,6 +89,45 @@ def _laws(summary, long_summary, branches: list[Path]) -> dict[str, dict]:
             continue
         out[name] = {
             "error": (final["value"] - measured) / measured,
+            "inside": final["low"] <= measured <= final["high"],
+            "half": final["half_width_share"],
+        }
+    return out
+
+
+def _setting(summary):
+    from pilotrun.report.projection.forecast import Setting
+
+    r = summary.run
+    return Setting(
+        r["recipe"]["optim"]["schedule"],
+        r["recipe"]["train"]["max_steps"],
+        r["tokens_per_update"],
+        r["data"]["train"]["tokens"],
+    )
+
+
+def _drift_weights(summary, long_summary) -> dict[float, dict | None]:
+    """The default law's final prediction at each of forecast.DRIFT_WEIGHTS (the 90% interval's weight on the
+    drift the pilot measures on itself) against the long run's measured final loss; None where refused."""
+    from pilotrun.report.projection.forecast import DRIFT_WEIGHTS, NoForecast, forecast
+    from pilotrun.report.projection.forecast_record import val_points
+
+    measured = dict(val_points(long_summary.kept_events)).get(TARGET)
+    out: dict[float, dict | None] = {}
+    for weight in DRIFT_WEIGHTS:
+        try:
+            final = forecast(
+                val_points(summary.kept_events),
+                _setting(summary),
+                _setting(long_summary),
+                [TARGET],
+                drift_weight=weight,
+            )["final"]
+        except NoForecast:
+            out[weight] = None
+            continue
+        out[weight] = {
             "inside": final["low"] <= measured <= final["high"],
             "half": final["half_width_share"],
         }
@@ -134,6 +165,7 @@ def grade_case(case: Case, pilot: Path, long: Path, branches: list[Path]) -> dic
         "others": others,
         "overflows": overflows,
         "laws": _laws(summary, long_summary, branches),
+        "weights": _drift_weights(summary, long_summary) if case.broken is None else {},
         "notes": [n for n in watcher.new_notes() if "forecast" in n],
         "rise": _largest_rise(lock, long_summary),
         "lock": lock,
@@ -222,6 +254,57 @@ def _held_out(healthy: list[dict]) -> list[str]:
                 else "| | | "
             )
             + f"{len(graded_on) - len(got)} |"
+        )
+    return lines
+
+
+def _weight_inside(rows: list[dict], weight: float) -> int:
+    """How many of these healthy runs the interval at this drift weight holds inside (a refusal: not)."""
+    return sum(bool((r["weights"].get(weight) or {}).get("inside")) for r in rows)
+
+
+def _choose_weight(rows: list[dict]) -> float:
+    """The narrowest drift weight whose 90% interval holds every one of these healthy runs inside (a refused
+    forecast holds none); where none does, the one holding most."""
+    from pilotrun.report.projection.forecast import DRIFT_WEIGHTS
+
+    return max(DRIFT_WEIGHTS, key=lambda w: (_weight_inside(rows, w), -w))
+
+
+def _weight_held_out(healthy: list[dict]) -> list[str]:
+    """The 90% interval's drift weight chosen on one half of the healthy cases (every other one in
+    forecast_runs' order, a pilot refused at some weight included) and graded on the other, both ways."""
+    halves = (healthy[0::2], healthy[1::2])
+    lines = [
+        "| chosen on | drift weight chosen | inside there | graded on | inside | mean half-width | refused |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for chosen_on, graded_on in (halves, halves[::-1]):
+        weight = _choose_weight(chosen_on)
+        given = [r["weights"][weight] for r in graded_on if r["weights"].get(weight)]
+        lines.append(
+            f"| {', '.join(r['case'].name for r in chosen_on)} | {weight:g} | "
+            f"{_weight_inside(chosen_on, weight)}/{len(chosen_on)} | "
+            f"{', '.join(r['case'].name for r in graded_on)} | {_weight_inside(graded_on, weight)}/"
+            f"{len(graded_on)} | "
+            + (f"{100 * statistics.mean(g['half'] for g in given):.2f}% | " if given else " | ")
+            + f"{len(graded_on) - len(given)} |"
+        )
+    return lines
+
+
+def _weight_table(healthy: list[dict]) -> list[str]:
+    """Each drift weight over every healthy case: inside, mean half-width of those given, refused."""
+    from pilotrun.report.projection.forecast import DRIFT_WEIGHTS, LEVEL, WIDEN
+
+    lines = ["| drift weight | inside | mean half-width | refused |", "|---|---|---|---|"]
+    for weight in DRIFT_WEIGHTS:
+        given = [r["weights"][weight] for r in healthy if r["weights"].get(weight)]
+        default = " **default**" if weight == WIDEN[LEVEL] else ""
+        lines.append(
+            f"| {weight:g}{default} | {_weight_inside(healthy, weight)}/{len(healthy)} | "
+            + (f"{100 * statistics.mean(g['half'] for g in given):.2f}% | " if given else " | ")
+            + f"{len(healthy) - len(given)} |"
         )
     return lines
 
@@ -396,6 +479,16 @@ def run() -> str:
         "graded on the other half, both ways:",
         "",
         *_held_out(healthy),
+        "",
+        "The 90% interval's weight on the drift the pilot measures on itself (forecast.DRIFT_WEIGHTS), over "
+        "every healthy case (a pilot refused at a weight counts as not inside):",
+        "",
+        *_weight_table([r for r in rows if r["case"].broken is None]),
+        "",
+        "The drift weight chosen on half of the healthy cases (the narrowest holding every one of the half "
+        "inside) and graded on the other half, both ways:",
+        "",
+        *_weight_held_out([r for r in rows if r["case"].broken is None]),
         "",
         f"Command: `python -m benchmarks.run_all bench_forecast --update` (it trains what {WORK} lacks with "
         "benchmarks/forecast_runs.py, then grades; `python benchmarks/forecast_runs.py DIR` trains alone).",

@@ -15,12 +15,17 @@ from tests.report.projection.test_forecast_record import synthetic
 
 
 @pytest.fixture(scope="module")
-def lock(tmp_path_factory):
-    pilot = synthetic(tmp_path_factory.mktemp("pilot") / "r", 200, 10)
+def pilot_dir(tmp_path_factory):
+    return synthetic(tmp_path_factory.mktemp("pilot") / "r", 200, 10).run_dir
+
+
+@pytest.fixture(scope="module")
+def lock(pilot_dir):
+    summary = summarize_run(pilot_dir)
     return {
-        "recipe": pilot.run["recipe"],
+        "recipe": summary.run["recipe"],
         "data": {"metadata_sha256": "0" * 64},
-        "forecast": fr.lock_forecast(summarize_run(pilot.run_dir), 2000),
+        "forecast": fr.lock_forecast(summary, 2000),
     }
 
 
@@ -93,3 +98,35 @@ def test_a_lock_from_before_the_rise_check_is_watched_as_before(tmp_path, lock):
     _, alerts, _ = watched(leaving.run_dir, older)
     assert [(a.step, a.extra) for a in alerts] == [(500, {"first": 400})]
     assert "above the forecast's band" in alerts[0].message
+
+
+def test_a_lock_written_at_the_earlier_drift_weight_is_graded_and_watched_by_its_own_numbers(
+    tmp_path, lock, pilot_dir, monkeypatch
+):
+    """Before the 90% interval's drift weight was chosen held out, freeze wrote it at 0.5: such a lock is
+    graded by the interval it holds (never recomputed at today's weight) and watched as today (the band's
+    weight did not change). A final loss between today's upper edge and the earlier one is inside the earlier
+    lock's interval and outside today's."""
+    from pilotrun.report.projection import forecast as fc_module
+    from tests.report.projection.test_forecast_record import law_loss
+
+    monkeypatch.setitem(fc_module.WIDEN, fc_module.LEVEL, 0.5)
+    older = {**lock, "forecast": fr.lock_forecast(summarize_run(pilot_dir), 2000)}
+    monkeypatch.undo()
+    old_high, new_high = older["forecast"]["final"]["high"], lock["forecast"]["final"]["high"]
+    assert old_high > new_high and older["forecast"]["curve"] != lock["forecast"]["curve"]
+    between = (old_high + new_high) / 2 - law_loss(2000, 0.004)(2000)
+    run = synthetic(tmp_path / "long", 2000, 100, shift=lambda step: between if step == 2000 else 0.0)
+    summary = summarize_run(run.run_dir)
+    graded_old, graded_new = (
+        fr.against(lk["forecast"], lk["recipe"], "0" * 64, run.run, summary.kept_events)
+        for lk in (older, lock)
+    )
+    assert graded_old["inside"] and not graded_new["inside"]
+    assert graded_old["low"] == older["forecast"]["final"]["low"] and graded_old["high"] == old_high
+    bands = [[row[4:] for row in lk["forecast"]["curve"]] for lk in (older, lock)]
+    assert bands[0] == bands[1]  # the band watch holds a run to is the same at either weight
+    leaving = synthetic(tmp_path / "leaving", 2000, 100, shift=lambda step: 0.6 if step > 300 else 0.0)
+    for lk in (older, lock):
+        _, alerts, _ = watched(leaving.run_dir, lk)
+        assert [(a.step, a.extra) for a in alerts] == [(500, {"first": 400})]
