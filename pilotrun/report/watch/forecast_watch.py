@@ -16,7 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pilotrun.report.projection.forecast_record import CONSECUTIVE, at_step, not_applicable, outside, risen
+from pilotrun.report.projection.forecast_record import (
+    CONSECUTIVE,
+    at_step,
+    not_applicable,
+    outside,
+    risen,
+    source_risen,
+)
 from pilotrun.run.recipe_lock import FORECAST_KEY, lock_forecast_of
 from pilotrun.run.record import is_finite_number
 
@@ -41,6 +48,7 @@ class ForecastWatch:
         )
         self.streak: list[tuple[int, float, str]] = []
         self.own: dict[int, float] = {}  # the run's evaluations so far, by step (a redone one replaces its)
+        self.own_by_source: dict[str, dict[int, float]] = {}  # a mixture: each source's own, the same way
         self.notes: list[str] = []
 
     def restart(self) -> None:
@@ -67,13 +75,28 @@ class ForecastWatch:
         self.own[step] = float(loss)
         side = outside(self.forecast, step, float(loss))
         rise = None if side else risen(self.forecast, own, step, float(loss))
-        if side is None and rise is None:
+        losses, before = self._sources(event, step)
+        source = None if side or rise else source_risen(self.forecast, before, step, losses)
+        if side is None and rise is None and source is None:
             self.streak = []
             return {"inside": True} if at_step(self.forecast, step) is not None else None
         self.streak = (self.streak + [(step, float(loss), side or "risen")])[-CONSECUTIVE:]
         if len(self.streak) < CONSECUTIVE:
             return None
         first = self.streak[0][0]
+        if source is not None:
+            return {
+                "outside": f"val loss of source '{source['source']}' {source['loss']:.6g} at step {step} is "
+                f"more than {self.forecast['rise']['share']:.1%} above {source['predicted']:.6g}, what the "
+                "forecast's law refitted to the pilot's and this run's own evaluations of that source "
+                f"predicts, {CONSECUTIVE} evaluations in a row (outside the band or risen) from step "
+                f"{first}: the source is leaving its own course (the mixture's mean, under the weights in "
+                "force, may not show it)",
+                "step": step,
+                "figure": source["loss"],
+                "bound": source["bound"],
+                "first": first,
+            }
         if rise is not None:
             return {
                 "outside": f"val loss {float(loss):.6g} at step {step} is more than "
@@ -86,15 +109,35 @@ class ForecastWatch:
                 "bound": rise["bound"],
                 "first": first,
             }
+        return self._left_band(side, step, float(loss), first)
+
+    def _sources(
+        self, event: dict[str, Any], step: int
+    ) -> tuple[dict[str, float], dict[str, list[tuple[int, float]]]]:
+        """A mixture's evaluation: (its losses by source, each source's evaluations before `step`), this one
+        kept for the next (a run of one folder: both empty)."""
+        losses = event.get("loss_by_source")
+        if not isinstance(losses, dict):
+            return {}, {}
+        before = {
+            name: sorted((s, v) for s, v in by_step.items() if s < step)
+            for name, by_step in self.own_by_source.items()
+        }
+        for name, value in losses.items():
+            if is_finite_number(value):
+                self.own_by_source.setdefault(str(name), {})[step] = float(value)
+        return losses, before
+
+    def _left_band(self, side: str, step: int, loss: float, first: int) -> dict[str, Any]:
         row = at_step(self.forecast, step)
         bound = row["band_high"] if side == "above" else row["band_low"]
         return {
-            "outside": f"val loss {float(loss):.6g} at step {step} is {side} the forecast's band "
+            "outside": f"val loss {loss:.6g} at step {step} is {side} the forecast's band "
             f"({row['band_low']:.6g}-{row['band_high']:.6g}, predicted {row['predicted']:.6g}), "
             f"{CONSECUTIVE} evaluations in a row from step {first}: the run is leaving what the "
             "pilot forecast",
             "step": step,
-            "figure": float(loss),
+            "figure": loss,
             "bound": bound,
             "first": first,
         }
