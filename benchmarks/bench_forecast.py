@@ -11,8 +11,11 @@ graded as summarize grades it (forecast_record.against) and watched as `pilotrun
 (Watcher, its `forecast` alert). Figures: coverage of the 90% interval, median |relative error| of the final
 validation loss, mean half-width, the first step a run left the band (two evaluations in a row) and watch's
 alerts; the largest rise above the run's own refitted course (what forecast.RISE_SHARE is chosen by); the
-same fit under each candidate law (forecast.LAWS), alone and with the cooldown branches; and the law chosen on
-half of the healthy pilots, graded on the other half. Goals: >= 9 of 10 healthy inside, median error <= 1%,
+same fit under each candidate law (forecast.LAWS), alone and with the cooldown branches; the law chosen on
+half of the healthy pilots, graded on the other half; what the default law makes of each pilot (alpha, the
+residual sigma, its own hold-out miss, the interval's parts); the 90% interval's drift weight
+(forecast.DRIFT_WEIGHTS) chosen on one half and graded on the other; each mixture source's own forecast; and
+each broken run's final against its healthy twin (a run no worse than its twin is not broken at this size). Goals: >= 9 of 10 healthy inside, median error <= 1%,
 half-width <= 2%, every broken run flagged within its first 20% of tokens, no alert on a healthy one.
 
 The runs are trained into WORK and kept: a second invocation grades the same runs without training them again
@@ -134,6 +137,52 @@ def _drift_weights(summary, long_summary) -> dict[float, dict | None]:
     return out
 
 
+def _diagnosis(summary, long_summary) -> dict:
+    """What the default law makes of the pilot: its alpha, the residual sigma of the fit, the pilot's own
+    hold-out miss at its last evaluation (fitted on its first forecast.HOLDOUT_SHARE, signed: + the law above
+    the loss), the drift's widening of the 90% interval at TARGET against the bootstrap's, and the pilot's
+    val loss at its end (the same seed's pilots on other schedules compare there)."""
+    import numpy as np
+
+    from pilotrun.report.projection import forecast as fc
+    from pilotrun.report.projection.forecast_record import val_points
+
+    pilot, long = _setting(summary), _setting(long_summary)
+    x, y = fc.fit_points(val_points(summary.kept_events), pilot)
+    _, s1, s2 = pilot.features(x)
+    fit = fc.fit_law(fc.DEFAULT_LAW, x, y, s1, s2)
+    n = max(math.ceil(fc.HOLDOUT_SHARE * len(x)), 4)
+    part = fc.fit_law(fc.DEFAULT_LAW, x[:n], y[:n], s1[:n], s2[:n])
+    miss = fc.law_values(fc.DEFAULT_LAW, part.alpha, part.coef, x[-1:], s1[-1:], s2[-1:])[0] - y[-1]
+    feats = long.features(np.array([TARGET]))
+    boot = fc.bootstrap(fit, x, (s1, s2), feats, np.random.default_rng(0))[:, 0]
+    drift = fc.holdout_drift(fit, x, y, s1, s2) * math.log(TARGET / x[-1]) * fc.WIDEN[fc.LEVEL]
+    return {
+        "alpha": fit.alpha,
+        "sigma": float(np.std(fit.residuals)),
+        "miss": float(miss),
+        "boot": float(np.quantile(boot, 0.95) - np.quantile(boot, 0.05)) / 2,
+        "drift": float(drift),
+        "end": float(y[-1]),
+    }
+
+
+def _diagnosis_table(healthy: list[dict]) -> list[str]:
+    lines = [
+        "| case | alpha | residual sigma | pilot's own hold-out miss at its end | interval: bootstrap half / "
+        "drift added (nats) | pilot's val loss at its end | long run's error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in healthy:
+        d, g = r["diagnosis"], r["graded"] or {}
+        error = f"{100 * g['error']:+.2f}%" if "error" in g else "refused"
+        lines.append(
+            f"| {r['case'].name} | {d['alpha']:.4f} | {d['sigma']:.4f} | {d['miss']:+.3f} | "
+            f"{d['boot']:.3f} / {d['drift']:.3f} | {d['end']:.3f} | {error} |"
+        )
+    return lines
+
+
 def grade_case(case: Case, pilot: Path, long: Path, branches: list[Path]) -> dict:
     from pilotrun.report.projection.forecast_record import against
     from pilotrun.report.record_check.summarize import summarize_run
@@ -166,6 +215,7 @@ def grade_case(case: Case, pilot: Path, long: Path, branches: list[Path]) -> dic
         "overflows": overflows,
         "laws": _laws(summary, long_summary, branches),
         "weights": _drift_weights(summary, long_summary) if case.broken is None else {},
+        "diagnosis": _diagnosis(summary, long_summary) if case.broken is None else {},
         "notes": [n for n in watcher.new_notes() if "forecast" in n],
         "rise": _largest_rise(lock, long_summary),
         "lock": lock,
@@ -309,6 +359,59 @@ def _weight_table(healthy: list[dict]) -> list[str]:
     return lines
 
 
+def _final(folder: Path) -> tuple[float | None, dict[str, float]]:
+    """(the run's final val loss at TARGET, each mixture source's own there)."""
+    from pilotrun.report.record_check.summarize import summarize_run
+
+    last = [e for e in summarize_run(folder).kept_events if e.get("event") == "val" and e["step"] == TARGET]
+    return (last[-1]["loss"], last[-1].get("loss_by_source") or {}) if last else (None, {})
+
+
+def _seed_spread(pairs: dict, healthy: list[Case]) -> float:
+    """The median over schedule kinds of (the largest - the smallest final val loss of the kind's seeds) /
+    their mean: how far healthy runs of one recipe end apart."""
+    kinds: dict[tuple, list[float]] = {}
+    for case in healthy:
+        loss = _final(pairs[case.name][1])[0]
+        if loss is not None and not case.mixture:
+            kinds.setdefault((case.kind, case.lr), []).append(loss)
+    spreads = [(max(v) - min(v)) / statistics.mean(v) for v in kinds.values() if len(v) > 1]
+    return statistics.median(spreads) if spreads else math.nan
+
+
+def _twins(pairs: dict, broken: list[Case], healthy: list[Case]) -> tuple[str, list[str]]:
+    """Each broken run's final val loss (and, for a mixture, each source's own) against its healthy twin (the
+    same kind, seed, LR and data, trained straight through), and which ended no worse than the twin by more
+    than the seeds' spread: not broken at this size, whatever the watch says."""
+    spread = _seed_spread(pairs, healthy)
+    parts, not_worse = [], []
+    for case in broken:
+        twin = next(
+            (h for h in healthy if (h.kind, h.seed, h.lr, h.mixture) == (case.kind, case.seed, case.lr,
+                                                                         case.mixture)),
+            None,
+        )
+        if twin is None:
+            continue
+        (loss, sources), (twin_loss, twin_sources) = _final(pairs[case.name][1]), _final(pairs[twin.name][1])
+        if loss is None or twin_loss is None:
+            continue
+        change = {"val loss": loss / twin_loss - 1}
+        change.update((f"{name}'s own", sources[name] / twin_sources[name] - 1) for name in sorted(sources)
+                      if name in twin_sources)
+        parts.append(f"{case.name} against {twin.name}: " + ", ".join(
+            f"{name} {100 * v:+.2f}%" for name, v in change.items()))
+        if max(change.values()) <= spread:
+            not_worse.append(case.name)
+    head = (
+        f"Each broken run's final at step {TARGET} against its healthy twin (the healthy runs of one recipe "
+        f"end {100 * spread:.2f}% apart across seeds, the median over schedule kinds): " + "; ".join(parts)
+        + ". No worse than the twin by more than that (not broken at this size): "
+        + (", ".join(not_worse) or "none") + "."
+    )
+    return head, not_worse
+
+
 def _span(pairs: dict) -> tuple[float, float]:
     """(seconds from the first run's first line to the last run's last line, the sum of every session's wall
     seconds): how long training the runs took, read from their own records (the same whether this invocation
@@ -358,6 +461,35 @@ def _mixture_note(pairs: dict) -> str:
     )
 
 
+def _mixture_sources_note(pairs: dict) -> str:
+    """What a forecast of each mixture source's own val loss (the default law on the pilot's evaluations of
+    that source) says against the healthy mixture long run's: what forecasting a mixture source by source
+    would take."""
+    from pilotrun.report.projection.forecast import NoForecast, forecast
+    from pilotrun.report.projection.forecast_record import val_points_by_source
+    from pilotrun.report.record_check.summarize import summarize_run
+
+    pilot, long = (summarize_run(folder) for folder in pairs["mixture-cosine-s0"])
+    measured = {
+        name: dict(points).get(TARGET) for name, points in val_points_by_source(long.kept_events).items()
+    }
+    parts = []
+    for name, points in sorted(val_points_by_source(pilot.kept_events).items()):
+        try:
+            final = forecast(points, _setting(pilot), _setting(long), [TARGET])["final"]
+        except NoForecast as why:
+            parts.append(f"{name}: no forecast: {why}")
+            continue
+        parts.append(
+            f"{name}: {final['value']:.3f} [{final['low']:.3f}, {final['high']:.3f}] against "
+            f"{measured.get(name):.3f} measured ({100 * (final['value'] / measured[name] - 1):+.2f}%)"
+        )
+    return (
+        "Each mixture source's own val loss forecast from the mixture pilot's evaluations of it (the default "
+        "law; a mixture's forecast by source would be these under the weights): " + "; ".join(parts) + "."
+    )
+
+
 def _largest_rise(lock: dict, long_summary) -> tuple[float, int] | None:
     """(the largest share two evaluations in a row rose above the law refitted to the pilot's and the run's
     own evaluations before each, the first step of the two): what forecast.RISE_SHARE is chosen by."""
@@ -378,6 +510,12 @@ def _largest_rise(lock: dict, long_summary) -> tuple[float, int] | None:
         if rise["from_step"] < step <= TARGET
     ]
     return max(((min(a[0], b[0]), a[1]) for a, b in zip(shares, shares[1:])), key=lambda pair: pair[0])
+
+
+def _default_weight() -> float:
+    from pilotrun.report.projection.forecast import LEVEL, WIDEN
+
+    return WIDEN[LEVEL]
 
 
 def _met(yes: bool) -> str:
@@ -424,6 +562,10 @@ def run() -> str:
     false_alerts = sum(r["alert"] is not None for r in healthy)
     flagged = [r for r in broken if r["alert"] is not None and r["alert"].extra["first"] <= 0.2 * TARGET]
     refused = [r for r in rows if "unavailable" in (r["graded"] or {})]
+    twins, not_worse = _twins(
+        pairs, [r["case"] for r in broken], [r["case"] for r in rows if r["case"].broken is None]
+    )
+    unflagged_not_worse = [r["case"].name for r in broken if r not in flagged and r["case"].name in not_worse]
     lines = [
         "## Forecast: a pilot's final validation loss against its 10x long run (bench_forecast)",
         "",
@@ -452,7 +594,9 @@ def run() -> str:
         f"- watch's forecast alert on a healthy run: {false_alerts} of {len(healthy)} (goal 0: "
         f"{_met(false_alerts == 0)})",
         f"- broken runs flagged within their first 20% of updates (= tokens): {len(flagged)} of "
-        f"{len(broken)} (goal every one: {_met(len(flagged) == len(broken))})",
+        f"{len(broken)} (goal every one: {_met(len(flagged) == len(broken))}); of those not flagged, "
+        f"{len(unflagged_not_worse)} ended no worse than their healthy twin ("
+        f"{', '.join(unflagged_not_worse) or 'none'}: not broken at this size, below)",
         f"- pilots refused (no forecast): {len(refused)}",
         "",
         "| case | predicted [90%] | measured | error | inside | half-width | left the band (watch) | watch's "
@@ -480,6 +624,11 @@ def run() -> str:
         "",
         *_held_out(healthy),
         "",
+        "What the default law makes of each healthy pilot (forecast.HOLDOUT_SHARE's hold-out, the drift at "
+        f"the default weight {_default_weight():g}): ",
+        "",
+        *_diagnosis_table([r for r in rows if r["case"].broken is None]),
+        "",
         "The 90% interval's weight on the drift the pilot measures on itself (forecast.DRIFT_WEIGHTS), over "
         "every healthy case (a pilot refused at a weight counts as not inside):",
         "",
@@ -499,12 +648,16 @@ def run() -> str:
         "then doubles "
         "after every good update (`--allow-change train.loss_scale_growth_interval`, set to 1), so that "
         "updates "
-        "overflow and are skipped often (on this CPU fp16 never overflowed: see its overflow count; a run "
-        "whose change "
-        "did not take effect is not broken); `mixture-...-drop_code` a mixture of the built-in corpus and "
+        "overflow and are skipped often (see its overflow count: skipped updates still read their batches, "
+        "so the run reads more tokens per applied update); `mixture-...-drop_code` a mixture of the "
+        "built-in corpus and "
         "the standard library's code (forecast_runs.prepare_mixture, 0.5 each) resumed with the code's "
         "weight at 0.001, no row of a batch (`--allow-change data.mixture.weights`). "
         + _mixture_note(pairs),
+        "",
+        _mixture_sources_note(pairs),
+        "",
+        twins,
         "",
     ]
     return "\n".join(line for line in lines if line is not None) + "\n"
