@@ -15,8 +15,9 @@ same fit under each candidate law (forecast.LAWS), alone and with the cooldown b
 half of the healthy pilots, graded on the other half; what the default law makes of each pilot (alpha, the
 residual sigma, its own hold-out miss, the interval's parts); the 90% interval's drift weight
 (forecast.DRIFT_WEIGHTS) chosen on one half and graded on the other; each mixture source's own forecast; and
-each broken run's final against its healthy twin (a run no worse than its twin is not broken at this size). Goals: >= 9 of 10 healthy inside, median error <= 1%,
-half-width <= 2%, every broken run flagged within its first 20% of tokens, no alert on a healthy one.
+each broken run's final against its healthy twin (a run no worse than its twin is not broken at this size).
+Goals: >= 9 of 10 healthy inside, median error <= 1%, half-width <= 2%, every broken run flagged within its
+first 20% of tokens, no alert on a healthy one.
 
 The runs are trained into WORK and kept: a second invocation grades the same runs without training them again
 (the section says how many it trained and how long that took).
