@@ -111,6 +111,90 @@ def _setting(summary):
     )
 
 
+def _weightings(summary, long_summary) -> dict[str, dict | None]:
+    """The default law's final prediction under each of forecast.FIT_WEIGHTINGS (how the fit weighs the
+    pilot's evaluations) against the long run's measured final loss; None where refused."""
+    from pilotrun.report.projection.forecast import FIT_WEIGHTINGS, NoForecast, forecast
+    from pilotrun.report.projection.forecast_record import val_points
+
+    measured = dict(val_points(long_summary.kept_events)).get(TARGET)
+    out: dict[str, dict | None] = {}
+    for weighting in FIT_WEIGHTINGS:
+        try:
+            final = forecast(
+                val_points(summary.kept_events),
+                _setting(summary),
+                _setting(long_summary),
+                [TARGET],
+                weighting=weighting,
+            )["final"]
+        except NoForecast:
+            out[weighting] = None
+            continue
+        out[weighting] = {
+            "error": (final["value"] - measured) / measured,
+            "inside": final["low"] <= measured <= final["high"],
+            "half": final["half_width_share"],
+        }
+    return out
+
+
+def _signed(result: dict | None) -> str:
+    return f"{100 * result['error']:+.2f}%" if result else "refused"
+
+
+def _weighting_tables(healthy: list[dict]) -> list[str]:
+    """Each fit weighting over every healthy case, then chosen on one half (least median |error|, a refusal
+    an infinite error) and graded on the other, both ways."""
+    from pilotrun.report.projection.forecast import DEFAULT_WEIGHTING, FIT_WEIGHTINGS
+
+    def median_error(rows, name):
+        return statistics.median(
+            abs(r["weightings"][name]["error"]) if r["weightings"].get(name) else math.inf for r in rows
+        )
+
+    def figures(rows, name):
+        got = [r["weightings"][name] for r in rows if r["weightings"].get(name)]
+        return (
+            f"{100 * median_error(rows, name):.2f}% | {sum(g['inside'] for g in got)}/{len(rows)} | "
+            + (f"{100 * statistics.mean(g['half'] for g in got):.2f}% | " if got else " | ")
+            + f"{len(rows) - len(got)} |"
+        )
+
+    lines = [
+        "| fit weighting | median abs error | inside | mean half-width | refused |",
+        "|---|---|---|---|---|",
+    ]
+    for name in FIT_WEIGHTINGS:
+        default = " **default**" if name == DEFAULT_WEIGHTING else ""
+        lines.append(f"| {name}{default} | {figures(healthy, name)}")
+    for name in FIT_WEIGHTINGS:
+        lines += [
+            "",
+            f"Each case's error under `{name}`: "
+            + ", ".join(f"{r['case'].name} {_signed(r['weightings'].get(name))}" for r in healthy)
+            + ".",
+        ]
+    lines += [
+        "",
+        "| chosen on | weighting chosen | its median abs error there | graded on | median abs error | "
+        "inside | mean half-width | refused |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    halves = (healthy[0::2], healthy[1::2])
+    for chosen_on, graded_on in (halves, halves[::-1]):
+        name = min(FIT_WEIGHTINGS, key=lambda w: median_error(chosen_on, w))
+        others = [w for w in FIT_WEIGHTINGS if w != name]
+        for shown in [name, *others]:
+            lines.append(
+                f"| {', '.join(r['case'].name for r in chosen_on)} | {shown}"
+                f"{'' if shown == name else ' (not chosen, for comparison)'} | "
+                f"{100 * median_error(chosen_on, shown):.2f}% | "
+                f"{', '.join(r['case'].name for r in graded_on)} | {figures(graded_on, shown)}"
+            )
+    return lines
+
+
 def _drift_weights(summary, long_summary) -> dict[float, dict | None]:
     """The default law's final prediction at each of forecast.DRIFT_WEIGHTS (the 90% interval's weight on the
     drift the pilot measures on itself) against the long run's measured final loss; None where refused."""
@@ -216,6 +300,7 @@ def grade_case(case: Case, pilot: Path, long: Path, branches: list[Path]) -> dic
         "overflows": overflows,
         "laws": _laws(summary, long_summary, branches),
         "weights": _drift_weights(summary, long_summary) if case.broken is None else {},
+        "weightings": _weightings(summary, long_summary) if case.broken is None else {},
         "diagnosis": _diagnosis(summary, long_summary) if case.broken is None else {},
         "notes": [n for n in watcher.new_notes() if "forecast" in n],
         "rise": _largest_rise(lock, long_summary),
@@ -624,6 +709,12 @@ def run() -> str:
         "graded on the other half, both ways:",
         "",
         *_held_out(healthy),
+        "",
+        "How the fit weighs the pilot's evaluations (forecast.FIT_WEIGHTINGS: `log-updates` each by the span "
+        "of log-updates it stands for, `equal` each alike), over every healthy case, then chosen on half of "
+        "them and graded on the other half, both ways:",
+        "",
+        *_weighting_tables([r for r in rows if r["case"].broken is None]),
         "",
         "What the default law makes of each healthy pilot (forecast.HOLDOUT_SHARE's hold-out, the drift at "
         f"the default weight {_default_weight():g}): ",
