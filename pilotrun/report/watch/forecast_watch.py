@@ -7,9 +7,11 @@ updates: forecast_record.watch_from), and only on CONSECUTIVE evaluations in a r
 evaluation outside is the evaluation's own noise as often as the run's). From the pilot's last update on, an
 evaluation also counts as out where it has risen (forecast_record.risen) above the law refitted to the pilot's
 and the run's own evaluations before it: a band that follows the run's own course, narrower than the
-forecast's (a lock written before it has no `rise` and is held to the band alone). A run the forecast does not
-apply to (another width, data, schedule family or horizon, recipe) hears it once, as a note, and is not held
-to it; a lock without a forecast (older, or "no forecast: <why>") is watched as before.
+forecast's (a lock written before it has no `rise` and is held to the band alone). On a mixture each
+source's own val loss is held to its own course the same way (forecast_record.source_risen; the lock's
+`rise.by_source`): the mean under the weights in force falls when a hard source is dropped. A run the
+forecast does not apply to (another width, data, schedule family or horizon, recipe) hears it once, as a note,
+and is not held to it; a lock without a forecast (older, or "no forecast: <why>") is watched as before.
 """
 
 from __future__ import annotations
