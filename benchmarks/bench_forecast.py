@@ -148,6 +148,7 @@ def grade_case(case: Case, pilot: Path, long: Path, branches: list[Path]) -> dic
         "diagnosis": diagnosis(summary, long_summary) if case.broken is None else {},
         "notes": [n for n in watcher.new_notes() if "forecast" in n],
         "rise": _largest_rise(lock, long_summary),
+        "source_rises": _source_rises(lock, long_summary) if "rise" in lock["forecast"] else {},
         "lock": lock,
     }
 
@@ -290,19 +291,34 @@ def _mixture_note(pairs: dict) -> str:
 def _largest_rise(lock: dict, long_summary) -> tuple[float, int] | None:
     """(the largest share two evaluations in a row rose above the law refitted to the pilot's and the run's
     own evaluations before each, the first step of the two): what forecast.RISE_SHARE is chosen by."""
-    from pilotrun.report.projection.forecast import Setting, refitted_at
     from pilotrun.report.projection.forecast_record import val_points
 
     fc = lock["forecast"]
-    rise = fc.get("rise")
-    if not rise:
+    if not fc.get("rise"):
         return None
+    return _rise_of(fc, fc["fitted_on"]["points"], val_points(long_summary.kept_events))
+
+
+def _source_rises(lock: dict, long_summary) -> dict[str, tuple[float, int]]:
+    """_largest_rise of each mixture source's own val loss against its own refitted course (the lock's
+    rise.by_source: the pilot's evaluations of that source)."""
+    from pilotrun.report.projection.forecast_record import val_points_by_source
+
+    fc = lock["forecast"]
+    by_source = (fc.get("rise") or {}).get("by_source") or {}
+    own = val_points_by_source(long_summary.kept_events)
+    return {name: _rise_of(fc, pts, own[name]) for name, pts in sorted(by_source.items()) if name in own}
+
+
+def _rise_of(fc: dict, fitted: list, points: list[tuple[int, float]]) -> tuple[float, int]:
+    from pilotrun.report.projection.forecast import Setting, refitted_at
+
+    rise = fc["rise"]
     tpu, tokens = rise["tokens_per_update"], rise["train_tokens"]
     pilot = Setting(rise["pilot_schedule"], rise["from_step"], tpu, tokens)
     run = Setting(fc["assumes"]["schedule"], TARGET, tpu, tokens)
-    points = val_points(long_summary.kept_events)
     shares = [
-        (loss / refitted_at(fc["law"], fc["fitted_on"]["points"], pilot, points[:i], run, step) - 1, step)
+        (loss / refitted_at(fc["law"], fitted, pilot, points[:i], run, step) - 1, step)
         for i, (step, loss) in enumerate(points)
         if rise["from_step"] < step <= TARGET
     ]
@@ -401,6 +417,12 @@ def run() -> str:
         "evaluations in a row (the first of the two): "
         + "; ".join(
             f"{r['case'].name} {100 * r['rise'][0]:+.2f}% at {r['rise'][1]}" for r in rows if r["rise"]
+        )
+        + ". The same on each mixture source's own val loss (its own course: the lock's rise.by_source): "
+        + "; ".join(
+            f"{r['case'].name} {name} {100 * share:+.2f}% at {step}"
+            for r in rows
+            for name, (share, step) in r["source_rises"].items()
         )
         + ".",
         "",
