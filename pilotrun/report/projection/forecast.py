@@ -85,12 +85,13 @@ LAWS = {
 # How the fit weighs the pilot's evaluations: "equal" each alike (the default), "log-updates" each by the span
 # of log-updates it stands for (half the log-distance to its neighbours: equal weight per e-fold, as a power
 # law is a line in log-log). Measured held out (benchmarks/bench_forecast.py, docs/FORECAST.md): a pilot
-# evaluated every 10 updates puts 6 of its 9 points in its last e-fold, where this tiny model plateaus, and
+# evaluated every 10 updates puts 7 of its 9 points in its last e-fold, where this tiny model plateaus, and
 # weighed alike they flatten alpha; weighed per e-fold the median error fell from 1.78% to 0.92% on one half
 # and from 2.18% to 0.95% on the other. Not the default: on the synthetic healthy run of
-# tests/report/projection/test_forecast_record.py its forecast lands 0.0018 past the 90% interval (a draw
-# about 2 sigma out; 39 of 40 synthetic draws inside under either weighting), which that test forbids; the
-# switch is DEFAULT_WEIGHTING. The rise check's refit (refitted_at) weighs alike, as its share was measured.
+# tests/report/projection/test_forecast_record.py its forecast lands 0.0018 past the 90% interval (one fixed
+# draw; in a one-off check of 40 draws of that law and noise 39 were inside under either weighting), which
+# that test forbids; the switch is DEFAULT_WEIGHTING. The rise check's refit (refitted_at) weighs alike, as
+# its share was measured.
 FIT_WEIGHTINGS = ("log-updates", "equal")
 DEFAULT_WEIGHTING = "equal"
 # Chosen by measurement (docs/FORECAST.md, benchmarks/bench_forecast.py): fitted to pilots of 100 updates, the
