@@ -444,7 +444,7 @@ def run() -> str:
         *weighting_tables([r for r in rows if r["case"].broken is None]),
         "",
         "What the default law makes of each healthy pilot (forecast.HOLDOUT_SHARE's hold-out, the drift at "
-        f"the default weight {default_weight():g}): ",
+        f"the default weight {default_weight():g}):",
         "",
         *diagnosis_table([r for r in rows if r["case"].broken is None]),
         "",
