@@ -11,9 +11,13 @@ graded as summarize grades it (forecast_record.against) and watched as `pilotrun
 (Watcher, its `forecast` alert). Figures: coverage of the 90% interval, median |relative error| of the final
 validation loss, mean half-width, the first step a run left the band (two evaluations in a row) and watch's
 alerts; the largest rise above the run's own refitted course (what forecast.RISE_SHARE is chosen by); the
-same fit under each candidate law (forecast.LAWS), alone and with the cooldown branches; and the law chosen on
-half of the healthy pilots, graded on the other half. Goals: >= 9 of 10 healthy inside, median error <= 1%,
-half-width <= 2%, every broken run flagged within its first 20% of tokens, no alert on a healthy one.
+same fit under each candidate law (forecast.LAWS), alone and with the cooldown branches; the law chosen on
+half of the healthy pilots, graded on the other half; what the default law makes of each pilot (alpha, the
+residual sigma, its own hold-out miss, the interval's parts); the 90% interval's drift weight
+(forecast.DRIFT_WEIGHTS) chosen on one half and graded on the other; each mixture source's own forecast; and
+each broken run's final against its healthy twin (a run no worse than its twin is not broken at this size).
+Goals: >= 9 of 10 healthy inside, median error <= 1%, half-width <= 2%, every broken run flagged within its
+first 20% of tokens, no alert on a healthy one.
 
 The runs are trained into WORK and kept: a second invocation grades the same runs without training them again
 (the section says how many it trained and how long that took).
@@ -38,6 +42,19 @@ from benchmarks.forecast_runs import (
     generate,
     generate_branches,
     healthy_cases,
+)
+from benchmarks.forecast_tables import (
+    default_weight,
+    diagnosis,
+    diagnosis_table,
+    drift_weights,
+    mixture_sources_note,
+    setting_of,
+    twins,
+    weight_held_out,
+    weight_table,
+    weighting_tables,
+    weightings,
 )
 
 WORK = Path(tempfile.gettempdir()) / "pilotrun-bench-forecast"
@@ -65,19 +82,11 @@ WITH_BRANCHES = ("area", "annealing-nofloor", "annealing")
 def _laws(summary, long_summary, branches: list[Path]) -> dict[str, dict]:
     """Each candidate law's final prediction against the long run's measured final loss, alone and (for
     WITH_BRANCHES) with the pilot's cooldown branches."""
-    from pilotrun.report.projection.forecast import LAWS, NoForecast, Setting, forecast
+    from pilotrun.report.projection.forecast import LAWS, NoForecast, forecast
     from pilotrun.report.projection.forecast_record import branch_input, val_points
     from pilotrun.report.record_check.summarize import summarize_run
 
-    def setting(s):
-        r = s.run
-        return Setting(
-            r["recipe"]["optim"]["schedule"],
-            r["recipe"]["train"]["max_steps"],
-            r["tokens_per_update"],
-            r["data"]["train"]["tokens"],
-        )
-
+    setting = setting_of
     measured = dict(val_points(long_summary.kept_events)).get(TARGET)
     fitted = tuple(branch_input(summary, summarize_run(b)) for b in branches)
     tries = [(law, law, ()) for law in LAWS]
@@ -134,8 +143,12 @@ def grade_case(case: Case, pilot: Path, long: Path, branches: list[Path]) -> dic
         "others": others,
         "overflows": overflows,
         "laws": _laws(summary, long_summary, branches),
+        "weights": drift_weights(summary, long_summary) if case.broken is None else {},
+        "weightings": weightings(summary, long_summary) if case.broken is None else {},
+        "diagnosis": diagnosis(summary, long_summary) if case.broken is None else {},
         "notes": [n for n in watcher.new_notes() if "forecast" in n],
         "rise": _largest_rise(lock, long_summary),
+        "source_rises": _source_rises(lock, long_summary) if "rise" in lock["forecast"] else {},
         "lock": lock,
     }
 
@@ -278,19 +291,34 @@ def _mixture_note(pairs: dict) -> str:
 def _largest_rise(lock: dict, long_summary) -> tuple[float, int] | None:
     """(the largest share two evaluations in a row rose above the law refitted to the pilot's and the run's
     own evaluations before each, the first step of the two): what forecast.RISE_SHARE is chosen by."""
-    from pilotrun.report.projection.forecast import Setting, refitted_at
     from pilotrun.report.projection.forecast_record import val_points
 
     fc = lock["forecast"]
-    rise = fc.get("rise")
-    if not rise:
+    if not fc.get("rise"):
         return None
+    return _rise_of(fc, fc["fitted_on"]["points"], val_points(long_summary.kept_events))
+
+
+def _source_rises(lock: dict, long_summary) -> dict[str, tuple[float, int]]:
+    """_largest_rise of each mixture source's own val loss against its own refitted course (the lock's
+    rise.by_source: the pilot's evaluations of that source)."""
+    from pilotrun.report.projection.forecast_record import val_points_by_source
+
+    fc = lock["forecast"]
+    by_source = (fc.get("rise") or {}).get("by_source") or {}
+    own = val_points_by_source(long_summary.kept_events)
+    return {name: _rise_of(fc, pts, own[name]) for name, pts in sorted(by_source.items()) if name in own}
+
+
+def _rise_of(fc: dict, fitted: list, points: list[tuple[int, float]]) -> tuple[float, int]:
+    from pilotrun.report.projection.forecast import Setting, refitted_at
+
+    rise = fc["rise"]
     tpu, tokens = rise["tokens_per_update"], rise["train_tokens"]
     pilot = Setting(rise["pilot_schedule"], rise["from_step"], tpu, tokens)
     run = Setting(fc["assumes"]["schedule"], TARGET, tpu, tokens)
-    points = val_points(long_summary.kept_events)
     shares = [
-        (loss / refitted_at(fc["law"], fc["fitted_on"]["points"], pilot, points[:i], run, step) - 1, step)
+        (loss / refitted_at(fc["law"], fitted, pilot, points[:i], run, step) - 1, step)
         for i, (step, loss) in enumerate(points)
         if rise["from_step"] < step <= TARGET
     ]
@@ -341,6 +369,10 @@ def run() -> str:
     false_alerts = sum(r["alert"] is not None for r in healthy)
     flagged = [r for r in broken if r["alert"] is not None and r["alert"].extra["first"] <= 0.2 * TARGET]
     refused = [r for r in rows if "unavailable" in (r["graded"] or {})]
+    twin_line, not_worse = twins(
+        pairs, [r["case"] for r in broken], [r["case"] for r in rows if r["case"].broken is None]
+    )
+    unflagged_not_worse = [r["case"].name for r in broken if r not in flagged and r["case"].name in not_worse]
     lines = [
         "## Forecast: a pilot's final validation loss against its 10x long run (bench_forecast)",
         "",
@@ -369,7 +401,9 @@ def run() -> str:
         f"- watch's forecast alert on a healthy run: {false_alerts} of {len(healthy)} (goal 0: "
         f"{_met(false_alerts == 0)})",
         f"- broken runs flagged within their first 20% of updates (= tokens): {len(flagged)} of "
-        f"{len(broken)} (goal every one: {_met(len(flagged) == len(broken))})",
+        f"{len(broken)} (goal every one: {_met(len(flagged) == len(broken))}); of those not flagged, "
+        f"{len(unflagged_not_worse)} ended no worse than their healthy twin ("
+        f"{', '.join(unflagged_not_worse) or 'none'}: not broken at this size, below)",
         f"- pilots refused (no forecast): {len(refused)}",
         "",
         "| case | predicted [90%] | measured | error | inside | half-width | left the band (watch) | watch's "
@@ -384,6 +418,12 @@ def run() -> str:
         + "; ".join(
             f"{r['case'].name} {100 * r['rise'][0]:+.2f}% at {r['rise'][1]}" for r in rows if r["rise"]
         )
+        + ". The same on each mixture source's own val loss (its own course: the lock's rise.by_source): "
+        + "; ".join(
+            f"{r['case'].name} {name} {100 * share:+.2f}% at {step}"
+            for r in rows
+            for name, (share, step) in r["source_rises"].items()
+        )
         + ".",
         "",
         "Each candidate law fitted to the same healthy pilots (the measurement the default law is chosen "
@@ -397,6 +437,27 @@ def run() -> str:
         "",
         *_held_out(healthy),
         "",
+        "How the fit weighs the pilot's evaluations (forecast.FIT_WEIGHTINGS: `log-updates` each by the span "
+        "of log-updates it stands for, `equal` each alike), over every healthy case, then chosen on half of "
+        "them and graded on the other half, both ways:",
+        "",
+        *weighting_tables([r for r in rows if r["case"].broken is None]),
+        "",
+        "What the default law makes of each healthy pilot (forecast.HOLDOUT_SHARE's hold-out, the drift at "
+        f"the default weight {default_weight():g}):",
+        "",
+        *diagnosis_table([r for r in rows if r["case"].broken is None]),
+        "",
+        "The 90% interval's weight on the drift the pilot measures on itself (forecast.DRIFT_WEIGHTS), over "
+        "every healthy case (a pilot refused at a weight counts as not inside):",
+        "",
+        *weight_table([r for r in rows if r["case"].broken is None]),
+        "",
+        "The drift weight chosen on half of the healthy cases (the narrowest holding every one of the half "
+        "inside) and graded on the other half, both ways:",
+        "",
+        *weight_held_out([r for r in rows if r["case"].broken is None]),
+        "",
         f"Command: `python -m benchmarks.run_all bench_forecast --update` (it trains what {WORK} lacks with "
         "benchmarks/forecast_runs.py, then grades; `python benchmarks/forecast_runs.py DIR` trains alone).",
         "",
@@ -406,12 +467,16 @@ def run() -> str:
         "then doubles "
         "after every good update (`--allow-change train.loss_scale_growth_interval`, set to 1), so that "
         "updates "
-        "overflow and are skipped often (on this CPU fp16 never overflowed: see its overflow count; a run "
-        "whose change "
-        "did not take effect is not broken); `mixture-...-drop_code` a mixture of the built-in corpus and "
+        "overflow and are skipped often (see its overflow count: skipped updates still read their batches, "
+        "so the run reads more tokens per applied update); `mixture-...-drop_code` a mixture of the "
+        "built-in corpus and "
         "the standard library's code (forecast_runs.prepare_mixture, 0.5 each) resumed with the code's "
         "weight at 0.001, no row of a batch (`--allow-change data.mixture.weights`). "
         + _mixture_note(pairs),
+        "",
+        mixture_sources_note(pairs),
+        "",
+        twin_line,
         "",
     ]
     return "\n".join(line for line in lines if line is not None) + "\n"

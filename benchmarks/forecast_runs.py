@@ -49,6 +49,8 @@ def healthy_cases() -> list[Case]:
     return cases + [
         Case("cosine-lr6e-3-s0", "cosine", 0, lr=6.0e-3),
         Case("mixture-cosine-s0", "cosine", 0, mixture=True),
+        # a second mixture seed: the per-source rise check's false alerts are judged on more than one run
+        Case("mixture-cosine-s1", "cosine", 1, mixture=True),
     ]
 
 

@@ -66,11 +66,16 @@ def restore_grad_scaler(scaler: torch.amp.GradScaler, saved: dict) -> bool:
 
     The scale and its growth tracker come from the checkpoint; the growth interval stays the one this scaler
     was built with (the recipe's `train.loss_scale_growth_interval`): torch's state dict carries the interval
-    too, and loading it whole would quietly undo a change of it allowed on resume."""
+    too, and loading it whole would quietly undo a change of it allowed on resume. The tracker (good updates
+    counted toward the next growth) is held below the new interval: torch grows the scale only when the count
+    reaches the interval exactly, so a tracker already past a shortened interval would never grow it again."""
     if not saved and scaler.is_enabled():
         return False
     if scaler.is_enabled() and "growth_interval" in saved:
-        saved = {**saved, "growth_interval": scaler.get_growth_interval()}
+        interval = scaler.get_growth_interval()
+        saved = {**saved, "growth_interval": interval}
+        if "_growth_tracker" in saved:
+            saved["_growth_tracker"] = min(int(saved["_growth_tracker"]), interval - 1)
     scaler.load_state_dict(saved)
     return True
 

@@ -479,3 +479,30 @@ def test_a_restored_scaler_keeps_the_growth_interval_it_was_built_with():
     unchanged = build_grad_scaler("fp16", "cpu", init_scale=1.0, growth_interval=2000)
     restore_grad_scaler(unchanged, saved)
     assert unchanged.state_dict() == saved  # no change asked: the state is the checkpoint's, exactly
+
+
+def test_a_restored_tracker_past_a_shortened_interval_grows_the_scale_at_the_next_good_update():
+    """A checkpoint that counted 3 good updates toward an interval of 2000, resumed at an interval of 1: torch
+    grows the scale only when its count reaches the interval exactly, so the count is held below it and the
+    next good update doubles the scale (the loaded count of 3 would never equal 1: the scale stayed put)."""
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+
+    def good_update(scaler):
+        scaler.scale(model(torch.ones(1, 2)).sum()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+
+    saved_scaler = build_grad_scaler("fp16", "cpu", init_scale=2.0**16, growth_interval=2000)
+    for _ in range(3):
+        good_update(saved_scaler)
+    saved = saved_scaler.state_dict()
+    assert saved["_growth_tracker"] == 3
+    resumed = build_grad_scaler("fp16", "cpu", init_scale=1.0, growth_interval=1)
+    assert restore_grad_scaler(resumed, saved)
+    assert resumed.state_dict()["_growth_tracker"] == 0
+    good_update(resumed)
+    assert resumed.get_scale() == 2.0**17
+    good_update(resumed)
+    assert resumed.get_scale() == 2.0**18

@@ -77,6 +77,20 @@ def val_points(events: list[dict[str, Any]]) -> list[tuple[int, float]]:
     ]
 
 
+def val_points_by_source(events: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """Each mixture source's own validation loss (the val events' `loss_by_source`), by source; {} for a run
+    of one folder (or a mixture of one source: its loss is the run's)."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for e in events:
+        by_source = e.get("loss_by_source")
+        if e.get("event") != "val" or not isinstance(by_source, dict) or not isinstance(e.get("step"), int):
+            continue
+        for name, loss in by_source.items():
+            if is_finite_number(loss):
+                out.setdefault(str(name), []).append((int(e["step"]), float(loss)))
+    return out if len(out) > 1 else {}
+
+
 def _positive(every: Any) -> int | None:
     return every if isinstance(every, int) and every > 0 else None
 
@@ -146,6 +160,12 @@ def lock_forecast(summary: Any, target_steps: int) -> dict[str, Any]:
         "pilot_schedule": schedule,
         "tokens_per_update": tpu,
         "train_tokens": train_tokens,
+        # a mixture: each source's own evaluations past the warm-up, which its own course is refitted from
+        # (the mean watch reads is under the weights in force, and falls when a hard source is dropped)
+        "by_source": {
+            name: [[s, v] for s, v in points if s > int(schedule.get("warmup_steps") or 0)]
+            for name, points in val_points_by_source(summary.kept_events).items()
+        },
     }
     return {**made, "assumes": assumes, "rise": rise}
 
@@ -199,7 +219,9 @@ def start_recipe(run: dict[str, Any]) -> dict[str, Any]:
             key = current_key(str(entry.get("key"))) if isinstance(entry, dict) else None
             if key is not None and key not in firsts:
                 firsts[key] = entry.get("old")
-    return {**flat, **firsts}
+    # Only recipe keys: a change allowed beyond the recipe (a mixture's weights, the data's identity) has no
+    # key in it, and undone into it would read as a key the lock's recipe lacks
+    return {**flat, **{k: v for k, v in firsts.items() if k in flat}}
 
 
 def _named(key: str) -> str:
@@ -281,12 +303,46 @@ def risen(
     return {"predicted": predicted, "bound": predicted * (1 + float(rise["share"]))}
 
 
-def left_band_at(fc: dict[str, Any], points: list[tuple[int, float]]) -> int | None:
+def source_risen(
+    fc: dict[str, Any], own: dict[str, list[tuple[int, float]]], step: int, losses: dict[str, float]
+) -> dict[str, Any] | None:
+    """risen()'s check on each mixture source's own validation loss (`losses` at `step`; `own`: each source's
+    evaluations before it) against the law refitted to the pilot's evaluations of that source and the run's:
+    the source that rose most past the share ({"source", "loss", "predicted", "bound"}), or None (also for a
+    lock written before the per-source check, or a run of one folder)."""
+    rise = fc.get("rise")
+    if not isinstance(rise, dict) or not isinstance(rise.get("by_source"), dict):
+        return None
+    worst = None
+    for name, pilot_points in rise["by_source"].items():
+        loss = losses.get(name)
+        if not is_finite_number(loss) or len(pilot_points) < 2:
+            continue
+        got = risen({**fc, "fitted_on": {"points": pilot_points}}, own.get(name, []), step, float(loss))
+        if got is None:
+            continue
+        if worst is None or loss / got["predicted"] > worst["loss"] / worst["predicted"]:
+            worst = {"source": name, "loss": float(loss), **got}
+    return worst
+
+
+def left_band_at(
+    fc: dict[str, Any],
+    points: list[tuple[int, float]],
+    by_source: dict[str, list[tuple[int, float]]] | None = None,
+) -> int | None:
     """The first step of CONSECUTIVE evaluations in a row outside the band or risen above the run's own
-    refitted curve, or None."""
+    refitted curve (the mean's or a mixture source's own: `by_source`), or None."""
+    by_source = by_source or {}
     run_of = 0
     for i, (step, loss) in enumerate(points):
-        out = outside(fc, step, loss) or risen(fc, points[:i], step, loss)
+        losses = {name: v for name, pts in by_source.items() for s, v in pts if s == step}
+        before = {name: [(s, v) for s, v in pts if s < step] for name, pts in by_source.items()}
+        out = (
+            outside(fc, step, loss)
+            or risen(fc, points[:i], step, loss)
+            or source_risen(fc, before, step, losses)
+        )
         run_of = run_of + 1 if out else 0
         if run_of >= CONSECUTIVE:
             return points[i - CONSECUTIVE + 1][0]
@@ -294,7 +350,10 @@ def left_band_at(fc: dict[str, Any], points: list[tuple[int, float]]) -> int | N
 
 
 def grade(
-    fc: dict[str, Any], points: list[tuple[int, float]], tokens_per_update: Any = None
+    fc: dict[str, Any],
+    points: list[tuple[int, float]],
+    tokens_per_update: Any = None,
+    by_source: dict[str, list[tuple[int, float]]] | None = None,
 ) -> dict[str, Any]:
     """Predicted against measured: the final value where the run reached the forecast's final step, the
     relative
@@ -302,7 +361,7 @@ def grade(
     updates)."""
     final = fc["final"]
     measured = next((loss for step, loss in reversed(points) if step == final["step"]), None)
-    left = left_band_at(fc, points)
+    left = left_band_at(fc, points, by_source)
     out: dict[str, Any] = {
         "predicted": final["value"],
         "low": final["low"],
@@ -384,7 +443,9 @@ def against(
     if "unavailable" in fc:
         return {"unavailable": fc["unavailable"]}
     differs = not_applicable(fc, lock_recipe if isinstance(lock_recipe, dict) else {}, lock_data_sha256, run)
-    return {"not_applicable": differs} if differs else grade(fc, val_points(events))
+    if differs:
+        return {"not_applicable": differs}
+    return grade(fc, val_points(events), by_source=val_points_by_source(events))
 
 
 def against_own_lock(run: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any] | None:

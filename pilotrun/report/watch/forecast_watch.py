@@ -7,16 +7,25 @@ updates: forecast_record.watch_from), and only on CONSECUTIVE evaluations in a r
 evaluation outside is the evaluation's own noise as often as the run's). From the pilot's last update on, an
 evaluation also counts as out where it has risen (forecast_record.risen) above the law refitted to the pilot's
 and the run's own evaluations before it: a band that follows the run's own course, narrower than the
-forecast's (a lock written before it has no `rise` and is held to the band alone). A run the forecast does not
-apply to (another width, data, schedule family or horizon, recipe) hears it once, as a note, and is not held
-to it; a lock without a forecast (older, or "no forecast: <why>") is watched as before.
+forecast's (a lock written before it has no `rise` and is held to the band alone). On a mixture each
+source's own val loss is held to its own course the same way (forecast_record.source_risen; the lock's
+`rise.by_source`): the mean under the weights in force falls when a hard source is dropped. A run the
+forecast does not apply to (another width, data, schedule family or horizon, recipe) hears it once, as a note,
+and is not held to it; a lock without a forecast (older, or "no forecast: <why>") is watched as before.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pilotrun.report.projection.forecast_record import CONSECUTIVE, at_step, not_applicable, outside, risen
+from pilotrun.report.projection.forecast_record import (
+    CONSECUTIVE,
+    at_step,
+    not_applicable,
+    outside,
+    risen,
+    source_risen,
+)
 from pilotrun.run.recipe_lock import FORECAST_KEY, lock_forecast_of
 from pilotrun.run.record import is_finite_number
 
@@ -41,6 +50,7 @@ class ForecastWatch:
         )
         self.streak: list[tuple[int, float, str]] = []
         self.own: dict[int, float] = {}  # the run's evaluations so far, by step (a redone one replaces its)
+        self.own_by_source: dict[str, dict[int, float]] = {}  # a mixture: each source's own, the same way
         self.notes: list[str] = []
 
     def restart(self) -> None:
@@ -67,13 +77,28 @@ class ForecastWatch:
         self.own[step] = float(loss)
         side = outside(self.forecast, step, float(loss))
         rise = None if side else risen(self.forecast, own, step, float(loss))
-        if side is None and rise is None:
+        losses, before = self._sources(event, step)
+        source = None if side or rise else source_risen(self.forecast, before, step, losses)
+        if side is None and rise is None and source is None:
             self.streak = []
             return {"inside": True} if at_step(self.forecast, step) is not None else None
         self.streak = (self.streak + [(step, float(loss), side or "risen")])[-CONSECUTIVE:]
         if len(self.streak) < CONSECUTIVE:
             return None
         first = self.streak[0][0]
+        if source is not None:
+            return {
+                "outside": f"val loss of source '{source['source']}' {source['loss']:.6g} at step {step} is "
+                f"more than {self.forecast['rise']['share']:.1%} above {source['predicted']:.6g}, what the "
+                "forecast's law refitted to the pilot's and this run's own evaluations of that source "
+                f"predicts, {CONSECUTIVE} evaluations in a row (outside the band or risen) from step "
+                f"{first}: the source is leaving its own course (the mixture's mean, under the weights in "
+                "force, may not show it)",
+                "step": step,
+                "figure": source["loss"],
+                "bound": source["bound"],
+                "first": first,
+            }
         if rise is not None:
             return {
                 "outside": f"val loss {float(loss):.6g} at step {step} is more than "
@@ -86,15 +111,35 @@ class ForecastWatch:
                 "bound": rise["bound"],
                 "first": first,
             }
+        return self._left_band(side, step, float(loss), first)
+
+    def _sources(
+        self, event: dict[str, Any], step: int
+    ) -> tuple[dict[str, float], dict[str, list[tuple[int, float]]]]:
+        """A mixture's evaluation: (its losses by source, each source's evaluations before `step`), this one
+        kept for the next (a run of one folder: both empty)."""
+        losses = event.get("loss_by_source")
+        if not isinstance(losses, dict):
+            return {}, {}
+        before = {
+            name: sorted((s, v) for s, v in by_step.items() if s < step)
+            for name, by_step in self.own_by_source.items()
+        }
+        for name, value in losses.items():
+            if is_finite_number(value):
+                self.own_by_source.setdefault(str(name), {})[step] = float(value)
+        return losses, before
+
+    def _left_band(self, side: str, step: int, loss: float, first: int) -> dict[str, Any]:
         row = at_step(self.forecast, step)
         bound = row["band_high"] if side == "above" else row["band_low"]
         return {
-            "outside": f"val loss {float(loss):.6g} at step {step} is {side} the forecast's band "
+            "outside": f"val loss {loss:.6g} at step {step} is {side} the forecast's band "
             f"({row['band_low']:.6g}-{row['band_high']:.6g}, predicted {row['predicted']:.6g}), "
             f"{CONSECUTIVE} evaluations in a row from step {first}: the run is leaving what the "
             "pilot forecast",
             "step": step,
-            "figure": float(loss),
+            "figure": loss,
             "bound": bound,
             "first": first,
         }

@@ -188,3 +188,35 @@ def test_the_refit_on_a_long_runs_own_evaluations_thins_them_and_keeps_the_lates
     steps = seen[0][len(pilot_fit) :]
     assert len(steps) <= 7 and steps[-1] == 1900 and np.all(np.diff(steps) > 0)
     assert at == pytest.approx(truth(LONG, [2000], AREA)[0], rel=1e-3)
+
+
+def test_the_log_updates_weighting_gives_each_e_fold_of_updates_the_same_weight():
+    x = np.arange(20, 101, 10)
+    weights = fc.fit_weights(x, "log-updates")
+    assert weights.mean() == pytest.approx(1.0)
+    # the first and the last: the log-distance to their one neighbour; the others half the one around them
+    assert weights[0] / weights[-1] == pytest.approx(math.log(30 / 20) / math.log(100 / 90))
+    assert weights[3] / weights[-1] == pytest.approx(math.log(60 / 40) / 2 / math.log(100 / 90))
+    doubling = fc.fit_weights(np.array([10, 20, 40, 80, 160]), "log-updates")
+    assert doubling == pytest.approx(np.ones(5))
+    shared = fc.fit_weights(np.array([20, 40, 40, 80]), "log-updates")  # a branch's point at a pilot's step
+    assert shared[1] == shared[2] == pytest.approx(shared[0] / 2)
+    assert fc.fit_weights(x, "equal") is None
+    with pytest.raises(ValueError, match="unknown fit weighting"):
+        fc.fit_weights(x, "linear")
+
+
+def test_a_pilot_that_plateaus_in_its_last_e_fold_is_forecast_lower_weighed_per_e_fold():
+    """A constant-LR pilot on the default law whose loss stops falling over its last updates (a plateau, as
+    the benchmark's tiny model shows from update 60 to 100): weighed alike, its many late points flatten
+    alpha and the forecast of a long run that falls past the plateau is high; weighed per e-fold, less so."""
+    pilot, long = Setting(schedule("constant", 100), 100), Setting(schedule("constant", 1000), 1000)
+    steps = list(range(20, 101, 10))
+    law = truth(pilot, steps, AREA)
+    flat = np.where(np.array(steps) > 60, law[steps.index(60)] - 0.02 * (np.array(steps) - 60) / 40, law)
+    points = list(zip(steps, flat, strict=True))
+    real = truth(long, [1000], AREA)[0]
+    by = {w: fc.forecast(points, pilot, long, [1000], weighting=w, draws=20) for w in fc.FIT_WEIGHTINGS}
+    assert by["equal"]["final"]["value"] > by["log-updates"]["final"]["value"] > real
+    assert {w: f["fitted_on"]["weighting"] for w, f in by.items()} == {w: w for w in fc.FIT_WEIGHTINGS}
+    assert by[fc.DEFAULT_WEIGHTING] == fc.forecast(points, pilot, long, [1000], draws=20)

@@ -161,6 +161,20 @@ def test_a_change_on_resume_is_the_run_leaving_the_forecast_not_another_run(tmp_
     assert fr.not_applicable(lock["forecast"], lock["recipe"], "0" * 64, changed) == []
 
 
+def test_a_mixtures_weights_changed_on_resume_are_the_run_leaving_the_forecast_not_another_recipe(
+    tmp_path, lock
+):
+    """The weights are no recipe key (an --allow-change beyond the recipe): undoing the change must not put a
+    key into the run's starting recipe that the lock's lacks."""
+    run, _ = _long(tmp_path, lock)
+    changed = copy.deepcopy(run.run)
+    changed["allowed_changes"] = [
+        {"key": "data.mixture.weights", "old": [0.5, 0.5], "new": [0.5, 0.001], "session_id": "s2"}
+    ]
+    assert "data.mixture.weights" not in fr.start_recipe(changed)
+    assert fr.not_applicable(lock["forecast"], lock["recipe"], "0" * 64, changed) == []
+
+
 def test_a_lock_from_before_forecasts_is_read_as_before(tmp_path, lock):
     run = SyntheticRun(tmp_path / "long", max_steps=60)
     run.run["frozen"] = {

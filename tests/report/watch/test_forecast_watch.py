@@ -15,12 +15,17 @@ from tests.report.projection.test_forecast_record import synthetic
 
 
 @pytest.fixture(scope="module")
-def lock(tmp_path_factory):
-    pilot = synthetic(tmp_path_factory.mktemp("pilot") / "r", 200, 10)
+def pilot_dir(tmp_path_factory):
+    return synthetic(tmp_path_factory.mktemp("pilot") / "r", 200, 10).run_dir
+
+
+@pytest.fixture(scope="module")
+def lock(pilot_dir):
+    summary = summarize_run(pilot_dir)
     return {
-        "recipe": pilot.run["recipe"],
+        "recipe": summary.run["recipe"],
         "data": {"metadata_sha256": "0" * 64},
-        "forecast": fr.lock_forecast(summarize_run(pilot.run_dir), 2000),
+        "forecast": fr.lock_forecast(summary, 2000),
     }
 
 
@@ -93,3 +98,103 @@ def test_a_lock_from_before_the_rise_check_is_watched_as_before(tmp_path, lock):
     _, alerts, _ = watched(leaving.run_dir, older)
     assert [(a.step, a.extra) for a in alerts] == [(500, {"first": 400})]
     assert "above the forecast's band" in alerts[0].message
+
+
+def test_a_lock_written_at_the_earlier_drift_weight_is_graded_and_watched_by_its_own_numbers(
+    tmp_path, lock, pilot_dir, monkeypatch
+):
+    """Before the 90% interval's drift weight was chosen held out, freeze wrote it at 0.5: such a lock is
+    graded by the interval it holds (never recomputed at today's weight) and watched as today (the band's
+    weight did not change). A final loss between today's upper edge and the earlier one is inside the earlier
+    lock's interval and outside today's."""
+    from pilotrun.report.projection import forecast as fc_module
+    from tests.report.projection.test_forecast_record import law_loss
+
+    monkeypatch.setitem(fc_module.WIDEN, fc_module.LEVEL, 0.5)
+    older = {**lock, "forecast": fr.lock_forecast(summarize_run(pilot_dir), 2000)}
+    monkeypatch.undo()
+    old_high, new_high = older["forecast"]["final"]["high"], lock["forecast"]["final"]["high"]
+    assert old_high > new_high and older["forecast"]["curve"] != lock["forecast"]["curve"]
+    between = (old_high + new_high) / 2 - law_loss(2000, 0.004)(2000)
+    run = synthetic(tmp_path / "long", 2000, 100, shift=lambda step: between if step == 2000 else 0.0)
+    summary = summarize_run(run.run_dir)
+    graded_old, graded_new = (
+        fr.against(lk["forecast"], lk["recipe"], "0" * 64, run.run, summary.kept_events)
+        for lk in (older, lock)
+    )
+    assert graded_old["inside"] and not graded_new["inside"]
+    assert graded_old["low"] == older["forecast"]["final"]["low"] and graded_old["high"] == old_high
+    bands = [[row[4:] for row in lk["forecast"]["curve"]] for lk in (older, lock)]
+    assert bands[0] == bands[1]  # the band watch holds a run to is the same at either weight
+    leaving = synthetic(tmp_path / "leaving", 2000, 100, shift=lambda step: 0.6 if step > 300 else 0.0)
+    for lk in (older, lock):
+        _, alerts, _ = watched(leaving.run_dir, lk)
+        assert [(a.step, a.extra) for a in alerts] == [(500, {"first": 400})]
+
+
+def mixture(
+    run_dir, steps: int, eval_every: int, code_shift=lambda step: 0.0, dropped_from: int | None = None
+):
+    """A synthetic mixture run (tests/report/projection/test_forecast_record.py's law): its val events hold
+    each source's own loss ("easy" the law, "code" 0.5 above it, plus `code_shift`), and its `loss` is their
+    mean under the weights in force: half each, the easy source's alone once the code is dropped (from
+    `dropped_from` on), so that the mean falls when the harder source leaves the batches."""
+    run = synthetic(run_dir, steps, eval_every)
+    for event in run.events:
+        if event["event"] == "val":
+            easy = event["loss"]
+            code = easy + 0.5 + code_shift(event["step"])
+            event["loss_by_source"] = {"easy": easy, "code": code}
+            dropped = dropped_from is not None and event["step"] >= dropped_from
+            event["loss"] = easy if dropped else (easy + code) / 2
+    run.write()
+    return run
+
+
+def code_rises_from_300(step):
+    return 0.4 if step >= 300 else 0.0
+
+
+@pytest.fixture(scope="module")
+def mixture_lock(tmp_path_factory):
+    pilot = mixture(tmp_path_factory.mktemp("mixture-pilot") / "r", 200, 10)
+    summary = summarize_run(pilot.run_dir)
+    return {
+        "recipe": summary.run["recipe"],
+        "data": {"metadata_sha256": "0" * 64},
+        "forecast": fr.lock_forecast(summary, 2000),
+    }
+
+
+def test_a_mixture_pilots_lock_holds_each_sources_own_evaluations_for_its_rise_check(mixture_lock):
+    by_source = mixture_lock["forecast"]["rise"]["by_source"]
+    assert sorted(by_source) == ["code", "easy"]
+    assert [s for s, _ in by_source["code"]] == list(range(20, 201, 10))  # past the warm-up of 10
+    assert by_source["code"][0][1] - by_source["easy"][0][1] == pytest.approx(0.5)
+
+
+def test_a_dropped_source_whose_own_loss_rises_is_alerted_though_the_mean_falls(tmp_path, mixture_lock):
+    # From step 300 the code source gets no rows: the mean (the easy source's alone) falls by 0.25, while the
+    # code's own loss rises 0.4 (about 6%) above its course.
+    run = mixture(tmp_path / "long", 2000, 100, code_shift=code_rises_from_300, dropped_from=300)
+    _, alerts, _ = watched(run.run_dir, mixture_lock)
+    assert [(a.step, a.extra) for a in alerts] == [(400, {"first": 300})]
+    assert "val loss of source 'code'" in alerts[0].message and alerts[0].figure > alerts[0].bound
+    summary = summarize_run(run.run_dir)
+    graded = fr.against(
+        mixture_lock["forecast"], mixture_lock["recipe"], "0" * 64, run.run, summary.kept_events
+    )
+    assert graded["left_band_at"] == 300
+    healthy = mixture(tmp_path / "healthy", 2000, 100)
+    assert watched(healthy.run_dir, mixture_lock)[1] == []
+
+
+def test_a_lock_from_before_the_per_source_check_is_held_to_the_mean_alone(tmp_path, mixture_lock):
+    older = copy.deepcopy(mixture_lock)
+    del older["forecast"]["rise"]["by_source"]
+    run = mixture(tmp_path / "long", 2000, 100, code_shift=code_rises_from_300, dropped_from=300)
+    assert watched(run.run_dir, older)[1] == []  # the mean fell: nothing the lock's checks see, as before
+    summary = summarize_run(run.run_dir)
+    assert fr.against(older["forecast"], older["recipe"], "0" * 64, run.run, summary.kept_events)[
+        "left_band_at"
+    ] is None
