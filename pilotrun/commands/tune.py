@@ -8,9 +8,10 @@ without running the pilot again.
 
 1. plan: from RUN/run.json (the effective recipe, the data folder) and the committed checkpoints, the
    checkpoints to branch from, the updates per branch and every branch; the cost (updates, and seconds
-   projected from the pilot's record and each branch's launch: commands/tune_cost.py) is stated before
-   anything runs, and K is the most that fits `budget` times the pilot's own updates and wall seconds (a
-   check that fits only in updates is refused, or run with its overrun stated where the user allows it);
+   projected from the pilot's own record: its updates, and every fixed cost a branch and its process pay
+   again, commands/tune_cost.py) is stated before anything runs, and K is the most that fits `budget` times
+   the pilot's own updates and wall seconds (a check that fits only in updates is refused, or run with its
+   overrun stated where the user allows it);
 2. each branch (commands/tune_branch.py) is a `pilotrun train --resume --from-step N` into RUN/tune/NAME with
    its allowed change, a session of its own; the branches run one after another in one process
    (commands/tune_child.py), which pays the interpreter's launch and the imports once, or each under torchrun
