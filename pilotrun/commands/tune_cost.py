@@ -83,8 +83,12 @@ class _Session:
 
 
 def _sessions(run_dir: Path) -> dict[str, _Session]:
+    return _sessions_of(read_metrics_tolerant(run_dir).events)
+
+
+def _sessions_of(events: list[dict[str, Any]]) -> dict[str, _Session]:
     sessions: dict[str, _Session] = {}
-    for event in read_metrics_tolerant(run_dir).events:
+    for event in events:
         when, kind = event.get("time"), event.get("event")
         if not isinstance(when, float):
             continue
@@ -109,7 +113,11 @@ def pilot_startup_seconds(run_dir: Path) -> float | None:
     """The median seconds from a pilot session's clock start (its session_end's time less its recorded wall
     seconds) to its first train window: loading, building, restoring, which each branch, a session of its
     own, pays again (the interpreter's own launch comes before that clock and is not in it)."""
-    startups = [_startup(s) for s in _sessions(run_dir).values()]
+    return _median_startup(_sessions(run_dir))
+
+
+def _median_startup(sessions: dict[str, _Session]) -> float | None:
+    startups = [_startup(s) for s in sessions.values()]
     known = [s for s in startups if s is not None]
     return statistics.median(known) if known else None
 
@@ -143,7 +151,11 @@ def pilot_launch_seconds(run_dir: Path) -> float | None:
     """The median seconds of a pilot session from its command's start to its session's clock start: the
     imports and set-up a branch process pays again before its first branch's clock (None: the record has no
     `setup_seconds`)."""
-    before = [s.clock_start - s.command_start for s in _sessions(run_dir).values()
+    return _median_launch(_sessions(run_dir))
+
+
+def _median_launch(sessions: dict[str, _Session]) -> float | None:
+    before = [s.clock_start - s.command_start for s in sessions.values()
               if s.command_start is not None and s.clock_start is not None]
     return max(0.0, statistics.median(before)) if before else None
 
@@ -151,7 +163,11 @@ def pilot_launch_seconds(run_dir: Path) -> float | None:
 def pilot_phase_seconds(run_dir: Path) -> tuple[float | None, float | None, float | None]:
     """(seconds per evaluation, per checkpoint save, a session's bookkeeping) from the pilot's ended
     sessions whose time_split has its phases; None where the record has none."""
-    split = [s for s in _sessions(run_dir).values()
+    return _phase_seconds(_sessions(run_dir))
+
+
+def _phase_seconds(sessions: dict[str, _Session]) -> tuple[float | None, float | None, float | None]:
+    split = [s for s in sessions.values()
              if s.end is not None and isinstance(s.end.get("train_seconds"), float)]
     if not split:
         return None, None, None
@@ -177,13 +193,14 @@ def measure_launch_seconds() -> float:
 def read_pilot_timings(run_dir: Path, launch_seconds: float | None = None) -> PilotTimings:
     """The pilot's timings from its record; `launch_seconds` None: the pilot's own launch from its record
     (pilot_launch_seconds), else measured now (measure_launch_seconds)."""
-    rates = seconds_per_update_of(read_metrics_tolerant(run_dir).events)
-    recorded = pilot_launch_seconds(run_dir) if launch_seconds is None else None
+    events = read_metrics_tolerant(run_dir).events
+    sessions, rates = _sessions_of(events), seconds_per_update_of(events)
+    recorded = _median_launch(sessions) if launch_seconds is None else None
     launch = launch_seconds if launch_seconds is not None else recorded
-    each_eval, each_save, bookkeeping = pilot_phase_seconds(run_dir)
+    each_eval, each_save, bookkeeping = _phase_seconds(sessions)
     return PilotTimings(
         seconds_per_update=statistics.median(rates) if rates else None,
-        startup_seconds=pilot_startup_seconds(run_dir),
+        startup_seconds=_median_startup(sessions),
         pilot_seconds=pilot_wall_seconds(run_dir),
         launch_seconds=launch if launch is not None else measure_launch_seconds(),
         eval_seconds=each_eval,
