@@ -102,9 +102,20 @@ class TunePlan:
         return sum(round(b.updates * (b.value if b.kind == "batch" else 1.0)) for b in self.branches)
 
     @property
+    def priced_updates(self) -> int:
+        """The updates the seconds are priced by, each at the pilot's seconds per update: as cost_updates,
+        but an update at a smaller batch than the recipe's counts whole, not as its share of the tokens: it
+        pays the same optimizer step and per-update work, so it costs more than its share and no more than a
+        whole one (measured on the CPU pilots of bench_tune: half a batch 8 or 64 update, 0.5-0.8 of the
+        whole one's seconds, as the load moved); the whole one is the bound the budget is kept under."""
+        return sum(round(b.updates * (max(b.value, 1.0) if b.kind == "batch" else 1.0))
+                   for b in self.branches)
+
+    @property
     def cost_seconds(self) -> float | None:
-        """Projected wall seconds: the updates at the pilot's rate, and each branch's launch and start-up."""
-        return self.timings.projected_seconds(self.cost_updates, len(self.branches), self.processes)
+        """Projected wall seconds: the priced updates at the pilot's rate, every branch's fixed costs and
+        the launch of each process (commands/tune_cost.py)."""
+        return self.timings.projected_seconds(self.priced_updates, len(self.branches), self.processes)
 
     @property
     def processes(self) -> int:
@@ -113,7 +124,7 @@ class TunePlan:
     def fits(self, budget: float) -> bool:
         """Within `budget` times the pilot's updates and, where the record says them, its wall seconds."""
         return (self.cost_updates <= budget * self.pilot_updates
-                and self.timings.fits(self.cost_updates, len(self.branches), self.processes, budget))
+                and self.timings.fits(self.priced_updates, len(self.branches), self.processes, budget))
 
     def cost_line(self, budget: float) -> str:
         return (f"{len(self.branches)} branches of {self.updates} updates cost {self.cost_updates} updates "
@@ -136,11 +147,14 @@ class TunePlan:
     def _seconds_parts(self) -> str:
         """The projection's parts, each with the pilot's figure it is counted from."""
         t, count, processes = self.timings, len(self.branches), self.processes
-        training = self.cost_updates * (t.seconds_per_update or 0.0)
+        training = self.priced_updates * (t.seconds_per_update or 0.0)
         shared = "the branches share one process" if self.shared else "a process a branch, under torchrun"
         startup, launch = t.startup_seconds or 0.0, t.launch_seconds or 0.0
+        whole = self.priced_updates - self.cost_updates
         text = (f"{training:.0f} s of training at the pilot's {t.seconds_per_update:.3g} s per update"
-                f" and {count * startup:.0f} s of start-up ({count} x the pilot's {startup:.2g} s a session)")
+                + (f" ({whole} more for the smaller batch's updates, each priced whole)" if whole else "")
+                + f" and {count * startup:.0f} s of start-up ({count} x the pilot's {startup:.2g} s a "
+                "session)")
         each = [(t.eval_seconds, "an evaluation"), (t.save_seconds, "a save"),
                 (t.bookkeeping_seconds, "a session's bookkeeping")]
         known = [(seconds, what) for seconds, what in each if seconds is not None]

@@ -167,3 +167,15 @@ def test_where_the_fixed_costs_alone_do_not_fit_the_refusal_is_one_line_and_writ
     assert "do not fit 1x the pilot's wall seconds even at the fewest, 4 updates" in lines[0]
     assert "projected 26 s = 1.08x the pilot's own 24 s" in lines[0]
     assert not (full_pilot / "tune").exists()
+
+
+def test_a_smaller_batchs_updates_are_priced_whole_in_seconds_and_by_their_tokens_in_updates(full_pilot):
+    plan = plan_checks(full_pilot, ("batch",), updates=8, budget=10.0)
+    assert plan.batch_steps == [48, 88]
+    halves = [b for b in plan.branches if b.value == 0.5]
+    assert [(b.updates, b.overrides[0]) for b in halves] == [(16, "train.batch_size=4")] * 2
+    # per checkpoint 8 + 16 x 1/2 + 4 x 2 + 2 x 4 = 32 updates of the recipe's tokens; in seconds the half
+    # batch's 16 count whole: 40 x 2 = 80 updates x 0.125 s + 8 x 3.875 s + 4 s of launch
+    assert (plan.cost_updates, plan.priced_updates, plan.cost_seconds) == (64, 80, 45.0)
+    assert "10 s of training at the pilot's 0.125 s per update (16 more for the smaller batch's updates, " \
+           "each priced whole) and 8 s of start-up" in plan.cost_line(10.0)
