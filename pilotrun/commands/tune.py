@@ -8,9 +8,10 @@ without running the pilot again.
 
 1. plan: from RUN/run.json (the effective recipe, the data folder) and the committed checkpoints, the
    checkpoints to branch from, the updates per branch and every branch; the cost (updates, and seconds
-   projected from the pilot's record and each branch's launch: commands/tune_cost.py) is stated before
-   anything runs, and K is the most that fits `budget` times the pilot's own updates and wall seconds (a
-   check that fits only in updates is refused, or run with its overrun stated where the user allows it);
+   projected from the pilot's own record: its updates, and every fixed cost a branch and its process pay
+   again, commands/tune_cost.py) is stated before anything runs, and K is the most that fits `budget` times
+   the pilot's own updates and wall seconds (a check that fits only in updates is refused, or run with its
+   overrun stated where the user allows it);
 2. each branch (commands/tune_branch.py) is a `pilotrun train --resume --from-step N` into RUN/tune/NAME with
    its allowed change, a session of its own; the branches run one after another in one process
    (commands/tune_child.py), which pays the interpreter's launch and the imports once, or each under torchrun
@@ -43,6 +44,7 @@ from pilotrun.commands.next_commands import train_words
 from pilotrun.commands.pilot_process import TrainingChild, log_cause
 from pilotrun.commands.tune_branch import (
     Branch,
+    branch_clock_start,
     branch_val_loss,
     cadence_overrides,
     make_branch_folder,
@@ -91,6 +93,8 @@ class TunePlan:
     overrun: bool = False  # over the budget in seconds, run because the user allowed it
     shared: bool = True  # the branches share one process (its launch paid once); False: each under torchrun
     notes: list[str] = field(default_factory=list)
+    # measured as the branches ran: the shared process's spawn to its first branch's session clock start
+    measured_launch_seconds: float | None = None
 
     @property
     def cost_updates(self) -> int:
@@ -98,9 +102,20 @@ class TunePlan:
         return sum(round(b.updates * (b.value if b.kind == "batch" else 1.0)) for b in self.branches)
 
     @property
+    def priced_updates(self) -> int:
+        """The updates the seconds are priced by, each at the pilot's seconds per update: as cost_updates,
+        but an update at a smaller batch than the recipe's counts whole, not as its share of the tokens: it
+        pays the same optimizer step and per-update work, so it costs more than its share and no more than a
+        whole one (measured on the CPU pilots of bench_tune: half a batch 8 or 64 update, 0.5-0.8 of the
+        whole one's seconds, as the load moved); the whole one is the bound the budget is kept under."""
+        return sum(round(b.updates * (max(b.value, 1.0) if b.kind == "batch" else 1.0))
+                   for b in self.branches)
+
+    @property
     def cost_seconds(self) -> float | None:
-        """Projected wall seconds: the updates at the pilot's rate, and each branch's launch and start-up."""
-        return self.timings.projected_seconds(self.cost_updates, len(self.branches), self.processes)
+        """Projected wall seconds: the priced updates at the pilot's rate, every branch's fixed costs and
+        the launch of each process (commands/tune_cost.py)."""
+        return self.timings.projected_seconds(self.priced_updates, len(self.branches), self.processes)
 
     @property
     def processes(self) -> int:
@@ -109,7 +124,7 @@ class TunePlan:
     def fits(self, budget: float) -> bool:
         """Within `budget` times the pilot's updates and, where the record says them, its wall seconds."""
         return (self.cost_updates <= budget * self.pilot_updates
-                and self.timings.fits(self.cost_updates, len(self.branches), self.processes, budget))
+                and self.timings.fits(self.priced_updates, len(self.branches), self.processes, budget))
 
     def cost_line(self, budget: float) -> str:
         return (f"{len(self.branches)} branches of {self.updates} updates cost {self.cost_updates} updates "
@@ -117,16 +132,10 @@ class TunePlan:
                 f"{self.pilot_updates}{self._seconds_part(budget)}")
 
     def _seconds_part(self, budget: float) -> str:
-        t, count, projected = self.timings, len(self.branches), self.cost_seconds
+        t, projected = self.timings, self.cost_seconds
         if projected is None:
             return f" (budget {budget:g}x, in updates only: the record has no seconds per update)"
-        training = self.cost_updates * t.seconds_per_update
-        shared = "the branches share one process" if self.shared else "a process a branch, under torchrun"
-        startup, launch, processes = t.startup_seconds or 0.0, t.launch_seconds or 0.0, self.processes
-        parts = (f"{training:.0f} s of training at the pilot's {t.seconds_per_update:.3g} s per update"
-                 f" and {count * startup:.0f} s of start-up ({count} x the pilot's {startup:.2g} s a session)"
-                 f" and {processes * launch:.0f} s of launch ({processes} x {launch:.2g} s measured for a "
-                 f"process that imports the trainer: {shared})")
+        parts = self._seconds_parts()
         if not t.pilot_seconds:
             return (f" (budget {budget:g}x, in updates only: the record has no session's wall seconds), "
                     f"about {projected:.0f} s projected: {parts}")
@@ -134,6 +143,28 @@ class TunePlan:
                 "asked" if self.overrun else "")
         return (f"; projected {projected:.0f} s = {projected / t.pilot_seconds:.2f}x the pilot's own "
                 f"{t.pilot_seconds:.0f} s (budget {budget:g}x{over}): {parts}")
+
+    def _seconds_parts(self) -> str:
+        """The projection's parts, each with the pilot's figure it is counted from."""
+        t, count, processes = self.timings, len(self.branches), self.processes
+        training = self.priced_updates * (t.seconds_per_update or 0.0)
+        shared = "the branches share one process" if self.shared else "a process a branch, under torchrun"
+        startup, launch = t.startup_seconds or 0.0, t.launch_seconds or 0.0
+        whole = self.priced_updates - self.cost_updates
+        text = (f"{training:.0f} s of training at the pilot's {t.seconds_per_update:.3g} s per update"
+                + (f" ({whole} more for the smaller batch's updates, each priced whole)" if whole else "")
+                + f" and {count * startup:.0f} s of start-up ({count} x the pilot's {startup:.2g} s a "
+                "session)")
+        each = [(t.eval_seconds, "an evaluation"), (t.save_seconds, "a save"),
+                (t.bookkeeping_seconds, "a session's bookkeeping")]
+        known = [(seconds, what) for seconds, what in each if seconds is not None]
+        if known:
+            text += (f" and {count * sum(s for s, _ in known):.0f} s of {count} x the pilot's "
+                     + ", ".join(f"{s:.2g} s {what}" for s, what in known))
+        source = ("the pilot's own, from its command's start to its session's clock, imports included"
+                  if t.launch_from_record else "measured for a process that imports the trainer")
+        return (text + f" and {processes * launch:.0f} s of launch ({processes} x {launch:.2g} s {source}: "
+                f"{shared})")
 
 
 def parse_checks(text: str) -> tuple[str, ...]:
@@ -363,6 +394,7 @@ def _run_shared(plan: TunePlan, pending: dict[str, tuple[Branch, list[str]]], se
     logs = plan.run_dir / TUNE_DIR / "logs"
     plan_file, codes_file = logs / "shared.json", logs / "shared-codes.json"
     codes_file.unlink(missing_ok=True)
+    spawned = time.time()  # on the record's clock, which the first branch's session clock start is read on
     write_text_atomic(plan_file, strict_dumps({"codes": str(codes_file), "branches": [
         {"name": name, "words": words, "log": str(_branch_log(plan, branch))}
         for name, (branch, words) in pending.items()]}, indent=1) + "\n")
@@ -383,6 +415,10 @@ def _run_shared(plan: TunePlan, pending: dict[str, tuple[Branch, list[str]]], se
         if child.poll() is None:
             child.process.terminate()
         child.wait()
+    first = next(iter(pending.values()))[0]
+    plan.measured_launch_seconds = branch_clock_start(plan.run_dir / TUNE_DIR / first.name, sessions)
+    if plan.measured_launch_seconds is not None:
+        plan.measured_launch_seconds -= spawned
     return losses
 
 
@@ -426,8 +462,11 @@ def _findings(plan: TunePlan, losses: dict[str, float], yardstick: float) -> dic
 
 
 def run_checks(plan: TunePlan, data: str | Path | None = None, nproc: int | None = None,
-               budget: float = DEFAULT_BUDGET, out: TextIO = sys.stdout) -> dict[str, Any]:
-    """Run every branch of `plan` (reusing complete ones), judge, write RUN/tune/tune.json and its plots."""
+               budget: float = DEFAULT_BUDGET, out: TextIO = sys.stdout,
+               started: float | None = None) -> dict[str, Any]:
+    """Run every branch of `plan` (reusing complete ones), judge, write RUN/tune/tune.json and its plots.
+    `started`: the check's start on time.perf_counter (its plan included), for the seconds it measured."""
+    started = started if started is not None else time.perf_counter()
     run = read_run_json(plan.run_dir)
     data_dir = Path(data) if data is not None else Path(str((run.get("data") or {}).get("dir", "")))
     if not (data_dir / "metadata.json").is_file() and not data_dir.is_file():
@@ -442,12 +481,7 @@ def run_checks(plan: TunePlan, data: str | Path | None = None, nproc: int | None
     measured = pilot_yardstick(plan.run_dir)
     yardstick = measured if measured is not None else 0.0
     result = {"run_id": run.get("run_id"), "checks": list(plan.checks), "updates": plan.updates,
-              "cost": {"updates": plan.cost_updates, "pilot_updates": plan.pilot_updates, "budget": budget,
-                       "seconds_per_update": plan.timings.seconds_per_update, "seconds": plan.cost_seconds,
-                       "pilot_seconds": plan.timings.pilot_seconds,
-                       "startup_seconds": plan.timings.startup_seconds,
-                       "launch_seconds": plan.timings.launch_seconds, "overrun": plan.overrun,
-                       "line": plan.cost_line(budget)},
+              "cost": _cost(plan, budget),
               "yardstick": yardstick, "yardstick_measured": measured is not None, "notes": plan.notes,
               "branches": {b.name: {"kind": b.kind, "value": b.value, "from_step": b.from_step,
                                     "updates": b.updates, "set": b.overrides, "allow_change": b.allow,
@@ -456,9 +490,24 @@ def run_checks(plan: TunePlan, data: str | Path | None = None, nproc: int | None
     from pilotrun.report.drawing.tune_plots import write_tune_plots
 
     write_tune_plots(result, tune_dir)
+    result["cost"]["measured_seconds"] = time.perf_counter() - started  # all but writing tune.json
     # a branch that diverged has an infinite gain: written by its name, as the record writes a non-finite loss
     write_text_atomic(tune_dir / TUNE_JSON, strict_dumps(result, indent=1) + "\n")
     return result
+
+
+def _cost(plan: TunePlan, budget: float) -> dict[str, Any]:
+    """tune.json's `cost`: what was stated before the branches ran, each part's pilot figure, and the launch
+    measured as they ran."""
+    t = plan.timings
+    return {"updates": plan.cost_updates, "pilot_updates": plan.pilot_updates, "budget": budget,
+            "seconds_per_update": t.seconds_per_update, "seconds": plan.cost_seconds,
+            "pilot_seconds": t.pilot_seconds, "startup_seconds": t.startup_seconds,
+            "eval_seconds": t.eval_seconds, "save_seconds": t.save_seconds,
+            "bookkeeping_seconds": t.bookkeeping_seconds, "launch_seconds": t.launch_seconds,
+            "launch_from_record": t.launch_from_record,
+            "measured_launch_seconds": plan.measured_launch_seconds,
+            "overrun": plan.overrun, "line": plan.cost_line(budget)}
 
 
 def format_findings(result: dict[str, Any]) -> list[str]:
@@ -476,13 +525,14 @@ def tune(run_dir: str | Path, checks: tuple[str, ...] = CHECKS, updates: int | N
          allow_overrun: bool = False, launch_seconds: float | None = None,
          out: TextIO = sys.stdout) -> dict[str, Any]:
     """Plan, state the cost, run, judge: the command's whole work; returns tune.json's content."""
+    started = time.perf_counter()
     if not math.isfinite(budget) or budget <= 0:
         raise TuneError(f"--budget {budget}: must be a positive multiple of the pilot's updates")
     plan = plan_checks(run_dir, checks, updates, budget, allow_overrun, launch_seconds, nproc)
     print(f"[tune] {plan.cost_line(budget)}", file=out, flush=True)
     for note in plan.notes:
         print(f"[tune] note: {note}", file=out, flush=True)
-    result = run_checks(plan, data=data, nproc=nproc, budget=budget, out=out)
+    result = run_checks(plan, data=data, nproc=nproc, budget=budget, out=out, started=started)
     for line in format_findings(result):
         print(f"[tune] {line}", file=out, flush=True)
     return result

@@ -82,6 +82,17 @@ def branch_val_loss(branch_dir: Path, pilot_sessions: set[str], last_step: int) 
     return losses[-1]
 
 
+def branch_clock_start(branch_dir: Path, pilot_sessions: set[str]) -> float | None:
+    """When the branch's own session's clock started (its session_end's time less its wall seconds), on the
+    record's clock; None where it did not end."""
+    for event in read_metrics_tolerant(branch_dir).events:
+        wall = (event.get("time_split") or {}).get("wall_seconds")
+        own = str(event.get("session_id")) not in pilot_sessions
+        if own and event.get("event") == "session_end" and isinstance(wall, float):
+            return float(event["time"]) - wall
+    return None
+
+
 def branch_train_losses(branch_dir: Path, pilot_sessions: set[str]) -> dict[int, float]:
     """The branch's own train-window losses by step (its session's, not the copied pilot's)."""
     return {int(e["step"]): e["loss"] for e in read_metrics_tolerant(branch_dir).events

@@ -156,6 +156,11 @@ def test_a_whole_check_lands_in_the_record_the_verdict_the_report_and_the_lock(p
     for name in written["branches"]:
         assert main(["summarize", str(pilot / "tune" / name)]) == 0  # each branch is a valid run record
     assert (pilot / "tune" / "tune_lr.png").is_file() and (pilot / "tune" / "tune_batch.png").is_file()
+    # the launch stated is the pilot's own from its record; the one the shared process paid is kept beside it
+    cost = written["cost"]
+    assert cost["launch_from_record"] is True
+    assert cost["launch_seconds"] == tune_cost.pilot_launch_seconds(pilot)
+    assert isinstance(cost["measured_launch_seconds"], float) and isinstance(cost["measured_seconds"], float)
 
     from pilotrun.commands.api import verdict
 

@@ -1,6 +1,7 @@
 """The checks' budget in seconds (commands/tune_cost.py): the stated projection and K against a synthetic
-pilot record whose times are set by hand (no clock is read), the refusal where not even the fewest updates
-fit, and the run with its overrun stated where the user allows it."""
+pilot record whose times are set by hand (no clock is read), every fixed cost a branch pays again counted
+from that record, the refusal where not even the fewest updates fit, and the run with its overrun stated
+where the user allows it."""
 
 from __future__ import annotations
 
@@ -111,3 +112,70 @@ def test_a_record_without_wall_seconds_is_budgeted_in_updates_only(pilot):
     assert plan.updates == 56 and not plan.overrun
     assert "(budget 3x, in updates only: the record has no session's wall seconds), about 80 s projected" in (
         plan.cost_line(3.0))
+
+
+@pytest.fixture
+def full_pilot(pilot) -> Path:
+    """The same pilot with every fixed cost in its record: its command started at 96.0 s (session_start at
+    100.5 s, 4.5 s of set-up), so 4.0 s before its session's clock (100.0 s); 20.0 s of wall, of which 12.0 s
+    training, 3.0 s in 12 evaluations (0.25 s each), 1.5 s in 12 saves (0.125 s each), 1.0 s of start-up
+    and 2.5 s of bookkeeping (the rest)."""
+    split = {"train_seconds": 12.0, "eval_seconds": 3.0, "checkpoint_seconds": 1.5, "profile_seconds": 0.0,
+             "report_seconds": 0.5, "other_seconds": 3.0, "wall_seconds": 20.0}
+    window = {"wall_seconds": 1.0, "train_seconds": 1.0, "updates_attempted": 8}
+    lines = [_event("session_start", 100.5, 0, setup_seconds=4.5)]
+    for n in range(1, 13):
+        lines += [_event("train", 101.0 + n, 8 * n, window=window, loss=5.0),
+                  _event("val", 101.0 + n, 8 * n, loss=5.0),
+                  _event("checkpoint", 101.0 + n, 8 * n, seconds=0.1)]
+    lines.append(_event("session_end", 120.0, 96, reason="completed", time_split=split))
+    (pilot / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return pilot
+
+
+def test_every_fixed_cost_a_branch_pays_again_is_the_pilots_own_from_its_record(full_pilot):
+    assert tune_cost.pilot_phase_seconds(full_pilot) == (0.25, 0.125, 2.5)
+    assert tune_cost.pilot_launch_seconds(full_pilot) == 4.0
+    assert pilot_wall_seconds(full_pilot) == 24.0  # the set-up before its clock is the pilot's too
+    timings = read_pilot_timings(full_pilot)
+    assert (timings.launch_seconds, timings.launch_from_record, timings.branch_fixed_seconds) == (
+        4.0, True, 3.875)
+
+
+def test_k_is_the_most_that_fits_with_every_fixed_cost_counted(full_pilot, monkeypatch):
+    probes = []
+    monkeypatch.setattr(tune_cost, "measure_launch_seconds", lambda: probes.append(1) or 0.0)
+    plan = plan_checks(full_pilot, ("lr",), budget=1.5)
+    # 100 x 0.125 + 5 x (1 + 0.25 + 0.125 + 2.5) + 4 = 35.875 <= 1.5 x 24; at 24 updates a branch 38.375
+    assert (plan.updates, plan.cost_updates, plan.cost_seconds, plan.overrun) == (20, 100, 35.875, False)
+    assert probes == []  # the launch is the pilot's own: no interpreter is launched to measure it
+    assert plan.cost_line(1.5) == (
+        "5 branches of 20 updates cost 100 updates at the recipe's batch = 1.04x the pilot's 96; projected "
+        "36 s = 1.49x the pilot's own 24 s (budget 1.5x): 12 s of training at the pilot's 0.125 s per update "
+        "and 5 s of start-up (5 x the pilot's 1 s a session) and 14 s of 5 x the pilot's 0.25 s an "
+        "evaluation, 0.12 s a save, 2.5 s a session's bookkeeping and 4 s of launch (1 x 4 s the pilot's "
+        "own, from its command's start to its session's clock, imports included: the branches share one "
+        "process)")
+
+
+def test_where_the_fixed_costs_alone_do_not_fit_the_refusal_is_one_line_and_writes_nothing(full_pilot,
+                                                                                            capsys):
+    # at 4 updates a branch: 2.5 s of training and 23.375 s of fixed costs > 1 x 24 s
+    assert main(["tune", str(full_pilot), "--check", "lr", "--budget", "1"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert "do not fit 1x the pilot's wall seconds even at the fewest, 4 updates" in lines[0]
+    assert "projected 26 s = 1.08x the pilot's own 24 s" in lines[0]
+    assert not (full_pilot / "tune").exists()
+
+
+def test_a_smaller_batchs_updates_are_priced_whole_in_seconds_and_by_their_tokens_in_updates(full_pilot):
+    plan = plan_checks(full_pilot, ("batch",), updates=8, budget=10.0)
+    assert plan.batch_steps == [48, 88]
+    halves = [b for b in plan.branches if b.value == 0.5]
+    assert [(b.updates, b.overrides[0]) for b in halves] == [(16, "train.batch_size=4")] * 2
+    # per checkpoint 8 + 16 x 1/2 + 4 x 2 + 2 x 4 = 32 updates of the recipe's tokens; in seconds the half
+    # batch's 16 count whole: 40 x 2 = 80 updates x 0.125 s + 8 x 3.875 s + 4 s of launch
+    assert (plan.cost_updates, plan.priced_updates, plan.cost_seconds) == (64, 80, 45.0)
+    assert "10 s of training at the pilot's 0.125 s per update (16 more for the smaller batch's updates, " \
+           "each priced whole) and 8 s of start-up" in plan.cost_line(10.0)
