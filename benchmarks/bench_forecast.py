@@ -395,16 +395,16 @@ def run() -> str:
         "time.",
         "",
         f"- coverage of the 90% interval: {inside} of {len(every_healthy)} healthy long runs inside"
-        + (f" ({unfit} refused a forecast, counted as not inside)" if unfit else "")
-        + f" (goal >= 9 of 10: {_met(inside >= 0.9 * len(every_healthy))})",
+        + (f", {unfit} refused a forecast (counted as not inside;" if unfit else " (")
+        + f" goal >= 9 of 10: {_met(inside >= 0.9 * len(every_healthy))})",
         f"- median |relative error| of the final val loss: {100 * strict:.2f}%"
         + (
-            f" (a refused pilot counted as an infinite error; {100 * statistics.median(errors):.2f}% over "
-            f"the {len(healthy)} given a forecast)"
+            f", a refused pilot counted as an infinite error ({100 * statistics.median(errors):.2f}% over "
+            f"the {len(healthy)} given a forecast;"
             if unfit
-            else ""
+            else " ("
         )
-        + f" (goal <= 1%: {_met(strict <= 0.01)})"
+        + f" goal <= 1%: {_met(strict <= 0.01)})"
         if errors
         else "- no healthy run graded",
         f"- mean half-width of the interval: {100 * statistics.mean(halves):.2f}% (goal <= 2%: "
@@ -442,13 +442,13 @@ def run() -> str:
         "Each candidate law fitted to the same healthy pilots (the measurement the default law is chosen "
         "by):",
         "",
-        *_law_table(healthy),
+        *_law_table(every_healthy),
         "",
         "The law chosen on half of those pilots (least median |error|, a refusal counted as infinite; of "
         "equal ones, the one refused least) and "
         "graded on the other half, both ways:",
         "",
-        *_held_out(healthy),
+        *_held_out(every_healthy),
         "",
         "How the fit weighs the pilot's evaluations (forecast.FIT_WEIGHTINGS: `log-updates` each by the span "
         "of log-updates it stands for, `equal` each alike), over every healthy case, then chosen on half of "
