@@ -111,6 +111,68 @@ def weighting_tables(healthy: list[dict]) -> list[str]:
     return lines
 
 
+def whole_by_weighting(summary, lock: dict, long: Path, long_summary) -> dict[str, dict]:
+    """The whole lock under each of forecast.FIT_WEIGHTINGS (forecast_record.lock_forecast with that
+    weighting), graded as summarize grades it and watched as `pilotrun watch --against LOCK` watches: per
+    weighting {"graded": against()'s result, "first": the first step of watch's forecast alert or None}."""
+    from pilotrun.report.projection.forecast import FIT_WEIGHTINGS
+    from pilotrun.report.projection.forecast_record import against, lock_forecast
+    from pilotrun.report.watch.alerts import Watcher
+
+    out = {}
+    for weighting in FIT_WEIGHTINGS:
+        weighed = {**lock, "forecast": lock_forecast(summary, TARGET, weighting=weighting)}
+        graded = against(
+            weighed["forecast"],
+            lock["recipe"],
+            lock["data"]["metadata_sha256"],
+            long_summary.run,
+            long_summary.kept_events,
+        )
+        watcher = Watcher(long, lock=weighed, holder=lambda path: None)
+        watcher.check(final=True)
+        alerts = [a for a in watcher.raised if a.kind == "forecast"]
+        out[weighting] = {"graded": graded or {}, "first": alerts[0].extra["first"] if alerts else None}
+    return out
+
+
+def whole_weighting_table(rows: list[dict]) -> list[str]:
+    """Each fit weighting's whole lock over every case: the healthy runs inside (a refusal: not), the median
+    |error| (a refusal: infinite), the mean half-width, watch's alerts on healthy runs, the broken runs
+    flagged within their first 20% of updates (and where), the pilots refused."""
+    from pilotrun.report.projection.forecast import DEFAULT_WEIGHTING, FIT_WEIGHTINGS
+
+    healthy = [r for r in rows if r["case"].broken is None]
+    broken = [r for r in rows if r["case"].broken is not None]
+    lines = [
+        "| fit weighting | healthy inside | median abs error | mean half-width | alerts on a healthy run | "
+        "broken flagged within 20% (first step) | refused |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in FIT_WEIGHTINGS:
+        graded = [r["whole"][name]["graded"] for r in healthy]
+        given = [g for g in graded if "final_step" in g]
+        errors = [abs(g["error"]) for g in given] + [math.inf] * (len(graded) - len(given))
+        flagged = [
+            f"{r['case'].name} {r['whole'][name]['first']}"
+            for r in broken
+            if r["whole"][name]["first"] is not None and r["whole"][name]["first"] <= 0.2 * TARGET
+        ]
+        refused = sum("unavailable" in r["whole"][name]["graded"] for r in rows)
+        lines.append(
+            f"| {name}{' **default**' if name == DEFAULT_WEIGHTING else ''} | "
+            f"{sum(g['inside'] for g in given)}/{len(healthy)} | {100 * statistics.median(errors):.2f}% | "
+            + (
+                f"{100 * statistics.mean((g['high'] - g['low']) / 2 / g['predicted'] for g in given):.2f}% | "
+                if given
+                else " | "
+            )
+            + f"{sum(r['whole'][name]['first'] is not None for r in healthy)}/{len(healthy)} | "
+            f"{len(flagged)}/{len(broken)} ({', '.join(flagged) or 'none'}) | {refused} |"
+        )
+    return lines
+
+
 def drift_weights(summary, long_summary) -> dict[float, dict | None]:
     """The default law's final prediction at each of forecast.DRIFT_WEIGHTS (the 90% interval's weight on the
     drift the pilot measures on itself) against the long run's measured final loss; None where refused."""
@@ -151,9 +213,9 @@ def diagnosis(summary, long_summary) -> dict:
     pilot, long = setting_of(summary), setting_of(long_summary)
     x, y = fc.fit_points(val_points(summary.kept_events), pilot)
     _, s1, s2 = pilot.features(x)
-    fit = fc.fit_law(fc.DEFAULT_LAW, x, y, s1, s2)
+    fit = fc.fit_law(fc.DEFAULT_LAW, x, y, s1, s2, fc.DEFAULT_WEIGHTING)
     n = max(math.ceil(fc.HOLDOUT_SHARE * len(x)), 4)
-    part = fc.fit_law(fc.DEFAULT_LAW, x[:n], y[:n], s1[:n], s2[:n])
+    part = fc.fit_law(fc.DEFAULT_LAW, x[:n], y[:n], s1[:n], s2[:n], fc.DEFAULT_WEIGHTING)
     miss = fc.law_values(fc.DEFAULT_LAW, part.alpha, part.coef, x[-1:], s1[-1:], s2[-1:])[0] - y[-1]
     feats = long.features(np.array([TARGET]))
     boot = fc.bootstrap(fit, x, (s1, s2), feats, np.random.default_rng(0))[:, 0]

@@ -311,4 +311,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         why="passes are counted over the whole split, whose tail the loader never reads: a fifth pass reads "
             "as 4.8",
     ),
+    Mutation(
+        name="rise_refit_follows_the_default_weighting",
+        file="pilotrun/report/projection/forecast.py",
+        old="    fit = fit_law(law, x, y, s1, s2, RISE_WEIGHTING)\n",
+        new="    fit = fit_law(law, x, y, s1, s2, DEFAULT_WEIGHTING)\n",
+        tests=(
+            "tests/report/watch/test_forecast_watch.py::"
+            "test_a_lock_fitted_with_equal_weights_or_none_recorded_is_graded_and_watched_as_before",
+        ),
+        why="the rise check's refit weighs per e-fold once that is the fit's default: a lock written before "
+            "is watched against another course than it was, at a share measured with equal weights",
+    ),
 )

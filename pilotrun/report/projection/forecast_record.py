@@ -103,10 +103,11 @@ def eval_steps(every: int | None, target_steps: int) -> list[int]:
     return [s for s in steps if s < target_steps] + [target_steps]
 
 
-def lock_forecast(summary: Any, target_steps: int) -> dict[str, Any]:
+def lock_forecast(summary: Any, target_steps: int, weighting: str | None = None) -> dict[str, Any]:
     """The lock's `forecast` section for a long run of `target_steps` updates (module docstring), from a
-    pilot's
-    summary (report/record_check/summarize.py's Summary: its run.json, kept events and final counters)."""
+    pilot's summary (report/record_check/summarize.py's Summary: its run.json, kept events and final
+    counters). `weighting`: how the fit weighs the pilot's evaluations (forecast.FIT_WEIGHTINGS; the default's
+    when None: the benchmark sets it to compare them whole, as graded and watched)."""
     run = summary.run
     recipe = run.get("recipe") or {}
     schedule = {k: ((recipe.get("optim") or {}).get("schedule") or {}).get(k) for k in SCHEDULE_FIELDS}
@@ -151,6 +152,7 @@ def lock_forecast(summary: Any, target_steps: int) -> dict[str, Any]:
             Setting(schedule, max(pilot_steps, 1), tpu, train_tokens),
             Setting(target_schedule, target_steps, tpu, train_tokens),
             eval_steps(_positive(recorded_value(recipe, "train.eval.every")), target_steps),
+            weighting=weighting,
         )
     except NoForecast as why:
         return {"unavailable": f"no forecast: {why}", "assumes": assumes}

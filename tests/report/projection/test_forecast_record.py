@@ -25,9 +25,11 @@ SCHEDULE = {
 }
 
 
-def law_loss(horizon: int, noise: float = 0.0, shift=lambda step: 0.0):
+def law_loss(horizon: int, noise: float = 0.0, shift=lambda step: 0.0, seed: int | None = None):
+    """The law's loss at each step plus noise: one fixed draw per horizon, or the `seed`th of a set."""
     s1, s2 = areas(multipliers({**SCHEDULE, "horizon": horizon}, horizon + 1), np.ones(horizon + 1))
-    wobble = np.random.default_rng(horizon).normal(0, noise, horizon + 2)
+    rng = np.random.default_rng(horizon if seed is None else (seed, horizon))
+    wobble = rng.normal(0, noise, horizon + 2)
     return lambda step: float(
         LAW["L0"]
         + LAW["A"] * max(s1[step], 0.5) ** -LAW["alpha"]
@@ -38,14 +40,20 @@ def law_loss(horizon: int, noise: float = 0.0, shift=lambda step: 0.0):
 
 
 def synthetic(
-    run_dir, steps: int, eval_every: int, noise: float = 0.004, shift=lambda step: 0.0, kind="cosine"
+    run_dir,
+    steps: int,
+    eval_every: int,
+    noise: float = 0.004,
+    shift=lambda step: 0.0,
+    kind="cosine",
+    seed: int | None = None,
 ):
     run = SyntheticRun(
         run_dir, max_steps=steps, eval_every=eval_every, checkpoint_every=steps // 2, train_split_tokens=10**7
     )
     run.run["recipe"]["optim"]["schedule"] = {**SCHEDULE, "horizon": steps, "kind": kind}
     run.run["recipe"]["train"]["eval_every"] = eval_every
-    run.val_loss = law_loss(steps, noise, shift)
+    run.val_loss = law_loss(steps, noise, shift, seed)
     run.start_session()
     run.train_until(steps)
     run.end_session()
@@ -106,11 +114,27 @@ def _long(tmp_path, lock, **kwargs):
     return run, summarize_run(run.run_dir)
 
 
-def test_a_healthy_long_run_is_graded_inside_and_never_leaves_the_band(tmp_path, lock):
-    run, summary = _long(tmp_path, lock)
-    graded = fr.against(lock["forecast"], lock["recipe"], "0" * 64, run.run, summary.kept_events)
-    assert graded["inside"] and abs(graded["error"]) < 0.05 and graded["left_band_at"] is None
-    line = fr.describe_against(graded)
+# A 90% interval misses about one healthy run in ten, so the claim is over a fixed set of seeded draws (each a
+# pilot of 200 updates and its long run of 2,000, the law plus noise), never one draw. Measured on these 20:
+# 19 inside under the default per-e-fold weighting, 20 under equal weights (on 40: 39 under either), none
+# leaving the band; a calibrated 90% interval holds 18 of 20 on average, 17 or more 87% of the time.
+HEALTHY_DRAWS = 20
+INSIDE_AT_LEAST = 17
+
+
+def test_healthy_long_runs_fall_inside_the_90_percent_interval_nine_times_in_ten_and_never_leave_the_band(
+    tmp_path,
+):
+    graded = []
+    for seed in range(HEALTHY_DRAWS):
+        pilot = synthetic(tmp_path / f"pilot-{seed}", 200, 10, seed=seed)
+        fc = fr.lock_forecast(summarize_run(pilot.run_dir), 2000)
+        run = synthetic(tmp_path / f"long-{seed}", 2000, 100, seed=seed)
+        events = summarize_run(run.run_dir).kept_events
+        graded.append(fr.against(fc, pilot.run["recipe"], "0" * 64, run.run, events))
+    assert sum(g["inside"] for g in graded) >= INSIDE_AT_LEAST
+    assert all(g["left_band_at"] is None and abs(g["error"]) < 0.05 for g in graded)
+    line = fr.describe_against(next(g for g in graded if g["inside"]))
     assert "inside the interval" in line and "never left the band" in line and "measured" in line
 
 

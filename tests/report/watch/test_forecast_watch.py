@@ -132,6 +132,51 @@ def test_a_lock_written_at_the_earlier_drift_weight_is_graded_and_watched_by_its
         assert [(a.step, a.extra) for a in alerts] == [(500, {"first": 400})]
 
 
+def test_a_lock_fitted_with_equal_weights_or_none_recorded_is_graded_and_watched_as_before(
+    tmp_path, pilot_dir, monkeypatch
+):
+    """Before the fit weighed the pilot's evaluations per e-fold of updates, freeze weighed them alike (and
+    before that recorded no weighting): such a lock is graded by the numbers it holds and watched as it was
+    then, whatever today's default (the rise check's refit weighs alike under either)."""
+    from pilotrun.report.projection import forecast as fc_module
+
+    monkeypatch.setattr(fc_module, "DEFAULT_WEIGHTING", "equal")
+    summary = summarize_run(pilot_dir)
+    equal = {"recipe": summary.run["recipe"], "data": {"metadata_sha256": "0" * 64}}
+    equal["forecast"] = fr.lock_forecast(summary, 2000)
+    unrecorded = copy.deepcopy(equal)
+    del unrecorded["forecast"]["fitted_on"]["weighting"]
+    runs = [
+        synthetic(tmp_path / "healthy", 2000, 100),
+        synthetic(tmp_path / "rising", 2000, 100, shift=lambda step: 0.3 if step > 200 else 0.0),
+        synthetic(tmp_path / "leaving", 2000, 100, shift=lambda step: 0.6 if step > 300 else 0.0),
+    ]
+
+    def seen():
+        out = []
+        for lk in (equal, unrecorded):
+            for run in runs:
+                events = summarize_run(run.run_dir).kept_events
+                graded = fr.against(lk["forecast"], lk["recipe"], "0" * 64, run.run, events)
+                raised = watched(run.run_dir, lk)[1]
+                alerts = [(a.step, a.extra, a.message, a.figure, a.bound) for a in raised]
+                out.append((graded, alerts))
+        return out
+
+    then = seen()
+    monkeypatch.undo()
+    assert fc_module.DEFAULT_WEIGHTING == "log-updates"
+    assert equal["forecast"]["fitted_on"]["weighting"] == "equal"
+    today = fr.lock_forecast(summary, 2000)  # today's lock weighs per e-fold: another fit
+    assert today["fitted_on"]["weighting"] == "log-updates"
+    assert today["parameters"] != equal["forecast"]["parameters"]
+    assert seen() == then
+    # the healthy run is left alone, the rising one caught by the refit, the leaving one by the band
+    expected = [[], [(400, {"first": 300})], [(500, {"first": 400})]]
+    assert [[a[:2] for a in alerts] for _, alerts in then[:3]] == expected
+    assert then[0][0]["predicted"] == equal["forecast"]["final"]["value"] and then[0][0]["inside"]
+
+
 def mixture(
     run_dir, steps: int, eval_every: int, code_shift=lambda step: 0.0, dropped_from: int | None = None
 ):
