@@ -27,32 +27,40 @@ def setting_of(summary):
     )
 
 
-def weightings(summary, long_summary) -> dict[str, dict | None]:
-    """The default law's final prediction under each of forecast.FIT_WEIGHTINGS (how the fit weighs the
-    pilot's evaluations) against the long run's measured final loss; None where refused."""
-    from pilotrun.report.projection.forecast import FIT_WEIGHTINGS, NoForecast, forecast
+def _final_under(summary, long_summary, option: str, values) -> dict:
+    """The default law's final prediction with forecast's `option` at each of `values`, against the long run's
+    measured final loss: its signed error, inside or not, half-width share; None where refused."""
+    from pilotrun.report.projection.forecast import NoForecast, forecast
     from pilotrun.report.projection.forecast_record import val_points
 
     measured = dict(val_points(long_summary.kept_events)).get(TARGET)
-    out: dict[str, dict | None] = {}
-    for weighting in FIT_WEIGHTINGS:
+    out: dict = {}
+    for value in values:
         try:
             final = forecast(
                 val_points(summary.kept_events),
                 setting_of(summary),
                 setting_of(long_summary),
                 [TARGET],
-                weighting=weighting,
+                **{option: value},
             )["final"]
         except NoForecast:
-            out[weighting] = None
+            out[value] = None
             continue
-        out[weighting] = {
+        out[value] = {
             "error": (final["value"] - measured) / measured,
             "inside": final["low"] <= measured <= final["high"],
             "half": final["half_width_share"],
         }
     return out
+
+
+def weightings(summary, long_summary) -> dict[str, dict | None]:
+    """The final prediction under each of forecast.FIT_WEIGHTINGS (how the fit weighs the pilot's
+    evaluations)."""
+    from pilotrun.report.projection.forecast import FIT_WEIGHTINGS
+
+    return _final_under(summary, long_summary, "weighting", FIT_WEIGHTINGS)
 
 
 def _signed(result: dict | None) -> str:
@@ -174,30 +182,11 @@ def whole_weighting_table(rows: list[dict]) -> list[str]:
 
 
 def drift_weights(summary, long_summary) -> dict[float, dict | None]:
-    """The default law's final prediction at each of forecast.DRIFT_WEIGHTS (the 90% interval's weight on the
-    drift the pilot measures on itself) against the long run's measured final loss; None where refused."""
-    from pilotrun.report.projection.forecast import DRIFT_WEIGHTS, NoForecast, forecast
-    from pilotrun.report.projection.forecast_record import val_points
+    """The final prediction at each of forecast.DRIFT_WEIGHTS (the 90% interval's weight on the drift the
+    pilot measures on itself)."""
+    from pilotrun.report.projection.forecast import DRIFT_WEIGHTS
 
-    measured = dict(val_points(long_summary.kept_events)).get(TARGET)
-    out: dict[float, dict | None] = {}
-    for weight in DRIFT_WEIGHTS:
-        try:
-            final = forecast(
-                val_points(summary.kept_events),
-                setting_of(summary),
-                setting_of(long_summary),
-                [TARGET],
-                drift_weight=weight,
-            )["final"]
-        except NoForecast:
-            out[weight] = None
-            continue
-        out[weight] = {
-            "inside": final["low"] <= measured <= final["high"],
-            "half": final["half_width_share"],
-        }
-    return out
+    return _final_under(summary, long_summary, "drift_weight", DRIFT_WEIGHTS)
 
 
 def diagnosis(summary, long_summary) -> dict:
