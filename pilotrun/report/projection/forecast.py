@@ -117,6 +117,11 @@ class NoForecast(Exception):
     """Why the pilot gives no forecast (said as "no forecast: <why>")."""
 
 
+class TooNoisy(NoForecast):
+    """The pilot's curve falls but is too noisy to extrapolate alone: its rise check still holds the long run
+    (refitted with the run's own evaluations, which pin down what the pilot's few cannot)."""
+
+
 # ---------------------------------------------------------------------------------------------- schedule
 def multipliers(schedule: dict[str, Any], steps: int) -> np.ndarray:
     """The LR multiplier of each update 1..steps (update i + 1 follows i applied updates)."""
@@ -339,7 +344,7 @@ def _check_fit(fit: Fit | None, y: np.ndarray) -> Fit:
         raise NoForecast("the pilot's validation loss does not fall (no falling fit)")
     noise = float(np.std(fit.residuals, ddof=min(len(y) - 1, 3)))
     if noise > MAX_NOISE_SHARE * fall:
-        raise NoForecast(
+        raise TooNoisy(
             f"the pilot's validation loss is too noisy to fit: residual sigma {noise:.4g} against a fall "
             f"of {fall:.4g} over its evaluations (more than {MAX_NOISE_SHARE:g} of it)"
         )

@@ -31,6 +31,8 @@ from pilotrun.report.projection.forecast import (
     SCHEDULE_FIELDS,
     NoForecast,
     Setting,
+    TooNoisy,
+    fit_points,
     forecast,
     refitted_at,
 )
@@ -146,17 +148,30 @@ def lock_forecast(summary: Any, target_steps: int, weighting: str | None = None)
             "(run a longer pilot)",
             "assumes": assumes,
         }
+    pilot = Setting(schedule, max(pilot_steps, 1), tpu, train_tokens)
     try:
         made = forecast(
             val_points(summary.kept_events),
-            Setting(schedule, max(pilot_steps, 1), tpu, train_tokens),
+            pilot,
             Setting(target_schedule, target_steps, tpu, train_tokens),
             eval_steps(_positive(recorded_value(recipe, "train.eval.every")), target_steps),
             weighting=weighting,
         )
+    except TooNoisy as why:
+        # No number, but the rise check still holds: its refit takes the run's own evaluations too, which
+        # pin down what the pilot's noisy few cannot. It refits from the pilot's points it carries.
+        rise = _rise(summary, schedule, pilot_steps, tpu, train_tokens)
+        kept_x, kept_y = fit_points(val_points(summary.kept_events), pilot)
+        rise["points"] = [[int(s), float(v)] for s, v in zip(kept_x, kept_y, strict=True)]
+        return {"unavailable": f"no forecast: {why}", "assumes": assumes, "rise": rise}
     except NoForecast as why:
         return {"unavailable": f"no forecast: {why}", "assumes": assumes}
-    rise = {
+    return {**made, "assumes": assumes, "rise": _rise(summary, schedule, pilot_steps, tpu, train_tokens)}
+
+
+def _rise(summary: Any, schedule: dict[str, Any], pilot_steps: int, tpu: Any, train_tokens: Any) -> dict:
+    """The lock's rise check: what risen() refits the law with (the pilot's schedule, reach and tokens)."""
+    return {
         "share": RISE_SHARE,
         "from_step": pilot_steps,
         "pilot_schedule": schedule,
@@ -169,7 +184,6 @@ def lock_forecast(summary: Any, target_steps: int, weighting: str | None = None)
             for name, points in val_points_by_source(summary.kept_events).items()
         },
     }
-    return {**made, "assumes": assumes, "rise": rise}
 
 
 def branch_input(pilot: Any, branch: Any) -> tuple[list[tuple[int, float]], Setting]:
@@ -298,7 +312,9 @@ def risen(
     tpu, tokens = rise.get("tokens_per_update"), rise.get("train_tokens")
     pilot = Setting(rise["pilot_schedule"], int(rise["from_step"]), tpu, tokens)
     run = Setting(assumes.get("schedule") or {}, target, tpu, tokens)
-    points = [(int(s), float(v)) for s, v in (fc.get("fitted_on") or {}).get("points") or []]
+    # the forecast's fitted points; a lock refused a forecast as too noisy carries them in its rise check
+    fitted = (fc.get("fitted_on") or {}).get("points") or rise.get("points") or []
+    points = [(int(s), float(v)) for s, v in fitted]
     predicted = refitted_at(fc.get("law") or "area", points, pilot, own, run, step)
     if predicted is None or loss <= predicted * (1 + float(rise["share"])):
         return None

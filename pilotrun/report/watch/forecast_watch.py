@@ -11,7 +11,8 @@ forecast's (a lock written before it has no `rise` and is held to the band alone
 source's own val loss is held to its own course the same way (forecast_record.source_risen; the lock's
 `rise.by_source`): the mean under the weights in force falls when a hard source is dropped. A run the
 forecast does not apply to (another width, data, schedule family or horizon, recipe) hears it once, as a note,
-and is not held to it; a lock without a forecast (older, or "no forecast: <why>") is watched as before.
+and is not held to it; a lock without a forecast (older, or "no forecast: <why>") is watched as before, except
+one refused as too noisy, whose lock still carries the rise check: the run is held to it alone (no band).
 """
 
 from __future__ import annotations
@@ -45,8 +46,12 @@ class ForecastWatch:
                 frozen.get("lock_recipe"),
                 frozen.get("lock_data_metadata_sha256"),
             )
+        # held: a forecast's curve, or a lock refused a forecast as too noisy that still carries the rise
+        # check (no band, no number: the run is held to its own refitted course alone)
         self.applies: bool | None = (
-            None if isinstance(self.forecast, dict) and "curve" in self.forecast else False
+            None
+            if isinstance(self.forecast, dict) and ("curve" in self.forecast or "rise" in self.forecast)
+            else False
         )
         self.streak: list[tuple[int, float, str]] = []
         self.own: dict[int, float] = {}  # the run's evaluations so far, by step (a redone one replaces its)
@@ -81,7 +86,8 @@ class ForecastWatch:
         source = None if side or rise else source_risen(self.forecast, before, step, losses)
         if side is None and rise is None and source is None:
             self.streak = []
-            return {"inside": True} if at_step(self.forecast, step) is not None else None
+            held = at_step(self.forecast, step) is not None or "curve" not in self.forecast
+            return {"inside": True} if held else None
         self.streak = (self.streak + [(step, float(loss), side or "risen")])[-CONSECUTIVE:]
         if len(self.streak) < CONSECUTIVE:
             return None

@@ -243,3 +243,78 @@ def test_a_lock_from_before_the_per_source_check_is_held_to_the_mean_alone(tmp_p
     assert fr.against(older["forecast"], older["recipe"], "0" * 64, run.run, summary.kept_events)[
         "left_band_at"
     ] is None
+
+
+@pytest.fixture(scope="module")
+def noisy_mixture_lock(tmp_path_factory):
+    """A mixture pilot whose pooled loss is too noisy to forecast (+-0.4 every other evaluation, against a
+    fall of about 1.3), its sources' own losses clean."""
+    pilot = mixture(tmp_path_factory.mktemp("noisy-mixture-pilot") / "r", 200, 10)
+    for event in pilot.events:
+        if event["event"] == "val":
+            event["loss"] += 0.4 if event["step"] % 20 else -0.4
+    pilot.write()
+    summary = summarize_run(pilot.run_dir)
+    return {
+        "recipe": summary.run["recipe"],
+        "data": {"metadata_sha256": "0" * 64},
+        "forecast": fr.lock_forecast(summary, 2000),
+    }
+
+
+def test_a_pilot_refused_as_too_noisy_still_locks_its_rise_check_and_never_a_number(noisy_mixture_lock):
+    fc = noisy_mixture_lock["forecast"]
+    assert fc["unavailable"].startswith("no forecast: the pilot's validation loss is too noisy to fit")
+    assert not {"final", "curve", "parameters", "law", "fitted_on"} & set(fc)
+    rise = fc["rise"]
+    assert rise["share"] == fr.RISE_SHARE and rise["from_step"] == 200 and sorted(rise["by_source"]) == [
+        "code",
+        "easy",
+    ]
+    assert [s for s, _ in rise["points"]] == list(range(20, 201, 10))  # the mean's, past the warm-up
+    assert fr.format_forecast(fc) == f"forecast: {fc['unavailable']}"
+
+
+def test_a_dropped_source_is_alerted_under_a_lock_refused_a_forecast_as_too_noisy(
+    tmp_path, noisy_mixture_lock
+):
+    run = mixture(tmp_path / "long", 2000, 100, code_shift=code_rises_from_300, dropped_from=300)
+    _, alerts, notes = watched(run.run_dir, noisy_mixture_lock)
+    assert [(a.step, a.extra) for a in alerts] == [(400, {"first": 300})]
+    assert "val loss of source 'code'" in alerts[0].message and alerts[0].figure > alerts[0].bound
+    assert not [n for n in notes if "forecast does not apply" in n]
+    healthy = mixture(tmp_path / "healthy", 2000, 100)
+    assert watched(healthy.run_dir, noisy_mixture_lock)[1] == []
+    # summarize says the lock has no forecast, as before: no made-up number to grade
+    summary = summarize_run(run.run_dir)
+    graded = fr.against(
+        noisy_mixture_lock["forecast"], noisy_mixture_lock["recipe"], "0" * 64, run.run, summary.kept_events
+    )
+    assert graded == {"unavailable": noisy_mixture_lock["forecast"]["unavailable"]}
+
+
+def test_a_refused_lock_without_a_rise_check_is_watched_as_before(tmp_path, noisy_mixture_lock):
+    older = copy.deepcopy(noisy_mixture_lock)  # refused before the rise check was kept for it
+    del older["forecast"]["rise"]
+    run = mixture(tmp_path / "long", 2000, 100, code_shift=code_rises_from_300, dropped_from=300)
+    _, alerts, notes = watched(run.run_dir, older)
+    assert alerts == [] and not [n for n in notes if "forecast" in n]
+
+
+def test_a_run_rising_above_its_own_course_is_alerted_under_a_refused_lock_and_cleared(
+    tmp_path, noisy_mixture_lock
+):
+    from pilotrun.report.watch.forecast_watch import ForecastWatch
+
+    # the mean's own course: +0.6 at steps 300 and 400 (the code source +1.2), back on course after
+    run = mixture(tmp_path / "long", 2000, 100, code_shift=lambda step: 1.2 if 300 <= step <= 400 else 0.0)
+    held = ForecastWatch(noisy_mixture_lock, run.run)
+    said = {
+        e["step"]: held.judge(run.run, {"step": e["step"], "loss": e["loss"]})  # the mean alone
+        for e in run.events
+        if e["event"] == "val"
+    }
+    assert said[300] is None and said[400]["first"] == 300 and "the run is leaving its own course" in (
+        said[400]["outside"]
+    )
+    assert said[600] == {"inside": True}  # an evaluation back on course clears it (no band to be inside)
