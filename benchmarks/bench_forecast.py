@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.forecast_live import breakage_alerts
 from benchmarks.forecast_runs import (
     BRANCHES,
     BREAK_SHARE,
@@ -158,12 +159,13 @@ def grade_case(case: Case, pilot: Path, long: Path, branches: list[Path]) -> dic
 
 def _row(r: dict) -> str:
     g, case = r["graded"] or {}, r["case"]
-    if "final_step" not in g:
-        return f"| {case.name} | {g.get('unavailable') or g} | | | | | | |"
     alert = f"step {r['alert'].extra['first']} (raised at {r['alert'].step})" if r["alert"] else "none"
     others = ", ".join(f"{kind} at {step}" for kind, step in r["others"].items()) or "none"
     if case.broken == "fp16_skips":
         others += f"; {r['overflows']} overflow(s) skipped"
+    if "final_step" not in g:  # refused: no number; a lock refused as too noisy still holds the rise check
+        held = alert + (" (the rise check alone)" if "rise" in r["lock"]["forecast"] else "")
+        return f"| {case.name} | {g.get('unavailable') or g} | | | | | {held} | {others} |"
     return (
         f"| {case.name} | {g['predicted']:.3f} [{g['low']:.3f}, {g['high']:.3f}] | {g['measured']:.3f} | "
         f"{100 * g['error']:+.2f}% | {'yes' if g['inside'] else 'no'} | "
@@ -299,7 +301,9 @@ def _largest_rise(lock: dict, long_summary) -> tuple[float, int] | None:
     fc = lock["forecast"]
     if not fc.get("rise"):
         return None
-    return _rise_of(fc, fc["fitted_on"]["points"], val_points(long_summary.kept_events))
+    # a pilot refused a forecast as too noisy: its rise check carries the points it refits from
+    fitted = (fc.get("fitted_on") or {}).get("points") or fc["rise"]["points"]
+    return _rise_of(fc, fitted, val_points(long_summary.kept_events))
 
 
 def _source_rises(lock: dict, long_summary) -> dict[str, tuple[float, int]]:
@@ -314,18 +318,47 @@ def _source_rises(lock: dict, long_summary) -> dict[str, tuple[float, int]]:
 
 
 def _rise_of(fc: dict, fitted: list, points: list[tuple[int, float]]) -> tuple[float, int]:
-    from pilotrun.report.projection.forecast import Setting, refitted_at
+    from pilotrun.report.projection.forecast import DEFAULT_LAW, Setting, refitted_at
 
     rise = fc["rise"]
     tpu, tokens = rise["tokens_per_update"], rise["train_tokens"]
     pilot = Setting(rise["pilot_schedule"], rise["from_step"], tpu, tokens)
     run = Setting(fc["assumes"]["schedule"], TARGET, tpu, tokens)
     shares = [
-        (loss / refitted_at(fc["law"], fitted, pilot, points[:i], run, step) - 1, step)
+        (loss / refitted_at(fc.get("law") or DEFAULT_LAW, fitted, pilot, points[:i], run, step) - 1, step)
         for i, (step, loss) in enumerate(points)
         if rise["from_step"] < step <= TARGET
     ]
     return max(((min(a[0], b[0]), a[1]) for a, b in zip(shares, shares[1:])), key=lambda pair: pair[0])
+
+
+def _count(flagged: list[dict], among: list[dict]) -> str:
+    names = [r["case"].name for r in among]
+    return f"{sum(r in flagged for r in among)} of {len(among)}" + (f" ({', '.join(names)})" if names else "")
+
+
+def _broken_table(broken: list[dict], changes: dict, not_worse: list[str]) -> list[str]:
+    """Per broken run: the forecast's own alert, the first alert of any kind that names the breakage (a live
+    watch's, forecast_live), and its final against its healthy twin."""
+    lines = [
+        "Each broken run as a live watch would have followed it (benchmarks/forecast_live.py: the record "
+        "replayed one evaluation at a time, rules judged at each; an alert names the breakage where it is "
+        "raised after the break and never on the healthy twin's replay):",
+        "",
+        "| broken run | the forecast's alert (band or rise: first step) | alerts naming the breakage (each "
+        "first raised after the evaluation at) | within 20% | final val loss against its healthy twin |",
+        "|---|---|---|---|---|",
+    ]
+    for r in broken:
+        name, first = r["case"].name, r["breakage"][0] if r["breakage"] else None
+        band = f"step {r['alert'].extra['first']}" if r["alert"] else "none"
+        said = "; ".join(f"{key} at {step}" + (f" ({times} in all)" if times > 1 else "")
+                         for step, key, times in r["breakage"]) or "none"
+        change = ", ".join(f"{k} {100 * v:+.2f}%" for k, v in changes.get(name, {}).items()) or "no twin"
+        verdict = "no worse than its twin" if name in not_worse else "worse"
+        within = "yes" if first and first[0] <= 0.2 * TARGET else "no"
+        lines.append(f"| {name} | {band} | {said} | {within} | {change} ({verdict}) |")
+    return lines
 
 
 def _met(yes: bool) -> str:
@@ -375,10 +408,14 @@ def run() -> str:
     false_alerts = sum(r["alert"] is not None for r in every_healthy)
     flagged = [r for r in broken if r["alert"] is not None and r["alert"].extra["first"] <= 0.2 * TARGET]
     refused = [r for r in rows if "unavailable" in (r["graded"] or {})]
-    twin_line, not_worse = twins(
-        pairs, [r["case"] for r in broken], [r["case"] for r in rows if r["case"].broken is None]
-    )
-    unflagged_not_worse = [r["case"].name for r in broken if r not in flagged and r["case"].name in not_worse]
+    healthy_cases_ = [r["case"] for r in rows if r["case"].broken is None]
+    twin_line, not_worse, changes = twins(pairs, [r["case"] for r in broken], healthy_cases_)
+    locks = {r["case"].name: r["lock"] for r in rows}
+    for r in broken:
+        r["breakage"] = breakage_alerts(r["case"], healthy_cases_, pairs, locks, TARGET)
+    named = [r for r in broken if r["breakage"] and r["breakage"][0][0] <= 0.2 * TARGET]
+    worse = [r for r in broken if r["case"].name not in not_worse]
+    no_worse = [r for r in broken if r["case"].name in not_worse]
     lines = [
         "## Forecast: a pilot's final validation loss against its 10x long run (bench_forecast)",
         "",
@@ -413,10 +450,11 @@ def run() -> str:
         else "",
         f"- watch's forecast alert on a healthy run: {false_alerts} of {len(every_healthy)} (goal 0: "
         f"{_met(false_alerts == 0)})",
-        f"- broken runs flagged within their first 20% of updates (= tokens): {len(flagged)} of "
-        f"{len(broken)} (goal every one: {_met(len(flagged) == len(broken))}); of those not flagged, "
-        f"{len(unflagged_not_worse)} ended no worse than their healthy twin ("
-        f"{', '.join(unflagged_not_worse) or 'none'}: not broken at this size, below)",
+        "- broken runs flagged within their first 20% of updates (= tokens) by a watch alert that names the "
+        f"breakage (the table below): {_count(named, worse)} that ended worse than their healthy twin (goal "
+        f"every one: {_met(all(r in named for r in worse))}), and {_count(named, no_worse)} that ended no "
+        f"worse (not broken in loss at this size, so not counted as missed); {len(named)} of {len(broken)} "
+        f"in all; by the forecast's own alert alone: {len(flagged)} of {len(broken)}",
         f"- pilots refused (no forecast): {len(refused)}",
         "",
         "| case | predicted [90%] | measured | error | inside | half-width | left the band (watch) | watch's "
@@ -424,6 +462,8 @@ def run() -> str:
         "alerts (first step) |",
         "|---|---|---|---|---|---|---|---|",
         *map(_row, rows),
+        "",
+        *_broken_table(broken, changes, not_worse),
         "",
         "The rise check (forecast.RISE_SHARE, from the pilot's last update on): the largest share each long "
         "run rose above the law refitted to the pilot's and its own evaluations before each, two "

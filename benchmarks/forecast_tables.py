@@ -10,6 +10,7 @@ import math
 import statistics
 from pathlib import Path
 
+from benchmarks.forecast_live import twin_of
 from benchmarks.forecast_runs import LONG_FACTOR, PILOT_STEPS, Case
 
 TARGET = PILOT_STEPS * LONG_FACTOR
@@ -306,18 +307,15 @@ def _seed_spread(pairs: dict, healthy: list[Case]) -> float:
     return statistics.median(spreads) if spreads else math.nan
 
 
-def twins(pairs: dict, broken: list[Case], healthy: list[Case]) -> tuple[str, list[str]]:
+def twins(pairs: dict, broken: list[Case], healthy: list[Case]) -> tuple[str, list[str], dict]:
     """Each broken run's final val loss (and, for a mixture, each source's own) against its healthy twin (the
     same kind, seed, LR and data, trained straight through), and which ended no worse than the twin by more
-    than the seeds' spread: not broken at this size, whatever the watch says."""
+    than the seeds' spread: not broken at this size, whatever the watch says. Also each one's changes, by
+    case name ({"val loss": share, "<source>'s own": share})."""
     spread = _seed_spread(pairs, healthy)
-    parts, not_worse = [], []
+    parts, not_worse, changes = [], [], {}
     for case in broken:
-        twin = next(
-            (h for h in healthy if (h.kind, h.seed, h.lr, h.mixture) == (case.kind, case.seed, case.lr,
-                                                                         case.mixture)),
-            None,
-        )
+        twin = twin_of(case, healthy)
         if twin is None:
             continue
         (loss, sources), (twin_loss, twin_sources) = _final(pairs[case.name][1]), _final(pairs[twin.name][1])
@@ -326,6 +324,7 @@ def twins(pairs: dict, broken: list[Case], healthy: list[Case]) -> tuple[str, li
         change = {"val loss": loss / twin_loss - 1}
         change.update((f"{name}'s own", sources[name] / twin_sources[name] - 1) for name in sorted(sources)
                       if name in twin_sources)
+        changes[case.name] = change
         parts.append(f"{case.name} against {twin.name}: " + ", ".join(
             f"{name} {100 * v:+.2f}%" for name, v in change.items()))
         if max(change.values()) <= spread:
@@ -336,7 +335,7 @@ def twins(pairs: dict, broken: list[Case], healthy: list[Case]) -> tuple[str, li
         + ". No worse than the twin by more than that (not broken at this size): "
         + (", ".join(not_worse) or "none") + "."
     )
-    return head, not_worse
+    return head, not_worse, changes
 
 
 def mixture_sources_note(pairs: dict) -> str:
