@@ -342,8 +342,9 @@ def _broken_table(broken: list[dict], changes: dict, not_worse: list[str]) -> li
     watch's, forecast_live), and its final against its healthy twin."""
     lines = [
         "Each broken run as a live watch would have followed it (benchmarks/forecast_live.py: the record "
-        "replayed one evaluation at a time, rules judged at each; an alert names the breakage where it is "
-        "raised after the break and never on the healthy twin's replay):",
+        "replayed one evaluation at a time, rules judged at each (a live watch judges them as often as their "
+        "cost allows); an alert names the breakage where its class (its key; its kind for a spike) is raised "
+        "after the break and never after the break on the healthy twin's replay):",
         "",
         "| broken run | the forecast's alert (band or rise: first step) | alerts naming the breakage (each "
         "first raised after the evaluation at) | within 20% | final val loss against its healthy twin |",
