@@ -431,7 +431,14 @@ def format_grade(
 def format_forecast(fc: dict[str, Any]) -> str:
     """The lock's forecast in one line, as freeze prints it and the report shows it."""
     if "unavailable" in fc:
-        return f"forecast: {fc['unavailable']}"
+        held = (
+            f"; watch still holds the long run to its own course (a rise of more than "
+            f"{float(fc['rise']['share']):.1%} above the law refitted to the pilot's and the run's "
+            "evaluations)"
+            if isinstance(fc.get("rise"), dict)
+            else ""
+        )
+        return f"forecast: {fc['unavailable']}{held}"
     final, assumes = fc["final"], fc.get("assumes") or {}
     passes, by_source = assumes.get("passes_over_train_split"), assumes.get("passes_by_source")
     passes_text = (f", passes over each source's training split {format_source_passes(by_source)}"

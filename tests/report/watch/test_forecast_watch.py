@@ -272,7 +272,10 @@ def test_a_pilot_refused_as_too_noisy_still_locks_its_rise_check_and_never_a_num
         "easy",
     ]
     assert [s for s, _ in rise["points"]] == list(range(20, 201, 10))  # the mean's, past the warm-up
-    assert fr.format_forecast(fc) == f"forecast: {fc['unavailable']}"
+    assert fr.format_forecast(fc) == (
+        f"forecast: {fc['unavailable']}; watch still holds the long run to its own course (a rise of more "
+        "than 3.5% above the law refitted to the pilot's and the run's evaluations)"
+    )
 
 
 def test_a_dropped_source_is_alerted_under_a_lock_refused_a_forecast_as_too_noisy(
