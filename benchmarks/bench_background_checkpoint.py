@@ -16,7 +16,7 @@ state after one real step, scaler, counters, RNG), on the CPU. Side by side, alt
 Beside it, the cost to training: a small model (the `tiny` preset, Muon+AdamW) trains on the same cores, and
 its updates per second while a background write of the big state runs are compared with its steady rate. The
 machine's other load drifts (steady rates 13-35 updates/s within minutes on the shared 2-core machine), so the
-comparison is made in pairs a second apart: the benchmark holds the write between 4 MB pieces (_WriteGate, a
+comparison is made in pairs of short windows: the benchmark holds the write between 4 MB pieces (_WriteGate, a
 wrapper of the writer's stream) for WINDOW_SECONDS, then lets it run as long, alternately until it is done,
 and the goal reads the median of the pairs' ratios. Where the loop's time per update went (CPU, waiting on the
 run queue, blocked on the GIL) is read from the kernel's per-thread schedstat: it tells the writer's share of
@@ -35,6 +35,7 @@ write runs >= 95% of steady (the median of the pairs' ratios).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import statistics
@@ -50,7 +51,7 @@ from pilotrun.common.thread_priority import BACKGROUND_NICENESS
 
 REPEATS = 3
 BLOCKING_GOAL, TOTAL_GOAL, THROUGHPUT_GOAL = 0.05, 1.3, 0.95
-WINDOW_SECONDS = 1.0  # the write paused this long, then running this long, alternately, until done
+WINDOW_SECONDS = 0.5  # the write paused this long, then running this long, alternately, until done
 TRAINING_THREADS = 1
 
 
@@ -99,7 +100,7 @@ def _per_update(before, after, count: int) -> tuple[float, float, float] | None:
 
 class _WriteGate:
     """Holds the background write between pieces of what it writes, so that windows with the write paused
-    (steady) and running (beside) alternate within one write: pairs a second apart, which the shared
+    (steady) and running (beside) alternate within one write: pairs close in time, which the shared
     machine's drifting load reaches alike. Benchmark only: it wraps the writer's stream (the save's code is
     unchanged)."""
 
@@ -167,26 +168,85 @@ def _window(update, until) -> tuple[float, int, tuple[float, float, float] | Non
     return elapsed, count, _per_update(times, _loop_thread_times(), count)
 
 
-def _pairs(checkpointer, step: int, state, update, gate: _WriteGate) -> dict:
-    from pilotrun.training.checkpoint.background import finish_background_save, start_background_save
-
-    pending = start_background_save(checkpointer, step, state, {"bench": True})
+def _paired_windows(update, gate: _WriteGate, done) -> tuple[list, float, float]:
+    """Windows of WINDOW_SECONDS, the write paused then running, until `done()`: the pairs (steady rate, rate
+    beside, and the loop's time per update in each), the seconds the write ran, and the updates it held back
+    (in seconds at the paused window's rate)."""
     pairs, lost, running = [], 0.0, 0.0
-    while not pending.done():
+    while not done():
         gate.close(update)
         paused = _window(update, lambda: False)
         gate.open.set()
-        beside = _window(update, pending.done)
+        beside = _window(update, done)
         running += beside[0]
         if paused[1] and beside[1] and beside[0] >= WINDOW_SECONDS / 2:  # not the write's short tail
             steady = paused[1] / paused[0]
             pairs.append((steady, beside[1] / beside[0], paused[2], beside[2]))
             lost += max(0.0, beside[0] - beside[1] / steady)
+    return pairs, running, lost
+
+
+def _pairs(checkpointer, step: int, state, update, gate: _WriteGate) -> dict:
+    from pilotrun.training.checkpoint.background import finish_background_save, start_background_save
+
+    pending = start_background_save(checkpointer, step, state, {"bench": True})
+    pairs, running, lost = _paired_windows(update, gate, pending.done)
     committing = time.perf_counter()
     finish_background_save(checkpointer, pending)
     blocked = pending.staged_seconds + time.perf_counter() - committing
     checkpointer.wait_for_prune()
     return {"pairs": pairs, "write": running, "lost": blocked + lost}
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [tensor for item in value for tensor in _tensors(item)]
+    return []
+
+
+def _control_pairs(state, path: Path, update) -> list:
+    """The control: the same bytes hashed and written by one thread at the writer's nice value, in 4 MB
+    pieces that release the GIL (no per-tensor serialization, no planning), then fsynced; paired the same
+    way. What the loop keeps beside it is what writing the bytes costs; the rest of the gap is the writer's
+    Python work and thread count."""
+    from pilotrun.common.thread_priority import yield_to_training
+
+    gate, finished = _WriteGate(), threading.Event()
+    pieces = [t.detach().contiguous().reshape(-1).view(torch.uint8).numpy() for t in _tensors(state)]
+
+    def write_all() -> None:
+        yield_to_training()
+        digest = hashlib.sha256()
+
+        def write(handle, piece) -> int:
+            digest.update(piece)
+            return handle.write(piece)
+
+        gated = gate.wrapping(write)
+        try:
+            with open(path, "wb") as handle:
+                for piece in pieces:
+                    gated(handle, memoryview(piece))
+                handle.flush()
+                os.fsync(handle.fileno())
+        finally:
+            finished.set()
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(TRAINING_THREADS)
+    writer = threading.Thread(target=write_all, name="bench-control-writer")
+    writer.start()
+    try:
+        return _paired_windows(update, gate, finished.is_set)[0]
+    finally:
+        gate.open.set()
+        writer.join()
+        path.unlink(missing_ok=True)
+        torch.set_num_threads(previous)
 
 
 def _dcp_state(objects, state):
@@ -231,7 +291,8 @@ def _measure(work: Path) -> dict:
     # Warm-up of both paths; the first background save also allocates the host copy its stager keeps.
     checkpointer.save(0, state, {"bench": True})
     _background(checkpointer, 1, dcp_state)
-    found: dict = {key: [] for key in ("sync", "blocking", "total", "plain", "lost", "write", "pairs")}
+    found: dict = {key: [] for key in ("sync", "blocking", "total", "plain", "lost", "write", "pairs",
+                                       "control")}
     step = 2
     for _ in range(REPEATS):
         started = time.perf_counter()
@@ -248,6 +309,7 @@ def _measure(work: Path) -> dict:
         rates = _throughput_beside_write(checkpointer, step + 2, dcp_state, update)
         for key in ("lost", "write", "pairs"):
             found[key].append(rates[key])
+        found["control"].append(_control_pairs(dcp_state, work / "control.bin", update))
         step += 3
     checkpointer.wait_for_prune()
     return found
@@ -282,7 +344,7 @@ def _throughput_goal(found: dict) -> str:
     cheaper = sum(lost < sync for lost, sync in zip(found["lost"], found["sync"]))
     return (
         f"training throughput while a background write runs >= {THROUGHPUT_GOAL:.0%} of steady, the median "
-        f"of the ratios of {len(pairs)} pairs of {WINDOW_SECONDS:.0f}-second windows (the write paused, then "
+        f"of the ratios of {len(pairs)} pairs of {WINDOW_SECONDS:g}-second windows (the write paused, then "
         f"running, alternately, within one write per round): **{_met(median >= THROUGHPUT_GOAL)}** "
         f"({median:.1%}; per round {', '.join(f'{r:.1%}' for r in per_round)}; quartiles of the pairs "
         f"{_quartiles(kept)}; steady {min(s for s, *_ in pairs):.1f}-{max(s for s, *_ in pairs):.1f} "
@@ -292,10 +354,25 @@ def _throughput_goal(found: dict) -> str:
         f"update, ms, the write paused: {_split_text([pair[2] for pair in pairs])}; running: "
         f"{_split_text([pair[3] for pair in pairs])} (blocked: the wall time neither on a core nor waiting "
         f"for one, i.e. waiting for the GIL). "
+        f"{_control_text(found['control'])} "
         f"Training time a save costs (the wait, plus the updates the write held back: per running window, "
         f"its time minus its updates / the paused window's rate): synchronous {_seconds(found['sync'])} s, "
         f"background {_seconds(found['lost'])} s, the background one cheaper in {cheaper} of "
         f"{len(found['sync'])} rounds."
+    )
+
+
+def _control_text(rounds: list) -> str:
+    pairs = [pair for round_pairs in rounds for pair in round_pairs]
+    if not pairs:
+        return "The control (the same bytes, hashed and written in 4 MB pieces by one thread): no pair."
+    kept = [beside / steady for steady, beside, _, _ in pairs]
+    return (
+        f"The control, the same bytes hashed and written in 4 MB pieces that release the GIL by one thread "
+        f"at the same nice value (no per-tensor serialization, no planning), paired the same way: the loop "
+        f"keeps {statistics.median(kept):.1%} (median of {len(pairs)} pairs, quartiles {_quartiles(kept)}); "
+        f"its time per update, ms, paused: {_split_text([pair[2] for pair in pairs])}; running: "
+        f"{_split_text([pair[3] for pair in pairs])}."
     )
 
 

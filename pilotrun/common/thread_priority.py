@@ -5,20 +5,20 @@ On Linux every thread has its own nice value, and a thread starts with the nice 
 created it. A background checkpoint's writer calls `yield_to_training()` first, so that it and the threads it
 starts (DCP's file writers, the hashing) take the CPU the training threads leave.
 
-Why the lowest priority and not merely a lower one: the scheduler shares the CPU between scheduling groups
-(a session's autogroup, a job's cgroup) first and between the threads of one group second, by their weights.
-The writer is a thread of the training's own process, so on a busy machine (a CPU-only run, or cores shared
-with other jobs) every CPU-second it gets is taken from the group's share, that is from the training loop,
-in the ratio of their weights. Measured beside a one-thread training on 2 loaded cores (BENCHMARKS.md,
-"Background checkpoints"): at nice 10 (weight 110 against the loop's 1024, per writer thread) the loop
-waited 20-30 ms more per update on the run queue and kept 59-81% of its steady rate; at nice 19 (weight 15)
-it kept about 97%. The loop's CPU time per update did not change (memory bandwidth is not the cost) and its
-waits for the GIL were about 1 ms per update. Where nothing trains beside the write (a loop waiting for it,
-or a GPU run whose loop mostly waits for the device) the writer is alone in its group and runs at the
-group's full share whatever its nice value, so the write itself is not slowed there. SCHED_IDLE would yield
-even more but starves the write outright on a loaded machine (a 3-second write still running after 170 s).
-Raising one's own nice value needs no privilege; it can never be lowered again, so it is only ever done to
-threads started for the background work. Elsewhere (no per-thread nice values) it does nothing.
+Why the lowest priority and not merely a lower one: the scheduler shares the CPU between scheduling groups (a
+session's autogroup, a job's cgroup) first and between the threads of one group second, by their weights. The
+writer is a thread of the training's own process, so on a busy machine (a CPU-only run, or cores shared with
+other jobs) every CPU-second it gets is taken from the group's share, that is from the training loop, in the
+ratio of their weights. Measured beside a one-thread training on 2 loaded cores (BENCHMARKS.md, "Background
+checkpoints"): at nice 10 (weight 110 against the loop's 1024, per writer thread) the loop's run-queue wait
+rose 11-30 ms per update and it kept 59-81% of its steady rate; at nice 19 (weight 15) its wait rose about 2
+ms and it kept 93-95%. Its CPU time per update did not change (memory bandwidth is not the cost) and its waits
+for the GIL stayed under 1.5 ms per update. Where nothing trains beside the write (a loop waiting for it, or a
+GPU run whose loop mostly waits for the device) the writer is alone in its group and runs at the group's full
+share whatever its nice value, so the write itself is not slowed there. SCHED_IDLE would yield even more but
+starves the write outright on a loaded machine (a 3-second write still running after 170 s). Raising one's own
+nice value needs no privilege; it can never be lowered again, so it is only ever done to threads started for
+the background work. Elsewhere (no per-thread nice values) it does nothing.
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ def rounds(*ratios: list[float]) -> dict:
     """Found by the benchmark: per round, pairs of windows at a steady 20 updates/s with the write paused."""
     count = len(ratios)
     pairs = [[(20.0, 20.0 * ratio, None, None) for ratio in round_ratios] for round_ratios in ratios]
-    return {"pairs": pairs, "write": [2.0] * count, "lost": [0.5] * count, "sync": [3.0] * count}
+    control = [[(20.0, 19.8, None, None), (20.0, 20.2, None, None), (20.0, 20.0, None, None)]] * count
+    return {"pairs": pairs, "write": [2.0] * count, "lost": [0.5] * count, "sync": [3.0] * count,
+            "control": control}
 
 
 def test_the_goal_reads_the_median_of_every_pairs_ratio_not_the_worst():
@@ -28,6 +30,17 @@ def test_the_goal_reads_the_median_of_every_pairs_ratio_not_the_worst():
     below = bench._throughput_goal(rounds([0.99, 0.90, 0.94]))
     assert "**NOT met** (94.0%; per round 94.0%;" in below
     assert "the background one cheaper in 1 of 1 rounds" in below
+    assert "the loop keeps 100.0% (median of 3 pairs" in below  # the control, the same bytes GIL-free
+
+
+def test_the_control_gathers_every_tensor_of_the_state_whatever_its_dtype():
+    import torch
+
+    state = {"model": {"w": torch.ones(2, 3), "h": torch.zeros(4, dtype=torch.bfloat16)},
+             "optimizer": [torch.tensor(7), {"step": 3}], "trainer": {"step": 1}}
+    found = bench._tensors(state)
+    assert [tuple(t.shape) for t in found] == [(2, 3), (4,), ()]
+    assert sum(t.reshape(-1).view(torch.uint8).numel() for t in found) == 24 + 8 + 8
 
 
 def test_the_write_gate_holds_the_writer_between_pieces_and_lets_every_byte_through():
