@@ -15,7 +15,7 @@ state after one real step, scaler, counters, RNG), on the CPU. Side by side, alt
 
 Beside it, the cost to training: a small model (the `tiny` preset, Muon+AdamW) trains on the same cores, and
 its updates per second while a background write of the big state runs are compared with its steady rate. The
-machine's other load drifts (steady rates 13-35 updates/s within minutes on the shared 2-core machine), so the
+machine's other load drifts (steady rates 10-54 updates/s within minutes on the shared 2-core machine), so the
 comparison is made in pairs of short windows: the benchmark holds the write between 4 MB pieces (_WriteGate, a
 wrapper of the writer's stream) for WINDOW_SECONDS, then lets it run as long, alternately until it is done,
 and the goal reads the median of the pairs' ratios. Where the loop's time per update went (CPU, waiting on the
@@ -30,7 +30,8 @@ synchronous save's, `auto` keeps `sync` on a CPU.
 Goals (at the default thread count): background blocking <= 0.05x the synchronous save; the background save's
 whole time <= 1.3x the synchronous one in every round (not the median); training throughput while a background
 write runs >= 95% of steady (the median of the pairs' ratios).
-`python -m benchmarks.run_all bench_background_checkpoint`
+`python -m benchmarks.run_all bench_background_checkpoint`; the writer's nice values side by side (paired
+throughput, whole save alone): `python -m benchmarks.bench_background_checkpoint --niceness 10,19`
 """
 
 from __future__ import annotations
@@ -439,5 +440,48 @@ def run() -> str:
     return "\n".join(_report(found, load_before, os.getloadavg()[0]))
 
 
+def compare_niceness(values: list[int], rounds: int = 2) -> str:
+    """The paired throughput and the whole save with nothing beside, for each nice value of the writer
+    threads, side by side in one process (the order rotated each round): what the writer's priority does."""
+    from pilotrun.common import thread_priority
+    from pilotrun.training.checkpoint import background
+    from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
+
+    work = Path(tempfile.mkdtemp(prefix="bench_niceness_", dir=os.environ.get("PILOTRUN_BENCH_DIR")))
+    chosen, yielding = {"niceness": values[0]}, background.yield_to_training
+    background.yield_to_training = lambda: thread_priority.yield_to_training(chosen["niceness"])
+    found: dict[int, dict[str, list]] = {value: {"kept": [], "alone": []} for value in values}
+    load_before = os.getloadavg()[0]
+    try:
+        objects, state = _build_state()
+        dcp_state, update = _dcp_state(objects, state), _trainer_beside()
+        checkpointer = DistributedCheckpointer(work / "run", keep=2)
+        _background(checkpointer, 0, dcp_state)
+        step = 1
+        for index in range(rounds):
+            for value in values[index % len(values):] + values[:index % len(values)]:
+                chosen["niceness"] = value
+                pairs = _throughput_beside_write(checkpointer, step, dcp_state, update)["pairs"]
+                found[value]["kept"] += [beside / steady for steady, beside, _, _ in pairs]
+                found[value]["alone"].append(_background(checkpointer, step + 1, dcp_state)[1])
+                checkpointer.wait_for_prune()
+                step += 2
+    finally:
+        background.yield_to_training = yielding
+        shutil.rmtree(work, ignore_errors=True)
+    lines = [f"load {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, {os.cpu_count()} cores"]
+    for value, result in found.items():
+        kept = result["kept"]
+        lines.append(f"nice +{value}: loop kept {statistics.median(kept) if kept else float('nan'):.1%} "
+                     f"(median of {len(kept)} pairs, quartiles {_quartiles(kept)}); whole save with nothing "
+                     f"beside {_seconds(result['alone'])} s")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    print(run())
+    import sys
+
+    if "--niceness" in sys.argv:  # e.g. --niceness 10,19
+        print(compare_niceness([int(v) for v in sys.argv[sys.argv.index("--niceness") + 1].split(",")]))
+    else:
+        print(run())
