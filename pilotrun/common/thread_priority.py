@@ -10,15 +10,15 @@ session's autogroup, a job's cgroup) first and between the threads of one group 
 writer is a thread of the training's own process, so on a busy machine (a CPU-only run, or cores shared with
 other jobs) every CPU-second it gets is taken from the group's share, that is from the training loop, in the
 ratio of their weights. Measured beside a one-thread training on 2 loaded cores (BENCHMARKS.md, "Background
-checkpoints"): at nice 10 (weight 110 against the loop's 1024, per writer thread) the loop's run-queue wait
-rose 11-30 ms per update and it kept 59-81% of its steady rate; at nice 19 (weight 15) its wait rose about 2
-ms and it kept 93-95%. Its CPU time per update did not change (memory bandwidth is not the cost) and its waits
-for the GIL stayed under 1.5 ms per update. Where nothing trains beside the write (a loop waiting for it, or a
-GPU run whose loop mostly waits for the device) the writer is alone in its group and runs at the group's full
-share whatever its nice value, so the write itself is not slowed there. SCHED_IDLE would yield even more but
-starves the write outright on a loaded machine (a 3-second write still running after 170 s). Raising one's own
-nice value needs no privilege; it can never be lowered again, so it is only ever done to threads started for
-the background work. Elsewhere (no per-thread nice values) it does nothing.
+checkpoints"): at nice 10 (weight 110 against the loop's 1024, per writer thread) the loop kept 61-91% of its
+steady rate in rounds before and after a write and 83% in paired windows; at nice 19 (weight 15) 93-95%. Its
+CPU time per update did not change (memory bandwidth is not the cost) and its waits for the GIL stayed under
+1.5 ms per update: what it lost was time waiting on the run queue. Where nothing trains beside the write (a
+loop waiting for it, or a GPU run whose loop mostly waits for the device) the writer is alone in its group and
+runs at the group's full share whatever its nice value, so the write itself is not slowed there. SCHED_IDLE
+would yield even more but starves the write outright on a loaded machine (a 3-second write still running after
+170 s). Raising one's own nice value needs no privilege; it can never be lowered again, so it is only ever
+done to threads started for the background work. Elsewhere (no per-thread nice values) it does nothing.
 """
 
 from __future__ import annotations
