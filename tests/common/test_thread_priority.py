@@ -49,3 +49,10 @@ def test_the_nice_value_is_capped_at_19():
 def test_elsewhere_it_does_nothing(monkeypatch):
     monkeypatch.setattr(sys, "platform", "darwin")
     assert yield_to_training() is None
+
+
+@linux_only
+def test_background_work_runs_at_the_lowest_normal_priority():
+    """The writer's weight in the process's scheduling group is what it takes from the training loop when
+    they compete: at nice 19 (weight 15 against the loop's 1024) the least a normal thread can take."""
+    assert in_a_thread(lambda: {"nice": yield_to_training()})["nice"] == 19
