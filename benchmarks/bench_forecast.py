@@ -49,6 +49,7 @@ from benchmarks.forecast_tables import (
     diagnosis,
     diagnosis_table,
     drift_weights,
+    graded_and_watched,
     mixture_sources_note,
     setting_of,
     twins,
@@ -116,26 +117,14 @@ def _laws(summary, long_summary, branches: list[Path]) -> dict[str, dict]:
 
 
 def grade_case(case: Case, pilot: Path, long: Path, branches: list[Path]) -> dict:
-    from pilotrun.report.projection.forecast_record import against
     from pilotrun.report.record_check.summarize import summarize_run
-    from pilotrun.report.watch.alerts import Watcher
 
     summary, lock = _lock(pilot)
     long_summary = summarize_run(long)
-    graded = against(
-        lock["forecast"],
-        lock["recipe"],
-        lock["data"]["metadata_sha256"],
-        long_summary.run,
-        long_summary.kept_events,
-    )
-    watcher = Watcher(long, lock=lock, holder=lambda path: None)
-    watcher.check(final=True)
-    alerts = [a for a in watcher.raised if a.kind == "forecast"]
+    graded, watcher, alerts = graded_and_watched(lock, long, long_summary)
     others: dict[str, int] = {}
-    for (
-        a
-    ) in watcher.raised:  # watch's other alerts on the same run, by the step each kind was first raised at
+    # watch's other alerts on the same run, by the step each kind was first raised at
+    for a in watcher.raised:
         if a.kind not in ("forecast", "session_end") and a.step is not None:
             others.setdefault(a.kind, a.step)
     overflows = sum(e.get("event") == "overflow" for e in long_summary.kept_events)

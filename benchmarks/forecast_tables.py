@@ -120,27 +120,36 @@ def weighting_tables(healthy: list[dict]) -> list[str]:
     return lines
 
 
+def graded_and_watched(lock: dict, long: Path, long_summary):
+    """A lock's forecast graded against the long run as summarize grades it, and the run watched as
+    `pilotrun watch --against LOCK` watches it: (against()'s result, the Watcher after its final check, the
+    forecast alerts it raised)."""
+    from pilotrun.report.projection.forecast_record import against
+    from pilotrun.report.watch.alerts import Watcher
+
+    graded = against(
+        lock["forecast"],
+        lock["recipe"],
+        lock["data"]["metadata_sha256"],
+        long_summary.run,
+        long_summary.kept_events,
+    )
+    watcher = Watcher(long, lock=lock, holder=lambda path: None)
+    watcher.check(final=True)
+    return graded, watcher, [a for a in watcher.raised if a.kind == "forecast"]
+
+
 def whole_by_weighting(summary, lock: dict, long: Path, long_summary) -> dict[str, dict]:
     """The whole lock under each of forecast.FIT_WEIGHTINGS (forecast_record.lock_forecast with that
-    weighting), graded as summarize grades it and watched as `pilotrun watch --against LOCK` watches: per
-    weighting {"graded": against()'s result, "first": the first step of watch's forecast alert or None}."""
+    weighting), graded and watched (graded_and_watched): per weighting {"graded": against()'s result, "first":
+    the first step of watch's forecast alert or None}."""
     from pilotrun.report.projection.forecast import FIT_WEIGHTINGS
-    from pilotrun.report.projection.forecast_record import against, lock_forecast
-    from pilotrun.report.watch.alerts import Watcher
+    from pilotrun.report.projection.forecast_record import lock_forecast
 
     out = {}
     for weighting in FIT_WEIGHTINGS:
         weighed = {**lock, "forecast": lock_forecast(summary, TARGET, weighting=weighting)}
-        graded = against(
-            weighed["forecast"],
-            lock["recipe"],
-            lock["data"]["metadata_sha256"],
-            long_summary.run,
-            long_summary.kept_events,
-        )
-        watcher = Watcher(long, lock=weighed, holder=lambda path: None)
-        watcher.check(final=True)
-        alerts = [a for a in watcher.raised if a.kind == "forecast"]
+        graded, _, alerts = graded_and_watched(weighed, long, long_summary)
         out[weighting] = {"graded": graded or {}, "first": alerts[0].extra["first"] if alerts else None}
     return out
 
