@@ -82,10 +82,6 @@ class _Session:
         return None if self.end is None else self.end["time"] - self.end["wall_seconds"]
 
 
-def _sessions(run_dir: Path) -> dict[str, _Session]:
-    return _sessions_of(read_metrics_tolerant(run_dir).events)
-
-
 def _sessions_of(events: list[dict[str, Any]]) -> dict[str, _Session]:
     sessions: dict[str, _Session] = {}
     for event in events:
@@ -109,14 +105,9 @@ def _sessions_of(events: list[dict[str, Any]]) -> dict[str, _Session]:
     return sessions
 
 
-def pilot_startup_seconds(run_dir: Path) -> float | None:
-    """The median seconds from a pilot session's clock start (its session_end's time less its recorded wall
-    seconds) to its first train window: loading, building, restoring, which each branch, a session of its
-    own, pays again (the interpreter's own launch comes before that clock and is not in it)."""
-    return _median_startup(_sessions(run_dir))
-
-
 def _median_startup(sessions: dict[str, _Session]) -> float | None:
+    """The median seconds from a session's clock start to its first train window: loading, building,
+    restoring, which each branch, a session of its own, pays again."""
     startups = [_startup(s) for s in sessions.values()]
     known = [s for s in startups if s is not None]
     return statistics.median(known) if known else None
@@ -127,12 +118,12 @@ def _startup(session: _Session) -> float | None:
     return None if clock is None or session.first_window is None else max(0.0, session.first_window - clock)
 
 
-def pilot_wall_seconds(run_dir: Path) -> float | None:
-    """The pilot's own wall seconds from its record: each session from its command's start (its launch and
+def pilot_wall_seconds(sessions: dict[str, _Session]) -> float | None:
+    """The pilot's own wall seconds from its record's sessions: each from its command's start (its launch and
     set-up before the session's clock, where the record says them) to its session_end's clock, and a session
     that ended without one (killed) to its last event (a lower bound). None: no session of the record says
     its wall seconds, and the budget holds in updates only."""
-    sessions = _sessions(run_dir).values()
+    sessions = sessions.values()
     if not any(s.end is not None for s in sessions):
         return None
     total = 0.0
@@ -147,26 +138,17 @@ def pilot_wall_seconds(run_dir: Path) -> float | None:
     return total
 
 
-def pilot_launch_seconds(run_dir: Path) -> float | None:
-    """The median seconds of a pilot session from its command's start to its session's clock start: the
-    imports and set-up a branch process pays again before its first branch's clock (None: the record has no
-    `setup_seconds`)."""
-    return _median_launch(_sessions(run_dir))
-
-
 def _median_launch(sessions: dict[str, _Session]) -> float | None:
+    """The median seconds from a session's command start to its clock start: the imports and set-up a branch
+    process pays again before its first branch's clock (None: the record has no `setup_seconds`)."""
     before = [s.clock_start - s.command_start for s in sessions.values()
               if s.command_start is not None and s.clock_start is not None]
     return max(0.0, statistics.median(before)) if before else None
 
 
-def pilot_phase_seconds(run_dir: Path) -> tuple[float | None, float | None, float | None]:
-    """(seconds per evaluation, per checkpoint save, a session's bookkeeping) from the pilot's ended
-    sessions whose time_split has its phases; None where the record has none."""
-    return _phase_seconds(_sessions(run_dir))
-
-
 def _phase_seconds(sessions: dict[str, _Session]) -> tuple[float | None, float | None, float | None]:
+    """(seconds per evaluation, per checkpoint save, a session's bookkeeping) from the ended sessions whose
+    time_split has its phases; None where the record has none."""
     split = [s for s in sessions.values()
              if s.end is not None and isinstance(s.end.get("train_seconds"), float)]
     if not split:
@@ -191,8 +173,9 @@ def measure_launch_seconds() -> float:
 
 
 def read_pilot_timings(run_dir: Path, launch_seconds: float | None = None) -> PilotTimings:
-    """The pilot's timings from its record; `launch_seconds` None: the pilot's own launch from its record
-    (pilot_launch_seconds), else measured now (measure_launch_seconds)."""
+    """The pilot's timings from its record, read once; `launch_seconds` None: the pilot's own launch from its
+    record (its commands' start to their sessions' clocks), or, where the record lacks it, measured now
+    (measure_launch_seconds)."""
     events = read_metrics_tolerant(run_dir).events
     sessions, rates = _sessions_of(events), seconds_per_update_of(events)
     recorded = _median_launch(sessions) if launch_seconds is None else None
@@ -201,7 +184,7 @@ def read_pilot_timings(run_dir: Path, launch_seconds: float | None = None) -> Pi
     return PilotTimings(
         seconds_per_update=statistics.median(rates) if rates else None,
         startup_seconds=_median_startup(sessions),
-        pilot_seconds=pilot_wall_seconds(run_dir),
+        pilot_seconds=pilot_wall_seconds(sessions),
         launch_seconds=launch if launch is not None else measure_launch_seconds(),
         eval_seconds=each_eval,
         save_seconds=each_save,

@@ -447,7 +447,7 @@ def test_a_pilot_with_the_lr_check_has_its_finding_in_the_verdict_and_the_report
     from pilotrun.commands import tune_cost
 
     # the budget in updates only, so that K does not depend on how fast this machine ran the pilot
-    monkeypatch.setattr(tune_cost, "pilot_wall_seconds", lambda run_dir: None)
+    monkeypatch.setattr(tune_cost, "pilot_wall_seconds", lambda sessions: None)
     out = io.StringIO()
     result = run_pilot(tmp_path / "work", config="smoke", data=builtin_data_dir, out=out, poll_seconds=0.05,
                        overrides=["train.max_steps=24", "optim.schedule.horizon=24", "train.eval.every=4",

@@ -19,7 +19,7 @@ from pilotrun.commands.freeze import freeze_run
 from pilotrun.commands.next_commands import train_words
 from pilotrun.commands.tune import TuneError, parse_checks, plan_checks, tune
 from pilotrun.commands.tune_branch import branch_train_losses, make_branch_folder, pilot_session_ids
-from pilotrun.commands.tune_cost import pilot_startup_seconds
+from pilotrun.commands.tune_cost import read_pilot_timings
 from pilotrun.report.verdict.thresholds import Thresholds
 from pilotrun.run.marker import step_folder
 from pilotrun.run.record import read_metrics_tolerant
@@ -44,7 +44,7 @@ def budget_in_updates(monkeypatch):
     """These tests are of the budget in updates and of a whole check: the record's wall seconds are left out
     (and no launch is measured) so that K does not depend on how fast this machine ran the pilot; the budget
     in seconds is tested on a synthetic record (test_tune_cost.py)."""
-    monkeypatch.setattr(tune_cost, "pilot_wall_seconds", lambda run_dir: None)
+    monkeypatch.setattr(tune_cost, "pilot_wall_seconds", lambda sessions: None)
     monkeypatch.setattr(tune_cost, "measure_launch_seconds", lambda: 0.0)
 
 
@@ -75,9 +75,10 @@ def test_the_start_up_each_branch_pays_again_is_the_pilots_as_its_time_ledger_co
 
     ledger = summarize_run(pilot).overall["time_ledger"]
     (session,) = ledger["sessions"]
-    assert pilot_startup_seconds(pilot) == pytest.approx(session["parts"]["startup"], abs=1e-6)
+    startup = read_pilot_timings(pilot).startup_seconds
+    assert startup == pytest.approx(session["parts"]["startup"], abs=1e-6)
     plan = plan_checks(pilot, ("lr",))
-    assert f"and {5 * pilot_startup_seconds(pilot):.0f} s of start-up (5 x the pilot's" in plan.cost_line(3.0)
+    assert f"and {5 * startup:.0f} s of start-up (5 x the pilot's" in plan.cost_line(3.0)
 
 
 @pytest.mark.usefixtures("budget_in_updates")
@@ -159,7 +160,7 @@ def test_a_whole_check_lands_in_the_record_the_verdict_the_report_and_the_lock(p
     # the launch stated is the pilot's own from its record; the one the shared process paid is kept beside it
     cost = written["cost"]
     assert cost["launch_from_record"] is True
-    assert cost["launch_seconds"] == tune_cost.pilot_launch_seconds(pilot)
+    assert cost["launch_seconds"] == read_pilot_timings(pilot).launch_seconds
     assert isinstance(cost["measured_launch_seconds"], float) and isinstance(cost["measured_seconds"], float)
 
     from pilotrun.commands.api import verdict

@@ -13,7 +13,7 @@ import pytest
 from pilotrun.commands import tune_cost
 from pilotrun.commands.cli import main
 from pilotrun.commands.tune import TuneError, plan_checks
-from pilotrun.commands.tune_cost import pilot_startup_seconds, pilot_wall_seconds, read_pilot_timings
+from pilotrun.commands.tune_cost import read_pilot_timings
 from pilotrun.run.marker import MARKER_NAME, step_folder
 
 RECIPE = {"optim": {"schedule": {"warmup_steps": 4}, "muon": {"lr": 0.02}, "adamw": {"lr": 0.004}},
@@ -47,14 +47,14 @@ def test_the_pilots_timings_are_read_from_its_record(pilot):
     timings = read_pilot_timings(pilot, launch_seconds=2.0)
     assert (timings.seconds_per_update, timings.startup_seconds, timings.pilot_seconds,
             timings.launch_seconds) == (0.125, 1.0, 16.0, 2.0)
-    assert pilot_startup_seconds(pilot) == 1.0
+    assert timings.branch_fixed_seconds == 1.0  # the start-up alone: no evaluation, save or split recorded
 
 
 def test_a_session_killed_before_its_end_counts_from_its_first_event_to_its_last(pilot):
     killed = [_event("train", t, 8, session="s2") for t in (200.0, 203.5)]
     with open(pilot / "metrics.jsonl", "a") as log:
         log.write("\n".join(killed) + "\n")
-    assert pilot_wall_seconds(pilot) == 19.5
+    assert read_pilot_timings(pilot, launch_seconds=2.0).pilot_seconds == 19.5
 
 
 def test_k_is_the_most_that_fits_the_budget_in_seconds_and_the_line_states_both(pilot):
@@ -134,10 +134,10 @@ def full_pilot(pilot) -> Path:
 
 
 def test_every_fixed_cost_a_branch_pays_again_is_the_pilots_own_from_its_record(full_pilot):
-    assert tune_cost.pilot_phase_seconds(full_pilot) == (0.25, 0.125, 2.5)
-    assert tune_cost.pilot_launch_seconds(full_pilot) == 4.0
-    assert pilot_wall_seconds(full_pilot) == 24.0  # the set-up before its clock is the pilot's too
     timings = read_pilot_timings(full_pilot)
+    assert (timings.eval_seconds, timings.save_seconds, timings.bookkeeping_seconds) == (0.25, 0.125, 2.5)
+    assert timings.launch_seconds == 4.0
+    assert timings.pilot_seconds == 24.0  # the set-up before its clock is the pilot's too
     assert (timings.launch_seconds, timings.launch_from_record, timings.branch_fixed_seconds) == (
         4.0, True, 3.875)
 
