@@ -14,8 +14,15 @@ alerts; the largest rise above the run's own refitted course (what forecast.RISE
 same fit under each candidate law (forecast.LAWS), alone and with the cooldown branches; the law chosen on
 half of the healthy pilots, graded on the other half; what the default law makes of each pilot (alpha, the
 residual sigma, its own hold-out miss, the interval's parts); the 90% interval's drift weight
-(forecast.DRIFT_WEIGHTS) chosen on one half and graded on the other; each mixture source's own forecast; and
-each broken run's final against its healthy twin (a run no worse than its twin is not broken at this size).
+(forecast.DRIFT_WEIGHTS) chosen on one half and graded on the other; each mixture source's own forecast;
+the annealed points (cooldowns from each checkpoint of the pilot's second half: forecast_anneal.py): the
+pilot's loss less the annealed one, the default half-width by term, the forecast with them; the cadence
+check (forecast_cadence.py: each flat-LR pilot trained again evaluating every 5 and 20 updates, its forecast
+at each cadence); the interval check (forecast_intervals.py: every healthy pilot trained again evaluating
+every 5 updates, its 90% interval at every 5 and 10 under each of forecast.INTERVAL_METHODS, the method chosen
+on one half and graded on the other); and each broken
+run's final against its healthy twin (a run no worse than its twin is not broken at this size); the alerts
+naming each breakage counted apart by what they read, the loss or the record (forecast_live).
 Goals: >= 9 of 10 healthy inside, median error <= 1%, half-width <= 2%, every broken run flagged within its
 first 20% of tokens, no alert on a healthy one.
 
@@ -32,15 +39,29 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.forecast_live import breakage_alerts
+from benchmarks.forecast_anneal import (
+    gap_table,
+    measure,
+    option_held_out,
+    option_table,
+    terms_table,
+    whole_table,
+)
+from benchmarks.forecast_cadence import cadence_table, flat_cases, generate_cadences
+from benchmarks.forecast_cadence import measure as measure_cadence
+from benchmarks.forecast_intervals import generate_fine, interval_table
+from benchmarks.forecast_intervals import measure as measure_intervals
+from benchmarks.forecast_live import breakage_alerts, by_evidence
 from benchmarks.forecast_runs import (
     BRANCHES,
     BREAK_SHARE,
     LONG_FACTOR,
     PILOT_STEPS,
     Case,
+    anneal_points,
     broken_cases,
     generate,
+    generate_anneal,
     generate_branches,
     healthy_cases,
 )
@@ -326,29 +347,69 @@ def _count(flagged: list[dict], among: list[dict]) -> str:
     return f"{sum(r in flagged for r in among)} of {len(among)}" + (f" ({', '.join(names)})" if names else "")
 
 
+def _said(alerts: list) -> str:
+    return "; ".join(f"{key} at {step}" + (f" ({times} in all)" if times > 1 else "")
+                     for step, key, times in alerts) or "none"
+
+
+def _within(alerts: list) -> bool:
+    return bool(alerts) and alerts[0][0] <= 0.2 * TARGET
+
+
 def _broken_table(broken: list[dict], changes: dict, not_worse: list[str]) -> list[str]:
-    """Per broken run: the forecast's own alert, the first alert of any kind that names the breakage (a live
-    watch's, forecast_live), and its final against its healthy twin."""
+    """Per broken run: the forecast's own alert, the alerts that name the breakage (a live watch's,
+    forecast_live) split by what they read (the loss; the record), whether each flagged it within 20% of its
+    updates, and its final against its healthy twin."""
     lines = [
         "Each broken run as a live watch would have followed it (benchmarks/forecast_live.py: the record "
         "replayed one evaluation at a time, rules judged at each (a live watch judges them as often as their "
-        "cost allows); an alert names the breakage where its class (its key; its kind for a spike) is raised "
-        "after the break and never after the break on the healthy twin's replay):",
+        "cost allows); an alert names the breakage where its class (its key; its kind for a spike or a change"
+        " on resume) is raised after the break and never after the break on the healthy twin's replay), the "
+        "alerts that read the loss (the forecast's band, rise or a source's rise; a loss spike, the envelope)"
+        " apart from those that read the record (the change on resume that left the forecast's assumptions, "
+        "`forecast_change`; a rule such as skip_rate):",
         "",
-        "| broken run | the forecast's alert (band or rise: first step) | alerts naming the breakage (each "
-        "first raised after the evaluation at) | within 20% | final val loss against its healthy twin |",
-        "|---|---|---|---|---|",
+        "| broken run | the forecast's alert (band or rise: first step) | by the loss: alerts naming the "
+        "breakage (each first raised after the evaluation at) | by the record: alerts naming the breakage | "
+        "within 20%: by the loss / by the record | final val loss against its healthy twin |",
+        "|---|---|---|---|---|---|",
     ]
     for r in broken:
-        name, first = r["case"].name, r["breakage"][0] if r["breakage"] else None
+        name, split = r["case"].name, by_evidence(r["breakage"])
         band = f"step {r['alert'].extra['first']}" if r["alert"] else "none"
-        said = "; ".join(f"{key} at {step}" + (f" ({times} in all)" if times > 1 else "")
-                         for step, key, times in r["breakage"]) or "none"
         change = ", ".join(f"{k} {100 * v:+.2f}%" for k, v in changes.get(name, {}).items()) or "no twin"
         verdict = "no worse than its twin" if name in not_worse else "worse"
-        within = "yes" if first and first[0] <= 0.2 * TARGET else "no"
-        lines.append(f"| {name} | {band} | {said} | {within} | {change} ({verdict}) |")
+        within = " / ".join("yes" if _within(split[kind]) else "no" for kind in ("loss", "record"))
+        lines.append(
+            f"| {name} | {band} | {_said(split['loss'])} | {_said(split['record'])} | {within} | {change} "
+            f"({verdict}) |"
+        )
     return lines
+
+
+def _flagged_line(broken: list[dict], worse: list[dict], no_worse: list[dict], by_forecast: int) -> str:
+    """The goal line for the broken runs: flagged within 20% by the loss and by the record, counted apart
+    (each run with its first step), never merged into one count."""
+
+    def flagged(kind: str) -> list[dict]:
+        return [r for r in broken if _within(by_evidence(r["breakage"])[kind])]
+
+    def named(rows: list[dict], kind: str) -> str:
+        return ", ".join(f"{r['case'].name} at {by_evidence(r['breakage'])[kind][0][0]}" for r in rows)
+
+    loss, record = flagged("loss"), flagged("record")
+    return (
+        "- broken runs flagged within their first 20% of updates (= tokens) by a watch alert that names the "
+        "breakage (the table below), counted apart by what the alert reads (goal every one, as the goal is "
+        f"written): (a) by the loss (the forecast's band, rise or a source's rise; a loss spike, the "
+        f"envelope): {len(loss)} of {len(broken)} ({_met(len(loss) == len(broken))}: "
+        f"{named(loss, 'loss') or 'none'}); of those that ended worse than their healthy twin "
+        f"{_count(loss, worse)}, of those that ended no worse (not broken in loss at this size) "
+        f"{_count(loss, no_worse)}; by the forecast's own alert alone {by_forecast} of {len(broken)}. (b) by "
+        f"the record (the change on resume that left the forecast's assumptions, a rule such as skip_rate): "
+        f"{len(record)} of {len(broken)} ({_met(len(record) == len(broken))}: "
+        f"{named(record, 'record') or 'none'})"
+    )
 
 
 def _met(yes: bool) -> str:
@@ -377,12 +438,61 @@ def _branch_wall(branches: dict[str, list[Path]]) -> float:
     return total
 
 
+def _anneal_lines(pairs: dict, anneal: dict[str, list[Path]]) -> list[str]:
+    """benchmarks/forecast_anneal.py's tables: the annealed points against the pilot's own, the default's
+    half-width by term, and the forecast with the annealed points, over every case and held out."""
+    rows = [measure(case, *pairs[case.name], anneal[case.name]) for case in healthy_cases()]
+    cost = sum(k for _, k in anneal_points()) + PILOT_STEPS // 2
+    replays = [WORK / "runs" / f"{case.name}-pilot-replay" for case in healthy_cases()]
+    wall = _branch_wall({**anneal, "replays": [f for f in replays if f.is_dir()]})
+    return [
+        "Annealed points (forecast_anneal.py; Hägele et al. 2024, arXiv 2405.18392): each healthy pilot "
+        f"replayed from step {PILOT_STEPS // 2} with a checkpoint every 10 updates (bit for bit its own "
+        "updates), then cooled down to the LR floor from each checkpoint "
+        f"({', '.join(f'{k} updates from {at}' for at, k in anneal_points())}; {cost} updates with the "
+        f"replay, {cost / PILOT_STEPS:.2f}x the pilot's own; those of the {len(rows)} pilots took "
+        f"{wall / 60:.1f} min of sessions' wall time). The pilot's own val loss less the annealed one "
+        "at the same step (negative: annealing bought nothing), and the default law's residuals:",
+        "",
+        *gap_table(rows),
+        "",
+        "The default forecast's 90% half-width at the long run's final step by term (the bootstrap's two "
+        "parts split by their variances; the drift, forecast.WIDEN's share of the pilot's own hold-out miss, "
+        "added either side; recomputed at the final step alone, as the law table is: its draws are not the "
+        "lock's, which draws at every step of the curve, so a half-width here is within about 0.5 points of "
+        "the first table's):",
+        "",
+        *terms_table(rows),
+        "",
+        "The final forecast with the annealed points, over every healthy case: the default law fitted to "
+        "the pilot's evaluations and the annealed points (their own LR areas), or the annealed curve (a "
+        "power law in updates fitted to the pilot's evaluations to step "
+        f"{PILOT_STEPS // 2} and the annealed points; a long run that ends at a higher LR than the floor "
+        "adds the measured gap, its spread either side):",
+        "",
+        *option_table(rows),
+        "",
+        "The option chosen on half of the healthy cases (the most inside, then the narrowest) and graded on "
+        "the other half, both ways:",
+        "",
+        *option_held_out(rows),
+        "",
+        "The whole lock with the annealed points (the curve, final and parameters fitted with all 7; the "
+        "rise check as the lock has it), graded and watched as above, beside the lock as freeze writes it:",
+        "",
+        *whole_table(rows),
+    ]
+
+
 def run() -> str:
     started = time.time()
     cases = healthy_cases() + broken_cases()
     before = sum(1 for _ in (WORK / "runs").glob("*/metrics.jsonl")) if (WORK / "runs").is_dir() else 0
     pairs = generate(WORK, cases)
     branches = generate_branches(WORK, cases)
+    anneal = generate_anneal(WORK, healthy_cases())
+    cadences = generate_cadences(WORK, healthy_cases())
+    fine = generate_fine(WORK, healthy_cases())
     trained = sum(1 for _ in (WORK / "runs").glob("*/metrics.jsonl")) - before
     train_seconds = time.time() - started
     _, walls = _span(pairs)
@@ -399,11 +509,15 @@ def run() -> str:
     flagged = [r for r in broken if r["alert"] is not None and r["alert"].extra["first"] <= 0.2 * TARGET]
     refused = [r for r in rows if "unavailable" in (r["graded"] or {})]
     healthy_cases_ = [r["case"] for r in rows if r["case"].broken is None]
+    flat = [r for r in rows if r["case"] in flat_cases(healthy_cases_)]
+    for r in flat:
+        r["cadence"] = measure_cadence(cadences[r["case"].name], pairs[r["case"].name][1], TARGET)
+    for r in every_healthy:
+        r["intervals"] = measure_intervals(fine[r["case"].name], pairs[r["case"].name][1], TARGET)
     twin_line, not_worse, changes = twins(pairs, [r["case"] for r in broken], healthy_cases_)
     locks = {r["case"].name: r["lock"] for r in rows}
     for r in broken:
         r["breakage"] = breakage_alerts(r["case"], healthy_cases_, pairs, locks, TARGET)
-    named = [r for r in broken if r["breakage"] and r["breakage"][0][0] <= 0.2 * TARGET]
     worse = [r for r in broken if r["case"].name not in not_worse]
     no_worse = [r for r in broken if r["case"].name in not_worse]
     lines = [
@@ -440,11 +554,7 @@ def run() -> str:
         else "",
         f"- watch's forecast alert on a healthy run: {false_alerts} of {len(every_healthy)} (goal 0: "
         f"{_met(false_alerts == 0)})",
-        "- broken runs flagged within their first 20% of updates (= tokens) by a watch alert that names the "
-        f"breakage (the table below): {len(named)} of {len(broken)} (goal every one, as the goal is written: "
-        f"{_met(len(named) == len(broken))}); of those that ended worse than their healthy twin "
-        f"{_count(named, worse)}, of those that ended no worse (not broken in loss at this size) "
-        f"{_count(named, no_worse)}; by the forecast's own alert alone: {len(flagged)} of {len(broken)}",
+        _flagged_line(broken, worse, no_worse, len(flagged)),
         f"- pilots refused (no forecast): {len(refused)}",
         "",
         "| case | predicted [90%] | measured | error | inside | half-width | left the band (watch) | watch's "
@@ -481,8 +591,10 @@ def run() -> str:
         *_held_out(every_healthy),
         "",
         "How the fit weighs the pilot's evaluations (forecast.FIT_WEIGHTINGS: `log-updates` each by the span "
-        "of log-updates it stands for, `equal` each alike), over every healthy case, then chosen on half of "
-        "them and graded on the other half, both ways:",
+        "of log-updates it stands for, `log-updates-from-2x-warmup` the same from twice the warm-up on (at "
+        "every 10 updates of these pilots the same points: a tie, of equal ones the first listed is chosen; "
+        "the cadence check below tells them apart), `equal` each alike), over every healthy case, then "
+        "chosen on half of them and graded on the other half, both ways:",
         "",
         *weighting_tables([r for r in rows if r["case"].broken is None]),
         "",
@@ -505,6 +617,26 @@ def run() -> str:
         "inside) and graded on the other half, both ways:",
         "",
         *weight_held_out([r for r in rows if r["case"].broken is None]),
+        "",
+        *_anneal_lines(pairs, anneal),
+        "",
+        "The cadence check (benchmarks/forecast_cadence.py): each flat-LR pilot trained again evaluating "
+        "every 5 and every 20 updates (the same seed, data, recipe and updates), its final forecast (the "
+        "centre, its error against the long run, the 90% half-width) under the default fit weighting and "
+        "under `log-updates` (the default before it, which fits from the first evaluation past the warm-up):",
+        "",
+        *cadence_table(flat),
+        "",
+        "The interval check (benchmarks/forecast_intervals.py): every healthy pilot at every 10 updates and "
+        "trained again evaluating every 5, its 90% interval under each way the bootstrap's refits resample "
+        "the fit's residuals (forecast.INTERVAL_METHODS: `residual-bootstrap` each drawn apart, the default "
+        "before; `ar1-inflated` scaled by sqrt((1 + rho) / (1 - rho)), rho their lag-1 autocorrelation; "
+        "`block-bootstrap` in runs of consecutive residuals n / n_eff long): how many long runs inside, the "
+        "mean half-width of those given a forecast (without the drift term in brackets), a refusal counted "
+        "as not inside; then the method chosen on one half (the most inside at both cadences, then the least "
+        "narrowing from every 10 to every 5, then the narrowest) and graded on the other, both ways:",
+        "",
+        *interval_table(every_healthy),
         "",
         f"Command: `python -m benchmarks.run_all bench_forecast --update` (it trains what {WORK} lacks with "
         "benchmarks/forecast_runs.py, then grades; `python benchmarks/forecast_runs.py DIR` trains alone).",

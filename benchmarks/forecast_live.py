@@ -8,10 +8,16 @@ after each validation evaluation, rules judged each time (a live watch judges th
 allows). A replayed record stops mid-session, so watch reads every session before its end as killed: those
 alerts (`session_end`, `chain`) are the replay's, not the run's, and are left out.
 
-An alert names the breakage where its class (its key; its kind for a spike or a rollback, each keyed by its
-own step) is raised on the broken run after its break (its resume at BREAK_SHARE of the updates) and never
-after the break on its healthy twin's replay (the same kind, seed, LR and data trained straight through: the
-first stretch is the broken run's own): what watch says of the breakage, not of this recipe.
+An alert names the breakage where its class (its key; its kind for a spike, a rollback or a change on
+resume, each keyed by its own step or session) is raised on the broken run after its break (its resume at
+BREAK_SHARE of the updates) and never after the break on its healthy twin's replay (the same kind, seed, LR
+and data trained straight through: the first stretch is the broken run's own): what watch says of the
+breakage, not of this recipe.
+
+What each alert reads (`by_evidence`): the loss (the forecast's band, rise or a source's rise, a loss spike,
+the pilot's envelope, a spike or rollback the trainer detected in the loss or gradient) or the record (a
+change on resume that left the forecast's assumptions, a rule such as skip_rate): counted apart, so that a
+breakage the record names is never read as one the loss caught.
 """
 
 from __future__ import annotations
@@ -57,7 +63,19 @@ def first_raised(long: Path, lock: dict) -> dict[str, tuple[int, str, int]]:
     return first
 
 
-EACH_EVENT = ("spike", "rollback")
+# Kinds keyed one alert per event (a spike's step, a rollback's, a resume's session): a class of their own
+EACH_EVENT = ("spike", "rollback", "forecast_change")
+# The alert kinds judged on the losses (or the gradient beside them); every other kind reads the record
+LOSS_KINDS = ("forecast", "loss_spike", "loss_envelope", "spike", "rollback")
+
+
+def by_evidence(named: list) -> dict[str, list]:
+    """breakage_alerts' [(step, class, times)] split by what each alert reads: {"loss": [...], "record":
+    [...]}, each earliest first."""
+    out: dict[str, list] = {"loss": [], "record": []}
+    for step, name, times in named:
+        out["loss" if name.split(":")[0] in LOSS_KINDS else "record"].append((step, name, times))
+    return out
 
 
 def after_break(first: dict[str, tuple[int, str, int]], target: int) -> dict[str, tuple[int, str, int]]:

@@ -270,6 +270,59 @@ def train_branch(work: Path, data: Path, case: Case, pilot: Path, at: int, lengt
     return run_dir
 
 
+# Annealed points (benchmarks/forecast_anneal.py): the pilot's model cooled down from each of its checkpoints
+# from the mid one to its last, ANNEAL_EVERY apart, ANNEAL_LENGTH updates each (ANNEAL_LONG from the last).
+# The pilot commits a checkpoint only every PILOT_STEPS // 2; the ones between come from a replay of it.
+ANNEAL_EVERY, ANNEAL_LENGTH, ANNEAL_LONG = 10, 10, 25
+
+
+def anneal_points() -> list[tuple[int, int]]:
+    """(the checkpoint a cooldown starts from, its length) of every annealed point."""
+    at = range(PILOT_STEPS // 2, PILOT_STEPS + 1, ANNEAL_EVERY)
+    return [(a, ANNEAL_LENGTH) for a in at] + [(PILOT_STEPS, ANNEAL_LONG)]
+
+
+def train_replay(work: Path, data: Path, case: Case, pilot: Path) -> Path:
+    """The pilot resumed from its mid checkpoint to its end with a checkpoint every ANNEAL_EVERY updates and
+    none deleted: the same updates bit for bit (an exact resume), so its checkpoints are the pilot's model at
+    those steps."""
+    at = PILOT_STEPS // 2
+    run_dir = work / "runs" / f"{case.name}-pilot-replay"
+    if (run_dir / "checkpoints" / f"step-{PILOT_STEPS:08d}").is_dir():
+        return run_dir
+    if run_dir.exists():  # an interrupted replay: trained again from the pilot's checkpoint
+        import shutil
+
+        shutil.rmtree(run_dir)
+    from pilotrun.commands.tune_branch import make_branch_folder
+
+    make_branch_folder(pilot, run_dir, at)
+    args = ["--config", str(RECIPE), "--data", str(_data_of(work, data, case)), "--run-dir", str(run_dir)]
+    args += ["--resume", "--from-step", str(at), *_sets(case, PILOT_STEPS, PILOT_EVAL_EVERY)]
+    args += ["--set", f"train.checkpoint_every={ANNEAL_EVERY}"]
+    args += ["--set", f"train.keep_checkpoints={PILOT_STEPS}"]
+    _train(args, work / f"{case.name}-pilot-replay.log")
+    return run_dir
+
+
+def generate_anneal(work: Path, cases: list[Case], workers: int = 2) -> dict[str, list[Path]]:
+    """Each case's annealed points (anneal_points): cooldown branches from the pilot's own checkpoints (its
+    mid and last) and from its replay's between, two cases at a time."""
+    data = prepare(work)
+
+    def one(case: Case) -> list[Path]:
+        pilot = _pilot_dir(work, case)
+        kept = {PILOT_STEPS // 2, PILOT_STEPS}
+        replay = None if all(a in kept for a, _ in anneal_points()) else train_replay(work, data, case, pilot)
+        return [
+            train_branch(work, data, case, pilot if at in kept else replay, at, length)
+            for at, length in anneal_points()
+        ]
+
+    with ThreadPoolExecutor(workers) as pool:
+        return dict(zip([c.name for c in cases], pool.map(one, cases), strict=True))
+
+
 def generate(work: Path, cases: list[Case], workers: int = 2) -> dict[str, tuple[Path, Path]]:
     """(pilot, long run) folder per case, trained two at a time: pilots first (every forecast needs one)."""
     data = prepare(work)

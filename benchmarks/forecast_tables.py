@@ -28,6 +28,28 @@ def setting_of(summary):
     )
 
 
+def with_and_without_drift(summary, long_summary, target: int, **options) -> dict:
+    """The pilot's forecast at `target` (forecast() with `options`) at the default drift weight (key None) and
+    at none (key 0.0): each the forecast, or its refusal's reason."""
+    from pilotrun.report.projection.forecast import NoForecast, forecast
+    from pilotrun.report.projection.forecast_record import val_points
+
+    made: dict = {}
+    for drift in (None, 0.0):
+        try:
+            made[drift] = forecast(
+                val_points(summary.kept_events),
+                setting_of(summary),
+                setting_of(long_summary),
+                [target],
+                drift_weight=drift,
+                **options,
+            )
+        except NoForecast as why:
+            made[drift] = str(why)
+    return made
+
+
 def _final_under(summary, long_summary, option: str, values) -> dict:
     """The default law's final prediction with forecast's `option` at each of `values`, against the long run's
     measured final loss: its signed error, inside or not, half-width share; None where refused."""
@@ -210,7 +232,7 @@ def diagnosis(summary, long_summary) -> dict:
     from pilotrun.report.projection.forecast_record import val_points
 
     pilot, long = setting_of(summary), setting_of(long_summary)
-    x, y = fc.fit_points(val_points(summary.kept_events), pilot)
+    x, y = fc.fit_points(val_points(summary.kept_events), pilot, fc.DEFAULT_WEIGHTING)
     _, s1, s2 = pilot.features(x)
     fit = fc.fit_law(fc.DEFAULT_LAW, x, y, s1, s2, fc.DEFAULT_WEIGHTING)
     n = max(math.ceil(fc.HOLDOUT_SHARE * len(x)), 4)

@@ -221,15 +221,8 @@ def test_folder_graph_is_acyclic_as_a_whole():
 # docstring included, after the code is laid out within the line limit.
 MAX_FUNCTION_LINES = 100
 LONG_FUNCTIONS = {
-    # One pass over the record whose many running sums the checks share; next to split by event kind.
-    # A page template: its length is the page's, not logic's.
-    "pilotrun/report/drawing/html.py:render_html": "the report page's template",
-    # The long run's projection, part by part, each a few lines of the same figures.
-    "pilotrun/report/projection/long_run.py:project": "the projection's parts over the same figures",
     # The numbered set-up steps a session takes in order; each step is a call, the order is the content.
-    "pilotrun/data/prepare.py:prepare_corpus": "prepare's numbered steps, in order",
     "pilotrun/commands/pilot.py:_rehearse": "the pilot's rehearsal steps, in order",
-    "pilotrun/report/verdict/resources.py:judge_throughput_steady": "one rule's evidence and its wording",
 }
 # A module past this size is a hint that it holds more than one concern: a warning to read, not a failure.
 MODULE_WARNING_LINES = 800

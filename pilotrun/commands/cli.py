@@ -53,6 +53,17 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "window (step, loss, training-only tokens/s, ETA at this session's wall-clock rate). A data pass "
         "boundary, a spike, a rollback and a recipe change at resume are each a line when they happen.",
     )
+    # In the order --help lists them.
+    _add_train_recipe_and_data(p)
+    _add_train_run_folder(p)
+    _add_train_stops(p)
+    _add_train_changes(p)
+    _add_train_console(p)
+    p.set_defaults(handler=_run_train)
+
+
+def _add_train_recipe_and_data(p: argparse.ArgumentParser) -> None:
+    """Where the recipe comes from (a YAML file or a recipe lock) and the data it trains on."""
     p.add_argument(
         "--config",
         default=None,
@@ -74,6 +85,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         help="data folder written by `pilotrun prepare`, or a mixture file "
         "(YAML `mixture: [{path: DIR, weight: W}, ...]`, optional `seed`) of several",
     )
+
+
+def _add_train_run_folder(p: argparse.ArgumentParser) -> None:
+    """The run folder, and whether this session starts it or continues it from a checkpoint."""
     p.add_argument("--run-dir", required=True, help="run folder (run.json, metrics.jsonl, checkpoints/)")
     p.add_argument(
         "--resume",
@@ -87,6 +102,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "resumes from the newest checkpoint that verifies (naming any newer one passed over; none "
         "verifying is refused), exits 0 with 'nothing to do' when the run is complete",
     )
+
+
+def _add_train_stops(p: argparse.ArgumentParser) -> None:
+    """What ends a session with a committed checkpoint: a deadline, a stop signal, a hung rank."""
     p.add_argument(
         "--stop-by",
         default=None,
@@ -95,7 +114,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "(2026-12-04T06:00, @EPOCH), a duration from now (90m, 2h30m) or none; default: "
         "SLURM_JOB_END_TIME when set. The margin kept is measured in the session (twice the slowest recent "
         "update and round of logging and evaluation, plus the last save). A resumed run's start that cannot "
-        "keep it (the record's set-up, one update and a save) is refused, exit 79: not in this allocation",
+        "keep it (the record's set-up, one update and a save) is refused, exit 79: not in this allocation "
+        "(a complete run is not: it exits 0)",
     )
     p.add_argument(
         "--stop-signals",
@@ -116,6 +136,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "recorded below 1 s and a 60 s start-up); off. Sets the process group's timeout; free to change on "
         "resume",
     )
+
+
+def _add_train_changes(p: argparse.ArgumentParser) -> None:
+    """Which checkpoint a resume starts from; the recipe's differences from its file, its run or its lock."""
     p.add_argument(
         "--from-step", type=int, default=None, help="with --resume: continue from this checkpoint step"
     )
@@ -125,13 +149,16 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-change", action="append", default=[], metavar="KEY",
                    help="with --resume: accept a named recipe difference and record it in run.json; with "
                    "--frozen: accept a named difference from the lock (repeatable)")
+
+
+def _add_train_console(p: argparse.ArgumentParser) -> None:
+    """The pilot's kill point (hidden) and how progress is shown."""
     # The pilot's kill point (training/callbacks/kill_point.py): `pilotrun pilot` hands it to its first
     # training process; not for users, so not listed.
     p.add_argument("--stop-past-step", type=int, default=None, metavar="N", help=argparse.SUPPRESS)
     p.add_argument("--progress", choices=("auto", "bar", "plain", "none"), default="auto",
                    help="auto: a redrawn bar when stderr is a terminal, else plain (one line per log window, "
                    "train.log.every, with an ETA)")
-    p.set_defaults(handler=_run_train)
 
 
 def _resume_mode(text: str) -> str:
@@ -184,9 +211,10 @@ def _train_with(args: argparse.Namespace, signals, started_at: float) -> int:
         raise ConfigError("train needs exactly one of --config RECIPE and --frozen LOCK")
     from pilotrun.run import start_costs
 
-    # the record, read once where a check needs it (a long run's metrics.jsonl takes seconds to parse)
+    # the record, read once where a check needs it (a long run's metrics.jsonl takes seconds to parse), and
+    # that read handed to the session's start, which reads the record only where this did not or it changed
     recorded = functools.cache(lambda: start_costs.read_start_costs(args.run_dir))
-    stop_by, _signums = _unattended_settings(args, started_at, recorded=recorded)
+    stop_by, _signums = _unattended_settings(args, started_at)
     hang_bounds = _hang_bounds(args.hang_timeout, recorded)
     from pilotrun.run.recipe_lock import allow_changes_beyond_the_lock
     from pilotrun.training.trainer import train_from_cli
@@ -207,19 +235,22 @@ def _train_with(args: argparse.Namespace, signals, started_at: float) -> int:
 
             check_resumed_recipe(args.config, args.run_dir)  # a frozen run resumed without its lock: asked
         config = load_run_config(args.config, args.overrides)
+    # after the recipe, whose max_steps says whether the run is already complete
+    _check_deadline_room(args, stop_by, started_at, recorded, config.train.max_steps)
+    record_read = start_costs.ReadHandover(recorded().read if recorded.cache_info().currsize else None)
+    recorded.cache_clear()  # the handover holds the read until the session's start takes it
     return train_from_cli(config, args.data, args.run_dir, resume=args.resume, from_step=args.from_step,
                           allow_changes=allow_changes, command=args.invocation, run_facts=run_facts,
                           stop_past_step=args.stop_past_step, progress=args.progress, signals=signals,
-                          stop_by=stop_by, started_at=started_at, hang_bounds=hang_bounds)
+                          stop_by=stop_by, started_at=started_at, hang_bounds=hang_bounds,
+                          record_read=record_read)
 
 
-def _unattended_settings(args: argparse.Namespace, now: float, signals_only: bool = False, recorded=None
+def _unattended_settings(args: argparse.Namespace, now: float, signals_only: bool = False
                          ) -> tuple[float | None, tuple[int, ...] | None]:
     """`--stop-by` (or SLURM_JOB_END_TIME) as epoch seconds and `--stop-signals` as numbers; bad input is one
-    line, exit 2, before anything is written. A deadline closer than a resumed run's record says a session
-    needs to keep it (its set-up, one update, a save) is refused too, in one line with its own code
-    (deadline.TooLateToStart, 79). `signals_only`: the signals alone (no deadline, no read). `recorded()`:
-    the run's start costs (run/start_costs.py)."""
+    line, exit 2, before anything is written. `signals_only`: the signals alone (no deadline). Whether the
+    deadline leaves a resumed run room to start is `_check_deadline_room`'s, once the recipe is read."""
     from pilotrun.common import deadline, stop_signals
     from pilotrun.common.errors import ConfigError
 
@@ -230,17 +261,32 @@ def _unattended_settings(args: argparse.Namespace, now: float, signals_only: boo
         if signals_only:
             return None, signums
         stop_by = deadline.resolve_stop_by(args.stop_by, now, os.environ)
-        if stop_by is not None and args.resume:
-            # each the least the record says the session needs: its fastest update and set-up, the last save
-            costs = recorded()
-            deadline.check_room(stop_by, now, min(costs.seconds_per_update, default=None),
-                                setup_seconds=min(costs.setup_seconds, default=None),
-                                save_seconds=costs.last_save)
-    except deadline.TooLateToStart:
-        raise  # its own exit code, not bad input's
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return stop_by, signums
+
+
+def _check_deadline_room(args: argparse.Namespace, stop_by: float | None, now: float, recorded,
+                         max_steps: int) -> None:
+    """Refuses, before any set-up and in one line with its own code (deadline.TooLateToStart, 79), a resumed
+    run's start whose deadline is closer than its record, `recorded()` (run/start_costs.py), says a session
+    needs to keep it (its fastest set-up and update, the last save). A start from a checkpoint at
+    `max_steps` (`--from-step`, else the newest committed one) is not held to it: it trains nothing, so it
+    completes or says "nothing to do" and exits 0 (as it does without a deadline) rather than 79, which
+    would keep a scheduler from marking it done."""
+    from pilotrun.common import deadline
+    from pilotrun.run.marker import committed_checkpoint_steps
+
+    if stop_by is None or not args.resume:
+        return
+    # the step the session would start from: the one named, else the newest committed checkpoint
+    newest = (committed_checkpoint_steps(args.run_dir) or [-1])[-1]
+    start = args.from_step if args.from_step is not None else newest
+    if start >= max_steps:
+        return  # complete: the session's start says so before it would train (its checkpoint verified there)
+    costs = recorded()
+    deadline.check_room(stop_by, now, min(costs.seconds_per_update, default=None),
+                        setup_seconds=min(costs.setup_seconds, default=None), save_seconds=costs.last_save)
 
 
 def _hang_bounds(text: str, recorded):
@@ -447,7 +493,9 @@ def _add_watch(sub: argparse._SubParsersAction) -> None:
         "(no line for K window intervals of the run's own), throughput below the pilot's band, a "
         "loss spike or a loss outside the pilot's envelope, a verdict rule that applies to a live run "
         "failing (skip and clip rates, QK-Clip, experts ...), a broken chain, a session ended in "
-        "error or killed with no resume started. Never writes into the run folder, never takes its "
+        "error or killed with no resume started, and with the lock's forecast: the loss out of its band "
+        "or risen above its own course, and a change on resume that left what it assumed (that one stands "
+        "to the run's end). Never writes into the run folder, never takes its "
         "lock. Exit 0 healthy or completed, 1 alert (with --follow: one still standing at the end), 2 bad "
         "input.",
     )

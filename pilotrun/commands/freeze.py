@@ -34,7 +34,14 @@ from pilotrun.report.projection.long_run import project, watch_figures
 from pilotrun.report.verdict.tuning import read_tune_result
 from pilotrun.report.verdict.verdict import judge
 from pilotrun.run.changes import recipe_changes_in_history
-from pilotrun.run.recipe_lock import LOCK_FORMAT, PROJECTION_KEY, WATCH_KEY, FreezeError, write_lock
+from pilotrun.run.recipe_lock import (
+    LOCK_FORMAT,
+    PROJECTION_KEY,
+    WATCH_KEY,
+    FreezeError,
+    nonfinite_field,
+    write_lock,
+)
 from pilotrun.run.record import json_safe
 
 
@@ -50,20 +57,6 @@ def check_projection_options(target_steps: int | None, mtbf_hours: float | None,
         raise FreezeError(
             "--mtbf and --device-hour-cost need --target-steps (they price a projected long run)"
         )
-
-
-def nonfinite_at(value: Any, where: str) -> str | None:
-    """The dotted name of the first figure in `value` that JSON cannot hold (an infinite or NaN float), or
-    None. A lock is strict JSON: a projection pushed past a float's range is refused, never written as
-    Infinity."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else where
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        found = nonfinite_at(item, f"{where}.{key}")
-        if found is not None:
-            return found
-    return None
 
 
 def build_lock(
@@ -133,15 +126,15 @@ def build_lock(
             raise FreezeError(f"{options}: the projection is out of a float's range (a figure overflows); "
                               "give a smaller --target-steps or a larger --mtbf") from None
         lock[FORECAST_KEY] = lock_forecast(summary, target_steps)
-        where = nonfinite_at(lock[PROJECTION_KEY], PROJECTION_KEY)
+        where = nonfinite_field(lock[PROJECTION_KEY], PROJECTION_KEY)
         if where is not None:
             raise FreezeError(f"{options}: the projection's {where} is not a finite number (out of a float's "
                               "range); give values nearer a real long run (fewer updates, a longer MTBF)")
-    where = nonfinite_at(lock, "lock")
-    if where is not None:  # the pilot's own figures: summarize judges the record they came from
+    where = nonfinite_field(lock)
+    if where is not None:  # the pilot's figures enter only where finite: one that did not is a bug
         raise FreezeError(
-            f"{summary.run_dir}: the lock's {where} is not a finite number (NaN or infinite), which "
-            "a lock (strict JSON) cannot hold"
+            f"{summary.run_dir}: the lock's {where} is NaN or infinite, which a lock (strict JSON) cannot "
+            "hold (a figure pilotrun should have kept finite: a bug); nothing written"
         )
     lock["sha256"] = canonical_sha256(lock)
     return lock

@@ -44,13 +44,15 @@ from pilotrun.commands.next_commands import train_words
 from pilotrun.commands.pilot_process import TrainingChild, log_cause
 from pilotrun.commands.tune_branch import (
     Branch,
-    branch_clock_start,
     branch_val_loss,
     cadence_overrides,
+    clock_start_of,
     make_branch_folder,
+    own_events,
     pilot_session_ids,
+    val_loss_of,
 )
-from pilotrun.commands.tune_cost import PilotTimings, read_pilot_timings
+from pilotrun.commands.tune_cost import PilotTimings, pilot_timings
 from pilotrun.common.errors import PilotrunError
 from pilotrun.common.files import write_text_atomic
 from pilotrun.common.strict_json import strict_dumps
@@ -95,6 +97,9 @@ class TunePlan:
     notes: list[str] = field(default_factory=list)
     # measured as the branches ran: the shared process's spawn to its first branch's session clock start
     measured_launch_seconds: float | None = None
+    # the pilot's noise on the scale of one evaluation (pilot_yardstick), read with its timings; None: too few
+    # windows to measure
+    yardstick: float | None = None
 
     @property
     def cost_updates(self) -> int:
@@ -296,9 +301,11 @@ def plan_checks(run_dir: str | Path, checks: tuple[str, ...], updates: int | Non
             plan.run_dir, plan.pilot_updates = run_dir, max_steps
             plan.shared = not (nproc if nproc is not None else _pilot_ranks(run))
             plans.append(plan)
-    timings = read_pilot_timings(run_dir, launch_seconds) if plans else None
-    for plan in plans:
-        plan.timings = timings or plan.timings
+    if plans:  # the pilot's record, read once: its timings and its noise
+        events = read_metrics_tolerant(run_dir).events
+        timings, yardstick = pilot_timings(events, launch_seconds), pilot_yardstick(events)
+        for plan in plans:
+            plan.timings, plan.yardstick = timings, yardstick
     return _within_budget(run_dir, plans, max_steps, updates, budget, allow_overrun)
 
 
@@ -327,9 +334,9 @@ def _within_budget(run_dir: Path, plans: list[TunePlan], max_steps: int, updates
     return plan
 
 
-def pilot_yardstick(run_dir: Path) -> float | None:
-    """The pilot's noise on the scale of one evaluation (report/verdict/tuning.py noise_yardstick)."""
-    events = read_metrics_tolerant(run_dir).events
+def pilot_yardstick(events: list[dict[str, Any]]) -> float | None:
+    """The pilot's noise on the scale of one evaluation (report/verdict/tuning.py noise_yardstick), from its
+    record's events; None: too few windows to measure."""
     train = [e for e in events if e.get("event") == "train" and isinstance(e.get("loss"), float)]
     val_tokens = [e["tokens"] for e in events if e.get("event") == "val" and isinstance(e.get("tokens"), int)]
     window_tokens = [(e.get("window") or {}).get("tokens") for e in train]
@@ -367,20 +374,24 @@ def _prepare_branch(plan: TunePlan, branch: Branch, recipe_file: Path, data: Pat
                              extra=["--from-step", str(branch.from_step), "--progress", "none"])
 
 
-def _branch_result(plan: TunePlan, branch: Branch, sessions: set[str], code: int, out: TextIO) -> float:
-    """The branch's loss from its finished training's exit code and folder."""
+def _branch_result(plan: TunePlan, branch: Branch, sessions: set[str], code: int, out: TextIO
+                   ) -> tuple[float, float | None]:
+    """The branch's loss from its finished training's exit code and folder, and when its session's clock
+    started (None: not recorded), both from one read of its record (the pilot's copied events make it as long
+    as the pilot's)."""
     log = _branch_log(plan, branch)
+    if code not in (0, 1):
+        raise TuneError(f"branch {branch.name} failed: {log_cause(log)} (its log: {log})")
+    own = own_events(plan.run_dir / TUNE_DIR / branch.name, sessions)
     if code == 1:  # the branch stopped itself (a loss that left finite numbers, too many spike rollbacks)
         print(f"[tune] {branch.name}: stopped itself ({log_cause(log)}): counted as diverged", file=out,
               flush=True)
-        return math.inf
-    if code != 0:
-        raise TuneError(f"branch {branch.name} failed: {log_cause(log)} (its log: {log})")
-    loss = branch_val_loss(plan.run_dir / TUNE_DIR / branch.name, sessions, branch.last_step)
+        return math.inf, clock_start_of(own)
+    loss = val_loss_of(own, branch.last_step)
     if loss is None:
         raise TuneError(f"branch {branch.name} ended without a validation loss at step {branch.last_step}")
     print(f"[tune] {branch.name}: val loss {loss:.4f}", file=out, flush=True)
-    return loss
+    return loss, clock_start_of(own)
 
 
 def _branch_log(plan: TunePlan, branch: Branch) -> Path:
@@ -401,12 +412,14 @@ def _run_shared(plan: TunePlan, pending: dict[str, tuple[Branch, list[str]]], se
     child = TrainingChild([str(plan_file)], logs / "shared.log",
                           launcher=[sys.executable, "-m", "pilotrun.commands.tune_child"])
     losses: dict[str, float] = {}
+    clock_starts: dict[str, float | None] = {}
     try:
         while len(losses) < len(pending):
             ended = child.poll() is not None
             codes = json.loads(codes_file.read_text()) if codes_file.is_file() else {}
             for name in [n for n in pending if n in codes and n not in losses]:
-                losses[name] = _branch_result(plan, pending[name][0], sessions, codes[name], out)
+                losses[name], clock_starts[name] = _branch_result(plan, pending[name][0], sessions,
+                                                                  codes[name], out)
             if ended and len(losses) < len(pending):
                 raise TuneError(f"the branches' process ended (exit {child.poll()}) before every branch ran: "
                                 f"{log_cause(child.log)} (its log: {child.log})")
@@ -415,8 +428,7 @@ def _run_shared(plan: TunePlan, pending: dict[str, tuple[Branch, list[str]]], se
         if child.poll() is None:
             child.process.terminate()
         child.wait()
-    first = next(iter(pending.values()))[0]
-    plan.measured_launch_seconds = branch_clock_start(plan.run_dir / TUNE_DIR / first.name, sessions)
+    plan.measured_launch_seconds = clock_starts[next(iter(pending))]
     if plan.measured_launch_seconds is not None:
         plan.measured_launch_seconds -= spawned
     return losses
@@ -437,7 +449,7 @@ def _run_branches(plan: TunePlan, recipe_file: Path, data: Path, sessions: set[s
     if pending and nproc:
         for name, (branch, words) in pending.items():
             code = TrainingChild(words, _branch_log(plan, branch), nproc=nproc).wait()
-            losses[name] = _branch_result(plan, branch, sessions, code, out)
+            losses[name] = _branch_result(plan, branch, sessions, code, out)[0]
     elif pending:
         losses.update(_run_shared(plan, pending, sessions, out))
     return {b.name: losses[b.name] for b in plan.branches}
@@ -478,7 +490,7 @@ def run_checks(plan: TunePlan, data: str | Path | None = None, nproc: int | None
     sessions = pilot_session_ids(plan.run_dir)
     nproc = nproc if nproc is not None else _pilot_ranks(run)
     losses = _run_branches(plan, recipe_file, data_dir, sessions, nproc, out)
-    measured = pilot_yardstick(plan.run_dir)
+    measured = plan.yardstick
     yardstick = measured if measured is not None else 0.0
     result = {"run_id": run.get("run_id"), "checks": list(plan.checks), "updates": plan.updates,
               "cost": _cost(plan, budget),

@@ -68,12 +68,19 @@ def make_branch_folder(pilot_dir: Path, branch_dir: Path, step: int) -> None:
     fsync_directory(branch_dir.parent)
 
 
-def branch_val_loss(branch_dir: Path, pilot_sessions: set[str], last_step: int) -> float | None:
-    """The branch's validation loss at its last update, or None when the branch did not finish."""
+def own_events(branch_dir: Path, pilot_sessions: set[str]) -> list[dict[str, Any]] | None:
+    """The branch's own session's events (not the copied pilot's), from one read of its record; None where
+    the folder holds no run.json (never assembled)."""
     if not (branch_dir / RUN_JSON).is_file():
         return None
-    own = [e for e in read_metrics_tolerant(branch_dir).events
-           if str(e.get("session_id")) not in pilot_sessions]
+    return [e for e in read_metrics_tolerant(branch_dir).events
+            if str(e.get("session_id")) not in pilot_sessions]
+
+
+def val_loss_of(own: list[dict[str, Any]] | None, last_step: int) -> float | None:
+    """The validation loss at the branch's last update among its own events, or None when it did not finish
+    (no `val` there, or no `completed` session_end at that step)."""
+    own = own or []
     ended = any(e.get("event") == "session_end" and e.get("reason") == "completed"
                 and e.get("step") == last_step for e in own)
     losses = [e.get("loss") for e in own if e.get("event") == "val" and e.get("step") == last_step]
@@ -82,15 +89,19 @@ def branch_val_loss(branch_dir: Path, pilot_sessions: set[str], last_step: int) 
     return losses[-1]
 
 
-def branch_clock_start(branch_dir: Path, pilot_sessions: set[str]) -> float | None:
+def clock_start_of(own: list[dict[str, Any]] | None) -> float | None:
     """When the branch's own session's clock started (its session_end's time less its wall seconds), on the
     record's clock; None where it did not end."""
-    for event in read_metrics_tolerant(branch_dir).events:
+    for event in own or []:
         wall = (event.get("time_split") or {}).get("wall_seconds")
-        own = str(event.get("session_id")) not in pilot_sessions
-        if own and event.get("event") == "session_end" and isinstance(wall, float):
+        if event.get("event") == "session_end" and isinstance(wall, float):
             return float(event["time"]) - wall
     return None
+
+
+def branch_val_loss(branch_dir: Path, pilot_sessions: set[str], last_step: int) -> float | None:
+    """The branch's validation loss at its last update, or None when the branch did not finish."""
+    return val_loss_of(own_events(branch_dir, pilot_sessions), last_step)
 
 
 def branch_train_losses(branch_dir: Path, pilot_sessions: set[str]) -> dict[int, float]:

@@ -173,10 +173,14 @@ def measure_launch_seconds() -> float:
 
 
 def read_pilot_timings(run_dir: Path, launch_seconds: float | None = None) -> PilotTimings:
-    """The pilot's timings from its record, read once; `launch_seconds` None: the pilot's own launch from its
+    """The pilot's timings from one read of its record (pilot_timings)."""
+    return pilot_timings(read_metrics_tolerant(run_dir).events, launch_seconds)
+
+
+def pilot_timings(events: list[dict[str, Any]], launch_seconds: float | None = None) -> PilotTimings:
+    """The pilot's timings from its record's events; `launch_seconds` None: the pilot's own launch from its
     record (its commands' start to their sessions' clocks), or, where the record lacks it, measured now
     (measure_launch_seconds)."""
-    events = read_metrics_tolerant(run_dir).events
     sessions, rates = _sessions_of(events), seconds_per_update_of(events)
     recorded = _median_launch(sessions) if launch_seconds is None else None
     launch = launch_seconds if launch_seconds is not None else recorded

@@ -131,14 +131,7 @@ def prepare_corpus(
     bar_mode = progress_mode(progress)  # decided once: stderr's terminal-ness does not change mid-prepare
     progress = bar_mode != "none"
     out = os.path.normpath(os.fspath(out))
-    if os.path.lexists(out) and not force:  # refused before any recovery: a refused prepare changes nothing
-        raise DataError(f"{out} already exists: choose another --out or pass --force to replace it")
-    for line in PartialFolder.recover_replaced(out, force):
-        print(f"pilotrun prepare: {line}", file=sys.stderr)
-    if os.path.lexists(out):
-        if not force:
-            raise DataError(f"{out} already exists: choose another --out or pass --force to replace it")
-        _check_replaceable(out)
+    _refuse_or_recover_out(out, force)
     started = time.perf_counter()
     train_tokens = None if train_tokens is None else int(train_tokens)
     shard_tokens, shuffle_buffer, shuffle_buffer_bytes = (
@@ -147,16 +140,12 @@ def prepare_corpus(
         int(shuffle_buffer_bytes),
     )
     val_fraction = float(val_fraction)
-    # 0: tokenizing threads on all cores in this process (no start-up, no pickling: best on a few cores);
-    # 1: no thread at all (the reference path); N >= 2: N worker processes, past the GIL-bound main thread.
-    processes = int(workers) >= 2
-    workers = int(workers) or default_workers()
+    workers, processes = _tokenizing_workers(workers)
 
     opened = open_source(source, text_field, hub)
     buffer = ShuffleBuffer(shuffle_buffer, shuffle_buffer_bytes, seed)
     order_seed = int(seed) if buffer.active else None  # --shuffle-buffer 0 keeps the source order entirely
-    import tokenizers
-
+    software = _software()
     options = request_options(
         train_tokens=train_tokens,
         val_fraction=val_fraction,
@@ -167,7 +156,6 @@ def prepare_corpus(
         text_field=text_field,
         eos=eos,
     )
-    software = {"python": platform.python_version(), "tokenizers": tokenizers.__version__}
     request = {"source": opened.identity, "tokenizer": str(tokenizer).strip(), "options": options,
                "software": software}
 
@@ -178,15 +166,7 @@ def prepare_corpus(
     def training_texts() -> Iterator[str]:
         return (text for (_, text), _ in stream() if split_of(text, val_fraction) == TRAIN)
 
-    parent = os.path.dirname(os.path.abspath(out))
-    partial = PartialFolder(out)
-    try:  # the folder first: an unwritable --out is refused before minutes of tokenizer training
-        os.makedirs(parent, exist_ok=True)
-        _remove_abandoned_partials(parent, os.path.basename(out))
-        recorded = partial.open()
-    except OSError as exc:
-        raise DataError(f"--out {out}: cannot create the output folder ({exc.strerror or exc}: "
-                        f"{exc.filename or parent})") from None
+    partial, recorded = _open_partial(out)
     try:
         if recorded is not None:
             partial.refuse_changes(recorded["request"], request)
@@ -197,11 +177,7 @@ def prepare_corpus(
             _write_text(os.path.join(partial.path, TOKENIZER_FILE), resolved.json_text)
             partial.commit({"request": request, "tokenizer": resolved.identity, "state": None})
         elif progress and state is not None:
-            print(
-                f"pilotrun prepare: continuing {partial.path} from document {state['documents_done']:,} "
-                f"({sum(len(state['splits'][s]['shards']) for s in SPLITS)} shards committed)",
-                file=sys.stderr,
-            )
+            _say_continuing(partial, state)
         if state is None or not state["complete"]:
             run = _PreparePass(partial, {"request": request, "tokenizer": resolved.identity}, resolved,
                                shard_tokens, train_tokens, (workers, processes), bar_mode, opened)
@@ -209,47 +185,108 @@ def prepare_corpus(
                 state = run.tokenize_and_write(stream(), state, stops)
         manifest = _manifest(state, opened, order_seed, resolved, options, software, source, val_fraction,
                              train_tokens, val_warnings or small_val_warnings)
-        _write_text(os.path.join(partial.path, TOKENIZER_FILE), resolved.json_text)
-        _write_text(os.path.join(partial.path, METADATA_FILE), manifest_text(manifest))
-        peak_mb = peak_resident_mb()
-        _write_text(
-            os.path.join(partial.path, BUILD_INFO_FILE),
-            json.dumps(
-                {
-                    "peak_rss_mb": round(peak_mb, 1),
-                    "seconds": round(time.perf_counter() - started, 3),
-                    "workers": workers,
-                    "tokenize": "processes" if processes else "threads",
-                    "worker_peak_rss_mb": round(children_peak_mb(), 1) if processes else None,
-                    "continued_from_document": None
-                    if recorded is None
-                    else recorded["state"] and recorded["state"]["documents_done"],
-                    "note": "measured on this machine: not part of the data's identity (metadata_sha256)",
-                },
-                indent=2,
-            )
-            + "\n",
-        )
-        partial.keep_only({TOKENIZER_FILE, METADATA_FILE, BUILD_INFO_FILE,
-                           *(s["file"] for split in SPLITS for s in manifest["splits"][split]["shards"])})
-        partial.finish(force)
-        if progress:
-            workers_mb = f"; each tokenizing process up to {children_peak_mb():,.0f} MiB" if processes else ""
-            print(f"pilotrun prepare: peak resident memory {peak_mb:,.0f} MiB (this process{workers_mb})",
-                  file=sys.stderr)
+        _finish_folder(partial, manifest, resolved, recorded, (started, workers, processes), force, progress)
     except (PrepareInterrupted, KeyboardInterrupt):
         raise  # the committed state stays in the partial folder, to be continued
     except BaseException:
-        # A refused or failed prepare that committed no shard leaves nothing behind; committed shards are
-        # kept.
-        if partial.created and not _any_shard_committed(partial):
-            partial.close()
-            partial.discard()
-        partial.put_back_untouched()  # a rerun refused before its first commit: the folder as it found it
+        _leave_after_failure(partial)
         raise
     finally:
         partial.close()
     return manifest
+
+
+def _refuse_or_recover_out(out: str, force: bool) -> None:
+    """Refuse an existing `out` without --force; put back or clean what an interrupted --force left."""
+    if os.path.lexists(out) and not force:  # refused before any recovery: a refused prepare changes nothing
+        raise DataError(f"{out} already exists: choose another --out or pass --force to replace it")
+    for line in PartialFolder.recover_replaced(out, force):
+        print(f"pilotrun prepare: {line}", file=sys.stderr)
+    if os.path.lexists(out):
+        if not force:
+            raise DataError(f"{out} already exists: choose another --out or pass --force to replace it")
+        _check_replaceable(out)
+
+
+def _tokenizing_workers(workers: int) -> tuple[int, bool]:
+    """(how many tokenize, whether they are processes) for --workers."""
+    # 0: tokenizing threads on all cores in this process (no start-up, no pickling: best on a few cores);
+    # 1: no thread at all (the reference path); N >= 2: N worker processes, past the GIL-bound main thread.
+    processes = int(workers) >= 2
+    return int(workers) or default_workers(), processes
+
+
+def _leave_after_failure(partial: PartialFolder) -> None:
+    """A refused or failed prepare that committed no shard leaves nothing behind; committed shards stay."""
+    if partial.created and not _any_shard_committed(partial):
+        partial.close()
+        partial.discard()
+    partial.put_back_untouched()  # a rerun refused before its first commit: the folder as it found it
+
+
+def _software() -> dict[str, str]:
+    """The versions the tokens depend on, part of the request a continued prepare must match."""
+    import tokenizers
+
+    return {"python": platform.python_version(), "tokenizers": tokenizers.__version__}
+
+
+def _open_partial(out: str) -> tuple[PartialFolder, dict[str, Any] | None]:
+    """`out`'s partial folder, opened (created, or found from an interrupted prepare: its record)."""
+    parent = os.path.dirname(os.path.abspath(out))
+    partial = PartialFolder(out)
+    try:  # the folder first: an unwritable --out is refused before minutes of tokenizer training
+        os.makedirs(parent, exist_ok=True)
+        _remove_abandoned_partials(parent, os.path.basename(out))
+        recorded = partial.open()
+    except OSError as exc:
+        raise DataError(f"--out {out}: cannot create the output folder ({exc.strerror or exc}: "
+                        f"{exc.filename or parent})") from None
+    return partial, recorded
+
+
+def _say_continuing(partial: PartialFolder, state: dict[str, Any]) -> None:
+    print(
+        f"pilotrun prepare: continuing {partial.path} from document {state['documents_done']:,} "
+        f"({sum(len(state['splits'][s]['shards']) for s in SPLITS)} shards committed)",
+        file=sys.stderr,
+    )
+
+
+def _finish_folder(partial: PartialFolder, manifest: dict[str, Any], resolved: ResolvedTokenizer,
+                   recorded: dict[str, Any] | None, run: tuple[float, int, bool], force: bool,
+                   progress: bool) -> None:
+    """Write the tokenizer, the manifest and build_info.json, keep only the data's files and rename the
+    partial folder into place; `run`: (when the prepare started, its workers, whether they were processes)."""
+    started, workers, processes = run
+    _write_text(os.path.join(partial.path, TOKENIZER_FILE), resolved.json_text)
+    _write_text(os.path.join(partial.path, METADATA_FILE), manifest_text(manifest))
+    peak_mb = peak_resident_mb()
+    _write_text(
+        os.path.join(partial.path, BUILD_INFO_FILE),
+        json.dumps(
+            {
+                "peak_rss_mb": round(peak_mb, 1),
+                "seconds": round(time.perf_counter() - started, 3),
+                "workers": workers,
+                "tokenize": "processes" if processes else "threads",
+                "worker_peak_rss_mb": round(children_peak_mb(), 1) if processes else None,
+                "continued_from_document": None
+                if recorded is None
+                else recorded["state"] and recorded["state"]["documents_done"],
+                "note": "measured on this machine: not part of the data's identity (metadata_sha256)",
+            },
+            indent=2,
+        )
+        + "\n",
+    )
+    partial.keep_only({TOKENIZER_FILE, METADATA_FILE, BUILD_INFO_FILE,
+                       *(s["file"] for split in SPLITS for s in manifest["splits"][split]["shards"])})
+    partial.finish(force)
+    if progress:
+        workers_mb = f"; each tokenizing process up to {children_peak_mb():,.0f} MiB" if processes else ""
+        print(f"pilotrun prepare: peak resident memory {peak_mb:,.0f} MiB (this process{workers_mb})",
+              file=sys.stderr)
 
 
 def _any_shard_committed(partial: PartialFolder) -> bool:

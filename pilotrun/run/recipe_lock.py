@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from pilotrun.common.errors import PilotrunError
 from pilotrun.common.files import canonical_sha256, refuse_link, remove_stale_temps, write_text_atomic
 from pilotrun.common.parsing import read_json_file
 from pilotrun.config import MACHINE_KEYS, current_key, current_recipe, flatten
+from pilotrun.run.values import first_field
 
 LOCK_FORMAT = "pilotrun.recipe-lock/1"
 DATA_KEY = "data.metadata_sha256"
@@ -37,11 +39,24 @@ class FreezeError(PilotrunError):
     """A bad lock, a bad --out, or a frozen run that differs from its lock without --allow-change (exit 2)."""
 
 
+def nonfinite_field(value: Any, where: str = "") -> str | None:
+    """The dotted name (under `where`) of the first figure in `value` that JSON cannot hold (an infinite or
+    NaN float), or None."""
+    return first_field(value, lambda v: isinstance(v, float) and not math.isfinite(v), where)
+
+
 def write_lock(out: str | Path, lock: dict[str, Any]) -> list[str]:
     """The lock as indented JSON with sorted keys, written atomically (its sha256 is over the canonical form).
     A link at --out is refused; the temps of this lock a killed freeze left are removed first (the lines
-    returned name them)."""
+    returned name them). A non-finite figure is refused by its field, before anything is touched: no lock
+    section takes one from a measurement (the recipe and thresholds are checked finite when loaded, the
+    pilot's figures are its finite ones, the tuning's are kept as strings, a projection past a float's range
+    is refused by its options), so one here is pilotrun's bug, not a figure to carry as "Infinity"."""
     out = Path(out)
+    where = nonfinite_field(lock)
+    if where is not None:
+        raise FreezeError(f"--out {out}: the lock's {where} is NaN or infinite, which a lock (strict JSON) "
+                          "cannot hold (a figure pilotrun should have kept finite: a bug); nothing written")
     refuse_link(out)
     cleaned = remove_stale_temps(out.parent, out.name)
     write_text_atomic(out, json.dumps(lock, indent=2, sort_keys=True, allow_nan=False) + "\n")

@@ -49,7 +49,7 @@ from pilotrun.common.files import canonical_json
 from pilotrun.common.parsing import read_json_file
 from pilotrun.common.strict_json import json_safe, strict_dumps
 from pilotrun.run.events import EVENT_KINDS
-from pilotrun.run.values import is_finite_number, is_int
+from pilotrun.run.values import first_field, is_finite_number, is_int
 
 RUN_JSON = "run.json"
 METRICS_JSONL = "metrics.jsonl"
@@ -290,16 +290,10 @@ FIELD_SHAPES: dict[str, dict[str, tuple[str, Any]]] = {name: kind.shapes for nam
 LARGEST_INTEGER = 2**63 - 1
 
 
-def _huge_integer(value: Any, where: str = "") -> str | None:
+def _huge_integer(value: Any) -> str | None:
     """The dotted name of the first integer in `value` beyond LARGEST_INTEGER either way, or None."""
-    if is_int(value):
-        return (where or "a value") if abs(value) > LARGEST_INTEGER else None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        found = _huge_integer(item, f"{where}.{key}" if where else str(key))
-        if found is not None:
-            return found
-    return None
+    found = first_field(value, lambda v: is_int(v) and abs(v) > LARGEST_INTEGER)
+    return None if found is None else found or "a value"
 
 
 def not_utf8_problem(raw_line: bytes, number: int, *, unterminated: bool = False) -> str | None:
@@ -508,18 +502,29 @@ def last_chain_value(path: str | Path, run_id: str) -> str:
 def read_metrics_tolerant(run_dir: str | Path) -> ParsedMetrics:
     """For summarize, verdict and reports: every readable event, with notes and damage listed, never raised.
     A missing metrics.jsonl is damage too."""
-    path = Path(run_dir) / METRICS_JSONL
+    return _read_metrics(Path(run_dir) / METRICS_JSONL)[0]
+
+
+def _read_metrics(path: Path) -> tuple[ParsedMetrics, bytes | None]:
+    """read_metrics_tolerant's parse, and the bytes it parsed (None: missing or unreadable)."""
     if not path.is_file():
         parsed = ParsedMetrics(missing=True)
         parsed.damage.append(f"{path}: not found" if not path.exists() else f"{path}: not a file")
-        return parsed
+        return parsed, None
     try:
         raw = path.read_bytes()
     except OSError as exc:
         parsed = ParsedMetrics(missing=True)
         parsed.damage.append(f"{path}: cannot be read ({exc.strerror or exc})")
-        return parsed
-    return parse_metrics_bytes(raw)
+        return parsed, None
+    return parse_metrics_bytes(raw), raw
+
+
+def _whole_lines_from(raw: bytes, start: int) -> bytes:
+    """The bytes read from offset `start` of the file, less the line cut at the start (where start > 0)."""
+    if start > 0:
+        raw = raw[raw.find(b"\n") + 1:] if b"\n" in raw else b""
+    return raw
 
 
 def _tail_events(run_dir: str | Path, tail_bytes: int) -> list[dict[str, Any]]:
@@ -533,9 +538,53 @@ def _tail_events(run_dir: str | Path, tail_bytes: int) -> list[dict[str, Any]]:
             raw = handle.read()
     except OSError:
         return []
-    if start > 0:
-        raw = raw[raw.find(b"\n") + 1:] if b"\n" in raw else b""
-    return parse_metrics_bytes(raw).events
+    return parse_metrics_bytes(_whole_lines_from(raw, start)).events
+
+
+def _file_stamp(path: Path) -> tuple[int, int, int, int] | None:
+    """The file's device, inode, size and modification time (None: not there): an append changes it."""
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns
+
+
+@dataclass(frozen=True)
+class RecordRead:
+    """metrics.jsonl as one read found it, for a later step of the same command to use while the file is
+    unchanged (`current`) instead of reading it again: its events, its last RECENT_BYTES' whole lines (what
+    a session's plan reads its recent rate from) and the file's identity before the read (None: none read)."""
+
+    events: list[dict[str, Any]]
+    recent: bytes
+    stamp: tuple[int, int, int, int] | None
+
+    def current(self, run_dir: str | Path) -> bool:
+        """Whether metrics.jsonl is still the file read: same file, size and modification time."""
+        return self.stamp is not None and self.stamp == _file_stamp(Path(run_dir) / METRICS_JSONL)
+
+    def recent_seconds_per_update(self) -> list[float]:
+        """recorded_seconds_per_update(run_dir, RECENT_BYTES) of the bytes read."""
+        return seconds_per_update_of(parse_metrics_bytes(self.recent).events)
+
+
+def read_record_once(run_dir: str | Path) -> RecordRead:
+    """One read of metrics.jsonl: read_metrics_tolerant's events and, from the same bytes, the lines
+    recorded_seconds_per_update(run_dir, RECENT_BYTES) reads; the file's identity taken before reading, so
+    that an append during the read makes it not `current`."""
+    path = Path(run_dir) / METRICS_JSONL
+    stamp = _file_stamp(path)
+    parsed, raw = _read_metrics(path)
+    if raw is None:
+        return RecordRead(parsed.events, b"", None)
+    start = max(0, len(raw) - RECENT_BYTES)
+    return RecordRead(parsed.events, _whole_lines_from(raw[start:], start), stamp)
+
+
+# The record's windows a session's plan reads its rate from: the log's last MiB (hundreds of windows), so that
+# a resume of a long run reads it in the same time (the whole log: 25 s for 50,000 windows, shared machine).
+RECENT_BYTES = 1 << 20
 
 
 def recorded_seconds_per_update(run_dir: str | Path, tail_bytes: int | None = None) -> list[float]:

@@ -11,11 +11,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pilotrun.run.record import read_metrics_tolerant, seconds_per_update_of
+from pilotrun.run.record import RecordRead, read_record_once, seconds_per_update_of
 from pilotrun.run.values import is_finite_number
 
 
@@ -53,12 +53,29 @@ class StartCosts:
     seconds_per_update: list[float]
     setup_seconds: list[float]
     last_save: float | None
+    # The read they come from: the session's start takes it over while the file is unchanged (ReadHandover).
+    read: RecordRead | None = field(default=None, compare=False, repr=False)
 
 
 def read_start_costs(run_dir: str | Path) -> StartCosts:
     """The run's start costs from one read of metrics.jsonl (all empty for a run with no record yet)."""
-    events = read_metrics_tolerant(run_dir).events
-    return StartCosts(seconds_per_update_of(events), setup_seconds_of(events), last_save_of(events))
+    read = read_record_once(run_dir)
+    events = read.events
+    return StartCosts(seconds_per_update_of(events), setup_seconds_of(events), last_save_of(events), read)
+
+
+class ReadHandover:
+    """The record as the command's start-up checks read it, handed to the session's start and taken once, so
+    that a long run's metrics.jsonl is read once per command, and its events are held no longer than the
+    session's start uses them."""
+
+    def __init__(self, read: RecordRead | None = None) -> None:
+        self._read = read
+
+    def take(self, run_dir: str | Path) -> RecordRead:
+        """The read handed over where metrics.jsonl is unchanged since it, else one read now."""
+        read, self._read = self._read, None
+        return read if read is not None and read.current(run_dir) else read_record_once(run_dir)
 
 
 def last_save_of(events: list[dict[str, Any]]) -> float | None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 
@@ -20,3 +21,16 @@ def is_finite_number(value: Any) -> bool:
 
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def first_field(value: Any, matches: Callable[[Any], bool], where: str = "") -> str | None:
+    """The dotted name (under `where`; a list's items by index) of the first value inside `value`, itself
+    included, that `matches`, or None: how the record's and the lock's checks name the figure they refuse."""
+    if matches(value):
+        return where
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = first_field(item, matches, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None

@@ -17,8 +17,9 @@ rollback or `train.skip_data` steps over are read in addition, and are not in th
 
 The wall time left: from the lock's projection (its `total_wall` for its target, scaled to the updates left)
 when the run was started from a lock that has one, else from the record of the earlier sessions (the median
-training-only seconds per update of their latest windows, those in the log's last RECENT_BYTES, times the
-updates left: saves, evaluations and restarts come on top), else unknown until the first window.
+training-only seconds per update of their latest windows, those in the log's last RECENT_BYTES
+(run/record.py), times the updates left: saves, evaluations and restarts come on top), else unknown until the
+first window.
 """
 
 from __future__ import annotations
@@ -31,9 +32,6 @@ from pilotrun.data.mixed_reader import MixedLoader
 from pilotrun.data.reader import BatchLoader
 
 UNKNOWN_WALL = "unknown until the first window"
-# The record's windows the plan's rate is read from: the log's last MiB (hundreds of windows), so that a
-# resume of a long run reads it in the same time (the whole log: 25 s for 50,000 windows, shared machine).
-RECENT_BYTES = 1 << 20
 
 
 def data_plan(loader: BatchLoader | MixedLoader, run: dict[str, Any], max_steps: int, accumulation: int

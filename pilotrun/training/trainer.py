@@ -58,8 +58,6 @@ from pilotrun.run.hang_evidence import unrecorded_hangs
 from pilotrun.run.record import (
     HANGS_DIR,
     PHASES,
-    read_metrics_tolerant,
-    recorded_seconds_per_update,
     run_json_digests,
 )
 from pilotrun.run.sinks import (
@@ -68,7 +66,7 @@ from pilotrun.run.sinks import (
     check_trackers_available,
     tracker_sinks,
 )
-from pilotrun.run.start_costs import last_save_of
+from pilotrun.run.start_costs import ReadHandover, last_save_of
 from pilotrun.training import distributed as dist_utils
 from pilotrun.training.callbacks.base import Callback, Ending, LoopState
 from pilotrun.training.callbacks.checkpointing import CheckpointCallback
@@ -85,7 +83,7 @@ from pilotrun.training.checkpoint.background import out_of_space, space_error_li
 from pilotrun.training.loop import train_loop
 from pilotrun.training.multiple_choice import check_downstream_fits
 from pilotrun.training.notices import interrupt_acknowledgement, recipe_change_lines
-from pilotrun.training.run_plan import RECENT_BYTES, plan_lines, run_plan
+from pilotrun.training.run_plan import plan_lines, run_plan
 from pilotrun.training.session import NothingToDo, Session, build_session, tokens_per_update
 from pilotrun.training.signals import SecondSignal, StopSignals
 from pilotrun.training.spikes.rollback import SpikeCallback
@@ -196,6 +194,7 @@ class Trainer:
         started_at: float | None = None,
         clock: Callable[[], float] | None = None,
         watchdog: HangWatchdog | None = None,
+        record_read: ReadHandover | None = None,
     ):
         check_allow_change_keys(allow_changes)  # a typo'd key: refused with the nearest known key
         # A tracker named in the recipe but not installed is refused before anything is written.
@@ -205,6 +204,9 @@ class Trainer:
         check_downstream_fits(config, data_dir, self.downstream_tasks)  # a choice past the model's window too
         self.stop_by, self.clock = stop_by, clock if clock is not None else time.time
         self.recorded_save_seconds: float | None = None  # the run's last save, read at the session's start
+        # the record as the command's checks read it (`pilotrun train --stop-by` on a resume), taken over at
+        # the session's start where unchanged: read once per command
+        self.record_read = record_read if record_read is not None else ReadHandover()
         self.watchdog, self.session_ended, self.peer_hung = watchdog, False, False
         # a peer's stack file written since is this session's (hang_watchdog.peer_hangs)
         self.began = time.time()
@@ -364,15 +366,16 @@ class Trainer:
         for line in recipe_change_lines(session.plan.free_changes, session.plan.allowed_changes,
                                         session.state.step):
             loop.say(line)
+        # The earlier sessions' record, read once before this session's first line: a stack file is an earlier
+        # session's if written before it, the last save is the one this session's deadline margin owes, and
+        # the plan's rate is its recent windows'.
+        read = self.record_read.take(session.run_dir) if loop.is_main or self.stop_by is not None else None
         if loop.is_main:
-            for line in self._record_plan():
+            for line in self._record_plan(read.recent_seconds_per_update()):
                 loop.say(line)
         for note in session.notes:
             loop.say(f"note: {note}")
-        # The earlier sessions' record, read once before this session's first line: a stack file is an earlier
-        # session's if written before it, and the last save is the one this session's deadline margin owes.
-        earlier = read_metrics_tolerant(session.run_dir).events if loop.is_main or self.stop_by is not None \
-            else []
+        earlier = read.events if read is not None else []
         hangs = unrecorded_hangs(session.run_dir, earlier, self.began) if loop.is_main else []
         self.recorded_save_seconds = last_save_of(earlier)
         loop.log(
@@ -398,14 +401,15 @@ class Trainer:
             loop.say(f"note: session {hang.session_id} has no session_end, but rank {hang.rank} wrote its "
                      f"stacks during it ({hang.path()}): it hung; recorded as hang_found")
 
-    def _record_plan(self) -> list[str]:
-        """run.json's `plan` (run_plan.py), written before the first update; returns its block for the log."""
+    def _record_plan(self, recent_seconds_per_update: list[float]) -> list[str]:
+        """run.json's `plan` (run_plan.py), written before the first update; returns its block for the log.
+        `recent_seconds_per_update`: the record's recent windows' rates (record.RecordRead)."""
         session, t = self.session, self.session.config.train
         with self.account.phase("report"):
             plan = run_plan(session.record.data, session.state.loader, session_id=session.session_id,
                             start_step=session.state.step, max_steps=t.max_steps,
                             accumulation=t.gradient_accumulation_steps,
-                            seconds_per_update=recorded_seconds_per_update(session.run_dir, RECENT_BYTES),
+                            seconds_per_update=recent_seconds_per_update,
                             now=time.time())
             session.record.data["plan"] = plan
             session.record.save()
@@ -478,14 +482,16 @@ def train_from_cli(config: RunConfig, data_dir: str, run_dir: str, resume: bool 
                    allow_changes: list[str], command: list[str], run_facts: dict[str, Any] | None = None,
                    stop_past_step: int | None = None, progress: bool | str = True,
                    signals: StopSignals | None = None, stop_by: float | None = None,
-                   started_at: float | None = None, hang_bounds: HangBounds | None = AUTO_HANG_BOUNDS) -> int:
+                   started_at: float | None = None, hang_bounds: HangBounds | None = AUTO_HANG_BOUNDS,
+                   record_read: ReadHandover | None = None) -> int:
     """`pilotrun train`: build, run, return the exit code (bad input raises PilotrunError -> exit 2).
     `run_facts` are extra run.json sections recorded when this session starts the run (the recipe lock of a
     frozen run); `stop_past_step` is the pilot's kill point (`--stop-past-step`). `signals`, already installed
     by the command before its set-up, hears a stop signal from the start; a second one during the set-up ends
     the command at once with its code. `--resume auto` of a complete run prints "nothing to do" and returns 0.
     `hang_bounds` (`--hang-timeout`; None: off): the hang watchdog, watching from here to the process group's
-    end, whose timeout it sets (hang_watchdog.HangBounds.process_group_seconds)."""
+    end, whose timeout it sets (hang_watchdog.HangBounds.process_group_seconds). `record_read`: the record as
+    the command's checks read it, for the session's start to take over."""
     signals = signals if signals is not None else StopSignals()
     context = None
     trainer = None
@@ -497,7 +503,7 @@ def train_from_cli(config: RunConfig, data_dir: str, run_dir: str, resume: bool 
         trainer = Trainer(config, data_dir, run_dir, resume=resume, from_step=from_step,
                           allow_changes=allow_changes, command=command, context=context,
                           stop_past_step=stop_past_step, progress=progress, signals=signals, stop_by=stop_by,
-                          started_at=started_at, watchdog=watchdog)
+                          started_at=started_at, watchdog=watchdog, record_read=record_read)
         if run_facts and trainer.session.started_run:
             trainer.session.record.data.update(run_facts)
             trainer.session.record.save()

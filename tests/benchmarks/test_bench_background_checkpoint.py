@@ -1,7 +1,8 @@
 """bench_background_checkpoint's throughput goal: judged on the median of the rounds' ratios (each round its
 own steady pair, so that one round the shared machine's load swung does not decide it), and the loop's time
 per update split into CPU, run-queue wait and the rest (blocked: the GIL), from the kernel's per-thread
-counters."""
+counters; the whole-save goal held by every adjacent pair, each listed with its load; the blocking goal read
+on the median of the pairs, with where the wait went."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ def rounds(*ratios: list[float]) -> dict:
     count = len(ratios)
     pairs = [[(20.0, 20.0 * ratio, None, None) for ratio in round_ratios] for round_ratios in ratios]
     control = [[(20.0, 19.8, None, None), (20.0, 20.2, None, None), (20.0, 20.0, None, None)]] * count
-    return {"pairs": pairs, "write": [2.0] * count, "lost": [0.5] * count, "sync": [3.0] * count,
-            "control": control}
+    return {"pairs": pairs, "write": [2.0] * count, "lost": [0.5] * count,
+            "saves": [{"sync": {"total": 3.0}}] * count, "control": control}
 
 
 def test_the_goal_reads_the_median_of_every_pairs_ratio_not_the_worst():
@@ -31,6 +32,38 @@ def test_the_goal_reads_the_median_of_every_pairs_ratio_not_the_worst():
     assert "**NOT met** (94.0%; per round 94.0%;" in below
     assert "the background one cheaper in 1 of 1 rounds" in below
     assert "the loop keeps 100.0% (median of 3 pairs" in below  # the control, the same bytes GIL-free
+
+
+def save_pair(sync: float, background: float, blocking: float, load: float, first: str) -> dict:
+    return {"load": load, "order": (first, "background" if first == "sync" else "sync"), "alone": 0.8,
+            "sync": {"total": sync, "cpu": 2.0, "fsync": 0.5},
+            "background": {"total": background, "blocking": blocking, "called": blocking / 2,
+                           "held": blocking / 4, "commit": blocking / 4, "beside": 0.9, "cpu": 2.5,
+                           "fsync": 1.5}}
+
+
+def test_the_whole_save_goal_holds_every_pair_and_lists_each_with_its_load():
+    saves = [save_pair(3.0, 3.3, 0.03, 2.5, "sync"), save_pair(2.0, 2.8, 0.02, 6.1, "background"),
+             save_pair(4.0, 4.0, 0.04, 3.0, "sync")]
+    text = bench._whole_goal(saves)
+    assert "**NOT met** (median 1.10x, 1.00x-1.40x;" in text  # one pair of three above 1.3x decides it
+    assert "1.40x (load 6.1, background first; CPU 2.0 / 2.5, fsync 0.5 / 1.5)" in text
+    assert "**met**" in bench._whole_goal([saves[0], saves[2]])
+
+
+def test_the_blocking_goal_reads_the_saves_beside_the_next_update_and_where_the_wait_went():
+    saves = [save_pair(3.0, 3.3, 0.3, 2.5, "sync"), save_pair(2.0, 2.8, 0.2, 6.1, "background"),
+             save_pair(4.0, 4.0, 0.4, 3.0, "sync")]  # the pairs' sync median: 3.0 s
+    beside = [{**save_pair(0, 0, blocking, 0, "sync")["background"], "alone": 0.8, "load": load}
+              for blocking, load in ((0.03, 4.0), (0.3, 5.0), (0.09, 6.0))]
+    text = bench._blocking_goal({"saves": saves, "overlapped": beside, "stable_bytes": 900_000_000})
+    assert "the median of 3 saves each followed by" in text
+    assert "**met** (0.030x; each 0.010x, 0.100x, 0.030x)" in text
+    assert "the wait for the staging thread's copy of those (900.0 MB)" in text
+    assert "took 0.900 s beside the copy and 0.800 s alone right after (load 4.0, 5.0, 6.0)" in text
+    assert "stepped at once (nothing to hide the copy behind) would wait 0.100x" in text
+    assert "**NOT met** (0.100x" in bench._blocking_goal({"saves": saves, "overlapped": beside[1:2],
+                                                          "stable_bytes": 1})
 
 
 def test_the_control_gathers_every_tensor_of_the_state_whatever_its_dtype():
@@ -85,3 +118,14 @@ def test_the_calling_threads_own_counters_are_read():
     second = bench._loop_thread_times()
     assert first is not None and second is not None
     assert second[0] > first[0] and second[1] > first[1] and second[2] >= first[2]
+
+
+def test_the_fsync_clock_counts_the_time_inside_fsync_and_puts_fsync_back(tmp_path):
+    import os
+
+    real = os.fsync
+    with bench._FsyncClock() as clock, open(tmp_path / "f", "wb") as handle:
+        handle.write(b"x" * 4096)
+        handle.flush()
+        os.fsync(handle.fileno())
+    assert clock.seconds > 0 and os.fsync is real

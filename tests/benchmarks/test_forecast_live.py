@@ -40,3 +40,24 @@ def test_a_run_leaving_its_course_is_named_at_the_evaluation_after_which_watch_r
     assert forecast_live.breakage_alerts(case, [healthy], {**pairs, case.name: pairs[healthy.name]}, locks,
                                          2000) == []
     assert forecast_live.twin_of(case, [Case("c-s1", "cosine", 1)]) is None
+
+
+def test_what_names_a_breakage_is_counted_apart_by_what_it_reads_the_loss_or_the_record(tmp_path, lock):
+    """A run resumed at 500 with a changed recipe whose loss rises 5% from step 300: the forecast's alert
+    reads the loss, the change on resume reads the record (one class however many resumes: its kind)."""
+    from tests.report.projection.test_forecast_record import resumed_with
+
+    broken = resumed_with(
+        tmp_path / "broken",
+        [("allowed", "optim.grad_clip", 1.0, 0.5)],
+        shift=lambda step: 0.3 if step > 200 else 0.0,
+    )
+    twin = synthetic(tmp_path / "twin", 2000, 100)
+    case, healthy = Case("c-s0-x", "cosine", 0, broken="lr_x2"), Case("c-s0", "cosine", 0)
+    pairs = {case.name: (None, broken.run_dir), healthy.name: (None, twin.run_dir)}
+    locks = {case.name: lock, healthy.name: lock}
+    named = forecast_live.breakage_alerts(case, [healthy], pairs, locks, 2000)
+    split = forecast_live.by_evidence(named)
+    assert [a[:2] for a in split["loss"]] == [(400, "forecast")]
+    assert split["record"] == [(600, "forecast_change", 1)]
+    assert forecast_live.by_evidence([]) == {"loss": [], "record": []}

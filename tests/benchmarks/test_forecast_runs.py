@@ -51,3 +51,29 @@ def test_a_branch_is_the_pilots_run_resumed_from_its_checkpoint_in_its_own_folde
     points, setting = branch_input(pilot, branch)
     assert setting.then[0] == 10 and setting.steps == 16 and setting.then[1]["kind"] == "wsd"
     assert [s for s, _ in points if s > 10] == [12, 14, 16]
+
+
+@pytest.mark.slow
+def test_a_replay_commits_the_pilots_own_model_between_its_checkpoints(
+    builtin_data_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(forecast_runs, "PILOT_STEPS", 20)  # the pilot's checkpoints at 10 and 20
+    monkeypatch.setattr(forecast_runs, "PILOT_EVAL_EVERY", 2)
+    monkeypatch.setattr(forecast_runs, "ANNEAL_EVERY", 2)
+    monkeypatch.setattr(forecast_runs, "BRANCH_EVAL_EVERY", 2)
+    case = forecast_runs.Case("constant-s0", "constant", 0)
+    work, other = tmp_path / "a", tmp_path / "b"
+    for folder in (work, other):
+        (folder / "runs").mkdir(parents=True)
+    pilot_dir = forecast_runs.train_pilot(work, builtin_data_dir, case)
+    replay_dir = forecast_runs.train_replay(work, builtin_data_dir, case, pilot_dir)
+    assert sorted(p.name for p in (replay_dir / "checkpoints").iterdir()) == [
+        f"step-{s:08d}" for s in range(10, 21, 2)
+    ]
+    pilot, replay = summarize_run(pilot_dir), summarize_run(replay_dir)
+    assert val_points(replay.kept_events) == val_points(pilot.kept_events)  # bit for bit
+    # a cooldown from the replay's last checkpoint is the one from the pilot's own, loss for loss
+    from_pilot = forecast_runs.train_branch(work, builtin_data_dir, case, pilot_dir, 20, 4)
+    from_replay = forecast_runs.train_branch(other, builtin_data_dir, case, replay_dir, 20, 4)
+    ends = [val_points(summarize_run(d).kept_events) for d in (from_pilot, from_replay)]
+    assert [s for s, _ in ends[0] if s > 20] == [22, 24] and ends[0] == ends[1]

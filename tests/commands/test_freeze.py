@@ -267,6 +267,30 @@ def test_projection_options_past_a_floats_range_are_one_line_exit_2_and_write_no
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
 
 
+def test_a_non_finite_pilot_figure_is_one_line_naming_its_field_exit_2_and_writes_nothing(
+    tmp_path, capsys, monkeypatch
+):
+    """A figure of the pilot's that came through non-finite (a filter missed it: a bug) is refused by its
+    field in the lock, not written as a bare Infinity and not a traceback."""
+    import pilotrun.commands.freeze as freeze_module
+    from pilotrun.commands.cli import main
+
+    real = freeze_module.watch_figures
+
+    def broken(summary, thresholds):
+        figures = real(summary, thresholds)
+        figures["window_interval_seconds"] = float("inf")
+        return figures
+
+    monkeypatch.setattr(freeze_module, "watch_figures", broken)
+    crashed_and_resumed(tmp_path / "r").write()
+    assert main(["freeze", str(tmp_path / "r"), "--out", str(tmp_path / "lock.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the lock's watch.window_interval_seconds is NaN or infinite" in err[0], err
+    assert "a bug" in err[0] and "Traceback" not in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
 def test_freeze_with_target_steps_prints_the_long_run_of_that_length(tmp_path, capsys):
     from pilotrun.commands.cli import main
 

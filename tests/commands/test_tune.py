@@ -133,6 +133,30 @@ def _hashes(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file() and "tune" not in p.relative_to(folder).parts}
 
 
+def test_a_finished_branch_is_read_once_for_its_loss_and_its_clock_start(pilot, tmp_path, monkeypatch):
+    """Its record holds the pilot's copied events (as long as the pilot's): one read gives both the loss and
+    when its session's clock started (the launch measured in tune.json)."""
+    import types
+
+    from pilotrun.commands import tune as tune_module
+    from pilotrun.commands import tune_branch
+
+    branch = tune_branch.Branch("base", 1.0, from_step=8, updates=4)
+    folder = tmp_path / "tune" / branch.name
+    shutil.copytree(pilot, folder)  # the pilot's own session stands for the branch's: completed, val at 12
+    reads: list[Path] = []
+    real = tune_branch.read_metrics_tolerant
+    monkeypatch.setattr(tune_branch, "read_metrics_tolerant", lambda run_dir: reads.append(Path(run_dir))
+                        or real(run_dir))
+    loss, clock_start = tune_module._branch_result(types.SimpleNamespace(run_dir=tmp_path), branch, set(), 0,
+                                                   io.StringIO())
+    assert reads == [folder]
+    events = read_metrics_tolerant(pilot).events
+    assert loss == [e["loss"] for e in events if e["event"] == "val" and e["step"] == 12][-1]
+    end = [e for e in events if e["event"] == "session_end"][-1]
+    assert clock_start == end["time"] - end["time_split"]["wall_seconds"]
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("budget_in_updates")
 def test_a_whole_check_lands_in_the_record_the_verdict_the_report_and_the_lock(pilot, tmp_path):

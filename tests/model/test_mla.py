@@ -74,6 +74,64 @@ def test_tracker_is_a_running_max_and_idle_in_eval_mode():
     assert (mla.qk_max_logit >= first).all()
 
 
+def out_of_place_eager_attention(mla: MLA, q, k, v) -> torch.Tensor:
+    """Eager attention as written before its mask went in place and was kept between forwards."""
+    seq = q.shape[2]
+    logits = torch.matmul(q, k.transpose(-1, -2)).float() * mla.softmax_scale
+    logits = logits.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.matmul(torch.softmax(logits, dim=-1).to(v.dtype), v)
+
+
+@pytest.mark.parametrize("seq", [20, 7, 20])
+def test_eager_attention_masks_in_place_with_the_kept_mask_bit_for_bit(seq):
+    # The mask is built once per length and reused; the logits are masked in place. Output and the gradients
+    # of q, k and v equal the out-of-place form's bit for bit, and the kept mask is never written.
+    mla = make_mla(q_lora_rank=12)
+    x, cos, sin = inputs(seq)
+    with torch.no_grad():
+        q, k, v = mla.project_queries_keys_values(x, cos, sin)
+    upstream = torch.randn(3, 4, seq, 6, generator=torch.Generator().manual_seed(5))
+    results = []
+    for attention in (mla.eager_attention, lambda *a: out_of_place_eager_attention(mla, *a)):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        output = attention(*leaves)
+        output.backward(upstream)
+        results.append([output.detach()] + [leaf.grad for leaf in leaves])
+    for ours, reference in zip(*results, strict=True):
+        assert torch.equal(ours, reference)
+    kept = mla_module.causal_mask(0, seq, q.device)
+    assert torch.equal(kept, torch.ones(seq, seq, dtype=torch.bool).triu(1))
+
+
+def test_eager_attention_in_blocks_of_query_rows_equals_one_block(monkeypatch):
+    # 3 blocks of 8 rows (the last one short) against one block of all 20: the same attention to rounding
+    # (each block's softmax leaves out only masked keys), the same per-head max logit exactly, and each block
+    # multiplies only the keys up to its last row.
+    mla = make_mla(q_lora_rank=12)
+    x, cos, sin = inputs(20)
+    with torch.no_grad():
+        q, k, v = mla.project_queries_keys_values(x, cos, sin)
+    upstream = torch.randn(3, 4, 20, 6, generator=torch.Generator().manual_seed(5))
+    products = []
+    matmul = torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda a, b: products.append(tuple(b.shape)) or matmul(a, b))
+    results, maxima = [], []
+    for rows in (8, 20):
+        monkeypatch.setattr(mla_module, "EAGER_QUERY_CHUNK", rows)
+        mla.qk_max_logit.fill_(float("-inf"))
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        output = mla.eager_attention(*leaves)
+        output.backward(upstream)
+        results.append([output.detach()] + [leaf.grad for leaf in leaves])
+        maxima.append(mla.qk_max_logit.clone())
+    for blocks, one in zip(*results, strict=True):
+        assert torch.allclose(blocks, one, rtol=1e-5, atol=1e-6)
+    assert torch.equal(maxima[0], maxima[1])
+    keys_of_q_k = [shape[-1] for shape in products[:6:2]]  # Q K^T then P V per block: K^T is [.., d_qk, keys]
+    assert keys_of_q_k == [8, 16, 20]
+    assert [shape[-1] for shape in products[6:8:2]] == [20]
+
+
 @pytest.mark.parametrize("pad_value", [False, True])
 def test_eager_and_sdpa_agree_in_fp32(pad_value):
     mla = make_mla(q_lora_rank=12)

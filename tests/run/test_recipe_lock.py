@@ -13,6 +13,7 @@ from pilotrun.run.recipe_lock import (
     frozen_candidate_status,
     frozen_run_facts,
     load_lock,
+    write_lock,
 )
 
 RECIPE = {"train": {"max_steps": 240, "batch_size": 8}, "optim": {"muon": {"lr": 0.003}}}
@@ -190,3 +191,16 @@ def test_the_downstream_tasks_are_watching_not_recipe_a_long_run_may_name_its_ow
     long = {"train": {"downstream_tasks": ["/cluster/tasks/arc.jsonl"], "downstream_every": 5000,
                       "downstream_limit": 200, "max_steps": 100}}
     assert lock_differences(pilot, "d", long, "d") == []
+
+
+@pytest.mark.parametrize("figure", [float("inf"), float("-inf"), float("nan")])
+def test_the_writer_refuses_a_non_finite_figure_by_its_field_and_writes_nothing(tmp_path, figure):
+    """No lock section takes a non-finite figure from a measurement: one reaching the writer is a bug, refused
+    in one line that names its field (never json's 'Out of range float values' without one)."""
+    lock = _lock()
+    lock["watch"] = {"throughput": {"low": 10.0, "points": [[1, 2.0], [2, figure]]}}
+    with pytest.raises(FreezeError) as refused:
+        write_lock(tmp_path / "lock.json", lock)
+    message = str(refused.value)
+    assert "\n" not in message and "the lock's watch.throughput.points.1.1 is NaN or infinite" in message
+    assert list(tmp_path.iterdir()) == []

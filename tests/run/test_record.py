@@ -6,12 +6,14 @@ import math
 
 import pytest
 
+from pilotrun.run import record
 from pilotrun.run.record import (
     Counters,
     RecordError,
     json_safe,
     read_metrics_strict,
     read_metrics_tolerant,
+    read_record_once,
     recorded_seconds_per_update,
 )
 from pilotrun.run.writer import MetricsWriter
@@ -99,3 +101,27 @@ def test_the_recorded_rate_of_the_whole_log_or_of_its_last_bytes_only(tmp_path):
     assert recorded_seconds_per_update(tmp_path, len(lines[-1]) + len(lines[-2]) + 5) == [2.0, 2.5]
     assert recorded_seconds_per_update(tmp_path, 1 << 20) == recorded_seconds_per_update(tmp_path)
     assert recorded_seconds_per_update(tmp_path / "none", 1 << 20) == []
+
+
+def test_one_read_gives_the_whole_log_s_events_and_its_recent_rate_and_knows_when_the_file_changed(
+    tmp_path, monkeypatch
+):
+    log = MetricsWriter(tmp_path, "s1")
+    log.log("session_start", Counters())
+    for step in range(1, 6):
+        log.log("train", Counters(step=2 * step, tokens_seen=16 * step, updates_attempted=2 * step),
+                window={"train_seconds": float(step), "updates_attempted": 2})
+    lines = (tmp_path / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    # a recent part that cuts a line: the same windows as the read of the file's last bytes
+    recent = len(lines[-1]) + len(lines[-2]) + 5
+    monkeypatch.setattr(record, "RECENT_BYTES", recent)
+    read = read_record_once(tmp_path)
+    assert read.events == read_metrics_tolerant(tmp_path).events
+    assert read.recent_seconds_per_update() == recorded_seconds_per_update(tmp_path, recent) == [2.0, 2.5]
+    assert read.current(tmp_path)
+    log.log("val", Counters(step=10, tokens_seen=80, updates_attempted=10), loss=1.0)
+    log.close()
+    assert not read.current(tmp_path)  # an append since: no longer the file
+    missing = read_record_once(tmp_path / "none")
+    assert missing.events == [] and missing.recent_seconds_per_update() == []
+    assert not missing.current(tmp_path / "none")  # nothing read: always read again

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 
+from pilotrun.run import start_costs
 from pilotrun.run.record import read_metrics_tolerant
 from pilotrun.run.start_costs import (
+    ReadHandover,
     StartCosts,
     last_save_of,
     read_start_costs,
@@ -45,3 +47,25 @@ def test_read_from_a_run_folder(tmp_path):
     none = read_metrics_tolerant(tmp_path / "none").events
     assert setup_seconds_of(none) == [] and last_save_of(none) is None
     assert read_start_costs(tmp_path / "none") == StartCosts([], [], None)
+
+
+def test_the_checks_read_is_handed_over_once_and_only_while_the_file_is_unchanged(tmp_path, monkeypatch):
+    counters = {"step": 0, "tokens_seen": 0, "updates_attempted": 0, "updates_skipped": 0}
+    first = {"event": "session_start", "time": 10.0, "session_id": "a", **counters}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(first) + "\n")
+    checked = read_start_costs(tmp_path).read
+    reads = []
+    real = start_costs.read_record_once
+    monkeypatch.setattr(start_costs, "read_record_once",
+                        lambda run_dir: reads.append(run_dir) or real(run_dir))
+    handover = ReadHandover(checked)
+    assert handover.take(tmp_path) is checked and reads == []  # unchanged: not read again
+    again = handover.take(tmp_path)  # taken once: a second take reads
+    assert again is not checked and again.events == checked.events and reads == [tmp_path]
+    with open(tmp_path / "metrics.jsonl", "a") as handle:
+        handle.write(json.dumps({**first, "time": 11.0}) + "\n")
+    now = read_metrics_tolerant(tmp_path).events
+    assert [e["time"] for e in now] == [10.0, 11.0]
+    assert ReadHandover(checked).take(tmp_path).events == now  # changed since the checks' read: read again
+    assert ReadHandover().take(tmp_path).events == now  # none handed over: read
+    assert len(reads) == 3

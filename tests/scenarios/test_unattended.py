@@ -274,6 +274,68 @@ def test_slurm_job_end_time_is_the_default_deadline(builtin_data_dir, tmp_path, 
     assert not (tmp_path / "run").exists()
 
 
+def test_a_plain_resume_of_a_complete_run_completes_whatever_its_deadline(
+    builtin_data_dir, straight, tmp_path, monkeypatch
+):
+    """`--resume` (not auto) of a complete run records a session that trains nothing and completes, 0, also
+    with a deadline closer than the record's set-up, update and save."""
+    import shutil
+
+    import pilotrun.run.start_costs as start_costs
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(straight, run_dir)
+    slow = start_costs.StartCosts([3600.0], [3600.0], 60.0)
+    monkeypatch.setattr(start_costs, "read_start_costs", lambda run_dir: slow)
+    plain = [word for word in argv(builtin_data_dir, run_dir, "--stop-by", "30m") if word != "auto"]
+    assert main(plain) == 0
+    end = events(run_dir)[-1]
+    assert (end["event"], end["reason"], end["step"]) == ("session_end", "completed", MAX_STEPS)
+
+
+
+def test_a_resume_from_the_final_checkpoint_completes_whatever_its_deadline(
+    builtin_data_dir, straight, tmp_path, monkeypatch
+):
+    """`--resume --from-step` naming the checkpoint at max_steps starts a session with nothing to train, as a
+    plain `--resume` of the complete run does: it completes (0), not refused by the deadline (79); one naming
+    an earlier checkpoint is."""
+    import shutil
+
+    import pilotrun.run.start_costs as start_costs
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(straight, run_dir)
+    slow = start_costs.StartCosts([3600.0], [3600.0], 60.0)
+    monkeypatch.setattr(start_costs, "read_start_costs", lambda run_dir: slow)
+    plain = [word for word in argv(builtin_data_dir, run_dir, "--stop-by", "30m") if word != "auto"]
+    # an earlier checkpoint of the same run has updates to train: held to the deadline
+    assert main([*plain, "--from-step", "6"]) == TOO_LATE_EXIT_CODE
+    assert main([*plain, "--from-step", str(MAX_STEPS)]) == 0
+    end = events(run_dir)[-1]
+    assert (end["event"], end["reason"], end["step"]) == ("session_end", "completed", MAX_STEPS)
+
+
+# the straight run is complete: these starts have updates left to train, so the deadline holds them
+MORE_STEPS = ("--set", f"train.max_steps={MAX_STEPS + 2}")
+
+
+def test_a_complete_run_has_nothing_to_do_whatever_its_deadline(
+    builtin_data_dir, straight, capsys, monkeypatch
+):
+    """The deadline check does not refuse (79, "not in this allocation") a run with nothing left to train: it
+    says so and exits 0, writing nothing, so that a scheduler marks it done."""
+    import pilotrun.run.start_costs as start_costs
+
+    slow = start_costs.StartCosts([3600.0], [3600.0], 60.0)
+    monkeypatch.setattr(start_costs, "read_start_costs", lambda run_dir: slow)
+    before = folder_digest(straight)
+    capsys.readouterr()
+    assert main(argv(builtin_data_dir, straight, "--stop-by", "30m")) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    assert folder_digest(straight) == before
+
+
 def test_a_deadline_shorter_than_one_recorded_update_is_refused(
     builtin_data_dir, straight, capsys, monkeypatch
 ):
@@ -283,7 +345,7 @@ def test_a_deadline_shorter_than_one_recorded_update_is_refused(
     monkeypatch.setattr(start_costs, "read_start_costs", lambda run_dir: slow)
     before = folder_digest(straight)
     # its own code (not bad input's 2): not to be retried in this allocation
-    assert main(argv(builtin_data_dir, straight, "--stop-by", "30m")) == TOO_LATE_EXIT_CODE
+    assert main(argv(builtin_data_dir, straight, "--stop-by", "30m", *MORE_STEPS)) == TOO_LATE_EXIT_CODE
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "less than one update of this run" in err[0]
     assert folder_digest(straight) == before
@@ -300,7 +362,7 @@ def test_a_deadline_closer_than_the_set_up_an_update_and_a_save_is_refused(
     monkeypatch.setattr(start_costs, "read_start_costs", lambda run_dir: start_costs.StartCosts(
         recorded.seconds_per_update, [3600.0, 4000.0], recorded.last_save))
     before = folder_digest(straight)
-    assert main(argv(builtin_data_dir, straight, "--stop-by", "30m")) == TOO_LATE_EXIT_CODE
+    assert main(argv(builtin_data_dir, straight, "--stop-by", "30m", *MORE_STEPS)) == TOO_LATE_EXIT_CODE
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "set-up (3600.0 s, the run's fastest)" in err[0], err
     assert "not started in this allocation (exit 79)" in err[0]

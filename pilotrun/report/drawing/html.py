@@ -13,7 +13,9 @@ import dataclasses
 import html
 import shutil
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pilotrun.common.files import (
     fsync_directory,
@@ -35,6 +37,10 @@ from pilotrun.report.verdict.thresholds import threshold_meaning
 from pilotrun.report.verdict.verdict import Verdict
 from pilotrun.run.recipe_lock import describe_frozen_status
 
+if TYPE_CHECKING:
+    from pilotrun.report.record_check.sessions import SessionSummary
+    from pilotrun.report.record_check.summarize import Summary
+
 REPORT_DIR = "report"
 STATUS_COLOURS = {"PASS": "#1a7f37", "WARN": "#9a6700", "FAIL": "#cf222e"}
 
@@ -49,37 +55,43 @@ def _fmt(value, digits: int = 1) -> str:
     return str(value)
 
 
-def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
-    summary = verdict.summary
-    o = summary.overall
+def _shown_plots(plots: dict[str, Path], precision: str | None) -> dict[str, Path]:
+    """The plots the page embeds: loss_scale.png only where the run could scale its loss (fp16 or unknown)."""
+    return {name: path for name, path in plots.items() if name != "loss_scale" or precision in ("fp16", None)}
+
+
+def _rule_cell(name: str, shown: dict[str, Path]) -> str:
+    """A rule's name, linked to the plot its row is drawn in where the page shows that plot."""
+    plot = {rule.name: rule.plot for rule in RULES}.get(name)
+    return f"<a href='#plot-{plot}'>{html.escape(name)}</a>" if plot in shown else html.escape(name)
+
+
+def _rule_rows(verdict: Verdict, shown: dict[str, Path]) -> str:
     e = html.escape
-    colour = STATUS_COLOURS["PASS" if verdict.decision == "GO" else "FAIL"]
-    precision = ((summary.run.get("recipe") or {}).get("train") or {}).get("precision")
-    shown = {
-        name: path for name, path in plots.items() if name != "loss_scale" or precision in ("fp16", None)
-    }
-
-    plot_of = {rule.name: rule.plot for rule in RULES}
-
-    def rule_cell(name: str) -> str:
-        plot = plot_of.get(name)
-        return f"<a href='#plot-{plot}'>{e(name)}</a>" if plot in shown else e(name)
-
-    rule_rows = "\n".join(
-        f"<tr><td>{rule_cell(r.name)}</td><td "
+    return "\n".join(
+        f"<tr><td>{_rule_cell(r.name, shown)}</td><td "
         f"style='color:{STATUS_COLOURS[r.status]};font-weight:bold'>{r.status}</td>"
         f"<td>{e(r.figure)}</td><td>{e(r.threshold)}</td><td>{e(r.evidence)}</td></tr>"
         for r in verdict.rules
     )
-    session_rows = "\n".join(
+
+
+def _session_rows(sessions: list[SessionSummary]) -> str:
+    e = html.escape
+    return "\n".join(
         f"<tr><td>{e(s.session_id)}</td><td>{'-' if s.resumed_from is None else s.resumed_from}</td>"
         f"<td>{e(s.status)}</td><td>{e(s.end_reason or 'killed (no session_end)')}</td>"
         f"<td>{s.updates_applied:,}</td><td>{s.updates_skipped:,}</td><td>{s.updates_rolled_back:,}</td>"
         f"<td>{s.tokens_processed:,}</td><td>{_fmt(s.train_tokens_per_s)}</td><td>{_fmt(s.wall_tokens_per_s)}</td>"
         f"<td>{' / '.join(f'{getattr(s, k):.1f}' for k in SPLIT_PHASES)} "
         f"of {s.wall_seconds:.1f}{'' if s.time_source == 'session_end' else ' (from events)'}</td></tr>"
-        for s in summary.sessions
+        for s in sessions
     )
+
+
+def _plot_figures(plots: dict[str, Path], shown: dict[str, Path], precision: str | None) -> str:
+    """Each shown plot as a figure with its PNG inside the page; why loss_scale.png is left out if it is."""
+    e = html.escape
     images = []
     titles = {**PLOT_TITLES, **TUNE_PLOT_TITLES}
     for name, path in shown.items():
@@ -92,14 +104,21 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
             f"<p>loss_scale.png is left out of this page: a {e(str(precision))} run has no loss scaling "
             "(the scale stays 1.0 and no update is skipped for overflow); the file is in the folder.</p>"
         )
+    return "".join(images)
+
+
+def _failed_headline(verdict: Verdict, shown: dict[str, Path]) -> str:
+    e = html.escape
     failed = [r for r in verdict.rules if r.status == "FAIL"]
-    failed_items = "".join(f"<li><b>{rule_cell(r.name)}</b>: {e(r.figure)} (needs {e(r.threshold)})</li>"
-                           for r in failed)
-    headline = f"<ul class='failed'>{failed_items}</ul>" if failed else ""
-    identity_rows = "\n".join(
-        f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in run_identity(summary.run)
+    failed_items = "".join(
+        f"<li><b>{_rule_cell(r.name, shown)}</b>: {e(r.figure)} (needs {e(r.threshold)})</li>" for r in failed
     )
-    warnings = (
+    return f"<ul class='failed'>{failed_items}</ul>" if failed else ""
+
+
+def _warning_list(verdict: Verdict) -> str:
+    e = html.escape
+    return (
         (
             "<ul class='warnings'>"
             + "".join(f"<li>WARN {e(r.name)}: {e(r.figure)}</li>" for r in verdict.warnings)
@@ -108,22 +127,41 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
         if verdict.warnings
         else ""
     )
+
+
+def _evidence_paragraphs(verdict: Verdict) -> str:
+    """What is said beside the rules: the frozen candidate's status, the forecast and the tuning lines."""
+    e = html.escape
     frozen = f"\n<p>{e(describe_frozen_status(verdict.frozen))}</p>" if verdict.frozen is not None else ""
+    if verdict.forecast is not None:  # evidence beside the rules, never one of them (forecast_record.py)
+        frozen += f"\n<p>Evidence, not a rule: {e(format_forecast(verdict.forecast))}</p>"
+    frozen += "".join(f"\n<p>Evidence, not a rule: {e(line)}</p>" for line in verdict.tuning)
+    return frozen
+
+
+def _record_kind(verdict: Verdict) -> tuple[str, str]:
+    """(the title's word, what the footer says the record is): a pilot, or a long run from its lock."""
     lock = str((verdict.frozen or {}).get("lock_sha256"))[:16]
     kind_title = "Pilot" if verdict.frozen is None else "Long-run"
     record_kind = ("a pilot" if verdict.frozen is None
                    else f"a long run from the frozen candidate of lock sha256 {lock}")
-    if verdict.forecast is not None:  # evidence beside the rules, never one of them (forecast_record.py)
-        frozen += f"\n<p>Evidence, not a rule: {e(format_forecast(verdict.forecast))}</p>"
-    frozen += "".join(f"\n<p>Evidence, not a rule: {e(line)}</p>" for line in verdict.tuning)
-    problems = "".join(f"<li>{e(r)}</li>" for r in summary.reasons) or "<li>none</li>"
+    return kind_title, record_kind
+
+
+def _note_items(summary: Summary) -> str:
+    e = html.escape
     # The trainer's own notes (schedule and val warnings, what a resume restored) travel in run.json's
     # sessions.
     session_notes = [f"session {s.get('session_id')}: {n}" for s in summary.run.get("sessions") or []
                      for n in s.get("notes") or []]
-    notes = "".join(f"<li>{e(n)}</li>" for n in [*summary.notes, *session_notes]) or "<li>none</li>"
+    return "".join(f"<li>{e(n)}</li>" for n in [*summary.notes, *session_notes]) or "<li>none</li>"
+
+
+def _account_facts(summary: Summary) -> list[tuple[str, str]]:
+    """The run's account, (what, figure) a row: updates, tokens, passes, throughput, time, goodput."""
+    o = summary.overall
     t = o.get("time_split") or {}
-    facts = [
+    return [
         ("updates applied / max_steps", f"{_fmt(o.get('updates_applied'))} / {_fmt(o.get('max_steps'))}"),
         (
             "updates attempted / skipped",
@@ -153,8 +191,12 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
             f"{_fmt(100 * o['goodput'])}%" if o.get("goodput") is not None else "n/a",
         ),
     ]
-    # a data mixture: each source against its weight
-    for row in (o.get("mixture") or {}).get("sources") or []:
+
+
+def _mixture_facts(overall: dict[str, Any]) -> list[tuple[str, str]]:
+    """A data mixture's rows: each source against its weight (none for one data folder)."""
+    facts = []
+    for row in (overall.get("mixture") or {}).get("sources") or []:
         share = "n/a" if row.get("share_seen") is None else f"{100 * row['share_seen']:.2f}%"
         facts.append(
             (
@@ -163,9 +205,15 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
                 f"({share}) / {row.get('restarts')} / {_fmt(row.get('val_loss'), 4)}",
             )
         )
+    return facts
+
+
+def _rule_meanings(verdict: Verdict, shown: dict[str, Path]) -> str:
+    """What each rule checks, with every threshold it names and the value it was held to."""
+    e = html.escape
     held_to = dataclasses.asdict(verdict.thresholds)
-    meanings = "\n".join(
-        f"<dt>{rule_cell(rule.name)}</dt><dd>{e(rule.meaning)}"
+    return "\n".join(
+        f"<dt>{_rule_cell(rule.name, shown)}</dt><dd>{e(rule.meaning)}"
         + (
             "<ul>"
             + "".join(
@@ -179,14 +227,33 @@ def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
         + "</dd>"
         for rule in RULES
     )
-    fact_rows = "\n".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in facts)
-    evaluation_rows = "\n".join(
+
+
+def _evaluation_rows(overall: dict[str, Any]) -> str:
+    e = html.escape
+    return "\n".join(
         f"<tr><td>{e(str(x.get('step')))}</td><td><code>{e(str(x.get('marker_sha256'))[:16])}</code></td>"
         f"<td>{e(str(x.get('harness')))} {e(str(x.get('harness_version')))}</td><td>"
         + e("; ".join(f"{name} acc {_fmt(f.get('acc'), 3)}, acc_norm {_fmt(f.get('acc_norm'), 3)} "
                       f"({f.get('examples')} examples)" for name, f in x["tasks"].items()))
-        + f"</td><td>{e(x['status'])}</td></tr>" for x in o.get("evaluations") or []) \
+        + f"</td><td>{e(x['status'])}</td></tr>" for x in overall.get("evaluations") or []) \
         or "<tr><td colspan='5'>none (pilotrun evaluate RUN --tasks ...)</td></tr>"
+
+
+def _table_rows(pairs: Iterable[tuple[str, str]]) -> str:
+    return "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in pairs)
+
+
+def render_html(verdict: Verdict, plots: dict[str, Path]) -> str:
+    summary = verdict.summary
+    e = html.escape
+    colour = STATUS_COLOURS["PASS" if verdict.decision == "GO" else "FAIL"]
+    precision = ((summary.run.get("recipe") or {}).get("train") or {}).get("precision")
+    shown = _shown_plots(plots, precision)
+    kind_title, record_kind = _record_kind(verdict)
+    problems = "".join(f"<li>{e(r)}</li>" for r in summary.reasons) or "<li>none</li>"
+    identity_rows = _table_rows(run_identity(summary.run))
+    fact_rows = _table_rows([*_account_facts(summary), *_mixture_facts(summary.overall)])
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>pilotrun verdict: {e(str(summary.run_id))}</title>
 <style>
@@ -202,15 +269,15 @@ figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; border: 1px solid #d0d7de;
 <h1>{kind_title} verdict for run <code>{e(str(summary.run_id))}</code></h1>
 <table class="identity">{identity_rows}</table>
 <p class="decision">{e(verdict.decision)}</p>
-{headline}
-{warnings}
-<p>{e(verdict.statement)}</p>{frozen}
+{_failed_headline(verdict, shown)}
+{_warning_list(verdict)}
+<p>{e(verdict.statement)}</p>{_evidence_paragraphs(verdict)}
 <h2>Rules</h2>
 <table><tr><th>rule</th><th>status</th><th>figure</th><th>threshold</th><th>evidence</th></tr>
-{rule_rows}
+{_rule_rows(verdict, shown)}
 </table>
 <h3>What each rule checks, and the thresholds it was held to</h3>
-<dl class="meanings">{meanings}</dl>
+<dl class="meanings">{_rule_meanings(verdict, shown)}</dl>
 <h2>The run's account</h2>
 <table>{fact_rows}</table>
 <p>Two throughput figures, measuring different things: the table's <i>training-only</i> figure is every
@@ -225,17 +292,17 @@ lost to interruptions.</p>
 <table><tr><th>session</th><th>resumed from</th><th>status</th><th>ended</th><th>applied</th><th>skipped</th>
 <th>rolled back</th><th>tokens</th><th>train tok/s</th><th>wall tok/s</th>
 <th>train / eval / checkpoint / profile / report / other (s)</th></tr>
-{session_rows}
+{_session_rows(summary.sessions)}
 </table>
 <h3>Evaluations of checkpoints (pilotrun evaluate)</h3>
 <table><tr><th>checkpoint step</th><th>its marker's sha256</th><th>harness</th><th>figures</th>
 <th>status</th></tr>
-{evaluation_rows}
+{_evaluation_rows(summary.overall)}
 </table>
 <h3>Record problems</h3><ul>{problems}</ul>
-<h3>Notes</h3><ul>{notes}</ul>
+<h3>Notes</h3><ul>{_note_items(summary)}</ul>
 <h2>Plots</h2>
-{''.join(images)}
+{_plot_figures(plots, shown, precision)}
 <p><small>Written by <code>pilotrun verdict</code> from {e(summary.run_dir)}/run.json and metrics.jsonl.
 The verdict judges this run's own record ({e(record_kind)}); it does not predict the final model's quality.
 </small></p>

@@ -20,12 +20,14 @@ marginal worth of their effective-data formula D' = U + U R* (1 - exp(-R / R*)))
 
 The fit: for each alpha on a grid, a law is linear in (L0, A, C): least squares, with A > 0, C >= 0; the alpha
 of least squared error wins. The interval: a residual bootstrap (the pilot's points are the fit plus resampled
-residuals, refitted BOOTSTRAP times), each prediction plus one resampled residual (the long run's own
+residuals, refitted BOOTSTRAP times; the residuals scaled up as fewer independent points by their lag-1
+autocorrelation: DEFAULT_INTERVAL), each prediction plus one resampled residual (the long run's own
 evaluation is as noisy as the pilot's), widened by the drift the pilot measures on itself (holdout_drift); its
 5th and 95th percentiles. The band watch holds the run to is the same at BAND_LEVEL, never narrower than
 BAND_MIN_SHARE.
 
-Refused ("no forecast: <why>", never a number): fewer than MIN_POINTS evaluations past the warm-up; a loss
+Refused ("no forecast: <why>", never a number): fewer than MIN_POINTS evaluations from the fit's start
+(fit_start: twice the warm-up under the default weighting); a loss
 that does not fall; residual noise above MAX_NOISE_SHARE of the fall it is fitted to; an interval wider than
 MAX_HALF_WIDTH of the value; a schedule kind the laws do not model.
 """
@@ -59,7 +61,8 @@ REPEAT_R_STAR = 15.4
 # the rest per e-fold of updates) times the e-folds to the target step, by these weights. The 90% interval's
 # weight is chosen held out (benchmarks/bench_forecast.py, docs/FORECAST.md): of the weights in
 # DRIFT_WEIGHTS, the narrowest that held every healthy long run of one half of the benchmark's pilots inside,
-# graded on the other half: 1/4 on either half, holding the other 6 of 6 (no drift: 8 of 12 inside). Half of
+# graded on the other half: 1/4 on either half, holding the other 6 of 6 (no drift: 8 of 12 inside; measured
+# with the independent residual bootstrap, before DEFAULT_INTERVAL: not chosen again since). Half of
 # it made WSD and constant intervals of +-6.3-9.6% around forecasts that missed by at most 4.4%: a pilot's
 # plateau makes its own hold-out miss large while the long run falls past it. The band's weight is watch's
 # (its 99%), unchanged.
@@ -82,22 +85,46 @@ LAWS = {
     "steps": "L = A * x^-alpha (x: applied updates, blind to the schedule)",
     "steps+floor": "L = L0 + A * x^-alpha",
 }
-# How the fit weighs the pilot's evaluations: "log-updates" (the default) each by the span of log-updates it
-# stands for (half the log-distance to its neighbours: equal weight per e-fold, as a power law is a line in
-# log-log), "equal" each alike (the default before; a lock records which: fitted_on.weighting). A pilot
+# How the fit weighs the pilot's evaluations: "log-updates" each by the span of log-updates it stands for
+# (half the log-distance to its neighbours: equal weight per e-fold, as a power law is a line in log-log),
+# "equal" each alike (the default before it; a lock records which: fitted_on.weighting). A pilot
 # evaluated every 10 updates puts 7 of its 9 points in its last e-fold, where this tiny model plateaus, and
-# weighed alike they flatten alpha. Chosen held out (benchmarks/bench_forecast.py, docs/FORECAST.md): on
-# either half of the healthy pilots per e-fold won, and graded on the other half the median error fell from
-# 2.18% to 0.95% and from 1.78% to 0.92%; over all 12, 11 inside (one mixture pilot refused: too noisy
-# under this fit), no alert on a healthy run. What it costs there: that refused pilot's broken twin (its code
-# source dropped) has no forecast, so no per-source rise check flags it. The rise check's refit weighs alike
-# (RISE_WEIGHTING).
-FIT_WEIGHTINGS = ("log-updates", "equal")
-DEFAULT_WEIGHTING = "log-updates"
+# weighed alike they flatten alpha. Chosen held out over "equal" (benchmarks/bench_forecast.py,
+# docs/FORECAST.md): on either half of the healthy pilots per e-fold won, and graded on the other half the
+# median error fell from 2.18% to 0.95% and from 1.78% to 0.92%. What it costs there: one mixture pilot is
+# refused (too noisy under this fit), so its broken twin keeps only the rise check. The rise check's refit
+# weighs alike (RISE_WEIGHTING).
+# "log-updates-from-2x-warmup", the default: per e-fold as "log-updates", but only the evaluations from twice
+# the warm-up on (FIT_FROM_WARMUPS). Under "log-updates" the first evaluation past the warm-up stands for the
+# steepest e-fold of the pilot, and where that first evaluation lies is the cadence's choice: the six flat-LR
+# pilots evaluated every 5 updates instead of 10 (a first point at 15, not 20) forecast 2.5-3.2% lower. From a
+# step the cadence does not choose, the same pilots move +0.5% to +0.7% between the cadences (measured:
+# bench_forecast's cadence table), and at every 10 updates the forecast is the same as under "log-updates".
+FIT_WEIGHTINGS = ("log-updates-from-2x-warmup", "log-updates", "equal")
+DEFAULT_WEIGHTING = "log-updates-from-2x-warmup"
+# The weightings that fit only the evaluations from this many warm-ups on (at least the first update past it).
+FIT_FROM_WARMUPS = {"log-updates-from-2x-warmup": 2}
 # Chosen by measurement (docs/FORECAST.md, benchmarks/bench_forecast.py): fitted to pilots of 100 updates, the
 # laws with a floor L0 put it at the pilot's plateau and miss the long run's further fall by ~11% (median);
 # the floor-free power law in the LR area misses by ~1%. A pilot this short does not identify a floor.
 DEFAULT_LAW = "area"
+
+
+# How the refits of the bootstrap resample the pilot's residuals (a lock records which: interval_method).
+# "residual-bootstrap" draws each one apart, as if the evaluations were independent; the fit's residuals are
+# correlated from one evaluation to the next (the law misses the plateau for several evaluations in a row),
+# so a finer cadence adds points the refits count but little they may count: the interval narrowed with the
+# cadence (docs/FORECAST.md, "The interval counts correlated residuals"). "ar1-inflated" scales the refits'
+# residuals by sqrt(n / n_eff), n_eff = n (1 - rho) / (1 + rho) the effective count of an AR(1) series whose
+# lag-1 autocorrelation rho is the residuals' own (in step order, at least 0, at most RHO_MAX);
+# "block-bootstrap" resamples runs of consecutive residuals, each as long as n / n_eff (rounded up). The one
+# residual each prediction takes (the long run's own evaluation noise) is drawn apart under every method.
+# Chosen held out at every 5 and every 10 updates (benchmarks/bench_forecast.py, docs/FORECAST.md).
+INTERVAL_METHODS = ("ar1-inflated", "block-bootstrap", "residual-bootstrap")
+DEFAULT_INTERVAL = "ar1-inflated"
+# A lag-1 autocorrelation estimated from a few residuals reaches 1 by chance: held below it, the inflation
+# is at most sqrt(1.9 / 0.1), 4.4x (an interval that wide is refused as too wide, MAX_HALF_WIDTH).
+RHO_MAX = 0.9
 
 
 # The long run's own check (forecast_record.risen): the law refitted to the pilot's evaluations and the run's
@@ -193,7 +220,7 @@ def fit_weights(x: np.ndarray, weighting: str) -> np.ndarray | None:
     shared by the points at one step (a branch's evaluation at a step the pilot also evaluated)."""
     if weighting == "equal":
         return None
-    if weighting != "log-updates":
+    if weighting not in FIT_WEIGHTINGS:
         raise ValueError(f"unknown fit weighting {weighting!r} ({', '.join(FIT_WEIGHTINGS)})")
     steps = np.unique(np.asarray(x, dtype=float))
     if len(steps) < 2:
@@ -306,17 +333,31 @@ def _areas_of(setting_json: str) -> tuple[np.ndarray, np.ndarray]:
     return s1, s2
 
 
-def fit_points(points: list[tuple[int, float]], pilot: Setting) -> tuple[np.ndarray, np.ndarray]:
-    """The pilot's finite evaluations past its warm-up, in step order, refused where too few to fit."""
-    warmup = int(pilot.schedule.get("warmup_steps") or 0)
+def fit_start(schedule: dict[str, Any], weighting: str) -> int:
+    """The first update a weighting fits an evaluation at: past the warm-up, and from FIT_FROM_WARMUPS
+    warm-ups on for the weightings that name it (a step the evaluation cadence does not choose)."""
+    warmup = int(schedule.get("warmup_steps") or 0)
+    return max(warmup + 1, FIT_FROM_WARMUPS.get(weighting, 0) * warmup)
+
+
+def fit_points(
+    points: list[tuple[int, float]], pilot: Setting, weighting: str = "equal"
+) -> tuple[np.ndarray, np.ndarray]:
+    """The pilot's finite evaluations from the weighting's fit_start on, in step order, refused where too few
+    to fit."""
+    start = fit_start(pilot.schedule, weighting)
     kept = sorted(
         (int(s), float(v))
         for s, v in points
-        if isinstance(v, (int, float)) and math.isfinite(v) and warmup < int(s) <= pilot.steps
+        if isinstance(v, (int, float)) and math.isfinite(v) and start <= int(s) <= pilot.steps
     )
     if len(kept) < MIN_POINTS:
+        warmup = int(pilot.schedule.get("warmup_steps") or 0)
+        where = f"past its warm-up of {warmup} updates" + (
+            f" from update {start} on" if start > warmup + 1 else ""
+        )
         raise NoForecast(
-            f"the pilot has {len(kept)} validation evaluation(s) past its warm-up of {warmup} updates; "
+            f"the pilot has {len(kept)} validation evaluation(s) {where}; "
             f"a fit needs at least {MIN_POINTS} (evaluate more often: train.eval_every)"
         )
     return np.array([s for s, _ in kept]), np.array([v for _, v in kept])
@@ -351,18 +392,63 @@ def _check_fit(fit: Fit | None, y: np.ndarray) -> Fit:
     return fit
 
 
+_RESAMPLED = {
+    "residual-bootstrap": "each drawn apart",
+    "ar1-inflated": "scaled by sqrt((1 + rho) / (1 - rho)), rho their lag-1 autocorrelation",
+    "block-bootstrap": "in runs of consecutive residuals n / n_eff long",
+}
+
+
+def lag1_autocorrelation(residuals: np.ndarray) -> float:
+    """The residuals' lag-1 autocorrelation in step order (the lagged products' sum over the squares' sum,
+    centred), held to [0, RHO_MAX]: a negative one would narrow the interval below the independent draw's."""
+    r = np.asarray(residuals, dtype=float) - float(np.mean(residuals))
+    squares = float(np.sum(r * r))
+    if len(r) < 3 or squares <= 0:
+        return 0.0
+    return float(min(max(float(np.sum(r[1:] * r[:-1])) / squares, 0.0), RHO_MAX))
+
+
+def _resampler(scaled: np.ndarray, rho: float, method: str):
+    """How one refit draws its n residuals under an interval method (INTERVAL_METHODS)."""
+    n = len(scaled)
+    if method == "residual-bootstrap":
+        return lambda rng: rng.choice(scaled, n)
+    if method == "ar1-inflated":
+        inflated = scaled * math.sqrt((1 + rho) / (1 - rho))
+        return lambda rng: rng.choice(inflated, n)
+    if method != "block-bootstrap":
+        raise ValueError(f"unknown interval method {method!r} ({', '.join(INTERVAL_METHODS)})")
+    block = min(math.ceil((1 + rho) / (1 - rho) - 1e-9), n)
+    runs = np.stack([scaled[i : i + block] for i in range(n - block + 1)])
+
+    def draw(rng: np.random.Generator) -> np.ndarray:
+        return runs[rng.integers(0, len(runs), math.ceil(n / block))].reshape(-1)[:n]
+
+    return draw
+
+
 def bootstrap(
-    fit: Fit, x: np.ndarray, feats: tuple, target: tuple, rng: np.random.Generator, draws: int = BOOTSTRAP
+    fit: Fit,
+    x: np.ndarray,
+    feats: tuple,
+    target: tuple,
+    rng: np.random.Generator,
+    draws: int = BOOTSTRAP,
+    method: str = "residual-bootstrap",
+    rho: float = 0.0,
 ) -> np.ndarray:
-    """Predictions at the target features from refits of the fit plus resampled residuals, each plus one
-    resampled residual (draws x len(target))."""
+    """Predictions at the target features from refits of the fit plus resampled residuals (drawn under
+    `method`, INTERVAL_METHODS, with the residuals' lag-1 autocorrelation `rho`), each plus one resampled
+    residual (draws x len(target))."""
     s1, s2 = feats
     fitted = law_values(fit.law, fit.alpha, fit.coef, x, s1, s2)
     n, p = len(x), 2 + _has(fit.law, "floor") + _has(fit.law, "annealing")
     scaled = (fit.residuals - fit.residuals.mean()) * math.sqrt(n / max(n - p, 1))
+    resample = _resampler(scaled, rho, method)
     out = []
     for _ in range(draws):
-        refit = fit_law(fit.law, x, fitted + rng.choice(scaled, n), s1, s2, fit.weighting)
+        refit = fit_law(fit.law, x, fitted + resample(rng), s1, s2, fit.weighting)
         if refit is None:
             continue
         out.append(law_values(fit.law, refit.alpha, refit.coef, *target) + rng.choice(scaled, len(target[0])))
@@ -395,14 +481,17 @@ def forecast(
     branches: tuple[tuple[list[tuple[int, float]], Setting], ...] = (),
     drift_weight: float | None = None,
     weighting: str | None = None,
+    interval: str | None = None,
 ) -> dict[str, Any]:
     """The forecast of the target run's validation loss at `at_steps` (the last is its final value), or raise
     NoForecast. `law`: one of LAWS, DEFAULT_LAW when None. `branches`: short runs from the pilot's checkpoints
     on another schedule (a cooldown), each (its validation points, its Setting with `then`), fitted with the
     pilot's points; the drift that widens the interval is measured on the pilot's points alone.
     `drift_weight`: the 90% interval's weight on that drift (WIDEN's when None; the benchmark tries
-    DRIFT_WEIGHTS). `weighting`: how the fit weighs the points (DEFAULT_WEIGHTING when None)."""
+    DRIFT_WEIGHTS). `weighting`: how the fit weighs the points (DEFAULT_WEIGHTING when None). `interval`: how
+    the bootstrap's refits resample the residuals (INTERVAL_METHODS; DEFAULT_INTERVAL when None)."""
     law = law or DEFAULT_LAW
+    interval = interval or DEFAULT_INTERVAL
     widen = {**WIDEN, **({} if drift_weight is None else {LEVEL: float(drift_weight)})}
     for setting, who in ((pilot, "pilot"), (target, "long run")):
         if setting.schedule.get("kind") not in SCHEDULE_KINDS:
@@ -410,15 +499,17 @@ def forecast(
                 f"the {who}'s schedule kind {setting.schedule.get('kind')!r} is not modelled "
                 f"({', '.join(SCHEDULE_KINDS)})"
             )
-    x, y = fit_points(points, pilot)
+    weighting = weighting or DEFAULT_WEIGHTING
+    x, y = fit_points(points, pilot, weighting)
     _, s1, s2 = pilot.features(x)
     pilot_only = (x, y, s1, s2)
     x, y, s1, s2 = _with_branches(pilot_only, branches)
-    fit = _check_fit(fit_law(law, x, y, s1, s2, weighting or DEFAULT_WEIGHTING), y)
+    fit = _check_fit(fit_law(law, x, y, s1, s2, weighting), y)
     steps = np.asarray(at_steps, dtype=int)
     feats = target.features(steps)
     centre = law_values(law, fit.alpha, fit.coef, *feats)
-    preds = bootstrap(fit, x, (s1, s2), feats, np.random.default_rng(seed), draws)
+    rho = lag1_autocorrelation(fit.residuals[: len(pilot_only[0])])  # the pilot's own, in step order
+    preds = bootstrap(fit, x, (s1, s2), feats, np.random.default_rng(seed), draws, interval, rho)
     spread = preds - np.median(preds, axis=0)
     last = pilot_only[0][-1]
     drift = holdout_drift(fit, *pilot_only) * np.log(np.maximum(steps, last) / last)
@@ -447,6 +538,7 @@ def forecast(
             "points": [[int(s), float(v)] for s, v in zip(x, y, strict=True)],
             "residual_sigma": float(np.std(fit.residuals)),
             "weighting": fit.weighting,
+            "residual_lag1": rho,
             "pilot_steps": pilot.steps,
         },
         "curve_columns": ["step", "predicted", "low", "high", "band_low", "band_high"],
@@ -459,8 +551,10 @@ def forecast(
             "level": LEVEL,
             "half_width_share": float(half / final),
         },
+        "interval_method": interval,
         "interval_from": f"a residual bootstrap of the fit ({draws} refits of the fit plus the pilot's "
-        f"resampled residuals), each plus one resampled residual, widened by the drift the pilot measures on "
+        f"resampled residuals, {_RESAMPLED[interval]}), each plus one resampled residual, widened by the "
+        "drift the pilot measures on "
         f"itself (fitted on its first {HOLDOUT_SHARE:.0%} of evaluations, the miss on the rest "
         f"per e-fold of updates) x the e-folds extrapolated, weighted {widen[LEVEL]:g} (the band "
         f"{widen[BAND_LEVEL]:g}); "

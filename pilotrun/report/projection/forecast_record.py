@@ -7,7 +7,8 @@ record.
   cadence. A pilot that gives none gets {"unavailable": "no forecast: <why>"}, never a number.
 - `not_applicable(forecast, lock_recipe, lock_data, run)`: what of the long run differs from what the forecast
   assumes (width, data, schedule family or horizon, recipe), each named; a change on resume is not such a
-  difference: it is the run leaving the forecast, which the band catches.
+  difference: the run is still held to the forecast (a change that hurts shows in the band or the rise), and
+  the change is said on its own (forecast_changes.py: watch's alert, the grade's `changes`).
 - `at_step(forecast, step)`: the predicted value, the 90% interval and the watch's band at a step (linear
   between the curve's evaluation steps).
 - `grade(forecast, points, ...)`: predicted against measured, for summarize and the benchmark.
@@ -18,14 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pilotrun.config import (
-    MACHINE_KEYS,
-    RESUME_FREE_KEYS,
-    current_key,
-    current_recipe,
-    flatten,
-    recorded_value,
-)
+from pilotrun.config import current_key, current_recipe, flatten, recorded_value
 from pilotrun.report.projection.forecast import (
     RISE_SHARE,
     SCHEDULE_FIELDS,
@@ -36,6 +30,7 @@ from pilotrun.report.projection.forecast import (
     forecast,
     refitted_at,
 )
+from pilotrun.report.projection.forecast_changes import IGNORED, as_dicts, describe_changes, forecast_changes
 from pilotrun.report.record_check.mixture_account import format_source_passes, projected_passes_by_source
 from pilotrun.run.recipe_lock import FORECAST_KEY, lock_forecast_of
 from pilotrun.run.record import is_finite_number
@@ -53,12 +48,6 @@ __all__ = [
     "format_forecast",
 ]
 MAX_CURVE_POINTS = 400  # a longer run's evaluation steps are thinned evenly (the final one always kept)
-# Keys the forecast does not depend on: how long and how often (its own target and curve say), the machine,
-# the seed (a seed's spread is within the interval). The evaluation's batches stay: they are the measured
-# loss.
-IGNORED = tuple(
-    current_key(k) for k in (*MACHINE_KEYS, *RESUME_FREE_KEYS) if current_key(k) != "train.eval.batches"
-) + ("optim.schedule.horizon", "train.seed")
 # The farthest a forecast reaches: the issue's 10-30x horizons; measured here at 10x (docs/FORECAST.md).
 # Beyond it a floor-free power law keeps falling and the number would be the law's, not the pilot's.
 MAX_HORIZON_FACTOR = 30
@@ -105,11 +94,14 @@ def eval_steps(every: int | None, target_steps: int) -> list[int]:
     return [s for s in steps if s < target_steps] + [target_steps]
 
 
-def lock_forecast(summary: Any, target_steps: int, weighting: str | None = None) -> dict[str, Any]:
+def lock_forecast(
+    summary: Any, target_steps: int, weighting: str | None = None, interval: str | None = None
+) -> dict[str, Any]:
     """The lock's `forecast` section for a long run of `target_steps` updates (module docstring), from a
     pilot's summary (report/record_check/summarize.py's Summary: its run.json, kept events and final
     counters). `weighting`: how the fit weighs the pilot's evaluations (forecast.FIT_WEIGHTINGS; the default's
-    when None: the benchmark sets it to compare them whole, as graded and watched)."""
+    when None: the benchmark sets it to compare them whole, as graded and watched). `interval`: how the
+    bootstrap resamples the residuals (forecast.INTERVAL_METHODS; the default's when None)."""
     run = summary.run
     recipe = run.get("recipe") or {}
     schedule = {k: ((recipe.get("optim") or {}).get("schedule") or {}).get(k) for k in SCHEDULE_FIELDS}
@@ -156,6 +148,7 @@ def lock_forecast(summary: Any, target_steps: int, weighting: str | None = None)
             Setting(target_schedule, target_steps, tpu, train_tokens),
             eval_steps(_positive(recorded_value(recipe, "train.eval.every")), target_steps),
             weighting=weighting,
+            interval=interval,
         )
     except TooNoisy as why:
         # No number, but the rise check still holds: its refit takes the run's own evaluations too, which
@@ -425,7 +418,14 @@ def format_grade(
             f"; left the band at step {graded['left_band_at']} ({graded['left_share']:.0%} of the forecast's "
             "updates)"
         )
-    return head + ("" if graded["left_band_at"] is not None else "; never left the band")
+    head += "" if graded["left_band_at"] is not None else "; never left the band"
+    if graded.get("changes"):
+        head += (
+            f"; graded as of a changed recipe: {describe_changes(graded['changes'])} (on resume; the "
+            f"forecast assumed the lock's recipe, so from update {graded['changes'][0]['from_update']} it is "
+            "a reference, not a prediction)"
+        )
+    return head
 
 
 def format_forecast(fc: dict[str, Any]) -> str:
@@ -470,7 +470,11 @@ def against(
     differs = not_applicable(fc, lock_recipe if isinstance(lock_recipe, dict) else {}, lock_data_sha256, run)
     if differs:
         return {"not_applicable": differs}
-    return grade(fc, val_points(events), by_source=val_points_by_source(events))
+    graded = grade(fc, val_points(events), by_source=val_points_by_source(events))
+    # graded as today, and read as of the recipe in force: the changes on resume that left its assumptions
+    sessions = list(dict.fromkeys(str(e.get("session_id")) for e in events))
+    graded["changes"] = as_dicts(forecast_changes(run, sessions))
+    return graded
 
 
 def against_own_lock(run: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any] | None:

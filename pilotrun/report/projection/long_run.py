@@ -200,38 +200,32 @@ def _count(every: Any, steps: int, at_end: bool) -> int:
 def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None,
             device_hour_cost: float | None = None) -> dict[str, Any]:
     """The lock's `projection` for a long run of `target_steps` updates (module docstring)."""
-    run, o = summary.run, summary.overall
-    checkpoint_every = recorded_value(run.get("recipe"), "train.checkpoint.every")  # of any recipe format
-    eval_every = recorded_value(run.get("recipe"), "train.eval.every")
-    tpu = run.get("tokens_per_update") or 0
-    every = summary.kept_events + summary.rolled_back_events
+    tpu = summary.run.get("tokens_per_update") or 0
     rates = [r for r in map(window_tokens_per_s, steady_windows(summary.kept_events)) if r is not None]
     if not rates or not tpu:
         return {
             "target_steps": target_steps,
             "unavailable": "the pilot has no steady train window to project from",
         }
+    out: dict[str, Any] = {"target_steps": target_steps, "tokens": target_steps * tpu}
+    out.update(_training_parts(summary, rates, target_steps, tpu))
+    out.update(_cadence_parts(summary, target_steps))
+    out.update(_session_parts(summary, target_steps))
+    failure_free = (out["startup"]["seconds"] + out["training"]["seconds"] + out["checkpoint"]["seconds"]
+                    + out["evaluation"]["seconds"] + out["overhead"]["seconds"])
+    expected_lost = 0.0
+    if mtbf_hours is not None:
+        out.update(_failure_parts(out, summary, mtbf_hours, failure_free))
+        expected_lost = out["failures"]["seconds"]
+    out.update(_total_parts(out, summary, failure_free + expected_lost, mtbf_hours, device_hour_cost))
+    return out
+
+
+def _training_parts(summary: Summary, rates: list[float], target_steps: int, tpu: int) -> dict[str, Any]:
+    """The pilot's steady training-only tokens/s and the training time they give the long run's tokens."""
     median, p10, p90 = statistics.median(rates), percentile(rates, 0.1), percentile(rates, 0.9)
     tokens = target_steps * tpu
-    train = tokens / median
-    (ckpt_cost, ckpt_beside), eval_cost = checkpoint_costs(every), _median_of(every, "val") or 0.0
-    checkpoints = _count(checkpoint_every, target_steps, at_end=True)
-    evals = _count(eval_every, target_steps, at_end=False)
-    ledger = time_ledger(summary.sessions, summary.kept_events, summary.rolled_back_events, run)
-    startups = [s.parts["startup"] for s in ledger.sessions]
-    startup = statistics.median(startups) if startups else 0.0
-    startup_band, startup_rule = measured_spread(startups)
-    ckpt_each, ckpt_rule = measured_spread(blocking_seconds(every))
-    eval_each, eval_rule = measured_spread(_seconds_of(every, "val"))
-    attempted = sum(s.updates_attempted for s in summary.sessions)
-    overhead_rate = ((ledger.parts["report"] + ledger.parts["other"]) / attempted) if attempted else 0.0
-    overhead = overhead_rate * target_steps
-    host_low, host_high, host_windows = host_spread(summary.kept_events)
-    failure_free = startup + train + checkpoints * ckpt_cost + evals * eval_cost + overhead
-    seconds_per_update = failure_free / target_steps
-    out: dict[str, Any] = {
-        "target_steps": target_steps,
-        "tokens": tokens,
+    return {
         "train_tokens_per_s": {
             "median": median,
             "p10": p10,
@@ -240,13 +234,28 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
             "from": "training-only tokens/s of the pilot's steady windows",
         },
         "training": {
-            "seconds": train,
+            "seconds": tokens / median,
             "band": [tokens / p90, tokens / p10],
             "from": f"{target_steps} x {tpu} tokens / the median (band: p90, p10) tokens/s",
             "band_from": f"the tokens at the p90 and p10 of the pilot's {len(rates)} steady windows' "
             "tokens/s, at the pilot's CPU share (cpu_share)",
             "cpu_share": cpu_share_band(summary.kept_events),
         },
+    }
+
+
+def _cadence_parts(summary: Summary, target_steps: int) -> dict[str, Any]:
+    """The checkpoints and evaluations the recipe's cadences give over the long run, at the pilot's costs."""
+    recipe = summary.run.get("recipe")
+    checkpoint_every = recorded_value(recipe, "train.checkpoint.every")  # of any recipe format
+    eval_every = recorded_value(recipe, "train.eval.every")
+    every = summary.kept_events + summary.rolled_back_events
+    (ckpt_cost, ckpt_beside), eval_cost = checkpoint_costs(every), _median_of(every, "val") or 0.0
+    checkpoints = _count(checkpoint_every, target_steps, at_end=True)
+    evals = _count(eval_every, target_steps, at_end=False)
+    ckpt_each, ckpt_rule = measured_spread(blocking_seconds(every))
+    eval_each, eval_rule = measured_spread(_seconds_of(every, "val"))
+    return {
         "checkpoint": {
             "seconds": checkpoints * ckpt_cost,
             "count": checkpoints,
@@ -268,6 +277,20 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
             "each_band": eval_each,
             "band_from": f"the count x each evaluation's seconds: {eval_rule}",
         },
+    }
+
+
+def _session_parts(summary: Summary, target_steps: int) -> dict[str, Any]:
+    """Each session's start-up and the bookkeeping (report + other seconds) per update: the time ledger's."""
+    ledger = time_ledger(summary.sessions, summary.kept_events, summary.rolled_back_events, summary.run)
+    startups = [s.parts["startup"] for s in ledger.sessions]
+    startup = statistics.median(startups) if startups else 0.0
+    startup_band, startup_rule = measured_spread(startups)
+    attempted = sum(s.updates_attempted for s in summary.sessions)
+    overhead_rate = ((ledger.parts["report"] + ledger.parts["other"]) / attempted) if attempted else 0.0
+    overhead = overhead_rate * target_steps
+    host_low, host_high, host_windows = host_spread(summary.kept_events)
+    return {
         "startup": {
             "seconds": startup,
             "from": "median start-up of the pilot's sessions (time ledger)",
@@ -285,18 +308,26 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
             f"training) of the pilot's {host_windows} steady windows",
         },
     }
-    expected_lost = 0.0
-    if mtbf_hours is not None:
-        mtbf = mtbf_hours * 3600.0
-        cadence = checkpoint_every
-        interval = cadence if isinstance(cadence, int) and cadence > 0 else None  # None: only at the end
-        interval_seconds = (interval or target_steps) * seconds_per_update
-        failures = failure_free / mtbf
-        # A failure also loses the save in flight: the newest committed state is older by its write.
-        per_failure = interval_seconds / 2 + ckpt_beside + startup
-        expected_lost = failures * per_failure
-        young = math.sqrt(2 * ckpt_cost * mtbf)
-        out["failures"] = {
+
+
+def _failure_parts(out: dict[str, Any], summary: Summary, mtbf_hours: float,
+                   failure_free: float) -> dict[str, Any]:
+    """What failures at this MTBF are expected to cost, and the checkpoint interval that minimises it."""
+    target_steps = out["target_steps"]
+    seconds_per_update = failure_free / target_steps
+    startup, ckpt_cost, ckpt_beside = (out["startup"]["seconds"], out["checkpoint"]["each"],
+                                       out["checkpoint"]["background_each"])
+    mtbf = mtbf_hours * 3600.0
+    cadence = recorded_value(summary.run.get("recipe"), "train.checkpoint.every")
+    interval = cadence if isinstance(cadence, int) and cadence > 0 else None  # None: only at the end
+    interval_seconds = (interval or target_steps) * seconds_per_update
+    failures = failure_free / mtbf
+    # A failure also loses the save in flight: the newest committed state is older by its write.
+    per_failure = interval_seconds / 2 + ckpt_beside + startup
+    expected_lost = failures * per_failure
+    young = math.sqrt(2 * ckpt_cost * mtbf)
+    return {
+        "failures": {
             "mtbf_hours": mtbf_hours,
             "expected": failures,
             "redone_seconds": failures * (interval_seconds / 2 + ckpt_beside),
@@ -307,8 +338,8 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
             f"flight ({ckpt_beside:.4g} s) and one start-up; dead time before a restart is not projected",
             "band": [0.0, expected_lost],
             "band_from": "none happen .. the expected cost",
-        }
-        out["checkpoint_interval"] = {
+        },
+        "checkpoint_interval": {
             "young_seconds": young,
             "young_updates": young / seconds_per_update,
             "daly_seconds": max(0.0, young - ckpt_cost),
@@ -317,10 +348,16 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
                     "checkpoint "
             f"seconds {ckpt_cost:.4g} (what a save costs the loop) and MTBF {mtbf_hours} h; Daly (2006): the "
             "same less the cost",
-        }
-    total = failure_free + expected_lost
-    world = _world_size(run, summary)
-    out["total_wall"] = {
+        },
+    }
+
+
+def _total_parts(out: dict[str, Any], summary: Summary, total: float, mtbf_hours: float | None,
+                 device_hour_cost: float | None) -> dict[str, Any]:
+    """The total wall time (the parts' sum) and its band, device-hours, cost, goodput and hardware."""
+    world = _world_size(summary.run, summary)
+    totals: dict[str, Any] = {}
+    totals["total_wall"] = {
         "seconds": total,
         "from": "start-up + training + checkpoints + evaluations + overhead"
         + (" + expected failures" if mtbf_hours is not None else ""),
@@ -332,20 +369,23 @@ def project(summary: Summary, target_steps: int, mtbf_hours: float | None = None
             }
         ),
     }
-    out["device_hours"] = {"value": total / 3600.0 * world, "world_size": world,
-                           "from": "total wall hours x the pilot's world_size"}
+    totals["device_hours"] = {"value": total / 3600.0 * world, "world_size": world,
+                              "from": "total wall hours x the pilot's world_size"}
     if device_hour_cost is not None:
-        out["cost"] = {
-            "value": out["device_hours"]["value"] * device_hour_cost,
+        totals["cost"] = {
+            "value": totals["device_hours"]["value"] * device_hour_cost,
             "per_device_hour": device_hour_cost,
             "from": "device-hours x the price given",
         }
-    out["goodput"] = {"value": train / total if total > 0 else None, "from": "training / total wall"}
-    out["wall_tokens_per_s"] = {"value": tokens / total if total > 0 else None, "from": "tokens / total wall"}
-    hardware = (_last_session(run, summary) or {}).get("hardware") or {}
-    out["hardware"] = {k: hardware.get(k) for k in ("device", "device_name", "world_size", "torch_threads")}
-    out["pilot_final_step"] = o.get("updates_applied")
-    return out
+    train, tokens = out["training"]["seconds"], out["tokens"]
+    totals["goodput"] = {"value": train / total if total > 0 else None, "from": "training / total wall"}
+    totals["wall_tokens_per_s"] = {"value": tokens / total if total > 0 else None,
+                                   "from": "tokens / total wall"}
+    hardware = (_last_session(summary.run, summary) or {}).get("hardware") or {}
+    totals["hardware"] = {k: hardware.get(k)
+                          for k in ("device", "device_name", "world_size", "torch_threads")}
+    totals["pilot_final_step"] = summary.overall.get("updates_applied")
+    return totals
 
 
 def _last_session(run: dict[str, Any], summary: Summary) -> dict[str, Any] | None:

@@ -6,7 +6,8 @@ rule table (rules.py) names it and says what it means.
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
 from pilotrun.report.record_check.time_split import window_profiled
 from pilotrun.report.verdict.evidence import lacks, recipe_value, train_events, window_of
@@ -23,10 +24,23 @@ def _session_devices(summary: Summary) -> set[str]:
             if isinstance(s, dict) and str(s.get("session_id")) in kept}
 
 
-def judge_throughput_steady(summary: Summary, t: Thresholds) -> Finding:
-    rates, cpu_rates, device_rates, others, switches = [], [], [], [], []
+@dataclass
+class _SteadyWindows:
+    """Per train window past each session's first, profiled ones counted and left out: training-only tokens/s
+    and, None where a window does not record it, tokens per process CPU second, per device second, the CPUs
+    other processes used and this run's involuntary switches, each per wall second."""
+
+    rates: list[float] = field(default_factory=list)
+    cpu_rates: list[float | None] = field(default_factory=list)
+    device_rates: list[float | None] = field(default_factory=list)
+    others: list[float | None] = field(default_factory=list)
+    switches: list[float | None] = field(default_factory=list)
+    profiled: int = 0
+
+
+def _steady_windows(summary: Summary) -> _SteadyWindows:
+    windows = _SteadyWindows()
     seen_sessions = set()
-    profiled = 0
     for e in train_events(summary):
         w = window_of(e)
         first_of_session = e["session_id"] not in seen_sessions
@@ -36,68 +50,106 @@ def judge_throughput_steady(summary: Summary, t: Thresholds) -> Finding:
         if window_profiled(w):
             # torch.profiler slows what it records and the updates around it (its start, its trace): such a
             # window says nothing about the recipe's steady speed.
-            profiled += 1
+            windows.profiled += 1
             continue
         if (
             is_finite_number(w.get("tokens"))
             and is_finite_number(w.get("train_seconds"))
             and w["train_seconds"] > 0
         ):
-            rates.append(w["tokens"] / w["train_seconds"])
+            windows.rates.append(w["tokens"] / w["train_seconds"])
             cpu = w.get("cpu_seconds")
-            cpu_rates.append(w["tokens"] / cpu if is_finite_number(cpu) and cpu > 0 else None)
+            windows.cpu_rates.append(w["tokens"] / cpu if is_finite_number(cpu) and cpu > 0 else None)
             device = w.get("device_seconds")
-            device_rates.append(w["tokens"] / device if is_finite_number(device) and device > 0 else None)
+            windows.device_rates.append(
+                w["tokens"] / device if is_finite_number(device) and device > 0 else None
+            )
             wall = (
                 w.get("wall_seconds")
                 if is_finite_number(w.get("wall_seconds")) and w["wall_seconds"] > 0
                 else None
             )
             other, switched = w.get("other_cpu_seconds"), w.get("involuntary_switches")
-            others.append(other / wall if wall and is_finite_number(other) else None)
-            switches.append(switched / wall if wall and is_finite_number(switched) else None)
-    threshold = (
+            windows.others.append(other / wall if wall and is_finite_number(other) else None)
+            windows.switches.append(switched / wall if wall and is_finite_number(switched) else None)
+    return windows
+
+
+def _throughput_threshold(t: Thresholds) -> str:
+    return (
         f"last-third / first-third median of training-only tok/s >= {t.min_throughput_ratio} (tok per "
         "process CPU second on a CPU, per device second on CUDA, held to the same bound separates a busier "
         "machine, and so does, on a CPU, the process's share of the CPU falling below "
         f"{t.min_cpu_share_ratio} "
         "of what it was)"
     )
+
+
+class _PerCpuSecond(NamedTuple):
+    """Tokens per process CPU second, first third -> last, and the CPU seconds per training second."""
+
+    first: float
+    last: float
+    ratio: float
+    share_first: float
+    share_last: float
+
+
+def _per_cpu_second(windows: _SteadyWindows, third: int) -> _PerCpuSecond | None:
+    """None where a window lacks its CPU seconds."""
+    rates, cpu_rates = windows.rates, windows.cpu_rates
+    if not all(r is not None for r in cpu_rates):
+        return None
+    cpu_first = statistics.median(cpu_rates[:third])
+    cpu_last = statistics.median(cpu_rates[-third:])
+    cpu_ratio = cpu_last / cpu_first
+    share_first = statistics.median(c / r for c, r in zip(rates[:third], cpu_rates[:third], strict=True))
+    share_last = statistics.median(c / r for c, r in zip(rates[-third:], cpu_rates[-third:], strict=True))
+    return _PerCpuSecond(cpu_first, cpu_last, cpu_ratio, share_first, share_last)
+
+
+def judge_throughput_steady(summary: Summary, t: Thresholds) -> Finding:
+    windows = _steady_windows(summary)
+    rates = windows.rates
+    threshold = _throughput_threshold(t)
     evidence = f"training-only tokens/s of {len(rates)} train windows (each session's first left out"
-    evidence += f", and {profiled} with profiled updates)" if profiled else ")"
+    evidence += f", and {windows.profiled} with profiled updates)" if windows.profiled else ")"
     if len(rates) < 6:
         return Finding(WARN, f"only {len(rates)} windows to compare", threshold, evidence)
     third = len(rates) // 3
     first, last = statistics.median(rates[:third]), statistics.median(rates[-third:])
     ratio = last / first
     figure = f"median {first:.1f} -> {last:.1f} tok/s (ratio {ratio:.2f})"
-    have_cpu = all(r is not None for r in cpu_rates)
-    if have_cpu:
-        cpu_first = statistics.median(cpu_rates[:third])
-        cpu_last = statistics.median(cpu_rates[-third:])
-        cpu_ratio = cpu_last / cpu_first
-        share_first = statistics.median(c / r for c, r in zip(rates[:third], cpu_rates[:third], strict=True))
-        share_last = statistics.median(c / r for c, r in zip(rates[-third:], cpu_rates[-third:], strict=True))
+    cpu = _per_cpu_second(windows, third)
+    if cpu is not None:
         figure += (
-            f"; per process CPU second {cpu_first:.1f} -> {cpu_last:.1f} tok (ratio {cpu_ratio:.2f}), CPU "
-            f"seconds per training second {share_first:.2f} -> {share_last:.2f}"
+            f"; per process CPU second {cpu.first:.1f} -> {cpu.last:.1f} tok (ratio {cpu.ratio:.2f}), CPU "
+            f"seconds per training second {cpu.share_first:.2f} -> {cpu.share_last:.2f}"
         )
         evidence += "; window.cpu_seconds"
-    have_device = all(r is not None for r in device_rates)
-    if have_device:
-        device_first = statistics.median(device_rates[:third])
-        device_last = statistics.median(device_rates[-third:])
+    device_ratio = None
+    if all(r is not None for r in windows.device_rates):
+        device_first = statistics.median(windows.device_rates[:third])
+        device_last = statistics.median(windows.device_rates[-third:])
         device_ratio = device_last / device_first
         figure += (
             f"; per device second {device_first:.1f} -> {device_last:.1f} tok (ratio {device_ratio:.2f})"
         )
         evidence += "; window.device_seconds (CUDA timing events)"
-    machine = _lost_to_other_work(others, switches, third, t)
+    machine = _lost_to_other_work(windows.others, windows.switches, third, t)
     if machine is not None:
         figure += f"; {machine[0]}"
         evidence += "; window.other_cpu_seconds and window.involuntary_switches"
     if ratio >= t.min_throughput_ratio:
         return Finding(PASS, figure, threshold, evidence)
+    return _slower_finding(summary, t, (figure, threshold, evidence), machine, cpu, device_ratio)
+
+
+def _slower_finding(summary: Summary, t: Thresholds, said: tuple[str, str, str],
+                    machine: tuple[str, bool] | None, cpu: _PerCpuSecond | None,
+                    device_ratio: float | None) -> Finding:
+    """A slower last third: a busier machine (WARN) where the measures tell it apart, else the run (FAIL)."""
+    figure, threshold, evidence = said
     devices = _session_devices(summary)
     if machine is not None and machine[1] and devices == {"cpu"}:
         # Before the work per token is looked at: threads that lose their time slices to other processes spin
@@ -112,13 +164,13 @@ def judge_throughput_steady(summary: Summary, t: Thresholds) -> Finding:
             evidence,
         )
     on_cuda = bool(devices) and all(d.startswith("cuda") for d in devices)
-    if (have_cpu and devices == {"cpu"} and cpu_ratio >= t.min_throughput_ratio) or \
-            (have_device and on_cuda and device_ratio >= t.min_throughput_ratio):
+    if (cpu is not None and devices == {"cpu"} and cpu.ratio >= t.min_throughput_ratio) or \
+            (device_ratio is not None and on_cuda and device_ratio >= t.min_throughput_ratio):
         what = "process CPU second" if devices == {"cpu"} else "device second"
         return Finding(WARN, f"the machine got busier: {figure}; the work per token (tokens "
                        f"per {what}) held, so the slowdown is other load on the machine, not the recipe",
                        threshold, evidence)
-    if have_cpu and devices == {"cpu"} and share_last / share_first < t.min_cpu_share_ratio:
+    if cpu is not None and devices == {"cpu"} and cpu.share_last / cpu.share_first < t.min_cpu_share_ratio:
         # The process got much less of the CPU per training second than before: other load took it. Sharing a
         # core also makes each token cost more CPU time (every switch to another task evicts the trainer's
         # caches), so the work per CPU second cannot acquit the recipe either way; the slowdown is reported,
@@ -126,15 +178,15 @@ def judge_throughput_steady(summary: Summary, t: Thresholds) -> Finding:
         return Finding(
             WARN,
             f"the machine got busier: {figure}; the process got "
-            f"{share_last / share_first:.2f} of its share of the CPU, so other load took it; its work "
-            "per CPU second fell too (sharing a core evicts its caches), so judge the recipe's own speed "
-            "on a quiet machine",
+            f"{cpu.share_last / cpu.share_first:.2f} of its share of the CPU, so other load took it; "
+            "its work per CPU second fell too (sharing a core evicts its caches), so judge the recipe's own "
+            "speed on a quiet machine",
             threshold,
             evidence,
         )
-    if on_cuda and not have_device:
+    if on_cuda and device_ratio is None:
         figure += "; device time not recorded, so contention cannot be told apart"
-    elif not on_cuda and not have_cpu:
+    elif not on_cuda and cpu is None:
         figure += "; CPU time not recorded, so contention cannot be told apart"
     elif devices != {"cpu"} and not on_cuda:
         figure += f"; devices {', '.join(sorted(devices))}: no one measure of the work per token"

@@ -26,6 +26,11 @@ again, a rule when it passes again, a killed session when a resume starts). The 
   envelope);
 - `forecast`: past the pilot's reach, validation losses outside the band of the lock's forecast, two
   evaluations in a row (forecast_watch.py); a run the forecast does not apply to hears so once, as a note;
+- `forecast_change` (key `forecast_change:SESSION`): a resume that changed what the lock's forecast assumed (a
+  recipe key, a mixture's weights; never a cadence, the length or a machine key: forecast_changes.py), raised
+  once at the first evaluation after it, naming each key old -> new and the update it took effect from: the
+  forecast is a reference from there, the run still held to it. It never clears (the run stays on the changed
+  recipe);
 - `rule`: one of the verdict's rules that apply to a run in progress FAILs, judged by the rule table itself
   (rules.py) on summarize's view of the record, with the lock's thresholds when one is given; each rule is
   judged only once the kept history holds the evidence the rule states it needs (its `needs`: a train window,
@@ -271,8 +276,11 @@ class Watcher:
         if kind == "val":
             self._forecast(event, now, found, cleared)
         if kind == "session_start":
-            self.forecast.restart()
+            # run.json records the session and the changes it made on resume before its first line: read
+            # again now, so that a change is said at the session's first evaluation even in this same poll
+            self.folder.refresh()
             resumed = event.get("resumed_from")
+            self.forecast.restart(sid, resumed)
             self.losses = [p for p in self.losses if resumed is not None and p[0] <= resumed]
             self.downstream = {name: [p for p in points if resumed is not None and p[0] <= resumed]
                                for name, points in self.downstream.items()}
@@ -411,12 +419,27 @@ class Watcher:
         said = self.forecast.judge(self.follower.run, event)
         self.notes.extend(self.forecast.notes)
         self.forecast.notes = []
+        self._forecast_changes(event, now, found)
         if said is not None and "outside" in said:
             found.setdefault("forecast", Alert("forecast", "forecast", said["outside"], said["step"],
                                                said["figure"], said["bound"], str(event["session_id"]), now,
                                                {"first": said["first"]}))
         elif said is not None:
             cleared.add("forecast")
+
+    def _forecast_changes(self, event: dict[str, Any], now: float, found: dict[str, Alert]) -> None:
+        """One alert per resume whose changes left what the forecast assumed, at the first evaluation after
+        it; it stands (the run is on the changed recipe from then on)."""
+        by_session: dict[str, list[dict[str, Any]]] = {}
+        for change in self.forecast.changes:
+            by_session.setdefault(str(change["session_id"]), []).append(change)
+        self.forecast.changes = []
+        for sid, changes in by_session.items():
+            first = min(int(c["from_update"]) for c in changes)
+            found[f"forecast_change:{sid}"] = Alert(
+                "forecast_change", f"forecast_change:{sid}", self.forecast.change_message(changes),
+                event["step"], [f"{c['key']} {c['old']} -> {c['new']}" for c in changes],
+                "the lock's recipe and data", sid, now, {"from_step": first, "changes": changes})
 
     def _downstream(
         self, event: dict[str, Any], now: float, found: dict[str, Alert], cleared: set[str]

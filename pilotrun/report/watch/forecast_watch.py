@@ -11,14 +11,18 @@ forecast's (a lock written before it has no `rise` and is held to the band alone
 source's own val loss is held to its own course the same way (forecast_record.source_risen; the lock's
 `rise.by_source`): the mean under the weights in force falls when a hard source is dropped. A run the
 forecast does not apply to (another width, data, schedule family or horizon, recipe) hears it once, as a note,
-and is not held to it; a lock without a forecast (older, or "no forecast: <why>") is watched as before, except
-one refused as too noisy, whose lock still carries the rise check: the run is held to it alone (no band).
+and is not held to it; a run that changed on resume what the forecast assumed (forecast_changes.py) is still
+held to it, and each such resume is said once, at its first evaluation (`changes`, which alerts.py raises); a
+lock without a forecast (older, or "no forecast: <why>") is watched as before, except one refused as too
+noisy, whose lock still carries the rise check: the run is held to it alone (no band).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from pilotrun.report.projection.forecast_changes import as_dicts, describe_changes, forecast_changes
 from pilotrun.report.projection.forecast_record import (
     CONSECUTIVE,
     at_step,
@@ -57,11 +61,34 @@ class ForecastWatch:
         self.own: dict[int, float] = {}  # the run's evaluations so far, by step (a redone one replaces its)
         self.own_by_source: dict[str, dict[int, float]] = {}  # a mixture: each source's own, the same way
         self.notes: list[str] = []
+        # the sessions seen starting whose updates the run still keeps, in order, each with the step it
+        # started at (a later resume from an earlier step undoes a session's updates and its changes)
+        self.sessions: dict[str, int] = {}
+        self.told: set[str] = set()  # the changes on resume already said (forecast_changes' dicts, as JSON)
+        self.changes: list[dict[str, Any]] = []  # changes to say now: taken by the caller
 
-    def restart(self) -> None:
-        """A session started: the evaluations after its resume point are redone, so the streak starts
-        again."""
+    def restart(self, session_id: str | None = None, resumed_from: int | None = None) -> None:
+        """A session started (from `resumed_from`; None: fresh): the evaluations after its resume point are
+        redone, so the streak starts again; a change it made on resume is said at its first evaluation, and
+        one made by an earlier session that started at or past that point, whose updates are all redone, is
+        not (none of the run's kept updates ran on it)."""
         self.streak = []
+        if session_id is None or session_id in self.sessions:
+            return
+        start = resumed_from if isinstance(resumed_from, int) else 0
+        self.sessions = {sid: at for sid, at in self.sessions.items() if at < start}
+        self.sessions[session_id] = start
+
+    def _changed(self, run: dict[str, Any], step: int) -> None:
+        """The changes on resume that left the forecast's assumptions (forecast_changes.py), made by a session
+        seen starting and in effect at `step`, not said before (a later session repeating the same change
+        from the same update is the same change), into self.changes."""
+        for change in as_dicts(forecast_changes(run, list(self.sessions))):
+            said = json.dumps({k: v for k, v in change.items() if k != "session_id"}, sort_keys=True,
+                              default=str)
+            if change["from_update"] <= step and said not in self.told:
+                self.told.add(said)
+                self.changes.append(change)
 
     def judge(self, run: dict[str, Any], event: dict[str, Any]) -> dict[str, Any] | None:
         """{"outside": message, "step", "figure", "bound"} while CONSECUTIVE evaluations in a row are outside
@@ -76,6 +103,8 @@ class ForecastWatch:
                     "(its validation loss is not held to the forecast's band)"
                 )
         loss, step = event.get("loss"), event.get("step")
+        if self.applies and isinstance(step, int):
+            self._changed(run, step)
         if not self.applies or not is_finite_number(loss) or not isinstance(step, int):
             return None
         own = sorted((s, v) for s, v in self.own.items() if s < step)
@@ -118,6 +147,22 @@ class ForecastWatch:
                 "first": first,
             }
         return self._left_band(side, step, float(loss), first)
+
+    def change_message(self, changes: list[dict[str, Any]]) -> str:
+        """The alert's text for the changes one resume made (self.changes of one session)."""
+        first = min(int(c["from_update"]) for c in changes)
+        held = (
+            "its band is a reference, not a prediction (the run is still held to the band and to its own "
+            "course: a change that hurts shows there)"
+            if "curve" in self.forecast
+            else "the course the lock's rise check holds the run to is a reference, not a prediction (the "
+            "run is still held to it: a change that hurts shows there)"
+        )
+        return (
+            f"the run changed on resume what the lock's forecast assumed: {describe_changes(changes)} "
+            f"(session {changes[0]['session_id']}); the forecast assumed the lock's recipe and data "
+            f"throughout, so from step {first} {held}"
+        )
 
     def _sources(
         self, event: dict[str, Any], step: int

@@ -12,14 +12,19 @@ replicated tensor once); with one process it is the plain torch.save. What it ho
 `session.checkpoint_state`, the same definition a resume reads into. The `checkpoint` event follows the
 commit, so a reader of metrics.jsonl that sees it can trust the folder is there.
 
-Background saves (`train.checkpoint.mode`): a cadence save only stages the state to host memory on the loop's
-thread and returns; DCP writes, hashes and fsyncs it beside training (checkpoint/background.py). It is
+Background saves (`train.checkpoint.mode`): a cadence save only stages the state to host memory and returns;
+DCP writes, hashes and fsyncs it beside training (checkpoint/background.py). The parameters and the
+optimizer's state are copied by a staging thread beside the next update's forward and backward: this callback
+holds that update's optimizer step (a step pre-hook on the session's optimizer, removed when the attempt
+ends) and the end of the update attempt (`around_update`: an update held by the spike gate or skipped for an
+overflow does not step) until the copy is done, and charges the wait to the checkpoint phase. It is
 committed at the first round after rank 0's write is done (rank 0 says so, every rank follows: one small
 broadcast per round while a save is in flight), or before the next save, a spike's rollback, or the session's
 end, whichever comes first. Besides the cadence, a spike's rollback commits the step it restored again
 (`save_now`, synchronous), with the skip it added in the trainer state. Its `checkpoint` event is logged then,
 carrying the counters of the state it saved (which may be behind the events logged meanwhile: `background:
-true` tells summarize so), `seconds` and `blocking_seconds` for what the loop waited, `background_seconds` for
+true` tells summarize so), `seconds` and `blocking_seconds` for what the loop waited (the copy in the save's
+call, the wait for the staging thread before the next step, the commit), `background_seconds` for
 what ran beside training, and, when the save had to wait for the one before it, `waited_for_step` and
 `waited_seconds`. The last round's save (completion, a stop signal, a deadline, a hang) is synchronous, after
 the one in flight is committed.
@@ -34,7 +39,9 @@ session ends `stopped` (exit 1) with the reason; any other failure raises.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from pilotrun.config import CheckpointConfig
@@ -46,6 +53,7 @@ from pilotrun.training.checkpoint.background import (
     finish_background_save,
     out_of_space,
     space_error_line,
+    stable_storages,
     start_background_save,
 )
 from pilotrun.training.checkpoint.dcp_storage import DCPStorage
@@ -103,6 +111,7 @@ class CheckpointCallback(Callback):
         self.every = every
         self.background = background
         self.pending: PendingSave | None = None
+        self.hold: Any = None  # the optimizer's step pre-hook while the pending save's staging copies
         self.write_done = False  # agreed this round: the pending save's write has finished on rank 0
         self.stopped_for_space: str | None = None
         self.disk_stated = False
@@ -174,12 +183,41 @@ class CheckpointCallback(Callback):
                 self._stop_for_space(loop, loop.step, exc)
 
     def _start(self, loop: LoopState, waited: dict[str, Any]) -> None:
+        session = loop.session
         state, meta = _state_and_meta(loop, sharded=True)
-        self.pending = start_background_save(loop.session.checkpointer, loop.step, state, meta)
-        self.pending.extra = {"counters": loop.session.state.counters(), **waited}
+        self.pending = start_background_save(session.checkpointer, loop.step, state, meta,
+                                             stable=stable_storages(session.raw_model, session.optimizer))
+        self.pending.extra = {"counters": session.state.counters(), **waited}
+        if not self.pending.staged_and_waited():  # the staging thread copies: hold the next step
+            self.hold = session.optimizer.register_step_pre_hook(lambda *_: self._wait_staged(loop))
+
+    def _wait_staged(self, loop: LoopState) -> None:
+        """Before the parameters or the optimizer's state can change: the staging thread's copy is done."""
+        if self.pending is not None and not self.pending.staged_and_waited():
+            with loop.account.phase("checkpoint"):
+                self.pending.wait_staged()
+
+    def _release_hold(self, loop: LoopState) -> None:
+        """The copy is done (waited for here if not yet); the step pre-hook goes (never from inside it: torch
+        is iterating over the hooks then)."""
+        self._wait_staged(loop)
+        hold, self.hold = self.hold, None
+        if hold is not None:
+            hold.remove()
+
+    def around_update(self, loop: LoopState) -> contextlib.AbstractContextManager[Any]:
+        return self._staged_after_update(loop) if self.hold is not None else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _staged_after_update(self, loop: LoopState) -> Iterator[None]:
+        try:
+            yield
+        finally:  # also an update that did not step: the copy is done before anything after it runs
+            self._release_hold(loop)
 
     def settle(self, loop: LoopState) -> None:
         """Wait for the save in flight (if any), commit it and log its `checkpoint` event (every rank)."""
+        self._release_hold(loop)
         pending, self.pending, self.write_done = self.pending, None, False
         if pending is None:
             return
@@ -194,7 +232,7 @@ class CheckpointCallback(Callback):
             return
         now = time.perf_counter()
         total = now - pending.started
-        blocking = pending.staged_seconds + (now - finishing)
+        blocking = pending.staged_seconds + pending.held_seconds + (now - finishing)
         loop.last_checkpoint_step = pending.step
         loop.last_save_seconds = total
         session.metrics.fsync()
@@ -266,6 +304,7 @@ class CheckpointCallback(Callback):
             if self.pending is None:
                 return
             if loop.session.context.is_distributed:
+                self._release_hold(loop)  # its host buffers are released below
                 self.pending = None
                 return
             self.settle(loop)

@@ -79,9 +79,11 @@ class DeadlineCallback(Callback):
         return self.recorded_save_seconds if self.recorded_save_seconds is not None else self.setup_seconds
 
     def too_late_to_start(self, loop: LoopState) -> Ending | None:
-        """Before the first update: the deadline is closer than the save alone (the set-up spent the rest)."""
+        """Before the first update: the deadline is closer than the save alone (the set-up spent the rest). A
+        session resumed at max_steps (plain `--resume` of a complete run) has nothing to stop: it completes,
+        0, rather than a `deadline` that a scheduler would requeue for ever."""
         left = self.stop_by - self.clock()
-        if left > self.save_seconds(loop):
+        if left > self.save_seconds(loop) or loop.step >= loop.session.config.train.max_steps:
             return None
         return Ending(
             "deadline",

@@ -5,10 +5,13 @@ A background save goes, on every rank:
 
     1. (loop thread) rank 0 prepares the temp folder as for any save (checkpointer.begin_save) and names it
        to the other ranks; every rank hands its state to `dcp.async_save`, whose stager copies every tensor
-       (and deep-copies every other value) to host memory before it returns: this copy is all the loop waits
-       for, and the training may change its tensors the moment it returns. The stager is kept for the
-       session and copies into the same host buffers each time, one memcpy per tensor, never split over the
-       loop's intra-op threads (host_staging.py; `_stager`; closed at the session's end);
+       (and deep-copies every other value) to host memory: this copy is all the loop waits for. The stager
+       is kept for the session and copies into the same host buffers each time, one memcpy per tensor,
+       never split over the loop's intra-op threads (host_staging.py; `_stager`; closed at the session's
+       end). The tensors whose storages the caller names `stable` (the parameters and the optimizer's state:
+       `stable_storages`) are copied by a staging thread beside the next update's forward and backward, and
+       the caller holds the next optimizer step until `PendingSave.wait_staged` returns; everything else is
+       copied before the call returns, and the training may change it the moment it does;
     2. (DCP's thread, and the writer threads it starts, all at a lower priority than the training's:
        common/thread_priority.py) every rank writes its files, hashing each as it writes it
        (_HashingFileSystem: no file is read back), and fsyncs them; the coordinator (rank 0) then writes
@@ -21,10 +24,10 @@ A background save goes, on every rank:
        checkpoints then runs in a thread of its own (Checkpointer.prune_in_background), joined before the
        next save, load or listing.
 
-A crash at any moment before 3 leaves a temp folder without a marker (never loaded, removed by the next
-save); the marker is written only after every rank's files are durable and hashed, because DCP runs
-`finish` after gathering every rank's write results. At most one save is in flight: a save due while one is
-writing first waits for it (`finish_background_save`), and the caller records the wait.
+A crash at any moment before 3 (the staging included) leaves a temp folder without a marker (never loaded,
+removed by the next save); the marker is written only after every rank's files are durable and hashed,
+because DCP runs `finish` after gathering every rank's write results. At most one save is in flight: a save
+due while one is writing first waits for it (`finish_background_save`), and the caller records the wait.
 
 Under several ranks the write's collectives run on a process group of their own (gloo, created at the first
 background save, alike on every rank), so that they never interleave with the training's collectives on the
@@ -46,7 +49,7 @@ import shutil
 import threading
 import time
 import warnings
-from collections.abc import Generator
+from collections.abc import Collection, Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,16 +96,24 @@ threading.excepthook = _keep_writer_thread_failure
 
 
 class _HashingStream:
-    """A file DCP writes into, hashed as it is written: the marker's sha256 without reading the file again."""
+    """A file DCP writes into, hashed as it is written: the marker's sha256 without reading the file again.
+    A write that fails is kept in `failures`: torch.save's zip writer swallows an exception its stream raises
+    mid-file and fails later with a position mismatch of its own ("unexpected pos"), which would hide a full
+    disk."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, failures: list[OSError]) -> None:
         self.raw = raw
         self.digest = hashlib.sha256()
         self.size = 0
+        self.failures = failures
 
     def write(self, data: Any) -> int:
         self.digest.update(data)  # hashlib releases the GIL for large buffers, as the write does
-        written = self.raw.write(data)
+        try:
+            written = self.raw.write(data)
+        except OSError as exc:
+            self.failures.append(exc)
+            raise
         self.size += written
         return written
 
@@ -118,6 +129,7 @@ class _HashingFileSystem(dcp_filesystem.FileSystem):
     def __init__(self) -> None:
         super().__init__()
         self.hashed: dict[str, tuple[str, int]] = {}
+        self.failures: list[OSError] = []  # what a stream's writes raised (a full disk), in order
         self._lock = threading.Lock()  # DCP writes several files at once, one per thread
 
     @contextlib.contextmanager
@@ -127,7 +139,7 @@ class _HashingFileSystem(dcp_filesystem.FileSystem):
                 yield stream
             return
         with super().create_stream(path, mode) as stream:
-            hashing = _HashingStream(stream)
+            hashing = _HashingStream(stream, self.failures)
             yield hashing
         with self._lock:
             self.hashed[Path(path).name] = (hashing.digest.hexdigest(), hashing.size)
@@ -155,10 +167,15 @@ class _HashingFileSystemWriter(dcp.FileSystemWriter):
         # after them yield the CPU to the training threads (common/thread_priority.py).
         yield_to_training()
         _WRITER_THREAD_FAILURES.clear()
-        future = super().write_data(plan, planner)
+        try:
+            future = super().write_data(plan, planner)
+        except Exception as exc:  # the stream's own failure, where torch.save replaced it with its own
+            if self.fs.failures:
+                raise self.fs.failures[0] from exc
+            raise
         written = len(future.value())
         if written != len(plan.items):
-            failures = list(_WRITER_THREAD_FAILURES.values())
+            failures = self.fs.failures + list(_WRITER_THREAD_FAILURES.values())
             _WRITER_THREAD_FAILURES.clear()
             raise OSError(errno.EIO, f"{len(plan.items) - written} of {len(plan.items)} items unwritten") \
                 if not failures else failures[0]
@@ -190,11 +207,61 @@ class PendingSave:
     temp: Path | None  # rank 0's temp folder (None on the other ranks)
     meta_json: dict[str, Any] | None
     started: float  # perf_counter at the start of the save
-    staged_seconds: float  # what the loop waited for: the copy to host memory
+    staged_seconds: float  # what the loop waited for in the call: the copy to host memory of all but `stable`
     extra: dict[str, Any] = field(default_factory=dict)  # the caller's (counters, waits) for its record
+    staging: Future | None = None  # the staging thread's copy of the stable tensors (None: none left)
+    held_seconds: float = 0.0  # what the loop waited for afterwards: that copy, before it changed them
 
     def done(self) -> bool:
         return self.future.done()
+
+    def staged_and_waited(self) -> bool:
+        """`wait_staged` has returned (or there was nothing to wait for)."""
+        return self.staging is None
+
+    def wait_staged(self) -> float:
+        """Wait (if need be) until every tensor is copied; returns the seconds waited, also added to
+        `held_seconds`. A failed copy is not raised here: the write fails with it, and the commit says so."""
+        if self.staging is None:
+            return 0.0
+        started = time.perf_counter()
+        with contextlib.suppress(Exception):  # the copy's failure: the write's, raised by the commit
+            self.staging.result()
+        waited = time.perf_counter() - started
+        self.held_seconds += waited
+        self.staging = None
+        return waited
+
+
+def stable_storages(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> frozenset[int]:
+    """The storages nothing changes until the optimizer's next step (the parameters and the optimizer's state
+    tensors): what a background save may copy beside the next forward and backward. Buffers are not among
+    them (the forward adds to the step's statistics buffers)."""
+    tensors = [*model.parameters()]
+    tensors += [value for per_parameter in optimizer.state.values() for value in per_parameter.values()
+                if isinstance(value, torch.Tensor)]
+    # Plain tensors only: a state of DTensor shards is staged by DCP's stager, all of it at once.
+    return frozenset(tensor.untyped_storage().data_ptr() for tensor in tensors
+                     if type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.numel())
+
+
+class _DeferringStager:
+    """What dcp.async_save calls `stage` on for one save: the session's HostCopyStager, told which storages
+    it may copy in its staging thread."""
+
+    should_synchronize_after_execute = False
+
+    def __init__(self, stager: HostCopyStager, stable: Collection[int]) -> None:
+        self.stager, self.stable = stager, stable
+
+    def stage(self, state_dict: dict[str, Any]) -> Any:
+        return self.stager.stage_deferring(state_dict, self.stable)
+
+    def synchronize_staging(self) -> None:
+        """Nothing: DCP's write thread waits on the Future `stage` returned."""
+
+    def close(self) -> None:
+        """Nothing: the session's stager outlives this save (close_background)."""
 
 
 def _async_group(checkpointer: DistributedCheckpointer) -> Any:
@@ -247,8 +314,10 @@ def close_background(checkpointer: DistributedCheckpointer) -> None:
 
 
 def start_background_save(checkpointer: DistributedCheckpointer, step: int, state: dict[str, Any],
-                          meta: dict[str, Any]) -> PendingSave:
-    """Steps 1 of the module docstring, on every rank: returns once the state is staged in host memory."""
+                          meta: dict[str, Any], stable: Collection[int] = ()) -> PendingSave:
+    """Steps 1 of the module docstring, on every rank: returns once the state is staged in host memory, but
+    for the tensors whose storages are in `stable`, which a staging thread copies (the caller must not
+    change them before `wait_staged` returns: `PendingSave.staged_and_waited`)."""
     context = checkpointer.context
     started = time.perf_counter()
     temp = meta_json = None
@@ -268,9 +337,16 @@ def start_background_save(checkpointer: DistributedCheckpointer, step: int, stat
     writer = _HashingFileSystemWriter(str(message[1]), single_file_per_rank=True, sync_files=True,
                                       thread_count=WRITER_THREADS)
     flat = checkpointer.dcp_storage.flat_state(state)
-    future = dcp.async_save(flat, storage_writer=writer, process_group=_async_group(checkpointer),
-                            async_stager=_stager(checkpointer, flat), no_dist=not context.is_distributed)
-    return PendingSave(step, future, writer, temp, meta_json, started, time.perf_counter() - started)
+    stager = _stager(checkpointer, flat)
+    if stable and isinstance(stager, HostCopyStager):
+        stager = _DeferringStager(stager, stable)
+    saving = dcp.async_save(flat, storage_writer=writer, process_group=_async_group(checkpointer),
+                            async_stager=stager, no_dist=not context.is_distributed)
+    # A stager that left copies to its thread gets both completions back; one that copied all, the write's.
+    future, staging = (saving.upload_completion, saving.staging_completion) \
+        if hasattr(saving, "upload_completion") else (saving, None)
+    return PendingSave(step, future, writer, temp, meta_json, started, time.perf_counter() - started,
+                       staging=staging)
 
 
 def finish_background_save(checkpointer: DistributedCheckpointer, pending: PendingSave) -> Path:

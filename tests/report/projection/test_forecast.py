@@ -220,3 +220,127 @@ def test_a_pilot_that_plateaus_in_its_last_e_fold_is_forecast_lower_weighed_per_
     assert by["equal"]["final"]["value"] > by["log-updates"]["final"]["value"] > real
     assert {w: f["fitted_on"]["weighting"] for w, f in by.items()} == {w: w for w in fc.FIT_WEIGHTINGS}
     assert by[fc.DEFAULT_WEIGHTING] == fc.forecast(points, pilot, long, [1000], draws=20)
+
+
+def _steep_start(setting: Setting, steps: list[int]) -> np.ndarray:
+    """The default law plus what the benchmark's flat-LR pilots show and the law does not: a first fall just
+    past the warm-up steeper than the law's, and a slow wave after it."""
+    s = np.array(steps, dtype=float)
+    return truth(setting, steps, AREA) + 0.3 * np.exp(-(s - 10) / 6) + 0.03 * np.sin(s / 25)
+
+
+def test_the_default_forecast_of_one_pilot_does_not_move_with_its_evaluation_cadence():
+    """The same pilot evaluated every 5, 10 or 20 updates: the default's centre within 0.5% across the three
+    (the target docs/FORECAST.md states); per e-fold from the first evaluation past the warm-up
+    ("log-updates", the default before) the first evaluation, at 5 or 10 or 20, weighs the steep fall by as
+    much as the cadence puts there, and the centre moves by more."""
+    pilot, long = Setting(schedule("constant", 200), 200), Setting(schedule("constant", 2000), 2000)
+
+    def centres(weighting: str) -> list[float]:
+        out = []
+        for every in (5, 10, 20):
+            steps = list(range(every, 201, every))
+            points = list(zip(steps, _steep_start(pilot, steps), strict=True))
+            made = fc.forecast(points, pilot, long, [2000], weighting=weighting, draws=20)
+            out.append(made["final"]["value"])
+        return out
+
+    def spread(values: list[float]) -> float:
+        return (max(values) - min(values)) / min(values)
+
+    assert fc.DEFAULT_WEIGHTING == "log-updates-from-2x-warmup"
+    assert spread(centres(fc.DEFAULT_WEIGHTING)) <= 0.005
+    assert spread(centres("log-updates")) > 0.005
+
+
+def test_evaluations_before_twice_the_warm_up_change_nothing_in_the_default_forecast():
+    """Exact: the default fits from twice the warm-up on, so a pilot's evaluations before it (a finer
+    cadence's first ones) leave the whole forecast bit for bit as it was; where the first evaluation is at
+    twice the warm-up (every 10 updates of a 10-update warm-up, the benchmark's pilots) it is "log-updates"'
+    own."""
+    pilot, long = Setting(schedule("wsd", 100), 100), Setting(schedule("wsd", 1000), 1000)
+    every_10 = list(range(20, 101, 10))
+    every_5 = list(range(15, 101, 5))
+    coarse = list(zip(every_10, _steep_start(pilot, every_10), strict=True))
+    early = [(s, v) for s, v in zip(every_5, _steep_start(pilot, every_5), strict=True) if s < 20]
+    made = fc.forecast(coarse, pilot, long, [500, 1000], draws=20)
+    assert fc.forecast(early + coarse, pilot, long, [500, 1000], draws=20) == made
+    assert made["fitted_on"]["points"][0][0] == 20 and made["fitted_on"]["weighting"] == fc.DEFAULT_WEIGHTING
+    per_e_fold = fc.forecast(coarse, pilot, long, [500, 1000], draws=20, weighting="log-updates")
+    assert {**made, "fitted_on": None} == {**per_e_fold, "fitted_on": None}
+    with_early = fc.forecast(early + coarse, pilot, long, [500, 1000], draws=20, weighting="log-updates")
+    assert with_early != per_e_fold
+    assert fc.fit_start(schedule("wsd", 100), "log-updates") == 11
+    assert fc.fit_start(schedule("wsd", 100, warmup=0), fc.DEFAULT_WEIGHTING) == 1
+
+
+def test_a_pilot_with_too_few_evaluations_from_twice_the_warm_up_is_refused_saying_so():
+    pilot, long = Setting(schedule("constant", 100), 100), Setting(schedule("constant", 1000), 1000)
+    steps = [12, 14, 16, 18, 20, 40, 60, 80, 100]
+    points = list(zip(steps, _steep_start(pilot, steps), strict=True))
+    why = "5 validation evaluation.s. past its warm-up of 10 updates from update 20 on"
+    with pytest.raises(NoForecast, match=why):
+        fc.forecast(points, pilot, long, [1000], draws=20)
+    per_e_fold = fc.forecast(points, pilot, long, [1000], draws=20, weighting="log-updates")
+    assert per_e_fold["fitted_on"]["points"][0][0] == 12
+
+
+def _ar1_noise(rng: np.random.Generator, steps: int, every_updates: float, sigma: float) -> np.ndarray:
+    """Noise at each update 0..steps, an AR(1) series whose correlation falls by e every `every_updates`
+    updates (0: independent draws): what a law that misses a plateau leaves for several evaluations in a
+    row."""
+    if every_updates == 0:
+        return rng.normal(0, sigma, steps + 1)
+    phi = math.exp(-1 / every_updates)
+    out = np.empty(steps + 1)
+    out[0] = rng.normal(0, sigma)
+    for i in range(1, steps + 1):
+        out[i] = phi * out[i - 1] + rng.normal(0, sigma * math.sqrt(1 - phi**2))
+    return out
+
+
+def _mean_half_widths(correlated_over: float, draws_of_noise: int = 8) -> dict[tuple[int, str], float]:
+    """The mean 90% half-width share (without the drift term, which the pilot measures on itself apart) of
+    a constant pilot of 200 updates forecast to 6,000, the default law plus noise, evaluated every 5 and
+    every 10 updates from the same noise, under each interval method."""
+    pilot, long = Setting(schedule("constant", 200), 200), Setting(schedule("constant", 6000), 6000)
+    halves: dict[tuple[int, str], list[float]] = {}
+    for seed in range(draws_of_noise):
+        noise = _ar1_noise(np.random.default_rng(seed), 200, correlated_over, 0.02)
+        for every in (5, 10):
+            steps = list(range(20, 201, every))
+            points = list(zip(steps, truth(pilot, steps, AREA) + noise[steps], strict=True))
+            for method in fc.INTERVAL_METHODS:
+                made = fc.forecast(points, pilot, long, [6000], draws=40, drift_weight=0.0, interval=method)
+                halves.setdefault((every, method), []).append(made["final"]["half_width_share"])
+    return {key: float(np.mean(values)) for key, values in halves.items()}
+
+
+def test_correlated_residuals_give_an_interval_that_does_not_narrow_with_the_evaluation_cadence():
+    """AR(1) noise correlated over 20 updates (the fits' residuals' lag-1 +0.04 to +0.71 at every 10, +0.30
+    to +0.82 at every 5, over the 8 draws): twice the evaluations are far fewer than twice the independent
+    points. The default counts them as such: its mean interval at every 5 is within 5% of its own at every
+    10 (measured: 0.96 of it); drawing each residual apart (`residual-bootstrap`, the default before)
+    narrows it by more than 10% (measured: 0.80 of it)."""
+    halves = _mean_half_widths(correlated_over=20)
+    assert fc.DEFAULT_INTERVAL == "ar1-inflated"
+    assert halves[(5, "ar1-inflated")] >= 0.95 * halves[(10, "ar1-inflated")]
+    assert halves[(5, "residual-bootstrap")] < 0.90 * halves[(10, "residual-bootstrap")]
+
+
+def test_independent_residuals_keep_about_the_independent_bootstraps_interval():
+    """Independent noise: the residuals' lag-1 autocorrelation is near 0 (held at 0 when negative), and the
+    default's mean interval is within 1.25x of the independent residual bootstrap's at either cadence, never
+    narrower (measured: 1.05x at every 10, 1.02x at every 5; both narrow at every 5, as twice the independent
+    points should)."""
+    halves = _mean_half_widths(correlated_over=0)
+    for every in (5, 10):
+        ratio = halves[(every, "ar1-inflated")] / halves[(every, "residual-bootstrap")]
+        assert 1.0 <= ratio <= 1.25
+
+
+def test_the_residuals_lag_1_autocorrelation_is_held_between_0_and_its_cap():
+    assert fc.lag1_autocorrelation(np.array([1.0, -1.0, 1.0, -1.0, 1.0, -1.0])) == 0.0
+    assert fc.lag1_autocorrelation(np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])) == pytest.approx(0.5)
+    assert fc.lag1_autocorrelation(np.repeat([1.0, -1.0], 50)) == fc.RHO_MAX
+    assert fc.lag1_autocorrelation(np.zeros(6)) == 0.0

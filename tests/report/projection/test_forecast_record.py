@@ -61,6 +61,38 @@ def synthetic(
     return run
 
 
+def resumed_with(run_dir, changes, kill_at=None, shift=lambda step: 0.0):
+    """synthetic()'s healthy long run (the same losses), stopped at step 500 and resumed there with
+    `changes` [(kind, key, old, new)] recorded in run.json as a resume records them (`allowed` by
+    --allow-change, `free`: a key a resume may change freely), the recipe's value set to the new one where it
+    holds the key. `kill_at`: the resumed session is killed there and the run resumed from 500 again, making
+    the same changes."""
+    run = SyntheticRun(
+        run_dir, max_steps=2000, eval_every=100, checkpoint_every=500, train_split_tokens=10**7
+    )
+    run.run["recipe"]["optim"]["schedule"] = {**SCHEDULE, "horizon": 2000}
+    run.run["recipe"]["train"]["eval_every"] = 100
+    run.val_loss = law_loss(2000, 0.004, shift)
+    run.start_session()
+    run.train_until(500)
+    run.end_session("interrupted")
+    for _ in range(2 if kill_at else 1):
+        run.resume(500)
+        for kind, key, old, new in changes:
+            run.run.setdefault(f"{kind}_changes", []).append(
+                {"session_id": run.session_id, "key": key, "old": old, "new": new}
+            )
+            if key == "optim.grad_clip":
+                run.run["recipe"]["optim"]["grad_clip"] = new
+        if kill_at and run.session_index == 2:
+            run.train_until(kill_at)
+            run.kill()
+    run.train_until(2000)
+    run.end_session()
+    run.write()
+    return run
+
+
 @pytest.fixture(scope="module")
 def lock(tmp_path_factory):
     pilot = synthetic(tmp_path_factory.mktemp("pilot") / "r", 200, 10)
@@ -346,3 +378,49 @@ def test_a_rise_above_the_runs_own_refitted_course_is_where_it_left(tmp_path, lo
     rise = fr.risen(lock["forecast"], points[:at], 300, points[at][1])
     assert rise["bound"] == rise["predicted"] * (1 + fr.RISE_SHARE) and points[at][1] > rise["bound"]
     assert fr.risen(lock["forecast"], points[:at], 200, 99.0) is None  # within the pilot's reach
+
+
+def test_a_lock_fitted_per_e_fold_from_the_first_evaluation_is_graded_by_the_numbers_it_holds(tmp_path):
+    """A pilot evaluated every 5 updates (its first evaluation at 15, before twice the warm-up): today's lock
+    fits from 20 and names its weighting; one written before (`log-updates`, from 15) names its own, holds
+    other numbers, and the long run is graded by each lock's own final, never refitted under today's."""
+    pilot = synthetic(tmp_path / "pilot", 200, 5, shift=lambda step: 0.2 * np.exp(-(step - 10) / 6))
+    summary = summarize_run(pilot.run_dir)
+    today = fr.lock_forecast(summary, 2000)
+    before = fr.lock_forecast(summary, 2000, weighting="log-updates")
+    assert today["fitted_on"]["weighting"] == "log-updates-from-2x-warmup"
+    assert before["fitted_on"]["weighting"] == "log-updates"
+    assert [p[0] for p in today["fitted_on"]["points"]][:2] == [20, 25]
+    assert [p[0] for p in before["fitted_on"]["points"]][:2] == [15, 20]
+    assert today["final"]["value"] != before["final"]["value"]
+    run, long_summary = _long(tmp_path, None)
+    for section in (today, before):
+        graded = fr.against(section, pilot.run["recipe"], "0" * 64, run.run, long_summary.kept_events)
+        assert graded["predicted"] == section["final"]["value"]
+        assert (graded["low"], graded["high"]) == (section["final"]["low"], section["final"]["high"])
+
+
+def test_a_lock_written_under_the_independent_residual_bootstrap_is_graded_and_watched_by_its_own_numbers(
+    tmp_path,
+):
+    """Today's lock names its interval method (the residuals' correlation counted); one written before
+    (`residual-bootstrap`, or no method named) keeps its own interval and band: the same centre, other
+    bounds, and the long run is graded and held to each lock's own numbers, never recomputed."""
+    pilot = synthetic(tmp_path / "pilot", 200, 5, noise=0.02, shift=lambda step: 0.03 * np.sin(step / 15))
+    summary = summarize_run(pilot.run_dir)
+    today = fr.lock_forecast(summary, 2000)
+    before = fr.lock_forecast(summary, 2000, interval="residual-bootstrap")
+    del before["interval_method"]  # a lock written before the method was recorded
+    assert today["interval_method"] == "ar1-inflated" and today["fitted_on"]["residual_lag1"] > 0
+    assert today["final"]["value"] == before["final"]["value"]
+    assert today["final"]["high"] - today["final"]["low"] > before["final"]["high"] - before["final"]["low"]
+    run, long_summary = _long(tmp_path, None)
+    for section in (today, before):
+        graded = fr.against(section, pilot.run["recipe"], "0" * 64, run.run, long_summary.kept_events)
+        assert graded["predicted"] == section["final"]["value"]
+        assert (graded["low"], graded["high"]) == (section["final"]["low"], section["final"]["high"])
+        step, *_, band_low, band_high = section["curve"][-1]
+        assert fr.at_step(section, step)["band_low"] == band_low
+        assert fr.at_step(section, step)["band_high"] == band_high
+        assert fr.outside(section, step, band_high * 1.0001) == "above"
+        assert fr.outside(section, step, band_high) is None

@@ -11,7 +11,7 @@ import pytest
 from pilotrun.report.projection import forecast_record as fr
 from pilotrun.report.record_check.summarize import summarize_run
 from pilotrun.report.watch.alerts import Watcher
-from tests.report.projection.test_forecast_record import synthetic
+from tests.report.projection.test_forecast_record import resumed_with, synthetic
 
 
 @pytest.fixture(scope="module")
@@ -165,10 +165,10 @@ def test_a_lock_fitted_with_equal_weights_or_none_recorded_is_graded_and_watched
 
     then = seen()
     monkeypatch.undo()
-    assert fc_module.DEFAULT_WEIGHTING == "log-updates"
+    assert fc_module.DEFAULT_WEIGHTING == "log-updates-from-2x-warmup"
     assert equal["forecast"]["fitted_on"]["weighting"] == "equal"
     today = fr.lock_forecast(summary, 2000)  # today's lock weighs per e-fold: another fit
-    assert today["fitted_on"]["weighting"] == "log-updates"
+    assert today["fitted_on"]["weighting"] == "log-updates-from-2x-warmup"
     assert today["parameters"] != equal["forecast"]["parameters"]
     assert seen() == then
     # the healthy run is left alone, the rising one caught by the refit, the leaving one by the band
@@ -200,15 +200,20 @@ def code_rises_from_300(step):
     return 0.4 if step >= 300 else 0.0
 
 
-@pytest.fixture(scope="module")
-def mixture_lock(tmp_path_factory):
-    pilot = mixture(tmp_path_factory.mktemp("mixture-pilot") / "r", 200, 10)
+def lock_of(pilot):
+    """The lock a mixture pilot's summary gives for a long run of 2000 updates (its recipe, a fixed data
+    identity, its forecast)."""
     summary = summarize_run(pilot.run_dir)
     return {
         "recipe": summary.run["recipe"],
         "data": {"metadata_sha256": "0" * 64},
         "forecast": fr.lock_forecast(summary, 2000),
     }
+
+
+@pytest.fixture(scope="module")
+def mixture_lock(tmp_path_factory):
+    return lock_of(mixture(tmp_path_factory.mktemp("mixture-pilot") / "r", 200, 10))
 
 
 def test_a_mixture_pilots_lock_holds_each_sources_own_evaluations_for_its_rise_check(mixture_lock):
@@ -254,12 +259,7 @@ def noisy_mixture_lock(tmp_path_factory):
         if event["event"] == "val":
             event["loss"] += 0.4 if event["step"] % 20 else -0.4
     pilot.write()
-    summary = summarize_run(pilot.run_dir)
-    return {
-        "recipe": summary.run["recipe"],
-        "data": {"metadata_sha256": "0" * 64},
-        "forecast": fr.lock_forecast(summary, 2000),
-    }
+    return lock_of(pilot)
 
 
 def test_a_pilot_refused_as_too_noisy_still_locks_its_rise_check_and_never_a_number(noisy_mixture_lock):
@@ -321,3 +321,128 @@ def test_a_run_rising_above_its_own_course_is_alerted_under_a_refused_lock_and_c
         said[400]["outside"]
     )
     assert said[600] == {"inside": True}  # an evaluation back on course clears it (no band to be inside)
+
+
+def changes_said(run_dir, lock):
+    watcher, alerts, _ = watched(run_dir, lock)
+    return watcher, alerts, [a for a in watcher.raised if a.kind == "forecast_change"]
+
+
+def test_a_change_on_resume_that_leaves_the_forecasts_assumptions_is_said_once_naming_it(tmp_path, lock):
+    run = resumed_with(tmp_path / "long", [("allowed", "optim.grad_clip", 1.0, 0.5)])
+    watcher, alerts, said = changes_said(run.run_dir, lock)
+    assert alerts == []  # the losses are the healthy run's: nothing in the loss shows the change
+    assert len(said) == 1 and said[0].step == 600 and said[0].extra["from_step"] == 501
+    assert said[0].key == "forecast_change:s2" and said[0].figure == ["optim.grad_clip 1.0 -> 0.5"]
+    assert "optim.grad_clip 1.0 -> 0.5 from update 501 (session s2)" in said[0].message
+    assert "from step 501 its band is a reference, not a prediction" in said[0].message
+    assert "forecast_change:s2" in watcher.active  # it stands: the run is on the changed recipe from then
+    watcher.check(final=True)
+    assert [a.kind for a in watcher.raised].count("forecast_change") == 1
+
+
+def test_a_change_repeated_by_a_later_resume_from_the_same_update_is_said_once(tmp_path, lock):
+    run = resumed_with(tmp_path / "long", [("allowed", "optim.grad_clip", 1.0, 0.5)], kill_at=650)
+    _, _, said = changes_said(run.run_dir, lock)
+    assert [(a.step, a.key) for a in said] == [(600, "forecast_change:s2")]
+
+
+def test_a_mixtures_weights_are_named_and_cadences_or_machine_keys_are_not(tmp_path, lock):
+    run = resumed_with(
+        tmp_path / "long",
+        [
+            ("allowed", "data.mixture.weights", [0.5, 0.5], [0.5, 0.001]),
+            ("free", "train.eval.every", 100, 50),
+            ("free", "train.num_threads", 1, 2),
+            ("free", "train.max_steps", 2000, 2500),
+        ],
+    )
+    _, _, said = changes_said(run.run_dir, lock)
+    assert len(said) == 1 and said[0].figure == ["data.mixture.weights [0.5, 0.5] -> [0.5, 0.001]"]
+    only_cadences = resumed_with(
+        tmp_path / "cadences", [("free", "train.eval.every", 100, 50), ("free", "train.num_threads", 1, 2)]
+    )
+    assert changes_said(only_cadences.run_dir, lock)[2] == []
+
+
+def test_a_changed_run_that_also_leaves_the_band_is_held_to_it_as_before(tmp_path, lock):
+    run = resumed_with(
+        tmp_path / "long",
+        [("allowed", "optim.grad_clip", 1.0, 0.5)],
+        shift=lambda step: 0.6 if step > 300 else 0.0,
+    )
+    _, alerts, said = changes_said(run.run_dir, lock)
+    assert [(a.step, a.extra) for a in alerts] == [(500, {"first": 400})] and len(said) == 1
+
+
+def test_no_change_or_a_lock_without_a_forecast_is_watched_as_before(tmp_path, lock):
+    healthy = synthetic(tmp_path / "healthy", 2000, 100)
+    assert changes_said(healthy.run_dir, lock)[2] == []
+    resumed = resumed_with(tmp_path / "resumed", [])
+    assert changes_said(resumed.run_dir, lock)[2] == []
+    changed = resumed_with(tmp_path / "changed", [("allowed", "optim.grad_clip", 1.0, 0.5)])
+    older = copy.deepcopy(lock)
+    del older["forecast"]
+    assert changes_said(changed.run_dir, older)[2] == []
+    refused = "no forecast: the pilot has 3 validation evaluation(s)"
+    unavailable = {**older, "forecast": {"unavailable": refused}}
+    assert changes_said(changed.run_dir, unavailable)[2] == []
+
+
+def test_a_change_under_a_lock_refused_as_too_noisy_names_the_rise_checks_course(
+    tmp_path, noisy_mixture_lock
+):
+    run = resumed_with(tmp_path / "long", [("allowed", "data.mixture.weights", [0.5, 0.5], [0.5, 0.001])])
+    said = changes_said(run.run_dir, noisy_mixture_lock)[2]
+    assert len(said) == 1 and "the course the lock's rise check holds the run to is a reference" in (
+        said[0].message
+    )
+
+
+def test_a_change_is_said_at_its_first_evaluation_when_one_look_reads_the_resume_and_it(tmp_path, lock):
+    """watch opened the run before the resume (run.json without the change); the resume rewrote run.json
+    before its first line, and one look reads its start and its first evaluation together."""
+    import json
+    import os
+
+    run = resumed_with(tmp_path / "long", [("allowed", "optim.grad_clip", 1.0, 0.5)])
+    path = run.run_dir / "run.json"
+    full = json.loads(path.read_text())
+    before = {**full, "allowed_changes": [], "sessions": full["sessions"][:1]}
+    path.write_text(json.dumps(before))
+    watcher = Watcher(run.run_dir, lock=lock, holder=lambda path: None)
+    (run.run_dir / "run.json.new").write_text(json.dumps(full))
+    os.replace(run.run_dir / "run.json.new", path)  # as the writer replaces it
+    watcher.check(final=True)
+    said = [a for a in watcher.raised if a.kind == "forecast_change"]
+    assert [(a.step, a.extra["from_step"]) for a in said] == [(600, 501)]
+
+
+def test_a_change_whose_session_was_rolled_back_before_its_first_evaluation_is_not_said(tmp_path, lock):
+    """A resume that changed the recipe, killed before any evaluation, and a later resume from the same
+    checkpoint without the change: no update of the kept history ran on the changed recipe, so neither watch
+    nor summarize's grade names it."""
+    from tests.report.projection.test_forecast_record import SCHEDULE, SyntheticRun, law_loss
+
+    run = SyntheticRun(tmp_path / "long", max_steps=2000, eval_every=100, checkpoint_every=500,
+                       train_split_tokens=10**7)
+    run.run["recipe"]["optim"]["schedule"] = {**SCHEDULE, "horizon": 2000}
+    run.run["recipe"]["train"]["eval_every"] = 100
+    run.val_loss = law_loss(2000, 0.004)
+    run.start_session()
+    run.train_until(500)
+    run.end_session("interrupted")
+    run.resume(500)  # s2: the grad clip halved, killed at 550 (before its first evaluation, at 600)
+    run.run.setdefault("allowed_changes", []).append(
+        {"session_id": run.session_id, "key": "optim.grad_clip", "old": 1.0, "new": 0.5}
+    )
+    run.train_until(550)
+    run.kill()
+    run.resume(500)  # s3: from the same checkpoint, on the lock's recipe again
+    run.train_until(2000)
+    run.end_session()
+    run.write()
+    _, alerts, said = changes_said(run.run_dir, lock)
+    assert alerts == [] and said == []
+    kept = summarize_run(run.run_dir).kept_events
+    assert fr.against(lock["forecast"], lock["recipe"], "0" * 64, run.run, kept)["changes"] == []

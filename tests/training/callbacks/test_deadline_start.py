@@ -11,8 +11,10 @@ from pilotrun.training.callbacks.deadline_stop import DeadlineCallback
 from tests.training.callbacks.test_deadline_stop import Clock
 
 
-def loop_at(step: int):
-    return types.SimpleNamespace(step=step, last_save_seconds=None)
+def loop_at(step: int, max_steps: int = 100):
+    train = types.SimpleNamespace(max_steps=max_steps)
+    session = types.SimpleNamespace(config=types.SimpleNamespace(train=train))
+    return types.SimpleNamespace(step=step, last_save_seconds=None, session=session)
 
 
 def test_the_margin_counts_the_runs_last_measured_save_not_the_set_up():
@@ -36,3 +38,12 @@ def test_a_session_whose_set_up_spent_the_time_left_trains_nothing():
     )
     roomy = DeadlineCallback(clock.now + 60.0, setup_seconds=5.0, clock=clock, recorded_save_seconds=3.0)
     assert roomy.too_late_to_start(loop_at(36)) is None
+
+
+def test_a_session_resumed_at_max_steps_is_not_stopped_by_its_deadline():
+    """Plain `--resume` of a complete run trains nothing and completes (0); a `deadline` (75) there would have
+    a scheduler requeue it for ever."""
+    clock = Clock()
+    callback = DeadlineCallback(clock.now + 1.0, setup_seconds=5.0, clock=clock, recorded_save_seconds=3.0)
+    assert callback.too_late_to_start(loop_at(36, max_steps=36)) is None
+    assert callback.too_late_to_start(loop_at(35, max_steps=36)).exit_code == DEADLINE_EXIT_CODE

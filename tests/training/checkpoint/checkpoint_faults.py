@@ -18,6 +18,9 @@ own seams:
 - hold background: a background save (checkpoint/background.py) whose temp folder's path contains the file's
   text (all of them when it is empty) waits inside DCP's write, its data files written and .metadata not yet,
   while that file exists; it writes its folder's path to `<file>.reached` when it starts waiting.
+- hold staging: the background save whose staging thread is the N-th of the process (N: the file's text)
+  waits in that thread before copying, its temp folder made and nothing written, while that file exists; it
+  writes `<file>.reached` when it starts waiting.
 """
 
 from __future__ import annotations
@@ -110,6 +113,22 @@ def hold_background_write(hold_file: str | Path, monkeypatch: Any = None) -> Non
     _set(monkeypatch, background._HashingFileSystemWriter, "finish", held_finish)
 
 
+def hold_staging(hold_file: str | Path, monkeypatch: Any = None) -> None:
+    from pilotrun.training.checkpoint import host_staging
+
+    hold, copy_later, started = Path(hold_file), host_staging.copy_later, []
+
+    def held_copy(pairs, staged, future):
+        started.append(len(started) + 1)
+        if hold.exists() and hold.read_text().strip() == str(started[-1]):
+            Path(f"{hold}.reached").write_text("")
+            while hold.exists():
+                time.sleep(0.05)
+        return copy_later(pairs, staged, future)
+
+    _set(monkeypatch, host_staging, "copy_later", held_copy)
+
+
 def command(*faults: str, launcher: list[str] | None = None) -> list[str]:
     """The command line that runs `pilotrun` with `faults` (e.g. "--write-delay", "3"); append its
     arguments."""
@@ -128,6 +147,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--commit-delay", type=float, default=None)
     parser.add_argument("--hold-file", default=None)
     parser.add_argument("--hold-background", default=None)
+    parser.add_argument("--hold-staging", default=None)
     options = parser.parse_args(argv[:split])
     if options.write_delay is not None:
         delay_each_file(options.write_delay)
@@ -137,6 +157,8 @@ def main(argv: list[str]) -> int:
         hold_commit(options.hold_file)
     if options.hold_background is not None:
         hold_background_write(options.hold_background)
+    if options.hold_staging is not None:
+        hold_staging(options.hold_staging)
     from pilotrun.commands.cli import main as pilotrun_main
 
     return pilotrun_main(argv[split + 1:])

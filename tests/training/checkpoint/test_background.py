@@ -3,7 +3,9 @@
 once), the write commits behind the same marker, a run with background saves equals one with synchronous saves
 bit for bit (1 process and 2 gloo ranks), a SIGKILL inside the background write leaves no marker and the
 resume is bit-exact, a save due while one writes waits and says so, and a full disk ends the session
-cleanly."""
+cleanly. The parameters and the optimizer's state may be copied beside the next update (held until its
+optimizer step): equal to a synchronous save of the same step bit for bit, and a SIGKILL or a failure during
+that copy leaves no marker."""
 
 from __future__ import annotations
 
@@ -20,13 +22,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.checkpoint import filesystem as dcp_filesystem
 
 from pilotrun.common.errors import CheckpointError
 from pilotrun.common.thread_priority import BACKGROUND_NICENESS
 from pilotrun.config import load_run_config
 from pilotrun.report.record_check.summarize import summarize_run
 from pilotrun.run.marker import MARKER_NAME
-from pilotrun.training.checkpoint import background
+from pilotrun.training.checkpoint import background, host_staging
 from pilotrun.training.checkpoint.background import (
     finish_background_save,
     out_of_space,
@@ -97,6 +100,45 @@ def test_the_state_is_staged_before_the_call_returns_and_commits_behind_the_mark
     loaded, meta = checkpointer.load(3)
     assert torch.equal(loaded["model"]["w"], before) and loaded["trainer"] == {"step": 3, "cursor": [1, 2]}
     assert meta == {"run_id": "r"} and checkpointer.storage_name(3) == "torch_dcp"
+
+
+def test_stable_tensors_are_staged_beside_the_loop_until_wait_staged(tmp_path, monkeypatch):
+    checkpointer = DistributedCheckpointer(tmp_path / "run", keep=2)
+    weights, bias = torch.randn(64, 64), torch.randn(8)
+    before = {"w": weights.clone(), "b": bias.clone()}
+    released, copy_later = threading.Event(), host_staging.copy_later
+
+    def held(pairs, staged, future):
+        released.wait()
+        copy_later(pairs, staged, future)
+
+    monkeypatch.setattr(host_staging, "copy_later", held)
+    state = {"model": {"w": weights, "b": bias}, "trainer": {"step": 3}}
+    pending = start_background_save(checkpointer, 3, state, {"run_id": "r"},
+                                    stable=frozenset({weights.untyped_storage().data_ptr()}))
+    assert not pending.staged_and_waited() and not pending.done()
+    bias.add_(1.0)  # not stable: copied before the call returned
+    released.set()
+    assert pending.wait_staged() >= 0 and pending.staged_and_waited() and pending.held_seconds >= 0
+    weights.add_(1.0)  # the optimizer steps once the copy is done
+    finish_background_save(checkpointer, pending)
+    loaded, _ = checkpointer.load(3)
+    assert torch.equal(loaded["model"]["w"], before["w"]) and torch.equal(loaded["model"]["b"], before["b"])
+
+
+def test_a_failure_during_staging_leaves_no_marker_and_no_folder(tmp_path, monkeypatch):
+    def failing(buffer, source):
+        raise OSError(errno.EIO, "staging copy failed")
+
+    monkeypatch.setattr(host_staging, "copy_bytes", failing)
+    checkpointer = DistributedCheckpointer(tmp_path / "run", keep=2)
+    weights = torch.randn(16, 16)
+    pending = start_background_save(checkpointer, 1, {"model": {"w": weights}}, {},
+                                    stable=frozenset({weights.untyped_storage().data_ptr()}))
+    pending.wait_staged()  # the failure is the write's, told by the commit
+    with pytest.raises(CheckpointError, match="staging copy failed"):
+        finish_background_save(checkpointer, pending)
+    assert checkpointer.committed_steps() == [] and checkpointer.uncommitted_folders() == []
 
 
 def test_the_files_are_hashed_as_they_are_written_and_never_read_again(tmp_path, monkeypatch):
@@ -184,6 +226,40 @@ def test_a_failed_background_write_leaves_no_folder_and_is_told_as_a_full_disk(t
     assert list(checkpointer.root.iterdir()) == [] and checkpointer.committed_steps() == []
 
 
+@pytest.mark.parametrize("failing_write", [1, 3, 8])
+def test_a_full_disk_inside_a_files_torch_save_is_told_as_a_full_disk(tmp_path, monkeypatch, failing_write):
+    """The disk fills at the n-th write of DCP's streams: early ones raise through, later ones torch.save's
+    zip writer swallows and replaces with a position mismatch of its own; either way the save fails as a
+    full disk, and nothing of it is left."""
+    create_stream, writes = dcp_filesystem.FileSystem.create_stream, []
+
+    class FillingFile:
+        def __init__(self, raw) -> None:
+            self.raw = raw
+
+        def write(self, data) -> int:
+            writes.append(len(data))
+            if len(writes) == failing_write:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.raw.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.raw, name)
+
+    @contextlib.contextmanager
+    def filling(self, path, mode):
+        with create_stream(self, path, mode) as stream:
+            yield FillingFile(stream) if "w" in mode else stream
+
+    monkeypatch.setattr(dcp_filesystem.FileSystem, "create_stream", filling)
+    checkpointer = DistributedCheckpointer(tmp_path / "run", keep=2)
+    state = {"model": {f"w{i}": torch.randn(8, 8) for i in range(4)}, "trainer": {"step": 1}}
+    with pytest.raises(CheckpointError) as failed:
+        finish_background_save(checkpointer, start_background_save(checkpointer, 1, state, {}))
+    assert len(writes) >= failing_write and out_of_space(failed.value)
+    assert checkpointer.committed_steps() == [] and checkpointer.uncommitted_folders() == []
+
+
 def test_out_of_space_looks_through_causes_and_per_rank_failures():
     class Wrapped(Exception):
         def __init__(self, failures):
@@ -236,6 +312,52 @@ def test_background_saves_equal_synchronous_ones_bit_for_bit_and_record_what_the
     final, _ = DistributedCheckpointer(resumed, keep=5).load(6)
     assert_exactly_equal(checkpointers[0].load(6)[0], final, "resumed final")
     assert summarize_run(resumed, require_step=6).valid
+
+
+def optimizer_by_name(position_keyed: dict, name_keyed: dict) -> dict:
+    """torch.save's optimizer state (keyed by position) keyed by parameter name, as DCP's is."""
+    names = {}
+    for by_position, by_name in zip(position_keyed["param_groups"], name_keyed["param_groups"]):
+        names.update(zip(by_position["params"], by_name["params"]))
+    return {names[index]: values for index, values in position_keyed["state"].items()}
+
+
+@pytest.mark.slow
+def test_staging_beside_the_next_update_equals_a_synchronous_save_of_the_same_step(builtin_data_dir, tmp_path,
+                                                                                   monkeypatch):
+    """The staging thread of step 2's save is held until the loop reaches update 3's optimizer step, so the
+    copy of the parameters and the optimizer's state runs after that update's forward and backward: the
+    checkpoint still equals the synchronous one of step 2 bit for bit."""
+    sync_dir, background_dir = tmp_path / "sync", tmp_path / "background"
+    assert train(recipe("sync", "train.max_steps=4"), builtin_data_dir, sync_dir)[0].reason == "completed"
+    released, copy_later = threading.Event(), host_staging.copy_later
+    wait_staged = background.PendingSave.wait_staged
+    seen = []
+
+    def held(pairs, staged, future):
+        released.wait(timeout=300)
+        copy_later(pairs, staged, future)
+
+    def waiting(self):
+        seen.append((self.step, self.staging.done()))
+        released.set()
+        return wait_staged(self)
+
+    monkeypatch.setattr(host_staging, "copy_later", held)
+    monkeypatch.setattr(background.PendingSave, "wait_staged", waiting)
+    result, _ = train(recipe("background", "train.max_steps=4"), builtin_data_dir, background_dir)
+    assert result.reason == "completed"
+    assert seen[0] == (2, False)  # the loop reached the next step with the copy still to do
+    first = next(e for e in events(background_dir) if e["event"] == "checkpoint")
+    assert first["step"] == 2 and first["background"] is True
+    sync_state, _ = DistributedCheckpointer(sync_dir, keep=5).load(2)
+    background_state, _ = DistributedCheckpointer(background_dir, keep=5).load(2)
+    for part in ("model", "trainer", "rng"):
+        assert_exactly_equal(sync_state[part], background_state[part], part)
+    assert_exactly_equal(optimizer_by_name(sync_state["optimizer"], background_state["optimizer"]),
+                         background_state["optimizer"]["state"], "optimizer")
+    assert losses(background_dir) == losses(sync_dir)
+    assert summarize_run(background_dir, require_step=4).valid
 
 
 @pytest.mark.slow
@@ -327,44 +449,48 @@ def test_a_real_small_tmpfs_ends_the_session_cleanly_before_the_disk_fills(built
         _assert_ended_cleanly_at_full_disk(builtin_data_dir, small / "run", "train.keep_checkpoints=1")
 
 
-@pytest.mark.slow
-def test_sigkill_inside_a_background_write_leaves_no_marker_and_the_resume_is_bit_exact(
-    builtin_data_dir, tmp_path
-):
-    straight = tmp_path / "straight"
-    train(recipe("sync"), builtin_data_dir, straight)
-    run_dir, hold = tmp_path / "run", tmp_path / "hold"
-    hold.write_text("step-00000004")  # step 2's write goes through; step 4's holds inside DCP
-    command = checkpoint_faults.command("--hold-background", str(hold)) + [
-        "train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(builtin_data_dir),
+@contextlib.contextmanager
+def _killed_where_held(fault: str, hold_at: str, data_dir: Path, run_dir: Path):
+    """A background run (smoke, 6 updates, a save every 2) started under checkpoint_faults' `fault`, which
+    holds where `hold_at` says; yields the marker the fault writes on reaching the hold, then SIGKILLs it."""
+    hold = run_dir.parent / "hold"
+    hold.write_text(hold_at)
+    command = checkpoint_faults.command(fault, str(hold)) + [
+        "train", "--config", str(ROOT / "configs" / "smoke.yaml"), "--data", str(data_dir),
         "--run-dir", str(run_dir)]
     for item in ("train.num_threads=1", "train.max_steps=6", "train.log_every=2", "train.checkpoint_every=2",
                  "train.eval_every=0", "train.keep_checkpoints=5", "optim.schedule.horizon=10",
                  "optim.qk_clip.tau=0.005", "train.checkpoint_mode=background"):
         command += ["--set", item]
-    process = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-    )
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     reached = Path(f"{hold}.reached")
     try:
         while not reached.exists() and process.poll() is None:
             threading.Event().wait(0.05)
         assert reached.exists(), process.communicate()[1][-3000:]
-        temp = Path(reached.read_text())
-        # Step 4's data files are written; its .metadata, hashes and marker are not.
-        assert temp.name.startswith(".tmp-step-00000004") and any(temp.glob("*.distcp"))
-        assert not (temp / ".metadata").exists()
+        yield reached
         process.send_signal(signal.SIGKILL)
         process.wait(60)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+@pytest.mark.slow
+def test_sigkill_inside_a_background_write_leaves_no_marker_and_the_resume_is_bit_exact(
+    builtin_data_dir, tmp_path
+):
+    straight = tmp_path / "straight"
+    train(recipe("sync"), builtin_data_dir, straight)
+    run_dir = tmp_path / "run"
+    # step 2's write goes through; step 4's holds inside DCP
+    with _killed_where_held("--hold-background", "step-00000004", builtin_data_dir, run_dir) as reached:
+        temp = Path(reached.read_text())
+        # Step 4's data files are written; its .metadata, hashes and marker are not.
+        assert temp.name.startswith(".tmp-step-00000004") and any(temp.glob("*.distcp"))
+        assert not (temp / ".metadata").exists()
     checkpointer = DistributedCheckpointer(run_dir, keep=5)
     assert checkpointer.committed_steps() == [2]
     assert not (temp / MARKER_NAME).exists() and not (run_dir / "checkpoints" / "step-00000004").exists()
@@ -373,6 +499,27 @@ def test_sigkill_inside_a_background_write_leaves_no_marker_and_the_resume_is_bi
     straight_losses = {step: values[0] for step, values in losses(straight).items()}
     for step, values in losses(run_dir).items():  # the killed session's and the resumed one's
         assert all(value == straight_losses[step] for value in values), step
+    final, _ = DistributedCheckpointer(run_dir, keep=5).load(6)
+    assert_exactly_equal(DistributedCheckpointer(straight, keep=5).load(6)[0], final, "final")
+    assert summarize_run(run_dir, require_step=6).valid
+
+
+@pytest.mark.slow
+def test_sigkill_during_staging_leaves_no_marker_and_the_resume_is_bit_exact(builtin_data_dir, tmp_path):
+    """The second background save's (step 4's) staging thread holds before copying; the process is killed
+    there: step 4 has a temp folder and no marker, and the resume from step 2 ends as a straight run."""
+    straight = tmp_path / "straight"
+    train(recipe("sync"), builtin_data_dir, straight)
+    run_dir = tmp_path / "run"
+    with _killed_where_held("--hold-staging", "2", builtin_data_dir, run_dir):
+        pass
+    checkpointer = DistributedCheckpointer(run_dir, keep=5)
+    assert checkpointer.committed_steps() == [2]
+    left = checkpointer.uncommitted_folders()
+    assert [folder.name.startswith(".tmp-step-00000004") for folder in left] == [True]
+    assert not (left[0] / MARKER_NAME).exists() and not (run_dir / "checkpoints" / "step-00000004").exists()
+    result, _ = train(recipe("background"), builtin_data_dir, run_dir, resume=True)
+    assert result.reason == "completed"
     final, _ = DistributedCheckpointer(run_dir, keep=5).load(6)
     assert_exactly_equal(DistributedCheckpointer(straight, keep=5).load(6)[0], final, "final")
     assert summarize_run(run_dir, require_step=6).valid

@@ -1,11 +1,16 @@
 """pilotrun/training/checkpoint/host_staging.py: the staged copy equals the state bit for bit, owns its memory
-(the loop may change the state at once), reuses its host buffers from one save to the next, and says which
-states it does not stage."""
+(the loop may change the state at once), reuses its host buffers from one save to the next, says which
+states it does not stage, and leaves the stable tensors (and only those) to its staging thread."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import Future
+
+import pytest
 import torch
 
+from pilotrun.training.checkpoint import host_staging
 from pilotrun.training.checkpoint.host_staging import HostCopyStager, stages
 
 
@@ -78,3 +83,51 @@ def test_only_states_of_plain_tensors_are_staged_here():
     assert stages(a_state()) and stages({"p": torch.nn.Parameter(torch.ones(2))})
     assert not stages({"model": {"w": torch.ones(2).as_subclass(Sharded)}})
     assert not stages({"list": [1, (torch.ones(1).as_subclass(Sharded),)]})
+
+
+
+def storages(*tensors: torch.Tensor) -> frozenset[int]:
+    return frozenset(tensor.untyped_storage().data_ptr() for tensor in tensors)
+
+
+def test_stable_tensors_are_copied_by_the_staging_thread_and_the_rest_at_once(monkeypatch):
+    state = a_state()
+    before = {"w": state["model"]["w"].clone(), "rng": state["rng"].clone()}
+    momentum = state["optimizer"]["state"][0]["momentum"]
+    released, copy_later = threading.Event(), host_staging.copy_later
+
+    def held(pairs, staged, future):
+        assert {source.data_ptr() for _, source in pairs} == {state["model"]["w"].data_ptr(),
+                                                               momentum.data_ptr()}
+        released.wait()
+        copy_later(pairs, staged, future)
+
+    monkeypatch.setattr(host_staging, "copy_later", held)
+    future = HostCopyStager().stage_deferring(state, storages(state["model"]["w"], momentum))
+    assert isinstance(future, Future) and not future.done()
+    state["rng"].fill_(0)  # not stable: copied before the call returned
+    state["trainer"]["cursor"].append(3)
+    released.set()
+    staged = future.result()
+    state["model"]["w"].add_(1.0)  # the optimizer steps once the copy is done
+    assert torch.equal(staged["model"]["w"], before["w"]) and torch.equal(staged["rng"], before["rng"])
+    assert torch.equal(staged["optimizer"]["state"][0]["momentum"], momentum)
+    assert staged["trainer"] == {"step": 3, "cursor": [1, 2]}
+
+
+def test_with_nothing_stable_in_the_state_everything_is_copied_at_once():
+    state = a_state()
+    staged = HostCopyStager().stage_deferring(state, storages(torch.ones(3)))
+    assert isinstance(staged, dict)
+    assert_same(state, staged)
+
+
+def test_a_failed_staging_copy_fails_the_future(monkeypatch):
+    def failing(buffer, source):
+        raise OSError("copy failed")
+
+    monkeypatch.setattr(host_staging, "copy_bytes", failing)
+    state = {"w": torch.randn(4, 4)}
+    future = HostCopyStager().stage_deferring(state, storages(state["w"]))
+    with pytest.raises(OSError, match="copy failed"):
+        future.result()
