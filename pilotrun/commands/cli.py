@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import os
 import signal
 import sys
@@ -213,7 +212,8 @@ def _train_with(args: argparse.Namespace, signals, started_at: float) -> int:
 
     # the record, read once where a check needs it (a long run's metrics.jsonl takes seconds to parse), and
     # that read handed to the session's start, which reads the record only where this did not or it changed
-    recorded = functools.cache(lambda: start_costs.read_start_costs(args.run_dir))
+    record_read = start_costs.ReadHandover(args.run_dir)
+    recorded = record_read.start_costs
     stop_by, _signums = _unattended_settings(args, started_at)
     hang_bounds = _hang_bounds(args.hang_timeout, recorded)
     from pilotrun.run.recipe_lock import allow_changes_beyond_the_lock
@@ -237,8 +237,6 @@ def _train_with(args: argparse.Namespace, signals, started_at: float) -> int:
         config = load_run_config(args.config, args.overrides)
     # after the recipe, whose max_steps says whether the run is already complete
     _check_deadline_room(args, stop_by, started_at, recorded, config.train.max_steps)
-    record_read = start_costs.ReadHandover(recorded().read if recorded.cache_info().currsize else None)
-    recorded.cache_clear()  # the handover holds the read until the session's start takes it
     return train_from_cli(config, args.data, args.run_dir, resume=args.resume, from_step=args.from_step,
                           allow_changes=allow_changes, command=args.invocation, run_facts=run_facts,
                           stop_past_step=args.stop_past_step, progress=args.progress, signals=signals,

@@ -65,17 +65,25 @@ def read_start_costs(run_dir: str | Path) -> StartCosts:
 
 
 class ReadHandover:
-    """The record as the command's start-up checks read it, handed to the session's start and taken once, so
-    that a long run's metrics.jsonl is read once per command, and its events are held no longer than the
-    session's start uses them."""
+    """The record of `run_dir`, read at most once by the command's start-up checks (`start_costs`, on first
+    use) and handed to the session's start (`take`), so that a long run's metrics.jsonl is read once per
+    command, and its events are held no longer than the session's start uses them."""
 
-    def __init__(self, read: RecordRead | None = None) -> None:
-        self._read = read
+    def __init__(self, run_dir: str | Path) -> None:
+        self._run_dir = run_dir
+        self._costs: StartCosts | None = None
 
-    def take(self, run_dir: str | Path) -> RecordRead:
-        """The read handed over where metrics.jsonl is unchanged since it, else one read now."""
-        read, self._read = self._read, None
-        return read if read is not None and read.current(run_dir) else read_record_once(run_dir)
+    def start_costs(self) -> StartCosts:
+        """The run's start costs, read on the first call (a command whose checks need none reads nothing)."""
+        if self._costs is None:
+            self._costs = read_start_costs(self._run_dir)
+        return self._costs
+
+    def take(self) -> RecordRead:
+        """The checks' read where metrics.jsonl is unchanged since it, else one read now; held no longer."""
+        read = self._costs.read if self._costs is not None else None
+        self._costs = None
+        return read if read is not None and read.current(self._run_dir) else read_record_once(self._run_dir)
 
 
 def last_save_of(events: list[dict[str, Any]]) -> float | None:

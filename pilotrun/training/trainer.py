@@ -206,7 +206,7 @@ class Trainer:
         self.recorded_save_seconds: float | None = None  # the run's last save, read at the session's start
         # the record as the command's checks read it (`pilotrun train --stop-by` on a resume), taken over at
         # the session's start where unchanged: read once per command
-        self.record_read = record_read if record_read is not None else ReadHandover()
+        self.record_read = record_read if record_read is not None else ReadHandover(run_dir)
         self.watchdog, self.session_ended, self.peer_hung = watchdog, False, False
         # a peer's stack file written since is this session's (hang_watchdog.peer_hangs)
         self.began = time.time()
@@ -369,7 +369,7 @@ class Trainer:
         # The earlier sessions' record, read once before this session's first line: a stack file is an earlier
         # session's if written before it, the last save is the one this session's deadline margin owes, and
         # the plan's rate is its recent windows'.
-        read = self.record_read.take(session.run_dir) if loop.is_main or self.stop_by is not None else None
+        read = self.record_read.take() if loop.is_main or self.stop_by is not None else None
         if loop.is_main:
             for line in self._record_plan(read.recent_seconds_per_update()):
                 loop.say(line)

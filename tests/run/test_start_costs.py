@@ -53,19 +53,22 @@ def test_the_checks_read_is_handed_over_once_and_only_while_the_file_is_unchange
     counters = {"step": 0, "tokens_seen": 0, "updates_attempted": 0, "updates_skipped": 0}
     first = {"event": "session_start", "time": 10.0, "session_id": "a", **counters}
     (tmp_path / "metrics.jsonl").write_text(json.dumps(first) + "\n")
-    checked = read_start_costs(tmp_path).read
     reads = []
     real = start_costs.read_record_once
     monkeypatch.setattr(start_costs, "read_record_once",
                         lambda run_dir: reads.append(run_dir) or real(run_dir))
-    handover = ReadHandover(checked)
-    assert handover.take(tmp_path) is checked and reads == []  # unchanged: not read again
-    again = handover.take(tmp_path)  # taken once: a second take reads
-    assert again is not checked and again.events == checked.events and reads == [tmp_path]
+    handover = ReadHandover(tmp_path)
+    costs = handover.start_costs()
+    assert handover.start_costs() is costs and reads == [tmp_path]  # the checks read once, on first use
+    assert handover.take() is costs.read and reads == [tmp_path]  # unchanged: not read again
+    again = handover.take()  # taken once: a second take reads
+    assert again is not costs.read and again.events == costs.read.events and reads == [tmp_path] * 2
+    changed = ReadHandover(tmp_path)
+    changed.start_costs()
     with open(tmp_path / "metrics.jsonl", "a") as handle:
         handle.write(json.dumps({**first, "time": 11.0}) + "\n")
     now = read_metrics_tolerant(tmp_path).events
     assert [e["time"] for e in now] == [10.0, 11.0]
-    assert ReadHandover(checked).take(tmp_path).events == now  # changed since the checks' read: read again
-    assert ReadHandover().take(tmp_path).events == now  # none handed over: read
-    assert len(reads) == 3
+    assert changed.take().events == now  # changed since the checks' read: read again
+    assert ReadHandover(tmp_path).take().events == now  # the checks read nothing: read
+    assert len(reads) == 5

@@ -192,18 +192,28 @@ def test_a_stalled_update_is_ended_hung_with_its_stacks_and_auto_resume_is_exact
 def test_runs_again_and_again_under_a_deadline_until_done(builtin_data_dir, tmp_path, straight, monkeypatch):
     """A deadline 20 (fake) seconds ahead at every start, the clock moving 1 s at each reading: every session
     ends itself before the deadline with the resumable code, and the sum of them is the straight run."""
+    import pilotrun.run.start_costs as start_costs
+
     run_dir = tmp_path / "run"
-    codes, deadlines = [], []
+    codes, deadlines, reads = [], [], []
+    real_read = start_costs.read_record_once
+    monkeypatch.setattr(start_costs, "read_record_once", lambda d: reads.append(d) or real_read(d))
+    reads_per_command = []
     for _attempt in range(MAX_STEPS + 1):
         start = time.time()
         readings = iter(range(10**6))
         fake = types.SimpleNamespace(time=lambda start=start, readings=readings: start + next(readings))
         monkeypatch.setattr(trainer_module, "time", fake)
+        reads.clear()
         codes.append(main(argv(builtin_data_dir, run_dir, "--stop-by", "@" + str(int(start) + 20))))
+        reads_per_command.append(len(reads))
         deadlines.append(int(start) + 20)
         if codes[-1] == 0:
             break
     assert codes[-1] == 0 and set(codes[:-1]) == {DEADLINE_EXIT_CODE} and len(codes) > 1
+    # a resumed session's deadline check and its start share one read of metrics.jsonl (the first command
+    # found no record, and a missing file is read again at the start, where the new session may have begun it)
+    assert reads_per_command[1:] == [1] * (len(codes) - 1), reads_per_command
     ends = [e for e in events(run_dir) if e["event"] == "session_end"]
     assert [e["reason"] for e in ends] == ["deadline"] * (len(codes) - 1) + ["completed"]
     committed = Checkpointer(run_dir, keep=100).committed_steps()
