@@ -29,8 +29,9 @@ again, a rule when it passes again, a killed session when a resume starts). The 
 - `forecast_change` (key `forecast_change:SESSION`): a resume that changed what the lock's forecast assumed (a
   recipe key, a mixture's weights; never a cadence, the length or a machine key: forecast_changes.py), raised
   once at the first evaluation after it, naming each key old -> new and the update it took effect from: the
-  forecast is a reference from there, the run still held to it. It never clears (the run stays on the changed
-  recipe);
+  forecast is a reference from there, the run still held to it. It stands while the run keeps that session's
+  updates on the changed recipe, and clears at the first evaluation of a resume from before it that does not
+  make the same change again;
 - `rule`: one of the verdict's rules that apply to a run in progress FAILs, judged by the rule table itself
   (rules.py) on summarize's view of the record, with the lock's thresholds when one is given; each rule is
   judged only once the kept history holds the evidence the rule states it needs (its `needs`: a train window,
@@ -419,7 +420,7 @@ class Watcher:
         said = self.forecast.judge(self.follower.run, event)
         self.notes.extend(self.forecast.notes)
         self.forecast.notes = []
-        self._forecast_changes(event, now, found)
+        self._forecast_changes(event, now, found, cleared)
         if said is not None and "outside" in said:
             found.setdefault("forecast", Alert("forecast", "forecast", said["outside"], said["step"],
                                                said["figure"], said["bound"], str(event["session_id"]), now,
@@ -427,9 +428,15 @@ class Watcher:
         elif said is not None:
             cleared.add("forecast")
 
-    def _forecast_changes(self, event: dict[str, Any], now: float, found: dict[str, Alert]) -> None:
+    def _forecast_changes(self, event: dict[str, Any], now: float, found: dict[str, Alert],
+                          cleared: set[str]) -> None:
         """One alert per resume whose changes left what the forecast assumed, at the first evaluation after
-        it; it stands (the run is on the changed recipe from then on)."""
+        it; it stands (the run is on the changed recipe from then on) until a resume from before that session
+        redoes its updates without those changes (cleared at that resume's first evaluation)."""
+        for sid in self.forecast.undone:  # raised and undone within one look: never said
+            found.pop(f"forecast_change:{sid}", None)
+            cleared.add(f"forecast_change:{sid}")
+        self.forecast.undone = []
         by_session: dict[str, list[dict[str, Any]]] = {}
         for change in self.forecast.changes:
             by_session.setdefault(str(change["session_id"]), []).append(change)

@@ -64,8 +64,14 @@ class ForecastWatch:
         # the sessions seen starting whose updates the run still keeps, in order, each with the step it
         # started at (a later resume from an earlier step undoes a session's updates and its changes)
         self.sessions: dict[str, int] = {}
-        self.told: set[str] = set()  # the changes on resume already said (forecast_changes' dicts, as JSON)
+        # the changes on resume already said (forecast_changes' dicts as JSON, less the session), each with
+        # the session that said it
+        self.told: dict[str, str] = {}
         self.changes: list[dict[str, Any]] = []  # changes to say now: taken by the caller
+        self.undone: list[str] = []  # sessions whose said changes no longer stand: taken by the caller
+        # forecast_changes of the sessions kept, computed again only when they or run.json's sessions change
+        self._found_for: tuple | None = None
+        self._found: list[dict[str, Any]] = []
 
     def restart(self, session_id: str | None = None, resumed_from: int | None = None) -> None:
         """A session started (from `resumed_from`; None: fresh): the evaluations after its resume point are
@@ -82,13 +88,26 @@ class ForecastWatch:
     def _changed(self, run: dict[str, Any], step: int) -> None:
         """The changes on resume that left the forecast's assumptions (forecast_changes.py), made by a session
         seen starting and in effect at `step`, not said before (a later session repeating the same change
-        from the same update is the same change), into self.changes."""
-        for change in as_dicts(forecast_changes(run, list(self.sessions))):
-            said = json.dumps({k: v for k, v in change.items() if k != "session_id"}, sort_keys=True,
-                              default=str)
+        from the same update is the same change), into self.changes; the sessions whose said changes no
+        longer stand (a resume from before them redid their updates without those changes), into
+        self.undone."""
+        recorded = run.get("sessions") if isinstance(run.get("sessions"), list) else []
+        key = (tuple(self.sessions), len(recorded))
+        if key != self._found_for:
+            self._found_for, self._found = key, as_dicts(forecast_changes(run, list(self.sessions)))
+        standing = {self._said(change): change for change in self._found}
+        gone = {sid for said, sid in self.told.items() if said not in standing}
+        self.told = {said: sid for said, sid in self.told.items() if said in standing}
+        self.undone.extend(sorted(gone - set(self.told.values())))
+        for said, change in standing.items():
             if change["from_update"] <= step and said not in self.told:
-                self.told.add(said)
+                self.told[said] = str(change["session_id"])
                 self.changes.append(change)
+
+    @staticmethod
+    def _said(change: dict[str, Any]) -> str:
+        """A change as said once: its key, values and first update, whichever session made it."""
+        return json.dumps({k: v for k, v in change.items() if k != "session_id"}, sort_keys=True, default=str)
 
     def judge(self, run: dict[str, Any], event: dict[str, Any]) -> dict[str, Any] | None:
         """{"outside": message, "step", "figure", "bound"} while CONSECUTIVE evaluations in a row are outside

@@ -446,3 +446,55 @@ def test_a_change_whose_session_was_rolled_back_before_its_first_evaluation_is_n
     assert alerts == [] and said == []
     kept = summarize_run(run.run_dir).kept_events
     assert fr.against(lock["forecast"], lock["recipe"], "0" * 64, run.run, kept)["changes"] == []
+
+
+def undone_change_run(run_dir, again: bool):
+    """s2 halves the grad clip on resume from 500, is evaluated at 600 and killed at 650; s3 resumes from the
+    same checkpoint at 500, on the lock's recipe (`again`: with the same change made again)."""
+    from tests.report.projection.test_forecast_record import SCHEDULE, SyntheticRun, law_loss
+
+    run = SyntheticRun(run_dir, max_steps=2000, eval_every=100, checkpoint_every=500,
+                       train_split_tokens=10**7)
+    run.run["recipe"]["optim"]["schedule"] = {**SCHEDULE, "horizon": 2000}
+    run.run["recipe"]["train"]["eval_every"] = 100
+    run.val_loss = law_loss(2000, 0.004)
+    run.start_session()
+    run.train_until(500)
+    run.end_session("interrupted")
+    for session in ("s2", "s3"):
+        run.resume(500)
+        if session == "s2" or again:
+            run.run.setdefault("allowed_changes", []).append(
+                {"session_id": run.session_id, "key": "optim.grad_clip", "old": 1.0, "new": 0.5})
+        if session == "s2":
+            run.train_until(650)
+            run.kill()
+    run.train_until(2000)
+    run.end_session()
+    run.write()
+    return run
+
+
+def test_a_change_whose_session_a_later_resume_redoes_clears_and_the_same_change_made_again_stands(
+    tmp_path, lock
+):
+    from pilotrun.report.watch.forecast_watch import ForecastWatch
+
+    undone = undone_change_run(tmp_path / "undone", again=False)
+    held, said, cleared = ForecastWatch(lock, undone.run), [], []
+    for event in undone.events:  # as a live watch reads them, one at a time
+        if event["event"] == "session_start":
+            held.restart(event["session_id"], event.get("resumed_from"))
+        elif event["event"] == "val":
+            held.judge(undone.run, event)
+            said += [(event["step"], c["session_id"]) for c in held.changes]
+            cleared += [(event["step"], sid) for sid in held.undone]
+            held.changes, held.undone = [], []
+    # said at s2's first evaluation; cleared at s3's, which redid s2's updates on the lock's recipe
+    assert said == [(600, "s2")] and cleared == [(600, "s2")]
+    watcher, alerts, raised = changes_said(undone.run_dir, lock)  # one look at the finished run
+    assert alerts == [] and raised == [] and not any(k.startswith("forecast_change") for k in watcher.active)
+    again = undone_change_run(tmp_path / "again", again=True)
+    watcher, _, raised = changes_said(again.run_dir, lock)
+    assert [(a.step, a.key) for a in raised] == [(600, "forecast_change:s2")]  # the same change: said once
+    assert "forecast_change:s2" in watcher.active  # and it stands: s3 keeps it
