@@ -61,12 +61,12 @@ def synthetic(
     return run
 
 
-def resumed_with(run_dir, changes, kill_at=None, shift=lambda step: 0.0):
+def resumed_with(run_dir, changes, kill_at=None, shift=lambda step: 0.0, again=True):
     """synthetic()'s healthy long run (the same losses), stopped at step 500 and resumed there with
     `changes` [(kind, key, old, new)] recorded in run.json as a resume records them (`allowed` by
     --allow-change, `free`: a key a resume may change freely), the recipe's value set to the new one where it
     holds the key. `kill_at`: the resumed session is killed there and the run resumed from 500 again, making
-    the same changes."""
+    the same changes (`again` False: on the lock's recipe, none made)."""
     run = SyntheticRun(
         run_dir, max_steps=2000, eval_every=100, checkpoint_every=500, train_split_tokens=10**7
     )
@@ -78,12 +78,14 @@ def resumed_with(run_dir, changes, kill_at=None, shift=lambda step: 0.0):
     run.end_session("interrupted")
     for _ in range(2 if kill_at else 1):
         run.resume(500)
-        for kind, key, old, new in changes:
+        making = again or run.session_index == 2
+        for kind, key, old, new in changes if making else []:
             run.run.setdefault(f"{kind}_changes", []).append(
                 {"session_id": run.session_id, "key": key, "old": old, "new": new}
             )
+        for _kind, key, old, new in changes:
             if key == "optim.grad_clip":
-                run.run["recipe"]["optim"]["grad_clip"] = new
+                run.run["recipe"]["optim"]["grad_clip"] = new if making else old
         if kill_at and run.session_index == 2:
             run.train_until(kill_at)
             run.kill()

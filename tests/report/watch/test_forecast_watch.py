@@ -418,61 +418,22 @@ def test_a_change_is_said_at_its_first_evaluation_when_one_look_reads_the_resume
     assert [(a.step, a.extra["from_step"]) for a in said] == [(600, 501)]
 
 
+def undone_change_run(run_dir, again: bool, kill_at: int = 650):
+    """s2 halves the grad clip on resume from 500 and is killed at `kill_at` (past its first evaluation, at
+    600, by default); s3 resumes from the same checkpoint at 500, on the lock's recipe (`again`: with the same
+    change made again)."""
+    return resumed_with(run_dir, [("allowed", "optim.grad_clip", 1.0, 0.5)], kill_at=kill_at, again=again)
+
+
 def test_a_change_whose_session_was_rolled_back_before_its_first_evaluation_is_not_said(tmp_path, lock):
     """A resume that changed the recipe, killed before any evaluation, and a later resume from the same
     checkpoint without the change: no update of the kept history ran on the changed recipe, so neither watch
     nor summarize's grade names it."""
-    from tests.report.projection.test_forecast_record import SCHEDULE, SyntheticRun, law_loss
-
-    run = SyntheticRun(tmp_path / "long", max_steps=2000, eval_every=100, checkpoint_every=500,
-                       train_split_tokens=10**7)
-    run.run["recipe"]["optim"]["schedule"] = {**SCHEDULE, "horizon": 2000}
-    run.run["recipe"]["train"]["eval_every"] = 100
-    run.val_loss = law_loss(2000, 0.004)
-    run.start_session()
-    run.train_until(500)
-    run.end_session("interrupted")
-    run.resume(500)  # s2: the grad clip halved, killed at 550 (before its first evaluation, at 600)
-    run.run.setdefault("allowed_changes", []).append(
-        {"session_id": run.session_id, "key": "optim.grad_clip", "old": 1.0, "new": 0.5}
-    )
-    run.train_until(550)
-    run.kill()
-    run.resume(500)  # s3: from the same checkpoint, on the lock's recipe again
-    run.train_until(2000)
-    run.end_session()
-    run.write()
+    run = undone_change_run(tmp_path / "long", again=False, kill_at=550)  # s2 killed before its first at 600
     _, alerts, said = changes_said(run.run_dir, lock)
     assert alerts == [] and said == []
     kept = summarize_run(run.run_dir).kept_events
     assert fr.against(lock["forecast"], lock["recipe"], "0" * 64, run.run, kept)["changes"] == []
-
-
-def undone_change_run(run_dir, again: bool):
-    """s2 halves the grad clip on resume from 500, is evaluated at 600 and killed at 650; s3 resumes from the
-    same checkpoint at 500, on the lock's recipe (`again`: with the same change made again)."""
-    from tests.report.projection.test_forecast_record import SCHEDULE, SyntheticRun, law_loss
-
-    run = SyntheticRun(run_dir, max_steps=2000, eval_every=100, checkpoint_every=500,
-                       train_split_tokens=10**7)
-    run.run["recipe"]["optim"]["schedule"] = {**SCHEDULE, "horizon": 2000}
-    run.run["recipe"]["train"]["eval_every"] = 100
-    run.val_loss = law_loss(2000, 0.004)
-    run.start_session()
-    run.train_until(500)
-    run.end_session("interrupted")
-    for session in ("s2", "s3"):
-        run.resume(500)
-        if session == "s2" or again:
-            run.run.setdefault("allowed_changes", []).append(
-                {"session_id": run.session_id, "key": "optim.grad_clip", "old": 1.0, "new": 0.5})
-        if session == "s2":
-            run.train_until(650)
-            run.kill()
-    run.train_until(2000)
-    run.end_session()
-    run.write()
-    return run
 
 
 def test_a_change_whose_session_a_later_resume_redoes_clears_and_the_same_change_made_again_stands(
