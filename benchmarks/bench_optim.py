@@ -15,8 +15,12 @@ CPU pilot's 512 tokens.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import importlib
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -308,13 +312,107 @@ def compare_full_step_with_torch(model) -> dict:
             "adamw_tensors": sum(len(g["params"]) for g in adamw_groups)}
 
 
-def run() -> str:
+def run(nanochat=None) -> str:
+    """The section; `nanochat` (benchmarks.nanochat_adapter.Nanochat, from `--nanochat PATH`) adds the
+    comparison with nanochat's own Muon, which without it says it was not measured."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _measure()
+        return _measure() + "\n" + nanochat_subsection(nanochat)
     finally:
         torch.set_num_threads(threads)
+
+
+@dataclasses.dataclass(frozen=True)
+class NanochatSize:
+    """The model whose Muon matrices both optimizers step: a preset with changes, and the rounds timed."""
+
+    name: str
+    preset: str
+    changes: dict
+    rounds: int
+    warmup: int
+
+
+# The two sizes of bench_update: the stability recipe's geometry and the large one (gpu-100m at 4 layers).
+# The first warm-up round pays nanochat's compilation; it is timed apart and reported.
+NANOCHAT_SIZES = (
+    NanochatSize("stability", "cpu", {}, rounds=20, warmup=2),
+    NanochatSize("large", "gpu-100m", {"n_layers": 4}, rounds=5, warmup=2),
+)
+# The open speed goal: pilotrun's Muon step <= 0.9x nanochat's compiled one on identical matrices.
+TARGET_STEP_OVER_NANOCHAT = 0.9
+# nanochat's own set-up values for its Muon groups (gpt.py setup_optimizer): matrix_lr and beta2 of its
+# variance reduction. Momentum, iterations and weight decay are taken from pilotrun's groups (the same).
+NANOCHAT_MATRIX_LR = 0.02
+NANOCHAT_BETA2 = 0.9
+
+
+def muon_groups_with_gradients(size: NanochatSize) -> list[dict]:
+    """pilotrun's Muon groups (its partition, OptimConfig defaults) of the size's model, each parameter
+    holding the gradient of one forward/backward of a BATCH x SEQ batch."""
+    torch.manual_seed(0)
+    model = build_model(model_preset(size.preset, vocab_size=VOCAB, init_std=0.02, **size.changes))
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(0))
+    model(tokens[:, :-1], tokens[:, 1:]).loss.backward()
+    return [g for g in build_optimizer(model, OptimConfig()).param_groups if g["use_muon"]]
+
+
+def leaf_with_gradient(tensor: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    leaf = tensor.detach().clone().requires_grad_(True)
+    leaf.grad = grad.detach().clone()
+    return leaf
+
+
+def pilotrun_muon(groups: list[dict]) -> MuonAdamW:
+    """pilotrun's MuonAdamW over its own copies of the Muon groups, every setting as the groups have it."""
+    return MuonAdamW([dict(g, params=[leaf_with_gradient(p, p.grad) for p in g["params"]]) for g in groups])
+
+
+def nanochat_matrices(groups: list[dict]) -> list[torch.Tensor]:
+    """The same matrices as 2-D leaves, as nanochat holds them: each routed-expert stack [E, A, B] as its E
+    experts' [A, B] matrices, each with its slice of the gradient."""
+    return [
+        leaf_with_gradient(matrix, grad)
+        for group in groups
+        for p in group["params"]
+        for matrix, grad in zip(p.detach().reshape(-1, *p.shape[-2:]).unbind(0),
+                                p.grad.reshape(-1, *p.shape[-2:]).unbind(0), strict=True)
+    ]
+
+
+def nanochat_muon(optim_module, groups: list[dict]):
+    """nanochat's MuonAdamW over the same matrices, one Muon group per shape (as its set-up groups them),
+    with pilotrun's momentum, iterations and weight decay and nanochat's own lr and beta2."""
+    matrices = nanochat_matrices(groups)
+    settings = groups[0]
+    param_groups = [
+        {"kind": "muon", "params": [m for m in matrices if m.shape == shape], "lr": NANOCHAT_MATRIX_LR,
+         "momentum": settings["momentum"], "ns_steps": settings["ns_steps"], "beta2": NANOCHAT_BETA2,
+         "weight_decay": settings["weight_decay"]}
+        for shape in sorted({m.shape for m in matrices})
+    ]
+    return optim_module.MuonAdamW(param_groups)
+
+
+def nanochat_optim_module(nanochat):
+    """nanochat.optim of the checkout that benchmarks.nanochat_adapter.load imported (its package is in
+    sys.modules, so the submodule comes from the same place), checked to be from that checkout."""
+    module = importlib.import_module("nanochat.optim")
+    if nanochat.path not in Path(module.__file__).resolve().parents:
+        raise RuntimeError(f"nanochat.optim was imported from {module.__file__}, not from {nanochat.path}")
+    return module
+
+
+def iteration_flops(shapes: list[tuple[int, int]], steps: int, short_side) -> float:
+    """Matmul FLOP of `steps` iterations over matrices of these shapes, each iterating on the side
+    `short_side(rows, cols)` picks: X X^T, G G and (.) X cost 2 s^2 l + 2 s^3 + 2 s^2 l."""
+    total = 0.0
+    for rows, cols in shapes:
+        short = short_side(rows, cols)
+        long = rows * cols // short
+        total += steps * (4 * short * short * long + 2 * short**3)
+    return total
 
 
 def _measure() -> str:
@@ -522,5 +620,154 @@ def _measure() -> str:
         " foreach call per AdamW operation).",
         "",
         "Command: `python -m benchmarks.run_all bench_optim`",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def compiled_for_every_shape(shapes: int):
+    """nanochat compiles its Muon step with dynamic=False: one compiled version per shape group, and
+    torch.compile runs a function eager once it holds `recompile_limit` (8) versions. nanochat's own model
+    has fewer shapes than that; the large size here has 8 and the two sizes in one process 15. So dynamo's
+    caches are cleared around each size and the limit is raised to the size's group count: every group
+    runs compiled, as in nanochat's own training."""
+    config = torch._dynamo.config
+    limit = config.recompile_limit
+    torch._dynamo.reset()
+    config.recompile_limit = max(limit, shapes)
+    try:
+        yield
+    finally:
+        config.recompile_limit = limit
+        torch._dynamo.reset()
+
+
+def alternate_steps(steps: dict, size: NanochatSize) -> dict:
+    """Each optimizer's step in rounds, the order alternating, CPU time of the process; the first round's
+    steps (nanochat's compiles) timed apart, wall and CPU, and left out with the other warm-up rounds."""
+    names = list(steps)
+    times = {name: [] for name in names}
+    first, ratios = {}, []
+    for index in range(size.warmup + size.rounds):
+        timed = {}
+        for name in names if index % 2 == 0 else names[::-1]:
+            wall, start = time.perf_counter(), clock()
+            steps[name]()
+            timed[name] = clock() - start
+            first.setdefault(name, (time.perf_counter() - wall, timed[name]))
+        if index >= size.warmup:
+            for name in names:
+                times[name].append(timed[name])
+            ratios.append(timed["pilotrun"] / timed["nanochat"])
+    return {"medians": {name: statistics.median(seconds) for name, seconds in times.items()},
+            "ratio": statistics.median(ratios), "spread": (min(ratios), max(ratios)), "first": first}
+
+
+def measure_against_nanochat(size: NanochatSize, optim_module) -> dict:
+    """pilotrun's Muon step against nanochat's on the size's Muon matrices, the same gradients."""
+    groups = muon_groups_with_gradients(size)
+    ours, theirs = pilotrun_muon(groups), nanochat_muon(optim_module, groups)
+    shapes = [tuple(p.shape) for g in theirs.param_groups for p in g["params"]]
+    steps = groups[0]["ns_steps"]
+    graphs = torch._dynamo.utils.counters["stats"]
+    with compiled_for_every_shape(len(theirs.param_groups)):
+        compiled_before = graphs["unique_graphs"]
+        figures = alternate_steps({"pilotrun": ours.step, "nanochat": theirs.step}, size)
+        compiled = graphs["unique_graphs"] - compiled_before
+    finite = {name: all(bool(p.isfinite().all()) for g in optimizer.param_groups for p in g["params"])
+              for name, optimizer in (("pilotrun", ours), ("nanochat", theirs))}
+    return {
+        "size": size, "matrices": len(shapes), "groups": len(theirs.param_groups),
+        "compiled_graphs": compiled,
+        "parameters": sum(rows * cols for rows, cols in shapes), "steps": steps, "finite": finite,
+        # pilotrun iterates on the short side of every matrix (a tall one transposed first); nanochat forms
+        # X^T X for a tall matrix and X X^T otherwise: the short side too.
+        "pilotrun_flops": iteration_flops(shapes, steps, min),
+        "nanochat_flops": iteration_flops(shapes, steps, lambda rows, cols: cols if rows > cols else rows),
+        **figures,
+    }
+
+
+NANOCHAT_HEADING = "### Muon step against nanochat's compiled Muon (identical matrices)"
+
+
+def nanochat_subsection(nanochat) -> str:
+    """The comparison's Markdown: measured at both sizes with a nanochat checkout, else a line that says it
+    was not measured (and nothing of nanochat imported)."""
+    if nanochat is None:
+        return "\n".join([
+            NANOCHAT_HEADING, "",
+            "Not measured in this run: it needs a checkout of nanochat (`python -m benchmarks.run_all "
+            "bench_optim --nanochat PATH`); without one nothing of nanochat is imported.", "",
+        ])
+    optim_module = nanochat_optim_module(nanochat)
+    results = [measure_against_nanochat(size, optim_module) for size in NANOCHAT_SIZES]
+    return nanochat_markdown(results, nanochat)
+
+
+def nanochat_row(r: dict) -> str:
+    ms, (wall, cpu), size = 1e3, r["first"]["nanochat"], r["size"]
+    low, high = r["spread"]
+    return (
+        f"| {size.name} ({size.preset}) | {r['matrices']} ({r['groups']}) | {r['parameters']:,} |"
+        f" {r['pilotrun_flops'] / 1e9:.2f} / {r['nanochat_flops'] / 1e9:.2f} |"
+        f" {r['medians']['pilotrun'] * ms:.1f} | {r['medians']['nanochat'] * ms:.1f} |"
+        f" **{r['ratio']:.3f}x** ({low:.2f}-{high:.2f}) | {size.rounds} after {size.warmup} |"
+        f" {r['compiled_graphs']}: {wall:.1f} s wall, {cpu:.1f} s CPU |"
+    )
+
+
+NANOCHAT_SET_UP = (
+    "pilotrun MuonAdamW's Muon groups (its partition, OptimConfig defaults: 5 quintic Newton-Schulz "
+    "iterations, fp32 on the CPU, stacked in chunks) against nanochat's own MuonAdamW (nanochat/optim.py "
+    "of the checkout given by `--nanochat`{commit}; its `muon_step_fused` is `torch.compile`d with "
+    "dynamic=False, fullgraph=True) on the same matrices: pilotrun's Muon parameters of the size's model,"
+    " each routed-expert stack [E, A, B] handed to nanochat as its E experts' [A, B] matrices, one "
+    "nanochat Muon group per shape (as its set-up groups them), the same gradients (one forward/backward "
+    "of a {batch}x{seq} batch, held fixed). Both: momentum 0.95, 5 iterations (nanochat: its Polar "
+    "Express coefficients, ns_steps=5), weight decay 0.1; nanochat's own lr 0.02 and beta2 0.9. CPU time "
+    "of the process, one torch thread, rounds alternating which goes first; medians, and the median of "
+    "per-round ratios. nanochat's first step compiles one graph per shape group (torch's recompile limit "
+    "raised to the group count so that none runs eager, dynamo's caches cleared around each size); it is "
+    "left out of the medians and reported (its wall time includes inductor's C++ builds in worker "
+    "processes, and inductor's on-disk cache shortens it on a rerun)."
+)
+NANOCHAT_WORK = (
+    "The iterations' FLOP are the same on both sides: both iterate on the short side of each matrix "
+    "(pilotrun transposes a tall one first; nanochat forms X^T X for it), 5 x (4 s^2 l + 2 s^3) per [s, "
+    "l] matrix. Both run in fp32 on the CPU: pilotrun's `ns_dtype: auto` is fp32 off CUDA, and nanochat's"
+    " COMPUTE_DTYPE is float32 without CUDA (it casts to bf16 only where that is its compute dtype)."
+)
+NANOCHAT_DIFFERENCES = (
+    "What each step does beyond the iterations. pilotrun: momentum as a sum (M <- G + 0.95 M, fp32), the "
+    "Nesterov direction G + 0.95 M written into its stack (a tall matrix transposed into it), Frobenius "
+    "normalisation, the 5 iterations on chunks of same-shape matrices, decoupled weight decay on every "
+    "weight, the update scaled by 0.2 sqrt(max(A, B)). nanochat: momentum and Nesterov as two lerps on a "
+    "stacked copy of the gradients, MuonEq row equilibration (each row rescaled to the mean row norm), "
+    "Frobenius normalisation (x 1.01), Muon+ renormalisation of the result to Frobenius norm sqrt(min(A, "
+    "B)), NorMuon variance reduction (a factored second moment per row or column, beta2 0.9), cautious "
+    "weight decay (only where update and weight agree in sign), lr scaled by sqrt(max(1, A/B)); each step"
+    " stacks its group's parameters and gradients and copies the updated stack back."
+)
+
+
+def nanochat_markdown(results: list[dict], nanochat) -> str:
+    commit = f" at {nanochat.commit}" if nanochat.commit else ""
+    verdict = "NOT met" if any(r["ratio"] > TARGET_STEP_OVER_NANOCHAT for r in results) else "met"
+    finite = "yes" if all(all(r["finite"].values()) for r in results) else "NO"
+    ratios = ", ".join(f"{r['size'].name} {r['ratio']:.3f}x" for r in results)
+    lines = [
+        NANOCHAT_HEADING, "",
+        NANOCHAT_SET_UP.format(commit=commit, batch=BATCH, seq=SEQ), "",
+        "| size | matrices (nanochat groups) | Muon weights | matmul GFLOP per step, pilotrun / nanochat |"
+        " pilotrun CPU ms | nanochat CPU ms | pilotrun / nanochat (range) | rounds | nanochat's first step:"
+        " graphs compiled, time |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *[nanochat_row(r) for r in results], "",
+        f"{NANOCHAT_WORK} Weights finite on both sides after every step: {finite}.", "",
+        NANOCHAT_DIFFERENCES, "",
+        f"Target: pilotrun's Muon step <= {TARGET_STEP_OVER_NANOCHAT:.1f}x nanochat's compiled one at both"
+        f" sizes: {verdict} ({ratios}).", "",
+        "Command: `python -m benchmarks.run_all bench_optim --nanochat PATH`",
     ]
     return "\n".join(lines) + "\n"
