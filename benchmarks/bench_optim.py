@@ -663,6 +663,25 @@ def alternate_steps(steps: dict, size: NanochatSize) -> dict:
             "ratio": statistics.median(ratios), "spread": (min(ratios), max(ratios)), "first": first}
 
 
+MATMUL_OPERATORS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+PROFILED_STEPS = 2
+
+
+def matmul_profile(step, steps: int = PROFILED_STEPS) -> dict:
+    """Where one optimizer's step spends its time: torch.profiler over `steps` steps, the matrix-product
+    operators' self time as a share of the profiled steps, and their calls per step. nanochat's compiled
+    graph calls aten::bmm for its products (an extern kernel), so both sides' products are counted alike."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        for _ in range(steps):
+            step()
+    events = profiler.key_averages()
+    total = sum(event.self_cpu_time_total for event in events)
+    products = [event for event in events if event.key in MATMUL_OPERATORS]
+    return {"share": sum(event.self_cpu_time_total for event in products) / total,
+            "calls": sum(event.count for event in products) // steps,
+            "operators": sorted(event.key for event in products)}
+
+
 def measure_against_nanochat(size: NanochatSize, optim_module) -> dict:
     """pilotrun's Muon step against nanochat's on the size's Muon matrices, the same gradients."""
     groups = muon_groups_with_gradients(size)
@@ -674,11 +693,12 @@ def measure_against_nanochat(size: NanochatSize, optim_module) -> dict:
         compiled_before = graphs["unique_graphs"]
         figures = alternate_steps({"pilotrun": ours.step, "nanochat": theirs.step}, size)
         compiled = graphs["unique_graphs"] - compiled_before
+        profiles = {"pilotrun": matmul_profile(ours.step), "nanochat": matmul_profile(theirs.step)}
     finite = {name: all(bool(p.isfinite().all()) for g in optimizer.param_groups for p in g["params"])
               for name, optimizer in (("pilotrun", ours), ("nanochat", theirs))}
     return {
         "size": size, "matrices": len(shapes), "groups": len(theirs.param_groups),
-        "compiled_graphs": compiled,
+        "compiled_graphs": compiled, "profiles": profiles,
         "parameters": sum(rows * cols for rows, cols in shapes), "steps": steps, "finite": finite,
         # pilotrun iterates on the short side of every matrix (a tall one transposed first); nanochat forms
         # X^T X for a tall matrix and X X^T otherwise: the short side too.
@@ -765,9 +785,31 @@ def nanochat_markdown(results: list[dict], nanochat) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         *[nanochat_row(r) for r in results], "",
         f"{NANOCHAT_WORK} Weights finite on both sides after every step: {finite}.", "",
+        nanochat_profile_paragraph(results), "",
         NANOCHAT_DIFFERENCES, "",
         f"Target: pilotrun's Muon step <= {TARGET_STEP_OVER_NANOCHAT:.1f}x nanochat's compiled one at both"
         f" sizes: {verdict} ({ratios}).", "",
         "Command: `python -m benchmarks.run_all bench_optim --nanochat PATH`",
     ]
     return "\n".join(lines) + "\n"
+
+
+def nanochat_profile_paragraph(results: list[dict]) -> str:
+    """The profiled share of each step in matrix products, and the product rate that share implies."""
+    parts = []
+    for r in results:
+        sides = []
+        for name in ("pilotrun", "nanochat"):
+            profile, seconds = r["profiles"][name], r["medians"][name]
+            if not profile["calls"]:
+                sides.append(f"{name}: no matrix-product operator seen")
+                continue
+            rate = r[f"{name}_flops"] / (profile["share"] * seconds) / 1e9
+            sides.append(f"{name} {profile['share']:.0%} in {profile['calls']} calls"
+                         f" ({', '.join(profile['operators'])}), {rate:.1f} GFLOP/s")
+        parts.append(f"{r['size'].name}: {'; '.join(sides)}")
+    return (
+        f"Where the time goes (torch.profiler over {PROFILED_STEPS} more steps of each after the rounds: the"
+        " matrix products' self time as a share of the profiled steps, their calls per step, and the rate"
+        " implied by the iterations' FLOP over that share of the median CPU step): " + "; ".join(parts) + "."
+    )

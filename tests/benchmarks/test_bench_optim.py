@@ -105,6 +105,10 @@ def test_both_step_in_alternating_rounds_and_the_section_reports_each_size(tmp_p
     assert cells[3].split(" / ")[0] == cells[3].split(" / ")[1]  # the same iteration FLOP on both sides
     assert cells[7] == "2 after 1"
     assert "Weights finite on both sides after every step: yes." in text
+    # pilotrun's chains are seen in the profile; the stand-in multiplies no matrices
+    profile = next(line for line in text.splitlines() if line.startswith("Where the time goes"))
+    assert "tiny: pilotrun " in profile and "calls (aten::baddbmm, aten::bmm)" in profile
+    assert "nanochat: no matrix-product operator seen" in profile
     assert "pilotrun's Muon step <= 0.9x nanochat's compiled one at both sizes: " in text
     assert "Command: `python -m benchmarks.run_all bench_optim --nanochat PATH`" in text
 
