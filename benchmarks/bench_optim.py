@@ -11,6 +11,10 @@ clock), and compared with a FLOP model: per matrix [A, B] (A <= B), 5 iterations
 5 (4 A^2 B + 2 A^3) flops, against roughly 6 * weights * tokens for forward + backward of that matrix. The
 ratio grows as min(A, B) / tokens per update, which is why Muon is cheap at real batch sizes and not at a
 CPU pilot's 512 tokens.
+
+With `--nanochat PATH` (run_all), pilotrun's Muon step is also timed against nanochat's own MuonAdamW, whose
+fused Muon step nanochat compiles, on identical matrices at the stability and the large size
+(nanochat_subsection); without the flag nothing of nanochat is imported.
 """
 
 from __future__ import annotations
