@@ -36,9 +36,9 @@ default group from the other thread.
 
 The checkpoint is in DCP's format (storage `torch_dcp`) at any world size, read by DCP's own reader (the zip
 CRC32 fields of its tensor records are zero, as torch.save leaves them with its CRC32 off: the marker's sha256
-guards the files), so a background checkpoint of one process loads like one of several (distributed_checkpointer.DistributedCheckpointer reads with the storage its
-marker names); the state is the same `session.checkpoint_state(sharded=True)`, so a resume is bit-exact
-whatever the setting.
+guards the files), so a background checkpoint of one process loads like one of several
+(distributed_checkpointer.DistributedCheckpointer reads with the storage its marker names); the state is the
+same `session.checkpoint_state(sharded=True)`, so a resume is bit-exact whatever the setting.
 """
 
 from __future__ import annotations
