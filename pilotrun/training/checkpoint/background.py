@@ -72,7 +72,8 @@ from pilotrun.training.checkpoint.host_staging import HostCopyStager, stages
 from pilotrun.training.distributed import broadcast_object
 
 OUT_OF_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-# Files per rank DCP writes, and hashes as it writes them, in parallel: sha256 and the writes release the GIL.
+# Files per rank written (dcp_file_writer.py) and hashed as they are written, in parallel: sha256 and the
+# writes release the GIL.
 WRITER_THREADS = max(1, min(4, os.cpu_count() or 1))
 # One process writes with no_dist: DCP warns that it assumes a single process, from its own thread (where a
 # catch_warnings around the call does not reach). That is the intent here.
