@@ -31,7 +31,8 @@ Goals (at the default thread count): background blocking <= 0.05x the synchronou
 whole time <= 1.3x the synchronous one in every round (not the median); training throughput while a background
 write runs >= 95% of steady (the median of the pairs' ratios).
 `python -m benchmarks.run_all bench_background_checkpoint`; the writer's nice values side by side (paired
-throughput, whole save alone): `python -m benchmarks.bench_background_checkpoint --niceness 10,19`
+throughput, whole save alone): `python -m benchmarks.bench_background_checkpoint --niceness 10,19`; DCP's own
+file writer against dcp_file_writer.py (whole save, user and system CPU): `... --writers`
 """
 
 from __future__ import annotations
@@ -580,6 +581,66 @@ def run(rounds: int = REPEATS, pairs: int = PAIRS) -> str:
     return "\n".join(_report(found, load_before, os.getloadavg()[0]))
 
 
+def _dcps_own_write_data(writer, plan, planner):
+    """The background writer as it was before dcp_file_writer.py: DCP's FileSystemWriter writes the rank's
+    files (each tensor torch.saved with the zip CRC32 on, about forty writes each), hashed the same way."""
+    import torch.distributed.checkpoint as dcp
+
+    from pilotrun.training.checkpoint import background
+
+    background.yield_to_training()
+    return dcp.FileSystemWriter.write_data(writer, plan, planner)
+
+
+def _process_cpu() -> tuple[float, float]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime, usage.ru_stime
+
+
+def _writers_text(found: dict[str, list[tuple[float, float, float]]], load: tuple[float, float]) -> str:
+    lines = [f"load {load[0]:.1f} before, {load[1]:.1f} after, {os.cpu_count()} cores; per writer, the "
+             "medians (and ranges) of its background saves, nothing beside them"]
+    for name, rows in found.items():
+        whole, user, system = ([row[i] for row in rows] for i in range(3))
+        lines.append(
+            f"{name}: {len(rows)} saves, whole {statistics.median(whole):.3f} s ({min(whole):.3f}-"
+            f"{max(whole):.3f}), user CPU {statistics.median(user):.2f} s ({min(user):.2f}-{max(user):.2f}), "
+            f"system CPU {statistics.median(system):.2f} s ({min(system):.2f}-{max(system):.2f})"
+        )
+    return "\n".join(lines)
+
+
+def compare_writers(rounds: int = 6) -> str:
+    """The whole background save and the process's user and system CPU seconds, with DCP's own file writer and
+    with dcp_file_writer.py's, alternately in one process (the order swapped every round): what writing the
+    records without the CRC32 and in few writes saves."""
+    from pilotrun.training.checkpoint import background
+    from pilotrun.training.checkpoint.background import stable_storages
+    from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
+
+    work = Path(tempfile.mkdtemp(prefix="bench_writers_", dir=os.environ.get("PILOTRUN_BENCH_DIR")))
+    writers = {"DCP's FileSystemWriter": _dcps_own_write_data,
+               "dcp_file_writer.py": background._HashingFileSystemWriter.write_data}
+    found: dict[str, list[tuple[float, float, float]]] = {name: [] for name in writers}
+    load_before = os.getloadavg()[0]
+    try:
+        objects, state = _build_state()
+        dcp_state, stable = _dcp_state(objects, state), stable_storages(objects[0], objects[1])
+        checkpointer = DistributedCheckpointer(work / "run", keep=2)
+        _background(checkpointer, 0, dcp_state, stable)  # the host buffers, allocated once
+        for index in range(rounds * len(writers)):
+            name = list(writers)[(index + index // len(writers)) % len(writers)]
+            background._HashingFileSystemWriter.write_data = writers[name]
+            checkpointer.wait_for_prune()
+            user, system = _process_cpu()
+            whole = _background(checkpointer, index + 1, dcp_state, stable)["total"]
+            found[name].append((whole, _process_cpu()[0] - user, _process_cpu()[1] - system))
+    finally:
+        background._HashingFileSystemWriter.write_data = writers["dcp_file_writer.py"]
+        shutil.rmtree(work, ignore_errors=True)
+    return _writers_text(found, (load_before, os.getloadavg()[0]))
+
+
 def compare_niceness(values: list[int], rounds: int = 2) -> str:
     """The paired throughput and the whole save with nothing beside, for each nice value of the writer
     threads, side by side in one process (the order rotated each round): what the writer's priority does."""
@@ -627,8 +688,12 @@ if __name__ == "__main__":
     parser.add_argument("--pairs", type=int, default=PAIRS, help="adjacent synchronous/background save pairs")
     parser.add_argument("--niceness", default=None,
                         help="e.g. 10,19: the writer's nice values side by side instead (paired throughput)")
+    parser.add_argument("--writers", action="store_true",
+                        help="DCP's own file writer against dcp_file_writer.py, side by side instead")
     options = parser.parse_args()
-    if options.niceness:
+    if options.writers:
+        print(compare_writers())
+    elif options.niceness:
         print(compare_niceness([int(v) for v in options.niceness.split(",")]))
     else:
         print(run(options.rounds, options.pairs))

@@ -129,3 +129,12 @@ def test_the_fsync_clock_counts_the_time_inside_fsync_and_puts_fsync_back(tmp_pa
         handle.flush()
         os.fsync(handle.fileno())
     assert clock.seconds > 0 and os.fsync is real
+
+
+def test_the_writers_comparison_reports_each_writers_medians_and_ranges():
+    text = bench._writers_text({"DCP's FileSystemWriter": [(1.2, 1.0, 0.3), (1.0, 1.1, 0.4), (1.4, 0.9, 2.0)],
+                                "dcp_file_writer.py": [(0.9, 0.7, 0.3), (1.0, 0.7, 0.4)]}, (2.5, 2.6))
+    assert text.splitlines()[0].startswith("load 2.5 before, 2.6 after")
+    assert "DCP's FileSystemWriter: 3 saves, whole 1.200 s (1.000-1.400), user CPU 1.00 s (0.90-1.10), " \
+           "system CPU 0.40 s (0.30-2.00)" in text
+    assert "dcp_file_writer.py: 2 saves, whole 0.950 s (0.900-1.000), user CPU 0.70 s (0.70-0.70)" in text

@@ -13,7 +13,8 @@ A background save goes, on every rank:
        the caller holds the next optimizer step until `PendingSave.wait_staged` returns; everything else is
        copied before the call returns, and the training may change it the moment it does;
     2. (DCP's thread, and the writer threads it starts, all at a lower priority than the training's:
-       common/thread_priority.py) every rank writes its files, hashing each as it writes it
+       common/thread_priority.py) every rank writes its files (dcp_file_writer.py: DCP's records, each
+       tensor's without the zip CRC32 and in three writes), hashing each as it writes it
        (_HashingFileSystem: no file is read back), and fsyncs them; the coordinator (rank 0) then writes
        .metadata (fsynced, hashed the same way) in `finish`, which DCP calls only once every rank's files are
        written, and there collects every file's hash (another rank's files it reads and hashes there): the
@@ -33,10 +34,11 @@ Under several ranks the write's collectives run on a process group of their own 
 background save, alike on every rank), so that they never interleave with the training's collectives on the
 default group from the other thread.
 
-The checkpoint is in DCP's format (storage `torch_dcp`) at any world size, so a background checkpoint of one
-process loads like one of several (distributed_checkpointer.DistributedCheckpointer reads with the storage its
-marker names); the state is the same `session.checkpoint_state(sharded=True)`, so a resume is bit-exact
-whatever the setting.
+The checkpoint is in DCP's format (storage `torch_dcp`) at any world size, read by DCP's own reader (the zip
+CRC32 fields of its tensor records are zero, as torch.save leaves them with its CRC32 off: the marker's sha256
+guards the files), so a background checkpoint of one process loads like one of several
+(distributed_checkpointer.DistributedCheckpointer reads with the storage its marker names); the state is the
+same `session.checkpoint_state(sharded=True)`, so a resume is bit-exact whatever the setting.
 """
 
 from __future__ import annotations
@@ -63,36 +65,19 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from pilotrun.common.errors import CheckpointError
 from pilotrun.common.files import fsync_directory, sha256_of_file
 from pilotrun.common.thread_priority import yield_to_training
+from pilotrun.training.checkpoint.dcp_file_writer import split_items, write_files
 from pilotrun.training.checkpoint.dcp_storage import DCPStorage
 from pilotrun.training.checkpoint.distributed_checkpointer import DistributedCheckpointer
 from pilotrun.training.checkpoint.host_staging import HostCopyStager, stages
 from pilotrun.training.distributed import broadcast_object
 
 OUT_OF_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-# Files per rank DCP writes, and hashes as it writes them, in parallel: sha256 and the writes release the GIL.
+# Files per rank written (dcp_file_writer.py) and hashed as they are written, in parallel: sha256 and the
+# writes release the GIL.
 WRITER_THREADS = max(1, min(4, os.cpu_count() or 1))
 # One process writes with no_dist: DCP warns that it assumes a single process, from its own thread (where a
 # catch_warnings around the call does not reach). That is the intent here.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-
-
-# DCP writes a rank's files from threads of its own; one that fails (a full disk) dies with a traceback on
-# stderr and its files' results are simply missing, which DCP does not notice. Its failure is kept here
-# instead, for the writer below to raise as the save's (one line in the session's end, no traceback).
-_WRITER_THREAD_FAILURES: dict[int, BaseException] = {}
-_previous_excepthook = threading.excepthook
-
-
-def _keep_writer_thread_failure(args: Any) -> None:
-    # The thread's target is gone by now (Thread.run drops it); its default name still says it.
-    writer = f"({dcp_filesystem._write_files_from_queue.__name__})"
-    if args.thread is not None and args.thread.name.endswith(writer) and args.exc_value is not None:
-        _WRITER_THREAD_FAILURES[id(args.thread)] = args.exc_value
-        return
-    _previous_excepthook(args)
-
-
-threading.excepthook = _keep_writer_thread_failure
 
 
 class _HashingStream:
@@ -152,9 +137,9 @@ class _HashingFileSystem(dcp_filesystem.FileSystem):
 
 
 class _HashingFileSystemWriter(dcp.FileSystemWriter):
-    """DCP's file writer, whose files are hashed as they are written (_HashingFileSystem), whose coordinator
-    lists every file's hash right after writing .metadata, and whose write fails when a writer thread failed
-    (DCP would go on with that thread's items unwritten)."""
+    """DCP's file writer, whose rank's files are written by dcp_file_writer.py (the same records, without
+    the zip CRC32 and with few writes per tensor) and hashed as they are written (_HashingFileSystem), and
+    whose coordinator lists every file's hash right after writing .metadata."""
 
     files: dict[str, tuple[str, int]] | None = None
 
@@ -166,19 +151,20 @@ class _HashingFileSystemWriter(dcp.FileSystemWriter):
         # DCP's thread for this save (a fresh one each save): it, the file writers it starts and the hashing
         # after them yield the CPU to the training threads (common/thread_priority.py).
         yield_to_training()
-        _WRITER_THREAD_FAILURES.clear()
+        buckets = split_items(plan.items, self.thread_count)
+        files = [(f"{plan.storage_data.prefix}{index}{dcp_filesystem.DEFAULT_SUFFIX}", bucket)
+                 for index, bucket in enumerate(buckets)]
+        folder = Path(str(self.path))  # made by prepare_local_plan
         try:
-            future = super().write_data(plan, planner)
-        except Exception as exc:  # the stream's own failure, where torch.save replaced it with its own
+            results = write_files(self.fs.create_stream, folder, files, planner, self.sync_files)
+        except Exception as exc:  # the stream's own failure, where the archive writer replaced it
             if self.fs.failures:
                 raise self.fs.failures[0] from exc
             raise
-        written = len(future.value())
-        if written != len(plan.items):
-            failures = self.fs.failures + list(_WRITER_THREAD_FAILURES.values())
-            _WRITER_THREAD_FAILURES.clear()
-            raise OSError(errno.EIO, f"{len(plan.items) - written} of {len(plan.items)} items unwritten") \
-                if not failures else failures[0]
+        if self.fs.failures:  # a failed write the archive writer swallowed without failing itself
+            raise self.fs.failures[0]
+        future: torch.futures.Future = torch.futures.Future()  # what DCP waits on
+        future.set_result(results)
         return future
 
     def finish(self, metadata: Any, results: Any) -> None:

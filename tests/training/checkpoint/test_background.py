@@ -228,9 +228,9 @@ def test_a_failed_background_write_leaves_no_folder_and_is_told_as_a_full_disk(t
 
 @pytest.mark.parametrize("failing_write", [1, 3, 8])
 def test_a_full_disk_inside_a_files_torch_save_is_told_as_a_full_disk(tmp_path, monkeypatch, failing_write):
-    """The disk fills at the n-th write of DCP's streams: early ones raise through, later ones torch.save's
-    zip writer swallows and replaces with a position mismatch of its own; either way the save fails as a
-    full disk, and nothing of it is left."""
+    """The disk fills at the n-th write of the writer's streams: one made from Python raises through, one of a
+    tensor's bytes made from inside the archive writer it may swallow and replace with a position mismatch of
+    its own; either way the save fails as a full disk, and nothing of it is left."""
     create_stream, writes = dcp_filesystem.FileSystem.create_stream, []
 
     class FillingFile:
@@ -253,7 +253,8 @@ def test_a_full_disk_inside_a_files_torch_save_is_told_as_a_full_disk(tmp_path, 
 
     monkeypatch.setattr(dcp_filesystem.FileSystem, "create_stream", filling)
     checkpointer = DistributedCheckpointer(tmp_path / "run", keep=2)
-    state = {"model": {f"w{i}": torch.randn(8, 8) for i in range(4)}, "trainer": {"step": 1}}
+    # Tensors of 64 KB: their bytes are written from inside the archive writer (dcp_file_writer.py).
+    state = {"model": {f"w{i}": torch.randn(128, 128) for i in range(4)}, "trainer": {"step": 1}}
     with pytest.raises(CheckpointError) as failed:
         finish_background_save(checkpointer, start_background_save(checkpointer, 1, state, {}))
     assert len(writes) >= failing_write and out_of_space(failed.value)
