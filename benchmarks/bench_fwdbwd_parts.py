@@ -8,9 +8,10 @@ on those inputs (as leaves that need a gradient, so that its input gradient is c
 output's gradient a fixed random tensor. "The rest" is what the whole model's forward + backward takes beyond
 its parts: the norms outside them, residual adds, the embedding, the loss (softmax and cross-entropy), and for
 nanochat its extras (value embeddings, smear, the per-layer residual scalars, the logit soft-cap). Compiled:
-each part by `torch.compile(part)` and the whole model as `train.compile=inductor` compiles it (pilotrun) and
-as nanochat's training script does (`torch.compile(model, dynamic=False)`); pilotrun's MoE layers run eagerly
-with their CPU kernels there (moe.py), so their compiled figure is their eager one plus the cost of the break.
+each part by `torch.compile(part)` and the whole model as `train.compile=inductor` compiles it (pilotrun: each
+block, and the final norm, head and loss as one graph) and as nanochat's training script does
+(`torch.compile(model, dynamic=False)`); pilotrun's MoE layers run eagerly with their CPU kernels there
+(moe.py), so their compiled figure is their eager one plus the cost of the break.
 
 Rounds interleave every timed function and rotate their order; CPU seconds of this process on one torch
 thread, medians. Beside each part its matmul work (forward + backward: 6 x tokens x the matmul weights a token
@@ -34,7 +35,7 @@ from benchmarks import nanochat_adapter
 from benchmarks.bench_update import SIZES, VOCAB, Size, pilotrun_loss
 from pilotrun.model.accounting import active_matmul_parameters
 from pilotrun.model.presets import model_preset
-from pilotrun.model.transformer import build_model, compile_blocks
+from pilotrun.model.transformer import build_model, compile_blocks_and_output
 
 clock = time.process_time
 
@@ -172,7 +173,7 @@ def whole_step(name: str, model: nn.Module, loss: Callable, tokens: torch.Tensor
         copy = build_model(model.cfg).train() if name == "pilotrun" else model
         if name == "pilotrun":
             copy.load_state_dict(model.state_dict())
-            compile_blocks(copy, "inductor")
+            compile_blocks_and_output(copy, "inductor")
         else:
             copy = torch.compile(model, dynamic=False)
         return lambda: loss(copy, tokens).backward()
@@ -279,7 +280,8 @@ def markdown(results: list[dict]) -> str:
              "rest "
              "= the whole model less its parts (norms outside the parts, residuals, embedding, loss; "
              "nanochat's extras: value embeddings, smear, residual scalars, soft-cap). Compiled: each part "
-             "`torch.compile`d alone; the whole model as `train.compile=inductor` (pilotrun) and "
+             "`torch.compile`d alone; the whole model as `train.compile=inductor` (pilotrun: each block, and "
+             "the final norm, head and loss as one graph) and "
              "`torch.compile(model, dynamic=False)` (nanochat) compile it. The rest is a difference of "
              "separately timed medians: below zero where the parts timed alone cost more than inside a whole "
              "compiled graph. Work: matmul FLOP forward + backward, attention over the causal half for both "
@@ -304,7 +306,7 @@ def markdown(results: list[dict]) -> str:
         lines += ["", f"pilotrun's whole model as one compiled region (`model.compile(dynamic=False)`): "
                   f"{compiled['one region']:.1f} ms, {compiled['one region'] / compiled['whole']:.2f}x the "
                   "per-block compile of `train.compile=inductor` (Dynamo breaks the graph at each MoE layer, "
-                  "which runs eagerly, and compiles the blocks' frames as they come; the loss stays eager)."]
+                  "which runs eagerly, and compiles the frames after it as they come)."]
         lines += ["", "Per part kind (ms summed over its layers, layers in brackets): " + "; ".join(
             f"{model} {setting}: " + ", ".join(f"{kind} [{column['counts'][kind]}] {ms:.1f}"
                                                for kind, ms in column["kinds"].items())
