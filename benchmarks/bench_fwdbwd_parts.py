@@ -24,6 +24,7 @@ same per FLOP; one slower beyond it pays overhead.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -123,9 +124,34 @@ def part_step(module: nn.Module, args: tuple, kwargs: dict, compiled: bool) -> C
     return step
 
 
+# Compiled alternatives to two of pilotrun's part kinds, timed beside them: a model setting under which
+# torch.compile traces the part another way. The MoE layer through its reference operators (no CPU kernels:
+# the whole layer in the block's graph, where the kernels run eagerly behind a graph break), and MLA through
+# scaled_dot_product_attention (the fused kernel nanochat's attention runs on the CPU) instead of the
+# materialized logits.
+ALTERNATIVES = {
+    "MoE layer": ("traced through the reference operators (model.cpu_kernels=false)", {"cpu_kernels": False}),
+    "attention": ("scaled_dot_product_attention (model.attn_impl=sdpa)", {"attn_impl": "sdpa"}),
+}
+
+
+def alternative_steps(model: nn.Module, inputs: dict) -> dict[str, list[Callable[[], None]]]:
+    """{kind: compiled steps of every layer's part} for each of ALTERNATIVES, on a copy of the model built
+    with the alternative setting and pilotrun's weights, each part on the inputs its original had."""
+    steps = {}
+    for kind, (_, changes) in ALTERNATIVES.items():
+        copy = build_model(dataclasses.replace(model.cfg, **changes)).train()
+        copy.load_state_dict(model.state_dict())
+        originals, copies = pilotrun_parts(model)[kind], pilotrun_parts(copy)[kind]
+        steps[kind] = [part_step(other, *inputs[id(original)], compiled=True)
+                       for original, other in zip(originals, copies)]
+    return steps
+
+
 def timed_functions(size: Size, nanochat: nanochat_adapter.Nanochat | None) -> tuple[dict, dict, dict]:
-    """{(model, kind, setting): [steps]} for every part instance, {(model, setting): step} for the whole
-    models, and {(model, kind): matmul FLOP of all its instances}."""
+    """{(model, kind, setting): [steps]} for every part instance (and pilotrun's ALTERNATIVES as
+    ("pilotrun", kind, ALTERNATIVE)), {(model, setting): step} for the whole models, and {(model, kind):
+    matmul FLOP of all its instances}."""
     cfg = model_preset(size.preset, vocab_size=VOCAB, init_std=0.02, **size.changes)
     tokens = torch.randint(0, VOCAB, (size.batch, size.seq + 1), generator=torch.Generator().manual_seed(0))
     models = {}
@@ -149,10 +175,14 @@ def timed_functions(size: Size, nanochat: nanochat_adapter.Nanochat | None) -> t
                     part_step(m, *inputs[id(m)], compiled=setting == "compiled") for m in modules
                 ]
             wholes[(name, setting)] = whole_step(name, model, loss, tokens, setting == "compiled")
+        if name == "pilotrun":
+            for kind, steps in alternative_steps(model, inputs).items():
+                parts[(name, kind, ALTERNATIVE)] = steps
     wholes[("pilotrun", ONE_REGION)] = one_region_step(models["pilotrun"][0], tokens)
     return parts, wholes, flops
 
 
+ALTERNATIVE = "compiled alternative"  # the setting under which parts holds ALTERNATIVES' steps
 ONE_REGION = "one region"  # pilotrun's whole model under one torch.compile, against the per-block compile
 
 
@@ -222,7 +252,9 @@ def measure(size: Size, nanochat: nanochat_adapter.Nanochat | None, rounds: int)
         column["rest"] = whole - sum(kinds.values())
         figures[(model, setting)] = column
     figures[("pilotrun", "compiled")]["one region"] = medians[("whole", "pilotrun", ONE_REGION)]
-    return {"size": size, "rounds": rounds, "figures": figures}
+    alternatives = {kind: sum(medians[("part", m, kind, s, index)] for index in range(len(steps)))
+                    for (m, kind, s), steps in parts.items() if s == ALTERNATIVE}
+    return {"size": size, "rounds": rounds, "figures": figures, "alternatives": alternatives}
 
 
 def cell(figures: dict, model: str, setting: str, row: str) -> str:
@@ -273,6 +305,15 @@ def gap_lines(figures: dict) -> list[str]:
             f"ms): {shares}."]
 
 
+def alternatives_line(compiled_kinds: dict, alternatives: dict) -> str:
+    """Each compiled alternative's time (its part kind summed over its layers) against the part as
+    `train.compile=inductor` runs it, in the same rounds."""
+    figures = [f"the {kind} {ALTERNATIVES[kind][0]} {ms:.1f} ms, {ms / compiled_kinds[kind]:.2f}x its "
+               f"{compiled_kinds[kind]:.1f}" for kind, ms in alternatives.items()]
+    return ("Compiled alternatives, each part timed alone as above (ms summed over its layers, against the "
+            "part as pilotrun compiles it): " + "; ".join(figures) + ".")
+
+
 def markdown(results: list[dict]) -> str:
     lines = ["## Forward + backward part by part against nanochat (bench_fwdbwd_parts)", "",
              "CPU ms of one torch thread per forward + backward, medians over interleaved rounds; a part's "
@@ -307,6 +348,7 @@ def markdown(results: list[dict]) -> str:
                   f"{compiled['one region']:.1f} ms, {compiled['one region'] / compiled['whole']:.2f}x the "
                   "per-block compile of `train.compile=inductor` (Dynamo breaks the graph at each MoE layer, "
                   "which runs eagerly, and compiles the frames after it as they come)."]
+        lines += ["", alternatives_line(compiled["kinds"], result["alternatives"])]
         lines += ["", "Per part kind (ms summed over its layers, layers in brackets): " + "; ".join(
             f"{model} {setting}: " + ", ".join(f"{kind} [{column['counts'][kind]}] {ms:.1f}"
                                                for kind, ms in column["kinds"].items())

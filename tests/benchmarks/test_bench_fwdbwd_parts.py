@@ -61,3 +61,29 @@ def test_the_goal_line_takes_pilotruns_faster_setting_against_nanochat_as_shippe
     figures[("pilotrun", "eager")] = column(79.0, 20.0, 20.0, 20.0)
     assert "/ nanochat as shipped, forward+backward: 0.99x (goal <= 1.0x: met)" in (
         bench_fwdbwd_parts.gap_lines(figures)[1])
+
+
+def test_the_compiled_alternatives_run_the_setting_they_name_on_the_original_inputs(monkeypatch):
+    cfg = model_preset("tiny", vocab_size=256)
+    model = build_model(cfg).train()
+    tokens = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(0))
+    parts = bench_fwdbwd_parts.pilotrun_parts(model)
+    inputs = bench_fwdbwd_parts.recorded_inputs(model, parts, lambda: model(tokens[:, :-1], tokens[:, 1:]))
+    built = []
+    monkeypatch.setattr(bench_fwdbwd_parts, "part_step",
+                        lambda module, args, kwargs, compiled: built.append((module, args, compiled)))
+    steps = bench_fwdbwd_parts.alternative_steps(model, inputs)
+    assert {kind: len(s) for kind, s in steps.items()} == {"MoE layer": 1, "attention": 2}
+    moe, attention = built[0][0], built[1][0]
+    assert moe.cpu_kernels is False and model.layers[1].ffn.cpu_kernels is True
+    assert attention.attn_impl == "sdpa" and all(compiled for _, _, compiled in built)
+    assert built[0][1] is inputs[id(model.layers[1].ffn)][0]  # the original part's recorded input
+    assert torch.equal(moe.experts.w1, model.layers[1].ffn.experts.w1)
+
+
+def test_the_alternatives_line_compares_each_with_the_part_as_compiled():
+    line = bench_fwdbwd_parts.alternatives_line({"MoE layer": 20.0, "attention": 10.0},
+                                                {"MoE layer": 30.0, "attention": 9.0})
+    assert ("MoE layer traced through the reference operators (model.cpu_kernels=false) 30.0 ms, 1.50x its "
+            "20.0") in line
+    assert "attention scaled_dot_product_attention (model.attn_impl=sdpa) 9.0 ms, 0.90x its 10.0" in line
