@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -178,8 +179,36 @@ def timed_functions(size: Size, nanochat: nanochat_adapter.Nanochat | None) -> t
         if name == "pilotrun":
             for kind, steps in alternative_steps(model, inputs).items():
                 parts[(name, kind, ALTERNATIVE)] = steps
+            wholes.update(graph_break_steps(model, lambda m=model, f=loss: f(m, tokens)))
     wholes[("pilotrun", ONE_REGION)] = one_region_step(models["pilotrun"][0], tokens)
     return parts, wholes, flops
+
+
+BREAK, TRACED = "behind the break", "traced"  # the two compiled MoE blocks of graph_break_steps
+
+
+def stand_in_layer(moe: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A MoE layer's place-holder of next to no cost: its input times one router weight, no auxiliary loss."""
+    return x * moe.gate.weight[0, 0], x.new_zeros(())
+
+
+def graph_break_steps(model: nn.Module, run_model: Callable) -> dict:
+    """{("MoE block", BREAK | TRACED): step}: two compiled copies of the first MoE block whose layer is the
+    stand-in (stand_in_layer), run eagerly behind a graph break as the CPU kernels run (BREAK), or traced into
+    the block's graph as the reference operators are (TRACED), each forward + backward on the block's input in
+    the model. Their difference is what the break costs a block: the most that making the kernels traceable
+    (one graph per block, the kernels inside it as opaque operators) could save."""
+    index = next(i for i, block in enumerate(model.layers) if block.is_moe)
+    (args, _), = recorded_inputs(model, {"block": [model.layers[index]]}, run_model).values()
+    steps = {}
+    for name, traced in ((BREAK, False), (TRACED, True)):
+        copy = build_model(model.cfg).train()
+        copy.load_state_dict(model.state_dict())
+        block = copy.layers[index]
+        block.ffn.forward_layer = functools.partial(stand_in_layer, block.ffn)
+        block.ffn.cpu_kernels = not traced  # off: MoE.forward no longer steps out of the graph
+        steps[("MoE block", name)] = part_step(block, args, {}, compiled=True)
+    return steps
 
 
 ALTERNATIVE = "compiled alternative"  # the setting under which parts holds ALTERNATIVES' steps
@@ -239,7 +268,7 @@ def measure(size: Size, nanochat: nanochat_adapter.Nanochat | None, rounds: int)
         functions.update({("part", *key, index): step for index, step in enumerate(steps)})
     medians = interleaved_medians(functions, rounds, size.warmup)
     figures: dict = {}
-    for model, setting in [key for key in wholes if key[1] != ONE_REGION]:
+    for model, setting in [key for key in wholes if key[0] != "MoE block" and key[1] != ONE_REGION]:
         kinds = {kind: sum(medians[("part", m, kind, s, index)] for index in range(len(steps)))
                  for (m, kind, s), steps in parts.items() if m == model and s == setting}
         whole = medians[("whole", model, setting)]
@@ -252,6 +281,8 @@ def measure(size: Size, nanochat: nanochat_adapter.Nanochat | None, rounds: int)
         column["rest"] = whole - sum(kinds.values())
         figures[(model, setting)] = column
     figures[("pilotrun", "compiled")]["one region"] = medians[("whole", "pilotrun", ONE_REGION)]
+    figures[("pilotrun", "compiled")]["break"] = {name: medians[("whole", "MoE block", name)]
+                                                  for name in (BREAK, TRACED)}
     alternatives = {kind: sum(medians[("part", m, kind, s, index)] for index in range(len(steps)))
                     for (m, kind, s), steps in parts.items() if s == ALTERNATIVE}
     return {"size": size, "rounds": rounds, "figures": figures, "alternatives": alternatives}
@@ -314,6 +345,17 @@ def alternatives_line(compiled_kinds: dict, alternatives: dict) -> str:
             "part as pilotrun compiles it): " + "; ".join(figures) + ".")
 
 
+def break_line(block: dict, moe_layers: int, whole: float) -> str:
+    """What the graph break at a MoE layer costs (graph_break_steps), per layer and over the model's."""
+    cost = block[BREAK] - block[TRACED]
+    total = moe_layers * cost
+    return (f"The graph break at a MoE layer: a compiled MoE block with a stand-in of next to no cost for "
+            f"its layer, run eagerly behind the break as the CPU kernels run, {block[BREAK]:.2f} ms, traced "
+            f"into the block's graph {block[TRACED]:.2f} ms: {cost:+.2f} ms a layer, "
+            f"{total:+.1f} ms over its {moe_layers} MoE layers ({total / whole:+.1%} of the compiled whole), "
+            "the most that making the kernels traceable could save.")
+
+
 def markdown(results: list[dict]) -> str:
     lines = ["## Forward + backward part by part against nanochat (bench_fwdbwd_parts)", "",
              "CPU ms of one torch thread per forward + backward, medians over interleaved rounds; a part's "
@@ -348,7 +390,8 @@ def markdown(results: list[dict]) -> str:
                   f"{compiled['one region']:.1f} ms, {compiled['one region'] / compiled['whole']:.2f}x the "
                   "per-block compile of `train.compile=inductor` (Dynamo breaks the graph at each MoE layer, "
                   "which runs eagerly, and compiles the frames after it as they come)."]
-        lines += ["", alternatives_line(compiled["kinds"], result["alternatives"])]
+        lines += ["", alternatives_line(compiled["kinds"], result["alternatives"]), "",
+                  break_line(compiled["break"], compiled["counts"]["MoE layer"], compiled["whole"])]
         lines += ["", "Per part kind (ms summed over its layers, layers in brackets): " + "; ".join(
             f"{model} {setting}: " + ", ".join(f"{kind} [{column['counts'][kind]}] {ms:.1f}"
                                                for kind, ms in column["kinds"].items())

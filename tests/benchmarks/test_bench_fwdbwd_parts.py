@@ -87,3 +87,29 @@ def test_the_alternatives_line_compares_each_with_the_part_as_compiled():
     assert ("MoE layer traced through the reference operators (model.cpu_kernels=false) 30.0 ms, 1.50x its "
             "20.0") in line
     assert "attention scaled_dot_product_attention (model.attn_impl=sdpa) 9.0 ms, 0.90x its 10.0" in line
+
+
+def test_the_graph_break_blocks_differ_only_in_whether_the_stand_in_leaves_the_graph(monkeypatch):
+    cfg = model_preset("tiny", vocab_size=256)
+    model = build_model(cfg).train()
+    tokens = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(0))
+    built = []
+    monkeypatch.setattr(bench_fwdbwd_parts, "part_step",
+                        lambda module, args, kwargs, compiled: built.append((module, args, compiled)))
+    steps = bench_fwdbwd_parts.graph_break_steps(model, lambda: model(tokens[:, :-1], tokens[:, 1:]))
+    assert list(steps) == [("MoE block", bench_fwdbwd_parts.BREAK), ("MoE block", bench_fwdbwd_parts.TRACED)]
+    (behind_break, args, compiled), (traced, _, _) = built
+    assert compiled and behind_break.is_moe and traced.is_moe
+    x = args[0]
+    for block in (behind_break, traced):
+        output, aux = block.ffn.forward_layer(x)
+        assert torch.equal(output, x * model.layers[1].ffn.gate.weight[0, 0]) and aux == 0
+    # the block that steps out of the graph is the one whose MoE layer would take the CPU kernels
+    assert behind_break.ffn.kernels_may_apply(x) and not traced.ffn.kernels_may_apply(x)
+
+
+def test_the_break_line_says_the_cost_per_layer_and_of_the_whole():
+    line = bench_fwdbwd_parts.break_line({bench_fwdbwd_parts.BREAK: 5.25, bench_fwdbwd_parts.TRACED: 5.0}, 3,
+                                         75.0)
+    assert "behind the break as the CPU kernels run, 5.25 ms, traced into the block's graph 5.00 ms" in line
+    assert "+0.25 ms a layer, +0.8 ms over its 3 MoE layers (+1.0% of the compiled whole)" in line
