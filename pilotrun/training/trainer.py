@@ -134,7 +134,7 @@ def describe_compile(mode: str, device_type: str) -> str:
             return (
                 "compile: none (eager). train.compile=inductor would spend seconds compiling each block "
                 "shape in the first update and gains a few percent per update on the CPU (BENCHMARKS.md, "
-                "bench_update): it pays back only on a run of hundreds of updates"
+                "bench_update), which repays the compile after tens to hundreds of updates"
             )
         return (
             "compile: none (eager). train.compile=inductor spends the first update compiling each block "
@@ -148,8 +148,8 @@ def describe_compile(mode: str, device_type: str) -> str:
     if device_type == "cpu":
         return (
             "compile: inductor, each block and the loss compiled in the first update (seconds per block "
-            "shape); on the CPU it gains a few percent per update (BENCHMARKS.md, bench_update): it pays "
-            "back only on a run of hundreds of updates"
+            "shape); on the CPU it gains a few percent per update (BENCHMARKS.md, bench_update), which "
+            "repays the compile after tens to hundreds of updates"
         )
     return (
         "compile: inductor, each block and the loss compiled in the first update (the first update is slower "

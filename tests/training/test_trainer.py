@@ -271,11 +271,11 @@ def test_plan_lines_count_world_size():
     assert lines[0].endswith("4 * 32 * 3 * 8 = 3,072")
     assert lines[1].endswith("10 * 3,072 = 30,720")
     assert "6 updates (18,432 tokens) remain" in lines[2]
-    assert lines[3].startswith("compile: none (eager)") and "pays back only on a run of hundreds" in lines[3]
+    assert lines[3].startswith("compile: none (eager)") and "repays the compile after tens to hundreds" in lines[3]
 
 
 @pytest.mark.parametrize("mode, device_type, fragment", [
-    ("none", "cpu", "pays back only on a run of hundreds of updates"),
+    ("none", "cpu", "repays the compile after tens to hundreds of updates"),
     ("none", "cuda", "long enough to repay"),
     ("inductor", "cpu", "gains a few percent per update"),
     ("inductor", "cuda", "the first update is slower"),
