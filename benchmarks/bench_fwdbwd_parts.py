@@ -8,9 +8,10 @@ on those inputs (as leaves that need a gradient, so that its input gradient is c
 output's gradient a fixed random tensor. "The rest" is what the whole model's forward + backward takes beyond
 its parts: the norms outside them, residual adds, the embedding, the loss (softmax and cross-entropy), and for
 nanochat its extras (value embeddings, smear, the per-layer residual scalars, the logit soft-cap). Compiled:
-each part by `torch.compile(part)` and the whole model as `train.compile=inductor` compiles it (pilotrun) and
-as nanochat's training script does (`torch.compile(model, dynamic=False)`); pilotrun's MoE layers run eagerly
-with their CPU kernels there (moe.py), so their compiled figure is their eager one plus the cost of the break.
+each part by `torch.compile(part)` and the whole model as `train.compile=inductor` compiles it (pilotrun: each
+block, and the final norm, head and loss as one graph) and as nanochat's training script does
+(`torch.compile(model, dynamic=False)`); pilotrun's MoE layers run eagerly with their CPU kernels there
+(moe.py), so their compiled figure is their eager one plus the cost of the break.
 
 Rounds interleave every timed function and rotate their order; CPU seconds of this process on one torch
 thread, medians. Beside each part its matmul work (forward + backward: 6 x tokens x the matmul weights a token
@@ -23,6 +24,8 @@ same per FLOP; one slower beyond it pays overhead.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -34,7 +37,7 @@ from benchmarks import nanochat_adapter
 from benchmarks.bench_update import SIZES, VOCAB, Size, pilotrun_loss
 from pilotrun.model.accounting import active_matmul_parameters
 from pilotrun.model.presets import model_preset
-from pilotrun.model.transformer import build_model, compile_blocks
+from pilotrun.model.transformer import build_model, compile_blocks_and_output
 
 clock = time.process_time
 
@@ -122,9 +125,34 @@ def part_step(module: nn.Module, args: tuple, kwargs: dict, compiled: bool) -> C
     return step
 
 
+# Compiled alternatives to two of pilotrun's part kinds, timed beside them: a model setting under which
+# torch.compile traces the part another way. The MoE layer through its reference operators (no CPU kernels:
+# the whole layer in the block's graph, where the kernels run eagerly behind a graph break), and MLA through
+# scaled_dot_product_attention (the fused kernel nanochat's attention runs on the CPU) instead of the
+# materialized logits.
+ALTERNATIVES = {
+    "MoE layer": ("traced through the reference operators (model.cpu_kernels=false)", {"cpu_kernels": False}),
+    "attention": ("scaled_dot_product_attention (model.attn_impl=sdpa)", {"attn_impl": "sdpa"}),
+}
+
+
+def alternative_steps(model: nn.Module, inputs: dict) -> dict[str, list[Callable[[], None]]]:
+    """{kind: compiled steps of every layer's part} for each of ALTERNATIVES, on a copy of the model built
+    with the alternative setting and pilotrun's weights, each part on the inputs its original had."""
+    steps = {}
+    for kind, (_, changes) in ALTERNATIVES.items():
+        copy = build_model(dataclasses.replace(model.cfg, **changes)).train()
+        copy.load_state_dict(model.state_dict())
+        originals, copies = pilotrun_parts(model)[kind], pilotrun_parts(copy)[kind]
+        steps[kind] = [part_step(other, *inputs[id(original)], compiled=True)
+                       for original, other in zip(originals, copies)]
+    return steps
+
+
 def timed_functions(size: Size, nanochat: nanochat_adapter.Nanochat | None) -> tuple[dict, dict, dict]:
-    """{(model, kind, setting): [steps]} for every part instance, {(model, setting): step} for the whole
-    models, and {(model, kind): matmul FLOP of all its instances}."""
+    """{(model, kind, setting): [steps]} for every part instance (and pilotrun's ALTERNATIVES as
+    ("pilotrun", kind, ALTERNATIVE)), {(model, setting): step} for the whole models, and {(model, kind):
+    matmul FLOP of all its instances}."""
     cfg = model_preset(size.preset, vocab_size=VOCAB, init_std=0.02, **size.changes)
     tokens = torch.randint(0, VOCAB, (size.batch, size.seq + 1), generator=torch.Generator().manual_seed(0))
     models = {}
@@ -148,10 +176,43 @@ def timed_functions(size: Size, nanochat: nanochat_adapter.Nanochat | None) -> t
                     part_step(m, *inputs[id(m)], compiled=setting == "compiled") for m in modules
                 ]
             wholes[(name, setting)] = whole_step(name, model, loss, tokens, setting == "compiled")
+        if name == "pilotrun":
+            for kind, steps in alternative_steps(model, inputs).items():
+                parts[(name, kind, ALTERNATIVE)] = steps
+            wholes.update(graph_break_steps(model, lambda m=model, f=loss: f(m, tokens)))
     wholes[("pilotrun", ONE_REGION)] = one_region_step(models["pilotrun"][0], tokens)
     return parts, wholes, flops
 
 
+BREAK, TRACED = "behind the break", "traced"  # the two compiled MoE blocks of graph_break_steps
+BREAK_ROUNDS = 15  # the fewest interleaved rounds the two blocks are timed in (measure)
+
+
+def stand_in_layer(moe: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A MoE layer's place-holder of next to no cost: its input times one router weight, no auxiliary loss."""
+    return x * moe.gate.weight[0, 0], x.new_zeros(())
+
+
+def graph_break_steps(model: nn.Module, run_model: Callable) -> dict:
+    """{("MoE block", BREAK | TRACED): step}: two compiled copies of the first MoE block whose layer is the
+    stand-in (stand_in_layer), run eagerly behind a graph break as the CPU kernels run (BREAK), or traced into
+    the block's graph as the reference operators are (TRACED), each forward + backward on the block's input in
+    the model. Their difference is what the break costs a block: the most that making the kernels traceable
+    (one graph per block, the kernels inside it as opaque operators) could save."""
+    index = next(i for i, block in enumerate(model.layers) if block.is_moe)
+    (args, _), = recorded_inputs(model, {"block": [model.layers[index]]}, run_model).values()
+    steps = {}
+    for name, traced in ((BREAK, False), (TRACED, True)):
+        copy = build_model(model.cfg).train()
+        copy.load_state_dict(model.state_dict())
+        block = copy.layers[index]
+        block.ffn.forward_layer = functools.partial(stand_in_layer, block.ffn)
+        block.ffn.cpu_kernels = not traced  # off: MoE.forward no longer steps out of the graph
+        steps[("MoE block", name)] = part_step(block, args, {}, compiled=True)
+    return steps
+
+
+ALTERNATIVE = "compiled alternative"  # the setting under which parts holds ALTERNATIVES' steps
 ONE_REGION = "one region"  # pilotrun's whole model under one torch.compile, against the per-block compile
 
 
@@ -172,7 +233,7 @@ def whole_step(name: str, model: nn.Module, loss: Callable, tokens: torch.Tensor
         copy = build_model(model.cfg).train() if name == "pilotrun" else model
         if name == "pilotrun":
             copy.load_state_dict(model.state_dict())
-            compile_blocks(copy, "inductor")
+            compile_blocks_and_output(copy, "inductor")
         else:
             copy = torch.compile(model, dynamic=False)
         return lambda: loss(copy, tokens).backward()
@@ -206,9 +267,13 @@ def measure(size: Size, nanochat: nanochat_adapter.Nanochat | None, rounds: int)
     functions = {("whole", *key): step for key, step in wholes.items()}
     for key, steps in parts.items():
         functions.update({("part", *key, index): step for index, step in enumerate(steps)})
+    breaks = {key: functions.pop(key) for key in list(functions) if key[1] == "MoE block"}
     medians = interleaved_medians(functions, rounds, size.warmup)
+    # The two blocks differ by a few percent: timed apart, in rounds of their own, at least BREAK_ROUNDS of
+    # them, so that the other functions' cost swings do not land between them.
+    medians.update(interleaved_medians(breaks, max(rounds, BREAK_ROUNDS), size.warmup))
     figures: dict = {}
-    for model, setting in [key for key in wholes if key[1] != ONE_REGION]:
+    for model, setting in [key for key in wholes if key[0] != "MoE block" and key[1] != ONE_REGION]:
         kinds = {kind: sum(medians[("part", m, kind, s, index)] for index in range(len(steps)))
                  for (m, kind, s), steps in parts.items() if m == model and s == setting}
         whole = medians[("whole", model, setting)]
@@ -221,7 +286,11 @@ def measure(size: Size, nanochat: nanochat_adapter.Nanochat | None, rounds: int)
         column["rest"] = whole - sum(kinds.values())
         figures[(model, setting)] = column
     figures[("pilotrun", "compiled")]["one region"] = medians[("whole", "pilotrun", ONE_REGION)]
-    return {"size": size, "rounds": rounds, "figures": figures}
+    figures[("pilotrun", "compiled")]["break"] = {name: medians[("whole", "MoE block", name)]
+                                                  for name in (BREAK, TRACED)}
+    alternatives = {kind: sum(medians[("part", m, kind, s, index)] for index in range(len(steps)))
+                    for (m, kind, s), steps in parts.items() if s == ALTERNATIVE}
+    return {"size": size, "rounds": rounds, "figures": figures, "alternatives": alternatives}
 
 
 def cell(figures: dict, model: str, setting: str, row: str) -> str:
@@ -272,6 +341,27 @@ def gap_lines(figures: dict) -> list[str]:
             f"ms): {shares}."]
 
 
+def alternatives_line(compiled_kinds: dict, alternatives: dict) -> str:
+    """Each compiled alternative's time (its part kind summed over its layers) against the part as
+    `train.compile=inductor` runs it, in the same rounds."""
+    figures = [f"the {kind} {ALTERNATIVES[kind][0]} {ms:.1f} ms, {ms / compiled_kinds[kind]:.2f}x its "
+               f"{compiled_kinds[kind]:.1f}" for kind, ms in alternatives.items()]
+    return ("Compiled alternatives, each part timed alone as above (ms summed over its layers, against the "
+            "part as pilotrun compiles it): " + "; ".join(figures) + ".")
+
+
+def break_line(block: dict, moe_layers: int, whole: float) -> str:
+    """What the graph break at a MoE layer costs (graph_break_steps), per layer and over the model's."""
+    cost = block[BREAK] - block[TRACED]
+    total = moe_layers * cost
+    return (f"The graph break at a MoE layer (two blocks timed in rounds of their own, at least "
+            f"{BREAK_ROUNDS}): a compiled MoE block with a stand-in of next to no cost for its layer, run "
+            f"eagerly behind the break as the CPU kernels run, {block[BREAK]:.2f} ms, traced "
+            f"into the block's graph {block[TRACED]:.2f} ms: {cost:+.2f} ms a layer, "
+            f"{total:+.1f} ms over its {moe_layers} MoE layers ({total / whole:+.1%} of the compiled whole), "
+            "the most that making the kernels traceable could save.")
+
+
 def markdown(results: list[dict]) -> str:
     lines = ["## Forward + backward part by part against nanochat (bench_fwdbwd_parts)", "",
              "CPU ms of one torch thread per forward + backward, medians over interleaved rounds; a part's "
@@ -279,7 +369,8 @@ def markdown(results: list[dict]) -> str:
              "rest "
              "= the whole model less its parts (norms outside the parts, residuals, embedding, loss; "
              "nanochat's extras: value embeddings, smear, residual scalars, soft-cap). Compiled: each part "
-             "`torch.compile`d alone; the whole model as `train.compile=inductor` (pilotrun) and "
+             "`torch.compile`d alone; the whole model as `train.compile=inductor` (pilotrun: each block, and "
+             "the final norm, head and loss as one graph) and "
              "`torch.compile(model, dynamic=False)` (nanochat) compile it. The rest is a difference of "
              "separately timed medians: below zero where the parts timed alone cost more than inside a whole "
              "compiled graph. Work: matmul FLOP forward + backward, attention over the causal half for both "
@@ -304,7 +395,9 @@ def markdown(results: list[dict]) -> str:
         lines += ["", f"pilotrun's whole model as one compiled region (`model.compile(dynamic=False)`): "
                   f"{compiled['one region']:.1f} ms, {compiled['one region'] / compiled['whole']:.2f}x the "
                   "per-block compile of `train.compile=inductor` (Dynamo breaks the graph at each MoE layer, "
-                  "which runs eagerly, and compiles the blocks' frames as they come; the loss stays eager)."]
+                  "which runs eagerly, and compiles the frames after it as they come)."]
+        lines += ["", alternatives_line(compiled["kinds"], result["alternatives"]), "",
+                  break_line(compiled["break"], compiled["counts"]["MoE layer"], compiled["whole"])]
         lines += ["", "Per part kind (ms summed over its layers, layers in brackets): " + "; ".join(
             f"{model} {setting}: " + ", ".join(f"{kind} [{column['counts'][kind]}] {ms:.1f}"
                                                for kind, ms in column["kinds"].items())

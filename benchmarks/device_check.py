@@ -193,7 +193,7 @@ def model_step(device: torch.device, preset: str, batch: int, seq: int, repeats:
     from pilotrun.config import OptimConfig
     from pilotrun.model.accounting import flops_per_token
     from pilotrun.model.presets import model_preset
-    from pilotrun.model.transformer import build_model, compile_blocks
+    from pilotrun.model.transformer import build_model, compile_blocks_and_output
     from pilotrun.optim.muon_adamw import build_optimizer
     from pilotrun.training.environment import device_peak_flops
 
@@ -203,7 +203,7 @@ def model_step(device: torch.device, preset: str, batch: int, seq: int, repeats:
     optimizer = build_optimizer(model, OptimConfig())
     compile_seconds = None
     if compile_mode != "none":
-        compile_blocks(model, compile_mode)
+        compile_blocks_and_output(model, compile_mode)
     tokens = torch.randint(0, vocab, (batch, seq + 1), device=device)
 
     def update():

@@ -175,9 +175,10 @@ class TrainConfig:
     memory_budget_gb: float = knob(0.0, "peak memory the verdict checks against; 0: no check",
                                    on_resume="free")
     # "inductor" generates fused kernels (the first update pays the compile), "eager" only traces with Dynamo
-    # (checks that the model compiles; no speed-up). On the CPU the MoE layers run eagerly with their kernels.
-    compile: str = knob("none", "torch.compile each block: none, inductor (fused code) or eager (trace only)",
-                        choices=COMPILE_MODES)
+    # (checks that the model compiles; no speed-up). Each block is compiled, and the final norm, head and loss
+    # as one more graph. On the CPU the MoE layers run eagerly with their kernels.
+    compile: str = knob("none", "torch.compile each block and the loss: none, inductor (fused code) or eager "
+                        "(trace only)", choices=COMPILE_MODES)
     # Ranges may be added on resume; the checkpoint's stay (resume_plan.kept_skip_ranges).
     skip_data: list[list[int]] = knob(meaning="data the loader steps over: [first_batch, batches] global "
                                       "batch cursor ranges, besides the rollbacks' own (trainer state)",

@@ -7,6 +7,7 @@ parameters are created, then initialized in one fixed order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -94,6 +95,9 @@ class Transformer(nn.Module):
         cos, sin = build_rope_table(cfg.qk_rope_head_dim, cfg.max_seq_len, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        # The final norm, head and cross-entropy as train.compile compiled them (compile_blocks_and_output);
+        # None: they run eagerly, as output_logits_and_loss.
+        self.compiled_output: Callable | None = None
 
     def moe_layers(self) -> list[MoE]:
         return [block.ffn for block in self.layers if block.is_moe]
@@ -113,11 +117,23 @@ class Transformer(nn.Module):
             x, layer_aux = checkpointed_call(block, x, cos, sin) if recompute else block(x, cos, sin)
             if layer_aux is not None:
                 aux_loss = aux_loss + layer_aux  # summed over MoE layers
-        logits = self.head(self.norm(x))
-        if targets is None:
+        output = self.compiled_output or output_logits_and_loss
+        logits, ce_loss = output(self.norm, self.head, x, targets)
+        if ce_loss is None:
             return ModelOutput(logits=logits, loss=None, ce_loss=None, aux_loss=aux_loss)
-        ce_loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
         return ModelOutput(logits=logits, loss=ce_loss + aux_loss, ce_loss=ce_loss, aux_loss=aux_loss)
+
+
+def output_logits_and_loss(norm: nn.Module, head: nn.Module, x: torch.Tensor, targets: torch.Tensor | None
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The last hidden states x [B, T, d] -> the logits [B, T, V] and, with targets, the mean token
+    cross-entropy in fp32 (else None): one function, so that train.compile can compile the final norm, the
+    head and the loss as one graph (compile_blocks_and_output), where the softmax's passes over the [B*T, V]
+    logits fuse."""
+    logits = head(norm(x))
+    if targets is None:
+        return logits, None
+    return logits, F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 @torch.no_grad()
@@ -142,13 +158,19 @@ def build_model(cfg: ModelConfig) -> Transformer:
     return model
 
 
-def compile_blocks(model: torch.nn.Module, backend: str) -> None:
+def compile_blocks_and_output(model: Transformer, backend: str) -> None:
     """torch.compile every decoder block in place (nn.Module.compile), as torchtitan does: one small graph
     compiled once and reused by every layer of the same shape, where compiling the whole model would trace it
     as one graph; parameter names, the state dict, DDP/FSDP wrapping and activation checkpointing stay as
-    they are. Dynamo state is reset first so that an earlier model's graphs are not reused by mistake."""
+    they are. The final norm, head and cross-entropy are compiled too, as one function
+    (output_logits_and_loss): eager, the loss makes several passes over the [B*T, V] logits forward and
+    back (the log-softmax, its saved output, the gradient's zeros and scatter), which the compiled graph
+    fuses; with the blocks alone compiled they were most of a forward + backward's time outside the blocks
+    (BENCHMARKS.md, bench_fwdbwd_parts). Dynamo state is reset first so that an earlier model's graphs are
+    not reused by mistake."""
     import torch._dynamo  # only where compiling: dynamo's import takes seconds
 
     torch._dynamo.reset()
     for block in model.layers:
         block.compile(backend=backend)
+    model.compiled_output = torch.compile(output_logits_and_loss, backend=backend)

@@ -28,7 +28,7 @@ from pilotrun.config import RunConfig, config_from_dict, config_to_dict, renames
 from pilotrun.data.mixed_reader import MixedDataset, MixedLoader, all_splits, check_fits_recipe, open_data
 from pilotrun.data.reader import BatchLoader, TokenDataset
 from pilotrun.model.accounting import count_parameters, flops_per_token
-from pilotrun.model.transformer import build_model, compile_blocks
+from pilotrun.model.transformer import build_model, compile_blocks_and_output
 from pilotrun.optim.muon_adamw import build_optimizer
 from pilotrun.optim.partition import partition_parameters, partition_table
 from pilotrun.optim.update_hooks import UpdateHook, build_update_hooks
@@ -446,7 +446,7 @@ def _wrap_and_build_optimizer(model: Any, config: RunConfig, device: torch.devic
     raw_model = model.to(device)
     t = config.train
     if t.compile != "none":
-        compile_blocks(raw_model, t.compile)
+        compile_blocks_and_output(raw_model, t.compile)
     wrapped = dist_utils.wrap_model(raw_model, context, t.parallelism, t.precision)
     optimizer = build_optimizer(raw_model, config.optim)
     if config.optim.muon.distribute_newton_schulz and t.parallelism == "ddp":

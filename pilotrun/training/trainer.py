@@ -125,18 +125,16 @@ def describe_plan(
 
 
 def describe_compile(mode: str, device_type: str) -> str:
-    """What train.compile costs and whether it pays back. On the CPU it does not (BENCHMARKS.md,
-    bench_update): the compiled parts are a block's elementwise chains, while the update's time is in the
-    matmuls, the MoE layers' kernels (which stay eager) and the optimizer step (a large share of the update,
-    not compiled)."""
+    """What train.compile costs and whether it pays back. On the CPU it gains a few percent per update
+    (BENCHMARKS.md, bench_update) and repays its seconds of compiling only after tens to hundreds of updates:
+    the compiled parts are the blocks' elementwise chains and the loss, while most of the update is in the
+    matmuls, the MoE layers' kernels (which stay eager) and the optimizer step (not compiled)."""
     if mode == "none":
         if device_type == "cpu":
             return (
                 "compile: none (eager). train.compile=inductor would spend seconds compiling each block "
-                "shape in "
-                "the first update and gains about 1.0x per update on the CPU (BENCHMARKS.md, bench_update): "
-                "it "
-                "does not pay back"
+                "shape in the first update and gains a few percent per update on the CPU (BENCHMARKS.md, "
+                "bench_update), which repays the compile after tens to hundreds of updates"
             )
         return (
             "compile: none (eager). train.compile=inductor spends the first update compiling each block "
@@ -149,13 +147,13 @@ def describe_compile(mode: str, device_type: str) -> str:
         )
     if device_type == "cpu":
         return (
-            "compile: inductor, each block compiled in the first update (seconds per block shape); on the "
-            "CPU it "
-            "gains about 1.0x per update and does not pay back (BENCHMARKS.md, bench_update): "
-            "train.compile=none is as fast without the wait"
+            "compile: inductor, each block and the loss compiled in the first update (seconds per block "
+            "shape); on the CPU it gains a few percent per update (BENCHMARKS.md, bench_update), which "
+            "repays the compile after tens to hundreds of updates"
         )
     return (
-        "compile: inductor, each block compiled in the first update (the first update is slower by that time)"
+        "compile: inductor, each block and the loss compiled in the first update (the first update is slower "
+        "by that time)"
     )
 
 

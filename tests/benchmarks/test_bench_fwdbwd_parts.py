@@ -61,3 +61,55 @@ def test_the_goal_line_takes_pilotruns_faster_setting_against_nanochat_as_shippe
     figures[("pilotrun", "eager")] = column(79.0, 20.0, 20.0, 20.0)
     assert "/ nanochat as shipped, forward+backward: 0.99x (goal <= 1.0x: met)" in (
         bench_fwdbwd_parts.gap_lines(figures)[1])
+
+
+def test_the_compiled_alternatives_run_the_setting_they_name_on_the_original_inputs(monkeypatch):
+    cfg = model_preset("tiny", vocab_size=256)
+    model = build_model(cfg).train()
+    tokens = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(0))
+    parts = bench_fwdbwd_parts.pilotrun_parts(model)
+    inputs = bench_fwdbwd_parts.recorded_inputs(model, parts, lambda: model(tokens[:, :-1], tokens[:, 1:]))
+    built = []
+    monkeypatch.setattr(bench_fwdbwd_parts, "part_step",
+                        lambda module, args, kwargs, compiled: built.append((module, args, compiled)))
+    steps = bench_fwdbwd_parts.alternative_steps(model, inputs)
+    assert {kind: len(s) for kind, s in steps.items()} == {"MoE layer": 1, "attention": 2}
+    moe, attention = built[0][0], built[1][0]
+    assert moe.cpu_kernels is False and model.layers[1].ffn.cpu_kernels is True
+    assert attention.attn_impl == "sdpa" and all(compiled for _, _, compiled in built)
+    assert built[0][1] is inputs[id(model.layers[1].ffn)][0]  # the original part's recorded input
+    assert torch.equal(moe.experts.w1, model.layers[1].ffn.experts.w1)
+
+
+def test_the_alternatives_line_compares_each_with_the_part_as_compiled():
+    line = bench_fwdbwd_parts.alternatives_line({"MoE layer": 20.0, "attention": 10.0},
+                                                {"MoE layer": 30.0, "attention": 9.0})
+    assert ("MoE layer traced through the reference operators (model.cpu_kernels=false) 30.0 ms, 1.50x its "
+            "20.0") in line
+    assert "attention scaled_dot_product_attention (model.attn_impl=sdpa) 9.0 ms, 0.90x its 10.0" in line
+
+
+def test_the_graph_break_blocks_differ_only_in_whether_the_stand_in_leaves_the_graph(monkeypatch):
+    cfg = model_preset("tiny", vocab_size=256)
+    model = build_model(cfg).train()
+    tokens = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(0))
+    built = []
+    monkeypatch.setattr(bench_fwdbwd_parts, "part_step",
+                        lambda module, args, kwargs, compiled: built.append((module, args, compiled)))
+    steps = bench_fwdbwd_parts.graph_break_steps(model, lambda: model(tokens[:, :-1], tokens[:, 1:]))
+    assert list(steps) == [("MoE block", bench_fwdbwd_parts.BREAK), ("MoE block", bench_fwdbwd_parts.TRACED)]
+    (behind_break, args, compiled), (traced, _, _) = built
+    assert compiled and behind_break.is_moe and traced.is_moe
+    x = args[0]
+    for block in (behind_break, traced):
+        output, aux = block.ffn.forward_layer(x)
+        assert torch.equal(output, x * model.layers[1].ffn.gate.weight[0, 0]) and aux == 0
+    # the block that steps out of the graph is the one whose MoE layer would take the CPU kernels
+    assert behind_break.ffn.kernels_may_apply(x) and not traced.ffn.kernels_may_apply(x)
+
+
+def test_the_break_line_says_the_cost_per_layer_and_of_the_whole():
+    line = bench_fwdbwd_parts.break_line({bench_fwdbwd_parts.BREAK: 5.25, bench_fwdbwd_parts.TRACED: 5.0}, 3,
+                                         75.0)
+    assert "behind the break as the CPU kernels run, 5.25 ms, traced into the block's graph 5.00 ms" in line
+    assert "+0.25 ms a layer, +0.8 ms over its 3 MoE layers (+1.0% of the compiled whole)" in line

@@ -152,7 +152,7 @@ def test_the_model_matches_the_matmul_work_asked_for_and_is_nanochats_own_init(t
 def test_the_nanochat_variants_run_in_the_same_rounds_and_phases(tmp_path, monkeypatch, capsys):
     # Compilation is what the benchmark measures, not what this test checks: each compile is the identity
     # here.
-    monkeypatch.setattr(bench_update, "compile_blocks", lambda model, backend: None)
+    monkeypatch.setattr(bench_update, "compile_blocks_and_output", lambda model, backend: None)
     monkeypatch.setattr(torch, "compile", lambda model, **options: model)
     nanochat = nanochat_adapter.load(fake_checkout(tmp_path))
     result = bench_update.measure(TINY, nanochat)

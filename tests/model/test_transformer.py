@@ -7,7 +7,7 @@ import torch
 import torch.utils.checkpoint
 
 from pilotrun.config import ModelConfig
-from pilotrun.model.transformer import build_model
+from pilotrun.model.transformer import build_model, compile_blocks_and_output
 
 TINY = ModelConfig(vocab_size=256)  # the tiny preset: d 64, 2 layers (1 dense), 4 heads, E 4 / shared 1 / K 2
 
@@ -260,6 +260,42 @@ def test_compiled_model_keeps_the_cpu_kernels_bit_for_bit(monkeypatch):
     for eager_moe, compiled_moe in zip(eager_model.moe_layers(), compiled_model.moe_layers()):
         assert torch.equal(eager_moe.tokens_per_expert, compiled_moe.tokens_per_expert)
         assert torch.equal(eager_moe.router_statistics, compiled_moe.router_statistics)
+    torch._dynamo.reset()
+
+
+@pytest.mark.slow
+def test_compiling_blocks_and_output_traces_the_loss_and_keeps_the_step_bit_for_bit():
+    # train.compile's compile_blocks_and_output compiles each block and the final norm, head and cross-entropy
+    # as one more graph. A recording tracing-only backend (no code generation, so the same arithmetic as
+    # eager) sees which graphs Dynamo captured: one of them must hold the cross-entropy, or the loss was left
+    # eager. Without the CPU kernels, so that the whole step is traced and comparable bit for bit.
+    import torch._dynamo
+
+    graphs = []
+
+    def recording_backend(graph_module, example_inputs):
+        graphs.append(str(graph_module.graph))
+        return graph_module.forward
+
+    inputs, targets = batch(b=2, t=16)
+    cfg = dataclasses.replace(TINY, moe_impl="sorted", cpu_kernels=False)
+    runs = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = build_model(cfg)
+        if compiled:
+            compile_blocks_and_output(model, recording_backend)
+        output = model(inputs, targets)
+        output.loss.backward()
+        runs.append((model, output, model(inputs).logits))
+    (eager_model, eager_output, eager_logits), (compiled_model, compiled_output, compiled_logits) = runs
+    assert any("cross_entropy" in graph for graph in graphs)
+    assert torch.equal(eager_output.logits, compiled_output.logits)
+    assert torch.equal(eager_output.ce_loss, compiled_output.ce_loss)
+    assert torch.equal(eager_output.loss, compiled_output.loss)
+    assert torch.equal(eager_logits, compiled_logits) and compiled_model(inputs).ce_loss is None
+    for (name, p), (_, q) in zip(eager_model.named_parameters(), compiled_model.named_parameters()):
+        assert torch.equal(p.grad, q.grad), name
     torch._dynamo.reset()
 
 
