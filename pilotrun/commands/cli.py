@@ -493,9 +493,9 @@ def _add_watch(sub: argparse._SubParsersAction) -> None:
         "failing (skip and clip rates, QK-Clip, experts ...), a broken chain, a session ended in "
         "error or killed with no resume started, and with the lock's forecast: the loss out of its band "
         "or risen above its own course, and a change on resume that left what it assumed (that one stands "
-        "to the run's end). Never writes into the run folder, never takes its "
-        "lock. Exit 0 healthy or completed, 1 alert (with --follow: one still standing at the end), 2 bad "
-        "input.",
+        "while the run keeps updates made under the change). Never writes into the run folder, never takes "
+        "its lock. Exit 0 healthy or completed, 1 alert (with --follow: one still standing at the end), 2 "
+        "bad input.",
     )
     p.add_argument("run_dir", metavar="RUN", help="run folder")
     p.add_argument(
